@@ -1,0 +1,70 @@
+"""The exceptions placements2jax raises for bad input.
+
+Every error names the argument, the value it got and how to fix it, so that a user
+never has to read an XLA traceback to learn what was wrong with a mesh or placements.
+Each concrete class is also a ``ValueError`` or ``TypeError``, so generic handlers work.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "Placements2JaxError",
+    "ArgumentTypeError",
+    "MeshError",
+    "PlacementError",
+    "LayoutError",
+    "ShapeError",
+    "RedistributeError",
+    "InferenceError",
+    "UnsupportedOpError",
+]
+
+
+class Placements2JaxError(Exception):
+    """Base class of every error raised by placements2jax for bad input."""
+
+    def __init__(self, argument: str, value: Any, problem: str, fix: str) -> None:
+        self.argument = argument
+        self.value = value
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{argument}={_short_repr(value)}: {problem}. Fix: {fix}")
+
+
+class ArgumentTypeError(Placements2JaxError, TypeError):
+    """An argument has the wrong type (e.g. a string where a placement was expected)."""
+
+
+class MeshError(Placements2JaxError, ValueError):
+    """A device mesh, mesh axis name or rank is invalid."""
+
+
+class PlacementError(Placements2JaxError, ValueError):
+    """A placement or a sequence of placements is invalid for the mesh."""
+
+
+class LayoutError(Placements2JaxError, ValueError):
+    """A layout (tensor_map, alias form, PartitionSpec) is invalid or inconsistent."""
+
+
+class ShapeError(Placements2JaxError, ValueError):
+    """A local or global shape is inconsistent with the layout."""
+
+
+class RedistributeError(Placements2JaxError, ValueError):
+    """A redistribution between two layouts is not allowed."""
+
+
+class InferenceError(Placements2JaxError, ValueError):
+    """Signature inference found no valid signature or got inconsistent inputs."""
+
+
+class UnsupportedOpError(InferenceError):
+    """Signature inference has no rule for this operation."""
+
+
+def _short_repr(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,633 @@
+"""Layout: the tensor_map model of how a tensor lies on a DeviceMesh.
+
+This is MindSpore hyper-parallel's internal "JAX-style" layout. A bound layout records,
+for each tensor dimension, the mesh axes that split it (major to minor), and for each
+mesh dimension whether it holds partial values and with which reduce op.
+
+Three views of the same layout:
+
+* torch form: one placement per mesh dim, e.g. ``(Shard(0), Replicate())``;
+* tensor_map: one entry per tensor dim, ``-1`` (not split), an int counting mesh axes
+  from the right, or a tuple of such ints; plus the partial side table per mesh dim;
+* alias form: one entry per tensor dim, an axis name, a tuple of names, or ``"None"``.
+
+``Layout.from_device_mesh(mesh)`` returns an empty layout; calling it with placements
+(torch or alias form) records them. Torch-form placements do not say how many dims the
+tensor has, so such a layout is *unbound* until :meth:`Layout.bind` gives it ``ndim``;
+alias-form layouts are bound at once. Everything shape-related needs a bound layout.
+
+Local shapes and offsets follow torch's ``_compute_local_shape_and_global_offset``
+(torch.chunk, nested over mesh axes), computed by pure functions in :mod:`.chunking`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from functools import cached_property
+from typing import Any, TypeAlias
+
+from jax.sharding import NamedSharding, PartitionSpec
+
+from . import chunking
+from .errors import ArgumentTypeError, LayoutError, PlacementError, ShapeError
+from .mesh import DeviceMesh
+from .placements import REDUCE_OPS, Partial, Placement, ReduceOp, Replicate, Shard, parse_placements
+
+__all__ = ["Layout", "PlacementsLike", "TensorMap", "AliasEntry"]
+
+AliasEntry: TypeAlias = str | None | tuple[str, ...]
+PlacementsLike: TypeAlias = "Sequence[Placement] | Sequence[AliasEntry] | str"
+TensorMap: TypeAlias = tuple[int | tuple[int, ...], ...]
+PartialLike: TypeAlias = "Mapping[str | int, str] | Sequence[str | None] | None"
+
+# Hook for optional converters (e.g. torch placement objects); each returns None if it
+# does not recognise the value.
+_placement_converters: list[Any] = []
+
+
+class Layout:
+    """How a tensor lies on a :class:`DeviceMesh` (see the module docstring).
+
+    Immutable and hashable; two layouts are equal when they describe the same mesh, the
+    same splits and the same partial table (for unbound layouts: the same placements).
+    """
+
+    def __init__(
+        self,
+        mesh: DeviceMesh,
+        dim_axes: Sequence[Sequence[int]] | None = None,
+        partial: Sequence[ReduceOp | None] | None = None,
+        *,
+        placements: Sequence[Placement] | None = None,
+    ) -> None:
+        if not isinstance(mesh, DeviceMesh):
+            raise ArgumentTypeError(
+                "device_mesh", mesh, "expected a placements2jax.DeviceMesh", "build one with init_device_mesh(...)"
+            )
+        self._mesh = mesh
+        self._placements = tuple(placements) if placements is not None else None
+        self._dim_axes = tuple(tuple(a) for a in dim_axes) if dim_axes is not None else None
+        self._partial: tuple[ReduceOp | None, ...] = (
+            tuple(partial) if partial is not None else (None,) * mesh.ndim
+        )
+        if self._dim_axes is not None:
+            _validate_bound(mesh, self._dim_axes, self._partial)
+
+    # -- construction ----------------------------------------------------------------
+    @classmethod
+    def from_device_mesh(cls, mesh: DeviceMesh) -> Layout:
+        """An empty layout on ``mesh``; call it with placements to record them."""
+        return cls(mesh, placements=())
+
+    def __call__(self, placements: PlacementsLike, *, partial: PartialLike = None) -> Layout:
+        """Record placements, in torch form (one per mesh dim) or alias form (one per
+        tensor dim; ``partial=`` then names the partial mesh axes and their reduce ops)."""
+        return Layout.from_placements(self._mesh, placements, partial=partial)
+
+    @classmethod
+    def from_placements(cls, mesh: DeviceMesh, placements: PlacementsLike, *, partial: PartialLike = None) -> Layout:
+        """A layout from torch-form or alias-form placements (see :meth:`__call__`)."""
+        if isinstance(placements, Layout):
+            if placements.mesh != mesh:
+                raise LayoutError(
+                    "placements", placements, "this layout is on another mesh", "rebuild it on the target mesh"
+                )
+            return placements
+        if isinstance(placements, str):
+            placements = parse_placements(placements)
+        if not isinstance(placements, Sequence):
+            raise ArgumentTypeError(
+                "placements",
+                placements,
+                "expected a sequence of placements or alias entries",
+                "pass e.g. (Shard(0), Replicate()) or (('dp', 'tp'), None)",
+            )
+        converted = [_convert_placement(p) for p in placements]
+        if converted and any(isinstance(p, Placement) for p in converted):
+            if partial is not None:
+                raise PlacementError(
+                    "partial", partial, "the torch form states partials itself", "use Partial(op) in the placements"
+                )
+            return cls._from_torch_form(mesh, tuple(converted), placements)
+        return cls._from_alias_form(mesh, tuple(converted), partial)
+
+    @classmethod
+    def _from_torch_form(cls, mesh: DeviceMesh, placements: tuple[Any, ...], original: Any) -> Layout:
+        for p in placements:
+            if not isinstance(p, Placement):
+                raise ArgumentTypeError(
+                    "placements",
+                    original,
+                    f"{p!r} mixes the alias form into torch-form placements",
+                    "use one form: all Shard/Replicate/Partial, or all axis names",
+                )
+        if len(placements) != mesh.ndim:
+            raise PlacementError(
+                "placements",
+                original,
+                f"{len(placements)} placements for a {mesh.ndim}-d mesh {mesh.alias_name}",
+                f"give exactly one placement per mesh dim ({mesh.ndim})",
+            )
+        _check_partial_ops(placements, original)
+        _check_repeated_shards(mesh, placements, ndim=None)
+        return cls(mesh, placements=placements)
+
+    @classmethod
+    def _from_alias_form(cls, mesh: DeviceMesh, entries: tuple[Any, ...], partial: PartialLike) -> Layout:
+        dim_axes = [_alias_entry_axes(mesh, entry, entries) for entry in entries]
+        return cls(mesh, dim_axes, _partial_table(mesh, partial))
+
+    @classmethod
+    def from_tensor_map(cls, mesh: DeviceMesh, tensor_map: Sequence[Any], partial: PartialLike = None) -> Layout:
+        """A bound layout from a tensor_map (mesh axes counted from the right) and an
+        optional partial side table."""
+        if not isinstance(tensor_map, Sequence) or isinstance(tensor_map, str):
+            raise ArgumentTypeError("tensor_map", tensor_map, "expected a tuple", "pass e.g. (1, -1)")
+        dim_axes = []
+        for entry in tensor_map:
+            values = entry if isinstance(entry, (tuple, list)) else (entry,)
+            axes = []
+            for v in values:
+                if isinstance(v, bool) or not isinstance(v, int) or not -1 <= v < mesh.ndim:
+                    raise LayoutError(
+                        "tensor_map",
+                        tuple(tensor_map),
+                        f"entry {v!r} is not -1 or a mesh axis counted from the right (0..{mesh.ndim - 1})",
+                        "use -1 for an unsplit dim, k for mesh axis ndim-1-k",
+                    )
+                if v == -1:
+                    if len(values) > 1:
+                        raise LayoutError(
+                            "tensor_map", tuple(tensor_map), "-1 inside a tuple", "use -1 alone for an unsplit dim"
+                        )
+                    continue
+                axes.append(mesh.ndim - 1 - v)
+            dim_axes.append(tuple(axes))
+        return cls(mesh, dim_axes, _partial_table(mesh, partial))
+
+    @classmethod
+    def from_partition_spec(cls, mesh: DeviceMesh, spec: PartitionSpec, ndim: int | None = None) -> Layout:
+        """A bound layout from a ``PartitionSpec`` (``unreduced`` axes become Partial(sum));
+        ``ndim`` pads a short spec with unsplit dims."""
+        if not isinstance(spec, PartitionSpec):
+            raise ArgumentTypeError("spec", spec, "expected a jax.sharding.PartitionSpec", "pass e.g. P('dp', None)")
+        entries: list[Any] = list(spec)
+        if ndim is not None:
+            if ndim < len(entries):
+                raise LayoutError("ndim", ndim, f"shorter than the spec {spec}", f"pass ndim >= {len(entries)}")
+            entries += [None] * (ndim - len(entries))
+        partial = {axis: "sum" for axis in getattr(spec, "unreduced", ())}
+        return cls._from_alias_form(mesh, tuple(entries), partial or None)
+
+    def bind(self, ndim: int) -> Layout:
+        """This layout for a tensor of ``ndim`` dims (normalizes negative Shard dims)."""
+        if isinstance(ndim, bool) or not isinstance(ndim, int) or ndim < 0:
+            raise ArgumentTypeError("ndim", ndim, "expected a non-negative int", "pass the tensor's number of dims")
+        if self._dim_axes is not None:
+            if len(self._dim_axes) != ndim:
+                raise LayoutError(
+                    "placements",
+                    self.alias_map,
+                    f"the alias form has {len(self._dim_axes)} entries but the tensor has {ndim} dims",
+                    f"give one entry per tensor dim ({ndim})",
+                )
+            return self
+        return Layout(self._mesh, *_torch_form_to_tables(self._mesh, self._placements or (), ndim))
+
+    # -- value semantics -------------------------------------------------------------
+    def _key(self) -> tuple[Any, ...]:
+        return (self._mesh, self._dim_axes, self._partial, None if self._dim_axes is not None else self._placements)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Layout) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        head = f"Layout.from_device_mesh({self._mesh!r})"
+        if self._dim_axes is None:
+            return f"{head}({self._placements!r})"
+        partial = {self._mesh.alias_name[i]: op for i, op in enumerate(self._partial) if op}
+        tail = f", partial={partial!r}" if partial else ""
+        return f"{head}({self.alias_map!r}{tail})"
+
+    def __str__(self) -> str:
+        try:
+            return ",".join(str(p) for p in self.placements)
+        except LayoutError:
+            return repr(self.alias_map)
+
+    # -- basic properties -------------------------------------------------------------
+    @property
+    def mesh(self) -> DeviceMesh:
+        return self._mesh
+
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        return self._mesh
+
+    @property
+    def is_bound(self) -> bool:
+        return self._dim_axes is not None
+
+    @property
+    def ndim(self) -> int:
+        return len(self._bound_axes())
+
+    def _bound_axes(self) -> tuple[tuple[int, ...], ...]:
+        if self._dim_axes is None:
+            raise LayoutError(
+                "layout",
+                self,
+                "torch-form placements do not say how many dims the tensor has",
+                "call layout.bind(ndim) (or placement_to_tensor_map(ndim)) first",
+            )
+        return self._dim_axes
+
+    @property
+    def dim_axes(self) -> tuple[tuple[int, ...], ...]:
+        """Per tensor dim, the mesh dims (indices from the left) that split it, major first."""
+        return self._bound_axes()
+
+    @property
+    def partial(self) -> tuple[ReduceOp | None, ...]:
+        """The partial side table: per mesh dim, ``None`` or the reduce op."""
+        if self._dim_axes is None:
+            return tuple(p.reduce_op if isinstance(p, Partial) else None for p in self._placements or ())
+        return self._partial
+
+    @property
+    def partial_op(self) -> ReduceOp | None:
+        """The (single) reduce op of the partial mesh dims, or None."""
+        return next((op for op in self.partial if op), None)
+
+    @property
+    def partial_axes(self) -> tuple[int, ...]:
+        return tuple(i for i, op in enumerate(self.partial) if op)
+
+    @property
+    def has_partial(self) -> bool:
+        return any(self.partial)
+
+    def mesh_dim_split(self, mesh_dim: int) -> int | None:
+        """The tensor dim split by ``mesh_dim``, or None."""
+        return next((d for d, axes in enumerate(self._bound_axes()) if mesh_dim in axes), None)
+
+    def pieces(self, dim: int) -> tuple[int, ...]:
+        """Mesh axis sizes splitting tensor dim ``dim``, major to minor."""
+        return tuple(self._mesh.shape[a] for a in self._bound_axes()[dim])
+
+    # -- the three views ---------------------------------------------------------------
+    @property
+    def placements(self) -> tuple[Placement, ...]:
+        """The torch form: one placement per mesh dim (torch's repeated ``Shard(d)`` for a
+        dim split by several axes in mesh order)."""
+        if self._dim_axes is None:
+            return self._placements or ()
+        result: list[Placement] = []
+        for mesh_dim, op in enumerate(self._partial):
+            dim = self.mesh_dim_split(mesh_dim)
+            result.append(Partial(op) if op else Shard(dim) if dim is not None else Replicate())
+        for dim, axes in enumerate(self._dim_axes):
+            if list(axes) != sorted(axes):
+                raise LayoutError(
+                    "layout",
+                    self,
+                    f"tensor dim {dim} is split by {self._names(axes)} in an order torch's placements cannot say "
+                    "(torch needs _StridedShard for it)",
+                    "use the alias form or tensor_map of this layout",
+                )
+        return tuple(result)
+
+    def placement_to_tensor_map(self, ndim: int) -> TensorMap:
+        """The tensor_map for a tensor of ``ndim`` dims (MindSpore's convention)."""
+        return self.bind(ndim).tensor_map
+
+    @property
+    def tensor_map(self) -> TensorMap:
+        last = self._mesh.ndim - 1
+        return tuple(
+            -1 if not axes else last - axes[0] if len(axes) == 1 else tuple(last - a for a in axes)
+            for axes in self._bound_axes()
+        )
+
+    @property
+    def alias_map(self) -> tuple[str | tuple[str, ...], ...]:
+        """The alias view, e.g. ``("dp", "None")`` or ``(("dp", "tp"), "None")``."""
+        return tuple(
+            "None" if not axes else self._names(axes)[0] if len(axes) == 1 else self._names(axes)
+            for axes in self._bound_axes()
+        )
+
+    def _names(self, axes: Sequence[int]) -> tuple[str, ...]:
+        return tuple(self._mesh.alias_name[a] for a in axes)
+
+    @cached_property
+    def partition_spec(self) -> PartitionSpec:
+        """The ``PartitionSpec``: a name or tuple of names per dim, Partial(sum) axes in
+        ``unreduced``. Avg/max/min partial axes appear nowhere (JAX has no form for them)."""
+        entries = [
+            None if not axes else self._names(axes)[0] if len(axes) == 1 else self._names(axes)
+            for axes in self._bound_axes()
+        ]
+        unreduced = frozenset(self._names([i for i, op in enumerate(self._partial) if op == "sum"]))
+        return PartitionSpec(*entries, unreduced=unreduced) if unreduced else PartitionSpec(*entries)
+
+    @property
+    def jax_expressible(self) -> bool:
+        """True when a ``NamedSharding`` says all of this layout: no avg/max/min partial,
+        and Partial(sum) only on explicit mesh axes."""
+        ops = {op for op in self._partial if op}
+        return not ops or (ops == {"sum"} and self._mesh.is_explicit)
+
+    @cached_property
+    def named_sharding(self) -> NamedSharding:
+        """``NamedSharding(mesh.to_jax(), partition_spec)``."""
+        if not self.jax_expressible:
+            raise LayoutError(
+                "layout",
+                self,
+                f"JAX has no sharding for Partial({self.partial_op}) on "
+                f"{'auto' if self.partial_op == 'sum' else 'any'} mesh axes",
+                "use a DTensor, which carries it, or reduce it first (redistribute to Replicate)",
+            )
+        return NamedSharding(self._mesh.to_jax(), self.partition_spec)
+
+    # -- local shapes and offsets (pure) -------------------------------------------------
+    def _check_shape(self, global_shape: Sequence[int], argument: str = "global_shape") -> tuple[int, ...]:
+        shape = _as_shape(global_shape, argument)
+        if len(shape) != self.ndim:
+            raise ShapeError(
+                argument, shape, f"{len(shape)} dims, but the layout is for {self.ndim} dims", "pass a matching shape"
+            )
+        return shape
+
+    def _splits(self, dim: int, coordinate: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+        return tuple((self._mesh.shape[a], coordinate[a]) for a in self._bound_axes()[dim])
+
+    def local_shape_and_offset(
+        self, global_shape: Sequence[int], rank: int | None = None
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """torch's local shape and global offset of ``rank`` (default: calling rank)."""
+        shape = self._check_shape(global_shape)
+        coordinate = self._mesh.get_coordinate(rank)
+        blocks = [chunking.nested_chunk(n, self._splits(d, coordinate)) for d, n in enumerate(shape)]
+        return tuple(b[1] for b in blocks), tuple(b[0] for b in blocks)
+
+    def local_shape(self, global_shape: Sequence[int], rank: int | None = None) -> tuple[int, ...]:
+        return self.local_shape_and_offset(global_shape, rank)[0]
+
+    def global_offset(self, global_shape: Sequence[int], rank: int | None = None) -> tuple[int, ...]:
+        return self.local_shape_and_offset(global_shape, rank)[1]
+
+    def local_slices(self, global_shape: Sequence[int], rank: int | None = None) -> tuple[slice, ...]:
+        """The index of ``rank``'s local block in the logical tensor."""
+        shape, offset = self.local_shape_and_offset(global_shape, rank)
+        return tuple(slice(o, o + n) for n, o in zip(shape, offset))
+
+    def is_even(self, global_shape: Sequence[int]) -> bool:
+        """True when every rank's block is full, so JAX can shard the logical shape as is."""
+        shape = self._check_shape(global_shape)
+        return all(chunking.is_even(n, self.pieces(d)) for d, n in enumerate(shape))
+
+    def physical_shape(self, global_shape: Sequence[int]) -> tuple[int, ...]:
+        """The padded shape in which every rank's block is full (see :mod:`.chunking`)."""
+        shape = self._check_shape(global_shape)
+        return tuple(chunking.padded_size(n, self.pieces(d)) for d, n in enumerate(shape))
+
+    def global_shape_from_local(
+        self,
+        local_shape: Sequence[int] | Mapping[int, Sequence[int]],
+        rank: int | None = None,
+        *,
+        assume_even: bool = False,
+    ) -> tuple[int, ...]:
+        """The global shape consistent with local shapes under torch.chunk.
+
+        ``local_shape`` is one rank's shape (``rank``, default the calling rank) or a mapping
+        rank -> shape. Raises :class:`ShapeError` when no global shape fits, or when several
+        do and ``assume_even`` (torch's assumption ``global = local * pieces``) is off.
+        """
+        known = (
+            {self._mesh._check_rank(r): _as_shape(s, "local_shape") for r, s in local_shape.items()}
+            if isinstance(local_shape, Mapping)
+            else {self._mesh._resolve_rank(rank): _as_shape(local_shape, "local_shape")}
+        )
+        if not self.is_bound:
+            return self.bind(len(next(iter(known.values())))).global_shape_from_local(
+                known, assume_even=assume_even
+            )
+        ndim = self.ndim
+        for r, s in known.items():
+            if len(s) != ndim:
+                raise ShapeError(
+                    "local_shape", s, f"rank {r}'s shape has {len(s)} dims, the layout {ndim}", "pass matching shapes"
+                )
+        result = []
+        coordinates = {r: self._mesh.get_coordinate(r) for r in known}
+        for dim in range(ndim):
+            pieces = self.pieces(dim)
+            total = math.prod(pieces)
+            extents = {r: s[dim] for r, s in known.items()}
+            if total == 1:
+                candidates = sorted(set(extents.values()))
+            else:
+                bound = (max(extents.values()) + 1) * total * total + total
+                candidates = [
+                    n
+                    for n in range(bound + 1)
+                    if all(chunking.nested_chunk(n, self._splits(dim, coordinates[r]))[1] == e for r, e in extents.items())
+                ]
+            if assume_even and len(candidates) > 1:
+                even = {e * total for e in extents.values()}
+                candidates = [n for n in candidates if n in even]
+            if len(candidates) != 1:
+                problem = (
+                    f"no global extent of dim {dim} gives local extents {extents} under torch.chunk"
+                    if not candidates
+                    else f"global extents {candidates[:6]}{'...' if len(candidates) > 6 else ''} of dim {dim} "
+                    f"all give local extents {extents}"
+                )
+                raise ShapeError(
+                    "local_shape",
+                    local_shape,
+                    problem,
+                    "pass the global shape (shape=...), the local shapes of more ranks, or assume_even=True",
+                )
+            result.append(candidates[0])
+        return tuple(result)
+
+    def all_local_shapes(self, global_shape: Sequence[int]) -> dict[int, tuple[int, ...]]:
+        return {r: self.local_shape(global_shape, r) for r in self._mesh.rank_list}
+
+
+# -- helpers -----------------------------------------------------------------------------
+
+
+def register_placement_converter(converter: Any) -> None:
+    """Register a function turning foreign placement objects into ours (or None)."""
+    _placement_converters.append(converter)
+
+
+def _convert_placement(p: Any) -> Any:
+    if isinstance(p, Placement) or p is None or isinstance(p, (str, tuple, list)):
+        return p
+    for converter in _placement_converters:
+        converted = converter(p)
+        if converted is not None:
+            return converted
+    return p
+
+
+def _as_shape(shape: Any, argument: str) -> tuple[int, ...]:
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
+        raise ArgumentTypeError(argument, shape, "expected a tuple of ints", "pass e.g. (8, 2)")
+    for n in shape:
+        if isinstance(n, bool) or not hasattr(n, "__index__") or int(n) < 0:
+            raise ShapeError(argument, tuple(shape), f"{n!r} is not a non-negative int", "pass e.g. (8, 2)")
+    return tuple(int(n) for n in shape)
+
+
+def _check_partial_ops(placements: Sequence[Placement], original: Any) -> None:
+    ops = sorted({p.reduce_op for p in placements if isinstance(p, Partial)})
+    if len(ops) > 1:
+        raise PlacementError(
+            "placements",
+            original,
+            f"mixes Partial reduce ops {ops}; a tensor is the reduction of its partials with one op",
+            "reduce all but one kind first (redistribute those mesh dims to Replicate)",
+        )
+
+
+def _check_repeated_shards(mesh: DeviceMesh, placements: Sequence[Placement], ndim: int | None) -> None:
+    seen: dict[int, int] = {}
+    for mesh_dim, p in enumerate(placements):
+        if not isinstance(p, Shard):
+            continue
+        dim = p.dim % ndim if ndim is not None and -ndim <= p.dim < ndim else p.dim
+        if dim in seen:
+            first = seen[dim]
+            names = mesh.alias_name
+            alias = ["None"] * max(dim + 1, ndim or 0)
+            alias[dim] = (names[first], names[mesh_dim])  # type: ignore[call-overload]
+            raise PlacementError(
+                "placements",
+                tuple(placements),
+                f"Shard({dim}) appears on mesh axes {names[first]!r} (mesh dim {first}) and "
+                f"{names[mesh_dim]!r} (mesh dim {mesh_dim}); the placements form cannot shard one "
+                "tensor dim twice",
+                f"use the alias form, e.g. {tuple(alias)!r}",
+            )
+        seen[dim] = mesh_dim
+
+
+def _torch_form_to_tables(
+    mesh: DeviceMesh, placements: Sequence[Placement], ndim: int
+) -> tuple[list[tuple[int, ...]], tuple[ReduceOp | None, ...]]:
+    for p in placements:
+        if isinstance(p, Shard) and not -ndim <= p.dim < ndim:
+            raise PlacementError(
+                "placements",
+                tuple(placements),
+                f"{p!r} is out of range for a {ndim}-d tensor",
+                f"use a Shard dim in [{-ndim}, {ndim})",
+            )
+    _check_repeated_shards(mesh, placements, ndim)
+    dim_axes: list[list[int]] = [[] for _ in range(ndim)]
+    for mesh_dim, p in enumerate(placements):
+        if isinstance(p, Shard):
+            dim_axes[p.dim % ndim].append(mesh_dim)
+    partial = tuple(p.reduce_op if isinstance(p, Partial) else None for p in placements)
+    return [tuple(a) for a in dim_axes], partial
+
+
+def _alias_entry_axes(mesh: DeviceMesh, entry: Any, entries: tuple[Any, ...]) -> tuple[int, ...]:
+    if entry is None or entry == "None":
+        return ()
+    names = (entry,) if isinstance(entry, str) else entry
+    if not isinstance(names, (tuple, list)) or not names or not all(isinstance(n, str) for n in names):
+        raise ArgumentTypeError(
+            "placements",
+            entries,
+            f"alias entry {entry!r} is not an axis name, a tuple of names or None",
+            f"use names from {mesh.alias_name}, e.g. (('dp', 'tp'), None)",
+        )
+    axes = []
+    for name in names:
+        if name not in mesh.alias_name:
+            raise LayoutError(
+                "placements", entries, f"unknown mesh axis {name!r}", f"use names from {mesh.alias_name} or 'None'"
+            )
+        axes.append(mesh.alias_name.index(name))
+    return tuple(axes)
+
+
+def _partial_table(mesh: DeviceMesh, partial: PartialLike) -> tuple[ReduceOp | None, ...]:
+    if partial is None:
+        return (None,) * mesh.ndim
+    if isinstance(partial, Mapping):
+        table: list[Any] = [None] * mesh.ndim
+        for axis, op in partial.items():
+            table[mesh.axis_index(axis)] = op
+    elif isinstance(partial, Sequence) and not isinstance(partial, str) and len(partial) == mesh.ndim:
+        table = list(partial)
+    else:
+        raise ArgumentTypeError(
+            "partial",
+            partial,
+            f"expected a mapping axis -> reduce op or one entry per mesh dim ({mesh.ndim})",
+            "pass e.g. {'tp': 'sum'}",
+        )
+    for op in table:
+        if op is not None and op not in REDUCE_OPS:
+            raise PlacementError("partial", partial, f"unknown reduce op {op!r}", f"use one of {REDUCE_OPS}")
+    _check_partial_ops([Partial(op) for op in table if op], partial)
+    return tuple(table)
+
+
+def _validate_bound(mesh: DeviceMesh, dim_axes: tuple[tuple[int, ...], ...], partial: tuple[Any, ...]) -> None:
+    if len(partial) != mesh.ndim:
+        raise LayoutError("partial", partial, f"needs one entry per mesh dim ({mesh.ndim})", "pad with None")
+    used: dict[int, int] = {}
+    for dim, axes in enumerate(dim_axes):
+        for a in axes:
+            if a in used:
+                name = mesh.alias_name[a]
+                raise LayoutError(
+                    "placements",
+                    tuple(tuple(mesh.alias_name[x] for x in ax) or "None" for ax in dim_axes),
+                    f"mesh axis {name!r} splits tensor dims {used[a]} and {dim}; one axis can split one dim only",
+                    f"use {name!r} on a single tensor dim",
+                )
+            used[a] = dim
+    for a, op in enumerate(partial):
+        if op and a in used:
+            raise LayoutError(
+                "partial",
+                partial,
+                f"mesh axis {mesh.alias_name[a]!r} both splits tensor dim {used[a]} and is Partial({op})",
+                "a mesh dim is either Shard, Replicate or Partial",
+            )
+
+
+def iter_layouts(mesh: DeviceMesh, ndim: int, *, partial_ops: Sequence[ReduceOp] = ()) -> list[Layout]:
+    """Every bound layout of an ``ndim``-d tensor on ``mesh``: each mesh axis unused, or
+    splitting one tensor dim (all orders of axes on a dim), or Partial with one of
+    ``partial_ops`` (one op per layout). For exhaustive tests and benchmarks."""
+    choices: list[Any] = [None, *range(ndim), *(("P",) if partial_ops else ())]
+    layouts: list[Layout] = []
+    for assignment in itertools.product(choices, repeat=mesh.ndim):
+        groups: list[list[int]] = [[] for _ in range(ndim)]
+        for axis, choice in enumerate(assignment):
+            if isinstance(choice, int):
+                groups[choice].append(axis)
+        orders = [list(itertools.permutations(g)) for g in groups]
+        ops = partial_ops if "P" in assignment else (None,)
+        for dim_axes in itertools.product(*orders):
+            for op in ops:
+                table = tuple(op if c == "P" else None for c in assignment)
+                layouts.append(Layout(mesh, dim_axes, table))
+    return layouts

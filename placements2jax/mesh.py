@@ -1,0 +1,407 @@
+"""DeviceMesh: an n-d array of ranks with named axes, mapped onto a ``jax.sharding.Mesh``.
+
+Rank ``r`` is ``jax.devices()[r]``; ranks are laid out row-major, as in torch and JAX.
+Methods that answer "for the calling rank" take ``rank=``; by default the calling rank is
+the first rank of the mesh (in ``rank_list`` order) whose device belongs to this process.
+
+Axis types: :meth:`DeviceMesh.to_jax` builds a mesh with ``AxisType.Explicit`` axes by
+default, because only explicit axes carry ``PartitionSpec(unreduced=...)`` (the native
+form of ``Partial(sum)``) and ``jax.sharding.reshard``. A mesh made from an Auto JAX mesh
+(:meth:`DeviceMesh.from_jax`) or with ``axis_types="auto"`` keeps Auto axes: everything
+works the same, ``Partial(sum)`` is then carried like the other reduce ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+
+import jax
+import numpy as np
+from jax.sharding import AxisType
+
+from .errors import ArgumentTypeError, MeshError
+
+if TYPE_CHECKING:
+    from .layout import PlacementsLike
+
+__all__ = ["DeviceMesh", "MeshGroup", "init_device_mesh", "Axis"]
+
+Axis: TypeAlias = str | int
+AxisTypeLike: TypeAlias = Literal["explicit", "auto"] | AxisType
+
+_AXIS_TYPES = {"explicit": AxisType.Explicit, "auto": AxisType.Auto}
+
+
+@dataclass(frozen=True)
+class MeshGroup:
+    """A communication group: the ranks that vary along ``axis_names`` with the other
+    coordinates fixed. Inside ``jax.shard_map`` over ``DeviceMesh.to_jax()``, pass
+    ``axis_names`` as the ``axis_name`` of ``jax.lax.psum`` and the other collectives."""
+
+    axis_names: tuple[str, ...]
+    ranks: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+
+class DeviceMesh:
+    """An n-d array of ranks with one unique name per axis (torch's ``DeviceMesh``).
+
+    ``DeviceMesh([[0, 1], [2, 3]], ("dp", "tp"))`` is a 2x2 mesh whose rows are named
+    ``dp`` and columns ``tp``. ``mesh_dim_names=`` is accepted as torch's name for
+    ``alias_name``; without names the axes are called ``dim0``, ``dim1``, ...
+    """
+
+    def __init__(
+        self,
+        mesh: Any,
+        alias_name: Sequence[str] | str | None = None,
+        *,
+        mesh_dim_names: Sequence[str] | str | None = None,
+        axis_types: AxisTypeLike | Sequence[AxisTypeLike] = "explicit",
+    ) -> None:
+        ranks = _validate_ranks(mesh)
+        if alias_name is not None and mesh_dim_names is not None and tuple(alias_name) != tuple(
+            mesh_dim_names
+        ):
+            raise MeshError(
+                "mesh_dim_names",
+                mesh_dim_names,
+                f"differs from alias_name={alias_name!r}",
+                "pass only one of alias_name and mesh_dim_names",
+            )
+        names = alias_name if alias_name is not None else mesh_dim_names
+        self._ranks = ranks
+        self._names = _validate_names(names, ranks.ndim)
+        self._axis_types = _validate_axis_types(axis_types, ranks.ndim)
+
+    # -- value semantics -------------------------------------------------------------
+    def _key(self) -> tuple[Any, ...]:
+        return (self._ranks.shape, tuple(self._ranks.flat), self._names, self._axis_types)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DeviceMesh) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        types = ""
+        if any(t != AxisType.Explicit for t in self._axis_types):
+            types = f", axis_types={tuple(t.name.lower() for t in self._axis_types)!r}"
+        return f"DeviceMesh({self._ranks.tolist()!r}, alias_name={self._names!r}{types})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        types = tuple(t.name.lower() for t in self._axis_types)
+        return (_rebuild, (self._ranks.tolist(), self._names, types))
+
+    # -- properties ------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._ranks.shape
+
+    @property
+    def ndim(self) -> int:
+        return self._ranks.ndim
+
+    def size(self, axis: Axis | None = None) -> int:
+        """Number of ranks, in the whole mesh or along one axis (torch's ``size(mesh_dim)``)."""
+        return self._ranks.size if axis is None else self.shape[self.axis_index(axis)]
+
+    @property
+    def alias_name(self) -> tuple[str, ...]:
+        return self._names
+
+    @property
+    def mesh_dim_names(self) -> tuple[str, ...]:
+        return self._names
+
+    @property
+    def axis_types(self) -> tuple[AxisType, ...]:
+        return self._axis_types
+
+    @property
+    def is_explicit(self) -> bool:
+        """True when every axis is ``AxisType.Explicit`` (``unreduced`` is available)."""
+        return all(t == AxisType.Explicit for t in self._axis_types)
+
+    @property
+    def rank_list(self) -> tuple[int, ...]:
+        return tuple(int(r) for r in self._ranks.flat)
+
+    @property
+    def mesh(self) -> np.ndarray:
+        """The rank array (a read-only view)."""
+        return self._ranks
+
+    @cached_property
+    def devices(self) -> np.ndarray:
+        """The JAX devices, same shape as :attr:`mesh`."""
+        all_devices = jax.devices()
+        return np.vectorize(lambda r: all_devices[r], otypes=[object])(self._ranks)
+
+    def device(self, rank: int) -> jax.Device:
+        self._check_rank(rank)
+        return jax.devices()[rank]
+
+    # -- JAX -------------------------------------------------------------------------
+    def to_jax(self) -> jax.sharding.Mesh:
+        """The ``jax.sharding.Mesh`` with the same names, devices and axis types (cached)."""
+        return self._jax_mesh
+
+    @cached_property
+    def _jax_mesh(self) -> jax.sharding.Mesh:
+        return jax.sharding.Mesh(self.devices, self._names, axis_types=self._axis_types)
+
+    @classmethod
+    def from_jax(cls, mesh: jax.sharding.Mesh) -> DeviceMesh:
+        """The DeviceMesh of a JAX mesh, keeping its names and axis types."""
+        if not isinstance(mesh, jax.sharding.Mesh):
+            raise ArgumentTypeError(
+                "mesh", mesh, "expected a jax.sharding.Mesh", "pass e.g. jax.make_mesh((4, 2), ('dp', 'tp'))"
+            )
+        index = {d: i for i, d in enumerate(jax.devices())}
+        ranks = np.vectorize(lambda d: index[d], otypes=[np.int64])(mesh.devices)
+        types = tuple(t.name.lower() for t in mesh.axis_types)
+        return cls(ranks, tuple(mesh.axis_names), axis_types=types)  # type: ignore[arg-type]
+
+    # -- axes and ranks --------------------------------------------------------------
+    def axis_index(self, axis: Axis) -> int:
+        """The position of a mesh axis given by name or by (possibly negative) index."""
+        if isinstance(axis, str):
+            if axis not in self._names:
+                raise MeshError(
+                    "axis", axis, f"no such mesh axis; the axes are {self._names}", "use one of those names"
+                )
+            return self._names.index(axis)
+        if isinstance(axis, (int, np.integer)) and not isinstance(axis, bool):
+            if not -self.ndim <= axis < self.ndim:
+                raise MeshError(
+                    "axis",
+                    axis,
+                    f"out of range for a {self.ndim}-d mesh",
+                    f"use an index in [{-self.ndim}, {self.ndim}) or a name from {self._names}",
+                )
+            return int(axis) % self.ndim
+        raise ArgumentTypeError("axis", axis, "expected an axis name or index", f"use one of {self._names}")
+
+    def axis_name(self, axis: Axis) -> str:
+        return self._names[self.axis_index(axis)]
+
+    def _check_rank(self, rank: Any) -> int:
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
+            raise ArgumentTypeError("rank", rank, "expected an int rank", f"use one of {self.rank_list}")
+        if int(rank) not in self._rank_positions:
+            raise MeshError("rank", rank, "not a rank of this mesh", f"use one of {self.rank_list}")
+        return int(rank)
+
+    @cached_property
+    def _rank_positions(self) -> dict[int, tuple[int, ...]]:
+        return {int(r): tuple(int(i) for i in idx) for idx, r in np.ndenumerate(self._ranks)}
+
+    def calling_rank(self) -> int:
+        """The first rank of this mesh whose device belongs to this process."""
+        process = jax.process_index()
+        devices = jax.devices()
+        for rank in self.rank_list:
+            if devices[rank].process_index == process:
+                return rank
+        raise MeshError(
+            "mesh",
+            self,
+            f"no rank of this mesh is on process {process}",
+            "pass rank= explicitly, or build the mesh over devices of this process",
+        )
+
+    def _resolve_rank(self, rank: int | None) -> int:
+        return self.calling_rank() if rank is None else self._check_rank(rank)
+
+    def get_coordinate(self, rank: int | None = None) -> tuple[int, ...]:
+        """The rank's index along every mesh axis."""
+        return self._rank_positions[self._resolve_rank(rank)]
+
+    def get_local_rank(self, axis: Axis, rank: int | None = None) -> int:
+        """The rank's coordinate along ``axis`` (torch's ``get_local_rank(mesh_dim)``)."""
+        return self.get_coordinate(rank)[self.axis_index(axis)]
+
+    def get_device_num_along_axis(self, axis: Axis) -> int:
+        return self.shape[self.axis_index(axis)]
+
+    def get_rank_list_along_axis(self, axis: Axis, rank: int | None = None) -> list[int]:
+        """The ranks that differ from ``rank`` only along ``axis``, in axis order."""
+        return list(self.get_group(axis, rank).ranks)
+
+    def get_group(self, axis: Axis | Sequence[Axis] | None = None, rank: int | None = None) -> MeshGroup:
+        """The communication group of ``rank`` along one axis, several axes, or (``None``)
+        the whole mesh: the ranks and the axis names for collectives in ``shard_map``."""
+        axes = self._axes_tuple(axis)
+        sub = self._sub_ranks(axes, self.get_coordinate(rank))
+        return MeshGroup(tuple(self._names[a] for a in axes), tuple(int(r) for r in sub.flat))
+
+    def _axes_tuple(self, axis: Axis | Sequence[Axis] | None) -> tuple[int, ...]:
+        if axis is None:
+            return tuple(range(self.ndim))
+        if isinstance(axis, (str, int, np.integer)):
+            return (self.axis_index(axis),)
+        axes = tuple(self.axis_index(a) for a in axis)
+        if len(set(axes)) != len(axes):
+            raise MeshError("axis", axis, "an axis is named twice", "name each mesh axis at most once")
+        if not axes:
+            raise MeshError("axis", axis, "no axis given", "name at least one mesh axis")
+        return axes
+
+    def _sub_ranks(self, axes: tuple[int, ...], coordinate: tuple[int, ...]) -> np.ndarray:
+        index = tuple(slice(None) if i in axes else c for i, c in enumerate(coordinate))
+        kept = [i for i in range(self.ndim) if i in axes]
+        return np.transpose(self._ranks[index], [kept.index(a) for a in axes])
+
+    def __getitem__(self, names: str | Sequence[str]) -> DeviceMesh:
+        """The sub-mesh of the calling rank along one axis name or a tuple of names."""
+        return self.submesh(names)
+
+    def submesh(self, names: str | Sequence[str], rank: int | None = None) -> DeviceMesh:
+        """The sub-mesh of ``rank`` (default: the calling rank) along the named axes."""
+        if isinstance(names, str):
+            names = (names,)
+        if not isinstance(names, Sequence) or not all(isinstance(n, str) for n in names):
+            raise ArgumentTypeError(
+                "names", names, "a sub-mesh is selected by axis names", f"use names from {self._names}"
+            )
+        axes = self._axes_tuple(tuple(names))
+        sub = self._sub_ranks(axes, self.get_coordinate(rank))
+        types = tuple(self._axis_types[a].name.lower() for a in axes)
+        return DeviceMesh(sub, tuple(names), axis_types=types)  # type: ignore[arg-type]
+
+    def flatten(self, name: str | None = None) -> DeviceMesh:
+        """The 1-D mesh over all ranks in row-major order, named by joining names with "_"."""
+        types = {t.name.lower() for t in self._axis_types}
+        axis_type = "explicit" if types == {"explicit"} else "auto"
+        return DeviceMesh(self._ranks.reshape(-1), (name or "_".join(self._names),), axis_types=axis_type)  # type: ignore[arg-type]
+
+    def get_global_shape(
+        self,
+        local_shape: Sequence[int] | Mapping[int, Sequence[int]],
+        placements: PlacementsLike,
+        rank: int | None = None,
+        *,
+        assume_even: bool = False,
+    ) -> tuple[int, ...]:
+        """The global shape whose torch.chunk layout gives ``local_shape`` on ``rank``.
+
+        ``local_shape`` is the shape on ``rank`` (default: the calling rank) or a mapping
+        rank -> local shape. Exact for uneven shards; when several global shapes give the
+        same local shapes (rank 0 holds 2 rows for 5..8 rows over 4 ranks), raises
+        :class:`ShapeError` unless ``assume_even=True`` picks torch's ``local * pieces``.
+        """
+        # Local import: the layout module builds on meshes, not the other way round.
+        from .layout import Layout
+
+        layout = Layout.from_device_mesh(self)(placements)
+        return layout.global_shape_from_local(local_shape, rank, assume_even=assume_even)
+
+
+def init_device_mesh(
+    mesh_shape: Sequence[int] | str,
+    alias_name: Sequence[str] | Sequence[int] | None = None,
+    *,
+    mesh_dim_names: Sequence[str] | None = None,
+    axis_types: AxisTypeLike | Sequence[AxisTypeLike] = "explicit",
+) -> DeviceMesh:
+    """A mesh of ranks ``0..N-1`` in row-major order.
+
+    Also accepts torch's call ``init_device_mesh("cuda", (2, 4), mesh_dim_names=(...))``:
+    the device type is taken from JAX's default backend and the string is ignored.
+    """
+    if isinstance(mesh_shape, str):
+        mesh_shape, alias_name = alias_name, None  # type: ignore[assignment]
+    if mesh_shape is None or isinstance(mesh_shape, (str, bytes)) or not isinstance(mesh_shape, Sequence):
+        raise ArgumentTypeError("mesh_shape", mesh_shape, "expected a tuple of ints", "pass e.g. (4, 2)")
+    if not all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n > 0 for n in mesh_shape):
+        raise MeshError("mesh_shape", mesh_shape, "every axis size must be a positive int", "pass e.g. (4, 2)")
+    total = int(np.prod(mesh_shape)) if mesh_shape else 0
+    ranks = np.arange(total).reshape(tuple(int(n) for n in mesh_shape))
+    return DeviceMesh(ranks, alias_name, mesh_dim_names=mesh_dim_names, axis_types=axis_types)  # type: ignore[arg-type]
+
+
+def _rebuild(ranks: list[Any], names: tuple[str, ...], types: tuple[str, ...]) -> DeviceMesh:
+    return DeviceMesh(ranks, names, axis_types=types)  # type: ignore[arg-type]
+
+
+def _validate_ranks(mesh: Any) -> np.ndarray:
+    if isinstance(mesh, DeviceMesh):
+        mesh = mesh.mesh
+    try:
+        ranks = np.asarray(mesh)
+    except (ValueError, TypeError) as err:
+        raise MeshError("mesh", mesh, f"not a rectangular array of ranks ({err})", "pass e.g. [[0, 1], [2, 3]]") from None
+    if ranks.dtype == object or ranks.dtype.kind not in "iu":
+        if ranks.dtype.kind == "f" and ranks.size and np.all(ranks == np.round(ranks)):
+            ranks = ranks.astype(np.int64)
+        else:
+            raise MeshError("mesh", mesh, "ranks must be ints in a rectangular array", "pass e.g. [[0, 1], [2, 3]]")
+    if ranks.ndim == 0 or ranks.size == 0:
+        raise MeshError("mesh", mesh, "a mesh needs at least one axis and one rank", "pass e.g. [0, 1, 2, 3]")
+    ranks = ranks.astype(np.int64)
+    flat = ranks.reshape(-1)
+    if len(set(flat.tolist())) != flat.size:
+        seen: set[int] = set()
+        duplicate = next(r for r in flat.tolist() if r in seen or seen.add(r))  # type: ignore[func-returns-value]
+        raise MeshError("mesh", mesh, f"rank {duplicate} appears more than once", "list every rank once")
+    count = jax.device_count()
+    bad = [r for r in flat.tolist() if not 0 <= r < count]
+    if bad:
+        raise MeshError(
+            "mesh",
+            mesh,
+            f"rank {bad[0]} does not exist: JAX sees {count} devices (ranks 0..{count - 1})",
+            "use ranks below jax.device_count(), or start JAX with more devices",
+        )
+    ranks.setflags(write=False)
+    return ranks
+
+
+def _validate_names(names: Sequence[str] | str | None, ndim: int) -> tuple[str, ...]:
+    if names is None:
+        return tuple(f"dim{i}" for i in range(ndim))
+    if isinstance(names, str):
+        names = (names,)
+    if not isinstance(names, Sequence):
+        raise ArgumentTypeError("alias_name", names, "expected a tuple of axis names", 'pass e.g. ("dp", "tp")')
+    names = tuple(names)
+    for name in names:
+        if not isinstance(name, str):
+            raise ArgumentTypeError("alias_name", names, f"axis name {name!r} is not a string", 'pass e.g. ("dp", "tp")')
+        if not name or name == "None":
+            raise MeshError(
+                "alias_name", names, f"{name!r} cannot name a mesh axis (\"None\" means unsharded)", "choose another name"
+            )
+    if len(names) != ndim:
+        raise MeshError(
+            "alias_name", names, f"{len(names)} names for a {ndim}-d mesh", f"give exactly {ndim} names, one per mesh axis"
+        )
+    if len(set(names)) != len(names):
+        raise MeshError("alias_name", names, "axis names must be unique", "give every mesh axis its own name")
+    return names
+
+
+def _validate_axis_types(axis_types: Any, ndim: int) -> tuple[AxisType, ...]:
+    if isinstance(axis_types, (str, AxisType)):
+        axis_types = (axis_types,) * ndim
+    if not isinstance(axis_types, Sequence) or len(axis_types) != ndim:
+        raise MeshError(
+            "axis_types", axis_types, f"need one axis type per mesh axis ({ndim})", 'pass "explicit" or "auto"'
+        )
+    result = []
+    for t in axis_types:
+        if isinstance(t, AxisType) and t in (AxisType.Explicit, AxisType.Auto):
+            result.append(t)
+        elif isinstance(t, str) and t.lower() in _AXIS_TYPES:
+            result.append(_AXIS_TYPES[t.lower()])
+        else:
+            raise MeshError("axis_types", axis_types, f"unsupported axis type {t!r}", 'use "explicit" or "auto"')
+    return tuple(result)

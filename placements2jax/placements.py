@@ -1,0 +1,148 @@
+"""Torch-style placements: how a logical tensor lies along one mesh dimension.
+
+A sequence of placements has one entry per mesh dimension (torch's mesh-dim-major view).
+Each placement is a small immutable value: equal by value, hashable, with an exact repr.
+A short text form (``S(0)``, ``R``, ``P``, ``P(max)``) is used in tables, notebooks and
+the command line; :func:`parse_placements` and :func:`format_placements` convert both ways.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Literal, TypeAlias
+
+from .errors import ArgumentTypeError, PlacementError
+
+__all__ = [
+    "Placement",
+    "Shard",
+    "Replicate",
+    "Partial",
+    "ReduceOp",
+    "REDUCE_OPS",
+    "parse_placement",
+    "parse_placements",
+    "format_placements",
+]
+
+ReduceOp: TypeAlias = Literal["sum", "avg", "max", "min"]
+REDUCE_OPS: tuple[ReduceOp, ...] = ("sum", "avg", "max", "min")
+
+
+class Placement:
+    """Base class of :class:`Shard`, :class:`Replicate` and :class:`Partial`."""
+
+    __slots__ = ()
+
+    def is_shard(self, dim: int | None = None) -> bool:
+        return False
+
+    def is_replicate(self) -> bool:
+        return False
+
+    def is_partial(self, reduce_op: str | None = None) -> bool:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class Shard(Placement):
+    """The tensor is split along tensor dimension ``dim`` over the ranks of this mesh dim.
+
+    Splitting follows ``torch.chunk``: with ``n`` ranks and extent ``N``, each rank gets
+    ``ceil(N / n)`` elements in rank order, the last ones fewer or none. A negative ``dim``
+    counts from the end and is normalized once the tensor rank is known.
+    """
+
+    dim: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.dim, bool) or not isinstance(self.dim, int):
+            raise ArgumentTypeError(
+                "Shard.dim", self.dim, "the tensor dimension must be an int", "pass e.g. Shard(0)"
+            )
+
+    def is_shard(self, dim: int | None = None) -> bool:
+        return dim is None or dim == self.dim
+
+    def __str__(self) -> str:
+        return f"S({self.dim})"
+
+
+@dataclass(frozen=True, slots=True)
+class Replicate(Placement):
+    """Every rank of this mesh dim holds the whole tensor (along this mesh dim)."""
+
+    def is_replicate(self) -> bool:
+        return True
+
+    def __str__(self) -> str:
+        return "R"
+
+
+@dataclass(frozen=True, slots=True)
+class Partial(Placement):
+    """Each rank of this mesh dim holds a partial value of full shape; the logical tensor
+    is the reduction of the ranks' values with ``reduce_op`` (``sum``, ``avg``, ``max`` or
+    ``min``). ``avg`` is the sum divided by the number of ranks of the mesh dim.
+    """
+
+    reduce_op: ReduceOp = "sum"
+    _short: ClassVar[dict[str, str]] = {"sum": "P"}
+
+    def __post_init__(self) -> None:
+        if self.reduce_op not in REDUCE_OPS:
+            raise PlacementError(
+                "Partial.reduce_op",
+                self.reduce_op,
+                f"unknown reduce op; supported: {', '.join(REDUCE_OPS)}",
+                "use Partial('sum'), Partial('avg'), Partial('max') or Partial('min')",
+            )
+
+    def is_partial(self, reduce_op: str | None = None) -> bool:
+        return reduce_op is None or reduce_op == self.reduce_op
+
+    def __str__(self) -> str:
+        return self._short.get(self.reduce_op, f"P({self.reduce_op})")
+
+
+_TOKEN = re.compile(r"\s*(?:S\(\s*(-?\d+)\s*\)|R|P(?:\(\s*(\w+)\s*\))?)\s*", re.IGNORECASE)
+
+
+def parse_placement(text: str) -> Placement:
+    """Parse one short form: ``S(0)``, ``S(-1)``, ``R``, ``P``, ``P(sum)``, ``P(max)`` ..."""
+    if not isinstance(text, str):
+        raise ArgumentTypeError("placement", text, "expected a string", 'pass e.g. "S(0)"')
+    match = _TOKEN.fullmatch(text)
+    if match is None:
+        raise PlacementError(
+            "placement",
+            text,
+            "not a placement in short form",
+            'write S(<dim>), R, P or P(<sum|avg|max|min>), e.g. "S(0)"',
+        )
+    shard_dim, reduce_op = match.groups()
+    stripped = text.strip().upper()
+    if shard_dim is not None:
+        return Shard(int(shard_dim))
+    if stripped == "R":
+        return Replicate()
+    return Partial((reduce_op or "sum").lower())  # type: ignore[arg-type]
+
+
+def parse_placements(text: str) -> tuple[Placement, ...]:
+    """Parse a comma-separated list such as ``"S(0),R"`` or ``"P(max), S(1)"``."""
+    if not isinstance(text, str):
+        raise ArgumentTypeError("placements", text, "expected a string", 'pass e.g. "S(0),R"')
+    tokens = re.findall(r"[^,()]+(?:\([^)]*\))?", text)
+    if not tokens or "".join(tokens).replace(" ", "") != text.replace(" ", "").replace(",", ""):
+        raise PlacementError(
+            "placements", text, "not a comma-separated list of placements", 'write e.g. "S(0),R"'
+        )
+    return tuple(parse_placement(token) for token in tokens)
+
+
+def format_placements(placements: Sequence[Placement]) -> str:
+    """The short form of a sequence of placements, e.g. ``"S(0),R"``."""
+    return ",".join(str(p) for p in placements)
