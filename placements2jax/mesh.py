@@ -321,9 +321,20 @@ def init_device_mesh(
         mesh_shape, alias_name = alias_name, None  # type: ignore[assignment]
     if mesh_shape is None or isinstance(mesh_shape, (str, bytes)) or not isinstance(mesh_shape, Sequence):
         raise ArgumentTypeError("mesh_shape", mesh_shape, "expected a tuple of ints", "pass e.g. (4, 2)")
-    if not all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n > 0 for n in mesh_shape):
-        raise MeshError("mesh_shape", mesh_shape, "every axis size must be a positive int", "pass e.g. (4, 2)")
-    total = int(np.prod(mesh_shape)) if mesh_shape else 0
+    if not mesh_shape or not all(
+        isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n > 0 for n in mesh_shape
+    ):
+        raise MeshError(
+            "mesh_shape", mesh_shape, "a mesh needs at least one axis and every axis size a positive int", "pass e.g. (4, 2)"
+        )
+    total = int(np.prod(mesh_shape))
+    if total > jax.device_count():
+        raise MeshError(
+            "mesh_shape",
+            tuple(mesh_shape),
+            f"needs {total} devices, JAX sees {jax.device_count()}",
+            "use a smaller mesh, or start JAX with more devices",
+        )
     ranks = np.arange(total).reshape(tuple(int(n) for n in mesh_shape))
     return DeviceMesh(ranks, alias_name, mesh_dim_names=mesh_dim_names, axis_types=axis_types)  # type: ignore[arg-type]
 
