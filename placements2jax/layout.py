@@ -173,7 +173,7 @@ class Layout:
         ``ndim`` pads a short spec with unsplit dims."""
         if not isinstance(spec, PartitionSpec):
             raise ArgumentTypeError("spec", spec, "expected a jax.sharding.PartitionSpec", "pass e.g. P('dp', None)")
-        entries: list[Any] = list(spec)
+        entries: list[Any] = list(spec.partitions)
         if ndim is not None:
             if ndim < len(entries):
                 raise LayoutError("ndim", ndim, f"shorter than the spec {spec}", f"pass ndim >= {len(entries)}")
@@ -433,7 +433,8 @@ class Layout:
             total = math.prod(pieces)
             extents = {r: s[dim] for r, s in known.items()}
             if total == 1:
-                candidates = sorted(set(extents.values()))
+                # An unsplit dim has its global extent on every rank: all must agree.
+                candidates = sorted(set(extents.values())) if len(set(extents.values())) == 1 else []
             else:
                 bound = (max(extents.values()) + 1) * total * total + total
                 candidates = [
