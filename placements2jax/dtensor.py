@@ -1,0 +1,386 @@
+"""DTensor: a logical tensor laid out on a DeviceMesh, carried by one ``jax.Array``.
+
+A DTensor is its :class:`~placements2jax.layout.Layout`, its logical (global) shape and
+one physical ``jax.Array`` (see :mod:`.physical` for how padding and partials are
+stored). Everything that moves data is an XLA program (:mod:`.programs`); nothing passes
+through the host. DTensor is a pytree whose only leaf is the array, so it goes through
+``jax.jit``, ``jax.grad`` and ``jax.tree_util`` unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .hlo import Collective, compiled_collectives
+from .errors import ArgumentTypeError, MeshError, ShapeError
+from .layout import Layout, PlacementsLike
+from .mesh import DeviceMesh
+from .physical import Physical, physical
+from .placements import Placement, Replicate
+from .programs import check_redistribute, program, redistribute_array, replicated_layout, without_partial
+
+__all__ = ["DTensor", "distribute_tensor", "redistribute_collectives"]
+
+
+@jax.tree_util.register_pytree_node_class
+class DTensor:
+    """A logical tensor of ``shape`` laid out on a mesh by ``layout``.
+
+    Build one with :func:`distribute_tensor` (from the full tensor) or
+    :meth:`DTensor.from_local` (from each rank's local shard). ``to_local(rank)`` gives
+    exactly torch's local tensor of that rank; ``full_tensor()`` the logical tensor.
+    """
+
+    __slots__ = ("_array", "_layout", "_shape")
+
+    def __init__(self, array: jax.Array, layout: Layout, shape: Sequence[int]) -> None:
+        shape = tuple(int(n) for n in shape)
+        layout = layout.bind(len(shape))
+        expected = physical(layout, shape).array_shape
+        if tuple(array.shape) != expected:
+            raise ShapeError(
+                "array",
+                array.shape,
+                f"the physical array of shape {shape} under {layout} must have shape {expected}",
+                "build DTensors with distribute_tensor or DTensor.from_local",
+            )
+        self._array, self._layout, self._shape = array, layout, shape
+
+    # -- pytree ----------------------------------------------------------------------
+    def tree_flatten(self) -> tuple[tuple[jax.Array], tuple[Layout, tuple[int, ...]]]:
+        return (self._array,), (self._layout, self._shape)
+
+    @classmethod
+    def tree_unflatten(cls, aux: tuple[Layout, tuple[int, ...]], children: Sequence[Any]) -> DTensor:
+        # No validation: transformations put placeholders (None, tangents, batched values) here.
+        obj = object.__new__(cls)
+        obj._array, (obj._layout, obj._shape) = children[0], aux
+        return obj
+
+    # -- reading ---------------------------------------------------------------------
+    @property
+    def layout(self) -> Layout:
+        return self._layout
+
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        return self._layout.mesh
+
+    @property
+    def placements(self) -> tuple[Placement, ...]:
+        """The torch form (see :attr:`Layout.placements`)."""
+        return self._layout.placements
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The logical (global) shape."""
+        return self._shape
+
+    @property
+    def ndim(self) -> int:
+        return len(self._shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self._shape, dtype=np.int64))
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._array.dtype
+
+    @property
+    def physical(self) -> Physical:
+        return physical(self._layout, self._shape)
+
+    @property
+    def array(self) -> jax.Array:
+        """The physical array (padded and/or stacked when the layout needs it)."""
+        return self._array
+
+    @property
+    def sharding(self) -> jax.sharding.NamedSharding | None:
+        """The ``NamedSharding`` of the logical tensor, when one exists: the layout is
+        even and has no partial that JAX cannot express (else None)."""
+        phys = self.physical
+        if phys.is_padded or phys.stacked_axes:
+            return None
+        return phys.sharding
+
+    def __repr__(self) -> str:
+        return (
+            f"DTensor(shape={self._shape}, dtype={self.dtype}, placements={self._layout}, "
+            f"mesh={self.device_mesh!r})"
+        )
+
+    # -- local data --------------------------------------------------------------------
+    def _require_concrete(self, what: str) -> None:
+        if isinstance(self._array, jax.core.Tracer):
+            raise ArgumentTypeError(
+                "self",
+                self,
+                f"{what} needs concrete per-device data, but this DTensor is being traced (inside jax.jit)",
+                "call it outside jit, or use jax.shard_map for per-rank code",
+            )
+
+    def to_local(self, rank: int | None = None) -> jax.Array:
+        """torch's local tensor of ``rank`` (default: the calling rank), on its device:
+        exact shape (empty shards included) and values (partial values unreduced)."""
+        self._require_concrete("to_local")
+        mesh = self.device_mesh
+        rank = mesh._resolve_rank(rank)
+        device = mesh.device(rank)
+        shard = next((s for s in self._array.addressable_shards if s.device == device), None)
+        if shard is None:
+            raise MeshError(
+                "rank",
+                rank,
+                f"its device is on process {device.process_index}, not this one ({jax.process_index()})",
+                "call to_local for ranks of this process (DeviceMesh.calling_rank())",
+            )
+        local_shape = self._layout.local_shape(self._shape, rank)
+        index = (0,) * len(self.physical.stacked_axes) + tuple(slice(0, n) for n in local_shape)
+        return shard.data[index]
+
+    def local_shards(self) -> dict[int, jax.Array]:
+        """``to_local`` of every rank whose device belongs to this process."""
+        self._require_concrete("local_shards")
+        process = jax.process_index()
+        return {
+            r: self.to_local(r) for r in self.device_mesh.rank_list if self.device_mesh.device(r).process_index == process
+        }
+
+    # -- whole-tensor views ------------------------------------------------------------
+    def full_tensor(self) -> jax.Array:
+        """The logical tensor (partials reduced, padding removed), replicated on the mesh."""
+        return redistribute_array(self._array, self._layout, replicated_layout(self._layout), self._shape)
+
+    def to_jax(self) -> jax.Array:
+        """The logical tensor as a ``jax.Array`` of the logical shape.
+
+        Even layouts without Partial: the physical array itself (no copy). Even layouts
+        with Partial: the reduced value, sharded like the tensor dims. Uneven layouts:
+        JAX cannot shard them, so the result is replicated (same as :meth:`full_tensor`).
+        """
+        phys = self.physical
+        if phys.is_padded:
+            return self.full_tensor()
+        if self._layout.has_partial:
+            return redistribute_array(self._array, self._layout, without_partial(self._layout), self._shape)
+        return self._array
+
+    def __jax_array__(self) -> jax.Array:
+        return self.to_jax()
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        return np.asarray(self.full_tensor(), dtype=dtype)
+
+    # -- redistribute -----------------------------------------------------------------
+    def redistribute(
+        self, device_mesh: DeviceMesh | None = None, placements: PlacementsLike | None = None
+    ) -> DTensor:
+        """This tensor under other placements (torch or alias form), possibly on another
+        mesh. XLA does the move; see docs/redistribute.md for the collectives."""
+        mesh = self.device_mesh if device_mesh is None else device_mesh
+        if not isinstance(mesh, DeviceMesh):
+            raise ArgumentTypeError(
+                "device_mesh", device_mesh, "expected a placements2jax.DeviceMesh", "pass a DeviceMesh or None"
+            )
+        if placements is None:
+            target = self._layout if mesh == self.device_mesh else replicated_layout(Layout(mesh, ((),) * self.ndim))
+        else:
+            target = Layout.from_placements(mesh, placements).bind(self.ndim)
+        if mesh == self.device_mesh:
+            check_redistribute(self._layout, target)
+            return DTensor(redistribute_array(self._array, self._layout, target, self._shape), target, self._shape)
+        return self._to_other_mesh(target)
+
+    def _to_other_mesh(self, target: Layout) -> DTensor:
+        """Reduce on this mesh, transfer with JAX's device_put, re-partial on the target."""
+        shape = self._shape
+        source_plain, target_plain = without_partial(self._layout), without_partial(target)
+        if not physical(self._layout, shape).is_padded and not physical(target, shape).is_padded:
+            array = redistribute_array(self._array, self._layout, source_plain, shape)
+            array = jax.device_put(array, physical(target_plain, shape).sharding)
+        else:
+            replicated = replicated_layout(target)
+            array = jax.device_put(self.full_tensor(), physical(replicated, shape).sharding)
+            array = redistribute_array(array, replicated, target_plain, shape)
+        return DTensor(redistribute_array(array, target_plain, target, shape), target, shape)
+
+    # -- construction --------------------------------------------------------------------
+    @classmethod
+    def from_local(
+        cls,
+        local_tensor: Any,
+        device_mesh: DeviceMesh,
+        placements: PlacementsLike | None = None,
+        *,
+        shape: Sequence[int] | None = None,
+    ) -> DTensor:
+        """A DTensor from each rank's local tensor.
+
+        ``local_tensor`` is one array (the same on every rank: SPMD), a sequence of arrays
+        in ``device_mesh.rank_list`` order, or a mapping rank -> array (in a multi-process
+        run, each process passes its own ranks). Partial placements: the global value is
+        the reduction of the local values. The global shape is inferred when the local
+        shapes determine it, else pass ``shape=``; local shapes that torch.chunk would
+        not give for that shape are an error.
+        """
+        mesh = _check_mesh(device_mesh)
+        locals_by_rank = _locals_by_rank(local_tensor, mesh)
+        first = next(iter(locals_by_rank.values()))
+        for rank, array in locals_by_rank.items():
+            if array.dtype != first.dtype:
+                raise ShapeError(
+                    "local_tensor",
+                    {r: str(a.dtype) for r, a in locals_by_rank.items()},
+                    f"rank {rank} has dtype {array.dtype}, another rank {first.dtype}",
+                    "give every rank's local tensor the same dtype",
+                )
+            if array.ndim != first.ndim:
+                raise ShapeError(
+                    "local_tensor",
+                    {r: a.shape for r, a in locals_by_rank.items()},
+                    f"rank {rank} has {array.ndim} dims, another rank {first.ndim}",
+                    "give every rank's local tensor the same number of dims",
+                )
+        layout = _layout(mesh, placements, first.ndim)
+        local_shapes = {r: tuple(a.shape) for r, a in locals_by_rank.items()}
+        if shape is None:
+            global_shape = layout.global_shape_from_local(local_shapes)
+        else:
+            global_shape = tuple(int(n) for n in shape)
+            layout._check_shape(global_shape, "shape")
+            for rank, got in local_shapes.items():
+                want = layout.local_shape(global_shape, rank)
+                if got != want:
+                    raise ShapeError(
+                        "local_tensor",
+                        local_shapes,
+                        f"rank {rank} holds shape {got}, but torch.chunk gives it {want} of the global "
+                        f"shape {global_shape} under {layout}",
+                        "pass each rank's torch.chunk block, or the right shape=",
+                    )
+        phys = physical(layout, global_shape)
+        block = tuple(p // int(np.prod(layout.pieces(d), dtype=np.int64)) for d, p in enumerate(phys.padded_shape))
+        lead = (1,) * len(phys.stacked_axes)
+        arrays = []
+        for rank, local in locals_by_rank.items():
+            widths = [(0, b - n) for b, n in zip(block, local.shape)]
+            padded = np.pad(local, widths) if isinstance(local, np.ndarray) else jnp.pad(local, widths)
+            arrays.append(jax.device_put(padded.reshape(lead + block), mesh.device(rank)))
+        array = jax.make_array_from_single_device_arrays(phys.array_shape, phys.sharding, arrays)
+        return cls(array, layout, global_shape)
+
+
+def distribute_tensor(
+    tensor: Any, device_mesh: DeviceMesh, placements: PlacementsLike | None = None
+) -> DTensor:
+    """Lay a full (logical) tensor out on ``device_mesh``: NumPy or JAX array in, DTensor
+    out. Partial targets follow torch: sum -> each rank holds x / n; avg, max, min -> x.
+    ``placements=None`` replicates."""
+    mesh = _check_mesh(device_mesh)
+    array = _as_array(tensor, "tensor")
+    layout = _layout(mesh, placements, array.ndim)
+    shape = tuple(array.shape)
+    target = physical(layout, shape)
+    plain = without_partial(layout)
+    if not target.is_padded:
+        placed = jax.device_put(array, physical(plain, shape).sharding)
+    elif isinstance(array, np.ndarray):
+        padded = np.zeros(target.padded_shape, array.dtype)
+        padded[np.ix_(*(target.positions(d) for d in range(array.ndim)))] = array
+        placed = jax.device_put(padded, physical(plain, shape).sharding)
+    else:
+        replicated = replicated_layout(layout)
+        placed = jax.device_put(array, physical(replicated, shape).sharding)
+        placed = redistribute_array(placed, replicated, plain, shape)
+    return DTensor(redistribute_array(placed, plain, layout, shape), layout, shape)
+
+
+def _check_mesh(device_mesh: Any) -> DeviceMesh:
+    if not isinstance(device_mesh, DeviceMesh):
+        raise ArgumentTypeError(
+            "device_mesh", device_mesh, "expected a placements2jax.DeviceMesh", "build one with init_device_mesh(...)"
+        )
+    return device_mesh
+
+
+def _layout(mesh: DeviceMesh, placements: PlacementsLike | None, ndim: int) -> Layout:
+    if placements is None:
+        placements = (Replicate(),) * mesh.ndim
+    return Layout.from_placements(mesh, placements).bind(ndim)
+
+
+def _as_array(value: Any, argument: str) -> np.ndarray | jax.Array:
+    if isinstance(value, jax.Array):
+        return value
+    if isinstance(value, DTensor):
+        raise ArgumentTypeError(argument, value, "is already a DTensor", "use dtensor.redistribute(...)")
+    try:
+        array = np.asarray(value)
+    except Exception:
+        array = np.asarray(None, dtype=object)
+    if array.dtype == object or array.dtype.kind not in "biufc":
+        raise ArgumentTypeError(
+            argument, value, "is not a numeric array", "pass a NumPy array, a jax.Array or nested lists of numbers"
+        )
+    return array
+
+
+def _locals_by_rank(local_tensor: Any, mesh: DeviceMesh) -> dict[int, np.ndarray | jax.Array]:
+    process = jax.process_index()
+    own = [r for r in mesh.rank_list if mesh.device(r).process_index == process]
+    if isinstance(local_tensor, Mapping):
+        given = {mesh._check_rank(r): _as_array(a, f"local_tensor[{r}]") for r, a in local_tensor.items()}
+        missing = [r for r in own if r not in given]
+        foreign = [r for r in given if r not in own]
+        if missing or foreign:
+            raise MeshError(
+                "local_tensor",
+                sorted(given),
+                f"ranks {missing} of this process are missing" if missing else f"ranks {foreign} are not on this process",
+                f"pass exactly this process's ranks {own}",
+            )
+        return {r: given[r] for r in own}
+    if isinstance(local_tensor, (list, tuple)) and local_tensor and all(
+        isinstance(a, (np.ndarray, jax.Array)) for a in local_tensor
+    ):
+        if len(local_tensor) != mesh.size():
+            raise ShapeError(
+                "local_tensor",
+                f"<{len(local_tensor)} arrays>",
+                f"a sequence needs one array per rank of the mesh ({mesh.size()}, rank_list order)",
+                "pass one array per rank, a mapping rank -> array, or one array for all ranks",
+            )
+        by_rank = dict(zip(mesh.rank_list, local_tensor))
+        return {r: _as_array(by_rank[r], f"local_tensor[{r}]") for r in own}
+    array = _as_array(local_tensor, "local_tensor")
+    return {r: array for r in own}
+
+
+def redistribute_collectives(
+    dtensor: DTensor, placements: PlacementsLike, device_mesh: DeviceMesh | None = None
+) -> list[Collective]:
+    """The collectives XLA compiles for ``dtensor.redistribute(device_mesh, placements)``
+    on the same mesh, with device groups given as ranks."""
+    mesh = dtensor.device_mesh
+    if device_mesh is not None and device_mesh != mesh:
+        raise MeshError(
+            "device_mesh", device_mesh, "collectives are reported for moves within one mesh", "pass None or dtensor.device_mesh"
+        )
+    target = Layout.from_placements(mesh, placements).bind(dtensor.ndim)
+    check_redistribute(dtensor.layout, target)
+    src, dst = physical(dtensor.layout, dtensor.shape), physical(target, dtensor.shape)
+    if src == dst:
+        return []
+    ranks = mesh.rank_list  # XLA numbers devices by their position in the mesh
+    return [
+        Collective(c.op, c.result_shapes, c.dtype, tuple(tuple(ranks[i] for i in g) for g in c.groups))
+        for c in compiled_collectives(program(src, dst), dtensor.array)
+    ]

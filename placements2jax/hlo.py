@@ -1,0 +1,128 @@
+"""Read the collectives out of a compiled XLA program's HLO text."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Collective", "parse_collectives", "compiled_collectives", "COLLECTIVE_OPS"]
+
+COLLECTIVE_OPS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+
+_INSTRUCTION = re.compile(
+    r"=\s*(?P<type>\([^=]*?\)|\w+\[[^\]]*\](?:\{[^}]*\})?)\s+"
+    r"(?P<op>" + "|".join(COLLECTIVE_OPS) + r")(?P<start>-start)?\((?P<rest>.*)$",
+    re.MULTILINE,
+)
+_ARRAY_TYPE = re.compile(r"(?P<dtype>[a-z]+\d*)\[(?P<dims>[\d,]*)\]")
+_GROUPS_LIST = re.compile(r"replica_groups=\{(?P<groups>(?:\{[\d,]*\},?)*)\}")
+_GROUPS_IOTA = re.compile(r"replica_groups=\[(?P<shape>[\d,]+)\]<=\[(?P<dims>[\d,]+)\](?:T\((?P<perm>[\d,]+)\))?")
+_GROUPS_MESH = re.compile(
+    r"replica_groups=mesh\[(?P<axes>[^\]]*)\]"
+    r"(?:,\s*device_ids=\(\[(?P<dims>[\d,]+)\](?:T\((?P<perm>[\d,]+)\))?\))?\s*\{(?P<group>[^}]*)\}"
+)
+_PAIRS = re.compile(r"source_target_pairs=\{(?P<pairs>(?:\{\d+,\d+\},?)*)\}")
+
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
+                "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective in compiled HLO: its opcode, result arrays and device groups."""
+
+    op: str
+    result_shapes: tuple[tuple[int, ...], ...]
+    dtype: str
+    groups: tuple[tuple[int, ...], ...]
+
+    @property
+    def result_bytes(self) -> int:
+        """Bytes of the per-device result (all arrays of a tuple result)."""
+        width = _DTYPE_BYTES.get(self.dtype, 4)
+        return sum(math.prod(s) for s in self.result_shapes) * width
+
+    @property
+    def group_size(self) -> int:
+        return len(self.groups[0]) if self.groups else 1
+
+    def __str__(self) -> str:
+        shapes = ",".join(f"{self.dtype}{list(s)}" for s in self.result_shapes)
+        return f"{self.op}({shapes}) groups={[list(g) for g in self.groups]}"
+
+
+def _groups(rest: str) -> tuple[tuple[int, ...], ...]:
+    if match := _GROUPS_LIST.search(rest):
+        return tuple(
+            tuple(int(v) for v in g.split(",") if v) for g in re.findall(r"\{([\d,]*)\}", match["groups"])
+        )
+    if match := _GROUPS_IOTA.search(rest):
+        shape = [int(v) for v in match["shape"].split(",")]
+        dims = [int(v) for v in match["dims"].split(",")]
+        ids = np.arange(math.prod(dims)).reshape(dims)
+        if match["perm"]:
+            ids = ids.transpose([int(v) for v in match["perm"].split(",")])
+        return tuple(tuple(int(v) for v in row) for row in ids.reshape(shape))
+    if match := _GROUPS_MESH.search(rest):
+        return _mesh_groups(match)
+    if match := _PAIRS.search(rest):
+        return tuple(tuple(int(v) for v in p.split(",")) for p in re.findall(r"\{(\d+,\d+)\}", match["pairs"]))
+    return ()
+
+
+def _mesh_groups(match: re.Match[str]) -> tuple[tuple[int, ...], ...]:
+    """Groups in XLA's mesh notation: ``mesh['a'=2,'b'=4], device_ids=([2,2,2]T(0,2,1))
+    {'b':(2)2}`` groups devices varying along the listed axes or sub-axes
+    (``(pre)size``: the ``size`` factor after the first ``pre`` of that axis)."""
+    axes = [(name, int(n)) for name, n in re.findall(r"'([^']+)'=(\d+)", match["axes"])]
+    total = math.prod(n for _, n in axes)
+    ids = np.arange(total)
+    if match["dims"]:
+        dims = [int(v) for v in match["dims"].split(",")]
+        ids = ids.reshape(dims)
+        if match["perm"]:
+            ids = ids.transpose([int(v) for v in match["perm"].split(",")])
+    referenced = dict(
+        (name, (int(pre), int(size)) if size else None)
+        for name, pre, size in re.findall(r"'([^']+)'(?::\((\d+)\)(\d+))?", match["group"])
+    )
+    factors: list[int] = []
+    grouped: list[int] = []
+    for name, n in axes:
+        sub = referenced.get(name, False)
+        if sub is None:
+            grouped.append(len(factors))
+            factors.append(n)
+        elif sub:
+            pre, size = sub
+            factors += [pre, size, n // (pre * size)]
+            grouped.append(len(factors) - 2)
+        else:
+            factors.append(n)
+    others = [i for i in range(len(factors)) if i not in grouped]
+    ids = ids.reshape(factors).transpose(others + grouped)
+    size = math.prod(factors[i] for i in grouped)
+    return tuple(tuple(int(v) for v in row) for row in ids.reshape(-1, size))
+
+
+def parse_collectives(hlo_text: str) -> list[Collective]:
+    """The collectives of an HLO module's text, in program order (``-start`` halves of
+    async pairs count once, ``-done`` halves not at all)."""
+    result = []
+    for match in _INSTRUCTION.finditer(hlo_text):
+        arrays = _ARRAY_TYPE.findall(match["type"])
+        if match["start"] and match["op"] in ("all-gather", "collective-permute", "all-reduce") and len(arrays) > 1:
+            arrays = arrays[len(arrays) // 2 :]  # async start returns (operands, results)
+        shapes = tuple(tuple(int(d) for d in dims.split(",") if d) for _, dims in arrays)
+        dtype = arrays[0][0] if arrays else "f32"
+        result.append(Collective(match["op"], shapes, dtype, _groups(match["rest"])))
+    return result
+
+
+def compiled_collectives(jitted: Any, *args: Any) -> list[Collective]:
+    """The collectives XLA compiled for ``jitted(*args)`` (a ``jax.jit`` function)."""
+    return parse_collectives(jitted.lower(*args).compile().as_text())

@@ -1,0 +1,118 @@
+"""The physical jax.Array that carries a DTensor of a given layout and logical shape.
+
+JAX shards only evenly and knows only one partial form (``unreduced``, sums on Explicit
+axes), so a DTensor's array differs from its logical tensor in two documented ways:
+
+* **Padding.** A tensor dim split ``k`` ways (nested over mesh axes) is stored with
+  ``k * ceil(N / k)`` elements: every rank owns one full block, and its torch.chunk
+  elements sit at the start of the block (:mod:`.chunking`). Even dims are not padded.
+* **Partial.** ``Partial(sum)`` on Explicit axes uses JAX's native ``unreduced`` form.
+  Every other partial (avg, max, min, or sum on Auto axes) is *stacked*: one leading dim
+  per partial mesh axis, of that axis's size and sharded over it, so each rank's slice of
+  the stack is exactly its partial value. Reducing the stack dims is an all-reduce.
+
+This module only describes the representation (shapes, specs, index maps); the programs
+that move data live in :mod:`.programs`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
+
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from . import chunking
+from .layout import Layout
+
+__all__ = ["Physical", "physical"]
+
+
+@dataclass(frozen=True)
+class Physical:
+    """The physical representation of a tensor of logical ``shape`` under ``layout``."""
+
+    layout: Layout
+    shape: tuple[int, ...]
+
+    @property
+    def mesh_names(self) -> tuple[str, ...]:
+        return self.layout.mesh.alias_name
+
+    @cached_property
+    def unreduced_axes(self) -> tuple[int, ...]:
+        """Partial mesh dims carried by JAX's ``unreduced``."""
+        if self.layout.partial_op == "sum" and self.layout.mesh.is_explicit:
+            return self.layout.partial_axes
+        return ()
+
+    @cached_property
+    def stacked_axes(self) -> tuple[int, ...]:
+        """Partial mesh dims carried as leading stack dims, in mesh order."""
+        return () if self.unreduced_axes else self.layout.partial_axes
+
+    @cached_property
+    def padded_shape(self) -> tuple[int, ...]:
+        """The tensor dims after padding (without the stack dims)."""
+        return self.layout.physical_shape(self.shape)
+
+    @cached_property
+    def array_shape(self) -> tuple[int, ...]:
+        stack = tuple(self.layout.mesh.shape[a] for a in self.stacked_axes)
+        return stack + self.padded_shape
+
+    @cached_property
+    def is_padded(self) -> bool:
+        return self.padded_shape != self.shape
+
+    @cached_property
+    def dim_entries(self) -> tuple[str | tuple[str, ...] | None, ...]:
+        """PartitionSpec entries of the tensor dims."""
+        entries = []
+        for axes in self.layout.dim_axes:
+            names = tuple(self.mesh_names[a] for a in axes)
+            entries.append(None if not names else names[0] if len(names) == 1 else names)
+        return tuple(entries)
+
+    @cached_property
+    def spec(self) -> PartitionSpec:
+        stack = tuple(self.mesh_names[a] for a in self.stacked_axes)
+        unreduced = frozenset(self.mesh_names[a] for a in self.unreduced_axes)
+        entries = stack + self.dim_entries
+        return PartitionSpec(*entries, unreduced=unreduced) if unreduced else PartitionSpec(*entries)
+
+    @cached_property
+    def sharding(self) -> NamedSharding:
+        return NamedSharding(self.layout.mesh.to_jax(), self.spec)
+
+    @cached_property
+    def reduced_sharding(self) -> NamedSharding:
+        """The sharding of the tensor dims alone (no partial, no stack dims)."""
+        return NamedSharding(self.layout.mesh.to_jax(), PartitionSpec(*self.dim_entries))
+
+    def positions(self, dim: int) -> np.ndarray:
+        """Physical index of each logical index along tensor ``dim``."""
+        return _positions(self.shape[dim], self.layout.pieces(dim))
+
+    def is_prefix(self, dim: int) -> bool:
+        """True when logical index i sits at physical index i (padding only at the end)."""
+        return _is_prefix(self.shape[dim], self.layout.pieces(dim))
+
+
+@lru_cache(maxsize=4096)
+def physical(layout: Layout, shape: tuple[int, ...]) -> Physical:
+    """The (cached) physical representation of ``shape`` under a bound ``layout``."""
+    return Physical(layout, shape)
+
+
+@lru_cache(maxsize=4096)
+def _positions(size: int, pieces: tuple[int, ...]) -> np.ndarray:
+    positions = chunking.logical_to_physical(size, pieces)
+    positions.setflags(write=False)
+    return positions
+
+
+@lru_cache(maxsize=4096)
+def _is_prefix(size: int, pieces: tuple[int, ...]) -> bool:
+    return bool(np.array_equal(_positions(size, pieces), np.arange(size)))

@@ -1,0 +1,209 @@
+"""XLA programs that move a DTensor's physical array from one layout to another.
+
+:func:`convert` is a traceable function (it runs inside the caller's ``jax.jit`` as well
+as eagerly) built from three steps, each left to XLA to implement with collectives:
+
+1. reduce the partial mesh dims that the target does not keep (``reshard`` of an
+   ``unreduced`` array, or a reduction over stack dims: an all-reduce);
+2. move the tensor dims to the target's sharding (``reshard``: all-gather, all-to-all,
+   local slice ...), re-padding dims whose torch.chunk blocks change (uneven layouts);
+3. create the target's new partial mesh dims (Replicate -> Partial: local, no traffic).
+
+:func:`program` caches one ``jax.jit`` per (source, target) physical representation, so
+each redistribution is compiled once per shape and dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from .errors import RedistributeError
+from .layout import Layout
+from .physical import Physical, physical
+
+__all__ = ["convert", "program", "check_redistribute", "replicated_layout", "without_partial"]
+
+_REDUCERS = {"sum": jnp.sum, "avg": jnp.mean, "max": jnp.max, "min": jnp.min}
+
+
+def replicated_layout(layout: Layout) -> Layout:
+    """The fully replicated layout on the same mesh and tensor rank."""
+    return Layout(layout.mesh, ((),) * layout.ndim)
+
+
+def without_partial(layout: Layout) -> Layout:
+    """The same splits with every partial mesh dim turned into Replicate."""
+    return Layout(layout.mesh, layout.dim_axes)
+
+
+def check_redistribute(src: Layout, dst: Layout) -> None:
+    """Refuse what torch refuses: Shard -> Partial and Partial(a) -> Partial(b) on a mesh dim."""
+    names = src.mesh.alias_name
+    for mesh_dim, (src_op, dst_op) in enumerate(zip(src.partial, dst.partial)):
+        if dst_op is None:
+            continue
+        split = src.mesh_dim_split(mesh_dim)
+        if split is not None:
+            raise RedistributeError(
+                "placements",
+                dst,
+                f"mesh dim {names[mesh_dim]!r} goes from Shard({split}) to Partial({dst_op}); a shard is "
+                "not a partial value (torch refuses this move too)",
+                f"redistribute mesh dim {names[mesh_dim]!r} to Replicate first, then to Partial",
+            )
+        if src_op is not None and src_op != dst_op:
+            raise RedistributeError(
+                "placements",
+                dst,
+                f"mesh dim {names[mesh_dim]!r} goes from Partial({src_op}) to Partial({dst_op}); the values "
+                "cannot be re-interpreted (torch refuses this move too)",
+                f"redistribute mesh dim {names[mesh_dim]!r} to Replicate first, then to Partial({dst_op})",
+            )
+
+
+def _reshard(x: jax.Array, sharding: NamedSharding) -> jax.Array:
+    if sharding.mesh.are_all_axes_explicit:
+        return jax.sharding.reshard(x, sharding)
+    return jax.lax.with_sharding_constraint(x, sharding)
+
+
+def _stack_names(src: Physical, axes: Sequence[int]) -> tuple[str, ...]:
+    return tuple(src.mesh_names[a] for a in axes)
+
+
+def convert(x: jax.Array, src: Physical, dst: Physical) -> jax.Array:
+    """The physical array of ``dst`` holding the same logical tensor as ``x`` (of ``src``)."""
+    layout, target = src.layout, dst.layout
+    op = layout.partial_op
+    repad = [d for d in range(len(src.shape)) if src.layout.pieces(d) != target.pieces(d) and not (
+        src.is_prefix(d) and dst.is_prefix(d) and src.padded_shape[d] == dst.padded_shape[d]
+    )]
+    new_partial = tuple(a for a in target.partial_axes if layout.partial[a] is None)
+
+    # Step 1: reduce partial dims; keep those the target keeps where the representation allows.
+    if src.unreduced_axes:
+        kept = tuple(a for a in src.unreduced_axes if a in dst.unreduced_axes)
+        if kept and not new_partial and not repad:
+            return _reshard(x, dst.sharding)  # XLA reduces the others, e.g. a reduce-scatter
+        kept_stack: tuple[int, ...] = ()
+        x = _reshard(x, src.reduced_sharding)
+    elif src.stacked_axes:
+        kept_stack = tuple(a for a in src.stacked_axes if a in dst.stacked_axes)
+        reduce_positions = tuple(i for i, a in enumerate(src.stacked_axes) if a not in kept_stack)
+        if reduce_positions:
+            x = _REDUCERS[op](x, axis=reduce_positions)  # type: ignore[index]
+    else:
+        kept_stack = ()
+
+    # Step 2: tensor dims to the target's splits (and padding), kept stack dims in front.
+    lead = len(kept_stack)
+    mesh = target.mesh.to_jax()
+    sharding = NamedSharding(mesh, PartitionSpec(*_stack_names(src, kept_stack), *dst.dim_entries))
+    if repad:
+        body = lambda y: _repad(y, src, dst, repad, lead)  # noqa: E731
+        x = jax.sharding.auto_axes(body, out_sharding=sharding)(x) if mesh.are_all_axes_explicit else (
+            jax.lax.with_sharding_constraint(body(x), sharding)
+        )
+    else:
+        x = _reshard(x, sharding)
+
+    # Step 3: new partial dims (and, for unreduced, all the target's partial dims).
+    if dst.unreduced_axes:
+        return _to_unreduced(x, dst)
+    if dst.stacked_axes:
+        return _to_stacked(x, dst, kept_stack)
+    return x
+
+
+def _repad(x: jax.Array, src: Physical, dst: Physical, dims: Sequence[int], lead: int) -> jax.Array:
+    for d in dims:
+        axis, size = lead + d, src.shape[d]
+        if src.is_prefix(d):
+            x = jax.lax.slice_in_dim(x, 0, size, axis=axis)
+        else:
+            x = jnp.take(x, src.positions(d), axis=axis)
+        if dst.is_prefix(d):
+            widths = [(0, 0)] * x.ndim
+            widths[axis] = (0, dst.padded_shape[d] - size)
+            x = jnp.pad(x, widths)
+        else:
+            shape = list(x.shape)
+            shape[axis] = dst.padded_shape[d]
+            index = (slice(None),) * axis + (dst.positions(d),)
+            x = jnp.zeros(shape, x.dtype).at[index].set(x)
+    return x
+
+
+def _partition_scale(x: jax.Array, count: int) -> jax.Array:
+    """torch's Replicate -> Partial(sum) value: x / count (exact integers: see docs)."""
+    return x / count if jnp.issubdtype(x.dtype, jnp.inexact) else x
+
+
+def _first_only(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+    """For integer sums: the rank at coordinate 0 of the new partial axes keeps x, others 0,
+    so the sum is exact (x / n is not an integer)."""
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        return x
+    first = jnp.all(jnp.array([jax.lax.axis_index(a) == 0 for a in axes]))
+    return jnp.where(first, x, jnp.zeros_like(x))
+
+
+def _to_unreduced(x: jax.Array, dst: Physical) -> jax.Array:
+    names = _stack_names(dst, dst.unreduced_axes)
+    count = int(np.prod([dst.layout.mesh.shape[a] for a in dst.unreduced_axes]))
+    mesh = dst.layout.mesh.to_jax()
+
+    def local(block: jax.Array) -> jax.Array:
+        block = jax.lax.pcast(_partition_scale(block, count), names, to="varying")
+        return _first_only(block, names)
+
+    return jax.shard_map(
+        local, mesh=mesh, in_specs=PartitionSpec(*dst.dim_entries), out_specs=dst.spec
+    )(x)
+
+
+def _to_stacked(x: jax.Array, dst: Physical, kept: tuple[int, ...]) -> jax.Array:
+    new = tuple(a for a in dst.stacked_axes if a not in kept)
+    if not new:
+        return _reshard(x, dst.sharding)
+    count = int(np.prod([dst.layout.mesh.shape[a] for a in new]))
+    if dst.layout.partial_op == "sum":
+        if jnp.issubdtype(x.dtype, jnp.inexact):
+            x = x / count
+        else:
+            x = _integer_stack(x, dst, kept)
+            return _reshard(x, dst.sharding)
+    positions = tuple(i for i, a in enumerate(dst.stacked_axes) if a in new)
+    x = jnp.expand_dims(x, positions)
+    x = jnp.broadcast_to(x, dst.array_shape)
+    return _reshard(x, dst.sharding)
+
+
+def _integer_stack(x: jax.Array, dst: Physical, kept: tuple[int, ...]) -> jax.Array:
+    """Integer Partial(sum) stack: x at coordinate 0 of every new axis, zeros elsewhere."""
+    positions = tuple(i for i, a in enumerate(dst.stacked_axes) if a not in kept)
+    x = jnp.expand_dims(x, positions)
+    pads = [(0, 0)] * x.ndim
+    for i in positions:
+        pads[i] = (0, dst.array_shape[i] - 1)
+    return jnp.pad(x, pads)
+
+
+@lru_cache(maxsize=2048)
+def program(src: Physical, dst: Physical) -> jax.stages.Wrapped:
+    """The cached jitted program taking ``src``'s array to ``dst``'s array."""
+    return jax.jit(lambda x: convert(x, src, dst), out_shardings=dst.sharding)
+
+
+def redistribute_array(x: jax.Array, src_layout: Layout, dst_layout: Layout, shape: tuple[int, ...]) -> jax.Array:
+    """Run (or, under tracing, emit) the program from ``src_layout`` to ``dst_layout``."""
+    src, dst = physical(src_layout, shape), physical(dst_layout, shape)
+    if src == dst:
+        return x
+    return program(src, dst)(x)
