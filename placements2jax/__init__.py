@@ -14,6 +14,8 @@ from .errors import (
     ShapeError,
     UnsupportedOpError,
 )
+from .dtensor import DTensor, distribute_tensor, redistribute_collectives
+from .hlo import Collective
 from .layout import Layout
 from .mesh import DeviceMesh, MeshGroup, init_device_mesh
 from .placements import (
@@ -30,6 +32,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ArgumentTypeError",
+    "Collective",
+    "DTensor",
     "DeviceMesh",
     "InferenceError",
     "Layout",
@@ -45,8 +49,10 @@ __all__ = [
     "Shard",
     "ShapeError",
     "UnsupportedOpError",
+    "distribute_tensor",
     "format_placements",
     "init_device_mesh",
     "parse_placement",
     "parse_placements",
+    "redistribute_collectives",
 ]
