@@ -492,11 +492,11 @@ def _as_shape(shape: Any, argument: str) -> tuple[int, ...]:
     return tuple(int(n) for n in shape)
 
 
-def _check_partial_ops(placements: Sequence[Placement], original: Any) -> None:
+def _check_partial_ops(placements: Sequence[Placement], original: Any, argument: str = "placements") -> None:
     ops = sorted({p.reduce_op for p in placements if isinstance(p, Partial)})
     if len(ops) > 1:
         raise PlacementError(
-            "placements",
+            argument,
             original,
             f"mixes Partial reduce ops {ops}; a tensor is the reduction of its partials with one op",
             "reduce all but one kind first (redistribute those mesh dims to Replicate)",
@@ -512,7 +512,8 @@ def _check_repeated_shards(mesh: DeviceMesh, placements: Sequence[Placement], nd
         if dim in seen:
             first = seen[dim]
             names = mesh.alias_name
-            alias = ["None"] * max(dim + 1, ndim or 0)
+            # An unnormalized negative dim counts from the end of the alias form.
+            alias = ["None"] * max(dim + 1 if dim >= 0 else -dim, ndim or 0)
             alias[dim] = (names[first], names[mesh_dim])  # type: ignore[call-overload]
             raise PlacementError(
                 "placements",
@@ -585,7 +586,7 @@ def _partial_table(mesh: DeviceMesh, partial: PartialLike) -> tuple[ReduceOp | N
     for op in table:
         if op is not None and op not in REDUCE_OPS:
             raise PlacementError("partial", partial, f"unknown reduce op {op!r}", f"use one of {REDUCE_OPS}")
-    _check_partial_ops([Partial(op) for op in table if op], partial)
+    _check_partial_ops([Partial(op) for op in table if op], partial, "partial")
     return tuple(table)
 
 
