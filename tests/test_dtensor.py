@@ -1,0 +1,253 @@
+"""DTensor construction and reading: distribute_tensor, from_local, to_local, full_tensor."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from placements2jax import (
+    ArgumentTypeError,
+    DeviceMesh,
+    DTensor,
+    Layout,
+    LayoutError,
+    MeshError,
+    Partial,
+    PlacementError,
+    Replicate,
+    Shard,
+    ShapeError,
+    distribute_tensor,
+    init_device_mesh,
+)
+from placements2jax.layout import iter_layouts
+
+MESH_SHAPES = [(2,), (3,), (8,), (2, 2), (4, 2), (2, 3), (2, 2, 2)]
+TENSOR_SHAPES = [(), (8,), (5,), (4, 6), (7, 3), (2, 4, 8), (3, 5, 2)]
+
+
+def _mesh(shape: tuple[int, ...]) -> DeviceMesh:
+    return init_device_mesh(shape, tuple("abc"[: len(shape)]))
+
+
+def _reference_local(x: np.ndarray, layout: Layout, rank: int) -> np.ndarray:
+    """torch's local tensor of a non-partial layout: the rank's torch.chunk block."""
+    return x[layout.local_slices(x.shape, rank)]
+
+
+def _partial_count(layout: Layout) -> int:
+    return math.prod(layout.mesh.shape[a] for a in layout.partial_axes)
+
+
+@pytest.mark.parametrize("mesh_shape", MESH_SHAPES, ids=str)
+@pytest.mark.parametrize("shape", TENSOR_SHAPES, ids=str)
+def test_distribute_every_layout_matches_torch_blocks(mesh_shape, shape):
+    mesh = _mesh(mesh_shape)
+    x = np.arange(math.prod(shape), dtype=np.int32).reshape(shape)
+    for index, layout in enumerate(iter_layouts(mesh, len(shape))):
+        dt = distribute_tensor(x, mesh, layout)
+        assert dt.shape == shape and dt.dtype == np.int32 and dt.layout == layout
+        for rank in mesh.rank_list:
+            local = dt.to_local(rank)
+            expected = _reference_local(x, layout, rank)
+            assert local.shape == expected.shape, (layout, rank)
+            np.testing.assert_array_equal(np.asarray(local), expected)
+            assert local.devices() == {mesh.device(rank)}
+        if index % 5 == 0:  # each full_tensor compiles a program: a sample keeps the suite fast
+            np.testing.assert_array_equal(np.asarray(dt.full_tensor()), x)
+
+
+@pytest.mark.parametrize("mesh_shape", [(8,), (4, 2), (2, 2, 2)], ids=str)
+@pytest.mark.parametrize("op", ["sum", "avg", "max", "min"])
+def test_distribute_partial_follows_torch_values(mesh_shape, op):
+    mesh = _mesh(mesh_shape)
+    x = np.arange(24, dtype=np.float32).reshape(6, 4) - 7.5
+    layouts = [lay for lay in iter_layouts(mesh, 2, partial_ops=(op,)) if lay.has_partial]
+    for layout in layouts[:: max(1, len(layouts) // 6)]:
+        dt = distribute_tensor(x, mesh, layout)
+        scale = _partial_count(layout) if op == "sum" else 1
+        for rank in mesh.rank_list:
+            expected = _reference_local(x, Layout(mesh, layout.dim_axes), rank) / scale
+            np.testing.assert_allclose(np.asarray(dt.to_local(rank)), expected, rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(dt.full_tensor()), x, rtol=1e-6)
+
+
+def test_integer_partial_sum_is_exact():
+    mesh = _mesh((4, 2))
+    x = np.arange(8, dtype=np.int64).reshape(4, 2)
+    dt = distribute_tensor(x, mesh, (Partial("sum"), Shard(0)))
+    locals_ = {r: np.asarray(dt.to_local(r)) for r in mesh.rank_list}
+    # Integers cannot be split as x / n: the rank at coordinate 0 holds x, the others 0.
+    np.testing.assert_array_equal(locals_[0], x[:2])
+    np.testing.assert_array_equal(locals_[2], np.zeros((2, 2)))
+    np.testing.assert_array_equal(np.asarray(dt.full_tensor()), x)
+
+
+def test_rfc_examples_on_sub_meshes():
+    mesh = DeviceMesh([[0, 1], [2, 3]], ("dp", "tp"))
+    dp_mesh = mesh["dp"]
+    assert dp_mesh.rank_list == (0, 2)
+    local = np.arange(6.0).reshape(3, 2)
+    torch_form = DTensor.from_local(local, dp_mesh, (Shard(0),))
+    assert torch_form.shape == (6, 2)
+    assert torch_form.layout.tensor_map == (0, -1)
+    np.testing.assert_array_equal(np.asarray(torch_form.full_tensor()), np.concatenate([local, local]))
+    alias_form = DTensor.from_local(local, dp_mesh, ("None", "None"))
+    assert alias_form.placements == (Replicate(),) and alias_form.shape == (3, 2)
+    sharded_alias = DTensor.from_local(local, dp_mesh, ("dp", None))
+    assert sharded_alias.layout == torch_form.layout
+
+
+def test_from_local_per_rank_sequence_and_mapping_uneven():
+    mesh = _mesh((4,))
+    x = np.arange(20).reshape(10, 2)
+    layout = Layout.from_device_mesh(mesh)((Shard(0),)).bind(2)
+    pieces = [x[layout.local_slices(x.shape, r)] for r in mesh.rank_list]
+    assert [p.shape[0] for p in pieces] == [3, 3, 3, 1]
+    from_sequence = DTensor.from_local(pieces, mesh, (Shard(0),))
+    from_mapping = DTensor.from_local(dict(zip(mesh.rank_list, pieces)), mesh, (Shard(0),))
+    for dt in (from_sequence, from_mapping):
+        assert dt.shape == (10, 2)  # torch would say (12, 2): local * mesh size
+        np.testing.assert_array_equal(np.asarray(dt.full_tensor()), x)
+        assert dt.to_local(3).shape == (1, 2)
+
+
+def test_from_local_empty_shards_need_shape_when_ambiguous():
+    mesh = _mesh((4,))
+    pieces = [np.ones((2,)), np.ones((2,)), np.ones((1,)), np.ones((0,))]
+    dt = DTensor.from_local(pieces, mesh, (Shard(0),))
+    assert dt.shape == (5,)
+    np.testing.assert_array_equal(np.asarray(dt.full_tensor()), np.ones(5))
+    empties = [np.ones((0,))] * 4
+    assert DTensor.from_local(empties, mesh, (Shard(0),)).shape == (0,)
+
+
+@pytest.mark.parametrize("op,reduce", [("sum", np.sum), ("avg", np.mean), ("max", np.max), ("min", np.min)])
+def test_from_local_partial_is_the_reduction_of_locals(op, reduce):
+    mesh = _mesh((4, 2))
+    rng = np.random.default_rng(0)
+    locals_ = [rng.integers(-9, 9, size=(3, 5)).astype(np.float32) for _ in mesh.rank_list]
+    dt = DTensor.from_local(locals_, mesh, (Partial(op), Replicate()))
+    expected = reduce(np.stack([locals_[r] for r in (0, 2, 4, 6)]), axis=0)
+    np.testing.assert_allclose(np.asarray(dt.full_tensor()), expected, rtol=1e-6)
+    for rank in mesh.rank_list:
+        np.testing.assert_array_equal(np.asarray(dt.to_local(rank)), locals_[rank])
+
+
+def test_from_local_partial_with_uneven_shard_and_alias_form():
+    mesh = _mesh((2, 2, 2))
+    x = np.arange(7 * 3, dtype=np.float32).reshape(7, 3)
+    layout = Layout.from_device_mesh(mesh)((("c", "a"), None), partial={"b": "max"})
+    pieces = {r: x[layout.local_slices(x.shape, r)] + (mesh.get_coordinate(r)[1] == 0) * -100 for r in mesh.rank_list}
+    dt = DTensor.from_local(pieces, mesh, layout)
+    assert dt.shape == (7, 3)
+    np.testing.assert_array_equal(np.asarray(dt.full_tensor()), x)
+
+
+def test_from_local_with_explicit_shape_validates_blocks():
+    mesh = _mesh((4,))
+    pieces = [np.ones((3,)), np.ones((3,)), np.ones((3,)), np.ones((1,))]
+    assert DTensor.from_local(pieces, mesh, (Shard(0),), shape=(10,)).shape == (10,)
+    with pytest.raises(ShapeError, match=r"rank 3 holds shape \(1,\), but torch.chunk gives it \(0,\)"):
+        DTensor.from_local(pieces, mesh, (Shard(0),), shape=(9,))
+
+
+def test_from_local_spmd_single_array():
+    mesh = _mesh((4, 2))
+    local = jnp.arange(6.0).reshape(2, 3)
+    dt = DTensor.from_local(local, mesh, (Shard(0), Shard(1)))
+    assert dt.shape == (8, 6)
+    np.testing.assert_array_equal(np.asarray(dt.full_tensor()), np.tile(np.asarray(local), (4, 2)))
+
+
+def test_from_local_errors():
+    mesh = _mesh((4,))
+    with pytest.raises(ShapeError, match="rank 1 has dtype float32"):
+        DTensor.from_local([np.ones(2, np.int32), np.ones(2, np.float32)] * 2, mesh, (Shard(0),))
+    with pytest.raises(ShapeError, match="rank 2 has 2 dims"):
+        DTensor.from_local([np.ones(2), np.ones(2), np.ones((2, 1)), np.ones(2)], mesh, (Shard(0),))
+    with pytest.raises(ShapeError, match=r"one array per rank of the mesh \(4"):
+        DTensor.from_local([np.ones(2)] * 3, mesh, (Shard(0),))
+    with pytest.raises(ShapeError, match="no global extent of dim 0"):
+        DTensor.from_local([np.ones(1), np.ones(3), np.ones(3), np.ones(3)], mesh, (Shard(0),))
+    with pytest.raises(MeshError, match="missing"):
+        DTensor.from_local({0: np.ones(2)}, mesh, (Shard(0),))
+    with pytest.raises(MeshError, match="not a rank of this mesh"):
+        DTensor.from_local({r: np.ones(2) for r in (0, 1, 2, 3, 7)}, mesh, (Shard(0),))
+    with pytest.raises(ArgumentTypeError, match="not a numeric array"):
+        DTensor.from_local("abc", mesh, (Shard(0),))
+    with pytest.raises(ArgumentTypeError, match="device_mesh"):
+        DTensor.from_local(np.ones(2), "mesh", (Shard(0),))
+    with pytest.raises(PlacementError, match="out of range"):
+        DTensor.from_local(np.ones(2), mesh, (Shard(1),))
+
+
+def test_distribute_errors():
+    mesh = _mesh((4, 2))
+    with pytest.raises(PlacementError, match="the placements form cannot shard one tensor dim twice"):
+        distribute_tensor(np.ones((8, 2)), mesh, (Shard(0), Shard(0)))
+    with pytest.raises(PlacementError, match="2 placements"):
+        distribute_tensor(np.ones((8, 2)), _mesh((8,)), (Shard(0), Shard(1)))
+    with pytest.raises(LayoutError, match="unknown mesh axis 'x'"):
+        distribute_tensor(np.ones((8, 2)), mesh, ("x", None))
+    with pytest.raises(ArgumentTypeError, match="not a numeric array"):
+        distribute_tensor(object(), mesh, (Shard(0), Replicate()))
+    with pytest.raises(ArgumentTypeError, match="already a DTensor"):
+        distribute_tensor(distribute_tensor(np.ones(8), mesh), mesh)
+
+
+def test_reading_properties_and_sharding():
+    mesh = _mesh((4, 2))
+    dt = distribute_tensor(np.ones((8, 4), np.float32), mesh, (Shard(0), Partial()))
+    assert dt.placements == (Shard(0), Partial("sum"))
+    assert dt.device_mesh is mesh and dt.ndim == 2 and dt.size == 32
+    assert dt.sharding.spec == jax.sharding.PartitionSpec("a", None, unreduced={"b"})
+    uneven = distribute_tensor(np.ones((7, 4)), mesh, (Shard(0), Replicate()))
+    assert uneven.sharding is None and uneven.array.shape == (8, 4)
+    stacked = distribute_tensor(np.ones((8, 4)), mesh, (Partial("max"), Replicate()))
+    assert stacked.sharding is None and stacked.array.shape == (4, 8, 4)
+    assert "placements=S(0),P" in repr(dt)
+
+
+def test_to_jax_and_numpy_views():
+    mesh = _mesh((4, 2))
+    x = np.arange(32.0).reshape(8, 4)
+    even = distribute_tensor(x, mesh, (Shard(0), Replicate()))
+    assert even.to_jax() is even.array
+    partial = distribute_tensor(x, mesh, (Shard(0), Partial("avg")))
+    np.testing.assert_allclose(np.asarray(partial.to_jax()), x)
+    assert partial.to_jax().sharding.spec == jax.sharding.PartitionSpec("a", None)
+    uneven = distribute_tensor(x[:7], mesh, (Shard(0), Replicate()))
+    np.testing.assert_array_equal(np.asarray(uneven), x[:7])
+    np.testing.assert_array_equal(np.asarray(uneven.to_jax()), x[:7])
+
+
+def test_local_shards_and_default_rank():
+    mesh = _mesh((4, 2))
+    dt = distribute_tensor(np.arange(10), mesh, (Replicate(), Shard(0)))
+    shards = dt.local_shards()
+    assert sorted(shards) == list(range(8))
+    np.testing.assert_array_equal(np.asarray(dt.to_local()), np.arange(5))
+    np.testing.assert_array_equal(np.asarray(shards[7]), np.arange(5, 10))
+
+
+def test_jax_array_input_and_auto_mesh():
+    auto = init_device_mesh((4, 2), ("a", "b"), axis_types="auto")
+    x = jnp.arange(30.0).reshape(10, 3)
+    for placements in [(Shard(0), Replicate()), (Partial(), Shard(1)), (Partial("min"), Replicate())]:
+        dt = distribute_tensor(x, auto, placements)
+        np.testing.assert_array_equal(np.asarray(dt.full_tensor()), np.asarray(x))
+    summed = distribute_tensor(x, auto, (Partial(), Replicate()))
+    assert summed.physical.stacked_axes == (0,)  # Auto axes have no unreduced form
+    np.testing.assert_allclose(np.asarray(summed.to_local(2)), np.asarray(x) / 4)
+
+
+def test_to_local_inside_jit_is_a_clear_error():
+    mesh = _mesh((4,))
+    dt = distribute_tensor(np.ones(8), mesh, (Shard(0),))
+    with pytest.raises(ArgumentTypeError, match="inside jax.jit"):
+        jax.jit(lambda d: d.to_local(0))(dt)
