@@ -1,0 +1,408 @@
+"""The op registries: named ops (for ``infer_signature`` and DTensor operators) and jaxpr
+primitives (for ``predict``), each mapped onto a rule family of :mod:`.rules`.
+
+A named op has a *reference*: the JAX function it denotes, called as
+``reference(*arrays, **params)`` (e.g. ``"sum"`` is ``jnp.sum(x, axis=..., keepdims=...)``).
+Inference uses it only through ``jax.eval_shape`` to learn the output shapes; an
+integrator runs it to compute the op. A primitive lists the equation params its rule reads.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ..errors import ArgumentTypeError, InferenceError, UnsupportedOpError
+from . import rules
+from .rules import PartialKind
+from .signature import Aval, OneDSig
+
+__all__ = [
+    "OpDef",
+    "PrimitiveDef",
+    "op_definition",
+    "op_names",
+    "primitive_definition",
+    "primitive_names",
+    "freeze",
+    "layer_norm",
+    "einsum_letters",
+]
+
+Rule = Callable[..., list[OneDSig]]
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """A named op: ``reference(*arrays, **params)`` computes it with JAX, ``rule(ins,
+    outs, **params)`` lists its 1-D signatures from avals and the same params."""
+
+    name: str
+    reference: Callable[..., Any]
+    rule: Rule
+
+
+@dataclass(frozen=True)
+class PrimitiveDef:
+    """A jaxpr primitive: ``rule(ins, outs, **{p: eqn.params[p] for p in params})``."""
+
+    name: str
+    params: tuple[str, ...]
+    rule: Rule
+
+
+_OPS: dict[str, OpDef] = {}
+_PRIMITIVES: dict[str, PrimitiveDef] = {}
+
+
+def op_definition(name: str) -> OpDef:
+    """The named op ``name`` (raises :class:`UnsupportedOpError` naming it)."""
+    if not isinstance(name, str):
+        raise ArgumentTypeError("op", name, "expected an op name", f"use one of {op_names()}")
+    if name not in _OPS:
+        raise UnsupportedOpError(
+            "op", name, "signature inference has no rule for this op",
+            f"use one of {', '.join(op_names())}, or predict(fn, ...) for any JAX function",
+        )
+    return _OPS[name]
+
+
+def op_names() -> tuple[str, ...]:
+    return tuple(sorted(_OPS))
+
+
+def primitive_definition(name: str) -> PrimitiveDef:
+    """The rule of jaxpr primitive ``name`` (raises :class:`UnsupportedOpError` naming it)."""
+    if name not in _PRIMITIVES:
+        raise UnsupportedOpError(
+            "primitive", name, "signature inference has no rule for this jaxpr primitive",
+            "express the computation with supported primitives (see placements2jax.inference.primitive_names())",
+        )
+    return _PRIMITIVES[name]
+
+
+def primitive_names() -> tuple[str, ...]:
+    return tuple(sorted(_PRIMITIVES))
+
+
+def freeze(value: Any, argument: str = "params") -> Any:
+    """A hashable copy of an op parameter (lists become tuples, dicts sorted item tuples)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze(v, argument) for v in value)
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, freeze(v, argument)) for k, v in value.items()))
+    try:
+        hash(value)
+    except TypeError:
+        raise ArgumentTypeError(
+            argument, value, "op parameters must be hashable (inference results are cached)",
+            "pass tuples, ints, strings or dtypes",
+        ) from None
+    return value
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def _axes(value: int | Sequence[int] | None, ndim: int, argument: str = "axis") -> tuple[int, ...]:
+    if value is None:
+        return tuple(range(ndim))
+    values = (value,) if isinstance(value, (int, np.integer)) else tuple(value)
+    result = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not -ndim <= v < max(ndim, 1):
+            raise InferenceError(argument, value, f"not an axis of a {ndim}-d tensor", f"use axes in [{-ndim}, {ndim})")
+        result.append(int(v) % max(ndim, 1))
+    return tuple(sorted(set(result)))
+
+
+def einsum_letters(subscripts: str, ndims: Sequence[int]) -> tuple[tuple[str, ...], str]:
+    """Parse einsum ``subscripts`` (with ``...`` and implicit output) for operands of the
+    given ranks into one letter string per operand and the output's letters."""
+    if not isinstance(subscripts, str):
+        raise ArgumentTypeError("subscripts", subscripts, "expected an einsum string", 'pass e.g. "ij,jk->ik"')
+    text = subscripts.replace(" ", "")
+    lhs, arrow, out = text.partition("->")
+    parts = lhs.split(",")
+    if len(parts) != len(ndims):
+        raise InferenceError(
+            "subscripts", subscripts, f"{len(parts)} operands in the subscripts, {len(ndims)} given",
+            "give one subscript per operand",
+        )
+    spare = [c for c in string.ascii_letters if c not in text]
+    ellipsis_rank = max((n - len(p.replace("...", "")) for p, n in zip(parts, ndims) if "..." in p), default=0)
+    broadcast = "".join(spare[:ellipsis_rank])
+    operands = []
+    for part, n in zip(parts, ndims):
+        letters = part.replace("...", broadcast[ellipsis_rank - (n - len(part.replace("...", ""))):]) if "..." in part else part
+        if len(letters) != n or not all(c in string.ascii_letters or c in broadcast for c in letters):
+            raise InferenceError(
+                "subscripts", subscripts, f"subscript {part!r} does not fit an operand of rank {n}",
+                "give one letter per operand dim",
+            )
+        operands.append(letters)
+    if arrow:
+        output = out.replace("...", broadcast)
+    else:
+        counts = {c: "".join(operands).count(c) for c in "".join(operands)}
+        output = broadcast + "".join(sorted(c for c, k in counts.items() if k == 1 and c not in broadcast))
+    return tuple(operands), output
+
+
+def _matmul_letters(a: Aval, b: Aval) -> tuple[tuple[str, str], str]:
+    if a.ndim == 0 or b.ndim == 0:
+        raise InferenceError("inputs", (str(a), str(b)), "matmul needs operands of rank >= 1", "use mul for scalars")
+    batch = max(a.ndim, b.ndim, 2) - 2
+    letters = string.ascii_lowercase[:batch]
+    left = letters[batch - max(a.ndim - 2, 0):] + ("mk" if a.ndim >= 2 else "k")
+    right = letters[batch - max(b.ndim - 2, 0):] + ("kn" if b.ndim >= 2 else "k")
+    output = letters + ("m" if a.ndim >= 2 else "") + ("n" if b.ndim >= 2 else "")
+    return (left, right), output
+
+
+def _dot_general_letters(
+    lhs: Aval, rhs: Aval, dimension_numbers: Any
+) -> tuple[tuple[str, str], str]:
+    (lc, rc), (lb, rb) = dimension_numbers
+    pool = iter(string.ascii_letters)
+    left = [next(pool) for _ in range(lhs.ndim)]
+    right = [""] * rhs.ndim
+    for l_dim, r_dim in zip(lc, rc):
+        right[r_dim] = left[l_dim]
+    for l_dim, r_dim in zip(lb, rb):
+        right[r_dim] = left[l_dim]
+    right = [c or next(pool) for c in right]
+    free_left = [left[d] for d in range(lhs.ndim) if d not in lc and d not in lb]
+    free_right = [right[d] for d in range(rhs.ndim) if d not in rc and d not in rb]
+    output = "".join(left[d] for d in lb) + "".join(free_left) + "".join(free_right)
+    return ("".join(left), "".join(right)), output
+
+
+def layer_norm(
+    x: jax.Array, weight: jax.Array | None = None, bias: jax.Array | None = None, *, axis: Any = -1, eps: float = 1e-5
+) -> jax.Array:
+    """Layer norm over ``axis`` (trailing dims), times ``weight`` plus ``bias``."""
+    axes = _axes(axis, x.ndim)
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
+    y = (x - mean) * lax.rsqrt(var + eps)
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+# -- named ops -------------------------------------------------------------------------------
+
+
+def _register(names: str | Sequence[str], reference: Callable[..., Any], rule: Rule) -> None:
+    for name in (names,) if isinstance(names, str) else names:
+        _OPS[name] = OpDef(name, reference, rule)
+
+
+def _elementwise_rule(kind: PartialKind) -> Rule:
+    def rule(ins: Sequence[Aval], outs: Sequence[Aval], **_: Any) -> list[OneDSig]:
+        return rules.elementwise(ins, outs, partial=kind)
+
+    return rule
+
+
+_ELEMENTWISE: dict[PartialKind, dict[str, Callable[..., Any]]] = {
+    "linear": {"add": jnp.add, "sub": jnp.subtract, "subtract": jnp.subtract},
+    "product": {"mul": jnp.multiply, "multiply": jnp.multiply},
+    "numerator": {"div": jnp.divide, "divide": jnp.divide, "true_divide": jnp.true_divide},
+    "max": {"maximum": jnp.maximum},
+    "min": {"minimum": jnp.minimum},
+    "none": {
+        "pow": jnp.power, "power": jnp.power, "equal": jnp.equal, "not_equal": jnp.not_equal, "less": jnp.less,
+        "less_equal": jnp.less_equal, "greater": jnp.greater, "greater_equal": jnp.greater_equal,
+        "exp": jnp.exp, "log": jnp.log, "tanh": jnp.tanh, "sqrt": jnp.sqrt, "rsqrt": lax.rsqrt, "abs": jnp.abs,
+        "square": jnp.square, "sigmoid": jax.nn.sigmoid, "relu": jax.nn.relu, "gelu": jax.nn.gelu,
+        "silu": jax.nn.silu, "sin": jnp.sin, "cos": jnp.cos, "erf": jax.scipy.special.erf, "log1p": jnp.log1p,
+        "expm1": jnp.expm1, "sign": jnp.sign, "reciprocal": jnp.reciprocal, "floor": jnp.floor, "ceil": jnp.ceil,
+    },
+    "negate": {"neg": jnp.negative, "negative": jnp.negative},
+    "identity": {"copy": jnp.copy},
+    "select": {"where": jnp.where},
+}
+for _kind, _table in _ELEMENTWISE.items():
+    for _name, _fn in _table.items():
+        _register(_name, _fn, _elementwise_rule(_kind))
+_register("add_n", lambda *xs: sum(xs[1:], xs[0]), _elementwise_rule("linear"))
+
+
+def _astype(x: jax.Array, dtype: Any) -> jax.Array:
+    return x.astype(dtype)
+
+
+_register(("astype", "convert_element_type"), _astype, lambda ins, outs, **p: rules.convert(ins, outs))
+
+
+def _matmul(ins: Sequence[Aval], outs: Sequence[Aval]) -> list[OneDSig]:
+    operands, output = _matmul_letters(ins[0], ins[1])
+    return rules.einsum(ins, outs, operands=operands, output=output)
+
+
+def _einsum_reference(*operands: jax.Array, subscripts: str) -> jax.Array:
+    return jnp.einsum(subscripts, *operands)
+
+
+def _einsum(ins: Sequence[Aval], outs: Sequence[Aval], *, subscripts: str, **_: Any) -> list[OneDSig]:
+    operands, output = einsum_letters(subscripts, [a.ndim for a in ins])
+    return rules.einsum(ins, outs, operands=operands, output=output)
+
+
+def _dot_general(ins: Sequence[Aval], outs: Sequence[Aval], *, dimension_numbers: Any, **_: Any) -> list[OneDSig]:
+    operands, output = _dot_general_letters(ins[0], ins[1], dimension_numbers)
+    return rules.einsum(ins, outs, operands=operands, output=output)
+
+
+_register("matmul", jnp.matmul, lambda ins, outs, **p: _matmul(ins, outs))
+_register("einsum", _einsum_reference, _einsum)
+_register("dot_general", lax.dot_general, _dot_general)
+
+
+def _reduction_op(kind: str) -> Rule:
+    def rule(ins: Sequence[Aval], outs: Sequence[Aval], *, axis: Any = None, **_: Any) -> list[OneDSig]:
+        return rules.reduction(ins, outs, axes=_axes(axis, ins[0].ndim), kind=kind)
+
+    return rule
+
+
+for _name, _fn, _kind in (
+    ("sum", jnp.sum, "sum"),
+    ("mean", jnp.mean, "mean"),
+    ("max", jnp.max, "max"),
+    ("min", jnp.min, "min"),
+    ("prod", jnp.prod, "prod"),
+    ("argmax", jnp.argmax, "arg"),
+    ("argmin", jnp.argmin, "arg"),
+):
+    _register(_name, _fn, _reduction_op(_kind))
+
+
+def _transpose(ins: Sequence[Aval], outs: Sequence[Aval], *, axes: Any = None, **_: Any) -> list[OneDSig]:
+    ndim = ins[0].ndim
+    permutation = tuple(range(ndim))[::-1] if axes is None else tuple(int(a) % ndim for a in axes)
+    return rules.transpose(ins, outs, permutation=permutation)
+
+
+_register("transpose", jnp.transpose, _transpose)
+_register("reshape", jnp.reshape, lambda ins, outs, **p: rules.reshape(ins, outs))
+_register(
+    "broadcast_to",
+    jnp.broadcast_to,
+    lambda ins, outs, **p: rules.broadcast_in_dim(
+        ins, outs, broadcast_dimensions=tuple(range(outs[0].ndim - ins[0].ndim, outs[0].ndim))
+    ),
+)
+
+
+def _normalization(ins: Sequence[Aval], outs: Sequence[Aval], *, axis: Any = -1, **_: Any) -> list[OneDSig]:
+    return rules.normalization(ins, outs, axes=_axes(axis, ins[0].ndim))
+
+
+_register("softmax", jax.nn.softmax, _normalization)
+_register("log_softmax", jax.nn.log_softmax, _normalization)
+_register("layer_norm", layer_norm, _normalization)
+
+
+def _take_reference(a: jax.Array, indices: jax.Array, *, axis: int = 0, mode: str | None = None) -> jax.Array:
+    return jnp.take(a, indices, axis=axis, mode=mode)
+
+
+def _take(ins: Sequence[Aval], outs: Sequence[Aval], *, axis: int = 0, **_: Any) -> list[OneDSig]:
+    return rules.take(ins, outs, axis=_axes(axis, ins[0].ndim)[0])
+
+
+_register(("take", "embedding"), _take_reference, _take)
+
+
+def _concatenate_reference(*arrays: jax.Array, axis: int = 0) -> jax.Array:
+    return jnp.concatenate(arrays, axis=axis)
+
+
+def _concatenate(ins: Sequence[Aval], outs: Sequence[Aval], *, axis: int = 0, **_: Any) -> list[OneDSig]:
+    return rules.concatenate(ins, outs, dimension=_axes(axis, ins[0].ndim)[0])
+
+
+_register("concatenate", _concatenate_reference, _concatenate)
+
+
+# -- jaxpr primitives ------------------------------------------------------------------------
+
+
+def _primitive(names: str | Sequence[str], rule: Rule, params: Sequence[str] = ()) -> None:
+    for name in (names,) if isinstance(names, str) else names:
+        _PRIMITIVES[name] = PrimitiveDef(name, tuple(params), rule)
+
+
+_PRIMITIVE_KINDS: dict[PartialKind, tuple[str, ...]] = {
+    "linear": ("add", "sub", "add_any"),
+    "product": ("mul",),
+    "numerator": ("div",),
+    "max": ("max",),
+    "min": ("min",),
+    "negate": ("neg",),
+    "identity": ("copy", "copy_p", "reduce_precision", "stop_gradient", "real"),
+    "select": ("select_n",),
+    "none": (
+        "abs", "acos", "acosh", "asin", "asinh", "atan", "atanh", "cbrt", "ceil", "cos", "cosh", "erf", "erf_inv",
+        "erfc", "exp", "exp2", "expm1", "floor", "imag", "integer_pow", "is_finite", "lgamma", "digamma", "log",
+        "log1p", "logistic", "not", "population_count", "clz", "round", "rsqrt", "sign", "sin", "sinh", "sqrt",
+        "square", "tan", "tanh", "conj", "atan2", "pow", "rem", "and", "or", "xor", "eq", "ne", "lt", "le", "gt",
+        "ge", "nextafter", "shift_left", "shift_right_arithmetic", "shift_right_logical", "complex", "clamp",
+        "igamma", "igammac", "polygamma", "zeta", "mulhi",
+    ),
+}
+for _kind, _names in _PRIMITIVE_KINDS.items():
+    _primitive(_names, _elementwise_rule(_kind))
+
+_primitive("convert_element_type", lambda ins, outs: rules.convert(ins, outs))
+_primitive("dot_general", _dot_general, ("dimension_numbers",))
+for _name, _kind in (
+    ("reduce_sum", "sum"),
+    ("reduce_max", "max"),
+    ("reduce_min", "min"),
+    ("reduce_prod", "prod"),
+    ("reduce_and", "other"),
+    ("reduce_or", "other"),
+    ("reduce_xor", "other"),
+    ("argmax", "arg"),
+    ("argmin", "arg"),
+):
+    _primitive(_name, lambda ins, outs, *, axes, _kind=_kind: rules.reduction(ins, outs, axes=axes, kind=_kind), ("axes",))
+_primitive("transpose", lambda ins, outs, *, permutation: rules.transpose(ins, outs, permutation=permutation), ("permutation",))
+_primitive(
+    "reshape",
+    lambda ins, outs, *, dimensions: rules.reshape(ins, outs) if dimensions is None else [],
+    ("dimensions",),
+)
+_primitive("squeeze", lambda ins, outs: rules.reshape(ins, outs))
+_primitive(
+    "broadcast_in_dim",
+    lambda ins, outs, *, broadcast_dimensions: rules.broadcast_in_dim(ins, outs, broadcast_dimensions=broadcast_dimensions),
+    ("broadcast_dimensions",),
+)
+_primitive("concatenate", lambda ins, outs, *, dimension: rules.concatenate(ins, outs, dimension=dimension), ("dimension",))
+_primitive("split", lambda ins, outs, *, axis: rules.split(ins, outs, axis=axis), ("axis",))
+_primitive(
+    "gather",
+    lambda ins, outs, *, dimension_numbers, slice_sizes: rules.gather(
+        ins, outs, dimension_numbers=dimension_numbers, slice_sizes=slice_sizes
+    ),
+    ("dimension_numbers", "slice_sizes"),
+)
+_primitive(("slice", "dynamic_slice"), lambda ins, outs: rules.slice_full_dims(ins, outs))
+_primitive("pad", lambda ins, outs, *, padding_config: rules.pad(ins, outs, padding_config=padding_config), ("padding_config",))
+for _name, _kind in (("cumsum", "sum"), ("cummax", "max"), ("cummin", "min"), ("cumprod", "prod"), ("cumlogsumexp", "other")):
+    _primitive(_name, lambda ins, outs, *, axis, _kind=_kind: rules.cumulative(ins, outs, axis=axis, kind=_kind), ("axis",))
+_primitive(("iota", "rng_uniform"), rules.nullary)

@@ -1,0 +1,237 @@
+"""The redistribution planner: the cheapest way from one layout to another (pure).
+
+Like torch, a plan changes one mesh dim at a time, each step one collective on that
+mesh dim (notes section 1):
+
+======================  ===============  =========================================
+step on mesh dim m      collective       condition
+======================  ===============  =========================================
+``S(d) -> R``           all-gather       m is the minor-most mesh dim splitting d
+``S(d) -> S(e)``        all-to-all       m minor-most on d; m becomes minor-most on e
+``R -> S(d)``           local slice      m becomes minor-most on d
+``P -> R``              all-reduce
+``P -> S(d)``           reduce-scatter   m becomes minor-most on d
+``R -> P``              local partial    only as the last steps (see below)
+======================  ===============  =========================================
+
+(Gathering a mesh dim that is not the minor-most split of its tensor dim would leave a
+strided layout; ``S -> P`` and ``P(a) -> P(b)`` go through ``R``, as in torch.)
+
+Torch walks the mesh dims in a fixed order and goes through Replicate for many
+Shard -> Shard moves. Here every sequence of such steps is searched (Dijkstra over
+layouts) for the lowest cost under the cost model, so e.g. ``(S(0),S(0)) -> (R,S(0))``
+on a 2x2 mesh moves the inner split away with an all-to-all instead of gathering twice
+(0.625 T instead of 0.75 T). Order of the steps: lowest total cost; among equal costs,
+fewest steps; then the lexicographically smallest sequence of ``(mesh dim, kind,
+target dim)`` with kinds ordered local slice < all-to-all < all-gather <
+reduce-scatter < all-reduce. ``R -> P`` steps come last, in mesh dim order: creating a
+partial is free and never makes a later step cheaper; a partial that the source and
+the destination share (same op, same mesh dim) is kept untouched.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from ..errors import RedistributeError
+from ..layout import Layout
+from ..placements import ReduceOp
+from .cost import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    ALL_TO_ALL,
+    LOCAL_PARTIAL,
+    LOCAL_SLICE,
+    REDUCE_SCATTER,
+    CostModelLike,
+    block_bytes,
+    collective_bytes,
+    resolve_cost_model,
+)
+from .signature import RedistributePlan, RedistributeStep, TensorSpec, placement_on
+
+__all__ = ["plan_redistribute"]
+
+DimAxes = tuple[tuple[int, ...], ...]
+State = tuple[DimAxes, tuple[ReduceOp | None, ...]]
+
+_KIND_ORDER = {LOCAL_SLICE: 0, ALL_TO_ALL: 1, ALL_GATHER: 2, REDUCE_SCATTER: 3, ALL_REDUCE: 4}
+
+
+@dataclass(frozen=True)
+class _Move:
+    mesh_dim: int
+    collective: str
+    target_dim: int  # the tensor dim the mesh dim splits afterwards, -1 for R
+    state: State
+    nbytes: Fraction
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return (self.mesh_dim, _KIND_ORDER[self.collective], self.target_dim)
+
+
+def plan_redistribute(
+    shape: Sequence[int],
+    dtype: Any,
+    src: Layout,
+    dst: Layout,
+    cost_model: CostModelLike = None,
+) -> RedistributePlan:
+    """The cheapest plan taking a tensor of ``shape``/``dtype`` from layout ``src`` to
+    ``dst`` (both on one mesh), one mesh dim per step (see the module docstring)."""
+    spec = TensorSpec(tuple(shape), dtype, src)
+    if not isinstance(dst, Layout):
+        raise RedistributeError("dst", dst, "expected a Layout", "pass Layout.from_placements(mesh, ...)")
+    if dst.mesh != spec.mesh:
+        raise RedistributeError(
+            "dst", dst, f"is on {dst.mesh!r}, the source on {spec.mesh!r}",
+            "cross-mesh redistribution is not supported: use one mesh",
+        )
+    dst = TensorSpec(spec.shape, spec.dtype, dst).layout
+    return _plan(spec.shape, spec.dtype, spec.layout, dst, resolve_cost_model(cost_model))
+
+
+@lru_cache(maxsize=8192)
+def _plan(shape: tuple[int, ...], dtype: np.dtype, src: Layout, dst: Layout, cost_model: Any) -> RedistributePlan:
+    mesh = src.mesh
+    weights = cost_model.weights(mesh)
+    src_state: State = (src.dim_axes, src.partial)
+    kept = tuple(op if op and src.partial[m] == op else None for m, op in enumerate(dst.partial))
+    target: State = (dst.dim_axes, kept)
+    search = _search(shape, dtype.itemsize, mesh.shape, weights, src_state)
+    moves = search.path_to(target)
+    steps: list[RedistributeStep] = []
+    state = src_state
+    for move in moves:
+        steps.append(_step(shape, dtype, src, state, move.state, move.mesh_dim, move.collective, move.nbytes, weights))
+        state = move.state
+    for m, op in enumerate(dst.partial):
+        if op and not kept[m]:
+            partial = tuple(op if i == m else p for i, p in enumerate(state[1]))
+            new_state: State = (state[0], partial)
+            steps.append(_step(shape, dtype, src, state, new_state, m, LOCAL_PARTIAL, Fraction(0), weights))
+            state = new_state
+    return RedistributePlan(shape, dtype, src, dst, tuple(steps))
+
+
+def _step(
+    shape: tuple[int, ...],
+    dtype: np.dtype,
+    src: Layout,
+    before: State,
+    after: State,
+    mesh_dim: int,
+    collective: str,
+    nbytes: Fraction,
+    weights: tuple[Fraction, ...],
+) -> RedistributeStep:
+    mesh = src.mesh
+    before_layout = Layout(mesh, *before)
+    after_layout = Layout(mesh, *after)
+    return RedistributeStep(
+        mesh_dim,
+        mesh.alias_name[mesh_dim],
+        placement_on(before_layout, mesh_dim),
+        placement_on(after_layout, mesh_dim),
+        collective,
+        nbytes,
+        nbytes * weights[mesh_dim],
+        before_layout,
+        after_layout,
+    )
+
+
+@lru_cache(maxsize=1024)
+def _search(
+    shape: tuple[int, ...], itemsize: int, mesh_shape: tuple[int, ...], weights: tuple[Fraction, ...], src: State
+) -> _Dijkstra:
+    return _Dijkstra(shape, itemsize, mesh_shape, weights, src)
+
+
+class _Dijkstra:
+    """Single-source shortest paths over layouts, settled lazily up to each target.
+
+    Path keys are ``(cost, steps, sequence of move keys)``: extending two paths by the same
+    move keeps their order, so Dijkstra finds the least key, which is the documented order.
+    """
+
+    def __init__(
+        self,
+        shape: tuple[int, ...],
+        itemsize: int,
+        mesh_shape: tuple[int, ...],
+        weights: tuple[Fraction, ...],
+        src: State,
+    ) -> None:
+        self._shape = shape
+        self._itemsize = itemsize
+        self._mesh_shape = mesh_shape
+        self._weights = weights
+        self._best: dict[State, tuple[tuple[Any, ...], State | None, _Move | None]] = {src: ((Fraction(0), 0, ()), None, None)}
+        self._settled: set[State] = set()
+        self._heap: list[tuple[Fraction, int, tuple[Any, ...], State]] = [(Fraction(0), 0, (), src)]
+
+    def path_to(self, target: State) -> list[_Move]:
+        while target not in self._settled:
+            if not self._heap:
+                raise RedistributeError(
+                    "dst", target, "unreachable by one-mesh-dim steps", "report this: every layout should be reachable"
+                )
+            cost, steps, path, state = heapq.heappop(self._heap)
+            if state in self._settled:
+                continue
+            self._settled.add(state)
+            for move in _moves(state, self._shape, self._itemsize, self._mesh_shape):
+                if move.state in self._settled:
+                    continue
+                key = (cost + move.nbytes * self._weights[move.mesh_dim], steps + 1, path + (move.key,))
+                known = self._best.get(move.state)
+                if known is None or key < known[0]:
+                    self._best[move.state] = (key, state, move)
+                    heapq.heappush(self._heap, (*key, move.state))
+        moves: list[_Move] = []
+        state: State | None = target
+        while True:
+            _, previous, move = self._best[state]  # type: ignore[index]
+            if move is None:
+                return moves[::-1]
+            moves.append(move)
+            state = previous
+
+
+def _moves(state: State, shape: tuple[int, ...], itemsize: int, mesh_shape: tuple[int, ...]) -> Iterator[_Move]:
+    dim_axes, partial = state
+    ndim = len(dim_axes)
+    for m, n in enumerate(mesh_shape):
+        split = next((d for d, axes in enumerate(dim_axes) if m in axes), None)
+        block = block_bytes(shape, itemsize, dim_axes, mesh_shape, without=m)
+        if partial[m]:
+            cleared = tuple(None if i == m else p for i, p in enumerate(partial))
+            yield _Move(m, ALL_REDUCE, -1, (dim_axes, cleared), collective_bytes(ALL_REDUCE, block, n))
+            for d in range(ndim):
+                yield _Move(m, REDUCE_SCATTER, d, (_append(dim_axes, d, m), cleared), collective_bytes(REDUCE_SCATTER, block, n))
+        elif split is None:
+            for d in range(ndim):
+                yield _Move(m, LOCAL_SLICE, d, (_append(dim_axes, d, m), partial), Fraction(0))
+        elif dim_axes[split][-1] == m:
+            gathered = _remove(dim_axes, split, m)
+            yield _Move(m, ALL_GATHER, -1, (gathered, partial), collective_bytes(ALL_GATHER, block, n))
+            for d in range(ndim):
+                if d != split:
+                    yield _Move(m, ALL_TO_ALL, d, (_append(gathered, d, m), partial), collective_bytes(ALL_TO_ALL, block, n))
+
+
+def _append(dim_axes: DimAxes, dim: int, mesh_dim: int) -> DimAxes:
+    return tuple(axes + (mesh_dim,) if d == dim else axes for d, axes in enumerate(dim_axes))
+
+
+def _remove(dim_axes: DimAxes, dim: int, mesh_dim: int) -> DimAxes:
+    return tuple(tuple(a for a in axes if a != mesh_dim) if d == dim else axes for d, axes in enumerate(dim_axes))

@@ -1,0 +1,277 @@
+"""Choosing a signature: N-D candidates from 1-D rules, filtering, ranking, caching.
+
+1. Candidates: the op's 1-D signatures plus all-Replicate; on an N-D mesh the direct
+   product (one 1-D signature per mesh dim). A tensor dim split by several mesh dims is
+   split in *nest order* (major first): mesh order, plus the order implied by each input
+   or constraint layout that splits a dim over mesh dims out of mesh order (a valid
+   signature stays valid under any nest order: it is the same signature on a transposed
+   mesh).
+2. Filters: a split must have at least as many elements as pieces at its step, using the
+   current local extent as torch.chunk nests (``ceil`` of the previous steps); splits a
+   1-D signature marks ``even`` must be exact; a tensor may not mix partial reduce ops;
+   user constraints (``out_layouts=``, ``in_layouts=``) must match.
+3. Ranking (:meth:`Candidate.rank_key`): candidates needing no redistribution of any input
+   first (OneFlow's order value), then lower cost (the planner's cost of every input's
+   redistribution), then keeping earlier inputs unchanged, then smaller per-device output
+   blocks, then the canonical text of the layouts: a total order, so the result never
+   depends on the order candidates were generated in.
+
+Results are cached by op, params, input shapes/dtypes/layouts, constraints and cost model
+(OneFlow caches by shape, dtype, nd_sbp, placement and constraints).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from functools import lru_cache, partial
+from typing import Any
+
+import jax
+
+from ..errors import ArgumentTypeError, InferenceError
+from ..layout import Layout
+from ..mesh import DeviceMesh
+from ..placements import Partial, Placement, Replicate, Shard
+from .cost import CostModel, CostModelLike, resolve_cost_model
+from .ops import freeze, op_definition, primitive_definition
+from .plan import _plan
+from .signature import Aval, Candidate, OneDSig, Signature, TensorSpec, as_tensor_spec, common_mesh
+
+__all__ = ["infer_signature", "signature_for", "rank_candidates", "nest_orders"]
+
+Constraint = tuple[Layout | None, ...] | None
+RuleKey = tuple[str, str]  # ("op" | "primitive", name)
+
+
+def infer_signature(
+    op: str,
+    inputs: Sequence[Any],
+    mesh: DeviceMesh | None = None,
+    *,
+    out_layouts: Any = None,
+    in_layouts: Any = None,
+    cost_model: CostModelLike = None,
+    **params: Any,
+) -> Signature:
+    """The signature of named op ``op`` (e.g. ``"matmul"``, ``"sum"``) on ``inputs``.
+
+    ``inputs``: a list of ``(shape, dtype, layout)`` tuples or DTensor-like objects (with
+    ``.shape``, ``.dtype``, ``.layout``); ``mesh`` defaults to theirs. ``params`` are the
+    op's parameters as its JAX reference takes them (``axis=``, ``keepdims=``,
+    ``shape=``, ``subscripts=``...). ``out_layouts`` / ``in_layouts`` constrain the chosen
+    layouts (a layout or placements per output / input, None = free); ``cost_model``
+    defaults to :func:`default_cost_model`.
+    """
+    definition = op_definition(op)
+    specs = _as_specs(inputs, mesh)
+    mesh = common_mesh(specs, mesh)
+    frozen = freeze(params)
+    out_avals = _out_avals(definition.name, frozen, tuple(s.aval for s in specs))
+    return _infer(
+        ("op", op),
+        frozen,
+        specs,
+        out_avals,
+        _constraint(out_layouts, out_avals, mesh, "out_layouts"),
+        _constraint(in_layouts, tuple(s.aval for s in specs), mesh, "in_layouts"),
+        resolve_cost_model(cost_model),
+    )
+
+
+def signature_for(
+    rule: RuleKey,
+    params: Any,
+    specs: tuple[TensorSpec, ...],
+    out_avals: tuple[Aval, ...],
+    cost_model: CostModel,
+) -> Signature:
+    """The (cached) signature of a named op or jaxpr primitive given its output avals."""
+    return _infer(rule, params, specs, out_avals, None, None, cost_model)
+
+
+def _as_specs(inputs: Any, mesh: DeviceMesh | None) -> tuple[TensorSpec, ...]:
+    if not isinstance(inputs, (list, tuple)) or (
+        len(inputs) == 3 and isinstance(inputs[0], (tuple, list)) and isinstance(inputs[2], Layout)
+    ):
+        raise ArgumentTypeError(
+            "inputs", inputs, "expected a list of tensors", "pass a list, e.g. [(shape, dtype, layout), dtensor]"
+        )
+    return tuple(as_tensor_spec(x, mesh, f"inputs[{i}]") for i, x in enumerate(inputs))
+
+
+@lru_cache(maxsize=4096)
+def _out_avals(op: str, params: Any, in_avals: tuple[Aval, ...]) -> tuple[Aval, ...]:
+    reference = partial(op_definition(op).reference, **dict(params))
+    try:
+        out = jax.eval_shape(reference, *(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in in_avals))
+    except (TypeError, ValueError) as err:
+        raise InferenceError(
+            "params", dict(params), f"{op} rejects inputs {[str(a) for a in in_avals]} with these params ({err})",
+            f"pass the inputs and params {op}'s JAX function takes",
+        ) from None
+    return tuple(Aval(leaf.shape, leaf.dtype) for leaf in jax.tree.leaves(out))
+
+
+def _constraint(value: Any, avals: tuple[Aval, ...], mesh: DeviceMesh, argument: str) -> Constraint:
+    if value is None:
+        return None
+    single = isinstance(value, (Layout, str)) or (
+        isinstance(value, (list, tuple)) and value and all(isinstance(p, Placement) for p in value)
+    )
+    values = [value] if single else list(value)
+    if len(values) != len(avals):
+        raise InferenceError(
+            argument, value, f"{len(values)} layouts for {len(avals)} tensors", "give one layout (or None) per tensor"
+        )
+    return tuple(
+        None if v is None else as_tensor_spec((a.shape, a.dtype, v), mesh, f"{argument}[{i}]").layout
+        for i, (v, a) in enumerate(zip(values, avals))
+    )
+
+
+@lru_cache(maxsize=4096)
+def _infer(
+    rule: RuleKey,
+    params: Any,
+    specs: tuple[TensorSpec, ...],
+    out_avals: tuple[Aval, ...],
+    out_constraint: Constraint,
+    in_constraint: Constraint,
+    cost_model: CostModel,
+) -> Signature:
+    kind, name = rule
+    ins = tuple(s.aval for s in specs)
+    rule_fn = op_definition(name).rule if kind == "op" else primitive_definition(name).rule
+    one_d = list(rule_fn(ins, out_avals, **dict(params)))
+    mesh = specs[0].mesh if specs else _constraint_mesh(out_constraint)
+    layouts = [s.layout for s in specs] + [x for x in (out_constraint or ()) + (in_constraint or ()) if x is not None]
+    candidates = rank_candidates(one_d, specs, out_avals, mesh, nest_orders(mesh, layouts), cost_model,
+                                 out_constraint=out_constraint, in_constraint=in_constraint)
+    if not candidates:
+        raise InferenceError(
+            "out_layouts" if out_constraint else "in_layouts",
+            out_constraint or in_constraint,
+            f"no valid signature of {name} matches the constraint",
+            "relax the constraint (None leaves a tensor free), or redistribute the result afterwards",
+        )
+    return Signature(name, specs, tuple(candidates))
+
+
+def _constraint_mesh(constraint: Constraint) -> DeviceMesh:
+    for layout in constraint or ():
+        if layout is not None:
+            return layout.mesh
+    raise InferenceError("inputs", (), "an op without inputs needs an output constraint or a mesh", "pass mesh=")
+
+
+def nest_orders(mesh: DeviceMesh, layouts: Sequence[Layout]) -> tuple[tuple[int, ...], ...]:
+    """Mesh order, then the nest order implied by each layout (deduplicated)."""
+    orders = [tuple(range(mesh.ndim))]
+    for layout in layouts:
+        order = _implied_order(layout)
+        if order not in orders:
+            orders.append(order)
+    return tuple(orders)
+
+
+def _implied_order(layout: Layout) -> tuple[int, ...]:
+    """The mesh order with each dim's mesh axes moved into the order that splits it
+    (a topological sort choosing the lowest mesh dim first)."""
+    before: dict[int, set[int]] = {m: set() for m in range(layout.mesh.ndim)}
+    for axes in layout.dim_axes:
+        for major, minor in zip(axes, axes[1:]):
+            before[minor].add(major)
+    order: list[int] = []
+    while len(order) < len(before):
+        order.append(min(m for m, deps in before.items() if m not in order and deps <= set(order)))
+    return tuple(order)
+
+
+def rank_candidates(
+    one_d: Sequence[OneDSig],
+    specs: Sequence[TensorSpec],
+    out_avals: Sequence[Aval],
+    mesh: DeviceMesh,
+    orders: Sequence[tuple[int, ...]],
+    cost_model: CostModel,
+    *,
+    out_constraint: Constraint = None,
+    in_constraint: Constraint = None,
+) -> list[Candidate]:
+    """All valid N-D candidates from the 1-D signatures ``one_d`` (all-Replicate added),
+    costed and sorted by :meth:`Candidate.rank_key` (the module docstring's steps 1-3)."""
+    avals = [s.aval for s in specs] + list(out_avals)
+    n_in = len(specs)
+    replicate = OneDSig((Replicate(),) * n_in, (Replicate(),) * len(out_avals))
+    sigs = sorted(set(one_d) | {replicate}, key=_sig_key)
+    found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]] = {}
+    layout_cache: dict[Any, Layout] = {}
+    for order in orders:
+        for combo in itertools.product(sigs, repeat=mesh.ndim):
+            tables = _tables(combo, order, avals, mesh.shape)
+            if tables is None:
+                continue
+            for table in tables:
+                if table not in layout_cache:
+                    layout_cache[table] = Layout(mesh, *table)
+            layouts = tuple(layout_cache[table] for table in tables)
+            if not _matches(layouts[n_in:], out_constraint) or not _matches(layouts[:n_in], in_constraint):
+                continue
+            key = (tuple(_sig_key(s) for s in combo), order)
+            if layouts not in found or key < found[layouts][0]:
+                found[layouts] = (key, combo, order)
+    candidates = []
+    for layouts, (_, combo, order) in found.items():
+        plans = tuple(_plan(s.shape, s.dtype, s.layout, layout, cost_model) for s, layout in zip(specs, layouts))
+        candidates.append(Candidate(layouts[:n_in], layouts[n_in:], plans, combo, order, tuple(out_avals)))
+    return sorted(candidates, key=Candidate.rank_key)
+
+
+def _sig_key(sig: OneDSig) -> tuple[str, ...]:
+    return tuple(str(p) for p in sig.placements) + tuple(sorted(map(str, sig.even)))
+
+
+def _tables(
+    combo: Sequence[OneDSig], order: Sequence[int], avals: Sequence[Aval], mesh_shape: tuple[int, ...]
+) -> list[tuple[tuple[tuple[int, ...], ...], tuple[Any, ...]]] | None:
+    """Per tensor the (dim_axes, partial) tables of a candidate, or None if it is invalid."""
+    tables = []
+    for t, aval in enumerate(avals):
+        dim_axes: list[list[int]] = [[] for _ in range(aval.ndim)]
+        partial: list[Any] = [None] * len(mesh_shape)
+        for m in order:
+            placement = combo[m].placements[t]
+            if isinstance(placement, Shard):
+                if not 0 <= placement.dim < aval.ndim:
+                    return None
+                dim_axes[placement.dim].append(m)
+            elif isinstance(placement, Partial):
+                partial[m] = placement.reduce_op
+        if len({op for op in partial if op}) > 1:
+            return None
+        for d, axes in enumerate(dim_axes):
+            if not _fits(aval.shape[d], axes, mesh_shape, {m for m in axes if (t, d) in combo[m].even}):
+                return None
+        tables.append((tuple(tuple(a) for a in dim_axes), tuple(partial)))
+    return tables
+
+
+def _fits(size: int, axes: Sequence[int], mesh_shape: tuple[int, ...], even: set[int]) -> bool:
+    """Each split step needs at least as many elements as pieces (the current local
+    extent: ceil of the previous steps, as torch.chunk nests); ``even`` steps must be
+    exact, and so must every step before them."""
+    extent, exact = size, True
+    for m in axes:
+        n = mesh_shape[m]
+        if extent < n:
+            return False
+        exact = exact and extent % n == 0
+        if m in even and not exact:
+            return False
+        extent = -(-extent // n)
+    return True
+
+
+def _matches(layouts: Sequence[Layout], constraint: Constraint) -> bool:
+    return constraint is None or all(c is None or c == x for c, x in zip(constraint, layouts))

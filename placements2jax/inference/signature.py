@@ -1,0 +1,413 @@
+"""The value types of signature inference: tensors, 1-D signatures, redistribution plans,
+candidates and the chosen signature. Pure data, no JAX calls.
+
+Vocabulary (OneFlow's SBP signature, in torch's words): a *1-D signature* of an op says,
+for one mesh dim, one placement per input and per output, such that running the op on
+every rank's local data gives the outputs' local data. An *N-D candidate* picks one 1-D
+signature per mesh dim (the direct product) and so fixes a layout for every input and
+output. The *signature* inference chooses is the best-ranked candidate.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from ..errors import ArgumentTypeError, InferenceError, LayoutError
+from ..layout import Layout
+from ..mesh import DeviceMesh
+from ..placements import Partial, Placement, Replicate, Shard, format_placements
+from .cost import block_bytes
+from .table import format_bytes, format_table
+
+__all__ = [
+    "Aval",
+    "TensorSpec",
+    "OneDSig",
+    "RedistributeStep",
+    "RedistributePlan",
+    "Candidate",
+    "Signature",
+    "as_tensor_spec",
+    "common_mesh",
+    "placement_on",
+    "layout_text",
+    "replicated",
+]
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Aval:
+    """The global shape and dtype of a logical tensor (no layout)."""
+
+    shape: Shape
+    dtype: np.dtype
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", _as_shape(self.shape, "shape"))
+        object.__setattr__(self, "dtype", _as_dtype(self.dtype))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def __str__(self) -> str:
+        return f"{self.dtype.name}{list(self.shape)}"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A logical tensor as inference sees it: global shape, dtype and a bound layout.
+
+    DTensors, ``(shape, dtype, layout)`` tuples and any object with ``.shape``,
+    ``.dtype`` and ``.layout`` convert to it with :func:`as_tensor_spec`.
+    """
+
+    shape: Shape
+    dtype: np.dtype
+    layout: Layout
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", _as_shape(self.shape, "shape"))
+        object.__setattr__(self, "dtype", _as_dtype(self.dtype))
+        if not isinstance(self.layout, Layout):
+            raise ArgumentTypeError("layout", self.layout, "expected a placements2jax.Layout", "pass Layout(...)")
+        layout = self.layout if self.layout.is_bound else self.layout.bind(len(self.shape))
+        if layout.ndim != len(self.shape):
+            raise LayoutError(
+                "layout", layout, f"is for {layout.ndim} dims but the shape {self.shape} has {len(self.shape)}",
+                "pass a layout with one entry per tensor dim",
+            )
+        object.__setattr__(self, "layout", layout)
+
+    @property
+    def aval(self) -> Aval:
+        return Aval(self.shape, self.dtype)
+
+    @property
+    def mesh(self) -> DeviceMesh:
+        return self.layout.mesh
+
+    def __str__(self) -> str:
+        return f"{self.aval} {layout_text(self.layout)}"
+
+
+def as_tensor_spec(value: Any, mesh: DeviceMesh | None = None, argument: str = "input") -> TensorSpec:
+    """Convert ``(shape, dtype, layout)``, a :class:`TensorSpec`, or any object with
+    ``.shape``, ``.dtype`` and a placements2jax ``.layout`` (a DTensor) to a TensorSpec.
+
+    ``layout`` may also be placements (``"S(0),R"``, ``(Shard(0), Replicate())``, alias
+    form) when ``mesh`` is given. The layout must be on ``mesh`` when both are given.
+    """
+    if isinstance(value, TensorSpec):
+        spec = value
+    else:
+        if isinstance(getattr(value, "layout", None), Layout):
+            shape, dtype, layout = value.shape, value.dtype, value.layout
+        elif isinstance(value, (tuple, list)) and len(value) == 3:
+            shape, dtype, layout = value
+        else:
+            raise ArgumentTypeError(
+                argument,
+                value,
+                "expected (shape, dtype, layout) or an object with .shape, .dtype and .layout (a DTensor)",
+                "pass e.g. ((8, 4), jnp.float32, Layout.from_device_mesh(mesh)('S(0),R'))",
+            )
+        if not isinstance(layout, Layout):
+            if mesh is None:
+                raise ArgumentTypeError(
+                    argument, value, "placements without a mesh", "pass a Layout, or pass mesh= as well"
+                )
+            layout = Layout.from_placements(mesh, layout)
+        try:
+            spec = TensorSpec(tuple(shape), dtype, layout)
+        except (LayoutError, ArgumentTypeError) as err:
+            raise type(err)(argument, value, err.problem, err.fix) from None
+    if mesh is not None and spec.mesh != mesh:
+        raise InferenceError(
+            argument, spec.layout, f"is on {spec.mesh!r}, not on {mesh!r}", "redistribute it onto the op's mesh first"
+        )
+    return spec
+
+
+def common_mesh(specs: Sequence[TensorSpec], mesh: DeviceMesh | None, argument: str = "inputs") -> DeviceMesh:
+    """The one mesh of all ``specs`` (or ``mesh``); all tensors of an op share a mesh."""
+    meshes = {s.mesh for s in specs} | ({mesh} if mesh is not None else set())
+    if len(meshes) > 1:
+        raise InferenceError(
+            argument, [s.mesh for s in specs], "the tensors are on different meshes",
+            "redistribute them onto one mesh (cross-mesh ops are not defined)",
+        )
+    if not meshes:
+        raise InferenceError(argument, (), "no tensor and no mesh given", "pass mesh=")
+    return meshes.pop()
+
+
+def _as_shape(shape: Any, argument: str) -> Shape:
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
+        raise ArgumentTypeError(argument, shape, "expected a tuple of ints", "pass e.g. (8, 4)")
+    for n in shape:
+        if isinstance(n, bool) or not hasattr(n, "__index__") or int(n) < 0:
+            raise ArgumentTypeError(argument, tuple(shape), f"{n!r} is not a non-negative int", "pass e.g. (8, 4)")
+    return tuple(int(n) for n in shape)
+
+
+def _as_dtype(dtype: Any) -> np.dtype:
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        raise ArgumentTypeError("dtype", dtype, "not a dtype", "pass e.g. jnp.float32") from None
+
+
+# -- layouts in signature terms ------------------------------------------------------------
+
+
+def placement_on(layout: Layout, mesh_dim: int) -> Placement:
+    """The placement of ``layout`` on one mesh dim (torch's view of that mesh dim)."""
+    op = layout.partial[mesh_dim]
+    if op:
+        return Partial(op)
+    dim = layout.mesh_dim_split(mesh_dim)
+    return Replicate() if dim is None else Shard(dim)
+
+
+def replicated(mesh: DeviceMesh, ndim: int) -> Layout:
+    """The all-Replicate layout of an ``ndim``-d tensor."""
+    return Layout(mesh, ((),) * ndim)
+
+
+def layout_text(layout: Layout) -> str:
+    """Torch form (``S(0),R``) when it can say the layout, else the alias form + partials."""
+    try:
+        return format_placements(layout.placements)
+    except LayoutError:
+        partial = {layout.mesh.alias_name[m]: op for m, op in enumerate(layout.partial) if op}
+        return f"{layout.alias_map!r}" + (f" partial={partial}" if partial else "")
+
+
+# -- signatures ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OneDSig:
+    """A valid signature of an op on one mesh dim: one placement per input and output.
+
+    ``even`` lists ``(tensor, dim)`` pairs (tensors numbered inputs first, then outputs)
+    whose split on this mesh dim is only valid when it is even: every rank's chunk has
+    the same size (e.g. ``mean`` giving ``Partial(avg)``, a reshape that moves a split).
+    """
+
+    inputs: tuple[Placement, ...]
+    outputs: tuple[Placement, ...]
+    even: frozenset[tuple[int, int]] = field(default=frozenset())
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        object.__setattr__(self, "outputs", tuple(self.outputs))
+        object.__setattr__(self, "even", frozenset(self.even))
+
+    @property
+    def placements(self) -> tuple[Placement, ...]:
+        return self.inputs + self.outputs
+
+    def __str__(self) -> str:
+        return f"{format_placements(self.inputs)} -> {format_placements(self.outputs)}"
+
+
+@dataclass(frozen=True)
+class RedistributeStep:
+    """One collective (or local op) on one mesh dim, changing ``before`` into ``after``.
+
+    ``nbytes`` is the number of bytes each device sends (see :mod:`.cost`), ``cost`` is
+    ``nbytes`` times the cost-model weight of the mesh axis.
+    """
+
+    mesh_dim: int
+    axis: str
+    src: Placement
+    dst: Placement
+    collective: str
+    nbytes: Fraction
+    cost: Fraction
+    before: Layout
+    after: Layout
+
+    def __str__(self) -> str:
+        return f"{self.axis}: {self.src}->{self.dst} {self.collective} ({format_bytes(self.nbytes)} B)"
+
+
+@dataclass(frozen=True)
+class RedistributePlan:
+    """How one tensor goes from ``src`` to ``dst``: steps on one mesh dim at a time."""
+
+    shape: Shape
+    dtype: np.dtype
+    src: Layout
+    dst: Layout
+    steps: tuple[RedistributeStep, ...]
+
+    @property
+    def cost(self) -> Fraction:
+        return sum((s.cost for s in self.steps), Fraction(0))
+
+    @property
+    def nbytes(self) -> Fraction:
+        return sum((s.nbytes for s in self.steps), Fraction(0))
+
+    @property
+    def is_noop(self) -> bool:
+        return not self.steps
+
+    @property
+    def collectives(self) -> Counter[str]:
+        """How many steps of each kind (local steps included)."""
+        return Counter(s.collective for s in self.steps)
+
+    def __str__(self) -> str:
+        head = (
+            f"redistribute {Aval(self.shape, self.dtype)}: {layout_text(self.src)} -> {layout_text(self.dst)}, "
+            f"{format_bytes(self.nbytes)} B per device, cost {format_bytes(self.cost)}"
+        )
+        if not self.steps:
+            return head + " (nothing to do)"
+        rows = [
+            (i, s.axis, s.src, s.dst, s.collective, format_bytes(s.nbytes), format_bytes(s.cost), layout_text(s.after))
+            for i, s in enumerate(self.steps)
+        ]
+        return head + "\n" + format_table(("step", "axis", "from", "to", "collective", "bytes", "cost", "layout after"), rows)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One N-D signature of an op: the layouts of all inputs and outputs, the plans that
+    bring the given inputs to them, and the 1-D signature used on each mesh dim (in
+    ``nest_order``, the order in which mesh dims split a tensor dim, major first)."""
+
+    in_layouts: tuple[Layout, ...]
+    out_layouts: tuple[Layout, ...]
+    plans: tuple[RedistributePlan, ...]
+    one_d: tuple[OneDSig, ...]
+    nest_order: tuple[int, ...]
+    out_avals: tuple[Aval, ...]
+
+    @property
+    def cost(self) -> Fraction:
+        return sum((p.cost for p in self.plans), Fraction(0))
+
+    @property
+    def redistributed(self) -> tuple[bool, ...]:
+        """Per input: does it need any step (local ones included)?"""
+        return tuple(not p.is_noop for p in self.plans)
+
+    @property
+    def out_bytes(self) -> int:
+        """Bytes of one device's (padded) output blocks, summed over outputs."""
+        return sum(
+            block_bytes(a.shape, a.dtype.itemsize, layout.dim_axes, layout.mesh.shape)
+            for a, layout in zip(self.out_avals, self.out_layouts)
+        )
+
+    @property
+    def text(self) -> str:
+        """Canonical text: input layouts -> output layouts (alias form + partials)."""
+        return " ; ".join(repr(layout) for layout in self.in_layouts) + " -> " + " ; ".join(
+            repr(layout) for layout in self.out_layouts
+        )
+
+    def rank_key(self) -> tuple[Any, ...]:
+        """The selection order (see docs/inference.md): candidates needing no
+        redistribution of any input first (OneFlow's order value), then lower cost, then
+        keeping earlier inputs unchanged, then smaller output blocks, then the text."""
+        return (any(self.redistributed), self.cost, self.redistributed, self.out_bytes, self.text)
+
+    def __str__(self) -> str:
+        ins = " ; ".join(layout_text(x) for x in self.in_layouts)
+        outs = " ; ".join(layout_text(x) for x in self.out_layouts)
+        return f"({ins}) -> ({outs})"
+
+
+@dataclass(frozen=True)
+class Signature:
+    """The result of inference for one op: the chosen candidate and the ranked list.
+
+    ``in_layouts`` are the layouts the inputs must have when the op runs (reached by
+    ``redistributions``), ``out_layouts`` the layouts of the outputs.
+    """
+
+    op: str
+    inputs: tuple[TensorSpec, ...]
+    candidates: tuple[Candidate, ...]
+
+    @property
+    def chosen(self) -> Candidate:
+        return self.candidates[0]
+
+    @property
+    def in_layouts(self) -> tuple[Layout, ...]:
+        return self.chosen.in_layouts
+
+    @property
+    def out_layouts(self) -> tuple[Layout, ...]:
+        return self.chosen.out_layouts
+
+    @property
+    def out_layout(self) -> Layout:
+        """The output layout of a single-output op."""
+        if len(self.out_layouts) != 1:
+            raise InferenceError(
+                "op", self.op, f"has {len(self.out_layouts)} outputs", "use out_layouts (a tuple) instead"
+            )
+        return self.out_layouts[0]
+
+    @property
+    def out_avals(self) -> tuple[Aval, ...]:
+        return self.chosen.out_avals
+
+    @property
+    def redistributions(self) -> tuple[RedistributePlan, ...]:
+        return self.chosen.plans
+
+    @property
+    def cost(self) -> Fraction:
+        return self.chosen.cost
+
+    def table(self, limit: int | None = 8) -> str:
+        """The ranked candidates as a table (the first ``limit``; all with None)."""
+        shown = self.candidates if limit is None else self.candidates[:limit]
+        rows = [
+            (
+                i,
+                " ; ".join(layout_text(x) for x in c.in_layouts),
+                " ; ".join(layout_text(x) for x in c.out_layouts),
+                " | ".join(str(s) for s in c.one_d),
+                "".join("r" if r else "-" for r in c.redistributed),
+                format_bytes(c.cost),
+            )
+            for i, c in enumerate(shown)
+        ]
+        text = format_table(("rank", "inputs", "outputs", "1-D signatures per mesh dim", "redist", "cost"), rows)
+        if len(shown) < len(self.candidates):
+            text += f"\n... {len(self.candidates) - len(shown)} more candidates"
+        return text
+
+    def __str__(self) -> str:
+        given = " ; ".join(str(s) for s in self.inputs)
+        lines = [
+            f"{self.op}({given})",
+            f"  chosen: {self.chosen}  cost {format_bytes(self.cost)}",
+        ]
+        for i, plan in enumerate(self.redistributions):
+            if plan.steps:
+                lines.append(f"  input {i}: " + "; ".join(str(s) for s in plan.steps))
+        return "\n".join(lines) + "\n" + self.table()
