@@ -32,19 +32,18 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from . import chunking
 from .errors import ArgumentTypeError, LayoutError, PlacementError, ShapeError
-from .mesh import DeviceMesh
+from .interop import convert_placements
+from .mesh import DeviceMesh, as_device_mesh
 from .placements import REDUCE_OPS, Partial, Placement, ReduceOp, Replicate, Shard, parse_placements
 
-__all__ = ["Layout", "PlacementsLike", "TensorMap", "AliasEntry"]
+__all__ = ["Layout", "PlacementsLike", "TensorMap", "AliasEntry", "ShardOrder"]
 
 AliasEntry: TypeAlias = str | None | tuple[str, ...]
 PlacementsLike: TypeAlias = "Sequence[Placement] | Sequence[AliasEntry] | str"
 TensorMap: TypeAlias = tuple[int | tuple[int, ...], ...]
 PartialLike: TypeAlias = "Mapping[str | int, str] | Sequence[str | None] | None"
 
-# Hook for optional converters (e.g. torch placement objects); each returns None if it
-# does not recognise the value.
-_placement_converters: list[Any] = []
+ShardOrder: TypeAlias = tuple[tuple[int, tuple[int, ...]], ...]
 
 
 class Layout:
@@ -61,13 +60,14 @@ class Layout:
         partial: Sequence[ReduceOp | None] | None = None,
         *,
         placements: Sequence[Placement] | None = None,
+        shard_order: Mapping[int, Sequence[int]] | None = None,
     ) -> None:
-        if not isinstance(mesh, DeviceMesh):
-            raise ArgumentTypeError(
-                "device_mesh", mesh, "expected a placements2jax.DeviceMesh", "build one with init_device_mesh(...)"
-            )
+        mesh = as_device_mesh(mesh)
         self._mesh = mesh
         self._placements = tuple(placements) if placements is not None else None
+        self._shard_order: ShardOrder | None = (
+            _validate_shard_order(mesh, self._placements or (), shard_order) if shard_order is not None else None
+        )
         self._dim_axes = tuple(tuple(a) for a in dim_axes) if dim_axes is not None else None
         self._partial: tuple[ReduceOp | None, ...] = (
             tuple(partial) if partial is not None else (None,) * mesh.ndim
@@ -78,7 +78,8 @@ class Layout:
     # -- construction ----------------------------------------------------------------
     @classmethod
     def from_device_mesh(cls, mesh: DeviceMesh) -> Layout:
-        """An empty layout on ``mesh``; call it with placements to record them."""
+        """An empty layout on ``mesh`` (ours, or a torch/JAX mesh, converted); call it with
+        placements to record them."""
         return cls(mesh, placements=())
 
     def __call__(self, placements: PlacementsLike, *, partial: PartialLike = None) -> Layout:
@@ -88,7 +89,11 @@ class Layout:
 
     @classmethod
     def from_placements(cls, mesh: DeviceMesh, placements: PlacementsLike, *, partial: PartialLike = None) -> Layout:
-        """A layout from torch-form or alias-form placements (see :meth:`__call__`)."""
+        """A layout from torch-form or alias-form placements (see :meth:`__call__`).
+
+        Another library's placement objects (torch's ``Shard``, ``_StridedShard`` ...) are
+        converted by their bridge in :mod:`placements2jax.interop`."""
+        mesh = as_device_mesh(mesh)
         if isinstance(placements, Layout):
             if placements.mesh != mesh:
                 raise LayoutError(
@@ -104,17 +109,39 @@ class Layout:
                 "expected a sequence of placements or alias entries",
                 "pass e.g. (Shard(0), Replicate()) or (('dp', 'tp'), None)",
             )
-        converted = [_convert_placement(p) for p in placements]
-        if converted and any(isinstance(p, Placement) for p in converted):
+        if any(not isinstance(p, (Placement, str, tuple, list)) and p is not None for p in placements):
+            foreign = convert_placements(mesh, placements)
+            if foreign is not None:
+                if partial is not None:
+                    raise PlacementError(
+                        "partial", partial, "torch-form placements state partials themselves", "drop partial="
+                    )
+                return foreign
+        if placements and any(isinstance(p, Placement) for p in placements):
             if partial is not None:
                 raise PlacementError(
                     "partial", partial, "the torch form states partials itself", "use Partial(op) in the placements"
                 )
-            return cls._from_torch_form(mesh, tuple(converted), placements)
-        return cls._from_alias_form(mesh, tuple(converted), partial)
+            return cls._from_torch_form(mesh, tuple(placements), placements)
+        return cls._from_alias_form(mesh, tuple(placements), partial)
 
     @classmethod
-    def _from_torch_form(cls, mesh: DeviceMesh, placements: tuple[Any, ...], original: Any) -> Layout:
+    def from_shard_order(
+        cls, mesh: DeviceMesh, placements: Sequence[Placement], shard_order: Mapping[int, Sequence[int]] | None = None
+    ) -> Layout:
+        """Torch's ``DTensorSpec`` view: torch-form placements in which, as torch allows,
+        one tensor dim may be sharded by several mesh dims (repeated ``Shard(d)``), split
+        in the order ``shard_order[d]`` gives (mesh dims major to minor; by default mesh
+        order, as torch). Unbound until :meth:`bind`, like every torch-form layout."""
+        mesh = as_device_mesh(mesh)
+        placements = tuple(placements)
+        cls._from_torch_form(mesh, placements, placements, repeated_shards=True)
+        return cls(mesh, placements=placements, shard_order=shard_order or {})
+
+    @classmethod
+    def _from_torch_form(
+        cls, mesh: DeviceMesh, placements: tuple[Any, ...], original: Any, *, repeated_shards: bool = False
+    ) -> Layout:
         for p in placements:
             if not isinstance(p, Placement):
                 raise ArgumentTypeError(
@@ -131,7 +158,8 @@ class Layout:
                 f"give exactly one placement per mesh dim ({mesh.ndim})",
             )
         _check_partial_ops(placements, original)
-        _check_repeated_shards(mesh, placements, ndim=None)
+        if not repeated_shards:
+            _check_repeated_shards(mesh, placements, ndim=None)
         return cls(mesh, placements=placements)
 
     @classmethod
@@ -194,11 +222,12 @@ class Layout:
                     f"give one entry per tensor dim ({ndim})",
                 )
             return self
-        return Layout(self._mesh, *_torch_form_to_tables(self._mesh, self._placements or (), ndim))
+        return Layout(self._mesh, *_torch_form_to_tables(self._mesh, self._placements or (), ndim, self._shard_order))
 
     # -- value semantics -------------------------------------------------------------
     def _key(self) -> tuple[Any, ...]:
-        return (self._mesh, self._dim_axes, self._partial, None if self._dim_axes is not None else self._placements)
+        unbound = None if self._dim_axes is not None else (self._placements, self.shard_order)
+        return (self._mesh, self._dim_axes, self._partial, unbound)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Layout) and self._key() == other._key()
@@ -209,6 +238,9 @@ class Layout:
     def __repr__(self) -> str:
         head = f"Layout.from_device_mesh({self._mesh!r})"
         if self._dim_axes is None:
+            if any(len(axes) > 1 for _, axes in self.shard_order):
+                order = dict(self.shard_order)
+                return f"Layout.from_shard_order({self._mesh!r}, {self._placements!r}, {order!r})"
             return f"{head}({self._placements!r})"
         partial = {self._mesh.alias_name[i]: op for i, op in enumerate(self._partial) if op}
         tail = f", partial={partial!r}" if partial else ""
@@ -218,7 +250,7 @@ class Layout:
         try:
             return ",".join(str(p) for p in self.placements)
         except LayoutError:
-            return repr(self.alias_map)
+            return repr(self.alias_map) if self.is_bound else repr(self)
 
     # -- basic properties -------------------------------------------------------------
     @property
@@ -286,21 +318,34 @@ class Layout:
         """The torch form: one placement per mesh dim (torch's repeated ``Shard(d)`` for a
         dim split by several axes in mesh order)."""
         if self._dim_axes is None:
+            for dim, axes in self._shard_order or ():
+                self._check_mesh_order(dim, axes)
             return self._placements or ()
         result: list[Placement] = []
         for mesh_dim, op in enumerate(self._partial):
             dim = self.mesh_dim_split(mesh_dim)
             result.append(Partial(op) if op else Shard(dim) if dim is not None else Replicate())
         for dim, axes in enumerate(self._dim_axes):
-            if list(axes) != sorted(axes):
-                raise LayoutError(
-                    "layout",
-                    self,
-                    f"tensor dim {dim} is split by {self._names(axes)} in an order torch's placements cannot say "
-                    "(torch needs _StridedShard for it)",
-                    "use the alias form or tensor_map of this layout",
-                )
+            self._check_mesh_order(dim, axes)
         return tuple(result)
+
+    def _check_mesh_order(self, dim: int, axes: Sequence[int]) -> None:
+        if list(axes) != sorted(axes):
+            raise LayoutError(
+                "layout",
+                self,
+                f"tensor dim {dim} is split by {self._names(axes)} in an order torch's placements cannot say "
+                "(torch needs _StridedShard for it)",
+                "use the alias form, tensor_map or shard_order of this layout",
+            )
+
+    @property
+    def shard_order(self) -> ShardOrder:
+        """Torch's ``DTensorSpec.shard_order``: ``(tensor dim, mesh dims major to minor)``
+        for every sharded tensor dim, in dim order (dims as written while unbound)."""
+        if self._dim_axes is not None:
+            return tuple((d, axes) for d, axes in enumerate(self._dim_axes) if axes)
+        return _shard_order_of(self._placements or (), self._shard_order)
 
     def placement_to_tensor_map(self, ndim: int) -> TensorMap:
         """The tensor_map for a tensor of ``ndim`` dims (MindSpore's convention)."""
@@ -468,19 +513,36 @@ class Layout:
 # -- helpers -----------------------------------------------------------------------------
 
 
-def register_placement_converter(converter: Any) -> None:
-    """Register a function turning foreign placement objects into ours (or None)."""
-    _placement_converters.append(converter)
+def _shard_order_of(placements: Sequence[Placement], explicit: ShardOrder | None) -> ShardOrder:
+    """Per sharded dim (as written), its mesh dims: the explicit order, else mesh order."""
+    given = dict(explicit or ())
+    dims = sorted({p.dim for p in placements if isinstance(p, Shard)})
+    return tuple(
+        (d, given.get(d, tuple(i for i, p in enumerate(placements) if isinstance(p, Shard) and p.dim == d)))
+        for d in dims
+    )
 
 
-def _convert_placement(p: Any) -> Any:
-    if isinstance(p, Placement) or p is None or isinstance(p, (str, tuple, list)):
-        return p
-    for converter in _placement_converters:
-        converted = converter(p)
-        if converted is not None:
-            return converted
-    return p
+def _validate_shard_order(
+    mesh: DeviceMesh, placements: Sequence[Placement], shard_order: Mapping[int, Sequence[int]]
+) -> ShardOrder:
+    if not isinstance(shard_order, Mapping):
+        raise ArgumentTypeError(
+            "shard_order", shard_order, "expected a mapping tensor dim -> mesh dims", "pass e.g. {0: (1, 0)}"
+        )
+    order = {}
+    for dim, axes in shard_order.items():
+        expected = sorted(i for i, p in enumerate(placements) if isinstance(p, Shard) and p.dim == dim)
+        axes = tuple(mesh.axis_index(a) for a in axes)
+        if sorted(axes) != expected:
+            raise PlacementError(
+                "shard_order",
+                dict(shard_order),
+                f"tensor dim {dim} is sharded by mesh dims {expected} in the placements, not {list(axes)}",
+                "list exactly the mesh dims whose placement is Shard(dim), in split order",
+            )
+        order[dim] = axes
+    return _shard_order_of(placements, tuple(order.items()))
 
 
 def _as_shape(shape: Any, argument: str) -> tuple[int, ...]:
@@ -527,7 +589,7 @@ def _check_repeated_shards(mesh: DeviceMesh, placements: Sequence[Placement], nd
 
 
 def _torch_form_to_tables(
-    mesh: DeviceMesh, placements: Sequence[Placement], ndim: int
+    mesh: DeviceMesh, placements: Sequence[Placement], ndim: int, shard_order: ShardOrder | None
 ) -> tuple[list[tuple[int, ...]], tuple[ReduceOp | None, ...]]:
     for p in placements:
         if isinstance(p, Shard) and not -ndim <= p.dim < ndim:
@@ -537,13 +599,21 @@ def _torch_form_to_tables(
                 f"{p!r} is out of range for a {ndim}-d tensor",
                 f"use a Shard dim in [{-ndim}, {ndim})",
             )
-    _check_repeated_shards(mesh, placements, ndim)
-    dim_axes: list[list[int]] = [[] for _ in range(ndim)]
-    for mesh_dim, p in enumerate(placements):
-        if isinstance(p, Shard):
-            dim_axes[p.dim % ndim].append(mesh_dim)
+    if shard_order is None:
+        _check_repeated_shards(mesh, placements, ndim)
+    dim_axes: list[tuple[int, ...]] = [() for _ in range(ndim)]
+    for dim, axes in _shard_order_of(placements, shard_order):
+        if dim_axes[dim % ndim]:
+            raise PlacementError(
+                "placements",
+                tuple(placements),
+                f"Shard({dim}) and Shard({dim % ndim - ndim if dim >= 0 else dim % ndim}) are the same dim of a "
+                f"{ndim}-d tensor",
+                "write every Shard dim one way (all non-negative)",
+            )
+        dim_axes[dim % ndim] = axes
     partial = tuple(p.reduce_op if isinstance(p, Partial) else None for p in placements)
-    return [tuple(a) for a in dim_axes], partial
+    return dim_axes, partial
 
 
 def _alias_entry_axes(mesh: DeviceMesh, entry: Any, entries: tuple[Any, ...]) -> tuple[int, ...]:

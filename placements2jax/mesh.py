@@ -23,11 +23,12 @@ import numpy as np
 from jax.sharding import AxisType
 
 from .errors import ArgumentTypeError, MeshError
+from .interop import convert_mesh
 
 if TYPE_CHECKING:
     from .layout import PlacementsLike
 
-__all__ = ["DeviceMesh", "MeshGroup", "init_device_mesh", "Axis"]
+__all__ = ["DeviceMesh", "MeshGroup", "init_device_mesh", "as_device_mesh", "Axis"]
 
 Axis: TypeAlias = str | int
 AxisTypeLike: TypeAlias = Literal["explicit", "auto"] | AxisType
@@ -337,6 +338,22 @@ def init_device_mesh(
         )
     ranks = np.arange(total).reshape(tuple(int(n) for n in mesh_shape))
     return DeviceMesh(ranks, alias_name, mesh_dim_names=mesh_dim_names, axis_types=axis_types)  # type: ignore[arg-type]
+
+
+def as_device_mesh(mesh: Any, argument: str = "device_mesh") -> DeviceMesh:
+    """``mesh`` itself if it is a :class:`DeviceMesh`; the DeviceMesh of a
+    ``jax.sharding.Mesh`` or of another library's mesh (e.g. torch's ``DeviceMesh``,
+    through :mod:`placements2jax.interop`); else :class:`ArgumentTypeError`."""
+    if isinstance(mesh, DeviceMesh):
+        return mesh
+    if isinstance(mesh, jax.sharding.Mesh):
+        return DeviceMesh.from_jax(mesh)
+    converted = convert_mesh(mesh)
+    if converted is None:
+        raise ArgumentTypeError(
+            argument, mesh, "expected a placements2jax.DeviceMesh", "build one with init_device_mesh(...)"
+        )
+    return converted
 
 
 def _rebuild(ranks: list[Any], names: tuple[str, ...], types: tuple[str, ...]) -> DeviceMesh:
