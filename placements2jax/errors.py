@@ -19,6 +19,7 @@ __all__ = [
     "RedistributeError",
     "InferenceError",
     "UnsupportedOpError",
+    "MissingDependencyError",
 ]
 
 
@@ -63,6 +64,10 @@ class InferenceError(Placements2JaxError, ValueError):
 
 class UnsupportedOpError(InferenceError):
     """Signature inference has no rule for this operation."""
+
+
+class MissingDependencyError(Placements2JaxError, ImportError):
+    """An optional dependency (an extra such as ``torch``, ``plot`` or ``rich``) is not installed."""
 
 
 def _short_repr(value: Any, limit: int = 200) -> str:

@@ -34,7 +34,7 @@ from . import chunking
 from .errors import ArgumentTypeError, LayoutError, PlacementError, ShapeError
 from .interop import convert_placements
 from .mesh import DeviceMesh, as_device_mesh
-from .placements import REDUCE_OPS, Partial, Placement, ReduceOp, Replicate, Shard, parse_placements
+from .placements import REDUCE_OPS, Partial, Placement, ReduceOp, Replicate, Shard, parse_placements_or_alias
 
 __all__ = ["Layout", "PlacementsLike", "TensorMap", "AliasEntry", "ShardOrder"]
 
@@ -101,7 +101,7 @@ class Layout:
                 )
             return placements
         if isinstance(placements, str):
-            placements = parse_placements(placements)
+            placements = parse_placements_or_alias(placements)
         if not isinstance(placements, Sequence):
             raise ArgumentTypeError(
                 "placements",

@@ -25,6 +25,9 @@ __all__ = [
     "parse_placement",
     "parse_placements",
     "format_placements",
+    "parse_alias",
+    "format_alias",
+    "parse_placements_or_alias",
 ]
 
 ReduceOp: TypeAlias = Literal["sum", "avg", "max", "min"]
@@ -147,3 +150,55 @@ def parse_placements(text: str) -> tuple[Placement, ...]:
 def format_placements(placements: Sequence[Placement]) -> str:
     """The short form of a sequence of placements, e.g. ``"S(0),R"``."""
     return ",".join(str(p) for p in placements)
+
+
+_ALIAS_ENTRY = re.compile(r"\s*(?:\(([^()]*)\)|([^,()]*?))\s*(?:,|$)")
+
+
+def parse_alias(text: str) -> tuple[str | tuple[str, ...], ...]:
+    """Parse the alias form's text syntax: one entry per tensor dim, comma-separated; an
+    entry is a mesh axis name, ``None`` (not split), or ``(name,name,...)`` for a dim split
+    by several axes, major to minor. ``"(dp,tp),None"`` -> ``(("dp", "tp"), "None")``."""
+    if not isinstance(text, str):
+        raise ArgumentTypeError("placements", text, "expected a string", 'pass e.g. "(dp,tp),None"')
+    entries: list[str | tuple[str, ...]] = []
+    position = 0
+    while position < len(text):
+        match = _ALIAS_ENTRY.match(text, position)
+        group, name = match.groups() if match else (None, None)
+        names = [n.strip() for n in group.split(",")] if group is not None else [name or ""]
+        if match is None or match.end() == position or not all(re.fullmatch(r"[A-Za-z_][\w.\-]*", n) for n in names):
+            raise PlacementError(
+                "placements",
+                text,
+                "not the alias form: entries are axis names, None, or (name,name) groups, comma-separated",
+                'write e.g. "(dp,tp),None" or "dp,None"',
+            )
+        entries.append(tuple(names) if group is not None else names[0])
+        position = match.end()
+    if not entries or text.rstrip().endswith(","):
+        raise PlacementError("placements", text, "no entry, or an empty last entry", 'write e.g. "(dp,tp),None"')
+    return tuple(entries)
+
+
+def format_alias(entries: Sequence[str | None | Sequence[str]]) -> str:
+    """The text syntax of an alias form (see :func:`parse_alias`), e.g. ``"(dp,tp),None"``."""
+    return ",".join(
+        "None" if e is None else e if isinstance(e, str) else f"({','.join(e)})" for e in entries
+    )
+
+
+def parse_placements_or_alias(text: str) -> tuple[Placement, ...] | tuple[str | tuple[str, ...], ...]:
+    """The torch form (``"S(0),R"``) when every entry is a placement, else the alias form
+    (``"(dp,tp),None"``, see :func:`parse_alias`). A mesh axis named ``R`` or ``P``
+    therefore reads as a placement: name such axes otherwise."""
+    try:
+        return parse_placements(text)
+    except PlacementError as torch_form_error:
+        try:
+            return parse_alias(text)
+        except PlacementError:
+            # Report the form the text was closer to: any S(..)/P(..) means the torch form.
+            if re.search(r"[SP]\s*\(\s*-?\w*\s*\)", text):
+                raise torch_form_error from None
+            raise

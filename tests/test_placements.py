@@ -19,7 +19,7 @@ from placements2jax import (
     parse_placement,
     parse_placements,
 )
-from placements2jax.placements import REDUCE_OPS
+from placements2jax.placements import REDUCE_OPS, format_alias, parse_alias, parse_placements_or_alias
 
 # -- value semantics -----------------------------------------------------------------
 
@@ -190,3 +190,36 @@ def test_round_trip_format_parse(placements: list[Placement]) -> None:
     assert parse_placements(text) == tuple(placements)
     assert format_placements(parse_placements(text)) == text
     assert parse_placements(text.replace(",", " , ")) == tuple(placements)
+
+
+# -- the alias form's text syntax ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "entries"),
+    [
+        ("(dp,tp),None", (("dp", "tp"), "None")),
+        (" dp , None ", ("dp", "None")),
+        ("( tp , dp ),cp", (("tp", "dp"), "cp")),
+        ("None", ("None",)),
+    ],
+)
+def test_parse_alias(text: str, entries: tuple) -> None:
+    assert parse_alias(text) == entries
+    assert parse_alias(format_alias(entries)) == entries
+
+
+@pytest.mark.parametrize("text", ["", "dp,", "dp,,tp", "(dp,tp", "()", "S(0),R", "d p"])
+def test_parse_alias_rejects(text: str) -> None:
+    with pytest.raises(PlacementError, match="placements="):
+        parse_alias(text)
+
+
+def test_parse_placements_or_alias() -> None:
+    assert parse_placements_or_alias("S(0),R") == (Shard(0), Replicate())
+    assert parse_placements_or_alias("(dp,tp),None") == (("dp", "tp"), "None")
+    assert format_alias([None, "dp", ("tp", "cp")]) == "None,dp,(tp,cp)"
+    with pytest.raises(PlacementError, match="placement='X': not a placement in short form"):
+        parse_placements_or_alias("S(0),X")
+    with pytest.raises(PlacementError, match="not the alias form"):
+        parse_placements_or_alias("dp,,tp")

@@ -1,0 +1,302 @@
+"""Pictures of layouts: which ranks hold which block of a 1-D or 2-D logical tensor.
+
+:func:`visualize` returns a terminal picture as a string (:func:`print_layout` prints
+it); :func:`plot` draws the same with matplotlib (extra ``plot``), for notebooks and docs.
+Both take a :class:`~placements2jax.layout.Layout` plus a shape, or anything with
+``.layout`` and ``.shape`` (a DTensor), on meshes of any rank. Blocks are torch.chunk's
+exact blocks (:meth:`Layout.local_slices`), so uneven and empty blocks show as they are;
+a Partial layout marks every block with its reduce op (each rank listed there holds a
+partial value of the block, reduced over the partial mesh dims).
+
+Colours need ``rich`` (terminal) or ``matplotlib`` (plots); plain text needs nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from . import chunking
+from .errors import ArgumentTypeError, LayoutError, MissingDependencyError, ShapeError
+from .layout import Layout
+from .placements import format_alias, format_placements
+
+__all__ = ["visualize", "print_layout", "plot", "layout_blocks", "layout_text", "format_ranks", "Block"]
+
+# Background colours of the terminal cells (rich style names), one per distinct rank set.
+_CELL_STYLES = (
+    "black on bright_cyan",
+    "black on bright_yellow",
+    "black on bright_green",
+    "black on bright_magenta",
+    "white on blue",
+    "white on red",
+    "black on cyan",
+    "black on yellow",
+    "white on green",
+    "white on magenta",
+)
+
+
+@dataclass(frozen=True)
+class Block:
+    """One block of the logical tensor: its index ranges per dim and the ranks holding it."""
+
+    slices: tuple[slice, ...]
+    ranks: tuple[int, ...]
+
+    @property
+    def bounds(self) -> tuple[tuple[int, int], ...]:
+        """``(start, stop)`` per dim (hashable, unlike slices before Python 3.12)."""
+        return tuple((s.start, s.stop) for s in self.slices)
+
+
+def layout_blocks(item: Any, shape: Sequence[int] | None = None) -> tuple[Layout, tuple[int, ...], list[Block]]:
+    """The bound layout, the shape, and the non-empty blocks in row-major order."""
+    layout, shape = _layout_and_shape(item, shape)
+    holders: dict[tuple[tuple[int, int], ...], list[int]] = {}
+    for rank in layout.mesh.rank_list:
+        block = Block(layout.local_slices(shape, rank), (rank,))
+        if all(stop > start for start, stop in block.bounds):
+            holders.setdefault(block.bounds, []).append(rank)
+    return layout, shape, [
+        Block(tuple(slice(*bounds) for bounds in key), tuple(sorted(ranks))) for key, ranks in sorted(holders.items())
+    ]
+
+
+def visualize(item: Any, shape: Sequence[int] | None = None, *, color: bool | None = None) -> str:
+    """The picture of ``item`` (a Layout with ``shape``, or a DTensor) as a string.
+
+    Each cell is one block, labelled with the ranks holding it and its index ranges on
+    the borders; notes below say what is uneven, empty or partial. ``color=None`` colours
+    the cells (ANSI, with ``rich``) when rich is installed and stdout is a terminal.
+    """
+    layout, shape, blocks = layout_blocks(item, shape)
+    lines = [_header(layout, shape), *_grid(layout, shape, blocks), *_notes(layout, shape, blocks)]
+    if not _use_color(color):
+        return "\n".join("".join(text for text, _ in line) for line in lines)
+    return _render_rich(lines)
+
+
+def print_layout(
+    item: Any, shape: Sequence[int] | None = None, *, color: bool | None = None, file: TextIO | None = None
+) -> None:
+    """Print :func:`visualize`'s picture (to ``file``, default stdout)."""
+    print(visualize(item, shape, color=color), file=file or sys.stdout)
+
+
+# -- text picture ------------------------------------------------------------------------
+
+_Segment = tuple[str, "str | None"]  # text and rich style (None: unstyled)
+
+
+def _layout_and_shape(item: Any, shape: Sequence[int] | None) -> tuple[Layout, tuple[int, ...]]:
+    if isinstance(item, Layout):
+        if shape is None:
+            raise ArgumentTypeError(
+                "shape", shape, "a Layout does not know the tensor's shape", "pass shape=, e.g. visualize(layout, (8, 2))"
+            )
+        layout = item
+    elif hasattr(item, "layout") and hasattr(item, "shape"):
+        layout, shape = item.layout, item.shape if shape is None else shape
+    else:
+        raise ArgumentTypeError(
+            "item", item, "expected a Layout or a DTensor", "pass Layout.from_placements(mesh, placements) and a shape"
+        )
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
+        raise ArgumentTypeError("shape", shape, "expected a tuple of ints", "pass e.g. (8, 2)")
+    if len(shape) not in (1, 2):
+        raise ShapeError(
+            "shape", tuple(shape), f"pictures show 1-D or 2-D tensors, not {len(shape)}-D", "visualize a 1-D or 2-D tensor"
+        )
+    layout = layout.bind(len(shape))
+    layout.local_shape(shape, layout.mesh.rank_list[0])  # raises ShapeError for a bad shape
+    return layout, tuple(int(n) for n in shape)
+
+
+def _header(layout: Layout, shape: tuple[int, ...]) -> list[_Segment]:
+    mesh = layout.mesh
+    axes = " x ".join(f"{name}={size}" for name, size in zip(mesh.alias_name, mesh.shape))
+    text = f"{layout_text(layout)} on mesh {axes}, tensor {shape}"
+    if list(mesh.rank_list) != list(range(mesh.size())):
+        text += f", ranks {mesh.mesh.tolist()}"
+    return [(text, None)]
+
+
+def layout_text(layout: Layout) -> str:
+    """The torch form in short text (``S(0),R``), or the alias form's text syntax
+    (``(tp,dp),None``) when torch placements cannot say the layout."""
+    try:
+        return format_placements(layout.placements)
+    except LayoutError:
+        return format_alias(layout.alias_map)
+
+
+def format_ranks(ranks: Sequence[int]) -> str:
+    """``0-3,6``: runs of three or more consecutive ranks shortened."""
+    parts: list[str] = []
+    start = prev = None
+    for r in list(ranks) + [None]:  # type: ignore[list-item]
+        if prev is not None and r == prev + 1:
+            prev = r
+            continue
+        if start is not None:
+            parts.append(f"{start}-{prev}" if prev - start >= 2 else ",".join(map(str, range(start, prev + 1))))
+        start = prev = r
+    return ",".join(parts)
+
+
+def _grid(layout: Layout, shape: tuple[int, ...], blocks: list[Block]) -> list[list[_Segment]]:
+    if not blocks:
+        return [[("(no elements: every block is empty)", None)]]
+    op = layout.partial_op
+    label = {b.bounds: (f"P({op}) " if op else "") + format_ranks(b.ranks) for b in blocks}
+    style = _styles(blocks)
+    ranges = [sorted({bounds[d] for bounds in label}) for d in range(len(shape))]
+    rows, cols = ranges if len(shape) == 2 else ([(0, 1)], ranges[0])
+
+    def cell(r: tuple[int, int], c: tuple[int, int]) -> tuple[tuple[int, int], ...]:
+        return (r, c) if len(shape) == 2 else (c,)
+
+    row_names = [f"{start}:{stop}" for start, stop in rows] if len(shape) == 2 else [""]
+    margin = max(len(n) for n in row_names) + (1 if len(shape) == 2 else 0)
+    col_names = [f"{start}:{stop}" for start, stop in cols]
+    widths = [max(len(name), *(len(label[cell(r, c)]) for r in rows)) + 2 for c, name in zip(cols, col_names)]
+    lines: list[list[_Segment]] = [
+        [((" " * (margin + 1) + "".join(name.center(w) + " " for name, w in zip(col_names, widths))).rstrip(), None)]
+    ]
+
+    def border(left: str, mid: str, right: str) -> list[_Segment]:
+        return [(" " * margin + left + mid.join("─" * w for w in widths) + right, None)]
+
+    lines.append(border("┌", "┬", "┐"))
+    for i, (r, name) in enumerate(zip(rows, row_names)):
+        line: list[_Segment] = [(name.rjust(margin - 1) + " " if margin else "", None), ("│", None)]
+        for c, w in zip(cols, widths):
+            key = cell(r, c)
+            line += [(label[key].center(w), style[key]), ("│", None)]
+        lines.append(line)
+        lines.append(border("├", "┼", "┤") if i < len(rows) - 1 else border("└", "┴", "┘"))
+    return lines
+
+
+def _styles(blocks: list[Block]) -> dict[tuple[tuple[int, int], ...], str]:
+    palette: dict[tuple[int, ...], str] = {}
+    for b in blocks:
+        palette.setdefault(b.ranks, _CELL_STYLES[len(palette) % len(_CELL_STYLES)])
+    return {b.bounds: palette[b.ranks] for b in blocks}
+
+
+def _notes(layout: Layout, shape: tuple[int, ...], blocks: list[Block]) -> list[list[_Segment]]:
+    notes = []
+    for dim, n in enumerate(shape):
+        pieces = layout.pieces(dim)
+        if not chunking.is_even(n, pieces):
+            sizes = [
+                chunking.nested_chunk(n, tuple(zip(pieces, index)))[1]
+                for index in itertools.product(*(range(p) for p in pieces))
+            ]
+            notes.append(f"uneven: dim {dim} ({n}) split {'x'.join(map(str, pieces))} ways into blocks of {sizes}")
+    holding = {r for b in blocks for r in b.ranks}
+    empty = [r for r in layout.mesh.rank_list if r not in holding]
+    if empty:
+        notes.append(f"empty: rank{'s' if len(empty) > 1 else ''} {format_ranks(sorted(empty))} hold{'' if len(empty) > 1 else 's'} no elements")
+    if layout.has_partial:
+        names = [layout.mesh.alias_name[a] for a in layout.partial_axes]
+        notes.append(
+            f"partial: ranks hold P({layout.partial_op}) values; the tensor is their {layout.partial_op} over mesh "
+            f"dim{'s' if len(names) > 1 else ''} {', '.join(names)}"
+        )
+    return [[(note, None)] for note in notes]
+
+
+def _use_color(color: bool | None) -> bool:
+    if color is None:
+        return _rich_available() and sys.stdout.isatty()
+    if color and not _rich_available():
+        raise MissingDependencyError("color", color, "coloured pictures need rich", "pip install rich, or color=False")
+    return bool(color)
+
+
+def _rich_available() -> bool:
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _render_rich(lines: list[list[_Segment]]) -> str:
+    from rich.console import Console
+    from rich.text import Text
+
+    console = Console(force_terminal=True, color_system="standard", width=10_000, soft_wrap=True)
+    with console.capture() as capture:
+        for line in lines:
+            console.print(Text.assemble(*((text, style or "") for text, style in line)))
+    return capture.get().rstrip("\n")
+
+
+# -- matplotlib ------------------------------------------------------------------------------
+
+
+def plot(items: Any, shape: Sequence[int] | None = None, *, titles: Sequence[str] | None = None, ncols: int | None = None) -> Any:
+    """A matplotlib Figure with one panel per layout (or DTensor) in ``items``: the
+    tensor's elements as cells, each block coloured by the ranks holding it (one colour
+    per rank, stripes when several ranks hold it), hatched when partial."""
+    try:
+        import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch, Rectangle
+    except ImportError:
+        raise MissingDependencyError("plot", items, "plotting needs matplotlib", "pip install matplotlib") from None
+    items = list(items) if isinstance(items, (list, tuple)) else [items]
+    panels = [layout_blocks(item, shape) for item in items]
+    ncols = ncols or min(len(panels), 3)
+    nrows = -(-len(panels) // ncols)
+    figure, axes = plt.subplots(nrows, ncols, figsize=(2.6 * ncols, 3.4 * nrows), squeeze=False)
+    colors = plt.get_cmap("tab10")
+    all_ranks = sorted({r for layout, _, _ in panels for r in layout.mesh.rank_list})
+    for index, ax in enumerate(axes.flat):
+        ax.set_axis_off()
+        if index >= len(panels):
+            continue
+        layout, panel_shape, blocks = panels[index]
+        height, width = (panel_shape[0], panel_shape[1]) if len(panel_shape) == 2 else (1, panel_shape[0])
+        for block in blocks:
+            rows, cols = (block.slices if len(panel_shape) == 2 else (slice(0, 1), block.slices[0]))
+            stripe = (cols.stop - cols.start) / len(block.ranks)
+            for k, rank in enumerate(block.ranks):
+                ax.add_patch(
+                    Rectangle(
+                        (cols.start + k * stripe, rows.start), stripe, rows.stop - rows.start,
+                        facecolor=colors(all_ranks.index(rank) % 10), edgecolor="none",
+                        hatch="//" if layout.has_partial else None,
+                    )
+                )
+            ax.add_patch(
+                Rectangle((cols.start, rows.start), cols.stop - cols.start, rows.stop - rows.start,
+                          fill=False, edgecolor="black", linewidth=1.5)
+            )
+            ranks = "\n".join(textwrap.wrap(format_ranks(block.ranks).replace(",", ", "), 11)).replace(", ", ",")
+            text = (f"P({layout.partial_op})\n" if layout.has_partial else "") + ranks
+            ax.text((cols.start + cols.stop) / 2, (rows.start + rows.stop) / 2, text, ha="center", va="center",
+                    fontsize=9, zorder=3, bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "alpha": 0.85, "linewidth": 0})
+        # Thin lines between elements, under the labels.
+        for r in range(1, height):
+            ax.plot([0, width], [r, r], color="white", linewidth=0.6, alpha=0.7, zorder=2)
+        for c in range(1, width):
+            ax.plot([c, c], [0, height], color="white", linewidth=0.6, alpha=0.7, zorder=2)
+        ax.set_xlim(-0.05, width + 0.05)
+        ax.set_ylim(height + 0.05, -0.05)
+        title = titles[index] if titles else layout_text(layout)
+        holding = {r for b in blocks for r in b.ranks}
+        empty = [r for r in layout.mesh.rank_list if r not in holding]
+        ax.set_title(title + (f"\n(empty: {format_ranks(empty)})" if empty else ""), fontsize=10)
+    handles = [Patch(facecolor=colors(i % 10), label=f"rank {r}") for i, r in enumerate(all_ranks)]
+    figure.legend(handles=handles, loc="lower center", ncol=min(len(handles), 8), fontsize=8, frameon=False)
+    figure.tight_layout(rect=(0, 0.06, 1, 1))
+    return figure
