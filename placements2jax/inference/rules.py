@@ -21,6 +21,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, Literal, TypeAlias
 
+import jax.numpy as jnp
 import numpy as np
 
 from ..placements import REDUCE_OPS, Partial, Placement, ReduceOp, Replicate, Shard
@@ -277,8 +278,8 @@ def convert(ins: Avals, outs: Avals) -> list[OneDSig]:
     conversion is linear and monotone up to rounding), not e.g. from floats to ints."""
     sigs = elementwise(ins, outs)
     src, dst = ins[0].dtype, outs[0].dtype
-    floating = np.issubdtype(dst, np.inexact) and (np.issubdtype(src, np.inexact) or np.issubdtype(src, np.integer))
-    integral = np.issubdtype(src, np.integer) and np.issubdtype(dst, np.integer) and np.can_cast(src, dst, "safe")
+    floating = jnp.issubdtype(dst, jnp.inexact) and (jnp.issubdtype(src, jnp.inexact) or jnp.issubdtype(src, jnp.integer))
+    integral = jnp.issubdtype(src, jnp.integer) and jnp.issubdtype(dst, jnp.integer) and np.can_cast(src, dst, "safe")
     return sigs + (partial_sigs("identity", 1) if floating or integral else [])
 
 

@@ -319,22 +319,29 @@ class Candidate:
         )
 
     @property
-    def text(self) -> str:
-        """Canonical text: input layouts -> output layouts (alias form + partials)."""
-        return " ; ".join(repr(layout) for layout in self.in_layouts) + " -> " + " ; ".join(
-            repr(layout) for layout in self.out_layouts
-        )
+    def layout_key(self) -> tuple[Any, ...]:
+        """The last tie-break: per tensor (inputs, then outputs) and mesh dim, splits of
+        lower tensor dims first, then Replicate, then Partial; then the nest order."""
+        return tuple(_layout_key(layout) for layout in self.in_layouts + self.out_layouts)
 
     def rank_key(self) -> tuple[Any, ...]:
         """The selection order (see docs/inference.md): candidates needing no
         redistribution of any input first (OneFlow's order value), then lower cost, then
-        keeping earlier inputs unchanged, then smaller output blocks, then the text."""
-        return (any(self.redistributed), self.cost, self.redistributed, self.out_bytes, self.text)
+        keeping earlier inputs unchanged, then smaller output blocks, then layout_key."""
+        return (any(self.redistributed), self.cost, self.redistributed, self.out_bytes, self.layout_key)
 
     def __str__(self) -> str:
         ins = " ; ".join(layout_text(x) for x in self.in_layouts)
         outs = " ; ".join(layout_text(x) for x in self.out_layouts)
         return f"({ins}) -> ({outs})"
+
+
+def _layout_key(layout: Layout) -> tuple[Any, ...]:
+    placements = []
+    for m, op in enumerate(layout.partial):
+        dim = layout.mesh_dim_split(m)
+        placements.append((2, op) if op else (1, "") if dim is None else (0, dim))
+    return tuple(placements), layout.dim_axes
 
 
 @dataclass(frozen=True)

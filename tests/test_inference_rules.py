@@ -1,0 +1,290 @@
+"""The rule tables of torch and OneFlow (notes sections 1 and 3), case by case, on a 1-D
+mesh: the signature chosen for given input placements, and the 1-D signatures listed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from placements2jax import Layout, Partial, Replicate, Shard, UnsupportedOpError, init_device_mesh
+from placements2jax.inference import OneDSig, Signature, infer_signature
+from placements2jax.inference import rules
+from placements2jax.inference.signature import Aval
+from placements2jax.placements import parse_placement
+
+F32 = jnp.float32
+R = Replicate()
+P = Partial()
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return init_device_mesh((4,), ("x",))
+
+
+def infer(mesh: Any, op: str, *inputs: tuple[tuple[int, ...], str], dtypes: Any = None, **params: Any) -> Signature:
+    layout = Layout.from_device_mesh(mesh)
+    dtypes = dtypes or [F32] * len(inputs)
+    return infer_signature(op, [(shape, dtype, layout(p)) for (shape, p), dtype in zip(inputs, dtypes)], **params)
+
+
+def placements(signature: Signature) -> tuple[str, str]:
+    """(inputs, outputs) of the chosen signature in short form on the 1-D mesh."""
+    ins = ",".join(str(x.placements[0]) for x in signature.in_layouts)
+    outs = ",".join(str(x.placements[0]) for x in signature.out_layouts)
+    return ins, outs
+
+
+def one_d(rule: Any, ins: list[tuple[int, ...]], outs: list[tuple[int, ...]], **params: Any) -> set[str]:
+    avals_in = [Aval(s, np.float32) for s in ins]
+    avals_out = [Aval(s, np.float32) for s in outs]
+    return {str(s) for s in rule(avals_in, avals_out, **params)}
+
+
+# -- matmul (torch mm, OneFlow matmul) -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("left", "right", "out"),
+    [("S(0)", "R", "S(0)"), ("R", "S(1)", "S(1)"), ("S(1)", "S(0)", "P"), ("P", "R", "P"), ("R", "P", "P"), ("R", "R", "R")],
+)
+def test_mm_keeps_each_torch_strategy(mesh: Any, left: str, right: str, out: str) -> None:
+    signature = infer(mesh, "matmul", ((8, 12), left), ((12, 16), right))
+    assert placements(signature) == (f"{left},{right}", out)
+    assert signature.cost == 0 and all(p.is_noop for p in signature.redistributions)
+
+
+def test_mm_one_d_signatures_are_torchs_list() -> None:
+    listed = one_d(rules.einsum, [(8, 12), (12, 16)], [(8, 16)], operands=("mk", "kn"), output="mn")
+    assert listed == {
+        "S(0),R -> S(0)", "R,S(1) -> S(1)", "S(1),S(0) -> P",
+        "P,R -> P", "R,P -> P", "P(avg),R -> P(avg)", "R,P(avg) -> P(avg)",
+    }
+
+
+def test_bmm_batch_dims_split_together(mesh: Any) -> None:
+    signature = infer(mesh, "matmul", ((8, 4, 6), "S(0)"), ((8, 6, 2), "S(0)"))
+    assert placements(signature) == ("S(0),S(0)", "S(0)")
+
+
+def test_broadcast_matmul_right_aligns_batch_and_size_one_batch_is_replicate(mesh: Any) -> None:
+    signature = infer(mesh, "matmul", ((1, 4, 6), "R"), ((8, 6, 2), "S(0)"))
+    assert placements(signature) == ("R,S(0)", "S(0)")
+    listed = one_d(rules.einsum, [(1, 4, 6), (8, 6, 2)], [(8, 4, 2)], operands=("amk", "akn"), output="amn")
+    assert "R,S(0) -> S(0)" in listed and "S(0),S(0) -> S(0)" not in listed
+
+
+# -- pointwise --------------------------------------------------------------------------------
+
+
+def test_add_with_broadcast_splits_the_aligned_dim(mesh: Any) -> None:
+    signature = infer(mesh, "add", ((4, 8), "S(1)"), ((8,), "S(0)"))
+    assert placements(signature) == ("S(1),S(0)", "S(1)")
+    signature = infer(mesh, "add", ((4, 8), "S(0)"), ((8,), "R"))
+    assert placements(signature) == ("S(0),R", "S(0)")
+
+
+def test_add_one_d_list_has_split_per_dim_and_partial_sum() -> None:
+    listed = one_d(rules.elementwise, [(4, 8), (8,)], [(4, 8)], partial="linear")
+    assert listed == {"S(0),R -> S(0)", "S(1),S(0) -> S(1)", "P,P -> P", "P(avg),P(avg) -> P(avg)"}
+
+
+def test_partial_plus_partial_stays_partial(mesh: Any) -> None:
+    assert placements(infer(mesh, "add", ((4, 8), "P"), ((4, 8), "P"))) == ("P,P", "P")
+    assert placements(infer(mesh, "sub", ((4, 8), "P(avg)"), ((4, 8), "P(avg)"))) == ("P(avg),P(avg)", "P(avg)")
+
+
+def test_partial_plus_replicate_is_not_allowed_directly(mesh: Any) -> None:
+    signature = infer(mesh, "add", ((4, 8), "P"), ((4, 8), "R"))
+    assert all(not (c.in_layouts[0].has_partial and not c.in_layouts[1].has_partial) for c in signature.candidates)
+    # torch's answer: the replicate becomes partial locally (free), the sum stays partial
+    assert placements(signature) == ("P,P", "P")
+    (step,) = signature.redistributions[1].steps
+    assert (step.src, step.dst, step.collective, step.nbytes) == (R, P, "local-partial", 0)
+
+
+def test_mul_by_replicate_keeps_partial_and_div_only_the_numerator(mesh: Any) -> None:
+    assert placements(infer(mesh, "mul", ((4, 8), "P"), ((4, 8), "R"))) == ("P,R", "P")
+    assert placements(infer(mesh, "mul", ((4, 8), "R"), ((4, 8), "P"))) == ("R,P", "P")
+    assert placements(infer(mesh, "div", ((4, 8), "P"), ((4, 8), "R"))) == ("P,R", "P")
+    denominator = infer(mesh, "div", ((4, 8), "R"), ((4, 8), "P"))
+    assert not denominator.in_layouts[1].has_partial
+    product = infer(mesh, "mul", ((4, 8), "P"), ((4, 8), "P"))
+    assert not (product.in_layouts[0].has_partial and product.in_layouts[1].has_partial)
+
+
+def test_nonlinear_ops_reduce_partials_first(mesh: Any) -> None:
+    for op in ("exp", "tanh", "gelu", "square"):
+        signature = infer(mesh, op, ((8, 4), "P"))
+        assert not signature.in_layouts[0].has_partial, op
+        # cheapest reduction: reduce-scatter into a split, not an all-reduce
+        assert [s.collective for s in signature.redistributions[0].steps] == ["reduce-scatter"]
+        assert placements(signature) == ("S(0)", "S(0)")
+
+
+def test_max_partials_only_through_max(mesh: Any) -> None:
+    assert placements(infer(mesh, "maximum", ((4, 8), "P(max)"), ((4, 8), "P(max)"))) == ("P(max),P(max)", "P(max)")
+    assert placements(infer(mesh, "maximum", ((4, 8), "P(max)"), ((4, 8), "R"))) == ("P(max),R", "P(max)")
+    assert placements(infer(mesh, "minimum", ((4, 8), "R"), ((4, 8), "P(min)"))) == ("R,P(min)", "P(min)")
+    for op in ("add", "mul", "minimum"):
+        signature = infer(mesh, op, ((4, 8), "P(max)"), ((4, 8), "R"))
+        assert signature.in_layouts[0].partial_op != "max", op
+    assert not infer(mesh, "maximum", ((4, 8), "P"), ((4, 8), "R")).in_layouts[0].has_partial
+    assert placements(infer(mesh, "neg", ((4, 8), "P(max)"))) == ("P(max)", "P(min)")
+    assert placements(infer(mesh, "neg", ((4, 8), "P"))) == ("P", "P")
+
+
+def test_convert_passes_partials_between_floats_only(mesh: Any) -> None:
+    assert placements(infer(mesh, "astype", ((4, 8), "P"), dtype=jnp.bfloat16)) == ("P", "P")
+    to_int = infer(mesh, "astype", ((4, 8), "P"), dtype=jnp.int32)
+    assert not to_int.in_layouts[0].has_partial
+    assert placements(infer(mesh, "astype", ((4, 8), "S(1)"), dtype=jnp.int32)) == ("S(1)", "S(1)")
+
+
+# -- reductions --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("op", "partial"), [("sum", "P"), ("mean", "P(avg)"), ("max", "P(max)"), ("min", "P(min)")])
+def test_reduction_over_split_axis_gives_partial(mesh: Any, op: str, partial: str) -> None:
+    assert placements(infer(mesh, op, ((8, 4), "S(0)"), axis=0)) == ("S(0)", partial)
+    assert placements(infer(mesh, op, ((8, 4), "S(0)"))) == ("S(0)", partial)
+
+
+def test_reduction_kept_dims_are_renumbered(mesh: Any) -> None:
+    assert placements(infer(mesh, "sum", ((4, 6, 8), "S(2)"), axis=0)) == ("S(2)", "S(1)")
+    assert placements(infer(mesh, "sum", ((4, 6, 8), "S(2)"), axis=(0, 1))) == ("S(2)", "S(0)")
+    assert placements(infer(mesh, "sum", ((4, 6, 8), "S(2)"), axis=0, keepdims=True)) == ("S(2)", "S(2)")
+    assert placements(infer(mesh, "max", ((4, 6, 8), "S(1)"), axis=(0, 2), keepdims=True)) == ("S(1)", "S(1)")
+
+
+def test_reduce_sum_lists_partial_to_partial_once() -> None:
+    """OneFlow lists P->P once per reduced axis; one entry is enough."""
+    listed = rules.reduction([Aval((4, 6, 8), np.float32)], [Aval((6,), np.float32)], axes=(0, 2), kind="sum")
+    assert [str(s) for s in listed].count("P -> P") == 1
+    assert {str(s) for s in listed} == {"S(0) -> P", "S(1) -> S(0)", "S(2) -> P", "P -> P", "P(avg) -> P(avg)"}
+
+
+def test_partial_through_reductions(mesh: Any) -> None:
+    assert placements(infer(mesh, "sum", ((8, 4), "P"), axis=1)) == ("P", "P")
+    assert placements(infer(mesh, "mean", ((8, 4), "P"), axis=1)) == ("P", "P")
+    assert placements(infer(mesh, "max", ((8, 4), "P(max)"), axis=1)) == ("P(max)", "P(max)")
+    assert not infer(mesh, "max", ((8, 4), "P"), axis=1).in_layouts[0].has_partial
+    assert not infer(mesh, "prod", ((8, 4), "S(0)"), axis=0).in_layouts[0].placements[0].is_shard(0)
+
+
+def test_mean_of_uneven_split_is_not_avg(mesh: Any) -> None:
+    """The average of unequal chunks' means is not the mean: no P(avg) for 10 rows on 4."""
+    signature = infer(mesh, "mean", ((10, 4), "S(0)"), axis=0)
+    assert all(c.out_layouts[0].partial_op != "avg" or c.in_layouts[0].placements[0] != Shard(0) for c in signature.candidates)
+    assert placements(infer(mesh, "sum", ((10, 4), "S(0)"), axis=0)) == ("S(0)", "P")
+
+
+# -- data movement ---------------------------------------------------------------------------
+
+
+def test_transpose_moves_splits_and_keeps_partials(mesh: Any) -> None:
+    assert placements(infer(mesh, "transpose", ((4, 8), "S(0)"))) == ("S(0)", "S(1)")
+    assert placements(infer(mesh, "transpose", ((4, 8, 12), "S(2)"), axes=(2, 0, 1))) == ("S(2)", "S(0)")
+    assert placements(infer(mesh, "transpose", ((4, 8), "P"))) == ("P", "P")
+
+
+def test_reshape_keeps_only_the_leading_dim_of_a_group(mesh: Any) -> None:
+    assert placements(infer(mesh, "reshape", ((8, 6), "S(0)"), shape=(48,))) == ("S(0)", "S(0)")
+    assert placements(infer(mesh, "reshape", ((48,), "S(0)"), shape=(8, 6))) == ("S(0)", "S(0)")
+    assert placements(infer(mesh, "reshape", ((2, 8, 6), "S(1)"), shape=(2, 48))) == ("S(1)", "S(1)")
+    inner = infer(mesh, "reshape", ((8, 6), "S(1)"), shape=(48,))
+    assert not inner.in_layouts[0].placements[0].is_shard(1)
+    assert placements(infer(mesh, "reshape", ((8, 6), "P"), shape=(48,))) == ("P", "P")
+    listed = one_d(rules.reshape, [(2, 3, 4)], [(6, 4)])
+    assert listed == {"S(0) -> S(0)", "S(2) -> S(1)", *[f"{p} -> {p}" for p in ("P", "P(avg)", "P(max)", "P(min)")]}
+
+
+def test_broadcast_to_splits_only_existing_full_dims(mesh: Any) -> None:
+    assert placements(infer(mesh, "broadcast_to", ((8,), "S(0)"), shape=(4, 8))) == ("S(0)", "S(1)")
+    expanded = infer(mesh, "broadcast_to", ((4, 1), "R"), shape=(4, 8))
+    assert placements(expanded) == ("R", "R")
+    assert all(not c.out_layouts[0].placements[0].is_shard(1) for c in expanded.candidates)
+
+
+def test_softmax_splits_every_axis_but_the_softmax_axis(mesh: Any) -> None:
+    for op in ("softmax", "log_softmax"):
+        assert placements(infer(mesh, op, ((8, 4), "S(0)"), axis=-1)) == ("S(0)", "S(0)")
+        moved = infer(mesh, op, ((8, 4), "S(1)"), axis=-1)
+        assert placements(moved) == ("S(0)", "S(0)")
+        assert [s.collective for s in moved.redistributions[0].steps] == ["all-to-all"]
+        assert not infer(mesh, op, ((8, 4), "P"), axis=-1).in_layouts[0].has_partial
+
+
+def test_layer_norm_splits_batch_axes_only(mesh: Any) -> None:
+    signature = infer(mesh, "layer_norm", ((8, 4, 6), "S(1)"), ((6,), "R"), ((6,), "R"))
+    assert placements(signature) == ("S(1),R,R", "S(1)")
+    assert one_d(rules.normalization, [(8, 4, 6), (6,), (6,)], [(8, 4, 6)], axes=(2,)) == {
+        "S(0),R,R -> S(0)", "S(1),R,R -> S(1)"
+    }
+    normalized = infer(mesh, "layer_norm", ((8, 4, 6), "S(2)"), ((6,), "R"), ((6,), "R"))
+    assert not normalized.in_layouts[0].placements[0].is_shard(2)
+
+
+def test_gather_both_ways(mesh: Any) -> None:
+    """OneFlow gather: indices S(i), table B -> S(axis+i); indices B, table S(axis) -> P."""
+    dtypes = [F32, jnp.int32]
+    by_indices = infer(mesh, "take", ((16, 6), "R"), ((2, 8), "S(1)"), dtypes=dtypes, axis=0)
+    assert placements(by_indices) == ("R,S(1)", "S(1)")
+    by_table = infer(mesh, "embedding", ((16, 6), "S(0)"), ((8,), "R"), dtypes=dtypes, axis=0)
+    assert placements(by_table) == ("S(0),R", "P")
+    columns = infer(mesh, "take", ((16, 6), "S(1)"), ((8,), "R"), dtypes=dtypes, axis=0)
+    assert placements(columns) == ("S(1),R", "S(1)")
+    listed = one_d(rules.take, [(6, 16), (8, 3)], [(6, 8, 3)], axis=1)
+    assert {"R,S(0) -> S(1)", "R,S(1) -> S(2)", "S(0),R -> S(0)", "S(1),R -> P"} <= listed
+
+
+def test_concatenate_splits_other_dims(mesh: Any) -> None:
+    assert placements(infer(mesh, "concatenate", ((8, 4), "S(0)"), ((8, 4), "S(0)"), axis=1)) == ("S(0),S(0)", "S(0)")
+    assert placements(infer(mesh, "concatenate", ((8, 4), "P"), ((8, 4), "P"), axis=0)) == ("P,P", "P")
+    across = infer(mesh, "concatenate", ((8, 4), "S(1)"), ((8, 4), "S(1)"), axis=1)
+    assert not across.in_layouts[0].placements[0].is_shard(1)
+
+
+# -- OneFlow's worked example and where we do better -----------------------------------------
+
+
+def test_oneflow_add_example_split0_plus_split1_gives_split0() -> None:
+    mesh = init_device_mesh((2,), ("x",))
+    signature = infer(mesh, "add", ((2, 4), "S(0)"), ((2, 4), "S(1)"))
+    assert placements(signature) == ("S(0),S(0)", "S(0)")
+    assert signature.redistributions[0].is_noop
+    (step,) = signature.redistributions[1].steps
+    assert (step.src, step.dst, step.collective, step.nbytes) == (Shard(1), Shard(0), "all-to-all", 8)
+
+
+def test_split_plus_broadcast_stays_split(mesh: Any) -> None:
+    """OneFlow answers broadcast here (and asks whether split would move less): it does."""
+    signature = infer(mesh, "add", ((8, 4), "S(0)"), ((8, 4), "R"))
+    assert placements(signature) == ("S(0),S(0)", "S(0)")
+    assert signature.cost == 0
+    assert [s.collective for s in signature.redistributions[1].steps] == ["local-slice"]
+
+
+def test_all_replicate_is_always_a_candidate(mesh: Any) -> None:
+    for op, inputs, params in [
+        ("exp", [((8, 4), "S(0)")], {}),
+        ("matmul", [((8, 4), "S(1)"), ((4, 2), "S(0)")], {}),
+        ("sum", [((8, 4), "P")], {"axis": 0}),
+    ]:
+        signature = infer(mesh, op, *inputs, **params)
+        assert any(all(not x.has_partial and all(not a for a in x.dim_axes) for x in c.in_layouts + c.out_layouts)
+                   for c in signature.candidates)
+
+
+def test_unknown_op_names_the_op(mesh: Any) -> None:
+    with pytest.raises(UnsupportedOpError, match="fft"):
+        infer(mesh, "fft", ((8,), "S(0)"))
+
+
+def test_one_d_signature_text() -> None:
+    sig = OneDSig((Shard(1), parse_placement("S(0)")), (P,))
+    assert str(sig) == "S(1),S(0) -> P"
+    assert sig.placements == (Shard(1), Shard(0), P)

@@ -1,0 +1,187 @@
+"""Selection on N-D meshes: the product of 1-D signatures, the filters, the ranking order,
+constraints, caching, and the inputs a DTensor will pass."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from placements2jax import ArgumentTypeError, InferenceError, Layout, init_device_mesh
+from placements2jax.inference import CostModel, Signature, infer_signature
+from placements2jax.inference import ops
+from placements2jax.inference.cost import resolve_cost_model
+from placements2jax.inference.select import nest_orders, rank_candidates
+from placements2jax.inference.signature import Aval, TensorSpec, layout_text
+
+F32 = jnp.float32
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return init_device_mesh((2, 4), ("dp", "tp"))
+
+
+def L(mesh: Any, placements: Any) -> Layout:  # noqa: N802 - reads like the placements it builds
+    return Layout.from_device_mesh(mesh)(placements)
+
+
+def texts(layouts: Any) -> list[str]:
+    return [layout_text(x) for x in layouts]
+
+
+def test_2d_matmul_split_rows_and_contraction(mesh: Any) -> None:
+    signature = infer_signature("matmul", [((8, 16), F32, L(mesh, "S(0),S(1)")), ((16, 8), F32, L(mesh, "R,S(0)"))])
+    assert texts(signature.in_layouts) == ["S(0),S(1)", "R,S(0)"]
+    assert texts(signature.out_layouts) == ["S(0),P"]
+    assert [str(s) for s in signature.chosen.one_d] == ["S(0),R -> S(0)", "S(1),S(0) -> P"]
+    assert signature.cost == 0
+
+
+def test_megatron_linear_pair_signatures(mesh: Any) -> None:
+    column = infer_signature("matmul", [((8, 16), F32, L(mesh, "S(0),R")), ((16, 32), F32, L(mesh, "R,S(1)"))])
+    assert texts(column.out_layouts) == ["S(0),S(1)"]
+    row = infer_signature("matmul", [((8, 32), F32, column.out_layout), ((32, 16), F32, L(mesh, "R,S(0)"))])
+    assert texts(row.out_layouts) == ["S(0),P"] and row.cost == 0
+
+
+def test_split_needs_as_many_elements_as_pieces(mesh: Any) -> None:
+    signature = infer_signature("exp", [((2, 16), F32, L(mesh, "R,R"))])
+    assert all(x.pieces(0) in ((), (2,)) for c in signature.candidates for x in c.in_layouts)
+    assert ((0,), (1,)) in {c.in_layouts[0].dim_axes for c in signature.candidates}
+
+
+def test_nested_splits_use_the_current_local_extent() -> None:
+    """3 rows on a 2x2 mesh: 3 -> chunks 2|1, then the 2 rows split in 2. A flat size test
+    (3 < 4 pieces) would refuse it; torch.chunk nests, so the local extent (2) decides."""
+    mesh = init_device_mesh((2, 2), ("a", "b"))
+    signature = infer_signature("neg", [((3,), F32, Layout(mesh, ((),)))])
+    assert ((0, 1),) in {c.in_layouts[0].dim_axes for c in signature.candidates}
+    signature = infer_signature("neg", [((1,), F32, Layout(mesh, ((),)))])
+    assert {c.in_layouts[0].dim_axes for c in signature.candidates} == {((),)}
+
+
+def test_even_splits_required_where_marked() -> None:
+    mesh = init_device_mesh((2, 2), ("a", "b"))
+    six = infer_signature("mean", [((6,), F32, Layout(mesh, ((),)))], axis=0)
+    # 6 -> 3|3 -> 2|1: the second split is uneven, so the reduced dim is split once at most
+    assert {c.in_layouts[0].dim_axes for c in six.candidates} == {((),), ((0,),), ((1,),)}
+    assert any(c.out_layouts[0].partial == ("avg", None) for c in six.candidates)
+    eight = infer_signature("mean", [((8,), F32, Layout(mesh, ((),)))], axis=0)
+    assert {((0, 1),), ((1, 0),)} <= {c.in_layouts[0].dim_axes for c in eight.candidates} | {((1, 0),)}
+    assert any(c.in_layouts[0].dim_axes == ((0, 1),) and c.out_layouts[0].partial == ("avg", "avg")
+               for c in eight.candidates)
+
+
+def test_no_candidate_mixes_partial_ops(mesh: Any) -> None:
+    signature = infer_signature("add", [((8, 8), F32, L(mesh, "P,R")), ((8, 8), F32, L(mesh, "R,R"))])
+    for candidate in signature.candidates:
+        for layout in candidate.in_layouts + candidate.out_layouts:
+            assert len({op for op in layout.partial if op}) <= 1
+
+
+def test_output_constraint_filters_and_costs(mesh: Any) -> None:
+    inputs = [((8, 16), F32, L(mesh, "S(0),S(1)")), ((16, 8), F32, L(mesh, "R,S(0)"))]
+    signature = infer_signature("matmul", inputs, out_layouts=L(mesh, "S(0),R"))
+    assert texts(signature.out_layouts) == ["S(0),R"]
+    assert all(texts(c.out_layouts) == ["S(0),R"] for c in signature.candidates)
+    assert signature.cost > 0
+    fixed = infer_signature("matmul", inputs, in_layouts=[None, L(mesh, "R,R")])
+    assert texts(fixed.in_layouts)[1] == "R,R"
+
+
+def test_impossible_constraint_is_an_error(mesh: Any) -> None:
+    with pytest.raises(InferenceError, match="out_layouts"):
+        infer_signature("sum", [((8, 16), F32, L(mesh, "R,R"))], axis=1, out_layouts=L(mesh, "R,P(max)"))
+
+
+def test_cost_weights_change_the_choice() -> None:
+    mesh = init_device_mesh((2, 2), ("a", "b"))
+    inputs = [((8, 8), F32, L(mesh, "S(0),R")), ((8, 8), F32, L(mesh, "R,S(0)"))]
+    even = infer_signature("add", inputs)
+    # one all-to-all of 64 B, on b (or symmetrically on a): the tie goes to lower dims first
+    assert texts(even.out_layouts) == ["S(0),S(1)"]
+    assert [(s.axis, s.collective, s.nbytes) for s in even.redistributions[1].steps if s.nbytes] == [
+        ("b", "all-to-all", 64)
+    ]
+    slow_b = infer_signature("add", inputs, cost_model=CostModel({"b": 10}))
+    assert texts(slow_b.out_layouts) == ["S(1),S(0)"]
+    (move,) = [s for s in slow_b.redistributions[0].steps if s.nbytes]
+    assert (move.axis, move.collective, move.nbytes, move.cost) == ("a", "all-to-all", 64, 64)
+    slow_a = infer_signature("add", inputs, cost_model={"a": 10})
+    assert slow_a.out_layouts == even.out_layouts and slow_a.cost == even.cost == 64
+
+
+def _shuffled_rank(one_d: list[Any], seed: int, specs: tuple[TensorSpec, ...], outs: Any, mesh: Any) -> list[Any]:
+    shuffled = list(one_d)
+    random.Random(seed).shuffle(shuffled)
+    orders = nest_orders(mesh, [s.layout for s in specs])
+    return rank_candidates(shuffled, specs, outs, mesh, orders, resolve_cost_model(None))
+
+
+@given(seed=st.integers(0, 10_000))
+def test_ranking_does_not_depend_on_generation_order(seed: int) -> None:
+    mesh = init_device_mesh((2, 2), ("a", "b"))
+    specs = (
+        TensorSpec((8, 8), F32, L(mesh, "S(0),S(1)")),
+        TensorSpec((8, 8), F32, L(mesh, "S(1),S(0)")),
+    )
+    out_avals = (Aval((8, 8), F32),)
+    one_d = ops.op_definition("add").rule([s.aval for s in specs], out_avals)
+    reference = _shuffled_rank(one_d, 0, specs, out_avals, mesh)
+    again = _shuffled_rank(one_d, seed, specs, out_avals, mesh)
+    assert [c.in_layouts + c.out_layouts for c in again] == [c.in_layouts + c.out_layouts for c in reference]
+    assert [c.rank_key() for c in again] == sorted(c.rank_key() for c in again)
+
+
+def test_results_are_cached(mesh: Any) -> None:
+    inputs = [((8, 16), F32, L(mesh, "S(0),S(1)")), ((16, 8), F32, L(mesh, "R,S(0)"))]
+    assert infer_signature("matmul", inputs) is infer_signature("matmul", list(inputs))
+    assert infer_signature("matmul", inputs) is not infer_signature("matmul", inputs, cost_model={"dp": 2})
+
+
+@dataclass
+class FakeDTensor:
+    """What a DTensor exposes to inference."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+    layout: Layout
+
+
+def test_dtensor_like_objects_and_placements_forms(mesh: Any) -> None:
+    x = FakeDTensor((8, 16), np.dtype("float32"), L(mesh, "S(0),S(1)"))
+    w = FakeDTensor((16, 8), F32, L(mesh, "R,S(0)"))
+    by_objects = infer_signature("matmul", [x, w])
+    by_tuples = infer_signature("matmul", [((8, 16), F32, "S(0),S(1)"), ((16, 8), F32, "R,S(0)")], mesh)
+    assert by_objects.out_layouts == by_tuples.out_layouts
+    assert isinstance(by_objects, Signature)
+
+
+def test_bad_inputs_are_our_errors(mesh: Any) -> None:
+    spec = ((8, 8), F32, L(mesh, "S(0),R"))
+    with pytest.raises(ArgumentTypeError, match="list of tensors"):
+        infer_signature("exp", spec)
+    with pytest.raises(ArgumentTypeError, match="placements without a mesh"):
+        infer_signature("exp", [((8, 8), F32, "S(0),R")])
+    other = init_device_mesh((4, 2), ("dp", "tp"))
+    with pytest.raises(InferenceError, match="different meshes"):
+        infer_signature("add", [spec, ((8, 8), F32, L(other, "S(0),R"))])
+    with pytest.raises(InferenceError, match="rejects"):
+        infer_signature("matmul", [spec, ((4, 4), F32, L(mesh, "R,R"))])
+    with pytest.raises(ArgumentTypeError, match="hashable"):
+        infer_signature("sum", [spec], axis=[np.array(0)])
+
+
+def test_signature_prints_a_ranked_table(mesh: Any) -> None:
+    signature = infer_signature("add", [((8, 8), F32, L(mesh, "S(0),R")), ((8, 8), F32, L(mesh, "S(1),R"))])
+    text = str(signature)
+    assert text.splitlines()[0].startswith("add(float32[8, 8] S(0),R ; float32[8, 8] S(1),R)")
+    assert "rank | inputs" in text and "all-to-all" in text
+    assert len(signature.table(limit=None).splitlines()) == len(signature.candidates) + 2
