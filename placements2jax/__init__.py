@@ -8,6 +8,7 @@ from .errors import (
     InferenceError,
     LayoutError,
     MeshError,
+    MissingDependencyError,
     PlacementError,
     Placements2JaxError,
     RedistributeError,
@@ -17,16 +18,19 @@ from .errors import (
 from .dtensor import DTensor, distribute_tensor, redistribute_collectives
 from .hlo import Collective
 from .layout import Layout
-from .mesh import DeviceMesh, MeshGroup, init_device_mesh
+from .mesh import DeviceMesh, MeshGroup, as_device_mesh, init_device_mesh
 from .placements import (
     Partial,
     Placement,
     Replicate,
     Shard,
+    format_alias,
     format_placements,
+    parse_alias,
     parse_placement,
     parse_placements,
 )
+from .visualize import plot, print_layout, visualize
 
 __version__ = "0.1.0"
 
@@ -40,19 +44,26 @@ __all__ = [
     "LayoutError",
     "MeshError",
     "MeshGroup",
+    "MissingDependencyError",
     "Partial",
     "Placement",
     "PlacementError",
     "Placements2JaxError",
     "RedistributeError",
     "Replicate",
-    "Shard",
     "ShapeError",
+    "Shard",
     "UnsupportedOpError",
+    "as_device_mesh",
     "distribute_tensor",
+    "format_alias",
     "format_placements",
     "init_device_mesh",
+    "parse_alias",
     "parse_placement",
     "parse_placements",
+    "plot",
+    "print_layout",
     "redistribute_collectives",
+    "visualize",
 ]

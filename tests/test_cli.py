@@ -1,0 +1,127 @@
+"""The command line: explain (text and JSON), help, one-line errors with exit code 2."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from placements2jax.__main__ import main
+
+EXPLAIN_8x2 = ["explain", "--mesh", "dp=4,tp=2", "--shape", "8,2"]
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_explain_text(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, *EXPLAIN_8x2, "--placements", "S(0),R", "--no-color")
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[:7] == [
+        "mesh           dp=4 x tp=2, ranks [[0, 1], [2, 3], [4, 5], [6, 7]]",
+        "tensor shape   (8, 2)",
+        "placements     S(0),R",
+        "alias form     dp,None",
+        "tensor_map     (1, -1)   partial (None, None)",
+        "PartitionSpec  P('dp', None)",
+        "even           yes",
+    ]
+    assert lines[8] == "rank  coordinate  local shape  offset  block"
+    assert lines[9] == "0     (0, 0)      (2, 2)       (0, 0)  [0:2, 0:2]"
+    assert lines[16] == "7     (3, 1)      (2, 2)       (6, 0)  [6:8, 0:2]"
+    assert lines[18] == "S(0),R on mesh dp=4 x tp=2, tensor (8, 2)"
+    assert "6:8 │ 6,7 │" in out
+
+
+def test_explain_alias_form_uneven(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "explain", "--mesh", "dp=4,tp=2", "--shape", "10,3", "--placements", "(tp,dp),None")
+    assert code == 0
+    assert "placements     (none: torch needs _StridedShard for this split order)" in out
+    assert "tensor_map     ((0, 1), -1)   partial (None, None)" in out
+    assert "PartitionSpec  P(('tp', 'dp'), None)" in out
+    assert "even           no (padded physical shape (16, 3))" in out
+    assert "1     (0, 1)      (2, 3)       (5, 0)   [5:7, 0:3]" in out
+    assert "7     (3, 1)      (0, 3)       (10, 0)  [10:10, 0:3] (empty)" in out
+    assert "empty: ranks 6,7 hold no elements" in out
+
+
+def test_explain_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "explain", "--mesh", "dp=4,tp=2", "--shape", "10", "--placements", "(dp,tp)", "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert report["mesh"] == {"axis_names": ["dp", "tp"], "shape": [4, 2], "ranks": [[0, 1], [2, 3], [4, 5], [6, 7]]}
+    assert report["placements"] == "S(0),S(0)"
+    assert report["alias"] == "(dp,tp)"
+    assert report["tensor_map"] == [[1, 0]]
+    assert report["partition_spec"] == {"entries": [["dp", "tp"]], "unreduced": []}
+    assert report["even"] is False
+    assert report["physical_shape"] == [16]
+    # torch's nested rule: 10 -> 3,3,3,1 over dp, then each over tp.
+    assert [(r["local_shape"][0], r["offset"][0]) for r in report["ranks"]] == [
+        (2, 0), (1, 2), (2, 3), (1, 5), (2, 6), (1, 8), (1, 9), (0, 10),
+    ]  # fmt: skip
+
+
+def test_explain_partial(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "explain", "--mesh", "dp=2,tp=4", "--shape", "8", "--placements", "tp", "--partial", "dp=max", "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert report["placements"] == "P(max),S(0)"
+    assert report["partial"] == ["max", None]
+    _, out, _ = run(capsys, *EXPLAIN_8x2, "--placements", "P,S(0)", "--json")
+    assert json.loads(out)["partition_spec"]["unreduced"] == ["dp"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([*EXPLAIN_8x2, "--placements", "S(0),X"], "placement='X': not a placement in short form"),
+        ([*EXPLAIN_8x2, "--placements", "S(0)"], "1 placements for a 2-d mesh"),
+        ([*EXPLAIN_8x2, "--placements", "S(0),S(0)"], "cannot shard one tensor dim twice. Fix: use the alias form"),
+        ([*EXPLAIN_8x2, "--placements", "(dp,xx),None"], "unknown mesh axis 'xx'"),
+        ([*EXPLAIN_8x2, "--placements", "S(0),R", "--partial", "tp"], "the torch form states partials itself"),
+        (["explain", "--mesh", "dp=4,tp=4", "--shape", "8", "--placements", "S(0),R"], "needs 16 devices"),
+        (["explain", "--mesh", "dp=4,tp2", "--shape", "8", "--placements", "R,R"], "--mesh 'dp=4,tp2'"),
+        (["explain", "--mesh", "dp=4", "--shape", "8,x", "--placements", "R"], "--shape '8,x'"),
+        (["explain", "--mesh", "dp=4", "--shape", "8", "--placements", "dp", "--partial", "dp=prod"], "--partial"),
+        (["explain", "--mesh", "dp=4", "--shape", "8"], "the following arguments are required: --placements"),
+        (["nonsense"], "invalid choice: 'nonsense'"),
+    ],
+)
+def test_bad_arguments_give_one_line_and_exit_code_2(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    try:
+        code = main(argv)
+    except SystemExit as exit_info:  # argparse's own checks exit
+        code = exit_info.code
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert out == ""
+    assert err.count("\n") == 1 and message in err, err
+
+
+@pytest.mark.parametrize("command", [[], ["explain"], ["demo"]])
+def test_help(capsys: pytest.CaptureFixture[str], command: list[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--help"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: placements2jax {' '.join(command)}".rstrip())
+
+
+def test_python_m_placements2jax_explain() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    result = subprocess.run(
+        [sys.executable, "-m", "placements2jax", "explain", "--mesh", "dp=4,tp=2", "--shape", "8,2",
+         "--placements", "(dp,tp),None"],
+        capture_output=True, text=True, env=env, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "tensor_map     ((1, 0), -1)   partial (None, None)" in result.stdout
+    assert "7     (3, 1)      (1, 2)       (7, 0)  [7:8, 0:2]" in result.stdout
+    assert "\x1b[" not in result.stdout  # not a terminal: plain text
