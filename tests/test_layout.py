@@ -879,3 +879,54 @@ def test_torch_form_checks_repeats_before_ndim_is_known() -> None:
         L((Shard(-1), Shard(-1)))
     with pytest.raises(PlacementError, match=r"Fix: use the alias form, e\.g\. \(\('dp', 'tp'\), 'None'\)"):
         Layout.from_device_mesh(MESH3)((Replicate(), Shard(-2), Shard(-2)))
+
+
+# -- torch's shard order (repeated Shard, split order), strings in either form -----------------
+
+
+def test_from_shard_order_repeated_shard_in_mesh_order(mesh4x2: DeviceMesh) -> None:
+    layout = Layout.from_shard_order(mesh4x2, (Shard(0), Shard(0)))
+    assert not layout.is_bound
+    assert layout.shard_order == ((0, (0, 1)),)
+    assert layout.placements == (Shard(0), Shard(0))
+    bound = layout.bind(2)
+    assert bound.alias_map == (("dp", "tp"), "None")
+    assert bound.shard_order == ((0, (0, 1)),)
+    assert bound == Layout.from_placements(mesh4x2, [("dp", "tp"), None])
+    # torch's nested rule: 10 rows -> 3,3,3,1 over dp, then each over tp.
+    assert [bound.local_shape((10, 2), r)[0] for r in mesh4x2.rank_list] == [2, 1, 2, 1, 2, 1, 1, 0]
+
+
+def test_from_shard_order_other_order(mesh4x2: DeviceMesh) -> None:
+    layout = Layout.from_shard_order(mesh4x2, (Shard(-1), Shard(-1)), {-1: ("tp", "dp")})
+    assert layout.shard_order == ((-1, (1, 0)),)
+    assert layout.bind(3).alias_map == ("None", "None", ("tp", "dp"))
+    assert eval(repr(layout)) == layout  # noqa: S307
+    with pytest.raises(LayoutError, match="_StridedShard"):
+        layout.placements  # noqa: B018
+    assert layout != Layout.from_shard_order(mesh4x2, (Shard(-1), Shard(-1)))
+
+
+def test_from_shard_order_equals_plain_torch_form(mesh4x2: DeviceMesh) -> None:
+    plain = Layout.from_placements(mesh4x2, (Shard(1), Partial()))
+    assert Layout.from_shard_order(mesh4x2, (Shard(1), Partial())) == plain
+    assert hash(Layout.from_shard_order(mesh4x2, (Shard(1), Partial()))) == hash(plain)
+    assert plain.shard_order == ((1, (0,)),)
+
+
+def test_from_shard_order_errors(mesh4x2: DeviceMesh) -> None:
+    with pytest.raises(PlacementError, match="sharded by mesh dims \\[0, 1\\] in the placements, not \\[1\\]"):
+        Layout.from_shard_order(mesh4x2, (Shard(0), Shard(0)), {0: (1,)})
+    with pytest.raises(PlacementError, match="Shard\\(1\\) and Shard\\(-1\\) are the same dim"):
+        Layout.from_shard_order(mesh4x2, (Shard(1), Shard(-1))).bind(2)
+    with pytest.raises(ArgumentTypeError, match="shard_order"):
+        Layout.from_shard_order(mesh4x2, (Shard(0), Shard(0)), [(0, (1, 0))])  # type: ignore[arg-type]
+
+
+def test_strings_in_alias_form(mesh4x2: DeviceMesh) -> None:
+    assert Layout.from_placements(mesh4x2, "(tp,dp),None") == Layout.from_placements(mesh4x2, [("tp", "dp"), None])
+    assert Layout.from_placements(mesh4x2, "tp", partial={"dp": "max"}).placements == (Partial("max"), Shard(0))
+
+
+def test_jax_mesh_accepted(mesh4x2: DeviceMesh) -> None:
+    assert Layout.from_device_mesh(mesh4x2.to_jax())("S(0),R") == Layout.from_placements(mesh4x2, "S(0),R")
