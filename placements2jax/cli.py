@@ -113,8 +113,16 @@ def main(argv: Sequence[str] | None = None, *, start_jax: Callable[[int], None] 
             names, sizes = args.mesh
             if start_jax is not None:
                 start_jax(max(8, math.prod(sizes)))
-            print(explain(init_device_mesh(sizes, names), args.shape, args.placements, partial=args.partial,
-                          as_json=args.json, color=args.color))
+            print(
+                explain(
+                    init_device_mesh(sizes, names),
+                    args.shape,
+                    args.placements,
+                    partial=args.partial,
+                    as_json=args.json,
+                    color=args.color,
+                )
+            )
         elif args.command == "demo":
             if start_jax is not None:
                 start_jax(8)
@@ -219,8 +227,15 @@ def _text(layout: Layout, shape: tuple[int, ...], report: dict[str, Any], color:
     for entry in report["ranks"]:
         block = ", ".join(f"{o}:{o + n}" for n, o in zip(entry["local_shape"], entry["offset"]))
         empty = " (empty)" if not math.prod(entry["local_shape"]) else ""
-        rows.append((str(entry["rank"]), str(tuple(entry["coordinate"])), str(tuple(entry["local_shape"])),
-                     str(tuple(entry["offset"])), f"[{block}]{empty}"))
+        rows.append(
+            (
+                str(entry["rank"]),
+                str(tuple(entry["coordinate"])),
+                str(tuple(entry["local_shape"])),
+                str(tuple(entry["offset"])),
+                f"[{block}]{empty}",
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.append("")

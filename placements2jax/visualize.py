@@ -63,9 +63,14 @@ def layout_blocks(item: Any, shape: Sequence[int] | None = None) -> tuple[Layout
         block = Block(layout.local_slices(shape, rank), (rank,))
         if all(stop > start for start, stop in block.bounds):
             holders.setdefault(block.bounds, []).append(rank)
-    return layout, shape, [
-        Block(tuple(slice(*bounds) for bounds in key), tuple(sorted(ranks))) for key, ranks in sorted(holders.items())
-    ]
+    return (
+        layout,
+        shape,
+        [
+            Block(tuple(slice(*bounds) for bounds in key), tuple(sorted(ranks)))
+            for key, ranks in sorted(holders.items())
+        ],
+    )
 
 
 def visualize(item: Any, shape: Sequence[int] | None = None, *, color: bool | None = None) -> str:
@@ -98,7 +103,10 @@ def _layout_and_shape(item: Any, shape: Sequence[int] | None) -> tuple[Layout, t
     if isinstance(item, Layout):
         if shape is None:
             raise ArgumentTypeError(
-                "shape", shape, "a Layout does not know the tensor's shape", "pass shape=, e.g. visualize(layout, (8, 2))"
+                "shape",
+                shape,
+                "a Layout does not know the tensor's shape",
+                "pass shape=, e.g. visualize(layout, (8, 2))",
             )
         layout = item
     elif hasattr(item, "layout") and hasattr(item, "shape"):
@@ -111,7 +119,10 @@ def _layout_and_shape(item: Any, shape: Sequence[int] | None) -> tuple[Layout, t
         raise ArgumentTypeError("shape", shape, "expected a tuple of ints", "pass e.g. (8, 2)")
     if len(shape) not in (1, 2):
         raise ShapeError(
-            "shape", tuple(shape), f"pictures show 1-D or 2-D tensors, not {len(shape)}-D", "visualize a 1-D or 2-D tensor"
+            "shape",
+            tuple(shape),
+            f"pictures show 1-D or 2-D tensors, not {len(shape)}-D",
+            "visualize a 1-D or 2-D tensor",
         )
     layout = layout.bind(len(shape))
     layout.local_shape(shape, layout.mesh.rank_list[0])  # raises ShapeError for a bad shape
@@ -204,7 +215,9 @@ def _notes(layout: Layout, shape: tuple[int, ...], blocks: list[Block]) -> list[
     holding = {r for b in blocks for r in b.ranks}
     empty = [r for r in layout.mesh.rank_list if r not in holding]
     if empty:
-        notes.append(f"empty: rank{'s' if len(empty) > 1 else ''} {format_ranks(sorted(empty))} hold{'' if len(empty) > 1 else 's'} no elements")
+        notes.append(
+            f"empty: rank{'s' if len(empty) > 1 else ''} {format_ranks(sorted(empty))} hold{'' if len(empty) > 1 else 's'} no elements"
+        )
     if layout.has_partial:
         names = [layout.mesh.alias_name[a] for a in layout.partial_axes]
         notes.append(
@@ -244,7 +257,9 @@ def _render_rich(lines: list[list[_Segment]]) -> str:
 # -- matplotlib ------------------------------------------------------------------------------
 
 
-def plot(items: Any, shape: Sequence[int] | None = None, *, titles: Sequence[str] | None = None, ncols: int | None = None) -> Any:
+def plot(
+    items: Any, shape: Sequence[int] | None = None, *, titles: Sequence[str] | None = None, ncols: int | None = None
+) -> Any:
     """A matplotlib Figure with one panel per layout (or DTensor) in ``items``: the
     tensor's elements as cells, each block coloured by the ranks holding it (one colour
     per rank, stripes when several ranks hold it), hatched when partial."""
@@ -267,24 +282,41 @@ def plot(items: Any, shape: Sequence[int] | None = None, *, titles: Sequence[str
         layout, panel_shape, blocks = panels[index]
         height, width = (panel_shape[0], panel_shape[1]) if len(panel_shape) == 2 else (1, panel_shape[0])
         for block in blocks:
-            rows, cols = (block.slices if len(panel_shape) == 2 else (slice(0, 1), block.slices[0]))
+            rows, cols = block.slices if len(panel_shape) == 2 else (slice(0, 1), block.slices[0])
             stripe = (cols.stop - cols.start) / len(block.ranks)
             for k, rank in enumerate(block.ranks):
                 ax.add_patch(
                     Rectangle(
-                        (cols.start + k * stripe, rows.start), stripe, rows.stop - rows.start,
-                        facecolor=colors(all_ranks.index(rank) % 10), edgecolor="none",
+                        (cols.start + k * stripe, rows.start),
+                        stripe,
+                        rows.stop - rows.start,
+                        facecolor=colors(all_ranks.index(rank) % 10),
+                        edgecolor="none",
                         hatch="//" if layout.has_partial else None,
                     )
                 )
             ax.add_patch(
-                Rectangle((cols.start, rows.start), cols.stop - cols.start, rows.stop - rows.start,
-                          fill=False, edgecolor="black", linewidth=1.5)
+                Rectangle(
+                    (cols.start, rows.start),
+                    cols.stop - cols.start,
+                    rows.stop - rows.start,
+                    fill=False,
+                    edgecolor="black",
+                    linewidth=1.5,
+                )
             )
             ranks = "\n".join(textwrap.wrap(format_ranks(block.ranks).replace(",", ", "), 11)).replace(", ", ",")
             text = (f"P({layout.partial_op})\n" if layout.has_partial else "") + ranks
-            ax.text((cols.start + cols.stop) / 2, (rows.start + rows.stop) / 2, text, ha="center", va="center",
-                    fontsize=9, zorder=3, bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "alpha": 0.85, "linewidth": 0})
+            ax.text(
+                (cols.start + cols.stop) / 2,
+                (rows.start + rows.stop) / 2,
+                text,
+                ha="center",
+                va="center",
+                fontsize=9,
+                zorder=3,
+                bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "alpha": 0.85, "linewidth": 0},
+            )
         # Thin lines between elements, under the labels.
         for r in range(1, height):
             ax.plot([0, width], [r, r], color="white", linewidth=0.6, alpha=0.7, zorder=2)

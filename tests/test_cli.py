@@ -68,7 +68,9 @@ def test_explain_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_explain_partial(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "explain", "--mesh", "dp=2,tp=4", "--shape", "8", "--placements", "tp", "--partial", "dp=max", "--json")
+    code, out, _ = run(
+        capsys, "explain", "--mesh", "dp=2,tp=4", "--shape", "8", "--placements", "tp", "--partial", "dp=max", "--json"
+    )
     assert code == 0
     report = json.loads(out)
     assert report["placements"] == "P(max),S(0)"

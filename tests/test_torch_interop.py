@@ -109,9 +109,7 @@ def test_local_shape_and_offset_equal_torchs(case: tuple[Layout, tuple[int, ...]
 def test_local_values_equal_torchs_distribute_tensor(case: tuple[Layout, tuple[int, ...]]) -> None:
     layout, shape = case
     x = np.arange(math.prod(shape), dtype=np.float64).reshape(shape)
-    same = all(
-        np.array_equal(torch_local(layout, x, r), our_local(layout, x, r)) for r in layout.mesh.rank_list
-    )
+    same = all(np.array_equal(torch_local(layout, x, r), our_local(layout, x, r)) for r in layout.mesh.rank_list)
     try:
         check_torch_equivalent(layout, shape)
     except LayoutError:

@@ -127,13 +127,6 @@ def from_torch_placements(
     result is bound and checked to give every rank exactly torch's shard."""
     mesh = as_device_mesh(mesh, "mesh")
     placements = tuple(placements)
-    if len(placements) != mesh.ndim:
-        raise PlacementError(
-            "placements",
-            placements,
-            f"{len(placements)} placements for a {mesh.ndim}-d mesh {mesh.alias_name}",
-            f"give exactly one placement per mesh dim ({mesh.ndim})",
-        )
     ours = tuple(Shard(p.dim) if isinstance(p, _StridedShard) else from_torch_placement(p) for p in placements)
     layout = Layout.from_shard_order(mesh, ours, _shard_order(mesh, placements))
     if global_shape is None:
@@ -149,11 +142,11 @@ def to_torch_placements(layout: Layout, global_shape: Sequence[int] | None = Non
     ``DTensorSpec._convert_shard_order_to_StridedShard`` rule). With ``global_shape``,
     checks that torch gives every rank the same shard (see the module docstring)."""
     if not isinstance(layout, Layout):
-        raise ArgumentTypeError("layout", layout, "expected a placements2jax.Layout", "build one with Layout.from_placements")
+        raise ArgumentTypeError(
+            "layout", layout, "expected a placements2jax.Layout", "build one with Layout.from_placements"
+        )
     sizes = layout.mesh.shape
-    result: list[TorchPlacement] = [
-        TorchPartial(op) if op else TorchReplicate() for op in layout.partial
-    ]
+    result: list[TorchPlacement] = [TorchPartial(op) if op else TorchReplicate() for op in layout.partial]
     for dim, mesh_dims in layout.shard_order:
         for position, mesh_dim in enumerate(mesh_dims):
             split_factor = math.prod(sizes[m] for m in mesh_dims[:position] if m > mesh_dim)
@@ -196,6 +189,8 @@ def _shard_order(mesh: DeviceMesh, placements: Sequence[Any]) -> dict[int, tuple
     """Per tensor dim, its mesh dims in split order, decoded from ``_StridedShard`` split
     factors right to left (torch's ``_maybe_convert_StridedShard_to_shard_order``)."""
     order: dict[int, list[int]] = {}
+    if len(placements) != mesh.ndim:
+        return {}  # Layout.from_shard_order refuses the placements with a clear message
     for mesh_dim in reversed(range(len(placements))):
         placement = placements[mesh_dim]
         if not isinstance(placement, (TorchShard, _StridedShard, Shard)):
