@@ -6,8 +6,10 @@ Works on Layouts and shapes/dtypes only: inputs are ``(shape, dtype, layout)`` t
 any object with ``.shape``, ``.dtype`` and ``.layout`` (a DTensor).
 """
 
+from .check import CheckReport, check
 from .cost import CostModel, default_cost_model, set_default_cost_model, use_cost_model
 from .ops import op_names, primitive_names
+from .jaxpr import Prediction, predict
 from .plan import plan_redistribute
 from .select import infer_signature
 from .signature import Aval, Candidate, OneDSig, RedistributePlan, RedistributeStep, Signature, TensorSpec
@@ -15,16 +17,20 @@ from .signature import Aval, Candidate, OneDSig, RedistributePlan, RedistributeS
 __all__ = [
     "Aval",
     "Candidate",
+    "CheckReport",
     "CostModel",
     "OneDSig",
+    "Prediction",
     "RedistributePlan",
     "RedistributeStep",
     "Signature",
     "TensorSpec",
+    "check",
     "default_cost_model",
     "infer_signature",
     "op_names",
     "plan_redistribute",
+    "predict",
     "primitive_names",
     "set_default_cost_model",
     "use_cost_model",

@@ -151,6 +151,21 @@ class CheckReport:
         return SAME_BYTES if self.predicted_bytes == self.compiled_bytes else DIFFERS
 
     @property
+    def communication_note(self) -> str:
+        """Why the communication differs (empty when equal)."""
+        verdict = self.communication
+        if verdict == EQUAL:
+            return ""
+        if verdict == SAME_BYTES:
+            return "same bytes per device in other collectives (XLA combines, splits or lowers them differently)"
+        if self.predicted_bytes > self.compiled_bytes:
+            return (
+                "the prediction chooses equation by equation (greedy, like eager DTensor dispatch), e.g. keeping a "
+                "partial through linear ops and reducing it later more than once; XLA plans the whole program"
+            )
+        return "XLA moves more bytes than predicted: its propagation chose other layouts (see the outputs)"
+
+    @property
     def agrees(self) -> bool:
         """Every output layout and the communication are equal."""
         return all(o.verdict == EQUAL for o in self.outputs) and self.communication == EQUAL
@@ -167,21 +182,27 @@ class CheckReport:
         communication = format_table(("collective", "predicted", "XLA"), comm_rows)
         return (
             f"check ({self.mode} mesh axes, {self.platform}): outputs\n{outputs}\n"
-            f"communication: {self.communication} (predicted includes converting outputs to XLA's layouts)\n"
-            f"{communication}"
+            f"communication: {self.communication} (predicted includes converting outputs to XLA's layouts)"
+            + (f"; why: {self.communication_note}" if self.communication_note else "")
+            + f"\n{communication}"
         )
 
 
 def check(
-    fn: Callable[..., Any], *inputs: Any, mesh: DeviceMesh | None = None, cost_model: CostModelLike = None
+    fn: Callable[..., Any],
+    *inputs: Any,
+    mesh: DeviceMesh | None = None,
+    cost_model: CostModelLike = None,
+    search: str = "greedy",
 ) -> CheckReport:
-    """Predict ``fn`` on ``inputs`` and compare with XLA's compilation (module docstring)."""
+    """Predict ``fn`` on ``inputs`` (``predict(..., search=search)``) and compare with
+    XLA's compilation (module docstring)."""
     specs = tuple(as_tensor_spec(x, mesh, f"inputs[{i}]") for i, x in enumerate(inputs))
     mesh = common_mesh(specs, mesh)
     for i, spec in enumerate(specs):
         _check_compilable(f"inputs[{i}]", spec.layout, spec.shape)
     explicit = any(spec.layout.has_partial for spec in specs)
-    prediction = predict(fn, *specs, cost_model=cost_model)
+    prediction = predict(fn, *specs, cost_model=cost_model, search=search)
     jax_mesh = mesh.to_jax() if explicit else _auto_mesh(mesh)
     args = [
         jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(jax_mesh, s.layout.partition_spec)) for s in specs
@@ -312,7 +333,7 @@ def _group_size(line: str, num_devices: int) -> int:
         return len([x for x in match.group(1).split(",") if x])
     if match := re.search(r"replica_groups=\[(\d+),(\d+)\]<=", line):
         return int(match.group(2))
-    if match := re.search(r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\([^)]*\))?\s*\{([^}]*)\}", line):
+    if match := re.search(r"replica_groups=mesh\[([^\]]*)\][^{]*\{([^}]*)\}", line):
         sizes = {name: int(size) for name, size in re.findall(r"'([^']+)'=(\d+)", match.group(1))}
         return math.prod(sizes[name] for name in re.findall(r"'([^']+)'", match.group(2)))
     return num_devices

@@ -5,7 +5,8 @@ then gives every equation the signature inference chooses for its inputs' layout
 same cached selection as :func:`infer_signature`, with the primitive's rule), exactly as
 eager torch DTensor or OneFlow would dispatch op by op. Call-like equations (``jit`` /
 ``pjit``, ``custom_jvp_call``, ``custom_vjp_call``, ``remat``, ``closed_call``) are walked
-inside; ``with_sharding_constraint`` forces its layout (the report shows the plan to it).
+inside; ``with_sharding_constraint`` and ``reshard`` force their layout (the report shows
+the plan to it).
 Literals and closed-over constants are Replicate. Unknown primitives (``while``, ``scan``,
 ``cond``, ``shard_map``...) raise :class:`UnsupportedOpError` naming them.
 """
@@ -44,8 +45,19 @@ from .table import format_bytes, format_table
 
 __all__ = ["predict", "Prediction", "EquationReport"]
 
-_CALL_PARAMS = ("jaxpr", "call_jaxpr")
-_CONSTRAINTS = ("sharding_constraint",)
+# call-like primitives and the param holding the called jaxpr (loops are not calls)
+_CALLS = {
+    "jit": "jaxpr",
+    "pjit": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+    "remat2": "jaxpr",
+    "checkpoint": "jaxpr",
+}
+# sharding constraints and the param holding the target sharding
+_CONSTRAINTS = {"sharding_constraint": "sharding", "reshard": "dst_sharding"}
 
 
 @dataclass(frozen=True)
@@ -125,23 +137,86 @@ class Prediction:
         )
 
 
+SEARCHES = ("greedy", "refine")
+# how a refined equation reduces its partial outputs: into any split, or to Replicate
+_REDUCTIONS = ("scatter", "replicate")
+
+
 def predict(
-    fn: Callable[..., Any], *inputs: Any, mesh: DeviceMesh | None = None, cost_model: CostModelLike = None
+    fn: Callable[..., Any],
+    *inputs: Any,
+    mesh: DeviceMesh | None = None,
+    cost_model: CostModelLike = None,
+    search: str = "greedy",
 ) -> Prediction:
     """Trace ``fn`` on ``inputs`` (``(shape, dtype, layout)`` tuples or DTensor-like
     objects, one per positional argument) and propagate layouts through every equation.
-    Keyword arguments of ``fn`` are not traced: bind them with ``functools.partial``."""
+    Keyword arguments of ``fn`` are not traced: bind them with ``functools.partial``.
+
+    ``search="greedy"`` chooses each equation's signature on its own, as eager DTensor
+    dispatch does. ``search="refine"`` then improves the whole program by local search:
+    it tries reducing each partial output where it is produced (instead of carrying it
+    through linear ops and reducing later, possibly more than once) and keeps every
+    change that lowers the total cost, until none does.
+    """
     if not callable(fn):
         raise InferenceError("fn", fn, "not callable", "pass a function of the input tensors")
+    if search not in SEARCHES:
+        raise InferenceError("search", search, "unknown search", f"use one of {SEARCHES}")
     specs = tuple(as_tensor_spec(x, mesh, f"inputs[{i}]") for i, x in enumerate(inputs))
     mesh = common_mesh(specs, mesh)
     model = resolve_cost_model(cost_model)
     closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(
         *(jax.ShapeDtypeStruct(s.shape, s.dtype) for s in specs)
     )
-    rows: list[EquationReport] = []
-    outputs = _Walker(mesh, model, rows).walk(closed.jaxpr, _const_specs(closed.jaxpr, mesh), specs, "")
-    return Prediction(specs, tuple(outputs), tuple(rows), jax.tree.structure(out_shape))
+    consts = _const_specs(closed.jaxpr, mesh)
+
+    def walk(reduced: frozenset[tuple[str, str]]) -> Prediction:
+        rows: list[EquationReport] = []
+        outputs = _Walker(mesh, model, rows, reduced).walk(closed.jaxpr, consts, specs, "")
+        return Prediction(specs, tuple(outputs), tuple(rows), jax.tree.structure(out_shape))
+
+    best = walk(frozenset())
+    if search == "refine":
+        best = _refine(best, walk)
+    return best
+
+
+def _refine(best: Prediction, walk: Callable[[frozenset[tuple[str, str]]], Prediction]) -> Prediction:
+    """Local search: for each equation with a partial output, try reducing it right there
+    (scattered, or replicated on the partial mesh dims) and keep what lowers the cost."""
+    reduced: frozenset[tuple[str, str]] = frozenset()
+    improved = True
+    while improved:
+        improved = False
+        for path in [e.path for e in best.equations]:
+            row = next((e for e in best.equations if e.path == path), None)
+            if row is None or row.signature is None or any(p == path for p, _ in reduced):
+                continue
+            if not any(o.layout.has_partial for o in row.outputs):
+                continue
+            trials = {mode: walk(reduced | {(path, mode)}) for mode in _REDUCTIONS}
+            mode = min(_REDUCTIONS, key=lambda m: trials[m].cost)
+            if trials[mode].cost < best.cost:
+                best, improved, reduced = trials[mode], True, reduced | {(path, mode)}
+    return best
+
+
+def _without_partial_outputs(signature: Signature, mode: str) -> Signature:
+    """The signature re-ranked so that its best candidate without partial outputs comes
+    first: any such candidate (``scatter``), or one that also splits nothing on the mesh
+    dims where the chosen outputs were partial (``replicate``)."""
+    was_partial = {m for x in signature.out_layouts for m in x.partial_axes}
+
+    def fits(candidate: Candidate) -> bool:
+        outs = candidate.out_layouts
+        if any(x.has_partial for x in outs):
+            return False
+        return mode == "scatter" or not any(m in axes for x in outs for axes in x.dim_axes for m in was_partial)
+
+    forced = next(c for c in signature.candidates if fits(c))
+    rest = tuple(c for c in signature.candidates if c is not forced)
+    return Signature(signature.op, signature.inputs, (forced,) + rest)
 
 
 def _const_specs(jaxpr: Any, mesh: DeviceMesh) -> list[TensorSpec]:
@@ -153,10 +228,20 @@ def _replicated_spec(aval: Any, mesh: DeviceMesh) -> TensorSpec:
 
 
 class _Walker:
-    def __init__(self, mesh: DeviceMesh, cost_model: CostModel, rows: list[EquationReport]) -> None:
+    """Walks a jaxpr, choosing signatures; an equation listed in ``reduced`` as
+    ``(path, mode)`` reduces its partial outputs (see :func:`_without_partial_outputs`)."""
+
+    def __init__(
+        self,
+        mesh: DeviceMesh,
+        cost_model: CostModel,
+        rows: list[EquationReport],
+        reduced: frozenset[tuple[str, str]],
+    ) -> None:
         self.mesh = mesh
         self.cost_model = cost_model
         self.rows = rows
+        self.reduced = dict(reduced)
 
     def walk(self, jaxpr: Any, consts: Sequence[TensorSpec], inputs: Sequence[TensorSpec], prefix: str) -> list[TensorSpec]:
         env: dict[Any, TensorSpec] = {}
@@ -182,8 +267,8 @@ class _Walker:
         self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]
     ) -> tuple[TensorSpec, ...]:
         name = eqn.primitive.name
-        inner = next((eqn.params[p] for p in _CALL_PARAMS if p in eqn.params), None)
-        if inner is not None:
+        if name in _CALLS:
+            inner = eqn.params[_CALLS[name]]
             label = f"{name}[{eqn.params['name']}]" if "name" in eqn.params else name
             slot = len(self.rows)
             self.rows.append(EquationReport(path, label, ins, None, ()))
@@ -193,23 +278,24 @@ class _Walker:
             self.rows[slot] = EquationReport(path, label, ins, None, outs)
             return outs
         if name in _CONSTRAINTS:
-            signature = self._constraint(eqn, ins[0], out_avals[0])
+            signature = self._constraint(eqn.params[_CONSTRAINTS[name]], ins[0], out_avals[0])
         else:
             definition = primitive_definition(name)
             params = freeze({p: eqn.params[p] for p in definition.params}, f"{name} params")
             signature = signature_for(("primitive", name), params, ins, out_avals, self.cost_model)
+            if path in self.reduced:
+                signature = _without_partial_outputs(signature, self.reduced[path])
         outs = tuple(TensorSpec(a.shape, a.dtype, layout) for a, layout in zip(out_avals, signature.out_layouts))
         self.rows.append(EquationReport(path, name, ins, signature, outs))
         return outs
 
-    def _constraint(self, eqn: Any, spec: TensorSpec, out: Aval) -> Signature:
-        sharding = eqn.params.get("sharding")
+    def _constraint(self, sharding: Any, spec: TensorSpec, out: Aval) -> Signature:
         if not isinstance(sharding, NamedSharding):
             raise UnsupportedOpError(
                 "sharding", sharding, "with_sharding_constraint is only understood with a NamedSharding",
                 "pass NamedSharding(mesh.to_jax(), PartitionSpec(...))",
             )
-        if tuple(sharding.mesh.axis_names) != self.mesh.alias_name or tuple(sharding.mesh.devices.shape) != self.mesh.shape:
+        if tuple(sharding.mesh.axis_names) != self.mesh.alias_name or tuple(sharding.mesh.axis_sizes) != self.mesh.shape:
             raise InferenceError(
                 "sharding", sharding, f"its mesh is not the inputs' mesh {self.mesh!r}",
                 "constrain with a sharding on the same mesh (mesh.to_jax())",

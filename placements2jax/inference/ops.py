@@ -94,7 +94,7 @@ def primitive_names() -> tuple[str, ...]:
 
 def freeze(value: Any, argument: str = "params") -> Any:
     """A hashable copy of an op parameter (lists become tuples, dicts sorted item tuples)."""
-    if isinstance(value, (list, tuple)):
+    if type(value) in (list, tuple):  # not named tuples: their fields are read by name
         return tuple(freeze(v, argument) for v in value)
     if isinstance(value, Mapping):
         return tuple(sorted((k, freeze(v, argument)) for k, v in value.items()))

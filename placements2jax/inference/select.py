@@ -12,9 +12,11 @@
    user constraints (``out_layouts=``, ``in_layouts=``) must match.
 3. Ranking (:meth:`Candidate.rank_key`): candidates needing no redistribution of any input
    first (OneFlow's order value), then lower cost (the planner's cost of every input's
-   redistribution), then keeping earlier inputs unchanged, then smaller per-device output
-   blocks, then the canonical text of the layouts: a total order, so the result never
-   depends on the order candidates were generated in.
+   redistribution) plus the pending reduction of partials the op creates
+   (:func:`pending_reduction`), then keeping earlier inputs unchanged, then smaller
+   per-device output blocks, then a structural key of the layouts (splits of lower dims,
+   then Replicate, then Partial): a total order, so the result never depends on the
+   order candidates were generated in.
 
 Results are cached by op, params, input shapes/dtypes/layouts, constraints and cost model
 (OneFlow caches by shape, dtype, nd_sbp, placement and constraints).
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from fractions import Fraction
 from functools import lru_cache, partial
 from typing import Any
 
@@ -33,12 +36,12 @@ from ..errors import ArgumentTypeError, InferenceError
 from ..layout import Layout
 from ..mesh import DeviceMesh
 from ..placements import Partial, Placement, Replicate, Shard
-from .cost import CostModel, CostModelLike, resolve_cost_model
+from .cost import REDUCE_SCATTER, CostModel, CostModelLike, block_bytes, collective_bytes, resolve_cost_model
 from .ops import freeze, op_definition, primitive_definition
 from .plan import _plan
 from .signature import Aval, Candidate, OneDSig, Signature, TensorSpec, as_tensor_spec, common_mesh
 
-__all__ = ["infer_signature", "signature_for", "rank_candidates", "nest_orders"]
+__all__ = ["infer_signature", "signature_for", "rank_candidates", "nest_orders", "pending_reduction"]
 
 Constraint = tuple[Layout | None, ...] | None
 RuleKey = tuple[str, str]  # ("op" | "primitive", name)
@@ -222,10 +225,29 @@ def rank_candidates(
             if layouts not in found or key < found[layouts][0]:
                 found[layouts] = (key, combo, order)
     candidates = []
+    given_partial = {m for s in specs for m in s.layout.partial_axes}
     for layouts, (_, combo, order) in found.items():
         plans = tuple(_plan(s.shape, s.dtype, s.layout, layout, cost_model) for s, layout in zip(specs, layouts))
-        candidates.append(Candidate(layouts[:n_in], layouts[n_in:], plans, combo, order, tuple(out_avals)))
+        pending = pending_reduction(out_avals, layouts[n_in:], given_partial, cost_model)
+        candidates.append(Candidate(layouts[:n_in], layouts[n_in:], plans, combo, order, tuple(out_avals), pending))
     return sorted(candidates, key=Candidate.rank_key)
+
+
+def pending_reduction(
+    out_avals: Sequence[Aval], out_layouts: Sequence[Layout], given_partial: set[int], cost_model: CostModel
+) -> Fraction:
+    """The look-ahead charge of new partials: for every output partial on a mesh dim no
+    given input was partial on, the cheapest way to resolve it later (a reduce-scatter of
+    the output's block on that mesh dim, weighted). Without it, a greedy choice would pay
+    a little now to create a partial that costs much more to reduce later (e.g. contract
+    a matmul over an extra mesh dim). Continuing a partial through a linear op is free."""
+    total = Fraction(0)
+    for aval, layout in zip(out_avals, out_layouts):
+        for m in layout.partial_axes:
+            if m not in given_partial:
+                block = block_bytes(aval.shape, aval.dtype.itemsize, layout.dim_axes, layout.mesh.shape, without=m)
+                total += collective_bytes(REDUCE_SCATTER, block, layout.mesh.shape[m]) * cost_model.weight(layout.mesh, m)
+    return total
 
 
 def _sig_key(sig: OneDSig) -> tuple[str, ...]:

@@ -292,7 +292,12 @@ class RedistributePlan:
 class Candidate:
     """One N-D signature of an op: the layouts of all inputs and outputs, the plans that
     bring the given inputs to them, and the 1-D signature used on each mesh dim (in
-    ``nest_order``, the order in which mesh dims split a tensor dim, major first)."""
+    ``nest_order``, the order in which mesh dims split a tensor dim, major first).
+
+    ``pending`` is the look-ahead charge for ranking only: partial mesh dims the outputs
+    get that no given input had must be reduced some day, at least by a reduce-scatter
+    (see :func:`select.pending_reduction`); ``cost`` is the communication of this op.
+    """
 
     in_layouts: tuple[Layout, ...]
     out_layouts: tuple[Layout, ...]
@@ -300,6 +305,7 @@ class Candidate:
     one_d: tuple[OneDSig, ...]
     nest_order: tuple[int, ...]
     out_avals: tuple[Aval, ...]
+    pending: Fraction = Fraction(0)
 
     @property
     def cost(self) -> Fraction:
@@ -326,9 +332,10 @@ class Candidate:
 
     def rank_key(self) -> tuple[Any, ...]:
         """The selection order (see docs/inference.md): candidates needing no
-        redistribution of any input first (OneFlow's order value), then lower cost, then
-        keeping earlier inputs unchanged, then smaller output blocks, then layout_key."""
-        return (any(self.redistributed), self.cost, self.redistributed, self.out_bytes, self.layout_key)
+        redistribution of any input first (OneFlow's order value), then lower cost plus
+        pending reductions, then keeping earlier inputs unchanged, then smaller output
+        blocks, then layout_key."""
+        return (any(self.redistributed), self.cost + self.pending, self.redistributed, self.out_bytes, self.layout_key)
 
     def __str__(self) -> str:
         ins = " ; ".join(layout_text(x) for x in self.in_layouts)
@@ -400,10 +407,12 @@ class Signature:
                 " | ".join(str(s) for s in c.one_d),
                 "".join("r" if r else "-" for r in c.redistributed),
                 format_bytes(c.cost),
+                format_bytes(c.pending),
             )
             for i, c in enumerate(shown)
         ]
-        text = format_table(("rank", "inputs", "outputs", "1-D signatures per mesh dim", "redist", "cost"), rows)
+        headers = ("rank", "inputs", "outputs", "1-D signatures per mesh dim", "redist", "cost", "pending")
+        text = format_table(headers, rows)
         if len(shown) < len(self.candidates):
             text += f"\n... {len(self.candidates) - len(shown)} more candidates"
         return text

@@ -1,0 +1,179 @@
+"""predict: layouts through whole JAX functions (nested calls included)."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from placements2jax import InferenceError, Layout, UnsupportedOpError, init_device_mesh
+from placements2jax.inference import predict
+from placements2jax.inference.signature import layout_text
+
+F32 = jnp.float32
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return init_device_mesh((2, 4), ("dp", "tp"))
+
+
+def spec(mesh: Any, shape: tuple[int, ...], placements: Any, dtype: Any = F32) -> tuple[Any, ...]:
+    return (shape, dtype, Layout.from_device_mesh(mesh)(placements))
+
+
+def outs(prediction: Any) -> list[str]:
+    return [layout_text(x) for x in prediction.out_layouts]
+
+
+def test_megatron_mlp_is_partial_before_the_reduce(mesh: Any) -> None:
+    """Column-parallel then row-parallel linear: (S(0),R) @ (R,S(1)) -> (S(0),S(1)), gelu
+    keeps it, @ (R,S(0)) -> (S(0),P(sum)), with no communication at all."""
+
+    def mlp(x: jax.Array, w1: jax.Array, w2: jax.Array) -> jax.Array:
+        return jax.nn.gelu(x @ w1) @ w2
+
+    prediction = predict(mlp, spec(mesh, (8, 16), "S(0),R"), spec(mesh, (16, 32), "R,S(1)"), spec(mesh, (32, 16), "R,S(0)"))
+    assert outs(prediction) == ["S(0),P"]
+    dots = [e for e in prediction.equations if e.primitive == "dot_general"]
+    assert [layout_text(e.outputs[0].layout) for e in dots] == ["S(0),S(1)", "S(0),P"]
+    assert all(layout_text(e.outputs[0].layout) == "S(0),S(1)" for e in prediction.equations[1:-1])
+    assert prediction.cost == 0 and not prediction.steps
+    text = str(prediction)
+    assert "dot_general" in text and "outputs: float32[8, 16] S(0),P" in text
+
+
+def test_2d_split_matmul(mesh: Any) -> None:
+    prediction = predict(jnp.matmul, spec(mesh, (8, 16), "S(0),S(1)"), spec(mesh, (16, 8), "R,S(0)"))
+    assert outs(prediction) == ["S(0),P"]
+
+
+def test_reductions_give_partials_where_a_split_axis_disappears(mesh: Any) -> None:
+    x = spec(mesh, (8, 16), "S(0),S(1)")
+    assert outs(predict(lambda a: a.sum(0), x)) == ["P,S(0)"]
+    assert outs(predict(lambda a: a.max(1), x)) == ["S(0),P(max)"]
+    assert outs(predict(lambda a: jnp.min(a), x)) == ["P(min),P(min)"]
+    # jnp.mean is reduce_sum then a division by a literal: P(sum), not P(avg) (same value)
+    assert outs(predict(lambda a: a.mean(0), x)) == ["P,S(0)"]
+
+
+def test_softmax_reduces_the_max_and_the_sum_of_the_split_axis(mesh: Any) -> None:
+    prediction = predict(partial(jax.nn.softmax, axis=-1), spec(mesh, (8, 16), "S(0),S(1)"))
+    assert outs(prediction) == ["S(0),S(1)"]
+    assert prediction.collectives == {"all-reduce": 2}
+    reduced = [e for e in prediction.equations if e.steps]
+    assert [e.primitive for e in reduced] == ["sub", "div"]
+
+
+def test_embedding_lookup_both_ways(mesh: Any) -> None:
+    def lookup(table: jax.Array, ids: jax.Array) -> jax.Array:
+        return table[ids]
+
+    vocab = predict(lookup, spec(mesh, (64, 16), "R,S(0)"), spec(mesh, (8,), "R,R", jnp.int32))
+    assert outs(vocab) == ["R,P"]
+    batch = predict(lookup, spec(mesh, (64, 16), "R,R"), spec(mesh, (8,), "S(0),R", jnp.int32))
+    assert outs(batch) == ["S(0),R"]
+
+
+def test_nested_calls_are_walked(mesh: Any) -> None:
+    @jax.custom_vjp
+    def double(x: jax.Array) -> jax.Array:
+        return 2 * x
+
+    double.defvjp(lambda x: (2 * x, None), lambda _, g: (2 * g,))
+
+    @jax.jit
+    def inner(x: jax.Array) -> jax.Array:
+        return jax.nn.relu(x)
+
+    @jax.checkpoint
+    def remat(x: jax.Array) -> jax.Array:
+        return jnp.exp(x)
+
+    prediction = predict(lambda x: remat(double(inner(x))), spec(mesh, (8, 16), "S(0),S(1)"))
+    assert outs(prediction) == ["S(0),S(1)"]
+    calls = {e.primitive for e in prediction.equations if e.signature is None}
+    assert {"jit[inner]", "custom_vjp_call", "remat2"} <= calls
+    assert any("custom_jvp_call" in c for c in calls)
+    deepest = max(prediction.equations, key=lambda e: e.depth)
+    assert deepest.depth >= 2 and deepest.primitive == "max"
+
+
+def test_sharding_constraint_forces_its_layout(mesh: Any) -> None:
+    auto = jax.sharding.Mesh(mesh.devices, mesh.alias_name, axis_types=(AxisType.Auto,) * 2)
+    target = NamedSharding(auto, P(None, "dp"))
+    prediction = predict(lambda x: jax.lax.with_sharding_constraint(x, target), spec(mesh, (8, 16), "S(0),R"))
+    assert prediction.out_layouts == (Layout.from_partition_spec(mesh, P(None, "dp")),)
+    assert outs(prediction) == ["S(1),R"]
+    assert prediction.collectives == {"all-to-all": 1}
+
+
+def test_reshard_on_an_explicit_mesh_forces_its_layout(mesh: Any) -> None:
+    with jax.set_mesh(mesh.to_jax()):
+        prediction = predict(lambda x: jax.sharding.reshard(x, P(None, "tp")), spec(mesh, (8, 16), "S(0),R"))
+    assert outs(prediction) == ["R,S(1)"]
+    assert prediction.collectives == {"all-gather": 1, "local-slice": 1}
+
+
+def test_loops_are_not_calls(mesh: Any) -> None:
+    def loop(x: jax.Array) -> jax.Array:
+        return jax.lax.fori_loop(0, 3, lambda i, a: a * 2, x)
+
+    with pytest.raises(UnsupportedOpError, match="scan"):
+        predict(loop, spec(mesh, (8, 16), "S(0),R"))
+
+
+def test_literals_constants_and_pytrees(mesh: Any) -> None:
+    ones = np.ones((8, 16), np.float32)
+    prediction = predict(lambda x: {"y": x + ones, "z": x * 2.0}, spec(mesh, (8, 16), "S(0),R"))
+    assert outs(prediction) == ["S(0),R", "S(0),R"]
+    assert jax.tree.unflatten(prediction.out_tree, outs(prediction)) == {"y": "S(0),R", "z": "S(0),R"}
+    assert prediction.cost == 0
+
+
+def test_unsupported_primitive_is_named(mesh: Any) -> None:
+    def loop(x: jax.Array) -> jax.Array:
+        return jax.lax.while_loop(lambda a: a.sum() < 10, lambda a: a * 2, x)
+
+    with pytest.raises(UnsupportedOpError, match="while"):
+        predict(loop, spec(mesh, (8, 16), "S(0),R"))
+
+
+def test_predict_errors(mesh: Any) -> None:
+    with pytest.raises(InferenceError, match="not callable"):
+        predict("f", spec(mesh, (8,), "S(0),R"))  # type: ignore[arg-type]
+    other = init_device_mesh((4, 2), ("dp", "tp"))
+    with pytest.raises(InferenceError, match="different meshes"):
+        predict(jnp.add, spec(mesh, (8,), "S(0),R"), spec(other, (8,), "S(0),R"))
+
+
+def test_refine_reduces_a_partial_once_instead_of_twice(mesh: Any) -> None:
+    """A row-parallel output plus a residual, then a decomposed layer norm and a column-
+    parallel matmul: greedy carries the partial through the linear part of the norm and
+    reduces twice; refine reduces it once, where it is produced."""
+
+    def residual_norm_matmul(x: jax.Array, a: jax.Array, wo: jax.Array, w1: jax.Array) -> jax.Array:
+        y = x + a @ wo
+        centered = y - y.mean(-1, keepdims=True)
+        normed = centered / jnp.sqrt((centered**2).mean(-1, keepdims=True) + 1e-5)
+        return normed @ w1
+
+    inputs = (spec(mesh, (8, 16), "S(0),R"), spec(mesh, (8, 16), "S(0),S(1)"), spec(mesh, (16, 16), "R,S(0)"),
+              spec(mesh, (16, 32), "R,S(1)"))
+    greedy = predict(residual_norm_matmul, *inputs)
+    refined = predict(residual_norm_matmul, *inputs, search="refine")
+    assert refined.cost < greedy.cost
+    assert sum(1 for s in greedy.steps if s.collective in ("all-reduce", "reduce-scatter")) == 2
+    assert sum(1 for s in refined.steps if s.collective in ("all-reduce", "reduce-scatter", "all-gather")) <= 2
+    assert outs(refined) == outs(greedy) == ["S(0),S(1)"]
+
+
+def test_unknown_search_is_an_error(mesh: Any) -> None:
+    with pytest.raises(InferenceError, match="search"):
+        predict(jnp.exp, spec(mesh, (8,), "S(0),R"), search="exhaustive")
