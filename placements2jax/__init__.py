@@ -17,6 +17,16 @@ from .errors import (
 )
 from .dtensor import DTensor, distribute_tensor, redistribute_collectives
 from .hlo import Collective
+from .inference import (
+    CostModel,
+    Signature,
+    check,
+    infer_signature,
+    plan_redistribute,
+    predict,
+    set_default_cost_model,
+    use_cost_model,
+)
 from .layout import Layout
 from .mesh import DeviceMesh, MeshGroup, as_device_mesh, init_device_mesh
 from .placements import (
@@ -37,6 +47,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ArgumentTypeError",
     "Collective",
+    "CostModel",
     "DTensor",
     "DeviceMesh",
     "InferenceError",
@@ -53,17 +64,24 @@ __all__ = [
     "Replicate",
     "ShapeError",
     "Shard",
+    "Signature",
     "UnsupportedOpError",
     "as_device_mesh",
+    "check",
     "distribute_tensor",
     "format_alias",
     "format_placements",
+    "infer_signature",
     "init_device_mesh",
     "parse_alias",
     "parse_placement",
     "parse_placements",
+    "plan_redistribute",
     "plot",
+    "predict",
     "print_layout",
     "redistribute_collectives",
+    "set_default_cost_model",
+    "use_cost_model",
     "visualize",
 ]

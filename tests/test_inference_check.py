@@ -11,7 +11,8 @@ import pytest
 
 from placements2jax import InferenceError, Layout, init_device_mesh
 from placements2jax.inference import check
-from placements2jax.inference.check import parse_hlo_collectives
+from placements2jax.hlo import parse_collectives
+from placements2jax.inference.check import collective_nbytes
 from placements2jax.inference.signature import layout_text
 
 F32 = jnp.float32
@@ -114,7 +115,7 @@ def test_uncompilable_inputs_say_why(mesh: Any) -> None:
         check(jnp.exp, spec(auto, (8, 16), "S(0),P"))
 
 
-def test_hlo_collectives_in_all_replica_group_notations() -> None:
+def test_bytes_of_compiled_collectives_in_all_replica_group_notations() -> None:
     text = "\n".join([
         "  %all-reduce = f32[1,8,16]{2,1,0} all-reduce(%x), channel_id=1, replica_groups={{0,1},{2,3},{4,5},{6,7}}, "
         "use_global_device_ids=true, to_apply=%add",
@@ -128,13 +129,12 @@ def test_hlo_collectives_in_all_replica_group_notations() -> None:
         "  %collective-permute = f32[2,16]{1,0} collective-permute(%param), source_target_pairs={{0,1},{1,0}}",
         "  %fusion = f32[4]{0} fusion(%all-reduce), kind=kLoop",
     ])
-    found = parse_hlo_collectives(text, 8)
-    assert [(c.kind, c.group_size, c.nbytes) for c in found] == [
+    found = parse_collectives(text)
+    assert [(c.op, c.group_size if c.groups else 8, collective_nbytes(c, 8)) for c in found] == [
         ("all-reduce", 2, 512),  # 2 * 512 B * 1/2
         ("all-gather", 2, 128),  # 256 B * 1/2
         ("all-to-all", 4, 96),  # block 128 B * 3/4
         ("all-reduce", 2, 16),
         ("reduce-scatter", 8, 32 * 7),  # result 32 B, input 8 x 32 B
-        ("collective-permute", 8, 128),
+        ("collective-permute", 2, 128),
     ]
-    assert str(found[0]) == "all-reduce over 2 (f32[1, 8, 16]): 512 B"

@@ -185,3 +185,12 @@ def test_signature_prints_a_ranked_table(mesh: Any) -> None:
     assert text.splitlines()[0].startswith("add(float32[8, 8] S(0),R ; float32[8, 8] S(1),R)")
     assert "rank | inputs" in text and "all-to-all" in text
     assert len(signature.table(limit=None).splitlines()) == len(signature.candidates) + 2
+
+
+def test_real_dtensors_are_accepted(mesh: Any) -> None:
+    from placements2jax import distribute_tensor
+
+    x = distribute_tensor(np.ones((8, 16), np.float32), mesh, "S(0),S(1)")
+    w = distribute_tensor(np.ones((16, 8), np.float32), mesh, "R,S(0)")
+    signature = infer_signature("matmul", [x, w])
+    assert texts(signature.out_layouts) == ["S(0),P"] and signature.inputs[0].shape == (8, 16)

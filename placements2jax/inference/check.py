@@ -33,8 +33,6 @@ unreduced values (reported as an error).
 
 from __future__ import annotations
 
-import math
-import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,6 +44,7 @@ import jax
 from jax.sharding import AxisType, NamedSharding
 
 from ..errors import InferenceError
+from ..hlo import Collective, parse_collectives
 from ..layout import Layout
 from ..mesh import DeviceMesh
 from .cost import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, CostModelLike, collective_bytes
@@ -54,35 +53,15 @@ from .plan import plan_redistribute
 from .signature import Aval, RedistributePlan, as_tensor_spec, common_mesh, layout_text, replicated
 from .table import format_bytes, format_table
 
-__all__ = ["check", "CheckReport", "OutputCheck", "HloCollective", "parse_hlo_collectives"]
+__all__ = ["check", "CheckReport", "OutputCheck", "collective_nbytes"]
 
 COLLECTIVE_PERMUTE = "collective-permute"
+
 EQUAL = "equal"
 XLA_REDUCED = "xla reduced partial"
 DIFFERS = "differs"
 SAME_BYTES = "same bytes"
 _COMMUNICATING = (ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER, ALL_REDUCE)
-
-_OP = re.compile(
-    r"=\s*(?P<type>.*?)\s(?P<kind>all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)(?P<start>-start)?\("
-)
-_SHAPE = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")
-_ITEMSIZE = {"pred": 1, "bf16": 2, "f16": 2, "c64": 8, "c128": 16}
-
-
-@dataclass(frozen=True)
-class HloCollective:
-    """A collective of the compiled HLO: its kind, per-device result shapes, group size
-    and the bytes each device sends (by the cost model's formulas)."""
-
-    kind: str
-    shapes: tuple[tuple[str, tuple[int, ...]], ...]
-    group_size: int
-    nbytes: Fraction
-
-    def __str__(self) -> str:
-        shapes = ", ".join(f"{t}{list(s)}" for t, s in self.shapes)
-        return f"{self.kind} over {self.group_size} ({shapes}): {format_bytes(self.nbytes)} B"
 
 
 @dataclass(frozen=True)
@@ -106,8 +85,9 @@ class CheckReport:
     prediction: Prediction
     mode: str
     outputs: tuple[OutputCheck, ...]
-    compiled_collectives: tuple[HloCollective, ...]
+    compiled_collectives: tuple[Collective, ...]
     platform: str
+    num_devices: int
 
     @property
     def predicted_collectives(self) -> list[tuple[str, Fraction]]:
@@ -133,7 +113,7 @@ class CheckReport:
 
     @property
     def compiled_counts(self) -> Counter[str]:
-        return Counter(c.kind for c in self.compiled_collectives)
+        return Counter(c.op for c in self.compiled_collectives)
 
     @property
     def predicted_bytes(self) -> Fraction:
@@ -141,7 +121,7 @@ class CheckReport:
 
     @property
     def compiled_bytes(self) -> Fraction:
-        return sum((c.nbytes for c in self.compiled_collectives), Fraction(0))
+        return sum((collective_nbytes(c, self.num_devices) for c in self.compiled_collectives), Fraction(0))
 
     @property
     def communication(self) -> str:
@@ -219,9 +199,9 @@ def check(
         _compare(i, out.aval, out.layout, sharding, mesh, cost_model)
         for i, (out, sharding) in enumerate(zip(prediction.outputs, shardings))
     )
-    collectives = parse_hlo_collectives(compiled.as_text(), mesh.size())
+    collectives = tuple(parse_collectives(compiled.as_text()))
     platform = mesh.devices.flat[0].platform
-    return CheckReport(prediction, "explicit" if explicit else "auto", outputs, collectives, platform)
+    return CheckReport(prediction, "explicit" if explicit else "auto", outputs, collectives, platform, mesh.size())
 
 
 def _check_compilable(argument: str, layout: Layout, shape: tuple[int, ...]) -> None:
@@ -292,49 +272,16 @@ def _reduced_form(predicted: Layout, compiled: Layout) -> bool:
     return without(predicted) == without(compiled)
 
 
-def parse_hlo_collectives(hlo_text: str, num_devices: int) -> tuple[HloCollective, ...]:
-    """The collectives of compiled HLO text, with per-device bytes as in :mod:`.cost`:
-    all-reduce ``2R(n-1)/n``, all-gather ``R(n-1)/n`` (R: the gathered result),
-    reduce-scatter ``R(n-1)`` (the input is ``nR``), all-to-all ``B(n-1)/n`` (B: one
-    device's block, the sum of the tuple parts), collective-permute ``R``."""
-    result = []
-    for line in hlo_text.splitlines():
-        match = _OP.search(line)
-        if match is None:
-            continue
-        kind = match["kind"]
-        shapes = tuple((t, tuple(int(n) for n in dims.split(",") if n)) for t, dims in _SHAPE.findall(match["type"]))
-        if match["start"] and kind in (ALL_GATHER, COLLECTIVE_PERMUTE):
-            shapes = shapes[1:2] if len(shapes) > 1 else shapes  # async start: (operand, result, ...)
-        n = _group_size(line, num_devices)
-        block = sum(_itemsize(t) * math.prod(s) for t, s in shapes)
-        if kind == COLLECTIVE_PERMUTE:
-            nbytes = Fraction(block)
-        elif kind == REDUCE_SCATTER:
-            nbytes = collective_bytes(REDUCE_SCATTER, n * block, n)
-        elif kind == ALL_TO_ALL:
-            nbytes = collective_bytes(ALL_TO_ALL, n * block, n)
-        else:
-            nbytes = collective_bytes(kind, block, n)
-        result.append(HloCollective(kind, shapes, n, nbytes))
-    return tuple(result)
-
-
-def _itemsize(type_name: str) -> int:
-    if type_name in _ITEMSIZE:
-        return _ITEMSIZE[type_name]
-    bits = re.search(r"\d+", type_name)
-    return max(1, int(bits.group()) // 8) if bits else 4
-
-
-def _group_size(line: str, num_devices: int) -> int:
-    """The replica group size of a collective line, in any of XLA's three notations."""
-    if match := re.search(r"replica_groups=\{\{([\d,]*)\}", line):
-        return len([x for x in match.group(1).split(",") if x])
-    if match := re.search(r"replica_groups=\[(\d+),(\d+)\]<=", line):
-        return int(match.group(2))
-    if match := re.search(r"replica_groups=mesh\[([^\]]*)\][^{]*\{([^}]*)\}", line):
-        sizes = {name: int(size) for name, size in re.findall(r"'([^']+)'=(\d+)", match.group(1))}
-        return math.prod(sizes[name] for name in re.findall(r"'([^']+)'", match.group(2)))
-    return num_devices
-
+def collective_nbytes(collective: Collective, num_devices: int) -> Fraction:
+    """Bytes each device sends for one compiled collective, by the formulas of
+    :mod:`.cost` applied to its per-device result ``R`` and group size ``n``: all-reduce
+    ``2R(n-1)/n``, all-gather ``R(n-1)/n`` (R: the gathered result), reduce-scatter
+    ``R(n-1)`` (the input is ``nR``), all-to-all ``R(n-1)/n`` (R: one device's block, all
+    tuple parts), collective-permute ``R``. Empty replica groups mean all devices."""
+    block = collective.result_bytes
+    if collective.op == COLLECTIVE_PERMUTE:
+        return Fraction(block)
+    n = collective.group_size if collective.groups else num_devices
+    if collective.op in (REDUCE_SCATTER, ALL_TO_ALL):
+        return collective_bytes(collective.op, n * block, n)
+    return collective_bytes(collective.op, block, n)
