@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import pytest
 
 from placements2jax import InferenceError, Layout, init_device_mesh
-from placements2jax.inference import check
 from placements2jax.hlo import parse_collectives
+from placements2jax.inference import check
 from placements2jax.inference.check import collective_nbytes
 from placements2jax.inference.signature import layout_text
 
@@ -116,19 +116,17 @@ def test_uncompilable_inputs_say_why(mesh: Any) -> None:
 
 
 def test_bytes_of_compiled_collectives_in_all_replica_group_notations() -> None:
-    text = "\n".join([
-        "  %all-reduce = f32[1,8,16]{2,1,0} all-reduce(%x), channel_id=1, replica_groups={{0,1},{2,3},{4,5},{6,7}}, "
-        "use_global_device_ids=true, to_apply=%add",
-        "  ROOT %all-gather = f32[4,16]{1,0} all-gather(%p), channel_id=2, replica_groups=[4,2]<=[2,2,2]T(2,1,0), "
-        "dimensions={0}",
-        "  %all-to-all.1 = (f32[1,2,4]{2,1,0}, f32[1,2,4]{2,1,0}, f32[1,2,4]{2,1,0}, f32[1,2,4]{2,1,0}) "
-        "all-to-all(%a, %b, %c, %d), channel_id=1, replica_groups=mesh['axis_0'=4,'axis_1'=1,'axis_2'=2] {'axis_0'}",
-        "  ROOT %all-reduce.2 = f32[4]{0} all-reduce(%w), channel_id=1, replica_groups=mesh['axis_0'=2,'axis_1'=4], "
-        "device_ids=([4,2]T(1,0)) {'axis_0'}, to_apply=%region",
-        "  %reduce-scatter = bf16[2,8]{1,0} reduce-scatter(%y), replica_groups={}, dimensions={0}",
-        "  %collective-permute = f32[2,16]{1,0} collective-permute(%param), source_target_pairs={{0,1},{1,0}}",
-        "  %fusion = f32[4]{0} fusion(%all-reduce), kind=kLoop",
-    ])
+    text = """
+  %all-reduce = f32[1,8,16]{2,1,0} all-reduce(%x), channel_id=1, replica_groups={{0,1},{2,3},{4,5},{6,7}}, to_apply=%add
+  ROOT %all-gather = f32[4,16]{1,0} all-gather(%p), channel_id=2, replica_groups=[4,2]<=[2,2,2]T(2,1,0), dimensions={0}
+  %all-to-all.1 = (f32[1,2,4]{2,1,0}, f32[1,2,4]{2,1,0}, f32[1,2,4]{2,1,0}, f32[1,2,4]{2,1,0}) all-to-all(%a, %b, %c, %d), \
+channel_id=1, replica_groups=mesh['axis_0'=4,'axis_1'=1,'axis_2'=2] {'axis_0'}
+  ROOT %all-reduce.2 = f32[4]{0} all-reduce(%w), channel_id=1, replica_groups=mesh['axis_0'=2,'axis_1'=4], \
+device_ids=([4,2]T(1,0)) {'axis_0'}, to_apply=%region
+  %reduce-scatter = bf16[2,8]{1,0} reduce-scatter(%y), replica_groups={}, dimensions={0}
+  %collective-permute = f32[2,16]{1,0} collective-permute(%param), source_target_pairs={{0,1},{1,0}}
+  %fusion = f32[4]{0} fusion(%all-reduce), kind=kLoop
+"""
     found = parse_collectives(text)
     assert [(c.op, c.group_size if c.groups else 8, collective_nbytes(c, 8)) for c in found] == [
         ("all-reduce", 2, 512),  # 2 * 512 B * 1/2

@@ -7,8 +7,17 @@ from fractions import Fraction
 import pytest
 
 from placements2jax import ArgumentTypeError, InferenceError, init_device_mesh
-from placements2jax.inference import CostModel, default_cost_model, set_default_cost_model, use_cost_model
-from placements2jax.inference.cost import block_bytes, collective_bytes, resolve_cost_model
+from placements2jax.inference import (
+    CostModel,
+    default_cost_model,
+    set_default_cost_model,
+    use_cost_model,
+)
+from placements2jax.inference.cost import (
+    block_bytes,
+    collective_bytes,
+    resolve_cost_model,
+)
 
 
 @pytest.mark.parametrize(

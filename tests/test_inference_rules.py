@@ -9,9 +9,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from placements2jax import Layout, Partial, Replicate, Shard, UnsupportedOpError, init_device_mesh
-from placements2jax.inference import OneDSig, Signature, infer_signature
-from placements2jax.inference import rules
+from placements2jax import (
+    Layout,
+    Partial,
+    Replicate,
+    Shard,
+    UnsupportedOpError,
+    init_device_mesh,
+)
+from placements2jax.inference import OneDSig, Signature, infer_signature, rules
 from placements2jax.inference.signature import Aval
 from placements2jax.placements import parse_placement
 

@@ -14,8 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from placements2jax import ArgumentTypeError, InferenceError, Layout, init_device_mesh
-from placements2jax.inference import CostModel, Signature, infer_signature
-from placements2jax.inference import ops
+from placements2jax.inference import CostModel, Signature, infer_signature, ops
 from placements2jax.inference.cost import resolve_cost_model
 from placements2jax.inference.select import nest_orders, rank_candidates
 from placements2jax.inference.signature import Aval, TensorSpec, layout_text
@@ -28,7 +27,7 @@ def mesh():
     return init_device_mesh((2, 4), ("dp", "tp"))
 
 
-def L(mesh: Any, placements: Any) -> Layout:  # noqa: N802 - reads like the placements it builds
+def L(mesh: Any, placements: Any) -> Layout:
     return Layout.from_device_mesh(mesh)(placements)
 
 

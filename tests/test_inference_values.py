@@ -22,7 +22,11 @@ from hypothesis import strategies as st
 
 from placements2jax import Layout, init_device_mesh
 from placements2jax.chunking import chunk_1d
-from placements2jax.inference import RedistributeStep, infer_signature, plan_redistribute
+from placements2jax.inference import (
+    RedistributeStep,
+    infer_signature,
+    plan_redistribute,
+)
 from placements2jax.inference.signature import Candidate
 from placements2jax.layout import iter_layouts
 

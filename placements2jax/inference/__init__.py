@@ -8,11 +8,19 @@ any object with ``.shape``, ``.dtype`` and ``.layout`` (a DTensor).
 
 from .check import CheckReport, check
 from .cost import CostModel, default_cost_model, set_default_cost_model, use_cost_model
-from .ops import op_names, primitive_names
 from .jaxpr import Prediction, predict
+from .ops import op_names, primitive_names
 from .plan import plan_redistribute
 from .select import infer_signature
-from .signature import Aval, Candidate, OneDSig, RedistributePlan, RedistributeStep, Signature, TensorSpec
+from .signature import (
+    Aval,
+    Candidate,
+    OneDSig,
+    RedistributePlan,
+    RedistributeStep,
+    Signature,
+    TensorSpec,
+)
 
 __all__ = [
     "Aval",

@@ -47,13 +47,27 @@ from ..errors import InferenceError
 from ..hlo import Collective, parse_collectives
 from ..layout import Layout
 from ..mesh import DeviceMesh
-from .cost import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, CostModelLike, collective_bytes
+from .cost import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    ALL_TO_ALL,
+    REDUCE_SCATTER,
+    CostModelLike,
+    collective_bytes,
+)
 from .jaxpr import Prediction, predict
 from .plan import plan_redistribute
-from .signature import Aval, RedistributePlan, as_tensor_spec, common_mesh, layout_text, replicated
+from .signature import (
+    Aval,
+    RedistributePlan,
+    as_tensor_spec,
+    common_mesh,
+    layout_text,
+    replicated,
+)
 from .table import format_bytes, format_table
 
-__all__ = ["check", "CheckReport", "OutputCheck", "collective_nbytes"]
+__all__ = ["CheckReport", "OutputCheck", "check", "collective_nbytes"]
 
 COLLECTIVE_PERMUTE = "collective-permute"
 

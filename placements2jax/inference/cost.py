@@ -33,20 +33,20 @@ from ..mesh import DeviceMesh
 
 __all__ = [
     "ALL_GATHER",
-    "ALL_TO_ALL",
-    "REDUCE_SCATTER",
     "ALL_REDUCE",
-    "LOCAL_SLICE",
-    "LOCAL_PARTIAL",
+    "ALL_TO_ALL",
     "COLLECTIVES",
-    "collective_bytes",
-    "block_bytes",
+    "LOCAL_PARTIAL",
+    "LOCAL_SLICE",
+    "REDUCE_SCATTER",
     "CostModel",
     "CostModelLike",
+    "block_bytes",
+    "collective_bytes",
     "default_cost_model",
+    "resolve_cost_model",
     "set_default_cost_model",
     "use_cost_model",
-    "resolve_cost_model",
 ]
 
 ALL_GATHER = "all-gather"

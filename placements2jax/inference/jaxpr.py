@@ -43,7 +43,7 @@ from .signature import (
 )
 from .table import format_bytes, format_table
 
-__all__ = ["predict", "Prediction", "EquationReport"]
+__all__ = ["EquationReport", "Prediction", "predict"]
 
 # call-like primitives and the param holding the called jaxpr (loops are not calls)
 _CALLS = {

@@ -27,13 +27,13 @@ from .signature import Aval, OneDSig
 __all__ = [
     "OpDef",
     "PrimitiveDef",
+    "einsum_letters",
+    "freeze",
+    "layer_norm",
     "op_definition",
     "op_names",
     "primitive_definition",
     "primitive_names",
-    "freeze",
-    "layer_norm",
-    "einsum_letters",
 ]
 
 Rule = Callable[..., list[OneDSig]]

@@ -36,12 +36,27 @@ from ..errors import ArgumentTypeError, InferenceError
 from ..layout import Layout
 from ..mesh import DeviceMesh
 from ..placements import Partial, Placement, Replicate, Shard
-from .cost import REDUCE_SCATTER, CostModel, CostModelLike, block_bytes, collective_bytes, resolve_cost_model
+from .cost import (
+    REDUCE_SCATTER,
+    CostModel,
+    CostModelLike,
+    block_bytes,
+    collective_bytes,
+    resolve_cost_model,
+)
 from .ops import freeze, op_definition, primitive_definition
 from .plan import _plan
-from .signature import Aval, Candidate, OneDSig, Signature, TensorSpec, as_tensor_spec, common_mesh
+from .signature import (
+    Aval,
+    Candidate,
+    OneDSig,
+    Signature,
+    TensorSpec,
+    as_tensor_spec,
+    common_mesh,
+)
 
-__all__ = ["infer_signature", "signature_for", "rank_candidates", "nest_orders", "pending_reduction"]
+__all__ = ["infer_signature", "nest_orders", "pending_reduction", "rank_candidates", "signature_for"]
 
 Constraint = tuple[Layout | None, ...] | None
 RuleKey = tuple[str, str]  # ("op" | "primitive", name)
@@ -183,7 +198,7 @@ def _implied_order(layout: Layout) -> tuple[int, ...]:
     (a topological sort choosing the lowest mesh dim first)."""
     before: dict[int, set[int]] = {m: set() for m in range(layout.mesh.ndim)}
     for axes in layout.dim_axes:
-        for major, minor in zip(axes, axes[1:]):
+        for major, minor in itertools.pairwise(axes):
             before[minor].add(major)
     order: list[int] = []
     while len(order) < len(before):

@@ -18,8 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ArgumentTypeError, InferenceError, LayoutError
-from ..layout import Layout
+from ..errors import ArgumentTypeError, InferenceError, LayoutError, ShapeError
+from ..layout import (
+    Layout,
+    _as_shape,  # the one shape validator of the package
+)
 from ..mesh import DeviceMesh
 from ..placements import Partial, Placement, Replicate, Shard, format_placements
 from .cost import block_bytes
@@ -27,16 +30,16 @@ from .table import format_bytes, format_table
 
 __all__ = [
     "Aval",
-    "TensorSpec",
-    "OneDSig",
-    "RedistributeStep",
-    "RedistributePlan",
     "Candidate",
+    "OneDSig",
+    "RedistributePlan",
+    "RedistributeStep",
     "Signature",
+    "TensorSpec",
     "as_tensor_spec",
     "common_mesh",
-    "placement_on",
     "layout_text",
+    "placement_on",
     "replicated",
 ]
 
@@ -132,7 +135,7 @@ def as_tensor_spec(value: Any, mesh: DeviceMesh | None = None, argument: str = "
             layout = Layout.from_placements(mesh, layout)
         try:
             spec = TensorSpec(tuple(shape), dtype, layout)
-        except (LayoutError, ArgumentTypeError) as err:
+        except (LayoutError, ArgumentTypeError, ShapeError) as err:
             raise type(err)(argument, value, err.problem, err.fix) from None
     if mesh is not None and spec.mesh != mesh:
         raise InferenceError(
@@ -152,15 +155,6 @@ def common_mesh(specs: Sequence[TensorSpec], mesh: DeviceMesh | None, argument: 
     if not meshes:
         raise InferenceError(argument, (), "no tensor and no mesh given", "pass mesh=")
     return meshes.pop()
-
-
-def _as_shape(shape: Any, argument: str) -> Shape:
-    if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
-        raise ArgumentTypeError(argument, shape, "expected a tuple of ints", "pass e.g. (8, 4)")
-    for n in shape:
-        if isinstance(n, bool) or not hasattr(n, "__index__") or int(n) < 0:
-            raise ArgumentTypeError(argument, tuple(shape), f"{n!r} is not a non-negative int", "pass e.g. (8, 4)")
-    return tuple(int(n) for n in shape)
 
 
 def _as_dtype(dtype: Any) -> np.dtype:

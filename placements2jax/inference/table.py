@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from fractions import Fraction
 
-__all__ = ["format_table", "format_bytes"]
+__all__ = ["format_bytes", "format_table"]
 
 
 def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
@@ -17,7 +17,7 @@ def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> st
     return "\n".join(lines)
 
 
-def format_bytes(value: Fraction | int | float) -> str:
+def format_bytes(value: Fraction | float) -> str:
     """An exact byte count as an int when whole, else with two decimals."""
     value = Fraction(value)
     return str(value.numerator) if value.denominator == 1 else f"{float(value):.2f}"
