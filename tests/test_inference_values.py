@@ -398,3 +398,13 @@ def test_every_plan_moves_the_right_data(mesh: Any, data: Any, shape: tuple[int,
     for step in plan.steps:
         blocks = _run_step(step, blocks)
     _assert_output(x, dst, blocks, str(plan))
+
+
+def test_flattening_take_and_concatenate_are_replicate_only() -> None:
+    mesh = init_device_mesh(*MESHES["4"])
+    layout = Layout.from_device_mesh(mesh)
+    take = infer_signature("take", [((8, 4), F32, layout("S(0)")), ((4,), np.int32, layout("R"))], axis=None)
+    joined = infer_signature("concatenate", [((8, 4), F32, layout("S(0)")), ((8, 4), F32, layout("S(0)"))], axis=None)
+    for signature in (take, joined):
+        assert all(not a for c in signature.candidates for x in c.in_layouts + c.out_layouts for a in x.dim_axes)
+        assert all(not x.has_partial for c in signature.candidates for x in c.out_layouts)

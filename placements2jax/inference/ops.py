@@ -319,7 +319,9 @@ def _take_reference(a: jax.Array, indices: jax.Array, *, axis: int = 0, mode: st
     return jnp.take(a, indices, axis=axis, mode=mode)
 
 
-def _take(ins: Sequence[Aval], outs: Sequence[Aval], *, axis: int = 0, **_: Any) -> list[OneDSig]:
+def _take(ins: Sequence[Aval], outs: Sequence[Aval], *, axis: int | None = 0, **_: Any) -> list[OneDSig]:
+    if axis is None:  # jnp.take of the flattened table: Replicate only
+        return []
     return rules.take(ins, outs, axis=_axes(axis, ins[0].ndim)[0])
 
 
@@ -330,7 +332,9 @@ def _concatenate_reference(*arrays: jax.Array, axis: int = 0) -> jax.Array:
     return jnp.concatenate(arrays, axis=axis)
 
 
-def _concatenate(ins: Sequence[Aval], outs: Sequence[Aval], *, axis: int = 0, **_: Any) -> list[OneDSig]:
+def _concatenate(ins: Sequence[Aval], outs: Sequence[Aval], *, axis: int | None = 0, **_: Any) -> list[OneDSig]:
+    if axis is None:  # concatenation of the flattened inputs: Replicate only
+        return []
     return rules.concatenate(ins, outs, dimension=_axes(axis, ins[0].ndim)[0])
 
 

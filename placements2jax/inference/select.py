@@ -2,10 +2,10 @@
 
 1. Candidates: the op's 1-D signatures plus all-Replicate; on an N-D mesh the direct
    product (one 1-D signature per mesh dim). A tensor dim split by several mesh dims is
-   split in *nest order* (major first): mesh order, plus the order implied by each input
-   or constraint layout that splits a dim over mesh dims out of mesh order (a valid
-   signature stays valid under any nest order: it is the same signature on a transposed
-   mesh).
+   split in *nest order* (major first): every order of the mesh dims on meshes of up to
+   3 dims, else mesh order plus the orders implied by the input and constraint layouts
+   (a valid signature stays valid under any nest order: it is the same signature on a
+   transposed mesh). Ties prefer mesh order, which torch's placements can say.
 2. Filters: a split must have at least as many elements as pieces at its step, using the
    current local extent as torch.chunk nests (``ceil`` of the previous steps); splits a
    1-D signature marks ``even`` must be exact; a tensor may not mix partial reduce ops;
@@ -59,6 +59,7 @@ from .signature import (
 __all__ = ["infer_signature", "nest_orders", "pending_reduction", "rank_candidates", "signature_for"]
 
 Constraint = tuple[Layout | None, ...] | None
+_ALL_ORDERS_UP_TO = 3
 RuleKey = tuple[str, str]  # ("op" | "primitive", name)
 
 
@@ -184,8 +185,12 @@ def _constraint_mesh(constraint: Constraint) -> DeviceMesh:
 
 
 def nest_orders(mesh: DeviceMesh, layouts: Sequence[Layout]) -> tuple[tuple[int, ...], ...]:
-    """Mesh order, then the nest order implied by each layout (deduplicated)."""
+    """Mesh order first; on meshes of up to ``_ALL_ORDERS_UP_TO`` dims every other order
+    too (e.g. moving a split onto a dim another mesh dim already splits, as the minor
+    one, is one all-to-all); on larger meshes the orders implied by ``layouts``."""
     orders = [tuple(range(mesh.ndim))]
+    if mesh.ndim <= _ALL_ORDERS_UP_TO:
+        return tuple(orders + [p for p in itertools.permutations(range(mesh.ndim)) if p != orders[0]])
     for layout in layouts:
         order = _implied_order(layout)
         if order not in orders:
