@@ -193,3 +193,12 @@ def test_real_dtensors_are_accepted(mesh: Any) -> None:
     w = distribute_tensor(np.ones((16, 8), np.float32), mesh, "R,S(0)")
     signature = infer_signature("matmul", [x, w])
     assert texts(signature.out_layouts) == ["S(0),P"] and signature.inputs[0].shape == (8, 16)
+
+
+def test_constants_are_replicated_inputs(mesh: Any) -> None:
+    x = ((8, 16), F32, L(mesh, "S(0),S(1)"))
+    scaled = infer_signature("mul", [x, 2.0])
+    assert texts(scaled.out_layouts) == ["S(0),S(1)"] and scaled.inputs[1].shape == ()
+    assert texts(infer_signature("add", [np.ones((16,), np.float32), x]).out_layouts) == ["S(0),S(1)"]
+    with pytest.raises(InferenceError, match="no mesh"):
+        infer_signature("add", [1.0, 2.0])

@@ -60,8 +60,7 @@ from .plan import plan_redistribute
 from .signature import (
     Aval,
     RedistributePlan,
-    as_tensor_spec,
-    common_mesh,
+    as_tensor_specs,
     layout_text,
     replicated,
 )
@@ -191,8 +190,7 @@ def check(
 ) -> CheckReport:
     """Predict ``fn`` on ``inputs`` (``predict(..., search=search)``) and compare with
     XLA's compilation (module docstring)."""
-    specs = tuple(as_tensor_spec(x, mesh, f"inputs[{i}]") for i, x in enumerate(inputs))
-    mesh = common_mesh(specs, mesh)
+    specs, mesh = as_tensor_specs(inputs, mesh)
     for i, spec in enumerate(specs):
         _check_compilable(f"inputs[{i}]", spec.layout, spec.shape)
     explicit = any(spec.layout.has_partial for spec in specs)

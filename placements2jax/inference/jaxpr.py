@@ -36,8 +36,7 @@ from .signature import (
     RedistributeStep,
     Signature,
     TensorSpec,
-    as_tensor_spec,
-    common_mesh,
+    as_tensor_specs,
     layout_text,
     replicated,
 )
@@ -163,8 +162,7 @@ def predict(
         raise InferenceError("fn", fn, "not callable", "pass a function of the input tensors")
     if search not in SEARCHES:
         raise InferenceError("search", search, "unknown search", f"use one of {SEARCHES}")
-    specs = tuple(as_tensor_spec(x, mesh, f"inputs[{i}]") for i, x in enumerate(inputs))
-    mesh = common_mesh(specs, mesh)
+    specs, mesh = as_tensor_specs(inputs, mesh)
     model = resolve_cost_model(cost_model)
     closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(
         *(jax.ShapeDtypeStruct(s.shape, s.dtype) for s in specs)

@@ -53,7 +53,7 @@ from .signature import (
     Signature,
     TensorSpec,
     as_tensor_spec,
-    common_mesh,
+    as_tensor_specs,
 )
 
 __all__ = ["infer_signature", "nest_orders", "pending_reduction", "rank_candidates", "signature_for"]
@@ -83,8 +83,7 @@ def infer_signature(
     defaults to :func:`default_cost_model`.
     """
     definition = op_definition(op)
-    specs = _as_specs(inputs, mesh)
-    mesh = common_mesh(specs, mesh)
+    specs, mesh = _as_specs(inputs, mesh)
     frozen = freeze(params)
     out_avals = _out_avals(definition.name, frozen, tuple(s.aval for s in specs))
     return _infer(
@@ -109,14 +108,14 @@ def signature_for(
     return _infer(rule, params, specs, out_avals, None, None, cost_model)
 
 
-def _as_specs(inputs: Any, mesh: DeviceMesh | None) -> tuple[TensorSpec, ...]:
+def _as_specs(inputs: Any, mesh: DeviceMesh | None) -> tuple[tuple[TensorSpec, ...], DeviceMesh]:
     if not isinstance(inputs, (list, tuple)) or (
         len(inputs) == 3 and isinstance(inputs[0], (tuple, list)) and isinstance(inputs[2], Layout)
     ):
         raise ArgumentTypeError(
             "inputs", inputs, "expected a list of tensors", "pass a list, e.g. [(shape, dtype, layout), dtensor]"
         )
-    return tuple(as_tensor_spec(x, mesh, f"inputs[{i}]") for i, x in enumerate(inputs))
+    return as_tensor_specs(inputs, mesh)
 
 
 @lru_cache(maxsize=4096)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+import jax
 import numpy as np
 
 from ..errors import ArgumentTypeError, InferenceError, LayoutError, ShapeError
@@ -37,7 +38,7 @@ __all__ = [
     "Signature",
     "TensorSpec",
     "as_tensor_spec",
-    "common_mesh",
+    "as_tensor_specs",
     "layout_text",
     "placement_on",
     "replicated",
@@ -144,17 +145,41 @@ def as_tensor_spec(value: Any, mesh: DeviceMesh | None = None, argument: str = "
     return spec
 
 
-def common_mesh(specs: Sequence[TensorSpec], mesh: DeviceMesh | None, argument: str = "inputs") -> DeviceMesh:
-    """The one mesh of all ``specs`` (or ``mesh``); all tensors of an op share a mesh."""
-    meshes = {s.mesh for s in specs} | ({mesh} if mesh is not None else set())
+def as_tensor_specs(
+    values: Sequence[Any], mesh: DeviceMesh | None, argument: str = "inputs"
+) -> tuple[tuple[TensorSpec, ...], DeviceMesh]:
+    """All of an op's inputs as TensorSpecs on their one mesh (or ``mesh``), and that mesh.
+
+    Besides what :func:`as_tensor_spec` takes, constants (Python or NumPy scalars,
+    NumPy or JAX arrays without a placements2jax layout) are Replicate on that mesh.
+    """
+    specs: list[TensorSpec | None] = [
+        None if _is_constant(v) else as_tensor_spec(v, mesh, f"{argument}[{i}]") for i, v in enumerate(values)
+    ]
+    meshes = {s.mesh for s in specs if s is not None} | ({mesh} if mesh is not None else set())
     if len(meshes) > 1:
         raise InferenceError(
-            argument, [s.mesh for s in specs], "the tensors are on different meshes",
+            argument, [str(s.mesh) for s in specs if s is not None], "the tensors are on different meshes",
             "redistribute them onto one mesh (cross-mesh ops are not defined)",
         )
     if not meshes:
-        raise InferenceError(argument, (), "no tensor and no mesh given", "pass mesh=")
-    return meshes.pop()
+        raise InferenceError(argument, tuple(values), "no tensor with a layout and no mesh given", "pass mesh=")
+    common = meshes.pop()
+    result = tuple(
+        spec if spec is not None else _constant_spec(value, common) for spec, value in zip(specs, values)
+    )
+    return result, common
+
+
+def _is_constant(value: Any) -> bool:
+    if isinstance(value, (bool, int, float, complex, np.generic, np.ndarray)):
+        return True
+    return isinstance(value, jax.Array) and not isinstance(getattr(value, "layout", None), Layout)
+
+
+def _constant_spec(value: Any, mesh: DeviceMesh) -> TensorSpec:
+    shape = np.shape(value)
+    return TensorSpec(shape, jax.numpy.result_type(value), replicated(mesh, len(shape)))
 
 
 def _as_dtype(dtype: Any) -> np.dtype:
