@@ -228,3 +228,9 @@ def _equations(jaxpr: Any) -> list[Any]:
         if inner is not None:
             found += _equations(getattr(inner, "jaxpr", inner))
     return found
+
+
+def test_ops_without_inputs_are_replicated(mesh: Any) -> None:
+    prediction = predict(lambda ids: jax.nn.one_hot(ids, 4), spec(mesh, (8,), "S(0),R", jnp.int32))
+    assert outs(prediction) == ["S(0),R"]
+    assert any(e.primitive == "iota" and layout_text(e.outputs[0].layout) == "R,R" for e in prediction.equations)

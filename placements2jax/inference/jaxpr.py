@@ -280,7 +280,7 @@ class _Walker:
         else:
             definition = primitive_definition(name)
             params = freeze({p: eqn.params[p] for p in definition.params}, f"{name} params")
-            signature = signature_for(("primitive", name), params, ins, out_avals, self.cost_model)
+            signature = signature_for(("primitive", name), params, ins, out_avals, self.cost_model, self.mesh)
             if path in self.reduced:
                 signature = _without_partial_outputs(signature, self.reduced[path])
         outs = tuple(TensorSpec(a.shape, a.dtype, layout) for a, layout in zip(out_avals, signature.out_layouts))

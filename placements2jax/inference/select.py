@@ -94,6 +94,7 @@ def infer_signature(
         _constraint(out_layouts, out_avals, mesh, "out_layouts"),
         _constraint(in_layouts, tuple(s.aval for s in specs), mesh, "in_layouts"),
         resolve_cost_model(cost_model),
+        mesh,
     )
 
 
@@ -103,9 +104,10 @@ def signature_for(
     specs: tuple[TensorSpec, ...],
     out_avals: tuple[Aval, ...],
     cost_model: CostModel,
+    mesh: DeviceMesh,
 ) -> Signature:
     """The (cached) signature of a named op or jaxpr primitive given its output avals."""
-    return _infer(rule, params, specs, out_avals, None, None, cost_model)
+    return _infer(rule, params, specs, out_avals, None, None, cost_model, mesh)
 
 
 def _as_specs(inputs: Any, mesh: DeviceMesh | None) -> tuple[tuple[TensorSpec, ...], DeviceMesh]:
@@ -157,12 +159,12 @@ def _infer(
     out_constraint: Constraint,
     in_constraint: Constraint,
     cost_model: CostModel,
+    mesh: DeviceMesh,
 ) -> Signature:
     kind, name = rule
     ins = tuple(s.aval for s in specs)
     rule_fn = op_definition(name).rule if kind == "op" else primitive_definition(name).rule
     one_d = list(rule_fn(ins, out_avals, **dict(params)))
-    mesh = specs[0].mesh if specs else _constraint_mesh(out_constraint)
     layouts = [s.layout for s in specs] + [x for x in (out_constraint or ()) + (in_constraint or ()) if x is not None]
     candidates = rank_candidates(one_d, specs, out_avals, mesh, nest_orders(mesh, layouts), cost_model,
                                  out_constraint=out_constraint, in_constraint=in_constraint)
@@ -174,13 +176,6 @@ def _infer(
             "relax the constraint (None leaves a tensor free), or redistribute the result afterwards",
         )
     return Signature(name, specs, tuple(candidates))
-
-
-def _constraint_mesh(constraint: Constraint) -> DeviceMesh:
-    for layout in constraint or ():
-        if layout is not None:
-            return layout.mesh
-    raise InferenceError("inputs", (), "an op without inputs needs an output constraint or a mesh", "pass mesh=")
 
 
 def nest_orders(mesh: DeviceMesh, layouts: Sequence[Layout]) -> tuple[tuple[int, ...], ...]:
