@@ -15,6 +15,7 @@ each redistribution is compiled once per shape and dtype.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from functools import lru_cache
 
@@ -29,7 +30,14 @@ from .physical import Physical, physical
 
 __all__ = ["convert", "program", "check_redistribute", "replicated_layout", "without_partial"]
 
-_REDUCERS = {"sum": jnp.sum, "avg": jnp.mean, "max": jnp.max, "min": jnp.min}
+def _average(x: jax.Array, axis: tuple[int, ...]) -> jax.Array:
+    """Mean over stack dims, keeping the dtype (integers: exact floor of sum / n)."""
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        return jnp.mean(x, axis=axis)
+    return jnp.sum(x, axis=axis) // math.prod(x.shape[a] for a in axis)
+
+
+_REDUCERS = {"sum": jnp.sum, "avg": _average, "max": jnp.max, "min": jnp.min}
 
 
 def replicated_layout(layout: Layout) -> Layout:
@@ -89,8 +97,11 @@ def convert(x: jax.Array, src: Physical, dst: Physical) -> jax.Array:
     # Step 1: reduce partial dims; keep those the target keeps where the representation allows.
     if src.unreduced_axes:
         kept = tuple(a for a in src.unreduced_axes if a in dst.unreduced_axes)
-        if kept and not new_partial and not repad:
-            return _reshard(x, dst.sharding)  # XLA reduces the others, e.g. a reduce-scatter
+        if not new_partial and not repad and (not kept or src.dim_entries == dst.dim_entries):
+            return _reshard(x, dst.sharding)  # XLA reduces what goes, e.g. a reduce-scatter
+        # Unreduced values cannot follow a dim to other mesh axes: JAX 0.10.2's reshard
+        # routes them to the wrong devices, and there is no unreduced -> varying cast to
+        # move them by hand. Reduce them all; step 3 splits them again.
         kept_stack: tuple[int, ...] = ()
         x = _reshard(x, src.reduced_sharding)
     elif src.stacked_axes:
@@ -140,32 +151,24 @@ def _repad(x: jax.Array, src: Physical, dst: Physical, dims: Sequence[int], lead
     return x
 
 
-def _partition_scale(x: jax.Array, count: int) -> jax.Array:
-    """torch's Replicate -> Partial(sum) value: x / count (exact integers: see docs)."""
-    return x / count if jnp.issubdtype(x.dtype, jnp.inexact) else x
-
-
-def _first_only(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
-    """For integer sums: the rank at coordinate 0 of the new partial axes keeps x, others 0,
-    so the sum is exact (x / n is not an integer)."""
-    if jnp.issubdtype(x.dtype, jnp.inexact):
-        return x
-    first = jnp.all(jnp.array([jax.lax.axis_index(a) == 0 for a in axes]))
-    return jnp.where(first, x, jnp.zeros_like(x))
-
-
 def _to_unreduced(x: jax.Array, dst: Physical) -> jax.Array:
     names = _stack_names(dst, dst.unreduced_axes)
-    count = int(np.prod([dst.layout.mesh.shape[a] for a in dst.unreduced_axes]))
+    sizes = [dst.layout.mesh.shape[a] for a in dst.unreduced_axes]
     mesh = dst.layout.mesh.to_jax()
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        scale = jnp.full(sizes, 1 / math.prod(sizes), x.dtype)
+    else:
+        # Integers cannot be split as x / n: the rank at coordinate 0 of the new axes keeps
+        # x and the others hold 0, so the sum stays exact.
+        scale = jnp.zeros(sizes, x.dtype).at[(0,) * len(sizes)].set(1)
+    scale = _reshard(scale, NamedSharding(mesh, PartitionSpec(*names)))
 
-    def local(block: jax.Array) -> jax.Array:
-        block = jax.lax.pcast(_partition_scale(block, count), names, to="varying")
-        return _first_only(block, names)
+    def local(block: jax.Array, factor: jax.Array) -> jax.Array:
+        return jax.lax.pcast(block, names, to="varying") * factor.reshape(())
 
     return jax.shard_map(
-        local, mesh=mesh, in_specs=PartitionSpec(*dst.dim_entries), out_specs=dst.spec
-    )(x)
+        local, mesh=mesh, in_specs=(PartitionSpec(*dst.dim_entries), PartitionSpec(*names)), out_specs=dst.spec
+    )(x, scale)
 
 
 def _to_stacked(x: jax.Array, dst: Physical, kept: tuple[int, ...]) -> jax.Array:
