@@ -3,9 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS ?= test
+# Every optional extra, so the whole suite (torch cross-checks, notebooks, docs) runs.
+EXTRAS ?= test,torch,plot,rich,docs,bench
 
-.PHONY: demo test install clean
+.PHONY: demo test bench docs install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,5 +24,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run.py
+
+docs: $(STAMP)
+	$(BIN)/python -m mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info
