@@ -19,7 +19,8 @@ import numpy as np
 from .hlo import Collective, compiled_collectives
 from .errors import ArgumentTypeError, MeshError, ShapeError
 from .layout import Layout, PlacementsLike
-from .mesh import DeviceMesh
+from .interop import check_placements_for_shape
+from .mesh import DeviceMesh, as_device_mesh
 from .physical import Physical, physical
 from .placements import Placement, Replicate
 from .programs import check_redistribute, program, redistribute_array, replicated_layout, without_partial
@@ -185,15 +186,12 @@ class DTensor:
     ) -> DTensor:
         """This tensor under other placements (torch or alias form), possibly on another
         mesh. XLA does the move; see docs/redistribute.md for the collectives."""
-        mesh = self.device_mesh if device_mesh is None else device_mesh
-        if not isinstance(mesh, DeviceMesh):
-            raise ArgumentTypeError(
-                "device_mesh", device_mesh, "expected a placements2jax.DeviceMesh", "pass a DeviceMesh or None"
-            )
+        mesh = self.device_mesh if device_mesh is None else as_device_mesh(device_mesh)
         if placements is None:
             target = self._layout if mesh == self.device_mesh else replicated_layout(Layout(mesh, ((),) * self.ndim))
         else:
-            target = Layout.from_placements(mesh, placements).bind(self.ndim)
+            target = _layout(mesh, placements, self.ndim)
+            check_placements_for_shape(placements, target, self._shape)
         if mesh == self.device_mesh:
             check_redistribute(self._layout, target)
             return DTensor(redistribute_array(self._array, self._layout, target, self._shape), target, self._shape)
@@ -231,7 +229,7 @@ class DTensor:
         shapes determine it, else pass ``shape=``; local shapes that torch.chunk would
         not give for that shape are an error.
         """
-        mesh = _check_mesh(device_mesh)
+        mesh = as_device_mesh(device_mesh)
         locals_by_rank = _locals_by_rank(local_tensor, mesh)
         first = next(iter(locals_by_rank.values()))
         for rank, array in locals_by_rank.items():
@@ -256,6 +254,7 @@ class DTensor:
         else:
             global_shape = tuple(int(n) for n in shape)
             layout._check_shape(global_shape, "shape")
+            check_placements_for_shape(placements, layout, global_shape)
             for rank, got in local_shapes.items():
                 want = layout.local_shape(global_shape, rank)
                 if got != want:
@@ -266,6 +265,8 @@ class DTensor:
                         f"shape {global_shape} under {layout}",
                         "pass each rank's torch.chunk block, or the right shape=",
                     )
+        if shape is None:
+            check_placements_for_shape(placements, layout, global_shape)
         phys = physical(layout, global_shape)
         block = tuple(p // int(np.prod(layout.pieces(d), dtype=np.int64)) for d, p in enumerate(phys.padded_shape))
         lead = (1,) * len(phys.stacked_axes)
@@ -284,10 +285,11 @@ def distribute_tensor(
     """Lay a full (logical) tensor out on ``device_mesh``: NumPy or JAX array in, DTensor
     out. Partial targets follow torch: sum -> each rank holds x / n; avg, max, min -> x.
     ``placements=None`` replicates."""
-    mesh = _check_mesh(device_mesh)
+    mesh = as_device_mesh(device_mesh)
     array = _as_array(tensor, "tensor")
     layout = _layout(mesh, placements, array.ndim)
     shape = tuple(array.shape)
+    check_placements_for_shape(placements, layout, shape)
     target = physical(layout, shape)
     plain = without_partial(layout)
     if not target.is_padded:
@@ -303,15 +305,8 @@ def distribute_tensor(
     return DTensor(redistribute_array(placed, plain, layout, shape), layout, shape)
 
 
-def _check_mesh(device_mesh: Any) -> DeviceMesh:
-    if not isinstance(device_mesh, DeviceMesh):
-        raise ArgumentTypeError(
-            "device_mesh", device_mesh, "expected a placements2jax.DeviceMesh", "build one with init_device_mesh(...)"
-        )
-    return device_mesh
-
-
 def _layout(mesh: DeviceMesh, placements: PlacementsLike | None, ndim: int) -> Layout:
+    """The bound layout of ``placements`` (None: replicated) for an ``ndim``-d tensor."""
     if placements is None:
         placements = (Replicate(),) * mesh.ndim
     return Layout.from_placements(mesh, placements).bind(ndim)

@@ -266,3 +266,27 @@ def test_every_strided_order_on_small_meshes_matches_torch_when_even() -> None:
         for order in itertools.permutations(range(len(shape))):
             layout = Layout(mesh, [order], None)
             check_torch_equivalent(layout, (math.prod(shape) * 2,))
+
+
+def test_dtensors_from_torch_meshes_and_placements() -> None:
+    from placements2jax import DTensor
+    from placements2jax import distribute_tensor as p2j_distribute
+
+    mesh = init_device_mesh((3, 2), ("dp", "tp"))
+    torch_mesh = to_torch_mesh(mesh)
+    x = np.arange(14.0).reshape(7, 2)
+    dt = p2j_distribute(torch.from_numpy(x), torch_mesh, [TShard(0), TReplicate()])
+    assert dt.device_mesh == mesh and dt.placements == (Shard(0), Replicate())
+    np.testing.assert_array_equal(np.asarray(dt.to_local(4)), x[6:7])
+    moved = dt.redistribute(torch_mesh, [TReplicate(), TShard(1)])
+    np.testing.assert_array_equal(np.asarray(moved.to_local(1)), x[:, 1:])
+    strided = [_StridedShard(0, split_factor=2), TShard(0)]
+    even = p2j_distribute(np.arange(12.0), torch_mesh, strided)
+    np.testing.assert_array_equal(np.asarray(even.full_tensor()), np.arange(12.0))
+    with pytest.raises(LayoutError, match="_StridedShard differs"):
+        p2j_distribute(np.arange(7.0), torch_mesh, strided)
+    with pytest.raises(LayoutError, match="_StridedShard differs"):
+        p2j_distribute(np.arange(7.0), torch_mesh, [TShard(0), TReplicate()]).redistribute(placements=strided)
+    pieces = {r: np.ones(1) for r in mesh.rank_list}
+    with pytest.raises(LayoutError, match="_StridedShard differs"):
+        DTensor.from_local(pieces, torch_mesh, strided, shape=(7,))

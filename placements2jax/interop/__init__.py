@@ -18,7 +18,14 @@ if TYPE_CHECKING:
     from ..layout import Layout
     from ..mesh import DeviceMesh
 
-__all__ = ["register_mesh_converter", "register_placements_converter", "convert_mesh", "convert_placements"]
+__all__ = [
+    "register_mesh_converter",
+    "register_placements_converter",
+    "register_shape_check",
+    "convert_mesh",
+    "convert_placements",
+    "check_placements_for_shape",
+]
 
 MeshConverter = Callable[[Any], "DeviceMesh | None"]
 PlacementsConverter = Callable[["DeviceMesh", Sequence[Any]], "Layout | None"]
@@ -28,6 +35,8 @@ _BRIDGES = {"torch": "placements2jax.interop.torch"}
 _loaded: set[str] = set()
 _mesh_converters: list[MeshConverter] = []
 _placements_converters: list[PlacementsConverter] = []
+ShapeCheck = Callable[[Sequence[Any], "Layout", tuple[int, ...]], None]
+_shape_checks: list[ShapeCheck] = []
 
 
 def register_mesh_converter(converter: MeshConverter) -> None:
@@ -40,6 +49,22 @@ def register_placements_converter(converter: PlacementsConverter) -> None:
     sequences (None: not recognised). Whole sequences, because some foreign forms only
     mean something together (torch's repeated ``Shard(d)`` and ``_StridedShard``)."""
     _placements_converters.append(converter)
+
+
+def register_shape_check(check: ShapeCheck) -> None:
+    """Register ``check(placements, layout, shape)``, raising when the foreign placements
+    mean something else than ``layout`` for a tensor of ``shape`` (torch's uneven
+    ``_StridedShard``)."""
+    _shape_checks.append(check)
+
+
+def check_placements_for_shape(placements: Any, layout: Layout, shape: tuple[int, ...]) -> None:
+    """Run the registered shape checks when ``placements`` hold foreign objects."""
+    if isinstance(placements, (str, bytes)) or not isinstance(placements, Sequence):
+        return
+    _load_bridges(placements)
+    for check in _shape_checks:
+        check(placements, layout, shape)
 
 
 def convert_mesh(value: Any) -> DeviceMesh | None:

@@ -49,7 +49,7 @@ from ..errors import ArgumentTypeError, LayoutError, PlacementError
 from ..layout import Layout
 from ..mesh import DeviceMesh, as_device_mesh
 from ..placements import REDUCE_OPS, Partial, Placement, Replicate, Shard
-from . import register_mesh_converter, register_placements_converter
+from . import register_mesh_converter, register_placements_converter, register_shape_check
 
 __all__ = [
     "from_torch_mesh",
@@ -226,5 +226,11 @@ def _convert_placements(mesh: DeviceMesh, placements: Sequence[Any]) -> Layout |
     return from_torch_placements(mesh, placements)
 
 
+def _check_shape(placements: Sequence[Any], layout: Layout, shape: tuple[int, ...]) -> None:
+    if any(isinstance(p, _StridedShard) for p in placements):
+        check_torch_equivalent(layout, shape)
+
+
 register_mesh_converter(_convert_mesh)
 register_placements_converter(_convert_placements)
+register_shape_check(_check_shape)
