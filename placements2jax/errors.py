@@ -20,6 +20,7 @@ __all__ = [
     "InferenceError",
     "UnsupportedOpError",
     "MissingDependencyError",
+    "PlanError",
 ]
 
 
@@ -64,6 +65,10 @@ class InferenceError(Placements2JaxError, ValueError):
 
 class UnsupportedOpError(InferenceError):
     """Signature inference has no rule for this operation."""
+
+
+class PlanError(Placements2JaxError, ValueError):
+    """A parallelization plan (regex rules over parameter paths) is invalid or ambiguous."""
 
 
 class MissingDependencyError(Placements2JaxError, ImportError):
