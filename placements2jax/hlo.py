@@ -18,6 +18,7 @@ _INSTRUCTION = re.compile(
     r"(?P<op>" + "|".join(COLLECTIVE_OPS) + r")(?P<start>-start)?\((?P<rest>.*)$",
     re.MULTILINE,
 )
+_COMMENT = re.compile(r"/\*.*?\*/")
 _ARRAY_TYPE = re.compile(r"(?P<dtype>[a-z]+\d*)\[(?P<dims>[\d,]*)\]")
 _GROUPS_LIST = re.compile(r"replica_groups=\{(?P<groups>(?:\{[\d,]*\},?)*)\}")
 _GROUPS_IOTA = re.compile(r"replica_groups=\[(?P<shape>[\d,]+)\]<=\[(?P<dims>[\d,]+)\](?:T\((?P<perm>[\d,]+)\))?")
@@ -113,6 +114,8 @@ def parse_collectives(hlo_text: str) -> list[Collective]:
     """The collectives of an HLO module's text, in program order (``-start`` halves of
     async pairs count once, ``-done`` halves not at all)."""
     result = []
+    # Tuples of more than five arrays carry /*index=5*/ comments, whose "=" would end the type.
+    hlo_text = _COMMENT.sub("", hlo_text)
     for match in _INSTRUCTION.finditer(hlo_text):
         arrays = _ARRAY_TYPE.findall(match["type"])
         if match["start"] and match["op"] in ("all-gather", "collective-permute", "all-reduce") and len(arrays) > 1:
