@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from .errors import ArgumentTypeError
+
 __all__ = ["Collective", "parse_collectives", "compiled_collectives", "COLLECTIVE_OPS"]
 
 COLLECTIVE_OPS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
@@ -40,6 +42,15 @@ class Collective:
     result_shapes: tuple[tuple[int, ...], ...]
     dtype: str
     groups: tuple[tuple[int, ...], ...]
+
+    def __post_init__(self) -> None:
+        if self.op not in COLLECTIVE_OPS:
+            raise ArgumentTypeError("op", self.op, "not a collective opcode", f"use one of {COLLECTIVE_OPS}")
+        for argument, value in (("result_shapes", self.result_shapes), ("groups", self.groups)):
+            if not isinstance(value, tuple) or not all(
+                isinstance(t, tuple) and all(isinstance(n, int) and not isinstance(n, bool) for n in t) for t in value
+            ):
+                raise ArgumentTypeError(argument, value, "expected a tuple of tuples of ints", "pass e.g. ((4, 2),)")
 
     @property
     def result_bytes(self) -> int:

@@ -31,10 +31,19 @@ from typing import Any, TypeAlias
 from jax.sharding import NamedSharding, PartitionSpec
 
 from . import chunking
-from .errors import ArgumentTypeError, LayoutError, PlacementError, ShapeError
+from .errors import ArgumentTypeError, LayoutError, MeshError, PlacementError, ShapeError
 from .interop import convert_placements
 from .mesh import DeviceMesh, as_device_mesh
-from .placements import REDUCE_OPS, Partial, Placement, ReduceOp, Replicate, Shard, parse_placements_or_alias
+from .placements import (
+    REDUCE_OPS,
+    Partial,
+    Placement,
+    ReduceOp,
+    Replicate,
+    Shard,
+    parse_placements,
+    parse_placements_or_alias,
+)
 
 __all__ = ["Layout", "PlacementsLike", "TensorMap", "AliasEntry", "ShardOrder"]
 
@@ -68,9 +77,9 @@ class Layout:
         self._shard_order: ShardOrder | None = (
             _validate_shard_order(mesh, self._placements or (), shard_order) if shard_order is not None else None
         )
-        self._dim_axes = tuple(tuple(a) for a in dim_axes) if dim_axes is not None else None
+        self._dim_axes = _as_tuples("dim_axes", dim_axes, "((0,), ())") if dim_axes is not None else None
         self._partial: tuple[ReduceOp | None, ...] = (
-            tuple(partial) if partial is not None else (None,) * mesh.ndim
+            _as_tuples("partial", (partial,), "(None, 'sum')")[0] if partial is not None else (None,) * mesh.ndim
         )
         if self._dim_axes is not None:
             _validate_bound(mesh, self._dim_axes, self._partial)
@@ -134,6 +143,12 @@ class Layout:
         in the order ``shard_order[d]`` gives (mesh dims major to minor; by default mesh
         order, as torch). Unbound until :meth:`bind`, like every torch-form layout."""
         mesh = as_device_mesh(mesh)
+        if isinstance(placements, str):
+            placements = parse_placements(placements)
+        if not isinstance(placements, Sequence):
+            raise ArgumentTypeError(
+                "placements", placements, "expected a sequence of placements", "pass e.g. (Shard(0), Shard(0))"
+            )
         placements = tuple(placements)
         cls._from_torch_form(mesh, placements, placements, repeated_shards=True)
         return cls(mesh, placements=placements, shard_order=shard_order or {})
@@ -143,7 +158,7 @@ class Layout:
         cls, mesh: DeviceMesh, placements: tuple[Any, ...], original: Any, *, repeated_shards: bool = False
     ) -> Layout:
         for p in placements:
-            if not isinstance(p, Placement):
+            if not isinstance(p, (Shard, Replicate, Partial)):
                 raise ArgumentTypeError(
                     "placements",
                     original,
@@ -203,6 +218,8 @@ class Layout:
             raise ArgumentTypeError("spec", spec, "expected a jax.sharding.PartitionSpec", "pass e.g. P('dp', None)")
         entries: list[Any] = list(spec.partitions)
         if ndim is not None:
+            if isinstance(ndim, bool) or not isinstance(ndim, int):
+                raise ArgumentTypeError("ndim", ndim, "expected an int", "pass the tensor's number of dims, or None")
             if ndim < len(entries):
                 raise LayoutError("ndim", ndim, f"shorter than the spec {spec}", f"pass ndim >= {len(entries)}")
             entries += [None] * (ndim - len(entries))
@@ -306,11 +323,18 @@ class Layout:
 
     def mesh_dim_split(self, mesh_dim: int) -> int | None:
         """The tensor dim split by ``mesh_dim``, or None."""
+        if isinstance(mesh_dim, bool) or not isinstance(mesh_dim, int) or not 0 <= mesh_dim < self._mesh.ndim:
+            raise MeshError(
+                "mesh_dim", mesh_dim, f"not a mesh dim of a {self._mesh.ndim}-d mesh", f"use 0..{self._mesh.ndim - 1}"
+            )
         return next((d for d, axes in enumerate(self._bound_axes()) if mesh_dim in axes), None)
 
     def pieces(self, dim: int) -> tuple[int, ...]:
         """Mesh axis sizes splitting tensor dim ``dim``, major to minor."""
-        return tuple(self._mesh.shape[a] for a in self._bound_axes()[dim])
+        axes = self._bound_axes()
+        if isinstance(dim, bool) or not isinstance(dim, int) or not -len(axes) <= dim < len(axes):
+            raise ShapeError("dim", dim, f"not a dim of a {len(axes)}-d tensor", f"use a dim in [{-len(axes)}, {len(axes)})")
+        return tuple(self._mesh.shape[a] for a in axes[dim])
 
     # -- the three views ---------------------------------------------------------------
     @property
@@ -461,6 +485,8 @@ class Layout:
             if isinstance(local_shape, Mapping)
             else {self._mesh._resolve_rank(rank): _as_shape(local_shape, "local_shape")}
         )
+        if not known:
+            raise ShapeError("local_shape", local_shape, "no rank's local shape given", "pass e.g. {0: (2, 4)}")
         if not self.is_bound:
             return self.bind(len(next(iter(known.values())))).global_shape_from_local(
                 known, assume_even=assume_even
@@ -533,7 +559,11 @@ def _validate_shard_order(
     order = {}
     for dim, axes in shard_order.items():
         expected = sorted(i for i, p in enumerate(placements) if isinstance(p, Shard) and p.dim == dim)
-        axes = tuple(mesh.axis_index(a) for a in axes)
+        if isinstance(axes, str) or not isinstance(axes, Sequence):
+            raise ArgumentTypeError(
+                "shard_order", dict(shard_order), f"entry {dim!r}: {axes!r} is not a sequence of mesh dims", "pass e.g. {0: (1, 0)}"
+            )
+        axes = tuple(_axis_of(mesh, a, "shard_order", dict(shard_order)) for a in axes)
         if sorted(axes) != expected:
             raise PlacementError(
                 "shard_order",
@@ -643,7 +673,7 @@ def _partial_table(mesh: DeviceMesh, partial: PartialLike) -> tuple[ReduceOp | N
     if isinstance(partial, Mapping):
         table: list[Any] = [None] * mesh.ndim
         for axis, op in partial.items():
-            table[mesh.axis_index(axis)] = op
+            table[_axis_of(mesh, axis, "partial", partial)] = op
     elif isinstance(partial, Sequence) and not isinstance(partial, str) and len(partial) == mesh.ndim:
         table = list(partial)
     else:
@@ -653,19 +683,48 @@ def _partial_table(mesh: DeviceMesh, partial: PartialLike) -> tuple[ReduceOp | N
             f"expected a mapping axis -> reduce op or one entry per mesh dim ({mesh.ndim})",
             "pass e.g. {'tp': 'sum'}",
         )
+    _check_partial_table(table, partial)
+    return tuple(table)
+
+
+def _check_partial_table(table: Sequence[Any], value: Any) -> None:
     for op in table:
         if op is not None and op not in REDUCE_OPS:
-            raise PlacementError("partial", partial, f"unknown reduce op {op!r}", f"use one of {REDUCE_OPS}")
-    _check_partial_ops([Partial(op) for op in table if op], partial, "partial")
-    return tuple(table)
+            raise PlacementError("partial", value, f"unknown reduce op {op!r}", f"use one of {REDUCE_OPS} or None")
+    _check_partial_ops([Partial(op) for op in table if op], value, "partial")
+
+
+def _as_tuples(argument: str, value: Any, example: str) -> tuple[tuple[Any, ...], ...]:
+    """A sequence of sequences as a tuple of tuples (the Layout constructor's tables)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or any(
+        isinstance(v, (str, bytes)) or not isinstance(v, Sequence) for v in value
+    ):
+        raise ArgumentTypeError(argument, value, "expected a sequence of sequences", f"pass e.g. {example}")
+    return tuple(tuple(v) for v in value)
+
+
+def _axis_of(mesh: DeviceMesh, axis: Any, argument: str, value: Any) -> int:
+    """``mesh.axis_index(axis)``, reporting a bad axis as a bad ``argument``."""
+    try:
+        return mesh.axis_index(axis)
+    except (MeshError, ArgumentTypeError) as err:
+        raise type(err)(argument, value, f"axis={axis!r}: {err.problem}", err.fix) from None
 
 
 def _validate_bound(mesh: DeviceMesh, dim_axes: tuple[tuple[int, ...], ...], partial: tuple[Any, ...]) -> None:
     if len(partial) != mesh.ndim:
         raise LayoutError("partial", partial, f"needs one entry per mesh dim ({mesh.ndim})", "pad with None")
+    _check_partial_table(partial, partial)
     used: dict[int, int] = {}
     for dim, axes in enumerate(dim_axes):
         for a in axes:
+            if isinstance(a, bool) or not isinstance(a, int) or not 0 <= a < mesh.ndim:
+                raise LayoutError(
+                    "dim_axes",
+                    dim_axes,
+                    f"tensor dim {dim} names {a!r}, not a mesh dim of a {mesh.ndim}-d mesh",
+                    f"list mesh dims 0..{mesh.ndim - 1} per tensor dim, e.g. ((0,), ())",
+                )
             if a in used:
                 name = mesh.alias_name[a]
                 raise LayoutError(

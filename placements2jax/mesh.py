@@ -45,6 +45,14 @@ class MeshGroup:
     axis_names: tuple[str, ...]
     ranks: tuple[int, ...]
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.axis_names, tuple) or not all(isinstance(n, str) for n in self.axis_names):
+            raise ArgumentTypeError("axis_names", self.axis_names, "expected a tuple of axis names", 'pass e.g. ("dp",)')
+        if not isinstance(self.ranks, tuple) or not all(
+            isinstance(r, int) and not isinstance(r, bool) for r in self.ranks
+        ):
+            raise ArgumentTypeError("ranks", self.ranks, "expected a tuple of int ranks", "pass e.g. (0, 1)")
+
     @property
     def size(self) -> int:
         return len(self.ranks)
@@ -249,6 +257,10 @@ class DeviceMesh:
             return tuple(range(self.ndim))
         if isinstance(axis, (str, int, np.integer)):
             return (self.axis_index(axis),)
+        if not isinstance(axis, Sequence):
+            raise ArgumentTypeError(
+                "axis", axis, "expected an axis name or index, or a sequence of them", f"use names from {self._names}"
+            )
         axes = tuple(self.axis_index(a) for a in axis)
         if len(set(axes)) != len(axes):
             raise MeshError("axis", axis, "an axis is named twice", "name each mesh axis at most once")

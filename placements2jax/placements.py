@@ -149,6 +149,12 @@ def parse_placements(text: str) -> tuple[Placement, ...]:
 
 def format_placements(placements: Sequence[Placement]) -> str:
     """The short form of a sequence of placements, e.g. ``"S(0),R"``."""
+    if isinstance(placements, (str, bytes)) or not isinstance(placements, Sequence) or not all(
+        isinstance(p, (Shard, Replicate, Partial)) for p in placements
+    ):
+        raise ArgumentTypeError(
+            "placements", placements, "expected a sequence of Shard/Replicate/Partial", "pass e.g. (Shard(0), Replicate())"
+        )
     return ",".join(str(p) for p in placements)
 
 
@@ -183,6 +189,13 @@ def parse_alias(text: str) -> tuple[str | tuple[str, ...], ...]:
 
 def format_alias(entries: Sequence[str | None | Sequence[str]]) -> str:
     """The text syntax of an alias form (see :func:`parse_alias`), e.g. ``"(dp,tp),None"``."""
+    if isinstance(entries, (str, bytes)) or not isinstance(entries, Sequence) or not all(
+        e is None or isinstance(e, str) or (isinstance(e, Sequence) and all(isinstance(n, str) for n in e))
+        for e in entries
+    ):
+        raise ArgumentTypeError(
+            "entries", entries, "expected one axis name, None or tuple of names per tensor dim", 'pass e.g. (("dp", "tp"), None)'
+        )
     return ",".join(
         "None" if e is None else e if isinstance(e, str) else f"({','.join(e)})" for e in entries
     )
