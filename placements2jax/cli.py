@@ -42,14 +42,16 @@ def parse_mesh(text: str) -> tuple[tuple[str, ...] | None, tuple[int, ...]]:
         return tuple(m.group(1) for m in named), tuple(int(m.group(2)) for m in named)  # type: ignore[union-attr]
     if all(re.fullmatch(r"\d+", e) for e in entries):
         return None, tuple(int(e) for e in entries)
-    raise argparse.ArgumentTypeError(f"--mesh {text!r}: write name=size pairs, e.g. dp=4,tp=2 (or sizes only: 4,2)")
+    raise argparse.ArgumentTypeError(
+        f"--mesh {text!r}: not name=size pairs. Fix: write e.g. dp=4,tp=2 (or sizes only: 4,2)"
+    )
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
     """``"8,2"`` -> (8, 2)."""
     entries = [e.strip() for e in text.split(",")]
     if not all(re.fullmatch(r"\d+", e) for e in entries):
-        raise argparse.ArgumentTypeError(f"--shape {text!r}: write non-negative sizes, e.g. 8,2")
+        raise argparse.ArgumentTypeError(f"--shape {text!r}: not non-negative sizes. Fix: write e.g. 8,2")
     return tuple(int(e) for e in entries)
 
 
@@ -60,7 +62,8 @@ def parse_partial(text: str) -> dict[str, str]:
         match = re.fullmatch(r"([A-Za-z_][\w.\-]*)(?:\s*=\s*(\w+))?", entry)
         if not match or (match.group(2) or "sum") not in REDUCE_OPS:
             raise argparse.ArgumentTypeError(
-                f"--partial {text!r}: write axis or axis=op pairs, op one of {', '.join(REDUCE_OPS)}, e.g. tp=sum"
+                f"--partial {text!r}: not axis or axis=op pairs. Fix: write e.g. tp or tp=max "
+                f"(op one of {', '.join(REDUCE_OPS)})"
             )
         result[match.group(1)] = match.group(2) or "sum"
     return result

@@ -91,6 +91,8 @@ def print_layout(
     item: Any, shape: Sequence[int] | None = None, *, color: bool | None = None, file: TextIO | None = None
 ) -> None:
     """Print :func:`visualize`'s picture (to ``file``, default stdout)."""
+    if file is not None and not callable(getattr(file, "write", None)):
+        raise ArgumentTypeError("file", file, "expected a text stream", "pass e.g. sys.stderr or an open file")
     print(visualize(item, shape, color=color), file=file or sys.stdout)
 
 
@@ -230,6 +232,8 @@ def _notes(layout: Layout, shape: tuple[int, ...], blocks: list[Block]) -> list[
 def _use_color(color: bool | None) -> bool:
     if color is None:
         return _rich_available() and sys.stdout.isatty()
+    if not isinstance(color, bool):
+        raise ArgumentTypeError("color", color, "expected True, False or None", "pass color=True, False or None (auto)")
     if color and not _rich_available():
         raise MissingDependencyError("color", color, "coloured pictures need rich", "pip install rich, or color=False")
     return bool(color)
@@ -269,6 +273,12 @@ def plot(
     except ImportError:
         raise MissingDependencyError("plot", items, "plotting needs matplotlib", "pip install matplotlib") from None
     items = list(items) if isinstance(items, (list, tuple)) else [items]
+    if not items:
+        raise ArgumentTypeError("items", items, "nothing to plot", "pass a Layout (with shape=) or a DTensor, or a list of them")
+    if titles is not None and (isinstance(titles, str) or len(titles) != len(items)):
+        raise ArgumentTypeError("titles", titles, f"expected one title per panel ({len(items)})", "pass a list of strings, or None")
+    if ncols is not None and (isinstance(ncols, bool) or not isinstance(ncols, int) or ncols < 1):
+        raise ArgumentTypeError("ncols", ncols, "expected a positive int", "pass e.g. ncols=3, or None")
     panels = [layout_blocks(item, shape) for item in items]
     ncols = ncols or min(len(panels), 3)
     nrows = -(-len(panels) // ncols)

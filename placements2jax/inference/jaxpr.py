@@ -23,7 +23,7 @@ import jax
 from jax.extend import core
 from jax.sharding import NamedSharding
 
-from ..errors import InferenceError, UnsupportedOpError
+from ..errors import InferenceError, Placements2JaxError, UnsupportedOpError
 from ..layout import Layout
 from ..mesh import DeviceMesh
 from .cost import CostModel, CostModelLike, resolve_cost_model
@@ -164,9 +164,17 @@ def predict(
         raise InferenceError("search", search, "unknown search", f"use one of {SEARCHES}")
     specs, mesh = as_tensor_specs(inputs, mesh)
     model = resolve_cost_model(cost_model)
-    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(
-        *(jax.ShapeDtypeStruct(s.shape, s.dtype) for s in specs)
-    )
+    try:
+        closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(
+            *(jax.ShapeDtypeStruct(s.shape, s.dtype) for s in specs)
+        )
+    except Placements2JaxError:
+        raise
+    except (TypeError, ValueError) as err:
+        raise InferenceError(
+            "fn", fn, f"tracing it on inputs {[str(s.aval) for s in specs]} failed ({type(err).__name__}: {err})",
+            "make fn accept tensors of these shapes and dtypes (e.g. matching matmul dims)",
+        ) from None
     consts = _const_specs(closed.jaxpr, mesh)
 
     def walk(reduced: frozenset[tuple[str, str]]) -> Prediction:

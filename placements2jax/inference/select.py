@@ -139,6 +139,11 @@ def _constraint(value: Any, avals: tuple[Aval, ...], mesh: DeviceMesh, argument:
     single = isinstance(value, (Layout, str)) or (
         isinstance(value, (list, tuple)) and value and all(isinstance(p, Placement) for p in value)
     )
+    if not single and not isinstance(value, (list, tuple)):
+        raise ArgumentTypeError(
+            argument, value, "expected a layout or placements, or one of them (or None) per tensor",
+            f"pass e.g. {argument}=[Layout.from_placements(mesh, 'S(0),R')]",
+        )
     values = [value] if single else list(value)
     if len(values) != len(avals):
         raise InferenceError(

@@ -184,9 +184,12 @@ def _constant_spec(value: Any, mesh: DeviceMesh) -> TensorSpec:
 
 def _as_dtype(dtype: Any) -> np.dtype:
     try:
-        return np.dtype(dtype)
+        result = np.dtype(dtype)
     except TypeError:
         raise ArgumentTypeError("dtype", dtype, "not a dtype", "pass e.g. jnp.float32") from None
+    if result.kind in "OSUMm":
+        raise ArgumentTypeError("dtype", dtype, "not a numeric dtype", "pass e.g. jnp.float32")
+    return result
 
 
 # -- layouts in signature terms ------------------------------------------------------------
