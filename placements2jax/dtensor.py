@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .hlo import Collective, compiled_collectives
-from .errors import ArgumentTypeError, MeshError, ShapeError
-from .layout import Layout, PlacementsLike
+from .errors import ArgumentTypeError, MeshError, PlacementError, ShapeError
+from .layout import Layout, PlacementsLike, _as_shape
 from .interop import check_placements_for_shape
 from .mesh import DeviceMesh, as_device_mesh
 from .physical import Physical, physical
@@ -40,7 +40,13 @@ class DTensor:
     __slots__ = ("_array", "_layout", "_shape")
 
     def __init__(self, array: jax.Array, layout: Layout, shape: Sequence[int]) -> None:
-        shape = tuple(int(n) for n in shape)
+        if not isinstance(array, jax.Array):
+            raise ArgumentTypeError(
+                "array", array, "expected the physical jax.Array", "build DTensors with distribute_tensor or DTensor.from_local"
+            )
+        if not isinstance(layout, Layout):
+            raise ArgumentTypeError("layout", layout, "expected a placements2jax.Layout", "pass Layout.from_placements(...)")
+        shape = _as_shape(shape, "shape")
         layout = layout.bind(len(shape))
         expected = physical(layout, shape).array_shape
         if tuple(array.shape) != expected:
@@ -192,6 +198,7 @@ class DTensor:
         else:
             target = _layout(mesh, placements, self.ndim)
             check_placements_for_shape(placements, target, self._shape)
+            _check_partial_dtype(target, self.dtype)
         if mesh == self.device_mesh:
             check_redistribute(self._layout, target)
             return DTensor(redistribute_array(self._array, self._layout, target, self._shape), target, self._shape)
@@ -248,12 +255,15 @@ class DTensor:
                     "give every rank's local tensor the same number of dims",
                 )
         layout = _layout(mesh, placements, first.ndim)
+        _check_partial_dtype(layout, first.dtype)
         local_shapes = {r: tuple(a.shape) for r, a in locals_by_rank.items()}
         if shape is None:
-            global_shape = layout.global_shape_from_local(local_shapes)
+            try:
+                global_shape = layout.global_shape_from_local(local_shapes)
+            except ShapeError as err:
+                raise ShapeError("local_tensor", local_shapes, err.problem, err.fix) from None
         else:
-            global_shape = tuple(int(n) for n in shape)
-            layout._check_shape(global_shape, "shape")
+            global_shape = layout._check_shape(shape, "shape")
             check_placements_for_shape(placements, layout, global_shape)
             for rank, got in local_shapes.items():
                 want = layout.local_shape(global_shape, rank)
@@ -288,6 +298,7 @@ def distribute_tensor(
     mesh = as_device_mesh(device_mesh)
     array = _as_array(tensor, "tensor")
     layout = _layout(mesh, placements, array.ndim)
+    _check_partial_dtype(layout, array.dtype)
     shape = tuple(array.shape)
     check_placements_for_shape(placements, layout, shape)
     target = physical(layout, shape)
@@ -325,14 +336,52 @@ def _as_array(value: Any, argument: str) -> np.ndarray | jax.Array:
         raise ArgumentTypeError(
             argument, value, "is not a numeric array", "pass a NumPy array, a jax.Array or nested lists of numbers"
         )
-    return array
+    return _canonical(array, argument)
+
+
+def _canonical(array: np.ndarray, argument: str) -> np.ndarray:
+    """``array`` in the dtype JAX holds it in (64-bit types are 32-bit unless
+    ``jax_enable_x64``); values that cast would change (integers out of range, finite
+    floats becoming inf) are an error instead of silently wrong data."""
+    dtype = jax.dtypes.canonicalize_dtype(array.dtype)
+    if dtype == array.dtype:
+        return array
+    with np.errstate(over="ignore"):
+        converted = array.astype(dtype)
+    if array.dtype.kind in "iu":
+        lost = not np.array_equal(converted, array)
+    else:
+        lost = bool(np.any(np.isfinite(array) & ~np.isfinite(converted)))
+    if lost:
+        raise ArgumentTypeError(
+            argument,
+            f"<{array.dtype} array of shape {array.shape}>",
+            f"holds values that {dtype} cannot represent, and JAX runs with 32-bit types (jax_enable_x64 is off)",
+            "enable 64-bit types (jax.config.update('jax_enable_x64', True) at startup) or scale/cast the values yourself",
+        )
+    return converted
+
+
+def _check_partial_dtype(layout: Layout, dtype: Any) -> None:
+    """Partial values must be reducible with their op: bools have no sum or average,
+    complex numbers no max or min."""
+    op = layout.partial_op
+    kind = np.dtype(dtype).kind
+    if (op in ("sum", "avg") and kind == "b") or (op in ("max", "min") and kind == "c"):
+        raise PlacementError(
+            "placements",
+            str(layout),
+            f"Partial({op}) of {np.dtype(dtype)} values is not defined",
+            "use Partial('max') / Partial('min') for bools (logical or / and), Partial('sum') for complex, "
+            "or cast the tensor first",
+        )
 
 
 def _locals_by_rank(local_tensor: Any, mesh: DeviceMesh) -> dict[int, np.ndarray | jax.Array]:
     process = jax.process_index()
     own = [r for r in mesh.rank_list if mesh.device(r).process_index == process]
     if isinstance(local_tensor, Mapping):
-        given = {mesh._check_rank(r): _as_array(a, f"local_tensor[{r}]") for r, a in local_tensor.items()}
+        given = {_own_rank(mesh, r, local_tensor): _as_array(a, f"local_tensor[{r}]") for r, a in local_tensor.items()}
         missing = [r for r in own if r not in given]
         foreign = [r for r in given if r not in own]
         if missing or foreign:
@@ -359,17 +408,28 @@ def _locals_by_rank(local_tensor: Any, mesh: DeviceMesh) -> dict[int, np.ndarray
     return {r: array for r in own}
 
 
+def _own_rank(mesh: DeviceMesh, rank: Any, local_tensor: Mapping[Any, Any]) -> int:
+    """A key of the ``local_tensor`` mapping as a rank of ``mesh``."""
+    try:
+        return mesh._check_rank(rank)
+    except (ArgumentTypeError, MeshError) as err:
+        raise type(err)("local_tensor", sorted(map(repr, local_tensor)), f"key {rank!r}: {err.problem}", err.fix) from None
+
+
 def redistribute_collectives(
     dtensor: DTensor, placements: PlacementsLike, device_mesh: DeviceMesh | None = None
 ) -> list[Collective]:
     """The collectives XLA compiles for ``dtensor.redistribute(device_mesh, placements)``
     on the same mesh, with device groups given as ranks."""
+    if not isinstance(dtensor, DTensor):
+        raise ArgumentTypeError("dtensor", dtensor, "expected a DTensor", "build one with distribute_tensor(...)")
     mesh = dtensor.device_mesh
     if device_mesh is not None and device_mesh != mesh:
         raise MeshError(
             "device_mesh", device_mesh, "collectives are reported for moves within one mesh", "pass None or dtensor.device_mesh"
         )
     target = Layout.from_placements(mesh, placements).bind(dtensor.ndim)
+    _check_partial_dtype(target, dtensor.dtype)
     check_redistribute(dtensor.layout, target)
     src, dst = physical(dtensor.layout, dtensor.shape), physical(target, dtensor.shape)
     if src == dst:
