@@ -75,6 +75,7 @@ def op_definition(name: str) -> OpDef:
 
 
 def op_names() -> tuple[str, ...]:
+    """The named ops ``infer_signature`` knows (``"matmul"``, ``"sum"``, ...), sorted."""
     return tuple(sorted(_OPS))
 
 
@@ -89,6 +90,7 @@ def primitive_definition(name: str) -> PrimitiveDef:
 
 
 def primitive_names() -> tuple[str, ...]:
+    """The jaxpr primitives ``predict`` has rules for, sorted."""
     return tuple(sorted(_PRIMITIVES))
 
 
