@@ -86,7 +86,7 @@ class DeviceMesh:
             )
         names = alias_name if alias_name is not None else mesh_dim_names
         self._ranks = ranks
-        self._names = _validate_names(names, ranks.ndim)
+        self._names = _validate_names(names, ranks.ndim, "alias_name" if alias_name is not None else "mesh_dim_names")
         self._axis_types = _validate_axis_types(axis_types, ranks.ndim)
 
     # -- value semantics -------------------------------------------------------------
@@ -405,27 +405,27 @@ def _validate_ranks(mesh: Any) -> np.ndarray:
     return ranks
 
 
-def _validate_names(names: Sequence[str] | str | None, ndim: int) -> tuple[str, ...]:
+def _validate_names(names: Sequence[str] | str | None, ndim: int, argument: str) -> tuple[str, ...]:
     if names is None:
         return tuple(f"dim{i}" for i in range(ndim))
     if isinstance(names, str):
         names = (names,)
     if not isinstance(names, Sequence):
-        raise ArgumentTypeError("alias_name", names, "expected a tuple of axis names", 'pass e.g. ("dp", "tp")')
+        raise ArgumentTypeError(argument, names, "expected a tuple of axis names", 'pass e.g. ("dp", "tp")')
     names = tuple(names)
     for name in names:
         if not isinstance(name, str):
-            raise ArgumentTypeError("alias_name", names, f"axis name {name!r} is not a string", 'pass e.g. ("dp", "tp")')
+            raise ArgumentTypeError(argument, names, f"axis name {name!r} is not a string", 'pass e.g. ("dp", "tp")')
         if not name or name == "None":
             raise MeshError(
-                "alias_name", names, f"{name!r} cannot name a mesh axis (\"None\" means unsharded)", "choose another name"
+                argument, names, f"{name!r} cannot name a mesh axis (\"None\" means unsharded)", "choose another name"
             )
     if len(names) != ndim:
         raise MeshError(
-            "alias_name", names, f"{len(names)} names for a {ndim}-d mesh", f"give exactly {ndim} names, one per mesh axis"
+            argument, names, f"{len(names)} names for a {ndim}-d mesh", f"give exactly {ndim} names, one per mesh axis"
         )
     if len(set(names)) != len(names):
-        raise MeshError("alias_name", names, "axis names must be unique", "give every mesh axis its own name")
+        raise MeshError(argument, names, "axis names must be unique", "give every mesh axis its own name")
     return names
 
 

@@ -22,7 +22,7 @@ from typing import Any, TextIO
 
 from . import chunking
 from .errors import ArgumentTypeError, LayoutError, MissingDependencyError, ShapeError
-from .layout import Layout
+from .layout import Layout, _as_shape
 from .placements import format_alias, format_placements
 
 __all__ = ["visualize", "print_layout", "plot", "layout_blocks", "layout_text", "format_ranks", "Block"]
@@ -117,18 +117,15 @@ def _layout_and_shape(item: Any, shape: Sequence[int] | None) -> tuple[Layout, t
         raise ArgumentTypeError(
             "item", item, "expected a Layout or a DTensor", "pass Layout.from_placements(mesh, placements) and a shape"
         )
-    if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
-        raise ArgumentTypeError("shape", shape, "expected a tuple of ints", "pass e.g. (8, 2)")
+    shape = _as_shape(shape, "shape")
     if len(shape) not in (1, 2):
         raise ShapeError(
             "shape",
-            tuple(shape),
+            shape,
             f"pictures show 1-D or 2-D tensors, not {len(shape)}-D",
             "visualize a 1-D or 2-D tensor",
         )
-    layout = layout.bind(len(shape))
-    layout.local_shape(shape, layout.mesh.rank_list[0])  # raises ShapeError for a bad shape
-    return layout, tuple(int(n) for n in shape)
+    return layout.bind(len(shape)), shape
 
 
 def _header(layout: Layout, shape: tuple[int, ...]) -> list[_Segment]:

@@ -152,7 +152,7 @@ def set_default_cost_model(model: CostModelLike) -> CostModel:
     """Set the default cost model (a CostModel or a mapping of weights; None resets it)
     and return the previous one."""
     previous = _default[0]
-    _default[0] = CostModel() if model is None else resolve_cost_model(model)
+    _default[0] = CostModel() if model is None else resolve_cost_model(model, "model")
     return previous
 
 
@@ -166,10 +166,14 @@ def use_cost_model(model: CostModelLike) -> Iterator[CostModel]:
         set_default_cost_model(previous)
 
 
-def resolve_cost_model(model: CostModelLike) -> CostModel:
-    """``None`` -> the default; a mapping -> ``CostModel(mapping)``; a CostModel as is."""
+def resolve_cost_model(model: CostModelLike, argument: str = "cost_model") -> CostModel:
+    """``None`` -> the default; a mapping -> ``CostModel(mapping)``; a CostModel as is.
+    Bad weights are reported as a bad ``argument``."""
     if model is None:
         return default_cost_model()
     if isinstance(model, CostModel):
         return model
-    return CostModel(model)
+    try:
+        return CostModel(model)
+    except ArgumentTypeError as err:
+        raise ArgumentTypeError(argument, model, err.problem, "pass a CostModel or " + err.fix) from None

@@ -1,0 +1,675 @@
+"""The bad-input catalogue: every public function and class of placements2jax, fed bad input.
+
+Each case asserts that
+
+(a) the exception is ours (a :class:`Placements2JaxError` subclass, also a ValueError or
+    TypeError) of the expected class;
+(b) the message names the argument (``"placements="``) and says how to fix it (``"Fix:"``);
+(c) no JAX/XLA error leaks: the exception is not a jax type and does not show another
+    exception's traceback (raised ``from None``, or chained only from our own errors);
+(d) every DTensor the case got is unchanged: same layout, shape and dtype, same
+    ``full_tensor`` and the same ``to_local`` on every rank as before.
+
+``test_every_public_name_has_a_case`` keeps the catalogue complete as ``__all__`` grows.
+"""
+
+from __future__ import annotations
+
+import io
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import placements2jax
+from placements2jax import (
+    ArgumentTypeError,
+    Collective,
+    CostModel,
+    DeviceMesh,
+    DTensor,
+    InferenceError,
+    Layout,
+    LayoutError,
+    MeshError,
+    MeshGroup,
+    ParallelStyle,
+    Partial,
+    Placement,
+    PlacementError,
+    Placements2JaxError,
+    PlanError,
+    RedistributeError,
+    Replicate,
+    Shard,
+    ShapeError,
+    UnsupportedOpError,
+    as_device_mesh,
+    check,
+    colwise,
+    distribute_pytree,
+    distribute_tensor,
+    format_alias,
+    format_placements,
+    infer_signature,
+    init_device_mesh,
+    parse_alias,
+    parse_placement,
+    parse_placements,
+    plan_layouts,
+    plan_redistribute,
+    plot,
+    predict,
+    print_layout,
+    redistribute_collectives,
+    rowwise,
+    sequence,
+    set_default_cost_model,
+    use_cost_model,
+    visualize,
+)
+from placements2jax.cli import main as cli_main
+
+F32 = np.float32
+X = np.arange(30, dtype=np.int32).reshape(10, 3) - 5  # 10 rows over dp=4 and 3 cols over tp=2: uneven
+
+
+def _make_env() -> SimpleNamespace:
+    mesh = init_device_mesh((4, 2), ("dp", "tp"))
+    mesh8 = init_device_mesh((8,), ("x",))
+    e = SimpleNamespace(mesh=mesh, mesh8=mesh8, x=X)
+    e.layout = Layout.from_placements(mesh, "S(0),R").bind(2)
+    e.dt = distribute_tensor(X, mesh, "S(0),R")
+    e.dtp = distribute_tensor(X, mesh, [Partial(), Shard(1)])
+    e.dtm = distribute_tensor(X, mesh, [Partial("max"), Replicate()])
+    e.dt8 = distribute_tensor(X, mesh8, [Shard(1)])
+    e.dtb = distribute_tensor(X > 0, mesh8, [Replicate()])
+    e.dtc = distribute_tensor(X.astype(np.complex64), mesh8, [Replicate()])
+    e.dtensors = {name: getattr(e, name) for name in ("dt", "dtp", "dtm", "dt8", "dtb", "dtc")}
+    e.logical = {"dt": X, "dtp": X, "dtm": X, "dt8": X, "dtb": X > 0, "dtc": X.astype(np.complex64)}
+    e.snapshot = {name: _state(d) for name, d in e.dtensors.items()}
+    return e
+
+
+def _state(d: DTensor) -> tuple[Any, ...]:
+    locals_ = {r: np.asarray(d.to_local(r)) for r in d.device_mesh.rank_list}
+    return d.layout, d.shape, d.dtype, np.asarray(d.full_tensor()), locals_
+
+
+@pytest.fixture(scope="module")
+def env() -> SimpleNamespace:
+    return _make_env()
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bad input: the public names it exercises, the call, the expected error class
+    and the argument the message must name."""
+
+    name: str
+    covers: tuple[str, ...]
+    error: type[Placements2JaxError]
+    argument: str
+    call: Callable[[SimpleNamespace], Any]
+
+
+def _c(name: str, covers: str, error: type[Placements2JaxError], argument: str, call: Callable[[Any], Any]) -> Case:
+    return Case(name, tuple(covers.split()), error, argument, call)
+
+
+def _other_mesh_layout(e: Any) -> Layout:
+    return Layout.from_placements(e.mesh8, ("x", None))
+
+
+def _locals(e: Any, make: Callable[[int], Any]) -> dict[int, Any]:
+    return {r: make(r) for r in e.mesh.rank_list}
+
+
+CASES: list[Case] = [
+    # -- DeviceMesh ---------------------------------------------------------------------------------------
+    _c("mesh: float ranks", "DeviceMesh", MeshError, "mesh", lambda e: DeviceMesh([0.5, 1.5])),
+    _c("mesh: ragged ranks", "DeviceMesh", MeshError, "mesh", lambda e: DeviceMesh([[0, 1], [2]])),
+    _c("mesh: duplicate rank", "DeviceMesh", MeshError, "mesh", lambda e: DeviceMesh([[0, 1], [1, 2]])),
+    _c("mesh: rank beyond the device count", "DeviceMesh", MeshError, "mesh", lambda e: DeviceMesh([0, 8])),
+    _c("mesh: negative rank", "DeviceMesh", MeshError, "mesh", lambda e: DeviceMesh([-1, 0])),
+    _c("mesh: bool ranks", "DeviceMesh", MeshError, "mesh", lambda e: DeviceMesh([True, False])),
+    _c("mesh: no ranks", "DeviceMesh", MeshError, "mesh", lambda e: DeviceMesh([])),
+    _c("mesh: duplicate axis names", "DeviceMesh", MeshError, "alias_name", lambda e: DeviceMesh([[0, 1], [2, 3]], ("a", "a"))),
+    _c("mesh: too many names", "DeviceMesh", MeshError, "alias_name", lambda e: DeviceMesh([0, 1], ("a", "b"))),
+    _c("mesh: int axis name", "DeviceMesh", ArgumentTypeError, "alias_name", lambda e: DeviceMesh([0, 1], (1,))),
+    _c("mesh: axis named None", "DeviceMesh", MeshError, "alias_name", lambda e: DeviceMesh([0, 1], "None")),
+    _c("mesh: torch names disagree", "DeviceMesh", MeshError, "mesh_dim_names", lambda e: DeviceMesh([0, 1], "a", mesh_dim_names="b")),
+    _c("mesh: unknown axis type", "DeviceMesh", MeshError, "axis_types", lambda e: DeviceMesh([0, 1], axis_types="manual")),
+    _c("mesh: from_jax of a string", "DeviceMesh", ArgumentTypeError, "mesh", lambda e: DeviceMesh.from_jax("mesh")),
+    _c("mesh: rank not in mesh", "DeviceMesh", MeshError, "rank", lambda e: e.mesh.get_coordinate(9)),
+    _c("mesh: rank as string", "DeviceMesh", ArgumentTypeError, "rank", lambda e: e.mesh.get_coordinate("0")),
+    _c("mesh: device of unknown rank", "DeviceMesh", MeshError, "rank", lambda e: e.mesh.device(99)),
+    _c("mesh: unknown axis name", "DeviceMesh", MeshError, "axis", lambda e: e.mesh.get_local_rank("pp")),
+    _c("mesh: axis index out of range", "DeviceMesh", MeshError, "axis", lambda e: e.mesh.size(2)),
+    _c("mesh: group names an axis twice", "DeviceMesh", MeshError, "axis", lambda e: e.mesh.get_group(("dp", "dp"))),
+    _c("mesh: group of a float", "DeviceMesh", ArgumentTypeError, "axis", lambda e: e.mesh.get_group(1.5)),
+    _c("mesh: sub-mesh of unknown axis", "DeviceMesh", MeshError, "axis", lambda e: e.mesh["pp"]),
+    _c("mesh: sub-mesh by index", "DeviceMesh", ArgumentTypeError, "names", lambda e: e.mesh.submesh([0])),
+    _c("mesh: flatten to an int name", "DeviceMesh", ArgumentTypeError, "alias_name", lambda e: e.mesh.flatten(3)),
+    _c(
+        "mesh: ambiguous global shape", "DeviceMesh", ShapeError, "local_shape",
+        lambda e: e.mesh.get_global_shape((3, 3), "S(0),R", rank=0),
+    ),
+    _c("group: axis names as a string", "MeshGroup", ArgumentTypeError, "axis_names", lambda e: MeshGroup("dp", (0, 1))),
+    _c("group: float ranks", "MeshGroup", ArgumentTypeError, "ranks", lambda e: MeshGroup(("dp",), (0.0, 1.0))),
+    # -- init_device_mesh / as_device_mesh --------------------------------------------------------------------
+    _c("init: more devices than JAX has", "init_device_mesh", MeshError, "mesh_shape", lambda e: init_device_mesh((4, 4))),
+    _c("init: float size", "init_device_mesh", MeshError, "mesh_shape", lambda e: init_device_mesh((2.0, 4))),
+    _c("init: zero size", "init_device_mesh", MeshError, "mesh_shape", lambda e: init_device_mesh((0,))),
+    _c("init: an int shape", "init_device_mesh", ArgumentTypeError, "mesh_shape", lambda e: init_device_mesh(8)),
+    _c("init: torch call without shape", "init_device_mesh", ArgumentTypeError, "mesh_shape", lambda e: init_device_mesh("cpu")),
+    _c(
+        "init: too few torch names", "init_device_mesh", MeshError, "mesh_dim_names",
+        lambda e: init_device_mesh((2, 4), mesh_dim_names=("a",)),
+    ),
+    _c("as_device_mesh: a string", "as_device_mesh", ArgumentTypeError, "device_mesh", lambda e: as_device_mesh("mesh")),
+    # -- placements ----------------------------------------------------------------------------------------------
+    _c("Shard: string dim", "Shard", ArgumentTypeError, "Shard.dim", lambda e: Shard("0")),
+    _c("Shard: float dim", "Shard", ArgumentTypeError, "Shard.dim", lambda e: Shard(1.0)),
+    _c("Partial: unknown op", "Partial", PlacementError, "Partial.reduce_op", lambda e: Partial("prod")),
+    _c(
+        "Placement: the bare base class", "Placement Replicate", ArgumentTypeError, "placements",
+        lambda e: Layout.from_placements(e.mesh, [Placement(), Replicate()]),
+    ),
+    _c("parse_placement: unknown", "parse_placement", PlacementError, "placement", lambda e: parse_placement("X")),
+    _c("parse_placement: an int", "parse_placement", ArgumentTypeError, "placement", lambda e: parse_placement(3)),
+    _c("parse_placements: empty item", "parse_placements", PlacementError, "placements", lambda e: parse_placements("S(0),,R")),
+    _c("parse_placements: unknown op", "parse_placements", PlacementError, "Partial.reduce_op", lambda e: parse_placements("P(prod),R")),
+    _c("parse_placements: bytes", "parse_placements", ArgumentTypeError, "placements", lambda e: parse_placements(b"S(0)")),
+    _c("parse_alias: unclosed group", "parse_alias", PlacementError, "placements", lambda e: parse_alias("(dp,")),
+    _c("parse_alias: an int", "parse_alias", ArgumentTypeError, "placements", lambda e: parse_alias(1)),
+    _c("format_placements: a string", "format_placements", ArgumentTypeError, "placements", lambda e: format_placements("S(0)")),
+    _c("format_placements: ints", "format_placements", ArgumentTypeError, "placements", lambda e: format_placements([1, 2])),
+    _c("format_alias: None", "format_alias", ArgumentTypeError, "entries", lambda e: format_alias(None)),
+    _c("format_alias: int entry", "format_alias", ArgumentTypeError, "entries", lambda e: format_alias([1])),
+    # -- Layout -------------------------------------------------------------------------------------------------------
+    _c("layout: mesh is a string", "Layout", ArgumentTypeError, "device_mesh", lambda e: Layout.from_device_mesh("mesh")),
+    _c(
+        "layout: placements of the wrong length", "Layout", PlacementError, "placements",
+        lambda e: Layout.from_device_mesh(e.mesh)([Shard(0)]),
+    ),
+    _c("layout: unknown axis name", "Layout", LayoutError, "placements", lambda e: Layout.from_placements(e.mesh, ("pp", None))),
+    _c(
+        "layout: repeated Shard in torch form", "Layout", PlacementError, "placements",
+        lambda e: Layout.from_placements(e.mesh, [Shard(0), Shard(0)]),
+    ),
+    _c(
+        "layout: repeated Shard, negative and positive", "Layout", PlacementError, "placements",
+        lambda e: Layout.from_placements(e.mesh, [Shard(1), Shard(-1)]).bind(2),
+    ),
+    _c(
+        "layout: mixed Partial ops", "Layout", PlacementError, "placements",
+        lambda e: Layout.from_placements(e.mesh, [Partial(), Partial("max")]),
+    ),
+    _c(
+        "layout: shard dim out of range", "Layout", PlacementError, "placements",
+        lambda e: Layout.from_placements(e.mesh, [Shard(2), Replicate()]).bind(2),
+    ),
+    _c("layout: placements an int", "Layout", ArgumentTypeError, "placements", lambda e: Layout.from_placements(e.mesh, 3)),
+    _c("layout: alias axis used twice", "Layout", LayoutError, "placements", lambda e: Layout.from_placements(e.mesh, ("dp", "dp"))),
+    _c(
+        "layout: partial on unknown axis", "Layout", MeshError, "partial",
+        lambda e: Layout.from_placements(e.mesh, ("dp", None), partial={"pp": "sum"}),
+    ),
+    _c(
+        "layout: partial with unknown op", "Layout", PlacementError, "partial",
+        lambda e: Layout.from_placements(e.mesh, ("dp", None), partial={"tp": "prod"}),
+    ),
+    _c(
+        "layout: partial on a splitting axis", "Layout", LayoutError, "partial",
+        lambda e: Layout.from_placements(e.mesh, ("dp", None), partial={"dp": "sum"}),
+    ),
+    _c(
+        "layout: mixed partial ops in partial=", "Layout", PlacementError, "partial",
+        lambda e: Layout.from_placements(e.mesh, (None,), partial={"dp": "sum", "tp": "max"}),
+    ),
+    _c(
+        "layout: partial= with the torch form", "Layout", PlacementError, "partial",
+        lambda e: Layout.from_placements(e.mesh, "S(0),R", partial={"tp": "sum"}),
+    ),
+    _c(
+        "layout: layout of another mesh", "Layout", LayoutError, "placements",
+        lambda e: Layout.from_placements(e.mesh, _other_mesh_layout(e)),
+    ),
+    _c("layout: tensor_map entry too big", "Layout", LayoutError, "tensor_map", lambda e: Layout.from_tensor_map(e.mesh, (5, -1))),
+    _c("layout: tensor_map a string", "Layout", ArgumentTypeError, "tensor_map", lambda e: Layout.from_tensor_map(e.mesh, "1,-1")),
+    _c("layout: -1 inside a tuple", "Layout", LayoutError, "tensor_map", lambda e: Layout.from_tensor_map(e.mesh, ((1, -1),))),
+    _c("layout: spec not a PartitionSpec", "Layout", ArgumentTypeError, "spec", lambda e: Layout.from_partition_spec(e.mesh, ("dp",))),
+    _c(
+        "layout: spec longer than ndim", "Layout", LayoutError, "ndim",
+        lambda e: Layout.from_partition_spec(e.mesh, P("dp", "tp"), ndim=1),
+    ),
+    _c(
+        "layout: spec ndim a string", "Layout", ArgumentTypeError, "ndim",
+        lambda e: Layout.from_partition_spec(e.mesh, P("dp"), ndim="3"),
+    ),
+    _c(
+        "layout: shard_order misses a mesh dim", "Layout", PlacementError, "shard_order",
+        lambda e: Layout.from_shard_order(e.mesh, [Shard(0), Shard(0)], {0: (0,)}),
+    ),
+    _c(
+        "layout: shard_order unknown axis", "Layout", MeshError, "shard_order",
+        lambda e: Layout.from_shard_order(e.mesh, [Shard(0), Shard(0)], {0: ("dp", "pp")}),
+    ),
+    _c(
+        "layout: shard_order entry an int", "Layout", ArgumentTypeError, "shard_order",
+        lambda e: Layout.from_shard_order(e.mesh, [Shard(0), Shard(0)], {0: 1}),
+    ),
+    _c("layout: shard_order placements an int", "Layout", ArgumentTypeError, "placements", lambda e: Layout.from_shard_order(e.mesh, 3)),
+    _c("layout: bind to a negative ndim", "Layout", ArgumentTypeError, "ndim", lambda e: e.layout.bind(-1)),
+    _c("layout: alias form bound to other ndim", "Layout", LayoutError, "placements", lambda e: e.layout.bind(3)),
+    _c("layout: negative extent", "Layout", ShapeError, "global_shape", lambda e: e.layout.local_shape((10, -2), 0)),
+    _c("layout: float extent", "Layout", ShapeError, "global_shape", lambda e: e.layout.local_shape((10.0, 3), 0)),
+    _c("layout: shape of the wrong rank", "Layout", ShapeError, "global_shape", lambda e: e.layout.physical_shape((10,))),
+    _c("layout: rank not in mesh", "Layout", MeshError, "rank", lambda e: e.layout.local_shape((10, 3), 9)),
+    _c(
+        "layout: unbound layout has no shapes", "Layout", LayoutError, "layout",
+        lambda e: Layout.from_placements(e.mesh, "S(0),R").local_shape((10, 3), 0),
+    ),
+    _c(
+        "layout: local shapes no global shape gives", "Layout", ShapeError, "local_shape",
+        lambda e: e.layout.global_shape_from_local({0: (2, 3), 1: (3, 3)}),
+    ),
+    _c("layout: no local shapes", "Layout", ShapeError, "local_shape", lambda e: e.layout.global_shape_from_local({})),
+    _c(
+        "layout: NamedSharding of Partial(max)", "Layout", LayoutError, "layout",
+        lambda e: Layout.from_placements(e.mesh, "P(max),R").bind(2).named_sharding,
+    ),
+    _c("layout: pieces of a missing dim", "Layout", ShapeError, "dim", lambda e: e.layout.pieces(5)),
+    _c("layout: split of a missing mesh dim", "Layout", MeshError, "mesh_dim", lambda e: e.layout.mesh_dim_split(2)),
+    _c("layout: constructor mesh dim too big", "Layout", LayoutError, "dim_axes", lambda e: Layout(e.mesh, ((5,), ()))),
+    _c("layout: constructor tables a string", "Layout", ArgumentTypeError, "dim_axes", lambda e: Layout(e.mesh, "ab")),
+    _c("layout: constructor unknown op", "Layout", PlacementError, "partial", lambda e: Layout(e.mesh, ((0,), ()), (None, "prod"))),
+    _c("layout: constructor short partial", "Layout", LayoutError, "partial", lambda e: Layout(e.mesh, ((0,), ()), ("sum",))),
+    # -- distribute_tensor -----------------------------------------------------------------------------------------------
+    _c("distribute: a string", "distribute_tensor", ArgumentTypeError, "tensor", lambda e: distribute_tensor("abc", e.mesh)),
+    _c("distribute: None", "distribute_tensor", ArgumentTypeError, "tensor", lambda e: distribute_tensor(None, e.mesh)),
+    _c("distribute: ragged lists", "distribute_tensor", ArgumentTypeError, "tensor", lambda e: distribute_tensor([[1, 2], [3]], e.mesh)),
+    _c("distribute: a DTensor", "distribute_tensor", ArgumentTypeError, "tensor", lambda e: distribute_tensor(e.dt, e.mesh)),
+    _c("distribute: mesh a string", "distribute_tensor", ArgumentTypeError, "device_mesh", lambda e: distribute_tensor(e.x, "mesh")),
+    _c(
+        "distribute: shard dim out of range", "distribute_tensor", PlacementError, "placements",
+        lambda e: distribute_tensor(e.x, e.mesh, [Shard(2), Replicate()]),
+    ),
+    _c(
+        "distribute: placements of the wrong length", "distribute_tensor", PlacementError, "placements",
+        lambda e: distribute_tensor(e.x, e.mesh, "S(0)"),
+    ),
+    _c(
+        "distribute: shard a scalar", "distribute_tensor", PlacementError, "placements",
+        lambda e: distribute_tensor(np.float32(1), e.mesh, "S(0),R"),
+    ),
+    _c(
+        "distribute: int64 beyond int32", "distribute_tensor", ArgumentTypeError, "tensor",
+        lambda e: distribute_tensor(np.array([2**40, 1]), e.mesh8),
+    ),
+    _c(
+        "distribute: float64 overflowing float32", "distribute_tensor", ArgumentTypeError, "tensor",
+        lambda e: distribute_tensor(np.array([1e300, 1.0]), e.mesh8),
+    ),
+    _c(
+        "distribute: Partial(sum) of bools", "distribute_tensor", PlacementError, "placements",
+        lambda e: distribute_tensor(e.x > 0, e.mesh8, [Partial()]),
+    ),
+    _c(
+        "distribute: Partial(max) of complex", "distribute_tensor", PlacementError, "placements",
+        lambda e: distribute_tensor(e.x.astype(np.complex64), e.mesh8, [Partial("max")]),
+    ),
+    # -- DTensor.from_local --------------------------------------------------------------------------------------------------
+    _c(
+        "from_local: dtypes differ between ranks", "DTensor", ShapeError, "local_tensor",
+        lambda e: DTensor.from_local(
+            _locals(e, lambda r: np.zeros((3, 3), np.float32 if r == 5 else np.int32)), e.mesh, "S(0),R"
+        ),
+    ),
+    _c(
+        "from_local: ndims differ between ranks", "DTensor", ShapeError, "local_tensor",
+        lambda e: DTensor.from_local(_locals(e, lambda r: np.zeros((3,) if r == 2 else (3, 3))), e.mesh, "S(0),R"),
+    ),
+    _c(
+        "from_local: shapes differ along a replicated dim", "DTensor", ShapeError, "local_tensor",
+        lambda e: DTensor.from_local(_locals(e, lambda r: np.zeros((3, 3 + r % 2))), e.mesh, "S(0),R"),
+    ),
+    _c(
+        "from_local: local shapes no global shape gives", "DTensor", ShapeError, "local_tensor",
+        lambda e: DTensor.from_local(_locals(e, lambda r: np.zeros((1 if r < 2 else 3, 3))), e.mesh, "S(0),R"),
+    ),
+    _c(
+        "from_local: local shapes inconsistent with shape=", "DTensor", ShapeError, "local_tensor",
+        lambda e: DTensor.from_local(np.zeros((3, 3)), e.mesh, "S(0),R", shape=(11, 3)),
+    ),
+    _c(
+        "from_local: shape= a string", "DTensor", ArgumentTypeError, "shape",
+        lambda e: DTensor.from_local(np.zeros((3, 3)), e.mesh, "S(0),R", shape="10,3"),
+    ),
+    _c(
+        "from_local: shape= of the wrong rank", "DTensor", ShapeError, "shape",
+        lambda e: DTensor.from_local(np.zeros((3, 3)), e.mesh, "S(0),R", shape=(10,)),
+    ),
+    _c(
+        "from_local: a rank missing", "DTensor", MeshError, "local_tensor",
+        lambda e: DTensor.from_local({r: np.zeros((3, 3)) for r in range(7)}, e.mesh, "S(0),R"),
+    ),
+    _c(
+        "from_local: a rank beyond the mesh", "DTensor", MeshError, "local_tensor",
+        lambda e: DTensor.from_local({r: np.zeros((3, 3)) for r in range(9)}, e.mesh, "S(0),R"),
+    ),
+    _c(
+        "from_local: a string key", "DTensor", ArgumentTypeError, "local_tensor",
+        lambda e: DTensor.from_local({"a": np.zeros(2)}, e.mesh),
+    ),
+    _c(
+        "from_local: too few arrays", "DTensor", ShapeError, "local_tensor",
+        lambda e: DTensor.from_local([np.zeros((3, 3))] * 3, e.mesh, "S(0),R"),
+    ),
+    _c("from_local: a string", "DTensor", ArgumentTypeError, "local_tensor", lambda e: DTensor.from_local("abc", e.mesh)),
+    _c(
+        "from_local: a non-array rank", "DTensor", ArgumentTypeError, "local_tensor[3]",
+        lambda e: DTensor.from_local(_locals(e, lambda r: "x" if r == 3 else np.zeros(2)), e.mesh),
+    ),
+    _c("from_local: mesh None", "DTensor", ArgumentTypeError, "device_mesh", lambda e: DTensor.from_local(np.zeros(2), None)),
+    _c(
+        "from_local: mixed Partial ops", "DTensor", PlacementError, "placements",
+        lambda e: DTensor.from_local(np.zeros(2), e.mesh, [Partial(), Partial("min")]),
+    ),
+    _c(
+        "from_local: int64 beyond int32", "DTensor", ArgumentTypeError, "local_tensor",
+        lambda e: DTensor.from_local(np.array([2**33]), e.mesh8),
+    ),
+    _c(
+        "from_local: Partial(avg) of bools", "DTensor", PlacementError, "placements",
+        lambda e: DTensor.from_local(np.ones(2, bool), e.mesh8, "P(avg)"),
+    ),
+    # -- DTensor constructor, to_local, redistribute ----------------------------------------------------------------------
+    _c("DTensor: a NumPy array", "DTensor", ArgumentTypeError, "array", lambda e: DTensor(e.x, e.layout, (10, 3))),
+    _c("DTensor: layout a string", "DTensor", ArgumentTypeError, "layout", lambda e: DTensor(e.dt.array, "S(0),R", (10, 3))),
+    _c("DTensor: shape a string", "DTensor", ArgumentTypeError, "shape", lambda e: DTensor(e.dt.array, e.layout, "10,3")),
+    _c("DTensor: array of another shape", "DTensor", ShapeError, "array", lambda e: DTensor(e.dt.array, e.layout, (4, 3))),
+    _c("to_local: rank not in mesh", "DTensor", MeshError, "rank", lambda e: e.dt.to_local(99)),
+    _c("to_local: rank a float", "DTensor", ArgumentTypeError, "rank", lambda e: e.dt.to_local(1.0)),
+    _c("to_local: inside jit", "DTensor", ArgumentTypeError, "self", lambda e: jax.jit(lambda d: d.to_local(0))(e.dt)),
+    _c(
+        "redistribute: Shard -> Partial", "DTensor", RedistributeError, "placements",
+        lambda e: e.dt.redistribute(placements=[Partial(), Replicate()]),
+    ),
+    _c(
+        "redistribute: Partial(sum) -> Partial(max)", "DTensor", RedistributeError, "placements",
+        lambda e: e.dtp.redistribute(placements=[Partial("max"), Replicate()]),
+    ),
+    _c(
+        "redistribute: Partial(max) -> Partial(avg) in alias form", "DTensor", RedistributeError, "placements",
+        lambda e: e.dtm.redistribute(placements=Layout.from_placements(e.mesh, (None, None), partial={"dp": "avg"})),
+    ),
+    _c(
+        "redistribute: mesh a string", "DTensor", ArgumentTypeError, "device_mesh",
+        lambda e: e.dt.redistribute("mesh", [Replicate(), Replicate()]),
+    ),
+    _c(
+        "redistribute: placements of the wrong length", "DTensor", PlacementError, "placements",
+        lambda e: e.dt.redistribute(placements=[Replicate()]),
+    ),
+    _c("redistribute: placements an int", "DTensor", ArgumentTypeError, "placements", lambda e: e.dt.redistribute(placements=5)),
+    _c("redistribute: unknown axis", "DTensor", LayoutError, "placements", lambda e: e.dt.redistribute(placements=("pp", None))),
+    _c(
+        "redistribute: shard dim out of range", "DTensor", PlacementError, "placements",
+        lambda e: e.dtp.redistribute(placements="R,S(5)"),
+    ),
+    _c("redistribute: bools to Partial(sum)", "DTensor", PlacementError, "placements", lambda e: e.dtb.redistribute(placements="P")),
+    _c(
+        "redistribute: complex to Partial(min)", "DTensor", PlacementError, "placements",
+        lambda e: e.dtc.redistribute(placements="P(min)"),
+    ),
+    _c(
+        "redistribute_collectives: Shard -> Partial", "redistribute_collectives", RedistributeError, "placements",
+        lambda e: redistribute_collectives(e.dt8, [Partial()]),
+    ),
+    _c(
+        "redistribute_collectives: another mesh", "redistribute_collectives", MeshError, "device_mesh",
+        lambda e: redistribute_collectives(e.dt, "R,R", e.mesh8),
+    ),
+    _c(
+        "redistribute_collectives: not a DTensor", "redistribute_collectives", ArgumentTypeError, "dtensor",
+        lambda e: redistribute_collectives(e.x, "R,R"),
+    ),
+    _c(
+        "Collective: unknown opcode", "Collective", ArgumentTypeError, "op",
+        lambda e: Collective("broadcast", ((4,),), "f32", ((0, 1),)),
+    ),
+    _c(
+        "Collective: shapes as lists", "Collective", ArgumentTypeError, "result_shapes",
+        lambda e: Collective("all-gather", [[4]], "f32", ((0, 1),)),
+    ),
+    # -- inference ------------------------------------------------------------------------------------------------------------
+    _c("infer: unknown op", "infer_signature Signature", UnsupportedOpError, "op", lambda e: infer_signature("frobnicate", [e.dt])),
+    _c("infer: op an int", "infer_signature", ArgumentTypeError, "op", lambda e: infer_signature(3, [e.dt])),
+    _c("infer: inputs not a list", "infer_signature", ArgumentTypeError, "inputs", lambda e: infer_signature("neg", e.dt)),
+    _c("infer: axis out of range", "infer_signature", InferenceError, "params", lambda e: infer_signature("sum", [e.dt], axis=5)),
+    _c("infer: matmul dims disagree", "infer_signature", InferenceError, "params", lambda e: infer_signature("matmul", [e.dt, e.dt])),
+    _c("infer: input a string", "infer_signature", ArgumentTypeError, "inputs[0]", lambda e: infer_signature("neg", ["abc"])),
+    _c(
+        "infer: dtype not a dtype", "infer_signature", ArgumentTypeError, "inputs[0]",
+        lambda e: infer_signature("neg", [((10, 3), "notadtype", e.layout)]),
+    ),
+    _c(
+        "infer: layout for another ndim", "infer_signature", LayoutError, "inputs[0]",
+        lambda e: infer_signature("neg", [((10, 3, 1), F32, e.layout)]),
+    ),
+    _c(
+        "infer: two out_layouts for one output", "infer_signature", InferenceError, "out_layouts",
+        lambda e: infer_signature("neg", [e.dt], out_layouts=[e.layout, e.layout]),
+    ),
+    _c("infer: out_layouts an int", "infer_signature", ArgumentTypeError, "out_layouts", lambda e: infer_signature("neg", [e.dt], out_layouts=3)),
+    _c("infer: in_layouts an int", "infer_signature", ArgumentTypeError, "in_layouts", lambda e: infer_signature("neg", [e.dt], in_layouts=3)),
+    _c(
+        "infer: inputs on two meshes", "infer_signature", InferenceError, "inputs",
+        lambda e: infer_signature("add", [e.dt, e.dt8]),
+    ),
+    _c(
+        "infer: cost model a string", "infer_signature", ArgumentTypeError, "cost_model",
+        lambda e: infer_signature("neg", [e.dt], cost_model="fast"),
+    ),
+    _c("predict: fn not callable", "predict", InferenceError, "fn", lambda e: predict(3, e.dt)),
+    _c("predict: unknown search", "predict", InferenceError, "search", lambda e: predict(jnp.sin, e.dt, search="dfs")),
+    _c("predict: fn fails to trace", "predict", InferenceError, "fn", lambda e: predict(lambda a: a @ a, e.dt)),
+    _c("predict: no inputs and no mesh", "predict", InferenceError, "inputs", lambda e: predict(lambda: jnp.ones(3))),
+    _c("predict: mesh a string", "predict", ArgumentTypeError, "device_mesh", lambda e: predict(jnp.sin, ((8,), F32, ("x",)), mesh="m")),
+    _c("check: uneven input", "check", InferenceError, "inputs[0]", lambda e: check(jnp.sin, e.dt)),
+    _c("check: Partial(max) input", "check", InferenceError, "inputs[0]", lambda e: check(jnp.sin, e.dtm)),
+    _c("check: fn fails to trace", "check", InferenceError, "fn", lambda e: check(lambda a: a @ a, ((8, 16), F32, ("x", None)), mesh=e.mesh8)),
+    _c(
+        "plan: dst not a Layout", "plan_redistribute", RedistributeError, "dst",
+        lambda e: plan_redistribute((10, 3), F32, e.layout, "S(0),R"),
+    ),
+    _c("plan: src not a Layout", "plan_redistribute", ArgumentTypeError, "layout", lambda e: plan_redistribute((10, 3), F32, "S(0),R", e.layout)),
+    _c("plan: shape of the wrong rank", "plan_redistribute", LayoutError, "layout", lambda e: plan_redistribute((10,), F32, e.layout, e.layout)),
+    _c("plan: shape a string", "plan_redistribute", ShapeError, "shape", lambda e: plan_redistribute("10,3", F32, e.layout, e.layout)),
+    _c("plan: dtype not a dtype", "plan_redistribute", ArgumentTypeError, "dtype", lambda e: plan_redistribute((10, 3), "xx", e.layout, e.layout)),
+    _c("plan: object dtype", "plan_redistribute", ArgumentTypeError, "dtype", lambda e: plan_redistribute((10, 3), object, e.layout, e.layout)),
+    _c(
+        "plan: layouts on two meshes", "plan_redistribute", RedistributeError, "dst",
+        lambda e: plan_redistribute((10, 3), F32, e.layout, _other_mesh_layout(e)),
+    ),
+    _c("CostModel: NaN weight", "CostModel", ArgumentTypeError, "axis_weights", lambda e: CostModel({"dp": float("nan")})),
+    _c("CostModel: infinite weight", "CostModel", ArgumentTypeError, "axis_weights", lambda e: CostModel({"dp": float("inf")})),
+    _c("CostModel: negative weight", "CostModel", ArgumentTypeError, "axis_weights", lambda e: CostModel({"dp": -1})),
+    _c("CostModel: not a mapping", "CostModel", ArgumentTypeError, "axis_weights", lambda e: CostModel("x")),
+    _c("set_default_cost_model: a string", "set_default_cost_model", ArgumentTypeError, "model", lambda e: set_default_cost_model("x")),
+    _c("use_cost_model: an int", "use_cost_model", ArgumentTypeError, "model", lambda e: use_cost_model(3).__enter__()),
+    # -- pictures ------------------------------------------------------------------------------------------------------------------
+    _c("visualize: 3-d tensor", "visualize", ShapeError, "shape", lambda e: visualize(Layout.from_placements(e.mesh, ("dp", None, None)), (8, 2, 2))),
+    _c("visualize: layout without shape", "visualize", ArgumentTypeError, "shape", lambda e: visualize(e.layout)),
+    _c("visualize: a string", "visualize", ArgumentTypeError, "item", lambda e: visualize("S(0)", (8,))),
+    _c("visualize: shape a string", "visualize", ArgumentTypeError, "shape", lambda e: visualize(e.layout, "10,3")),
+    _c("visualize: negative extent", "visualize", ShapeError, "shape", lambda e: visualize(e.layout, (-10, 3))),
+    _c("visualize: color a string", "visualize", ArgumentTypeError, "color", lambda e: visualize(e.dt, color="yes")),
+    _c("print_layout: file a path", "print_layout", ArgumentTypeError, "file", lambda e: print_layout(e.dt, file="out.txt")),
+    _c("plot: nothing", "plot", ArgumentTypeError, "items", lambda e: plot([])),
+    _c("plot: too few titles", "plot", ArgumentTypeError, "titles", lambda e: plot([e.dt, e.dt8], titles=["a"])),
+    _c("plot: zero columns", "plot", ArgumentTypeError, "ncols", lambda e: plot([e.dt], ncols=0)),
+    _c("plot: a string", "plot", ArgumentTypeError, "item", lambda e: plot("S(0)", (8,))),
+    # -- parallelization plans ------------------------------------------------------------------------------------------------------
+    _c("ParallelStyle: unknown kind", "ParallelStyle", PlanError, "kind", lambda e: ParallelStyle("diagonal")),
+    _c("colwise: axis an int", "colwise", ArgumentTypeError, "axis", lambda e: colwise(3)),
+    _c("rowwise: unknown convention", "rowwise", PlanError, "convention", lambda e: rowwise("tp", convention="pytorch")),
+    _c("sequence: sequence_dim a string", "sequence", ArgumentTypeError, "sequence_dim", lambda e: sequence("tp", sequence_dim="1")),
+    _c(
+        "colwise: axis not on the mesh", "colwise distribute_pytree", MeshError, "axis (at 'w')",
+        lambda e: distribute_pytree({"w": e.x}, e.mesh, {"w": colwise("pp")}),
+    ),
+    _c("plan_layouts: plan an int", "plan_layouts", ArgumentTypeError, "plan", lambda e: plan_layouts({"w": e.x}, e.mesh, 3)),
+    _c(
+        "plan_layouts: bad regex", "plan_layouts", PlanError, "plan['[']",
+        lambda e: plan_layouts({"w": e.x}, e.mesh, {"[": "R,R"}),
+    ),
+    _c(
+        "distribute_pytree: rule matching nothing", "distribute_pytree", PlanError, "plan",
+        lambda e: distribute_pytree({"w": e.x}, e.mesh, {"v": "R,R"}),
+    ),
+    _c(
+        "distribute_pytree: bad placements in a rule", "distribute_pytree", PlacementError, "plan['w']",
+        lambda e: distribute_pytree({"w": e.x}, e.mesh, {"w": "S(0),S(0)"}),
+    ),
+    _c(
+        "distribute_pytree: a leaf that is not an array", "distribute_pytree", ArgumentTypeError, "params at 'w'",
+        lambda e: distribute_pytree({"w": "text"}, e.mesh, {"w": "R,R"}),
+    ),
+]
+
+if hasattr(placements2jax, "apply"):  # the operators module lands separately
+    CASES.append(_c("apply: fn not callable", "apply", ArgumentTypeError, "fn", lambda e: placements2jax.apply(3, e.dt)))
+
+# Public names without a bad-input case, and why.
+EXEMPT = {
+    name: "an exception class"
+    for name in placements2jax.__all__
+    if isinstance(getattr(placements2jax, name), type) and issubclass(getattr(placements2jax, name), Exception)
+} | {
+    "Signature": "a result built only by infer_signature (covered by its cases)",
+    "replicate": "takes no arguments",
+    "layouts_of": "accepts any pytree (non-DTensor leaves are kept as they are)",
+}
+
+
+def _chained_foreign(error: BaseException) -> BaseException | None:
+    """The first exception in ``error``'s chain that Python would print and is not ours."""
+    seen: BaseException | None = error
+    while seen is not None:
+        nxt = seen.__cause__ or (None if seen.__suppress_context__ else seen.__context__)
+        if nxt is not None and not isinstance(nxt, Placements2JaxError):
+            return nxt
+        seen = nxt
+    return None
+
+
+def _assert_clean(error: Placements2JaxError, expected: type[Placements2JaxError], argument: str) -> None:
+    assert isinstance(error, expected), f"{type(error).__name__} is not a {expected.__name__}: {error}"
+    assert isinstance(error, (ValueError, TypeError))
+    assert type(error).__module__.startswith("placements2jax"), type(error)
+    message = str(error)
+    assert error.argument == argument and message.startswith(f"{argument}="), (error.argument, argument, message)
+    assert "Fix:" in message and message.split("Fix:")[1].strip(), message
+    foreign = _chained_foreign(error)
+    assert foreign is None, f"chained from {type(foreign).__module__}.{type(foreign).__name__}: {foreign}"
+    text = "".join(traceback.format_exception(error))
+    for leak in ("XlaRuntimeError", "jaxlib", "The above exception", "During handling of the above exception"):
+        assert leak not in text, text
+
+
+def _assert_unchanged(env: SimpleNamespace) -> None:
+    for name, dtensor in env.dtensors.items():
+        layout, shape, dtype, full, locals_ = env.snapshot[name]
+        assert (dtensor.layout, dtensor.shape, dtensor.dtype) == (layout, shape, dtype), name
+        np.testing.assert_array_equal(np.asarray(dtensor.full_tensor()), full, err_msg=name)
+        np.testing.assert_array_equal(full, env.logical[name], err_msg=name)
+        for rank, block in locals_.items():
+            np.testing.assert_array_equal(np.asarray(dtensor.to_local(rank)), block, err_msg=f"{name} rank {rank}")
+
+
+def test_catalogue_size() -> None:
+    assert len(CASES) >= 40
+    assert len({case.name for case in CASES}) == len(CASES), "case names must be unique"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def test_bad_input(case: Case, env: SimpleNamespace) -> None:
+    with pytest.raises(Placements2JaxError) as info:
+        case.call(env)
+    _assert_clean(info.value, case.error, case.argument)
+    _assert_unchanged(env)
+
+
+def test_every_public_name_has_a_case() -> None:
+    covered = {name for case in CASES for name in case.covers}
+    missing = sorted(set(placements2jax.__all__) - covered - set(EXEMPT))
+    assert not missing, f"public names without a bad-input case (add cases, or exempt them with a reason): {missing}"
+    assert not covered - set(placements2jax.__all__), covered - set(placements2jax.__all__)
+
+
+def test_the_snapshot_sees_corruption(env: SimpleNamespace) -> None:
+    """The unchanged-check of (d) is not vacuous: a DTensor whose array changed fails it."""
+    fresh = _make_env()
+    fresh.dtensors["dt"] = distribute_tensor(X + 1, fresh.mesh, "S(0),R")
+    with pytest.raises(AssertionError):
+        _assert_unchanged(fresh)
+
+
+# -- the command line: one line on stderr naming the argument and the fix, exit code 2 ----------------------------------------
+
+EXPLAIN = ["explain", "--mesh", "dp=4,tp=2", "--shape", "10,3"]
+CLI_CASES = [
+    ("repeated Shard", [*EXPLAIN, "--placements", "S(0),S(0)"], "placements="),
+    ("wrong length", [*EXPLAIN, "--placements", "S(0)"], "placements="),
+    ("unknown axis", [*EXPLAIN, "--placements", "(dp,pp),None"], "placements="),
+    ("mixed partial ops", [*EXPLAIN, "--placements", "P,P(max)"], "placements="),
+    ("shard dim out of range", [*EXPLAIN, "--placements", "S(2),R"], "placements="),
+    ("partial with torch form", [*EXPLAIN, "--placements", "S(0),R", "--partial", "tp"], "partial="),
+    ("partial on a splitting axis", [*EXPLAIN, "--placements", "dp,None", "--partial", "dp"], "partial="),
+    ("mesh too large", ["explain", "--mesh", "dp=4,tp=4", "--shape", "8", "--placements", "S(0),R"], "mesh_shape="),
+    ("zero-size mesh", ["explain", "--mesh", "dp=0", "--shape", "8", "--placements", "S(0)"], "mesh_shape="),
+    ("duplicate axis names", ["explain", "--mesh", "dp=4,dp=2", "--shape", "8", "--placements", "S(0),R"], "alias_name="),
+    ("mesh syntax", ["explain", "--mesh", "dp4", "--shape", "8", "--placements", "S(0)"], "--mesh"),
+    ("shape syntax", ["explain", "--mesh", "dp=4", "--shape", "8,x", "--placements", "S(0)"], "--shape"),
+    ("partial op", ["explain", "--mesh", "dp=4", "--shape", "8", "--placements", "None", "--partial", "dp=prod"], "--partial"),
+]
+
+
+@pytest.mark.parametrize(("argv", "argument"), [c[1:] for c in CLI_CASES], ids=[c[0] for c in CLI_CASES])
+def test_cli_bad_input(argv: list[str], argument: str, capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        code = cli_main(argv)
+    except SystemExit as exit_info:  # argparse's own checks exit
+        code = exit_info.code
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and argument in err and "Fix:" in err, err
+    assert "Traceback" not in err
+
+
+def test_print_layout_to_a_stream_still_works(env: SimpleNamespace) -> None:
+    """The file= check accepts real streams (what it guards against is a path string)."""
+    stream = io.StringIO()
+    print_layout(env.dt, file=stream, color=False)
+    assert stream.getvalue() == visualize(env.dt, color=False) + "\n"
+
+
+def test_64_bit_host_data_that_fits_is_kept_exactly(env: SimpleNamespace) -> None:
+    """The range check of 64-bit input refuses only what 32-bit JAX would change."""
+    values = np.array([-(2**31), 2**31 - 1, 0, 7], dtype=np.int64)
+    dtensor = distribute_tensor(values, env.mesh8, "S(0)")
+    assert dtensor.dtype == jax.dtypes.canonicalize_dtype(np.int64)
+    np.testing.assert_array_equal(np.asarray(dtensor.full_tensor()), values)
+    floats = np.array([1e30, -np.inf, np.nan, 0.1], dtype=np.float64)
+    result = np.asarray(distribute_tensor(floats, env.mesh8, "S(0)").full_tensor())
+    np.testing.assert_array_equal(result, floats.astype(result.dtype))  # NaN and inf stay where they were
