@@ -30,6 +30,7 @@ from .inference import (
 )
 from .layout import Layout
 from .mesh import DeviceMesh, MeshGroup, as_device_mesh, init_device_mesh
+from .operators import apply
 from .parallelize import (
     ParallelStyle,
     colwise,
@@ -79,6 +80,7 @@ __all__ = [
     "Shard",
     "Signature",
     "UnsupportedOpError",
+    "apply",
     "as_device_mesh",
     "check",
     "colwise",

@@ -217,6 +217,70 @@ class DTensor:
             array = redistribute_array(array, replicated, target_plain, shape)
         return DTensor(redistribute_array(array, target_plain, target, shape), target, shape)
 
+    # -- operators (placements2jax.operators, imported on use: it needs inference) -----------
+    __array_ufunc__ = None  # NumPy defers `ndarray <op> DTensor` to the reflected methods
+
+    def __add__(self, other: Any) -> DTensor:
+        return _operators().binary("add", self, other)
+
+    def __radd__(self, other: Any) -> DTensor:
+        return _operators().binary("add", other, self)
+
+    def __sub__(self, other: Any) -> DTensor:
+        return _operators().binary("sub", self, other)
+
+    def __rsub__(self, other: Any) -> DTensor:
+        return _operators().binary("sub", other, self)
+
+    def __mul__(self, other: Any) -> DTensor:
+        return _operators().binary("mul", self, other)
+
+    def __rmul__(self, other: Any) -> DTensor:
+        return _operators().binary("mul", other, self)
+
+    def __truediv__(self, other: Any) -> DTensor:
+        return _operators().binary("div", self, other)
+
+    def __rtruediv__(self, other: Any) -> DTensor:
+        return _operators().binary("div", other, self)
+
+    def __matmul__(self, other: Any) -> DTensor:
+        return _operators().binary("matmul", self, other)
+
+    def __rmatmul__(self, other: Any) -> DTensor:
+        return _operators().binary("matmul", other, self)
+
+    def __neg__(self) -> DTensor:
+        return _operators().unary("neg", self)
+
+    def sum(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DTensor:
+        """Sum over ``axis`` (NumPy's arguments); a sharded reduced axis gives Partial(sum)."""
+        return _operators().reduce("sum", self, axis, keepdims)
+
+    def mean(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DTensor:
+        """Mean over ``axis``; an evenly sharded reduced axis gives Partial(avg)."""
+        return _operators().reduce("mean", self, axis, keepdims)
+
+    def max(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DTensor:
+        """Maximum over ``axis``; a sharded reduced axis gives Partial(max)."""
+        return _operators().reduce("max", self, axis, keepdims)
+
+    def min(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DTensor:
+        """Minimum over ``axis``; a sharded reduced axis gives Partial(min)."""
+        return _operators().reduce("min", self, axis, keepdims)
+
+    def transpose(self, *axes: Any) -> DTensor:
+        """Permute the dims (``x.transpose()`` reverses them, like NumPy)."""
+        return _operators().transpose(self, axes)
+
+    @property
+    def T(self) -> DTensor:
+        return _operators().transpose(self, ())
+
+    def reshape(self, *shape: Any) -> DTensor:
+        """The same elements in ``shape`` (one tuple or the sizes; ``-1`` allowed)."""
+        return _operators().reshape(self, shape)
+
     # -- construction --------------------------------------------------------------------
     @classmethod
     def from_local(
@@ -287,6 +351,14 @@ class DTensor:
             arrays.append(jax.device_put(padded.reshape(lead + block), mesh.device(rank)))
         array = jax.make_array_from_single_device_arrays(phys.array_shape, phys.sharding, arrays)
         return cls(array, layout, global_shape)
+
+
+def _operators() -> Any:
+    """placements2jax.operators, imported on first use (it imports inference, which
+    comes after DTensor in the data flow)."""
+    from . import operators
+
+    return operators
 
 
 def distribute_tensor(

@@ -1,0 +1,560 @@
+"""DTensor operators: ``+ - * / @``, negation, ``sum mean max min``, ``transpose``,
+``reshape``, and :func:`apply` for any JAX function, each run under the signature that
+inference chooses (docs/inference.md, section "DTensor operators").
+
+How one op runs, eagerly or inside the caller's ``jax.jit`` / ``jax.grad``:
+
+1. **Signature.** :func:`~placements2jax.inference.infer_signature` (a named op) or
+   :func:`~placements2jax.inference.predict` (every equation of ``fn``'s jaxpr) gives the
+   layout each input must have and the layouts of the outputs.
+2. **Redistribution.** Each input whose layout differs is moved by
+   :func:`placements2jax.programs.convert` (XLA collectives, as planned).
+3. **Local execution.** The op runs per rank in ``jax.shard_map`` over the mesh, with the
+   physical specs of the planned input and output layouts as ``in_specs`` / ``out_specs``
+   and the op applied to each rank's local block: this *is* the meaning of a signature
+   ("running the op on every rank's local data gives the outputs' local data"), so it is
+   exact for every layout the rules allow, partials and uneven splits included. A
+   ``Partial(sum)`` output on Explicit axes becomes JAX ``unreduced`` (``pcast``), other
+   partials the stacked form of :mod:`.physical`; a ``Partial(sum)`` input carried as
+   ``unreduced`` is re-labelled as stacked first (a no-op on the device buffers).
+4. **Padding.** Uneven layouts are padded (:mod:`.physical`). Before the op, every padded
+   input's pad elements are replaced by the op's neutral element (0, or the lowest /
+   highest value for ``max`` / ``min``); after it, the outputs' pads are set to 0. So pads
+   never reach a sum, a contraction or a gradient (``jnp.where`` passes no cotangent to
+   the masked side). Even layouts get no mask.
+
+Everything one call needs is a single ``jax.jit`` program cached per (op, params, input
+shapes / dtypes / layouts, cost model), so eager dispatch is a dictionary lookup and one
+compiled call; inside an outer ``jax.jit`` the same program is emitted into the caller's.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache, partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core
+from jax.sharding import PartitionSpec
+
+from . import chunking
+from .dtensor import DTensor
+from .errors import ArgumentTypeError, InferenceError, UnsupportedOpError
+from .inference import default_cost_model, infer_signature, predict
+from .inference.cost import CostModel
+from .inference.jaxpr import _CALLS, _CONSTRAINTS  # the call / constraint primitives predict walks
+from .inference.ops import freeze, op_definition
+from .inference.signature import replicated
+from .layout import Layout
+from .mesh import DeviceMesh
+from .physical import Physical, physical
+from .programs import convert
+
+__all__ = ["apply", "binary", "call", "matmul", "reduce", "reshape", "transpose", "unary"]
+
+Shape = tuple[int, ...]
+_SCALARS = (bool, int, float, complex)
+_CONSTANTS = (*_SCALARS, np.generic, np.ndarray, jax.Array)
+# Operand keys: ("dtensor", shape, dtype, layout) or ("constant", shape, dtype, weak).
+OperandKey = tuple[Any, ...]
+
+
+# -- operands --------------------------------------------------------------------------------
+
+
+def is_operand(value: Any) -> bool:
+    """A DTensor, or a constant (Python / NumPy scalar, NumPy or JAX array) that an op
+    treats as a Replicate tensor."""
+    return isinstance(value, (DTensor, *_CONSTANTS))
+
+
+def _operand_key(value: Any) -> OperandKey:
+    if isinstance(value, DTensor):
+        return ("dtensor", value.shape, value.dtype, value.layout)
+    weak = isinstance(value, _SCALARS) or bool(getattr(value, "weak_type", False))
+    return ("constant", np.shape(value), np.dtype(jnp.result_type(value)), weak)
+
+
+def _check_operands(values: Sequence[Any], argument: str) -> None:
+    for i, value in enumerate(values):
+        if not is_operand(value):
+            raise ArgumentTypeError(
+                f"{argument}[{i}]", value, "is neither a DTensor nor a numeric constant",
+                "pass DTensors, NumPy / JAX arrays or Python numbers",
+            )
+
+
+def _mesh_of(keys: Sequence[OperandKey], argument: str) -> DeviceMesh:
+    meshes = {key[3].mesh for key in keys if key[0] == "dtensor"}
+    if len(meshes) != 1:
+        raise InferenceError(
+            argument, [str(m) for m in meshes] or "no DTensor",
+            "the DTensors are on different meshes" if meshes else "at least one operand must be a DTensor",
+            "redistribute the DTensors onto one mesh" if meshes else "pass a DTensor (constants are Replicate on its mesh)",
+        )
+    return meshes.pop()
+
+
+def _layout_of(key: OperandKey, mesh: DeviceMesh) -> Layout:
+    return key[3] if key[0] == "dtensor" else replicated(mesh, len(key[1]))
+
+
+def _arrays(values: Sequence[Any]) -> list[Any]:
+    return [v.array if isinstance(v, DTensor) else v for v in values]
+
+
+def _dtensor(array: jax.Array, layout: Layout, shape: Shape) -> DTensor:
+    # The program produced exactly this layout's physical array: skip re-validation.
+    return DTensor.tree_unflatten((layout, shape), (array,))
+
+
+# -- programs --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Program:
+    """One compiled op: ``run(*arrays)`` maps the operands' physical arrays (constants as
+    they are) to the outputs' physical arrays, whose layouts and logical shapes are
+    ``out_layouts`` / ``out_shapes``; ``out_tree`` gives the result's structure.
+    ``plan`` is the Signature (named op) or Prediction (``apply``) that was followed."""
+
+    run: Callable[..., tuple[jax.Array, ...]]
+    out_layouts: tuple[Layout, ...]
+    out_shapes: tuple[Shape, ...]
+    out_tree: Any
+    plan: Any
+
+    def __call__(self, values: Sequence[Any]) -> Any:
+        outs = self.run(*_arrays(values))
+        leaves = [_dtensor(a, layout, shape) for a, layout, shape in zip(outs, self.out_layouts, self.out_shapes)]
+        return jax.tree.unflatten(self.out_tree, leaves)
+
+
+def call(op: str, operands: Sequence[Any], **params: Any) -> DTensor:
+    """Run named op ``op`` (see ``inference.op_names()``) on DTensors and constants with
+    the signature inference chooses; ``params`` are those of the op's JAX function."""
+    _check_operands(operands, "operands")
+    key = tuple(_operand_key(v) for v in operands)
+    return _named_program(op, freeze(params), key, default_cost_model())(operands)
+
+
+@lru_cache(maxsize=4096)
+def _named_program(op: str, params: Any, keys: tuple[OperandKey, ...], cost_model: CostModel) -> Program:
+    mesh = _mesh_of(keys, "operands")
+    layouts = [_layout_of(k, mesh) for k in keys]
+    specs = [(k[1], k[2], layout) for k, layout in zip(keys, layouts)]
+    kwargs = dict(params)
+    signature = infer_signature(op, specs, mesh, cost_model=cost_model, **kwargs)
+    sources = [physical(layout, k[1]) for k, layout in zip(keys, layouts)]
+    targets = [physical(layout, k[1]) for k, layout in zip(keys, signature.in_layouts)]
+    outs = [physical(layout, a.shape) for layout, a in zip(signature.out_layouts, signature.out_avals)]
+    reference = op_definition(op).reference
+    if "shape" in kwargs:  # reshape / broadcast_to: each rank builds its own block
+        kwargs["shape"] = block_shape(outs[0])
+    local = local_call(
+        lambda *xs: jax.tree.leaves(reference(*xs, **kwargs)), targets, outs, [_fill(op, k[2]) for k in keys]
+    )
+
+    def body(*arrays: Any) -> tuple[jax.Array, ...]:
+        return local(*(_move(a, s, t) for a, s, t in zip(arrays, sources, targets)))
+
+    out_tree = jax.tree.structure(0 if len(outs) == 1 else (0,) * len(outs))
+    return Program(
+        jax.jit(body), signature.out_layouts, tuple(a.shape for a in signature.out_avals), out_tree, signature
+    )
+
+
+def _move(x: Any, src: Physical, dst: Physical) -> Any:
+    return x if src == dst else convert(jnp.asarray(x), src, dst)
+
+
+# -- the dunder and method entry points ------------------------------------------------------
+
+
+def binary(op: str, left: Any, right: Any) -> DTensor | Any:
+    """``left <op> right`` for the Python operators; NotImplemented for other types."""
+    if not (is_operand(left) and is_operand(right)):
+        return NotImplemented
+    return call(op, (left, right))
+
+
+def unary(op: str, x: DTensor) -> DTensor:
+    return call(op, (x,))
+
+
+def matmul(left: Any, right: Any) -> DTensor | Any:
+    return binary("matmul", left, right)
+
+
+def reduce(op: str, x: DTensor, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DTensor:
+    """``x.sum / mean / max / min(axis, keepdims)`` (NumPy's arguments)."""
+    if not isinstance(keepdims, (bool, np.bool_)):
+        raise ArgumentTypeError("keepdims", keepdims, "expected a bool", "pass keepdims=True or False")
+    if axis is not None and not isinstance(axis, (int, np.integer)):
+        axis = tuple(axis)
+    return call(op, (x,), axis=axis, keepdims=bool(keepdims))
+
+
+def transpose(x: DTensor, axes: Sequence[Any]) -> DTensor:
+    """``x.transpose(*axes)``: no axes reverses the dims; one tuple or the axes one by one."""
+    if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+        axes = tuple(axes[0])
+    return call("transpose", (x,), axes=tuple(axes) if axes else None)
+
+
+def reshape(x: DTensor, shape: Sequence[Any]) -> DTensor:
+    """``x.reshape(*shape)``: one tuple or the sizes one by one (``-1`` allowed)."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    return call("reshape", (x,), shape=tuple(shape))
+
+
+# -- apply -----------------------------------------------------------------------------------
+
+
+def apply(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` on DTensors: each equation of ``fn``'s jaxpr runs under the
+    signature :func:`~placements2jax.inference.predict` chooses (its planned
+    redistributions included), and the result has ``fn``'s structure with a DTensor per
+    array, laid out as predicted (Partial outputs included).
+
+    ``args`` are DTensors and constants (arrays, numbers: Replicate tensors); ``kwargs``
+    are static (bound with ``functools.partial``, part of the cache key, so hashable).
+    Like ``jax.jit``, the trace of ``fn`` is cached per function object and input
+    shapes / dtypes / layouts: values ``fn`` closes over are read once.
+    """
+    if not callable(fn):
+        raise ArgumentTypeError("fn", fn, "not callable", "pass a function of arrays, e.g. jax.nn.gelu")
+    _check_operands(args, "args")
+    keys = tuple(_operand_key(v) for v in args)
+    frozen = freeze(kwargs, "kwargs")
+    try:
+        program = _apply_program(fn, frozen, keys, default_cost_model())
+    except TypeError as err:
+        if "unhashable" not in str(err):
+            raise
+        program = _apply_program.__wrapped__(fn, frozen, keys, default_cost_model())
+    return program(args)
+
+
+@lru_cache(maxsize=1024)
+def _apply_program(fn: Callable[..., Any], kwargs: Any, keys: tuple[OperandKey, ...], cost_model: CostModel) -> Program:
+    mesh = _mesh_of(keys, "args")
+    f = partial(fn, **dict(kwargs)) if kwargs else fn
+    layouts = [_layout_of(k, mesh) for k in keys]
+    prediction = predict(f, *[(k[1], k[2], layout) for k, layout in zip(keys, layouts)], mesh=mesh, cost_model=cost_model)
+    closed = jax.make_jaxpr(f)(*(jax.ShapeDtypeStruct(k[1], k[2]) for k in keys))
+    rows = {row.path: row for row in prediction.equations}
+    sources = [physical(layout, k[1]) for k, layout in zip(keys, layouts)]
+
+    def body(*arrays: Any) -> tuple[jax.Array, ...]:
+        values = [_Value(a, s) for a, s in zip(arrays, sources)]
+        outs = _Interpreter(rows, mesh).run(closed.jaxpr, closed.consts, values, "")
+        return tuple(jnp.asarray(v.array) for v in outs)
+
+    out_layouts = prediction.out_layouts
+    out_shapes = tuple(s.shape for s in prediction.outputs)
+    return Program(jax.jit(body), out_layouts, out_shapes, prediction.out_tree, prediction)
+
+
+@dataclass(frozen=True)
+class _Value:
+    """A jaxpr variable's value while interpreting: a physical array (or a concrete
+    constant, kept as is so it stays a literal in the local programs) and its layout."""
+
+    array: Any
+    phys: Physical
+
+
+class _Interpreter:
+    """Runs a jaxpr equation by equation with the signatures of ``predict``'s report
+    (``rows`` by equation path), walking into calls exactly as ``predict`` does."""
+
+    def __init__(self, rows: dict[str, Any], mesh: DeviceMesh) -> None:
+        self.rows = rows
+        self.mesh = mesh
+
+    def _replicated(self, value: Any, aval: Any) -> _Value:
+        shape = tuple(aval.shape)
+        return _Value(value, physical(replicated(self.mesh, len(shape)), shape))
+
+    def run(self, jaxpr: Any, consts: Sequence[Any], inputs: Sequence[_Value], prefix: str) -> list[_Value]:
+        env: dict[Any, _Value] = {}
+
+        def read(atom: Any) -> _Value:
+            if isinstance(atom, core.Literal):
+                return self._replicated(np.asarray(atom.val, atom.aval.dtype), atom.aval)
+            return env[atom]
+
+        env.update((v, self._replicated(c, v.aval)) for v, c in zip(jaxpr.constvars, consts))
+        env.update(zip(jaxpr.invars, inputs))
+        for index, eqn in enumerate(jaxpr.eqns):
+            path = f"{prefix}{index}"
+            ins = [read(a) for a in eqn.invars]
+            name = eqn.primitive.name
+            row = self.rows.get(path)
+            if row is None or not row.primitive.startswith(name):
+                raise InferenceError(
+                    "fn", name, f"equation {path} does not match predict's report (the trace changed)",
+                    "make fn trace deterministically (same equations for the same input shapes)",
+                )
+            if name in _CALLS:
+                inner = eqn.params[_CALLS[name]]
+                outs = self.run(getattr(inner, "jaxpr", inner), getattr(inner, "consts", ()), ins, path + ".")
+            elif name in _CONSTRAINTS:
+                target = physical(row.signature.out_layouts[0], ins[0].phys.shape)
+                outs = [_Value(_move(ins[0].array, ins[0].phys, target), target)]
+            else:
+                outs = self._equation(eqn, row.signature, ins)
+            for var, value in zip(eqn.outvars, outs):
+                if not isinstance(var, core.DropVar):
+                    env[var] = value
+        return [read(v) for v in jaxpr.outvars]
+
+    def _equation(self, eqn: Any, signature: Any, ins: Sequence[_Value]) -> list[_Value]:
+        name = eqn.primitive.name
+        targets = [physical(layout, v.phys.shape) for layout, v in zip(signature.in_layouts, ins)]
+        outs = [physical(layout, tuple(v.aval.shape)) for layout, v in zip(signature.out_layouts, eqn.outvars)]
+        params = {k: (None if k in ("sharding", "out_sharding") else v) for k, v in eqn.params.items()}
+        params = _local_params(name, params, targets, outs)
+        masked_axis = _masked_lookup_axis(name, params, targets)
+        if masked_axis is not None:
+            compute = partial(_masked_gather, eqn.primitive, params, targets[0], masked_axis)
+        else:
+            compute = partial(_bind, eqn.primitive, params)
+        constants = {
+            i: v.array for i, (v, t) in enumerate(zip(ins, targets)) if v.phys == t and not isinstance(v.array, jax.Array)
+        }
+        fills = [_fill(name, jnp.result_type(v.array)) for v in ins]
+        local = local_call(compute, targets, outs, fills, constants)
+        arrays = [_move(v.array, v.phys, t) for i, (v, t) in enumerate(zip(ins, targets)) if i not in constants]
+        return [_Value(a, p) for a, p in zip(local(*arrays), outs)]
+
+
+def _bind(primitive: Any, params: dict[str, Any], *args: Any) -> list[jax.Array]:
+    """Bind a primitive on local blocks, first making every operand vary over the same
+    mesh axes (the jnp wrappers do this; a bare ``bind`` does not)."""
+    arrays = [jnp.asarray(a) for a in args]
+    vma = frozenset().union(*(jax.typeof(a).mat.varying for a in arrays))
+    arrays = [_vary(a, vma) for a in arrays]
+    out = primitive.bind(*arrays, **params)
+    return list(out) if primitive.multiple_results else [out]
+
+
+def _local_params(name: str, params: dict[str, Any], ins: Sequence[Physical], outs: Sequence[Physical]) -> dict[str, Any]:
+    """The equation params for one rank's blocks: shape-valued params of split dims
+    become block extents (the rules only split dims these ops keep whole)."""
+    if name == "reshape":
+        return {**params, "new_sizes": block_shape(outs[0])}
+    if name == "broadcast_in_dim":
+        return {**params, "shape": block_shape(outs[0])}
+    if name == "slice":
+        split = [bool(outs[0].layout.dim_axes[d]) for d in range(len(outs[0].shape))]
+        block = block_shape(ins[0])
+        return {
+            **params,
+            "start_indices": tuple(0 if s else i for s, i in zip(split, params["start_indices"])),
+            "limit_indices": tuple(b if s else i for s, b, i in zip(split, block, params["limit_indices"])),
+        }
+    if name == "dynamic_slice":
+        block = block_shape(outs[0])
+        return {**params, "slice_sizes": tuple(block[d] if outs[0].layout.dim_axes[d] else n for d, n in enumerate(params["slice_sizes"]))}
+    if name == "gather":
+        block = block_shape(ins[0])
+        axes = ins[0].layout.dim_axes
+        sizes = tuple(block[j] if axes[j] and n == ins[0].shape[j] else n for j, n in enumerate(params["slice_sizes"]))
+        return {**params, "slice_sizes": sizes}
+    return params
+
+
+def _masked_lookup_axis(name: str, params: dict[str, Any], ins: Sequence[Physical]) -> int | None:
+    """The table axis of a gather whose table is split along the looked-up axis (the
+    masked-lookup signature: each rank looks up the rows it owns, others give 0)."""
+    if name != "gather":
+        return None
+    axis = params["dimension_numbers"].start_index_map[0]
+    return axis if ins[0].layout.dim_axes[axis] else None
+
+
+def _masked_gather(primitive: Any, params: dict[str, Any], table: Physical, axis: int, operand: jax.Array, indices: jax.Array) -> list[jax.Array]:
+    offsets, lengths = _chunk_tables(table, axis)
+    rank = _flat_index(table, axis)
+    local = indices - jnp.asarray(offsets)[rank].astype(indices.dtype)
+    valid = (local >= 0) & (local < jnp.asarray(lengths)[rank].astype(indices.dtype))
+    clipped = jnp.clip(local, 0, operand.shape[axis] - 1)
+    (out,) = _bind(primitive, params, operand, clipped)
+    mask = jnp.expand_dims(valid[..., 0], tuple(params["dimension_numbers"].offset_dims))
+    return [jnp.where(mask, out, jnp.zeros((), out.dtype))]
+
+
+# -- local execution in shard_map ------------------------------------------------------------
+
+
+def block_shape(phys: Physical) -> Shape:
+    """One rank's (padded) block of the tensor dims."""
+    return tuple(n // chunking.padded_size(1, phys.layout.pieces(d)) for d, n in enumerate(phys.padded_shape))
+
+
+def local_call(
+    compute: Callable[..., Sequence[jax.Array]],
+    ins: Sequence[Physical],
+    outs: Sequence[Physical],
+    fills: Sequence[Any],
+    constants: dict[int, Any] | None = None,
+) -> Callable[..., tuple[jax.Array, ...]]:
+    """A traceable function of the non-constant inputs' physical arrays (laid out as
+    ``ins``) that runs ``compute`` on every rank's local blocks in ``jax.shard_map`` and
+    returns the outputs' physical arrays (laid out as ``outs``). ``constants`` (input
+    position -> concrete Replicate value) are closed over instead of passed."""
+    constants = constants or {}
+    passed = [i for i in range(len(ins)) if i not in constants]
+    mesh = (ins[passed[0]] if passed else outs[0]).layout.mesh.to_jax()
+
+    def local(*blocks: jax.Array) -> tuple[jax.Array, ...]:
+        given = dict(zip(passed, blocks))
+        xs = [constants[i] if i in constants else _unpack(given[i], ins[i], fills[i]) for i in range(len(ins))]
+        ys = list(compute(*xs))
+        return tuple(_pack(y, p) for y, p in zip(ys, outs, strict=True))
+
+    run = jax.shard_map(
+        local,
+        mesh=mesh,
+        in_specs=tuple(_block_spec(ins[i]) for i in passed),
+        out_specs=tuple(p.spec for p in outs),
+    )
+
+    def call_local(*arrays: jax.Array) -> tuple[jax.Array, ...]:
+        return run(*(_relabel(ins[i])(a) if ins[i].unreduced_axes else a for i, a in zip(passed, arrays)))
+
+    return call_local
+
+
+def _stack_count(phys: Physical) -> int:
+    return len(phys.stacked_axes) + len(phys.unreduced_axes)
+
+
+def _block_spec(phys: Physical) -> PartitionSpec:
+    """The spec each input is read with: unreduced axes as stacked dims (see _relabel)."""
+    if not phys.unreduced_axes:
+        return phys.spec
+    return PartitionSpec(*(phys.mesh_names[a] for a in phys.unreduced_axes), *phys.dim_entries)
+
+
+def _unpack(block: jax.Array, phys: Physical, fill: Any) -> jax.Array:
+    block = block.reshape(block.shape[_stack_count(phys):])
+    if not phys.is_padded:
+        return block
+    return jnp.where(_valid(phys), block, jnp.asarray(fill, block.dtype))
+
+
+def _pack(y: jax.Array, phys: Physical) -> jax.Array:
+    expected = block_shape(phys)
+    if tuple(y.shape) != expected:
+        raise UnsupportedOpError(
+            "op", phys.layout, f"its local result has shape {tuple(y.shape)}, but the block of {phys.shape} is {expected}",
+            "this op has shape parameters that cannot be computed per rank; redistribute its inputs to Replicate",
+        )
+    if phys.is_padded:
+        y = jnp.where(_valid(phys), y, jnp.zeros((), y.dtype))
+    names = phys.mesh_names
+    split = {names[a] for axes in phys.layout.dim_axes for a in axes}
+    partial_axes = tuple(names[a] for a in phys.layout.partial_axes)
+    y = _vary(y, frozenset(split) | frozenset(partial_axes))
+    y = y.reshape((1,) * len(phys.stacked_axes) + y.shape)
+    if phys.unreduced_axes:
+        y = jax.lax.pcast(y, partial_axes, to="unreduced")
+    return y
+
+
+def _vary(x: jax.Array, axes: frozenset[str]) -> jax.Array:
+    missing = tuple(sorted(axes - jax.typeof(x).mat.varying))
+    return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+
+@lru_cache(maxsize=1024)
+def _relabel(phys: Physical) -> Callable[[jax.Array], jax.Array]:
+    """``unreduced`` array -> the same device buffers read as stacked dims (one per
+    partial axis). JAX has no unreduced -> varying cast, so this is a manual no-op
+    shard_map; its transpose takes each rank's cotangent slot as the ``reduced``
+    cotangent JAX expects for an unreduced value (all slots are equal: a consumer of a
+    Partial(sum) is linear in it)."""
+    mesh = phys.layout.mesh.to_jax()
+    count = len(phys.unreduced_axes)
+    names = frozenset(phys.mesh_names[a] for a in phys.unreduced_axes)
+    stacked = _block_spec(phys)
+    to_stack = jax.shard_map(
+        lambda b: b.reshape((1,) * count + b.shape), mesh=mesh, in_specs=(phys.spec,), out_specs=stacked, check_vma=False
+    )
+    from_stack = jax.shard_map(
+        lambda c: c.reshape(c.shape[count:]),
+        mesh=mesh,
+        in_specs=(stacked,),
+        out_specs=PartitionSpec(*phys.dim_entries, reduced=names),
+        check_vma=False,
+    )
+
+    @jax.custom_vjp
+    def relabel(x: jax.Array) -> jax.Array:
+        return to_stack(x)
+
+    relabel.defvjp(lambda x: (to_stack(x), None), lambda _, ct: (from_stack(ct),))
+    return relabel
+
+
+# -- padding masks ---------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=4096)
+def _chunk_tables(phys: Physical, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Offset and length of every rank's chunk of ``dim``, indexed by the row-major
+    coordinate over the mesh axes splitting it (major first)."""
+    sizes = [phys.layout.mesh.shape[a] for a in phys.layout.dim_axes[dim]]
+    chunks = [
+        chunking.nested_chunk(phys.shape[dim], tuple(zip(sizes, index)))
+        for index in itertools.product(*(range(n) for n in sizes))
+    ]
+    return np.array([c[0] for c in chunks], np.int32), np.array([c[1] for c in chunks], np.int32)
+
+
+def _flat_index(phys: Physical, dim: int) -> jax.Array:
+    """This rank's row-major coordinate over the mesh axes splitting ``dim``."""
+    index = jnp.zeros((), jnp.int32)
+    for a in phys.layout.dim_axes[dim]:
+        index = index * phys.layout.mesh.shape[a] + jax.lax.axis_index(phys.mesh_names[a])
+    return index
+
+
+def _valid(phys: Physical) -> jax.Array:
+    """True at this rank's logical elements of its block (data sits at the block start)."""
+    block = block_shape(phys)
+    mask = jnp.ones((), bool)
+    for d, n in enumerate(block):
+        if chunking.is_even(phys.shape[d], phys.layout.pieces(d)):
+            continue
+        length = jnp.asarray(_chunk_tables(phys, d)[1])[_flat_index(phys, d)]
+        shape = [1] * len(block)
+        shape[d] = n
+        mask = mask & (jnp.arange(n).reshape(shape) < length)
+    return mask
+
+
+_LOWEST_FIRST = {"max": True, "reduce_max": True, "min": False, "reduce_min": False}
+
+
+def _fill(op: str, dtype: Any) -> Any:
+    """The neutral element pads take before ``op``: lowest (max), highest (min), else 0."""
+    if op not in _LOWEST_FIRST:
+        return 0
+    dtype = np.dtype(dtype)
+    lowest = _LOWEST_FIRST[op]
+    if dtype == np.bool_:
+        return not lowest
+    if jnp.issubdtype(dtype, jnp.inexact):
+        return -np.inf if lowest else np.inf
+    info = jnp.iinfo(dtype)
+    return info.min if lowest else info.max

@@ -1,0 +1,497 @@
+"""DTensor operators and apply: values against NumPy, placements against inference and
+torch's rules, inside jax.jit, and gradients against the plain function."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import placements2jax
+from placements2jax import (
+    ArgumentTypeError,
+    DeviceMesh,
+    DTensor,
+    InferenceError,
+    Layout,
+    Partial,
+    Replicate,
+    Shard,
+    apply,
+    distribute_tensor,
+    infer_signature,
+    init_device_mesh,
+    predict,
+)
+from placements2jax import operators
+from placements2jax.hlo import compiled_collectives
+
+MESH1 = init_device_mesh((4,), ("x",))
+MESH2 = init_device_mesh((2, 4), ("dp", "tp"))
+MESHES = {"1d": MESH1, "2d": MESH2}
+P_SUM, P_AVG, P_MAX, P_MIN = Partial("sum"), Partial("avg"), Partial("max"), Partial("min")
+
+
+def _data(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    # Away from zero (division) and with distinct values (max/min).
+    rng = np.random.default_rng(seed + 7 * len(shape) + sum(shape))
+    return (rng.uniform(0.5, 2.0, size=shape) * rng.choice([-1, 1], size=shape)).astype(np.float32)
+
+
+def _dt(x: np.ndarray, mesh: DeviceMesh, placements: Any) -> DTensor:
+    return distribute_tensor(x, mesh, placements)
+
+
+def _check(result: DTensor, expected: np.ndarray, op: str, operands: list[Any], **params: Any) -> None:
+    """Values equal NumPy's, the layout is inference's prediction, and the physical
+    array of a non-partial result is exactly what distribute_tensor builds (pads zero)."""
+    assert isinstance(result, DTensor)
+    assert result.shape == expected.shape
+    np.testing.assert_allclose(np.asarray(result.full_tensor()), expected, rtol=2e-5, atol=2e-5)
+    predicted = infer_signature(op, operands, **params).out_layout
+    assert result.layout == predicted
+    if not result.layout.has_partial:
+        reference = distribute_tensor(expected.astype(result.dtype), result.device_mesh, result.layout)
+        np.testing.assert_allclose(np.asarray(result.array), np.asarray(reference.array), rtol=2e-5, atol=2e-5)
+
+
+# -- binary elementwise ops -----------------------------------------------------------------
+
+BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
+DUNDER = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b, "div": lambda a, b: a / b}
+
+BINARY_CASES = [
+    # (mesh, shape, op, left placements, right placements)
+    ("1d", (8, 12), "add", "S(0)", "S(1)"),
+    ("1d", (8, 12), "add", "P", "P"),
+    ("1d", (8, 12), "add", "P", "R"),
+    ("1d", (7, 5), "add", "S(0)", "S(0)"),
+    ("1d", (7, 5), "sub", "S(1)", "P(avg)"),
+    ("1d", (8, 12), "sub", "P(avg)", "P(avg)"),
+    ("1d", (8, 12), "mul", "P", "R"),
+    ("1d", (7, 5), "mul", "R", "P"),
+    ("1d", (7, 5), "mul", "P(max)", "S(1)"),
+    ("1d", (8, 12), "div", "P", "R"),
+    ("1d", (7, 5), "div", "S(0)", "P(min)"),
+    ("2d", (8, 12), "add", "S(0),S(1)", "S(1),S(0)"),
+    ("2d", (7, 5), "add", "P,S(0)", "P,S(0)"),
+    ("2d", (7, 5), "sub", "(dp,tp),None", "R,S(1)"),
+    ("2d", (8, 12), "mul", "S(1),P", "S(1),R"),
+    ("2d", (7, 5), "div", "P(max),S(1)", "R,R"),
+]
+
+
+@pytest.mark.parametrize("mesh_name,shape,op,left,right", BINARY_CASES)
+def test_binary_ops_values_and_placements(mesh_name: str, shape: tuple[int, ...], op: str, left: str, right: str) -> None:
+    mesh = MESHES[mesh_name]
+    a, b = _data(shape, 1), _data(shape, 2)
+    x, y = _dt(a, mesh, left), _dt(b, mesh, right)
+    _check(DUNDER[op](x, y), BINARY[op](a, b), op, [x, y])
+
+
+@pytest.mark.parametrize(
+    "mesh_name,shape,placements",
+    [("1d", (8, 12), "P"), ("1d", (7, 5), "S(1)"), ("2d", (7, 5), "S(0),P(max)"), ("2d", (8, 12), "P(avg),S(1)")],
+)
+def test_constants_are_replicate_operands_on_either_side(mesh_name: str, shape: tuple[int, ...], placements: str) -> None:
+    mesh = MESHES[mesh_name]
+    a = _data(shape, 3)
+    x = _dt(a, mesh, placements)
+    row = _data(shape[1:], 4)
+    cases = [
+        (x + 2.5, a + 2.5, "add", [x, 2.5]),
+        (2.5 - x, 2.5 - a, "sub", [2.5, x]),
+        (x * row, a * row, "mul", [x, row]),
+        (row / x, row / a, "div", [row, x]),
+        (np.float32(3) * x, 3 * a, "mul", [np.float32(3), x]),
+        (x - jnp.asarray(row), a - row, "sub", [x, jnp.asarray(row)]),
+        (-x, -a, "neg", [x]),
+    ]
+    for result, expected, op, operands in cases:
+        _check(result, expected, op, operands)
+    assert (x * 2.0).dtype == np.float32  # Python scalars are weak, as in JAX
+
+
+# -- matmul -----------------------------------------------------------------------------------
+
+MATMUL_CASES = [
+    ("1d", (8, 12), (12, 6), "S(0)", "R"),
+    ("1d", (8, 12), (12, 6), "R", "S(1)"),
+    ("1d", (8, 12), (12, 6), "S(1)", "S(0)"),
+    ("1d", (7, 5), (5, 3), "S(1)", "S(0)"),
+    ("1d", (7, 5), (5, 3), "P", "R"),
+    ("1d", (7, 5), (5, 3), "R", "P(avg)"),
+    ("1d", (7, 5), (5, 3), "S(0)", "S(0)"),
+    ("1d", (7, 5), (5, 3), "P(max)", "S(1)"),
+    ("2d", (8, 12), (12, 16), "S(0),S(1)", "R,S(0)"),
+    ("2d", (8, 12), (12, 16), "S(0),R", "R,S(1)"),
+    ("2d", (7, 5), (5, 6), "S(1),S(0)", "S(0),S(1)"),
+    ("2d", (3, 7, 5), (5, 6), "S(0),S(2)", "R,S(0)"),
+    ("2d", (5,), (5, 6), "S(0),R", "S(0),S(1)"),
+]
+
+
+@pytest.mark.parametrize("mesh_name,sa,sb,left,right", MATMUL_CASES)
+def test_matmul_values_and_placements(mesh_name: str, sa: tuple[int, ...], sb: tuple[int, ...], left: str, right: str) -> None:
+    mesh = MESHES[mesh_name]
+    a, b = _data(sa, 5), _data(sb, 6)
+    x, w = _dt(a, mesh, left), _dt(b, mesh, right)
+    _check(x @ w, a @ b, "matmul", [x, w])
+
+
+def test_matmul_with_constant_operands_on_either_side() -> None:
+    a, b = _data((8, 12), 7), _data((12, 6), 8)
+    x = _dt(a, MESH1, "S(0)")
+    w = _dt(b, MESH1, "S(1)")
+    _check(x @ b, a @ b, "matmul", [x, b])
+    _check(a @ w, a @ w.full_tensor(), "matmul", [a, w])
+
+
+def test_torch_matmul_rules_without_communication() -> None:
+    a, b = _data((8, 12), 9), _data((12, 16), 10)
+    rules = [
+        ("S(0)", "R", (Shard(0),)),
+        ("R", "S(1)", (Shard(1),)),
+        ("S(1)", "S(0)", (P_SUM,)),
+        ("P", "R", (P_SUM,)),
+        ("R", "P", (P_SUM,)),
+    ]
+    for left, right, expected in rules:
+        x, w = _dt(a, MESH1, left), _dt(b, MESH1, right)
+        y = x @ w
+        assert y.placements == expected, (left, right)
+        np.testing.assert_allclose(np.asarray(y.full_tensor()), a @ b, rtol=1e-5, atol=1e-4)
+        if left != "P" and right != "P":
+            assert compiled_collectives(jax.jit(lambda u, v: u @ v), x, w) == []
+
+
+# -- reductions -------------------------------------------------------------------------------
+
+REDUCE_NP = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min}
+REDUCE_CASES = [
+    ("1d", (8, 12), "S(0)", None, False),
+    ("1d", (8, 12), "S(0)", 0, False),
+    ("1d", (7, 5), "S(0)", 0, True),
+    ("1d", (7, 5), "S(1)", 0, False),
+    ("1d", (7, 5), "S(1)", (0, 1), True),
+    ("2d", (8, 12), "S(0),S(1)", 1, False),
+    ("2d", (7, 5), "S(1),S(0)", (0, 1), False),
+    ("2d", (7, 5), "(dp,tp),None", -2, True),
+]
+
+
+@pytest.mark.parametrize("op", sorted(REDUCE_NP))
+@pytest.mark.parametrize("mesh_name,shape,placements,axis,keepdims", REDUCE_CASES)
+def test_reductions_values_and_placements(
+    op: str, mesh_name: str, shape: tuple[int, ...], placements: str, axis: Any, keepdims: bool
+) -> None:
+    mesh = MESHES[mesh_name]
+    a = _data(shape, 11)
+    x = _dt(a, mesh, placements)
+    result = getattr(x, op)(axis=axis, keepdims=keepdims)
+    _check(result, REDUCE_NP[op](a, axis=axis, keepdims=keepdims), op, [x], axis=axis, keepdims=keepdims)
+
+
+@pytest.mark.parametrize("op", sorted(REDUCE_NP))
+@pytest.mark.parametrize("partial", ["P", "P(avg)", "P(max)", "P(min)"])
+def test_reductions_of_partial_inputs(op: str, partial: str) -> None:
+    a = _data((7, 5), 12)
+    x = _dt(a, MESH2, f"{partial},S(1)")
+    result = getattr(x, op)(axis=0)
+    _check(result, REDUCE_NP[op](a, axis=0), op, [x], axis=0, keepdims=False)
+
+
+def test_reduction_over_a_sharded_axis_gives_the_torch_partial() -> None:
+    a = _data((8, 12), 13)
+    x = _dt(a, MESH2, "S(0),S(1)")
+    expected = {"sum": P_SUM, "mean": P_AVG, "max": P_MAX, "min": P_MIN}
+    for op, partial in expected.items():
+        assert getattr(x, op)(axis=1).placements == (Shard(0), partial)
+        assert getattr(x, op)().placements == (partial, partial)
+        np.testing.assert_allclose(np.asarray(getattr(x, op)().full_tensor()), REDUCE_NP[op](a), rtol=1e-5)
+    # A partial passes through its own reduction unchanged, with no communication.
+    m = _dt(a, MESH2, "P(max),S(1)").max(axis=0)
+    assert m.placements == (P_MAX, Shard(0))
+    np.testing.assert_allclose(np.asarray(m.full_tensor()), a.max(axis=0))
+
+
+def test_reduce_argument_errors() -> None:
+    x = _dt(_data((8, 12)), MESH1, "S(0)")
+    with pytest.raises(ArgumentTypeError, match="keepdims"):
+        x.sum(axis=0, keepdims="yes")
+    with pytest.raises(InferenceError, match="axis"):
+        x.sum(axis=2)
+
+
+# -- transpose, reshape, neg ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "mesh_name,shape,placements",
+    [("1d", (7, 5), "S(0)"), ("1d", (8, 12), "P(avg)"), ("2d", (7, 5), "S(1),S(0)"), ("2d", (8, 12), "P(min),S(1)")],
+)
+def test_transpose_and_T(mesh_name: str, shape: tuple[int, ...], placements: str) -> None:
+    mesh = MESHES[mesh_name]
+    a = _data(shape, 14)
+    x = _dt(a, mesh, placements)
+    _check(x.T, a.T, "transpose", [x], axes=None)
+    _check(x.transpose(1, 0), a.T, "transpose", [x], axes=(1, 0))
+    _check(x.transpose((1, 0)), a.T, "transpose", [x], axes=(1, 0))
+    b = _data((3, *shape), 15)
+    y = _dt(b, mesh, placements)
+    _check(y.transpose(2, 0, 1), b.transpose(2, 0, 1), "transpose", [y], axes=(2, 0, 1))
+
+
+def test_transpose_follows_torch_rule() -> None:
+    x = _dt(_data((4, 6, 8)), MESH2, "S(0),S(2)")
+    assert x.transpose(2, 0, 1).placements == (Shard(1), Shard(0))
+    assert _dt(_data((8, 4)), MESH2, "P,S(0)").T.placements == (P_SUM, Shard(1))
+
+
+@pytest.mark.parametrize(
+    "mesh_name,shape,placements,target",
+    [
+        ("1d", (8, 12), "S(0)", (4, 2, 12)),
+        ("1d", (8, 12), "S(0)", (96,)),
+        ("1d", (7, 6), "S(0)", (7, 2, 3)),
+        ("1d", (7, 6), "S(1)", (42,)),
+        ("1d", (8, 12), "P(max)", (12, 8)),
+        ("2d", (8, 12), "S(0),S(1)", (8, 3, 4)),
+        ("2d", (8, 12), "S(1),R", (2, -1)),
+    ],
+)
+def test_reshape(mesh_name: str, shape: tuple[int, ...], placements: str, target: tuple[int, ...]) -> None:
+    mesh = MESHES[mesh_name]
+    a = _data(shape, 16)
+    x = _dt(a, mesh, placements)
+    _check(x.reshape(*target), a.reshape(target), "reshape", [x], shape=target)
+    _check(x.reshape(target), a.reshape(target), "reshape", [x], shape=target)
+
+
+def test_neg_swaps_max_and_min_partials() -> None:
+    a = _data((8, 12), 17)
+    assert (-_dt(a, MESH1, "P(max)")).placements == (P_MIN,)
+    neg = -_dt(a, MESH1, "P(min)")
+    assert neg.placements == (P_MAX,)
+    np.testing.assert_allclose(np.asarray(neg.full_tensor()), -a)
+
+
+# -- apply ------------------------------------------------------------------------------------
+
+
+def _layer_norm(x: jax.Array, w: jax.Array, b: jax.Array) -> jax.Array:
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + 1e-5) * w + b
+
+
+@pytest.mark.parametrize(
+    "mesh_name,shape,placements",
+    [("1d", (8, 12), "S(0)"), ("1d", (7, 5), "S(1)"), ("2d", (7, 5), "S(0),S(1)"), ("2d", (8, 12), "P,S(0)")],
+)
+def test_apply_matches_the_function_and_predict(mesh_name: str, shape: tuple[int, ...], placements: str) -> None:
+    mesh = MESHES[mesh_name]
+    a = _data(shape, 18)
+    x = _dt(a, mesh, placements)
+    w, b = _data(shape[-1:], 19), _data(shape[-1:], 20)
+    functions = [
+        (jax.nn.gelu, (x,), (a,)),
+        (functools.partial(jax.nn.softmax, axis=-1), (x,), (a,)),
+        (lambda v: jnp.exp(v).sum(axis=0) / 3, (x,), (a,)),
+        (lambda v, s: (v * s, jnp.max(v, axis=1)), (x, 2.0), (a, 2.0)),
+        (_layer_norm, (x, w, b), (a, w, b)),
+        (lambda v: {"t": v.T[1:], "c": jnp.cumsum(v, axis=1)}, (x,), (a,)),
+    ]
+    for fn, args, plain in functions:
+        result = apply(fn, *args)
+        expected = fn(*plain)
+        layouts = predict(fn, *args).out_layouts
+        leaves, tree = jax.tree.flatten(result, is_leaf=lambda v: isinstance(v, DTensor))
+        assert tree == jax.tree.structure(expected)
+        for leaf, want, layout in zip(leaves, jax.tree.leaves(expected), layouts):
+            assert isinstance(leaf, DTensor) and leaf.layout == layout
+            np.testing.assert_allclose(np.asarray(leaf.full_tensor()), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_apply_with_keyword_arguments_and_a_jnp_function() -> None:
+    a = _data((8, 12), 21)
+    x = _dt(a, MESH2, "S(0),S(1)")
+    result = apply(jnp.sum, x, axis=1, keepdims=True)
+    assert result.placements == (Shard(0), P_SUM)
+    np.testing.assert_allclose(np.asarray(result.full_tensor()), a.sum(axis=1, keepdims=True), rtol=1e-5)
+    assert apply(jnp.max, x, axis=0).placements == (P_MAX, Shard(0))
+
+
+def test_apply_vocab_parallel_embedding_is_a_masked_lookup() -> None:
+    table = _data((10, 6), 22)
+    ids = np.array([[0, 9, 3], [4, 4, 7]], np.int32)
+    t = _dt(table, MESH1, "S(0)")  # 10 rows over 4 ranks: 3, 3, 3, 1 (padded)
+    i = _dt(ids, MESH1, "R")
+    result = apply(lambda tab, idx: tab[idx], t, i)
+    assert result.placements == (P_SUM,)
+    np.testing.assert_allclose(np.asarray(result.full_tensor()), table[ids], rtol=1e-6)
+    gathered = apply(jnp.take, _dt(table, MESH1, "S(1)"), i, axis=0)
+    assert gathered.placements == (Shard(2),)
+    np.testing.assert_allclose(np.asarray(gathered.full_tensor()), table[ids], rtol=1e-6)
+
+
+def test_apply_follows_the_planned_redistributions_of_intermediates() -> None:
+    a, b = _data((8, 12), 23), _data((12, 16), 24)
+    x, w = _dt(a, MESH2, "S(0),S(1)"), _dt(b, MESH2, "R,S(0)")
+
+    def fn(u: jax.Array, v: jax.Array) -> jax.Array:
+        return jnp.tanh(u @ v) @ v.T  # the partial product must be reduced before tanh
+
+    prediction = predict(fn, x, w)
+    assert prediction.steps  # an intermediate is redistributed
+    result = apply(fn, x, w)
+    assert result.layout == prediction.out_layouts[0]
+    np.testing.assert_allclose(np.asarray(result.full_tensor()), np.tanh(a @ b) @ b.T, rtol=1e-5, atol=1e-4)
+
+
+def test_apply_errors() -> None:
+    x = _dt(_data((8, 12)), MESH1, "S(0)")
+    with pytest.raises(ArgumentTypeError, match="fn"):
+        apply("gelu", x)
+    with pytest.raises(ArgumentTypeError, match="args"):
+        apply(jax.nn.gelu, "x")
+    with pytest.raises(InferenceError, match="at least one operand must be a DTensor"):
+        apply(jax.nn.gelu, np.ones(3))
+    with pytest.raises(InferenceError, match="different meshes"):
+        apply(jnp.add, x, _dt(_data((8, 12)), MESH2, "S(0),R"))
+
+
+def test_operator_errors() -> None:
+    x = _dt(_data((8, 12)), MESH1, "S(0)")
+    with pytest.raises(TypeError):
+        x + "a"
+    with pytest.raises(InferenceError, match="different meshes"):
+        x + _dt(_data((8, 12)), MESH2, "S(0),R")
+    with pytest.raises(InferenceError):
+        x @ _dt(_data((5, 3)), MESH1, "R")
+    with pytest.raises(InferenceError):
+        x.reshape(5, 5)
+
+
+# -- Megatron MLP, jit, grad ------------------------------------------------------------------
+
+
+def _megatron() -> tuple[tuple[DTensor, ...], tuple[np.ndarray, ...]]:
+    x, w1, w2 = _data((8, 16), 25), _data((16, 32), 26) / 4, _data((32, 16), 27) / 4
+    dts = (_dt(x, MESH2, "S(0),R"), _dt(w1, MESH2, "R,S(1)"), _dt(w2, MESH2, "R,S(0)"))
+    return dts, (x, w1, w2)
+
+
+def _mlp(x: Any, w1: Any, w2: Any) -> Any:
+    return apply(jax.nn.gelu, x @ w1) @ w2
+
+
+def test_megatron_mlp_is_row_parallel_partial_then_reduced() -> None:
+    (x, w1, w2), (a, b1, b2) = _megatron()
+    expected = np.asarray(jax.nn.gelu(a @ b1) @ b2)
+    hidden = x @ w1
+    assert hidden.placements == (Shard(0), Shard(1))
+    y = _mlp(x, w1, w2)
+    assert y.placements == (Shard(0), P_SUM)
+    np.testing.assert_allclose(np.asarray(y.full_tensor()), expected, rtol=1e-5, atol=1e-5)
+    reduced = y.redistribute(placements=(Shard(0), Replicate()))
+    np.testing.assert_allclose(np.asarray(reduced.to_jax()), expected, rtol=1e-5, atol=1e-5)
+
+    jitted = jax.jit(_mlp)(x, w1, w2)
+    assert jitted.layout == y.layout
+    np.testing.assert_allclose(np.asarray(jitted.full_tensor()), expected, rtol=1e-5, atol=1e-5)
+    # Column- then row-parallel: no communication at all until the final reduce.
+    assert compiled_collectives(jax.jit(_mlp), x, w1, w2) == []
+
+
+def test_jit_gives_the_same_values_and_placements_as_eager() -> None:
+    a = _data((7, 5), 28)
+    x = _dt(a, MESH2, "S(0),S(1)")
+
+    def step(v: DTensor) -> tuple[DTensor, DTensor, DTensor]:
+        s = (v * 2 - 1).sum(axis=1)
+        return s, (v.T @ v).max(axis=0), apply(jnp.tanh, v).reshape(35)
+
+    eager = step(x)
+    jitted = jax.jit(step)(x)
+    for e, j in zip(eager, jitted):
+        assert e.layout == j.layout
+        np.testing.assert_allclose(np.asarray(j.full_tensor()), np.asarray(e.full_tensor()), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(jitted[0].full_tensor()), (a * 2 - 1).sum(axis=1), rtol=1e-5)
+
+
+def _loss(x: DTensor, w1: DTensor, w2: DTensor) -> jax.Array:
+    y = _mlp(x, w1, w2) * 0.5 + x  # Partial(sum) consumed by mul and add
+    return jnp.sum(jnp.sin(y.redistribute(placements=(Shard(0), Replicate())).to_jax()))
+
+
+def _plain_loss(x: jax.Array, w1: jax.Array, w2: jax.Array) -> jax.Array:
+    return jnp.sum(jnp.sin((jax.nn.gelu(x @ w1) @ w2) * 0.5 + x))
+
+
+def test_grad_through_operators_matches_the_plain_function() -> None:
+    dts, arrays = _megatron()
+    expected = jax.grad(_plain_loss, argnums=(0, 1, 2))(*arrays)
+    for grads in (
+        jax.jit(jax.grad(_loss, argnums=(0, 1, 2)))(*dts),
+        _eager_grad(_loss, dts),
+    ):
+        for g, d, want in zip(grads, dts, expected):
+            assert isinstance(g, DTensor) and g.layout == d.layout
+            np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(want), rtol=1e-4, atol=1e-5)
+
+
+def _eager_grad(loss: Any, dts: tuple[DTensor, ...]) -> Any:
+    # Eager grad on Explicit meshes needs the mesh set (JAX builds the seed cotangent).
+    with jax.set_mesh(dts[0].device_mesh.to_jax()):
+        return jax.grad(loss, argnums=tuple(range(len(dts))))(*dts)
+
+
+def test_grad_through_uneven_layouts_and_reductions() -> None:
+    a, b = _data((7, 5), 29), _data((5, 3), 30)
+    x, w = _dt(a, MESH2, "S(0),S(1)"), _dt(b, MESH2, "R,S(0)")
+
+    def loss(u: DTensor, v: DTensor) -> jax.Array:
+        y = u @ v  # (S(0), P) on uneven blocks
+        total = (y * y).sum() + u.max(axis=1).sum() + (-u).mean(axis=0).sum()
+        return total.full_tensor()
+
+    def plain(u: jax.Array, v: jax.Array) -> jax.Array:
+        y = u @ v
+        return (y * y).sum() + u.max(axis=1).sum() + (-u).mean(axis=0).sum()
+
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, w)
+    expected = jax.grad(plain, argnums=(0, 1))(a, b)
+    for g, d, want in zip(grads, (x, w), expected):
+        assert g.layout == d.layout
+        np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(want), rtol=1e-4, atol=1e-4)
+        reference = distribute_tensor(np.asarray(want), d.device_mesh, d.layout)
+        np.testing.assert_allclose(np.asarray(g.array), np.asarray(reference.array), rtol=1e-4, atol=1e-4)
+
+
+# -- dispatch ---------------------------------------------------------------------------------
+
+
+def test_programs_are_cached_per_op_params_and_layouts() -> None:
+    x = _dt(_data((8, 12)), MESH2, "S(0),S(1)")
+    x * 3.0
+    before = operators._named_program.cache_info()
+    x * 4.0  # another scalar value: same program
+    after = operators._named_program.cache_info()
+    assert after.hits == before.hits + 1 and after.misses == before.misses
+    x.sum(axis=0)
+    assert operators._named_program.cache_info().misses == after.misses + 1
+
+
+def test_numpy_and_jax_arrays_on_the_left() -> None:
+    a = _data((8, 12), 31)
+    x = _dt(a, MESH1, "S(0)")
+    left = np.ones((8, 12), np.float32)
+    result = left + x
+    assert isinstance(result, DTensor) and result.placements == (Shard(0),)
+    np.testing.assert_allclose(np.asarray(result.full_tensor()), left + a)
+
