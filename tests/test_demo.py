@@ -1,0 +1,120 @@
+"""The main job (`make demo`): tensor-parallel training with torch-style placements."""
+
+import jax
+import numpy as np
+import pytest
+
+from placements2jax import DeviceMesh, DTensor, Layout, Partial, Replicate, Shard, demo, init_device_mesh
+from placements2jax.cli import collective_axes
+from placements2jax.parallelize import path_of
+
+R, S = Replicate(), Shard
+
+
+@pytest.fixture(scope="module")
+def run() -> tuple[demo.TrainingReport, str]:
+    printed: list[str] = []
+    report = demo.main(steps=4, print_fn=printed.append)
+    return report, "\n".join(printed)
+
+
+def test_mesh_is_dp2_tp4_over_all_devices(run) -> None:
+    report, _ = run
+    assert report.mesh == init_device_mesh((2, 4), ("dp", "tp"))
+    assert [d.id for d in report.mesh.devices.flat] == [d.id for d in jax.devices()]
+
+
+def test_plan_places_column_then_row_parallel_linears(run) -> None:
+    report, _ = run
+    expected = {"up/w": (R, S(1)), "up/b": (R, S(0)), "down/w": (R, S(0)), "down/b": (R, R)}
+    for path, (shape, layout) in report.layouts.items():
+        assert layout.placements == expected[path.split("/", 2)[2]], path
+    assert report.layouts["layers/0/up/w"] == ((32, 128), Layout.from_placements(report.mesh, (R, S(1))).bind(2))
+
+
+def test_loss_goes_down_and_equals_plain_jax(run) -> None:
+    report, _ = run
+    assert report.loss_decreased
+    assert all(b < a for a, b in zip(report.losses, report.losses[1:]))
+    np.testing.assert_allclose(report.losses, report.reference_losses, rtol=1e-5)
+    assert report.max_param_difference < 1e-5
+
+
+def test_trained_shards_are_the_blocks_of_the_plain_jax_parameters(run) -> None:
+    report, _ = run
+    reference = {path_of(k): np.asarray(v) for k, v in jax.tree_util.tree_flatten_with_path(report.reference_params)[0]}
+    trained = jax.tree_util.tree_flatten_with_path(report.params, is_leaf=lambda x: isinstance(x, DTensor))[0]
+    for key_path, dtensor in trained:
+        path = path_of(key_path)
+        for rank in report.mesh.rank_list:
+            block = reference[path][dtensor.layout.local_slices(dtensor.shape, rank)]
+            np.testing.assert_allclose(np.asarray(dtensor.to_local(rank)), block, atol=1e-5, err_msg=f"{path} {rank}")
+
+
+def test_compiled_step_keeps_every_planned_layout(run) -> None:
+    report, _ = run
+    assert report.layouts_kept
+    for path, (_, layout) in report.layouts.items():
+        assert report.compiled_param_layouts[path] == layout
+
+
+def test_predicted_layouts_are_xlas_after_the_data_parallel_reduction(run) -> None:
+    """check(): every output's predicted layout is XLA's once the gradient's partial sum
+    over dp (the batch is split over dp) is reduced; nothing else differs."""
+    report, _ = run
+    assert report.output_names == ("loss", *report.layouts)
+    for name, out in zip(report.output_names, report.check.outputs):
+        assert out.verdict == "xla reduced partial", (name, out.note)
+        assert out.predicted.partial == ("sum", None)
+        planned = report.layouts[name][1] if name != "loss" else Layout.from_placements(report.mesh, (R, R)).bind(0)
+        assert out.compiled == planned, name
+
+
+def test_collectives_per_step(run) -> None:
+    """Megatron's pattern: one all-reduce over tp per row-parallel output (2 layers) and
+    one per column-parallel input gradient (layer 1; layer 0's input is data), plus the
+    data-parallel gradient all-reduce over dp, which XLA combines into one."""
+    report, _ = run
+    compiled = [(c.op, collective_axes(report.mesh, c)) for c in report.collectives]
+    assert sorted(compiled) == [("all-reduce", ("dp",))] + [("all-reduce", ("tp",))] * 3
+    communication = report.communication
+    assert set(communication) == {("all-reduce", "dp"), ("all-reduce", "tp")}
+    predicted_count, predicted_bytes, compiled_count, compiled_bytes = communication[("all-reduce", "tp")]
+    assert (predicted_count, compiled_count) == (3, 3)
+    # each moves a (16, 32) float32 block per device: 2 * 2048 * (4-1)/4 bytes
+    assert predicted_bytes == compiled_bytes == 3 * 3072
+    assert communication[("all-reduce", "dp")][0] == 1 + len(report.layouts)  # the loss and each gradient
+    assert report.communication_agrees
+
+
+def test_printed_report(run) -> None:
+    _, text = run
+    assert text.index("tensor_map") < text.index("tensor-parallel training")
+    assert "P,S(0)          | (0, -1) +partial sum | tp,None      | P('tp', None, unreduced={'dp'})" in text
+    assert "(_StridedShard) | ((0, 1), -1)         | (tp,dp),None | P(('tp', 'dp'), None)" in text
+    for line in [
+        "2 residual MLP blocks x + down(gelu(up(x))) on mesh dp=2 x tp=4 (8 cpu devices)",
+        "  layers/\\d+/up/.*       colwise(tp)",
+        "layers/0/up/w   | (32, 128) | R,S(1)     | P(None, 'tp') | (32, 32)",
+        "loss went down",
+        "every parameter kept its planned layout",
+        "collectives per training step: predicted vs compiled (bytes per device agree",
+        "all-reduce | tp        | 3         | 9216         | 3        | 9216",
+    ]:
+        assert line in text, line
+
+
+def test_shardings_follow_torch_styles() -> None:
+    mesh = init_device_mesh((2, 4), ("dp", "tp"))
+    shardings = demo.Shardings.on(mesh)
+    assert shardings.batch.spec == jax.sharding.PartitionSpec("dp", None)
+    assert Layout.from_partition_spec(mesh, shardings.partial_sum.spec, 2).placements == (S(0), Partial())
+    auto = DeviceMesh(mesh.mesh, mesh.alias_name, axis_types="auto")
+    assert demo.Shardings.on(auto).partial_sum is None
+
+
+def test_demo_mesh_adapts_to_the_device_count() -> None:
+    devices = jax.devices()
+    assert demo.demo_mesh(devices[:4]).shape == (1, 4)
+    assert demo.demo_mesh(devices[:6]).shape == (3, 2)
+    assert demo.demo_mesh(devices[:1]).shape == (1, 1)
