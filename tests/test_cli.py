@@ -127,3 +127,117 @@ def test_python_m_placements2jax_explain() -> None:
     assert "tensor_map     ((1, 0), -1)   partial (None, None)" in result.stdout
     assert "7     (3, 1)      (1, 2)       (7, 0)  [7:8, 0:2]" in result.stdout
     assert "\x1b[" not in result.stdout  # not a terminal: plain text
+
+
+# -- redistribute ---------------------------------------------------------------------------
+
+REDISTRIBUTE_8x2 = ["redistribute", "--mesh", "dp=4,tp=2", "--shape", "8,2"]
+
+
+def test_redistribute_text(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, *REDISTRIBUTE_8x2, "--from", "S(0),R", "--to", "R,S(0)")
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[:4] == [
+        "mesh     dp=4 x tp=2, ranks [[0, 1], [2, 3], [4, 5], [6, 7]]",
+        "tensor   float32[8, 2]",
+        "from     S(0),R   alias dp,None   PartitionSpec P('dp', None)",
+        "to       R,S(0)   alias tp,None   PartitionSpec P('tp', None)",
+    ]
+    assert lines[5] == "planned: 3 step(s), 36 B sent per device, cost 36"
+    # an all-to-all moves the dp split to the other dim, tp takes its rows locally, dp gathers
+    assert [line.split(" | ")[1:5] for line in lines[8:11]] == [
+        ["dp       ", "S(0)", "S(1)", "all-to-all "],
+        ["tp       ", "R   ", "S(0)", "local-slice"],
+        ["dp       ", "S(1)", "R   ", "all-gather "],
+    ]
+    assert "compiled by XLA: " in out and "all-gather" in out.split("compiled by XLA")[1]
+
+
+def test_redistribute_json_matches_the_library(capsys: pytest.CaptureFixture[str]) -> None:
+    import numpy as np
+
+    from placements2jax import distribute_tensor, init_device_mesh, plan_redistribute, redistribute_collectives
+
+    code, out, _ = run(
+        capsys, "redistribute", "--mesh", "dp=2,tp=4", "--shape", "10,3", "--from", "P,S(0)", "--to", "S(1),R",
+        "--json",
+    )  # fmt: skip
+    assert code == 0
+    report = json.loads(out)
+    assert report["from"]["placements"] == "P,S(0)"
+    assert report["from"]["partition_spec"] == {"entries": ["tp", None], "unreduced": ["dp"]}
+    assert report["to"]["alias"] == "None,dp"
+    mesh = init_device_mesh((2, 4), ("dp", "tp"))
+    plan = plan_redistribute((10, 3), np.float32, *(_bound(mesh, p) for p in ("P,S(0)", "S(1),R")))
+    assert [(s["axis"], s["from"], s["to"], s["collective"]) for s in report["plan"]["steps"]] == [
+        (s.axis, str(s.src), str(s.dst), s.collective) for s in plan.steps
+    ]
+    assert report["plan"]["bytes"] == plan.nbytes and report["plan"]["cost"] == plan.cost
+    compiled = redistribute_collectives(distribute_tensor(np.zeros((10, 3), np.float32), mesh, "P,S(0)"), "S(1),R")
+    assert [(c["op"], c["groups"]) for c in report["compiled"]["collectives"]] == [
+        (c.op, [list(g) for g in c.groups]) for c in compiled
+    ]
+    assert {tuple(c["mesh_axes"]) for c in report["compiled"]["collectives"]} <= {("dp",), ("tp",)}
+
+
+def _bound(mesh, placements: str):
+    from placements2jax import Layout
+
+    return Layout.from_placements(mesh, placements).bind(2)
+
+
+def test_redistribute_alias_form_partials_and_axis_weights(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys, "redistribute", "--mesh", "dp=2,tp=4", "--shape", "8", "--from", "tp", "--from-partial", "dp",
+        "--to", "None", "--axis-weights", "dp=4", "--json",
+    )  # fmt: skip
+    assert code == 0
+    report = json.loads(out)
+    assert report["from"]["placements"] == "P,S(0)"
+    dp_steps = [s for s in report["plan"]["steps"] if s["axis"] == "dp"]
+    assert dp_steps and all(s["cost"] == 4 * s["bytes"] for s in dp_steps)
+
+
+def test_redistribute_nothing_to_do(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, *REDISTRIBUTE_8x2, "--from", "S(0),R", "--to", "dp,None")
+    assert code == 0
+    assert "planned: 0 step(s), 0 B sent per device, cost 0" in out
+    assert "compiled by XLA: 0 collective(s), 0 B sent per device" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([*REDISTRIBUTE_8x2, "--from", "S(0),X", "--to", "R,R"], "placement='X': not a placement in short form"),
+        ([*REDISTRIBUTE_8x2, "--from", "S(0),R"], "the following arguments are required: --to"),
+        ([*REDISTRIBUTE_8x2, "--from", "S(0)", "--to", "R,R"], "1 placements for a 2-d mesh"),
+        ([*REDISTRIBUTE_8x2, "--from", "S(2),R", "--to", "R,R"], "out of range for a 2-d tensor"),
+        ([*REDISTRIBUTE_8x2, "--from", "S(0),R", "--to", "P,R"], "a shard is not a partial value"),
+        ([*REDISTRIBUTE_8x2, "--from", "S(0),R", "--to", "R,R", "--dtype", "floot"], "--dtype 'floot'"),
+        ([*REDISTRIBUTE_8x2, "--from", "R,R", "--to", "R,R", "--axis-weights", "dp=0"], "--axis-weights 'dp=0'"),
+        ([*REDISTRIBUTE_8x2, "--from", "R,R", "--to", "P,R", "--to-partial", "dp"], "states partials itself"),
+        (["redistribute", "--mesh", "dp=4,tp=4", "--shape", "8", "--from", "R,R", "--to", "R,R"], "needs 16 devices"),
+        (["demo", "--steps", "0"], "argument --steps: '0': write a positive integer"),
+    ],
+)
+def test_redistribute_and_demo_bad_arguments(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    test_bad_arguments_give_one_line_and_exit_code_2(capsys, argv, message)
+
+
+def test_redistribute_help(capsys: pytest.CaptureFixture[str]) -> None:
+    test_help(capsys, ["redistribute"])
+
+
+def test_python_m_placements2jax_demo() -> None:
+    """The CLI path of `make demo`: JAX simulates 8 CPU devices by itself (no XLA_FLAGS)."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    result = subprocess.run(
+        [sys.executable, "-m", "placements2jax", "demo", "--steps", "2"],
+        capture_output=True, text=True, env=env, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "mesh dp=2 x tp=4 (8 cpu devices)" in result.stdout
+    assert "loss went down" in result.stdout
+    assert "every parameter kept its planned layout" in result.stdout
+    assert "bytes per device agree" in result.stdout
