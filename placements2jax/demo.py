@@ -3,11 +3,11 @@
 1. A short table: how torch placements become a tensor_map and a ``PartitionSpec``.
 2. A residual MLP whose parameters are placed by a plan (``colwise`` up-projections,
    ``rowwise`` down-projections, as torch's ``ColwiseParallel`` / ``RowwiseParallel``)
-   on a ("dp", "tp") mesh, trained for a few SGD steps by one jitted
-   forward + backward + update; every loss is compared with the same model trained
-   by plain JAX on one device.
+   on a ("dp", "tp") mesh and whose forward is written with DTensor operators, trained
+   for a few SGD steps by one jitted forward + backward + update; every loss is
+   compared with the same code run on plain arrays on one device.
 3. The layouts predicted by :func:`placements2jax.check` for that step against the ones
-   XLA compiled, and the collectives of the compiled step.
+   XLA compiled, and the collectives per step, predicted and compiled.
 
 The mesh is built from ``jax.devices()`` (8 devices give dp=2 x tp=4), so the same code
 runs on simulated CPU devices and on a GPU/TPU host. See docs/training.md.
@@ -23,7 +23,6 @@ from functools import partial
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
@@ -37,6 +36,7 @@ from .inference.signature import layout_text
 from .inference.table import format_bytes, format_table
 from .layout import Layout, PlacementsLike
 from .mesh import DeviceMesh
+from .operators import apply
 from .parallelize import colwise, distribute_pytree, path_of, rowwise
 from .placements import Partial, Replicate, Shard, format_alias, format_placements
 
@@ -148,78 +148,55 @@ def make_batch(config: TrainingConfig, dp: int) -> tuple[np.ndarray, np.ndarray]
     return x, np.sin(2 * x @ teacher).astype(np.float32)
 
 
-@dataclass(frozen=True)
-class Shardings:
-    """Where the forward pins its activations, as torch's parallel styles do: the input
-    of a column-parallel linear is redistributed to the batch layout ``S(0),R``
-    (``ColwiseParallel``'s ``input_layouts``; in the backward pass this is where the
-    input gradient, a partial sum over tp, is all-reduced), and the output of a
-    row-parallel linear, a partial sum over tp, is all-reduced to ``S(0),R``
-    (``RowwiseParallel``'s ``output_layouts``). On Explicit mesh axes the row-parallel
-    matmul returns that partial sum as JAX ``unreduced`` (``partial_sum``, ``S(0),P``);
-    on Auto axes (``partial_sum`` None) XLA places the all-reduce before the constraint."""
+def forward(params: Any, x: Any, batch: NamedSharding | None = None) -> Any:
+    """The residual MLP, written once for three uses.
 
-    batch: NamedSharding
-    partial_sum: NamedSharding | None
-
-    @classmethod
-    def on(cls, mesh: DeviceMesh) -> Shardings:
-        def sharding(placements: PlacementsLike) -> NamedSharding:
-            return Layout.from_placements(mesh, placements).bind(2).named_sharding
-
-        return cls(sharding(BATCH), sharding(PARTIAL_SUM) if mesh.is_explicit else None)
-
-    def _to_batch(self, x: jax.Array) -> jax.Array:
-        if self.partial_sum is None:
-            return jax.lax.with_sharding_constraint(x, self.batch)
-        return jax.sharding.reshard(x, self.batch)
-
-    def colwise(self, x: jax.Array, weight: jax.Array) -> jax.Array:
-        """``x @ weight`` with ``x`` pinned to the batch layout; the output is ``S(0),S(1)``."""
-        return self._to_batch(x) @ weight
-
-    def rowwise(self, hidden: jax.Array, weight: jax.Array) -> jax.Array:
-        """``hidden @ weight`` (contracting dim split over tp) all-reduced to the batch layout."""
-        if self.partial_sum is None:
-            return self._to_batch(hidden @ weight)
-        return self._to_batch(jnp.matmul(hidden, weight, out_sharding=self.partial_sum))
-
-
-def forward(params: Any, x: jax.Array, shardings: Shardings | None = None) -> jax.Array:
-    """The residual MLP: plain JAX without ``shardings``; with them, each up-projection
-    is torch's ``ColwiseParallel`` and each down-projection its ``RowwiseParallel``."""
+    On DTensors it is torch-style tensor parallelism: the operators run each op under
+    the signature inference chooses; the up-projection (``ColwiseParallel``) gives
+    ``S(0),S(1)``, the down-projection (``RowwiseParallel``) a partial sum ``S(0),P``
+    that is redistributed (all-reduced) to the batch layout ``S(0),R``; each block's
+    input is pinned to ``S(0),R`` too (``ColwiseParallel``'s ``input_layouts``: in the
+    backward pass, where the input gradient, a partial sum over tp, is all-reduced).
+    On plain arrays with ``batch`` (a ``NamedSharding`` of the batch layout) the same
+    points are sharding constraints (what :func:`placements2jax.check` predicts); on
+    plain arrays without, it is single-device JAX (the reference).
+    """
     for layer in params["layers"]:
         up, down = layer["up"], layer["down"]
-        if shardings is None:
-            hidden = jax.nn.gelu(x @ up["w"] + up["b"])
-            x = x + hidden @ down["w"] + down["b"]
-        else:
-            hidden = jax.nn.gelu(shardings.colwise(x, up["w"]) + up["b"])
-            x = x + shardings.rowwise(hidden, down["w"]) + down["b"]
+        x = _to_batch(x, batch)
+        hidden = _gelu(x @ up["w"] + up["b"])
+        x = x + _to_batch(hidden @ down["w"], batch) + down["b"]
     return x
 
 
-def _arrays(tree: Any) -> Any:
-    """The logical ``jax.Array`` of every DTensor leaf (other leaves unchanged)."""
-    return jax.tree.map(lambda v: v.to_jax() if isinstance(v, DTensor) else v, tree, is_leaf=_is_dtensor)
+def _to_batch(value: Any, batch: NamedSharding | None) -> Any:
+    if isinstance(value, DTensor):
+        return value.redistribute(placements=BATCH)
+    return value if batch is None else jax.lax.with_sharding_constraint(value, batch)
+
+
+def _gelu(value: Any) -> Any:
+    return apply(jax.nn.gelu, value) if isinstance(value, DTensor) else jax.nn.gelu(value)
 
 
 def _is_dtensor(value: Any) -> bool:
     return isinstance(value, DTensor)
 
 
-def loss_fn(params: Any, x: Any, y: Any, shardings: Shardings | None = None) -> jax.Array:
-    """Mean squared error; params, x and y may be DTensors (their arrays are used)."""
-    params, x, y = _arrays((params, x, y))
-    return jnp.mean((forward(params, x, shardings) - y) ** 2)
+def loss_fn(params: Any, x: Any, y: Any, batch: NamedSharding | None = None) -> jax.Array:
+    """Mean squared error, a scalar ``jax.Array`` (a DTensor loss, ``Partial(avg)`` over
+    dp since the batch is split over dp, is reduced by ``to_jax``)."""
+    error = forward(params, x, batch) - y
+    loss = (error * error).mean()
+    return loss.to_jax() if isinstance(loss, DTensor) else loss
 
 
 def sgd_step(
-    params: Any, x: Any, y: Any, *, learning_rate: float, shardings: Shardings | None = None
-) -> tuple[Any, Any]:
+    params: Any, x: Any, y: Any, *, learning_rate: float, batch: NamedSharding | None = None
+) -> tuple[jax.Array, Any]:
     """(loss, updated params). For a pytree of DTensors the gradients are DTensors with
     the parameters' layouts, and the update maps over their arrays."""
-    loss, grads = jax.value_and_grad(loss_fn)(params, x, y, shardings)
+    loss, grads = jax.value_and_grad(loss_fn)(params, x, y, batch)
     return loss, jax.tree.map(lambda p, g: p - learning_rate * g, params, grads)
 
 
@@ -276,10 +253,10 @@ class TrainingReport:
             f"({mesh.size()} {device.platform} devices)\n"
             f"plan (regex on the parameter path -> placements; unmatched leaves replicated):\n{plan}\n"
             + format_table(("parameter", "shape", "placements", "PartitionSpec", "rank 0 local"), rows)
-            + f"\nactivations: batch {format_placements(BATCH)}; up-projection output "
-            f"{format_placements((Shard(0), colwise('tp').placement(2, 'output')))} (colwise); "
-            f"down-projection output {format_placements(PARTIAL_SUM)} (rowwise partial sum) "
-            f"-> all-reduce -> {format_placements(BATCH)}"
+            + "\nforward, torch style on DTensors: x @ up.w + up.b -> "
+            f"{format_placements((Shard(0), colwise('tp').placement(2, 'output')))} (colwise, no communication); "
+            f"gelu by apply; hidden @ down.w -> {format_placements(PARTIAL_SUM)} (rowwise partial sum); "
+            f".redistribute({format_placements(BATCH)}) -> all-reduce over tp"
         )
 
     def _loss_section(self) -> str:
@@ -288,10 +265,14 @@ class TrainingReport:
             for step, (loss, ref) in enumerate(zip(self.losses, self.reference_losses))
         ]
         verdict = "went down" if self.loss_decreased else "did NOT go down"
-        kept = "every parameter kept its planned layout" if self.layouts_kept else "SOME PARAMETERS CHANGED LAYOUT"
+        kept = (
+            "XLA compiled every updated parameter in its planned layout"
+            if self.layouts_kept
+            else "XLA COMPILED SOME PARAMETERS IN ANOTHER LAYOUT"
+        )
         return (
-            f"training: jitted forward + backward + SGD step (learning rate {self.config.learning_rate}), "
-            f"the same model in plain JAX on one device alongside\n"
+            f"training: one jitted forward + backward + SGD step on the DTensors (learning rate "
+            f"{self.config.learning_rate}); alongside, the same code on plain arrays on one device\n"
             + format_table(("step", "loss (sharded)", "loss (plain JAX)", "|difference|"), rows)
             + f"\nloss {verdict}: {self.losses[0]:.4f} -> {self.losses[-1]:.4f}; "
             f"largest parameter difference after training {self.max_param_difference:.1e}; {kept}"
@@ -335,8 +316,9 @@ class TrainingReport:
             for name, out in zip(self.output_names, self.check.outputs)
         ]
         return (
-            "predicted vs compiled layouts of the step's outputs (placements2jax.check: op-by-op inference, as "
-            "eager torch DTensor dispatches, vs what XLA compiled)\n"
+            "predicted vs compiled layouts of the step's outputs: placements2jax.check of the same step on plain "
+            "arrays, the all-reduce points as sharding constraints (op-by-op inference, as eager torch DTensor "
+            "dispatches, vs what XLA compiled)\n"
             + format_table(("output", "aval", "predicted", "XLA", "verdict"), rows)
             + "\nxla reduced partial: the prediction keeps the partial sum over dp of the loss and the gradients "
             "(the batch is split over dp) as torch would; XLA all-reduces it inside the step"
@@ -373,7 +355,7 @@ def train(mesh: DeviceMesh | None = None, config: TrainingConfig = TrainingConfi
 
     params = distribute_pytree(host_params, mesh, PLAN)
     x, y = (distribute_tensor(a, mesh, BATCH) for a in (host_x, host_y))
-    step = jax.jit(partial(sgd_step, learning_rate=config.learning_rate, shardings=Shardings.on(mesh)))
+    step = jax.jit(partial(sgd_step, learning_rate=config.learning_rate))
     compiled = step.lower(params, x, y).compile()
 
     reference_device = mesh.devices.flat[0]
@@ -428,7 +410,8 @@ def _check_step(
     mesh, so the step pins its activations with Auto-axes shardings."""
     leaves, tree = jax.tree.flatten(params, is_leaf=_is_dtensor)
     auto = DeviceMesh(mesh.mesh, mesh.alias_name, axis_types="auto")
-    step = partial(sgd_step, learning_rate=config.learning_rate, shardings=Shardings.on(auto))
+    batch = Layout.from_placements(auto, BATCH).bind(2).named_sharding
+    step = partial(sgd_step, learning_rate=config.learning_rate, batch=batch)
 
     def step_of_leaves(*args: jax.Array) -> tuple[jax.Array, ...]:
         loss, new = step(jax.tree.unflatten(tree, args[:-2]), *args[-2:])

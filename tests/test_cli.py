@@ -239,5 +239,5 @@ def test_python_m_placements2jax_demo() -> None:
     assert result.returncode == 0, result.stderr
     assert "mesh dp=2 x tp=4 (8 cpu devices)" in result.stdout
     assert "loss went down" in result.stdout
-    assert "every parameter kept its planned layout" in result.stdout
+    assert "XLA compiled every updated parameter in its planned layout" in result.stdout
     assert "bytes per device agree" in result.stdout
