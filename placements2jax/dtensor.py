@@ -10,11 +10,13 @@ through the host. DTensor is a pytree whose only leaf is the array, so it goes t
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from .hlo import Collective, compiled_collectives
 from .errors import ArgumentTypeError, MeshError, PlacementError, ShapeError
@@ -320,7 +322,7 @@ class DTensor:
                 )
         layout = _layout(mesh, placements, first.ndim)
         _check_partial_dtype(layout, first.dtype)
-        local_shapes = {r: tuple(a.shape) for r, a in locals_by_rank.items()}
+        local_shapes = _every_rank_shape(mesh, locals_by_rank)
         if shape is None:
             try:
                 global_shape = layout.global_shape_from_local(local_shapes)
@@ -351,6 +353,52 @@ class DTensor:
             arrays.append(jax.device_put(padded.reshape(lead + block), mesh.device(rank)))
         array = jax.make_array_from_single_device_arrays(phys.array_shape, phys.sharding, arrays)
         return cls(array, layout, global_shape)
+
+
+def _every_rank_shape(mesh: DeviceMesh, locals_by_rank: Mapping[int, Any]) -> dict[int, tuple[int, ...]]:
+    """The local shape of every rank of ``mesh``. In a multi-process run each process
+    knows only its own ranks' tensors, so the processes exchange their shapes (and check
+    that dtype and ndim agree, like torch's ``from_local(run_check=True)``): every
+    process then infers the same global shape. A collective over the mesh's processes."""
+    own = {r: tuple(a.shape) for r, a in locals_by_rank.items()}
+    if len({mesh.device(r).process_index for r in mesh.rank_list}) == 1:
+        return own
+    first = next(iter(locals_by_rank.values()))
+    header = _exchange(mesh, {r: np.array([first.ndim, np.dtype(first.dtype).num]) for r in own})
+    if len({tuple(row) for row in header.values()}) != 1:
+        raise ShapeError(
+            "local_tensor",
+            {r: tuple(int(v) for v in row) for r, row in header.items()},
+            f"the processes' local tensors differ in (ndim, numpy dtype number); this process has "
+            f"({first.ndim}, {np.dtype(first.dtype).num}: {first.dtype})",
+            "give every rank's local tensor the same dtype and number of dims",
+        )
+    if first.ndim == 0:
+        return {r: () for r in mesh.rank_list}
+    return {r: tuple(int(n) for n in row) for r, row in _exchange(mesh, {r: np.array(s) for r, s in own.items()}).items()}
+
+
+def _exchange(mesh: DeviceMesh, rows: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """Each process's rows (one int vector per own rank, all of one length) -> every
+    rank's row, by an all-gather over the mesh's devices."""
+    flat = _flat_mesh(mesh)
+    width = len(next(iter(rows.values())))
+    pieces = [jax.device_put(rows[r].astype(np.int32).reshape(1, width), mesh.device(r)) for r in rows]
+    sharded = jax.make_array_from_single_device_arrays(
+        (mesh.size(), width), NamedSharding(flat, PartitionSpec("ranks")), pieces
+    )
+    table = np.asarray(_all_gather(flat)(sharded).addressable_data(0))
+    return {r: table[i] for i, r in enumerate(mesh.rank_list)}
+
+
+@lru_cache(maxsize=64)
+def _flat_mesh(mesh: DeviceMesh) -> jax.sharding.Mesh:
+    return jax.sharding.Mesh(mesh.devices.reshape(-1), ("ranks",), axis_types=(AxisType.Auto,))
+
+
+@lru_cache(maxsize=64)
+def _all_gather(flat: jax.sharding.Mesh) -> Any:
+    return jax.jit(lambda x: x, out_shardings=NamedSharding(flat, PartitionSpec()))
 
 
 def _operators() -> Any:
