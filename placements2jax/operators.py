@@ -76,15 +76,24 @@ def is_operand(value: Any) -> bool:
 def _operand_key(value: Any) -> OperandKey:
     if isinstance(value, DTensor):
         return ("dtensor", value.shape, value.dtype, value.layout)
-    weak = isinstance(value, _SCALARS) or bool(getattr(value, "weak_type", False))
+    if isinstance(value, _SCALARS):
+        return _scalar_key(type(value), jax.config.jax_enable_x64)
+    weak = bool(getattr(value, "weak_type", False))
     return ("constant", np.shape(value), np.dtype(jnp.result_type(value)), weak)
+
+
+@lru_cache(maxsize=16)
+def _scalar_key(kind: type, x64: bool) -> OperandKey:
+    return ("constant", (), np.dtype(jnp.result_type(kind(0))), True)
 
 
 def _check_operands(values: Sequence[Any], argument: str) -> None:
     for i, value in enumerate(values):
         if not is_operand(value):
             raise ArgumentTypeError(
-                f"{argument}[{i}]", value, "is neither a DTensor nor a numeric constant",
+                f"{argument}[{i}]",
+                value,
+                "is neither a DTensor nor a numeric constant",
                 "pass DTensors, NumPy / JAX arrays or Python numbers",
             )
 
@@ -93,9 +102,12 @@ def _mesh_of(keys: Sequence[OperandKey], argument: str) -> DeviceMesh:
     meshes = {key[3].mesh for key in keys if key[0] == "dtensor"}
     if len(meshes) != 1:
         raise InferenceError(
-            argument, [str(m) for m in meshes] or "no DTensor",
+            argument,
+            [str(m) for m in meshes] or "no DTensor",
             "the DTensors are on different meshes" if meshes else "at least one operand must be a DTensor",
-            "redistribute the DTensors onto one mesh" if meshes else "pass a DTensor (constants are Replicate on its mesh)",
+            "redistribute the DTensors onto one mesh"
+            if meshes
+            else "pass a DTensor (constants are Replicate on its mesh)",
         )
     return meshes.pop()
 
@@ -132,15 +144,42 @@ class Program:
     def __call__(self, values: Sequence[Any]) -> Any:
         outs = self.run(*_arrays(values))
         leaves = [_dtensor(a, layout, shape) for a, layout, shape in zip(outs, self.out_layouts, self.out_shapes)]
-        return jax.tree.unflatten(self.out_tree, leaves)
+        return leaves[0] if self.out_tree.num_nodes == 1 else jax.tree.unflatten(self.out_tree, leaves)
+
+
+# Eager dispatch cost: hashing a Layout hashes its whole mesh, so a front cache keys each
+# DTensor operand's layout (and the cost model) by id() and keeps the objects alive in
+# its key's entry, so no id is reused while the entry exists. A miss goes to the
+# value-keyed program caches below (equal layouts share one compiled program).
+_DISPATCH: dict[tuple[Any, ...], tuple[tuple[Any, ...], Program]] = {}
+_DISPATCH_LIMIT = 4096
+
+
+def _dispatch(tag: tuple[Any, ...], values: Sequence[Any], build: Callable[..., Program]) -> Program:
+    cost_model = default_cost_model()
+    fast = (
+        tag,
+        id(cost_model),
+        *((v._shape, v.dtype, id(v._layout)) if isinstance(v, DTensor) else _operand_key(v) for v in values),
+    )
+    entry = _DISPATCH.get(fast)
+    if entry is not None:
+        return entry[1]
+    program = build(tuple(_operand_key(v) for v in values), cost_model)
+    if len(_DISPATCH) >= _DISPATCH_LIMIT:
+        _DISPATCH.clear()
+    pins = (cost_model, *(v.layout for v in values if isinstance(v, DTensor)))
+    _DISPATCH[fast] = (pins, program)
+    return program
 
 
 def call(op: str, operands: Sequence[Any], **params: Any) -> DTensor:
     """Run named op ``op`` (see ``inference.op_names()``) on DTensors and constants with
     the signature inference chooses; ``params`` are those of the op's JAX function."""
     _check_operands(operands, "operands")
-    key = tuple(_operand_key(v) for v in operands)
-    return _named_program(op, freeze(params), key, default_cost_model())(operands)
+    frozen = freeze(params) if params else ()
+    program = _dispatch(("op", op, frozen), operands, partial(_named_program, op, frozen))
+    return program(operands)
 
 
 @lru_cache(maxsize=4096)
@@ -231,15 +270,14 @@ def apply(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     if not callable(fn):
         raise ArgumentTypeError("fn", fn, "not callable", "pass a function of arrays, e.g. jax.nn.gelu")
     _check_operands(args, "args")
-    keys = tuple(_operand_key(v) for v in args)
-    frozen = freeze(kwargs, "kwargs")
+    frozen = freeze(kwargs, "kwargs") if kwargs else ()
     try:
-        program = _apply_program(fn, frozen, keys, default_cost_model())
-    except TypeError as err:
-        if "unhashable" not in str(err):
-            raise
-        program = _apply_program.__wrapped__(fn, frozen, keys, default_cost_model())
-    return program(args)
+        hash(fn)
+    except TypeError:
+        raise ArgumentTypeError(
+            "fn", fn, "is not hashable (programs are cached per function)", "pass a function"
+        ) from None
+    return _dispatch(("apply", fn, frozen), args, partial(_apply_program, fn, frozen))(args)
 
 
 @lru_cache(maxsize=1024)
@@ -247,7 +285,9 @@ def _apply_program(fn: Callable[..., Any], kwargs: Any, keys: tuple[OperandKey, 
     mesh = _mesh_of(keys, "args")
     f = partial(fn, **dict(kwargs)) if kwargs else fn
     layouts = [_layout_of(k, mesh) for k in keys]
-    prediction = predict(f, *[(k[1], k[2], layout) for k, layout in zip(keys, layouts)], mesh=mesh, cost_model=cost_model)
+    prediction = predict(
+        f, *[(k[1], k[2], layout) for k, layout in zip(keys, layouts)], mesh=mesh, cost_model=cost_model
+    )
     closed = jax.make_jaxpr(f)(*(jax.ShapeDtypeStruct(k[1], k[2]) for k in keys))
     rows = {row.path: row for row in prediction.equations}
     sources = [physical(layout, k[1]) for k, layout in zip(keys, layouts)]
@@ -300,7 +340,9 @@ class _Interpreter:
             row = self.rows.get(path)
             if row is None or not row.primitive.startswith(name):
                 raise InferenceError(
-                    "fn", name, f"equation {path} does not match predict's report (the trace changed)",
+                    "fn",
+                    name,
+                    f"equation {path} does not match predict's report (the trace changed)",
                     "make fn trace deterministically (same equations for the same input shapes)",
                 )
             if name in _CALLS:
@@ -328,7 +370,9 @@ class _Interpreter:
         else:
             compute = partial(_bind, eqn.primitive, params)
         constants = {
-            i: v.array for i, (v, t) in enumerate(zip(ins, targets)) if v.phys == t and not isinstance(v.array, jax.Array)
+            i: v.array
+            for i, (v, t) in enumerate(zip(ins, targets))
+            if v.phys == t and not isinstance(v.array, jax.Array)
         }
         fills = [_fill(name, jnp.result_type(v.array)) for v in ins]
         local = local_call(compute, targets, outs, fills, constants)
@@ -346,7 +390,9 @@ def _bind(primitive: Any, params: dict[str, Any], *args: Any) -> list[jax.Array]
     return list(out) if primitive.multiple_results else [out]
 
 
-def _local_params(name: str, params: dict[str, Any], ins: Sequence[Physical], outs: Sequence[Physical]) -> dict[str, Any]:
+def _local_params(
+    name: str, params: dict[str, Any], ins: Sequence[Physical], outs: Sequence[Physical]
+) -> dict[str, Any]:
     """The equation params for one rank's blocks: shape-valued params of split dims
     become block extents (the rules only split dims these ops keep whole)."""
     if name == "reshape":
@@ -363,7 +409,12 @@ def _local_params(name: str, params: dict[str, Any], ins: Sequence[Physical], ou
         }
     if name == "dynamic_slice":
         block = block_shape(outs[0])
-        return {**params, "slice_sizes": tuple(block[d] if outs[0].layout.dim_axes[d] else n for d, n in enumerate(params["slice_sizes"]))}
+        return {
+            **params,
+            "slice_sizes": tuple(
+                block[d] if outs[0].layout.dim_axes[d] else n for d, n in enumerate(params["slice_sizes"])
+            ),
+        }
     if name == "gather":
         block = block_shape(ins[0])
         axes = ins[0].layout.dim_axes
@@ -381,7 +432,9 @@ def _masked_lookup_axis(name: str, params: dict[str, Any], ins: Sequence[Physica
     return axis if ins[0].layout.dim_axes[axis] else None
 
 
-def _masked_gather(primitive: Any, params: dict[str, Any], table: Physical, axis: int, operand: jax.Array, indices: jax.Array) -> list[jax.Array]:
+def _masked_gather(
+    primitive: Any, params: dict[str, Any], table: Physical, axis: int, operand: jax.Array, indices: jax.Array
+) -> list[jax.Array]:
     offsets, lengths = _chunk_tables(table, axis)
     rank = _flat_index(table, axis)
     local = indices - jnp.asarray(offsets)[rank].astype(indices.dtype)
@@ -446,7 +499,7 @@ def _block_spec(phys: Physical) -> PartitionSpec:
 
 
 def _unpack(block: jax.Array, phys: Physical, fill: Any) -> jax.Array:
-    block = block.reshape(block.shape[_stack_count(phys):])
+    block = block.reshape(block.shape[_stack_count(phys) :])
     if not phys.is_padded:
         return block
     return jnp.where(_valid(phys), block, jnp.asarray(fill, block.dtype))
@@ -456,7 +509,9 @@ def _pack(y: jax.Array, phys: Physical) -> jax.Array:
     expected = block_shape(phys)
     if tuple(y.shape) != expected:
         raise UnsupportedOpError(
-            "op", phys.layout, f"its local result has shape {tuple(y.shape)}, but the block of {phys.shape} is {expected}",
+            "op",
+            phys.layout,
+            f"its local result has shape {tuple(y.shape)}, but the block of {phys.shape} is {expected}",
             "this op has shape parameters that cannot be computed per rank; redistribute its inputs to Replicate",
         )
     if phys.is_padded:
@@ -488,7 +543,11 @@ def _relabel(phys: Physical) -> Callable[[jax.Array], jax.Array]:
     names = frozenset(phys.mesh_names[a] for a in phys.unreduced_axes)
     stacked = _block_spec(phys)
     to_stack = jax.shard_map(
-        lambda b: b.reshape((1,) * count + b.shape), mesh=mesh, in_specs=(phys.spec,), out_specs=stacked, check_vma=False
+        lambda b: b.reshape((1,) * count + b.shape),
+        mesh=mesh,
+        in_specs=(phys.spec,),
+        out_specs=stacked,
+        check_vma=False,
     )
     from_stack = jax.shard_map(
         lambda c: c.reshape(c.shape[count:]),

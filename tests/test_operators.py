@@ -4,20 +4,20 @@ torch's rules, inside jax.jit, and gradients against the plain function."""
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-import placements2jax
 from placements2jax import (
     ArgumentTypeError,
     DeviceMesh,
     DTensor,
     InferenceError,
-    Layout,
     Partial,
     Replicate,
     Shard,
@@ -25,9 +25,9 @@ from placements2jax import (
     distribute_tensor,
     infer_signature,
     init_device_mesh,
+    operators,
     predict,
 )
-from placements2jax import operators
 from placements2jax.hlo import compiled_collectives
 
 MESH1 = init_device_mesh((4,), ("x",))
@@ -86,7 +86,9 @@ BINARY_CASES = [
 
 
 @pytest.mark.parametrize("mesh_name,shape,op,left,right", BINARY_CASES)
-def test_binary_ops_values_and_placements(mesh_name: str, shape: tuple[int, ...], op: str, left: str, right: str) -> None:
+def test_binary_ops_values_and_placements(
+    mesh_name: str, shape: tuple[int, ...], op: str, left: str, right: str
+) -> None:
     mesh = MESHES[mesh_name]
     a, b = _data(shape, 1), _data(shape, 2)
     x, y = _dt(a, mesh, left), _dt(b, mesh, right)
@@ -97,7 +99,9 @@ def test_binary_ops_values_and_placements(mesh_name: str, shape: tuple[int, ...]
     "mesh_name,shape,placements",
     [("1d", (8, 12), "P"), ("1d", (7, 5), "S(1)"), ("2d", (7, 5), "S(0),P(max)"), ("2d", (8, 12), "P(avg),S(1)")],
 )
-def test_constants_are_replicate_operands_on_either_side(mesh_name: str, shape: tuple[int, ...], placements: str) -> None:
+def test_constants_are_replicate_operands_on_either_side(
+    mesh_name: str, shape: tuple[int, ...], placements: str
+) -> None:
     mesh = MESHES[mesh_name]
     a = _data(shape, 3)
     x = _dt(a, mesh, placements)
@@ -136,7 +140,9 @@ MATMUL_CASES = [
 
 
 @pytest.mark.parametrize("mesh_name,sa,sb,left,right", MATMUL_CASES)
-def test_matmul_values_and_placements(mesh_name: str, sa: tuple[int, ...], sb: tuple[int, ...], left: str, right: str) -> None:
+def test_matmul_values_and_placements(
+    mesh_name: str, sa: tuple[int, ...], sb: tuple[int, ...], left: str, right: str
+) -> None:
     mesh = MESHES[mesh_name]
     a, b = _data(sa, 5), _data(sb, 6)
     x, w = _dt(a, mesh, left), _dt(b, mesh, right)
@@ -480,7 +486,10 @@ def test_programs_are_cached_per_op_params_and_layouts() -> None:
     x = _dt(_data((8, 12)), MESH2, "S(0),S(1)")
     x * 3.0
     before = operators._named_program.cache_info()
-    x * 4.0  # another scalar value: same program
+    x * 4.0  # another scalar value: the same program, found by the dispatch cache
+    assert operators._named_program.cache_info() == before
+    y = _dt(_data((8, 12), 1), MESH2, "S(0),S(1)")  # an equal layout, another object
+    y * 3.0
     after = operators._named_program.cache_info()
     assert after.hits == before.hits + 1 and after.misses == before.misses
     x.sum(axis=0)
@@ -495,3 +504,32 @@ def test_numpy_and_jax_arrays_on_the_left() -> None:
     assert isinstance(result, DTensor) and result.placements == (Shard(0),)
     np.testing.assert_allclose(np.asarray(result.full_tensor()), left + a)
 
+
+def _instructions(hlo: str) -> list[str]:
+    """The compiled HLO without names and metadata: per instruction its shape and opcode."""
+    found = []
+    for line in hlo.splitlines():
+        match = re.match(r"\s*(ROOT )?%\S+ = (\S+) ([\w-]+)\(", line)
+        if match:
+            found.append(f"{match.group(1) or ''}{match.group(2)} {match.group(3)}")
+    return found
+
+
+def test_jitted_dtensor_program_is_the_plain_jax_program() -> None:
+    (x, w1, w2), (a, b1, b2) = _megatron()
+
+    def with_dtensors(u: DTensor, v1: DTensor, v2: DTensor) -> DTensor:
+        return _mlp(u, v1, v2).redistribute(placements=(Shard(0), Replicate()))
+
+    def plain(u: jax.Array, v1: jax.Array, v2: jax.Array) -> jax.Array:
+        return jax.nn.gelu(u @ v1) @ v2
+
+    auto = jax.make_mesh((2, 4), ("dp", "tp"), axis_types=(AxisType.Auto,) * 2)
+    arrays = [
+        jax.device_put(value, NamedSharding(auto, spec))
+        for value, spec in ((a, PartitionSpec("dp")), (b1, PartitionSpec(None, "tp")), (b2, PartitionSpec("tp")))
+    ]
+    ours = jax.jit(with_dtensors).lower(x, w1, w2).compile().as_text()
+    theirs = jax.jit(plain, out_shardings=NamedSharding(auto, PartitionSpec("dp"))).lower(*arrays).compile().as_text()
+    assert _instructions(ours) == _instructions(theirs)
+    assert "all-reduce" in " ".join(_instructions(ours))
