@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .dtensor import distribute_tensor, redistribute_collectives
-from .errors import LayoutError, Placements2JaxError, ShapeError
+from .errors import LayoutError, Placements2JaxError, RedistributeError, ShapeError
 from .hlo import Collective
 from .inference import CostModel, plan_redistribute
 from .inference.check import collective_nbytes
@@ -368,7 +368,10 @@ def redistribute(
     target = Layout.from_placements(mesh, dst, partial=to_partial).bind(len(shape))
     plan = plan_redistribute(shape, dtype, source, target, CostModel(axis_weights) if axis_weights else None)
     dtensor = distribute_tensor(jnp.zeros(shape, dtype), mesh, source)
-    compiled = redistribute_collectives(dtensor, target)
+    try:
+        compiled = redistribute_collectives(dtensor, target)
+    except RedistributeError as error:
+        raise RedistributeError("--to", dst, error.problem, error.fix) from None
     report = {
         "mesh": _mesh_summary(mesh),
         "shape": list(shape),

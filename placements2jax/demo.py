@@ -341,7 +341,7 @@ class TrainingReport:
             f"collectives per training step: predicted vs compiled (bytes per device {verdict}; XLA combines the "
             "gradients' all-reduces into one)\n"
             + format_table(headers, summary)
-            + "\n\nthe compiled step's collectives, from its HLO:\n"
+            + "\n\nthe compiled DTensor step's collectives, from its HLO:\n"
             + format_table(("#", "collective", "mesh axes", "result per device", "bytes/device"), rows)
         )
 

@@ -213,7 +213,7 @@ def test_redistribute_nothing_to_do(capsys: pytest.CaptureFixture[str]) -> None:
         ([*REDISTRIBUTE_8x2, "--from", "S(0),R"], "the following arguments are required: --to"),
         ([*REDISTRIBUTE_8x2, "--from", "S(0)", "--to", "R,R"], "1 placements for a 2-d mesh"),
         ([*REDISTRIBUTE_8x2, "--from", "S(2),R", "--to", "R,R"], "out of range for a 2-d tensor"),
-        ([*REDISTRIBUTE_8x2, "--from", "S(0),R", "--to", "P,R"], "a shard is not a partial value"),
+        ([*REDISTRIBUTE_8x2, "--from", "S(0),R", "--to", "P,R"], "--to='P,R': mesh dim 'dp' goes from Shard(0)"),
         ([*REDISTRIBUTE_8x2, "--from", "S(0),R", "--to", "R,R", "--dtype", "floot"], "--dtype 'floot'"),
         ([*REDISTRIBUTE_8x2, "--from", "R,R", "--to", "R,R", "--axis-weights", "dp=0"], "--axis-weights 'dp=0'"),
         ([*REDISTRIBUTE_8x2, "--from", "R,R", "--to", "P,R", "--to-partial", "dp"], "states partials itself"),
