@@ -129,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_mesh_and_shape(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mesh", required=True, type=parse_mesh, help="mesh axes as name=size, e.g. dp=4,tp=2")
+    parser.add_argument("--shape", required=True, type=parse_shape, help="the logical tensor shape, e.g. 8,2")
+
+
 def _add_explain(commands: Any) -> None:
     explain_parser = commands.add_parser(
         "explain",
@@ -140,8 +145,7 @@ def _add_explain(commands: Any) -> None:
         '  placements2jax explain --mesh dp=2,tp=4 --shape 8 --placements "tp" --partial dp=max',
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    explain_parser.add_argument("--mesh", required=True, type=parse_mesh, help="mesh axes as name=size, e.g. dp=4,tp=2")
-    explain_parser.add_argument("--shape", required=True, type=parse_shape, help="the logical tensor shape, e.g. 8,2")
+    _add_mesh_and_shape(explain_parser)
     explain_parser.add_argument(
         "--placements",
         required=True,
@@ -170,8 +174,7 @@ def _add_redistribute(commands: Any) -> None:
         '  placements2jax redistribute --mesh dp=4,tp=2 --shape 16 --from "(dp,tp)" --to "(tp,dp)"',
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--mesh", required=True, type=parse_mesh, help="mesh axes as name=size, e.g. dp=4,tp=2")
-    parser.add_argument("--shape", required=True, type=parse_shape, help="the logical tensor shape, e.g. 8,2")
+    _add_mesh_and_shape(parser)
     for side in ("from", "to"):
         parser.add_argument(
             f"--{side}",
@@ -194,6 +197,16 @@ def _add_redistribute(commands: Any) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
+def _start_mesh(
+    mesh: tuple[tuple[str, ...] | None, tuple[int, ...]], start_jax: Callable[[int], None] | None
+) -> DeviceMesh:
+    """The ``--mesh`` argument's mesh, after ``start_jax`` (enough simulated devices for it)."""
+    names, sizes = mesh
+    if start_jax is not None:
+        start_jax(max(8, math.prod(sizes)))
+    return init_device_mesh(sizes, names)
+
+
 def main(argv: Sequence[str] | None = None, *, start_jax: Callable[[int], None] | None = None) -> int:
     """Run a command; returns the exit code. ``start_jax(device_count)`` runs after the
     arguments are parsed and before JAX starts (``__main__`` simulates CPU devices)."""
@@ -201,12 +214,9 @@ def main(argv: Sequence[str] | None = None, *, start_jax: Callable[[int], None] 
     args = parser.parse_args(argv)
     try:
         if args.command == "explain":
-            names, sizes = args.mesh
-            if start_jax is not None:
-                start_jax(max(8, math.prod(sizes)))
             print(
                 explain(
-                    init_device_mesh(sizes, names),
+                    _start_mesh(args.mesh, start_jax),
                     args.shape,
                     args.placements,
                     partial=args.partial,
@@ -215,12 +225,9 @@ def main(argv: Sequence[str] | None = None, *, start_jax: Callable[[int], None] 
                 )
             )
         elif args.command == "redistribute":
-            names, sizes = args.mesh
-            if start_jax is not None:
-                start_jax(max(8, math.prod(sizes)))
             print(
                 redistribute(
-                    init_device_mesh(sizes, names),
+                    _start_mesh(args.mesh, start_jax),
                     args.shape,
                     args.from_placements,
                     args.to_placements,
