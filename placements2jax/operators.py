@@ -55,7 +55,7 @@ from .mesh import DeviceMesh
 from .physical import Physical, physical
 from .programs import convert
 
-__all__ = ["apply", "binary", "call", "matmul", "reduce", "reshape", "transpose", "unary"]
+__all__ = ["Program", "apply", "binary", "call", "reduce", "reshape", "transpose", "unary"]
 
 Shape = tuple[int, ...]
 _SCALARS = (bool, int, float, complex)
@@ -67,7 +67,7 @@ OperandKey = tuple[Any, ...]
 # -- operands --------------------------------------------------------------------------------
 
 
-def is_operand(value: Any) -> bool:
+def _is_operand(value: Any) -> bool:
     """A DTensor, or a constant (Python / NumPy scalar, NumPy or JAX array) that an op
     treats as a Replicate tensor."""
     return isinstance(value, (DTensor, *_CONSTANTS))
@@ -89,7 +89,7 @@ def _scalar_key(kind: type, x64: bool) -> OperandKey:
 
 def _check_operands(values: Sequence[Any], argument: str) -> None:
     for i, value in enumerate(values):
-        if not is_operand(value):
+        if not _is_operand(value):
             raise ArgumentTypeError(
                 f"{argument}[{i}]",
                 value,
@@ -160,7 +160,7 @@ def _dispatch(tag: tuple[Any, ...], values: Sequence[Any], build: Callable[..., 
     fast = (
         tag,
         id(cost_model),
-        *((v._shape, v.dtype, id(v._layout)) if isinstance(v, DTensor) else _operand_key(v) for v in values),
+        *((v.shape, v.dtype, id(v.layout)) if isinstance(v, DTensor) else _operand_key(v) for v in values),
     )
     entry = _DISPATCH.get(fast)
     if entry is not None:
@@ -194,8 +194,8 @@ def _named_program(op: str, params: Any, keys: tuple[OperandKey, ...], cost_mode
     outs = [physical(layout, a.shape) for layout, a in zip(signature.out_layouts, signature.out_avals)]
     reference = op_definition(op).reference
     if "shape" in kwargs:  # reshape / broadcast_to: each rank builds its own block
-        kwargs["shape"] = block_shape(outs[0])
-    local = local_call(
+        kwargs["shape"] = _block_shape(outs[0])
+    local = _local_call(
         lambda *xs: jax.tree.leaves(reference(*xs, **kwargs)), targets, outs, [_fill(op, k[2]) for k in keys]
     )
 
@@ -217,17 +217,13 @@ def _move(x: Any, src: Physical, dst: Physical) -> Any:
 
 def binary(op: str, left: Any, right: Any) -> DTensor | Any:
     """``left <op> right`` for the Python operators; NotImplemented for other types."""
-    if not (is_operand(left) and is_operand(right)):
+    if not (_is_operand(left) and _is_operand(right)):
         return NotImplemented
     return call(op, (left, right))
 
 
 def unary(op: str, x: DTensor) -> DTensor:
     return call(op, (x,))
-
-
-def matmul(left: Any, right: Any) -> DTensor | Any:
-    return binary("matmul", left, right)
 
 
 def reduce(op: str, x: DTensor, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DTensor:
@@ -375,7 +371,7 @@ class _Interpreter:
             if v.phys == t and not isinstance(v.array, jax.Array)
         }
         fills = [_fill(name, jnp.result_type(v.array)) for v in ins]
-        local = local_call(compute, targets, outs, fills, constants)
+        local = _local_call(compute, targets, outs, fills, constants)
         arrays = [_move(v.array, v.phys, t) for i, (v, t) in enumerate(zip(ins, targets)) if i not in constants]
         return [_Value(a, p) for a, p in zip(local(*arrays), outs)]
 
@@ -396,19 +392,19 @@ def _local_params(
     """The equation params for one rank's blocks: shape-valued params of split dims
     become block extents (the rules only split dims these ops keep whole)."""
     if name == "reshape":
-        return {**params, "new_sizes": block_shape(outs[0])}
+        return {**params, "new_sizes": _block_shape(outs[0])}
     if name == "broadcast_in_dim":
-        return {**params, "shape": block_shape(outs[0])}
+        return {**params, "shape": _block_shape(outs[0])}
     if name == "slice":
         split = [bool(outs[0].layout.dim_axes[d]) for d in range(len(outs[0].shape))]
-        block = block_shape(ins[0])
+        block = _block_shape(ins[0])
         return {
             **params,
             "start_indices": tuple(0 if s else i for s, i in zip(split, params["start_indices"])),
             "limit_indices": tuple(b if s else i for s, b, i in zip(split, block, params["limit_indices"])),
         }
     if name == "dynamic_slice":
-        block = block_shape(outs[0])
+        block = _block_shape(outs[0])
         return {
             **params,
             "slice_sizes": tuple(
@@ -416,7 +412,7 @@ def _local_params(
             ),
         }
     if name == "gather":
-        block = block_shape(ins[0])
+        block = _block_shape(ins[0])
         axes = ins[0].layout.dim_axes
         sizes = tuple(block[j] if axes[j] and n == ins[0].shape[j] else n for j, n in enumerate(params["slice_sizes"]))
         return {**params, "slice_sizes": sizes}
@@ -448,12 +444,12 @@ def _masked_gather(
 # -- local execution in shard_map ------------------------------------------------------------
 
 
-def block_shape(phys: Physical) -> Shape:
+def _block_shape(phys: Physical) -> Shape:
     """One rank's (padded) block of the tensor dims."""
     return tuple(n // chunking.padded_size(1, phys.layout.pieces(d)) for d, n in enumerate(phys.padded_shape))
 
 
-def local_call(
+def _local_call(
     compute: Callable[..., Sequence[jax.Array]],
     ins: Sequence[Physical],
     outs: Sequence[Physical],
@@ -506,7 +502,7 @@ def _unpack(block: jax.Array, phys: Physical, fill: Any) -> jax.Array:
 
 
 def _pack(y: jax.Array, phys: Physical) -> jax.Array:
-    expected = block_shape(phys)
+    expected = _block_shape(phys)
     if tuple(y.shape) != expected:
         raise UnsupportedOpError(
             "op",
@@ -590,7 +586,7 @@ def _flat_index(phys: Physical, dim: int) -> jax.Array:
 
 def _valid(phys: Physical) -> jax.Array:
     """True at this rank's logical elements of its block (data sits at the block start)."""
-    block = block_shape(phys)
+    block = _block_shape(phys)
     mask = jnp.ones((), bool)
     for d, n in enumerate(block):
         if chunking.is_even(phys.shape[d], phys.layout.pieces(d)):

@@ -306,6 +306,7 @@ def test_apply_matches_the_function_and_predict(mesh_name: str, shape: tuple[int
     w, b = _data(shape[-1:], 19), _data(shape[-1:], 20)
     functions = [
         (jax.nn.gelu, (x,), (a,)),
+        (lambda v: 2.0 * v + 1.0, (x,), (a,)),  # a literal becomes Partial(sum) for a partial v
         (functools.partial(jax.nn.softmax, axis=-1), (x,), (a,)),
         (lambda v: jnp.exp(v).sum(axis=0) / 3, (x,), (a,)),
         (lambda v, s: (v * s, jnp.max(v, axis=1)), (x, 2.0), (a, 2.0)),
