@@ -81,6 +81,11 @@ def _reshard(x: jax.Array, sharding: NamedSharding) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, sharding)
 
 
+def _split_axes(phys: Physical) -> frozenset[int]:
+    """The mesh dims that split some tensor dim."""
+    return frozenset(a for axes in phys.layout.dim_axes for a in axes)
+
+
 def _stack_names(src: Physical, axes: Sequence[int]) -> tuple[str, ...]:
     return tuple(src.mesh_names[a] for a in axes)
 
@@ -97,11 +102,13 @@ def convert(x: jax.Array, src: Physical, dst: Physical) -> jax.Array:
     # Step 1: reduce partial dims; keep those the target keeps where the representation allows.
     if src.unreduced_axes:
         kept = tuple(a for a in src.unreduced_axes if a in dst.unreduced_axes)
-        if not new_partial and not repad and (not kept or src.dim_entries == dst.dim_entries):
+        if not new_partial and not repad and (not kept or _split_axes(src) == _split_axes(dst)):
             return _reshard(x, dst.sharding)  # XLA reduces what goes, e.g. a reduce-scatter
         # Unreduced values cannot follow a dim to other mesh axes: JAX 0.10.2's reshard
         # routes them to the wrong devices, and there is no unreduced -> varying cast to
-        # move them by hand. Reduce them all; step 3 splits them again.
+        # move them by hand. Reduce them all; step 3 splits them again. (Moves among the
+        # same mesh axes, e.g. P,S(0) -> P,S(1), are right: checked for every pair of
+        # layouts on 1-3-d meshes, 2-d and 3-d tensors.)
         kept_stack: tuple[int, ...] = ()
         x = _reshard(x, src.reduced_sharding)
     elif src.stacked_axes:

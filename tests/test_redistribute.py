@@ -245,3 +245,18 @@ def test_redistribute_chains_preserve_integer_values(case):
         dt = dt.redistribute(placements=target)
         _assert_lands(dt, x, target)
     np.testing.assert_array_equal(np.asarray(dt.redistribute(placements=Layout(mesh, ((),) * len(shape))).full_tensor()), x)
+
+
+@pytest.mark.parametrize(
+    "mesh_shape,source,target,shape",
+    [((4, 2), "P,S(0)", "P,S(1)", (8, 8)), ((2, 2, 2), "P,S(0),S(1)", "P,S(1),S(0)", (4, 4))],
+)
+def test_partial_kept_across_a_move_among_the_same_mesh_axes_is_not_reduced(mesh_shape, source, target, shape):
+    """The dims move among the mesh axes they already use: JAX's reshard keeps the
+    unreduced values right, so no all-reduce (only the move itself)."""
+    mesh = _mesh(mesh_shape)
+    x = np.arange(math.prod(shape), dtype=np.int32).reshape(shape)
+    dt = distribute_tensor(x, mesh, source)
+    ops = [c.op for c in redistribute_collectives(dt, target)]
+    assert "all-reduce" not in ops and len(ops) == 1
+    _assert_lands(dt.redistribute(mesh, target), x, Layout.from_placements(mesh, target).bind(2))
