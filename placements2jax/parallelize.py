@@ -135,16 +135,13 @@ class ParallelStyle:
         ``output_layouts``) of ``ndim`` dims."""
         if role not in ROLES:
             raise PlanError("role", role, "unknown role", f"use one of {', '.join(ROLES)}")
-        if self.kind in ("sequence", "replicate") and role == "param":
-            return Replicate()
-        if self.kind == "replicate":
+        if self.kind == "replicate" or (self.kind == "sequence" and role == "param"):
             return Replicate()
         if self.kind == "sequence":
             return Shard(_dim(self.sequence_dim, ndim, self, "sequence_dim"))
         if role != "param":
-            split_output = self.kind == "colwise"
-            sharded = (role == "output") == split_output
-            return Shard(_dim(-1, ndim, self, "ndim")) if sharded else Replicate()
+            split_role = "output" if self.kind == "colwise" else "input"  # R -> S(-1) / S(-1) -> R
+            return Shard(_dim(-1, ndim, self, "ndim")) if role == split_role else Replicate()
         if ndim == 1:
             return Shard(0) if self.kind == "colwise" else Replicate()
         out_dim, in_dim = (-1, -2) if self.convention == "jax" else (-2, -1)
