@@ -20,7 +20,7 @@ How one op runs, eagerly or inside the caller's ``jax.jit`` / ``jax.grad``:
 4. **Padding.** Uneven layouts are padded (:mod:`.physical`). Before the op, every padded
    input's pad elements are replaced by the op's neutral element (0, or the lowest /
    highest value for ``max`` / ``min``); after it, the outputs' pads are set to 0. So pads
-   never reach a sum, a contraction or a gradient (``jnp.where`` passes no cotangent to
+   never reach a sum, a contraction or a gradient (a select passes no cotangent to
    the masked side). Even layouts get no mask.
 
 Everything one call needs is a single ``jax.jit`` program cached per (op, params, input
@@ -39,6 +39,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.extend import core
 from jax.sharding import PartitionSpec
 
@@ -431,10 +432,8 @@ def _masked_lookup_axis(name: str, params: dict[str, Any], ins: Sequence[Physica
 def _masked_gather(
     primitive: Any, params: dict[str, Any], table: Physical, axis: int, operand: jax.Array, indices: jax.Array
 ) -> list[jax.Array]:
-    offsets, lengths = _chunk_tables(table, axis)
-    rank = _flat_index(table, axis)
-    local = indices - jnp.asarray(offsets)[rank].astype(indices.dtype)
-    valid = (local >= 0) & (local < jnp.asarray(lengths)[rank].astype(indices.dtype))
+    local = indices - _rank_chunk(table, axis, 0).astype(indices.dtype)
+    valid = (local >= 0) & (local < _rank_chunk(table, axis, 1).astype(indices.dtype))
     clipped = jnp.clip(local, 0, operand.shape[axis] - 1)
     (out,) = _bind(primitive, params, operand, clipped)
     mask = jnp.expand_dims(valid[..., 0], tuple(params["dimension_numbers"].offset_dims))
@@ -466,9 +465,10 @@ def _local_call(
 
     def local(*blocks: jax.Array) -> tuple[jax.Array, ...]:
         given = dict(zip(passed, blocks))
-        xs = [constants[i] if i in constants else _unpack(given[i], ins[i], fills[i]) for i in range(len(ins))]
+        masks: dict[Physical, jax.Array] = {}
+        xs = [constants[i] if i in constants else _unpack(given[i], ins[i], fills[i], masks) for i in range(len(ins))]
         ys = list(compute(*xs))
-        return tuple(_pack(y, p) for y, p in zip(ys, outs, strict=True))
+        return tuple(_pack(y, p, masks) for y, p in zip(ys, outs, strict=True))
 
     run = jax.shard_map(
         local,
@@ -494,14 +494,14 @@ def _block_spec(phys: Physical) -> PartitionSpec:
     return PartitionSpec(*(phys.mesh_names[a] for a in phys.unreduced_axes), *phys.dim_entries)
 
 
-def _unpack(block: jax.Array, phys: Physical, fill: Any) -> jax.Array:
-    block = block.reshape(block.shape[_stack_count(phys) :])
+def _unpack(block: jax.Array, phys: Physical, fill: Any, masks: dict[Physical, jax.Array]) -> jax.Array:
+    block = lax.reshape(block, block.shape[_stack_count(phys) :])
     if not phys.is_padded:
         return block
-    return jnp.where(_valid(phys), block, jnp.asarray(fill, block.dtype))
+    return lax.select(_valid(phys, masks), block, lax.full_like(block, fill))
 
 
-def _pack(y: jax.Array, phys: Physical) -> jax.Array:
+def _pack(y: jax.Array, phys: Physical, masks: dict[Physical, jax.Array]) -> jax.Array:
     expected = _block_shape(phys)
     if tuple(y.shape) != expected:
         raise UnsupportedOpError(
@@ -511,7 +511,7 @@ def _pack(y: jax.Array, phys: Physical) -> jax.Array:
             "this op has shape parameters that cannot be computed per rank; redistribute its inputs to Replicate",
         )
     if phys.is_padded:
-        y = jnp.where(_valid(phys), y, jnp.zeros((), y.dtype))
+        y = lax.select(_valid(phys, masks), y, lax.full_like(y, 0))
     names = phys.mesh_names
     split = {names[a] for axes in phys.layout.dim_axes for a in axes}
     partial_axes = tuple(names[a] for a in phys.layout.partial_axes)
@@ -578,24 +578,34 @@ def _chunk_tables(phys: Physical, dim: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _flat_index(phys: Physical, dim: int) -> jax.Array:
     """This rank's row-major coordinate over the mesh axes splitting ``dim``."""
-    index = jnp.zeros((), jnp.int32)
+    index = None
     for a in phys.layout.dim_axes[dim]:
-        index = index * phys.layout.mesh.shape[a] + jax.lax.axis_index(phys.mesh_names[a])
+        coordinate = lax.axis_index(phys.mesh_names[a])
+        index = (
+            coordinate if index is None else lax.add(lax.mul(index, np.int32(phys.layout.mesh.shape[a])), coordinate)
+        )
     return index
 
 
-def _valid(phys: Physical) -> jax.Array:
-    """True at this rank's logical elements of its block (data sits at the block start)."""
-    block = _block_shape(phys)
-    mask = jnp.ones((), bool)
-    for d, n in enumerate(block):
-        if chunking.is_even(phys.shape[d], phys.layout.pieces(d)):
-            continue
-        length = jnp.asarray(_chunk_tables(phys, d)[1])[_flat_index(phys, d)]
-        shape = [1] * len(block)
-        shape[d] = n
-        mask = mask & (jnp.arange(n).reshape(shape) < length)
-    return mask
+def _rank_chunk(phys: Physical, dim: int, which: int) -> jax.Array:
+    """This rank's chunk offset (``which=0``) or length (1) along ``dim``."""
+    table = _chunk_tables(phys, dim)[which]
+    return lax.dynamic_index_in_dim(table, _flat_index(phys, dim), keepdims=False)
+
+
+def _valid(phys: Physical, masks: dict[Physical, jax.Array]) -> jax.Array:
+    """True at this rank's logical elements of its block (data sits at the block start);
+    built once per physical representation in a local program (``masks``)."""
+    if phys not in masks:
+        block = _block_shape(phys)
+        mask = None
+        for d in range(len(block)):
+            if chunking.is_even(phys.shape[d], phys.layout.pieces(d)):
+                continue
+            inside = lax.lt(lax.broadcasted_iota(np.int32, block, d), _rank_chunk(phys, d, 1))
+            mask = inside if mask is None else lax.bitwise_and(mask, inside)
+        masks[phys] = mask
+    return masks[phys]
 
 
 _LOWEST_FIRST = {"max": True, "reduce_max": True, "min": False, "reduce_min": False}

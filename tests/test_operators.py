@@ -97,7 +97,7 @@ def test_binary_ops_values_and_placements(
 
 @pytest.mark.parametrize(
     "mesh_name,shape,placements",
-    [("1d", (8, 12), "P"), ("1d", (7, 5), "S(1)"), ("2d", (7, 5), "S(0),P(max)"), ("2d", (8, 12), "P(avg),S(1)")],
+    [("1d", (7, 5), "S(1)"), ("2d", (7, 5), "S(0),P(max)"), ("2d", (8, 12), "P,S(1)")],
 )
 def test_constants_are_replicate_operands_on_either_side(
     mesh_name: str, shape: tuple[int, ...], placements: str
@@ -295,33 +295,49 @@ def _layer_norm(x: jax.Array, w: jax.Array, b: jax.Array) -> jax.Array:
     return (x - mean) * jax.lax.rsqrt(var + 1e-5) * w + b
 
 
+APPLY_FUNCTIONS = {
+    "gelu": jax.nn.gelu,
+    "affine": lambda v: 2.0 * v + 1.0,  # the literal 1.0 becomes Partial(sum) for a partial v
+    "softmax": functools.partial(jax.nn.softmax, axis=-1),
+    "exp-sum": lambda v: jnp.exp(v).sum(axis=0) / 3,
+    "pair": lambda v: (v * 2.0, jnp.max(v, axis=1)),
+    "dict": lambda v: {"t": v.T[1:], "c": jnp.cumsum(v, axis=1)},
+}
+
+
 @pytest.mark.parametrize(
-    "mesh_name,shape,placements",
-    [("1d", (8, 12), "S(0)"), ("1d", (7, 5), "S(1)"), ("2d", (7, 5), "S(0),S(1)"), ("2d", (8, 12), "P,S(0)")],
+    "mesh_name,shape,placements,names",
+    [
+        ("1d", (7, 5), "S(1)", ("gelu", "softmax", "pair")),
+        ("2d", (7, 5), "S(0),S(1)", tuple(APPLY_FUNCTIONS)),
+        ("2d", (8, 12), "P,S(0)", tuple(APPLY_FUNCTIONS)),
+    ],
 )
-def test_apply_matches_the_function_and_predict(mesh_name: str, shape: tuple[int, ...], placements: str) -> None:
+def test_apply_matches_the_function_and_predict(
+    mesh_name: str, shape: tuple[int, ...], placements: str, names: tuple[str, ...]
+) -> None:
     mesh = MESHES[mesh_name]
     a = _data(shape, 18)
     x = _dt(a, mesh, placements)
     w, b = _data(shape[-1:], 19), _data(shape[-1:], 20)
-    functions = [
-        (jax.nn.gelu, (x,), (a,)),
-        (lambda v: 2.0 * v + 1.0, (x,), (a,)),  # a literal becomes Partial(sum) for a partial v
-        (functools.partial(jax.nn.softmax, axis=-1), (x,), (a,)),
-        (lambda v: jnp.exp(v).sum(axis=0) / 3, (x,), (a,)),
-        (lambda v, s: (v * s, jnp.max(v, axis=1)), (x, 2.0), (a, 2.0)),
-        (_layer_norm, (x, w, b), (a, w, b)),
-        (lambda v: {"t": v.T[1:], "c": jnp.cumsum(v, axis=1)}, (x,), (a,)),
-    ]
-    for fn, args, plain in functions:
+    cases = [(APPLY_FUNCTIONS[name], (x,), (a,)) for name in names] + [(_layer_norm, (x, w, b), (a, w, b))]
+    for fn, args, plain in cases:
         result = apply(fn, *args)
-        expected = fn(*plain)
+        expected = jax.jit(fn)(*plain)
         layouts = predict(fn, *args).out_layouts
         leaves, tree = jax.tree.flatten(result, is_leaf=lambda v: isinstance(v, DTensor))
         assert tree == jax.tree.structure(expected)
         for leaf, want, layout in zip(leaves, jax.tree.leaves(expected), layouts):
             assert isinstance(leaf, DTensor) and leaf.layout == layout
             np.testing.assert_allclose(np.asarray(leaf.full_tensor()), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_apply_takes_constant_arguments() -> None:
+    a = _data((8, 12), 32)
+    x = _dt(a, MESH1, "S(0)")
+    result = apply(lambda v, s, row: v * s + row, x, 2.0, np.arange(12, dtype=np.float32))
+    assert result.placements == (Shard(0),)
+    np.testing.assert_allclose(np.asarray(result.full_tensor()), a * 2 + np.arange(12), rtol=1e-6)
 
 
 def test_apply_with_keyword_arguments_and_a_jnp_function() -> None:
@@ -443,19 +459,26 @@ def _plain_loss(x: jax.Array, w1: jax.Array, w2: jax.Array) -> jax.Array:
 def test_grad_through_operators_matches_the_plain_function() -> None:
     dts, arrays = _megatron()
     expected = jax.grad(_plain_loss, argnums=(0, 1, 2))(*arrays)
-    for grads in (
-        jax.jit(jax.grad(_loss, argnums=(0, 1, 2)))(*dts),
-        _eager_grad(_loss, dts),
-    ):
-        for g, d, want in zip(grads, dts, expected):
-            assert isinstance(g, DTensor) and g.layout == d.layout
-            np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(want), rtol=1e-4, atol=1e-5)
+    grads = jax.jit(jax.grad(_loss, argnums=(0, 1, 2)))(*dts)
+    for g, d, want in zip(grads, dts, expected):
+        assert isinstance(g, DTensor) and g.layout == d.layout
+        np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(want), rtol=1e-4, atol=1e-5)
 
 
-def _eager_grad(loss: Any, dts: tuple[DTensor, ...]) -> Any:
+def test_eager_grad() -> None:
+    a, b = _data((8, 12), 33), _data((12, 6), 34)
+    x, w = _dt(a, MESH2, "S(0),S(1)"), _dt(b, MESH2, "R,S(0)")
+
+    def loss(u: DTensor, v: DTensor) -> jax.Array:
+        return ((u @ v) * 3.0).sum().full_tensor()  # P(sum) all the way to the scalar
+
     # Eager grad on Explicit meshes needs the mesh set (JAX builds the seed cotangent).
-    with jax.set_mesh(dts[0].device_mesh.to_jax()):
-        return jax.grad(loss, argnums=tuple(range(len(dts))))(*dts)
+    with jax.set_mesh(MESH2.to_jax()):
+        grads = jax.grad(loss, argnums=(0, 1))(x, w)
+    expected = jax.grad(lambda u, v: jnp.sum((u @ v) * 3.0), argnums=(0, 1))(a, b)
+    for g, d, want in zip(grads, (x, w), expected):
+        assert g.layout == d.layout
+        np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
 def test_grad_through_uneven_layouts_and_reductions() -> None:
