@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from placements2jax import (
@@ -18,6 +20,7 @@ from placements2jax import (
     DeviceMesh,
     DTensor,
     InferenceError,
+    Layout,
     Partial,
     Replicate,
     Shard,
@@ -29,6 +32,7 @@ from placements2jax import (
     predict,
 )
 from placements2jax.hlo import compiled_collectives
+from placements2jax.layout import iter_layouts
 
 MESH1 = init_device_mesh((4,), ("x",))
 MESH2 = init_device_mesh((2, 4), ("dp", "tp"))
@@ -118,6 +122,30 @@ def test_constants_are_replicate_operands_on_either_side(
     for result, expected, op, operands in cases:
         _check(result, expected, op, operands)
     assert (x * 2.0).dtype == np.float32  # Python scalars are weak, as in JAX
+
+
+LAYOUTS_2D = iter_layouts(MESH2, 2, partial_ops=("sum", "avg", "max", "min"))
+PROPERTY_OPS = {
+    "add": (lambda u, v: u + v, np.add),
+    "mul": (lambda u, v: u * v, np.multiply),
+    "matmul": (lambda u, v: u @ v.T, lambda p, q: p @ q.T),
+    "sum": (lambda u, v: (u - v).sum(axis=0), lambda p, q: (p - q).sum(axis=0)),
+    "max": (lambda u, v: u.max(axis=1, keepdims=True) * v, lambda p, q: p.max(axis=1, keepdims=True) * q),
+}
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    st.sampled_from(LAYOUTS_2D),
+    st.sampled_from(LAYOUTS_2D),
+    st.sampled_from(sorted(PROPERTY_OPS)),
+    st.sampled_from([(8, 12), (7, 5), (3, 9)]),
+)
+def test_any_pair_of_layouts_gives_numpy_values(left: Layout, right: Layout, op: str, shape: tuple[int, int]) -> None:
+    a, b = _data(shape, 35), _data(shape, 36)
+    x, y = _dt(a, MESH2, left), _dt(b, MESH2, right)
+    run, reference = PROPERTY_OPS[op]
+    np.testing.assert_allclose(np.asarray(run(x, y).full_tensor()), reference(a, b), rtol=2e-5, atol=2e-5)
 
 
 # -- matmul -----------------------------------------------------------------------------------
@@ -557,3 +585,20 @@ def test_jitted_dtensor_program_is_the_plain_jax_program() -> None:
     theirs = jax.jit(plain, out_shardings=NamedSharding(auto, PartitionSpec("dp"))).lower(*arrays).compile().as_text()
     assert _instructions(ours) == _instructions(theirs)
     assert "all-reduce" in " ".join(_instructions(ours))
+
+
+def test_integer_tensors_and_auto_mesh_axes() -> None:
+    ints = np.random.default_rng(37).integers(-50, 50, size=(7, 5)).astype(np.int32)
+    x = _dt(ints, MESH2, "S(0),S(1)")
+    for op in ("sum", "max", "min"):
+        result = getattr(x, op)()  # pads take 0 / int32 min / int32 max before the op
+        assert result.dtype == np.int32
+        np.testing.assert_array_equal(np.asarray(result.full_tensor()), getattr(ints, op)())
+    np.testing.assert_array_equal(np.asarray((x * 3 - 1).full_tensor()), ints * 3 - 1)
+    # On Auto axes Partial(sum) is stacked, not unreduced: the same operators.
+    auto = DeviceMesh([[0, 1, 2, 3], [4, 5, 6, 7]], ("dp", "tp"), axis_types="auto")
+    a, b = _data((8, 12), 38), _data((12, 6), 39)
+    u, w = _dt(a, auto, "S(0),S(1)"), _dt(b, auto, "R,S(0)")
+    y = (u @ w) * 2 + u @ w
+    assert y.placements == (Shard(0), P_SUM)
+    np.testing.assert_allclose(np.asarray(y.full_tensor()), 3 * (a @ b), rtol=1e-5, atol=1e-4)
