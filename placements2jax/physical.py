@@ -7,7 +7,7 @@ axes), so a DTensor's array differs from its logical tensor in two documented wa
   ``k * ceil(N / k)`` elements: every rank owns one full block, and its torch.chunk
   elements sit at the start of the block (:mod:`.chunking`). Even dims are not padded.
 * **Partial.** ``Partial(sum)`` on Explicit axes uses JAX's native ``unreduced`` form.
-  Every other partial (avg, max, min, or sum on Auto axes) is *stacked*: one leading dim
+  Every other partial (avg, max, min, sum on Auto axes or over a size-1 axis) is *stacked*: one leading dim
   per partial mesh axis, of that axis's size and sharded over it, so each rank's slice of
   the stack is exactly its partial value. Reducing the stack dims is an all-reduce.
 
@@ -43,8 +43,11 @@ class Physical:
     @cached_property
     def unreduced_axes(self) -> tuple[int, ...]:
         """Partial mesh dims carried by JAX's ``unreduced``."""
-        if self.layout.partial_op == "sum" and self.layout.mesh.is_explicit:
-            return self.layout.partial_axes
+        layout = self.layout
+        # JAX 0.10.2 cannot lower ``unreduced`` over a size-1 axis (an internal assertion
+        # in shard_map); the stacked form carries such partials instead.
+        if layout.partial_op == "sum" and layout.mesh.is_explicit and all(layout.mesh.shape[a] > 1 for a in layout.partial_axes):
+            return layout.partial_axes
         return ()
 
     @cached_property

@@ -30,14 +30,23 @@ from .physical import Physical, physical
 
 __all__ = ["convert", "program", "check_redistribute", "replicated_layout", "without_partial"]
 
+def _sum(x: jax.Array, axis: tuple[int, ...]) -> jax.Array:
+    """Sum over stack dims in the tensor's dtype (JAX would widen small integers)."""
+    return jnp.sum(x, axis=axis, dtype=x.dtype)
+
+
 def _average(x: jax.Array, axis: tuple[int, ...]) -> jax.Array:
     """Mean over stack dims, keeping the dtype (integers: exact floor of sum / n)."""
     if jnp.issubdtype(x.dtype, jnp.inexact):
         return jnp.mean(x, axis=axis)
-    return jnp.sum(x, axis=axis) // math.prod(x.shape[a] for a in axis)
+    n = math.prod(x.shape[a] for a in axis)
+    # The plain sum overflows (n copies of a large value); with x = q*n + r, 0 <= r < n,
+    # floor(sum / n) = sum(q) + floor(sum(r) / n): only additions wrap, and the result fits.
+    remainders = jnp.sum(x % n, axis=axis, dtype=jnp.int32) // n
+    return _sum(x // n, axis) + remainders.astype(x.dtype)
 
 
-_REDUCERS = {"sum": jnp.sum, "avg": _average, "max": jnp.max, "min": jnp.min}
+_REDUCERS = {"sum": _sum, "avg": _average, "max": jnp.max, "min": jnp.min}
 
 
 def replicated_layout(layout: Layout) -> Layout:
