@@ -195,8 +195,8 @@ class DTensor:
         """This tensor under other placements (torch or alias form), possibly on another
         mesh. XLA does the move; see docs/redistribute.md for the collectives."""
         mesh = self.device_mesh if device_mesh is None else as_device_mesh(device_mesh)
-        if placements is None:
-            target = self._layout if mesh == self.device_mesh else replicated_layout(Layout(mesh, ((),) * self.ndim))
+        if placements is None and mesh == self.device_mesh:
+            target = self._layout
         else:
             target = _layout(mesh, placements, self.ndim)
             check_placements_for_shape(placements, target, self._shape)
@@ -349,7 +349,9 @@ class DTensor:
         arrays = []
         for rank, local in locals_by_rank.items():
             widths = [(0, b - n) for b, n in zip(block, local.shape)]
-            padded = np.pad(local, widths) if isinstance(local, np.ndarray) else jnp.pad(local, widths)
+            padded = local if not any(w for _, w in widths) else (
+                np.pad(local, widths) if isinstance(local, np.ndarray) else jnp.pad(local, widths)
+            )
             arrays.append(jax.device_put(padded.reshape(lead + block), mesh.device(rank)))
         array = jax.make_array_from_single_device_arrays(phys.array_shape, phys.sharding, arrays)
         return cls(array, layout, global_shape)
@@ -438,6 +440,15 @@ def distribute_tensor(
 
 def _layout(mesh: DeviceMesh, placements: PlacementsLike | None, ndim: int) -> Layout:
     """The bound layout of ``placements`` (None: replicated) for an ``ndim``-d tensor."""
+    if len(set(mesh.axis_types)) > 1:
+        # The programs move data with reshard (Explicit axes) or sharding constraints (Auto
+        # axes); JAX 0.10.2 has no single call for a mesh mixing both.
+        raise MeshError(
+            "device_mesh",
+            mesh,
+            "mixes Explicit and Auto axes; DTensor programs need one kind of axis",
+            "build the mesh with axis_types='explicit' (default) or 'auto' for every axis",
+        )
     if placements is None:
         placements = (Replicate(),) * mesh.ndim
     return Layout.from_placements(mesh, placements).bind(ndim)

@@ -327,6 +327,14 @@ CASES: list[Case] = [
         "distribute: Partial(max) of complex", "distribute_tensor", PlacementError, "placements",
         lambda e: distribute_tensor(e.x.astype(np.complex64), e.mesh8, [Partial("max")]),
     ),
+    _c(
+        "distribute: mesh mixing axis types", "distribute_tensor", MeshError, "device_mesh",
+        lambda e: distribute_tensor(e.x, DeviceMesh([[0, 1], [2, 3]], ("a", "b"), axis_types=("explicit", "auto"))),
+    ),
+    _c(
+        "redistribute: to a mesh mixing axis types", "DTensor", MeshError, "device_mesh",
+        lambda e: e.dt8.redistribute(DeviceMesh([[0, 1], [2, 3]], ("a", "b"), axis_types=("auto", "explicit"))),
+    ),
     # -- DTensor.from_local --------------------------------------------------------------------------------------------------
     _c(
         "from_local: dtypes differ between ranks", "DTensor", ShapeError, "local_tensor",
