@@ -276,3 +276,40 @@ def test_from_local_partial_values_reduce_like_numpy(case: tuple[Any, ...]) -> N
     np.testing.assert_array_equal(full, expected)
     for rank, local in locals_.items():
         np.testing.assert_array_equal(np.asarray(dtensor.to_local(rank)), local)
+
+
+# -- what these properties found, pinned as plain regression tests -------------------------------------------------------
+
+
+@pytest.mark.parametrize("axis_types", AXIS_TYPES)
+def test_integer_partial_avg_at_the_dtype_extremes(axis_types: str) -> None:
+    """Reducing 8 copies summed 8 * 2**31 in int32 before; the mean is now exact."""
+    mesh = DeviceMesh(np.arange(8).reshape(2, 4), ("dp", "tp"), axis_types=axis_types)  # type: ignore[arg-type]
+    for dtype in (np.int8, np.int32, np.uint32):
+        x = _values(dtype, (5, 3), 1)
+        dtensor = distribute_tensor(x, mesh, [Partial("avg"), Shard(0)])
+        _assert_holds(dtensor.redistribute(placements="R,R"), x, Layout(mesh, ((), ())))
+
+
+def test_stacked_integer_sums_keep_their_dtype() -> None:
+    mesh = DeviceMesh(np.arange(8).reshape(2, 4), ("dp", "tp"), axis_types="auto")
+    x = _values(np.int8, (6,), 2)
+    for op in ("sum", "avg"):
+        moved = distribute_tensor(x, mesh, [Partial(op), Replicate()]).redistribute(placements="S(0),R")
+        assert moved.array.dtype == np.int8
+        _assert_holds(moved, x, Layout.from_placements(mesh, "S(0),R").bind(1))
+
+
+def test_partial_sum_over_a_size_1_explicit_axis() -> None:
+    mesh = DeviceMesh([[3], [5]], ("dp", "tp"))
+    x = _values(np.int32, (4, 2), 3)
+    dtensor = distribute_tensor(x, mesh, [Shard(0), Partial()])
+    assert not dtensor.physical.unreduced_axes and dtensor.physical.stacked_axes == (1,)
+    _assert_holds(dtensor, x, Layout.from_placements(mesh, "S(0),P").bind(2))
+    _assert_holds(dtensor.redistribute(placements="R,R"), x, Layout(mesh, ((), ())))
+
+
+def test_from_local_of_scalars() -> None:
+    mesh = DeviceMesh([6, 1, 4], ("x",))
+    dtensor = DTensor.from_local({r: np.int32(r) for r in mesh.rank_list}, mesh, "P")
+    assert dtensor.shape == () and int(np.asarray(dtensor.full_tensor())) == 11
