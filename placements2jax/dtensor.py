@@ -194,6 +194,11 @@ class DTensor:
     ) -> DTensor:
         """This tensor under other placements (torch or alias form), possibly on another
         mesh. XLA does the move; see docs/redistribute.md for the collectives."""
+        key = _front_key(self._layout, device_mesh, self._shape, self.dtype, placements)
+        entry = _recall(_MOVES, key)
+        if entry is not None:
+            _, target, move = entry
+            return _trusted(move(self._array) if move else self._array, target, self._shape)
         mesh = self.device_mesh if device_mesh is None else as_device_mesh(device_mesh)
         if placements is None and mesh == self.device_mesh:
             target = self._layout
@@ -201,10 +206,13 @@ class DTensor:
             target = _layout(mesh, placements, self.ndim)
             check_placements_for_shape(placements, target, self._shape)
             _check_partial_dtype(target, self.dtype)
-        if mesh == self.device_mesh:
-            check_redistribute(self._layout, target)
-            return DTensor(redistribute_array(self._array, self._layout, target, self._shape), target, self._shape)
-        return self._to_other_mesh(target)
+        if mesh != self.device_mesh:
+            return self._to_other_mesh(target)
+        check_redistribute(self._layout, target)
+        src, dst = physical(self._layout, self._shape), physical(target, self._shape)
+        move = None if src == dst else program(src, dst)
+        _remember(_MOVES, key, (self._layout, device_mesh), target, move)
+        return DTensor(move(self._array) if move else self._array, target, self._shape)
 
     def _to_other_mesh(self, target: Layout) -> DTensor:
         """Reduce on this mesh, transfer with JAX's device_put, re-partial on the target."""
@@ -417,16 +425,25 @@ def distribute_tensor(
     """Lay a full (logical) tensor out on ``device_mesh``: NumPy or JAX array in, DTensor
     out. Partial targets follow torch: sum -> each rank holds x / n; avg, max, min -> x.
     ``placements=None`` replicates."""
-    mesh = as_device_mesh(device_mesh)
     array = _as_array(tensor, "tensor")
+    shape = tuple(array.shape)
+    key = _front_key(None, device_mesh, shape, array.dtype, placements)
+    entry = _recall(_PLACEMENTS, key)
+    if entry is not None:  # even layout seen before: place and (for partials) split
+        _, layout, sharding, to_partial = entry
+        placed = jax.device_put(array, sharding)
+        return _trusted(to_partial(placed) if to_partial else placed, layout, shape)
+    mesh = as_device_mesh(device_mesh)
     layout = _layout(mesh, placements, array.ndim)
     _check_partial_dtype(layout, array.dtype)
-    shape = tuple(array.shape)
     check_placements_for_shape(placements, layout, shape)
     target = physical(layout, shape)
     plain = without_partial(layout)
     if not target.is_padded:
-        placed = jax.device_put(array, physical(plain, shape).sharding)
+        source = physical(plain, shape)
+        to_partial = None if source == target else program(source, target)
+        _remember(_PLACEMENTS, key, (device_mesh,), layout, source.sharding, to_partial)
+        placed = jax.device_put(array, source.sharding)
     elif isinstance(array, np.ndarray):
         padded = np.zeros(target.padded_shape, array.dtype)
         padded[np.ix_(*(target.positions(d) for d in range(array.ndim)))] = array
@@ -436,6 +453,48 @@ def distribute_tensor(
         placed = jax.device_put(array, physical(replicated, shape).sharding)
         placed = redistribute_array(placed, replicated, plain, shape)
     return DTensor(redistribute_array(placed, plain, layout, shape), layout, shape)
+
+
+# Eager dispatch cost: building the target Layout from placements and hashing layouts
+# (which hashes the whole mesh) costs tens of µs per call, and on a small host the XLA CPU
+# runtime's worker threads make every µs of Python between two programs count more
+# (docs/benchmarks.md). Front caches key repeated calls by the id() of the source layout
+# and of the mesh argument (both kept alive in the entry, so no id is reused while it
+# exists), the logical shape, the dtype and the placements as given (hashable ones only),
+# and map them straight to the result's layout and the cached program.
+_MOVES: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+_PLACEMENTS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+_FRONT_LIMIT = 4096
+
+
+def _front_key(
+    layout: Layout | None, device_mesh: Any, shape: tuple[int, ...], dtype: Any, placements: Any
+) -> tuple[Any, ...]:
+    if isinstance(placements, list):
+        placements = tuple(placements)
+    return (id(layout), id(device_mesh), shape, dtype, type(placements), placements)
+
+
+def _recall(cache: dict[tuple[Any, ...], tuple[Any, ...]], key: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    try:
+        return cache.get(key)
+    except TypeError:  # unhashable placements: no front cache for this call
+        return None
+
+
+def _remember(cache: dict[tuple[Any, ...], tuple[Any, ...]], key: tuple[Any, ...], pins: tuple[Any, ...],
+              *values: Any) -> None:
+    if len(cache) >= _FRONT_LIMIT:
+        cache.clear()
+    try:
+        cache[key] = (pins, *values)
+    except TypeError:
+        pass
+
+
+def _trusted(array: jax.Array, layout: Layout, shape: tuple[int, ...]) -> DTensor:
+    """A DTensor from a program's output, which is exactly ``layout``'s physical array."""
+    return DTensor.tree_unflatten((layout, shape), (array,))
 
 
 def _layout(mesh: DeviceMesh, placements: PlacementsLike | None, ndim: int) -> Layout:

@@ -251,3 +251,26 @@ def test_to_local_inside_jit_is_a_clear_error():
     dt = distribute_tensor(np.ones(8), mesh, (Shard(0),))
     with pytest.raises(ArgumentTypeError, match="inside jax.jit"):
         jax.jit(lambda d: d.to_local(0))(dt)
+
+
+def test_repeated_calls_through_the_front_caches_give_the_same_results():
+    """Second and later calls with the same source layout, mesh object, shape, dtype and
+    placements skip building the layout; results, errors and unhashable placements are
+    as on the first call."""
+    mesh = _mesh((4, 2))
+    x = np.arange(64, dtype=np.int32).reshape(8, 8)
+    for _ in range(2):
+        dt = distribute_tensor(x, mesh, (Partial(), Shard(0)))
+        assert dt.placements == (Partial(), Shard(0)) and np.array_equal(np.asarray(dt.full_tensor()), x)
+        assert np.array_equal(np.asarray(dt.to_local(0)), x[:4]) and not np.asarray(dt.to_local(2)).any()
+        for placements in ([Shard(1), Shard(0)], "S(1),S(0)", [["a", "b"], None]):
+            moved = dt.redistribute(mesh, placements)
+            assert moved.layout == Layout.from_placements(mesh, placements).bind(2)
+            for rank in mesh.rank_list:
+                np.testing.assert_array_equal(np.asarray(moved.to_local(rank)), x[moved.layout.local_slices(x.shape, rank)])
+    with pytest.raises(PlacementError):  # the dtype is part of the key: bools have no Partial(sum)
+        distribute_tensor(x > 3, mesh, (Partial(), Shard(0)))
+    plain = distribute_tensor(x > 3, mesh, (Replicate(), Shard(0)))
+    for _ in range(2):
+        with pytest.raises(PlacementError):
+            plain.redistribute(mesh, (Partial(), Shard(0)))
