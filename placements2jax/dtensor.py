@@ -9,6 +9,7 @@ through the host. DTensor is a pytree whose only leaf is the array, so it goes t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
@@ -218,7 +219,11 @@ class DTensor:
         """Reduce on this mesh, transfer with JAX's device_put, re-partial on the target."""
         shape = self._shape
         source_plain, target_plain = without_partial(self._layout), without_partial(target)
-        if not physical(self._layout, shape).is_padded and not physical(target, shape).is_padded:
+        if math.prod(shape) == 0:
+            # Nothing to move (and JAX's copy between device sets fails on empty arrays).
+            plain = physical(target_plain, shape)
+            array = jax.device_put(np.zeros(plain.array_shape, self.dtype), plain.sharding)
+        elif not physical(self._layout, shape).is_padded and not physical(target, shape).is_padded:
             array = redistribute_array(self._array, self._layout, source_plain, shape)
             array = jax.device_put(array, physical(target_plain, shape).sharding)
         else:

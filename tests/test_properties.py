@@ -313,3 +313,10 @@ def test_from_local_of_scalars() -> None:
     mesh = DeviceMesh([6, 1, 4], ("x",))
     dtensor = DTensor.from_local({r: np.int32(r) for r in mesh.rank_list}, mesh, "P")
     assert dtensor.shape == () and int(np.asarray(dtensor.full_tensor())) == 11
+
+
+def test_empty_tensor_to_a_mesh_on_other_devices() -> None:
+    source = DeviceMesh([0, 1], ("dp",))
+    x = np.zeros((2, 0), np.int8)
+    dtensor = distribute_tensor(x, source, "S(0)").redistribute(DeviceMesh([5], ("dp",)), "R")
+    _assert_holds(dtensor, x, Layout(DeviceMesh([5], ("dp",)), ((), ())))
