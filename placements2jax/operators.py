@@ -232,6 +232,10 @@ def reduce(op: str, x: DTensor, axis: int | Sequence[int] | None = None, keepdim
     if not isinstance(keepdims, (bool, np.bool_)):
         raise ArgumentTypeError("keepdims", keepdims, "expected a bool", "pass keepdims=True or False")
     if axis is not None and not isinstance(axis, (int, np.integer)):
+        if isinstance(axis, (str, bytes)) or not isinstance(axis, Sequence) or not all(
+            isinstance(a, (int, np.integer)) and not isinstance(a, bool) for a in axis
+        ):
+            raise ArgumentTypeError("axis", axis, "expected None, an int or a sequence of ints", "pass e.g. axis=0 or (0, 1)")
         axis = tuple(axis)
     return call(op, (x,), axis=axis, keepdims=bool(keepdims))
 

@@ -51,6 +51,7 @@ from placements2jax import (
     Shard,
     ShapeError,
     UnsupportedOpError,
+    apply,
     as_device_mesh,
     check,
     colwise,
@@ -459,6 +460,20 @@ CASES: list[Case] = [
         "Collective: shapes as lists", "Collective", ArgumentTypeError, "result_shapes",
         lambda e: Collective("all-gather", [[4]], "f32", ((0, 1),)),
     ),
+    # -- DTensor operators and apply ----------------------------------------------------------------------------------------
+    _c("operator: DTensors on two meshes", "DTensor", InferenceError, "operands", lambda e: e.dt + e.dt8),
+    _c("operator: shapes that do not broadcast", "DTensor", InferenceError, "params", lambda e: e.dt + np.ones((4, 4), np.int32)),
+    _c("operator: matmul dims disagree", "DTensor", InferenceError, "params", lambda e: e.dt @ e.dt),
+    _c("operator: sum over a missing axis", "DTensor", InferenceError, "params", lambda e: e.dt.sum(axis=5)),
+    _c("operator: sum over a string axis", "DTensor", ArgumentTypeError, "axis", lambda e: e.dt.sum(axis="0")),
+    _c("operator: keepdims a string", "DTensor", ArgumentTypeError, "keepdims", lambda e: e.dt.max(keepdims="yes")),
+    _c("operator: transpose repeats an axis", "DTensor", InferenceError, "params", lambda e: e.dt.transpose(0, 0)),
+    _c("operator: reshape to another size", "DTensor", InferenceError, "params", lambda e: e.dt.reshape(7)),
+    _c("operator: negate bools", "DTensor", InferenceError, "params", lambda e: -e.dtb),
+    _c("apply: fn not callable", "apply", ArgumentTypeError, "fn", lambda e: apply(3, e.dt)),
+    _c("apply: fn fails to trace", "apply", InferenceError, "fn", lambda e: apply(lambda a: a @ a, e.dt)),
+    _c("apply: no DTensor operand", "apply", InferenceError, "args", lambda e: apply(jnp.sin, e.x)),
+    _c("apply: DTensors on two meshes", "apply", InferenceError, "args", lambda e: apply(jnp.add, e.dt, e.dt8)),
     # -- inference ------------------------------------------------------------------------------------------------------------
     _c("infer: unknown op", "infer_signature Signature", UnsupportedOpError, "op", lambda e: infer_signature("frobnicate", [e.dt])),
     _c("infer: op an int", "infer_signature", ArgumentTypeError, "op", lambda e: infer_signature(3, [e.dt])),
@@ -554,9 +569,6 @@ CASES: list[Case] = [
         lambda e: distribute_pytree({"w": "text"}, e.mesh, {"w": "R,R"}),
     ),
 ]
-
-if hasattr(placements2jax, "apply"):  # the operators module lands separately
-    CASES.append(_c("apply: fn not callable", "apply", ArgumentTypeError, "fn", lambda e: placements2jax.apply(3, e.dt)))
 
 # Public names without a bad-input case, and why.
 EXEMPT = {
