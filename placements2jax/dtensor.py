@@ -451,7 +451,10 @@ def distribute_tensor(
         placed = jax.device_put(array, source.sharding)
     elif isinstance(array, np.ndarray):
         padded = np.zeros(target.padded_shape, array.dtype)
-        padded[np.ix_(*(target.positions(d) for d in range(array.ndim)))] = array
+        if all(target.is_prefix(d) for d in range(array.ndim)):  # pads only at the ends: a copy
+            padded[tuple(slice(0, n) for n in shape)] = array
+        else:
+            padded[np.ix_(*(target.positions(d) for d in range(array.ndim)))] = array
         placed = jax.device_put(padded, physical(plain, shape).sharding)
     else:
         replicated = replicated_layout(layout)
