@@ -117,7 +117,9 @@ def main() -> None:
     delta = (np.arange(X.size, dtype=np.int32).reshape(X.shape) % 5) * 3
     plain = Layout.from_placements(grid, [Replicate(), Shard(1)]).bind(2)
     partial_locals = {
-        r: block - delta[plain.local_slices(X.shape, r)] if grid.get_coordinate(r)[0] == 0 else delta[plain.local_slices(X.shape, r)]
+        r: block - delta[plain.local_slices(X.shape, r)]
+        if grid.get_coordinate(r)[0] == 0
+        else delta[plain.local_slices(X.shape, r)]
         for r, block in blocks(plain, X).items()
     }
     dtp = DTensor.from_local(partial_locals, grid, [Partial(), Shard(1)])

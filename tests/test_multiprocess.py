@@ -27,7 +27,11 @@ def _run_pair() -> list[tuple[int | None, str, str]]:
     port = str(_free_port())
     processes = [
         subprocess.Popen(
-            [sys.executable, str(WORKER), str(i), port], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+            [sys.executable, str(WORKER), str(i), port],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
         )
         for i in range(2)
     ]
@@ -39,7 +43,9 @@ def _run_pair() -> list[tuple[int | None, str, str]]:
     except subprocess.TimeoutExpired:
         for process in processes:
             process.kill()
-        results = [(None if p.returncode is None or p.returncode < 0 else p.returncode, *p.communicate()) for p in processes]
+        results = [
+            (None if p.returncode is None or p.returncode < 0 else p.returncode, *p.communicate()) for p in processes
+        ]
         results = [(None, out, err + f"\n[killed after {TIMEOUT_SECONDS} s]") for _, out, err in results]
     return results
 

@@ -50,7 +50,22 @@ from placements2jax.placements import REDUCE_OPS
 
 COMPILING = settings(max_examples=max(10, settings.default.max_examples // 2))
 
-MESH_SHAPES = [(1,), (2,), (3,), (5,), (8,), (2, 2), (2, 3), (3, 2), (2, 4), (4, 2), (1, 4), (2, 2, 2), (1, 2, 3), (2, 1, 2)]
+MESH_SHAPES = [
+    (1,),
+    (2,),
+    (3,),
+    (5,),
+    (8,),
+    (2, 2),
+    (2, 3),
+    (3, 2),
+    (2, 4),
+    (4, 2),
+    (1, 4),
+    (2, 2, 2),
+    (1, 2, 3),
+    (2, 1, 2),
+]
 NAMES = ("dp", "tp", "cp")
 AXIS_TYPES = ("explicit", "auto")
 
@@ -77,13 +92,15 @@ def meshes(draw: st.DrawFn, shapes: list[tuple[int, ...]] = MESH_SHAPES, *, mixe
     return DeviceMesh(np.array(ranks).reshape(shape), NAMES[: len(shape)], axis_types=types)  # type: ignore[arg-type]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _layouts(mesh: DeviceMesh, ndim: int, partial_ops: tuple[str, ...]) -> list[Layout]:
     return iter_layouts(mesh, ndim, partial_ops=partial_ops)  # type: ignore[arg-type]
 
 
 @st.composite
-def layouts(draw: st.DrawFn, mesh: DeviceMesh | None = None, ndim: int | None = None, ops: tuple[str, ...] = REDUCE_OPS) -> Layout:
+def layouts(
+    draw: st.DrawFn, mesh: DeviceMesh | None = None, ndim: int | None = None, ops: tuple[str, ...] = REDUCE_OPS
+) -> Layout:
     mesh = mesh if mesh is not None else draw(meshes(mixed=True))
     ndim = ndim if ndim is not None else draw(st.integers(0, 3))
     return draw(st.sampled_from(_layouts(mesh, ndim, ops)))
