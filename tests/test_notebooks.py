@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,7 @@ def execute(path: Path) -> nbformat.NotebookNode:
 
 
 @pytest.fixture(scope="module")
-def kernel(tmp_path_factory: pytest.TempPathFactory) -> None:
+def kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     directory = tmp_path_factory.mktemp("jupyter")
     install_kernel(directory)
     with pytest.MonkeyPatch.context() as patch:
