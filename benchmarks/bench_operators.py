@@ -55,36 +55,38 @@ def _operands(
     return dtensors, [d.to_jax() for d in dtensors], values
 
 
+def _measure_eager(size: str, case: Any, config: Config) -> tuple[str, ...]:
+    name, ours_fn, plain_fn, specs = case
+    n = SIZES[size]
+    dtensors, arrays, values = _operands(specs, n)
+    result = ours_fn(*dtensors)
+    np.testing.assert_allclose(np.asarray(result.full_tensor()), plain_fn(*values), rtol=1e-4, atol=1e-3)
+
+    def ours() -> Any:
+        return jax.block_until_ready(ours_fn(*dtensors).array)
+
+    def plain() -> Any:
+        return jax.block_until_ready(plain_fn(*arrays))
+
+    c = compare(ours, plain, config)
+    return (
+        size,
+        f"{n}x{n}",
+        name,
+        ", ".join(text for _, text in specs) + f" -> {result.layout}",
+        microseconds(c.ours_median),
+        microseconds(c.baseline_median),
+        microseconds(c.ours_median - c.baseline_median),
+        c.ratio_text(),
+    )
+
+
 def _eager(config: Config, section: Section) -> None:
-    sizes = ("small",) if config.quick else ("small", "medium")
     rows = []
-    for size in sizes:
-        n = SIZES[size]
-        for name, ours_fn, plain_fn, specs in _eager_cases(n):
-            progress(f"  operators eager {size} {name}")
-            dtensors, arrays, values = _operands(specs, n)
-            result = ours_fn(*dtensors)
-            np.testing.assert_allclose(np.asarray(result.full_tensor()), plain_fn(*values), rtol=1e-4, atol=1e-3)
-
-            def ours() -> Any:
-                return jax.block_until_ready(ours_fn(*dtensors).array)
-
-            def plain() -> Any:
-                return jax.block_until_ready(plain_fn(*arrays))
-
-            c = compare(ours, plain, config)
-            rows.append(
-                (
-                    size,
-                    f"{n}x{n}",
-                    name,
-                    ", ".join(text for _, text in specs) + f" -> {result.layout}",
-                    microseconds(c.ours_median),
-                    microseconds(c.baseline_median),
-                    microseconds(c.ours_median - c.baseline_median),
-                    c.ratio_text(),
-                )
-            )
+    for size in ("small",) if config.quick else ("small", "medium"):
+        for case in _eager_cases(SIZES[size]):
+            progress(f"  operators eager {size} {case[0]}")
+            rows.append(_measure_eager(size, case, config))
     section.tables.append(
         Table(
             "Eager: DTensor operator vs the jax.numpy op on the same sharded jax.Arrays (mesh (4,2), float32)",
@@ -171,6 +173,8 @@ def _jit(config: Config, section: Section) -> None:
     rows = []
     identical = 0
     cases = _jit_cases(n)
+    if config.quick:
+        cases = cases[::2]
     for name, ours_fn, plain_fn, specs in cases:
         progress(f"  operators jit {name}")
         dtensors, arrays, values = _operands(specs, 7)

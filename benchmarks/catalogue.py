@@ -8,7 +8,7 @@ alias form (``"(a,b),None"``, one entry per tensor dim, major to minor axes).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache, cached_property, lru_cache
+from functools import cache, cached_property
 
 import jax
 import numpy as np
@@ -172,13 +172,12 @@ def mesh_of(shape: tuple[int, ...]) -> DeviceMesh:
 @cache
 def moves(size: str, quick: bool = False) -> tuple[Move, ...]:
     """Every move of the catalogue with tensors of ``size`` ("small" or "medium"); in a
-    quick run, the first move of each kind per mesh."""
+    quick run, the first move of each kind and the first move of each mesh."""
     result = []
+    kinds: set[str] = set()
     for mesh_shape, entries in _MOVES.items():
-        seen: dict[str, int] = {}
-        for kind, src, dst in entries:
-            seen[kind] = seen.get(kind, 0) + 1
-            if quick and seen[kind] > 1:
-                continue
-            result.append(Move(kind, mesh_shape, src, dst, SHAPES[mesh_shape][size]))
+        for position, (kind, src, dst) in enumerate(entries):
+            if not quick or kind not in kinds or position == 0:
+                result.append(Move(kind, mesh_shape, src, dst, SHAPES[mesh_shape][size]))
+            kinds.add(kind)
     return tuple(result)

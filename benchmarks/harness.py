@@ -36,7 +36,7 @@ class Config:
 
     @classmethod
     def smoke(cls) -> Config:
-        return cls(quick=True, repeats=3, sample_time=0.001, warmup=1)
+        return cls(quick=True, repeats=2, sample_time=0.001, warmup=1)
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,6 @@ class Comparison:
 
     ours: tuple[float, ...]
     baseline: tuple[float, ...]
-    number: int
 
     @property
     def ratios(self) -> tuple[float, ...]:
@@ -81,40 +80,20 @@ def quartiles(values: Sequence[float]) -> tuple[float, float]:
     return (q[0], q[2])
 
 
-def _calls_per_sample(functions: Sequence[Callable[[], Any]], sample_time: float) -> int:
-    """The number of calls that makes the slower function's sample last ``sample_time``."""
-    slowest = max(timeit.Timer(f).timeit(1) for f in functions)
-    return max(1, min(100_000, math.ceil(sample_time / max(slowest, 1e-9))))
-
-
-def compare(ours: Callable[[], Any], baseline: Callable[[], Any], config: Config) -> Comparison:
-    """Time ``ours`` against ``baseline``, interleaved (see the module docstring). Both
-    must block until their result is ready (``jax.block_until_ready``)."""
-    for _ in range(config.warmup):
-        ours()
-        baseline()
-    number = _calls_per_sample((ours, baseline), config.sample_time)
-    timers = (timeit.Timer(ours), timeit.Timer(baseline))
-    ours_times: list[float] = []
-    baseline_times: list[float] = []
-    gc.collect()
-    for repeat in range(config.repeats):
-        order = (0, 1) if repeat % 2 == 0 else (1, 0)
-        sample = [0.0, 0.0]
-        for side in order:
-            sample[side] = timers[side].timeit(number) / number
-        ours_times.append(sample[0])
-        baseline_times.append(sample[1])
-    return Comparison(tuple(ours_times), tuple(baseline_times), number)
+def _warm_up(functions: Sequence[Callable[[], Any]], config: Config) -> int:
+    """Call every function ``config.warmup`` times (at least once); return the number of
+    calls that makes a sample of the slowest one last ``config.sample_time``."""
+    slowest = 0.0
+    for _ in range(max(1, config.warmup)):
+        slowest = max(timeit.Timer(f).timeit(1) for f in functions)
+    return max(1, min(100_000, math.ceil(config.sample_time / max(slowest, 1e-9))))
 
 
 def time_each(functions: Sequence[Callable[[], Any]], config: Config) -> list[tuple[float, ...]]:
-    """Seconds per call of several functions, interleaved the same way (for figures that
-    are ratios between more than two variants)."""
-    for _ in range(config.warmup):
-        for f in functions:
-            f()
-    number = _calls_per_sample(functions, config.sample_time)
+    """Seconds per call of each function, one sample of each per repeat, interleaved: the
+    order alternates between repeats so that load from other processes hits all of them.
+    Every function must block until its result is ready (``jax.block_until_ready``)."""
+    number = _warm_up(functions, config)
     timers = [timeit.Timer(f) for f in functions]
     samples: list[list[float]] = [[] for _ in functions]
     gc.collect()
@@ -125,9 +104,39 @@ def time_each(functions: Sequence[Callable[[], Any]], config: Config) -> list[tu
     return [tuple(s) for s in samples]
 
 
+def compare(ours: Callable[[], Any], baseline: Callable[[], Any], config: Config) -> Comparison:
+    """Time ``ours`` against ``baseline``, interleaved (see :func:`time_each`)."""
+    ours_times, baseline_times = time_each((ours, baseline), config)
+    return paired(ours_times, baseline_times)
+
+
 def paired(ours: Sequence[float], baseline: Sequence[float]) -> Comparison:
-    """A Comparison from samples taken by :func:`time_each`."""
-    return Comparison(tuple(ours), tuple(baseline), 0)
+    """The Comparison of two sample series taken together by :func:`time_each`."""
+    return Comparison(tuple(ours), tuple(baseline))
+
+
+def geometric_mean(values: Sequence[float]) -> float:
+    return math.exp(statistics.fmean(math.log(v) for v in values))
+
+
+def within(name: str, comparisons: Sequence[Comparison], limit: float) -> Target:
+    """The target "ours within ``limit`` x of the baseline" over several comparisons.
+
+    Met when the geometric mean of the median ratios is within the limit and no single
+    comparison is *consistently* slower: its lower quartile of paired ratios above the
+    limit. A median above the limit with the lower quartile below is reported, as noise
+    of that comparison (the machine is shared), not as a miss."""
+    medians = [c.ratio for c in comparisons]
+    mean = geometric_mean(medians)
+    above = [c for c in comparisons if c.ratio > limit]
+    consistent = [c for c in comparisons if c.spread[0] > limit]
+    return Target(
+        name,
+        f"geometric mean {mean:.2f}x, worst median {max(medians):.2f}x; {len(above)} of {len(medians)} medians "
+        f"above {limit}x, {len(consistent)} consistently (lower quartile above)",
+        f"mean <= {limit}x, none consistently above",
+        mean <= limit and not consistent,
+    )
 
 
 def microseconds(seconds: float) -> str:
