@@ -83,6 +83,8 @@ class Layout:
         )
         if self._dim_axes is not None:
             _validate_bound(mesh, self._dim_axes, self._partial)
+        self._bound: dict[int, Layout] = {}  # bind() results of an unbound layout, per ndim
+        self._hash: int | None = None
 
     # -- construction ----------------------------------------------------------------
     @classmethod
@@ -239,7 +241,11 @@ class Layout:
                     f"give one entry per tensor dim ({ndim})",
                 )
             return self
-        return Layout(self._mesh, *_torch_form_to_tables(self._mesh, self._placements or (), ndim, self._shard_order))
+        bound = self._bound.get(ndim)
+        if bound is None:
+            tables = _torch_form_to_tables(self._mesh, self._placements or (), ndim, self._shard_order)
+            bound = self._bound[ndim] = Layout(self._mesh, *tables)
+        return bound
 
     # -- value semantics -------------------------------------------------------------
     def _key(self) -> tuple[Any, ...]:
@@ -250,7 +256,13 @@ class Layout:
         return isinstance(other, Layout) and self._key() == other._key()
 
     def __hash__(self) -> int:
-        return hash(self._key())
+        if self._hash is None:  # immutable: hash once (it hashes the whole mesh)
+            self._hash = hash(self._key())
+        return self._hash
+
+    def __getstate__(self) -> dict[str, Any]:
+        # String hashes differ between processes: a pickled layout recomputes its hash.
+        return {**self.__dict__, "_hash": None, "_bound": {}}
 
     def __repr__(self) -> str:
         head = f"Layout.from_device_mesh({self._mesh!r})"

@@ -88,16 +88,19 @@ class DeviceMesh:
         self._ranks = ranks
         self._names = _validate_names(names, ranks.ndim, "alias_name" if alias_name is not None else "mesh_dim_names")
         self._axis_types = _validate_axis_types(axis_types, ranks.ndim)
+        # Immutable (the rank array is read-only): the value key and its hash, once.
+        self._value_key = (ranks.shape, tuple(int(r) for r in ranks.flat), self._names, self._axis_types)
+        self._hash = hash(self._value_key)
 
     # -- value semantics -------------------------------------------------------------
     def _key(self) -> tuple[Any, ...]:
-        return (self._ranks.shape, tuple(self._ranks.flat), self._names, self._axis_types)
+        return self._value_key
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, DeviceMesh) and self._key() == other._key()
+        return self is other or (isinstance(other, DeviceMesh) and self._value_key == other._value_key)
 
     def __hash__(self) -> int:
-        return hash(self._key())
+        return self._hash
 
     def __repr__(self) -> str:
         types = ""

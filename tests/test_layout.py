@@ -930,3 +930,16 @@ def test_strings_in_alias_form(mesh4x2: DeviceMesh) -> None:
 
 def test_jax_mesh_accepted(mesh4x2: DeviceMesh) -> None:
     assert Layout.from_device_mesh(mesh4x2.to_jax())("S(0),R") == Layout.from_placements(mesh4x2, "S(0),R")
+
+
+def test_bind_and_hash_are_computed_once_and_pickling_recomputes_the_hash():
+    import pickle
+
+    mesh = init_device_mesh((2, 2), ("a", "b"))
+    unbound = Layout.from_device_mesh(mesh)((Shard(0), Replicate()))
+    assert unbound.bind(2) is unbound.bind(2) and unbound.bind(3) is not unbound.bind(2)
+    bound = unbound.bind(2)
+    assert hash(bound) == hash(Layout.from_placements(mesh, "S(0),R").bind(2))
+    copy = pickle.loads(pickle.dumps(bound))
+    assert copy == bound and copy._hash is None and hash(copy) == hash(bound)
+    assert pickle.loads(pickle.dumps(mesh)) == mesh
