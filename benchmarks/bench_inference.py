@@ -111,24 +111,17 @@ def _ops(config: Config, section: Section) -> None:
     )
 
 
-B, T, D, H = 4, 8, 16, 4
-
-
-def _layer_norm(x: jax.Array, g: jax.Array, b: jax.Array) -> jax.Array:
-    mean = x.mean(-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) / jnp.sqrt(var + 1e-5) * g + b
+B, T, D, H = 8, 16, 64, 8  # batch, sequence, model width, heads
 
 
 def transformer_block(x: jax.Array, wq: jax.Array, wk: jax.Array, wv: jax.Array, wo: jax.Array, w1: jax.Array,
                       w2: jax.Array, g1: jax.Array, b1: jax.Array, g2: jax.Array, b2: jax.Array) -> jax.Array:
-    """A pre-norm transformer block (the one of tests/test_inference_check.py)."""
-    h = _layer_norm(x, g1, b1)
+    """A pre-norm transformer block: multi-head self-attention and a GELU MLP."""
+    h = jax.nn.standardize(x, axis=-1) * g1 + b1
     q, k, v = ((h @ w).reshape(B, T, H, D // H) for w in (wq, wk, wv))
-    scores = jnp.einsum("bthd,bshd->bhts", q, k) / jnp.sqrt(D // H)
-    attention = jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(scores, axis=-1), v).reshape(B, T, D)
-    x1 = x + attention @ wo
-    return x1 + jax.nn.gelu(_layer_norm(x1, g2, b2) @ w1) @ w2
+    weights = jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q, k) * (D // H) ** -0.5, axis=-1)
+    x = x + jnp.einsum("bhqk,bkhd->bqhd", weights, v).reshape(B, T, D) @ wo
+    return x + jax.nn.gelu((jax.nn.standardize(x, axis=-1) * g2 + b2) @ w1) @ w2
 
 
 def _block_specs() -> list[tuple[tuple[int, ...], Any, str]]:

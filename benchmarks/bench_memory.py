@@ -30,6 +30,8 @@ size or more would mean the full tensor was materialized somewhere.
     rows = []
     flagged = []
     sharded_moves = 0
+    worst = (0.0, "")
+    full_temps = []
     for move in moves("medium", config.quick):
         progress(f"  memory {move.mesh_text} {move.label}")
         full = int(np.prod(move.shape)) * move.itemsize
@@ -41,6 +43,10 @@ size or more would mean the full tensor was materialized somewhere.
         if materializes:
             flagged.append(f"{move.mesh_text} {move.label}")
         largest_local = max(ours.argument_size_in_bytes, ours.output_size_in_bytes)
+        if sharded:
+            worst = max(worst, (ours.temp_size_in_bytes / largest_local, f"{move.mesh_text} {move.label}"))
+        elif ours.temp_size_in_bytes >= full:
+            full_temps.append(f"{move.mesh_text} {move.label}")
         rows.append(
             (
                 move.mesh_text,
@@ -61,6 +67,20 @@ size or more would mean the full tensor was materialized somewhere.
              "sharded -> sharded", "flag"),
             tuple(rows),
         )
+    )
+    section.notes.append(
+        f"Between sharded layouts the largest temp is {worst[0]:.2f}x the larger local block ({worst[1]}): "
+        "XLA's all-to-all and collective-permute stage the blocks they send and receive. Temps of the full "
+        "tensor's size occur only where one side's block is the full tensor anyway: "
+        + (", ".join(full_temps) or "none")
+        + " (a Partial source all-reduced before the local slice, since CPU XLA has no reduce-scatter; "
+        "an all-gather along a non-leading dim, gathered along dim 0 and transposed into place)."
+    )
+    section.notes.append(
+        "Every temp equals the direct-JAX reshard's: the programs are the same XLA reshards (benchmark 4)."
+        if all(r[4] == r[6] for r in rows)
+        else "Temps that differ from the direct-JAX reshard's: "
+        + ", ".join(f"{r[0]} {r[1]} ({r[4]} vs {r[6]} KiB)" for r in rows if r[4] != r[6])
     )
     section.targets.append(
         Target(
