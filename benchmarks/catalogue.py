@@ -13,7 +13,7 @@ from functools import cache, cached_property
 import jax
 import numpy as np
 
-from placements2jax import DeviceMesh, DTensor, Layout, distribute_tensor, init_device_mesh
+from placements2jax import DeviceMesh, DTensor, Layout, distribute_tensor, init_device_mesh, plan_redistribute
 from placements2jax.physical import physical
 from placements2jax.placements import parse_placements_or_alias
 from placements2jax.programs import program
@@ -150,6 +150,20 @@ class Move:
     @cached_property
     def compiled_direct(self) -> jax.stages.Compiled:
         return self.direct_jax.lower(self.argument()).compile()
+
+    @cached_property
+    def compiled_stepwise(self) -> jax.stages.Compiled:
+        """Our planner's steps (``plan_redistribute``) run as successive reshards, one per
+        step, compiled: what the planner's route costs once XLA implements it."""
+        plan = plan_redistribute(self.shape, np.int32, self.src_layout, self.dst_layout)
+        shardings = [step.after.bind(len(self.shape)).named_sharding for step in plan.steps]
+
+        def stepwise(a: jax.Array) -> jax.Array:
+            for sharding in shardings:
+                a = jax.sharding.reshard(a, sharding)
+            return a
+
+        return jax.jit(stepwise).lower(self.argument()).compile()
 
     @cached_property
     def direct_jax(self) -> jax.stages.Wrapped:
