@@ -42,17 +42,16 @@ def run(config: Config) -> Section:
         "3. redistribute vs the same reshard written in JAX",
         """
 **ours**: `dtensor.redistribute(mesh, placements)` (placements already parsed, as a program
-passes them; includes building the target layout, the checks, the cached-program lookup and
-the result DTensor). **baseline**: `f(dtensor.array)` with `f = jax.jit(lambda a:
+passes them; the call returns a new DTensor). **baseline**: `f(dtensor.array)` with `f = jax.jit(lambda a:
 jax.sharding.reshard(a, target_named_sharding))`, compiled beforehand; same input array, same
 target sharding. Both warm (compiled, several calls before timing) and blocked on. Each move
 is first checked to land exactly (int32 data; Partial(sum) sources hold x on one rank of
 each partial group and 0 elsewhere, so misrouted partials would show) on both sides.
-**small** tensors (16 KiB) measure dispatch; **medium** (4 MiB) the data movement. After
-its first call, `redistribute` finds the target layout and the compiled program in a front
-cache keyed by the source layout and mesh objects, shape, dtype and placements (a few µs of
-Python); the program is the same XLA reshard as the baseline's (benchmark 4 compares their
-collectives, benchmark 5 their memory).
+**small** tensors (16 KiB) measure dispatch; **medium** (4 MiB) the data movement. The
+first call builds the target layout, checks the move and compiles the program; later calls
+find the layout and the program in a front cache keyed by the source layout and mesh
+objects, shape, dtype and placements (a few µs of Python). The program is the same XLA
+reshard as the baseline's (benchmark 4 compares their collectives, benchmark 5 their memory).
 """,
     )
     sizes = ("small",) if config.quick else ("small", "medium")
