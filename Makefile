@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Every optional extra, so the whole suite (torch cross-checks, notebooks, docs) runs.
-EXTRAS ?= test,torch,plot,rich,docs,bench
+EXTRAS ?= test,train,torch,plot,rich,docs,bench
 
 .PHONY: demo test bench docs install clean
 
