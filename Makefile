@@ -2,9 +2,12 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
-# Every optional extra, so the whole suite (torch cross-checks, notebooks, docs) runs.
+# The demo needs the core and its display/training extras only; the tests need every extra
+# (torch cross-checks, notebooks, docs, model libraries).
+DEMO_EXTRAS ?= train,plot,rich
 EXTRAS ?= test,train,torch,plot,rich,docs,bench
+DEMO_STAMP := $(VENV)/.installed-demo
+STAMP := $(VENV)/.installed
 
 .PHONY: demo test bench docs install clean
 
@@ -12,13 +15,20 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+# Not --quiet: a first install takes a while, and pip's own lines show its progress.
+$(DEMO_STAMP): $(BIN)/python pyproject.toml requirements-lock.txt
+	@echo "Installing placements2jax with the demo's extras ($(DEMO_EXTRAS)) into $(VENV) ..."
+	$(BIN)/python -m pip install --progress-bar on -c requirements-lock.txt -e ".[$(DEMO_EXTRAS)]"
+	touch $(DEMO_STAMP)
+
 $(STAMP): $(BIN)/python pyproject.toml requirements-lock.txt
-	$(BIN)/python -m pip install --quiet -c requirements-lock.txt -e ".[$(EXTRAS)]"
-	touch $(STAMP)
+	@echo "Installing placements2jax with every extra ($(EXTRAS)) into $(VENV) ..."
+	$(BIN)/python -m pip install --progress-bar on -c requirements-lock.txt -e ".[$(EXTRAS)]"
+	touch $(STAMP) $(DEMO_STAMP)
 
 install: $(STAMP)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/python -m placements2jax demo
 
 test: $(STAMP)
