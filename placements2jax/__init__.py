@@ -17,6 +17,7 @@ from .errors import (
     UnsupportedOpError,
 )
 from .dtensor import DTensor, distribute_tensor, redistribute_collectives
+from .func_map import local_map
 from .hlo import Collective
 from .inference import (
     CostModel,
@@ -91,6 +92,7 @@ __all__ = [
     "infer_signature",
     "init_device_mesh",
     "layouts_of",
+    "local_map",
     "parse_alias",
     "parse_placement",
     "parse_placements",
