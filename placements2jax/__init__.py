@@ -30,6 +30,7 @@ from .inference import (
     use_cost_model,
 )
 from .layout import Layout
+from .loss import vocab_parallel_cross_entropy
 from .mesh import DeviceMesh, MeshGroup, as_device_mesh, init_device_mesh
 from .operators import apply
 from .parallelize import (
@@ -108,4 +109,5 @@ __all__ = [
     "set_default_cost_model",
     "use_cost_model",
     "visualize",
+    "vocab_parallel_cross_entropy",
 ]

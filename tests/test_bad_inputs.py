@@ -76,6 +76,7 @@ from placements2jax import (
     set_default_cost_model,
     use_cost_model,
     visualize,
+    vocab_parallel_cross_entropy,
 )
 from placements2jax.cli import main as cli_main
 
@@ -1171,6 +1172,49 @@ CASES: list[Case] = [
         MeshError,
         "args (flattened argument 0)",
         lambda e: local_map(lambda b: b, "S(0)", device_mesh=e.mesh8)(e.dt),
+    ),
+    # -- vocab_parallel_cross_entropy ---------------------------------------------------------------------
+    _c(
+        "vocab_parallel_cross_entropy: plain array logits",
+        "vocab_parallel_cross_entropy",
+        ArgumentTypeError,
+        "logits",
+        lambda e: vocab_parallel_cross_entropy(e.x, e.x[:, 0]),
+    ),
+    _c(
+        "vocab_parallel_cross_entropy: labels of the wrong shape",
+        "vocab_parallel_cross_entropy",
+        ShapeError,
+        "labels",
+        lambda e: vocab_parallel_cross_entropy(e.dt, e.x),
+    ),
+    _c(
+        "vocab_parallel_cross_entropy: float labels",
+        "vocab_parallel_cross_entropy",
+        ArgumentTypeError,
+        "labels",
+        lambda e: vocab_parallel_cross_entropy(e.dt, e.x[:, 0].astype(F32)),
+    ),
+    _c(
+        "vocab_parallel_cross_entropy: unknown reduction",
+        "vocab_parallel_cross_entropy",
+        ArgumentTypeError,
+        "reduction",
+        lambda e: vocab_parallel_cross_entropy(e.dt, e.x[:, 0], reduction="avg"),
+    ),
+    _c(
+        "vocab_parallel_cross_entropy: partial logits",
+        "vocab_parallel_cross_entropy",
+        PlacementError,
+        "logits",
+        lambda e: vocab_parallel_cross_entropy(e.dtp, e.x[:, 0]),
+    ),
+    _c(
+        "vocab_parallel_cross_entropy: uneven logits",
+        "vocab_parallel_cross_entropy",
+        ShapeError,
+        "logits",
+        lambda e: vocab_parallel_cross_entropy(e.dt, e.x[:, 0]),
     ),
 ]
 

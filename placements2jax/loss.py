@@ -1,0 +1,139 @@
+"""Vocabulary-parallel cross-entropy: torch's ``loss_parallel`` for JAX.
+
+A language model's logits ``(..., vocab)`` are usually produced by a column-parallel
+output projection, split over the vocabulary on the tensor-parallel axis
+(``Shard(-1)``). Gathering them to compute the loss moves ``tokens x vocab`` values per
+device; :func:`vocab_parallel_cross_entropy` never gathers them. Each rank computes, per
+token, the maximum of its vocabulary slice, then
+
+1. one all-reduce (max) of one value per token: the global maximum ``m``;
+2. one all-reduce (sum) of two values per token: ``sum(exp(logit - m))`` over the
+   rank's slice, and the target's logit (held by the one rank whose slice contains the
+   label, 0 elsewhere);
+
+and the loss is ``m + log(sum) - target``, exact (the usual max-shifted log-sum-exp).
+Only per-token scalars cross the network, ``3 x tokens`` values instead of
+``tokens x vocab``. The gradient, by JAX's autodiff of the same per-rank code, is
+``softmax - one_hot`` on each rank's own slice: no collective over the vocabulary in the
+backward pass.
+
+torch spells this ``with loss_parallel(): F.cross_entropy(logits_dtensor, labels)``: the
+context changes what ``F.cross_entropy`` dispatches to. JAX has no dispatch on its loss
+functions (``optax.softmax_cross_entropy_with_integer_labels`` is plain code), so the
+JAX spelling is a function taking the DTensor: ``vocab_parallel_cross_entropy(logits,
+labels)``, with torch's ``reduction`` and ``ignore_index``. Built on
+:func:`~placements2jax.func_map.local_map`; it runs eagerly, inside ``jax.jit`` and under
+``jax.grad``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .dtensor import DTensor, distribute_tensor
+from .errors import ArgumentTypeError, PlacementError, ShapeError
+from .func_map import local_map
+from .layout import Layout
+
+__all__ = ["vocab_parallel_cross_entropy"]
+
+Reduction = Literal["mean", "sum", "none"]
+REDUCTIONS: tuple[Reduction, ...] = ("mean", "sum", "none")
+
+
+def vocab_parallel_cross_entropy(
+    logits: DTensor, labels: Any, *, reduction: Reduction = "mean", ignore_index: int = -100
+) -> DTensor:
+    """Cross-entropy of ``logits`` (a DTensor ``(..., vocab)``, the vocabulary split over
+    any mesh axes, e.g. ``Shard(-1)`` over ``tp``; the other dims split as you like)
+    against integer ``labels`` of shape ``logits.shape[:-1]`` (an array or a DTensor),
+    without gathering the logits (module docstring).
+
+    ``reduction="mean"`` (torch's default: the mean over tokens whose label is not
+    ``ignore_index``) and ``"sum"`` give a replicated scalar DTensor (``.to_jax()`` is the
+    scalar to differentiate); ``"none"`` the per-token losses, laid out like the logits'
+    leading dims (0 at ignored tokens). Computed in at least float32.
+    """
+    if not isinstance(logits, DTensor):
+        raise ArgumentTypeError(
+            "logits",
+            logits,
+            "expected a DTensor with the vocabulary (last) dim split",
+            "distribute the logits (e.g. [Replicate(), Shard(-1)]), or use "
+            "optax.softmax_cross_entropy_with_integer_labels for a plain array",
+        )
+    if reduction not in REDUCTIONS:
+        raise ArgumentTypeError("reduction", reduction, "unknown reduction", "use 'mean', 'sum' or 'none' (torch's)")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
+        raise ArgumentTypeError("ignore_index", ignore_index, "expected an int", "pass e.g. -100 (torch's default)")
+    if logits.ndim < 1:
+        raise ShapeError("logits", logits, "has no vocabulary dim", "pass logits of shape (..., vocab)")
+    layout = logits.layout
+    if layout.has_partial:
+        raise PlacementError(
+            "logits",
+            str(layout),
+            "holds partial values; the loss needs the logits themselves",
+            "redistribute the Partial mesh dims to Replicate first",
+        )
+    mesh = logits.device_mesh
+    token_layout = Layout(mesh, layout.dim_axes[:-1])
+    labels = _labels(labels, logits, token_layout)
+    jax_mesh = mesh.to_jax()
+    names = jax_mesh.axis_names
+    vocab_axes = tuple(names[a] for a in layout.dim_axes[-1])
+    token_axes = tuple(names[a] for axes in layout.dim_axes[:-1] for a in axes)
+    sizes = tuple(jax_mesh.shape[n] for n in vocab_axes)
+
+    def per_rank(block: jax.Array, label: jax.Array) -> jax.Array:
+        x = block.astype(jnp.promote_types(block.dtype, jnp.float32))
+        width = x.shape[-1]
+        slot = 0
+        for name, size in zip(vocab_axes, sizes):  # this rank's slice of the vocabulary, major axis first
+            slot = slot * size + jax.lax.axis_index(name)
+        local = label.astype(jnp.int32) - slot * width
+        mine = (local >= 0) & (local < width)
+        picked = jnp.take_along_axis(x, jnp.clip(local, 0, width - 1)[..., None], axis=-1)[..., 0]
+        shift = jax.lax.stop_gradient(x.max(axis=-1))
+        if vocab_axes:
+            shift = jax.lax.pmax(shift, vocab_axes)
+        both = jnp.stack([jnp.exp(x - shift[..., None]).sum(axis=-1), jnp.where(mine, picked, 0.0)])
+        if vocab_axes:
+            both = jax.lax.psum(both, vocab_axes)
+        valid = label != ignore_index
+        loss = jnp.where(valid, shift + jnp.log(both[0]) - both[1], 0.0)
+        if reduction == "none":
+            return loss
+        total, count = loss.sum(), valid.sum(dtype=jnp.int32)
+        if token_axes:
+            total, count = jax.lax.psum((total, count), token_axes)
+        return total / count if reduction == "mean" else total
+
+    out = token_layout if reduction == "none" else None
+    try:
+        return local_map(per_rank, out_placements=out, in_placements=(layout, token_layout))(logits, labels)
+    except ShapeError as error:  # uneven logits: say so about the argument the caller passed
+        raise ShapeError("logits", logits, error.problem, error.fix) from None
+
+
+def _labels(labels: Any, logits: DTensor, token_layout: Layout) -> DTensor:
+    """``labels`` as a DTensor laid out like the logits' token dims."""
+    want = logits.shape[:-1]
+    shape = tuple(getattr(labels, "shape", ()))
+    if shape != want:
+        raise ShapeError(
+            "labels", labels if isinstance(labels, DTensor) else f"<array of shape {shape}>",
+            f"has shape {shape}, the logits {logits.shape} need {want}", "pass one label per token",
+        )
+    dtype = np.dtype(labels.dtype)
+    if dtype.kind not in "iu":
+        raise ArgumentTypeError(
+            "labels", f"<{dtype} array>", "labels must be integer class indices", "cast them, e.g. labels.astype(int)"
+        )
+    if isinstance(labels, DTensor):
+        return labels.redistribute(logits.device_mesh, token_layout)
+    return distribute_tensor(labels, logits.device_mesh, token_layout)
