@@ -35,6 +35,7 @@ import bench_communication
 import bench_distribute
 import bench_inference
 import bench_layout
+import bench_loss
 import bench_memory
 import bench_operators
 import bench_redistribute
@@ -48,6 +49,7 @@ BENCHMARKS = {
     "memory": bench_memory,
     "operators": bench_operators,
     "inference": bench_inference,
+    "loss": bench_loss,
 }
 
 ROOT = Path(__file__).resolve().parent.parent

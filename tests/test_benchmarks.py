@@ -19,6 +19,7 @@ SECTIONS = (
     "5. Temporary memory",
     "6. DTensor operators",
     "7. Signature inference",
+    "8. Vocabulary-parallel cross-entropy",
 )
 
 
