@@ -17,6 +17,7 @@ from .errors import (
     UnsupportedOpError,
 )
 from .dtensor import DTensor, distribute_tensor, redistribute_collectives
+from .fsdp import fully_shard, fully_shard_layouts, unshard
 from .func_map import local_map
 from .hlo import Collective
 from .inference import (
@@ -90,6 +91,8 @@ __all__ = [
     "distribute_tensor",
     "format_alias",
     "format_placements",
+    "fully_shard",
+    "fully_shard_layouts",
     "infer_signature",
     "init_device_mesh",
     "layouts_of",
@@ -107,6 +110,7 @@ __all__ = [
     "rowwise",
     "sequence",
     "set_default_cost_model",
+    "unshard",
     "use_cost_model",
     "visualize",
     "vocab_parallel_cross_entropy",

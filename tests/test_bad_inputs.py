@@ -59,6 +59,8 @@ from placements2jax import (
     distribute_tensor,
     format_alias,
     format_placements,
+    fully_shard,
+    fully_shard_layouts,
     infer_signature,
     init_device_mesh,
     local_map,
@@ -74,6 +76,7 @@ from placements2jax import (
     rowwise,
     sequence,
     set_default_cost_model,
+    unshard,
     use_cost_model,
     visualize,
     vocab_parallel_cross_entropy,
@@ -1216,6 +1219,45 @@ CASES: list[Case] = [
         "logits",
         lambda e: vocab_parallel_cross_entropy(e.dt, e.x[:, 0]),
     ),
+    # -- fully_shard / unshard ----------------------------------------------------------------------------
+    _c("fully_shard: unknown axis", "fully_shard", MeshError, "axis", lambda e: fully_shard({"w": e.x}, e.mesh, "pp")),
+    _c(
+        "fully_shard: a leaf that is not an array",
+        "fully_shard",
+        ArgumentTypeError,
+        "params at 'w'",
+        lambda e: fully_shard({"w": "text"}, e.mesh, "dp"),
+    ),
+    _c(
+        "fully_shard: a DTensor on another mesh",
+        "fully_shard",
+        MeshError,
+        "params at 'w'",
+        lambda e: fully_shard({"w": e.dt8}, e.mesh, "dp"),
+    ),
+    _c(
+        "fully_shard: partial over the data-parallel axis",
+        "fully_shard",
+        PlanError,
+        "params at 'w'",
+        lambda e: fully_shard({"w": e.dtm}, e.mesh, "dp"),
+    ),
+    _c(
+        "fully_shard_layouts: axis index instead of name",
+        "fully_shard_layouts",
+        ArgumentTypeError,
+        "axis",
+        lambda e: fully_shard_layouts({"w": e.x}, e.mesh, 0),
+    ),
+    _c(
+        "fully_shard_layouts: bad plan rule",
+        "fully_shard_layouts",
+        PlanError,
+        "plan",
+        lambda e: fully_shard_layouts({"w": e.x}, e.mesh, "dp", plan={"v": "R,R"}),
+    ),
+    _c("unshard: axis index instead of name", "unshard", ArgumentTypeError, "axis", lambda e: unshard({"w": e.dt}, 0)),
+    _c("unshard: unknown axis", "unshard", MeshError, "axis", lambda e: unshard({"w": e.dt}, "pp")),
 ]
 
 # Public names without a bad-input case, and why.
