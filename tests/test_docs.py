@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-EXECUTED_PAGES = ("README.md", "docs/index.md", "docs/quickstart.md", "docs/training.md")
+EXECUTED_PAGES = ("README.md", "docs/index.md", "docs/quickstart.md", "docs/training.md", "docs/from_torch.md")
 # A fenced block: its language and body; the text between blocks must be blank for an
 # output block to belong to the code block before it.
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
