@@ -64,7 +64,8 @@ the compiled program's collectives (all-gather `R(n-1)/n`, all-reduce `2R(n-1)/n
         ))
     section.tables.append(Table(
         "Bytes sent per device and time, ours vs gather first",
-        ("step", "ours bytes", "gather-first bytes", "bytes ratio", "ours µs", "gather-first µs", "time ours / gather"),
+        ("step", "ours bytes", "gather-first bytes", "bytes ratio", "ours µs", "gather-first µs",
+         "time ours / gather"),
         tuple(rows),
     ))
     sent_ours, sent_gathered, timing = figures["forward"]

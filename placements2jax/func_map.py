@@ -96,7 +96,10 @@ def local_map(
     for name, value in (("in_placements", in_placements), ("in_grad_placements", in_grad_placements)):
         if value is not None and (isinstance(value, str) or not isinstance(value, Sequence)):
             raise ArgumentTypeError(
-                name, value, "expected one entry per flattened argument (a tuple)", f"pass e.g. {name}=((Shard(0),), None)"
+                name,
+                value,
+                "expected one entry per flattened argument (a tuple)",
+                f"pass e.g. {name}=((Shard(0),), None)",
             )
     mesh = None if device_mesh is None else as_device_mesh(device_mesh)
 
@@ -228,7 +231,10 @@ def _prepared(
     if checked:
         if spec is None:
             raise PlacementError(
-                f"in_placements[{index}]", None, f"argument {index} is a DTensor ({value.layout})", "give its placements"
+                f"in_placements[{index}]",
+                None,
+                f"argument {index} is a DTensor ({value.layout})",
+                "give its placements",
             )
         target = Layout.from_placements(mesh, spec).bind(value.ndim)
         if target != value.layout:

@@ -24,6 +24,12 @@ JAX spelling is a function taking the DTensor: ``vocab_parallel_cross_entropy(lo
 labels)``, with torch's ``reduction`` and ``ignore_index``. Built on
 :func:`~placements2jax.func_map.local_map`; it runs eagerly, inside ``jax.jit`` and under
 ``jax.grad``.
+
+**Uneven vocabularies** (GPT-2's 50257 on tp=4) are supported: torch.chunk leaves every
+pad column of the padded representation after the last real one, so the loss runs on
+the padded array with the pad columns masked out (gradient 0 there). Token dims must
+split evenly, and so must a vocabulary split over several mesh axes at once (nested
+uneven splits put pads between real columns); those are refused with a ShapeError.
 """
 
 from __future__ import annotations
@@ -83,6 +89,8 @@ def vocab_parallel_cross_entropy(
     mesh = logits.device_mesh
     token_layout = Layout(mesh, layout.dim_axes[:-1])
     labels = _labels(labels, logits, token_layout)
+    vocab = logits.shape[-1]
+    logits = _padded_vocab(logits)
     jax_mesh = mesh.to_jax()
     names = jax_mesh.axis_names
     vocab_axes = tuple(names[a] for a in layout.dim_axes[-1])
@@ -96,6 +104,8 @@ def vocab_parallel_cross_entropy(
         for name, size in zip(vocab_axes, sizes):  # this rank's slice of the vocabulary, major axis first
             slot = slot * size + jax.lax.axis_index(name)
         local = label.astype(jnp.int32) - slot * width
+        if logits.shape[-1] != vocab:  # uneven vocabulary: the pad columns take no part
+            x = jnp.where(jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1) < vocab - slot * width, x, -jnp.inf)
         mine = (local >= 0) & (local < width)
         picked = jnp.take_along_axis(x, jnp.clip(local, 0, width - 1)[..., None], axis=-1)[..., 0]
         shift = jax.lax.stop_gradient(x.max(axis=-1))
@@ -118,6 +128,19 @@ def vocab_parallel_cross_entropy(
         return local_map(per_rank, out_placements=out, in_placements=(layout, token_layout))(logits, labels)
     except ShapeError as error:  # uneven logits: say so about the argument the caller passed
         raise ShapeError("logits", logits, error.problem, error.fix) from None
+
+
+def _padded_vocab(logits: DTensor) -> DTensor:
+    """Logits whose vocabulary dim alone is uneven, as the DTensor of their physical
+    array: torch.chunk puts every pad column after the last real one (the padded
+    representation, docs/semantics.md), so the same array is an even tensor of the padded
+    vocabulary whose extra columns the loss masks. The gradient reaches ``logits``'s own
+    array (0 at the pads)."""
+    phys = logits.physical
+    padded = phys.padded_shape
+    if padded == logits.shape or padded[:-1] != logits.shape[:-1] or not phys.is_prefix(logits.ndim - 1):
+        return logits  # even, or uneven elsewhere: local_map refuses the latter clearly
+    return DTensor(logits.array, logits.layout, padded)
 
 
 def _labels(labels: Any, logits: DTensor, token_layout: Layout) -> DTensor:

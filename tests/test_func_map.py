@@ -80,6 +80,14 @@ def test_partial_inputs_hand_func_the_partial_values(mesh: DeviceMesh, placement
     np.testing.assert_allclose(np.asarray(y.full_tensor()), 2 * A)
 
 
+def test_gradient_through_a_partial_sum_input(mesh: DeviceMesh) -> None:
+    """A Partial(sum) input (JAX unreduced) handed to per-rank code, differentiated."""
+    x = distribute_tensor(A, mesh, "S(0),P")
+    double = local_map(lambda b: 2 * b, out_placements="S(0),P", in_placements=("S(0),P",))
+    grad = jax.jit(jax.grad(lambda v: jnp.sum(double(v).to_jax() ** 2)))(x)
+    np.testing.assert_allclose(np.asarray(grad.full_tensor()), 8 * A, rtol=1e-6)
+
+
 def test_pytree_arguments_and_outputs(mesh: DeviceMesh) -> None:
     """Flattened arguments (None counts), plain arrays passed whole, non-array outputs with None."""
     x = distribute_tensor(A, mesh, "S(0),R")
@@ -202,7 +210,8 @@ def test_equals_torch_local_map_rank_by_rank(mesh: DeviceMesh) -> None:
                 torch_distribute(torch.from_numpy(v), torch_mesh, p, src_data_rank=None)
                 for v, p in zip((A, B6), placements)
             )
-            theirs = torch_local_map(torch_fn, out_placements=list(placements[2]), in_placements=tuple(placements[:2]))(ta, tb)
+            mapped = torch_local_map(torch_fn, out_placements=list(placements[2]), in_placements=tuple(placements[:2]))
+            theirs = mapped(ta, tb)
             assert tuple(theirs.placements) == placements[2] and tuple(theirs.shape) == ours.shape
             np.testing.assert_allclose(np.asarray(ours.to_local(rank)), theirs.to_local().numpy(), rtol=1e-6)
 

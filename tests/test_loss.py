@@ -67,6 +67,24 @@ def test_equals_torch_cross_entropy() -> None:
     np.testing.assert_allclose(np.asarray(grad.full_tensor()), logits.grad.numpy(), atol=1e-7)
 
 
+@pytest.mark.parametrize(("vocab", "placements"), [(50257, "S(0),S(1)"), (5, "R,S(1)"), (50, "None,tp")])
+def test_uneven_vocabulary(mesh: DeviceMesh, vocab: int, placements: str) -> None:
+    """A vocabulary that the mesh does not divide (GPT-2's 50257 on tp=4): exact, and the
+    gradient has the logits' layout and shape."""
+    logits = (RNG.normal(size=(8, vocab)) * 4).astype(np.float32)
+    labels = RNG.integers(0, vocab, size=(8,)).astype(np.int32)
+    labels[1] = -100
+    sharded = distribute_tensor(logits, mesh, placements)
+    assert sharded.physical.is_padded
+    value, grad = jax.jit(jax.value_and_grad(lambda x: vocab_parallel_cross_entropy(x, labels).to_jax()))(sharded)
+    ref_value, ref_grad = jax.value_and_grad(reference)(logits, labels)
+    np.testing.assert_allclose(value, ref_value, rtol=1e-6)
+    assert grad.layout == sharded.layout and grad.shape == sharded.shape
+    np.testing.assert_allclose(np.asarray(grad.full_tensor()), ref_grad, atol=1e-7)
+    none = vocab_parallel_cross_entropy(sharded, labels, reduction="none")
+    np.testing.assert_allclose(np.asarray(none.full_tensor()), reference(logits, labels, "none"), rtol=1e-6)
+
+
 def test_large_logits_stay_finite(mesh: DeviceMesh) -> None:
     big = LOGITS * 1000  # exp would overflow without the max shift
     loss = vocab_parallel_cross_entropy(distribute_tensor(big, mesh, "S(0),S(2)"), LABELS)
@@ -95,4 +113,7 @@ def test_bad_inputs(mesh: DeviceMesh) -> None:
     with pytest.raises(PlacementError, match="partial values"):
         vocab_parallel_cross_entropy(distribute_tensor(LOGITS, mesh, "P,S(2)"), LABELS)
     with pytest.raises(ShapeError, match="rank 3's block"):
-        vocab_parallel_cross_entropy(distribute_tensor(LOGITS, mesh, "R,S(1)"), LABELS)  # 6 tokens over 4
+        vocab_parallel_cross_entropy(distribute_tensor(LOGITS, mesh, "R,S(1)"), LABELS)  # 6 tokens over 4: refused
+    with pytest.raises(ShapeError, match="would be padded"):  # nested uneven split: pads inside the vocabulary
+        nested = distribute_tensor(np.ones((8, 61), np.float32), mesh, "None,(dp,tp)")
+        vocab_parallel_cross_entropy(nested, np.zeros(8, np.int32))
