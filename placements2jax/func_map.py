@@ -53,7 +53,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 from .dtensor import DTensor
 from .errors import ArgumentTypeError, MeshError, PlacementError, ShapeError
@@ -161,9 +161,9 @@ def _call(
     passed = [i for i, v in enumerate(flat) if isinstance(v, DTensor) or _is_array(v)]
     ins: dict[int, Physical] = {i: flat[i].physical for i in passed if isinstance(flat[i], DTensor)}
     in_specs = tuple(_block_spec(ins[i]) if i in ins else PartitionSpec() for i in passed)
-    arrays = [_relabel(ins[i])(flat[i].array) if i in ins and ins[i].unreduced_axes else (
-        flat[i].array if i in ins else flat[i]) for i in passed]
     jax_mesh = mesh.to_jax()
+    arrays = [_relabel(ins[i])(flat[i].array) if i in ins and ins[i].unreduced_axes else (
+        flat[i].array if i in ins else _replicated(flat[i], jax_mesh)) for i in passed]
 
     def local_args(blocks: Sequence[jax.Array]) -> tuple[Any, ...]:
         given = dict(zip(passed, blocks))
@@ -215,6 +215,14 @@ def _call(
         else:
             result.append(leaf)
     return jax.tree_util.tree_unflatten(out_tree, result)
+
+
+def _replicated(value: Any, jax_mesh: jax.sharding.Mesh) -> Any:
+    """A plain array argument, whole on every device of the mesh (a concrete array may
+    sit on other devices, which shard_map refuses; a traced one is placed by the caller's jit)."""
+    if isinstance(value, jax.core.Tracer):
+        return value
+    return jax.device_put(value, NamedSharding(jax_mesh, PartitionSpec()))
 
 
 def _prepared(
@@ -280,8 +288,13 @@ def _is_placement(value: Any) -> bool:
 
 
 def _out_specs(out_placements: Any, leaves: Sequence[Any]) -> tuple[Any, ...]:
-    """One placements entry per flattened output (torch: a tuple is one per output)."""
-    if isinstance(out_placements, tuple) and not _is_placements_value(out_placements):
+    """One placements entry per flattened output. As torch, a tuple has one entry per
+    output; a list, a string, a Layout or a tuple of placement objects is one output's
+    placements, and so is a tuple whose length cannot be per-output (one output: an
+    alias-form tuple such as ``("dp", None)``)."""
+    if isinstance(out_placements, tuple) and not _is_placements_value(out_placements) and (
+        len(out_placements) == len(leaves) or len(leaves) != 1
+    ):
         if len(out_placements) != len(leaves):
             raise PlacementError(
                 "out_placements",

@@ -109,6 +109,15 @@ def test_pytree_arguments_and_outputs(mesh: DeviceMesh) -> None:
     np.testing.assert_allclose(np.asarray(out["z"].full_tensor()), [[A.sum()]], rtol=1e-6)
 
 
+def test_placements_forms_and_arrays_on_other_devices(mesh: DeviceMesh) -> None:
+    x = distribute_tensor(A, mesh, "S(0),S(1)")
+    elsewhere = jax.device_put(jnp.ones(2, jnp.float32), jax.devices()[3])  # committed to one device
+    for out in (("dp", "tp"), (Shard(0), Shard(1)), [Shard(0), Shard(1)], "S(0),S(1)", x.layout):
+        y = local_map(lambda b, c: b + c, out_placements=out)(x, elsewhere)
+        assert y.layout == x.layout
+        np.testing.assert_array_equal(np.asarray(y.full_tensor()), A + 1)
+
+
 def test_redistribute_inputs(mesh: DeviceMesh) -> None:
     x = distribute_tensor(A, mesh, "S(0),R")
     mapped = local_map(lambda b: b + 1, out_placements="R,S(1)", in_placements=("R,S(1)",), redistribute_inputs=True)
