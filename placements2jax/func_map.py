@@ -159,11 +159,88 @@ def _call(
                 f"in_placements[{i}]", spec, f"argument {i} is {type(value).__name__}, not an array", "pass None for it"
             )
     passed = [i for i, v in enumerate(flat) if isinstance(v, DTensor) or _is_array(v)]
+    jax_mesh = mesh.to_jax()
+    arrays = [flat[i].array if isinstance(flat[i], DTensor) else _replicated(flat[i], jax_mesh) for i in passed]
+    key = _program_key(func, out_placements, mesh, tree, flat, kwargs)
+    program = _recall(key)
+    if program is None:
+        program = _program(func, out_placements, mesh, tree, flat, passed, arrays, kwargs)
+        _remember(key, program)
+    run, leaves, out_tree, outs = program
+    computed, physicals = iter(run(*arrays)), iter(outs)
+    result = []
+    for leaf in leaves:
+        if leaf is _OUTPUT:
+            phys = next(physicals)
+            result.append(DTensor(next(computed), phys.layout, phys.shape))
+        else:
+            result.append(leaf)
+    return jax.tree_util.tree_unflatten(out_tree, result)
+
+
+Program = tuple[Callable[..., Any], list[Any], Any, list[Physical]]
+_OUTPUT = object()  # stands for an array output among func's flattened outputs
+
+# Eager calls of the same function on the same layouts reuse one jitted program (tracing
+# func, probing its outputs and compiling take hundreds of ms); the key holds func itself
+# and every static argument, so an entry is reused only for an identical call.
+_PROGRAMS: dict[Any, Program] = {}
+_PROGRAM_LIMIT = 256
+
+
+def _program_key(
+    func: Callable[..., Any], out_placements: Any, mesh: DeviceMesh, tree: Any, flat: Sequence[Any], kwargs: Any
+) -> Any:
+    def leaf_key(value: Any) -> Any:
+        if isinstance(value, DTensor):
+            return ("dtensor", value.layout, value.shape, value.dtype)
+        if _is_array(value):
+            return ("array", tuple(value.shape), np.dtype(value.dtype), isinstance(value, jax.core.Tracer))
+        return ("static", type(value), value)
+
+    kwargs_key = tuple(sorted((k, type(v), v) for k, v in kwargs.items()))
+    return (func, _freeze(out_placements), mesh, tree, tuple(leaf_key(v) for v in flat), kwargs_key)
+
+
+def _freeze(value: Any) -> Any:
+    return tuple(_freeze(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def _recall(key: Any) -> Program | None:
+    try:
+        return _PROGRAMS.get(key)
+    except TypeError:  # an unhashable static argument: no reuse for this call
+        return None
+
+
+def _remember(key: Any, program: Program) -> None:
+    if len(_PROGRAMS) >= _PROGRAM_LIMIT:
+        _PROGRAMS.clear()
+    try:
+        _PROGRAMS[key] = program
+    except TypeError:
+        pass
+
+
+def _program(
+    func: Callable[..., Any],
+    out_placements: Any,
+    mesh: DeviceMesh,
+    tree: Any,
+    flat: Sequence[Any],
+    passed: Sequence[int],
+    arrays: Sequence[Any],
+    kwargs: dict[str, Any],
+) -> Program:
+    """The jitted program of the arrays in ``passed`` (DTensors' physical arrays, plain
+    arrays replicated), func's flattened outputs (``_OUTPUT`` for each array) and their
+    tree, and the array outputs' physical layouts."""
     ins: dict[int, Physical] = {i: flat[i].physical for i in passed if isinstance(flat[i], DTensor)}
     in_specs = tuple(_block_spec(ins[i]) if i in ins else PartitionSpec() for i in passed)
     jax_mesh = mesh.to_jax()
-    arrays = [_relabel(ins[i])(flat[i].array) if i in ins and ins[i].unreduced_axes else (
-        flat[i].array if i in ins else _replicated(flat[i], jax_mesh)) for i in passed]
+
+    def relabelled(values: Sequence[Any]) -> list[Any]:
+        return [_relabel(ins[i])(v) if i in ins and ins[i].unreduced_axes else v for i, v in zip(passed, values)]
 
     def local_args(blocks: Sequence[jax.Array]) -> tuple[Any, ...]:
         given = dict(zip(passed, blocks))
@@ -180,7 +257,10 @@ def _call(
         return [v for v in leaves if _is_array(v)]
 
     shapes = jax.eval_shape(
-        jax.shard_map(probe, mesh=jax_mesh, in_specs=in_specs, out_specs=PartitionSpec(), check_vma=False), *arrays
+        lambda *values: jax.shard_map(
+            probe, mesh=jax_mesh, in_specs=in_specs, out_specs=PartitionSpec(), check_vma=False
+        )(*relabelled(values)),
+        *arrays,
     )
     leaves, out_tree = found["leaves"], found["tree"]
     specs = _out_specs(out_placements, leaves)
@@ -203,18 +283,9 @@ def _call(
         arrays_out = [v for v in results if _is_array(v)]
         return [_packed(y, phys, k) for k, (y, phys) in enumerate(zip(arrays_out, outs))]
 
-    computed = iter(
-        jax.shard_map(body, mesh=jax_mesh, in_specs=in_specs, out_specs=[p.spec for p in outs])(*arrays)
-    )
-    physicals = iter(outs)
-    result = []
-    for leaf in leaves:
-        if _is_array(leaf):
-            phys = next(physicals)
-            result.append(DTensor(next(computed), phys.layout, phys.shape))
-        else:
-            result.append(leaf)
-    return jax.tree_util.tree_unflatten(out_tree, result)
+    mapped = jax.shard_map(body, mesh=jax_mesh, in_specs=in_specs, out_specs=[p.spec for p in outs])
+    run = jax.jit(lambda *values: mapped(*relabelled(values)))
+    return run, [_OUTPUT if _is_array(v) else v for v in leaves], out_tree, outs
 
 
 def _replicated(value: Any, jax_mesh: jax.sharding.Mesh) -> Any:

@@ -34,6 +34,8 @@ uneven splits put pads between real columns); those are refused with a ShapeErro
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import lru_cache
 from typing import Any, Literal
 
 import jax
@@ -96,6 +98,26 @@ def vocab_parallel_cross_entropy(
     vocab_axes = tuple(names[a] for a in layout.dim_axes[-1])
     token_axes = tuple(names[a] for axes in layout.dim_axes[:-1] for a in axes)
     sizes = tuple(jax_mesh.shape[n] for n in vocab_axes)
+    per_rank = _per_rank(vocab_axes, sizes, token_axes, reduction, int(ignore_index), vocab, logits.shape[-1])
+    out = token_layout if reduction == "none" else None
+    try:
+        return local_map(per_rank, out_placements=out, in_placements=(layout, token_layout))(logits, labels)
+    except ShapeError as error:  # uneven logits: say so about the argument the caller passed
+        raise ShapeError("logits", logits, error.problem, error.fix) from None
+
+
+@lru_cache(maxsize=256)
+def _per_rank(
+    vocab_axes: tuple[str, ...],
+    sizes: tuple[int, ...],
+    token_axes: tuple[str, ...],
+    reduction: Reduction,
+    ignore_index: int,
+    vocab: int,
+    padded: int,
+) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    """The per-rank loss of a rank's logits block and labels (one function per
+    configuration, so that local_map reuses its compiled program across eager calls)."""
 
     def per_rank(block: jax.Array, label: jax.Array) -> jax.Array:
         x = block.astype(jnp.promote_types(block.dtype, jnp.float32))
@@ -104,8 +126,9 @@ def vocab_parallel_cross_entropy(
         for name, size in zip(vocab_axes, sizes):  # this rank's slice of the vocabulary, major axis first
             slot = slot * size + jax.lax.axis_index(name)
         local = label.astype(jnp.int32) - slot * width
-        if logits.shape[-1] != vocab:  # uneven vocabulary: the pad columns take no part
-            x = jnp.where(jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1) < vocab - slot * width, x, -jnp.inf)
+        if padded != vocab:  # uneven vocabulary: the pad columns take no part
+            column = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+            x = jnp.where(column < vocab - slot * width, x, -jnp.inf)
         mine = (local >= 0) & (local < width)
         picked = jnp.take_along_axis(x, jnp.clip(local, 0, width - 1)[..., None], axis=-1)[..., 0]
         shift = jax.lax.stop_gradient(x.max(axis=-1))
@@ -123,11 +146,7 @@ def vocab_parallel_cross_entropy(
             total, count = jax.lax.psum((total, count), token_axes)
         return total / count if reduction == "mean" else total
 
-    out = token_layout if reduction == "none" else None
-    try:
-        return local_map(per_rank, out_placements=out, in_placements=(layout, token_layout))(logits, labels)
-    except ShapeError as error:  # uneven logits: say so about the argument the caller passed
-        raise ShapeError("logits", logits, error.problem, error.fix) from None
+    return per_rank
 
 
 def _padded_vocab(logits: DTensor) -> DTensor:

@@ -118,6 +118,24 @@ def test_placements_forms_and_arrays_on_other_devices(mesh: DeviceMesh) -> None:
         np.testing.assert_array_equal(np.asarray(y.full_tensor()), A + 1)
 
 
+def test_repeated_eager_calls_reuse_one_program(mesh: DeviceMesh) -> None:
+    traced = []
+
+    def scale(b, factor):
+        traced.append(factor)  # runs only while tracing
+        return b * factor
+
+    mapped = local_map(scale, out_placements="S(0),S(1)")
+    x = distribute_tensor(A, mesh, "S(0),S(1)")
+    first = mapped(x, 2.0)
+    count = len(traced)
+    again = mapped(distribute_tensor(A + 1, mesh, "S(0),S(1)"), 2.0)
+    assert len(traced) == count  # same layouts and static arguments: no new trace
+    np.testing.assert_array_equal(np.asarray(again.full_tensor()), 2 * (A + 1))
+    mapped(x, 3.0)  # another static argument: traced again
+    assert len(traced) > count and np.array_equal(np.asarray(first.full_tensor()), 2 * A)
+
+
 def test_redistribute_inputs(mesh: DeviceMesh) -> None:
     x = distribute_tensor(A, mesh, "S(0),R")
     mapped = local_map(lambda b: b + 1, out_placements="R,S(1)", in_placements=("R,S(1)",), redistribute_inputs=True)
