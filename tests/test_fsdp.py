@@ -5,10 +5,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from placements2jax import (
     DeviceMesh,
     DTensor,
+    Layout,
     apply,
     check,
     colwise,
@@ -79,6 +82,29 @@ def test_layouts_split_the_largest_divisible_dim_minor_to_tp(mesh: DeviceMesh) -
     assert layer["down"]["b"].alias_map == ("dp",)
     odd = fully_shard_layouts({"w": np.zeros((3, 5)), "s": np.float32(1)}, mesh, "dp")
     assert odd["w"].alias_map == ("None", "None") and odd["s"].alias_map == ()  # nothing divisible: kept whole
+
+
+@given(
+    st.lists(st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16]), min_size=0, max_size=3),
+    st.lists(st.sampled_from([None, 0, 1, 2]), min_size=1, max_size=1),
+)
+def test_fully_shard_layout_properties(shape: list[int], tp_dim: list) -> None:
+    """Over random shapes and tensor-parallel splits: dp lands on the largest local extent
+    it divides (minor to tp), the layout stays even, and removing dp gives the base back."""
+    mesh = init_device_mesh((2, 4), ("dp", "tp"))
+    dim = tp_dim[0] if tp_dim[0] is not None and tp_dim[0] < len(shape) and shape[tp_dim[0]] % 4 == 0 else None
+    base = Layout(mesh, tuple((1,) if d == dim else () for d in range(len(shape))))
+    (layout,) = jax.tree.leaves(fully_shard_layouts([distribute_tensor(np.zeros(shape), mesh, base)], mesh, "dp"),
+                                is_leaf=lambda v: isinstance(v, Layout))
+    local = [n // (4 if d == dim else 1) for d, n in enumerate(shape)]
+    divisible = [d for d in range(len(shape)) if local[d] % 2 == 0]
+    if not divisible:
+        assert layout == base
+        return
+    chosen = max(divisible, key=lambda d: (local[d], -d))
+    assert layout.dim_axes[chosen] == base.dim_axes[chosen] + (0,)
+    assert layout.is_even(tuple(shape))
+    assert Layout(mesh, tuple(tuple(a for a in axes if a != 0) for axes in layout.dim_axes)) == base
 
 
 def test_unshard_gives_back_the_tensor_parallel_layout(mesh: DeviceMesh) -> None:
