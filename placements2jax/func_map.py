@@ -29,6 +29,11 @@ Arguments follow torch's rules exactly:
 * With no DTensor argument, ``func`` is simply called and its result returned (torch
   does the same).
 
+``func`` is traced when a call brings a new combination of argument layouts, shapes,
+dtypes and static (non-array) values; the jitted program is then reused, so repeated
+eager calls cost one compiled call (as jitted code, ``func``'s Python side effects run
+only while tracing).
+
 Differences from torch, each because JAX can do better or cannot do the same:
 
 * **Gradients.** JAX differentiates through ``shard_map`` exactly: the gradient of a
