@@ -17,6 +17,7 @@ from .errors import (
     UnsupportedOpError,
 )
 from .dtensor import DTensor, distribute_tensor, redistribute_collectives
+from .factories import empty, full, init_pytree, ones, rand, randn, zeros
 from .hlo import Collective
 from .inference import (
     CostModel,
@@ -86,11 +87,15 @@ __all__ = [
     "colwise",
     "distribute_pytree",
     "distribute_tensor",
+    "empty",
+    "full",
     "format_alias",
     "format_placements",
     "infer_signature",
+    "init_pytree",
     "init_device_mesh",
     "layouts_of",
+    "ones",
     "parse_alias",
     "parse_placement",
     "parse_placements",
@@ -99,6 +104,8 @@ __all__ = [
     "plot",
     "predict",
     "print_layout",
+    "rand",
+    "randn",
     "redistribute_collectives",
     "replicate",
     "rowwise",
@@ -106,4 +113,5 @@ __all__ = [
     "set_default_cost_model",
     "use_cost_model",
     "visualize",
+    "zeros",
 ]

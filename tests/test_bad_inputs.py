@@ -1120,6 +1120,56 @@ CASES: list[Case] = [
         "params at 'w'",
         lambda e: distribute_pytree({"w": "text"}, e.mesh, {"w": "R,R"}),
     ),
+    # -- factories: parameters born sharded --------------------------------------------------------------
+    _c("zeros: negative size", "zeros", ShapeError, "size", lambda e: placements2jax.zeros(3, -1, device_mesh=e.mesh)),
+    _c(
+        "zeros: no mesh", "zeros", ArgumentTypeError, "device_mesh",
+        lambda e: placements2jax.zeros(3, device_mesh=None),
+    ),
+    _c(
+        "ones: shard dim the tensor lacks", "ones", PlacementError, "placements",
+        lambda e: placements2jax.ones(4, device_mesh=e.mesh, placements="S(1),R"),
+    ),
+    _c(
+        "empty: not a dtype", "empty", ArgumentTypeError, "dtype",
+        lambda e: placements2jax.empty(4, device_mesh=e.mesh, dtype="no-such-type"),
+    ),
+    _c(
+        "full: text fill value", "full", ArgumentTypeError, "fill_value",
+        lambda e: placements2jax.full((4,), "a", device_mesh=e.mesh),
+    ),
+    _c(
+        "full: Partial(sum) of bools", "full", PlacementError, "placements",
+        lambda e: placements2jax.full((4,), True, device_mesh=e.mesh, placements="P,R"),
+    ),
+    _c(
+        "rand: no key", "rand", ArgumentTypeError, "key",
+        lambda e: placements2jax.rand(4, key=None, device_mesh=e.mesh),
+    ),
+    _c(
+        "randn: integer dtype", "randn", ArgumentTypeError, "dtype",
+        lambda e: placements2jax.randn(4, key=jax.random.key(0), device_mesh=e.mesh, dtype=np.int32),
+    ),
+    _c(
+        "init_pytree: init_fn not callable", "init_pytree", ArgumentTypeError, "init_fn",
+        lambda e: placements2jax.init_pytree({"w": 1}, jax.random.key(0), e.mesh, {}),
+    ),
+    _c(
+        "init_pytree: init_fn fails", "init_pytree", ArgumentTypeError, "init_fn",
+        lambda e: placements2jax.init_pytree(lambda k: jnp.ones(3) @ jnp.ones(4), jax.random.key(0), e.mesh, {}),
+    ),
+    _c(
+        "init_pytree: seed instead of key", "init_pytree", ArgumentTypeError, "key",
+        lambda e: placements2jax.init_pytree(lambda k: {"w": jnp.ones(3)}, 0, e.mesh, {}),
+    ),
+    _c(
+        "init_pytree: rule matching nothing", "init_pytree", PlanError, "plan",
+        lambda e: placements2jax.init_pytree(lambda k: {"w": jnp.ones(3)}, jax.random.key(0), e.mesh, {"v": "R,R"}),
+    ),
+    _c(
+        "init_pytree: shard a dim the leaf lacks", "init_pytree", PlacementError, "placements (at 'w')",
+        lambda e: placements2jax.init_pytree(lambda k: {"w": jnp.ones(3)}, jax.random.key(0), e.mesh, {"w": "S(1),R"}),
+    ),
 ]
 
 # Public names without a bad-input case, and why.
