@@ -19,6 +19,7 @@ SECTIONS = (
     "5. Temporary memory",
     "6. DTensor operators",
     "7. Signature inference",
+    "8. from_local vs make_array_from_single_device_arrays",
 )
 
 
