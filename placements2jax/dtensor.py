@@ -17,6 +17,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src.core import unsafe_am_i_under_a_jit  # JAX has no public test for 'tracing under jit'
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from . import chunking
@@ -181,8 +182,9 @@ class DTensor:
         if phys.is_padded:
             return self.full_tensor()
         if self._layout.has_partial:
-            return redistribute_array(self._array, self._layout, without_partial(self._layout), self._shape)
-        return self._array
+            reduced = redistribute_array(self._array, self._layout, without_partial(self._layout), self._shape)
+            return _eager_grad_safe(reduced, self.device_mesh)
+        return _eager_grad_safe(self._array, self.device_mesh)
 
     def __jax_array__(self) -> jax.Array:
         return self.to_jax()
@@ -450,6 +452,28 @@ def _exchange(mesh: DeviceMesh, rows: Mapping[int, np.ndarray]) -> dict[int, np.
     return {r: table[i] for i, r in enumerate(mesh.rank_list)}
 
 
+def _eager_grad_safe(array: jax.Array, mesh: DeviceMesh) -> jax.Array:
+    """A scalar traced by an *eager* ``jax.grad`` (a JVP trace outside jit), moved to the
+    Auto twin of its mesh (same devices: a relabel of one element).
+
+    JAX 0.10.2 seeds the cotangent of a scalar output with ``full_like``, which reshards
+    the 1 to the output's sharding; for an Explicit-mesh sharding that eager reshard needs
+    a ``jax.set_mesh`` context ("Length of device assignment 1 is not equal to the size
+    of the mesh"). An Auto-mesh scalar has no sharding in its type, so the seed is plain.
+    Under jit (and for concrete values) nothing changes: the jaxpr keeps no extra op."""
+    if array.ndim or not mesh.is_explicit or mesh.size() == 1:
+        return array
+    if not isinstance(array, jax.core.Tracer) or unsafe_am_i_under_a_jit():
+        return array
+    return jax.device_put(array, NamedSharding(auto_twin_of(mesh.to_jax()), PartitionSpec()))
+
+
+@lru_cache(maxsize=64)
+def auto_twin_of(mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:
+    """The mesh's devices and axis names with Auto axes."""
+    return jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
+
+
 @lru_cache(maxsize=64)
 def _flat_mesh(mesh: DeviceMesh) -> jax.sharding.Mesh:
     return jax.sharding.Mesh(mesh.devices.reshape(-1), ("ranks",), axis_types=(AxisType.Auto,))
@@ -575,7 +599,8 @@ def _as_array(value: Any, argument: str) -> np.ndarray | jax.Array:
         array = np.asarray(value)
     except Exception:
         array = np.asarray(None, dtype=object)
-    if array.dtype == object or array.dtype.kind not in "biufc":
+    # ml_dtypes' bfloat16 / float8 are NumPy kind "V": numeric all the same.
+    if array.dtype == object or (array.dtype.kind not in "biufc" and not jnp.issubdtype(array.dtype, jnp.floating)):
         raise ArgumentTypeError(
             argument, value, "is not a numeric array", "pass a NumPy array, a jax.Array or nested lists of numbers"
         )

@@ -41,10 +41,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import AxisType, NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 from . import chunking
-from .dtensor import DTensor, _check_partial_dtype, _layout
+from .dtensor import DTensor, _check_partial_dtype, _layout, auto_twin_of
 from .errors import ArgumentTypeError, Placements2JaxError
 from .layout import Layout, PlacementsLike, _as_shape
 from .mesh import DeviceMesh, as_device_mesh
@@ -190,11 +190,9 @@ def _key(key: Any) -> jax.Array:
     )
 
 
-@lru_cache(maxsize=64)
 def _auto_twin(mesh: DeviceMesh) -> jax.sharding.Mesh:
     """The mesh's devices and axis names with Auto axes (module docstring)."""
-    jax_mesh = mesh.to_jax()
-    return jax.sharding.Mesh(jax_mesh.devices, jax_mesh.axis_names, axis_types=(AxisType.Auto,) * mesh.ndim)
+    return auto_twin_of(mesh.to_jax())
 
 
 def _plain_sharding(plain: Physical) -> NamedSharding:
