@@ -5,6 +5,7 @@ Data flows one way: DeviceMesh + placements -> Layout (tensor_map) -> jax.shardi
 
 from .errors import (
     ArgumentTypeError,
+    CheckpointError,
     InferenceError,
     LayoutError,
     MeshError,
@@ -17,6 +18,7 @@ from .errors import (
     UnsupportedOpError,
 )
 from .dtensor import DTensor, distribute_tensor, redistribute_collectives
+from .checkpoint import AbstractDTensor, latest_step, load, read_metadata, save
 from .factories import empty, full, init_pytree, ones, rand, randn, zeros
 from .hlo import Collective
 from .inference import (
@@ -58,7 +60,9 @@ from .visualize import plot, print_layout, visualize
 __version__ = "0.1.0"
 
 __all__ = [
+    "AbstractDTensor",
     "ArgumentTypeError",
+    "CheckpointError",
     "Collective",
     "CostModel",
     "DTensor",
@@ -94,7 +98,9 @@ __all__ = [
     "infer_signature",
     "init_pytree",
     "init_device_mesh",
+    "latest_step",
     "layouts_of",
+    "load",
     "ones",
     "parse_alias",
     "parse_placement",
@@ -105,10 +111,12 @@ __all__ = [
     "predict",
     "print_layout",
     "rand",
+    "read_metadata",
     "randn",
     "redistribute_collectives",
     "replicate",
     "rowwise",
+    "save",
     "sequence",
     "set_default_cost_model",
     "use_cost_model",

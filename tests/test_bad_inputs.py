@@ -16,6 +16,7 @@ Each case asserts that
 from __future__ import annotations
 
 import io
+import tempfile
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from jax.sharding import PartitionSpec as P
 import placements2jax
 from placements2jax import (
     ArgumentTypeError,
+    CheckpointError,
     Collective,
     CostModel,
     DeviceMesh,
@@ -127,6 +129,14 @@ def _c(name: str, covers: str, error: type[Placements2JaxError], argument: str, 
 
 def _other_mesh_layout(e: Any) -> Layout:
     return Layout.from_placements(e.mesh8, ("x", None))
+
+
+def _ckpt(e: Any) -> str:
+    """A checkpoint of ``e.dt`` saved once per test session (step 0, leaf 'w')."""
+    if not hasattr(e, "checkpoint"):
+        e.checkpoint = tempfile.mkdtemp(prefix="p2j-bad-inputs-")
+        placements2jax.save(e.checkpoint, {"w": e.dt}, step=0)
+    return e.checkpoint
 
 
 def _locals(e: Any, make: Callable[[int], Any]) -> dict[int, Any]:
@@ -1120,6 +1130,36 @@ CASES: list[Case] = [
         "params at 'w'",
         lambda e: distribute_pytree({"w": "text"}, e.mesh, {"w": "R,R"}),
     ),
+    # -- checkpoints -------------------------------------------------------------------------------------------
+    _c("save: negative step", "save", ArgumentTypeError, "step", lambda e: placements2jax.save(_ckpt(e), {"w": e.dt}, step=-1)),
+    _c(
+        "save: a leaf that is not an array", "save", ArgumentTypeError, "tree at 'w'",
+        lambda e: placements2jax.save(_ckpt(e) + "-text", {"w": "text"}, step=1),
+    ),
+    _c("save: path not a path", "save", ArgumentTypeError, "path", lambda e: placements2jax.save(3, {"w": e.dt})),
+    _c(
+        "load: no checkpoint there", "load", CheckpointError, "path",
+        lambda e: placements2jax.load(_ckpt(e) + "-missing", {"w": e.dt}),
+    ),
+    _c(
+        "load: leaf missing from the checkpoint", "load AbstractDTensor", CheckpointError, "target at 'v'",
+        lambda e: placements2jax.load(_ckpt(e), {"v": placements2jax.AbstractDTensor((10, 3), np.int32, e.mesh)}),
+    ),
+    _c(
+        "load: wrong shape", "load AbstractDTensor", CheckpointError, "target at 'w'",
+        lambda e: placements2jax.load(_ckpt(e), {"w": placements2jax.AbstractDTensor((3, 10), np.int32, e.mesh)}),
+    ),
+    _c(
+        "load: wrong dtype", "load", CheckpointError, "target at 'w'",
+        lambda e: placements2jax.load(_ckpt(e), {"w": e.dtc}),
+    ),
+    _c(
+        "load: bad target placements", "AbstractDTensor", PlacementError, "target at 'w'",
+        lambda e: placements2jax.load(_ckpt(e), {"w": placements2jax.AbstractDTensor((10, 3), np.int32, e.mesh, "S(2),R")}),
+    ),
+    _c("read_metadata: no such step", "read_metadata", CheckpointError, "step",
+       lambda e: placements2jax.read_metadata(_ckpt(e), step=99)),
+    _c("latest_step: path not a path", "latest_step", ArgumentTypeError, "path", lambda e: placements2jax.latest_step(None)),
     # -- factories: parameters born sharded --------------------------------------------------------------
     _c("zeros: negative size", "zeros", ShapeError, "size", lambda e: placements2jax.zeros(3, -1, device_mesh=e.mesh)),
     _c(
@@ -1266,6 +1306,7 @@ CLI_CASES = [
         "alias_name=",
     ),
     ("mesh syntax", ["explain", "--mesh", "dp4", "--shape", "8", "--placements", "S(0)"], "--mesh"),
+    ("checkpoint missing", ["explain", "--checkpoint", "/nonexistent/p2j-checkpoint"], "path="),
     ("shape syntax", ["explain", "--mesh", "dp=4", "--shape", "8,x", "--placements", "S(0)"], "--shape"),
     (
         "partial op",
