@@ -31,6 +31,7 @@ from .inference import (
     set_default_cost_model,
     use_cost_model,
 )
+from .interop.torch_checkpoint import load_torch_checkpoint
 from .layout import Layout
 from .mesh import DeviceMesh, MeshGroup, as_device_mesh, init_device_mesh
 from .operators import apply
@@ -101,6 +102,7 @@ __all__ = [
     "latest_step",
     "layouts_of",
     "load",
+    "load_torch_checkpoint",
     "ones",
     "parse_alias",
     "parse_placement",

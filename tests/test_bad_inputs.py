@@ -1160,6 +1160,14 @@ CASES: list[Case] = [
     _c("read_metadata: no such step", "read_metadata", CheckpointError, "step",
        lambda e: placements2jax.read_metadata(_ckpt(e), step=99)),
     _c("latest_step: path not a path", "latest_step", ArgumentTypeError, "path", lambda e: placements2jax.latest_step(None)),
+    _c(
+        "load_torch_checkpoint: not a torch checkpoint", "load_torch_checkpoint", CheckpointError, "path",
+        lambda e: placements2jax.load_torch_checkpoint(_ckpt(e), {"w": e.dt}),
+    ),
+    _c(
+        "load_torch_checkpoint: path not a path", "load_torch_checkpoint", ArgumentTypeError, "path",
+        lambda e: placements2jax.load_torch_checkpoint(None, {"w": e.dt}),
+    ),
     # -- factories: parameters born sharded --------------------------------------------------------------
     _c("zeros: negative size", "zeros", ShapeError, "size", lambda e: placements2jax.zeros(3, -1, device_mesh=e.mesh)),
     _c(
