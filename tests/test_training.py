@@ -127,3 +127,92 @@ def test_bfloat16_parameters_with_float32_optimizer_state() -> None:
     assert new["w"].dtype == jnp.bfloat16 and state[0].nu["w"].dtype == jnp.float32
     assert new["w"].layout == params["w"].layout
     assert not np.array_equal(np.asarray(new["w"].full_tensor()), np.asarray(params["w"].full_tensor()))
+
+
+# -- unmodified plain-JAX model code: a GPT-style LM (table[idx], jnp.where mask, lax.scan over layers) ----------------
+
+VOCAB, DIM, LAYERS, SEQ = 64, 32, 2, 16
+
+
+def _gpt_init(key: jax.Array) -> dict:
+    k = jax.random.split(key, 4)
+    scale = DIM**-0.5
+    return {
+        "embed": jax.random.normal(k[0], (VOCAB, DIM)) * 0.02,
+        "blocks": {
+            "qkv": jax.random.normal(k[1], (LAYERS, DIM, 3 * DIM)) * scale,
+            "out": jax.random.normal(k[2], (LAYERS, DIM, DIM)) * scale,
+            "up": jax.random.normal(k[3], (LAYERS, DIM, 4 * DIM)) * scale,
+            "down": jnp.zeros((LAYERS, 4 * DIM, DIM)),
+        },
+    }
+
+
+def _gpt_loss(params: dict, tokens: jax.Array) -> jax.Array:
+    """Written as public JAX model code is: no sharding annotations at all."""
+    inputs, labels = tokens[:, :-1], tokens[:, 1:]
+    x = params["embed"][inputs]
+    mask = jnp.tril(jnp.ones((SEQ, SEQ), bool))
+
+    def block(x, w):
+        q, k, v = jnp.split(x @ w["qkv"], 3, axis=-1)
+        scores = jnp.where(mask, q @ k.swapaxes(-1, -2) * DIM**-0.5, -1e9)
+        x = x + jax.nn.softmax(scores) @ v @ w["out"]
+        return x + jax.nn.gelu(x @ w["up"]) @ w["down"], None
+
+    x, _ = jax.lax.scan(block, x, params["blocks"])
+    logits = x @ params["embed"].T
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+
+GPT_PLAN = {r"embed": "R,S(0)", r"blocks/(qkv|up)": "None,None,tp", r"blocks/(out|down)": "None,tp,None"}
+
+
+def _on_arrays(loss_fn):
+    """The model's loss on the DTensors' logical arrays: its gradients come back as
+    DTensors in the parameters' layouts (DTensor is a pytree; to_jax is differentiable)."""
+
+    def wrapped(params, *args):
+        arrays = jax.tree.map(lambda d: d.to_jax(), params, is_leaf=lambda v: isinstance(v, DTensor))
+        return loss_fn(arrays, *(a.to_jax() if isinstance(a, DTensor) else a for a in args))
+
+    return wrapped
+
+
+def test_unmodified_model_code_trains_on_an_auto_mesh_like_unsharded() -> None:
+    mesh = init_device_mesh((2, 4), ("dp", "tp"), axis_types="auto")
+    params = p2j.init_pytree(_gpt_init, KEY, mesh, GPT_PLAN)
+    plain = jax.jit(_gpt_init)(KEY)
+    optimizer = optax.adamw(1e-2)
+    state, plain_state = optimizer.init(params), optimizer.init(plain)
+
+    def make_step(loss_fn):
+        @jax.jit
+        def step(params, state, tokens):
+            loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
+            updates, state = optimizer.update(grads, state, params)
+            return optax.apply_updates(params, updates), state, loss
+
+        return step
+
+    step, plain_step = make_step(_on_arrays(_gpt_loss)), make_step(_gpt_loss)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        tokens = rng.integers(0, VOCAB, (8, SEQ + 1)).astype(np.int32)
+        params, state, loss = step(params, state, p2j.distribute_tensor(tokens, mesh, "S(0),R"))
+        plain, plain_state, plain_loss = plain_step(plain, plain_state, tokens)
+        assert float(loss) == pytest.approx(float(plain_loss), rel=1e-5)
+    assert params["embed"].placements == (Replicate(), Shard(0))
+    assert state[0].mu["blocks"]["down"].layout == params["blocks"]["down"].layout
+    np.testing.assert_allclose(np.asarray(params["embed"].full_tensor()), np.asarray(plain["embed"]), rtol=2e-4, atol=1e-6)
+
+
+def test_explicit_default_mesh_needs_an_out_sharding_for_table_lookups() -> None:
+    """The default mesh stays Explicit (Partial(sum) carried natively as ``unreduced``,
+    every move an exact ``reshard``); JAX then asks model code to say the sharding of an
+    ambiguous gather. This documents the behaviour docs/training.md explains."""
+    mesh = init_device_mesh((2, 4), ("dp", "tp"))
+    params = p2j.init_pytree(_gpt_init, KEY, mesh, GPT_PLAN)
+    tokens = p2j.distribute_tensor(np.zeros((8, SEQ + 1), np.int32), mesh, "S(0),R")
+    with pytest.raises(Exception, match="out_sharding"):
+        jax.jit(_on_arrays(_gpt_loss))(params, tokens)
