@@ -20,6 +20,7 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m placements2jax demo
+	$(BIN)/python -m placements2jax train
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -125,6 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(8 simulated CPU devices without accelerators): losses vs plain JAX, predicted vs compiled layouts, "
         "collectives per step. See docs/training.md.",
     )
+    commands.add_parser(
+        "train",
+        help="train a small GPT-style LM, parameters born sharded, checkpoint and resume on another mesh",
+        description="A real training run (placements2jax.train_demo): tensor parallel, then FSDP-style after a "
+        "checkpoint reloaded onto another mesh, every loss compared with unsharded training.",
+    )
     demo_parser.add_argument("--steps", type=_positive_int, default=None, help="training steps (default 6)")
     return parser
 
@@ -247,6 +253,12 @@ def main(argv: Sequence[str] | None = None, *, start_jax: Callable[[int], None] 
                     as_json=args.json,
                 )
             )
+        elif args.command == "train":
+            if start_jax is not None:
+                start_jax(8)
+            from .train_demo import main as train_main
+
+            train_main()
         elif args.command == "demo":
             if start_jax is not None:
                 start_jax(8)
