@@ -30,6 +30,7 @@ install: $(STAMP)
 
 demo: $(DEMO_STAMP)
 	$(BIN)/python -m placements2jax demo
+	$(BIN)/python -m placements2jax train
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_communication
 import bench_distribute
+import bench_from_local
 import bench_inference
 import bench_layout
 import bench_loss
@@ -50,6 +51,7 @@ BENCHMARKS = {
     "operators": bench_operators,
     "inference": bench_inference,
     "loss": bench_loss,
+    "from_local": bench_from_local,
 }
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,6 +5,7 @@ Data flows one way: DeviceMesh + placements -> Layout (tensor_map) -> jax.shardi
 
 from .errors import (
     ArgumentTypeError,
+    CheckpointError,
     InferenceError,
     LayoutError,
     MeshError,
@@ -19,6 +20,8 @@ from .errors import (
 from .dtensor import DTensor, distribute_tensor, redistribute_collectives
 from .fsdp import fully_shard, fully_shard_layouts, unshard
 from .func_map import local_map
+from .checkpoint import AbstractDTensor, latest_step, load, read_metadata, save
+from .factories import empty, full, init_pytree, ones, rand, randn, zeros
 from .hlo import Collective
 from .inference import (
     CostModel,
@@ -30,6 +33,7 @@ from .inference import (
     set_default_cost_model,
     use_cost_model,
 )
+from .interop.torch_checkpoint import load_torch_checkpoint
 from .layout import Layout
 from .loss import vocab_parallel_cross_entropy
 from .mesh import DeviceMesh, MeshGroup, as_device_mesh, init_device_mesh
@@ -60,7 +64,9 @@ from .visualize import plot, print_layout, visualize
 __version__ = "0.1.0"
 
 __all__ = [
+    "AbstractDTensor",
     "ArgumentTypeError",
+    "CheckpointError",
     "Collective",
     "CostModel",
     "DTensor",
@@ -89,14 +95,21 @@ __all__ = [
     "colwise",
     "distribute_pytree",
     "distribute_tensor",
+    "empty",
+    "full",
     "format_alias",
     "format_placements",
     "fully_shard",
     "fully_shard_layouts",
     "infer_signature",
+    "init_pytree",
     "init_device_mesh",
+    "latest_step",
     "layouts_of",
     "local_map",
+    "load",
+    "load_torch_checkpoint",
+    "ones",
     "parse_alias",
     "parse_placement",
     "parse_placements",
@@ -105,13 +118,18 @@ __all__ = [
     "plot",
     "predict",
     "print_layout",
+    "rand",
+    "read_metadata",
+    "randn",
     "redistribute_collectives",
     "replicate",
     "rowwise",
+    "save",
     "sequence",
     "set_default_cost_model",
     "unshard",
     "use_cost_model",
     "visualize",
     "vocab_parallel_cross_entropy",
+    "zeros",
 ]

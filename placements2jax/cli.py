@@ -125,13 +125,19 @@ def build_parser() -> argparse.ArgumentParser:
         "(8 simulated CPU devices without accelerators): losses vs plain JAX, predicted vs compiled layouts, "
         "collectives per step. See docs/training.md.",
     )
+    commands.add_parser(
+        "train",
+        help="train a small GPT-style LM, parameters born sharded, checkpoint and resume on another mesh",
+        description="A real training run (placements2jax.train_demo): tensor parallel, then FSDP-style after a "
+        "checkpoint reloaded onto another mesh, every loss compared with unsharded training.",
+    )
     demo_parser.add_argument("--steps", type=_positive_int, default=None, help="training steps (default 6)")
     return parser
 
 
-def _add_mesh_and_shape(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--mesh", required=True, type=parse_mesh, help="mesh axes as name=size, e.g. dp=4,tp=2")
-    parser.add_argument("--shape", required=True, type=parse_shape, help="the logical tensor shape, e.g. 8,2")
+def _add_mesh_and_shape(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    parser.add_argument("--mesh", required=required, type=parse_mesh, help="mesh axes as name=size, e.g. dp=4,tp=2")
+    parser.add_argument("--shape", required=required, type=parse_shape, help="the logical tensor shape, e.g. 8,2")
 
 
 def _add_explain(commands: Any) -> None:
@@ -142,13 +148,17 @@ def _add_explain(commands: Any) -> None:
         epilog="examples:\n"
         '  placements2jax explain --mesh dp=4,tp=2 --shape 8,2 --placements "S(0),R"\n'
         '  placements2jax explain --mesh dp=4,tp=2 --shape 10,3 --placements "(tp,dp),None" --json\n'
-        '  placements2jax explain --mesh dp=2,tp=4 --shape 8 --placements "tp" --partial dp=max',
+        '  placements2jax explain --mesh dp=2,tp=4 --shape 8 --placements "tp" --partial dp=max\n'
+        "  placements2jax explain --checkpoint ckpt/   (each saved leaf's shape, dtype, mesh and placements)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _add_mesh_and_shape(explain_parser)
+    _add_mesh_and_shape(explain_parser, required=False)
+    explain_parser.add_argument(
+        "--checkpoint", help="a checkpoint directory written by placements2jax.save: list its leaves' layouts"
+    )
+    explain_parser.add_argument("--step", type=int, default=None, help="with --checkpoint: the step (default: latest)")
     explain_parser.add_argument(
         "--placements",
-        required=True,
         help='torch form, one per mesh dim ("S(0),R", "P(max),S(1)") or alias form, one per tensor dim '
         '("(dp,tp),None", "tp,dp")',
     )
@@ -213,7 +223,12 @@ def main(argv: Sequence[str] | None = None, *, start_jax: Callable[[int], None] 
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if args.command == "explain":
+        if args.command == "explain" and args.checkpoint is not None:
+            print(explain_checkpoint(args.checkpoint, step=args.step, as_json=args.json))
+        elif args.command == "explain":
+            missing = [f"--{n}" for n in ("mesh", "shape", "placements") if getattr(args, n) is None]
+            if missing:
+                parser.error(f"the following arguments are required: {', '.join(missing)} (or --checkpoint PATH)")
             print(
                 explain(
                     _start_mesh(args.mesh, start_jax),
@@ -238,6 +253,12 @@ def main(argv: Sequence[str] | None = None, *, start_jax: Callable[[int], None] 
                     as_json=args.json,
                 )
             )
+        elif args.command == "train":
+            if start_jax is not None:
+                start_jax(8)
+            from .train_demo import main as train_main
+
+            train_main()
         elif args.command == "demo":
             if start_jax is not None:
                 start_jax(8)
@@ -252,6 +273,36 @@ def main(argv: Sequence[str] | None = None, *, start_jax: Callable[[int], None] 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     return 0
+
+
+def explain_checkpoint(path: str, *, step: int | None = None, as_json: bool = False) -> str:
+    """Each leaf of a checkpoint (placements2jax.save): shape, dtype, the mesh it was
+    saved from and its placements (torch form, else the alias form)."""
+    from .checkpoint import read_metadata
+
+    metadata = read_metadata(path, step)
+    if as_json:
+        return _json(metadata)
+    rows = []
+    for name, record in sorted(metadata["leaves"].items()):
+        if record["kind"] == "dtensor":
+            mesh = record["mesh"]
+            mesh_text = ",".join(f"{n}={s}" for n, s in zip(mesh["axis_names"], mesh["shape"]))
+            if mesh["ranks"] != list(range(len(mesh["ranks"]))):
+                mesh_text += f" ranks {mesh['ranks']}"
+            rows.append((name, str(tuple(record["shape"])), record["dtype"], mesh_text,
+                         record["placements"] or "-", record["layout"]))
+        elif record["kind"] == "array":
+            rows.append((name, str(tuple(record["shape"])), record["dtype"], "-", "(array)", "-"))
+        else:
+            rows.append((name, "()", record["type"], "-", f"(number {record['value']})", "-"))
+    headers = ("leaf", "shape", "dtype", "mesh", "placements", "layout")
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    lines = [f"checkpoint {path} step {metadata['step']}: {len(rows)} leaves"]
+    lines.append(" | ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
+    lines.append("-+-".join("-" * w for w in widths))
+    lines += [" | ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join(lines)
 
 
 def explain(

@@ -17,8 +17,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src.core import unsafe_am_i_under_a_jit  # JAX has no public test for 'tracing under jit'
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
+from . import chunking
 from .hlo import Collective, compiled_collectives
 from .errors import ArgumentTypeError, MeshError, PlacementError, ShapeError
 from .layout import Layout, PlacementsLike, _as_shape
@@ -180,8 +182,9 @@ class DTensor:
         if phys.is_padded:
             return self.full_tensor()
         if self._layout.has_partial:
-            return redistribute_array(self._array, self._layout, without_partial(self._layout), self._shape)
-        return self._array
+            reduced = redistribute_array(self._array, self._layout, without_partial(self._layout), self._shape)
+            return _eager_grad_safe(reduced, self.device_mesh)
+        return _eager_grad_safe(self._array, self.device_mesh)
 
     def __jax_array__(self) -> jax.Array:
         return self.to_jax()
@@ -317,6 +320,13 @@ class DTensor:
         """
         mesh = as_device_mesh(device_mesh)
         locals_by_rank = _locals_by_rank(local_tensor, mesh)
+        signature = tuple((r, a.shape, a.dtype) for r, a in locals_by_rank.items())
+        key = _front_key(None, device_mesh, signature, None, placements)
+        cached = shape is None and jax.process_count() == 1  # else: validate shape=, exchange shapes
+        entry = _recall(_FROM_LOCAL, key) if cached else None
+        if entry is not None:  # the same mesh, placements and local shapes as before
+            _, layout, global_shape, phys, block, lead = entry
+            return _trusted(_assemble(locals_by_rank, phys, block, lead), layout, global_shape)
         first = next(iter(locals_by_rank.values()))
         for rank, array in locals_by_rank.items():
             if array.dtype != first.dtype:
@@ -337,10 +347,7 @@ class DTensor:
         _check_partial_dtype(layout, first.dtype)
         local_shapes = _every_rank_shape(mesh, locals_by_rank)
         if shape is None:
-            try:
-                global_shape = layout.global_shape_from_local(local_shapes)
-            except ShapeError as err:
-                raise ShapeError("local_tensor", local_shapes, err.problem, err.fix) from None
+            global_shape = _global_shape(layout, local_shapes)
         else:
             global_shape = layout._check_shape(shape, "shape")
             check_placements_for_shape(placements, layout, global_shape)
@@ -357,17 +364,56 @@ class DTensor:
         if shape is None:
             check_placements_for_shape(placements, layout, global_shape)
         phys = physical(layout, global_shape)
-        block = tuple(p // int(np.prod(layout.pieces(d), dtype=np.int64)) for d, p in enumerate(phys.padded_shape))
+        block = tuple(p // math.prod(layout.pieces(d)) for d, p in enumerate(phys.padded_shape))
         lead = (1,) * len(phys.stacked_axes)
-        arrays = []
-        for rank, local in locals_by_rank.items():
+        if cached:
+            _remember(_FROM_LOCAL, key, (device_mesh,), layout, global_shape, phys, block, lead)
+        return cls(_assemble(locals_by_rank, phys, block, lead), layout, global_shape)
+
+
+def _assemble(
+    locals_by_rank: Mapping[int, Any], phys: Physical, block: tuple[int, ...], lead: tuple[int, ...]
+) -> jax.Array:
+    """The physical array from each rank's local tensor: padded to its block, put on its device."""
+    devices = jax.devices()  # rank r is device r (mesh.device(r) re-validates r on every call)
+    arrays = []
+    for rank, local in locals_by_rank.items():
+        if local.shape != block:
             widths = [(0, b - n) for b, n in zip(block, local.shape)]
-            padded = local if not any(w for _, w in widths) else (
-                np.pad(local, widths) if isinstance(local, np.ndarray) else jnp.pad(local, widths)
-            )
-            arrays.append(jax.device_put(padded.reshape(lead + block), mesh.device(rank)))
-        array = jax.make_array_from_single_device_arrays(phys.array_shape, phys.sharding, arrays)
-        return cls(array, layout, global_shape)
+            local = np.pad(local, widths) if isinstance(local, np.ndarray) else jnp.pad(local, widths)
+        arrays.append(jax.device_put(local.reshape(lead + block) if lead else local, devices[rank]))
+    return jax.make_array_from_single_device_arrays(phys.array_shape, phys.sharding, arrays)
+
+
+def _global_shape(layout: Layout, local_shapes: Mapping[int, tuple[int, ...]]) -> tuple[int, ...]:
+    """The global shape from every rank's local shape, in closed form: torch.chunk's
+    nested blocks partition each dim, so its extent is the sum of the extents of the
+    ranks whose coordinates differ only on the mesh axes splitting it; then every rank's
+    extent is checked against torch.chunk of that total. O(mesh size) per dim, whatever
+    the extents (trying candidate lengths would be O(extent))."""
+    mesh = layout.mesh
+    positions = mesh._rank_positions
+    coordinates = {r: positions[r] for r in local_shapes}
+    first = next(iter(local_shapes))
+    result = []
+    for dim, axes in enumerate(layout.dim_axes):
+        base = coordinates[first]
+        group = [r for r, c in coordinates.items() if all(c[a] == base[a] for a in range(mesh.ndim) if a not in axes)]
+        extent = sum(local_shapes[r][dim] for r in group)
+        pieces = layout.pieces(dim)
+        for rank, shape in local_shapes.items():
+            want = chunking.nested_chunk(extent, tuple(zip(pieces, (coordinates[rank][a] for a in axes))))[1]
+            if shape[dim] != want:
+                extents = {r: s[dim] for r, s in local_shapes.items()}
+                raise ShapeError(
+                    "local_tensor",
+                    local_shapes,
+                    f"no global extent of dim {dim} gives local extents {extents} under torch.chunk (the blocks "
+                    f"of ranks {group} sum to {extent}, which gives rank {rank} {want}, not {shape[dim]})",
+                    "pass each rank's torch.chunk block of the global tensor, or the global shape (shape=...)",
+                )
+        result.append(extent)
+    return tuple(result)
 
 
 def _every_rank_shape(mesh: DeviceMesh, locals_by_rank: Mapping[int, Any]) -> dict[int, tuple[int, ...]]:
@@ -404,6 +450,28 @@ def _exchange(mesh: DeviceMesh, rows: Mapping[int, np.ndarray]) -> dict[int, np.
     )
     table = np.asarray(_all_gather(flat)(sharded).addressable_data(0))
     return {r: table[i] for i, r in enumerate(mesh.rank_list)}
+
+
+def _eager_grad_safe(array: jax.Array, mesh: DeviceMesh) -> jax.Array:
+    """A scalar traced by an *eager* ``jax.grad`` (a JVP trace outside jit), moved to the
+    Auto twin of its mesh (same devices: a relabel of one element).
+
+    JAX 0.10.2 seeds the cotangent of a scalar output with ``full_like``, which reshards
+    the 1 to the output's sharding; for an Explicit-mesh sharding that eager reshard needs
+    a ``jax.set_mesh`` context ("Length of device assignment 1 is not equal to the size
+    of the mesh"). An Auto-mesh scalar has no sharding in its type, so the seed is plain.
+    Under jit (and for concrete values) nothing changes: the jaxpr keeps no extra op."""
+    if array.ndim or not mesh.is_explicit or mesh.size() == 1:
+        return array
+    if not isinstance(array, jax.core.Tracer) or unsafe_am_i_under_a_jit():
+        return array
+    return jax.device_put(array, NamedSharding(auto_twin_of(mesh.to_jax()), PartitionSpec()))
+
+
+@lru_cache(maxsize=64)
+def auto_twin_of(mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:
+    """The mesh's devices and axis names with Auto axes."""
+    return jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
 
 
 @lru_cache(maxsize=64)
@@ -472,6 +540,7 @@ def distribute_tensor(
 # and map them straight to the result's layout and the cached program.
 _MOVES: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 _PLACEMENTS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+_FROM_LOCAL: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 _FRONT_LIMIT = 4096
 
 
@@ -530,7 +599,8 @@ def _as_array(value: Any, argument: str) -> np.ndarray | jax.Array:
         array = np.asarray(value)
     except Exception:
         array = np.asarray(None, dtype=object)
-    if array.dtype == object or array.dtype.kind not in "biufc":
+    # ml_dtypes' bfloat16 / float8 are NumPy kind "V": numeric all the same.
+    if array.dtype == object or (array.dtype.kind not in "biufc" and not jnp.issubdtype(array.dtype, jnp.floating)):
         raise ArgumentTypeError(
             argument, value, "is not a numeric array", "pass a NumPy array, a jax.Array or nested lists of numbers"
         )

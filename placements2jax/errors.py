@@ -21,6 +21,7 @@ __all__ = [
     "UnsupportedOpError",
     "MissingDependencyError",
     "PlanError",
+    "CheckpointError",
 ]
 
 
@@ -69,6 +70,11 @@ class UnsupportedOpError(InferenceError):
 
 class PlanError(Placements2JaxError, ValueError):
     """A parallelization plan (regex rules over parameter paths) is invalid or ambiguous."""
+
+
+class CheckpointError(Placements2JaxError, ValueError):
+    """A checkpoint is missing, incomplete, or does not match the load target (a leaf
+    missing, another shape or dtype)."""
 
 
 class MissingDependencyError(Placements2JaxError, ImportError):

@@ -16,6 +16,7 @@ Each case asserts that
 from __future__ import annotations
 
 import io
+import tempfile
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from jax.sharding import PartitionSpec as P
 import placements2jax
 from placements2jax import (
     ArgumentTypeError,
+    CheckpointError,
     Collective,
     CostModel,
     DeviceMesh,
@@ -132,6 +134,14 @@ def _c(name: str, covers: str, error: type[Placements2JaxError], argument: str, 
 
 def _other_mesh_layout(e: Any) -> Layout:
     return Layout.from_placements(e.mesh8, ("x", None))
+
+
+def _ckpt(e: Any) -> str:
+    """A checkpoint of ``e.dt`` saved once per test session (step 0, leaf 'w')."""
+    if not hasattr(e, "checkpoint"):
+        e.checkpoint = tempfile.mkdtemp(prefix="p2j-bad-inputs-")
+        placements2jax.save(e.checkpoint, {"w": e.dt}, step=0)
+    return e.checkpoint
 
 
 def _locals(e: Any, make: Callable[[int], Any]) -> dict[int, Any]:
@@ -1258,6 +1268,94 @@ CASES: list[Case] = [
     ),
     _c("unshard: axis index instead of name", "unshard", ArgumentTypeError, "axis", lambda e: unshard({"w": e.dt}, 0)),
     _c("unshard: unknown axis", "unshard", MeshError, "axis", lambda e: unshard({"w": e.dt}, "pp")),
+    # -- checkpoints -------------------------------------------------------------------------------------------
+    _c("save: negative step", "save", ArgumentTypeError, "step", lambda e: placements2jax.save(_ckpt(e), {"w": e.dt}, step=-1)),
+    _c(
+        "save: a leaf that is not an array", "save", ArgumentTypeError, "tree at 'w'",
+        lambda e: placements2jax.save(_ckpt(e) + "-text", {"w": "text"}, step=1),
+    ),
+    _c("save: path not a path", "save", ArgumentTypeError, "path", lambda e: placements2jax.save(3, {"w": e.dt})),
+    _c(
+        "load: no checkpoint there", "load", CheckpointError, "path",
+        lambda e: placements2jax.load(_ckpt(e) + "-missing", {"w": e.dt}),
+    ),
+    _c(
+        "load: leaf missing from the checkpoint", "load AbstractDTensor", CheckpointError, "target at 'v'",
+        lambda e: placements2jax.load(_ckpt(e), {"v": placements2jax.AbstractDTensor((10, 3), np.int32, e.mesh)}),
+    ),
+    _c(
+        "load: wrong shape", "load AbstractDTensor", CheckpointError, "target at 'w'",
+        lambda e: placements2jax.load(_ckpt(e), {"w": placements2jax.AbstractDTensor((3, 10), np.int32, e.mesh)}),
+    ),
+    _c(
+        "load: wrong dtype", "load", CheckpointError, "target at 'w'",
+        lambda e: placements2jax.load(_ckpt(e), {"w": e.dtc}),
+    ),
+    _c(
+        "load: bad target placements", "AbstractDTensor", PlacementError, "target at 'w'",
+        lambda e: placements2jax.load(_ckpt(e), {"w": placements2jax.AbstractDTensor((10, 3), np.int32, e.mesh, "S(2),R")}),
+    ),
+    _c("read_metadata: no such step", "read_metadata", CheckpointError, "step",
+       lambda e: placements2jax.read_metadata(_ckpt(e), step=99)),
+    _c("latest_step: path not a path", "latest_step", ArgumentTypeError, "path", lambda e: placements2jax.latest_step(None)),
+    _c(
+        "load_torch_checkpoint: not a torch checkpoint", "load_torch_checkpoint", CheckpointError, "path",
+        lambda e: placements2jax.load_torch_checkpoint(_ckpt(e), {"w": e.dt}),
+    ),
+    _c(
+        "load_torch_checkpoint: path not a path", "load_torch_checkpoint", ArgumentTypeError, "path",
+        lambda e: placements2jax.load_torch_checkpoint(None, {"w": e.dt}),
+    ),
+    # -- factories: parameters born sharded --------------------------------------------------------------
+    _c("zeros: negative size", "zeros", ShapeError, "size", lambda e: placements2jax.zeros(3, -1, device_mesh=e.mesh)),
+    _c(
+        "zeros: no mesh", "zeros", ArgumentTypeError, "device_mesh",
+        lambda e: placements2jax.zeros(3, device_mesh=None),
+    ),
+    _c(
+        "ones: shard dim the tensor lacks", "ones", PlacementError, "placements",
+        lambda e: placements2jax.ones(4, device_mesh=e.mesh, placements="S(1),R"),
+    ),
+    _c(
+        "empty: not a dtype", "empty", ArgumentTypeError, "dtype",
+        lambda e: placements2jax.empty(4, device_mesh=e.mesh, dtype="no-such-type"),
+    ),
+    _c(
+        "full: text fill value", "full", ArgumentTypeError, "fill_value",
+        lambda e: placements2jax.full((4,), "a", device_mesh=e.mesh),
+    ),
+    _c(
+        "full: Partial(sum) of bools", "full", PlacementError, "placements",
+        lambda e: placements2jax.full((4,), True, device_mesh=e.mesh, placements="P,R"),
+    ),
+    _c(
+        "rand: no key", "rand", ArgumentTypeError, "key",
+        lambda e: placements2jax.rand(4, key=None, device_mesh=e.mesh),
+    ),
+    _c(
+        "randn: integer dtype", "randn", ArgumentTypeError, "dtype",
+        lambda e: placements2jax.randn(4, key=jax.random.key(0), device_mesh=e.mesh, dtype=np.int32),
+    ),
+    _c(
+        "init_pytree: init_fn not callable", "init_pytree", ArgumentTypeError, "init_fn",
+        lambda e: placements2jax.init_pytree({"w": 1}, jax.random.key(0), e.mesh, {}),
+    ),
+    _c(
+        "init_pytree: init_fn fails", "init_pytree", ArgumentTypeError, "init_fn",
+        lambda e: placements2jax.init_pytree(lambda k: jnp.ones(3) @ jnp.ones(4), jax.random.key(0), e.mesh, {}),
+    ),
+    _c(
+        "init_pytree: seed instead of key", "init_pytree", ArgumentTypeError, "key",
+        lambda e: placements2jax.init_pytree(lambda k: {"w": jnp.ones(3)}, 0, e.mesh, {}),
+    ),
+    _c(
+        "init_pytree: rule matching nothing", "init_pytree", PlanError, "plan",
+        lambda e: placements2jax.init_pytree(lambda k: {"w": jnp.ones(3)}, jax.random.key(0), e.mesh, {"v": "R,R"}),
+    ),
+    _c(
+        "init_pytree: shard a dim the leaf lacks", "init_pytree", PlacementError, "placements (at 'w')",
+        lambda e: placements2jax.init_pytree(lambda k: {"w": jnp.ones(3)}, jax.random.key(0), e.mesh, {"w": "S(1),R"}),
+    ),
 ]
 
 # Public names without a bad-input case, and why.
@@ -1354,6 +1452,7 @@ CLI_CASES = [
         "alias_name=",
     ),
     ("mesh syntax", ["explain", "--mesh", "dp4", "--shape", "8", "--placements", "S(0)"], "--mesh"),
+    ("checkpoint missing", ["explain", "--checkpoint", "/nonexistent/p2j-checkpoint"], "path="),
     ("shape syntax", ["explain", "--mesh", "dp=4", "--shape", "8,x", "--placements", "S(0)"], "--shape"),
     (
         "partial op",

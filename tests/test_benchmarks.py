@@ -20,6 +20,7 @@ SECTIONS = (
     "6. DTensor operators",
     "7. Signature inference",
     "8. Vocabulary-parallel cross-entropy",
+    "9. from_local vs make_array_from_single_device_arrays",
 )
 
 

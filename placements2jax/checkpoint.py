@@ -1,0 +1,383 @@
+"""Checkpoints of DTensor pytrees that reshard on load, on tensorstore (zarr v3).
+
+``save(path, tree, step=s)`` writes ``path/<s>/``: one zarr array per leaf holding its
+*logical* tensor (partials reduced, no padding), plus ``metadata.json`` recording each
+leaf's shape, dtype, mesh and placements (torch form and alias form). ``load(path,
+target)`` reads the latest complete step (or ``step=``) into the layouts ``target`` gives
+(DTensors, or :class:`AbstractDTensor` leaves), on any mesh: another shape, another device
+count, other placements. Values are exact: bytes are copied, never recomputed.
+
+**Each process touches only its devices' data.** Saving, a process writes the torch.chunk
+blocks of its own ranks (one writer per replicated block, chosen by the lowest rank); the
+zarr chunk grid divides every block boundary, so two processes never write one chunk.
+Loading, a process reads exactly the blocks its ranks hold under the target layout and
+assembles them on its devices (``DTensor.from_local``); Partial targets are then split by
+XLA on the devices (no traffic).
+
+**Atomic steps.** A step is written into ``path/<s>.partial-<token>/`` and renamed to
+``path/<s>/`` once every leaf and the metadata are on disk (by process 0, after all
+processes finished writing). A save killed midway leaves a ``.partial-`` directory that
+``load`` ignores: the previous steps stay complete and loadable.
+
+Non-DTensor leaves: arrays (e.g. optax's step ``count``) are stored whole by process 0;
+Python numbers go in the metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .dtensor import DTensor
+from .errors import ArgumentTypeError, CheckpointError, Placements2JaxError
+from .layout import Layout, PlacementsLike
+from .mesh import DeviceMesh, as_device_mesh
+from .parallelize import path_of
+from .placements import format_placements
+from .programs import redistribute_array, without_partial
+
+__all__ = ["AbstractDTensor", "save", "load", "read_metadata", "latest_step"]
+
+FORMAT = "placements2jax-checkpoint"
+VERSION = 1
+_STEP = re.compile(r"\d+")
+
+
+@dataclass(frozen=True)
+class AbstractDTensor:
+    """A load target without data: the logical ``shape``, the ``dtype`` and where it goes
+    (``placements`` on ``device_mesh``, torch or alias form; None replicates)."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+    device_mesh: DeviceMesh
+    placements: PlacementsLike | None = None
+
+    def layout(self) -> Layout:
+        from .dtensor import _layout
+
+        return _layout(as_device_mesh(self.device_mesh), self.placements, len(self.shape))
+
+
+def _tensorstore() -> Any:
+    try:
+        import tensorstore
+    except ImportError:  # pragma: no cover - the train extra installs it
+        from .errors import MissingDependencyError
+
+        raise MissingDependencyError(
+            "checkpoint", "tensorstore", "checkpoints need tensorstore", "pip install 'placements2jax[train]'"
+        ) from None
+    return tensorstore
+
+
+def _root(path: Any) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise ArgumentTypeError("path", path, "expected a directory path", "pass e.g. 'checkpoints/run1'")
+    return Path(path)
+
+
+def _is_leaf(value: Any) -> bool:
+    return isinstance(value, (DTensor, AbstractDTensor))
+
+
+def _leaves(tree: Any, argument: str) -> list[tuple[str, Any]]:
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_leaf)
+    leaves = [(path_of(key_path), leaf) for key_path, leaf in flat]
+    seen: set[str] = set()
+    for path, _ in leaves:
+        if path in seen:
+            raise ArgumentTypeError(argument, path, "two leaves render to the same path", "use distinct pytree keys")
+        seen.add(path)
+    return leaves
+
+
+def _directory_name(path: str) -> str:
+    """A leaf path as one directory name (kept readable, made unambiguous)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", lambda m: f"%{ord(m.group()):02X}", path) or "%root"
+
+
+def _mesh_record(mesh: DeviceMesh) -> dict[str, Any]:
+    jax_mesh = mesh.to_jax()
+    return {"shape": list(mesh.shape), "axis_names": list(jax_mesh.axis_names), "ranks": [int(r) for r in mesh.rank_list]}
+
+
+def _placements_text(layout: Layout) -> str | None:
+    try:
+        return format_placements(layout.placements)
+    except Placements2JaxError:  # an order only the alias form can say
+        return None
+
+
+def _chunk_shape(layout: Layout, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The zarr chunk extent per dim: the gcd of every block's offset and length, so no
+    chunk straddles two ranks' blocks (concurrent writers never share a chunk)."""
+    chunks = []
+    for dim, size in enumerate(shape):
+        g = 0
+        for rank in layout.mesh.rank_list:
+            offset, length = layout.global_offset(shape, rank)[dim], layout.local_shape(shape, rank)[dim]
+            if length:
+                g = math.gcd(g, math.gcd(offset, length))
+        chunks.append(max(1, g or size))
+    return tuple(chunks)
+
+
+def _open(directory: Path, *, create: bool = False, shape: Sequence[int] = (), dtype: Any = None,
+          chunks: Sequence[int] = ()) -> Any:
+    ts = _tensorstore()
+    spec: dict[str, Any] = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(directory)}}
+    if not create:
+        return ts.open(spec, open=True).result()
+    kwargs: dict[str, Any] = {"dtype": ts.dtype(np.dtype(dtype).name), "shape": list(shape)}
+    if shape:
+        kwargs["chunk_layout"] = ts.ChunkLayout(write_chunk_shape=list(chunks))
+    return ts.open(spec, create=True, **kwargs).result()
+
+
+def save(path: str | os.PathLike[str], tree: Any, *, step: int = 0) -> Path:
+    """Write ``tree`` (DTensors, arrays, numbers) as step ``step`` of the checkpoint
+    directory ``path``; returns the step's directory. Collective over processes: every
+    process calls it with its view of the same tree."""
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+        raise ArgumentTypeError("step", step, "expected a non-negative int", "pass e.g. step=100")
+    root = _root(path)
+    leaves = _leaves(tree, "tree")
+    final = root / str(int(step))
+    token = _shared_token()
+    staging = root / f"{int(step)}.partial-{token}"
+    process = jax.process_index()
+    records: dict[str, Any] = {}
+    for name, leaf in leaves:
+        directory = staging / "leaves" / _directory_name(name)
+        if isinstance(leaf, DTensor):
+            records[name] = _save_dtensor(directory, leaf)
+        elif isinstance(leaf, (jax.Array, np.ndarray, np.generic)):
+            value = np.asarray(jax.device_get(leaf) if isinstance(leaf, jax.Array) else leaf)
+            if process == 0:
+                store = _open(directory, create=True, shape=value.shape, dtype=value.dtype, chunks=value.shape or ())
+                store.write(value).result()
+            records[name] = {"kind": "array", "shape": list(value.shape), "dtype": value.dtype.name}
+        elif isinstance(leaf, (bool, int, float)):
+            records[name] = {"kind": "number", "value": leaf, "type": type(leaf).__name__}
+        elif leaf is None:
+            continue
+        else:
+            raise ArgumentTypeError(
+                f"tree at {name!r}", leaf, "not a DTensor, an array or a number", "keep only arrays in the saved pytree"
+            )
+    _barrier("placements2jax-checkpoint-written")
+    if process == 0:
+        (staging / "metadata.json").write_text(
+            json.dumps({"format": FORMAT, "version": VERSION, "step": int(step), "leaves": records}, indent=1)
+        )
+        if final.exists():  # re-saving a step: the old copy goes only once the new one is complete
+            old = root / f"{int(step)}.replaced-{token}"
+            final.rename(old)
+            staging.rename(final)
+            shutil.rmtree(old)
+        else:
+            staging.rename(final)
+    _barrier("placements2jax-checkpoint-committed")
+    return final
+
+
+def _save_dtensor(directory: Path, leaf: DTensor) -> dict[str, Any]:
+    layout, shape = leaf.layout, leaf.shape
+    plain = without_partial(layout)
+    value = leaf if not layout.has_partial else DTensor(
+        redistribute_array(leaf.array, layout, plain, shape), plain, shape
+    )  # partial sums reduced by XLA on the devices
+    chunks = _chunk_shape(plain, shape)
+    store = _open(directory, create=True, shape=shape, dtype=leaf.dtype, chunks=chunks) if jax.process_index() == 0 \
+        else None
+    _barrier("placements2jax-checkpoint-created")
+    if store is None:
+        store = _open(directory)
+    writers: dict[tuple[Any, ...], int] = {}
+    for rank in plain.mesh.rank_list:
+        writers.setdefault(tuple((s.start, s.stop) for s in plain.local_slices(shape, rank)), rank)
+    process = jax.process_index()
+    futures = []
+    for block, rank in writers.items():
+        if plain.mesh.device(rank).process_index != process or any(stop == start for start, stop in block):
+            continue
+        data = np.asarray(value.to_local(rank))
+        futures.append(store[tuple(slice(a, b) for a, b in block)].write(data))
+    for future in futures:
+        future.result()
+    return {
+        "kind": "dtensor",
+        "shape": list(shape),
+        "dtype": np.dtype(leaf.dtype).name,
+        "mesh": _mesh_record(layout.mesh),
+        "placements": _placements_text(layout),
+        "layout": str(layout),
+        "alias": [list(e) if isinstance(e, tuple) else e for e in layout.alias_map],
+        "partial": list(layout.partial),
+    }
+
+
+def _shared_token() -> str:
+    """One random token for every process of this save (process 0's, broadcast)."""
+    token = uuid.uuid4().hex[:12]
+    if jax.process_count() == 1:
+        return token
+    from jax.experimental import multihost_utils
+
+    raw = np.frombuffer(token.encode(), dtype=np.uint8)
+    shared = multihost_utils.broadcast_one_to_all(raw)
+    return bytes(np.asarray(shared, np.uint8)).decode()
+
+
+def _barrier(name: str) -> None:
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def latest_step(path: str | os.PathLike[str]) -> int | None:
+    """The largest complete step saved under ``path`` (None when there is none)."""
+    root = _root(path)
+    if not root.is_dir():
+        return None
+    steps = [int(p.name) for p in root.iterdir() if _STEP.fullmatch(p.name) and (p / "metadata.json").is_file()]
+    return max(steps) if steps else None
+
+
+def read_metadata(path: str | os.PathLike[str], step: int | None = None) -> dict[str, Any]:
+    """The metadata of step ``step`` (default: the latest complete one) of ``path``:
+    ``{"step": ..., "leaves": {path: {"shape", "dtype", "mesh", "placements", ...}}}``."""
+    directory = _step_directory(path, step)
+    try:
+        metadata = json.loads((directory / "metadata.json").read_text())
+    except (OSError, ValueError) as error:
+        raise CheckpointError("path", str(directory), f"unreadable metadata.json ({error})", "pass a complete checkpoint") \
+            from None
+    if metadata.get("format") != FORMAT:
+        raise CheckpointError("path", str(directory), "not a placements2jax checkpoint", "pass a directory save() wrote")
+    return metadata
+
+
+def _step_directory(path: str | os.PathLike[str], step: int | None) -> Path:
+    root = _root(path)
+    if step is None:
+        step = latest_step(root)
+        if step is None:
+            raise CheckpointError(
+                "path", str(root), "holds no complete checkpoint step", "pass the directory given to save()"
+            )
+    directory = root / str(int(step))
+    if not (directory / "metadata.json").is_file():
+        have = latest_step(root)
+        raise CheckpointError(
+            "step", step, f"no complete step {step} in {root}", f"pass an existing step (latest: {have})"
+        )
+    return directory
+
+
+def load(path: str | os.PathLike[str], target: Any, *, step: int | None = None) -> Any:
+    """The saved tree in the layouts of ``target``: each DTensor leaf of ``target`` (or
+    :class:`AbstractDTensor`) gives the mesh and placements to load into (any mesh, any
+    placements); array leaves load as arrays, number leaves as numbers. A leaf missing
+    from the checkpoint, or saved with another shape or dtype, is a
+    :class:`CheckpointError` naming it."""
+    metadata = read_metadata(path, step)
+    directory = _step_directory(path, metadata["step"])
+    records = metadata["leaves"]
+    flat, treedef = jax.tree_util.tree_flatten_with_path(target, is_leaf=_is_leaf)
+    values = []
+    for key_path, leaf in flat:
+        name = path_of(key_path)
+        record = records.get(name)
+        if record is None:
+            if leaf is None:
+                values.append(None)
+                continue
+            shown = ", ".join(sorted(records)[:8]) + (", ..." if len(records) > 8 else "")
+            raise CheckpointError(
+                f"target at {name!r}", _short(leaf), f"the checkpoint has no leaf {name!r} (it has: {shown})",
+                "load with a target of the saved tree's structure, or save that leaf",
+            )
+        values.append(_load_leaf(directory / "leaves" / _directory_name(name), name, record, leaf))
+    return jax.tree_util.tree_unflatten(treedef, values)
+
+
+def _short(leaf: Any) -> str:
+    if isinstance(leaf, DTensor):
+        return f"DTensor(shape={leaf.shape}, dtype={leaf.dtype}, placements={leaf.layout})"
+    return repr(leaf)
+
+
+def _load_leaf(directory: Path, name: str, record: dict[str, Any], leaf: Any) -> Any:
+    if record["kind"] == "number":
+        return record["value"]
+    saved_shape, saved_dtype = tuple(record["shape"]), np.dtype(jnp.dtype(record["dtype"]))
+    if isinstance(leaf, (DTensor, AbstractDTensor)):
+        shape, dtype = tuple(leaf.shape), np.dtype(leaf.dtype)
+        layout = leaf.layout if isinstance(leaf, DTensor) else _target_layout(leaf, name)
+    else:
+        value = np.asarray(leaf)
+        shape, dtype, layout = value.shape, value.dtype, None
+    if shape != saved_shape:
+        raise CheckpointError(
+            f"target at {name!r}", _short(leaf), f"the checkpoint's {name!r} has shape {saved_shape}, the target {shape}",
+            "load into a target of the saved shape (resharding changes placements, not shapes)",
+        )
+    if dtype != saved_dtype:
+        raise CheckpointError(
+            f"target at {name!r}", _short(leaf), f"the checkpoint's {name!r} has dtype {saved_dtype}, the target {dtype}",
+            "load with the saved dtype, then cast (tree.map(lambda a: a.astype(...)))",
+        )
+    try:
+        store = _open(directory)
+        if layout is None:
+            return jnp.asarray(store.read().result())
+        arrays = _read_blocks(store, without_partial(layout), shape)
+    except Exception as error:  # noqa: BLE001 - tensorstore raises ValueError subclasses of its own
+        raise CheckpointError(
+            f"target at {name!r}", str(directory), f"the leaf's data cannot be read ({type(error).__name__}: {error})",
+            "the checkpoint is corrupt or incomplete: load another step",
+        ) from None
+    plain = without_partial(layout)
+    loaded = DTensor.from_local(arrays, plain.mesh, plain, shape=shape)
+    if not layout.has_partial:
+        return loaded
+    return DTensor(redistribute_array(loaded.array, plain, layout, shape), layout, shape)
+
+
+def _target_layout(leaf: AbstractDTensor, name: str) -> Layout:
+    try:
+        return leaf.layout()
+    except Placements2JaxError as error:
+        raise type(error)(f"target at {name!r}", error.value, error.problem, error.fix) from None
+
+
+def _read_blocks(store: Any, plain: Layout, shape: tuple[int, ...]) -> dict[int, np.ndarray]:
+    """The torch.chunk block of every rank of this process (each distinct block read once)."""
+    mesh = plain.mesh
+    process = jax.process_index()
+    reads: dict[tuple[tuple[int, int], ...], Any] = {}
+    keys = {}
+    for rank in mesh.rank_list:
+        if mesh.device(rank).process_index != process:
+            continue
+        slices = plain.local_slices(shape, rank)
+        key = tuple((s.start, s.stop) for s in slices)
+        if key not in reads:
+            reads[key] = store[slices].read()
+        keys[rank] = key
+    return {rank: np.asarray(reads[key].result()) for rank, key in keys.items()}

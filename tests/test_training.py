@@ -1,0 +1,218 @@
+"""Training on DTensor pytrees: eager jax.grad equal to the jitted one, optax optimizer
+state in each parameter's layout, steps equal to unsharded training, bfloat16 parameters
+(NumPy / ml_dtypes input too) with float32 optimizer state."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import optax
+import pytest
+
+import placements2jax as p2j
+from placements2jax import DTensor, Replicate, Shard, colwise, init_device_mesh, rowwise
+
+MESH = init_device_mesh((4, 2), ("dp", "tp"))
+KEY = jax.random.key(0)
+BATCH = (Shard(0), Replicate())
+PLAN = {r"up/w": colwise("tp"), r"up/b": colwise("tp"), r"down/w": rowwise("tp")}
+
+
+def _init(key: jax.Array) -> dict:
+    k1, k2 = jax.random.split(key)
+    return {
+        "up": {"w": jax.random.normal(k1, (16, 24)) / 4, "b": jnp.zeros(24)},
+        "down": {"w": jax.random.normal(k2, (24, 16)) / 5, "b": jnp.zeros(16)},
+    }
+
+
+def _loss(params, x, y):
+    hidden = p2j.apply(jax.nn.gelu, x @ params["up"]["w"] + params["up"]["b"])
+    out = (hidden @ params["down"]["w"]).redistribute(placements=BATCH) + params["down"]["b"]
+    error = out - y
+    return (error * error).mean().to_jax()
+
+
+def _plain_loss(params, x, y):
+    hidden = jax.nn.gelu(x @ params["up"]["w"] + params["up"]["b"])
+    out = hidden @ params["down"]["w"] + params["down"]["b"]
+    return jnp.mean((out - y) ** 2)
+
+
+def _data(seed: int = 1):
+    rng = np.random.default_rng(seed)
+    x, y = rng.normal(size=(8, 16)).astype(np.float32), rng.normal(size=(8, 16)).astype(np.float32)
+    return x, y
+
+
+def _full(tree):
+    return jax.tree.map(lambda d: np.asarray(d.full_tensor()), tree, is_leaf=lambda v: isinstance(v, DTensor))
+
+
+def test_eager_grad_equals_jitted_grad() -> None:
+    params = p2j.init_pytree(_init, KEY, MESH, PLAN)
+    x, y = (p2j.distribute_tensor(a, MESH, BATCH) for a in _data())
+    eager = jax.grad(_loss)(params, x, y)  # JAX alone: "Length of device assignment 1 ... jax.set_mesh"
+    jitted = jax.jit(jax.grad(_loss))(params, x, y)
+    for path in ("up", "down"):
+        for name in ("w", "b"):
+            assert eager[path][name].layout == params[path][name].layout
+            np.testing.assert_allclose(
+                np.asarray(eager[path][name].full_tensor()), np.asarray(jitted[path][name].full_tensor()), rtol=1e-6
+            )
+    plain = jax.grad(_plain_loss)(jax.jit(_init)(KEY), *_data())
+    np.testing.assert_allclose(_full(eager)["up"]["w"], np.asarray(plain["up"]["w"]), rtol=1e-5, atol=1e-6)
+    value = _loss(params, x, y)  # no trace: unchanged
+    assert float(value) == pytest.approx(float(_plain_loss(jax.jit(_init)(KEY), *_data())), rel=1e-6)
+
+
+def test_optax_state_has_the_parameter_layouts_and_steps_match_unsharded() -> None:
+    params = p2j.init_pytree(_init, KEY, MESH, PLAN)
+    plain = jax.jit(_init)(KEY)
+    optimizer = optax.adamw(1e-2, weight_decay=0.1)
+    state, plain_state = optimizer.init(params), optimizer.init(plain)
+    mu = state[0].mu
+    for path in ("up", "down"):
+        for name in ("w", "b"):
+            assert isinstance(mu[path][name], DTensor)
+            assert mu[path][name].layout == params[path][name].layout
+            assert state[0].nu[path][name].layout == params[path][name].layout
+
+    @jax.jit
+    def step(params, state, x, y):
+        loss, grads = jax.value_and_grad(_loss)(params, x, y)
+        updates, state = optimizer.update(grads, state, params)
+        return optax.apply_updates(params, updates), state, loss
+
+    @jax.jit
+    def plain_step(params, state, x, y):
+        loss, grads = jax.value_and_grad(_plain_loss)(params, x, y)
+        updates, state = optimizer.update(grads, state, params)
+        return optax.apply_updates(params, updates), state, loss
+
+    for seed in range(4):
+        x, y = _data(seed)
+        params, state, loss = step(params, state, *(p2j.distribute_tensor(a, MESH, BATCH) for a in (x, y)))
+        plain, plain_state, plain_loss = plain_step(plain, plain_state, x, y)
+        assert float(loss) == pytest.approx(float(plain_loss), rel=1e-5)
+    assert params["up"]["w"].layout == p2j.plan_layouts(plain, MESH, PLAN)["up"]["w"]
+    assert state[0].mu["down"]["w"].placements == (Replicate(), Shard(0))
+    np.testing.assert_allclose(_full(params)["down"]["w"], np.asarray(plain["down"]["w"]), rtol=1e-4, atol=1e-6)
+
+
+def test_bfloat16_parameters_with_float32_optimizer_state() -> None:
+    host = {name: np.asarray(v).astype(ml_dtypes.bfloat16) for name, v in jax.jit(_init)(KEY)["up"].items()}
+    params = p2j.distribute_pytree(host, MESH, {r"w": colwise("tp"), r"b": colwise("tp")})
+    assert params["w"].dtype == jnp.bfloat16
+    optimizer = optax.adam(1e-2, mu_dtype=jnp.float32)
+    # tree.map reaches the DTensors' physical arrays: a float32 copy keeps every layout.
+    state = optimizer.init(jax.tree.map(lambda a: a.astype(jnp.float32), params))
+    assert state[0].mu["w"].dtype == jnp.float32 and state[0].mu["w"].layout == params["w"].layout
+    x = p2j.distribute_tensor(np.ones((8, 16), ml_dtypes.bfloat16), MESH, BATCH)
+
+    def loss(p, x):
+        return (p2j.apply(jax.nn.relu, x @ p["w"] + p["b"]) * 1.0).mean().to_jax().astype(jnp.float32)
+
+    @jax.jit
+    def step(params, state, x):
+        grads = jax.grad(loss)(params, x)
+        grads32 = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
+        updates, state = optimizer.update(grads32, state)
+        params32 = optax.apply_updates(jax.tree.map(lambda a: a.astype(jnp.float32), params), updates)
+        return jax.tree.map(lambda a: a.astype(jnp.bfloat16), params32), state
+
+    new, state = step(params, state, x)
+    assert new["w"].dtype == jnp.bfloat16 and state[0].nu["w"].dtype == jnp.float32
+    assert new["w"].layout == params["w"].layout
+    assert not np.array_equal(np.asarray(new["w"].full_tensor()), np.asarray(params["w"].full_tensor()))
+
+
+# -- unmodified plain-JAX model code: a GPT-style LM (table[idx], jnp.where mask, lax.scan over layers) ----------------
+
+VOCAB, DIM, LAYERS, SEQ = 64, 32, 2, 16
+
+
+def _gpt_init(key: jax.Array) -> dict:
+    k = jax.random.split(key, 4)
+    scale = DIM**-0.5
+    return {
+        "embed": jax.random.normal(k[0], (VOCAB, DIM)) * 0.02,
+        "blocks": {
+            "qkv": jax.random.normal(k[1], (LAYERS, DIM, 3 * DIM)) * scale,
+            "out": jax.random.normal(k[2], (LAYERS, DIM, DIM)) * scale,
+            "up": jax.random.normal(k[3], (LAYERS, DIM, 4 * DIM)) * scale,
+            "down": jnp.zeros((LAYERS, 4 * DIM, DIM)),
+        },
+    }
+
+
+def _gpt_loss(params: dict, tokens: jax.Array) -> jax.Array:
+    """Written as public JAX model code is: no sharding annotations at all."""
+    inputs, labels = tokens[:, :-1], tokens[:, 1:]
+    x = params["embed"][inputs]
+    mask = jnp.tril(jnp.ones((SEQ, SEQ), bool))
+
+    def block(x, w):
+        q, k, v = jnp.split(x @ w["qkv"], 3, axis=-1)
+        scores = jnp.where(mask, q @ k.swapaxes(-1, -2) * DIM**-0.5, -1e9)
+        x = x + jax.nn.softmax(scores) @ v @ w["out"]
+        return x + jax.nn.gelu(x @ w["up"]) @ w["down"], None
+
+    x, _ = jax.lax.scan(block, x, params["blocks"])
+    logits = x @ params["embed"].T
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+
+GPT_PLAN = {r"embed": "R,S(0)", r"blocks/(qkv|up)": "None,None,tp", r"blocks/(out|down)": "None,tp,None"}
+
+
+def _on_arrays(loss_fn):
+    """The model's loss on the DTensors' logical arrays: its gradients come back as
+    DTensors in the parameters' layouts (DTensor is a pytree; to_jax is differentiable)."""
+
+    def wrapped(params, *args):
+        arrays = jax.tree.map(lambda d: d.to_jax(), params, is_leaf=lambda v: isinstance(v, DTensor))
+        return loss_fn(arrays, *(a.to_jax() if isinstance(a, DTensor) else a for a in args))
+
+    return wrapped
+
+
+def test_unmodified_model_code_trains_on_an_auto_mesh_like_unsharded() -> None:
+    mesh = init_device_mesh((2, 4), ("dp", "tp"), axis_types="auto")
+    params = p2j.init_pytree(_gpt_init, KEY, mesh, GPT_PLAN)
+    plain = jax.jit(_gpt_init)(KEY)
+    optimizer = optax.adamw(1e-2)
+    state, plain_state = optimizer.init(params), optimizer.init(plain)
+
+    def make_step(loss_fn):
+        @jax.jit
+        def step(params, state, tokens):
+            loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
+            updates, state = optimizer.update(grads, state, params)
+            return optax.apply_updates(params, updates), state, loss
+
+        return step
+
+    step, plain_step = make_step(_on_arrays(_gpt_loss)), make_step(_gpt_loss)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        tokens = rng.integers(0, VOCAB, (8, SEQ + 1)).astype(np.int32)
+        params, state, loss = step(params, state, p2j.distribute_tensor(tokens, mesh, "S(0),R"))
+        plain, plain_state, plain_loss = plain_step(plain, plain_state, tokens)
+        assert float(loss) == pytest.approx(float(plain_loss), rel=1e-5)
+    assert params["embed"].placements == (Replicate(), Shard(0))
+    assert state[0].mu["blocks"]["down"].layout == params["blocks"]["down"].layout
+    np.testing.assert_allclose(np.asarray(params["embed"].full_tensor()), np.asarray(plain["embed"]), rtol=2e-4, atol=1e-6)
+
+
+def test_explicit_default_mesh_needs_an_out_sharding_for_table_lookups() -> None:
+    """The default mesh stays Explicit (Partial(sum) carried natively as ``unreduced``,
+    every move an exact ``reshard``); JAX then asks model code to say the sharding of an
+    ambiguous gather. This documents the behaviour docs/training.md explains."""
+    mesh = init_device_mesh((2, 4), ("dp", "tp"))
+    params = p2j.init_pytree(_gpt_init, KEY, mesh, GPT_PLAN)
+    tokens = p2j.distribute_tensor(np.zeros((8, SEQ + 1), np.int32), mesh, "S(0),R")
+    with pytest.raises(Exception, match="out_sharding"):
+        jax.jit(_on_arrays(_gpt_loss))(params, tokens)
