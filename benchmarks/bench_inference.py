@@ -141,7 +141,7 @@ def _predict(config: Config, section: Section) -> None:
     mesh = init_device_mesh((2, 4), ("dp", "tp"))
     specs = tuple(_block_specs())
     inputs = _inputs(mesh, specs)
-    auto = jax.sharding.Mesh(mesh.to_jax().devices, mesh.alias_name, axis_types=(AxisType.Auto,) * 2)
+    auto = jax.sharding.Mesh(mesh.to_jax().devices, mesh.axis_names, axis_types=(AxisType.Auto,) * 2)
     avals = [
         jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(auto, layout.bind(len(shape)).partition_spec))
         for shape, dtype, layout in inputs

@@ -26,7 +26,7 @@ from .interop import check_placements_for_shape
 from .mesh import DeviceMesh, as_device_mesh
 from .physical import Physical, physical
 from .placements import Placement, Replicate
-from .programs import check_redistribute, program, redistribute_array, replicated_layout, without_partial
+from .programs import check_redistribute, program, redistribute_array
 
 __all__ = ["DTensor", "distribute_tensor", "redistribute_collectives"]
 
@@ -167,7 +167,7 @@ class DTensor:
     # -- whole-tensor views ------------------------------------------------------------
     def full_tensor(self) -> jax.Array:
         """The logical tensor (partials reduced, padding removed), replicated on the mesh."""
-        return redistribute_array(self._array, self._layout, replicated_layout(self._layout), self._shape)
+        return redistribute_array(self._array, self._layout, self._layout.replicated(), self._shape)
 
     def to_jax(self) -> jax.Array:
         """The logical tensor as a ``jax.Array`` of the logical shape.
@@ -180,7 +180,7 @@ class DTensor:
         if phys.is_padded:
             return self.full_tensor()
         if self._layout.has_partial:
-            return redistribute_array(self._array, self._layout, without_partial(self._layout), self._shape)
+            return redistribute_array(self._array, self._layout, self._layout.without_partial(), self._shape)
         return self._array
 
     def __jax_array__(self) -> jax.Array:
@@ -218,7 +218,7 @@ class DTensor:
     def _to_other_mesh(self, target: Layout) -> DTensor:
         """Reduce on this mesh, transfer with JAX's device_put, re-partial on the target."""
         shape = self._shape
-        source_plain, target_plain = without_partial(self._layout), without_partial(target)
+        source_plain, target_plain = self._layout.without_partial(), target.without_partial()
         if math.prod(shape) == 0:
             # Nothing to move (and JAX's copy between device sets fails on empty arrays).
             plain = physical(target_plain, shape)
@@ -227,7 +227,7 @@ class DTensor:
             array = redistribute_array(self._array, self._layout, source_plain, shape)
             array = jax.device_put(array, physical(target_plain, shape).sharding)
         else:
-            replicated = replicated_layout(target)
+            replicated = target.replicated()
             array = jax.device_put(self.full_tensor(), physical(replicated, shape).sharding)
             array = redistribute_array(array, replicated, target_plain, shape)
         return DTensor(redistribute_array(array, target_plain, target, shape), target, shape)
@@ -340,7 +340,7 @@ class DTensor:
             try:
                 global_shape = layout.global_shape_from_local(local_shapes)
             except ShapeError as err:
-                raise ShapeError("local_tensor", local_shapes, err.problem, err.fix) from None
+                raise err.for_argument("local_tensor", local_shapes, kind=ShapeError) from None
         else:
             global_shape = layout._check_shape(shape, "shape")
             check_placements_for_shape(placements, layout, global_shape)
@@ -443,7 +443,7 @@ def distribute_tensor(
     _check_partial_dtype(layout, array.dtype)
     check_placements_for_shape(placements, layout, shape)
     target = physical(layout, shape)
-    plain = without_partial(layout)
+    plain = layout.without_partial()
     if not target.is_padded:
         source = physical(plain, shape)
         to_partial = None if source == target else program(source, target)
@@ -457,7 +457,7 @@ def distribute_tensor(
             padded[np.ix_(*(target.positions(d) for d in range(array.ndim)))] = array
         placed = jax.device_put(padded, physical(plain, shape).sharding)
     else:
-        replicated = replicated_layout(layout)
+        replicated = layout.replicated()
         placed = jax.device_put(array, physical(replicated, shape).sharding)
         placed = redistribute_array(placed, replicated, plain, shape)
     return DTensor(redistribute_array(placed, plain, layout, shape), layout, shape)
@@ -611,7 +611,7 @@ def _own_rank(mesh: DeviceMesh, rank: Any, local_tensor: Mapping[Any, Any]) -> i
     try:
         return mesh._check_rank(rank)
     except (ArgumentTypeError, MeshError) as err:
-        raise type(err)("local_tensor", sorted(map(repr, local_tensor)), f"key {rank!r}: {err.problem}", err.fix) from None
+        raise err.for_argument("local_tensor", sorted(map(repr, local_tensor)), problem_prefix=f"key {rank!r}: ") from None
 
 
 def redistribute_collectives(

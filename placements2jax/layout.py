@@ -41,8 +41,10 @@ from .placements import (
     ReduceOp,
     Replicate,
     Shard,
+    format_alias,
+    format_partial,
+    parse_layout_text,
     parse_placements,
-    parse_placements_or_alias,
 )
 
 __all__ = ["Layout", "PlacementsLike", "TensorMap", "AliasEntry", "ShardOrder"]
@@ -111,8 +113,15 @@ class Layout:
                     "placements", placements, "this layout is on another mesh", "rebuild it on the target mesh"
                 )
             return placements
+        original = placements
         if isinstance(placements, str):
-            placements = parse_placements_or_alias(placements)
+            placements, text_partial = parse_layout_text(placements)
+            if text_partial is not None:
+                if partial is not None:
+                    raise PlacementError(
+                        "partial", partial, "the placements text names its partial axes itself", "drop partial="
+                    )
+                partial = text_partial
         if not isinstance(placements, Sequence):
             raise ArgumentTypeError(
                 "placements",
@@ -133,7 +142,7 @@ class Layout:
                 raise PlacementError(
                     "partial", partial, "the torch form states partials itself", "use Partial(op) in the placements"
                 )
-            return cls._from_torch_form(mesh, tuple(placements), placements)
+            return cls._from_torch_form(mesh, tuple(placements), original)
         return cls._from_alias_form(mesh, tuple(placements), partial)
 
     @classmethod
@@ -171,12 +180,12 @@ class Layout:
             raise PlacementError(
                 "placements",
                 original,
-                f"{len(placements)} placements for a {mesh.ndim}-d mesh {mesh.alias_name}",
+                f"{len(placements)} placements for a {mesh.ndim}-d mesh {mesh.axis_names}",
                 f"give exactly one placement per mesh dim ({mesh.ndim})",
             )
         _check_partial_ops(placements, original)
         if not repeated_shards:
-            _check_repeated_shards(mesh, placements, ndim=None)
+            _check_repeated_shards(mesh, placements, ndim=None, as_text=isinstance(original, str))
         return cls(mesh, placements=placements)
 
     @classmethod
@@ -271,15 +280,31 @@ class Layout:
                 order = dict(self.shard_order)
                 return f"Layout.from_shard_order({self._mesh!r}, {self._placements!r}, {order!r})"
             return f"{head}({self._placements!r})"
-        partial = {self._mesh.alias_name[i]: op for i, op in enumerate(self._partial) if op}
+        partial = {self._mesh.axis_names[i]: op for i, op in enumerate(self._partial) if op}
         tail = f", partial={partial!r}" if partial else ""
         return f"{head}({self.alias_map!r}{tail})"
 
     def __str__(self) -> str:
-        try:
+        """The one text form of a layout, which :meth:`from_placements` parses back: the
+        torch form (``S(0),R,P(max)``) when every tensor dim is split by at most one mesh
+        axis, else the alias form with its partial axes (``(c,b),None; partial a=max``)."""
+        if self._dim_axes is None or all(len(axes) <= 1 for axes in self._dim_axes):
             return ",".join(str(p) for p in self.placements)
-        except LayoutError:
-            return repr(self.alias_map) if self.is_bound else repr(self)
+        partial = {self._mesh.axis_names[m]: op for m, op in enumerate(self._partial) if op}
+        return format_alias(self.alias_map) + (f"; partial {format_partial(partial)}" if partial else "")
+
+    @classmethod
+    def replicated_on(cls, mesh: DeviceMesh, ndim: int) -> Layout:
+        """The all-Replicate layout of an ``ndim``-d tensor on ``mesh``."""
+        return cls(mesh, ((),) * ndim)
+
+    def replicated(self) -> Layout:
+        """The all-Replicate layout on the same mesh and tensor rank."""
+        return Layout.replicated_on(self._mesh, self.ndim)
+
+    def without_partial(self) -> Layout:
+        """The same splits with every partial mesh dim turned into Replicate."""
+        return self if not self.has_partial else Layout(self._mesh, self.dim_axes)
 
     # -- basic properties -------------------------------------------------------------
     @property
@@ -288,6 +313,7 @@ class Layout:
 
     @property
     def device_mesh(self) -> DeviceMesh:
+        """torch's name for :attr:`mesh` (the one alias spelling a Layout keeps)."""
         return self._mesh
 
     @property
@@ -404,7 +430,7 @@ class Layout:
         )
 
     def _names(self, axes: Sequence[int]) -> tuple[str, ...]:
-        return tuple(self._mesh.alias_name[a] for a in axes)
+        return tuple(self._mesh.axis_names[a] for a in axes)
 
     @cached_property
     def partition_spec(self) -> PartitionSpec:
@@ -607,7 +633,12 @@ def _check_partial_ops(placements: Sequence[Placement], original: Any, argument:
         )
 
 
-def _check_repeated_shards(mesh: DeviceMesh, placements: Sequence[Placement], ndim: int | None) -> None:
+def _check_repeated_shards(
+    mesh: DeviceMesh, placements: Sequence[Placement], ndim: int | None, *, as_text: bool = False
+) -> None:
+    """Refuse one tensor dim sharded by two mesh dims (the RFC's constraint). The fix
+    shows the alias form the way the placements came: text (command line, notebooks
+    with strings) or Python values."""
     seen: dict[int, int] = {}
     for mesh_dim, p in enumerate(placements):
         if not isinstance(p, Shard):
@@ -615,7 +646,7 @@ def _check_repeated_shards(mesh: DeviceMesh, placements: Sequence[Placement], nd
         dim = p.dim % ndim if ndim is not None and -ndim <= p.dim < ndim else p.dim
         if dim in seen:
             first = seen[dim]
-            names = mesh.alias_name
+            names = mesh.axis_names
             # An unnormalized negative dim counts from the end of the alias form.
             alias = ["None"] * max(dim + 1 if dim >= 0 else -dim, ndim or 0)
             alias[dim] = (names[first], names[mesh_dim])  # type: ignore[call-overload]
@@ -625,7 +656,7 @@ def _check_repeated_shards(mesh: DeviceMesh, placements: Sequence[Placement], nd
                 f"Shard({dim}) appears on mesh axes {names[first]!r} (mesh dim {first}) and "
                 f"{names[mesh_dim]!r} (mesh dim {mesh_dim}); the placements form cannot shard one "
                 "tensor dim twice",
-                f"use the alias form, e.g. {tuple(alias)!r}",
+                f"use the alias form, e.g. {format_alias(alias) if as_text else repr(tuple(alias))}",
             )
         seen[dim] = mesh_dim
 
@@ -667,15 +698,15 @@ def _alias_entry_axes(mesh: DeviceMesh, entry: Any, entries: tuple[Any, ...]) ->
             "placements",
             entries,
             f"alias entry {entry!r} is not an axis name, a tuple of names or None",
-            f"use names from {mesh.alias_name}, e.g. (('dp', 'tp'), None)",
+            f"use names from {mesh.axis_names}, e.g. (('dp', 'tp'), None)",
         )
     axes = []
     for name in names:
-        if name not in mesh.alias_name:
+        if name not in mesh.axis_names:
             raise LayoutError(
-                "placements", entries, f"unknown mesh axis {name!r}", f"use names from {mesh.alias_name} or 'None'"
+                "placements", entries, f"unknown mesh axis {name!r}", f"use names from {mesh.axis_names} or 'None'"
             )
-        axes.append(mesh.alias_name.index(name))
+        axes.append(mesh.axis_names.index(name))
     return tuple(axes)
 
 
@@ -720,7 +751,7 @@ def _axis_of(mesh: DeviceMesh, axis: Any, argument: str, value: Any) -> int:
     try:
         return mesh.axis_index(axis)
     except (MeshError, ArgumentTypeError) as err:
-        raise type(err)(argument, value, f"axis={axis!r}: {err.problem}", err.fix) from None
+        raise err.for_argument(argument, value, problem_prefix=f"axis={axis!r}: ") from None
 
 
 def _validate_bound(mesh: DeviceMesh, dim_axes: tuple[tuple[int, ...], ...], partial: tuple[Any, ...]) -> None:
@@ -738,10 +769,10 @@ def _validate_bound(mesh: DeviceMesh, dim_axes: tuple[tuple[int, ...], ...], par
                     f"list mesh dims 0..{mesh.ndim - 1} per tensor dim, e.g. ((0,), ())",
                 )
             if a in used:
-                name = mesh.alias_name[a]
+                name = mesh.axis_names[a]
                 raise LayoutError(
                     "placements",
-                    tuple(tuple(mesh.alias_name[x] for x in ax) or "None" for ax in dim_axes),
+                    tuple(tuple(mesh.axis_names[x] for x in ax) or "None" for ax in dim_axes),
                     f"mesh axis {name!r} splits tensor dims {used[a]} and {dim}; one axis can split one dim only",
                     f"use {name!r} on a single tensor dim",
                 )
@@ -751,7 +782,7 @@ def _validate_bound(mesh: DeviceMesh, dim_axes: tuple[tuple[int, ...], ...], par
             raise LayoutError(
                 "partial",
                 partial,
-                f"mesh axis {mesh.alias_name[a]!r} both splits tensor dim {used[a]} and is Partial({op})",
+                f"mesh axis {mesh.axis_names[a]!r} both splits tensor dim {used[a]} and is Partial({op})",
                 "a mesh dim is either Shard, Replicate or Partial",
             )
 

@@ -62,8 +62,9 @@ class DeviceMesh:
     """An n-d array of ranks with one unique name per axis (torch's ``DeviceMesh``).
 
     ``DeviceMesh([[0, 1], [2, 3]], ("dp", "tp"))`` is a 2x2 mesh whose rows are named
-    ``dp`` and columns ``tp``. ``mesh_dim_names=`` is accepted as torch's name for
-    ``alias_name``; without names the axes are called ``dim0``, ``dim1``, ...
+    ``dp`` and columns ``tp`` (:attr:`axis_names`, JAX's word). The constructor takes the
+    names as ``alias_name`` (the RFC's and MindSpore's word) or ``mesh_dim_names=``
+    (torch's); without names the axes are called ``dim0``, ``dim1``, ...
     """
 
     def __init__(
@@ -108,6 +109,10 @@ class DeviceMesh:
             types = f", axis_types={tuple(t.name.lower() for t in self._axis_types)!r}"
         return f"DeviceMesh({self._ranks.tolist()!r}, alias_name={self._names!r}{types})"
 
+    def __str__(self) -> str:
+        """The mesh's label in reports: ``dp=4 x tp=2`` (axis names and sizes)."""
+        return " x ".join(f"{name}={size}" for name, size in zip(self._names, self.shape))
+
     def __reduce__(self) -> tuple[Any, ...]:
         types = tuple(t.name.lower() for t in self._axis_types)
         return (_rebuild, (self._ranks.tolist(), self._names, types))
@@ -126,11 +131,8 @@ class DeviceMesh:
         return self._ranks.size if axis is None else self.shape[self.axis_index(axis)]
 
     @property
-    def alias_name(self) -> tuple[str, ...]:
-        return self._names
-
-    @property
-    def mesh_dim_names(self) -> tuple[str, ...]:
+    def axis_names(self) -> tuple[str, ...]:
+        """The axis names (JAX's ``Mesh.axis_names``); see also the spellings below."""
         return self._names
 
     @property
@@ -241,8 +243,6 @@ class DeviceMesh:
         """The rank's coordinate along ``axis`` (torch's ``get_local_rank(mesh_dim)``)."""
         return self.get_coordinate(rank)[self.axis_index(axis)]
 
-    def get_device_num_along_axis(self, axis: Axis) -> int:
-        return self.shape[self.axis_index(axis)]
 
     def get_rank_list_along_axis(self, axis: Axis, rank: int | None = None) -> list[int]:
         """The ranks that differ from ``rank`` only along ``axis``, in axis order."""
@@ -298,6 +298,21 @@ class DeviceMesh:
         types = {t.name.lower() for t in self._axis_types}
         axis_type = "explicit" if types == {"explicit"} else "auto"
         return DeviceMesh(self._ranks.reshape(-1), (name or "_".join(self._names),), axis_types=axis_type)  # type: ignore[arg-type]
+
+    # -- the MindSpore and torch spellings (public aliases, kept in this one place) --------
+    @property
+    def alias_name(self) -> tuple[str, ...]:
+        """MindSpore's name for :attr:`axis_names`."""
+        return self._names
+
+    @property
+    def mesh_dim_names(self) -> tuple[str, ...]:
+        """torch's name for :attr:`axis_names`."""
+        return self._names
+
+    def get_device_num_along_axis(self, axis: Axis) -> int:
+        """MindSpore's name for :meth:`size` of one axis."""
+        return self.size(axis)
 
     def get_global_shape(
         self,

@@ -50,7 +50,6 @@ from .inference import default_cost_model, infer_signature, predict
 from .inference.cost import CostModel
 from .inference.jaxpr import _CALLS, _CONSTRAINTS  # the call / constraint primitives predict walks
 from .inference.ops import freeze, op_definition
-from .inference.signature import replicated
 from .layout import Layout
 from .mesh import DeviceMesh
 from .physical import Physical, physical
@@ -114,7 +113,7 @@ def _mesh_of(keys: Sequence[OperandKey], argument: str) -> DeviceMesh:
 
 
 def _layout_of(key: OperandKey, mesh: DeviceMesh) -> Layout:
-    return key[3] if key[0] == "dtensor" else replicated(mesh, len(key[1]))
+    return key[3] if key[0] == "dtensor" else Layout.replicated_on(mesh, len(key[1]))
 
 
 def _arrays(values: Sequence[Any]) -> list[Any]:
@@ -322,7 +321,7 @@ class _Interpreter:
 
     def _replicated(self, value: Any, aval: Any) -> _Value:
         shape = tuple(aval.shape)
-        return _Value(value, physical(replicated(self.mesh, len(shape)), shape))
+        return _Value(value, physical(Layout.replicated_on(self.mesh, len(shape)), shape))
 
     def run(self, jaxpr: Any, consts: Sequence[Any], inputs: Sequence[_Value], prefix: str) -> list[_Value]:
         env: dict[Any, _Value] = {}

@@ -162,8 +162,8 @@ class ParallelStyle:
                 raise PlanError(
                     "axis",
                     None,
-                    f"{self.kind}() names no mesh axis, and the mesh {mesh.alias_name} has {mesh.ndim}",
-                    f'name the axis, e.g. {self.kind}("{mesh.alias_name[-1]}")',
+                    f"{self.kind}() names no mesh axis, and the mesh {mesh.axis_names} has {mesh.ndim}",
+                    f'name the axis, e.g. {self.kind}("{mesh.axis_names[-1]}")',
                 )
             return 0
         return mesh.axis_index(self.axis)
@@ -251,7 +251,7 @@ def _rule_value(regex: str, value: Any, mesh: DeviceMesh) -> ParallelStyle | Lay
     try:
         return Layout.from_placements(mesh, value)
     except Placements2JaxError as error:
-        raise type(error)(f"plan[{regex!r}]", value, error.problem, error.fix) from None
+        raise error.for_argument(f"plan[{regex!r}]", value) from None
 
 
 def plan_layouts(params: Any, mesh: DeviceMesh, plan: PlanLike, *, strict: bool = True) -> Any:
@@ -320,7 +320,7 @@ def _planned_leaves(
 
 def _at_path(error: Placements2JaxError, path: str) -> Placements2JaxError:
     """The same error, its argument naming the pytree path it happened at."""
-    return type(error)(f"{error.argument} (at {path!r})", error.value, error.problem, error.fix)
+    return error.for_argument(f"{error.argument} (at {path!r})", error.value)
 
 
 def _ndim(leaf: Any, path: str) -> int:

@@ -38,7 +38,7 @@ class Physical:
 
     @property
     def mesh_names(self) -> tuple[str, ...]:
-        return self.layout.mesh.alias_name
+        return self.layout.mesh.axis_names
 
     @cached_property
     def unreduced_axes(self) -> tuple[int, ...]:

@@ -138,7 +138,7 @@ def _step(
     after_layout = Layout(mesh, *after)
     return RedistributeStep(
         mesh_dim,
-        mesh.alias_name[mesh_dim],
+        mesh.axis_names[mesh_dim],
         placement_on(before_layout, mesh_dim),
         placement_on(after_layout, mesh_dim),
         collective,

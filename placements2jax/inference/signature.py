@@ -39,9 +39,7 @@ __all__ = [
     "TensorSpec",
     "as_tensor_spec",
     "as_tensor_specs",
-    "layout_text",
     "placement_on",
-    "replicated",
 ]
 
 Shape = tuple[int, ...]
@@ -104,7 +102,7 @@ class TensorSpec:
         return self.layout.mesh
 
     def __str__(self) -> str:
-        return f"{self.aval} {layout_text(self.layout)}"
+        return f"{self.aval} {str(self.layout)}"
 
 
 def as_tensor_spec(value: Any, mesh: DeviceMesh | None = None, argument: str = "input") -> TensorSpec:
@@ -137,7 +135,7 @@ def as_tensor_spec(value: Any, mesh: DeviceMesh | None = None, argument: str = "
         try:
             spec = TensorSpec(tuple(shape), dtype, layout)
         except (LayoutError, ArgumentTypeError, ShapeError) as err:
-            raise type(err)(argument, value, err.problem, err.fix) from None
+            raise err.for_argument(argument, value) from None
     if mesh is not None and spec.mesh != mesh:
         raise InferenceError(
             argument, spec.layout, f"is on {spec.mesh!r}, not on {mesh!r}", "redistribute it onto the op's mesh first"
@@ -179,7 +177,7 @@ def _is_constant(value: Any) -> bool:
 
 def _constant_spec(value: Any, mesh: DeviceMesh) -> TensorSpec:
     shape = np.shape(value)
-    return TensorSpec(shape, jax.numpy.result_type(value), replicated(mesh, len(shape)))
+    return TensorSpec(shape, jax.numpy.result_type(value), Layout.replicated_on(mesh, len(shape)))
 
 
 def _as_dtype(dtype: Any) -> np.dtype:
@@ -202,20 +200,6 @@ def placement_on(layout: Layout, mesh_dim: int) -> Placement:
         return Partial(op)
     dim = layout.mesh_dim_split(mesh_dim)
     return Replicate() if dim is None else Shard(dim)
-
-
-def replicated(mesh: DeviceMesh, ndim: int) -> Layout:
-    """The all-Replicate layout of an ``ndim``-d tensor."""
-    return Layout(mesh, ((),) * ndim)
-
-
-def layout_text(layout: Layout) -> str:
-    """Torch form (``S(0),R``) when it can say the layout, else the alias form + partials."""
-    try:
-        return format_placements(layout.placements)
-    except LayoutError:
-        partial = {layout.mesh.alias_name[m]: op for m, op in enumerate(layout.partial) if op}
-        return f"{layout.alias_map!r}" + (f" partial={partial}" if partial else "")
 
 
 # -- signatures ------------------------------------------------------------------------------
@@ -298,13 +282,13 @@ class RedistributePlan:
 
     def __str__(self) -> str:
         head = (
-            f"redistribute {Aval(self.shape, self.dtype)}: {layout_text(self.src)} -> {layout_text(self.dst)}, "
+            f"redistribute {Aval(self.shape, self.dtype)}: {str(self.src)} -> {str(self.dst)}, "
             f"{format_bytes(self.nbytes)} B per device, cost {format_bytes(self.cost)}"
         )
         if not self.steps:
             return head + " (nothing to do)"
         rows = [
-            (i, s.axis, s.src, s.dst, s.collective, format_bytes(s.nbytes), format_bytes(s.cost), layout_text(s.after))
+            (i, s.axis, s.src, s.dst, s.collective, format_bytes(s.nbytes), format_bytes(s.cost), str(s.after))
             for i, s in enumerate(self.steps)
         ]
         return head + "\n" + format_table(("step", "axis", "from", "to", "collective", "bytes", "cost", "layout after"), rows)
@@ -360,8 +344,8 @@ class Candidate:
         return (any(self.redistributed), self.cost + self.pending, self.redistributed, self.out_bytes, self.layout_key)
 
     def __str__(self) -> str:
-        ins = " ; ".join(layout_text(x) for x in self.in_layouts)
-        outs = " ; ".join(layout_text(x) for x in self.out_layouts)
+        ins = " ; ".join(str(x) for x in self.in_layouts)
+        outs = " ; ".join(str(x) for x in self.out_layouts)
         return f"({ins}) -> ({outs})"
 
 
@@ -424,8 +408,8 @@ class Signature:
         rows = [
             (
                 i,
-                " ; ".join(layout_text(x) for x in c.in_layouts),
-                " ; ".join(layout_text(x) for x in c.out_layouts),
+                " ; ".join(str(x) for x in c.in_layouts),
+                " ; ".join(str(x) for x in c.out_layouts),
                 " | ".join(str(s) for s in c.one_d),
                 "".join("r" if r else "-" for r in c.redistributed),
                 format_bytes(c.cost),
