@@ -16,6 +16,7 @@ from .errors import (
     ShapeError,
     UnsupportedOpError,
 )
+from . import interop  # registers the bridges to other libraries' objects (the core never imports it)
 from .dtensor import DTensor, distribute_tensor, redistribute_collectives
 from .hlo import Collective
 from .inference import (

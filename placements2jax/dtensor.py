@@ -21,11 +21,10 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from .hlo import Collective, compiled_collectives
 from .errors import ArgumentTypeError, MeshError, PlacementError, ShapeError
-from .layout import Layout, PlacementsLike, _as_shape
-from .interop import check_placements_for_shape
+from .layout import Layout, MeshPlacements, PlacementsLike, _as_shape, resolve_layout
 from .mesh import DeviceMesh, as_device_mesh
 from .physical import Physical, physical
-from .placements import Placement, Replicate
+from .placements import Placement
 from .programs import check_redistribute, program, redistribute_array
 
 __all__ = ["DTensor", "distribute_tensor", "redistribute_collectives"]
@@ -47,7 +46,7 @@ class DTensor:
             raise ArgumentTypeError(
                 "array", array, "expected the physical jax.Array", "build DTensors with distribute_tensor or DTensor.from_local"
             )
-        if not isinstance(layout, Layout):
+        if not isinstance(layout, (Layout, MeshPlacements)):
             raise ArgumentTypeError("layout", layout, "expected a placements2jax.Layout", "pass Layout.from_placements(...)")
         shape = _as_shape(shape, "shape")
         layout = layout.bind(len(shape))
@@ -71,6 +70,12 @@ class DTensor:
         obj = object.__new__(cls)
         obj._array, (obj._layout, obj._shape) = children[0], aux
         return obj
+
+    @classmethod
+    def trusted(cls, array: jax.Array, layout: Layout, shape: tuple[int, ...]) -> DTensor:
+        """A DTensor from a program's output, which is exactly ``layout``'s physical array
+        for ``shape``: no re-validation (internal fast path of operators and moves)."""
+        return cls.tree_unflatten((layout, shape), (array,))
 
     # -- reading ---------------------------------------------------------------------
     @property
@@ -195,25 +200,17 @@ class DTensor:
     ) -> DTensor:
         """This tensor under other placements (torch or alias form), possibly on another
         mesh. XLA does the move; see docs/redistribute.md for the collectives."""
-        key = _front_key(self._layout, device_mesh, self._shape, self.dtype, placements)
-        entry = _recall(_MOVES, key)
-        if entry is not None:
-            _, target, move = entry
-            return _trusted(move(self._array) if move else self._array, target, self._shape)
         mesh = self.device_mesh if device_mesh is None else as_device_mesh(device_mesh)
-        if placements is None and mesh == self.device_mesh:
+        if placements is None and mesh is self.device_mesh:
             target = self._layout
         else:
-            target = _layout(mesh, placements, self.ndim)
-            check_placements_for_shape(placements, target, self._shape)
+            target = _layout(mesh, placements, self._shape)
             _check_partial_dtype(target, self.dtype)
-        if mesh != self.device_mesh:
+        if mesh is not self.device_mesh:
             return self._to_other_mesh(target)
         check_redistribute(self._layout, target)
         src, dst = physical(self._layout, self._shape), physical(target, self._shape)
-        move = None if src == dst else program(src, dst)
-        _remember(_MOVES, key, (self._layout, device_mesh), target, move)
-        return DTensor(move(self._array) if move else self._array, target, self._shape)
+        return DTensor.trusted(self._array if src == dst else program(src, dst)(self._array), target, self._shape)
 
     def _to_other_mesh(self, target: Layout) -> DTensor:
         """Reduce on this mesh, transfer with JAX's device_put, re-partial on the target."""
@@ -343,7 +340,7 @@ class DTensor:
                 raise err.for_argument("local_tensor", local_shapes, kind=ShapeError) from None
         else:
             global_shape = layout._check_shape(shape, "shape")
-            check_placements_for_shape(placements, layout, global_shape)
+            _layout(mesh, placements, global_shape)  # foreign placements: checked for this shape
             for rank, got in local_shapes.items():
                 want = layout.local_shape(global_shape, rank)
                 if got != want:
@@ -355,7 +352,7 @@ class DTensor:
                         "pass each rank's torch.chunk block, or the right shape=",
                     )
         if shape is None:
-            check_placements_for_shape(placements, layout, global_shape)
+            _layout(mesh, placements, global_shape)  # foreign placements: checked for this shape
         phys = physical(layout, global_shape)
         block = tuple(p // int(np.prod(layout.pieces(d), dtype=np.int64)) for d, p in enumerate(phys.padded_shape))
         lead = (1,) * len(phys.stacked_axes)
@@ -432,23 +429,16 @@ def distribute_tensor(
     ``placements=None`` replicates."""
     array = _as_array(tensor, "tensor")
     shape = tuple(array.shape)
-    key = _front_key(None, device_mesh, shape, array.dtype, placements)
-    entry = _recall(_PLACEMENTS, key)
-    if entry is not None:  # even layout seen before: place and (for partials) split
-        _, layout, sharding, to_partial = entry
-        placed = jax.device_put(array, sharding)
-        return _trusted(to_partial(placed) if to_partial else placed, layout, shape)
-    mesh = as_device_mesh(device_mesh)
-    layout = _layout(mesh, placements, array.ndim)
+    layout = _layout(device_mesh, placements, shape)
     _check_partial_dtype(layout, array.dtype)
-    check_placements_for_shape(placements, layout, shape)
     target = physical(layout, shape)
     plain = layout.without_partial()
-    if not target.is_padded:
+    if not target.is_padded:  # place, and (for partials) split by a cached program
         source = physical(plain, shape)
-        to_partial = None if source == target else program(source, target)
-        _remember(_PLACEMENTS, key, (device_mesh,), layout, source.sharding, to_partial)
         placed = jax.device_put(array, source.sharding)
+        if source == target:
+            return DTensor.trusted(placed, layout, shape)
+        return DTensor.trusted(program(source, target)(placed), layout, shape)
     elif isinstance(array, np.ndarray):
         padded = np.zeros(target.padded_shape, array.dtype)
         if all(target.is_prefix(d) for d in range(array.ndim)):  # pads only at the ends: a copy
@@ -463,50 +453,15 @@ def distribute_tensor(
     return DTensor(redistribute_array(placed, plain, layout, shape), layout, shape)
 
 
-# Eager dispatch cost: building the target Layout from placements and hashing layouts
-# (which hashes the whole mesh) costs tens of µs per call, and on a small host the XLA CPU
-# runtime's worker threads make every µs of Python between two programs count more
-# (docs/benchmarks.md). Front caches key repeated calls by the id() of the source layout
-# and of the mesh argument (both kept alive in the entry, so no id is reused while it
-# exists), the logical shape, the dtype and the placements as given (hashable ones only),
-# and map them straight to the result's layout and the cached program.
-_MOVES: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-_PLACEMENTS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-_FRONT_LIMIT = 4096
-
-
-def _front_key(
-    layout: Layout | None, device_mesh: Any, shape: tuple[int, ...], dtype: Any, placements: Any
-) -> tuple[Any, ...]:
-    if isinstance(placements, list):
-        placements = tuple(placements)
-    return (id(layout), id(device_mesh), shape, dtype, type(placements), placements)
-
-
-def _recall(cache: dict[tuple[Any, ...], tuple[Any, ...]], key: tuple[Any, ...]) -> tuple[Any, ...] | None:
-    try:
-        return cache.get(key)
-    except TypeError:  # unhashable placements: no front cache for this call
-        return None
-
-
-def _remember(cache: dict[tuple[Any, ...], tuple[Any, ...]], key: tuple[Any, ...], pins: tuple[Any, ...],
-              *values: Any) -> None:
-    if len(cache) >= _FRONT_LIMIT:
-        cache.clear()
-    try:
-        cache[key] = (pins, *values)
-    except TypeError:
-        pass
-
-
-def _trusted(array: jax.Array, layout: Layout, shape: tuple[int, ...]) -> DTensor:
-    """A DTensor from a program's output, which is exactly ``layout``'s physical array."""
-    return DTensor.tree_unflatten((layout, shape), (array,))
-
-
-def _layout(mesh: DeviceMesh, placements: PlacementsLike | None, ndim: int) -> Layout:
-    """The bound layout of ``placements`` (None: replicated) for an ``ndim``-d tensor."""
+def _layout(device_mesh: Any, placements: PlacementsLike | None, shape: int | tuple[int, ...]) -> Layout:
+    """The layout of ``placements`` (None: replicated) for a tensor of ``shape`` (or of
+    that many dims): :func:`resolve_layout`, on a mesh whose axes are of one kind."""
+    if placements is None:
+        mesh = as_device_mesh(device_mesh)
+        layout = Layout.replicated_on(mesh, shape if isinstance(shape, int) else len(shape))
+    else:
+        layout = resolve_layout(device_mesh, placements, shape)
+        mesh = layout.mesh
     if len(set(mesh.axis_types)) > 1:
         # The programs move data with reshard (Explicit axes) or sharding constraints (Auto
         # axes); JAX 0.10.2 has no single call for a mesh mixing both.
@@ -516,9 +471,7 @@ def _layout(mesh: DeviceMesh, placements: PlacementsLike | None, ndim: int) -> L
             "mixes Explicit and Auto axes; DTensor programs need one kind of axis",
             "build the mesh with axis_types='explicit' (default) or 'auto' for every axis",
         )
-    if placements is None:
-        placements = (Replicate(),) * mesh.ndim
-    return Layout.from_placements(mesh, placements).bind(ndim)
+    return layout
 
 
 def _as_array(value: Any, argument: str) -> np.ndarray | jax.Array:
@@ -626,7 +579,7 @@ def redistribute_collectives(
         raise MeshError(
             "device_mesh", device_mesh, "collectives are reported for moves within one mesh", "pass None or dtensor.device_mesh"
         )
-    target = Layout.from_placements(mesh, placements).bind(dtensor.ndim)
+    target = _layout(mesh, placements, dtensor.shape)
     _check_partial_dtype(target, dtensor.dtype)
     check_redistribute(dtensor.layout, target)
     src, dst = physical(dtensor.layout, dtensor.shape), physical(target, dtensor.shape)

@@ -14,8 +14,9 @@ works the same, ``Partial(sum)`` is then carried like the other reduce ops.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import weakref
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import jax
@@ -23,7 +24,7 @@ import numpy as np
 from jax.sharding import AxisType
 
 from .errors import ArgumentTypeError, MeshError
-from .interop import convert_mesh
+from .foreign import convert_mesh
 
 if TYPE_CHECKING:
     from .layout import PlacementsLike
@@ -65,16 +66,22 @@ class DeviceMesh:
     ``dp`` and columns ``tp`` (:attr:`axis_names`, JAX's word). The constructor takes the
     names as ``alias_name`` (the RFC's and MindSpore's word) or ``mesh_dim_names=``
     (torch's); without names the axes are called ``dim0``, ``dim1``, ...
+
+    Meshes are interned, as JAX interns ``jax.sharding.Mesh``: building the same mesh
+    twice (same ranks, names and axis types) gives the same object, so equality and
+    hashing are by identity.
     """
 
-    def __init__(
-        self,
+    _interned: weakref.WeakValueDictionary[tuple[Any, ...], DeviceMesh] = weakref.WeakValueDictionary()
+
+    def __new__(
+        cls,
         mesh: Any,
         alias_name: Sequence[str] | str | None = None,
         *,
         mesh_dim_names: Sequence[str] | str | None = None,
         axis_types: AxisTypeLike | Sequence[AxisTypeLike] = "explicit",
-    ) -> None:
+    ) -> DeviceMesh:
         ranks = _validate_ranks(mesh)
         if alias_name is not None and mesh_dim_names is not None and tuple(alias_name) != tuple(
             mesh_dim_names
@@ -86,22 +93,21 @@ class DeviceMesh:
                 "pass only one of alias_name and mesh_dim_names",
             )
         names = alias_name if alias_name is not None else mesh_dim_names
-        self._ranks = ranks
-        self._names = _validate_names(names, ranks.ndim, "alias_name" if alias_name is not None else "mesh_dim_names")
-        self._axis_types = _validate_axis_types(axis_types, ranks.ndim)
-        # Immutable (the rank array is read-only): the value key and its hash, once.
-        self._value_key = (ranks.shape, tuple(int(r) for r in ranks.flat), self._names, self._axis_types)
-        self._hash = hash(self._value_key)
+        names = _validate_names(names, ranks.ndim, "alias_name" if alias_name is not None else "mesh_dim_names")
+        types = _validate_axis_types(axis_types, ranks.ndim)
+        key = (ranks.shape, tuple(int(r) for r in ranks.flat), names, types)
+        self = cls._interned.get(key)
+        if self is None:
+            self = object.__new__(cls)
+            self._ranks, self._names, self._axis_types = ranks, names, types  # the rank array is read-only
+            cls._interned[key] = self
+        return self
 
-    # -- value semantics -------------------------------------------------------------
-    def _key(self) -> tuple[Any, ...]:
-        return self._value_key
+    def __copy__(self) -> DeviceMesh:
+        return self
 
-    def __eq__(self, other: object) -> bool:
-        return self is other or (isinstance(other, DeviceMesh) and self._value_key == other._value_key)
-
-    def __hash__(self) -> int:
-        return self._hash
+    def __deepcopy__(self, memo: Any) -> DeviceMesh:
+        return self
 
     def __repr__(self) -> str:
         types = ""
@@ -179,10 +185,7 @@ class DeviceMesh:
             raise ArgumentTypeError(
                 "mesh", mesh, "expected a jax.sharding.Mesh", "pass e.g. jax.make_mesh((4, 2), ('dp', 'tp'))"
             )
-        index = {d: i for i, d in enumerate(jax.devices())}
-        ranks = np.vectorize(lambda d: index[d], otypes=[np.int64])(mesh.devices)
-        types = tuple(t.name.lower() for t in mesh.axis_types)
-        return cls(ranks, tuple(mesh.axis_names), axis_types=types)  # type: ignore[arg-type]
+        return _from_jax(mesh)
 
     # -- axes and ranks --------------------------------------------------------------
     def axis_index(self, axis: Axis) -> int:
@@ -384,6 +387,14 @@ def as_device_mesh(mesh: Any, argument: str = "device_mesh") -> DeviceMesh:
             argument, mesh, "expected a placements2jax.DeviceMesh", "build one with init_device_mesh(...)"
         )
     return converted
+
+
+@lru_cache(maxsize=256)
+def _from_jax(mesh: jax.sharding.Mesh) -> DeviceMesh:
+    index = {d: i for i, d in enumerate(jax.devices())}
+    ranks = np.vectorize(lambda d: index[d], otypes=[np.int64])(mesh.devices)
+    types = tuple(t.name.lower() for t in mesh.axis_types)
+    return DeviceMesh(ranks, tuple(mesh.axis_names), axis_types=types)  # type: ignore[arg-type]
 
 
 def _rebuild(ranks: list[Any], names: tuple[str, ...], types: tuple[str, ...]) -> DeviceMesh:

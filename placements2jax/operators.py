@@ -120,11 +120,6 @@ def _arrays(values: Sequence[Any]) -> list[Any]:
     return [v.array if isinstance(v, DTensor) else v for v in values]
 
 
-def _dtensor(array: jax.Array, layout: Layout, shape: Shape) -> DTensor:
-    # The program produced exactly this layout's physical array: skip re-validation.
-    return DTensor.tree_unflatten((layout, shape), (array,))
-
-
 # -- programs --------------------------------------------------------------------------------
 
 
@@ -143,33 +138,30 @@ class Program:
 
     def __call__(self, values: Sequence[Any]) -> Any:
         outs = self.run(*_arrays(values))
-        leaves = [_dtensor(a, layout, shape) for a, layout, shape in zip(outs, self.out_layouts, self.out_shapes)]
+        leaves = [DTensor.trusted(a, layout, shape) for a, layout, shape in zip(outs, self.out_layouts, self.out_shapes)]
         return leaves[0] if self.out_tree.num_nodes == 1 else jax.tree.unflatten(self.out_tree, leaves)
 
 
-# Eager dispatch cost: hashing a Layout hashes its whole mesh, so a front cache keys each
-# DTensor operand's layout (and the cost model) by id() and keeps the objects alive in
-# its key's entry, so no id is reused while the entry exists. A miss goes to the
-# value-keyed program caches below (equal layouts share one compiled program).
-_DISPATCH: dict[tuple[Any, ...], tuple[tuple[Any, ...], Program]] = {}
+# Eager dispatch: one dict lookup per call, keyed by the op, the cost model and each
+# operand's (shape, dtype, layout) (Layouts are interned: hashing one is free). A miss goes
+# to the program caches below.
+_dispatched: dict[tuple[Any, ...], Program] = {}
 _DISPATCH_LIMIT = 4096
 
 
 def _dispatch(tag: tuple[Any, ...], values: Sequence[Any], build: Callable[..., Program]) -> Program:
     cost_model = default_cost_model()
-    fast = (
+    key = (
         tag,
-        id(cost_model),
-        *((v.shape, v.dtype, id(v.layout)) if isinstance(v, DTensor) else _operand_key(v) for v in values),
+        cost_model,
+        *((v.shape, v.dtype, v.layout) if isinstance(v, DTensor) else _operand_key(v) for v in values),
     )
-    entry = _DISPATCH.get(fast)
-    if entry is not None:
-        return entry[1]
-    program = build(tuple(_operand_key(v) for v in values), cost_model)
-    if len(_DISPATCH) >= _DISPATCH_LIMIT:
-        _DISPATCH.clear()
-    pins = (cost_model, *(v.layout for v in values if isinstance(v, DTensor)))
-    _DISPATCH[fast] = (pins, program)
+    program = _dispatched.get(key)
+    if program is None:
+        program = build(tuple(_operand_key(v) for v in values), cost_model)
+        if len(_dispatched) >= _DISPATCH_LIMIT:
+            _dispatched.clear()
+        _dispatched[key] = program
     return program
 
 

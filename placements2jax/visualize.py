@@ -22,7 +22,7 @@ from typing import Any, TextIO
 
 from . import chunking
 from .errors import ArgumentTypeError, MissingDependencyError, ShapeError
-from .layout import Layout, _as_shape
+from .layout import Layout, MeshPlacements, _as_shape
 
 __all__ = ["visualize", "print_layout", "plot", "layout_blocks", "format_ranks", "Block"]
 
@@ -101,7 +101,7 @@ _Segment = tuple[str, "str | None"]  # text and rich style (None: unstyled)
 
 
 def _layout_and_shape(item: Any, shape: Sequence[int] | None) -> tuple[Layout, tuple[int, ...]]:
-    if isinstance(item, Layout):
+    if isinstance(item, (Layout, MeshPlacements)):
         if shape is None:
             raise ArgumentTypeError(
                 "shape",

@@ -806,7 +806,7 @@ LAYOUT_ERRORS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
         "unbound layout asked for its tensor_map",
         lambda: L((Shard(0), Replicate())).tensor_map,
         LayoutError,
-        r"torch-form placements do not say how many dims the tensor has\. "
+        r"torch-form placements do not say how many dims the tensor has, so they have no tensor_map\. "
         r"Fix: call layout\.bind\(ndim\) \(or placement_to_tensor_map\(ndim\)\) first",
     ),
     (
@@ -934,16 +934,18 @@ def test_jax_mesh_accepted(mesh4x2: DeviceMesh) -> None:
     assert Layout.from_device_mesh(mesh4x2.to_jax())("S(0),R") == Layout.from_placements(mesh4x2, "S(0),R")
 
 
-def test_bind_and_hash_are_computed_once_and_pickling_recomputes_the_hash():
+def test_layouts_and_meshes_are_interned_also_through_pickle_and_copy():
+    import copy
     import pickle
 
     mesh = init_device_mesh((2, 2), ("a", "b"))
     unbound = Layout.from_device_mesh(mesh)((Shard(0), Replicate()))
     assert unbound.bind(2) is unbound.bind(2) and unbound.bind(3) is not unbound.bind(2)
     bound = unbound.bind(2)
-    assert hash(bound) == hash(Layout.from_placements(mesh, "S(0),R").bind(2))
-    copy = pickle.loads(pickle.dumps(bound))
-    assert copy == bound and copy._hash is None and hash(copy) == hash(bound)
+    assert bound is Layout.from_placements(mesh, "S(0),R").bind(2) is Layout(mesh, ((0,), ()))
+    assert bound is Layout.from_tensor_map(mesh, (1, -1)) is Layout.from_placements(mesh, ("a", None))
+    assert pickle.loads(pickle.dumps(bound)) is bound
+    assert copy.copy(bound) is bound and copy.deepcopy(bound) is bound
     assert pickle.loads(pickle.dumps(mesh)) == mesh
 
 

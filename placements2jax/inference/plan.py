@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import RedistributeError
-from ..layout import Layout
+from ..layout import Layout, MeshPlacements
 from ..placements import ReduceOp
 from .cost import (
     ALL_GATHER,
@@ -88,6 +88,8 @@ def plan_redistribute(
     """The cheapest plan taking a tensor of ``shape``/``dtype`` from layout ``src`` to
     ``dst`` (both on one mesh), one mesh dim per step (see the module docstring)."""
     spec = TensorSpec(tuple(shape), dtype, src)
+    if isinstance(dst, MeshPlacements):
+        dst = dst.bind(len(spec.shape))
     if not isinstance(dst, Layout):
         raise RedistributeError("dst", dst, "expected a Layout", "pass Layout.from_placements(mesh, ...)")
     if dst.mesh != spec.mesh:

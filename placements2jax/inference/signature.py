@@ -22,6 +22,7 @@ import numpy as np
 from ..errors import ArgumentTypeError, InferenceError, LayoutError, ShapeError
 from ..layout import (
     Layout,
+    MeshPlacements,
     _as_shape,  # the one shape validator of the package
 )
 from ..mesh import DeviceMesh
@@ -83,9 +84,9 @@ class TensorSpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", _as_shape(self.shape, "shape"))
         object.__setattr__(self, "dtype", _as_dtype(self.dtype))
-        if not isinstance(self.layout, Layout):
+        if not isinstance(self.layout, (Layout, MeshPlacements)):
             raise ArgumentTypeError("layout", self.layout, "expected a placements2jax.Layout", "pass Layout(...)")
-        layout = self.layout if self.layout.is_bound else self.layout.bind(len(self.shape))
+        layout = self.layout.bind(len(self.shape)) if isinstance(self.layout, MeshPlacements) else self.layout
         if layout.ndim != len(self.shape):
             raise LayoutError(
                 "layout", layout, f"is for {layout.ndim} dims but the shape {self.shape} has {len(self.shape)}",
@@ -126,7 +127,7 @@ def as_tensor_spec(value: Any, mesh: DeviceMesh | None = None, argument: str = "
                 "expected (shape, dtype, layout) or an object with .shape, .dtype and .layout (a DTensor)",
                 "pass e.g. ((8, 4), jnp.float32, Layout.from_device_mesh(mesh)('S(0),R'))",
             )
-        if not isinstance(layout, Layout):
+        if not isinstance(layout, (Layout, MeshPlacements)):
             if mesh is None:
                 raise ArgumentTypeError(
                     argument, value, "placements without a mesh", "pass a Layout, or pass mesh= as well"

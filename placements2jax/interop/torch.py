@@ -46,10 +46,10 @@ from torch.distributed.tensor.placement_types import Placement as TorchPlacement
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from ..errors import ArgumentTypeError, LayoutError, PlacementError
-from ..layout import Layout
+from ..layout import Layout, MeshPlacements
 from ..mesh import DeviceMesh, as_device_mesh
 from ..placements import REDUCE_OPS, Partial, Placement, Replicate, Shard
-from . import register_mesh_converter, register_placements_converter, register_shape_check
+from ..foreign import register_mesh_converter, register_placements_converter, register_shape_check
 
 __all__ = [
     "from_torch_mesh",
@@ -141,7 +141,7 @@ def to_torch_placements(layout: Layout, global_shape: Sequence[int] | None = Non
     by several mesh dims in mesh order, ``_StridedShard`` for other orders (torch's
     ``DTensorSpec._convert_shard_order_to_StridedShard`` rule). With ``global_shape``,
     checks that torch gives every rank the same shard (see the module docstring)."""
-    if not isinstance(layout, Layout):
+    if not isinstance(layout, (Layout, MeshPlacements)):
         raise ArgumentTypeError(
             "layout", layout, "expected a placements2jax.Layout", "build one with Layout.from_placements"
         )
