@@ -10,7 +10,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from caches import clear_package_caches
+from placements2jax import clear_caches
 from catalogue import mesh_of
 from harness import Config, Section, Table, microseconds, paired, progress, time_each
 from jax._src.core import ShardingTypeError  # not exported by jax 0.10.2
@@ -69,7 +69,7 @@ def _measure_op(mesh: Any, case: tuple[str, Any, dict[str, Any]], config: Config
     signature = infer_signature(op, inputs, **params)
 
     def cold() -> Any:
-        clear_package_caches()
+        clear_caches()
         return infer_signature(op, _inputs(mesh, specs), **params)
 
     def cached() -> Any:
@@ -149,7 +149,7 @@ def _predict(config: Config, section: Section) -> None:
     prediction = predict(transformer_block, *inputs)
 
     def cold() -> Any:
-        clear_package_caches()
+        clear_caches()
         return predict(transformer_block, *_inputs(mesh, specs))
 
     def cached() -> Any:

@@ -16,6 +16,7 @@ from .errors import (
     ShapeError,
     UnsupportedOpError,
 )
+from .caches import clear_caches
 from . import interop  # registers the bridges to other libraries' objects (the core never imports it)
 from .dtensor import DTensor, distribute_tensor, redistribute_collectives
 from .hlo import Collective
@@ -84,6 +85,7 @@ __all__ = [
     "apply",
     "as_device_mesh",
     "check",
+    "clear_caches",
     "colwise",
     "distribute_pytree",
     "distribute_tensor",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from functools import lru_cache
 from typing import Any
 
 import jax
@@ -19,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
+from .caches import cached
 from .hlo import Collective, compiled_collectives
 from .errors import ArgumentTypeError, MeshError, PlacementError, ShapeError
 from .layout import Layout, MeshPlacements, PlacementsLike, _as_shape, resolve_layout
@@ -229,69 +229,9 @@ class DTensor:
             array = redistribute_array(array, replicated, target_plain, shape)
         return DTensor(redistribute_array(array, target_plain, target, shape), target, shape)
 
-    # -- operators (placements2jax.operators, imported on use: it needs inference) -----------
+    # -- operators: +, -, *, /, @, unary -, sum, mean, max, min, transpose, T and reshape are
+    # installed by placements2jax.operators (which comes after DTensor in the data flow).
     __array_ufunc__ = None  # NumPy defers `ndarray <op> DTensor` to the reflected methods
-
-    def __add__(self, other: Any) -> DTensor:
-        return _operators().binary("add", self, other)
-
-    def __radd__(self, other: Any) -> DTensor:
-        return _operators().binary("add", other, self)
-
-    def __sub__(self, other: Any) -> DTensor:
-        return _operators().binary("sub", self, other)
-
-    def __rsub__(self, other: Any) -> DTensor:
-        return _operators().binary("sub", other, self)
-
-    def __mul__(self, other: Any) -> DTensor:
-        return _operators().binary("mul", self, other)
-
-    def __rmul__(self, other: Any) -> DTensor:
-        return _operators().binary("mul", other, self)
-
-    def __truediv__(self, other: Any) -> DTensor:
-        return _operators().binary("div", self, other)
-
-    def __rtruediv__(self, other: Any) -> DTensor:
-        return _operators().binary("div", other, self)
-
-    def __matmul__(self, other: Any) -> DTensor:
-        return _operators().binary("matmul", self, other)
-
-    def __rmatmul__(self, other: Any) -> DTensor:
-        return _operators().binary("matmul", other, self)
-
-    def __neg__(self) -> DTensor:
-        return _operators().unary("neg", self)
-
-    def sum(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DTensor:
-        """Sum over ``axis`` (NumPy's arguments); a sharded reduced axis gives Partial(sum)."""
-        return _operators().reduce("sum", self, axis, keepdims)
-
-    def mean(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DTensor:
-        """Mean over ``axis``; an evenly sharded reduced axis gives Partial(avg)."""
-        return _operators().reduce("mean", self, axis, keepdims)
-
-    def max(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DTensor:
-        """Maximum over ``axis``; a sharded reduced axis gives Partial(max)."""
-        return _operators().reduce("max", self, axis, keepdims)
-
-    def min(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DTensor:
-        """Minimum over ``axis``; a sharded reduced axis gives Partial(min)."""
-        return _operators().reduce("min", self, axis, keepdims)
-
-    def transpose(self, *axes: Any) -> DTensor:
-        """Permute the dims (``x.transpose()`` reverses them, like NumPy)."""
-        return _operators().transpose(self, axes)
-
-    @property
-    def T(self) -> DTensor:
-        return _operators().transpose(self, ())
-
-    def reshape(self, *shape: Any) -> DTensor:
-        """The same elements in ``shape`` (one tuple or the sizes; ``-1`` allowed)."""
-        return _operators().reshape(self, shape)
 
     # -- construction --------------------------------------------------------------------
     @classmethod
@@ -403,22 +343,14 @@ def _exchange(mesh: DeviceMesh, rows: Mapping[int, np.ndarray]) -> dict[int, np.
     return {r: table[i] for i, r in enumerate(mesh.rank_list)}
 
 
-@lru_cache(maxsize=64)
+@cached(maxsize=64)
 def _flat_mesh(mesh: DeviceMesh) -> jax.sharding.Mesh:
     return jax.sharding.Mesh(mesh.devices.reshape(-1), ("ranks",), axis_types=(AxisType.Auto,))
 
 
-@lru_cache(maxsize=64)
+@cached(maxsize=64)
 def _all_gather(flat: jax.sharding.Mesh) -> Any:
     return jax.jit(lambda x: x, out_shardings=NamedSharding(flat, PartitionSpec()))
-
-
-def _operators() -> Any:
-    """placements2jax.operators, imported on first use (it imports inference, which
-    comes after DTensor in the data flow)."""
-    from . import operators
-
-    return operators
 
 
 def distribute_tensor(

@@ -32,6 +32,7 @@ from typing import Any, TypeAlias
 from jax.sharding import NamedSharding, PartitionSpec
 
 from . import chunking
+from .caches import register
 from .errors import ArgumentTypeError, LayoutError, MeshError, PlacementError, ShapeError
 from .foreign import check_placements_for_shape, convert_placements
 from .mesh import DeviceMesh, as_device_mesh
@@ -618,7 +619,7 @@ class Layout:
 # (mesh, placements, partial, ndim or shape) as given -> Layout; hashable arguments only.
 # Placement values, strings and meshes compare by value, and nothing that compares equal
 # to a valid argument is invalid (Shard(True) cannot be built), so a hit is always right.
-_resolved: dict[tuple[Any, ...], Layout] = {}
+_resolved: dict[tuple[Any, ...], Layout] = register({})
 _RESOLVED_LIMIT = 8192
 
 

@@ -16,13 +16,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 import weakref
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import jax
 import numpy as np
 from jax.sharding import AxisType
 
+from .caches import cached
 from .errors import ArgumentTypeError, MeshError
 from .foreign import convert_mesh
 
@@ -389,7 +390,7 @@ def as_device_mesh(mesh: Any, argument: str = "device_mesh") -> DeviceMesh:
     return converted
 
 
-@lru_cache(maxsize=256)
+@cached(maxsize=256)
 def _from_jax(mesh: jax.sharding.Mesh) -> DeviceMesh:
     index = {d: i for i, d in enumerate(jax.devices())}
     ranks = np.vectorize(lambda d: index[d], otypes=[np.int64])(mesh.devices)

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from functools import lru_cache
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from .caches import cached
 from .errors import RedistributeError
 from .layout import Layout
 from .physical import Physical, physical
@@ -204,7 +204,7 @@ def _integer_stack(x: jax.Array, dst: Physical, kept: tuple[int, ...]) -> jax.Ar
     return jnp.pad(x, pads)
 
 
-@lru_cache(maxsize=2048)
+@cached(maxsize=2048)
 def program(src: Physical, dst: Physical) -> jax.stages.Wrapped:
     """The cached jitted program taking ``src``'s array to ``dst``'s array."""
     return jax.jit(lambda x: convert(x, src, dst), out_shardings=dst.sharding)

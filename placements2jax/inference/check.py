@@ -37,12 +37,12 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
-from functools import lru_cache
 from typing import Any
 
 import jax
 from jax.sharding import AxisType, NamedSharding
 
+from ..caches import cached
 from ..errors import InferenceError
 from ..hlo import Collective, parse_collectives
 from ..layout import Layout
@@ -235,7 +235,7 @@ def _check_compilable(argument: str, layout: Layout, shape: tuple[int, ...]) -> 
         )
 
 
-@lru_cache(maxsize=64)
+@cached(maxsize=64)
 def _auto_mesh(mesh: DeviceMesh) -> jax.sharding.Mesh:
     return jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * mesh.ndim)
 

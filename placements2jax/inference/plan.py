@@ -35,11 +35,11 @@ import heapq
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
+from ..caches import cached
 from ..errors import RedistributeError
 from ..layout import Layout, MeshPlacements
 from ..placements import ReduceOp
@@ -101,7 +101,7 @@ def plan_redistribute(
     return _plan(spec.shape, spec.dtype, spec.layout, dst, resolve_cost_model(cost_model))
 
 
-@lru_cache(maxsize=8192)
+@cached(maxsize=8192)
 def _plan(shape: tuple[int, ...], dtype: np.dtype, src: Layout, dst: Layout, cost_model: Any) -> RedistributePlan:
     mesh = src.mesh
     weights = cost_model.weights(mesh)
@@ -151,7 +151,7 @@ def _step(
     )
 
 
-@lru_cache(maxsize=1024)
+@cached(maxsize=1024)
 def _search(
     shape: tuple[int, ...], itemsize: int, mesh_shape: tuple[int, ...], weights: tuple[Fraction, ...], src: State
 ) -> _Dijkstra:

@@ -27,11 +27,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from fractions import Fraction
-from functools import lru_cache, partial
+from functools import partial
 from typing import Any
 
 import jax
 
+from ..caches import cached
 from ..errors import ArgumentTypeError, InferenceError
 from ..layout import Layout, MeshPlacements
 from ..mesh import DeviceMesh
@@ -120,7 +121,7 @@ def _as_specs(inputs: Any, mesh: DeviceMesh | None) -> tuple[tuple[TensorSpec, .
     return as_tensor_specs(inputs, mesh)
 
 
-@lru_cache(maxsize=4096)
+@cached(maxsize=4096)
 def _out_avals(op: str, params: Any, in_avals: tuple[Aval, ...]) -> tuple[Aval, ...]:
     reference = partial(op_definition(op).reference, **dict(params))
     try:
@@ -155,7 +156,7 @@ def _constraint(value: Any, avals: tuple[Aval, ...], mesh: DeviceMesh, argument:
     )
 
 
-@lru_cache(maxsize=4096)
+@cached(maxsize=4096)
 def _infer(
     rule: RuleKey,
     params: Any,
