@@ -27,7 +27,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from .display import collective_axes
-from .dtensor import DTensor, distribute_tensor
+from .dtensor import DTensor, distribute_tensor, is_dtensor
 from .hlo import Collective, parse_collectives
 from .inference import CheckReport, check
 from .inference.check import collective_nbytes
@@ -176,10 +176,6 @@ def _to_batch(value: Any, batch: NamedSharding | None) -> Any:
 
 def _gelu(value: Any) -> Any:
     return apply(jax.nn.gelu, value) if isinstance(value, DTensor) else jax.nn.gelu(value)
-
-
-def _is_dtensor(value: Any) -> bool:
-    return isinstance(value, DTensor)
 
 
 def loss_fn(params: Any, x: Any, y: Any, batch: NamedSharding | None = None) -> jax.Array:
@@ -396,7 +392,7 @@ def train(mesh: DeviceMesh | None = None, config: TrainingConfig = TrainingConfi
 
 
 def _flat_with_paths(tree: Any) -> dict[str, Any]:
-    leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_dtensor)[0]
+    leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_dtensor)[0]
     return {path_of(key_path): leaf for key_path, leaf in leaves}
 
 
@@ -406,7 +402,7 @@ def _check_step(
     """``check`` of the SGD step on the DTensors' layouts, and the names of its outputs
     (the loss, then the parameter paths). ``check`` compiles on an Auto-axes copy of the
     mesh, so the step pins its activations with Auto-axes shardings."""
-    leaves, tree = jax.tree.flatten(params, is_leaf=_is_dtensor)
+    leaves, tree = jax.tree.flatten(params, is_leaf=is_dtensor)
     auto = DeviceMesh(mesh.mesh, mesh.axis_names, axis_types="auto")
     batch = Layout.from_placements(auto, BATCH).bind(2).named_sharding
     step = partial(sgd_step, learning_rate=config.learning_rate, batch=batch)

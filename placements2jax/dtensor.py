@@ -21,13 +21,13 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 from .caches import cached
 from .hlo import Collective, compiled_collectives
 from .errors import ArgumentTypeError, MeshError, PlacementError, ShapeError
-from .layout import Layout, MeshPlacements, PlacementsLike, _as_shape, resolve_layout
+from .layout import Layout, MeshPlacements, PlacementsLike, as_shape, resolve_layout
 from .mesh import DeviceMesh, as_device_mesh
 from .physical import Physical, physical
 from .placements import Placement
 from .programs import check_redistribute, program, redistribute_array
 
-__all__ = ["DTensor", "distribute_tensor", "redistribute_collectives"]
+__all__ = ["DTensor", "distribute_tensor", "redistribute_collectives", "is_dtensor"]
 
 
 @jax.tree_util.register_pytree_node_class
@@ -48,7 +48,7 @@ class DTensor:
             )
         if not isinstance(layout, (Layout, MeshPlacements)):
             raise ArgumentTypeError("layout", layout, "expected a placements2jax.Layout", "pass Layout.from_placements(...)")
-        shape = _as_shape(shape, "shape")
+        shape = as_shape(shape, "shape")
         layout = layout.bind(len(shape))
         expected = physical(layout, shape).array_shape
         if tuple(array.shape) != expected:
@@ -147,7 +147,7 @@ class DTensor:
         exact shape (empty shards included) and values (partial values unreduced)."""
         self._require_concrete("to_local")
         mesh = self.device_mesh
-        rank = mesh._resolve_rank(rank)
+        rank = mesh.resolve_rank(rank)
         device = mesh.device(rank)
         shard = next((s for s in self._array.addressable_shards if s.device == device), None)
         if shard is None:
@@ -353,6 +353,11 @@ def _all_gather(flat: jax.sharding.Mesh) -> Any:
     return jax.jit(lambda x: x, out_shardings=NamedSharding(flat, PartitionSpec()))
 
 
+def is_dtensor(value: Any) -> bool:
+    """``isinstance(value, DTensor)``: the ``is_leaf=`` of tree functions that stop at DTensors."""
+    return isinstance(value, DTensor)
+
+
 def distribute_tensor(
     tensor: Any, device_mesh: DeviceMesh, placements: PlacementsLike | None = None
 ) -> DTensor:
@@ -494,7 +499,7 @@ def _locals_by_rank(local_tensor: Any, mesh: DeviceMesh) -> dict[int, np.ndarray
 def _own_rank(mesh: DeviceMesh, rank: Any, local_tensor: Mapping[Any, Any]) -> int:
     """A key of the ``local_tensor`` mapping as a rank of ``mesh``."""
     try:
-        return mesh._check_rank(rank)
+        return mesh.check_rank(rank)
     except (ArgumentTypeError, MeshError) as err:
         raise err.for_argument("local_tensor", sorted(map(repr, local_tensor)), problem_prefix=f"key {rank!r}: ") from None
 

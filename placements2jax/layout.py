@@ -49,7 +49,7 @@ from .placements import (
     parse_placements,
 )
 
-__all__ = ["Layout", "MeshPlacements", "resolve_layout", "PlacementsLike", "TensorMap", "AliasEntry", "ShardOrder"]
+__all__ = ["Layout", "MeshPlacements", "resolve_layout", "as_shape", "PlacementsLike", "TensorMap", "AliasEntry", "ShardOrder"]
 
 AliasEntry: TypeAlias = str | None | tuple[str, ...]
 PlacementsLike: TypeAlias = "Sequence[Placement] | Sequence[AliasEntry] | str"
@@ -101,7 +101,7 @@ class MeshPlacements:
     ) -> tuple[int, ...]:
         """:meth:`Layout.global_shape_from_local`, bound to the rank of the local shapes."""
         some = next(iter(local_shape.values()), ()) if isinstance(local_shape, Mapping) else local_shape
-        ndim = len(_as_shape(some, "local_shape"))
+        ndim = len(as_shape(some, "local_shape"))
         return self.bind(ndim).global_shape_from_local(local_shape, rank, assume_even=assume_even)
 
     def __getattr__(self, name: str) -> Any:
@@ -509,7 +509,7 @@ class Layout:
 
     # -- local shapes and offsets (pure) -------------------------------------------------
     def _check_shape(self, global_shape: Sequence[int], argument: str = "global_shape") -> tuple[int, ...]:
-        shape = _as_shape(global_shape, argument)
+        shape = as_shape(global_shape, argument)
         if len(shape) != self.ndim:
             raise ShapeError(
                 argument, shape, f"{len(shape)} dims, but the layout is for {self.ndim} dims", "pass a matching shape"
@@ -563,9 +563,9 @@ class Layout:
         do and ``assume_even`` (torch's assumption ``global = local * pieces``) is off.
         """
         known = (
-            {self._mesh._check_rank(r): _as_shape(s, "local_shape") for r, s in local_shape.items()}
+            {self._mesh.check_rank(r): as_shape(s, "local_shape") for r, s in local_shape.items()}
             if isinstance(local_shape, Mapping)
-            else {self._mesh._resolve_rank(rank): _as_shape(local_shape, "local_shape")}
+            else {self._mesh.resolve_rank(rank): as_shape(local_shape, "local_shape")}
         )
         if not known:
             raise ShapeError("local_shape", local_shape, "no rank's local shape given", "pass e.g. {0: (2, 4)}")
@@ -614,6 +614,29 @@ class Layout:
         return {r: self.local_shape(global_shape, r) for r in self._mesh.rank_list}
 
 
+def _get_global_shape(
+    self: DeviceMesh,
+    local_shape: Sequence[int] | Mapping[int, Sequence[int]],
+    placements: PlacementsLike,
+    rank: int | None = None,
+    *,
+    assume_even: bool = False,
+) -> tuple[int, ...]:
+    """The global shape whose torch.chunk layout gives ``local_shape`` on ``rank``.
+
+    ``local_shape`` is the shape on ``rank`` (default: the calling rank) or a mapping
+    rank -> local shape. Exact for uneven shards; when several global shapes give the
+    same local shapes (rank 0 holds 2 rows for 5..8 rows over 4 ranks), raises
+    :class:`ShapeError` unless ``assume_even=True`` picks torch's ``local * pieces``.
+    (The RFC's ``DeviceMesh.get_global_shape``; :meth:`Layout.global_shape_from_local`.)
+    """
+    layout = Layout.from_placements(self, placements)
+    return layout.global_shape_from_local(local_shape, rank, assume_even=assume_even)
+
+
+DeviceMesh.get_global_shape = _get_global_shape  # type: ignore[attr-defined]
+
+
 # -- the one way from placements as given to a bound Layout --------------------------------
 
 # (mesh, placements, partial, ndim or shape) as given -> Layout; hashable arguments only.
@@ -640,7 +663,7 @@ def resolve_layout(
         pass
     except TypeError:  # unhashable arguments (a partial dict, nested lists): not cached
         key = None
-    ndim = shape if isinstance(shape, int) else len(_as_shape(shape, "shape"))
+    ndim = shape if isinstance(shape, int) else len(as_shape(shape, "shape"))
     layout = Layout.from_placements(mesh, placements, partial=partial).bind(ndim)
     if not isinstance(shape, int):
         check_placements_for_shape(placements, layout, tuple(shape))
@@ -743,7 +766,9 @@ def _validate_shard_order(
     return _shard_order_of(placements, tuple(order.items()))
 
 
-def _as_shape(shape: Any, argument: str) -> tuple[int, ...]:
+def as_shape(shape: Any, argument: str) -> tuple[int, ...]:
+    """``shape`` as a tuple of non-negative ints (the package's one shape validator),
+    reporting a bad one as a bad ``argument``."""
     if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
         raise ArgumentTypeError(argument, shape, "expected a tuple of ints", "pass e.g. (8, 2)")
     for n in shape:

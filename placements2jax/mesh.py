@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 import weakref
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 import jax
 import numpy as np
@@ -26,9 +26,6 @@ from jax.sharding import AxisType
 from .caches import cached
 from .errors import ArgumentTypeError, MeshError
 from .foreign import convert_mesh
-
-if TYPE_CHECKING:
-    from .layout import PlacementsLike
 
 __all__ = ["DeviceMesh", "MeshGroup", "init_device_mesh", "as_device_mesh", "Axis"]
 
@@ -167,7 +164,7 @@ class DeviceMesh:
         return np.vectorize(lambda r: all_devices[r], otypes=[object])(self._ranks)
 
     def device(self, rank: int) -> jax.Device:
-        self._check_rank(rank)
+        self.check_rank(rank)
         return jax.devices()[rank]
 
     # -- JAX -------------------------------------------------------------------------
@@ -211,7 +208,8 @@ class DeviceMesh:
     def axis_name(self, axis: Axis) -> str:
         return self._names[self.axis_index(axis)]
 
-    def _check_rank(self, rank: Any) -> int:
+    def check_rank(self, rank: Any) -> int:
+        """``rank`` as an int, if it is a rank of this mesh (else a MeshError)."""
         if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
             raise ArgumentTypeError("rank", rank, "expected an int rank", f"use one of {self.rank_list}")
         if int(rank) not in self._rank_positions:
@@ -236,12 +234,13 @@ class DeviceMesh:
             "pass rank= explicitly, or build the mesh over devices of this process",
         )
 
-    def _resolve_rank(self, rank: int | None) -> int:
-        return self.calling_rank() if rank is None else self._check_rank(rank)
+    def resolve_rank(self, rank: int | None) -> int:
+        """``rank`` checked, or the calling rank for ``None``."""
+        return self.calling_rank() if rank is None else self.check_rank(rank)
 
     def get_coordinate(self, rank: int | None = None) -> tuple[int, ...]:
         """The rank's index along every mesh axis."""
-        return self._rank_positions[self._resolve_rank(rank)]
+        return self._rank_positions[self.resolve_rank(rank)]
 
     def get_local_rank(self, axis: Axis, rank: int | None = None) -> int:
         """The rank's coordinate along ``axis`` (torch's ``get_local_rank(mesh_dim)``)."""
@@ -318,26 +317,8 @@ class DeviceMesh:
         """MindSpore's name for :meth:`size` of one axis."""
         return self.size(axis)
 
-    def get_global_shape(
-        self,
-        local_shape: Sequence[int] | Mapping[int, Sequence[int]],
-        placements: PlacementsLike,
-        rank: int | None = None,
-        *,
-        assume_even: bool = False,
-    ) -> tuple[int, ...]:
-        """The global shape whose torch.chunk layout gives ``local_shape`` on ``rank``.
-
-        ``local_shape`` is the shape on ``rank`` (default: the calling rank) or a mapping
-        rank -> local shape. Exact for uneven shards; when several global shapes give the
-        same local shapes (rank 0 holds 2 rows for 5..8 rows over 4 ranks), raises
-        :class:`ShapeError` unless ``assume_even=True`` picks torch's ``local * pieces``.
-        """
-        # Local import: the layout module builds on meshes, not the other way round.
-        from .layout import Layout
-
-        layout = Layout.from_device_mesh(self)(placements)
-        return layout.global_shape_from_local(local_shape, rank, assume_even=assume_even)
+    # get_global_shape (the RFC's DeviceMesh method) needs layouts: placements2jax.layout
+    # installs it, so this module does not import the one after it.
 
 
 def init_device_mesh(

@@ -65,7 +65,7 @@ from typing import Any, Literal, TypeAlias
 
 import jax
 
-from .dtensor import DTensor, distribute_tensor
+from .dtensor import DTensor, distribute_tensor, is_dtensor
 from .errors import ArgumentTypeError, Placements2JaxError, PlanError
 from .layout import Layout, PlacementsLike
 from .mesh import DeviceMesh, as_device_mesh
@@ -285,7 +285,7 @@ def _planned_leaves(
 ) -> tuple[list[tuple[str, Any]], Any, list[Layout]]:
     """(path, leaf) pairs, the tree structure and each leaf's layout under ``plan``."""
     rules = _compile_plan(plan, mesh)
-    key_leaves, tree = jax.tree_util.tree_flatten_with_path(params, is_leaf=_is_dtensor)
+    key_leaves, tree = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_dtensor)
     flat = [(path_of(key_path), leaf) for key_path, leaf in key_leaves]
     used: set[int] = set()
     layouts = []
@@ -336,8 +336,5 @@ def _ndim(leaf: Any, path: str) -> int:
 
 def layouts_of(tree: Any) -> Any:
     """The pytree with each DTensor replaced by its :class:`Layout` (other leaves kept)."""
-    return jax.tree_util.tree_map(lambda x: x.layout if _is_dtensor(x) else x, tree, is_leaf=_is_dtensor)
+    return jax.tree_util.tree_map(lambda x: x.layout if is_dtensor(x) else x, tree, is_leaf=is_dtensor)
 
-
-def _is_dtensor(value: Any) -> bool:
-    return isinstance(value, DTensor)

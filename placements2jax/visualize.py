@@ -22,7 +22,7 @@ from typing import Any, TextIO
 
 from . import chunking
 from .errors import ArgumentTypeError, MissingDependencyError, ShapeError
-from .layout import Layout, MeshPlacements, _as_shape
+from .layout import Layout, MeshPlacements, as_shape
 
 __all__ = ["visualize", "print_layout", "plot", "layout_blocks", "format_ranks", "Block"]
 
@@ -116,7 +116,7 @@ def _layout_and_shape(item: Any, shape: Sequence[int] | None) -> tuple[Layout, t
         raise ArgumentTypeError(
             "item", item, "expected a Layout or a DTensor", "pass Layout.from_placements(mesh, placements) and a shape"
         )
-    shape = _as_shape(shape, "shape")
+    shape = as_shape(shape, "shape")
     if len(shape) not in (1, 2):
         raise ShapeError(
             "shape",

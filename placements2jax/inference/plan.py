@@ -183,10 +183,8 @@ class _Dijkstra:
 
     def path_to(self, target: State) -> list[_Move]:
         while target not in self._settled:
-            if not self._heap:
-                raise RedistributeError(
-                    "dst", target, "unreachable by one-mesh-dim steps", "report this: every layout should be reachable"
-                )
+            # An internal invariant, not bad input: every layout is reachable by one-mesh-dim steps.
+            assert self._heap, f"redistribution planner: {target} unreachable by one-mesh-dim steps"
             cost, steps, path, state = heapq.heappop(self._heap)
             if state in self._settled:
                 continue

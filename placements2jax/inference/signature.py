@@ -23,7 +23,7 @@ from ..errors import ArgumentTypeError, InferenceError, LayoutError, ShapeError
 from ..layout import (
     Layout,
     MeshPlacements,
-    _as_shape,  # the one shape validator of the package
+    as_shape,  # the one shape validator of the package
 )
 from ..mesh import DeviceMesh
 from ..placements import Partial, Placement, Replicate, Shard, format_placements
@@ -54,7 +54,7 @@ class Aval:
     dtype: np.dtype
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", _as_shape(self.shape, "shape"))
+        object.__setattr__(self, "shape", as_shape(self.shape, "shape"))
         object.__setattr__(self, "dtype", _as_dtype(self.dtype))
 
     @property
@@ -82,7 +82,7 @@ class TensorSpec:
     layout: Layout
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", _as_shape(self.shape, "shape"))
+        object.__setattr__(self, "shape", as_shape(self.shape, "shape"))
         object.__setattr__(self, "dtype", _as_dtype(self.dtype))
         if not isinstance(self.layout, (Layout, MeshPlacements)):
             raise ArgumentTypeError("layout", self.layout, "expected a placements2jax.Layout", "pass Layout(...)")

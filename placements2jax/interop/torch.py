@@ -85,7 +85,7 @@ def to_torch_mesh(mesh: DeviceMesh, device_type: str = "cpu", *, rank: int | Non
     ranks = torch.tensor(mesh.mesh.tolist(), dtype=torch.int64)
     if dist.is_available() and dist.is_initialized():
         return TorchDeviceMesh(device_type, ranks, mesh_dim_names=mesh.axis_names)
-    seen_from = mesh.calling_rank() if rank is None else mesh._check_rank(rank)
+    seen_from = mesh.calling_rank() if rank is None else mesh.check_rank(rank)
     return TorchDeviceMesh(device_type, ranks, mesh_dim_names=mesh.axis_names, _init_backend=False, _rank=seen_from)
 
 
