@@ -59,7 +59,22 @@ PartialLike: TypeAlias = "Mapping[str | int, str] | Sequence[str | None] | None"
 ShardOrder: TypeAlias = tuple[tuple[int, tuple[int, ...]], ...]
 
 
-class MeshPlacements:
+class _OnMesh:
+    """What :class:`MeshPlacements` and :class:`Layout` share: their mesh, by both names."""
+
+    __slots__ = ("_mesh",)
+
+    @property
+    def mesh(self) -> DeviceMesh:
+        return self._mesh
+
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        """torch's name for :attr:`mesh` (the one alias spelling a layout keeps)."""
+        return self._mesh
+
+
+class MeshPlacements(_OnMesh):
     """Torch-form placements recorded on a mesh, not yet bound to a tensor rank.
 
     The RFC's ``Layout.from_device_mesh(mesh)`` is an empty one; calling it with
@@ -69,7 +84,7 @@ class MeshPlacements:
     :class:`Layout` of an ``ndim``-d tensor. Immutable; equal by value.
     """
 
-    __slots__ = ("_mesh", "_placements", "_shard_order", "__weakref__")
+    __slots__ = ("_placements", "_shard_order", "__weakref__")
 
     def __init__(
         self, mesh: DeviceMesh, placements: tuple[Placement, ...], shard_order: ShardOrder | None = None
@@ -116,15 +131,6 @@ class MeshPlacements:
         raise AttributeError(name)
 
     @property
-    def mesh(self) -> DeviceMesh:
-        return self._mesh
-
-    @property
-    def device_mesh(self) -> DeviceMesh:
-        """torch's name for :attr:`mesh`."""
-        return self._mesh
-
-    @property
     def is_bound(self) -> bool:
         return False
 
@@ -167,7 +173,7 @@ class MeshPlacements:
         return ",".join(str(p) for p in self._placements)
 
 
-class Layout:
+class Layout(_OnMesh):
     """How a tensor of a given rank lies on a :class:`DeviceMesh` (see the module docstring).
 
     ``Layout(mesh, dim_axes, partial)``: per tensor dim, the mesh dims (indices from the
@@ -176,7 +182,7 @@ class Layout:
     layout twice gives the same object, so equality and hashing are by identity (cheap).
     """
 
-    __slots__ = ("_mesh", "_dim_axes", "_partial", "__dict__", "__weakref__")
+    __slots__ = ("_dim_axes", "_partial", "__dict__", "__weakref__")
 
     _interned: weakref.WeakValueDictionary[tuple[Any, ...], Layout] = weakref.WeakValueDictionary()
 
@@ -382,15 +388,6 @@ class Layout:
         return self if not self.has_partial else Layout(self._mesh, self._dim_axes)
 
     # -- basic properties -------------------------------------------------------------
-    @property
-    def mesh(self) -> DeviceMesh:
-        return self._mesh
-
-    @property
-    def device_mesh(self) -> DeviceMesh:
-        """torch's name for :attr:`mesh` (the one alias spelling a Layout keeps)."""
-        return self._mesh
-
     @property
     def is_bound(self) -> bool:
         """Always True (see :class:`MeshPlacements` for placements not yet bound)."""
