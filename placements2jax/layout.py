@@ -145,6 +145,20 @@ class MeshPlacements(_OnMesh):
         return tuple(p.reduce_op if isinstance(p, Partial) else None for p in self._placements)
 
     @property
+    def partition_spec(self) -> PartitionSpec:
+        """The ``PartitionSpec``, when the placements fix it without the tensor rank (no
+        negative Shard dim): JAX reads missing trailing entries as unsplit dims."""
+        dims = [p.dim for p in self._placements if isinstance(p, Shard)]
+        if any(d < 0 for d in dims):
+            raise LayoutError(
+                "layout",
+                self,
+                "a negative Shard dim counts from the end of a tensor whose rank is not known yet",
+                "call layout.bind(ndim) first",
+            )
+        return self.bind(max(dims, default=-1) + 1).partition_spec
+
+    @property
     def shard_order(self) -> ShardOrder:
         """Torch's ``DTensorSpec.shard_order``: ``(tensor dim, mesh dims major to minor)``
         for every sharded tensor dim as written."""

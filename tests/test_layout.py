@@ -991,3 +991,12 @@ def test_replicated_and_without_partial_live_on_the_value(mesh4x2: DeviceMesh) -
     assert str(layout.replicated()) == "R,R"
     assert Layout.replicated_on(mesh4x2, 3) == Layout.from_placements(mesh4x2, "R,R").bind(3)
     assert str(mesh4x2) == "dp=4 x tp=2"
+
+
+def test_placements_not_yet_bound_answer_what_needs_no_rank(mesh4x2: DeviceMesh) -> None:
+    recorded = Layout.from_placements(mesh4x2, "R,S(1)")
+    assert recorded.partition_spec == P(None, "tp")  # JAX pads the trailing dims
+    assert recorded.bind(3).partition_spec == P(None, "tp", None)
+    assert Layout.from_placements(mesh4x2, "P,R").partition_spec == P(unreduced={"dp"})
+    with pytest.raises(LayoutError, match=r"a negative Shard dim counts from the end"):
+        Layout.from_placements(mesh4x2, "S(-1),R").partition_spec  # noqa: B018
