@@ -402,6 +402,7 @@ def redistribute(
                     "mesh_axes": list(collective_axes(mesh, c)),
                     "dtype": c.dtype,
                     "result_shapes": [list(s) for s in c.result_shapes],
+                    "results": c.results_text,
                     "groups": [list(g) for g in c.groups],
                     "bytes": _number(collective_nbytes(c, mesh.size())),
                 }
@@ -456,7 +457,7 @@ def _redistribute_text(mesh: DeviceMesh, report: dict[str, Any]) -> str:
     ]
     collectives = [
         (i, c["op"], ",".join(c["mesh_axes"]) or "-",
-         " ".join(f"{c['dtype']}{s}" for s in c["result_shapes"]), _groups_text(c["op"], c["groups"]), c["bytes"])
+         c["results"], _groups_text(c["op"], c["groups"]), c["bytes"])
         for i, c in enumerate(compiled["collectives"])
     ]  # fmt: skip
     lines = [

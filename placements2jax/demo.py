@@ -326,7 +326,7 @@ class TrainingReport:
         headers = ("collective", "mesh axes", "predicted", "bytes/device", "compiled", "bytes/device")
         rows = [
             (i, c.op, ",".join(collective_axes(self.mesh, c)) or "-",
-             " ".join(f"{c.dtype}{list(s)}" for s in c.result_shapes),
+             c.results_text,
              format_bytes(collective_nbytes(c, self.mesh.size())))
             for i, c in enumerate(self.collectives)
         ]  # fmt: skip
