@@ -391,6 +391,8 @@ class Layout(_OnMesh):
     @classmethod
     def replicated_on(cls, mesh: DeviceMesh, ndim: int) -> Layout:
         """The all-Replicate layout of an ``ndim``-d tensor on ``mesh``."""
+        if isinstance(ndim, bool) or not isinstance(ndim, int) or ndim < 0:
+            raise ArgumentTypeError("ndim", ndim, "expected a non-negative int", "pass the tensor's number of dims")
         return cls(mesh, ((),) * ndim)
 
     def replicated(self) -> Layout:
