@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from .caches import cached
+from .caches import cached, register
 from .hlo import Collective, compiled_collectives
 from .errors import ArgumentTypeError, MeshError, PlacementError, ShapeError
 from .layout import Layout, MeshPlacements, PlacementsLike, as_shape, resolve_layout
@@ -200,6 +200,11 @@ class DTensor:
     ) -> DTensor:
         """This tensor under other placements (torch or alias form), possibly on another
         mesh. XLA does the move; see docs/redistribute.md for the collectives."""
+        key = (self._layout, device_mesh, _frozen(placements), self._shape, self.dtype)
+        move = _remembered(_moves, key)
+        if move is not None:
+            target, run = move
+            return DTensor.trusted(run(self._array) if run else self._array, target, self._shape)
         mesh = self.device_mesh if device_mesh is None else as_device_mesh(device_mesh)
         if placements is None and mesh is self.device_mesh:
             target = self._layout
@@ -210,7 +215,9 @@ class DTensor:
             return self._to_other_mesh(target)
         check_redistribute(self._layout, target)
         src, dst = physical(self._layout, self._shape), physical(target, self._shape)
-        return DTensor.trusted(self._array if src == dst else program(src, dst)(self._array), target, self._shape)
+        run = None if src == dst else program(src, dst)
+        _remember(_moves, key, (target, run))
+        return DTensor.trusted(run(self._array) if run else self._array, target, self._shape)
 
     def _to_other_mesh(self, target: Layout) -> DTensor:
         """Reduce on this mesh, transfer with JAX's device_put, re-partial on the target."""
@@ -366,16 +373,22 @@ def distribute_tensor(
     ``placements=None`` replicates."""
     array = _as_array(tensor, "tensor")
     shape = tuple(array.shape)
+    key = (device_mesh, _frozen(placements), shape, array.dtype)
+    placing = _remembered(_placings, key)
+    if placing is not None:  # an even layout seen before: place, and split partials
+        layout, sharding, split = placing
+        placed = jax.device_put(array, sharding)
+        return DTensor.trusted(split(placed) if split else placed, layout, shape)
     layout = _layout(device_mesh, placements, shape)
     _check_partial_dtype(layout, array.dtype)
     target = physical(layout, shape)
     plain = layout.without_partial()
     if not target.is_padded:  # place, and (for partials) split by a cached program
         source = physical(plain, shape)
+        split = None if source == target else program(source, target)
+        _remember(_placings, key, (layout, source.sharding, split))
         placed = jax.device_put(array, source.sharding)
-        if source == target:
-            return DTensor.trusted(placed, layout, shape)
-        return DTensor.trusted(program(source, target)(placed), layout, shape)
+        return DTensor.trusted(split(placed) if split else placed, layout, shape)
     elif isinstance(array, np.ndarray):
         padded = np.zeros(target.padded_shape, array.dtype)
         if all(target.is_prefix(d) for d in range(array.ndim)):  # pads only at the ends: a copy
@@ -388,6 +401,37 @@ def distribute_tensor(
         placed = jax.device_put(array, physical(replicated, shape).sharding)
         placed = redistribute_array(placed, replicated, plain, shape)
     return DTensor(redistribute_array(placed, plain, layout, shape), layout, shape)
+
+
+# Eager entry points remember what they decided for the arguments as given (hashable ones):
+# (source layout, mesh argument, placements, shape, dtype) -> (target layout, program or
+# None) for redistribute, (mesh argument, placements, shape, dtype) -> (layout, sharding,
+# partial-splitting program or None) for distribute_tensor of even layouts. Layouts are
+# interned, so these keys hash and compare cheaply; a repeated call skips resolving and
+# checking (a few µs of Python between two XLA programs matter on a small host).
+_moves: dict[tuple[Any, ...], tuple[Any, ...]] = register({})
+_placings: dict[tuple[Any, ...], tuple[Any, ...]] = register({})
+_DECISIONS_LIMIT = 4096
+
+
+def _frozen(placements: Any) -> Any:
+    return tuple(placements) if isinstance(placements, list) else placements
+
+
+def _remembered(cache: dict[tuple[Any, ...], tuple[Any, ...]], key: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    try:
+        return cache.get(key)
+    except TypeError:  # unhashable arguments (a list of placements ...): decided each time
+        return None
+
+
+def _remember(cache: dict[tuple[Any, ...], tuple[Any, ...]], key: tuple[Any, ...], decision: tuple[Any, ...]) -> None:
+    if len(cache) >= _DECISIONS_LIMIT:
+        cache.clear()
+    try:
+        cache[key] = decision
+    except TypeError:
+        pass
 
 
 def _layout(device_mesh: Any, placements: PlacementsLike | None, shape: int | tuple[int, ...]) -> Layout:

@@ -116,7 +116,7 @@ def as_tensor_spec(value: Any, mesh: DeviceMesh | None = None, argument: str = "
     if isinstance(value, TensorSpec):
         spec = value
     else:
-        if isinstance(getattr(value, "layout", None), Layout):
+        if isinstance(getattr(value, "layout", None), (Layout, MeshPlacements)):
             shape, dtype, layout = value.shape, value.dtype, value.layout
         elif isinstance(value, (tuple, list)) and len(value) == 3:
             shape, dtype, layout = value
