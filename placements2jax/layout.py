@@ -73,6 +73,14 @@ class _OnMesh:
         """torch's name for :attr:`mesh` (the one alias spelling a layout keeps)."""
         return self._mesh
 
+    def bind(self, ndim: int) -> Layout:
+        """The Layout for a tensor of ``ndim`` dims (each subclass says how)."""
+        raise NotImplementedError
+
+    def placement_to_tensor_map(self, ndim: int) -> TensorMap:
+        """The tensor_map for a tensor of ``ndim`` dims (MindSpore's convention)."""
+        return self.bind(ndim).tensor_map
+
 
 class MeshPlacements(_OnMesh):
     """Torch-form placements recorded on a mesh, not yet bound to a tensor rank.
@@ -102,10 +110,6 @@ class MeshPlacements(_OnMesh):
         """The layout of these placements for a tensor of ``ndim`` dims (negative Shard
         dims normalized)."""
         return _bind(self, ndim)
-
-    def placement_to_tensor_map(self, ndim: int) -> TensorMap:
-        """The tensor_map for a tensor of ``ndim`` dims (MindSpore's convention)."""
-        return self.bind(ndim).tensor_map
 
     def global_shape_from_local(
         self,
@@ -366,10 +370,6 @@ class Layout(_OnMesh):
                 f"give one entry per tensor dim ({ndim})",
             )
         return self
-
-    def placement_to_tensor_map(self, ndim: int) -> TensorMap:
-        """The tensor_map for a tensor of ``ndim`` dims (MindSpore's convention)."""
-        return self.bind(ndim).tensor_map
 
     # -- text ------------------------------------------------------------------------
     def __repr__(self) -> str:
