@@ -27,8 +27,10 @@ def test_layouts_are_interned_and_weakly_held() -> None:
     assert Layout.from_placements(mesh, "(a,b),None") is first
     assert Layout.from_placements(mesh, [("a", "b"), None]) is first
     assert hash(first) == object.__hash__(first)
-    key = (mesh, ((1,), ()), ("sum", None))
-    made = Layout(mesh, ((1,), ()), ("sum", None))
+    # a layout no other test (or cache) holds: on a mesh of its own
+    alone = DeviceMesh([3, 5], ("held_weakly",))
+    key = (alone, ((0,),), (None,))
+    made = Layout(alone, ((0,),))
     assert Layout._interned[key] is made
     del made
     gc.collect()
