@@ -151,7 +151,7 @@ formulas, searched over all step orders).
             steps = torch_plan.torch_steps(move.src_layout, move.dst_layout, move.shape, move.itemsize)
             torch_bytes = sum((s.nbytes for s in steps), Fraction(0))
             torch_text = _fmt(torch_bytes, full)
-            torch_steps_text = "; ".join(f"{s.collective} on {move.mesh.alias_name[s.mesh_dim]}" for s in steps) or "none"
+            torch_steps_text = "; ".join(f"{s.collective} on {move.mesh.axis_names[s.mesh_dim]}" for s in steps) or "none"
             if ours < torch_bytes:
                 beats_torch += 1
             elif ours == torch_bytes:

@@ -10,7 +10,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from caches import clear_package_caches
+from placements2jax import clear_caches
 from catalogue import mesh_of
 from harness import Config, Section, Table, microseconds, paired, progress, time_each
 from jax._src.core import ShardingTypeError  # not exported by jax 0.10.2
@@ -69,7 +69,7 @@ def _measure_op(mesh: Any, case: tuple[str, Any, dict[str, Any]], config: Config
     signature = infer_signature(op, inputs, **params)
 
     def cold() -> Any:
-        clear_package_caches()
+        clear_caches()
         return infer_signature(op, _inputs(mesh, specs), **params)
 
     def cached() -> Any:
@@ -141,7 +141,7 @@ def _predict(config: Config, section: Section) -> None:
     mesh = init_device_mesh((2, 4), ("dp", "tp"))
     specs = tuple(_block_specs())
     inputs = _inputs(mesh, specs)
-    auto = jax.sharding.Mesh(mesh.to_jax().devices, mesh.alias_name, axis_types=(AxisType.Auto,) * 2)
+    auto = jax.sharding.Mesh(mesh.to_jax().devices, mesh.axis_names, axis_types=(AxisType.Auto,) * 2)
     avals = [
         jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(auto, layout.bind(len(shape)).partition_spec))
         for shape, dtype, layout in inputs
@@ -149,7 +149,7 @@ def _predict(config: Config, section: Section) -> None:
     prediction = predict(transformer_block, *inputs)
 
     def cold() -> Any:
-        clear_package_caches()
+        clear_caches()
         return predict(transformer_block, *_inputs(mesh, specs))
 
     def cached() -> Any:

@@ -49,8 +49,8 @@ is first checked to land exactly (int32 data; Partial(sum) sources hold x on one
 each partial group and 0 elsewhere, so misrouted partials would show) on both sides.
 **small** tensors (16 KiB) measure dispatch; **medium** (4 MiB) the data movement. The
 first call builds the target layout, checks the move and compiles the program; later calls
-find the layout and the program in a front cache keyed by the source layout and mesh
-objects, shape, dtype and placements (a few µs of Python). The program is the same XLA
+find the layout with `resolve_layout` (one dict lookup on the placements as given) and the
+program in caches keyed by the interned layouts (a few µs of Python). The program is the same XLA
 reshard as the baseline's (benchmark 4 compares their collectives, benchmark 5 their memory).
 """,
     )

@@ -30,6 +30,7 @@ import jax
 jax.config.update("jax_num_cpu_devices", 8)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the package next to the benchmarks
 
 import bench_communication
 import bench_distribute

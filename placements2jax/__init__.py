@@ -17,6 +17,8 @@ from .errors import (
     ShapeError,
     UnsupportedOpError,
 )
+from .caches import clear_caches
+from . import interop  # registers the bridges to other libraries' objects (the core never imports it)
 from .dtensor import DTensor, distribute_tensor, redistribute_collectives
 from .fsdp import fully_shard, fully_shard_layouts, unshard
 from .func_map import local_map
@@ -92,6 +94,7 @@ __all__ = [
     "apply",
     "as_device_mesh",
     "check",
+    "clear_caches",
     "colwise",
     "distribute_pytree",
     "distribute_tensor",

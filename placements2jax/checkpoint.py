@@ -46,7 +46,7 @@ from .layout import Layout, PlacementsLike
 from .mesh import DeviceMesh, as_device_mesh
 from .parallelize import path_of
 from .placements import format_placements
-from .programs import redistribute_array, without_partial
+from .programs import redistribute_array
 
 __all__ = ["AbstractDTensor", "save", "load", "read_metadata", "latest_step"]
 
@@ -196,7 +196,7 @@ def save(path: str | os.PathLike[str], tree: Any, *, step: int = 0) -> Path:
 
 def _save_dtensor(directory: Path, leaf: DTensor) -> dict[str, Any]:
     layout, shape = leaf.layout, leaf.shape
-    plain = without_partial(layout)
+    plain = layout.without_partial()
     value = leaf if not layout.has_partial else DTensor(
         redistribute_array(leaf.array, layout, plain, shape), plain, shape
     )  # partial sums reduced by XLA on the devices
@@ -346,13 +346,13 @@ def _load_leaf(directory: Path, name: str, record: dict[str, Any], leaf: Any) ->
         store = _open(directory)
         if layout is None:
             return jnp.asarray(store.read().result())
-        arrays = _read_blocks(store, without_partial(layout), shape)
+        arrays = _read_blocks(store, layout.without_partial(), shape)
     except Exception as error:  # noqa: BLE001 - tensorstore raises ValueError subclasses of its own
         raise CheckpointError(
             f"target at {name!r}", str(directory), f"the leaf's data cannot be read ({type(error).__name__}: {error})",
             "the checkpoint is corrupt or incomplete: load another step",
         ) from None
-    plain = without_partial(layout)
+    plain = layout.without_partial()
     loaded = DTensor.from_local(arrays, plain.mesh, plain, shape=shape)
     if not layout.has_partial:
         return loaded

@@ -22,20 +22,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from .dtensor import distribute_tensor, redistribute_collectives
-from .errors import LayoutError, Placements2JaxError, RedistributeError, ShapeError
-from .hlo import Collective
+from .errors import LayoutError, PlacementError, Placements2JaxError, RedistributeError, ShapeError
+from .display import collective_axes
 from .inference import CostModel, plan_redistribute
 from .inference.check import collective_nbytes
-from .inference.signature import layout_text
 from .inference.table import format_table
 from .layout import Layout
 from .mesh import DeviceMesh, init_device_mesh
-from .placements import REDUCE_OPS, format_alias, format_placements
+from .placements import format_alias, format_placements
+from .placements import parse_partial as parse_partial_text
 from .visualize import visualize
 
 __all__ = [
     "build_parser",
-    "collective_axes",
     "explain",
     "main",
     "parse_axis_weights",
@@ -78,17 +77,12 @@ def parse_shape(text: str) -> tuple[int, ...]:
 
 
 def parse_partial(text: str) -> dict[str, str]:
-    """``"tp"`` or ``"tp=max,cp=max"`` -> {axis: reduce op} (op defaults to sum)."""
-    result = {}
-    for entry in (e.strip() for e in text.split(",")):
-        match = re.fullmatch(r"([A-Za-z_][\w.\-]*)(?:\s*=\s*(\w+))?", entry)
-        if not match or (match.group(2) or "sum") not in REDUCE_OPS:
-            raise argparse.ArgumentTypeError(
-                f"--partial {text!r}: not axis or axis=op pairs. Fix: write e.g. tp or tp=max "
-                f"(op one of {', '.join(REDUCE_OPS)})"
-            )
-        result[match.group(1)] = match.group(2) or "sum"
-    return result
+    """``"tp"`` or ``"tp=max,cp=max"`` -> {axis: reduce op} (op defaults to sum; the
+    syntax of :func:`placements2jax.placements.parse_partial`)."""
+    try:
+        return dict(parse_partial_text(text))
+    except PlacementError as error:
+        raise argparse.ArgumentTypeError(f"--partial {text!r}: {error.problem}. Fix: {error.fix}") from None
 
 
 def parse_dtype(text: str) -> np.dtype:
@@ -369,10 +363,9 @@ def _jsonable(value: Any) -> Any:
 
 def _text(layout: Layout, shape: tuple[int, ...], report: dict[str, Any], color: bool | None) -> str:
     mesh = layout.mesh
-    axes = " x ".join(f"{n}={s}" for n, s in zip(mesh.alias_name, mesh.shape))
     even = "yes" if report["even"] else f"no (padded physical shape {tuple(report['physical_shape'])})"
     lines = [
-        f"mesh           {axes}, ranks {mesh.mesh.tolist()}",
+        f"mesh           {mesh}, ranks {mesh.mesh.tolist()}",
         f"tensor shape   {shape}",
         f"placements     {report['placements'] or '(none: torch needs _StridedShard for this split order)'}",
         f"alias form     {report['alias']}",
@@ -429,7 +422,7 @@ def redistribute(
     try:
         compiled = redistribute_collectives(dtensor, target)
     except RedistributeError as error:
-        raise RedistributeError("--to", dst, error.problem, error.fix) from None
+        raise error.for_argument("--to", dst) from None
     report = {
         "mesh": _mesh_summary(mesh),
         "shape": list(shape),
@@ -446,7 +439,7 @@ def redistribute(
                     "collective": step.collective,
                     "bytes": _number(step.nbytes),
                     "cost": _number(step.cost),
-                    "layout_after": layout_text(step.after),
+                    "layout_after": str(step.after),
                 }
                 for step in plan.steps
             ],
@@ -460,6 +453,7 @@ def redistribute(
                     "mesh_axes": list(collective_axes(mesh, c)),
                     "dtype": c.dtype,
                     "result_shapes": [list(s) for s in c.result_shapes],
+                    "results": c.results_text,
                     "groups": [list(g) for g in c.groups],
                     "bytes": _number(collective_nbytes(c, mesh.size())),
                 }
@@ -474,12 +468,13 @@ def redistribute(
 
 
 def _mesh_summary(mesh: DeviceMesh) -> dict[str, Any]:
-    return {"axis_names": list(mesh.alias_name), "shape": list(mesh.shape), "ranks": mesh.mesh.tolist()}
+    return {"axis_names": list(mesh.axis_names), "shape": list(mesh.shape), "ranks": mesh.mesh.tolist()}
 
 
 def _layout_summary(layout: Layout) -> dict[str, Any]:
     spec = layout.partition_spec
     return {
+        "text": str(layout),
         "placements": _torch_form(layout),
         "alias": format_alias(layout.alias_map),
         "tensor_map": _jsonable(layout.tensor_map),
@@ -495,18 +490,7 @@ def _number(value: Fraction) -> int | float:
     return int(value) if value.denominator == 1 else float(value)
 
 
-def collective_axes(mesh: DeviceMesh, collective: Collective) -> tuple[str, ...]:
-    """The mesh axes a compiled collective communicates along: those on which the ranks
-    of one of its groups (or source-target pairs) differ, in mesh order."""
-    varying: set[int] = set()
-    for group in collective.groups:
-        coordinates = [mesh.get_coordinate(rank) for rank in group]
-        varying.update(a for a in range(mesh.ndim) if len({c[a] for c in coordinates}) > 1)
-    return tuple(mesh.alias_name[a] for a in sorted(varying))
-
-
 def _redistribute_text(mesh: DeviceMesh, report: dict[str, Any]) -> str:
-    axes = " x ".join(f"{n}={s}" for n, s in zip(mesh.alias_name, mesh.shape))
     dims = ", ".join(str(n) for n in report["shape"])
 
     def side(summary: dict[str, Any]) -> str:
@@ -515,8 +499,7 @@ def _redistribute_text(mesh: DeviceMesh, report: dict[str, Any]) -> str:
             "None" if e is None else repr(e if isinstance(e, str) else tuple(e)) for e in spec["entries"]
         )
         unreduced = f", unreduced={set(spec['unreduced'])}" if spec["unreduced"] else ""
-        torch_form = summary["placements"] or "(torch: _StridedShard)"
-        return f"{torch_form}   alias {summary['alias']}   PartitionSpec P({entries}{unreduced})"
+        return f"{summary['text']}   alias {summary['alias']}   PartitionSpec P({entries}{unreduced})"
 
     plan, compiled = report["plan"], report["compiled"]
     steps = [
@@ -525,11 +508,11 @@ def _redistribute_text(mesh: DeviceMesh, report: dict[str, Any]) -> str:
     ]
     collectives = [
         (i, c["op"], ",".join(c["mesh_axes"]) or "-",
-         " ".join(f"{c['dtype']}{s}" for s in c["result_shapes"]), _groups_text(c["op"], c["groups"]), c["bytes"])
+         c["results"], _groups_text(c["op"], c["groups"]), c["bytes"])
         for i, c in enumerate(compiled["collectives"])
     ]  # fmt: skip
     lines = [
-        f"mesh     {axes}, ranks {mesh.mesh.tolist()}",
+        f"mesh     {mesh}, ranks {mesh.mesh.tolist()}",
         f"tensor   {report['dtype']}[{dims}]",
         f"from     {side(report['from'])}",
         f"to       {side(report['to'])}",

@@ -26,13 +26,12 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
-from .cli import _torch_form, collective_axes
-from .dtensor import DTensor, distribute_tensor
+from .display import collective_axes
+from .dtensor import DTensor, distribute_tensor, is_dtensor
 from .hlo import Collective, parse_collectives
 from .inference import CheckReport, check
 from .inference.check import collective_nbytes
 from .inference.cost import LOCAL_PARTIAL, LOCAL_SLICE
-from .inference.signature import layout_text
 from .inference.table import format_bytes, format_table
 from .layout import Layout, PlacementsLike
 from .mesh import DeviceMesh
@@ -82,7 +81,7 @@ def placements_table(mesh: DeviceMesh, shape: tuple[int, ...], specs: Sequence[P
         blocks = [_block(layout.local_slices(shape, rank)) for rank in (0, last)]
         rows.append(
             (
-                _torch_form(layout) or "(_StridedShard)",
+                str(layout),
                 _tensor_map(layout),
                 format_alias(layout.alias_map),
                 str(layout.partition_spec),
@@ -179,10 +178,6 @@ def _gelu(value: Any) -> Any:
     return apply(jax.nn.gelu, value) if isinstance(value, DTensor) else jax.nn.gelu(value)
 
 
-def _is_dtensor(value: Any) -> bool:
-    return isinstance(value, DTensor)
-
-
 def loss_fn(params: Any, x: Any, y: Any, batch: NamedSharding | None = None) -> jax.Array:
     """Mean squared error, a scalar ``jax.Array`` (a DTensor loss, ``Partial(avg)`` over
     dp since the batch is split over dp, is reduced by ``to_jax``)."""
@@ -240,16 +235,15 @@ class TrainingReport:
 
     def _model_section(self) -> str:
         mesh, config = self.mesh, self.config
-        axes = " x ".join(f"{n}={s}" for n, s in zip(mesh.alias_name, mesh.shape))
         device = mesh.devices.flat[0]
         plan = "\n".join(f"  {regex:<22} {style}" for regex, style in PLAN.items())
         rows = [
-            (path, str(shape), format_placements(layout.placements), str(layout.partition_spec),
+            (path, str(shape), str(layout), str(layout.partition_spec),
              str(layout.local_shape(shape, 0)))
             for path, (shape, layout) in self.layouts.items()
         ]  # fmt: skip
         return (
-            f"{config.layers} residual MLP blocks x + down(gelu(up(x))) on mesh {axes} "
+            f"{config.layers} residual MLP blocks x + down(gelu(up(x))) on mesh {mesh} "
             f"({mesh.size()} {device.platform} devices)\n"
             f"plan (regex on the parameter path -> placements; unmatched leaves replicated):\n{plan}\n"
             + format_table(("parameter", "shape", "placements", "PartitionSpec", "rank 0 local"), rows)
@@ -309,8 +303,8 @@ class TrainingReport:
             (
                 name,
                 str(out.aval),
-                layout_text(out.predicted),
-                layout_text(out.compiled) if out.compiled else "?",
+                str(out.predicted),
+                str(out.compiled) if out.compiled else "?",
                 out.verdict,
             )
             for name, out in zip(self.output_names, self.check.outputs)
@@ -332,7 +326,7 @@ class TrainingReport:
         headers = ("collective", "mesh axes", "predicted", "bytes/device", "compiled", "bytes/device")
         rows = [
             (i, c.op, ",".join(collective_axes(self.mesh, c)) or "-",
-             " ".join(f"{c.dtype}{list(s)}" for s in c.result_shapes),
+             c.results_text,
              format_bytes(collective_nbytes(c, self.mesh.size())))
             for i, c in enumerate(self.collectives)
         ]  # fmt: skip
@@ -398,7 +392,7 @@ def train(mesh: DeviceMesh | None = None, config: TrainingConfig = TrainingConfi
 
 
 def _flat_with_paths(tree: Any) -> dict[str, Any]:
-    leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_dtensor)[0]
+    leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_dtensor)[0]
     return {path_of(key_path): leaf for key_path, leaf in leaves}
 
 
@@ -408,8 +402,8 @@ def _check_step(
     """``check`` of the SGD step on the DTensors' layouts, and the names of its outputs
     (the loss, then the parameter paths). ``check`` compiles on an Auto-axes copy of the
     mesh, so the step pins its activations with Auto-axes shardings."""
-    leaves, tree = jax.tree.flatten(params, is_leaf=_is_dtensor)
-    auto = DeviceMesh(mesh.mesh, mesh.alias_name, axis_types="auto")
+    leaves, tree = jax.tree.flatten(params, is_leaf=is_dtensor)
+    auto = DeviceMesh(mesh.mesh, mesh.axis_names, axis_types="auto")
     batch = Layout.from_placements(auto, BATCH).bind(2).named_sharding
     step = partial(sgd_step, learning_rate=config.learning_rate, batch=batch)
 
@@ -425,8 +419,7 @@ def main(steps: int | None = None, print_fn: Callable[[str], None] = print) -> T
     """Print the placements table and the training report; returns the report."""
     devices = jax.devices()
     table_mesh = DeviceMesh([[0, 1], [2, 3], [4, 5], [6, 7]], ("dp", "tp")) if len(devices) >= 8 else demo_mesh()
-    axes = " x ".join(f"{n}={s}" for n, s in zip(table_mesh.alias_name, table_mesh.shape))
-    print_fn(f"== torch placements -> tensor_map -> PartitionSpec: an 8x2 tensor on mesh {axes} ==\n")
+    print_fn(f"== torch placements -> tensor_map -> PartitionSpec: an 8x2 tensor on mesh {table_mesh} ==\n")
     print_fn(placements_table(table_mesh, (8, 2), RFC_PLACEMENTS))
     config = TrainingConfig() if steps is None else TrainingConfig(steps=steps)
     print_fn("\n== tensor-parallel training with torch-style placements ==\n")

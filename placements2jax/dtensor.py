@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from functools import lru_cache
 from typing import Any
 
 import jax
@@ -21,16 +20,16 @@ from jax._src.core import unsafe_am_i_under_a_jit  # JAX has no public test for 
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from . import chunking
+from .caches import cached, register
 from .hlo import Collective, compiled_collectives
 from .errors import ArgumentTypeError, MeshError, PlacementError, ShapeError
-from .layout import Layout, PlacementsLike, _as_shape
-from .interop import check_placements_for_shape
+from .layout import Layout, MeshPlacements, PlacementsLike, as_shape, resolve_layout
 from .mesh import DeviceMesh, as_device_mesh
 from .physical import Physical, physical
-from .placements import Placement, Replicate
-from .programs import check_redistribute, program, redistribute_array, replicated_layout, without_partial
+from .placements import Placement
+from .programs import check_redistribute, program, redistribute_array
 
-__all__ = ["DTensor", "distribute_tensor", "redistribute_collectives"]
+__all__ = ["DTensor", "distribute_tensor", "redistribute_collectives", "is_dtensor"]
 
 
 @jax.tree_util.register_pytree_node_class
@@ -49,9 +48,9 @@ class DTensor:
             raise ArgumentTypeError(
                 "array", array, "expected the physical jax.Array", "build DTensors with distribute_tensor or DTensor.from_local"
             )
-        if not isinstance(layout, Layout):
+        if not isinstance(layout, (Layout, MeshPlacements)):
             raise ArgumentTypeError("layout", layout, "expected a placements2jax.Layout", "pass Layout.from_placements(...)")
-        shape = _as_shape(shape, "shape")
+        shape = as_shape(shape, "shape")
         layout = layout.bind(len(shape))
         expected = physical(layout, shape).array_shape
         if tuple(array.shape) != expected:
@@ -73,6 +72,12 @@ class DTensor:
         obj = object.__new__(cls)
         obj._array, (obj._layout, obj._shape) = children[0], aux
         return obj
+
+    @classmethod
+    def trusted(cls, array: jax.Array, layout: Layout, shape: tuple[int, ...]) -> DTensor:
+        """A DTensor from a program's output, which is exactly ``layout``'s physical array
+        for ``shape``: no re-validation (internal fast path of operators and moves)."""
+        return cls.tree_unflatten((layout, shape), (array,))
 
     # -- reading ---------------------------------------------------------------------
     @property
@@ -144,7 +149,7 @@ class DTensor:
         exact shape (empty shards included) and values (partial values unreduced)."""
         self._require_concrete("to_local")
         mesh = self.device_mesh
-        rank = mesh._resolve_rank(rank)
+        rank = mesh.resolve_rank(rank)
         device = mesh.device(rank)
         shard = next((s for s in self._array.addressable_shards if s.device == device), None)
         if shard is None:
@@ -169,7 +174,7 @@ class DTensor:
     # -- whole-tensor views ------------------------------------------------------------
     def full_tensor(self) -> jax.Array:
         """The logical tensor (partials reduced, padding removed), replicated on the mesh."""
-        return redistribute_array(self._array, self._layout, replicated_layout(self._layout), self._shape)
+        return redistribute_array(self._array, self._layout, self._layout.replicated(), self._shape)
 
     def to_jax(self) -> jax.Array:
         """The logical tensor as a ``jax.Array`` of the logical shape.
@@ -182,7 +187,7 @@ class DTensor:
         if phys.is_padded:
             return self.full_tensor()
         if self._layout.has_partial:
-            reduced = redistribute_array(self._array, self._layout, without_partial(self._layout), self._shape)
+            reduced = redistribute_array(self._array, self._layout, self._layout.without_partial(), self._shape)
             return _eager_grad_safe(reduced, self.device_mesh)
         return _eager_grad_safe(self._array, self.device_mesh)
 
@@ -198,30 +203,29 @@ class DTensor:
     ) -> DTensor:
         """This tensor under other placements (torch or alias form), possibly on another
         mesh. XLA does the move; see docs/redistribute.md for the collectives."""
-        key = _front_key(self._layout, device_mesh, self._shape, self.dtype, placements)
-        entry = _recall(_MOVES, key)
-        if entry is not None:
-            _, target, move = entry
-            return _trusted(move(self._array) if move else self._array, target, self._shape)
+        key = (self._layout, device_mesh, _frozen(placements), self._shape, self.dtype)
+        move = _remembered(_moves, key)
+        if move is not None:
+            target, run = move
+            return DTensor.trusted(run(self._array) if run else self._array, target, self._shape)
         mesh = self.device_mesh if device_mesh is None else as_device_mesh(device_mesh)
-        if placements is None and mesh == self.device_mesh:
+        if placements is None and mesh is self.device_mesh:
             target = self._layout
         else:
-            target = _layout(mesh, placements, self.ndim)
-            check_placements_for_shape(placements, target, self._shape)
+            target = _layout(mesh, placements, self._shape)
             _check_partial_dtype(target, self.dtype)
-        if mesh != self.device_mesh:
+        if mesh is not self.device_mesh:
             return self._to_other_mesh(target)
         check_redistribute(self._layout, target)
         src, dst = physical(self._layout, self._shape), physical(target, self._shape)
-        move = None if src == dst else program(src, dst)
-        _remember(_MOVES, key, (self._layout, device_mesh), target, move)
-        return DTensor(move(self._array) if move else self._array, target, self._shape)
+        run = None if src == dst else program(src, dst)
+        _remember(_moves, key, (target, run))
+        return DTensor.trusted(run(self._array) if run else self._array, target, self._shape)
 
     def _to_other_mesh(self, target: Layout) -> DTensor:
         """Reduce on this mesh, transfer with JAX's device_put, re-partial on the target."""
         shape = self._shape
-        source_plain, target_plain = without_partial(self._layout), without_partial(target)
+        source_plain, target_plain = self._layout.without_partial(), target.without_partial()
         if math.prod(shape) == 0:
             # Nothing to move (and JAX's copy between device sets fails on empty arrays).
             plain = physical(target_plain, shape)
@@ -230,74 +234,14 @@ class DTensor:
             array = redistribute_array(self._array, self._layout, source_plain, shape)
             array = jax.device_put(array, physical(target_plain, shape).sharding)
         else:
-            replicated = replicated_layout(target)
+            replicated = target.replicated()
             array = jax.device_put(self.full_tensor(), physical(replicated, shape).sharding)
             array = redistribute_array(array, replicated, target_plain, shape)
         return DTensor(redistribute_array(array, target_plain, target, shape), target, shape)
 
-    # -- operators (placements2jax.operators, imported on use: it needs inference) -----------
+    # -- operators: +, -, *, /, @, unary -, sum, mean, max, min, transpose, T and reshape are
+    # installed by placements2jax.operators (which comes after DTensor in the data flow).
     __array_ufunc__ = None  # NumPy defers `ndarray <op> DTensor` to the reflected methods
-
-    def __add__(self, other: Any) -> DTensor:
-        return _operators().binary("add", self, other)
-
-    def __radd__(self, other: Any) -> DTensor:
-        return _operators().binary("add", other, self)
-
-    def __sub__(self, other: Any) -> DTensor:
-        return _operators().binary("sub", self, other)
-
-    def __rsub__(self, other: Any) -> DTensor:
-        return _operators().binary("sub", other, self)
-
-    def __mul__(self, other: Any) -> DTensor:
-        return _operators().binary("mul", self, other)
-
-    def __rmul__(self, other: Any) -> DTensor:
-        return _operators().binary("mul", other, self)
-
-    def __truediv__(self, other: Any) -> DTensor:
-        return _operators().binary("div", self, other)
-
-    def __rtruediv__(self, other: Any) -> DTensor:
-        return _operators().binary("div", other, self)
-
-    def __matmul__(self, other: Any) -> DTensor:
-        return _operators().binary("matmul", self, other)
-
-    def __rmatmul__(self, other: Any) -> DTensor:
-        return _operators().binary("matmul", other, self)
-
-    def __neg__(self) -> DTensor:
-        return _operators().unary("neg", self)
-
-    def sum(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DTensor:
-        """Sum over ``axis`` (NumPy's arguments); a sharded reduced axis gives Partial(sum)."""
-        return _operators().reduce("sum", self, axis, keepdims)
-
-    def mean(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DTensor:
-        """Mean over ``axis``; an evenly sharded reduced axis gives Partial(avg)."""
-        return _operators().reduce("mean", self, axis, keepdims)
-
-    def max(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DTensor:
-        """Maximum over ``axis``; a sharded reduced axis gives Partial(max)."""
-        return _operators().reduce("max", self, axis, keepdims)
-
-    def min(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DTensor:
-        """Minimum over ``axis``; a sharded reduced axis gives Partial(min)."""
-        return _operators().reduce("min", self, axis, keepdims)
-
-    def transpose(self, *axes: Any) -> DTensor:
-        """Permute the dims (``x.transpose()`` reverses them, like NumPy)."""
-        return _operators().transpose(self, axes)
-
-    @property
-    def T(self) -> DTensor:
-        return _operators().transpose(self, ())
-
-    def reshape(self, *shape: Any) -> DTensor:
-        """The same elements in ``shape`` (one tuple or the sizes; ``-1`` allowed)."""
-        return _operators().reshape(self, shape)
 
     # -- construction --------------------------------------------------------------------
     @classmethod
@@ -321,12 +265,12 @@ class DTensor:
         mesh = as_device_mesh(device_mesh)
         locals_by_rank = _locals_by_rank(local_tensor, mesh)
         signature = tuple((r, a.shape, a.dtype) for r, a in locals_by_rank.items())
-        key = _front_key(None, device_mesh, signature, None, placements)
-        cached = shape is None and jax.process_count() == 1  # else: validate shape=, exchange shapes
-        entry = _recall(_FROM_LOCAL, key) if cached else None
+        key = (device_mesh, _frozen(placements), signature)
+        remembered = shape is None and jax.process_count() == 1  # else: validate shape=, exchange shapes
+        entry = _remembered(_assemblies, key) if remembered else None
         if entry is not None:  # the same mesh, placements and local shapes as before
-            _, layout, global_shape, phys, block, lead = entry
-            return _trusted(_assemble(locals_by_rank, phys, block, lead), layout, global_shape)
+            layout, global_shape, phys, block, lead = entry
+            return DTensor.trusted(_assemble(locals_by_rank, phys, block, lead), layout, global_shape)
         first = next(iter(locals_by_rank.values()))
         for rank, array in locals_by_rank.items():
             if array.dtype != first.dtype:
@@ -350,7 +294,7 @@ class DTensor:
             global_shape = _global_shape(layout, local_shapes)
         else:
             global_shape = layout._check_shape(shape, "shape")
-            check_placements_for_shape(placements, layout, global_shape)
+            _layout(mesh, placements, global_shape)  # foreign placements: checked for this shape
             for rank, got in local_shapes.items():
                 want = layout.local_shape(global_shape, rank)
                 if got != want:
@@ -362,12 +306,12 @@ class DTensor:
                         "pass each rank's torch.chunk block, or the right shape=",
                     )
         if shape is None:
-            check_placements_for_shape(placements, layout, global_shape)
+            _layout(mesh, placements, global_shape)  # foreign placements: checked for this shape
         phys = physical(layout, global_shape)
         block = tuple(p // math.prod(layout.pieces(d)) for d, p in enumerate(phys.padded_shape))
         lead = (1,) * len(phys.stacked_axes)
-        if cached:
-            _remember(_FROM_LOCAL, key, (device_mesh,), layout, global_shape, phys, block, lead)
+        if remembered:
+            _remember(_assemblies, key, (layout, global_shape, phys, block, lead))
         return cls(_assemble(locals_by_rank, phys, block, lead), layout, global_shape)
 
 
@@ -468,28 +412,25 @@ def _eager_grad_safe(array: jax.Array, mesh: DeviceMesh) -> jax.Array:
     return jax.device_put(array, NamedSharding(auto_twin_of(mesh.to_jax()), PartitionSpec()))
 
 
-@lru_cache(maxsize=64)
+@cached(maxsize=64)
 def auto_twin_of(mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:
     """The mesh's devices and axis names with Auto axes."""
     return jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
 
 
-@lru_cache(maxsize=64)
+@cached(maxsize=64)
 def _flat_mesh(mesh: DeviceMesh) -> jax.sharding.Mesh:
     return jax.sharding.Mesh(mesh.devices.reshape(-1), ("ranks",), axis_types=(AxisType.Auto,))
 
 
-@lru_cache(maxsize=64)
+@cached(maxsize=64)
 def _all_gather(flat: jax.sharding.Mesh) -> Any:
     return jax.jit(lambda x: x, out_shardings=NamedSharding(flat, PartitionSpec()))
 
 
-def _operators() -> Any:
-    """placements2jax.operators, imported on first use (it imports inference, which
-    comes after DTensor in the data flow)."""
-    from . import operators
-
-    return operators
+def is_dtensor(value: Any) -> bool:
+    """``isinstance(value, DTensor)``: the ``is_leaf=`` of tree functions that stop at DTensors."""
+    return isinstance(value, DTensor)
 
 
 def distribute_tensor(
@@ -500,23 +441,22 @@ def distribute_tensor(
     ``placements=None`` replicates."""
     array = _as_array(tensor, "tensor")
     shape = tuple(array.shape)
-    key = _front_key(None, device_mesh, shape, array.dtype, placements)
-    entry = _recall(_PLACEMENTS, key)
-    if entry is not None:  # even layout seen before: place and (for partials) split
-        _, layout, sharding, to_partial = entry
+    key = (device_mesh, _frozen(placements), shape, array.dtype)
+    placing = _remembered(_placings, key)
+    if placing is not None:  # an even layout seen before: place, and split partials
+        layout, sharding, split = placing
         placed = jax.device_put(array, sharding)
-        return _trusted(to_partial(placed) if to_partial else placed, layout, shape)
-    mesh = as_device_mesh(device_mesh)
-    layout = _layout(mesh, placements, array.ndim)
+        return DTensor.trusted(split(placed) if split else placed, layout, shape)
+    layout = _layout(device_mesh, placements, shape)
     _check_partial_dtype(layout, array.dtype)
-    check_placements_for_shape(placements, layout, shape)
     target = physical(layout, shape)
-    plain = without_partial(layout)
-    if not target.is_padded:
+    plain = layout.without_partial()
+    if not target.is_padded:  # place, and (for partials) split by a cached program
         source = physical(plain, shape)
-        to_partial = None if source == target else program(source, target)
-        _remember(_PLACEMENTS, key, (device_mesh,), layout, source.sharding, to_partial)
+        split = None if source == target else program(source, target)
+        _remember(_placings, key, (layout, source.sharding, split))
         placed = jax.device_put(array, source.sharding)
+        return DTensor.trusted(split(placed) if split else placed, layout, shape)
     elif isinstance(array, np.ndarray):
         padded = np.zeros(target.padded_shape, array.dtype)
         if all(target.is_prefix(d) for d in range(array.ndim)):  # pads only at the ends: a copy
@@ -525,57 +465,55 @@ def distribute_tensor(
             padded[np.ix_(*(target.positions(d) for d in range(array.ndim)))] = array
         placed = jax.device_put(padded, physical(plain, shape).sharding)
     else:
-        replicated = replicated_layout(layout)
+        replicated = layout.replicated()
         placed = jax.device_put(array, physical(replicated, shape).sharding)
         placed = redistribute_array(placed, replicated, plain, shape)
     return DTensor(redistribute_array(placed, plain, layout, shape), layout, shape)
 
 
-# Eager dispatch cost: building the target Layout from placements and hashing layouts
-# (which hashes the whole mesh) costs tens of µs per call, and on a small host the XLA CPU
-# runtime's worker threads make every µs of Python between two programs count more
-# (docs/benchmarks.md). Front caches key repeated calls by the id() of the source layout
-# and of the mesh argument (both kept alive in the entry, so no id is reused while it
-# exists), the logical shape, the dtype and the placements as given (hashable ones only),
-# and map them straight to the result's layout and the cached program.
-_MOVES: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-_PLACEMENTS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-_FROM_LOCAL: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-_FRONT_LIMIT = 4096
+# Eager entry points remember what they decided for the arguments as given (hashable ones):
+# (source layout, mesh argument, placements, shape, dtype) -> (target layout, program or
+# None) for redistribute, (mesh argument, placements, shape, dtype) -> (layout, sharding,
+# partial-splitting program or None) for distribute_tensor of even layouts, (mesh argument,
+# placements, every rank's local shape and dtype) -> (layout, global shape, physical form,
+# block, leading stacked dims) for from_local without shape=. Layouts are
+# interned, so these keys hash and compare cheaply; a repeated call skips resolving and
+# checking (a few µs of Python between two XLA programs matter on a small host).
+_moves: dict[tuple[Any, ...], tuple[Any, ...]] = register({})
+_placings: dict[tuple[Any, ...], tuple[Any, ...]] = register({})
+_assemblies: dict[tuple[Any, ...], tuple[Any, ...]] = register({})
+_DECISIONS_LIMIT = 4096
 
 
-def _front_key(
-    layout: Layout | None, device_mesh: Any, shape: tuple[int, ...], dtype: Any, placements: Any
-) -> tuple[Any, ...]:
-    if isinstance(placements, list):
-        placements = tuple(placements)
-    return (id(layout), id(device_mesh), shape, dtype, type(placements), placements)
+def _frozen(placements: Any) -> Any:
+    return tuple(placements) if isinstance(placements, list) else placements
 
 
-def _recall(cache: dict[tuple[Any, ...], tuple[Any, ...]], key: tuple[Any, ...]) -> tuple[Any, ...] | None:
+def _remembered(cache: dict[tuple[Any, ...], tuple[Any, ...]], key: tuple[Any, ...]) -> tuple[Any, ...] | None:
     try:
         return cache.get(key)
-    except TypeError:  # unhashable placements: no front cache for this call
+    except TypeError:  # unhashable arguments (a list of placements ...): decided each time
         return None
 
 
-def _remember(cache: dict[tuple[Any, ...], tuple[Any, ...]], key: tuple[Any, ...], pins: tuple[Any, ...],
-              *values: Any) -> None:
-    if len(cache) >= _FRONT_LIMIT:
+def _remember(cache: dict[tuple[Any, ...], tuple[Any, ...]], key: tuple[Any, ...], decision: tuple[Any, ...]) -> None:
+    if len(cache) >= _DECISIONS_LIMIT:
         cache.clear()
     try:
-        cache[key] = (pins, *values)
+        cache[key] = decision
     except TypeError:
         pass
 
 
-def _trusted(array: jax.Array, layout: Layout, shape: tuple[int, ...]) -> DTensor:
-    """A DTensor from a program's output, which is exactly ``layout``'s physical array."""
-    return DTensor.tree_unflatten((layout, shape), (array,))
-
-
-def _layout(mesh: DeviceMesh, placements: PlacementsLike | None, ndim: int) -> Layout:
-    """The bound layout of ``placements`` (None: replicated) for an ``ndim``-d tensor."""
+def _layout(device_mesh: Any, placements: PlacementsLike | None, shape: int | tuple[int, ...]) -> Layout:
+    """The layout of ``placements`` (None: replicated) for a tensor of ``shape`` (or of
+    that many dims): :func:`resolve_layout`, on a mesh whose axes are of one kind."""
+    if placements is None:
+        mesh = as_device_mesh(device_mesh)
+        layout = Layout.replicated_on(mesh, shape if isinstance(shape, int) else len(shape))
+    else:
+        layout = resolve_layout(device_mesh, placements, shape)
+        mesh = layout.mesh
     if len(set(mesh.axis_types)) > 1:
         # The programs move data with reshard (Explicit axes) or sharding constraints (Auto
         # axes); JAX 0.10.2 has no single call for a mesh mixing both.
@@ -585,9 +523,7 @@ def _layout(mesh: DeviceMesh, placements: PlacementsLike | None, ndim: int) -> L
             "mixes Explicit and Auto axes; DTensor programs need one kind of axis",
             "build the mesh with axis_types='explicit' (default) or 'auto' for every axis",
         )
-    if placements is None:
-        placements = (Replicate(),) * mesh.ndim
-    return Layout.from_placements(mesh, placements).bind(ndim)
+    return layout
 
 
 def _as_array(value: Any, argument: str) -> np.ndarray | jax.Array:
@@ -679,9 +615,9 @@ def _locals_by_rank(local_tensor: Any, mesh: DeviceMesh) -> dict[int, np.ndarray
 def _own_rank(mesh: DeviceMesh, rank: Any, local_tensor: Mapping[Any, Any]) -> int:
     """A key of the ``local_tensor`` mapping as a rank of ``mesh``."""
     try:
-        return mesh._check_rank(rank)
+        return mesh.check_rank(rank)
     except (ArgumentTypeError, MeshError) as err:
-        raise type(err)("local_tensor", sorted(map(repr, local_tensor)), f"key {rank!r}: {err.problem}", err.fix) from None
+        raise err.for_argument("local_tensor", sorted(map(repr, local_tensor)), problem_prefix=f"key {rank!r}: ") from None
 
 
 def redistribute_collectives(
@@ -696,7 +632,7 @@ def redistribute_collectives(
         raise MeshError(
             "device_mesh", device_mesh, "collectives are reported for moves within one mesh", "pass None or dtensor.device_mesh"
         )
-    target = Layout.from_placements(mesh, placements).bind(dtensor.ndim)
+    target = _layout(mesh, placements, dtensor.shape)
     _check_partial_dtype(target, dtensor.dtype)
     check_redistribute(dtensor.layout, target)
     src, dst = physical(dtensor.layout, dtensor.shape), physical(target, dtensor.shape)

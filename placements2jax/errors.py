@@ -35,6 +35,14 @@ class Placements2JaxError(Exception):
         self.fix = fix
         super().__init__(f"{argument}={_short_repr(value)}: {problem}. Fix: {fix}")
 
+    def for_argument(
+        self, argument: str, value: Any, *, problem_prefix: str = "", fix_prefix: str = "", kind: type | None = None
+    ) -> Placements2JaxError:
+        """The same error reported for another argument (the one the user passed), e.g. a
+        mesh's bad-axis error as a bad ``partial=``: ``raise err.for_argument(...) from None``.
+        ``kind`` replaces the error class (default: the same class)."""
+        return (kind or type(self))(argument, value, problem_prefix + self.problem, fix_prefix + self.fix)
+
 
 class ArgumentTypeError(Placements2JaxError, TypeError):
     """An argument has the wrong type (e.g. a string where a placement was expected)."""

@@ -35,7 +35,6 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from functools import lru_cache
 from typing import Any
 
 import jax
@@ -44,13 +43,14 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from . import chunking
+from .caches import cached
 from .dtensor import DTensor, _check_partial_dtype, _layout, auto_twin_of
 from .errors import ArgumentTypeError, Placements2JaxError
-from .layout import Layout, PlacementsLike, _as_shape
+from .layout import Layout, PlacementsLike, as_shape
 from .mesh import DeviceMesh, as_device_mesh
 from .parallelize import PlanLike, _at_path, path_of, plan_layouts
 from .physical import Physical, physical
-from .programs import redistribute_array, without_partial
+from .programs import redistribute_array
 
 __all__ = ["zeros", "ones", "full", "empty", "rand", "randn", "init_pytree"]
 
@@ -155,7 +155,7 @@ def _factory(
     return leaf
 
 
-@lru_cache(maxsize=512)
+@cached(maxsize=512)
 def _factory_program(kind: str, shape: tuple[int, ...], dtype: np.dtype, layout: Layout, fill: Any) -> Any:
     maker = _MAKERS[kind]
     return born_program(lambda k: [maker(k, shape, dtype, fill)], [layout], [shape])
@@ -165,7 +165,7 @@ def _size(size: tuple[Any, ...]) -> tuple[int, ...]:
     """torch accepts ``zeros(2, 3)`` and ``zeros((2, 3))``."""
     if len(size) == 1 and isinstance(size[0], (tuple, list)):
         size = tuple(size[0])
-    return _as_shape(size, "size")
+    return as_shape(size, "size")
 
 
 def _dtype(dtype: Any, fill: Any) -> np.dtype:
@@ -210,7 +210,7 @@ def _place(x: jax.Array, layout: Layout, shape: tuple[int, ...]) -> jax.Array:
     torch.chunk blocks of that level), and each device then gathers its minor blocks from
     the major block it already holds, so no device holds more than one major block.
     """
-    plain = physical(without_partial(layout), shape)
+    plain = physical(layout.without_partial(), shape)
     mesh = _auto_twin(plain.layout.mesh)
     names = mesh.axis_names
     nested = [d for d in range(len(shape)) if not plain.is_prefix(d)]
@@ -255,7 +255,7 @@ def _nested_blocks(
     return x.reshape(x.shape[:d] + (major * rest * block,) + x.shape[d + 2 :])
 
 
-@lru_cache(maxsize=256)
+@cached(maxsize=256)
 def _nested_table(size: int, pieces: tuple[int, ...]) -> np.ndarray:
     major_block = -(-size // pieces[0])
     block = chunking.block_size(size, pieces)
@@ -275,7 +275,7 @@ def born_program(
     """The jitted program (argument: the key) whose outputs are the physical blocks,
     without partials, of ``make(key)``'s leaves under ``layouts``. Exposed for reading
     the compiled HLO (the tests check it holds no value of a full shape)."""
-    shardings = [_plain_sharding(physical(without_partial(lay), s)) for lay, s in zip(layouts, shapes)]
+    shardings = [_plain_sharding(physical(lay.without_partial(), s)) for lay, s in zip(layouts, shapes)]
 
     def body(key: Any) -> list[jax.Array]:
         return [_place(x, lay, s) for x, lay, s in zip(make(key), layouts, shapes)]
@@ -287,7 +287,7 @@ def _wrap(outputs: Sequence[jax.Array], layouts: Sequence[Layout], shapes: Seque
     """DTensors from :func:`born_program`'s outputs."""
     result = []
     for array, layout, shape in zip(outputs, layouts, shapes):
-        plain = without_partial(layout)
+        plain = layout.without_partial()
         target = physical(plain, shape).sharding
         if target != array.sharding:  # an Explicit mesh: the same blocks under its sharding (no copy)
             array = jax.make_array_from_single_device_arrays(

@@ -33,17 +33,13 @@ from typing import Any
 
 import jax
 
-from .dtensor import DTensor, distribute_tensor
+from .dtensor import distribute_tensor, is_dtensor
 from .errors import ArgumentTypeError, MeshError, PlanError
 from .layout import Layout
 from .mesh import DeviceMesh, as_device_mesh
 from .parallelize import PlanLike, path_of, plan_layouts
 
 __all__ = ["fully_shard", "fully_shard_layouts", "unshard"]
-
-
-def _is_dtensor(value: Any) -> bool:
-    return isinstance(value, DTensor)
 
 
 def fully_shard_layouts(
@@ -55,7 +51,7 @@ def fully_shard_layouts(
     replicated. Leaves need only ``.shape`` (``jax.eval_shape`` results work)."""
     mesh = as_device_mesh(mesh)
     mesh_dim = _mesh_dim(mesh, axis)
-    key_leaves, tree = jax.tree_util.tree_flatten_with_path(params, is_leaf=_is_dtensor)
+    key_leaves, tree = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_dtensor)
     if plan is not None:
         bases = jax.tree_util.tree_leaves(plan_layouts(params, mesh, plan, strict=strict), is_leaf=_is_layout)
     else:
@@ -75,8 +71,8 @@ def fully_shard(
     mesh = as_device_mesh(mesh)
     layouts = fully_shard_layouts(params, mesh, axis, plan=plan, strict=strict)
     return jax.tree_util.tree_map(
-        lambda leaf, layout: leaf.redistribute(mesh, layout) if _is_dtensor(leaf) else distribute_tensor(
-            leaf, mesh, layout), params, layouts, is_leaf=_is_dtensor,
+        lambda leaf, layout: leaf.redistribute(mesh, layout) if is_dtensor(leaf) else distribute_tensor(
+            leaf, mesh, layout), params, layouts, is_leaf=is_dtensor,
     )
 
 
@@ -88,7 +84,7 @@ def unshard(params: Any, axis: str = "dp") -> Any:
         raise ArgumentTypeError("axis", axis, "expected a mesh axis name", 'pass e.g. "dp"')
 
     def gathered(leaf: Any) -> Any:
-        if not _is_dtensor(leaf):
+        if not is_dtensor(leaf):
             return leaf
         mesh_dim = _mesh_dim(leaf.device_mesh, axis)
         layout = leaf.layout
@@ -98,7 +94,7 @@ def unshard(params: Any, axis: str = "dp") -> Any:
                         layout.partial)
         return leaf.redistribute(placements=target)
 
-    return jax.tree_util.tree_map(gathered, params, is_leaf=_is_dtensor)
+    return jax.tree_util.tree_map(gathered, params, is_leaf=is_dtensor)
 
 
 def _is_layout(value: Any) -> bool:
@@ -120,7 +116,7 @@ def _own_layout(mesh: DeviceMesh, path: str, leaf: Any) -> Layout:
         raise ArgumentTypeError(
             f"params at {path!r}", leaf, "a leaf must be an array (or have .shape)", "keep only arrays in the pytree"
         )
-    if _is_dtensor(leaf):
+    if is_dtensor(leaf):
         if leaf.device_mesh != mesh:
             raise MeshError(
                 f"params at {path!r}", leaf, "is a DTensor on another mesh", "redistribute it to this mesh first"

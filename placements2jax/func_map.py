@@ -62,7 +62,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .dtensor import DTensor
 from .errors import ArgumentTypeError, MeshError, PlacementError, ShapeError
-from .layout import Layout, PlacementsLike
+from .layout import Layout, MeshPlacements, PlacementsLike, resolve_layout
 from .mesh import DeviceMesh, as_device_mesh
 from .operators import _block_spec, _relabel, _vary
 from .physical import Physical, physical
@@ -320,7 +320,7 @@ def _prepared(
                 f"argument {index} is a DTensor ({value.layout})",
                 "give its placements",
             )
-        target = Layout.from_placements(mesh, spec).bind(value.ndim)
+        target = resolve_layout(mesh, spec, value.ndim)
         if target != value.layout:
             if not redistribute_inputs:
                 raise PlacementError(
@@ -354,7 +354,7 @@ def _unstack(block: jax.Array, phys: Physical) -> jax.Array:
 
 def _is_placements_value(value: Any) -> bool:
     """A single placements value (not a tuple of per-output ones)."""
-    return isinstance(value, (str, Layout)) or (
+    return isinstance(value, (str, Layout, MeshPlacements)) or (
         isinstance(value, Sequence) and any(_is_placement(p) for p in value)
     )
 
@@ -397,7 +397,7 @@ def _out_layout(mesh: DeviceMesh, spec: Any, ndim: int, k: int, count: int) -> L
     if spec is None:
         return Layout(mesh, ((),) * ndim)
     try:
-        return Layout.from_placements(mesh, spec).bind(ndim)
+        return resolve_layout(mesh, spec, ndim)
     except (PlacementError, ArgumentTypeError) as error:
         raise type(error)(_out_name(k, count), spec, f"output {k}: {error.problem}", error.fix) from None
 

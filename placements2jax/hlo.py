@@ -62,9 +62,14 @@ class Collective:
     def group_size(self) -> int:
         return len(self.groups[0]) if self.groups else 1
 
+    @property
+    def results_text(self) -> str:
+        """The per-device result arrays, e.g. ``f32[4, 2]`` (space-separated for a tuple)."""
+        return " ".join(f"{self.dtype}{list(s)}" for s in self.result_shapes)
+
     def __str__(self) -> str:
-        shapes = ",".join(f"{self.dtype}{list(s)}" for s in self.result_shapes)
-        return f"{self.op}({shapes}) groups={[list(g) for g in self.groups]}"
+        """The one text form of a collective: ``all-gather(f32[8, 2]) groups=[[0, 1], [2, 3]]``."""
+        return f"{self.op}({self.results_text}) groups={[list(g) for g in self.groups]}"
 
 
 def _groups(rest: str) -> tuple[tuple[int, ...], ...]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import weakref
 from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import Any, TypeAlias
@@ -31,8 +32,9 @@ from typing import Any, TypeAlias
 from jax.sharding import NamedSharding, PartitionSpec
 
 from . import chunking
+from .caches import register
 from .errors import ArgumentTypeError, LayoutError, MeshError, PlacementError, ShapeError
-from .interop import convert_placements
+from .foreign import check_placements_for_shape, convert_placements
 from .mesh import DeviceMesh, as_device_mesh
 from .placements import (
     REDUCE_OPS,
@@ -41,11 +43,13 @@ from .placements import (
     ReduceOp,
     Replicate,
     Shard,
+    format_alias,
+    format_partial,
+    parse_layout_text,
     parse_placements,
-    parse_placements_or_alias,
 )
 
-__all__ = ["Layout", "PlacementsLike", "TensorMap", "AliasEntry", "ShardOrder"]
+__all__ = ["Layout", "MeshPlacements", "resolve_layout", "as_shape", "PlacementsLike", "TensorMap", "AliasEntry", "ShardOrder"]
 
 AliasEntry: TypeAlias = str | None | tuple[str, ...]
 PlacementsLike: TypeAlias = "Sequence[Placement] | Sequence[AliasEntry] | str"
@@ -55,64 +59,217 @@ PartialLike: TypeAlias = "Mapping[str | int, str] | Sequence[str | None] | None"
 ShardOrder: TypeAlias = tuple[tuple[int, tuple[int, ...]], ...]
 
 
-class Layout:
-    """How a tensor lies on a :class:`DeviceMesh` (see the module docstring).
+class _OnMesh:
+    """What :class:`MeshPlacements` and :class:`Layout` share: their mesh, by both names."""
 
-    Immutable and hashable; two layouts are equal when they describe the same mesh, the
-    same splits and the same partial table (for unbound layouts: the same placements).
+    __slots__ = ("_mesh",)
+
+    @property
+    def mesh(self) -> DeviceMesh:
+        return self._mesh
+
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        """torch's name for :attr:`mesh` (the one alias spelling a layout keeps)."""
+        return self._mesh
+
+    def bind(self, ndim: int) -> Layout:
+        """The Layout for a tensor of ``ndim`` dims (each subclass says how)."""
+        raise NotImplementedError
+
+    def placement_to_tensor_map(self, ndim: int) -> TensorMap:
+        """The tensor_map for a tensor of ``ndim`` dims (MindSpore's convention)."""
+        return self.bind(ndim).tensor_map
+
+
+class MeshPlacements(_OnMesh):
+    """Torch-form placements recorded on a mesh, not yet bound to a tensor rank.
+
+    The RFC's ``Layout.from_device_mesh(mesh)`` is an empty one; calling it with
+    placements records them. Torch-form placements do not say how many dims the tensor
+    has, so this value answers what needs no rank (:attr:`placements`, :attr:`partial`,
+    :attr:`shard_order`) and :meth:`bind` / :meth:`placement_to_tensor_map` give the
+    :class:`Layout` of an ``ndim``-d tensor. Immutable; equal by value.
     """
 
+    __slots__ = ("_placements", "_shard_order", "__weakref__")
+
     def __init__(
-        self,
-        mesh: DeviceMesh,
-        dim_axes: Sequence[Sequence[int]] | None = None,
-        partial: Sequence[ReduceOp | None] | None = None,
-        *,
-        placements: Sequence[Placement] | None = None,
-        shard_order: Mapping[int, Sequence[int]] | None = None,
+        self, mesh: DeviceMesh, placements: tuple[Placement, ...], shard_order: ShardOrder | None = None
     ) -> None:
-        mesh = as_device_mesh(mesh)
         self._mesh = mesh
-        self._placements = tuple(placements) if placements is not None else None
-        self._shard_order: ShardOrder | None = (
-            _validate_shard_order(mesh, self._placements or (), shard_order) if shard_order is not None else None
-        )
-        self._dim_axes = _as_tuples("dim_axes", dim_axes, "((0,), ())") if dim_axes is not None else None
-        self._partial: tuple[ReduceOp | None, ...] = (
-            _as_tuples("partial", (partial,), "(None, 'sum')")[0] if partial is not None else (None,) * mesh.ndim
-        )
-        if self._dim_axes is not None:
-            _validate_bound(mesh, self._dim_axes, self._partial)
-        self._bound: dict[int, Layout] = {}  # bind() results of an unbound layout, per ndim
-        self._hash: int | None = None
+        self._placements = placements
+        self._shard_order = shard_order  # None: mesh order, and repeated Shard(d) refused
 
-    # -- construction ----------------------------------------------------------------
-    @classmethod
-    def from_device_mesh(cls, mesh: DeviceMesh) -> Layout:
-        """An empty layout on ``mesh`` (ours, or a torch/JAX mesh, converted); call it with
-        placements to record them."""
-        return cls(mesh, placements=())
-
-    def __call__(self, placements: PlacementsLike, *, partial: PartialLike = None) -> Layout:
+    def __call__(self, placements: PlacementsLike, *, partial: PartialLike = None) -> Layout | MeshPlacements:
         """Record placements, in torch form (one per mesh dim) or alias form (one per
         tensor dim; ``partial=`` then names the partial mesh axes and their reduce ops)."""
         return Layout.from_placements(self._mesh, placements, partial=partial)
 
-    @classmethod
-    def from_placements(cls, mesh: DeviceMesh, placements: PlacementsLike, *, partial: PartialLike = None) -> Layout:
-        """A layout from torch-form or alias-form placements (see :meth:`__call__`).
+    def bind(self, ndim: int) -> Layout:
+        """The layout of these placements for a tensor of ``ndim`` dims (negative Shard
+        dims normalized)."""
+        return _bind(self, ndim)
 
-        Another library's placement objects (torch's ``Shard``, ``_StridedShard`` ...) are
-        converted by their bridge in :mod:`placements2jax.interop`."""
+    def global_shape_from_local(
+        self,
+        local_shape: Sequence[int] | Mapping[int, Sequence[int]],
+        rank: int | None = None,
+        *,
+        assume_even: bool = False,
+    ) -> tuple[int, ...]:
+        """:meth:`Layout.global_shape_from_local`, bound to the rank of the local shapes."""
+        some = next(iter(local_shape.values()), ()) if isinstance(local_shape, Mapping) else local_shape
+        ndim = len(as_shape(some, "local_shape"))
+        return self.bind(ndim).global_shape_from_local(local_shape, rank, assume_even=assume_even)
+
+    def __getattr__(self, name: str) -> Any:
+        # What only a bound Layout answers (tensor_map, local shapes ...): say how to bind.
+        if not name.startswith("_") and hasattr(Layout, name):
+            raise LayoutError(
+                "layout",
+                self,
+                f"torch-form placements do not say how many dims the tensor has, so they have no {name}",
+                "call layout.bind(ndim) (or placement_to_tensor_map(ndim)) first",
+            )
+        raise AttributeError(name)
+
+    @property
+    def is_bound(self) -> bool:
+        return False
+
+    @property
+    def placements(self) -> tuple[Placement, ...]:
+        for dim, axes in self._shard_order or ():
+            _check_mesh_order(self, self._mesh, dim, axes)
+        return self._placements
+
+    @property
+    def partial(self) -> tuple[ReduceOp | None, ...]:
+        return tuple(p.reduce_op if isinstance(p, Partial) else None for p in self._placements)
+
+    @property
+    def partition_spec(self) -> PartitionSpec:
+        """The ``PartitionSpec``, when the placements fix it without the tensor rank (no
+        negative Shard dim): JAX reads missing trailing entries as unsplit dims."""
+        dims = [p.dim for p in self._placements if isinstance(p, Shard)]
+        if any(d < 0 for d in dims):
+            raise LayoutError(
+                "layout",
+                self,
+                "a negative Shard dim counts from the end of a tensor whose rank is not known yet",
+                "call layout.bind(ndim) first",
+            )
+        return self.bind(max(dims, default=-1) + 1).partition_spec
+
+    @property
+    def shard_order(self) -> ShardOrder:
+        """Torch's ``DTensorSpec.shard_order``: ``(tensor dim, mesh dims major to minor)``
+        for every sharded tensor dim as written."""
+        return _shard_order_of(self._placements, self._shard_order)
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self._mesh, self._placements, self.shard_order)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MeshPlacements) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (MeshPlacements, (self._mesh, self._placements, self._shard_order))
+
+    def __repr__(self) -> str:
+        if any(len(axes) > 1 for _, axes in self.shard_order):
+            order = dict(self.shard_order)
+            return f"Layout.from_shard_order({self._mesh!r}, {self._placements!r}, {order!r})"
+        return f"Layout.from_device_mesh({self._mesh!r})({self._placements!r})"
+
+    def __str__(self) -> str:
+        """The torch form's text, ``S(0),R`` (see :meth:`Layout.__str__`)."""
+        return ",".join(str(p) for p in self._placements)
+
+
+class Layout(_OnMesh):
+    """How a tensor of a given rank lies on a :class:`DeviceMesh` (see the module docstring).
+
+    ``Layout(mesh, dim_axes, partial)``: per tensor dim, the mesh dims (indices from the
+    left) that split it, major first; per mesh dim, ``None`` or a Partial reduce op.
+    Layouts are interned, as JAX interns its meshes and PartitionSpecs: building the same
+    layout twice gives the same object, so equality and hashing are by identity (cheap).
+    """
+
+    __slots__ = ("_dim_axes", "_partial", "__dict__", "__weakref__")
+
+    _interned: weakref.WeakValueDictionary[tuple[Any, ...], Layout] = weakref.WeakValueDictionary()
+
+    def __new__(
+        cls,
+        mesh: DeviceMesh,
+        dim_axes: Sequence[Sequence[int]],
+        partial: Sequence[ReduceOp | None] | None = None,
+    ) -> Layout:
         mesh = as_device_mesh(mesh)
-        if isinstance(placements, Layout):
-            if placements.mesh != mesh:
+        dim_axes = _as_tuples("dim_axes", dim_axes, "((0,), ())")
+        partial = _as_tuples("partial", (partial,), "(None, 'sum')")[0] if partial is not None else (None,) * mesh.ndim
+        key = (mesh, dim_axes, partial)
+        layout = cls._interned.get(key)
+        if layout is None or not _exact_ints(dim_axes):
+            _validate_bound(mesh, dim_axes, partial)
+            layout = cls._interned.get(key)
+        if layout is None:
+            layout = object.__new__(cls)
+            layout._mesh, layout._dim_axes, layout._partial = key
+            cls._interned[key] = layout
+        return layout
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Unpickling goes through the constructor, so it interns too.
+        return (Layout, (self._mesh, self._dim_axes, self._partial))
+
+    def __copy__(self) -> Layout:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> Layout:
+        return self
+
+    # -- construction ----------------------------------------------------------------
+    @classmethod
+    def from_device_mesh(cls, mesh: DeviceMesh) -> MeshPlacements:
+        """An empty placement record on ``mesh`` (ours, or a torch/JAX mesh, converted);
+        call it with placements to record them (the RFC's interface)."""
+        return MeshPlacements(as_device_mesh(mesh), ())
+
+    def __call__(self, placements: PlacementsLike, *, partial: PartialLike = None) -> Layout | MeshPlacements:
+        """Placements on this layout's mesh (as :meth:`MeshPlacements.__call__`)."""
+        return Layout.from_placements(self._mesh, placements, partial=partial)
+
+    @classmethod
+    def from_placements(
+        cls, mesh: DeviceMesh, placements: PlacementsLike, *, partial: PartialLike = None
+    ) -> Layout | MeshPlacements:
+        """A layout from alias-form placements, or a :class:`MeshPlacements` (unbound until
+        the tensor rank is known) from torch-form ones. Text in either form is parsed;
+        another library's placement objects (torch's ``Shard``, ``_StridedShard`` ...) are
+        converted by their bridge (see :mod:`placements2jax.foreign`). A layout given as
+        placements is returned as is (it must be on ``mesh``)."""
+        mesh = as_device_mesh(mesh)
+        if isinstance(placements, (Layout, MeshPlacements)):
+            if placements.mesh is not mesh:
                 raise LayoutError(
                     "placements", placements, "this layout is on another mesh", "rebuild it on the target mesh"
                 )
             return placements
+        original = placements
         if isinstance(placements, str):
-            placements = parse_placements_or_alias(placements)
+            placements, text_partial = parse_layout_text(placements)
+            if text_partial is not None:
+                if partial is not None:
+                    raise PlacementError(
+                        "partial", partial, "the placements text names its partial axes itself", "drop partial="
+                    )
+                partial = text_partial
         if not isinstance(placements, Sequence):
             raise ArgumentTypeError(
                 "placements",
@@ -133,17 +290,17 @@ class Layout:
                 raise PlacementError(
                     "partial", partial, "the torch form states partials itself", "use Partial(op) in the placements"
                 )
-            return cls._from_torch_form(mesh, tuple(placements), placements)
-        return cls._from_alias_form(mesh, tuple(placements), partial)
+            return _torch_form(mesh, tuple(placements), original)
+        return _alias_form(mesh, tuple(placements), partial)
 
     @classmethod
     def from_shard_order(
         cls, mesh: DeviceMesh, placements: Sequence[Placement], shard_order: Mapping[int, Sequence[int]] | None = None
-    ) -> Layout:
+    ) -> MeshPlacements:
         """Torch's ``DTensorSpec`` view: torch-form placements in which, as torch allows,
         one tensor dim may be sharded by several mesh dims (repeated ``Shard(d)``), split
         in the order ``shard_order[d]`` gives (mesh dims major to minor; by default mesh
-        order, as torch). Unbound until :meth:`bind`, like every torch-form layout."""
+        order, as torch). Unbound until :meth:`MeshPlacements.bind`, like every torch form."""
         mesh = as_device_mesh(mesh)
         if isinstance(placements, str):
             placements = parse_placements(placements)
@@ -152,42 +309,14 @@ class Layout:
                 "placements", placements, "expected a sequence of placements", "pass e.g. (Shard(0), Shard(0))"
             )
         placements = tuple(placements)
-        cls._from_torch_form(mesh, placements, placements, repeated_shards=True)
-        return cls(mesh, placements=placements, shard_order=shard_order or {})
-
-    @classmethod
-    def _from_torch_form(
-        cls, mesh: DeviceMesh, placements: tuple[Any, ...], original: Any, *, repeated_shards: bool = False
-    ) -> Layout:
-        for p in placements:
-            if not isinstance(p, (Shard, Replicate, Partial)):
-                raise ArgumentTypeError(
-                    "placements",
-                    original,
-                    f"{p!r} mixes the alias form into torch-form placements",
-                    "use one form: all Shard/Replicate/Partial, or all axis names",
-                )
-        if len(placements) != mesh.ndim:
-            raise PlacementError(
-                "placements",
-                original,
-                f"{len(placements)} placements for a {mesh.ndim}-d mesh {mesh.alias_name}",
-                f"give exactly one placement per mesh dim ({mesh.ndim})",
-            )
-        _check_partial_ops(placements, original)
-        if not repeated_shards:
-            _check_repeated_shards(mesh, placements, ndim=None)
-        return cls(mesh, placements=placements)
-
-    @classmethod
-    def _from_alias_form(cls, mesh: DeviceMesh, entries: tuple[Any, ...], partial: PartialLike) -> Layout:
-        dim_axes = [_alias_entry_axes(mesh, entry, entries) for entry in entries]
-        return cls(mesh, dim_axes, _partial_table(mesh, partial))
+        _torch_form(mesh, placements, placements, repeated_shards=True)
+        return MeshPlacements(mesh, placements, _validate_shard_order(mesh, placements, shard_order or {}))
 
     @classmethod
     def from_tensor_map(cls, mesh: DeviceMesh, tensor_map: Sequence[Any], partial: PartialLike = None) -> Layout:
-        """A bound layout from a tensor_map (mesh axes counted from the right) and an
-        optional partial side table."""
+        """A layout from a tensor_map (mesh axes counted from the right) and an optional
+        partial side table."""
+        mesh = as_device_mesh(mesh)
         if not isinstance(tensor_map, Sequence) or isinstance(tensor_map, str):
             raise ArgumentTypeError("tensor_map", tensor_map, "expected a tuple", "pass e.g. (1, -1)")
         dim_axes = []
@@ -214,7 +343,7 @@ class Layout:
 
     @classmethod
     def from_partition_spec(cls, mesh: DeviceMesh, spec: PartitionSpec, ndim: int | None = None) -> Layout:
-        """A bound layout from a ``PartitionSpec`` (``unreduced`` axes become Partial(sum));
+        """A layout from a ``PartitionSpec`` (``unreduced`` axes become Partial(sum));
         ``ndim`` pads a short spec with unsplit dims."""
         if not isinstance(spec, PartitionSpec):
             raise ArgumentTypeError("spec", spec, "expected a jax.sharding.PartitionSpec", "pass e.g. P('dp', None)")
@@ -226,112 +355,86 @@ class Layout:
                 raise LayoutError("ndim", ndim, f"shorter than the spec {spec}", f"pass ndim >= {len(entries)}")
             entries += [None] * (ndim - len(entries))
         partial = {axis: "sum" for axis in getattr(spec, "unreduced", ())}
-        return cls._from_alias_form(mesh, tuple(entries), partial or None)
+        return _alias_form(as_device_mesh(mesh), tuple(entries), partial or None)
 
     def bind(self, ndim: int) -> Layout:
-        """This layout for a tensor of ``ndim`` dims (normalizes negative Shard dims)."""
+        """This layout, checked to be for a tensor of ``ndim`` dims (a Layout is bound;
+        :meth:`MeshPlacements.bind` is where binding happens)."""
         if isinstance(ndim, bool) or not isinstance(ndim, int) or ndim < 0:
             raise ArgumentTypeError("ndim", ndim, "expected a non-negative int", "pass the tensor's number of dims")
-        if self._dim_axes is not None:
-            if len(self._dim_axes) != ndim:
-                raise LayoutError(
-                    "placements",
-                    self.alias_map,
-                    f"the alias form has {len(self._dim_axes)} entries but the tensor has {ndim} dims",
-                    f"give one entry per tensor dim ({ndim})",
-                )
-            return self
-        bound = self._bound.get(ndim)
-        if bound is None:
-            tables = _torch_form_to_tables(self._mesh, self._placements or (), ndim, self._shard_order)
-            bound = self._bound[ndim] = Layout(self._mesh, *tables)
-        return bound
+        if len(self._dim_axes) != ndim:
+            raise LayoutError(
+                "placements",
+                self.alias_map,
+                f"the alias form has {len(self._dim_axes)} entries but the tensor has {ndim} dims",
+                f"give one entry per tensor dim ({ndim})",
+            )
+        return self
 
-    # -- value semantics -------------------------------------------------------------
-    def _key(self) -> tuple[Any, ...]:
-        unbound = None if self._dim_axes is not None else (self._placements, self.shard_order)
-        return (self._mesh, self._dim_axes, self._partial, unbound)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Layout) and self._key() == other._key()
-
-    def __hash__(self) -> int:
-        if self._hash is None:  # immutable: hash once (it hashes the whole mesh)
-            self._hash = hash(self._key())
-        return self._hash
-
-    def __getstate__(self) -> dict[str, Any]:
-        # String hashes differ between processes: a pickled layout recomputes its hash.
-        return {**self.__dict__, "_hash": None, "_bound": {}}
-
+    # -- text ------------------------------------------------------------------------
     def __repr__(self) -> str:
         head = f"Layout.from_device_mesh({self._mesh!r})"
-        if self._dim_axes is None:
-            if any(len(axes) > 1 for _, axes in self.shard_order):
-                order = dict(self.shard_order)
-                return f"Layout.from_shard_order({self._mesh!r}, {self._placements!r}, {order!r})"
-            return f"{head}({self._placements!r})"
-        partial = {self._mesh.alias_name[i]: op for i, op in enumerate(self._partial) if op}
+        partial = {self._mesh.axis_names[i]: op for i, op in enumerate(self._partial) if op}
         tail = f", partial={partial!r}" if partial else ""
         return f"{head}({self.alias_map!r}{tail})"
 
     def __str__(self) -> str:
-        try:
+        """The one text form of a layout, which :meth:`from_placements` parses back: the
+        torch form (``S(0),R,P(max)``) when every tensor dim is split by at most one mesh
+        axis, else the alias form with its partial axes (``(c,b),None; partial a=max``)."""
+        if all(len(axes) <= 1 for axes in self._dim_axes):
             return ",".join(str(p) for p in self.placements)
-        except LayoutError:
-            return repr(self.alias_map) if self.is_bound else repr(self)
+        partial = {self._mesh.axis_names[m]: op for m, op in enumerate(self._partial) if op}
+        return format_alias(self.alias_map) + (f"; partial {format_partial(partial)}" if partial else "")
+
+    # -- related layouts -------------------------------------------------------------
+    @classmethod
+    def replicated_on(cls, mesh: DeviceMesh, ndim: int) -> Layout:
+        """The all-Replicate layout of an ``ndim``-d tensor on ``mesh``."""
+        if isinstance(ndim, bool) or not isinstance(ndim, int) or ndim < 0:
+            raise ArgumentTypeError("ndim", ndim, "expected a non-negative int", "pass the tensor's number of dims")
+        return cls(mesh, ((),) * ndim)
+
+    def replicated(self) -> Layout:
+        """The all-Replicate layout on the same mesh and tensor rank."""
+        return Layout.replicated_on(self._mesh, self.ndim)
+
+    def without_partial(self) -> Layout:
+        """The same splits with every partial mesh dim turned into Replicate."""
+        return self if not self.has_partial else Layout(self._mesh, self._dim_axes)
 
     # -- basic properties -------------------------------------------------------------
     @property
-    def mesh(self) -> DeviceMesh:
-        return self._mesh
-
-    @property
-    def device_mesh(self) -> DeviceMesh:
-        return self._mesh
-
-    @property
     def is_bound(self) -> bool:
-        return self._dim_axes is not None
+        """Always True (see :class:`MeshPlacements` for placements not yet bound)."""
+        return True
 
     @property
     def ndim(self) -> int:
-        return len(self._bound_axes())
-
-    def _bound_axes(self) -> tuple[tuple[int, ...], ...]:
-        if self._dim_axes is None:
-            raise LayoutError(
-                "layout",
-                self,
-                "torch-form placements do not say how many dims the tensor has",
-                "call layout.bind(ndim) (or placement_to_tensor_map(ndim)) first",
-            )
-        return self._dim_axes
+        return len(self._dim_axes)
 
     @property
     def dim_axes(self) -> tuple[tuple[int, ...], ...]:
         """Per tensor dim, the mesh dims (indices from the left) that split it, major first."""
-        return self._bound_axes()
+        return self._dim_axes
 
     @property
     def partial(self) -> tuple[ReduceOp | None, ...]:
         """The partial side table: per mesh dim, ``None`` or the reduce op."""
-        if self._dim_axes is None:
-            return tuple(p.reduce_op if isinstance(p, Partial) else None for p in self._placements or ())
         return self._partial
 
     @property
     def partial_op(self) -> ReduceOp | None:
         """The (single) reduce op of the partial mesh dims, or None."""
-        return next((op for op in self.partial if op), None)
+        return next((op for op in self._partial if op), None)
 
     @property
     def partial_axes(self) -> tuple[int, ...]:
-        return tuple(i for i, op in enumerate(self.partial) if op)
+        return tuple(i for i, op in enumerate(self._partial) if op)
 
     @property
     def has_partial(self) -> bool:
-        return any(self.partial)
+        return any(self._partial)
 
     def mesh_dim_split(self, mesh_dim: int) -> int | None:
         """The tensor dim split by ``mesh_dim``, or None."""
@@ -339,60 +442,40 @@ class Layout:
             raise MeshError(
                 "mesh_dim", mesh_dim, f"not a mesh dim of a {self._mesh.ndim}-d mesh", f"use 0..{self._mesh.ndim - 1}"
             )
-        return next((d for d, axes in enumerate(self._bound_axes()) if mesh_dim in axes), None)
+        return next((d for d, axes in enumerate(self._dim_axes) if mesh_dim in axes), None)
 
     def pieces(self, dim: int) -> tuple[int, ...]:
         """Mesh axis sizes splitting tensor dim ``dim``, major to minor."""
-        axes = self._bound_axes()
+        axes = self._dim_axes
         if isinstance(dim, bool) or not isinstance(dim, int) or not -len(axes) <= dim < len(axes):
             raise ShapeError("dim", dim, f"not a dim of a {len(axes)}-d tensor", f"use a dim in [{-len(axes)}, {len(axes)})")
         return tuple(self._mesh.shape[a] for a in axes[dim])
 
     # -- the three views ---------------------------------------------------------------
-    @property
+    @cached_property
     def placements(self) -> tuple[Placement, ...]:
         """The torch form: one placement per mesh dim (torch's repeated ``Shard(d)`` for a
         dim split by several axes in mesh order)."""
-        if self._dim_axes is None:
-            for dim, axes in self._shard_order or ():
-                self._check_mesh_order(dim, axes)
-            return self._placements or ()
         result: list[Placement] = []
         for mesh_dim, op in enumerate(self._partial):
             dim = self.mesh_dim_split(mesh_dim)
             result.append(Partial(op) if op else Shard(dim) if dim is not None else Replicate())
         for dim, axes in enumerate(self._dim_axes):
-            self._check_mesh_order(dim, axes)
+            _check_mesh_order(self, self._mesh, dim, axes)
         return tuple(result)
-
-    def _check_mesh_order(self, dim: int, axes: Sequence[int]) -> None:
-        if list(axes) != sorted(axes):
-            raise LayoutError(
-                "layout",
-                self,
-                f"tensor dim {dim} is split by {self._names(axes)} in an order torch's placements cannot say "
-                "(torch needs _StridedShard for it)",
-                "use the alias form, tensor_map or shard_order of this layout",
-            )
 
     @property
     def shard_order(self) -> ShardOrder:
         """Torch's ``DTensorSpec.shard_order``: ``(tensor dim, mesh dims major to minor)``
-        for every sharded tensor dim, in dim order (dims as written while unbound)."""
-        if self._dim_axes is not None:
-            return tuple((d, axes) for d, axes in enumerate(self._dim_axes) if axes)
-        return _shard_order_of(self._placements or (), self._shard_order)
-
-    def placement_to_tensor_map(self, ndim: int) -> TensorMap:
-        """The tensor_map for a tensor of ``ndim`` dims (MindSpore's convention)."""
-        return self.bind(ndim).tensor_map
+        for every sharded tensor dim, in dim order."""
+        return tuple((d, axes) for d, axes in enumerate(self._dim_axes) if axes)
 
     @property
     def tensor_map(self) -> TensorMap:
         last = self._mesh.ndim - 1
         return tuple(
             -1 if not axes else last - axes[0] if len(axes) == 1 else tuple(last - a for a in axes)
-            for axes in self._bound_axes()
+            for axes in self._dim_axes
         )
 
     @property
@@ -400,11 +483,11 @@ class Layout:
         """The alias view, e.g. ``("dp", "None")`` or ``(("dp", "tp"), "None")``."""
         return tuple(
             "None" if not axes else self._names(axes)[0] if len(axes) == 1 else self._names(axes)
-            for axes in self._bound_axes()
+            for axes in self._dim_axes
         )
 
     def _names(self, axes: Sequence[int]) -> tuple[str, ...]:
-        return tuple(self._mesh.alias_name[a] for a in axes)
+        return tuple(self._mesh.axis_names[a] for a in axes)
 
     @cached_property
     def partition_spec(self) -> PartitionSpec:
@@ -412,7 +495,7 @@ class Layout:
         ``unreduced``. Avg/max/min partial axes appear nowhere (JAX has no form for them)."""
         entries = [
             None if not axes else self._names(axes)[0] if len(axes) == 1 else self._names(axes)
-            for axes in self._bound_axes()
+            for axes in self._dim_axes
         ]
         unreduced = frozenset(self._names([i for i, op in enumerate(self._partial) if op == "sum"]))
         return PartitionSpec(*entries, unreduced=unreduced) if unreduced else PartitionSpec(*entries)
@@ -439,7 +522,7 @@ class Layout:
 
     # -- local shapes and offsets (pure) -------------------------------------------------
     def _check_shape(self, global_shape: Sequence[int], argument: str = "global_shape") -> tuple[int, ...]:
-        shape = _as_shape(global_shape, argument)
+        shape = as_shape(global_shape, argument)
         if len(shape) != self.ndim:
             raise ShapeError(
                 argument, shape, f"{len(shape)} dims, but the layout is for {self.ndim} dims", "pass a matching shape"
@@ -447,7 +530,7 @@ class Layout:
         return shape
 
     def _splits(self, dim: int, coordinate: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-        return tuple((self._mesh.shape[a], coordinate[a]) for a in self._bound_axes()[dim])
+        return tuple((self._mesh.shape[a], coordinate[a]) for a in self._dim_axes[dim])
 
     def local_shape_and_offset(
         self, global_shape: Sequence[int], rank: int | None = None
@@ -493,16 +576,12 @@ class Layout:
         do and ``assume_even`` (torch's assumption ``global = local * pieces``) is off.
         """
         known = (
-            {self._mesh._check_rank(r): _as_shape(s, "local_shape") for r, s in local_shape.items()}
+            {self._mesh.check_rank(r): as_shape(s, "local_shape") for r, s in local_shape.items()}
             if isinstance(local_shape, Mapping)
-            else {self._mesh._resolve_rank(rank): _as_shape(local_shape, "local_shape")}
+            else {self._mesh.resolve_rank(rank): as_shape(local_shape, "local_shape")}
         )
         if not known:
             raise ShapeError("local_shape", local_shape, "no rank's local shape given", "pass e.g. {0: (2, 4)}")
-        if not self.is_bound:
-            return self.bind(len(next(iter(known.values())))).global_shape_from_local(
-                known, assume_even=assume_even
-            )
         ndim = self.ndim
         for r, s in known.items():
             if len(s) != ndim:
@@ -548,7 +627,120 @@ class Layout:
         return {r: self.local_shape(global_shape, r) for r in self._mesh.rank_list}
 
 
+def _get_global_shape(
+    self: DeviceMesh,
+    local_shape: Sequence[int] | Mapping[int, Sequence[int]],
+    placements: PlacementsLike,
+    rank: int | None = None,
+    *,
+    assume_even: bool = False,
+) -> tuple[int, ...]:
+    """The global shape whose torch.chunk layout gives ``local_shape`` on ``rank``.
+
+    ``local_shape`` is the shape on ``rank`` (default: the calling rank) or a mapping
+    rank -> local shape. Exact for uneven shards; when several global shapes give the
+    same local shapes (rank 0 holds 2 rows for 5..8 rows over 4 ranks), raises
+    :class:`ShapeError` unless ``assume_even=True`` picks torch's ``local * pieces``.
+    (The RFC's ``DeviceMesh.get_global_shape``; :meth:`Layout.global_shape_from_local`.)
+    """
+    layout = Layout.from_placements(self, placements)
+    return layout.global_shape_from_local(local_shape, rank, assume_even=assume_even)
+
+
+DeviceMesh.get_global_shape = _get_global_shape  # type: ignore[attr-defined]
+
+
+# -- the one way from placements as given to a bound Layout --------------------------------
+
+# (mesh, placements, partial, ndim or shape) as given -> Layout; hashable arguments only.
+# Placement values, strings and meshes compare by value, and nothing that compares equal
+# to a valid argument is invalid (Shard(True) cannot be built), so a hit is always right.
+_resolved: dict[tuple[Any, ...], Layout] = register({})
+_RESOLVED_LIMIT = 8192
+
+
+def resolve_layout(
+    mesh: Any, placements: Any, shape: int | Sequence[int], *, partial: PartialLike = None
+) -> Layout:
+    """The :class:`Layout` of ``placements`` (torch or alias form, as values or text,
+    another library's objects, or a Layout / MeshPlacements) on ``mesh`` for a tensor of
+    ``shape`` (or of ``shape`` dims, given an int): parse, convert foreign objects (once,
+    here), validate, bind. Given a shape, foreign placements are also checked to mean the
+    same for that shape (torch's uneven ``_StridedShard``). A repeated call costs one dict
+    lookup."""
+    frozen = tuple(placements) if isinstance(placements, list) else placements
+    key = (mesh, frozen, partial, shape if isinstance(shape, int) else tuple(shape))
+    try:
+        return _resolved[key]
+    except KeyError:
+        pass
+    except TypeError:  # unhashable arguments (a partial dict, nested lists): not cached
+        key = None
+    ndim = shape if isinstance(shape, int) else len(as_shape(shape, "shape"))
+    layout = Layout.from_placements(mesh, placements, partial=partial).bind(ndim)
+    if not isinstance(shape, int):
+        check_placements_for_shape(placements, layout, tuple(shape))
+    if key is not None:
+        if len(_resolved) >= _RESOLVED_LIMIT:
+            _resolved.clear()
+        _resolved[key] = layout
+    return layout
+
+
 # -- helpers -----------------------------------------------------------------------------
+
+
+def _torch_form(
+    mesh: DeviceMesh, placements: tuple[Any, ...], original: Any, *, repeated_shards: bool = False
+) -> MeshPlacements:
+    """Validate torch-form placements (all that can be checked without the tensor rank)."""
+    for p in placements:
+        if not isinstance(p, (Shard, Replicate, Partial)):
+            raise ArgumentTypeError(
+                "placements",
+                original,
+                f"{p!r} mixes the alias form into torch-form placements",
+                "use one form: all Shard/Replicate/Partial, or all axis names",
+            )
+    if len(placements) != mesh.ndim:
+        raise PlacementError(
+            "placements",
+            original,
+            f"{len(placements)} placements for a {mesh.ndim}-d mesh {mesh.axis_names}",
+            f"give exactly one placement per mesh dim ({mesh.ndim})",
+        )
+    _check_partial_ops(placements, original)
+    if not repeated_shards:
+        _check_repeated_shards(mesh, placements, ndim=None, as_text=isinstance(original, str))
+    return MeshPlacements(mesh, placements)
+
+
+def _alias_form(mesh: DeviceMesh, entries: tuple[Any, ...], partial: PartialLike) -> Layout:
+    dim_axes = [_alias_entry_axes(mesh, entry, entries) for entry in entries]
+    return Layout(mesh, dim_axes, _partial_table(mesh, partial))
+
+
+def _bind(placements: MeshPlacements, ndim: int) -> Layout:
+    if isinstance(ndim, bool) or not isinstance(ndim, int) or ndim < 0:
+        raise ArgumentTypeError("ndim", ndim, "expected a non-negative int", "pass the tensor's number of dims")
+    tables = _torch_form_to_tables(placements.mesh, placements._placements, ndim, placements._shard_order)
+    return Layout(placements.mesh, *tables)
+
+
+def _check_mesh_order(value: Any, mesh: DeviceMesh, dim: int, axes: Sequence[int]) -> None:
+    if list(axes) != sorted(axes):
+        raise LayoutError(
+            "layout",
+            value,
+            f"tensor dim {dim} is split by {tuple(mesh.axis_names[a] for a in axes)} in an order torch's "
+            "placements cannot say (torch needs _StridedShard for it)",
+            "use the alias form, tensor_map or shard_order of this layout",
+        )
+
+
+def _exact_ints(dim_axes: tuple[tuple[Any, ...], ...]) -> bool:
+    """True when every entry is a plain int (not a bool or NumPy int that equals one)."""
+    return all(type(a) is int for axes in dim_axes for a in axes)
 
 
 def _shard_order_of(placements: Sequence[Placement], explicit: ShardOrder | None) -> ShardOrder:
@@ -587,7 +779,9 @@ def _validate_shard_order(
     return _shard_order_of(placements, tuple(order.items()))
 
 
-def _as_shape(shape: Any, argument: str) -> tuple[int, ...]:
+def as_shape(shape: Any, argument: str) -> tuple[int, ...]:
+    """``shape`` as a tuple of non-negative ints (the package's one shape validator),
+    reporting a bad one as a bad ``argument``."""
     if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
         raise ArgumentTypeError(argument, shape, "expected a tuple of ints", "pass e.g. (8, 2)")
     for n in shape:
@@ -607,7 +801,12 @@ def _check_partial_ops(placements: Sequence[Placement], original: Any, argument:
         )
 
 
-def _check_repeated_shards(mesh: DeviceMesh, placements: Sequence[Placement], ndim: int | None) -> None:
+def _check_repeated_shards(
+    mesh: DeviceMesh, placements: Sequence[Placement], ndim: int | None, *, as_text: bool = False
+) -> None:
+    """Refuse one tensor dim sharded by two mesh dims (the RFC's constraint). The fix
+    shows the alias form the way the placements came: text (command line, notebooks
+    with strings) or Python values."""
     seen: dict[int, int] = {}
     for mesh_dim, p in enumerate(placements):
         if not isinstance(p, Shard):
@@ -615,7 +814,7 @@ def _check_repeated_shards(mesh: DeviceMesh, placements: Sequence[Placement], nd
         dim = p.dim % ndim if ndim is not None and -ndim <= p.dim < ndim else p.dim
         if dim in seen:
             first = seen[dim]
-            names = mesh.alias_name
+            names = mesh.axis_names
             # An unnormalized negative dim counts from the end of the alias form.
             alias = ["None"] * max(dim + 1 if dim >= 0 else -dim, ndim or 0)
             alias[dim] = (names[first], names[mesh_dim])  # type: ignore[call-overload]
@@ -625,7 +824,7 @@ def _check_repeated_shards(mesh: DeviceMesh, placements: Sequence[Placement], nd
                 f"Shard({dim}) appears on mesh axes {names[first]!r} (mesh dim {first}) and "
                 f"{names[mesh_dim]!r} (mesh dim {mesh_dim}); the placements form cannot shard one "
                 "tensor dim twice",
-                f"use the alias form, e.g. {tuple(alias)!r}",
+                f"use the alias form, e.g. {format_alias(alias) if as_text else repr(tuple(alias))}",
             )
         seen[dim] = mesh_dim
 
@@ -667,15 +866,15 @@ def _alias_entry_axes(mesh: DeviceMesh, entry: Any, entries: tuple[Any, ...]) ->
             "placements",
             entries,
             f"alias entry {entry!r} is not an axis name, a tuple of names or None",
-            f"use names from {mesh.alias_name}, e.g. (('dp', 'tp'), None)",
+            f"use names from {mesh.axis_names}, e.g. (('dp', 'tp'), None)",
         )
     axes = []
     for name in names:
-        if name not in mesh.alias_name:
+        if name not in mesh.axis_names:
             raise LayoutError(
-                "placements", entries, f"unknown mesh axis {name!r}", f"use names from {mesh.alias_name} or 'None'"
+                "placements", entries, f"unknown mesh axis {name!r}", f"use names from {mesh.axis_names} or 'None'"
             )
-        axes.append(mesh.alias_name.index(name))
+        axes.append(mesh.axis_names.index(name))
     return tuple(axes)
 
 
@@ -720,7 +919,7 @@ def _axis_of(mesh: DeviceMesh, axis: Any, argument: str, value: Any) -> int:
     try:
         return mesh.axis_index(axis)
     except (MeshError, ArgumentTypeError) as err:
-        raise type(err)(argument, value, f"axis={axis!r}: {err.problem}", err.fix) from None
+        raise err.for_argument(argument, value, problem_prefix=f"axis={axis!r}: ") from None
 
 
 def _validate_bound(mesh: DeviceMesh, dim_axes: tuple[tuple[int, ...], ...], partial: tuple[Any, ...]) -> None:
@@ -738,10 +937,10 @@ def _validate_bound(mesh: DeviceMesh, dim_axes: tuple[tuple[int, ...], ...], par
                     f"list mesh dims 0..{mesh.ndim - 1} per tensor dim, e.g. ((0,), ())",
                 )
             if a in used:
-                name = mesh.alias_name[a]
+                name = mesh.axis_names[a]
                 raise LayoutError(
                     "placements",
-                    tuple(tuple(mesh.alias_name[x] for x in ax) or "None" for ax in dim_axes),
+                    tuple(tuple(mesh.axis_names[x] for x in ax) or "None" for ax in dim_axes),
                     f"mesh axis {name!r} splits tensor dims {used[a]} and {dim}; one axis can split one dim only",
                     f"use {name!r} on a single tensor dim",
                 )
@@ -751,7 +950,7 @@ def _validate_bound(mesh: DeviceMesh, dim_axes: tuple[tuple[int, ...], ...], par
             raise LayoutError(
                 "partial",
                 partial,
-                f"mesh axis {mesh.alias_name[a]!r} both splits tensor dim {used[a]} and is Partial({op})",
+                f"mesh axis {mesh.axis_names[a]!r} both splits tensor dim {used[a]} and is Partial({op})",
                 "a mesh dim is either Shard, Replicate or Partial",
             )
 

@@ -14,19 +14,18 @@ works the same, ``Partial(sum)`` is then carried like the other reduce ops.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import weakref
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 import jax
 import numpy as np
 from jax.sharding import AxisType
 
+from .caches import cached
 from .errors import ArgumentTypeError, MeshError
-from .interop import convert_mesh
-
-if TYPE_CHECKING:
-    from .layout import PlacementsLike
+from .foreign import convert_mesh
 
 __all__ = ["DeviceMesh", "MeshGroup", "init_device_mesh", "as_device_mesh", "Axis"]
 
@@ -62,18 +61,25 @@ class DeviceMesh:
     """An n-d array of ranks with one unique name per axis (torch's ``DeviceMesh``).
 
     ``DeviceMesh([[0, 1], [2, 3]], ("dp", "tp"))`` is a 2x2 mesh whose rows are named
-    ``dp`` and columns ``tp``. ``mesh_dim_names=`` is accepted as torch's name for
-    ``alias_name``; without names the axes are called ``dim0``, ``dim1``, ...
+    ``dp`` and columns ``tp`` (:attr:`axis_names`, JAX's word). The constructor takes the
+    names as ``alias_name`` (the RFC's and MindSpore's word) or ``mesh_dim_names=``
+    (torch's); without names the axes are called ``dim0``, ``dim1``, ...
+
+    Meshes are interned, as JAX interns ``jax.sharding.Mesh``: building the same mesh
+    twice (same ranks, names and axis types) gives the same object, so equality and
+    hashing are by identity.
     """
 
-    def __init__(
-        self,
+    _interned: weakref.WeakValueDictionary[tuple[Any, ...], DeviceMesh] = weakref.WeakValueDictionary()
+
+    def __new__(
+        cls,
         mesh: Any,
         alias_name: Sequence[str] | str | None = None,
         *,
         mesh_dim_names: Sequence[str] | str | None = None,
         axis_types: AxisTypeLike | Sequence[AxisTypeLike] = "explicit",
-    ) -> None:
+    ) -> DeviceMesh:
         ranks = _validate_ranks(mesh)
         if alias_name is not None and mesh_dim_names is not None and tuple(alias_name) != tuple(
             mesh_dim_names
@@ -85,28 +91,31 @@ class DeviceMesh:
                 "pass only one of alias_name and mesh_dim_names",
             )
         names = alias_name if alias_name is not None else mesh_dim_names
-        self._ranks = ranks
-        self._names = _validate_names(names, ranks.ndim, "alias_name" if alias_name is not None else "mesh_dim_names")
-        self._axis_types = _validate_axis_types(axis_types, ranks.ndim)
-        # Immutable (the rank array is read-only): the value key and its hash, once.
-        self._value_key = (ranks.shape, tuple(int(r) for r in ranks.flat), self._names, self._axis_types)
-        self._hash = hash(self._value_key)
+        names = _validate_names(names, ranks.ndim, "alias_name" if alias_name is not None else "mesh_dim_names")
+        types = _validate_axis_types(axis_types, ranks.ndim)
+        key = (ranks.shape, tuple(int(r) for r in ranks.flat), names, types)
+        self = cls._interned.get(key)
+        if self is None:
+            self = object.__new__(cls)
+            self._ranks, self._names, self._axis_types = ranks, names, types  # the rank array is read-only
+            cls._interned[key] = self
+        return self
 
-    # -- value semantics -------------------------------------------------------------
-    def _key(self) -> tuple[Any, ...]:
-        return self._value_key
+    def __copy__(self) -> DeviceMesh:
+        return self
 
-    def __eq__(self, other: object) -> bool:
-        return self is other or (isinstance(other, DeviceMesh) and self._value_key == other._value_key)
-
-    def __hash__(self) -> int:
-        return self._hash
+    def __deepcopy__(self, memo: Any) -> DeviceMesh:
+        return self
 
     def __repr__(self) -> str:
         types = ""
         if any(t != AxisType.Explicit for t in self._axis_types):
             types = f", axis_types={tuple(t.name.lower() for t in self._axis_types)!r}"
         return f"DeviceMesh({self._ranks.tolist()!r}, alias_name={self._names!r}{types})"
+
+    def __str__(self) -> str:
+        """The mesh's label in reports: ``dp=4 x tp=2`` (axis names and sizes)."""
+        return " x ".join(f"{name}={size}" for name, size in zip(self._names, self.shape))
 
     def __reduce__(self) -> tuple[Any, ...]:
         types = tuple(t.name.lower() for t in self._axis_types)
@@ -126,11 +135,8 @@ class DeviceMesh:
         return self._ranks.size if axis is None else self.shape[self.axis_index(axis)]
 
     @property
-    def alias_name(self) -> tuple[str, ...]:
-        return self._names
-
-    @property
-    def mesh_dim_names(self) -> tuple[str, ...]:
+    def axis_names(self) -> tuple[str, ...]:
+        """The axis names (JAX's ``Mesh.axis_names``); see also the spellings below."""
         return self._names
 
     @property
@@ -158,7 +164,7 @@ class DeviceMesh:
         return np.vectorize(lambda r: all_devices[r], otypes=[object])(self._ranks)
 
     def device(self, rank: int) -> jax.Device:
-        self._check_rank(rank)
+        self.check_rank(rank)
         return jax.devices()[rank]
 
     # -- JAX -------------------------------------------------------------------------
@@ -177,10 +183,7 @@ class DeviceMesh:
             raise ArgumentTypeError(
                 "mesh", mesh, "expected a jax.sharding.Mesh", "pass e.g. jax.make_mesh((4, 2), ('dp', 'tp'))"
             )
-        index = {d: i for i, d in enumerate(jax.devices())}
-        ranks = np.vectorize(lambda d: index[d], otypes=[np.int64])(mesh.devices)
-        types = tuple(t.name.lower() for t in mesh.axis_types)
-        return cls(ranks, tuple(mesh.axis_names), axis_types=types)  # type: ignore[arg-type]
+        return _from_jax(mesh)
 
     # -- axes and ranks --------------------------------------------------------------
     def axis_index(self, axis: Axis) -> int:
@@ -205,7 +208,8 @@ class DeviceMesh:
     def axis_name(self, axis: Axis) -> str:
         return self._names[self.axis_index(axis)]
 
-    def _check_rank(self, rank: Any) -> int:
+    def check_rank(self, rank: Any) -> int:
+        """``rank`` as an int, if it is a rank of this mesh (else a MeshError)."""
         if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
             raise ArgumentTypeError("rank", rank, "expected an int rank", f"use one of {self.rank_list}")
         if int(rank) not in self._rank_positions:
@@ -230,19 +234,18 @@ class DeviceMesh:
             "pass rank= explicitly, or build the mesh over devices of this process",
         )
 
-    def _resolve_rank(self, rank: int | None) -> int:
-        return self.calling_rank() if rank is None else self._check_rank(rank)
+    def resolve_rank(self, rank: int | None) -> int:
+        """``rank`` checked, or the calling rank for ``None``."""
+        return self.calling_rank() if rank is None else self.check_rank(rank)
 
     def get_coordinate(self, rank: int | None = None) -> tuple[int, ...]:
         """The rank's index along every mesh axis."""
-        return self._rank_positions[self._resolve_rank(rank)]
+        return self._rank_positions[self.resolve_rank(rank)]
 
     def get_local_rank(self, axis: Axis, rank: int | None = None) -> int:
         """The rank's coordinate along ``axis`` (torch's ``get_local_rank(mesh_dim)``)."""
         return self.get_coordinate(rank)[self.axis_index(axis)]
 
-    def get_device_num_along_axis(self, axis: Axis) -> int:
-        return self.shape[self.axis_index(axis)]
 
     def get_rank_list_along_axis(self, axis: Axis, rank: int | None = None) -> list[int]:
         """The ranks that differ from ``rank`` only along ``axis``, in axis order."""
@@ -299,26 +302,23 @@ class DeviceMesh:
         axis_type = "explicit" if types == {"explicit"} else "auto"
         return DeviceMesh(self._ranks.reshape(-1), (name or "_".join(self._names),), axis_types=axis_type)  # type: ignore[arg-type]
 
-    def get_global_shape(
-        self,
-        local_shape: Sequence[int] | Mapping[int, Sequence[int]],
-        placements: PlacementsLike,
-        rank: int | None = None,
-        *,
-        assume_even: bool = False,
-    ) -> tuple[int, ...]:
-        """The global shape whose torch.chunk layout gives ``local_shape`` on ``rank``.
+    # -- the MindSpore and torch spellings (public aliases, kept in this one place) --------
+    @property
+    def alias_name(self) -> tuple[str, ...]:
+        """MindSpore's name for :attr:`axis_names`."""
+        return self._names
 
-        ``local_shape`` is the shape on ``rank`` (default: the calling rank) or a mapping
-        rank -> local shape. Exact for uneven shards; when several global shapes give the
-        same local shapes (rank 0 holds 2 rows for 5..8 rows over 4 ranks), raises
-        :class:`ShapeError` unless ``assume_even=True`` picks torch's ``local * pieces``.
-        """
-        # Local import: the layout module builds on meshes, not the other way round.
-        from .layout import Layout
+    @property
+    def mesh_dim_names(self) -> tuple[str, ...]:
+        """torch's name for :attr:`axis_names`."""
+        return self._names
 
-        layout = Layout.from_device_mesh(self)(placements)
-        return layout.global_shape_from_local(local_shape, rank, assume_even=assume_even)
+    def get_device_num_along_axis(self, axis: Axis) -> int:
+        """MindSpore's name for :meth:`size` of one axis."""
+        return self.size(axis)
+
+    # get_global_shape (the RFC's DeviceMesh method) needs layouts: placements2jax.layout
+    # installs it, so this module does not import the one after it.
 
 
 def init_device_mesh(
@@ -369,6 +369,14 @@ def as_device_mesh(mesh: Any, argument: str = "device_mesh") -> DeviceMesh:
             argument, mesh, "expected a placements2jax.DeviceMesh", "build one with init_device_mesh(...)"
         )
     return converted
+
+
+@cached(maxsize=256)
+def _from_jax(mesh: jax.sharding.Mesh) -> DeviceMesh:
+    index = {d: i for i, d in enumerate(jax.devices())}
+    ranks = np.vectorize(lambda d: index[d], otypes=[np.int64])(mesh.devices)
+    types = tuple(t.name.lower() for t in mesh.axis_types)
+    return DeviceMesh(ranks, tuple(mesh.axis_names), axis_types=types)  # type: ignore[arg-type]
 
 
 def _rebuild(ranks: list[Any], names: tuple[str, ...], types: tuple[str, ...]) -> DeviceMesh:

@@ -26,6 +26,9 @@ How one op runs, eagerly or inside the caller's ``jax.jit`` / ``jax.grad``:
 Everything one call needs is a single ``jax.jit`` program cached per (op, params, input
 shapes / dtypes / layouts, cost model), so eager dispatch is a dictionary lookup and one
 compiled call; inside an outer ``jax.jit`` the same program is emitted into the caller's.
+
+This module installs the operators and methods on :class:`~placements2jax.dtensor.DTensor`
+when it is imported (the package imports it), as JAX installs ``jax.Array``'s methods.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache, partial
+from functools import partial
 from typing import Any
 
 import jax
@@ -43,6 +46,7 @@ from jax import lax
 from jax.extend import core
 from jax.sharding import PartitionSpec
 
+from .caches import cached, register
 from . import chunking
 from .dtensor import DTensor
 from .errors import ArgumentTypeError, InferenceError, UnsupportedOpError
@@ -50,7 +54,6 @@ from .inference import default_cost_model, infer_signature, predict
 from .inference.cost import CostModel
 from .inference.jaxpr import _CALLS, _CONSTRAINTS  # the call / constraint primitives predict walks
 from .inference.ops import freeze, op_definition
-from .inference.signature import replicated
 from .layout import Layout
 from .mesh import DeviceMesh
 from .physical import Physical, physical
@@ -83,7 +86,7 @@ def _operand_key(value: Any) -> OperandKey:
     return ("constant", np.shape(value), np.dtype(jnp.result_type(value)), weak)
 
 
-@lru_cache(maxsize=16)
+@cached(maxsize=16)
 def _scalar_key(kind: type, x64: bool) -> OperandKey:
     return ("constant", (), np.dtype(jnp.result_type(kind(0))), True)
 
@@ -114,16 +117,11 @@ def _mesh_of(keys: Sequence[OperandKey], argument: str) -> DeviceMesh:
 
 
 def _layout_of(key: OperandKey, mesh: DeviceMesh) -> Layout:
-    return key[3] if key[0] == "dtensor" else replicated(mesh, len(key[1]))
+    return key[3] if key[0] == "dtensor" else Layout.replicated_on(mesh, len(key[1]))
 
 
 def _arrays(values: Sequence[Any]) -> list[Any]:
     return [v.array if isinstance(v, DTensor) else v for v in values]
-
-
-def _dtensor(array: jax.Array, layout: Layout, shape: Shape) -> DTensor:
-    # The program produced exactly this layout's physical array: skip re-validation.
-    return DTensor.tree_unflatten((layout, shape), (array,))
 
 
 # -- programs --------------------------------------------------------------------------------
@@ -144,33 +142,30 @@ class Program:
 
     def __call__(self, values: Sequence[Any]) -> Any:
         outs = self.run(*_arrays(values))
-        leaves = [_dtensor(a, layout, shape) for a, layout, shape in zip(outs, self.out_layouts, self.out_shapes)]
+        leaves = [DTensor.trusted(a, layout, shape) for a, layout, shape in zip(outs, self.out_layouts, self.out_shapes)]
         return leaves[0] if self.out_tree.num_nodes == 1 else jax.tree.unflatten(self.out_tree, leaves)
 
 
-# Eager dispatch cost: hashing a Layout hashes its whole mesh, so a front cache keys each
-# DTensor operand's layout (and the cost model) by id() and keeps the objects alive in
-# its key's entry, so no id is reused while the entry exists. A miss goes to the
-# value-keyed program caches below (equal layouts share one compiled program).
-_DISPATCH: dict[tuple[Any, ...], tuple[tuple[Any, ...], Program]] = {}
+# Eager dispatch: one dict lookup per call, keyed by the op, the cost model and each
+# operand's (shape, dtype, layout) (Layouts are interned: hashing one is free). A miss goes
+# to the program caches below.
+_dispatched: dict[tuple[Any, ...], Program] = register({})
 _DISPATCH_LIMIT = 4096
 
 
 def _dispatch(tag: tuple[Any, ...], values: Sequence[Any], build: Callable[..., Program]) -> Program:
     cost_model = default_cost_model()
-    fast = (
+    key = (
         tag,
-        id(cost_model),
-        *((v.shape, v.dtype, id(v.layout)) if isinstance(v, DTensor) else _operand_key(v) for v in values),
+        cost_model,
+        *((v.shape, v.dtype, v.layout) if isinstance(v, DTensor) else _operand_key(v) for v in values),
     )
-    entry = _DISPATCH.get(fast)
-    if entry is not None:
-        return entry[1]
-    program = build(tuple(_operand_key(v) for v in values), cost_model)
-    if len(_DISPATCH) >= _DISPATCH_LIMIT:
-        _DISPATCH.clear()
-    pins = (cost_model, *(v.layout for v in values if isinstance(v, DTensor)))
-    _DISPATCH[fast] = (pins, program)
+    program = _dispatched.get(key)
+    if program is None:
+        program = build(tuple(_operand_key(v) for v in values), cost_model)
+        if len(_dispatched) >= _DISPATCH_LIMIT:
+            _dispatched.clear()
+        _dispatched[key] = program
     return program
 
 
@@ -183,7 +178,7 @@ def call(op: str, operands: Sequence[Any], **params: Any) -> DTensor:
     return program(operands)
 
 
-@lru_cache(maxsize=4096)
+@cached(maxsize=4096)
 def _named_program(op: str, params: Any, keys: tuple[OperandKey, ...], cost_model: CostModel) -> Program:
     mesh = _mesh_of(keys, "operands")
     layouts = [_layout_of(k, mesh) for k in keys]
@@ -254,6 +249,56 @@ def reshape(x: DTensor, shape: Sequence[Any]) -> DTensor:
     return call("reshape", (x,), shape=tuple(shape))
 
 
+def _install_methods(cls: type) -> None:
+    """Install the Python operators and the NumPy-style methods on ``cls`` (DTensor), as
+    ``jax/_src/numpy/array_methods.py`` installs jax.Array's: the DTensor module knows
+    nothing of operators, which need signature inference (later in the data flow)."""
+
+    def binary_pair(op: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        def forward(self: DTensor, other: Any) -> DTensor | Any:
+            return binary(op, self, other)
+
+        def reflected(self: DTensor, other: Any) -> DTensor | Any:
+            return binary(op, other, self)
+
+        return forward, reflected
+
+    for name, op in (("add", "add"), ("sub", "sub"), ("mul", "mul"), ("truediv", "div"), ("matmul", "matmul")):
+        forward, reflected = binary_pair(op)
+        setattr(cls, f"__{name}__", forward)
+        setattr(cls, f"__r{name}__", reflected)
+
+    def reduction(op: str, doc: str) -> Callable[..., DTensor]:
+        def method(self: DTensor, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DTensor:
+            return reduce(op, self, axis, keepdims)
+
+        method.__name__, method.__doc__ = op, doc
+        return method
+
+    def neg(self: DTensor) -> DTensor:
+        return unary("neg", self)
+
+    def transpose_method(self: DTensor, *axes: Any) -> DTensor:
+        """Permute the dims (``x.transpose()`` reverses them, like NumPy)."""
+        return transpose(self, axes)
+
+    def reshape_method(self: DTensor, *shape: Any) -> DTensor:
+        """The same elements in ``shape`` (one tuple or the sizes; ``-1`` allowed)."""
+        return reshape(self, shape)
+
+    cls.__neg__ = neg  # type: ignore[attr-defined]
+    cls.sum = reduction("sum", "Sum over ``axis`` (NumPy's arguments); a sharded reduced axis gives Partial(sum).")  # type: ignore[attr-defined]
+    cls.mean = reduction("mean", "Mean over ``axis``; an evenly sharded reduced axis gives Partial(avg).")  # type: ignore[attr-defined]
+    cls.max = reduction("max", "Maximum over ``axis``; a sharded reduced axis gives Partial(max).")  # type: ignore[attr-defined]
+    cls.min = reduction("min", "Minimum over ``axis``; a sharded reduced axis gives Partial(min).")  # type: ignore[attr-defined]
+    cls.transpose = transpose_method  # type: ignore[attr-defined]
+    cls.T = property(lambda self: transpose(self, ()), doc="The dims reversed.")  # type: ignore[attr-defined]
+    cls.reshape = reshape_method  # type: ignore[attr-defined]
+
+
+_install_methods(DTensor)
+
+
 # -- apply -----------------------------------------------------------------------------------
 
 
@@ -281,7 +326,7 @@ def apply(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return _dispatch(("apply", fn, frozen), args, partial(_apply_program, fn, frozen))(args)
 
 
-@lru_cache(maxsize=1024)
+@cached(maxsize=1024)
 def _apply_program(fn: Callable[..., Any], kwargs: Any, keys: tuple[OperandKey, ...], cost_model: CostModel) -> Program:
     mesh = _mesh_of(keys, "args")
     f = partial(fn, **dict(kwargs)) if kwargs else fn
@@ -322,7 +367,7 @@ class _Interpreter:
 
     def _replicated(self, value: Any, aval: Any) -> _Value:
         shape = tuple(aval.shape)
-        return _Value(value, physical(replicated(self.mesh, len(shape)), shape))
+        return _Value(value, physical(Layout.replicated_on(self.mesh, len(shape)), shape))
 
     def run(self, jaxpr: Any, consts: Sequence[Any], inputs: Sequence[_Value], prefix: str) -> list[_Value]:
         env: dict[Any, _Value] = {}
@@ -531,7 +576,7 @@ def _vary(x: jax.Array, axes: frozenset[str]) -> jax.Array:
     return jax.lax.pcast(x, missing, to="varying") if missing else x
 
 
-@lru_cache(maxsize=1024)
+@cached(maxsize=1024)
 def _relabel(phys: Physical) -> Callable[[jax.Array], jax.Array]:
     """``unreduced`` array -> the same device buffers read as stacked dims (one per
     partial axis). JAX has no unreduced -> varying cast, so this is a manual no-op
@@ -568,7 +613,7 @@ def _relabel(phys: Physical) -> Callable[[jax.Array], jax.Array]:
 # -- padding masks ---------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=4096)
+@cached(maxsize=4096)
 def _chunk_tables(phys: Physical, dim: int) -> tuple[np.ndarray, np.ndarray]:
     """Offset and length of every rank's chunk of ``dim``, indexed by the row-major
     coordinate over the mesh axes splitting it (major first)."""

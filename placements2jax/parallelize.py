@@ -65,7 +65,7 @@ from typing import Any, Literal, TypeAlias
 
 import jax
 
-from .dtensor import DTensor, distribute_tensor
+from .dtensor import DTensor, distribute_tensor, is_dtensor
 from .errors import ArgumentTypeError, Placements2JaxError, PlanError
 from .layout import Layout, PlacementsLike
 from .mesh import DeviceMesh, as_device_mesh
@@ -162,8 +162,8 @@ class ParallelStyle:
                 raise PlanError(
                     "axis",
                     None,
-                    f"{self.kind}() names no mesh axis, and the mesh {mesh.alias_name} has {mesh.ndim}",
-                    f'name the axis, e.g. {self.kind}("{mesh.alias_name[-1]}")',
+                    f"{self.kind}() names no mesh axis, and the mesh {mesh.axis_names} has {mesh.ndim}",
+                    f'name the axis, e.g. {self.kind}("{mesh.axis_names[-1]}")',
                 )
             return 0
         return mesh.axis_index(self.axis)
@@ -251,7 +251,7 @@ def _rule_value(regex: str, value: Any, mesh: DeviceMesh) -> ParallelStyle | Lay
     try:
         return Layout.from_placements(mesh, value)
     except Placements2JaxError as error:
-        raise type(error)(f"plan[{regex!r}]", value, error.problem, error.fix) from None
+        raise error.for_argument(f"plan[{regex!r}]", value) from None
 
 
 def plan_layouts(params: Any, mesh: DeviceMesh, plan: PlanLike, *, strict: bool = True) -> Any:
@@ -285,7 +285,7 @@ def _planned_leaves(
 ) -> tuple[list[tuple[str, Any]], Any, list[Layout]]:
     """(path, leaf) pairs, the tree structure and each leaf's layout under ``plan``."""
     rules = _compile_plan(plan, mesh)
-    key_leaves, tree = jax.tree_util.tree_flatten_with_path(params, is_leaf=_is_dtensor)
+    key_leaves, tree = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_dtensor)
     flat = [(path_of(key_path), leaf) for key_path, leaf in key_leaves]
     used: set[int] = set()
     layouts = []
@@ -320,7 +320,7 @@ def _planned_leaves(
 
 def _at_path(error: Placements2JaxError, path: str) -> Placements2JaxError:
     """The same error, its argument naming the pytree path it happened at."""
-    return type(error)(f"{error.argument} (at {path!r})", error.value, error.problem, error.fix)
+    return error.for_argument(f"{error.argument} (at {path!r})", error.value)
 
 
 def _ndim(leaf: Any, path: str) -> int:
@@ -336,8 +336,5 @@ def _ndim(leaf: Any, path: str) -> int:
 
 def layouts_of(tree: Any) -> Any:
     """The pytree with each DTensor replaced by its :class:`Layout` (other leaves kept)."""
-    return jax.tree_util.tree_map(lambda x: x.layout if _is_dtensor(x) else x, tree, is_leaf=_is_dtensor)
+    return jax.tree_util.tree_map(lambda x: x.layout if is_dtensor(x) else x, tree, is_leaf=is_dtensor)
 
-
-def _is_dtensor(value: Any) -> bool:
-    return isinstance(value, DTensor)

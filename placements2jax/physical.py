@@ -18,11 +18,12 @@ that move data live in :mod:`.programs`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cached_property
 
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from .caches import cached
 from . import chunking
 from .layout import Layout
 
@@ -38,7 +39,7 @@ class Physical:
 
     @property
     def mesh_names(self) -> tuple[str, ...]:
-        return self.layout.mesh.alias_name
+        return self.layout.mesh.axis_names
 
     @cached_property
     def unreduced_axes(self) -> tuple[int, ...]:
@@ -103,19 +104,19 @@ class Physical:
         return _is_prefix(self.shape[dim], self.layout.pieces(dim))
 
 
-@lru_cache(maxsize=4096)
+@cached(maxsize=4096)
 def physical(layout: Layout, shape: tuple[int, ...]) -> Physical:
     """The (cached) physical representation of ``shape`` under a bound ``layout``."""
     return Physical(layout, shape)
 
 
-@lru_cache(maxsize=4096)
+@cached(maxsize=4096)
 def _positions(size: int, pieces: tuple[int, ...]) -> np.ndarray:
     positions = chunking.logical_to_physical(size, pieces)
     positions.setflags(write=False)
     return positions
 
 
-@lru_cache(maxsize=4096)
+@cached(maxsize=4096)
 def _is_prefix(size: int, pieces: tuple[int, ...]) -> bool:
     return bool(np.array_equal(_positions(size, pieces), np.arange(size)))

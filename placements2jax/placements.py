@@ -4,6 +4,11 @@ A sequence of placements has one entry per mesh dimension (torch's mesh-dim-majo
 Each placement is a small immutable value: equal by value, hashable, with an exact repr.
 A short text form (``S(0)``, ``R``, ``P``, ``P(max)``) is used in tables, notebooks and
 the command line; :func:`parse_placements` and :func:`format_placements` convert both ways.
+
+The text grammar of a whole layout (what ``str(layout)`` prints and every text input
+accepts) is defined here, in one place: the torch form ``"S(0),R,P(max)"``, or the alias
+form ``"(dp,tp),None"`` optionally followed by its partial mesh axes,
+``"(dp,tp),None; partial cp=max"`` (see :func:`parse_layout_text`).
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ __all__ = [
     "parse_alias",
     "format_alias",
     "parse_placements_or_alias",
+    "parse_partial",
+    "format_partial",
+    "parse_layout_text",
 ]
 
 ReduceOp: TypeAlias = Literal["sum", "avg", "max", "min"]
@@ -199,6 +207,57 @@ def format_alias(entries: Sequence[str | None | Sequence[str]]) -> str:
     return ",".join(
         "None" if e is None else e if isinstance(e, str) else f"({','.join(e)})" for e in entries
     )
+
+
+_AXIS_NAME = r"[A-Za-z_][\w.\-]*"
+
+
+def parse_partial(text: str) -> dict[str, ReduceOp]:
+    """The partial mesh axes of the alias form's text: ``"tp"`` or ``"tp=max,cp=max"``
+    -> ``{axis: reduce op}`` (the op defaults to sum)."""
+    if not isinstance(text, str):
+        raise ArgumentTypeError("partial", text, "expected a string", 'pass e.g. "tp=max"')
+    result: dict[str, ReduceOp] = {}
+    for entry in (e.strip() for e in text.split(",")):
+        match = re.fullmatch(rf"({_AXIS_NAME})(?:\s*=\s*(\w+))?", entry)
+        if not match or (match.group(2) or "sum") not in REDUCE_OPS:
+            raise PlacementError(
+                "partial",
+                text,
+                "not axis or axis=op pairs",
+                f"write e.g. tp or tp=max (op one of {', '.join(REDUCE_OPS)})",
+            )
+        result[match.group(1)] = (match.group(2) or "sum")  # type: ignore[assignment]
+    return result
+
+
+def format_partial(partial: dict[str, ReduceOp]) -> str:
+    """The text of partial mesh axes (see :func:`parse_partial`), ops always written."""
+    return ",".join(f"{axis}={op}" for axis, op in partial.items())
+
+
+def parse_layout_text(
+    text: str,
+) -> tuple[tuple[Placement, ...] | tuple[str | tuple[str, ...], ...], dict[str, ReduceOp] | None]:
+    """The text of a layout, as ``str(layout)`` prints it: torch-form or alias-form
+    placements (:func:`parse_placements_or_alias`), the alias form optionally followed by
+    ``"; partial <axis>=<op>,..."``. Returns the entries and the partial axes (or None)."""
+    if not isinstance(text, str):
+        raise ArgumentTypeError("placements", text, "expected a string", 'pass e.g. "S(0),R"')
+    head, separator, tail = text.partition(";")
+    if not separator:
+        return parse_placements_or_alias(text), None
+    match = re.fullmatch(r"\s*partial\s+(.*?)\s*", tail)
+    if match is None:
+        raise PlacementError(
+            "placements", text, "the text after ';' is not a partial clause", 'write e.g. "(dp,tp),None; partial cp=max"'
+        )
+    entries = parse_alias(head)
+    try:
+        partial = parse_partial(match.group(1))
+    except PlacementError as err:
+        raise err.for_argument("placements", text) from None
+    return entries, partial
 
 
 def parse_placements_or_alias(text: str) -> tuple[Placement, ...] | tuple[str | tuple[str, ...], ...]:

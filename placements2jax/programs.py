@@ -17,18 +17,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from functools import lru_cache
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from .caches import cached
 from .errors import RedistributeError
 from .layout import Layout
 from .physical import Physical, physical
 
-__all__ = ["convert", "program", "check_redistribute", "replicated_layout", "without_partial"]
+__all__ = ["convert", "program", "check_redistribute"]
 
 def _sum(x: jax.Array, axis: tuple[int, ...]) -> jax.Array:
     """Sum over stack dims in the tensor's dtype (JAX would widen small integers)."""
@@ -49,19 +49,9 @@ def _average(x: jax.Array, axis: tuple[int, ...]) -> jax.Array:
 _REDUCERS = {"sum": _sum, "avg": _average, "max": jnp.max, "min": jnp.min}
 
 
-def replicated_layout(layout: Layout) -> Layout:
-    """The fully replicated layout on the same mesh and tensor rank."""
-    return Layout(layout.mesh, ((),) * layout.ndim)
-
-
-def without_partial(layout: Layout) -> Layout:
-    """The same splits with every partial mesh dim turned into Replicate."""
-    return Layout(layout.mesh, layout.dim_axes)
-
-
 def check_redistribute(src: Layout, dst: Layout) -> None:
     """Refuse what torch refuses: Shard -> Partial and Partial(a) -> Partial(b) on a mesh dim."""
-    names = src.mesh.alias_name
+    names = src.mesh.axis_names
     for mesh_dim, (src_op, dst_op) in enumerate(zip(src.partial, dst.partial)):
         if dst_op is None:
             continue
@@ -214,7 +204,7 @@ def _integer_stack(x: jax.Array, dst: Physical, kept: tuple[int, ...]) -> jax.Ar
     return jnp.pad(x, pads)
 
 
-@lru_cache(maxsize=2048)
+@cached(maxsize=2048)
 def program(src: Physical, dst: Physical) -> jax.stages.Wrapped:
     """The cached jitted program taking ``src``'s array to ``dst``'s array."""
     return jax.jit(lambda x: convert(x, src, dst), out_shardings=dst.sharding)

@@ -21,11 +21,10 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from . import chunking
-from .errors import ArgumentTypeError, LayoutError, MissingDependencyError, ShapeError
-from .layout import Layout, _as_shape
-from .placements import format_alias, format_placements
+from .errors import ArgumentTypeError, MissingDependencyError, ShapeError
+from .layout import Layout, MeshPlacements, as_shape
 
-__all__ = ["visualize", "print_layout", "plot", "layout_blocks", "layout_text", "format_ranks", "Block"]
+__all__ = ["visualize", "print_layout", "plot", "layout_blocks", "format_ranks", "Block"]
 
 # Background colours of the terminal cells (rich style names), one per distinct rank set.
 _CELL_STYLES = (
@@ -102,7 +101,7 @@ _Segment = tuple[str, "str | None"]  # text and rich style (None: unstyled)
 
 
 def _layout_and_shape(item: Any, shape: Sequence[int] | None) -> tuple[Layout, tuple[int, ...]]:
-    if isinstance(item, Layout):
+    if isinstance(item, (Layout, MeshPlacements)):
         if shape is None:
             raise ArgumentTypeError(
                 "shape",
@@ -117,7 +116,7 @@ def _layout_and_shape(item: Any, shape: Sequence[int] | None) -> tuple[Layout, t
         raise ArgumentTypeError(
             "item", item, "expected a Layout or a DTensor", "pass Layout.from_placements(mesh, placements) and a shape"
         )
-    shape = _as_shape(shape, "shape")
+    shape = as_shape(shape, "shape")
     if len(shape) not in (1, 2):
         raise ShapeError(
             "shape",
@@ -130,20 +129,10 @@ def _layout_and_shape(item: Any, shape: Sequence[int] | None) -> tuple[Layout, t
 
 def _header(layout: Layout, shape: tuple[int, ...]) -> list[_Segment]:
     mesh = layout.mesh
-    axes = " x ".join(f"{name}={size}" for name, size in zip(mesh.alias_name, mesh.shape))
-    text = f"{layout_text(layout)} on mesh {axes}, tensor {shape}"
+    text = f"{layout} on mesh {mesh}, tensor {shape}"
     if list(mesh.rank_list) != list(range(mesh.size())):
         text += f", ranks {mesh.mesh.tolist()}"
     return [(text, None)]
-
-
-def layout_text(layout: Layout) -> str:
-    """The torch form in short text (``S(0),R``), or the alias form's text syntax
-    (``(tp,dp),None``) when torch placements cannot say the layout."""
-    try:
-        return format_placements(layout.placements)
-    except LayoutError:
-        return format_alias(layout.alias_map)
 
 
 def format_ranks(ranks: Sequence[int]) -> str:
@@ -218,7 +207,7 @@ def _notes(layout: Layout, shape: tuple[int, ...], blocks: list[Block]) -> list[
             f"empty: rank{'s' if len(empty) > 1 else ''} {format_ranks(sorted(empty))} hold{'' if len(empty) > 1 else 's'} no elements"
         )
     if layout.has_partial:
-        names = [layout.mesh.alias_name[a] for a in layout.partial_axes]
+        names = [layout.mesh.axis_names[a] for a in layout.partial_axes]
         notes.append(
             f"partial: ranks hold P({layout.partial_op}) values; the tensor is their {layout.partial_op} over mesh "
             f"dim{'s' if len(names) > 1 else ''} {', '.join(names)}"
@@ -331,7 +320,7 @@ def plot(
             ax.plot([c, c], [0, height], color="white", linewidth=0.6, alpha=0.7, zorder=2)
         ax.set_xlim(-0.05, width + 0.05)
         ax.set_ylim(height + 0.05, -0.05)
-        title = titles[index] if titles else layout_text(layout)
+        title = titles[index] if titles else str(layout)
         holding = {r for b in blocks for r in b.ranks}
         empty = [r for r in layout.mesh.rank_list if r not in holding]
         ax.set_title(title + (f"\n(empty: {format_ranks(empty)})" if empty else ""), fontsize=10)

@@ -281,6 +281,34 @@ CASES: list[Case] = [
         "placements",
         lambda e: format_placements([1, 2]),
     ),
+    _c(
+        "layout text: partial clause without 'partial'",
+        "Layout",
+        PlacementError,
+        "placements",
+        lambda e: Layout.from_placements(e.mesh, "dp,None; tp=max"),
+    ),
+    _c(
+        "layout text: unknown reduce op in the partial clause",
+        "Layout",
+        PlacementError,
+        "placements",
+        lambda e: Layout.from_placements(e.mesh, "None,dp; partial tp=prod"),
+    ),
+    _c(
+        "layout text: partial twice",
+        "Layout",
+        PlacementError,
+        "partial",
+        lambda e: Layout.from_placements(e.mesh, "None,dp; partial tp=max", partial={"tp": "max"}),
+    ),
+    _c(
+        "layout: replicated_on a string rank",
+        "Layout",
+        ArgumentTypeError,
+        "ndim",
+        lambda e: Layout.replicated_on(e.mesh, "2"),
+    ),
     _c("format_alias: None", "format_alias", ArgumentTypeError, "entries", lambda e: format_alias(None)),
     _c("format_alias: int entry", "format_alias", ArgumentTypeError, "entries", lambda e: format_alias([1])),
     # -- Layout -------------------------------------------------------------------------------------------------------
@@ -1366,6 +1394,7 @@ EXEMPT = {
 } | {
     "Signature": "a result built only by infer_signature (covered by its cases)",
     "replicate": "takes no arguments",
+    "clear_caches": "takes no arguments",
     "layouts_of": "accepts any pytree (non-DTensor leaves are kept as they are)",
 }
 

@@ -84,7 +84,8 @@ def test_explain_partial(capsys: pytest.CaptureFixture[str]) -> None:
     [
         ([*EXPLAIN_8x2, "--placements", "S(0),X"], "placement='X': not a placement in short form"),
         ([*EXPLAIN_8x2, "--placements", "S(0)"], "1 placements for a 2-d mesh"),
-        ([*EXPLAIN_8x2, "--placements", "S(0),S(0)"], "cannot shard one tensor dim twice. Fix: use the alias form"),
+        # the hint is written in the command line's text syntax, not Python's
+        ([*EXPLAIN_8x2, "--placements", "S(0),S(0)"], "tensor dim twice. Fix: use the alias form, e.g. (dp,tp)\n"),
         ([*EXPLAIN_8x2, "--placements", "(dp,xx),None"], "unknown mesh axis 'xx'"),
         ([*EXPLAIN_8x2, "--placements", "S(0),R", "--partial", "tp"], "the torch form states partials itself"),
         (["explain", "--mesh", "dp=4,tp=4", "--shape", "8", "--placements", "S(0),R"], "needs 16 devices"),

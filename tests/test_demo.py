@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from placements2jax import DTensor, Layout, Partial, Replicate, Shard, demo, distribute_tensor, init_device_mesh
-from placements2jax.cli import collective_axes
+from placements2jax.display import collective_axes
 from placements2jax.parallelize import path_of
 
 R, S = Replicate(), Shard
@@ -90,8 +90,10 @@ def test_collectives_per_step(run) -> None:
 def test_printed_report(run) -> None:
     _, text = run
     assert text.index("tensor_map") < text.index("tensor-parallel training")
-    assert "P,S(0)          | (0, -1) +partial sum | tp,None      | P('tp', None, unreduced={'dp'})" in text
-    assert "(_StridedShard) | ((0, 1), -1)         | (tp,dp),None | P(('tp', 'dp'), None)" in text
+    assert "P,S(0)       | (0, -1) +partial sum | tp,None      | P('tp', None, unreduced={'dp'})" in text
+    # a dim split by two mesh axes prints in the alias form (which parses back), never S(0),S(0)
+    assert "(dp,tp),None | ((1, 0), -1)         | (dp,tp),None | P(('dp', 'tp'), None)" in text
+    assert "(tp,dp),None | ((0, 1), -1)         | (tp,dp),None | P(('tp', 'dp'), None)" in text
     for line in [
         "2 residual MLP blocks x + down(gelu(up(x))) on mesh dp=2 x tp=4 (8 cpu devices)",
         "  layers/\\d+/up/.*       colwise(tp)",

@@ -13,7 +13,6 @@ from placements2jax import InferenceError, Layout, init_device_mesh
 from placements2jax.hlo import parse_collectives
 from placements2jax.inference import check
 from placements2jax.inference.check import collective_nbytes
-from placements2jax.inference.signature import layout_text
 
 F32 = jnp.float32
 B, T, D, H = 4, 8, 16, 4
@@ -63,7 +62,7 @@ def test_megatron_mlp_agrees_after_xla_reduces_the_partial(mesh: Any) -> None:
 
     report = check(mlp, spec(mesh, (8, 16), "S(0),R"), spec(mesh, (16, 32), "R,S(1)"), spec(mesh, (32, 16), "R,S(0)"))
     (out,) = report.outputs
-    assert (layout_text(out.predicted), layout_text(out.compiled), out.verdict) == ("S(0),P", "S(0),R", "xla reduced partial")
+    assert (str(out.predicted), str(out.compiled), out.verdict) == ("S(0),P", "S(0),R", "xla reduced partial")
     assert "all-reduce" in out.note
     assert report.communication == "equal" and report.compiled_counts == {"all-reduce": 1}
     assert report.predicted_bytes == report.compiled_bytes == Fraction(2 * 4 * 16 * 4 * 3, 4)
@@ -76,7 +75,7 @@ def test_transformer_block_tensor_parallel(mesh: Any) -> None:
     many bytes as XLA, in other collectives."""
     greedy = check(block, *block_inputs(mesh, tensor_parallel=True))
     (out,) = greedy.outputs
-    assert (layout_text(out.predicted), layout_text(out.compiled), out.verdict) == ("S(0),P", "S(0),R", "xla reduced partial")
+    assert (str(out.predicted), str(out.compiled), out.verdict) == ("S(0),P", "S(0),R", "xla reduced partial")
     assert out.note and [s.collective for s in out.conversion.steps] == ["all-reduce"]
     assert greedy.compiled_counts == {"all-reduce": 2}  # after the attention and after the MLP
     assert greedy.communication == "differs" and "greedy" in greedy.communication_note
@@ -93,14 +92,14 @@ def test_transformer_block_tensor_parallel(mesh: Any) -> None:
 def test_transformer_block_data_parallel_needs_no_communication(mesh: Any) -> None:
     report = check(block, *block_inputs(mesh, tensor_parallel=False))
     (out,) = report.outputs
-    assert out.verdict == "equal" and layout_text(out.predicted) == "S(0),R"
+    assert out.verdict == "equal" and str(out.predicted) == "S(0),R"
     assert report.agrees and not report.compiled_collectives and report.prediction.cost == 0
 
 
 def test_partial_sum_inputs_compile_on_the_explicit_mesh(mesh: Any) -> None:
     report = check(jnp.add, spec(mesh, (8, 16), "S(0),P"), spec(mesh, (8, 16), "S(0),P"))
     assert report.mode == "explicit" and report.agrees
-    assert layout_text(report.outputs[0].compiled) == "S(0),P"
+    assert str(report.outputs[0].compiled) == "S(0),P"
 
 
 def test_uncompilable_inputs_say_why(mesh: Any) -> None:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from placements2jax import Layout, RedistributeError, init_device_mesh
 from placements2jax.inference import CostModel, plan_redistribute
 from placements2jax.inference.cost import block_bytes, collective_bytes
-from placements2jax.inference.signature import layout_text, placement_on
+from placements2jax.inference.signature import placement_on
 from placements2jax.layout import iter_layouts
 
 F32 = jnp.float32
@@ -123,6 +123,6 @@ def test_every_plan_is_a_chain_of_single_mesh_dim_steps(src: Layout, dst: Layout
         assert changed == [step.mesh_dim]
         assert (step.src, step.dst) == (placement_on(step.before, step.mesh_dim), placement_on(step.after, step.mesh_dim))
         state = step.after
-    assert state == dst, f"{layout_text(src)} -> {layout_text(dst)} ended at {layout_text(state)}"
+    assert state == dst, f"{str(src)} -> {str(dst)} ended at {str(state)}"
     assert plan.cost == sum(s.cost for s in plan.steps)
     assert plan.cost <= _via_replicate_cost(shape, src)

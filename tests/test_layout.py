@@ -27,6 +27,7 @@ from placements2jax import (
     Replicate,
     Shard,
     ShapeError,
+    distribute_tensor,
     init_device_mesh,
 )
 from placements2jax.layout import iter_layouts
@@ -177,9 +178,10 @@ def test_rfc_8x2_device_put_holds_those_rows(mesh4x2: DeviceMesh, placements: An
 def test_rfc_torch_forms_of_alias_rows(mesh4x2: DeviceMesh) -> None:
     layout = Layout.from_device_mesh(mesh4x2)((("dp", "tp"), None))
     assert layout.placements == (Shard(0), Shard(0))
-    assert str(layout) == "S(0),S(0)"
+    # the text form is the one the parser reads back: the alias form, not S(0),S(0)
+    assert str(layout) == "(dp,tp),None"
     strided = Layout.from_device_mesh(mesh4x2)((("tp", "dp"), None))
-    assert str(strided) == "(('tp', 'dp'), 'None')"
+    assert str(strided) == "(tp,dp),None"
     with pytest.raises(
         LayoutError,
         match=r"tensor dim 0 is split by \('tp', 'dp'\) in an order torch's placements cannot say "
@@ -804,7 +806,7 @@ LAYOUT_ERRORS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
         "unbound layout asked for its tensor_map",
         lambda: L((Shard(0), Replicate())).tensor_map,
         LayoutError,
-        r"torch-form placements do not say how many dims the tensor has\. "
+        r"torch-form placements do not say how many dims the tensor has, so they have no tensor_map\. "
         r"Fix: call layout\.bind\(ndim\) \(or placement_to_tensor_map\(ndim\)\) first",
     ),
     (
@@ -932,14 +934,69 @@ def test_jax_mesh_accepted(mesh4x2: DeviceMesh) -> None:
     assert Layout.from_device_mesh(mesh4x2.to_jax())("S(0),R") == Layout.from_placements(mesh4x2, "S(0),R")
 
 
-def test_bind_and_hash_are_computed_once_and_pickling_recomputes_the_hash():
+def test_layouts_and_meshes_are_interned_also_through_pickle_and_copy():
+    import copy
     import pickle
 
     mesh = init_device_mesh((2, 2), ("a", "b"))
     unbound = Layout.from_device_mesh(mesh)((Shard(0), Replicate()))
     assert unbound.bind(2) is unbound.bind(2) and unbound.bind(3) is not unbound.bind(2)
     bound = unbound.bind(2)
-    assert hash(bound) == hash(Layout.from_placements(mesh, "S(0),R").bind(2))
-    copy = pickle.loads(pickle.dumps(bound))
-    assert copy == bound and copy._hash is None and hash(copy) == hash(bound)
+    assert bound is Layout.from_placements(mesh, "S(0),R").bind(2) is Layout(mesh, ((0,), ()))
+    assert bound is Layout.from_tensor_map(mesh, (1, -1)) is Layout.from_placements(mesh, ("a", None))
+    assert pickle.loads(pickle.dumps(bound)) is bound
+    assert copy.copy(bound) is bound and copy.deepcopy(bound) is bound
     assert pickle.loads(pickle.dumps(mesh)) == mesh
+
+
+# -- the one text form ------------------------------------------------------------------------
+
+
+def test_text_keeps_partial_of_a_dim_split_out_of_mesh_order() -> None:
+    """Regression: alias form (('c', 'b'), None) with Partial(max) on 'a' printed without
+    the partial (in str(), visualize, DTensor's repr)."""
+    mesh = init_device_mesh((2, 2, 2), ("a", "b", "c"))
+    layout = Layout.from_device_mesh(mesh)((("c", "b"), None), partial={"a": "max"})
+    assert str(layout) == "(c,b),None; partial a=max"
+    assert Layout.from_placements(mesh, str(layout)) == layout
+    assert "placements=(c,b),None; partial a=max," in repr(distribute_tensor(np.ones((8, 2), np.float32), mesh, layout))
+
+
+def test_text_of_a_dim_split_by_two_axes_parses_back(mesh4x2: DeviceMesh) -> None:
+    layout = Layout.from_shard_order(mesh4x2, (Shard(0), Shard(0))).bind(2)
+    assert layout.placements == (Shard(0), Shard(0))  # torch's DTensorSpec view is kept
+    assert str(layout) == "(dp,tp),None"
+    assert Layout.from_placements(mesh4x2, "(dp,tp),None") == layout
+
+
+def test_text_partial_clause_errors(mesh4x2: DeviceMesh) -> None:
+    with pytest.raises(PlacementError, match=r"the text after ';' is not a partial clause"):
+        Layout.from_placements(mesh4x2, "dp,None; tp=max")
+    with pytest.raises(PlacementError, match=r"placements='None,dp; partial tp=prod': not axis or axis=op pairs"):
+        Layout.from_placements(mesh4x2, "None,dp; partial tp=prod")
+    with pytest.raises(PlacementError, match=r"names its partial axes itself"):
+        Layout.from_placements(mesh4x2, "None,dp; partial tp=max", partial={"tp": "max"})
+
+
+def test_repeated_shard_hint_follows_the_input_form(mesh4x2: DeviceMesh) -> None:
+    with pytest.raises(PlacementError, match=r"Fix: use the alias form, e\.g\. \(dp,tp\)$"):
+        Layout.from_placements(mesh4x2, "S(0),S(0)")
+    with pytest.raises(PlacementError, match=r"Fix: use the alias form, e\.g\. \(\('dp', 'tp'\),\)$"):
+        Layout.from_placements(mesh4x2, (Shard(0), Shard(0)))
+
+
+def test_replicated_and_without_partial_live_on_the_value(mesh4x2: DeviceMesh) -> None:
+    layout = Layout.from_placements(mesh4x2, "P(max),S(1)").bind(2)
+    assert str(layout.without_partial()) == "R,S(1)"
+    assert str(layout.replicated()) == "R,R"
+    assert Layout.replicated_on(mesh4x2, 3) == Layout.from_placements(mesh4x2, "R,R").bind(3)
+    assert str(mesh4x2) == "dp=4 x tp=2"
+
+
+def test_placements_not_yet_bound_answer_what_needs_no_rank(mesh4x2: DeviceMesh) -> None:
+    recorded = Layout.from_placements(mesh4x2, "R,S(1)")
+    assert recorded.partition_spec == P(None, "tp")  # JAX pads the trailing dims
+    assert recorded.bind(3).partition_spec == P(None, "tp", None)
+    assert Layout.from_placements(mesh4x2, "P,R").partition_spec == P(unreduced={"dp"})
+    with pytest.raises(LayoutError, match=r"a negative Shard dim counts from the end"):
+        Layout.from_placements(mesh4x2, "S(-1),R").partition_spec  # noqa: B018

@@ -174,6 +174,16 @@ def test_layout_text_repr_and_shard_order_round_trips(layout: Layout) -> None:
 
 
 @given(layouts())
+def test_every_printed_layout_parses_back(layout: Layout) -> None:
+    """``str()`` is the one text form: Partial is never dropped, and the text (what tables,
+    reprs, plots and the CLI print) parses back to the same layout."""
+    text = str(layout)
+    assert Layout.from_placements(layout.mesh, text).bind(layout.ndim) == layout
+    assert Layout.from_device_mesh(layout.mesh)(text).bind(layout.ndim) == layout
+    assert all(f"={op}" in text or str(Partial(op)) in text for op in layout.partial if op)
+
+
+@given(layouts())
 def test_layout_through_jax_shardings(layout: Layout) -> None:
     mesh = layout.mesh
     assert DeviceMesh.from_jax(mesh.to_jax()) == mesh

@@ -9,7 +9,7 @@ import pytest
 
 from placements2jax import DeviceMesh, Layout, init_device_mesh
 from placements2jax.errors import ArgumentTypeError, ShapeError
-from placements2jax.visualize import format_ranks, layout_blocks, layout_text, print_layout, visualize
+from placements2jax.visualize import format_ranks, layout_blocks, print_layout, visualize
 
 
 def picture(mesh_shape, names, placements, shape, **kwargs) -> str:
@@ -163,8 +163,8 @@ def test_text_helpers() -> None:
     assert format_ranks([0, 1, 5, 6, 7]) == "0,1,5-7"
     assert format_ranks([4]) == "4"
     mesh = init_device_mesh((2, 2), ("dp", "tp"))
-    assert layout_text(Layout.from_placements(mesh, "(tp,dp),None").bind(2)) == "(tp,dp),None"
-    assert layout_text(Layout.from_placements(mesh, "S(0),R").bind(2)) == "S(0),R"
+    assert str(Layout.from_placements(mesh, "(tp,dp),None").bind(2)) == "(tp,dp),None"
+    assert str(Layout.from_placements(mesh, "S(0),R").bind(2)) == "S(0),R"
 
 
 def test_plot_rfc_figure(tmp_path) -> None:

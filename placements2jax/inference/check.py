@@ -37,12 +37,12 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
-from functools import lru_cache
 from typing import Any
 
 import jax
 from jax.sharding import AxisType, NamedSharding
 
+from ..caches import cached
 from ..errors import InferenceError
 from ..hlo import Collective, parse_collectives
 from ..layout import Layout
@@ -61,8 +61,6 @@ from .signature import (
     Aval,
     RedistributePlan,
     as_tensor_specs,
-    layout_text,
-    replicated,
 )
 from .table import format_bytes, format_table
 
@@ -165,7 +163,7 @@ class CheckReport:
 
     def __str__(self) -> str:
         rows = [
-            (o.index, str(o.aval), layout_text(o.predicted), layout_text(o.compiled) if o.compiled else "?", o.verdict, o.note)
+            (o.index, str(o.aval), str(o.predicted), str(o.compiled) if o.compiled else "?", o.verdict, o.note)
             for o in self.outputs
         ]
         outputs = format_table(("output", "aval", "predicted", "XLA", "verdict", "why"), rows)
@@ -220,26 +218,26 @@ def _check_compilable(argument: str, layout: Layout, shape: tuple[int, ...]) -> 
     ops = sorted({op for op in layout.partial if op})
     if ops and ops != ["sum"]:
         raise InferenceError(
-            argument, layout_text(layout),
+            argument, str(layout),
             f"XLA cannot compile an input with Partial({ops[0]}): JAX has no sharding for avg/max/min partial values",
             "reduce it first (redistribute those mesh dims to Replicate or Shard) and check that, or use predict() alone",
         )
     if ops and not layout.mesh.is_explicit:
         raise InferenceError(
-            argument, layout_text(layout), "Partial(sum) compiles only as unreduced on Explicit mesh axes",
+            argument, str(layout), "Partial(sum) compiles only as unreduced on Explicit mesh axes",
             "build the mesh with axis_types='explicit' (the default) or reduce the input first",
         )
     if not layout.is_even(shape):
         raise InferenceError(
-            argument, f"{list(shape)} {layout_text(layout)}",
+            argument, f"{list(shape)} {str(layout)}",
             "XLA needs evenly divisible shards; this layout is uneven (the DTensor pads it instead)",
             "check with a shape divisible by the mesh axes that split it",
         )
 
 
-@lru_cache(maxsize=64)
+@cached(maxsize=64)
 def _auto_mesh(mesh: DeviceMesh) -> jax.sharding.Mesh:
-    return jax.sharding.Mesh(mesh.devices, mesh.alias_name, axis_types=(AxisType.Auto,) * mesh.ndim)
+    return jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * mesh.ndim)
 
 
 def _compare(
@@ -253,7 +251,7 @@ def _compare(
     conversion = plan_redistribute(aval.shape, aval.dtype, predicted, compiled, cost_model)
     moves = ", ".join(str(s) for s in conversion.steps)
     if _reduced_form(predicted, compiled):
-        axes = [mesh.alias_name[m] for m, op in enumerate(predicted.partial) if op]
+        axes = [mesh.axis_names[m] for m, op in enumerate(predicted.partial) if op]
         note = (
             f"XLA reduces the Partial({predicted.partial_op}) on {axes} inside the program; the prediction keeps it "
             f"Partial like torch. Reducing it: {moves}"
@@ -264,10 +262,10 @@ def _compare(
 
 
 def _sharding_layout(sharding: Any, mesh: DeviceMesh, ndim: int) -> Layout | None:
-    if isinstance(sharding, NamedSharding) and tuple(sharding.mesh.axis_names) == mesh.alias_name:
+    if isinstance(sharding, NamedSharding) and tuple(sharding.mesh.axis_names) == mesh.axis_names:
         return Layout.from_partition_spec(mesh, sharding.spec, ndim)
     if getattr(sharding, "is_fully_replicated", False):
-        return replicated(mesh, ndim)
+        return Layout.replicated_on(mesh, ndim)
     return None
 
 

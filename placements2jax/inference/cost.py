@@ -128,7 +128,7 @@ class CostModel:
     def weight(self, mesh: DeviceMesh, mesh_dim: int) -> Fraction:
         """The weight of one mesh dim: by name first, then by index, else 1."""
         table = dict(self.axis_weights)
-        name = mesh.alias_name[mesh_dim]
+        name = mesh.axis_names[mesh_dim]
         return table.get(name, table.get(mesh_dim, Fraction(1)))
 
     def weights(self, mesh: DeviceMesh) -> tuple[Fraction, ...]:

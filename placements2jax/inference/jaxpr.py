@@ -37,8 +37,6 @@ from .signature import (
     Signature,
     TensorSpec,
     as_tensor_specs,
-    layout_text,
-    replicated,
 )
 from .table import format_bytes, format_table
 
@@ -125,7 +123,7 @@ class Prediction:
         for eqn in self.equations:
             moves = "; ".join(f"in{i} {s}" for i, s in eqn.steps)
             outs = " ; ".join(str(s) for s in eqn.outputs)
-            ins = " ; ".join(layout_text(s.layout) for s in eqn.inputs)
+            ins = " ; ".join(str(s.layout) for s in eqn.inputs)
             rows.append((eqn.path, "  " * eqn.depth + eqn.primitive, ins, outs, moves, format_bytes(eqn.cost)))
         table = format_table(("eqn", "primitive", "inputs", "outputs", "redistribution", "cost"), rows)
         kinds = ", ".join(f"{k} x{n}" for k, n in sorted(self.collectives.items())) or "none"
@@ -230,7 +228,7 @@ def _const_specs(jaxpr: Any, mesh: DeviceMesh) -> list[TensorSpec]:
 
 
 def _replicated_spec(aval: Any, mesh: DeviceMesh) -> TensorSpec:
-    return TensorSpec(aval.shape, aval.dtype, replicated(mesh, len(aval.shape)))
+    return TensorSpec(aval.shape, aval.dtype, Layout.replicated_on(mesh, len(aval.shape)))
 
 
 class _Walker:
@@ -301,7 +299,7 @@ class _Walker:
                 "sharding", sharding, "with_sharding_constraint is only understood with a NamedSharding",
                 "pass NamedSharding(mesh.to_jax(), PartitionSpec(...))",
             )
-        if tuple(sharding.mesh.axis_names) != self.mesh.alias_name or tuple(sharding.mesh.axis_sizes) != self.mesh.shape:
+        if tuple(sharding.mesh.axis_names) != self.mesh.axis_names or tuple(sharding.mesh.axis_sizes) != self.mesh.shape:
             raise InferenceError(
                 "sharding", sharding, f"its mesh is not the inputs' mesh {self.mesh!r}",
                 "constrain with a sharding on the same mesh (mesh.to_jax())",

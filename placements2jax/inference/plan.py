@@ -35,13 +35,13 @@ import heapq
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
+from ..caches import cached
 from ..errors import RedistributeError
-from ..layout import Layout
+from ..layout import Layout, MeshPlacements
 from ..placements import ReduceOp
 from .cost import (
     ALL_GATHER,
@@ -88,6 +88,8 @@ def plan_redistribute(
     """The cheapest plan taking a tensor of ``shape``/``dtype`` from layout ``src`` to
     ``dst`` (both on one mesh), one mesh dim per step (see the module docstring)."""
     spec = TensorSpec(tuple(shape), dtype, src)
+    if isinstance(dst, MeshPlacements):
+        dst = dst.bind(len(spec.shape))
     if not isinstance(dst, Layout):
         raise RedistributeError("dst", dst, "expected a Layout", "pass Layout.from_placements(mesh, ...)")
     if dst.mesh != spec.mesh:
@@ -99,7 +101,7 @@ def plan_redistribute(
     return _plan(spec.shape, spec.dtype, spec.layout, dst, resolve_cost_model(cost_model))
 
 
-@lru_cache(maxsize=8192)
+@cached(maxsize=8192)
 def _plan(shape: tuple[int, ...], dtype: np.dtype, src: Layout, dst: Layout, cost_model: Any) -> RedistributePlan:
     mesh = src.mesh
     weights = cost_model.weights(mesh)
@@ -138,7 +140,7 @@ def _step(
     after_layout = Layout(mesh, *after)
     return RedistributeStep(
         mesh_dim,
-        mesh.alias_name[mesh_dim],
+        mesh.axis_names[mesh_dim],
         placement_on(before_layout, mesh_dim),
         placement_on(after_layout, mesh_dim),
         collective,
@@ -149,7 +151,7 @@ def _step(
     )
 
 
-@lru_cache(maxsize=1024)
+@cached(maxsize=1024)
 def _search(
     shape: tuple[int, ...], itemsize: int, mesh_shape: tuple[int, ...], weights: tuple[Fraction, ...], src: State
 ) -> _Dijkstra:
@@ -181,10 +183,8 @@ class _Dijkstra:
 
     def path_to(self, target: State) -> list[_Move]:
         while target not in self._settled:
-            if not self._heap:
-                raise RedistributeError(
-                    "dst", target, "unreachable by one-mesh-dim steps", "report this: every layout should be reachable"
-                )
+            # An internal invariant, not bad input: every layout is reachable by one-mesh-dim steps.
+            assert self._heap, f"redistribution planner: {target} unreachable by one-mesh-dim steps"
             cost, steps, path, state = heapq.heappop(self._heap)
             if state in self._settled:
                 continue

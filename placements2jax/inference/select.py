@@ -27,13 +27,14 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from fractions import Fraction
-from functools import lru_cache, partial
+from functools import partial
 from typing import Any
 
 import jax
 
+from ..caches import cached
 from ..errors import ArgumentTypeError, InferenceError
-from ..layout import Layout
+from ..layout import Layout, MeshPlacements
 from ..mesh import DeviceMesh
 from ..placements import Partial, Placement, Replicate, Shard
 from .cost import (
@@ -112,7 +113,7 @@ def signature_for(
 
 def _as_specs(inputs: Any, mesh: DeviceMesh | None) -> tuple[tuple[TensorSpec, ...], DeviceMesh]:
     if not isinstance(inputs, (list, tuple)) or (
-        len(inputs) == 3 and isinstance(inputs[0], (tuple, list)) and isinstance(inputs[2], Layout)
+        len(inputs) == 3 and isinstance(inputs[0], (tuple, list)) and isinstance(inputs[2], (Layout, MeshPlacements))
     ):
         raise ArgumentTypeError(
             "inputs", inputs, "expected a list of tensors", "pass a list, e.g. [(shape, dtype, layout), dtensor]"
@@ -120,7 +121,7 @@ def _as_specs(inputs: Any, mesh: DeviceMesh | None) -> tuple[tuple[TensorSpec, .
     return as_tensor_specs(inputs, mesh)
 
 
-@lru_cache(maxsize=4096)
+@cached(maxsize=4096)
 def _out_avals(op: str, params: Any, in_avals: tuple[Aval, ...]) -> tuple[Aval, ...]:
     reference = partial(op_definition(op).reference, **dict(params))
     try:
@@ -136,7 +137,7 @@ def _out_avals(op: str, params: Any, in_avals: tuple[Aval, ...]) -> tuple[Aval, 
 def _constraint(value: Any, avals: tuple[Aval, ...], mesh: DeviceMesh, argument: str) -> Constraint:
     if value is None:
         return None
-    single = isinstance(value, (Layout, str)) or (
+    single = isinstance(value, (Layout, MeshPlacements, str)) or (
         isinstance(value, (list, tuple)) and value and all(isinstance(p, Placement) for p in value)
     )
     if not single and not isinstance(value, (list, tuple)):
@@ -155,7 +156,7 @@ def _constraint(value: Any, avals: tuple[Aval, ...], mesh: DeviceMesh, argument:
     )
 
 
-@lru_cache(maxsize=4096)
+@cached(maxsize=4096)
 def _infer(
     rule: RuleKey,
     params: Any,

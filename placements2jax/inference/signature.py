@@ -22,7 +22,8 @@ import numpy as np
 from ..errors import ArgumentTypeError, InferenceError, LayoutError, ShapeError
 from ..layout import (
     Layout,
-    _as_shape,  # the one shape validator of the package
+    MeshPlacements,
+    as_shape,  # the one shape validator of the package
 )
 from ..mesh import DeviceMesh
 from ..placements import Partial, Placement, Replicate, Shard, format_placements
@@ -39,9 +40,7 @@ __all__ = [
     "TensorSpec",
     "as_tensor_spec",
     "as_tensor_specs",
-    "layout_text",
     "placement_on",
-    "replicated",
 ]
 
 Shape = tuple[int, ...]
@@ -55,7 +54,7 @@ class Aval:
     dtype: np.dtype
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", _as_shape(self.shape, "shape"))
+        object.__setattr__(self, "shape", as_shape(self.shape, "shape"))
         object.__setattr__(self, "dtype", _as_dtype(self.dtype))
 
     @property
@@ -83,11 +82,11 @@ class TensorSpec:
     layout: Layout
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", _as_shape(self.shape, "shape"))
+        object.__setattr__(self, "shape", as_shape(self.shape, "shape"))
         object.__setattr__(self, "dtype", _as_dtype(self.dtype))
-        if not isinstance(self.layout, Layout):
+        if not isinstance(self.layout, (Layout, MeshPlacements)):
             raise ArgumentTypeError("layout", self.layout, "expected a placements2jax.Layout", "pass Layout(...)")
-        layout = self.layout if self.layout.is_bound else self.layout.bind(len(self.shape))
+        layout = self.layout.bind(len(self.shape)) if isinstance(self.layout, MeshPlacements) else self.layout
         if layout.ndim != len(self.shape):
             raise LayoutError(
                 "layout", layout, f"is for {layout.ndim} dims but the shape {self.shape} has {len(self.shape)}",
@@ -104,7 +103,7 @@ class TensorSpec:
         return self.layout.mesh
 
     def __str__(self) -> str:
-        return f"{self.aval} {layout_text(self.layout)}"
+        return f"{self.aval} {str(self.layout)}"
 
 
 def as_tensor_spec(value: Any, mesh: DeviceMesh | None = None, argument: str = "input") -> TensorSpec:
@@ -117,7 +116,7 @@ def as_tensor_spec(value: Any, mesh: DeviceMesh | None = None, argument: str = "
     if isinstance(value, TensorSpec):
         spec = value
     else:
-        if isinstance(getattr(value, "layout", None), Layout):
+        if isinstance(getattr(value, "layout", None), (Layout, MeshPlacements)):
             shape, dtype, layout = value.shape, value.dtype, value.layout
         elif isinstance(value, (tuple, list)) and len(value) == 3:
             shape, dtype, layout = value
@@ -128,7 +127,7 @@ def as_tensor_spec(value: Any, mesh: DeviceMesh | None = None, argument: str = "
                 "expected (shape, dtype, layout) or an object with .shape, .dtype and .layout (a DTensor)",
                 "pass e.g. ((8, 4), jnp.float32, Layout.from_device_mesh(mesh)('S(0),R'))",
             )
-        if not isinstance(layout, Layout):
+        if not isinstance(layout, (Layout, MeshPlacements)):
             if mesh is None:
                 raise ArgumentTypeError(
                     argument, value, "placements without a mesh", "pass a Layout, or pass mesh= as well"
@@ -137,7 +136,7 @@ def as_tensor_spec(value: Any, mesh: DeviceMesh | None = None, argument: str = "
         try:
             spec = TensorSpec(tuple(shape), dtype, layout)
         except (LayoutError, ArgumentTypeError, ShapeError) as err:
-            raise type(err)(argument, value, err.problem, err.fix) from None
+            raise err.for_argument(argument, value) from None
     if mesh is not None and spec.mesh != mesh:
         raise InferenceError(
             argument, spec.layout, f"is on {spec.mesh!r}, not on {mesh!r}", "redistribute it onto the op's mesh first"
@@ -179,7 +178,7 @@ def _is_constant(value: Any) -> bool:
 
 def _constant_spec(value: Any, mesh: DeviceMesh) -> TensorSpec:
     shape = np.shape(value)
-    return TensorSpec(shape, jax.numpy.result_type(value), replicated(mesh, len(shape)))
+    return TensorSpec(shape, jax.numpy.result_type(value), Layout.replicated_on(mesh, len(shape)))
 
 
 def _as_dtype(dtype: Any) -> np.dtype:
@@ -202,20 +201,6 @@ def placement_on(layout: Layout, mesh_dim: int) -> Placement:
         return Partial(op)
     dim = layout.mesh_dim_split(mesh_dim)
     return Replicate() if dim is None else Shard(dim)
-
-
-def replicated(mesh: DeviceMesh, ndim: int) -> Layout:
-    """The all-Replicate layout of an ``ndim``-d tensor."""
-    return Layout(mesh, ((),) * ndim)
-
-
-def layout_text(layout: Layout) -> str:
-    """Torch form (``S(0),R``) when it can say the layout, else the alias form + partials."""
-    try:
-        return format_placements(layout.placements)
-    except LayoutError:
-        partial = {layout.mesh.alias_name[m]: op for m, op in enumerate(layout.partial) if op}
-        return f"{layout.alias_map!r}" + (f" partial={partial}" if partial else "")
 
 
 # -- signatures ------------------------------------------------------------------------------
@@ -298,13 +283,13 @@ class RedistributePlan:
 
     def __str__(self) -> str:
         head = (
-            f"redistribute {Aval(self.shape, self.dtype)}: {layout_text(self.src)} -> {layout_text(self.dst)}, "
+            f"redistribute {Aval(self.shape, self.dtype)}: {str(self.src)} -> {str(self.dst)}, "
             f"{format_bytes(self.nbytes)} B per device, cost {format_bytes(self.cost)}"
         )
         if not self.steps:
             return head + " (nothing to do)"
         rows = [
-            (i, s.axis, s.src, s.dst, s.collective, format_bytes(s.nbytes), format_bytes(s.cost), layout_text(s.after))
+            (i, s.axis, s.src, s.dst, s.collective, format_bytes(s.nbytes), format_bytes(s.cost), str(s.after))
             for i, s in enumerate(self.steps)
         ]
         return head + "\n" + format_table(("step", "axis", "from", "to", "collective", "bytes", "cost", "layout after"), rows)
@@ -360,8 +345,8 @@ class Candidate:
         return (any(self.redistributed), self.cost + self.pending, self.redistributed, self.out_bytes, self.layout_key)
 
     def __str__(self) -> str:
-        ins = " ; ".join(layout_text(x) for x in self.in_layouts)
-        outs = " ; ".join(layout_text(x) for x in self.out_layouts)
+        ins = " ; ".join(str(x) for x in self.in_layouts)
+        outs = " ; ".join(str(x) for x in self.out_layouts)
         return f"({ins}) -> ({outs})"
 
 
@@ -424,8 +409,8 @@ class Signature:
         rows = [
             (
                 i,
-                " ; ".join(layout_text(x) for x in c.in_layouts),
-                " ; ".join(layout_text(x) for x in c.out_layouts),
+                " ; ".join(str(x) for x in c.in_layouts),
+                " ; ".join(str(x) for x in c.out_layouts),
                 " | ".join(str(s) for s in c.one_d),
                 "".join("r" if r else "-" for r in c.redistributed),
                 format_bytes(c.cost),

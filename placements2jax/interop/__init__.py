@@ -1,88 +1,22 @@
 """Bridges from other libraries' mesh and placement objects to ours.
 
-Wherever placements2jax accepts a mesh or placements, it also accepts another library's
-objects (today: torch's ``DeviceMesh``, ``Shard``, ``Replicate``, ``Partial`` and
-``_StridedShard``). The bridge for a library is imported the first time one of its
-objects is seen, so that library stays an optional dependency: this module imports
-nothing but the standard library, and the foundation modules (mesh, layout) call
-:func:`convert_mesh` and :func:`convert_placements` without knowing any bridge.
+Each bridge is a module of this package that registers its converters with
+:mod:`placements2jax.foreign` when imported; this module only tells the registry which
+bridge handles which library (imported on first sight of that library's objects), so
+importing it costs nothing and the libraries stay optional. Today: torch
+(:mod:`placements2jax.interop.torch`). The core never imports this package; the package's
+``__init__`` does, so the bridges are known as soon as placements2jax is imported.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from ..foreign import (
+    register_bridge,
+    register_mesh_converter,
+    register_placements_converter,
+    register_shape_check,
+)
 
-if TYPE_CHECKING:
-    from ..layout import Layout
-    from ..mesh import DeviceMesh
+__all__ = ["register_bridge", "register_mesh_converter", "register_placements_converter", "register_shape_check"]
 
-__all__ = [
-    "register_mesh_converter",
-    "register_placements_converter",
-    "register_shape_check",
-    "convert_mesh",
-    "convert_placements",
-    "check_placements_for_shape",
-]
-
-MeshConverter = Callable[[Any], "DeviceMesh | None"]
-PlacementsConverter = Callable[["DeviceMesh", Sequence[Any]], "Layout | None"]
-
-# Top-level package of a foreign object's type -> the bridge module that registers its converters.
-_BRIDGES = {"torch": "placements2jax.interop.torch"}
-_loaded: set[str] = set()
-_mesh_converters: list[MeshConverter] = []
-_placements_converters: list[PlacementsConverter] = []
-ShapeCheck = Callable[[Sequence[Any], "Layout", tuple[int, ...]], None]
-_shape_checks: list[ShapeCheck] = []
-
-
-def register_mesh_converter(converter: MeshConverter) -> None:
-    """Register ``converter(obj) -> DeviceMesh | None`` (None: not recognised)."""
-    _mesh_converters.append(converter)
-
-
-def register_placements_converter(converter: PlacementsConverter) -> None:
-    """Register ``converter(mesh, placements) -> Layout | None`` for whole placement
-    sequences (None: not recognised). Whole sequences, because some foreign forms only
-    mean something together (torch's repeated ``Shard(d)`` and ``_StridedShard``)."""
-    _placements_converters.append(converter)
-
-
-def register_shape_check(check: ShapeCheck) -> None:
-    """Register ``check(placements, layout, shape)``, raising when the foreign placements
-    mean something else than ``layout`` for a tensor of ``shape`` (torch's uneven
-    ``_StridedShard``)."""
-    _shape_checks.append(check)
-
-
-def check_placements_for_shape(placements: Any, layout: Layout, shape: tuple[int, ...]) -> None:
-    """Run the registered shape checks when ``placements`` hold foreign objects."""
-    if isinstance(placements, (str, bytes)) or not isinstance(placements, Sequence):
-        return
-    _load_bridges(placements)
-    for check in _shape_checks:
-        check(placements, layout, shape)
-
-
-def convert_mesh(value: Any) -> DeviceMesh | None:
-    """Our DeviceMesh for a foreign mesh object, or None if no bridge recognises it."""
-    _load_bridges((value,))
-    return next((m for m in (c(value) for c in _mesh_converters) if m is not None), None)
-
-
-def convert_placements(mesh: DeviceMesh, placements: Sequence[Any]) -> Layout | None:
-    """The layout of a placement sequence holding foreign objects, or None if no bridge
-    recognises it."""
-    _load_bridges(placements)
-    return next((lay for lay in (c(mesh, placements) for c in _placements_converters) if lay is not None), None)
-
-
-def _load_bridges(values: Sequence[Any]) -> None:
-    for value in values:
-        package = type(value).__module__.partition(".")[0]
-        if package in _BRIDGES and package not in _loaded:
-            _loaded.add(package)
-            importlib.import_module(_BRIDGES[package])
+register_bridge("torch", "placements2jax.interop.torch")

@@ -46,10 +46,10 @@ from torch.distributed.tensor.placement_types import Placement as TorchPlacement
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from ..errors import ArgumentTypeError, LayoutError, PlacementError
-from ..layout import Layout
+from ..layout import Layout, MeshPlacements
 from ..mesh import DeviceMesh, as_device_mesh
 from ..placements import REDUCE_OPS, Partial, Placement, Replicate, Shard
-from . import register_mesh_converter, register_placements_converter, register_shape_check
+from ..foreign import register_mesh_converter, register_placements_converter, register_shape_check
 
 __all__ = [
     "from_torch_mesh",
@@ -84,9 +84,9 @@ def to_torch_mesh(mesh: DeviceMesh, device_type: str = "cpu", *, rank: int | Non
     mesh = as_device_mesh(mesh, "mesh")
     ranks = torch.tensor(mesh.mesh.tolist(), dtype=torch.int64)
     if dist.is_available() and dist.is_initialized():
-        return TorchDeviceMesh(device_type, ranks, mesh_dim_names=mesh.alias_name)
-    seen_from = mesh.calling_rank() if rank is None else mesh._check_rank(rank)
-    return TorchDeviceMesh(device_type, ranks, mesh_dim_names=mesh.alias_name, _init_backend=False, _rank=seen_from)
+        return TorchDeviceMesh(device_type, ranks, mesh_dim_names=mesh.axis_names)
+    seen_from = mesh.calling_rank() if rank is None else mesh.check_rank(rank)
+    return TorchDeviceMesh(device_type, ranks, mesh_dim_names=mesh.axis_names, _init_backend=False, _rank=seen_from)
 
 
 # -- placements ------------------------------------------------------------------------
@@ -141,7 +141,7 @@ def to_torch_placements(layout: Layout, global_shape: Sequence[int] | None = Non
     by several mesh dims in mesh order, ``_StridedShard`` for other orders (torch's
     ``DTensorSpec._convert_shard_order_to_StridedShard`` rule). With ``global_shape``,
     checks that torch gives every rank the same shard (see the module docstring)."""
-    if not isinstance(layout, Layout):
+    if not isinstance(layout, (Layout, MeshPlacements)):
         raise ArgumentTypeError(
             "layout", layout, "expected a placements2jax.Layout", "build one with Layout.from_placements"
         )

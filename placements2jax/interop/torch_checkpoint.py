@@ -27,7 +27,7 @@ import numpy as np
 from ..checkpoint import AbstractDTensor, _short
 from ..dtensor import DTensor
 from ..errors import ArgumentTypeError, CheckpointError, MissingDependencyError, Placements2JaxError
-from ..programs import redistribute_array, without_partial
+from ..programs import redistribute_array
 
 __all__ = ["load_torch_checkpoint"]
 
@@ -116,7 +116,7 @@ def load_torch_checkpoint(path: str | os.PathLike[str], target: Any) -> Any:
 
 def _load(root: Path, name: str, saved: list[Any], layout: Any, shape: tuple[int, ...], dtype: np.dtype) -> DTensor:
     torch, _ = _torch()
-    plain = without_partial(layout)
+    plain = layout.without_partial()
     mesh = plain.mesh
     process = jax.process_index()
     loaded: dict[tuple[int, ...], np.ndarray] = {}

@@ -1,0 +1,63 @@
+"""Interning of DeviceMesh and Layout, and clear_caches() (placements2jax/caches.py)."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+
+import placements2jax
+from placements2jax import DeviceMesh, Layout, Shard, clear_caches, distribute_tensor, init_device_mesh
+from placements2jax import caches, layout, operators, physical
+
+
+def test_meshes_are_interned() -> None:
+    mesh = init_device_mesh((4, 2), ("dp", "tp"))
+    assert DeviceMesh([[0, 1], [2, 3], [4, 5], [6, 7]], ("dp", "tp")) is mesh
+    assert DeviceMesh(np.arange(8).reshape(4, 2), mesh_dim_names=("dp", "tp")) is mesh
+    assert DeviceMesh.from_jax(mesh.to_jax()) is mesh
+    assert init_device_mesh((4, 2), ("dp", "tp"), axis_types="auto") is not mesh
+    assert init_device_mesh((4, 2), ("dp", "sp")) is not mesh
+    assert hash(mesh) == object.__hash__(mesh)  # identity: hashing never walks the ranks
+
+
+def test_layouts_are_interned_and_weakly_held() -> None:
+    mesh = init_device_mesh((2, 2), ("a", "b"))
+    first = Layout(mesh, ((0, 1), ()), (None, None))
+    assert Layout.from_placements(mesh, "(a,b),None") is first
+    assert Layout.from_placements(mesh, [("a", "b"), None]) is first
+    assert hash(first) == object.__hash__(first)
+    # a layout no other test (or cache) holds: on a mesh of its own
+    alone = DeviceMesh([3, 5], ("held_weakly",))
+    key = (alone, ((0,),), (None,))
+    made = Layout(alone, ((0,),))
+    assert Layout._interned[key] is made
+    del made
+    gc.collect()
+    assert key not in Layout._interned  # nothing holds it: gone
+
+
+def test_an_equal_bool_or_numpy_entry_is_still_validated() -> None:
+    mesh = init_device_mesh((2,), ("a",))
+    valid = Layout(mesh, ((0,),))
+    for bad in (((False,),), ((np.int64(0),),)):
+        try:
+            Layout(mesh, bad)
+        except placements2jax.LayoutError:
+            continue
+        raise AssertionError(f"{bad} was accepted because it equals {valid.dim_axes}")
+
+
+def test_clear_caches_empties_every_registered_cache() -> None:
+    mesh = init_device_mesh((4,), ("x",))
+    x = distribute_tensor(np.arange(8, dtype=np.float32), mesh, "S(0)")
+    (x + x).redistribute(placements="R")
+    assert layout._resolved and operators._dispatched and physical.physical.cache_info().currsize
+    assert clear_caches is caches.clear_caches and "clear_caches" in placements2jax.__all__
+    clear_caches()
+    assert not layout._resolved and not operators._dispatched
+    assert physical.physical.cache_info().currsize == 0
+    assert operators._named_program.cache_info().currsize == 0
+    # and everything still works, cold
+    np.testing.assert_array_equal(np.asarray((x + x).full_tensor()), 2 * np.arange(8))
+    assert x.layout is Layout.from_placements(mesh, (Shard(0),)).bind(1)
