@@ -16,7 +16,6 @@ from placements2jax import DTensor, Layout, Partial, Replicate, Shard, colwise, 
 from placements2jax.factories import born_program
 from placements2jax.layout import iter_layouts
 from placements2jax.physical import physical
-from placements2jax.programs import without_partial
 
 KEY = jax.random.key(7)
 MESH = init_device_mesh((4, 2), ("dp", "tp"))
