@@ -27,6 +27,7 @@ from .mesh import DeviceMesh, as_device_mesh
 from .physical import Physical, physical
 from .placements import Placement, Replicate
 from .programs import check_redistribute, program, redistribute_array, replicated_layout, without_partial
+from .schedules import Policy, check_policy, default_policy, schedule_program
 
 __all__ = ["DTensor", "distribute_tensor", "redistribute_collectives"]
 
@@ -191,11 +192,18 @@ class DTensor:
 
     # -- redistribute -----------------------------------------------------------------
     def redistribute(
-        self, device_mesh: DeviceMesh | None = None, placements: PlacementsLike | None = None
+        self,
+        device_mesh: DeviceMesh | None = None,
+        placements: PlacementsLike | None = None,
+        *,
+        policy: Policy | None = None,
     ) -> DTensor:
         """This tensor under other placements (torch or alias form), possibly on another
-        mesh. XLA does the move; see docs/redistribute.md for the collectives."""
-        key = _front_key(self._layout, device_mesh, self._shape, self.dtype, placements)
+        mesh. ``policy`` picks the collective schedule within one mesh (``"cost"``, the
+        default: least predicted time under the calibrated cost model; ``"min_bytes"``;
+        ``"xla"``: XLA's single reshard; or a CostModel); see docs/redistribute.md."""
+        policy = default_policy() if policy is None else check_policy(policy)
+        key = (*_front_key(self._layout, device_mesh, self._shape, self.dtype, placements), policy)
         entry = _recall(_MOVES, key)
         if entry is not None:
             _, target, move = entry
@@ -211,7 +219,7 @@ class DTensor:
             return self._to_other_mesh(target)
         check_redistribute(self._layout, target)
         src, dst = physical(self._layout, self._shape), physical(target, self._shape)
-        move = None if src == dst else program(src, dst)
+        move = None if src == dst else schedule_program(src, dst, self.dtype, policy)
         _remember(_MOVES, key, (self._layout, device_mesh), target, move)
         return DTensor(move(self._array) if move else self._array, target, self._shape)
 
@@ -615,10 +623,16 @@ def _own_rank(mesh: DeviceMesh, rank: Any, local_tensor: Mapping[Any, Any]) -> i
 
 
 def redistribute_collectives(
-    dtensor: DTensor, placements: PlacementsLike, device_mesh: DeviceMesh | None = None
+    dtensor: DTensor,
+    placements: PlacementsLike,
+    device_mesh: DeviceMesh | None = None,
+    *,
+    policy: Policy | None = None,
 ) -> list[Collective]:
-    """The collectives XLA compiles for ``dtensor.redistribute(device_mesh, placements)``
-    on the same mesh, with device groups given as ranks."""
+    """The collectives XLA compiles for ``dtensor.redistribute(device_mesh, placements,
+    policy=policy)`` on the same mesh (the chosen schedule's), with device groups given as
+    ranks."""
+    policy = default_policy() if policy is None else check_policy(policy)
     if not isinstance(dtensor, DTensor):
         raise ArgumentTypeError("dtensor", dtensor, "expected a DTensor", "build one with distribute_tensor(...)")
     mesh = dtensor.device_mesh
@@ -635,5 +649,5 @@ def redistribute_collectives(
     ranks = mesh.rank_list  # XLA numbers devices by their position in the mesh
     return [
         Collective(c.op, c.result_shapes, c.dtype, tuple(tuple(ranks[i] for i in g) for g in c.groups))
-        for c in compiled_collectives(program(src, dst), dtensor.array)
+        for c in compiled_collectives(schedule_program(src, dst, dtensor.dtype, policy), dtensor.array)
     ]

@@ -151,8 +151,10 @@ def collective_axes(collective: Collective, mesh_shape: tuple[int, ...]) -> tupl
 @dataclass(frozen=True)
 class Schedule:
     """One way to run a move: a traceable function from the source's physical array to the
-    target's, and what it sends (compiled collectives or, for direct schedules, the exact
-    collectives it is built from)."""
+    target's, and what it sends: the compiled collectives (XLA's reshard), the exact
+    collectives it is built from (``predicted``: direct schedules, which XLA compiles as
+    written) or the planner's priced steps (``planned``: the stepwise route, priced without
+    compiling it; its compiled collectives are read on demand)."""
 
     name: str
     src: Physical
@@ -160,6 +162,7 @@ class Schedule:
     dtype: np.dtype
     function: Callable[[jax.Array], jax.Array] = field(compare=False, repr=False)
     predicted: tuple[Collective, ...] | None = field(default=None, compare=False, repr=False)
+    planned: tuple[tuple[tuple[int, ...], Fraction], ...] | None = field(default=None, compare=False, repr=False)
 
     @cached_property
     def jitted(self) -> jax.stages.Wrapped:
@@ -183,17 +186,22 @@ class Schedule:
         return tuple(parse_collectives(self.jitted.lower(self.argument()).compile().as_text()))
 
     @cached_property
+    def terms(self) -> tuple[tuple[tuple[int, ...], Fraction], ...]:
+        """Per collective: its mesh dims and the average bytes each device sends."""
+        if self.planned is not None:
+            return self.planned
+        mesh = self.src.layout.mesh
+        return tuple((collective_axes(c, mesh.shape), sent_bytes(c, mesh.size())) for c in self.collectives)
+
+    @cached_property
     def nbytes(self) -> Fraction:
         """Average bytes sent per device."""
-        return sent_bytes_per_device(self.collectives, self.src.layout.mesh.size())
+        return sum((nbytes for _, nbytes in self.terms), Fraction(0))
 
     def seconds(self, model: CostModel) -> float:
         """Predicted time under ``model``'s latency and per-byte terms."""
         mesh = self.src.layout.mesh
-        return sum(
-            model.collective_seconds(mesh, collective_axes(c, mesh.shape), float(sent_bytes(c, mesh.size())))
-            for c in self.collectives
-        )
+        return sum(model.collective_seconds(mesh, axes, float(nbytes)) for axes, nbytes in self.terms)
 
 
 def _xla(src: Physical, dst: Physical, dtype: np.dtype) -> Schedule:
@@ -210,13 +218,14 @@ def _stepwise(src: Physical, dst: Physical, dtype: np.dtype) -> Schedule | None:
     shardings = [NamedSharding(mesh, step.after.bind(len(src.shape)).partition_spec) for step in plan.steps]
     if len(shardings) < 2:
         return None  # one step: the same reshard as XLA's
+    planned = tuple(((step.mesh_dim,), step.nbytes) for step in plan.steps if step.nbytes)
 
     def stepwise(x: jax.Array) -> jax.Array:
         for sharding in shardings:
             x = _reshard(x, sharding)
         return x
 
-    return Schedule("stepwise", src, dst, dtype, stepwise)
+    return Schedule("stepwise", src, dst, dtype, stepwise, planned=planned)
 
 
 def candidates(src: Physical, dst: Physical, dtype: Any) -> tuple[Schedule, ...]:
@@ -260,7 +269,7 @@ def _choose(src: Physical, dst: Physical, dtype: np.dtype, policy: Policy) -> Sc
     if policy == "xla" or len(options) == 1:
         return options[0]
     if policy == "min_bytes":
-        return min(options, key=lambda s: (s.nbytes, len(s.collectives)))
+        return min(options, key=lambda s: (s.nbytes, len(s.terms)))
     xla = options[0]
     best = min(options, key=lambda s: (s.seconds(policy), s.nbytes))  # type: ignore[arg-type]
     # Within the model's resolution prefer XLA's reshard: it is the program plain JAX runs.
@@ -292,22 +301,25 @@ def clear_caches() -> None:
 
 
 def _cost_model(mesh: Any) -> CostModel:
-    """The default cost model when it has latency terms, else the calibrated one."""
+    """The default cost model when it has latency terms, else the backend's calibration
+    (one per process: a ring over all devices, applied to every mesh dim)."""
     model = default_cost_model()
     if model.latency:
         return model
-    return _calibrated(mesh.shape, mesh.devices.ravel()[0].platform)
+    latency, per_byte = _calibrated(mesh.devices.ravel()[0].platform, jax.device_count())
+    dims = range(mesh.ndim)
+    return CostModel(latency={m: latency for m in dims}, per_byte={m: per_byte for m in dims})
 
 
-@lru_cache(maxsize=16)
-def _calibrated(mesh_shape: tuple[int, ...], platform: str) -> CostModel:
+@lru_cache(maxsize=4)
+def _calibrated(platform: str, device_count: int) -> tuple[float, float]:
     from .mesh import init_device_mesh
 
-    names = tuple(f"axis{i}" for i in range(len(mesh_shape)))
-    return calibrate(init_device_mesh(mesh_shape, names), by_index=True)
+    model = calibrate(init_device_mesh((device_count,), ("ranks",)))
+    return dict(model.latency)["ranks"], dict(model.per_byte)["ranks"]
 
 
-def calibrate(mesh: Any, *, by_index: bool = False, repeats: int = 5) -> CostModel:
+def calibrate(mesh: Any, *, repeats: int = 5) -> CostModel:
     """Measure, per mesh dim of ``mesh``, the latency (seconds per collective) and the
     time per byte of a ``ppermute`` ring along that dim on the current backend.
 
@@ -323,7 +335,7 @@ def calibrate(mesh: Any, *, by_index: bool = False, repeats: int = 5) -> CostMod
     per_byte: dict[Any, float] = {}
     for m, name in enumerate(names):
         n = mesh.shape[m]
-        key = m if by_index else name
+        key = name
         if n == 1:
             latency[key], per_byte[key] = 1e-9, 1e-15
             continue
