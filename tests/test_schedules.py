@@ -170,16 +170,16 @@ def test_policies_and_visibility() -> None:
 
 
 def test_the_cost_policy_weighs_latency_against_bytes() -> None:
-    """A latency-bound model keeps XLA's one all-reduce for P,R -> R,R on (4,2); a
-    bandwidth-bound one takes the direct schedule that sends 1.25 T instead of 1.5 T."""
+    """A latency-bound model keeps XLA's one all-reduce for P,R -> S(0),R on (4,2); a
+    bandwidth-bound one takes the direct schedule that sends 0.5 T instead of 1.5 T."""
     mesh = _mesh((4, 2))
     src = physical(Layout.from_placements(mesh, "P,R").bind(2), (64, 64))
-    dst = physical(Layout.from_placements(mesh, "R,R").bind(2), (64, 64))
+    dst = physical(Layout.from_placements(mesh, "S(0),R").bind(2), (64, 64))
     latency_bound = CostModel(latency={"a": 1.0, "b": 1.0}, per_byte={"a": 1e-12, "b": 1e-12})
-    bandwidth_bound = CostModel(latency={"a": 1e-12, "b": 1e-12}, per_byte={"a": 1.0, "b": 1.0})
+    bandwidth_bound = CostModel(latency={"a": 1e-12, "b": 1e-12}, per_byte={"a": 1.0, "b": 1.0}, copy_per_byte=1e-6)
     assert choose(src, dst, np.int32, latency_bound).name == "xla"
     chosen = choose(src, dst, np.int32, bandwidth_bound)
-    assert chosen.name.startswith("direct") and chosen.nbytes == 5 * math.prod((64, 64)) * 4 // 4  # 1.25 T
+    assert chosen.name.startswith("direct") and chosen.nbytes == math.prod((64, 64)) * 4 // 2  # 0.5 T
 
 
 def test_calibrate_measures_every_axis() -> None:

@@ -106,12 +106,17 @@ class CostModel:
     carries, per axis, a ``latency`` (seconds per collective) and a ``per_byte`` time
     (seconds per byte sent by each device): a collective over several axes costs the
     largest latency plus its bytes times the largest per-byte time of those axes.
-    :meth:`calibrate` measures both on the current backend.
+    ``copy_per_byte`` prices bytes a schedule copies within a device (packing messages);
+    unset, it is the smallest per-byte time of the mesh's axes (right for simulated CPU
+    devices, where a collective is a copy between threads; give the device memory's figure
+    for a real interconnect). :meth:`calibrate` measures latency and per-byte times on the
+    current backend.
     """
 
     axis_weights: tuple[tuple[str | int, Fraction], ...]
     latency: tuple[tuple[str | int, float], ...]
     per_byte: tuple[tuple[str | int, float], ...]
+    copy_per_byte: float | None
 
     def __init__(
         self,
@@ -119,10 +124,13 @@ class CostModel:
         *,
         latency: Mapping[str | int, Real] | None = None,
         per_byte: Mapping[str | int, Real] | None = None,
+        copy_per_byte: Real | None = None,
     ) -> None:
         object.__setattr__(self, "axis_weights", _axis_table("axis_weights", axis_weights, Fraction))
         object.__setattr__(self, "latency", _axis_table("latency", latency, float))
         object.__setattr__(self, "per_byte", _axis_table("per_byte", per_byte, float))
+        copy = None if copy_per_byte is None else dict(_axis_table("copy_per_byte", {0: copy_per_byte}, float))[0]
+        object.__setattr__(self, "copy_per_byte", copy)
 
     @classmethod
     def calibrate(cls, mesh: DeviceMesh, repeats: int = 5) -> CostModel:
@@ -149,12 +157,22 @@ class CostModel:
         per_byte = max(_lookup(self.per_byte, mesh, m, float(self.weight(mesh, m))) for m in dims)
         return latency + nbytes * per_byte
 
+    def copy_seconds(self, mesh: DeviceMesh, nbytes: float) -> float:
+        """Predicted seconds to copy ``nbytes`` within a device (see the class docstring)."""
+        if self.copy_per_byte is not None:
+            return nbytes * self.copy_per_byte
+        return nbytes * min(
+            _lookup(self.per_byte, mesh, m, float(self.weight(mesh, m))) for m in range(mesh.ndim)
+        )
+
     def __repr__(self) -> str:
         parts = [repr({k: float(v) for k, v in self.axis_weights})]
         if self.latency:
             parts.append(f"latency={dict(self.latency)!r}")
         if self.per_byte:
             parts.append(f"per_byte={dict(self.per_byte)!r}")
+        if self.copy_per_byte is not None:
+            parts.append(f"copy_per_byte={self.copy_per_byte!r}")
         return f"CostModel({', '.join(parts)})"
 
 
