@@ -71,6 +71,7 @@ __all__ = [
     "candidates",
     "choose",
     "default_policy",
+    "redistribute_schedule",
     "schedule_program",
     "set_default_policy",
     "use_policy",
@@ -289,6 +290,19 @@ def _choose(src: Physical, dst: Physical, dtype: np.dtype, policy: Policy) -> Sc
 
 
 _MARGIN = 0.8
+
+
+def redistribute_schedule(
+    shape: Sequence[int], dtype: Any, src: Layout, dst: Layout, policy: Policy | None = None
+) -> Schedule:
+    """The schedule ``redistribute`` runs to move a ``shape``/``dtype`` tensor from layout
+    ``src`` to ``dst`` (bound layouts on one mesh): for inference's predicted costs, which
+    should price the same collectives (``Schedule.terms``: mesh dims and bytes per
+    collective; ``Schedule.seconds(model)``)."""
+    from .physical import physical
+
+    shape = tuple(shape)
+    return choose(physical(src, shape), physical(dst, shape), dtype, policy)
 
 
 def schedule_program(src: Physical, dst: Physical, dtype: Any, policy: Policy | None = None) -> jax.stages.Wrapped:

@@ -23,6 +23,7 @@ from placements2jax.schedules import (
     candidates,
     choose,
     default_policy,
+    redistribute_schedule,
     sent_bytes_per_device,
     use_policy,
 )
@@ -134,6 +135,7 @@ def test_direct_schedules_reach_the_bound(mesh_shape: tuple[int, ...], src: str,
     names = _check_move(source, target, shape, 0)
     assert "direct" in names
     schedule = choose(physical(source, shape), physical(target, shape), np.int32, "min_bytes")
+    assert schedule is redistribute_schedule(shape, np.int32, source, target, "min_bytes")
     assert schedule.name.startswith("direct")
     assert schedule.nbytes == lower_bound_bytes(source, target, shape, 4)
 
