@@ -59,6 +59,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .errors import ArgumentTypeError
 from .hlo import Collective, parse_collectives
+from .inference.check import collective_nbytes
 from .inference.cost import CostModel, default_cost_model
 from .layout import Layout
 from .physical import Physical
@@ -117,20 +118,14 @@ def check_policy(policy: Any, argument: str = "policy") -> Policy:
 
 
 def sent_bytes(collective: Collective, num_devices: int) -> Fraction:
-    """Average bytes each of ``num_devices`` devices sends for one compiled collective
-    (ring formulas; collective-permute: the result for each pair between two devices)."""
+    """Average bytes each of ``num_devices`` devices sends for one compiled collective:
+    the per-member ring figure of :func:`.inference.check.collective_nbytes` for each
+    member of its groups (collective-permute: the result for each pair between two
+    devices), over all devices."""
     if collective.op == "collective-permute":
         return sum((Fraction(collective.result_bytes) for s, t in collective.groups if s != t), Fraction(0)) / num_devices
-    n = collective.group_size if collective.groups else num_devices
     members = sum(len(g) for g in collective.groups) if collective.groups else num_devices
-    block = collective.result_bytes
-    per_member = {
-        "all-gather": Fraction(block * (n - 1), n),
-        "all-reduce": Fraction(2 * block * (n - 1), n),
-        "all-to-all": Fraction(block * (n - 1), n),
-        "reduce-scatter": Fraction(block * (n - 1)),
-    }[collective.op]
-    return per_member * members / num_devices
+    return collective_nbytes(collective, num_devices) * members / num_devices
 
 
 def sent_bytes_per_device(collectives: Sequence[Collective], num_devices: int) -> Fraction:
