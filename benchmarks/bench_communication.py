@@ -110,7 +110,8 @@ def run(config: Config) -> Section:
         "4. Communication: bytes per device vs the lower bound and torch's planner",
         """
 Every move of the catalogue (medium shapes, int32; the same moves as benchmark 3),
-compiled once. **ours**: the program `DTensor.redistribute` runs; **direct JAX**: `jax.jit`
+compiled once. **ours** (first table): XLA's reshard as `DTensor.redistribute(...,
+policy="xla")` compiles it; **direct JAX**: `jax.jit`
 of `jax.sharding.reshard` to the target's `NamedSharding`. Bytes are *average bytes sent per
 device*, from the compiled HLO's collectives (`placements2jax.hlo`): all-gather `R(n-1)/n` of
 its result `R`, all-reduce `2R(n-1)/n` (ring), all-to-all `R(n-1)/n` of one device's operand,
