@@ -123,7 +123,8 @@ def sent_bytes(collective: Collective, num_devices: int) -> Fraction:
     member of its groups (collective-permute: the result for each pair between two
     devices), over all devices."""
     if collective.op == "collective-permute":
-        return sum((Fraction(collective.result_bytes) for s, t in collective.groups if s != t), Fraction(0)) / num_devices
+        pairs = sum(1 for source, target in collective.groups if source != target)
+        return Fraction(collective.result_bytes * pairs, num_devices)
     members = sum(len(g) for g in collective.groups) if collective.groups else num_devices
     return collective_nbytes(collective, num_devices) * members / num_devices
 
@@ -244,11 +245,8 @@ def _candidates(src: Physical, dst: Physical, dtype: np.dtype) -> tuple[Schedule
                                local_bytes=direct.local_bytes(dtype.itemsize)))
         if direct.cells is not None and direct.reduced_layout is not None:
             reduced = direct.reduce_only()
-            mesh = src.layout.mesh.to_jax()
-            target = dst.sharding if mesh.are_all_axes_explicit else NamedSharding(mesh, dst.spec)
-
             def reduce_then_reshard(x: jax.Array) -> jax.Array:
-                return _reshard(reduced.function(x), target)
+                return _reshard(reduced.function(x), dst.sharding)
 
             result.append(Schedule("direct+xla", src, dst, dtype, reduce_then_reshard,
                                    local_bytes=reduced.local_bytes(dtype.itemsize)))

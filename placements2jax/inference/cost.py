@@ -185,7 +185,9 @@ def _axis_table(argument: str, table: Mapping[str | int, Real] | None, kind: typ
     items = []
     for axis, value in table.items():
         if isinstance(axis, bool) or not isinstance(axis, (str, int)):
-            raise ArgumentTypeError(argument, dict(table), f"key {axis!r} is not an axis name or index", 'use e.g. "dp"')
+            raise ArgumentTypeError(
+                argument, dict(table), f"key {axis!r} is not an axis name or index", 'use e.g. "dp"'
+            )
         if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value <= 0:
             raise ArgumentTypeError(
                 argument, dict(table), f"value {value!r} of {axis!r} is not a positive number",
