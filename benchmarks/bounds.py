@@ -32,8 +32,6 @@ from fractions import Fraction
 import numpy as np
 
 from placements2jax import Layout
-from placements2jax.hlo import Collective
-from placements2jax.inference.check import collective_nbytes
 from placements2jax.inference.cost import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -44,22 +42,7 @@ from placements2jax.inference.cost import (
     block_bytes,
     collective_bytes,
 )
-
-
-def sent_bytes_per_device(collectives: Sequence[Collective], num_devices: int) -> Fraction:
-    """Average bytes each device sends for compiled collectives: all-gather ``R(n-1)/n``
-    (``R`` the gathered result), all-reduce ``2R(n-1)/n``, all-to-all ``R(n-1)/n`` (``R``
-    one device's operand), reduce-scatter ``R(n-1)`` (the input is ``nR``), each for
-    every device of its groups; collective-permute: ``R`` for every pair whose source
-    differs from its target."""
-    total = Fraction(0)
-    for c in collectives:
-        if c.op == "collective-permute":
-            total += sum(Fraction(c.result_bytes) for source, target in c.groups if source != target)
-        else:
-            members = sum(len(g) for g in c.groups) if c.groups else num_devices
-            total += collective_nbytes(c, num_devices) * members
-    return total / num_devices
+from placements2jax.schedules import sent_bytes_per_device  # noqa: F401  (counts compiled bytes; not the bound)
 
 
 def _cells(src: Layout, dst: Layout, shape: tuple[int, ...]) -> list[np.ndarray]:

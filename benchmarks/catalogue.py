@@ -17,15 +17,16 @@ from placements2jax import DeviceMesh, DTensor, Layout, distribute_tensor, init_
 from placements2jax.physical import physical
 from placements2jax.placements import parse_placements_or_alias
 from placements2jax.programs import program
+from placements2jax.schedules import Policy, Schedule, choose
 
 MESHES: dict[tuple[int, ...], tuple[str, ...]] = {(8,): ("x",), (4, 2): ("a", "b"), (2, 2, 2): ("a", "b", "c")}
 
-# Tensor shapes per mesh: "medium" (4 MiB of float32: moving data dominates) and "small"
-# (16 KiB: dispatch dominates).
+# Tensor shapes per mesh: "large" (64 MiB of int32), "medium" (4 MiB: moving data
+# dominates) and "small" (16 KiB: dispatch dominates).
 SHAPES: dict[tuple[int, ...], dict[str, tuple[int, ...]]] = {
-    (8,): {"small": (64, 64), "medium": (1024, 1024)},
-    (4, 2): {"small": (64, 64), "medium": (1024, 1024)},
-    (2, 2, 2): {"small": (16, 16, 16), "medium": (64, 128, 128)},
+    (8,): {"small": (64, 64), "medium": (1024, 1024), "large": (4096, 4096)},
+    (4, 2): {"small": (64, 64), "medium": (1024, 1024), "large": (4096, 4096)},
+    (2, 2, 2): {"small": (16, 16, 16), "medium": (64, 128, 128), "large": (256, 256, 256)},
 }
 
 # (kind, source, target) per mesh.
@@ -140,8 +141,12 @@ class Move:
         return jax.ShapeDtypeStruct(phys.array_shape, np.int32, sharding=phys.sharding)
 
     def ours(self) -> jax.stages.Wrapped:
-        """The cached program that ``DTensor.redistribute`` runs for this move."""
+        """XLA's single reshard for this move (``redistribute(..., policy="xla")``)."""
         return program(physical(self.src_layout, self.shape), physical(self.dst_layout, self.shape))
+
+    def schedule(self, policy: Policy) -> Schedule:
+        """The schedule ``redistribute(..., policy=policy)`` runs for this move."""
+        return choose(physical(self.src_layout, self.shape), physical(self.dst_layout, self.shape), np.int32, policy)
 
     @cached_property
     def compiled_ours(self) -> jax.stages.Compiled:
@@ -185,7 +190,7 @@ def mesh_of(shape: tuple[int, ...]) -> DeviceMesh:
 
 @cache
 def moves(size: str, quick: bool = False) -> tuple[Move, ...]:
-    """Every move of the catalogue with tensors of ``size`` ("small" or "medium"); in a
+    """Every move of the catalogue with tensors of ``size`` ("small", "medium", "large"); in a
     quick run, the first move of each kind and the first move of each mesh."""
     result = []
     kinds: set[str] = set()

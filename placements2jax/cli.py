@@ -22,8 +22,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from .dtensor import distribute_tensor, redistribute_collectives
-from .errors import LayoutError, PlacementError, Placements2JaxError, RedistributeError, ShapeError
 from .display import collective_axes
+from .errors import LayoutError, PlacementError, Placements2JaxError, RedistributeError, ShapeError
+from .hlo import Collective
+from .physical import physical
+from .schedules import choose, default_policy
 from .inference import CostModel, plan_redistribute
 from .inference.check import collective_nbytes
 from .inference.table import format_table
@@ -198,6 +201,12 @@ def _add_redistribute(commands: Any) -> None:
         type=parse_axis_weights,
         help="cost per byte on each mesh axis (default 1), e.g. dp=4 for a slower cross-host dp axis",
     )
+    parser.add_argument(
+        "--policy",
+        choices=("cost", "min_bytes", "xla"),
+        default=None,
+        help="how redistribute chooses its collective schedule (default: cost, calibrated on this backend)",
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -244,6 +253,7 @@ def main(argv: Sequence[str] | None = None, *, start_jax: Callable[[int], None] 
                     from_partial=args.from_partial,
                     to_partial=args.to_partial,
                     axis_weights=args.axis_weights,
+                    policy=args.policy,
                     as_json=args.json,
                 )
             )
@@ -407,12 +417,14 @@ def redistribute(
     from_partial: dict[str, str] | None = None,
     to_partial: dict[str, str] | None = None,
     axis_weights: dict[str, float] | None = None,
+    policy: str | None = None,
     as_json: bool = False,
 ) -> str:
     """The ``redistribute`` report: the planned steps of moving a ``shape``/``dtype``
     tensor from placements ``src`` to ``dst`` on ``mesh`` (:func:`plan_redistribute`),
-    their collectives, bytes and costs, then the collectives XLA compiled for
-    ``DTensor.redistribute`` (:func:`redistribute_collectives`). Text, or JSON."""
+    their collectives, bytes and costs, then the schedule ``DTensor.redistribute`` runs
+    under ``policy`` and the collectives XLA compiled for it
+    (:func:`redistribute_collectives`). Text, or JSON."""
     shape = tuple(shape)
     dtype = np.dtype(dtype)
     source = Layout.from_placements(mesh, src, partial=from_partial).bind(len(shape))
@@ -420,9 +432,10 @@ def redistribute(
     plan = plan_redistribute(shape, dtype, source, target, CostModel(axis_weights) if axis_weights else None)
     dtensor = distribute_tensor(jnp.zeros(shape, dtype), mesh, source)
     try:
-        compiled = redistribute_collectives(dtensor, target)
+        compiled = redistribute_collectives(dtensor, target, policy=policy)
     except RedistributeError as error:
         raise error.for_argument("--to", dst) from None
+    schedule = choose(physical(source, shape), physical(target, shape), dtype, policy).name if compiled else "none"
     report = {
         "mesh": _mesh_summary(mesh),
         "shape": list(shape),
@@ -447,6 +460,8 @@ def redistribute(
             "cost": _number(plan.cost),
         },
         "compiled": {
+            "schedule": schedule,
+            "policy": effective if isinstance(effective := policy or default_policy(), str) else repr(effective),
             "collectives": [
                 {
                     "op": c.op,
@@ -522,7 +537,11 @@ def _redistribute_text(mesh: DeviceMesh, report: dict[str, Any]) -> str:
     if steps:
         headers = ("step", "mesh axis", "from", "to", "collective", "bytes/device", "cost", "layout after")
         lines.append(format_table(headers, steps))
-    lines += ["", f"compiled by XLA: {len(collectives)} collective(s), {compiled['bytes']} B sent per device"]
+    lines += [
+        "",
+        f"compiled by XLA: {len(collectives)} collective(s), {compiled['bytes']} B sent per device "
+        f"(schedule {compiled['schedule']}, policy {compiled['policy']})",
+    ]
     if collectives:
         headers = ("#", "collective", "mesh axes", "result per device", "groups (ranks)", "bytes/device")
         lines.append(format_table(headers, collectives))

@@ -28,6 +28,7 @@ from .mesh import DeviceMesh, as_device_mesh
 from .physical import Physical, physical
 from .placements import Placement
 from .programs import check_redistribute, program, redistribute_array
+from .schedules import Policy, check_policy, default_policy, schedule_program
 
 __all__ = ["DTensor", "distribute_tensor", "redistribute_collectives", "is_dtensor"]
 
@@ -199,11 +200,18 @@ class DTensor:
 
     # -- redistribute -----------------------------------------------------------------
     def redistribute(
-        self, device_mesh: DeviceMesh | None = None, placements: PlacementsLike | None = None
+        self,
+        device_mesh: DeviceMesh | None = None,
+        placements: PlacementsLike | None = None,
+        *,
+        policy: Policy | None = None,
     ) -> DTensor:
         """This tensor under other placements (torch or alias form), possibly on another
-        mesh. XLA does the move; see docs/redistribute.md for the collectives."""
-        key = (self._layout, device_mesh, _frozen(placements), self._shape, self.dtype)
+        mesh. ``policy`` picks the collective schedule within one mesh (``"cost"``, the
+        default: least predicted time under the calibrated cost model; ``"min_bytes"``;
+        ``"xla"``: XLA's single reshard; or a CostModel); see docs/redistribute.md."""
+        policy = default_policy() if policy is None else check_policy(policy)
+        key = (self._layout, device_mesh, _frozen(placements), self._shape, self.dtype, policy)
         move = _remembered(_moves, key)
         if move is not None:
             target, run = move
@@ -218,7 +226,7 @@ class DTensor:
             return self._to_other_mesh(target)
         check_redistribute(self._layout, target)
         src, dst = physical(self._layout, self._shape), physical(target, self._shape)
-        run = None if src == dst else program(src, dst)
+        run = None if src == dst else schedule_program(src, dst, self.dtype, policy)
         _remember(_moves, key, (target, run))
         return DTensor.trusted(run(self._array) if run else self._array, target, self._shape)
 
@@ -621,10 +629,16 @@ def _own_rank(mesh: DeviceMesh, rank: Any, local_tensor: Mapping[Any, Any]) -> i
 
 
 def redistribute_collectives(
-    dtensor: DTensor, placements: PlacementsLike, device_mesh: DeviceMesh | None = None
+    dtensor: DTensor,
+    placements: PlacementsLike,
+    device_mesh: DeviceMesh | None = None,
+    *,
+    policy: Policy | None = None,
 ) -> list[Collective]:
-    """The collectives XLA compiles for ``dtensor.redistribute(device_mesh, placements)``
-    on the same mesh, with device groups given as ranks."""
+    """The collectives XLA compiles for ``dtensor.redistribute(device_mesh, placements,
+    policy=policy)`` on the same mesh (the chosen schedule's), with device groups given as
+    ranks."""
+    policy = default_policy() if policy is None else check_policy(policy)
     if not isinstance(dtensor, DTensor):
         raise ArgumentTypeError("dtensor", dtensor, "expected a DTensor", "build one with distribute_tensor(...)")
     mesh = dtensor.device_mesh
@@ -641,5 +655,5 @@ def redistribute_collectives(
     ranks = mesh.rank_list  # XLA numbers devices by their position in the mesh
     return [
         Collective(c.op, c.result_shapes, c.dtype, tuple(tuple(ranks[i] for i in g) for g in c.groups))
-        for c in compiled_collectives(program(src, dst), dtensor.array)
+        for c in compiled_collectives(schedule_program(src, dst, dtensor.dtype, policy), dtensor.array)
     ]

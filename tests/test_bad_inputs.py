@@ -1075,6 +1075,22 @@ CASES: list[Case] = [
         lambda e: CostModel({"dp": float("inf")}),
     ),
     _c("CostModel: negative weight", "CostModel", ArgumentTypeError, "axis_weights", lambda e: CostModel({"dp": -1})),
+    _c("CostModel: negative latency", "CostModel", ArgumentTypeError, "latency", lambda e: CostModel(latency={"dp": -1})),
+    _c("CostModel: per_byte not a mapping", "CostModel", ArgumentTypeError, "per_byte", lambda e: CostModel(per_byte=3)),
+    _c(
+        "DTensor.redistribute: unknown policy",
+        "DTensor",
+        ArgumentTypeError,
+        "policy",
+        lambda e: e.dt.redistribute(e.mesh, "R,R", policy="fastest"),
+    ),
+    _c(
+        "redistribute_collectives: unknown policy",
+        "redistribute_collectives",
+        ArgumentTypeError,
+        "policy",
+        lambda e: redistribute_collectives(e.dt, "R,R", policy=3),
+    ),
     _c("CostModel: not a mapping", "CostModel", ArgumentTypeError, "axis_weights", lambda e: CostModel("x")),
     _c(
         "set_default_cost_model: a string",

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
 from numbers import Real
+from typing import Any
 
 from ..errors import ArgumentTypeError, InferenceError
 from ..mesh import DeviceMesh
@@ -100,42 +101,106 @@ class CostModel:
 
     ``CostModel({"dp": 4})`` says bytes on the (cross-host) ``dp`` axis cost 4 times as
     much as elsewhere. Weights are kept as exact fractions so that ties stay ties.
+
+    For choosing redistribute schedules (:mod:`placements2jax.schedules`) a model also
+    carries, per axis, a ``latency`` (seconds per collective) and a ``per_byte`` time
+    (seconds per byte sent by each device): a collective over several axes costs the
+    largest latency plus its bytes times the largest per-byte time of those axes.
+    ``copy_per_byte`` prices bytes a schedule copies within a device (packing messages);
+    unset, it is the smallest per-byte time of the mesh's axes (right for simulated CPU
+    devices, where a collective is a copy between threads; give the device memory's figure
+    for a real interconnect). :meth:`calibrate` measures latency and per-byte times on the
+    current backend.
     """
 
     axis_weights: tuple[tuple[str | int, Fraction], ...]
+    latency: tuple[tuple[str | int, float], ...]
+    per_byte: tuple[tuple[str | int, float], ...]
+    copy_per_byte: float | None
 
-    def __init__(self, axis_weights: Mapping[str | int, Real] | None = None) -> None:
-        if axis_weights is None:
-            axis_weights = {}
-        if not isinstance(axis_weights, Mapping):
-            raise ArgumentTypeError(
-                "axis_weights", axis_weights, "expected a mapping axis -> weight", 'pass e.g. {"dp": 4}'
-            )
-        items = []
-        for axis, weight in axis_weights.items():
-            if isinstance(axis, bool) or not isinstance(axis, (str, int)):
-                raise ArgumentTypeError(
-                    "axis_weights", dict(axis_weights), f"key {axis!r} is not an axis name or index", 'use e.g. "dp"'
-                )
-            if isinstance(weight, bool) or not isinstance(weight, Real) or not math.isfinite(weight) or weight <= 0:
-                raise ArgumentTypeError(
-                    "axis_weights", dict(axis_weights), f"weight {weight!r} of {axis!r} is not a positive number",
-                    "use positive finite weights (1 = default speed)",
-                )
-            items.append((axis, Fraction(weight)))
-        object.__setattr__(self, "axis_weights", tuple(sorted(items, key=lambda kv: (str(type(kv[0])), kv[0]))))
+    def __init__(
+        self,
+        axis_weights: Mapping[str | int, Real] | None = None,
+        *,
+        latency: Mapping[str | int, Real] | None = None,
+        per_byte: Mapping[str | int, Real] | None = None,
+        copy_per_byte: Real | None = None,
+    ) -> None:
+        object.__setattr__(self, "axis_weights", _axis_table("axis_weights", axis_weights, Fraction))
+        object.__setattr__(self, "latency", _axis_table("latency", latency, float))
+        object.__setattr__(self, "per_byte", _axis_table("per_byte", per_byte, float))
+        copy = None if copy_per_byte is None else dict(_axis_table("copy_per_byte", {0: copy_per_byte}, float))[0]
+        object.__setattr__(self, "copy_per_byte", copy)
+
+    @classmethod
+    def calibrate(cls, mesh: DeviceMesh, repeats: int = 5) -> CostModel:
+        """Measure each mesh dim's latency and per-byte time on the current backend (a
+        ring of ``ppermute`` along the dim, two sizes; see
+        :func:`placements2jax.schedules.calibrate`)."""
+        from ..schedules import calibrate  # measuring runs programs: not part of the pure model
+
+        return calibrate(mesh, repeats=repeats)
 
     def weight(self, mesh: DeviceMesh, mesh_dim: int) -> Fraction:
         """The weight of one mesh dim: by name first, then by index, else 1."""
-        table = dict(self.axis_weights)
-        name = mesh.axis_names[mesh_dim]
-        return table.get(name, table.get(mesh_dim, Fraction(1)))
+        return _lookup(self.axis_weights, mesh, mesh_dim, Fraction(1))
 
     def weights(self, mesh: DeviceMesh) -> tuple[Fraction, ...]:
         return tuple(self.weight(mesh, m) for m in range(mesh.ndim))
 
+    def collective_seconds(self, mesh: DeviceMesh, mesh_dims: Sequence[int], nbytes: float) -> float:
+        """Predicted seconds of one collective over ``mesh_dims`` sending ``nbytes`` per
+        device: the largest latency plus ``nbytes`` times the largest per-byte time (axes
+        without a measured figure: latency 0, and their weight as per-byte time)."""
+        dims = tuple(mesh_dims) or tuple(range(mesh.ndim))
+        latency = max(_lookup(self.latency, mesh, m, 0.0) for m in dims)
+        per_byte = max(_lookup(self.per_byte, mesh, m, float(self.weight(mesh, m))) for m in dims)
+        return latency + nbytes * per_byte
+
+    def copy_seconds(self, mesh: DeviceMesh, nbytes: float) -> float:
+        """Predicted seconds to copy ``nbytes`` within a device (see the class docstring)."""
+        if self.copy_per_byte is not None:
+            return nbytes * self.copy_per_byte
+        return nbytes * min(
+            _lookup(self.per_byte, mesh, m, float(self.weight(mesh, m))) for m in range(mesh.ndim)
+        )
+
     def __repr__(self) -> str:
-        return f"CostModel({ {k: float(v) for k, v in self.axis_weights}!r})"
+        parts = [repr({k: float(v) for k, v in self.axis_weights})]
+        if self.latency:
+            parts.append(f"latency={dict(self.latency)!r}")
+        if self.per_byte:
+            parts.append(f"per_byte={dict(self.per_byte)!r}")
+        if self.copy_per_byte is not None:
+            parts.append(f"copy_per_byte={self.copy_per_byte!r}")
+        return f"CostModel({', '.join(parts)})"
+
+
+def _axis_table(argument: str, table: Mapping[str | int, Real] | None, kind: type) -> tuple[tuple[Any, Any], ...]:
+    """A mapping axis -> positive number, validated, as a sorted tuple."""
+    if table is None:
+        table = {}
+    if not isinstance(table, Mapping):
+        raise ArgumentTypeError(argument, table, "expected a mapping axis -> number", 'pass e.g. {"dp": 4}')
+    items = []
+    for axis, value in table.items():
+        if isinstance(axis, bool) or not isinstance(axis, (str, int)):
+            raise ArgumentTypeError(
+                argument, dict(table), f"key {axis!r} is not an axis name or index", 'use e.g. "dp"'
+            )
+        if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value <= 0:
+            raise ArgumentTypeError(
+                argument, dict(table), f"value {value!r} of {axis!r} is not a positive number",
+                "use positive finite numbers (weights: 1 = default speed; latency and per_byte: seconds)",
+            )
+        items.append((axis, kind(value)))
+    return tuple(sorted(items, key=lambda kv: (str(type(kv[0])), kv[0])))
+
+
+def _lookup(table: tuple[tuple[Any, Any], ...], mesh: DeviceMesh, mesh_dim: int, default: Any) -> Any:
+    """A per-axis figure: by axis name first, then by mesh dim index, else ``default``."""
+    values = dict(table)
+    return values.get(mesh.axis_names[mesh_dim], values.get(mesh_dim, default))
 
 
 CostModelLike = CostModel | Mapping[str | int, Real] | None

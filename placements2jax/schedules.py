@@ -1,0 +1,773 @@
+"""Collective schedules for redistribute: the candidates for a move and the choice among them.
+
+:mod:`.programs` hands a whole move to XLA as one reshard. XLA's SPMD partitioner sends
+more than a move needs in three families (docs/benchmarks.md, benchmark 4): on CPU it
+lowers ``Partial -> Shard`` as an all-reduce and a slice, it realigns blocks with a
+collective in the source's device order plus a collective-permute of whole blocks, and it
+reduces a partial tensor replicated over another mesh dim in every replica group. This
+module writes such moves directly with ``jax.shard_map`` collectives and keeps XLA's
+reshard as one candidate among several:
+
+* ``xla``: :func:`.programs.convert`, XLA's single reshard (always available).
+* ``stepwise``: the planner's route (:func:`.inference.plan.plan_redistribute`), one
+  reshard per step (moves without partials on even layouts).
+* ``direct``: a :class:`DirectSchedule` in one ``shard_map``:
+
+  1. *reduce* (Partial sources): every mesh dim that is partial, or replicated next to a
+     partial, splits a tensor dim afterwards. Replicated ones slice locally (the reduction is
+     split across replicas), partial ones are reduced by one ``psum_scatter`` (a real
+     reduce-scatter) over all partial mesh dims for ``sum``, or one ``all_to_all`` followed
+     by a local reduction for ``avg``/``max``/``min``. Each element's sum ends on exactly
+     one device, chosen on a device whose target block holds the element when one exists.
+  2. *move cells*: the blocks of the intermediate and the target layout cut every tensor
+     dim into equal cells; every device receives exactly the cells its target block needs
+     and its own block lacks, each once. Traffic that is uniform within groups of mesh
+     dims (every pair of a group exchanges ``m`` cells) is one ``all_to_all`` over those
+     dims (in any device order); otherwise ``ppermute`` rounds, one permutation each.
+
+  A direct schedule sends the lower bound of benchmarks/bounds.py on every move it
+  accepts when step 1 can put each sum on a receiver. The candidate generator refuses
+  (and XLA's reshard is used) uneven (padded) layouts, targets with partial mesh dims
+  (new or kept: they need no reduction, and XLA sends the bound there), and tensor dims
+  that the cells cannot cut evenly.
+* ``direct+xla``: step 1 in ``shard_map``, then XLA's reshard to the target (one
+  all-gather or all-to-all instead of several rounds).
+
+:func:`choose` picks one by policy: ``"xla"``; ``"min_bytes"`` (fewest bytes, then fewest
+collectives); ``"cost"`` (the default: least time under a :class:`CostModel` with a
+latency and a per-byte term per mesh dim, by default calibrated on this backend with
+:meth:`CostModel.calibrate`); or a CostModel. The choice depends only on the physical
+representations, the dtype and the policy, so a move runs the same schedule eagerly and
+under ``jax.jit``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from fractions import Fraction
+from functools import cached_property
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from .caches import cached
+from .errors import ArgumentTypeError
+from .hlo import Collective, parse_collectives
+from .inference.check import collective_nbytes
+from .inference.cost import CostModel, default_cost_model
+from .layout import Layout
+from .physical import Physical
+from .programs import _REDUCERS, _reshard, convert, program
+
+__all__ = [
+    "POLICIES",
+    "DirectSchedule",
+    "Schedule",
+    "candidates",
+    "choose",
+    "default_policy",
+    "redistribute_schedule",
+    "schedule_program",
+    "set_default_policy",
+    "use_policy",
+]
+
+POLICIES = ("cost", "min_bytes", "xla")
+Policy = str | CostModel
+
+_policy: list[Policy] = ["cost"]
+
+
+def default_policy() -> Policy:
+    """The policy ``redistribute`` uses when given ``policy=None``."""
+    return _policy[0]
+
+
+def set_default_policy(policy: Policy | None) -> Policy:
+    """Set the default policy (None resets it to ``"cost"``); returns the previous one."""
+    previous = _policy[0]
+    _policy[0] = "cost" if policy is None else check_policy(policy)
+    return previous
+
+
+@contextmanager
+def use_policy(policy: Policy) -> Iterator[Policy]:
+    """Use ``policy`` as the default inside a ``with`` block."""
+    previous = set_default_policy(policy)
+    try:
+        yield _policy[0]
+    finally:
+        set_default_policy(previous)
+
+
+def check_policy(policy: Any, argument: str = "policy") -> Policy:
+    if isinstance(policy, CostModel) or (isinstance(policy, str) and policy in POLICIES):
+        return policy
+    raise ArgumentTypeError(
+        argument, policy, "is not a redistribute policy", f"pass one of {POLICIES} or a CostModel"
+    )
+
+
+# -- bytes of collectives ---------------------------------------------------------------
+
+
+def sent_bytes(collective: Collective, num_devices: int) -> Fraction:
+    """Average bytes each of ``num_devices`` devices sends for one compiled collective:
+    the per-member ring figure of :func:`.inference.check.collective_nbytes` for each
+    member of its groups (collective-permute: the result for each pair between two
+    devices), over all devices."""
+    if collective.op == "collective-permute":
+        pairs = sum(1 for source, target in collective.groups if source != target)
+        return Fraction(collective.result_bytes * pairs, num_devices)
+    members = sum(len(g) for g in collective.groups) if collective.groups else num_devices
+    return collective_nbytes(collective, num_devices) * members / num_devices
+
+
+def sent_bytes_per_device(collectives: Sequence[Collective], num_devices: int) -> Fraction:
+    """Average bytes per device of a sequence of compiled collectives."""
+    return sum((sent_bytes(c, num_devices) for c in collectives), Fraction(0))
+
+
+def collective_axes(collective: Collective, mesh_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The mesh dims along which the devices of the collective's groups differ (device ids
+    are positions in the mesh)."""
+    groups = collective.groups or (tuple(range(math.prod(mesh_shape))),)
+    coords = [np.array(np.unravel_index(np.array(g), mesh_shape)) for g in groups if len(g) > 1]
+    return tuple(a for a in range(len(mesh_shape)) if any(len(set(c[a])) > 1 for c in coords))
+
+
+# -- schedules -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One way to run a move: a traceable function from the source's physical array to the
+    target's, and what it sends: the compiled collectives (XLA's reshard), the exact
+    collectives it is built from (``predicted``: direct schedules, which XLA compiles as
+    written) or the planner's priced steps (``planned``: the stepwise route, priced without
+    compiling it; its compiled collectives are read on demand)."""
+
+    name: str
+    src: Physical
+    dst: Physical
+    dtype: np.dtype
+    function: Callable[[jax.Array], jax.Array] = field(compare=False, repr=False)
+    predicted: tuple[Collective, ...] | None = field(default=None, compare=False, repr=False)
+    planned: tuple[tuple[tuple[int, ...], Fraction], ...] | None = field(default=None, compare=False, repr=False)
+    local_bytes: int = field(default=0, compare=False)
+
+    @cached_property
+    def jitted(self) -> jax.stages.Wrapped:
+        if self.name == "xla":
+            return program(self.src, self.dst)
+        return jax.jit(self.function, out_shardings=self.dst.sharding)
+
+    def argument(self) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(self.src.array_shape, self.dtype, sharding=self.src.sharding)
+
+    @cached_property
+    def collectives(self) -> tuple[Collective, ...]:
+        """The collectives, in mesh positions (predicted for direct schedules, which XLA
+        compiles as written; compiled otherwise)."""
+        if self.predicted is not None:
+            return self.predicted
+        return self.compiled_collectives
+
+    @cached_property
+    def compiled_collectives(self) -> tuple[Collective, ...]:
+        return tuple(parse_collectives(self.jitted.lower(self.argument()).compile().as_text()))
+
+    @cached_property
+    def terms(self) -> tuple[tuple[tuple[int, ...], Fraction], ...]:
+        """Per collective: its mesh dims and the average bytes each device sends."""
+        if self.planned is not None:
+            return self.planned
+        mesh = self.src.layout.mesh
+        return tuple((collective_axes(c, mesh.shape), sent_bytes(c, mesh.size())) for c in self.collectives)
+
+    @cached_property
+    def nbytes(self) -> Fraction:
+        """Average bytes sent per device."""
+        return sum((nbytes for _, nbytes in self.terms), Fraction(0))
+
+    def seconds(self, model: CostModel) -> float:
+        """Predicted time under ``model``: latency and per-byte terms of the collectives,
+        plus the bytes a direct schedule copies within each device to pack and unpack
+        messages (``CostModel.copy_seconds``; XLA's own copies are part of what the
+        calibration measures per collective)."""
+        mesh = self.src.layout.mesh
+        sent = sum(model.collective_seconds(mesh, axes, float(nbytes)) for axes, nbytes in self.terms)
+        return sent + (model.copy_seconds(mesh, self.local_bytes) if self.local_bytes else 0.0)
+
+
+def _xla(src: Physical, dst: Physical, dtype: np.dtype) -> Schedule:
+    return Schedule("xla", src, dst, dtype, lambda x: convert(x, src, dst))
+
+
+def _stepwise(src: Physical, dst: Physical, dtype: np.dtype) -> Schedule | None:
+    if src.layout.has_partial or dst.layout.has_partial or src.is_padded or dst.is_padded:
+        return None
+    from .inference.plan import plan_redistribute  # the planner is pure; imported on use
+
+    plan = plan_redistribute(src.shape, dtype, src.layout, dst.layout)
+    mesh = src.layout.mesh.to_jax()
+    shardings = [NamedSharding(mesh, step.after.bind(len(src.shape)).partition_spec) for step in plan.steps]
+    if len(shardings) < 2:
+        return None  # one step: the same reshard as XLA's
+    planned = tuple(((step.mesh_dim,), step.nbytes) for step in plan.steps if step.nbytes)
+
+    def stepwise(x: jax.Array) -> jax.Array:
+        for sharding in shardings:
+            x = _reshard(x, sharding)
+        return x
+
+    return Schedule("stepwise", src, dst, dtype, stepwise, planned=planned)
+
+
+def candidates(src: Physical, dst: Physical, dtype: Any) -> tuple[Schedule, ...]:
+    """Every schedule for the move from ``src`` to ``dst`` (same mesh), XLA's first."""
+    dtype = np.dtype(dtype)
+    return _candidates(src, dst, dtype)
+
+
+@cached(maxsize=2048)
+def _candidates(src: Physical, dst: Physical, dtype: np.dtype) -> tuple[Schedule, ...]:
+    result = [_xla(src, dst, dtype)]
+    direct = DirectSchedule.build(src, dst)
+    if direct is not None:
+        result.append(Schedule("direct", src, dst, dtype, direct.function, direct.collectives(dtype),
+                               local_bytes=direct.local_bytes(dtype.itemsize)))
+        if direct.cells is not None and direct.reduced_layout is not None:
+            reduced = direct.reduce_only()
+            def reduce_then_reshard(x: jax.Array) -> jax.Array:
+                return _reshard(reduced.function(x), dst.sharding)
+
+            result.append(Schedule("direct+xla", src, dst, dtype, reduce_then_reshard,
+                                   local_bytes=reduced.local_bytes(dtype.itemsize)))
+    stepwise = _stepwise(src, dst, dtype)
+    if stepwise is not None:
+        result.append(stepwise)
+    return tuple(result)
+
+
+def choose(src: Physical, dst: Physical, dtype: Any, policy: Policy | None = None) -> Schedule:
+    """The schedule ``policy`` (default: :func:`default_policy`) picks for the move."""
+    policy = default_policy() if policy is None else check_policy(policy)
+    if isinstance(policy, str) and policy == "cost":
+        policy = _cost_model(src.layout.mesh)
+    return _choose(src, dst, np.dtype(dtype), policy)
+
+
+@cached(maxsize=4096)
+def _choose(src: Physical, dst: Physical, dtype: np.dtype, policy: Policy) -> Schedule:
+    options = candidates(src, dst, dtype)
+    if policy == "xla" or len(options) == 1:
+        return options[0]
+    if policy == "min_bytes":
+        return min(options, key=lambda s: (s.nbytes, len(s.terms)))
+    xla = options[0]
+    # The planner's route is a chain of XLA reshards, each writing its whole result: on
+    # the CPU backend it was slower than the single reshard on every measured move, also
+    # where it sends fewer bytes (docs/benchmarks.md, benchmark 4), and the per-collective
+    # model cannot see those writes. It competes only on bytes (min_bytes).
+    options = tuple(s for s in options if s.name != "stepwise")
+    best = min(options, key=lambda s: (s.seconds(policy), s.nbytes))  # type: ignore[arg-type]
+    # Within the model's resolution prefer XLA's reshard: it is the program plain JAX runs.
+    return xla if best.seconds(policy) >= xla.seconds(policy) * _MARGIN else best  # type: ignore[arg-type]
+
+
+_MARGIN = 0.8
+
+
+def redistribute_schedule(
+    shape: Sequence[int], dtype: Any, src: Layout, dst: Layout, policy: Policy | None = None
+) -> Schedule:
+    """The schedule ``redistribute`` runs to move a ``shape``/``dtype`` tensor from layout
+    ``src`` to ``dst`` (bound layouts on one mesh): for inference's predicted costs, which
+    should price the same collectives (``Schedule.terms``: mesh dims and bytes per
+    collective; ``Schedule.seconds(model)``)."""
+    from .physical import physical
+
+    shape = tuple(shape)
+    return choose(physical(src, shape), physical(dst, shape), dtype, policy)
+
+
+def schedule_program(src: Physical, dst: Physical, dtype: Any, policy: Policy | None = None) -> jax.stages.Wrapped:
+    """The cached jitted program of the chosen schedule."""
+    return choose(src, dst, dtype, policy).jitted
+
+
+def schedule_function(src: Physical, dst: Physical, dtype: Any, policy: Policy | None = None) -> Callable:
+    """The traceable function of the chosen schedule (for use inside the caller's jit)."""
+    return choose(src, dst, dtype, policy).function
+
+
+def clear_caches() -> None:
+    """Forget candidates, choices and calibrations (e.g. after changing the default
+    cost model)."""
+    _candidates.cache_clear()
+    _choose.cache_clear()
+    _calibrated.cache_clear()
+
+
+# -- calibration -----------------------------------------------------------------------
+
+
+def _cost_model(mesh: Any) -> CostModel:
+    """The default cost model when it has latency terms, else the backend's calibration
+    (one per process: a ring over all devices, applied to every mesh dim)."""
+    model = default_cost_model()
+    if model.latency:
+        return model
+    latency, per_byte = _calibrated(mesh.devices.ravel()[0].platform, jax.device_count())
+    dims = range(mesh.ndim)
+    return CostModel(latency={m: latency for m in dims}, per_byte={m: per_byte for m in dims})
+
+
+@cached(maxsize=4)
+def _calibrated(platform: str, device_count: int) -> tuple[float, float]:
+    from .mesh import init_device_mesh
+
+    model = calibrate(init_device_mesh((device_count,), ("ranks",)), repeats=3)
+    return dict(model.latency).get("ranks", 1e-6), dict(model.per_byte).get("ranks", 1e-9)
+
+
+def calibrate(mesh: Any, *, repeats: int = 5) -> CostModel:
+    """Measure, per mesh dim of ``mesh``, the latency (seconds per collective) and the
+    time per byte of a ``ppermute`` ring along that dim on the current backend.
+
+    Chains of 1 and 4 dependent ppermutes are timed at 1 KiB and 4 MiB per device (the
+    fastest of ``repeats`` samples: other load only adds time); the per-collective time at
+    1 KiB is the latency, its growth up to 4 MiB divided by the bytes the per-byte time."""
+    jmesh = mesh.to_jax()
+    names = jmesh.axis_names
+    spec = PartitionSpec(tuple(names))
+    sizes = (1 << 10, 1 << 22)  # bytes per device
+    latency: dict[Any, float] = {}
+    per_byte: dict[Any, float] = {}
+    for m, name in enumerate(names):
+        n = mesh.shape[m]
+        if n == 1:
+            continue
+        per_collective = []
+        for nbytes in sizes:
+            x = jax.device_put(np.zeros((mesh.size() * nbytes // 4,), np.float32), NamedSharding(jmesh, spec))
+            times = []
+            for count in (1, 4):
+                f = jax.jit(jax.shard_map(_ring(name, n, count), mesh=jmesh, in_specs=spec, out_specs=spec))
+                jax.block_until_ready(f(x))
+                samples = []
+                for _ in range(repeats):
+                    start = time.perf_counter()
+                    y = x
+                    for _ in range(3):
+                        y = f(y)
+                    jax.block_until_ready(y)
+                    samples.append((time.perf_counter() - start) / 3)
+                times.append(min(samples))
+            per_collective.append(max((times[1] - times[0]) / 3, 1e-9))
+        latency[name] = per_collective[0]
+        per_byte[name] = max((per_collective[1] - per_collective[0]) / (sizes[1] - sizes[0]), 1e-15)
+    return CostModel(latency=latency, per_byte=per_byte)
+
+
+def _ring(name: str, n: int, count: int) -> Callable[[jax.Array], jax.Array]:
+    """``count`` dependent ppermutes around the ring of mesh dim ``name``."""
+
+    def body(x: jax.Array) -> jax.Array:
+        for _ in range(count):
+            x = jax.lax.ppermute(x, name, perm=[(i, (i + 1) % n) for i in range(n)]) + 1
+        return x
+
+    return body
+
+
+# -- direct schedules --------------------------------------------------------------------
+
+
+def _digits(index: int, radices: Sequence[int]) -> list[int]:
+    """Mixed-radix digits of ``index``, major first."""
+    out = []
+    for r in reversed(radices):
+        out.append(index % r)
+        index //= r
+    return out[::-1]
+
+
+def _block_index(dim_axes: tuple[int, ...], coord: Sequence[int], mesh_shape: Sequence[int]) -> int:
+    index = 0
+    for a in dim_axes:
+        index = index * mesh_shape[a] + coord[a]
+    return index
+
+
+@dataclass(frozen=True)
+class _Exchange:
+    """One collective of the cell step: an all_to_all over mesh dims ``axes`` carrying
+    ``m`` cells per pair, or a ppermute round of ``m`` cells over ``pairs``."""
+
+    kind: str  # "all_to_all" or "ppermute"
+    axes: tuple[int, ...]
+    pairs: tuple[tuple[int, int], ...]
+    m: int
+    send: np.ndarray  # [device, slot]: local source cell sent in each slot
+
+
+@dataclass(frozen=True)
+class _Cells:
+    """Step 2 of a direct schedule: cells from layout ``before`` to layout ``after``."""
+
+    counts: tuple[int, ...]  # cells per tensor dim (whole tensor)
+    cell: tuple[int, ...]  # elements per cell per dim
+    before: tuple[int, ...]  # local cells per dim in the source block
+    after: tuple[int, ...]  # local cells per dim in the target block
+    exchanges: tuple[_Exchange, ...]
+    assemble: np.ndarray  # [device, target cell]: index into local cells + received cells
+
+
+@dataclass(frozen=True)
+class DirectSchedule:
+    """A move written with shard_map collectives (see the module docstring)."""
+
+    src: Physical
+    dst: Physical
+    reduced_layout: Layout | None  # the layout after step 1 (None: no step 1)
+    appended: tuple[tuple[int, ...], ...]  # per tensor dim, the mesh dims step 1 adds (major first)
+    cells: _Cells | None  # step 2 (None: the reduced layout is the target)
+
+    @classmethod
+    def build(cls, src: Physical, dst: Physical) -> DirectSchedule | None:
+        """The direct schedule of a move, or None when it is refused (see module docstring)."""
+        layout, target = src.layout, dst.layout
+        if src.is_padded or dst.is_padded or target.has_partial or math.prod(src.shape) == 0:
+            return None
+        if layout.mesh != target.mesh:
+            return None
+        appended: tuple[tuple[int, ...], ...] = ((),) * len(src.shape)
+        middle = layout if not layout.has_partial else None
+        if layout.has_partial:
+            plan = _reduction_plan(src, dst)
+            if plan is None:
+                return None
+            middle, appended = plan
+        assert middle is not None
+        cells = None
+        if middle.dim_axes != target.dim_axes:
+            cells = _cell_plan(middle, target, src.shape)
+            if cells is None:
+                return None
+        return cls(src, dst, middle if layout.has_partial else None, appended, cells)
+
+    def reduce_only(self) -> DirectSchedule:
+        """Step 1 alone, ending in the reduced layout."""
+        from .physical import physical
+
+        return DirectSchedule(self.src, physical(self.reduced_layout, self.src.shape), self.reduced_layout,
+                              self.appended, None)
+
+    # -- what it sends -------------------------------------------------------------------
+    def collectives(self, dtype: np.dtype) -> tuple[Collective, ...]:
+        """The collectives, as XLA compiles them (devices numbered by mesh position)."""
+        mesh = self.src.layout.mesh
+        dtype = _hlo_dtype(dtype)
+        result = []
+        if self.reduced_layout is not None and self.src.layout.partial_axes:
+            partial = self.src.layout.partial_axes
+            k = math.prod(mesh.shape[a] for a in partial)
+            block = _local_shape(self.reduced_layout, self.src.shape)
+            groups = _groups(mesh.shape, partial)
+            if self.src.layout.partial_op == "sum":
+                result.append(Collective("reduce-scatter", (block,), dtype, groups))
+            else:
+                result.append(Collective("all-to-all", ((k, *block),), dtype, groups))
+        if self.cells is not None:
+            cell = self.cells.cell
+            for ex in self.cells.exchanges:
+                if ex.kind == "all_to_all":
+                    n = math.prod(mesh.shape[a] for a in ex.axes)
+                    result.append(Collective("all-to-all", ((n * ex.m, *cell),), dtype, _groups(mesh.shape, ex.axes)))
+                else:
+                    result.append(Collective("collective-permute", ((ex.m, *cell),), dtype, ex.pairs))
+        return tuple(result)
+
+    def local_bytes(self, itemsize: int) -> int:
+        """Bytes each device copies locally besides the collectives: step 1 rearranges the
+        source block when it slices replicas or moves the partial factors; step 2 reads
+        the source block into cells, packs every message, concatenates the pool and
+        assembles the target block."""
+        total = 0
+        if self.reduced_layout is not None:
+            block = math.prod(_local_shape(self.src.layout, self.src.shape)) * itemsize
+            replicas = any(a not in self.src.layout.partial_axes for axes in self.appended for a in axes)
+            total += block if replicas or len(self.appended) > 1 and any(self.appended[1:]) else 0
+        if self.cells is not None:
+            c = self.cells
+            cell = math.prod(c.cell) * itemsize
+            sent = sum(ex.send.shape[1] for ex in c.exchanges)
+            total += cell * (math.prod(c.before) + sent + math.prod(c.before) + sent + 2 * math.prod(c.after))
+        return total
+
+    # -- the program ---------------------------------------------------------------------
+    @property
+    def function(self) -> Callable[[jax.Array], jax.Array]:
+        src, dst = self.src, self.dst
+        mesh = src.layout.mesh.to_jax()
+        body = self._body
+        mapped = jax.shard_map(body, mesh=mesh, in_specs=src.spec, out_specs=dst.spec, check_vma=False)
+        return mapped
+
+    def _body(self, x: jax.Array) -> jax.Array:
+        mesh = self.src.layout.mesh
+        names = mesh.axis_names
+        shape = self.src.shape
+        layout = self.src.layout
+        if self.reduced_layout is not None:
+            x = x.reshape(_local_shape(layout, shape))
+            x = self._reduce(x)
+        if self.cells is None:
+            return x
+        c = self.cells
+        index = _device_index(names, mesh.shape)
+        cells = _to_cells(x, c.before, c.cell)
+        pool = [cells]
+        for ex in c.exchanges:
+            send = _pick(cells, ex.send, index)
+            if ex.kind == "all_to_all":
+                received = jax.lax.all_to_all(send, tuple(names[a] for a in ex.axes), 0, 0, tiled=True)
+            else:
+                received = jax.lax.ppermute(send, tuple(names), perm=list(ex.pairs))
+            pool.append(received)
+        gathered = _pick(jnp.concatenate(pool, axis=0), c.assemble, index)
+        return _from_cells(gathered, c.after, c.cell)
+
+    def _reduce(self, x: jax.Array) -> jax.Array:
+        layout = self.src.layout
+        mesh = layout.mesh
+        names = mesh.axis_names
+        partial = layout.partial_axes
+        factors: list[int] = []
+        position: dict[int, int] = {}
+        rest: list[int] = []
+        for d, axes in enumerate(self.appended):
+            size = x.shape[d]
+            for a in axes:
+                position[a] = len(factors)
+                factors.append(mesh.shape[a])
+                size //= mesh.shape[a]
+            rest.append(size)
+            factors.append(size)
+        x = x.reshape(factors)
+        for a in sorted(position, key=lambda a: -position[a]):
+            if a not in partial:  # a replica: keep only this device's share of the reduction
+                x = jax.lax.dynamic_index_in_dim(x, jax.lax.axis_index(names[a]), position[a], keepdims=True)
+        lead = [position[a] for a in partial]
+        x = jnp.moveaxis(x, lead, list(range(len(lead))))
+        k = math.prod(mesh.shape[a] for a in partial)
+        x = x.reshape((k, *x.shape[len(lead):]))
+        group = tuple(names[a] for a in partial)
+        if layout.partial_op == "sum":
+            x = jax.lax.psum_scatter(x, group, scatter_dimension=0, tiled=True)
+        else:
+            x = jax.lax.all_to_all(x, group, 0, 0, tiled=True)
+            x = _REDUCERS[layout.partial_op](x, axis=(0,))  # type: ignore[index,operator]
+        return x.reshape(rest)
+
+
+def _pick(cells: jax.Array, table: np.ndarray, index: jax.Array) -> jax.Array:
+    """``cells[table[index]]``: one dynamic slice per picked cell (a copy each; XLA's CPU
+    gather with a per-device index vector is several times slower)."""
+    rows = jnp.asarray(table)[index]
+    if all(np.array_equal(table[0], row) for row in table):  # the same cells on every device
+        return cells[np.asarray(table[0])] if len(table[0]) != len(cells) or np.any(table[0] != np.arange(len(cells))) \
+            else cells
+    return jnp.stack([jax.lax.dynamic_index_in_dim(cells, rows[j], keepdims=False) for j in range(table.shape[1])])
+
+
+def _hlo_dtype(dtype: np.dtype) -> str:
+    """XLA's name of a dtype (bf16, f32, s32, pred ...)."""
+    if dtype.kind == "b":
+        return "pred"
+    if dtype.name == "bfloat16":
+        return "bf16"
+    return {"f": "f", "i": "s", "u": "u", "c": "c"}[dtype.kind] + str(dtype.itemsize * 8)
+
+
+def _local_shape(layout: Layout, shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(n // math.prod(layout.pieces(d)) for d, n in enumerate(shape))
+
+
+def _groups(mesh_shape: tuple[int, ...], axes: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+    """Device groups varying along ``axes`` (mesh positions, group members in mesh order)."""
+    ids = np.arange(math.prod(mesh_shape)).reshape(mesh_shape)
+    others = [a for a in range(len(mesh_shape)) if a not in axes]
+    ids = ids.transpose(others + sorted(axes)).reshape(-1, math.prod(mesh_shape[a] for a in axes))
+    return tuple(tuple(int(v) for v in row) for row in ids)
+
+
+def _device_index(names: Sequence[str], mesh_shape: Sequence[int]) -> jax.Array:
+    index = jnp.int32(0)
+    for name, n in zip(names, mesh_shape):
+        index = index * n + jax.lax.axis_index(name)
+    return index
+
+
+def _to_cells(x: jax.Array, grid: Sequence[int], cell: Sequence[int]) -> jax.Array:
+    r = len(grid)
+    x = x.reshape([v for pair in zip(grid, cell) for v in pair])
+    x = x.transpose([2 * i for i in range(r)] + [2 * i + 1 for i in range(r)])
+    return x.reshape((math.prod(grid), *cell))
+
+
+def _from_cells(x: jax.Array, grid: Sequence[int], cell: Sequence[int]) -> jax.Array:
+    r = len(grid)
+    x = x.reshape((*grid, *cell))
+    x = x.transpose([i // 2 + (r if i % 2 else 0) for i in range(2 * r)])
+    return x.reshape([g * c for g, c in zip(grid, cell)])
+
+
+def _reduction_plan(src: Physical, dst: Physical) -> tuple[Layout, tuple[tuple[int, ...], ...]] | None:
+    """Step 1's layout: the source's splits plus every partial mesh dim and every mesh dim
+    replicated in the source, each appended to the tensor dim the target splits with it
+    (else to the dim with the largest divisible block)."""
+    layout, target = src.layout, dst.layout
+    mesh = layout.mesh
+    shape = src.shape
+    new = [m for m in range(mesh.ndim) if layout.mesh_dim_split(m) is None]
+    blocks = list(_local_shape(layout, shape))
+    appended: list[list[int]] = [[] for _ in shape]
+    # Axes the target splits first, in the target's order on each dim, then the others.
+    ordered = [a for axes in target.dim_axes for a in axes if a in new]
+    ordered += [a for a in new if a not in ordered]
+    for a in ordered:
+        n = mesh.shape[a]
+        wanted = target.mesh_dim_split(a)
+        options = ([wanted] if wanted is not None else []) + sorted(range(len(shape)), key=lambda d: -blocks[d])
+        dim = next((d for d in options if blocks[d] % n == 0), None)
+        if dim is None:
+            return None
+        appended[dim].append(a)
+        blocks[dim] //= n
+    dim_axes = tuple(tuple(axes) + tuple(extra) for axes, extra in zip(layout.dim_axes, appended))
+    return Layout(mesh, dim_axes), tuple(tuple(a) for a in appended)
+
+
+def _cell_plan(before: Layout, after: Layout, shape: tuple[int, ...]) -> _Cells | None:
+    mesh_shape = before.mesh.shape
+    ndev = math.prod(mesh_shape)
+    counts, cell, grid_before, grid_after = [], [], [], []
+    for d, n in enumerate(shape):
+        k1, k2 = math.prod(before.pieces(d)), math.prod(after.pieces(d))
+        g = math.lcm(k1, k2)
+        if n % g:
+            return None
+        counts.append(g)
+        cell.append(n // g)
+        grid_before.append(g // k1)
+        grid_after.append(g // k2)
+    coords = [tuple(int(v) for v in np.unravel_index(p, mesh_shape)) for p in range(ndev)]
+
+    def start(layout: Layout, grid: list[int], coord: tuple[int, ...]) -> list[int]:
+        return [_block_index(layout.dim_axes[d], coord, mesh_shape) * grid[d] for d in range(len(shape))]
+
+    starts_before = [start(before, grid_before, c) for c in coords]
+    starts_after = [start(after, grid_after, c) for c in coords]
+    local_before = math.prod(grid_before)
+    messages: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    need: list[list[tuple[int, int, int]]] = []  # per device: (target cell, holder, holder's cell)
+    for p in range(ndev):
+        rows = []
+        for t in range(math.prod(grid_after)):
+            local = _digits(t, grid_after)
+            cell_at = [s + v for s, v in zip(starts_after[p], local)]
+            holders = []
+            for q in range(ndev):
+                offset = [v - s for v, s in zip(cell_at, starts_before[q])]
+                if all(0 <= o < g for o, g in zip(offset, grid_before)):
+                    holders.append((q, int(np.ravel_multi_index(offset, grid_before))))
+            if any(q == p for q, _ in holders):
+                rows.append((t, p, next(i for q, i in holders if q == p)))
+                continue
+            q, i = min(holders, key=lambda h: _distance(coords[h[0]], coords[p], mesh_shape))
+            messages.setdefault((q, p), []).append((i, t))
+            rows.append((t, q, i))
+        need.append(rows)
+    exchanges = _exchanges(messages, coords, mesh_shape, ndev)
+    # Pool layout per device: its local cells, then each exchange's received slots.
+    assemble = np.zeros((ndev, math.prod(grid_after)), np.int32)
+    received: dict[tuple[int, int, int], int] = {}  # (receiver, sender, sender's cell) -> pool slot
+    offset = local_before
+    for ex in exchanges:
+        if ex.kind == "all_to_all":
+            members = _groups(mesh_shape, ex.axes)
+            for group in members:
+                for p in group:
+                    for s, q in enumerate(group):
+                        for j in range(ex.m):
+                            received[(p, q, int(ex.send[q, group.index(p) * ex.m + j]))] = offset + s * ex.m + j
+            offset += math.prod(mesh_shape[a] for a in ex.axes) * ex.m
+        else:
+            for q, p in ex.pairs:
+                for j in range(ex.m):
+                    received[(p, q, int(ex.send[q, j]))] = offset + j
+            offset += ex.m
+    for p, rows in enumerate(need):
+        for t, q, i in rows:
+            assemble[p, t] = i if q == p else received[(p, q, i)]
+    return _Cells(tuple(counts), tuple(cell), tuple(grid_before), tuple(grid_after), exchanges, assemble)
+
+
+def _distance(q: tuple[int, ...], p: tuple[int, ...], mesh_shape: tuple[int, ...]) -> tuple[Any, ...]:
+    """Holder preference: fewest differing mesh coordinates, then the smallest cyclic shifts
+    (symmetric choices give uniform traffic, which one all_to_all carries)."""
+    return (sum(a != b for a, b in zip(q, p)), tuple((a - b) % n for a, b, n in zip(q, p, mesh_shape)))
+
+
+def _exchanges(
+    messages: dict[tuple[int, int], list[tuple[int, int]]],
+    coords: list[tuple[int, ...]],
+    mesh_shape: tuple[int, ...],
+    ndev: int,
+) -> tuple[_Exchange, ...]:
+    if not messages:
+        return ()
+    axes = tuple(a for a in range(len(mesh_shape)) if any(coords[q][a] != coords[p][a] for q, p in messages))
+    m = len(next(iter(messages.values())))
+    groups = _groups(mesh_shape, axes)
+    uniform = all(
+        len(messages.get((q, p), ())) == m for group in groups for q in group for p in group if q != p
+    ) and sum(len(g) * (len(g) - 1) for g in groups) == len(messages)
+    if uniform:
+        n = len(groups[0])
+        send = np.zeros((ndev, n * m), np.int32)
+        for group in groups:
+            for q in group:
+                for s, p in enumerate(group):
+                    if p != q:
+                        send[q, s * m : (s + 1) * m] = [i for i, _ in messages[(q, p)]]
+        return (_Exchange("all_to_all", axes, (), m, send),)
+    # ppermute rounds: pairs of equal size, each round a partial permutation.
+    rounds: list[tuple[int, list[tuple[int, int]]]] = []
+    for (q, p), cells in sorted(messages.items()):
+        size = len(cells)
+        for r in rounds:
+            if r[0] == size and all(q != a and p != b for a, b in r[1]):
+                r[1].append((q, p))
+                break
+        else:
+            rounds.append((size, [(q, p)]))
+    result = []
+    for size, pairs in rounds:
+        send = np.zeros((ndev, size), np.int32)
+        for q, p in pairs:
+            send[q] = [i for i, _ in messages[(q, p)]]
+        result.append(_Exchange("ppermute", tuple(sorted({a for q, p in pairs for a in range(len(mesh_shape))
+                                                           if coords[q][a] != coords[p][a]})),
+                                tuple(pairs), size, send))
+    return tuple(result)

@@ -1,0 +1,199 @@
+"""Collective schedules for redistribute (placements2jax.schedules): every candidate is exact
+and never sends fewer bytes than the lower bound; the policies choose as documented."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from placements2jax import CostModel, DTensor, Layout, distribute_tensor, init_device_mesh, redistribute_collectives
+from placements2jax.errors import ArgumentTypeError
+from placements2jax.layout import iter_layouts
+from placements2jax.physical import physical
+from placements2jax.programs import check_redistribute
+from placements2jax.schedules import (
+    DirectSchedule,
+    candidates,
+    choose,
+    default_policy,
+    redistribute_schedule,
+    sent_bytes_per_device,
+    use_policy,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from bounds import lower_bound_bytes  # noqa: E402  (the bound is independent of the schedules)
+
+MESHES = {(8,): ("x",), (4, 2): ("a", "b"), (2, 4): ("a", "b"), (2, 2, 2): ("a", "b", "c")}
+OPS = ("sum", "avg", "max", "min")
+
+
+def _mesh(shape: tuple[int, ...]):
+    return init_device_mesh(shape, MESHES[shape])
+
+
+def _partial_source(layout: Layout, shape: tuple[int, ...], rng: np.random.Generator) -> tuple[DTensor, np.ndarray]:
+    """A DTensor of ``layout`` whose partial contributions differ per partial coordinate
+    (random int32), and its logical value computed in NumPy."""
+    mesh = layout.mesh
+    partial = layout.partial_axes
+    contributions = {}
+    locals_ = {}
+    for rank in mesh.rank_list:
+        coord = mesh.get_coordinate(rank)
+        key = tuple(coord[a] for a in partial)
+        if key not in contributions:
+            contributions[key] = rng.integers(-1000, 1000, size=shape, dtype=np.int32)
+        locals_[rank] = contributions[key][layout.local_slices(shape, rank)]
+    values = np.stack(list(contributions.values()))
+    op = layout.partial_op
+    if op is None:
+        expected = values[0]
+    elif op == "sum":
+        expected = values.sum(axis=0, dtype=np.int32)
+    elif op == "avg":
+        expected = np.floor_divide(values.sum(axis=0, dtype=np.int64), len(values)).astype(np.int32)
+    else:
+        expected = getattr(values, op)(axis=0)
+    return DTensor.from_local(locals_, mesh, layout, shape=shape), expected
+
+
+@st.composite
+def moves(draw: st.DrawFn) -> tuple[Layout, Layout, tuple[int, ...], int]:
+    mesh_shape = draw(st.sampled_from(sorted(MESHES)))
+    mesh = _mesh(mesh_shape)
+    ndim = draw(st.integers(1, 3 if len(mesh_shape) < 3 else 2))
+    shape = tuple(draw(st.sampled_from((8, 16, 4, 12, 6))) for _ in range(ndim))
+    op = draw(st.sampled_from(OPS))
+    sources = iter_layouts(mesh, ndim, partial_ops=(op,))
+    src = draw(st.sampled_from(sources))
+    targets = [t for t in iter_layouts(mesh, ndim, partial_ops=(op,)) if not t.has_partial or t.partial == src.partial]
+    dst = draw(st.sampled_from(targets))
+    seed = draw(st.integers(0, 2**16))
+    return src, dst, shape, seed
+
+
+def _check_move(src: Layout, dst: Layout, shape: tuple[int, ...], seed: int) -> list[str]:
+    check_redistribute(src, dst)
+    dt, expected = _partial_source(src, shape, np.random.default_rng(seed))
+    a, b = physical(src, shape), physical(dst, shape)
+    if a == b:
+        return []
+    bound = lower_bound_bytes(src, dst, shape, 4)
+    names = []
+    for schedule in candidates(a, b, np.int32):
+        names.append(schedule.name)
+        out = DTensor(schedule.jitted(dt.array), dst, shape)
+        if dst.has_partial:
+            np.testing.assert_array_equal(np.asarray(out.full_tensor()), expected, err_msg=schedule.name)
+        else:
+            for rank in dst.mesh.rank_list:
+                np.testing.assert_array_equal(
+                    np.asarray(out.to_local(rank)), expected[dst.local_slices(shape, rank)],
+                    err_msg=f"{schedule.name} rank {rank}: {src} -> {dst} {shape}",
+                )
+        compiled = sent_bytes_per_device(schedule.compiled_collectives, dst.mesh.size())
+        assert compiled >= bound, (schedule.name, str(src), str(dst), shape, compiled, bound)
+        if schedule.name == "direct":
+            assert compiled == schedule.nbytes, (str(src), str(dst), shape)  # the prediction is what XLA compiles
+    return names
+
+
+@given(moves())
+def test_every_schedule_is_exact_and_never_below_the_bound(move: tuple[Layout, Layout, tuple[int, ...], int]) -> None:
+    _check_move(*move)
+
+
+@pytest.mark.parametrize(
+    "mesh_shape, src, dst",
+    [
+        ((8,), "P", "S(0)"),
+        ((4, 2), "P,R", "R,R"),
+        ((4, 2), "P,R", "S(0),R"),
+        ((4, 2), "S(0),S(1)", "S(1),S(0)"),
+        ((4, 2), "S(0),R", "R,S(0)"),
+        ((4, 2), "(a,b),None", "None,(b,a)"),
+        ((2, 2, 2), "(a,b),c,None", "c,(a,b),None"),
+        ((2, 2, 2), "P,S(0),R", "S(1),S(0),R"),
+    ],
+)
+@pytest.mark.parametrize("op", ["sum", "max"])
+def test_direct_schedules_reach_the_bound(mesh_shape: tuple[int, ...], src: str, dst: str, op: str) -> None:
+    """The moves where XLA sends more than the bound (docs/benchmarks.md, benchmark 4):
+    the direct schedule sends exactly the bound, for sum and max partials alike."""
+    mesh = _mesh(mesh_shape)
+    shape = (16, 16) if len(mesh_shape) < 3 else (8, 8, 8)
+    source = Layout.from_placements(mesh, src.replace("P", f"P({op})") if "P" in src else src).bind(len(shape))
+    target = Layout.from_placements(mesh, dst).bind(len(shape))
+    names = _check_move(source, target, shape, 0)
+    assert "direct" in names
+    schedule = choose(physical(source, shape), physical(target, shape), np.int32, "min_bytes")
+    assert schedule is redistribute_schedule(shape, np.int32, source, target, "min_bytes")
+    assert schedule.name.startswith("direct")
+    assert schedule.nbytes == lower_bound_bytes(source, target, shape, 4)
+
+
+def test_refused_moves_use_xla() -> None:
+    """Uneven layouts and partial targets: only XLA's reshard is a candidate."""
+    mesh = _mesh((4, 2))
+    uneven = (physical(Layout.from_placements(mesh, "S(0),R").bind(1), (10,)),
+              physical(Layout.from_placements(mesh, "R,S(0)").bind(1), (10,)))
+    kept = (physical(Layout.from_placements(mesh, "P,S(0)").bind(2), (8, 8)),
+            physical(Layout.from_placements(mesh, "P,S(1)").bind(2), (8, 8)))
+    for src, dst in (uneven, kept):
+        assert DirectSchedule.build(src, dst) is None
+        assert [s.name for s in candidates(src, dst, np.int32)] == ["xla"]
+
+
+def test_policies_and_visibility() -> None:
+    mesh = _mesh((8,))
+    x = np.arange(64, dtype=np.int32).reshape(8, 8)
+    dt = distribute_tensor(x, mesh, "P")
+    assert [c.op for c in redistribute_collectives(dt, "S(0)", policy="xla")] == ["all-reduce"]
+    assert [c.op for c in redistribute_collectives(dt, "S(0)", policy="min_bytes")] == ["reduce-scatter"]
+    with use_policy("min_bytes"):
+        assert default_policy() == "min_bytes"
+        assert [c.op for c in redistribute_collectives(dt, "S(0)")] == ["reduce-scatter"]
+    assert default_policy() == "cost"
+    for policy in ("xla", "min_bytes", "cost", CostModel(latency={"x": 1e-3}, per_byte={"x": 1e-9})):
+        eager = dt.redistribute(mesh, "S(0)", policy=policy)
+        jitted = jax.jit(lambda d, policy=policy: d.redistribute(mesh, "S(0)", policy=policy))(dt)
+        np.testing.assert_array_equal(np.asarray(eager.full_tensor()), x)
+        np.testing.assert_array_equal(np.asarray(jitted.full_tensor()), x)
+        for rank in mesh.rank_list:
+            np.testing.assert_array_equal(np.asarray(eager.to_local(rank)), x[rank : rank + 1])
+
+
+def test_the_cost_policy_weighs_latency_against_bytes() -> None:
+    """A latency-bound model keeps XLA's one all-reduce for P,R -> S(0),R on (4,2); a
+    bandwidth-bound one takes the direct schedule that sends 0.5 T instead of 1.5 T."""
+    mesh = _mesh((4, 2))
+    src = physical(Layout.from_placements(mesh, "P,R").bind(2), (64, 64))
+    dst = physical(Layout.from_placements(mesh, "S(0),R").bind(2), (64, 64))
+    latency_bound = CostModel(latency={"a": 1.0, "b": 1.0}, per_byte={"a": 1e-12, "b": 1e-12})
+    bandwidth_bound = CostModel(latency={"a": 1e-12, "b": 1e-12}, per_byte={"a": 1.0, "b": 1.0}, copy_per_byte=1e-6)
+    assert choose(src, dst, np.int32, latency_bound).name == "xla"
+    chosen = choose(src, dst, np.int32, bandwidth_bound)
+    assert chosen.name.startswith("direct") and chosen.nbytes == math.prod((64, 64)) * 4 // 2  # 0.5 T
+
+
+def test_calibrate_measures_every_axis() -> None:
+    mesh = _mesh((4, 2))
+    model = CostModel.calibrate(mesh, repeats=1)
+    assert dict(model.latency).keys() == {"a", "b"} == dict(model.per_byte).keys()
+    assert all(v > 0 for v in dict(model.latency).values())
+    assert model.collective_seconds(mesh, (0,), 1000.0) > model.collective_seconds(mesh, (0,), 0.0)
+
+
+def test_bad_policy() -> None:
+    mesh = _mesh((8,))
+    dt = distribute_tensor(np.ones((8, 8), np.float32), mesh, "S(0)")
+    with pytest.raises(ArgumentTypeError, match="policy="):
+        dt.redistribute(mesh, "R", policy="fastest")
