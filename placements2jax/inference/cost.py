@@ -31,6 +31,7 @@ from typing import Any
 
 from ..errors import ArgumentTypeError, InferenceError
 from ..mesh import DeviceMesh
+from .calibration import measure
 
 __all__ = [
     "ALL_GATHER",
@@ -136,10 +137,9 @@ class CostModel:
     def calibrate(cls, mesh: DeviceMesh, repeats: int = 5) -> CostModel:
         """Measure each mesh dim's latency and per-byte time on the current backend (a
         ring of ``ppermute`` along the dim, two sizes; see
-        :func:`placements2jax.schedules.calibrate`)."""
-        from ..schedules import calibrate  # measuring runs programs: not part of the pure model
-
-        return calibrate(mesh, repeats=repeats)
+        :func:`.calibration.measure`)."""
+        latency, per_byte = measure(mesh, repeats=repeats)
+        return cls(latency=latency, per_byte=per_byte)
 
     def weight(self, mesh: DeviceMesh, mesh_dim: int) -> Fraction:
         """The weight of one mesh dim: by name first, then by index, else 1."""
