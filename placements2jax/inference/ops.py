@@ -416,7 +416,7 @@ _primitive(
     ),
     ("dimension_numbers", "slice_sizes"),
 )
-for _name in ("scatter", "scatter-add", "scatter_add", "scatter_sub", "scatter_mul", "scatter_min", "scatter_max"):
+for _name in ("scatter", "scatter-add", "scatter-sub", "scatter-mul", "scatter-min", "scatter-max"):
     _primitive(
         _name,
         lambda ins, outs, *, dimension_numbers, _name=_name: rules.scatter(

@@ -278,8 +278,7 @@ def gather(ins: Avals, outs: Avals, *, dimension_numbers: Any, slice_sizes: Sequ
 
 
 _SCATTER_PARTIALS: dict[str, tuple[ReduceOp, ...]] = {
-    "scatter-add": LINEAR_OPS, "scatter_add": LINEAR_OPS, "scatter_sub": LINEAR_OPS,
-    "scatter_max": ("max",), "scatter_min": ("min",),
+    "scatter-add": LINEAR_OPS, "scatter-sub": LINEAR_OPS, "scatter-max": ("max",), "scatter-min": ("min",),
 }
 
 
@@ -293,13 +292,14 @@ def scatter(ins: Avals, outs: Avals, *, dimension_numbers: Any, kind: str) -> li
       and updates split on it, indices ``R``;
     * a batching pair: operand ``S(b)``, indices ``S(i)``, updates on the scatter dim of
       ``i`` -> ``S(b)``;
-    * scatter-add only (linear in operand and updates): an unpaired indices batch dim
+    * scatter-add / -sub only (linear in operand and updates): an unpaired indices batch dim
       ``S(i)`` with updates split alike and operand ``P(sum)`` -> ``P(sum)``: each rank
       adds its own updates (data-parallel embedding gradients);
     * partial operand and updates, indices ``R``: ``P(sum/avg)`` through scatter-add,
-      ``P(max)`` / ``P(min)`` through scatter_max / scatter_min.
+      ``P(max)`` / ``P(min)`` through scatter-max / scatter-min.
     """
     operand, indices, updates = ins[0], ins[1], ins[2]
+    kind = kind.replace("_", "-")  # jaxprs spell scatter-add, scatter-max...
     dn = dimension_numbers
     operand_batching = tuple(getattr(dn, "operand_batching_dims", ()))
     indices_batching = tuple(getattr(dn, "scatter_indices_batching_dims", ()))
@@ -313,7 +313,7 @@ def scatter(ins: Avals, outs: Avals, *, dimension_numbers: Any, kind: str) -> li
     for i, u in zip(range(indices.ndim - 1), scatter_update_dims):
         if i in paired:
             sigs.append(OneDSig((Shard(paired[i]), Shard(i), Shard(u)), (Shard(paired[i]),)))
-        elif kind == "scatter-add":
+        elif kind in ("scatter-add", "scatter-sub"):
             sigs.append(OneDSig((Partial("sum"), Shard(i), Shard(u)), (Partial("sum"),)))
     for op in _SCATTER_PARTIALS.get(kind, ()):
         sigs.append(OneDSig((Partial(op), R, Partial(op)), (Partial(op),)))
