@@ -23,7 +23,7 @@ from models import common, gpt2, llama
 from placements2jax import (
     InferenceError,
     Layout,
-    UnsupportedOpError,
+    apply,
     distribute_pytree,
     distribute_tensor,
     init_device_mesh,
@@ -476,3 +476,50 @@ def test_forward_loss_checks_against_xla(mesh: Any) -> None:
     idx, targets = (distribute_tensor(a, mesh, "S(0),R") for a in common.batch(0, 4, cfg.seq, cfg.vocab))
     report = check(partial(gpt2.loss, cfg=cfg), params, idx, targets, jax.random.key(1))
     assert [o.verdict for o in report.outputs] in (["equal"], ["xla reduced partial"])
+
+
+# -- apply on pytrees -----------------------------------------------------------------------------------------
+
+
+def _sgd_step(p: dict[str, Any], x: jax.Array) -> tuple[dict[str, Any], jax.Array]:
+    loss, grads = jax.value_and_grad(lambda p: jnp.tanh(x @ p["w"] + p["b"]).sum())(p)
+    return jax.tree.map(lambda a, g: a - 0.1 * g, p, grads), loss
+
+
+def test_docs_out_layouts_example() -> None:
+    """docs/inference.md section 6: the step's parameters keep their layouts."""
+    mesh = init_device_mesh((2,), ("x",))
+    params = {"w": distribute_tensor(np.ones((16, 32), np.float32), mesh, "R"),
+              "b": distribute_tensor(np.zeros(32, np.float32), mesh, "S(0)")}
+    x = distribute_tensor(np.ones((8, 16), np.float32), mesh, "S(0)")
+    kept = predict(_sgd_step, params, x, out_layouts=(params, None))
+    assert jax.tree.map(str, kept.out_layouts_tree) == ({"b": "S(0)", "w": "R"}, "P")
+    assert jax.tree.map(str, predict(_sgd_step, params, x).out_layouts_tree) == ({"b": "S(0)", "w": "P"}, "P")
+    assert kept.equations[-1].primitive == "out_layouts" and kept.collectives["all-reduce"] == 1
+
+
+def test_apply_on_pytrees_enforces_out_layouts(mesh: Any) -> None:
+    rng = np.random.default_rng(0)
+    plain = {"w": rng.standard_normal((16, 32)).astype(np.float32), "b": rng.standard_normal(32).astype(np.float32)}
+    xs = rng.standard_normal((8, 16)).astype(np.float32)
+    params = {"w": distribute_tensor(plain["w"], mesh, "R,S(1)"), "b": distribute_tensor(plain["b"], mesh, "R,S(0)")}
+    x = distribute_tensor(xs, mesh, "S(0),R")
+    new, loss = apply(_sgd_step, params, x, out_layouts=(params, None))
+    assert {k: v.layout for k, v in new.items()} == {k: v.layout for k, v in params.items()}
+    expected, expected_loss = _sgd_step(plain, xs)
+    for k in plain:
+        np.testing.assert_allclose(np.asarray(new[k].full_tensor()), expected[k], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(loss.full_tensor()), expected_loss, rtol=1e-5)
+
+
+def test_apply_takes_prng_keys_and_named_tuples(mesh: Any) -> None:
+    xs = np.arange(128, dtype=np.float32).reshape(8, 16)
+    x = distribute_tensor(xs, mesh, "S(0),S(1)")
+
+    def noisy(batch: Batch, key: jax.Array, raw: jax.Array) -> jax.Array:
+        return batch.tokens * batch.scale + jax.random.normal(key, (8, 16)) + jax.random.uniform(raw, (8, 16))
+
+    key, raw = jax.random.key(3), jax.random.PRNGKey(4)
+    result = apply(noisy, Batch(x, 2.0), key, raw)
+    assert result.layout == x.layout
+    np.testing.assert_allclose(np.asarray(result.full_tensor()), noisy(Batch(xs, 2.0), key, raw), rtol=1e-5, atol=1e-6)

@@ -203,12 +203,29 @@ def _same_mesh(jax_mesh: Any, mesh: DeviceMesh) -> bool:
 
 def _is_spec_tuple(value: Any) -> bool:
     """``(shape, dtype, layout)``: a shape of ints, a dtype (not an array), a layout or placements."""
-    if not isinstance(value, (tuple, list)) or len(value) != 3 or hasattr(value[1], "shape"):
+    if not isinstance(value, (tuple, list)) or len(value) != 3 or not _is_dtype_like(value[1]):
         return False
     shape, dtype, layout = value
     if not isinstance(shape, (tuple, list)) or not all(isinstance(n, (int, np.integer)) for n in shape):
         return False
     return isinstance(layout, (Layout, str)) or isinstance(layout, (tuple, list))
+
+
+def _is_extended(dtype: Any) -> bool:
+    try:
+        return bool(jax.dtypes.issubdtype(dtype, jax.dtypes.extended))
+    except (TypeError, ValueError):
+        return False
+
+
+def _is_dtype_like(value: Any) -> bool:
+    if isinstance(value, (np.ndarray, np.generic, jax.Array, bool, int, float, complex)) or value is None:
+        return False
+    try:
+        _as_dtype(value)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def is_tensor_leaf(value: Any) -> bool:
@@ -296,7 +313,7 @@ def _output_layout(entry: Any, aval: Aval, mesh: DeviceMesh, argument: str) -> L
 
 
 def _as_dtype(dtype: Any) -> np.dtype:
-    if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):  # typed PRNG keys: key<fry>, ...
+    if _is_extended(dtype):  # typed PRNG keys: key<fry>, ...
         return dtype
     try:
         result = np.dtype(dtype)
