@@ -50,11 +50,10 @@ from .inference import default_cost_model, infer_signature, predict
 from .inference.cost import CostModel
 from .inference.jaxpr import _CALLS, _CONSTRAINTS  # the call / constraint primitives predict walks
 from .inference.ops import freeze, op_definition
-from .inference.signature import replicated
+from .inference.signature import is_layout_leaf, replicated
 from .layout import Layout
 from .mesh import DeviceMesh
 from .physical import Physical, physical
-from .placements import Placement
 from .programs import convert
 
 __all__ = ["Program", "apply", "binary", "call", "reduce", "reshape", "transpose", "unary"]
@@ -305,13 +304,7 @@ def _out_layouts_key(out_layouts: Any) -> Any:
     """``out_layouts`` as a hashable (structure, leaves) pair, DTensors replaced by their layouts."""
     if out_layouts is None:
         return None
-
-    def is_leaf(x: Any) -> bool:
-        return x is None or isinstance(x, (Layout, str, DTensor)) or (
-            isinstance(x, (tuple, list)) and len(x) > 0 and all(isinstance(p, Placement) for p in x)
-        )
-
-    leaves, tree = jax.tree.flatten(out_layouts, is_leaf=is_leaf)
+    leaves, tree = jax.tree.flatten(out_layouts, is_leaf=is_layout_leaf)
     leaves = [x.layout if isinstance(x, DTensor) else tuple(x) if isinstance(x, list) else x for x in leaves]
     try:
         hash(tuple(leaves))

@@ -78,7 +78,9 @@ _BATCHED_SCATTER = lax.ScatterDimensionNumbers(
     update_window_dims=(), inserted_window_dims=(2,), scatter_dims_to_operand_dims=(2,), operand_batching_dims=(0, 1),
     scatter_indices_batching_dims=(0, 1),
 )
-_ROW_SCATTER = lax.ScatterDimensionNumbers(update_window_dims=(1,), inserted_window_dims=(0,), scatter_dims_to_operand_dims=(0,))
+_ROW_SCATTER = lax.ScatterDimensionNumbers(
+    update_window_dims=(1,), inserted_window_dims=(0,), scatter_dims_to_operand_dims=(0,)
+)
 
 
 def _with_indices(shapes: Sequence[tuple[int, ...]], index_shape: tuple[int, ...], high: int, at: int = 1) -> Any:
@@ -395,7 +397,8 @@ def test_out_layouts_keep_the_inputs_layouts(mesh: Any) -> None:
 
     free = predict(step, params, x)
     kept = predict(step, params, x, out_layouts=(params, None))
-    assert jax.tree.map(layout_text, kept.out_layouts_tree) == ({"b": "R,S(0)", "w": "R,S(1)"}, layout_text(free.out_layouts[-1]))
+    expected = ({"b": "R,S(0)", "w": "R,S(1)"}, layout_text(free.out_layouts[-1]))
+    assert jax.tree.map(layout_text, kept.out_layouts_tree) == expected
     assert kept.constrained == (True, True, False)
     assert predict(step, params, x, out_layouts=("R,R", "R,R")).out_layouts[-1] == replicated(mesh, 0)
     with pytest.raises(InferenceError, match="out_layouts"):

@@ -347,7 +347,9 @@ class _Walker:
                     env[var] = spec
         return [read(v) for v in jaxpr.outvars]
 
-    def _closed(self, closed: Any, ins: Sequence[TensorSpec], prefix: str, walker: _Walker | None = None) -> list[TensorSpec]:
+    def _closed(
+        self, closed: Any, ins: Sequence[TensorSpec], prefix: str, walker: _Walker | None = None
+    ) -> list[TensorSpec]:
         jaxpr = getattr(closed, "jaxpr", closed)
         return (walker or self).walk(jaxpr, _const_specs(jaxpr, self.mesh), ins, prefix)
 
@@ -447,7 +449,8 @@ class _Walker:
         return [s.layout for s in carry]
 
     def _loop_row(
-        self, path: str, label: str, ins: tuple[TensorSpec, ...], in_layouts: Sequence[Layout], out_avals: Sequence[Aval]
+        self, path: str, label: str, ins: tuple[TensorSpec, ...], in_layouts: Sequence[Layout],
+        out_avals: Sequence[Aval],
     ) -> int:
         """Append the loop's row (its input moves); its outputs are filled in later."""
         signature = self.fixed(label, ins, in_layouts, out_avals, [replicated(self.mesh, a.ndim) for a in out_avals])
@@ -466,7 +469,9 @@ class _Walker:
         )
         return tuple(outs)
 
-    def _scan(self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]) -> tuple[TensorSpec, ...]:
+    def _scan(
+        self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]
+    ) -> tuple[TensorSpec, ...]:
         """``scan``: scanned inputs keep dim 0 whole (a rank cannot run only its own
         iterations), each iteration sees their slices; the carry's layouts are a fixed
         point of the body; stacked outputs get an unsplit dim 0. The body's rows appear
@@ -481,10 +486,14 @@ class _Walker:
         carry_specs = [TensorSpec(s.shape, s.dtype, x) for s, x in zip(init, carry)]
         outs = self._closed(body, [*consts, *carry_specs, *slices], path + ".")
         back = [self.move("scan carry", f"{path}.carry{i}", o, x) for i, (o, x) in enumerate(zip(outs[:nk], carry))]
-        ys = [TensorSpec((a.shape[0], *o.shape), o.dtype, _stacked(o.layout)) for a, o in zip(out_avals[nk:], outs[nk:])]
+        ys = [
+            TensorSpec((a.shape[0], *o.shape), o.dtype, _stacked(o.layout)) for a, o in zip(out_avals[nk:], outs[nk:])
+        ]
         return self._finish_loop_row(slot, [*back, *ys])
 
-    def _while(self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]) -> tuple[TensorSpec, ...]:
+    def _while(
+        self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]
+    ) -> tuple[TensorSpec, ...]:
         """``while``: the carry's layouts are a fixed point of the body; the condition is
         walked on them and its predicate must be Replicate (every rank decides alike)."""
         p = eqn.params
@@ -500,7 +509,9 @@ class _Walker:
         back = [self.move("while carry", f"{path}.carry{i}", o, x) for i, (o, x) in enumerate(zip(outs, carry))]
         return self._finish_loop_row(slot, back)
 
-    def _cond(self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]) -> tuple[TensorSpec, ...]:
+    def _cond(
+        self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]
+    ) -> tuple[TensorSpec, ...]:
         """``cond`` / ``switch``: the index must be Replicate; every branch is walked on
         the operands; each output takes, among the branches' layouts for it, the one
         cheapest to reach from all branches (ties: the first branch's), and branches
@@ -538,7 +549,9 @@ class _Walker:
         p = eqn.params
         self._check_mesh("shard_map mesh", p["mesh"], p["mesh"])
         in_layouts = [Layout.from_partition_spec(self.mesh, spec, s.layout.ndim) for spec, s in zip(p["in_specs"], ins)]
-        out_layouts = [Layout.from_partition_spec(self.mesh, spec, a.ndim) for spec, a in zip(p["out_specs"], out_avals)]
+        out_layouts = [
+            Layout.from_partition_spec(self.mesh, spec, a.ndim) for spec, a in zip(p["out_specs"], out_avals)
+        ]
         return self.fixed("shard_map", ins, in_layouts, out_avals, out_layouts)
 
     def _constraint(self, sharding: Any, spec: TensorSpec, out: Aval) -> Signature:

@@ -327,7 +327,9 @@ def dynamic_update_slice(ins: Avals, outs: Avals) -> list[OneDSig]:
     operand, update = ins[0], ins[1]
     starts = (R,) * (len(ins) - 2)
     sigs = [
-        OneDSig((Shard(d), Shard(d)) + starts, (Shard(d),)) for d in range(operand.ndim) if update.shape[d] == operand.shape[d]
+        OneDSig((Shard(d), Shard(d)) + starts, (Shard(d),))
+        for d in range(operand.ndim)
+        if update.shape[d] == operand.shape[d]
     ]
     return sigs + [OneDSig((Partial(op), Partial(op)) + starts, (Partial(op),)) for op in REDUCE_OPS]
 

@@ -41,6 +41,7 @@ __all__ = [
     "as_tensor_spec",
     "as_tensor_specs",
     "flatten_inputs",
+    "is_layout_leaf",
     "is_tensor_leaf",
     "output_constraints",
     "layout_text",
@@ -274,6 +275,14 @@ def flatten_inputs(inputs: Sequence[Any], mesh: DeviceMesh | None, argument: str
     return FlatInputs(specs, common, tree, weak)
 
 
+def is_layout_leaf(value: Any) -> bool:
+    """A leaf of an ``out_layouts`` pytree: None, a Layout, placements (text or a
+    sequence of Placements), a TensorSpec or anything with a ``.layout`` (a DTensor)."""
+    if value is None or isinstance(value, (Layout, str, TensorSpec)) or isinstance(getattr(value, "layout", None), Layout):
+        return True
+    return isinstance(value, (tuple, list)) and len(value) > 0 and all(isinstance(p, Placement) for p in value)
+
+
 def output_constraints(value: Any, out_tree: Any, out_avals: Sequence[Aval], mesh: DeviceMesh) -> list[Layout | None]:
     """``out_layouts`` (a pytree prefix of the outputs: per output or subtree a Layout,
     placements, anything with a ``.layout`` such as the DTensor input it should keep
@@ -281,13 +290,7 @@ def output_constraints(value: Any, out_tree: Any, out_avals: Sequence[Aval], mes
     output."""
     if value is None:
         return [None] * len(out_avals)
-
-    def is_leaf(x: Any) -> bool:
-        return x is None or isinstance(x, (Layout, str, TensorSpec)) or isinstance(getattr(x, "layout", None), Layout) or (
-            isinstance(x, (tuple, list)) and len(x) > 0 and all(isinstance(p, Placement) for p in x)
-        )
-
-    entries, prefix = jax.tree.flatten(value, is_leaf=is_leaf)
+    entries, prefix = jax.tree.flatten(value, is_leaf=is_layout_leaf)
     try:
         subtrees = prefix.flatten_up_to(jax.tree.unflatten(out_tree, range(len(out_avals))))
     except (ValueError, TypeError) as err:
@@ -308,7 +311,9 @@ def _output_layout(entry: Any, aval: Aval, mesh: DeviceMesh, argument: str) -> L
     if isinstance(entry, TensorSpec) or isinstance(getattr(entry, "layout", None), Layout):
         entry = entry.layout
     if isinstance(entry, Layout) and entry.mesh != mesh:
-        raise InferenceError(argument, entry, f"is on {entry.mesh!r}, not on {mesh!r}", "give a layout on the inputs' mesh")
+        raise InferenceError(
+            argument, entry, f"is on {entry.mesh!r}, not on {mesh!r}", "give a layout on the inputs' mesh"
+        )
     return as_tensor_spec((aval.shape, aval.dtype, entry), mesh, argument).layout
 
 
