@@ -526,3 +526,19 @@ def test_apply_takes_prng_keys_and_named_tuples(mesh: Any) -> None:
     result = apply(noisy, Batch(x, 2.0), key, raw)
     assert result.layout == x.layout
     np.testing.assert_allclose(np.asarray(result.full_tensor()), noisy(Batch(xs, 2.0), key, raw), rtol=1e-5, atol=1e-6)
+
+
+def test_bfloat16_mixed_precision_keeps_partials_through_casts(mesh: Any) -> None:
+    """A row-parallel matmul in bfloat16: its partial sum passes the cast back to float32
+    (a float-to-float conversion is linear up to rounding) and is reduced once."""
+
+    def mlp(x: jax.Array, w1: jax.Array, w2: jax.Array) -> jax.Array:
+        h = jax.nn.gelu(x.astype(jnp.bfloat16) @ w1.astype(jnp.bfloat16))
+        return (h @ w2.astype(jnp.bfloat16)).astype(F32)
+
+    x, w1, w2 = spec(mesh, (8, 16), "S(0),R"), spec(mesh, (16, 32), "R,S(1)"), spec(mesh, (32, 16), "R,S(0)")
+    assert outs(predict(mlp, x, w1, w2)) == ["S(0),P"]
+    grads = predict(jax.grad(lambda *a: mlp(*a).sum(), argnums=(1, 2)), x, w1, w2)
+    assert all(o.dtype == np.float32 for o in grads.outputs)
+    converts = [e for e in grads.equations if e.primitive == "convert_element_type"]
+    assert any(e.inputs[0].dtype == jnp.bfloat16 for e in converts)
