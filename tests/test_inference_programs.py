@@ -269,6 +269,21 @@ def test_scan_carry_reaches_a_fixed_point(mesh: Any) -> None:
     assert [layout_text(x) for x in scan.signature.in_layouts] == ["S(0),S(1)", "R,S(2)"]
     body = [e for e in prediction.equations if e.path.startswith(scan.path + ".")]
     assert {e.primitive for e in body} == {"mul", "tanh"}
+    refined = predict(layers, spec(mesh, (8, 16), "S(0),R"), spec(mesh, (3, 8, 16), "R,S(2)"), search="refine")
+    assert refined.out_layouts == prediction.out_layouts
+
+
+def test_refine_through_a_scanned_layer_stack(mesh: Any) -> None:
+    """Megatron MLP layers under scan: the row-parallel partial is carried; refine may
+    reduce it inside the body and never costs more than greedy."""
+
+    def stack(x: jax.Array, w1: jax.Array, w2: jax.Array) -> jax.Array:
+        return lax.scan(lambda h, w: (h + jax.nn.gelu(h @ w[0]) @ w[1], None), x, (w1, w2))[0]
+
+    args = spec(mesh, (8, 16), "S(0),R"), spec(mesh, (2, 16, 32), "R,S(2)"), spec(mesh, (2, 32, 16), "R,S(1)")
+    greedy, refined = predict(stack, *args), predict(stack, *args, search="refine")
+    assert refined.cost <= greedy.cost
+    assert outs(refined)[0].startswith("S(0)")
 
 
 def test_scan_gathers_a_split_scanned_dim_and_stacks_outputs(mesh: Any) -> None:

@@ -249,6 +249,8 @@ def _refine(best: Prediction, walk: Callable[[frozenset[tuple[str, str]]], Predi
             row = next((e for e in best.equations if e.path == path), None)
             if row is None or row.signature is None or any(p == path for p, _ in reduced):
                 continue
+            if len(row.signature.candidates) == 1:  # fixed layouts (loops, annotations, out_layouts)
+                continue
             if not any(o.layout.has_partial for o in row.outputs):
                 continue
             trials = {mode: walk(reduced | {(path, mode)}) for mode in _REDUCTIONS}
