@@ -277,8 +277,9 @@ def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, **kwargs:
     """
     if not callable(fn):
         raise ArgumentTypeError("fn", fn, "not callable", "pass a function of arrays, e.g. jax.nn.gelu")
-    leaves, in_tree = jax.tree.flatten(args, is_leaf=_is_dtensor)
-    for path, leaf in jax.tree_util.tree_flatten_with_path(args, is_leaf=_is_dtensor)[0]:
+    pairs, in_tree = jax.tree_util.tree_flatten_with_path(args, is_leaf=_is_dtensor)
+    leaves = [leaf for _, leaf in pairs]
+    for path, leaf in pairs:
         if not _is_operand(leaf):
             raise ArgumentTypeError(
                 f"args{jax.tree_util.keystr(path)}", leaf, "is neither a DTensor nor a numeric constant",

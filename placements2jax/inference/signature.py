@@ -262,8 +262,9 @@ def flatten_inputs(inputs: Sequence[Any], mesh: DeviceMesh | None, argument: str
     """The positional arguments ``inputs`` (pytrees) as :class:`FlatInputs`: leaves are
     tensors (:func:`is_tensor_leaf`) or constants (Python / NumPy scalars, NumPy arrays,
     ``jax.Array``s including PRNG keys, typed or raw), see :func:`as_tensor_specs`."""
-    leaves, tree = jax.tree.flatten(tuple(inputs), is_leaf=is_tensor_leaf)
-    for path, leaf in jax.tree_util.tree_flatten_with_path(tuple(inputs), is_leaf=is_tensor_leaf)[0]:
+    pairs, tree = jax.tree_util.tree_flatten_with_path(tuple(inputs), is_leaf=is_tensor_leaf)
+    leaves = [leaf for _, leaf in pairs]
+    for path, leaf in pairs:
         if not (is_tensor_leaf(leaf) or _is_constant(leaf)):
             where = f"{argument}{jax.tree_util.keystr(path)}"
             raise ArgumentTypeError(
