@@ -121,12 +121,12 @@ def test_reshard_on_an_explicit_mesh_forces_its_layout(mesh: Any) -> None:
     assert prediction.collectives == {"all-gather": 1, "local-slice": 1}
 
 
-def test_loops_are_not_calls(mesh: Any) -> None:
+def test_fori_loop_keeps_the_carry_layout(mesh: Any) -> None:
     def loop(x: jax.Array) -> jax.Array:
         return jax.lax.fori_loop(0, 3, lambda i, a: a * 2, x)
 
-    with pytest.raises(UnsupportedOpError, match="scan"):
-        predict(loop, spec(mesh, (8, 16), "S(0),R"))
+    prediction = predict(loop, spec(mesh, (8, 16), "S(0),R"))
+    assert outs(prediction) == ["S(0),R"] and prediction.cost == 0
 
 
 def test_literals_constants_and_pytrees(mesh: Any) -> None:
@@ -137,12 +137,18 @@ def test_literals_constants_and_pytrees(mesh: Any) -> None:
     assert prediction.cost == 0
 
 
-def test_unsupported_primitive_is_named(mesh: Any) -> None:
-    def loop(x: jax.Array) -> jax.Array:
-        return jax.lax.while_loop(lambda a: a.sum() < 10, lambda a: a * 2, x)
+def test_unsupported_primitive_is_named_with_its_source_line(mesh: Any) -> None:
+    def spectrum(x: jax.Array) -> jax.Array:
+        return jnp.fft.fft(x).real
 
-    with pytest.raises(UnsupportedOpError, match="while"):
-        predict(loop, spec(mesh, (8, 16), "S(0),R"))
+    with pytest.raises(UnsupportedOpError, match=r"fft.*test_inference_jaxpr.py:\d+") as info:
+        predict(spectrum, spec(mesh, (8, 16), "S(0),R"))
+    assert "on_unknown" in info.value.fix
+    prediction = predict(spectrum, spec(mesh, (8, 16), "S(0),R"), on_unknown="replicate")
+    row = next(e for e in prediction.equations if e.primitive.startswith("fft"))
+    assert row.primitive == "fft (no rule: replicated)"
+    assert [layout_text(s.layout) for s in row.outputs] == ["R,R"]
+    assert prediction.collectives["all-gather"] == 1
 
 
 def test_predict_errors(mesh: Any) -> None:

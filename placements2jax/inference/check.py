@@ -60,7 +60,7 @@ from .plan import plan_redistribute
 from .signature import (
     Aval,
     RedistributePlan,
-    as_tensor_specs,
+    flatten_inputs,
     layout_text,
     replicated,
 )
@@ -187,20 +187,37 @@ def check(
     mesh: DeviceMesh | None = None,
     cost_model: CostModelLike = None,
     search: str = "greedy",
+    out_layouts: Any = None,
+    on_unknown: str = "raise",
 ) -> CheckReport:
-    """Predict ``fn`` on ``inputs`` (``predict(..., search=search)``) and compare with
-    XLA's compilation (module docstring)."""
-    specs, mesh = as_tensor_specs(inputs, mesh)
+    """Predict ``fn`` on ``inputs`` (pytrees, as :func:`predict` takes them) and compare
+    with XLA's compilation (module docstring). ``out_layouts`` constrains both sides:
+    the prediction plans for it and XLA compiles with those ``out_shardings`` (``None``
+    leaves XLA free)."""
+    flat = flatten_inputs(inputs, mesh)
+    specs, mesh = flat.specs, flat.mesh
     for i, spec in enumerate(specs):
         _check_compilable(f"inputs[{i}]", spec.layout, spec.shape)
     explicit = any(spec.layout.has_partial for spec in specs)
-    prediction = predict(fn, *specs, cost_model=cost_model, search=search)
+    prediction = predict(
+        fn, *inputs, mesh=mesh, cost_model=cost_model, search=search, out_layouts=out_layouts, on_unknown=on_unknown
+    )
     jax_mesh = mesh.to_jax() if explicit else _auto_mesh(mesh)
     args = [
-        jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(jax_mesh, s.layout.partition_spec)) for s in specs
+        jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(jax_mesh, s.layout.partition_spec), weak_type=w)
+        for s, w in zip(specs, flat.weak)
     ]
+    out_shardings = None
+    if out_layouts is not None:
+        out_shardings = jax.tree.unflatten(
+            prediction.out_tree,
+            [
+                NamedSharding(jax_mesh, spec.layout.partition_spec) if constrained else None
+                for spec, constrained in zip(prediction.outputs, prediction.constrained)
+            ],
+        )
     try:
-        compiled = jax.jit(fn).lower(*args).compile()
+        compiled = jax.jit(flat.call(fn), out_shardings=out_shardings).lower(*args).compile()
     except Exception as err:  # noqa: BLE001 - every compiler refusal becomes our error
         raise InferenceError(
             "inputs", [str(s) for s in specs], f"XLA could not compile fn on these shardings ({type(err).__name__}: {err})",

@@ -5,10 +5,15 @@ then gives every equation the signature inference chooses for its inputs' layout
 same cached selection as :func:`infer_signature`, with the primitive's rule), exactly as
 eager torch DTensor or OneFlow would dispatch op by op. Call-like equations (``jit`` /
 ``pjit``, ``custom_jvp_call``, ``custom_vjp_call``, ``remat``, ``closed_call``) are walked
-inside; ``with_sharding_constraint`` and ``reshard`` force their layout (the report shows
-the plan to it).
-Literals and closed-over constants are Replicate. Unknown primitives (``while``, ``scan``,
-``cond``, ``shard_map``...) raise :class:`UnsupportedOpError` naming them.
+inside; ``with_sharding_constraint``, ``reshard`` and ``shard_map`` regions force their
+layouts (the report shows the plan to them). Control flow: ``scan`` and ``while`` find a
+fixed point of their carries' layouts, ``cond`` joins its branches' output layouts.
+Literals and closed-over constants are Replicate. A primitive without a rule raises
+:class:`UnsupportedOpError` naming it and the user's source line, or (``on_unknown=
+"replicate"``) runs replicated.
+
+Inputs and outputs are pytrees (:mod:`.signature`'s ``flatten_inputs``); ``out_layouts``
+is a pytree prefix of the outputs.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from fractions import Fraction
 from typing import Any
 
 import jax
+from jax._src import source_info_util  # the user's source line of an equation, for errors
 from jax.extend import core
 from jax.sharding import NamedSharding
 
@@ -36,13 +42,14 @@ from .signature import (
     RedistributeStep,
     Signature,
     TensorSpec,
-    as_tensor_specs,
+    flatten_inputs,
     layout_text,
+    output_constraints,
     replicated,
 )
 from .table import format_bytes, format_table
 
-__all__ = ["EquationReport", "Prediction", "predict"]
+__all__ = ["ON_UNKNOWN", "EquationReport", "Prediction", "predict"]
 
 # call-like primitives and the param holding the called jaxpr (loops are not calls)
 _CALLS = {
@@ -57,6 +64,12 @@ _CALLS = {
 }
 # sharding constraints and the param holding the target sharding
 _CONSTRAINTS = {"sharding_constraint": "sharding", "reshard": "dst_sharding"}
+# primitives whose outputs are their inputs, each keeping its layout
+_PASS_THROUGH = ("optimization_barrier", "device_put")
+# what predict does at a primitive without a rule
+ON_UNKNOWN = ("raise", "replicate")
+# rounds of the fixed point over a loop's carry layouts before falling back to the initial ones
+_FIXED_POINT_ROUNDS = 4
 
 
 @dataclass(frozen=True)
@@ -90,14 +103,25 @@ class EquationReport:
 class Prediction:
     """The predicted layouts of a function's outputs and the per-equation report.
 
-    ``outputs`` are flat (``jax.tree.leaves`` order of the function's result);
-    ``out_tree`` rebuilds the result's structure.
+    ``inputs`` and ``outputs`` are flat (``jax.tree.leaves`` order of the arguments and
+    of the function's result); ``in_tree`` / ``out_tree`` rebuild their structures.
+    ``outputs`` are the layouts after ``out_layouts`` (the last rows, ``out_layouts``,
+    move the outputs that needed it; ``constrained`` says which outputs had one);
+    ``out_layouts_tree`` gives them the result's structure.
     """
 
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     equations: tuple[EquationReport, ...]
     out_tree: Any
+    in_tree: Any = None
+    constrained: tuple[bool, ...] = ()
+
+
+    @property
+    def out_layouts_tree(self) -> Any:
+        """The outputs' layouts in the structure of the function's result."""
+        return jax.tree.unflatten(self.out_tree, self.out_layouts)
 
     @property
     def out_layouts(self) -> tuple[Layout, ...]:
@@ -147,27 +171,44 @@ def predict(
     mesh: DeviceMesh | None = None,
     cost_model: CostModelLike = None,
     search: str = "greedy",
+    out_layouts: Any = None,
+    on_unknown: str = "raise",
 ) -> Prediction:
-    """Trace ``fn`` on ``inputs`` (``(shape, dtype, layout)`` tuples or DTensor-like
-    objects, one per positional argument) and propagate layouts through every equation.
+    """Trace ``fn`` on ``inputs`` and propagate layouts through every equation.
+
+    ``inputs`` are pytrees (dicts, lists, NamedTuples, dataclasses, registered classes)
+    whose leaves are DTensors, ``(shape, dtype, layout)`` tuples, TensorSpecs, plain
+    ``jax.Array``s (their own ``NamedSharding`` on the mesh, else Replicate), NumPy
+    arrays, Python scalars (weakly typed) or PRNG keys (typed or raw; Replicate).
     Keyword arguments of ``fn`` are not traced: bind them with ``functools.partial``.
+
+    ``out_layouts``: a pytree prefix of ``fn``'s result giving, per output (or subtree),
+    a Layout, placements (with ``mesh``), something with a ``.layout`` (a DTensor: "keep
+    this input's layout", e.g. ``out_layouts=(params, opt_state, None)`` for a train
+    step returning updated parameters and optimizer state) or ``None`` (free). The
+    prediction plans for them: outputs that need it are moved at the end.
 
     ``search="greedy"`` chooses each equation's signature on its own, as eager DTensor
     dispatch does. ``search="refine"`` then improves the whole program by local search:
     it tries reducing each partial output where it is produced (instead of carrying it
     through linear ops and reducing later, possibly more than once) and keeps every
     change that lowers the total cost, until none does.
+
+    ``on_unknown="raise"`` (default): a primitive without a rule raises
+    :class:`UnsupportedOpError` naming it and the source line; ``"replicate"`` runs it
+    on Replicate inputs and outputs (its report row says so) and goes on.
     """
     if not callable(fn):
         raise InferenceError("fn", fn, "not callable", "pass a function of the input tensors")
     if search not in SEARCHES:
         raise InferenceError("search", search, "unknown search", f"use one of {SEARCHES}")
-    specs, mesh = as_tensor_specs(inputs, mesh)
+    if on_unknown not in ON_UNKNOWN:
+        raise InferenceError("on_unknown", on_unknown, "unknown fallback", f"use one of {ON_UNKNOWN}")
+    flat = flatten_inputs(inputs, mesh)
+    specs, mesh = flat.specs, flat.mesh
     model = resolve_cost_model(cost_model)
     try:
-        closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(
-            *(jax.ShapeDtypeStruct(s.shape, s.dtype) for s in specs)
-        )
+        closed, out_shape = jax.make_jaxpr(flat.call(fn), return_shape=True)(*flat.structs())
     except Placements2JaxError:
         raise
     except (TypeError, ValueError) as err:
@@ -175,12 +216,21 @@ def predict(
             "fn", fn, f"tracing it on inputs {[str(s.aval) for s in specs]} failed ({type(err).__name__}: {err})",
             "make fn accept tensors of these shapes and dtypes (e.g. matching matmul dims)",
         ) from None
+    out_tree = jax.tree.structure(out_shape)
+    out_avals = [Aval(x.shape, x.dtype) for x in jax.tree.leaves(out_shape)]
+    targets = output_constraints(out_layouts, out_tree, out_avals, mesh)
     consts = _const_specs(closed.jaxpr, mesh)
 
     def walk(reduced: frozenset[tuple[str, str]]) -> Prediction:
         rows: list[EquationReport] = []
-        outputs = _Walker(mesh, model, rows, reduced).walk(closed.jaxpr, consts, specs, "")
-        return Prediction(specs, tuple(outputs), tuple(rows), jax.tree.structure(out_shape))
+        walker = _Walker(mesh, model, rows, reduced, on_unknown)
+        outputs = walker.walk(closed.jaxpr, consts, specs, "")
+        outputs = [
+            spec if target is None else walker.move("out_layouts", f"out.{i}", spec, target)
+            for i, (spec, target) in enumerate(zip(outputs, targets))
+        ]
+        constrained = tuple(t is not None for t in targets)
+        return Prediction(specs, tuple(outputs), tuple(rows), out_tree, flat.tree, constrained)
 
     best = walk(frozenset())
     if search == "refine":
@@ -198,6 +248,8 @@ def _refine(best: Prediction, walk: Callable[[frozenset[tuple[str, str]]], Predi
         for path in [e.path for e in best.equations]:
             row = next((e for e in best.equations if e.path == path), None)
             if row is None or row.signature is None or any(p == path for p, _ in reduced):
+                continue
+            if len(row.signature.candidates) == 1:  # fixed layouts (loops, annotations, out_layouts)
                 continue
             if not any(o.layout.has_partial for o in row.outputs):
                 continue
@@ -233,6 +285,26 @@ def _replicated_spec(aval: Any, mesh: DeviceMesh) -> TensorSpec:
     return TensorSpec(aval.shape, aval.dtype, replicated(mesh, len(aval.shape)))
 
 
+def _drop_dim0(layout: Layout) -> Layout:
+    """The layout of one slice along dim 0 (which must be unsplit)."""
+    return Layout(layout.mesh, layout.dim_axes[1:], layout.partial)
+
+
+def _unsplit_dim0(layout: Layout) -> Layout:
+    return Layout(layout.mesh, ((),) + layout.dim_axes[1:], layout.partial)
+
+
+def _stacked(layout: Layout) -> Layout:
+    """The layout of slices stacked along a new, unsplit dim 0."""
+    return Layout(layout.mesh, ((),) + layout.dim_axes, layout.partial)
+
+
+def _source_line(eqn: Any) -> str:
+    """``file:line (function)`` of the user code that made ``eqn`` ("" for equations
+    inside library functions traced as jit: their caller's line is used instead)."""
+    return source_info_util.summarize(eqn.source_info)
+
+
 class _Walker:
     """Walks a jaxpr, choosing signatures; an equation listed in ``reduced`` as
     ``(path, mode)`` reduces its partial outputs (see :func:`_without_partial_outputs`)."""
@@ -243,11 +315,19 @@ class _Walker:
         cost_model: CostModel,
         rows: list[EquationReport],
         reduced: frozenset[tuple[str, str]],
+        on_unknown: str = "raise",
     ) -> None:
         self.mesh = mesh
         self.cost_model = cost_model
         self.rows = rows
+        self.reduced_pairs = reduced
         self.reduced = dict(reduced)
+        self.on_unknown = on_unknown
+        self.sources: list[str] = []  # source lines of the enclosing calls, for errors
+
+    def _trial(self) -> _Walker:
+        """A walker whose rows are thrown away (for fixed points)."""
+        return _Walker(self.mesh, self.cost_model, [], self.reduced_pairs, self.on_unknown)
 
     def walk(self, jaxpr: Any, consts: Sequence[TensorSpec], inputs: Sequence[TensorSpec], prefix: str) -> list[TensorSpec]:
         env: dict[Any, TensorSpec] = {}
@@ -269,31 +349,212 @@ class _Walker:
                     env[var] = spec
         return [read(v) for v in jaxpr.outvars]
 
+    def _closed(
+        self, closed: Any, ins: Sequence[TensorSpec], prefix: str, walker: _Walker | None = None
+    ) -> list[TensorSpec]:
+        jaxpr = getattr(closed, "jaxpr", closed)
+        return (walker or self).walk(jaxpr, _const_specs(jaxpr, self.mesh), ins, prefix)
+
+    def fixed(
+        self, op: str, ins: Sequence[TensorSpec], in_layouts: Sequence[Layout], out_avals: Sequence[Aval],
+        out_layouts: Sequence[Layout],
+    ) -> Signature:
+        """The one signature of an op whose layouts are fixed: plans of its inputs to
+        ``in_layouts``, outputs ``out_layouts``."""
+        plans = tuple(_plan(s.shape, s.dtype, s.layout, t, self.cost_model) for s, t in zip(ins, in_layouts))
+        order = tuple(range(self.mesh.ndim))
+        candidate = Candidate(tuple(in_layouts), tuple(out_layouts), plans, (), order, tuple(out_avals))
+        return Signature(op, tuple(ins), (candidate,))
+
+    def move(self, label: str, path: str, spec: TensorSpec, target: Layout) -> TensorSpec:
+        """Record a row moving ``spec`` to ``target`` (if it differs); the moved spec."""
+        if spec.layout == target:
+            return spec
+        signature = self.fixed(label, (spec,), (target,), (spec.aval,), (target,))
+        out = TensorSpec(spec.shape, spec.dtype, target)
+        self.rows.append(EquationReport(path, label, (spec,), signature, (out,)))
+        return out
+
     def _equation(
         self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]
     ) -> tuple[TensorSpec, ...]:
         name = eqn.primitive.name
         if name in _CALLS:
-            inner = eqn.params[_CALLS[name]]
             label = f"{name}[{eqn.params['name']}]" if "name" in eqn.params else name
             slot = len(self.rows)
             self.rows.append(EquationReport(path, label, ins, None, ()))
-            jaxpr = getattr(inner, "jaxpr", inner)
-            consts = _const_specs(jaxpr, self.mesh)
-            outs = tuple(self.walk(jaxpr, consts, ins, path + "."))
+            self.sources.append(_source_line(eqn))
+            outs = tuple(self._closed(eqn.params[_CALLS[name]], ins, path + "."))
+            self.sources.pop()
             self.rows[slot] = EquationReport(path, label, ins, None, outs)
             return outs
+        if name == "scan":
+            return self._scan(eqn, path, ins, out_avals)
+        if name == "while":
+            return self._while(eqn, path, ins, out_avals)
+        if name == "cond":
+            return self._cond(eqn, path, ins, out_avals)
         if name in _CONSTRAINTS:
             signature = self._constraint(eqn.params[_CONSTRAINTS[name]], ins[0], out_avals[0])
+        elif name in _PASS_THROUGH:
+            layouts = [s.layout for s in ins]
+            signature = self.fixed(name, ins, layouts, out_avals, layouts)
+        elif name == "shard_map":
+            signature = self._shard_map(eqn, ins, out_avals)
         else:
-            definition = primitive_definition(name)
-            params = freeze({p: eqn.params[p] for p in definition.params}, f"{name} params")
-            signature = signature_for(("primitive", name), params, ins, out_avals, self.cost_model, self.mesh)
-            if path in self.reduced:
-                signature = _without_partial_outputs(signature, self.reduced[path])
+            signature = self._rule_signature(eqn, path, ins, out_avals)
         outs = tuple(TensorSpec(a.shape, a.dtype, layout) for a, layout in zip(out_avals, signature.out_layouts))
-        self.rows.append(EquationReport(path, name, ins, signature, outs))
+        label = signature.op if signature.op.startswith(name) else name  # e.g. 'foo (no rule: replicated)'
+        self.rows.append(EquationReport(path, label, ins, signature, outs))
         return outs
+
+    def _rule_signature(
+        self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]
+    ) -> Signature:
+        name = eqn.primitive.name
+        try:
+            definition = primitive_definition(name)
+        except UnsupportedOpError:
+            if self.on_unknown == "replicate":
+                layouts = [replicated(self.mesh, len(s.shape)) for s in ins]
+                outs = [replicated(self.mesh, a.ndim) for a in out_avals]
+                return self.fixed(f"{name} (no rule: replicated)", ins, layouts, out_avals, outs)
+            where = next((line for line in [_source_line(eqn), *reversed(self.sources)] if line), "unknown source")
+            raise UnsupportedOpError(
+                "primitive", name, f"signature inference has no rule for this jaxpr primitive (at {where})",
+                "express the computation with supported primitives (placements2jax.inference.primitive_names()), "
+                'or pass on_unknown="replicate" to run it replicated',
+            ) from None
+        params = freeze({p: eqn.params[p] for p in definition.params}, f"{name} params")
+        signature = signature_for(("primitive", name), params, ins, out_avals, self.cost_model, self.mesh)
+        if path in self.reduced:
+            signature = _without_partial_outputs(signature, self.reduced[path])
+        return signature
+
+    # -- control flow ------------------------------------------------------------------------
+
+    def _carry_fixed_point(
+        self, body: Any, before: Sequence[TensorSpec], carry: Sequence[TensorSpec], after: Sequence[TensorSpec],
+        path: str,
+    ) -> list[Layout]:
+        """The carry layouts of a loop: start from the initial ones, take what the body
+        returns, until it returns what it gets; if that does not settle, the initial ones
+        (the body's results are then moved back to them every iteration)."""
+        layouts = [s.layout for s in carry]
+        for _ in range(_FIXED_POINT_ROUNDS):
+            specs = [TensorSpec(s.shape, s.dtype, x) for s, x in zip(carry, layouts)]
+            outs = self._closed(body, [*before, *specs, *after], path + ".", self._trial())
+            new = [o.layout for o in outs[: len(carry)]]
+            if new == layouts:
+                return layouts
+            layouts = new
+        return [s.layout for s in carry]
+
+    def _loop_row(
+        self, path: str, label: str, ins: tuple[TensorSpec, ...], in_layouts: Sequence[Layout],
+        out_avals: Sequence[Aval],
+    ) -> int:
+        """Append the loop's row (its input moves); its outputs are filled in later."""
+        signature = self.fixed(label, ins, in_layouts, out_avals, [replicated(self.mesh, a.ndim) for a in out_avals])
+        self.rows.append(EquationReport(path, label, ins, signature, ()))
+        return len(self.rows) - 1
+
+    def _finish_loop_row(self, slot: int, outs: Sequence[TensorSpec]) -> tuple[TensorSpec, ...]:
+        row = self.rows[slot]
+        candidate = row.signature.chosen
+        candidate = Candidate(
+            candidate.in_layouts, tuple(o.layout for o in outs), candidate.plans, (), candidate.nest_order,
+            candidate.out_avals,
+        )
+        self.rows[slot] = EquationReport(
+            row.path, row.primitive, row.inputs, Signature(row.signature.op, row.inputs, (candidate,)), tuple(outs)
+        )
+        return tuple(outs)
+
+    def _scan(
+        self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]
+    ) -> tuple[TensorSpec, ...]:
+        """``scan``: scanned inputs keep dim 0 whole (a rank cannot run only its own
+        iterations), each iteration sees their slices; the carry's layouts are a fixed
+        point of the body; stacked outputs get an unsplit dim 0. The body's rows appear
+        once (as the compiled loop body does), not once per iteration."""
+        body = eqn.params["jaxpr"]
+        nc, nk = eqn.params["num_consts"], eqn.params["num_carry"]
+        consts, init, xs = ins[:nc], ins[nc:nc + nk], ins[nc + nk:]
+        x_layouts = [_unsplit_dim0(x.layout) for x in xs]
+        slices = [TensorSpec(x.shape[1:], x.dtype, _drop_dim0(t)) for x, t in zip(xs, x_layouts)]
+        carry = self._carry_fixed_point(body, consts, init, slices, path)
+        slot = self._loop_row(path, "scan", ins, [c.layout for c in consts] + carry + x_layouts, out_avals)
+        carry_specs = [TensorSpec(s.shape, s.dtype, x) for s, x in zip(init, carry)]
+        outs = self._closed(body, [*consts, *carry_specs, *slices], path + ".")
+        back = [self.move("scan carry", f"{path}.carry{i}", o, x) for i, (o, x) in enumerate(zip(outs[:nk], carry))]
+        ys = [
+            TensorSpec((a.shape[0], *o.shape), o.dtype, _stacked(o.layout)) for a, o in zip(out_avals[nk:], outs[nk:])
+        ]
+        return self._finish_loop_row(slot, [*back, *ys])
+
+    def _while(
+        self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]
+    ) -> tuple[TensorSpec, ...]:
+        """``while``: the carry's layouts are a fixed point of the body; the condition is
+        walked on them and its predicate must be Replicate (every rank decides alike)."""
+        p = eqn.params
+        cn, bn = p["cond_nconsts"], p["body_nconsts"]
+        cond_consts, body_consts, init = ins[:cn], ins[cn:cn + bn], ins[cn + bn:]
+        carry = self._carry_fixed_point(p["body_jaxpr"], body_consts, init, (), path + ".body")
+        layouts = [c.layout for c in cond_consts] + [c.layout for c in body_consts] + carry
+        slot = self._loop_row(path, "while", ins, layouts, out_avals)
+        carry_specs = [TensorSpec(s.shape, s.dtype, x) for s, x in zip(init, carry)]
+        (predicate,) = self._closed(p["cond_jaxpr"], [*cond_consts, *carry_specs], path + ".cond.")
+        self.move("while predicate", f"{path}.cond.out", predicate, replicated(self.mesh, predicate.layout.ndim))
+        outs = self._closed(p["body_jaxpr"], [*body_consts, *carry_specs], path + ".body.")
+        back = [self.move("while carry", f"{path}.carry{i}", o, x) for i, (o, x) in enumerate(zip(outs, carry))]
+        return self._finish_loop_row(slot, back)
+
+    def _cond(
+        self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]
+    ) -> tuple[TensorSpec, ...]:
+        """``cond`` / ``switch``: the index must be Replicate; every branch is walked on
+        the operands; each output takes, among the branches' layouts for it, the one
+        cheapest to reach from all branches (ties: the first branch's), and branches
+        that produced another layout move to it."""
+        index, operands = ins[0], ins[1:]
+        index_layout = replicated(self.mesh, index.layout.ndim)
+        slot = self._loop_row(path, "cond", ins, [index_layout] + [s.layout for s in operands], out_avals)
+        branches = [self._closed(b, operands, f"{path}.b{k}.") for k, b in enumerate(eqn.params["branches"])]
+        joined = []
+        for i in range(len(out_avals)):
+            options = list(dict.fromkeys(b[i].layout for b in branches))
+
+            def total(target: Layout, i: int = i) -> Fraction:
+                return sum((_plan(b[i].shape, b[i].dtype, b[i].layout, target, self.cost_model).cost for b in branches),
+                           Fraction(0))
+
+            joined.append(min(options, key=total))
+        for k, outs in enumerate(branches):
+            for i, (o, target) in enumerate(zip(outs, joined)):
+                self.move("cond join", f"{path}.b{k}.out{i}", o, target)
+        return self._finish_loop_row(slot, [TensorSpec(a.shape, a.dtype, x) for a, x in zip(out_avals, joined)])
+
+    # -- annotations in user code ------------------------------------------------------------
+
+    def _check_mesh(self, argument: str, value: Any, jax_mesh: Any) -> None:
+        if tuple(jax_mesh.axis_names) != self.mesh.alias_name or tuple(jax_mesh.axis_sizes) != self.mesh.shape:
+            raise InferenceError(
+                argument, value, f"its mesh is not the inputs' mesh {self.mesh!r}",
+                "use a sharding or shard_map on the same mesh (mesh.to_jax())",
+            )
+
+    def _shard_map(self, eqn: Any, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]) -> Signature:
+        """A ``shard_map`` region: its ``in_specs`` / ``out_specs`` are fixed layouts (its
+        body is per-device code, not walked)."""
+        p = eqn.params
+        self._check_mesh("shard_map mesh", p["mesh"], p["mesh"])
+        in_layouts = [Layout.from_partition_spec(self.mesh, spec, s.layout.ndim) for spec, s in zip(p["in_specs"], ins)]
+        out_layouts = [
+            Layout.from_partition_spec(self.mesh, spec, a.ndim) for spec, a in zip(p["out_specs"], out_avals)
+        ]
+        return self.fixed("shard_map", ins, in_layouts, out_avals, out_layouts)
 
     def _constraint(self, sharding: Any, spec: TensorSpec, out: Aval) -> Signature:
         if not isinstance(sharding, NamedSharding):
@@ -301,12 +562,6 @@ class _Walker:
                 "sharding", sharding, "with_sharding_constraint is only understood with a NamedSharding",
                 "pass NamedSharding(mesh.to_jax(), PartitionSpec(...))",
             )
-        if tuple(sharding.mesh.axis_names) != self.mesh.alias_name or tuple(sharding.mesh.axis_sizes) != self.mesh.shape:
-            raise InferenceError(
-                "sharding", sharding, f"its mesh is not the inputs' mesh {self.mesh!r}",
-                "constrain with a sharding on the same mesh (mesh.to_jax())",
-            )
+        self._check_mesh("sharding", sharding, sharding.mesh)
         target = Layout.from_partition_spec(self.mesh, sharding.spec, spec.layout.ndim)
-        plan = _plan(spec.shape, spec.dtype, spec.layout, target, self.cost_model)
-        order = tuple(range(self.mesh.ndim))
-        return Signature("sharding_constraint", (spec,), (Candidate((target,), (target,), (plan,), (), order, (out,)),))
+        return self.fixed("sharding_constraint", (spec,), (target,), (out,), (target,))
