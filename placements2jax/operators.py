@@ -259,9 +259,10 @@ def reshape(x: DTensor, shape: Sequence[Any]) -> DTensor:
 
 def apply(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` on DTensors: each equation of ``fn``'s jaxpr runs under the
-    signature :func:`~placements2jax.inference.predict` chooses (its planned
-    redistributions included), and the result has ``fn``'s structure with a DTensor per
-    array, laid out as predicted (Partial outputs included).
+    signature :func:`~placements2jax.inference.predict` chooses op by op (``search="eager"``,
+    as torch's DTensor dispatch; its planned redistributions included), and the result has
+    ``fn``'s structure with a DTensor per array, laid out as predicted (Partial outputs
+    included).
 
     ``args`` are DTensors and constants (arrays, numbers: Replicate tensors); ``kwargs``
     are static (bound with ``functools.partial``, part of the cache key, so hashable).
@@ -286,8 +287,9 @@ def _apply_program(fn: Callable[..., Any], kwargs: Any, keys: tuple[OperandKey, 
     mesh = _mesh_of(keys, "args")
     f = partial(fn, **dict(kwargs)) if kwargs else fn
     layouts = [_layout_of(k, mesh) for k in keys]
-    prediction = predict(
-        f, *[(k[1], k[2], layout) for k, layout in zip(keys, layouts)], mesh=mesh, cost_model=cost_model
+    prediction = predict(  # op by op, as torch's DTensor dispatch (outputs stay Partial as torch's do)
+        f, *[(k[1], k[2], layout) for k, layout in zip(keys, layouts)], mesh=mesh, cost_model=cost_model,
+        search="eager",
     )
     closed = jax.make_jaxpr(f)(*(jax.ShapeDtypeStruct(k[1], k[2]) for k in keys))
     rows = {row.path: row for row in prediction.equations}

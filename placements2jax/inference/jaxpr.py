@@ -1,9 +1,11 @@
 """Predicting the layouts of a whole JAX function by walking its jaxpr.
 
-``predict(fn, *inputs)`` traces ``fn`` with ``jax.make_jaxpr`` on shape/dtype stand-ins,
-then gives every equation the signature inference chooses for its inputs' layouts (the
-same cached selection as :func:`infer_signature`, with the primitive's rule), exactly as
-eager torch DTensor or OneFlow would dispatch op by op. Call-like equations (``jit`` /
+``predict(fn, *inputs)`` traces ``fn`` with ``jax.make_jaxpr`` on shape/dtype stand-ins
+and walks it once giving every equation the signature inference chooses for its inputs'
+layouts (the same cached selection as :func:`infer_signature`, with the primitive's
+rule), as eager torch DTensor would dispatch op by op, recording the dataflow. Unless
+``search="eager"``, :mod:`.program` then chooses all signatures for the whole program and
+a second walk applies that choice. Call-like equations (``jit`` /
 ``pjit``, ``custom_jvp_call``, ``custom_vjp_call``, ``remat``, ``closed_call``) are walked
 inside; ``with_sharding_constraint`` and ``reshard`` force their layout (the report shows
 the plan to it).
@@ -14,9 +16,10 @@ Literals and closed-over constants are Replicate. Unknown primitives (``while``,
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 from typing import Any
 
 import jax
@@ -29,6 +32,7 @@ from ..mesh import DeviceMesh
 from .cost import CostModel, CostModelLike, resolve_cost_model
 from .ops import freeze, primitive_definition
 from .plan import _plan
+from .program import ProgramGraph, ProgramNode, ValueId, forced_signature, select_program
 from .select import signature_for
 from .signature import (
     Aval,
@@ -91,13 +95,15 @@ class Prediction:
     """The predicted layouts of a function's outputs and the per-equation report.
 
     ``outputs`` are flat (``jax.tree.leaves`` order of the function's result);
-    ``out_tree`` rebuilds the result's structure.
+    ``out_tree`` rebuilds the result's structure; ``search`` says how the signatures were
+    chosen (see :func:`predict`).
     """
 
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     equations: tuple[EquationReport, ...]
     out_tree: Any
+    search: str = "eager"  # how the signatures were chosen: "eager" or "program"
 
     @property
     def out_layouts(self) -> tuple[Layout, ...]:
@@ -136,9 +142,7 @@ class Prediction:
         )
 
 
-SEARCHES = ("greedy", "refine")
-# how a refined equation reduces its partial outputs: into any split, or to Replicate
-_REDUCTIONS = ("scatter", "replicate")
+SEARCHES = ("program", "eager")
 
 
 def predict(
@@ -146,17 +150,17 @@ def predict(
     *inputs: Any,
     mesh: DeviceMesh | None = None,
     cost_model: CostModelLike = None,
-    search: str = "greedy",
+    search: str = "program",
 ) -> Prediction:
     """Trace ``fn`` on ``inputs`` (``(shape, dtype, layout)`` tuples or DTensor-like
     objects, one per positional argument) and propagate layouts through every equation.
     Keyword arguments of ``fn`` are not traced: bind them with ``functools.partial``.
 
-    ``search="greedy"`` chooses each equation's signature on its own, as eager DTensor
-    dispatch does. ``search="refine"`` then improves the whole program by local search:
-    it tries reducing each partial output where it is produced (instead of carrying it
-    through linear ops and reducing later, possibly more than once) and keeps every
-    change that lowers the total cost, until none does.
+    ``search="program"`` (the default) chooses every equation's signature together, to
+    minimize the communication of the whole program (:mod:`.program`: OneFlow's graph-mode
+    SBP inference, Alpa's intra-operator pass). ``search="eager"`` chooses each equation's
+    signature on its own given its inputs' layouts, as torch's eager DTensor dispatch
+    does op by op.
     """
     if not callable(fn):
         raise InferenceError("fn", fn, "not callable", "pass a function of the input tensors")
@@ -176,53 +180,19 @@ def predict(
             "make fn accept tensors of these shapes and dtypes (e.g. matching matmul dims)",
         ) from None
     consts = _const_specs(closed.jaxpr, mesh)
+    out_tree = jax.tree.structure(out_shape)
 
-    def walk(reduced: frozenset[tuple[str, str]]) -> Prediction:
-        rows: list[EquationReport] = []
-        outputs = _Walker(mesh, model, rows, reduced).walk(closed.jaxpr, consts, specs, "")
-        return Prediction(specs, tuple(outputs), tuple(rows), jax.tree.structure(out_shape))
+    def walk(choices: Mapping[str, Candidate]) -> tuple[Prediction, ProgramGraph]:
+        walker = _Walker(mesh, model, choices)
+        outputs = walker.walk(closed.jaxpr, consts, specs, "", [("in", i) for i in range(len(specs))])
+        prediction = Prediction(specs, tuple(o for o, _ in outputs), tuple(walker.rows), out_tree, search)
+        return prediction, ProgramGraph(mesh, tuple(walker.nodes), tuple(s for _, s in outputs), specs)
 
-    best = walk(frozenset())
-    if search == "refine":
-        best = _refine(best, walk)
-    return best
-
-
-def _refine(best: Prediction, walk: Callable[[frozenset[tuple[str, str]]], Prediction]) -> Prediction:
-    """Local search: for each equation with a partial output, try reducing it right there
-    (scattered, or replicated on the partial mesh dims) and keep what lowers the cost."""
-    reduced: frozenset[tuple[str, str]] = frozenset()
-    improved = True
-    while improved:
-        improved = False
-        for path in [e.path for e in best.equations]:
-            row = next((e for e in best.equations if e.path == path), None)
-            if row is None or row.signature is None or any(p == path for p, _ in reduced):
-                continue
-            if not any(o.layout.has_partial for o in row.outputs):
-                continue
-            trials = {mode: walk(reduced | {(path, mode)}) for mode in _REDUCTIONS}
-            mode = min(_REDUCTIONS, key=lambda m: trials[m].cost)
-            if trials[mode].cost < best.cost:
-                best, improved, reduced = trials[mode], True, reduced | {(path, mode)}
-    return best
-
-
-def _without_partial_outputs(signature: Signature, mode: str) -> Signature:
-    """The signature re-ranked so that its best candidate without partial outputs comes
-    first: any such candidate (``scatter``), or one that also splits nothing on the mesh
-    dims where the chosen outputs were partial (``replicate``)."""
-    was_partial = {m for x in signature.out_layouts for m in x.partial_axes}
-
-    def fits(candidate: Candidate) -> bool:
-        outs = candidate.out_layouts
-        if any(x.has_partial for x in outs):
-            return False
-        return mode == "scatter" or not any(m in axes for x in outs for axes in x.dim_axes for m in was_partial)
-
-    forced = next(c for c in signature.candidates if fits(c))
-    rest = tuple(c for c in signature.candidates if c is not forced)
-    return Signature(signature.op, signature.inputs, (forced,) + rest)
+    eager, graph = walk({})
+    if search == "eager":
+        return eager
+    choices = select_program(graph, model)
+    return walk(choices)[0] if choices else eager
 
 
 def _const_specs(jaxpr: Any, mesh: DeviceMesh) -> list[TensorSpec]:
@@ -234,44 +204,45 @@ def _replicated_spec(aval: Any, mesh: DeviceMesh) -> TensorSpec:
 
 
 class _Walker:
-    """Walks a jaxpr, choosing signatures; an equation listed in ``reduced`` as
-    ``(path, mode)`` reduces its partial outputs (see :func:`_without_partial_outputs`)."""
+    """Walks a jaxpr, choosing signatures: the candidate ``choices`` gives an equation's
+    path (whole-program selection), else the best-ranked one for its inputs' layouts
+    (eager selection). Records the dataflow as :class:`ProgramNode`s for the search."""
 
-    def __init__(
-        self,
-        mesh: DeviceMesh,
-        cost_model: CostModel,
-        rows: list[EquationReport],
-        reduced: frozenset[tuple[str, str]],
-    ) -> None:
+    def __init__(self, mesh: DeviceMesh, cost_model: CostModel, choices: Mapping[str, Candidate]) -> None:
         self.mesh = mesh
         self.cost_model = cost_model
-        self.rows = rows
-        self.reduced = dict(reduced)
+        self.choices = choices
+        self.rows: list[EquationReport] = []
+        self.nodes: list[ProgramNode] = []
 
-    def walk(self, jaxpr: Any, consts: Sequence[TensorSpec], inputs: Sequence[TensorSpec], prefix: str) -> list[TensorSpec]:
-        env: dict[Any, TensorSpec] = {}
+    def walk(
+        self, jaxpr: Any, consts: Sequence[TensorSpec], inputs: Sequence[TensorSpec], prefix: str,
+        sources: Sequence[ValueId | None],
+    ) -> list[tuple[TensorSpec, ValueId | None]]:
+        """The outputs of ``jaxpr`` and the values they are (None: a literal or constant)."""
+        env: dict[Any, tuple[TensorSpec, ValueId | None]] = {}
 
-        def read(atom: Any) -> TensorSpec:
+        def read(atom: Any) -> tuple[TensorSpec, ValueId | None]:
             if isinstance(atom, core.Literal):
-                return _replicated_spec(atom.aval, self.mesh)
+                return _replicated_spec(atom.aval, self.mesh), None
             return env[atom]
 
-        env.update(zip(jaxpr.constvars, consts))
-        env.update(zip(jaxpr.invars, inputs))
+        env.update((v, (c, None)) for v, c in zip(jaxpr.constvars, consts))
+        env.update(zip(jaxpr.invars, zip(inputs, sources)))
         for index, eqn in enumerate(jaxpr.eqns):
             path = f"{prefix}{index}"
-            ins = tuple(read(a) for a in eqn.invars)
+            ins, srcs = zip(*(read(a) for a in eqn.invars)) if eqn.invars else ((), ())
             out_avals = tuple(Aval(v.aval.shape, v.aval.dtype) for v in eqn.outvars)
-            outs = self._equation(eqn, path, ins, out_avals)
-            for var, spec in zip(eqn.outvars, outs):
+            outs = self._equation(eqn, path, tuple(ins), tuple(srcs), out_avals)
+            for var, value in zip(eqn.outvars, outs):
                 if not isinstance(var, core.DropVar):
-                    env[var] = spec
+                    env[var] = value
         return [read(v) for v in jaxpr.outvars]
 
     def _equation(
-        self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]
-    ) -> tuple[TensorSpec, ...]:
+        self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], srcs: tuple[ValueId | None, ...],
+        out_avals: tuple[Aval, ...],
+    ) -> list[tuple[TensorSpec, ValueId | None]]:
         name = eqn.primitive.name
         if name in _CALLS:
             inner = eqn.params[_CALLS[name]]
@@ -280,20 +251,21 @@ class _Walker:
             self.rows.append(EquationReport(path, label, ins, None, ()))
             jaxpr = getattr(inner, "jaxpr", inner)
             consts = _const_specs(jaxpr, self.mesh)
-            outs = tuple(self.walk(jaxpr, consts, ins, path + "."))
-            self.rows[slot] = EquationReport(path, label, ins, None, outs)
+            outs = self.walk(jaxpr, consts, ins, path + ".", srcs)
+            self.rows[slot] = EquationReport(path, label, ins, None, tuple(o for o, _ in outs))
             return outs
         if name in _CONSTRAINTS:
             signature = self._constraint(eqn.params[_CONSTRAINTS[name]], ins[0], out_avals[0])
+        elif path in self.choices:
+            signature = forced_signature(name, ins, self.choices[path], self.cost_model)
         else:
             definition = primitive_definition(name)
             params = freeze({p: eqn.params[p] for p in definition.params}, f"{name} params")
             signature = signature_for(("primitive", name), params, ins, out_avals, self.cost_model, self.mesh)
-            if path in self.reduced:
-                signature = _without_partial_outputs(signature, self.reduced[path])
         outs = tuple(TensorSpec(a.shape, a.dtype, layout) for a, layout in zip(out_avals, signature.out_layouts))
         self.rows.append(EquationReport(path, name, ins, signature, outs))
-        return outs
+        self.nodes.append(ProgramNode(path, ins, srcs, signature.candidates))
+        return [(o, (path, j)) for j, o in enumerate(outs)]
 
     def _constraint(self, sharding: Any, spec: TensorSpec, out: Aval) -> Signature:
         if not isinstance(sharding, NamedSharding):
@@ -307,6 +279,12 @@ class _Walker:
                 "constrain with a sharding on the same mesh (mesh.to_jax())",
             )
         target = Layout.from_partition_spec(self.mesh, sharding.spec, spec.layout.ndim)
-        plan = _plan(spec.shape, spec.dtype, spec.layout, target, self.cost_model)
-        order = tuple(range(self.mesh.ndim))
-        return Signature("sharding_constraint", (spec,), (Candidate((target,), (target,), (plan,), (), order, (out,)),))
+        return _forced_layout(spec, target, out, self.cost_model)
+
+
+@lru_cache(maxsize=1024)
+def _forced_layout(spec: TensorSpec, target: Layout, out: Aval, cost_model: CostModel) -> Signature:
+    """The one signature of a sharding constraint (cached, as every signature is)."""
+    plan = _plan(spec.shape, spec.dtype, spec.layout, target, cost_model)
+    order = tuple(range(target.mesh.ndim))
+    return Signature("sharding_constraint", (spec,), (Candidate((target,), (target,), (plan,), (), order, (out,)),))
