@@ -243,15 +243,17 @@ class _Search:
         """Eager dispatch's choice for equation ``path`` given its inputs as they arrive:
         no redistribution first, then the least input cost plus pending new partials."""
         arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
-        given = {m for state in arriving for m, op in enumerate(state[1]) if op}
+        given = frozenset(m for state in arriving for m, op in enumerate(state[1]) if op)
+        exact = [k for k, needs in enumerate(self.ins[path]) if needs == arriving]
+        if exact:  # no plan to cost
+            return min(exact, key=lambda k: (self.pending(path, k, given), k))
         best, best_key = 0, None
-        for k, (needs, outs) in enumerate(zip(self.ins[path], self.outs[path])):
+        for k, needs in enumerate(self.ins[path]):
             nbytes, steps = 0.0, 0.0
             for aval, src, need in zip(self.in_avals[path], arriving, needs):
                 move = self.cost(aval, src, need)
                 nbytes, steps = nbytes + move[0], steps + move[1]
-            pending = self.pending(path, k, frozenset(given))
-            key = (arriving != needs, nbytes + pending, steps)
+            key = (True, nbytes + self.pending(path, k, given), steps)
             if best_key is None or key < best_key:
                 best, best_key = k, key
         return best
@@ -316,15 +318,14 @@ class _Search:
         return nbytes, steps
 
     def alternatives(self, path: str, choice: Choice) -> list[int]:
-        """Moves worth a cascade at an equation that makes, carries or receives partials:
+        """Moves worth a cascade. At an equation that makes, carries or receives partials:
         reducing them right there, into a split (the cheapest candidate without partial
         outputs) or to Replicate on those mesh dims (the cheapest that also splits
-        nothing there)."""
+        nothing there). At an equation whose inputs are redistributed: the candidate
+        cheapest for its inputs, whatever partials it makes (eager dispatch's look-ahead
+        may have paid to avoid one, e.g. gathering a batch-split activation rather than
+        making a weight gradient partial over the batch axis)."""
         arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
-        current = self.outs[path][choice[path]]
-        partial = {m for state in current + arriving for m, op in enumerate(state[1]) if op}
-        if not partial:
-            return []
 
         def input_cost(k: int) -> Cost:
             nbytes, steps = 0.0, 0.0
@@ -333,13 +334,20 @@ class _Search:
                 nbytes, steps = nbytes + move[0], steps + move[1]
             return nbytes, steps
 
-        scatter = [k for k, outs in enumerate(self.outs[path]) if not any(op for x in outs for op in x[1])]
-        replicate = [k for k in scatter if not any(m in axes for x in self.outs[path][k] for axes in x[0] for m in partial)]
+        groups = []
+        current = self.outs[path][choice[path]]
+        partial = {m for state in current + arriving for m, op in enumerate(state[1]) if op}
+        if partial:
+            scatter = [k for k, outs in enumerate(self.outs[path]) if not any(op for x in outs for op in x[1])]
+            groups += [scatter, [k for k in scatter if not any(m in axes for x in self.outs[path][k]
+                                                                for axes in x[0] for m in partial)]]
+        if self.ins[path][choice[path]] != arriving and input_cost(choice[path]) > _ZERO:
+            groups.append(range(len(self.ins[path])))
         moves = []
-        for group in (scatter, replicate):
+        for group in groups:
             if group:
                 best = min(group, key=lambda k: (input_cost(k), k))
-                if best not in moves:
+                if best != choice[path] and best not in moves:
                     moves.append(best)
         return moves
 
