@@ -24,9 +24,10 @@ equation that makes, carries or receives a partial so that it reduces it right t
 downstream whose inputs change is re-chosen as eager dispatch would choose it, until the
 changes die out. Each round applies the move that lowers the exact total most (the cost
 of the edges the changed equations touch, before and after); it stops when no move lowers
-it (at most ``_MOVES`` rounds). A move's evaluation is kept until an applied move changes
-an equation it depends on, so a round costs only the moves near the last change. Every
-applied move lowers the total, so the result never moves more than eager dispatch.
+it (at most ``_MOVES`` rounds). Evaluations are lazy: a move's delta is kept until an
+applied move changes an equation it depends on, and a stale delta is only recomputed
+when it comes first, so a round costs little more than the moves near the last change.
+Every applied move lowers the total, so the result never moves more than eager dispatch.
 (First-improvement in program order was tried: it commits to the first cheaper reduction
 point it meets, e.g. all-gathering a row-parallel matmul's operands instead of
 all-reducing after the residual add, and then cannot reach XLA's plan.)
@@ -190,7 +191,8 @@ class _Search:
                 self.owed.setdefault(src, []).append(None if target is None else self._intern(target))
         self.costs: dict[tuple[AvalKey, State, State], Cost] = {}
         self.charges: dict[tuple[ValueId, State], Cost] = {}
-        self.pendings: dict[tuple[str, int, frozenset[int]], float] = {}
+        self.pendings: dict[tuple[AvalKey, State, frozenset[int]], float] = {}
+        self.greedy_choices: dict[tuple[str, tuple[State, ...]], int] = {}
         self.position = {node.path: p for p, node in enumerate(graph.nodes)}
 
     def _intern(self, layout: Layout) -> State:
@@ -243,29 +245,41 @@ class _Search:
         """Eager dispatch's choice for equation ``path`` given its inputs as they arrive:
         no redistribution first, then the least input cost plus pending new partials."""
         arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
+        known = self.greedy_choices.get((path, arriving))
+        if known is not None:
+            return known
         given = frozenset(m for state in arriving for m, op in enumerate(state[1]) if op)
         exact = [k for k, needs in enumerate(self.ins[path]) if needs == arriving]
         if exact:  # no plan to cost
-            return min(exact, key=lambda k: (self.pending(path, k, given), k))
-        best, best_key = 0, None
-        for k, needs in enumerate(self.ins[path]):
-            nbytes, steps = 0.0, 0.0
-            for aval, src, need in zip(self.in_avals[path], arriving, needs):
-                move = self.cost(aval, src, need)
-                nbytes, steps = nbytes + move[0], steps + move[1]
-            key = (True, nbytes + self.pending(path, k, given), steps)
-            if best_key is None or key < best_key:
-                best, best_key = k, key
+            best = min(exact, key=lambda k: (self.pending(path, k, given), k))
+        else:
+            best, best_key = 0, None
+            for k, needs in enumerate(self.ins[path]):
+                nbytes, steps = 0.0, 0.0
+                for aval, src, need in zip(self.in_avals[path], arriving, needs):
+                    move = self.cost(aval, src, need)
+                    nbytes, steps = nbytes + move[0], steps + move[1]
+                key = (nbytes + self.pending(path, k, given), steps)
+                if best_key is None or key < best_key:
+                    best, best_key = k, key
+        self.greedy_choices[(path, arriving)] = best
         return best
 
     def pending(self, path: str, k: int, given: frozenset[int]) -> float:
-        key = (path, k, given)
-        value = self.pendings.get(key)
-        if value is None:
-            outs = tuple(self.layouts[x] for x in self.outs[path][k])
-            avals = tuple(Aval(*a) for a in self.out_avals[path])
-            value = self.pendings[key] = float(pending_reduction(avals, outs, set(given), self.cost_model))
-        return value
+        """Eager dispatch's look-ahead charge for the partials candidate ``k`` makes."""
+        total = 0.0
+        for aval, state in zip(self.out_avals[path], self.outs[path][k]):
+            made = frozenset(m for m, op in enumerate(state[1]) if op) - given
+            if not made:
+                continue
+            key = (aval, state, made)
+            value = self.pendings.get(key)
+            if value is None:
+                value = self.pendings[key] = float(
+                    pending_reduction((Aval(*aval),), (self.layouts[state],), set(given), self.cost_model)
+                )
+            total += value
+        return total
 
     def cascade(self, path: str, k: int, choice: Choice) -> tuple[dict[str, int], set[str]]:
         """Equation ``path`` running candidate ``k`` and every equation downstream whose
@@ -354,28 +368,52 @@ class _Search:
     def improve(self, choice: Choice) -> Choice:
         """Steepest descent over cascading moves (see :meth:`alternatives`): apply the
         move lowering the total most (ties: the earliest equation), until none lowers it
-        (at most ``_MOVES``). A move's evaluation is reused until an applied move changes
-        an equation it depends on."""
+        (at most ``_MOVES``). Evaluations are lazy: after a move, those depending on an
+        equation it changed are stale, and re-evaluated only when their old delta comes
+        first (a stale delta is an estimate; only fresh ones are applied)."""
         choice = dict(choice)
         evaluated: dict[tuple[str, int], tuple[Cost, dict[str, int], set[str]]] = {}
+        stale: set[tuple[str, int]] = set()
+        heap: list[tuple[Cost, int, tuple[str, int]]] = []
+
+        def evaluate(path: str, k: int) -> None:
+            changes, depends = self.cascade(path, k, choice)
+            trial = {**choice, **changes}
+            after, before = self.around(list(changes), trial), self.around(list(changes), choice)
+            delta = (after[0] - before[0], after[1] - before[1])
+            evaluated[(path, k)] = (delta, changes, depends)
+            stale.discard((path, k))
+            heapq.heappush(heap, (delta, self.position[path], (path, k)))
+
+        def offer(paths: Any) -> None:
+            for path in sorted(paths, key=self.position.__getitem__):
+                for k in self.alternatives(path, choice):
+                    if (path, k) not in evaluated or (path, k) in stale:
+                        evaluate(path, k)
+
+        offer(self.position)
         for _ in range(_MOVES):
-            best: tuple[Cost, int, tuple[str, int]] | None = None
-            for position, node in enumerate(self.graph.nodes):
-                for k in self.alternatives(node.path, choice):
-                    key = (node.path, k)
-                    if key not in evaluated:
-                        changes, depends = self.cascade(node.path, k, choice)
-                        trial = {**choice, **changes}
-                        after, before = self.around(list(changes), trial), self.around(list(changes), choice)
-                        evaluated[key] = ((after[0] - before[0], after[1] - before[1]), changes, depends)
-                    delta = evaluated[key][0]
-                    if delta < _ZERO and (best is None or (delta, position) < best[:2]):
-                        best = (delta, position, key)
-            if best is None:
+            while heap and heap[0][0] < _ZERO:
+                delta, _, key = heapq.heappop(heap)
+                if key not in evaluated or evaluated[key][0] != delta:
+                    continue  # superseded
+                if key in stale:
+                    if key[1] in self.alternatives(key[0], choice):
+                        evaluate(*key)
+                    else:
+                        del evaluated[key]
+                    continue
                 break
-            _, changes, _ = evaluated[best[2]]
+            else:
+                break
+            _, changes, _ = evaluated.pop(key)
             choice.update(changes)
-            evaluated = {key: value for key, value in evaluated.items() if not value[2] & changes.keys()}
+            stale.update(other for other, (_, _, depends) in evaluated.items() if depends & changes.keys())
+            near = set(changes)
+            for path in changes:
+                for j in range(len(self.out_avals[path])):
+                    near.update(c for c, _ in self.consumers.get((path, j), ()))
+            offer(near)
         return choice
 
     def total(self, choice: Choice) -> Cost:
