@@ -9,13 +9,16 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from placements2jax import Layout, init_device_mesh
 from placements2jax.inference import check, predict
 from placements2jax.inference.cost import resolve_cost_model
 from placements2jax.inference.jaxpr import _Walker
 from placements2jax.inference.program import ProgramGraph, select_program
-from placements2jax.inference.signature import as_tensor_specs, layout_text
+from placements2jax.inference.select import pending_reduction
+from placements2jax.inference.signature import Aval, as_tensor_specs, layout_text
 
 F32 = jnp.float32
 B, T, D, H, V, LAYERS = 4, 8, 32, 4, 64, 2
@@ -114,3 +117,39 @@ def test_fixed_output_layouts_are_planned_for(mesh: Any) -> None:
     chosen = select_program(graph, model, out_layouts=[replicated])
     assert layout_text(chosen[relu.path].in_layouts[0]) == "S(0),R"  # all-reduced
     assert select_program(graph, model, out_layouts=[replicated]) is chosen  # cached
+
+
+PLACEMENTS = ("R,R", "S(0),R", "R,S(0)", "R,S(1)", "S(0),S(1)", "S(1),S(0)", "S(1),R")
+
+
+def _owed(prediction: Any) -> Any:
+    """The objective of the search: the communication plus the outputs' pending reductions."""
+    model = resolve_cost_model(None)
+    return prediction.cost + pending_reduction(
+        [Aval(s.shape, s.dtype) for s in prediction.outputs], prediction.out_layouts, set(), model
+    )
+
+
+@given(
+    st.sampled_from(PLACEMENTS), st.sampled_from(PLACEMENTS), st.sampled_from(PLACEMENTS),
+    st.sampled_from(("residual norm", "mlp", "softmax")),
+)
+def test_program_search_never_costs_more_than_eager(x: str, w1: str, w2: str, body: str) -> None:
+    """Whatever the layouts: the whole-program choice owes at most what eager dispatch owes,
+    and both predict the same output shapes."""
+    mesh = init_device_mesh((2, 4), ("dp", "tp"))
+
+    def fn(a: jax.Array, u: jax.Array, v: jax.Array) -> jax.Array:
+        h = a @ u
+        if body == "residual norm":
+            h = layer_norm(a + h, jnp.ones(16), jnp.zeros(16))
+        elif body == "softmax":
+            h = jax.nn.softmax(h, axis=-1)
+        else:
+            h = jax.nn.gelu(h)
+        return h @ v
+
+    inputs = (spec(mesh, (8, 16), x), spec(mesh, (16, 16), w1), spec(mesh, (16, 8), w2))
+    program, eager = predict(fn, *inputs), predict(fn, *inputs, search="eager")
+    assert _owed(program) <= _owed(eager)
+    assert [s.shape for s in program.outputs] == [s.shape for s in eager.outputs]
