@@ -37,6 +37,7 @@ from .select import signature_for
 from .signature import (
     Aval,
     Candidate,
+    RedistributePlan,
     RedistributeStep,
     Signature,
     TensorSpec,
@@ -73,6 +74,7 @@ class EquationReport:
     inputs: tuple[TensorSpec, ...]
     signature: Signature | None
     outputs: tuple[TensorSpec, ...]
+    sources: tuple[ValueId | None, ...] = ()  # the value each input is (None: a literal or constant)
 
     @property
     def depth(self) -> int:
@@ -110,12 +112,27 @@ class Prediction:
         return tuple(s.layout for s in self.outputs)
 
     @property
+    def redistributions(self) -> tuple[RedistributePlan, ...]:
+        """Every planned redistribution. Chosen for the whole program, one per value and
+        layout: consumers needing a value in the same layout share it (a compiled program
+        computes it once); eager dispatch runs each equation's own."""
+        plans, seen = [], set()
+        for eqn in self.equations:
+            for i, plan in enumerate(eqn.signature.redistributions if eqn.signature is not None else ()):
+                source = eqn.sources[i] if i < len(eqn.sources) else None
+                if plan.is_noop or (self.search == "program" and source is not None and (source, plan.dst) in seen):
+                    continue
+                seen.add((source, plan.dst))
+                plans.append(plan)
+        return tuple(plans)
+
+    @property
     def steps(self) -> tuple[RedistributeStep, ...]:
-        return tuple(step for eqn in self.equations for _, step in eqn.steps)
+        return tuple(step for plan in self.redistributions for step in plan.steps)
 
     @property
     def cost(self) -> Fraction:
-        return sum((e.cost for e in self.equations), Fraction(0))
+        return sum((plan.cost for plan in self.redistributions), Fraction(0))
 
     @property
     def nbytes(self) -> Fraction:
@@ -263,7 +280,7 @@ class _Walker:
             params = freeze({p: eqn.params[p] for p in definition.params}, f"{name} params")
             signature = signature_for(("primitive", name), params, ins, out_avals, self.cost_model, self.mesh)
         outs = tuple(TensorSpec(a.shape, a.dtype, layout) for a, layout in zip(out_avals, signature.out_layouts))
-        self.rows.append(EquationReport(path, name, ins, signature, outs))
+        self.rows.append(EquationReport(path, name, ins, signature, outs, srcs))
         self.nodes.append(ProgramNode(path, ins, srcs, signature.candidates))
         return [(o, (path, j)) for j, o in enumerate(outs)]
 

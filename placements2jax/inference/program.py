@@ -141,6 +141,7 @@ def _select(keyed: _Keyed, cost_model: CostModel, targets: tuple[Layout | None, 
 
 
 Choice = dict[str, int]  # equation path -> index of its candidate
+Move = tuple[str, int, bool]  # (equation path, candidate, cascade downstream?)
 State = tuple[tuple[tuple[int, ...], ...], tuple[Any, ...]]  # a layout's (dim_axes, partial) on the one mesh
 AvalKey = tuple[tuple[int, ...], np.dtype]
 # (weighted bytes, collectives), compared lexicographically: among equally cheap choices
@@ -183,6 +184,7 @@ class _Search:
                     fixed.append(self._intern(graph.inputs[src[1]].layout))
                 else:
                     fixed.append(None)
+                if src is not None:
                     self.consumers.setdefault(src, []).append((node.path, i))
             self.fixed[node.path] = tuple(fixed)
         self.owed: dict[ValueId, list[State | None]] = {}
@@ -281,16 +283,18 @@ class _Search:
             total += value
         return total
 
-    def cascade(self, path: str, k: int, choice: Choice) -> tuple[dict[str, int], set[str]]:
-        """Equation ``path`` running candidate ``k`` and every equation downstream whose
-        inputs change re-chosen as eager dispatch would, until the changes die out.
-        Returns the changes (path -> candidate) and every equation the result depends on
-        (those re-chosen or looked at, and their producers and consumers)."""
+    def cascade(self, path: str, k: int, choice: Choice, follow: bool = True) -> tuple[dict[str, int], set[str]]:
+        """Equation ``path`` running candidate ``k`` and (``follow``) every equation
+        downstream whose inputs change re-chosen as eager dispatch would, until the
+        changes die out. Returns the changes (path -> candidate) and every equation the
+        result depends on (those re-chosen or looked at, their producers, the other
+        consumers of their inputs, their consumers)."""
         trial = dict(choice)
         trial[path] = k
         changes = {path: k}
         looked = {path}
         queue = [self.position[c] for j in range(len(self.out_avals[path])) for c, _ in self.consumers.get((path, j), ())]
+        queue = queue if follow else []
         heapq.heapify(queue)
         seen = set(queue)
         while queue:
@@ -308,30 +312,52 @@ class _Search:
                         heapq.heappush(queue, position)
         depends = set(looked)
         for name in looked:
-            depends.update(src[0] for src in self.sources[name] if src is not None and src[0] != "in")
+            for src in self.sources[name]:
+                if src is not None:
+                    depends.update(c for c, _ in self.consumers[src])
+                    if src[0] != "in":
+                        depends.add(src[0])
             for j in range(len(self.out_avals[name])):
                 depends.update(c for c, _ in self.consumers.get((name, j), ()))
         return changes, depends
 
     def around(self, paths: Sequence[str], choice: Choice) -> Cost:
-        """The cost of every edge touching ``paths`` and their outputs' charges."""
-        inside = set(paths)
+        """The cost of every value ``paths`` produce or consume (:meth:`value_cost`) and
+        their outputs' charges."""
+        values: set[Any] = set()
         nbytes, steps = 0.0, 0.0
-        for path in inside:
-            k = choice[path]
-            for i, (aval, need) in enumerate(zip(self.in_avals[path], self.ins[path][k])):
-                move = self.cost(aval, self.state_of(path, i, choice), need)
-                nbytes, steps = nbytes + move[0], steps + move[1]
-            for j, (aval, out) in enumerate(zip(self.out_avals[path], self.outs[path][k])):
-                for consumer, i in self.consumers.get((path, j), ()):
-                    if consumer not in inside:
-                        move = self.cost(aval, out, self.ins[consumer][choice[consumer]][i])
-                        nbytes, steps = nbytes + move[0], steps + move[1]
+        for path in paths:
+            for i, src in enumerate(self.sources[path]):
+                values.add(src if src is not None else ("literal", path, i))
+            for j, (aval, out) in enumerate(zip(self.out_avals[path], self.outs[path][choice[path]])):
+                values.add((path, j))
                 owed = self.charge((path, j), aval, out)
                 nbytes, steps = nbytes + owed[0], steps + owed[1]
+        for value in values:
+            cost = self.value_cost(value, choice)
+            nbytes, steps = nbytes + cost[0], steps + cost[1]
         return nbytes, steps
 
-    def alternatives(self, path: str, choice: Choice) -> list[int]:
+    def value_cost(self, value: Any, choice: Choice) -> Cost:
+        """The redistributions of one value: one per distinct layout its consumers need
+        (a compiled program computes a shared one once)."""
+        if value[0] == "literal":
+            _, path, i = value
+            return self.cost(self.in_avals[path][i], self.fixed[path][i], self.ins[path][choice[path]][i])
+        consumers = self.consumers.get(value, ())
+        if not consumers:
+            return _ZERO
+        first, i = consumers[0]
+        state = self.state_of(first, i, choice)
+        aval = self.in_avals[first][i]
+        needs = {self.ins[path][choice[path]][i]: None for path, i in consumers}  # distinct, in order
+        nbytes, steps = 0.0, 0.0
+        for need in needs:
+            move = self.cost(aval, state, need)
+            nbytes, steps = nbytes + move[0], steps + move[1]
+        return nbytes, steps
+
+    def alternatives(self, path: str, choice: Choice) -> list[tuple[int, bool]]:
         """Moves worth a cascade. At an equation that makes, carries or receives partials:
         reducing them right there, into a split (the cheapest candidate without partial
         outputs) or to Replicate on those mesh dims (the cheapest that also splits
@@ -348,21 +374,22 @@ class _Search:
                 nbytes, steps = nbytes + move[0], steps + move[1]
             return nbytes, steps
 
-        groups = []
+        groups: list[tuple[Sequence[int], bool]] = []
         current = self.outs[path][choice[path]]
         partial = {m for state in current + arriving for m, op in enumerate(state[1]) if op}
         if partial:
             scatter = [k for k, outs in enumerate(self.outs[path]) if not any(op for x in outs for op in x[1])]
-            groups += [scatter, [k for k in scatter if not any(m in axes for x in self.outs[path][k]
-                                                                for axes in x[0] for m in partial)]]
+            groups += [(scatter, True), ([k for k in scatter if not any(m in axes for x in self.outs[path][k]
+                                                                         for axes in x[0] for m in partial)], True)]
         if self.ins[path][choice[path]] != arriving and input_cost(choice[path]) > _ZERO:
-            groups.append(range(len(self.ins[path])))
-        moves = []
-        for group in groups:
+            everything = range(len(self.ins[path]))
+            groups += [(everything, True), (everything, False)]  # without cascading: its consumers redistribute
+        moves: list[tuple[int, bool]] = []
+        for group, follow in groups:
             if group:
                 best = min(group, key=lambda k: (input_cost(k), k))
-                if best != choice[path] and best not in moves:
-                    moves.append(best)
+                if best != choice[path] and (best, follow) not in moves:
+                    moves.append((best, follow))
         return moves
 
     def improve(self, choice: Choice) -> Choice:
@@ -372,41 +399,42 @@ class _Search:
         equation it changed are stale, and re-evaluated only when their old delta comes
         first (a stale delta is an estimate; only fresh ones are applied)."""
         choice = dict(choice)
-        evaluated: dict[tuple[str, int], tuple[Cost, dict[str, int], set[str]]] = {}
-        stale: set[tuple[str, int]] = set()
-        heap: list[tuple[Cost, int, tuple[str, int]]] = []
+        evaluated: dict[Move, tuple[Cost, dict[str, int], set[str]]] = {}
+        stale: set[Move] = set()
+        heap: list[tuple[Cost, int, Move]] = []
 
-        def evaluate(path: str, k: int) -> None:
-            changes, depends = self.cascade(path, k, choice)
+        def evaluate(move: Move) -> None:
+            path, k, follow = move
+            changes, depends = self.cascade(path, k, choice, follow)
             trial = {**choice, **changes}
             after, before = self.around(list(changes), trial), self.around(list(changes), choice)
             delta = (after[0] - before[0], after[1] - before[1])
-            evaluated[(path, k)] = (delta, changes, depends)
-            stale.discard((path, k))
-            heapq.heappush(heap, (delta, self.position[path], (path, k)))
+            evaluated[move] = (delta, changes, depends)
+            stale.discard(move)
+            heapq.heappush(heap, (delta, self.position[path], move))
 
         def offer(paths: Any) -> None:
             for path in sorted(paths, key=self.position.__getitem__):
-                for k in self.alternatives(path, choice):
-                    if (path, k) not in evaluated or (path, k) in stale:
-                        evaluate(path, k)
+                for k, follow in self.alternatives(path, choice):
+                    if (path, k, follow) not in evaluated or (path, k, follow) in stale:
+                        evaluate((path, k, follow))
 
         offer(self.position)
         for _ in range(_MOVES):
             while heap and heap[0][0] < _ZERO:
-                delta, _, key = heapq.heappop(heap)
-                if key not in evaluated or evaluated[key][0] != delta:
+                delta, _, move = heapq.heappop(heap)
+                if move not in evaluated or evaluated[move][0] != delta:
                     continue  # superseded
-                if key in stale:
-                    if key[1] in self.alternatives(key[0], choice):
-                        evaluate(*key)
+                if move in stale:
+                    if move[1:] in self.alternatives(move[0], choice):
+                        evaluate(move)
                     else:
-                        del evaluated[key]
+                        del evaluated[move]
                     continue
                 break
             else:
                 break
-            _, changes, _ = evaluated.pop(key)
+            _, changes, _ = evaluated.pop(move)
             choice.update(changes)
             stale.update(other for other, (_, _, depends) in evaluated.items() if depends & changes.keys())
             near = set(changes)
