@@ -198,6 +198,23 @@ def _gpt_specs() -> list[tuple[tuple[int, ...], Any, str]]:
     return [_block_specs()[0], ((D, V), F32, "R,S(1)"), *(_block_specs()[1:] * LAYERS)]
 
 
+def mlp_step(x: jax.Array, *params: jax.Array) -> tuple[jax.Array, ...]:
+    """Forward, gradients and SGD update of residual Megatron MLP blocks."""
+
+    def loss(params: tuple[jax.Array, ...], x: jax.Array) -> jax.Array:
+        for layer in range(LAYERS):
+            w1, w2 = params[2 * layer:2 * layer + 2]
+            x = x + jax.nn.gelu(x @ w1) @ w2
+        return (x**2).mean()
+
+    value, grads = jax.value_and_grad(loss)(params, x)
+    return (value, *(p - 0.1 * g for p, g in zip(params, grads)))
+
+
+def _mlp_step_specs() -> list[tuple[tuple[int, ...], Any, str]]:
+    return [_block_specs()[0], *[((D, 4 * D), F32, "R,S(1)"), ((4 * D, D), F32, "R,S(0)")] * LAYERS]
+
+
 def _program(config: Config, section: Section) -> None:
     """Predicted communication per device, whole-program vs eager search, against XLA's."""
     from placements2jax import check
@@ -206,6 +223,7 @@ def _program(config: Config, section: Section) -> None:
     models = [("transformer block", transformer_block, _block_specs())]
     if not config.quick:
         models.append((f"GPT-style forward + loss ({LAYERS} blocks)", gpt_loss, _gpt_specs()))
+        models.append((f"Megatron MLP training step ({LAYERS} blocks, SGD)", mlp_step, _mlp_step_specs()))
     rows = []
     for name, fn, specs in models:
         progress(f"  inference check({name})")
@@ -250,7 +268,8 @@ a second walk); `search="eager"` chooses op by op.
 `check(fn, *inputs, search=...)`: the communication per device each search predicts
 (with the reduction of the outputs' partials that XLA does inside the program) against
 the collectives XLA compiled, on the block and (full mode) on a GPT-style forward with
-its loss (two blocks, a vocabulary projection split by tp, a log-softmax).
+its loss (two blocks, a vocabulary projection split by tp, a log-softmax) and a training
+step (forward, gradients, SGD update) of two Megatron MLP blocks.
 """,
     )
     _ops(config, section)

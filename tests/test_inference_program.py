@@ -153,3 +153,47 @@ def test_program_search_never_costs_more_than_eager(x: str, w1: str, w2: str, bo
     program, eager = predict(fn, *inputs), predict(fn, *inputs, search="eager")
     assert _owed(program) <= _owed(eager)
     assert [s.shape for s in program.outputs] == [s.shape for s in eager.outputs]
+
+
+def test_a_value_needed_twice_in_one_layout_is_redistributed_once(mesh: Any) -> None:
+    """Two consumers of a row-parallel partial need it reduced: eager dispatch reduces it
+    for each; a compiled program (and the whole-program prediction) reduces it once."""
+
+    def fn(a: jax.Array, w: jax.Array) -> jax.Array:
+        h = a @ w
+        return jnp.exp(h) + jnp.tanh(h)
+
+    inputs = (spec(mesh, (8, 16), "S(0),S(1)"), spec(mesh, (16, 16), "R,S(0)"))
+    eager, program = predict(fn, *inputs, search="eager"), predict(fn, *inputs)
+    assert [s.collective for s in eager.steps] == ["reduce-scatter"] * 2
+    assert [s.collective for s in program.steps] == ["reduce-scatter"]
+    assert 2 * program.cost == eager.cost
+    assert len(program.redistributions) == 1 and sum(len(e.steps) for e in program.equations) == 2
+
+
+def test_megatron_mlp_training_step(mesh: Any) -> None:
+    """Forward, gradients and SGD update of two Megatron MLP blocks: eager dispatch moves
+    4.5 times XLA's bytes; the whole-program prediction 1.12 times (one reduction of the
+    last block's output is a reduce-scatter for the loss's square plus an all-reduce for
+    its gradient, where XLA all-reduces once; XLA also combines the gradients' all-reduces
+    over dp into one collective), every output XLA's layout after its partial reduction."""
+
+    def mlp(x: jax.Array, w1: jax.Array, w2: jax.Array) -> jax.Array:
+        return x + jax.nn.gelu(x @ w1) @ w2
+
+    def loss(params: Any, x: jax.Array) -> jax.Array:
+        for layer in range(LAYERS):
+            x = mlp(x, *params[2 * layer:2 * layer + 2])
+        return (x**2).mean()
+
+    def step(x: jax.Array, *params: jax.Array) -> tuple[jax.Array, ...]:
+        value, grads = jax.value_and_grad(loss)(params, x)
+        return (value, *(p - 0.1 * g for p, g in zip(params, grads)))
+
+    column, row = spec(mesh, (D, 4 * D), "R,S(1)"), spec(mesh, (4 * D, D), "R,S(0)")
+    inputs = [spec(mesh, (B, T, D), "S(0),R"), *[column, row] * LAYERS]
+    program, eager = check(step, *inputs), check(step, *inputs, search="eager")
+    assert {o.verdict for o in program.outputs} == {"xla reduced partial"}
+    assert 0.9 <= program.predicted_bytes / program.compiled_bytes <= 1.15
+    assert eager.predicted_bytes > 4 * eager.compiled_bytes
+    assert set(program.predicted_counts) == set(program.compiled_counts) == {"all-reduce"}

@@ -9,25 +9,32 @@ layouts of the whole program; so does :func:`select_program`, on the dataflow gr
 jaxpr walker records (:class:`ProgramGraph`: one :class:`ProgramNode` per equation, with
 the ranked candidates of its rule and where each input comes from).
 
-**Objective**: the program's predicted communication. Every edge (a value produced in one
-layout, consumed in another) costs the planner's redistribution (:func:`.plan.plan_cost`,
-the same cost model), and every output of the function what it still owes: the pending
-reduction of its partial mesh dims (:func:`.select.pending_reduction`, a reduce-scatter
-each) or, for an output with a fixed layout, the plan to that layout. Costs compare as
-(cost, number of collectives): among equally cheap programs, fewer collectives. The
-function's inputs keep their layouts; literals and constants are Replicate.
+**Objective**: the program's predicted communication. Every value costs the planner's
+redistribution (:func:`.plan.plan_cost`, the same cost model) from its producer's layout
+to each distinct layout its consumers need (consumers needing the same one share it: a
+compiled program computes it once), and every output of the function what it still
+owes: the pending reduction of its partial mesh dims (:func:`.select.pending_reduction`,
+a reduce-scatter each) or, for an output with a fixed layout, the plan to that layout.
+Costs compare as (cost, number of collectives): among equally cheap programs, fewer
+collectives. The function's inputs keep their layouts; literals and constants are
+Replicate.
 
 **Search** (exact minimization is an integer program; Alpa solves an ILP): start from the
 eager choice, then steepest descent over large-neighbourhood moves. A move re-chooses one
-equation that makes, carries or receives a partial so that it reduces it right there
-(into a split, or to Replicate on those mesh dims) and *cascades*: every equation
-downstream whose inputs change is re-chosen as eager dispatch would choose it, until the
-changes die out. Each round applies the move that lowers the exact total most (the cost
-of the edges the changed equations touch, before and after); it stops when no move lowers
-it (at most ``_MOVES`` rounds). Evaluations are lazy: a move's delta is kept until an
-applied move changes an equation it depends on, and a stale delta is only recomputed
-when it comes first, so a round costs little more than the moves near the last change.
-Every applied move lowers the total, so the result never moves more than eager dispatch.
+equation: one that makes, carries or receives a partial reduces it right there (into a
+split, or to Replicate on those mesh dims); one whose inputs are redistributed takes the
+candidate cheapest for its inputs (eager's look-ahead may have paid to avoid a partial,
+e.g. gathering a batch-split activation rather than making a weight gradient partial over
+the batch axis). The move then *cascades*: every equation downstream whose inputs change
+is re-chosen as eager dispatch would, until the changes die out (the cheapest-input move
+is also tried without cascading: its consumers redistribute, once per layout, e.g. one
+all-reduce after a residual add of two partials instead of one per input). Each round
+applies the move that lowers the exact total most (the cost of the values the changed
+equations touch, before and after); it stops when no move lowers it (at most ``_MOVES``
+rounds). Evaluations are lazy: a move's delta is kept until an applied move changes an
+equation it depends on, and a stale delta is only recomputed when it comes first, so a
+round costs little more than the moves near the last change. Every applied move lowers
+the total, so the result never moves more than eager dispatch.
 (First-improvement in program order was tried: it commits to the first cheaper reduction
 point it meets, e.g. all-gathering a row-parallel matmul's operands instead of
 all-reducing after the residual add, and then cannot reach XLA's plan.)
@@ -293,8 +300,8 @@ class _Search:
         trial[path] = k
         changes = {path: k}
         looked = {path}
-        queue = [self.position[c] for j in range(len(self.out_avals[path])) for c, _ in self.consumers.get((path, j), ())]
-        queue = queue if follow else []
+        outputs = range(len(self.out_avals[path])) if follow else ()
+        queue = [self.position[c] for j in outputs for c, _ in self.consumers.get((path, j), ())]
         heapq.heapify(queue)
         seen = set(queue)
         while queue:
