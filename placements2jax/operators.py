@@ -263,9 +263,10 @@ def reshape(x: DTensor, shape: Sequence[Any]) -> DTensor:
 
 def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` on DTensors: each equation of ``fn``'s jaxpr runs under the
-    signature :func:`~placements2jax.inference.predict` chooses (its planned
-    redistributions included), and the result has ``fn``'s structure with a DTensor per
-    array, laid out as predicted (Partial outputs included).
+    signature :func:`~placements2jax.inference.predict` chooses op by op (``search="eager"``,
+    as torch's DTensor dispatch; its planned redistributions included), and the result has
+    ``fn``'s structure with a DTensor per array, laid out as predicted (Partial outputs
+    included).
 
     ``args`` are pytrees (dicts, lists, NamedTuples, dataclasses, registered classes) of
     DTensors and constants (arrays, numbers, PRNG keys: Replicate tensors); ``kwargs``
@@ -329,9 +330,9 @@ def _apply_program(
 
     layouts = [_layout_of(k, mesh) for k in keys]
     out_layouts = None if targets is None else jax.tree.unflatten(*targets)
-    prediction = predict(
+    prediction = predict(  # op by op, as torch's DTensor dispatch (outputs stay Partial as torch's do)
         flat_fn, *[(k[1], k[2], layout) for k, layout in zip(keys, layouts)], mesh=mesh, cost_model=cost_model,
-        out_layouts=out_layouts,
+        search="eager", out_layouts=out_layouts,
     )
     closed = jax.make_jaxpr(flat_fn)(*(jax.ShapeDtypeStruct(k[1], k[2]) for k in keys))
     rows = {row.path: row for row in prediction.equations}

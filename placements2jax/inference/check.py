@@ -13,9 +13,9 @@ Where XLA legitimately differs, and how the report says it:
   OneFlow do. The verdict is ``xla reduced partial`` when the layouts agree after reducing
   the predicted partial mesh dims; the conversion plan (usually one all-reduce) is shown
   and counted into the predicted communication, so both sides describe the same work.
-* **Different propagation.** Prediction chooses op by op (greedy, as eager DTensor
-  dispatch does); XLA propagates shardings over the whole program and may pick other
-  layouts or collectives. Verdict ``differs`` with both layouts and the cost of
+* **Different propagation.** XLA propagates shardings over the whole program and may
+  pick other layouts or collectives than the prediction (whole-program search by
+  default, op by op with ``search="eager"``). Verdict ``differs`` with both layouts and the cost of
   converting the prediction into XLA's layout.
 * **Collectives.** CPU XLA forms no reduce-scatter (it all-reduces and slices), so on CPU
   a predicted reduce-scatter is compared as an all-reduce of the same block. XLA also
@@ -153,8 +153,10 @@ class CheckReport:
             return "same bytes per device in other collectives (XLA combines, splits or lowers them differently)"
         if self.predicted_bytes > self.compiled_bytes:
             return (
-                "the prediction chooses equation by equation (greedy, like eager DTensor dispatch), e.g. keeping a "
-                "partial through linear ops and reducing it later more than once; XLA plans the whole program"
+                f"the prediction ({self.prediction.search} search) moves more: "
+                + ("it chooses equation by equation (like eager DTensor dispatch), e.g. keeping a partial through "
+                   "linear ops and reducing it later more than once; XLA plans the whole program"
+                   if self.prediction.search == "eager" else "XLA's whole-program propagation found a cheaper plan")
             )
         return "XLA moves more bytes than predicted: its propagation chose other layouts (see the outputs)"
 
@@ -186,7 +188,7 @@ def check(
     *inputs: Any,
     mesh: DeviceMesh | None = None,
     cost_model: CostModelLike = None,
-    search: str = "greedy",
+    search: str = "program",
     out_layouts: Any = None,
     on_unknown: str = "raise",
 ) -> CheckReport:
