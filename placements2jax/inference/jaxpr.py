@@ -528,7 +528,8 @@ class _Walker:
         specs = [TensorSpec(s.shape, s.dtype, x) for s, x in zip(ins, layouts)]
         cond_consts, body_consts, carry = specs[:cn], specs[cn:cn + bn], specs[cn + bn:]
         ((predicate, source),) = self._closed(p["cond_jaxpr"], [*cond_consts, *carry], path + ".cond.")
-        self.move("while predicate", f"{path}.cond.out", predicate, source, replicated(self.mesh, predicate.layout.ndim))
+        everywhere = replicated(self.mesh, predicate.layout.ndim)
+        self.move("while predicate", f"{path}.cond.out", predicate, source, everywhere)
         outs = self._closed(p["body_jaxpr"], [*body_consts, *carry], path + ".body.")
         back = [
             self.move("while carry", f"{path}.carry{i}", o, s, c.layout)[0]
@@ -556,10 +557,9 @@ class _Walker:
                 options = list(dict.fromkeys(b[i][0].layout for b in branches))
 
                 def total(target: Layout, i: int = i) -> Fraction:
-                    return sum(
-                        (_plan(o.shape, o.dtype, o.layout, target, self.cost_model).cost for o, _ in (b[i] for b in branches)),
-                        Fraction(0),
-                    )
+                    outs = (b[i][0] for b in branches)
+                    plans = (_plan(o.shape, o.dtype, o.layout, target, self.cost_model) for o in outs)
+                    return sum((plan.cost for plan in plans), Fraction(0))
 
                 joined.append(min(options, key=total))
         for k, outs in enumerate(branches):
