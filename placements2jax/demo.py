@@ -411,7 +411,9 @@ def _check_step(
         loss, new = step(jax.tree.unflatten(tree, args[:-2]), *args[-2:])
         return (loss, *jax.tree.leaves(new))
 
-    report = check(step_of_leaves, *leaves, x, y, mesh=mesh)
+    # op by op, as torch dispatches: updated parameters keep their layouts, which a
+    # whole-program search of free outputs does not know (it may leave them split)
+    report = check(step_of_leaves, *leaves, x, y, mesh=mesh, search="eager")
     return report, ("loss", *_flat_with_paths(params))
 
 

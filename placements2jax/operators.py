@@ -54,6 +54,7 @@ from .inference import default_cost_model, infer_signature, predict
 from .inference.cost import CostModel
 from .inference.jaxpr import _CALLS, _CONSTRAINTS  # the call / constraint primitives predict walks
 from .inference.ops import freeze, op_definition
+from .inference.signature import is_layout_leaf
 from .layout import Layout
 from .mesh import DeviceMesh
 from .physical import Physical, physical
@@ -66,6 +67,8 @@ _SCALARS = (bool, int, float, complex)
 _CONSTANTS = (*_SCALARS, np.generic, np.ndarray, jax.Array)
 # Operand keys: ("dtensor", shape, dtype, layout) or ("constant", shape, dtype, weak).
 OperandKey = tuple[Any, ...]
+# control flow predict walks but apply cannot run per equation yet
+_LOOPS = ("scan", "while", "cond")
 
 
 # -- operands --------------------------------------------------------------------------------
@@ -83,6 +86,8 @@ def _operand_key(value: Any) -> OperandKey:
     if isinstance(value, _SCALARS):
         return _scalar_key(type(value), jax.config.jax_enable_x64)
     weak = bool(getattr(value, "weak_type", False))
+    if isinstance(value, jax.Array) and jax.dtypes.issubdtype(value.dtype, jax.dtypes.extended):
+        return ("constant", value.shape, value.dtype, False)  # a typed PRNG key
     return ("constant", np.shape(value), np.dtype(jnp.result_type(value)), weak)
 
 
@@ -302,20 +307,31 @@ _install_methods(DTensor)
 # -- apply -----------------------------------------------------------------------------------
 
 
-def apply(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` on DTensors: each equation of ``fn``'s jaxpr runs under the
-    signature :func:`~placements2jax.inference.predict` chooses (its planned
-    redistributions included), and the result has ``fn``'s structure with a DTensor per
-    array, laid out as predicted (Partial outputs included).
+    signature :func:`~placements2jax.inference.predict` chooses op by op (``search="eager"``,
+    as torch's DTensor dispatch; its planned redistributions included), and the result has
+    ``fn``'s structure with a DTensor per array, laid out as predicted (Partial outputs
+    included).
 
-    ``args`` are DTensors and constants (arrays, numbers: Replicate tensors); ``kwargs``
+    ``args`` are pytrees (dicts, lists, NamedTuples, dataclasses, registered classes) of
+    DTensors and constants (arrays, numbers, PRNG keys: Replicate tensors); ``kwargs``
     are static (bound with ``functools.partial``, part of the cache key, so hashable).
+    ``out_layouts`` (a pytree prefix of the result: layouts, placements, DTensors whose
+    layout an output keeps, or None) is enforced: those outputs are redistributed to it.
     Like ``jax.jit``, the trace of ``fn`` is cached per function object and input
     shapes / dtypes / layouts: values ``fn`` closes over are read once.
     """
     if not callable(fn):
         raise ArgumentTypeError("fn", fn, "not callable", "pass a function of arrays, e.g. jax.nn.gelu")
-    _check_operands(args, "args")
+    pairs, in_tree = jax.tree_util.tree_flatten_with_path(args, is_leaf=_is_dtensor)
+    leaves = [leaf for _, leaf in pairs]
+    for path, leaf in pairs:
+        if not _is_operand(leaf):
+            raise ArgumentTypeError(
+                f"args{jax.tree_util.keystr(path)}", leaf, "is neither a DTensor nor a numeric constant",
+                "pass pytrees of DTensors, NumPy / JAX arrays or Python numbers; bind static values as keywords",
+            )
     frozen = freeze(kwargs, "kwargs") if kwargs else ()
     try:
         hash(fn)
@@ -323,29 +339,59 @@ def apply(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         raise ArgumentTypeError(
             "fn", fn, "is not hashable (programs are cached per function)", "pass a function"
         ) from None
-    return _dispatch(("apply", fn, frozen), args, partial(_apply_program, fn, frozen))(args)
+    targets = _out_layouts_key(out_layouts)
+    tag = ("apply", fn, frozen, in_tree, targets)
+    return _dispatch(tag, leaves, partial(_apply_program, fn, frozen, in_tree, targets))(leaves)
+
+
+def _is_dtensor(value: Any) -> bool:
+    return isinstance(value, DTensor)
+
+
+def _out_layouts_key(out_layouts: Any) -> Any:
+    """``out_layouts`` as a hashable (structure, leaves) pair, DTensors replaced by their layouts."""
+    if out_layouts is None:
+        return None
+    leaves, tree = jax.tree.flatten(out_layouts, is_leaf=is_layout_leaf)
+    leaves = [x.layout if isinstance(x, DTensor) else tuple(x) if isinstance(x, list) else x for x in leaves]
+    try:
+        hash(tuple(leaves))
+    except TypeError:
+        raise ArgumentTypeError(
+            "out_layouts", out_layouts, "expected layouts, placements, DTensors or None in a pytree",
+            "pass e.g. out_layouts=(params, None) or a Layout per output",
+        ) from None
+    return tree, tuple(leaves)
 
 
 @cached(maxsize=1024)
-def _apply_program(fn: Callable[..., Any], kwargs: Any, keys: tuple[OperandKey, ...], cost_model: CostModel) -> Program:
+def _apply_program(
+    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, keys: tuple[OperandKey, ...], cost_model: CostModel
+) -> Program:
     mesh = _mesh_of(keys, "args")
     f = partial(fn, **dict(kwargs)) if kwargs else fn
+
+    def flat_fn(*leaves: Any) -> Any:
+        return f(*jax.tree.unflatten(in_tree, leaves))
+
     layouts = [_layout_of(k, mesh) for k in keys]
-    prediction = predict(
-        f, *[(k[1], k[2], layout) for k, layout in zip(keys, layouts)], mesh=mesh, cost_model=cost_model
+    out_layouts = None if targets is None else jax.tree.unflatten(*targets)
+    prediction = predict(  # op by op, as torch's DTensor dispatch (outputs stay Partial as torch's do)
+        flat_fn, *[(k[1], k[2], layout) for k, layout in zip(keys, layouts)], mesh=mesh, cost_model=cost_model,
+        search="eager", out_layouts=out_layouts,
     )
-    closed = jax.make_jaxpr(f)(*(jax.ShapeDtypeStruct(k[1], k[2]) for k in keys))
+    closed = jax.make_jaxpr(flat_fn)(*(jax.ShapeDtypeStruct(k[1], k[2]) for k in keys))
     rows = {row.path: row for row in prediction.equations}
     sources = [physical(layout, k[1]) for k, layout in zip(keys, layouts)]
+    finals = [physical(spec.layout, spec.shape) for spec in prediction.outputs]
 
     def body(*arrays: Any) -> tuple[jax.Array, ...]:
         values = [_Value(a, s) for a, s in zip(arrays, sources)]
         outs = _Interpreter(rows, mesh).run(closed.jaxpr, closed.consts, values, "")
-        return tuple(jnp.asarray(v.array) for v in outs)
+        return tuple(jnp.asarray(_move(v.array, v.phys, final)) for v, final in zip(outs, finals))
 
-    out_layouts = prediction.out_layouts
     out_shapes = tuple(s.shape for s in prediction.outputs)
-    return Program(jax.jit(body), out_layouts, out_shapes, prediction.out_tree, prediction)
+    return Program(jax.jit(body), prediction.out_layouts, out_shapes, prediction.out_tree, prediction)
 
 
 @dataclass(frozen=True)
@@ -390,6 +436,11 @@ class _Interpreter:
                     name,
                     f"equation {path} does not match predict's report (the trace changed)",
                     "make fn trace deterministically (same equations for the same input shapes)",
+                )
+            if name in _LOOPS:
+                raise UnsupportedOpError(
+                    "fn", name, f"apply does not run {name} yet (predict and check do)",
+                    "unroll the loop / branch in Python, or jax.jit the function on the DTensors' shardings",
                 )
             if name in _CALLS:
                 inner = eqn.params[_CALLS[name]]

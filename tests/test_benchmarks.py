@@ -40,3 +40,4 @@ def test_quick_run_writes_every_table(tmp_path: Path) -> None:
     assert "FAILED" not in text and "UNEXPLAINED" not in text
     assert text.count("\n| ") > 50  # table rows
     assert "| jitted DTensor functions compile to the plain JAX program |" in text
+    assert "check: predicted vs compiled communication per device" in text  # whole-program vs eager vs XLA

@@ -120,12 +120,12 @@ def test_reshard_on_an_explicit_mesh_forces_its_layout(mesh: Any) -> None:
     assert prediction.collectives == {"all-gather": 1, "local-slice": 1}
 
 
-def test_loops_are_not_calls(mesh: Any) -> None:
+def test_fori_loop_keeps_the_carry_layout(mesh: Any) -> None:
     def loop(x: jax.Array) -> jax.Array:
         return jax.lax.fori_loop(0, 3, lambda i, a: a * 2, x)
 
-    with pytest.raises(UnsupportedOpError, match="scan"):
-        predict(loop, spec(mesh, (8, 16), "S(0),R"))
+    prediction = predict(loop, spec(mesh, (8, 16), "S(0),R"))
+    assert outs(prediction) == ["S(0),R"] and prediction.cost == 0
 
 
 def test_literals_constants_and_pytrees(mesh: Any) -> None:
@@ -136,12 +136,18 @@ def test_literals_constants_and_pytrees(mesh: Any) -> None:
     assert prediction.cost == 0
 
 
-def test_unsupported_primitive_is_named(mesh: Any) -> None:
-    def loop(x: jax.Array) -> jax.Array:
-        return jax.lax.while_loop(lambda a: a.sum() < 10, lambda a: a * 2, x)
+def test_unsupported_primitive_is_named_with_its_source_line(mesh: Any) -> None:
+    def spectrum(x: jax.Array) -> jax.Array:
+        return jnp.fft.fft(x).real
 
-    with pytest.raises(UnsupportedOpError, match="while"):
-        predict(loop, spec(mesh, (8, 16), "S(0),R"))
+    with pytest.raises(UnsupportedOpError, match=r"fft.*test_inference_jaxpr.py:\d+") as info:
+        predict(spectrum, spec(mesh, (8, 16), "S(0),R"))
+    assert "on_unknown" in info.value.fix
+    prediction = predict(spectrum, spec(mesh, (8, 16), "S(0),R"), on_unknown="replicate")
+    row = next(e for e in prediction.equations if e.primitive.startswith("fft"))
+    assert row.primitive == "fft (no rule: replicated)"
+    assert [str(s.layout) for s in row.outputs] == ["R,R"]
+    assert prediction.collectives["all-gather"] == 1
 
 
 def test_predict_errors(mesh: Any) -> None:
@@ -152,10 +158,10 @@ def test_predict_errors(mesh: Any) -> None:
         predict(jnp.add, spec(mesh, (8,), "S(0),R"), spec(other, (8,), "S(0),R"))
 
 
-def test_refine_reduces_a_partial_once_instead_of_twice(mesh: Any) -> None:
+def test_program_search_reduces_a_partial_once_instead_of_twice(mesh: Any) -> None:
     """A row-parallel output plus a residual, then a decomposed layer norm and a column-
-    parallel matmul: greedy carries the partial through the linear part of the norm and
-    reduces twice; refine reduces it once, where it is produced."""
+    parallel matmul: eager dispatch carries the partial through the linear part of the
+    norm and reduces twice; the whole-program search reduces it once, where it is made."""
 
     def residual_norm_matmul(x: jax.Array, a: jax.Array, wo: jax.Array, w1: jax.Array) -> jax.Array:
         y = x + a @ wo
@@ -165,12 +171,25 @@ def test_refine_reduces_a_partial_once_instead_of_twice(mesh: Any) -> None:
 
     inputs = (spec(mesh, (8, 16), "S(0),R"), spec(mesh, (8, 16), "S(0),S(1)"), spec(mesh, (16, 16), "R,S(0)"),
               spec(mesh, (16, 32), "R,S(1)"))
-    greedy = predict(residual_norm_matmul, *inputs)
-    refined = predict(residual_norm_matmul, *inputs, search="refine")
-    assert refined.cost < greedy.cost
-    assert sum(1 for s in greedy.steps if s.collective in ("all-reduce", "reduce-scatter")) == 2
-    assert sum(1 for s in refined.steps if s.collective in ("all-reduce", "reduce-scatter", "all-gather")) <= 2
-    assert outs(refined) == outs(greedy) == ["S(0),S(1)"]
+    eager = predict(residual_norm_matmul, *inputs, search="eager")
+    program = predict(residual_norm_matmul, *inputs)
+    assert program.cost < eager.cost
+    assert sum(1 for s in eager.steps if s.collective in ("all-reduce", "reduce-scatter")) == 2
+    assert [s.collective for s in program.steps if s.collective != "local-partial"] == ["all-reduce"]
+    assert outs(program) == outs(eager) == ["S(0),S(1)"]
+    assert predict(residual_norm_matmul, *inputs) == program  # deterministic (and cached)
+
+
+def test_program_search_keeps_eager_choices_that_are_optimal(mesh: Any) -> None:
+    """The Megatron MLP needs no communication: both searches give the same report."""
+
+    def mlp(x: jax.Array, w1: jax.Array, w2: jax.Array) -> jax.Array:
+        return jax.nn.gelu(x @ w1) @ w2
+
+    inputs = (spec(mesh, (8, 16), "S(0),R"), spec(mesh, (16, 32), "R,S(1)"), spec(mesh, (32, 16), "R,S(0)"))
+    program, eager = predict(mlp, *inputs), predict(mlp, *inputs, search="eager")
+    assert (program.search, eager.search) == ("program", "eager")
+    assert program.equations == eager.equations and program.outputs == eager.outputs
 
 
 def test_unknown_search_is_an_error(mesh: Any) -> None:

@@ -13,9 +13,9 @@ Where XLA legitimately differs, and how the report says it:
   OneFlow do. The verdict is ``xla reduced partial`` when the layouts agree after reducing
   the predicted partial mesh dims; the conversion plan (usually one all-reduce) is shown
   and counted into the predicted communication, so both sides describe the same work.
-* **Different propagation.** Prediction chooses op by op (greedy, as eager DTensor
-  dispatch does); XLA propagates shardings over the whole program and may pick other
-  layouts or collectives. Verdict ``differs`` with both layouts and the cost of
+* **Different propagation.** XLA propagates shardings over the whole program and may
+  pick other layouts or collectives than the prediction (whole-program search by
+  default, op by op with ``search="eager"``). Verdict ``differs`` with both layouts and the cost of
   converting the prediction into XLA's layout.
 * **Collectives.** CPU XLA forms no reduce-scatter (it all-reduces and slices), so on CPU
   a predicted reduce-scatter is compared as an all-reduce of the same block. XLA also
@@ -61,6 +61,7 @@ from .signature import (
     Aval,
     RedistributePlan,
     as_tensor_specs,
+    flatten_inputs,
 )
 from .table import format_bytes, format_table
 
@@ -151,8 +152,10 @@ class CheckReport:
             return "same bytes per device in other collectives (XLA combines, splits or lowers them differently)"
         if self.predicted_bytes > self.compiled_bytes:
             return (
-                "the prediction chooses equation by equation (greedy, like eager DTensor dispatch), e.g. keeping a "
-                "partial through linear ops and reducing it later more than once; XLA plans the whole program"
+                f"the prediction ({self.prediction.search} search) moves more: "
+                + ("it chooses equation by equation (like eager DTensor dispatch), e.g. keeping a partial through "
+                   "linear ops and reducing it later more than once; XLA plans the whole program"
+                   if self.prediction.search == "eager" else "XLA's whole-program propagation found a cheaper plan")
             )
         return "XLA moves more bytes than predicted: its propagation chose other layouts (see the outputs)"
 
@@ -184,21 +187,38 @@ def check(
     *inputs: Any,
     mesh: DeviceMesh | None = None,
     cost_model: CostModelLike = None,
-    search: str = "greedy",
+    search: str = "program",
+    out_layouts: Any = None,
+    on_unknown: str = "raise",
 ) -> CheckReport:
-    """Predict ``fn`` on ``inputs`` (``predict(..., search=search)``) and compare with
-    XLA's compilation (module docstring)."""
-    specs, mesh = as_tensor_specs(inputs, mesh)
+    """Predict ``fn`` on ``inputs`` (pytrees, as :func:`predict` takes them) and compare
+    with XLA's compilation (module docstring). ``out_layouts`` constrains both sides:
+    the prediction plans for it and XLA compiles with those ``out_shardings`` (``None``
+    leaves XLA free)."""
+    flat = flatten_inputs(inputs, mesh)
+    specs, mesh = flat.specs, flat.mesh
     for i, spec in enumerate(specs):
         _check_compilable(f"inputs[{i}]", spec.layout, spec.shape)
     explicit = any(spec.layout.has_partial for spec in specs)
-    prediction = predict(fn, *specs, cost_model=cost_model, search=search)
+    prediction = predict(
+        fn, *inputs, mesh=mesh, cost_model=cost_model, search=search, out_layouts=out_layouts, on_unknown=on_unknown
+    )
     jax_mesh = mesh.to_jax() if explicit else _auto_mesh(mesh)
     args = [
-        jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(jax_mesh, s.layout.partition_spec)) for s in specs
+        jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(jax_mesh, s.layout.partition_spec), weak_type=w)
+        for s, w in zip(specs, flat.weak)
     ]
+    out_shardings = None
+    if out_layouts is not None:
+        out_shardings = jax.tree.unflatten(
+            prediction.out_tree,
+            [
+                NamedSharding(jax_mesh, spec.layout.partition_spec) if constrained else None
+                for spec, constrained in zip(prediction.outputs, prediction.constrained)
+            ],
+        )
     try:
-        compiled = jax.jit(fn).lower(*args).compile()
+        compiled = jax.jit(flat.call(fn), out_shardings=out_shardings).lower(*args).compile()
     except Exception as err:  # noqa: BLE001 - every compiler refusal becomes our error
         raise InferenceError(
             "inputs", [str(s) for s in specs], f"XLA could not compile fn on these shardings ({type(err).__name__}: {err})",

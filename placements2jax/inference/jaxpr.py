@@ -1,46 +1,60 @@
 """Predicting the layouts of a whole JAX function by walking its jaxpr.
 
-``predict(fn, *inputs)`` traces ``fn`` with ``jax.make_jaxpr`` on shape/dtype stand-ins,
-then gives every equation the signature inference chooses for its inputs' layouts (the
-same cached selection as :func:`infer_signature`, with the primitive's rule), exactly as
-eager torch DTensor or OneFlow would dispatch op by op. Call-like equations (``jit`` /
+``predict(fn, *inputs)`` traces ``fn`` with ``jax.make_jaxpr`` on shape/dtype stand-ins
+and walks it once giving every equation the signature inference chooses for its inputs'
+layouts (the same cached selection as :func:`infer_signature`, with the primitive's
+rule), as eager torch DTensor would dispatch op by op, recording the dataflow. Unless
+``search="eager"``, :mod:`.program` then chooses all signatures for the whole program and
+a second walk applies that choice. Call-like equations (``jit`` /
 ``pjit``, ``custom_jvp_call``, ``custom_vjp_call``, ``remat``, ``closed_call``) are walked
-inside; ``with_sharding_constraint`` and ``reshard`` force their layout (the report shows
-the plan to it).
-Literals and closed-over constants are Replicate. Unknown primitives (``while``, ``scan``,
-``cond``, ``shard_map``...) raise :class:`UnsupportedOpError` naming them.
+inside; ``with_sharding_constraint``, ``reshard`` and ``shard_map`` regions force their
+layouts (the report shows the plan to them). Control flow: ``scan`` and ``while`` find a
+fixed point of their carries' layouts, ``cond`` joins its branches' output layouts.
+Literals and closed-over constants are Replicate. A primitive without a rule raises
+:class:`UnsupportedOpError` naming it and the user's source line, or (``on_unknown=
+"replicate"``) runs replicated.
+
+Inputs and outputs are pytrees (:mod:`.signature`'s ``flatten_inputs``); ``out_layouts``
+is a pytree prefix of the outputs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 import jax
+from jax._src import source_info_util  # the user's source line of an equation, for errors
 from jax.extend import core
 from jax.sharding import NamedSharding
 
+from ..caches import cached
 from ..errors import InferenceError, Placements2JaxError, UnsupportedOpError
 from ..layout import Layout
 from ..mesh import DeviceMesh
 from .cost import CostModel, CostModelLike, resolve_cost_model
 from .ops import freeze, primitive_definition
 from .plan import _plan
+from .program import ProgramGraph, ProgramNode, ValueId, forced_signature, select_program
 from .select import signature_for
 from .signature import (
     Aval,
     Candidate,
+    RedistributePlan,
     RedistributeStep,
     Signature,
     TensorSpec,
     as_tensor_specs,
+    flatten_inputs,
+    output_constraints,
 )
 from .table import format_bytes, format_table
 
-__all__ = ["EquationReport", "Prediction", "predict"]
+__all__ = ["ON_UNKNOWN", "EquationReport", "Prediction", "predict"]
 
 # call-like primitives and the param holding the called jaxpr (loops are not calls)
 _CALLS = {
@@ -55,6 +69,12 @@ _CALLS = {
 }
 # sharding constraints and the param holding the target sharding
 _CONSTRAINTS = {"sharding_constraint": "sharding", "reshard": "dst_sharding"}
+# primitives whose outputs are their inputs, each keeping its layout
+_PASS_THROUGH = ("optimization_barrier", "device_put")
+# what predict does at a primitive without a rule
+ON_UNKNOWN = ("raise", "replicate")
+# rounds of the fixed point over a loop's carry layouts before falling back to the initial ones
+_FIXED_POINT_ROUNDS = 4
 
 
 @dataclass(frozen=True)
@@ -67,6 +87,7 @@ class EquationReport:
     inputs: tuple[TensorSpec, ...]
     signature: Signature | None
     outputs: tuple[TensorSpec, ...]
+    sources: tuple[ValueId | None, ...] = ()  # the value each input is (None: a literal or constant)
 
     @property
     def depth(self) -> int:
@@ -88,26 +109,53 @@ class EquationReport:
 class Prediction:
     """The predicted layouts of a function's outputs and the per-equation report.
 
-    ``outputs`` are flat (``jax.tree.leaves`` order of the function's result);
-    ``out_tree`` rebuilds the result's structure.
+    ``inputs`` and ``outputs`` are flat (``jax.tree.leaves`` order of the arguments and
+    of the function's result); ``in_tree`` / ``out_tree`` rebuild their structures.
+    ``outputs`` are the layouts after ``out_layouts`` (the last rows, ``out_layouts``,
+    move the outputs that needed it; ``constrained`` says which outputs had one);
+    ``out_layouts_tree`` gives them the result's structure. ``search`` says how the
+    signatures were chosen (see :func:`predict`).
     """
 
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     equations: tuple[EquationReport, ...]
     out_tree: Any
+    in_tree: Any = None
+    constrained: tuple[bool, ...] = ()
+    search: str = "eager"  # how the signatures were chosen: "eager" or "program"
+
+    @property
+    def out_layouts_tree(self) -> Any:
+        """The outputs' layouts in the structure of the function's result."""
+        return jax.tree.unflatten(self.out_tree, self.out_layouts)
 
     @property
     def out_layouts(self) -> tuple[Layout, ...]:
         return tuple(s.layout for s in self.outputs)
 
     @property
+    def redistributions(self) -> tuple[RedistributePlan, ...]:
+        """Every planned redistribution. Chosen for the whole program, one per value and
+        layout: consumers needing a value in the same layout share it (a compiled program
+        computes it once); eager dispatch runs each equation's own."""
+        plans, seen = [], set()
+        for eqn in self.equations:
+            for i, plan in enumerate(eqn.signature.redistributions if eqn.signature is not None else ()):
+                source = eqn.sources[i] if i < len(eqn.sources) else None
+                if plan.is_noop or (self.search == "program" and source is not None and (source, plan.dst) in seen):
+                    continue
+                seen.add((source, plan.dst))
+                plans.append(plan)
+        return tuple(plans)
+
+    @property
     def steps(self) -> tuple[RedistributeStep, ...]:
-        return tuple(step for eqn in self.equations for _, step in eqn.steps)
+        return tuple(step for plan in self.redistributions for step in plan.steps)
 
     @property
     def cost(self) -> Fraction:
-        return sum((e.cost for e in self.equations), Fraction(0))
+        return sum((plan.cost for plan in self.redistributions), Fraction(0))
 
     @property
     def nbytes(self) -> Fraction:
@@ -134,9 +182,7 @@ class Prediction:
         )
 
 
-SEARCHES = ("greedy", "refine")
-# how a refined equation reduces its partial outputs: into any split, or to Replicate
-_REDUCTIONS = ("scatter", "replicate")
+SEARCHES = ("program", "eager")
 
 
 def predict(
@@ -144,28 +190,47 @@ def predict(
     *inputs: Any,
     mesh: DeviceMesh | None = None,
     cost_model: CostModelLike = None,
-    search: str = "greedy",
+    search: str = "program",
+    out_layouts: Any = None,
+    on_unknown: str = "raise",
 ) -> Prediction:
-    """Trace ``fn`` on ``inputs`` (``(shape, dtype, layout)`` tuples or DTensor-like
-    objects, one per positional argument) and propagate layouts through every equation.
+    """Trace ``fn`` on ``inputs`` and propagate layouts through every equation.
+
+    ``inputs`` are pytrees (dicts, lists, NamedTuples, dataclasses, registered classes)
+    whose leaves are DTensors, ``(shape, dtype, layout)`` tuples, TensorSpecs, plain
+    ``jax.Array``s (their own ``NamedSharding`` on the mesh, else Replicate), NumPy
+    arrays, Python scalars (weakly typed) or PRNG keys (typed or raw; Replicate).
     Keyword arguments of ``fn`` are not traced: bind them with ``functools.partial``.
 
-    ``search="greedy"`` chooses each equation's signature on its own, as eager DTensor
-    dispatch does. ``search="refine"`` then improves the whole program by local search:
-    it tries reducing each partial output where it is produced (instead of carrying it
-    through linear ops and reducing later, possibly more than once) and keeps every
-    change that lowers the total cost, until none does.
+    ``out_layouts``: a pytree prefix of ``fn``'s result giving, per output (or subtree),
+    a Layout, placements (with ``mesh``), something with a ``.layout`` (a DTensor: "keep
+    this input's layout", e.g. ``out_layouts=(params, opt_state, None)`` for a train
+    step returning updated parameters and optimizer state) or ``None`` (free). The
+    search plans for them (they are fixed outputs of the program); outputs that still
+    need it are moved at the end (rows ``out.<i>``).
+
+    ``search="program"`` (the default) chooses every equation's signature together, to
+    minimize the communication of the whole program (:mod:`.program`: OneFlow's graph-mode
+    SBP inference, Alpa's intra-operator pass). ``search="eager"`` chooses each equation's
+    signature on its own given its inputs' layouts, as torch's eager DTensor dispatch
+    does op by op. Layouts fixed by the code (loops' carries, annotations, ``shard_map``)
+    are single-candidate rows both searches respect.
+
+    ``on_unknown="raise"`` (default): a primitive without a rule raises
+    :class:`UnsupportedOpError` naming it and the source line; ``"replicate"`` runs it
+    on Replicate inputs and outputs (its report row says so) and goes on.
     """
     if not callable(fn):
         raise InferenceError("fn", fn, "not callable", "pass a function of the input tensors")
     if search not in SEARCHES:
         raise InferenceError("search", search, "unknown search", f"use one of {SEARCHES}")
-    specs, mesh = as_tensor_specs(inputs, mesh)
+    if on_unknown not in ON_UNKNOWN:
+        raise InferenceError("on_unknown", on_unknown, "unknown fallback", f"use one of {ON_UNKNOWN}")
+    flat = flatten_inputs(inputs, mesh)
+    specs, mesh = flat.specs, flat.mesh
     model = resolve_cost_model(cost_model)
     try:
-        closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(
-            *(jax.ShapeDtypeStruct(s.shape, s.dtype) for s in specs)
-        )
+        closed, out_shape = jax.make_jaxpr(flat.call(fn), return_shape=True)(*flat.structs())
     except Placements2JaxError:
         raise
     except (TypeError, ValueError) as err:
@@ -173,54 +238,30 @@ def predict(
             "fn", fn, f"tracing it on inputs {[str(s.aval) for s in specs]} failed ({type(err).__name__}: {err})",
             "make fn accept tensors of these shapes and dtypes (e.g. matching matmul dims)",
         ) from None
+    out_tree = jax.tree.structure(out_shape)
+    out_avals = [Aval(x.shape, x.dtype) for x in jax.tree.leaves(out_shape)]
+    targets = output_constraints(out_layouts, out_tree, out_avals, mesh)
     consts = _const_specs(closed.jaxpr, mesh)
 
-    def walk(reduced: frozenset[tuple[str, str]]) -> Prediction:
-        rows: list[EquationReport] = []
-        outputs = _Walker(mesh, model, rows, reduced).walk(closed.jaxpr, consts, specs, "")
-        return Prediction(specs, tuple(outputs), tuple(rows), jax.tree.structure(out_shape))
+    def walk(choices: Mapping[str, Candidate]) -> tuple[Prediction, ProgramGraph]:
+        walker = _Walker(mesh, model, choices, on_unknown)
+        outputs = walker.walk(closed.jaxpr, consts, specs, "", [("in", i) for i in range(len(specs))])
+        graph = ProgramGraph(mesh, tuple(walker.nodes), tuple(s for _, s in outputs), specs)
+        moved = [
+            spec if target is None else walker.move("out_layouts", f"out.{i}", spec, source, target)[0]
+            for i, ((spec, source), target) in enumerate(zip(outputs, targets))
+        ]
+        prediction = Prediction(
+            specs, tuple(moved), tuple(walker.rows), out_tree,
+            in_tree=flat.tree, constrained=tuple(t is not None for t in targets), search=search,
+        )
+        return prediction, graph
 
-    best = walk(frozenset())
-    if search == "refine":
-        best = _refine(best, walk)
-    return best
-
-
-def _refine(best: Prediction, walk: Callable[[frozenset[tuple[str, str]]], Prediction]) -> Prediction:
-    """Local search: for each equation with a partial output, try reducing it right there
-    (scattered, or replicated on the partial mesh dims) and keep what lowers the cost."""
-    reduced: frozenset[tuple[str, str]] = frozenset()
-    improved = True
-    while improved:
-        improved = False
-        for path in [e.path for e in best.equations]:
-            row = next((e for e in best.equations if e.path == path), None)
-            if row is None or row.signature is None or any(p == path for p, _ in reduced):
-                continue
-            if not any(o.layout.has_partial for o in row.outputs):
-                continue
-            trials = {mode: walk(reduced | {(path, mode)}) for mode in _REDUCTIONS}
-            mode = min(_REDUCTIONS, key=lambda m: trials[m].cost)
-            if trials[mode].cost < best.cost:
-                best, improved, reduced = trials[mode], True, reduced | {(path, mode)}
-    return best
-
-
-def _without_partial_outputs(signature: Signature, mode: str) -> Signature:
-    """The signature re-ranked so that its best candidate without partial outputs comes
-    first: any such candidate (``scatter``), or one that also splits nothing on the mesh
-    dims where the chosen outputs were partial (``replicate``)."""
-    was_partial = {m for x in signature.out_layouts for m in x.partial_axes}
-
-    def fits(candidate: Candidate) -> bool:
-        outs = candidate.out_layouts
-        if any(x.has_partial for x in outs):
-            return False
-        return mode == "scatter" or not any(m in axes for x in outs for axes in x.dim_axes for m in was_partial)
-
-    forced = next(c for c in signature.candidates if fits(c))
-    rest = tuple(c for c in signature.candidates if c is not forced)
-    return Signature(signature.op, signature.inputs, (forced,) + rest)
+    eager, graph = walk({})
+    if search == "eager":
+        return eager
+    choices = select_program(graph, model, targets)
+    return walk(choices)[0] if choices else eager
 
 
 def _const_specs(jaxpr: Any, mesh: DeviceMesh) -> list[TensorSpec]:
@@ -231,67 +272,319 @@ def _replicated_spec(aval: Any, mesh: DeviceMesh) -> TensorSpec:
     return TensorSpec(aval.shape, aval.dtype, Layout.replicated_on(mesh, len(aval.shape)))
 
 
+def _drop_dim0(layout: Layout) -> Layout:
+    """The layout of one slice along dim 0 (which must be unsplit)."""
+    return Layout(layout.mesh, layout.dim_axes[1:], layout.partial)
+
+
+def _unsplit_dim0(layout: Layout) -> Layout:
+    return Layout(layout.mesh, ((),) + layout.dim_axes[1:], layout.partial)
+
+
+def _stacked(layout: Layout) -> Layout:
+    """The layout of slices stacked along a new, unsplit dim 0."""
+    return Layout(layout.mesh, ((),) + layout.dim_axes, layout.partial)
+
+
+def _source_line(eqn: Any) -> str:
+    """``file:line (function)`` of the user code that made ``eqn`` ("" for equations
+    inside library functions traced as jit: their caller's line is used instead)."""
+    return source_info_util.summarize(eqn.source_info)
+
+
 class _Walker:
-    """Walks a jaxpr, choosing signatures; an equation listed in ``reduced`` as
-    ``(path, mode)`` reduces its partial outputs (see :func:`_without_partial_outputs`)."""
+    """Walks a jaxpr, choosing signatures: the candidate ``choices`` gives an equation's
+    path (whole-program selection), else the best-ranked one for its inputs' layouts
+    (eager selection). Records the dataflow as :class:`ProgramNode`s for the search."""
 
     def __init__(
-        self,
-        mesh: DeviceMesh,
-        cost_model: CostModel,
-        rows: list[EquationReport],
-        reduced: frozenset[tuple[str, str]],
+        self, mesh: DeviceMesh, cost_model: CostModel, choices: Mapping[str, Candidate], on_unknown: str = "raise"
     ) -> None:
         self.mesh = mesh
         self.cost_model = cost_model
-        self.rows = rows
-        self.reduced = dict(reduced)
+        self.choices = choices
+        self.on_unknown = on_unknown
+        self.rows: list[EquationReport] = []
+        self.nodes: list[ProgramNode] = []
+        self.call_lines: list[str] = []  # source lines of the enclosing calls, for errors
 
-    def walk(self, jaxpr: Any, consts: Sequence[TensorSpec], inputs: Sequence[TensorSpec], prefix: str) -> list[TensorSpec]:
-        env: dict[Any, TensorSpec] = {}
+    def _trial(self) -> _Walker:
+        """A walker whose rows and nodes are thrown away (for fixed points)."""
+        return _Walker(self.mesh, self.cost_model, self.choices, self.on_unknown)
 
-        def read(atom: Any) -> TensorSpec:
+    def walk(
+        self, jaxpr: Any, consts: Sequence[TensorSpec], inputs: Sequence[TensorSpec], prefix: str,
+        sources: Sequence[ValueId | None],
+    ) -> list[tuple[TensorSpec, ValueId | None]]:
+        """The outputs of ``jaxpr`` and the values they are (None: a literal or constant)."""
+        env: dict[Any, tuple[TensorSpec, ValueId | None]] = {}
+
+        def read(atom: Any) -> tuple[TensorSpec, ValueId | None]:
             if isinstance(atom, core.Literal):
-                return _replicated_spec(atom.aval, self.mesh)
+                return _replicated_spec(atom.aval, self.mesh), None
             return env[atom]
 
-        env.update(zip(jaxpr.constvars, consts))
-        env.update(zip(jaxpr.invars, inputs))
+        env.update((v, (c, None)) for v, c in zip(jaxpr.constvars, consts))
+        env.update(zip(jaxpr.invars, zip(inputs, sources)))
         for index, eqn in enumerate(jaxpr.eqns):
             path = f"{prefix}{index}"
-            ins = tuple(read(a) for a in eqn.invars)
+            ins, srcs = zip(*(read(a) for a in eqn.invars)) if eqn.invars else ((), ())
             out_avals = tuple(Aval(v.aval.shape, v.aval.dtype) for v in eqn.outvars)
-            outs = self._equation(eqn, path, ins, out_avals)
-            for var, spec in zip(eqn.outvars, outs):
+            outs = self._equation(eqn, path, tuple(ins), tuple(srcs), out_avals)
+            for var, value in zip(eqn.outvars, outs):
                 if not isinstance(var, core.DropVar):
-                    env[var] = spec
+                    env[var] = value
         return [read(v) for v in jaxpr.outvars]
 
+    def _closed(
+        self, closed: Any, ins: Sequence[TensorSpec], prefix: str, walker: _Walker | None = None,
+        sources: Sequence[ValueId | None] | None = None,
+    ) -> list[tuple[TensorSpec, ValueId | None]]:
+        """Walk a called or loop-body jaxpr. A call threads its inputs' ``sources``; a
+        body's inputs are fixed by its loop's row (``None``: fixed as given)."""
+        jaxpr = getattr(closed, "jaxpr", closed)
+        srcs = sources if sources is not None else [None] * len(ins)
+        return (walker or self).walk(jaxpr, _const_specs(jaxpr, self.mesh), ins, prefix, srcs)
+
+    def fixed(
+        self, op: str, ins: Sequence[TensorSpec], in_layouts: Sequence[Layout], out_avals: Sequence[Aval],
+        out_layouts: Sequence[Layout],
+    ) -> Signature:
+        """The one signature of an op whose layouts are fixed: plans of its inputs to
+        ``in_layouts``, outputs ``out_layouts``."""
+        return _fixed_signature(
+            op, tuple(ins), tuple(in_layouts), tuple(out_avals), tuple(out_layouts), self.mesh, self.cost_model
+        )
+
+    def move(
+        self, label: str, path: str, spec: TensorSpec, source: ValueId | None, target: Layout
+    ) -> tuple[TensorSpec, ValueId | None]:
+        """Move ``spec`` to ``target``: a row if it differs, and always a program node (a
+        single candidate needing ``target``), so that the program search pays for the
+        move if it changes the producer. The moved spec and the value it now is."""
+        signature = self.fixed(label, (spec,), (target,), (spec.aval,), (target,))
+        self.nodes.append(ProgramNode(path, (spec,), (source,), signature.candidates))
+        if spec.layout == target:
+            return spec, source
+        out = TensorSpec(spec.shape, spec.dtype, target)
+        self.rows.append(EquationReport(path, label, (spec,), signature, (out,), (source,)))
+        return out, (path, 0)
+
     def _equation(
-        self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]
-    ) -> tuple[TensorSpec, ...]:
+        self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], srcs: tuple[ValueId | None, ...],
+        out_avals: tuple[Aval, ...],
+    ) -> list[tuple[TensorSpec, ValueId | None]]:
         name = eqn.primitive.name
         if name in _CALLS:
-            inner = eqn.params[_CALLS[name]]
             label = f"{name}[{eqn.params['name']}]" if "name" in eqn.params else name
             slot = len(self.rows)
             self.rows.append(EquationReport(path, label, ins, None, ()))
-            jaxpr = getattr(inner, "jaxpr", inner)
-            consts = _const_specs(jaxpr, self.mesh)
-            outs = tuple(self.walk(jaxpr, consts, ins, path + "."))
-            self.rows[slot] = EquationReport(path, label, ins, None, outs)
+            self.call_lines.append(_source_line(eqn))
+            outs = self._closed(eqn.params[_CALLS[name]], ins, path + ".", sources=srcs)
+            self.call_lines.pop()
+            self.rows[slot] = EquationReport(path, label, ins, None, tuple(o for o, _ in outs), srcs)
             return outs
+        if name == "scan":
+            return self._scan(eqn, path, ins, srcs, out_avals)
+        if name == "while":
+            return self._while(eqn, path, ins, srcs, out_avals)
+        if name == "cond":
+            return self._cond(eqn, path, ins, srcs, out_avals)
         if name in _CONSTRAINTS:
             signature = self._constraint(eqn.params[_CONSTRAINTS[name]], ins[0], out_avals[0])
+        elif name in _PASS_THROUGH:
+            layouts = [s.layout for s in ins]
+            signature = self.fixed(name, ins, layouts, out_avals, layouts)
+        elif name == "shard_map":
+            signature = self._shard_map(eqn, ins, out_avals)
         else:
-            definition = primitive_definition(name)
-            params = freeze({p: eqn.params[p] for p in definition.params}, f"{name} params")
-            signature = signature_for(("primitive", name), params, ins, out_avals, self.cost_model, self.mesh)
-            if path in self.reduced:
-                signature = _without_partial_outputs(signature, self.reduced[path])
+            signature = self._rule_signature(eqn, path, ins, out_avals)
         outs = tuple(TensorSpec(a.shape, a.dtype, layout) for a, layout in zip(out_avals, signature.out_layouts))
-        self.rows.append(EquationReport(path, name, ins, signature, outs))
-        return outs
+        label = signature.op if signature.op.startswith(name) else name  # e.g. 'foo (no rule: replicated)'
+        self.rows.append(EquationReport(path, label, ins, signature, outs, srcs))
+        self.nodes.append(ProgramNode(path, ins, srcs, signature.candidates))
+        return [(o, (path, j)) for j, o in enumerate(outs)]
+
+    def _rule_signature(
+        self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]
+    ) -> Signature:
+        name = eqn.primitive.name
+        try:
+            definition = primitive_definition(name)
+        except UnsupportedOpError:
+            if self.on_unknown == "replicate":
+                layouts = [Layout.replicated_on(self.mesh, len(s.shape)) for s in ins]
+                outs = [Layout.replicated_on(self.mesh, a.ndim) for a in out_avals]
+                return self.fixed(f"{name} (no rule: replicated)", ins, layouts, out_avals, outs)
+            lines = [_source_line(eqn), *reversed(self.call_lines)]
+            where = next((line for line in lines if line), "unknown source")
+            raise UnsupportedOpError(
+                "primitive", name, f"signature inference has no rule for this jaxpr primitive (at {where})",
+                "express the computation with supported primitives (placements2jax.inference.primitive_names()), "
+                'or pass on_unknown="replicate" to run it replicated',
+            ) from None
+        if path in self.choices:
+            return forced_signature(name, ins, self.choices[path], self.cost_model)
+        params = freeze({p: eqn.params[p] for p in definition.params}, f"{name} params")
+        return signature_for(("primitive", name), params, ins, out_avals, self.cost_model, self.mesh)
+
+    # -- control flow ------------------------------------------------------------------------
+    # A loop or cond is one row and one program node with a single candidate (its inputs'
+    # layouts, found by the fixed point or the join, then its outputs'); the program search
+    # keeps it and may re-choose the equations of its bodies (their inputs fixed by the
+    # row). Walked again with the search's choices, the row takes the layouts the search
+    # saw (its chosen candidate) instead of recomputing them.
+
+    def _loop_layouts(self, path: str, find: Callable[[], Sequence[Layout]]) -> list[Layout]:
+        """The input layouts of loop row ``path``: as chosen by the search, else ``find()``."""
+        return list(self.choices[path].in_layouts) if path in self.choices else list(find())
+
+    def _carry_fixed_point(
+        self, body: Any, before: Sequence[TensorSpec], carry: Sequence[TensorSpec], after: Sequence[TensorSpec],
+        path: str,
+    ) -> list[Layout]:
+        """The carry layouts of a loop: start from the initial ones, take what the body
+        returns, until it returns what it gets; if that does not settle, the initial ones
+        (the body's results are then moved back to them every iteration)."""
+        layouts = [s.layout for s in carry]
+        for _ in range(_FIXED_POINT_ROUNDS):
+            specs = [TensorSpec(s.shape, s.dtype, x) for s, x in zip(carry, layouts)]
+            outs = self._closed(body, [*before, *specs, *after], path + ".", self._trial())
+            new = [o.layout for o, _ in outs[: len(carry)]]
+            if new == layouts:
+                return layouts
+            layouts = new
+        return [s.layout for s in carry]
+
+    def _loop_row(
+        self, path: str, label: str, ins: tuple[TensorSpec, ...], in_layouts: Sequence[Layout],
+        out_avals: Sequence[Aval],
+    ) -> int:
+        """Append the loop's row (its input moves); its outputs are filled in later."""
+        signature = self.fixed(label, ins, in_layouts, out_avals, [Layout.replicated_on(self.mesh, a.ndim) for a in out_avals])
+        self.rows.append(EquationReport(path, label, ins, signature, ()))
+        return len(self.rows) - 1
+
+    def _finish_loop_row(
+        self, slot: int, srcs: tuple[ValueId | None, ...], outs: Sequence[TensorSpec]
+    ) -> list[tuple[TensorSpec, ValueId | None]]:
+        row = self.rows[slot]
+        candidate = dataclasses.replace(row.signature.chosen, out_layouts=tuple(o.layout for o in outs))
+        signature = Signature(row.signature.op, row.inputs, (candidate,))
+        self.rows[slot] = EquationReport(row.path, row.primitive, row.inputs, signature, tuple(outs), srcs)
+        self.nodes.append(ProgramNode(row.path, row.inputs, srcs, signature.candidates))
+        return [(o, (row.path, j)) for j, o in enumerate(outs)]
+
+    def _scan(
+        self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], srcs: tuple[ValueId | None, ...],
+        out_avals: tuple[Aval, ...],
+    ) -> list[tuple[TensorSpec, ValueId | None]]:
+        """``scan``: scanned inputs keep dim 0 whole (a rank cannot run only its own
+        iterations), each iteration sees their slices; the carry's layouts are a fixed
+        point of the body; stacked outputs get an unsplit dim 0. The body's rows appear
+        once (as the compiled loop body does), not once per iteration."""
+        body = eqn.params["jaxpr"]
+        nc, nk = eqn.params["num_consts"], eqn.params["num_carry"]
+
+        def find() -> list[Layout]:
+            consts, init, xs = ins[:nc], ins[nc:nc + nk], ins[nc + nk:]
+            slices = [TensorSpec(x.shape[1:], x.dtype, _drop_dim0(_unsplit_dim0(x.layout))) for x in xs]
+            carry = self._carry_fixed_point(body, consts, init, slices, path)
+            return [c.layout for c in consts] + carry + [_unsplit_dim0(x.layout) for x in xs]
+
+        layouts = self._loop_layouts(path, find)
+        slot = self._loop_row(path, "scan", ins, layouts, out_avals)
+        specs = [TensorSpec(s.shape, s.dtype, x) for s, x in zip(ins, layouts)]
+        consts, carry, xs = specs[:nc], specs[nc:nc + nk], specs[nc + nk:]
+        slices = [TensorSpec(x.shape[1:], x.dtype, _drop_dim0(x.layout)) for x in xs]
+        outs = self._closed(body, [*consts, *carry, *slices], path + ".")
+        back = [
+            self.move("scan carry", f"{path}.carry{i}", o, s, c.layout)[0]
+            for i, ((o, s), c) in enumerate(zip(outs[:nk], carry))
+        ]
+        ys = [
+            TensorSpec((a.shape[0], *o.shape), o.dtype, _stacked(o.layout))
+            for a, (o, _) in zip(out_avals[nk:], outs[nk:])
+        ]
+        return self._finish_loop_row(slot, srcs, [*back, *ys])
+
+    def _while(
+        self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], srcs: tuple[ValueId | None, ...],
+        out_avals: tuple[Aval, ...],
+    ) -> list[tuple[TensorSpec, ValueId | None]]:
+        """``while``: the carry's layouts are a fixed point of the body; the condition is
+        walked on them and its predicate must be Replicate (every rank decides alike)."""
+        p = eqn.params
+        cn, bn = p["cond_nconsts"], p["body_nconsts"]
+
+        def find() -> list[Layout]:
+            body_consts, init = ins[cn:cn + bn], ins[cn + bn:]
+            carry = self._carry_fixed_point(p["body_jaxpr"], body_consts, init, (), path + ".body")
+            return [c.layout for c in ins[:cn + bn]] + carry
+
+        layouts = self._loop_layouts(path, find)
+        slot = self._loop_row(path, "while", ins, layouts, out_avals)
+        specs = [TensorSpec(s.shape, s.dtype, x) for s, x in zip(ins, layouts)]
+        cond_consts, body_consts, carry = specs[:cn], specs[cn:cn + bn], specs[cn + bn:]
+        ((predicate, source),) = self._closed(p["cond_jaxpr"], [*cond_consts, *carry], path + ".cond.")
+        everywhere = Layout.replicated_on(self.mesh, predicate.layout.ndim)
+        self.move("while predicate", f"{path}.cond.out", predicate, source, everywhere)
+        outs = self._closed(p["body_jaxpr"], [*body_consts, *carry], path + ".body.")
+        back = [
+            self.move("while carry", f"{path}.carry{i}", o, s, c.layout)[0]
+            for i, ((o, s), c) in enumerate(zip(outs, carry))
+        ]
+        return self._finish_loop_row(slot, srcs, back)
+
+    def _cond(
+        self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], srcs: tuple[ValueId | None, ...],
+        out_avals: tuple[Aval, ...],
+    ) -> list[tuple[TensorSpec, ValueId | None]]:
+        """``cond`` / ``switch``: the index must be Replicate; every branch is walked on
+        the operands; each output takes, among the branches' layouts for it, the one
+        cheapest to reach from all branches (ties: the first branch's), and branches
+        that produced another layout move to it."""
+        index, operands = ins[0], ins[1:]
+        index_layout = Layout.replicated_on(self.mesh, index.layout.ndim)
+        slot = self._loop_row(path, "cond", ins, [index_layout] + [s.layout for s in operands], out_avals)
+        branches = [self._closed(b, operands, f"{path}.b{k}.") for k, b in enumerate(eqn.params["branches"])]
+        if path in self.choices:
+            joined = list(self.choices[path].out_layouts)
+        else:
+            joined = []
+            for i in range(len(out_avals)):
+                options = list(dict.fromkeys(b[i][0].layout for b in branches))
+
+                def total(target: Layout, i: int = i) -> Fraction:
+                    outs = (b[i][0] for b in branches)
+                    plans = (_plan(o.shape, o.dtype, o.layout, target, self.cost_model) for o in outs)
+                    return sum((plan.cost for plan in plans), Fraction(0))
+
+                joined.append(min(options, key=total))
+        for k, outs in enumerate(branches):
+            for i, ((o, s), target) in enumerate(zip(outs, joined)):
+                self.move("cond join", f"{path}.b{k}.out{i}", o, s, target)
+        return self._finish_loop_row(slot, srcs, [TensorSpec(a.shape, a.dtype, x) for a, x in zip(out_avals, joined)])
+
+    # -- annotations in user code ------------------------------------------------------------
+
+    def _check_mesh(self, argument: str, value: Any, jax_mesh: Any) -> None:
+        if tuple(jax_mesh.axis_names) != self.mesh.axis_names or tuple(jax_mesh.axis_sizes) != self.mesh.shape:
+            raise InferenceError(
+                argument, value, f"its mesh is not the inputs' mesh {self.mesh!r}",
+                "use a sharding or shard_map on the same mesh (mesh.to_jax())",
+            )
+
+    def _shard_map(self, eqn: Any, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]) -> Signature:
+        """A ``shard_map`` region: its ``in_specs`` / ``out_specs`` are fixed layouts (its
+        body is per-device code, not walked)."""
+        p = eqn.params
+        self._check_mesh("shard_map mesh", p["mesh"], p["mesh"])
+        in_layouts = [Layout.from_partition_spec(self.mesh, spec, s.layout.ndim) for spec, s in zip(p["in_specs"], ins)]
+        out_layouts = [
+            Layout.from_partition_spec(self.mesh, spec, a.ndim) for spec, a in zip(p["out_specs"], out_avals)
+        ]
+        return self.fixed("shard_map", ins, in_layouts, out_avals, out_layouts)
 
     def _constraint(self, sharding: Any, spec: TensorSpec, out: Aval) -> Signature:
         if not isinstance(sharding, NamedSharding):
@@ -299,12 +592,18 @@ class _Walker:
                 "sharding", sharding, "with_sharding_constraint is only understood with a NamedSharding",
                 "pass NamedSharding(mesh.to_jax(), PartitionSpec(...))",
             )
-        if tuple(sharding.mesh.axis_names) != self.mesh.axis_names or tuple(sharding.mesh.axis_sizes) != self.mesh.shape:
-            raise InferenceError(
-                "sharding", sharding, f"its mesh is not the inputs' mesh {self.mesh!r}",
-                "constrain with a sharding on the same mesh (mesh.to_jax())",
-            )
+        self._check_mesh("sharding", sharding, sharding.mesh)
         target = Layout.from_partition_spec(self.mesh, sharding.spec, spec.layout.ndim)
-        plan = _plan(spec.shape, spec.dtype, spec.layout, target, self.cost_model)
-        order = tuple(range(self.mesh.ndim))
-        return Signature("sharding_constraint", (spec,), (Candidate((target,), (target,), (plan,), (), order, (out,)),))
+        return self.fixed("sharding_constraint", (spec,), (target,), (out,), (target,))
+
+
+@cached(maxsize=1024)
+def _fixed_signature(
+    op: str, ins: tuple[TensorSpec, ...], in_layouts: tuple[Layout, ...], out_avals: tuple[Aval, ...],
+    out_layouts: tuple[Layout, ...], mesh: DeviceMesh, cost_model: CostModel,
+) -> Signature:
+    """The one signature of an op whose layouts are fixed (cached, as every signature is:
+    the program search keys its cache on the signatures' identities)."""
+    plans = tuple(_plan(s.shape, s.dtype, s.layout, t, cost_model) for s, t in zip(ins, in_layouts))
+    candidate = Candidate(in_layouts, out_layouts, plans, (), tuple(range(mesh.ndim)), out_avals)
+    return Signature(op, ins, (candidate,))

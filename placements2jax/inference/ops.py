@@ -95,9 +95,18 @@ def primitive_names() -> tuple[str, ...]:
 
 
 def freeze(value: Any, argument: str = "params") -> Any:
-    """A hashable copy of an op parameter (lists become tuples, dicts sorted item tuples)."""
-    if type(value) in (list, tuple):  # not named tuples: their fields are read by name
+    """A hashable, normalized copy of an op parameter: lists become tuples, dicts sorted
+    item tuples, NumPy integers and bools Python ones (jaxprs of ``jax.grad`` carry
+    ``np.int64`` dims, e.g. in ``broadcast_dimensions``), named tuples (dimension
+    numbers) keep their type with normalized fields."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    if type(value) in (list, tuple):
         return tuple(freeze(v, argument) for v in value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # named tuples are read by field name
+        return type(value)(*(freeze(v, argument) for v in value))
     if isinstance(value, Mapping):
         return tuple(sorted((k, freeze(v, argument)) for k, v in value.items()))
     try:
@@ -352,20 +361,20 @@ def _primitive(names: str | Sequence[str], rule: Rule, params: Sequence[str] = (
 
 
 _PRIMITIVE_KINDS: dict[PartialKind, tuple[str, ...]] = {
-    "linear": ("add", "sub", "add_any"),
+    "linear": ("add", "sub", "add_any", "complex"),
     "product": ("mul",),
     "numerator": ("div",),
     "max": ("max",),
     "min": ("min",),
     "negate": ("neg",),
-    "identity": ("copy", "copy_p", "reduce_precision", "stop_gradient", "real"),
+    "identity": ("copy", "copy_p", "reduce_precision", "stop_gradient", "real", "imag"),
     "select": ("select_n",),
     "none": (
         "abs", "acos", "acosh", "asin", "asinh", "atan", "atanh", "cbrt", "ceil", "cos", "cosh", "erf", "erf_inv",
-        "erfc", "exp", "exp2", "expm1", "floor", "imag", "integer_pow", "is_finite", "lgamma", "digamma", "log",
+        "erfc", "exp", "exp2", "expm1", "floor", "integer_pow", "is_finite", "lgamma", "digamma", "log",
         "log1p", "logistic", "not", "population_count", "clz", "round", "rsqrt", "sign", "sin", "sinh", "sqrt",
         "square", "tan", "tanh", "conj", "atan2", "pow", "rem", "and", "or", "xor", "eq", "ne", "lt", "le", "gt",
-        "ge", "nextafter", "shift_left", "shift_right_arithmetic", "shift_right_logical", "complex", "clamp",
+        "ge", "nextafter", "shift_left", "shift_right_arithmetic", "shift_right_logical", "clamp",
         "igamma", "igammac", "polygamma", "zeta", "mulhi",
     ),
 }
@@ -407,8 +416,42 @@ _primitive(
     ),
     ("dimension_numbers", "slice_sizes"),
 )
+for _name in ("scatter", "scatter-add", "scatter-sub", "scatter-mul", "scatter-min", "scatter-max"):
+    _primitive(
+        _name,
+        lambda ins, outs, *, dimension_numbers, _name=_name: rules.scatter(
+            ins, outs, dimension_numbers=dimension_numbers, kind=_name
+        ),
+        ("dimension_numbers",),
+    )
 _primitive(("slice", "dynamic_slice"), lambda ins, outs: rules.slice_full_dims(ins, outs))
+_primitive("dynamic_update_slice", lambda ins, outs: rules.dynamic_update_slice(ins, outs))
+_primitive("stack", lambda ins, outs, *, axis: rules.stack(ins, outs, axis=axis), ("axis",))
+_primitive("unstack", lambda ins, outs, *, axis: rules.unstack(ins, outs, axis=axis), ("axis",))
+_primitive("rev", lambda ins, outs, *, dimensions: rules.reverse(ins, outs, dimensions=dimensions), ("dimensions",))
+_primitive("sort", lambda ins, outs, *, dimension: rules.along_axis(ins, outs, axis=dimension), ("dimension",))
+_primitive("top_k", lambda ins, outs, *, axis: rules.along_axis(ins, outs, axis=axis), ("axis",))
+_primitive(
+    "bitcast_convert_type",
+    lambda ins, outs: rules.elementwise(ins, outs) if ins[0].shape == outs[0].shape else [],
+)
+_primitive(
+    "conv_general_dilated",
+    lambda ins, outs, *, dimension_numbers, feature_group_count, batch_group_count: rules.conv(
+        ins, outs, dimension_numbers=dimension_numbers, feature_group_count=feature_group_count,
+        batch_group_count=batch_group_count,
+    ),
+    ("dimension_numbers", "feature_group_count", "batch_group_count"),
+)
 _primitive("pad", lambda ins, outs, *, padding_config: rules.pad(ins, outs, padding_config=padding_config), ("padding_config",))
 for _name, _kind in (("cumsum", "sum"), ("cummax", "max"), ("cummin", "min"), ("cumprod", "prod"), ("cumlogsumexp", "other")):
     _primitive(_name, lambda ins, outs, *, axis, _kind=_kind: rules.cumulative(ins, outs, axis=axis, kind=_kind), ("axis",))
-_primitive(("iota", "rng_uniform"), rules.nullary)
+# values made from nothing, and PRNG keys and bits: Replicate (every rank draws the same
+# bits; a split consumer slices them for free)
+_primitive(
+    (
+        "iota", "rng_uniform", "rng_bit_generator", "random_seed", "random_bits", "random_split", "random_fold_in",
+        "random_wrap", "random_unwrap", "random_clone", "threefry2x32",
+    ),
+    rules.nullary,
+)

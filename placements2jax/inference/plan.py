@@ -57,7 +57,7 @@ from .cost import (
 )
 from .signature import RedistributePlan, RedistributeStep, TensorSpec, placement_on
 
-__all__ = ["plan_redistribute"]
+__all__ = ["plan_cost", "plan_redistribute"]
 
 DimAxes = tuple[tuple[int, ...], ...]
 State = tuple[DimAxes, tuple[ReduceOp | None, ...]]
@@ -122,6 +122,19 @@ def _plan(shape: tuple[int, ...], dtype: np.dtype, src: Layout, dst: Layout, cos
             steps.append(_step(shape, dtype, src, state, new_state, m, LOCAL_PARTIAL, Fraction(0), weights))
             state = new_state
     return RedistributePlan(shape, dtype, src, dst, tuple(steps))
+
+
+def plan_cost(
+    shape: tuple[int, ...], dtype: np.dtype, src: State, dst: State, mesh_shape: tuple[int, ...],
+    weights: tuple[Fraction, ...],
+) -> tuple[Fraction, int]:
+    """The cost of the plan from layout state ``src`` to ``dst`` (``(dim_axes, partial)``
+    on a mesh of ``mesh_shape`` with per-dim ``weights``) and how many of its steps
+    communicate: what :func:`plan_redistribute` gives, without building the plan (for
+    searches that compare many layouts)."""
+    kept = tuple(op if op and src[1][m] == op else None for m, op in enumerate(dst[1]))
+    moves = _search(shape, dtype.itemsize, mesh_shape, weights, src).path_to((dst[0], kept))
+    return sum((m.nbytes * weights[m.mesh_dim] for m in moves), Fraction(0)), sum(1 for m in moves if m.nbytes)
 
 
 def _step(

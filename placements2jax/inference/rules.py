@@ -30,9 +30,12 @@ from .signature import Aval, OneDSig
 __all__ = [
     "PartialKind",
     "broadcast_in_dim",
+    "along_axis",
     "concatenate",
+    "conv",
     "convert",
     "cumulative",
+    "dynamic_update_slice",
     "einsum",
     "elementwise",
     "gather",
@@ -42,10 +45,14 @@ __all__ = [
     "partial_sigs",
     "reduction",
     "reshape",
+    "reverse",
+    "scatter",
     "slice_full_dims",
     "split",
+    "stack",
     "take",
     "transpose",
+    "unstack",
 ]
 
 Avals: TypeAlias = Sequence[Aval]
@@ -231,30 +238,151 @@ def take(ins: Avals, outs: Avals, *, axis: int) -> list[OneDSig]:
 
 
 def gather(ins: Avals, outs: Avals, *, dimension_numbers: Any, slice_sizes: Sequence[int]) -> list[OneDSig]:
-    """The ``gather`` primitive in the form ``jnp.take`` / ``table[indices]`` produce
-    (one collapsed operand dim, full slices elsewhere, a trailing index vector of size 1):
-    the :func:`take` rules mapped onto the output's batch and offset dims. Other gathers
-    get no split signature (all-Replicate only)."""
+    """XLA's ``gather`` (``table[ids]``, ``jnp.take``, ``take_along_axis``...). Operand dims
+    are indexed (``start_index_map``), batching (paired with an indices dim) or window
+    dims; the indices' dims but the last (the index vector) are batch dims.
+
+    * an indices batch dim ``S(i)`` -> its output dim; the operand ``S(b)`` if ``i`` is
+      paired with operand batching dim ``b``, else ``R``;
+    * an operand window dim taken whole and not indexed, ``S(j)`` (indices ``R``) -> its
+      output offset dim;
+    * the one indexed dim ``S(axis)`` of a single-index gather without batching dims,
+      indices ``R`` -> ``P(sum)``: the masked local lookup (rows another rank owns give
+      zeros; exact for in-range indices);
+    * operand ``P(op)``, indices ``R`` -> ``P(op)`` (a gather moves data).
+    """
     operand, indices, out = ins[0], ins[1], outs[0]
     dn = dimension_numbers
-    if (
-        getattr(dn, "operand_batching_dims", ())
-        or len(dn.start_index_map) != 1
-        or tuple(dn.collapsed_slice_dims) != tuple(dn.start_index_map)
-        or indices.ndim == 0
-        or indices.shape[-1] != 1
-    ):
-        return []
-    axis = dn.start_index_map[0]
-    if any(size != (1 if j == axis else operand.shape[j]) for j, size in enumerate(slice_sizes)):
-        return []
+    operand_batching = tuple(getattr(dn, "operand_batching_dims", ()))
+    indices_batching = tuple(getattr(dn, "start_indices_batching_dims", ()))
     batch_out = [j for j in range(out.ndim) if j not in dn.offset_dims]
-    offset_out = dict(zip([j for j in range(operand.ndim) if j != axis], dn.offset_dims))
-    sigs = [OneDSig((R, Shard(i)), (Shard(batch_out[i]),)) for i in range(indices.ndim - 1)]
-    for j in range(operand.ndim):
-        result: Placement = Partial("sum") if j == axis else Shard(offset_out[j])
-        sigs.append(OneDSig((Shard(j), R), (result,)))
+    paired = dict(zip(indices_batching, operand_batching))
+    sigs = []
+    for i in range(indices.ndim - 1):
+        operand_placement = Shard(paired[i]) if i in paired else R
+        sigs.append(OneDSig((operand_placement, Shard(i)), (Shard(batch_out[i]),)))
+    window = [j for j in range(operand.ndim) if j not in dn.collapsed_slice_dims and j not in operand_batching]
+    offset_out = dict(zip(window, dn.offset_dims))
+    for j in window:
+        if slice_sizes[j] == operand.shape[j] and j not in dn.start_index_map:
+            sigs.append(OneDSig((Shard(j), R), (Shard(offset_out[j]),)))
+    if (
+        not operand_batching
+        and len(dn.start_index_map) == 1
+        and tuple(dn.collapsed_slice_dims) == tuple(dn.start_index_map)
+        and indices.ndim > 0
+        and indices.shape[-1] == 1
+    ):
+        sigs.append(OneDSig((Shard(dn.start_index_map[0]), R), (Partial("sum"),)))
     return sigs + partial_sigs("identity", 2)
+
+
+_SCATTER_PARTIALS: dict[str, tuple[ReduceOp, ...]] = {
+    "scatter-add": LINEAR_OPS, "scatter-sub": LINEAR_OPS, "scatter-max": ("max",), "scatter-min": ("min",),
+}
+
+
+def scatter(ins: Avals, outs: Avals, *, dimension_numbers: Any, kind: str) -> list[OneDSig]:
+    """XLA's ``scatter`` family (operand, indices, updates -> operand-shaped result), e.g.
+    ``scatter-add``, the transpose of a gather (gradients of embeddings and of
+    ``take_along_axis``). Update dims are window dims (``update_window_dims``, matching
+    the operand's window dims in order) or scatter dims (matching the indices' batch dims).
+
+    * an operand window dim whose update extent is the operand's, not indexed: operand
+      and updates split on it, indices ``R``;
+    * a batching pair: operand ``S(b)``, indices ``S(i)``, updates on the scatter dim of
+      ``i`` -> ``S(b)``;
+    * scatter-add / -sub only (linear in operand and updates): an unpaired indices batch dim
+      ``S(i)`` with updates split alike and operand ``P(sum)`` -> ``P(sum)``: each rank
+      adds its own updates (data-parallel embedding gradients);
+    * partial operand and updates, indices ``R``: ``P(sum/avg)`` through scatter-add,
+      ``P(max)`` / ``P(min)`` through scatter-max / scatter-min.
+    """
+    operand, indices, updates = ins[0], ins[1], ins[2]
+    kind = kind.replace("_", "-")  # jaxprs spell scatter-add, scatter-max...
+    dn = dimension_numbers
+    operand_batching = tuple(getattr(dn, "operand_batching_dims", ()))
+    indices_batching = tuple(getattr(dn, "scatter_indices_batching_dims", ()))
+    scatter_update_dims = [u for u in range(updates.ndim) if u not in dn.update_window_dims]
+    window = [j for j in range(operand.ndim) if j not in dn.inserted_window_dims and j not in operand_batching]
+    sigs = []
+    for j, u in zip(window, dn.update_window_dims):
+        if updates.shape[u] == operand.shape[j] and j not in dn.scatter_dims_to_operand_dims:
+            sigs.append(OneDSig((Shard(j), R, Shard(u)), (Shard(j),)))
+    paired = dict(zip(indices_batching, operand_batching))
+    for i, u in zip(range(indices.ndim - 1), scatter_update_dims):
+        if i in paired:
+            sigs.append(OneDSig((Shard(paired[i]), Shard(i), Shard(u)), (Shard(paired[i]),)))
+        elif kind in ("scatter-add", "scatter-sub"):
+            sigs.append(OneDSig((Partial("sum"), Shard(i), Shard(u)), (Partial("sum"),)))
+    for op in _SCATTER_PARTIALS.get(kind, ()):
+        sigs.append(OneDSig((Partial(op), R, Partial(op)), (Partial(op),)))
+    return sigs
+
+
+def dynamic_update_slice(ins: Avals, outs: Avals) -> list[OneDSig]:
+    """``dynamic_update_slice(operand, update, *starts)``: dims the update covers whole
+    may be split on both (starts ``R``); every position comes from exactly one of
+    operand and update, so any partial of both passes."""
+    operand, update = ins[0], ins[1]
+    starts = (R,) * (len(ins) - 2)
+    sigs = [
+        OneDSig((Shard(d), Shard(d)) + starts, (Shard(d),))
+        for d in range(operand.ndim)
+        if update.shape[d] == operand.shape[d]
+    ]
+    return sigs + [OneDSig((Partial(op), Partial(op)) + starts, (Partial(op),)) for op in REDUCE_OPS]
+
+
+def stack(ins: Avals, outs: Avals, *, axis: int) -> list[OneDSig]:
+    """Stacking equal-shaped inputs along a new output dim ``axis``: every input ``S(d)``
+    -> ``S(d)`` (``S(d+1)`` past ``axis``); all inputs ``P(op)`` -> ``P(op)``."""
+    n = len(ins)
+    sigs = [OneDSig((Shard(d),) * n, (Shard(d if d < axis else d + 1),)) for d in range(ins[0].ndim)]
+    return sigs + [OneDSig((Partial(op),) * n, (Partial(op),)) for op in REDUCE_OPS]
+
+
+def unstack(ins: Avals, outs: Avals, *, axis: int) -> list[OneDSig]:
+    """The inverse of :func:`stack`: input ``S(d)`` (``d != axis``) -> every output
+    ``S(d)`` (``S(d-1)`` past ``axis``); partials pass to every output."""
+    n = len(outs)
+    sigs = [OneDSig((Shard(d),), (Shard(d if d < axis else d - 1),) * n) for d in range(ins[0].ndim) if d != axis]
+    return sigs + partial_sigs("identity", 1, n)
+
+
+def along_axis(ins: Avals, outs: Avals, *, axis: int) -> list[OneDSig]:
+    """Ops that mix values along one dim and keep the others (sort with its co-sorted
+    operands, top_k, cumulative ops without a partial kind): every other dim may be split,
+    on all inputs and outputs alike; no partial passes."""
+    return [
+        OneDSig((Shard(d),) * len(ins), (Shard(d),) * len(outs)) for d in range(ins[0].ndim) if d != axis
+    ]
+
+
+def reverse(ins: Avals, outs: Avals, *, dimensions: Sequence[int]) -> list[OneDSig]:
+    """``rev``: dims not reversed may be split; partials pass (data movement)."""
+    sigs = [OneDSig((Shard(d),), (Shard(d),)) for d in range(ins[0].ndim) if d not in dimensions]
+    return sigs + partial_sigs("identity", 1)
+
+
+def conv(
+    ins: Avals, outs: Avals, *, dimension_numbers: Any, feature_group_count: int, batch_group_count: int
+) -> list[OneDSig]:
+    """``conv_general_dilated``: the lhs batch dim -> the output batch dim (kernel ``R``);
+    the kernel's output-feature dim -> the output feature dim (lhs ``R``); lhs input
+    features with the kernel's input features -> ``P(sum)`` (a contraction); one operand
+    ``P(sum/avg)``, the other ``R`` -> the same partial (bilinear). Grouped convolutions
+    split nothing (each group would need its own chunk)."""
+    lhs_spec, rhs_spec, out_spec = dimension_numbers
+    sigs = [OneDSig((Partial(op), R), (Partial(op),)) for op in LINEAR_OPS]
+    sigs += [OneDSig((R, Partial(op)), (Partial(op),)) for op in LINEAR_OPS]
+    if feature_group_count != 1 or batch_group_count != 1:
+        return sigs
+    return sigs + [
+        OneDSig((Shard(lhs_spec[0]), R), (Shard(out_spec[0]),)),
+        OneDSig((R, Shard(rhs_spec[0])), (Shard(out_spec[1]),)),
+        OneDSig((Shard(lhs_spec[1]), Shard(rhs_spec[1])), (Partial("sum"),)),
+    ]
 
 
 def concatenate(ins: Avals, outs: Avals, *, dimension: int) -> list[OneDSig]:
@@ -300,13 +428,15 @@ def slice_full_dims(ins: Avals, outs: Avals) -> list[OneDSig]:
 
 
 def pad(ins: Avals, outs: Avals, *, padding_config: Sequence[Sequence[int]]) -> list[OneDSig]:
-    """Padding: unpadded dims may be split (the padding value is ``R``); no partial
-    passes (each rank would add the padding value)."""
-    return [
+    """Padding: unpadded dims may be split (the padding value is ``R``). Padding is
+    linear in (operand, padding value) jointly: both ``P(sum)`` (``P(avg)``) ->
+    ``P(sum)`` (``P(avg)``), the padding value's partial made for free (``R -> P``)."""
+    sigs = [
         OneDSig((Shard(d), R), (Shard(d),))
         for d, config in enumerate(padding_config)
         if tuple(config) == (0, 0, 0)
     ]
+    return sigs + [OneDSig((Partial(op), Partial(op)), (Partial(op),)) for op in LINEAR_OPS]
 
 
 def nullary(ins: Avals, outs: Avals) -> list[OneDSig]:

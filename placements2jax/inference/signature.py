@@ -38,8 +38,13 @@ __all__ = [
     "RedistributeStep",
     "Signature",
     "TensorSpec",
+    "FlatInputs",
     "as_tensor_spec",
     "as_tensor_specs",
+    "flatten_inputs",
+    "is_layout_leaf",
+    "is_tensor_leaf",
+    "output_constraints",
     "placement_on",
 ]
 
@@ -177,11 +182,144 @@ def _is_constant(value: Any) -> bool:
 
 
 def _constant_spec(value: Any, mesh: DeviceMesh) -> TensorSpec:
+    """A constant as a tensor: a ``jax.Array`` with a ``NamedSharding`` on ``mesh`` keeps
+    its layout, everything else (PRNG keys included) is Replicate."""
     shape = np.shape(value)
+    if isinstance(value, jax.Array):
+        sharding = getattr(value, "sharding", None)
+        if isinstance(sharding, jax.sharding.NamedSharding) and _same_mesh(sharding.mesh, mesh):
+            return TensorSpec(shape, value.dtype, Layout.from_partition_spec(mesh, sharding.spec, len(shape)))
+        return TensorSpec(shape, value.dtype, Layout.replicated_on(mesh, len(shape)))
     return TensorSpec(shape, jax.numpy.result_type(value), Layout.replicated_on(mesh, len(shape)))
 
 
+def _same_mesh(jax_mesh: Any, mesh: DeviceMesh) -> bool:
+    return (
+        tuple(jax_mesh.axis_names) == mesh.axis_names
+        and tuple(jax_mesh.axis_sizes) == mesh.shape
+        and [d.id for d in jax_mesh.devices.flat] == [d.id for d in mesh.devices.flat]
+    )
+
+
+def _is_spec_tuple(value: Any) -> bool:
+    """``(shape, dtype, layout)``: a shape of ints, a dtype (not an array), a layout or placements."""
+    if not isinstance(value, (tuple, list)) or len(value) != 3 or not _is_dtype_like(value[1]):
+        return False
+    shape, dtype, layout = value
+    if not isinstance(shape, (tuple, list)) or not all(isinstance(n, (int, np.integer)) for n in shape):
+        return False
+    return isinstance(layout, (Layout, str)) or isinstance(layout, (tuple, list))
+
+
+def _is_extended(dtype: Any) -> bool:
+    try:
+        return bool(jax.dtypes.issubdtype(dtype, jax.dtypes.extended))
+    except (TypeError, ValueError):
+        return False
+
+
+def _is_dtype_like(value: Any) -> bool:
+    if isinstance(value, (np.ndarray, np.generic, jax.Array, bool, int, float, complex)) or value is None:
+        return False
+    try:
+        _as_dtype(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def is_tensor_leaf(value: Any) -> bool:
+    """A leaf of an input pytree: a TensorSpec, a ``(shape, dtype, layout)`` tuple, or
+    anything with a placements2jax ``.layout`` (a DTensor, not flattened further)."""
+    return isinstance(value, TensorSpec) or isinstance(getattr(value, "layout", None), Layout) or _is_spec_tuple(value)
+
+
+@dataclass(frozen=True)
+class FlatInputs:
+    """The leaves of a function's input pytrees as TensorSpecs on one mesh, their
+    structure, and which leaves are Python scalars (weakly typed when traced)."""
+
+    specs: tuple[TensorSpec, ...]
+    mesh: DeviceMesh
+    tree: Any
+    weak: tuple[bool, ...]
+
+    def structs(self) -> list[jax.ShapeDtypeStruct]:
+        """Shape/dtype stand-ins for tracing, one per leaf."""
+        return [jax.ShapeDtypeStruct(s.shape, s.dtype, weak_type=w) for s, w in zip(self.specs, self.weak)]
+
+    def call(self, fn: Any) -> Any:
+        """``fn`` as a function of the flat leaves (positional arguments rebuilt)."""
+
+        def flat_fn(*leaves: Any) -> Any:
+            return fn(*jax.tree.unflatten(self.tree, leaves))
+
+        return flat_fn
+
+
+def flatten_inputs(inputs: Sequence[Any], mesh: DeviceMesh | None, argument: str = "inputs") -> FlatInputs:
+    """The positional arguments ``inputs`` (pytrees) as :class:`FlatInputs`: leaves are
+    tensors (:func:`is_tensor_leaf`) or constants (Python / NumPy scalars, NumPy arrays,
+    ``jax.Array``s including PRNG keys, typed or raw), see :func:`as_tensor_specs`."""
+    pairs, tree = jax.tree_util.tree_flatten_with_path(tuple(inputs), is_leaf=is_tensor_leaf)
+    leaves = [leaf for _, leaf in pairs]
+    for path, leaf in pairs:
+        if not (is_tensor_leaf(leaf) or _is_constant(leaf)):
+            where = f"{argument}{jax.tree_util.keystr(path)}"
+            raise ArgumentTypeError(
+                where, leaf, "a leaf must be a tensor (DTensor, (shape, dtype, layout)), an array or a number",
+                "pass arrays or DTensors in the pytree; bind static values with functools.partial",
+            )
+    specs, common = as_tensor_specs(leaves, mesh, argument)
+    weak = tuple(isinstance(v, (bool, int, float, complex)) for v in leaves)
+    return FlatInputs(specs, common, tree, weak)
+
+
+def is_layout_leaf(value: Any) -> bool:
+    """A leaf of an ``out_layouts`` pytree: None, a Layout, placements (text or a
+    sequence of Placements), a TensorSpec or anything with a ``.layout`` (a DTensor)."""
+    if value is None or isinstance(value, (Layout, str, TensorSpec)) or isinstance(getattr(value, "layout", None), Layout):
+        return True
+    return isinstance(value, (tuple, list)) and len(value) > 0 and all(isinstance(p, Placement) for p in value)
+
+
+def output_constraints(value: Any, out_tree: Any, out_avals: Sequence[Aval], mesh: DeviceMesh) -> list[Layout | None]:
+    """``out_layouts`` (a pytree prefix of the outputs: per output or subtree a Layout,
+    placements, anything with a ``.layout`` such as the DTensor input it should keep
+    the layout of, a TensorSpec, or None = free) as one bound layout or None per flat
+    output."""
+    if value is None:
+        return [None] * len(out_avals)
+    entries, prefix = jax.tree.flatten(value, is_leaf=is_layout_leaf)
+    try:
+        subtrees = prefix.flatten_up_to(jax.tree.unflatten(out_tree, range(len(out_avals))))
+    except (ValueError, TypeError) as err:
+        raise InferenceError(
+            "out_layouts", value, f"is not a pytree prefix of the outputs' structure {out_tree} ({err})",
+            "give one layout (or None) per output, or per subtree of the outputs",
+        ) from None
+    result: list[Layout | None] = [None] * len(out_avals)
+    for entry, subtree in zip(entries, subtrees):
+        for i in jax.tree.leaves(subtree):
+            result[i] = _output_layout(entry, out_avals[i], mesh, f"out_layouts[{i}]")
+    return result
+
+
+def _output_layout(entry: Any, aval: Aval, mesh: DeviceMesh, argument: str) -> Layout | None:
+    if entry is None:
+        return None
+    if isinstance(entry, TensorSpec) or isinstance(getattr(entry, "layout", None), Layout):
+        entry = entry.layout
+    if isinstance(entry, Layout) and entry.mesh != mesh:
+        raise InferenceError(
+            argument, entry, f"is on {entry.mesh!r}, not on {mesh!r}", "give a layout on the inputs' mesh"
+        )
+    return as_tensor_spec((aval.shape, aval.dtype, entry), mesh, argument).layout
+
+
 def _as_dtype(dtype: Any) -> np.dtype:
+    if _is_extended(dtype):  # typed PRNG keys: key<fry>, ...
+        return dtype
     try:
         result = np.dtype(dtype)
     except TypeError:

@@ -1,0 +1,456 @@
+"""Whole-program selection: every equation's signature chosen for the whole program (pure).
+
+Eager selection (torch's DTensor dispatch, op by op) gives each equation the best
+signature for the layouts its inputs happen to have. A partial sum is then carried
+through every op linear in it and reduced wherever a non-linear op needs it, possibly
+several times (once per consumer) and on larger tensors, where reducing once, early, is
+far cheaper. OneFlow's graph mode and Alpa's intra-operator pass instead choose the
+layouts of the whole program; so does :func:`select_program`, on the dataflow graph the
+jaxpr walker records (:class:`ProgramGraph`: one :class:`ProgramNode` per equation, with
+the ranked candidates of its rule and where each input comes from).
+
+**Objective**: the program's predicted communication. Every value costs the planner's
+redistribution (:func:`.plan.plan_cost`, the same cost model) from its producer's layout
+to each distinct layout its consumers need (consumers needing the same one share it: a
+compiled program computes it once), and every output of the function what it still
+owes: the pending reduction of its partial mesh dims (:func:`.select.pending_reduction`,
+a reduce-scatter each) or, for an output with a fixed layout, the plan to that layout.
+Costs compare as (cost, number of collectives): among equally cheap programs, fewer
+collectives. The function's inputs keep their layouts; literals and constants are
+Replicate.
+
+**Search** (exact minimization is an integer program; Alpa solves an ILP): start from the
+eager choice, then steepest descent over large-neighbourhood moves. A move re-chooses one
+equation: one that makes, carries or receives a partial reduces it right there (into a
+split, or to Replicate on those mesh dims); one whose inputs are redistributed takes the
+candidate cheapest for its inputs (eager's look-ahead may have paid to avoid a partial,
+e.g. gathering a batch-split activation rather than making a weight gradient partial over
+the batch axis). The move then *cascades*: every equation downstream whose inputs change
+is re-chosen as eager dispatch would, until the changes die out (the cheapest-input move
+is also tried without cascading: its consumers redistribute, once per layout, e.g. one
+all-reduce after a residual add of two partials instead of one per input). Each round
+applies the move that lowers the exact total most (the cost of the values the changed
+equations touch, before and after); it stops when no move lowers it (at most ``_MOVES``
+rounds). Evaluations are lazy: a move's delta is kept until an applied move changes an
+equation it depends on, and a stale delta is only recomputed when it comes first, so a
+round costs little more than the moves near the last change. Every applied move lowers
+the total, so the result never moves more than eager dispatch.
+(First-improvement in program order was tried: it commits to the first cheaper reduction
+point it meets, e.g. all-gathering a row-parallel matmul's operands instead of
+all-reducing after the residual add, and then cannot reach XLA's plan.)
+
+Why not dynamic programming over the DAG (per value, a table of the cheapest cost of
+producing it in each layout)? It is exact on trees, but a value with several consumers
+(a residual stream: the attention output feeds the layer norm's mean, its centred value
+twice and the next residual add) has its upstream cost counted once per path, so the
+tables overprice reducing early: exactly the decision that matters here. Measured on the
+transformer block it chose the eager answer or worse; the cascade finds XLA's plan.
+
+Deterministic: candidates are scanned in their rule's ranking order
+(:meth:`.signature.Candidate.rank_key`), equations in program order, and ties keep the
+earlier one. Bounded: a move costs candidates x inputs (cached) plan look-ups per
+re-chosen equation; the choice is cached per walked program (its equations' signatures,
+sources and inputs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from ..caches import cached
+from ..layout import Layout
+from ..mesh import DeviceMesh
+from .cost import CostModel
+from .plan import _plan, plan_cost
+from .select import pending_reduction
+from .signature import Aval, Candidate, Signature, TensorSpec
+
+__all__ = ["ProgramGraph", "ProgramNode", "ValueId", "forced_signature", "select_program"]
+
+ValueId = tuple[str, int]  # (equation path, output index); ("in", i): the function's input i
+_MOVES = 256  # moves applied at most
+
+
+@dataclass(frozen=True)
+class ProgramNode:
+    """One equation of the walked program: its path, its inputs as the walk saw them,
+    where each input comes from (None: a literal or constant, fixed as given) and the
+    candidates of its rule, best-ranked for those inputs first (the eager choice)."""
+
+    path: str
+    inputs: tuple[TensorSpec, ...]
+    sources: tuple[ValueId | None, ...]
+    candidates: tuple[Candidate, ...]
+
+
+@dataclass(frozen=True)
+class ProgramGraph:
+    """The dataflow of a walked program: equations in program order, the value each
+    output of the function is (None: a literal or constant), the function's inputs."""
+
+    mesh: DeviceMesh
+    nodes: Sequence[ProgramNode]
+    outputs: tuple[ValueId | None, ...]
+    inputs: tuple[TensorSpec, ...]
+
+
+def forced_signature(op: str, inputs: tuple[TensorSpec, ...], candidate: Candidate, cost_model: CostModel) -> Signature:
+    """The signature running ``candidate`` on ``inputs``: its plans from the inputs' layouts."""
+    plans = tuple(_plan(s.shape, s.dtype, s.layout, x, cost_model) for s, x in zip(inputs, candidate.in_layouts))
+    return Signature(op, inputs, (dataclasses.replace(candidate, plans=plans, pending=Fraction(0)),))
+
+
+def select_program(
+    graph: ProgramGraph, cost_model: CostModel, out_layouts: Sequence[Layout | None] | None = None
+) -> dict[str, Candidate]:
+    """The candidate of every equation (by path) minimizing the program's communication
+    (module docstring); empty when the eager choice (each node's first candidate) is as
+    cheap. ``out_layouts``: a layout (or None, free) per output of the function."""
+    targets = tuple(out_layouts) if out_layouts is not None else (None,) * len(graph.outputs)
+    return _select(_Keyed(graph), cost_model, targets)
+
+
+class _Keyed:
+    """A graph as a cache key: its nodes' paths, sources and candidate tuples (by
+    identity: the per-equation signatures are cached, so an unchanged program gives the
+    same objects; the key holds the graph, so those objects outlive the entry)."""
+
+    __slots__ = ("graph", "key")
+
+    def __init__(self, graph: ProgramGraph) -> None:
+        self.graph = graph
+        nodes = tuple((n.path, n.sources, id(n.candidates)) for n in graph.nodes)
+        self.key = (graph.mesh, nodes, graph.outputs, graph.inputs)
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Keyed) and self.key == other.key
+
+
+@cached(maxsize=256)
+def _select(keyed: _Keyed, cost_model: CostModel, targets: tuple[Layout | None, ...]) -> dict[str, Candidate]:
+    graph = keyed.graph
+    search = _Search(graph, cost_model, targets)
+    eager = {node.path: 0 for node in graph.nodes}
+    chosen = search.improve(eager)
+    if search.total(chosen) >= search.total(eager):
+        return {}
+    return {node.path: node.candidates[chosen[node.path]] for node in graph.nodes}
+
+
+Choice = dict[str, int]  # equation path -> index of its candidate
+Move = tuple[str, int, bool]  # (equation path, candidate, cascade downstream?)
+State = tuple[tuple[tuple[int, ...], ...], tuple[Any, ...]]  # a layout's (dim_axes, partial) on the one mesh
+AvalKey = tuple[tuple[int, ...], np.dtype]
+# (weighted bytes, collectives), compared lexicographically: among equally cheap choices
+# the one with fewer collectives. Floats for speed (exact for the usual dyadic byte counts;
+# the order of summation is fixed, so results are deterministic).
+Cost = tuple[float, float]
+_ZERO: Cost = (0.0, 0.0)
+
+
+def _state(layout: Layout) -> State:
+    return (layout.dim_axes, layout.partial)
+
+
+class _Search:
+    """The search over one graph, on layouts reduced to hashable states."""
+
+    def __init__(self, graph: ProgramGraph, cost_model: CostModel, targets: tuple[Layout | None, ...]) -> None:
+        self.graph = graph
+        self.cost_model = cost_model
+        self.layouts: dict[State, Layout] = {}
+        self.mesh_shape = graph.mesh.shape
+        self.weights = cost_model.weights(graph.mesh)
+        self.ins: dict[str, tuple[tuple[State, ...], ...]] = {}  # per node, per candidate
+        self.outs: dict[str, tuple[tuple[State, ...], ...]] = {}
+        self.in_avals: dict[str, tuple[AvalKey, ...]] = {}
+        self.out_avals: dict[str, tuple[AvalKey, ...]] = {}
+        self.fixed: dict[str, tuple[State | None, ...]] = {}  # per node input: its state if no equation chooses it
+        self.consumers: dict[ValueId, list[tuple[str, int]]] = {}
+        self.sources = {node.path: node.sources for node in graph.nodes}
+        for node in graph.nodes:
+            self.ins[node.path] = tuple(tuple(map(self._intern, c.in_layouts)) for c in node.candidates)
+            self.outs[node.path] = tuple(tuple(map(self._intern, c.out_layouts)) for c in node.candidates)
+            self.in_avals[node.path] = tuple((s.shape, s.dtype) for s in node.inputs)
+            self.out_avals[node.path] = tuple((a.shape, a.dtype) for a in node.candidates[0].out_avals)
+            fixed = []
+            for i, src in enumerate(node.sources):
+                if src is None:
+                    fixed.append(self._intern(node.inputs[i].layout))
+                elif src[0] == "in":
+                    fixed.append(self._intern(graph.inputs[src[1]].layout))
+                else:
+                    fixed.append(None)
+                if src is not None:
+                    self.consumers.setdefault(src, []).append((node.path, i))
+            self.fixed[node.path] = tuple(fixed)
+        self.owed: dict[ValueId, list[State | None]] = {}
+        for src, target in zip(graph.outputs, targets):
+            if src is not None and src[0] != "in":
+                self.owed.setdefault(src, []).append(None if target is None else self._intern(target))
+        self.costs: dict[tuple[AvalKey, State, State], Cost] = {}
+        self.charges: dict[tuple[ValueId, State], Cost] = {}
+        self.pendings: dict[tuple[AvalKey, State, frozenset[int]], float] = {}
+        self.greedy_choices: dict[tuple[str, tuple[State, ...]], int] = {}
+        self.position = {node.path: p for p, node in enumerate(graph.nodes)}
+
+    def _intern(self, layout: Layout) -> State:
+        state = _state(layout)
+        self.layouts.setdefault(state, layout)
+        return state
+
+    # -- costs ------------------------------------------------------------------------------
+
+    def cost(self, aval: AvalKey, src: State, dst: State) -> Cost:
+        if src == dst:
+            return _ZERO
+        key = (aval, src, dst)
+        cost = self.costs.get(key)
+        if cost is None:
+            nbytes, steps = plan_cost(aval[0], aval[1], src, dst, self.mesh_shape, self.weights)
+            cost = self.costs[key] = (float(nbytes), float(steps))
+        return cost
+
+    def charge(self, value: ValueId, aval: AvalKey, state: State) -> Cost:
+        """What an output of the function still owes in layout ``state``."""
+        if value not in self.owed:
+            return _ZERO
+        key = (value, state)
+        cost = self.charges.get(key)
+        if cost is None:
+            nbytes, steps = 0.0, 0.0
+            for target in self.owed[value]:
+                if target is None:
+                    layout = self.layouts[state]
+                    nbytes += float(pending_reduction((Aval(*aval),), (layout,), set(), self.cost_model))
+                    steps += len(layout.partial_axes)
+                else:
+                    owed = self.cost(aval, state, target)
+                    nbytes, steps = nbytes + owed[0], steps + owed[1]
+            cost = self.charges[key] = (nbytes, steps)
+        return cost
+
+    def state_of(self, path: str, i: int, choice: Choice) -> State:
+        """The layout input ``i`` of equation ``path`` arrives in, its producer as chosen."""
+        fixed = self.fixed[path][i]
+        if fixed is not None:
+            return fixed
+        src_path, j = self.sources[path][i]  # type: ignore[misc]
+        return self.outs[src_path][choice[src_path]][j]
+
+    # -- cascading moves ---------------------------------------------------------------------
+
+    def greedy(self, path: str, choice: Choice) -> int:
+        """Eager dispatch's choice for equation ``path`` given its inputs as they arrive:
+        no redistribution first, then the least input cost plus pending new partials."""
+        arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
+        known = self.greedy_choices.get((path, arriving))
+        if known is not None:
+            return known
+        given = frozenset(m for state in arriving for m, op in enumerate(state[1]) if op)
+        exact = [k for k, needs in enumerate(self.ins[path]) if needs == arriving]
+        if exact:  # no plan to cost
+            best = min(exact, key=lambda k: (self.pending(path, k, given), k))
+        else:
+            best, best_key = 0, None
+            for k, needs in enumerate(self.ins[path]):
+                nbytes, steps = 0.0, 0.0
+                for aval, src, need in zip(self.in_avals[path], arriving, needs):
+                    move = self.cost(aval, src, need)
+                    nbytes, steps = nbytes + move[0], steps + move[1]
+                key = (nbytes + self.pending(path, k, given), steps)
+                if best_key is None or key < best_key:
+                    best, best_key = k, key
+        self.greedy_choices[(path, arriving)] = best
+        return best
+
+    def pending(self, path: str, k: int, given: frozenset[int]) -> float:
+        """Eager dispatch's look-ahead charge for the partials candidate ``k`` makes."""
+        total = 0.0
+        for aval, state in zip(self.out_avals[path], self.outs[path][k]):
+            made = frozenset(m for m, op in enumerate(state[1]) if op) - given
+            if not made:
+                continue
+            key = (aval, state, made)
+            value = self.pendings.get(key)
+            if value is None:
+                value = self.pendings[key] = float(
+                    pending_reduction((Aval(*aval),), (self.layouts[state],), set(given), self.cost_model)
+                )
+            total += value
+        return total
+
+    def cascade(self, path: str, k: int, choice: Choice, follow: bool = True) -> tuple[dict[str, int], set[str]]:
+        """Equation ``path`` running candidate ``k`` and (``follow``) every equation
+        downstream whose inputs change re-chosen as eager dispatch would, until the
+        changes die out. Returns the changes (path -> candidate) and every equation the
+        result depends on (those re-chosen or looked at, their producers, the other
+        consumers of their inputs, their consumers)."""
+        trial = dict(choice)
+        trial[path] = k
+        changes = {path: k}
+        looked = {path}
+        outputs = range(len(self.out_avals[path])) if follow else ()
+        queue = [self.position[c] for j in outputs for c, _ in self.consumers.get((path, j), ())]
+        heapq.heapify(queue)
+        seen = set(queue)
+        while queue:
+            node = self.graph.nodes[heapq.heappop(queue)]
+            looked.add(node.path)
+            best = self.greedy(node.path, trial)
+            if best == trial[node.path]:
+                continue
+            trial[node.path] = changes[node.path] = best
+            for j in range(len(self.out_avals[node.path])):
+                for consumer, _ in self.consumers.get((node.path, j), ()):
+                    position = self.position[consumer]
+                    if position not in seen:
+                        seen.add(position)
+                        heapq.heappush(queue, position)
+        depends = set(looked)
+        for name in looked:
+            for src in self.sources[name]:
+                if src is not None:
+                    depends.update(c for c, _ in self.consumers[src])
+                    if src[0] != "in":
+                        depends.add(src[0])
+            for j in range(len(self.out_avals[name])):
+                depends.update(c for c, _ in self.consumers.get((name, j), ()))
+        return changes, depends
+
+    def around(self, paths: Sequence[str], choice: Choice) -> Cost:
+        """The cost of every value ``paths`` produce or consume (:meth:`value_cost`) and
+        their outputs' charges."""
+        values: set[Any] = set()
+        nbytes, steps = 0.0, 0.0
+        for path in paths:
+            for i, src in enumerate(self.sources[path]):
+                values.add(src if src is not None else ("literal", path, i))
+            for j, (aval, out) in enumerate(zip(self.out_avals[path], self.outs[path][choice[path]])):
+                values.add((path, j))
+                owed = self.charge((path, j), aval, out)
+                nbytes, steps = nbytes + owed[0], steps + owed[1]
+        for value in values:
+            cost = self.value_cost(value, choice)
+            nbytes, steps = nbytes + cost[0], steps + cost[1]
+        return nbytes, steps
+
+    def value_cost(self, value: Any, choice: Choice) -> Cost:
+        """The redistributions of one value: one per distinct layout its consumers need
+        (a compiled program computes a shared one once)."""
+        if value[0] == "literal":
+            _, path, i = value
+            return self.cost(self.in_avals[path][i], self.fixed[path][i], self.ins[path][choice[path]][i])
+        consumers = self.consumers.get(value, ())
+        if not consumers:
+            return _ZERO
+        first, i = consumers[0]
+        state = self.state_of(first, i, choice)
+        aval = self.in_avals[first][i]
+        needs = {self.ins[path][choice[path]][i]: None for path, i in consumers}  # distinct, in order
+        nbytes, steps = 0.0, 0.0
+        for need in needs:
+            move = self.cost(aval, state, need)
+            nbytes, steps = nbytes + move[0], steps + move[1]
+        return nbytes, steps
+
+    def alternatives(self, path: str, choice: Choice) -> list[tuple[int, bool]]:
+        """Moves worth a cascade. At an equation that makes, carries or receives partials:
+        reducing them right there, into a split (the cheapest candidate without partial
+        outputs) or to Replicate on those mesh dims (the cheapest that also splits
+        nothing there). At an equation whose inputs are redistributed: the candidate
+        cheapest for its inputs, whatever partials it makes (eager dispatch's look-ahead
+        may have paid to avoid one, e.g. gathering a batch-split activation rather than
+        making a weight gradient partial over the batch axis)."""
+        arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
+
+        def input_cost(k: int) -> Cost:
+            nbytes, steps = 0.0, 0.0
+            for aval, src, need in zip(self.in_avals[path], arriving, self.ins[path][k]):
+                move = self.cost(aval, src, need)
+                nbytes, steps = nbytes + move[0], steps + move[1]
+            return nbytes, steps
+
+        groups: list[tuple[Sequence[int], bool]] = []
+        current = self.outs[path][choice[path]]
+        partial = {m for state in current + arriving for m, op in enumerate(state[1]) if op}
+        if partial:
+            scatter = [k for k, outs in enumerate(self.outs[path]) if not any(op for x in outs for op in x[1])]
+            groups += [(scatter, True), ([k for k in scatter if not any(m in axes for x in self.outs[path][k]
+                                                                         for axes in x[0] for m in partial)], True)]
+        if self.ins[path][choice[path]] != arriving and input_cost(choice[path]) > _ZERO:
+            everything = range(len(self.ins[path]))
+            groups += [(everything, True), (everything, False)]  # without cascading: its consumers redistribute
+        moves: list[tuple[int, bool]] = []
+        for group, follow in groups:
+            if group:
+                best = min(group, key=lambda k: (input_cost(k), k))
+                if best != choice[path] and (best, follow) not in moves:
+                    moves.append((best, follow))
+        return moves
+
+    def improve(self, choice: Choice) -> Choice:
+        """Steepest descent over cascading moves (see :meth:`alternatives`): apply the
+        move lowering the total most (ties: the earliest equation), until none lowers it
+        (at most ``_MOVES``). Evaluations are lazy: after a move, those depending on an
+        equation it changed are stale, and re-evaluated only when their old delta comes
+        first (a stale delta is an estimate; only fresh ones are applied)."""
+        choice = dict(choice)
+        evaluated: dict[Move, tuple[Cost, dict[str, int], set[str]]] = {}
+        stale: set[Move] = set()
+        heap: list[tuple[Cost, int, Move]] = []
+
+        def evaluate(move: Move) -> None:
+            path, k, follow = move
+            changes, depends = self.cascade(path, k, choice, follow)
+            trial = {**choice, **changes}
+            after, before = self.around(list(changes), trial), self.around(list(changes), choice)
+            delta = (after[0] - before[0], after[1] - before[1])
+            evaluated[move] = (delta, changes, depends)
+            stale.discard(move)
+            heapq.heappush(heap, (delta, self.position[path], move))
+
+        def offer(paths: Any) -> None:
+            for path in sorted(paths, key=self.position.__getitem__):
+                for k, follow in self.alternatives(path, choice):
+                    if (path, k, follow) not in evaluated or (path, k, follow) in stale:
+                        evaluate((path, k, follow))
+
+        offer(self.position)
+        for _ in range(_MOVES):
+            while heap and heap[0][0] < _ZERO:
+                delta, _, move = heapq.heappop(heap)
+                if move not in evaluated or evaluated[move][0] != delta:
+                    continue  # superseded
+                if move in stale:
+                    if move[1:] in self.alternatives(move[0], choice):
+                        evaluate(move)
+                    else:
+                        del evaluated[move]
+                    continue
+                break
+            else:
+                break
+            _, changes, _ = evaluated.pop(move)
+            choice.update(changes)
+            stale.update(other for other, (_, _, depends) in evaluated.items() if depends & changes.keys())
+            near = set(changes)
+            for path in changes:
+                for j in range(len(self.out_avals[path])):
+                    near.update(c for c, _ in self.consumers.get((path, j), ()))
+            offer(near)
+        return choice
+
+    def total(self, choice: Choice) -> Cost:
+        """The objective: every edge's redistribution plus the outputs' charges."""
+        return self.around(list(self.position), choice)

@@ -1,0 +1,61 @@
+"""Helpers shared by the test models: batches, optimizer, laying out optimizer state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+
+from placements2jax import DTensor, Layout, distribute_tensor
+from placements2jax.inference.signature import replicated
+
+
+def make_optimizer(learning_rate: float = 1e-3) -> optax.GradientTransformation:
+    """What GPT-2 / Llama training scripts use: global-norm clipping, then AdamW."""
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(learning_rate, weight_decay=0.1))
+
+
+def batch(seed: int, batch_size: int, seq: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids and next-token targets, int32 (batch, seq)."""
+    tokens = np.random.default_rng(seed).integers(0, vocab, (batch_size, seq + 1)).astype(np.int32)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def _is_dtensor(x: Any) -> bool:
+    return isinstance(x, DTensor)
+
+
+def state_layouts(state: Any, params: Any) -> Any:
+    """The layout of every leaf of an optimizer state: subtrees shaped like ``params``
+    (Adam's ``mu`` and ``nu``) take the parameters' layouts, the rest (step counts) are
+    Replicate. ``params`` holds DTensors."""
+    param_tree = jax.tree.structure(params, is_leaf=_is_dtensor)
+    layouts = jax.tree.map(lambda p: p.layout, params, is_leaf=_is_dtensor)
+    mesh = jax.tree.leaves(params, is_leaf=_is_dtensor)[0].layout.mesh
+
+    def like_params(x: Any) -> bool:
+        return jax.tree.structure(x, is_leaf=_is_dtensor) == param_tree
+
+    def layout(x: Any) -> Any:
+        if like_params(x):
+            return layouts
+        return replicated(mesh, np.ndim(x))
+
+    return jax.tree.map(layout, state, is_leaf=lambda x: like_params(x) or isinstance(x, (jax.Array, np.ndarray)))
+
+
+def distribute_state(state: Any, params: Any) -> Any:
+    """``state`` (from ``optimizer.init`` on plain arrays) as DTensors laid out like the
+    DTensor ``params`` (see :func:`state_layouts`)."""
+    layouts = state_layouts(state, params)
+    flat_layouts = jax.tree.leaves(layouts, is_leaf=lambda x: isinstance(x, Layout))
+    leaves, tree = jax.tree.flatten(state)
+    placed = [distribute_tensor(np.asarray(x), layout.mesh, layout) for x, layout in zip(leaves, flat_layouts)]
+    return jax.tree.unflatten(tree, placed)
+
+
+def plain(tree: Any) -> Any:
+    """A pytree of DTensors as plain global jax.Arrays (for the unsharded reference)."""
+    return jax.tree.map(lambda x: x.full_tensor() if _is_dtensor(x) else x, tree, is_leaf=_is_dtensor)
