@@ -111,7 +111,7 @@ def test_fixed_output_layouts_are_planned_for(mesh: Any) -> None:
     graph = _graph(fn, spec(mesh, (8, 32), "S(0),S(1)"), spec(mesh, (32, 16), "R,S(0)"))
     model = resolve_cost_model(None)
     relu = graph.nodes[-1]
-    assert str(relu.candidates[0].in_layouts[0]) == "S(0),S(0)"  # reduce-scattered into the rows
+    assert str(relu.candidates[0].in_layouts[0]) == "(dp,tp),None"  # reduce-scattered into the rows
     assert select_program(graph, model) == {}
     replicated = Layout.from_device_mesh(mesh)("R,R").bind(2)
     chosen = select_program(graph, model, out_layouts=[replicated])

@@ -208,7 +208,7 @@ def _is_spec_tuple(value: Any) -> bool:
     shape, dtype, layout = value
     if not isinstance(shape, (tuple, list)) or not all(isinstance(n, (int, np.integer)) for n in shape):
         return False
-    return isinstance(layout, (Layout, str)) or isinstance(layout, (tuple, list))
+    return isinstance(layout, (Layout, MeshPlacements, str)) or isinstance(layout, (tuple, list))
 
 
 def _is_extended(dtype: Any) -> bool:
@@ -278,7 +278,9 @@ def flatten_inputs(inputs: Sequence[Any], mesh: DeviceMesh | None, argument: str
 def is_layout_leaf(value: Any) -> bool:
     """A leaf of an ``out_layouts`` pytree: None, a Layout, placements (text or a
     sequence of Placements), a TensorSpec or anything with a ``.layout`` (a DTensor)."""
-    if value is None or isinstance(value, (Layout, str, TensorSpec)) or isinstance(getattr(value, "layout", None), Layout):
+    if value is None or isinstance(value, (Layout, MeshPlacements, str, TensorSpec)):
+        return True
+    if isinstance(getattr(value, "layout", None), Layout):
         return True
     return isinstance(value, (tuple, list)) and len(value) > 0 and all(isinstance(p, Placement) for p in value)
 
@@ -310,7 +312,7 @@ def _output_layout(entry: Any, aval: Aval, mesh: DeviceMesh, argument: str) -> L
         return None
     if isinstance(entry, TensorSpec) or isinstance(getattr(entry, "layout", None), Layout):
         entry = entry.layout
-    if isinstance(entry, Layout) and entry.mesh != mesh:
+    if isinstance(entry, (Layout, MeshPlacements)) and entry.mesh != mesh:
         raise InferenceError(
             argument, entry, f"is on {entry.mesh!r}, not on {mesh!r}", "give a layout on the inputs' mesh"
         )

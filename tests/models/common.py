@@ -9,7 +9,6 @@ import numpy as np
 import optax
 
 from placements2jax import DTensor, Layout, distribute_tensor
-from placements2jax.inference.signature import replicated
 
 
 def make_optimizer(learning_rate: float = 1e-3) -> optax.GradientTransformation:
@@ -41,7 +40,7 @@ def state_layouts(state: Any, params: Any) -> Any:
     def layout(x: Any) -> Any:
         if like_params(x):
             return layouts
-        return replicated(mesh, np.ndim(x))
+        return Layout.replicated_on(mesh, np.ndim(x))
 
     return jax.tree.map(layout, state, is_leaf=lambda x: like_params(x) or isinstance(x, (jax.Array, np.ndarray)))
 
