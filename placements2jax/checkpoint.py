@@ -66,9 +66,9 @@ class AbstractDTensor:
     placements: PlacementsLike | None = None
 
     def layout(self) -> Layout:
-        from .dtensor import _layout
+        from .dtensor import placements_layout
 
-        return _layout(as_device_mesh(self.device_mesh), self.placements, len(self.shape))
+        return placements_layout(as_device_mesh(self.device_mesh), self.placements, len(self.shape))
 
 
 def _tensorstore() -> Any:
@@ -309,14 +309,14 @@ def load(path: str | os.PathLike[str], target: Any, *, step: int | None = None) 
                 continue
             shown = ", ".join(sorted(records)[:8]) + (", ..." if len(records) > 8 else "")
             raise CheckpointError(
-                f"target at {name!r}", _short(leaf), f"the checkpoint has no leaf {name!r} (it has: {shown})",
+                f"target at {name!r}", describe_leaf(leaf), f"the checkpoint has no leaf {name!r} (it has: {shown})",
                 "load with a target of the saved tree's structure, or save that leaf",
             )
         values.append(_load_leaf(directory / "leaves" / _directory_name(name), name, record, leaf))
     return jax.tree_util.tree_unflatten(treedef, values)
 
 
-def _short(leaf: Any) -> str:
+def describe_leaf(leaf: Any) -> str:
     if isinstance(leaf, DTensor):
         return f"DTensor(shape={leaf.shape}, dtype={leaf.dtype}, placements={leaf.layout})"
     return repr(leaf)
@@ -334,12 +334,12 @@ def _load_leaf(directory: Path, name: str, record: dict[str, Any], leaf: Any) ->
         shape, dtype, layout = value.shape, value.dtype, None
     if shape != saved_shape:
         raise CheckpointError(
-            f"target at {name!r}", _short(leaf), f"the checkpoint's {name!r} has shape {saved_shape}, the target {shape}",
+            f"target at {name!r}", describe_leaf(leaf), f"the checkpoint's {name!r} has shape {saved_shape}, the target {shape}",
             "load into a target of the saved shape (resharding changes placements, not shapes)",
         )
     if dtype != saved_dtype:
         raise CheckpointError(
-            f"target at {name!r}", _short(leaf), f"the checkpoint's {name!r} has dtype {saved_dtype}, the target {dtype}",
+            f"target at {name!r}", describe_leaf(leaf), f"the checkpoint's {name!r} has dtype {saved_dtype}, the target {dtype}",
             "load with the saved dtype, then cast (tree.map(lambda a: a.astype(...)))",
         )
     try:

@@ -220,8 +220,8 @@ class DTensor:
         if placements is None and mesh is self.device_mesh:
             target = self._layout
         else:
-            target = _layout(mesh, placements, self._shape)
-            _check_partial_dtype(target, self.dtype)
+            target = placements_layout(mesh, placements, self._shape)
+            check_partial_dtype(target, self.dtype)
         if mesh is not self.device_mesh:
             return self._to_other_mesh(target)
         check_redistribute(self._layout, target)
@@ -295,14 +295,14 @@ class DTensor:
                     f"rank {rank} has {array.ndim} dims, another rank {first.ndim}",
                     "give every rank's local tensor the same number of dims",
                 )
-        layout = _layout(mesh, placements, first.ndim)
-        _check_partial_dtype(layout, first.dtype)
+        layout = placements_layout(mesh, placements, first.ndim)
+        check_partial_dtype(layout, first.dtype)
         local_shapes = _every_rank_shape(mesh, locals_by_rank)
         if shape is None:
             global_shape = _global_shape(layout, local_shapes)
         else:
-            global_shape = layout._check_shape(shape, "shape")
-            _layout(mesh, placements, global_shape)  # foreign placements: checked for this shape
+            global_shape = layout.check_shape(shape, "shape")
+            placements_layout(mesh, placements, global_shape)  # foreign placements: checked for this shape
             for rank, got in local_shapes.items():
                 want = layout.local_shape(global_shape, rank)
                 if got != want:
@@ -314,7 +314,7 @@ class DTensor:
                         "pass each rank's torch.chunk block, or the right shape=",
                     )
         if shape is None:
-            _layout(mesh, placements, global_shape)  # foreign placements: checked for this shape
+            placements_layout(mesh, placements, global_shape)  # foreign placements: checked for this shape
         phys = physical(layout, global_shape)
         block = tuple(p // math.prod(layout.pieces(d)) for d, p in enumerate(phys.padded_shape))
         lead = (1,) * len(phys.stacked_axes)
@@ -344,7 +344,7 @@ def _global_shape(layout: Layout, local_shapes: Mapping[int, tuple[int, ...]]) -
     extent is checked against torch.chunk of that total. O(mesh size) per dim, whatever
     the extents (trying candidate lengths would be O(extent))."""
     mesh = layout.mesh
-    positions = mesh._rank_positions
+    positions = mesh.rank_positions
     coordinates = {r: positions[r] for r in local_shapes}
     first = next(iter(local_shapes))
     result = []
@@ -455,8 +455,8 @@ def distribute_tensor(
         layout, sharding, split = placing
         placed = jax.device_put(array, sharding)
         return DTensor.trusted(split(placed) if split else placed, layout, shape)
-    layout = _layout(device_mesh, placements, shape)
-    _check_partial_dtype(layout, array.dtype)
+    layout = placements_layout(device_mesh, placements, shape)
+    check_partial_dtype(layout, array.dtype)
     target = physical(layout, shape)
     plain = layout.without_partial()
     if not target.is_padded:  # place, and (for partials) split by a cached program
@@ -513,7 +513,7 @@ def _remember(cache: dict[tuple[Any, ...], tuple[Any, ...]], key: tuple[Any, ...
         pass
 
 
-def _layout(device_mesh: Any, placements: PlacementsLike | None, shape: int | tuple[int, ...]) -> Layout:
+def placements_layout(device_mesh: Any, placements: PlacementsLike | None, shape: int | tuple[int, ...]) -> Layout:
     """The layout of ``placements`` (None: replicated) for a tensor of ``shape`` (or of
     that many dims): :func:`resolve_layout`, on a mesh whose axes are of one kind."""
     if placements is None:
@@ -574,7 +574,7 @@ def _canonical(array: np.ndarray, argument: str) -> np.ndarray:
     return converted
 
 
-def _check_partial_dtype(layout: Layout, dtype: Any) -> None:
+def check_partial_dtype(layout: Layout, dtype: Any) -> None:
     """Partial values must be reducible with their op: bools have no sum or average,
     complex numbers no max or min."""
     op = layout.partial_op
@@ -646,8 +646,8 @@ def redistribute_collectives(
         raise MeshError(
             "device_mesh", device_mesh, "collectives are reported for moves within one mesh", "pass None or dtensor.device_mesh"
         )
-    target = _layout(mesh, placements, dtensor.shape)
-    _check_partial_dtype(target, dtensor.dtype)
+    target = placements_layout(mesh, placements, dtensor.shape)
+    check_partial_dtype(target, dtensor.dtype)
     check_redistribute(dtensor.layout, target)
     src, dst = physical(dtensor.layout, dtensor.shape), physical(target, dtensor.shape)
     if src == dst:

@@ -44,11 +44,11 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from . import chunking
 from .caches import cached
-from .dtensor import DTensor, _check_partial_dtype, _layout, auto_twin_of
+from .dtensor import DTensor, check_partial_dtype, placements_layout, auto_twin_of
 from .errors import ArgumentTypeError, Placements2JaxError
 from .layout import Layout, PlacementsLike, as_shape
 from .mesh import DeviceMesh, as_device_mesh
-from .parallelize import PlanLike, _at_path, path_of, plan_layouts
+from .parallelize import PlanLike, at_path, path_of, plan_layouts
 from .physical import Physical, physical
 from .programs import redistribute_array
 
@@ -148,8 +148,8 @@ def _factory(
         key = _key(key)
         if not jnp.issubdtype(dtype, jnp.floating):
             raise ArgumentTypeError("dtype", dtype, f"{kind} makes floating-point values", "pass e.g. jnp.float32")
-    layout = _layout(mesh, placements, len(shape))
-    _check_partial_dtype(layout, dtype)
+    layout = placements_layout(mesh, placements, len(shape))
+    check_partial_dtype(layout, dtype)
     program = _factory_program(kind, shape, dtype, layout, fill)
     (leaf,) = _wrap(program(key), [layout], [shape])
     return leaf
@@ -343,9 +343,9 @@ def init_pytree(
     layouts = [layouts_by_path[path_of(leaves[i][0])] for i in positions]
     for (path, aval), layout in zip(named.items(), layouts):
         try:
-            _check_partial_dtype(layout, aval.dtype)
+            check_partial_dtype(layout, aval.dtype)
         except Placements2JaxError as error:
-            raise _at_path(error, path) from None
+            raise at_path(error, path) from None
     sizes = [tuple(s.shape) for s in shapes]
     placed = _wrap(born_program(arrays_of, layouts, sizes)(key), layouts, sizes)
     values = [leaf for _, leaf in leaves]

@@ -64,7 +64,7 @@ from .dtensor import DTensor
 from .errors import ArgumentTypeError, MeshError, PlacementError, ShapeError
 from .layout import Layout, MeshPlacements, PlacementsLike, resolve_layout
 from .mesh import DeviceMesh, as_device_mesh
-from .operators import _block_spec, _relabel, _vary
+from .operators import block_spec, relabel, vary
 from .physical import Physical, physical
 from .placements import Placement
 
@@ -241,11 +241,11 @@ def _program(
     arrays replicated), func's flattened outputs (``_OUTPUT`` for each array) and their
     tree, and the array outputs' physical layouts."""
     ins: dict[int, Physical] = {i: flat[i].physical for i in passed if isinstance(flat[i], DTensor)}
-    in_specs = tuple(_block_spec(ins[i]) if i in ins else PartitionSpec() for i in passed)
+    in_specs = tuple(block_spec(ins[i]) if i in ins else PartitionSpec() for i in passed)
     jax_mesh = mesh.to_jax()
 
     def relabelled(values: Sequence[Any]) -> list[Any]:
-        return [_relabel(ins[i])(v) if i in ins and ins[i].unreduced_axes else v for i, v in zip(passed, values)]
+        return [relabel(ins[i])(v) if i in ins and ins[i].unreduced_axes else v for i, v in zip(passed, values)]
 
     def local_args(blocks: Sequence[jax.Array]) -> tuple[Any, ...]:
         given = dict(zip(passed, blocks))
@@ -416,7 +416,7 @@ def _packed(y: jax.Array, phys: Physical, k: int) -> jax.Array:
             f"but its placements say Replicate there",
             f"reduce it in func (jax.lax.psum(y, {axes[0]!r})) or declare Partial('sum') / Shard on {axes[0]!r}",
         )
-    y = _vary(y, frozenset(allowed))
+    y = vary(y, frozenset(allowed))
     y = y.reshape((1,) * len(phys.stacked_axes) + y.shape)
     if phys.unreduced_axes:
         y = jax.lax.pcast(y, tuple(names[a] for a in layout.partial_axes), to="unreduced")

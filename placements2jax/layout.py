@@ -521,7 +521,8 @@ class Layout(_OnMesh):
         return NamedSharding(self._mesh.to_jax(), self.partition_spec)
 
     # -- local shapes and offsets (pure) -------------------------------------------------
-    def _check_shape(self, global_shape: Sequence[int], argument: str = "global_shape") -> tuple[int, ...]:
+    def check_shape(self, global_shape: Sequence[int], argument: str = "global_shape") -> tuple[int, ...]:
+        """``global_shape`` as a tuple of ints, checked to have this layout's number of dims."""
         shape = as_shape(global_shape, argument)
         if len(shape) != self.ndim:
             raise ShapeError(
@@ -536,7 +537,7 @@ class Layout(_OnMesh):
         self, global_shape: Sequence[int], rank: int | None = None
     ) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """torch's local shape and global offset of ``rank`` (default: calling rank)."""
-        shape = self._check_shape(global_shape)
+        shape = self.check_shape(global_shape)
         coordinate = self._mesh.get_coordinate(rank)
         blocks = [chunking.nested_chunk(n, self._splits(d, coordinate)) for d, n in enumerate(shape)]
         return tuple(b[1] for b in blocks), tuple(b[0] for b in blocks)
@@ -554,12 +555,12 @@ class Layout(_OnMesh):
 
     def is_even(self, global_shape: Sequence[int]) -> bool:
         """True when every rank's block is full, so JAX can shard the logical shape as is."""
-        shape = self._check_shape(global_shape)
+        shape = self.check_shape(global_shape)
         return all(chunking.is_even(n, self.pieces(d)) for d, n in enumerate(shape))
 
     def physical_shape(self, global_shape: Sequence[int]) -> tuple[int, ...]:
         """The padded shape in which every rank's block is full (see :mod:`.chunking`)."""
-        shape = self._check_shape(global_shape)
+        shape = self.check_shape(global_shape)
         return tuple(chunking.padded_size(n, self.pieces(d)) for d, n in enumerate(shape))
 
     def global_shape_from_local(

@@ -212,12 +212,13 @@ class DeviceMesh:
         """``rank`` as an int, if it is a rank of this mesh (else a MeshError)."""
         if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
             raise ArgumentTypeError("rank", rank, "expected an int rank", f"use one of {self.rank_list}")
-        if int(rank) not in self._rank_positions:
+        if int(rank) not in self.rank_positions:
             raise MeshError("rank", rank, "not a rank of this mesh", f"use one of {self.rank_list}")
         return int(rank)
 
     @cached_property
-    def _rank_positions(self) -> dict[int, tuple[int, ...]]:
+    def rank_positions(self) -> dict[int, tuple[int, ...]]:
+        """Every rank of the mesh and its coordinate (index along each axis)."""
         return {int(r): tuple(int(i) for i in idx) for idx, r in np.ndenumerate(self._ranks)}
 
     def calling_rank(self) -> int:
@@ -240,7 +241,7 @@ class DeviceMesh:
 
     def get_coordinate(self, rank: int | None = None) -> tuple[int, ...]:
         """The rank's index along every mesh axis."""
-        return self._rank_positions[self.resolve_rank(rank)]
+        return self.rank_positions[self.resolve_rank(rank)]
 
     def get_local_rank(self, axis: Axis, rank: int | None = None) -> int:
         """The rank's coordinate along ``axis`` (torch's ``get_local_rank(mesh_dim)``)."""

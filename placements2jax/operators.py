@@ -52,7 +52,7 @@ from .dtensor import DTensor
 from .errors import ArgumentTypeError, InferenceError, UnsupportedOpError
 from .inference import default_cost_model, infer_signature, predict
 from .inference.cost import CostModel
-from .inference.jaxpr import _CALLS, _CONSTRAINTS  # the call / constraint primitives predict walks
+from .inference.jaxpr import CALL_JAXPR_PARAMS, CONSTRAINT_SHARDING_PARAMS  # the call / constraint primitives predict walks
 from .inference.ops import freeze, op_definition
 from .inference.signature import is_layout_leaf
 from .layout import Layout
@@ -442,10 +442,10 @@ class _Interpreter:
                     "fn", name, f"apply does not run {name} yet (predict and check do)",
                     "unroll the loop / branch in Python, or jax.jit the function on the DTensors' shardings",
                 )
-            if name in _CALLS:
-                inner = eqn.params[_CALLS[name]]
+            if name in CALL_JAXPR_PARAMS:
+                inner = eqn.params[CALL_JAXPR_PARAMS[name]]
                 outs = self.run(getattr(inner, "jaxpr", inner), getattr(inner, "consts", ()), ins, path + ".")
-            elif name in _CONSTRAINTS:
+            elif name in CONSTRAINT_SHARDING_PARAMS:
                 target = physical(row.signature.out_layouts[0], ins[0].phys.shape)
                 outs = [_Value(_move(ins[0].array, ins[0].phys, target), target)]
             else:
@@ -482,7 +482,7 @@ def _bind(primitive: Any, params: dict[str, Any], *args: Any) -> list[jax.Array]
     mesh axes (the jnp wrappers do this; a bare ``bind`` does not)."""
     arrays = [jnp.asarray(a) for a in args]
     vma = frozenset().union(*(jax.typeof(a).mat.varying for a in arrays))
-    arrays = [_vary(a, vma) for a in arrays]
+    arrays = [vary(a, vma) for a in arrays]
     out = primitive.bind(*arrays, **params)
     return list(out) if primitive.multiple_results else [out]
 
@@ -573,12 +573,12 @@ def _local_call(
     run = jax.shard_map(
         local,
         mesh=mesh,
-        in_specs=tuple(_block_spec(ins[i]) for i in passed),
+        in_specs=tuple(block_spec(ins[i]) for i in passed),
         out_specs=tuple(p.spec for p in outs),
     )
 
     def call_local(*arrays: jax.Array) -> tuple[jax.Array, ...]:
-        return run(*(_relabel(ins[i])(a) if ins[i].unreduced_axes else a for i, a in zip(passed, arrays)))
+        return run(*(relabel(ins[i])(a) if ins[i].unreduced_axes else a for i, a in zip(passed, arrays)))
 
     return call_local
 
@@ -587,8 +587,8 @@ def _stack_count(phys: Physical) -> int:
     return len(phys.stacked_axes) + len(phys.unreduced_axes)
 
 
-def _block_spec(phys: Physical) -> PartitionSpec:
-    """The spec each input is read with: unreduced axes as stacked dims (see _relabel)."""
+def block_spec(phys: Physical) -> PartitionSpec:
+    """The spec each input is read with: unreduced axes as stacked dims (see relabel)."""
     if not phys.unreduced_axes:
         return phys.spec
     return PartitionSpec(*(phys.mesh_names[a] for a in phys.unreduced_axes), *phys.dim_entries)
@@ -615,20 +615,20 @@ def _pack(y: jax.Array, phys: Physical, masks: dict[Physical, jax.Array]) -> jax
     names = phys.mesh_names
     split = {names[a] for axes in phys.layout.dim_axes for a in axes}
     partial_axes = tuple(names[a] for a in phys.layout.partial_axes)
-    y = _vary(y, frozenset(split) | frozenset(partial_axes))
+    y = vary(y, frozenset(split) | frozenset(partial_axes))
     y = y.reshape((1,) * len(phys.stacked_axes) + y.shape)
     if phys.unreduced_axes:
         y = jax.lax.pcast(y, partial_axes, to="unreduced")
     return y
 
 
-def _vary(x: jax.Array, axes: frozenset[str]) -> jax.Array:
+def vary(x: jax.Array, axes: frozenset[str]) -> jax.Array:
     missing = tuple(sorted(axes - jax.typeof(x).mat.varying))
     return jax.lax.pcast(x, missing, to="varying") if missing else x
 
 
 @cached(maxsize=1024)
-def _relabel(phys: Physical) -> Callable[[jax.Array], jax.Array]:
+def relabel(phys: Physical) -> Callable[[jax.Array], jax.Array]:
     """``unreduced`` array -> the same device buffers read as stacked dims (one per
     partial axis). JAX has no unreduced -> varying cast, so this is a manual no-op
     shard_map; its transpose takes each rank's cotangent slot as the ``reduced``
@@ -637,7 +637,7 @@ def _relabel(phys: Physical) -> Callable[[jax.Array], jax.Array]:
     mesh = phys.layout.mesh.to_jax()
     count = len(phys.unreduced_axes)
     names = frozenset(phys.mesh_names[a] for a in phys.unreduced_axes)
-    stacked = _block_spec(phys)
+    stacked = block_spec(phys)
     to_stack = jax.shard_map(
         lambda b: b.reshape((1,) * count + b.shape),
         mesh=mesh,

@@ -276,7 +276,7 @@ def distribute_pytree(params: Any, mesh: DeviceMesh, plan: PlanLike, *, strict: 
                 leaf.redistribute(mesh, layout) if isinstance(leaf, DTensor) else distribute_tensor(leaf, mesh, layout)
             )
         except Placements2JaxError as error:
-            raise _at_path(error, path) from None
+            raise at_path(error, path) from None
     return jax.tree_util.tree_unflatten(tree, placed)
 
 
@@ -305,7 +305,7 @@ def _planned_leaves(
         try:
             layouts.append(value.layout(mesh, ndim) if isinstance(value, ParallelStyle) else value.bind(ndim))
         except Placements2JaxError as error:
-            raise _at_path(error, path) from None
+            raise at_path(error, path) from None
     unused = [rule.pattern.pattern for i, rule in enumerate(rules) if i not in used]
     if strict and unused:
         shown = ", ".join(repr(p) for p, _ in flat[:8]) + (", ..." if len(flat) > 8 else "")
@@ -318,7 +318,7 @@ def _planned_leaves(
     return flat, tree, layouts
 
 
-def _at_path(error: Placements2JaxError, path: str) -> Placements2JaxError:
+def at_path(error: Placements2JaxError, path: str) -> Placements2JaxError:
     """The same error, its argument naming the pytree path it happened at."""
     return error.for_argument(f"{error.argument} (at {path!r})", error.value)
 

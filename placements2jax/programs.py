@@ -46,7 +46,7 @@ def _average(x: jax.Array, axis: tuple[int, ...]) -> jax.Array:
     return _sum(x // n, axis) + remainders.astype(x.dtype)
 
 
-_REDUCERS = {"sum": _sum, "avg": _average, "max": jnp.max, "min": jnp.min}
+REDUCERS = {"sum": _sum, "avg": _average, "max": jnp.max, "min": jnp.min}
 
 
 def check_redistribute(src: Layout, dst: Layout) -> None:
@@ -74,7 +74,7 @@ def check_redistribute(src: Layout, dst: Layout) -> None:
             )
 
 
-def _reshard(x: jax.Array, sharding: NamedSharding) -> jax.Array:
+def reshard_to(x: jax.Array, sharding: NamedSharding) -> jax.Array:
     if sharding.mesh.are_all_axes_explicit:
         return jax.sharding.reshard(x, sharding)
     return jax.lax.with_sharding_constraint(x, sharding)
@@ -102,19 +102,19 @@ def convert(x: jax.Array, src: Physical, dst: Physical) -> jax.Array:
     if src.unreduced_axes:
         kept = tuple(a for a in src.unreduced_axes if a in dst.unreduced_axes)
         if not new_partial and not repad and (not kept or _split_axes(src) == _split_axes(dst)):
-            return _reshard(x, dst.sharding)  # XLA reduces what goes, e.g. a reduce-scatter
+            return reshard_to(x, dst.sharding)  # XLA reduces what goes, e.g. a reduce-scatter
         # Unreduced values cannot follow a dim to other mesh axes: JAX 0.10.2's reshard
         # routes them to the wrong devices, and there is no unreduced -> varying cast to
         # move them by hand. Reduce them all; step 3 splits them again. (Moves among the
         # same mesh axes, e.g. P,S(0) -> P,S(1), are right: checked for every pair of
         # layouts on 1-3-d meshes, 2-d and 3-d tensors.)
         kept_stack: tuple[int, ...] = ()
-        x = _reshard(x, src.reduced_sharding)
+        x = reshard_to(x, src.reduced_sharding)
     elif src.stacked_axes:
         kept_stack = tuple(a for a in src.stacked_axes if a in dst.stacked_axes)
         reduce_positions = tuple(i for i, a in enumerate(src.stacked_axes) if a not in kept_stack)
         if reduce_positions:
-            x = _REDUCERS[op](x, axis=reduce_positions)  # type: ignore[index]
+            x = REDUCERS[op](x, axis=reduce_positions)  # type: ignore[index]
     else:
         kept_stack = ()
 
@@ -128,7 +128,7 @@ def convert(x: jax.Array, src: Physical, dst: Physical) -> jax.Array:
             jax.lax.with_sharding_constraint(body(x), sharding)
         )
     else:
-        x = _reshard(x, sharding)
+        x = reshard_to(x, sharding)
 
     # Step 3: new partial dims (and, for unreduced, all the target's partial dims).
     if dst.unreduced_axes:
@@ -167,7 +167,7 @@ def _to_unreduced(x: jax.Array, dst: Physical) -> jax.Array:
         # Integers cannot be split as x / n: the rank at coordinate 0 of the new axes keeps
         # x and the others hold 0, so the sum stays exact.
         scale = jnp.zeros(sizes, x.dtype).at[(0,) * len(sizes)].set(1)
-    scale = _reshard(scale, NamedSharding(mesh, PartitionSpec(*names)))
+    scale = reshard_to(scale, NamedSharding(mesh, PartitionSpec(*names)))
 
     def local(block: jax.Array, factor: jax.Array) -> jax.Array:
         return jax.lax.pcast(block, names, to="varying") * factor.reshape(())
@@ -180,18 +180,18 @@ def _to_unreduced(x: jax.Array, dst: Physical) -> jax.Array:
 def _to_stacked(x: jax.Array, dst: Physical, kept: tuple[int, ...]) -> jax.Array:
     new = tuple(a for a in dst.stacked_axes if a not in kept)
     if not new:
-        return _reshard(x, dst.sharding)
+        return reshard_to(x, dst.sharding)
     count = int(np.prod([dst.layout.mesh.shape[a] for a in new]))
     if dst.layout.partial_op == "sum":
         if jnp.issubdtype(x.dtype, jnp.inexact):
             x = x / count
         else:
             x = _integer_stack(x, dst, kept)
-            return _reshard(x, dst.sharding)
+            return reshard_to(x, dst.sharding)
     positions = tuple(i for i, a in enumerate(dst.stacked_axes) if a in new)
     x = jnp.expand_dims(x, positions)
     x = jnp.broadcast_to(x, dst.array_shape)
-    return _reshard(x, dst.sharding)
+    return reshard_to(x, dst.sharding)
 
 
 def _integer_stack(x: jax.Array, dst: Physical, kept: tuple[int, ...]) -> jax.Array:

@@ -63,7 +63,7 @@ from .inference.check import collective_nbytes
 from .inference.cost import CostModel, default_cost_model
 from .layout import Layout
 from .physical import Physical
-from .programs import _REDUCERS, _reshard, convert, program
+from .programs import REDUCERS, reshard_to, convert, program
 
 __all__ = [
     "POLICIES",
@@ -224,7 +224,7 @@ def _stepwise(src: Physical, dst: Physical, dtype: np.dtype) -> Schedule | None:
 
     def stepwise(x: jax.Array) -> jax.Array:
         for sharding in shardings:
-            x = _reshard(x, sharding)
+            x = reshard_to(x, sharding)
         return x
 
     return Schedule("stepwise", src, dst, dtype, stepwise, planned=planned)
@@ -246,7 +246,7 @@ def _candidates(src: Physical, dst: Physical, dtype: np.dtype) -> tuple[Schedule
         if direct.cells is not None and direct.reduced_layout is not None:
             reduced = direct.reduce_only()
             def reduce_then_reshard(x: jax.Array) -> jax.Array:
-                return _reshard(reduced.function(x), dst.sharding)
+                return reshard_to(reduced.function(x), dst.sharding)
 
             result.append(Schedule("direct+xla", src, dst, dtype, reduce_then_reshard,
                                    local_bytes=reduced.local_bytes(dtype.itemsize)))
@@ -525,7 +525,7 @@ class DirectSchedule:
             x = jax.lax.psum_scatter(x, group, scatter_dimension=0, tiled=True)
         else:
             x = jax.lax.all_to_all(x, group, 0, 0, tiled=True)
-            x = _REDUCERS[layout.partial_op](x, axis=(0,))  # type: ignore[index,operator]
+            x = REDUCERS[layout.partial_op](x, axis=(0,))  # type: ignore[index,operator]
         return x.reshape(rest)
 
 

@@ -38,7 +38,7 @@ from ..layout import Layout
 from ..mesh import DeviceMesh
 from .cost import CostModel, CostModelLike, resolve_cost_model
 from .ops import freeze, primitive_definition
-from .plan import _plan
+from .plan import cached_plan
 from .program import ProgramGraph, ProgramNode, ValueId, forced_signature, select_program
 from .select import signature_for
 from .signature import (
@@ -57,7 +57,7 @@ from .table import format_bytes, format_table
 __all__ = ["ON_UNKNOWN", "EquationReport", "Prediction", "predict"]
 
 # call-like primitives and the param holding the called jaxpr (loops are not calls)
-_CALLS = {
+CALL_JAXPR_PARAMS = {
     "jit": "jaxpr",
     "pjit": "jaxpr",
     "closed_call": "call_jaxpr",
@@ -68,7 +68,7 @@ _CALLS = {
     "checkpoint": "jaxpr",
 }
 # sharding constraints and the param holding the target sharding
-_CONSTRAINTS = {"sharding_constraint": "sharding", "reshard": "dst_sharding"}
+CONSTRAINT_SHARDING_PARAMS = {"sharding_constraint": "sharding", "reshard": "dst_sharding"}
 # primitives whose outputs are their inputs, each keeping its layout
 _PASS_THROUGH = ("optimization_barrier", "device_put")
 # what predict does at a primitive without a rule
@@ -375,12 +375,12 @@ class _Walker:
         out_avals: tuple[Aval, ...],
     ) -> list[tuple[TensorSpec, ValueId | None]]:
         name = eqn.primitive.name
-        if name in _CALLS:
+        if name in CALL_JAXPR_PARAMS:
             label = f"{name}[{eqn.params['name']}]" if "name" in eqn.params else name
             slot = len(self.rows)
             self.rows.append(EquationReport(path, label, ins, None, ()))
             self.call_lines.append(_source_line(eqn))
-            outs = self._closed(eqn.params[_CALLS[name]], ins, path + ".", sources=srcs)
+            outs = self._closed(eqn.params[CALL_JAXPR_PARAMS[name]], ins, path + ".", sources=srcs)
             self.call_lines.pop()
             self.rows[slot] = EquationReport(path, label, ins, None, tuple(o for o, _ in outs), srcs)
             return outs
@@ -390,8 +390,8 @@ class _Walker:
             return self._while(eqn, path, ins, srcs, out_avals)
         if name == "cond":
             return self._cond(eqn, path, ins, srcs, out_avals)
-        if name in _CONSTRAINTS:
-            signature = self._constraint(eqn.params[_CONSTRAINTS[name]], ins[0], out_avals[0])
+        if name in CONSTRAINT_SHARDING_PARAMS:
+            signature = self._constraint(eqn.params[CONSTRAINT_SHARDING_PARAMS[name]], ins[0], out_avals[0])
         elif name in _PASS_THROUGH:
             layouts = [s.layout for s in ins]
             signature = self.fixed(name, ins, layouts, out_avals, layouts)
@@ -557,7 +557,7 @@ class _Walker:
 
                 def total(target: Layout, i: int = i) -> Fraction:
                     outs = (b[i][0] for b in branches)
-                    plans = (_plan(o.shape, o.dtype, o.layout, target, self.cost_model) for o in outs)
+                    plans = (cached_plan(o.shape, o.dtype, o.layout, target, self.cost_model) for o in outs)
                     return sum((plan.cost for plan in plans), Fraction(0))
 
                 joined.append(min(options, key=total))
@@ -604,6 +604,6 @@ def _fixed_signature(
 ) -> Signature:
     """The one signature of an op whose layouts are fixed (cached, as every signature is:
     the program search keys its cache on the signatures' identities)."""
-    plans = tuple(_plan(s.shape, s.dtype, s.layout, t, cost_model) for s, t in zip(ins, in_layouts))
+    plans = tuple(cached_plan(s.shape, s.dtype, s.layout, t, cost_model) for s, t in zip(ins, in_layouts))
     candidate = Candidate(in_layouts, out_layouts, plans, (), tuple(range(mesh.ndim)), out_avals)
     return Signature(op, ins, (candidate,))

@@ -98,11 +98,11 @@ def plan_redistribute(
             "cross-mesh redistribution is not supported: use one mesh",
         )
     dst = TensorSpec(spec.shape, spec.dtype, dst).layout
-    return _plan(spec.shape, spec.dtype, spec.layout, dst, resolve_cost_model(cost_model))
+    return cached_plan(spec.shape, spec.dtype, spec.layout, dst, resolve_cost_model(cost_model))
 
 
 @cached(maxsize=8192)
-def _plan(shape: tuple[int, ...], dtype: np.dtype, src: Layout, dst: Layout, cost_model: Any) -> RedistributePlan:
+def cached_plan(shape: tuple[int, ...], dtype: np.dtype, src: Layout, dst: Layout, cost_model: Any) -> RedistributePlan:
     mesh = src.mesh
     weights = cost_model.weights(mesh)
     src_state: State = (src.dim_axes, src.partial)

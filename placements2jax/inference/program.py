@@ -68,7 +68,7 @@ from ..caches import cached
 from ..layout import Layout
 from ..mesh import DeviceMesh
 from .cost import CostModel
-from .plan import _plan, plan_cost
+from .plan import cached_plan, plan_cost
 from .select import pending_reduction
 from .signature import Aval, Candidate, Signature, TensorSpec
 
@@ -103,7 +103,7 @@ class ProgramGraph:
 
 def forced_signature(op: str, inputs: tuple[TensorSpec, ...], candidate: Candidate, cost_model: CostModel) -> Signature:
     """The signature running ``candidate`` on ``inputs``: its plans from the inputs' layouts."""
-    plans = tuple(_plan(s.shape, s.dtype, s.layout, x, cost_model) for s, x in zip(inputs, candidate.in_layouts))
+    plans = tuple(cached_plan(s.shape, s.dtype, s.layout, x, cost_model) for s, x in zip(inputs, candidate.in_layouts))
     return Signature(op, inputs, (dataclasses.replace(candidate, plans=plans, pending=Fraction(0)),))
 
 

@@ -46,7 +46,7 @@ from .cost import (
     resolve_cost_model,
 )
 from .ops import freeze, op_definition, primitive_definition
-from .plan import _plan
+from .plan import cached_plan
 from .signature import (
     Aval,
     Candidate,
@@ -247,7 +247,7 @@ def rank_candidates(
     candidates = []
     given_partial = {m for s in specs for m in s.layout.partial_axes}
     for layouts, (_, combo, order) in found.items():
-        plans = tuple(_plan(s.shape, s.dtype, s.layout, layout, cost_model) for s, layout in zip(specs, layouts))
+        plans = tuple(cached_plan(s.shape, s.dtype, s.layout, layout, cost_model) for s, layout in zip(specs, layouts))
         pending = pending_reduction(out_avals, layouts[n_in:], given_partial, cost_model)
         candidates.append(Candidate(layouts[:n_in], layouts[n_in:], plans, combo, order, tuple(out_avals), pending))
     return sorted(candidates, key=Candidate.rank_key)

@@ -24,7 +24,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..checkpoint import AbstractDTensor, _short
+from ..checkpoint import AbstractDTensor, describe_leaf
 from ..dtensor import DTensor
 from ..errors import ArgumentTypeError, CheckpointError, MissingDependencyError, Placements2JaxError
 from ..programs import redistribute_array
@@ -99,13 +99,13 @@ def load_torch_checkpoint(path: str | os.PathLike[str], target: Any) -> Any:
         if entry is None or not hasattr(entry, "size"):
             have = ", ".join(sorted(k for k, v in metadata.state_dict_metadata.items() if hasattr(v, "size"))[:8])
             raise CheckpointError(
-                f"target at {name!r}", _short(leaf), f"the torch checkpoint has no tensor {name!r} (it has: {have})",
+                f"target at {name!r}", describe_leaf(leaf), f"the torch checkpoint has no tensor {name!r} (it has: {have})",
                 "name the target's leaves by the state dict's fully qualified names",
             )
         shape, dtype = tuple(entry.size), _numpy_dtype(entry.properties.dtype)
         if tuple(leaf.shape) != shape or np.dtype(leaf.dtype) != dtype:
             raise CheckpointError(
-                f"target at {name!r}", _short(leaf),
+                f"target at {name!r}", describe_leaf(leaf),
                 f"the torch checkpoint's {name!r} is {dtype}{list(shape)}, the target {np.dtype(leaf.dtype)}{list(leaf.shape)}",
                 "load into a target of the saved shape and dtype",
             )
