@@ -21,8 +21,9 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from . import chunking
 from .caches import cached, register
-from .hlo import Collective, compiled_collectives
 from .errors import ArgumentTypeError, MeshError, PlacementError, ShapeError
+from .foreign import check_placements_for_shape
+from .hlo import Collective, compiled_collectives
 from .layout import Layout, MeshPlacements, PlacementsLike, as_shape, resolve_layout
 from .mesh import DeviceMesh, as_device_mesh
 from .physical import Physical, physical
@@ -300,9 +301,10 @@ class DTensor:
         local_shapes = _every_rank_shape(mesh, locals_by_rank)
         if shape is None:
             global_shape = _global_shape(layout, local_shapes)
+            check_placements_for_shape(placements, layout, global_shape)  # torch's placements mean this shape
         else:
             global_shape = layout.check_shape(shape, "shape")
-            placements_layout(mesh, placements, global_shape)  # foreign placements: checked for this shape
+            check_placements_for_shape(placements, layout, global_shape)
             for rank, got in local_shapes.items():
                 want = layout.local_shape(global_shape, rank)
                 if got != want:
@@ -313,8 +315,6 @@ class DTensor:
                         f"shape {global_shape} under {layout}",
                         "pass each rank's torch.chunk block, or the right shape=",
                     )
-        if shape is None:
-            placements_layout(mesh, placements, global_shape)  # foreign placements: checked for this shape
         phys = physical(layout, global_shape)
         block = tuple(p // math.prod(layout.pieces(d)) for d, p in enumerate(phys.padded_shape))
         lead = (1,) * len(phys.stacked_axes)
