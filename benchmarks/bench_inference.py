@@ -156,7 +156,7 @@ def _predict(config: Config, section: Section) -> None:
         return predict(transformer_block, *inputs)
 
     def eager_cold() -> Any:
-        clear_package_caches()
+        clear_caches()
         return predict(transformer_block, *_inputs(mesh, specs), search="eager")
 
     def xla() -> Any:
