@@ -9,13 +9,15 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from models.block import block
+
 from placements2jax import InferenceError, Layout, init_device_mesh
 from placements2jax.hlo import parse_collectives
 from placements2jax.inference import check
 from placements2jax.inference.check import collective_nbytes
 
 F32 = jnp.float32
-B, T, D, H = 4, 8, 16, 4
+B, T, D = 4, 8, 16
 
 
 @pytest.fixture(scope="module")
@@ -27,21 +29,6 @@ def spec(mesh: Any, shape: tuple[int, ...], placements: Any) -> tuple[Any, ...]:
     return (shape, F32, Layout.from_device_mesh(mesh)(placements))
 
 
-def layer_norm(x: jax.Array, g: jax.Array, b: jax.Array) -> jax.Array:
-    mean = x.mean(-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) / jnp.sqrt(var + 1e-5) * g + b
-
-
-def block(x: jax.Array, wq: jax.Array, wk: jax.Array, wv: jax.Array, wo: jax.Array, w1: jax.Array, w2: jax.Array,
-          g1: jax.Array, b1: jax.Array, g2: jax.Array, b2: jax.Array) -> jax.Array:
-    """A pre-norm transformer block: attention (heads split by tp) + MLP + layer norms."""
-    h = layer_norm(x, g1, b1)
-    q, k, v = ((h @ w).reshape(B, T, H, D // H) for w in (wq, wk, wv))
-    scores = jnp.einsum("bthd,bshd->bhts", q, k) / jnp.sqrt(D // H)
-    attention = jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(scores, axis=-1), v).reshape(B, T, D)
-    x1 = x + attention @ wo
-    return x1 + jax.nn.gelu(layer_norm(x1, g2, b2) @ w1) @ w2
 
 
 def block_inputs(mesh: Any, tensor_parallel: bool) -> list[tuple[Any, ...]]:

@@ -12,6 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from models.block import block, layer_norm
+
 from placements2jax import Layout, init_device_mesh
 from placements2jax.inference import check, predict
 from placements2jax.inference.cost import resolve_cost_model
@@ -21,7 +23,7 @@ from placements2jax.inference.select import pending_reduction
 from placements2jax.inference.signature import Aval, as_tensor_specs
 
 F32 = jnp.float32
-B, T, D, H, V, LAYERS = 4, 8, 32, 4, 64, 2
+B, T, D, V, LAYERS = 4, 8, 32, 64, 2
 BLOCK_PARAMS = 10
 
 
@@ -34,20 +36,6 @@ def spec(mesh: Any, shape: tuple[int, ...], placements: str) -> tuple[Any, ...]:
     return (shape, F32, Layout.from_device_mesh(mesh)(placements))
 
 
-def layer_norm(x: jax.Array, g: jax.Array, b: jax.Array) -> jax.Array:
-    mean = x.mean(-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) / jnp.sqrt(var + 1e-5) * g + b
-
-
-def block(x: jax.Array, wq: jax.Array, wk: jax.Array, wv: jax.Array, wo: jax.Array, w1: jax.Array, w2: jax.Array,
-          g1: jax.Array, b1: jax.Array, g2: jax.Array, b2: jax.Array) -> jax.Array:
-    h = layer_norm(x, g1, b1)
-    q, k, v = ((h @ w).reshape(B, T, H, D // H) for w in (wq, wk, wv))
-    scores = jnp.einsum("bthd,bshd->bhts", q, k) / jnp.sqrt(D // H)
-    attention = jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(scores, axis=-1), v).reshape(B, T, D)
-    x = x + attention @ wo
-    return x + jax.nn.gelu(layer_norm(x, g2, b2) @ w1) @ w2
 
 
 def gpt_loss(x: jax.Array, w_vocab: jax.Array, *params: jax.Array) -> jax.Array:
