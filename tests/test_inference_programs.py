@@ -4,7 +4,6 @@ out_layouts, and the primitives of the GPT-2 / Llama training steps (tests/model
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -19,6 +18,7 @@ from jax.extend import core
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 from models import common, gpt2, llama
+from test_inference_values import assert_output, local_inputs
 
 from placements2jax import (
     InferenceError,
@@ -148,48 +148,6 @@ PRIM_CASES = [
 MESHES = {"4": ((4,), ("x",)), "2x2": ((2, 2), ("a", "b"))}
 
 
-def _parts(x: np.ndarray, op: str, count: int, rng: np.random.Generator) -> list[np.ndarray]:
-    if op in ("sum", "avg"):
-        parts = [rng.standard_normal(x.shape).astype(x.dtype) for _ in range(count - 1)]
-        total = x if op == "sum" else count * x
-        return parts + [total - sum(parts, np.zeros(x.shape, x.dtype))]
-    owner = rng.integers(count, size=x.shape)
-    sign = -1.0 if op == "max" else 1.0
-    return [np.where(owner == k, x, x + sign * (0.5 + np.abs(rng.standard_normal(x.shape)))) for k in range(count)]
-
-
-def _locals(x: np.ndarray, layout: Layout, rng: np.random.Generator) -> dict[int, np.ndarray]:
-    mesh, dims = layout.mesh, layout.partial_axes
-    sizes = [mesh.shape[m] for m in dims]
-    parts = _parts(x, layout.partial_op, math.prod(sizes), rng) if dims else [x]
-    result = {}
-    for rank in mesh.rank_list:
-        coordinate = mesh.get_coordinate(rank)
-        k = int(np.ravel_multi_index([coordinate[m] for m in dims], sizes)) if dims else 0
-        result[rank] = parts[k][layout.local_slices(x.shape, rank)]
-    return result
-
-
-_REDUCE = {"sum": np.sum, "avg": np.mean, "max": np.max, "min": np.min}
-
-
-def _assert_blocks(full: np.ndarray, layout: Layout, local: dict[int, np.ndarray], context: str) -> None:
-    mesh, dims = layout.mesh, layout.partial_axes
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for rank in mesh.rank_list:
-        coordinate = mesh.get_coordinate(rank)
-        groups.setdefault(tuple(c for m, c in enumerate(coordinate) if m not in dims), []).append(rank)
-    for ranks in groups.values():
-        values = np.stack([np.asarray(local[r]).astype(np.complex128 if np.iscomplexobj(full) else np.float64)
-                           for r in ranks])
-        reduced = _REDUCE[layout.partial_op](values, axis=0) if dims else values
-        for i, rank in enumerate(ranks):
-            expected = full[layout.local_slices(full.shape, rank)]
-            got = reduced if dims else reduced[i]
-            assert got.shape == expected.shape, f"{context}: rank {rank} local shape {got.shape} != {expected.shape}"
-            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5, err_msg=f"{context}: rank {rank}")
-
-
 @pytest.mark.parametrize("mesh_name", sorted(MESHES))
 @pytest.mark.parametrize("case", PRIM_CASES, ids=[f"{i}-{c.primitive}" for i, c in enumerate(PRIM_CASES)])
 def test_every_candidate_of_the_new_rules_means_what_it_says(case: PrimCase, mesh_name: str) -> None:
@@ -210,14 +168,15 @@ def test_every_candidate_of_the_new_rules_means_what_it_says(case: PrimCase, mes
     for candidate in signature.candidates:
         if case.skip(candidate):
             continue
-        locals_ = [_locals(v, layout, rng) for v, layout in zip(values, candidate.in_layouts)]
+        locals_ = [local_inputs(v, layout, rng) for v, layout in zip(values, candidate.in_layouts)]
         per_rank = {}
         for rank in mesh.rank_list:
             local = [blocks[rank] for blocks in locals_]
             fn_args = [local[i] for i, a in enumerate(eqn.invars) if not isinstance(a, core.Literal)]
             per_rank[rank] = [np.asarray(x) for x in jax.tree.leaves(case.fn(*fn_args))]
         for k, (full, layout) in enumerate(zip(fulls, candidate.out_layouts)):
-            _assert_blocks(full, layout, {r: v[k] for r, v in per_rank.items()}, f"{case.primitive} {candidate}")
+            blocks = {r: v[k] for r, v in per_rank.items()}
+            assert_output(full, layout, blocks, f"{case.primitive} {candidate}", tolerance=1e-5)
         simulated += 1
     assert simulated > 1  # some split or partial candidate besides all-Replicate
 

@@ -178,17 +178,16 @@ MESHES = {
 def _parts(x: np.ndarray, op: str, count: int, rng: np.random.Generator) -> list[np.ndarray]:
     """``count`` arrays whose reduction with ``op`` is ``x`` (a random decomposition)."""
     if op in ("sum", "avg"):
-        parts = [rng.standard_normal(x.shape) for _ in range(count - 1)]
+        parts = [rng.standard_normal(x.shape).astype(x.dtype) for _ in range(count - 1)]
         total = x if op == "sum" else count * x
-        return parts + [total - sum(parts, np.zeros(x.shape))]
+        return parts + [total - sum(parts, np.zeros(x.shape, x.dtype))]
     owner = rng.integers(count, size=x.shape)
     sign = -1.0 if op == "max" else 1.0
     return [np.where(owner == k, x, x + sign * (0.5 + np.abs(rng.standard_normal(x.shape)))) for k in range(count)]
 
 
-def _local_inputs(x: np.ndarray, layout: Layout, rng: np.random.Generator) -> dict[int, np.ndarray]:
-    mesh = layout.mesh
-    dims = layout.partial_axes
+def local_inputs(x: np.ndarray, layout: Layout, rng: np.random.Generator) -> dict[int, np.ndarray]:
+    mesh, dims = layout.mesh, layout.partial_axes
     sizes = [mesh.shape[m] for m in dims]
     parts = _parts(x, layout.partial_op, math.prod(sizes), rng) if dims else [x]
     result = {}
@@ -202,21 +201,24 @@ def _local_inputs(x: np.ndarray, layout: Layout, rng: np.random.Generator) -> di
 _REDUCE = {"sum": np.sum, "avg": np.mean, "max": np.max, "min": np.min}
 
 
-def _assert_output(full: np.ndarray, layout: Layout, local: dict[int, np.ndarray], context: str) -> None:
-    mesh = layout.mesh
-    dims = layout.partial_axes
+def assert_output(
+    full: np.ndarray, layout: Layout, local: dict[int, np.ndarray], context: str, tolerance: float = 1e-9
+) -> None:
+    """Every rank's block of ``full`` under ``layout`` (partial groups reduced) equals ``local``."""
+    mesh, dims = layout.mesh, layout.partial_axes
     groups: dict[tuple[int, ...], list[int]] = {}
     for rank in mesh.rank_list:
         coordinate = mesh.get_coordinate(rank)
         groups.setdefault(tuple(c for m, c in enumerate(coordinate) if m not in dims), []).append(rank)
     for ranks in groups.values():
-        values = np.stack([np.asarray(local[r], dtype=np.float64) for r in ranks])
+        values = np.stack([np.asarray(local[r]).astype(np.complex128 if np.iscomplexobj(full) else np.float64)
+                           for r in ranks])
         reduced = _REDUCE[layout.partial_op](values, axis=0) if dims else values
         for i, rank in enumerate(ranks):
             expected = full[layout.local_slices(full.shape, rank)]
             got = reduced if dims else reduced[i]
             assert got.shape == expected.shape, f"{context}: rank {rank} local shape {got.shape} != {expected.shape}"
-            np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-9, err_msg=f"{context}: rank {rank}")
+            np.testing.assert_allclose(got, expected, rtol=tolerance, atol=tolerance, err_msg=f"{context}: rank {rank}")
 
 
 def simulate(case: Case, candidate: Candidate, values: list[np.ndarray], rng: np.random.Generator) -> None:
@@ -224,7 +226,7 @@ def simulate(case: Case, candidate: Candidate, values: list[np.ndarray], rng: np
     context = f"{case.op}{list(case.shapes)} {candidate}"
     full = case.reference(*values, **case.params)
     fulls = list(full) if isinstance(full, tuple) else [np.asarray(full)]
-    locals_ = [_local_inputs(x, layout, rng) for x, layout in zip(values, candidate.in_layouts)]
+    locals_ = [local_inputs(x, layout, rng) for x, layout in zip(values, candidate.in_layouts)]
     mesh = candidate.in_layouts[0].mesh if candidate.in_layouts else candidate.out_layouts[0].mesh
     outputs: dict[int, np.ndarray] = {}
     for rank in mesh.rank_list:
@@ -237,7 +239,7 @@ def simulate(case: Case, candidate: Candidate, values: list[np.ndarray], rng: np
                 tuple(layout.local_shape(f.shape, rank) for f, layout in zip(fulls, candidate.out_layouts)),
             )
             outputs[rank] = case.local(ctx, *args, **case.params)
-    _assert_output(fulls[0], candidate.out_layouts[0], outputs, context)
+    assert_output(fulls[0], candidate.out_layouts[0], outputs, context)
 
 
 def _specs(case: Case, layouts: Sequence[Layout]) -> list[tuple[tuple[int, ...], Any, Layout]]:
@@ -393,11 +395,11 @@ def test_every_plan_moves_the_right_data(mesh: Any, data: Any, shape: tuple[int,
     src, dst = data.draw(st.sampled_from(layouts)), data.draw(st.sampled_from(layouts))
     rng = np.random.default_rng(6)
     x = rng.standard_normal(shape)
-    blocks = _local_inputs(x, src, rng)
+    blocks = local_inputs(x, src, rng)
     plan = plan_redistribute(shape, F32, src, dst)
     for step in plan.steps:
         blocks = _run_step(step, blocks)
-    _assert_output(x, dst, blocks, str(plan))
+    assert_output(x, dst, blocks, str(plan))
 
 
 def test_flattening_take_and_concatenate_are_replicate_only() -> None:
