@@ -308,14 +308,6 @@ def schedule_function(src: Physical, dst: Physical, dtype: Any, policy: Policy |
     return choose(src, dst, dtype, policy).function
 
 
-def clear_caches() -> None:
-    """Forget candidates, choices and calibrations (e.g. after changing the default
-    cost model)."""
-    _candidates.cache_clear()
-    _choose.cache_clear()
-    _calibrated.cache_clear()
-
-
 # -- calibration -----------------------------------------------------------------------
 
 
