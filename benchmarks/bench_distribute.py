@@ -10,7 +10,7 @@ import numpy as np
 from catalogue import mesh_of, mesh_text
 from harness import Comparison, Config, Section, Table, microseconds, paired, progress, time_each, within
 
-from placements2jax import Layout, distribute_tensor
+from placements2jax import distribute_tensor, resolve_layout
 from placements2jax.placements import parse_placements_or_alias
 
 LIMIT = 1.1
@@ -33,7 +33,7 @@ def _measure(size: str, case: tuple[tuple[int, ...], str], config: Config) -> tu
     even, uneven = EVEN[size], UNEVEN[size]
     x = np.arange(math.prod(even), dtype=np.float32).reshape(even)
     y = np.arange(math.prod(uneven), dtype=np.float32).reshape(uneven)
-    sharding = Layout.from_placements(mesh, placements).bind(2).named_sharding
+    sharding = resolve_layout(mesh, placements, 2).named_sharding
     np.testing.assert_array_equal(np.asarray(distribute_tensor(y, mesh, placements).full_tensor()), y)
 
     def baseline() -> jax.Array:

@@ -7,7 +7,7 @@ import numpy as np
 from catalogue import mesh_of
 from harness import Config, Section, Table, microseconds, time_each, paired, progress, within
 
-from placements2jax import DTensor, Layout
+from placements2jax import DTensor, resolve_layout
 
 LIMIT = 1.2
 ROWS = (1024, 8192, 65536, 524288)  # rows per rank (float32, 4 columns)
@@ -16,7 +16,7 @@ COLUMNS = 4
 
 def _measure(rows: int, config: Config) -> tuple[tuple[str, ...], object]:
     mesh = mesh_of((8,))
-    sharding = Layout.from_placements(mesh, "S(0)").bind(2).named_sharding
+    sharding = resolve_layout(mesh, "S(0)", 2).named_sharding
     rng = np.random.default_rng(rows)
     pieces = [rng.normal(size=(rows, COLUMNS)).astype(np.float32) for _ in mesh.rank_list]
     devices = [mesh.device(r) for r in mesh.rank_list]

@@ -40,7 +40,9 @@ OPS: tuple[tuple[str, tuple[tuple[tuple[int, ...], Any, str], ...], dict[str, An
 
 def _inputs(mesh: Any, specs: tuple[tuple[tuple[int, ...], Any, str], ...]) -> list[tuple[Any, ...]]:
     """Fresh Layout objects every call (their cached properties start empty)."""
-    return [(shape, dtype, Layout.from_placements(mesh, parse_placements_or_alias(text))) for shape, dtype, text in specs]
+    return [
+        (shape, dtype, Layout.from_device_mesh(mesh)(parse_placements_or_alias(text))) for shape, dtype, text in specs
+    ]
 
 
 def _eval_shape_baseline(mesh: Any, op: str, specs: Any, params: dict[str, Any]) -> Callable[[], Any] | None:

@@ -35,7 +35,7 @@ def _measure(
     jax_mesh = mesh.to_jax()
     placements = parse_placements_or_alias(text)
     entries, unreduced = spec.partitions, spec.unreduced
-    built = Layout.from_placements(mesh, placements).bind(ndim)
+    built = resolve_layout(mesh, placements, ndim)
     assert built.named_sharding == NamedSharding(jax_mesh, spec), (text, built.partition_spec, spec)
 
     def by_hand() -> NamedSharding:
@@ -43,10 +43,10 @@ def _measure(
 
     def cold() -> NamedSharding:
         clear_caches()
-        return Layout.from_placements(mesh, placements).bind(ndim).named_sharding
+        return resolve_layout(mesh, placements, ndim).named_sharding
 
     def new() -> NamedSharding:
-        return Layout.from_placements(mesh, placements).bind(ndim).named_sharding
+        return resolve_layout(mesh, placements, ndim).named_sharding
 
     def warm() -> NamedSharding:
         return resolve_layout(mesh, placements, ndim).named_sharding
@@ -78,7 +78,7 @@ def run(config: Config) -> Section:
 Baseline: `NamedSharding(jax_mesh, PartitionSpec(...))` written by hand (the JAX mesh
 already built). **cold**: every placements2jax `functools` cache emptied, then a new `Layout`
 from the placements and `.bind(ndim).named_sharding` (clearing the caches is inside the timed
-call); **parse**: `Layout.from_placements(mesh, placements).bind(ndim)` each call (parses
+call); **parse**: `resolve_layout(mesh, placements, ndim)` each call (parses
 and validates the placements, then finds the interned Layout); **warm**: the same through
 `resolve_layout(mesh, placements, ndim)`, the one function every entry point (DTensor,
 `distribute_tensor`, `redistribute`) resolves placements with, which remembers the

@@ -13,7 +13,15 @@ from functools import cache, cached_property
 import jax
 import numpy as np
 
-from placements2jax import DeviceMesh, DTensor, Layout, distribute_tensor, init_device_mesh, plan_redistribute
+from placements2jax import (
+    DeviceMesh,
+    DTensor,
+    Layout,
+    distribute_tensor,
+    init_device_mesh,
+    plan_redistribute,
+    resolve_layout,
+)
 from placements2jax.physical import physical
 from placements2jax.placements import parse_placements_or_alias
 from placements2jax.programs import program
@@ -116,11 +124,11 @@ class Move:
 
     @cached_property
     def src_layout(self) -> Layout:
-        return Layout.from_placements(self.mesh, self.src_placements).bind(len(self.shape))
+        return resolve_layout(self.mesh, self.src_placements, len(self.shape))
 
     @cached_property
     def dst_layout(self) -> Layout:
-        return Layout.from_placements(self.mesh, self.dst_placements).bind(len(self.shape))
+        return resolve_layout(self.mesh, self.dst_placements, len(self.shape))
 
     @property
     def itemsize(self) -> int:

@@ -26,7 +26,7 @@ def _entry(entry: object) -> str:
 
 def main(out_dir: Path) -> None:
     mesh = init_device_mesh((4, 2), ("dp", "tp"))
-    layouts = [Layout.from_placements(mesh, p) for p in RFC_PLACEMENTS]
+    layouts = [Layout.from_device_mesh(mesh)(p) for p in RFC_PLACEMENTS]
     titles = [",".join(_entry(e) for e in p) for p in RFC_PLACEMENTS]
     figure = plot(layouts, (8, 2), titles=titles, ncols=3)
     out_dir.mkdir(parents=True, exist_ok=True)

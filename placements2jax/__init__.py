@@ -36,7 +36,7 @@ from .inference import (
     use_cost_model,
 )
 from .interop.torch_checkpoint import load_torch_checkpoint
-from .layout import Layout
+from .layout import Layout, resolve_layout
 from .loss import vocab_parallel_cross_entropy
 from .mesh import DeviceMesh, MeshGroup, as_device_mesh, init_device_mesh
 from .operators import apply
@@ -126,6 +126,7 @@ __all__ = [
     "randn",
     "redistribute_collectives",
     "replicate",
+    "resolve_layout",
     "rowwise",
     "save",
     "sequence",

@@ -30,7 +30,7 @@ from .schedules import choose, default_policy
 from .inference import CostModel, plan_redistribute
 from .inference.check import collective_nbytes
 from .inference.table import format_table
-from .layout import Layout
+from .layout import Layout, resolve_layout
 from .mesh import DeviceMesh, init_device_mesh
 from .placements import format_alias, format_placements
 from .placements import parse_partial as parse_partial_text
@@ -321,7 +321,7 @@ def explain(
     """The ``explain`` report of ``placements`` (torch or alias form) on ``mesh`` for a
     tensor of ``shape``: text, or JSON with ``as_json``."""
     shape = tuple(shape)
-    layout = Layout.from_placements(mesh, placements, partial=partial).bind(len(shape))
+    layout = resolve_layout(mesh, placements, len(shape), partial=partial)
     report = _report(layout, shape)
     if as_json:
         return _json(report)
@@ -427,8 +427,8 @@ def redistribute(
     (:func:`redistribute_collectives`). Text, or JSON."""
     shape = tuple(shape)
     dtype = np.dtype(dtype)
-    source = Layout.from_placements(mesh, src, partial=from_partial).bind(len(shape))
-    target = Layout.from_placements(mesh, dst, partial=to_partial).bind(len(shape))
+    source = resolve_layout(mesh, src, len(shape), partial=from_partial)
+    target = resolve_layout(mesh, dst, len(shape), partial=to_partial)
     plan = plan_redistribute(shape, dtype, source, target, CostModel(axis_weights) if axis_weights else None)
     dtensor = distribute_tensor(jnp.zeros(shape, dtype), mesh, source)
     try:

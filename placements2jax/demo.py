@@ -33,7 +33,7 @@ from .inference import CheckReport, check
 from .inference.check import collective_nbytes
 from .inference.cost import LOCAL_PARTIAL, LOCAL_SLICE
 from .inference.table import format_bytes, format_table
-from .layout import Layout, PlacementsLike
+from .layout import Layout, PlacementsLike, resolve_layout
 from .mesh import DeviceMesh
 from .operators import apply
 from .parallelize import colwise, distribute_pytree, path_of, rowwise
@@ -77,7 +77,7 @@ def placements_table(mesh: DeviceMesh, shape: tuple[int, ...], specs: Sequence[P
     last = mesh.rank_list[-1]
     rows = []
     for spec in specs:
-        layout = Layout.from_placements(mesh, spec).bind(len(shape))
+        layout = resolve_layout(mesh, spec, len(shape))
         blocks = [_block(layout.local_slices(shape, rank)) for rank in (0, last)]
         rows.append(
             (
@@ -404,7 +404,7 @@ def _check_step(
     mesh, so the step pins its activations with Auto-axes shardings."""
     leaves, tree = jax.tree.flatten(params, is_leaf=is_dtensor)
     auto = DeviceMesh(mesh.mesh, mesh.axis_names, axis_types="auto")
-    batch = Layout.from_placements(auto, BATCH).bind(2).named_sharding
+    batch = resolve_layout(auto, BATCH, 2).named_sharding
     step = partial(sgd_step, learning_rate=config.learning_rate, batch=batch)
 
     def step_of_leaves(*args: jax.Array) -> tuple[jax.Array, ...]:

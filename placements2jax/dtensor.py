@@ -51,7 +51,9 @@ class DTensor:
                 "array", array, "expected the physical jax.Array", "build DTensors with distribute_tensor or DTensor.from_local"
             )
         if not isinstance(layout, (Layout, MeshPlacements)):
-            raise ArgumentTypeError("layout", layout, "expected a placements2jax.Layout", "pass Layout.from_placements(...)")
+            raise ArgumentTypeError(
+                "layout", layout, "expected a placements2jax.Layout", "pass resolve_layout(mesh, placements, ndim)"
+            )
         shape = as_shape(shape, "shape")
         layout = layout.bind(len(shape))
         expected = physical(layout, shape).array_shape
@@ -518,7 +520,7 @@ def placements_layout(device_mesh: Any, placements: PlacementsLike | None, shape
     that many dims): :func:`resolve_layout`, on a mesh whose axes are of one kind."""
     if placements is None:
         mesh = as_device_mesh(device_mesh)
-        layout = Layout.replicated_on(mesh, shape if isinstance(shape, int) else len(shape))
+        layout = Layout(mesh, ((),) * (shape if isinstance(shape, int) else len(shape)))
     else:
         layout = resolve_layout(device_mesh, placements, shape)
         mesh = layout.mesh

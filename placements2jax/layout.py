@@ -11,10 +11,24 @@ Three views of the same layout:
   from the right, or a tuple of such ints; plus the partial side table per mesh dim;
 * alias form: one entry per tensor dim, an axis name, a tuple of names, or ``"None"``.
 
-``Layout.from_device_mesh(mesh)`` returns an empty layout; calling it with placements
-(torch or alias form) records them. Torch-form placements do not say how many dims the
-tensor has, so such a layout is *unbound* until :meth:`Layout.bind` gives it ``ndim``;
-alias-form layouts are bound at once. Everything shape-related needs a bound layout.
+Building a Layout (docs/architecture.md, "Building a Layout"):
+
+* :func:`resolve_layout` ``(mesh, placements, shape_or_ndim)`` -- the one resolver from
+  placements as a user gives them (torch or alias form, values or text, another
+  library's objects, a Layout);
+* ``Layout.from_device_mesh(mesh)(placements)`` -- the RFC's form of the same: calling
+  the empty record with placements records them. Torch-form placements do not say how
+  many dims the tensor has, so they give a :class:`MeshPlacements`, bound by
+  ``.bind(ndim)`` / ``.placement_to_tensor_map(ndim)``; the alias form gives a Layout;
+* :meth:`Layout.from_tensor_map` and :meth:`Layout.from_partition_spec` -- MindSpore's
+  and JAX's tables, the inverses of the :attr:`~Layout.tensor_map` and
+  :attr:`~Layout.partition_spec` views;
+* ``Layout(mesh, dim_axes, partial)`` -- the validated, interned constructor every route
+  above ends in (for code that computes layouts; ``Layout(mesh, ((),) * ndim)`` is the
+  replicated one).
+
+``Layout.from_placements``, ``Layout.from_shard_order`` and ``Layout.replicated_on`` are
+deprecated spellings of these.
 
 Local shapes and offsets follow torch's ``_compute_local_shape_and_global_offset``
 (torch.chunk, nested over mesh axes), computed by pure functions in :mod:`.chunking`.
@@ -24,6 +38,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 import weakref
 from collections.abc import Mapping, Sequence
 from functools import cached_property
@@ -101,10 +116,25 @@ class MeshPlacements(_OnMesh):
         self._placements = placements
         self._shard_order = shard_order  # None: mesh order, and repeated Shard(d) refused
 
-    def __call__(self, placements: PlacementsLike, *, partial: PartialLike = None) -> Layout | MeshPlacements:
-        """Record placements, in torch form (one per mesh dim) or alias form (one per
-        tensor dim; ``partial=`` then names the partial mesh axes and their reduce ops)."""
-        return Layout.from_placements(self._mesh, placements, partial=partial)
+    def __call__(
+        self,
+        placements: PlacementsLike,
+        *,
+        partial: PartialLike = None,
+        shard_order: Mapping[int, Sequence[int]] | None = None,
+    ) -> Layout | MeshPlacements:
+        """Record placements (the RFC's call), in torch form (one per mesh dim) or alias
+        form (one per tensor dim; ``partial=`` then names the partial mesh axes and their
+        reduce ops); text in either form is parsed, another library's placement objects
+        (torch's ``Shard``, ``_StridedShard`` ...) are converted by their bridge. Returns a
+        :class:`Layout` for the alias form, a :class:`MeshPlacements` (unbound until the
+        tensor rank is known) for the torch form.
+
+        ``shard_order`` is torch's ``DTensorSpec.shard_order``: given (even ``{}``), the
+        torch-form placements may shard one tensor dim by several mesh dims (repeated
+        ``Shard(d)``, which the RFC's form refuses), split in the order ``shard_order[d]``
+        lists them (mesh dims major to minor; mesh order for dims it omits)."""
+        return _from_placements(self._mesh, placements, partial, shard_order)
 
     def bind(self, ndim: int) -> Layout:
         """The layout of these placements for a tensor of ``ndim`` dims (negative Shard
@@ -183,7 +213,7 @@ class MeshPlacements(_OnMesh):
     def __repr__(self) -> str:
         if any(len(axes) > 1 for _, axes in self.shard_order):
             order = dict(self.shard_order)
-            return f"Layout.from_shard_order({self._mesh!r}, {self._placements!r}, {order!r})"
+            return f"Layout.from_device_mesh({self._mesh!r})({self._placements!r}, shard_order={order!r})"
         return f"Layout.from_device_mesh({self._mesh!r})({self._placements!r})"
 
     def __str__(self) -> str:
@@ -241,76 +271,35 @@ class Layout(_OnMesh):
         call it with placements to record them (the RFC's interface)."""
         return MeshPlacements(as_device_mesh(mesh), ())
 
-    def __call__(self, placements: PlacementsLike, *, partial: PartialLike = None) -> Layout | MeshPlacements:
+    def __call__(
+        self,
+        placements: PlacementsLike,
+        *,
+        partial: PartialLike = None,
+        shard_order: Mapping[int, Sequence[int]] | None = None,
+    ) -> Layout | MeshPlacements:
         """Placements on this layout's mesh (as :meth:`MeshPlacements.__call__`)."""
-        return Layout.from_placements(self._mesh, placements, partial=partial)
+        return _from_placements(self._mesh, placements, partial, shard_order)
 
     @classmethod
     def from_placements(
         cls, mesh: DeviceMesh, placements: PlacementsLike, *, partial: PartialLike = None
     ) -> Layout | MeshPlacements:
-        """A layout from alias-form placements, or a :class:`MeshPlacements` (unbound until
-        the tensor rank is known) from torch-form ones. Text in either form is parsed;
-        another library's placement objects (torch's ``Shard``, ``_StridedShard`` ...) are
-        converted by their bridge (see :mod:`placements2jax.foreign`). A layout given as
-        placements is returned as is (it must be on ``mesh``)."""
-        mesh = as_device_mesh(mesh)
-        if isinstance(placements, (Layout, MeshPlacements)):
-            if placements.mesh is not mesh:
-                raise LayoutError(
-                    "placements", placements, "this layout is on another mesh", "rebuild it on the target mesh"
-                )
-            return placements
-        original = placements
-        if isinstance(placements, str):
-            placements, text_partial = parse_layout_text(placements)
-            if text_partial is not None:
-                if partial is not None:
-                    raise PlacementError(
-                        "partial", partial, "the placements text names its partial axes itself", "drop partial="
-                    )
-                partial = text_partial
-        if not isinstance(placements, Sequence):
-            raise ArgumentTypeError(
-                "placements",
-                placements,
-                "expected a sequence of placements or alias entries",
-                "pass e.g. (Shard(0), Replicate()) or (('dp', 'tp'), None)",
-            )
-        if any(not isinstance(p, (Placement, str, tuple, list)) and p is not None for p in placements):
-            foreign = convert_placements(mesh, placements)
-            if foreign is not None:
-                if partial is not None:
-                    raise PlacementError(
-                        "partial", partial, "torch-form placements state partials themselves", "drop partial="
-                    )
-                return foreign
-        if placements and any(isinstance(p, Placement) for p in placements):
-            if partial is not None:
-                raise PlacementError(
-                    "partial", partial, "the torch form states partials itself", "use Partial(op) in the placements"
-                )
-            return _torch_form(mesh, tuple(placements), original)
-        return _alias_form(mesh, tuple(placements), partial)
+        """Deprecated: ``Layout.from_device_mesh(mesh)(placements)`` (the RFC's form), or
+        :func:`resolve_layout` when the tensor's shape or rank is known."""
+        _deprecated("Layout.from_placements(mesh, placements)", "Layout.from_device_mesh(mesh)(placements)")
+        return _from_placements(as_device_mesh(mesh), placements, partial, None)
 
     @classmethod
     def from_shard_order(
         cls, mesh: DeviceMesh, placements: Sequence[Placement], shard_order: Mapping[int, Sequence[int]] | None = None
     ) -> MeshPlacements:
-        """Torch's ``DTensorSpec`` view: torch-form placements in which, as torch allows,
-        one tensor dim may be sharded by several mesh dims (repeated ``Shard(d)``), split
-        in the order ``shard_order[d]`` gives (mesh dims major to minor; by default mesh
-        order, as torch). Unbound until :meth:`MeshPlacements.bind`, like every torch form."""
-        mesh = as_device_mesh(mesh)
-        if isinstance(placements, str):
-            placements = parse_placements(placements)
-        if not isinstance(placements, Sequence):
-            raise ArgumentTypeError(
-                "placements", placements, "expected a sequence of placements", "pass e.g. (Shard(0), Shard(0))"
-            )
-        placements = tuple(placements)
-        _torch_form(mesh, placements, placements, repeated_shards=True)
-        return MeshPlacements(mesh, placements, _validate_shard_order(mesh, placements, shard_order or {}))
+        """Deprecated: ``Layout.from_device_mesh(mesh)(placements, shard_order=...)``."""
+        _deprecated(
+            "Layout.from_shard_order(mesh, placements, order)",
+            "Layout.from_device_mesh(mesh)(placements, shard_order=order)",
+        )
+        return _from_placements(as_device_mesh(mesh), placements, None, shard_order or {})  # type: ignore[return-value]
 
     @classmethod
     def from_tensor_map(cls, mesh: DeviceMesh, tensor_map: Sequence[Any], partial: PartialLike = None) -> Layout:
@@ -379,7 +368,7 @@ class Layout(_OnMesh):
         return f"{head}({self.alias_map!r}{tail})"
 
     def __str__(self) -> str:
-        """The one text form of a layout, which :meth:`from_placements` parses back: the
+        """The one text form of a layout, which :func:`resolve_layout` parses back: the
         torch form (``S(0),R,P(max)``) when every tensor dim is split by at most one mesh
         axis, else the alias form with its partial axes (``(c,b),None; partial a=max``)."""
         if all(len(axes) <= 1 for axes in self._dim_axes):
@@ -390,14 +379,15 @@ class Layout(_OnMesh):
     # -- related layouts -------------------------------------------------------------
     @classmethod
     def replicated_on(cls, mesh: DeviceMesh, ndim: int) -> Layout:
-        """The all-Replicate layout of an ``ndim``-d tensor on ``mesh``."""
+        """Deprecated: ``Layout(mesh, ((),) * ndim)``, or ``layout.replicated()``."""
+        _deprecated("Layout.replicated_on(mesh, ndim)", "Layout(mesh, ((),) * ndim) or layout.replicated()")
         if isinstance(ndim, bool) or not isinstance(ndim, int) or ndim < 0:
             raise ArgumentTypeError("ndim", ndim, "expected a non-negative int", "pass the tensor's number of dims")
         return cls(mesh, ((),) * ndim)
 
     def replicated(self) -> Layout:
         """The all-Replicate layout on the same mesh and tensor rank."""
-        return Layout.replicated_on(self._mesh, self.ndim)
+        return Layout(self._mesh, ((),) * self.ndim)
 
     def without_partial(self) -> Layout:
         """The same splits with every partial mesh dim turned into Replicate."""
@@ -644,7 +634,7 @@ def _get_global_shape(
     :class:`ShapeError` unless ``assume_even=True`` picks torch's ``local * pieces``.
     (The RFC's ``DeviceMesh.get_global_shape``; :meth:`Layout.global_shape_from_local`.)
     """
-    layout = Layout.from_placements(self, placements)
+    layout = _from_placements(self, placements, None, None)
     return layout.global_shape_from_local(local_shape, rank, assume_even=assume_even)
 
 
@@ -661,7 +651,12 @@ _RESOLVED_LIMIT = 8192
 
 
 def resolve_layout(
-    mesh: Any, placements: Any, shape: int | Sequence[int], *, partial: PartialLike = None
+    mesh: Any,
+    placements: Any,
+    shape: int | Sequence[int],
+    *,
+    partial: PartialLike = None,
+    shard_order: Mapping[int, Sequence[int]] | None = None,
 ) -> Layout:
     """The :class:`Layout` of ``placements`` (torch or alias form, as values or text,
     another library's objects, or a Layout / MeshPlacements) on ``mesh`` for a tensor of
@@ -670,7 +665,8 @@ def resolve_layout(
     same for that shape (torch's uneven ``_StridedShard``). A repeated call costs one dict
     lookup."""
     frozen = tuple(placements) if isinstance(placements, list) else placements
-    key = (mesh, frozen, partial, shape if isinstance(shape, int) else tuple(shape))
+    order = tuple(shard_order.items()) if isinstance(shard_order, Mapping) else shard_order
+    key = (mesh, frozen, partial, shape if isinstance(shape, int) else tuple(shape), order)
     try:
         return _resolved[key]
     except KeyError:
@@ -678,7 +674,7 @@ def resolve_layout(
     except TypeError:  # unhashable arguments (a partial dict, nested lists): not cached
         key = None
     ndim = shape if isinstance(shape, int) else len(as_shape(shape, "shape"))
-    layout = Layout.from_placements(mesh, placements, partial=partial).bind(ndim)
+    layout = _from_placements(as_device_mesh(mesh), placements, partial, shard_order).bind(ndim)
     if not isinstance(shape, int):
         check_placements_for_shape(placements, layout, tuple(shape))
     if key is not None:
@@ -689,6 +685,76 @@ def resolve_layout(
 
 
 # -- helpers -----------------------------------------------------------------------------
+
+
+def _from_placements(
+    mesh: DeviceMesh, placements: Any, partial: PartialLike, shard_order: Mapping[int, Sequence[int]] | None
+) -> Layout | MeshPlacements:
+    """Placements as given -> a Layout (alias form) or MeshPlacements (torch form): the
+    parsing, conversion and validation every public route shares (the RFC's call,
+    :func:`resolve_layout`). A layout given as placements is returned as is (it must be on
+    ``mesh``)."""
+    if isinstance(placements, (Layout, MeshPlacements)):
+        if placements.mesh is not mesh:
+            raise LayoutError(
+                "placements", placements, "this layout is on another mesh", "rebuild it on the target mesh"
+            )
+        if shard_order is not None:
+            raise PlacementError(
+                "shard_order", shard_order, "a layout states its split order itself", "drop shard_order="
+            )
+        return placements
+    original = placements
+    if isinstance(placements, str):
+        placements, text_partial = parse_layout_text(placements)
+        if text_partial is not None:
+            if partial is not None:
+                raise PlacementError(
+                    "partial", partial, "the placements text names its partial axes itself", "drop partial="
+                )
+            partial = text_partial
+    if not isinstance(placements, Sequence):
+        raise ArgumentTypeError(
+            "placements",
+            placements,
+            "expected a sequence of placements or alias entries",
+            "pass e.g. (Shard(0), Replicate()) or (('dp', 'tp'), None)",
+        )
+    if any(not isinstance(p, (Placement, str, tuple, list)) and p is not None for p in placements):
+        foreign = convert_placements(mesh, placements)
+        if foreign is not None:
+            if partial is not None or shard_order is not None:
+                argument, value = ("partial", partial) if partial is not None else ("shard_order", shard_order)
+                raise PlacementError(
+                    argument, value, "another library's placements state this themselves", f"drop {argument}="
+                )
+            return foreign
+    if placements and any(isinstance(p, Placement) for p in placements):
+        if partial is not None:
+            raise PlacementError(
+                "partial", partial, "the torch form states partials itself", "use Partial(op) in the placements"
+            )
+        placements = tuple(placements)
+        if shard_order is None:
+            return _torch_form(mesh, placements, original)
+        _torch_form(mesh, placements, original, repeated_shards=True)
+        return MeshPlacements(mesh, placements, _validate_shard_order(mesh, placements, shard_order))
+    if shard_order is not None:
+        raise PlacementError(
+            "shard_order",
+            shard_order,
+            "the alias form states each dim's split order itself (mesh axes major to minor)",
+            "drop shard_order=, or give torch-form placements",
+        )
+    return _alias_form(mesh, tuple(placements), partial)
+
+
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn(
+        f"{old} is deprecated and will be removed; use {new} (see docs/architecture.md, 'Building a Layout')",
+        DeprecationWarning,
+        stacklevel=3,
+    )
 
 
 def _torch_form(

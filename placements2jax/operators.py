@@ -122,7 +122,7 @@ def _mesh_of(keys: Sequence[OperandKey], argument: str) -> DeviceMesh:
 
 
 def _layout_of(key: OperandKey, mesh: DeviceMesh) -> Layout:
-    return key[3] if key[0] == "dtensor" else Layout.replicated_on(mesh, len(key[1]))
+    return key[3] if key[0] == "dtensor" else Layout(mesh, ((),) * len(key[1]))
 
 
 def _arrays(values: Sequence[Any]) -> list[Any]:
@@ -413,7 +413,7 @@ class _Interpreter:
 
     def _replicated(self, value: Any, aval: Any) -> _Value:
         shape = tuple(aval.shape)
-        return _Value(value, physical(Layout.replicated_on(self.mesh, len(shape)), shape))
+        return _Value(value, physical(Layout(self.mesh, ((),) * len(shape)), shape))
 
     def run(self, jaxpr: Any, consts: Sequence[Any], inputs: Sequence[_Value], prefix: str) -> list[_Value]:
         env: dict[Any, _Value] = {}

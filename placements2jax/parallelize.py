@@ -67,7 +67,7 @@ import jax
 
 from .dtensor import DTensor, distribute_tensor, is_dtensor
 from .errors import ArgumentTypeError, Placements2JaxError, PlanError
-from .layout import Layout, PlacementsLike
+from .layout import Layout, PlacementsLike, resolve_layout
 from .mesh import DeviceMesh, as_device_mesh
 from .placements import Placement, Replicate, Shard
 
@@ -154,7 +154,7 @@ class ParallelStyle:
         placement = self.placement(ndim, role)
         target = self._mesh_dim(mesh) if placement.is_shard() else None
         placements = tuple(placement if m == target else Replicate() for m in range(mesh.ndim))
-        return Layout.from_placements(mesh, placements).bind(ndim)
+        return resolve_layout(mesh, placements, ndim)
 
     def _mesh_dim(self, mesh: DeviceMesh) -> int:
         if self.axis is None:
@@ -249,7 +249,7 @@ def _rule_value(regex: str, value: Any, mesh: DeviceMesh) -> ParallelStyle | Lay
     if isinstance(value, str) and (match := _STYLE_TEXT.fullmatch(value)):
         return ParallelStyle(match.group(1), match.group(2))  # type: ignore[arg-type]
     try:
-        return Layout.from_placements(mesh, value)
+        return Layout.from_device_mesh(mesh)(value)
     except Placements2JaxError as error:
         raise error.for_argument(f"plan[{regex!r}]", value) from None
 

@@ -114,7 +114,7 @@ def _layout_and_shape(item: Any, shape: Sequence[int] | None) -> tuple[Layout, t
         layout, shape = item.layout, item.shape if shape is None else shape
     else:
         raise ArgumentTypeError(
-            "item", item, "expected a Layout or a DTensor", "pass Layout.from_placements(mesh, placements) and a shape"
+            "item", item, "expected a Layout or a DTensor", "pass Layout.from_device_mesh(mesh)(placements) and a shape"
         )
     shape = as_shape(shape, "shape")
     if len(shape) not in (1, 2):

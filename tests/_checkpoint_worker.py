@@ -42,7 +42,7 @@ def main() -> None:
         tree = {}
         for name, (mesh_name, placements) in SAVE_LAYOUTS.items():
             mesh = meshes[mesh_name]
-            layout = p2j.Layout.from_placements(mesh, placements).bind(VALUES[name].ndim)
+            layout = p2j.resolve_layout(mesh, placements, VALUES[name].ndim)
             own = {r: VALUES[name][layout.local_slices(VALUES[name].shape, r)] for r in mesh.rank_list
                    if mesh.device(r).process_index == process}
             if layout.has_partial:  # build from the plain blocks, then split on the devices

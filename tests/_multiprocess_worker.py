@@ -36,6 +36,7 @@ from placements2jax import (  # noqa: E402
     distribute_tensor,
     init_device_mesh,
     redistribute_collectives,
+    resolve_layout,
 )
 
 PROCESS = int(sys.argv[1])
@@ -98,7 +99,7 @@ def main() -> None:
     passed.append("calling rank")
 
     # Shard(0) -> Replicate, Shard(0) -> Shard(1), and back: 13 rows over 8 ranks (uneven, empty shards).
-    s0 = Layout.from_placements(line, "S(0)").bind(2)
+    s0 = resolve_layout(line, "S(0)", 2)
     dt = DTensor.from_local(blocks(s0, X), line, "S(0)")
     assert_holds(dt, X, "from_local S(0) uneven")
     assert_holds(dt.redistribute(placements="R"), X, "S(0) -> R")
@@ -113,9 +114,9 @@ def main() -> None:
     assert_holds(dt.redistribute(shuffled, "S(0),R"), X, "S(0) on (8,) -> S(0),R on a shuffled mesh")
 
     # Partial(sum) over the process boundary -> Shard: dp coordinate 0 holds x - d, coordinate 1 holds d.
-    layout = Layout.from_placements(grid, [Partial(), Shard(1)]).bind(2)
+    layout = resolve_layout(grid, [Partial(), Shard(1)], 2)
     delta = (np.arange(X.size, dtype=np.int32).reshape(X.shape) % 5) * 3
-    plain = Layout.from_placements(grid, [Replicate(), Shard(1)]).bind(2)
+    plain = resolve_layout(grid, [Replicate(), Shard(1)], 2)
     partial_locals = {
         r: block - delta[plain.local_slices(X.shape, r)]
         if grid.get_coordinate(r)[0] == 0
@@ -147,7 +148,7 @@ def main() -> None:
 
     # Alias form with a dim split by both axes of meshes whose axes cross the boundary.
     for mesh, names in ((across, ("a", "b")), (shuffled, ("q", "p"))):
-        nested = Layout.from_placements(mesh, (names, None))
+        nested = Layout.from_device_mesh(mesh)((names, None))
         dtn = DTensor.from_local(blocks(nested, X), mesh, (names, None))
         assert_holds(dtn, X, f"from_local {names} on {mesh.rank_list}")
         assert_holds(dtn.redistribute(placements=(names[1], names[0])), X, f"{names} -> split both dims")

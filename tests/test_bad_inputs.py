@@ -75,6 +75,7 @@ from placements2jax import (
     predict,
     print_layout,
     redistribute_collectives,
+    resolve_layout,
     rowwise,
     sequence,
     set_default_cost_model,
@@ -93,7 +94,7 @@ def _make_env() -> SimpleNamespace:
     mesh = init_device_mesh((4, 2), ("dp", "tp"))
     mesh8 = init_device_mesh((8,), ("x",))
     e = SimpleNamespace(mesh=mesh, mesh8=mesh8, x=X)
-    e.layout = Layout.from_placements(mesh, "S(0),R").bind(2)
+    e.layout = resolve_layout(mesh, "S(0),R", 2)
     e.dt = distribute_tensor(X, mesh, "S(0),R")
     e.dtp = distribute_tensor(X, mesh, [Partial(), Shard(1)])
     e.dtm = distribute_tensor(X, mesh, [Partial("max"), Replicate()])
@@ -132,8 +133,13 @@ def _c(name: str, covers: str, error: type[Placements2JaxError], argument: str, 
     return Case(name, tuple(covers.split()), error, argument, call)
 
 
+def _deprecated_call(function: Callable[..., Any], *args: Any) -> Any:
+    with pytest.warns(DeprecationWarning, match="deprecated"):
+        return function(*args)
+
+
 def _other_mesh_layout(e: Any) -> Layout:
-    return Layout.from_placements(e.mesh8, ("x", None))
+    return Layout.from_device_mesh(e.mesh8)(("x", None))
 
 
 def _ckpt(e: Any) -> str:
@@ -240,7 +246,7 @@ CASES: list[Case] = [
         "Placement Replicate",
         ArgumentTypeError,
         "placements",
-        lambda e: Layout.from_placements(e.mesh, [Placement(), Replicate()]),
+        lambda e: Layout.from_device_mesh(e.mesh)([Placement(), Replicate()]),
     ),
     _c("parse_placement: unknown", "parse_placement", PlacementError, "placement", lambda e: parse_placement("X")),
     _c("parse_placement: an int", "parse_placement", ArgumentTypeError, "placement", lambda e: parse_placement(3)),
@@ -286,28 +292,63 @@ CASES: list[Case] = [
         "Layout",
         PlacementError,
         "placements",
-        lambda e: Layout.from_placements(e.mesh, "dp,None; tp=max"),
+        lambda e: Layout.from_device_mesh(e.mesh)("dp,None; tp=max"),
     ),
     _c(
         "layout text: unknown reduce op in the partial clause",
         "Layout",
         PlacementError,
         "placements",
-        lambda e: Layout.from_placements(e.mesh, "None,dp; partial tp=prod"),
+        lambda e: Layout.from_device_mesh(e.mesh)("None,dp; partial tp=prod"),
     ),
     _c(
         "layout text: partial twice",
         "Layout",
         PlacementError,
         "partial",
-        lambda e: Layout.from_placements(e.mesh, "None,dp; partial tp=max", partial={"tp": "max"}),
+        lambda e: Layout.from_device_mesh(e.mesh)("None,dp; partial tp=max", partial={"tp": "max"}),
     ),
     _c(
-        "layout: replicated_on a string rank",
+        "resolve_layout: a string rank",
+        "resolve_layout",
+        ArgumentTypeError,
+        "shape",
+        lambda e: resolve_layout(e.mesh, "R,R", "2"),
+    ),
+    _c(
+        "resolve_layout: shape of strings",
+        "resolve_layout",
+        ShapeError,
+        "shape",
+        lambda e: resolve_layout(e.mesh, "S(0),R", ("8", 2)),
+    ),
+    _c(
+        "resolve_layout: mesh is a list",
+        "resolve_layout",
+        ArgumentTypeError,
+        "device_mesh",
+        lambda e: resolve_layout([0, 1], "S(0)", 2),
+    ),
+    _c(
+        "resolve_layout: shard_order with the alias form",
+        "resolve_layout",
+        PlacementError,
+        "shard_order",
+        lambda e: resolve_layout(e.mesh, (("dp", "tp"), None), 2, shard_order={0: (1, 0)}),
+    ),
+    _c(
+        "resolve_layout: shard_order not a mapping",
+        "resolve_layout",
+        ArgumentTypeError,
+        "shard_order",
+        lambda e: resolve_layout(e.mesh, "S(0),S(0)", 2, shard_order=[(0, (1, 0))]),
+    ),
+    _c(
+        "layout: deprecated replicated_on a string rank",
         "Layout",
         ArgumentTypeError,
         "ndim",
-        lambda e: Layout.replicated_on(e.mesh, "2"),
+        lambda e: _deprecated_call(Layout.replicated_on, e.mesh, "2"),
     ),
     _c("format_alias: None", "format_alias", ArgumentTypeError, "entries", lambda e: format_alias(None)),
     _c("format_alias: int entry", "format_alias", ArgumentTypeError, "entries", lambda e: format_alias([1])),
@@ -331,91 +372,91 @@ CASES: list[Case] = [
         "Layout",
         LayoutError,
         "placements",
-        lambda e: Layout.from_placements(e.mesh, ("pp", None)),
+        lambda e: Layout.from_device_mesh(e.mesh)(("pp", None)),
     ),
     _c(
         "layout: repeated Shard in torch form",
         "Layout",
         PlacementError,
         "placements",
-        lambda e: Layout.from_placements(e.mesh, [Shard(0), Shard(0)]),
+        lambda e: Layout.from_device_mesh(e.mesh)([Shard(0), Shard(0)]),
     ),
     _c(
         "layout: repeated Shard, negative and positive",
         "Layout",
         PlacementError,
         "placements",
-        lambda e: Layout.from_placements(e.mesh, [Shard(1), Shard(-1)]).bind(2),
+        lambda e: resolve_layout(e.mesh, [Shard(1), Shard(-1)], 2),
     ),
     _c(
         "layout: mixed Partial ops",
         "Layout",
         PlacementError,
         "placements",
-        lambda e: Layout.from_placements(e.mesh, [Partial(), Partial("max")]),
+        lambda e: Layout.from_device_mesh(e.mesh)([Partial(), Partial("max")]),
     ),
     _c(
         "layout: shard dim out of range",
         "Layout",
         PlacementError,
         "placements",
-        lambda e: Layout.from_placements(e.mesh, [Shard(2), Replicate()]).bind(2),
+        lambda e: resolve_layout(e.mesh, [Shard(2), Replicate()], 2),
     ),
     _c(
         "layout: placements an int",
         "Layout",
         ArgumentTypeError,
         "placements",
-        lambda e: Layout.from_placements(e.mesh, 3),
+        lambda e: Layout.from_device_mesh(e.mesh)(3),
     ),
     _c(
         "layout: alias axis used twice",
         "Layout",
         LayoutError,
         "placements",
-        lambda e: Layout.from_placements(e.mesh, ("dp", "dp")),
+        lambda e: Layout.from_device_mesh(e.mesh)(("dp", "dp")),
     ),
     _c(
         "layout: partial on unknown axis",
         "Layout",
         MeshError,
         "partial",
-        lambda e: Layout.from_placements(e.mesh, ("dp", None), partial={"pp": "sum"}),
+        lambda e: Layout.from_device_mesh(e.mesh)(("dp", None), partial={"pp": "sum"}),
     ),
     _c(
         "layout: partial with unknown op",
         "Layout",
         PlacementError,
         "partial",
-        lambda e: Layout.from_placements(e.mesh, ("dp", None), partial={"tp": "prod"}),
+        lambda e: Layout.from_device_mesh(e.mesh)(("dp", None), partial={"tp": "prod"}),
     ),
     _c(
         "layout: partial on a splitting axis",
         "Layout",
         LayoutError,
         "partial",
-        lambda e: Layout.from_placements(e.mesh, ("dp", None), partial={"dp": "sum"}),
+        lambda e: Layout.from_device_mesh(e.mesh)(("dp", None), partial={"dp": "sum"}),
     ),
     _c(
         "layout: mixed partial ops in partial=",
         "Layout",
         PlacementError,
         "partial",
-        lambda e: Layout.from_placements(e.mesh, (None,), partial={"dp": "sum", "tp": "max"}),
+        lambda e: Layout.from_device_mesh(e.mesh)((None,), partial={"dp": "sum", "tp": "max"}),
     ),
     _c(
         "layout: partial= with the torch form",
         "Layout",
         PlacementError,
         "partial",
-        lambda e: Layout.from_placements(e.mesh, "S(0),R", partial={"tp": "sum"}),
+        lambda e: Layout.from_device_mesh(e.mesh)("S(0),R", partial={"tp": "sum"}),
     ),
     _c(
         "layout: layout of another mesh",
         "Layout",
         LayoutError,
         "placements",
-        lambda e: Layout.from_placements(e.mesh, _other_mesh_layout(e)),
+        lambda e: Layout.from_device_mesh(e.mesh)(_other_mesh_layout(e)),
     ),
     _c(
         "layout: tensor_map entry too big",
@@ -464,28 +505,28 @@ CASES: list[Case] = [
         "Layout",
         PlacementError,
         "shard_order",
-        lambda e: Layout.from_shard_order(e.mesh, [Shard(0), Shard(0)], {0: (0,)}),
+        lambda e: Layout.from_device_mesh(e.mesh)([Shard(0), Shard(0)], shard_order={0: (0,)}),
     ),
     _c(
         "layout: shard_order unknown axis",
         "Layout",
         MeshError,
         "shard_order",
-        lambda e: Layout.from_shard_order(e.mesh, [Shard(0), Shard(0)], {0: ("dp", "pp")}),
+        lambda e: Layout.from_device_mesh(e.mesh)([Shard(0), Shard(0)], shard_order={0: ("dp", "pp")}),
     ),
     _c(
         "layout: shard_order entry an int",
         "Layout",
         ArgumentTypeError,
         "shard_order",
-        lambda e: Layout.from_shard_order(e.mesh, [Shard(0), Shard(0)], {0: 1}),
+        lambda e: Layout.from_device_mesh(e.mesh)([Shard(0), Shard(0)], shard_order={0: 1}),
     ),
     _c(
         "layout: shard_order placements an int",
         "Layout",
         ArgumentTypeError,
         "placements",
-        lambda e: Layout.from_shard_order(e.mesh, 3),
+        lambda e: Layout.from_device_mesh(e.mesh)(3, shard_order={}),
     ),
     _c("layout: bind to a negative ndim", "Layout", ArgumentTypeError, "ndim", lambda e: e.layout.bind(-1)),
     _c("layout: alias form bound to other ndim", "Layout", LayoutError, "placements", lambda e: e.layout.bind(3)),
@@ -504,7 +545,7 @@ CASES: list[Case] = [
         "Layout",
         LayoutError,
         "layout",
-        lambda e: Layout.from_placements(e.mesh, "S(0),R").local_shape((10, 3), 0),
+        lambda e: Layout.from_device_mesh(e.mesh)("S(0),R").local_shape((10, 3), 0),
     ),
     _c(
         "layout: local shapes no global shape gives",
@@ -519,7 +560,7 @@ CASES: list[Case] = [
         "Layout",
         LayoutError,
         "layout",
-        lambda e: Layout.from_placements(e.mesh, "P(max),R").bind(2).named_sharding,
+        lambda e: resolve_layout(e.mesh, "P(max),R", 2).named_sharding,
     ),
     _c("layout: pieces of a missing dim", "Layout", ShapeError, "dim", lambda e: e.layout.pieces(5)),
     _c("layout: split of a missing mesh dim", "Layout", MeshError, "mesh_dim", lambda e: e.layout.mesh_dim_split(2)),
@@ -799,7 +840,7 @@ CASES: list[Case] = [
         "DTensor",
         RedistributeError,
         "placements",
-        lambda e: e.dtm.redistribute(placements=Layout.from_placements(e.mesh, (None, None), partial={"dp": "avg"})),
+        lambda e: e.dtm.redistribute(placements=Layout.from_device_mesh(e.mesh)((None, None), partial={"dp": "avg"})),
     ),
     _c(
         "redistribute: mesh a string",
@@ -1169,7 +1210,7 @@ CASES: list[Case] = [
         "visualize",
         ShapeError,
         "shape",
-        lambda e: visualize(Layout.from_placements(e.mesh, ("dp", None, None)), (8, 2, 2)),
+        lambda e: visualize(Layout.from_device_mesh(e.mesh)(("dp", None, None)), (8, 2, 2)),
     ),
     _c("visualize: layout without shape", "visualize", ArgumentTypeError, "shape", lambda e: visualize(e.layout)),
     _c("visualize: a string", "visualize", ArgumentTypeError, "item", lambda e: visualize("S(0)", (8,))),

@@ -7,7 +7,7 @@ import gc
 import numpy as np
 
 import placements2jax
-from placements2jax import DeviceMesh, Layout, Shard, clear_caches, distribute_tensor, init_device_mesh
+from placements2jax import DeviceMesh, Layout, Shard, clear_caches, distribute_tensor, init_device_mesh, resolve_layout
 from placements2jax import caches, layout, operators, physical
 
 
@@ -24,8 +24,8 @@ def test_meshes_are_interned() -> None:
 def test_layouts_are_interned_and_weakly_held() -> None:
     mesh = init_device_mesh((2, 2), ("a", "b"))
     first = Layout(mesh, ((0, 1), ()), (None, None))
-    assert Layout.from_placements(mesh, "(a,b),None") is first
-    assert Layout.from_placements(mesh, [("a", "b"), None]) is first
+    assert Layout.from_device_mesh(mesh)("(a,b),None") is first
+    assert Layout.from_device_mesh(mesh)([("a", "b"), None]) is first
     assert hash(first) == object.__hash__(first)
     # a layout no other test (or cache) holds: on a mesh of its own
     alone = DeviceMesh([3, 5], ("held_weakly",))
@@ -60,4 +60,4 @@ def test_clear_caches_empties_every_registered_cache() -> None:
     assert operators._named_program.cache_info().currsize == 0
     # and everything still works, cold
     np.testing.assert_array_equal(np.asarray((x + x).full_tensor()), 2 * np.arange(8))
-    assert x.layout is Layout.from_placements(mesh, (Shard(0),)).bind(1)
+    assert x.layout is resolve_layout(mesh, (Shard(0),), 1)

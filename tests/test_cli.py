@@ -183,9 +183,9 @@ def test_redistribute_json_matches_the_library(capsys: pytest.CaptureFixture[str
 
 
 def _bound(mesh, placements: str):
-    from placements2jax import Layout
+    from placements2jax import resolve_layout
 
-    return Layout.from_placements(mesh, placements).bind(2)
+    return resolve_layout(mesh, placements, 2)
 
 
 def test_redistribute_alias_form_partials_and_axis_weights(capsys: pytest.CaptureFixture[str]) -> None:

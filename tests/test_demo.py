@@ -4,7 +4,16 @@ import jax
 import numpy as np
 import pytest
 
-from placements2jax import DTensor, Layout, Partial, Replicate, Shard, demo, distribute_tensor, init_device_mesh
+from placements2jax import (
+    DTensor,
+    Partial,
+    Replicate,
+    Shard,
+    demo,
+    distribute_tensor,
+    init_device_mesh,
+    resolve_layout,
+)
 from placements2jax.display import collective_axes
 from placements2jax.parallelize import path_of
 
@@ -29,7 +38,7 @@ def test_plan_places_column_then_row_parallel_linears(run) -> None:
     expected = {"up/w": (R, S(1)), "up/b": (R, S(0)), "down/w": (R, S(0)), "down/b": (R, R)}
     for path, (shape, layout) in report.layouts.items():
         assert layout.placements == expected[path.split("/", 2)[2]], path
-    assert report.layouts["layers/0/up/w"] == ((32, 128), Layout.from_placements(report.mesh, (R, S(1))).bind(2))
+    assert report.layouts["layers/0/up/w"] == ((32, 128), resolve_layout(report.mesh, (R, S(1)), 2))
 
 
 def test_loss_goes_down_and_equals_plain_jax(run) -> None:
@@ -66,7 +75,7 @@ def test_predicted_layouts_are_xlas_after_the_data_parallel_reduction(run) -> No
     for name, out in zip(report.output_names, report.check.outputs):
         assert out.verdict == "xla reduced partial", (name, out.note)
         assert out.predicted.partial == ("sum", None)
-        planned = report.layouts[name][1] if name != "loss" else Layout.from_placements(report.mesh, (R, R)).bind(0)
+        planned = report.layouts[name][1] if name != "loss" else resolve_layout(report.mesh, (R, R), 0)
         assert out.compiled == planned, name
 
 

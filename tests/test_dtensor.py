@@ -23,6 +23,7 @@ from placements2jax import (
     ShapeError,
     distribute_tensor,
     init_device_mesh,
+    resolve_layout,
 )
 from placements2jax.layout import iter_layouts
 
@@ -265,7 +266,7 @@ def test_repeated_calls_through_the_front_caches_give_the_same_results():
         assert np.array_equal(np.asarray(dt.to_local(0)), x[:4]) and not np.asarray(dt.to_local(2)).any()
         for placements in ([Shard(1), Shard(0)], "S(1),S(0)", [["a", "b"], None]):
             moved = dt.redistribute(mesh, placements)
-            assert moved.layout == Layout.from_placements(mesh, placements).bind(2)
+            assert moved.layout == resolve_layout(mesh, placements, 2)
             for rank in mesh.rank_list:
                 np.testing.assert_array_equal(np.asarray(moved.to_local(rank)), x[moved.layout.local_slices(x.shape, rank)])
     with pytest.raises(PlacementError):  # the dtype is part of the key: bools have no Partial(sum)

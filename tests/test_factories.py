@@ -12,7 +12,17 @@ import numpy as np
 import pytest
 
 import placements2jax as p2j
-from placements2jax import DTensor, Layout, Partial, Replicate, Shard, colwise, init_device_mesh, rowwise
+from placements2jax import (
+    DTensor,
+    Layout,
+    Partial,
+    Replicate,
+    Shard,
+    colwise,
+    init_device_mesh,
+    rowwise,
+    resolve_layout,
+)
 from placements2jax.factories import born_program
 from placements2jax.layout import iter_layouts
 from placements2jax.physical import physical
@@ -90,7 +100,7 @@ def test_other_factories_equal_unsharded_jax(kind: str) -> None:
 
 
 def test_bfloat16_and_integer_dtypes() -> None:
-    layout = Layout.from_placements(MESH, "S(0),S(1)")
+    layout = Layout.from_device_mesh(MESH)("S(0),S(1)")
     d = _make("randn", (10, 3), layout, jnp.bfloat16)
     assert d.dtype == jnp.bfloat16
     np.testing.assert_array_equal(np.asarray(d.full_tensor()), np.asarray(_full("randn", (10, 3), jnp.bfloat16)))
@@ -128,7 +138,7 @@ def test_no_value_of_the_full_shape_on_a_device(shape: tuple[int, ...]) -> None:
 
 def test_the_full_shape_check_is_not_vacuous() -> None:
     """A replicated layout does hold the full shape: the HLO check would see it."""
-    layout = Layout.from_placements(MESH, "R,R").bind(2)
+    layout = resolve_layout(MESH, "R,R", 2)
     text = born_program(lambda k: [jax.random.normal(k, (10, 3))], [layout], [(10, 3)]).lower(KEY).compile().as_text()
     assert _full_shape_lines(text, (10, 3))
 

@@ -158,7 +158,7 @@ def test_every_candidate_of_the_new_rules_means_what_it_says(case: PrimCase, mes
     (eqn,) = [e for e in closed.jaxpr.eqns if e.primitive.name == case.primitive]
     position = {v: i for i, v in enumerate(closed.jaxpr.invars)}
     values = [np.asarray(a.val) if isinstance(a, core.Literal) else args[position[a]] for a in eqn.invars]
-    specs = tuple(TensorSpec(v.shape, v.dtype, Layout.replicated_on(mesh, v.ndim)) for v in values)
+    specs = tuple(TensorSpec(v.shape, v.dtype, Layout(mesh, ((),) * v.ndim)) for v in values)
     out_avals = tuple(Aval(v.aval.shape, v.aval.dtype) for v in eqn.outvars)
     definition = primitive_definition(case.primitive)
     params = freeze({p: eqn.params[p] for p in definition.params})
@@ -279,7 +279,7 @@ def test_while_loop(mesh: Any) -> None:
     # the predicate is a sum over the split dims: reduced (once) so every rank decides alike
     cond = [e for e in prediction.equations if ".cond." in e.path]
     assert [e.primitive for e in cond] == ["reduce_sum", "lt"]
-    assert cond[-1].outputs[0].layout == Layout.replicated_on(mesh, 0)
+    assert cond[-1].outputs[0].layout == Layout(mesh, ((),) * 0)
     assert prediction.collectives["all-reduce"] == 2  # one step per mesh dim
 
 
@@ -356,7 +356,7 @@ def test_pytree_inputs_of_every_kind(mesh: Any) -> None:
     layouts = jax.tree.map(str, prediction.out_layouts_tree)
     assert layouts == {"h": "S(0),S(1)", "n": "R,R", "list": ["P,P", "R,R"]}
     (key_spec,) = [s for s in prediction.inputs if str(s.dtype) == "key<fry>"]
-    assert key_spec.shape == () and key_spec.layout == Layout.replicated_on(mesh, 0)
+    assert key_spec.shape == () and key_spec.layout == Layout(mesh, ((),) * 0)
     assert prediction.inputs[-1].shape == (2,) and prediction.inputs[-1].dtype == np.uint32  # a raw key
     report = check(f, *inputs)
     assert report.outputs[0].verdict == "equal"
@@ -378,7 +378,7 @@ def test_out_layouts_keep_the_inputs_layouts(mesh: Any) -> None:
     expected = ({"b": "R,S(0)", "w": "R,S(1)"}, str(free.out_layouts[-1]))
     assert jax.tree.map(str, kept.out_layouts_tree) == expected
     assert kept.constrained == (True, True, False)
-    assert predict(step, params, x, out_layouts=("R,R", "R,R")).out_layouts[-1] == Layout.replicated_on(mesh, 0)
+    assert predict(step, params, x, out_layouts=("R,R", "R,R")).out_layouts[-1] == Layout(mesh, ((),) * 0)
     with pytest.raises(InferenceError, match="out_layouts"):
         predict(step, params, x, out_layouts=(params, None, None))
 

@@ -28,7 +28,7 @@ def _mesh(value: object) -> DeviceMesh | None:
 def _placements(mesh: DeviceMesh, placements: object) -> Layout | None:
     if not any(isinstance(p, SplitAll) for p in placements):
         return None
-    return Layout.from_placements(mesh, [tuple(mesh.alias_name)])
+    return Layout.from_device_mesh(mesh)([tuple(mesh.alias_name)])
 
 
 register_mesh_converter(_mesh)
@@ -48,4 +48,4 @@ def test_jax_mesh_converts_and_strangers_are_refused() -> None:
     with pytest.raises(ArgumentTypeError, match="device_mesh=.*expected a placements2jax.DeviceMesh"):
         as_device_mesh([[0, 1]])
     with pytest.raises(ArgumentTypeError, match="mixes the alias form into torch-form placements"):
-        Layout.from_placements(mesh, [object(), Shard(0)])
+        Layout.from_device_mesh(mesh)([object(), Shard(0)])

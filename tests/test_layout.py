@@ -29,6 +29,7 @@ from placements2jax import (
     ShapeError,
     distribute_tensor,
     init_device_mesh,
+    resolve_layout,
 )
 from placements2jax.layout import iter_layouts
 from placements2jax.placements import REDUCE_OPS
@@ -823,7 +824,7 @@ LAYOUT_ERRORS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ),
     (
         "layout of another mesh",
-        lambda: Layout.from_placements(AUTO, L(("dp", None))),
+        lambda: Layout.from_device_mesh(AUTO)(L(("dp", None))),
         LayoutError,
         r"this layout is on another mesh\. Fix: rebuild it on the target mesh",
     ),
@@ -886,52 +887,92 @@ def test_torch_form_checks_repeats_before_ndim_is_known() -> None:
 # -- torch's shard order (repeated Shard, split order), strings in either form -----------------
 
 
-def test_from_shard_order_repeated_shard_in_mesh_order(mesh4x2: DeviceMesh) -> None:
-    layout = Layout.from_shard_order(mesh4x2, (Shard(0), Shard(0)))
+def test_shard_order_call_repeated_shard_in_mesh_order(mesh4x2: DeviceMesh) -> None:
+    layout = Layout.from_device_mesh(mesh4x2)((Shard(0), Shard(0)), shard_order={})
     assert not layout.is_bound
     assert layout.shard_order == ((0, (0, 1)),)
     assert layout.placements == (Shard(0), Shard(0))
     bound = layout.bind(2)
     assert bound.alias_map == (("dp", "tp"), "None")
     assert bound.shard_order == ((0, (0, 1)),)
-    assert bound == Layout.from_placements(mesh4x2, [("dp", "tp"), None])
+    assert bound == Layout.from_device_mesh(mesh4x2)([("dp", "tp"), None])
     # torch's nested rule: 10 rows -> 3,3,3,1 over dp, then each over tp.
     assert [bound.local_shape((10, 2), r)[0] for r in mesh4x2.rank_list] == [2, 1, 2, 1, 2, 1, 1, 0]
 
 
-def test_from_shard_order_other_order(mesh4x2: DeviceMesh) -> None:
-    layout = Layout.from_shard_order(mesh4x2, (Shard(-1), Shard(-1)), {-1: ("tp", "dp")})
+def test_shard_order_call_other_order(mesh4x2: DeviceMesh) -> None:
+    layout = Layout.from_device_mesh(mesh4x2)((Shard(-1), Shard(-1)), shard_order={-1: ("tp", "dp")})
     assert layout.shard_order == ((-1, (1, 0)),)
     assert layout.bind(3).alias_map == ("None", "None", ("tp", "dp"))
     assert eval(repr(layout)) == layout  # noqa: S307
     with pytest.raises(LayoutError, match="_StridedShard"):
         layout.placements  # noqa: B018
-    assert layout != Layout.from_shard_order(mesh4x2, (Shard(-1), Shard(-1)))
+    assert layout != Layout.from_device_mesh(mesh4x2)((Shard(-1), Shard(-1)), shard_order={})
 
 
-def test_from_shard_order_equals_plain_torch_form(mesh4x2: DeviceMesh) -> None:
-    plain = Layout.from_placements(mesh4x2, (Shard(1), Partial()))
-    assert Layout.from_shard_order(mesh4x2, (Shard(1), Partial())) == plain
-    assert hash(Layout.from_shard_order(mesh4x2, (Shard(1), Partial()))) == hash(plain)
+def test_shard_order_call_equals_plain_torch_form(mesh4x2: DeviceMesh) -> None:
+    plain = Layout.from_device_mesh(mesh4x2)((Shard(1), Partial()))
+    assert Layout.from_device_mesh(mesh4x2)((Shard(1), Partial()), shard_order={}) == plain
+    assert hash(Layout.from_device_mesh(mesh4x2)((Shard(1), Partial()), shard_order={})) == hash(plain)
     assert plain.shard_order == ((1, (0,)),)
 
 
-def test_from_shard_order_errors(mesh4x2: DeviceMesh) -> None:
+def test_shard_order_call_errors(mesh4x2: DeviceMesh) -> None:
     with pytest.raises(PlacementError, match="sharded by mesh dims \\[0, 1\\] in the placements, not \\[1\\]"):
-        Layout.from_shard_order(mesh4x2, (Shard(0), Shard(0)), {0: (1,)})
+        Layout.from_device_mesh(mesh4x2)((Shard(0), Shard(0)), shard_order={0: (1,)})
     with pytest.raises(PlacementError, match="Shard\\(1\\) and Shard\\(-1\\) are the same dim"):
-        Layout.from_shard_order(mesh4x2, (Shard(1), Shard(-1))).bind(2)
+        Layout.from_device_mesh(mesh4x2)((Shard(1), Shard(-1)), shard_order={}).bind(2)
     with pytest.raises(ArgumentTypeError, match="shard_order"):
-        Layout.from_shard_order(mesh4x2, (Shard(0), Shard(0)), [(0, (1, 0))])  # type: ignore[arg-type]
+        Layout.from_device_mesh(mesh4x2)((Shard(0), Shard(0)), shard_order=[(0, (1, 0))])  # type: ignore[arg-type]
+
+
+def test_every_route_ends_in_the_same_interned_layout(mesh4x2: DeviceMesh) -> None:
+    """The resolver, the RFC's call, the MindSpore / JAX tables and the constructor give the
+    same object (docs/architecture.md, "Building a Layout")."""
+    layout = Layout(mesh4x2, ((0,), (1,)), (None, None))
+    assert resolve_layout(mesh4x2, "S(0),S(1)", 2) is layout
+    assert resolve_layout(mesh4x2, [Shard(0), Shard(1)], (8, 4)) is layout
+    assert Layout.from_device_mesh(mesh4x2)("S(0),S(1)").bind(2) is layout
+    assert Layout.from_device_mesh(mesh4x2)(("dp", "tp")) is layout
+    assert Layout.from_tensor_map(mesh4x2, (1, 0)) is layout
+    assert Layout.from_partition_spec(mesh4x2, P("dp", "tp")) is layout
+    assert Layout.from_device_mesh(mesh4x2)("S(0),S(1)").placement_to_tensor_map(2) == (1, 0)
+    assert layout.replicated() is Layout(mesh4x2, ((), ())) is resolve_layout(mesh4x2, "R,R", 2)
+
+
+def test_resolve_layout_takes_torch_shard_order(mesh4x2: DeviceMesh) -> None:
+    split = resolve_layout(mesh4x2, "S(0),S(0)", 2, shard_order={0: ("tp", "dp")})
+    assert split is Layout.from_device_mesh(mesh4x2)([("tp", "dp"), None])
+    assert resolve_layout(mesh4x2, "S(0),S(0)", 2, shard_order={}).alias_map == (("dp", "tp"), "None")
+    with pytest.raises(PlacementError, match="the placements form cannot shard one tensor dim twice"):
+        resolve_layout(mesh4x2, "S(0),S(0)", 2)
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (lambda m: Layout.from_placements(m, "S(0),R"), lambda m: Layout.from_device_mesh(m)("S(0),R")),
+        (
+            lambda m: Layout.from_shard_order(m, "S(0),S(0)", {0: (1, 0)}),
+            lambda m: Layout.from_device_mesh(m)("S(0),S(0)", shard_order={0: (1, 0)}),
+        ),
+        (lambda m: Layout.replicated_on(m, 2), lambda m: Layout(m, ((), ()))),
+    ],
+    ids=["from_placements", "from_shard_order", "replicated_on"],
+)
+def test_deprecated_constructors_warn_and_agree(mesh4x2: DeviceMesh, old: Any, new: Any) -> None:
+    with pytest.warns(DeprecationWarning, match="is deprecated and will be removed; use Layout"):
+        value = old(mesh4x2)
+    assert value == new(mesh4x2)
 
 
 def test_strings_in_alias_form(mesh4x2: DeviceMesh) -> None:
-    assert Layout.from_placements(mesh4x2, "(tp,dp),None") == Layout.from_placements(mesh4x2, [("tp", "dp"), None])
-    assert Layout.from_placements(mesh4x2, "tp", partial={"dp": "max"}).placements == (Partial("max"), Shard(0))
+    assert Layout.from_device_mesh(mesh4x2)("(tp,dp),None") == Layout.from_device_mesh(mesh4x2)([("tp", "dp"), None])
+    assert Layout.from_device_mesh(mesh4x2)("tp", partial={"dp": "max"}).placements == (Partial("max"), Shard(0))
 
 
 def test_jax_mesh_accepted(mesh4x2: DeviceMesh) -> None:
-    assert Layout.from_device_mesh(mesh4x2.to_jax())("S(0),R") == Layout.from_placements(mesh4x2, "S(0),R")
+    assert Layout.from_device_mesh(mesh4x2.to_jax())("S(0),R") == Layout.from_device_mesh(mesh4x2)("S(0),R")
 
 
 def test_layouts_and_meshes_are_interned_also_through_pickle_and_copy():
@@ -942,8 +983,8 @@ def test_layouts_and_meshes_are_interned_also_through_pickle_and_copy():
     unbound = Layout.from_device_mesh(mesh)((Shard(0), Replicate()))
     assert unbound.bind(2) is unbound.bind(2) and unbound.bind(3) is not unbound.bind(2)
     bound = unbound.bind(2)
-    assert bound is Layout.from_placements(mesh, "S(0),R").bind(2) is Layout(mesh, ((0,), ()))
-    assert bound is Layout.from_tensor_map(mesh, (1, -1)) is Layout.from_placements(mesh, ("a", None))
+    assert bound is resolve_layout(mesh, "S(0),R", 2) is Layout(mesh, ((0,), ()))
+    assert bound is Layout.from_tensor_map(mesh, (1, -1)) is Layout.from_device_mesh(mesh)(("a", None))
     assert pickle.loads(pickle.dumps(bound)) is bound
     assert copy.copy(bound) is bound and copy.deepcopy(bound) is bound
     assert pickle.loads(pickle.dumps(mesh)) == mesh
@@ -958,45 +999,45 @@ def test_text_keeps_partial_of_a_dim_split_out_of_mesh_order() -> None:
     mesh = init_device_mesh((2, 2, 2), ("a", "b", "c"))
     layout = Layout.from_device_mesh(mesh)((("c", "b"), None), partial={"a": "max"})
     assert str(layout) == "(c,b),None; partial a=max"
-    assert Layout.from_placements(mesh, str(layout)) == layout
+    assert Layout.from_device_mesh(mesh)(str(layout)) == layout
     assert "placements=(c,b),None; partial a=max," in repr(distribute_tensor(np.ones((8, 2), np.float32), mesh, layout))
 
 
 def test_text_of_a_dim_split_by_two_axes_parses_back(mesh4x2: DeviceMesh) -> None:
-    layout = Layout.from_shard_order(mesh4x2, (Shard(0), Shard(0))).bind(2)
+    layout = Layout.from_device_mesh(mesh4x2)((Shard(0), Shard(0)), shard_order={}).bind(2)
     assert layout.placements == (Shard(0), Shard(0))  # torch's DTensorSpec view is kept
     assert str(layout) == "(dp,tp),None"
-    assert Layout.from_placements(mesh4x2, "(dp,tp),None") == layout
+    assert Layout.from_device_mesh(mesh4x2)("(dp,tp),None") == layout
 
 
 def test_text_partial_clause_errors(mesh4x2: DeviceMesh) -> None:
     with pytest.raises(PlacementError, match=r"the text after ';' is not a partial clause"):
-        Layout.from_placements(mesh4x2, "dp,None; tp=max")
+        Layout.from_device_mesh(mesh4x2)("dp,None; tp=max")
     with pytest.raises(PlacementError, match=r"placements='None,dp; partial tp=prod': not axis or axis=op pairs"):
-        Layout.from_placements(mesh4x2, "None,dp; partial tp=prod")
+        Layout.from_device_mesh(mesh4x2)("None,dp; partial tp=prod")
     with pytest.raises(PlacementError, match=r"names its partial axes itself"):
-        Layout.from_placements(mesh4x2, "None,dp; partial tp=max", partial={"tp": "max"})
+        Layout.from_device_mesh(mesh4x2)("None,dp; partial tp=max", partial={"tp": "max"})
 
 
 def test_repeated_shard_hint_follows_the_input_form(mesh4x2: DeviceMesh) -> None:
     with pytest.raises(PlacementError, match=r"Fix: use the alias form, e\.g\. \(dp,tp\)$"):
-        Layout.from_placements(mesh4x2, "S(0),S(0)")
+        Layout.from_device_mesh(mesh4x2)("S(0),S(0)")
     with pytest.raises(PlacementError, match=r"Fix: use the alias form, e\.g\. \(\('dp', 'tp'\),\)$"):
-        Layout.from_placements(mesh4x2, (Shard(0), Shard(0)))
+        Layout.from_device_mesh(mesh4x2)((Shard(0), Shard(0)))
 
 
 def test_replicated_and_without_partial_live_on_the_value(mesh4x2: DeviceMesh) -> None:
-    layout = Layout.from_placements(mesh4x2, "P(max),S(1)").bind(2)
+    layout = resolve_layout(mesh4x2, "P(max),S(1)", 2)
     assert str(layout.without_partial()) == "R,S(1)"
     assert str(layout.replicated()) == "R,R"
-    assert Layout.replicated_on(mesh4x2, 3) == Layout.from_placements(mesh4x2, "R,R").bind(3)
+    assert Layout(mesh4x2, ((),) * 3) == resolve_layout(mesh4x2, "R,R", 3)
     assert str(mesh4x2) == "dp=4 x tp=2"
 
 
 def test_placements_not_yet_bound_answer_what_needs_no_rank(mesh4x2: DeviceMesh) -> None:
-    recorded = Layout.from_placements(mesh4x2, "R,S(1)")
+    recorded = Layout.from_device_mesh(mesh4x2)("R,S(1)")
     assert recorded.partition_spec == P(None, "tp")  # JAX pads the trailing dims
     assert recorded.bind(3).partition_spec == P(None, "tp", None)
-    assert Layout.from_placements(mesh4x2, "P,R").partition_spec == P(unreduced={"dp"})
+    assert Layout.from_device_mesh(mesh4x2)("P,R").partition_spec == P(unreduced={"dp"})
     with pytest.raises(LayoutError, match=r"a negative Shard dim counts from the end"):
-        Layout.from_placements(mesh4x2, "S(-1),R").partition_spec  # noqa: B018
+        Layout.from_device_mesh(mesh4x2)("S(-1),R").partition_spec  # noqa: B018

@@ -44,6 +44,7 @@ from placements2jax import (
     format_alias,
     format_placements,
     parse_alias,
+    resolve_layout,
 )
 from placements2jax.layout import iter_layouts
 from placements2jax.placements import REDUCE_OPS
@@ -158,7 +159,7 @@ def test_layout_text_repr_and_shard_order_round_trips(layout: Layout) -> None:
     mesh = layout.mesh
     partial = {mesh.alias_name[a]: op for a, op in enumerate(layout.partial) if op} or None
     if layout.ndim:
-        assert Layout.from_placements(mesh, format_alias(layout.alias_map), partial=partial) == layout
+        assert Layout.from_device_mesh(mesh)(format_alias(layout.alias_map), partial=partial) == layout
         assert parse_alias(format_alias(layout.alias_map)) == layout.alias_map
     namespace = {"Layout": Layout, "DeviceMesh": DeviceMesh, "Shard": Shard, "Replicate": Replicate, "Partial": Partial}
     rebuilt = eval(repr(layout), namespace)  # noqa: S307 - the exact repr is the property under test
@@ -168,8 +169,8 @@ def test_layout_text_repr_and_shard_order_round_trips(layout: Layout) -> None:
         Partial(op) if op else Shard(d) if (d := layout.mesh_dim_split(m)) is not None else Replicate()
         for m, op in enumerate(layout.partial)
     )
-    assert Layout.from_shard_order(mesh, placements, dict(layout.shard_order)).bind(layout.ndim) == layout
-    torch_form = Layout.from_shard_order(mesh, format_placements(placements), dict(layout.shard_order))
+    assert Layout.from_device_mesh(mesh)(placements, shard_order=dict(layout.shard_order)).bind(layout.ndim) == layout
+    torch_form = Layout.from_device_mesh(mesh)(format_placements(placements), shard_order=dict(layout.shard_order))
     assert torch_form.bind(layout.ndim) == layout and torch_form.shard_order == layout.shard_order
 
 
@@ -178,7 +179,7 @@ def test_every_printed_layout_parses_back(layout: Layout) -> None:
     """``str()`` is the one text form: Partial is never dropped, and the text (what tables,
     reprs, plots and the CLI print) parses back to the same layout."""
     text = str(layout)
-    assert Layout.from_placements(layout.mesh, text).bind(layout.ndim) == layout
+    assert resolve_layout(layout.mesh, text, layout.ndim) == layout
     assert Layout.from_device_mesh(layout.mesh)(text).bind(layout.ndim) == layout
     assert all(f"={op}" in text or str(Partial(op)) in text for op in layout.partial if op)
 
@@ -324,7 +325,7 @@ def test_stacked_integer_sums_keep_their_dtype() -> None:
     for op in ("sum", "avg"):
         moved = distribute_tensor(x, mesh, [Partial(op), Replicate()]).redistribute(placements="S(0),R")
         assert moved.array.dtype == np.int8
-        _assert_holds(moved, x, Layout.from_placements(mesh, "S(0),R").bind(1))
+        _assert_holds(moved, x, resolve_layout(mesh, "S(0),R", 1))
 
 
 def test_partial_sum_over_a_size_1_explicit_axis() -> None:
@@ -332,7 +333,7 @@ def test_partial_sum_over_a_size_1_explicit_axis() -> None:
     x = _values(np.int32, (4, 2), 3)
     dtensor = distribute_tensor(x, mesh, [Shard(0), Partial()])
     assert not dtensor.physical.unreduced_axes and dtensor.physical.stacked_axes == (1,)
-    _assert_holds(dtensor, x, Layout.from_placements(mesh, "S(0),P").bind(2))
+    _assert_holds(dtensor, x, resolve_layout(mesh, "S(0),P", 2))
     _assert_holds(dtensor.redistribute(placements="R,R"), x, Layout(mesh, ((), ())))
 
 

@@ -23,6 +23,7 @@ from placements2jax import (
     distribute_tensor,
     init_device_mesh,
     redistribute_collectives,
+    resolve_layout,
 )
 from placements2jax.layout import iter_layouts
 
@@ -213,7 +214,7 @@ def test_auto_mesh_redistribute():
     x = np.arange(30, dtype=np.int32).reshape(10, 3)
     dt = distribute_tensor(x, mesh, (Partial(), Shard(1)))
     for target in [(Replicate(), Replicate()), (Shard(0), Shard(1)), (Partial(), Replicate())]:
-        _assert_lands(dt.redistribute(placements=target), x, Layout.from_placements(mesh, target).bind(2))
+        _assert_lands(dt.redistribute(placements=target), x, resolve_layout(mesh, target, 2))
 
 
 MESHES = [(8,), (2, 4), (4, 2), (2, 2, 2), (3,), (2, 3)]
@@ -259,4 +260,4 @@ def test_partial_kept_across_a_move_among_the_same_mesh_axes_is_not_reduced(mesh
     dt = distribute_tensor(x, mesh, source)
     ops = [c.op for c in redistribute_collectives(dt, target)]
     assert "all-reduce" not in ops and len(ops) == 1
-    _assert_lands(dt.redistribute(mesh, target), x, Layout.from_placements(mesh, target).bind(2))
+    _assert_lands(dt.redistribute(mesh, target), x, resolve_layout(mesh, target, 2))

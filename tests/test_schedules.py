@@ -13,7 +13,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from placements2jax import CostModel, DTensor, Layout, distribute_tensor, init_device_mesh, redistribute_collectives
+from placements2jax import (
+    CostModel,
+    DTensor,
+    Layout,
+    distribute_tensor,
+    init_device_mesh,
+    redistribute_collectives,
+    resolve_layout,
+)
 from placements2jax.errors import ArgumentTypeError
 from placements2jax.layout import iter_layouts
 from placements2jax.physical import physical
@@ -130,8 +138,8 @@ def test_direct_schedules_reach_the_bound(mesh_shape: tuple[int, ...], src: str,
     the direct schedule sends exactly the bound, for sum and max partials alike."""
     mesh = _mesh(mesh_shape)
     shape = (16, 16) if len(mesh_shape) < 3 else (8, 8, 8)
-    source = Layout.from_placements(mesh, src.replace("P", f"P({op})") if "P" in src else src).bind(len(shape))
-    target = Layout.from_placements(mesh, dst).bind(len(shape))
+    source = resolve_layout(mesh, src.replace("P", f"P({op})") if "P" in src else src, len(shape))
+    target = resolve_layout(mesh, dst, len(shape))
     names = _check_move(source, target, shape, 0)
     assert "direct" in names
     schedule = choose(physical(source, shape), physical(target, shape), np.int32, "min_bytes")
@@ -143,10 +151,10 @@ def test_direct_schedules_reach_the_bound(mesh_shape: tuple[int, ...], src: str,
 def test_refused_moves_use_xla() -> None:
     """Uneven layouts and partial targets: only XLA's reshard is a candidate."""
     mesh = _mesh((4, 2))
-    uneven = (physical(Layout.from_placements(mesh, "S(0),R").bind(1), (10,)),
-              physical(Layout.from_placements(mesh, "R,S(0)").bind(1), (10,)))
-    kept = (physical(Layout.from_placements(mesh, "P,S(0)").bind(2), (8, 8)),
-            physical(Layout.from_placements(mesh, "P,S(1)").bind(2), (8, 8)))
+    uneven = (physical(resolve_layout(mesh, "S(0),R", 1), (10,)),
+              physical(resolve_layout(mesh, "R,S(0)", 1), (10,)))
+    kept = (physical(resolve_layout(mesh, "P,S(0)", 2), (8, 8)),
+            physical(resolve_layout(mesh, "P,S(1)", 2), (8, 8)))
     for src, dst in (uneven, kept):
         assert DirectSchedule.build(src, dst) is None
         assert [s.name for s in candidates(src, dst, np.int32)] == ["xla"]
@@ -175,8 +183,8 @@ def test_the_cost_policy_weighs_latency_against_bytes() -> None:
     """A latency-bound model keeps XLA's one all-reduce for P,R -> S(0),R on (4,2); a
     bandwidth-bound one takes the direct schedule that sends 0.5 T instead of 1.5 T."""
     mesh = _mesh((4, 2))
-    src = physical(Layout.from_placements(mesh, "P,R").bind(2), (64, 64))
-    dst = physical(Layout.from_placements(mesh, "S(0),R").bind(2), (64, 64))
+    src = physical(resolve_layout(mesh, "P,R", 2), (64, 64))
+    dst = physical(resolve_layout(mesh, "S(0),R", 2), (64, 64))
     latency_bound = CostModel(latency={"a": 1.0, "b": 1.0}, per_byte={"a": 1e-12, "b": 1e-12})
     bandwidth_bound = CostModel(latency={"a": 1e-12, "b": 1e-12}, per_byte={"a": 1.0, "b": 1.0}, copy_per_byte=1e-6)
     assert choose(src, dst, np.int32, latency_bound).name == "xla"

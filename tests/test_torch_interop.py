@@ -21,7 +21,7 @@ from torch.distributed.tensor._dtensor_spec import DTensorSpec, ShardOrderEntry 
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # noqa: E402
 from torch.distributed.tensor.placement_types import _StridedShard  # noqa: E402
 
-from placements2jax import DeviceMesh, Layout, Partial, Replicate, Shard, init_device_mesh  # noqa: E402
+from placements2jax import DeviceMesh, Layout, Partial, Replicate, Shard, init_device_mesh, resolve_layout  # noqa: E402
 from placements2jax.errors import ArgumentTypeError, LayoutError, PlacementError  # noqa: E402
 from placements2jax.interop.torch import (  # noqa: E402
     check_torch_equivalent,
@@ -123,7 +123,7 @@ def test_local_values_equal_torchs_distribute_tensor(case: tuple[Layout, tuple[i
 def test_placements_round_trip(case: tuple[Layout, tuple[int, ...]]) -> None:
     layout, shape = case
     placements = to_torch_placements(layout)
-    for back in (from_torch_placements(layout.mesh, placements), Layout.from_placements(layout.mesh, placements)):
+    for back in (from_torch_placements(layout.mesh, placements), Layout.from_device_mesh(layout.mesh)(placements)):
         back = back.bind(len(shape))
         assert back.partial == layout.partial
         assert significant_order(back) == significant_order(layout)
@@ -148,7 +148,7 @@ def test_strided_shard_encoding_is_torchs(case: tuple[Layout, tuple[int, ...]]) 
 
 def test_repeated_shard_is_the_alias_form_in_mesh_order() -> None:
     mesh = init_device_mesh((2, 2), ("dp", "tp"))
-    layout = Layout.from_placements(mesh, [TShard(0), TShard(0)])
+    layout = Layout.from_device_mesh(mesh)([TShard(0), TShard(0)])
     assert layout.bind(2).alias_map == (("dp", "tp"), "None")
     assert layout.placements == (Shard(0), Shard(0))
     # torch's example in the notes: 10 rows -> sizes 3,2,3,2 at offsets 0,3,5,8.
@@ -162,7 +162,7 @@ def test_repeated_shard_is_the_alias_form_in_mesh_order() -> None:
 
 def test_strided_shard_is_the_reversed_order() -> None:
     mesh = init_device_mesh((2, 2), ("dp", "tp"))
-    layout = Layout.from_placements(mesh, [_StridedShard(0, split_factor=2), TShard(0)]).bind(2)
+    layout = resolve_layout(mesh, [_StridedShard(0, split_factor=2), TShard(0)], 2)
     assert layout.alias_map == (("tp", "dp"), "None")
     assert layout.tensor_map == ((0, 1), -1)
     assert to_torch_placements(layout) == (_StridedShard(0, split_factor=2), TShard(0))
@@ -181,32 +181,32 @@ def test_strided_shard_uneven_difference_is_caught() -> None:
     assert torch_local(layout, x, 4).tolist() == [6.0]  # torch: row 6 on rank 4 = (2, 0)
     assert our_local(layout, x, 5).tolist() == [6.0]  # nested split tp then dp: on rank 5 = (2, 1)
     with pytest.raises(LayoutError, match="_StridedShard differs"):
-        to_torch_placements(Layout.from_placements(mesh, [("tp", "dp")]), (7,))
+        to_torch_placements(Layout.from_device_mesh(mesh)([("tp", "dp")]), (7,))
 
 
 def test_partial_and_negative_dims() -> None:
     mesh = init_device_mesh((4, 2), ("dp", "tp"))
-    layout = Layout.from_placements(mesh, [TPartial("max"), TShard(-1)])
+    layout = Layout.from_device_mesh(mesh)([TPartial("max"), TShard(-1)])
     assert layout.placements == (Partial("max"), Shard(-1))
     assert layout.bind(3).tensor_map == (-1, -1, 0)
     assert to_torch_placements(layout) == (TPartial("max"), TShard(-1))
     assert from_torch_placement(TReplicate()) == Replicate()
-    mixed = Layout.from_placements(mesh, [Shard(1), TReplicate()])
-    assert mixed == Layout.from_placements(mesh, "S(1),R")
+    mixed = Layout.from_device_mesh(mesh)([Shard(1), TReplicate()])
+    assert mixed == Layout.from_device_mesh(mesh)("S(1),R")
 
 
 def test_unsupported_torch_placements_are_refused() -> None:
     mesh = init_device_mesh((2, 2), ("dp", "tp"))
     with pytest.raises(PlacementError, match="product"):
-        Layout.from_placements(mesh, [TPartial("product"), TReplicate()])
+        Layout.from_device_mesh(mesh)([TPartial("product"), TReplicate()])
     with pytest.raises(PlacementError, match="split factor 3"):
-        Layout.from_placements(mesh, [_StridedShard(0, split_factor=3), TShard(0)])
+        Layout.from_device_mesh(mesh)([_StridedShard(0, split_factor=3), TShard(0)])
     with pytest.raises(PlacementError, match="3 placements for a 2-d mesh"):
         from_torch_placements(mesh, [TShard(0)] * 3)
     with pytest.raises(PlacementError, match="same dim"):
-        Layout.from_placements(mesh, [TShard(1), TShard(-1)]).bind(2)
+        resolve_layout(mesh, [TShard(1), TShard(-1)], 2)
     with pytest.raises(PlacementError, match="mixes Partial reduce ops"):
-        Layout.from_placements(mesh, [TPartial("sum"), TPartial("max")])
+        Layout.from_device_mesh(mesh)([TPartial("sum"), TPartial("max")])
     with pytest.raises(ArgumentTypeError, match="expected a placements2jax.Layout"):
         to_torch_placements("S(0),R")  # type: ignore[arg-type]
 
@@ -224,8 +224,8 @@ def test_mesh_round_trip(mesh: DeviceMesh) -> None:
 def test_torch_mesh_accepted_wherever_a_mesh_is() -> None:
     mesh = init_device_mesh((4, 2), ("dp", "tp"))
     torch_mesh = to_torch_mesh(mesh)
-    assert Layout.from_device_mesh(torch_mesh)("S(0),R") == Layout.from_placements(mesh, "S(0),R")
-    assert Layout.from_placements(torch_mesh, [TShard(0), TReplicate()]).mesh == mesh
+    assert Layout.from_device_mesh(torch_mesh)("S(0),R") == Layout.from_device_mesh(mesh)("S(0),R")
+    assert Layout.from_device_mesh(torch_mesh)([TShard(0), TReplicate()]).mesh == mesh
     with pytest.raises(ArgumentTypeError, match="expected a placements2jax.DeviceMesh"):
         Layout.from_device_mesh(torch.arange(8))
 

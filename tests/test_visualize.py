@@ -7,13 +7,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from placements2jax import DeviceMesh, Layout, init_device_mesh
+from placements2jax import DeviceMesh, Layout, init_device_mesh, resolve_layout
 from placements2jax.errors import ArgumentTypeError, ShapeError
 from placements2jax.visualize import format_ranks, layout_blocks, print_layout, visualize
 
 
 def picture(mesh_shape, names, placements, shape, **kwargs) -> str:
-    return visualize(Layout.from_placements(init_device_mesh(mesh_shape, names), placements), shape, **kwargs)
+    return visualize(Layout.from_device_mesh(init_device_mesh(mesh_shape, names))(placements), shape, **kwargs)
 
 
 def test_2d_mesh_2d_tensor() -> None:
@@ -94,7 +94,7 @@ def test_split_out_of_mesh_order_with_empty_blocks() -> None:
 
 
 def test_permuted_ranks_are_shown_and_replicas_grouped() -> None:
-    layout = Layout.from_placements(DeviceMesh([[3, 1], [0, 2]], ("x", "y")), "R,S(1)")
+    layout = Layout.from_device_mesh(DeviceMesh([[3, 1], [0, 2]], ("x", "y")))("R,S(1)")
     assert visualize(layout, (3, 3), color=False) == "\n".join(
         [
             "R,S(1) on mesh x=2 x y=2, tensor (3, 3), ranks [[3, 1], [0, 2]]",
@@ -126,7 +126,7 @@ def test_blocks_tile_the_tensor_on_every_layout_of_a_3d_mesh() -> None:
 
 
 def test_dtensor_duck_typing_and_print_layout() -> None:
-    layout = Layout.from_placements(init_device_mesh((4, 2), ("dp", "tp")), "S(0),R")
+    layout = Layout.from_device_mesh(init_device_mesh((4, 2), ("dp", "tp")))("S(0),R")
     fake_dtensor = SimpleNamespace(layout=layout.bind(2), shape=(8, 2))
     assert visualize(fake_dtensor, color=False) == visualize(layout, (8, 2), color=False)
     out = io.StringIO()
@@ -147,7 +147,7 @@ def test_color_auto_is_plain_when_not_a_terminal() -> None:
 
 
 def test_bad_input() -> None:
-    layout = Layout.from_placements(init_device_mesh((2,), ("x",)), "S(0)")
+    layout = Layout.from_device_mesh(init_device_mesh((2,), ("x",)))("S(0)")
     with pytest.raises(ArgumentTypeError, match="shape=None: a Layout does not know the tensor's shape"):
         visualize(layout)
     with pytest.raises(ShapeError, match="1-D or 2-D"):
@@ -163,8 +163,8 @@ def test_text_helpers() -> None:
     assert format_ranks([0, 1, 5, 6, 7]) == "0,1,5-7"
     assert format_ranks([4]) == "4"
     mesh = init_device_mesh((2, 2), ("dp", "tp"))
-    assert str(Layout.from_placements(mesh, "(tp,dp),None").bind(2)) == "(tp,dp),None"
-    assert str(Layout.from_placements(mesh, "S(0),R").bind(2)) == "S(0),R"
+    assert str(resolve_layout(mesh, "(tp,dp),None", 2)) == "(tp,dp),None"
+    assert str(resolve_layout(mesh, "S(0),R", 2)) == "S(0),R"
 
 
 def test_plot_rfc_figure(tmp_path) -> None:
@@ -173,7 +173,7 @@ def test_plot_rfc_figure(tmp_path) -> None:
     from placements2jax.visualize import plot
 
     mesh = init_device_mesh((4, 2), ("dp", "tp"))
-    layouts = [Layout.from_placements(mesh, p) for p in ("S(0),R", "S(1),S(0)", "(tp,dp),None", "P,S(0)")]
+    layouts = [Layout.from_device_mesh(mesh)(p) for p in ("S(0),R", "S(1),S(0)", "(tp,dp),None", "P,S(0)")]
     figure = plot(layouts, (8, 2))
     assert [ax.get_title() for ax in figure.axes if ax.get_title()] == [
         "S(0),R",

@@ -285,7 +285,7 @@ def _sharding_layout(sharding: Any, mesh: DeviceMesh, ndim: int) -> Layout | Non
     if isinstance(sharding, NamedSharding) and tuple(sharding.mesh.axis_names) == mesh.axis_names:
         return Layout.from_partition_spec(mesh, sharding.spec, ndim)
     if getattr(sharding, "is_fully_replicated", False):
-        return Layout.replicated_on(mesh, ndim)
+        return Layout(mesh, ((),) * ndim)
     return None
 
 

@@ -269,7 +269,7 @@ def _const_specs(jaxpr: Any, mesh: DeviceMesh) -> list[TensorSpec]:
 
 
 def _replicated_spec(aval: Any, mesh: DeviceMesh) -> TensorSpec:
-    return TensorSpec(aval.shape, aval.dtype, Layout.replicated_on(mesh, len(aval.shape)))
+    return TensorSpec(aval.shape, aval.dtype, Layout(mesh, ((),) * len(aval.shape)))
 
 
 def _drop_dim0(layout: Layout) -> Layout:
@@ -413,8 +413,8 @@ class _Walker:
             definition = primitive_definition(name)
         except UnsupportedOpError:
             if self.on_unknown == "replicate":
-                layouts = [Layout.replicated_on(self.mesh, len(s.shape)) for s in ins]
-                outs = [Layout.replicated_on(self.mesh, a.ndim) for a in out_avals]
+                layouts = [Layout(self.mesh, ((),) * len(s.shape)) for s in ins]
+                outs = [Layout(self.mesh, ((),) * a.ndim) for a in out_avals]
                 return self.fixed(f"{name} (no rule: replicated)", ins, layouts, out_avals, outs)
             lines = [_source_line(eqn), *reversed(self.call_lines)]
             where = next((line for line in lines if line), "unknown source")
@@ -461,7 +461,8 @@ class _Walker:
         out_avals: Sequence[Aval],
     ) -> int:
         """Append the loop's row (its input moves); its outputs are filled in later."""
-        signature = self.fixed(label, ins, in_layouts, out_avals, [Layout.replicated_on(self.mesh, a.ndim) for a in out_avals])
+        replicated = [Layout(self.mesh, ((),) * a.ndim) for a in out_avals]
+        signature = self.fixed(label, ins, in_layouts, out_avals, replicated)
         self.rows.append(EquationReport(path, label, ins, signature, ()))
         return len(self.rows) - 1
 
@@ -527,7 +528,7 @@ class _Walker:
         specs = [TensorSpec(s.shape, s.dtype, x) for s, x in zip(ins, layouts)]
         cond_consts, body_consts, carry = specs[:cn], specs[cn:cn + bn], specs[cn + bn:]
         ((predicate, source),) = self._closed(p["cond_jaxpr"], [*cond_consts, *carry], path + ".cond.")
-        everywhere = Layout.replicated_on(self.mesh, predicate.layout.ndim)
+        everywhere = Layout(self.mesh, ((),) * predicate.layout.ndim)
         self.move("while predicate", f"{path}.cond.out", predicate, source, everywhere)
         outs = self._closed(p["body_jaxpr"], [*body_consts, *carry], path + ".body.")
         back = [
@@ -545,7 +546,7 @@ class _Walker:
         cheapest to reach from all branches (ties: the first branch's), and branches
         that produced another layout move to it."""
         index, operands = ins[0], ins[1:]
-        index_layout = Layout.replicated_on(self.mesh, index.layout.ndim)
+        index_layout = Layout(self.mesh, ((),) * index.layout.ndim)
         slot = self._loop_row(path, "cond", ins, [index_layout] + [s.layout for s in operands], out_avals)
         branches = [self._closed(b, operands, f"{path}.b{k}.") for k, b in enumerate(eqn.params["branches"])]
         if path in self.choices:

@@ -91,7 +91,7 @@ def plan_redistribute(
     if isinstance(dst, MeshPlacements):
         dst = dst.bind(len(spec.shape))
     if not isinstance(dst, Layout):
-        raise RedistributeError("dst", dst, "expected a Layout", "pass Layout.from_placements(mesh, ...)")
+        raise RedistributeError("dst", dst, "expected a Layout", "pass Layout.from_device_mesh(mesh)(...)")
     if dst.mesh != spec.mesh:
         raise RedistributeError(
             "dst", dst, f"is on {dst.mesh!r}, the source on {spec.mesh!r}",

@@ -143,7 +143,7 @@ def _constraint(value: Any, avals: tuple[Aval, ...], mesh: DeviceMesh, argument:
     if not single and not isinstance(value, (list, tuple)):
         raise ArgumentTypeError(
             argument, value, "expected a layout or placements, or one of them (or None) per tensor",
-            f"pass e.g. {argument}=[Layout.from_placements(mesh, 'S(0),R')]",
+            f"pass e.g. {argument}=[Layout.from_device_mesh(mesh)('S(0),R')]",
         )
     values = [value] if single else list(value)
     if len(values) != len(avals):

@@ -137,7 +137,7 @@ def as_tensor_spec(value: Any, mesh: DeviceMesh | None = None, argument: str = "
                 raise ArgumentTypeError(
                     argument, value, "placements without a mesh", "pass a Layout, or pass mesh= as well"
                 )
-            layout = Layout.from_placements(mesh, layout)
+            layout = Layout.from_device_mesh(mesh)(layout)
         try:
             spec = TensorSpec(tuple(shape), dtype, layout)
         except (LayoutError, ArgumentTypeError, ShapeError) as err:
@@ -189,8 +189,8 @@ def _constant_spec(value: Any, mesh: DeviceMesh) -> TensorSpec:
         sharding = getattr(value, "sharding", None)
         if isinstance(sharding, jax.sharding.NamedSharding) and _same_mesh(sharding.mesh, mesh):
             return TensorSpec(shape, value.dtype, Layout.from_partition_spec(mesh, sharding.spec, len(shape)))
-        return TensorSpec(shape, value.dtype, Layout.replicated_on(mesh, len(shape)))
-    return TensorSpec(shape, jax.numpy.result_type(value), Layout.replicated_on(mesh, len(shape)))
+        return TensorSpec(shape, value.dtype, Layout(mesh, ((),) * len(shape)))
+    return TensorSpec(shape, jax.numpy.result_type(value), Layout(mesh, ((),) * len(shape)))
 
 
 def _same_mesh(jax_mesh: Any, mesh: DeviceMesh) -> bool:

@@ -2,7 +2,7 @@
 
 Importing this module registers its converters with :mod:`placements2jax.interop`, which
 happens by itself the first time a torch object reaches a placements2jax function, so
-``Layout.from_placements(mesh, [torch Shard(0), torch Shard(0)])`` and
+``Layout.from_device_mesh(mesh)([torch Shard(0), torch Shard(0)])`` and
 ``distribute_tensor(x, torch_mesh, ...)`` just work when torch is installed.
 
 Placements: torch ``Shard(d)``, ``Replicate()``, ``Partial(op)`` (op sum, avg, max or min)
@@ -128,7 +128,7 @@ def from_torch_placements(
     mesh = as_device_mesh(mesh, "mesh")
     placements = tuple(placements)
     ours = tuple(Shard(p.dim) if isinstance(p, _StridedShard) else from_torch_placement(p) for p in placements)
-    layout = Layout.from_shard_order(mesh, ours, _shard_order(mesh, placements))
+    layout = Layout.from_device_mesh(mesh)(ours, shard_order=_shard_order(mesh, placements))
     if global_shape is None:
         return layout
     bound = layout.bind(len(global_shape))
@@ -143,7 +143,10 @@ def to_torch_placements(layout: Layout, global_shape: Sequence[int] | None = Non
     checks that torch gives every rank the same shard (see the module docstring)."""
     if not isinstance(layout, (Layout, MeshPlacements)):
         raise ArgumentTypeError(
-            "layout", layout, "expected a placements2jax.Layout", "build one with Layout.from_placements"
+            "layout",
+            layout,
+            "expected a placements2jax.Layout",
+            "build one with resolve_layout(mesh, placements, ndim)",
         )
     sizes = layout.mesh.shape
     result: list[TorchPlacement] = [TorchPartial(op) if op else TorchReplicate() for op in layout.partial]
@@ -190,7 +193,7 @@ def _shard_order(mesh: DeviceMesh, placements: Sequence[Any]) -> dict[int, tuple
     factors right to left (torch's ``_maybe_convert_StridedShard_to_shard_order``)."""
     order: dict[int, list[int]] = {}
     if len(placements) != mesh.ndim:
-        return {}  # Layout.from_shard_order refuses the placements with a clear message
+        return {}  # the shard_order= call refuses the placements with a clear message
     for mesh_dim in reversed(range(len(placements))):
         placement = placements[mesh_dim]
         if not isinstance(placement, (TorchShard, _StridedShard, Shard)):

@@ -40,7 +40,7 @@ def state_layouts(state: Any, params: Any) -> Any:
     def layout(x: Any) -> Any:
         if like_params(x):
             return layouts
-        return Layout.replicated_on(mesh, np.ndim(x))
+        return Layout(mesh, ((),) * np.ndim(x))
 
     return jax.tree.map(layout, state, is_leaf=lambda x: like_params(x) or isinstance(x, (jax.Array, np.ndarray)))
 
