@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 import weakref
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, overload
 
 import jax
 import numpy as np
@@ -31,6 +31,7 @@ __all__ = ["DeviceMesh", "MeshGroup", "init_device_mesh", "as_device_mesh", "Axi
 
 Axis: TypeAlias = str | int
 AxisTypeLike: TypeAlias = Literal["explicit", "auto"] | AxisType
+Names: TypeAlias = "Sequence[str] | str"
 
 _AXIS_TYPES = {"explicit": AxisType.Explicit, "auto": AxisType.Auto}
 
@@ -60,10 +61,19 @@ class MeshGroup:
 class DeviceMesh:
     """An n-d array of ranks with one unique name per axis (torch's ``DeviceMesh``).
 
-    ``DeviceMesh([[0, 1], [2, 3]], ("dp", "tp"))`` is a 2x2 mesh whose rows are named
-    ``dp`` and columns ``tp`` (:attr:`axis_names`, JAX's word). The constructor takes the
-    names as ``alias_name`` (the RFC's and MindSpore's word) or ``mesh_dim_names=``
-    (torch's); without names the axes are called ``dim0``, ``dim1``, ...
+    Two calls build one:
+
+    * ``DeviceMesh([[0, 1], [2, 3]], ("dp", "tp"))`` (the RFC's): a 2x2 mesh whose rows
+      are named ``dp`` and columns ``tp``;
+    * ``DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("dp", "tp"))`` (torch's): the
+      device type (``"cpu"``, ``"cuda"``, ``"tpu"``) must be that of JAX's backend, since
+      rank ``r`` is ``jax.devices()[r]``; the ranks may be a nested list, a NumPy array or
+      a torch tensor.
+
+    The names are torch's ``mesh_dim_names`` (positional in the first call, the keyword in
+    both); the RFC's ``alias_name=`` and JAX's ``axis_names=`` are accepted as the same
+    keyword (see the spellings section below). Without names the axes are called ``dim0``,
+    ``dim1``, ...
 
     Meshes are interned, as JAX interns ``jax.sharding.Mesh``: building the same mesh
     twice (same ranks, names and axis types) gives the same object, so equality and
@@ -72,26 +82,53 @@ class DeviceMesh:
 
     _interned: weakref.WeakValueDictionary[tuple[Any, ...], DeviceMesh] = weakref.WeakValueDictionary()
 
+    @overload
     def __new__(
         cls,
         mesh: Any,
-        alias_name: Sequence[str] | str | None = None,
+        mesh_dim_names: Names | None = None,
+        /,
         *,
-        mesh_dim_names: Sequence[str] | str | None = None,
         axis_types: AxisTypeLike | Sequence[AxisTypeLike] = "explicit",
+        alias_name: Names | None = None,
+        axis_names: Names | None = None,
+    ) -> DeviceMesh: ...
+
+    @overload
+    def __new__(
+        cls,
+        device_type: str,
+        mesh: Any,
+        /,
+        *,
+        mesh_dim_names: Names | None = None,
+        axis_types: AxisTypeLike | Sequence[AxisTypeLike] = "explicit",
+    ) -> DeviceMesh: ...
+
+    def __new__(
+        cls,
+        first: Any,
+        second: Any = None,
+        /,
+        *,
+        mesh_dim_names: Names | None = None,
+        axis_types: AxisTypeLike | Sequence[AxisTypeLike] = "explicit",
+        alias_name: Names | None = None,
+        axis_names: Names | None = None,
     ) -> DeviceMesh:
+        if isinstance(first, str):  # torch's DeviceMesh(device_type, mesh, *, mesh_dim_names=...)
+            _check_device_type(first)
+            if second is None:
+                raise MeshError(
+                    "mesh", None, "torch's form needs the ranks after the device type", f"pass e.g. DeviceMesh({first!r}, [0, 1])"
+                )
+            mesh, positional = second, None
+        else:
+            mesh, positional = first, second
         ranks = _validate_ranks(mesh)
-        if alias_name is not None and mesh_dim_names is not None and tuple(alias_name) != tuple(
-            mesh_dim_names
-        ):
-            raise MeshError(
-                "mesh_dim_names",
-                mesh_dim_names,
-                f"differs from alias_name={alias_name!r}",
-                "pass only one of alias_name and mesh_dim_names",
-            )
-        names = alias_name if alias_name is not None else mesh_dim_names
-        names = _validate_names(names, ranks.ndim, "alias_name" if alias_name is not None else "mesh_dim_names")
+        spellings = {"mesh_dim_names": positional, "mesh_dim_names=": mesh_dim_names, "alias_name": alias_name}
+        argument, names = _one_spelling(spellings | {"axis_names": axis_names})
+        names = _validate_names(names, ranks.ndim, argument)
         types = _validate_axis_types(axis_types, ranks.ndim)
         key = (ranks.shape, tuple(int(r) for r in ranks.flat), names, types)
         self = cls._interned.get(key)
@@ -108,10 +145,16 @@ class DeviceMesh:
         return self
 
     def __repr__(self) -> str:
-        types = ""
-        if any(t != AxisType.Explicit for t in self._axis_types):
-            types = f", axis_types={tuple(t.name.lower() for t in self._axis_types)!r}"
-        return f"DeviceMesh({self._ranks.tolist()!r}, alias_name={self._names!r}{types})"
+        """The call that builds this mesh: ``DeviceMesh([[0, 1], [2, 3]], mesh_dim_names=('dp', 'tp'))``,
+        or, for more than 16 ranks numbered 0..N-1 in row-major order,
+        ``init_device_mesh((16, 16), mesh_dim_names=('dp', 'tp'))`` (evaluating it gives this mesh)."""
+        tail = f"mesh_dim_names={self._names!r}"
+        types = tuple(t.name.lower() for t in self._axis_types)
+        if set(types) != {"explicit"}:
+            tail += f", axis_types={types[0] if len(set(types)) == 1 else types!r}"
+        if self._ranks.size > 16 and self.rank_list == tuple(range(self._ranks.size)):
+            return f"init_device_mesh({self.shape!r}, {tail})"
+        return f"DeviceMesh({self._ranks.tolist()!r}, {tail})"
 
     def __str__(self) -> str:
         """The mesh's label in reports: ``dp=4 x tp=2`` (axis names and sizes)."""
@@ -304,6 +347,9 @@ class DeviceMesh:
         return DeviceMesh(self._ranks.reshape(-1), (name or "_".join(self._names),), axis_types=axis_type)  # type: ignore[arg-type]
 
     # -- the MindSpore and torch spellings (public aliases, kept in this one place) --------
+    # The constructor takes the names as torch's mesh_dim_names (positional or keyword), the
+    # RFC's alias_name= or JAX's axis_names= (one of them; _one_spelling); torch's first
+    # argument, the device type, is checked by _check_device_type.
     @property
     def alias_name(self) -> tuple[str, ...]:
         """MindSpore's name for :attr:`axis_names`."""
@@ -317,6 +363,16 @@ class DeviceMesh:
     def get_device_num_along_axis(self, axis: Axis) -> int:
         """MindSpore's name for :meth:`size` of one axis."""
         return self.size(axis)
+
+    def get_rank(self) -> int:
+        """torch's ``get_rank()``, "the current global rank".
+
+        torch runs one process per rank, so that is the process's rank. A JAX process
+        drives several devices (a single controller drives them all), so here it is the
+        rank this process acts as on this mesh: the first rank whose device belongs to
+        the process (:meth:`calling_rank`) -- 0 for one process over ranks 0..N-1. As in
+        torch, :meth:`get_coordinate` and :meth:`get_local_rank` default to it."""
+        return self.calling_rank()
 
     # get_global_shape (the RFC's DeviceMesh method) needs layouts: placements2jax.layout
     # installs it, so this module does not import the one after it.
@@ -415,6 +471,54 @@ def _validate_ranks(mesh: Any) -> np.ndarray:
         )
     ranks.setflags(write=False)
     return ranks
+
+
+_TORCH_DEVICE_TYPES = {"cpu": "cpu", "cuda": "gpu", "gpu": "gpu", "tpu": "tpu"}  # torch's name -> JAX's backend
+
+
+def _check_device_type(device_type: str) -> None:
+    """torch's device type must name JAX's backend (rank r is jax.devices()[r])."""
+    backend = jax.default_backend()
+    torch_name = {"gpu": "cuda"}.get(backend, backend)
+    expected = _TORCH_DEVICE_TYPES.get(device_type.lower())
+    if expected is None:
+        raise MeshError(
+            "device_type",
+            device_type,
+            f"not a device type ({', '.join(repr(t) for t in _TORCH_DEVICE_TYPES)})",
+            f"pass {torch_name!r}, the device type of jax.devices()",
+        )
+    if expected != backend:
+        raise MeshError(
+            "device_type",
+            device_type,
+            f"JAX runs on {backend!r} devices here, and rank r is jax.devices()[r]",
+            f"pass {torch_name!r}, or start JAX on {device_type!r} devices",
+        )
+
+
+def _one_spelling(given: Mapping[str, Any]) -> tuple[str, Any]:
+    """The axis names and the argument that gave them, from the spellings the constructor
+    takes (keys: the argument's name, ``"mesh_dim_names"`` for the positional one first),
+    refusing two that differ."""
+    spelled = [(k, v) for k, v in given.items() if v is not None]
+    if not spelled:
+        return "mesh_dim_names", None
+    (first, names), *others = spelled
+    for other, value in others:
+        if _as_name_tuple(value) != _as_name_tuple(names):
+            raise MeshError(
+                other.rstrip("="),
+                value,
+                f"differs from the names given {'positionally' if first == 'mesh_dim_names' else 'as ' + first}, "
+                f"{names!r}",
+                "give the axis names once",
+            )
+    return first.rstrip("="), names
+
+
+def _as_name_tuple(names: Any) -> Any:
+    return (names,) if isinstance(names, str) else tuple(names) if isinstance(names, Sequence) else names
 
 
 def _validate_names(names: Sequence[str] | str | None, ndim: int, argument: str) -> tuple[str, ...]:

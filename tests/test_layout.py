@@ -262,7 +262,7 @@ def test_alias_view_and_repr(mesh4x2: DeviceMesh) -> None:
     assert layout.partial == ("max", None)
     assert (
         repr(layout)
-        == "Layout.from_device_mesh(DeviceMesh([[0, 1], [2, 3], [4, 5], [6, 7]], alias_name=('dp', 'tp')))"
+        == "Layout.from_device_mesh(DeviceMesh([[0, 1], [2, 3], [4, 5], [6, 7]], mesh_dim_names=('dp', 'tp')))"
         "(('None', 'tp', 'None'), partial={'dp': 'max'})"
     )
     assert str(layout) == "P(max),S(1)"

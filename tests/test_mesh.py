@@ -80,11 +80,58 @@ def test_value_semantics_and_repr() -> None:
     assert a != DeviceMesh([[1, 0], [2, 3]], ("dp", "tp"))
     assert a != DeviceMesh([0, 1, 2, 3], ("dp",))
     assert a != DeviceMesh([[0, 1], [2, 3]], ("dp", "tp"), axis_types="auto")
-    assert repr(a) == "DeviceMesh([[0, 1], [2, 3]], alias_name=('dp', 'tp'))"
-    assert (
-        repr(DeviceMesh([2, 0], "x", axis_types="auto"))
-        == "DeviceMesh([2, 0], alias_name=('x',), axis_types=('auto',))"
-    )
+    assert repr(a) == "DeviceMesh([[0, 1], [2, 3]], mesh_dim_names=('dp', 'tp'))"
+    assert repr(DeviceMesh([2, 0], "x", axis_types="auto")) == "DeviceMesh([2, 0], mesh_dim_names=('x',), axis_types='auto')"
+    mixed = DeviceMesh([[0, 1], [2, 3]], ("a", "b"), axis_types=("auto", "explicit"))
+    assert repr(mixed) == "DeviceMesh([[0, 1], [2, 3]], mesh_dim_names=('a', 'b'), axis_types=('auto', 'explicit'))"
+    for mesh in (a, mixed, DeviceMesh([2, 0], "x", axis_types="auto"), DeviceMesh([[0, 1], [2, 3]])):
+        assert eval(repr(mesh)) is mesh  # noqa: S307
+
+
+def test_repr_of_a_large_mesh_is_short_and_exact() -> None:
+    """More than 16 ranks 0..N-1 in row-major order print as the init_device_mesh call
+    (JAX's and torch's reprs do not list the devices either); others list their ranks."""
+    mesh = DeviceMesh(np.arange(8).reshape(2, 2, 2), ("pp", "dp", "tp"))
+    assert repr(mesh) == "DeviceMesh([[[0, 1], [2, 3]], [[4, 5], [6, 7]]], mesh_dim_names=('pp', 'dp', 'tp'))"
+    if jax.device_count() > 16:  # pragma: no cover - the tests run on 8 devices
+        big = init_device_mesh((jax.device_count(),), ("dp",))
+        assert repr(big) == f"init_device_mesh(({jax.device_count()},), mesh_dim_names=('dp',))"
+
+
+def test_torch_constructor() -> None:
+    """torch's DeviceMesh(device_type, mesh, *, mesh_dim_names=...) builds the same
+    (interned) mesh; the device type must be JAX's backend's."""
+    import torch
+
+    ours = DeviceMesh([[0, 1], [2, 3]], ("dp", "tp"))
+    assert DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("dp", "tp")) is ours
+    assert DeviceMesh("cpu", torch.arange(4).reshape(2, 2), mesh_dim_names=("dp", "tp")) is ours
+    assert DeviceMesh("CPU", np.arange(4).reshape(2, 2), mesh_dim_names=("dp", "tp"), axis_types="explicit") is ours
+    assert DeviceMesh("cpu", [0, 1]).mesh_dim_names == ("dim0",)
+    # The names' other spellings, one place: the RFC's alias_name=, JAX's axis_names=.
+    assert DeviceMesh([[0, 1], [2, 3]], alias_name=("dp", "tp")) is ours
+    assert DeviceMesh([[0, 1], [2, 3]], axis_names=("dp", "tp")) is ours
+    assert ours.mesh_dim_names == ours.alias_name == ours.axis_names == ("dp", "tp")
+    with pytest.raises(MeshError, match=r"device_type='cuda': JAX runs on 'cpu' devices here.*Fix: pass 'cpu'"):
+        DeviceMesh("cuda", [0, 1])
+    with pytest.raises(MeshError, match=r"device_type='xpu': not a device type"):
+        DeviceMesh("xpu", [0, 1])
+    with pytest.raises(MeshError, match=r"mesh=None: torch's form needs the ranks after the device type"):
+        DeviceMesh("cpu")
+    with pytest.raises(MeshError, match=r"axis_names='b': differs from the names given as alias_name, 'a'"):
+        DeviceMesh([0, 1], alias_name="a", axis_names="b")
+
+
+def test_get_rank_is_the_rank_this_process_acts_as(mesh4x2: DeviceMesh) -> None:
+    """torch's get_rank(): the global rank; one process drives every device here, so it is
+    the first rank of the mesh on this process, the one get_coordinate() defaults to."""
+    assert jax.process_count() == 1
+    assert mesh4x2.get_rank() == 0 == mesh4x2.calling_rank()
+    assert mesh4x2.get_coordinate() == mesh4x2.get_coordinate(mesh4x2.get_rank()) == (0, 0)
+    shuffled = DeviceMesh([[5, 3], [1, 7]], ("dp", "tp"))
+    assert shuffled.get_rank() == 5 and shuffled.get_coordinate() == (0, 0)
+    assert mesh4x2.submesh("tp", rank=6).get_rank() == 6
+    assert mesh4x2.get_local_rank("tp") == mesh4x2.get_coordinate(mesh4x2.get_rank())[1]
 
 
 # -- properties ------------------------------------------------------------------------------
@@ -382,37 +429,38 @@ MESH_ERRORS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
         "duplicate names",
         lambda: DeviceMesh([[0, 1], [2, 3]], ("dp", "dp")),
         MeshError,
-        r"alias_name=\('dp', 'dp'\): axis names must be unique\. Fix: give every mesh axis its own name",
+        r"mesh_dim_names=\('dp', 'dp'\): axis names must be unique\. Fix: give every mesh axis its own name",
     ),
     (
         "None as a name",
         lambda: DeviceMesh([[0, 1], [2, 3]], ("dp", "None")),
         MeshError,
-        r"alias_name=\('dp', 'None'\): 'None' cannot name a mesh axis \(\"None\" means unsharded\)\. Fix: choose another name",
+        r"mesh_dim_names=\('dp', 'None'\): 'None' cannot name a mesh axis \(\"None\" means unsharded\)\. Fix: choose another name",
     ),
     (
         "empty name",
         lambda: DeviceMesh([[0, 1], [2, 3]], ("dp", "")),
         MeshError,
-        r"alias_name=\('dp', ''\): '' cannot name a mesh axis",
+        r"mesh_dim_names=\('dp', ''\): '' cannot name a mesh axis",
     ),
     (
         "too few names",
         lambda: DeviceMesh([[0, 1], [2, 3]], ("dp",)),
         MeshError,
-        r"alias_name=\('dp',\): 1 names for a 2-d mesh\. Fix: give exactly 2 names, one per mesh axis",
+        r"mesh_dim_names=\('dp',\): 1 names for a 2-d mesh\. Fix: give exactly 2 names, one per mesh axis",
     ),
     (
         "too many names",
         lambda: DeviceMesh([0, 1], ("dp", "tp")),
         MeshError,
-        r"alias_name=\('dp', 'tp'\): 2 names for a 1-d mesh\. Fix: give exactly 1 names",
+        r"mesh_dim_names=\('dp', 'tp'\): 2 names for a 1-d mesh\. Fix: give exactly 1 names",
     ),
     (
-        "alias_name and mesh_dim_names differ",
+        "positional names and mesh_dim_names differ",
         lambda: DeviceMesh([[0, 1], [2, 3]], ("dp", "tp"), mesh_dim_names=("a", "b")),
         MeshError,
-        r"mesh_dim_names=\('a', 'b'\): differs from alias_name=\('dp', 'tp'\)\. Fix: pass only one of alias_name and mesh_dim_names",
+        r"mesh_dim_names=\('a', 'b'\): differs from the names given positionally, \('dp', 'tp'\)\. Fix: give the axis "
+        r"names once",
     ),
     (
         "duplicate ranks",
@@ -467,13 +515,13 @@ MESH_ERRORS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
         "name of the wrong type",
         lambda: DeviceMesh([[0, 1], [2, 3]], ("dp", 3)),
         ArgumentTypeError,
-        r"alias_name=\('dp', 3\): axis name 3 is not a string\. Fix: pass e\.g\. \(\"dp\", \"tp\"\)",
+        r"mesh_dim_names=\('dp', 3\): axis name 3 is not a string\. Fix: pass e\.g\. \(\"dp\", \"tp\"\)",
     ),
     (
         "names not a sequence",
         lambda: DeviceMesh([[0, 1], [2, 3]], 5),
         ArgumentTypeError,
-        r"alias_name=5: expected a tuple of axis names",
+        r"mesh_dim_names=5: expected a tuple of axis names",
     ),
     (
         "bad axis type",
@@ -527,7 +575,7 @@ MESH_ERRORS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
         "init_device_mesh: wrong number of names",
         lambda: init_device_mesh((2, 4), ("dp",)),
         MeshError,
-        r"alias_name=\('dp',\): 1 names for a 2-d mesh",
+        r"mesh_dim_names=\('dp',\): 1 names for a 2-d mesh",
     ),
 ]
 
