@@ -9,6 +9,7 @@ through the host. DTensor is a pytree whose only leaf is the array, so it goes t
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -133,10 +134,49 @@ class DTensor:
         return phys.sharding
 
     def __repr__(self) -> str:
+        """``DTensor([0., 1., 2., 3., 4., 5., ...], shape=(8, 4), dtype=float32,
+        placements=S(0),R, mesh=...)``: the first values in row-major order (as JAX's and
+        torch's reprs show values), then what the tensor is."""
         return (
-            f"DTensor(shape={self._shape}, dtype={self.dtype}, placements={self._layout}, "
+            f"DTensor({self._preview()}, shape={self._shape}, dtype={self.dtype}, placements={self._layout}, "
             f"mesh={self.device_mesh!r})"
         )
+
+    def _preview(self, count: int = 6) -> str:
+        """The first ``count`` logical values, read only from the local shards that hold
+        them (one small gather per device, never the whole array); partial values are
+        reduced here over their partial group. ``traced`` under jit; stops before a value
+        held only by another process's devices."""
+        if isinstance(self._array, jax.core.Tracer):
+            return "traced"
+        layout, mesh, shape = self._layout, self.device_mesh, self._shape
+        shards = {s.device: s.data for s in self._array.addressable_shards}
+        blocks = {r: layout.local_slices(shape, r) for r in mesh.rank_list if mesh.device(r) in shards}
+        wanted: dict[int, list[tuple[int, tuple[int, ...]]]] = {}  # rank -> (value position, local index)
+        shown = 0
+        for index in itertools.islice(np.ndindex(shape), count):
+            holder = next((r for r, b in blocks.items() if all(s.start <= i < s.stop for s, i in zip(b, index))), None)
+            if holder is None:
+                break
+            group = mesh.get_group(layout.partial_axes, holder).ranks if layout.has_partial else (holder,)
+            if any(r not in blocks for r in group):
+                break
+            for r in group:
+                wanted.setdefault(r, []).append((shown, tuple(i - s.start for i, s in zip(index, blocks[r]))))
+            shown += 1
+        parts: list[list[Any]] = [[] for _ in range(shown)]
+        stacked = (0,) * len(self.physical.stacked_axes)
+        for r, items in wanted.items():
+            local = tuple(np.array([i[d] for _, i in items], dtype=np.int64) for d in range(len(shape)))
+            values = np.asarray(shards[mesh.device(r)][stacked + local]).reshape(-1)
+            for (position, _), value in zip(items, values):
+                parts[position].append(value)
+        reduce = {None: lambda v: v[0], "sum": np.sum, "avg": np.mean, "max": np.max, "min": np.min}[layout.partial_op]
+        values = np.array([reduce(np.array(v)) for v in parts], dtype=self.dtype)
+        if not shape and shown:
+            return np.array2string(values.reshape(()))
+        text = np.array2string(values, separator=", ", threshold=count + 1)
+        return text if shown == math.prod(shape) else text[:-1] + (", ...]" if shown else "...]")
 
     # -- local data --------------------------------------------------------------------
     def _require_concrete(self, what: str) -> None:

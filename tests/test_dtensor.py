@@ -214,6 +214,44 @@ def test_reading_properties_and_sharding():
     assert "placements=S(0),P" in repr(dt)
 
 
+def _preview_of(values: np.ndarray, count: int = 6) -> str:
+    flat = values.reshape(-1)
+    if values.ndim == 0:
+        return np.array2string(values)
+    text = np.array2string(flat[:count], separator=", ", threshold=count + 1)
+    return text if flat.size <= count else text[:-1] + ", ...]"
+
+
+@pytest.mark.parametrize("mesh_shape", [(8,), (4, 2), (2, 2, 2)], ids=str)
+def test_repr_previews_values_from_the_local_shards(mesh_shape, monkeypatch):
+    """repr shows the first logical values (partials reduced, padding skipped) like JAX's
+    and torch's reprs, read from the devices holding them: no program gathers the array."""
+    mesh = _mesh(mesh_shape)
+    cases = [((), "sum"), ((5,), "max"), ((7, 3), "sum"), ((3, 5, 2), "avg"), ((0, 3), "min")]
+    for shape, op in cases:
+        x = np.arange(math.prod(shape), dtype=np.float32).reshape(shape) * 3 - 4
+        layouts = iter_layouts(mesh, len(shape), partial_ops=(op,))
+        for layout in [*layouts[1::5][:3], layouts[-1]]:  # a sample: each distribute compiles a program
+            dt = distribute_tensor(x, mesh, layout)
+            with monkeypatch.context() as patch:
+                patch.setattr(DTensor, "full_tensor", lambda self: pytest.fail("repr gathered the tensor"))
+                patch.setattr(jax, "device_get", lambda *a: pytest.fail("repr fetched whole arrays"))
+                text = repr(dt)
+            head = f"DTensor({_preview_of(x)}, shape={shape}, dtype=float32, placements={layout}, mesh={mesh!r})"
+            assert text == head, (layout, text)
+
+
+def test_repr_of_integer_partials_and_traced_values():
+    mesh = _mesh((4, 2))
+    local = {r: np.full((2, 3), r, np.int32) for r in mesh.rank_list}  # rank r holds r everywhere
+    dt = DTensor.from_local(local, mesh, [Shard(0), Partial("sum")], shape=(8, 3))
+    # Row 0 lives on dp coordinate 0 (ranks 0 and 1): 0 + 1 = 1.
+    assert repr(dt).startswith("DTensor([1, 1, 1, 1, 1, 1, ...], shape=(8, 3), dtype=int32, placements=S(0),P, ")
+    seen = []
+    jax.jit(lambda t: seen.append(repr(t)) or t)(distribute_tensor(np.ones(4), mesh, "S(0),R"))
+    assert seen[0].startswith("DTensor(traced, shape=(4,)")
+
+
 def test_to_jax_and_numpy_views():
     mesh = _mesh((4, 2))
     x = np.arange(32.0).reshape(8, 4)
