@@ -46,7 +46,7 @@ def _measure(
         return resolve_layout(mesh, placements, ndim).named_sharding
 
     def new() -> NamedSharding:
-        return resolve_layout(mesh, placements, ndim).named_sharding
+        return Layout.from_device_mesh(mesh)(placements).bind(ndim).named_sharding
 
     def warm() -> NamedSharding:
         return resolve_layout(mesh, placements, ndim).named_sharding
@@ -76,15 +76,17 @@ def run(config: Config) -> Section:
         "1. Layout conversion: placements -> NamedSharding",
         """
 Baseline: `NamedSharding(jax_mesh, PartitionSpec(...))` written by hand (the JAX mesh
-already built). **cold**: every placements2jax `functools` cache emptied, then a new `Layout`
-from the placements and `.bind(ndim).named_sharding` (clearing the caches is inside the timed
-call); **parse**: `resolve_layout(mesh, placements, ndim)` each call (parses
-and validates the placements, then finds the interned Layout); **warm**: the same through
-`resolve_layout(mesh, placements, ndim)`, the one function every entry point (DTensor,
-`distribute_tensor`, `redistribute`) resolves placements with, which remembers the
-placements as given (one dict lookup); **cached**: `.named_sharding` of a `Layout` already built (a `cached_property`, what a
-DTensor's layout gives). The mesh (`DeviceMesh.to_jax()`, cached on the mesh) exists in all
-variants: a program has one mesh.
+already built). **cold**: `placements2jax.clear_caches()` (every registered cache, the
+resolver's included), then `resolve_layout(mesh, placements, ndim).named_sharding`
+(clearing the caches is inside the timed call; the interned Layout itself survives, as it
+does in a program that holds it); **parse**: the RFC's call,
+`Layout.from_device_mesh(mesh)(placements).bind(ndim)`, each call (parses and validates
+the placements, then finds the interned Layout); **warm**: `resolve_layout(mesh,
+placements, ndim)`, the one resolver every entry point (`DTensor`, `distribute_tensor`,
+`redistribute`) uses, which remembers placements as given (one dict lookup); **cached**:
+`.named_sharding` of a `Layout` already built (a `cached_property`, what a DTensor's layout
+gives). The mesh (`DeviceMesh.to_jax()`, cached on the mesh) exists in all variants: a
+program has one mesh.
 """,
     )
     rows = []

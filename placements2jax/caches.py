@@ -15,7 +15,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any, TypeVar
 
-__all__ = ["cached", "register", "clear_caches"]
+__all__ = ["cached", "register", "Memo", "clear_caches"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -37,6 +37,35 @@ def register(cache: dict[Any, Any]) -> dict[Any, Any]:
     """Register a module's dict cache with :func:`clear_caches`; returns it."""
     _clears.append(cache.clear)
     return cache
+
+
+class Memo(dict):  # type: ignore[type-arg]
+    """A module's dict cache, registered with :func:`clear_caches`, of at most ``limit``
+    entries: emptied when full (its entries are cheap to recompute, and a bound keeps a
+    long run from growing it without end). :meth:`recall` and :meth:`remember` take any
+    key: an unhashable one (a list among the arguments) is a miss and is not stored."""
+
+    __slots__ = ("limit",)
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+        register(self)
+
+    def recall(self, key: Any) -> Any:
+        """The value stored under ``key``, or None."""
+        try:
+            return self.get(key)
+        except TypeError:
+            return None
+
+    def remember(self, key: Any, value: Any) -> None:
+        if len(self) >= self.limit:
+            self.clear()
+        try:
+            self[key] = value
+        except TypeError:
+            pass
 
 
 def clear_caches() -> None:

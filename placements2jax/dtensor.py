@@ -21,7 +21,7 @@ from jax._src.core import unsafe_am_i_under_a_jit  # JAX has no public test for 
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from . import chunking
-from .caches import cached, register
+from .caches import Memo, cached
 from .errors import ArgumentTypeError, MeshError, PlacementError, ShapeError
 from .foreign import check_placements_for_shape
 from .hlo import Collective, compiled_collectives
@@ -255,7 +255,7 @@ class DTensor:
         ``"xla"``: XLA's single reshard; or a CostModel); see docs/redistribute.md."""
         policy = default_policy() if policy is None else check_policy(policy)
         key = (self._layout, device_mesh, _frozen(placements), self._shape, self.dtype, policy)
-        move = _remembered(_moves, key)
+        move = _moves.recall(key)
         if move is not None:
             target, run = move
             return DTensor.trusted(run(self._array) if run else self._array, target, self._shape)
@@ -270,7 +270,7 @@ class DTensor:
         check_redistribute(self._layout, target)
         src, dst = physical(self._layout, self._shape), physical(target, self._shape)
         run = None if src == dst else schedule_program(src, dst, self.dtype, policy)
-        _remember(_moves, key, (target, run))
+        _moves.remember(key, (target, run))
         return DTensor.trusted(run(self._array) if run else self._array, target, self._shape)
 
     def _to_other_mesh(self, target: Layout) -> DTensor:
@@ -318,7 +318,7 @@ class DTensor:
         signature = tuple((r, a.shape, a.dtype) for r, a in locals_by_rank.items())
         key = (device_mesh, _frozen(placements), signature)
         remembered = shape is None and jax.process_count() == 1  # else: validate shape=, exchange shapes
-        entry = _remembered(_assemblies, key) if remembered else None
+        entry = _assemblies.recall(key) if remembered else None
         if entry is not None:  # the same mesh, placements and local shapes as before
             layout, global_shape, phys, block, lead = entry
             return DTensor.trusted(_assemble(locals_by_rank, phys, block, lead), layout, global_shape)
@@ -361,7 +361,7 @@ class DTensor:
         block = tuple(p // math.prod(layout.pieces(d)) for d, p in enumerate(phys.padded_shape))
         lead = (1,) * len(phys.stacked_axes)
         if remembered:
-            _remember(_assemblies, key, (layout, global_shape, phys, block, lead))
+            _assemblies.remember(key, (layout, global_shape, phys, block, lead))
         return cls(_assemble(locals_by_rank, phys, block, lead), layout, global_shape)
 
 
@@ -492,7 +492,7 @@ def distribute_tensor(
     array = _as_array(tensor, "tensor")
     shape = tuple(array.shape)
     key = (device_mesh, _frozen(placements), shape, array.dtype)
-    placing = _remembered(_placings, key)
+    placing = _placings.recall(key)
     if placing is not None:  # an even layout seen before: place, and split partials
         layout, sharding, split = placing
         placed = jax.device_put(array, sharding)
@@ -504,7 +504,7 @@ def distribute_tensor(
     if not target.is_padded:  # place, and (for partials) split by a cached program
         source = physical(plain, shape)
         split = None if source == target else program(source, target)
-        _remember(_placings, key, (layout, source.sharding, split))
+        _placings.remember(key, (layout, source.sharding, split))
         placed = jax.device_put(array, source.sharding)
         return DTensor.trusted(split(placed) if split else placed, layout, shape)
     elif isinstance(array, np.ndarray):
@@ -529,30 +529,15 @@ def distribute_tensor(
 # block, leading stacked dims) for from_local without shape=. Layouts are
 # interned, so these keys hash and compare cheaply; a repeated call skips resolving and
 # checking (a few µs of Python between two XLA programs matter on a small host).
-_moves: dict[tuple[Any, ...], tuple[Any, ...]] = register({})
-_placings: dict[tuple[Any, ...], tuple[Any, ...]] = register({})
-_assemblies: dict[tuple[Any, ...], tuple[Any, ...]] = register({})
-_DECISIONS_LIMIT = 4096
+_moves = Memo(4096)
+_placings = Memo(4096)
+_assemblies = Memo(4096)
 
 
 def _frozen(placements: Any) -> Any:
     return tuple(placements) if isinstance(placements, list) else placements
 
 
-def _remembered(cache: dict[tuple[Any, ...], tuple[Any, ...]], key: tuple[Any, ...]) -> tuple[Any, ...] | None:
-    try:
-        return cache.get(key)
-    except TypeError:  # unhashable arguments (a list of placements ...): decided each time
-        return None
-
-
-def _remember(cache: dict[tuple[Any, ...], tuple[Any, ...]], key: tuple[Any, ...], decision: tuple[Any, ...]) -> None:
-    if len(cache) >= _DECISIONS_LIMIT:
-        cache.clear()
-    try:
-        cache[key] = decision
-    except TypeError:
-        pass
 
 
 def placements_layout(device_mesh: Any, placements: PlacementsLike | None, shape: int | tuple[int, ...]) -> Layout:

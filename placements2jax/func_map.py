@@ -61,6 +61,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .dtensor import DTensor
+from .caches import Memo
 from .errors import ArgumentTypeError, MeshError, PlacementError, ShapeError
 from .layout import Layout, MeshPlacements, PlacementsLike, resolve_layout
 from .mesh import DeviceMesh, as_device_mesh
@@ -167,10 +168,10 @@ def _call(
     jax_mesh = mesh.to_jax()
     arrays = [flat[i].array if isinstance(flat[i], DTensor) else _replicated(flat[i], jax_mesh) for i in passed]
     key = _program_key(func, out_placements, mesh, tree, flat, kwargs)
-    program = _recall(key)
+    program = _PROGRAMS.recall(key)  # an unhashable static argument: no reuse for this call
     if program is None:
         program = _program(func, out_placements, mesh, tree, flat, passed, arrays, kwargs)
-        _remember(key, program)
+        _PROGRAMS.remember(key, program)
     run, leaves, out_tree, outs = program
     computed, physicals = iter(run(*arrays)), iter(outs)
     result = []
@@ -189,8 +190,7 @@ _OUTPUT = object()  # stands for an array output among func's flattened outputs
 # Eager calls of the same function on the same layouts reuse one jitted program (tracing
 # func, probing its outputs and compiling take hundreds of ms); the key holds func itself
 # and every static argument, so an entry is reused only for an identical call.
-_PROGRAMS: dict[Any, Program] = {}
-_PROGRAM_LIMIT = 256
+_PROGRAMS = Memo(256)
 
 
 def _program_key(
@@ -209,22 +209,6 @@ def _program_key(
 
 def _freeze(value: Any) -> Any:
     return tuple(_freeze(v) for v in value) if isinstance(value, (list, tuple)) else value
-
-
-def _recall(key: Any) -> Program | None:
-    try:
-        return _PROGRAMS.get(key)
-    except TypeError:  # an unhashable static argument: no reuse for this call
-        return None
-
-
-def _remember(key: Any, program: Program) -> None:
-    if len(_PROGRAMS) >= _PROGRAM_LIMIT:
-        _PROGRAMS.clear()
-    try:
-        _PROGRAMS[key] = program
-    except TypeError:
-        pass
 
 
 def _program(

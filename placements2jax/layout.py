@@ -47,7 +47,7 @@ from typing import Any, TypeAlias
 from jax.sharding import NamedSharding, PartitionSpec
 
 from . import chunking
-from .caches import register
+from .caches import Memo
 from .errors import ArgumentTypeError, LayoutError, MeshError, PlacementError, ShapeError
 from .foreign import check_placements_for_shape, convert_placements
 from .mesh import DeviceMesh, as_device_mesh
@@ -88,6 +88,26 @@ class _OnMesh:
         """torch's name for :attr:`mesh` (the one alias spelling a layout keeps)."""
         return self._mesh
 
+    def __call__(
+        self,
+        placements: PlacementsLike,
+        *,
+        partial: PartialLike = None,
+        shard_order: Mapping[int, Sequence[int]] | None = None,
+    ) -> Layout | MeshPlacements:
+        """Record placements (the RFC's call), in torch form (one per mesh dim) or alias
+        form (one per tensor dim; ``partial=`` then names the partial mesh axes and their
+        reduce ops); text in either form is parsed, another library's placement objects
+        (torch's ``Shard``, ``_StridedShard`` ...) are converted by their bridge. Returns a
+        :class:`Layout` for the alias form, a :class:`MeshPlacements` (unbound until the
+        tensor rank is known) for the torch form.
+
+        ``shard_order`` is torch's ``DTensorSpec.shard_order``: given (even ``{}``), the
+        torch-form placements may shard one tensor dim by several mesh dims (repeated
+        ``Shard(d)``, which the RFC's form refuses), split in the order ``shard_order[d]``
+        lists them (mesh dims major to minor; mesh order for dims it omits)."""
+        return _from_placements(self._mesh, placements, partial, shard_order)
+
     def bind(self, ndim: int) -> Layout:
         """The Layout for a tensor of ``ndim`` dims (each subclass says how)."""
         raise NotImplementedError
@@ -115,26 +135,6 @@ class MeshPlacements(_OnMesh):
         self._mesh = mesh
         self._placements = placements
         self._shard_order = shard_order  # None: mesh order, and repeated Shard(d) refused
-
-    def __call__(
-        self,
-        placements: PlacementsLike,
-        *,
-        partial: PartialLike = None,
-        shard_order: Mapping[int, Sequence[int]] | None = None,
-    ) -> Layout | MeshPlacements:
-        """Record placements (the RFC's call), in torch form (one per mesh dim) or alias
-        form (one per tensor dim; ``partial=`` then names the partial mesh axes and their
-        reduce ops); text in either form is parsed, another library's placement objects
-        (torch's ``Shard``, ``_StridedShard`` ...) are converted by their bridge. Returns a
-        :class:`Layout` for the alias form, a :class:`MeshPlacements` (unbound until the
-        tensor rank is known) for the torch form.
-
-        ``shard_order`` is torch's ``DTensorSpec.shard_order``: given (even ``{}``), the
-        torch-form placements may shard one tensor dim by several mesh dims (repeated
-        ``Shard(d)``, which the RFC's form refuses), split in the order ``shard_order[d]``
-        lists them (mesh dims major to minor; mesh order for dims it omits)."""
-        return _from_placements(self._mesh, placements, partial, shard_order)
 
     def bind(self, ndim: int) -> Layout:
         """The layout of these placements for a tensor of ``ndim`` dims (negative Shard
@@ -270,16 +270,6 @@ class Layout(_OnMesh):
         """An empty placement record on ``mesh`` (ours, or a torch/JAX mesh, converted);
         call it with placements to record them (the RFC's interface)."""
         return MeshPlacements(as_device_mesh(mesh), ())
-
-    def __call__(
-        self,
-        placements: PlacementsLike,
-        *,
-        partial: PartialLike = None,
-        shard_order: Mapping[int, Sequence[int]] | None = None,
-    ) -> Layout | MeshPlacements:
-        """Placements on this layout's mesh (as :meth:`MeshPlacements.__call__`)."""
-        return _from_placements(self._mesh, placements, partial, shard_order)
 
     @classmethod
     def from_placements(
@@ -646,8 +636,7 @@ DeviceMesh.get_global_shape = _get_global_shape  # type: ignore[attr-defined]
 # (mesh, placements, partial, ndim or shape) as given -> Layout; hashable arguments only.
 # Placement values, strings and meshes compare by value, and nothing that compares equal
 # to a valid argument is invalid (Shard(True) cannot be built), so a hit is always right.
-_resolved: dict[tuple[Any, ...], Layout] = register({})
-_RESOLVED_LIMIT = 8192
+_resolved = Memo(8192)
 
 
 def resolve_layout(
@@ -678,9 +667,7 @@ def resolve_layout(
     if not isinstance(shape, int):
         check_placements_for_shape(placements, layout, tuple(shape))
     if key is not None:
-        if len(_resolved) >= _RESOLVED_LIMIT:
-            _resolved.clear()
-        _resolved[key] = layout
+        _resolved.remember(key, layout)
     return layout
 
 
