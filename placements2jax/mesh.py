@@ -120,7 +120,10 @@ class DeviceMesh:
             _check_device_type(first)
             if second is None:
                 raise MeshError(
-                    "mesh", None, "torch's form needs the ranks after the device type", f"pass e.g. DeviceMesh({first!r}, [0, 1])"
+                    "mesh",
+                    None,
+                    "torch's form needs the ranks after the device type",
+                    f"pass e.g. DeviceMesh({first!r}, [0, 1])",
                 )
             mesh, positional = second, None
         else:

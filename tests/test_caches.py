@@ -61,3 +61,27 @@ def test_clear_caches_empties_every_registered_cache() -> None:
     # and everything still works, cold
     np.testing.assert_array_equal(np.asarray((x + x).full_tensor()), 2 * np.arange(8))
     assert x.layout is resolve_layout(mesh, (Shard(0),), 1)
+
+
+def test_memo_is_bounded_registered_and_takes_any_key() -> None:
+    memo = caches.Memo(2)
+    memo.remember(("a",), 1)
+    memo.remember(["unhashable"], 2)  # not stored, and no error
+    assert memo.recall(("a",)) == 1 and memo.recall(["unhashable"]) is None and len(memo) == 1
+    memo.remember(("b",), 2)
+    memo.remember(("c",), 3)  # full: emptied first
+    assert dict(memo) == {("c",): 3}
+    clear_caches()
+    assert not memo
+
+
+def test_local_map_programs_are_cleared() -> None:
+    from placements2jax import func_map
+
+    mesh = init_device_mesh((4,), ("x",))
+    x = distribute_tensor(np.arange(8, dtype=np.float32), mesh, "S(0)")
+    doubled = placements2jax.local_map(lambda a: a * 2, out_placements=[Shard(0)])(x)
+    np.testing.assert_array_equal(np.asarray(doubled.full_tensor()), 2 * np.arange(8))
+    assert func_map._PROGRAMS
+    clear_caches()
+    assert not func_map._PROGRAMS

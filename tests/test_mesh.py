@@ -81,7 +81,8 @@ def test_value_semantics_and_repr() -> None:
     assert a != DeviceMesh([0, 1, 2, 3], ("dp",))
     assert a != DeviceMesh([[0, 1], [2, 3]], ("dp", "tp"), axis_types="auto")
     assert repr(a) == "DeviceMesh([[0, 1], [2, 3]], mesh_dim_names=('dp', 'tp'))"
-    assert repr(DeviceMesh([2, 0], "x", axis_types="auto")) == "DeviceMesh([2, 0], mesh_dim_names=('x',), axis_types='auto')"
+    auto = DeviceMesh([2, 0], "x", axis_types="auto")
+    assert repr(auto) == "DeviceMesh([2, 0], mesh_dim_names=('x',), axis_types='auto')"
     mixed = DeviceMesh([[0, 1], [2, 3]], ("a", "b"), axis_types=("auto", "explicit"))
     assert repr(mixed) == "DeviceMesh([[0, 1], [2, 3]], mesh_dim_names=('a', 'b'), axis_types=('auto', 'explicit'))"
     for mesh in (a, mixed, DeviceMesh([2, 0], "x", axis_types="auto"), DeviceMesh([[0, 1], [2, 3]])):
