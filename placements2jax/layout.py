@@ -61,7 +61,6 @@ from .placements import (
     format_alias,
     format_partial,
     parse_layout_text,
-    parse_placements,
 )
 
 __all__ = ["Layout", "MeshPlacements", "resolve_layout", "as_shape", "PlacementsLike", "TensorMap", "AliasEntry", "ShardOrder"]
