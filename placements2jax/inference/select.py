@@ -233,7 +233,7 @@ def rank_candidates(
     for order in orders:
         for combo in itertools.product(sigs, repeat=mesh.ndim):
             tables = _tables(combo, order, avals, mesh.shape)
-            if tables is None:
+            if tables is None or any(s.joint is not None and not s.joint(tables, mesh.shape) for s in combo):
                 continue
             for table in tables:
                 if table not in layout_cache:
@@ -248,7 +248,10 @@ def rank_candidates(
     given_partial = {m for s in specs for m in s.layout.partial_axes}
     for layouts, (_, combo, order) in found.items():
         plans = tuple(cached_plan(s.shape, s.dtype, s.layout, layout, cost_model) for s, layout in zip(specs, layouts))
-        pending = pending_reduction(out_avals, layouts[n_in:], given_partial, cost_model)
+        # A partial is continued only where no input is turned into one: P + S(0) made
+        # P + P still owes the reduction of the result (torch reduce-scatters P instead).
+        made_partial = {m for s, layout in zip(specs, layouts) for m in layout.partial_axes if not s.layout.partial[m]}
+        pending = pending_reduction(out_avals, layouts[n_in:], given_partial - made_partial, cost_model)
         candidates.append(Candidate(layouts[:n_in], layouts[n_in:], plans, combo, order, tuple(out_avals), pending))
     return sorted(candidates, key=Candidate.rank_key)
 
@@ -256,8 +259,9 @@ def rank_candidates(
 def pending_reduction(
     out_avals: Sequence[Aval], out_layouts: Sequence[Layout], given_partial: set[int], cost_model: CostModel
 ) -> Fraction:
-    """The look-ahead charge of new partials: for every output partial on a mesh dim no
-    given input was partial on, the cheapest way to resolve it later (a reduce-scatter of
+    """The look-ahead charge of new partials: for every output partial on a mesh dim not
+    in ``given_partial`` (the mesh dims the op continues a partial on: some given input
+    is partial there and no input is turned into a partial there), the cheapest way to resolve it later (a reduce-scatter of
     the output's block on that mesh dim, weighted). Without it, a greedy choice would pay
     a little now to create a partial that costs much more to reduce later (e.g. contract
     a matmul over an extra mesh dim). Continuing a partial through a linear op is free."""

@@ -358,6 +358,10 @@ class OneDSig:
     inputs: tuple[Placement, ...]
     outputs: tuple[Placement, ...]
     even: frozenset[tuple[int, int]] = field(default=frozenset())
+    # A condition on the whole N-D candidate (e.g. reshape: splits of merged dims must
+    # nest alike on both sides): called with the per-tensor (dim_axes, partial) tables and
+    # the mesh shape; a candidate using this signature on any mesh dim must satisfy it.
+    joint: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
@@ -473,9 +477,13 @@ class Candidate:
 
     @property
     def layout_key(self) -> tuple[Any, ...]:
-        """The last tie-break: per tensor (inputs, then outputs) and mesh dim, splits of
-        lower tensor dims first, then Replicate, then Partial; then the nest order."""
-        return tuple(_layout_key(layout) for layout in self.in_layouts + self.out_layouts)
+        """The last tie-break: layouts whose dims are all split in mesh order first (what
+        torch's placements write without ``_StridedShard``); then per tensor (inputs, then
+        outputs) and mesh dim, splits of lower tensor dims first, then Replicate, then
+        Partial; then the nest order."""
+        layouts = self.in_layouts + self.out_layouts
+        strided = sum(any(list(axes) != sorted(axes) for axes in x.dim_axes) for x in layouts)
+        return (strided, *(_layout_key(layout) for layout in layouts))
 
     def rank_key(self) -> tuple[Any, ...]:
         """The selection order (see docs/inference.md): candidates needing no
