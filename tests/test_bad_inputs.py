@@ -924,6 +924,8 @@ CASES: list[Case] = [
         lambda e: infer_signature("frobnicate", [e.dt]),
     ),
     _c("infer: op an int", "infer_signature", ArgumentTypeError, "op", lambda e: infer_signature(3, [e.dt])),
+    _c("infer: unknown search", "infer_signature", ArgumentTypeError, "search",
+       lambda e: infer_signature("neg", [e.dt], search="eager")),
     _c(
         "infer: inputs not a list",
         "infer_signature",

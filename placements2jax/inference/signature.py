@@ -477,20 +477,25 @@ class Candidate:
 
     @property
     def layout_key(self) -> tuple[Any, ...]:
-        """The last tie-break: layouts whose dims are all split in mesh order first (what
-        torch's placements write without ``_StridedShard``); then per tensor (inputs, then
-        outputs) and mesh dim, splits of lower tensor dims first, then Replicate, then
-        Partial; then the nest order."""
-        layouts = self.in_layouts + self.out_layouts
-        strided = sum(any(list(axes) != sorted(axes) for axes in x.dim_axes) for x in layouts)
-        return (strided, *(_layout_key(layout) for layout in layouts))
+        """The last tie-break: per tensor (inputs, then outputs) and mesh dim, splits of
+        lower tensor dims first, then Replicate, then Partial; then the nest order."""
+        return tuple(_layout_key(layout) for layout in self.in_layouts + self.out_layouts)
+
+    @property
+    def strided(self) -> int:
+        """How many of the layouts split a dim out of mesh order (torch writes those with
+        ``_StridedShard``): cost ties prefer fewer."""
+        return sum(any(list(a) != sorted(a) for a in x.dim_axes) for x in self.in_layouts + self.out_layouts)
 
     def rank_key(self) -> tuple[Any, ...]:
         """The selection order (see docs/inference.md): candidates needing no
         redistribution of any input first (OneFlow's order value), then lower cost plus
-        pending reductions, then keeping earlier inputs unchanged, then smaller output
-        blocks, then layout_key."""
-        return (any(self.redistributed), self.cost + self.pending, self.redistributed, self.out_bytes, self.layout_key)
+        pending reductions, then layouts split in mesh order (fewer ``strided``), then
+        keeping earlier inputs unchanged, then smaller output blocks, then layout_key."""
+        return (
+            any(self.redistributed), self.cost + self.pending, self.strided, self.redistributed, self.out_bytes,
+            self.layout_key,
+        )
 
     def __str__(self) -> str:
         ins = " ; ".join(str(x) for x in self.in_layouts)
