@@ -31,7 +31,6 @@ a torch mesh without any process group when none is initialized (torch's private
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,7 +47,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from ..errors import ArgumentTypeError, LayoutError, PlacementError
 from ..layout import Layout, MeshPlacements, split_order_from_factors
 from ..mesh import DeviceMesh, as_device_mesh
-from ..placements import REDUCE_OPS, Partial, Placement, Replicate, Shard
+from ..placements import REDUCE_OPS, Partial, Placement, Replicate, Shard, StridedShard
 from ..foreign import register_mesh_converter, register_placements_converter, register_shape_check
 
 __all__ = [
@@ -145,15 +144,18 @@ def to_torch_placements(layout: Layout, global_shape: Sequence[int] | None = Non
         raise ArgumentTypeError(
             "layout", layout, "expected a placements2jax.Layout", "build one with Layout.from_placements"
         )
-    sizes = layout.mesh.shape
-    result: list[TorchPlacement] = [TorchPartial(op) if op else TorchReplicate() for op in layout.partial]
-    for dim, mesh_dims in layout.shard_order:
-        for position, mesh_dim in enumerate(mesh_dims):
-            split_factor = math.prod(sizes[m] for m in mesh_dims[:position] if m > mesh_dim)
-            result[mesh_dim] = TorchShard(dim) if split_factor == 1 else _StridedShard(dim, split_factor=split_factor)
+    result = tuple(_to_torch_placement(p) for p in layout.placements)  # ours carry torch's split factors
     if global_shape is not None:
         check_torch_equivalent(layout.bind(len(global_shape)), global_shape)
-    return tuple(result)
+    return result
+
+
+def _to_torch_placement(placement: Placement) -> TorchPlacement:
+    if isinstance(placement, StridedShard):
+        return _StridedShard(placement.dim, split_factor=placement.split_factor)
+    if isinstance(placement, Shard):
+        return TorchShard(placement.dim)
+    return TorchPartial(placement.reduce_op) if isinstance(placement, Partial) else TorchReplicate()
 
 
 def check_torch_equivalent(layout: Layout, global_shape: Sequence[int]) -> None:
