@@ -89,7 +89,8 @@ class StridedShard(Shard):
     the sizes of the mesh dims that split the dim before (major to) this one but stand
     later in the mesh; repeated plain ``Shard(dim)`` splits in mesh order. This is what
     :attr:`Layout.placements` returns for such layouts, as torch 2.13 does, and what every
-    torch-form input accepts back (``_S(0, 2)`` is its text, as torch prints it).
+    torch-form input accepts back as a value. ``str()`` is torch's ``_S(0, 2)``; placement
+    text does not parse it (the text of such a layout is its alias form, ``(tp,dp),None``).
     """
 
     split_factor: int = 1
