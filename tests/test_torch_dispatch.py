@@ -200,3 +200,24 @@ TIES = {
     "sub((8, 16) P,P ; (8, 16) S(1),R) {} on (4, 2)",
     "matmul((1024, 2048) R,S(0) ; (2048, 512) P,P) {} on (4, 2)",
 }
+
+
+def test_torch_search_in_this_process() -> None:
+    """``search="torch"`` needs no process group: torch's propagation on a torch mesh built
+    without one. Its one candidate is costed by our planner; a _StridedShard result no
+    Layout holds is an InferenceError naming it."""
+    import jax.numpy as jnp
+
+    from placements2jax import ArgumentTypeError, InferenceError, Layout, init_device_mesh
+    from placements2jax.inference import infer_signature
+
+    mesh = init_device_mesh((4, 2), ("dp", "tp"))
+    L = Layout.from_device_mesh(mesh)
+    x, w = ((8, 16), jnp.float32, L("S(0),S(1)")), ((16, 8), jnp.float32, L("R,S(0)"))
+    signature = infer_signature("matmul", [x, w], search="torch")
+    assert [str(t) for t in signature.out_layouts] == ["S(0),P"] and len(signature.candidates) == 1
+    assert signature.chosen.cost == 0 and signature.chosen.pending == 32  # its new P on tp, charged as ours are
+    with pytest.raises(InferenceError, match="_StridedShard no Layout can hold"):
+        infer_signature("reshape", [((4, 8, 16), jnp.float32, L("S(1),R"))], shape=(32, 16), search="torch")
+    with pytest.raises(ArgumentTypeError, match="search='eager'"):
+        infer_signature("neg", [x], search="eager")
