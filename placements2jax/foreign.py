@@ -27,6 +27,8 @@ __all__ = [
     "convert_mesh",
     "convert_placements",
     "check_placements_for_shape",
+    "register_dispatcher",
+    "dispatcher",
 ]
 
 MeshConverter = Callable[[Any], "DeviceMesh | None"]
@@ -63,6 +65,30 @@ def register_shape_check(check: ShapeCheck) -> None:
     mean something else than ``layout`` for a tensor of ``shape`` (torch's uneven
     ``_StridedShard``)."""
     _shape_checks.append(check)
+
+
+# Another library's op dispatcher (today torch's sharding propagation), by name: name ->
+# the function, and name -> the bridge module that registers it when first asked for.
+_dispatchers: dict[str, Callable[..., Any]] = {}
+_dispatcher_modules: dict[str, str] = {"torch": "placements2jax.interop.torch_dispatch"}
+
+
+def register_dispatcher(name: str, choose: Callable[..., Any]) -> None:
+    """Register ``choose(op, params, specs, out_avals, mesh) -> (in_layouts, out_layouts)``:
+    the layouts another library's dispatcher picks for a named op (``infer_signature(...,
+    search=name)``)."""
+    _dispatchers[name] = choose
+
+
+def dispatcher(name: str) -> Callable[..., Any] | None:
+    """The dispatcher registered under ``name`` (its bridge imported on first use), or
+    None when there is none (or its library is not installed)."""
+    if name not in _dispatchers and name in _dispatcher_modules:
+        try:
+            importlib.import_module(_dispatcher_modules[name])
+        except ImportError:
+            return None
+    return _dispatchers.get(name)
 
 
 def check_placements_for_shape(placements: Any, layout: Layout, shape: tuple[int, ...]) -> None:

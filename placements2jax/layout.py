@@ -58,6 +58,7 @@ from .placements import (
     ReduceOp,
     Replicate,
     Shard,
+    StridedShard,
     format_alias,
     format_partial,
     parse_layout_text,
@@ -169,9 +170,11 @@ class MeshPlacements(_OnMesh):
 
     @property
     def placements(self) -> tuple[Placement, ...]:
-        for dim, axes in self._shard_order or ():
-            _check_mesh_order(self, self._mesh, dim, axes)
-        return self._placements
+        """As given, with torch's split factors (:class:`StridedShard`) for a dim whose
+        ``shard_order`` is not mesh order."""
+        if not self._shard_order:
+            return self._placements
+        return _with_split_factors(self._mesh, self._placements, self._shard_order)
 
     @property
     def partial(self) -> tuple[ReduceOp | None, ...]:
@@ -433,15 +436,12 @@ class Layout(_OnMesh):
     # -- the three views ---------------------------------------------------------------
     @cached_property
     def placements(self) -> tuple[Placement, ...]:
-        """The torch form: one placement per mesh dim (torch's repeated ``Shard(d)`` for a
-        dim split by several axes in mesh order)."""
-        result: list[Placement] = []
-        for mesh_dim, op in enumerate(self._partial):
-            dim = self.mesh_dim_split(mesh_dim)
-            result.append(Partial(op) if op else Shard(dim) if dim is not None else Replicate())
-        for dim, axes in enumerate(self._dim_axes):
-            _check_mesh_order(self, self._mesh, dim, axes)
-        return tuple(result)
+        """The torch form, exactly as torch 2.13's ``DTensor.placements``: one placement
+        per mesh dim; a dim split by several mesh dims in mesh order is a repeated
+        ``Shard(d)``, in another order :class:`StridedShard` (torch's ``_StridedShard``)
+        with torch's split factors. Every torch-form input accepts it back."""
+        unsplit = tuple(Partial(op) if op else Replicate() for op in self._partial)
+        return _with_split_factors(self._mesh, unsplit, self.shard_order)
 
     @property
     def shard_order(self) -> ShardOrder:
@@ -763,8 +763,11 @@ def _torch_form(
             f"give exactly one placement per mesh dim ({mesh.ndim})",
         )
     _check_partial_ops(placements, original)
-    if not repeated_shards:
-        _check_repeated_shards(mesh, placements, ndim=None, as_text=isinstance(original, str))
+    if not repeated_shards and isinstance(original, str):
+        # Values mean what torch's mean (repeated Shard(d): split in mesh order, as
+        # Layout.placements returns); no layout's text is "S(0),S(0)" (str() gives the alias
+        # form), so that text is refused as the likely typo it is.
+        _check_repeated_shards(mesh, placements, ndim=None, as_text=True)
     return MeshPlacements(mesh, placements)
 
 
@@ -780,15 +783,49 @@ def _bind(placements: MeshPlacements, ndim: int) -> Layout:
     return Layout(placements.mesh, *tables)
 
 
-def _check_mesh_order(value: Any, mesh: DeviceMesh, dim: int, axes: Sequence[int]) -> None:
-    if list(axes) != sorted(axes):
-        raise LayoutError(
-            "layout",
-            value,
-            f"tensor dim {dim} is split by {tuple(mesh.axis_names[a] for a in axes)} in an order torch's "
-            "placements cannot say (torch needs _StridedShard for it)",
-            "use the alias form, tensor_map or shard_order of this layout",
-        )
+def _with_split_factors(mesh: DeviceMesh, placements: Sequence[Placement], shard_order: ShardOrder) -> tuple[Placement, ...]:
+    """``placements`` with every split of ``shard_order`` written as torch writes it
+    (``DTensorSpec._convert_shard_order_to_StridedShard``): mesh dim m splitting dim d gets
+    ``Shard(d)``, or ``StridedShard(d, k)`` when the mesh dims splitting d before m but
+    standing after m in the mesh multiply to k > 1."""
+    result = list(placements)
+    for dim, axes in shard_order:
+        for position, mesh_dim in enumerate(axes):
+            factor = math.prod(mesh.shape[m] for m in axes[:position] if m > mesh_dim)
+            result[mesh_dim] = Shard(dim) if factor == 1 else StridedShard(dim, split_factor=factor)
+    return tuple(result)
+
+
+def split_order_from_factors(mesh: DeviceMesh, placements: Sequence[Any]) -> ShardOrder:
+    """Per sharded tensor dim, its mesh dims in split order (major first), decoded from the
+    split factors of torch-form placements right to left (torch's
+    ``DTensorSpec._maybe_convert_StridedShard_to_shard_order``): a placement with
+    ``split_factor`` k goes where the mesh dims before it in the order multiply to k;
+    plain ``Shard`` has k = 1, so repeated ``Shard(d)`` is mesh order. Accepts ours and
+    torch's placement objects (anything with ``.dim``, ``.split_factor`` optional)."""
+    order: dict[int, list[int]] = {}
+    for mesh_dim in reversed(range(len(placements))):
+        placement = placements[mesh_dim]
+        if not hasattr(placement, "dim") or not callable(getattr(placement, "is_shard", None)):
+            continue
+        mesh_dims = order.setdefault(placement.dim, [])
+        wanted = getattr(placement, "split_factor", 1)
+        earlier = 1
+        for position in range(len(mesh_dims) + 1):
+            if earlier == wanted:
+                mesh_dims.insert(position, mesh_dim)
+                break
+            if position < len(mesh_dims):
+                earlier *= mesh.shape[mesh_dims[position]]
+        else:
+            raise PlacementError(
+                "placements",
+                tuple(placements),
+                f"{placement!r} on mesh dim {mesh_dim}: split factor {wanted} is no product of the sizes of the "
+                f"mesh dims splitting tensor dim {placement.dim} after it",
+                "use the split factors Layout.placements (torch's DTensorSpec) gives, or the alias form",
+            )
+    return tuple((dim, tuple(order[dim])) for dim in sorted(order))
 
 
 def _exact_ints(dim_axes: tuple[tuple[Any, ...], ...]) -> bool:
@@ -894,7 +931,7 @@ def _torch_form_to_tables(
                 f"use a Shard dim in [{-ndim}, {ndim})",
             )
     if shard_order is None:
-        _check_repeated_shards(mesh, placements, ndim)
+        shard_order = split_order_from_factors(mesh, placements)
     dim_axes: list[tuple[int, ...]] = [() for _ in range(ndim)]
     for dim, axes in _shard_order_of(placements, shard_order):
         if dim_axes[dim % ndim]:

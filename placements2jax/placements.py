@@ -23,6 +23,7 @@ from .errors import ArgumentTypeError, PlacementError
 __all__ = [
     "Placement",
     "Shard",
+    "StridedShard",
     "Replicate",
     "Partial",
     "ReduceOp",
@@ -79,6 +80,31 @@ class Shard(Placement):
 
     def __str__(self) -> str:
         return f"S({self.dim})"
+
+
+@dataclass(frozen=True, slots=True)
+class StridedShard(Shard):
+    """Torch's ``_StridedShard``: tensor dim ``dim`` is split over this mesh dim as part of
+    a split by several mesh dims *out of mesh order*. ``split_factor`` is the product of
+    the sizes of the mesh dims that split the dim before (major to) this one but stand
+    later in the mesh; repeated plain ``Shard(dim)`` splits in mesh order. This is what
+    :attr:`Layout.placements` returns for such layouts, as torch 2.13 does, and what every
+    torch-form input accepts back as a value. ``str()`` is torch's ``_S(0, 2)``; placement
+    text does not parse it (the text of such a layout is its alias form, ``(tp,dp),None``).
+    """
+
+    split_factor: int = 1
+
+    def __post_init__(self) -> None:
+        Shard.__post_init__(self)
+        if isinstance(self.split_factor, bool) or not isinstance(self.split_factor, int) or self.split_factor < 1:
+            raise ArgumentTypeError(
+                "StridedShard.split_factor", self.split_factor, "must be a positive int",
+                "pass e.g. StridedShard(0, split_factor=2)",
+            )
+
+    def __str__(self) -> str:
+        return f"_S({self.dim}, {self.split_factor})"
 
 
 @dataclass(frozen=True, slots=True)

@@ -98,7 +98,7 @@ def test_metadata_records_mesh_and_torch_placements(tmp_path) -> None:
     w = meta["leaves"]["w"]
     assert w["placements"] == "P(max),S(1)" and w["mesh"] == {"shape": [4, 2], "axis_names": ["dp", "tp"], "ranks": list(range(8))}
     assert w["shape"] == [11, 7] and w["dtype"] == "float32"
-    assert meta["leaves"]["v"]["placements"] is None and meta["leaves"]["v"]["alias"] == [["tp", "dp"], "None"]
+    assert meta["leaves"]["v"]["placements"] == "_S(0, 2),S(0)" and meta["leaves"]["v"]["alias"] == [["tp", "dp"], "None"]
     done = subprocess.run([sys.executable, "-m", "placements2jax", "explain", "--checkpoint", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

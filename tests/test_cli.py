@@ -41,7 +41,7 @@ def test_explain_text(capsys: pytest.CaptureFixture[str]) -> None:
 def test_explain_alias_form_uneven(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "explain", "--mesh", "dp=4,tp=2", "--shape", "10,3", "--placements", "(tp,dp),None")
     assert code == 0
-    assert "placements     (none: torch needs _StridedShard for this split order)" in out
+    assert "placements     _S(0, 2),S(0)" in out  # torch's _StridedShard encoding of the order
     assert "tensor_map     ((0, 1), -1)   partial (None, None)" in out
     assert "PartitionSpec  P(('tp', 'dp'), None)" in out
     assert "even           no (padded physical shape (16, 3))" in out

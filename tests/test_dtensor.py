@@ -190,7 +190,7 @@ def test_from_local_errors():
 def test_distribute_errors():
     mesh = _mesh((4, 2))
     with pytest.raises(PlacementError, match="the placements form cannot shard one tensor dim twice"):
-        distribute_tensor(np.ones((8, 2)), mesh, (Shard(0), Shard(0)))
+        distribute_tensor(np.ones((8, 2)), mesh, "S(0),S(0)")
     with pytest.raises(PlacementError, match="2 placements"):
         distribute_tensor(np.ones((8, 2)), _mesh((8,)), (Shard(0), Shard(1)))
     with pytest.raises(LayoutError, match="unknown mesh axis 'x'"):
@@ -313,3 +313,47 @@ def test_repeated_calls_through_the_front_caches_give_the_same_results():
     for _ in range(2):
         with pytest.raises(PlacementError):
             plain.redistribute(mesh, (Partial(), Shard(0)))
+
+
+# -- issue 16: every layout is readable and writable back through the public API ----------
+
+
+@pytest.mark.parametrize("alias", [(("dp", "tp"), None), (("tp", "dp"), None), (None, ("tp", "dp")), ("tp", "dp")])
+def test_placements_of_every_layout_are_accepted_back(alias):
+    """``.placements`` is torch 2.13's form (repeated Shard in mesh order, StridedShard
+    for other orders); distribute_tensor, redistribute and from_local take it back, and
+    the alias form (``.layout``) too, with the same blocks on every rank."""
+    from placements2jax import StridedShard
+
+    mesh = init_device_mesh((4, 2), ("dp", "tp"))
+    x = np.arange(64 * 16, dtype=np.float32).reshape(64, 16)
+    y = distribute_tensor(x, mesh, alias)
+    placements = y.placements
+    assert all(isinstance(p, (Shard, Replicate)) for p in placements)
+    if alias == (("tp", "dp"), None):
+        assert placements == (StridedShard(0, split_factor=2), Shard(0))
+    for again in (
+        distribute_tensor(x, mesh, placements),
+        distribute_tensor(x, mesh, y.layout),
+        y.redistribute(mesh, placements),
+        distribute_tensor(x, mesh, "R,R").redistribute(mesh, placements),
+        DTensor.from_local([y.to_local(r) for r in mesh.rank_list], mesh, placements),
+    ):
+        assert again.layout is y.layout and again.placements == placements
+        for rank in range(8):
+            np.testing.assert_array_equal(np.asarray(again.to_local(rank)), x[y.layout.local_slices(x.shape, rank)])
+
+
+def test_products_of_partials_have_placements_torch_writes():
+    """``P,R * P,R`` on 4 x 2 used to give a result split over tp then dp whose
+    ``.placements`` raised; the tie now goes to a mesh-order layout, and its placements
+    give the same DTensor back."""
+    import placements2jax.operators  # noqa: F401  (installs the operators)
+
+    mesh = _mesh((4, 2))
+    a = np.arange(64 * 64, dtype=np.float32).reshape(64, 64) / 1000
+    pa = distribute_tensor(a, mesh, "R,R").redistribute(placements="P,R")
+    for out, expected in ((pa * pa, a * a), (pa.max(axis=0), a.max(axis=0))):
+        back = distribute_tensor(np.asarray(out.full_tensor()), mesh, out.placements)
+        assert back.layout is out.layout
+        np.testing.assert_allclose(np.asarray(out.full_tensor()), expected, rtol=1e-5)

@@ -202,3 +202,63 @@ def test_constants_are_replicated_inputs(mesh: Any) -> None:
     assert texts(infer_signature("add", [np.ones((16,), np.float32), x]).out_layouts) == ["S(0),S(1)"]
     with pytest.raises(InferenceError, match="no mesh"):
         infer_signature("add", [1.0, 2.0])
+
+
+# -- issue 16: results the torch form can write, the pending partial charge ----------------------
+
+
+@pytest.mark.parametrize(
+    ("op", "inputs", "params"),
+    [
+        ("mul", ("P,R", "P,R"), {}),
+        ("div", ("R,R", "P,R"), {}),
+        ("exp", ("P,R",), {}),
+        ("max", ("P,R",), {"axis": 0}),
+    ],
+)
+def test_cost_ties_prefer_layouts_split_in_mesh_order(op: str, inputs: tuple[str, ...], params: dict) -> None:
+    """On 4 x 2 these used to split dim 0 over tp then dp (a StridedShard layout) at the
+    same cost as a mesh-order layout; cost ties now prefer what torch writes with plain
+    Shards. Where the out-of-order layout is strictly cheaper (max: its output is split
+    over both mesh dims, no P(max) left) it stays chosen, and its placements (with
+    StridedShard) give it back."""
+    mesh = init_device_mesh((4, 2), ("dp", "tp"))
+    specs = [((64, 64), F32, L(mesh, p)) for p in inputs]
+    signature = infer_signature(op, specs, **params)
+    chosen = signature.chosen
+    best = chosen.cost + chosen.pending
+    in_order = [c for c in signature.candidates if not c.strided and c.cost + c.pending == best]
+    assert not in_order or not chosen.strided
+    for x in chosen.in_layouts + chosen.out_layouts:
+        assert Layout.from_device_mesh(mesh)(x.placements).bind(x.ndim) is x
+    assert (op == "max") == bool(chosen.strided)
+
+
+def test_a_partial_made_from_a_sharded_input_is_charged_its_reduction() -> None:
+    """P + S(0) on (8,): turning S(0) into a partial (all-gather, 448 B) leaves the sum's
+    reduction owed (>= 448 B more); reduce-scattering P to S(0) once (448 B) is cheaper,
+    as torch does. P + R still continues the partial (R -> P is free)."""
+    mesh = init_device_mesh((8,), ("x",))
+    p, s = ((8, 16), F32, L(mesh, "P")), ((8, 16), F32, L(mesh, "S(0)"))
+    signature = infer_signature("add", [p, s])
+    assert texts(signature.in_layouts) == ["S(0)", "S(0)"] and texts(signature.out_layouts) == ["S(0)"]
+    assert signature.chosen.cost == 448
+    assert [step.collective for step in signature.chosen.plans[0].steps] == ["reduce-scatter"]
+    keep = next(c for c in signature.candidates if texts(c.out_layouts) == ["P"])
+    assert keep.cost == 448 and keep.pending == 448
+    assert texts(infer_signature("add", [p, ((8, 16), F32, L(mesh, "R"))]).out_layouts) == ["P"]
+    assert texts(infer_signature("add", [p, 1.0]).out_layouts) == ["P"]
+
+
+def test_p_plus_s_runs_as_one_reduce_scatter() -> None:
+    from placements2jax import distribute_tensor
+
+    mesh = init_device_mesh((8,), ("x",))
+    a = np.arange(128, dtype=np.float32).reshape(8, 16)
+    b = np.ones((8, 16), np.float32)
+    pa = distribute_tensor(a, mesh, "R").redistribute(placements="P")
+    sb = distribute_tensor(b, mesh, "S(0)")
+    out = pa + sb
+    assert str(out.layout) == "S(0)"
+    for rank in range(8):
+        np.testing.assert_allclose(np.asarray(out.to_local(rank)), (a + b)[rank : rank + 1], rtol=1e-6)

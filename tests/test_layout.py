@@ -32,7 +32,7 @@ from placements2jax import (
     resolve_layout,
 )
 from placements2jax.layout import iter_layouts
-from placements2jax.placements import REDUCE_OPS
+from placements2jax.placements import REDUCE_OPS, StridedShard
 
 Block = tuple[tuple[int, int], ...]
 
@@ -183,12 +183,10 @@ def test_rfc_torch_forms_of_alias_rows(mesh4x2: DeviceMesh) -> None:
     assert str(layout) == "(dp,tp),None"
     strided = Layout.from_device_mesh(mesh4x2)((("tp", "dp"), None))
     assert str(strided) == "(tp,dp),None"
-    with pytest.raises(
-        LayoutError,
-        match=r"tensor dim 0 is split by \('tp', 'dp'\) in an order torch's placements cannot say "
-        r"\(torch needs _StridedShard for it\)\. Fix: use the alias form",
-    ):
-        strided.placements  # noqa: B018
+    # torch 2.13's encoding of the other order: _StridedShard on dp with tp's size as split factor
+    assert strided.placements == (StridedShard(0, split_factor=2), Shard(0))
+    assert Layout.from_device_mesh(mesh4x2)(strided.placements).bind(2) is strided
+    assert Layout.from_device_mesh(mesh4x2)(layout.placements).bind(2) is layout
 
 
 # -- the RFC's two sub-mesh examples -------------------------------------------------------------------
@@ -454,19 +452,17 @@ def test_round_trips(layout: Layout) -> None:
         assert from_spec == layout
     else:
         assert from_spec == Layout(mesh, layout.dim_axes)
-    # torch placements -> layout, when torch can say it
-    if all(list(axes) == sorted(axes) for axes in layout.dim_axes):
-        placements = layout.placements
-        if all(len(axes) <= 1 for axes in layout.dim_axes):
-            assert Layout.from_device_mesh(mesh)(placements).bind(layout.ndim) == layout
-            assert Layout.from_device_mesh(mesh)(str(layout)).bind(layout.ndim) == layout
-        else:
-            # the RFC's constraint: one tensor dim sharded twice needs the alias form
-            with pytest.raises(PlacementError, match=r"the placements form cannot shard one tensor dim twice"):
-                Layout.from_device_mesh(mesh)(placements)
-    else:
-        with pytest.raises(LayoutError, match="_StridedShard"):
-            layout.placements  # noqa: B018
+    # torch placements -> layout, for every layout: repeated Shard(d) for a dim split in mesh
+    # order, StridedShard (torch's _StridedShard) for other orders. Torch cannot say where a
+    # size-1 mesh dim stands in a split order, so those come back in mesh order (same blocks).
+    back = Layout.from_device_mesh(mesh)(layout.placements).bind(layout.ndim)
+    assert back.placements == layout.placements and back.partial == layout.partial
+    real = [tuple(m for m in axes if mesh.shape[m] > 1) for axes in layout.dim_axes]
+    assert [tuple(m for m in axes if mesh.shape[m] > 1) for axes in back.dim_axes] == real
+    if all(mesh.shape[m] > 1 for axes in layout.dim_axes for m in axes):
+        assert back is layout
+    if all(len(axes) <= 1 for axes in layout.dim_axes):
+        assert Layout.from_device_mesh(mesh)(str(layout)).bind(layout.ndim) == layout
 
 
 # -- the exhaustive check against JAX --------------------------------------------------------------------------------------
@@ -501,17 +497,23 @@ def test_partition_spec_places_the_torch_blocks(mesh_shape: tuple[int, ...]) -> 
                 assert {b[d][1] - b[d][0] for b in expected.values()} == {n // int(np.prod(layout.pieces(d)))}
             if layout.has_partial:
                 assert layout.named_sharding.spec == spec and spec.unreduced
-        # torch form: exactly the layouts that shard each tensor dim at most once
-        single = {layout for layout in layouts_ if all(len(axes) <= 1 for axes in layout.dim_axes)}
+        # torch form (Shard / Replicate / Partial, as torch): exactly the layouts that split
+        # each tensor dim in mesh order (a repeated Shard(d) splits in mesh order); a dim
+        # written two ways (S(-1) and S(1)) is refused
+        in_order = {layout for layout in layouts_ if all(list(axes) == sorted(axes) for axes in layout.dim_axes)}
         from_torch = set()
         for placements in _torch_forms(mesh, ndim):
-            dims = [p.dim % ndim for p in placements if isinstance(p, Shard)]
-            if len(dims) != len(set(dims)):
-                with pytest.raises(PlacementError, match=r"appears on mesh axes .* Fix: use the alias form"):
+            dims = [p.dim for p in placements if isinstance(p, Shard)]
+            if len({d % ndim for d in dims}) != len(set(dims)):
+                with pytest.raises(PlacementError, match=r"are the same dim"):
                     Layout.from_device_mesh(mesh)(placements).bind(ndim)
                 continue
             from_torch.add(Layout.from_device_mesh(mesh)(placements).bind(ndim))
-        assert from_torch == single
+        assert from_torch == in_order
+        # every layout's placements (StridedShard for other orders) give its blocks back
+        for layout in layouts_:
+            back = Layout.from_device_mesh(mesh)(layout.placements).bind(ndim)
+            assert all(back.local_slices(shape, r) == layout.local_slices(shape, r) for r in mesh.rank_list)
 
 
 # -- uneven local shapes and offsets ---------------------------------------------------------------------------------------
@@ -584,26 +586,31 @@ L = Layout.from_device_mesh(MESH)
 
 LAYOUT_ERRORS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     (
-        "torch form: Shard(0) on two mesh dims",
-        lambda: L((Shard(0), Shard(0))),
+        "torch form text: S(0) on two mesh dims",
+        lambda: L("S(0),S(0)"),
         PlacementError,
         r"placements=\(Shard\(dim=0\), Shard\(dim=0\)\): Shard\(0\) appears on mesh axes 'dp' \(mesh dim 0\) and "
         r"'tp' \(mesh dim 1\); the placements form cannot shard one tensor dim twice\. "
-        r"Fix: use the alias form, e.g\. \(\('dp', 'tp'\),\)",
+        r"Fix: use the alias form, e.g\. \(dp,tp\)",
     ),
     (
-        "torch form: Shard(1) twice on a 3-d mesh",
-        lambda: Layout.from_device_mesh(MESH3)((Shard(1), Replicate(), Shard(1))).bind(3),
+        "torch form text: S(1) twice on a 3-d mesh",
+        lambda: Layout.from_device_mesh(MESH3)("S(1),R,S(1)").bind(3),
         PlacementError,
         r"Shard\(1\) appears on mesh axes 'pp' \(mesh dim 0\) and 'tp' \(mesh dim 2\).*"
-        r"Fix: use the alias form, e.g\. \('None', \('pp', 'tp'\)\)",
+        r"Fix: use the alias form, e.g\. None,\(pp,tp\)",
     ),
     (
         "torch form: the same dim twice, once negative",
         lambda: L((Shard(-1), Shard(1))).bind(2),
         PlacementError,
-        r"Shard\(1\) appears on mesh axes 'dp' \(mesh dim 0\) and 'tp' \(mesh dim 1\).*"
-        r"Fix: use the alias form, e.g\. \('None', \('dp', 'tp'\)\)",
+        r"Shard\(1\) and Shard\(-1\) are the same dim of a 2-d tensor",
+    ),
+    (
+        "torch form: a split factor no order gives",
+        lambda: L((StridedShard(0, split_factor=3), Shard(0))).bind(2),
+        PlacementError,
+        r"split factor 3 is no product of the sizes of the mesh dims splitting tensor dim 0 after it",
     ),
     (
         "alias form: one axis on two dims",
@@ -868,20 +875,22 @@ def test_errors(case: str, call: Callable[[], Any], error: type[Exception], mess
 
 
 def test_torch_form_checks_repeats_before_ndim_is_known() -> None:
-    # Repeated non-negative dims are refused at once, before bind().
-    with pytest.raises(PlacementError, match=r"Fix: use the alias form, e\.g\. \('None', \('dp', 'tp'\)\)"):
-        L((Shard(1), Shard(1)))
+    # Repeated non-negative dims in text are refused at once, before bind().
+    with pytest.raises(PlacementError, match=r"Fix: use the alias form, e\.g\. None,\(dp,tp\)"):
+        L("S(1),S(1)")
     # S(-1) and S(1) may be different dims until ndim is known (e.g. a 3-d tensor).
     assert L((Shard(-1), Shard(1))).bind(3).tensor_map == (-1, 0, 1)
-    # Repeated negative dims are refused at once too, with the alias form counted from the end.
+    # Repeated negative dims in text are refused at once too, with the alias form counted from the end.
     with pytest.raises(
         PlacementError,
         match=r"Shard\(-1\) appears on mesh axes 'dp' \(mesh dim 0\) and 'tp' \(mesh dim 1\).*"
-        r"Fix: use the alias form, e\.g\. \(\('dp', 'tp'\),\)",
+        r"Fix: use the alias form, e\.g\. \(dp,tp\)",
     ):
-        L((Shard(-1), Shard(-1)))
-    with pytest.raises(PlacementError, match=r"Fix: use the alias form, e\.g\. \(\('dp', 'tp'\), 'None'\)"):
-        Layout.from_device_mesh(MESH3)((Replicate(), Shard(-2), Shard(-2)))
+        L("S(-1),S(-1)")
+    # As values, torch's meaning: split in mesh order.
+    assert L((Shard(-1), Shard(-1))).bind(2).alias_map == ("None", ("dp", "tp"))
+    with pytest.raises(PlacementError, match=r"Fix: use the alias form, e\.g\. \(dp,tp\),None"):
+        Layout.from_device_mesh(MESH3)("R,S(-2),S(-2)")
 
 
 # -- torch's shard order (repeated Shard, split order), strings in either form -----------------
@@ -905,8 +914,8 @@ def test_shard_order_call_other_order(mesh4x2: DeviceMesh) -> None:
     assert layout.shard_order == ((-1, (1, 0)),)
     assert layout.bind(3).alias_map == ("None", "None", ("tp", "dp"))
     assert eval(repr(layout)) == layout  # noqa: S307
-    with pytest.raises(LayoutError, match="_StridedShard"):
-        layout.placements  # noqa: B018
+    assert layout.placements == (StridedShard(-1, split_factor=2), Shard(-1))  # torch's _StridedShard encoding
+    assert L(layout.placements).bind(3) is layout.bind(3)
     assert layout != Layout.from_device_mesh(mesh4x2)((Shard(-1), Shard(-1)), shard_order={})
 
 
@@ -1022,8 +1031,8 @@ def test_text_partial_clause_errors(mesh4x2: DeviceMesh) -> None:
 def test_repeated_shard_hint_follows_the_input_form(mesh4x2: DeviceMesh) -> None:
     with pytest.raises(PlacementError, match=r"Fix: use the alias form, e\.g\. \(dp,tp\)$"):
         Layout.from_device_mesh(mesh4x2)("S(0),S(0)")
-    with pytest.raises(PlacementError, match=r"Fix: use the alias form, e\.g\. \(\('dp', 'tp'\),\)$"):
-        Layout.from_device_mesh(mesh4x2)((Shard(0), Shard(0)))
+    # values mean what torch's do (mesh order), as Layout.placements returns them
+    assert resolve_layout(mesh4x2, (Shard(0), Shard(0)), 1).alias_map == (("dp", "tp"),)
 
 
 def test_replicated_and_without_partial_live_on_the_value(mesh4x2: DeviceMesh) -> None:

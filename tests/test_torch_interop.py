@@ -21,7 +21,9 @@ from torch.distributed.tensor._dtensor_spec import DTensorSpec, ShardOrderEntry 
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # noqa: E402
 from torch.distributed.tensor.placement_types import _StridedShard  # noqa: E402
 
-from placements2jax import DeviceMesh, Layout, Partial, Replicate, Shard, init_device_mesh, resolve_layout  # noqa: E402
+from placements2jax import (  # noqa: E402
+    DeviceMesh, Layout, Partial, Replicate, Shard, StridedShard, init_device_mesh, resolve_layout,
+)
 from placements2jax.errors import ArgumentTypeError, LayoutError, PlacementError  # noqa: E402
 from placements2jax.interop.torch import (  # noqa: E402
     check_torch_equivalent,
@@ -166,8 +168,8 @@ def test_strided_shard_is_the_reversed_order() -> None:
     assert layout.alias_map == (("tp", "dp"), "None")
     assert layout.tensor_map == ((0, 1), -1)
     assert to_torch_placements(layout) == (_StridedShard(0, split_factor=2), TShard(0))
-    with pytest.raises(LayoutError, match="_StridedShard"):
-        layout.placements  # noqa: B018
+    assert layout.placements == (StridedShard(0, split_factor=2), Shard(0))  # ours, torch's encoding
+    assert resolve_layout(mesh, layout.placements, 2) is layout
 
 
 def test_strided_shard_uneven_difference_is_caught() -> None:

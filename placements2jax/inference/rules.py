@@ -181,24 +181,83 @@ def transpose(ins: Avals, outs: Avals, *, permutation: Sequence[int]) -> list[On
 
 
 def reshape(ins: Avals, outs: Avals) -> list[OneDSig]:
-    """Reshape (and squeeze) from the shapes alone. A split of input dim ``d`` stays a
-    split of output dim ``e`` when both start at the same flat offset (the products of
-    the dims before them are equal), so each chunk is one contiguous range of every
-    leading block in both shapes: ``d`` is the leading (non-1) dim of its merged/split
-    group and ``e`` that of its group. If the two extents differ (a merge or a split)
-    the chunk ranges coincide only for even splits, which the signature requires."""
-    a, b = ins[0].shape, outs[0].shape
-    sigs = []
-    for d, n in enumerate(a):
-        if n <= 1:
-            continue
-        before = math.prod(a[:d])
-        for e, m in enumerate(b):
-            if m > 1 and math.prod(b[:e]) == before:
-                even = frozenset() if n == m else frozenset({(0, d), (1, e)})
-                sigs.append(OneDSig((Shard(d),), (Shard(e),), even))
-                break
+    """Reshape (and squeeze) from the shapes alone. The dims fall into groups (the fewest
+    consecutive input and output dims with equal products). Within a group, a split of
+    input dim ``d`` stays a split of output dim ``e`` of the same group when the splits
+    of the group, read as one sequence of mesh dims over its flat extent (dim by dim,
+    major first), are the same on both sides and nest into contiguous chunks: every dim
+    before the last split one is split whole (one element per rank). So a split of the
+    leading dim of a group passes (uneven only if it keeps its extent), and merging or
+    splitting dims already split over several mesh dims (``4x8x16 S(0),S(1) -> 32x16`` on
+    4 x 2, ``32x16 (dp,tp),None -> 4x8x16``) moves no data. A split of a later dim of a
+    merged group alone (``8x16 S(1) -> 128``) would be torch's strided shard, which a
+    layout cannot hold: it is moved. Partials pass."""
+    check = _ReshapeCheck(tuple(ins[0].shape), tuple(outs[0].shape))
+    sigs = [
+        OneDSig((Shard(d),), (Shard(e),), joint=check)
+        for group_in, group_out in check.groups
+        for d in group_in
+        for e in group_out
+    ]
     return sigs + partial_sigs("identity", 1)
+
+
+class _ReshapeCheck:
+    """The joint condition of :func:`reshape` on an N-D candidate's tables (see there)."""
+
+    def __init__(self, a: tuple[int, ...], b: tuple[int, ...]) -> None:
+        self.a, self.b = a, b
+        self.groups = _reshape_groups(a, b)
+
+    def __call__(self, tables: Sequence[Any], mesh_shape: tuple[int, ...]) -> bool:
+        (in_axes, _), (out_axes, _) = tables[0], tables[1]
+        for group_in, group_out in self.groups:
+            in_seq = [m for d in group_in for m in in_axes[d]]
+            if in_seq != [m for e in group_out for m in out_axes[e]]:
+                return False
+            if not in_seq:
+                continue
+            same = len(group_in) == len(group_out) == 1 and self.a[group_in[0]] == self.b[group_out[0]]
+            for shape, axes, group in ((self.a, in_axes, group_in), (self.b, out_axes, group_out)):
+                if not _nests(shape, axes, group, mesh_shape, even=not same):
+                    return False
+        return True
+
+
+def _reshape_groups(a: tuple[int, ...], b: tuple[int, ...]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """The non-1 dims of ``a`` and ``b`` in groups of equal products (empty for empty shapes)."""
+    if math.prod(a) == 0:
+        return []
+    groups, i, j = [], 0, 0
+    big_a = [d for d in range(len(a)) if a[d] > 1]
+    big_b = [e for e in range(len(b)) if b[e] > 1]
+    while i < len(big_a) and j < len(big_b):
+        group_a, group_b = [big_a[i]], [big_b[j]]
+        pa, pb = a[big_a[i]], b[big_b[j]]
+        i, j = i + 1, j + 1
+        while pa != pb:
+            if pa < pb:
+                group_a.append(big_a[i])
+                pa *= a[big_a[i]]
+                i += 1
+            else:
+                group_b.append(big_b[j])
+                pb *= b[big_b[j]]
+                j += 1
+        groups.append((tuple(group_a), tuple(group_b)))
+    return groups
+
+
+def _nests(shape: tuple[int, ...], axes: Sequence[tuple[int, ...]], group: tuple[int, ...],
+           mesh_shape: tuple[int, ...], *, even: bool) -> bool:
+    """The group's splits chunk its flat extent contiguously: every dim before the last
+    split one is split whole; with ``even``, the last one's split divides it."""
+    split = [d for d in group if axes[d]]
+    last = split[-1]
+    for d in group[: group.index(last)]:
+        if math.prod(mesh_shape[m] for m in axes[d]) != shape[d]:
+            return False
+    return not even or shape[last] % math.prod(mesh_shape[m] for m in axes[last]) == 0
 
 
 def broadcast_in_dim(ins: Avals, outs: Avals, *, broadcast_dimensions: Sequence[int]) -> list[OneDSig]:

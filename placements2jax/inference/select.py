@@ -5,7 +5,7 @@
    split in *nest order* (major first): every order of the mesh dims on meshes of up to
    3 dims, else mesh order plus the orders implied by the input and constraint layouts
    (a valid signature stays valid under any nest order: it is the same signature on a
-   transposed mesh). Ties prefer mesh order, which torch's placements can say.
+   transposed mesh). Ties prefer mesh order, which torch's placements say with plain Shards.
 2. Filters: a split must have at least as many elements as pieces at its step, using the
    current local extent as torch.chunk nests (``ceil`` of the previous steps); splits a
    1-D signature marks ``even`` must be exact; a tensor may not mix partial reduce ops;
@@ -13,7 +13,8 @@
 3. Ranking (:meth:`Candidate.rank_key`): candidates needing no redistribution of any input
    first (OneFlow's order value), then lower cost (the planner's cost of every input's
    redistribution) plus the pending reduction of partials the op creates
-   (:func:`pending_reduction`), then keeping earlier inputs unchanged, then smaller
+   (:func:`pending_reduction`), then layouts split in mesh order (what torch writes
+   without ``_StridedShard``), then keeping earlier inputs unchanged, then smaller
    per-device output blocks, then a structural key of the layouts (splits of lower dims,
    then Replicate, then Partial): a total order, so the result never depends on the
    order candidates were generated in.
@@ -33,7 +34,8 @@ from typing import Any
 import jax
 
 from ..caches import cached
-from ..errors import ArgumentTypeError, InferenceError
+from ..errors import ArgumentTypeError, InferenceError, MissingDependencyError
+from ..foreign import dispatcher
 from ..layout import Layout, MeshPlacements
 from ..mesh import DeviceMesh
 from ..placements import Partial, Placement, Replicate, Shard
@@ -57,7 +59,9 @@ from .signature import (
     as_tensor_specs,
 )
 
-__all__ = ["infer_signature", "nest_orders", "pending_reduction", "rank_candidates", "signature_for"]
+__all__ = [
+    "continued_partials", "infer_signature", "nest_orders", "pending_reduction", "rank_candidates", "signature_for"
+]
 
 Constraint = tuple[Layout | None, ...] | None
 _ALL_ORDERS_UP_TO = 3
@@ -72,9 +76,15 @@ def infer_signature(
     out_layouts: Any = None,
     in_layouts: Any = None,
     cost_model: CostModelLike = None,
+    search: str | None = None,
     **params: Any,
 ) -> Signature:
     """The signature of named op ``op`` (e.g. ``"matmul"``, ``"sum"``) on ``inputs``.
+
+    ``search="torch"`` gives torch 2.13's dispatcher's choice instead (asked of torch's
+    own sharding propagation: needs torch installed; see
+    :mod:`placements2jax.interop.torch_dispatch`), as a signature with that one candidate
+    costed by our planner; the default (None) is the cost-optimal choice described here.
 
     ``inputs``: a list of ``(shape, dtype, layout)`` tuples or DTensor-like objects (with
     ``.shape``, ``.dtype``, ``.layout``); ``mesh`` defaults to theirs. ``params`` are the
@@ -87,6 +97,13 @@ def infer_signature(
     specs, mesh = _as_specs(inputs, mesh)
     frozen = freeze(params)
     out_avals = _out_avals(definition.name, frozen, tuple(s.aval for s in specs))
+    if search is not None:
+        if search != "torch" or out_layouts is not None or in_layouts is not None:
+            raise ArgumentTypeError(
+                "search", search, "infer_signature's only other search is 'torch', without constraints",
+                "pass search=None (the default) or search='torch' without out_layouts= / in_layouts=",
+            )
+        return _torch_signature(op, frozen, specs, out_avals, resolve_cost_model(cost_model), mesh)
     return _infer(
         ("op", op),
         frozen,
@@ -97,6 +114,23 @@ def infer_signature(
         resolve_cost_model(cost_model),
         mesh,
     )
+
+
+@cached(maxsize=4096)
+def _torch_signature(
+    op: str, params: Any, specs: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...], cost_model: CostModel,
+    mesh: DeviceMesh,
+) -> Signature:
+    choose = dispatcher("torch")
+    if choose is None:
+        raise MissingDependencyError(
+            "search", "torch", "torch is not installed", "install the torch extra: pip install 'placements2jax[torch]'"
+        )
+    ins, outs = choose(op, dict(params), specs, out_avals, mesh)
+    plans = tuple(cached_plan(s.shape, s.dtype, s.layout, layout, cost_model) for s, layout in zip(specs, ins))
+    pending = pending_reduction(out_avals, outs, continued_partials(specs, ins), cost_model)
+    candidate = Candidate(ins, outs, plans, (), tuple(range(mesh.ndim)), out_avals, pending)
+    return Signature(op, specs, (candidate,))
 
 
 def signature_for(
@@ -233,7 +267,7 @@ def rank_candidates(
     for order in orders:
         for combo in itertools.product(sigs, repeat=mesh.ndim):
             tables = _tables(combo, order, avals, mesh.shape)
-            if tables is None:
+            if tables is None or any(s.joint is not None and not s.joint(tables, mesh.shape) for s in combo):
                 continue
             for table in tables:
                 if table not in layout_cache:
@@ -245,19 +279,28 @@ def rank_candidates(
             if layouts not in found or key < found[layouts][0]:
                 found[layouts] = (key, combo, order)
     candidates = []
-    given_partial = {m for s in specs for m in s.layout.partial_axes}
     for layouts, (_, combo, order) in found.items():
         plans = tuple(cached_plan(s.shape, s.dtype, s.layout, layout, cost_model) for s, layout in zip(specs, layouts))
-        pending = pending_reduction(out_avals, layouts[n_in:], given_partial, cost_model)
+        pending = pending_reduction(out_avals, layouts[n_in:], continued_partials(specs, layouts), cost_model)
         candidates.append(Candidate(layouts[:n_in], layouts[n_in:], plans, combo, order, tuple(out_avals), pending))
     return sorted(candidates, key=Candidate.rank_key)
+
+
+def continued_partials(specs: Sequence[TensorSpec], in_layouts: Sequence[Layout]) -> set[int]:
+    """The mesh dims on which an op run with ``in_layouts`` continues a given partial: some
+    input stays partial there and no input is turned into a partial there (``P + S(0)``
+    made ``P + P`` still owes the result's reduction: torch reduce-scatters ``P`` instead)."""
+    kept = {m for s, layout in zip(specs, in_layouts) for m in layout.partial_axes if s.layout.partial[m]}
+    made = {m for s, layout in zip(specs, in_layouts) for m in layout.partial_axes if not s.layout.partial[m]}
+    return kept - made
 
 
 def pending_reduction(
     out_avals: Sequence[Aval], out_layouts: Sequence[Layout], given_partial: set[int], cost_model: CostModel
 ) -> Fraction:
-    """The look-ahead charge of new partials: for every output partial on a mesh dim no
-    given input was partial on, the cheapest way to resolve it later (a reduce-scatter of
+    """The look-ahead charge of new partials: for every output partial on a mesh dim not
+    in ``given_partial`` (the mesh dims the op continues a partial on, see
+    :func:`continued_partials`), the cheapest way to resolve it later (a reduce-scatter of
     the output's block on that mesh dim, weighted). Without it, a greedy choice would pay
     a little now to create a partial that costs much more to reduce later (e.g. contract
     a matmul over an extra mesh dim). Continuing a partial through a linear op is free."""

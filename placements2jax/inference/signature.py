@@ -358,6 +358,10 @@ class OneDSig:
     inputs: tuple[Placement, ...]
     outputs: tuple[Placement, ...]
     even: frozenset[tuple[int, int]] = field(default=frozenset())
+    # A condition on the whole N-D candidate (e.g. reshape: splits of merged dims must
+    # nest alike on both sides): called with the per-tensor (dim_axes, partial) tables and
+    # the mesh shape; a candidate using this signature on any mesh dim must satisfy it.
+    joint: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
@@ -477,12 +481,21 @@ class Candidate:
         lower tensor dims first, then Replicate, then Partial; then the nest order."""
         return tuple(_layout_key(layout) for layout in self.in_layouts + self.out_layouts)
 
+    @property
+    def strided(self) -> int:
+        """How many of the layouts split a dim out of mesh order (torch writes those with
+        ``_StridedShard``): cost ties prefer fewer."""
+        return sum(any(list(a) != sorted(a) for a in x.dim_axes) for x in self.in_layouts + self.out_layouts)
+
     def rank_key(self) -> tuple[Any, ...]:
         """The selection order (see docs/inference.md): candidates needing no
         redistribution of any input first (OneFlow's order value), then lower cost plus
-        pending reductions, then keeping earlier inputs unchanged, then smaller output
-        blocks, then layout_key."""
-        return (any(self.redistributed), self.cost + self.pending, self.redistributed, self.out_bytes, self.layout_key)
+        pending reductions, then layouts split in mesh order (fewer ``strided``), then
+        keeping earlier inputs unchanged, then smaller output blocks, then layout_key."""
+        return (
+            any(self.redistributed), self.cost + self.pending, self.strided, self.redistributed, self.out_bytes,
+            self.layout_key,
+        )
 
     def __str__(self) -> str:
         ins = " ; ".join(str(x) for x in self.in_layouts)

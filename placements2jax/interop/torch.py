@@ -31,7 +31,6 @@ a torch mesh without any process group when none is initialized (torch's private
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,9 +45,9 @@ from torch.distributed.tensor.placement_types import Placement as TorchPlacement
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from ..errors import ArgumentTypeError, LayoutError, PlacementError
-from ..layout import Layout, MeshPlacements
+from ..layout import Layout, MeshPlacements, split_order_from_factors
 from ..mesh import DeviceMesh, as_device_mesh
-from ..placements import REDUCE_OPS, Partial, Placement, Replicate, Shard
+from ..placements import REDUCE_OPS, Partial, Placement, Replicate, Shard, StridedShard
 from ..foreign import register_mesh_converter, register_placements_converter, register_shape_check
 
 __all__ = [
@@ -148,15 +147,18 @@ def to_torch_placements(layout: Layout, global_shape: Sequence[int] | None = Non
             "expected a placements2jax.Layout",
             "build one with resolve_layout(mesh, placements, ndim)",
         )
-    sizes = layout.mesh.shape
-    result: list[TorchPlacement] = [TorchPartial(op) if op else TorchReplicate() for op in layout.partial]
-    for dim, mesh_dims in layout.shard_order:
-        for position, mesh_dim in enumerate(mesh_dims):
-            split_factor = math.prod(sizes[m] for m in mesh_dims[:position] if m > mesh_dim)
-            result[mesh_dim] = TorchShard(dim) if split_factor == 1 else _StridedShard(dim, split_factor=split_factor)
+    result = tuple(_to_torch_placement(p) for p in layout.placements)  # ours carry torch's split factors
     if global_shape is not None:
         check_torch_equivalent(layout.bind(len(global_shape)), global_shape)
-    return tuple(result)
+    return result
+
+
+def _to_torch_placement(placement: Placement) -> TorchPlacement:
+    if isinstance(placement, StridedShard):
+        return _StridedShard(placement.dim, split_factor=placement.split_factor)
+    if isinstance(placement, Shard):
+        return TorchShard(placement.dim)
+    return TorchPartial(placement.reduce_op) if isinstance(placement, Partial) else TorchReplicate()
 
 
 def check_torch_equivalent(layout: Layout, global_shape: Sequence[int]) -> None:
@@ -190,33 +192,10 @@ def check_torch_equivalent(layout: Layout, global_shape: Sequence[int]) -> None:
 
 def _shard_order(mesh: DeviceMesh, placements: Sequence[Any]) -> dict[int, tuple[int, ...]]:
     """Per tensor dim, its mesh dims in split order, decoded from ``_StridedShard`` split
-    factors right to left (torch's ``_maybe_convert_StridedShard_to_shard_order``)."""
-    order: dict[int, list[int]] = {}
+    factors (:func:`placements2jax.layout.split_order_from_factors`)."""
     if len(placements) != mesh.ndim:
         return {}  # the shard_order= call refuses the placements with a clear message
-    for mesh_dim in reversed(range(len(placements))):
-        placement = placements[mesh_dim]
-        if not isinstance(placement, (TorchShard, _StridedShard, Shard)):
-            continue
-        mesh_dims = order.setdefault(placement.dim, [])
-        wanted = placement.split_factor if isinstance(placement, _StridedShard) else 1
-        earlier = 1
-        for position in range(len(mesh_dims) + 1):
-            if earlier == wanted:
-                mesh_dims.insert(position, mesh_dim)
-                break
-            if position < len(mesh_dims):
-                earlier *= mesh.shape[mesh_dims[position]]
-        else:
-            raise PlacementError(
-                "placements",
-                tuple(placements),
-                f"{placement!r} on mesh dim {mesh_dim}: split factor {wanted} is no product of the sizes of the "
-                f"mesh dims splitting tensor dim {placement.dim} after it",
-                "use the split factors torch's DTensorSpec._convert_shard_order_to_StridedShard gives, or the "
-                "alias form",
-            )
-    return {dim: tuple(mesh_dims) for dim, mesh_dims in order.items()}
+    return dict(split_order_from_factors(mesh, placements))
 
 
 def _convert_mesh(value: Any) -> DeviceMesh | None:
