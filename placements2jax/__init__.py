@@ -6,6 +6,7 @@ Data flows one way: DeviceMesh + placements -> Layout (tensor_map) -> jax.shardi
 from .errors import (
     ArgumentTypeError,
     CheckpointError,
+    IndexingError,
     InferenceError,
     LayoutError,
     MeshError,
@@ -32,7 +33,9 @@ from .inference import (
     infer_signature,
     plan_redistribute,
     predict,
+    register_sharding,
     set_default_cost_model,
+    unregister_sharding,
     use_cost_model,
 )
 from .interop.torch_checkpoint import load_torch_checkpoint
@@ -40,6 +43,7 @@ from .layout import Layout
 from .loss import vocab_parallel_cross_entropy
 from .mesh import DeviceMesh, MeshGroup, as_device_mesh, init_device_mesh
 from .operators import apply
+from . import indexing  # installs DTensor.__getitem__ (after the operators it runs on)
 from .parallelize import (
     ParallelStyle,
     colwise,
@@ -73,6 +77,7 @@ __all__ = [
     "CostModel",
     "DTensor",
     "DeviceMesh",
+    "IndexingError",
     "InferenceError",
     "Layout",
     "LayoutError",
@@ -123,6 +128,7 @@ __all__ = [
     "print_layout",
     "rand",
     "read_metadata",
+    "register_sharding",
     "randn",
     "redistribute_collectives",
     "replicate",
@@ -130,6 +136,7 @@ __all__ = [
     "save",
     "sequence",
     "set_default_cost_model",
+    "unregister_sharding",
     "unshard",
     "use_cost_model",
     "visualize",
