@@ -161,6 +161,8 @@ def _is_int(value: Any) -> bool:
 
 def _index_array(entry: Any, key: Any, dim: int, size: int) -> jax.Array:
     """An integer index array (list, NumPy or JAX array), bounds-checked when concrete."""
+    if isinstance(entry, (str, bytes)):
+        raise ArgumentTypeError("key", key, f"{entry!r} is not an index", "index with ints, slices, None, ... or int arrays")
     if isinstance(entry, DTensor):
         raise ArgumentTypeError(
             "key", key, "a DTensor as an index", "index with its full value: x[idx.full_tensor()]"
