@@ -40,9 +40,9 @@ from .inference import (
 )
 from .interop.torch_checkpoint import load_torch_checkpoint
 from .layout import Layout
-from .loss import vocab_parallel_cross_entropy
+from .loss import cross_entropy, loss_parallel, vocab_parallel_cross_entropy
 from .mesh import DeviceMesh, MeshGroup, as_device_mesh, init_device_mesh
-from .operators import apply
+from .operators import apply, implicit_replication
 from . import indexing  # installs DTensor.__getitem__ (after the operators it runs on)
 from .parallelize import (
     ParallelStyle,
@@ -101,6 +101,7 @@ __all__ = [
     "check",
     "clear_caches",
     "colwise",
+    "cross_entropy",
     "distribute_pytree",
     "distribute_tensor",
     "empty",
@@ -110,6 +111,7 @@ __all__ = [
     "fully_shard",
     "fully_shard_layouts",
     "infer_signature",
+    "implicit_replication",
     "init_pytree",
     "init_device_mesh",
     "latest_step",
@@ -117,6 +119,7 @@ __all__ = [
     "local_map",
     "load",
     "load_torch_checkpoint",
+    "loss_parallel",
     "ones",
     "parse_alias",
     "parse_placement",

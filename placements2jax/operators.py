@@ -33,8 +33,10 @@ when it is imported (the package imports it), as JAX installs ``jax.Array``'s me
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -60,7 +62,7 @@ from .mesh import DeviceMesh
 from .physical import Physical, physical
 from .programs import convert
 
-__all__ = ["Program", "apply", "binary", "call", "reduce", "reshape", "transpose", "unary"]
+__all__ = ["Program", "apply", "binary", "call", "implicit_replication", "reduce", "reshape", "transpose", "unary"]
 
 Shape = tuple[int, ...]
 _SCALARS = (bool, int, float, complex)
@@ -104,6 +106,44 @@ def _check_operands(values: Sequence[Any], argument: str) -> None:
                 value,
                 "is neither a DTensor nor a numeric constant",
                 "pass DTensors, NumPy / JAX arrays or Python numbers",
+            )
+
+
+_IMPLICIT_REPLICATION: contextvars.ContextVar[bool] = contextvars.ContextVar("implicit_replication", default=False)
+
+
+@contextlib.contextmanager
+def implicit_replication() -> Iterator[None]:
+    """torch's ``implicit_replication()``: inside it, plain arrays (NumPy or JAX arrays of
+    any size) mixed with DTensors in DTensor operators (``x * row``, ``row @ x``, ...) are
+    Replicate tensors.
+
+    Outside it, as torch's op dispatch, an operator takes only Python numbers and
+    one-element arrays besides DTensors; a larger plain array is refused, since whether it
+    really is the same on every rank is the caller's claim to make
+    (``distribute_tensor(x, mesh)`` makes it explicit, this context makes it for a block
+    of code). :func:`apply` is unaffected: like ``jax.jit``, it takes a function's inputs,
+    and plain arrays among them (token ids, masks, PRNG keys) are Replicate constants
+    whether or not the context is active.
+    """
+    token = _IMPLICIT_REPLICATION.set(True)
+    try:
+        yield
+    finally:
+        _IMPLICIT_REPLICATION.reset(token)
+
+
+def _check_mixed(values: Sequence[Any]) -> None:
+    """torch's rule for plain arrays among DTensor operands (see :func:`implicit_replication`)."""
+    for i, value in enumerate(values):
+        if isinstance(value, (np.ndarray, jax.Array)) and not isinstance(value, DTensor) and np.size(value) != 1:
+            raise ArgumentTypeError(
+                "operands",
+                f"<{type(value).__name__} {value.dtype}{list(np.shape(value))}> (operand {i})",
+                "a plain array mixed with DTensors (torch refuses a mixed torch.Tensor and DTensor of more than "
+                "one element outside implicit_replication())",
+                "distribute it (distribute_tensor(x, mesh) replicates it), or run the op inside "
+                "`with placements2jax.implicit_replication():`",
             )
 
 
@@ -159,6 +199,8 @@ _DISPATCH_LIMIT = 4096
 
 
 def _dispatch(tag: tuple[Any, ...], values: Sequence[Any], build: Callable[..., Program]) -> Program:
+    if tag[0] == "op" and not _IMPLICIT_REPLICATION.get():
+        _check_mixed(values)
     cost_model = default_cost_model()
     key = (
         tag,

@@ -1313,6 +1313,13 @@ CASES: list[Case] = [
     _c("getitem: index array out of bounds", "DTensor", IndexingError, "key", lambda e: e.dt[:, [0, 3]]),
     _c("getitem: a string", "DTensor", ArgumentTypeError, "key", lambda e: e.dt["a"]),
     _c("getitem: a DTensor index", "DTensor", ArgumentTypeError, "key", lambda e: e.dt[e.dt8]),
+    _c("operators: plain array mixed outside implicit_replication", "implicit_replication", ArgumentTypeError,
+       "operands", lambda e: e.dt * np.ones(3, np.int32)),
+    _c("cross_entropy: plain array logits", "cross_entropy", ArgumentTypeError, "logits",
+       lambda e: placements2jax.cross_entropy(np.ones((4, 8), F32), np.zeros(4, np.int32))),
+    _c("cross_entropy: float labels", "cross_entropy", ArgumentTypeError, "labels",
+       lambda e: placements2jax.cross_entropy(distribute_tensor(np.ones((4, 8), F32), e.mesh, "R,S(1)"),
+                                              np.zeros(4, F32))),
     # -- register_sharding ---------------------------------------------------------------------------------
     _c("register_sharding: unknown op name", "register_sharding", UnsupportedOpError, "op",
        lambda e: register_sharding("no_such_op")),
@@ -1505,6 +1512,7 @@ EXEMPT = {
     "Signature": "a result built only by infer_signature (covered by its cases)",
     "replicate": "takes no arguments",
     "clear_caches": "takes no arguments",
+    "loss_parallel": "takes no arguments",
     "layouts_of": "accepts any pytree (non-DTensor leaves are kept as they are)",
 }
 
