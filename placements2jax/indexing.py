@@ -29,6 +29,7 @@ from .dtensor import DTensor
 from .errors import ArgumentTypeError, IndexingError
 from .layout import Layout
 from .operators import apply
+from .physical import physical
 
 __all__ = ["getitem"]
 
@@ -89,7 +90,40 @@ def getitem(x: DTensor, key: Any) -> DTensor:
             out_axes.extend([()] * np.ndim(arrays[item[1]]))
         dim += 1
     target = Layout(layout.mesh, tuple(out_axes), layout.partial)
+    items, x = _strided_per_rank(items, x)
     return apply(_Indexer(items), x, *arrays, out_layouts=target)
+
+
+def _strided_per_rank(items: tuple[Item, ...], x: DTensor) -> tuple[tuple[Item, ...], DTensor]:
+    """Run the step slices that keep a split on every rank's own block (``jax.shard_map``
+    over the physical array, no communication); those items become ``:``. Partial(sum)
+    carried as JAX ``unreduced`` is left to :func:`apply`."""
+    phys = x.physical
+    strided: dict[int, tuple[int, int]] = {}
+    dim = 0
+    for item in items:
+        if item[0] == "new":
+            continue
+        if item[0] == "slice" and x.layout.dim_axes[dim]:
+            start, stop, step = slice(*item[1:]).indices(x.shape[dim])
+            if (start, stop, step) != (0, x.shape[dim], 1):
+                strided[dim] = (start, step)
+        dim += 1
+    if not strided or phys.unreduced_axes:
+        return items, x
+    shape = tuple(n // strided[d][1] if d in strided else n for d, n in enumerate(x.shape))
+    out = physical(x.layout, shape)
+    lead = (slice(None),) * len(phys.stacked_axes)
+    key = lead + tuple(slice(strided[d][0], None, strided[d][1]) if d in strided else slice(None) for d in range(x.ndim))
+    run = jax.shard_map(
+        lambda block: block[key], mesh=x.device_mesh.to_jax(), in_specs=phys.spec, out_specs=out.spec, check_vma=False
+    )
+    array = run(x.array)
+    dim, kept = 0, []
+    for item in items:
+        kept.append(("slice", None, None, None) if item[0] != "new" and dim in strided else item)
+        dim += item[0] != "new"
+    return tuple(kept), DTensor.trusted(array, x.layout, shape)
 
 
 def _keeps_split(item: tuple[int, int, int], size: int, layout: Layout, dim: int) -> bool:

@@ -18,6 +18,7 @@ from placements2jax import (
     init_device_mesh,
 )
 from placements2jax.errors import ArgumentTypeError
+from placements2jax.hlo import compiled_collectives
 
 X = np.arange(8 * 6 * 5, dtype=np.float32).reshape(8, 6, 5)
 U = np.arange(7 * 5 * 3, dtype=np.float32).reshape(7, 5, 3)  # uneven on both mesh dims
@@ -137,3 +138,16 @@ def test_bad_indices(mesh: DeviceMesh) -> None:
         x[distribute_tensor(np.array([0, 1]), mesh)]
     with pytest.raises(IndexError):  # IndexingError is an IndexError, as Python's indexing raises
         x[8]
+
+
+def test_step_slices_that_keep_the_split_move_nothing(mesh: DeviceMesh) -> None:
+    x = distribute_tensor(X, mesh, [Shard(0), Shard(1)])
+    step = jax.jit(lambda t: t[1::2, ::3].to_jax())
+    assert compiled_collectives(step, x) == []
+    y = x[1::2, ::3]
+    assert y.placements == (Shard(0), Shard(1))
+    assert_every_device(y, X[1::2, ::3])
+    p = distribute_tensor(X, mesh, [Partial("max"), Shard(0)])  # a stacked partial passes through
+    z = p[::2]
+    assert z.placements == (Partial("max"), Shard(0))
+    np.testing.assert_array_equal(np.asarray(z.full_tensor()), X[::2])
