@@ -190,8 +190,11 @@ def test_matmul_with_constant_operands_on_either_side() -> None:
     a, b = _data((8, 12), 7), _data((12, 6), 8)
     x = _dt(a, MESH1, "S(0)")
     w = _dt(b, MESH1, "S(1)")
-    _check(x @ b, a @ b, "matmul", [x, b])
-    _check(a @ w, a @ w.full_tensor(), "matmul", [a, w])
+    with implicit_replication():
+        _check(x @ b, a @ b, "matmul", [x, b])
+        _check(a @ w, a @ w.full_tensor(), "matmul", [a, w])
+    with pytest.raises(ArgumentTypeError, match="implicit_replication"):
+        x @ b
 
 
 def test_torch_matmul_rules_without_communication() -> None:
@@ -568,7 +571,8 @@ def test_numpy_and_jax_arrays_on_the_left() -> None:
     a = _data((8, 12), 31)
     x = _dt(a, MESH1, "S(0)")
     left = np.ones((8, 12), np.float32)
-    result = left + x
+    with implicit_replication():
+        result = left + x
     assert isinstance(result, DTensor) and result.placements == (Shard(0),)
     np.testing.assert_allclose(np.asarray(result.full_tensor()), left + a)
 
