@@ -27,7 +27,7 @@ from placements2jax import (
     unregister_sharding,
 )
 from placements2jax.errors import ArgumentTypeError, InferenceError, UnsupportedOpError
-from placements2jax.inference import primitive_names
+from placements2jax.inference import plan_redistribute, primitive_names
 
 X = np.arange(64.0, dtype=np.float32).reshape(8, 8) / 16 - 1
 
@@ -235,3 +235,50 @@ def test_bad_rules_are_named(mesh: DeviceMesh, registered: list) -> None:
         predict(scaled_sin, x)
     register_sharding(scaled_sin)(lambda x: [(["S(1)"], [Shard(1)])])  # text placements are accepted
     assert predict(scaled_sin, x).outputs[0].layout.dim_axes[0] == ()
+
+
+TORCH_SOFTMAX = """
+import torch, torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.distributed.tensor import DTensor, Replicate, Shard, init_device_mesh
+from torch.distributed.tensor.experimental import register_sharding
+dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
+mesh = init_device_mesh("cpu", (4, 2), mesh_dim_names=("dp", "tp"))
+
+@register_sharding(torch.ops.aten._softmax.default)
+def rule(x, dim, half_to_float):  # torch's docstring example
+    softmax_dim = dim if dim >= 0 else dim + x.ndim
+    return [([Replicate()], [Replicate(), None, None])] + [
+        ([Shard(d)], [Shard(d), None, None]) for d in range(x.ndim) if d != softmax_dim
+    ]
+
+for placements in ([Shard(0), Shard(1)], [Shard(0), Replicate()], [Shard(1), Replicate()], [Replicate(), Shard(0)]):
+    x = DTensor.from_local(torch.randn(2, 4), mesh, placements, run_check=False)
+    print(",".join("R" if p.is_replicate() else f"S({p.dim})" for p in torch.softmax(x, dim=1).placements))
+"""
+
+
+def test_torch_register_sharding_choices_cost_no_less_than_ours(mesh: DeviceMesh, registered: list) -> None:
+    """torch's docstring rule on a fake process group: where torch's choice keeps the input
+    layout, ours is the same; elsewhere ours moves no more bytes than torch's choice would."""
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", TORCH_SOFTMAX], capture_output=True, text=True, check=True)
+    torch_outputs = done.stdout.split()
+
+    @jax.jit
+    def softmax(t):
+        return jax.nn.softmax(t, axis=1)
+
+    register_sharding(softmax)(row_softmax_rule)
+    registered.append(softmax)
+    for given, theirs in zip(("S(0),S(1)", "S(0),R", "S(1),R", "R,S(0)"), torch_outputs, strict=True):
+        x = _spec(mesh, given)
+        prediction = predict(softmax, x, search="eager")
+        torch_layout = _layout(mesh, theirs)
+        torch_bytes = plan_redistribute(x[0], x[1], x[2], torch_layout).nbytes
+        assert prediction.nbytes <= torch_bytes, (given, theirs, str(prediction.outputs[0].layout))
+        if torch_bytes == 0:
+            assert prediction.outputs[0].layout == torch_layout
