@@ -63,16 +63,13 @@ def getitem(x: DTensor, key: Any) -> DTensor:
     """``x[key]`` as a DTensor (module docstring)."""
     items, arrays = _parse(key, x.shape)
     layout = x.layout
-    keep, gather = [], set()  # per input dim: keeps its split; dims to unshard first
+    gather = set()  # split dims indexed in a way that cannot keep the split: unsharded first
     dim = 0
     for item in items:
         if item[0] == "new":
             continue
-        axes = layout.dim_axes[dim]
-        keeps = not axes or (item[0] == "slice" and _keeps_split(item[1:], x.shape[dim], layout, dim))
-        if axes and not keeps:
+        if layout.dim_axes[dim] and not (item[0] == "slice" and _keeps_split(item[1:], x.shape[dim], layout, dim)):
             gather.add(dim)
-        keep.append(keeps)
         dim += 1
     if gather:
         unsharded = tuple(() if d in gather else a for d, a in enumerate(layout.dim_axes))
