@@ -35,6 +35,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the package n
 import bench_communication
 import bench_distribute
 import bench_from_local
+import bench_fsdp
 import bench_inference
 import bench_layout
 import bench_loss
@@ -53,6 +54,7 @@ BENCHMARKS = {
     "inference": bench_inference,
     "loss": bench_loss,
     "from_local": bench_from_local,
+    "fsdp": bench_fsdp,
 }
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,6 +6,7 @@ Data flows one way: DeviceMesh + placements -> Layout (tensor_map) -> jax.shardi
 from .errors import (
     ArgumentTypeError,
     CheckpointError,
+    IndexingError,
     InferenceError,
     LayoutError,
     MeshError,
@@ -32,14 +33,17 @@ from .inference import (
     infer_signature,
     plan_redistribute,
     predict,
+    register_sharding,
     set_default_cost_model,
+    unregister_sharding,
     use_cost_model,
 )
 from .interop.torch_checkpoint import load_torch_checkpoint
 from .layout import Layout, resolve_layout
-from .loss import vocab_parallel_cross_entropy
+from .loss import cross_entropy, loss_parallel, vocab_parallel_cross_entropy
 from .mesh import DeviceMesh, MeshGroup, as_device_mesh, init_device_mesh
-from .operators import apply
+from .operators import apply, implicit_replication
+from . import indexing  # installs DTensor.__getitem__ (after the operators it runs on)
 from .parallelize import (
     ParallelStyle,
     colwise,
@@ -74,6 +78,7 @@ __all__ = [
     "CostModel",
     "DTensor",
     "DeviceMesh",
+    "IndexingError",
     "InferenceError",
     "Layout",
     "LayoutError",
@@ -98,6 +103,7 @@ __all__ = [
     "check",
     "clear_caches",
     "colwise",
+    "cross_entropy",
     "distribute_pytree",
     "distribute_tensor",
     "empty",
@@ -107,6 +113,7 @@ __all__ = [
     "fully_shard",
     "fully_shard_layouts",
     "infer_signature",
+    "implicit_replication",
     "init_pytree",
     "init_device_mesh",
     "latest_step",
@@ -114,6 +121,7 @@ __all__ = [
     "local_map",
     "load",
     "load_torch_checkpoint",
+    "loss_parallel",
     "ones",
     "parse_alias",
     "parse_placement",
@@ -125,6 +133,7 @@ __all__ = [
     "print_layout",
     "rand",
     "read_metadata",
+    "register_sharding",
     "randn",
     "redistribute_collectives",
     "replicate",
@@ -133,6 +142,7 @@ __all__ = [
     "save",
     "sequence",
     "set_default_cost_model",
+    "unregister_sharding",
     "unshard",
     "use_cost_model",
     "visualize",

@@ -302,25 +302,36 @@ class DTensor:
         device_mesh: DeviceMesh,
         placements: PlacementsLike | None = None,
         *,
+        run_check: bool = False,
         shape: Sequence[int] | None = None,
+        stride: Sequence[int] | None = None,
     ) -> DTensor:
-        """A DTensor from each rank's local tensor.
+        """A DTensor from each rank's local tensor (torch's signature).
 
         ``local_tensor`` is one array (the same on every rank: SPMD), a sequence of arrays
         in ``device_mesh.rank_list`` order, or a mapping rank -> array (in a multi-process
         run, each process passes its own ranks). Partial placements: the global value is
         the reduction of the local values. The global shape is inferred when the local
         shapes determine it, else pass ``shape=``; local shapes that torch.chunk would
-        not give for that shape are an error.
+        not give for that shape are an error. Every rank's dtype, rank and shape are always
+        checked (torch checks them only with ``run_check``); ``run_check=True`` also does
+        what torch's does to the data: on every Replicate mesh dim, the block of the first
+        rank along it is used by all ranks (torch broadcasts it), so replicas agree. JAX
+        arrays have no strides: ``stride=`` must be the contiguous (row-major) strides of
+        the global shape, anything else is refused.
         """
         mesh = as_device_mesh(device_mesh)
+        if not isinstance(run_check, (bool, np.bool_)):
+            raise ArgumentTypeError("run_check", run_check, "expected a bool", "pass run_check=True or False")
         locals_by_rank = _locals_by_rank(local_tensor, mesh)
         signature = tuple((r, a.shape, a.dtype) for r, a in locals_by_rank.items())
         key = (device_mesh, _frozen(placements), signature)
-        remembered = shape is None and jax.process_count() == 1  # else: validate shape=, exchange shapes
+        # else: validate shape=, exchange shapes, broadcast replicas
+        remembered = shape is None and not run_check and jax.process_count() == 1
         entry = _assemblies.recall(key) if remembered else None
         if entry is not None:  # the same mesh, placements and local shapes as before
             layout, global_shape, phys, block, lead = entry
+            _check_stride(stride, global_shape)
             return DTensor.trusted(_assemble(locals_by_rank, phys, block, lead), layout, global_shape)
         first = next(iter(locals_by_rank.values()))
         for rank, array in locals_by_rank.items():
@@ -340,6 +351,8 @@ class DTensor:
                 )
         layout = placements_layout(mesh, placements, first.ndim)
         check_partial_dtype(layout, first.dtype)
+        if run_check:
+            locals_by_rank = _first_replicas(locals_by_rank, layout)
         local_shapes = _every_rank_shape(mesh, locals_by_rank)
         if shape is None:
             global_shape = _global_shape(layout, local_shapes)
@@ -357,12 +370,50 @@ class DTensor:
                         f"shape {global_shape} under {layout}",
                         "pass each rank's torch.chunk block, or the right shape=",
                     )
+        _check_stride(stride, global_shape)
         phys = physical(layout, global_shape)
         block = tuple(p // math.prod(layout.pieces(d)) for d, p in enumerate(phys.padded_shape))
         lead = (1,) * len(phys.stacked_axes)
         if remembered:
             _assemblies.remember(key, (layout, global_shape, phys, block, lead))
         return cls(_assemble(locals_by_rank, phys, block, lead), layout, global_shape)
+
+
+def _first_replicas(locals_by_rank: dict[int, Any], layout: Layout) -> dict[int, Any]:
+    """torch's ``run_check`` broadcast: on every Replicate mesh dim, each rank takes the
+    block of the rank at coordinate 0 along it (the rank with the same other coordinates)."""
+    mesh = layout.mesh
+    split = {m for axes in layout.dim_axes for m in axes}
+    replicate = [m for m in range(mesh.ndim) if m not in split and layout.partial[m] is None]
+    by_coordinate = {mesh.get_coordinate(r): r for r in mesh.rank_list}
+    result = {}
+    for rank in locals_by_rank:
+        source = list(mesh.get_coordinate(rank))
+        for m in replicate:
+            source[m] = 0
+        first = by_coordinate[tuple(source)]
+        if first not in locals_by_rank:
+            raise MeshError(
+                "run_check", True, f"rank {rank}'s replica source, rank {first}, is on another process",
+                "make every process pass the same replicas and use run_check=False",
+            )
+        result[rank] = locals_by_rank[first]
+    return result
+
+
+def _check_stride(stride: Any, shape: tuple[int, ...]) -> None:
+    """``stride=`` must be the contiguous strides of ``shape`` (JAX arrays have no others)."""
+    if stride is None:
+        return
+    contiguous = tuple(int(np.prod(shape[d + 1:], dtype=np.int64)) for d in range(len(shape)))
+    if not isinstance(stride, (tuple, list)) or not all(isinstance(n, (int, np.integer)) for n in stride):
+        raise ArgumentTypeError("stride", stride, "expected a tuple of ints", f"pass stride={contiguous} or omit it")
+    if tuple(int(n) for n in stride) != contiguous:
+        raise ShapeError(
+            "stride", stride, f"is not the contiguous stride {contiguous} of the global shape {shape}; JAX arrays "
+            "have no strides (a transposed or strided view has no JAX counterpart)",
+            f"pass stride={contiguous} or omit it; for a transposed tensor pass the transpose's own data and shape",
+        )
 
 
 def _assemble(

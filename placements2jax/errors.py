@@ -2,7 +2,7 @@
 
 Every error names the argument, the value it got and how to fix it, so that a user
 never has to read an XLA traceback to learn what was wrong with a mesh or placements.
-Each concrete class is also a ``ValueError`` or ``TypeError``, so generic handlers work.
+Each concrete class is also a ``ValueError``, ``TypeError`` or ``IndexError``, so generic handlers work.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ __all__ = [
     "RedistributeError",
     "InferenceError",
     "UnsupportedOpError",
+    "IndexingError",
     "MissingDependencyError",
     "PlanError",
     "CheckpointError",
@@ -74,6 +75,10 @@ class InferenceError(Placements2JaxError, ValueError):
 
 class UnsupportedOpError(InferenceError):
     """Signature inference has no rule for this operation."""
+
+
+class IndexingError(Placements2JaxError, IndexError):
+    """A DTensor index is out of bounds or of a kind indexing does not support."""
 
 
 class PlanError(Placements2JaxError, ValueError):

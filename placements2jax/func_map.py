@@ -45,7 +45,13 @@ Differences from torch, each because JAX can do better or cannot do the same:
   was not all-reduced, say) is an error instead of torch's unchecked ``from_local``.
 * **Uneven inputs are refused.** ``shard_map`` gives every rank a block of one shape,
   while torch.chunk gives uneven layouts blocks of several shapes; the error names the
-  argument and a rank whose block would be padded.
+  argument and a rank whose block would be padded. Handing ``func`` the padded blocks
+  of the physical representation is not sound for arbitrary per-rank code: ``func``
+  would see pad elements and the padded shape (a sum or a matmul over the padded dim
+  would still be right with zero pads, but a mean, a max of negative values, a softmax,
+  ``x.shape`` or a Pallas kernel's grid would not), and its outputs' pads would have to
+  be known to be pads. Operators and :func:`~placements2jax.operators.apply` do run
+  uneven layouts, because there each op's neutral element fills the pads.
 * ``kwargs`` are passed to ``func`` unchanged, as torch does; DTensors there are refused
   (torch would hand ``func`` the DTensor itself, which per-rank JAX code cannot use).
 """
@@ -324,7 +330,7 @@ def _prepared(
             f"args (flattened argument {index})",
             value,
             f"is uneven: rank {rank}'s block {local} would be padded to {block} (jax.shard_map gives every rank "
-            f"a block of one shape)",
+            f"a block of one shape, and func would see the pad elements)",
             "redistribute it to placements whose split dims divide evenly, or pad the tensor to a divisible shape",
         )
     return value

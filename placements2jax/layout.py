@@ -178,6 +178,10 @@ class MeshPlacements(_OnMesh):
 
     @property
     def partial(self) -> tuple[ReduceOp | None, ...]:
+        """The reduce op per mesh dim (None: not partial), as MindSpore's ``partial``: one
+        entry per mesh dim, also for the empty record of ``from_device_mesh``."""
+        if not self._placements:
+            return (None,) * self._mesh.ndim
         return tuple(p.reduce_op if isinstance(p, Partial) else None for p in self._placements)
 
     @property
@@ -339,17 +343,20 @@ class Layout(_OnMesh):
         return _alias_form(as_device_mesh(mesh), tuple(entries), partial or None)
 
     def bind(self, ndim: int) -> Layout:
-        """This layout, checked to be for a tensor of ``ndim`` dims (a Layout is bound;
-        :meth:`MeshPlacements.bind` is where binding happens)."""
+        """This layout for a tensor of ``ndim`` dims (a Layout is bound; :meth:`MeshPlacements.bind`
+        is where binding happens). Fewer alias entries than dims leave the trailing dims
+        unsplit, as a ``PartitionSpec`` does (the RFC's ``from_local(x, dp_mesh, ("dp",))``)."""
         if isinstance(ndim, bool) or not isinstance(ndim, int) or ndim < 0:
             raise ArgumentTypeError("ndim", ndim, "expected a non-negative int", "pass the tensor's number of dims")
-        if len(self._dim_axes) != ndim:
+        if len(self._dim_axes) > ndim:
             raise LayoutError(
                 "placements",
                 self.alias_map,
                 f"the alias form has {len(self._dim_axes)} entries but the tensor has {ndim} dims",
-                f"give one entry per tensor dim ({ndim})",
+                f"give at most one entry per tensor dim ({ndim})",
             )
+        if len(self._dim_axes) < ndim:
+            return Layout(self._mesh, self._dim_axes + ((),) * (ndim - len(self._dim_axes)), self._partial)
         return self
 
     # -- text ------------------------------------------------------------------------

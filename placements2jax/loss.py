@@ -20,8 +20,11 @@ backward pass.
 torch spells this ``with loss_parallel(): F.cross_entropy(logits_dtensor, labels)``: the
 context changes what ``F.cross_entropy`` dispatches to. JAX has no dispatch on its loss
 functions (``optax.softmax_cross_entropy_with_integer_labels`` is plain code), so the
-JAX spelling is a function taking the DTensor: ``vocab_parallel_cross_entropy(logits,
-labels)``, with torch's ``reduction`` and ``ignore_index``. Built on
+JAX spellings are a function taking the DTensor, ``vocab_parallel_cross_entropy(logits,
+labels)`` with torch's ``reduction`` and ``ignore_index``, and torch's pair:
+:func:`cross_entropy` (``F.cross_entropy`` for DTensor logits) which inside
+:func:`loss_parallel` takes the vocabulary-parallel path and outside it gathers the
+vocabulary dim first, as torch's DTensor dispatch does outside the context. Built on
 :func:`~placements2jax.func_map.local_map`; it runs eagerly, inside ``jax.jit`` and under
 ``jax.grad``.
 
@@ -34,7 +37,9 @@ uneven splits put pads between real columns); those are refused with a ShapeErro
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -47,7 +52,7 @@ from .errors import ArgumentTypeError, PlacementError, ShapeError
 from .func_map import local_map
 from .layout import Layout
 
-__all__ = ["vocab_parallel_cross_entropy"]
+__all__ = ["cross_entropy", "loss_parallel", "vocab_parallel_cross_entropy"]
 
 Reduction = Literal["mean", "sum", "none"]
 REDUCTIONS: tuple[Reduction, ...] = ("mean", "sum", "none")
@@ -104,6 +109,36 @@ def vocab_parallel_cross_entropy(
         return local_map(per_rank, out_placements=out, in_placements=(layout, token_layout))(logits, labels)
     except ShapeError as error:  # uneven logits: say so about the argument the caller passed
         raise ShapeError("logits", logits, error.problem, error.fix) from None
+
+
+_LOSS_PARALLEL: contextvars.ContextVar[bool] = contextvars.ContextVar("loss_parallel", default=False)
+
+
+@contextlib.contextmanager
+def loss_parallel() -> Iterator[None]:
+    """torch's ``loss_parallel()``: inside it, :func:`cross_entropy` of logits whose
+    vocabulary (last) dim is split runs :func:`vocab_parallel_cross_entropy` (no gather of
+    the logits); outside it, :func:`cross_entropy` gathers the vocabulary dim first. The
+    context is read when the loss is traced (e.g. inside the function ``jax.jit`` traces)."""
+    token = _LOSS_PARALLEL.set(True)
+    try:
+        yield
+    finally:
+        _LOSS_PARALLEL.reset(token)
+
+
+def cross_entropy(
+    logits: DTensor, labels: Any, *, reduction: Reduction = "mean", ignore_index: int = -100
+) -> DTensor:
+    """torch's ``F.cross_entropy(logits, labels)`` for DTensor logits ``(..., vocab)`` and
+    integer labels, with torch's ``reduction`` and ``ignore_index``. Inside
+    :func:`loss_parallel`: :func:`vocab_parallel_cross_entropy`. Outside: the vocabulary
+    dim is all-gathered over its mesh axes (the other dims keep their splits), then the
+    same computation runs on whole rows; the values are the same either way."""
+    if isinstance(logits, DTensor) and not _LOSS_PARALLEL.get() and logits.ndim and logits.layout.dim_axes[-1]:
+        layout = logits.layout
+        logits = logits.redistribute(placements=Layout(layout.mesh, layout.dim_axes[:-1] + ((),), layout.partial))
+    return vocab_parallel_cross_entropy(logits, labels, reduction=reduction, ignore_index=ignore_index)
 
 
 @lru_cache(maxsize=256)

@@ -33,8 +33,10 @@ when it is imported (the package imports it), as JAX installs ``jax.Array``'s me
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -53,14 +55,14 @@ from .errors import ArgumentTypeError, InferenceError, UnsupportedOpError
 from .inference import default_cost_model, infer_signature, predict
 from .inference.cost import CostModel
 from .inference.jaxpr import CALL_JAXPR_PARAMS, CONSTRAINT_SHARDING_PARAMS  # the call / constraint primitives predict walks
-from .inference.ops import freeze, op_definition
+from .inference.ops import freeze, op_definition, registered_function
 from .inference.signature import is_layout_leaf
 from .layout import Layout
 from .mesh import DeviceMesh
 from .physical import Physical, physical
 from .programs import convert
 
-__all__ = ["Program", "apply", "binary", "call", "reduce", "reshape", "transpose", "unary"]
+__all__ = ["Program", "apply", "binary", "call", "implicit_replication", "reduce", "reshape", "transpose", "unary"]
 
 Shape = tuple[int, ...]
 _SCALARS = (bool, int, float, complex)
@@ -104,6 +106,44 @@ def _check_operands(values: Sequence[Any], argument: str) -> None:
                 value,
                 "is neither a DTensor nor a numeric constant",
                 "pass DTensors, NumPy / JAX arrays or Python numbers",
+            )
+
+
+_IMPLICIT_REPLICATION: contextvars.ContextVar[bool] = contextvars.ContextVar("implicit_replication", default=False)
+
+
+@contextlib.contextmanager
+def implicit_replication() -> Iterator[None]:
+    """torch's ``implicit_replication()``: inside it, plain arrays (NumPy or JAX arrays of
+    any size) mixed with DTensors in DTensor operators (``x * row``, ``row @ x``, ...) are
+    Replicate tensors.
+
+    Outside it, as torch's op dispatch, an operator takes only Python numbers and
+    one-element arrays besides DTensors; a larger plain array is refused, since whether it
+    really is the same on every rank is the caller's claim to make
+    (``distribute_tensor(x, mesh)`` makes it explicit, this context makes it for a block
+    of code). :func:`apply` is unaffected: like ``jax.jit``, it takes a function's inputs,
+    and plain arrays among them (token ids, masks, PRNG keys) are Replicate constants
+    whether or not the context is active.
+    """
+    token = _IMPLICIT_REPLICATION.set(True)
+    try:
+        yield
+    finally:
+        _IMPLICIT_REPLICATION.reset(token)
+
+
+def _check_mixed(values: Sequence[Any]) -> None:
+    """torch's rule for plain arrays among DTensor operands (see :func:`implicit_replication`)."""
+    for i, value in enumerate(values):
+        if isinstance(value, (np.ndarray, jax.Array)) and not isinstance(value, DTensor) and np.size(value) != 1:
+            raise ArgumentTypeError(
+                "operands",
+                f"<{type(value).__name__} {value.dtype}{list(np.shape(value))}> (operand {i})",
+                "a plain array mixed with DTensors (torch refuses a mixed torch.Tensor and DTensor of more than "
+                "one element outside implicit_replication())",
+                "distribute it (distribute_tensor(x, mesh) replicates it), or run the op inside "
+                "`with placements2jax.implicit_replication():`",
             )
 
 
@@ -159,6 +199,8 @@ _DISPATCH_LIMIT = 4096
 
 
 def _dispatch(tag: tuple[Any, ...], values: Sequence[Any], build: Callable[..., Program]) -> Program:
+    if tag[0] == "op" and not _IMPLICIT_REPLICATION.get():
+        _check_mixed(values)
     cost_model = default_cost_model()
     key = (
         tag,
@@ -442,7 +484,9 @@ class _Interpreter:
                     "fn", name, f"apply does not run {name} yet (predict and check do)",
                     "unroll the loop / branch in Python, or jax.jit the function on the DTensors' shardings",
                 )
-            if name in CALL_JAXPR_PARAMS:
+            if registered_function(eqn) is not None:
+                outs = self._equation(eqn, row.signature, ins)
+            elif name in CALL_JAXPR_PARAMS:
                 inner = eqn.params[CALL_JAXPR_PARAMS[name]]
                 outs = self.run(getattr(inner, "jaxpr", inner), getattr(inner, "consts", ()), ins, path + ".")
             elif name in CONSTRAINT_SHARDING_PARAMS:
@@ -462,7 +506,10 @@ class _Interpreter:
         params = {k: (None if k in ("sharding", "out_sharding") else v) for k, v in eqn.params.items()}
         params = _local_params(name, params, targets, outs)
         masked_axis = _masked_lookup_axis(name, params, targets)
-        if masked_axis is not None:
+        function = registered_function(eqn)
+        if function is not None:
+            compute = partial(_call_registered, function, eqn)
+        elif masked_axis is not None:
             compute = partial(_masked_gather, eqn.primitive, params, targets[0], masked_axis)
         else:
             compute = partial(_bind, eqn.primitive, params)
@@ -472,9 +519,27 @@ class _Interpreter:
             if v.phys == t and not isinstance(v.array, jax.Array)
         }
         fills = [_fill(name, jnp.result_type(v.array)) for v in ins]
-        local = _local_call(compute, targets, outs, fills, constants)
+        local = _local_call(compute, targets, outs, fills, constants, check_vma=function is None)
         arrays = [_move(v.array, v.phys, t) for i, (v, t) in enumerate(zip(ins, targets)) if i not in constants]
         return [_Value(a, p) for a, p in zip(local(*arrays), outs)]
+
+
+def _call_registered(function: Any, eqn: Any, *args: Any) -> list[jax.Array]:
+    """Run a function with a registered rule on one rank's blocks (as torch runs a custom
+    op on local tensors): its array arguments are the equation's operands."""
+    if eqn.primitive.name == "pallas_call" or eqn.params.get("num_consts", 0):
+        raise UnsupportedOpError(
+            "fn", function.name, "apply runs a registered function by calling it on each rank's blocks, and this "
+            "equation is a Pallas kernel or closes over traced values",
+            "register (and call) a jax.jit wrapper of the kernel taking every array as an argument",
+        )
+    outs = jax.tree.leaves(function.function(*args))
+    if len(outs) != len(eqn.outvars):
+        raise InferenceError(
+            "fn", function.name, f"returned {len(outs)} arrays on local blocks, {len(eqn.outvars)} when traced",
+            "return the same structure for every input shape",
+        )
+    return outs
 
 
 def _bind(primitive: Any, params: dict[str, Any], *args: Any) -> list[jax.Array]:
@@ -554,11 +619,14 @@ def _local_call(
     outs: Sequence[Physical],
     fills: Sequence[Any],
     constants: dict[int, Any] | None = None,
+    check_vma: bool = True,
 ) -> Callable[..., tuple[jax.Array, ...]]:
     """A traceable function of the non-constant inputs' physical arrays (laid out as
     ``ins``) that runs ``compute`` on every rank's local blocks in ``jax.shard_map`` and
     returns the outputs' physical arrays (laid out as ``outs``). ``constants`` (input
-    position -> concrete Replicate value) are closed over instead of passed."""
+    position -> concrete Replicate value) are closed over instead of passed.
+    ``check_vma=False`` for user code that JAX's varying-axes check rejects (a Pallas
+    call in interpret mode binds its body on unvarying values, JAX 0.10)."""
     constants = constants or {}
     passed = [i for i in range(len(ins)) if i not in constants]
     mesh = (ins[passed[0]] if passed else outs[0]).layout.mesh.to_jax()
@@ -575,6 +643,7 @@ def _local_call(
         mesh=mesh,
         in_specs=tuple(block_spec(ins[i]) for i in passed),
         out_specs=tuple(p.spec for p in outs),
+        check_vma=check_vma,
     )
 
     def call_local(*arrays: jax.Array) -> tuple[jax.Array, ...]:

@@ -2,8 +2,8 @@
 
 Each case asserts that
 
-(a) the exception is ours (a :class:`Placements2JaxError` subclass, also a ValueError or
-    TypeError) of the expected class;
+(a) the exception is ours (a :class:`Placements2JaxError` subclass, also a ValueError,
+    TypeError or LookupError) of the expected class;
 (b) the message names the argument (``"placements="``) and says how to fix it (``"Fix:"``);
 (c) no JAX/XLA error leaks: the exception is not a jax type and does not show another
     exception's traceback (raised ``from None``, or chained only from our own errors);
@@ -37,6 +37,7 @@ from placements2jax import (
     CostModel,
     DeviceMesh,
     DTensor,
+    IndexingError,
     InferenceError,
     Layout,
     LayoutError,
@@ -67,6 +68,8 @@ from placements2jax import (
     infer_signature,
     init_device_mesh,
     local_map,
+    register_sharding,
+    unregister_sharding,
     parse_alias,
     parse_placement,
     parse_placements,
@@ -555,7 +558,7 @@ CASES: list[Case] = [
         lambda e: Layout.from_device_mesh(e.mesh)(3, shard_order={}),
     ),
     _c("layout: bind to a negative ndim", "Layout", ArgumentTypeError, "ndim", lambda e: e.layout.bind(-1)),
-    _c("layout: alias form bound to other ndim", "Layout", LayoutError, "placements", lambda e: e.layout.bind(3)),
+    _c("layout: alias form bound to fewer dims", "Layout", LayoutError, "placements", lambda e: e.layout.bind(1)),
     _c("layout: negative extent", "Layout", ShapeError, "global_shape", lambda e: e.layout.local_shape((10, -2), 0)),
     _c("layout: float extent", "Layout", ShapeError, "global_shape", lambda e: e.layout.local_shape((10.0, 3), 0)),
     _c(
@@ -959,7 +962,7 @@ CASES: list[Case] = [
         "DTensor",
         InferenceError,
         "params",
-        lambda e: e.dt + np.ones((4, 4), np.int32),
+        lambda e: e.dt + distribute_tensor(np.ones((4, 4), np.int32), e.mesh),
     ),
     _c("operator: matmul dims disagree", "DTensor", InferenceError, "params", lambda e: e.dt @ e.dt),
     _c("operator: sum over a missing axis", "DTensor", InferenceError, "params", lambda e: e.dt.sum(axis=5)),
@@ -1362,6 +1365,41 @@ CASES: list[Case] = [
         "args (flattened argument 0)",
         lambda e: local_map(lambda b: b, "S(0)", device_mesh=e.mesh8)(e.dt),
     ),
+    _c("from_local: non-contiguous stride", "DTensor", ShapeError, "stride",
+       lambda e: DTensor.from_local(np.zeros((3, 3), np.int32), e.mesh, "S(0),R", stride=(1, 3))),
+    _c("from_local: stride as text", "DTensor", ArgumentTypeError, "stride",
+       lambda e: DTensor.from_local(np.zeros((3, 3), np.int32), e.mesh, "S(0),R", stride="3,1")),
+    _c("from_local: run_check not a bool", "DTensor", ArgumentTypeError, "run_check",
+       lambda e: DTensor.from_local(np.zeros((3, 3), np.int32), e.mesh, "S(0),R", run_check="yes")),
+    # -- DTensor indexing ---------------------------------------------------------------------------------
+    _c("getitem: int out of bounds", "DTensor", IndexingError, "key", lambda e: e.dt[10]),
+    _c("getitem: too many indices", "DTensor", IndexingError, "key", lambda e: e.dt[0, 0, 0]),
+    _c("getitem: two ellipses", "DTensor", IndexingError, "key", lambda e: e.dt[..., ...]),
+    _c("getitem: zero step", "DTensor", IndexingError, "key", lambda e: e.dt[::0]),
+    _c("getitem: float slice bound", "DTensor", ArgumentTypeError, "key", lambda e: e.dt[1.5:]),
+    _c("getitem: boolean mask", "DTensor", IndexingError, "key", lambda e: e.dt[X[:, 0] > 0]),
+    _c("getitem: arrays on two dims", "DTensor", IndexingError, "key", lambda e: e.dt[[0, 1], [1, 2]]),
+    _c("getitem: index array out of bounds", "DTensor", IndexingError, "key", lambda e: e.dt[:, [0, 3]]),
+    _c("getitem: a string", "DTensor", ArgumentTypeError, "key", lambda e: e.dt["a"]),
+    _c("getitem: a DTensor index", "DTensor", ArgumentTypeError, "key", lambda e: e.dt[e.dt8]),
+    _c("operators: plain array mixed outside implicit_replication", "implicit_replication", ArgumentTypeError,
+       "operands", lambda e: e.dt * np.ones(3, np.int32)),
+    _c("cross_entropy: plain array logits", "cross_entropy", ArgumentTypeError, "logits",
+       lambda e: placements2jax.cross_entropy(np.ones((4, 8), F32), np.zeros(4, np.int32))),
+    _c("cross_entropy: float labels", "cross_entropy", ArgumentTypeError, "labels",
+       lambda e: placements2jax.cross_entropy(distribute_tensor(np.ones((4, 8), F32), e.mesh, "R,S(1)"),
+                                              np.zeros(4, F32))),
+    # -- register_sharding ---------------------------------------------------------------------------------
+    _c("register_sharding: unknown op name", "register_sharding", UnsupportedOpError, "op",
+       lambda e: register_sharding("no_such_op")),
+    _c("register_sharding: not an op", "register_sharding", ArgumentTypeError, "op", lambda e: register_sharding(3)),
+    _c("register_sharding: empty list", "register_sharding", ArgumentTypeError, "op", lambda e: register_sharding([])),
+    _c("register_sharding: rule not callable", "register_sharding", ArgumentTypeError, "rule",
+       lambda e: register_sharding("softmax")("rule")),
+    _c("unregister_sharding: nothing registered", "unregister_sharding", UnsupportedOpError, "op",
+       lambda e: unregister_sharding("softmax")),
+    _c("unregister_sharding: not an op", "unregister_sharding", ArgumentTypeError, "op",
+       lambda e: unregister_sharding(None)),
     # -- vocab_parallel_cross_entropy ---------------------------------------------------------------------
     _c(
         "vocab_parallel_cross_entropy: plain array logits",
@@ -1543,6 +1581,7 @@ EXEMPT = {
     "Signature": "a result built only by infer_signature (covered by its cases)",
     "replicate": "takes no arguments",
     "clear_caches": "takes no arguments",
+    "loss_parallel": "takes no arguments",
     "layouts_of": "accepts any pytree (non-DTensor leaves are kept as they are)",
 }
 
@@ -1560,7 +1599,7 @@ def _chained_foreign(error: BaseException) -> BaseException | None:
 
 def _assert_clean(error: Placements2JaxError, expected: type[Placements2JaxError], argument: str) -> None:
     assert isinstance(error, expected), f"{type(error).__name__} is not a {expected.__name__}: {error}"
-    assert isinstance(error, (ValueError, TypeError))
+    assert isinstance(error, (ValueError, TypeError, LookupError))
     assert type(error).__module__.startswith("placements2jax"), type(error)
     message = str(error)
     assert error.argument == argument and message.startswith(f"{argument}="), (error.argument, argument, message)

@@ -21,6 +21,7 @@ SECTIONS = (
     "7. Signature inference",
     "8. Vocabulary-parallel cross-entropy",
     "9. from_local vs make_array_from_single_device_arrays",
+    "10. FSDP (fully_shard) vs replicated data parallelism vs plain JAX",
 )
 
 

@@ -17,6 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 from placements2jax import (
     ArgumentTypeError,
+    DTensor,
     DeviceMesh,
     Layout,
     LayoutError,
@@ -681,11 +682,11 @@ LAYOUT_ERRORS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
         r"3 placements for a 2-d mesh \('dp', 'tp'\)\. Fix: give exactly one placement per mesh dim \(2\)",
     ),
     (
-        "alias form of the wrong length",
-        lambda: L(("dp", None)).bind(3),
+        "alias form longer than the tensor rank",
+        lambda: L(("dp", None, None)).bind(2),
         LayoutError,
-        r"placements=\('dp', 'None'\): the alias form has 2 entries but the tensor has 3 dims\. "
-        r"Fix: give one entry per tensor dim \(3\)",
+        r"placements=\('dp', 'None', 'None'\): the alias form has 3 entries but the tensor has 2 dims\. "
+        r"Fix: give at most one entry per tensor dim \(2\)",
     ),
     (
         "mixed Partial reduce ops (torch form)",
@@ -1050,3 +1051,22 @@ def test_placements_not_yet_bound_answer_what_needs_no_rank(mesh4x2: DeviceMesh)
     assert Layout.from_device_mesh(mesh4x2)("P,R").partition_spec == P(unreduced={"dp"})
     with pytest.raises(LayoutError, match=r"a negative Shard dim counts from the end"):
         Layout.from_device_mesh(mesh4x2)("S(-1),R").partition_spec  # noqa: B018
+
+
+def test_short_alias_form_leaves_trailing_dims_unsplit() -> None:
+    """The RFC's from_local(local_x, dp_mesh, ("dp",)) for any rank, as a PartitionSpec reads."""
+    mesh = init_device_mesh((4, 2), ("dp", "tp"))
+    dp_mesh = mesh["dp"]
+    for shape in [(2,), (2, 3), (2, 3, 5)]:
+        x = DTensor.from_local(np.ones(shape, np.float32), dp_mesh, ("dp",))
+        assert x.shape == (8, *shape[1:])
+        assert x.layout == Layout.from_partition_spec(dp_mesh, P("dp"), len(shape))
+    layout = Layout.from_device_mesh(mesh)(("tp",), partial={"dp": "max"}).bind(3)
+    assert layout.alias_map == ("tp", "None", "None") and layout.partial == ("max", None)
+
+
+def test_empty_record_has_one_partial_entry_per_mesh_dim() -> None:
+    """MindSpore's Layout(device_mesh).partial: [None] per mesh dim."""
+    assert Layout.from_device_mesh(init_device_mesh((4, 2), ("dp", "tp"))).partial == (None, None)
+    assert Layout.from_device_mesh(init_device_mesh((2, 2, 2), ("a", "b", "c"))).partial == (None, None, None)
+    assert Layout.from_device_mesh(init_device_mesh((8,), ("x",))).partial == (None,)

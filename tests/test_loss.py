@@ -7,7 +7,14 @@ import numpy as np
 import optax
 import pytest
 
-from placements2jax import DeviceMesh, distribute_tensor, init_device_mesh, vocab_parallel_cross_entropy
+from placements2jax import (
+    DeviceMesh,
+    cross_entropy,
+    distribute_tensor,
+    init_device_mesh,
+    loss_parallel,
+    vocab_parallel_cross_entropy,
+)
 from placements2jax.errors import ArgumentTypeError, PlacementError, ShapeError
 from placements2jax.hlo import compiled_collectives
 
@@ -171,3 +178,45 @@ def test_language_model_with_fsdp_tp_and_vocab_parallel_loss_trains_like_plain_j
     assert losses[-1] < losses[0]
     for name in host:
         np.testing.assert_allclose(np.asarray(params[name].full_tensor()), reference[name], rtol=1e-4, atol=1e-5)
+
+
+def test_loss_parallel_context_picks_the_vocabulary_parallel_path(mesh: DeviceMesh) -> None:
+    """torch's pair: cross_entropy gathers the vocabulary outside loss_parallel(), not inside;
+    same values and gradients either way."""
+    logits = distribute_tensor(LOGITS, mesh, "S(0),S(2)")
+
+    def loss(x):
+        return cross_entropy(x, LABELS).to_jax()
+
+    with loss_parallel():
+        inside = jax.jit(jax.grad(loss))  # traced (and its collectives compiled) inside the context
+        inside_collectives = compiled_collectives(inside, logits)
+        inside_value = jax.jit(loss)(logits)
+    outside = jax.jit(jax.grad(loss))
+    outside_collectives = compiled_collectives(outside, logits)
+    assert {c.op for c in inside_collectives} == {"all-reduce"}
+    assert "all-gather" in {c.op for c in outside_collectives}
+    np.testing.assert_allclose(inside_value, reference(LOGITS, LABELS), rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(loss)(logits), reference(LOGITS, LABELS), rtol=1e-6)
+    with loss_parallel():
+        grad_inside = np.asarray(inside(logits).full_tensor())
+    np.testing.assert_allclose(grad_inside, np.asarray(outside(logits).full_tensor()), rtol=1e-5, atol=1e-7)
+    expected = jax.grad(lambda z: reference(z, LABELS))(LOGITS)
+    np.testing.assert_allclose(grad_inside, expected, rtol=1e-5, atol=1e-7)
+    for reduction in ("sum", "none"):
+        with loss_parallel():
+            got = cross_entropy(logits, LABELS, reduction=reduction)
+        np.testing.assert_allclose(np.asarray(got.full_tensor()), reference(LOGITS, LABELS, reduction), rtol=1e-5)
+
+
+def test_cross_entropy_equals_torch_inside_and_outside_loss_parallel(mesh: DeviceMesh) -> None:
+    torch = pytest.importorskip("torch")
+    theirs = torch.nn.functional.cross_entropy(
+        torch.tensor(LOGITS.reshape(-1, 64)), torch.tensor(LABELS.reshape(-1), dtype=torch.long)
+    )
+    logits = distribute_tensor(LOGITS, mesh, "R,S(2)")
+    with loss_parallel():
+        np.testing.assert_allclose(float(cross_entropy(logits, LABELS).to_jax()), float(theirs), rtol=1e-6)
+    np.testing.assert_allclose(float(cross_entropy(logits, LABELS).to_jax()), float(theirs), rtol=1e-6)
+    with pytest.raises(ArgumentTypeError, match="logits"):
+        cross_entropy(LOGITS, LABELS)

@@ -25,6 +25,7 @@ from placements2jax import (
     Replicate,
     Shard,
     apply,
+    implicit_replication,
     distribute_tensor,
     infer_signature,
     init_device_mesh,
@@ -110,18 +111,26 @@ def test_constants_are_replicate_operands_on_either_side(
     a = _data(shape, 3)
     x = _dt(a, mesh, placements)
     row = _data(shape[1:], 4)
-    cases = [
+    with implicit_replication():  # torch's context: plain arrays of more than one element are Replicate
+        cases = [
+            (x * row, a * row, "mul", [x, row]),
+            (row / x, row / a, "div", [row, x]),
+            (x - jnp.asarray(row), a - row, "sub", [x, jnp.asarray(row)]),
+        ]
+    cases += [
         (x + 2.5, a + 2.5, "add", [x, 2.5]),
         (2.5 - x, 2.5 - a, "sub", [2.5, x]),
-        (x * row, a * row, "mul", [x, row]),
-        (row / x, row / a, "div", [row, x]),
         (np.float32(3) * x, 3 * a, "mul", [np.float32(3), x]),
-        (x - jnp.asarray(row), a - row, "sub", [x, jnp.asarray(row)]),
+        (x * np.ones((1,) * len(shape), np.float32), a, "mul", [x, np.ones((1,) * len(shape), np.float32)]),
         (-x, -a, "neg", [x]),
     ]
     for result, expected, op, operands in cases:
         _check(result, expected, op, operands)
     assert (x * 2.0).dtype == np.float32  # Python scalars are weak, as in JAX
+    with pytest.raises(ArgumentTypeError, match="implicit_replication"):  # torch refuses it outside the context
+        x * row
+    with pytest.raises(ArgumentTypeError, match="implicit_replication"):
+        row - x
 
 
 LAYOUTS_2D = iter_layouts(MESH2, 2, partial_ops=("sum", "avg", "max", "min"))
@@ -181,8 +190,11 @@ def test_matmul_with_constant_operands_on_either_side() -> None:
     a, b = _data((8, 12), 7), _data((12, 6), 8)
     x = _dt(a, MESH1, "S(0)")
     w = _dt(b, MESH1, "S(1)")
-    _check(x @ b, a @ b, "matmul", [x, b])
-    _check(a @ w, a @ w.full_tensor(), "matmul", [a, w])
+    with implicit_replication():
+        _check(x @ b, a @ b, "matmul", [x, b])
+        _check(a @ w, a @ w.full_tensor(), "matmul", [a, w])
+    with pytest.raises(ArgumentTypeError, match="implicit_replication"):
+        x @ b
 
 
 def test_torch_matmul_rules_without_communication() -> None:
@@ -559,7 +571,8 @@ def test_numpy_and_jax_arrays_on_the_left() -> None:
     a = _data((8, 12), 31)
     x = _dt(a, MESH1, "S(0)")
     left = np.ones((8, 12), np.float32)
-    result = left + x
+    with implicit_replication():
+        result = left + x
     assert isinstance(result, DTensor) and result.placements == (Shard(0),)
     np.testing.assert_allclose(np.asarray(result.full_tensor()), left + a)
 

@@ -9,7 +9,7 @@ any object with ``.shape``, ``.dtype`` and ``.layout`` (a DTensor).
 from .check import CheckReport, check
 from .cost import CostModel, default_cost_model, set_default_cost_model, use_cost_model
 from .jaxpr import Prediction, predict
-from .ops import op_names, primitive_names
+from .ops import op_names, primitive_names, register_sharding, unregister_sharding
 from .plan import plan_redistribute
 from .select import infer_signature
 from .signature import (
@@ -40,6 +40,8 @@ __all__ = [
     "plan_redistribute",
     "predict",
     "primitive_names",
+    "register_sharding",
     "set_default_cost_model",
+    "unregister_sharding",
     "use_cost_model",
 ]

@@ -37,7 +37,7 @@ from ..errors import InferenceError, Placements2JaxError, UnsupportedOpError
 from ..layout import Layout
 from ..mesh import DeviceMesh
 from .cost import CostModel, CostModelLike, resolve_cost_model
-from .ops import freeze, primitive_definition
+from .ops import primitive_definition, registered_function
 from .plan import cached_plan
 from .program import ProgramGraph, ProgramNode, ValueId, forced_signature, select_program
 from .select import signature_for
@@ -375,6 +375,16 @@ class _Walker:
         out_avals: tuple[Aval, ...],
     ) -> list[tuple[TensorSpec, ValueId | None]]:
         name = eqn.primitive.name
+        function = registered_function(eqn)
+        if function is not None:  # a call of a function with a registered rule: one equation, not walked inside
+            signature = (
+                forced_signature(function.name, ins, self.choices[path], self.cost_model) if path in self.choices
+                else signature_for(("function", function.source), (), ins, out_avals, self.cost_model, self.mesh)
+            )
+            outs = tuple(TensorSpec(a.shape, a.dtype, x) for a, x in zip(out_avals, signature.out_layouts))
+            self.rows.append(EquationReport(path, f"{name}[{function.name}]", ins, signature, outs, srcs))
+            self.nodes.append(ProgramNode(path, ins, srcs, signature.candidates))
+            return [(o, (path, j)) for j, o in enumerate(outs)]
         if name in CALL_JAXPR_PARAMS:
             label = f"{name}[{eqn.params['name']}]" if "name" in eqn.params else name
             slot = len(self.rows)
@@ -425,8 +435,9 @@ class _Walker:
             ) from None
         if path in self.choices:
             return forced_signature(name, ins, self.choices[path], self.cost_model)
-        params = freeze({p: eqn.params[p] for p in definition.params}, f"{name} params")
-        return signature_for(("primitive", name), params, ins, out_avals, self.cost_model, self.mesh)
+        return signature_for(
+            ("primitive", name), definition.read_params(eqn.params), ins, out_avals, self.cost_model, self.mesh
+        )
 
     # -- control flow ------------------------------------------------------------------------
     # A loop or cond is one row and one program node with a single candidate (its inputs'

@@ -18,22 +18,31 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax._src import api_util  # fun_sourceinfo: the "name at file:line" JAX records in a traced jaxpr's debug info
+from jax.extend import core
 
+from ..caches import clear_caches
 from ..errors import ArgumentTypeError, InferenceError, UnsupportedOpError
+from ..placements import Placement, Shard, parse_placement
 from . import rules
 from .rules import PartialKind
 from .signature import Aval, OneDSig
 
 __all__ = [
+    "FunctionDef",
     "OpDef",
     "PrimitiveDef",
     "einsum_letters",
     "freeze",
+    "function_definition",
     "layer_norm",
     "op_definition",
     "op_names",
     "primitive_definition",
     "primitive_names",
+    "register_sharding",
+    "registered_function",
+    "unregister_sharding",
 ]
 
 Rule = Callable[..., list[OneDSig]]
@@ -51,11 +60,24 @@ class OpDef:
 
 @dataclass(frozen=True)
 class PrimitiveDef:
-    """A jaxpr primitive: ``rule(ins, outs, **{p: eqn.params[p] for p in params})``."""
+    """A jaxpr primitive: ``rule(ins, outs, **{p: eqn.params[p] for p in params})``
+    (``params=None``: every equation param with a hashable value, as user rules get)."""
 
     name: str
-    params: tuple[str, ...]
+    params: tuple[str, ...] | None
     rule: Rule
+
+    def read_params(self, params: Mapping[str, Any]) -> Any:
+        """The frozen equation params the rule reads (the cache key of its signature)."""
+        if self.params is not None:
+            return freeze({p: params[p] for p in self.params}, f"{self.name} params")
+        readable = {}
+        for key, value in params.items():
+            try:
+                readable[key] = freeze(value, f"{self.name} params")
+            except ArgumentTypeError:
+                continue
+        return freeze(readable)
 
 
 _OPS: dict[str, OpDef] = {}
@@ -66,6 +88,8 @@ def op_definition(name: str) -> OpDef:
     """The named op ``name`` (raises :class:`UnsupportedOpError` naming it)."""
     if not isinstance(name, str):
         raise ArgumentTypeError("op", name, "expected an op name", f"use one of {op_names()}")
+    if name in _USER_OPS:
+        return _USER_OPS[name]
     if name not in _OPS:
         raise UnsupportedOpError(
             "op", name, "signature inference has no rule for this op",
@@ -80,7 +104,10 @@ def op_names() -> tuple[str, ...]:
 
 
 def primitive_definition(name: str) -> PrimitiveDef:
-    """The rule of jaxpr primitive ``name`` (raises :class:`UnsupportedOpError` naming it)."""
+    """The rule of jaxpr primitive ``name``, a registered one first (raises
+    :class:`UnsupportedOpError` naming it)."""
+    if name in _USER_PRIMITIVES:
+        return _USER_PRIMITIVES[name]
     if name not in _PRIMITIVES:
         raise UnsupportedOpError(
             "primitive", name, "signature inference has no rule for this jaxpr primitive",
@@ -90,8 +117,8 @@ def primitive_definition(name: str) -> PrimitiveDef:
 
 
 def primitive_names() -> tuple[str, ...]:
-    """The jaxpr primitives ``predict`` has rules for, sorted."""
-    return tuple(sorted(_PRIMITIVES))
+    """The jaxpr primitives ``predict`` has rules for (registered ones included), sorted."""
+    return tuple(sorted(set(_PRIMITIVES) | set(_USER_PRIMITIVES)))
 
 
 def freeze(value: Any, argument: str = "params") -> Any:
@@ -455,3 +482,191 @@ _primitive(
     ),
     rules.nullary,
 )
+
+
+# -- user sharding rules (torch's register_sharding) ----------------------------------------
+
+UserRule = Callable[..., Sequence[Any]]
+# the equations a registered function can be: calls of it (their called jaxpr's source is the
+# function's) and Pallas calls of it as the kernel
+_FUNCTION_CALLS = {"jit": "jaxpr", "pjit": "jaxpr", "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr"}
+_KERNEL_CALLS = {"pallas_call": "jaxpr"}
+
+
+@dataclass(frozen=True)
+class FunctionDef:
+    """A user function with a registered rule: ``rule(*avals)`` lists its 1-D signatures;
+    ``function`` runs it on one rank's blocks (``apply``); ``source`` identifies its
+    equations (``"name at file:line"``, as JAX's debug info of the called jaxpr says)."""
+
+    name: str
+    source: str
+    function: Callable[..., Any]
+    rule: Rule
+
+
+_USER_OPS: dict[str, OpDef] = {}
+_USER_PRIMITIVES: dict[str, PrimitiveDef] = {}
+_USER_FUNCTIONS: dict[str, FunctionDef] = {}
+
+
+def register_sharding(op: Any) -> Callable[[UserRule], UserRule]:
+    """Register a sharding rule for ``op`` (torch's ``register_sharding``): a decorator
+    of ``rule``, returned unchanged. ``op`` is one of, or a list of:
+
+    * a named op of :func:`infer_signature` and the DTensor operators (``"softmax"``);
+    * a jaxpr primitive (``jax.lax.exp_p``, a ``jax.extend.core.Primitive`` of your own),
+      used by ``predict``, ``check`` and ``apply`` for its equations;
+    * a function: a ``jax.custom_vjp`` / ``jax.custom_jvp`` function, or a function you
+      call through ``jax.jit`` (its equation is ``jit[name=...]``), or a Pallas kernel
+      (its equation is ``pallas_call``; ``apply`` needs the jitted wrapper instead).
+      Its calls become one equation with this rule instead of being walked inside.
+
+    ``rule(*avals, **params)`` gets one :class:`Aval` (``.shape``, ``.dtype``, ``.ndim``)
+    per tensor input (a function's array arguments in order, a primitive's operands) and
+    the op's params (a named op's keywords, a primitive's equation params; none for a
+    function), and returns the acceptable strategies on one mesh dim: a sequence of
+    ``(output placements, input placements)`` pairs, one placement (or ``"S(0)"`` text)
+    per output and per input. Selection expands them over the mesh and ranks them by cost
+    as the built-in rules' (all-Replicate is always a candidate). A registered rule
+    overrides the built-in one; :func:`unregister_sharding` removes it. Registering
+    empties the package's caches (:func:`placements2jax.clear_caches`), whose entries may
+    hold the old rule; ``clear_caches()`` itself keeps the registrations.
+    """
+    ops = list(op) if isinstance(op, list) else [op]
+    if not ops:
+        raise ArgumentTypeError("op", op, "an empty list of ops", "pass an op, a primitive or a function")
+    targets = [_rule_target(o) for o in ops]
+
+    def decorate(rule: UserRule) -> UserRule:
+        if not callable(rule):
+            raise ArgumentTypeError(
+                "rule", rule, "not callable", "decorate a function returning [(out_placements, in_placements), ...]"
+            )
+        for kind, key, value in targets:
+            if kind == "op":
+                _USER_OPS[key] = OpDef(key, _OPS[key].reference, _user_rule(rule, key))
+            elif kind == "primitive":
+                _USER_PRIMITIVES[key] = PrimitiveDef(key, None, _user_rule(rule, key))
+            else:
+                name = getattr(value, "__name__", key)
+                _USER_FUNCTIONS[key] = FunctionDef(name, key, value, _user_rule(rule, name))
+        clear_caches()
+        return rule
+
+    return decorate
+
+
+def unregister_sharding(op: Any) -> None:
+    """Remove the rule :func:`register_sharding` gave ``op`` (or each op of a list): the
+    built-in rule (if any) applies again. Raises :class:`UnsupportedOpError` if none was given."""
+    for kind, key, value in [_rule_target(o) for o in (list(op) if isinstance(op, list) else [op])]:
+        registry = {"op": _USER_OPS, "primitive": _USER_PRIMITIVES, "function": _USER_FUNCTIONS}[kind]
+        if key not in registry:
+            raise UnsupportedOpError(
+                "op", value, "has no rule registered with register_sharding", "register one before removing it"
+            )
+        del registry[key]
+    clear_caches()
+
+
+def function_definition(source: str) -> FunctionDef:
+    """The registered function whose equations ``source`` (``"name at file:line"``) identifies."""
+    return _USER_FUNCTIONS[source]
+
+
+def registered_function(eqn: Any) -> FunctionDef | None:
+    """The registered function ``eqn`` calls (a call of it or a Pallas call of it as the
+    kernel), else None."""
+    if not _USER_FUNCTIONS:
+        return None
+    param = _FUNCTION_CALLS.get(eqn.primitive.name) or _KERNEL_CALLS.get(eqn.primitive.name)
+    if param is None:
+        return None
+    jaxpr = eqn.params.get(param)
+    info = getattr(getattr(jaxpr, "jaxpr", jaxpr), "debug_info", None)
+    return _USER_FUNCTIONS.get(getattr(info, "func_src_info", None) or "")
+
+
+def _rule_target(op: Any) -> tuple[str, str, Any]:
+    """("op" | "primitive" | "function", registry key, op) for a register_sharding target."""
+    if isinstance(op, str):
+        if op not in _OPS:
+            raise UnsupportedOpError(
+                "op", op, "is not a named op (a name registers a rule of infer_signature's named ops)",
+                f"use one of {', '.join(op_names())}, or pass the primitive (e.g. jax.lax.exp_p) or your function",
+            )
+        return "op", op, op
+    if isinstance(op, core.Primitive):
+        return "primitive", op.name, op
+    function = _unwrap(op)
+    if callable(function) and hasattr(function, "__code__"):
+        return "function", api_util.fun_sourceinfo(function), op
+    raise ArgumentTypeError(
+        "op", op, "expected a named op, a jaxpr primitive or a function",
+        'pass e.g. "softmax", jax.lax.exp_p, or a jax.custom_vjp / jitted function',
+    )
+
+
+def _unwrap(op: Any) -> Any:
+    """The Python function behind a custom_vjp / custom_jvp / jit wrapper."""
+    for _ in range(8):
+        inner = getattr(op, "fun", None) or getattr(op, "__wrapped__", None)
+        if inner is None or inner is op:
+            return op
+        op = inner
+    return op
+
+
+def _user_rule(rule: UserRule, name: str) -> Rule:
+    """A user rule as a built-in one: avals in, checked :class:`OneDSig` s out."""
+
+    def one_d(ins: Sequence[Aval], outs: Sequence[Aval], **params: Any) -> list[OneDSig]:
+        strategies = rule(*ins, **params)
+        if not isinstance(strategies, (list, tuple)):
+            raise InferenceError(
+                "rule", strategies, f"the rule of {name} returned no sequence of strategies",
+                "return a list of (output placements, input placements) pairs",
+            )
+        return [_strategy(s, ins, outs, name) for s in strategies]
+
+    return one_d
+
+
+def _strategy(strategy: Any, ins: Sequence[Aval], outs: Sequence[Aval], name: str) -> OneDSig:
+    if not isinstance(strategy, (list, tuple)) or len(strategy) != 2:
+        raise InferenceError(
+            "rule", strategy, f"a strategy of {name} is not an (output placements, input placements) pair",
+            "return e.g. ([Shard(0)], [Shard(0), Replicate()])",
+        )
+    out_placements, in_placements = (_placement_list(p, name) for p in strategy)
+    for label, placements, avals in (("output", out_placements, outs), ("input", in_placements, ins)):
+        if len(placements) != len(avals):
+            raise InferenceError(
+                "rule", strategy, f"{len(placements)} {label} placements for {name}'s {len(avals)} {label}s",
+                f"give one placement per {label}",
+            )
+        for placement, aval in zip(placements, avals):
+            if isinstance(placement, Shard) and not -aval.ndim <= placement.dim < aval.ndim:
+                raise InferenceError(
+                    "rule", strategy, f"{placement} is not a dim of {name}'s {label} {aval}",
+                    f"shard a dim in [0, {aval.ndim})",
+                )
+    return OneDSig(
+        tuple(_normalized(p, a) for p, a in zip(in_placements, ins)),
+        tuple(_normalized(p, a) for p, a in zip(out_placements, outs)),
+    )
+
+
+def _placement_list(value: Any, name: str) -> tuple[Placement, ...]:
+    values = [value] if isinstance(value, (Placement, str)) else value
+    if not isinstance(values, (list, tuple)) or not all(isinstance(p, (Placement, str)) for p in values):
+        raise InferenceError(
+            "rule", value, f"the rule of {name} gave placements of unexpected type",
+            "give a list of Shard / Replicate / Partial (or their text, e.g. 'S(0)')",
+        )
+    return tuple(parse_placement(p) if isinstance(p, str) else p for p in values)
+
+
+def _normalized(placement: Placement, aval: Aval) -> Placement:
+    return Shard(placement.dim % aval.ndim) if isinstance(placement, Shard) else placement

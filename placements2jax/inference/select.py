@@ -47,7 +47,7 @@ from .cost import (
     collective_bytes,
     resolve_cost_model,
 )
-from .ops import freeze, op_definition, primitive_definition
+from .ops import freeze, function_definition, op_definition, primitive_definition
 from .plan import cached_plan
 from .signature import (
     Aval,
@@ -65,7 +65,7 @@ __all__ = [
 
 Constraint = tuple[Layout | None, ...] | None
 _ALL_ORDERS_UP_TO = 3
-RuleKey = tuple[str, str]  # ("op" | "primitive", name)
+RuleKey = tuple[str, str]  # ("op" | "primitive", name) or ("function", its source: "name at file:line")
 
 
 def infer_signature(
@@ -203,8 +203,10 @@ def _infer(
 ) -> Signature:
     kind, name = rule
     ins = tuple(s.aval for s in specs)
-    rule_fn = op_definition(name).rule if kind == "op" else primitive_definition(name).rule
-    one_d = list(rule_fn(ins, out_avals, **dict(params)))
+    definitions = {"op": op_definition, "primitive": primitive_definition, "function": function_definition}
+    definition = definitions[kind](name)
+    one_d = list(definition.rule(ins, out_avals, **dict(params)))
+    name = definition.name
     layouts = [s.layout for s in specs] + [x for x in (out_constraint or ()) + (in_constraint or ()) if x is not None]
     candidates = rank_candidates(one_d, specs, out_avals, mesh, nest_orders(mesh, layouts), cost_model,
                                  out_constraint=out_constraint, in_constraint=in_constraint)
