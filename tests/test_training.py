@@ -232,6 +232,27 @@ def test_model_arrays_are_the_logical_arrays_on_the_auto_twin() -> None:
     assert p2j.model_arrays(on_auto).sharding == on_auto.to_jax().sharding
 
 
+def test_model_arrays_under_eager_and_jitted_grad() -> None:
+    """A vocabulary-split lookup (plain JAX) differentiated eagerly and under jit on the
+    default mesh: the same gradient, a DTensor in the table's layout, equal to plain JAX."""
+    mesh = init_device_mesh((2, 4), ("dp", "tp"))
+    table = p2j.randn(64, 8, key=KEY, device_mesh=mesh, placements="R,S(0)")
+    ids = np.array([[1, 5, 9], [60, 7, 33]], np.int32)
+    sharded_ids = p2j.distribute_tensor(ids, mesh, "S(0),R")
+
+    def model(table, ids):
+        return jnp.tanh(table[ids]).sum()
+
+    def loss(t, i):
+        return model(*p2j.model_arrays((t, i)))
+
+    eager, jitted = jax.grad(loss)(table, sharded_ids), jax.jit(jax.grad(loss))(table, sharded_ids)
+    plain = jax.grad(model)(jax.random.normal(KEY, (64, 8)), ids)
+    for grad in (eager, jitted):
+        assert isinstance(grad, DTensor) and grad.layout == table.layout
+        np.testing.assert_allclose(np.asarray(grad.full_tensor()), np.asarray(plain), rtol=1e-6)
+
+
 def test_explicit_default_mesh_needs_an_out_sharding_for_table_lookups() -> None:
     """The default mesh stays Explicit (Partial(sum) carried natively as ``unreduced``,
     every move an exact ``reshard``); JAX then asks model code given the Explicit-typed
