@@ -38,7 +38,7 @@ from .dtensor import DTensor, distribute_tensor, is_dtensor
 from .factories import init_pytree
 from .hlo import Collective, parse_collectives
 from .inference import Prediction, predict
-from .inference.table import format_bytes, format_table
+from .inference.table import format_table
 from .layout import Layout
 from .mesh import DeviceMesh, init_device_mesh
 from .parallelize import path_of, plan_layouts
@@ -149,11 +149,20 @@ class Phase:
         predicted = self.prediction.steps if self.prediction is not None else ()
         return communication(self.mesh, predicted, self.compiled)
 
-    def counts(self, which: int) -> dict[str, int]:
-        """Collectives per kind: ``which`` 0 for the prediction, 2 for the compiled step."""
+    @property
+    def predicted_counts(self) -> dict[str, int]:
+        """Predicted collectives per kind (all mesh axes)."""
+        return self._counts(0)
+
+    @property
+    def compiled_counts(self) -> dict[str, int]:
+        """Compiled collectives per kind (all mesh axes)."""
+        return self._counts(2)
+
+    def _counts(self, column: int) -> dict[str, int]:
         result: dict[str, int] = {}
         for (kind, _), row in self.communication.items():
-            result[kind] = result.get(kind, 0) + row[which]
+            result[kind] = result.get(kind, 0) + row[column]
         return result
 
 
@@ -195,7 +204,8 @@ class TrainReport:
         for p in self.phases:
             per_second = tokens * len(p.steps) / p.seconds if p.seconds else float("nan")
             rows.append((p.name, str(p.mesh), f"{p.steps.start}-{p.steps.stop - 1}", f"{p.losses[0]:.4f}",
-                         f"{p.losses[-1]:.4f}", f"{per_second:,.0f}", count_text(p.counts(0)), count_text(p.counts(2))))
+                         f"{p.losses[-1]:.4f}", f"{per_second:,.0f}", count_text(p.predicted_counts),
+                         count_text(p.compiled_counts)))
         summary = format_table(
             ("phase", "mesh", "steps", "first loss", "last loss", "tokens/s", "collectives per step: predicted",
              "compiled"),
@@ -211,8 +221,9 @@ class TrainReport:
             f"max |loss - unsharded loss| over {len(self.reference)} steps: {self.max_difference:.2e}",
             f"checkpoint: {self.checkpoint}" + (f"; loss plot: {self.plot}" if self.plot else ""),
             "", details,
-            "The prediction chooses layouts per equation with its own cost model; XLA's propagation plans the whole "
-            "step (and on CPU lowers a reduce-scatter as an all-reduce): where they differ, both are shown as they are.",
+            "The prediction chooses layouts per equation with its own cost model; XLA's propagation plans the "
+            "whole step (and on CPU lowers a reduce-scatter as an all-reduce): where they differ, both are shown "
+            "as they are.",
         ])
 
 

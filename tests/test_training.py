@@ -262,8 +262,8 @@ def test_explicit_default_mesh_needs_an_out_sharding_for_table_lookups() -> None
     params = p2j.init_pytree(_gpt_init, KEY, mesh, GPT_PLAN)
     tokens = p2j.distribute_tensor(np.zeros((8, SEQ + 1), np.int32), mesh, "S(0),R")
     with pytest.raises(Exception, match="out_sharding"):
-        jax.jit(lambda p, t: _gpt_loss(*jax.tree.map(lambda d: d.to_jax(), (p, t), is_leaf=lambda v: isinstance(v, DTensor))))(
-            params, tokens)
+        arrays = jax.tree.map(lambda d: d.to_jax(), (params, tokens), is_leaf=lambda v: isinstance(v, DTensor))
+        jax.jit(_gpt_loss)(*arrays)
 
 
 # -- mixed precision: bfloat16 parameters, float32 master weights and moments (p2j.mixed_precision) ---------------
@@ -310,8 +310,8 @@ def test_mixed_precision_trains_bfloat16_parameters_like_plain_jax() -> None:
                 assert p.dtype == jnp.bfloat16 and p.layout == master.layout == state.inner[0].nu[path][name].layout
                 np.testing.assert_array_equal(np.asarray(p.full_tensor()),
                                               np.asarray(master.full_tensor().astype(jnp.bfloat16)))
-    np.testing.assert_allclose(np.asarray(state.master["up"]["w"].full_tensor()), np.asarray(plain_state.master["up"]["w"]),
-                               rtol=5e-2, atol=2e-3)
+    np.testing.assert_allclose(np.asarray(state.master["up"]["w"].full_tensor()),
+                               np.asarray(plain_state.master["up"]["w"]), rtol=5e-2, atol=2e-3)
 
 
 def test_mixed_precision_keeps_updates_smaller_than_a_bfloat16_step() -> None:
