@@ -28,8 +28,9 @@ $(STAMP): $(BIN)/python pyproject.toml requirements-lock.txt
 
 install: $(STAMP)
 
+# The main job: one training run (placements2jax.train_demo); `placements2jax demo` is the
+# shorter layout demo (a tensor-parallel MLP with DTensor operators, step by step).
 demo: $(DEMO_STAMP)
-	$(BIN)/python -m placements2jax demo
 	$(BIN)/python -m placements2jax train
 
 test: $(STAMP)

@@ -66,6 +66,7 @@ from .placements import (
     parse_placement,
     parse_placements,
 )
+from .training import mixed_precision, model_arrays
 from .visualize import plot, print_layout, visualize
 
 __version__ = "0.1.0"
@@ -119,6 +120,8 @@ __all__ = [
     "latest_step",
     "layouts_of",
     "local_map",
+    "mixed_precision",
+    "model_arrays",
     "load",
     "load_torch_checkpoint",
     "loss_parallel",

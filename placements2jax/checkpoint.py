@@ -19,8 +19,14 @@ XLA on the devices (no traffic).
 processes finished writing). A save killed midway leaves a ``.partial-`` directory that
 ``load`` ignores: the previous steps stay complete and loadable.
 
-Non-DTensor leaves: arrays (e.g. optax's step ``count``) are stored whole by process 0;
-Python numbers go in the metadata.
+**Non-DTensor leaves** (e.g. optax's step ``count``): an array is stored whole, written
+once, by process 0 (every process's view of a replicated array is the same value; an array
+split over processes is first gathered by :func:`jax.experimental.multihost_utils.process_allgather`,
+a collective every process joins), and read by every process. It loads with the sharding of
+its target: a ``jax.Array`` or ``jax.ShapeDtypeStruct`` target with a sharding over a mesh
+(possibly spanning processes) gets that sharding, each process placing only its own
+devices' pieces; a single-device or NumPy target gives an uncommitted array, as
+``jnp.asarray`` does. Python numbers go in the metadata.
 """
 
 from __future__ import annotations
@@ -165,8 +171,8 @@ def save(path: str | os.PathLike[str], tree: Any, *, step: int = 0) -> Path:
         if isinstance(leaf, DTensor):
             records[name] = _save_dtensor(directory, leaf)
         elif isinstance(leaf, (jax.Array, np.ndarray, np.generic)):
-            value = np.asarray(jax.device_get(leaf) if isinstance(leaf, jax.Array) else leaf)
-            if process == 0:
+            value = _host_value(leaf)
+            if process == 0:  # written once; the barrier below makes every process wait for it
                 store = _open(directory, create=True, shape=value.shape, dtype=value.dtype, chunks=value.shape or ())
                 store.write(value).result()
             records[name] = {"kind": "array", "shape": list(value.shape), "dtype": value.dtype.name}
@@ -192,6 +198,21 @@ def save(path: str | os.PathLike[str], tree: Any, *, step: int = 0) -> Path:
             staging.rename(final)
     _barrier("placements2jax-checkpoint-committed")
     return final
+
+
+def _host_value(leaf: Any) -> np.ndarray:
+    """The whole value of a non-DTensor array leaf on this process's host. An array whose
+    devices span processes is read from this process's own copy when it is replicated,
+    else gathered by a collective (every process saves the same tree, so all join it)."""
+    if not isinstance(leaf, jax.Array):
+        return np.asarray(leaf)
+    if leaf.is_fully_addressable:
+        return np.asarray(jax.device_get(leaf))
+    if leaf.is_fully_replicated:
+        return np.asarray(leaf.addressable_data(0))
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
 
 
 def _save_dtensor(directory: Path, leaf: DTensor) -> dict[str, Any]:
@@ -292,7 +313,8 @@ def _step_directory(path: str | os.PathLike[str], step: int | None) -> Path:
 def load(path: str | os.PathLike[str], target: Any, *, step: int | None = None) -> Any:
     """The saved tree in the layouts of ``target``: each DTensor leaf of ``target`` (or
     :class:`AbstractDTensor`) gives the mesh and placements to load into (any mesh, any
-    placements); array leaves load as arrays, number leaves as numbers. A leaf missing
+    placements); array leaves (``jax.Array``, NumPy, or ``jax.ShapeDtypeStruct``) load as
+    arrays with the target's mesh sharding, number leaves as numbers. A leaf missing
     from the checkpoint, or saved with another shape or dtype, is a
     :class:`CheckpointError` naming it."""
     metadata = read_metadata(path, step)
@@ -329,9 +351,11 @@ def _load_leaf(directory: Path, name: str, record: dict[str, Any], leaf: Any) ->
     if isinstance(leaf, (DTensor, AbstractDTensor)):
         shape, dtype = tuple(leaf.shape), np.dtype(leaf.dtype)
         layout = leaf.layout if isinstance(leaf, DTensor) else _target_layout(leaf, name)
+    elif isinstance(leaf, jax.ShapeDtypeStruct):
+        shape, dtype, layout = tuple(leaf.shape), np.dtype(leaf.dtype), None
     else:
-        value = np.asarray(leaf)
-        shape, dtype, layout = value.shape, value.dtype, None
+        value = np.asarray(leaf) if not isinstance(leaf, jax.Array) else leaf
+        shape, dtype, layout = tuple(value.shape), np.dtype(value.dtype), None
     if shape != saved_shape:
         raise CheckpointError(
             f"target at {name!r}", describe_leaf(leaf), f"the checkpoint's {name!r} has shape {saved_shape}, the target {shape}",
@@ -345,7 +369,7 @@ def _load_leaf(directory: Path, name: str, record: dict[str, Any], leaf: Any) ->
     try:
         store = _open(directory)
         if layout is None:
-            return jnp.asarray(store.read().result())
+            return _placed(store.read().result(), getattr(leaf, "sharding", None))
         arrays = _read_blocks(store, layout.without_partial(), shape)
     except Exception as error:  # noqa: BLE001 - tensorstore raises ValueError subclasses of its own
         raise CheckpointError(
@@ -357,6 +381,15 @@ def _load_leaf(directory: Path, name: str, record: dict[str, Any], leaf: Any) ->
     if not layout.has_partial:
         return loaded
     return DTensor(redistribute_array(loaded.array, plain, layout, shape), layout, shape)
+
+
+def _placed(value: np.ndarray, sharding: Any) -> jax.Array:
+    """A non-DTensor leaf read whole (by every process), with its target's sharding when
+    that is a mesh sharding (each process places its own devices' pieces), else
+    uncommitted like ``jnp.asarray``."""
+    if not isinstance(sharding, jax.sharding.NamedSharding):
+        return jnp.asarray(value)
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
 
 
 def _target_layout(leaf: AbstractDTensor, name: str) -> Layout:

@@ -2,7 +2,8 @@
 
 Commands: ``explain`` (a layout's tensor_map, PartitionSpec, per-rank blocks and
 picture), ``redistribute`` (the planned steps of a move, their collectives and costs,
-and the collectives XLA compiled) and ``demo`` (the main job: tensor-parallel training). Bad arguments print one line on stderr and
+and the collectives XLA compiled), ``train`` (the main job of ``make demo``: a GPT-style LM trained sharded) and
+``demo`` (the layout demo: a tensor-parallel MLP step by step). Bad arguments print one line on stderr and
 exit with code 2. See docs/cli.md.
 """
 
@@ -117,16 +118,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_redistribute(commands)
     demo_parser = commands.add_parser(
         "demo",
-        help="the main job: tensor-parallel training with torch-style placements",
+        help="the layout demo: placements table, then a tensor-parallel MLP with DTensor operators",
         description="A placements table, then a tensor-parallel MLP trained on a (dp, tp) mesh of all devices "
         "(8 simulated CPU devices without accelerators): losses vs plain JAX, predicted vs compiled layouts, "
         "collectives per step. See docs/training.md.",
     )
     commands.add_parser(
         "train",
-        help="train a small GPT-style LM, parameters born sharded, checkpoint and resume on another mesh",
+        help="the main job (make demo): a GPT-style LM born sharded, trained, checkpointed, resumed on another mesh",
         description="A real training run (placements2jax.train_demo): tensor parallel, then FSDP-style after a "
-        "checkpoint reloaded onto another mesh, every loss compared with unsharded training.",
+        "checkpoint reloaded onto another mesh, every loss compared with unsharded training, collectives per step "
+        "predicted vs compiled. See docs/training.md.",
     )
     demo_parser.add_argument("--steps", type=_positive_int, default=None, help="training steps (default 6)")
     return parser

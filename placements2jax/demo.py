@@ -1,4 +1,6 @@
-"""The main job of ``make demo``: torch-style tensor parallelism, trained by JAX.
+"""The layout demo (``placements2jax demo``): torch-style tensor parallelism, trained by JAX.
+(``make demo`` runs the GPT training run of :mod:`.train_demo`; this one shows the
+placements algebra and a DTensor-operator MLP step by step.)
 
 1. A short table: how torch placements become a tensor_map and a ``PartitionSpec``.
 2. A residual MLP whose parameters are placed by a plan (``colwise`` up-projections,
@@ -26,12 +28,11 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
-from .display import collective_axes
+from .display import collective_axes, communication, communication_table
 from .dtensor import DTensor, distribute_tensor, is_dtensor
 from .hlo import Collective, parse_collectives
 from .inference import CheckReport, check
 from .inference.check import collective_nbytes
-from .inference.cost import LOCAL_PARTIAL, LOCAL_SLICE
 from .inference.table import format_bytes, format_table
 from .layout import Layout, PlacementsLike, resolve_layout
 from .mesh import DeviceMesh
@@ -277,21 +278,10 @@ class TrainingReport:
         """Per (collective, mesh axes): predicted count and bytes per device (the
         prediction's steps and its outputs' conversions to XLA's layouts), then the
         count and bytes per device of the compiled step that ran."""
-        table: dict[tuple[str, str], list[Any]] = {}
         predicted = list(self.check.prediction.steps)
         for out in self.check.outputs:
             predicted += out.conversion.steps if out.conversion is not None else ()
-        for step in predicted:
-            if step.nbytes or step.collective not in (LOCAL_SLICE, LOCAL_PARTIAL):
-                entry = table.setdefault((step.collective, step.axis), [0, Fraction(0), 0, Fraction(0)])
-                entry[0] += 1
-                entry[1] += step.nbytes
-        for collective in self.collectives:
-            axes = ",".join(collective_axes(self.mesh, collective)) or "-"
-            entry = table.setdefault((collective.op, axes), [0, Fraction(0), 0, Fraction(0)])
-            entry[2] += 1
-            entry[3] += collective_nbytes(collective, self.mesh.size())
-        return {key: tuple(value) for key, value in sorted(table.items())}  # type: ignore[misc]
+        return communication(self.mesh, predicted, self.collectives)
 
     @property
     def communication_agrees(self) -> bool:
@@ -319,11 +309,6 @@ class TrainingReport:
         )
 
     def _collectives_section(self) -> str:
-        summary = [
-            (kind, axes, pc, format_bytes(pb), cc, format_bytes(cb))
-            for (kind, axes), (pc, pb, cc, cb) in self.communication.items()
-        ]
-        headers = ("collective", "mesh axes", "predicted", "bytes/device", "compiled", "bytes/device")
         rows = [
             (i, c.op, ",".join(collective_axes(self.mesh, c)) or "-",
              c.results_text,
@@ -334,7 +319,7 @@ class TrainingReport:
         return (
             f"collectives per training step: predicted vs compiled (bytes per device {verdict}; XLA combines the "
             "gradients' all-reduces into one)\n"
-            + format_table(headers, summary)
+            + communication_table(self.communication)
             + "\n\nthe compiled DTensor step's collectives, from its HLO:\n"
             + format_table(("#", "collective", "mesh axes", "result per device", "bytes/device"), rows)
         )

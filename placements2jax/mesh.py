@@ -8,7 +8,10 @@ Axis types: :meth:`DeviceMesh.to_jax` builds a mesh with ``AxisType.Explicit`` a
 default, because only explicit axes carry ``PartitionSpec(unreduced=...)`` (the native
 form of ``Partial(sum)``) and ``jax.sharding.reshard``. A mesh made from an Auto JAX mesh
 (:meth:`DeviceMesh.from_jax`) or with ``axis_types="auto"`` keeps Auto axes: everything
-works the same, ``Partial(sum)`` is then carried like the other reduce ops.
+works the same, ``Partial(sum)`` is then carried like the other reduce ops. Plain JAX
+model code, which Explicit axes refuse where a sharding is ambiguous (``table[idx]``),
+runs on the default mesh through :func:`placements2jax.model_arrays` (the arrays on the
+mesh's Auto twin; docs/training.md, Explicit or Auto axes).
 """
 
 from __future__ import annotations

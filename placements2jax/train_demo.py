@@ -1,20 +1,21 @@
-"""A real training run: a small GPT-style language model, parameters born sharded.
+"""The main job of ``make demo``: a small GPT-style language model, parameters born sharded.
 
-``python -m placements2jax train`` (run by ``make demo`` after the layout demo):
+``python -m placements2jax train``:
 
 1. The model (:func:`gpt_init`, :func:`gpt_loss`) is public-style JAX code: an embedding
    lookup ``table[tokens]``, causal attention masked with ``jnp.where``, ``lax.scan`` over
-   stacked layers, a tied output projection. No sharding annotation anywhere.
+   stacked layers, a tied output projection. No sharding annotation anywhere; the step
+   hands it the DTensors' arrays with :func:`placements2jax.model_arrays`.
 2. Its parameters are created directly in their layouts by :func:`init_pytree` from a
-   torch-style plan, on a dp x tp mesh (tensor parallel over tp) and, for the FSDP-style
-   variant, with every weight also split over dp. The mesh has Auto axes (docs/training.md:
-   Explicit or Auto axes).
+   torch-style plan, on the library's default (Explicit axes) dp x tp mesh (tensor
+   parallel over tp) and, for the FSDP-style variant, with every weight also split over dp.
 3. optax ``adamw`` trains it; halfway the parameters and optimizer state are saved
    (:func:`placements2jax.save`), loaded onto a differently shaped mesh and layout
    (:func:`placements2jax.load`), and training continues there.
 4. Every loss is compared with the same model trained without sharding; the report gives
-   the loss curve, tokens per second, the collectives XLA compiled per step, and writes a
-   loss plot next to the checkpoint.
+   the loss curve, tokens per second, the collectives per step that
+   :func:`placements2jax.predict` predicts beside those XLA compiled, and writes a loss
+   plot next to the checkpoint.
 """
 
 from __future__ import annotations
@@ -32,10 +33,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from .checkpoint import AbstractDTensor, load, save
-from .dtensor import DTensor, distribute_tensor
+from .display import communication, communication_table, count_text
+from .dtensor import DTensor, distribute_tensor, is_dtensor
 from .factories import init_pytree
-from .hlo import compiled_collectives
+from .hlo import Collective, parse_collectives
+from .inference import Prediction, predict
+from .inference.table import format_table
+from .layout import Layout
 from .mesh import DeviceMesh, init_device_mesh
+from .parallelize import path_of, plan_layouts
+from .training import model_arrays
 
 __all__ = ["GPTConfig", "gpt_init", "gpt_loss", "train_gpt"]
 
@@ -107,15 +114,15 @@ FSDP_PLAN = {
 }
 
 
-def _on_arrays(params: Any, tokens: Any) -> jax.Array:
-    arrays = jax.tree.map(lambda d: d.to_jax(), params, is_leaf=lambda v: isinstance(v, DTensor))
-    return gpt_loss(arrays, tokens.to_jax() if isinstance(tokens, DTensor) else tokens)
+def _loss(params: Any, tokens: Any) -> jax.Array:
+    """:func:`gpt_loss`, unmodified, on the DTensors' logical arrays."""
+    return gpt_loss(*model_arrays((params, tokens)))
 
 
-def _step_fn(loss_fn: Callable[..., jax.Array], optimizer: Any) -> Any:
+def _update(loss_fn: Callable[..., jax.Array], optimizer: Any) -> Callable[..., tuple[Any, Any, jax.Array]]:
+    """One training step: value_and_grad + the optax update (jit it to run it)."""
     import optax
 
-    @jax.jit
     def step(params: Any, state: Any, tokens: Any) -> tuple[Any, Any, jax.Array]:
         loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
         updates, state = optimizer.update(grads, state, params)
@@ -132,7 +139,31 @@ class Phase:
     steps: range
     losses: list[float] = field(default_factory=list)
     seconds: float = 0.0
-    collectives: dict[str, int] = field(default_factory=dict)
+    layouts: dict[str, tuple[tuple[int, ...], Layout]] = field(default_factory=dict)
+    prediction: Prediction | None = None
+    compiled: tuple[Collective, ...] = ()
+
+    @property
+    def communication(self) -> dict[tuple[str, str], tuple[int, Any, int, Any]]:
+        """Per (collective, mesh axes): predicted and compiled count and bytes per device."""
+        predicted = self.prediction.steps if self.prediction is not None else ()
+        return communication(self.mesh, predicted, self.compiled)
+
+    @property
+    def predicted_counts(self) -> dict[str, int]:
+        """Predicted collectives per kind (all mesh axes)."""
+        return self._counts(0)
+
+    @property
+    def compiled_counts(self) -> dict[str, int]:
+        """Compiled collectives per kind (all mesh axes)."""
+        return self._counts(2)
+
+    def _counts(self, column: int) -> dict[str, int]:
+        result: dict[str, int] = {}
+        for (kind, _), row in self.communication.items():
+            result[kind] = result.get(kind, 0) + row[column]
+        return result
 
 
 @dataclass
@@ -152,27 +183,61 @@ class TrainReport:
         return max(abs(a - b) for a, b in zip(self.losses, self.reference))
 
     def table(self) -> str:
-        tokens = self.config.batch * self.config.seq
-        rows = [("phase", "mesh", "steps", "first loss", "last loss", "tokens/s", "collectives per step (compiled)")]
+        """The report: the parameters' layouts per phase, then per phase its losses,
+        speed and collectives per step (predicted beside compiled), then each phase's
+        collectives by kind and mesh axis."""
+        c = self.config
+        first = self.phases[0]
+        layouts = [
+            (path, str(shape), *(str(p.layouts[path][1]) for p in self.phases),
+             *(str(p.layouts[path][1].local_shape(shape, 0)) for p in self.phases))
+            for path, (shape, _) in first.layouts.items()
+        ]  # fmt: skip
+        meshes = [str(p.mesh) for p in self.phases]
+        header = (
+            f"GPT-style LM: vocab {c.vocab}, dim {c.dim}, {c.layers} layers (lax.scan), seq {c.seq}, batch {c.batch}; "
+            "plain JAX model code on the DTensors' arrays (model_arrays), default Explicit-axes meshes\n"
+            + format_table(("parameter", "shape", *meshes, *(f"rank 0 local ({m})" for m in meshes)), layouts)
+        )
+        tokens = c.batch * c.seq
+        rows = []
         for p in self.phases:
-            mesh = ",".join(f"{n}={s}" for n, s in zip(p.mesh.to_jax().axis_names, p.mesh.shape))
             per_second = tokens * len(p.steps) / p.seconds if p.seconds else float("nan")
-            collectives = ", ".join(f"{n} {k}" for k, n in sorted(p.collectives.items())) or "none"
-            rows.append((p.name, mesh, f"{p.steps.start}-{p.steps.stop - 1}", f"{p.losses[0]:.4f}",
-                         f"{p.losses[-1]:.4f}", f"{per_second:,.0f}", collectives))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        lines = [" | ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-        lines.insert(1, "-+-".join("-" * w for w in widths))
-        lines.append(f"max |loss - unsharded loss| over {len(self.reference)} steps: {self.max_difference:.2e}")
-        lines.append(f"checkpoint: {self.checkpoint}" + (f"; loss plot: {self.plot}" if self.plot else ""))
-        return "\n".join(lines)
+            rows.append((p.name, str(p.mesh), f"{p.steps.start}-{p.steps.stop - 1}", f"{p.losses[0]:.4f}",
+                         f"{p.losses[-1]:.4f}", f"{per_second:,.0f}", count_text(p.predicted_counts),
+                         count_text(p.compiled_counts)))
+        summary = format_table(
+            ("phase", "mesh", "steps", "first loss", "last loss", "tokens/s", "collectives per step: predicted",
+             "compiled"),
+            rows,
+        )
+        details = "\n\n".join(
+            f"{p.name} ({p.mesh}): collectives per step, predicted (placements2jax.predict, whole-program search) "
+            f"vs compiled (XLA)\n" + communication_table(p.communication)
+            for p in self.phases
+        )
+        return "\n".join([
+            header, "", summary,
+            f"max |loss - unsharded loss| over {len(self.reference)} steps: {self.max_difference:.2e}",
+            f"checkpoint: {self.checkpoint}" + (f"; loss plot: {self.plot}" if self.plot else ""),
+            "", details,
+            "The prediction chooses layouts per equation with its own cost model; XLA's propagation plans the "
+            "whole step (and on CPU lowers a reduce-scatter as an all-reduce): where they differ, both are shown "
+            "as they are.",
+        ])
 
 
-def _collectives(step: Any, *args: Any) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for collective in compiled_collectives(step, *args):
-        counts[collective.op] = counts.get(collective.op, 0) + 1
-    return counts
+def _on_mesh(tree: Any, mesh: DeviceMesh) -> Any:
+    """Non-DTensor arrays (optax's count) replicated on the mesh, as the compiled step
+    returns them: the step's inputs then keep one sharding from step to step."""
+    replicated = jax.sharding.NamedSharding(mesh.to_jax(), jax.sharding.PartitionSpec())
+    return jax.tree.map(lambda v: v if isinstance(v, DTensor) else jax.device_put(v, replicated), tree,
+                        is_leaf=is_dtensor)
+
+
+def _free_outputs(state: Any) -> Any:
+    """``out_layouts`` for the optimizer state: DTensors keep their layout, the rest free."""
+    return jax.tree.map(lambda v: v if isinstance(v, DTensor) else None, state, is_leaf=is_dtensor)
 
 
 def train_gpt(config: GPTConfig = GPTConfig(), directory: str | None = None, progress: bool = True) -> TrainReport:
@@ -182,17 +247,16 @@ def train_gpt(config: GPTConfig = GPTConfig(), directory: str | None = None, pro
     root = Path(directory or tempfile.mkdtemp(prefix="placements2jax-train-"))
     half = config.steps // 2
     phases = [
-        Phase("tensor parallel dp x tp", init_device_mesh((2, 4), ("dp", "tp"), axis_types="auto"), TP_PLAN,
-              range(0, half)),
-        Phase("FSDP-style, resumed", init_device_mesh((4, 2), ("dp", "tp"), axis_types="auto"), FSDP_PLAN,
-              range(half, config.steps)),
+        Phase("tensor parallel", init_device_mesh((2, 4), ("dp", "tp")), TP_PLAN, range(0, half)),
+        Phase("FSDP-style, resumed", init_device_mesh((4, 2), ("dp", "tp")), FSDP_PLAN, range(half, config.steps)),
     ]
     optimizer = optax.adamw(config.learning_rate, weight_decay=0.01)
     rng = np.random.default_rng(0)
     batches = [_sequences(rng, config) for _ in range(config.steps)]
     key = jax.random.key(0)
+    shapes = jax.eval_shape(lambda k: gpt_init(k, config), key)
 
-    plain_step = _step_fn(gpt_loss, optimizer)
+    plain_step = jax.jit(_update(gpt_loss, optimizer))
     plain = jax.jit(lambda k: gpt_init(k, config))(key)
     plain_state = optimizer.init(plain)
     reference = []
@@ -200,34 +264,34 @@ def train_gpt(config: GPTConfig = GPTConfig(), directory: str | None = None, pro
         plain, plain_state, loss = plain_step(plain, plain_state, tokens)
         reference.append(float(loss))
 
-    step = _step_fn(_on_arrays, optimizer)
-    first = phases[0]
-    params = init_pytree(lambda k: gpt_init(k, config), key, first.mesh, first.plan)
-    state = optimizer.init(params)
+    step = jax.jit(_update(_loss, optimizer))
     bar = _progress(progress, config.steps)
     for index, phase in enumerate(phases):
-        if index:  # resume: load the checkpoint onto this phase's mesh and plan
-            from .parallelize import plan_layouts
-
-            shapes = jax.eval_shape(lambda k: gpt_init(k, config), key)
-            layouts = plan_layouts(shapes, phase.mesh, phase.plan)
+        layouts = plan_layouts(shapes, phase.mesh, phase.plan)
+        flat = jax.tree_util.tree_flatten_with_path(shapes)[0]
+        phase.layouts = {path_of(k): (s.shape, lay) for (k, s), lay in zip(flat, jax.tree.leaves(layouts))}
+        if index == 0:
+            params = init_pytree(lambda k: gpt_init(k, config), key, phase.mesh, phase.plan)
+            state = optimizer.init(params)
+        else:  # resume: load the checkpoint onto this phase's mesh and plan
             params_target = jax.tree.map(
                 lambda s, lay: AbstractDTensor(s.shape, s.dtype, phase.mesh, lay), shapes, layouts,
                 is_leaf=lambda v: isinstance(v, jax.ShapeDtypeStruct),
             )
-            state_target = _abstract_state(optimizer.init(load_shapes(params_target)))
+            state_target = _abstract_state(optimizer.init(load_shapes(params_target)), phase.mesh)
             restored = load(root, {"params": params_target, "state": state_target})
             params, state = restored["params"], restored["state"]
-        for i in phase.steps:
-            tokens = distribute_tensor(batches[i], phase.mesh, "S(0),R")
-            if not phase.collectives:
-                phase.collectives = _collectives(step, params, state, tokens)
-                # Compile outside the timing: the first call's outputs carry XLA's chosen
-                # shardings, so JAX compiles once more for them; both calls are discarded.
-                warm = step(params, state, tokens)
-                jax.block_until_ready(step(warm[0], warm[1], tokens))
+        state = _on_mesh(state, phase.mesh)
+        tokens = [distribute_tensor(batches[i], phase.mesh, "S(0),R") for i in phase.steps]
+        # Predicted on the same step written on plain arrays, its outputs in the layouts the
+        # compiled step keeps (parameters and optimizer state as they came in, loss replicated).
+        phase.prediction = predict(_update(gpt_loss, optimizer), params, state, tokens[0], mesh=phase.mesh,
+                                   out_layouts=(params, _free_outputs(state), "R,R"))
+        compiled = step.lower(params, state, tokens[0]).compile()  # compiled once, outside the timing
+        phase.compiled = tuple(parse_collectives(compiled.as_text()))
+        for i, batch in zip(phase.steps, tokens):
             began = time.perf_counter()
-            params, state, loss = step(params, state, tokens)
+            params, state, loss = compiled(params, state, batch)
             phase.losses.append(float(loss))
             phase.seconds += time.perf_counter() - began
             bar(i, float(loss), reference[i])
@@ -258,10 +322,14 @@ def load_shapes(target: Any) -> Any:
     )
 
 
-def _abstract_state(state: Any) -> Any:
+def _abstract_state(state: Any, mesh: DeviceMesh) -> Any:
+    """Load targets for an optimizer state: its DTensors' shapes and layouts, its other
+    arrays (optax's count) replicated on ``mesh``."""
+    replicated = jax.sharding.NamedSharding(mesh.to_jax(), jax.sharding.PartitionSpec())
     return jax.tree.map(
-        lambda d: AbstractDTensor(d.shape, d.dtype, d.device_mesh, d.layout) if isinstance(d, DTensor) else d,
-        state, is_leaf=lambda v: isinstance(v, DTensor),
+        lambda d: AbstractDTensor(d.shape, d.dtype, d.device_mesh, d.layout) if isinstance(d, DTensor)
+        else jax.ShapeDtypeStruct(np.shape(d), jnp.result_type(d), sharding=replicated),
+        state, is_leaf=is_dtensor,
     )
 
 
@@ -307,6 +375,7 @@ def _plot(report: TrainReport, path: Path) -> Path | None:
 
 
 def main(print_fn: Callable[[str], None] = print) -> TrainReport:
+    """Train (with a progress bar) and print the report."""
     report = train_gpt()
     print_fn(report.table())
     return report

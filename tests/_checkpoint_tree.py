@@ -11,3 +11,7 @@ VALUES = {
 # name -> (mesh, placements) on the grid (2 x 4: dp, tp) or the line (8: x) mesh
 SAVE_LAYOUTS = {"w": ("grid", "S(0),S(1)"), "b": ("grid", "P,S(0)"), "e": ("line", "S(1)")}
 LOAD_LAYOUTS = {"w": ("line", "S(1)"), "b": ("grid", "(tp,dp)"), "e": ("grid", "R,S(0)")}
+# plain (non-DTensor) leaves: optax's step count, replicated on the grid mesh, and an array
+# split over both processes (dp rows), saved whole once and read by every process
+PLAIN = {"count": np.int32(11), "rows": np.arange(8 * 3, dtype=np.float32).reshape(8, 3)}
+PLAIN_SPECS = {"count": (), "rows": ("dp",)}

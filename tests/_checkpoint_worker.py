@@ -21,10 +21,11 @@ jax.config.update("jax_num_cpu_devices", 4)
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
 import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's package first
-from _checkpoint_tree import LOAD_LAYOUTS, SAVE_LAYOUTS, VALUES  # noqa: E402
+from _checkpoint_tree import LOAD_LAYOUTS, PLAIN, PLAIN_SPECS, SAVE_LAYOUTS, VALUES  # noqa: E402
 
 import placements2jax as p2j  # noqa: E402
 from placements2jax import DTensor, init_device_mesh  # noqa: E402
@@ -50,12 +51,23 @@ def main() -> None:
                 tree[name] = plain.redistribute(placements=layout)
             else:
                 tree[name] = DTensor.from_local(own, mesh, layout, shape=VALUES[name].shape)
+        for name, value in PLAIN.items():  # global arrays over both processes' devices
+            sharding = NamedSharding(meshes["grid"].to_jax(), PartitionSpec(*PLAIN_SPECS[name]))
+            tree[name] = jax.make_array_from_callback(value.shape, sharding, lambda index, v=value: v[index])
         p2j.save(path, tree, step=3)
         checked.append("saved")
     else:
         target = {name: p2j.AbstractDTensor(VALUES[name].shape, VALUES[name].dtype, meshes[m], pl)
                   for name, (m, pl) in LOAD_LAYOUTS.items()}
-        loaded = p2j.load(path, target)
+        plain = {name: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(
+            meshes["line"].to_jax(), PartitionSpec(*(("x",) if v.ndim else ())))) for name, v in PLAIN.items()}
+        loaded = p2j.load(path, {**target, **plain})
+        for name in PLAIN:  # every process read the one stored copy, placed on its own devices
+            array = loaded.pop(name)
+            assert array.sharding == plain[name].sharding and not array.is_fully_addressable
+            for shard in array.addressable_shards:
+                np.testing.assert_array_equal(np.asarray(shard.data), PLAIN[name][shard.index])
+            checked.append(name)
         for name, dtensor in loaded.items():
             layout = dtensor.layout
             for rank, block in dtensor.local_shards().items():

@@ -1570,7 +1570,36 @@ CASES: list[Case] = [
         "init_pytree: shard a dim the leaf lacks", "init_pytree", PlacementError, "placements (at 'w')",
         lambda e: placements2jax.init_pytree(lambda k: {"w": jnp.ones(3)}, jax.random.key(0), e.mesh, {"w": "S(1),R"}),
     ),
+    # -- mixed precision -------------------------------------------------------------------------------------
+    _c(
+        "mixed_precision: not an optax optimizer", "mixed_precision", ArgumentTypeError, "optimizer",
+        lambda e: placements2jax.mixed_precision(lambda g: g),
+    ),
+    _c(
+        "mixed_precision: integer master dtype", "mixed_precision", ArgumentTypeError, "master_dtype",
+        lambda e: placements2jax.mixed_precision(_optax().sgd(0.1), master_dtype=np.int32),
+    ),
+    _c(
+        "mixed_precision: unknown master dtype", "mixed_precision", ArgumentTypeError, "master_dtype",
+        lambda e: placements2jax.mixed_precision(_optax().sgd(0.1), master_dtype="float33"),
+    ),
+    _c(
+        "mixed_precision: update without params", "mixed_precision", ArgumentTypeError, "params",
+        lambda e: _mixed_update_without_params(e),
+    ),
 ]
+
+
+def _optax() -> Any:
+    import optax
+
+    return optax
+
+
+def _mixed_update_without_params(e: Any) -> Any:
+    optimizer = placements2jax.mixed_precision(_optax().sgd(0.1))
+    params = {"w": e.dt}
+    return optimizer.update(params, optimizer.init(params))
 
 # Public names without a bad-input case, and why.
 EXEMPT = {
@@ -1583,6 +1612,7 @@ EXEMPT = {
     "clear_caches": "takes no arguments",
     "loss_parallel": "takes no arguments",
     "layouts_of": "accepts any pytree (non-DTensor leaves are kept as they are)",
+    "model_arrays": "accepts any pytree (non-DTensor leaves are kept as they are)",
 }
 
 

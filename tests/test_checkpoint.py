@@ -18,6 +18,7 @@ import ml_dtypes
 import numpy as np
 import optax
 import pytest
+from jax.sharding import PartitionSpec as P
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,7 +27,7 @@ from placements2jax import AbstractDTensor, CheckpointError, DeviceMesh, DTensor
 from placements2jax.layout import iter_layouts
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _checkpoint_tree import LOAD_LAYOUTS, SAVE_LAYOUTS, VALUES  # noqa: E402
+from _checkpoint_tree import LOAD_LAYOUTS, PLAIN, PLAIN_SPECS, SAVE_LAYOUTS, VALUES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 MESHES = {
@@ -88,6 +89,28 @@ def test_optimizer_state_and_step_counter_round_trip(tmp_path) -> None:
     _exact(loaded["params"]["w"], np.asarray(params["w"].full_tensor()))
     assert int(loaded["opt"][0].count) == 0
     assert loaded["opt"][0].mu["w"].device_mesh == other
+
+
+def test_array_leaves_are_written_once_and_load_with_the_target_sharding(tmp_path) -> None:
+    """Non-DTensor arrays (optax's count, a sharded plain jax.Array): stored whole, loaded
+    into the target's mesh sharding (jax.Array or ShapeDtypeStruct), or uncommitted."""
+    grid = MESHES["grid"].to_jax()
+    count = jax.device_put(jnp.int32(5), jax.sharding.NamedSharding(grid, P()))
+    table = jax.device_put(jnp.arange(16.0).reshape(8, 2), jax.sharding.NamedSharding(grid, P("dp", "tp")))
+    p2j.save(tmp_path, {"count": count, "table": table, "host": np.arange(3)}, step=1)
+    assert [p.name for p in (tmp_path / "1" / "leaves").iterdir()].count("count") == 1
+    line = jax.sharding.NamedSharding(MESHES["line"].to_jax(), P("x"))
+    loaded = p2j.load(tmp_path, {"count": jax.ShapeDtypeStruct((), jnp.int32, sharding=count.sharding),
+                                 "table": jax.ShapeDtypeStruct((8, 2), jnp.float32, sharding=line),
+                                 "host": np.zeros(3, np.int64)})
+    assert int(loaded["count"]) == 5 and loaded["count"].sharding == count.sharding
+    assert loaded["table"].sharding == line
+    np.testing.assert_array_equal(np.asarray(loaded["table"]), np.arange(16.0).reshape(8, 2))
+    for shard in loaded["table"].addressable_shards:
+        assert shard.data.shape == (1, 2)
+    np.testing.assert_array_equal(np.asarray(loaded["host"]), np.arange(3))
+    again = p2j.load(tmp_path, {"count": jnp.int32(0), "table": table, "host": np.zeros(3, np.int64)})
+    assert int(again["count"]) == 5 and again["table"].sharding == table.sharding
 
 
 def test_metadata_records_mesh_and_torch_placements(tmp_path) -> None:
@@ -196,11 +219,17 @@ def test_two_processes_save_one_process_loads(tmp_path) -> None:
               for name, (m, pl) in LOAD_LAYOUTS.items()}
     for name, dtensor in p2j.load(tmp_path, target).items():
         _exact(dtensor, VALUES[name])
+    assert sorted(p.name for p in (tmp_path / "3" / "leaves").iterdir()) == sorted([*VALUES, *PLAIN])
+    plain = p2j.load(tmp_path, {name: np.zeros_like(v) for name, v in PLAIN.items()})
+    for name, value in PLAIN.items():  # written once (by process 0), whole: the split array gathered
+        np.testing.assert_array_equal(np.asarray(plain[name]), value)
 
 
 def test_one_process_saves_two_processes_load(tmp_path) -> None:
     meshes = {"grid": init_device_mesh((2, 4), ("dp", "tp")), "line": MESHES["line"]}
     tree = {name: p2j.distribute_tensor(VALUES[name], meshes[m], pl) for name, (m, pl) in SAVE_LAYOUTS.items()}
+    for name, value in PLAIN.items():
+        tree[name] = jax.device_put(value, jax.sharding.NamedSharding(meshes["grid"].to_jax(), P(*PLAIN_SPECS[name])))
     p2j.save(tmp_path, tree, step=3)
     summaries = _pair("load", tmp_path)
-    assert [sorted(s["checked"]) for s in summaries] == [sorted(VALUES)] * 2
+    assert [sorted(s["checked"]) for s in summaries] == [sorted([*VALUES, *PLAIN])] * 2

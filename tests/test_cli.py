@@ -231,7 +231,7 @@ def test_redistribute_help(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_python_m_placements2jax_demo() -> None:
-    """The CLI path of `make demo`: JAX simulates 8 CPU devices by itself (no XLA_FLAGS)."""
+    """The CLI path of the demos: JAX simulates 8 CPU devices by itself (no XLA_FLAGS)."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     result = subprocess.run(
         [sys.executable, "-m", "placements2jax", "demo", "--steps", "2"],

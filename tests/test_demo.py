@@ -1,4 +1,4 @@
-"""The main job (`make demo`): tensor-parallel training with torch-style placements."""
+"""The layout demo (`placements2jax demo`): tensor-parallel training with torch-style placements."""
 
 import jax
 import numpy as np

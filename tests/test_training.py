@@ -169,18 +169,20 @@ GPT_PLAN = {r"embed": "R,S(0)", r"blocks/(qkv|up)": "None,None,tp", r"blocks/(ou
 
 
 def _on_arrays(loss_fn):
-    """The model's loss on the DTensors' logical arrays: its gradients come back as
-    DTensors in the parameters' layouts (DTensor is a pytree; to_jax is differentiable)."""
+    """The model's loss on the DTensors' logical arrays (p2j.model_arrays): its gradients
+    come back as DTensors in the parameters' layouts."""
 
     def wrapped(params, *args):
-        arrays = jax.tree.map(lambda d: d.to_jax(), params, is_leaf=lambda v: isinstance(v, DTensor))
-        return loss_fn(arrays, *(a.to_jax() if isinstance(a, DTensor) else a for a in args))
+        return loss_fn(*p2j.model_arrays((params, *args)))
 
     return wrapped
 
 
-def test_unmodified_model_code_trains_on_an_auto_mesh_like_unsharded() -> None:
-    mesh = init_device_mesh((2, 4), ("dp", "tp"), axis_types="auto")
+@pytest.mark.parametrize("axis_types", ["explicit", "auto"])
+def test_unmodified_model_code_trains_like_unsharded(axis_types) -> None:
+    """On the default (Explicit) mesh and on an Auto mesh alike: table[idx], jnp.where
+    masks and lax.scan over layers, unchanged, under jit(value_and_grad) + optax."""
+    mesh = init_device_mesh((2, 4), ("dp", "tp"), axis_types=axis_types)
     params = p2j.init_pytree(_gpt_init, KEY, mesh, GPT_PLAN)
     plain = jax.jit(_gpt_init)(KEY)
     optimizer = optax.adamw(1e-2)
@@ -203,16 +205,125 @@ def test_unmodified_model_code_trains_on_an_auto_mesh_like_unsharded() -> None:
         plain, plain_state, plain_loss = plain_step(plain, plain_state, tokens)
         assert float(loss) == pytest.approx(float(plain_loss), rel=1e-5)
     assert params["embed"].placements == (Replicate(), Shard(0))
+    assert params["embed"].device_mesh is mesh and params["embed"].array.sharding.mesh == mesh.to_jax()
     assert state[0].mu["blocks"]["down"].layout == params["blocks"]["down"].layout
     np.testing.assert_allclose(np.asarray(params["embed"].full_tensor()), np.asarray(plain["embed"]), rtol=2e-4, atol=1e-6)
 
 
+def test_model_arrays_are_the_logical_arrays_on_the_auto_twin() -> None:
+    mesh = init_device_mesh((2, 4), ("dp", "tp"))
+    value = np.arange(8 * 8, dtype=np.float32).reshape(8, 8)
+    tree = {"w": p2j.distribute_tensor(value, mesh, "S(0),S(1)"), "p": p2j.distribute_tensor(value, mesh, "P,S(0)"),
+            "u": p2j.distribute_tensor(value[:7], mesh, "R,S(0)"), "n": 3, "a": jnp.ones(2)}
+    arrays = p2j.model_arrays(tree)
+    assert arrays["n"] == 3 and arrays["a"] is tree["a"]
+    for name, want in (("w", value), ("p", value), ("u", value[:7])):
+        np.testing.assert_array_equal(np.asarray(arrays[name]), want)
+        assert arrays[name].sharding.mesh.axis_types == (jax.sharding.AxisType.Auto,) * 2
+        assert arrays[name].sharding.mesh.devices.tolist() == mesh.to_jax().devices.tolist()
+    assert arrays["w"].sharding.spec == jax.sharding.PartitionSpec("dp", "tp")
+    assert arrays["p"].sharding.spec == jax.sharding.PartitionSpec("tp", None)  # the partial sum reduced
+    assert arrays["u"].sharding.is_fully_replicated  # uneven: replicated, as to_jax()
+    for shard in arrays["w"].addressable_shards:  # each device keeps its own block
+        rank = [d.id for d in jax.devices()].index(shard.device.id)
+        np.testing.assert_array_equal(np.asarray(shard.data), np.asarray(tree["w"].to_local(rank)))
+    auto = init_device_mesh((2, 4), ("dp", "tp"), axis_types="auto")
+    on_auto = p2j.distribute_tensor(value, auto, "S(0),S(1)")
+    assert p2j.model_arrays(on_auto).sharding == on_auto.to_jax().sharding
+
+
+def test_model_arrays_under_eager_and_jitted_grad() -> None:
+    """A vocabulary-split lookup (plain JAX) differentiated eagerly and under jit on the
+    default mesh: the same gradient, a DTensor in the table's layout, equal to plain JAX."""
+    mesh = init_device_mesh((2, 4), ("dp", "tp"))
+    table = p2j.randn(64, 8, key=KEY, device_mesh=mesh, placements="R,S(0)")
+    ids = np.array([[1, 5, 9], [60, 7, 33]], np.int32)
+    sharded_ids = p2j.distribute_tensor(ids, mesh, "S(0),R")
+
+    def model(table, ids):
+        return jnp.tanh(table[ids]).sum()
+
+    def loss(t, i):
+        return model(*p2j.model_arrays((t, i)))
+
+    eager, jitted = jax.grad(loss)(table, sharded_ids), jax.jit(jax.grad(loss))(table, sharded_ids)
+    plain = jax.grad(model)(jax.random.normal(KEY, (64, 8)), ids)
+    for grad in (eager, jitted):
+        assert isinstance(grad, DTensor) and grad.layout == table.layout
+        np.testing.assert_allclose(np.asarray(grad.full_tensor()), np.asarray(plain), rtol=1e-6)
+
+
 def test_explicit_default_mesh_needs_an_out_sharding_for_table_lookups() -> None:
     """The default mesh stays Explicit (Partial(sum) carried natively as ``unreduced``,
-    every move an exact ``reshard``); JAX then asks model code to say the sharding of an
-    ambiguous gather. This documents the behaviour docs/training.md explains."""
+    every move an exact ``reshard``); JAX then asks model code given the Explicit-typed
+    arrays themselves (``to_jax()``) to say the sharding of an ambiguous gather, which is
+    why model code gets ``model_arrays`` (docs/training.md, Explicit or Auto axes)."""
     mesh = init_device_mesh((2, 4), ("dp", "tp"))
     params = p2j.init_pytree(_gpt_init, KEY, mesh, GPT_PLAN)
     tokens = p2j.distribute_tensor(np.zeros((8, SEQ + 1), np.int32), mesh, "S(0),R")
     with pytest.raises(Exception, match="out_sharding"):
-        jax.jit(_on_arrays(_gpt_loss))(params, tokens)
+        arrays = jax.tree.map(lambda d: d.to_jax(), (params, tokens), is_leaf=lambda v: isinstance(v, DTensor))
+        jax.jit(_gpt_loss)(*arrays)
+
+
+# -- mixed precision: bfloat16 parameters, float32 master weights and moments (p2j.mixed_precision) ---------------
+
+
+def _bf16_loss(params, x, y):
+    return _loss(params, x, y).astype(jnp.float32)
+
+
+def _plain_bf16_loss(params, x, y):
+    return _plain_loss(params, x, y).astype(jnp.float32)
+
+
+def test_mixed_precision_trains_bfloat16_parameters_like_plain_jax() -> None:
+    optimizer = p2j.mixed_precision(optax.adamw(3e-3, weight_decay=0.1))
+    bf16 = lambda tree: jax.tree.map(lambda a: a.astype(jnp.bfloat16), tree)  # noqa: E731
+    params, plain = bf16(p2j.init_pytree(_init, KEY, MESH, PLAN)), bf16(jax.jit(_init)(KEY))
+    state, plain_state = optimizer.init(params), optimizer.init(plain)
+    for path in ("up", "down"):
+        for name in ("w", "b"):
+            assert params[path][name].dtype == jnp.bfloat16
+            for tensor in (state.master[path][name], state.inner[0].mu[path][name], state.inner[0].nu[path][name]):
+                assert tensor.dtype == jnp.float32 and tensor.layout == params[path][name].layout
+
+    def make_step(loss_fn):
+        @jax.jit
+        def step(params, state, x, y):
+            loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+            updates, state = optimizer.update(grads, state, params)
+            return optax.apply_updates(params, updates), state, loss
+
+        return step
+
+    step, plain_step = make_step(_bf16_loss), make_step(_plain_bf16_loss)
+    for seed in range(4):
+        x, y = (a.astype(ml_dtypes.bfloat16) for a in _data(seed))
+        params, state, loss = step(params, state, *(p2j.distribute_tensor(a, MESH, BATCH) for a in (x, y)))
+        plain, plain_state, plain_loss = plain_step(plain, plain_state, x, y)
+        assert float(loss) == pytest.approx(float(plain_loss), rel=2e-2)
+        # the parameters are exactly the master weights rounded, in their layouts
+        for path in ("up", "down"):
+            for name in ("w", "b"):
+                p, master = params[path][name], state.master[path][name]
+                assert p.dtype == jnp.bfloat16 and p.layout == master.layout == state.inner[0].nu[path][name].layout
+                np.testing.assert_array_equal(np.asarray(p.full_tensor()),
+                                              np.asarray(master.full_tensor().astype(jnp.bfloat16)))
+    np.testing.assert_allclose(np.asarray(state.master["up"]["w"].full_tensor()),
+                               np.asarray(plain_state.master["up"]["w"]), rtol=5e-2, atol=2e-3)
+
+
+def test_mixed_precision_keeps_updates_smaller_than_a_bfloat16_step() -> None:
+    """An update below half a bfloat16 ulp rounds away on bfloat16 weights; the float32
+    master weights accumulate it until the parameter moves."""
+    params = {"w": p2j.distribute_tensor(np.ones((4, 8), ml_dtypes.bfloat16), MESH, "R,S(1)")}
+    optimizer = p2j.mixed_precision(optax.sgd(1e-3))
+    state = optimizer.init(params)
+    grads = jax.tree.map(jnp.ones_like, params)
+    for _ in range(6):
+        updates, state = optimizer.update(grads, state, params)
+        params = optax.apply_updates(params, updates)
+    np.testing.assert_allclose(np.asarray(state.master["w"].full_tensor()), 1 - 6e-3, rtol=1e-6)
+    assert float(params["w"].full_tensor()[0, 0]) == float(jnp.bfloat16(1 - 6e-3))  # 0.9921875, not 1.0
+    assert params["w"].layout == state.master["w"].layout
