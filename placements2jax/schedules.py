@@ -59,7 +59,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from .caches import cached
 from .errors import ArgumentTypeError
 from .hlo import Collective, parse_collectives
-from .inference.check import collective_nbytes
+from .inference.cost import collective_nbytes
 from .inference.cost import CostModel, default_cost_model
 from .layout import Layout
 from .physical import Physical
@@ -119,7 +119,7 @@ def check_policy(policy: Any, argument: str = "policy") -> Policy:
 
 def sent_bytes(collective: Collective, num_devices: int) -> Fraction:
     """Average bytes each of ``num_devices`` devices sends for one compiled collective:
-    the per-member ring figure of :func:`.inference.check.collective_nbytes` for each
+    the per-member ring figure of :func:`.inference.cost.collective_nbytes` for each
     member of its groups (collective-permute: the result for each pair between two
     devices), over all devices."""
     if collective.op == "collective-permute":
@@ -313,21 +313,24 @@ def schedule_function(src: Physical, dst: Physical, dtype: Any, policy: Policy |
 
 def _cost_model(mesh: Any) -> CostModel:
     """The default cost model when it has latency terms, else the backend's calibration
-    (one per process: a ring over all devices, applied to every mesh dim)."""
+    (one per process: a ring over all devices, applied to every mesh dim, and the
+    devices' local copy time)."""
     model = default_cost_model()
     if model.latency:
         return model
-    latency, per_byte = _calibrated(mesh.devices.ravel()[0].platform, jax.device_count())
+    latency, per_byte, copy_per_byte = _calibrated(mesh.devices.ravel()[0].platform, jax.device_count())
     dims = range(mesh.ndim)
-    return CostModel(latency={m: latency for m in dims}, per_byte={m: per_byte for m in dims})
+    return CostModel(latency={m: latency for m in dims}, per_byte={m: per_byte for m in dims},
+                     copy_per_byte=copy_per_byte)
 
 
 @cached(maxsize=4)
-def _calibrated(platform: str, device_count: int) -> tuple[float, float]:
+def _calibrated(platform: str, device_count: int) -> tuple[float, float, float]:
     from .mesh import init_device_mesh
 
     model = CostModel.calibrate(init_device_mesh((device_count,), ("ranks",)), repeats=3)
-    return dict(model.latency).get("ranks", 1e-6), dict(model.per_byte).get("ranks", 1e-9)
+    assert model.copy_per_byte is not None  # calibrate always measures it
+    return dict(model.latency).get("ranks", 1e-6), dict(model.per_byte).get("ranks", 1e-9), model.copy_per_byte
 
 
 # -- direct schedules --------------------------------------------------------------------

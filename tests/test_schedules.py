@@ -190,6 +190,9 @@ def test_calibrate_measures_every_axis() -> None:
     assert dict(model.latency).keys() == {"a", "b"} == dict(model.per_byte).keys()
     assert all(v > 0 for v in dict(model.latency).values())
     assert model.collective_seconds(mesh, (0,), 1000.0) > model.collective_seconds(mesh, (0,), 0.0)
+    # copy_per_byte is measured too (not the per-byte fallback): positive and finite
+    assert model.copy_per_byte is not None and 0 < model.copy_per_byte < 1e-3 and math.isfinite(model.copy_per_byte)
+    assert model.copy_seconds(mesh, 1 << 20) == model.copy_per_byte * (1 << 20)
 
 
 def test_bad_policy() -> None:

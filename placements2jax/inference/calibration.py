@@ -14,7 +14,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-__all__ = ["measure"]
+__all__ = ["measure", "measure_copy"]
 
 
 def measure(mesh: Any, *, repeats: int = 5) -> tuple[dict[Any, float], dict[Any, float]]:
@@ -54,6 +54,41 @@ def measure(mesh: Any, *, repeats: int = 5) -> tuple[dict[Any, float], dict[Any,
         latency[name] = per_collective[0]
         per_byte[name] = max((per_collective[1] - per_collective[0]) / (sizes[1] - sizes[0]), 1e-15)
     return latency, per_byte
+
+
+def measure_copy(mesh: Any, *, repeats: int = 5) -> float:
+    """Seconds per byte a device takes to copy its block locally (reading and writing it
+    in another order, as a schedule packs cells into messages), with every device of
+    ``mesh`` copying at once as they do in a schedule.
+
+    One transposing copy of 1 KiB and of 4 MiB per device is timed (the fastest of
+    ``repeats`` samples); the growth in time over the growth in bytes is the per-byte
+    time (the fixed cost of launching a program cancels out)."""
+    jmesh = mesh.to_jax()
+    spec = PartitionSpec(tuple(jmesh.axis_names))
+    sizes = (1 << 10, 1 << 22)  # bytes per device
+    seconds = []
+    for nbytes in sizes:
+        x = jax.device_put(np.zeros((mesh.size() * nbytes // 4,), np.float32), NamedSharding(jmesh, spec))
+        f = jax.jit(jax.shard_map(_transpose_copy, mesh=jmesh, in_specs=spec, out_specs=spec))
+        jax.block_until_ready(f(x))
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            y = x
+            for _ in range(3):
+                y = f(y)
+            jax.block_until_ready(y)
+            samples.append((time.perf_counter() - start) / 3)
+        seconds.append(min(samples))
+    return max((seconds[1] - seconds[0]) / (sizes[1] - sizes[0]), 1e-15)
+
+
+def _transpose_copy(x: jax.Array) -> jax.Array:
+    """The block read in column order and written in row order (a real copy: a transpose
+    cannot alias its input)."""
+    rows = 16
+    return x.reshape(rows, -1).T.reshape(-1)
 
 
 def _ring(name: str, n: int, count: int) -> Callable[[jax.Array], jax.Array]:

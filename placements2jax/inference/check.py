@@ -53,7 +53,7 @@ from .cost import (
     ALL_TO_ALL,
     REDUCE_SCATTER,
     CostModelLike,
-    collective_bytes,
+    collective_nbytes,
 )
 from .jaxpr import Prediction, predict
 from .plan import plan_redistribute
@@ -66,8 +66,6 @@ from .signature import (
 from .table import format_bytes, format_table
 
 __all__ = ["CheckReport", "OutputCheck", "check", "collective_nbytes"]
-
-COLLECTIVE_PERMUTE = "collective-permute"
 
 EQUAL = "equal"
 XLA_REDUCED = "xla reduced partial"
@@ -300,18 +298,3 @@ def _reduced_form(predicted: Layout, compiled: Layout) -> bool:
         return axes, tuple(None if m in dims else op for m, op in enumerate(layout.partial))
 
     return without(predicted) == without(compiled)
-
-
-def collective_nbytes(collective: Collective, num_devices: int) -> Fraction:
-    """Bytes each device sends for one compiled collective, by the formulas of
-    :mod:`.cost` applied to its per-device result ``R`` and group size ``n``: all-reduce
-    ``2R(n-1)/n``, all-gather ``R(n-1)/n`` (R: the gathered result), reduce-scatter
-    ``R(n-1)`` (the input is ``nR``), all-to-all ``R(n-1)/n`` (R: one device's block, all
-    tuple parts), collective-permute ``R``. Empty replica groups mean all devices."""
-    block = collective.result_bytes
-    if collective.op == COLLECTIVE_PERMUTE:
-        return Fraction(block)
-    n = collective.group_size if collective.groups else num_devices
-    if collective.op in (REDUCE_SCATTER, ALL_TO_ALL):
-        return collective_bytes(collective.op, n * block, n)
-    return collective_bytes(collective.op, block, n)
