@@ -112,8 +112,14 @@ temp - aliased bytes per device.
     highest = max(peak_ratios)
     section.notes.append(
         f"Schedules against XLA's reshard: peak ratio {min(peak_ratios)[0]:.2f}x-{highest[0]:.2f}x "
-        f"(highest: {highest[1]}); a direct schedule holds its source block, the cells it sends and "
-        "receives, and the target block."
+        f"(highest: {highest[1]}). A direct schedule's temps are its staging buffers, none of them the "
+        "tensor: the source block cut into cells, the packed messages, the pool of local and received "
+        "cells (one concatenation) and the assembled target block, each a separate buffer, so a ppermute "
+        "schedule into a large target block (e.g. a block of half the tensor) can reach the full tensor's "
+        "size in temps without holding more of the tensor than its target block"
+        + (f" (flagged above: {', '.join(schedule_flagged)}). Assembling the target straight from the "
+           "received messages would cut that; the default policy does not run these schedules."
+           if schedule_flagged else ".")
     )
     section.notes.append(
         f"Between sharded layouts the largest temp is {worst[0]:.2f}x the larger local block ({worst[1]}): "
