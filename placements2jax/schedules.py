@@ -13,7 +13,7 @@ reshard as one candidate among several:
   reshard per step (moves without partials on even layouts).
 * ``direct``: a :class:`DirectSchedule` in one ``shard_map``:
 
-  1. *reduce* (Partial sources): every mesh dim that is partial, or replicated next to a
+  1. *reduce* (Partial sources the target does not keep): every mesh dim that is partial, or replicated next to a
      partial, splits a tensor dim afterwards. Replicated ones slice locally (the reduction is
      split across replicas), partial ones are reduced by one ``psum_scatter`` (a real
      reduce-scatter) over all partial mesh dims for ``sum``, or one ``all_to_all`` followed
@@ -24,12 +24,15 @@ reshard as one candidate among several:
      and its own block lacks, each once. Traffic that is uniform within groups of mesh
      dims (every pair of a group exchanges ``m`` cells) is one ``all_to_all`` over those
      dims (in any device order); otherwise ``ppermute`` rounds, one permutation each.
+     A partial the target keeps (same mesh dims, same op) skips step 1: its contributions
+     differ along the partial mesh dims, so every cell comes from a holder with the
+     receiver's coordinates on them (a plain move within each partial coordinate).
 
   A direct schedule sends the lower bound of benchmarks/bounds.py on every move it
   accepts when step 1 can put each sum on a receiver. The candidate generator refuses
-  (and XLA's reshard is used) uneven (padded) layouts, targets with partial mesh dims
-  (new or kept: they need no reduction, and XLA sends the bound there), and tensor dims
-  that the cells cannot cut evenly.
+  (and XLA's reshard is used) uneven (padded) layouts (standard collectives move equal
+  padded blocks; see docs/redistribute.md), targets with new partial mesh dims (local:
+  nothing to send), and tensor dims that the cells cannot cut evenly.
 * ``direct+xla``: step 1 in ``shard_map``, then XLA's reshard to the target (one
   all-gather or all-to-all instead of several rounds).
 
@@ -59,7 +62,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from .caches import cached
 from .errors import ArgumentTypeError
 from .hlo import Collective, parse_collectives
-from .inference.check import collective_nbytes
+from .inference.cost import collective_nbytes
 from .inference.cost import CostModel, default_cost_model
 from .layout import Layout
 from .physical import Physical
@@ -119,7 +122,7 @@ def check_policy(policy: Any, argument: str = "policy") -> Policy:
 
 def sent_bytes(collective: Collective, num_devices: int) -> Fraction:
     """Average bytes each of ``num_devices`` devices sends for one compiled collective:
-    the per-member ring figure of :func:`.inference.check.collective_nbytes` for each
+    the per-member ring figure of :func:`.inference.cost.collective_nbytes` for each
     member of its groups (collective-permute: the result for each pair between two
     devices), over all devices."""
     if collective.op == "collective-permute":
@@ -313,21 +316,24 @@ def schedule_function(src: Physical, dst: Physical, dtype: Any, policy: Policy |
 
 def _cost_model(mesh: Any) -> CostModel:
     """The default cost model when it has latency terms, else the backend's calibration
-    (one per process: a ring over all devices, applied to every mesh dim)."""
+    (one per process: a ring over all devices, applied to every mesh dim, and the
+    devices' local copy time)."""
     model = default_cost_model()
     if model.latency:
         return model
-    latency, per_byte = _calibrated(mesh.devices.ravel()[0].platform, jax.device_count())
+    latency, per_byte, copy_per_byte = _calibrated(mesh.devices.ravel()[0].platform, jax.device_count())
     dims = range(mesh.ndim)
-    return CostModel(latency={m: latency for m in dims}, per_byte={m: per_byte for m in dims})
+    return CostModel(latency={m: latency for m in dims}, per_byte={m: per_byte for m in dims},
+                     copy_per_byte=copy_per_byte)
 
 
 @cached(maxsize=4)
-def _calibrated(platform: str, device_count: int) -> tuple[float, float]:
+def _calibrated(platform: str, device_count: int) -> tuple[float, float, float]:
     from .mesh import init_device_mesh
 
     model = CostModel.calibrate(init_device_mesh((device_count,), ("ranks",)), repeats=3)
-    return dict(model.latency).get("ranks", 1e-6), dict(model.per_byte).get("ranks", 1e-9)
+    assert model.copy_per_byte is not None  # calibrate always measures it
+    return dict(model.latency).get("ranks", 1e-6), dict(model.per_byte).get("ranks", 1e-9), model.copy_per_byte
 
 
 # -- direct schedules --------------------------------------------------------------------
@@ -387,24 +393,28 @@ class DirectSchedule:
     def build(cls, src: Physical, dst: Physical) -> DirectSchedule | None:
         """The direct schedule of a move, or None when it is refused (see module docstring)."""
         layout, target = src.layout, dst.layout
-        if src.is_padded or dst.is_padded or target.has_partial or math.prod(src.shape) == 0:
+        if src.is_padded or dst.is_padded or math.prod(src.shape) == 0:
             return None
         if layout.mesh != target.mesh:
             return None
+        kept = target.has_partial and target.partial == layout.partial
+        if target.has_partial and not kept:
+            return None  # new partial dims: local, nothing to send (XLA sends nothing either)
         appended: tuple[tuple[int, ...], ...] = ((),) * len(src.shape)
-        middle = layout if not layout.has_partial else None
-        if layout.has_partial:
+        middle = layout if kept or not layout.has_partial else None
+        if middle is None:
             plan = _reduction_plan(src, dst)
             if plan is None:
                 return None
             middle, appended = plan
-        assert middle is not None
         cells = None
         if middle.dim_axes != target.dim_axes:
-            cells = _cell_plan(middle, target, src.shape)
+            # Kept partial dims: each contribution moves among the devices of its own
+            # coordinate on them, like a plain tensor.
+            cells = _cell_plan(middle, target, src.shape, layout.partial_axes if kept else ())
             if cells is None:
                 return None
-        return cls(src, dst, middle if layout.has_partial else None, appended, cells)
+        return cls(src, dst, middle if layout.has_partial and not kept else None, appended, cells)
 
     def reduce_only(self) -> DirectSchedule:
         """Step 1 alone, ending in the reduced layout."""
@@ -470,8 +480,9 @@ class DirectSchedule:
         shape = self.src.shape
         layout = self.src.layout
         if self.reduced_layout is not None:
+            x = self._reduce(x.reshape(_local_shape(layout, shape)))
+        elif layout.has_partial:  # kept partials: drop their stack dims (size 1 on each device)
             x = x.reshape(_local_shape(layout, shape))
-            x = self._reduce(x)
         if self.cells is None:
             return x
         c = self.cells
@@ -486,7 +497,8 @@ class DirectSchedule:
                 received = jax.lax.ppermute(send, tuple(names), perm=list(ex.pairs))
             pool.append(received)
         gathered = _pick(jnp.concatenate(pool, axis=0), c.assemble, index)
-        return _from_cells(gathered, c.after, c.cell)
+        block = _from_cells(gathered, c.after, c.cell)
+        return block.reshape((1,) * len(self.dst.stacked_axes) + _local_shape(self.dst.layout, shape))
 
     def _reduce(self, x: jax.Array) -> jax.Array:
         layout = self.src.layout
@@ -599,7 +611,10 @@ def _reduction_plan(src: Physical, dst: Physical) -> tuple[Layout, tuple[tuple[i
     return Layout(mesh, dim_axes), tuple(tuple(a) for a in appended)
 
 
-def _cell_plan(before: Layout, after: Layout, shape: tuple[int, ...]) -> _Cells | None:
+def _cell_plan(before: Layout, after: Layout, shape: tuple[int, ...], fixed: Sequence[int] = ()) -> _Cells | None:
+    """Step 2: the cells, who sends which to whom, and the collectives. A device receives
+    each cell only from a holder with its own coordinates on the mesh dims ``fixed``
+    (kept partial dims: the contributions differ along them)."""
     mesh_shape = before.mesh.shape
     ndev = math.prod(mesh_shape)
     counts, cell, grid_before, grid_after = [], [], [], []
@@ -630,7 +645,9 @@ def _cell_plan(before: Layout, after: Layout, shape: tuple[int, ...]) -> _Cells 
             holders = []
             for q in range(ndev):
                 offset = [v - s for v, s in zip(cell_at, starts_before[q])]
-                if all(0 <= o < g for o, g in zip(offset, grid_before)):
+                if all(0 <= o < g for o, g in zip(offset, grid_before)) and all(
+                    coords[q][a] == coords[p][a] for a in fixed
+                ):
                     holders.append((q, int(np.ravel_multi_index(offset, grid_before))))
             if any(q == p for q, _ in holders):
                 rows.append((t, p, next(i for q, i in holders if q == p)))

@@ -1138,6 +1138,14 @@ CASES: list[Case] = [
         lambda e: check(lambda a: a * 2, ((8, 16), F32, ("x", None)), mesh=e.mesh8, out_layouts=("R", "R")),
     ),
     _c("check: uneven input", "check", InferenceError, "inputs[0]", lambda e: check(jnp.sin, e.dt)),
+    _c(
+        "check: unknown policy",
+        "check",
+        ArgumentTypeError,
+        "policy",
+        lambda e: check(lambda a: a * 2, ((8, 16), F32, ("x", None)), mesh=e.mesh8, policy="fastest"),
+    ),
+    _c("predict: unknown policy", "predict", ArgumentTypeError, "policy", lambda e: predict(jnp.sin, e.dt, policy=3)),
     _c("check: Partial(max) input", "check", InferenceError, "inputs[0]", lambda e: check(jnp.sin, e.dtm)),
     _c(
         "check: fn fails to trace",

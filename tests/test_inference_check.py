@@ -11,10 +11,11 @@ import pytest
 
 from models.block import block
 
-from placements2jax import InferenceError, Layout, init_device_mesh
+from placements2jax import ArgumentTypeError, InferenceError, Layout, init_device_mesh
 from placements2jax.hlo import parse_collectives
 from placements2jax.inference import check
 from placements2jax.inference.check import collective_nbytes
+from placements2jax.schedules import default_policy, redistribute_schedule, use_policy
 
 F32 = jnp.float32
 B, T, D = 4, 8, 16
@@ -88,6 +89,47 @@ def test_partial_sum_inputs_compile_on_the_explicit_mesh(mesh: Any) -> None:
     report = check(jnp.add, spec(mesh, (8, 16), "S(0),P"), spec(mesh, (8, 16), "S(0),P"))
     assert report.mode == "explicit" and report.agrees
     assert str(report.outputs[0].compiled) == "S(0),P"
+
+
+def test_the_report_names_the_schedule_redistribute_runs_for_each_move(mesh: Any) -> None:
+    """Every redistribution the report lists (the prediction's and the conversions of
+    outputs to XLA's layouts) names the schedule DTensor.redistribute runs under the
+    policy (the current default unless given), with its compiled collectives and bytes."""
+    # The MLP's partial output: the report converts it to XLA's reduced layout (row out.0).
+    def mlp(x: jax.Array, w1: jax.Array, w2: jax.Array) -> jax.Array:
+        return jax.nn.gelu(x @ w1) @ w2
+
+    inputs = spec(mesh, (8, 16), "S(0),R"), spec(mesh, (16, 32), "R,S(1)"), spec(mesh, (32, 16), "R,S(0)")
+    report = check(mlp, *inputs)
+    assert report.policy == default_policy() == "cost"
+    ((where, plan),) = report.redistributions
+    assert (where, str(plan.src), str(plan.dst)) == ("out.0", "S(0),P", "S(0),R")
+    (schedule,) = report.schedules
+    assert schedule == redistribute_schedule(plan.shape, plan.dtype, plan.src, plan.dst, "cost")
+    text = str(report)
+    assert "redistributions, as DTensor.redistribute runs them (policy cost)" in text
+    row = next(line for line in text.splitlines() if line.startswith("out.0 "))
+    assert f"| {schedule.name} " in row and "all-reduce(f32[4, 16])" in row and f"| {schedule.nbytes}" in row
+
+    # A move the program makes (out_layouts from Partial(sum) to Shard): min_bytes runs the
+    # direct reduce-scatter, "xla" XLA's reshard (an all-reduce on CPU), at half the bytes.
+    partial, target = spec(mesh, (8, 16), "S(0),P"), Layout.from_device_mesh(mesh)("S(0),S(1)").bind(2)
+    by_policy = {}
+    for policy in ("min_bytes", "xla"):
+        report = check(lambda x: x, partial, out_layouts=target, policy=policy)
+        ((where, plan),) = report.redistributions
+        assert where == "program" and (str(plan.src), str(plan.dst)) == ("S(0),P", "S(0),S(1)")
+        (by_policy[policy],) = report.schedules
+        assert f"(policy {policy})" in str(report) and f"| {by_policy[policy].name} " in str(report)
+    assert by_policy["min_bytes"].name == "direct" and [c.op for c in by_policy["min_bytes"].collectives] == [
+        "reduce-scatter"
+    ]
+    assert [c.op for c in by_policy["xla"].collectives] == ["all-reduce"]
+    assert by_policy["min_bytes"].nbytes * 2 == by_policy["xla"].nbytes
+    with use_policy("min_bytes"):
+        assert check(lambda x: x, partial, out_layouts=target).schedules[0].name == "direct"
+    with pytest.raises(ArgumentTypeError, match="policy="):
+        check(lambda x: x, partial, policy="fastest")
 
 
 def test_uncompilable_inputs_say_why(mesh: Any) -> None:

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from fractions import Fraction
 
+import numpy as np
 import pytest
 
-from placements2jax import ArgumentTypeError, InferenceError, init_device_mesh
+from placements2jax import ArgumentTypeError, InferenceError, Layout, init_device_mesh
+from placements2jax.hlo import parse_collectives
 from placements2jax.inference import (
     CostModel,
     default_cost_model,
+    plan_redistribute,
+    predict,
     set_default_cost_model,
     use_cost_model,
 )
@@ -18,6 +23,9 @@ from placements2jax.inference.cost import (
     collective_bytes,
     resolve_cost_model,
 )
+from placements2jax.physical import physical
+from placements2jax.placements import parse_placements_or_alias
+from placements2jax.schedules import choose, sent_bytes_per_device
 
 
 @pytest.mark.parametrize(
@@ -80,3 +88,69 @@ def test_default_cost_model_can_be_set_and_scoped() -> None:
     finally:
         set_default_cost_model(previous)
     assert resolve_cost_model({"x": 2}) == CostModel({"x": 2})
+
+
+# -- pricing moves by the schedules redistribute runs (predict(policy=)) ------------------------------------
+
+# (mesh shape, tensor shape, source, target): every family of the redistribute catalogue, Partial sources
+# (sum and avg), a Partial target, an uneven (padded) source, and moves where the schedules send less than XLA.
+PRICED_MOVES = [
+    ((8,), (16, 16), "S(0)", "R"),
+    ((8,), (16, 16), "S(0)", "S(1)"),
+    ((8,), (16, 16), "P", "S(0)"),
+    ((8,), (16, 16), "P", "S(1)"),
+    ((8,), (16, 16), "P(avg)", "R"),
+    ((8,), (16, 16), "R", "P"),
+    ((8,), (10, 4), "S(0)", "R"),
+    ((4, 2), (16, 16), "S(0),S(1)", "S(1),S(0)"),
+    ((4, 2), (16, 16), "S(0),R", "R,S(0)"),
+    ((4, 2), (16, 16), "P,R", "S(0),R"),
+    ((4, 2), (16, 16), "P,S(0)", "P,S(1)"),
+    ((4, 2), (16, 16), "(a,b),None", "None,(b,a)"),
+    ((2, 2, 2), (8, 8, 8), "P,P,P", "S(0),S(1),S(2)"),
+    ((2, 2, 2), (8, 8, 8), "(a,b,c),None,None", "None,None,(c,b,a)"),
+]
+_MESH_AXES = {(8,): ("x",), (4, 2): ("a", "b"), (2, 2, 2): ("a", "b", "c")}
+
+
+@pytest.mark.parametrize(("mesh_shape", "shape", "src", "dst"), PRICED_MOVES)
+def test_predict_prices_moves_by_the_schedule_the_policy_runs(
+    mesh_shape: tuple[int, ...], shape: tuple[int, ...], src: str, dst: str
+) -> None:
+    """predict(policy=P) prices a move (an identity function with ``out_layouts``) by the
+    schedule ``redistribute(policy=P)`` runs: its bytes and collectives equal those read
+    from that schedule's compiled HLO. predict(policy=None) keeps the planner's price of
+    XLA's reshard (what check compares with a plain jit program)."""
+    mesh = init_device_mesh(mesh_shape, _MESH_AXES[mesh_shape])
+    source, target = (Layout.from_placements(mesh, parse_placements_or_alias(t)).bind(len(shape)) for t in (src, dst))
+    spec = (shape, np.int32, source)
+    plain = predict(lambda x: x, spec, out_layouts=target)
+    assert plain.policy is None and plain.schedules == ()
+    assert plain.nbytes == plan_redistribute(shape, np.int32, source, target).nbytes
+    for policy in ("xla", "min_bytes", "cost"):
+        prediction = predict(lambda x: x, spec, out_layouts=target, policy=policy)
+        schedule = choose(physical(source, shape), physical(target, shape), np.int32, policy)
+        compiled = parse_collectives(schedule.jitted.lower(schedule.argument()).compile().as_text())
+        assert [s.name for s in prediction.schedules] == [schedule.name]
+        assert prediction.nbytes == sent_bytes_per_device(compiled, mesh.size()), (policy, schedule.name)
+        assert prediction.collectives == Counter(c.op for c in compiled)
+        assert prediction.cost == prediction.nbytes  # every axis weighs 1
+        assert f"schedules under policy {policy!r}: {schedule.name}" in str(prediction)
+
+
+def test_predict_weighs_schedule_bytes_by_the_axis_weights() -> None:
+    """Under a policy, ``cost`` weighs each collective's bytes by the largest weight of its
+    mesh dims: an all-gather over ``a`` on (4,2) costs 3x its bytes with ``{"a": 3}``."""
+    mesh = init_device_mesh((4, 2), ("a", "b"))
+    source, target = (Layout.from_placements(mesh, p).bind(2) for p in ("S(0),R", "R,R"))
+    prediction = predict(lambda x: x, ((16, 16), np.float32, source), out_layouts=target, policy="xla",
+                         cost_model={"a": 3})
+    assert prediction.nbytes == 16 * 16 * 4 * Fraction(3, 4)
+    assert prediction.cost == 3 * prediction.nbytes
+
+
+def test_predict_refuses_a_bad_policy() -> None:
+    mesh = init_device_mesh((8,), ("x",))
+    layout = Layout.from_placements(mesh, "S(0)").bind(1)
+    with pytest.raises(ArgumentTypeError, match="policy="):
+        predict(lambda x: x, ((8,), np.float32, layout), policy="fastest")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -149,15 +150,33 @@ def test_direct_schedules_reach_the_bound(mesh_shape: tuple[int, ...], src: str,
 
 
 def test_refused_moves_use_xla() -> None:
-    """Uneven layouts and partial targets: only XLA's reshard is a candidate."""
+    """Uneven layouts, new partial dims in the target (alone or next to reduced ones):
+    only XLA's reshard is a candidate (docs/redistribute.md says why)."""
     mesh = _mesh((4, 2))
-    uneven = (physical(resolve_layout(mesh, "S(0),R", 1), (10,)),
-              physical(resolve_layout(mesh, "R,S(0)", 1), (10,)))
-    kept = (physical(resolve_layout(mesh, "P,S(0)", 2), (8, 8)),
-            physical(resolve_layout(mesh, "P,S(1)", 2), (8, 8)))
-    for src, dst in (uneven, kept):
+
+    def move(src: str, dst: str, shape: tuple[int, ...]) -> tuple[Any, Any]:
+        return tuple(physical(resolve_layout(mesh, p, len(shape)), shape) for p in (src, dst))
+
+    for src, dst in (move("S(0),R", "R,S(0)", (10,)), move("R,S(0)", "P,S(0)", (8, 8)), move("P,R", "R,P", (8, 8))):
         assert DirectSchedule.build(src, dst) is None
         assert [s.name for s in candidates(src, dst, np.int32)] == ["xla"]
+
+
+@pytest.mark.parametrize("op", ["sum", "avg", "max"])
+def test_kept_partials_move_within_their_coordinate(op: str) -> None:
+    """A partial kept by the move (same mesh dims, same op) moves like a plain tensor among
+    the devices of each coordinate on its mesh dims: the direct schedule is exact and sends
+    the bound, where XLA's reshard sends 5/3 of it for (b,c),None -> None,(c,b) with
+    Partial on a, on (2,2,2)."""
+    mesh = _mesh((2, 2, 2))
+    shape = (8, 8)
+    src = Layout(mesh, ((1, 2), ()), (op, None, None))
+    dst = Layout(mesh, ((), (2, 1)), (op, None, None))
+    assert "direct" in _check_move(src, dst, shape, 3)
+    by_name = {s.name: s for s in candidates(physical(src, shape), physical(dst, shape), np.int32)}
+    bound = lower_bound_bytes(src, dst, shape, 4)
+    assert by_name["direct"].nbytes == bound and by_name["xla"].nbytes == bound * 5 / 3
+    assert choose(physical(src, shape), physical(dst, shape), np.int32, "min_bytes").name == "direct"
 
 
 def test_policies_and_visibility() -> None:
@@ -198,6 +217,9 @@ def test_calibrate_measures_every_axis() -> None:
     assert dict(model.latency).keys() == {"a", "b"} == dict(model.per_byte).keys()
     assert all(v > 0 for v in dict(model.latency).values())
     assert model.collective_seconds(mesh, (0,), 1000.0) > model.collective_seconds(mesh, (0,), 0.0)
+    # copy_per_byte is measured too (not the per-byte fallback): positive and finite
+    assert model.copy_per_byte is not None and 0 < model.copy_per_byte < 1e-3 and math.isfinite(model.copy_per_byte)
+    assert model.copy_seconds(mesh, 1 << 20) == model.copy_per_byte * (1 << 20)
 
 
 def test_bad_policy() -> None:

@@ -22,6 +22,13 @@ Where XLA legitimately differs, and how the report says it:
   combines or splits collectives: counts per kind are ``equal`` only when they match;
   otherwise ``same bytes`` when the bytes per device agree, else ``differs``.
 
+The report also lists every redistribution it mentions (the prediction's, and the
+conversions of outputs to XLA's layouts) with the schedule ``DTensor.redistribute`` runs
+for it under the redistribute ``policy`` (default: the current default policy), its
+compiled collectives and bytes (``CheckReport.schedules``; compiled on first use). The
+prediction itself prices moves as XLA's reshard (``predict(policy=None)``), since it is
+compared with what XLA compiles for the plain ``jax.jit`` program.
+
 Not compilable, with an :class:`InferenceError` saying so: inputs with Partial(avg /
 max / min) (JAX has no sharding for them), Partial(sum) inputs on Auto mesh axes, and
 uneven layouts (JAX needs evenly divisible shards; the DTensor pads them instead).
@@ -36,6 +43,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from fractions import Fraction
 from typing import Any
 
@@ -53,7 +61,7 @@ from .cost import (
     ALL_TO_ALL,
     REDUCE_SCATTER,
     CostModelLike,
-    collective_bytes,
+    collective_nbytes,
 )
 from .jaxpr import Prediction, predict
 from .plan import plan_redistribute
@@ -66,8 +74,6 @@ from .signature import (
 from .table import format_bytes, format_table
 
 __all__ = ["CheckReport", "OutputCheck", "check", "collective_nbytes"]
-
-COLLECTIVE_PERMUTE = "collective-permute"
 
 EQUAL = "equal"
 XLA_REDUCED = "xla reduced partial"
@@ -100,6 +106,34 @@ class CheckReport:
     compiled_collectives: tuple[Collective, ...]
     platform: str
     num_devices: int
+    policy: Any = "cost"  # the redistribute policy whose schedules the report names
+
+    @property
+    def redistributions(self) -> tuple[tuple[str, RedistributePlan], ...]:
+        """(where, plan) of every redistribution the report lists: the prediction's
+        (``program``) and the conversions of outputs to XLA's layouts (``out.<i>``)."""
+        listed = [("program", plan) for plan in self.prediction.redistributions]
+        listed += [(f"out.{o.index}", o.conversion) for o in self.outputs if o.conversion and not o.conversion.is_noop]
+        return tuple(listed)
+
+    @cached_property
+    def schedules(self) -> tuple[Any, ...]:
+        """Per redistribution (same order), the :class:`~placements2jax.schedules.Schedule`
+        ``DTensor.redistribute`` runs for it under ``policy``."""
+        from ..schedules import redistribute_schedule  # the schedule redistribute runs, as in the CLI
+
+        return tuple(redistribute_schedule(p.shape, p.dtype, p.src, p.dst, self.policy) for _, p in self.redistributions)
+
+    def schedules_table(self) -> str:
+        """One row per redistribution: the move, the schedule, its compiled collectives
+        and the bytes each device sends (averaged over devices)."""
+        rows = [
+            (where, str(Aval(plan.shape, plan.dtype)), f"{plan.src} -> {plan.dst}", schedule.name,
+             ", ".join(f"{c.op}({c.results_text})" for c in schedule.collectives) or "none",
+             format_bytes(schedule.nbytes))
+            for (where, plan), schedule in zip(self.redistributions, self.schedules)
+        ]
+        return format_table(("where", "tensor", "move", "schedule", "collectives", "bytes per device"), rows)
 
     @property
     def predicted_collectives(self) -> list[tuple[str, Fraction]]:
@@ -174,11 +208,16 @@ class CheckReport:
         comm_rows = [(k, self.predicted_counts[k], self.compiled_counts[k]) for k in kinds]
         comm_rows.append(("bytes per device", format_bytes(self.predicted_bytes), format_bytes(self.compiled_bytes)))
         communication = format_table(("collective", "predicted", "XLA"), comm_rows)
+        policy = self.policy if isinstance(self.policy, str) else repr(self.policy)
+        schedules = (
+            f"\nredistributions, as DTensor.redistribute runs them (policy {policy}):\n{self.schedules_table()}"
+            if self.redistributions else ""
+        )
         return (
             f"check ({self.mode} mesh axes, {self.platform}): outputs\n{outputs}\n"
             f"communication: {self.communication} (predicted includes converting outputs to XLA's layouts)"
             + (f"; why: {self.communication_note}" if self.communication_note else "")
-            + f"\n{communication}"
+            + f"\n{communication}{schedules}"
         )
 
 
@@ -190,11 +229,16 @@ def check(
     search: str = "program",
     out_layouts: Any = None,
     on_unknown: str = "raise",
+    policy: Any = None,
 ) -> CheckReport:
     """Predict ``fn`` on ``inputs`` (pytrees, as :func:`predict` takes them) and compare
     with XLA's compilation (module docstring). ``out_layouts`` constrains both sides:
     the prediction plans for it and XLA compiles with those ``out_shardings`` (``None``
-    leaves XLA free)."""
+    leaves XLA free). ``policy``: the redistribute policy whose schedules the report
+    names for its redistributions (None: the current default policy)."""
+    from ..schedules import check_policy, default_policy  # imported on use: schedules uses inference
+
+    policy = default_policy() if policy is None else check_policy(policy)
     flat = flatten_inputs(inputs, mesh)
     specs, mesh = flat.specs, flat.mesh
     for i, spec in enumerate(specs):
@@ -231,7 +275,9 @@ def check(
     )
     collectives = tuple(parse_collectives(compiled.as_text()))
     platform = mesh.devices.flat[0].platform
-    return CheckReport(prediction, "explicit" if explicit else "auto", outputs, collectives, platform, mesh.size())
+    return CheckReport(
+        prediction, "explicit" if explicit else "auto", outputs, collectives, platform, mesh.size(), policy
+    )
 
 
 def _check_compilable(argument: str, layout: Layout, shape: tuple[int, ...]) -> None:
@@ -300,18 +346,3 @@ def _reduced_form(predicted: Layout, compiled: Layout) -> bool:
         return axes, tuple(None if m in dims else op for m, op in enumerate(layout.partial))
 
     return without(predicted) == without(compiled)
-
-
-def collective_nbytes(collective: Collective, num_devices: int) -> Fraction:
-    """Bytes each device sends for one compiled collective, by the formulas of
-    :mod:`.cost` applied to its per-device result ``R`` and group size ``n``: all-reduce
-    ``2R(n-1)/n``, all-gather ``R(n-1)/n`` (R: the gathered result), reduce-scatter
-    ``R(n-1)`` (the input is ``nR``), all-to-all ``R(n-1)/n`` (R: one device's block, all
-    tuple parts), collective-permute ``R``. Empty replica groups mean all devices."""
-    block = collective.result_bytes
-    if collective.op == COLLECTIVE_PERMUTE:
-        return Fraction(block)
-    n = collective.group_size if collective.groups else num_devices
-    if collective.op in (REDUCE_SCATTER, ALL_TO_ALL):
-        return collective_bytes(collective.op, n * block, n)
-    return collective_bytes(collective.op, block, n)

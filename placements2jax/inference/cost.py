@@ -30,14 +30,16 @@ from numbers import Real
 from typing import Any
 
 from ..errors import ArgumentTypeError, InferenceError
+from ..hlo import Collective
 from ..mesh import DeviceMesh
-from .calibration import measure
+from .calibration import measure, measure_copy
 
 __all__ = [
     "ALL_GATHER",
     "ALL_REDUCE",
     "ALL_TO_ALL",
     "COLLECTIVES",
+    "COLLECTIVE_PERMUTE",
     "LOCAL_PARTIAL",
     "LOCAL_SLICE",
     "REDUCE_SCATTER",
@@ -45,6 +47,7 @@ __all__ = [
     "CostModelLike",
     "block_bytes",
     "collective_bytes",
+    "collective_nbytes",
     "default_cost_model",
     "resolve_cost_model",
     "set_default_cost_model",
@@ -57,6 +60,7 @@ REDUCE_SCATTER = "reduce-scatter"
 ALL_REDUCE = "all-reduce"
 LOCAL_SLICE = "local-slice"
 LOCAL_PARTIAL = "local-partial"
+COLLECTIVE_PERMUTE = "collective-permute"  # compiled only: XLA's point-to-point sends
 COLLECTIVES = (ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER, ALL_REDUCE, LOCAL_SLICE, LOCAL_PARTIAL)
 
 _FACTORS = {
@@ -77,6 +81,21 @@ def collective_bytes(collective: str, block: int | Fraction, n: int) -> Fraction
     if n < 1:
         raise InferenceError("n", n, "a mesh dim has at least one rank", "pass the mesh dim's size")
     return Fraction(block) * _FACTORS[collective](n)
+
+
+def collective_nbytes(collective: Collective, num_devices: int) -> Fraction:
+    """Bytes each device sends for one compiled collective, by the formulas of
+    :mod:`.cost` applied to its per-device result ``R`` and group size ``n``: all-reduce
+    ``2R(n-1)/n``, all-gather ``R(n-1)/n`` (R: the gathered result), reduce-scatter
+    ``R(n-1)`` (the input is ``nR``), all-to-all ``R(n-1)/n`` (R: one device's block, all
+    tuple parts), collective-permute ``R``. Empty replica groups mean all devices."""
+    block = collective.result_bytes
+    if collective.op == COLLECTIVE_PERMUTE:
+        return Fraction(block)
+    n = collective.group_size if collective.groups else num_devices
+    if collective.op in (REDUCE_SCATTER, ALL_TO_ALL):
+        return collective_bytes(collective.op, n * block, n)
+    return collective_bytes(collective.op, block, n)
 
 
 def block_bytes(
@@ -110,8 +129,7 @@ class CostModel:
     ``copy_per_byte`` prices bytes a schedule copies within a device (packing messages);
     unset, it is the smallest per-byte time of the mesh's axes (right for simulated CPU
     devices, where a collective is a copy between threads; give the device memory's figure
-    for a real interconnect). :meth:`calibrate` measures latency and per-byte times on the
-    current backend.
+    for a real interconnect). :meth:`calibrate` measures all three on the current backend.
     """
 
     axis_weights: tuple[tuple[str | int, Fraction], ...]
@@ -136,10 +154,11 @@ class CostModel:
     @classmethod
     def calibrate(cls, mesh: DeviceMesh, repeats: int = 5) -> CostModel:
         """Measure each mesh dim's latency and per-byte time on the current backend (a
-        ring of ``ppermute`` along the dim, two sizes; see
-        :func:`.calibration.measure`)."""
+        ring of ``ppermute`` along the dim, two sizes; see :func:`.calibration.measure`),
+        and ``copy_per_byte`` (every device transposing its block, two sizes; see
+        :func:`.calibration.measure_copy`)."""
         latency, per_byte = measure(mesh, repeats=repeats)
-        return cls(latency=latency, per_byte=per_byte)
+        return cls(latency=latency, per_byte=per_byte, copy_per_byte=measure_copy(mesh, repeats=repeats))
 
     def weight(self, mesh: DeviceMesh, mesh_dim: int) -> Fraction:
         """The weight of one mesh dim: by name first, then by index, else 1."""

@@ -24,6 +24,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from fractions import Fraction
 from typing import Any
 
@@ -115,6 +116,11 @@ class Prediction:
     move the outputs that needed it; ``constrained`` says which outputs had one);
     ``out_layouts_tree`` gives them the result's structure. ``search`` says how the
     signatures were chosen (see :func:`predict`).
+
+    ``policy`` says how the redistributions are priced (see :func:`predict`): ``None``
+    as XLA's reshard in a plain ``jax.jit`` program (the planner's steps); a redistribute
+    policy as the schedules placements2jax runs (``schedules``): then ``nbytes``,
+    ``cost`` and ``collectives`` are the schedules' compiled collectives.
     """
 
     inputs: tuple[TensorSpec, ...]
@@ -124,6 +130,8 @@ class Prediction:
     in_tree: Any = None
     constrained: tuple[bool, ...] = ()
     search: str = "eager"  # how the signatures were chosen: "eager" or "program"
+    policy: Any = None  # how redistributions are priced: None (XLA's reshard) or a redistribute policy
+    cost_model: CostModel | None = None  # the weights of ``cost`` under a policy (None: the default model)
 
     @property
     def out_layouts_tree(self) -> Any:
@@ -153,17 +161,46 @@ class Prediction:
     def steps(self) -> tuple[RedistributeStep, ...]:
         return tuple(step for plan in self.redistributions for step in plan.steps)
 
+    @cached_property
+    def schedules(self) -> tuple[Any, ...]:
+        """Per redistribution, the :class:`~placements2jax.schedules.Schedule` that
+        ``policy`` runs for it (empty when ``policy`` is None: XLA's reshard, priced by
+        the planner's steps). Each is compiled once to read its collectives."""
+        if self.policy is None:
+            return ()
+        from ..schedules import redistribute_schedule  # inference prices what redistribute runs
+
+        return tuple(
+            redistribute_schedule(p.shape, p.dtype, p.src, p.dst, self.policy) for p in self.redistributions
+        )
+
     @property
     def cost(self) -> Fraction:
+        """The weighted bytes of the redistributions: each step's bytes times its mesh
+        dim's weight; under a policy, each collective's bytes times the largest weight of
+        its mesh dims."""
+        if self.policy is not None:
+            model = resolve_cost_model(self.cost_model)
+            return sum(
+                (nbytes * max((model.weight(s.src.layout.mesh, m) for m in axes), default=Fraction(1))
+                 for s in self.schedules for axes, nbytes in s.terms),
+                Fraction(0),
+            )
         return sum((plan.cost for plan in self.redistributions), Fraction(0))
 
     @property
     def nbytes(self) -> Fraction:
+        """Bytes each device sends (under a policy: the schedules', averaged over devices)."""
+        if self.policy is not None:
+            return sum((s.nbytes for s in self.schedules), Fraction(0))
         return sum((s.nbytes for s in self.steps), Fraction(0))
 
     @property
     def collectives(self) -> Counter[str]:
-        """Steps per kind over the whole function (local ones included)."""
+        """Steps per kind over the whole function (local ones included); under a policy,
+        the schedules' compiled collectives per kind."""
+        if self.policy is not None:
+            return Counter(c.op for s in self.schedules for c in s.collectives)
         return Counter(s.collective for s in self.steps)
 
     def __str__(self) -> str:
@@ -176,9 +213,12 @@ class Prediction:
         table = format_table(("eqn", "primitive", "inputs", "outputs", "redistribution", "cost"), rows)
         kinds = ", ".join(f"{k} x{n}" for k, n in sorted(self.collectives.items())) or "none"
         outs = " ; ".join(str(s) for s in self.outputs)
+        priced = "" if self.policy is None else (
+            f" (schedules under policy {self.policy!r}: {', '.join(s.name for s in self.schedules) or 'none'})"
+        )
         return (
             f"{table}\noutputs: {outs}\n"
-            f"communication: {kinds}; {format_bytes(self.nbytes)} B per device, cost {format_bytes(self.cost)}"
+            f"communication{priced}: {kinds}; {format_bytes(self.nbytes)} B per device, cost {format_bytes(self.cost)}"
         )
 
 
@@ -193,6 +233,7 @@ def predict(
     search: str = "program",
     out_layouts: Any = None,
     on_unknown: str = "raise",
+    policy: Any = None,
 ) -> Prediction:
     """Trace ``fn`` on ``inputs`` and propagate layouts through every equation.
 
@@ -219,7 +260,23 @@ def predict(
     ``on_unknown="raise"`` (default): a primitive without a rule raises
     :class:`UnsupportedOpError` naming it and the source line; ``"replicate"`` runs it
     on Replicate inputs and outputs (its report row says so) and goes on.
+
+    ``policy`` says what runs each redistribution, and so how it is priced. ``None``
+    (the default): XLA's reshard, as a plain ``jax.jit`` of ``fn`` compiles it -- what
+    :func:`check` compares against; the planner's steps price it (no compilation). A
+    redistribute policy (``"cost"``, ``"min_bytes"``, ``"xla"`` or a CostModel, as in
+    ``DTensor.redistribute(policy=)``): the schedule that policy runs in code
+    placements2jax executes (``redistribute``); ``Prediction.schedules`` holds them and
+    ``nbytes`` / ``cost`` / ``collectives`` are their compiled collectives (each move is
+    compiled once; ``"xla"`` gives what this backend's XLA compiles for the reshard,
+    e.g. an all-reduce and a slice for Partial -> Shard on CPU). The signatures are
+    chosen with the planner's prices either way (pricing every candidate move by a
+    compiled schedule would compile thousands of programs).
     """
+    if policy is not None:
+        from ..schedules import check_policy  # validated here, used by Prediction.schedules
+
+        policy = check_policy(policy)
     if not callable(fn):
         raise InferenceError("fn", fn, "not callable", "pass a function of the input tensors")
     if search not in SEARCHES:
@@ -254,6 +311,7 @@ def predict(
         prediction = Prediction(
             specs, tuple(moved), tuple(walker.rows), out_tree,
             in_tree=flat.tree, constrained=tuple(t is not None for t in targets), search=search,
+            policy=policy, cost_model=model if policy is not None else None,
         )
         return prediction, graph
 
