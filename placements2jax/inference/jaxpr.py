@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 from jax._src import source_info_util  # the user's source line of an equation, for errors
@@ -54,7 +54,7 @@ from .signature import (
 )
 from .table import format_bytes, format_table
 
-__all__ = ["ON_UNKNOWN", "EquationReport", "Prediction", "predict"]
+__all__ = ["ON_UNKNOWN", "EquationReport", "Executor", "Prediction", "execute", "predict"]
 
 # call-like primitives and the param holding the called jaxpr (loops are not calls)
 CALL_JAXPR_PARAMS = {
@@ -73,6 +73,8 @@ CONSTRAINT_SHARDING_PARAMS = {"sharding_constraint": "sharding", "reshard": "dst
 _PASS_THROUGH = ("optimization_barrier", "device_put")
 # what predict does at a primitive without a rule
 ON_UNKNOWN = ("raise", "replicate")
+# control flow: one row each, walked by _Walker._<name>
+LOOPS = ("scan", "while", "cond")
 # rounds of the fixed point over a loop's carry layouts before falling back to the initial ones
 _FIXED_POINT_ROUNDS = 4
 
@@ -124,6 +126,11 @@ class Prediction:
     in_tree: Any = None
     constrained: tuple[bool, ...] = ()
     search: str = "eager"  # how the signatures were chosen: "eager" or "program"
+    # what :func:`execute` needs to walk the same equations again with an executor: the
+    # traced jaxpr and the search's choices (path -> candidate; empty for eager)
+    jaxpr: Any = dataclasses.field(default=None, repr=False, compare=False)
+    choices: tuple[tuple[str, Candidate], ...] = dataclasses.field(default=(), repr=False, compare=False)
+    on_unknown: str = dataclasses.field(default="raise", repr=False, compare=False)
 
     @property
     def out_layouts_tree(self) -> Any:
@@ -254,6 +261,7 @@ def predict(
         prediction = Prediction(
             specs, tuple(moved), tuple(walker.rows), out_tree,
             in_tree=flat.tree, constrained=tuple(t is not None for t in targets), search=search,
+            jaxpr=closed, choices=tuple(choices.items()), on_unknown=on_unknown,
         )
         return prediction, graph
 
@@ -262,6 +270,39 @@ def predict(
         return eager
     choices = select_program(graph, model, targets)
     return walk(choices)[0] if choices else eager
+
+
+class Executor(Protocol):
+    """Runs equations as the walker visits them (``apply``): it keeps each jaxpr
+    variable's value and computes an equation's outputs under the signature chosen for
+    it. Walking into a call, the walker calls ``enter_call`` (bind the called jaxpr's
+    inputs) and ``exit_call`` (bind the call's outputs); a loop or cond is run by
+    ``loop`` once its row's ``signature`` is known (with ``walker.body_walker``)."""
+
+    def enter_call(self, eqn: Any, closed: Any) -> None: ...
+
+    def exit_call(self, eqn: Any, closed: Any) -> None: ...
+
+    def equation(self, eqn: Any, signature: Signature) -> None: ...
+
+    def loop(self, walker: _Walker, eqn: Any, path: str, signature: Signature) -> None: ...
+
+
+def execute(prediction: Prediction, executor: Executor, cost_model: CostModelLike = None) -> None:
+    """Walk ``prediction``'s jaxpr again with the signatures it chose (its search's
+    choices, the same cost model), running every equation with ``executor``: one walker
+    serves predict, check and apply. The executor holds the values of the jaxpr's
+    inputs and constants before, and of its outputs after (``out_layouts`` moves are
+    the caller's: ``prediction.outputs``)."""
+    closed = prediction.jaxpr
+    if closed is None or not prediction.inputs:
+        raise InferenceError("prediction", prediction, "has no traced jaxpr or no inputs", "pass predict()'s result")
+    mesh = prediction.inputs[0].layout.mesh
+    walker = _Walker(mesh, resolve_cost_model(cost_model), dict(prediction.choices), prediction.on_unknown, executor)
+    walker.walk(
+        closed.jaxpr, _const_specs(closed.jaxpr, mesh), prediction.inputs, "",
+        [("in", i) for i in range(len(prediction.inputs))],
+    )
 
 
 def _const_specs(jaxpr: Any, mesh: DeviceMesh) -> list[TensorSpec]:
@@ -298,12 +339,14 @@ class _Walker:
     (eager selection). Records the dataflow as :class:`ProgramNode`s for the search."""
 
     def __init__(
-        self, mesh: DeviceMesh, cost_model: CostModel, choices: Mapping[str, Candidate], on_unknown: str = "raise"
+        self, mesh: DeviceMesh, cost_model: CostModel, choices: Mapping[str, Candidate], on_unknown: str = "raise",
+        executor: Executor | None = None,
     ) -> None:
         self.mesh = mesh
         self.cost_model = cost_model
         self.choices = choices
         self.on_unknown = on_unknown
+        self.executor = executor  # runs each equation as walked (apply); None: layouts only
         self.rows: list[EquationReport] = []
         self.nodes: list[ProgramNode] = []
         self.call_lines: list[str] = []  # source lines of the enclosing calls, for errors
@@ -380,16 +423,16 @@ class _Walker:
             slot = len(self.rows)
             self.rows.append(EquationReport(path, label, ins, None, ()))
             self.call_lines.append(_source_line(eqn))
+            if self.executor is not None:
+                self.executor.enter_call(eqn, eqn.params[CALL_JAXPR_PARAMS[name]])
             outs = self._closed(eqn.params[CALL_JAXPR_PARAMS[name]], ins, path + ".", sources=srcs)
+            if self.executor is not None:
+                self.executor.exit_call(eqn, eqn.params[CALL_JAXPR_PARAMS[name]])
             self.call_lines.pop()
             self.rows[slot] = EquationReport(path, label, ins, None, tuple(o for o, _ in outs), srcs)
             return outs
-        if name == "scan":
-            return self._scan(eqn, path, ins, srcs, out_avals)
-        if name == "while":
-            return self._while(eqn, path, ins, srcs, out_avals)
-        if name == "cond":
-            return self._cond(eqn, path, ins, srcs, out_avals)
+        if name in LOOPS:
+            return self._loop(eqn, path, ins, srcs, out_avals)
         if name in CONSTRAINT_SHARDING_PARAMS:
             signature = self._constraint(eqn.params[CONSTRAINT_SHARDING_PARAMS[name]], ins[0], out_avals[0])
         elif name in _PASS_THROUGH:
@@ -403,7 +446,36 @@ class _Walker:
         label = signature.op if signature.op.startswith(name) else name  # e.g. 'foo (no rule: replicated)'
         self.rows.append(EquationReport(path, label, ins, signature, outs, srcs))
         self.nodes.append(ProgramNode(path, ins, srcs, signature.candidates))
+        if self.executor is not None:
+            self.executor.equation(eqn, signature)
         return [(o, (path, j)) for j, o in enumerate(outs)]
+
+    def _loop(
+        self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], srcs: tuple[ValueId | None, ...],
+        out_avals: tuple[Aval, ...],
+    ) -> list[tuple[TensorSpec, ValueId | None]]:
+        """A loop or cond: its row (and body rows) are found without the executor (the
+        fixed point walks the body several times); the executor then runs it under the
+        row's layouts, walking the bodies again with :meth:`body_walker` inside
+        ``lax.scan`` / ``while_loop`` / ``switch``."""
+        executor, self.executor = self.executor, None
+        slot = len(self.rows)  # the loop's own row comes first, its bodies' rows after
+        try:
+            outs = getattr(self, "_" + eqn.primitive.name)(eqn, path, ins, srcs, out_avals)
+        finally:
+            self.executor = executor
+        if executor is not None:
+            executor.loop(self, eqn, path, self.rows[slot].signature)
+        return outs
+
+    def body_walker(self, executor: Executor) -> _Walker:
+        """A walker for a loop's bodies under ``executor`` (the same choices; its rows
+        and nodes are thrown away: the loop's walk recorded them)."""
+        return _Walker(self.mesh, self.cost_model, self.choices, self.on_unknown, executor)
+
+    def walk_body(self, closed: Any, ins: Sequence[TensorSpec], prefix: str) -> list[TensorSpec]:
+        """The output layouts of a loop body walked at ``prefix`` on inputs ``ins``."""
+        return [spec for spec, _ in self._closed(closed, ins, prefix)]
 
     def _rule_signature(
         self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]
