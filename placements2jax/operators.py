@@ -44,12 +44,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.extend import core
-from jax.sharding import PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 from .caches import cached, register
 from . import chunking
-from .dtensor import DTensor
+from .dtensor import DTensor, auto_twin_of
 from .errors import ArgumentTypeError, InferenceError, UnsupportedOpError
+from .factories import place
 from .inference import default_cost_model, infer_signature, predict
 from .inference.cost import CostModel
 from .inference.jaxpr import CONSTRAINT_SHARDING_PARAMS, _drop_dim0, _stacked, execute
@@ -60,9 +61,11 @@ from .mesh import DeviceMesh
 from .physical import Physical, physical
 from .programs import convert
 
-__all__ = ["Program", "apply", "binary", "call", "reduce", "reshape", "transpose", "unary"]
+__all__ = ["EXECUTES", "Program", "apply", "binary", "call", "reduce", "reshape", "transpose", "unary"]
 
 Shape = tuple[int, ...]
+# how apply runs a function: per equation as torch dispatches ("ops"), or compiled whole by XLA
+EXECUTES = ("ops", "xla")
 _SCALARS = (bool, int, float, complex)
 _CONSTANTS = (*_SCALARS, np.generic, np.ndarray, jax.Array)
 # Operand keys: ("dtensor", shape, dtype, layout) or ("constant", shape, dtype, weak).
@@ -305,12 +308,19 @@ _install_methods(DTensor)
 # -- apply -----------------------------------------------------------------------------------
 
 
-def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)`` on DTensors: each equation of ``fn``'s jaxpr runs under the
-    signature :func:`~placements2jax.inference.predict` chooses op by op (``search="eager"``,
-    as torch's DTensor dispatch; its planned redistributions included), and the result has
-    ``fn``'s structure with a DTensor per array, laid out as predicted (Partial outputs
-    included).
+def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, execute: str = "ops", **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` on DTensors; the result has ``fn``'s structure with a
+    DTensor per array, laid out as :func:`~placements2jax.inference.predict` says.
+
+    ``execute="ops"`` (default, torch's eager DTensor dispatch): each equation of ``fn``'s
+    jaxpr runs under the signature predict chooses op by op (``search="eager"``, its
+    planned redistributions included) as its own per-rank program, walked by predict's
+    walker (loops run per iteration under their rows' layouts); outputs may be Partial
+    as torch's are. ``execute="xla"`` (whole training steps under ``jax.jit``): the
+    output layouts come from the whole-program search (``search="program"``) and XLA
+    compiles ``fn`` on the inputs' logical arrays constrained to the inputs' and those
+    output layouts, so it sends what plain ``jax.jit`` with these shardings sends (inputs'
+    partials are reduced first; a Partial output is made locally from its value).
 
     ``args`` are pytrees (dicts, lists, NamedTuples, dataclasses, registered classes) of
     DTensors and constants (arrays, numbers, PRNG keys: Replicate tensors); ``kwargs``
@@ -338,8 +348,11 @@ def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, **kwargs:
             "fn", fn, "is not hashable (programs are cached per function)", "pass a function"
         ) from None
     targets = _out_layouts_key(out_layouts)
-    tag = ("apply", fn, frozen, in_tree, targets)
-    return _dispatch(tag, leaves, partial(_apply_program, fn, frozen, in_tree, targets))(leaves)
+    if execute not in EXECUTES:
+        raise InferenceError("execute", execute, "unknown execution", f"use one of {EXECUTES}")
+    tag = ("apply", fn, frozen, in_tree, targets, execute)
+    build = _xla_program if execute == "xla" else _apply_program
+    return _dispatch(tag, leaves, partial(build, fn, frozen, in_tree, targets))(leaves)
 
 
 def _is_dtensor(value: Any) -> bool:
@@ -391,6 +404,58 @@ def _apply_program(
 
     out_shapes = tuple(s.shape for s in prediction.outputs)
     return Program(jax.jit(body), prediction.out_layouts, out_shapes, prediction.out_tree, prediction)
+
+
+@cached(maxsize=1024)
+def _xla_program(
+    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, keys: tuple[OperandKey, ...], cost_model: CostModel
+) -> Program:
+    """``apply(execute="xla")``: ``fn`` on the inputs' logical values, the outputs placed
+    in the layouts the whole-program search predicts; XLA does the layout work."""
+    mesh = _mesh_of(keys, "args")
+    f = partial(fn, **dict(kwargs)) if kwargs else fn
+
+    def flat_fn(*leaves: Any) -> Any:
+        return f(*jax.tree.unflatten(in_tree, leaves))
+
+    layouts = [_layout_of(k, mesh) for k in keys]
+    out_layouts = None if targets is None else jax.tree.unflatten(*targets)
+    prediction = predict(
+        flat_fn, *[(k[1], k[2], layout) for k, layout in zip(keys, layouts)], mesh=mesh, cost_model=cost_model,
+        out_layouts=out_layouts,
+    )
+    sources = [physical(layout, k[1]) if k[0] == "dtensor" else None for k, layout in zip(keys, layouts)]
+
+    def body(*arrays: Any) -> tuple[jax.Array, ...]:
+        logical = [a if s is None else _to_logical(a, s) for a, s in zip(arrays, sources)]
+        outs = jax.tree.leaves(flat_fn(*logical))
+        return tuple(_from_logical(y, spec.layout, spec.shape) for y, spec in zip(outs, prediction.outputs))
+
+    out_shapes = tuple(s.shape for s in prediction.outputs)
+    return Program(jax.jit(body), prediction.out_layouts, out_shapes, prediction.out_tree, prediction)
+
+
+def _to_logical(x: jax.Array, phys: Physical) -> jax.Array:
+    """A DTensor's physical array as its logical value sharded like its tensor dims, on
+    the Auto twin of an Explicit mesh (so XLA propagates shardings through ``fn``)."""
+    layout, shape = phys.layout, phys.shape
+    plain = physical(layout.without_partial(), shape)
+    x = _move(x, phys, plain)  # reduce partials (what plain jit's logical input is)
+    sharding = NamedSharding(auto_twin_of(layout.mesh.to_jax()), PartitionSpec(*plain.dim_entries))
+    x = lax.with_sharding_constraint(x, sharding)
+    if plain.is_padded:
+        x = lax.with_sharding_constraint(lax.slice(x, (0,) * len(shape), shape), sharding)
+    return x
+
+
+def _from_logical(y: jax.Array, layout: Layout, shape: Shape) -> jax.Array:
+    """A logical output value as the physical array of ``layout`` (a partial made
+    locally from the value, without communication)."""
+    plain = physical(layout.without_partial(), shape)
+    y = place(jnp.asarray(y), layout, shape)
+    if layout.mesh.is_explicit:
+        y = jax.sharding.reshard(y, plain.sharding)
+    return _move(y, plain, physical(layout, shape))
 
 
 @dataclass(frozen=True)

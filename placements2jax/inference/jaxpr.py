@@ -32,7 +32,7 @@ from jax._src import source_info_util  # the user's source line of an equation, 
 from jax.extend import core
 from jax.sharding import NamedSharding
 
-from ..caches import cached
+from ..caches import cached, register
 from ..errors import InferenceError, Placements2JaxError, UnsupportedOpError
 from ..layout import Layout
 from ..mesh import DeviceMesh
@@ -50,6 +50,7 @@ from .signature import (
     TensorSpec,
     as_tensor_specs,
     flatten_inputs,
+    is_layout_leaf,
     output_constraints,
 )
 from .table import format_bytes, format_table
@@ -236,6 +237,45 @@ def predict(
     flat = flatten_inputs(inputs, mesh)
     specs, mesh = flat.specs, flat.mesh
     model = resolve_cost_model(cost_model)
+    key = _prediction_key(fn, flat, model, search, out_layouts, on_unknown)
+    if key is not None and key in _predictions:
+        return _predictions[key]
+    prediction = _predict(fn, flat, model, search, out_layouts, on_unknown)
+    if key is not None:
+        if len(_predictions) >= _PREDICTIONS_LIMIT:
+            _predictions.clear()
+        _predictions[key] = prediction
+    return prediction
+
+
+# predict's results, as jax.jit caches its traces: per function object, input specs and
+# structure, cost model and options (Predictions are immutable)
+_predictions: dict[tuple[Any, ...], Prediction] = register({})
+_PREDICTIONS_LIMIT = 256
+
+
+def _prediction_key(
+    fn: Callable[..., Any], flat: Any, model: CostModel, search: str, out_layouts: Any, on_unknown: str
+) -> tuple[Any, ...] | None:
+    """The cache key of a predict call; None when something in it is not hashable (no caching)."""
+    leaves, tree = jax.tree.flatten(out_layouts, is_leaf=is_layout_leaf)
+    targets = tuple(
+        leaf.layout if isinstance(getattr(leaf, "layout", None), Layout) and not isinstance(leaf, TensorSpec)
+        else tuple(leaf) if isinstance(leaf, list) else leaf
+        for leaf in leaves
+    )
+    key = (fn, flat.specs, flat.tree, flat.weak, flat.mesh, model, search, on_unknown, tree, targets)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _predict(
+    fn: Callable[..., Any], flat: Any, model: CostModel, search: str, out_layouts: Any, on_unknown: str
+) -> Prediction:
+    specs, mesh = flat.specs, flat.mesh
     try:
         closed, out_shape = jax.make_jaxpr(flat.call(fn), return_shape=True)(*flat.structs())
     except Placements2JaxError:
