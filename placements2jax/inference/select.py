@@ -224,10 +224,11 @@ def rank_candidates(
 ) -> list[Candidate]:
     """All valid N-D candidates from the 1-D signatures ``one_d`` (all-Replicate added),
     costed and sorted by :meth:`Candidate.rank_key` (the module docstring's steps 1-3)."""
-    avals = [s.aval for s in specs] + list(out_avals)
+    avals = tuple(s.aval for s in specs) + tuple(out_avals)
     n_in = len(specs)
     replicate = OneDSig((Replicate(),) * n_in, (Replicate(),) * len(out_avals))
-    sigs = sorted(set(one_d) | {replicate}, key=_sig_key)
+    sig_keys = {sig: _sig_key(sig) for sig in set(one_d) | {replicate}}
+    sigs = sorted(sig_keys, key=sig_keys.__getitem__)
     found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]] = {}
     layout_cache: dict[Any, Layout] = {}
     for order in orders:
@@ -241,7 +242,7 @@ def rank_candidates(
             layouts = tuple(layout_cache[table] for table in tables)
             if not _matches(layouts[n_in:], out_constraint) or not _matches(layouts[:n_in], in_constraint):
                 continue
-            key = (tuple(_sig_key(s) for s in combo), order)
+            key = (tuple(sig_keys[s] for s in combo), order)
             if layouts not in found or key < found[layouts][0]:
                 found[layouts] = (key, combo, order)
     candidates = []
@@ -274,10 +275,12 @@ def _sig_key(sig: OneDSig) -> tuple[str, ...]:
     return tuple(str(p) for p in sig.placements) + tuple(sorted(map(str, sig.even)))
 
 
+@cached(maxsize=65536)
 def _tables(
-    combo: Sequence[OneDSig], order: Sequence[int], avals: Sequence[Aval], mesh_shape: tuple[int, ...]
-) -> list[tuple[tuple[tuple[int, ...], ...], tuple[Any, ...]]] | None:
-    """Per tensor the (dim_axes, partial) tables of a candidate, or None if it is invalid."""
+    combo: tuple[OneDSig, ...], order: tuple[int, ...], avals: tuple[Aval, ...], mesh_shape: tuple[int, ...]
+) -> tuple[tuple[tuple[tuple[int, ...], ...], tuple[Any, ...]], ...] | None:
+    """Per tensor the (dim_axes, partial) tables of a candidate, or None if it is invalid
+    (cached: ops of the same shapes and rule share them whatever their inputs' layouts)."""
     tables = []
     for t, aval in enumerate(avals):
         dim_axes: list[list[int]] = [[] for _ in range(aval.ndim)]
@@ -296,7 +299,7 @@ def _tables(
             if not _fits(aval.shape[d], axes, mesh_shape, {m for m in axes if (t, d) in combo[m].even}):
                 return None
         tables.append((tuple(tuple(a) for a in dim_axes), tuple(partial)))
-    return tables
+    return tuple(tables)
 
 
 def _fits(size: int, axes: Sequence[int], mesh_shape: tuple[int, ...], even: set[int]) -> bool:

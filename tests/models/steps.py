@@ -42,10 +42,14 @@ class Step:
             is_leaf=_is_dtensor,
         )
 
-    def plain_jit(self) -> Any:
-        """``jax.jit`` of the step with the parameters and state kept in their shardings."""
-        keep = jax.tree.map(_auto, self.args[:2], is_leaf=_is_dtensor)
-        return jax.jit(self.fn, out_shardings=(*keep, None))
+    def out_shardings(self) -> tuple[Any, ...]:
+        """The parameters' and state's shardings (Auto twin), the loss free."""
+        return (*jax.tree.map(_auto, self.args[:2], is_leaf=_is_dtensor), None)
+
+    def plain_jit(self, fresh: bool = False) -> Any:
+        """``jax.jit`` of the step with the parameters and state kept in their shardings
+        (``fresh``: of a new function object, so that JAX traces and compiles anew)."""
+        return jax.jit((lambda *a: self.fn(*a)) if fresh else self.fn, out_shardings=self.out_shardings())
 
 
 def _is_dtensor(x: Any) -> bool:
