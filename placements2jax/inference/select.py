@@ -55,6 +55,7 @@ from .signature import (
     TensorSpec,
     as_tensor_spec,
     as_tensor_specs,
+    is_tensor_leaf,
 )
 
 __all__ = ["infer_signature", "nest_orders", "pending_reduction", "rank_candidates", "signature_for"]
@@ -77,7 +78,9 @@ def infer_signature(
     """The signature of named op ``op`` (e.g. ``"matmul"``, ``"sum"``) on ``inputs``.
 
     ``inputs``: a list of ``(shape, dtype, layout)`` tuples or DTensor-like objects (with
-    ``.shape``, ``.dtype``, ``.layout``); ``mesh`` defaults to theirs. ``params`` are the
+    ``.shape``, ``.dtype``, ``.layout``), or any pytree of them (dicts, NamedTuples,
+    dataclasses: its leaves in ``jax.tree`` order are the operands); ``mesh`` defaults
+    to theirs. ``params`` are the
     op's parameters as its JAX reference takes them (``axis=``, ``keepdims=``,
     ``shape=``, ``subscripts=``...). ``out_layouts`` / ``in_layouts`` constrain the chosen
     layouts (a layout or placements per output / input, None = free); ``cost_model``
@@ -112,13 +115,17 @@ def signature_for(
 
 
 def _as_specs(inputs: Any, mesh: DeviceMesh | None) -> tuple[tuple[TensorSpec, ...], DeviceMesh]:
-    if not isinstance(inputs, (list, tuple)) or (
-        len(inputs) == 3 and isinstance(inputs[0], (tuple, list)) and isinstance(inputs[2], (Layout, MeshPlacements))
+    """The op's operands: the leaves of ``inputs`` (a list, or any pytree: dict, NamedTuple,
+    dataclass..., flattened in ``jax.tree`` order), each a tensor or a constant."""
+    leaves, tree = jax.tree.flatten(inputs, is_leaf=is_tensor_leaf)
+    if inputs is None or (tree.num_nodes == 1 and tree.num_leaves == 1) or (
+        isinstance(inputs, (tuple, list)) and len(inputs) == 3 and isinstance(inputs[0], (tuple, list))
+        and isinstance(inputs[2], (Layout, MeshPlacements))
     ):
         raise ArgumentTypeError(
-            "inputs", inputs, "expected a list of tensors", "pass a list, e.g. [(shape, dtype, layout), dtensor]"
+            "inputs", inputs, "expected a list (or pytree) of tensors", "pass a list, e.g. [(shape, dtype, layout), dtensor]"
         )
-    return as_tensor_specs(inputs, mesh)
+    return as_tensor_specs(leaves, mesh)
 
 
 @cached(maxsize=4096)
