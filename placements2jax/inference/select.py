@@ -117,15 +117,20 @@ def signature_for(
 def _as_specs(inputs: Any, mesh: DeviceMesh | None) -> tuple[tuple[TensorSpec, ...], DeviceMesh]:
     """The op's operands: the leaves of ``inputs`` (a list, or any pytree: dict, NamedTuple,
     dataclass..., flattened in ``jax.tree`` order), each a tensor or a constant."""
-    leaves, tree = jax.tree.flatten(inputs, is_leaf=is_tensor_leaf)
-    if inputs is None or (tree.num_nodes == 1 and tree.num_leaves == 1) or (
-        isinstance(inputs, (tuple, list)) and len(inputs) == 3 and isinstance(inputs[0], (tuple, list))
-        and isinstance(inputs[2], (Layout, MeshPlacements))
-    ):
+    leaves, tree = jax.tree.flatten(inputs, is_leaf=lambda v: is_tensor_leaf(v) or _spec_like(v))
+    if inputs is None or (tree.num_nodes == 1 and tree.num_leaves == 1):
         raise ArgumentTypeError(
             "inputs", inputs, "expected a list (or pytree) of tensors", "pass a list, e.g. [(shape, dtype, layout), dtensor]"
         )
     return as_tensor_specs(leaves, mesh)
+
+
+def _spec_like(value: Any) -> bool:
+    """A ``(shape, dtype, layout)`` tuple, maybe with a bad entry (an operand, not a pytree)."""
+    return (
+        isinstance(value, (tuple, list)) and len(value) == 3 and isinstance(value[0], (tuple, list))
+        and isinstance(value[2], (Layout, MeshPlacements, str))
+    )
 
 
 @cached(maxsize=4096)
