@@ -441,6 +441,32 @@ def test_apply_runs_loops_under_the_predicted_layouts(rows: int) -> None:
     assert any(layout.has_partial for layout in predict(_scan_layers, x, w, search="eager").out_layouts)
 
 
+@pytest.mark.parametrize("rows", [8, 7])  # 7: uneven over dp
+def test_apply_xla_is_exact_on_uneven_and_partial_layouts(rows: int) -> None:
+    """execute="xla": inputs' partials are reduced and pads removed before XLA runs fn;
+    outputs take the whole-program prediction's layouts (a Partial made locally), with
+    the function's values, eagerly and under jit; out_layouts are enforced."""
+    a, b = _data((rows, 16), 42), _data((16, 12), 43) / 4
+    x, w = _dt(a, MESH2, "S(0),R"), _dt(b, MESH2, "P,S(1)")  # w: a Partial(sum) input
+    fns = [
+        (lambda u, v: jnp.tanh(u @ v), None),
+        (lambda u, v: (u @ v, (u @ v).sum(0)), None),
+        (lambda u, v: u @ v, "S(0),P"),  # a Partial output, asked for
+    ]
+    for fn, out in fns:
+        out_layouts = None if out is None else Layout.from_placements(MESH2, out)
+        want = predict(fn, x, w, out_layouts=out_layouts).out_layouts
+        for result in (
+            apply(fn, x, w, out_layouts=out_layouts, execute="xla"),
+            jax.jit(lambda u, v, fn=fn, o=out_layouts: apply(fn, u, v, out_layouts=o, execute="xla"))(x, w),
+        ):
+            leaves = jax.tree.leaves(result, is_leaf=lambda v: isinstance(v, DTensor))
+            assert [leaf.layout for leaf in leaves] == list(want)
+            for leaf, expected in zip(leaves, jax.tree.leaves(fn(a, b))):
+                np.testing.assert_allclose(np.asarray(leaf.full_tensor()), np.asarray(expected), rtol=1e-5, atol=1e-5)
+    assert [str(layout) for layout in want] == ["S(0),P"]
+
+
 def test_apply_errors() -> None:
     x = _dt(_data((8, 12)), MESH1, "S(0)")
     with pytest.raises(ArgumentTypeError, match="fn"):

@@ -15,7 +15,13 @@ Literals and closed-over constants are Replicate. A primitive without a rule rai
 "replicate"``) runs replicated.
 
 Inputs and outputs are pytrees (:mod:`.signature`'s ``flatten_inputs``); ``out_layouts``
-is a pytree prefix of the outputs.
+is a pytree prefix of the outputs. ``predict`` caches its result per function object,
+input specs and options (as ``jax.jit`` caches traces).
+
+The same walker runs programs: :func:`execute` walks a Prediction's jaxpr again with
+its choices and an :class:`Executor` (``apply``'s) that computes every equation under
+the signature the walker gives it, and loops by walking their bodies inside
+``lax.scan`` / ``while_loop`` / ``switch``.
 """
 
 from __future__ import annotations
