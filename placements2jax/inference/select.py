@@ -120,7 +120,8 @@ def _as_specs(inputs: Any, mesh: DeviceMesh | None) -> tuple[tuple[TensorSpec, .
     leaves, tree = jax.tree.flatten(inputs, is_leaf=lambda v: is_tensor_leaf(v) or _spec_like(v))
     if inputs is None or (tree.num_nodes == 1 and tree.num_leaves == 1):
         raise ArgumentTypeError(
-            "inputs", inputs, "expected a list (or pytree) of tensors", "pass a list, e.g. [(shape, dtype, layout), dtensor]"
+            "inputs", inputs, "expected a list of tensors (or a pytree of them)",
+            "pass a list, e.g. [(shape, dtype, layout), dtensor]",
         )
     return as_tensor_specs(leaves, mesh)
 
