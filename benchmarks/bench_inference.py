@@ -4,8 +4,11 @@ transformer block."""
 from __future__ import annotations
 
 import statistics
+import sys
+import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -19,6 +22,8 @@ from jax.sharding import AxisType, NamedSharding
 from placements2jax import Layout, infer_signature, init_device_mesh, predict
 from placements2jax.inference.ops import op_definition
 from placements2jax.placements import parse_placements_or_alias
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tests/models
 
 F32, I32 = jnp.float32, jnp.int32
 MESH3 = (2, 2, 2)
@@ -247,6 +252,50 @@ def _program(config: Config, section: Section) -> None:
     )
 
 
+def _predict_steps(config: Config, section: Section) -> None:
+    """predict on whole adamw training steps (out_layouts keep the parameters' and
+    state's layouts): cold, cached, against XLA compiling the same step."""
+    from models.steps import training_step  # the test models, written as public model code
+
+    mesh = init_device_mesh((2, 4), ("dp", "tp"))
+    rows = []
+    for model in ("mlp",) if config.quick else ("mlp", "gpt2", "llama"):
+        progress(f"  inference predict({model} adamw step)")
+        step = training_step(model, mesh)
+        plain_args = step.plain_args()
+
+        def cold(step: Any = step) -> Any:
+            clear_caches()
+            return predict(step.fn, *step.args, out_layouts=step.out_layouts)
+
+        def xla(step: Any = step, plain_args: Any = plain_args) -> Any:
+            return step.plain_jit(fresh=True).lower(*plain_args).compile()
+
+        prediction = cold()
+        times: dict[str, list[float]] = {"cold": [], "xla": [], "cached": []}
+        for i in range(1 if config.quick else 3):  # seconds per call: a few pairs, alternating first
+            for name, fn in (("cold", cold), ("xla", xla)) if i % 2 == 0 else (("xla", xla), ("cold", cold)):
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+        for _ in range(20):
+            start = time.perf_counter()
+            predict(step.fn, *step.args, out_layouts=step.out_layouts)
+            times["cached"].append(time.perf_counter() - start)
+        cold_s, xla_s, cached_s = (statistics.median(times[k]) for k in ("cold", "xla", "cached"))
+        rows.append((f"{model} adamw step", len(prediction.equations), f"{cold_s * 1e3:.0f}",
+                     f"{cached_s * 1e3:.2f}", f"{xla_s * 1e3:.0f}", f"{cold_s / xla_s:.2f}"))
+    section.tables.append(
+        Table(
+            "predict on whole training steps (mesh dp=2 x tp=4, Megatron plan, out_layouts keeping the parameters' "
+            "and optimizer state's layouts; medians, XLA: jit(step).lower(args).compile() of a fresh function)",
+            ("step", "report rows", "predict cold (ms)", "predict cached (ms)", "XLA compile (ms)",
+             "cold / XLA compile"),
+            tuple(rows),
+        )
+    )
+
+
 def run(config: Config) -> Section:
     section = Section(
         "inference",
@@ -265,7 +314,10 @@ heads split by `tp`, MLP; Megatron column/row-parallel weights). Reference: what
 to answer the same question, tracing, lowering and compiling the block from scratch
 (`jax.jit(...).lower(avals).compile().output_shardings`, Auto mesh axes). `predict`
 searches the whole program by default (`search="program"`: an eager walk, the search,
-a second walk); `search="eager"` chooses op by op.
+a second walk); `search="eager"` chooses op by op. A repeated `predict` call (same
+function object, input specs and options) returns the cached Prediction, as `jax.jit`
+reuses its trace. The same on whole optax adamw training steps of the test models
+(tests/models; quick mode: a Megatron MLP's step only), against XLA compiling the step.
 
 `check(fn, *inputs, search=...)`: the communication per device each search predicts
 (with the reduction of the outputs' partials that XLA does inside the program) against
@@ -276,5 +328,6 @@ step (forward, gradients, SGD update) of two Megatron MLP blocks.
     )
     _ops(config, section)
     _predict(config, section)
+    _predict_steps(config, section)
     _program(config, section)
     return section

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import difflib
 import re
+import sys
+from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
@@ -12,11 +14,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from catalogue import mesh_of
-from harness import Config, Section, Table, Target, compare, microseconds, progress
+from harness import Config, Section, Table, Target, compare, microseconds, paired, progress, time_each
 from jax.sharding import AxisType, NamedSharding
 
-from placements2jax import DTensor, Replicate, Shard, distribute_tensor
-from placements2jax.hlo import parse_collectives
+from placements2jax import DTensor, Replicate, Shard, apply, distribute_tensor, init_device_mesh
+from placements2jax.hlo import compiled_collectives, parse_collectives
+from placements2jax.inference.check import collective_nbytes
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from models.steps import Step, training_step  # noqa: E402  (the test models, written as public model code)
 
 MESH = (4, 2)
 SIZES = {"small": 64, "medium": 512}
@@ -221,6 +227,55 @@ def _jit(config: Config, section: Section) -> None:
     )
 
 
+def _communication(jitted: Any, args: Any) -> tuple[int, float]:
+    collectives = compiled_collectives(jitted, *args)
+    return len(collectives), float(sum(collective_nbytes(c, 8) for c in collectives))
+
+
+def _steps(config: Config, section: Section) -> None:
+    """apply(step, execute="xla") under jax.jit vs plain jax.jit of the step, on the same
+    input and output shardings: collectives, bytes per device, step time."""
+    mesh = init_device_mesh((2, 4), ("dp", "tp"))
+    models = ("mlp",) if config.quick else ("mlp", "gpt2", "llama")
+    steps = [training_step(model, mesh) for model in models]
+    rows, met = [], True
+    for step in steps:
+        progress(f"  operators apply({step.name} adamw step)")
+        plain_jit, plain_args = step.plain_jit(), step.plain_args()
+        ours = jax.jit(lambda *a, step=step: apply(step.fn, *a, out_layouts=step.out_layouts, execute="xla"))
+        (n_ours, b_ours), (n_plain, b_plain) = _communication(ours, step.args), _communication(plain_jit, plain_args)
+        loss, expected = float(ours(*step.args)[2].full_tensor()), float(plain_jit(*plain_args)[2])
+        np.testing.assert_allclose(loss, expected, rtol=1e-5)
+        times = time_each(
+            (lambda: jax.block_until_ready(ours(*step.args)), lambda: jax.block_until_ready(plain_jit(*plain_args))),
+            config,
+        )
+        timing = paired(times[0], times[1])
+        met = met and n_ours <= n_plain and b_ours <= b_plain and timing.ratio <= 1.1
+        per_op = "not compiled (minutes: one program per equation)"
+        if step.name == "mlp":  # the default execute="ops": one shard_map program per equation
+            n_ops, b_ops = _communication(
+                jax.jit(lambda *a, step=step: apply(step.fn, *a, out_layouts=step.out_layouts)), step.args
+            )
+            per_op = f"{n_ops} collectives, {b_ops:.0f} B"
+        rows.append((f"{step.name} adamw step", f"{n_ours} / {n_plain}", f"{b_ours:.0f} / {b_plain:.0f}",
+                     microseconds(timing.ours_median), microseconds(timing.baseline_median), timing.ratio_text(),
+                     per_op))
+    section.tables.append(
+        Table(
+            "apply(train_step, execute=\"xla\") under jax.jit vs plain jax.jit (mesh dp=2 x tp=4, Megatron plan, "
+            "parameters and optimizer state keep their layouts)",
+            ("step", "collectives apply / jit", "bytes per device apply / jit", "apply (µs)", "jit (µs)",
+             "time apply / jit", "apply(execute=\"ops\") for comparison"),
+            tuple(rows),
+        )
+    )
+    section.targets.append(
+        Target("apply of a training step under jax.jit: no more collectives or bytes than jax.jit, time <= 1.1x",
+               "; ".join(f"{r[0]}: {r[1]} collectives, {r[2]} B, {r[5]}" for r in rows), "<= jit, 1.1x", met)
+    )
+
+
 def run(config: Config) -> Section:
     section = Section(
         "operators",
@@ -233,7 +288,12 @@ place the result). Both blocked on; results checked equal first. **jit**: the DT
 function under `jax.jit` (inputs DTensors) and the plain function under `jax.jit` on the
 same shardings (Auto axes, `out_shardings` = the DTensor result's), both compiled by XLA;
 the optimized HLO texts are compared with names, metadata and source locations removed
-(identifiers renumbered in order of appearance).
+(identifiers renumbered in order of appearance). **Training steps**: a whole optax
+adamw step of the test models (tests/models: GPT-2 scanning over its blocks, Llama) laid
+out with the Megatron plan, run by `apply(step, ..., out_layouts=(params, state, None),
+execute="xla")` under `jax.jit` against plain `jax.jit(step, out_shardings=...)` on the
+same shardings (Auto axes): compiled collectives, bytes per device, paired step times
+(quick mode: a Megatron MLP's adamw step only).
 """,
     )
     missing = operators_available()
@@ -244,4 +304,5 @@ the optimized HLO texts are compared with names, metadata and source locations r
         return section
     _eager(config, section)
     _jit(config, section)
+    _steps(config, section)
     return section

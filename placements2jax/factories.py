@@ -199,7 +199,7 @@ def _plain_sharding(plain: Physical) -> NamedSharding:
     return NamedSharding(_auto_twin(plain.layout.mesh), PartitionSpec(*plain.dim_entries))
 
 
-def _place(x: jax.Array, layout: Layout, shape: tuple[int, ...]) -> jax.Array:
+def place(x: jax.Array, layout: Layout, shape: tuple[int, ...]) -> jax.Array:
     """Inside the program: the logical value ``x`` constrained to ``layout``'s splits
     (no partial) on the Auto twin, then padded to the physical blocks.
 
@@ -278,7 +278,7 @@ def born_program(
     shardings = [_plain_sharding(physical(lay.without_partial(), s)) for lay, s in zip(layouts, shapes)]
 
     def body(key: Any) -> list[jax.Array]:
-        return [_place(x, lay, s) for x, lay, s in zip(make(key), layouts, shapes)]
+        return [place(x, lay, s) for x, lay, s in zip(make(key), layouts, shapes)]
 
     return jax.jit(body, out_shardings=shardings)
 

@@ -46,31 +46,34 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.extend import core
-from jax.sharding import PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 from .caches import cached, register
 from . import chunking
-from .dtensor import DTensor
+from .dtensor import DTensor, auto_twin_of
 from .errors import ArgumentTypeError, InferenceError, UnsupportedOpError
+from .factories import place
 from .inference import default_cost_model, infer_signature, predict
 from .inference.cost import CostModel
-from .inference.jaxpr import CALL_JAXPR_PARAMS, CONSTRAINT_SHARDING_PARAMS  # the call / constraint primitives predict walks
+from .inference.jaxpr import CONSTRAINT_SHARDING_PARAMS, _drop_dim0, _stacked, execute
 from .inference.ops import freeze, op_definition, registered_function
-from .inference.signature import is_layout_leaf
+from .inference.signature import TensorSpec, is_layout_leaf
 from .layout import Layout
 from .mesh import DeviceMesh
 from .physical import Physical, physical
 from .programs import convert
 
-__all__ = ["Program", "apply", "binary", "call", "implicit_replication", "reduce", "reshape", "transpose", "unary"]
+__all__ = [
+    "EXECUTES", "Program", "apply", "binary", "call", "implicit_replication", "reduce", "reshape", "transpose", "unary",
+]
 
 Shape = tuple[int, ...]
+# how apply runs a function: per equation as torch dispatches ("ops"), or compiled whole by XLA
+EXECUTES = ("ops", "xla")
 _SCALARS = (bool, int, float, complex)
 _CONSTANTS = (*_SCALARS, np.generic, np.ndarray, jax.Array)
 # Operand keys: ("dtensor", shape, dtype, layout) or ("constant", shape, dtype, weak).
 OperandKey = tuple[Any, ...]
-# control flow predict walks but apply cannot run per equation yet
-_LOOPS = ("scan", "while", "cond")
 
 
 # -- operands --------------------------------------------------------------------------------
@@ -349,12 +352,19 @@ _install_methods(DTensor)
 # -- apply -----------------------------------------------------------------------------------
 
 
-def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)`` on DTensors: each equation of ``fn``'s jaxpr runs under the
-    signature :func:`~placements2jax.inference.predict` chooses op by op (``search="eager"``,
-    as torch's DTensor dispatch; its planned redistributions included), and the result has
-    ``fn``'s structure with a DTensor per array, laid out as predicted (Partial outputs
-    included).
+def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, execute: str = "ops", **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` on DTensors; the result has ``fn``'s structure with a
+    DTensor per array, laid out as :func:`~placements2jax.inference.predict` says.
+
+    ``execute="ops"`` (default, torch's eager DTensor dispatch): each equation of ``fn``'s
+    jaxpr runs under the signature predict chooses op by op (``search="eager"``, its
+    planned redistributions included) as its own per-rank program, walked by predict's
+    walker (loops run per iteration under their rows' layouts); outputs may be Partial
+    as torch's are. ``execute="xla"`` (whole training steps under ``jax.jit``): the
+    output layouts come from the whole-program search (``search="program"``) and XLA
+    compiles ``fn`` on the inputs' logical arrays constrained to the inputs' and those
+    output layouts, so it sends what plain ``jax.jit`` with these shardings sends (inputs'
+    partials are reduced first; a Partial output is made locally from its value).
 
     ``args`` are pytrees (dicts, lists, NamedTuples, dataclasses, registered classes) of
     DTensors and constants (arrays, numbers, PRNG keys: Replicate tensors); ``kwargs``
@@ -382,8 +392,11 @@ def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, **kwargs:
             "fn", fn, "is not hashable (programs are cached per function)", "pass a function"
         ) from None
     targets = _out_layouts_key(out_layouts)
-    tag = ("apply", fn, frozen, in_tree, targets)
-    return _dispatch(tag, leaves, partial(_apply_program, fn, frozen, in_tree, targets))(leaves)
+    if execute not in EXECUTES:
+        raise InferenceError("execute", execute, "unknown execution", f"use one of {EXECUTES}")
+    tag = ("apply", fn, frozen, in_tree, targets, execute)
+    build = _xla_program if execute == "xla" else _apply_program
+    return _dispatch(tag, leaves, partial(build, fn, frozen, in_tree, targets))(leaves)
 
 
 def _is_dtensor(value: Any) -> bool:
@@ -422,84 +435,141 @@ def _apply_program(
         flat_fn, *[(k[1], k[2], layout) for k, layout in zip(keys, layouts)], mesh=mesh, cost_model=cost_model,
         search="eager", out_layouts=out_layouts,
     )
-    closed = jax.make_jaxpr(flat_fn)(*(jax.ShapeDtypeStruct(k[1], k[2]) for k in keys))
-    rows = {row.path: row for row in prediction.equations}
     sources = [physical(layout, k[1]) for k, layout in zip(keys, layouts)]
     finals = [physical(spec.layout, spec.shape) for spec in prediction.outputs]
+    closed = prediction.jaxpr
 
     def body(*arrays: Any) -> tuple[jax.Array, ...]:
-        values = [_Value(a, s) for a, s in zip(arrays, sources)]
-        outs = _Interpreter(rows, mesh).run(closed.jaxpr, closed.consts, values, "")
+        executor = _Executor(mesh)
+        executor.bind_closed(closed, [_Value(a, s) for a, s in zip(arrays, sources)])
+        execute(prediction, executor, cost_model)
+        outs = [executor.read(v) for v in closed.jaxpr.outvars]
         return tuple(jnp.asarray(_move(v.array, v.phys, final)) for v, final in zip(outs, finals))
 
     out_shapes = tuple(s.shape for s in prediction.outputs)
     return Program(jax.jit(body), prediction.out_layouts, out_shapes, prediction.out_tree, prediction)
 
 
+@cached(maxsize=1024)
+def _xla_program(
+    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, keys: tuple[OperandKey, ...], cost_model: CostModel
+) -> Program:
+    """``apply(execute="xla")``: ``fn`` on the inputs' logical values, the outputs placed
+    in the layouts the whole-program search predicts; XLA does the layout work."""
+    mesh = _mesh_of(keys, "args")
+    f = partial(fn, **dict(kwargs)) if kwargs else fn
+
+    def flat_fn(*leaves: Any) -> Any:
+        return f(*jax.tree.unflatten(in_tree, leaves))
+
+    layouts = [_layout_of(k, mesh) for k in keys]
+    out_layouts = None if targets is None else jax.tree.unflatten(*targets)
+    prediction = predict(
+        flat_fn, *[(k[1], k[2], layout) for k, layout in zip(keys, layouts)], mesh=mesh, cost_model=cost_model,
+        out_layouts=out_layouts,
+    )
+    sources = [physical(layout, k[1]) if k[0] == "dtensor" else None for k, layout in zip(keys, layouts)]
+
+    def body(*arrays: Any) -> tuple[jax.Array, ...]:
+        logical = [a if s is None else _to_logical(a, s) for a, s in zip(arrays, sources)]
+        outs = jax.tree.leaves(flat_fn(*logical))
+        return tuple(_from_logical(y, spec.layout, spec.shape) for y, spec in zip(outs, prediction.outputs))
+
+    out_shapes = tuple(s.shape for s in prediction.outputs)
+    return Program(jax.jit(body), prediction.out_layouts, out_shapes, prediction.out_tree, prediction)
+
+
+def _to_logical(x: jax.Array, phys: Physical) -> jax.Array:
+    """A DTensor's physical array as its logical value sharded like its tensor dims, on
+    the Auto twin of an Explicit mesh (so XLA propagates shardings through ``fn``)."""
+    layout, shape = phys.layout, phys.shape
+    plain = physical(layout.without_partial(), shape)
+    x = _move(x, phys, plain)  # reduce partials (what plain jit's logical input is)
+    sharding = NamedSharding(auto_twin_of(layout.mesh.to_jax()), PartitionSpec(*plain.dim_entries))
+    x = lax.with_sharding_constraint(x, sharding)
+    if plain.is_padded:
+        x = lax.with_sharding_constraint(lax.slice(x, (0,) * len(shape), shape), sharding)
+    return x
+
+
+def _from_logical(y: jax.Array, layout: Layout, shape: Shape) -> jax.Array:
+    """A logical output value as the physical array of ``layout`` (a partial made
+    locally from the value, without communication)."""
+    plain = physical(layout.without_partial(), shape)
+    y = place(jnp.asarray(y), layout, shape)
+    if layout.mesh.is_explicit:
+        y = jax.sharding.reshard(y, plain.sharding)
+    return _move(y, plain, physical(layout, shape))
+
+
 @dataclass(frozen=True)
 class _Value:
-    """A jaxpr variable's value while interpreting: a physical array (or a concrete
+    """A jaxpr variable's value while executing: a physical array (or a concrete
     constant, kept as is so it stays a literal in the local programs) and its layout."""
 
     array: Any
     phys: Physical
 
 
-class _Interpreter:
-    """Runs a jaxpr equation by equation with the signatures of ``predict``'s report
-    (``rows`` by equation path), walking into calls exactly as ``predict`` does."""
+class _Executor:
+    """Runs each equation as predict's walker visits it (the walker's executor hook,
+    :class:`~placements2jax.inference.jaxpr.Executor`), under the signature the walker
+    chose for it: values are kept per jaxpr variable; loops run as ``lax.scan`` /
+    ``lax.while_loop`` / ``lax.switch`` whose bodies the walker walks again inside."""
 
-    def __init__(self, rows: dict[str, Any], mesh: DeviceMesh) -> None:
-        self.rows = rows
+    def __init__(self, mesh: DeviceMesh) -> None:
         self.mesh = mesh
+        self.values: dict[Any, _Value] = {}
 
-    def _replicated(self, value: Any, aval: Any) -> _Value:
+    def replicated(self, value: Any, aval: Any) -> _Value:
         shape = tuple(aval.shape)
         return _Value(value, physical(Layout(self.mesh, ((),) * len(shape)), shape))
 
-    def run(self, jaxpr: Any, consts: Sequence[Any], inputs: Sequence[_Value], prefix: str) -> list[_Value]:
-        env: dict[Any, _Value] = {}
+    def read(self, atom: Any) -> _Value:
+        if isinstance(atom, core.Literal):
+            return self.replicated(np.asarray(atom.val, atom.aval.dtype), atom.aval)
+        return self.values[atom]
 
-        def read(atom: Any) -> _Value:
-            if isinstance(atom, core.Literal):
-                return self._replicated(np.asarray(atom.val, atom.aval.dtype), atom.aval)
-            return env[atom]
+    def bind(self, variables: Sequence[Any], values: Sequence[_Value]) -> None:
+        for var, value in zip(variables, values, strict=True):
+            if not isinstance(var, core.DropVar):
+                self.values[var] = value
 
-        env.update((v, self._replicated(c, v.aval)) for v, c in zip(jaxpr.constvars, consts))
-        env.update(zip(jaxpr.invars, inputs))
-        for index, eqn in enumerate(jaxpr.eqns):
-            path = f"{prefix}{index}"
-            ins = [read(a) for a in eqn.invars]
-            name = eqn.primitive.name
-            row = self.rows.get(path)
-            if row is None or not row.primitive.startswith(name):
-                raise InferenceError(
-                    "fn",
-                    name,
-                    f"equation {path} does not match predict's report (the trace changed)",
-                    "make fn trace deterministically (same equations for the same input shapes)",
-                )
-            if name in _LOOPS:
-                raise UnsupportedOpError(
-                    "fn", name, f"apply does not run {name} yet (predict and check do)",
-                    "unroll the loop / branch in Python, or jax.jit the function on the DTensors' shardings",
-                )
-            if registered_function(eqn) is not None:
-                outs = self._equation(eqn, row.signature, ins)
-            elif name in CALL_JAXPR_PARAMS:
-                inner = eqn.params[CALL_JAXPR_PARAMS[name]]
-                outs = self.run(getattr(inner, "jaxpr", inner), getattr(inner, "consts", ()), ins, path + ".")
-            elif name in CONSTRAINT_SHARDING_PARAMS:
-                target = physical(row.signature.out_layouts[0], ins[0].phys.shape)
-                outs = [_Value(_move(ins[0].array, ins[0].phys, target), target)]
-            else:
-                outs = self._equation(eqn, row.signature, ins)
-            for var, value in zip(eqn.outvars, outs):
-                if not isinstance(var, core.DropVar):
-                    env[var] = value
-        return [read(v) for v in jaxpr.outvars]
+    def bind_closed(self, closed: Any, inputs: Sequence[_Value]) -> None:
+        """Bind a (closed) jaxpr's constants (Replicate) and inputs."""
+        jaxpr = getattr(closed, "jaxpr", closed)
+        consts = getattr(closed, "consts", ())
+        self.bind(jaxpr.constvars, [self.replicated(c, v.aval) for v, c in zip(jaxpr.constvars, consts)])
+        self.bind(jaxpr.invars, inputs)
 
-    def _equation(self, eqn: Any, signature: Any, ins: Sequence[_Value]) -> list[_Value]:
+    def moved(self, value: _Value, layout: Layout) -> _Value:
+        target = physical(layout, value.phys.shape)
+        return _Value(_move(value.array, value.phys, target), target)
+
+    # -- the walker's hooks --------------------------------------------------------------------
+
+    def enter_call(self, eqn: Any, closed: Any) -> None:
+        self.bind_closed(closed, [self.read(a) for a in eqn.invars])
+
+    def exit_call(self, eqn: Any, closed: Any) -> None:
+        self.bind(eqn.outvars, [self.read(v) for v in getattr(closed, "jaxpr", closed).outvars])
+
+    def equation(self, eqn: Any, signature: Any) -> None:
+        ins = [self.read(a) for a in eqn.invars]
+        if eqn.primitive.name in CONSTRAINT_SHARDING_PARAMS:
+            outs = [self.moved(ins[0], signature.out_layouts[0])]
+        else:
+            outs = self._local(eqn, signature, ins)
+        self.bind(eqn.outvars, outs)
+
+    def loop(self, walker: Any, eqn: Any, path: str, signature: Any) -> None:
+        ins = [self.moved(self.read(a), layout) for a, layout in zip(eqn.invars, signature.in_layouts)]
+        run = {"scan": self._scan, "while": self._while, "cond": self._cond}[eqn.primitive.name]
+        self.bind(eqn.outvars, run(walker.body_walker(self), eqn, path, signature, ins))
+
+    # -- one equation --------------------------------------------------------------------------
+
+    def _local(self, eqn: Any, signature: Any, ins: Sequence[_Value]) -> list[_Value]:
         name = eqn.primitive.name
         targets = [physical(layout, v.phys.shape) for layout, v in zip(signature.in_layouts, ins)]
         outs = [physical(layout, tuple(v.aval.shape)) for layout, v in zip(signature.out_layouts, eqn.outvars)]
@@ -522,6 +592,77 @@ class _Interpreter:
         local = _local_call(compute, targets, outs, fills, constants, check_vma=function is None)
         arrays = [_move(v.array, v.phys, t) for i, (v, t) in enumerate(zip(ins, targets)) if i not in constants]
         return [_Value(a, p) for a, p in zip(local(*arrays), outs)]
+
+    # -- control flow: the bodies run per iteration under the loop row's layouts --------------
+
+    def _run_body(self, walker: Any, closed: Any, ins: Sequence[_Value], prefix: str) -> list[_Value]:
+        jaxpr = getattr(closed, "jaxpr", closed)
+        self.bind_closed(closed, ins)
+        specs = [TensorSpec(tuple(var.aval.shape), var.aval.dtype, v.phys.layout) for var, v in zip(jaxpr.invars, ins)]
+        walker.walk_body(closed, specs, prefix)
+        return [self.read(v) for v in jaxpr.outvars]
+
+    def _carried(self, values: Sequence[_Value], like: Sequence[_Value]) -> list[jax.Array]:
+        """Loop-carried arrays: ``values`` moved to the layouts of ``like`` (the carry's)."""
+        return [jnp.asarray(self.moved(v, c.phys.layout).array) for v, c in zip(values, like)]
+
+    def _scan(self, walker: Any, eqn: Any, path: str, signature: Any, ins: list[_Value]) -> list[_Value]:
+        """Scanned inputs have dim 0 unsplit (the row's layouts); a slice's physical array
+        is the scanned array's slice along its first tensor dim (after stacked dims)."""
+        p = eqn.params
+        nc, nk = p["num_consts"], p["num_carry"]
+        consts, init, xs = ins[:nc], ins[nc:nc + nk], ins[nc + nk:]
+        slices = [physical(_drop_dim0(x.phys.layout), x.phys.shape[1:]) for x in xs]
+        ys_phys: list[Physical] = []
+
+        def step(carry: list[jax.Array], x: list[jax.Array]) -> tuple[list[jax.Array], list[jax.Array]]:
+            values = [*consts, *(_Value(a, c.phys) for a, c in zip(carry, init)), *map(_Value, x, slices)]
+            outs = self._run_body(walker, p["jaxpr"], values, path + ".")
+            ys_phys[:] = [o.phys for o in outs[nk:]]
+            return self._carried(outs[:nk], init), [jnp.asarray(o.array) for o in outs[nk:]]
+
+        carry0 = [jnp.asarray(v.array) for v in init]
+        xs0 = [jnp.moveaxis(jnp.asarray(x.array), len(x.phys.stacked_axes), 0) for x in xs]
+        carry, ys = lax.scan(step, carry0, xs0, length=p["length"], reverse=p["reverse"], unroll=p["unroll"])
+        stacked = [physical(_stacked(y.layout), (p["length"], *y.shape)) for y in ys_phys]
+        ys = [jnp.moveaxis(y, 0, len(s.stacked_axes)) for y, s in zip(ys, stacked)]
+        return [*(_Value(a, c.phys) for a, c in zip(carry, init)), *map(_Value, ys, stacked)]
+
+    def _while(self, walker: Any, eqn: Any, path: str, signature: Any, ins: list[_Value]) -> list[_Value]:
+        """The predicate is moved to Replicate (every rank decides alike)."""
+        p = eqn.params
+        cn, bn = p["cond_nconsts"], p["body_nconsts"]
+        cond_consts, body_consts, init = ins[:cn], ins[cn:cn + bn], ins[cn + bn:]
+
+        def carried(arrays: list[jax.Array]) -> list[_Value]:
+            return [_Value(a, c.phys) for a, c in zip(arrays, init)]
+
+        def cond(carry: list[jax.Array]) -> jax.Array:
+            (predicate,) = self._run_body(walker, p["cond_jaxpr"], [*cond_consts, *carried(carry)], path + ".cond.")
+            return jnp.asarray(self.moved(predicate, Layout(self.mesh, ())).array)
+
+        def body(carry: list[jax.Array]) -> list[jax.Array]:
+            outs = self._run_body(walker, p["body_jaxpr"], [*body_consts, *carried(carry)], path + ".body.")
+            return self._carried(outs, init)
+
+        return carried(lax.while_loop(cond, body, [jnp.asarray(v.array) for v in init]))
+
+    def _cond(self, walker: Any, eqn: Any, path: str, signature: Any, ins: list[_Value]) -> list[_Value]:
+        """Every branch's outputs are moved to the joined layouts (the row's)."""
+        index, operands = ins[0], ins[1:]
+        outs = [physical(layout, tuple(v.aval.shape)) for layout, v in zip(signature.out_layouts, eqn.outvars)]
+        like = [_Value(None, o) for o in outs]
+
+        def branch(k: int, closed: Any) -> Callable[..., list[jax.Array]]:
+            def run(*arrays: jax.Array) -> list[jax.Array]:
+                values = [_Value(a, v.phys) for a, v in zip(arrays, operands)]
+                return self._carried(self._run_body(walker, closed, values, f"{path}.b{k}."), like)
+
+            return run
+
+        branches = [branch(k, b) for k, b in enumerate(eqn.params["branches"])]
+        arrays = lax.switch(jnp.asarray(index.array), branches, *(jnp.asarray(v.array) for v in operands))
+        return [_Value(a, o) for a, o in zip(arrays, outs)]
 
 
 def _call_registered(function: Any, eqn: Any, *args: Any) -> list[jax.Array]:

@@ -1124,11 +1124,18 @@ CASES: list[Case] = [
         lambda e: apply(jnp.sin, e.dt, out_layouts=[np.zeros(2)]),
     ),
     _c(
-        "apply: a loop",
+        "apply: unknown execute",
+        "apply",
+        InferenceError,
+        "execute",
+        lambda e: apply(jnp.sin, e.dt, execute="fast"),
+    ),
+    _c(
+        "apply: a loop whose body has no rule",
         "apply",
         UnsupportedOpError,
-        "fn",
-        lambda e: apply(lambda a: jax.lax.fori_loop(0, 2, lambda i, x: x * 2, a), e.dt),
+        "primitive",
+        lambda e: apply(lambda a: jax.lax.fori_loop(0, 2, lambda i, x: jnp.fft.fft(x).real.astype(x.dtype), a), e.dt),
     ),
     _c(
         "check: out_layouts not a prefix of the outputs",

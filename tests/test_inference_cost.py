@@ -8,7 +8,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from placements2jax import ArgumentTypeError, InferenceError, Layout, init_device_mesh
+from placements2jax import ArgumentTypeError, InferenceError, Layout, init_device_mesh, resolve_layout
 from placements2jax.hlo import parse_collectives
 from placements2jax.inference import (
     CostModel,
@@ -122,7 +122,7 @@ def test_predict_prices_moves_by_the_schedule_the_policy_runs(
     from that schedule's compiled HLO. predict(policy=None) keeps the planner's price of
     XLA's reshard (what check compares with a plain jit program)."""
     mesh = init_device_mesh(mesh_shape, _MESH_AXES[mesh_shape])
-    source, target = (Layout.from_placements(mesh, parse_placements_or_alias(t)).bind(len(shape)) for t in (src, dst))
+    source, target = (resolve_layout(mesh, parse_placements_or_alias(t), len(shape)) for t in (src, dst))
     spec = (shape, np.int32, source)
     plain = predict(lambda x: x, spec, out_layouts=target)
     assert plain.policy is None and plain.schedules == ()
@@ -142,7 +142,7 @@ def test_predict_weighs_schedule_bytes_by_the_axis_weights() -> None:
     """Under a policy, ``cost`` weighs each collective's bytes by the largest weight of its
     mesh dims: an all-gather over ``a`` on (4,2) costs 3x its bytes with ``{"a": 3}``."""
     mesh = init_device_mesh((4, 2), ("a", "b"))
-    source, target = (Layout.from_placements(mesh, p).bind(2) for p in ("S(0),R", "R,R"))
+    source, target = (resolve_layout(mesh, p, 2) for p in ("S(0),R", "R,R"))
     prediction = predict(lambda x: x, ((16, 16), np.float32, source), out_layouts=target, policy="xla",
                          cost_model={"a": 3})
     assert prediction.nbytes == 16 * 16 * 4 * Fraction(3, 4)
@@ -151,6 +151,6 @@ def test_predict_weighs_schedule_bytes_by_the_axis_weights() -> None:
 
 def test_predict_refuses_a_bad_policy() -> None:
     mesh = init_device_mesh((8,), ("x",))
-    layout = Layout.from_placements(mesh, "S(0)").bind(1)
+    layout = resolve_layout(mesh, "S(0)", 1)
     with pytest.raises(ArgumentTypeError, match="policy="):
         predict(lambda x: x, ((8,), np.float32, layout), policy="fastest")

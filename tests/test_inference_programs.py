@@ -488,6 +488,26 @@ def test_docs_out_layouts_example() -> None:
     assert all(e.primitive != "out_layouts" for e in kept.equations) and kept.cost <= eager_kept.cost
 
 
+def test_predict_is_cached_per_function_input_specs_and_options(mesh: Any) -> None:
+    """A repeated predict (same function object, specs, options) is the same Prediction,
+    as jax.jit reuses a trace; another search, other out_layouts, other specs or a
+    cleared cache predict anew."""
+    from placements2jax import clear_caches
+
+    params = {"w": distribute_tensor(np.ones((16, 32), np.float32), mesh, "R,S(1)"),
+              "b": distribute_tensor(np.zeros(32, np.float32), mesh, "R,S(0)")}
+    x = distribute_tensor(np.ones((8, 16), np.float32), mesh, "S(0),R")
+    first = predict(_sgd_step, params, x, out_layouts=(params, None))
+    assert predict(_sgd_step, params, x, out_layouts=(params, None)) is first
+    assert predict(_sgd_step, params, x) is not first
+    assert predict(_sgd_step, params, x, out_layouts=(params, None), search="eager") is not first
+    moved = distribute_tensor(np.ones((8, 16), np.float32), mesh, "R,S(1)")
+    assert predict(_sgd_step, params, moved, out_layouts=(params, None)) is not first
+    clear_caches()
+    again = predict(_sgd_step, params, x, out_layouts=(params, None))
+    assert again is not first and again == first
+
+
 def test_apply_on_pytrees_enforces_out_layouts(mesh: Any) -> None:
     rng = np.random.default_rng(0)
     plain = {"w": rng.standard_normal((16, 32)).astype(np.float32), "b": rng.standard_normal(32).astype(np.float32)}

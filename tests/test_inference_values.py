@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from placements2jax import Layout, init_device_mesh
+from placements2jax import ArgumentTypeError, Layout, init_device_mesh
 from placements2jax.chunking import chunk_1d
 from placements2jax.inference import (
     RedistributeStep,
@@ -289,6 +289,29 @@ def test_three_d_mesh_matmul_and_sum() -> None:
         values = _values(case, rng)
         for candidate in signature.candidates:
             simulate(case, candidate, values, rng)
+
+
+def test_infer_signature_takes_pytrees_of_operands() -> None:
+    """A dict / NamedTuple of operands is its leaves in jax.tree order (the same signature
+    as the list); a lone tensor is still refused."""
+    from typing import NamedTuple
+
+    import jax.numpy as jnp
+
+    mesh = init_device_mesh((2, 4), ("dp", "tp"))
+    x = ((8, 16), jnp.float32, Layout.from_device_mesh(mesh)("S(0),R"))
+    w = ((16, 32), jnp.float32, Layout.from_device_mesh(mesh)("R,S(1)"))
+
+    class Pair(NamedTuple):
+        x: Any
+        w: Any
+
+    flat = infer_signature("matmul", [x, w])
+    for tree in ({"a": x, "b": w}, Pair(x, w), (x, [w])):
+        assert infer_signature("matmul", tree) == flat
+    assert str(flat.out_layouts[0]) == "S(0),S(1)"
+    with pytest.raises(ArgumentTypeError, match="inputs"):
+        infer_signature("neg", x)
 
 
 @given(

@@ -10,8 +10,11 @@ import jax
 import numpy as np
 import pytest
 from models import common, gpt2, llama
+from models.steps import training_step
 
-from placements2jax import distribute_pytree, init_device_mesh
+from placements2jax import DTensor, apply, distribute_pytree, init_device_mesh
+from placements2jax.hlo import compiled_collectives
+from placements2jax.inference.check import collective_nbytes
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +80,28 @@ def test_megatron_plans(mesh: Any) -> None:
     assert str(adam.mu["layers"][0]["attention"]["wq"].layout) == "R,S(1)"
     assert str(adam.count.layout) == "R,R"
     np.testing.assert_array_equal(np.asarray(adam.nu["output"].full_tensor()), 0)
+
+
+def _communication(jitted: Any, args: Any) -> tuple[int, float]:
+    collectives = compiled_collectives(jitted, *args)
+    return len(collectives), float(sum(collective_nbytes(c, 8) for c in collectives))
+
+
+@pytest.mark.parametrize(("model", "config"), [("mlp", {}), ("gpt2", {}), ("llama", {"layers": 1})])
+def test_apply_of_a_training_step_sends_no_more_than_jit(mesh: Any, model: str, config: dict[str, Any]) -> None:
+    """apply(step, execute="xla") under jax.jit: the compiled step has no more collectives
+    and bytes per device than plain jax.jit of the step on the same shardings, computes
+    the same loss and parameters, and keeps the parameters' and state's layouts."""
+    step = training_step(model, mesh, **config)
+    ours = jax.jit(lambda *a: apply(step.fn, *a, out_layouts=step.out_layouts, execute="xla"))
+    plain_jit, plain_args = step.plain_jit(), step.plain_args()
+    (count, nbytes), (plain_count, plain_bytes) = _communication(ours, step.args), _communication(plain_jit, plain_args)
+    assert count <= plain_count and nbytes <= plain_bytes, (count, plain_count, nbytes, plain_bytes)
+    params, state, loss = ours(*step.args)
+    expected = plain_jit(*plain_args)
+    is_dtensor = lambda x: isinstance(x, DTensor)  # noqa: E731
+    layouts = jax.tree.map(lambda x: x.layout, step.args[:2], is_leaf=is_dtensor)
+    assert jax.tree.map(lambda x: x.layout, (params, state), is_leaf=is_dtensor) == layouts
+    np.testing.assert_allclose(float(loss.full_tensor()), float(expected[2]), rtol=1e-5)
+    for got, want in zip(jax.tree.leaves(params, is_leaf=is_dtensor), jax.tree.leaves(expected[0])):
+        np.testing.assert_allclose(np.asarray(got.full_tensor()), np.asarray(want), rtol=1e-5, atol=1e-6)

@@ -416,6 +416,69 @@ def test_apply_follows_the_planned_redistributions_of_intermediates() -> None:
     np.testing.assert_allclose(np.asarray(result.full_tensor()), np.tanh(a @ b) @ b.T, rtol=1e-5, atol=1e-4)
 
 
+def _scan_layers(h: jax.Array, ws: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def layer(c: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
+        out = jnp.tanh(c @ w)
+        return out, out.sum(0)  # a stacked partial output when rows are split
+
+    return jax.lax.scan(layer, h, ws)
+
+
+def _while_sine(x: jax.Array) -> jax.Array:
+    return jax.lax.while_loop(lambda c: c[1] < 3, lambda c: (jnp.sin(c[0]) * 2, c[1] + 1), (x, 0))[0]
+
+
+def _switch(x: jax.Array, i: jax.Array) -> jax.Array:
+    return jax.lax.switch(i, [lambda a: a.sum(1), lambda a: a.max(1), lambda a: a[:, 0]], x)
+
+
+@pytest.mark.parametrize("rows", [8, 7])  # 7: uneven over dp
+def test_apply_runs_loops_under_the_predicted_layouts(rows: int) -> None:
+    """scan (carry fixed point, stacked Partial outputs), while and cond/switch run per
+    iteration under the loop rows' layouts, eagerly, under jit and under grad."""
+    a, ws = _data((rows, 16), 40), _data((3, 16, 16), 41) / 4
+    x, w = _dt(a, MESH2, "S(0),R"), _dt(ws, MESH2, "R,S(2)")
+    for fn, args, plain in [
+        (_scan_layers, (x, w), (a, ws)),
+        (_while_sine, (x,), (a,)),
+        (_switch, (x, 1), (a, 1)),
+        (jax.grad(lambda w_, x_: _scan_layers(x_, w_)[0].sum()), (w, x), (ws, a)),
+    ]:
+        layouts = predict(fn, *args, search="eager").out_layouts
+        for result in (apply(fn, *args), jax.jit(functools.partial(apply, fn))(*args)):
+            leaves = jax.tree.leaves(result, is_leaf=lambda v: isinstance(v, DTensor))
+            assert [leaf.layout for leaf in leaves] == list(layouts)
+            for leaf, want in zip(leaves, jax.tree.leaves(fn(*plain))):
+                np.testing.assert_allclose(np.asarray(leaf.full_tensor()), np.asarray(want), rtol=1e-5, atol=1e-5)
+    assert any(layout.has_partial for layout in predict(_scan_layers, x, w, search="eager").out_layouts)
+
+
+@pytest.mark.parametrize("rows", [8, 7])  # 7: uneven over dp
+def test_apply_xla_is_exact_on_uneven_and_partial_layouts(rows: int) -> None:
+    """execute="xla": inputs' partials are reduced and pads removed before XLA runs fn;
+    outputs take the whole-program prediction's layouts (a Partial made locally), with
+    the function's values, eagerly and under jit; out_layouts are enforced."""
+    a, b = _data((rows, 16), 42), _data((16, 12), 43) / 4
+    x, w = _dt(a, MESH2, "S(0),R"), _dt(b, MESH2, "P,S(1)")  # w: a Partial(sum) input
+    fns = [
+        (lambda u, v: jnp.tanh(u @ v), None),
+        (lambda u, v: (u @ v, (u @ v).sum(0)), None),
+        (lambda u, v: u @ v, "S(0),P"),  # a Partial output, asked for
+    ]
+    for fn, out in fns:
+        out_layouts = None if out is None else Layout.from_device_mesh(MESH2)(out)
+        want = predict(fn, x, w, out_layouts=out_layouts).out_layouts
+        for result in (
+            apply(fn, x, w, out_layouts=out_layouts, execute="xla"),
+            jax.jit(lambda u, v, fn=fn, o=out_layouts: apply(fn, u, v, out_layouts=o, execute="xla"))(x, w),
+        ):
+            leaves = jax.tree.leaves(result, is_leaf=lambda v: isinstance(v, DTensor))
+            assert [leaf.layout for leaf in leaves] == list(want)
+            for leaf, expected in zip(leaves, jax.tree.leaves(fn(a, b))):
+                np.testing.assert_allclose(np.asarray(leaf.full_tensor()), np.asarray(expected), rtol=1e-5, atol=1e-5)
+    assert [str(layout) for layout in want] == ["S(0),P"]
+
+
 def test_apply_errors() -> None:
     x = _dt(_data((8, 12)), MESH1, "S(0)")
     with pytest.raises(ArgumentTypeError, match="fn"):

@@ -15,7 +15,13 @@ Literals and closed-over constants are Replicate. A primitive without a rule rai
 "replicate"``) runs replicated.
 
 Inputs and outputs are pytrees (:mod:`.signature`'s ``flatten_inputs``); ``out_layouts``
-is a pytree prefix of the outputs.
+is a pytree prefix of the outputs. ``predict`` caches its result per function object,
+input specs and options (as ``jax.jit`` caches traces).
+
+The same walker runs programs: :func:`execute` walks a Prediction's jaxpr again with
+its choices and an :class:`Executor` (``apply``'s) that computes every equation under
+the signature the walker gives it, and loops by walking their bodies inside
+``lax.scan`` / ``while_loop`` / ``switch``.
 """
 
 from __future__ import annotations
@@ -26,14 +32,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from fractions import Fraction
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 from jax._src import source_info_util  # the user's source line of an equation, for errors
 from jax.extend import core
 from jax.sharding import NamedSharding
 
-from ..caches import cached
+from ..caches import Memo, cached
 from ..errors import InferenceError, Placements2JaxError, UnsupportedOpError
 from ..layout import Layout
 from ..mesh import DeviceMesh
@@ -51,11 +57,12 @@ from .signature import (
     TensorSpec,
     as_tensor_specs,
     flatten_inputs,
+    is_layout_leaf,
     output_constraints,
 )
 from .table import format_bytes, format_table
 
-__all__ = ["ON_UNKNOWN", "EquationReport", "Prediction", "predict"]
+__all__ = ["ON_UNKNOWN", "EquationReport", "Executor", "Prediction", "execute", "predict"]
 
 # call-like primitives and the param holding the called jaxpr (loops are not calls)
 CALL_JAXPR_PARAMS = {
@@ -74,6 +81,8 @@ CONSTRAINT_SHARDING_PARAMS = {"sharding_constraint": "sharding", "reshard": "dst
 _PASS_THROUGH = ("optimization_barrier", "device_put")
 # what predict does at a primitive without a rule
 ON_UNKNOWN = ("raise", "replicate")
+# control flow: one row each, walked by _Walker._<name>
+LOOPS = ("scan", "while", "cond")
 # rounds of the fixed point over a loop's carry layouts before falling back to the initial ones
 _FIXED_POINT_ROUNDS = 4
 
@@ -132,6 +141,11 @@ class Prediction:
     search: str = "eager"  # how the signatures were chosen: "eager" or "program"
     policy: Any = None  # how redistributions are priced: None (XLA's reshard) or a redistribute policy
     cost_model: CostModel | None = None  # the weights of ``cost`` under a policy (None: the default model)
+    # what :func:`execute` needs to walk the same equations again with an executor: the
+    # traced jaxpr and the search's choices (path -> candidate; empty for eager)
+    jaxpr: Any = dataclasses.field(default=None, repr=False, compare=False)
+    choices: tuple[tuple[str, Candidate], ...] = dataclasses.field(default=(), repr=False, compare=False)
+    on_unknown: str = dataclasses.field(default="raise", repr=False, compare=False)
 
     @property
     def out_layouts_tree(self) -> Any:
@@ -286,6 +300,37 @@ def predict(
     flat = flatten_inputs(inputs, mesh)
     specs, mesh = flat.specs, flat.mesh
     model = resolve_cost_model(cost_model)
+    key = _prediction_key(fn, flat, model, search, out_layouts, on_unknown, policy)
+    prediction = _predictions.recall(key)
+    if prediction is None:
+        prediction = _predict(fn, flat, model, search, out_layouts, on_unknown, policy)
+        _predictions.remember(key, prediction)
+    return prediction
+
+
+# predict's results, as jax.jit caches its traces: per function object, input specs and
+# structure, cost model and options (Predictions are immutable)
+_predictions = Memo(256)
+
+
+def _prediction_key(
+    fn: Callable[..., Any], flat: Any, model: CostModel, search: str, out_layouts: Any, on_unknown: str, policy: Any
+) -> tuple[Any, ...]:
+    """The cache key of a predict call (unhashable parts make it a miss, never stored)."""
+    leaves, tree = jax.tree.flatten(out_layouts, is_leaf=is_layout_leaf)
+    targets = tuple(
+        leaf.layout if isinstance(getattr(leaf, "layout", None), Layout) and not isinstance(leaf, TensorSpec)
+        else tuple(leaf) if isinstance(leaf, list) else leaf
+        for leaf in leaves
+    )
+    return (fn, flat.specs, flat.tree, flat.weak, flat.mesh, model, search, on_unknown, policy, tree, targets)
+
+
+def _predict(
+    fn: Callable[..., Any], flat: Any, model: CostModel, search: str, out_layouts: Any, on_unknown: str,
+    policy: Any,
+) -> Prediction:
+    specs, mesh = flat.specs, flat.mesh
     try:
         closed, out_shape = jax.make_jaxpr(flat.call(fn), return_shape=True)(*flat.structs())
     except Placements2JaxError:
@@ -312,6 +357,7 @@ def predict(
             specs, tuple(moved), tuple(walker.rows), out_tree,
             in_tree=flat.tree, constrained=tuple(t is not None for t in targets), search=search,
             policy=policy, cost_model=model if policy is not None else None,
+            jaxpr=closed, choices=tuple(choices.items()), on_unknown=on_unknown,
         )
         return prediction, graph
 
@@ -320,6 +366,39 @@ def predict(
         return eager
     choices = select_program(graph, model, targets)
     return walk(choices)[0] if choices else eager
+
+
+class Executor(Protocol):
+    """Runs equations as the walker visits them (``apply``): it keeps each jaxpr
+    variable's value and computes an equation's outputs under the signature chosen for
+    it. Walking into a call, the walker calls ``enter_call`` (bind the called jaxpr's
+    inputs) and ``exit_call`` (bind the call's outputs); a loop or cond is run by
+    ``loop`` once its row's ``signature`` is known (with ``walker.body_walker``)."""
+
+    def enter_call(self, eqn: Any, closed: Any) -> None: ...
+
+    def exit_call(self, eqn: Any, closed: Any) -> None: ...
+
+    def equation(self, eqn: Any, signature: Signature) -> None: ...
+
+    def loop(self, walker: _Walker, eqn: Any, path: str, signature: Signature) -> None: ...
+
+
+def execute(prediction: Prediction, executor: Executor, cost_model: CostModelLike = None) -> None:
+    """Walk ``prediction``'s jaxpr again with the signatures it chose (its search's
+    choices, the same cost model), running every equation with ``executor``: one walker
+    serves predict, check and apply. The executor holds the values of the jaxpr's
+    inputs and constants before, and of its outputs after (``out_layouts`` moves are
+    the caller's: ``prediction.outputs``)."""
+    closed = prediction.jaxpr
+    if closed is None or not prediction.inputs:
+        raise InferenceError("prediction", prediction, "has no traced jaxpr or no inputs", "pass predict()'s result")
+    mesh = prediction.inputs[0].layout.mesh
+    walker = _Walker(mesh, resolve_cost_model(cost_model), dict(prediction.choices), prediction.on_unknown, executor)
+    walker.walk(
+        closed.jaxpr, _const_specs(closed.jaxpr, mesh), prediction.inputs, "",
+        [("in", i) for i in range(len(prediction.inputs))],
+    )
 
 
 def _const_specs(jaxpr: Any, mesh: DeviceMesh) -> list[TensorSpec]:
@@ -356,12 +435,14 @@ class _Walker:
     (eager selection). Records the dataflow as :class:`ProgramNode`s for the search."""
 
     def __init__(
-        self, mesh: DeviceMesh, cost_model: CostModel, choices: Mapping[str, Candidate], on_unknown: str = "raise"
+        self, mesh: DeviceMesh, cost_model: CostModel, choices: Mapping[str, Candidate], on_unknown: str = "raise",
+        executor: Executor | None = None,
     ) -> None:
         self.mesh = mesh
         self.cost_model = cost_model
         self.choices = choices
         self.on_unknown = on_unknown
+        self.executor = executor  # runs each equation as walked (apply); None: layouts only
         self.rows: list[EquationReport] = []
         self.nodes: list[ProgramNode] = []
         self.call_lines: list[str] = []  # source lines of the enclosing calls, for errors
@@ -442,22 +523,24 @@ class _Walker:
             outs = tuple(TensorSpec(a.shape, a.dtype, x) for a, x in zip(out_avals, signature.out_layouts))
             self.rows.append(EquationReport(path, f"{name}[{function.name}]", ins, signature, outs, srcs))
             self.nodes.append(ProgramNode(path, ins, srcs, signature.candidates))
+            if self.executor is not None:
+                self.executor.equation(eqn, signature)
             return [(o, (path, j)) for j, o in enumerate(outs)]
         if name in CALL_JAXPR_PARAMS:
             label = f"{name}[{eqn.params['name']}]" if "name" in eqn.params else name
             slot = len(self.rows)
             self.rows.append(EquationReport(path, label, ins, None, ()))
             self.call_lines.append(_source_line(eqn))
+            if self.executor is not None:
+                self.executor.enter_call(eqn, eqn.params[CALL_JAXPR_PARAMS[name]])
             outs = self._closed(eqn.params[CALL_JAXPR_PARAMS[name]], ins, path + ".", sources=srcs)
+            if self.executor is not None:
+                self.executor.exit_call(eqn, eqn.params[CALL_JAXPR_PARAMS[name]])
             self.call_lines.pop()
             self.rows[slot] = EquationReport(path, label, ins, None, tuple(o for o, _ in outs), srcs)
             return outs
-        if name == "scan":
-            return self._scan(eqn, path, ins, srcs, out_avals)
-        if name == "while":
-            return self._while(eqn, path, ins, srcs, out_avals)
-        if name == "cond":
-            return self._cond(eqn, path, ins, srcs, out_avals)
+        if name in LOOPS:
+            return self._loop(eqn, path, ins, srcs, out_avals)
         if name in CONSTRAINT_SHARDING_PARAMS:
             signature = self._constraint(eqn.params[CONSTRAINT_SHARDING_PARAMS[name]], ins[0], out_avals[0])
         elif name in _PASS_THROUGH:
@@ -471,7 +554,36 @@ class _Walker:
         label = signature.op if signature.op.startswith(name) else name  # e.g. 'foo (no rule: replicated)'
         self.rows.append(EquationReport(path, label, ins, signature, outs, srcs))
         self.nodes.append(ProgramNode(path, ins, srcs, signature.candidates))
+        if self.executor is not None:
+            self.executor.equation(eqn, signature)
         return [(o, (path, j)) for j, o in enumerate(outs)]
+
+    def _loop(
+        self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], srcs: tuple[ValueId | None, ...],
+        out_avals: tuple[Aval, ...],
+    ) -> list[tuple[TensorSpec, ValueId | None]]:
+        """A loop or cond: its row (and body rows) are found without the executor (the
+        fixed point walks the body several times); the executor then runs it under the
+        row's layouts, walking the bodies again with :meth:`body_walker` inside
+        ``lax.scan`` / ``while_loop`` / ``switch``."""
+        executor, self.executor = self.executor, None
+        slot = len(self.rows)  # the loop's own row comes first, its bodies' rows after
+        try:
+            outs = getattr(self, "_" + eqn.primitive.name)(eqn, path, ins, srcs, out_avals)
+        finally:
+            self.executor = executor
+        if executor is not None:
+            executor.loop(self, eqn, path, self.rows[slot].signature)
+        return outs
+
+    def body_walker(self, executor: Executor) -> _Walker:
+        """A walker for a loop's bodies under ``executor`` (the same choices; its rows
+        and nodes are thrown away: the loop's walk recorded them)."""
+        return _Walker(self.mesh, self.cost_model, self.choices, self.on_unknown, executor)
+
+    def walk_body(self, closed: Any, ins: Sequence[TensorSpec], prefix: str) -> list[TensorSpec]:
+        """The output layouts of a loop body walked at ``prefix`` on inputs ``ins``."""
+        return [spec for spec, _ in self._closed(closed, ins, prefix)]
 
     def _rule_signature(
         self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]

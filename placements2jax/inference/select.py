@@ -57,6 +57,7 @@ from .signature import (
     TensorSpec,
     as_tensor_spec,
     as_tensor_specs,
+    is_tensor_leaf,
 )
 
 __all__ = [
@@ -87,7 +88,9 @@ def infer_signature(
     costed by our planner; the default (None) is the cost-optimal choice described here.
 
     ``inputs``: a list of ``(shape, dtype, layout)`` tuples or DTensor-like objects (with
-    ``.shape``, ``.dtype``, ``.layout``); ``mesh`` defaults to theirs. ``params`` are the
+    ``.shape``, ``.dtype``, ``.layout``), or any pytree of them (dicts, NamedTuples,
+    dataclasses: its leaves in ``jax.tree`` order are the operands); ``mesh`` defaults
+    to theirs. ``params`` are the
     op's parameters as its JAX reference takes them (``axis=``, ``keepdims=``,
     ``shape=``, ``subscripts=``...). ``out_layouts`` / ``in_layouts`` constrain the chosen
     layouts (a layout or placements per output / input, None = free); ``cost_model``
@@ -146,13 +149,23 @@ def signature_for(
 
 
 def _as_specs(inputs: Any, mesh: DeviceMesh | None) -> tuple[tuple[TensorSpec, ...], DeviceMesh]:
-    if not isinstance(inputs, (list, tuple)) or (
-        len(inputs) == 3 and isinstance(inputs[0], (tuple, list)) and isinstance(inputs[2], (Layout, MeshPlacements))
-    ):
+    """The op's operands: the leaves of ``inputs`` (a list, or any pytree: dict, NamedTuple,
+    dataclass..., flattened in ``jax.tree`` order), each a tensor or a constant."""
+    leaves, tree = jax.tree.flatten(inputs, is_leaf=lambda v: is_tensor_leaf(v) or _spec_like(v))
+    if inputs is None or (tree.num_nodes == 1 and tree.num_leaves == 1):
         raise ArgumentTypeError(
-            "inputs", inputs, "expected a list of tensors", "pass a list, e.g. [(shape, dtype, layout), dtensor]"
+            "inputs", inputs, "expected a list of tensors (or a pytree of them)",
+            "pass a list, e.g. [(shape, dtype, layout), dtensor]",
         )
-    return as_tensor_specs(inputs, mesh)
+    return as_tensor_specs(leaves, mesh)
+
+
+def _spec_like(value: Any) -> bool:
+    """A ``(shape, dtype, layout)`` tuple, maybe with a bad entry (an operand, not a pytree)."""
+    return (
+        isinstance(value, (tuple, list)) and len(value) == 3 and isinstance(value[0], (tuple, list))
+        and isinstance(value[2], (Layout, MeshPlacements, str))
+    )
 
 
 @cached(maxsize=4096)
@@ -260,10 +273,11 @@ def rank_candidates(
 ) -> list[Candidate]:
     """All valid N-D candidates from the 1-D signatures ``one_d`` (all-Replicate added),
     costed and sorted by :meth:`Candidate.rank_key` (the module docstring's steps 1-3)."""
-    avals = [s.aval for s in specs] + list(out_avals)
+    avals = tuple(s.aval for s in specs) + tuple(out_avals)
     n_in = len(specs)
     replicate = OneDSig((Replicate(),) * n_in, (Replicate(),) * len(out_avals))
-    sigs = sorted(set(one_d) | {replicate}, key=_sig_key)
+    sig_keys = {sig: _sig_key(sig) for sig in set(one_d) | {replicate}}
+    sigs = sorted(sig_keys, key=sig_keys.__getitem__)
     found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]] = {}
     layout_cache: dict[Any, Layout] = {}
     for order in orders:
@@ -277,7 +291,7 @@ def rank_candidates(
             layouts = tuple(layout_cache[table] for table in tables)
             if not _matches(layouts[n_in:], out_constraint) or not _matches(layouts[:n_in], in_constraint):
                 continue
-            key = (tuple(_sig_key(s) for s in combo), order)
+            key = (tuple(sig_keys[s] for s in combo), order)
             if layouts not in found or key < found[layouts][0]:
                 found[layouts] = (key, combo, order)
     candidates = []
@@ -319,10 +333,12 @@ def _sig_key(sig: OneDSig) -> tuple[str, ...]:
     return tuple(str(p) for p in sig.placements) + tuple(sorted(map(str, sig.even)))
 
 
+@cached(maxsize=65536)
 def _tables(
-    combo: Sequence[OneDSig], order: Sequence[int], avals: Sequence[Aval], mesh_shape: tuple[int, ...]
-) -> list[tuple[tuple[tuple[int, ...], ...], tuple[Any, ...]]] | None:
-    """Per tensor the (dim_axes, partial) tables of a candidate, or None if it is invalid."""
+    combo: tuple[OneDSig, ...], order: tuple[int, ...], avals: tuple[Aval, ...], mesh_shape: tuple[int, ...]
+) -> tuple[tuple[tuple[tuple[int, ...], ...], tuple[Any, ...]], ...] | None:
+    """Per tensor the (dim_axes, partial) tables of a candidate, or None if it is invalid
+    (cached: ops of the same shapes and rule share them whatever their inputs' layouts)."""
     tables = []
     for t, aval in enumerate(avals):
         dim_axes: list[list[int]] = [[] for _ in range(aval.ndim)]
@@ -341,7 +357,7 @@ def _tables(
             if not _fits(aval.shape[d], axes, mesh_shape, {m for m in axes if (t, d) in combo[m].even}):
                 return None
         tables.append((tuple(tuple(a) for a in dim_axes), tuple(partial)))
-    return tables
+    return tuple(tables)
 
 
 def _fits(size: int, axes: Sequence[int], mesh_shape: tuple[int, ...], even: set[int]) -> bool:

@@ -1,0 +1,93 @@
+"""Megatron-laid adamw training steps of the test models and their arguments, as DTensors
+(for ``apply`` and ``predict``) and as the plain ``jax.Array``s ``jax.jit`` takes (the
+same blocks on the Auto twin of the mesh: JAX's Explicit typing refuses ``table[idx]``
+without an ``out_sharding``), shared by the tests and benchmarks/bench_operators.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding
+
+from placements2jax import DeviceMesh, DTensor, colwise, distribute_pytree, distribute_tensor, rowwise
+from placements2jax.dtensor import auto_twin_of
+
+from . import common, gpt2, llama
+
+
+@dataclass(frozen=True)
+class Step:
+    """``fn(params, opt_state, *batch)`` -> (params, opt_state, loss); ``args`` its DTensor
+    arguments; ``out_layouts`` keeps the parameters' and optimizer state's layouts."""
+
+    name: str
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+
+    @property
+    def out_layouts(self) -> tuple[Any, ...]:
+        return (self.args[0], self.args[1], None)
+
+    def plain_args(self) -> tuple[Any, ...]:
+        """The arguments as jax.Arrays on the Auto twin (same blocks, same specs)."""
+        return jax.tree.map(
+            lambda x: jax.device_put(x.to_jax(), _auto(x)) if isinstance(x, DTensor) else x, self.args,
+            is_leaf=_is_dtensor,
+        )
+
+    def out_shardings(self) -> tuple[Any, ...]:
+        """The parameters' and state's shardings (Auto twin), the loss free."""
+        return (*jax.tree.map(_auto, self.args[:2], is_leaf=_is_dtensor), None)
+
+    def plain_jit(self, fresh: bool = False) -> Any:
+        """``jax.jit`` of the step with the parameters and state kept in their shardings
+        (``fresh``: of a new function object, so that JAX traces and compiles anew)."""
+        return jax.jit((lambda *a: self.fn(*a)) if fresh else self.fn, out_shardings=self.out_shardings())
+
+
+def _is_dtensor(x: Any) -> bool:
+    return isinstance(x, DTensor)
+
+
+def _auto(x: DTensor) -> NamedSharding:
+    return NamedSharding(auto_twin_of(x.device_mesh.to_jax()), x.to_jax().sharding.spec)
+
+
+def mlp_loss(params: dict[str, jax.Array], x: jax.Array, y: jax.Array) -> jax.Array:
+    return jnp.mean((jax.nn.gelu(x @ params["up"]) @ params["down"] - y) ** 2)
+
+
+def mlp_step(params: Any, opt_state: Any, x: jax.Array, y: jax.Array) -> tuple[Any, Any, jax.Array]:
+    """A Megatron MLP's adamw step (small: for quick runs)."""
+    value, grads = jax.value_and_grad(mlp_loss)(params, x, y)
+    updates, opt_state = common.make_optimizer().update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, value
+
+
+def training_step(model: str, mesh: DeviceMesh, **config: Any) -> Step:
+    """The adamw step of ``model`` ("gpt2" or "llama", ``config`` overriding its Config;
+    "mlp": :func:`mlp_step`) with the Megatron plan on ``mesh`` (dp, tp) and a batch of 4
+    split over dp."""
+    if model == "mlp":
+        rng = np.random.default_rng(0)
+        plain = {"up": rng.normal(size=(16, 64)).astype(np.float32) / 4,
+                 "down": rng.normal(size=(64, 16)).astype(np.float32) / 8}
+        params = distribute_pytree(plain, mesh, {"up": colwise("tp"), "down": rowwise("tp")})
+        state = common.distribute_state(common.make_optimizer().init(plain), params)
+        batch = [distribute_tensor(rng.normal(size=(8, 16)).astype(np.float32), mesh, "S(0),R") for _ in range(2)]
+        return Step(model, mlp_step, (params, state, *batch))
+    module = {"gpt2": gpt2, "llama": llama}[model]
+    cfg = module.Config(**config)
+    plain = module.init(jax.random.key(0), cfg)
+    params = distribute_pytree(plain, mesh, module.megatron_plan())
+    state = common.distribute_state(common.make_optimizer().init(plain), params)
+    batch = [distribute_tensor(a, mesh, "S(0),R") for a in common.batch(0, 4, cfg.seq, cfg.vocab)]
+    extra = (jax.random.key(2),) if model == "gpt2" else ()
+    return Step(model, partial(module.train_step, cfg=cfg), (params, state, *batch, *extra))
