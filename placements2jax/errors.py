@@ -7,6 +7,8 @@ Each concrete class is also a ``ValueError`` or ``TypeError``, so generic handle
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
 from typing import Any
 
 __all__ = [
@@ -22,6 +24,7 @@ __all__ = [
     "MissingDependencyError",
     "PlanError",
     "CheckpointError",
+    "import_extra",
 ]
 
 
@@ -87,6 +90,25 @@ class CheckpointError(Placements2JaxError, ValueError):
 
 class MissingDependencyError(Placements2JaxError, ImportError):
     """An optional dependency (an extra such as ``torch``, ``plot`` or ``rich``) is not installed."""
+
+
+def import_extra(
+    module: str, extra: str, needed_for: str, *, argument: str | None = None, value: Any = None
+) -> ModuleType:
+    """``module`` imported, or a :class:`MissingDependencyError` naming the extra that
+    installs it (``pip install 'placements2jax[extra]'``). ``needed_for`` says what
+    needs it ("plotting"); ``argument``/``value`` name what the user asked for (default:
+    the module itself)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        top = module.split(".")[0]
+        raise MissingDependencyError(
+            argument or "import",
+            top if argument is None else value,
+            f"{needed_for} needs {top}, which is not installed",
+            f"pip install 'placements2jax[{extra}]'",
+        ) from None
 
 
 def _short_repr(value: Any, limit: int = 200) -> str:

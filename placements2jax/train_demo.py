@@ -33,6 +33,7 @@ import numpy as np
 
 from .checkpoint import AbstractDTensor, load, save
 from .dtensor import DTensor, distribute_tensor
+from .errors import import_extra
 from .factories import init_pytree
 from .hlo import compiled_collectives
 from .mesh import DeviceMesh, init_device_mesh
@@ -177,7 +178,7 @@ def _collectives(step: Any, *args: Any) -> dict[str, int]:
 
 def train_gpt(config: GPTConfig = GPTConfig(), directory: str | None = None, progress: bool = True) -> TrainReport:
     """The run the module docstring describes; returns its report."""
-    import optax
+    optax = import_extra("optax", "train", "the training run")
 
     root = Path(directory or tempfile.mkdtemp(prefix="placements2jax-train-"))
     half = config.steps // 2

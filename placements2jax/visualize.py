@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from . import chunking
-from .errors import ArgumentTypeError, MissingDependencyError, ShapeError
+from .errors import ArgumentTypeError, MissingDependencyError, ShapeError, import_extra
 from .layout import Layout, MeshPlacements, as_shape
 
 __all__ = ["visualize", "print_layout", "plot", "layout_blocks", "format_ranks", "Block"]
@@ -221,7 +221,10 @@ def _use_color(color: bool | None) -> bool:
     if not isinstance(color, bool):
         raise ArgumentTypeError("color", color, "expected True, False or None", "pass color=True, False or None (auto)")
     if color and not _rich_available():
-        raise MissingDependencyError("color", color, "coloured pictures need rich", "pip install rich, or color=False")
+        raise MissingDependencyError(
+            "color", color, "coloured pictures need rich, which is not installed",
+            "pip install 'placements2jax[rich]', or color=False",
+        )
     return bool(color)
 
 
@@ -253,11 +256,8 @@ def plot(
     """A matplotlib Figure with one panel per layout (or DTensor) in ``items``: the
     tensor's elements as cells, each block coloured by the ranks holding it (one colour
     per rank, stripes when several ranks hold it), hatched when partial."""
-    try:
-        import matplotlib.pyplot as plt
-        from matplotlib.patches import Patch, Rectangle
-    except ImportError:
-        raise MissingDependencyError("plot", items, "plotting needs matplotlib", "pip install matplotlib") from None
+    plt = import_extra("matplotlib.pyplot", "plot", "plotting", argument="plot", value=items)
+    from matplotlib.patches import Patch, Rectangle
     items = list(items) if isinstance(items, (list, tuple)) else [items]
     if not items:
         raise ArgumentTypeError("items", items, "nothing to plot", "pass a Layout (with shape=) or a DTensor, or a list of them")

@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -108,3 +109,40 @@ def test_site_builds_strict_without_warnings(tmp_path: Path) -> None:
     assert result.returncode == 0, output
     assert "WARNING" not in output, output
     assert (tmp_path / "site" / "api" / "index.html").exists()
+
+
+CONSOLE_PAGES = ("docs/cli.md",)
+
+
+def console_sessions(text: str) -> list[tuple[list[str], str]]:
+    """(argv, printed text) for each ``$ placements2jax ...`` line of the ```console blocks
+    of a page: the lines up to the next ``$`` line (an ``$ echo $?`` line and its output
+    belong to the command before it)."""
+    sessions = []
+    for fence in FENCE.finditer(text):
+        if fence.group(1) != "console":
+            continue
+        for chunk in re.split(r"^(?=\$ )", fence.group(2), flags=re.MULTILINE):
+            command, _, printed = chunk.partition("\n")
+            if command.startswith("$ placements2jax "):
+                sessions.append((shlex.split(command[len("$ placements2jax ") :]), printed))
+    return sessions
+
+
+@pytest.mark.parametrize("page", CONSOLE_PAGES)
+def test_cli_examples_print_what_the_page_says(page: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every ``$ placements2jax`` command of the page prints exactly what the page shows
+    (stdout, then stderr), run in-process through the CLI's main."""
+    from placements2jax.__main__ import main
+
+    sessions = console_sessions((ROOT / page).read_text())
+    assert sessions, f"{page} shows no placements2jax command"
+    for argv, printed in sessions:
+        if argv[0] in ("demo", "train"):  # whole training runs: tests/test_demo.py checks their output
+            continue
+        code = main(argv)
+        out, err = capsys.readouterr()
+        expected = printed.split("$ echo $?")[0]
+        assert (out + err).rstrip() == expected.rstrip(), f"{page}: placements2jax {' '.join(argv)}"
+        if "$ echo $?" in printed:
+            assert str(code) == printed.split("$ echo $?\n")[1].strip()
