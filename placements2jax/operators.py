@@ -227,17 +227,44 @@ def unary(op: str, x: DTensor) -> DTensor:
     return call(op, (x,))
 
 
-def reduce(op: str, x: DTensor, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DTensor:
-    """``x.sum / mean / max / min(axis, keepdims)`` (NumPy's arguments)."""
+def reduce(
+    op: str,
+    x: DTensor,
+    axis: int | Sequence[int] | None = None,
+    keepdims: bool | None = None,
+    *,
+    dim: int | Sequence[int] | None = None,
+    keepdim: bool | None = None,
+) -> DTensor:
+    """``x.sum / mean / max / min(axis, keepdims)`` (NumPy's arguments), or torch's
+    ``dim=`` / ``keepdim=`` in their place (one name of each pair, not both). Unlike torch,
+    ``max(dim=)`` / ``min(dim=)`` return the values only, as NumPy and JAX do (no indices)."""
+    axis, axis_name = _one_name("axis", axis, "dim", dim)
+    keepdims, keep_name = _one_name("keepdims", keepdims, "keepdim", keepdim)
+    keepdims = False if keepdims is None else keepdims
     if not isinstance(keepdims, (bool, np.bool_)):
-        raise ArgumentTypeError("keepdims", keepdims, "expected a bool", "pass keepdims=True or False")
+        raise ArgumentTypeError(keep_name, keepdims, "expected a bool", f"pass {keep_name}=True or False")
     if axis is not None and not isinstance(axis, (int, np.integer)):
         if isinstance(axis, (str, bytes)) or not isinstance(axis, Sequence) or not all(
             isinstance(a, (int, np.integer)) and not isinstance(a, bool) for a in axis
         ):
-            raise ArgumentTypeError("axis", axis, "expected None, an int or a sequence of ints", "pass e.g. axis=0 or (0, 1)")
+            raise ArgumentTypeError(
+                axis_name, axis, "expected None, an int or a sequence of ints", f"pass e.g. {axis_name}=0 or (0, 1)"
+            )
         axis = tuple(axis)
     return call(op, (x,), axis=axis, keepdims=bool(keepdims))
+
+
+def _one_name(numpy_name: str, numpy_value: Any, torch_name: str, torch_value: Any) -> tuple[Any, str]:
+    """The value given under NumPy's or torch's name of one argument, and that name."""
+    if numpy_value is not None and torch_value is not None:
+        raise ArgumentTypeError(
+            torch_name,
+            torch_value,
+            f"given together with {numpy_name}={numpy_value!r}, which means the same",
+            f"pass only one of {numpy_name}= (NumPy) and {torch_name}= (torch)",
+        )
+    return (numpy_value, numpy_name) if torch_value is None else (torch_value, torch_name)
 
 
 def transpose(x: DTensor, axes: Sequence[Any]) -> DTensor:
@@ -274,8 +301,15 @@ def _install_methods(cls: type) -> None:
         setattr(cls, f"__r{name}__", reflected)
 
     def reduction(op: str, doc: str) -> Callable[..., DTensor]:
-        def method(self: DTensor, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DTensor:
-            return reduce(op, self, axis, keepdims)
+        def method(
+            self: DTensor,
+            axis: int | Sequence[int] | None = None,
+            keepdims: bool | None = None,
+            *,
+            dim: int | Sequence[int] | None = None,
+            keepdim: bool | None = None,
+        ) -> DTensor:
+            return reduce(op, self, axis, keepdims, dim=dim, keepdim=keepdim)
 
         method.__name__, method.__doc__ = op, doc
         return method
@@ -292,7 +326,7 @@ def _install_methods(cls: type) -> None:
         return reshape(self, shape)
 
     cls.__neg__ = neg  # type: ignore[attr-defined]
-    cls.sum = reduction("sum", "Sum over ``axis`` (NumPy's arguments); a sharded reduced axis gives Partial(sum).")  # type: ignore[attr-defined]
+    cls.sum = reduction("sum", "Sum over ``axis`` (NumPy's arguments, or torch's ``dim=``/``keepdim=``); a sharded reduced axis gives Partial(sum).")  # type: ignore[attr-defined]
     cls.mean = reduction("mean", "Mean over ``axis``; an evenly sharded reduced axis gives Partial(avg).")  # type: ignore[attr-defined]
     cls.max = reduction("max", "Maximum over ``axis``; a sharded reduced axis gives Partial(max).")  # type: ignore[attr-defined]
     cls.min = reduction("min", "Minimum over ``axis``; a sharded reduced axis gives Partial(min).")  # type: ignore[attr-defined]
