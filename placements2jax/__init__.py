@@ -37,6 +37,7 @@ from .inference import (
 )
 from .interop.torch_checkpoint import load_torch_checkpoint
 from .layout import Layout
+from .comm_mode import CommDebugMode, comm_debug
 from .loss import vocab_parallel_cross_entropy
 from .mesh import DeviceMesh, MeshGroup, as_device_mesh, init_device_mesh
 from .operators import apply
@@ -70,6 +71,7 @@ __all__ = [
     "ArgumentTypeError",
     "CheckpointError",
     "Collective",
+    "CommDebugMode",
     "CostModel",
     "DTensor",
     "DeviceMesh",
@@ -96,6 +98,7 @@ __all__ = [
     "check",
     "clear_caches",
     "colwise",
+    "comm_debug",
     "distribute_pytree",
     "distribute_tensor",
     "empty",

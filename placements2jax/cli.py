@@ -559,7 +559,8 @@ def differences(report: dict[str, Any], dtype: str, backend: str) -> list[str]:
         )
     who = "XLA" if compiled["schedule"] in ("xla", "stepwise") else f"schedule {compiled['schedule']}"
     if unmatched and ran:
-        notes.append(f"{who} replaced planned {', '.join(map(step_text, unmatched))} by {', '.join(map(ran_text, ran))}")
+        replaced = ", ".join(map(step_text, unmatched))
+        notes.append(f"{who} replaced planned {replaced} by {', '.join(map(ran_text, ran))}")
     elif unmatched:
         notes.append(f"no compiled collective does planned {', '.join(map(step_text, unmatched))}: {who} fused "
                      "it with the other steps")  # fmt: skip

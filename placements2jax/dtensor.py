@@ -23,7 +23,7 @@ from . import chunking
 from .caches import cached, register
 from .errors import ArgumentTypeError, MeshError, PlacementError, ShapeError
 from .foreign import check_placements_for_shape
-from .hlo import Collective, compiled_collectives
+from .hlo import Collective, compiled_collectives, running
 from .layout import Layout, MeshPlacements, PlacementsLike, as_shape, resolve_layout
 from .mesh import DeviceMesh, as_device_mesh
 from .physical import Physical, physical
@@ -176,7 +176,9 @@ class DTensor:
     # -- whole-tensor views ------------------------------------------------------------
     def full_tensor(self) -> jax.Array:
         """The logical tensor (partials reduced, padding removed), replicated on the mesh."""
-        return redistribute_array(self._array, self._layout, self._layout.replicated(), self._shape)
+        return redistribute_array(
+            self._array, self._layout, self._layout.replicated(), self._shape, operation="full_tensor"
+        )
 
     def to_jax(self) -> jax.Array:
         """The logical tensor as a ``jax.Array`` of the logical shape.
@@ -216,7 +218,7 @@ class DTensor:
         move = _remembered(_moves, key)
         if move is not None:
             target, run = move
-            return DTensor.trusted(run(self._array) if run else self._array, target, self._shape)
+            return DTensor.trusted(self._run("redistribute", run), target, self._shape)
         mesh = self.device_mesh if device_mesh is None else as_device_mesh(device_mesh)
         if placements is None and mesh is self.device_mesh:
             target = self._layout
@@ -225,11 +227,19 @@ class DTensor:
             check_partial_dtype(target, self.dtype)
         if mesh is not self.device_mesh:
             return self._to_other_mesh(target)
-        check_redistribute(self._layout, target)
+        check_redistribute(self._layout, target, placements)
         src, dst = physical(self._layout, self._shape), physical(target, self._shape)
         run = None if src == dst else schedule_program(src, dst, self.dtype, policy)
         _remember(_moves, key, (target, run))
-        return DTensor.trusted(run(self._array) if run else self._array, target, self._shape)
+        return DTensor.trusted(self._run("redistribute", run), target, self._shape)
+
+    def _run(self, operation: str, run: Any) -> jax.Array:
+        """``run(self._array)`` (announced to comm_debug), or the array itself when there is
+        nothing to run."""
+        if run is None:
+            return self._array
+        running(operation, run, (self._array,), self.device_mesh)
+        return run(self._array)
 
     def _to_other_mesh(self, target: Layout) -> DTensor:
         """Reduce on this mesh, transfer with JAX's device_put, re-partial on the target."""
@@ -648,7 +658,7 @@ def redistribute_collectives(
         )
     target = placements_layout(mesh, placements, dtensor.shape)
     check_partial_dtype(target, dtensor.dtype)
-    check_redistribute(dtensor.layout, target)
+    check_redistribute(dtensor.layout, target, placements)
     src, dst = physical(dtensor.layout, dtensor.shape), physical(target, dtensor.shape)
     if src == dst:
         return []

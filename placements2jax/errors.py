@@ -112,5 +112,18 @@ def import_extra(
 
 
 def _short_repr(value: Any, limit: int = 200) -> str:
-    text = repr(value)
+    text = _value_text(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _value_text(value: Any) -> str:
+    """``repr(value)``, except that a layout shows as the text a user writes for it
+    (``'S(0),R'``, its ``str()``) rather than as the constructor call of its repr, also
+    inside tuples and lists. (Duck-typed by class: this module imports nothing of ours.)"""
+    kind = type(value)
+    if kind.__module__ == "placements2jax.layout" and kind.__name__ in ("Layout", "MeshPlacements"):
+        return repr(str(value))
+    if kind in (tuple, list):
+        items = ", ".join(_value_text(v) for v in value)
+        return f"({items}{',' if len(value) == 1 else ''})" if kind is tuple else f"[{items}]"
+    return repr(value)

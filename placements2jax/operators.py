@@ -50,6 +50,7 @@ from .caches import cached, register
 from . import chunking
 from .dtensor import DTensor
 from .errors import ArgumentTypeError, InferenceError, UnsupportedOpError
+from .hlo import running
 from .inference import default_cost_model, infer_signature, predict
 from .inference.cost import CostModel
 from .inference.jaxpr import CALL_JAXPR_PARAMS, CONSTRAINT_SHARDING_PARAMS  # the call / constraint primitives predict walks
@@ -180,7 +181,14 @@ def call(op: str, operands: Sequence[Any], **params: Any) -> DTensor:
     _check_operands(operands, "operands")
     frozen = freeze(params) if params else ()
     program = _dispatch(("op", op, frozen), operands, partial(_named_program, op, frozen))
+    _announce(op, program, operands)
     return program(operands)
+
+
+def _announce(operation: str, program: Program, values: Sequence[Any]) -> None:
+    """Tell comm_debug (if it listens) that ``program`` runs eagerly on ``values``."""
+    if program.out_layouts:
+        running(operation, program.run, tuple(_arrays(values)), program.out_layouts[0].mesh)
 
 
 @cached(maxsize=4096)
@@ -375,7 +383,9 @@ def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, **kwargs:
         ) from None
     targets = _out_layouts_key(out_layouts)
     tag = ("apply", fn, frozen, in_tree, targets)
-    return _dispatch(tag, leaves, partial(_apply_program, fn, frozen, in_tree, targets))(leaves)
+    program = _dispatch(tag, leaves, partial(_apply_program, fn, frozen, in_tree, targets))
+    _announce(f"apply({getattr(fn, '__name__', type(fn).__name__)})", program, leaves)
+    return program(leaves)
 
 
 def _is_dtensor(value: Any) -> bool:

@@ -3,13 +3,15 @@ blocks; colours; the matplotlib figure."""
 
 import io
 import re
+import sys
 from types import SimpleNamespace
 
 import pytest
 
 from placements2jax import DeviceMesh, Layout, init_device_mesh
 from placements2jax.errors import ArgumentTypeError, ShapeError
-from placements2jax.visualize import format_ranks, layout_blocks, print_layout, visualize
+from placements2jax import checkpoint
+from placements2jax.visualize import format_ranks, layout_blocks, plot, print_layout, visualize
 
 
 def picture(mesh_shape, names, placements, shape, **kwargs) -> str:
@@ -183,3 +185,22 @@ def test_plot_rfc_figure(tmp_path) -> None:
     ]
     figure.savefig(tmp_path / "figure.png")
     assert (tmp_path / "figure.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(
+    ("module", "extra", "call"),
+    [
+        ("matplotlib.pyplot", "plot", lambda layout: plot(layout, (8, 2))),
+        ("rich", "rich", lambda layout: visualize(layout, (8, 2), color=True)),
+        ("tensorstore", "train", lambda layout: checkpoint._tensorstore()),
+    ],
+)
+def test_a_missing_extra_is_named_with_its_pip_command(module: str, extra: str, call) -> None:
+    from placements2jax.errors import MissingDependencyError
+
+    mesh = init_device_mesh((4, 2), ("dp", "tp"))
+    layout = Layout.from_placements(mesh, "S(0),R")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(sys.modules, module, None)  # an import of it now fails as if it were not installed
+        with pytest.raises(MissingDependencyError, match=re.escape(f"Fix: pip install 'placements2jax[{extra}]'")):
+            call(layout)
