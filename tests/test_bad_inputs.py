@@ -132,6 +132,12 @@ def _c(name: str, covers: str, error: type[Placements2JaxError], argument: str, 
     return Case(name, tuple(covers.split()), error, argument, call)
 
 
+def _enter_twice(e: Any) -> None:
+    mode = placements2jax.CommDebugMode()
+    with mode:
+        mode.__enter__()
+
+
 def _other_mesh_layout(e: Any) -> Layout:
     return Layout.from_placements(e.mesh8, ("x", None))
 
@@ -885,6 +891,15 @@ CASES: list[Case] = [
         "result_shapes",
         lambda e: Collective("all-gather", [[4]], "f32", ((0, 1),)),
     ),
+    # -- comm_debug ----
+    _c(
+        "comm_debug: print_table to a path",
+        "comm_debug",
+        ArgumentTypeError,
+        "file",
+        lambda e: placements2jax.comm_debug().print_table("out.txt"),
+    ),
+    _c("CommDebugMode: entered twice", "CommDebugMode", ArgumentTypeError, "comm_debug", _enter_twice),
     # -- DTensor operators and apply ----------------------------------------------------------------------------------------
     _c("operator: DTensors on two meshes", "DTensor", InferenceError, "operands", lambda e: e.dt + e.dt8),
     _c(
