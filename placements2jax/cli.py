@@ -102,7 +102,7 @@ def parse_dtype(text: str) -> np.dtype:
             jax.eval_shape(lambda: jnp.zeros((), dtype))  # abstract: JAX's backend does not start
     except (TypeError, ValueError):
         raise argparse.ArgumentTypeError(
-            f"--dtype {text!r}: not a dtype JAX arrays can hold, write e.g. float32, bfloat16 or int8"
+            f"--dtype {text!r}: not a dtype JAX arrays can hold. Fix: write e.g. float32, bfloat16 or int8"
         ) from None
     return dtype
 
@@ -111,7 +111,7 @@ def parse_axis_weights(text: str) -> dict[str, float]:
     """``"dp=4,tp=1"`` -> {"dp": 4.0, "tp": 1.0} (a :class:`CostModel`'s axis weights)."""
     entries = [re.fullmatch(r"\s*([A-Za-z_][\w.\-]*)\s*=\s*(\d+(?:\.\d*)?|\.\d+)\s*", e) for e in text.split(",")]
     if not all(entries) or any(float(m.group(2)) <= 0 for m in entries):  # type: ignore[union-attr]
-        raise argparse.ArgumentTypeError(f"--axis-weights {text!r}: write axis=weight pairs, weights > 0, e.g. dp=4")
+        raise argparse.ArgumentTypeError(f"--axis-weights {text!r}: not axis=weight pairs with weights > 0. Fix: write e.g. dp=4")
     return {m.group(1): float(m.group(2)) for m in entries}  # type: ignore[union-attr]
 
 
@@ -231,7 +231,11 @@ def _start_mesh(
     names, sizes = mesh
     if start_jax is not None:
         start_jax(max(8, math.prod(sizes)))
-    return init_device_mesh(sizes, names)
+    try:
+        return init_device_mesh(sizes, names)
+    except MeshError as error:  # named as the user wrote it, not as init_device_mesh's arguments
+        written = ",".join(f"{n}={s}" for n, s in zip(names, sizes)) if names else ",".join(map(str, sizes))
+        raise error.for_argument("--mesh", written) from None
 
 
 def main(argv: Sequence[str] | None = None, *, start_jax: Callable[[int], None] | None = None) -> int:

@@ -1577,15 +1577,25 @@ CLI_CASES = [
     ("shard dim out of range", [*EXPLAIN, "--placements", "S(2),R"], "placements="),
     ("partial with torch form", [*EXPLAIN, "--placements", "S(0),R", "--partial", "tp"], "partial="),
     ("partial on a splitting axis", [*EXPLAIN, "--placements", "dp,None", "--partial", "dp"], "partial="),
-    ("mesh too large", ["explain", "--mesh", "dp=4,tp=4", "--shape", "8", "--placements", "S(0),R"], "mesh_shape="),
-    ("zero-size mesh", ["explain", "--mesh", "dp=0", "--shape", "8", "--placements", "S(0)"], "mesh_shape="),
+    ("mesh too large", ["explain", "--mesh", "dp=4,tp=4", "--shape", "8", "--placements", "S(0),R"], "--mesh='dp=4,tp=4'"),
+    ("zero-size mesh", ["explain", "--mesh", "dp=0", "--shape", "8", "--placements", "S(0)"], "--mesh='dp=0'"),
     (
         "duplicate axis names",
         ["explain", "--mesh", "dp=4,dp=2", "--shape", "8", "--placements", "S(0),R"],
-        "alias_name=",
+        "--mesh='dp=4,dp=2'",
     ),
     ("mesh syntax", ["explain", "--mesh", "dp4", "--shape", "8", "--placements", "S(0)"], "--mesh"),
     ("checkpoint missing", ["explain", "--checkpoint", "/nonexistent/p2j-checkpoint"], "path="),
+    (
+        "unknown axis weighed",
+        ["redistribute", "--mesh", "dp=4,tp=2", "--shape", "8", "--from", "R,R", "--to", "R,R", "--axis-weights", "pp=2"],
+        "--axis-weights='pp=2'",
+    ),
+    (
+        "dtype JAX cannot hold",
+        ["redistribute", "--mesh", "dp=4,tp=2", "--shape", "8", "--from", "R,R", "--to", "R,R", "--dtype", "float128"],
+        "--dtype 'float128'",
+    ),
     ("shape syntax", ["explain", "--mesh", "dp=4", "--shape", "8,x", "--placements", "S(0)"], "--shape"),
     (
         "partial op",
