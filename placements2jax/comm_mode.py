@@ -2,8 +2,9 @@
 ``CommDebugMode``, hyper-parallel's comm debug mode).
 
 Inside the context every eager run of a compiled DTensor program is announced (by
-:func:`.hlo.running`): ``DTensor.redistribute``, ``full_tensor``, the operators
-(``x @ w``, ``x.sum(dim=0)``) and :func:`~placements2jax.apply`. The mode reads each
+:func:`.hlo.running`): ``DTensor.redistribute``, ``full_tensor``, ``to_jax`` (which
+reduces partials), the operators (``x @ w``, ``x.sum(dim=0)``) and
+:func:`~placements2jax.apply`. The mode reads each
 program's collectives from the HLO XLA compiled for those very arguments, so the counts
 are what runs, not a prediction; each collective is recorded with the operation that ran
 it, the mesh axes its device groups span and the bytes each device sends (the formulas of
@@ -16,8 +17,9 @@ torch's API is kept where it applies: :meth:`CommDebugMode.get_total_counts`,
 :meth:`CommDebugMode.print_table` give the per-operation and per-mesh-axis table with bytes.
 
 Not counted: code inside the caller's ``jax.jit`` (one program: read it with
-:func:`~placements2jax.check`), moves between two meshes (``device_put`` transfers, not
-collectives), and programs run on plain ``jax.Array`` values.
+:func:`~placements2jax.check`), the ``device_put`` transfer of a move between two meshes
+(not a collective; the reductions before it are counted), and programs run on plain
+``jax.Array`` values.
 """
 
 from __future__ import annotations

@@ -191,7 +191,9 @@ class DTensor:
         if phys.is_padded:
             return self.full_tensor()
         if self._layout.has_partial:
-            reduced = redistribute_array(self._array, self._layout, self._layout.without_partial(), self._shape)
+            reduced = redistribute_array(
+                self._array, self._layout, self._layout.without_partial(), self._shape, operation="to_jax"
+            )
             return _eager_grad_safe(reduced, self.device_mesh)
         return _eager_grad_safe(self._array, self.device_mesh)
 
@@ -250,7 +252,7 @@ class DTensor:
             plain = physical(target_plain, shape)
             array = jax.device_put(np.zeros(plain.array_shape, self.dtype), plain.sharding)
         elif not physical(self._layout, shape).is_padded and not physical(target, shape).is_padded:
-            array = redistribute_array(self._array, self._layout, source_plain, shape)
+            array = redistribute_array(self._array, self._layout, source_plain, shape, operation="redistribute")
             array = jax.device_put(array, physical(target_plain, shape).sharding)
         else:
             replicated = target.replicated()

@@ -111,3 +111,15 @@ def test_bad_uses() -> None:
         comm.print_table("out.txt")  # type: ignore[arg-type]
     with comm, pytest.raises(ArgumentTypeError, match="already counting"):
         comm.__enter__()
+
+
+def test_to_jax_of_a_partial_and_a_move_to_another_mesh_count_their_reductions() -> None:
+    x = distribute_tensor(X, MESH, "P,S(1)")
+    other = init_device_mesh((8,), ("x",))
+    with comm_debug() as comm:
+        x.to_jax()  # reduces the partial over dp: one all-reduce
+        x.redistribute(other, "S(0)")  # the reduction on this mesh, then a device_put
+    assert [(r.operation, r.collective, r.mesh_axes) for r in comm.records] == [
+        ("to_jax", "all-reduce", ("dp",)),
+        ("redistribute", "all-reduce", ("dp",)),
+    ]
