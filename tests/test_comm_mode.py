@@ -3,7 +3,11 @@ from the compiled programs, with bytes (torch's CommDebugMode API where it appli
 
 from __future__ import annotations
 
+import ast
 import io
+import subprocess
+import sys
+import textwrap
 from fractions import Fraction
 
 import jax
@@ -123,3 +127,46 @@ def test_to_jax_of_a_partial_and_a_move_to_another_mesh_count_their_reductions()
         ("to_jax", "all-reduce", ("dp",)),
         ("redistribute", "all-reduce", ("dp",)),
     ]
+
+
+def test_counts_agree_with_torchs_comm_debug_mode_on_one_axis_moves() -> None:
+    """torch's CommDebugMode (fake process group, 8 ranks) counts the same collectives for
+    moves along one mesh dim; where torch runs one collective per mesh dim (P,P -> R,R:
+    two all-reduces), XLA runs one over both axes, and the counts say so."""
+    pytest.importorskip("torch")
+    code = textwrap.dedent(
+        """
+        import os, sys
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+        import numpy as np, torch, torch.distributed as dist
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+        from torch.distributed.tensor import DTensor as TorchDTensor
+        from torch.distributed.tensor.debug import CommDebugMode
+        from placements2jax import Layout, comm_debug, distribute_tensor, init_device_mesh
+        from placements2jax.interop.torch import to_torch_mesh, to_torch_placements
+        dist.init_process_group("fake", store=FakeStore(), rank=3, world_size=8)
+        mesh = init_device_mesh((4, 2), ("dp", "tp"))
+        torch_mesh = to_torch_mesh(mesh)
+        names = {"all_gather_into_tensor": "all-gather", "all_reduce": "all-reduce"}
+        result = {}
+        for src, dst in [("S(0),R", "R,R"), ("P,R", "R,R"), ("R,S(1)", "R,R"), ("S(0),P", "S(0),R"), ("P,P", "R,R")]:
+            x = distribute_tensor(np.ones((8, 4), np.float32), mesh, src)
+            with comm_debug() as ours:
+                x.redistribute(mesh, dst)
+            local = torch.ones(tuple(x.to_local(3).shape))
+            theirs_x = TorchDTensor.from_local(local, torch_mesh, to_torch_placements(x.layout), run_check=False,
+                                               shape=torch.Size((8, 4)), stride=(4, 1))
+            with CommDebugMode() as theirs:
+                theirs_x.redistribute(torch_mesh, to_torch_placements(Layout.from_placements(mesh, dst).bind(2)))
+            counts = {names[str(op).split(".")[-1]]: n for op, n in theirs.get_comm_counts().items()}
+            result[f"{src}->{dst}"] = [ours.get_comm_counts(), counts]
+        print(result)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    for move in ("S(0),R->R,R", "P,R->R,R", "R,S(1)->R,R", "S(0),P->S(0),R"):
+        ours, theirs = result[move]
+        assert ours == theirs and sum(ours.values()) == 1, (move, ours, theirs)
+    assert result["P,P->R,R"] == [{"all-reduce": 1}, {"all-reduce": 2}]
