@@ -64,7 +64,7 @@ from .placements import (
 )
 from .visualize import plot, print_layout, visualize
 
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = [
     "AbstractDTensor",

@@ -37,6 +37,7 @@ from .layout import Layout
 from .mesh import DeviceMesh, init_device_mesh
 from .placements import format_alias, format_placements
 from .placements import parse_partial as parse_partial_text
+from .version import __version__
 from .visualize import visualize
 
 __all__ = [
@@ -122,8 +123,6 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
-
     parser = _Parser(prog="placements2jax", description="PyTorch-DTensor-style placements on JAX shardings.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
