@@ -112,7 +112,9 @@ def parse_axis_weights(text: str) -> dict[str, float]:
     """``"dp=4,tp=1"`` -> {"dp": 4.0, "tp": 1.0} (a :class:`CostModel`'s axis weights)."""
     entries = [re.fullmatch(r"\s*([A-Za-z_][\w.\-]*)\s*=\s*(\d+(?:\.\d*)?|\.\d+)\s*", e) for e in text.split(",")]
     if not all(entries) or any(float(m.group(2)) <= 0 for m in entries):  # type: ignore[union-attr]
-        raise argparse.ArgumentTypeError(f"--axis-weights {text!r}: not axis=weight pairs with weights > 0. Fix: write e.g. dp=4")
+        raise argparse.ArgumentTypeError(
+            f"--axis-weights {text!r}: not axis=weight pairs with weights > 0. Fix: write e.g. dp=4"
+        )
     return {m.group(1): float(m.group(2)) for m in entries}  # type: ignore[union-attr]
 
 

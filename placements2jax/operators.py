@@ -334,7 +334,7 @@ def _install_methods(cls: type) -> None:
         return reshape(self, shape)
 
     cls.__neg__ = neg  # type: ignore[attr-defined]
-    cls.sum = reduction("sum", "Sum over ``axis`` (NumPy's arguments, or torch's ``dim=``/``keepdim=``); a sharded reduced axis gives Partial(sum).")  # type: ignore[attr-defined]
+    cls.sum = reduction("sum", "Sum over ``axis`` (NumPy's arguments); a sharded reduced axis gives Partial(sum).")  # type: ignore[attr-defined]
     cls.mean = reduction("mean", "Mean over ``axis``; an evenly sharded reduced axis gives Partial(avg).")  # type: ignore[attr-defined]
     cls.max = reduction("max", "Maximum over ``axis``; a sharded reduced axis gives Partial(max).")  # type: ignore[attr-defined]
     cls.min = reduction("min", "Minimum over ``axis``; a sharded reduced axis gives Partial(min).")  # type: ignore[attr-defined]

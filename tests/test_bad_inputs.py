@@ -1569,6 +1569,7 @@ def test_the_snapshot_sees_corruption(env: SimpleNamespace) -> None:
 # -- the command line: one line on stderr naming the argument and the fix, exit code 2 ----------------------------------------
 
 EXPLAIN = ["explain", "--mesh", "dp=4,tp=2", "--shape", "10,3"]
+REDISTRIBUTE_R_R = ["redistribute", "--mesh", "dp=4,tp=2", "--shape", "8", "--from", "R,R", "--to", "R,R"]
 CLI_CASES = [
     ("repeated Shard", [*EXPLAIN, "--placements", "S(0),S(0)"], "placements="),
     ("wrong length", [*EXPLAIN, "--placements", "S(0)"], "placements="),
@@ -1577,7 +1578,11 @@ CLI_CASES = [
     ("shard dim out of range", [*EXPLAIN, "--placements", "S(2),R"], "placements="),
     ("partial with torch form", [*EXPLAIN, "--placements", "S(0),R", "--partial", "tp"], "partial="),
     ("partial on a splitting axis", [*EXPLAIN, "--placements", "dp,None", "--partial", "dp"], "partial="),
-    ("mesh too large", ["explain", "--mesh", "dp=4,tp=4", "--shape", "8", "--placements", "S(0),R"], "--mesh='dp=4,tp=4'"),
+    (
+        "mesh too large",
+        ["explain", "--mesh", "dp=4,tp=4", "--shape", "8", "--placements", "S(0),R"],
+        "--mesh='dp=4,tp=4'",
+    ),
     ("zero-size mesh", ["explain", "--mesh", "dp=0", "--shape", "8", "--placements", "S(0)"], "--mesh='dp=0'"),
     (
         "duplicate axis names",
@@ -1588,12 +1593,12 @@ CLI_CASES = [
     ("checkpoint missing", ["explain", "--checkpoint", "/nonexistent/p2j-checkpoint"], "path="),
     (
         "unknown axis weighed",
-        ["redistribute", "--mesh", "dp=4,tp=2", "--shape", "8", "--from", "R,R", "--to", "R,R", "--axis-weights", "pp=2"],
+        [*REDISTRIBUTE_R_R, "--axis-weights", "pp=2"],
         "--axis-weights='pp=2'",
     ),
     (
         "dtype JAX cannot hold",
-        ["redistribute", "--mesh", "dp=4,tp=2", "--shape", "8", "--from", "R,R", "--to", "R,R", "--dtype", "float128"],
+        [*REDISTRIBUTE_R_R, "--dtype", "float128"],
         "--dtype 'float128'",
     ),
     ("shape syntax", ["explain", "--mesh", "dp=4", "--shape", "8,x", "--placements", "S(0)"], "--shape"),
