@@ -6,6 +6,11 @@ BIN := $(VENV)/bin
 # (torch cross-checks, notebooks, docs, model libraries).
 DEMO_EXTRAS ?= train,plot,rich
 EXTRAS ?= test,train,torch,plot,rich,docs,bench
+# On Linux x86_64, PyPI's torch wheel is the CUDA build (with GBs of nvidia packages); the
+# tests need only the CPU build: `make test TORCH_INDEX=https://download.pytorch.org/whl/cpu`
+# picks it (the lock's torch==2.13.0 matches 2.13.0+cpu). Off by default: the index is not
+# reachable from every machine (it is not from the one the lock was made on).
+TORCH_INDEX ?=
 DEMO_STAMP := $(VENV)/.installed-demo
 STAMP := $(VENV)/.installed
 
@@ -23,7 +28,7 @@ $(DEMO_STAMP): $(BIN)/python pyproject.toml requirements-lock.txt
 
 $(STAMP): $(BIN)/python pyproject.toml requirements-lock.txt
 	@echo "Installing placements2jax with every extra ($(EXTRAS)) into $(VENV) ..."
-	$(BIN)/python -m pip install --progress-bar on -c requirements-lock.txt -e ".[$(EXTRAS)]"
+	$(BIN)/python -m pip install --progress-bar on -c requirements-lock.txt $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) -e ".[$(EXTRAS)]"
 	touch $(STAMP) $(DEMO_STAMP)
 
 install: $(STAMP)

@@ -40,6 +40,7 @@ from .inference import (
 )
 from .interop.torch_checkpoint import load_torch_checkpoint
 from .layout import Layout, resolve_layout
+from .comm_mode import CommDebugMode, comm_debug
 from .loss import cross_entropy, loss_parallel, vocab_parallel_cross_entropy
 from .mesh import DeviceMesh, MeshGroup, as_device_mesh, init_device_mesh
 from .operators import apply, implicit_replication
@@ -69,13 +70,14 @@ from .placements import (
 from .training import mixed_precision, model_arrays
 from .visualize import plot, print_layout, visualize
 
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = [
     "AbstractDTensor",
     "ArgumentTypeError",
     "CheckpointError",
     "Collective",
+    "CommDebugMode",
     "CostModel",
     "DTensor",
     "DeviceMesh",
@@ -104,6 +106,7 @@ __all__ = [
     "check",
     "clear_caches",
     "colwise",
+    "comm_debug",
     "cross_entropy",
     "distribute_pytree",
     "distribute_tensor",

@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .dtensor import DTensor
-from .errors import ArgumentTypeError, CheckpointError, Placements2JaxError
+from .errors import ArgumentTypeError, CheckpointError, Placements2JaxError, import_extra
 from .layout import Layout, PlacementsLike
 from .mesh import DeviceMesh, as_device_mesh
 from .parallelize import path_of
@@ -78,15 +78,7 @@ class AbstractDTensor:
 
 
 def _tensorstore() -> Any:
-    try:
-        import tensorstore
-    except ImportError:  # pragma: no cover - the train extra installs it
-        from .errors import MissingDependencyError
-
-        raise MissingDependencyError(
-            "checkpoint", "tensorstore", "checkpoints need tensorstore", "pip install 'placements2jax[train]'"
-        ) from None
-    return tensorstore
+    return import_extra("tensorstore", "train", "checkpointing")
 
 
 def _root(path: Any) -> Path:

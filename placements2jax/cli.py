@@ -15,30 +15,35 @@ import math
 import os
 import re
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any, NoReturn
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .dtensor import distribute_tensor, redistribute_collectives
 from .display import collective_axes
-from .errors import LayoutError, PlacementError, Placements2JaxError, RedistributeError, ShapeError
+from .errors import LayoutError, MeshError, PlacementError, Placements2JaxError, RedistributeError, ShapeError
 from .hlo import Collective
 from .physical import physical
 from .schedules import choose, default_policy
 from .inference import CostModel, plan_redistribute
 from .inference.check import collective_nbytes
+from .inference.cost import LOCAL_PARTIAL, LOCAL_SLICE
 from .inference.table import format_table
 from .layout import Layout, resolve_layout
 from .mesh import DeviceMesh, init_device_mesh
 from .placements import format_alias, format_placements
 from .placements import parse_partial as parse_partial_text
+from .version import __version__
 from .visualize import visualize
 
 __all__ = [
     "build_parser",
+    "differences",
     "explain",
     "main",
     "parse_axis_weights",
@@ -90,18 +95,27 @@ def parse_partial(text: str) -> dict[str, str]:
 
 
 def parse_dtype(text: str) -> np.dtype:
-    """``"float32"``, ``"bfloat16"``, ``"int8"`` ... -> the NumPy (or ml_dtypes) dtype."""
+    """``"float32"``, ``"bfloat16"``, ``"int8"`` ... -> the NumPy (or ml_dtypes) dtype, one
+    JAX arrays can hold (not e.g. float128 or str)."""
     try:
-        return np.dtype(jnp.dtype(text))
-    except TypeError:
-        raise argparse.ArgumentTypeError(f"--dtype {text!r}: not a dtype, write e.g. float32 or bfloat16") from None
+        dtype = np.dtype(jnp.dtype(text))
+        with warnings.catch_warnings():  # 64-bit types without jax_enable_x64 are JAX's to narrow, not an error
+            warnings.simplefilter("ignore")
+            jax.eval_shape(lambda: jnp.zeros((), dtype))  # abstract: JAX's backend does not start
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"--dtype {text!r}: not a dtype JAX arrays can hold. Fix: write e.g. float32, bfloat16 or int8"
+        ) from None
+    return dtype
 
 
 def parse_axis_weights(text: str) -> dict[str, float]:
     """``"dp=4,tp=1"`` -> {"dp": 4.0, "tp": 1.0} (a :class:`CostModel`'s axis weights)."""
     entries = [re.fullmatch(r"\s*([A-Za-z_][\w.\-]*)\s*=\s*(\d+(?:\.\d*)?|\.\d+)\s*", e) for e in text.split(",")]
     if not all(entries) or any(float(m.group(2)) <= 0 for m in entries):  # type: ignore[union-attr]
-        raise argparse.ArgumentTypeError(f"--axis-weights {text!r}: write axis=weight pairs, weights > 0, e.g. dp=4")
+        raise argparse.ArgumentTypeError(
+            f"--axis-weights {text!r}: not axis=weight pairs with weights > 0. Fix: write e.g. dp=4"
+        )
     return {m.group(1): float(m.group(2)) for m in entries}  # type: ignore[union-attr]
 
 
@@ -113,6 +127,7 @@ def _positive_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="placements2jax", description="PyTorch-DTensor-style placements on JAX shardings.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     _add_explain(commands)
     _add_redistribute(commands)
@@ -219,7 +234,11 @@ def _start_mesh(
     names, sizes = mesh
     if start_jax is not None:
         start_jax(max(8, math.prod(sizes)))
-    return init_device_mesh(sizes, names)
+    try:
+        return init_device_mesh(sizes, names)
+    except MeshError as error:  # named as the user wrote it, not as init_device_mesh's arguments
+        written = ",".join(f"{n}={s}" for n, s in zip(names, sizes)) if names else ",".join(map(str, sizes))
+        raise error.for_argument("--mesh", written) from None
 
 
 def main(argv: Sequence[str] | None = None, *, start_jax: Callable[[int], None] | None = None) -> int:
@@ -293,7 +312,8 @@ def explain_checkpoint(path: str, *, step: int | None = None, as_json: bool = Fa
     for name, record in sorted(metadata["leaves"].items()):
         if record["kind"] == "dtensor":
             mesh = record["mesh"]
-            mesh_text = ",".join(f"{n}={s}" for n, s in zip(mesh["axis_names"], mesh["shape"]))
+            ranks = np.array(mesh["ranks"]).reshape(mesh["shape"])
+            mesh_text = str(DeviceMesh(ranks, mesh_dim_names=tuple(mesh["axis_names"])))
             if mesh["ranks"] != list(range(len(mesh["ranks"]))):
                 mesh_text += f" ranks {mesh['ranks']}"
             rows.append((name, str(tuple(record["shape"])), record["dtype"], mesh_text,
@@ -429,6 +449,14 @@ def redistribute(
     (:func:`redistribute_collectives`). Text, or JSON."""
     shape = tuple(shape)
     dtype = np.dtype(dtype)
+    unknown = sorted(set(axis_weights or ()) - set(mesh.axis_names))
+    if unknown:
+        raise MeshError(
+            "--axis-weights",
+            ",".join(f"{a}={w:g}" for a, w in axis_weights.items()),  # type: ignore[union-attr]
+            f"mesh {mesh} has no axis {', '.join(map(repr, unknown))}",
+            f"weigh its axes {', '.join(mesh.axis_names)}, e.g. {mesh.axis_names[0]}=4",
+        )
     source = resolve_layout(mesh, src, len(shape), partial=from_partial)
     target = resolve_layout(mesh, dst, len(shape), partial=to_partial)
     plan = plan_redistribute(shape, dtype, source, target, CostModel(axis_weights) if axis_weights else None)
@@ -479,9 +507,89 @@ def redistribute(
             "bytes": _number(sum((collective_nbytes(c, mesh.size()) for c in compiled), Fraction(0))),
         },
     }
+    report["differences"] = differences(report, _hlo_dtype(dtensor.dtype), jax.default_backend())
     if as_json:
         return _json(report)
     return _redistribute_text(mesh, report)
+
+
+_SCHEDULES = {
+    "xla": "XLA's own single reshard of the whole move, not the planned steps",
+    "direct": "one shard_map program sending each device the cells it lacks, not the planned steps",
+    "direct+xla": "partials reduced in shard_map, then XLA's reshard, not the planned steps",
+}
+
+
+def differences(report: dict[str, Any], dtype: str, backend: str) -> list[str]:
+    """Why the compiled collectives of a ``redistribute`` report differ from its plan, one
+    sentence per difference, found by matching the planned steps against the collectives
+    read from the compiled HLO (same op on the same mesh axis): the schedule that runs, a
+    reduce-scatter the backend ran as an all-reduce, a dtype the backend widens, planned
+    steps XLA fused or replaced, and the bytes each side sends. ``dtype`` is the tensor's
+    HLO element type (``f32``, ``bf16``), ``backend`` JAX's platform name."""
+    plan, compiled = report["plan"], report["compiled"]
+    planned = [s for s in plan["steps"] if s["collective"] not in (LOCAL_SLICE, LOCAL_PARTIAL)]
+    ran = list(enumerate(compiled["collectives"]))
+    if not planned and not ran:
+        return []
+
+    def step_text(s: dict[str, Any]) -> str:
+        return f"{s['collective']} on {s['axis']} ({s['bytes']} B)"
+
+    def ran_text(entry: tuple[int, dict[str, Any]]) -> str:
+        i, c = entry
+        return f"#{i} {c['op']} on {','.join(c['mesh_axes']) or '-'} ({c['bytes']} B)"
+
+    notes = []
+    unmatched = []
+    for step in planned:
+        twin = next((e for e in ran if e[1]["op"] == step["collective"] and e[1]["mesh_axes"] == [step["axis"]]), None)
+        if twin is None:
+            unmatched.append(step)
+        else:
+            ran.remove(twin)
+    if not any(c["op"] == "reduce-scatter" for c in compiled["collectives"]):
+        for step in [s for s in unmatched if s["collective"] == "reduce-scatter"]:
+            reduce = next((e for e in ran if e[1]["op"] == "all-reduce" and step["axis"] in e[1]["mesh_axes"]), None)
+            if reduce is not None:
+                notes.append(
+                    f"planned {step_text(step)} runs as {ran_text(reduce)}: XLA on {backend} compiled no "
+                    "reduce-scatter, so every device reduces the whole block and keeps its slice"
+                )
+                unmatched.remove(step)
+                ran.remove(reduce)
+    widened = sorted({c["dtype"] for c in compiled["collectives"]} - {dtype})
+    if widened:
+        notes.append(
+            f"the tensor is {dtype} but XLA on {backend} communicates {', '.join(widened)} "
+            f"(it computes {dtype} in {', '.join(widened)} here), so the compiled bytes are of the wider type"
+        )
+    who = "XLA" if compiled["schedule"] in ("xla", "stepwise") else f"schedule {compiled['schedule']}"
+    if unmatched and ran:
+        replaced = ", ".join(map(step_text, unmatched))
+        notes.append(f"{who} replaced planned {replaced} by {', '.join(map(ran_text, ran))}")
+    elif unmatched:
+        notes.append(f"no compiled collective does planned {', '.join(map(step_text, unmatched))}: {who} fused "
+                     "it with the other steps")  # fmt: skip
+    elif ran:
+        notes.append(f"{', '.join(map(ran_text, ran))} has no planned twin: {who}'s own way of making the move")
+    if plan["bytes"] != compiled["bytes"]:
+        notes.append(f"so each device sends {compiled['bytes']} B compiled vs {plan['bytes']} B planned")
+    if notes and compiled["schedule"] in _SCHEDULES:
+        notes.insert(0, f"what runs is schedule {compiled['schedule']} (policy {compiled['policy']}): "
+                        f"{_SCHEDULES[compiled['schedule']]}")  # fmt: skip
+    return notes
+
+
+def _hlo_dtype(dtype: Any) -> str:
+    """HLO's name of an element type: ``f32``, ``bf16``, ``s8``, ``pred``."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return "pred"
+    if dtype.name == "bfloat16":
+        return "bf16"
+    kind = {"f": "f", "i": "s", "u": "u", "c": "c"}.get(dtype.kind)
+    return f"{kind}{dtype.itemsize * 8}" if kind else dtype.name
 
 
 def _mesh_summary(mesh: DeviceMesh) -> dict[str, Any]:
@@ -534,19 +642,24 @@ def _redistribute_text(mesh: DeviceMesh, report: dict[str, Any]) -> str:
         f"from     {side(report['from'])}",
         f"to       {side(report['to'])}",
         "",
-        f"planned: {len(steps)} step(s), {plan['bytes']} B sent per device, cost {plan['cost']}",
+        f"planned by placements2jax (its cost model's route, before XLA): {len(steps)} step(s), "
+        f"{plan['bytes']} B sent per device, cost {plan['cost']}",
     ]
     if steps:
         headers = ("step", "mesh axis", "from", "to", "collective", "bytes/device", "cost", "layout after")
         lines.append(format_table(headers, steps))
     lines += [
         "",
-        f"compiled by XLA: {len(collectives)} collective(s), {compiled['bytes']} B sent per device "
-        f"(schedule {compiled['schedule']}, policy {compiled['policy']})",
+        f"compiled by XLA (what runs, read from the compiled HLO): {len(collectives)} collective(s), "
+        f"{compiled['bytes']} B sent per device (schedule {compiled['schedule']}, policy {compiled['policy']})",
     ]
     if collectives:
         headers = ("#", "collective", "mesh axes", "result per device", "groups (ranks)", "bytes/device")
         lines.append(format_table(headers, collectives))
+    if report["differences"]:
+        lines += ["", "why they differ:", *(f"  - {note}" for note in report["differences"])]
+    elif collectives:
+        lines += ["", "compiled = planned: the same collectives on the same mesh axes, the same bytes"]
     return "\n".join(lines)
 
 

@@ -24,7 +24,7 @@ from . import chunking
 from .caches import Memo, cached
 from .errors import ArgumentTypeError, MeshError, PlacementError, ShapeError
 from .foreign import check_placements_for_shape
-from .hlo import Collective, compiled_collectives
+from .hlo import Collective, compiled_collectives, running
 from .layout import Layout, MeshPlacements, PlacementsLike, as_shape, resolve_layout
 from .mesh import DeviceMesh, as_device_mesh
 from .physical import Physical, physical
@@ -218,7 +218,9 @@ class DTensor:
     # -- whole-tensor views ------------------------------------------------------------
     def full_tensor(self) -> jax.Array:
         """The logical tensor (partials reduced, padding removed), replicated on the mesh."""
-        return redistribute_array(self._array, self._layout, self._layout.replicated(), self._shape)
+        return redistribute_array(
+            self._array, self._layout, self._layout.replicated(), self._shape, operation="full_tensor"
+        )
 
     def to_jax(self) -> jax.Array:
         """The logical tensor as a ``jax.Array`` of the logical shape.
@@ -231,7 +233,9 @@ class DTensor:
         if phys.is_padded:
             return self.full_tensor()
         if self._layout.has_partial:
-            reduced = redistribute_array(self._array, self._layout, self._layout.without_partial(), self._shape)
+            reduced = redistribute_array(
+                self._array, self._layout, self._layout.without_partial(), self._shape, operation="to_jax"
+            )
             return _eager_grad_safe(reduced, self.device_mesh)
         return _eager_grad_safe(self._array, self.device_mesh)
 
@@ -258,7 +262,7 @@ class DTensor:
         move = _moves.recall(key)
         if move is not None:
             target, run = move
-            return DTensor.trusted(run(self._array) if run else self._array, target, self._shape)
+            return DTensor.trusted(self._run("redistribute", run), target, self._shape)
         mesh = self.device_mesh if device_mesh is None else as_device_mesh(device_mesh)
         if placements is None and mesh is self.device_mesh:
             target = self._layout
@@ -267,11 +271,19 @@ class DTensor:
             check_partial_dtype(target, self.dtype)
         if mesh is not self.device_mesh:
             return self._to_other_mesh(target)
-        check_redistribute(self._layout, target)
+        check_redistribute(self._layout, target, placements)
         src, dst = physical(self._layout, self._shape), physical(target, self._shape)
         run = None if src == dst else schedule_program(src, dst, self.dtype, policy)
         _moves.remember(key, (target, run))
-        return DTensor.trusted(run(self._array) if run else self._array, target, self._shape)
+        return DTensor.trusted(self._run("redistribute", run), target, self._shape)
+
+    def _run(self, operation: str, run: Any) -> jax.Array:
+        """``run(self._array)`` (announced to comm_debug), or the array itself when there is
+        nothing to run."""
+        if run is None:
+            return self._array
+        running(operation, run, (self._array,), self.device_mesh)
+        return run(self._array)
 
     def _to_other_mesh(self, target: Layout) -> DTensor:
         """Reduce on this mesh, transfer with JAX's device_put, re-partial on the target."""
@@ -282,7 +294,7 @@ class DTensor:
             plain = physical(target_plain, shape)
             array = jax.device_put(np.zeros(plain.array_shape, self.dtype), plain.sharding)
         elif not physical(self._layout, shape).is_padded and not physical(target, shape).is_padded:
-            array = redistribute_array(self._array, self._layout, source_plain, shape)
+            array = redistribute_array(self._array, self._layout, source_plain, shape, operation="redistribute")
             array = jax.device_put(array, physical(target_plain, shape).sharding)
         else:
             replicated = target.replicated()
@@ -726,7 +738,7 @@ def redistribute_collectives(
         )
     target = placements_layout(mesh, placements, dtensor.shape)
     check_partial_dtype(target, dtensor.dtype)
-    check_redistribute(dtensor.layout, target)
+    check_redistribute(dtensor.layout, target, placements)
     src, dst = physical(dtensor.layout, dtensor.shape), physical(target, dtensor.shape)
     if src == dst:
         return []

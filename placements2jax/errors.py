@@ -7,6 +7,8 @@ Each concrete class is also a ``ValueError``, ``TypeError`` or ``IndexError``, s
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
 from typing import Any
 
 __all__ = [
@@ -23,6 +25,7 @@ __all__ = [
     "MissingDependencyError",
     "PlanError",
     "CheckpointError",
+    "import_extra",
 ]
 
 
@@ -94,6 +97,38 @@ class MissingDependencyError(Placements2JaxError, ImportError):
     """An optional dependency (an extra such as ``torch``, ``plot`` or ``rich``) is not installed."""
 
 
+def import_extra(
+    module: str, extra: str, needed_for: str, *, argument: str | None = None, value: Any = None
+) -> ModuleType:
+    """``module`` imported, or a :class:`MissingDependencyError` naming the extra that
+    installs it (``pip install 'placements2jax[extra]'``). ``needed_for`` says what
+    needs it ("plotting"); ``argument``/``value`` name what the user asked for (default:
+    the module itself)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        top = module.split(".")[0]
+        raise MissingDependencyError(
+            argument or "import",
+            top if argument is None else value,
+            f"{needed_for} needs {top}, which is not installed",
+            f"pip install 'placements2jax[{extra}]'",
+        ) from None
+
+
 def _short_repr(value: Any, limit: int = 200) -> str:
-    text = repr(value)
+    text = _value_text(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _value_text(value: Any) -> str:
+    """``repr(value)``, except that a layout shows as the text a user writes for it
+    (``'S(0),R'``, its ``str()``) rather than as the constructor call of its repr, also
+    inside tuples and lists. (Duck-typed by class: this module imports nothing of ours.)"""
+    kind = type(value)
+    if kind.__module__ == "placements2jax.layout" and kind.__name__ in ("Layout", "MeshPlacements"):
+        return repr(str(value))
+    if kind in (tuple, list):
+        items = ", ".join(_value_text(v) for v in value)
+        return f"({items}{',' if len(value) == 1 else ''})" if kind is tuple else f"[{items}]"
+    return repr(value)

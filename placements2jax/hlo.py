@@ -5,13 +5,15 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
+import jax
 import numpy as np
 
 from .errors import ArgumentTypeError
 
-__all__ = ["Collective", "parse_collectives", "compiled_collectives", "COLLECTIVE_OPS"]
+__all__ = ["Collective", "parse_collectives", "compiled_collectives", "COLLECTIVE_OPS", "watch_runs", "running"]
 
 COLLECTIVE_OPS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 
@@ -145,3 +147,30 @@ def parse_collectives(hlo_text: str) -> list[Collective]:
 def compiled_collectives(jitted: Any, *args: Any) -> list[Collective]:
     """The collectives XLA compiled for ``jitted(*args)`` (a ``jax.jit`` function)."""
     return parse_collectives(jitted.lower(*args).compile().as_text())
+
+
+# -- eager runs, watched by comm_debug ------------------------------------------------------------
+# The DTensor entry points that run a compiled program eagerly (redistribute, full_tensor, the
+# operators, apply) announce it here; :mod:`placements2jax.comm_debug` reads the collectives of
+# the announced programs. This module knows no later one: watchers register themselves.
+
+Watcher = Callable[[str, Any, tuple[Any, ...], Any], None]
+_watchers: list[Watcher] = []
+
+
+def watch_runs(watcher: Watcher | None, *, stop: bool = False) -> None:
+    """Add ``watcher`` (``stop=False``) or remove it: it is called as ``watcher(operation,
+    jitted, args, mesh)`` before each eager run announced through :func:`running`."""
+    if stop:
+        _watchers.remove(watcher)  # type: ignore[arg-type]
+    else:
+        _watchers.append(watcher)  # type: ignore[arg-type]
+
+
+def running(operation: str, jitted: Any, args: tuple[Any, ...], mesh: Any) -> None:
+    """Eager code is about to run ``jitted(*args)`` for ``operation`` on ``mesh`` (a
+    DeviceMesh); the watchers hear of it. Runs traced inside the caller's ``jax.jit`` are
+    not announced (they are part of the caller's program); without watchers this is free."""
+    if _watchers and not any(isinstance(a, jax.core.Tracer) for a in args):
+        for watcher in tuple(_watchers):
+            watcher(operation, jitted, args, mesh)

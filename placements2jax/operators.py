@@ -53,6 +53,7 @@ from . import chunking
 from .dtensor import DTensor, auto_twin_of
 from .errors import ArgumentTypeError, InferenceError, UnsupportedOpError
 from .factories import place
+from .hlo import running
 from .inference import default_cost_model, infer_signature, predict
 from .inference.cost import CostModel
 from .inference.jaxpr import CONSTRAINT_SHARDING_PARAMS, _drop_dim0, _stacked, execute
@@ -225,7 +226,14 @@ def call(op: str, operands: Sequence[Any], **params: Any) -> DTensor:
     _check_operands(operands, "operands")
     frozen = freeze(params) if params else ()
     program = _dispatch(("op", op, frozen), operands, partial(_named_program, op, frozen))
+    _announce(op, program, operands)
     return program(operands)
+
+
+def _announce(operation: str, program: Program, values: Sequence[Any]) -> None:
+    """Tell comm_debug (if it listens) that ``program`` runs eagerly on ``values``."""
+    if program.out_layouts:
+        running(operation, program.run, tuple(_arrays(values)), program.out_layouts[0].mesh)
 
 
 @cached(maxsize=4096)
@@ -272,17 +280,44 @@ def unary(op: str, x: DTensor) -> DTensor:
     return call(op, (x,))
 
 
-def reduce(op: str, x: DTensor, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DTensor:
-    """``x.sum / mean / max / min(axis, keepdims)`` (NumPy's arguments)."""
+def reduce(
+    op: str,
+    x: DTensor,
+    axis: int | Sequence[int] | None = None,
+    keepdims: bool | None = None,
+    *,
+    dim: int | Sequence[int] | None = None,
+    keepdim: bool | None = None,
+) -> DTensor:
+    """``x.sum / mean / max / min(axis, keepdims)`` (NumPy's arguments), or torch's
+    ``dim=`` / ``keepdim=`` in their place (one name of each pair, not both). Unlike torch,
+    ``max(dim=)`` / ``min(dim=)`` return the values only, as NumPy and JAX do (no indices)."""
+    axis, axis_name = _one_name("axis", axis, "dim", dim)
+    keepdims, keep_name = _one_name("keepdims", keepdims, "keepdim", keepdim)
+    keepdims = False if keepdims is None else keepdims
     if not isinstance(keepdims, (bool, np.bool_)):
-        raise ArgumentTypeError("keepdims", keepdims, "expected a bool", "pass keepdims=True or False")
+        raise ArgumentTypeError(keep_name, keepdims, "expected a bool", f"pass {keep_name}=True or False")
     if axis is not None and not isinstance(axis, (int, np.integer)):
         if isinstance(axis, (str, bytes)) or not isinstance(axis, Sequence) or not all(
             isinstance(a, (int, np.integer)) and not isinstance(a, bool) for a in axis
         ):
-            raise ArgumentTypeError("axis", axis, "expected None, an int or a sequence of ints", "pass e.g. axis=0 or (0, 1)")
+            raise ArgumentTypeError(
+                axis_name, axis, "expected None, an int or a sequence of ints", f"pass e.g. {axis_name}=0 or (0, 1)"
+            )
         axis = tuple(axis)
     return call(op, (x,), axis=axis, keepdims=bool(keepdims))
+
+
+def _one_name(numpy_name: str, numpy_value: Any, torch_name: str, torch_value: Any) -> tuple[Any, str]:
+    """The value given under NumPy's or torch's name of one argument, and that name."""
+    if numpy_value is not None and torch_value is not None:
+        raise ArgumentTypeError(
+            torch_name,
+            torch_value,
+            f"given together with {numpy_name}={numpy_value!r}, which means the same",
+            f"pass only one of {numpy_name}= (NumPy) and {torch_name}= (torch)",
+        )
+    return (numpy_value, numpy_name) if torch_value is None else (torch_value, torch_name)
 
 
 def transpose(x: DTensor, axes: Sequence[Any]) -> DTensor:
@@ -319,8 +354,15 @@ def _install_methods(cls: type) -> None:
         setattr(cls, f"__r{name}__", reflected)
 
     def reduction(op: str, doc: str) -> Callable[..., DTensor]:
-        def method(self: DTensor, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> DTensor:
-            return reduce(op, self, axis, keepdims)
+        def method(
+            self: DTensor,
+            axis: int | Sequence[int] | None = None,
+            keepdims: bool | None = None,
+            *,
+            dim: int | Sequence[int] | None = None,
+            keepdim: bool | None = None,
+        ) -> DTensor:
+            return reduce(op, self, axis, keepdims, dim=dim, keepdim=keepdim)
 
         method.__name__, method.__doc__ = op, doc
         return method
@@ -396,7 +438,9 @@ def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, execute: 
         raise InferenceError("execute", execute, "unknown execution", f"use one of {EXECUTES}")
     tag = ("apply", fn, frozen, in_tree, targets, execute)
     build = _xla_program if execute == "xla" else _apply_program
-    return _dispatch(tag, leaves, partial(build, fn, frozen, in_tree, targets))(leaves)
+    program = _dispatch(tag, leaves, partial(build, fn, frozen, in_tree, targets))
+    _announce(f"apply({getattr(fn, '__name__', type(fn).__name__)})", program, leaves)
+    return program(leaves)
 
 
 def _is_dtensor(value: Any) -> bool:

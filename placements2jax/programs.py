@@ -25,6 +25,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .caches import cached
 from .errors import RedistributeError
+from .hlo import running
 from .layout import Layout
 from .physical import Physical, physical
 
@@ -49,9 +50,11 @@ def _average(x: jax.Array, axis: tuple[int, ...]) -> jax.Array:
 REDUCERS = {"sum": _sum, "avg": _average, "max": jnp.max, "min": jnp.min}
 
 
-def check_redistribute(src: Layout, dst: Layout) -> None:
-    """Refuse what torch refuses: Shard -> Partial and Partial(a) -> Partial(b) on a mesh dim."""
+def check_redistribute(src: Layout, dst: Layout, written: Any = None) -> None:
+    """Refuse what torch refuses: Shard -> Partial and Partial(a) -> Partial(b) on a mesh dim.
+    ``written``: the placements as the user wrote them, which the error names (default ``dst``)."""
     names = src.mesh.axis_names
+    written = dst if written is None else written
     for mesh_dim, (src_op, dst_op) in enumerate(zip(src.partial, dst.partial)):
         if dst_op is None:
             continue
@@ -59,7 +62,7 @@ def check_redistribute(src: Layout, dst: Layout) -> None:
         if split is not None:
             raise RedistributeError(
                 "placements",
-                dst,
+                written,
                 f"mesh dim {names[mesh_dim]!r} goes from Shard({split}) to Partial({dst_op}); a shard is "
                 "not a partial value (torch refuses this move too)",
                 f"redistribute mesh dim {names[mesh_dim]!r} to Replicate first, then to Partial",
@@ -67,7 +70,7 @@ def check_redistribute(src: Layout, dst: Layout) -> None:
         if src_op is not None and src_op != dst_op:
             raise RedistributeError(
                 "placements",
-                dst,
+                written,
                 f"mesh dim {names[mesh_dim]!r} goes from Partial({src_op}) to Partial({dst_op}); the values "
                 "cannot be re-interpreted (torch refuses this move too)",
                 f"redistribute mesh dim {names[mesh_dim]!r} to Replicate first, then to Partial({dst_op})",
@@ -210,9 +213,15 @@ def program(src: Physical, dst: Physical) -> jax.stages.Wrapped:
     return jax.jit(lambda x: convert(x, src, dst), out_shardings=dst.sharding)
 
 
-def redistribute_array(x: jax.Array, src_layout: Layout, dst_layout: Layout, shape: tuple[int, ...]) -> jax.Array:
-    """Run (or, under tracing, emit) the program from ``src_layout`` to ``dst_layout``."""
+def redistribute_array(
+    x: jax.Array, src_layout: Layout, dst_layout: Layout, shape: tuple[int, ...], *, operation: str | None = None
+) -> jax.Array:
+    """Run (or, under tracing, emit) the program from ``src_layout`` to ``dst_layout``;
+    an eager run is announced to comm_debug as ``operation`` (when given)."""
     src, dst = physical(src_layout, shape), physical(dst_layout, shape)
     if src == dst:
         return x
-    return program(src, dst)(x)
+    run = program(src, dst)
+    if operation is not None:
+        running(operation, run, (x,), src_layout.mesh)
+    return run(x)

@@ -35,6 +35,7 @@ import numpy as np
 from .checkpoint import AbstractDTensor, load, save
 from .display import communication, communication_table, count_text
 from .dtensor import DTensor, distribute_tensor, is_dtensor
+from .errors import import_extra
 from .factories import init_pytree
 from .hlo import Collective, parse_collectives
 from .inference import Prediction, predict
@@ -242,7 +243,7 @@ def _free_outputs(state: Any) -> Any:
 
 def train_gpt(config: GPTConfig = GPTConfig(), directory: str | None = None, progress: bool = True) -> TrainReport:
     """The run the module docstring describes; returns its report."""
-    import optax
+    optax = import_extra("optax", "train", "the training run")
 
     root = Path(directory or tempfile.mkdtemp(prefix="placements2jax-train-"))
     half = config.steps // 2

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from . import chunking
-from .errors import ArgumentTypeError, MissingDependencyError, ShapeError
+from .errors import ArgumentTypeError, MissingDependencyError, ShapeError, import_extra
 from .layout import Layout, MeshPlacements, as_shape
 
 __all__ = ["visualize", "print_layout", "plot", "layout_blocks", "format_ranks", "Block"]
@@ -183,6 +183,17 @@ def _grid(layout: Layout, shape: tuple[int, ...], blocks: list[Block]) -> list[l
     return lines
 
 
+def _replicated_axes(layout: Layout) -> list[str]:
+    """The mesh axes that neither split a tensor dim nor hold a partial: every block is
+    copied along them."""
+    splitting = {a for axes in layout.dim_axes for a in axes}
+    return [
+        name
+        for a, name in enumerate(layout.mesh.axis_names)
+        if a not in splitting and layout.partial[a] is None and layout.mesh.shape[a] > 1
+    ]
+
+
 def _styles(blocks: list[Block]) -> dict[tuple[tuple[int, int], ...], str]:
     palette: dict[tuple[int, ...], str] = {}
     for b in blocks:
@@ -221,7 +232,10 @@ def _use_color(color: bool | None) -> bool:
     if not isinstance(color, bool):
         raise ArgumentTypeError("color", color, "expected True, False or None", "pass color=True, False or None (auto)")
     if color and not _rich_available():
-        raise MissingDependencyError("color", color, "coloured pictures need rich", "pip install rich, or color=False")
+        raise MissingDependencyError(
+            "color", color, "coloured pictures need rich, which is not installed",
+            "pip install 'placements2jax[rich]', or color=False",
+        )
     return bool(color)
 
 
@@ -251,13 +265,14 @@ def plot(
     items: Any, shape: Sequence[int] | None = None, *, titles: Sequence[str] | None = None, ncols: int | None = None
 ) -> Any:
     """A matplotlib Figure with one panel per layout (or DTensor) in ``items``: the
-    tensor's elements as cells, each block coloured by the ranks holding it (one colour
-    per rank, stripes when several ranks hold it), hatched when partial."""
-    try:
-        import matplotlib.pyplot as plt
-        from matplotlib.patches import Patch, Rectangle
-    except ImportError:
-        raise MissingDependencyError("plot", items, "plotting needs matplotlib", "pip install matplotlib") from None
+    tensor's elements as cells, each block in one colour per set of ranks holding it
+    (replicas share the block: it is not split among them) and labelled with those
+    ranks, its row / column ranges on the borders, hatched and marked ``P(op)`` when
+    partial, and the terminal picture's notes (uneven, empty, partial) plus the
+    replicated mesh axes under the panel."""
+    plt = import_extra("matplotlib.pyplot", "plot", "plotting", argument="plot", value=items)
+    from matplotlib.patches import Rectangle
+
     items = list(items) if isinstance(items, (list, tuple)) else [items]
     if not items:
         raise ArgumentTypeError("items", items, "nothing to plot", "pass a Layout (with shape=) or a DTensor, or a list of them")
@@ -268,37 +283,27 @@ def plot(
     panels = [layout_blocks(item, shape) for item in items]
     ncols = ncols or min(len(panels), 3)
     nrows = -(-len(panels) // ncols)
-    figure, axes = plt.subplots(nrows, ncols, figsize=(2.6 * ncols, 3.4 * nrows), squeeze=False)
-    colors = plt.get_cmap("tab10")
-    all_ranks = sorted({r for layout, _, _ in panels for r in layout.mesh.rank_list})
+    figure, axes = plt.subplots(nrows, ncols, figsize=(2.8 * ncols, 3.8 * nrows), squeeze=False)
+    colors = plt.get_cmap("tab20")
     for index, ax in enumerate(axes.flat):
         ax.set_axis_off()
         if index >= len(panels):
             continue
         layout, panel_shape, blocks = panels[index]
         height, width = (panel_shape[0], panel_shape[1]) if len(panel_shape) == 2 else (1, panel_shape[0])
+        palette: dict[tuple[int, ...], int] = {}  # one colour per set of ranks holding a block, as in the terminal
         for block in blocks:
             rows, cols = block.slices if len(panel_shape) == 2 else (slice(0, 1), block.slices[0])
-            stripe = (cols.stop - cols.start) / len(block.ranks)
-            for k, rank in enumerate(block.ranks):
-                ax.add_patch(
-                    Rectangle(
-                        (cols.start + k * stripe, rows.start),
-                        stripe,
-                        rows.stop - rows.start,
-                        facecolor=colors(all_ranks.index(rank) % 10),
-                        edgecolor="none",
-                        hatch="//" if layout.has_partial else None,
-                    )
-                )
+            # The whole block in one colour: the ranks holding it hold copies (replicas), not pieces.
             ax.add_patch(
                 Rectangle(
                     (cols.start, rows.start),
                     cols.stop - cols.start,
                     rows.stop - rows.start,
-                    fill=False,
+                    facecolor=colors(palette.setdefault(block.ranks, len(palette)) % 20),
                     edgecolor="black",
                     linewidth=1.5,
+                    hatch="//" if layout.has_partial else None,
                 )
             )
             ranks = "\n".join(textwrap.wrap(format_ranks(block.ranks).replace(",", ", "), 11)).replace(", ", ",")
@@ -318,13 +323,25 @@ def plot(
             ax.plot([0, width], [r, r], color="white", linewidth=0.6, alpha=0.7, zorder=2)
         for c in range(1, width):
             ax.plot([c, c], [0, height], color="white", linewidth=0.6, alpha=0.7, zorder=2)
+        # The blocks' index ranges on the borders, as the terminal picture labels them.
+        bounds = [b.bounds for b in blocks]
+        for start, stop in sorted({b[-1] for b in bounds}):
+            ax.text((start + stop) / 2, -0.15, f"{start}:{stop}", ha="center", va="bottom", fontsize=7)
+        if len(panel_shape) == 2:
+            for start, stop in sorted({b[0] for b in bounds}):
+                ax.text(-0.15, (start + stop) / 2, f"{start}:{stop}", ha="right", va="center", fontsize=7)
         ax.set_xlim(-0.05, width + 0.05)
         ax.set_ylim(height + 0.05, -0.05)
         title = titles[index] if titles else str(layout)
         holding = {r for b in blocks for r in b.ranks}
         empty = [r for r in layout.mesh.rank_list if r not in holding]
-        ax.set_title(title + (f"\n(empty: {format_ranks(empty)})" if empty else ""), fontsize=10)
-    handles = [Patch(facecolor=colors(i % 10), label=f"rank {r}") for i, r in enumerate(all_ranks)]
-    figure.legend(handles=handles, loc="lower center", ncol=min(len(handles), 8), fontsize=8, frameon=False)
-    figure.tight_layout(rect=(0, 0.06, 1, 1))
+        ax.set_title(title + (f"\n(empty: {format_ranks(empty)})" if empty else ""), fontsize=10, pad=14)
+        notes = ["".join(text for text, _ in line) for line in _notes(layout, panel_shape, blocks)]
+        replicas = _replicated_axes(layout)
+        if replicas and blocks:
+            notes.append(f"replicated over {', '.join(replicas)}: each block held by {len(blocks[0].ranks)} ranks")
+        if notes:
+            ax.text(0.5, -0.04, "\n".join(textwrap.fill(n, 40) for n in notes), transform=ax.transAxes,
+                    ha="center", va="top", fontsize=7)  # fmt: skip
+    figure.tight_layout()
     return figure

@@ -142,6 +142,12 @@ def _deprecated_call(function: Callable[..., Any], *args: Any) -> Any:
         return function(*args)
 
 
+def _enter_twice(e: Any) -> None:
+    mode = placements2jax.CommDebugMode()
+    with mode:
+        mode.__enter__()
+
+
 def _other_mesh_layout(e: Any) -> Layout:
     return Layout.from_device_mesh(e.mesh8)(("x", None))
 
@@ -955,6 +961,15 @@ CASES: list[Case] = [
         "result_shapes",
         lambda e: Collective("all-gather", [[4]], "f32", ((0, 1),)),
     ),
+    # -- comm_debug ----
+    _c(
+        "comm_debug: print_table to a path",
+        "comm_debug",
+        ArgumentTypeError,
+        "file",
+        lambda e: placements2jax.comm_debug().print_table("out.txt"),
+    ),
+    _c("CommDebugMode: entered twice", "CommDebugMode", ArgumentTypeError, "comm_debug", _enter_twice),
     # -- DTensor operators and apply ----------------------------------------------------------------------------------------
     _c("operator: DTensors on two meshes", "DTensor", InferenceError, "operands", lambda e: e.dt + e.dt8),
     _c(
@@ -968,6 +983,16 @@ CASES: list[Case] = [
     _c("operator: sum over a missing axis", "DTensor", InferenceError, "params", lambda e: e.dt.sum(axis=5)),
     _c("operator: sum over a string axis", "DTensor", ArgumentTypeError, "axis", lambda e: e.dt.sum(axis="0")),
     _c("operator: keepdims a string", "DTensor", ArgumentTypeError, "keepdims", lambda e: e.dt.max(keepdims="yes")),
+    _c("operator: torch's keepdim a string", "DTensor", ArgumentTypeError, "keepdim", lambda e: e.dt.sum(keepdim="no")),
+    _c("operator: torch's dim a string", "DTensor", ArgumentTypeError, "dim", lambda e: e.dt.mean(dim="0")),
+    _c("operator: both dim and axis", "DTensor", ArgumentTypeError, "dim", lambda e: e.dt.sum(axis=0, dim=0)),
+    _c(
+        "operator: both keepdim and keepdims",
+        "DTensor",
+        ArgumentTypeError,
+        "keepdim",
+        lambda e: e.dt.min(0, keepdims=True, keepdim=True),
+    ),
     _c("operator: transpose repeats an axis", "DTensor", InferenceError, "params", lambda e: e.dt.transpose(0, 0)),
     _c("operator: reshape to another size", "DTensor", InferenceError, "params", lambda e: e.dt.reshape(7)),
     _c("operator: negate bools", "DTensor", InferenceError, "params", lambda e: -e.dtb),
@@ -1697,6 +1722,7 @@ def test_the_snapshot_sees_corruption(env: SimpleNamespace) -> None:
 # -- the command line: one line on stderr naming the argument and the fix, exit code 2 ----------------------------------------
 
 EXPLAIN = ["explain", "--mesh", "dp=4,tp=2", "--shape", "10,3"]
+REDISTRIBUTE_R_R = ["redistribute", "--mesh", "dp=4,tp=2", "--shape", "8", "--from", "R,R", "--to", "R,R"]
 CLI_CASES = [
     ("repeated Shard", [*EXPLAIN, "--placements", "S(0),S(0)"], "placements="),
     ("wrong length", [*EXPLAIN, "--placements", "S(0)"], "placements="),
@@ -1705,15 +1731,29 @@ CLI_CASES = [
     ("shard dim out of range", [*EXPLAIN, "--placements", "S(2),R"], "placements="),
     ("partial with torch form", [*EXPLAIN, "--placements", "S(0),R", "--partial", "tp"], "partial="),
     ("partial on a splitting axis", [*EXPLAIN, "--placements", "dp,None", "--partial", "dp"], "partial="),
-    ("mesh too large", ["explain", "--mesh", "dp=4,tp=4", "--shape", "8", "--placements", "S(0),R"], "mesh_shape="),
-    ("zero-size mesh", ["explain", "--mesh", "dp=0", "--shape", "8", "--placements", "S(0)"], "mesh_shape="),
+    (
+        "mesh too large",
+        ["explain", "--mesh", "dp=4,tp=4", "--shape", "8", "--placements", "S(0),R"],
+        "--mesh='dp=4,tp=4'",
+    ),
+    ("zero-size mesh", ["explain", "--mesh", "dp=0", "--shape", "8", "--placements", "S(0)"], "--mesh='dp=0'"),
     (
         "duplicate axis names",
         ["explain", "--mesh", "dp=4,dp=2", "--shape", "8", "--placements", "S(0),R"],
-        "mesh_dim_names=",
+        "--mesh='dp=4,dp=2'",
     ),
     ("mesh syntax", ["explain", "--mesh", "dp4", "--shape", "8", "--placements", "S(0)"], "--mesh"),
     ("checkpoint missing", ["explain", "--checkpoint", "/nonexistent/p2j-checkpoint"], "path="),
+    (
+        "unknown axis weighed",
+        [*REDISTRIBUTE_R_R, "--axis-weights", "pp=2"],
+        "--axis-weights='pp=2'",
+    ),
+    (
+        "dtype JAX cannot hold",
+        [*REDISTRIBUTE_R_R, "--dtype", "float128"],
+        "--dtype 'float128'",
+    ),
     ("shape syntax", ["explain", "--mesh", "dp=4", "--shape", "8,x", "--placements", "S(0)"], "--shape"),
     (
         "partial op",

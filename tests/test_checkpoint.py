@@ -125,7 +125,7 @@ def test_metadata_records_mesh_and_torch_placements(tmp_path) -> None:
     done = subprocess.run([sys.executable, "-m", "placements2jax", "explain", "--checkpoint", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "P(max),S(1)" in done.stdout and "dp=4,tp=2" in done.stdout and "(tp,dp),None" in done.stdout, done.stdout
+    assert "P(max),S(1)" in done.stdout and "dp=4 x tp=2" in done.stdout and "(tp,dp),None" in done.stdout, done.stdout
 
 
 def test_interrupted_save_leaves_the_previous_step_loadable(tmp_path) -> None:

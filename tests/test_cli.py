@@ -1,11 +1,15 @@
 """The command line: explain (text and JSON), help, one-line errors with exit code 2."""
 
+import contextlib
+import io
 import json
 import os
 import subprocess
 import sys
 
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from placements2jax.__main__ import main
 
@@ -145,14 +149,43 @@ def test_redistribute_text(capsys: pytest.CaptureFixture[str]) -> None:
         "from     S(0),R   alias dp,None   PartitionSpec P('dp', None)",
         "to       R,S(0)   alias tp,None   PartitionSpec P('tp', None)",
     ]
-    assert lines[5] == "planned: 3 step(s), 36 B sent per device, cost 36"
+    assert lines[5] == (
+        "planned by placements2jax (its cost model's route, before XLA): 3 step(s), 36 B sent per device, cost 36"
+    )
     # an all-to-all moves the dp split to the other dim, tp takes its rows locally, dp gathers
     assert [line.split(" | ")[1:5] for line in lines[8:11]] == [
         ["dp       ", "S(0)", "S(1)", "all-to-all "],
         ["tp       ", "R   ", "S(0)", "local-slice"],
         ["dp       ", "S(1)", "R   ", "all-gather "],
     ]
-    assert "compiled by XLA: " in out and "all-gather" in out.split("compiled by XLA")[1]
+    assert "compiled by XLA (what runs, read from the compiled HLO): " in out
+    assert "all-gather" in out.split("compiled by XLA")[1]
+
+
+def test_redistribute_explains_each_difference_from_the_hlo(capsys: pytest.CaptureFixture[str]) -> None:
+    """P,R -> S(0),R in bf16 on CPU: XLA's reshard is one f32 all-reduce where the plan has a
+    bf16 reduce-scatter and a tp gather; each difference gets its sentence, with its figures."""
+    code, out, _ = run(capsys, *REDISTRIBUTE_8x2, "--from", "P,R", "--to", "S(0),R", "--dtype", "bfloat16", "--json")
+    assert code == 0
+    report = json.loads(out)
+    (collective,) = report["compiled"]["collectives"]
+    assert (collective["op"], collective["dtype"], collective["bytes"]) == ("all-reduce", "f32", 96)
+    assert report["differences"] == [
+        "what runs is schedule xla (policy cost): XLA's own single reshard of the whole move, not the planned steps",
+        "planned reduce-scatter on dp (12 B) runs as #0 all-reduce on dp (96 B): XLA on cpu compiled no "
+        "reduce-scatter, so every device reduces the whole block and keeps its slice",
+        "the tensor is bf16 but XLA on cpu communicates f32 (it computes bf16 in f32 here), so the compiled bytes "
+        "are of the wider type",
+        "no compiled collective does planned all-gather on tp (4 B): XLA fused it with the other steps",
+        "so each device sends 96 B compiled vs 16 B planned",
+    ]
+    code, out, _ = run(capsys, *REDISTRIBUTE_8x2, "--from", "S(0),R", "--to", "R,S(0)")
+    assert out.split("why they differ:\n")[1].splitlines()[1:] == [
+        "  - XLA replaced planned all-to-all on dp (12 B) by #0 collective-permute on dp,tp (16 B)",
+        "  - so each device sends 32 B compiled vs 36 B planned",
+    ]
+    code, out, _ = run(capsys, *REDISTRIBUTE_8x2, "--from", "P,S(0)", "--to", "R,R")
+    assert out.rstrip().endswith("compiled = planned: the same collectives on the same mesh axes, the same bytes")
 
 
 def test_redistribute_json_matches_the_library(capsys: pytest.CaptureFixture[str]) -> None:
@@ -203,8 +236,9 @@ def test_redistribute_alias_form_partials_and_axis_weights(capsys: pytest.Captur
 def test_redistribute_nothing_to_do(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, *REDISTRIBUTE_8x2, "--from", "S(0),R", "--to", "dp,None")
     assert code == 0
-    assert "planned: 0 step(s), 0 B sent per device, cost 0" in out
-    assert "compiled by XLA: 0 collective(s), 0 B sent per device" in out
+    assert "before XLA): 0 step(s), 0 B sent per device, cost 0" in out
+    assert "read from the compiled HLO): 0 collective(s), 0 B sent per device" in out
+    assert "why they differ" not in out
 
 
 @pytest.mark.parametrize(
@@ -242,3 +276,98 @@ def test_python_m_placements2jax_demo() -> None:
     assert "loss went down" in result.stdout
     assert "XLA compiled every updated parameter in its planned layout" in result.stdout
     assert "bytes per device agree" in result.stdout
+
+
+# -- every argument: one line and exit code 2, never a traceback --------------------------------
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    import placements2jax
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == f"placements2jax {placements2jax.__version__}\n"
+
+
+def test_dtype_jax_cannot_hold_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    test_bad_arguments_give_one_line_and_exit_code_2(
+        capsys, [*REDISTRIBUTE_8x2, "--from", "S(0),R", "--to", "R,R", "--dtype", "float128"], "--dtype 'float128'"
+    )
+
+
+def test_unknown_axis_in_axis_weights_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    test_bad_arguments_give_one_line_and_exit_code_2(
+        capsys,
+        [*REDISTRIBUTE_8x2, "--from", "S(0),R", "--to", "R,R", "--axis-weights", "dp=2,pp=4"],
+        "--axis-weights='dp=2,pp=4': mesh dp=4 x tp=2 has no axis 'pp'. Fix: weigh its axes dp, tp",
+    )
+
+
+LAYOUTS = ["S(0),R", "R,S(0)", "P,S(1)", "P(max),R", "(dp,tp),None", "tp,dp", "None", "S(5),R", "R", "dp", "(tp,dp)"]
+VALUES: dict[str, list[str]] = {
+    "--mesh": ["dp=4,tp=2", "dp=2,tp=4", "8", "dp=2", "dp=4,tp=4", "dp=0", "dp=4,dp=2", "2,2,2"],
+    "--shape": ["8,2", "10,3", "8", "0,3", "3,5,7", "", "-1", "2,0"],
+    "--placements": LAYOUTS,
+    "--from": LAYOUTS,
+    "--to": LAYOUTS,
+    "--partial": ["tp", "dp=max", "tp=prod", "xx", "dp=avg,tp=min"],
+    "--from-partial": ["tp", "dp=max", "xx"],
+    "--to-partial": ["tp", "dp=min", "xx"],
+    "--dtype": ["float32", "bfloat16", "int8", "bool", "complex64", "float128", "str", "float64", "uint4"],
+    "--axis-weights": ["dp=4", "pp=4", "tp=0", "dp=1.5,tp=2", "dp"],
+    "--policy": ["cost", "min_bytes", "xla", "fast"],
+    "--checkpoint": ["/nonexistent/ckpt", "."],
+    "--step": ["1", "x", "-3"],
+    "--steps": ["2", "0", "x", "1e3"],
+}
+FLAGS = {"explain": ["--json", "--color", "--no-color"], "redistribute": ["--json"], "demo": [], "train": []}
+OPTIONS = {
+    "explain": ["--mesh", "--shape", "--placements", "--partial", "--checkpoint", "--step"],
+    "redistribute": ["--mesh", "--shape", "--from", "--to", "--from-partial", "--to-partial", "--dtype",
+                     "--axis-weights", "--policy"],
+    "demo": ["--steps"],
+    "train": [],
+}  # fmt: skip
+REQUIRED = {"explain": ("--mesh", "--shape", "--placements"), "redistribute": ("--mesh", "--shape", "--from", "--to")}
+
+
+@st.composite
+def command_lines(draw: st.DrawFn) -> list[str]:
+    """A command with a random subset of its options (valid, invalid or arbitrary values),
+    its flags, and now and then an unknown option or a stray word."""
+    command = draw(st.sampled_from([*OPTIONS, "nonsense", "--version"]))
+    argv = [command]
+    options = draw(st.lists(st.sampled_from(OPTIONS.get(command) or ["--mesh"]), unique=True))
+    if draw(st.integers(0, 3)):  # mostly a complete command, so that most examples run it
+        options = [*REQUIRED.get(command, ()), *(o for o in options if o not in REQUIRED.get(command, ()))]
+    for option in options:
+        known = VALUES[option]
+        # arbitrary text only where a value cannot make a huge tensor (shapes and meshes stay small)
+        arbitrary = st.text(max_size=12) if option not in ("--shape", "--mesh") else st.sampled_from(known)
+        argv += [option, draw(st.one_of(st.sampled_from(known), arbitrary))]
+    argv += draw(st.lists(st.sampled_from(FLAGS.get(command) or ["--json"]), max_size=2))
+    argv += draw(st.lists(st.sampled_from(["--bogus", "extra", "--help"]), max_size=1))
+    return argv
+
+
+@given(argv=command_lines())
+@settings(suppress_health_check=[HealthCheck.too_slow])
+def test_fuzzed_arguments_exit_0_or_2_with_one_line(argv: list[str]) -> None:
+    """Every command's arguments, fuzzed, run in-process through the CLI's main: exit 0,
+    or exit 2 with exactly one line on stderr; never a traceback. The demo and the training
+    run are stubbed (their parsing is what is fuzzed; tests above run them for real)."""
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        patch.setattr("placements2jax.demo.main", lambda steps=None: print("demo", steps))
+        patch.setattr("placements2jax.train_demo.main", lambda: print("train"))
+        try:
+            code = main(argv)
+        except SystemExit as exit_info:  # argparse's own checks, --help and --version exit
+            code = exit_info.code
+    assert code in (0, 2), (argv, code, err.getvalue())
+    event(f"exit {code}")
+    if code == 2:
+        assert out.getvalue() == "" and err.getvalue().count("\n") == 1, (argv, err.getvalue())
+        assert err.getvalue().startswith("placements2jax"), (argv, err.getvalue())
+    else:
+        assert err.getvalue() == "", (argv, err.getvalue())

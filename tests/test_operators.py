@@ -265,6 +265,21 @@ def test_reduction_over_a_sharded_axis_gives_the_torch_partial() -> None:
     np.testing.assert_allclose(np.asarray(m.full_tensor()), a.max(axis=0))
 
 
+@pytest.mark.parametrize("op", sorted(REDUCE_NP))
+def test_reductions_take_torchs_dim_and_keepdim(op: str) -> None:
+    """``x.sum(dim=0, keepdim=True)`` as torch writes it: the same result as NumPy's names."""
+    a = _data((8, 12), 14)
+    x = _dt(a, MESH2, "S(0),S(1)")
+    torch_style = getattr(x, op)(dim=0, keepdim=True)
+    _check(torch_style, REDUCE_NP[op](a, axis=0, keepdims=True), op, [x], axis=0, keepdims=True)
+    assert torch_style.placements == getattr(x, op)(axis=0, keepdims=True).placements
+    np.testing.assert_allclose(
+        np.asarray(getattr(x, op)(dim=(0, 1)).full_tensor()), REDUCE_NP[op](a, axis=(0, 1)), rtol=1e-5
+    )
+    with pytest.raises(ArgumentTypeError, match=r"dim=0: given together with axis=1.*pass only one of axis="):
+        getattr(x, op)(axis=1, dim=0)
+
+
 def test_reduce_argument_errors() -> None:
     x = _dt(_data((8, 12)), MESH1, "S(0)")
     with pytest.raises(ArgumentTypeError, match="keepdims"):

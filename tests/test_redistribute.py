@@ -261,3 +261,16 @@ def test_partial_kept_across_a_move_among_the_same_mesh_axes_is_not_reduced(mesh
     ops = [c.op for c in redistribute_collectives(dt, target)]
     assert "all-reduce" not in ops and len(ops) == 1
     _assert_lands(dt.redistribute(mesh, target), x, resolve_layout(mesh, target, 2))
+
+
+def test_refused_move_names_the_placements_as_written() -> None:
+    """The error echoes what the user passed ('P,R', a list of placements), not the layout
+    object it became."""
+    mesh = init_device_mesh((4, 2), ("dp", "tp"))
+    dt = distribute_tensor(np.zeros((8, 2), np.float32), mesh, "S(0),R")
+    with pytest.raises(RedistributeError, match=r"^placements='P,R': mesh dim 'dp' goes from Shard\(0\)"):
+        dt.redistribute(mesh, "P,R")
+    with pytest.raises(RedistributeError, match=r"^placements=\[Partial\(reduce_op='sum'\), Shard\(dim=1\)\]: "):
+        dt.redistribute(placements=[Partial(), Shard(1)])
+    with pytest.raises(RedistributeError, match=r"^placements='P,R': "):
+        redistribute_collectives(dt, "P,R")

@@ -3,13 +3,15 @@ blocks; colours; the matplotlib figure."""
 
 import io
 import re
+import sys
 from types import SimpleNamespace
 
 import pytest
 
 from placements2jax import DeviceMesh, Layout, init_device_mesh, resolve_layout
 from placements2jax.errors import ArgumentTypeError, ShapeError
-from placements2jax.visualize import format_ranks, layout_blocks, print_layout, visualize
+from placements2jax import checkpoint
+from placements2jax.visualize import format_ranks, layout_blocks, plot, print_layout, visualize
 
 
 def picture(mesh_shape, names, placements, shape, **kwargs) -> str:
@@ -183,3 +185,55 @@ def test_plot_rfc_figure(tmp_path) -> None:
     ]
     figure.savefig(tmp_path / "figure.png")
     assert (tmp_path / "figure.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(
+    ("module", "extra", "call"),
+    [
+        ("matplotlib.pyplot", "plot", lambda layout: plot(layout, (8, 2))),
+        ("rich", "rich", lambda layout: visualize(layout, (8, 2), color=True)),
+        ("tensorstore", "train", lambda layout: checkpoint._tensorstore()),
+    ],
+)
+def test_a_missing_extra_is_named_with_its_pip_command(module: str, extra: str, call) -> None:
+    from placements2jax.errors import MissingDependencyError
+
+    mesh = init_device_mesh((4, 2), ("dp", "tp"))
+    layout = Layout.from_device_mesh(mesh)("S(0),R")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(sys.modules, module, None)  # an import of it now fails as if it were not installed
+        with pytest.raises(MissingDependencyError, match=re.escape(f"Fix: pip install 'placements2jax[{extra}]'")):
+            call(layout)
+
+
+def test_plot_draws_replicas_as_one_block_with_ranges_and_notes() -> None:
+    """The figure's artists: a replicated block is one rectangle (not a stripe per rank),
+    the blocks' row / column ranges label the borders, and the partial, empty and
+    replicated facts are marked as the terminal picture marks them."""
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mesh = init_device_mesh((4, 2), ("dp", "tp"))
+    layouts = [Layout.from_device_mesh(mesh)(p) for p in ("S(0),R", "S(1),S(0)", "P,S(0)")]
+    figure = plot(layouts, (8, 2))
+    replicated, empty, partial = figure.axes[:3]
+    # S(0),R: four full-width blocks, each one rectangle held by a tp pair, one colour per pair
+    rectangles = [(p.get_x(), p.get_y(), p.get_width(), p.get_height()) for p in replicated.patches]
+    assert rectangles == [(0, 0, 2, 2), (0, 2, 2, 2), (0, 4, 2, 2), (0, 6, 2, 2)]
+    assert len({p.get_facecolor() for p in replicated.patches}) == 4
+    texts = [t.get_text() for t in replicated.texts]
+    assert texts[:4] == ["0,1", "2,3", "4,5", "6,7"]
+    assert {"0:2", "2:4", "4:6", "6:8"} <= set(texts)  # row ranges; "0:2" is also the one column range
+    assert "replicated over tp: each block held by 2\nranks" in texts
+    # S(1),S(0) on (8, 2): dim 1 in 4 pieces, ranks 4-7 empty
+    texts = [t.get_text() for t in empty.texts]
+    assert {"0:1", "1:2", "0:4", "4:8"} <= set(texts)
+    assert any("empty: ranks 4-7 hold no elements" in t for t in texts)
+    assert empty.get_title() == "S(1),S(0)\n(empty: 4-7)"
+    # P,S(0): hatched, labelled with the reduce op, noted
+    assert all(p.get_hatch() == "//" for p in partial.patches)
+    texts = [t.get_text() for t in partial.texts]
+    assert texts[:2] == ["P(sum)\n0,2,4,6", "P(sum)\n1,3,5,7"]
+    assert any(t.startswith("partial: ranks hold P(sum) values") for t in texts)
+    plt.close(figure)

@@ -34,8 +34,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-import torch.distributed as dist
+from ..errors import import_extra
+
+import_extra("torch", "torch", "the torch bridge")  # a missing torch named with its extra, not a bare ImportError
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 from torch.distributed.device_mesh import DeviceMesh as TorchDeviceMesh
 from torch.distributed.tensor import Partial as TorchPartial
 from torch.distributed.tensor import Replicate as TorchReplicate

@@ -26,21 +26,15 @@ import numpy as np
 
 from ..checkpoint import AbstractDTensor, describe_leaf
 from ..dtensor import DTensor
-from ..errors import ArgumentTypeError, CheckpointError, MissingDependencyError, Placements2JaxError
+from ..errors import ArgumentTypeError, CheckpointError, Placements2JaxError, import_extra
 from ..programs import redistribute_array
 
 __all__ = ["load_torch_checkpoint"]
 
 
 def _torch() -> Any:
-    try:
-        import torch
-        import torch.distributed.checkpoint as dcp
-    except ImportError:
-        raise MissingDependencyError(
-            "path", "torch", "reading a torch.distributed.checkpoint needs torch", "pip install 'placements2jax[torch]'"
-        ) from None
-    return torch, dcp
+    torch = import_extra("torch", "torch", "reading a torch.distributed.checkpoint")
+    return torch, import_extra("torch.distributed.checkpoint", "torch", "reading a torch.distributed.checkpoint")
 
 
 def _fqn(key_path: Any) -> str:
