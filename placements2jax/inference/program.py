@@ -388,6 +388,9 @@ class _Search:
             scatter = [k for k, outs in enumerate(self.outs[path]) if not any(op for x in outs for op in x[1])]
             groups += [(scatter, True), ([k for k in scatter if not any(m in axes for x in self.outs[path][k]
                                                                          for axes in x[0] for m in partial)], True)]
+            if len(partial) > 1:  # reducing one mesh dim's partial, keeping the others' (e.g. tp, not dp)
+                for m in sorted(partial):
+                    groups.append(([k for k, outs in enumerate(self.outs[path]) if not any(x[1][m] for x in outs)], True))
         if self.ins[path][choice[path]] != arriving and input_cost(choice[path]) > _ZERO:
             everything = range(len(self.ins[path]))
             groups += [(everything, True), (everything, False)]  # without cascading: its consumers redistribute
