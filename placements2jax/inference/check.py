@@ -189,7 +189,7 @@ class CheckReport:
             notes = []
             here = lowered if kind == ALL_REDUCE else 0
             if here:
-                notes.append(f"{here} predicted reduce-scatters compiled as all-reduces (CPU XLA has no reduce-scatter: "
+                notes.append(f"{here} predicted reduce-scatter(s) compiled as all-reduces (CPU XLA has no reduce-scatter: "
                              "it all-reduces the whole block and slices it), counted at twice their bytes")
             if operands > len(theirs):
                 notes.append(f"XLA's combiner merged {operands} operands into {len(theirs)} collectives")
