@@ -68,7 +68,7 @@ def test_transformer_block_tensor_parallel(mesh: Any) -> None:
     assert eager.communication == "differs" and "eager" in eager.communication_note
     assert eager.predicted_bytes > eager.compiled_bytes
     text = str(eager)
-    assert "verdict" in text and "collective       | predicted | XLA" in text and "why: " in text
+    assert "verdict" in text and "collective | predicted | XLA | XLA operands" in text and "why: " in text
 
     program = check(block, *block_inputs(mesh, tensor_parallel=True))
     assert program.prediction.cost < eager.prediction.cost
