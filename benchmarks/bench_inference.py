@@ -245,38 +245,17 @@ def _program(config: Config, section: Section) -> None:
     )
 
 
-def _real_model_programs(name: str, mesh: Any) -> dict[str, tuple[Callable[..., Any], tuple[Any, ...], Any]]:
-    """The loss, value_and_grad and clip + adamw step of the test suite's GPT-2 / Llama
-    (tests/models: public pure-JAX model code, tiny configs) on the Megatron plan, with
-    the gradients, parameters and optimizer state keeping the parameters' layouts."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the models live with the tests
-    from models import common, gpt2, llama
-
-    from placements2jax import distribute_pytree, distribute_tensor
-
-    module, cfg = (gpt2, gpt2.Config()) if name == "GPT-2" else (llama, llama.Config())
-    params = distribute_pytree(module.init(jax.random.key(0), cfg), mesh, module.megatron_plan())
-    state = common.distribute_state(common.make_optimizer().init(common.plain(params)), params)
-    tokens, targets = (distribute_tensor(a, mesh, "S(0),R") for a in common.batch(0, 4, cfg.seq, cfg.vocab))
-    extra = (jax.random.key(1),) if module is gpt2 else ()
-    loss = partial(module.loss, cfg=cfg)
-    return {
-        "loss": (loss, (params, tokens, targets, *extra), None),
-        "value_and_grad": (jax.value_and_grad(loss), (params, tokens, targets, *extra), (None, params)),
-        "adamw step": (partial(module.train_step, cfg=cfg), (params, state, tokens, targets, *extra),
-                       (params, state, None)),
-    }
-
-
 def _real_models(config: Config, section: Section) -> None:
     """check on whole training programs of real models: predicted vs compiled bytes and
     collectives (XLA's combined collectives counted by operand), outputs agreeing."""
+    import sys
     import time
+    from pathlib import Path
 
     from placements2jax import check
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the models live with the tests
+    from models import common, gpt2, llama
 
     mesh = init_device_mesh((2, 4), ("dp", "tp"))
     cases = [("Llama", "loss")] if config.quick else [
@@ -285,7 +264,8 @@ def _real_models(config: Config, section: Section) -> None:
     rows = []
     for model, mode in cases:
         progress(f"  inference check({model} {mode})")
-        fn, args, out_layouts = _real_model_programs(model, mesh)[mode]
+        module, cfg = (gpt2, gpt2.Config()) if model == "GPT-2" else (llama, llama.Config())
+        fn, args, out_layouts = common.checked_programs(module, cfg, mesh)[mode]
         clear_caches()
         start = time.process_time()
         predict(fn, *args, out_layouts=out_layouts)
