@@ -69,7 +69,7 @@ def test_transformer_block_tensor_parallel(mesh: Any) -> None:
     assert eager.communication == "differs" and "eager" in eager.communication_note
     assert eager.predicted_bytes > eager.compiled_bytes
     text = str(eager)
-    assert "verdict" in text and "collective       | predicted | XLA" in text and "why: " in text
+    assert "verdict" in text and "collective | predicted | XLA | XLA operands" in text and "why: " in text
 
     program = check(block, *block_inputs(mesh, tensor_parallel=True))
     assert program.prediction.cost < eager.prediction.cost
@@ -165,3 +165,35 @@ device_ids=([4,2]T(1,0)) {'axis_0'}, to_apply=%region
         ("reduce-scatter", 8, 32 * 7),  # result 32 B, input 8 x 32 B
         ("collective-permute", 2, 128),
     ]
+
+
+def test_collective_checks_name_a_reduce_scatter_compiled_as_an_all_reduce(mesh: Any) -> None:
+    """A row-parallel MLP whose output must be split: the predicted reduce-scatter is an
+    all-reduce (and a slice) in CPU XLA; the per-kind comparison says so and counts it at
+    twice its bytes, which is then exactly what XLA moves."""
+
+    def mlp(x: jax.Array, w1: jax.Array, w2: jax.Array) -> jax.Array:
+        return jax.nn.gelu(x @ w1) @ w2
+
+    inputs = (spec(mesh, (8, 16), "S(0),R"), spec(mesh, (16, 32), "R,S(1)"), spec(mesh, (32, 16), "R,S(0)"))
+    report = check(mlp, *inputs, out_layouts=Layout.from_device_mesh(mesh)("S(0),S(1)"))
+    assert report.prediction.collectives == {"reduce-scatter": 1}
+    (kind,) = report.collective_checks
+    assert (kind.kind, kind.predicted, kind.compiled, kind.operands, kind.lowered) == ("all-reduce", 1, 1, 1, 1)
+    assert kind.predicted_bytes == kind.compiled_bytes == Fraction(2 * 8 * 16 * 4 * 3, 2 * 4)
+    assert "compiled as all-reduces" in kind.note and "reduce-scatter(s) compiled" in str(report)
+
+
+def test_collective_checks_count_the_operands_of_combined_collectives(mesh: Any) -> None:
+    """Two weight gradients reduced over dp: XLA's combiner sends them in one all-reduce
+    of two operands; the comparison counts operands and says it combined them."""
+
+    def grads(x: jax.Array, w1: jax.Array, w2: jax.Array) -> Any:
+        return jax.grad(lambda w1, w2: jnp.tanh(x @ w1).sum() + jnp.tanh(x @ w2).sum(), argnums=(0, 1))(w1, w2)
+
+    replicated = Layout.from_device_mesh(mesh)("R,R")
+    report = check(grads, spec(mesh, (8, 16), "S(0),R"), spec(mesh, (16, 32), "R,R"), spec(mesh, (16, 32), "R,R"),
+                   out_layouts=(replicated, replicated))
+    reduce = {c.kind: c for c in report.collective_checks}["all-reduce"]
+    assert (reduce.compiled, reduce.operands) == (1, 2) and report.compiled_operand_counts["all-reduce"] == 2
+    assert "combiner merged 2 operands into 1" in reduce.note

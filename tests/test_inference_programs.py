@@ -119,6 +119,7 @@ PRIM_CASES = [
         "scatter-add",  # the gradient of an embedding lookup (repeated ids)
         lambda x, i, u: lax.scatter_add(x, i, u, _ROW_SCATTER, mode="clip"),
         _with_indices([(6, 5), (5, 5)], (5, 1), 3),
+        skip=_splits_indexed_dim,
     ),
     PrimCase(
         "scatter-max",
@@ -192,6 +193,29 @@ def test_gather_rules_of_take_along_axis_and_its_gradient(mesh: Any) -> None:
     prediction = predict(jax.grad(loss), x, t)
     assert outs(prediction) == ["S(0),S(1)"]
     assert prediction.nbytes == 0
+
+
+def test_scatter_add_into_a_table_split_on_its_indexed_dim(mesh: Any) -> None:
+    """The embedding gradient into a vocabulary-split table (``S(0)`` on tp, ids and
+    updates Replicate) stays split: each rank adds, at the id minus its offset, the
+    updates whose id falls in its rows; the chunks put together are the whole scatter."""
+    table, ids, updates = np.zeros((8, 3), np.float32), np.array([[1], [6], [1], [3]], np.int32), np.arange(12.0)
+    updates = updates.reshape(4, 3).astype(np.float32)
+    specs = [spec(mesh, (8, 3), "R,S(0)"), spec(mesh, (4, 1), "R,R", jnp.int32), spec(mesh, (4, 3), "R,R")]
+    scatter = partial(lax.scatter_add, dimension_numbers=_ROW_SCATTER, mode="clip")
+    (eqn,) = jax.make_jaxpr(scatter)(table, ids, updates).jaxpr.eqns
+    params = freeze({p: eqn.params[p] for p in primitive_definition("scatter-add").params}, "params")
+    avals = (Aval((8, 3), F32),)
+    signature = signature_for(("primitive", "scatter-add"), params, tuple(TensorSpec(*s) for s in specs), avals,
+                              default_cost_model(), mesh)
+    assert str(signature.chosen) == "(R,S(0) ; R,R ; R,R) -> (R,S(0))" and signature.cost == 0
+    chunks = []
+    for low in range(0, 8, 2):  # tp's four ranks own rows [low, low + 2)
+        inside = ((ids[:, 0] >= low) & (ids[:, 0] < low + 2))
+        local = np.zeros((2, 3), np.float32)
+        np.add.at(local, ids[inside, 0] - low, updates[inside])
+        chunks.append(local)
+    np.testing.assert_array_equal(np.concatenate(chunks), np.asarray(scatter(table, ids, updates)))
 
 
 def test_numpy_int_params_from_grad_jaxprs(mesh: Any) -> None:
@@ -566,3 +590,35 @@ def test_apply_runs_the_llama_loss_like_plain_jax(mesh: Any) -> None:
     args = (distribute_tensor(tokens, mesh, "S(0),R"), distribute_tensor(targets, mesh, "S(0),R"))
     loss = apply(partial(llama.loss, cfg=cfg), params, *args)
     np.testing.assert_allclose(np.asarray(loss.full_tensor()), llama.loss(plain, tokens, targets, cfg), rtol=1e-5)
+
+
+# -- whole training programs against XLA: the ratios reached (issue 15's targets) ------------------------------
+
+# (model, function) -> (upper bound of predicted / compiled bytes per device, extra predicted collectives allowed
+# over XLA's compiled operands). The issue's target is 0.9-1.1x and no extra collective; met by Llama's loss
+# (bytes); the others pin the improvement reached (before the loop search: GPT-2 1.80 / 3.22 / 9.55, Llama
+# 1.02 / 1.24 / 1.79).
+_REACHED = {
+    ("gpt2", "loss"): (1.85, 4),
+    ("gpt2", "value_and_grad"): (1.45, 17),
+    ("gpt2", "adamw step"): (2.6, 32),
+    ("llama", "loss"): (1.1, 1),
+    ("llama", "value_and_grad"): (1.3, 37),
+    ("llama", "adamw step"): (1.85, 86),
+}
+
+
+@pytest.mark.parametrize(("model", "mode"), sorted(_REACHED))
+def test_training_programs_predict_xlas_bytes(mesh: Any, model: str, mode: str) -> None:
+    """check on the loss, value_and_grad and adamw step of GPT-2 and Llama (Megatron plan,
+    dp=2 x tp=4): every output's layout agrees with XLA's, the predicted bytes per device
+    are at least 0.9x XLA's and at most the ratio reached, and the predicted collectives
+    exceed XLA's (counted by operand) by at most the number reached."""
+    module, cfg = (gpt2, gpt2.Config()) if model == "gpt2" else (llama, llama.Config())
+    fn, args, out_layouts = common.checked_programs(module, cfg, mesh)[mode]
+    report = check(fn, *args, out_layouts=out_layouts)
+    assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
+    ratio = float(report.predicted_bytes / report.compiled_bytes)
+    bound, extra = _REACHED[model, mode]
+    assert 0.9 <= ratio <= bound, ratio
+    assert sum(report.predicted_counts.values()) <= sum(report.compiled_operand_counts.values()) + extra

@@ -21,6 +21,12 @@ Where XLA legitimately differs, and how the report says it:
   a predicted reduce-scatter is compared as an all-reduce of the same block. XLA also
   combines or splits collectives: counts per kind are ``equal`` only when they match;
   otherwise ``same bytes`` when the bytes per device agree, else ``differs``.
+  :attr:`CheckReport.collective_checks` compares kind by kind and says which of XLA's
+  legitimate differences apply to each: reduce-scatters compiled as all-reduces on CPU
+  (counted twice their bytes), XLA's combiner merging independent all-reduces (or
+  all-gathers) into one collective of several operands (``operands`` counts them: the
+  number comparable with the predicted collectives), and collectives XLA chose that the
+  prediction has no counterpart for (``collective-permute``).
 
 The report also lists every redistribution it mentions (the prediction's, and the
 conversions of outputs to XLA's layouts) with the schedule ``DTensor.redistribute`` runs
@@ -73,7 +79,7 @@ from .signature import (
 )
 from .table import format_bytes, format_table
 
-__all__ = ["CheckReport", "OutputCheck", "check", "collective_nbytes"]
+__all__ = ["CheckReport", "CollectiveCheck", "OutputCheck", "check", "collective_nbytes"]
 
 EQUAL = "equal"
 XLA_REDUCED = "xla reduced partial"
@@ -94,6 +100,22 @@ class OutputCheck:
     verdict: str
     note: str
     conversion: RedistributePlan | None
+
+
+@dataclass(frozen=True)
+class CollectiveCheck:
+    """One collective kind: predicted count and bytes per device (a reduce-scatter on CPU
+    counted as the all-reduce XLA compiles, ``lowered`` of them), compiled count, operands
+    (several when XLA combined collectives) and bytes, and why they differ."""
+
+    kind: str
+    predicted: int
+    predicted_bytes: Fraction
+    compiled: int
+    operands: int
+    compiled_bytes: Fraction
+    lowered: int
+    note: str
 
 
 @dataclass(frozen=True)
@@ -170,6 +192,52 @@ class CheckReport:
         return sum((collective_nbytes(c, self.num_devices) for c in self.compiled_collectives), Fraction(0))
 
     @property
+    def compiled_operand_counts(self) -> Counter[str]:
+        """Compiled collectives per kind counting each operand of a combined one."""
+        counts: Counter[str] = Counter()
+        for c in self.compiled_collectives:
+            counts[c.op] += len(c.result_shapes)
+        return counts
+
+    @property
+    def collective_checks(self) -> tuple[CollectiveCheck, ...]:
+        """Predicted vs compiled per collective kind, with XLA's legitimate differences
+        (module docstring) named per kind."""
+        lowered = sum(1 for s in self.prediction.steps if s.collective == REDUCE_SCATTER) if self.platform == "cpu" else 0
+        lowered += sum(
+            1 for o in self.outputs if o.conversion is not None and self.platform == "cpu"
+            for s in o.conversion.steps if s.collective == REDUCE_SCATTER
+        )
+        predicted: dict[str, list[Fraction]] = {}
+        for kind, nbytes in self.predicted_collectives:
+            predicted.setdefault(kind, []).append(nbytes)
+        compiled: dict[str, list[Collective]] = {}
+        for c in self.compiled_collectives:
+            compiled.setdefault(c.op, []).append(c)
+        checks = []
+        for kind in sorted(set(predicted) | set(compiled)):
+            ours, theirs = predicted.get(kind, []), compiled.get(kind, [])
+            operands = sum(len(c.result_shapes) for c in theirs)
+            ours_bytes = sum(ours, Fraction(0))
+            theirs_bytes = sum((collective_nbytes(c, self.num_devices) for c in theirs), Fraction(0))
+            notes = []
+            here = lowered if kind == ALL_REDUCE else 0
+            if here:
+                notes.append(f"{here} predicted reduce-scatter(s) compiled as all-reduces (CPU XLA has no reduce-scatter: "
+                             "it all-reduces the whole block and slices it), counted at twice their bytes")
+            if operands > len(theirs):
+                notes.append(f"XLA's combiner merged {operands} operands into {len(theirs)} collectives")
+            if not ours and theirs:
+                notes.append("XLA's own choice; no predicted counterpart")
+            elif len(ours) > operands:
+                notes.append(f"the prediction has {len(ours) - operands} more")
+            elif len(ours) < operands:
+                notes.append(f"XLA has {operands - len(ours)} more")
+            checks.append(CollectiveCheck(kind, len(ours), ours_bytes, len(theirs), operands, theirs_bytes, here,
+                                          "; ".join(notes)))
+        return tuple(checks)
+
+    @property
     def communication(self) -> str:
         """``equal`` (same count per kind), ``same bytes`` or ``differs``."""
         if self.predicted_counts == self.compiled_counts:
@@ -204,10 +272,17 @@ class CheckReport:
             for o in self.outputs
         ]
         outputs = format_table(("output", "aval", "predicted", "XLA", "verdict", "why"), rows)
-        kinds = sorted(set(self.predicted_counts) | set(self.compiled_counts))
-        comm_rows = [(k, self.predicted_counts[k], self.compiled_counts[k]) for k in kinds]
-        comm_rows.append(("bytes per device", format_bytes(self.predicted_bytes), format_bytes(self.compiled_bytes)))
-        communication = format_table(("collective", "predicted", "XLA"), comm_rows)
+        comm_rows = [
+            (c.kind, c.predicted, c.compiled, c.operands, format_bytes(c.predicted_bytes), format_bytes(c.compiled_bytes),
+             c.note)
+            for c in self.collective_checks
+        ]
+        comm_rows.append(("total", sum(self.predicted_counts.values()), sum(self.compiled_counts.values()),
+                          sum(self.compiled_operand_counts.values()), format_bytes(self.predicted_bytes),
+                          format_bytes(self.compiled_bytes), ""))
+        communication = format_table(
+            ("collective", "predicted", "XLA", "XLA operands", "predicted B/device", "XLA B/device", "why"), comm_rows
+        )
         policy = self.policy if isinstance(self.policy, str) else repr(self.policy)
         schedules = (
             f"\nredistributions, as DTensor.redistribute runs them (policy {policy}):\n{self.schedules_table()}"

@@ -445,6 +445,7 @@ class _Walker:
         self.executor = executor  # runs each equation as walked (apply); None: layouts only
         self.rows: list[EquationReport] = []
         self.nodes: list[ProgramNode] = []
+        self.node_at: dict[str, ProgramNode] = {}  # the nodes by path
         self.call_lines: list[str] = []  # source lines of the enclosing calls, for errors
 
     def _trial(self) -> _Walker:
@@ -495,6 +496,40 @@ class _Walker:
             op, tuple(ins), tuple(in_layouts), tuple(out_avals), tuple(out_layouts), self.mesh, self.cost_model
         )
 
+    def _node(self, node: ProgramNode) -> None:
+        self.nodes.append(node)
+        self.node_at[node.path] = node
+
+    def options(self, spec: TensorSpec, source: ValueId | None) -> list[Layout]:
+        """The layouts a value may take in the search: the one it has, then every output
+        layout its producer's candidates give it (in their ranking order) with no other
+        kind of partial than it has (a sum is not a partial max)."""
+        layouts = [spec.layout]
+        producer = self.node_at.get(source[0]) if source is not None else None
+        if producer is not None:
+            kinds = set(spec.layout.partial)
+            layouts += [
+                x for x in (c.out_layouts[source[1]] for c in producer.candidates) if set(x.partial) <= kinds | {None}
+            ]
+        return list(dict.fromkeys(layouts))
+
+    def choose(
+        self, label: str, path: str, spec: TensorSpec, source: ValueId | None, options: Sequence[Layout],
+        out_aval: Aval, out_of: Callable[[Layout], Layout], row: bool,
+    ) -> Layout:
+        """A value a loop passes on (a scanned input's slices, a scanned output's stack)
+        whose layout the program search chooses among ``options`` (the first is eager's):
+        a node with one candidate per option, needing it and giving ``out_of`` it; a row
+        moving ``spec`` to the chosen option if ``row`` (else the loop's row moves it).
+        The chosen option."""
+        candidates = _choice_candidates(label, spec, tuple(options), out_aval, out_of, self.mesh, self.cost_model)
+        self._node(ProgramNode(path, (spec,), (source,), candidates))
+        chosen = self.choices[path].in_layouts[0] if path in self.choices else options[0]
+        if row and chosen != spec.layout:
+            signature = self.fixed(label, (spec,), (chosen,), (spec.aval,), (chosen,))
+            self.rows.append(EquationReport(path, label, (spec,), signature, (TensorSpec(spec.shape, spec.dtype, chosen),), (source,)))
+        return chosen
+
     def move(
         self, label: str, path: str, spec: TensorSpec, source: ValueId | None, target: Layout
     ) -> tuple[TensorSpec, ValueId | None]:
@@ -502,7 +537,7 @@ class _Walker:
         single candidate needing ``target``), so that the program search pays for the
         move if it changes the producer. The moved spec and the value it now is."""
         signature = self.fixed(label, (spec,), (target,), (spec.aval,), (target,))
-        self.nodes.append(ProgramNode(path, (spec,), (source,), signature.candidates))
+        self._node(ProgramNode(path, (spec,), (source,), signature.candidates))
         if spec.layout == target:
             return spec, source
         out = TensorSpec(spec.shape, spec.dtype, target)
@@ -522,7 +557,7 @@ class _Walker:
             )
             outs = tuple(TensorSpec(a.shape, a.dtype, x) for a, x in zip(out_avals, signature.out_layouts))
             self.rows.append(EquationReport(path, f"{name}[{function.name}]", ins, signature, outs, srcs))
-            self.nodes.append(ProgramNode(path, ins, srcs, signature.candidates))
+            self._node(ProgramNode(path, ins, srcs, signature.candidates))
             if self.executor is not None:
                 self.executor.equation(eqn, signature)
             return [(o, (path, j)) for j, o in enumerate(outs)]
@@ -553,7 +588,7 @@ class _Walker:
         outs = tuple(TensorSpec(a.shape, a.dtype, layout) for a, layout in zip(out_avals, signature.out_layouts))
         label = signature.op if signature.op.startswith(name) else name  # e.g. 'foo (no rule: replicated)'
         self.rows.append(EquationReport(path, label, ins, signature, outs, srcs))
-        self.nodes.append(ProgramNode(path, ins, srcs, signature.candidates))
+        self._node(ProgramNode(path, ins, srcs, signature.candidates))
         if self.executor is not None:
             self.executor.equation(eqn, signature)
         return [(o, (path, j)) for j, o in enumerate(outs)]
@@ -610,15 +645,14 @@ class _Walker:
         )
 
     # -- control flow ------------------------------------------------------------------------
-    # A loop or cond is one row and one program node with a single candidate (its inputs'
-    # layouts, found by the fixed point or the join, then its outputs'); the program search
-    # keeps it and may re-choose the equations of its bodies (their inputs fixed by the
-    # row). Walked again with the search's choices, the row takes the layouts the search
-    # saw (its chosen candidate) instead of recomputing them.
-
-    def _loop_layouts(self, path: str, find: Callable[[], Sequence[Layout]]) -> list[Layout]:
-        """The input layouts of loop row ``path``: as chosen by the search, else ``find()``."""
-        return list(self.choices[path].in_layouts) if path in self.choices else list(find())
+    # A loop or cond is one row (the report's: every input's move) and one program node for
+    # the layouts its code fixes: the carries' (found by the fixed point) or the branches'
+    # joined outputs, with a single candidate the program search keeps. Everything else
+    # threads through: the bodies' equations read the loop's constants (and a cond's
+    # operands) from their producers, as a call's do; a scanned input's slices and a
+    # scanned output's stack are nodes whose layout the search chooses among their
+    # producers' candidates' (:meth:`choose`). Walked again with the search's choices,
+    # the loop takes the layouts the search saw instead of recomputing them.
 
     def _carry_fixed_point(
         self, body: Any, before: Sequence[TensorSpec], carry: Sequence[TensorSpec], after: Sequence[TensorSpec],
@@ -637,6 +671,10 @@ class _Walker:
             layouts = new
         return [s.layout for s in carry]
 
+    def _carry_layouts(self, path: str, find: Callable[[], Sequence[Layout]]) -> list[Layout]:
+        """The carry layouts of loop ``path``: as the search saw them, else ``find()``."""
+        return list(self.choices[path].in_layouts) if path in self.choices else list(find())
+
     def _loop_row(
         self, path: str, label: str, ins: tuple[TensorSpec, ...], in_layouts: Sequence[Layout],
         out_avals: Sequence[Aval],
@@ -648,14 +686,24 @@ class _Walker:
         return len(self.rows) - 1
 
     def _finish_loop_row(
-        self, slot: int, srcs: tuple[ValueId | None, ...], outs: Sequence[TensorSpec]
+        self, slot: int, srcs: tuple[ValueId | None, ...], outs: Sequence[TensorSpec], fixed: Sequence[int],
+        out_sources: Sequence[ValueId | None] = (),
     ) -> list[tuple[TensorSpec, ValueId | None]]:
+        """Fill in the loop's row and add its node: the inputs ``fixed`` (by index) to the
+        row's layouts, giving the outputs but the last ``len(out_sources)`` (the values
+        those are)."""
         row = self.rows[slot]
         candidate = dataclasses.replace(row.signature.chosen, out_layouts=tuple(o.layout for o in outs))
         signature = Signature(row.signature.op, row.inputs, (candidate,))
         self.rows[slot] = EquationReport(row.path, row.primitive, row.inputs, signature, tuple(outs), srcs)
-        self.nodes.append(ProgramNode(row.path, row.inputs, srcs, signature.candidates))
-        return [(o, (row.path, j)) for j, o in enumerate(outs)]
+        own = outs[: len(outs) - len(out_sources)]
+        node = self.fixed(
+            row.primitive, [row.inputs[i] for i in fixed], [candidate.in_layouts[i] for i in fixed],
+            [o.aval for o in own], [o.layout for o in own],
+        )
+        self._node(ProgramNode(row.path, tuple(row.inputs[i] for i in fixed), tuple(srcs[i] for i in fixed),
+                               node.candidates))
+        return [(o, (row.path, j)) for j, o in enumerate(own)] + list(zip(outs[len(own):], out_sources))
 
     def _scan(
         self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], srcs: tuple[ValueId | None, ...],
@@ -664,31 +712,32 @@ class _Walker:
         """``scan``: scanned inputs keep dim 0 whole (a rank cannot run only its own
         iterations), each iteration sees their slices; the carry's layouts are a fixed
         point of the body; stacked outputs get an unsplit dim 0. The body's rows appear
-        once (as the compiled loop body does), not once per iteration."""
+        once (as the compiled loop body does), not once per iteration. The layouts of the
+        scanned inputs and outputs are the search's to choose (:meth:`choose`)."""
         body = eqn.params["jaxpr"]
         nc, nk = eqn.params["num_consts"], eqn.params["num_carry"]
-
-        def find() -> list[Layout]:
-            consts, init, xs = ins[:nc], ins[nc:nc + nk], ins[nc + nk:]
-            slices = [TensorSpec(x.shape[1:], x.dtype, _drop_dim0(_unsplit_dim0(x.layout))) for x in xs]
-            carry = self._carry_fixed_point(body, consts, init, slices, path)
-            return [c.layout for c in consts] + carry + [_unsplit_dim0(x.layout) for x in xs]
-
-        layouts = self._loop_layouts(path, find)
-        slot = self._loop_row(path, "scan", ins, layouts, out_avals)
-        specs = [TensorSpec(s.shape, s.dtype, x) for s, x in zip(ins, layouts)]
-        consts, carry, xs = specs[:nc], specs[nc:nc + nk], specs[nc + nk:]
-        slices = [TensorSpec(x.shape[1:], x.dtype, _drop_dim0(x.layout)) for x in xs]
-        outs = self._closed(body, [*consts, *carry, *slices], path + ".")
+        consts, init, xs = ins[:nc], ins[nc:nc + nk], ins[nc + nk:]
+        stacked = [
+            self.choose("scan xs", f"{path}.xs{i}", x, s, list(dict.fromkeys(map(_unsplit_dim0, self.options(x, s)))),
+                        Aval(x.shape[1:], x.dtype), _drop_dim0, row=False)
+            for i, (x, s) in enumerate(zip(xs, srcs[nc + nk:]))
+        ]
+        slices = [TensorSpec(x.shape[1:], x.dtype, _drop_dim0(u)) for x, u in zip(xs, stacked)]
+        carry_layouts = self._carry_layouts(path, lambda: self._carry_fixed_point(body, consts, init, slices, path))
+        slot = self._loop_row(path, "scan", ins, [c.layout for c in consts] + carry_layouts + stacked, out_avals)
+        carry = [TensorSpec(s.shape, s.dtype, x) for s, x in zip(init, carry_layouts)]
+        sources = [*srcs[:nc], *[None] * nk, *[(f"{path}.xs{i}", 0) for i in range(len(xs))]]
+        outs = self._closed(body, [*consts, *carry, *slices], path + ".", sources=sources)
         back = [
             self.move("scan carry", f"{path}.carry{i}", o, s, c.layout)[0]
             for i, ((o, s), c) in enumerate(zip(outs[:nk], carry))
         ]
-        ys = [
-            TensorSpec((a.shape[0], *o.shape), o.dtype, _stacked(o.layout))
-            for a, (o, _) in zip(out_avals[nk:], outs[nk:])
-        ]
-        return self._finish_loop_row(slot, srcs, [*back, *ys])
+        ys = []
+        for i, (a, (o, s)) in enumerate(zip(out_avals[nk:], outs[nk:])):
+            chosen = self.choose("scan ys", f"{path}.ys{i}", o, s, self.options(o, s), a, _stacked, row=True)
+            ys.append(TensorSpec(a.shape, a.dtype, _stacked(chosen)))
+        ys_sources = [(f"{path}.ys{i}", 0) for i in range(len(ys))]
+        return self._finish_loop_row(slot, srcs, [*back, *ys], range(nc, nc + nk), ys_sources)
 
     def _while(
         self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], srcs: tuple[ValueId | None, ...],
@@ -698,25 +747,25 @@ class _Walker:
         walked on them and its predicate must be Replicate (every rank decides alike)."""
         p = eqn.params
         cn, bn = p["cond_nconsts"], p["body_nconsts"]
-
-        def find() -> list[Layout]:
-            body_consts, init = ins[cn:cn + bn], ins[cn + bn:]
-            carry = self._carry_fixed_point(p["body_jaxpr"], body_consts, init, (), path + ".body")
-            return [c.layout for c in ins[:cn + bn]] + carry
-
-        layouts = self._loop_layouts(path, find)
-        slot = self._loop_row(path, "while", ins, layouts, out_avals)
-        specs = [TensorSpec(s.shape, s.dtype, x) for s, x in zip(ins, layouts)]
-        cond_consts, body_consts, carry = specs[:cn], specs[cn:cn + bn], specs[cn + bn:]
-        ((predicate, source),) = self._closed(p["cond_jaxpr"], [*cond_consts, *carry], path + ".cond.")
+        cond_consts, body_consts, init = ins[:cn], ins[cn:cn + bn], ins[cn + bn:]
+        carry_layouts = self._carry_layouts(
+            path, lambda: self._carry_fixed_point(p["body_jaxpr"], body_consts, init, (), path + ".body")
+        )
+        slot = self._loop_row(path, "while", ins, [c.layout for c in ins[:cn + bn]] + carry_layouts, out_avals)
+        carry = [TensorSpec(s.shape, s.dtype, x) for s, x in zip(init, carry_layouts)]
+        ((predicate, source),) = self._closed(
+            p["cond_jaxpr"], [*cond_consts, *carry], path + ".cond.", sources=[*srcs[:cn], *[None] * len(carry)]
+        )
         everywhere = Layout(self.mesh, ((),) * predicate.layout.ndim)
         self.move("while predicate", f"{path}.cond.out", predicate, source, everywhere)
-        outs = self._closed(p["body_jaxpr"], [*body_consts, *carry], path + ".body.")
+        outs = self._closed(
+            p["body_jaxpr"], [*body_consts, *carry], path + ".body.", sources=[*srcs[cn:cn + bn], *[None] * len(carry)]
+        )
         back = [
             self.move("while carry", f"{path}.carry{i}", o, s, c.layout)[0]
             for i, ((o, s), c) in enumerate(zip(outs, carry))
         ]
-        return self._finish_loop_row(slot, srcs, back)
+        return self._finish_loop_row(slot, srcs, back, range(cn + bn, len(ins)))
 
     def _cond(
         self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], srcs: tuple[ValueId | None, ...],
@@ -729,7 +778,9 @@ class _Walker:
         index, operands = ins[0], ins[1:]
         index_layout = Layout(self.mesh, ((),) * index.layout.ndim)
         slot = self._loop_row(path, "cond", ins, [index_layout] + [s.layout for s in operands], out_avals)
-        branches = [self._closed(b, operands, f"{path}.b{k}.") for k, b in enumerate(eqn.params["branches"])]
+        branches = [
+            self._closed(b, operands, f"{path}.b{k}.", sources=srcs[1:]) for k, b in enumerate(eqn.params["branches"])
+        ]
         if path in self.choices:
             joined = list(self.choices[path].out_layouts)
         else:
@@ -746,7 +797,7 @@ class _Walker:
         for k, outs in enumerate(branches):
             for i, ((o, s), target) in enumerate(zip(outs, joined)):
                 self.move("cond join", f"{path}.b{k}.out{i}", o, s, target)
-        return self._finish_loop_row(slot, srcs, [TensorSpec(a.shape, a.dtype, x) for a, x in zip(out_avals, joined)])
+        return self._finish_loop_row(slot, srcs, [TensorSpec(a.shape, a.dtype, x) for a, x in zip(out_avals, joined)], (0,))
 
     # -- annotations in user code ------------------------------------------------------------
 
@@ -789,3 +840,15 @@ def _fixed_signature(
     plans = tuple(cached_plan(s.shape, s.dtype, s.layout, t, cost_model) for s, t in zip(ins, in_layouts))
     candidate = Candidate(in_layouts, out_layouts, plans, (), tuple(range(mesh.ndim)), out_avals)
     return Signature(op, ins, (candidate,))
+
+
+@cached(maxsize=1024)
+def _choice_candidates(
+    op: str, spec: TensorSpec, options: tuple[Layout, ...], out_aval: Aval, out_of: Callable[[Layout], Layout],
+    mesh: DeviceMesh, cost_model: CostModel,
+) -> tuple[Candidate, ...]:
+    """One candidate per option of :meth:`_Walker.choose` (cached: the program search
+    keys its cache on the candidates' identities)."""
+    return tuple(
+        _fixed_signature(op, (spec,), (x,), (out_aval,), (out_of(x),), mesh, cost_model).chosen for x in options
+    )

@@ -22,7 +22,9 @@ Replicate.
 **Search** (exact minimization is an integer program; Alpa solves an ILP): start from the
 eager choice, then steepest descent over large-neighbourhood moves. A move re-chooses one
 equation: one that makes, carries or receives a partial reduces it right there (into a
-split, or to Replicate on those mesh dims); one whose inputs are redistributed takes the
+split, or to Replicate on those mesh dims, or, with partials on several mesh dims, those
+of one mesh dim only: a weight gradient reduces ``tp`` where it is formed and keeps
+``dp`` for one all-reduce); one whose inputs are redistributed takes the
 candidate cheapest for its inputs (eager's look-ahead may have paid to avoid a partial,
 e.g. gathering a batch-split activation rather than making a weight gradient partial over
 the batch axis). The move then *cascades*: every equation downstream whose inputs change
@@ -45,6 +47,12 @@ producing it in each layout)? It is exact on trees, but a value with several con
 twice and the next residual add) has its upstream cost counted once per path, so the
 tables overprice reducing early: exactly the decision that matters here. Measured on the
 transformer block it chose the eager answer or worse; the cascade finds XLA's plan.
+
+Loops are in the graph like any other code (the walker's ``choose``): a loop body's
+equations read its constants from their producers, and a scan's sliced inputs and stacked
+outputs are nodes with one candidate per layout their producer can give, so a move inside
+a backward scan cascades through the stacked gradients to their consumers after the loop.
+Only the carries' layouts (the walk's fixed point) are fixed nodes.
 
 Deterministic: candidates are scanned in their rule's ranking order
 (:meth:`.signature.Candidate.rank_key`), equations in program order, and ties keep the
@@ -388,6 +396,9 @@ class _Search:
             scatter = [k for k, outs in enumerate(self.outs[path]) if not any(op for x in outs for op in x[1])]
             groups += [(scatter, True), ([k for k in scatter if not any(m in axes for x in self.outs[path][k]
                                                                          for axes in x[0] for m in partial)], True)]
+            if len(partial) > 1:  # reducing one mesh dim's partial, keeping the others' (e.g. tp, not dp)
+                for m in sorted(partial):
+                    groups.append(([k for k, outs in enumerate(self.outs[path]) if not any(x[1][m] for x in outs)], True))
         if self.ins[path][choice[path]] != arriving and input_cost(choice[path]) > _ZERO:
             everything = range(len(self.ins[path]))
             groups += [(everything, True), (everything, False)]  # without cascading: its consumers redistribute

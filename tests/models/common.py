@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import jax
 import numpy as np
 import optax
 
-from placements2jax import DTensor, Layout, distribute_tensor
+from placements2jax import DTensor, Layout, distribute_pytree, distribute_tensor
 
 
 def make_optimizer(learning_rate: float = 1e-3) -> optax.GradientTransformation:
@@ -58,3 +59,20 @@ def distribute_state(state: Any, params: Any) -> Any:
 def plain(tree: Any) -> Any:
     """A pytree of DTensors as plain global jax.Arrays (for the unsharded reference)."""
     return jax.tree.map(lambda x: x.full_tensor() if _is_dtensor(x) else x, tree, is_leaf=_is_dtensor)
+
+
+def checked_programs(module: Any, cfg: Any, mesh: Any) -> dict[str, tuple[Any, tuple[Any, ...], Any]]:
+    """``module``'s (gpt2 / llama) loss, value_and_grad and clip + adamw step on the Megatron
+    plan over ``mesh`` as ``(fn, args, out_layouts)`` for predict / check: the batch split
+    over dp, the gradients, parameters and optimizer state keeping the parameters' layouts."""
+    params = distribute_pytree(module.init(jax.random.key(0), cfg), mesh, module.megatron_plan())
+    tokens, targets = (distribute_tensor(a, mesh, "S(0),R") for a in batch(0, 4, cfg.seq, cfg.vocab))
+    extra = (jax.random.key(1),) if hasattr(cfg, "dropout") else ()  # GPT-2's dropout key
+    loss = partial(module.loss, cfg=cfg)
+    state = distribute_state(make_optimizer().init(plain(params)), params)
+    return {
+        "loss": (loss, (params, tokens, targets, *extra), None),
+        "value_and_grad": (jax.value_and_grad(loss), (params, tokens, targets, *extra), (None, params)),
+        "adamw step": (partial(module.train_step, cfg=cfg), (params, state, tokens, targets, *extra),
+                       (params, state, None)),
+    }
