@@ -112,13 +112,6 @@ def _mesh_record(mesh: DeviceMesh) -> dict[str, Any]:
     return {"shape": list(mesh.shape), "axis_names": list(jax_mesh.axis_names), "ranks": [int(r) for r in mesh.rank_list]}
 
 
-def _placements_text(layout: Layout) -> str | None:
-    try:
-        return format_placements(layout.placements)
-    except Placements2JaxError:  # an order only the alias form can say
-        return None
-
-
 def _chunk_shape(layout: Layout, shape: tuple[int, ...]) -> tuple[int, ...]:
     """The zarr chunk extent per dim: the gcd of every block's offset and length, so no
     chunk straddles two ranks' blocks (concurrent writers never share a chunk)."""
@@ -236,7 +229,7 @@ def _save_dtensor(directory: Path, leaf: DTensor) -> dict[str, Any]:
         "shape": list(shape),
         "dtype": np.dtype(leaf.dtype).name,
         "mesh": _mesh_record(layout.mesh),
-        "placements": _placements_text(layout),
+        "placements": format_placements(layout.placements),
         "layout": str(layout),
         "alias": [list(e) if isinstance(e, tuple) else e for e in layout.alias_map],
         "partial": list(layout.partial),

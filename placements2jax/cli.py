@@ -26,7 +26,7 @@ import numpy as np
 
 from .dtensor import distribute_tensor, redistribute_collectives
 from .display import collective_axes
-from .errors import LayoutError, MeshError, PlacementError, Placements2JaxError, RedistributeError, ShapeError
+from .errors import MeshError, PlacementError, Placements2JaxError, RedistributeError, ShapeError
 from .hlo import Collective
 from .physical import physical
 from .schedules import choose, default_policy
@@ -36,7 +36,7 @@ from .inference.cost import LOCAL_PARTIAL, LOCAL_SLICE
 from .inference.table import format_table
 from .layout import Layout, resolve_layout
 from .mesh import DeviceMesh, init_device_mesh
-from .placements import format_alias, format_placements
+from .placements import StridedShard, format_alias, format_placements
 from .placements import parse_partial as parse_partial_text
 from .version import __version__
 from .visualize import visualize
@@ -317,7 +317,7 @@ def explain_checkpoint(path: str, *, step: int | None = None, as_json: bool = Fa
             if mesh["ranks"] != list(range(len(mesh["ranks"]))):
                 mesh_text += f" ranks {mesh['ranks']}"
             rows.append((name, str(tuple(record["shape"])), record["dtype"], mesh_text,
-                         record["placements"] or "-", record["layout"]))
+                         record["placements"] or "-", record["layout"]))  # "-": written before StridedShard
         elif record["kind"] == "array":
             rows.append((name, str(tuple(record["shape"])), record["dtype"], "-", "(array)", "-"))
         else:
@@ -382,11 +382,13 @@ def _json(value: Any, indent: str = "") -> str:
     return json.dumps(value)
 
 
-def _torch_form(layout: Layout) -> str | None:
-    try:
-        return format_placements(layout.placements)
-    except LayoutError:
-        return None
+def _strided_note(layout: Layout, even: bool) -> str:
+    """Where a StridedShard's blocks are not torch's: on uneven shapes ours nest torch.chunk
+    in split order, torch's ``_StridedShard`` cuts other blocks (interop's
+    ``check_torch_equivalent`` compares them rank by rank)."""
+    if even or not any(isinstance(p, StridedShard) for p in layout.placements):
+        return ""
+    return "   (uneven: ours nest torch.chunk in split order, torch's _StridedShard cuts other blocks)"
 
 
 def _jsonable(value: Any) -> Any:
@@ -399,7 +401,7 @@ def _text(layout: Layout, shape: tuple[int, ...], report: dict[str, Any], color:
     lines = [
         f"mesh           {mesh}, ranks {mesh.mesh.tolist()}",
         f"tensor shape   {shape}",
-        f"placements     {report['placements'] or '(none: torch needs _StridedShard for this split order)'}",
+        f"placements     {report['placements']}{_strided_note(layout, report['even'])}",
         f"alias form     {report['alias']}",
         f"tensor_map     {layout.tensor_map}   partial {layout.partial}",
         f"PartitionSpec  {layout.partition_spec}",
@@ -600,7 +602,7 @@ def _layout_summary(layout: Layout) -> dict[str, Any]:
     spec = layout.partition_spec
     return {
         "text": str(layout),
-        "placements": _torch_form(layout),
+        "placements": format_placements(layout.placements),
         "alias": format_alias(layout.alias_map),
         "tensor_map": _jsonable(layout.tensor_map),
         "partial": list(layout.partial),
