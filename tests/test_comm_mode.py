@@ -143,7 +143,7 @@ def test_counts_agree_with_torchs_comm_debug_mode_on_one_axis_moves() -> None:
         from torch.testing._internal.distributed.fake_pg import FakeStore
         from torch.distributed.tensor import DTensor as TorchDTensor
         from torch.distributed.tensor.debug import CommDebugMode
-        from placements2jax import Layout, comm_debug, distribute_tensor, init_device_mesh
+        from placements2jax import comm_debug, distribute_tensor, init_device_mesh, resolve_layout
         from placements2jax.interop.torch import to_torch_mesh, to_torch_placements
         dist.init_process_group("fake", store=FakeStore(), rank=3, world_size=8)
         mesh = init_device_mesh((4, 2), ("dp", "tp"))
