@@ -463,10 +463,11 @@ def _out_layouts_key(out_layouts: Any) -> Any:
     return tree, tuple(leaves)
 
 
-@cached(maxsize=1024)
-def _apply_program(
-    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, keys: tuple[OperandKey, ...], cost_model: CostModel
-) -> Program:
+def _predicted(
+    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, keys: tuple[OperandKey, ...],
+    cost_model: CostModel, search: str,
+) -> tuple[Callable[..., Any], DeviceMesh, list[Layout], Any]:
+    """apply's ``fn`` on flat operands, its mesh, input layouts and ``predict`` of it."""
     mesh = _mesh_of(keys, "args")
     f = partial(fn, **dict(kwargs)) if kwargs else fn
 
@@ -475,10 +476,19 @@ def _apply_program(
 
     layouts = [_layout_of(k, mesh) for k in keys]
     out_layouts = None if targets is None else jax.tree.unflatten(*targets)
-    prediction = predict(  # op by op, as torch's DTensor dispatch (outputs stay Partial as torch's do)
+    prediction = predict(
         flat_fn, *[(k[1], k[2], layout) for k, layout in zip(keys, layouts)], mesh=mesh, cost_model=cost_model,
-        search="eager", out_layouts=out_layouts,
+        search=search, out_layouts=out_layouts,
     )
+    return flat_fn, mesh, layouts, prediction
+
+
+@cached(maxsize=1024)
+def _apply_program(
+    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, keys: tuple[OperandKey, ...], cost_model: CostModel
+) -> Program:
+    # op by op, as torch's DTensor dispatch (outputs stay Partial as torch's do)
+    _, mesh, layouts, prediction = _predicted(fn, kwargs, in_tree, targets, keys, cost_model, "eager")
     sources = [physical(layout, k[1]) for k, layout in zip(keys, layouts)]
     finals = [physical(spec.layout, spec.shape) for spec in prediction.outputs]
     closed = prediction.jaxpr
@@ -500,18 +510,7 @@ def _xla_program(
 ) -> Program:
     """``apply(execute="xla")``: ``fn`` on the inputs' logical values, the outputs placed
     in the layouts the whole-program search predicts; XLA does the layout work."""
-    mesh = _mesh_of(keys, "args")
-    f = partial(fn, **dict(kwargs)) if kwargs else fn
-
-    def flat_fn(*leaves: Any) -> Any:
-        return f(*jax.tree.unflatten(in_tree, leaves))
-
-    layouts = [_layout_of(k, mesh) for k in keys]
-    out_layouts = None if targets is None else jax.tree.unflatten(*targets)
-    prediction = predict(
-        flat_fn, *[(k[1], k[2], layout) for k, layout in zip(keys, layouts)], mesh=mesh, cost_model=cost_model,
-        out_layouts=out_layouts,
-    )
+    flat_fn, mesh, layouts, prediction = _predicted(fn, kwargs, in_tree, targets, keys, cost_model, "program")
     sources = [physical(layout, k[1]) if k[0] == "dtensor" else None for k, layout in zip(keys, layouts)]
 
     def body(*arrays: Any) -> tuple[jax.Array, ...]:
