@@ -6,11 +6,18 @@ BIN := $(VENV)/bin
 # (torch cross-checks, notebooks, docs, model libraries).
 DEMO_EXTRAS ?= train,plot,rich
 EXTRAS ?= test,train,torch,plot,rich,docs,bench
-# On Linux x86_64, PyPI's torch wheel is the CUDA build (with GBs of nvidia packages); the
-# tests need only the CPU build: `make test TORCH_INDEX=https://download.pytorch.org/whl/cpu`
-# picks it (the lock's torch==2.13.0 matches 2.13.0+cpu). Off by default: the index is not
-# reachable from every machine (it is not from the one the lock was made on).
+# torch: the tests need only its CPU build. The lock's torch==2.13.0 matches both the CPU
+# wheel 2.13.0+cpu and PyPI's 2.13.0 (on Linux x86_64 the CUDA build, with GBs of nvidia
+# packages), and pip installs the highest match it can see; nothing in this Makefile chooses.
+# On the machines this project is developed and tested on (CI included), pip's own
+# configuration (/etc/pip.conf and PIP_FIND_LINKS: find-links /opt/wheels) offers a local
+# torch-2.13.0+cpu wheel, which pip prefers to PyPI's 2.13.0 (a local version label sorts
+# higher), so that is what `make test` installs there. Elsewhere, offer torch's CPU index:
+# `make test TORCH_INDEX=https://download.pytorch.org/whl/cpu` (off by default and untested
+# here: download.pytorch.org does not resolve from these machines).
 TORCH_INDEX ?=
+# The suite runs on TEST_WORKERS processes (pytest-xdist; CI has 2 cores).
+TEST_WORKERS ?= 2
 DEMO_STAMP := $(VENV)/.installed-demo
 STAMP := $(VENV)/.installed
 
@@ -39,7 +46,7 @@ demo: $(DEMO_STAMP)
 	$(BIN)/python -m placements2jax train
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
