@@ -46,7 +46,7 @@ demo: $(DEMO_STAMP)
 	$(BIN)/python -m placements2jax train
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py

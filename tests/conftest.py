@@ -2,9 +2,11 @@
 
 import os
 
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
+# Idempotent: pytest-xdist's workers inherit the controller's environment, set here already.
+if "--xla_force_host_platform_device_count=8" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
@@ -25,3 +27,30 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 @pytest.fixture(scope="session", autouse=True)
 def _eight_devices() -> None:
     assert jax.device_count() == 8, "tests need 8 simulated CPU devices"
+
+
+
+# Parallel runs (`make test`: pytest-xdist with --dist loadfile --no-loadscope-reorder). Each test
+# file runs on one worker, in file order, so its module-scoped fixtures and the programs its
+# tests compile are made once per run, not once per worker. Files go out to the workers in
+# collection order, so the slowest go first: no long file starts last while the other worker
+# idles. Approximate serial seconds of the slowest files with HYPOTHESIS_PROFILE=ci; only the
+# order depends on these figures (a stale entry costs some balance, never a test).
+SLOW_FILES = {
+    "test_docs.py": 400,
+    "test_redistribute.py": 245,
+    "test_inference_programs.py": 120,
+    "test_schedules.py": 90,
+    "test_notebooks.py": 90,
+    "test_packaging.py": 90,
+    "test_benchmarks.py": 60,
+    "test_train_demo.py": 60,
+    "test_multiprocess.py": 60,
+    "test_checkpoint.py": 60,
+}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker (every worker sorts alike)
+        items.sort(key=lambda item: -SLOW_FILES.get(item.path.name, 0))  # stable: file order kept

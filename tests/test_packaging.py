@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import email
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -30,7 +31,10 @@ def run(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> str
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("build", reason="the 'build' package is in the test extra")
     out = tmp_path_factory.mktemp("dist")
+    leftovers = set(ROOT.glob("*.egg-info"))
     run([sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)], ROOT)
+    for made in set(ROOT.glob("*.egg-info")) - leftovers:  # the sdist step writes it into the checkout
+        shutil.rmtree(made, ignore_errors=True)
     return out
 
 
@@ -60,20 +64,21 @@ def test_wheel_metadata(dist: Path) -> None:
 @pytest.mark.timeout(900)
 def test_wheel_in_a_clean_venv_runs_the_readme_example(dist: Path, tmp_path: Path) -> None:
     (wheel,) = dist.glob("placements2jax-*.whl")
+    # A fresh interpreter outside the source tree, with nothing injected (the test run's
+    # PYTHONPATH would show pip the checkout as placements2jax already installed): the example
+    # sets up its 8 CPU devices itself, as a user's script would.
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "XLA_FLAGS")}
     venv = tmp_path / "venv"
-    run([sys.executable, "-m", "venv", str(venv)], tmp_path)
+    run([sys.executable, "-m", "venv", str(venv)], tmp_path, env)
     python = venv / "bin" / "python"
-    run([str(python), "-m", "pip", "install", "--quiet", "-c", str(LOCK), str(wheel)], tmp_path)
+    run([str(python), "-m", "pip", "install", "--quiet", "-c", str(LOCK), str(wheel)], tmp_path, env)
 
-    frozen = run([str(python), "-m", "pip", "list", "--format=freeze"], tmp_path)
+    frozen = run([str(python), "-m", "pip", "list", "--format=freeze"], tmp_path, env)
     installed = {line.split("==")[0].lower().replace("_", "-") for line in frozen.split()}
     installed -= {"pip", "setuptools", "placements2jax"}
     assert installed == CORE, f"the core install pulled in {sorted(installed - CORE)}"
 
     (source, expected), *_ = code_blocks((ROOT / "README.md").read_text())
-    # A fresh interpreter outside the source tree, with nothing injected: the example sets up
-    # its 8 CPU devices itself, as a user's script would.
-    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "XLA_FLAGS")}
     where = run([str(python), "-c", "import placements2jax; print(placements2jax.__file__)"], tmp_path, env)
     assert where.startswith(str(venv))
     printed = run([str(python), "-c", source], tmp_path, env)
