@@ -16,7 +16,8 @@ EXTRAS ?= test,train,torch,plot,rich,docs,bench
 # `make test TORCH_INDEX=https://download.pytorch.org/whl/cpu` (off by default and untested
 # here: download.pytorch.org does not resolve from these machines).
 TORCH_INDEX ?=
-# The suite runs on TEST_WORKERS processes (pytest-xdist; CI has 2 cores).
+# The suite runs on TEST_WORKERS processes (pytest-xdist; CI has 2 cores), each test file whole
+# on one worker (module fixtures built once), slowest files first (tests/conftest.py).
 TEST_WORKERS ?= 2
 DEMO_STAMP := $(VENV)/.installed-demo
 STAMP := $(VENV)/.installed
