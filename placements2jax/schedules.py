@@ -376,7 +376,9 @@ class _Cells:
     before: tuple[int, ...]  # local cells per dim in the source block
     after: tuple[int, ...]  # local cells per dim in the target block
     exchanges: tuple[_Exchange, ...]
-    assemble: np.ndarray  # [device, target cell]: index into local cells + received cells
+    local: np.ndarray  # [device, target cell]: the local cell it starts from (any, when received)
+    placed: tuple[np.ndarray, ...]  # per exchange, [device, slot]: target cell of each received cell
+    #   (the spare cell past the target block for a slot the device does not use)
 
 
 @dataclass(frozen=True)
@@ -451,8 +453,8 @@ class DirectSchedule:
     def local_bytes(self, itemsize: int) -> int:
         """Bytes each device copies locally besides the collectives: step 1 rearranges the
         source block when it slices replicas or moves the partial factors; step 2 reads
-        the source block into cells, packs every message, concatenates the pool and
-        assembles the target block."""
+        the source block into cells, packs every message, starts the target block from the
+        local cells, writes every received cell into it and lays the block out."""
         total = 0
         if self.reduced_layout is not None:
             block = math.prod(_local_shape(self.src.layout, self.src.shape)) * itemsize
@@ -462,7 +464,7 @@ class DirectSchedule:
             c = self.cells
             cell = math.prod(c.cell) * itemsize
             sent = sum(ex.send.shape[1] for ex in c.exchanges)
-            total += cell * (math.prod(c.before) + sent + math.prod(c.before) + sent + 2 * math.prod(c.after))
+            total += cell * (math.prod(c.before) + 2 * sent + 2 * math.prod(c.after))
         return total
 
     # -- the program ---------------------------------------------------------------------
@@ -488,16 +490,19 @@ class DirectSchedule:
         c = self.cells
         index = _device_index(names, mesh.shape)
         cells = _to_cells(x, c.before, c.cell)
-        pool = [cells]
-        for ex in c.exchanges:
+        # The target block (plus a spare cell) starts from the local cells; each received
+        # cell is written into it in place, so no pool of all received cells is staged.
+        block = jnp.concatenate([_pick(cells, c.local, index), jnp.zeros((1, *c.cell), x.dtype)])
+        for ex, placed in zip(c.exchanges, c.placed):
             send = _pick(cells, ex.send, index)
             if ex.kind == "all_to_all":
                 received = jax.lax.all_to_all(send, tuple(names[a] for a in ex.axes), 0, 0, tiled=True)
             else:
                 received = jax.lax.ppermute(send, tuple(names), perm=list(ex.pairs))
-            pool.append(received)
-        gathered = _pick(jnp.concatenate(pool, axis=0), c.assemble, index)
-        block = _from_cells(gathered, c.after, c.cell)
+            slots = jnp.asarray(placed)[index]
+            for j in range(placed.shape[1]):
+                block = jax.lax.dynamic_update_index_in_dim(block, received[j], slots[j], 0)
+        block = _from_cells(block[:-1], c.after, c.cell)
         return block.reshape((1,) * len(self.dst.stacked_axes) + _local_shape(self.dst.layout, shape))
 
     def _reduce(self, x: jax.Array) -> jax.Array:
@@ -657,28 +662,33 @@ def _cell_plan(before: Layout, after: Layout, shape: tuple[int, ...], fixed: Seq
             rows.append((t, q, i))
         need.append(rows)
     exchanges = _exchanges(messages, coords, mesh_shape, ndev)
-    # Pool layout per device: its local cells, then each exchange's received slots.
-    assemble = np.zeros((ndev, math.prod(grid_after)), np.int32)
-    received: dict[tuple[int, int, int], int] = {}  # (receiver, sender, sender's cell) -> pool slot
-    offset = local_before
+    # Every received cell is written in place into the target block (its spare cell, past
+    # the end, takes the slots a device does not use: its own slot of an all_to_all).
+    n_after = math.prod(grid_after)
+    local = np.zeros((ndev, n_after), np.int32)
+    wanted: dict[tuple[int, int, int], int] = {}  # (receiver, sender, sender's cell) -> target cell
+    for p, rows in enumerate(need):
+        for t, q, i in rows:
+            if q == p:
+                local[p, t] = i
+            else:
+                wanted[(p, q, i)] = t
+    placed = []
     for ex in exchanges:
+        table = np.full((ndev, ex.send.shape[1]), n_after, np.int32)
         if ex.kind == "all_to_all":
-            members = _groups(mesh_shape, ex.axes)
-            for group in members:
+            for group in _groups(mesh_shape, ex.axes):
                 for p in group:
                     for s, q in enumerate(group):
                         for j in range(ex.m):
-                            received[(p, q, int(ex.send[q, group.index(p) * ex.m + j]))] = offset + s * ex.m + j
-            offset += math.prod(mesh_shape[a] for a in ex.axes) * ex.m
+                            if q != p:
+                                table[p, s * ex.m + j] = wanted[(p, q, int(ex.send[q, group.index(p) * ex.m + j]))]
         else:
             for q, p in ex.pairs:
                 for j in range(ex.m):
-                    received[(p, q, int(ex.send[q, j]))] = offset + j
-            offset += ex.m
-    for p, rows in enumerate(need):
-        for t, q, i in rows:
-            assemble[p, t] = i if q == p else received[(p, q, i)]
-    return _Cells(tuple(counts), tuple(cell), tuple(grid_before), tuple(grid_after), exchanges, assemble)
+                    table[p, j] = wanted[(p, q, int(ex.send[q, j]))]
+        placed.append(table)
+    return _Cells(tuple(counts), tuple(cell), tuple(grid_before), tuple(grid_after), exchanges, local, tuple(placed))
 
 
 def _distance(q: tuple[int, ...], p: tuple[int, ...], mesh_shape: tuple[int, ...]) -> tuple[Any, ...]:
