@@ -59,6 +59,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from . import chunking
 from .caches import cached
 from .errors import ArgumentTypeError
 from .hlo import Collective, parse_collectives
@@ -219,8 +220,11 @@ def _stepwise(src: Physical, dst: Physical, dtype: np.dtype) -> Schedule | None:
     from .inference.plan import plan_redistribute  # the planner is pure; imported on use
 
     plan = plan_redistribute(src.shape, dtype, src.layout, dst.layout)
+    layouts = [step.after.bind(len(src.shape)) for step in plan.steps]
+    if not all(layout.is_even(src.shape) for layout in layouts):
+        return None  # an uneven step between even ends: a reshard cannot pad
     mesh = src.layout.mesh.to_jax()
-    shardings = [NamedSharding(mesh, step.after.bind(len(src.shape)).partition_spec) for step in plan.steps]
+    shardings = [NamedSharding(mesh, layout.partition_spec) for layout in layouts]
     if len(shardings) < 2:
         return None  # one step: the same reshard as XLA's
     planned = tuple(((step.mesh_dim,), step.nbytes) for step in plan.steps if step.nbytes)
@@ -249,7 +253,7 @@ def _candidates(src: Physical, dst: Physical, dtype: np.dtype) -> tuple[Schedule
         if direct.cells is not None and direct.reduced_layout is not None:
             reduced = direct.reduce_only()
             def reduce_then_reshard(x: jax.Array) -> jax.Array:
-                return reshard_to(reduced.function(x), dst.sharding)
+                return convert(reduced.function(x), reduced.dst, dst)  # re-pads an uneven target
 
             result.append(Schedule("direct+xla", src, dst, dtype, reduce_then_reshard,
                                    local_bytes=reduced.local_bytes(dtype.itemsize)))
@@ -286,6 +290,7 @@ def _choose(src: Physical, dst: Physical, dtype: np.dtype, policy: Policy) -> Sc
 
 
 _MARGIN = 0.8
+_MAX_CELLS = 64  # cells per block of an uneven move (one dynamic slice per cell and message slot)
 
 
 def redistribute_schedule(
@@ -379,6 +384,7 @@ class _Cells:
     local: np.ndarray  # [device, target cell]: the local cell it starts from (any, when received)
     placed: tuple[np.ndarray, ...]  # per exchange, [device, slot]: target cell of each received cell
     #   (the spare cell past the target block for a slot the device does not use)
+    padding: np.ndarray | None = None  # [device, target cell]: padding (zeros) of an uneven target block
 
 
 @dataclass(frozen=True)
@@ -395,9 +401,7 @@ class DirectSchedule:
     def build(cls, src: Physical, dst: Physical) -> DirectSchedule | None:
         """The direct schedule of a move, or None when it is refused (see module docstring)."""
         layout, target = src.layout, dst.layout
-        if src.is_padded or dst.is_padded or math.prod(src.shape) == 0:
-            return None
-        if layout.mesh != target.mesh:
+        if math.prod(src.shape) == 0 or layout.mesh != target.mesh:
             return None
         kept = target.has_partial and target.partial == layout.partial
         if target.has_partial and not kept:
@@ -405,8 +409,10 @@ class DirectSchedule:
         appended: tuple[tuple[int, ...], ...] = ((),) * len(src.shape)
         middle = layout if kept or not layout.has_partial else None
         if middle is None:
-            plan = _reduction_plan(src, dst)
-            if plan is None:
+            # Step 1 splits the source's blocks evenly: an uneven source, or a split step 1
+            # would cut unevenly, is left to XLA (its reduce-scatter would send padding).
+            plan = None if src.is_padded else _reduction_plan(src, dst)
+            if plan is None or not plan[0].is_even(src.shape):
                 return None
             middle, appended = plan
         cells = None
@@ -492,7 +498,11 @@ class DirectSchedule:
         cells = _to_cells(x, c.before, c.cell)
         # The target block (plus a spare cell) starts from the local cells; each received
         # cell is written into it in place, so no pool of all received cells is staged.
-        block = jnp.concatenate([_pick(cells, c.local, index), jnp.zeros((1, *c.cell), x.dtype)])
+        start = _pick(cells, c.local, index)
+        if c.padding is not None:
+            pad = jnp.asarray(c.padding)[index].reshape((-1,) + (1,) * len(c.cell))
+            start = jnp.where(pad, jnp.zeros((), x.dtype), start)
+        block = jnp.concatenate([start, jnp.zeros((1, *c.cell), x.dtype)])
         for ex, placed in zip(c.exchanges, c.placed):
             send = _pick(cells, ex.send, index)
             if ex.kind == "all_to_all":
@@ -558,7 +568,8 @@ def _hlo_dtype(dtype: np.dtype) -> str:
 
 
 def _local_shape(layout: Layout, shape: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(n // math.prod(layout.pieces(d)) for d, n in enumerate(shape))
+    """Every device's (padded) block."""
+    return tuple(chunking.block_size(n, layout.pieces(d)) for d, n in enumerate(shape))
 
 
 def _groups(mesh_shape: tuple[int, ...], axes: Sequence[int]) -> tuple[tuple[int, ...], ...]:
@@ -622,35 +633,50 @@ def _cell_plan(before: Layout, after: Layout, shape: tuple[int, ...], fixed: Seq
     (kept partial dims: the contributions differ along them)."""
     mesh_shape = before.mesh.shape
     ndev = math.prod(mesh_shape)
+    coords = [tuple(int(v) for v in np.unravel_index(p, mesh_shape)) for p in range(ndev)]
+    # Each device's torch.chunk block (offset, length) per tensor dim, in both layouts.
+    ranges = {
+        layout: [[chunking.nested_chunk(n, tuple((mesh_shape[a], c[a]) for a in layout.dim_axes[d]))
+                  for d, n in enumerate(shape)] for c in coords]
+        for layout in (before, after)
+    }
     counts, cell, grid_before, grid_after = [], [], [], []
     for d, n in enumerate(shape):
-        k1, k2 = math.prod(before.pieces(d)), math.prod(after.pieces(d))
-        g = math.lcm(k1, k2)
-        if n % g:
-            return None
-        counts.append(g)
-        cell.append(n // g)
-        grid_before.append(g // k1)
-        grid_after.append(g // k2)
-    coords = [tuple(int(v) for v in np.unravel_index(p, mesh_shape)) for p in range(ndev)]
+        # A cell divides every block boundary of both layouts and both (padded) block sizes,
+        # so every block is whole cells, its elements first, its padding after.
+        b1, b2 = chunking.block_size(n, before.pieces(d)), chunking.block_size(n, after.pieces(d))
+        g = math.gcd(n, b1, b2, *(v for layout in (before, after) for r in ranges[layout] for v in r[d]))
+        counts.append(n // g)
+        cell.append(g)
+        grid_before.append(b1 // g)
+        grid_after.append(b2 // g)
+    if max(math.prod(grid_before), math.prod(grid_after)) > _MAX_CELLS and not (
+        before.is_even(shape) and after.is_even(shape)
+    ):
+        return None  # uneven blocks cut into too many cells: one slice per cell would not pay
 
-    def start(layout: Layout, grid: list[int], coord: tuple[int, ...]) -> list[int]:
-        return [_block_index(layout.dim_axes[d], coord, mesh_shape) * grid[d] for d in range(len(shape))]
+    def starts(layout: Layout) -> tuple[list[list[int]], list[list[int]]]:
+        """Per device, its block's first cell and number of cells (without padding)."""
+        return ([[r[d][0] // cell[d] for d in range(len(shape))] for r in ranges[layout]],
+                [[r[d][1] // cell[d] for d in range(len(shape))] for r in ranges[layout]])
 
-    starts_before = [start(before, grid_before, c) for c in coords]
-    starts_after = [start(after, grid_after, c) for c in coords]
-    local_before = math.prod(grid_before)
+    starts_before, lengths_before = starts(before)
+    starts_after, lengths_after = starts(after)
     messages: dict[tuple[int, int], list[tuple[int, int]]] = {}
     need: list[list[tuple[int, int, int]]] = []  # per device: (target cell, holder, holder's cell)
+    padding = np.zeros((ndev, math.prod(grid_after)), bool)  # target cells past the device's elements
     for p in range(ndev):
         rows = []
         for t in range(math.prod(grid_after)):
             local = _digits(t, grid_after)
+            if any(v >= n for v, n in zip(local, lengths_after[p])):
+                padding[p, t] = True
+                continue
             cell_at = [s + v for s, v in zip(starts_after[p], local)]
             holders = []
             for q in range(ndev):
                 offset = [v - s for v, s in zip(cell_at, starts_before[q])]
-                if all(0 <= o < g for o, g in zip(offset, grid_before)) and all(
+                if all(0 <= o < n for o, n in zip(offset, lengths_before[q])) and all(
                     coords[q][a] == coords[p][a] for a in fixed
                 ):
                     holders.append((q, int(np.ravel_multi_index(offset, grid_before))))
@@ -688,7 +714,8 @@ def _cell_plan(before: Layout, after: Layout, shape: tuple[int, ...], fixed: Seq
                 for j in range(ex.m):
                     table[p, j] = wanted[(p, q, int(ex.send[q, j]))]
         placed.append(table)
-    return _Cells(tuple(counts), tuple(cell), tuple(grid_before), tuple(grid_after), exchanges, local, tuple(placed))
+    return _Cells(tuple(counts), tuple(cell), tuple(grid_before), tuple(grid_after), exchanges, local, tuple(placed),
+                  padding if padding.any() else None)
 
 
 def _distance(q: tuple[int, ...], p: tuple[int, ...], mesh_shape: tuple[int, ...]) -> tuple[Any, ...]:
