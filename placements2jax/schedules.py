@@ -19,9 +19,14 @@ reshard as one candidate among several:
      reduce-scatter) over all partial mesh dims for ``sum``, or one ``all_to_all`` followed
      by a local reduction for ``avg``/``max``/``min``. Each element's sum ends on exactly
      one device, chosen on a device whose target block holds the element when one exists.
+     When the partial mesh dims cannot split the dims the target splits evenly (uneven
+     layouts), step 1 is a cell exchange instead (below): every device receives each
+     other partial coordinate's contribution to its cells once and combines them (the
+     bytes of a reduce-scatter without padding).
   2. *move cells*: the blocks of the intermediate and the target layout cut every tensor
-     dim into equal cells; every device receives exactly the cells its target block needs
-     and its own block lacks, each once. Traffic that is uniform within groups of mesh
+     dim into equal cells (dividing every block edge of both, so uneven padded blocks are
+     whole cells, padding last); every device receives exactly the cells its target block
+     needs and its own block lacks, each once, and writes each into its block in place. Traffic that is uniform within groups of mesh
      dims (every pair of a group exchanges ``m`` cells) is one ``all_to_all`` over those
      dims (in any device order); otherwise ``ppermute`` rounds, one permutation each.
      A partial the target keeps (same mesh dims, same op) skips step 1: its contributions
@@ -30,9 +35,8 @@ reshard as one candidate among several:
 
   A direct schedule sends the lower bound of benchmarks/bounds.py on every move it
   accepts when step 1 can put each sum on a receiver. The candidate generator refuses
-  (and XLA's reshard is used) uneven (padded) layouts (standard collectives move equal
-  padded blocks; see docs/redistribute.md), targets with new partial mesh dims (local:
-  nothing to send), and tensor dims that the cells cannot cut evenly.
+  (and XLA's reshard is used) targets with new partial mesh dims (local: nothing to
+  send) and uneven blocks of more than 64 cells (one dynamic slice per cell).
 * ``direct+xla``: step 1 in ``shard_map``, then XLA's reshard to the target (one
   all-gather or all-to-all instead of several rounds).
 
@@ -403,6 +407,7 @@ class DirectSchedule:
     reduced_layout: Layout | None  # the layout after step 1 (None: no step 1)
     appended: tuple[tuple[int, ...], ...]  # per tensor dim, the mesh dims step 1 adds (major first)
     cells: _Cells | None  # step 2 (None: the reduced layout is the target)
+    reduce_cells: _Cells | None = None  # step 1 as a cell exchange combining contributions (uneven layouts)
 
     @classmethod
     def build(cls, src: Physical, dst: Physical) -> DirectSchedule | None:
@@ -416,11 +421,22 @@ class DirectSchedule:
         appended: tuple[tuple[int, ...], ...] = ((),) * len(src.shape)
         middle = layout if kept or not layout.has_partial else None
         if middle is None:
-            # Step 1 splits the source's blocks evenly: an uneven source, or a split step 1
-            # would cut unevenly, is left to XLA (its reduce-scatter would send padding).
+            # Step 1 is one reduce-scatter over even blocks when every partial mesh dim can
+            # split the dim the target splits it on; otherwise (uneven layouts) a cell
+            # exchange sends each device the other coordinates' contributions to its cells
+            # (a reduce-scatter's bytes without padding) and combines them.
             plan = None if src.is_padded else _reduction_plan(src, dst)
-            if plan is None or not plan[0].is_even(src.shape):
-                return None
+            if plan is None or not plan[0].is_even(src.shape) or not _where_wanted(plan[1], dst.layout):
+                plan = _reduction_plan(src, dst, even=False)
+                assert plan is not None  # without the divisibility condition every axis finds a dim
+                middle, appended = plan
+                reduce_cells = _cell_plan(layout, middle, src.shape, reduce=layout.partial_axes)
+                if reduce_cells is None:
+                    return None
+                cells = _cell_plan(middle, target, src.shape) if middle.dim_axes != target.dim_axes else None
+                if middle.dim_axes != target.dim_axes and cells is None:
+                    return None
+                return cls(src, dst, middle, appended, cells, reduce_cells)
             middle, appended = plan
         cells = None
         if middle.dim_axes != target.dim_axes:
@@ -436,7 +452,7 @@ class DirectSchedule:
         from .physical import physical
 
         return DirectSchedule(self.src, physical(self.reduced_layout, self.src.shape), self.reduced_layout,
-                              self.appended, None)
+                              self.appended, None, self.reduce_cells)
 
     # -- what it sends -------------------------------------------------------------------
     def collectives(self, dtype: np.dtype) -> tuple[Collective, ...]:
@@ -444,7 +460,9 @@ class DirectSchedule:
         mesh = self.src.layout.mesh
         dtype = _hlo_dtype(dtype)
         result = []
-        if self.reduced_layout is not None and self.src.layout.partial_axes:
+        if self.reduce_cells is not None:
+            result += _cell_collectives(self.reduce_cells, mesh.shape, dtype)
+        elif self.reduced_layout is not None and self.src.layout.partial_axes:
             partial = self.src.layout.partial_axes
             k = math.prod(mesh.shape[a] for a in partial)
             block = _local_shape(self.reduced_layout, self.src.shape)
@@ -454,13 +472,7 @@ class DirectSchedule:
             else:
                 result.append(Collective("all-to-all", ((k, *block),), dtype, groups))
         if self.cells is not None:
-            cell = self.cells.cell
-            for ex in self.cells.exchanges:
-                if ex.kind == "all_to_all":
-                    n = math.prod(mesh.shape[a] for a in ex.axes)
-                    result.append(Collective("all-to-all", ((n * ex.m, *cell),), dtype, _groups(mesh.shape, ex.axes)))
-                else:
-                    result.append(Collective("collective-permute", ((ex.m, *cell),), dtype, ex.pairs))
+            result += _cell_collectives(self.cells, mesh.shape, dtype)
         return tuple(result)
 
     def local_bytes(self, itemsize: int) -> int:
@@ -469,15 +481,14 @@ class DirectSchedule:
         the source block into cells, packs every message, starts the target block from the
         local cells, writes every received cell into it and lays the block out."""
         total = 0
-        if self.reduced_layout is not None:
+        if self.reduce_cells is not None:
+            total += _cell_copies(self.reduce_cells, itemsize)
+        elif self.reduced_layout is not None:
             block = math.prod(_local_shape(self.src.layout, self.src.shape)) * itemsize
             replicas = any(a not in self.src.layout.partial_axes for axes in self.appended for a in axes)
             total += block if replicas or len(self.appended) > 1 and any(self.appended[1:]) else 0
         if self.cells is not None:
-            c = self.cells
-            cell = math.prod(c.cell) * itemsize
-            sent = sum(ex.send.shape[1] for ex in c.exchanges)
-            total += cell * (math.prod(c.before) + 2 * sent + 2 * math.prod(c.after))
+            total += _cell_copies(self.cells, itemsize)
         return total
 
     # -- the program ---------------------------------------------------------------------
@@ -494,32 +505,18 @@ class DirectSchedule:
         names = mesh.axis_names
         shape = self.src.shape
         layout = self.src.layout
-        if self.reduced_layout is not None:
+        index = _device_index(names, mesh.shape)
+        if self.reduce_cells is not None:
+            k = math.prod(mesh.shape[a] for a in layout.partial_axes)
+            x = _run_cells(x.reshape(_local_shape(layout, shape)), self.reduce_cells, index, names,
+                           layout.partial_op, k)
+        elif self.reduced_layout is not None:
             x = self._reduce(x.reshape(_local_shape(layout, shape)))
         elif layout.has_partial:  # kept partials: drop their stack dims (size 1 on each device)
             x = x.reshape(_local_shape(layout, shape))
         if self.cells is None:
-            return x
-        c = self.cells
-        index = _device_index(names, mesh.shape)
-        cells = _to_cells(x, c.before, c.cell)
-        # The target block (plus a spare cell) starts from the local cells; each received
-        # cell is written into it in place, so no pool of all received cells is staged.
-        start = _pick(cells, c.local, index)
-        if c.padding is not None:
-            pad = jnp.asarray(c.padding)[index].reshape((-1,) + (1,) * len(c.cell))
-            start = jnp.where(pad, jnp.zeros((), x.dtype), start)
-        block = jnp.concatenate([start, jnp.zeros((1, *c.cell), x.dtype)])
-        for ex, placed in zip(c.exchanges, c.placed):
-            send = _pick(cells, ex.send, index)
-            if ex.kind == "all_to_all":
-                received = jax.lax.all_to_all(send, tuple(names[a] for a in ex.axes), 0, 0, tiled=True)
-            else:
-                received = jax.lax.ppermute(send, tuple(names), perm=list(ex.pairs))
-            slots = jnp.asarray(placed)[index]
-            for j in range(placed.shape[1]):
-                block = jax.lax.dynamic_update_index_in_dim(block, received[j], slots[j], 0)
-        block = _from_cells(block[:-1], c.after, c.cell)
+            return x.reshape((1,) * len(self.dst.stacked_axes) + _local_shape(self.dst.layout, shape))
+        block = _run_cells(x, self.cells, index, names)
         return block.reshape((1,) * len(self.dst.stacked_axes) + _local_shape(self.dst.layout, shape))
 
     def _reduce(self, x: jax.Array) -> jax.Array:
@@ -565,6 +562,74 @@ def _pick(cells: jax.Array, table: np.ndarray, index: jax.Array) -> jax.Array:
     return jnp.stack([jax.lax.dynamic_index_in_dim(cells, rows[j], keepdims=False) for j in range(table.shape[1])])
 
 
+def _run_cells(x: jax.Array, c: _Cells, index: jax.Array, names: Sequence[str], op: str | None = None,
+               k: int = 1) -> jax.Array:
+    """A device's block after the cell exchange ``c``: its own cells, and each received
+    cell written in place (``op`` None) or combined with the cell there by the partial's
+    ``op`` over ``k`` contributions (a reduction step). The block (plus a spare cell)
+    starts from the local cells, so no pool of all received cells is staged."""
+    cells = _to_cells(x, c.before, c.cell)
+    start = _pick(cells, c.local, index)
+    if c.padding is not None:
+        pad = jnp.asarray(c.padding)[index].reshape((-1,) + (1,) * len(c.cell))
+        start = jnp.where(pad, jnp.zeros((), x.dtype), start)
+    exact_avg = op == "avg" and not jnp.issubdtype(x.dtype, jnp.inexact)
+    spare = jnp.zeros((1, *c.cell), x.dtype)
+    # Integer avg is floor(sum / k) without overflow (as programs.REDUCERS): sum the
+    # quotients and the remainders by k apart.
+    block = jnp.concatenate([start // k if exact_avg else start, spare])
+    rest = jnp.concatenate([start % k, spare]) if exact_avg else None
+    for ex, placed in zip(c.exchanges, c.placed):
+        send = _pick(cells, ex.send, index)
+        if ex.kind == "all_to_all":
+            received = jax.lax.all_to_all(send, tuple(names[a] for a in ex.axes), 0, 0, tiled=True)
+        else:
+            received = jax.lax.ppermute(send, tuple(names), perm=list(ex.pairs))
+        slots = jnp.asarray(placed)[index]
+        for j in range(placed.shape[1]):
+            value = received[j]
+            if op is not None:
+                here = jax.lax.dynamic_index_in_dim(block, slots[j], 0, keepdims=False)
+                if exact_avg:
+                    there = jax.lax.dynamic_index_in_dim(rest, slots[j], 0, keepdims=False)
+                    rest = jax.lax.dynamic_update_index_in_dim(rest, there + value % k, slots[j], 0)
+                    value = here + value // k
+                else:
+                    value = _COMBINE[op](here, value)
+            block = jax.lax.dynamic_update_index_in_dim(block, value, slots[j], 0)
+    if exact_avg:
+        block = block + rest // k
+    elif op == "avg":
+        block = block / jnp.asarray(k, x.dtype)
+    return _from_cells(block[:-1], c.after, c.cell)
+
+
+_COMBINE = {"sum": jnp.add, "avg": jnp.add, "max": jnp.maximum, "min": jnp.minimum}
+
+
+def _cell_collectives(c: _Cells, mesh_shape: tuple[int, ...], dtype: str) -> list[Collective]:
+    result = []
+    for ex in c.exchanges:
+        if ex.kind == "all_to_all":
+            n = math.prod(mesh_shape[a] for a in ex.axes)
+            result.append(Collective("all-to-all", ((n * ex.m, *c.cell),), dtype, _groups(mesh_shape, ex.axes)))
+        else:
+            result.append(Collective("collective-permute", ((ex.m, *c.cell),), dtype, ex.pairs))
+    return result
+
+
+def _cell_copies(c: _Cells, itemsize: int) -> int:
+    """Bytes a cell exchange copies per device: the block cut into cells, the packed and
+    the received messages, the target block started and laid out."""
+    sent = sum(ex.send.shape[1] for ex in c.exchanges)
+    return math.prod(c.cell) * itemsize * (math.prod(c.before) + 2 * sent + 2 * math.prod(c.after))
+
+
+def _where_wanted(appended: tuple[tuple[int, ...], ...], target: Layout) -> bool:
+    """Step 1 put every mesh dim the target splits on the dim the target splits it on."""
+    return all(target.mesh_dim_split(a) in (None, d) for d, axes in enumerate(appended) for a in axes)
+
+
 def _hlo_dtype(dtype: np.dtype) -> str:
     """XLA's name of a dtype (bf16, f32, s32, pred ...)."""
     if dtype.kind == "b":
@@ -608,7 +673,9 @@ def _from_cells(x: jax.Array, grid: Sequence[int], cell: Sequence[int]) -> jax.A
     return x.reshape([g * c for g, c in zip(grid, cell)])
 
 
-def _reduction_plan(src: Physical, dst: Physical) -> tuple[Layout, tuple[tuple[int, ...], ...]] | None:
+def _reduction_plan(
+    src: Physical, dst: Physical, even: bool = True
+) -> tuple[Layout, tuple[tuple[int, ...], ...]] | None:
     """Step 1's layout: the source's splits plus every partial mesh dim and every mesh dim
     replicated in the source, each appended to the tensor dim the target splits with it
     (else to the dim with the largest divisible block)."""
@@ -625,19 +692,23 @@ def _reduction_plan(src: Physical, dst: Physical) -> tuple[Layout, tuple[tuple[i
         n = mesh.shape[a]
         wanted = target.mesh_dim_split(a)
         options = ([wanted] if wanted is not None else []) + sorted(range(len(shape)), key=lambda d: -blocks[d])
-        dim = next((d for d in options if blocks[d] % n == 0), None)
+        dim = next((d for d in options if blocks[d] % n == 0 or not even), None)
         if dim is None:
             return None
         appended[dim].append(a)
-        blocks[dim] //= n
+        blocks[dim] = -(-blocks[dim] // n)
     dim_axes = tuple(tuple(axes) + tuple(extra) for axes, extra in zip(layout.dim_axes, appended))
     return Layout(mesh, dim_axes), tuple(tuple(a) for a in appended)
 
 
-def _cell_plan(before: Layout, after: Layout, shape: tuple[int, ...], fixed: Sequence[int] = ()) -> _Cells | None:
+def _cell_plan(
+    before: Layout, after: Layout, shape: tuple[int, ...], fixed: Sequence[int] = (), reduce: Sequence[int] = ()
+) -> _Cells | None:
     """Step 2: the cells, who sends which to whom, and the collectives. A device receives
     each cell only from a holder with its own coordinates on the mesh dims ``fixed``
-    (kept partial dims: the contributions differ along them)."""
+    (kept partial dims: the contributions differ along them). With ``reduce`` (partial
+    mesh dims reduced by this exchange; every device holds its own contribution to its
+    target cells), it receives each cell once from every other coordinate on them."""
     mesh_shape = before.mesh.shape
     ndev = math.prod(mesh_shape)
     coords = [tuple(int(v) for v in np.unravel_index(p, mesh_shape)) for p in range(ndev)]
@@ -687,6 +758,18 @@ def _cell_plan(before: Layout, after: Layout, shape: tuple[int, ...], fixed: Seq
                     coords[q][a] == coords[p][a] for a in fixed
                 ):
                     holders.append((q, int(np.ravel_multi_index(offset, grid_before))))
+            if reduce:
+                rows.append((t, p, next(i for q, i in holders if q == p)))
+                others: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+                for q, i in holders:
+                    key = tuple(coords[q][a] for a in reduce)
+                    if key != tuple(coords[p][a] for a in reduce):
+                        others.setdefault(key, []).append((q, i))
+                for options in others.values():
+                    q, i = min(options, key=lambda h: _distance(coords[h[0]], coords[p], mesh_shape))
+                    messages.setdefault((q, p), []).append((i, t))
+                    rows.append((t, q, i))
+                continue
             if any(q == p for q, _ in holders):
                 rows.append((t, p, next(i for q, i in holders if q == p)))
                 continue
