@@ -397,6 +397,11 @@ class _Cells:
     #   (the spare cell past the target block for a slot the device does not use)
     padding: np.ndarray | None = None  # [device, target cell]: padding (zeros) of an uneven target block
 
+    @property
+    def pooled(self) -> bool:
+        """Assembled by one gather from local and received cells (all exchanges all_to_all)."""
+        return bool(self.exchanges) and all(ex.kind == "all_to_all" for ex in self.exchanges)
+
 
 @dataclass(frozen=True)
 class DirectSchedule:
@@ -569,10 +574,14 @@ def _run_cells(x: jax.Array, c: _Cells, index: jax.Array, names: Sequence[str], 
     ``op`` over ``k`` contributions (a reduction step). The block (plus a spare cell)
     starts from the local cells, so no pool of all received cells is staged."""
     cells = _to_cells(x, c.before, c.cell)
-    start = _pick(cells, c.local, index)
-    if c.padding is not None:
-        pad = jnp.asarray(c.padding)[index].reshape((-1,) + (1,) * len(c.cell))
-        start = jnp.where(pad, jnp.zeros((), x.dtype), start)
+    if op is None and c.pooled:
+        # All exchanges are all_to_alls: one gather from the local and received cells is
+        # faster on small blocks than a write per cell (1.3-1.5x at 16 KiB), and stages
+        # no more than the all_to_all's own buffers.
+        received = [_exchange(_pick(cells, ex.send, index), ex, names) for ex in c.exchanges]
+        block = _pick(jnp.concatenate([cells, *received], axis=0), _pool_table(c), index)
+        return _from_cells(_zero_padding(block, c, index), c.after, c.cell)
+    start = _zero_padding(_pick(cells, c.local, index), c, index)
     exact_avg = op == "avg" and not jnp.issubdtype(x.dtype, jnp.inexact)
     spare = jnp.zeros((1, *c.cell), x.dtype)
     # Integer avg is floor(sum / k) without overflow (as programs.REDUCERS): sum the
@@ -580,11 +589,7 @@ def _run_cells(x: jax.Array, c: _Cells, index: jax.Array, names: Sequence[str], 
     block = jnp.concatenate([start // k if exact_avg else start, spare])
     rest = jnp.concatenate([start % k, spare]) if exact_avg else None
     for ex, placed in zip(c.exchanges, c.placed):
-        send = _pick(cells, ex.send, index)
-        if ex.kind == "all_to_all":
-            received = jax.lax.all_to_all(send, tuple(names[a] for a in ex.axes), 0, 0, tiled=True)
-        else:
-            received = jax.lax.ppermute(send, tuple(names), perm=list(ex.pairs))
+        received = _exchange(_pick(cells, ex.send, index), ex, names)
         slots = jnp.asarray(placed)[index]
         for j in range(placed.shape[1]):
             value = received[j]
@@ -602,6 +607,33 @@ def _run_cells(x: jax.Array, c: _Cells, index: jax.Array, names: Sequence[str], 
     elif op == "avg":
         block = block / jnp.asarray(k, x.dtype)
     return _from_cells(block[:-1], c.after, c.cell)
+
+
+def _exchange(send: jax.Array, ex: _Exchange, names: Sequence[str]) -> jax.Array:
+    if ex.kind == "all_to_all":
+        return jax.lax.all_to_all(send, tuple(names[a] for a in ex.axes), 0, 0, tiled=True)
+    return jax.lax.ppermute(send, tuple(names), perm=list(ex.pairs))
+
+
+def _zero_padding(block: jax.Array, c: _Cells, index: jax.Array) -> jax.Array:
+    if c.padding is None:
+        return block
+    pad = jnp.asarray(c.padding)[index].reshape((-1,) + (1,) * len(c.cell))
+    return jnp.where(pad, jnp.zeros((), block.dtype), block)
+
+
+def _pool_table(c: _Cells) -> np.ndarray:
+    """[device, target cell]: its index among the local cells followed by every exchange's
+    received cells."""
+    table = c.local.copy()
+    offset = math.prod(c.before)
+    for placed in c.placed:
+        for p, row in enumerate(placed):
+            for j, t in enumerate(row):
+                if t < table.shape[1]:
+                    table[p, t] = offset + j
+        offset += placed.shape[1]
+    return table
 
 
 _COMBINE = {"sum": jnp.add, "avg": jnp.add, "max": jnp.maximum, "min": jnp.minimum}
@@ -622,7 +654,8 @@ def _cell_copies(c: _Cells, itemsize: int) -> int:
     """Bytes a cell exchange copies per device: the block cut into cells, the packed and
     the received messages, the target block started and laid out."""
     sent = sum(ex.send.shape[1] for ex in c.exchanges)
-    return math.prod(c.cell) * itemsize * (math.prod(c.before) + 2 * sent + 2 * math.prod(c.after))
+    pool = math.prod(c.before) + sent if c.pooled else 0  # the concatenated pool
+    return math.prod(c.cell) * itemsize * (math.prod(c.before) + 2 * sent + 2 * math.prod(c.after) + pool)
 
 
 def _where_wanted(appended: tuple[tuple[int, ...], ...], target: Layout) -> bool:
