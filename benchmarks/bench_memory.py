@@ -120,9 +120,9 @@ tensor's bytes T (benchmark 4), so memory and communication sit side by side.
     section.notes.append(
         f"Schedules against XLA's reshard: peak ratio {min(peak_ratios)[0]:.2f}x-{highest[0]:.2f}x "
         f"(highest: {highest[1]}). A direct schedule's temps are its staging buffers, none of them the "
-        "tensor: the source block cut into cells, the packed messages, the received messages and the "
-        "target block (plus one spare cell) into which every received cell is written in place (no pool of "
-        "received cells is staged)"
+        "tensor: the source block cut into cells, the packed and the received messages and the target "
+        "block; ppermute rounds write every received cell into the target block (plus one spare cell) in "
+        "place, all_to_alls gather it from the local and received cells at once (faster on small blocks)"
         + (f"; flagged above: {', '.join(schedule_flagged)}." if schedule_flagged else
            "; none reaches the full tensor's size between sharded layouts.")
     )
