@@ -19,9 +19,14 @@ reshard as one candidate among several:
      reduce-scatter) over all partial mesh dims for ``sum``, or one ``all_to_all`` followed
      by a local reduction for ``avg``/``max``/``min``. Each element's sum ends on exactly
      one device, chosen on a device whose target block holds the element when one exists.
+     When the partial mesh dims cannot split the dims the target splits evenly (uneven
+     layouts), step 1 is a cell exchange instead (below): every device receives each
+     other partial coordinate's contribution to its cells once and combines them (the
+     bytes of a reduce-scatter without padding).
   2. *move cells*: the blocks of the intermediate and the target layout cut every tensor
-     dim into equal cells; every device receives exactly the cells its target block needs
-     and its own block lacks, each once. Traffic that is uniform within groups of mesh
+     dim into equal cells (dividing every block edge of both, so uneven padded blocks are
+     whole cells, padding last); every device receives exactly the cells its target block
+     needs and its own block lacks, each once, and writes each into its block in place. Traffic that is uniform within groups of mesh
      dims (every pair of a group exchanges ``m`` cells) is one ``all_to_all`` over those
      dims (in any device order); otherwise ``ppermute`` rounds, one permutation each.
      A partial the target keeps (same mesh dims, same op) skips step 1: its contributions
@@ -30,9 +35,8 @@ reshard as one candidate among several:
 
   A direct schedule sends the lower bound of benchmarks/bounds.py on every move it
   accepts when step 1 can put each sum on a receiver. The candidate generator refuses
-  (and XLA's reshard is used) uneven (padded) layouts (standard collectives move equal
-  padded blocks; see docs/redistribute.md), targets with new partial mesh dims (local:
-  nothing to send), and tensor dims that the cells cannot cut evenly.
+  (and XLA's reshard is used) targets with new partial mesh dims (local: nothing to
+  send) and uneven blocks of more than 64 cells (one dynamic slice per cell).
 * ``direct+xla``: step 1 in ``shard_map``, then XLA's reshard to the target (one
   all-gather or all-to-all instead of several rounds).
 
@@ -59,6 +63,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from . import chunking
 from .caches import cached
 from .errors import ArgumentTypeError
 from .hlo import Collective, parse_collectives
@@ -219,8 +224,11 @@ def _stepwise(src: Physical, dst: Physical, dtype: np.dtype) -> Schedule | None:
     from .inference.plan import plan_redistribute  # the planner is pure; imported on use
 
     plan = plan_redistribute(src.shape, dtype, src.layout, dst.layout)
+    layouts = [step.after.bind(len(src.shape)) for step in plan.steps]
+    if not all(layout.is_even(src.shape) for layout in layouts):
+        return None  # an uneven step between even ends: a reshard cannot pad
     mesh = src.layout.mesh.to_jax()
-    shardings = [NamedSharding(mesh, step.after.bind(len(src.shape)).partition_spec) for step in plan.steps]
+    shardings = [NamedSharding(mesh, layout.partition_spec) for layout in layouts]
     if len(shardings) < 2:
         return None  # one step: the same reshard as XLA's
     planned = tuple(((step.mesh_dim,), step.nbytes) for step in plan.steps if step.nbytes)
@@ -249,7 +257,7 @@ def _candidates(src: Physical, dst: Physical, dtype: np.dtype) -> tuple[Schedule
         if direct.cells is not None and direct.reduced_layout is not None:
             reduced = direct.reduce_only()
             def reduce_then_reshard(x: jax.Array) -> jax.Array:
-                return reshard_to(reduced.function(x), dst.sharding)
+                return convert(reduced.function(x), reduced.dst, dst)  # re-pads an uneven target
 
             result.append(Schedule("direct+xla", src, dst, dtype, reduce_then_reshard,
                                    local_bytes=reduced.local_bytes(dtype.itemsize)))
@@ -286,6 +294,7 @@ def _choose(src: Physical, dst: Physical, dtype: np.dtype, policy: Policy) -> Sc
 
 
 _MARGIN = 0.8
+_MAX_CELLS = 64  # cells per block of an uneven move (one dynamic slice per cell and message slot)
 
 
 def redistribute_schedule(
@@ -321,8 +330,15 @@ def _cost_model(mesh: Any) -> CostModel:
     model = default_cost_model()
     if model.latency:
         return model
-    latency, per_byte, copy_per_byte = _calibrated(mesh.devices.ravel()[0].platform, jax.device_count())
-    dims = range(mesh.ndim)
+    return _calibrated_model(mesh.devices.flat[0].platform, jax.device_count(), mesh.ndim)
+
+
+@cached(maxsize=16)
+def _calibrated_model(platform: str, device_count: int, ndim: int) -> CostModel:
+    """One CostModel object per mesh rank (built once: every eager redistribute looks it up,
+    and building one per call cost ~170 µs of dispatch)."""
+    latency, per_byte, copy_per_byte = _calibrated(platform, device_count)
+    dims = range(ndim)
     return CostModel(latency={m: latency for m in dims}, per_byte={m: per_byte for m in dims},
                      copy_per_byte=copy_per_byte)
 
@@ -376,7 +392,15 @@ class _Cells:
     before: tuple[int, ...]  # local cells per dim in the source block
     after: tuple[int, ...]  # local cells per dim in the target block
     exchanges: tuple[_Exchange, ...]
-    assemble: np.ndarray  # [device, target cell]: index into local cells + received cells
+    local: np.ndarray  # [device, target cell]: the local cell it starts from (any, when received)
+    placed: tuple[np.ndarray, ...]  # per exchange, [device, slot]: target cell of each received cell
+    #   (the spare cell past the target block for a slot the device does not use)
+    padding: np.ndarray | None = None  # [device, target cell]: padding (zeros) of an uneven target block
+
+    @property
+    def pooled(self) -> bool:
+        """Assembled by one gather from local and received cells (all exchanges all_to_all)."""
+        return bool(self.exchanges) and all(ex.kind == "all_to_all" for ex in self.exchanges)
 
 
 @dataclass(frozen=True)
@@ -388,14 +412,13 @@ class DirectSchedule:
     reduced_layout: Layout | None  # the layout after step 1 (None: no step 1)
     appended: tuple[tuple[int, ...], ...]  # per tensor dim, the mesh dims step 1 adds (major first)
     cells: _Cells | None  # step 2 (None: the reduced layout is the target)
+    reduce_cells: _Cells | None = None  # step 1 as a cell exchange combining contributions (uneven layouts)
 
     @classmethod
     def build(cls, src: Physical, dst: Physical) -> DirectSchedule | None:
         """The direct schedule of a move, or None when it is refused (see module docstring)."""
         layout, target = src.layout, dst.layout
-        if src.is_padded or dst.is_padded or math.prod(src.shape) == 0:
-            return None
-        if layout.mesh != target.mesh:
+        if math.prod(src.shape) == 0 or layout.mesh != target.mesh:
             return None
         kept = target.has_partial and target.partial == layout.partial
         if target.has_partial and not kept:
@@ -403,9 +426,22 @@ class DirectSchedule:
         appended: tuple[tuple[int, ...], ...] = ((),) * len(src.shape)
         middle = layout if kept or not layout.has_partial else None
         if middle is None:
-            plan = _reduction_plan(src, dst)
-            if plan is None:
-                return None
+            # Step 1 is one reduce-scatter over even blocks when every partial mesh dim can
+            # split the dim the target splits it on; otherwise (uneven layouts) a cell
+            # exchange sends each device the other coordinates' contributions to its cells
+            # (a reduce-scatter's bytes without padding) and combines them.
+            plan = None if src.is_padded else _reduction_plan(src, dst)
+            if plan is None or not plan[0].is_even(src.shape) or not _where_wanted(plan[1], dst.layout):
+                plan = _reduction_plan(src, dst, even=False)
+                assert plan is not None  # without the divisibility condition every axis finds a dim
+                middle, appended = plan
+                reduce_cells = _cell_plan(layout, middle, src.shape, reduce=layout.partial_axes)
+                if reduce_cells is None:
+                    return None
+                cells = _cell_plan(middle, target, src.shape) if middle.dim_axes != target.dim_axes else None
+                if middle.dim_axes != target.dim_axes and cells is None:
+                    return None
+                return cls(src, dst, middle, appended, cells, reduce_cells)
             middle, appended = plan
         cells = None
         if middle.dim_axes != target.dim_axes:
@@ -421,7 +457,7 @@ class DirectSchedule:
         from .physical import physical
 
         return DirectSchedule(self.src, physical(self.reduced_layout, self.src.shape), self.reduced_layout,
-                              self.appended, None)
+                              self.appended, None, self.reduce_cells)
 
     # -- what it sends -------------------------------------------------------------------
     def collectives(self, dtype: np.dtype) -> tuple[Collective, ...]:
@@ -429,7 +465,9 @@ class DirectSchedule:
         mesh = self.src.layout.mesh
         dtype = _hlo_dtype(dtype)
         result = []
-        if self.reduced_layout is not None and self.src.layout.partial_axes:
+        if self.reduce_cells is not None:
+            result += _cell_collectives(self.reduce_cells, mesh.shape, dtype)
+        elif self.reduced_layout is not None and self.src.layout.partial_axes:
             partial = self.src.layout.partial_axes
             k = math.prod(mesh.shape[a] for a in partial)
             block = _local_shape(self.reduced_layout, self.src.shape)
@@ -439,30 +477,23 @@ class DirectSchedule:
             else:
                 result.append(Collective("all-to-all", ((k, *block),), dtype, groups))
         if self.cells is not None:
-            cell = self.cells.cell
-            for ex in self.cells.exchanges:
-                if ex.kind == "all_to_all":
-                    n = math.prod(mesh.shape[a] for a in ex.axes)
-                    result.append(Collective("all-to-all", ((n * ex.m, *cell),), dtype, _groups(mesh.shape, ex.axes)))
-                else:
-                    result.append(Collective("collective-permute", ((ex.m, *cell),), dtype, ex.pairs))
+            result += _cell_collectives(self.cells, mesh.shape, dtype)
         return tuple(result)
 
     def local_bytes(self, itemsize: int) -> int:
         """Bytes each device copies locally besides the collectives: step 1 rearranges the
         source block when it slices replicas or moves the partial factors; step 2 reads
-        the source block into cells, packs every message, concatenates the pool and
-        assembles the target block."""
+        the source block into cells, packs every message, starts the target block from the
+        local cells, writes every received cell into it and lays the block out."""
         total = 0
-        if self.reduced_layout is not None:
+        if self.reduce_cells is not None:
+            total += _cell_copies(self.reduce_cells, itemsize)
+        elif self.reduced_layout is not None:
             block = math.prod(_local_shape(self.src.layout, self.src.shape)) * itemsize
             replicas = any(a not in self.src.layout.partial_axes for axes in self.appended for a in axes)
             total += block if replicas or len(self.appended) > 1 and any(self.appended[1:]) else 0
         if self.cells is not None:
-            c = self.cells
-            cell = math.prod(c.cell) * itemsize
-            sent = sum(ex.send.shape[1] for ex in c.exchanges)
-            total += cell * (math.prod(c.before) + sent + math.prod(c.before) + sent + 2 * math.prod(c.after))
+            total += _cell_copies(self.cells, itemsize)
         return total
 
     # -- the program ---------------------------------------------------------------------
@@ -479,25 +510,18 @@ class DirectSchedule:
         names = mesh.axis_names
         shape = self.src.shape
         layout = self.src.layout
-        if self.reduced_layout is not None:
+        index = _device_index(names, mesh.shape)
+        if self.reduce_cells is not None:
+            k = math.prod(mesh.shape[a] for a in layout.partial_axes)
+            x = _run_cells(x.reshape(_local_shape(layout, shape)), self.reduce_cells, index, names,
+                           layout.partial_op, k)
+        elif self.reduced_layout is not None:
             x = self._reduce(x.reshape(_local_shape(layout, shape)))
         elif layout.has_partial:  # kept partials: drop their stack dims (size 1 on each device)
             x = x.reshape(_local_shape(layout, shape))
         if self.cells is None:
-            return x
-        c = self.cells
-        index = _device_index(names, mesh.shape)
-        cells = _to_cells(x, c.before, c.cell)
-        pool = [cells]
-        for ex in c.exchanges:
-            send = _pick(cells, ex.send, index)
-            if ex.kind == "all_to_all":
-                received = jax.lax.all_to_all(send, tuple(names[a] for a in ex.axes), 0, 0, tiled=True)
-            else:
-                received = jax.lax.ppermute(send, tuple(names), perm=list(ex.pairs))
-            pool.append(received)
-        gathered = _pick(jnp.concatenate(pool, axis=0), c.assemble, index)
-        block = _from_cells(gathered, c.after, c.cell)
+            return x.reshape((1,) * len(self.dst.stacked_axes) + _local_shape(self.dst.layout, shape))
+        block = _run_cells(x, self.cells, index, names)
         return block.reshape((1,) * len(self.dst.stacked_axes) + _local_shape(self.dst.layout, shape))
 
     def _reduce(self, x: jax.Array) -> jax.Array:
@@ -543,6 +567,102 @@ def _pick(cells: jax.Array, table: np.ndarray, index: jax.Array) -> jax.Array:
     return jnp.stack([jax.lax.dynamic_index_in_dim(cells, rows[j], keepdims=False) for j in range(table.shape[1])])
 
 
+def _run_cells(x: jax.Array, c: _Cells, index: jax.Array, names: Sequence[str], op: str | None = None,
+               k: int = 1) -> jax.Array:
+    """A device's block after the cell exchange ``c``: its own cells, and each received
+    cell written in place (``op`` None) or combined with the cell there by the partial's
+    ``op`` over ``k`` contributions (a reduction step). The block (plus a spare cell)
+    starts from the local cells, so no pool of all received cells is staged."""
+    cells = _to_cells(x, c.before, c.cell)
+    if op is None and c.pooled:
+        # All exchanges are all_to_alls: one gather from the local and received cells is
+        # faster on small blocks than a write per cell (1.3-1.5x at 16 KiB), and stages
+        # no more than the all_to_all's own buffers.
+        received = [_exchange(_pick(cells, ex.send, index), ex, names) for ex in c.exchanges]
+        block = _pick(jnp.concatenate([cells, *received], axis=0), _pool_table(c), index)
+        return _from_cells(_zero_padding(block, c, index), c.after, c.cell)
+    start = _zero_padding(_pick(cells, c.local, index), c, index)
+    exact_avg = op == "avg" and not jnp.issubdtype(x.dtype, jnp.inexact)
+    spare = jnp.zeros((1, *c.cell), x.dtype)
+    # Integer avg is floor(sum / k) without overflow (as programs.REDUCERS): sum the
+    # quotients and the remainders by k apart.
+    block = jnp.concatenate([start // k if exact_avg else start, spare])
+    rest = jnp.concatenate([start % k, spare]) if exact_avg else None
+    for ex, placed in zip(c.exchanges, c.placed):
+        received = _exchange(_pick(cells, ex.send, index), ex, names)
+        slots = jnp.asarray(placed)[index]
+        for j in range(placed.shape[1]):
+            value = received[j]
+            if op is not None:
+                here = jax.lax.dynamic_index_in_dim(block, slots[j], 0, keepdims=False)
+                if exact_avg:
+                    there = jax.lax.dynamic_index_in_dim(rest, slots[j], 0, keepdims=False)
+                    rest = jax.lax.dynamic_update_index_in_dim(rest, there + value % k, slots[j], 0)
+                    value = here + value // k
+                else:
+                    value = _COMBINE[op](here, value)
+            block = jax.lax.dynamic_update_index_in_dim(block, value, slots[j], 0)
+    if exact_avg:
+        block = block + rest // k
+    elif op == "avg":
+        block = block / jnp.asarray(k, x.dtype)
+    return _from_cells(block[:-1], c.after, c.cell)
+
+
+def _exchange(send: jax.Array, ex: _Exchange, names: Sequence[str]) -> jax.Array:
+    if ex.kind == "all_to_all":
+        return jax.lax.all_to_all(send, tuple(names[a] for a in ex.axes), 0, 0, tiled=True)
+    return jax.lax.ppermute(send, tuple(names), perm=list(ex.pairs))
+
+
+def _zero_padding(block: jax.Array, c: _Cells, index: jax.Array) -> jax.Array:
+    if c.padding is None:
+        return block
+    pad = jnp.asarray(c.padding)[index].reshape((-1,) + (1,) * len(c.cell))
+    return jnp.where(pad, jnp.zeros((), block.dtype), block)
+
+
+def _pool_table(c: _Cells) -> np.ndarray:
+    """[device, target cell]: its index among the local cells followed by every exchange's
+    received cells."""
+    table = c.local.copy()
+    offset = math.prod(c.before)
+    for placed in c.placed:
+        for p, row in enumerate(placed):
+            for j, t in enumerate(row):
+                if t < table.shape[1]:
+                    table[p, t] = offset + j
+        offset += placed.shape[1]
+    return table
+
+
+_COMBINE = {"sum": jnp.add, "avg": jnp.add, "max": jnp.maximum, "min": jnp.minimum}
+
+
+def _cell_collectives(c: _Cells, mesh_shape: tuple[int, ...], dtype: str) -> list[Collective]:
+    result = []
+    for ex in c.exchanges:
+        if ex.kind == "all_to_all":
+            n = math.prod(mesh_shape[a] for a in ex.axes)
+            result.append(Collective("all-to-all", ((n * ex.m, *c.cell),), dtype, _groups(mesh_shape, ex.axes)))
+        else:
+            result.append(Collective("collective-permute", ((ex.m, *c.cell),), dtype, ex.pairs))
+    return result
+
+
+def _cell_copies(c: _Cells, itemsize: int) -> int:
+    """Bytes a cell exchange copies per device: the block cut into cells, the packed and
+    the received messages, the target block started and laid out."""
+    sent = sum(ex.send.shape[1] for ex in c.exchanges)
+    pool = math.prod(c.before) + sent if c.pooled else 0  # the concatenated pool
+    return math.prod(c.cell) * itemsize * (math.prod(c.before) + 2 * sent + 2 * math.prod(c.after) + pool)
+
+
+def _where_wanted(appended: tuple[tuple[int, ...], ...], target: Layout) -> bool:
+    """Step 1 put every mesh dim the target splits on the dim the target splits it on."""
+    return all(target.mesh_dim_split(a) in (None, d) for d, axes in enumerate(appended) for a in axes)
+
+
 def _hlo_dtype(dtype: np.dtype) -> str:
     """XLA's name of a dtype (bf16, f32, s32, pred ...)."""
     if dtype.kind == "b":
@@ -553,7 +673,8 @@ def _hlo_dtype(dtype: np.dtype) -> str:
 
 
 def _local_shape(layout: Layout, shape: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(n // math.prod(layout.pieces(d)) for d, n in enumerate(shape))
+    """Every device's (padded) block."""
+    return tuple(chunking.block_size(n, layout.pieces(d)) for d, n in enumerate(shape))
 
 
 def _groups(mesh_shape: tuple[int, ...], axes: Sequence[int]) -> tuple[tuple[int, ...], ...]:
@@ -585,7 +706,9 @@ def _from_cells(x: jax.Array, grid: Sequence[int], cell: Sequence[int]) -> jax.A
     return x.reshape([g * c for g, c in zip(grid, cell)])
 
 
-def _reduction_plan(src: Physical, dst: Physical) -> tuple[Layout, tuple[tuple[int, ...], ...]] | None:
+def _reduction_plan(
+    src: Physical, dst: Physical, even: bool = True
+) -> tuple[Layout, tuple[tuple[int, ...], ...]] | None:
     """Step 1's layout: the source's splits plus every partial mesh dim and every mesh dim
     replicated in the source, each appended to the tensor dim the target splits with it
     (else to the dim with the largest divisible block)."""
@@ -602,53 +725,84 @@ def _reduction_plan(src: Physical, dst: Physical) -> tuple[Layout, tuple[tuple[i
         n = mesh.shape[a]
         wanted = target.mesh_dim_split(a)
         options = ([wanted] if wanted is not None else []) + sorted(range(len(shape)), key=lambda d: -blocks[d])
-        dim = next((d for d in options if blocks[d] % n == 0), None)
+        dim = next((d for d in options if blocks[d] % n == 0 or not even), None)
         if dim is None:
             return None
         appended[dim].append(a)
-        blocks[dim] //= n
+        blocks[dim] = -(-blocks[dim] // n)
     dim_axes = tuple(tuple(axes) + tuple(extra) for axes, extra in zip(layout.dim_axes, appended))
     return Layout(mesh, dim_axes), tuple(tuple(a) for a in appended)
 
 
-def _cell_plan(before: Layout, after: Layout, shape: tuple[int, ...], fixed: Sequence[int] = ()) -> _Cells | None:
+def _cell_plan(
+    before: Layout, after: Layout, shape: tuple[int, ...], fixed: Sequence[int] = (), reduce: Sequence[int] = ()
+) -> _Cells | None:
     """Step 2: the cells, who sends which to whom, and the collectives. A device receives
     each cell only from a holder with its own coordinates on the mesh dims ``fixed``
-    (kept partial dims: the contributions differ along them)."""
+    (kept partial dims: the contributions differ along them). With ``reduce`` (partial
+    mesh dims reduced by this exchange; every device holds its own contribution to its
+    target cells), it receives each cell once from every other coordinate on them."""
     mesh_shape = before.mesh.shape
     ndev = math.prod(mesh_shape)
+    coords = [tuple(int(v) for v in np.unravel_index(p, mesh_shape)) for p in range(ndev)]
+    # Each device's torch.chunk block (offset, length) per tensor dim, in both layouts.
+    ranges = {
+        layout: [[chunking.nested_chunk(n, tuple((mesh_shape[a], c[a]) for a in layout.dim_axes[d]))
+                  for d, n in enumerate(shape)] for c in coords]
+        for layout in (before, after)
+    }
     counts, cell, grid_before, grid_after = [], [], [], []
     for d, n in enumerate(shape):
-        k1, k2 = math.prod(before.pieces(d)), math.prod(after.pieces(d))
-        g = math.lcm(k1, k2)
-        if n % g:
-            return None
-        counts.append(g)
-        cell.append(n // g)
-        grid_before.append(g // k1)
-        grid_after.append(g // k2)
-    coords = [tuple(int(v) for v in np.unravel_index(p, mesh_shape)) for p in range(ndev)]
+        # A cell divides every block boundary of both layouts and both (padded) block sizes,
+        # so every block is whole cells, its elements first, its padding after.
+        b1, b2 = chunking.block_size(n, before.pieces(d)), chunking.block_size(n, after.pieces(d))
+        g = math.gcd(n, b1, b2, *(v for layout in (before, after) for r in ranges[layout] for v in r[d]))
+        counts.append(n // g)
+        cell.append(g)
+        grid_before.append(b1 // g)
+        grid_after.append(b2 // g)
+    if max(math.prod(grid_before), math.prod(grid_after)) > _MAX_CELLS and not (
+        before.is_even(shape) and after.is_even(shape)
+    ):
+        return None  # uneven blocks cut into too many cells: one slice per cell would not pay
 
-    def start(layout: Layout, grid: list[int], coord: tuple[int, ...]) -> list[int]:
-        return [_block_index(layout.dim_axes[d], coord, mesh_shape) * grid[d] for d in range(len(shape))]
+    def starts(layout: Layout) -> tuple[list[list[int]], list[list[int]]]:
+        """Per device, its block's first cell and number of cells (without padding)."""
+        return ([[r[d][0] // cell[d] for d in range(len(shape))] for r in ranges[layout]],
+                [[r[d][1] // cell[d] for d in range(len(shape))] for r in ranges[layout]])
 
-    starts_before = [start(before, grid_before, c) for c in coords]
-    starts_after = [start(after, grid_after, c) for c in coords]
-    local_before = math.prod(grid_before)
+    starts_before, lengths_before = starts(before)
+    starts_after, lengths_after = starts(after)
     messages: dict[tuple[int, int], list[tuple[int, int]]] = {}
     need: list[list[tuple[int, int, int]]] = []  # per device: (target cell, holder, holder's cell)
+    padding = np.zeros((ndev, math.prod(grid_after)), bool)  # target cells past the device's elements
     for p in range(ndev):
         rows = []
         for t in range(math.prod(grid_after)):
             local = _digits(t, grid_after)
+            if any(v >= n for v, n in zip(local, lengths_after[p])):
+                padding[p, t] = True
+                continue
             cell_at = [s + v for s, v in zip(starts_after[p], local)]
             holders = []
             for q in range(ndev):
                 offset = [v - s for v, s in zip(cell_at, starts_before[q])]
-                if all(0 <= o < g for o, g in zip(offset, grid_before)) and all(
+                if all(0 <= o < n for o, n in zip(offset, lengths_before[q])) and all(
                     coords[q][a] == coords[p][a] for a in fixed
                 ):
                     holders.append((q, int(np.ravel_multi_index(offset, grid_before))))
+            if reduce:
+                rows.append((t, p, next(i for q, i in holders if q == p)))
+                others: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+                for q, i in holders:
+                    key = tuple(coords[q][a] for a in reduce)
+                    if key != tuple(coords[p][a] for a in reduce):
+                        others.setdefault(key, []).append((q, i))
+                for options in others.values():
+                    q, i = min(options, key=lambda h: _distance(coords[h[0]], coords[p], mesh_shape))
+                    messages.setdefault((q, p), []).append((i, t))
+                    rows.append((t, q, i))
+                continue
             if any(q == p for q, _ in holders):
                 rows.append((t, p, next(i for q, i in holders if q == p)))
                 continue
@@ -657,28 +811,34 @@ def _cell_plan(before: Layout, after: Layout, shape: tuple[int, ...], fixed: Seq
             rows.append((t, q, i))
         need.append(rows)
     exchanges = _exchanges(messages, coords, mesh_shape, ndev)
-    # Pool layout per device: its local cells, then each exchange's received slots.
-    assemble = np.zeros((ndev, math.prod(grid_after)), np.int32)
-    received: dict[tuple[int, int, int], int] = {}  # (receiver, sender, sender's cell) -> pool slot
-    offset = local_before
+    # Every received cell is written in place into the target block (its spare cell, past
+    # the end, takes the slots a device does not use: its own slot of an all_to_all).
+    n_after = math.prod(grid_after)
+    local = np.zeros((ndev, n_after), np.int32)
+    wanted: dict[tuple[int, int, int], int] = {}  # (receiver, sender, sender's cell) -> target cell
+    for p, rows in enumerate(need):
+        for t, q, i in rows:
+            if q == p:
+                local[p, t] = i
+            else:
+                wanted[(p, q, i)] = t
+    placed = []
     for ex in exchanges:
+        table = np.full((ndev, ex.send.shape[1]), n_after, np.int32)
         if ex.kind == "all_to_all":
-            members = _groups(mesh_shape, ex.axes)
-            for group in members:
+            for group in _groups(mesh_shape, ex.axes):
                 for p in group:
                     for s, q in enumerate(group):
                         for j in range(ex.m):
-                            received[(p, q, int(ex.send[q, group.index(p) * ex.m + j]))] = offset + s * ex.m + j
-            offset += math.prod(mesh_shape[a] for a in ex.axes) * ex.m
+                            if q != p:
+                                table[p, s * ex.m + j] = wanted[(p, q, int(ex.send[q, group.index(p) * ex.m + j]))]
         else:
             for q, p in ex.pairs:
                 for j in range(ex.m):
-                    received[(p, q, int(ex.send[q, j]))] = offset + j
-            offset += ex.m
-    for p, rows in enumerate(need):
-        for t, q, i in rows:
-            assemble[p, t] = i if q == p else received[(p, q, i)]
-    return _Cells(tuple(counts), tuple(cell), tuple(grid_before), tuple(grid_after), exchanges, assemble)
+                    table[p, j] = wanted[(p, q, int(ex.send[q, j]))]
+        placed.append(table)
+    return _Cells(tuple(counts), tuple(cell), tuple(grid_before), tuple(grid_after), exchanges, local, tuple(placed),
+                  padding if padding.any() else None)
 
 
 def _distance(q: tuple[int, ...], p: tuple[int, ...], mesh_shape: tuple[int, ...]) -> tuple[Any, ...]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import sys
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -149,15 +150,53 @@ def test_direct_schedules_reach_the_bound(mesh_shape: tuple[int, ...], src: str,
     assert schedule.nbytes == lower_bound_bytes(source, target, shape, 4)
 
 
+@pytest.mark.parametrize(
+    "mesh_shape, src, dst, shape, xla_ratio",
+    [
+        ((8,), "S(0)", "R", (10, 4), 1.6),
+        ((8,), "S(0)", "S(1)", (10, 12), 2.24),
+        ((4, 2), "S(0),R", "R,S(0)", (10,), 1.5),
+        ((4, 2), "(a,b),None", "None,(b,a)", (10, 6), 16),
+        ((2, 2, 2), "S(0),S(1),S(2)", "S(2),S(1),S(0)", (3, 5, 6), 1.6),
+        ((4, 2), "P(max),S(0)", "P(max),S(1)", (5, 10), 1),
+        ((8,), "P", "S(0)", (10, 8), 2),
+        ((8,), "P(avg)", "S(0)", (10,), 4),
+        ((4, 2), "P(min),P(min)", "S(0),S(1)", (6, 5), 2.8),
+        ((2, 2, 2), "P,S(0),R", "S(1),S(0),R", (3, 5), 2.6),
+    ],
+)
+def test_uneven_moves_reach_the_bound(
+    mesh_shape: tuple[int, ...], src: str, dst: str, shape: tuple[int, ...], xla_ratio: float
+) -> None:
+    """Uneven (padded) blocks are cut into cells dividing every block boundary: the direct
+    schedule is exact (padding zeroed) and sends the bound, where XLA's reshard of the
+    padded arrays sends up to 16x of it. Partial sources reduced into uneven blocks
+    (sum, integer avg, min) get each other coordinate's contribution to every cell once."""
+    mesh = _mesh(mesh_shape)
+    source, target = (resolve_layout(mesh, p, len(shape)) for p in (src, dst))
+    assert not (source.is_even(shape) and target.is_even(shape))
+    assert "direct" in _check_move(source, target, shape, 5)
+    bound = lower_bound_bytes(source, target, shape, 4)
+    schedule = choose(physical(source, shape), physical(target, shape), np.int32, "min_bytes")
+    assert schedule.name == "direct" and schedule.nbytes == bound
+    xla = choose(physical(source, shape), physical(target, shape), np.int32, "xla")
+    assert xla.nbytes >= bound * Fraction(str(xla_ratio))
+    array = _partial_source(source, shape, np.random.default_rng(0))[0].array
+    # The physical arrays agree, padding included (XLA's reshard pads with zeros).
+    np.testing.assert_array_equal(np.asarray(schedule.jitted(array)), np.asarray(xla.jitted(array)))
+
+
 def test_refused_moves_use_xla() -> None:
-    """Uneven layouts, new partial dims in the target (alone or next to reduced ones):
-    only XLA's reshard is a candidate (docs/redistribute.md says why)."""
+    """An uneven dim cut into more than 64 cells per block, new partial dims in the target
+    (alone or next to reduced ones): only XLA's reshard is a candidate
+    (docs/redistribute.md says why)."""
     mesh = _mesh((4, 2))
 
     def move(src: str, dst: str, shape: tuple[int, ...]) -> tuple[Any, Any]:
         return tuple(physical(resolve_layout(mesh, p, len(shape)), shape) for p in (src, dst))
 
-    for src, dst in (move("S(0),R", "R,S(0)", (10,)), move("R,S(0)", "P,S(0)", (8, 8)), move("P,R", "R,P", (8, 8))):
+    for src, dst in (move("S(0),R", "R,S(0)", (1001,)), move("P,R", "S(0),R", (1001,)),
+                     move("R,S(0)", "P,S(0)", (8, 8)), move("P,R", "R,P", (8, 8))):
         assert DirectSchedule.build(src, dst) is None
         assert [s.name for s in candidates(src, dst, np.int32)] == ["xla"]
 
