@@ -57,7 +57,7 @@ from .cost import (
 )
 from .signature import RedistributePlan, RedistributeStep, TensorSpec, placement_on
 
-__all__ = ["plan_cost", "plan_redistribute"]
+__all__ = ["InputPlans", "plan_cost", "plan_redistribute"]
 
 DimAxes = tuple[tuple[int, ...], ...]
 State = tuple[DimAxes, tuple[ReduceOp | None, ...]]
@@ -135,6 +135,40 @@ def plan_cost(
     kept = tuple(op if op and src[1][m] == op else None for m, op in enumerate(dst[1]))
     moves = _search(shape, dtype.itemsize, mesh_shape, weights, src).path_to((dst[0], kept))
     return sum((m.nbytes * weights[m.mesh_dim] for m in moves), Fraction(0)), sum(1 for m in moves if m.nbytes)
+
+
+@cached(maxsize=65536)
+def cached_plan_cost(shape: tuple[int, ...], dtype: np.dtype, src: Layout, dst: Layout, cost_model: Any) -> Fraction:
+    """``cached_plan(...).cost`` without building the plan's steps (the same Fraction)."""
+    if src is dst:
+        return Fraction(0)
+    weights = cost_model.weights(src.mesh)
+    return plan_cost(shape, dtype, (src.dim_axes, src.partial), (dst.dim_axes, dst.partial), src.mesh.shape, weights)[0]
+
+
+@dataclass(frozen=True)
+class InputPlans:
+    """The plans taking an op's given ``inputs`` to a candidate's input layouts, built on
+    demand: ranking candidates needs only their costs (:meth:`cost`) and which inputs move
+    (:meth:`redistributed`); the steps of a plan are built when someone reads them
+    (:attr:`.signature.Candidate.plans`). Same results as :func:`cached_plan` per input."""
+
+    inputs: tuple[TensorSpec, ...]
+    cost_model: Any
+
+    def plans(self, layouts: Sequence[Layout]) -> tuple[RedistributePlan, ...]:
+        return tuple(cached_plan(s.shape, s.dtype, s.layout, x, self.cost_model) for s, x in zip(self.inputs, layouts))
+
+    def cost(self, layouts: Sequence[Layout]) -> Fraction:
+        return sum(
+            (cached_plan_cost(s.shape, s.dtype, s.layout, x, self.cost_model) for s, x in zip(self.inputs, layouts)),
+            Fraction(0),
+        )
+
+    def redistributed(self, layouts: Sequence[Layout]) -> tuple[bool, ...]:
+        """Per input: does its plan have any step? (Layouts are interned: a plan is empty
+        exactly when the layouts are the same object.)"""
+        return tuple(s.layout is not x for s, x in zip(self.inputs, layouts))
 
 
 def _step(
