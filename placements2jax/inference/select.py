@@ -279,7 +279,7 @@ def rank_candidates(
     when read (:class:`.plan.InputPlans`): ranking needs their costs alone."""
     n_in = len(specs)
     replicate = OneDSig((Replicate(),) * n_in, (Replicate(),) * len(out_avals))
-    sigs = tuple(set(one_d) | {replicate})
+    sigs = tuple(sorted(set(one_d) | {replicate}, key=_sig_key))  # one cache key per set of signatures
     avals = tuple(s.aval for s in specs) + tuple(out_avals)
     choices = _layout_choices(sigs, tuple(s.joint for s in sigs), avals, mesh, tuple(orders))
     planner = InputPlans(tuple(specs), cost_model)
