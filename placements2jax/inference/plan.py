@@ -146,8 +146,13 @@ def cached_plan_cost(shape: tuple[int, ...], dtype: np.dtype, src: Layout, dst: 
     """``cached_plan(...).cost`` without building the plan's steps (the same Fraction)."""
     if src is dst:
         return Fraction(0)
-    weights = cost_model.weights(src.mesh)
+    weights = _weights(cost_model, src.mesh)
     return plan_cost(shape, dtype, (src.dim_axes, src.partial), (dst.dim_axes, dst.partial), src.mesh.shape, weights)[0]
+
+
+@cached(maxsize=256)
+def _weights(cost_model: Any, mesh: Any) -> tuple[Fraction, ...]:
+    return cost_model.weights(mesh)
 
 
 @dataclass(frozen=True)
