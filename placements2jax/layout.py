@@ -246,6 +246,15 @@ class Layout(_OnMesh):
         dim_axes: Sequence[Sequence[int]],
         partial: Sequence[ReduceOp | None] | None = None,
     ) -> Layout:
+        if type(dim_axes) is tuple and type(partial) is tuple:
+            # Fast path for the planners' tables (tuples of tuples of ints): an interned
+            # layout is returned without converting or validating its tables again.
+            try:
+                layout = cls._interned.get((mesh, dim_axes, partial)) if _exact_ints(dim_axes) else None
+            except TypeError:  # not a table of sequences, or unhashable: the slow path reports it
+                layout = None
+            if layout is not None:
+                return layout
         mesh = as_device_mesh(mesh)
         dim_axes = _as_tuples("dim_axes", dim_axes, "((0,), ())")
         partial = _as_tuples("partial", (partial,), "(None, 'sum')")[0] if partial is not None else (None,) * mesh.ndim

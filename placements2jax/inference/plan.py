@@ -32,10 +32,11 @@ the destination share (same op, same mesh dim) is kept untouched.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -57,7 +58,7 @@ from .cost import (
 )
 from .signature import RedistributePlan, RedistributeStep, TensorSpec, placement_on
 
-__all__ = ["plan_cost", "plan_redistribute"]
+__all__ = ["InputPlans", "plan_cost", "plan_redistribute"]
 
 DimAxes = tuple[tuple[int, ...], ...]
 State = tuple[DimAxes, tuple[ReduceOp | None, ...]]
@@ -65,13 +66,12 @@ State = tuple[DimAxes, tuple[ReduceOp | None, ...]]
 _KIND_ORDER = {LOCAL_SLICE: 0, ALL_TO_ALL: 1, ALL_GATHER: 2, REDUCE_SCATTER: 3, ALL_REDUCE: 4}
 
 
-@dataclass(frozen=True)
-class _Move:
+class _Move(NamedTuple):
     mesh_dim: int
     collective: str
     target_dim: int  # the tensor dim the mesh dim splits afterwards, -1 for R
     state: State
-    nbytes: Fraction
+    scaled: int  # bytes each device sends, times the search's ``unit`` (an exact integer)
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -113,7 +113,8 @@ def cached_plan(shape: tuple[int, ...], dtype: np.dtype, src: Layout, dst: Layou
     steps: list[RedistributeStep] = []
     state = src_state
     for move in moves:
-        steps.append(_step(shape, dtype, src, state, move.state, move.mesh_dim, move.collective, move.nbytes, weights))
+        nbytes = Fraction(move.scaled, search.unit)
+        steps.append(_step(shape, dtype, src, state, move.state, move.mesh_dim, move.collective, nbytes, weights))
         state = move.state
     for m, op in enumerate(dst.partial):
         if op and not kept[m]:
@@ -124,6 +125,7 @@ def cached_plan(shape: tuple[int, ...], dtype: np.dtype, src: Layout, dst: Layou
     return RedistributePlan(shape, dtype, src, dst, tuple(steps))
 
 
+@cached(maxsize=65536)
 def plan_cost(
     shape: tuple[int, ...], dtype: np.dtype, src: State, dst: State, mesh_shape: tuple[int, ...],
     weights: tuple[Fraction, ...],
@@ -131,10 +133,51 @@ def plan_cost(
     """The cost of the plan from layout state ``src`` to ``dst`` (``(dim_axes, partial)``
     on a mesh of ``mesh_shape`` with per-dim ``weights``) and how many of its steps
     communicate: what :func:`plan_redistribute` gives, without building the plan (for
-    searches that compare many layouts)."""
+    searches that compare many layouts; cached)."""
     kept = tuple(op if op and src[1][m] == op else None for m, op in enumerate(dst[1]))
-    moves = _search(shape, dtype.itemsize, mesh_shape, weights, src).path_to((dst[0], kept))
-    return sum((m.nbytes * weights[m.mesh_dim] for m in moves), Fraction(0)), sum(1 for m in moves if m.nbytes)
+    search = _search(shape, dtype.itemsize, mesh_shape, weights, src)
+    moves = search.path_to((dst[0], kept))
+    cost = sum(m.scaled * search.weights[m.mesh_dim] for m in moves)
+    return Fraction(cost, search.unit * search.weight_unit), sum(1 for m in moves if m.scaled)
+
+
+@cached(maxsize=65536)
+def cached_plan_cost(shape: tuple[int, ...], dtype: np.dtype, src: Layout, dst: Layout, cost_model: Any) -> Fraction:
+    """``cached_plan(...).cost`` without building the plan's steps (the same Fraction)."""
+    if src is dst:
+        return Fraction(0)
+    weights = _weights(cost_model, src.mesh)
+    return plan_cost(shape, dtype, (src.dim_axes, src.partial), (dst.dim_axes, dst.partial), src.mesh.shape, weights)[0]
+
+
+@cached(maxsize=256)
+def _weights(cost_model: Any, mesh: Any) -> tuple[Fraction, ...]:
+    return cost_model.weights(mesh)
+
+
+@dataclass(frozen=True)
+class InputPlans:
+    """The plans taking an op's given ``inputs`` to a candidate's input layouts, built on
+    demand: ranking candidates needs only their costs (:meth:`cost`) and which inputs move
+    (:meth:`redistributed`); the steps of a plan are built when someone reads them
+    (:attr:`.signature.Candidate.plans`). Same results as :func:`cached_plan` per input."""
+
+    inputs: tuple[TensorSpec, ...]
+    cost_model: Any
+
+    def plans(self, layouts: Sequence[Layout]) -> tuple[RedistributePlan, ...]:
+        return tuple(cached_plan(s.shape, s.dtype, s.layout, x, self.cost_model) for s, x in zip(self.inputs, layouts))
+
+    def cost(self, layouts: Sequence[Layout]) -> Fraction:
+        return sum(
+            (cached_plan_cost(s.shape, s.dtype, s.layout, x, self.cost_model) for s, x in zip(self.inputs, layouts)),
+            Fraction(0),
+        )
+
+    def redistributed(self, layouts: Sequence[Layout]) -> tuple[bool, ...]:
+        """Per input: does its plan have any step? (Layouts are interned: a plan is empty
+        exactly when the layouts are the same object.)"""
+        return tuple(s.layout is not x for s, x in zip(self.inputs, layouts))
 
 
 def _step(
@@ -176,6 +219,10 @@ class _Dijkstra:
 
     Path keys are ``(cost, steps, sequence of move keys)``: extending two paths by the same
     move keeps their order, so Dijkstra finds the least key, which is the documented order.
+    Costs are exact integers: bytes times ``unit`` (the lcm of every mesh dim's ``n^2``,
+    which clears the denominators of :func:`.cost.collective_bytes`), times the weights
+    scaled by ``weight_unit`` (the lcm of their denominators): the same order as the
+    Fractions, without their arithmetic.
     """
 
     def __init__(
@@ -189,12 +236,19 @@ class _Dijkstra:
         self._shape = shape
         self._itemsize = itemsize
         self._mesh_shape = mesh_shape
-        self._weights = weights
-        self._best: dict[State, tuple[tuple[Any, ...], State | None, _Move | None]] = {src: ((Fraction(0), 0, ()), None, None)}
+        self.unit = math.lcm(*(n * n for n in mesh_shape))
+        self.weight_unit = math.lcm(*(Fraction(w).denominator for w in weights))
+        self.weights = tuple(int(Fraction(w) * self.weight_unit) for w in weights)
+        self._factors = tuple(
+            {kind: int(collective_bytes(kind, self.unit, n)) for kind in (ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER, ALL_REDUCE)}
+            for n in mesh_shape
+        )
+        self._best: dict[State, tuple[tuple[Any, ...], State | None, _Move | None]] = {src: ((0, 0, ()), None, None)}
         self._settled: set[State] = set()
-        self._heap: list[tuple[Fraction, int, tuple[Any, ...], State]] = [(Fraction(0), 0, (), src)]
+        self._heap: list[tuple[int, int, tuple[Any, ...], State]] = [(0, 0, (), src)]
 
     def path_to(self, target: State) -> list[_Move]:
+        weights = self.weights
         while target not in self._settled:
             # An internal invariant, not bad input: every layout is reachable by one-mesh-dim steps.
             assert self._heap, f"redistribution planner: {target} unreachable by one-mesh-dim steps"
@@ -202,10 +256,10 @@ class _Dijkstra:
             if state in self._settled:
                 continue
             self._settled.add(state)
-            for move in _moves(state, self._shape, self._itemsize, self._mesh_shape):
+            for move in _moves(state, self._shape, self._itemsize, self._mesh_shape, self._factors):
                 if move.state in self._settled:
                     continue
-                key = (cost + move.nbytes * self._weights[move.mesh_dim], steps + 1, path + (move.key,))
+                key = (cost + move.scaled * weights[move.mesh_dim], steps + 1, path + (move.key,))
                 known = self._best.get(move.state)
                 if known is None or key < known[0]:
                     self._best[move.state] = (key, state, move)
@@ -220,26 +274,34 @@ class _Dijkstra:
             state = previous
 
 
-def _moves(state: State, shape: tuple[int, ...], itemsize: int, mesh_shape: tuple[int, ...]) -> Iterator[_Move]:
+def _moves(
+    state: State, shape: tuple[int, ...], itemsize: int, mesh_shape: tuple[int, ...],
+    factors: tuple[dict[str, int], ...],
+) -> Iterator[_Move]:
+    """The one-mesh-dim steps from ``state``; ``factors[m][kind]``: the bytes of a one-byte
+    block times the search's unit (see :class:`_Dijkstra`)."""
     dim_axes, partial = state
     ndim = len(dim_axes)
-    for m, n in enumerate(mesh_shape):
+    for m in range(len(mesh_shape)):
         split = next((d for d, axes in enumerate(dim_axes) if m in axes), None)
         block = block_bytes(shape, itemsize, dim_axes, mesh_shape, without=m)
+        factor = factors[m]
         if partial[m]:
             cleared = tuple(None if i == m else p for i, p in enumerate(partial))
-            yield _Move(m, ALL_REDUCE, -1, (dim_axes, cleared), collective_bytes(ALL_REDUCE, block, n))
+            yield _Move(m, ALL_REDUCE, -1, (dim_axes, cleared), block * factor[ALL_REDUCE])
+            scattered = block * factor[REDUCE_SCATTER]
             for d in range(ndim):
-                yield _Move(m, REDUCE_SCATTER, d, (_append(dim_axes, d, m), cleared), collective_bytes(REDUCE_SCATTER, block, n))
+                yield _Move(m, REDUCE_SCATTER, d, (_append(dim_axes, d, m), cleared), scattered)
         elif split is None:
             for d in range(ndim):
-                yield _Move(m, LOCAL_SLICE, d, (_append(dim_axes, d, m), partial), Fraction(0))
+                yield _Move(m, LOCAL_SLICE, d, (_append(dim_axes, d, m), partial), 0)
         elif dim_axes[split][-1] == m:
             gathered = _remove(dim_axes, split, m)
-            yield _Move(m, ALL_GATHER, -1, (gathered, partial), collective_bytes(ALL_GATHER, block, n))
+            yield _Move(m, ALL_GATHER, -1, (gathered, partial), block * factor[ALL_GATHER])
+            exchanged = block * factor[ALL_TO_ALL]
             for d in range(ndim):
                 if d != split:
-                    yield _Move(m, ALL_TO_ALL, d, (_append(gathered, d, m), partial), collective_bytes(ALL_TO_ALL, block, n))
+                    yield _Move(m, ALL_TO_ALL, d, (_append(gathered, d, m), partial), exchanged)
 
 
 def _append(dim_axes: DimAxes, dim: int, mesh_dim: int) -> DimAxes:

@@ -209,6 +209,12 @@ class _ReshapeCheck:
         self.a, self.b = a, b
         self.groups = _reshape_groups(a, b)
 
+    def __eq__(self, other: object) -> bool:  # the same shapes, the same condition (a cache key)
+        return isinstance(other, _ReshapeCheck) and (self.a, self.b) == (other.a, other.b)
+
+    def __hash__(self) -> int:
+        return hash((self.a, self.b))
+
     def __call__(self, tables: Sequence[Any], mesh_shape: tuple[int, ...]) -> bool:
         (in_axes, _), (out_axes, _) = tables[0], tables[1]
         for group_in, group_out in self.groups:

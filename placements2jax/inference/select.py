@@ -33,7 +33,7 @@ from typing import Any
 
 import jax
 
-from ..caches import cached
+from ..caches import Memo, cached
 from ..errors import ArgumentTypeError, InferenceError, MissingDependencyError
 from ..foreign import dispatcher
 from ..layout import Layout, MeshPlacements
@@ -48,7 +48,7 @@ from .cost import (
     resolve_cost_model,
 )
 from .ops import freeze, function_definition, op_definition, primitive_definition
-from .plan import cached_plan
+from .plan import InputPlans, cached_plan
 from .signature import (
     Aval,
     Candidate,
@@ -272,34 +272,92 @@ def rank_candidates(
     in_constraint: Constraint = None,
 ) -> list[Candidate]:
     """All valid N-D candidates from the 1-D signatures ``one_d`` (all-Replicate added),
-    costed and sorted by :meth:`Candidate.rank_key` (the module docstring's steps 1-3)."""
-    avals = tuple(s.aval for s in specs) + tuple(out_avals)
+    costed and sorted by :meth:`Candidate.rank_key` (the module docstring's steps 1-3).
+
+    The valid layouts do not depend on the inputs' layouts (:func:`_layout_choices`,
+    cached: a model's repeated layers share them); the candidates' plans are built only
+    when read (:class:`.plan.InputPlans`): ranking needs their costs alone."""
     n_in = len(specs)
     replicate = OneDSig((Replicate(),) * n_in, (Replicate(),) * len(out_avals))
-    sig_keys = {sig: _sig_key(sig) for sig in set(one_d) | {replicate}}
-    sigs = sorted(sig_keys, key=sig_keys.__getitem__)
+    sigs = tuple(sorted(set(one_d) | {replicate}, key=_sig_key))  # one cache key per set of signatures
+    avals = tuple(s.aval for s in specs) + tuple(out_avals)
+    choices = _layout_choices(sigs, tuple(s.joint for s in sigs), avals, mesh, tuple(orders))
+    planner = InputPlans(tuple(specs), cost_model)
+    out_avals = tuple(out_avals)
+    candidates = []
+    for layouts, combo, order in choices:
+        if not _matches(layouts[n_in:], out_constraint) or not _matches(layouts[:n_in], in_constraint):
+            continue
+        pending = _pending(out_avals, layouts[n_in:], frozenset(continued_partials(specs, layouts)), cost_model)
+        candidates.append(Candidate(layouts[:n_in], layouts[n_in:], None, combo, order, out_avals, pending, planner))
+    return sorted(candidates, key=Candidate.rank_key)
+
+
+@cached(maxsize=4096)
+def _layout_choices(
+    sigs: tuple[OneDSig, ...], joints: tuple[Any, ...], avals: tuple[Aval, ...], mesh: DeviceMesh,
+    orders: tuple[tuple[int, ...], ...],
+) -> tuple[tuple[tuple[Layout, ...], tuple[OneDSig, ...], tuple[int, ...]], ...]:
+    """Every valid assignment of layouts to the tensors (inputs, then outputs), with the
+    least ``(1-D signature keys, nest order)`` giving it: step 1 and the shape filters of
+    step 2 (``joints``, the signatures' joint conditions, are in the key because
+    OneDSig's equality ignores them). A combination of 1-D signatures that splits no
+    tensor dim over several mesh dims gives the same layouts in every nest order, and
+    mesh order (``orders[0]``) is its least key: it is built once."""
+    sig_keys = {sig: _sig_key(sig) for sig in sigs}
+    ordered = sorted(sigs, key=sig_keys.__getitem__)
+    tables_of = {sig: _placement_table(sig) for sig in ordered}
     found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]] = {}
     layout_cache: dict[Any, Layout] = {}
-    for order in orders:
-        for combo in itertools.product(sigs, repeat=mesh.ndim):
-            tables = _tables(combo, order, avals, mesh.shape)
+    for combo in itertools.product(ordered, repeat=mesh.ndim):
+        placements = [tables_of[sig] for sig in combo]
+        keys = tuple(sig_keys[s] for s in combo)
+        for order in orders if _nests(placements, len(avals)) else orders[:1]:
+            tables = _tables(combo, placements, order, avals, mesh.shape)
             if tables is None or any(s.joint is not None and not s.joint(tables, mesh.shape) for s in combo):
                 continue
+            layouts = []
             for table in tables:
-                if table not in layout_cache:
-                    layout_cache[table] = Layout(mesh, *table)
-            layouts = tuple(layout_cache[table] for table in tables)
-            if not _matches(layouts[n_in:], out_constraint) or not _matches(layouts[:n_in], in_constraint):
-                continue
-            key = (tuple(sig_keys[s] for s in combo), order)
-            if layouts not in found or key < found[layouts][0]:
+                layout = layout_cache.get(table)
+                if layout is None:
+                    layout = layout_cache[table] = Layout(mesh, *table)
+                layouts.append(layout)
+            key = (keys, order)
+            known = found.get(layouts := tuple(layouts))
+            if known is None or key < known[0]:
                 found[layouts] = (key, combo, order)
-    candidates = []
-    for layouts, (_, combo, order) in found.items():
-        plans = tuple(cached_plan(s.shape, s.dtype, s.layout, layout, cost_model) for s, layout in zip(specs, layouts))
-        pending = pending_reduction(out_avals, layouts[n_in:], continued_partials(specs, layouts), cost_model)
-        candidates.append(Candidate(layouts[:n_in], layouts[n_in:], plans, combo, order, tuple(out_avals), pending))
-    return sorted(candidates, key=Candidate.rank_key)
+    return tuple((layouts, combo, order) for layouts, (_, combo, order) in found.items())
+
+
+def _placement_table(sig: OneDSig) -> tuple[tuple[int, Any], ...]:
+    """Per tensor of a 1-D signature: (split tensor dim or None, partial reduce op or None)."""
+    return tuple(
+        (p.dim, None) if isinstance(p, Shard) else (None, p.reduce_op if isinstance(p, Partial) else None)
+        for p in sig.placements
+    )
+
+
+def _nests(placements: Sequence[tuple[tuple[int, Any], ...]], n_tensors: int) -> bool:
+    """Does some tensor dim get split by several mesh dims (so the nest order matters)?"""
+    for t in range(n_tensors):
+        dims = [table[t][0] for table in placements if table[t][0] is not None]
+        if len(dims) != len(set(dims)):
+            return True
+    return False
+
+
+_PENDING = Memo(65536)
+
+
+def _pending(out_avals: tuple[Aval, ...], out_layouts: tuple[Layout, ...], given: frozenset[int],
+             cost_model: CostModel) -> Fraction:
+    """:func:`pending_reduction`, memoized (outputs recur across candidates and ops)."""
+    key = (out_avals, out_layouts, given, cost_model)
+    value = _PENDING.recall(key)
+    if value is None:
+        value = pending_reduction(out_avals, out_layouts, set(given), cost_model)
+        _PENDING.remember(key, value)
+    return value
 
 
 def continued_partials(specs: Sequence[TensorSpec], in_layouts: Sequence[Layout]) -> set[int]:
@@ -334,30 +392,30 @@ def _sig_key(sig: OneDSig) -> tuple[str, ...]:
     return tuple(str(p) for p in sig.placements) + tuple(sorted(map(str, sig.even)))
 
 
-@cached(maxsize=65536)
 def _tables(
-    combo: tuple[OneDSig, ...], order: tuple[int, ...], avals: tuple[Aval, ...], mesh_shape: tuple[int, ...]
+    combo: tuple[OneDSig, ...], placements: Sequence[tuple[tuple[int, Any], ...]], order: tuple[int, ...],
+    avals: tuple[Aval, ...], mesh_shape: tuple[int, ...],
 ) -> tuple[tuple[tuple[tuple[int, ...], ...], tuple[Any, ...]], ...] | None:
     """Per tensor the (dim_axes, partial) tables of a candidate, or None if it is invalid
-    (cached: ops of the same shapes and rule share them whatever their inputs' layouts)."""
+    (``placements``: each signature's :func:`_placement_table`)."""
     tables = []
     for t, aval in enumerate(avals):
         dim_axes: list[list[int]] = [[] for _ in range(aval.ndim)]
         partial: list[Any] = [None] * len(mesh_shape)
         for m in order:
-            placement = combo[m].placements[t]
-            if isinstance(placement, Shard):
-                if not 0 <= placement.dim < aval.ndim:
+            dim, op = placements[m][t]
+            if dim is not None:
+                if not 0 <= dim < aval.ndim:
                     return None
-                dim_axes[placement.dim].append(m)
-            elif isinstance(placement, Partial):
-                partial[m] = placement.reduce_op
+                dim_axes[dim].append(m)
+            elif op:
+                partial[m] = op
         if len({op for op in partial if op}) > 1:
             return None
         for d, axes in enumerate(dim_axes):
-            if not _fits(aval.shape[d], axes, mesh_shape, {m for m in axes if (t, d) in combo[m].even}):
+            if axes and not _fits(aval.shape[d], axes, mesh_shape, {m for m in axes if (t, d) in combo[m].even}):
                 return None
-        tables.append((tuple(tuple(a) for a in dim_axes), tuple(partial)))
+        tables.append((tuple(map(tuple, dim_axes)), tuple(partial)))
     return tuple(tables)
 
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from fractions import Fraction
 from typing import Any
 
 import jax
 import numpy as np
 
+from ..caches import Memo
 from ..errors import ArgumentTypeError, InferenceError, LayoutError, ShapeError
 from ..layout import (
     Layout,
@@ -439,7 +441,7 @@ class RedistributePlan:
         return head + "\n" + format_table(("step", "axis", "from", "to", "collective", "bytes", "cost", "layout after"), rows)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False, eq=False)
 class Candidate:
     """One N-D signature of an op: the layouts of all inputs and outputs, the plans that
     bring the given inputs to them, and the 1-D signature used on each mesh dim (in
@@ -448,24 +450,76 @@ class Candidate:
     ``pending`` is the look-ahead charge for ranking only: partial mesh dims the outputs
     get that no given input had must be reduced some day, at least by a reduce-scatter
     (see :func:`select.pending_reduction`); ``cost`` is the communication of this op.
+
+    ``plans`` are given, or built on first read by ``planner`` (an object with
+    ``plans(layouts)``, ``cost(layouts)`` and ``redistributed(layouts)`` of the input
+    layouts, e.g. :class:`.plan.InputPlans`): ranking reads only the cost and which
+    inputs move, so the steps of most candidates' plans are never built. Given plans are
+    kept as the planner (``dataclasses.replace`` carries them). Equality and hashing are
+    by value (the plans included), as for a plain frozen dataclass.
     """
 
     in_layouts: tuple[Layout, ...]
     out_layouts: tuple[Layout, ...]
-    plans: tuple[RedistributePlan, ...]
     one_d: tuple[OneDSig, ...]
     nest_order: tuple[int, ...]
     out_avals: tuple[Aval, ...]
-    pending: Fraction = Fraction(0)
+    pending: Fraction
+    planner: Any
 
-    @property
+    def __init__(
+        self,
+        in_layouts: tuple[Layout, ...],
+        out_layouts: tuple[Layout, ...],
+        plans: tuple[RedistributePlan, ...] | None = None,
+        one_d: tuple[OneDSig, ...] = (),
+        nest_order: tuple[int, ...] = (),
+        out_avals: tuple[Aval, ...] = (),
+        pending: Fraction = Fraction(0),
+        planner: Any = None,
+    ) -> None:
+        if plans is not None:
+            planner = _GivenPlans(tuple(plans))
+        elif planner is None:
+            raise TypeError("Candidate needs its plans or a planner to build them")
+        for name, value in (
+            ("in_layouts", in_layouts), ("out_layouts", out_layouts), ("one_d", one_d), ("nest_order", nest_order),
+            ("out_avals", out_avals), ("pending", pending), ("planner", planner),
+        ):
+            object.__setattr__(self, name, value)
+
+    @cached_property
+    def plans(self) -> tuple[RedistributePlan, ...]:
+        return self.planner.plans(self.in_layouts)
+
+    def _fields(self) -> tuple[Any, ...]:
+        return (self.in_layouts, self.out_layouts, self.plans, self.one_d, self.nest_order, self.out_avals, self.pending)
+
+    def __eq__(self, other: object) -> bool:
+        if other is self:
+            return True
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._fields() == other._fields()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return (
+            f"Candidate(in_layouts={self.in_layouts!r}, out_layouts={self.out_layouts!r}, plans={self.plans!r}, "
+            f"one_d={self.one_d!r}, nest_order={self.nest_order!r}, out_avals={self.out_avals!r}, "
+            f"pending={self.pending!r})"
+        )
+
+    @cached_property
     def cost(self) -> Fraction:
-        return sum((p.cost for p in self.plans), Fraction(0))
+        return self.planner.cost(self.in_layouts)
 
-    @property
+    @cached_property
     def redistributed(self) -> tuple[bool, ...]:
         """Per input: does it need any step (local ones included)?"""
-        return tuple(not p.is_noop for p in self.plans)
+        return self.planner.redistributed(self.in_layouts)
 
     @property
     def out_bytes(self) -> int:
@@ -485,7 +539,7 @@ class Candidate:
     def strided(self) -> int:
         """How many of the layouts split a dim out of mesh order (torch writes those with
         ``_StridedShard``): cost ties prefer fewer."""
-        return sum(any(list(a) != sorted(a) for a in x.dim_axes) for x in self.in_layouts + self.out_layouts)
+        return sum(_is_strided(x) for x in self.in_layouts + self.out_layouts)
 
     def rank_key(self) -> tuple[Any, ...]:
         """The selection order (see docs/inference.md): candidates needing no
@@ -503,12 +557,46 @@ class Candidate:
         return f"({ins}) -> ({outs})"
 
 
+@dataclass(frozen=True)
+class _GivenPlans:
+    """The planner of a candidate built with its plans: those plans, whatever the layouts."""
+
+    given: tuple[RedistributePlan, ...]
+
+    def plans(self, layouts: Sequence[Layout]) -> tuple[RedistributePlan, ...]:
+        return self.given
+
+    def cost(self, layouts: Sequence[Layout]) -> Fraction:
+        return sum((p.cost for p in self.given), Fraction(0))
+
+    def redistributed(self, layouts: Sequence[Layout]) -> tuple[bool, ...]:
+        return tuple(not p.is_noop for p in self.given)
+
+
 def _layout_key(layout: Layout) -> tuple[Any, ...]:
-    placements = []
-    for m, op in enumerate(layout.partial):
-        dim = layout.mesh_dim_split(m)
-        placements.append((2, op) if op else (1, "") if dim is None else (0, dim))
-    return tuple(placements), layout.dim_axes
+    key = _LAYOUT_KEYS.get(layout)
+    if key is None:
+        placements = []
+        for m, op in enumerate(layout.partial):
+            dim = layout.mesh_dim_split(m)
+            placements.append((2, op) if op else (1, "") if dim is None else (0, dim))
+        key = tuple(placements), layout.dim_axes
+        _LAYOUT_KEYS.remember(layout, key)
+    return key
+
+
+def _is_strided(layout: Layout) -> bool:
+    strided = _STRIDED.get(layout)
+    if strided is None:
+        strided = any(list(a) != sorted(a) for a in layout.dim_axes)
+        _STRIDED.remember(layout, strided)
+    return strided
+
+
+# Per interned layout: its rank key and whether it is strided (ranking reads them for
+# every candidate; layouts recur across candidates and ops).
+_LAYOUT_KEYS = Memo(65536)
+_STRIDED = Memo(65536)
 
 
 @dataclass(frozen=True)
