@@ -394,19 +394,31 @@ _install_methods(DTensor)
 # -- apply -----------------------------------------------------------------------------------
 
 
-def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, execute: str = "ops", **kwargs: Any) -> Any:
+def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, execute: str = "xla", **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` on DTensors; the result has ``fn``'s structure with a
     DTensor per array, laid out as :func:`~placements2jax.inference.predict` says.
 
-    ``execute="ops"`` (default, torch's eager DTensor dispatch): each equation of ``fn``'s
-    jaxpr runs under the signature predict chooses op by op (``search="eager"``, its
-    planned redistributions included) as its own per-rank program, walked by predict's
-    walker (loops run per iteration under their rows' layouts); outputs may be Partial
-    as torch's are. ``execute="xla"`` (whole training steps under ``jax.jit``): the
-    output layouts come from the whole-program search (``search="program"``) and XLA
-    compiles ``fn`` on the inputs' logical arrays constrained to the inputs' and those
-    output layouts, so it sends what plain ``jax.jit`` with these shardings sends (inputs'
+    ``execute="xla"`` (the default): the output layouts come from the whole-program
+    search (``predict(search="program")``, ``out_layouts`` honoured) and XLA compiles
+    ``fn`` once on the inputs' logical arrays constrained to the inputs' and those output
+    layouts, so it sends what plain ``jax.jit`` with these shardings sends (inputs'
     partials are reduced first; a Partial output is made locally from its value).
+    ``execute="ops"`` (torch's eager DTensor dispatch): each equation of ``fn``'s jaxpr
+    runs under the signature predict chooses op by op (``search="eager"``, its planned
+    redistributions included) as its own per-rank program, walked by predict's walker
+    (loops run per iteration under their rows' layouts); intermediates and outputs get
+    torch's op-by-op placements (outputs may be Partial as torch's are).
+
+    Why ``"xla"`` is the default: ``apply`` runs whole functions (a layer, a loss, a
+    training step), where a user of ``jax.jit`` expects what ``jax.jit`` compiles and a
+    user of torch DTensor gets op-by-op semantics from the DTensor operators themselves
+    (``x @ w``, ``x.sum()``). Measured on the test GPT-2 / Llama (dp=2 x tp=4, Megatron
+    plan): a whole adamw step under ``jax.jit`` compiles to the collectives and bytes of
+    plain ``jax.jit`` (GPT-2 23 collectives; 83 with ``"ops"``) at 0.97-1.05x its step time,
+    and eagerly one program is compiled instead of one per equation (minutes on a
+    training step with ``"ops"``); the loss alone runs in 14 / 6 ms warm against 20 / 9 ms
+    with ``"ops"``. Values are the same either way; pass ``execute="ops"`` for torch's
+    placements of every intermediate and output.
 
     ``args`` are pytrees (dicts, lists, NamedTuples, dataclasses, registered classes) of
     DTensors and constants (arrays, numbers, PRNG keys: Replicate tensors); ``kwargs``
