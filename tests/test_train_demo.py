@@ -60,7 +60,8 @@ def test_collectives_per_step_predicted_beside_compiled(report) -> None:
 def test_table_and_plot(report) -> None:
     text = report.table()
     for expected in ("tokens/s", "FSDP-style, resumed", "max |loss - unsharded loss|",
-                     "collectives per step: predicted", "predicted after XLA's combiner", "compiled", "blocks/qkv  | (1, 32, 96)  | R,S(2)      | S(1),S(2)", "total"):
+                     "collectives per step: predicted", "predicted after XLA's combiner", "compiled",
+                     "blocks/qkv  | (1, 32, 96)  | R,S(2)      | S(1),S(2)", "total"):
         assert expected in text, expected
     assert text.count("collective         | mesh axes | predicted | bytes/device | compiled | bytes/device") == 2
     assert report.plot is not None and report.plot.stat().st_size > 1000
