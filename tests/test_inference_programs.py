@@ -588,7 +588,7 @@ def test_apply_runs_the_llama_loss_like_plain_jax(mesh: Any) -> None:
     params = distribute_pytree(plain, mesh, llama.megatron_plan())
     tokens, targets = common.batch(0, 4, cfg.seq, cfg.vocab)
     args = (distribute_tensor(tokens, mesh, "S(0),R"), distribute_tensor(targets, mesh, "S(0),R"))
-    loss = apply(partial(llama.loss, cfg=cfg), params, *args)
+    loss = apply(partial(llama.loss, cfg=cfg), params, *args, execute="ops")  # the default "xla": test_models
     np.testing.assert_allclose(np.asarray(loss.full_tensor()), llama.loss(plain, tokens, targets, cfg), rtol=1e-5)
 
 
