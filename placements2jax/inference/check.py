@@ -26,7 +26,10 @@ Where XLA legitimately differs, and how the report says it:
   (counted twice their bytes), XLA's combiner merging independent all-reduces (or
   all-gathers) into one collective of several operands (``operands`` counts them: the
   number comparable with the predicted collectives), and collectives XLA chose that the
-  prediction has no counterpart for (``collective-permute``).
+  prediction has no counterpart for (``collective-permute``). The prediction is also
+  counted as XLA's combiner would merge it (:mod:`.combine`:
+  :attr:`CheckReport.predicted_combined_counts`, what the verdict compares with the
+  compiled counts; :attr:`CheckReport.axis_checks` per kind and mesh axes).
 
 The report also lists every redistribution it mentions (the prediction's, and the
 conversions of outputs to XLA's layouts) with the schedule ``DTensor.redistribute`` runs
