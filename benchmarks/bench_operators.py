@@ -253,10 +253,9 @@ def _steps(config: Config, section: Section) -> None:
         timing = paired(times[0], times[1])
         met = met and n_ours <= n_plain and b_ours <= b_plain and timing.ratio <= 1.1
         per_op = "not compiled (minutes: one program per equation)"
-        if step.name == "mlp":  # the default execute="ops": one shard_map program per equation
-            n_ops, b_ops = _communication(
-                jax.jit(lambda *a, step=step: apply(step.fn, *a, out_layouts=step.out_layouts)), step.args
-            )
+        if step.name == "mlp":  # execute="ops": one shard_map program per equation
+            by_ops = jax.jit(lambda *a, step=step: apply(step.fn, *a, out_layouts=step.out_layouts, execute="ops"))
+            n_ops, b_ops = _communication(by_ops, step.args)
             per_op = f"{n_ops} collectives, {b_ops:.0f} B"
         rows.append((f"{step.name} adamw step", f"{n_ours} / {n_plain}", f"{b_ours:.0f} / {b_plain:.0f}",
                      microseconds(timing.ours_median), microseconds(timing.baseline_median), timing.ratio_text(),
@@ -290,8 +289,8 @@ same shardings (Auto axes, `out_shardings` = the DTensor result's), both compile
 the optimized HLO texts are compared with names, metadata and source locations removed
 (identifiers renumbered in order of appearance). **Training steps**: a whole optax
 adamw step of the test models (tests/models: GPT-2 scanning over its blocks, Llama) laid
-out with the Megatron plan, run by `apply(step, ..., out_layouts=(params, state, None),
-execute="xla")` under `jax.jit` against plain `jax.jit(step, out_shardings=...)` on the
+out with the Megatron plan, run by `apply(step, ..., out_layouts=(params, state, None))`
+(its default `execute="xla"`) under `jax.jit` against plain `jax.jit(step, out_shardings=...)` on the
 same shardings (Auto axes): compiled collectives, bytes per device, paired step times
 (quick mode: a Megatron MLP's adamw step only).
 """,

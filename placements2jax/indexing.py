@@ -88,7 +88,7 @@ def getitem(x: DTensor, key: Any) -> DTensor:
         dim += 1
     target = Layout(layout.mesh, tuple(out_axes), layout.partial)
     items, x = _strided_per_rank(items, x)
-    return apply(_Indexer(items), x, *arrays, out_layouts=target)
+    return apply(_Indexer(items), x, *arrays, out_layouts=target, execute="ops")  # an operator: torch's dispatch
 
 
 def _strided_per_rank(items: tuple[Item, ...], x: DTensor) -> tuple[tuple[Item, ...], DTensor]:

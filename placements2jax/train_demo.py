@@ -156,6 +156,14 @@ class Phase:
         return self._counts(0)
 
     @property
+    def combined_counts(self) -> dict[str, int]:
+        """Predicted collectives per kind once XLA's combiner on this platform merges the
+        independent ones (:meth:`Prediction.combined`): the count comparable with
+        :attr:`compiled_counts` (on CPU a reduce-scatter counts as the all-reduce XLA
+        compiles for it)."""
+        return dict(self.prediction.combined_counts) if self.prediction is not None else {}
+
+    @property
     def compiled_counts(self) -> dict[str, int]:
         """Compiled collectives per kind (all mesh axes)."""
         return self._counts(2)
@@ -206,10 +214,10 @@ class TrainReport:
             per_second = tokens * len(p.steps) / p.seconds if p.seconds else float("nan")
             rows.append((p.name, str(p.mesh), f"{p.steps.start}-{p.steps.stop - 1}", f"{p.losses[0]:.4f}",
                          f"{p.losses[-1]:.4f}", f"{per_second:,.0f}", count_text(p.predicted_counts),
-                         count_text(p.compiled_counts)))
+                         count_text(p.combined_counts), count_text(p.compiled_counts)))
         summary = format_table(
             ("phase", "mesh", "steps", "first loss", "last loss", "tokens/s", "collectives per step: predicted",
-             "compiled"),
+             "predicted after XLA's combiner", "compiled"),
             rows,
         )
         details = "\n\n".join(
@@ -224,7 +232,9 @@ class TrainReport:
             "", details,
             "The prediction chooses layouts per equation with its own cost model; XLA's propagation plans the "
             "whole step (and on CPU lowers a reduce-scatter as an all-reduce): where they differ, both are shown "
-            "as they are.",
+            "as they are. 'Predicted' counts one collective per redistribution step; 'predicted after XLA's "
+            "combiner' merges the independent ones of one kind on the same mesh axes as XLA's combiner passes "
+            "would (a model of XLA's rules, applied to the predicted program, not read from the compiled one).",
         ])
 
 

@@ -1091,6 +1091,20 @@ CASES: list[Case] = [
     _c("predict: fn not callable", "predict", InferenceError, "fn", lambda e: predict(3, e.dt)),
     _c("predict: unknown search", "predict", InferenceError, "search", lambda e: predict(jnp.sin, e.dt, search="dfs")),
     _c("predict: fn fails to trace", "predict", InferenceError, "fn", lambda e: predict(lambda a: a @ a, e.dt)),
+    _c(
+        "predict: combined for an unknown backend",
+        "predict",
+        InferenceError,
+        "backend",
+        lambda e: predict(lambda a: a.sum(), e.dt).combined("metal"),
+    ),
+    _c(
+        "predict: combined for a backend that is not a name",
+        "predict",
+        InferenceError,
+        "backend",
+        lambda e: predict(lambda a: a.sum(), e.dt).combined(["gpu"]),
+    ),
     _c("predict: no inputs and no mesh", "predict", InferenceError, "inputs", lambda e: predict(lambda: jnp.ones(3))),
     _c(
         "predict: mesh a string",

@@ -588,7 +588,7 @@ def test_apply_runs_the_llama_loss_like_plain_jax(mesh: Any) -> None:
     params = distribute_pytree(plain, mesh, llama.megatron_plan())
     tokens, targets = common.batch(0, 4, cfg.seq, cfg.vocab)
     args = (distribute_tensor(tokens, mesh, "S(0),R"), distribute_tensor(targets, mesh, "S(0),R"))
-    loss = apply(partial(llama.loss, cfg=cfg), params, *args)
+    loss = apply(partial(llama.loss, cfg=cfg), params, *args, execute="ops")  # the default "xla": test_models
     np.testing.assert_allclose(np.asarray(loss.full_tensor()), llama.loss(plain, tokens, targets, cfg), rtol=1e-5)
 
 
@@ -608,6 +608,19 @@ _REACHED = {
 }
 
 
+# (model, function) -> extra predicted collectives allowed over XLA's compiled collectives once the
+# prediction's are combined as XLA's combiner does (inference/combine.py; the issue's "never more collectives
+# than XLA" is 0). Before modelling the combiner the comparison was per operand only (above).
+_COMBINED_REACHED = {
+    ("gpt2", "loss"): 1,
+    ("gpt2", "value_and_grad"): 21,
+    ("gpt2", "adamw step"): 40,
+    ("llama", "loss"): 1,
+    ("llama", "value_and_grad"): 44,
+    ("llama", "adamw step"): 113,
+}
+
+
 @pytest.mark.parametrize(("model", "mode"), sorted(_REACHED))
 def test_training_programs_predict_xlas_bytes(mesh: Any, model: str, mode: str) -> None:
     """check on the loss, value_and_grad and adamw step of GPT-2 and Llama (Megatron plan,
@@ -622,3 +635,6 @@ def test_training_programs_predict_xlas_bytes(mesh: Any, model: str, mode: str) 
     bound, extra = _REACHED[model, mode]
     assert 0.9 <= ratio <= bound, ratio
     assert sum(report.predicted_counts.values()) <= sum(report.compiled_operand_counts.values()) + extra
+    combined = report.predicted_combined_counts
+    assert all(combined[kind] <= n for kind, n in report.predicted_counts.items())
+    assert sum(combined.values()) <= sum(report.compiled_counts.values()) + _COMBINED_REACHED[model, mode]

@@ -89,11 +89,12 @@ def _communication(jitted: Any, args: Any) -> tuple[int, float]:
 
 @pytest.mark.parametrize(("model", "config"), [("mlp", {}), ("gpt2", {}), ("llama", {"layers": 1})])
 def test_apply_of_a_training_step_sends_no_more_than_jit(mesh: Any, model: str, config: dict[str, Any]) -> None:
-    """apply(step, execute="xla") under jax.jit: the compiled step has no more collectives
-    and bytes per device than plain jax.jit of the step on the same shardings, computes
-    the same loss and parameters, and keeps the parameters' and state's layouts."""
+    """apply(step) (its default, execute="xla") under jax.jit: the compiled step has no
+    more collectives and bytes per device than plain jax.jit of the step on the same
+    shardings, computes the same loss and parameters, and keeps the parameters' and
+    state's layouts."""
     step = training_step(model, mesh, **config)
-    ours = jax.jit(lambda *a: apply(step.fn, *a, out_layouts=step.out_layouts, execute="xla"))
+    ours = jax.jit(lambda *a: apply(step.fn, *a, out_layouts=step.out_layouts))
     plain_jit, plain_args = step.plain_jit(), step.plain_args()
     (count, nbytes), (plain_count, plain_bytes) = _communication(ours, step.args), _communication(plain_jit, plain_args)
     assert count <= plain_count and nbytes <= plain_bytes, (count, plain_count, nbytes, plain_bytes)

@@ -377,14 +377,17 @@ def test_apply_matches_the_function_and_predict(
     w, b = _data(shape[-1:], 19), _data(shape[-1:], 20)
     cases = [(APPLY_FUNCTIONS[name], (x,), (a,)) for name in names] + [(_layer_norm, (x, w, b), (a, w, b))]
     for fn, args, plain in cases:
-        result = apply(fn, *args)
         expected = jax.jit(fn)(*plain)
-        layouts = predict(fn, *args, search="eager").out_layouts  # apply dispatches op by op
-        leaves, tree = jax.tree.flatten(result, is_leaf=lambda v: isinstance(v, DTensor))
-        assert tree == jax.tree.structure(expected)
-        for leaf, want, layout in zip(leaves, jax.tree.leaves(expected), layouts):
-            assert isinstance(leaf, DTensor) and leaf.layout == layout
-            np.testing.assert_allclose(np.asarray(leaf.full_tensor()), np.asarray(want), rtol=1e-5, atol=1e-5)
+        # op by op: torch's placements (predict's eager search); the default, XLA on the whole
+        # function: the whole-program search's output layouts
+        for execute, search in (("ops", "eager"), (None, "program")):
+            result = apply(fn, *args, execute=execute) if execute else apply(fn, *args)
+            layouts = predict(fn, *args, search=search).out_layouts
+            leaves, tree = jax.tree.flatten(result, is_leaf=lambda v: isinstance(v, DTensor))
+            assert tree == jax.tree.structure(expected)
+            for leaf, want, layout in zip(leaves, jax.tree.leaves(expected), layouts):
+                assert isinstance(leaf, DTensor) and leaf.layout == layout
+                np.testing.assert_allclose(np.asarray(leaf.full_tensor()), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
 def test_apply_takes_constant_arguments() -> None:
@@ -398,10 +401,13 @@ def test_apply_takes_constant_arguments() -> None:
 def test_apply_with_keyword_arguments_and_a_jnp_function() -> None:
     a = _data((8, 12), 21)
     x = _dt(a, MESH2, "S(0),S(1)")
-    result = apply(jnp.sum, x, axis=1, keepdims=True)
+    result = apply(jnp.sum, x, axis=1, keepdims=True, execute="ops")  # torch's placements, op by op
     assert result.placements == (Shard(0), P_SUM)
     np.testing.assert_allclose(np.asarray(result.full_tensor()), a.sum(axis=1, keepdims=True), rtol=1e-5)
-    assert apply(jnp.max, x, axis=0).placements == (P_MAX, Shard(0))
+    assert apply(jnp.max, x, axis=0, execute="ops").placements == (P_MAX, Shard(0))
+    default = apply(jnp.sum, x, axis=1, keepdims=True)  # XLA on the whole function: the program search's layout
+    assert default.layout == predict(lambda v: jnp.sum(v, axis=1, keepdims=True), x).out_layouts[0]
+    np.testing.assert_allclose(np.asarray(default.full_tensor()), a.sum(axis=1, keepdims=True), rtol=1e-5)
 
 
 def test_apply_vocab_parallel_embedding_is_a_masked_lookup() -> None:
@@ -409,10 +415,10 @@ def test_apply_vocab_parallel_embedding_is_a_masked_lookup() -> None:
     ids = np.array([[0, 9, 3], [4, 4, 7]], np.int32)
     t = _dt(table, MESH1, "S(0)")  # 10 rows over 4 ranks: 3, 3, 3, 1 (padded)
     i = _dt(ids, MESH1, "R")
-    result = apply(lambda tab, idx: tab[idx], t, i)
+    result = apply(lambda tab, idx: tab[idx], t, i, execute="ops")
     assert result.placements == (P_SUM,)
     np.testing.assert_allclose(np.asarray(result.full_tensor()), table[ids], rtol=1e-6)
-    gathered = apply(jnp.take, _dt(table, MESH1, "S(1)"), i, axis=0)
+    gathered = apply(jnp.take, _dt(table, MESH1, "S(1)"), i, axis=0, execute="ops")
     assert gathered.placements == (Shard(2),)
     np.testing.assert_allclose(np.asarray(gathered.full_tensor()), table[ids], rtol=1e-6)
 
@@ -426,7 +432,7 @@ def test_apply_follows_the_planned_redistributions_of_intermediates() -> None:
 
     prediction = predict(fn, x, w, search="eager")
     assert prediction.steps  # an intermediate is redistributed
-    result = apply(fn, x, w)
+    result = apply(fn, x, w, execute="ops")
     assert result.layout == prediction.out_layouts[0]
     np.testing.assert_allclose(np.asarray(result.full_tensor()), np.tanh(a @ b) @ b.T, rtol=1e-5, atol=1e-4)
 
@@ -460,7 +466,7 @@ def test_apply_runs_loops_under_the_predicted_layouts(rows: int) -> None:
         (jax.grad(lambda w_, x_: _scan_layers(x_, w_)[0].sum()), (w, x), (ws, a)),
     ]:
         layouts = predict(fn, *args, search="eager").out_layouts
-        for result in (apply(fn, *args), jax.jit(functools.partial(apply, fn))(*args)):
+        for result in (apply(fn, *args, execute="ops"), jax.jit(functools.partial(apply, fn, execute="ops"))(*args)):
             leaves = jax.tree.leaves(result, is_leaf=lambda v: isinstance(v, DTensor))
             assert [leaf.layout for leaf in leaves] == list(layouts)
             for leaf, want in zip(leaves, jax.tree.leaves(fn(*plain))):

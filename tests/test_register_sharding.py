@@ -109,14 +109,14 @@ def test_apply_runs_the_registered_function_per_rank(mesh: DeviceMesh, registere
     register_sharding(scaled_sin)(row_softmax_rule)
     registered.append(scaled_sin)
     dx = distribute_tensor(X[:6], mesh, [Shard(0), Shard(1)])  # uneven over dp
-    out = apply(scaled_sin, dx)
+    out = apply(scaled_sin, dx, execute="ops")  # registered functions run per rank op by op
     assert out.layout.dim_axes == ((0, 1), ())
     np.testing.assert_allclose(np.asarray(out.full_tensor()), np.sin(X[:6]) * 2, rtol=1e-6)
     for shard in out.to_jax().addressable_shards:
         np.testing.assert_allclose(np.asarray(shard.data)[: len(np.sin(X[:6])[shard.index])],
                                    (np.sin(X[:6]) * 2)[shard.index], rtol=1e-6)
     with jax.set_mesh(mesh.to_jax()):  # eager jax.grad on an Explicit mesh needs JAX's mesh context
-        grad = jax.grad(lambda t: apply(scaled_sin, t).full_tensor().sum())(dx)
+        grad = jax.grad(lambda t: apply(scaled_sin, t, execute="ops").full_tensor().sum())(dx)
     np.testing.assert_allclose(np.asarray(grad.full_tensor()), 2 * np.cos(X[:6]), rtol=1e-6)
 
 
@@ -134,7 +134,7 @@ def test_cost_ranking_picks_the_cheapest_strategy(mesh: DeviceMesh, registered: 
         prediction = predict(double, _spec(mesh, placements), search="eager")
         assert prediction.outputs[0].layout == _layout(mesh, placements)
         assert prediction.nbytes == 0
-    out = apply(double, distribute_tensor(X, mesh, [Shard(1), Replicate()]))
+    out = apply(double, distribute_tensor(X, mesh, [Shard(1), Replicate()]), execute="ops")
     assert out.placements == (Shard(1), Replicate())
     np.testing.assert_array_equal(np.asarray(out.full_tensor()), X * 2)
 
@@ -161,7 +161,7 @@ def test_primitive_rule_for_a_primitive_without_one(mesh: DeviceMesh, registered
     prediction = predict(TRIPLE.bind, x, search="eager")
     assert prediction.outputs[0].layout == x[2] and prediction.nbytes == 0
     dx = distribute_tensor(X[:, :7], mesh, [Shard(1), Shard(0)])  # uneven over dp
-    out = apply(TRIPLE.bind, dx)
+    out = apply(TRIPLE.bind, dx, execute="ops")
     assert out.placements == (Shard(1), Shard(0))
     np.testing.assert_array_equal(np.asarray(out.full_tensor()), X[:, :7] * 3)
 
@@ -172,7 +172,7 @@ def test_primitive_rule_overrides_the_builtin_one(mesh: DeviceMesh, registered: 
     register_sharding(jax.lax.cbrt_p)(lambda x, **params: [([Shard(0)], [Shard(0)])])
     registered.append(jax.lax.cbrt_p)
     assert predict(jnp.cbrt, x).outputs[0].layout.dim_axes[1] == ()
-    out = apply(jnp.cbrt, distribute_tensor(X, mesh, [Shard(0), Replicate()]))
+    out = apply(jnp.cbrt, distribute_tensor(X, mesh, [Shard(0), Replicate()]), execute="ops")
     assert out.placements == (Shard(0), Replicate())
     np.testing.assert_allclose(np.asarray(out.full_tensor()), np.cbrt(X), rtol=1e-6)
 
@@ -194,7 +194,7 @@ def test_pallas_kernel_and_its_jitted_wrapper(mesh: DeviceMesh, registered: list
     register_sharding(pallas_double)(lambda x: [([Shard(0)], [Shard(0)])])
     registered.append(pallas_double)
     assert [e.primitive for e in predict(pallas_double, x).equations] == ["jit[pallas_double]"]
-    out = apply(pallas_double, distribute_tensor(X, mesh, [Shard(0), Replicate()]))
+    out = apply(pallas_double, distribute_tensor(X, mesh, [Shard(0), Replicate()]), execute="ops")
     assert out.placements == (Shard(0), Replicate())
     np.testing.assert_array_equal(np.asarray(out.full_tensor()), X * 2)
 

@@ -46,6 +46,12 @@ def test_collectives_per_step_predicted_beside_compiled(report) -> None:
             1 for s in phase.prediction.steps if s.nbytes or s.collective not in ("local-slice", "local-partial"))
         assert sum(r[2] for r in rows.values()) == len(phase.compiled)
         assert sum(phase.compiled_counts.values()) == len(phase.compiled)
+        combined = phase.combined_counts  # XLA's combiner modelled: it merges collectives, never adds one
+        assert combined == dict(phase.prediction.combined_counts)
+        lowered = {k: n for k, n in phase.predicted_counts.items() if k != "reduce-scatter"}
+        lowered["all-reduce"] = lowered.get("all-reduce", 0) + phase.predicted_counts.get("reduce-scatter", 0)
+        assert all(combined.get(kind, 0) <= n for kind, n in lowered.items() if n)
+        assert sum(combined.values()) <= sum(phase.predicted_counts.values())
     # FSDP gathers its weights
     assert second.compiled_counts.get("all-gather") and second.predicted_counts.get("all-gather")
     assert first.communication[("all-reduce", "tp")][2] >= 1  # the row-parallel partial sums
@@ -54,7 +60,8 @@ def test_collectives_per_step_predicted_beside_compiled(report) -> None:
 def test_table_and_plot(report) -> None:
     text = report.table()
     for expected in ("tokens/s", "FSDP-style, resumed", "max |loss - unsharded loss|",
-                     "collectives per step: predicted", "compiled", "blocks/qkv  | (1, 32, 96)  | R,S(2)      | S(1),S(2)", "total"):
+                     "collectives per step: predicted", "predicted after XLA's combiner", "compiled",
+                     "blocks/qkv  | (1, 32, 96)  | R,S(2)      | S(1),S(2)", "total"):
         assert expected in text, expected
     assert text.count("collective         | mesh axes | predicted | bytes/device | compiled | bytes/device") == 2
     assert report.plot is not None and report.plot.stat().st_size > 1000

@@ -26,7 +26,10 @@ Where XLA legitimately differs, and how the report says it:
   (counted twice their bytes), XLA's combiner merging independent all-reduces (or
   all-gathers) into one collective of several operands (``operands`` counts them: the
   number comparable with the predicted collectives), and collectives XLA chose that the
-  prediction has no counterpart for (``collective-permute``).
+  prediction has no counterpart for (``collective-permute``). The prediction is also
+  counted as XLA's combiner would merge it (:mod:`.combine`:
+  :attr:`CheckReport.predicted_combined_counts`, what the verdict compares with the
+  compiled counts; :attr:`CheckReport.axis_checks` per kind and mesh axes).
 
 The report also lists every redistribution it mentions (the prediction's, and the
 conversions of outputs to XLA's layouts) with the schedule ``DTensor.redistribute`` runs
@@ -61,6 +64,7 @@ from ..errors import InferenceError
 from ..hlo import Collective, parse_collectives
 from ..layout import Layout
 from ..mesh import DeviceMesh
+from .combine import CombinedCollective, combine, combiner_rules, planned_collectives
 from .cost import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -79,7 +83,7 @@ from .signature import (
 )
 from .table import format_bytes, format_table
 
-__all__ = ["CheckReport", "CollectiveCheck", "OutputCheck", "check", "collective_nbytes"]
+__all__ = ["AxisCheck", "CheckReport", "CollectiveCheck", "OutputCheck", "check", "collective_nbytes"]
 
 EQUAL = "equal"
 XLA_REDUCED = "xla reduced partial"
@@ -116,6 +120,20 @@ class CollectiveCheck:
     compiled_bytes: Fraction
     lowered: int
     note: str
+
+
+@dataclass(frozen=True)
+class AxisCheck:
+    """One collective kind on one set of mesh axes: the predicted collectives (one per
+    redistribution step, as the backend compiles them), how many remain after XLA's
+    combiner (:mod:`.combine`), and the compiled collectives and their operands."""
+
+    kind: str
+    axes: tuple[str, ...]
+    predicted: int
+    combined: int
+    compiled: int
+    operands: int
 
 
 @dataclass(frozen=True)
@@ -237,10 +255,51 @@ class CheckReport:
                                           "; ".join(notes)))
         return tuple(checks)
 
+    @cached_property
+    def predicted_combined(self) -> tuple[CombinedCollective, ...]:
+        """The predicted collectives, output conversions included, as this platform's
+        XLA combiner merges them (:mod:`.combine`)."""
+        rules = combiner_rules(self.platform)
+        sources = self.prediction.output_sources or (None,) * len(self.outputs)
+        extra = [(sources[o.index], o.conversion) for o in self.outputs if o.conversion is not None]
+        return combine(planned_collectives(self.prediction, rules, extra), rules)
+
+    @property
+    def predicted_combined_counts(self) -> Counter[str]:
+        """Predicted collectives per kind after XLA's combiner: the count comparable with
+        :attr:`compiled_counts` (the issue's "never more collectives than XLA")."""
+        return Counter(c.kind for c in self.predicted_combined)
+
+    @property
+    def axis_checks(self) -> tuple[AxisCheck, ...]:
+        """Per collective kind and mesh axes: predicted (per operand and after XLA's
+        combiner) vs compiled (collectives and operands)."""
+        from ..display import collective_axes  # display imports this module
+
+        mesh = self.prediction.inputs[0].layout.mesh
+        rows: dict[tuple[str, tuple[str, ...]], list[int]] = {}
+        for c in self.predicted_combined:
+            row = rows.setdefault((c.kind, c.axes), [0, 0, 0, 0])
+            row[0] += len(c.members)
+            row[1] += 1
+        for c in self.compiled_collectives:
+            row = rows.setdefault((c.op, collective_axes(mesh, c)), [0, 0, 0, 0])
+            row[2] += 1
+            row[3] += len(c.result_shapes)
+        return tuple(AxisCheck(kind, axes, *row) for (kind, axes), row in sorted(rows.items()))
+
+    def axis_table(self) -> str:
+        """:attr:`axis_checks` as a table."""
+        rows = [(c.kind, ",".join(c.axes) or "-", c.predicted, c.combined, c.compiled, c.operands)
+                for c in self.axis_checks]
+        headers = ("collective", "mesh axes", "predicted", "predicted combined", "XLA", "XLA operands")
+        return format_table(headers, rows)
+
     @property
     def communication(self) -> str:
-        """``equal`` (same count per kind), ``same bytes`` or ``differs``."""
-        if self.predicted_counts == self.compiled_counts:
+        """``equal`` (the same count per kind, the prediction's counted after XLA's
+        combiner), ``same bytes`` or ``differs``."""
+        if self.predicted_combined_counts == self.compiled_counts:
             return EQUAL
         return SAME_BYTES if self.predicted_bytes == self.compiled_bytes else DIFFERS
 
@@ -282,6 +341,10 @@ class CheckReport:
                           format_bytes(self.compiled_bytes), ""))
         communication = format_table(
             ("collective", "predicted", "XLA", "XLA operands", "predicted B/device", "XLA B/device", "why"), comm_rows
+        )
+        communication += (
+            f"\nper mesh axes (predicted combined: the prediction's collectives as {self.platform} XLA's combiner "
+            f"merges them):\n{self.axis_table()}"
         )
         policy = self.policy if isinstance(self.policy, str) else repr(self.policy)
         schedules = (

@@ -43,6 +43,7 @@ from ..caches import Memo, cached
 from ..errors import InferenceError, Placements2JaxError, UnsupportedOpError
 from ..layout import Layout
 from ..mesh import DeviceMesh
+from .combine import CombinedCollective, combine, combiner_rules, planned_collectives
 from .cost import CostModel, CostModelLike, resolve_cost_model
 from .ops import primitive_definition, registered_function
 from .plan import cached_plan
@@ -146,6 +147,9 @@ class Prediction:
     jaxpr: Any = dataclasses.field(default=None, repr=False, compare=False)
     choices: tuple[tuple[str, Candidate], ...] = dataclasses.field(default=(), repr=False, compare=False)
     on_unknown: str = dataclasses.field(default="raise", repr=False, compare=False)
+    # the value each output is (before its out_layouts move; None: a literal or constant), for
+    # the dataflow of moves after the program (check's conversions to XLA's layouts)
+    output_sources: tuple[ValueId | None, ...] = dataclasses.field(default=(), repr=False, compare=False)
 
     @property
     def out_layouts_tree(self) -> Any:
@@ -216,6 +220,25 @@ class Prediction:
         if self.policy is not None:
             return Counter(c.op for s in self.schedules for c in s.collectives)
         return Counter(s.collective for s in self.steps)
+
+    def combined(self, backend: str | None = None) -> tuple[CombinedCollective, ...]:
+        """The predicted collectives (the planner's steps, whatever ``policy``) as
+        ``backend``'s XLA combiner merges them (:mod:`.combine`: independent collectives of
+        one kind on the same mesh axes become one of several operands); ``backend``: a JAX
+        platform name, default the mesh's."""
+        rules = combiner_rules(self._backend if backend is None else backend)
+        return combine(planned_collectives(self, rules), rules)
+
+    @property
+    def combined_counts(self) -> Counter[str]:
+        """Collectives per kind after XLA's combiner on the mesh's platform (what a
+        compiled program of this prediction counts; :attr:`collectives` counts operands,
+        and on CPU keeps reduce-scatters, which CPU XLA compiles as all-reduces)."""
+        return Counter(c.kind for c in self.combined())
+
+    @property
+    def _backend(self) -> str:
+        return self.inputs[0].layout.mesh.devices.flat[0].platform if self.inputs else "cpu"
 
     def __str__(self) -> str:
         rows = []
@@ -349,15 +372,17 @@ def _predict(
         walker = _Walker(mesh, model, choices, on_unknown)
         outputs = walker.walk(closed.jaxpr, consts, specs, "", [("in", i) for i in range(len(specs))])
         graph = ProgramGraph(mesh, tuple(walker.nodes), tuple(s for _, s in outputs), specs)
-        moved = [
-            spec if target is None else walker.move("out_layouts", f"out.{i}", spec, source, target)[0]
+        finals = [
+            (spec, source) if target is None else walker.move("out_layouts", f"out.{i}", spec, source, target)
             for i, ((spec, source), target) in enumerate(zip(outputs, targets))
         ]
+        moved = [spec for spec, _ in finals]
+        output_sources = tuple(source for _, source in finals)
         prediction = Prediction(
             specs, tuple(moved), tuple(walker.rows), out_tree,
             in_tree=flat.tree, constrained=tuple(t is not None for t in targets), search=search,
             policy=policy, cost_model=model if policy is not None else None,
-            jaxpr=closed, choices=tuple(choices.items()), on_unknown=on_unknown,
+            jaxpr=closed, choices=tuple(choices.items()), on_unknown=on_unknown, output_sources=output_sources,
         )
         return prediction, graph
 

@@ -1,0 +1,240 @@
+"""XLA's collective combiner, modelled on a predicted program.
+
+A prediction counts one collective per redistribution step; XLA then runs combiner passes
+(``AllReduceCombiner``, ``AllGatherCombiner``, ``ReduceScatterCombiner``) that merge
+independent collectives of one kind into a single collective of several operands (a tuple
+result). :func:`combine` groups a predicted program's collectives as those passes do, so
+that predicted and compiled collectives can be counted alike (:class:`~.check.CheckReport`).
+
+The rules, read from XLA's source (``collective_combiner_utils.h``'s
+``CombineInstructionsByKey``, ``all_reduce_key.h``, the CPU and GPU compilers' pipelines):
+
+* Collectives are visited in program order (XLA: the computation's post order), per
+  computation (a loop body is its own computation; calls are inlined first). Each joins
+  the open group of its *key*; the group is closed (combined) first when the collective
+  depends on one of its members (a data path from it), or when adding it would pass the
+  backend's byte threshold or count (256 operands).
+* Keys: all-reduce and reduce-scatter: the reduction, the element type and the replica
+  groups (here: the mesh axes); all-gather: the replica groups (element types may mix on
+  GPU, ``combine_different_dtypes``; gathered dims are not compared, as
+  ``xla_gpu_enable_all_gather_combine_by_dim`` defaults to false).
+* CPU (``cpu_compiler.cc``): only ``CpuAllReduceCombiner``, with no byte limit
+  (``int64`` max) and 256 operands; all-gathers, all-to-alls stay one per operand, and a
+  reduce-scatter is compiled as an all-reduce of the whole block (CPU XLA forms none), so
+  it combines with the all-reduces.
+* GPU (``gpu_compiler.cc``, ``debug_options_flags.cc``): all three combiners, thresholds
+  ``30 MiB + 7`` bytes of results each, 256 operands. TPU's pipeline is not public: the
+  GPU's rules are used for it.
+
+The sizes are the per-device result bytes of each collective (XLA compares the combined
+instruction's shape); the dependencies come from the prediction's dataflow (every
+equation's inputs name the values they are: :attr:`EquationReport.sources`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InferenceError
+from ..layout import Layout
+from .cost import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER
+from .signature import RedistributePlan
+
+__all__ = ["BACKENDS", "CombinedCollective", "CombinerRules", "PlannedCollective", "combine", "combiner_rules",
+           "planned_collectives"]
+
+_COMMUNICATING = (ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER, ALL_REDUCE)
+_LOOPS = ("scan", "while", "cond")
+_NO_LIMIT = 2**63 - 1
+_GPU_THRESHOLD = 30 * 1024 * 1024 + 7  # kDefault{AllReduce,AllGather,ReduceScatter}CombineThreshold
+_COUNT = 256
+
+
+@dataclass(frozen=True)
+class CombinerRules:
+    """What one backend's XLA combines: the kinds it combines (with their byte
+    thresholds), whether a kind's key includes the element type, the operand count
+    limit, and the kinds it compiles as another (CPU: reduce-scatter as all-reduce)."""
+
+    backend: str
+    thresholds: tuple[tuple[str, int], ...]
+    typed: tuple[str, ...]  # kinds whose key includes the element type
+    count: int = _COUNT
+    lowered: tuple[tuple[str, str], ...] = ()
+
+    def threshold(self, kind: str) -> int | None:
+        """The byte threshold of ``kind`` (None: XLA does not combine it here)."""
+        return dict(self.thresholds).get(kind)
+
+    def compiled_kind(self, kind: str) -> str:
+        return dict(self.lowered).get(kind, kind)
+
+
+_RULES = {
+    "cpu": CombinerRules("cpu", ((ALL_REDUCE, _NO_LIMIT),), (ALL_REDUCE,), lowered=((REDUCE_SCATTER, ALL_REDUCE),)),
+    "gpu": CombinerRules(
+        "gpu", ((ALL_REDUCE, _GPU_THRESHOLD), (ALL_GATHER, _GPU_THRESHOLD), (REDUCE_SCATTER, _GPU_THRESHOLD)),
+        (ALL_REDUCE, REDUCE_SCATTER),
+    ),
+}
+_ALIASES = {"cuda": "gpu", "rocm": "gpu", "tpu": "gpu"}
+BACKENDS = (*_RULES, *_ALIASES)
+
+
+def combiner_rules(backend: str) -> CombinerRules:
+    """The combiner rules of a JAX platform name (``cpu``, ``gpu``, ``cuda``, ``rocm``,
+    ``tpu``: the GPU's rules, TPU's pipeline not being public)."""
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise InferenceError("backend", backend, "no combiner rules for this platform", f"use one of {BACKENDS}")
+    return _RULES[_ALIASES.get(backend, backend)]
+
+
+@dataclass(frozen=True)
+class PlannedCollective:
+    """One predicted collective as the backend compiles it: its kind, the mesh axes of
+    its device groups, the reduction (all-reduce / reduce-scatter), the element type,
+    the bytes of its per-device result, the computation it runs in (``""``: the program;
+    a loop body's path otherwise), where it is (the consuming equation's path) and the
+    collectives it depends on (a bit set of their indices)."""
+
+    kind: str
+    axes: tuple[str, ...]
+    reduce_op: str | None
+    dtype: str
+    result_bytes: int
+    scope: str
+    where: str
+    after: int
+
+
+@dataclass(frozen=True)
+class CombinedCollective:
+    """One collective after combining: the indices of the planned collectives it merges
+    (its operands)."""
+
+    kind: str
+    axes: tuple[str, ...]
+    members: tuple[int, ...]
+    result_bytes: int
+
+
+def combine(collectives: Sequence[PlannedCollective], rules: CombinerRules) -> tuple[CombinedCollective, ...]:
+    """Group ``collectives`` (in program order) as XLA's combiners do (module docstring):
+    per computation and key, a group closes when the next collective depends on one of
+    its members or would pass the byte threshold or the operand count."""
+    done: list[tuple[int, ...]] = []
+    open_groups: dict[Any, list[int]] = {}
+    bits: dict[Any, int] = {}
+    sizes: dict[Any, int] = {}
+    for i, c in enumerate(collectives):
+        threshold = rules.threshold(c.kind)
+        if threshold is None:
+            done.append((i,))
+            continue
+        key = (c.scope, c.kind, c.axes, c.reduce_op, c.dtype if c.kind in rules.typed else None)
+        group = open_groups.setdefault(key, [])
+        if group and (c.after & bits[key] or sizes[key] + c.result_bytes > threshold or len(group) >= rules.count):
+            done.append(tuple(group))
+            group.clear()
+            bits[key], sizes[key] = 0, 0
+        group.append(i)
+        bits[key] = bits.get(key, 0) | 1 << i
+        sizes[key] = sizes.get(key, 0) + c.result_bytes
+    done += [tuple(g) for g in open_groups.values() if g]
+    done.sort()
+    return tuple(
+        CombinedCollective(collectives[g[0]].kind, collectives[g[0]].axes, g,
+                           sum(collectives[i].result_bytes for i in g))
+        for g in done
+    )
+
+
+def combined_counts(combined: Iterable[CombinedCollective]) -> Counter[tuple[str, tuple[str, ...]]]:
+    """Collectives per (kind, mesh axes)."""
+    return Counter((c.kind, c.axes) for c in combined)
+
+
+def planned_collectives(
+    prediction: Any, rules: CombinerRules, extra: Sequence[tuple[Any, RedistributePlan]] = ()
+) -> tuple[PlannedCollective, ...]:
+    """The collectives of ``prediction``'s redistributions (as
+    :attr:`~.jaxpr.Prediction.redistributions` lists them: one per value and layout
+    under the whole-program search), in program order, with their dependencies read from
+    its dataflow; ``extra`` adds (source value, plan) moves at the end of the program
+    (e.g. :func:`~.check.check`'s conversions of outputs to XLA's layouts)."""
+    loops = {eqn.path: eqn.primitive for eqn in prediction.equations if eqn.primitive in _LOOPS}
+    upstream: dict[str, int] = {}  # equation path -> collectives its outputs depend on
+    shared: dict[Any, int] = {}  # (source, layout) -> collectives of the move, under the program search
+    result: list[PlannedCollective] = []
+
+    def before(source: Any) -> int:
+        if source is None:
+            return 0
+        path = source[0]
+        while path not in upstream:  # a loop's sliced / stacked value: its loop's
+            if "." not in path:
+                return 0  # an input of the program
+            path = path.rsplit(".", 1)[0]
+        return upstream[path]
+
+    def moved(source: Any, plan: RedistributePlan, where: str, scope: str) -> int:
+        key = (source, plan.dst)
+        if prediction.search == "program" and source is not None and key in shared:
+            return shared[key]
+        after = before(source)
+        for step in plan.steps:
+            if step.collective not in _COMMUNICATING:
+                continue
+            kind = rules.compiled_kind(step.collective)
+            result.append(PlannedCollective(
+                kind, (step.axis,), _reduce_op(step), str(plan.dtype),
+                _result_bytes(kind, step.before, step.after, plan.shape, plan.dtype.itemsize), scope, where, after,
+            ))
+            after |= 1 << (len(result) - 1)
+        shared[key] = after
+        return after
+
+    for eqn in prediction.equations:
+        plans = eqn.signature.redistributions if eqn.signature is not None else ()
+        scope = _scope(eqn.path, loops)
+        bits = 0
+        for i in range(max(len(plans), len(eqn.sources))):
+            source = eqn.sources[i] if i < len(eqn.sources) else None
+            plan = plans[i] if i < len(plans) else None
+            bits |= before(source) if plan is None or plan.is_noop else moved(source, plan, eqn.path, scope)
+        upstream[eqn.path] = bits
+    for source, plan in extra:
+        moved(source, plan, "end", "")
+    return tuple(result)
+
+
+def _reduce_op(step: Any) -> str | None:
+    return getattr(step.src, "reduce_op", None) if step.collective in (ALL_REDUCE, REDUCE_SCATTER) else None
+
+
+def _result_bytes(kind: str, before: Layout, after: Layout, shape: tuple[int, ...], itemsize: int) -> int:
+    """Bytes of one device's (padded) result block: the gathered block of an all-gather,
+    the whole block of an all-reduce, the scattered one of a reduce-scatter."""
+    layout = before if kind == ALL_REDUCE else after
+    return itemsize * math.prod(-(-n // math.prod(layout.pieces(d))) for d, n in enumerate(shape))
+
+
+def _scope(path: str, loops: dict[str, str]) -> str:
+    """The computation an equation runs in: ``""`` (the program) or the body of its
+    innermost loop (``<loop>`` for a scan, ``<loop>.body`` / ``<loop>.cond`` for a while,
+    ``<loop>.b<k>`` for a cond's branch k). Calls are inlined, as XLA inlines them."""
+    parts = path.split(".")
+    for n in range(len(parts) - 1, 0, -1):
+        loop = ".".join(parts[:n])
+        kind = loops.get(loop)
+        if kind == "scan":
+            return loop
+        if kind == "while":
+            return f"{loop}.cond" if parts[n] == "cond" else f"{loop}.body"
+        if kind == "cond":
+            return f"{loop}.{parts[n]}" if parts[n].startswith("b") else loop
+    return ""

@@ -1,0 +1,160 @@
+"""XLA's collective combiner modelled on predictions (inference/combine.py): small programs
+whose compiled collectives are known, checked against the 8 CPU devices' XLA, and the
+combiner's rules on hand-made collectives (the GPU's thresholds)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+
+from placements2jax import InferenceError, Layout, init_device_mesh
+from placements2jax.inference import check, predict
+from placements2jax.inference.combine import PlannedCollective, combine, combiner_rules
+
+F32 = jnp.float32
+
+
+@pytest.fixture(scope="module")
+def mesh() -> Any:
+    return init_device_mesh((2, 4), ("dp", "tp"))
+
+
+def spec(mesh: Any, shape: tuple[int, ...], placements: str, dtype: Any = F32) -> tuple[Any, ...]:
+    return (shape, dtype, Layout.from_device_mesh(mesh)(placements))
+
+
+def replicated(mesh: Any) -> Layout:
+    return Layout.from_device_mesh(mesh)("R,R")
+
+
+def counts(report: Any) -> tuple[Counter[str], Counter[str], Counter[str]]:
+    """(predicted per operand, predicted after combining, compiled)."""
+    return report.predicted_counts, report.predicted_combined_counts, report.compiled_counts
+
+
+def all_reduces(report: Any) -> dict[tuple[str, ...], tuple[int, int, int, int]]:
+    """Per mesh axes: the all-reduces predicted, predicted after combining, compiled and
+    their operands (the planner may add other moves, e.g. reducing half a replicated
+    value over tp after a local slice on dp and gathering it back: fewer bytes)."""
+    return {c.axes: (c.predicted, c.combined, c.compiled, c.operands) for c in report.axis_checks
+            if c.kind == "all-reduce"}
+
+
+def test_independent_gradient_all_reduces_combine_into_one(mesh: Any) -> None:
+    """Two sums over the batch dim split on dp (as data-parallel gradients are): two
+    predicted all-reduces, independent, of one dtype on one mesh axis: XLA sends one
+    all-reduce of two operands, as modelled."""
+    out = Layout(mesh, ((),))
+    report = check(lambda a, b: (a.sum(0), b.sum(0)), spec(mesh, (8, 16), "S(0),R"), spec(mesh, (8, 16), "S(0),R"),
+                   out_layouts=(out, out))
+    assert counts(report) == ({"all-reduce": 2}, {"all-reduce": 1}, {"all-reduce": 1})
+    assert report.communication == "equal"
+    (row,) = [c for c in report.axis_checks if c.kind == "all-reduce"]
+    assert (row.axes, row.predicted, row.combined, row.compiled, row.operands) == (("dp",), 2, 1, 1, 2)
+    (merged,) = report.predicted_combined
+    assert len(merged.members) == 2 and "predicted combined" in str(report)
+    assert report.prediction.combined_counts == {"all-reduce": 1}
+
+
+def test_dependent_all_reduces_stay_apart(mesh: Any) -> None:
+    """The second sum needs the first's reduced value: XLA cannot combine them."""
+
+    def f(a: jax.Array, b: jax.Array) -> jax.Array:
+        return jnp.sum(b * jnp.sum(a, 1)[:, None], 1)
+
+    report = check(f, spec(mesh, (8, 8), "R,S(1)"), spec(mesh, (8, 8), "R,S(1)"), out_layouts=Layout(mesh, ((),)))
+    assert all_reduces(report) == {("tp",): (2, 2, 2, 2)}
+
+
+@pytest.mark.parametrize(
+    ("name", "fn", "second"),
+    [
+        ("other mesh axis", lambda a, b: (a.sum(1), b.sum(1)), "S(1),R"),
+        ("other dtype", lambda a, b: (a.sum(1), b.astype(jnp.int32).sum(1)), "R,S(1)"),
+        ("other reduction", lambda a, b: (a.sum(1), b.max(1)), "R,S(1)"),
+    ],
+)
+def test_all_reduces_of_another_key_stay_apart(mesh: Any, name: str, fn: Any, second: str) -> None:
+    """XLA's key: the replica groups (mesh axes), the element type and the reduction."""
+    out = Layout(mesh, ((),))
+    report = check(fn, spec(mesh, (8, 8), "R,S(1)"), spec(mesh, (8, 8), second), out_layouts=(out, out))
+    expected = {("dp",): (1, 1, 1, 1), ("tp",): (1, 1, 1, 1)} if name == "other mesh axis" else {("tp",): (2, 2, 2, 2)}
+    assert all_reduces(report) == expected, name
+
+
+def test_cpu_xla_combines_no_all_gathers(mesh: Any) -> None:
+    """CPU XLA runs only the all-reduce combiner: two independent all-gathers stay two."""
+    report = check(lambda a, b: (a * 2, b * 3), spec(mesh, (8, 8), "S(1),R"), spec(mesh, (8, 8), "S(1),R"),
+                   out_layouts=(replicated(mesh), replicated(mesh)))
+    assert counts(report) == ({"all-gather": 2}, {"all-gather": 2}, {"all-gather": 2})
+
+
+def test_a_reduce_scatter_combines_with_all_reduces_on_cpu(mesh: Any) -> None:
+    """CPU XLA forms no reduce-scatter: a predicted one is an all-reduce of the whole
+    block, which combines with an independent all-reduce of the same key."""
+    layouts = (Layout.from_device_mesh(mesh)("R,S(0)"), Layout(mesh, ((),)))
+    report = check(lambda a, b: (a.sum(1), b.sum(1)), spec(mesh, (8, 8, 4), "R,S(1)"),
+                   spec(mesh, (8, 8), "R,S(1)"), out_layouts=layouts)
+    assert report.prediction.collectives["reduce-scatter"] == 1 and report.prediction.collectives["all-reduce"] == 1
+    assert all_reduces(report) == {("tp",): (2, 1, 1, 2)}
+
+
+def test_a_loop_body_is_its_own_computation(mesh: Any) -> None:
+    """An all-reduce inside a scan's body and one outside it do not combine (XLA combines
+    within a computation); the body's runs once per iteration but is one collective."""
+
+    def f(a: jax.Array, xs: jax.Array) -> Any:
+        def body(c: jax.Array, x: jax.Array) -> Any:
+            return jnp.tanh(c + x.sum(0)), None
+
+        carry, _ = lax.scan(body, jnp.zeros(8), xs)
+        return a.sum(1), carry
+
+    out = Layout(mesh, ((),))
+    report = check(f, spec(mesh, (8, 8), "R,S(1)"), ((3, 4, 8), F32, Layout.from_device_mesh(mesh)("R,S(1)")),
+                   out_layouts=(out, out))
+    scopes = {c.scope for c in _planned(report) if c.kind == "all-reduce"}
+    assert scopes == {"", "1"}  # the scan is equation 1
+    assert all_reduces(report) == {("tp",): (2, 2, 2, 2)}
+
+
+def _planned(report: Any) -> Any:
+    from placements2jax.inference.combine import planned_collectives
+
+    return planned_collectives(report.prediction, combiner_rules("cpu"))
+
+
+def test_gpu_rules_combine_all_gathers_up_to_the_threshold() -> None:
+    """The GPU pipeline combines all-gathers (element types may differ), all-reduces of
+    one element type, up to 30 MiB + 7 bytes of results and 256 operands per collective."""
+    rules = combiner_rules("gpu")
+    mib = 1024 * 1024
+
+    def c(kind: str, nbytes: int, dtype: str = "float32", after: int = 0) -> PlannedCollective:
+        return PlannedCollective(kind, ("tp",), "sum" if kind == "all-reduce" else None, dtype, nbytes, "", "0", after)
+
+    gathers = [c("all-gather", 8), c("all-gather", 8, "bfloat16")]
+    assert [g.members for g in combine(gathers, rules)] == [(0, 1)]
+    assert len(combine(gathers, combiner_rules("cpu"))) == 2
+    big = [c("all-reduce", 20 * mib), c("all-reduce", 20 * mib), c("all-reduce", 5 * mib)]
+    assert [g.members for g in combine(big, rules)] == [(0,), (1, 2)]
+    assert len(combine(big, combiner_rules("cpu"))) == 1  # CPU: no byte limit
+    many = [c("all-reduce", 4) for _ in range(300)]
+    assert [len(g.members) for g in combine(many, rules)] == [256, 44]
+    typed = [c("all-reduce", 4), c("all-reduce", 4, "int32"), c("all-reduce", 4, after=1)]
+    assert [g.members for g in combine(typed, rules)] == [(0,), (1,), (2,)]
+    assert combiner_rules("tpu") == rules and combiner_rules("cuda") == rules
+
+
+def test_prediction_combines_for_a_given_backend(mesh: Any) -> None:
+    out = Layout(mesh, ((),))
+    prediction = predict(lambda a, b: (a.sum(0), b.sum(0)), spec(mesh, (8, 16), "S(0),R"),
+                         spec(mesh, (8, 16), "S(0),R"), out_layouts=(out, out))
+    assert [len(c.members) for c in prediction.combined("gpu")] == [2]
+    with pytest.raises(InferenceError, match="backend"):
+        prediction.combined("metal")
