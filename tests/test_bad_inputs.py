@@ -56,6 +56,7 @@ from placements2jax import (
     StridedShard,
     UnsupportedOpError,
     apply,
+    auto_plan,
     as_device_mesh,
     check,
     colwise,
@@ -73,6 +74,7 @@ from placements2jax import (
     parse_alias,
     parse_placement,
     parse_placements,
+    plan_figures,
     plan_layouts,
     plan_redistribute,
     plot,
@@ -158,6 +160,10 @@ def _ckpt(e: Any) -> str:
         e.checkpoint = tempfile.mkdtemp(prefix="p2j-bad-inputs-")
         placements2jax.save(e.checkpoint, {"w": e.dt}, step=0)
     return e.checkpoint
+
+
+def _tiny_step(params: Any, x: Any) -> Any:
+    return jax.tree.map(lambda w: w - 0.1 * x, params), jnp.sum(params["w"] * x)
 
 
 def _locals(e: Any, make: Callable[[int], Any]) -> dict[int, Any]:
@@ -1339,6 +1345,42 @@ CASES: list[Case] = [
         PlanError,
         "plan",
         lambda e: distribute_pytree({"w": e.x}, e.mesh, {"v": "R,R"}),
+    ),
+    # -- auto_plan / plan_figures -------------------------------------------------------------------------
+    _c(
+        "auto_plan: fixed path matching nothing",
+        "auto_plan",
+        PlanError,
+        "fixed",
+        lambda e: auto_plan(_tiny_step, {"w": e.x}, e.x, mesh=e.mesh, fixed={"args/7": "S(0),R"}),
+    ),
+    _c(
+        "auto_plan: memory budget too small for any plan",
+        "auto_plan",
+        PlanError,
+        "memory_budget",
+        lambda e: auto_plan(_tiny_step, {"w": e.x}, e.x, mesh=e.mesh, memory_budget=16),
+    ),
+    _c(
+        "auto_plan: memory budget not a number",
+        "auto_plan",
+        ArgumentTypeError,
+        "memory_budget",
+        lambda e: auto_plan(_tiny_step, {"w": e.x}, e.x, mesh=e.mesh, memory_budget="1GB"),
+    ),
+    _c(
+        "auto_plan: step not callable",
+        "auto_plan",
+        ArgumentTypeError,
+        "step_fn",
+        lambda e: auto_plan("train_step", {"w": e.x}, e.x, mesh=e.mesh),
+    ),
+    _c(
+        "plan_figures: bad rule in the plan",
+        "plan_figures",
+        PlacementError,
+        "plan['w']",
+        lambda e: plan_figures(_tiny_step, {"w": e.x}, e.x, mesh=e.mesh, plan={"w": "S(0),S(0)"}),
     ),
     _c(
         "distribute_pytree: bad placements in a rule",
