@@ -68,7 +68,7 @@ from .layout import Layout
 from .mesh import DeviceMesh, as_device_mesh
 from .parallelize import PlanLike, path_of, plan_layouts
 
-__all__ = ["AutoPlan", "PlanFigures", "auto_plan", "plan_figures"]
+__all__ = ["AutoPlan", "PlanFigures", "auto_plan", "example_mlp", "plan_figures"]
 
 DEFAULT_FLOPS_PER_BYTE = 1000.0
 DEFAULT_MAX_EVALUATIONS = 24
@@ -148,7 +148,7 @@ class AutoPlan(Mapping[str, Layout]):
         budget = "none" if self.memory_budget is None else f"{format_bytes(self.memory_budget)} B"
         return (
             f"auto plan on mesh {self.mesh.axis_names} {tuple(self.mesh.shape)} (memory budget {budget}; "
-            f"from seed {self.seed!r}, {self.evaluations} predictions, {self.seconds:.1f} s)\n"
+            f"from seed {self.seed!r}, {self.evaluations} predictions)\n"
             f"{rules}\n{self.comparison()}"
         )
 
@@ -666,3 +666,27 @@ def _check_ratio(value: Any) -> float:
         raise ArgumentTypeError("flops_per_byte", value, "expected a positive number",
                                 "pass e.g. 1000.0 (a device's FLOP/s over its link's bytes/s)")
     return float(value)
+
+
+def _mlp_step(params: Any, opt_state: Any, x: jax.Array, y: jax.Array) -> tuple[Any, Any, jax.Array]:
+    import optax
+
+    def loss(p: Any) -> jax.Array:
+        return jax.numpy.mean((jax.nn.gelu(x @ p["up"]) @ p["down"] - y) ** 2)
+
+    value, grads = jax.value_and_grad(loss)(params)
+    updates, opt_state = optax.adamw(1e-3).update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, value
+
+
+def example_mlp(dim: int = 64, hidden: int = 256, batch: int = 16) -> tuple[Any, ...]:
+    """A small problem for the docs and ``placements2jax plan
+    placements2jax.autoplan:example_mlp``: ``(step_fn, params, opt_state, x, y)``, an MLP's
+    adamw step with its arguments as ``jax.ShapeDtypeStruct``s (nothing allocated)."""
+    import optax
+
+    f32 = np.float32
+    params = {"up": jax.ShapeDtypeStruct((dim, hidden), f32), "down": jax.ShapeDtypeStruct((hidden, dim), f32)}
+    state = jax.eval_shape(optax.adamw(1e-3).init, params)
+    batch_struct = jax.ShapeDtypeStruct((batch, dim), f32)
+    return _mlp_step, params, state, batch_struct, batch_struct

@@ -1796,6 +1796,10 @@ CLI_CASES = [
         [*REDISTRIBUTE_R_R, "--dtype", "float128"],
         "--dtype 'float128'",
     ),
+    ("plan: module not found", ["plan", "no_such_module_p2j:problem", "--mesh", "dp=2,tp=4"], "model="),
+    ("plan: not module:function", ["plan", "no_such_module_p2j", "--mesh", "dp=2,tp=4"], "model"),
+    ("plan: fixed syntax", ["plan", "placements2jax.autoplan:example_mlp", "--mesh", "dp=2", "--fixed", "args/1"],
+     "--fixed"),
     ("shape syntax", ["explain", "--mesh", "dp=4", "--shape", "8,x", "--placements", "S(0)"], "--shape"),
     (
         "partial op",
