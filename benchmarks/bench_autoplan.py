@@ -1,0 +1,118 @@
+"""11. Auto-plan: auto_plan's searched plan vs the Megatron and FSDP presets (predicted bytes
+per step, memory per device) and the time to plan."""
+
+from __future__ import annotations
+
+import sys
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import jax
+from harness import Config, Section, Table, Target, progress
+
+from placements2jax import auto_plan, init_device_mesh, plan_figures
+from placements2jax.autoplan import example_mlp
+from placements2jax.inference.table import format_bytes
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tests/models
+
+FIXED = {"args/1": "S(0),R", "args/2": "S(0),R"}  # the batch split over the first mesh axis
+MESHES = (((2, 4), ("dp", "tp")), ((4, 2), ("dp", "tp")), ((8,), ("tp",)))
+TIME_LIMIT = 60.0  # seconds, the issue's bound for a 4-layer GPT-class step on dp=2 x tp=4
+
+
+def _problems(quick: bool) -> list[tuple[str, Any, tuple[Any, ...], Any]]:
+    """(name, step_fn, (params, *args) as ShapeDtypeStructs, megatron_plan(tp) or None)."""
+    if quick:
+        step, *args = example_mlp(32, 128, 16)
+        from placements2jax import colwise, rowwise
+
+        return [("MLP adamw step", step, tuple(args), lambda tp: {"up": colwise(tp), "down": rowwise(tp)})]
+    from models import common, gpt2, llama  # the test models, written as public model code
+
+    problems = []
+    for module, layers in ((gpt2, 4), (llama, 2)):
+        cfg = module.Config(layers=layers)
+        params = jax.eval_shape(lambda: module.init(jax.random.key(0), cfg))
+        state = jax.eval_shape(common.make_optimizer().init, params)
+        tokens = jax.ShapeDtypeStruct((4, cfg.seq), "int32")
+        extra = (jax.random.key(2),) if module is gpt2 else ()
+        name = f"{module.__name__.split('.')[-1]} ({layers} layers) adamw step"
+        problems.append((name, partial(module.train_step, cfg=cfg), (params, state, tokens, tokens, *extra),
+                         module.megatron_plan))
+    return problems
+
+
+def run(config: Config) -> Section:
+    section = Section(
+        "autoplan",
+        "11. Auto-plan vs the Megatron and FSDP presets",
+        """
+`auto_plan(step, params, opt_state, tokens, targets, mesh=..., fixed={batch: "S(0),R"},
+presets={"megatron": megatron_plan(tp)}, memory_budget=B)` searches every parameter's
+placements (optimizer state following) minimizing predicted communication + split compute,
+under a memory budget per device (docs/autoplan.md). Per model and mesh, the auto plan at
+the Megatron plan's memory as budget and at FSDP's (`fully_shard_layouts` over the first
+mesh axis), beside the presets' own figures, all predicted per device per step by
+`predict`'s whole-program search (bytes sent; memory = parameters + optimizer state +
+batch + the estimated peak of live intermediates). Time: wall-clock of one `auto_plan`
+call, cold (the first call on a model compiles nothing but traces and predicts; later calls
+reuse cached predictions). The models are tests/models' GPT-2 and Llama, tiny configs.
+""",
+    )
+    rows, plans, times = [], [], []
+    all_below = True
+    fits_tight = True
+    for name, step, args, megatron in _problems(config.quick):
+        meshes = MESHES[:1] if config.quick else MESHES
+        for shape, names in meshes:
+            mesh = init_device_mesh(shape, names)
+            tp = names[-1]
+            progress(f"  autoplan {name} on {shape}")
+            presets = {"megatron": megatron(tp)}
+            start = time.perf_counter()
+            meg = plan_figures(step, *args, mesh=mesh, plan=presets["megatron"], fixed=FIXED)
+            chosen = auto_plan(step, *args, mesh=mesh, fixed=FIXED, presets=presets, memory_budget=meg.memory)
+            seconds = time.perf_counter() - start
+            fsdp = chosen.presets["fsdp"]
+            at_fsdp = auto_plan(step, *args, mesh=mesh, fixed=FIXED, presets=presets, memory_budget=fsdp.memory)
+            times.append((name, shape, seconds, chosen.evaluations))
+            for label, result, preset in (("Megatron", chosen, meg), ("FSDP", at_fsdp, fsdp)):
+                below = result.figures.nbytes <= preset.nbytes
+                all_below &= below
+                rows.append((name, "x".join(map(str, shape)), f"{label}'s ({format_bytes(preset.memory)})",
+                             format_bytes(result.figures.nbytes), format_bytes(preset.nbytes),
+                             f"{result.figures.nbytes / preset.nbytes:.2f}", format_bytes(result.figures.memory),
+                             format_bytes(preset.memory)))
+            replicated = plan_figures(step, *args, mesh=mesh, plan={}, fixed=FIXED)
+            budget = min(meg.memory, fsdp.memory)
+            fits_tight &= chosen.figures.memory <= meg.memory and replicated.memory > budget
+            plans.append(f"{name} on {shape} (budget: Megatron's):\n\n```text\n{chosen}\n```")
+    section.tables.append(Table(
+        "Predicted per device per step: auto plan at a preset's memory budget vs that preset",
+        ("model", "mesh", "budget", "auto bytes", "preset bytes", "auto / preset", "auto memory", "preset memory"),
+        tuple(rows),
+    ))
+    section.tables.append(Table(
+        "Time to plan (one auto_plan call, cold)",
+        ("model", "mesh", "seconds", "predictions"),
+        tuple((n, "x".join(map(str, s)), f"{t:.1f}", e) for n, s, t, e in times),
+    ))
+    section.targets.append(Target(
+        "at a preset's memory budget, auto's predicted bytes <= the preset's",
+        f"{sum(1 for r in rows if float(r[5]) <= 1.0)} of {len(rows)} cases", "all", all_below,
+    ))
+    section.targets.append(Target(
+        "the auto plan fits the Megatron budget, which replication exceeds", "yes" if fits_tight else "no",
+        "every case", fits_tight,
+    ))
+    if not config.quick:
+        first = times[0]
+        section.targets.append(Target(
+            "auto_plan of a 4-layer GPT-2 step on dp=2 x tp=4 (2 shared cores)", f"{first[2]:.0f} s",
+            f"< {TIME_LIMIT:.0f} s", first[2] < TIME_LIMIT,
+        ))
+    section.notes.append("The chosen plans (at Megatron's budget):\n\n" + "\n\n".join(plans))
+    return section
