@@ -18,7 +18,13 @@ from placements2jax.inference.table import format_bytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tests/models
 
-FIXED = {"args/1": "S(0),R", "args/2": "S(0),R"}  # the batch split over the first mesh axis
+
+
+def _fixed(ndim: int) -> dict[str, str]:
+    """The batch (arguments 1 and 2) split over the first mesh axis."""
+    batch = ",".join(["S(0)", *["R"] * (ndim - 1)])
+    return {"args/1": batch, "args/2": batch}
+
 MESHES = (((2, 4), ("dp", "tp")), ((4, 2), ("dp", "tp")), ((8,), ("tp",)))
 TIME_LIMIT = 60.0  # seconds, the issue's bound for a 4-layer GPT-class step on dp=2 x tp=4
 
@@ -72,13 +78,16 @@ reuse cached predictions). The models are tests/models' GPT-2 and Llama, tiny co
             tp = names[-1]
             progress(f"  autoplan {name} on {shape}")
             presets = {"megatron": megatron(tp)}
+            fixed = _fixed(len(shape))
             start = time.perf_counter()
-            meg = plan_figures(step, *args, mesh=mesh, plan=presets["megatron"], fixed=FIXED)
-            chosen = auto_plan(step, *args, mesh=mesh, fixed=FIXED, presets=presets, memory_budget=meg.memory)
+            meg = plan_figures(step, *args, mesh=mesh, plan=presets["megatron"], fixed=fixed)
+            chosen = auto_plan(step, *args, mesh=mesh, fixed=fixed, presets=presets, memory_budget=meg.memory)
             seconds = time.perf_counter() - start
             fsdp = chosen.presets["fsdp"]
-            at_fsdp = auto_plan(step, *args, mesh=mesh, fixed=FIXED, presets=presets, memory_budget=fsdp.memory)
+            at_fsdp = auto_plan(step, *args, mesh=mesh, fixed=fixed, presets=presets, memory_budget=fsdp.memory)
             times.append((name, shape, seconds, chosen.evaluations))
+            progress(f"    {seconds:.0f} s, {chosen.evaluations} predictions; bytes auto {chosen.figures.nbytes:.0f} "
+                     f"megatron {meg.nbytes:.0f}; at FSDP's budget auto {at_fsdp.figures.nbytes:.0f} fsdp {fsdp.nbytes:.0f}")
             for label, result, preset in (("Megatron", chosen, meg), ("FSDP", at_fsdp, fsdp)):
                 below = result.figures.nbytes <= preset.nbytes
                 all_below &= below
@@ -86,7 +95,7 @@ reuse cached predictions). The models are tests/models' GPT-2 and Llama, tiny co
                              format_bytes(result.figures.nbytes), format_bytes(preset.nbytes),
                              f"{result.figures.nbytes / preset.nbytes:.2f}", format_bytes(result.figures.memory),
                              format_bytes(preset.memory)))
-            replicated = plan_figures(step, *args, mesh=mesh, plan={}, fixed=FIXED)
+            replicated = plan_figures(step, *args, mesh=mesh, plan={}, fixed=fixed)
             budget = min(meg.memory, fsdp.memory)
             fits_tight &= chosen.figures.memory <= meg.memory and replicated.memory > budget
             plans.append(f"{name} on {shape} (budget: Megatron's):\n\n```text\n{chosen}\n```")

@@ -58,7 +58,7 @@ import jax
 import numpy as np
 
 from .dtensor import is_dtensor
-from .errors import ArgumentTypeError, PlanError
+from .errors import ArgumentTypeError, Placements2JaxError, PlanError
 from .fsdp import fully_shard_layouts
 from .inference.cost import CostModelLike
 from .inference.jaxpr import CALL_JAXPR_PARAMS, Prediction, predict
@@ -250,8 +250,10 @@ class _Problem:
                 raise PlanError("fixed", regex, f"matches no parameter or argument path (paths: {shown})",
                                 "fix the regex: it must match a whole path, e.g. 'wte' or 'args/1'")
             for i in hits:
-                rules = plan_layouts({"x": self.leaves[i]}, self.mesh, {"x": value})
-                out[i] = rules["x"]
+                try:
+                    out[i] = plan_layouts({"x": self.leaves[i]}, self.mesh, {"x": value})["x"]
+                except Placements2JaxError as error:
+                    raise error.for_argument(f"fixed[{regex!r}]", value) from None
         return out
 
     def _stacked_inputs(self) -> set[int]:

@@ -1355,6 +1355,13 @@ CASES: list[Case] = [
         lambda e: auto_plan(_tiny_step, {"w": e.x}, e.x, mesh=e.mesh, fixed={"args/7": "S(0),R"}),
     ),
     _c(
+        "auto_plan: fixed placements for another mesh",
+        "auto_plan",
+        PlacementError,
+        "fixed['args/0']",
+        lambda e: auto_plan(_tiny_step, {"w": e.x}, e.x, mesh=e.mesh, fixed={"args/0": "S(0)"}),
+    ),
+    _c(
         "auto_plan: memory budget too small for any plan",
         "auto_plan",
         PlanError,
