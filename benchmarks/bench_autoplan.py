@@ -12,8 +12,8 @@ from typing import Any
 import jax
 from harness import Config, Section, Table, Target, progress
 
-from placements2jax import auto_plan, init_device_mesh, plan_figures
-from placements2jax.autoplan import example_mlp
+from placements2jax import auto_plan, check, init_device_mesh, plan_figures
+from placements2jax.autoplan import example_mlp, planned_inputs
 from placements2jax.inference.table import format_bytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tests/models
@@ -51,6 +51,26 @@ def _problems(quick: bool) -> list[tuple[str, Any, tuple[Any, ...], Any]]:
     return problems
 
 
+def _checked(name: str, step: Any, args: tuple[Any, ...], mesh: Any, plans: dict[str, Any], fixed: Any) -> Table:
+    """check (predicted vs XLA-compiled communication) of each plan of one case."""
+    rows = []
+    for label, plan in plans.items():
+        progress(f"  autoplan check {name} {label}")
+        inputs, out_layouts = planned_inputs(step, *args, mesh=mesh, plan=plan, fixed=fixed)
+        report = check(step, *inputs, out_layouts=out_layouts)
+        agree = sum(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
+        rows.append((label, f"{float(report.predicted_bytes) / 1000:.1f}", f"{float(report.compiled_bytes) / 1000:.1f}",
+                     f"{float(report.predicted_bytes / report.compiled_bytes):.2f}",
+                     sum(report.predicted_counts.values()), sum(report.compiled_counts.values()),
+                     f"{agree}/{len(report.outputs)}"))
+    return Table(
+        f"check of the plans against XLA: {name} on {'x'.join(map(str, mesh.shape))}",
+        ("plan", "predicted KB/device", "XLA KB/device", "predicted / XLA", "predicted collectives",
+         "XLA collectives", "outputs agreeing"),
+        tuple(rows),
+    )
+
+
 def run(config: Config) -> Section:
     section = Section(
         "autoplan",
@@ -68,7 +88,7 @@ call, cold (the first call on a model compiles nothing but traces and predicts; 
 reuse cached predictions). The models are tests/models' GPT-2 and Llama, tiny configs.
 """,
     )
-    rows, plans, times = [], [], []
+    rows, plans, times, checks = [], [], [], []
     all_below = True
     fits_tight = True
     for name, step, args, megatron in _problems(config.quick):
@@ -98,12 +118,15 @@ reuse cached predictions). The models are tests/models' GPT-2 and Llama, tiny co
             replicated = plan_figures(step, *args, mesh=mesh, plan={}, fixed=fixed)
             budget = min(meg.memory, fsdp.memory)
             fits_tight &= chosen.figures.memory <= meg.memory and replicated.memory > budget
+            checks.append((name, step, args, mesh, {"auto": chosen, "megatron": presets["megatron"]}, fixed))
             plans.append(f"{name} on {shape} (budget: Megatron's):\n\n```text\n{chosen}\n```")
     section.tables.append(Table(
         "Predicted per device per step: auto plan at a preset's memory budget vs that preset",
         ("model", "mesh", "budget", "auto bytes", "preset bytes", "auto / preset", "auto memory", "preset memory"),
         tuple(rows),
     ))
+    if not config.quick:
+        section.tables.append(_checked(*checks[0]))
     section.tables.append(Table(
         "Time to plan (one auto_plan call, cold)",
         ("model", "mesh", "seconds", "predictions"),

@@ -68,7 +68,7 @@ from .layout import Layout
 from .mesh import DeviceMesh, as_device_mesh
 from .parallelize import PlanLike, path_of, plan_layouts
 
-__all__ = ["AutoPlan", "PlanFigures", "auto_plan", "example_mlp", "plan_figures"]
+__all__ = ["AutoPlan", "PlanFigures", "auto_plan", "example_mlp", "plan_figures", "planned_inputs"]
 
 DEFAULT_FLOPS_PER_BYTE = 1000.0
 DEFAULT_MAX_EVALUATIONS = 24
@@ -536,6 +536,22 @@ def plan_figures(
     problem = _Problem(_check_fn(step_fn), params, args, mesh, fixed)
     evaluator = _Evaluator(problem, cost_model, _check_ratio(flops_per_byte))
     return evaluator(_from_plan(problem, plan))
+
+
+def planned_inputs(
+    step_fn: Callable[..., Any], params: Any, *args: Any, mesh: DeviceMesh, plan: PlanLike,
+    fixed: Mapping[str, Any] | None = None,
+) -> tuple[tuple[Any, ...], Any]:
+    """``((params, *args), out_layouts)`` as :func:`~placements2jax.predict` and
+    :func:`~placements2jax.check` take them for ``plan`` (an AutoPlan or any plan): array
+    leaves as TensorSpecs in their layouts (optimizer state following, ``fixed`` pinned,
+    an AutoPlan's ``args`` layouts kept), outputs shaped like an input keeping its layouts."""
+    mesh = as_device_mesh(mesh)
+    if isinstance(plan, AutoPlan):
+        fixed = {**{re.escape(k): v for k, v in plan.args.items()}, **(fixed or {})}
+    problem = _Problem(_check_fn(step_fn), params, args, mesh, fixed)
+    inputs = jax.tree.unflatten(problem.tree, problem.specs(problem.layouts_of(_from_plan(problem, plan))))
+    return inputs, problem.out_layouts(inputs)
 
 
 def _from_plan(problem: _Problem, plan: PlanLike) -> dict[int, Layout]:

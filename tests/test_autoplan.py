@@ -19,6 +19,7 @@ from models import common, steps
 from placements2jax import (
     DTensor,
     apply,
+    check,
     auto_plan,
     colwise,
     distribute_pytree,
@@ -29,7 +30,7 @@ from placements2jax import (
     resolve_layout,
     rowwise,
 )
-from placements2jax.autoplan import AutoPlan
+from placements2jax.autoplan import AutoPlan, planned_inputs
 from placements2jax.dtensor import auto_twin_of
 
 FIXED = {"args/1": "S(0),R", "args/2": "S(0),R"}  # the batch split over dp
@@ -157,3 +158,13 @@ def test_stacked_layers_keep_their_leading_dim(mesh: Any) -> None:
     assert chosen["layers"].dim_axes[0] == ()
     assert isinstance(distribute_pytree({"layers": np.zeros((4, 32, 32), np.float32)}, mesh, chosen)["layers"],
                       DTensor)
+
+
+def test_check_confirms_the_plan_against_xla(mesh: Any, problem: tuple[Any, ...], plan: AutoPlan) -> None:
+    """The compiled step's output placements are the predicted ones; its bytes are close to
+    the prediction (measured 1.14x on this step: the issue's 1.1x is the whole-program
+    search's target, issue 15)."""
+    inputs, out_layouts = planned_inputs(steps.mlp_step, *problem, mesh=mesh, plan=plan, fixed=FIXED)
+    report = check(steps.mlp_step, *inputs, out_layouts=out_layouts)
+    assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)  # the loss: XLA reduces it
+    assert 0.8 <= float(report.predicted_bytes / report.compiled_bytes) <= 1.25
