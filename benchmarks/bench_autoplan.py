@@ -107,7 +107,8 @@ reuse cached predictions). The models are tests/models' GPT-2 and Llama, tiny co
             at_fsdp = auto_plan(step, *args, mesh=mesh, fixed=fixed, presets=presets, memory_budget=fsdp.memory)
             times.append((name, shape, seconds, chosen.evaluations))
             progress(f"    {seconds:.0f} s, {chosen.evaluations} predictions; bytes auto {chosen.figures.nbytes:.0f} "
-                     f"megatron {meg.nbytes:.0f}; at FSDP's budget auto {at_fsdp.figures.nbytes:.0f} fsdp {fsdp.nbytes:.0f}")
+                     f"megatron {meg.nbytes:.0f}; at FSDP's budget auto {at_fsdp.figures.nbytes:.0f} "
+                     f"fsdp {fsdp.nbytes:.0f}")
             for label, result, preset in (("Megatron", chosen, meg), ("FSDP", at_fsdp, fsdp)):
                 below = result.figures.nbytes <= preset.nbytes
                 all_below &= below

@@ -36,7 +36,7 @@ its last use; outputs to the end; a scan body once). It overestimates what XLA's
 keeps (tests/test_autoplan.py states the tolerance against
 ``compiled.memory_analysis()``). Plans over ``memory_budget`` are rejected.
 
-**Search.** Seeds: replicate, FSDP (:func:`~placements2jax.fully_shard_layouts`) over
+**Search.** Seeds: replicate, FSDP (:func:`~placements2jax.fully_shard_layouts`'s rule) over
 the first mesh axis and over every axis, each preset and each preset fully sharded over
 the first axis; the cheapest that fits starts a first-improvement descent: moves that
 shard or replicate every leaf over one mesh axis, then moves of one leaf's placement on
@@ -59,7 +59,7 @@ import numpy as np
 
 from .dtensor import is_dtensor
 from .errors import ArgumentTypeError, Placements2JaxError, PlanError
-from .fsdp import fully_shard_layouts
+from .fsdp import _fully_sharded as fully_sharded  # FSDP's rule for one leaf
 from .inference.cost import CostModelLike
 from .inference.jaxpr import CALL_JAXPR_PARAMS, Prediction, predict
 from .inference.signature import TensorSpec
@@ -355,7 +355,8 @@ def _scanned_inputs(jaxpr: Any, inputs: Mapping[Any, int], found: set[int]) -> N
         if eqn.primitive.name == "scan":
             skip = eqn.params["num_consts"] + eqn.params["num_carry"]
             found.update(inputs[v] for v in eqn.invars[skip:] if not hasattr(v, "val") and v in inputs)
-        mapping = {iv: inputs[ov] for iv, ov in zip(inner.invars, eqn.invars) if not hasattr(ov, "val") and ov in inputs}
+        mapping = {iv: inputs[ov] for iv, ov in zip(inner.invars, eqn.invars)
+                   if not hasattr(ov, "val") and ov in inputs}
         if mapping:
             _scanned_inputs(inner, mapping, found)
 
@@ -395,20 +396,11 @@ def _candidates(leaf: _Leaf, layout: Layout) -> list[Layout]:
 
 
 def _sharded_over(leaf: _Leaf, layout: Layout, m: int) -> Layout:
-    """``layout`` split over mesh dim ``m`` too, on the largest dim it divides (FSDP's rule)."""
-    if any(m in axes for axes in layout.dim_axes):
-        return layout
-    best = None
-    for d, axes in enumerate(layout.dim_axes):
-        if leaf.stacked and d == 0:
-            continue
-        pieces = math.prod(layout.mesh.shape[a] for a in axes)
-        extent = leaf.shape[d] // pieces
-        if leaf.shape[d] % (pieces * layout.mesh.shape[m]) == 0 and (best is None or extent > best[1]):
-            best = (d, extent)
-    if best is None:
-        return layout
-    return Layout(layout.mesh, tuple(axes + (m,) if d == best[0] else axes for d, axes in enumerate(layout.dim_axes)))
+    """``layout`` split over mesh dim ``m`` too, by FSDP's rule (:mod:`.fsdp`: the largest
+    dim it divides, as the dim's minor axis), a stacked leaf's dim 0 excluded (its extent
+    given as 0, which FSDP's rule never picks)."""
+    shape = (0, *leaf.shape[1:]) if leaf.stacked else leaf.shape
+    return fully_sharded(layout, shape, m, leaf.path)
 
 
 def _replicated_over(layout: Layout, m: int) -> Layout:
