@@ -32,6 +32,7 @@ jax.config.update("jax_num_cpu_devices", 8)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the package next to the benchmarks
 
+import bench_autoplan
 import bench_communication
 import bench_distribute
 import bench_from_local
@@ -55,6 +56,7 @@ BENCHMARKS = {
     "loss": bench_loss,
     "from_local": bench_from_local,
     "fsdp": bench_fsdp,
+    "autoplan": bench_autoplan,
 }
 
 ROOT = Path(__file__).resolve().parent.parent

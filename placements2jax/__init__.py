@@ -68,6 +68,7 @@ from .placements import (
     parse_placements,
 )
 from .training import mixed_precision, model_arrays
+from .autoplan import auto_plan, plan_figures
 from .visualize import plot, print_layout, visualize
 
 from .version import __version__
@@ -102,6 +103,7 @@ __all__ = [
     "Signature",
     "UnsupportedOpError",
     "apply",
+    "auto_plan",
     "as_device_mesh",
     "check",
     "clear_caches",
@@ -132,6 +134,7 @@ __all__ = [
     "parse_alias",
     "parse_placement",
     "parse_placements",
+    "plan_figures",
     "plan_layouts",
     "plan_redistribute",
     "plot",

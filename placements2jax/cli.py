@@ -2,7 +2,8 @@
 
 Commands: ``explain`` (a layout's tensor_map, PartitionSpec, per-rank blocks and
 picture), ``redistribute`` (the planned steps of a move, their collectives and costs,
-and the collectives XLA compiled), ``train`` (the main job of ``make demo``: a GPT-style LM trained sharded) and
+and the collectives XLA compiled), ``plan`` (auto_plan of a training step given as
+``module:function``), ``train`` (the main job of ``make demo``: a GPT-style LM trained sharded) and
 ``demo`` (the layout demo: a tensor-parallel MLP step by step). Bad arguments print one line on stderr and
 exit with code 2. See docs/cli.md.
 """
@@ -10,6 +11,7 @@ exit with code 2. See docs/cli.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -26,7 +28,7 @@ import numpy as np
 
 from .dtensor import distribute_tensor, redistribute_collectives
 from .display import collective_axes
-from .errors import MeshError, PlacementError, Placements2JaxError, RedistributeError, ShapeError
+from .errors import MeshError, PlacementError, Placements2JaxError, PlanError, RedistributeError, ShapeError
 from .hlo import Collective
 from .physical import physical
 from .schedules import choose, default_policy
@@ -45,6 +47,7 @@ __all__ = [
     "build_parser",
     "differences",
     "explain",
+    "auto_plan_text",
     "main",
     "parse_axis_weights",
     "parse_dtype",
@@ -131,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     _add_explain(commands)
     _add_redistribute(commands)
+    _add_plan(commands)
     demo_parser = commands.add_parser(
         "demo",
         help="the layout demo: placements table, then a tensor-parallel MLP with DTensor operators",
@@ -227,6 +231,108 @@ def _add_redistribute(commands: Any) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
+def _add_plan(commands: Any) -> None:
+    parser = commands.add_parser(
+        "plan",
+        help="search the placements of a training step's parameters (auto_plan)",
+        description="auto_plan of a training step: MODEL is module:function, a function of no arguments "
+        "returning (step_fn, params, *args) (arrays or jax.ShapeDtypeStructs). Prints the chosen plan (path -> "
+        "placements) and its predicted bytes per step and memory per device beside FSDP's and the presets'. "
+        "See docs/autoplan.md.",
+        epilog="examples:\n"
+        "  placements2jax plan placements2jax.autoplan:example_mlp --mesh dp=2,tp=4 --fixed args/1=S(0),R "
+        "--fixed args/2=S(0),R\n"
+        "  placements2jax plan mymodel:problem --mesh dp=2,tp=4 --memory-budget 2000000 "
+        "--preset megatron=mymodel:megatron_plan --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("model", type=parse_target, help="module:function returning (step_fn, params, *args)")
+    parser.add_argument("--mesh", required=True, type=parse_mesh, help="mesh axes as name=size, e.g. dp=2,tp=4")
+    parser.add_argument("--memory-budget", type=_positive_int, default=None, help="bytes per device (default: none)")
+    parser.add_argument(
+        "--fixed", type=parse_pinned, action="append", default=None,
+        help="pin a leaf: PATH=PLACEMENTS, e.g. args/1=S(0),R (repeatable)",
+    )
+    parser.add_argument(
+        "--preset", type=parse_preset, action="append", default=None,
+        help="a plan to compare with and start from: NAME=module:function returning the plan (repeatable)",
+    )
+    parser.add_argument("--max-evaluations", type=_positive_int, default=24, help="predictions at most (24)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def parse_target(text: str) -> str:
+    """``"package.module:function"``, checked for its form (imported when the command runs)."""
+    if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", text):
+        raise argparse.ArgumentTypeError(
+            f"model {text!r}: not module:function. Fix: write e.g. placements2jax.autoplan:example_mlp"
+        )
+    return text
+
+
+def parse_pinned(text: str) -> tuple[str, str]:
+    """``"args/1=S(0),R"`` -> ("args/1", "S(0),R")."""
+    path, sep, placements = text.partition("=")
+    if not sep or not path.strip() or not placements.strip():
+        raise argparse.ArgumentTypeError(f"--fixed {text!r}: not PATH=PLACEMENTS. Fix: write e.g. args/1=S(0),R")
+    return path.strip(), placements.strip()
+
+
+def parse_preset(text: str) -> tuple[str, str]:
+    """``"megatron=mymodel:megatron_plan"`` -> ("megatron", "mymodel:megatron_plan")."""
+    name, sep, target = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(
+            f"--preset {text!r}: not NAME=module:function. Fix: write e.g. megatron=mymodel:megatron_plan"
+        )
+    return name.strip(), parse_target(target.strip())
+
+
+def _load_target(text: str, argument: str) -> Any:
+    import importlib
+
+    module_name, _, attribute = text.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise PlanError(argument, text, f"cannot import {module_name!r} ({error})",
+                        "put the module on PYTHONPATH, or run from its directory") from None
+    target = getattr(module, attribute, None)
+    if not callable(target):
+        raise PlanError(argument, text, f"module {module_name!r} has no function {attribute!r}",
+                        f"name a function of {module_name} returning what the command needs")
+    return target
+
+
+def auto_plan_text(
+    model: str, mesh: DeviceMesh, *, memory_budget: int | None = None, fixed: Sequence[tuple[str, str]] | None = None,
+    presets: Sequence[tuple[str, str]] | None = None, max_evaluations: int = 24, as_json: bool = False,
+) -> str:
+    """``placements2jax plan``: :func:`~placements2jax.auto_plan` of the step ``model``
+    (``module:function`` returning ``(step_fn, params, *args)``) on ``mesh``."""
+    from .autoplan import auto_plan
+
+    problem = _load_target(model, "model")()
+    if not isinstance(problem, (tuple, list)) or len(problem) < 2 or not callable(problem[0]):
+        raise PlanError("model", model, "its function must return (step_fn, params, *args)",
+                        "return e.g. (train_step, params, opt_state, tokens, targets)")
+    plans = {name: _load_target(target, f"--preset {name}")() for name, target in presets or ()}
+    chosen = auto_plan(problem[0], *problem[1:], mesh=mesh, memory_budget=memory_budget,
+                       fixed=dict(fixed) if fixed else None, presets=plans, max_evaluations=max_evaluations)
+    if not as_json:
+        return str(chosen)
+    figures = {"auto": chosen.figures, **chosen.presets}
+    return _json({
+        "mesh": _mesh_summary(mesh),
+        "plan": chosen.torch_form(),
+        "args": {k: str(v) for k, v in chosen.args.items()},
+        "fixed": list(chosen.fixed),
+        "memory_budget": chosen.memory_budget,
+        "evaluations": chosen.evaluations,
+        "figures": {name: {**dataclasses.asdict(f), "memory": f.memory} for name, f in figures.items()},
+    })
+
+
 def _start_mesh(
     mesh: tuple[tuple[str, ...] | None, tuple[int, ...]], start_jax: Callable[[int], None] | None
 ) -> DeviceMesh:
@@ -278,6 +384,10 @@ def main(argv: Sequence[str] | None = None, *, start_jax: Callable[[int], None] 
                     as_json=args.json,
                 )
             )
+        elif args.command == "plan":
+            mesh = _start_mesh(args.mesh, start_jax)
+            print(auto_plan_text(args.model, mesh, memory_budget=args.memory_budget, fixed=args.fixed,
+                                 presets=args.preset, max_evaluations=args.max_evaluations, as_json=args.json))
         elif args.command == "train":
             if start_jax is not None:
                 start_jax(8)

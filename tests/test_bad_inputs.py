@@ -56,6 +56,7 @@ from placements2jax import (
     StridedShard,
     UnsupportedOpError,
     apply,
+    auto_plan,
     as_device_mesh,
     check,
     colwise,
@@ -73,6 +74,7 @@ from placements2jax import (
     parse_alias,
     parse_placement,
     parse_placements,
+    plan_figures,
     plan_layouts,
     plan_redistribute,
     plot,
@@ -158,6 +160,10 @@ def _ckpt(e: Any) -> str:
         e.checkpoint = tempfile.mkdtemp(prefix="p2j-bad-inputs-")
         placements2jax.save(e.checkpoint, {"w": e.dt}, step=0)
     return e.checkpoint
+
+
+def _tiny_step(params: Any, x: Any) -> Any:
+    return jax.tree.map(lambda w: w - 0.1 * x, params), jnp.sum(params["w"] * x)
 
 
 def _locals(e: Any, make: Callable[[int], Any]) -> dict[int, Any]:
@@ -1354,6 +1360,49 @@ CASES: list[Case] = [
         "plan",
         lambda e: distribute_pytree({"w": e.x}, e.mesh, {"v": "R,R"}),
     ),
+    # -- auto_plan / plan_figures -------------------------------------------------------------------------
+    _c(
+        "auto_plan: fixed path matching nothing",
+        "auto_plan",
+        PlanError,
+        "fixed",
+        lambda e: auto_plan(_tiny_step, {"w": e.x}, e.x, mesh=e.mesh, fixed={"args/7": "S(0),R"}),
+    ),
+    _c(
+        "auto_plan: fixed placements for another mesh",
+        "auto_plan",
+        PlacementError,
+        "fixed['args/0']",
+        lambda e: auto_plan(_tiny_step, {"w": e.x}, e.x, mesh=e.mesh, fixed={"args/0": "S(0)"}),
+    ),
+    _c(
+        "auto_plan: memory budget too small for any plan",
+        "auto_plan",
+        PlanError,
+        "memory_budget",
+        lambda e: auto_plan(_tiny_step, {"w": e.x}, e.x, mesh=e.mesh, memory_budget=16),
+    ),
+    _c(
+        "auto_plan: memory budget not a number",
+        "auto_plan",
+        ArgumentTypeError,
+        "memory_budget",
+        lambda e: auto_plan(_tiny_step, {"w": e.x}, e.x, mesh=e.mesh, memory_budget="1GB"),
+    ),
+    _c(
+        "auto_plan: step not callable",
+        "auto_plan",
+        ArgumentTypeError,
+        "step_fn",
+        lambda e: auto_plan("train_step", {"w": e.x}, e.x, mesh=e.mesh),
+    ),
+    _c(
+        "plan_figures: bad rule in the plan",
+        "plan_figures",
+        PlacementError,
+        "plan['w']",
+        lambda e: plan_figures(_tiny_step, {"w": e.x}, e.x, mesh=e.mesh, plan={"w": "S(0),S(0)"}),
+    ),
     _c(
         "distribute_pytree: bad placements in a rule",
         "distribute_pytree",
@@ -1768,6 +1817,10 @@ CLI_CASES = [
         [*REDISTRIBUTE_R_R, "--dtype", "float128"],
         "--dtype 'float128'",
     ),
+    ("plan: module not found", ["plan", "no_such_module_p2j:problem", "--mesh", "dp=2,tp=4"], "model="),
+    ("plan: not module:function", ["plan", "no_such_module_p2j", "--mesh", "dp=2,tp=4"], "model"),
+    ("plan: fixed syntax", ["plan", "placements2jax.autoplan:example_mlp", "--mesh", "dp=2", "--fixed", "args/1"],
+     "--fixed"),
     ("shape syntax", ["explain", "--mesh", "dp=4", "--shape", "8,x", "--placements", "S(0)"], "--shape"),
     (
         "partial op",

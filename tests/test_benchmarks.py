@@ -22,6 +22,7 @@ SECTIONS = (
     "8. Vocabulary-parallel cross-entropy",
     "9. from_local vs make_array_from_single_device_arrays",
     "10. FSDP (fully_shard) vs replicated data parallelism vs plain JAX",
+    "11. Auto-plan vs the Megatron and FSDP presets",
 )
 
 

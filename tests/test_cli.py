@@ -371,3 +371,25 @@ def test_fuzzed_arguments_exit_0_or_2_with_one_line(argv: list[str]) -> None:
         assert err.getvalue().startswith("placements2jax"), (argv, err.getvalue())
     else:
         assert err.getvalue() == "", (argv, err.getvalue())
+
+
+PLAN = ["plan", "placements2jax.autoplan:example_mlp", "--mesh", "dp=2,tp=4", "--fixed", "args/1=S(0),R",
+        "--fixed", "args/2=S(0),R", "--max-evaluations", "6"]
+
+
+def test_plan_prints_the_plan_and_the_presets(capsys: pytest.CaptureFixture[str]) -> None:
+    from placements2jax import auto_plan, init_device_mesh
+    from placements2jax.autoplan import example_mlp
+
+    assert main([*PLAN, "--preset", "tp=placements2jax.autoplan:example_mlp_tp_plan"]) == 2
+    assert "no function 'example_mlp_tp_plan'" in capsys.readouterr().err
+    assert main(PLAN) == 0
+    text = capsys.readouterr().out
+    chosen = auto_plan(*example_mlp(), mesh=init_device_mesh((2, 4), ("dp", "tp")),
+                       fixed={"args/1": "S(0),R", "args/2": "S(0),R"}, max_evaluations=6)
+    assert text.rstrip() == str(chosen)
+    assert main([*PLAN, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["plan"] == chosen.torch_form() and report["args"]["args/1"] == "S(0),R"
+    assert report["figures"]["auto"]["nbytes"] == chosen.figures.nbytes
+    assert set(report["figures"]) == {"auto", "fsdp"}

@@ -24,7 +24,8 @@ pytest.importorskip("ipykernel")
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 KERNEL = "placements2jax-venv"
 # Optional extras a notebook imports.
-NEEDS = {"01_quickstart.ipynb": ("matplotlib",), "02_cross_check_torch.ipynb": ("torch",)}
+NEEDS = {"01_quickstart.ipynb": ("matplotlib",), "02_cross_check_torch.ipynb": ("torch",),
+         "04_auto_plan.ipynb": ("matplotlib", "optax")}
 CELL_TIMEOUT = 120
 
 
@@ -78,6 +79,7 @@ def test_notebooks_are_there() -> None:
         "01_quickstart.ipynb",
         "02_cross_check_torch.ipynb",
         "03_inference.ipynb",
+        "04_auto_plan.ipynb",
     ]
 
 

@@ -1,0 +1,151 @@
+"""11. Auto-plan: auto_plan's searched plan vs the Megatron and FSDP presets (predicted bytes
+per step, memory per device) and the time to plan."""
+
+from __future__ import annotations
+
+import sys
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import jax
+from harness import Config, Section, Table, Target, progress
+
+from placements2jax import auto_plan, check, init_device_mesh, plan_figures
+from placements2jax.autoplan import example_mlp, planned_inputs
+from placements2jax.inference.table import format_bytes
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tests/models
+
+
+
+def _fixed(ndim: int) -> dict[str, str]:
+    """The batch (arguments 1 and 2) split over the first mesh axis."""
+    batch = ",".join(["S(0)", *["R"] * (ndim - 1)])
+    return {"args/1": batch, "args/2": batch}
+
+MESHES = (((2, 4), ("dp", "tp")), ((4, 2), ("dp", "tp")), ((8,), ("tp",)))
+TIME_LIMIT = 60.0  # seconds, the issue's bound for a 4-layer GPT-class step on dp=2 x tp=4
+
+
+def _problems(quick: bool) -> list[tuple[str, Any, tuple[Any, ...], Any]]:
+    """(name, step_fn, (params, *args) as ShapeDtypeStructs, megatron_plan(tp) or None)."""
+    if quick:
+        step, *args = example_mlp(32, 128, 16)
+        from placements2jax import colwise, rowwise
+
+        return [("MLP adamw step", step, tuple(args), lambda tp: {"up": colwise(tp), "down": rowwise(tp)})]
+    from models import common, gpt2, llama  # the test models, written as public model code
+
+    problems = []
+    for module, layers in ((gpt2, 4), (llama, 2)):
+        cfg = module.Config(layers=layers)
+        params = jax.eval_shape(lambda: module.init(jax.random.key(0), cfg))
+        state = jax.eval_shape(common.make_optimizer().init, params)
+        tokens = jax.ShapeDtypeStruct((4, cfg.seq), "int32")
+        extra = (jax.random.key(2),) if module is gpt2 else ()
+        name = f"{module.__name__.split('.')[-1]} ({layers} layers) adamw step"
+        problems.append((name, partial(module.train_step, cfg=cfg), (params, state, tokens, tokens, *extra),
+                         module.megatron_plan))
+    return problems
+
+
+def _checked(name: str, step: Any, args: tuple[Any, ...], mesh: Any, plans: dict[str, Any], fixed: Any) -> Table:
+    """check (predicted vs XLA-compiled communication) of each plan of one case."""
+    rows = []
+    for label, plan in plans.items():
+        progress(f"  autoplan check {name} {label}")
+        inputs, out_layouts = planned_inputs(step, *args, mesh=mesh, plan=plan, fixed=fixed)
+        report = check(step, *inputs, out_layouts=out_layouts)
+        agree = sum(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
+        rows.append((label, f"{float(report.predicted_bytes) / 1000:.1f}", f"{float(report.compiled_bytes) / 1000:.1f}",
+                     f"{float(report.predicted_bytes / report.compiled_bytes):.2f}",
+                     sum(report.predicted_counts.values()), sum(report.compiled_counts.values()),
+                     f"{agree}/{len(report.outputs)}"))
+    return Table(
+        f"check of the plans against XLA: {name} on {'x'.join(map(str, mesh.shape))}",
+        ("plan", "predicted KB/device", "XLA KB/device", "predicted / XLA", "predicted collectives",
+         "XLA collectives", "outputs agreeing"),
+        tuple(rows),
+    )
+
+
+def run(config: Config) -> Section:
+    section = Section(
+        "autoplan",
+        "11. Auto-plan vs the Megatron and FSDP presets",
+        """
+`auto_plan(step, params, opt_state, tokens, targets, mesh=..., fixed={batch: "S(0),R"},
+presets={"megatron": megatron_plan(tp)}, memory_budget=B)` searches every parameter's
+placements (optimizer state following) minimizing predicted communication + split compute,
+under a memory budget per device (docs/autoplan.md). Per model and mesh, the auto plan at
+the Megatron plan's memory as budget and at FSDP's (`fully_shard_layouts` over the first
+mesh axis), beside the presets' own figures, all predicted per device per step by
+`predict`'s whole-program search (bytes sent; memory = parameters + optimizer state +
+batch + the estimated peak of live intermediates). Time: wall-clock of one `auto_plan`
+call, cold (the first call on a model compiles nothing but traces and predicts; later calls
+reuse cached predictions). The models are tests/models' GPT-2 and Llama, tiny configs.
+""",
+    )
+    rows, plans, times, checks = [], [], [], []
+    all_below = True
+    fits_tight = True
+    for name, step, args, megatron in _problems(config.quick):
+        meshes = MESHES[:1] if config.quick else MESHES
+        for shape, names in meshes:
+            mesh = init_device_mesh(shape, names)
+            tp = names[-1]
+            progress(f"  autoplan {name} on {shape}")
+            presets = {"megatron": megatron(tp)}
+            fixed = _fixed(len(shape))
+            start = time.perf_counter()
+            meg = plan_figures(step, *args, mesh=mesh, plan=presets["megatron"], fixed=fixed)
+            chosen = auto_plan(step, *args, mesh=mesh, fixed=fixed, presets=presets, memory_budget=meg.memory)
+            seconds = time.perf_counter() - start
+            fsdp = chosen.presets["fsdp"]
+            at_fsdp = auto_plan(step, *args, mesh=mesh, fixed=fixed, presets=presets, memory_budget=fsdp.memory)
+            times.append((name, shape, seconds, chosen.evaluations))
+            progress(f"    {seconds:.0f} s, {chosen.evaluations} predictions; bytes auto {chosen.figures.nbytes:.0f} "
+                     f"megatron {meg.nbytes:.0f}; at FSDP's budget auto {at_fsdp.figures.nbytes:.0f} "
+                     f"fsdp {fsdp.nbytes:.0f}")
+            for label, result, preset in (("Megatron", chosen, meg), ("FSDP", at_fsdp, fsdp)):
+                below = result.figures.nbytes <= preset.nbytes
+                all_below &= below
+                rows.append((name, "x".join(map(str, shape)), f"{label}'s ({format_bytes(preset.memory)})",
+                             format_bytes(result.figures.nbytes), format_bytes(preset.nbytes),
+                             f"{result.figures.nbytes / preset.nbytes:.2f}", format_bytes(result.figures.memory),
+                             format_bytes(preset.memory)))
+            replicated = plan_figures(step, *args, mesh=mesh, plan={}, fixed=fixed)
+            budget = min(meg.memory, fsdp.memory)
+            fits_tight &= chosen.figures.memory <= meg.memory and replicated.memory > budget
+            checks.append((name, step, args, mesh, {"auto": chosen, "megatron": presets["megatron"]}, fixed))
+            plans.append(f"{name} on {shape} (budget: Megatron's):\n\n```text\n{chosen}\n```")
+    section.tables.append(Table(
+        "Predicted per device per step: auto plan at a preset's memory budget vs that preset",
+        ("model", "mesh", "budget", "auto bytes", "preset bytes", "auto / preset", "auto memory", "preset memory"),
+        tuple(rows),
+    ))
+    if not config.quick:
+        section.tables.append(_checked(*checks[0]))
+    section.tables.append(Table(
+        "Time to plan (one auto_plan call, cold)",
+        ("model", "mesh", "seconds", "predictions"),
+        tuple((n, "x".join(map(str, s)), f"{t:.1f}", e) for n, s, t, e in times),
+    ))
+    section.targets.append(Target(
+        "at a preset's memory budget, auto's predicted bytes <= the preset's",
+        f"{sum(1 for r in rows if float(r[5]) <= 1.0)} of {len(rows)} cases", "all", all_below,
+    ))
+    section.targets.append(Target(
+        "the auto plan fits the Megatron budget, which replication exceeds", "yes" if fits_tight else "no",
+        "every case", fits_tight,
+    ))
+    if not config.quick:
+        first = times[0]
+        section.targets.append(Target(
+            "auto_plan of a 4-layer GPT-2 step on dp=2 x tp=4 (2 shared cores)", f"{first[2]:.0f} s",
+            f"< {TIME_LIMIT:.0f} s", first[2] < TIME_LIMIT,
+        ))
+    section.notes.append("The chosen plans (at Megatron's budget):\n\n" + "\n\n".join(plans))
+    return section

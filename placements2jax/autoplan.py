@@ -1,0 +1,702 @@
+"""Auto-plan: search the placements of a whole model's parameters (OneFlow's auto-parallel,
+Alpa's intra-operator pass, for torch-style placements).
+
+``auto_plan(step_fn, params, *args, mesh=...)`` returns the plan a user would otherwise
+write by hand for :func:`~placements2jax.distribute_pytree`: path regex -> placements,
+printed in torch form, with its predicted figures and those of the presets beside it:
+
+    plan = auto_plan(train_step, params, opt_state, tokens, targets, mesh=mesh,
+                     fixed={"args/1": "S(0),R", "args/2": "S(0),R"},   # the batch on dp
+                     presets={"megatron": megatron_plan()})
+    print(plan)                                   # rules, bytes per step, memory per device
+    params = distribute_pytree(params, mesh, plan)
+
+**What is searched.** Every array leaf of ``params`` (and of ``args``, unless ``fixed=``
+pins it) gets one layout; optimizer state follows: a subtree of ``args`` shaped like
+``params`` (Adam's ``mu`` and ``nu``) takes the parameters' layouts, its other leaves (step
+counts) are Replicate, as torch's optimizer state follows DTensor parameters. Outputs of
+``step_fn`` shaped like ``params`` or like an argument keep that argument's layouts
+(updated parameters and state). A leaf's candidates split each mesh axis over one of its
+dims (evenly) or none; a leaf scanned over by ``lax.scan`` (stacked layers) keeps its
+leading dim whole.
+
+**Objective**: predicted cost per step = the whole-program prediction's communication
+(:func:`~placements2jax.inference.predict`, weighted bytes per device, with its
+search choosing every intermediate's layout) + compute: every equation's FLOPs (2 M N K
+for a matmul, its largest operand's size otherwise; a scan body's times its length)
+divided by how many ways its output layout splits the work (mesh dims splitting an
+output dim or making it Partial), divided by ``flops_per_byte`` (a device's FLOPs per
+byte of interconnect; 1000 is an A100's 312 TFLOP/s over NVLink's 300 GB/s). So
+replicating the work never wins for free.
+
+**Memory per device**: parameters + optimizer state + other arguments (their local
+shards) + the largest set of intermediates alive at once, walking the predicted program
+in order (each value's local bytes under its predicted layout, alive from its equation to
+its last use; outputs to the end; a scan body once). It overestimates what XLA's fusion
+keeps (tests/test_autoplan.py states the tolerance against
+``compiled.memory_analysis()``). Plans over ``memory_budget`` are rejected.
+
+**Search.** Seeds: replicate, FSDP (:func:`~placements2jax.fully_shard_layouts`'s rule) over
+the first mesh axis and over every axis, each preset and each preset fully sharded over
+the first axis; the cheapest that fits starts a first-improvement descent: moves that
+shard or replicate every leaf over one mesh axis, then moves of one leaf's placement on
+one mesh axis, largest leaves first, until ``max_evaluations`` predictions. Each
+prediction is cached per input layouts; the search is deterministic (fixed move order,
+ties keep the earlier plan).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+
+from .dtensor import is_dtensor
+from .errors import ArgumentTypeError, Placements2JaxError, PlanError
+from .fsdp import _fully_sharded as fully_sharded  # FSDP's rule for one leaf
+from .inference.cost import CostModelLike
+from .inference.jaxpr import CALL_JAXPR_PARAMS, Prediction, predict
+from .inference.signature import TensorSpec
+from .inference.table import format_bytes, format_table
+from .layout import Layout
+from .mesh import DeviceMesh, as_device_mesh
+from .parallelize import PlanLike, path_of, plan_layouts
+
+__all__ = ["AutoPlan", "PlanFigures", "auto_plan", "example_mlp", "plan_figures", "planned_inputs"]
+
+DEFAULT_FLOPS_PER_BYTE = 1000.0
+DEFAULT_MAX_EVALUATIONS = 24
+
+
+@dataclass(frozen=True)
+class PlanFigures:
+    """A plan's predicted figures per device and per step: communication (``nbytes``
+    sent, ``cost`` weighted by the cost model, ``collectives``), compute (``flops`` after
+    splitting) and memory (``params``, ``state``, other ``args``, peak ``activations``,
+    bytes). ``objective`` is what auto_plan minimizes."""
+
+    nbytes: float
+    cost: float
+    collectives: int
+    flops: float
+    params: int
+    state: int
+    args: int
+    activations: int
+    objective: float
+
+    @property
+    def memory(self) -> int:
+        """Bytes per device: parameters + optimizer state + arguments + activations."""
+        return self.params + self.state + self.args + self.activations
+
+
+@dataclass(frozen=True)
+class AutoPlan(Mapping[str, Layout]):
+    """The plan auto_plan chose: a mapping path regex -> Layout of the parameters (so it
+    is itself a plan :func:`~placements2jax.distribute_pytree` takes), the layouts of the
+    other arguments' array leaves (``args``: path -> Layout), its :class:`PlanFigures`, the
+    presets' figures for comparison, the memory budget and the search's effort."""
+
+    mesh: DeviceMesh
+    rules: dict[str, Layout]
+    args: dict[str, Layout]  # the other arguments' searched or fixed leaves ("args/1": the batch)
+    figures: PlanFigures
+    presets: dict[str, PlanFigures]
+    memory_budget: int | None
+    seed: str
+    evaluations: int
+    seconds: float
+    fixed: tuple[str, ...] = field(default=())  # paths of the leaves pinned by ``fixed=``
+
+    def __getitem__(self, key: str) -> Layout:
+        return self.rules[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.rules)
+
+    def __len__(self) -> int:
+        return len(self.rules)
+
+    def torch_form(self) -> dict[str, str]:
+        """The rules as a plan literal of text: torch form (``"S(0),R"``), or the alias form
+        (``"None,(tp,dp)"``) for a dim split by two mesh dims (str() of a Layout, which
+        distribute_pytree parses back)."""
+        return {k: str(v) for k, v in self.rules.items()}
+
+    def comparison(self) -> str:
+        """A table: this plan and every preset, per device per step."""
+        budget = self.memory_budget
+        rows = []
+        for name, f in [("auto", self.figures), *self.presets.items()]:
+            fits = "" if budget is None else ("yes" if f.memory <= budget else "no")
+            rows.append((name, format_bytes(f.nbytes), f.collectives, f"{f.flops:.3g}", format_bytes(f.memory),
+                         format_bytes(f.activations), fits, f"{f.objective:.4g}"))
+        headers = ("plan", "bytes/step", "collectives", "flops", "memory/device", "activations", "fits", "objective")
+        return format_table(headers, rows)
+
+    def __str__(self) -> str:
+        rows = [(k, str(v), "fixed" if k in self.fixed else "")
+                for k, v in [*self.rules.items(), *self.args.items()]]
+        rules = format_table(("path", "placements", ""), rows)
+        budget = "none" if self.memory_budget is None else f"{format_bytes(self.memory_budget)} B"
+        return (
+            f"auto plan on mesh {self.mesh.axis_names} {tuple(self.mesh.shape)} (memory budget {budget}; "
+            f"from seed {self.seed!r}, {self.evaluations} predictions)\n"
+            f"{rules}\n{self.comparison()}"
+        )
+
+
+# -- the problem: leaves, their roles and candidate layouts --------------------------------------
+
+
+@dataclass(frozen=True)
+class _Leaf:
+    path: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    stacked: bool  # scanned over: dim 0 stays whole
+
+
+class _Problem:
+    """The step's inputs flattened: free leaves (parameters, then searchable argument
+    leaves), fixed leaves, optimizer-state leaves following a parameter, other leaves."""
+
+    def __init__(self, step_fn: Callable[..., Any], params: Any, args: tuple[Any, ...], mesh: DeviceMesh,
+                 fixed: Mapping[str, Any] | None) -> None:
+        self.step_fn, self.mesh = step_fn, mesh
+        self.inputs = (params, *args)
+        key_leaves, self.tree = jax.tree_util.tree_flatten_with_path(self.inputs, is_leaf=is_dtensor)
+        param_tree = jax.tree.structure(params, is_leaf=is_dtensor)
+        param_shapes = [tuple(np.shape(x)) for x in jax.tree.leaves(params, is_leaf=is_dtensor)]
+        n_params = len(param_shapes)
+        # which argument leaves follow which parameter: subtrees of args shaped like params
+        self.follows: dict[int, int] = {}
+        offset = n_params
+        for arg in args:
+            leaves = jax.tree_util.tree_flatten_with_path(arg, is_leaf=is_dtensor)[0]
+            for sub_path, sub in _param_like_subtrees(arg, param_tree, param_shapes):
+                start = _leaf_offset(leaves, sub_path)
+                self.follows.update({offset + start + j: j for j in range(n_params)})
+            offset += len(leaves)
+        self.paths: list[str] = []
+        self.kinds: list[str] = []  # "param", "state", "arg", "other"
+        self.leaves: list[Any] = []
+        for i, (key_path, leaf) in enumerate(key_leaves):
+            path = path_of(key_path[1:]) if i < n_params else "args/" + path_of(
+                (jax.tree_util.SequenceKey(key_path[0].idx - 1), *key_path[1:]))
+            self.paths.append(path)
+            self.leaves.append(leaf)
+            self.kinds.append("param" if i < n_params else "state" if i in self.follows else
+                              "arg" if _searchable(leaf) else "other")
+        self.n_params = n_params
+        self.fixed = self._fixed(fixed)
+        self.stacked = self._stacked_inputs()
+        self.free = [i for i, k in enumerate(self.kinds) if k in ("param", "arg") and i not in self.fixed]
+        self.out_match = self._out_match()
+
+    def _out_match(self) -> Any:
+        """Per top-level output of ``step_fn`` (or the whole result): the index of the
+        input it is shaped like (updated parameters, optimizer state), else None."""
+        structs = [_struct_tree(x) for x in self.inputs]
+        shapes = jax.eval_shape(self.step_fn, *structs)
+
+        def match(out: Any) -> int | None:
+            for k, x in enumerate(structs):
+                leaves = jax.tree.leaves(x)
+                if leaves and jax.tree.structure(out) == jax.tree.structure(x) and all(
+                        tuple(a.shape) == tuple(b.shape) for a, b in zip(leaves, jax.tree.leaves(out))):
+                    return k
+            return None
+
+        whole = match(shapes)
+        if whole is not None or not isinstance(shapes, tuple):
+            return whole
+        return tuple(match(out) for out in shapes)
+
+    def out_layouts(self, inputs: tuple[Any, ...]) -> Any:
+        def layouts(k: int | None) -> Any:
+            return None if k is None else jax.tree.map(lambda s: s.layout if isinstance(s, TensorSpec) else None,
+                                                       inputs[k])
+
+        if isinstance(self.out_match, tuple):
+            return tuple(layouts(k) for k in self.out_match)
+        return layouts(self.out_match)
+
+    def _fixed(self, fixed: Mapping[str, Any] | None) -> dict[int, Layout]:
+        if fixed is None:
+            return {}
+        if not isinstance(fixed, Mapping):
+            raise ArgumentTypeError("fixed", fixed, "expected a mapping path regex -> placements",
+                                    'pass e.g. {"args/1": "S(0),R"}')
+        out: dict[int, Layout] = {}
+        for regex, value in fixed.items():
+            if not isinstance(regex, str):
+                raise ArgumentTypeError("fixed", regex, "a key must be a path regex", 'write e.g. "args/1"')
+            try:
+                pattern = re.compile(regex)
+            except re.error as error:
+                raise PlanError(f"fixed[{regex!r}]", regex, f"not a regular expression ({error})",
+                                "fix the regex") from None
+            hits = [i for i, p in enumerate(self.paths) if pattern.fullmatch(p) and self.kinds[i] in ("param", "arg")]
+            if not hits:
+                shown = ", ".join(repr(p) for p, k in zip(self.paths, self.kinds) if k in ("param", "arg"))
+                raise PlanError("fixed", regex, f"matches no parameter or argument path (paths: {shown})",
+                                "fix the regex: it must match a whole path, e.g. 'wte' or 'args/1'")
+            for i in hits:
+                try:
+                    out[i] = plan_layouts({"x": self.leaves[i]}, self.mesh, {"x": value})["x"]
+                except Placements2JaxError as error:
+                    raise error.for_argument(f"fixed[{regex!r}]", value) from None
+        return out
+
+    def _stacked_inputs(self) -> set[int]:
+        """Input leaves read as a scan's scanned operand (stacked layers)."""
+        specs = self.specs({i: _replicated(self.mesh, leaf) for i, leaf in enumerate(self.leaves) if _array(leaf)})
+        closed = jax.make_jaxpr(lambda *flat: self.step_fn(*jax.tree.unflatten(self.tree, flat)))(
+            *[jax.ShapeDtypeStruct(s.shape, s.dtype) if isinstance(s, TensorSpec) else s for s in specs])
+        found: set[int] = set()
+        _scanned_inputs(closed.jaxpr, {v: i for i, v in enumerate(closed.jaxpr.invars)}, found)
+        return found
+
+    def specs(self, layouts: Mapping[int, Layout]) -> list[Any]:
+        """The flat inputs of predict: TensorSpecs for laid-out leaves, others as given."""
+        out = []
+        for i, leaf in enumerate(self.leaves):
+            if i in layouts:
+                out.append(TensorSpec(tuple(np.shape(leaf)), _dtype(leaf), layouts[i]))
+            else:
+                out.append(leaf)
+        return out
+
+    def leaf_info(self, i: int) -> _Leaf:
+        return _Leaf(self.paths[i], tuple(np.shape(self.leaves[i])), _dtype(self.leaves[i]), i in self.stacked)
+
+    def layouts_of(self, free: Mapping[int, Layout]) -> dict[int, Layout]:
+        """Every laid-out leaf's layout: free and fixed ones, state following its parameter,
+        the other searchable leaves Replicate."""
+        out = {**free, **self.fixed}
+        for i, k in enumerate(self.kinds):
+            if k == "state":
+                out[i] = out[self.follows[i]]
+            elif i not in out and (k != "other" or _array(self.leaves[i])):
+                out[i] = _replicated(self.mesh, self.leaves[i])
+        return out
+
+
+def _array(leaf: Any) -> bool:
+    """An array (or its ShapeDtypeStruct) of numbers: not a PRNG key, not a Python scalar."""
+    if getattr(leaf, "shape", None) is None or getattr(leaf, "dtype", None) is None:
+        return False
+    return not jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+
+
+def _searchable(leaf: Any) -> bool:
+    return _array(leaf) and len(leaf.shape) > 0
+
+
+def _dtype(leaf: Any) -> np.dtype:
+    return np.dtype(leaf.dtype)
+
+
+def _replicated(mesh: DeviceMesh, leaf: Any) -> Layout:
+    return Layout(mesh, ((),) * len(np.shape(leaf)))
+
+
+def _param_like_subtrees(arg: Any, param_tree: Any, shapes: list[tuple[int, ...]]) -> list[tuple[Any, Any]]:
+    """(key path, subtree) of every subtree of ``arg`` with the parameters' structure and shapes."""
+    found: list[tuple[Any, Any]] = []
+
+    def like(x: Any) -> bool:
+        return jax.tree.structure(x) == param_tree and [tuple(np.shape(y)) for y in jax.tree.leaves(x)] == shapes
+
+    def visit(path: tuple[Any, ...], x: Any) -> None:
+        if like(x):
+            found.append((path, x))
+            return
+        children = jax.tree_util.tree_flatten_with_path(x, is_leaf=lambda y: y is not x)[0]
+        if len(children) == 1 and children[0][1] is x:
+            return
+        for key, child in children:
+            visit(path + tuple(key), child)
+
+    visit((), arg)
+    return found
+
+
+def _leaf_offset(leaves: list[tuple[Any, Any]], prefix: tuple[Any, ...]) -> int:
+    for j, (key_path, _) in enumerate(leaves):
+        if tuple(key_path[:len(prefix)]) == tuple(prefix):
+            return j
+    raise AssertionError(prefix)
+
+
+def _sub_jaxpr(eqn: Any) -> Any:
+    name = eqn.primitive.name
+    if name == "scan":
+        return eqn.params["jaxpr"]
+    if name in CALL_JAXPR_PARAMS:
+        return eqn.params[CALL_JAXPR_PARAMS[name]]
+    return None
+
+
+def _scanned_inputs(jaxpr: Any, inputs: Mapping[Any, int], found: set[int]) -> None:
+    for eqn in jaxpr.eqns:
+        sub = _sub_jaxpr(eqn)
+        if sub is None:
+            continue
+        inner = sub.jaxpr if hasattr(sub, "jaxpr") else sub
+        if eqn.primitive.name == "scan":
+            skip = eqn.params["num_consts"] + eqn.params["num_carry"]
+            found.update(inputs[v] for v in eqn.invars[skip:] if not hasattr(v, "val") and v in inputs)
+        mapping = {iv: inputs[ov] for iv, ov in zip(inner.invars, eqn.invars)
+                   if not hasattr(ov, "val") and ov in inputs}
+        if mapping:
+            _scanned_inputs(inner, mapping, found)
+
+
+def _scan_lengths(jaxpr: Any, prefix: str, out: dict[str, int]) -> None:
+    """The length of every scan by the walker's equation path."""
+    for index, eqn in enumerate(jaxpr.eqns):
+        sub = _sub_jaxpr(eqn)
+        if sub is None:
+            continue
+        path = f"{prefix}{index}"
+        if eqn.primitive.name == "scan":
+            out[path] = int(eqn.params["length"])
+        _scan_lengths(sub.jaxpr if hasattr(sub, "jaxpr") else sub, path + ".", out)
+
+
+def _candidates(leaf: _Leaf, layout: Layout) -> list[Layout]:
+    """``layout`` with one mesh dim moved: off the leaf (Replicate) or onto another dim
+    it splits evenly (appended as the dim's minor axis); a stacked leaf's dim 0 stays whole."""
+    mesh = layout.mesh
+    out: list[Layout] = []
+    for m in range(mesh.ndim):
+        base = tuple(tuple(a for a in axes if a != m) for axes in layout.dim_axes)
+        options = [base]
+        for d in range(len(leaf.shape)):
+            if leaf.stacked and d == 0:
+                continue
+            pieces = math.prod(mesh.shape[a] for a in base[d]) * mesh.shape[m]
+            if leaf.shape[d] % pieces == 0:
+                options.append(tuple(axes + (m,) if e == d else axes for e, axes in enumerate(base)))
+        for dim_axes in options:
+            if dim_axes != layout.dim_axes:
+                candidate = Layout(mesh, dim_axes)
+                if candidate not in out:
+                    out.append(candidate)
+    return out
+
+
+def _sharded_over(leaf: _Leaf, layout: Layout, m: int) -> Layout:
+    """``layout`` split over mesh dim ``m`` too, by FSDP's rule (:mod:`.fsdp`: the largest
+    dim it divides, as the dim's minor axis), a stacked leaf's dim 0 excluded (its extent
+    given as 0, which FSDP's rule never picks)."""
+    shape = (0, *leaf.shape[1:]) if leaf.stacked else leaf.shape
+    return fully_sharded(layout, shape, m, leaf.path)
+
+
+def _replicated_over(layout: Layout, m: int) -> Layout:
+    return Layout(layout.mesh, tuple(tuple(a for a in axes if a != m) for axes in layout.dim_axes))
+
+
+# -- evaluation ----------------------------------------------------------------------------------
+
+
+def _local_bytes(spec: TensorSpec) -> int:
+    """The bytes of one device's block (the largest, padded as the physical array is)."""
+    layout = spec.layout
+    shape = layout.physical_shape(spec.shape) if spec.shape else ()
+    pieces = [math.prod(layout.pieces(d)) for d in range(len(shape))]
+    return int(math.prod(n // k for n, k in zip(shape, pieces))) * spec.dtype.itemsize
+
+
+def _split(spec: TensorSpec) -> int:
+    layout = spec.layout
+    dims = {m for axes in layout.dim_axes for m in axes} | set(layout.partial_axes)
+    return math.prod(layout.mesh.shape[m] for m in dims)
+
+
+def _flops(primitive: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> float:
+    sizes = [math.prod(s.shape) for s in (*inputs, *outputs)]
+    if primitive == "dot_general" and len(inputs) == 2 and outputs:
+        return 2.0 * math.sqrt(float(sizes[0]) * sizes[1] * sizes[2])  # 2 B M N K
+    return float(max(sizes, default=0))
+
+
+def _compute_and_activations(prediction: Prediction, lengths: Mapping[str, int]) -> tuple[float, int]:
+    """(FLOPs per device after splitting, peak bytes of intermediates alive at once)."""
+    rows = [r for r in prediction.equations if r.signature is not None or r.primitive in ("scan", "while", "cond")]
+    flops = 0.0
+    last_use: dict[Any, int] = {}
+    for position, row in enumerate(rows):
+        for source in row.sources:
+            if source is not None:
+                last_use[source] = position
+        if row.signature is None or not row.outputs:
+            continue
+        times = 1
+        parts = row.path.split(".")
+        for k in range(1, len(parts)):
+            times *= lengths.get(".".join(parts[:k]), 1)
+        flops += times * _flops(row.primitive, row.inputs, row.outputs) / _split(row.outputs[0])
+    alive, peak = 0, 0
+    dying: dict[int, int] = {}
+    end = len(rows)
+    for position, row in enumerate(rows):
+        for j, spec in enumerate(row.outputs):
+            nbytes = _local_bytes(spec)
+            alive += nbytes
+            dying[last_use.get((row.path, j), end)] = dying.get(last_use.get((row.path, j), end), 0) + nbytes
+        peak = max(peak, alive)
+        alive -= dying.pop(position, 0)
+    return flops, peak
+
+
+class _Evaluator:
+    def __init__(self, problem: _Problem, cost_model: CostModelLike, flops_per_byte: float) -> None:
+        self.problem = problem
+        self.cost_model = cost_model
+        self.flops_per_byte = flops_per_byte
+        self.count = 0
+        self.memo: dict[tuple[Any, ...], PlanFigures] = {}
+        self.lengths: dict[str, int] | None = None
+
+    def __call__(self, free: Mapping[int, Layout]) -> PlanFigures:
+        key = tuple(free[i] for i in self.problem.free)
+        known = self.memo.get(key)
+        if known is not None:
+            return known
+        problem = self.problem
+        layouts = problem.layouts_of(free)
+        flat = problem.specs(layouts)
+        inputs = jax.tree.unflatten(problem.tree, flat)
+        out_layouts = problem.out_layouts(inputs)
+        prediction = predict(problem.step_fn, *inputs, cost_model=self.cost_model, out_layouts=out_layouts)
+        self.count += 1
+        if self.lengths is None:
+            self.lengths = {}
+            _scan_lengths(prediction.jaxpr.jaxpr, "", self.lengths)
+        flops, activations = _compute_and_activations(prediction, self.lengths)
+        memory = {"param": 0, "state": 0, "arg": 0}
+        for i, spec in enumerate(flat):
+            if isinstance(spec, TensorSpec):
+                memory[problem.kinds[i] if problem.kinds[i] in memory else "arg"] += _local_bytes(spec)
+        cost = float(prediction.cost)
+        figures = PlanFigures(
+            nbytes=float(prediction.nbytes), cost=cost, collectives=sum(prediction.collectives.values()),
+            flops=flops, params=memory["param"], state=memory["state"], args=memory["arg"],
+            activations=activations, objective=cost + flops / self.flops_per_byte,
+        )
+        self.memo[key] = figures
+        return figures
+
+    def static_memory(self, free: Mapping[int, Layout]) -> int:
+        """Parameters + state + arguments (no prediction needed)."""
+        layouts = self.problem.layouts_of(free)
+        return sum(_local_bytes(s) for s in self.problem.specs(layouts) if isinstance(s, TensorSpec))
+
+
+def _struct_tree(x: Any) -> Any:
+    def struct(leaf: Any) -> Any:
+        if isinstance(leaf, TensorSpec) or is_dtensor(leaf):
+            return jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype)
+        return leaf
+
+    return jax.tree.map(struct, x, is_leaf=is_dtensor)
+
+
+# -- the search ----------------------------------------------------------------------------------
+
+
+def plan_figures(
+    step_fn: Callable[..., Any], params: Any, *args: Any, mesh: DeviceMesh, plan: PlanLike,
+    fixed: Mapping[str, Any] | None = None, cost_model: CostModelLike = None,
+    flops_per_byte: float = DEFAULT_FLOPS_PER_BYTE,
+) -> PlanFigures:
+    """The :class:`PlanFigures` of ``step_fn`` with ``params`` laid out by ``plan`` (a
+    :func:`distribute_pytree` plan), optimizer state following, ``fixed`` leaves pinned
+    (see :func:`auto_plan`)."""
+    mesh = as_device_mesh(mesh)
+    problem = _Problem(_check_fn(step_fn), params, args, mesh, fixed)
+    evaluator = _Evaluator(problem, cost_model, _check_ratio(flops_per_byte))
+    return evaluator(_from_plan(problem, plan))
+
+
+def planned_inputs(
+    step_fn: Callable[..., Any], params: Any, *args: Any, mesh: DeviceMesh, plan: PlanLike,
+    fixed: Mapping[str, Any] | None = None,
+) -> tuple[tuple[Any, ...], Any]:
+    """``((params, *args), out_layouts)`` as :func:`~placements2jax.predict` and
+    :func:`~placements2jax.check` take them for ``plan`` (an AutoPlan or any plan): array
+    leaves as TensorSpecs in their layouts (optimizer state following, ``fixed`` pinned,
+    an AutoPlan's ``args`` layouts kept), outputs shaped like an input keeping its layouts."""
+    mesh = as_device_mesh(mesh)
+    if isinstance(plan, AutoPlan):
+        fixed = {**{re.escape(k): v for k, v in plan.args.items()}, **(fixed or {})}
+    problem = _Problem(_check_fn(step_fn), params, args, mesh, fixed)
+    inputs = jax.tree.unflatten(problem.tree, problem.specs(problem.layouts_of(_from_plan(problem, plan))))
+    return inputs, problem.out_layouts(inputs)
+
+
+def _from_plan(problem: _Problem, plan: PlanLike) -> dict[int, Layout]:
+    params = jax.tree.unflatten(jax.tree.structure(problem.inputs[0]), problem.leaves[:problem.n_params])
+    layouts = jax.tree.leaves(plan_layouts(params, problem.mesh, plan, strict=False),
+                              is_leaf=lambda x: isinstance(x, Layout))
+    return {i: layouts[i] if i < problem.n_params else _replicated(problem.mesh, problem.leaves[i])
+            for i in problem.free}
+
+
+def auto_plan(
+    step_fn: Callable[..., Any],
+    params: Any,
+    *args: Any,
+    mesh: DeviceMesh,
+    memory_budget: int | None = None,
+    fixed: Mapping[str, Any] | None = None,
+    presets: Mapping[str, PlanLike] | None = None,
+    cost_model: CostModelLike = None,
+    flops_per_byte: float = DEFAULT_FLOPS_PER_BYTE,
+    max_evaluations: int = DEFAULT_MAX_EVALUATIONS,
+) -> AutoPlan:
+    """Search the placements of every parameter of ``step_fn(params, *args)`` (module
+    docstring) minimizing predicted cost per step under ``memory_budget`` (bytes per
+    device, None: unbounded).
+
+    ``params`` and ``args`` are pytrees of arrays or ``jax.ShapeDtypeStruct``s (from
+    ``jax.eval_shape``: nothing is computed), PRNG keys and scalars. ``fixed`` pins leaves:
+    path regex -> placements, parameter paths as in plans (``"wte"``), argument leaves as
+    ``"args/<k>/..."`` (``k`` counts ``args`` from 0, e.g. ``{"args/1": "S(0),R"}`` for
+    a batch split over the first mesh axis). ``presets``: name -> plan, shown beside the
+    result and used as seeds (FSDP over the first mesh axis is always added as
+    ``"fsdp"``). ``max_evaluations`` bounds the number of predictions.
+    """
+    start = time.perf_counter()
+    mesh = as_device_mesh(mesh)
+    step_fn = _check_fn(step_fn)
+    flops_per_byte = _check_ratio(flops_per_byte)
+    if memory_budget is not None and (isinstance(memory_budget, bool) or not isinstance(
+            memory_budget, (int, float, np.integer)) or memory_budget <= 0):
+        raise ArgumentTypeError("memory_budget", memory_budget, "expected a positive number of bytes per device",
+                                "pass e.g. memory_budget=2**30, or None for no limit")
+    if isinstance(max_evaluations, bool) or not isinstance(max_evaluations, int) or max_evaluations < 1:
+        raise ArgumentTypeError("max_evaluations", max_evaluations, "expected a positive int", "pass e.g. 24")
+    if presets is not None and not isinstance(presets, Mapping):
+        raise ArgumentTypeError("presets", presets, "expected a mapping name -> plan",
+                                'pass e.g. {"megatron": {"wte": rowwise("tp")}}')
+    problem = _Problem(step_fn, params, args, mesh, fixed)
+    evaluator = _Evaluator(problem, cost_model, flops_per_byte)
+    infos = {i: problem.leaf_info(i) for i in problem.free}
+
+    def fits(figures: PlanFigures) -> bool:
+        return memory_budget is None or figures.memory <= memory_budget
+
+    replicated = {i: _replicated(mesh, problem.leaves[i]) for i in problem.free}
+
+    def sharded(base: Mapping[int, Layout], axes: Sequence[int]) -> dict[int, Layout]:
+        out = dict(base)
+        for m in axes:
+            out = {i: _sharded_over(infos[i], layout, m) for i, layout in out.items()}
+        return out
+
+    seeds: dict[str, dict[int, Layout]] = {"replicate": replicated, "fsdp": sharded(replicated, [0])}
+    if mesh.ndim > 1:
+        seeds["fsdp (every axis)"] = sharded(replicated, range(mesh.ndim))
+    for name, plan in (presets or {}).items():
+        try:
+            seeds[name] = _from_plan(problem, plan)
+        except PlanError as error:
+            raise error.for_argument(f"presets[{name!r}]", error.value) from None
+        seeds[f"{name} + fsdp"] = sharded(seeds[name], [0])
+    figures = {name: evaluator(layouts) for name, layouts in seeds.items()}
+    feasible = [name for name in seeds if fits(figures[name])]
+    if not feasible:
+        smallest = min(figures.values(), key=lambda f: f.memory)
+        raise PlanError(
+            "memory_budget", memory_budget,
+            f"no plan fits: the smallest found (every leaf split over every mesh axis it divides) needs "
+            f"{smallest.memory} bytes per device ({smallest.params} parameters, {smallest.state} optimizer state, "
+            f"{smallest.args} arguments, {smallest.activations} activations)",
+            f"raise memory_budget to at least {smallest.memory}, use a larger mesh, or a smaller batch",
+        )
+    seed = min(feasible, key=lambda name: figures[name].objective)
+    current, best = dict(seeds[seed]), figures[seed]
+
+    def moves() -> Iterator[dict[int, Layout]]:
+        for m in range(mesh.ndim):
+            yield sharded(current, [m])
+            yield {i: _replicated_over(layout, m) for i, layout in current.items()}
+        by_size = sorted(problem.free, key=lambda i: (-math.prod(infos[i].shape) * infos[i].dtype.itemsize, i))
+        for i in by_size:
+            for layout in _candidates(infos[i], current[i]):
+                yield {**current, i: layout}
+
+    improved = True
+    while improved and evaluator.count < max_evaluations:
+        improved = False
+        for trial in moves():
+            if evaluator.count >= max_evaluations:
+                break
+            key = tuple(trial[i] for i in problem.free)
+            if key == tuple(current[i] for i in problem.free):
+                continue
+            if memory_budget is not None and evaluator.static_memory(trial) > memory_budget:
+                continue
+            result = evaluator(trial)
+            if fits(result) and result.objective < best.objective:
+                current, best, improved = trial, result, True
+    layouts = problem.layouts_of(current)
+    rules = {re.escape(problem.paths[i]): layouts[i] for i in range(problem.n_params)}
+    arg_layouts = {problem.paths[i]: layouts[i] for i, kind in enumerate(problem.kinds) if kind == "arg"}
+    shown = {"fsdp": figures["fsdp"], **{name: figures[name] for name in (presets or {})}}
+    return AutoPlan(
+        mesh=mesh, rules=rules, args=arg_layouts, figures=best, presets=shown,
+        memory_budget=None if memory_budget is None else int(memory_budget), seed=seed,
+        evaluations=evaluator.count, seconds=time.perf_counter() - start,
+        fixed=tuple(re.escape(problem.paths[i]) if i < problem.n_params else problem.paths[i]
+                    for i in sorted(problem.fixed)),
+    )
+
+
+def _check_fn(step_fn: Any) -> Callable[..., Any]:
+    if not callable(step_fn):
+        raise ArgumentTypeError("step_fn", step_fn, "not callable", "pass the training step function")
+    return step_fn
+
+
+def _check_ratio(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ArgumentTypeError("flops_per_byte", value, "expected a positive number",
+                                "pass e.g. 1000.0 (a device's FLOP/s over its link's bytes/s)")
+    return float(value)
+
+
+def _mlp_step(params: Any, opt_state: Any, x: jax.Array, y: jax.Array) -> tuple[Any, Any, jax.Array]:
+    import optax
+
+    def loss(p: Any) -> jax.Array:
+        return jax.numpy.mean((jax.nn.gelu(x @ p["up"]) @ p["down"] - y) ** 2)
+
+    value, grads = jax.value_and_grad(loss)(params)
+    updates, opt_state = optax.adamw(1e-3).update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, value
+
+
+def example_mlp(dim: int = 64, hidden: int = 256, batch: int = 16) -> tuple[Any, ...]:
+    """A small problem for the docs and ``placements2jax plan
+    placements2jax.autoplan:example_mlp``: ``(step_fn, params, opt_state, x, y)``, an MLP's
+    adamw step with its arguments as ``jax.ShapeDtypeStruct``s (nothing allocated)."""
+    import optax
+
+    f32 = np.float32
+    params = {"up": jax.ShapeDtypeStruct((dim, hidden), f32), "down": jax.ShapeDtypeStruct((hidden, dim), f32)}
+    state = jax.eval_shape(optax.adamw(1e-3).init, params)
+    batch_struct = jax.ShapeDtypeStruct((batch, dim), f32)
+    return _mlp_step, params, state, batch_struct, batch_struct

@@ -1,0 +1,170 @@
+"""auto_plan: the searched plan is a distribute_pytree plan, trains like plain JAX, is
+no worse than the presets at their memory budget, fits a tight budget, honours fixed=,
+and its memory estimate bounds XLA's compiled memory (tiny MLP steps on dp=2 x tp=4; the
+GPT-2 / Llama figures are in benchmarks/bench_autoplan.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec
+from models import common, steps
+
+from placements2jax import (
+    DTensor,
+    apply,
+    check,
+    auto_plan,
+    colwise,
+    distribute_pytree,
+    distribute_tensor,
+    init_device_mesh,
+    plan_figures,
+    plan_layouts,
+    resolve_layout,
+    rowwise,
+)
+from placements2jax.autoplan import AutoPlan, planned_inputs
+from placements2jax.dtensor import auto_twin_of
+
+FIXED = {"args/1": "S(0),R", "args/2": "S(0),R"}  # the batch split over dp
+MEGATRON = {"up": colwise("tp"), "down": rowwise("tp")}
+# our estimate counts every unfused intermediate: XLA's fusion keeps less (measured 1.8-2.1x)
+MEMORY_TOLERANCE = 2.5
+
+
+@pytest.fixture(scope="module")
+def mesh() -> Any:
+    return init_device_mesh((2, 4), ("dp", "tp"))
+
+
+@pytest.fixture(scope="module")
+def problem() -> tuple[Any, ...]:
+    rng = np.random.default_rng(0)
+    params = {"up": rng.normal(size=(64, 256)).astype(np.float32) / 8,
+              "down": rng.normal(size=(256, 64)).astype(np.float32) / 16}
+    state = common.make_optimizer().init(params)
+    x, y = (rng.normal(size=(16, 64)).astype(np.float32) for _ in range(2))
+    return params, state, x, y
+
+
+@pytest.fixture(scope="module")
+def megatron(mesh: Any, problem: tuple[Any, ...]) -> Any:
+    return plan_figures(steps.mlp_step, *problem, mesh=mesh, plan=MEGATRON, fixed=FIXED)
+
+
+@pytest.fixture(scope="module")
+def plan(mesh: Any, problem: tuple[Any, ...], megatron: Any) -> AutoPlan:
+    return auto_plan(steps.mlp_step, *problem, mesh=mesh, fixed=FIXED, presets={"megatron": MEGATRON},
+                     memory_budget=megatron.memory)
+
+
+def test_plan_is_a_distribute_pytree_plan(mesh: Any, problem: tuple[Any, ...], plan: AutoPlan) -> None:
+    params = problem[0]
+    placed = distribute_pytree(params, mesh, plan)
+    assert {k: v.layout for k, v in placed.items()} == {"up": plan["up"], "down": plan["down"]}
+    assert plan_layouts(params, mesh, plan.torch_form()) == {"up": plan["up"], "down": plan["down"]}
+    text = str(plan)
+    assert "megatron" in text and "fsdp" in text and "bytes/step" in text and "args/1" in text
+    assert plan.figures.nbytes > 0 and plan.evaluations <= 24
+
+
+def test_training_with_the_plan_equals_plain_jax(mesh: Any, problem: tuple[Any, ...], plan: AutoPlan) -> None:
+    params, state, x, y = problem
+    placed = distribute_pytree(params, mesh, plan)
+    placed_state = common.distribute_state(state, placed)
+    batch = [distribute_tensor(a, mesh, plan.args[f"args/{k}"]) for k, a in ((1, x), (2, y))]
+    new_params, new_state, loss = apply(steps.mlp_step, placed, placed_state, *batch,
+                                        out_layouts=(placed, placed_state, None), execute="xla")
+    ref_params, ref_state, ref_loss = jax.jit(steps.mlp_step)(params, state, x, y)
+    np.testing.assert_allclose(float(loss.full_tensor()), float(ref_loss), rtol=1e-5)
+    for key in params:
+        assert new_params[key].layout == plan[key]
+        np.testing.assert_allclose(np.asarray(new_params[key].full_tensor()), np.asarray(ref_params[key]),
+                                   rtol=1e-5, atol=1e-6)
+    mu = new_state[1][0].mu
+    np.testing.assert_allclose(np.asarray(mu["up"].full_tensor()), np.asarray(ref_state[1][0].mu["up"]),
+                               rtol=1e-5, atol=1e-7)
+
+
+def test_no_worse_than_megatron_at_its_budget(plan: AutoPlan, megatron: Any) -> None:
+    assert plan.presets["megatron"] == megatron
+    assert plan.figures.memory <= megatron.memory
+    assert plan.figures.nbytes <= megatron.nbytes
+    assert plan.figures.objective <= megatron.objective
+
+
+def test_a_tight_budget_finds_a_plan_replication_does_not_fit(mesh: Any, problem: tuple[Any, ...]) -> None:
+    replicated = plan_figures(steps.mlp_step, *problem, mesh=mesh, plan={}, fixed=FIXED)
+    budget = replicated.params + replicated.state  # not even the replicated weights' activations fit
+    tight = auto_plan(steps.mlp_step, *problem, mesh=mesh, fixed=FIXED, memory_budget=budget, max_evaluations=8)
+    assert tight.figures.memory <= budget < replicated.memory
+    assert any(layout.dim_axes != ((), ()) for layout in tight.values())
+
+
+def test_fixed_pins_leaves(mesh: Any, problem: tuple[Any, ...]) -> None:
+    fixed = {**FIXED, "up": "R,S(1)"}
+    pinned = auto_plan(steps.mlp_step, *problem, mesh=mesh, fixed=fixed, max_evaluations=6)
+    assert pinned["up"] == resolve_layout(mesh, "R,S(1)", 2)
+    assert pinned.args == {"args/1": resolve_layout(mesh, "S(0),R", 2), "args/2": resolve_layout(mesh, "S(0),R", 2)}
+    assert set(pinned.fixed) == {"up", "args/1", "args/2"}
+    again = auto_plan(steps.mlp_step, *problem, mesh=mesh, fixed=fixed, max_evaluations=6)
+    assert again.rules == pinned.rules and again.figures == pinned.figures  # deterministic
+
+
+def _compiled_memory(mesh: Any, problem: tuple[Any, ...], plan: Any) -> int:
+    params, state, x, y = problem
+    twin = auto_twin_of(mesh.to_jax())
+    shardings = {k: NamedSharding(twin, v.partition_spec) for k, v in plan_layouts(params, mesh, plan).items()}
+    state_shardings = common.state_layouts(state, distribute_pytree(params, mesh, plan))
+    state_shardings = jax.tree.map(lambda layout: NamedSharding(twin, layout.partition_spec), state_shardings,
+                                   is_leaf=lambda v: hasattr(v, "partition_spec"))
+    batch = NamedSharding(twin, PartitionSpec("dp"))
+    jitted = jax.jit(steps.mlp_step, in_shardings=(shardings, state_shardings, batch, batch),
+                     out_shardings=(shardings, state_shardings, None))
+    stats = jitted.lower(params, state, x, y).compile().memory_analysis()
+    return (stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
+            - stats.alias_size_in_bytes)
+
+
+def test_memory_estimate_bounds_the_compiled_memory(mesh: Any, problem: tuple[Any, ...], plan: AutoPlan,
+                                                    megatron: Any) -> None:
+    for figures, layouts in ((megatron, MEGATRON), (plan.figures, plan)):
+        compiled = _compiled_memory(mesh, problem, layouts)
+        assert compiled <= figures.memory <= MEMORY_TOLERANCE * compiled, (figures.memory, compiled)
+
+
+def _scanned_step(params: Any, opt_state: Any, x: jax.Array) -> tuple[Any, Any, jax.Array]:
+    def loss(p: Any) -> jax.Array:
+        h, _ = lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, p["layers"])
+        return jnp.mean(h ** 2)
+
+    value, grads = jax.value_and_grad(loss)(params)
+    updates, opt_state = optax.sgd(0.1).update(grads, opt_state)
+    return optax.apply_updates(params, updates), opt_state, value
+
+
+def test_stacked_layers_keep_their_leading_dim(mesh: Any) -> None:
+    params = {"layers": jax.ShapeDtypeStruct((4, 32, 32), jnp.float32)}
+    x = jax.ShapeDtypeStruct((8, 32), jnp.float32)
+    chosen = auto_plan(_scanned_step, params, optax.sgd(0.1).init(params), x, mesh=mesh,
+                       fixed={"args/1": "S(0),R"}, max_evaluations=6)
+    assert chosen["layers"].dim_axes[0] == ()
+    assert isinstance(distribute_pytree({"layers": np.zeros((4, 32, 32), np.float32)}, mesh, chosen)["layers"],
+                      DTensor)
+
+
+def test_check_confirms_the_plan_against_xla(mesh: Any, problem: tuple[Any, ...], plan: AutoPlan) -> None:
+    """The compiled step's output placements are the predicted ones; its bytes are close to
+    the prediction (measured 1.14x on this step: the issue's 1.1x is the whole-program
+    search's target, issue 15)."""
+    inputs, out_layouts = planned_inputs(steps.mlp_step, *problem, mesh=mesh, plan=plan, fixed=FIXED)
+    report = check(steps.mlp_step, *inputs, out_layouts=out_layouts)
+    assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)  # the loss: XLA reduces it
+    assert 0.8 <= float(report.predicted_bytes / report.compiled_bytes) <= 1.25
