@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .dtensor import distribute_tensor, redistribute_collectives
-from .display import collective_axes
+from .hlo import collective_axes
 from .errors import MeshError, PlacementError, Placements2JaxError, PlanError, RedistributeError, ShapeError
 from .hlo import Collective
 from .physical import physical

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, TextIO
 
-from .display import collective_axes
+from .hlo import collective_axes
 from .errors import ArgumentTypeError
 from .hlo import Collective, compiled_collectives, watch_runs
 from .inference.check import collective_nbytes

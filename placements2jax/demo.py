@@ -28,7 +28,8 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
-from .display import collective_axes, communication, communication_table
+from .display import communication, communication_table
+from .hlo import collective_axes
 from .dtensor import DTensor, distribute_tensor, is_dtensor
 from .hlo import Collective, parse_collectives
 from .inference import CheckReport, check

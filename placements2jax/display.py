@@ -12,27 +12,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from fractions import Fraction
 
-from .hlo import Collective
+from .hlo import Collective, collective_axes
 from .inference.check import collective_nbytes
 from .inference.cost import LOCAL_PARTIAL, LOCAL_SLICE
 from .inference.signature import RedistributeStep
 from .inference.table import format_bytes, format_table
 from .mesh import DeviceMesh
 
-__all__ = ["collective_axes", "communication", "communication_table", "count_text"]
+__all__ = ["communication", "communication_table", "count_text"]
 
 # (collective, mesh axes) -> (predicted count, predicted bytes per device, compiled count, compiled bytes per device)
 Communication = dict[tuple[str, str], tuple[int, Fraction, int, Fraction]]
-
-
-def collective_axes(mesh: DeviceMesh, collective: Collective) -> tuple[str, ...]:
-    """The mesh axes a compiled collective communicates along: those on which the ranks
-    of one of its groups (or source-target pairs) differ, in mesh order."""
-    varying: set[int] = set()
-    for group in collective.groups:
-        coordinates = [mesh.get_coordinate(rank) for rank in group]
-        varying.update(a for a in range(mesh.ndim) if len({c[a] for c in coordinates}) > 1)
-    return tuple(mesh.axis_names[a] for a in sorted(varying))
 
 
 def communication(

@@ -6,14 +6,17 @@ import math
 import re
 from dataclasses import dataclass
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 
 from .errors import ArgumentTypeError
 
-__all__ = ["Collective", "parse_collectives", "compiled_collectives", "COLLECTIVE_OPS", "watch_runs", "running"]
+if TYPE_CHECKING:
+    from .mesh import DeviceMesh
+
+__all__ = ["Collective", "parse_collectives", "compiled_collectives", "collective_axes", "COLLECTIVE_OPS", "watch_runs", "running"]
 
 COLLECTIVE_OPS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 
@@ -174,3 +177,13 @@ def running(operation: str, jitted: Any, args: tuple[Any, ...], mesh: Any) -> No
     if _watchers and not any(isinstance(a, jax.core.Tracer) for a in args):
         for watcher in tuple(_watchers):
             watcher(operation, jitted, args, mesh)
+
+
+def collective_axes(mesh: DeviceMesh, collective: Collective) -> tuple[str, ...]:
+    """The mesh axes a compiled collective communicates along: those on which the ranks
+    of one of its groups (or source-target pairs) differ, in mesh order."""
+    varying: set[int] = set()
+    for group in collective.groups:
+        coordinates = [mesh.get_coordinate(rank) for rank in group]
+        varying.update(a for a in range(mesh.ndim) if len({c[a] for c in coordinates}) > 1)
+    return tuple(mesh.axis_names[a] for a in sorted(varying))

@@ -14,7 +14,7 @@ from placements2jax import (
     init_device_mesh,
     resolve_layout,
 )
-from placements2jax.display import collective_axes
+from placements2jax.hlo import collective_axes
 from placements2jax.parallelize import path_of
 
 R, S = Replicate(), Shard

@@ -61,7 +61,7 @@ from jax.sharding import AxisType, NamedSharding
 
 from ..caches import cached
 from ..errors import InferenceError
-from ..hlo import Collective, parse_collectives
+from ..hlo import Collective, collective_axes, parse_collectives
 from ..layout import Layout
 from ..mesh import DeviceMesh
 from .combine import CombinedCollective, combine, combiner_rules, planned_collectives
@@ -274,7 +274,6 @@ class CheckReport:
     def axis_checks(self) -> tuple[AxisCheck, ...]:
         """Per collective kind and mesh axes: predicted (per operand and after XLA's
         combiner) vs compiled (collectives and operands)."""
-        from ..display import collective_axes  # display imports this module
 
         mesh = self.prediction.inputs[0].layout.mesh
         rows: dict[tuple[str, tuple[str, ...]], list[int]] = {}
