@@ -219,8 +219,9 @@ def test_constants_are_replicated_inputs(mesh: Any) -> None:
 def test_cost_ties_prefer_layouts_split_in_mesh_order(op: str, inputs: tuple[str, ...], params: dict) -> None:
     """On 4 x 2 these used to split dim 0 over tp then dp (a StridedShard layout) at the
     same cost as a mesh-order layout; cost ties now prefer what torch writes with plain
-    Shards. Where the out-of-order layout is strictly cheaper it stays chosen, and its
-    placements (with StridedShard) give it back."""
+    Shards. Where the out-of-order layout is strictly cheaper (max: its output is split
+    over both mesh dims, no P(max) left) it stays chosen, and its placements (with
+    StridedShard) give it back."""
     mesh = init_device_mesh((4, 2), ("dp", "tp"))
     specs = [((64, 64), F32, L(mesh, p)) for p in inputs]
     signature = infer_signature(op, specs, **params)
@@ -230,14 +231,9 @@ def test_cost_ties_prefer_layouts_split_in_mesh_order(op: str, inputs: tuple[str
     assert not in_order or not chosen.strided
     for x in chosen.in_layouts + chosen.out_layouts:
         assert Layout.from_device_mesh(mesh)(x.placements).bind(x.ndim) is x
-    assert op == "max" or not chosen.strided  # max's out-of-order split is cheaper only with issue 16's (b)
+    assert (op == "max") == bool(chosen.strided)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 16 (b) held back: charging it moves the program search's eager start and costs the training "
-    "steps 10-40 more predicted collectives (select.continued_partials)",
-)
 def test_a_partial_made_from_a_sharded_input_is_charged_its_reduction() -> None:
     """P + S(0) on (8,): turning S(0) into a partial (all-gather, 448 B) leaves the sum's
     reduction owed (>= 448 B more); reduce-scattering P to S(0) once (448 B) is cheaper,
@@ -254,11 +250,6 @@ def test_a_partial_made_from_a_sharded_input_is_charged_its_reduction() -> None:
     assert texts(infer_signature("add", [p, 1.0]).out_layouts) == ["P"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 16 (b) held back: charging it moves the program search's eager start and costs the training "
-    "steps 10-40 more predicted collectives (select.continued_partials)",
-)
 def test_p_plus_s_runs_as_one_reduce_scatter() -> None:
     from placements2jax import distribute_tensor
 

@@ -361,13 +361,12 @@ def _pending(out_avals: tuple[Aval, ...], out_layouts: tuple[Layout, ...], given
 
 
 def continued_partials(specs: Sequence[TensorSpec], in_layouts: Sequence[Layout]) -> set[int]:
-    """The mesh dims on which an op continues a given partial: every mesh dim some input
-    was given partial on. (Issue 16 asks to charge ``P + S(0)``, where S(0) is made
-    partial, the reduction the result still owes, as torch reduce-scatters ``P`` instead;
-    doing so here moves the program search's eager start and costs it 10-40 more
-    collectives on the Llama and GPT-2 training steps, so the waiver stays until the
-    search no longer depends on its start: tests/test_inference_select.py marks it.)"""
-    return {m for s in specs for m in s.layout.partial_axes}
+    """The mesh dims on which an op run with ``in_layouts`` continues a given partial: some
+    input stays partial there and no input is turned into a partial there (``P + S(0)``
+    made ``P + P`` still owes the result's reduction: torch reduce-scatters ``P`` instead)."""
+    kept = {m for s, layout in zip(specs, in_layouts) for m in layout.partial_axes if s.layout.partial[m]}
+    made = {m for s, layout in zip(specs, in_layouts) for m in layout.partial_axes if not s.layout.partial[m]}
+    return kept - made
 
 
 def pending_reduction(
