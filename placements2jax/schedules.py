@@ -433,7 +433,8 @@ class DirectSchedule:
             plan = None if src.is_padded else _reduction_plan(src, dst)
             if plan is None or not plan[0].is_even(src.shape) or not _where_wanted(plan[1], dst.layout):
                 plan = _reduction_plan(src, dst, even=False)
-                assert plan is not None  # without the divisibility condition every axis finds a dim
+                if plan is None:
+                    return None  # a 0-d tensor has no dim to scatter its reduction on: XLA's all-reduce
                 middle, appended = plan
                 reduce_cells = _cell_plan(layout, middle, src.shape, reduce=layout.partial_axes)
                 if reduce_cells is None:

@@ -201,6 +201,17 @@ def test_refused_moves_use_xla() -> None:
         assert [s.name for s in candidates(src, dst, np.int32)] == ["xla"]
 
 
+@pytest.mark.parametrize("ranks", [8, 1])
+def test_a_partial_scalar_is_reduced_by_xla(ranks: int) -> None:
+    """A 0-d Partial has no dim to reduce-scatter on: no direct schedule, XLA's all-reduce,
+    exact (hypothesis found the 1-device case crashing the direct schedule's builder)."""
+    mesh = init_device_mesh((ranks,), ("x",))
+    src, dst = resolve_layout(mesh, "P", 0), resolve_layout(mesh, "R", 0)
+    assert DirectSchedule.build(physical(src, ()), physical(dst, ())) is None
+    dtensor, value = _partial_source(src, (), np.random.default_rng(0))
+    np.testing.assert_array_equal(np.asarray(dtensor.redistribute(mesh, dst).full_tensor()), value)
+
+
 @pytest.mark.parametrize("op", ["sum", "avg", "max"])
 def test_kept_partials_move_within_their_coordinate(op: str) -> None:
     """A partial kept by the move (same mesh dims, same op) moves like a plain tensor among
