@@ -362,10 +362,17 @@ def _pending(out_avals: tuple[Aval, ...], out_layouts: tuple[Layout, ...], given
 
 def continued_partials(specs: Sequence[TensorSpec], in_layouts: Sequence[Layout]) -> set[int]:
     """The mesh dims on which an op run with ``in_layouts`` continues a given partial: some
-    input stays partial there and no input is turned into a partial there (``P + S(0)``
-    made ``P + P`` still owes the result's reduction: torch reduce-scatters ``P`` instead)."""
+    input stays partial there and no input split on that mesh dim is turned into a partial
+    there (``P + S(0)`` made ``P + P`` still owes the result's reduction: torch
+    reduce-scatters ``P`` instead). A replicated input made partial (``P + R``: the
+    replicated value scaled on one coordinate) continues the partial: charging it would
+    make every op split its output only to shrink the charge (``b - lr * g`` on a
+    replicated bias, in op-by-op prediction, where no later op pays for gathering it back)."""
     kept = {m for s, layout in zip(specs, in_layouts) for m in layout.partial_axes if s.layout.partial[m]}
-    made = {m for s, layout in zip(specs, in_layouts) for m in layout.partial_axes if not s.layout.partial[m]}
+    made = {
+        m for s, layout in zip(specs, in_layouts) for m in layout.partial_axes
+        if not s.layout.partial[m] and s.layout.mesh_dim_split(m) is not None
+    }
     return kept - made
 
 
