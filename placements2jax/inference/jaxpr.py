@@ -139,7 +139,7 @@ class Prediction:
     out_tree: Any
     in_tree: Any = None
     constrained: tuple[bool, ...] = ()
-    search: str = "eager"  # how the signatures were chosen: "eager" or "program"
+    search: str = "eager"  # how the signatures were chosen: "eager", "program" or "torch"
     policy: Any = None  # how redistributions are priced: None (XLA's reshard) or a redistribute policy
     cost_model: CostModel | None = None  # the weights of ``cost`` under a policy (None: the default model)
     # what :func:`execute` needs to walk the same equations again with an executor: the
@@ -259,7 +259,7 @@ class Prediction:
         )
 
 
-SEARCHES = ("program", "eager")
+SEARCHES = ("program", "eager", "torch")
 
 
 def predict(
@@ -291,7 +291,10 @@ def predict(
     minimize the communication of the whole program (:mod:`.program`: OneFlow's graph-mode
     SBP inference, Alpa's intra-operator pass). ``search="eager"`` chooses each equation's
     signature on its own given its inputs' layouts, as torch's eager DTensor dispatch
-    does op by op. Layouts fixed by the code (loops' carries, annotations, ``shard_map``)
+    does op by op, by our cost model. ``search="torch"`` (needs torch) walks op by op with
+    torch 2.13's own dispatcher's choice for every equation it maps onto an aten op
+    (``infer_signature(..., search="torch")``: matmul, elementwise ops, sums and maxima,
+    transpose, reshape); the others take the eager choice. Layouts fixed by the code (loops' carries, annotations, ``shard_map``)
     are single-candidate rows both searches respect.
 
     ``on_unknown="raise"`` (default): a primitive without a rule raises
@@ -386,6 +389,8 @@ def _predict(
         )
         return prediction, graph
 
+    if search == "torch":
+        return walk(_torch_walk(closed, consts, specs, mesh, model, on_unknown))[0]
     eager, graph = walk({})
     if search == "eager":
         return eager
@@ -877,3 +882,85 @@ def _choice_candidates(
     return tuple(
         _fixed_signature(op, (spec,), (x,), (out_aval,), (out_of(x),), mesh, cost_model).chosen for x in options
     )
+
+
+# -- search="torch": torch's dispatcher's choice, equation by equation ----------------------------
+# jaxpr primitives as the named ops torch's dispatch knows (interop.torch_dispatch maps those
+# onto aten ops); a primitive missing here takes the eager choice.
+_TORCH_BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "max": "maximum", "min": "minimum"}
+_TORCH_UNARY = {
+    "exp": "exp", "log": "log", "tanh": "tanh", "neg": "neg", "sin": "sin", "cos": "cos", "sqrt": "sqrt",
+    "rsqrt": "rsqrt", "abs": "abs", "sign": "sign", "logistic": "sigmoid", "erf": "erf",
+}
+_TORCH_REDUCTIONS = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min"}
+
+
+def _torch_op(
+    primitive: str, params: Mapping[str, Any], ins: Sequence[TensorSpec]
+) -> tuple[str, dict[str, Any]] | None:
+    """The named op (and its params) torch's dispatch runs for a jaxpr equation, or None
+    when torch has no such single op: ``dot_general`` as ``mm`` / ``bmm`` (``matmul``),
+    elementwise binary and unary primitives, ``reduce_sum/max/min``, ``transpose`` and
+    ``reshape`` (torch's ``view``)."""
+    if primitive in _TORCH_BINARY and len(ins) == 2:
+        return _TORCH_BINARY[primitive], {}
+    if primitive in _TORCH_UNARY and len(ins) == 1:
+        return _TORCH_UNARY[primitive], {}
+    if primitive in _TORCH_REDUCTIONS:
+        return _TORCH_REDUCTIONS[primitive], {"axis": tuple(params["axes"])}
+    if primitive == "transpose":
+        return "transpose", {"axes": tuple(params["permutation"])}
+    if primitive == "reshape" and params.get("dimensions") is None:
+        return "reshape", {"shape": tuple(params["new_sizes"])}
+    if primitive == "dot_general" and len(ins) == 2:
+        (lc, rc), (lb, rb) = params["dimension_numbers"]
+        ranks = (len(ins[0].shape), len(ins[1].shape))
+        if ranks == (2, 2) and (tuple(lc), tuple(rc), tuple(lb), tuple(rb)) == ((1,), (0,), (), ()):
+            return "matmul", {}
+        if ranks == (3, 3) and (tuple(lc), tuple(rc), tuple(lb), tuple(rb)) == ((2,), (1,), (0,), (0,)):
+            return "matmul", {}
+    return None
+
+
+class _TorchWalker(_Walker):
+    """The eager walk, asking torch's dispatcher (``infer_signature(..., search="torch")``)
+    for every equation :func:`_torch_op` maps; records those choices (path -> candidate) in
+    ``picked``. Where torch's choice is a layout no Layout holds (a ``_StridedShard`` from a
+    reshape) the equation takes the eager choice too."""
+
+    def __init__(self, *args: Any, picked: dict[str, Candidate] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.picked: dict[str, Candidate] = {} if picked is None else picked
+
+    def _trial(self) -> _Walker:
+        return _TorchWalker(self.mesh, self.cost_model, self.choices, self.on_unknown, picked=self.picked)
+
+    def _rule_signature(
+        self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]
+    ) -> Signature:
+        mapped = _torch_op(eqn.primitive.name, eqn.params, ins)
+        if mapped is not None:
+            from .select import infer_signature  # the public entry: search="torch" validated there
+
+            op, params = mapped
+            try:
+                signature = infer_signature(
+                    op, list(ins), self.mesh, cost_model=self.cost_model, search="torch", **params
+                )
+            except (InferenceError, UnsupportedOpError):  # a _StridedShard result, or no aten op for these inputs
+                pass
+            else:
+                self.picked[path] = signature.chosen
+                return forced_signature(eqn.primitive.name, ins, signature.chosen, self.cost_model)
+        self.picked.pop(path, None)
+        return super()._rule_signature(eqn, path, ins, out_avals)
+
+
+def _torch_walk(
+    closed: Any, consts: Sequence[TensorSpec], specs: Sequence[TensorSpec], mesh: DeviceMesh, model: CostModel,
+    on_unknown: str,
+) -> dict[str, Candidate]:
+    """``predict(search="torch")``'s choices: torch's candidate per equation it maps."""
+    walker = _TorchWalker(mesh, model, {}, on_unknown)
+    walker.walk(closed.jaxpr, consts, specs, "", [("in", i) for i in range(len(specs))])
+    return dict(walker.picked)
