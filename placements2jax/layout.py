@@ -232,11 +232,16 @@ class Layout(_OnMesh):
 
     ``Layout(mesh, dim_axes, partial)``: per tensor dim, the mesh dims (indices from the
     left) that split it, major first; per mesh dim, ``None`` or a Partial reduce op.
-    Layouts are interned, as JAX interns its meshes and PartitionSpecs: building the same
+    ``split_factors`` (optional, one int per tensor dim, 1 = none) is torch's
+    ``_StridedShard`` split factor coming from a view, not from a mesh dim: a dim of extent
+    ``N`` with factor ``f`` is ``f`` groups of ``N / f`` and its one mesh dim splits every
+    group alike, so each rank holds the same chunk of every group (what ``8x16 S(1)``
+    flattened to ``128`` is, for free). Even extents only; the array stores each rank's
+    elements as its block (:mod:`.physical`). Layouts are interned, as JAX interns its meshes and PartitionSpecs: building the same
     layout twice gives the same object, so equality and hashing are by identity (cheap).
     """
 
-    __slots__ = ("_dim_axes", "_partial", "__dict__", "__weakref__")
+    __slots__ = ("_dim_axes", "_partial", "_split", "__dict__", "__weakref__")
 
     _interned: weakref.WeakValueDictionary[tuple[Any, ...], Layout] = weakref.WeakValueDictionary()
 
@@ -245,7 +250,10 @@ class Layout(_OnMesh):
         mesh: DeviceMesh,
         dim_axes: Sequence[Sequence[int]],
         partial: Sequence[ReduceOp | None] | None = None,
+        split_factors: Sequence[int] | None = None,
     ) -> Layout:
+        if split_factors is not None:
+            return _strided_layout(cls, mesh, dim_axes, partial, split_factors)
         if type(dim_axes) is tuple and type(partial) is tuple:
             # Fast path for the planners' tables (tuples of tuples of ints): an interned
             # layout is returned without converting or validating its tables again.
@@ -266,11 +274,14 @@ class Layout(_OnMesh):
         if layout is None:
             layout = object.__new__(cls)
             layout._mesh, layout._dim_axes, layout._partial = key
+            layout._split = ()
             cls._interned[key] = layout
         return layout
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Unpickling goes through the constructor, so it interns too.
+        if self._split:
+            return (Layout, (self._mesh, self._dim_axes, self._partial, self._split))
         return (Layout, (self._mesh, self._dim_axes, self._partial))
 
     def __copy__(self) -> Layout:
@@ -365,11 +376,15 @@ class Layout(_OnMesh):
                 f"give at most one entry per tensor dim ({ndim})",
             )
         if len(self._dim_axes) < ndim:
-            return Layout(self._mesh, self._dim_axes + ((),) * (ndim - len(self._dim_axes)), self._partial)
+            extra = ndim - len(self._dim_axes)
+            split = self._split + (1,) * extra if self._split else None
+            return Layout(self._mesh, self._dim_axes + ((),) * extra, self._partial, split)
         return self
 
     # -- text ------------------------------------------------------------------------
     def __repr__(self) -> str:
+        if self._split:
+            return f"Layout({self._mesh!r}, {self._dim_axes!r}, {self._partial!r}, split_factors={self._split!r})"
         head = f"Layout.from_device_mesh({self._mesh!r})"
         partial = {self._mesh.axis_names[i]: op for i, op in enumerate(self._partial) if op}
         tail = f", partial={partial!r}" if partial else ""
@@ -399,7 +414,7 @@ class Layout(_OnMesh):
 
     def without_partial(self) -> Layout:
         """The same splits with every partial mesh dim turned into Replicate."""
-        return self if not self.has_partial else Layout(self._mesh, self._dim_axes)
+        return self if not self.has_partial else Layout(self._mesh, self._dim_axes, None, self._split or None)
 
     # -- basic properties -------------------------------------------------------------
     @property
@@ -420,6 +435,17 @@ class Layout(_OnMesh):
     def partial(self) -> tuple[ReduceOp | None, ...]:
         """The partial side table: per mesh dim, ``None`` or the reduce op."""
         return self._partial
+
+    @property
+    def split_factors(self) -> tuple[int, ...]:
+        """Per tensor dim, torch's ``_StridedShard`` split factor from a view (1: none;
+        see the class docstring)."""
+        return self._split or (1,) * len(self._dim_axes)
+
+    @property
+    def is_strided(self) -> bool:
+        """True when some dim has a split factor from a view (:attr:`split_factors`)."""
+        return bool(self._split)
 
     @property
     def partial_op(self) -> ReduceOp | None:
@@ -457,7 +483,14 @@ class Layout(_OnMesh):
         ``Shard(d)``, in another order :class:`StridedShard` (torch's ``_StridedShard``)
         with torch's split factors. Every torch-form input accepts it back."""
         unsplit = tuple(Partial(op) if op else Replicate() for op in self._partial)
-        return _with_split_factors(self._mesh, unsplit, self.shard_order)
+        placements = _with_split_factors(self._mesh, unsplit, self.shard_order)
+        if self._split:
+            placements = tuple(
+                StridedShard(p.dim, split_factor=self._split[p.dim])
+                if isinstance(p, Shard) and self._split[p.dim] > 1 else p
+                for p in placements
+            )
+        return placements
 
     @property
     def shard_order(self) -> ShardOrder:
@@ -500,11 +533,16 @@ class Layout(_OnMesh):
         """True when a ``NamedSharding`` says all of this layout: no avg/max/min partial,
         and Partial(sum) only on explicit mesh axes."""
         ops = {op for op in self._partial if op}
-        return not ops or (ops == {"sum"} and self._mesh.is_explicit)
+        return not self._split and (not ops or (ops == {"sum"} and self._mesh.is_explicit))
 
     @cached_property
     def named_sharding(self) -> NamedSharding:
         """``NamedSharding(mesh.to_jax(), partition_spec)``."""
+        if self._split:
+            raise LayoutError(
+                "layout", self, "JAX has no sharding for a strided shard (a split factor from a view)",
+                "use a DTensor, which carries it, or redistribute to a layout without split factors",
+            )
         if not self.jax_expressible:
             raise LayoutError(
                 "layout",
@@ -523,6 +561,14 @@ class Layout(_OnMesh):
             raise ShapeError(
                 argument, shape, f"{len(shape)} dims, but the layout is for {self.ndim} dims", "pass a matching shape"
             )
+        for d, factor in enumerate(self._split):
+            pieces = factor * math.prod(self.pieces(d))
+            if factor > 1 and shape[d] % pieces:
+                raise ShapeError(
+                    argument, shape, f"dim {d} ({shape[d]}) has split factor {factor} and {pieces // factor} pieces: "
+                    f"a strided shard needs an extent divisible by {pieces}",
+                    "use an even extent, or a layout without split factors",
+                )
         return shape
 
     def _splits(self, dim: int, coordinate: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
@@ -534,8 +580,13 @@ class Layout(_OnMesh):
         """torch's local shape and global offset of ``rank`` (default: calling rank)."""
         shape = self.check_shape(global_shape)
         coordinate = self._mesh.get_coordinate(rank)
-        blocks = [chunking.nested_chunk(n, self._splits(d, coordinate)) for d, n in enumerate(shape)]
-        return tuple(b[1] for b in blocks), tuple(b[0] for b in blocks)
+        # A strided dim (even, see check_shape): the rank's chunk of group 0, and as many
+        # elements again in every other group; torch's offset is its first element's.
+        factors = self.split_factors
+        blocks = [
+            chunking.nested_chunk(n // factors[d], self._splits(d, coordinate)) for d, n in enumerate(shape)
+        ]
+        return tuple(b[1] * factors[d] for d, b in enumerate(blocks)), tuple(b[0] for b in blocks)
 
     def local_shape(self, global_shape: Sequence[int], rank: int | None = None) -> tuple[int, ...]:
         return self.local_shape_and_offset(global_shape, rank)[0]
@@ -544,7 +595,13 @@ class Layout(_OnMesh):
         return self.local_shape_and_offset(global_shape, rank)[1]
 
     def local_slices(self, global_shape: Sequence[int], rank: int | None = None) -> tuple[slice, ...]:
-        """The index of ``rank``'s local block in the logical tensor."""
+        """The index of ``rank``'s local block in the logical tensor (a strided shard's
+        elements are no block: :class:`LayoutError`)."""
+        if self.is_strided:
+            raise LayoutError(
+                "layout", self, "a strided shard's local elements are not one block of the logical tensor",
+                "redistribute to a layout without split factors first",
+            )
         shape, offset = self.local_shape_and_offset(global_shape, rank)
         return tuple(slice(o, o + n) for n, o in zip(shape, offset))
 
@@ -590,7 +647,12 @@ class Layout(_OnMesh):
             pieces = self.pieces(dim)
             total = math.prod(pieces)
             extents = {r: s[dim] for r, s in known.items()}
-            if total == 1:
+            factor = self.split_factors[dim]
+            if factor > 1:
+                # A strided dim is even (check_shape): every rank holds extent / pieces.
+                candidates = sorted({e * total for e in extents.values()}) if len(set(extents.values())) == 1 else []
+                candidates = [n for n in candidates if n % (factor * total) == 0]
+            elif total == 1:
                 # An unsplit dim has its global extent on every rank: all must agree.
                 candidates = sorted(set(extents.values())) if len(set(extents.values())) == 1 else []
             else:
@@ -806,6 +868,8 @@ def _with_split_factors(mesh: DeviceMesh, placements: Sequence[Placement], shard
     standing after m in the mesh multiply to k > 1."""
     result = list(placements)
     for dim, axes in shard_order:
+        if len(axes) == 1 and isinstance(result[axes[0]], StridedShard):
+            continue  # a split factor from a view (view_factors), kept as given
         for position, mesh_dim in enumerate(axes):
             factor = math.prod(mesh.shape[m] for m in axes[:position] if m > mesh_dim)
             result[mesh_dim] = Shard(dim) if factor == 1 else StridedShard(dim, split_factor=factor)
@@ -946,6 +1010,12 @@ def _torch_form_to_tables(
                 f"{p!r} is out of range for a {ndim}-d tensor",
                 f"use a Shard dim in [{-ndim}, {ndim})",
             )
+    split: list[int] | None = None
+    placements, views = view_factors(placements)
+    if views:
+        split = [1] * ndim
+        for dim, factor in views.items():
+            split[dim % ndim] = factor
     if shard_order is None:
         shard_order = split_order_from_factors(mesh, placements)
     dim_axes: list[tuple[int, ...]] = [() for _ in range(ndim)]
@@ -960,7 +1030,60 @@ def _torch_form_to_tables(
             )
         dim_axes[dim % ndim] = axes
     partial = tuple(p.reduce_op if isinstance(p, Partial) else None for p in placements)
-    return dim_axes, partial
+    return dim_axes, partial, split
+
+
+def view_factors(placements: Sequence[Placement]) -> tuple[tuple[Placement, ...], dict[int, int]]:
+    """Split factors from a view: a ``StridedShard(d, f)`` with ``f > 1`` on the only mesh
+    dim sharding ``d`` (no other mesh dim's order can explain it) becomes ``Shard(d)`` and
+    a split factor ``f`` of dim ``d``."""
+    shards: dict[int, list[int]] = {}
+    for mesh_dim, p in enumerate(placements):
+        if isinstance(p, Shard):
+            shards.setdefault(p.dim, []).append(mesh_dim)
+    views = {}
+    result = list(placements)
+    for dim, mesh_dims in shards.items():
+        p = placements[mesh_dims[0]]
+        if len(mesh_dims) == 1 and isinstance(p, StridedShard) and p.split_factor > 1:
+            views[dim] = p.split_factor
+            result[mesh_dims[0]] = Shard(dim)
+    return tuple(result), views
+
+
+def _strided_layout(
+    cls: type[Layout], mesh: Any, dim_axes: Any, partial: Any, split_factors: Any
+) -> Layout:
+    """``Layout(mesh, dim_axes, partial, split_factors)``: validated, interned by all four
+    (without a factor above 1, the layout without split factors)."""
+    plain = cls(mesh, dim_axes, partial)
+    if isinstance(split_factors, (str, bytes)) or not isinstance(split_factors, Sequence) or any(
+        isinstance(f, bool) or not isinstance(f, int) or f < 1 for f in split_factors
+    ):
+        raise ArgumentTypeError(
+            "split_factors", split_factors, "expected one positive int per tensor dim", "pass e.g. (8, 1)"
+        )
+    split = tuple(int(f) for f in split_factors)
+    if len(split) != plain.ndim:
+        raise LayoutError(
+            "split_factors", split, f"{len(split)} factors for a {plain.ndim}-d layout", "give one per tensor dim"
+        )
+    if all(f == 1 for f in split):
+        return plain
+    for dim, factor in enumerate(split):
+        if factor > 1 and len(plain.dim_axes[dim]) != 1:
+            raise LayoutError(
+                "split_factors", split,
+                f"dim {dim} has split factor {factor} but is split by {len(plain.dim_axes[dim])} mesh dims",
+                "give a split factor only to a dim split by exactly one mesh dim",
+            )
+    key = (plain.mesh, plain.dim_axes, plain.partial, split)
+    layout = cls._interned.get(key)
+    if layout is None:
+        layout = object.__new__(cls)
+        layout._mesh, layout._dim_axes, layout._partial, layout._split = key
+        cls._interned[key] = layout
+    return layout
 
 
 def _alias_entry_axes(mesh: DeviceMesh, entry: Any, entries: tuple[Any, ...]) -> tuple[int, ...]:

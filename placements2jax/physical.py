@@ -10,6 +10,13 @@ axes), so a DTensor's array differs from its logical tensor in two documented wa
   Every other partial (avg, max, min, sum on Auto axes or over a size-1 axis) is *stacked*: one leading dim
   per partial mesh axis, of that axis's size and sharded over it, so each rank's slice of
   the stack is exactly its partial value. Reducing the stack dims is an all-reduce.
+* **Strided shards.** A dim with a split factor ``f`` from a view (torch's
+  ``_StridedShard``, :attr:`.Layout.split_factors`) is stored permuted: rank ``r``'s block
+  holds its elements (chunk ``r`` of each of the ``f`` groups, group-major), so the array
+  is block-sharded like a plain split and each device's shard is torch's local tensor.
+  A reshape giving one is a reshape, transpose and reshape of the array, which XLA
+  compiles without communication; moving to another layout undoes the permutation
+  (:func:`.programs.convert`).
 
 This module only describes the representation (shapes, specs, index maps); the programs
 that move data live in :mod:`.programs`.
@@ -17,6 +24,7 @@ that move data live in :mod:`.programs`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -68,7 +76,10 @@ class Physical:
 
     @cached_property
     def is_padded(self) -> bool:
-        return self.padded_shape != self.shape
+        """True when the array is not the logical tensor as it is: padded, or a strided
+        dim stored permuted (every path that handles padding goes through
+        :meth:`positions`, which says both)."""
+        return self.padded_shape != self.shape or self.layout.is_strided
 
     @cached_property
     def dim_entries(self) -> tuple[str | tuple[str, ...] | None, ...]:
@@ -97,10 +108,15 @@ class Physical:
 
     def positions(self, dim: int) -> np.ndarray:
         """Physical index of each logical index along tensor ``dim``."""
+        factor = self.layout.split_factors[dim]
+        if factor > 1:
+            return _strided_positions(self.shape[dim], math.prod(self.layout.pieces(dim)), factor)
         return _positions(self.shape[dim], self.layout.pieces(dim))
 
     def is_prefix(self, dim: int) -> bool:
         """True when logical index i sits at physical index i (padding only at the end)."""
+        if self.layout.split_factors[dim] > 1:
+            return False
         return _is_prefix(self.shape[dim], self.layout.pieces(dim))
 
 
@@ -115,6 +131,18 @@ def _positions(size: int, pieces: tuple[int, ...]) -> np.ndarray:
     positions = chunking.logical_to_physical(size, pieces)
     positions.setflags(write=False)
     return positions
+
+
+@cached(maxsize=4096)
+def _strided_positions(size: int, pieces: int, factor: int) -> np.ndarray:
+    """Logical index ``g * (size / factor) + b * chunk + i`` (group g, block b) sits at
+    ``b * (size / pieces) + g * chunk + i``: every block holds its chunk of each group."""
+    chunk = size // (factor * pieces)
+    positions = np.arange(size).reshape(factor, pieces, chunk).transpose(1, 0, 2).reshape(size)
+    inverse = np.empty(size, dtype=np.int64)
+    inverse[positions] = np.arange(size)
+    inverse.setflags(write=False)
+    return inverse
 
 
 @cached(maxsize=4096)

@@ -145,12 +145,18 @@ class Partial(Placement):
 
 
 _TOKEN = re.compile(r"\s*(?:S\(\s*(-?\d+)\s*\)|R|P(?:\(\s*(\w+)\s*\))?)\s*", re.IGNORECASE)
+_STRIDED_TOKEN = re.compile(r"\s*_S\(\s*(-?\d+)\s*,\s*(\d+)\s*\)\s*", re.IGNORECASE)
+_ITEM_SEPARATOR = re.compile(r",(?![^()]*\))")  # a comma outside parentheses
 
 
 def parse_placement(text: str) -> Placement:
-    """Parse one short form: ``S(0)``, ``S(-1)``, ``R``, ``P``, ``P(sum)``, ``P(max)`` ..."""
+    """Parse one short form: ``S(0)``, ``S(-1)``, ``R``, ``P``, ``P(sum)``, ``P(max)`` ...,
+    or ``_S(0, 8)`` (:class:`StridedShard`, as its ``str`` writes it)."""
     if not isinstance(text, str):
         raise ArgumentTypeError("placement", text, "expected a string", 'pass e.g. "S(0)"')
+    strided = _STRIDED_TOKEN.fullmatch(text)
+    if strided is not None:
+        return StridedShard(int(strided.group(1)), split_factor=int(strided.group(2)))
     match = _TOKEN.fullmatch(text)
     if match is None:
         raise PlacementError(
@@ -172,8 +178,8 @@ def parse_placements(text: str) -> tuple[Placement, ...]:
     """Parse a comma-separated list such as ``"S(0),R"`` or ``"P(max), S(1)"``."""
     if not isinstance(text, str):
         raise ArgumentTypeError("placements", text, "expected a string", 'pass e.g. "S(0),R"')
-    # No short form contains a comma, so a plain split finds the items.
-    tokens = text.split(",")
+    # Only _S(d, f) contains a comma, inside its parentheses.
+    tokens = _ITEM_SEPARATOR.split(text)
     if any(not token.strip() for token in tokens):
         raise PlacementError(
             "placements", text, "not a comma-separated list of placements", 'write e.g. "S(0),R"'

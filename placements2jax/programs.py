@@ -96,9 +96,9 @@ def convert(x: jax.Array, src: Physical, dst: Physical) -> jax.Array:
     """The physical array of ``dst`` holding the same logical tensor as ``x`` (of ``src``)."""
     layout, target = src.layout, dst.layout
     op = layout.partial_op
-    repad = [d for d in range(len(src.shape)) if src.layout.pieces(d) != target.pieces(d) and not (
-        src.is_prefix(d) and dst.is_prefix(d) and src.padded_shape[d] == dst.padded_shape[d]
-    )]
+    repad = [d for d in range(len(src.shape)) if (
+        src.layout.pieces(d) != target.pieces(d) or layout.split_factors[d] != target.split_factors[d]
+    ) and not (src.is_prefix(d) and dst.is_prefix(d) and src.padded_shape[d] == dst.padded_shape[d])]
     new_partial = tuple(a for a in target.partial_axes if layout.partial[a] is None)
 
     # Step 1: reduce partial dims; keep those the target keeps where the representation allows.

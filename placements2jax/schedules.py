@@ -250,6 +250,8 @@ def candidates(src: Physical, dst: Physical, dtype: Any) -> tuple[Schedule, ...]
 @cached(maxsize=2048)
 def _candidates(src: Physical, dst: Physical, dtype: np.dtype) -> tuple[Schedule, ...]:
     result = [_xla(src, dst, dtype)]
+    if src.layout.is_strided or dst.layout.is_strided:  # a permuted dim: XLA's program undoes it
+        return tuple(result)
     direct = DirectSchedule.build(src, dst)
     if direct is not None:
         result.append(Schedule("direct", src, dst, dtype, direct.function, direct.collectives(dtype),

@@ -947,9 +947,12 @@ class _TorchWalker(_Walker):
                 signature = infer_signature(
                     op, list(ins), self.mesh, cost_model=self.cost_model, search="torch", **params
                 )
-            except (InferenceError, UnsupportedOpError):  # a _StridedShard result, or no aten op for these inputs
+            except (InferenceError, UnsupportedOpError):  # no aten op for these inputs
                 pass
             else:
+                if any(x.is_strided for x in signature.out_layouts):  # a view torch keeps strided: not carried yet
+                    self.picked.pop(path, None)
+                    return super()._rule_signature(eqn, path, ins, out_avals)
                 self.picked[path] = signature.chosen
                 return forced_signature(eqn.primitive.name, ins, signature.chosen, self.cost_model)
         self.picked.pop(path, None)

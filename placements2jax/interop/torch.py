@@ -49,7 +49,7 @@ from torch.distributed.tensor.placement_types import Placement as TorchPlacement
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from ..errors import ArgumentTypeError, LayoutError, PlacementError
-from ..layout import Layout, MeshPlacements, split_order_from_factors
+from ..layout import Layout, MeshPlacements, split_order_from_factors, view_factors
 from ..mesh import DeviceMesh, as_device_mesh
 from ..placements import REDUCE_OPS, Partial, Placement, Replicate, Shard, StridedShard
 from ..foreign import register_mesh_converter, register_placements_converter, register_shape_check
@@ -130,8 +130,16 @@ def from_torch_placements(
     result is bound and checked to give every rank exactly torch's shard."""
     mesh = as_device_mesh(mesh, "mesh")
     placements = tuple(placements)
-    ours = tuple(Shard(p.dim) if isinstance(p, _StridedShard) else from_torch_placement(p) for p in placements)
-    layout = Layout.from_device_mesh(mesh)(ours, shard_order=_shard_order(mesh, placements))
+    strided = tuple(
+        StridedShard(p.dim, split_factor=p.split_factor) if isinstance(p, _StridedShard) else from_torch_placement(p)
+        for p in placements
+    )
+    # A _StridedShard alone on its dim with a factor from a view (a reshape) stays one (the
+    # layout's split factor); the others say a split order (shard_order).
+    plain, views = view_factors(strided)
+    ours = tuple(p if isinstance(p, StridedShard) and p.dim in views else Shard(p.dim) if isinstance(p, Shard) else p
+                 for p in strided)
+    layout = Layout.from_device_mesh(mesh)(ours, shard_order=_shard_order(mesh, plain))
     if global_shape is None:
         return layout
     bound = layout.bind(len(global_shape))
@@ -214,7 +222,7 @@ def _convert_placements(mesh: DeviceMesh, placements: Sequence[Any]) -> Layout |
 
 def _check_shape(placements: Sequence[Any], layout: Layout, shape: tuple[int, ...]) -> None:
     if any(isinstance(p, _StridedShard) for p in placements):
-        check_torch_equivalent(layout, shape)
+        check_torch_equivalent(layout, shape)  # a view's split factor too (torch's first offset)
 
 
 register_mesh_converter(_convert_mesh)

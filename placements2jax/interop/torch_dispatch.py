@@ -12,8 +12,9 @@ Named ops map onto the aten ops torch's dispatch sees: ``add sub mul div maximum
 (``.Tensor`` / ``.default``), unary ops by their aten name, ``matmul`` of two 2-D (``mm``)
 or two 3-D (``bmm``) operands (torch decomposes ``matmul`` into these), ``sum mean`` (``dim``
 overloads), ``max min`` (``amax amin``), ``transpose`` (``permute``), ``reshape`` (``view``).
-A torch choice no :class:`Layout` can hold (a ``_StridedShard`` whose split factor no mesh
-dim gives, e.g. ``view`` of ``4x8x16`` ``S(1)`` to ``32x16``) raises
+A view torch keeps as a ``_StridedShard`` (``view`` of ``4x8x16`` ``S(1)`` to ``32x16``:
+``_StridedShard(0, split_factor=4)``) is a :class:`Layout` with that split factor
+(:attr:`Layout.split_factors`); a torch choice no Layout can hold raises
 :class:`InferenceError` naming it.
 """
 
