@@ -149,6 +149,9 @@ class DTensor:
         held only by another process's devices."""
         if isinstance(self._array, jax.core.Tracer):
             return "traced"
+        if self._layout.is_strided:  # its shards are no blocks: read them from the plain split
+            plain = Layout(self.device_mesh, self._layout.dim_axes, self._layout.partial)
+            return self.redistribute(placements=plain)._preview(count)
         layout, mesh, shape = self._layout, self.device_mesh, self._shape
         shards = {s.device: s.data for s in self._array.addressable_shards}
         blocks = {r: layout.local_slices(shape, r) for r in mesh.rank_list if mesh.device(r) in shards}

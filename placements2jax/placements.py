@@ -156,6 +156,8 @@ def parse_placement(text: str) -> Placement:
         raise ArgumentTypeError("placement", text, "expected a string", 'pass e.g. "S(0)"')
     strided = _STRIDED_TOKEN.fullmatch(text)
     if strided is not None:
+        if int(strided.group(2)) < 1:
+            raise PlacementError("placement", text, "a split factor must be positive", 'write e.g. "_S(0, 2)"')
         return StridedShard(int(strided.group(1)), split_factor=int(strided.group(2)))
     match = _TOKEN.fullmatch(text)
     if match is None:
@@ -303,6 +305,6 @@ def parse_placements_or_alias(text: str) -> tuple[Placement, ...] | tuple[str | 
             return parse_alias(text)
         except PlacementError:
             # Report the form the text was closer to: any S(..)/P(..) means the torch form.
-            if re.search(r"[SP]\s*\(\s*-?\w*\s*\)", text):
+            if re.search(r"[SP]\s*\(\s*-?\w*\s*(?:,\s*\w*\s*)?\)", text):
                 raise torch_form_error from None
             raise
