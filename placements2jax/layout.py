@@ -394,7 +394,10 @@ class Layout(_OnMesh):
         """The one text form of a layout, which :func:`resolve_layout` parses back: the
         torch form (``S(0),R,P(max)``) when every tensor dim is split by at most one mesh
         axis, else the alias form with its partial axes (``(c,b),None; partial a=max``)."""
-        if all(len(axes) <= 1 for axes in self._dim_axes):
+        if self._split or all(len(axes) <= 1 for axes in self._dim_axes):
+            # (A strided layout is written in torch form even with a dim split by several
+            # mesh dims, which then has no text that parses back: the alias form has no
+            # split factors.)
             return ",".join(str(p) for p in self.placements)
         partial = {self._mesh.axis_names[m]: op for m, op in enumerate(self._partial) if op}
         return format_alias(self.alias_map) + (f"; partial {format_partial(partial)}" if partial else "")

@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from jax.sharding import NamedSharding, PartitionSpec
 
 from placements2jax import (
@@ -185,3 +187,37 @@ def test_a_strided_dtensor_reads_and_refuses_ops_clearly(mesh1) -> None:
         d + d
     plain = d.redistribute(mesh1, [Shard(0)])
     np.testing.assert_array_equal(np.asarray((plain + plain).full_tensor()), 2 * value)
+
+
+@st.composite
+def _strided_cases(draw):  # noqa: ANN001, ANN202
+    """A mesh, a 2-d shape, torch placements with one view split factor, a plain target."""
+    name = draw(st.sampled_from(["mesh1", "mesh2"]))
+    mesh_shape = (8,) if name == "mesh1" else (4, 2)
+    dim = draw(st.integers(0, 1))
+    factor = draw(st.sampled_from([2, 3, 4]))
+    strided_on = draw(st.integers(0, len(mesh_shape) - 1))
+    shape = [draw(st.sampled_from([2, 3, 4])) for _ in range(2)]
+    shape[dim] = factor * mesh_shape[strided_on] * draw(st.integers(1, 2))
+    placements: list = [torch.distributed.tensor.Replicate()] * len(mesh_shape)
+    placements[strided_on] = _StridedShard(dim, split_factor=factor)
+    if len(mesh_shape) == 2 and draw(st.booleans()) and shape[1 - dim] % mesh_shape[1 - strided_on] == 0:
+        placements[1 - strided_on] = torch.distributed.tensor.Shard(1 - dim)
+    target = draw(st.sampled_from(["R", "S(0)", "S(1)"] if name == "mesh1" else ["R,R", "S(0),R", "R,S(1)", "S(1),S(0)"]))
+    return name, tuple(shape), placements, target
+
+
+@settings(deadline=None, max_examples=8, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=_strided_cases())
+def test_property_strided_shards_match_torch_and_move_exactly(case, request) -> None:  # noqa: ANN001
+    name, shape, placements, target = case
+    mesh = request.getfixturevalue(name)
+    value = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    d = distribute_tensor(value, mesh, placements)
+    expected = _torch_locals(value, placements, mesh)
+    for rank, shard in _shards(d, mesh).items():
+        np.testing.assert_array_equal(shard, expected[rank])
+    moved = d.redistribute(mesh, target)
+    np.testing.assert_array_equal(np.asarray(moved.full_tensor()), value)
+    for rank, shard in _shards(moved.redistribute(mesh, placements), mesh).items():
+        np.testing.assert_array_equal(shard, expected[rank])
