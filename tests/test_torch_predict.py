@@ -68,3 +68,16 @@ def test_check_follows_the_torch_choices() -> None:
 def test_unknown_search_names_torch() -> None:
     with pytest.raises(InferenceError, match="'torch'"):
         predict(_mlp, ((2,), jnp.float32, "R"), search="torhc")
+
+
+def test_a_reshape_torch_keeps_strided_takes_the_eager_choice() -> None:
+    """Torch keeps ``8x16 S(1) -> 128`` as ``_StridedShard(0, 8)``; inference cannot carry a
+    split factor yet, so the torch walk takes the eager choice there (and torch's after)."""
+    mesh = init_device_mesh((8,), ("x",))
+    x = ((8, 16), jnp.float32, Layout.from_device_mesh(mesh)("S(1)").bind(2))
+    prediction = predict(lambda a: jnp.exp(a.reshape(128)), x, search="torch")
+    eager = predict(lambda a: jnp.exp(a.reshape(128)), x, search="eager")
+    assert [str(r.outputs[0].layout) for r in prediction.equations] == [
+        str(r.outputs[0].layout) for r in eager.equations
+    ]
+    assert "0" not in dict(prediction.choices) and "1" in dict(prediction.choices)
