@@ -582,12 +582,14 @@ def _to_logical(x: jax.Array, phys: Physical) -> jax.Array:
 
 
 def _unpad(x: jax.Array, shape: Shape, sharding: NamedSharding) -> jax.Array:
-    """The first ``shape`` elements of a padded array, constrained to ``sharding``. Inside ``jax.set_mesh`` of an
-    Explicit mesh ``x`` keeps its Explicit type (the constraint to the Auto twin does not
-    retype it there), and JAX refuses to slice a split dim unevenly (``slicing on sharded
-    dims where out dim (6) is not divisible by mesh axes (4)``): the slice runs under
-    ``jax.sharding.auto_axes``, the uneven dims' axes dropped from its Explicit result
-    (a constraint there would be an assertion)."""
+    """The first ``shape`` elements of a padded array, constrained to ``sharding``.
+
+    Inside ``jax.set_mesh`` of an Explicit mesh (eager ``jax.grad``) ``x`` keeps its
+    Explicit type (the constraint to the Auto twin does not retype it there), and JAX
+    refuses to slice a split dim unevenly (``slicing on sharded dims where out dim (6) is
+    not divisible by mesh axes (4)``): the slice runs under ``jax.sharding.auto_axes``,
+    the uneven dims' axes dropped from its Explicit result (a constraint there would be
+    an assertion)."""
     typed = jax.typeof(x).sharding
     if not typed.mesh.explicit_axes:
         return lax.with_sharding_constraint(lax.slice(x, (0,) * len(shape), shape), sharding)
