@@ -471,7 +471,12 @@ its loss (two blocks, a vocabulary projection split by tp, a log-softmax) and a 
 step (forward, gradients, SGD update) of two Megatron MLP blocks; then on the real
 models of the test suite (GPT-2 with its scanned layers, Llama; loss, `value_and_grad`
 and a clip + adamw step; quick mode: Llama's loss only), with `predict`'s cold time in
-CPU seconds (process time: the machine's other load does not count).
+CPU seconds (process time: the machine's other load does not count) beside XLA's compile
+of plain `jax.jit` of the same program (CPU seconds, a fresh function object). Then
+`apply(fn)` (its default `execute="auto"`, which is `"xla"` for these programs) under
+`jax.jit` against plain `jax.jit(fn)` on the same input and output shardings:
+collectives and bytes per device read from both compiled programs, and paired step
+times. The notes are `check`'s per-collective-kind explanations for each program.
 """,
     )
     _ops(config, section)

@@ -259,7 +259,7 @@ class CheckReport:
                 notes.append(f"the prediction has {len(ours) - operands} more")
             elif len(ours) < operands:
                 notes.append(f"XLA has {operands - len(ours)} more")
-            if ours and theirs and ours_bytes != theirs_bytes:
+            if ours and ours_bytes != theirs_bytes:
                 more = "the prediction" if ours_bytes > theirs_bytes else "XLA"
                 notes.append(f"{more} sends {difference} B per device more")
             checks.append(CollectiveCheck(kind, len(ours), ours_bytes, len(theirs), operands, theirs_bytes, here,
