@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from catalogue import mesh_of
-from harness import Config, Section, Table, microseconds, paired, progress, time_each
+from harness import Config, Section, Table, Target, microseconds, paired, progress, time_each
 from jax._src.core import ShardingTypeError  # not exported by jax 0.10.2
 from jax.sharding import AxisType, NamedSharding
 
@@ -329,9 +329,54 @@ def _predict_steps(config: Config, section: Section) -> None:
     )
 
 
+def _plain(args: Any, out_layouts: Any) -> tuple[Any, Any]:
+    """The arguments as jax.Arrays on the mesh's Auto twin (same blocks, same specs) and
+    ``out_layouts`` as ``out_shardings`` there (None: free), for plain ``jax.jit``."""
+    from placements2jax import DTensor
+    from placements2jax.dtensor import auto_twin_of
+
+    def auto(x: Any) -> NamedSharding:
+        return NamedSharding(auto_twin_of(x.device_mesh.to_jax()), x.to_jax().sharding.spec)
+
+    is_dtensor = lambda x: isinstance(x, DTensor)  # noqa: E731
+    plain_args = jax.tree.map(lambda x: jax.device_put(x.to_jax(), auto(x)) if is_dtensor(x) else x, args,
+                              is_leaf=is_dtensor)
+    return plain_args, jax.tree.map(auto, out_layouts, is_leaf=is_dtensor)
+
+
+def _communication(jitted: Any, args: Any) -> tuple[int, float]:
+    """Collectives (operands of XLA's combined collectives counted once per instruction)
+    and bytes per device in the compiled HLO."""
+    from placements2jax.hlo import compiled_collectives
+    from placements2jax.inference.check import collective_nbytes
+
+    collectives = compiled_collectives(jitted, *args)
+    return len(collectives), float(sum(collective_nbytes(c, 8) for c in collectives))
+
+
+def _apply_vs_jit(fn: Any, args: Any, out_layouts: Any, config: Config) -> tuple[Any, ...]:
+    """apply(fn) under jax.jit against plain jax.jit(fn) on the same input and output
+    shardings: (collectives, bytes per device) of each compiled program, paired step times
+    and XLA's compile time of plain jit (CPU s, a fresh function object)."""
+    from placements2jax import apply
+
+    plain_args, out_shardings = _plain(args, out_layouts)
+    ours = jax.jit(lambda *a: apply(fn, *a, out_layouts=out_layouts))
+    plain_jit = jax.jit(fn, out_shardings=out_shardings)
+    start = time.process_time()
+    jax.jit(lambda *a: fn(*a), out_shardings=out_shardings).lower(*plain_args).compile()
+    compile_s = time.process_time() - start
+    counts = _communication(ours, args), _communication(plain_jit, plain_args)
+    times = time_each(
+        (lambda: jax.block_until_ready(ours(*args)), lambda: jax.block_until_ready(plain_jit(*plain_args))), config
+    )
+    return counts, paired(times[0], times[1]), compile_s
+
+
 def _real_models(config: Config, section: Section) -> None:
     """check on whole training programs of real models: predicted vs compiled bytes and
-    collectives (XLA's combined collectives counted by operand), outputs agreeing."""
+    collectives (XLA's combined collectives counted by operand), outputs agreeing; then
+    apply of each program under jax.jit against plain jax.jit of it."""
     from models import common, gpt2, llama  # the test models (tests/ is on sys.path)
 
     from placements2jax import check
@@ -340,7 +385,7 @@ def _real_models(config: Config, section: Section) -> None:
     cases = [("Llama", "loss")] if config.quick else [
         (model, mode) for model in ("GPT-2", "Llama") for mode in ("loss", "value_and_grad", "adamw step")
     ]
-    rows = []
+    rows, apply_rows, met, notes = [], [], True, []
     for model, mode in cases:
         progress(f"  inference check({model} {mode})")
         module, cfg = (gpt2, gpt2.Config()) if model == "GPT-2" else (llama, llama.Config())
@@ -351,20 +396,46 @@ def _real_models(config: Config, section: Section) -> None:
         cold = time.process_time() - start
         report = check(fn, *args, out_layouts=out_layouts)
         agree = sum(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
+        progress(f"  inference apply({model} {mode}) under jax.jit vs jax.jit")
+        ((n_ours, b_ours), (n_plain, b_plain)), timing, compile_s = _apply_vs_jit(fn, args, out_layouts, config)
+        met = met and n_ours <= n_plain and b_ours <= b_plain and timing.spread[0] <= 1.1
         rows.append((
             model, mode, f"{float(report.predicted_bytes) / 1000:.1f}", f"{float(report.compiled_bytes) / 1000:.1f}",
             f"{float(report.predicted_bytes / report.compiled_bytes):.2f}", sum(report.predicted_counts.values()),
             f"{sum(report.compiled_counts.values())} ({sum(report.compiled_operand_counts.values())} operands)",
-            f"{agree}/{len(report.outputs)}", f"{cold:.2f}",
+            f"{agree}/{len(report.outputs)}", f"{cold:.2f}", f"{compile_s:.2f}", f"{cold / compile_s:.2f}",
         ))
+        apply_rows.append((
+            model, mode, f"{n_ours} / {n_plain}", f"{b_ours / 1000:.1f} / {b_plain / 1000:.1f}",
+            microseconds(timing.ours_median), microseconds(timing.baseline_median), timing.ratio_text(),
+        ))
+        notes.extend(f"check, {model} {mode}, {c.kind}: {c.note}" for c in report.collective_checks if c.note)
     section.tables.append(
         Table(
             "check on real training programs (tests/models GPT-2 and Llama, tiny configs, Megatron plan, mesh "
-            "dp=2 x tp=4; CPU: a predicted reduce-scatter counts as the all-reduce XLA compiles)",
+            "dp=2 x tp=4; CPU: a predicted reduce-scatter counts as the all-reduce XLA compiles; cold predict and "
+            "XLA's compile of plain jax.jit in CPU seconds)",
             ("model", "function", "predicted KB/device", "XLA KB/device", "ratio", "predicted collectives",
-             "XLA collectives", "outputs agreeing", "predict cold (CPU s)"),
+             "XLA collectives", "outputs agreeing", "predict cold (CPU s)", "XLA compile (CPU s)",
+             "cold / compile"),
             tuple(rows),
         )
+    )
+    section.tables.append(
+        Table(
+            "apply(fn) (its default execute) under jax.jit vs plain jax.jit(fn) on the same input and output "
+            "shardings (the programs above; collectives and bytes per device from the compiled HLO, paired step "
+            "times: median ratio (quartiles))",
+            ("model", "function", "collectives apply / jit", "KB/device apply / jit", "apply (µs)", "jit (µs)",
+             "time apply / jit"),
+            tuple(apply_rows),
+        )
+    )
+    section.notes.extend(notes)
+    section.targets.append(
+        Target("apply of the whole program under jax.jit: no more collectives or bytes than plain jax.jit, time "
+               "within 1.1x", "; ".join(f"{r[0]} {r[1]}: {r[2]}, {r[3]} KB, {r[6]}" for r in apply_rows),
+               "<= jit, lower quartile <= 1.1x", met)
     )
 
 
@@ -400,7 +471,12 @@ its loss (two blocks, a vocabulary projection split by tp, a log-softmax) and a 
 step (forward, gradients, SGD update) of two Megatron MLP blocks; then on the real
 models of the test suite (GPT-2 with its scanned layers, Llama; loss, `value_and_grad`
 and a clip + adamw step; quick mode: Llama's loss only), with `predict`'s cold time in
-CPU seconds (process time: the machine's other load does not count).
+CPU seconds (process time: the machine's other load does not count) beside XLA's compile
+of plain `jax.jit` of the same program (CPU seconds, a fresh function object). Then
+`apply(fn)` (its default `execute="auto"`, which is `"xla"` for these programs) under
+`jax.jit` against plain `jax.jit(fn)` on the same input and output shardings:
+collectives and bytes per device read from both compiled programs, and paired step
+times. The notes are `check`'s per-collective-kind explanations for each program.
 """,
     )
     _ops(config, section)

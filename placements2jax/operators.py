@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import itertools
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -69,8 +70,9 @@ __all__ = [
 ]
 
 Shape = tuple[int, ...]
-# how apply runs a function: per equation as torch dispatches ("ops"), or compiled whole by XLA
-EXECUTES = ("ops", "xla")
+# how apply runs a function: per equation as torch dispatches ("ops"), compiled whole by XLA
+# ("xla"), or "auto": "ops" when fn calls a function with a register_sharding rule, else "xla"
+EXECUTES = ("auto", "ops", "xla")
 _SCALARS = (bool, int, float, complex)
 _CONSTANTS = (*_SCALARS, np.generic, np.ndarray, jax.Array)
 # Operand keys: ("dtensor", shape, dtype, layout) or ("constant", shape, dtype, weak).
@@ -394,11 +396,18 @@ _install_methods(DTensor)
 # -- apply -----------------------------------------------------------------------------------
 
 
-def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, execute: str = "xla", **kwargs: Any) -> Any:
+def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, execute: str = "auto", **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` on DTensors; the result has ``fn``'s structure with a
     DTensor per array, laid out as :func:`~placements2jax.inference.predict` says.
 
-    ``execute="xla"`` (the default): the output layouts come from the whole-program
+    ``execute="auto"`` (the default) is ``"ops"`` when ``fn``'s jaxpr (sub-jaxprs of
+    ``scan``, ``cond``, ``pjit``, custom derivatives included) calls a function with a
+    :func:`~placements2jax.register_sharding` rule, so that it runs on each rank's blocks
+    under its rule as torch runs it; otherwise ``"xla"``. The choice is made once per
+    function and input specs from the jaxpr ``predict`` traced (cached with the program;
+    registering a rule clears it).
+
+    ``execute="xla"``: the output layouts come from the whole-program
     search (``predict(search="program")``, ``out_layouts`` honoured) and XLA compiles
     ``fn`` once on the inputs' logical arrays constrained to the inputs' and those output
     layouts, so it sends what plain ``jax.jit`` with these shardings sends (inputs'
@@ -409,7 +418,7 @@ def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, execute: 
     (loops run per iteration under their rows' layouts); intermediates and outputs get
     torch's op-by-op placements (outputs may be Partial as torch's are).
 
-    Why ``"xla"`` is the default: ``apply`` runs whole functions (a layer, a loss, a
+    Why ``"xla"`` is the default choice: ``apply`` runs whole functions (a layer, a loss, a
     training step), where a user of ``jax.jit`` expects what ``jax.jit`` compiles and a
     user of torch DTensor gets op-by-op semantics from the DTensor operators themselves
     (``x @ w``, ``x.sum()``). Measured on the test GPT-2 / Llama (dp=2 x tp=4, Megatron
@@ -418,9 +427,9 @@ def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, execute: 
     and eagerly one program is compiled instead of one per equation (minutes on a
     training step with ``"ops"``); the loss alone runs in 14 / 6 ms warm against 20 / 9 ms
     with ``"ops"``. Values are the same either way; pass ``execute="ops"`` for torch's
-    placements of every intermediate and output, and to run functions with a
-    ``register_sharding`` rule on each rank's blocks under that rule (with ``"xla"``,
-    XLA partitions them as in plain ``jax.jit``).
+    placements of every intermediate and output. Functions with a ``register_sharding``
+    rule run on each rank's blocks under that rule with ``"ops"`` (the ``"auto"`` choice
+    for them); with ``"xla"`` XLA partitions them as in plain ``jax.jit``.
 
     ``args`` are pytrees (dicts, lists, NamedTuples, dataclasses, registered classes) of
     DTensors and constants (arrays, numbers, PRNG keys: Replicate tensors); ``kwargs``
@@ -451,7 +460,7 @@ def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, execute: 
     if execute not in EXECUTES:
         raise InferenceError("execute", execute, "unknown execution", f"use one of {EXECUTES}")
     tag = ("apply", fn, frozen, in_tree, targets, execute)
-    build = _xla_program if execute == "xla" else _apply_program
+    build = {"auto": _auto_program, "xla": _xla_program, "ops": _apply_program}[execute]
     program = _dispatch(tag, leaves, partial(build, fn, frozen, in_tree, targets))
     _announce(f"apply({getattr(fn, '__name__', type(fn).__name__)})", program, leaves)
     return program(leaves)
@@ -536,6 +545,26 @@ def _xla_program(
     return Program(jax.jit(body), prediction.out_layouts, out_shapes, prediction.out_tree, prediction)
 
 
+@cached(maxsize=1024)
+def _auto_program(
+    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, keys: tuple[OperandKey, ...], cost_model: CostModel
+) -> Program:
+    """``apply(execute="auto")``: the ``"ops"`` program when ``fn`` calls a registered
+    function, else the ``"xla"`` one (whose prediction's jaxpr tells which)."""
+    program = _xla_program(fn, kwargs, in_tree, targets, keys, cost_model)
+    if _calls_registered(program.plan.jaxpr.jaxpr):
+        return _apply_program(fn, kwargs, in_tree, targets, keys, cost_model)
+    return program
+
+
+def _calls_registered(jaxpr: Any) -> bool:
+    """Whether ``jaxpr`` or one of its sub-jaxprs calls a function with a registered rule."""
+    return any(
+        registered_function(eqn) is not None or any(_calls_registered(sub) for sub in core.jaxprs_in_params(eqn.params))
+        for eqn in jaxpr.eqns
+    )
+
+
 def _to_logical(x: jax.Array, phys: Physical) -> jax.Array:
     """A DTensor's physical array as its logical value sharded like its tensor dims, on
     the Auto twin of an Explicit mesh (so XLA propagates shardings through ``fn``)."""
@@ -548,8 +577,35 @@ def _to_logical(x: jax.Array, phys: Physical) -> jax.Array:
     else:
         x = lax.with_sharding_constraint(x, sharding)
     if plain.is_padded:
-        x = lax.with_sharding_constraint(lax.slice(x, (0,) * len(shape), shape), sharding)
+        x = _unpad(x, shape, sharding)
     return x
+
+
+def _unpad(x: jax.Array, shape: Shape, sharding: NamedSharding) -> jax.Array:
+    """The first ``shape`` elements of a padded array, constrained to ``sharding``.
+
+    Inside ``jax.set_mesh`` of an Explicit mesh (eager ``jax.grad``) ``x`` keeps its
+    Explicit type (the constraint to the Auto twin does not retype it there), and JAX
+    refuses to slice a split dim unevenly (``slicing on sharded dims where out dim (6) is
+    not divisible by mesh axes (4)``): the slice runs under ``jax.sharding.auto_axes``,
+    the uneven dims' axes dropped from its Explicit result (a constraint there would be
+    an assertion)."""
+    typed = jax.typeof(x).sharding
+    if not typed.mesh.explicit_axes:
+        return lax.with_sharding_constraint(lax.slice(x, (0,) * len(shape), shape), sharding)
+    spec = [
+        None if entry is None or size % math.prod(typed.mesh.shape[a] for a in _names(entry)) else entry
+        for entry, size in zip(tuple(typed.spec) + (None,) * len(shape), shape)
+    ]
+    return jax.sharding.auto_axes(
+        lambda v: lax.slice(v, (0,) * len(shape), shape), axes=typed.mesh.explicit_axes,
+        out_sharding=PartitionSpec(*spec),
+    )(x)
+
+
+def _names(entry: Any) -> tuple[str, ...]:
+    """A PartitionSpec entry's mesh axis names."""
+    return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(1, 2))
@@ -575,9 +631,16 @@ _explicit_to_auto.defvjp(_explicit_to_auto_fwd, _explicit_to_auto_bwd)
 
 def _from_logical(y: jax.Array, layout: Layout, shape: Shape) -> jax.Array:
     """A logical output value as the physical array of ``layout`` (a partial made
-    locally from the value, without communication)."""
+    locally from the value, without communication). Explicit-typed (inside
+    ``jax.set_mesh``, see :func:`_unpad`), it is placed under ``auto_axes``."""
     plain = physical(layout.without_partial(), shape)
-    y = place(jnp.asarray(y), layout, shape)
+    y = jnp.asarray(y)
+    explicit = jax.typeof(y).sharding.mesh.explicit_axes
+    if explicit:
+        y = jax.sharding.auto_axes(partial(place, layout=layout, shape=shape), axes=explicit,
+                                   out_sharding=plain.sharding)(y)
+    else:
+        y = place(y, layout, shape)
     if layout.mesh.is_explicit:
         y = jax.sharding.reshard(y, plain.sharding)
     return _move(y, plain, physical(layout, shape))

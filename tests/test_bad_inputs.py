@@ -1232,6 +1232,13 @@ CASES: list[Case] = [
         lambda e: apply(jnp.sin, e.dt, execute="fast"),
     ),
     _c(
+        "apply: execute not a name",
+        "apply",
+        InferenceError,
+        "execute",
+        lambda e: apply(jnp.sin, e.dt, execute=None),
+    ),
+    _c(
         "apply: a loop whose body has no rule",
         "apply",
         UnsupportedOpError,

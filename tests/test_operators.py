@@ -500,6 +500,30 @@ def test_apply_xla_is_exact_on_uneven_and_partial_layouts(rows: int) -> None:
     assert [str(layout) for layout in want] == ["S(0),P"]
 
 
+
+def test_apply_default_compiles_a_function_without_registered_calls_whole() -> None:
+    """execute="auto" (the default) is "xla" when fn calls no registered function: the
+    same program as execute="xla", not the op-by-op one."""
+    x = _dt(_data((8, 12), 44), MESH2, "S(0),S(1)")
+    fn = functools.partial(jnp.sum, axis=1, keepdims=True)
+    lowered = {
+        execute: jax.jit(functools.partial(apply, fn, execute=execute)).lower(x).as_text()
+        for execute in ("auto", "xla", "ops")
+    }
+    assert lowered["auto"] == lowered["xla"] != lowered["ops"]
+
+
+@pytest.mark.parametrize("execute", ["xla", "ops"])
+def test_apply_under_eager_grad_inside_set_mesh_on_an_uneven_input(execute: str) -> None:
+    """Inside jax.set_mesh the inputs stay Explicit-typed: execute="xla" slices the pad
+    of an uneven input (7 rows over dp=2) and places its output under auto_axes."""
+    a = _data((7, 12), 45)
+    x = _dt(a, MESH2, "S(0),S(1)")
+    with jax.set_mesh(MESH2.to_jax()):
+        grad = jax.grad(lambda t: apply(jnp.sin, t, execute=execute).full_tensor().sum())(x)
+    assert grad.layout == x.layout
+    np.testing.assert_allclose(np.asarray(grad.full_tensor()), np.cos(a), rtol=1e-6)
+
 def test_apply_errors() -> None:
     x = _dt(_data((8, 12)), MESH1, "S(0)")
     with pytest.raises(ArgumentTypeError, match="fn"):

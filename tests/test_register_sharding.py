@@ -120,6 +120,22 @@ def test_apply_runs_the_registered_function_per_rank(mesh: DeviceMesh, registere
     np.testing.assert_allclose(np.asarray(grad.full_tensor()), 2 * np.cos(X[:6]), rtol=1e-6)
 
 
+
+def test_apply_defaults_to_ops_for_a_registered_function(mesh: DeviceMesh, registered: list) -> None:
+    """execute="auto" (the default) runs fn op by op when it calls a registered function,
+    found inside a nested jit too: the rule's layout, and eager grad inside jax.set_mesh."""
+    register_sharding(scaled_sin)(row_softmax_rule)
+    registered.append(scaled_sin)
+    dx = distribute_tensor(X[:6], mesh, [Shard(0), Shard(1)])  # uneven over dp
+    nested = jax.jit(lambda t: scaled_sin(t) + 1)
+    out = apply(nested, dx)
+    assert out.layout == apply(nested, dx, execute="ops").layout
+    assert out.layout.dim_axes == ((0, 1), ())
+    np.testing.assert_allclose(np.asarray(out.full_tensor()), np.sin(X[:6]) * 2 + 1, rtol=1e-6)
+    with jax.set_mesh(mesh.to_jax()):
+        grad = jax.grad(lambda t: apply(scaled_sin, t).full_tensor().sum())(dx)
+    np.testing.assert_allclose(np.asarray(grad.full_tensor()), 2 * np.cos(X[:6]), rtol=1e-6)
+
 def test_cost_ranking_picks_the_cheapest_strategy(mesh: DeviceMesh, registered: list) -> None:
     @jax.jit
     def double(a):

@@ -221,11 +221,14 @@ class CheckReport:
     def collective_checks(self) -> tuple[CollectiveCheck, ...]:
         """Predicted vs compiled per collective kind, with XLA's legitimate differences
         (module docstring) named per kind."""
-        lowered = sum(1 for s in self.prediction.steps if s.collective == REDUCE_SCATTER) if self.platform == "cpu" else 0
-        lowered += sum(
-            1 for o in self.outputs if o.conversion is not None and self.platform == "cpu"
+        scatters = [s.nbytes for s in self.prediction.steps if s.collective == REDUCE_SCATTER]
+        scatters += [
+            s.nbytes for o in self.outputs if o.conversion is not None
             for s in o.conversion.steps if s.collective == REDUCE_SCATTER
-        )
+        ]
+        if self.platform != "cpu":
+            scatters = []
+        lowered = len(scatters)
         predicted: dict[str, list[Fraction]] = {}
         for kind, nbytes in self.predicted_collectives:
             predicted.setdefault(kind, []).append(nbytes)
@@ -241,16 +244,24 @@ class CheckReport:
             notes = []
             here = lowered if kind == ALL_REDUCE else 0
             if here:
-                notes.append(f"{here} predicted reduce-scatter(s) compiled as all-reduces (CPU XLA has no reduce-scatter: "
-                             "it all-reduces the whole block and slices it), counted at twice their bytes")
+                extra = format_bytes(sum(scatters, Fraction(0)))
+                notes.append(
+                    f"{here} predicted reduce-scatter(s) compiled as all-reduces (CPU XLA has no reduce-scatter: it "
+                    f"all-reduces the whole block and slices it): XLA legitimately sends {extra} B per device more "
+                    "than they would, so they are counted at twice their bytes"
+                )
             if operands > len(theirs):
                 notes.append(f"XLA's combiner merged {operands} operands into {len(theirs)} collectives")
+            difference = format_bytes(abs(ours_bytes - theirs_bytes))
             if not ours and theirs:
-                notes.append("XLA's own choice; no predicted counterpart")
+                notes.append(f"XLA's own choice ({difference} B per device); no predicted counterpart")
             elif len(ours) > operands:
                 notes.append(f"the prediction has {len(ours) - operands} more")
             elif len(ours) < operands:
                 notes.append(f"XLA has {operands - len(ours)} more")
+            if ours and ours_bytes != theirs_bytes:
+                more = "the prediction" if ours_bytes > theirs_bytes else "XLA"
+                notes.append(f"{more} sends {difference} B per device more")
             checks.append(CollectiveCheck(kind, len(ours), ours_bytes, len(theirs), operands, theirs_bytes, here,
                                           "; ".join(notes)))
         return tuple(checks)
