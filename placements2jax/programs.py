@@ -99,7 +99,10 @@ def convert(x: jax.Array, src: Physical, dst: Physical) -> jax.Array:
     repad = [d for d in range(len(src.shape)) if (
         src.layout.pieces(d) != target.pieces(d) or layout.split_factors[d] != target.split_factors[d]
     ) and not (src.is_prefix(d) and dst.is_prefix(d) and src.padded_shape[d] == dst.padded_shape[d])]
-    new_partial = tuple(a for a in target.partial_axes if layout.partial[a] is None)
+    # A partial whose reduce op changes (P(sum) -> P(avg) for a linear op's inputs) is new too:
+    # the source's partial is reduced first, and nothing of it is kept.
+    same_op = op == target.partial_op
+    new_partial = tuple(a for a in target.partial_axes if layout.partial[a] != target.partial[a])
 
     # Step 1: reduce partial dims; keep those the target keeps where the representation allows.
     if src.unreduced_axes:
@@ -114,7 +117,7 @@ def convert(x: jax.Array, src: Physical, dst: Physical) -> jax.Array:
         kept_stack: tuple[int, ...] = ()
         x = reshard_to(x, src.reduced_sharding)
     elif src.stacked_axes:
-        kept_stack = tuple(a for a in src.stacked_axes if a in dst.stacked_axes)
+        kept_stack = tuple(a for a in src.stacked_axes if a in dst.stacked_axes) if same_op else ()
         reduce_positions = tuple(i for i, a in enumerate(src.stacked_axes) if a not in kept_stack)
         if reduce_positions:
             x = REDUCERS[op](x, axis=reduce_positions)  # type: ignore[index]

@@ -100,6 +100,16 @@ def test_binary_ops_values_and_placements(
     _check(DUNDER[op](x, y), BINARY[op](a, b), op, [x, y])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+@pytest.mark.parametrize("left,right", [("R,P", "S(1),P(avg)"), ("R,P(avg)", "S(1),P"), ("P(avg),R", "P,S(0)")])
+def test_add_of_sum_and_avg_partials_on_one_mesh_dim(left: str, right: str, dtype: type) -> None:
+    """One input's partial changes reduce op (P(sum) <-> P(avg)) on the way to the linear rule's
+    common partial: its partial is reduced first, never kept (hypothesis found the assertion)."""
+    a = (np.arange(96).reshape(8, 12) * 7).astype(dtype)
+    x, y = _dt(a, MESHES["2d"], left), _dt(a + 1, MESHES["2d"], right)
+    np.testing.assert_array_equal(np.asarray((x + y).full_tensor()), a + a + 1)
+
+
 @pytest.mark.parametrize(
     "mesh_name,shape,placements",
     [("1d", (7, 5), "S(1)"), ("2d", (7, 5), "S(0),P(max)"), ("2d", (8, 12), "P,S(1)")],
