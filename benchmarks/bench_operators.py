@@ -290,7 +290,7 @@ the optimized HLO texts are compared with names, metadata and source locations r
 (identifiers renumbered in order of appearance). **Training steps**: a whole optax
 adamw step of the test models (tests/models: GPT-2 scanning over its blocks, Llama) laid
 out with the Megatron plan, run by `apply(step, ..., out_layouts=(params, state, None))`
-(its default `execute="xla"`) under `jax.jit` against plain `jax.jit(step, out_shardings=...)` on the
+(`execute="xla"`, what the default `"auto"` picks for them) under `jax.jit` against plain `jax.jit(step, out_shardings=...)` on the
 same shardings (Auto axes): compiled collectives, bytes per device, paired step times
 (quick mode: a Megatron MLP's adamw step only).
 """,
