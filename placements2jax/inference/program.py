@@ -342,6 +342,8 @@ class _Search:
         while queue:
             node = self.graph.nodes[heapq.heappop(queue)]
             looked.add(node.path)
+            if node.path in seeds:  # a seed downstream of another keeps its candidate (a value move's)
+                continue
             best = self.greedy(node.path, trial)
             if best == trial[node.path]:
                 continue
