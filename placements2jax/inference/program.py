@@ -164,15 +164,18 @@ def _select(keyed: _Keyed, cost_model: CostModel, targets: tuple[Layout | None, 
     search = _Search(graph, cost_model, targets)
     eager = {node.path: 0 for node in graph.nodes}
     chosen, best = eager, search.total(eager)
+    origin = eager
     for start in search.starts(eager):
         found = search.improve(start)
         cost = search.total(found)
         if cost < best:
+            chosen, best, origin = found, cost, start
+    # value moves: continuing from the best result, and descending with them from its start (two basins: on the
+    # GPT-2 adamw step the second is 0.89x the first's bytes, on Llama's 1.19x)
+    for found in (search.improve(chosen, values=True), search.improve(origin, values=True)):
+        cost = search.total(found)
+        if cost < best and cost[1] <= best[1]:
             chosen, best = found, cost
-    found = search.improve(chosen, values=True)
-    cost = search.total(found)
-    if cost < best and cost[1] <= best[1]:
-        chosen, best = found, cost
     if chosen is eager:
         return {}
     return {node.path: node.candidates[chosen[node.path]] for node in graph.nodes}
