@@ -33,7 +33,10 @@ single-equation move cannot get there: a weight gradient feeding the clip, both 
 moments and the update is reduce-scattered for each consumer's own sake and the updated
 parameter and moments are all-gathered back into their layouts at the end. That result
 is kept only if it has fewer bytes and no more collectives (on the Llama adamw step:
-0.81x the bytes and 163 collectives instead of 180; GPT-2's: 0.90x, 82 instead of 88). A move re-chooses one
+0.81x the bytes and 163 collectives instead of 180; GPT-2's: 0.90x, 82 instead of 88).
+The same descent with value moves from the first round is also run from that result's
+start (another basin: 0.89x the bytes on GPT-2's adamw step, 1.19x on Llama's), kept on
+the same terms. A move re-chooses one
 equation: one that makes, carries or receives a partial reduces it right there (into a
 split, or to Replicate on those mesh dims, or, with partials on several mesh dims, those
 of one mesh dim only: a weight gradient reduces ``tp`` where it is formed and keeps
@@ -66,7 +69,10 @@ Loops are in the graph like any other code (the walker's ``choose``): a loop bod
 equations read its constants from their producers, and a scan's sliced inputs and stacked
 outputs are nodes with one candidate per layout their producer can give, so a move inside
 a backward scan cascades through the stacked gradients to their consumers after the loop.
-Only the carries' layouts (the walk's fixed point) are fixed nodes.
+Only the carries' layouts (the walk's fixed point) are fixed nodes; inside a body each
+carry is a value of its own (a fixed node, ``<loop>.carry_in<i>``), so its consumers
+share its redistributions (one all-reduce of a partial residual stream per layer, not a
+reduction per layer-norm consumer).
 
 Deterministic: candidates are scanned in their rule's ranking order
 (:meth:`.signature.Candidate.rank_key`), equations in program order, and ties keep the
