@@ -18,6 +18,7 @@ from placements2jax import Layout, init_device_mesh
 from placements2jax.inference import check, predict
 from placements2jax.inference.cost import resolve_cost_model
 from placements2jax.inference.jaxpr import _Walker
+from placements2jax.inference import program as program_module
 from placements2jax.inference.program import ProgramGraph, select_program
 from placements2jax.inference.select import pending_reduction
 from placements2jax.inference.signature import Aval, as_tensor_specs
@@ -157,6 +158,32 @@ def test_a_value_needed_twice_in_one_layout_is_redistributed_once(mesh: Any) -> 
     assert [s.collective for s in program.steps] == ["reduce-scatter"]
     assert 2 * program.cost == eager.cost
     assert len(program.redistributions) == 1 and sum(len(e.steps) for e in program.equations) == 2
+
+
+def _adam_like_step(x: jax.Array, w: jax.Array, m: jax.Array, v: jax.Array) -> tuple[jax.Array, ...]:
+    g = x.T @ (x @ w)  # partial over dp: the batch is split there
+    return w - 0.1 * g / (jnp.sqrt(v) + 1), 0.9 * m + g, 0.9 * v + g * g
+
+
+def test_value_moves_reduce_a_shared_gradient_once(mesh: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A weight gradient partial over dp feeds the update and both moments, whose results
+    must come back Replicate. Each consumer alone would rather reduce-scatter it (and the
+    outputs are all-gathered at the end); a value move re-chooses all three consumers at
+    once to take it Replicate: one all-reduce, nothing else. Without value moves the
+    search stays at a reduce-scatter and six all-gathers."""
+    replicated = Layout.from_device_mesh(mesh)("R,R")
+    inputs = (spec(mesh, (8, 16), "S(0),R"), *(spec(mesh, (16, 16), "R,R") for _ in range(3)))
+    program = predict(_adam_like_step, *inputs, out_layouts=(replicated,) * 3)
+    assert [(s.collective, s.axis) for s in program.steps] == [("all-reduce", "dp")]
+    assert program.nbytes == 2 * 16 * 16 * 4 // 2  # 2 T (n - 1) / n, T = 1 KiB, n = 2
+    assert program.nbytes < predict(_adam_like_step, *inputs, out_layouts=(replicated,) * 3, search="eager").nbytes
+
+    monkeypatch.setattr(program_module._Search, "value_moves", lambda self, value, choice: [])
+    program_module._select.cache_clear()
+    without = predict(lambda *a: _adam_like_step(*a), *inputs, out_layouts=(replicated,) * 3)
+    assert without.nbytes > program.nbytes
+    assert sum(1 for s in without.steps if not s.collective.startswith("local")) > 1
+    program_module._select.cache_clear()  # no search result without value moves outlives the patch
 
 
 def test_megatron_mlp_training_step(mesh: Any) -> None:

@@ -701,6 +701,19 @@ class _Walker:
             layouts = new
         return [s.layout for s in carry]
 
+    def _carry_values(self, label: str, prefix: str, carry: Sequence[TensorSpec]) -> list[ValueId]:
+        """The carries as values of a loop body at ``prefix``: a node each (one candidate,
+        the carry's layout, fixed), so that the body's consumers of a carry share its
+        redistributions as they share any value's (one all-reduce of a partial carry for
+        all of them, which the search can choose), instead of each paying its own."""
+        values: list[ValueId] = []
+        for i, spec in enumerate(carry):
+            path = f"{prefix}carry_in{i}"
+            signature = self.fixed(label, (spec,), (spec.layout,), (spec.aval,), (spec.layout,))
+            self._node(ProgramNode(path, (spec,), (None,), signature.candidates))
+            values.append((path, 0))
+        return values
+
     def _carry_layouts(self, path: str, find: Callable[[], Sequence[Layout]]) -> list[Layout]:
         """The carry layouts of loop ``path``: as the search saw them, else ``find()``."""
         return list(self.choices[path].in_layouts) if path in self.choices else list(find())
@@ -756,7 +769,8 @@ class _Walker:
         carry_layouts = self._carry_layouts(path, lambda: self._carry_fixed_point(body, consts, init, slices, path))
         slot = self._loop_row(path, "scan", ins, [c.layout for c in consts] + carry_layouts + stacked, out_avals)
         carry = [TensorSpec(s.shape, s.dtype, x) for s, x in zip(init, carry_layouts)]
-        sources = [*srcs[:nc], *[None] * nk, *[(f"{path}.xs{i}", 0) for i in range(len(xs))]]
+        sources = [*srcs[:nc], *self._carry_values("scan carry", path + ".", carry),
+                   *[(f"{path}.xs{i}", 0) for i in range(len(xs))]]
         outs = self._closed(body, [*consts, *carry, *slices], path + ".", sources=sources)
         back = [
             self.move("scan carry", f"{path}.carry{i}", o, s, c.layout)[0]
@@ -784,12 +798,14 @@ class _Walker:
         slot = self._loop_row(path, "while", ins, [c.layout for c in ins[:cn + bn]] + carry_layouts, out_avals)
         carry = [TensorSpec(s.shape, s.dtype, x) for s, x in zip(init, carry_layouts)]
         ((predicate, source),) = self._closed(
-            p["cond_jaxpr"], [*cond_consts, *carry], path + ".cond.", sources=[*srcs[:cn], *[None] * len(carry)]
+            p["cond_jaxpr"], [*cond_consts, *carry], path + ".cond.",
+            sources=[*srcs[:cn], *self._carry_values("while carry", path + ".cond.", carry)],
         )
         everywhere = Layout(self.mesh, ((),) * predicate.layout.ndim)
         self.move("while predicate", f"{path}.cond.out", predicate, source, everywhere)
         outs = self._closed(
-            p["body_jaxpr"], [*body_consts, *carry], path + ".body.", sources=[*srcs[cn:cn + bn], *[None] * len(carry)]
+            p["body_jaxpr"], [*body_consts, *carry], path + ".body.",
+            sources=[*srcs[cn:cn + bn], *self._carry_values("while carry", path + ".body.", carry)],
         )
         back = [
             self.move("while carry", f"{path}.carry{i}", o, s, c.layout)[0]
