@@ -371,7 +371,7 @@ def _layout_choices(
     for combo in itertools.product(ordered, repeat=mesh.ndim):
         placements = [tables_of[sig] for sig in combo]
         keys = tuple(sig_keys[s] for s in combo)
-        for order in orders if _nests(placements, len(avals)) else orders[:1]:
+        for order in orders if _nests(placements) else orders[:1]:
             tables = _tables(combo, placements, order, avals, mesh.shape)
             if tables is None or any(s.joint is not None and not s.joint(tables, mesh.shape) for s in combo):
                 continue
@@ -396,10 +396,10 @@ def _placement_table(sig: OneDSig) -> tuple[tuple[int, Any], ...]:
     )
 
 
-def _nests(placements: Sequence[tuple[tuple[int, Any], ...]], n_tensors: int) -> bool:
+def _nests(placements: Sequence[tuple[tuple[int, Any], ...]]) -> bool:
     """Does some tensor dim get split by several mesh dims (so the nest order matters)?"""
-    for t in range(n_tensors):
-        dims = [table[t][0] for table in placements if table[t][0] is not None]
+    for per_tensor in zip(*placements):  # each tensor's entries, one per mesh dim
+        dims = [dim for dim, _ in per_tensor if dim is not None]
         if len(dims) != len(set(dims)):
             return True
     return False
