@@ -26,6 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tes
 
 F32, I32 = jnp.float32, jnp.int32
 MESH3 = (2, 2, 2)
+_SIGNATURE_TARGET_MS = 2.0  # infer_signature cold, per op (issue 15)
+_PREDICT_TARGET_RATIO = 0.2  # predict cold / XLA compile of the same training step (issue 15)
+_CACHED_TARGET_MS = 10.0  # predict cached
 
 # (op, [(shape, dtype, placements)], params) on the (a, b, c) mesh.
 OPS: tuple[tuple[str, tuple[tuple[tuple[int, ...], Any, str], ...], dict[str, Any]], ...] = (
@@ -133,21 +136,28 @@ def _cold_per_mesh(config: Config, section: Section) -> None:
         for op, specs, params in cases:
             candidates.append(len(infer_signature(op, _inputs(mesh, specs), **params).candidates))
 
-            def cold(op: str = op, specs: Any = specs, params: Any = params) -> Any:
+            samples = []
+            for _ in range(config.repeats):  # CPU time: the machine's other load does not count
                 clear_caches()
-                return infer_signature(op, _inputs(mesh, specs), **params)
-
-            colds.append(statistics.median(time_each((cold,), config)[0]))
-        rows.append((str(shape), len(cases), f"{statistics.mean(candidates):.0f}",
-                     f"{statistics.mean(colds) * 1e3:.2f}", f"{max(colds) * 1e3:.2f}"))
+                inputs = _inputs(mesh, specs)
+                start = time.process_time()
+                infer_signature(op, inputs, **params)
+                samples.append(time.process_time() - start)
+            colds.append(statistics.median(samples))
+        mean = statistics.mean(colds) * 1e3
+        rows.append((str(shape), len(cases), f"{statistics.mean(candidates):.0f}", f"{mean:.2f}",
+                     f"{max(colds) * 1e3:.2f}", f"{mean / _SIGNATURE_TARGET_MS:.1f}x",
+                     "yes" if mean < _SIGNATURE_TARGET_MS else "no"))
     section.tables.append(
         Table(
             "infer_signature cold per op by mesh (the ops above, placements cut to the mesh's dims; caches cleared; "
-            "target < 2 ms per op)",
-            ("mesh", "ops", "candidates per op (mean)", "cold ms / op (mean)", "cold ms / op (max)"),
+            f"CPU time, median of the repeats; target < {_SIGNATURE_TARGET_MS:g} ms per op)",
+            ("mesh", "ops", "candidates per op (mean)", "cold CPU ms / op (mean)", "cold CPU ms / op (max)",
+             "mean / target", "target met"),
             tuple(rows),
         )
     )
+
 
 
 B, T, D, H = 8, 16, 64, 8  # batch, sequence, model width, heads
@@ -305,25 +315,30 @@ def _predict_steps(config: Config, section: Section) -> None:
 
         prediction = cold()
         times: dict[str, list[float]] = {"cold": [], "xla": [], "cached": []}
-        for i in range(1 if config.quick else 3):  # seconds per call: a few pairs, alternating first
+        # CPU seconds (process time: the machine's other load does not count; XLA's compile
+        # threads count), a few pairs, alternating which goes first; cached: 20 calls
+        for i in range(1 if config.quick else 3):
             for name, fn in (("cold", cold), ("xla", xla)) if i % 2 == 0 else (("xla", xla), ("cold", cold)):
-                start = time.perf_counter()
+                start = time.process_time()
                 fn()
-                times[name].append(time.perf_counter() - start)
+                times[name].append(time.process_time() - start)
         for _ in range(20):
-            start = time.perf_counter()
+            start = time.process_time()
             predict(step.fn, *step.args, out_layouts=step.out_layouts)
-            times["cached"].append(time.perf_counter() - start)
+            times["cached"].append(time.process_time() - start)
         cold_s, xla_s, cached_s = (statistics.median(times[k]) for k in ("cold", "xla", "cached"))
+        ratio = cold_s / xla_s
+        met = ratio <= _PREDICT_TARGET_RATIO and cached_s * 1e3 < _CACHED_TARGET_MS
         rows.append((f"{model} adamw step", len(prediction.equations), f"{cold_s * 1e3:.0f}",
-                     f"{cached_s * 1e3:.2f}", f"{xla_s * 1e3:.0f}", f"{cold_s / xla_s:.2f}"))
+                     f"{cached_s * 1e3:.2f}", f"{xla_s * 1e3:.0f}", f"{ratio:.2f}", "yes" if met else "no"))
     section.tables.append(
         Table(
             "predict on whole training steps (mesh dp=2 x tp=4, Megatron plan, out_layouts keeping the parameters' "
-            "and optimizer state's layouts; medians, XLA: jit(step).lower(args).compile() of a fresh function; "
-            "target: cold / XLA compile <= 0.2, cached < 10 ms)",
-            ("step", "report rows", "predict cold (ms)", "predict cached (ms)", "XLA compile (ms)",
-             "cold / XLA compile"),
+            "and optimizer state's layouts; medians of CPU times, XLA: "
+            "jit(step).lower(args).compile() of a fresh function; target: cold / XLA compile <= "
+            f"{_PREDICT_TARGET_RATIO:g}, cached < {_CACHED_TARGET_MS:g} ms)",
+            ("step", "report rows", "predict cold (CPU ms)", "predict cached (CPU ms)", "XLA compile (CPU ms)",
+             "cold / XLA compile", "target met"),
             tuple(rows),
         )
     )

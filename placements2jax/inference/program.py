@@ -221,9 +221,18 @@ class _Search:
         self.fixed: dict[str, tuple[State | None, ...]] = {}  # per node input: its state if no equation chooses it
         self.consumers: dict[ValueId, list[tuple[str, int]]] = {}
         self.sources = {node.path: node.sources for node in graph.nodes}
+        self.states: dict[Layout, State] = {}  # per interned layout (hashed by identity: cheap)
+        # The states of a candidate tuple, converted once: a model's repeated layers and
+        # their gradients share their (cached) signatures' candidate tuples.
+        converted: dict[int, tuple[tuple[tuple[State, ...], ...], tuple[tuple[State, ...], ...]]] = {}
         for node in graph.nodes:
-            self.ins[node.path] = tuple(tuple(map(self._intern, c.in_layouts)) for c in node.candidates)
-            self.outs[node.path] = tuple(tuple(map(self._intern, c.out_layouts)) for c in node.candidates)
+            known = converted.get(id(node.candidates))
+            if known is None:
+                known = converted[id(node.candidates)] = (
+                    tuple(tuple(map(self._intern, c.in_layouts)) for c in node.candidates),
+                    tuple(tuple(map(self._intern, c.out_layouts)) for c in node.candidates),
+                )
+            self.ins[node.path], self.outs[node.path] = known
             self.in_avals[node.path] = tuple((s.shape, s.dtype) for s in node.inputs)
             self.out_avals[node.path] = tuple((a.shape, a.dtype) for a in node.candidates[0].out_avals)
             fixed = []
@@ -248,8 +257,10 @@ class _Search:
         self.position = {node.path: p for p, node in enumerate(graph.nodes)}
 
     def _intern(self, layout: Layout) -> State:
-        state = _state(layout)
-        self.layouts.setdefault(state, layout)
+        state = self.states.get(layout)
+        if state is None:
+            state = self.states[layout] = _state(layout)
+            self.layouts.setdefault(state, layout)
         return state
 
     # -- costs ------------------------------------------------------------------------------

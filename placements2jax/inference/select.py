@@ -48,7 +48,7 @@ from .cost import (
     resolve_cost_model,
 )
 from .ops import freeze, function_definition, op_definition, primitive_definition
-from .plan import InputPlans, cached_plan
+from .plan import InputPlans, cached_plan, cached_plan_cost
 from .signature import (
     Aval,
     Candidate,
@@ -284,13 +284,72 @@ def rank_candidates(
     choices = _layout_choices(sigs, tuple(s.joint for s in sigs), avals, mesh, tuple(orders))
     planner = InputPlans(tuple(specs), cost_model)
     out_avals = tuple(out_avals)
-    candidates = []
+    ranked = []
+    keys = _RankKeys(tuple(specs), out_avals, cost_model)
     for layouts, combo, order in choices:
-        if not _matches(layouts[n_in:], out_constraint) or not _matches(layouts[:n_in], in_constraint):
+        ins, outs = layouts[:n_in], layouts[n_in:]
+        if not _matches(outs, out_constraint) or not _matches(ins, in_constraint):
             continue
-        pending = _pending(out_avals, layouts[n_in:], frozenset(continued_partials(specs, layouts)), cost_model)
-        candidates.append(Candidate(layouts[:n_in], layouts[n_in:], None, combo, order, out_avals, pending, planner))
-    return sorted(candidates, key=Candidate.rank_key)
+        pending = keys.pending(outs, frozenset(continued_partials(specs, ins)))
+        candidate = Candidate(ins, outs, None, combo, order, out_avals, pending, planner)
+        ranked.append((keys.rank_key(candidate), len(ranked), candidate))
+    ranked.sort(key=_first)
+    return [candidate for _, _, candidate in ranked]
+
+
+def _first(entry: tuple[Any, ...]) -> Any:
+    return entry[0]
+
+
+class _RankKeys:
+    """:meth:`Candidate.rank_key` of many candidates of one op on the same inputs, from
+    parts computed once per (tensor, layout) (plan costs, block bytes) and per output
+    layouts (pending reductions): the candidates of an op share them. The same order (the
+    total cost as ``(float, Fraction)``: compared faster, ties exact; equal keys keep their
+    position); the candidate's ``cost`` and ``redistributed`` are stored on it as computed."""
+
+    __slots__ = ("specs", "out_avals", "cost_model", "costs", "out_bytes", "pendings")
+
+    def __init__(self, specs: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...], cost_model: CostModel) -> None:
+        self.specs, self.out_avals, self.cost_model = specs, out_avals, cost_model
+        self.costs: dict[tuple[int, Layout], Fraction] = {}
+        self.out_bytes: dict[tuple[int, Layout], int] = {}
+        self.pendings: dict[tuple[tuple[Layout, ...], frozenset[int]], Fraction] = {}
+
+    def pending(self, out_layouts: tuple[Layout, ...], given: frozenset[int]) -> Fraction:
+        """:func:`_pending` of the outputs in ``out_layouts``."""
+        key = (out_layouts, given)
+        value = self.pendings.get(key)
+        if value is None:
+            value = self.pendings[key] = _pending(self.out_avals, out_layouts, given, self.cost_model)
+        return value
+
+    def rank_key(self, candidate: Candidate) -> tuple[Any, ...]:
+        cost = Fraction(0)
+        for i, (spec, layout) in enumerate(zip(self.specs, candidate.in_layouts)):
+            part = self.costs.get((i, layout))
+            if part is None:
+                part = self.costs[(i, layout)] = cached_plan_cost(
+                    spec.shape, spec.dtype, spec.layout, layout, self.cost_model
+                )
+            cost += part
+        redistributed = tuple(s.layout is not x for s, x in zip(self.specs, candidate.in_layouts))
+        out_bytes = 0
+        for j, (aval, layout) in enumerate(zip(self.out_avals, candidate.out_layouts)):
+            part = self.out_bytes.get((j, layout))
+            if part is None:
+                part = self.out_bytes[(j, layout)] = block_bytes(
+                    aval.shape, aval.dtype.itemsize, layout.dim_axes, layout.mesh.shape
+                )
+            out_bytes += part
+        # what Candidate.cost / .redistributed (cached properties) compute: stored, not recomputed
+        candidate.__dict__["cost"] = cost
+        candidate.__dict__["redistributed"] = redistributed
+        total = cost + candidate.pending
+        # (float, exact): the same order as the exact total alone (rounding is monotone; equal
+        # floats fall back to the Fractions), compared faster
+        return (any(redistributed), (float(total), total), candidate.strided, redistributed, out_bytes,
+                candidate.layout_key)
 
 
 @cached(maxsize=4096)
@@ -312,7 +371,7 @@ def _layout_choices(
     for combo in itertools.product(ordered, repeat=mesh.ndim):
         placements = [tables_of[sig] for sig in combo]
         keys = tuple(sig_keys[s] for s in combo)
-        for order in orders if _nests(placements, len(avals)) else orders[:1]:
+        for order in orders if _nests(placements) else orders[:1]:
             tables = _tables(combo, placements, order, avals, mesh.shape)
             if tables is None or any(s.joint is not None and not s.joint(tables, mesh.shape) for s in combo):
                 continue
@@ -337,10 +396,10 @@ def _placement_table(sig: OneDSig) -> tuple[tuple[int, Any], ...]:
     )
 
 
-def _nests(placements: Sequence[tuple[tuple[int, Any], ...]], n_tensors: int) -> bool:
+def _nests(placements: Sequence[tuple[tuple[int, Any], ...]]) -> bool:
     """Does some tensor dim get split by several mesh dims (so the nest order matters)?"""
-    for t in range(n_tensors):
-        dims = [table[t][0] for table in placements if table[t][0] is not None]
+    for per_tensor in zip(*placements):  # each tensor's entries, one per mesh dim
+        dims = [dim for dim, _ in per_tensor if dim is not None]
         if len(dims) != len(set(dims)):
             return True
     return False
