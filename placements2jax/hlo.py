@@ -86,6 +86,8 @@ class Collective:
         row-major order, ``DeviceMesh([[0, 2], [1, 3]])``, a group ``[0, 2]`` varies along
         the first axis although ranks 0 and 2 share a row. Empty groups mean all devices
         (a collective-permute without pairs sends nothing)."""
+        if not hasattr(mesh, "axis_names") or not hasattr(mesh, "get_coordinate"):
+            raise ArgumentTypeError("mesh", mesh, "expected a DeviceMesh", "pass the DeviceMesh the program ran on")
         shape = tuple(mesh.shape)
         size = math.prod(shape)
         groups = self.groups or (() if self.op == "collective-permute" else (tuple(range(size)),))

@@ -41,11 +41,12 @@ reshard as one candidate among several:
   all-gather or all-to-all instead of several rounds).
 
 :func:`choose` picks one by policy: ``"xla"``; ``"min_bytes"`` (fewest bytes, then fewest
-collectives); ``"cost"`` (the default: least time under a :class:`CostModel` with a
-latency and a per-byte term per mesh dim, by default calibrated on this backend with
-:meth:`CostModel.calibrate`); or a CostModel. The choice depends only on the physical
-representations, the dtype and the policy, so a move runs the same schedule eagerly and
-under ``jax.jit``.
+collectives); ``"cost"`` (the default: least time under a :class:`CostModel`, by default
+:func:`policy_model`: this backend's size-aware calibration, per collective kind, local
+copies and fresh buffers, measured once by :meth:`CostModel.calibrate` and stored on
+disk; only a schedule sending fewer bytes than XLA's may replace it); or a CostModel.
+The choice depends only on the physical representations, the dtype and the policy, so a
+move runs the same schedule eagerly and under ``jax.jit``.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ __all__ = [
     "candidates",
     "choose",
     "default_policy",
+    "policy_model",
     "recalibrate",
     "redistribute_schedule",
     "schedule_program",
@@ -337,10 +339,19 @@ def schedule_function(src: Physical, dst: Physical, dtype: Any, policy: Policy |
 # -- calibration -----------------------------------------------------------------------
 
 
+def policy_model(mesh: Any) -> CostModel:
+    """The CostModel the ``"cost"`` policy prices moves on ``mesh`` with: the default cost
+    model when it has latency terms or curves, else the backend's calibration (measured
+    once per machine and device count, stored on disk, see :func:`calibration_file`: a
+    1-d mesh of all devices, whose curves apply to every mesh dim)."""
+    from .mesh import DeviceMesh
+
+    if not isinstance(mesh, DeviceMesh):
+        raise ArgumentTypeError("mesh", mesh, "expected a DeviceMesh", "pass e.g. init_device_mesh((4, 2), ('a', 'b'))")
+    return _cost_model(mesh)
+
+
 def _cost_model(mesh: Any) -> CostModel:
-    """The default cost model when it has latency terms or curves, else the backend's
-    calibration (one per process and device count, stored on disk: a 1-d mesh of all
-    devices, whose curves apply to every mesh dim)."""
     model = default_cost_model()
     if model.latency or model.curves:
         return model
