@@ -9,6 +9,8 @@ import statistics
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from placements2jax import resolve_layout, schedules
 from placements2jax.inference import calibration
@@ -64,6 +66,16 @@ def test_curve_seconds_interpolates_and_extrapolates_monotonically() -> None:
     grid = np.geomspace(1, 1e9, 200)
     values = [curve_seconds(curve, float(x)) for x in grid]
     assert all(b >= a for a, b in zip(values, values[1:]))
+
+
+@given(st.lists(st.tuples(st.integers(1, 1 << 30), st.lists(st.floats(0, 10), min_size=1, max_size=5)),
+                min_size=1, max_size=6))
+def test_any_fitted_curve_prices_more_bytes_no_cheaper(points) -> None:
+    curve = fit_curve(points)
+    assert [x for x, _ in curve] == sorted({float(x) for x, _ in points})
+    sizes = sorted({0.0, *(x for x, _ in curve), *(x * 1.5 for x, _ in curve), 1e12})
+    values = [curve_seconds(curve, x) for x in sizes]
+    assert all(v > 0 for v in values) and all(b >= a for a, b in zip(values, values[1:]))
 
 
 def test_measure_curves_recovers_latency_and_bandwidth_per_kind(mesh) -> None:

@@ -278,7 +278,8 @@ def _curve_table(curves: Any) -> tuple[tuple[Any, tuple[tuple[str, Curve], ...]]
     items = []
     for axis, table in curves.items():
         if isinstance(axis, bool) or not isinstance(axis, (str, int)):
-            raise ArgumentTypeError("curves", dict(curves), f"key {axis!r} is not an axis name or index", 'use e.g. "dp"')
+            raise ArgumentTypeError("curves", dict(curves), f"key {axis!r} is not an axis name or index",
+                                    'use e.g. "dp"')
         items.append((axis, tuple(sorted((str(kind), _curve("curves", points)) for kind, points in table.items()))))
     return tuple(sorted(items, key=lambda kv: (str(type(kv[0])), kv[0])))
 
