@@ -77,8 +77,8 @@ def curve_seconds(curve: Curve, nbytes: float) -> float:
     if nbytes <= curve[0][0] or len(curve) == 1:
         return curve[0][1] if nbytes <= curve[0][0] else curve[0][1] * nbytes / curve[0][0]
     for (x0, t0), (x1, t1) in zip(curve, curve[1:]):
-        if nbytes <= x1:
-            return t0 + (t1 - t0) * (nbytes - x0) / (x1 - x0)
+        if nbytes <= x1:  # (clamped: rounding must not lift a point above the next)
+            return min(t1, max(t0, t0 + (t1 - t0) * (nbytes - x0) / (x1 - x0)))
     (x0, t0), (x1, t1) = curve[-2], curve[-1]
     slope = (t1 - t0) / (x1 - x0)
     if slope <= 0:
