@@ -27,7 +27,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from .dtensor import distribute_tensor, redistribute_collectives
-from .hlo import collective_axes
 from .errors import MeshError, PlacementError, Placements2JaxError, PlanError, RedistributeError, ShapeError
 from .hlo import Collective
 from .physical import physical
@@ -607,7 +606,7 @@ def redistribute(
             "collectives": [
                 {
                     "op": c.op,
-                    "mesh_axes": list(collective_axes(mesh, c)),
+                    "mesh_axes": list(c.mesh_axes(mesh)),
                     "dtype": c.dtype,
                     "result_shapes": [list(s) for s in c.result_shapes],
                     "results": c.results_text,

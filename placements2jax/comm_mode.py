@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, TextIO
 
-from .hlo import collective_axes
 from .errors import ArgumentTypeError
 from .hlo import Collective, compiled_collectives, watch_runs
 from .inference.check import collective_nbytes
@@ -89,7 +88,7 @@ class CommDebugMode:
             self._programs[key] = collectives
         for c in collectives:
             nbytes = collective_nbytes(c, mesh.size())
-            self._records.append(CommRecord(operation, c.op, collective_axes(mesh, c), nbytes))
+            self._records.append(CommRecord(operation, c.op, c.mesh_axes(mesh), nbytes))
 
     # -- torch's queries -------------------------------------------------------------------------
     @property

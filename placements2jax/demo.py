@@ -29,7 +29,6 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from .display import communication, communication_table
-from .hlo import collective_axes
 from .dtensor import DTensor, distribute_tensor, is_dtensor
 from .hlo import Collective, parse_collectives
 from .inference import CheckReport, check
@@ -311,7 +310,7 @@ class TrainingReport:
 
     def _collectives_section(self) -> str:
         rows = [
-            (i, c.op, ",".join(collective_axes(self.mesh, c)) or "-",
+            (i, c.op, ",".join(c.mesh_axes(self.mesh)) or "-",
              c.results_text,
              format_bytes(collective_nbytes(c, self.mesh.size())))
             for i, c in enumerate(self.collectives)

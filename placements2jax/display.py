@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from fractions import Fraction
 
-from .hlo import Collective, collective_axes
+from .hlo import Collective
 from .inference.check import collective_nbytes
 from .inference.cost import LOCAL_PARTIAL, LOCAL_SLICE
 from .inference.signature import RedistributeStep
@@ -38,7 +38,7 @@ def communication(
             entry[0] += 1
             entry[1] += step.nbytes
     for collective in compiled:
-        axes = ",".join(collective_axes(mesh, collective)) or "-"
+        axes = ",".join(collective.mesh_axes(mesh)) or "-"
         entry = table.setdefault((collective.op, axes), [0, Fraction(0), 0, Fraction(0)])
         entry[2] += 1
         entry[3] += collective_nbytes(collective, mesh.size())

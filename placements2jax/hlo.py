@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
-from .errors import ArgumentTypeError
+from .errors import ArgumentTypeError, MeshError
 
 if TYPE_CHECKING:
     from .mesh import DeviceMesh
 
-__all__ = ["Collective", "parse_collectives", "compiled_collectives", "collective_axes", "COLLECTIVE_OPS", "watch_runs", "running"]
+__all__ = ["Collective", "parse_collectives", "compiled_collectives", "COLLECTIVE_OPS", "watch_runs", "running"]
 
 COLLECTIVE_OPS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 
@@ -75,6 +75,32 @@ class Collective:
     def __str__(self) -> str:
         """The one text form of a collective: ``all-gather(f32[8, 2]) groups=[[0, 1], [2, 3]]``."""
         return f"{self.op}({self.results_text}) groups={[list(g) for g in self.groups]}"
+
+    def mesh_axes(self, mesh: DeviceMesh) -> tuple[str, ...]:
+        """The axes of ``mesh`` this collective communicates along: those on which the
+        devices of one of its groups (or source-target pairs) differ, in mesh order.
+
+        Device ids in compiled HLO are *positions* in the mesh (XLA numbers an SPMD
+        program's partitions by their place in its device assignment, which for a program
+        over a mesh is ``mesh.devices.flat``), not ranks: on a mesh whose ranks are not in
+        row-major order, ``DeviceMesh([[0, 2], [1, 3]])``, a group ``[0, 2]`` varies along
+        the first axis although ranks 0 and 2 share a row. Empty groups mean all devices
+        (a collective-permute without pairs sends nothing)."""
+        if not hasattr(mesh, "axis_names") or not hasattr(mesh, "get_coordinate"):
+            raise ArgumentTypeError("mesh", mesh, "expected a DeviceMesh", "pass the DeviceMesh the program ran on")
+        shape = tuple(mesh.shape)
+        size = math.prod(shape)
+        groups = self.groups or (() if self.op == "collective-permute" else (tuple(range(size)),))
+        varying: set[int] = set()
+        for group in groups:
+            if len(group) < 2:
+                continue
+            if max(group) >= size:
+                raise MeshError("mesh", mesh, f"has {size} devices, but the collective's groups name device "
+                                f"{max(group)}", "pass the mesh the program was compiled for")
+            coordinates = np.unravel_index(np.asarray(group), shape)
+            varying.update(a for a in range(len(shape)) if len(set(coordinates[a].tolist())) > 1)
+        return tuple(mesh.axis_names[a] for a in sorted(varying))
 
 
 def _groups(rest: str) -> tuple[tuple[int, ...], ...]:
@@ -178,12 +204,3 @@ def running(operation: str, jitted: Any, args: tuple[Any, ...], mesh: Any) -> No
         for watcher in tuple(_watchers):
             watcher(operation, jitted, args, mesh)
 
-
-def collective_axes(mesh: DeviceMesh, collective: Collective) -> tuple[str, ...]:
-    """The mesh axes a compiled collective communicates along: those on which the ranks
-    of one of its groups (or source-target pairs) differ, in mesh order."""
-    varying: set[int] = set()
-    for group in collective.groups:
-        coordinates = [mesh.get_coordinate(rank) for rank in group]
-        varying.update(a for a in range(mesh.ndim) if len({c[a] for c in coordinates}) > 1)
-    return tuple(mesh.axis_names[a] for a in sorted(varying))

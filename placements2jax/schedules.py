@@ -41,21 +41,25 @@ reshard as one candidate among several:
   all-gather or all-to-all instead of several rounds).
 
 :func:`choose` picks one by policy: ``"xla"``; ``"min_bytes"`` (fewest bytes, then fewest
-collectives); ``"cost"`` (the default: least time under a :class:`CostModel` with a
-latency and a per-byte term per mesh dim, by default calibrated on this backend with
-:meth:`CostModel.calibrate`); or a CostModel. The choice depends only on the physical
-representations, the dtype and the policy, so a move runs the same schedule eagerly and
-under ``jax.jit``.
+collectives); ``"cost"`` (the default: least time under a :class:`CostModel`, by default
+:func:`policy_model`: this backend's size-aware calibration, per collective kind, local
+copies and fresh buffers, measured once by :meth:`CostModel.calibrate` and stored on
+disk; only a schedule sending fewer bytes than XLA's may replace it); or a CostModel.
+The choice depends only on the physical representations, the dtype and the policy, so a
+move runs the same schedule eagerly and under ``jax.jit``.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -77,9 +81,12 @@ __all__ = [
     "POLICIES",
     "DirectSchedule",
     "Schedule",
+    "calibration_file",
     "candidates",
     "choose",
     "default_policy",
+    "policy_model",
+    "recalibrate",
     "redistribute_schedule",
     "schedule_program",
     "set_default_policy",
@@ -142,14 +149,6 @@ def sent_bytes_per_device(collectives: Sequence[Collective], num_devices: int) -
     return sum((sent_bytes(c, num_devices) for c in collectives), Fraction(0))
 
 
-def collective_axes(collective: Collective, mesh_shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The mesh dims along which the devices of the collective's groups differ (device ids
-    are positions in the mesh)."""
-    groups = collective.groups or (tuple(range(math.prod(mesh_shape))),)
-    coords = [np.array(np.unravel_index(np.array(g), mesh_shape)) for g in groups if len(g) > 1]
-    return tuple(a for a in range(len(mesh_shape)) if any(len(set(c[a])) > 1 for c in coords))
-
-
 # -- schedules -------------------------------------------------------------------------
 
 
@@ -197,7 +196,8 @@ class Schedule:
         if self.planned is not None:
             return self.planned
         mesh = self.src.layout.mesh
-        return tuple((collective_axes(c, mesh.shape), sent_bytes(c, mesh.size())) for c in self.collectives)
+        return tuple((tuple(mesh.axis_index(a) for a in c.mesh_axes(mesh)), sent_bytes(c, mesh.size()))
+                     for c in self.collectives)
 
     @cached_property
     def nbytes(self) -> Fraction:
@@ -205,13 +205,24 @@ class Schedule:
         return sum((nbytes for _, nbytes in self.terms), Fraction(0))
 
     def seconds(self, model: CostModel) -> float:
-        """Predicted time under ``model``: latency and per-byte terms of the collectives,
-        plus the bytes a direct schedule copies within each device to pack and unpack
-        messages (``CostModel.copy_seconds``; XLA's own copies are part of what the
-        calibration measures per collective)."""
+        """Predicted time under ``model``: the collectives (by kind and bytes), the bytes a
+        direct schedule copies within each device to pack and unpack messages
+        (``CostModel.copy_seconds``; XLA's own copies are part of what the calibration
+        measures per collective), and, with an ``alloc_curve``, the program's temporaries
+        (``CostModel.alloc_seconds``: the term that decides large moves on CPU)."""
         mesh = self.src.layout.mesh
-        sent = sum(model.collective_seconds(mesh, axes, float(nbytes)) for axes, nbytes in self.terms)
-        return sent + (model.copy_seconds(mesh, self.local_bytes) if self.local_bytes else 0.0)
+        kinds = (None,) * len(self.terms) if self.planned is not None else tuple(c.op for c in self.collectives)
+        sent = sum(model.collective_seconds(mesh, axes, float(nbytes), kind)
+                   for kind, (axes, nbytes) in zip(kinds, self.terms))
+        local = model.copy_seconds(mesh, self.local_bytes) if self.local_bytes else 0.0
+        return sent + local + (model.alloc_seconds(self.temp_bytes) if model.alloc_curve else 0.0)
+
+    @cached_property
+    def temp_bytes(self) -> int:
+        """Bytes of temporaries per device of the compiled program (XLA's memory analysis):
+        fresh buffers every call allocates."""
+        analysis = self.jitted.lower(self.argument()).compile().memory_analysis()
+        return int(getattr(analysis, "temp_size_in_bytes", 0) or 0)
 
 
 def _xla(src: Physical, dst: Physical, dtype: np.dtype) -> Schedule:
@@ -289,7 +300,12 @@ def _choose(src: Physical, dst: Physical, dtype: np.dtype, policy: Policy) -> Sc
     # the CPU backend it was slower than the single reshard on every measured move, also
     # where it sends fewer bytes (docs/benchmarks.md, benchmark 4), and the per-collective
     # model cannot see those writes. It competes only on bytes (min_bytes).
-    options = tuple(s for s in options if s.name != "stepwise")
+    # Only a schedule sending fewer bytes than XLA's reshard may replace it: with as many
+    # bytes, the direct schedules were slower on every measured move and size (1.25-4.5x:
+    # their cell exchanges copy more within each device than XLA's all-gathers,
+    # docs/benchmarks.md, benchmark 3), and fewer collectives alone is a latency gain the
+    # calibration cannot resolve from the noise.
+    options = tuple(s for s in options if s.name != "stepwise" and (s is xla or s.nbytes < xla.nbytes))
     best = min(options, key=lambda s: (s.seconds(policy), s.nbytes))  # type: ignore[arg-type]
     # Within the model's resolution prefer XLA's reshard: it is the program plain JAX runs.
     return xla if best.seconds(policy) >= xla.seconds(policy) * _MARGIN else best  # type: ignore[arg-type]
@@ -325,12 +341,21 @@ def schedule_function(src: Physical, dst: Physical, dtype: Any, policy: Policy |
 # -- calibration -----------------------------------------------------------------------
 
 
+def policy_model(mesh: Any) -> CostModel:
+    """The CostModel the ``"cost"`` policy prices moves on ``mesh`` with: the default cost
+    model when it has latency terms or curves, else the backend's calibration (measured
+    once per machine and device count, stored on disk, see :func:`calibration_file`: a
+    1-d mesh of all devices, whose curves apply to every mesh dim)."""
+    from .mesh import DeviceMesh
+
+    if not isinstance(mesh, DeviceMesh):
+        raise ArgumentTypeError("mesh", mesh, "expected a DeviceMesh", "pass e.g. init_device_mesh((4, 2), ('a', 'b'))")
+    return _cost_model(mesh)
+
+
 def _cost_model(mesh: Any) -> CostModel:
-    """The default cost model when it has latency terms, else the backend's calibration
-    (one per process: a ring over all devices, applied to every mesh dim, and the
-    devices' local copy time)."""
     model = default_cost_model()
-    if model.latency:
+    if model.latency or model.curves:
         return model
     return _calibrated_model(mesh.devices.flat[0].platform, jax.device_count(), mesh.ndim)
 
@@ -339,19 +364,82 @@ def _cost_model(mesh: Any) -> CostModel:
 def _calibrated_model(platform: str, device_count: int, ndim: int) -> CostModel:
     """One CostModel object per mesh rank (built once: every eager redistribute looks it up,
     and building one per call cost ~170 µs of dispatch)."""
-    latency, per_byte, copy_per_byte = _calibrated(platform, device_count)
+    base = _calibrated(platform, device_count)
     dims = range(ndim)
+    curves = dict(dict(base.curves)[_RANKS])
+    latency, per_byte = dict(base.latency)[_RANKS], dict(base.per_byte)[_RANKS]
     return CostModel(latency={m: latency for m in dims}, per_byte={m: per_byte for m in dims},
-                     copy_per_byte=copy_per_byte)
+                     copy_per_byte=base.copy_per_byte, curves={m: curves for m in dims}, copy_curve=base.copy_curve,
+                     alloc_curve=base.alloc_curve)
+
+
+_RANKS = "ranks"
+_CALIBRATION_VERSION = 6  # bump when what calibrate measures changes: stored figures are then re-measured
+
+
+def calibration_file(platform: str, device_count: int) -> Path | None:
+    """Where the backend's calibration is stored between processes:
+    ``$PLACEMENTS2JAX_CACHE_DIR`` (default ``~/.cache/placements2jax``), one file per
+    platform, device count and JAX version; None when ``PLACEMENTS2JAX_CACHE_DIR`` is set
+    empty (measure in every process). Delete the file (or call :func:`recalibrate`) to
+    measure again, e.g. after the machine's load changed."""
+    root = os.environ.get("PLACEMENTS2JAX_CACHE_DIR")
+    if root == "":
+        return None
+    directory = Path(root) if root else Path.home() / ".cache" / "placements2jax"
+    return directory / f"calibration-{platform}-{device_count}-jax{jax.__version__}-v{_CALIBRATION_VERSION}.json"
 
 
 @cached(maxsize=4)
-def _calibrated(platform: str, device_count: int) -> tuple[float, float, float]:
+def _calibrated(platform: str, device_count: int) -> CostModel:
+    """The calibration of a 1-d mesh of all devices: read from :func:`calibration_file`
+    when stored (the same figures in every process, however loaded the machine is when a
+    process starts), else measured and stored."""
+    path = calibration_file(platform, device_count)
+    if path is not None and path.exists():
+        try:
+            return _model_from_json(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError, ArgumentTypeError):
+            pass  # unreadable or from another version of the format: measure again
     from .mesh import init_device_mesh
 
-    model = CostModel.calibrate(init_device_mesh((device_count,), ("ranks",)), repeats=3)
-    assert model.copy_per_byte is not None  # calibrate always measures it
-    return dict(model.latency).get("ranks", 1e-6), dict(model.per_byte).get("ranks", 1e-9), model.copy_per_byte
+    model = CostModel.calibrate(init_device_mesh((device_count,), (_RANKS,)))
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temporary = path.with_suffix(f".{os.getpid()}.tmp")
+            temporary.write_text(json.dumps(_model_to_json(model), indent=1))
+            temporary.replace(path)  # atomic: concurrent processes read a whole file
+        except OSError:
+            pass  # a read-only home: the calibration stays in this process
+    return model
+
+
+def recalibrate() -> CostModel:
+    """Measure the backend's calibration again (replacing the stored one) and use it in
+    this process; returns the 1-d model of all devices."""
+    platform, count = jax.devices()[0].platform, jax.device_count()
+    path = calibration_file(platform, count)
+    if path is not None:
+        path.unlink(missing_ok=True)
+    _calibrated.cache_clear()
+    _calibrated_model.cache_clear()
+    _choose.cache_clear()
+    return _calibrated(platform, count)
+
+
+def _model_to_json(model: CostModel) -> dict[str, Any]:
+    return {"latency": dict(model.latency)[_RANKS], "per_byte": dict(model.per_byte)[_RANKS],
+            "copy_per_byte": model.copy_per_byte, "copy_curve": [list(p) for p in model.copy_curve],
+            "alloc_curve": [list(p) for p in model.alloc_curve],
+            "curves": {kind: [list(p) for p in curve] for kind, curve in dict(model.curves)[_RANKS]}}
+
+
+def _model_from_json(data: dict[str, Any]) -> CostModel:
+    return CostModel(latency={_RANKS: data["latency"]}, per_byte={_RANKS: data["per_byte"]},
+                     copy_per_byte=data["copy_per_byte"], copy_curve=[tuple(p) for p in data["copy_curve"]],
+                     alloc_curve=[tuple(p) for p in data["alloc_curve"]],
+                     curves={_RANKS: {kind: [tuple(p) for p in curve] for kind, curve in data["curves"].items()}})
 
 
 # -- direct schedules --------------------------------------------------------------------

@@ -14,7 +14,6 @@ from placements2jax import (
     init_device_mesh,
     resolve_layout,
 )
-from placements2jax.hlo import collective_axes
 from placements2jax.parallelize import path_of
 
 R, S = Replicate(), Shard
@@ -84,7 +83,7 @@ def test_collectives_per_step(run) -> None:
     one per column-parallel input gradient (layer 1; layer 0's input is data), plus the
     data-parallel gradient all-reduce over dp, which XLA combines into one."""
     report, _ = run
-    compiled = [(c.op, collective_axes(report.mesh, c)) for c in report.collectives]
+    compiled = [(c.op, c.mesh_axes(report.mesh)) for c in report.collectives]
     assert sorted(compiled) == [("all-reduce", ("dp",))] + [("all-reduce", ("tp",))] * 3
     communication = report.communication
     assert set(communication) == {("all-reduce", "dp"), ("all-reduce", "tp")}

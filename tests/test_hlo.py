@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from placements2jax.hlo import compiled_collectives, parse_collectives
@@ -33,3 +34,28 @@ def test_compiled_eight_way_all_to_all_is_found() -> None:
     (collective,) = compiled_collectives(move, x)
     assert collective.op == "all-to-all" and collective.group_size == 8
     assert collective.result_bytes == 64 * 64 * 4 // 8
+
+
+def test_mesh_axes_reads_device_ids_as_mesh_positions_not_ranks() -> None:
+    """XLA numbers an SPMD program's devices by their position in the mesh. On a mesh whose
+    ranks are column-major the all-gather along "a" has groups [[0, 4], [1, 5], ...]: positions
+    0 and 4 differ along "a", while ranks 0 and 4 sit in one column (they differ along "b")."""
+    from placements2jax.errors import MeshError
+    from placements2jax.mesh import DeviceMesh
+
+    mesh = DeviceMesh(np.arange(8).reshape(4, 2).T, ("a", "b"))  # shape (2, 4), rank r at (r % 2, r // 2)
+    jmesh = mesh.to_jax()
+    x = jax.device_put(np.ones((8, 8), np.float32), NamedSharding(jmesh, PartitionSpec("a", None)))
+    gather = jax.jit(lambda a: jax.sharding.reshard(a, NamedSharding(jmesh, PartitionSpec())))
+    (collective,) = compiled_collectives(gather, x)
+    assert collective.op == "all-gather" and collective.groups == ((0, 4), (1, 5), (2, 6), (3, 7))
+    assert collective.mesh_axes(mesh) == ("a",)
+    by_rank = {a for g in collective.groups for a in range(2)
+               if len({mesh.get_coordinate(r)[a] for r in g}) > 1}
+    assert by_rank == {1}  # reading the ids as ranks would name "b": the two readings differ here
+    permute = parse_collectives("%cp = f32[4]{0} collective-permute(%x), source_target_pairs={{0,1},{1,0}}\n")[0]
+    assert permute.mesh_axes(mesh) == ("b",)
+    everyone = parse_collectives("%ar = f32[4]{0} all-reduce(%x), replica_groups={}, to_apply=%sum\n")[0]
+    assert everyone.mesh_axes(mesh) == ("a", "b")  # empty groups: all devices
+    with pytest.raises(MeshError, match="mesh"):
+        collective.mesh_axes(DeviceMesh([0, 1], ("x",)))  # groups name devices up to 7

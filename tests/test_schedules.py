@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from placements2jax import (
     CostModel,
+    DeviceMesh,
     DTensor,
     Layout,
     distribute_tensor,
@@ -261,15 +262,24 @@ def test_the_cost_policy_weighs_latency_against_bytes() -> None:
     assert chosen.name.startswith("direct") and chosen.nbytes == math.prod((64, 64)) * 4 // 2  # 0.5 T
 
 
-def test_calibrate_measures_every_axis() -> None:
-    mesh = _mesh((4, 2))
-    model = CostModel.calibrate(mesh, repeats=1)
-    assert dict(model.latency).keys() == {"a", "b"} == dict(model.per_byte).keys()
-    assert all(v > 0 for v in dict(model.latency).values())
-    assert model.collective_seconds(mesh, (0,), 1000.0) > model.collective_seconds(mesh, (0,), 0.0)
-    # copy_per_byte is measured too (not the per-byte fallback): positive and finite
-    assert model.copy_per_byte is not None and 0 < model.copy_per_byte < 1e-3 and math.isfinite(model.copy_per_byte)
-    assert model.copy_seconds(mesh, 1 << 20) == model.copy_per_byte * (1 << 20)
+def test_schedule_terms_on_a_permuted_mesh_are_the_compiled_axes() -> None:
+    """On a mesh whose ranks are column-major, a direct schedule's predicted collectives (mesh
+    positions) and XLA's compiled ones are read along the same mesh axes, and those are the
+    axes the move communicates on: the reduction of P,R -> S(0),R runs over "a"."""
+    mesh = DeviceMesh(np.arange(8).reshape(2, 4).T, ("a", "b"))  # rank r at (r % 4, r // 4)
+    src = physical(resolve_layout(mesh, "P,R", 2), (64, 64))
+    dst = physical(resolve_layout(mesh, "S(0),R", 2), (64, 64))
+    direct = choose(src, dst, np.int32, "min_bytes")
+    assert direct.name.startswith("direct")
+    predicted = [c.mesh_axes(mesh) for c in direct.collectives]
+    assert predicted == [c.mesh_axes(mesh) for c in direct.compiled_collectives]
+    assert predicted[0] == ("a",) and direct.terms[0][0] == (0,)
+    xla = choose(src, dst, np.int32, "xla")
+    assert [c.mesh_axes(mesh) for c in xla.collectives] == [("a",)]
+    x = np.arange(64 * 64, dtype=np.int32).reshape(64, 64)
+    for policy in ("min_bytes", "xla"):
+        moved = distribute_tensor(x, mesh, "P,R").redistribute(mesh, "S(0),R", policy=policy)
+        np.testing.assert_array_equal(np.asarray(moved.full_tensor()), x)
 
 
 def test_bad_policy() -> None:

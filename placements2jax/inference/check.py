@@ -61,7 +61,7 @@ from jax.sharding import AxisType, NamedSharding
 
 from ..caches import cached
 from ..errors import InferenceError
-from ..hlo import Collective, collective_axes, parse_collectives
+from ..hlo import Collective, parse_collectives
 from ..layout import Layout
 from ..mesh import DeviceMesh
 from .combine import CombinedCollective, combine, combiner_rules, planned_collectives
@@ -293,7 +293,7 @@ class CheckReport:
             row[0] += len(c.members)
             row[1] += 1
         for c in self.compiled_collectives:
-            row = rows.setdefault((c.op, collective_axes(mesh, c)), [0, 0, 0, 0])
+            row = rows.setdefault((c.op, c.mesh_axes(mesh)), [0, 0, 0, 0])
             row[2] += 1
             row[3] += len(c.result_shapes)
         return tuple(AxisCheck(kind, axes, *row) for (kind, axes), row in sorted(rows.items()))

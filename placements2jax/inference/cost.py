@@ -32,7 +32,7 @@ from typing import Any
 from ..errors import ArgumentTypeError, InferenceError
 from ..hlo import Collective
 from ..mesh import DeviceMesh
-from .calibration import measure, measure_copy
+from .calibration import Curve, curve_seconds, measure_alloc_curve, measure_copy_curve, measure_curves
 
 __all__ = [
     "ALL_GATHER",
@@ -129,13 +129,26 @@ class CostModel:
     ``copy_per_byte`` prices bytes a schedule copies within a device (packing messages);
     unset, it is the smallest per-byte time of the mesh's axes (right for simulated CPU
     devices, where a collective is a copy between threads; give the device memory's figure
-    for a real interconnect). :meth:`calibrate` measures all three on the current backend.
+    for a real interconnect).
+
+    ``curves`` (what :meth:`calibrate` measures) make the time size- and kind-aware: per
+    axis and collective kind (``"all-gather"``, ``"all-reduce"``, ...), seconds per
+    collective against bytes sent per device at a few sizes, interpolated
+    (:func:`.calibration.curve_seconds`); a collective over several axes takes the slowest
+    axis's figure. ``copy_curve`` does the same for local copies. Where a curve is known it
+    replaces ``latency`` + ``per_byte`` (which :meth:`calibrate` also fills, from the
+    ``collective-permute`` curve: its smallest size's time and its largest sizes' slope).
+    ``alloc_curve`` prices the fresh buffers a program allocates per device (its
+    temporaries: on the CPU backend, large ones are mapped and page-faulted by every call).
     """
 
     axis_weights: tuple[tuple[str | int, Fraction], ...]
     latency: tuple[tuple[str | int, float], ...]
     per_byte: tuple[tuple[str | int, float], ...]
     copy_per_byte: float | None
+    curves: tuple[tuple[str | int, tuple[tuple[str, Curve], ...]], ...]
+    copy_curve: Curve
+    alloc_curve: Curve
 
     def __init__(
         self,
@@ -144,21 +157,35 @@ class CostModel:
         latency: Mapping[str | int, Real] | None = None,
         per_byte: Mapping[str | int, Real] | None = None,
         copy_per_byte: Real | None = None,
+        curves: Mapping[str | int, Mapping[str, Sequence[tuple[Real, Real]]]] | None = None,
+        copy_curve: Sequence[tuple[Real, Real]] | None = None,
+        alloc_curve: Sequence[tuple[Real, Real]] | None = None,
     ) -> None:
         object.__setattr__(self, "axis_weights", _axis_table("axis_weights", axis_weights, Fraction))
         object.__setattr__(self, "latency", _axis_table("latency", latency, float))
         object.__setattr__(self, "per_byte", _axis_table("per_byte", per_byte, float))
         copy = None if copy_per_byte is None else dict(_axis_table("copy_per_byte", {0: copy_per_byte}, float))[0]
         object.__setattr__(self, "copy_per_byte", copy)
+        object.__setattr__(self, "curves", _curve_table(curves))
+        object.__setattr__(self, "copy_curve", () if copy_curve is None else _curve("copy_curve", copy_curve))
+        object.__setattr__(self, "alloc_curve", () if alloc_curve is None else _curve("alloc_curve", alloc_curve))
 
     @classmethod
-    def calibrate(cls, mesh: DeviceMesh, repeats: int = 5) -> CostModel:
-        """Measure each mesh dim's latency and per-byte time on the current backend (a
-        ring of ``ppermute`` along the dim, two sizes; see :func:`.calibration.measure`),
-        and ``copy_per_byte`` (every device transposing its block, two sizes; see
-        :func:`.calibration.measure_copy`)."""
-        latency, per_byte = measure(mesh, repeats=repeats)
-        return cls(latency=latency, per_byte=per_byte, copy_per_byte=measure_copy(mesh, repeats=repeats))
+    def calibrate(cls, mesh: DeviceMesh, repeats: int = 5, *, timer: Any = None) -> CostModel:
+        """Measure, per mesh dim and collective kind, the time of one collective at a few
+        sizes on the current backend (programs of chains of dependent collectives along
+        the dim; medians of paired differences; see :func:`.calibration.measure_curves`),
+        the time of a local copy at the same sizes (:func:`.calibration.measure_copy_curve`)
+        and of fresh buffers up to 64 MiB per device (:func:`.calibration.measure_alloc_curve`).
+        ``timer(kind, axis, nbytes, count)`` replaces the programs' timing (kind ``"copy"``
+        for the local copy; tests give fake ones)."""
+        curves = measure_curves(mesh, repeats=repeats, timer=timer)
+        copy_curve = measure_copy_curve(mesh, repeats=repeats, timer=timer)
+        alloc_curve = measure_alloc_curve(mesh, copy_curve, repeats=max(1, (repeats + 1) // 2), timer=timer)
+        latency = {axis: table[COLLECTIVE_PERMUTE][0][1] for axis, table in curves.items()}
+        per_byte = {axis: _slope(table[COLLECTIVE_PERMUTE]) for axis, table in curves.items()}
+        return cls(latency=latency, per_byte=per_byte, copy_per_byte=_slope(copy_curve), curves=curves,
+                   copy_curve=copy_curve, alloc_curve=alloc_curve)
 
     def weight(self, mesh: DeviceMesh, mesh_dim: int) -> Fraction:
         """The weight of one mesh dim: by name first, then by index, else 1."""
@@ -167,22 +194,38 @@ class CostModel:
     def weights(self, mesh: DeviceMesh) -> tuple[Fraction, ...]:
         return tuple(self.weight(mesh, m) for m in range(mesh.ndim))
 
-    def collective_seconds(self, mesh: DeviceMesh, mesh_dims: Sequence[int], nbytes: float) -> float:
-        """Predicted seconds of one collective over ``mesh_dims`` sending ``nbytes`` per
-        device: the largest latency plus ``nbytes`` times the largest per-byte time (axes
-        without a measured figure: latency 0, and their weight as per-byte time)."""
+    def collective_seconds(
+        self, mesh: DeviceMesh, mesh_dims: Sequence[int], nbytes: float, kind: str | None = None
+    ) -> float:
+        """Predicted seconds of one collective (of ``kind``, e.g. ``"all-gather"``; None:
+        unknown) over ``mesh_dims`` sending ``nbytes`` per device: the slowest axis's
+        curve for that kind (the ``collective-permute`` curve for an unknown kind) where
+        curves are known; else the largest latency plus ``nbytes`` times the largest
+        per-byte time (axes without a measured figure: latency 0, and their weight as
+        per-byte time)."""
         dims = tuple(mesh_dims) or tuple(range(mesh.ndim))
+        if self.curves:
+            tables = [_lookup(self.curves, mesh, m, None) for m in dims]
+            if all(tables):
+                return max(curve_seconds(_kind_curve(t, kind), nbytes) for t in tables)  # type: ignore[arg-type]
         latency = max(_lookup(self.latency, mesh, m, 0.0) for m in dims)
         per_byte = max(_lookup(self.per_byte, mesh, m, float(self.weight(mesh, m))) for m in dims)
         return latency + nbytes * per_byte
 
     def copy_seconds(self, mesh: DeviceMesh, nbytes: float) -> float:
         """Predicted seconds to copy ``nbytes`` within a device (see the class docstring)."""
+        if self.copy_curve:
+            return curve_seconds(self.copy_curve, nbytes)
         if self.copy_per_byte is not None:
             return nbytes * self.copy_per_byte
         return nbytes * min(
             _lookup(self.per_byte, mesh, m, float(self.weight(mesh, m))) for m in range(mesh.ndim)
         )
+
+    def alloc_seconds(self, nbytes: float) -> float:
+        """Predicted seconds of allocating ``nbytes`` of fresh buffers per device (0 without
+        an ``alloc_curve``)."""
+        return curve_seconds(self.alloc_curve, nbytes) if self.alloc_curve and nbytes else 0.0
 
     def __repr__(self) -> str:
         parts = [repr({k: float(v) for k, v in self.axis_weights})]
@@ -192,7 +235,53 @@ class CostModel:
             parts.append(f"per_byte={dict(self.per_byte)!r}")
         if self.copy_per_byte is not None:
             parts.append(f"copy_per_byte={self.copy_per_byte!r}")
+        if self.curves:
+            parts.append(f"curves={ {axis: dict(table) for axis, table in self.curves}!r}")
+        if self.copy_curve:
+            parts.append(f"copy_curve={self.copy_curve!r}")
+        if self.alloc_curve:
+            parts.append(f"alloc_curve={self.alloc_curve!r}")
         return f"CostModel({', '.join(parts)})"
+
+
+def _slope(curve: Curve) -> float:
+    """Per-byte seconds of a curve's largest messages (its last segment; positive)."""
+    (x0, t0), (x1, t1) = curve[-2:] if len(curve) > 1 else ((0.0, 0.0), curve[-1])
+    return max((t1 - t0) / (x1 - x0), 1e-15)
+
+
+def _kind_curve(table: tuple[tuple[str, Curve], ...], kind: str | None) -> Curve:
+    curves = dict(table)
+    return curves.get(kind or COLLECTIVE_PERMUTE) or curves.get(COLLECTIVE_PERMUTE) or next(iter(curves.values()))
+
+
+def _curve(argument: str, points: Any) -> Curve:
+    """A curve: (bytes, seconds) pairs of non-negative finite numbers, bytes increasing."""
+    fix = "pass e.g. [(4096, 2e-5), (4194304, 1e-3)] (bytes sent per device, seconds), bytes increasing"
+    try:
+        curve = tuple((float(x), float(t)) for x, t in points)
+    except (TypeError, ValueError):
+        raise ArgumentTypeError(argument, points, "expected (bytes, seconds) pairs", fix) from None
+    if not curve or any(not (math.isfinite(v) and v >= 0) for p in curve for v in p) or any(
+        b[0] <= a[0] for a, b in zip(curve, curve[1:])
+    ):
+        raise ArgumentTypeError(argument, points, "expected non-negative (bytes, seconds) pairs, bytes increasing", fix)
+    return curve
+
+
+def _curve_table(curves: Any) -> tuple[tuple[Any, tuple[tuple[str, Curve], ...]], ...]:
+    if curves is None:
+        return ()
+    if not isinstance(curves, Mapping) or not all(isinstance(t, Mapping) for t in curves.values()):
+        raise ArgumentTypeError("curves", curves, "expected a mapping axis -> {collective kind: curve}",
+                                'pass e.g. {"dp": {"all-gather": [(4096, 2e-5), (4194304, 1e-3)]}}')
+    items = []
+    for axis, table in curves.items():
+        if isinstance(axis, bool) or not isinstance(axis, (str, int)):
+            raise ArgumentTypeError("curves", dict(curves), f"key {axis!r} is not an axis name or index",
+                                    'use e.g. "dp"')
+        items.append((axis, tuple(sorted((str(kind), _curve("curves", points)) for kind, points in table.items()))))
+    return tuple(sorted(items, key=lambda kv: (str(type(kv[0])), kv[0])))
 
 
 def _axis_table(argument: str, table: Mapping[str | int, Real] | None, kind: type) -> tuple[tuple[Any, Any], ...]:
