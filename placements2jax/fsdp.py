@@ -138,11 +138,14 @@ def fully_sharded_layout(base: Layout, shape: tuple[int, ...], mesh_dim: int | s
             isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
         raise ArgumentTypeError("shape", shape, f"expected {base.ndim} non-negative ints (the leaf's shape)",
                                 "pass the leaf's .shape")
+    names = tuple(base.mesh.axis_names)
     if isinstance(mesh_dim, str):
-        mesh_dim = _mesh_dim(base.mesh, mesh_dim)
+        if mesh_dim not in names:
+            raise MeshError("mesh_dim", mesh_dim, f"not an axis of the mesh {names}", f"use one of {', '.join(names)}")
+        mesh_dim = names.index(mesh_dim)
     elif isinstance(mesh_dim, bool) or not isinstance(mesh_dim, int) or not 0 <= mesh_dim < base.mesh.ndim:
         raise ArgumentTypeError("mesh_dim", mesh_dim, f"expected a mesh dim index in [0, {base.mesh.ndim}) or an "
-                                "axis name", f"pass one of {', '.join(base.mesh.axis_names)}")
+                                "axis name", f"pass one of {', '.join(names)}")
     if base.partial[mesh_dim] is not None:
         raise PlanError(
             f"params at {path!r}", str(base), "is Partial over the data-parallel axis",
