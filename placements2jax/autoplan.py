@@ -39,8 +39,11 @@ keeps (tests/test_autoplan.py states the tolerance against
 **Search.** Seeds: replicate, FSDP (:func:`~placements2jax.fully_shard_layouts`'s rule) over
 the first mesh axis and over every axis, each preset and each preset fully sharded over
 the first axis; the cheapest that fits starts a first-improvement descent: moves that
-shard or replicate every leaf over one mesh axis, then moves of one leaf's placement on
-one mesh axis, largest leaves first, until ``max_evaluations`` predictions. Each
+shard or replicate every leaf over one mesh axis, then paired moves (column/row-parallel
+partners split together over one mesh axis, Megatron-style: every pair at once, then
+each pair), then moves of one leaf's placement on one mesh axis, largest leaves first,
+until ``max_evaluations`` predictions. With ``score="xla"`` the best few plans found and
+the presets are then compiled and the fewest compiled bytes wins. Each
 prediction is cached per input layouts; the search is deterministic (fixed move order,
 ties keep the earlier plan).
 """
@@ -419,6 +422,54 @@ def _candidates(leaf: _Leaf, layout: Layout) -> list[Layout]:
     return out
 
 
+def _moved(leaf: _Leaf, layout: Layout, m: int, d: int) -> Layout | None:
+    """``layout`` with mesh dim ``m`` moved onto dim ``d`` (its minor axis), None when
+    ``d`` would not split evenly."""
+    base = tuple(tuple(a for a in axes if a != m) for axes in layout.dim_axes)
+    if leaf.shape[d] % (math.prod(layout.mesh.shape[a] for a in base[d]) * layout.mesh.shape[m]):
+        return None
+    return Layout(layout.mesh, tuple(axes + (m,) if e == d else axes for e, axes in enumerate(base)))
+
+
+def _pairs(infos: Mapping[int, _Leaf]) -> list[tuple[int, int]]:
+    """Column/row-parallel partners: (a, b) of matrices (after a stacked leaf's dim 0) in
+    one module (paths equal but for their last two parts), ``a`` of shape (n, k) and ``b``
+    of shape (k, n): ``b`` reads what ``a`` writes (an MLP's up and down projections,
+    attention's query and output projections), split as Megatron does (``a`` on its
+    last dim, ``b`` on its first) by one move."""
+
+    def matrix(leaf: _Leaf) -> tuple[int, ...]:
+        return leaf.shape[1:] if leaf.stacked else leaf.shape
+
+    def module(leaf: _Leaf) -> str:
+        return "/".join(leaf.path.split("/")[:-2])
+
+    found = []
+    for a, la in infos.items():
+        for b, lb in infos.items():
+            ma, mb = matrix(la), matrix(lb)
+            if a != b and len(ma) == len(mb) == 2 and ma == mb[::-1] and module(la) == module(lb):
+                found.append((a, b))
+    return found
+
+
+def _paired(infos: Mapping[int, _Leaf], current: Mapping[int, Layout], pairs: Sequence[tuple[int, int]],
+            m: int) -> dict[int, Layout] | None:
+    """Every pair of ``pairs`` (a leaf in at most one) split Megatron-style over mesh dim
+    ``m``: ``a`` on its last dim, ``b`` on its first; None when none moves."""
+    out, taken = dict(current), set()
+    for a, b in pairs:
+        if a in taken or b in taken:
+            continue
+        la, lb = infos[a], infos[b]
+        col = _moved(la, current[a], m, len(la.shape) - 1)
+        row = _moved(lb, current[b], m, 1 if lb.stacked else 0)
+        if col is not None and row is not None:
+            out[a], out[b] = col, row
+            taken |= {a, b}
+    return out if taken else None
+
+
 def _sharded_over(leaf: _Leaf, layout: Layout, m: int) -> Layout:
     """``layout`` split over mesh dim ``m`` too, by FSDP's rule (:mod:`.fsdp`: the largest
     dim it divides, as the dim's minor axis), a stacked leaf's dim 0 excluded (its extent
@@ -704,10 +755,20 @@ def auto_plan(
     seed = min(feasible, key=lambda name: figures[name].objective)
     current, best = dict(seeds[seed]), figures[seed]
 
+    pairs = _pairs(infos)
+
     def moves() -> Iterator[dict[int, Layout]]:
         for m in range(mesh.ndim):
             yield sharded(current, [m])
             yield {i: _replicated_over(layout, m) for i, layout in current.items()}
+        for m in reversed(range(mesh.ndim)):  # tensor parallelism is usually on the last axis
+            every = _paired(infos, current, pairs, m)
+            if every is not None:
+                yield every
+            for pair in pairs:
+                one = _paired(infos, current, [pair], m)
+                if one is not None:
+                    yield one
         by_size = sorted(problem.free, key=lambda i: (-math.prod(infos[i].shape) * infos[i].dtype.itemsize, i))
         for i in by_size:
             for layout in _candidates(infos[i], current[i]):

@@ -182,3 +182,20 @@ def test_check_confirms_the_plan_against_xla(mesh: Any, problem: tuple[Any, ...]
     report = check(steps.mlp_step, *inputs, out_layouts=out_layouts)
     assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)  # the loss: XLA reduces it
     assert 0.8 <= float(report.predicted_bytes / report.compiled_bytes) <= 1.25
+
+
+def test_paired_moves_split_column_and_row_partners_together(mesh: Any) -> None:
+    """Megatron's pairs found by shape within one module: up (n, k) with down (k, n),
+    attention's wq with wo; a stacked leaf's dim 0 is skipped; other modules never pair."""
+    from placements2jax.autoplan import _Leaf, _paired, _pairs
+
+    f32 = np.dtype(np.float32)
+    infos = {0: _Leaf("blocks/mlp/c_fc/kernel", (4, 32, 128), f32, True),
+             1: _Leaf("blocks/mlp/c_proj/kernel", (4, 128, 32), f32, True),
+             2: _Leaf("other/fc/kernel", (128, 32), f32, False),
+             3: _Leaf("blocks/mlp/c_fc/bias", (4, 128), f32, True)}
+    assert _pairs(infos) == [(0, 1), (1, 0)]
+    replicated = {i: resolve_layout(mesh, "R,R", len(leaf.shape)) for i, leaf in infos.items()}
+    moved = _paired(infos, replicated, _pairs(infos), 1)
+    assert moved[0].dim_axes == ((), (), (1,)) and moved[1].dim_axes == ((), (1,), ())
+    assert moved[2] == replicated[2] and moved[3] == replicated[3]
