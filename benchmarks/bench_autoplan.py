@@ -113,20 +113,21 @@ XLA compiles to the fewest bytes. Time: one `auto_plan` call, cold, wall and CPU
             fsdp = chosen.presets["fsdp"]
             at_fsdp = auto_plan(step, *args, mesh=mesh, fixed=fixed, presets=presets, memory_budget=fsdp.memory)
             times.append((name, shape, seconds, cpu, chosen.evaluations, _load()))
-            progress(f"    {seconds:.0f} s wall, {cpu:.0f} s CPU, {chosen.evaluations} predictions; XLA bytes auto "
-                     f"{chosen.compiled['auto'].nbytes:.0f} megatron {chosen.compiled['megatron'].nbytes:.0f}; "
-                     f"at FSDP's budget auto {at_fsdp.compiled['auto'].nbytes:.0f} "
-                     f"fsdp {at_fsdp.compiled['fsdp'].nbytes:.0f}")
+            progress(f"    {seconds:.0f} s wall, {cpu:.0f} s CPU, {chosen.evaluations} predictions")
             for label, key, result, preset in (("Megatron", "megatron", chosen, meg), ("FSDP", "fsdp", at_fsdp, fsdp)):
-                auto_xla, preset_xla = result.compiled["auto"], result.compiled[key]
+                # uneven shards (the batch of 4 over 8 devices) cannot be compiled: no XLA figures
+                auto_xla, preset_xla = result.compiled.get("auto"), result.compiled.get(key)
                 all_below &= result.figures.nbytes <= preset.nbytes
-                all_below_xla &= auto_xla.nbytes <= preset_xla.nbytes
+                both = auto_xla is not None and preset_xla is not None
+                all_below_xla &= not both or auto_xla.nbytes <= preset_xla.nbytes
                 rows.append((name, "x".join(map(str, shape)), f"{label}'s ({format_bytes(preset.memory)})",
                              format_bytes(result.figures.nbytes), format_bytes(preset.nbytes),
-                             format_bytes(auto_xla.nbytes), format_bytes(preset_xla.nbytes),
-                             f"{auto_xla.nbytes / max(preset_xla.nbytes, 1.0):.2f}",
-                             f"{format_bytes(result.figures.memory)} / {format_bytes(auto_xla.memory)}",
-                             f"{format_bytes(preset.memory)} / {format_bytes(preset_xla.memory)}"))
+                             format_bytes(auto_xla.nbytes) if auto_xla else "uneven",
+                             format_bytes(preset_xla.nbytes) if preset_xla else "uneven",
+                             f"{auto_xla.nbytes / max(preset_xla.nbytes, 1.0):.2f}" if both else "-",
+                             f"{format_bytes(result.figures.memory)} / "
+                             f"{format_bytes(auto_xla.memory) if auto_xla else '-'}",
+                             f"{format_bytes(preset.memory)} / {format_bytes(preset_xla.memory) if preset_xla else '-'}"))
             replicated = plan_figures(step, *args, mesh=mesh, plan={}, fixed=fixed)
             budget = min(meg.memory, fsdp.memory)
             fits_tight &= chosen.figures.memory <= meg.memory and replicated.memory > budget
@@ -148,7 +149,8 @@ XLA compiles to the fewest bytes. Time: one `auto_plan` call, cold, wall and CPU
     ))
     section.targets.append(Target(
         "at a preset's memory budget, auto's XLA-compiled bytes <= the preset's",
-        f"{sum(1 for r in rows if float(r[7]) <= 1.0)} of {len(rows)} cases", "all", all_below_xla,
+        f"{sum(1 for r in rows if r[7] != '-' and float(r[7]) <= 1.0)} of {sum(1 for r in rows if r[7] != '-')} "
+        "compilable cases", "all", all_below_xla,
     ))
     section.targets.append(Target(
         "at a preset's memory budget, auto's predicted bytes <= the preset's (issue's first form)",

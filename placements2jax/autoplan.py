@@ -548,7 +548,7 @@ class _Evaluator:
         self.count = 0
         self.memo: dict[tuple[Any, ...], PlanFigures] = {}
         self.plans: dict[tuple[Any, ...], dict[int, Layout]] = {}  # in evaluation order
-        self.compiled: dict[tuple[Any, ...], CompiledFigures] = {}
+        self.compiled: dict[tuple[Any, ...], CompiledFigures | None] = {}
         self.lengths: dict[str, int] | None = None
 
     def __call__(self, free: Mapping[int, Layout]) -> PlanFigures:
@@ -584,16 +584,19 @@ class _Evaluator:
     def key(self, free: Mapping[int, Layout]) -> tuple[Any, ...]:
         return tuple(free[i] for i in self.problem.free)
 
-    def compile(self, free: Mapping[int, Layout]) -> CompiledFigures:
+    def compile(self, free: Mapping[int, Layout]) -> CompiledFigures | None:
         """The step compiled by XLA on the plan's shardings (Auto mesh axes, outputs shaped
         like an input keeping its layouts, as check compiles it): its collectives' bytes and
-        its memory_analysis()."""
+        its memory_analysis(). None when a leaf's layout is uneven (XLA needs evenly
+        divisible shards; the DTensor pads them instead)."""
         key = self.key(free)
-        known = self.compiled.get(key)
-        if known is not None:
-            return known
+        if key in self.compiled:
+            return self.compiled[key]
         problem = self.problem
         layouts = problem.layouts_of(free)
+        if not all(layout.is_even(tuple(np.shape(problem.leaves[i]))) for i, layout in layouts.items()):
+            self.compiled[key] = None
+            return None
         mesh = auto_twin_of(problem.mesh.to_jax())
 
         def struct(i: int, leaf: Any) -> Any:
@@ -829,9 +832,13 @@ def _xla_choice(evaluator: _Evaluator, seeds: Mapping[str, dict[int, Layout]], f
         key = evaluator.key(seeds[name])
         if fits(figures[name]) and key not in finalists:
             finalists.append(key)
-    chosen = min(finalists, key=lambda k: (evaluator.compile(evaluator.plans[k]).nbytes, evaluator.memo[k].objective))
-    compiled = {"auto": evaluator.compile(evaluator.plans[chosen])}
-    compiled.update({name: evaluator.compile(seeds[name]) for name in shown})
+    scored = [k for k in finalists if evaluator.compile(evaluator.plans[k]) is not None]
+    # when no finalist compiles (uneven shards everywhere) the search's best by prediction stays
+    chosen = min(scored, key=lambda k: (evaluator.compile(evaluator.plans[k]).nbytes, evaluator.memo[k].objective),
+                 default=finalists[0])
+    everything = {"auto": evaluator.compile(evaluator.plans[chosen]),
+                  **{name: evaluator.compile(seeds[name]) for name in shown}}
+    compiled = {name: c for name, c in everything.items() if c is not None}
     return dict(evaluator.plans[chosen]), evaluator.memo[chosen], compiled
 
 
