@@ -21,7 +21,7 @@ from .errors import (
 from .caches import clear_caches
 from . import interop  # registers the bridges to other libraries' objects (the core never imports it)
 from .dtensor import DTensor, distribute_tensor, redistribute_collectives
-from .fsdp import fully_shard, fully_shard_layouts, unshard
+from .fsdp import fully_shard, fully_shard_layouts, fully_sharded_layout, unshard
 from .func_map import local_map
 from .checkpoint import AbstractDTensor, latest_step, load, read_metadata, save
 from .factories import empty, full, init_pytree, ones, rand, randn, zeros
@@ -118,6 +118,7 @@ __all__ = [
     "format_placements",
     "fully_shard",
     "fully_shard_layouts",
+    "fully_sharded_layout",
     "infer_signature",
     "implicit_replication",
     "init_pytree",

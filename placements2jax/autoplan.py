@@ -39,8 +39,11 @@ keeps (tests/test_autoplan.py states the tolerance against
 **Search.** Seeds: replicate, FSDP (:func:`~placements2jax.fully_shard_layouts`'s rule) over
 the first mesh axis and over every axis, each preset and each preset fully sharded over
 the first axis; the cheapest that fits starts a first-improvement descent: moves that
-shard or replicate every leaf over one mesh axis, then moves of one leaf's placement on
-one mesh axis, largest leaves first, until ``max_evaluations`` predictions. Each
+shard or replicate every leaf over one mesh axis, then paired moves (column/row-parallel
+partners split together over one mesh axis, Megatron-style: every pair at once, then
+each pair), then moves of one leaf's placement on one mesh axis, largest leaves first,
+until ``max_evaluations`` predictions. With ``score="xla"`` the best few plans found and
+the presets are then compiled and the fewest compiled bytes wins. Each
 prediction is cached per input layouts; the search is deterministic (fixed move order,
 ties keep the earlier plan).
 """
@@ -57,9 +60,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from .dtensor import is_dtensor
+from .dtensor import auto_twin_of, is_dtensor
 from .errors import ArgumentTypeError, Placements2JaxError, PlanError
-from .fsdp import _fully_sharded as fully_sharded  # FSDP's rule for one leaf
+from .fsdp import fully_sharded_layout
+from .hlo import parse_collectives
+from .inference.cost import collective_nbytes
 from .inference.cost import CostModelLike
 from .inference.jaxpr import CALL_JAXPR_PARAMS, Prediction, predict
 from .inference.signature import TensorSpec
@@ -68,10 +73,17 @@ from .layout import Layout
 from .mesh import DeviceMesh, as_device_mesh
 from .parallelize import PlanLike, path_of, plan_layouts
 
-__all__ = ["AutoPlan", "PlanFigures", "auto_plan", "example_mlp", "plan_figures", "planned_inputs"]
+__all__ = ["AutoPlan", "CompiledFigures", "PlanFigures", "auto_plan", "example_mlp", "plan_figures", "planned_inputs"]
 
 DEFAULT_FLOPS_PER_BYTE = 1000.0
 DEFAULT_MAX_EVALUATIONS = 24
+SCORES = ("xla", "predict")
+# Scoring needs the partitioned HLO's collectives and the buffer sizes, not fast code: the HLO
+# passes (SPMD partitioning, the collective combiners, buffer assignment) run as usual, only
+# LLVM's code generation is cheapened (GPT-2 test step on 2x4: same bytes and memory_analysis,
+# 19 -> 8 s CPU per compile).
+_CHEAP_CODEGEN = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+XLA_FINALISTS = 3  # the best searched plans compiled (besides the presets) when score="xla"
 
 
 @dataclass(frozen=True)
@@ -98,6 +110,18 @@ class PlanFigures:
 
 
 @dataclass(frozen=True)
+class CompiledFigures:
+    """A plan's step as XLA compiles it, per device: ``nbytes`` sent by the compiled HLO's
+    collectives (:func:`~placements2jax.inference.cost.collective_nbytes`), their count, and
+    ``memory`` from ``compiled.memory_analysis()`` (arguments + outputs + temporaries -
+    aliased buffers)."""
+
+    nbytes: float
+    collectives: int
+    memory: int
+
+
+@dataclass(frozen=True)
 class AutoPlan(Mapping[str, Layout]):
     """The plan auto_plan chose: a mapping path regex -> Layout of the parameters (so it
     is itself a plan :func:`~placements2jax.distribute_pytree` takes), the layouts of the
@@ -114,6 +138,8 @@ class AutoPlan(Mapping[str, Layout]):
     evaluations: int
     seconds: float
     fixed: tuple[str, ...] = field(default=())  # paths of the leaves pinned by ``fixed=``
+    score: str = "predict"
+    compiled: dict[str, CompiledFigures] = field(default_factory=dict)  # "auto" and presets, score="xla"
 
     def __getitem__(self, key: str) -> Layout:
         return self.rules[key]
@@ -136,9 +162,15 @@ class AutoPlan(Mapping[str, Layout]):
         rows = []
         for name, f in [("auto", self.figures), *self.presets.items()]:
             fits = "" if budget is None else ("yes" if f.memory <= budget else "no")
-            rows.append((name, format_bytes(f.nbytes), f.collectives, f"{f.flops:.3g}", format_bytes(f.memory),
-                         format_bytes(f.activations), fits, f"{f.objective:.4g}"))
+            row = (name, format_bytes(f.nbytes), f.collectives, f"{f.flops:.3g}", format_bytes(f.memory),
+                   format_bytes(f.activations), fits, f"{f.objective:.4g}")
+            if self.compiled:
+                c = self.compiled.get(name)
+                row += ("?", "?", "?") if c is None else (format_bytes(c.nbytes), c.collectives, format_bytes(c.memory))
+            rows.append(row)
         headers = ("plan", "bytes/step", "collectives", "flops", "memory/device", "activations", "fits", "objective")
+        if self.compiled:
+            headers += ("XLA bytes/step", "XLA collectives", "XLA memory")
         return format_table(headers, rows)
 
     def __str__(self) -> str:
@@ -148,7 +180,7 @@ class AutoPlan(Mapping[str, Layout]):
         budget = "none" if self.memory_budget is None else f"{format_bytes(self.memory_budget)} B"
         return (
             f"auto plan on mesh {self.mesh.axis_names} {tuple(self.mesh.shape)} (memory budget {budget}; "
-            f"from seed {self.seed!r}, {self.evaluations} predictions)\n"
+            f"from seed {self.seed!r}, {self.evaluations} predictions, scored by {self.score})\n"
             f"{rules}\n{self.comparison()}"
         )
 
@@ -395,12 +427,60 @@ def _candidates(leaf: _Leaf, layout: Layout) -> list[Layout]:
     return out
 
 
+def _moved(leaf: _Leaf, layout: Layout, m: int, d: int) -> Layout | None:
+    """``layout`` with mesh dim ``m`` moved onto dim ``d`` (its minor axis), None when
+    ``d`` would not split evenly."""
+    base = tuple(tuple(a for a in axes if a != m) for axes in layout.dim_axes)
+    if leaf.shape[d] % (math.prod(layout.mesh.shape[a] for a in base[d]) * layout.mesh.shape[m]):
+        return None
+    return Layout(layout.mesh, tuple(axes + (m,) if e == d else axes for e, axes in enumerate(base)))
+
+
+def _pairs(infos: Mapping[int, _Leaf]) -> list[tuple[int, int]]:
+    """Column/row-parallel partners: (a, b) of matrices (after a stacked leaf's dim 0) in
+    one module (paths equal but for their last two parts), ``a`` of shape (n, k) and ``b``
+    of shape (k, n): ``b`` reads what ``a`` writes (an MLP's up and down projections,
+    attention's query and output projections), split as Megatron does (``a`` on its
+    last dim, ``b`` on its first) by one move."""
+
+    def matrix(leaf: _Leaf) -> tuple[int, ...]:
+        return leaf.shape[1:] if leaf.stacked else leaf.shape
+
+    def module(leaf: _Leaf) -> str:
+        return "/".join(leaf.path.split("/")[:-2])
+
+    found = []
+    for a, la in infos.items():
+        for b, lb in infos.items():
+            ma, mb = matrix(la), matrix(lb)
+            if a != b and len(ma) == len(mb) == 2 and ma == mb[::-1] and module(la) == module(lb):
+                found.append((a, b))
+    return found
+
+
+def _paired(infos: Mapping[int, _Leaf], current: Mapping[int, Layout], pairs: Sequence[tuple[int, int]],
+            m: int) -> dict[int, Layout] | None:
+    """Every pair of ``pairs`` (a leaf in at most one) split Megatron-style over mesh dim
+    ``m``: ``a`` on its last dim, ``b`` on its first; None when none moves."""
+    out, taken = dict(current), set()
+    for a, b in pairs:
+        if a in taken or b in taken:
+            continue
+        la, lb = infos[a], infos[b]
+        col = _moved(la, current[a], m, len(la.shape) - 1)
+        row = _moved(lb, current[b], m, 1 if lb.stacked else 0)
+        if col is not None and row is not None:
+            out[a], out[b] = col, row
+            taken |= {a, b}
+    return out if taken else None
+
+
 def _sharded_over(leaf: _Leaf, layout: Layout, m: int) -> Layout:
     """``layout`` split over mesh dim ``m`` too, by FSDP's rule (:mod:`.fsdp`: the largest
     dim it divides, as the dim's minor axis), a stacked leaf's dim 0 excluded (its extent
     given as 0, which FSDP's rule never picks)."""
     shape = (0, *leaf.shape[1:]) if leaf.stacked else leaf.shape
-    return fully_sharded(layout, shape, m, leaf.path)
+    return fully_sharded_layout(layout, shape, m, leaf.path)
 
 
 def _replicated_over(layout: Layout, m: int) -> Layout:
@@ -467,6 +547,8 @@ class _Evaluator:
         self.flops_per_byte = flops_per_byte
         self.count = 0
         self.memo: dict[tuple[Any, ...], PlanFigures] = {}
+        self.plans: dict[tuple[Any, ...], dict[int, Layout]] = {}  # in evaluation order
+        self.compiled: dict[tuple[Any, ...], CompiledFigures | None] = {}
         self.lengths: dict[str, int] | None = None
 
     def __call__(self, free: Mapping[int, Layout]) -> PlanFigures:
@@ -496,7 +578,49 @@ class _Evaluator:
             activations=activations, objective=cost + flops / self.flops_per_byte,
         )
         self.memo[key] = figures
+        self.plans[key] = dict(free)
         return figures
+
+    def key(self, free: Mapping[int, Layout]) -> tuple[Any, ...]:
+        return tuple(free[i] for i in self.problem.free)
+
+    def compile(self, free: Mapping[int, Layout]) -> CompiledFigures | None:
+        """The step compiled by XLA on the plan's shardings (Auto mesh axes, outputs shaped
+        like an input keeping its layouts, as check compiles it): its collectives' bytes and
+        its memory_analysis(). None when a leaf's layout is uneven (XLA needs evenly
+        divisible shards; the DTensor pads them instead)."""
+        key = self.key(free)
+        if key in self.compiled:
+            return self.compiled[key]
+        problem = self.problem
+        layouts = problem.layouts_of(free)
+        if not all(layout.is_even(tuple(np.shape(problem.leaves[i]))) for i, layout in layouts.items()):
+            self.compiled[key] = None
+            return None
+        mesh = auto_twin_of(problem.mesh.to_jax())
+
+        def struct(i: int, leaf: Any) -> Any:
+            if i not in layouts:
+                return leaf
+            sharding = jax.sharding.NamedSharding(mesh, layouts[i].partition_spec)
+            return jax.ShapeDtypeStruct(tuple(np.shape(leaf)), _dtype(leaf), sharding=sharding)
+
+        flat = [struct(i, leaf) for i, leaf in enumerate(problem.leaves)]
+        inputs = jax.tree.unflatten(problem.tree, problem.specs(layouts))
+        out_shardings = jax.tree.map(lambda layout: jax.sharding.NamedSharding(mesh, layout.partition_spec),
+                                     problem.out_layouts(inputs), is_leaf=lambda x: isinstance(x, Layout))
+        tree = problem.tree
+        compiled = jax.jit(lambda *leaves: problem.step_fn(*jax.tree.unflatten(tree, leaves)),
+                           out_shardings=out_shardings).lower(*flat).compile(compiler_options=_CHEAP_CODEGEN)
+        collectives = parse_collectives(compiled.as_text())
+        stats = compiled.memory_analysis()
+        memory = (stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
+                  - stats.alias_size_in_bytes)
+        result = CompiledFigures(
+            nbytes=float(sum(collective_nbytes(c, problem.mesh.size()) for c in collectives)),
+            collectives=len(collectives), memory=int(memory))
+        self.compiled[key] = result
+        return result
 
     def static_memory(self, free: Mapping[int, Layout]) -> int:
         """Parameters + state + arguments (no prediction needed)."""
@@ -565,6 +689,7 @@ def auto_plan(
     cost_model: CostModelLike = None,
     flops_per_byte: float = DEFAULT_FLOPS_PER_BYTE,
     max_evaluations: int = DEFAULT_MAX_EVALUATIONS,
+    score: str = "xla",
 ) -> AutoPlan:
     """Search the placements of every parameter of ``step_fn(params, *args)`` (module
     docstring) minimizing predicted cost per step under ``memory_budget`` (bytes per
@@ -577,6 +702,12 @@ def auto_plan(
     a batch split over the first mesh axis). ``presets``: name -> plan, shown beside the
     result and used as seeds (FSDP over the first mesh axis is always added as
     ``"fsdp"``). ``max_evaluations`` bounds the number of predictions.
+
+    ``score``: ``"xla"`` (default) compiles the step on the best few plans the search
+    found (:data:`XLA_FINALISTS`, by predicted objective, among those that fit) and on
+    the presets, and returns the one XLA compiles to the fewest bytes sent per device
+    (ties: the lower predicted objective); ``"predict"`` returns the search's best by
+    prediction alone, compiling nothing.
     """
     start = time.perf_counter()
     mesh = as_device_mesh(mesh)
@@ -588,6 +719,9 @@ def auto_plan(
                                 "pass e.g. memory_budget=2**30, or None for no limit")
     if isinstance(max_evaluations, bool) or not isinstance(max_evaluations, int) or max_evaluations < 1:
         raise ArgumentTypeError("max_evaluations", max_evaluations, "expected a positive int", "pass e.g. 24")
+    if not isinstance(score, str) or score not in SCORES:
+        raise ArgumentTypeError("score", score, f"expected one of {', '.join(map(repr, SCORES))}",
+                                'pass score="xla" (compile the finalists) or score="predict"')
     if presets is not None and not isinstance(presets, Mapping):
         raise ArgumentTypeError("presets", presets, "expected a mapping name -> plan",
                                 'pass e.g. {"megatron": {"wte": rowwise("tp")}}')
@@ -615,9 +749,14 @@ def auto_plan(
         except PlanError as error:
             raise error.for_argument(f"presets[{name!r}]", error.value) from None
         seeds[f"{name} + fsdp"] = sharded(seeds[name], [0])
-    figures = {name: evaluator(layouts) for name, layouts in seeds.items()}
-    feasible = [name for name in seeds if fits(figures[name])]
+    shown_seeds = {"fsdp", *(presets or {})}
+    # budget-aware: a seed whose parameters, state and arguments alone exceed the budget
+    # cannot fit and is predicted only when shown (or when nothing fits, for the error)
+    figures = {name: evaluator(layouts) for name, layouts in seeds.items()
+               if name in shown_seeds or memory_budget is None or evaluator.static_memory(layouts) <= memory_budget}
+    feasible = [name for name in figures if fits(figures[name])]
     if not feasible:
+        figures = {name: evaluator(layouts) for name, layouts in seeds.items()}
         smallest = min(figures.values(), key=lambda f: f.memory)
         raise PlanError(
             "memory_budget", memory_budget,
@@ -629,10 +768,20 @@ def auto_plan(
     seed = min(feasible, key=lambda name: figures[name].objective)
     current, best = dict(seeds[seed]), figures[seed]
 
+    pairs = _pairs(infos)
+
     def moves() -> Iterator[dict[int, Layout]]:
         for m in range(mesh.ndim):
             yield sharded(current, [m])
             yield {i: _replicated_over(layout, m) for i, layout in current.items()}
+        for m in reversed(range(mesh.ndim)):  # tensor parallelism is usually on the last axis
+            every = _paired(infos, current, pairs, m)
+            if every is not None:
+                yield every
+            for pair in pairs:
+                one = _paired(infos, current, [pair], m)
+                if one is not None:
+                    yield one
         by_size = sorted(problem.free, key=lambda i: (-math.prod(infos[i].shape) * infos[i].dtype.itemsize, i))
         for i in by_size:
             for layout in _candidates(infos[i], current[i]):
@@ -652,6 +801,9 @@ def auto_plan(
             result = evaluator(trial)
             if fits(result) and result.objective < best.objective:
                 current, best, improved = trial, result, True
+    compiled: dict[str, CompiledFigures] = {}
+    if score == "xla":
+        current, best, compiled = _xla_choice(evaluator, seeds, figures, presets or {}, fits)
     layouts = problem.layouts_of(current)
     rules = {re.escape(problem.paths[i]): layouts[i] for i in range(problem.n_params)}
     arg_layouts = {problem.paths[i]: layouts[i] for i, kind in enumerate(problem.kinds) if kind == "arg"}
@@ -662,7 +814,32 @@ def auto_plan(
         evaluations=evaluator.count, seconds=time.perf_counter() - start,
         fixed=tuple(re.escape(problem.paths[i]) if i < problem.n_params else problem.paths[i]
                     for i in sorted(problem.fixed)),
+        score=score, compiled=compiled,
     )
+
+
+def _xla_choice(evaluator: _Evaluator, seeds: Mapping[str, dict[int, Layout]], figures: Mapping[str, PlanFigures],
+                presets: Mapping[str, Any], fits: Callable[[PlanFigures], bool],
+                ) -> tuple[dict[int, Layout], PlanFigures, dict[str, CompiledFigures]]:
+    """The fitting plan XLA compiles to the fewest bytes among the search's best
+    :data:`XLA_FINALISTS` by predicted objective and the presets' seeds (``score="xla"``),
+    and the compiled figures of the chosen plan ("auto") and of every preset shown."""
+    fitting = sorted((k for k, f in evaluator.memo.items() if fits(f)),
+                     key=lambda k: evaluator.memo[k].objective)  # stable: evaluation order on ties
+    finalists = fitting[:XLA_FINALISTS]
+    shown = ["fsdp", *presets]
+    for name in shown:
+        key = evaluator.key(seeds[name])
+        if fits(figures[name]) and key not in finalists:
+            finalists.append(key)
+    scored = [k for k in finalists if evaluator.compile(evaluator.plans[k]) is not None]
+    # when no finalist compiles (uneven shards everywhere) the search's best by prediction stays
+    chosen = min(scored, key=lambda k: (evaluator.compile(evaluator.plans[k]).nbytes, evaluator.memo[k].objective),
+                 default=finalists[0])
+    everything = {"auto": evaluator.compile(evaluator.plans[chosen]),
+                  **{name: evaluator.compile(seeds[name]) for name in shown}}
+    compiled = {name: c for name, c in everything.items() if c is not None}
+    return dict(evaluator.plans[chosen]), evaluator.memo[chosen], compiled
 
 
 def _check_fn(step_fn: Any) -> Callable[..., Any]:

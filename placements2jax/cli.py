@@ -257,6 +257,11 @@ def _add_plan(commands: Any) -> None:
         help="a plan to compare with and start from: NAME=module:function returning the plan (repeatable)",
     )
     parser.add_argument("--max-evaluations", type=_positive_int, default=24, help="predictions at most (24)")
+    parser.add_argument(
+        "--score", choices=("xla", "predict"), default="xla",
+        help="xla: compile the best plans and the presets, keep the fewest compiled bytes (default); "
+             "predict: prediction only",
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -306,6 +311,7 @@ def _load_target(text: str, argument: str) -> Any:
 def auto_plan_text(
     model: str, mesh: DeviceMesh, *, memory_budget: int | None = None, fixed: Sequence[tuple[str, str]] | None = None,
     presets: Sequence[tuple[str, str]] | None = None, max_evaluations: int = 24, as_json: bool = False,
+    score: str = "xla",
 ) -> str:
     """``placements2jax plan``: :func:`~placements2jax.auto_plan` of the step ``model``
     (``module:function`` returning ``(step_fn, params, *args)``) on ``mesh``."""
@@ -317,7 +323,8 @@ def auto_plan_text(
                         "return e.g. (train_step, params, opt_state, tokens, targets)")
     plans = {name: _load_target(target, f"--preset {name}")() for name, target in presets or ()}
     chosen = auto_plan(problem[0], *problem[1:], mesh=mesh, memory_budget=memory_budget,
-                       fixed=dict(fixed) if fixed else None, presets=plans, max_evaluations=max_evaluations)
+                       fixed=dict(fixed) if fixed else None, presets=plans, max_evaluations=max_evaluations,
+                       score=score)
     if not as_json:
         return str(chosen)
     figures = {"auto": chosen.figures, **chosen.presets}
@@ -329,6 +336,8 @@ def auto_plan_text(
         "memory_budget": chosen.memory_budget,
         "evaluations": chosen.evaluations,
         "figures": {name: {**dataclasses.asdict(f), "memory": f.memory} for name, f in figures.items()},
+        "score": chosen.score,
+        "compiled": {name: dataclasses.asdict(c) for name, c in chosen.compiled.items()},
     })
 
 
@@ -386,7 +395,8 @@ def main(argv: Sequence[str] | None = None, *, start_jax: Callable[[int], None] 
         elif args.command == "plan":
             mesh = _start_mesh(args.mesh, start_jax)
             print(auto_plan_text(args.model, mesh, memory_budget=args.memory_budget, fixed=args.fixed,
-                                 presets=args.preset, max_evaluations=args.max_evaluations, as_json=args.json))
+                                 presets=args.preset, max_evaluations=args.max_evaluations, as_json=args.json,
+                                 score=args.score))
         elif args.command == "train":
             if start_jax is not None:
                 start_jax(8)

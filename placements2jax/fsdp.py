@@ -39,7 +39,7 @@ from .layout import Layout
 from .mesh import DeviceMesh, as_device_mesh
 from .parallelize import PlanLike, path_of, plan_layouts
 
-__all__ = ["fully_shard", "fully_shard_layouts", "unshard"]
+__all__ = ["fully_shard", "fully_shard_layouts", "fully_sharded_layout", "unshard"]
 
 
 def fully_shard_layouts(
@@ -57,7 +57,7 @@ def fully_shard_layouts(
     else:
         bases = [_own_layout(mesh, path_of(key), leaf) for key, leaf in key_leaves]
     layouts = [
-        _fully_sharded(base, tuple(leaf.shape), mesh_dim, path_of(key))
+        fully_sharded_layout(base, tuple(leaf.shape), mesh_dim, path_of(key))
         for (key, leaf), base in zip(key_leaves, bases)
     ]
     return jax.tree_util.tree_unflatten(tree, layouts)
@@ -125,8 +125,27 @@ def _own_layout(mesh: DeviceMesh, path: str, leaf: Any) -> Layout:
     return Layout(mesh, ((),) * len(shape))
 
 
-def _fully_sharded(base: Layout, shape: tuple[int, ...], mesh_dim: int, path: str) -> Layout:
-    """``base`` with ``mesh_dim`` added as the minor split of the largest divisible dim."""
+def fully_sharded_layout(base: Layout, shape: tuple[int, ...], mesh_dim: int | str, path: str = "leaf") -> Layout:
+    """FSDP's rule for one leaf (module docstring, "Which dim"): ``base`` (the leaf's
+    layout) with mesh dim ``mesh_dim`` (an index or an axis name) added as the minor split
+    of the dim of ``shape`` with the largest local extent it divides; ``base`` itself when
+    already split over that mesh dim or when no dim divides (a dim of extent 0 is never
+    picked). ``path`` names the leaf in errors. This is what :func:`fully_shard_layouts`
+    does per leaf, and :func:`~placements2jax.auto_plan`'s FSDP seeds and moves."""
+    if not isinstance(base, Layout):
+        raise ArgumentTypeError("base", base, "expected a Layout", "pass e.g. resolve_layout(mesh, 'R,R', 2)")
+    if not isinstance(shape, (tuple, list)) or len(shape) != base.ndim or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        raise ArgumentTypeError("shape", shape, f"expected {base.ndim} non-negative ints (the leaf's shape)",
+                                "pass the leaf's .shape")
+    names = tuple(base.mesh.axis_names)
+    if isinstance(mesh_dim, str):
+        if mesh_dim not in names:
+            raise MeshError("mesh_dim", mesh_dim, f"not an axis of the mesh {names}", f"use one of {', '.join(names)}")
+        mesh_dim = names.index(mesh_dim)
+    elif isinstance(mesh_dim, bool) or not isinstance(mesh_dim, int) or not 0 <= mesh_dim < base.mesh.ndim:
+        raise ArgumentTypeError("mesh_dim", mesh_dim, f"expected a mesh dim index in [0, {base.mesh.ndim}) or an "
+                                "axis name", f"pass one of {', '.join(names)}")
     if base.partial[mesh_dim] is not None:
         raise PlanError(
             f"params at {path!r}", str(base), "is Partial over the data-parallel axis",

@@ -374,7 +374,7 @@ def test_fuzzed_arguments_exit_0_or_2_with_one_line(argv: list[str]) -> None:
 
 
 PLAN = ["plan", "placements2jax.autoplan:example_mlp", "--mesh", "dp=2,tp=4", "--fixed", "args/1=S(0),R",
-        "--fixed", "args/2=S(0),R", "--max-evaluations", "6"]
+        "--fixed", "args/2=S(0),R", "--max-evaluations", "6", "--score", "predict"]
 
 
 def test_plan_prints_the_plan_and_the_presets(capsys: pytest.CaptureFixture[str]) -> None:
@@ -386,10 +386,15 @@ def test_plan_prints_the_plan_and_the_presets(capsys: pytest.CaptureFixture[str]
     assert main(PLAN) == 0
     text = capsys.readouterr().out
     chosen = auto_plan(*example_mlp(), mesh=init_device_mesh((2, 4), ("dp", "tp")),
-                       fixed={"args/1": "S(0),R", "args/2": "S(0),R"}, max_evaluations=6)
+                       fixed={"args/1": "S(0),R", "args/2": "S(0),R"}, max_evaluations=6, score="predict")
     assert text.rstrip() == str(chosen)
     assert main([*PLAN, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["plan"] == chosen.torch_form() and report["args"]["args/1"] == "S(0),R"
     assert report["figures"]["auto"]["nbytes"] == chosen.figures.nbytes
     assert set(report["figures"]) == {"auto", "fsdp"}
+    assert report["score"] == "predict" and report["compiled"] == {}
+    assert main([*PLAN[:-2], "--json"]) == 0  # score="xla", the default: the finalists compiled
+    report = json.loads(capsys.readouterr().out)
+    assert report["score"] == "xla" and set(report["compiled"]) == {"auto", "fsdp"}
+    assert report["compiled"]["auto"]["nbytes"] <= report["compiled"]["fsdp"]["nbytes"]
