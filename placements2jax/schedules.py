@@ -283,9 +283,13 @@ def _candidates(src: Physical, dst: Physical, dtype: np.dtype) -> tuple[Schedule
 def choose(src: Physical, dst: Physical, dtype: Any, policy: Policy | None = None) -> Schedule:
     """The schedule ``policy`` (default: :func:`default_policy`) picks for the move."""
     policy = default_policy() if policy is None else check_policy(policy)
+    dtype = np.dtype(dtype)
     if isinstance(policy, str) and policy == "cost":
+        options = candidates(src, dst, dtype)
+        if len(options) == 1:
+            return options[0]  # XLA's reshard is the only schedule: no calibration needed to choose it
         policy = _cost_model(src.layout.mesh)
-    return _choose(src, dst, np.dtype(dtype), policy)
+    return _choose(src, dst, dtype, policy)
 
 
 @cached(maxsize=4096)
