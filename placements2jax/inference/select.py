@@ -58,6 +58,7 @@ from .signature import (
     as_tensor_spec,
     as_tensor_specs,
     is_tensor_leaf,
+    placement_on,
 )
 
 __all__ = [
@@ -116,6 +117,7 @@ def infer_signature(
         _constraint(in_layouts, tuple(s.aval for s in specs), mesh, "in_layouts"),
         resolve_cost_model(cost_model),
         mesh,
+        lazy=True,
     )
 
 
@@ -213,7 +215,10 @@ def _infer(
     in_constraint: Constraint,
     cost_model: CostModel,
     mesh: DeviceMesh,
+    lazy: bool = False,
 ) -> Signature:
+    """The signature of ``rule`` on ``specs``; ``lazy``: its candidates ranked only when read
+    if one of them runs on the inputs as given (predict reads them all: not lazy)."""
     kind, name = rule
     ins = tuple(s.aval for s in specs)
     definitions = {"op": op_definition, "primitive": primitive_definition, "function": function_definition}
@@ -221,8 +226,14 @@ def _infer(
     one_d = list(definition.rule(ins, out_avals, **dict(params)))
     name = definition.name
     layouts = [s.layout for s in specs] + [x for x in (out_constraint or ()) + (in_constraint or ()) if x is not None]
-    candidates = rank_candidates(one_d, specs, out_avals, mesh, nest_orders(mesh, layouts), cost_model,
-                                 out_constraint=out_constraint, in_constraint=in_constraint)
+    rank = partial(rank_candidates, one_d, specs, out_avals, mesh, nest_orders(mesh, layouts), cost_model,
+                   out_constraint=out_constraint, in_constraint=in_constraint)
+    if lazy:
+        # candidates running on the inputs as given rank first: the best of them is the choice
+        in_place = rank(in_place=True)
+        if in_place:
+            return Signature(name, specs, chosen=in_place[0], rank=rank)
+    candidates = rank()
     if not candidates:
         raise InferenceError(
             "out_layouts" if out_constraint else "in_layouts",
@@ -270,9 +281,12 @@ def rank_candidates(
     *,
     out_constraint: Constraint = None,
     in_constraint: Constraint = None,
+    in_place: bool = False,
 ) -> list[Candidate]:
     """All valid N-D candidates from the 1-D signatures ``one_d`` (all-Replicate added),
     costed and sorted by :meth:`Candidate.rank_key` (the module docstring's steps 1-3).
+    ``in_place``: only those running on the inputs as given (no input redistributed),
+    built from the 1-D signatures matching the inputs' placements on each mesh dim.
 
     The valid layouts do not depend on the inputs' layouts (:func:`_layout_choices`,
     cached: a model's repeated layers share them); the candidates' plans are built only
@@ -281,7 +295,14 @@ def rank_candidates(
     replicate = OneDSig((Replicate(),) * n_in, (Replicate(),) * len(out_avals))
     sigs = tuple(sorted(set(one_d) | {replicate}, key=_sig_key))  # one cache key per set of signatures
     avals = tuple(s.aval for s in specs) + tuple(out_avals)
-    choices = _layout_choices(sigs, tuple(s.joint for s in sigs), avals, mesh, tuple(orders))
+    allowed = None
+    if in_place:
+        given = [tuple(placement_on(s.layout, m) for s in specs) for m in range(mesh.ndim)]
+        allowed = tuple(tuple(sig for sig in sigs if sig.inputs == given[m]) for m in range(mesh.ndim))
+        if in_constraint is not None and any(c is not None and c is not s.layout for c, s in zip(in_constraint, specs)):
+            return []
+        in_constraint = tuple(s.layout for s in specs)
+    choices = _layout_choices(sigs, tuple(s.joint for s in sigs), avals, mesh, tuple(orders), allowed)
     planner = InputPlans(tuple(specs), cost_model)
     out_avals = tuple(out_avals)
     ranked = []
@@ -290,7 +311,7 @@ def rank_candidates(
         ins, outs = layouts[:n_in], layouts[n_in:]
         if not _matches(outs, out_constraint) or not _matches(ins, in_constraint):
             continue
-        pending = keys.pending(outs, frozenset(continued_partials(specs, ins)))
+        pending = keys.pending(outs, keys.continued(ins))
         candidate = Candidate(ins, outs, None, combo, order, out_avals, pending, planner)
         ranked.append((keys.rank_key(candidate), len(ranked), candidate))
     ranked.sort(key=_first)
@@ -308,13 +329,34 @@ class _RankKeys:
     total cost as ``(float, Fraction)``: compared faster, ties exact; equal keys keep their
     position); the candidate's ``cost`` and ``redistributed`` are stored on it as computed."""
 
-    __slots__ = ("specs", "out_avals", "cost_model", "costs", "out_bytes", "pendings")
+    __slots__ = ("specs", "out_avals", "cost_model", "costs", "out_bytes", "pendings", "partials")
 
     def __init__(self, specs: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...], cost_model: CostModel) -> None:
         self.specs, self.out_avals, self.cost_model = specs, out_avals, cost_model
         self.costs: dict[tuple[int, Layout], Fraction] = {}
         self.out_bytes: dict[tuple[int, Layout], int] = {}
         self.pendings: dict[tuple[tuple[Layout, ...], frozenset[int]], Fraction] = {}
+        self.partials: dict[tuple[int, Layout], tuple[frozenset[int], frozenset[int]]] = {}
+
+    def continued(self, in_layouts: tuple[Layout, ...]) -> frozenset[int]:
+        """:func:`continued_partials` from per-(input, layout) parts: the partial mesh dims
+        an input keeps and those it is made partial on from a split."""
+        kept: frozenset[int] = frozenset()
+        made: frozenset[int] = frozenset()
+        for i, (spec, layout) in enumerate(zip(self.specs, in_layouts)):
+            parts = self.partials.get((i, layout))
+            if parts is None:
+                given = spec.layout
+                axes = layout.partial_axes
+                parts = self.partials[(i, layout)] = (
+                    frozenset(m for m in axes if given.partial[m]),
+                    frozenset(m for m in axes if not given.partial[m] and given.mesh_dim_split(m) is not None),
+                )
+            if parts[0]:
+                kept |= parts[0]
+            if parts[1]:
+                made |= parts[1]
+        return kept - made
 
     def pending(self, out_layouts: tuple[Layout, ...], given: frozenset[int]) -> Fraction:
         """:func:`_pending` of the outputs in ``out_layouts``."""
@@ -332,7 +374,8 @@ class _RankKeys:
                 part = self.costs[(i, layout)] = cached_plan_cost(
                     spec.shape, spec.dtype, spec.layout, layout, self.cost_model
                 )
-            cost += part
+            if part:  # most inputs stay as given: skip adding exact zeros
+                cost += part
         redistributed = tuple(s.layout is not x for s, x in zip(self.specs, candidate.in_layouts))
         out_bytes = 0
         for j, (aval, layout) in enumerate(zip(self.out_avals, candidate.out_layouts)):
@@ -345,7 +388,7 @@ class _RankKeys:
         # what Candidate.cost / .redistributed (cached properties) compute: stored, not recomputed
         candidate.__dict__["cost"] = cost
         candidate.__dict__["redistributed"] = redistributed
-        total = cost + candidate.pending
+        total = cost + candidate.pending if candidate.pending else cost
         # (float, exact): the same order as the exact total alone (rounding is monotone; equal
         # floats fall back to the Fractions), compared faster
         return (any(redistributed), (float(total), total), candidate.strided, redistributed, out_bytes,
@@ -355,20 +398,22 @@ class _RankKeys:
 @cached(maxsize=4096)
 def _layout_choices(
     sigs: tuple[OneDSig, ...], joints: tuple[Any, ...], avals: tuple[Aval, ...], mesh: DeviceMesh,
-    orders: tuple[tuple[int, ...], ...],
+    orders: tuple[tuple[int, ...], ...], allowed: tuple[tuple[OneDSig, ...], ...] | None = None,
 ) -> tuple[tuple[tuple[Layout, ...], tuple[OneDSig, ...], tuple[int, ...]], ...]:
     """Every valid assignment of layouts to the tensors (inputs, then outputs), with the
     least ``(1-D signature keys, nest order)`` giving it: step 1 and the shape filters of
     step 2 (``joints``, the signatures' joint conditions, are in the key because
     OneDSig's equality ignores them). A combination of 1-D signatures that splits no
     tensor dim over several mesh dims gives the same layouts in every nest order, and
-    mesh order (``orders[0]``) is its least key: it is built once."""
+    mesh order (``orders[0]``) is its least key: it is built once. ``allowed``: per mesh
+    dim, the signatures it may use (a subset of ``sigs``; None: all)."""
     sig_keys = {sig: _sig_key(sig) for sig in sigs}
     ordered = sorted(sigs, key=sig_keys.__getitem__)
     tables_of = {sig: _placement_table(sig) for sig in ordered}
     found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]] = {}
     layout_cache: dict[Any, Layout] = {}
-    for combo in itertools.product(ordered, repeat=mesh.ndim):
+    per_dim = [ordered] * mesh.ndim if allowed is None else [[x for x in ordered if x in a] for a in allowed]
+    for combo in itertools.product(*per_dim):
         placements = [tables_of[sig] for sig in combo]
         keys = tuple(sig_keys[s] for s in combo)
         for order in orders if _nests(placements) else orders[:1]:

@@ -606,21 +606,71 @@ _LAYOUT_KEYS = Memo(65536)
 _STRIDED = Memo(65536)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False, eq=False)
 class Signature:
     """The result of inference for one op: the chosen candidate and the ranked list.
 
     ``in_layouts`` are the layouts the inputs must have when the op runs (reached by
     ``redistributions``), ``out_layouts`` the layouts of the outputs.
+
+    ``candidates`` (a tuple, best first) are given, or ranked on first read by ``rank``
+    (a function returning them) when ``chosen`` is given: inference finds the best
+    candidate that runs on the inputs as given without ranking all the others
+    (``candidates[0]`` is then ``chosen``). Equality and hashing are by value (the
+    candidates included), as for a plain frozen dataclass.
     """
 
     op: str
     inputs: tuple[TensorSpec, ...]
-    candidates: tuple[Candidate, ...]
+
+    def __init__(
+        self,
+        op: str,
+        inputs: tuple[TensorSpec, ...],
+        candidates: Sequence[Candidate] | None = None,
+        *,
+        chosen: Candidate | None = None,
+        rank: Any = None,
+    ) -> None:
+        object.__setattr__(self, "op", op)
+        object.__setattr__(self, "inputs", inputs)
+        if candidates is not None:
+            self.__dict__["candidates"] = tuple(candidates)
+        elif chosen is None or rank is None:
+            raise TypeError("Signature needs its candidates, or the chosen one and a function ranking them all")
+        object.__setattr__(self, "_chosen", chosen)
+        object.__setattr__(self, "_rank", rank)
+
+    @cached_property
+    def candidates(self) -> tuple[Candidate, ...]:
+        ranked = list(self._rank())
+        chosen = self._chosen
+        if not ranked or (ranked[0].in_layouts, ranked[0].out_layouts) != (chosen.in_layouts, chosen.out_layouts):
+            raise RuntimeError(f"{self.op}: the ranked candidates do not start with the chosen one {chosen}")
+        ranked[0] = chosen
+        return tuple(ranked)
 
     @property
     def chosen(self) -> Candidate:
+        if self._chosen is not None:
+            return self._chosen
         return self.candidates[0]
+
+    def _fields(self) -> tuple[Any, ...]:
+        return (self.op, self.inputs, self.candidates)
+
+    def __eq__(self, other: object) -> bool:
+        if other is self:
+            return True
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._fields() == other._fields()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return f"Signature(op={self.op!r}, inputs={self.inputs!r}, candidates={self.candidates!r})"
 
     @property
     def in_layouts(self) -> tuple[Layout, ...]:
