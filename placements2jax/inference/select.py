@@ -47,7 +47,7 @@ from .cost import (
     collective_bytes,
     resolve_cost_model,
 )
-from .ops import freeze, function_definition, op_definition, primitive_definition
+from .ops import freeze, function_definition, op_definition, out_shapes, primitive_definition
 from .plan import InputPlans, cached_plan, cached_plan_cost
 from .signature import (
     Aval,
@@ -58,7 +58,9 @@ from .signature import (
     as_tensor_spec,
     as_tensor_specs,
     is_tensor_leaf,
+    layout_rank_key,
     placement_on,
+    split_out_of_mesh_order,
 )
 
 __all__ = [
@@ -172,6 +174,9 @@ def _spec_like(value: Any) -> bool:
 
 @cached(maxsize=4096)
 def _out_avals(op: str, params: Any, in_avals: tuple[Aval, ...]) -> tuple[Aval, ...]:
+    known = out_shapes(op, dict(params), in_avals)  # common ops: from shapes, without tracing
+    if known is not None:
+        return known
     reference = partial(op_definition(op).reference, **dict(params))
     try:
         out = jax.eval_shape(reference, *(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in in_avals))
@@ -333,8 +338,9 @@ class _RankKeys:
 
     def __init__(self, specs: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...], cost_model: CostModel) -> None:
         self.specs, self.out_avals, self.cost_model = specs, out_avals, cost_model
-        self.costs: dict[tuple[int, Layout], Fraction] = {}
-        self.out_bytes: dict[tuple[int, Layout], int] = {}
+        # per (input, layout): (plan cost, strided, layout key); per (output, layout): (block bytes, ...)
+        self.costs: dict[tuple[int, Layout], tuple[Fraction, bool, Any]] = {}
+        self.out_bytes: dict[tuple[int, Layout], tuple[int, bool, Any]] = {}
         self.pendings: dict[tuple[tuple[Layout, ...], frozenset[int]], Fraction] = {}
         self.partials: dict[tuple[int, Layout], tuple[frozenset[int], frozenset[int]]] = {}
 
@@ -368,31 +374,39 @@ class _RankKeys:
 
     def rank_key(self, candidate: Candidate) -> tuple[Any, ...]:
         cost = Fraction(0)
+        strided = 0
+        layout_key = []
         for i, (spec, layout) in enumerate(zip(self.specs, candidate.in_layouts)):
-            part = self.costs.get((i, layout))
-            if part is None:
-                part = self.costs[(i, layout)] = cached_plan_cost(
-                    spec.shape, spec.dtype, spec.layout, layout, self.cost_model
+            parts = self.costs.get((i, layout))
+            if parts is None:
+                parts = self.costs[(i, layout)] = (
+                    cached_plan_cost(spec.shape, spec.dtype, spec.layout, layout, self.cost_model),
+                    split_out_of_mesh_order(layout), layout_rank_key(layout),
                 )
-            if part:  # most inputs stay as given: skip adding exact zeros
-                cost += part
+            if parts[0]:  # most inputs stay as given: skip adding exact zeros
+                cost += parts[0]
+            strided += parts[1]
+            layout_key.append(parts[2])
         redistributed = tuple(s.layout is not x for s, x in zip(self.specs, candidate.in_layouts))
         out_bytes = 0
         for j, (aval, layout) in enumerate(zip(self.out_avals, candidate.out_layouts)):
-            part = self.out_bytes.get((j, layout))
-            if part is None:
-                part = self.out_bytes[(j, layout)] = block_bytes(
-                    aval.shape, aval.dtype.itemsize, layout.dim_axes, layout.mesh.shape
+            parts = self.out_bytes.get((j, layout))
+            if parts is None:
+                parts = self.out_bytes[(j, layout)] = (
+                    block_bytes(aval.shape, aval.dtype.itemsize, layout.dim_axes, layout.mesh.shape),
+                    split_out_of_mesh_order(layout), layout_rank_key(layout),
                 )
-            out_bytes += part
+            out_bytes += parts[0]
+            strided += parts[1]
+            layout_key.append(parts[2])
         # what Candidate.cost / .redistributed (cached properties) compute: stored, not recomputed
         candidate.__dict__["cost"] = cost
         candidate.__dict__["redistributed"] = redistributed
         total = cost + candidate.pending if candidate.pending else cost
         # (float, exact): the same order as the exact total alone (rounding is monotone; equal
-        # floats fall back to the Fractions), compared faster
-        return (any(redistributed), (float(total), total), candidate.strided, redistributed, out_bytes,
-                candidate.layout_key)
+        # floats fall back to the Fractions), compared faster; Candidate.strided and .layout_key
+        # from parts per (tensor, layout)
+        return (any(redistributed), (float(total), total), strided, redistributed, out_bytes, tuple(layout_key))
 
 
 @cached(maxsize=4096)

@@ -540,13 +540,13 @@ class Candidate:
     def layout_key(self) -> tuple[Any, ...]:
         """The last tie-break: per tensor (inputs, then outputs) and mesh dim, splits of
         lower tensor dims first, then Replicate, then Partial; then the nest order."""
-        return tuple(_layout_key(layout) for layout in self.in_layouts + self.out_layouts)
+        return tuple(layout_rank_key(layout) for layout in self.in_layouts + self.out_layouts)
 
     @property
     def strided(self) -> int:
         """How many of the layouts split a dim out of mesh order (torch writes those with
         ``_StridedShard``): cost ties prefer fewer."""
-        return sum(_is_strided(x) for x in self.in_layouts + self.out_layouts)
+        return sum(split_out_of_mesh_order(x) for x in self.in_layouts + self.out_layouts)
 
     def rank_key(self) -> tuple[Any, ...]:
         """The selection order (see docs/inference.md): candidates needing no
@@ -580,7 +580,8 @@ class _GivenPlans:
         return tuple(not p.is_noop for p in self.given)
 
 
-def _layout_key(layout: Layout) -> tuple[Any, ...]:
+def layout_rank_key(layout: Layout) -> tuple[Any, ...]:
+    """One tensor's part of :attr:`Candidate.layout_key` (memoized per interned layout)."""
     key = _LAYOUT_KEYS.get(layout)
     if key is None:
         placements = []
@@ -592,7 +593,9 @@ def _layout_key(layout: Layout) -> tuple[Any, ...]:
     return key
 
 
-def _is_strided(layout: Layout) -> bool:
+def split_out_of_mesh_order(layout: Layout) -> bool:
+    """Does ``layout`` split a dim over mesh dims out of mesh order (one of
+    :attr:`Candidate.strided`)?"""
     strided = _STRIDED.get(layout)
     if strided is None:
         strided = any(list(a) != sorted(a) for a in layout.dim_axes)
