@@ -19,6 +19,11 @@
    then Replicate, then Partial): a total order, so the result never depends on the
    order candidates were generated in.
 
+Candidates running on the inputs as given rank first, so when there are any,
+:func:`infer_signature` chooses among them alone (built from the 1-D signatures matching
+the inputs' placements on each mesh dim) and ranks the rest when
+``Signature.candidates`` is first read; the program search reads them all.
+
 Results are cached by op, params, input shapes/dtypes/layouts, constraints and cost model
 (OneFlow caches by shape, dtype, nd_sbp, placement and constraints).
 """
