@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -262,3 +264,56 @@ def test_p_plus_s_runs_as_one_reduce_scatter() -> None:
     assert str(out.layout) == "S(0)"
     for rank in range(8):
         np.testing.assert_allclose(np.asarray(out.to_local(rank)), (a + b)[rank : rank + 1], rtol=1e-6)
+
+
+_SHAPE_CASES: list[tuple[str, dict[str, Any], list[tuple[tuple[int, ...], Any]]]] = [
+    (op, {}, [(a, dt), (b, dt)]) for dt in (F32, jnp.bfloat16, jnp.int32, jnp.int8) for op in ("add", "mul", "matmul")
+    for a, b in [((4, 8), (4, 8)), ((4, 1), (1, 8)), ((8,), (4, 8)), ((2, 4, 8), (8, 3)), ((2, 1, 4, 8), (3, 8, 5))]
+] + [
+    ("add", {}, [((4,), F32), ((4,), jnp.int32)]),
+    *[("einsum", {"subscripts": s}, [(x, F32) for x in xs]) for s, xs in [
+        ("bij,bjk->bik", [(4, 16, 32), (4, 32, 8)]), ("ij,jk", [(3, 4), (4, 5)]), ("i,i->", [(3,), (3,)]),
+        ("...ij,jk->...ik", [(2, 3, 4), (4, 5)]), ("ij,jk->ik", [(3, 1), (4, 5)])]],
+    *[(op, {"axis": axis, "keepdims": kd}, [((16, 32, 8), dt)]) for op in ("sum", "mean") for dt in (F32, jnp.int32)
+      for axis in (None, 1, -1, (0, 2), ()) for kd in (False, True)],
+    *[("transpose", {"axes": axes}, [((16, 32, 8), F32)]) for axes in ((2, 0, 1), (-1, 0, 1))],
+    ("transpose", {}, [((16, 32, 8), jnp.int32)]),
+    *[("reshape", {"shape": shape}, [((16, 32, 8), F32)]) for shape in ((16, 256), (-1,), (16, -1), 4096, (0, -1))],
+    *[(op, {"axis": axis}, [((16, 32), dt)]) for op in ("softmax", "log_softmax") for axis in (-1, 0, (0, 1))
+      for dt in (F32, jnp.bfloat16)],
+    *[("layer_norm", {}, [(x, F32) for x in xs]) for xs in ([(8, 16, 32), (32,), (32,)], [(8, 16, 32)])],
+    *[("take", {"axis": axis}, [((64, 32), F32), ((4, 5), dt)]) for axis in (0, -1) for dt in (jnp.int32, jnp.int8)],
+]
+
+
+def test_output_shapes_without_tracing_match_eval_shape() -> None:
+    """The per-op shape rules (cold infer_signature's shortcut past jax.eval_shape) give
+    jax.eval_shape's avals exactly, or decline (None) where JAX's promotion or params decide."""
+    known = 0
+    for op, params, ins in _SHAPE_CASES:
+        avals = tuple(Aval(shape, dtype) for shape, dtype in ins)
+        got = ops.out_shapes(op, params, avals)
+        if got is None:
+            continue
+        known += 1
+        structs = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in ins]
+        expected = jax.eval_shape(partial(ops.op_definition(op).reference, **params), *structs)
+        assert got == tuple(Aval(x.shape, x.dtype) for x in jax.tree.leaves(expected)), (op, params, ins)
+    assert known > len(_SHAPE_CASES) // 2
+
+
+def test_lazy_candidates_start_with_the_chosen_one() -> None:
+    """infer_signature finds the best candidate running on the inputs as given without
+    ranking the others; reading .candidates ranks them all, the chosen one first."""
+    mesh3 = init_device_mesh((2, 2, 2), ("a", "b", "c"))
+    given = [((16, 32, 8), F32, L(mesh3, "S(0),S(1),S(2)"))]
+    signature = infer_signature("sum", given, axis=1)
+    chosen = signature.chosen
+    assert "candidates" not in vars(signature)  # not ranked yet
+    assert signature.candidates[0] is chosen and len(signature.candidates) > 1
+    ranked = rank_candidates(ops.op_definition("sum").rule((Aval((16, 32, 8), F32),), signature.out_avals, axis=1),
+                             signature.inputs, signature.out_avals, mesh3, nest_orders(mesh3, [given[0][2]]),
+                             resolve_cost_model(None))
+    pairs = [(c.in_layouts, c.out_layouts) for c in ranked]
+    assert pairs == [(c.in_layouts, c.out_layouts) for c in signature.candidates]
+    assert signature == Signature(signature.op, signature.inputs, tuple(ranked))

@@ -38,6 +38,7 @@ __all__ = [
     "layer_norm",
     "op_definition",
     "op_names",
+    "out_shapes",
     "primitive_definition",
     "primitive_names",
     "register_sharding",
@@ -377,6 +378,135 @@ def _concatenate(ins: Sequence[Aval], outs: Sequence[Aval], *, axis: int | None 
 
 
 _register("concatenate", _concatenate_reference, _concatenate)
+
+
+# -- output shapes of named ops without tracing -------------------------------------------------
+
+Shapes = tuple[tuple[int, ...], ...]
+_FLOATS = frozenset(np.dtype(t) for t in ("float32", "float16", jnp.bfloat16))
+_NUMBERS = _FLOATS | {np.dtype("int32")}
+
+
+def out_shapes(name: str, params: Mapping[str, Any], in_avals: Sequence[Aval]) -> tuple[Aval, ...] | None:
+    """The output avals of named op ``name`` computed from shapes alone, as
+    ``jax.eval_shape`` of its reference gives them (half of a cold ``infer_signature`` on
+    a 1-D mesh is that tracing), or None where this does not know them exactly: ops
+    without a rule here, inputs of different or other dtypes (JAX's type promotion, e.g.
+    a sum of int8 in int32), 64-bit mode, unusual params or shapes (then ``eval_shape``
+    says what is wrong)."""
+    rule = _SHAPE_RULES.get(name)
+    if rule is None or jax.config.jax_enable_x64 or not in_avals:
+        return None
+    fn, dtypes, keys = rule
+    dtype = in_avals[0].dtype
+    others = in_avals[1:] if name != "take" else ()
+    if dtype not in dtypes or any(a.dtype != dtype for a in others) or set(params) - keys:
+        return None
+    if name == "take" and (len(in_avals) != 2 or in_avals[1].dtype != np.int32):
+        return None
+    try:
+        shapes = fn([a.shape for a in in_avals], **params)
+    except (TypeError, ValueError):
+        return None
+    return None if shapes is None else tuple(Aval(shape, dtype) for shape in shapes)
+
+
+def _axes_or_none(axis: Any, ndim: int) -> tuple[int, ...] | None:
+    """``axis`` (None, an int or ints) as distinct non-negative axes, or None if unusual."""
+    values = tuple(range(ndim)) if axis is None else (axis,) if type(axis) is int else axis
+    if type(values) is not tuple or any(type(v) is not int or not -ndim <= v < ndim for v in values):
+        return None
+    result = tuple(v % ndim for v in values)
+    return result if len(set(result)) == len(result) else None
+
+
+def _broadcast_shape(shapes: list[tuple[int, ...]]) -> Shapes | None:
+    return (tuple(np.broadcast_shapes(*shapes)),) if len(shapes) == 2 else None
+
+
+def _matmul_shape(shapes: list[tuple[int, ...]]) -> Shapes | None:
+    if len(shapes) != 2 or min(len(shapes[0]), len(shapes[1])) < 2 or shapes[0][-1] != shapes[1][-2]:
+        return None
+    batch = tuple(np.broadcast_shapes(shapes[0][:-2], shapes[1][:-2]))
+    return (batch + (shapes[0][-2], shapes[1][-1]),)
+
+
+def _einsum_shape(shapes: list[tuple[int, ...]], *, subscripts: str) -> Shapes | None:
+    if type(subscripts) is not str or subscripts.count("->") != 1:
+        return None
+    inputs, output = subscripts.replace(" ", "").split("->")
+    operands = inputs.split(",")
+    letters = set(string.ascii_letters)
+    if len(operands) != len(shapes) or not set(inputs.replace(",", "") + output) <= letters:
+        return None
+    sizes: dict[str, int] = {}
+    for operand, shape in zip(operands, shapes):
+        if len(operand) != len(shape) or len(set(operand)) != len(operand):
+            return None
+        for letter, size in zip(operand, shape):
+            if sizes.setdefault(letter, size) != size:
+                return None  # broadcasting of size-1 dims: eval_shape knows
+    if len(set(output)) != len(output) or not set(output) <= set(sizes):
+        return None
+    return (tuple(sizes[letter] for letter in output),)
+
+
+def _reduction_shape(shapes: list[tuple[int, ...]], *, axis: Any = None, keepdims: bool = False) -> Shapes | None:
+    axes = _axes_or_none(axis, len(shapes[0])) if len(shapes) == 1 and type(keepdims) is bool else None
+    if axes is None:
+        return None
+    return (tuple(1 if d in axes else n for d, n in enumerate(shapes[0]) if keepdims or d not in axes),)
+
+
+def _transpose_shape(shapes: list[tuple[int, ...]], *, axes: Any = None) -> Shapes | None:
+    ndim = len(shapes[0])
+    order = tuple(range(ndim))[::-1] if axes is None else _axes_or_none(axes, ndim)
+    if len(shapes) != 1 or order is None or len(order) != ndim:
+        return None
+    return (tuple(shapes[0][a] for a in order),)
+
+
+def _reshape_shape(shapes: list[tuple[int, ...]], *, shape: Any) -> Shapes | None:
+    target = (shape,) if type(shape) is int else shape
+    if len(shapes) != 1 or type(target) is not tuple or any(type(n) is not int or n < -1 for n in target):
+        return None
+    size, known = int(np.prod(shapes[0], dtype=np.int64)), int(np.prod([n for n in target if n != -1], dtype=np.int64))
+    if target.count(-1) > 1 or (target.count(-1) == 1 and (known == 0 or size % known)):
+        return None
+    result = tuple(size // known if n == -1 else n for n in target)
+    return (result,) if int(np.prod(result, dtype=np.int64)) == size else None
+
+
+def _same_shape(shapes: list[tuple[int, ...]], *, axis: Any = -1) -> Shapes | None:
+    return (shapes[0],) if len(shapes) == 1 and _axes_or_none(axis, len(shapes[0])) else None
+
+
+def _layer_norm_shape(shapes: list[tuple[int, ...]], *, axis: Any = -1, eps: float = 1e-5) -> Shapes | None:
+    if not 1 <= len(shapes) <= 3 or not _axes_or_none(axis, len(shapes[0])):
+        return None
+    return (tuple(np.broadcast_shapes(*shapes)),)
+
+
+def _take_shape(shapes: list[tuple[int, ...]], *, axis: Any = 0, mode: Any = None) -> Shapes | None:
+    axes = _axes_or_none(axis, len(shapes[0])) if len(shapes) == 2 and type(axis) is int and mode is None else None
+    if not axes:
+        return None
+    return (shapes[0][:axes[0]] + shapes[1] + shapes[0][axes[0] + 1:],)
+
+
+# op -> (shapes from input shapes and params, input dtypes it knows, params it knows)
+_SHAPE_RULES: dict[str, tuple[Callable[..., Shapes | None], frozenset[np.dtype], frozenset[str]]] = {
+    **{name: (_broadcast_shape, _NUMBERS, frozenset()) for name in ("add", "sub", "subtract", "mul", "multiply")},
+    "matmul": (_matmul_shape, _NUMBERS, frozenset()),
+    "einsum": (_einsum_shape, _NUMBERS, frozenset({"subscripts"})),
+    "sum": (_reduction_shape, _NUMBERS, frozenset({"axis", "keepdims"})),
+    "mean": (_reduction_shape, _FLOATS, frozenset({"axis", "keepdims"})),
+    "transpose": (_transpose_shape, _NUMBERS, frozenset({"axes"})),
+    "reshape": (_reshape_shape, _NUMBERS, frozenset({"shape"})),
+    **{name: (_same_shape, _FLOATS, frozenset({"axis"})) for name in ("softmax", "log_softmax")},
+    "layer_norm": (_layer_norm_shape, _FLOATS, frozenset({"axis", "eps"})),
+    "take": (_take_shape, _NUMBERS, frozenset({"axis", "mode"})),
+}
 
 
 # -- jaxpr primitives ------------------------------------------------------------------------

@@ -19,6 +19,11 @@
    then Replicate, then Partial): a total order, so the result never depends on the
    order candidates were generated in.
 
+Candidates running on the inputs as given rank first, so when there are any,
+:func:`infer_signature` chooses among them alone (built from the 1-D signatures matching
+the inputs' placements on each mesh dim) and ranks the rest when
+``Signature.candidates`` is first read; the program search reads them all.
+
 Results are cached by op, params, input shapes/dtypes/layouts, constraints and cost model
 (OneFlow caches by shape, dtype, nd_sbp, placement and constraints).
 """
@@ -47,7 +52,7 @@ from .cost import (
     collective_bytes,
     resolve_cost_model,
 )
-from .ops import freeze, function_definition, op_definition, primitive_definition
+from .ops import freeze, function_definition, op_definition, out_shapes, primitive_definition
 from .plan import InputPlans, cached_plan, cached_plan_cost
 from .signature import (
     Aval,
@@ -58,6 +63,9 @@ from .signature import (
     as_tensor_spec,
     as_tensor_specs,
     is_tensor_leaf,
+    layout_rank_key,
+    placement_on,
+    split_out_of_mesh_order,
 )
 
 __all__ = [
@@ -116,6 +124,7 @@ def infer_signature(
         _constraint(in_layouts, tuple(s.aval for s in specs), mesh, "in_layouts"),
         resolve_cost_model(cost_model),
         mesh,
+        lazy=True,
     )
 
 
@@ -170,6 +179,9 @@ def _spec_like(value: Any) -> bool:
 
 @cached(maxsize=4096)
 def _out_avals(op: str, params: Any, in_avals: tuple[Aval, ...]) -> tuple[Aval, ...]:
+    known = out_shapes(op, dict(params), in_avals)  # common ops: from shapes, without tracing
+    if known is not None:
+        return known
     reference = partial(op_definition(op).reference, **dict(params))
     try:
         out = jax.eval_shape(reference, *(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in in_avals))
@@ -213,7 +225,10 @@ def _infer(
     in_constraint: Constraint,
     cost_model: CostModel,
     mesh: DeviceMesh,
+    lazy: bool = False,
 ) -> Signature:
+    """The signature of ``rule`` on ``specs``; ``lazy``: its candidates ranked only when read
+    if one of them runs on the inputs as given (predict reads them all: not lazy)."""
     kind, name = rule
     ins = tuple(s.aval for s in specs)
     definitions = {"op": op_definition, "primitive": primitive_definition, "function": function_definition}
@@ -221,8 +236,14 @@ def _infer(
     one_d = list(definition.rule(ins, out_avals, **dict(params)))
     name = definition.name
     layouts = [s.layout for s in specs] + [x for x in (out_constraint or ()) + (in_constraint or ()) if x is not None]
-    candidates = rank_candidates(one_d, specs, out_avals, mesh, nest_orders(mesh, layouts), cost_model,
-                                 out_constraint=out_constraint, in_constraint=in_constraint)
+    rank = partial(rank_candidates, one_d, specs, out_avals, mesh, nest_orders(mesh, layouts), cost_model,
+                   out_constraint=out_constraint, in_constraint=in_constraint)
+    if lazy:
+        # candidates running on the inputs as given rank first: the best of them is the choice
+        in_place = rank(in_place=True)
+        if in_place:
+            return Signature(name, specs, chosen=in_place[0], rank=rank)
+    candidates = rank()
     if not candidates:
         raise InferenceError(
             "out_layouts" if out_constraint else "in_layouts",
@@ -270,9 +291,12 @@ def rank_candidates(
     *,
     out_constraint: Constraint = None,
     in_constraint: Constraint = None,
+    in_place: bool = False,
 ) -> list[Candidate]:
     """All valid N-D candidates from the 1-D signatures ``one_d`` (all-Replicate added),
     costed and sorted by :meth:`Candidate.rank_key` (the module docstring's steps 1-3).
+    ``in_place``: only those running on the inputs as given (no input redistributed),
+    built from the 1-D signatures matching the inputs' placements on each mesh dim.
 
     The valid layouts do not depend on the inputs' layouts (:func:`_layout_choices`,
     cached: a model's repeated layers share them); the candidates' plans are built only
@@ -281,7 +305,14 @@ def rank_candidates(
     replicate = OneDSig((Replicate(),) * n_in, (Replicate(),) * len(out_avals))
     sigs = tuple(sorted(set(one_d) | {replicate}, key=_sig_key))  # one cache key per set of signatures
     avals = tuple(s.aval for s in specs) + tuple(out_avals)
-    choices = _layout_choices(sigs, tuple(s.joint for s in sigs), avals, mesh, tuple(orders))
+    allowed = None
+    if in_place:
+        given = [tuple(placement_on(s.layout, m) for s in specs) for m in range(mesh.ndim)]
+        allowed = tuple(tuple(sig for sig in sigs if sig.inputs == given[m]) for m in range(mesh.ndim))
+        if in_constraint is not None and any(c is not None and c is not s.layout for c, s in zip(in_constraint, specs)):
+            return []
+        in_constraint = tuple(s.layout for s in specs)
+    choices = _layout_choices(sigs, tuple(s.joint for s in sigs), avals, mesh, tuple(orders), allowed)
     planner = InputPlans(tuple(specs), cost_model)
     out_avals = tuple(out_avals)
     ranked = []
@@ -290,7 +321,7 @@ def rank_candidates(
         ins, outs = layouts[:n_in], layouts[n_in:]
         if not _matches(outs, out_constraint) or not _matches(ins, in_constraint):
             continue
-        pending = keys.pending(outs, frozenset(continued_partials(specs, ins)))
+        pending = keys.pending(outs, keys.continued(ins))
         candidate = Candidate(ins, outs, None, combo, order, out_avals, pending, planner)
         ranked.append((keys.rank_key(candidate), len(ranked), candidate))
     ranked.sort(key=_first)
@@ -308,13 +339,35 @@ class _RankKeys:
     total cost as ``(float, Fraction)``: compared faster, ties exact; equal keys keep their
     position); the candidate's ``cost`` and ``redistributed`` are stored on it as computed."""
 
-    __slots__ = ("specs", "out_avals", "cost_model", "costs", "out_bytes", "pendings")
+    __slots__ = ("specs", "out_avals", "cost_model", "costs", "out_bytes", "pendings", "partials")
 
     def __init__(self, specs: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...], cost_model: CostModel) -> None:
         self.specs, self.out_avals, self.cost_model = specs, out_avals, cost_model
-        self.costs: dict[tuple[int, Layout], Fraction] = {}
-        self.out_bytes: dict[tuple[int, Layout], int] = {}
+        # per (input, layout): (plan cost, strided, layout key); per (output, layout): (block bytes, ...)
+        self.costs: dict[tuple[int, Layout], tuple[Fraction, bool, Any]] = {}
+        self.out_bytes: dict[tuple[int, Layout], tuple[int, bool, Any]] = {}
         self.pendings: dict[tuple[tuple[Layout, ...], frozenset[int]], Fraction] = {}
+        self.partials: dict[tuple[int, Layout], tuple[frozenset[int], frozenset[int]]] = {}
+
+    def continued(self, in_layouts: tuple[Layout, ...]) -> frozenset[int]:
+        """:func:`continued_partials` from per-(input, layout) parts: the partial mesh dims
+        an input keeps and those it is made partial on from a split."""
+        kept: frozenset[int] = frozenset()
+        made: frozenset[int] = frozenset()
+        for i, (spec, layout) in enumerate(zip(self.specs, in_layouts)):
+            parts = self.partials.get((i, layout))
+            if parts is None:
+                given = spec.layout
+                axes = layout.partial_axes
+                parts = self.partials[(i, layout)] = (
+                    frozenset(m for m in axes if given.partial[m]),
+                    frozenset(m for m in axes if not given.partial[m] and given.mesh_dim_split(m) is not None),
+                )
+            if parts[0]:
+                kept |= parts[0]
+            if parts[1]:
+                made |= parts[1]
+        return kept - made
 
     def pending(self, out_layouts: tuple[Layout, ...], given: frozenset[int]) -> Fraction:
         """:func:`_pending` of the outputs in ``out_layouts``."""
@@ -326,49 +379,60 @@ class _RankKeys:
 
     def rank_key(self, candidate: Candidate) -> tuple[Any, ...]:
         cost = Fraction(0)
+        strided = 0
+        layout_key = []
         for i, (spec, layout) in enumerate(zip(self.specs, candidate.in_layouts)):
-            part = self.costs.get((i, layout))
-            if part is None:
-                part = self.costs[(i, layout)] = cached_plan_cost(
-                    spec.shape, spec.dtype, spec.layout, layout, self.cost_model
+            parts = self.costs.get((i, layout))
+            if parts is None:
+                parts = self.costs[(i, layout)] = (
+                    cached_plan_cost(spec.shape, spec.dtype, spec.layout, layout, self.cost_model),
+                    split_out_of_mesh_order(layout), layout_rank_key(layout),
                 )
-            cost += part
+            if parts[0]:  # most inputs stay as given: skip adding exact zeros
+                cost += parts[0]
+            strided += parts[1]
+            layout_key.append(parts[2])
         redistributed = tuple(s.layout is not x for s, x in zip(self.specs, candidate.in_layouts))
         out_bytes = 0
         for j, (aval, layout) in enumerate(zip(self.out_avals, candidate.out_layouts)):
-            part = self.out_bytes.get((j, layout))
-            if part is None:
-                part = self.out_bytes[(j, layout)] = block_bytes(
-                    aval.shape, aval.dtype.itemsize, layout.dim_axes, layout.mesh.shape
+            parts = self.out_bytes.get((j, layout))
+            if parts is None:
+                parts = self.out_bytes[(j, layout)] = (
+                    block_bytes(aval.shape, aval.dtype.itemsize, layout.dim_axes, layout.mesh.shape),
+                    split_out_of_mesh_order(layout), layout_rank_key(layout),
                 )
-            out_bytes += part
+            out_bytes += parts[0]
+            strided += parts[1]
+            layout_key.append(parts[2])
         # what Candidate.cost / .redistributed (cached properties) compute: stored, not recomputed
         candidate.__dict__["cost"] = cost
         candidate.__dict__["redistributed"] = redistributed
-        total = cost + candidate.pending
+        total = cost + candidate.pending if candidate.pending else cost
         # (float, exact): the same order as the exact total alone (rounding is monotone; equal
-        # floats fall back to the Fractions), compared faster
-        return (any(redistributed), (float(total), total), candidate.strided, redistributed, out_bytes,
-                candidate.layout_key)
+        # floats fall back to the Fractions), compared faster; Candidate.strided and .layout_key
+        # from parts per (tensor, layout)
+        return (any(redistributed), (float(total), total), strided, redistributed, out_bytes, tuple(layout_key))
 
 
 @cached(maxsize=4096)
 def _layout_choices(
     sigs: tuple[OneDSig, ...], joints: tuple[Any, ...], avals: tuple[Aval, ...], mesh: DeviceMesh,
-    orders: tuple[tuple[int, ...], ...],
+    orders: tuple[tuple[int, ...], ...], allowed: tuple[tuple[OneDSig, ...], ...] | None = None,
 ) -> tuple[tuple[tuple[Layout, ...], tuple[OneDSig, ...], tuple[int, ...]], ...]:
     """Every valid assignment of layouts to the tensors (inputs, then outputs), with the
     least ``(1-D signature keys, nest order)`` giving it: step 1 and the shape filters of
     step 2 (``joints``, the signatures' joint conditions, are in the key because
     OneDSig's equality ignores them). A combination of 1-D signatures that splits no
     tensor dim over several mesh dims gives the same layouts in every nest order, and
-    mesh order (``orders[0]``) is its least key: it is built once."""
+    mesh order (``orders[0]``) is its least key: it is built once. ``allowed``: per mesh
+    dim, the signatures it may use (a subset of ``sigs``; None: all)."""
     sig_keys = {sig: _sig_key(sig) for sig in sigs}
     ordered = sorted(sigs, key=sig_keys.__getitem__)
     tables_of = {sig: _placement_table(sig) for sig in ordered}
     found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]] = {}
     layout_cache: dict[Any, Layout] = {}
-    for combo in itertools.product(ordered, repeat=mesh.ndim):
+    per_dim = [ordered] * mesh.ndim if allowed is None else [[x for x in ordered if x in a] for a in allowed]
+    for combo in itertools.product(*per_dim):
         placements = [tables_of[sig] for sig in combo]
         keys = tuple(sig_keys[s] for s in combo)
         for order in orders if _nests(placements) else orders[:1]:

@@ -540,13 +540,13 @@ class Candidate:
     def layout_key(self) -> tuple[Any, ...]:
         """The last tie-break: per tensor (inputs, then outputs) and mesh dim, splits of
         lower tensor dims first, then Replicate, then Partial; then the nest order."""
-        return tuple(_layout_key(layout) for layout in self.in_layouts + self.out_layouts)
+        return tuple(layout_rank_key(layout) for layout in self.in_layouts + self.out_layouts)
 
     @property
     def strided(self) -> int:
         """How many of the layouts split a dim out of mesh order (torch writes those with
         ``_StridedShard``): cost ties prefer fewer."""
-        return sum(_is_strided(x) for x in self.in_layouts + self.out_layouts)
+        return sum(split_out_of_mesh_order(x) for x in self.in_layouts + self.out_layouts)
 
     def rank_key(self) -> tuple[Any, ...]:
         """The selection order (see docs/inference.md): candidates needing no
@@ -580,7 +580,8 @@ class _GivenPlans:
         return tuple(not p.is_noop for p in self.given)
 
 
-def _layout_key(layout: Layout) -> tuple[Any, ...]:
+def layout_rank_key(layout: Layout) -> tuple[Any, ...]:
+    """One tensor's part of :attr:`Candidate.layout_key` (memoized per interned layout)."""
     key = _LAYOUT_KEYS.get(layout)
     if key is None:
         placements = []
@@ -592,7 +593,9 @@ def _layout_key(layout: Layout) -> tuple[Any, ...]:
     return key
 
 
-def _is_strided(layout: Layout) -> bool:
+def split_out_of_mesh_order(layout: Layout) -> bool:
+    """Does ``layout`` split a dim over mesh dims out of mesh order (one of
+    :attr:`Candidate.strided`)?"""
     strided = _STRIDED.get(layout)
     if strided is None:
         strided = any(list(a) != sorted(a) for a in layout.dim_axes)
@@ -606,21 +609,71 @@ _LAYOUT_KEYS = Memo(65536)
 _STRIDED = Memo(65536)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False, eq=False)
 class Signature:
     """The result of inference for one op: the chosen candidate and the ranked list.
 
     ``in_layouts`` are the layouts the inputs must have when the op runs (reached by
     ``redistributions``), ``out_layouts`` the layouts of the outputs.
+
+    ``candidates`` (a tuple, best first) are given, or ranked on first read by ``rank``
+    (a function returning them) when ``chosen`` is given: inference finds the best
+    candidate that runs on the inputs as given without ranking all the others
+    (``candidates[0]`` is then ``chosen``). Equality and hashing are by value (the
+    candidates included), as for a plain frozen dataclass.
     """
 
     op: str
     inputs: tuple[TensorSpec, ...]
-    candidates: tuple[Candidate, ...]
+
+    def __init__(
+        self,
+        op: str,
+        inputs: tuple[TensorSpec, ...],
+        candidates: Sequence[Candidate] | None = None,
+        *,
+        chosen: Candidate | None = None,
+        rank: Any = None,
+    ) -> None:
+        object.__setattr__(self, "op", op)
+        object.__setattr__(self, "inputs", inputs)
+        if candidates is not None:
+            self.__dict__["candidates"] = tuple(candidates)
+        elif chosen is None or rank is None:
+            raise TypeError("Signature needs its candidates, or the chosen one and a function ranking them all")
+        object.__setattr__(self, "_chosen", chosen)
+        object.__setattr__(self, "_rank", rank)
+
+    @cached_property
+    def candidates(self) -> tuple[Candidate, ...]:
+        ranked = list(self._rank())
+        chosen = self._chosen
+        if not ranked or (ranked[0].in_layouts, ranked[0].out_layouts) != (chosen.in_layouts, chosen.out_layouts):
+            raise RuntimeError(f"{self.op}: the ranked candidates do not start with the chosen one {chosen}")
+        ranked[0] = chosen
+        return tuple(ranked)
 
     @property
     def chosen(self) -> Candidate:
+        if self._chosen is not None:
+            return self._chosen
         return self.candidates[0]
+
+    def _fields(self) -> tuple[Any, ...]:
+        return (self.op, self.inputs, self.candidates)
+
+    def __eq__(self, other: object) -> bool:
+        if other is self:
+            return True
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._fields() == other._fields()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return f"Signature(op={self.op!r}, inputs={self.inputs!r}, candidates={self.candidates!r})"
 
     @property
     def in_layouts(self) -> tuple[Layout, ...]:
