@@ -54,6 +54,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -638,6 +639,8 @@ class _Evaluator:
         self.memo: dict[tuple[Any, ...], PlanFigures] = {}
         self.plans: dict[tuple[Any, ...], dict[int, Layout]] = {}  # in evaluation order
         self.compiled: dict[tuple[Any, ...], CompiledFigures | None] = {}
+        self.pending: dict[tuple[Any, ...], Future[CompiledFigures | None]] = {}
+        self.pool: ThreadPoolExecutor | None = None  # set by auto_plan(score="xla")
         self.lengths: dict[str, int] | None = None
 
     def __call__(self, free: Mapping[int, Layout]) -> PlanFigures:
@@ -676,43 +679,52 @@ class _Evaluator:
         """The step compiled by XLA on the plan's shardings (Auto mesh axes, outputs shaped
         like an input keeping its layouts, as check compiles it): its collectives' bytes and
         its memory_analysis(). None when a leaf's layout is uneven (XLA needs evenly
-        divisible shards; the DTensor pads them instead)."""
+        divisible shards; the DTensor pads them instead). Waits for :meth:`start_compile`'s
+        compilation of the plan, if any."""
         key = self.key(free)
-        if key in self.compiled:
-            return self.compiled[key]
-        problem = self.problem
-        layouts = problem.layouts_of(free)
-        if not all(layout.is_even(tuple(np.shape(problem.leaves[i]))) for i, layout in layouts.items()):
-            self.compiled[key] = None
-            return None
-        mesh = auto_twin_of(problem.mesh.to_jax())
+        if key not in self.compiled:
+            pending = self.pending.pop(key, None)
+            self.compiled[key] = pending.result() if pending is not None else _compile(self.problem, free)
+        return self.compiled[key]
 
-        def struct(i: int, leaf: Any) -> Any:
-            if i not in layouts:
-                return leaf
-            sharding = jax.sharding.NamedSharding(mesh, layouts[i].partition_spec)
-            return jax.ShapeDtypeStruct(tuple(np.shape(leaf)), _dtype(leaf), sharding=sharding)
-
-        flat = [struct(i, leaf) for i, leaf in enumerate(problem.leaves)]
-        out_layouts = problem.flat_out_layouts(jax.tree.unflatten(problem.tree, problem.specs(layouts)))
-        out_shardings = [None if layout is None else jax.sharding.NamedSharding(mesh, layout.partition_spec)
-                         for layout in out_layouts]
-        compiled = jax.jit(problem.replay, out_shardings=out_shardings).lower(*flat).compile(
-            compiler_options=_CHEAP_CODEGEN)
-        collectives = parse_collectives(compiled.as_text())
-        stats = compiled.memory_analysis()
-        memory = (stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
-                  - stats.alias_size_in_bytes)
-        result = CompiledFigures(
-            nbytes=float(sum(collective_nbytes(c, problem.mesh.size()) for c in collectives)),
-            collectives=len(collectives), memory=int(memory))
-        self.compiled[key] = result
-        return result
+    def start_compile(self, free: Mapping[int, Layout]) -> None:
+        """Compile the plan in the background (XLA releases the GIL while it compiles: the
+        search's predictions go on meanwhile on the other core); :meth:`compile` collects it."""
+        key = self.key(free)
+        if self.pool is not None and key not in self.compiled and key not in self.pending:
+            self.pending[key] = self.pool.submit(_compile, self.problem, dict(free))
 
     def static_memory(self, free: Mapping[int, Layout]) -> int:
         """Parameters + state + arguments (no prediction needed)."""
         layouts = self.problem.layouts_of(free)
         return sum(_local_bytes(s) for s in self.problem.specs(layouts) if isinstance(s, TensorSpec))
+
+
+def _compile(problem: _Problem, free: Mapping[int, Layout]) -> CompiledFigures | None:
+    """:meth:`_Evaluator.compile`'s work (thread-safe: reads ``problem`` only)."""
+    layouts = problem.layouts_of(free)
+    if not all(layout.is_even(tuple(np.shape(problem.leaves[i]))) for i, layout in layouts.items()):
+        return None
+    mesh = auto_twin_of(problem.mesh.to_jax())
+
+    def struct(i: int, leaf: Any) -> Any:
+        if i not in layouts:
+            return leaf
+        sharding = jax.sharding.NamedSharding(mesh, layouts[i].partition_spec)
+        return jax.ShapeDtypeStruct(tuple(np.shape(leaf)), _dtype(leaf), sharding=sharding)
+
+    flat = [struct(i, leaf) for i, leaf in enumerate(problem.leaves)]
+    out_layouts = problem.flat_out_layouts(jax.tree.unflatten(problem.tree, problem.specs(layouts)))
+    out_shardings = [None if layout is None else jax.sharding.NamedSharding(mesh, layout.partition_spec)
+                     for layout in out_layouts]
+    compiled = jax.jit(problem.replay, out_shardings=out_shardings).lower(*flat).compile(
+        compiler_options=_CHEAP_CODEGEN)
+    collectives = parse_collectives(compiled.as_text())
+    stats = compiled.memory_analysis()
+    memory = (stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
+              - stats.alias_size_in_bytes)
+    return CompiledFigures(nbytes=float(sum(collective_nbytes(c, problem.mesh.size()) for c in collectives)),
+                           collectives=len(collectives), memory=int(memory))
 
 
 def _struct_tree(x: Any) -> Any:
@@ -816,6 +828,19 @@ def auto_plan(
     if score == "xla":
         _check_even_fixed(problem)
     evaluator = _Evaluator(problem, cost_model, flops_per_byte)
+    if score == "xla":  # two compiles at a time, or one beside the search's predictions
+        evaluator.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="auto_plan-compile")
+    try:
+        return _search(evaluator, start, memory_budget, presets, max_evaluations, score)
+    finally:
+        if evaluator.pool is not None:
+            evaluator.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _search(evaluator: _Evaluator, start: float, memory_budget: int | float | None,
+            presets: Mapping[str, PlanLike] | None, max_evaluations: int, score: str) -> AutoPlan:
+    """auto_plan's seeds, descent and scoring (module docstring)."""
+    problem, mesh = evaluator.problem, evaluator.problem.mesh
     infos = {i: problem.leaf_info(i) for i in problem.free}
 
     def fits(figures: PlanFigures) -> bool:
@@ -839,6 +864,8 @@ def auto_plan(
             raise error.for_argument(f"presets[{name!r}]", error.value) from None
         seeds[f"{name} + fsdp"] = sharded(seeds[name], [0])
     shown_seeds = {"fsdp", *(presets or {})}
+    for name in sorted(shown_seeds):  # compiled whatever the search finds (score="xla"): start now
+        evaluator.start_compile(seeds[name])
     # budget-aware: a seed whose parameters, state and arguments alone exceed the budget
     # cannot fit and is predicted only when shown (or when nothing fits, for the error)
     figures = {name: evaluator(layouts) for name, layouts in seeds.items()
@@ -921,6 +948,8 @@ def _xla_choice(evaluator: _Evaluator, seeds: Mapping[str, dict[int, Layout]], f
         key = evaluator.key(seeds[name])
         if fits(figures[name]) and key not in finalists:
             finalists.append(key)
+    for k in finalists:
+        evaluator.start_compile(evaluator.plans[k])
     scored = [k for k in finalists if evaluator.compile(evaluator.plans[k]) is not None]
     # when no finalist compiles (uneven shards everywhere) the search's best by prediction stays
     chosen = min(scored, key=lambda k: (evaluator.compile(evaluator.plans[k]).nbytes, evaluator.memo[k].objective),
