@@ -62,6 +62,7 @@ import jax
 import numpy as np
 from jax.extend.core import jaxpr_as_fun
 
+from .caches import Memo
 from .dtensor import auto_twin_of, is_dtensor
 from .errors import ArgumentTypeError, Placements2JaxError, PlanError, ShapeError
 from .fsdp import fully_sharded_layout
@@ -240,7 +241,7 @@ class _Problem:
         """Per top-level output of ``step_fn`` (or the whole result): the index of the
         input it is shaped like (updated parameters, optimizer state), else None."""
         structs = [_struct_tree(x) for x in self.inputs]
-        shapes = self.out_shapes = jax.eval_shape(self.step_fn, *structs)
+        shapes = self.out_shapes  # traced by _scan_and_use
 
         def match(out: Any) -> int | None:
             for k, x in enumerate(structs):
@@ -308,11 +309,19 @@ class _Problem:
         """Input leaves read as a scan's scanned operand (stacked layers), and where each
         input leaf is first read (the order of the forward pass: paired moves' partners)."""
         specs = self.specs({i: _replicated(self.mesh, leaf) for i, leaf in enumerate(self.leaves) if _array(leaf)})
-        closed = jax.make_jaxpr(lambda *flat: self.step_fn(*jax.tree.unflatten(self.tree, flat)))(
-            *[jax.ShapeDtypeStruct(s.shape, s.dtype) if isinstance(s, TensorSpec) else s for s in specs])
+        structs = [jax.ShapeDtypeStruct(s.shape, s.dtype) if isinstance(s, TensorSpec) else s for s in specs]
         # the step traced once: predict and the scoring compiles re-trace this jaxpr
-        # (jaxpr_as_fun), not the model, its autodiff and optimizer (GPT-2 4 layers: ~1 s a trace)
-        self.replay = jaxpr_as_fun(closed)
+        # (jaxpr_as_fun), not the model, its autodiff and optimizer (GPT-2 4 layers: ~1 s a
+        # trace); one replay per step and input types, so predict's cache serves every call
+        # planning the same step (plan_figures, auto_plan at two budgets)
+        key = (self.step_fn, self.tree, tuple((np.shape(s), str(getattr(s, "dtype", type(s)))) for s in structs))
+        traced = _traces.recall(key)
+        if traced is None:
+            closed, shapes = jax.make_jaxpr(lambda *flat: self.step_fn(*jax.tree.unflatten(self.tree, flat)),
+                                            return_shape=True)(*structs)
+            traced = (closed, jaxpr_as_fun(closed), shapes)
+            _traces.remember(key, traced)
+        closed, self.replay, self.out_shapes = traced
         found: set[int] = set()
         inputs = {v: i for i, v in enumerate(closed.jaxpr.invars)}
         _scanned_inputs(closed.jaxpr, inputs, found)
@@ -344,6 +353,10 @@ class _Problem:
             elif i not in out and (k != "other" or _array(self.leaves[i])):
                 out[i] = _replicated(self.mesh, self.leaves[i])
         return out
+
+
+# the traced steps: (step_fn, input tree, shapes and dtypes) -> (closed jaxpr, its replay, out shapes)
+_traces = Memo(8)
 
 
 def _array(leaf: Any) -> bool:
