@@ -33,18 +33,20 @@ replicating the work never wins for free.
 shards) + the largest set of intermediates alive at once, walking the predicted program
 in order (each value's local bytes under its predicted layout, alive from its equation to
 its last use; outputs to the end; a scan body once). It overestimates what XLA's fusion
-keeps (tests/test_autoplan.py states the tolerance against
-``compiled.memory_analysis()``). Plans over ``memory_budget`` are rejected.
+keeps when XLA partitions the step as predicted (tests/test_autoplan.py states the
+tolerance against ``compiled.memory_analysis()``); XLA's own propagation can keep larger
+intermediates (docs/autoplan.md). Plans over ``memory_budget`` are rejected.
 
 **Search.** Seeds: replicate, FSDP (:func:`~placements2jax.fully_shard_layouts`'s rule) over
 the first mesh axis and over every axis, each preset and each preset fully sharded over
 the first axis; the cheapest that fits starts a first-improvement descent: moves that
 shard or replicate every leaf over one mesh axis, then paired moves (column/row-parallel
-partners split together over one mesh axis, Megatron-style: every pair at once, then
-each pair), then moves of one leaf's placement on one mesh axis, largest leaves first,
+partners of one module, found by shape and the order the step reads them, split together
+over one mesh axis Megatron-style, biases following: every group at once, then each
+group), then moves of one leaf's placement on one mesh axis, largest leaves first,
 until ``max_evaluations`` predictions. With ``score="xla"`` the best few plans found and
-the presets are then compiled and the fewest compiled bytes wins. Each
-prediction is cached per input layouts; the search is deterministic (fixed move order,
+the presets are then compiled (two threads) and the fewest compiled bytes wins. The step
+is traced once; each prediction is cached per input layouts; the search is deterministic (fixed move order,
 ties keep the earlier plan).
 """
 
