@@ -33,18 +33,20 @@ replicating the work never wins for free.
 shards) + the largest set of intermediates alive at once, walking the predicted program
 in order (each value's local bytes under its predicted layout, alive from its equation to
 its last use; outputs to the end; a scan body once). It overestimates what XLA's fusion
-keeps (tests/test_autoplan.py states the tolerance against
-``compiled.memory_analysis()``). Plans over ``memory_budget`` are rejected.
+keeps when XLA partitions the step as predicted (tests/test_autoplan.py states the
+tolerance against ``compiled.memory_analysis()``); XLA's own propagation can keep larger
+intermediates (docs/autoplan.md). Plans over ``memory_budget`` are rejected.
 
 **Search.** Seeds: replicate, FSDP (:func:`~placements2jax.fully_shard_layouts`'s rule) over
 the first mesh axis and over every axis, each preset and each preset fully sharded over
 the first axis; the cheapest that fits starts a first-improvement descent: moves that
 shard or replicate every leaf over one mesh axis, then paired moves (column/row-parallel
-partners split together over one mesh axis, Megatron-style: every pair at once, then
-each pair), then moves of one leaf's placement on one mesh axis, largest leaves first,
+partners of one module, found by shape and the order the step reads them, split together
+over one mesh axis Megatron-style, biases following: every group at once, then each
+group), then moves of one leaf's placement on one mesh axis, largest leaves first,
 until ``max_evaluations`` predictions. With ``score="xla"`` the best few plans found and
-the presets are then compiled and the fewest compiled bytes wins. Each
-prediction is cached per input layouts; the search is deterministic (fixed move order,
+the presets are then compiled (two threads) and the fewest compiled bytes wins. The step
+is traced once; each prediction is cached per input layouts; the search is deterministic (fixed move order,
 ties keep the earlier plan).
 """
 
@@ -54,14 +56,17 @@ import math
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import jax
 import numpy as np
+from jax.extend.core import jaxpr_as_fun
 
+from .caches import Memo
 from .dtensor import auto_twin_of, is_dtensor
-from .errors import ArgumentTypeError, Placements2JaxError, PlanError
+from .errors import ArgumentTypeError, Placements2JaxError, PlanError, ShapeError
 from .fsdp import fully_sharded_layout
 from .hlo import parse_collectives
 from .inference.cost import collective_nbytes
@@ -194,6 +199,7 @@ class _Leaf:
     shape: tuple[int, ...]
     dtype: np.dtype
     stacked: bool  # scanned over: dim 0 stays whole
+    first_use: tuple[int, ...] = ()  # where the step first reads it (equation indices, outer first); () unknown
 
 
 class _Problem:
@@ -229,7 +235,7 @@ class _Problem:
                               "arg" if _searchable(leaf) else "other")
         self.n_params = n_params
         self.fixed = self._fixed(fixed)
-        self.stacked = self._stacked_inputs()
+        self.stacked, self.first_use = self._scan_and_use()
         self.free = [i for i, k in enumerate(self.kinds) if k in ("param", "arg") and i not in self.fixed]
         self.out_match = self._out_match()
 
@@ -237,7 +243,7 @@ class _Problem:
         """Per top-level output of ``step_fn`` (or the whole result): the index of the
         input it is shaped like (updated parameters, optimizer state), else None."""
         structs = [_struct_tree(x) for x in self.inputs]
-        shapes = jax.eval_shape(self.step_fn, *structs)
+        shapes = self.out_shapes  # traced by _scan_and_use
 
         def match(out: Any) -> int | None:
             for k, x in enumerate(structs):
@@ -251,6 +257,19 @@ class _Problem:
         if whole is not None or not isinstance(shapes, tuple):
             return whole
         return tuple(match(out) for out in shapes)
+
+    def flat_out_layouts(self, inputs: tuple[Any, ...]) -> list[Layout | None]:
+        """:meth:`out_layouts` per output leaf of the step (what :attr:`replay` returns)."""
+        outs = self.out_shapes if isinstance(self.out_match, tuple) else (self.out_shapes,)
+        matches = self.out_match if isinstance(self.out_match, tuple) else (self.out_match,)
+        layouts = self.out_layouts(inputs)
+        layouts = layouts if isinstance(self.out_match, tuple) else (layouts,)
+        flat: list[Layout | None] = []
+        for out, k, tree in zip(outs, matches, layouts):
+            n = len(jax.tree.leaves(out))
+            flat += [None] * n if k is None else jax.tree.leaves(
+                tree, is_leaf=lambda x: x is None or isinstance(x, Layout))
+        return flat
 
     def out_layouts(self, inputs: tuple[Any, ...]) -> Any:
         def layouts(k: int | None) -> Any:
@@ -288,14 +307,29 @@ class _Problem:
                     raise error.for_argument(f"fixed[{regex!r}]", value) from None
         return out
 
-    def _stacked_inputs(self) -> set[int]:
-        """Input leaves read as a scan's scanned operand (stacked layers)."""
+    def _scan_and_use(self) -> tuple[set[int], dict[int, tuple[int, ...]]]:
+        """Input leaves read as a scan's scanned operand (stacked layers), and where each
+        input leaf is first read (the order of the forward pass: paired moves' partners)."""
         specs = self.specs({i: _replicated(self.mesh, leaf) for i, leaf in enumerate(self.leaves) if _array(leaf)})
-        closed = jax.make_jaxpr(lambda *flat: self.step_fn(*jax.tree.unflatten(self.tree, flat)))(
-            *[jax.ShapeDtypeStruct(s.shape, s.dtype) if isinstance(s, TensorSpec) else s for s in specs])
+        structs = [jax.ShapeDtypeStruct(s.shape, s.dtype) if isinstance(s, TensorSpec) else s for s in specs]
+        # the step traced once: predict and the scoring compiles re-trace this jaxpr
+        # (jaxpr_as_fun), not the model, its autodiff and optimizer (GPT-2 4 layers: ~1 s a
+        # trace); one replay per step and input types, so predict's cache serves every call
+        # planning the same step (plan_figures, auto_plan at two budgets)
+        key = (self.step_fn, self.tree, tuple((np.shape(s), str(getattr(s, "dtype", type(s)))) for s in structs))
+        traced = _traces.recall(key)
+        if traced is None:
+            closed, shapes = jax.make_jaxpr(lambda *flat: self.step_fn(*jax.tree.unflatten(self.tree, flat)),
+                                            return_shape=True)(*structs)
+            traced = (closed, jaxpr_as_fun(closed), shapes)
+            _traces.remember(key, traced)
+        closed, self.replay, self.out_shapes = traced
         found: set[int] = set()
-        _scanned_inputs(closed.jaxpr, {v: i for i, v in enumerate(closed.jaxpr.invars)}, found)
-        return found
+        inputs = {v: i for i, v in enumerate(closed.jaxpr.invars)}
+        _scanned_inputs(closed.jaxpr, inputs, found)
+        uses: dict[int, tuple[int, ...]] = {}
+        _first_uses(closed.jaxpr, inputs, (), uses)
+        return found, uses
 
     def specs(self, layouts: Mapping[int, Layout]) -> list[Any]:
         """The flat inputs of predict: TensorSpecs for laid-out leaves, others as given."""
@@ -308,7 +342,8 @@ class _Problem:
         return out
 
     def leaf_info(self, i: int) -> _Leaf:
-        return _Leaf(self.paths[i], tuple(np.shape(self.leaves[i])), _dtype(self.leaves[i]), i in self.stacked)
+        return _Leaf(self.paths[i], tuple(np.shape(self.leaves[i])), _dtype(self.leaves[i]), i in self.stacked,
+                     self.first_use.get(i, ()))
 
     def layouts_of(self, free: Mapping[int, Layout]) -> dict[int, Layout]:
         """Every laid-out leaf's layout: free and fixed ones, state following its parameter,
@@ -320,6 +355,10 @@ class _Problem:
             elif i not in out and (k != "other" or _array(self.leaves[i])):
                 out[i] = _replicated(self.mesh, self.leaves[i])
         return out
+
+
+# the traced steps: (step_fn, input tree, shapes and dtypes) -> (closed jaxpr, its replay, out shapes)
+_traces = Memo(8)
 
 
 def _array(leaf: Any) -> bool:
@@ -393,6 +432,24 @@ def _scanned_inputs(jaxpr: Any, inputs: Mapping[Any, int], found: set[int]) -> N
             _scanned_inputs(inner, mapping, found)
 
 
+def _first_uses(jaxpr: Any, inputs: Mapping[Any, int], prefix: tuple[int, ...],
+                out: dict[int, tuple[int, ...]]) -> None:
+    """``out[i]``: the position (equation indices from the outer jaxpr in) of the first
+    equation reading input ``i``, looking through scans and calls."""
+    for index, eqn in enumerate(jaxpr.eqns):
+        sub = _sub_jaxpr(eqn)
+        if sub is not None:
+            inner = sub.jaxpr if hasattr(sub, "jaxpr") else sub
+            mapping = {iv: inputs[ov] for iv, ov in zip(inner.invars, eqn.invars)
+                       if not hasattr(ov, "val") and ov in inputs}
+            if mapping:
+                _first_uses(inner, mapping, (*prefix, index), out)
+            continue
+        for v in eqn.invars:
+            if not hasattr(v, "val") and v in inputs and inputs[v] not in out:
+                out[inputs[v]] = (*prefix, index)
+
+
 def _scan_lengths(jaxpr: Any, prefix: str, out: dict[str, int]) -> None:
     """The length of every scan by the walker's equation path."""
     for index, eqn in enumerate(jaxpr.eqns):
@@ -436,43 +493,91 @@ def _moved(leaf: _Leaf, layout: Layout, m: int, d: int) -> Layout | None:
     return Layout(layout.mesh, tuple(axes + (m,) if e == d else axes for e, axes in enumerate(base)))
 
 
-def _pairs(infos: Mapping[int, _Leaf]) -> list[tuple[int, int]]:
-    """Column/row-parallel partners: (a, b) of matrices (after a stacked leaf's dim 0) in
-    one module (paths equal but for their last two parts), ``a`` of shape (n, k) and ``b``
-    of shape (k, n): ``b`` reads what ``a`` writes (an MLP's up and down projections,
-    attention's query and output projections), split as Megatron does (``a`` on its
-    last dim, ``b`` on its first) by one move."""
+_KERNELS = ("kernel", "weight")  # a linear layer's matrix leaf (Flax, Haiku / torch); its bias is "bias"
+
+
+@dataclass(frozen=True)
+class _Group:
+    """Megatron's partners over one hidden dim: ``columns`` (n, k_i) write it (split on
+    their last dim), ``row`` (k, n) reads it (split on its first dim); their biases follow
+    (a column's split like its last dim, the row's replicated)."""
+
+    columns: tuple[int, ...]
+    row: int
+    column_biases: tuple[int, ...] = ()
+    row_bias: int | None = None
+
+
+def _pairs(infos: Mapping[int, _Leaf]) -> list[_Group]:
+    """Column/row-parallel partners within one module (the linear layers' paths equal but
+    for their last part; a ``kernel`` / ``weight`` leaf names its layer by its parent): a
+    row leaf ``b`` of matrix shape (k, n) (after a stacked leaf's dim 0) and the column
+    leaves ``a`` (n, k') read before it in the step (:attr:`_Leaf.first_use`; unknown: any
+    order) with k' a multiple of k (GPT-2's fused c_attn (d, 3d) with c_proj (d, d)) or
+    dividing it (Llama's grouped kv heads wk (d, d/2) with wo (d, d)). A row leaf is no
+    other's column; a column joins the first row read after it. Biases (``<layer>/bias``)
+    follow their kernel."""
 
     def matrix(leaf: _Leaf) -> tuple[int, ...]:
         return leaf.shape[1:] if leaf.stacked else leaf.shape
 
+    def layer(leaf: _Leaf) -> str:
+        parts = leaf.path.split("/")
+        return "/".join(parts[:-1] if parts[-1] in _KERNELS else parts)
+
     def module(leaf: _Leaf) -> str:
-        return "/".join(leaf.path.split("/")[:-2])
+        return "/".join(layer(leaf).split("/")[:-1])
 
-    found = []
-    for a, la in infos.items():
-        for b, lb in infos.items():
-            ma, mb = matrix(la), matrix(lb)
-            if a != b and len(ma) == len(mb) == 2 and ma == mb[::-1] and module(la) == module(lb):
-                found.append((a, b))
-    return found
+    def before(a: _Leaf, b: _Leaf) -> bool:
+        return not a.first_use or not b.first_use or a.first_use < b.first_use
 
-
-def _paired(infos: Mapping[int, _Leaf], current: Mapping[int, Layout], pairs: Sequence[tuple[int, int]],
-            m: int) -> dict[int, Layout] | None:
-    """Every pair of ``pairs`` (a leaf in at most one) split Megatron-style over mesh dim
-    ``m``: ``a`` on its last dim, ``b`` on its first; None when none moves."""
-    out, taken = dict(current), set()
-    for a, b in pairs:
-        if a in taken or b in taken:
-            continue
+    def partners(a: int, b: int) -> bool:
         la, lb = infos[a], infos[b]
-        col = _moved(la, current[a], m, len(la.shape) - 1)
-        row = _moved(lb, current[b], m, 1 if lb.stacked else 0)
-        if col is not None and row is not None:
-            out[a], out[b] = col, row
-            taken |= {a, b}
-    return out if taken else None
+        ma, mb = matrix(la), matrix(lb)
+        return (a != b and len(ma) == len(mb) == 2 and module(la) == module(lb) and ma[0] == mb[1]
+                and (ma[1] % mb[0] == 0 or mb[0] % ma[1] == 0) and before(la, lb))
+
+    order = sorted(infos, key=lambda i: (infos[i].first_use, i))
+    rows = [b for b in order if any(partners(a, b) for a in infos)]
+    columns: dict[int, list[int]] = {b: [] for b in rows}
+    for a in order:
+        if a not in columns:
+            b = next((b for b in rows if partners(a, b)), None)
+            if b is not None:
+                columns[b].append(a)
+    bias = {leaf.path.rsplit("/", 1)[0]: i for i, leaf in infos.items() if leaf.path.rsplit("/", 1)[-1] == "bias"}
+
+    def bias_of(i: int) -> int | None:
+        return bias.get(layer(infos[i])) if infos[i].path.rsplit("/", 1)[-1] in _KERNELS else None
+
+    groups = []
+    for b in rows:
+        if columns[b]:
+            cols = tuple(columns[b])
+            groups.append(_Group(cols, b, tuple(c for c in map(bias_of, cols) if c is not None), bias_of(b)))
+    return groups
+
+
+def _paired(infos: Mapping[int, _Leaf], current: Mapping[int, Layout], groups: Sequence[_Group],
+            m: int) -> dict[int, Layout] | None:
+    """Every group of ``groups`` split Megatron-style over mesh dim ``m``: the columns on
+    their last dim, the row on its first, column biases on their last dim (when it
+    divides), the row's bias replicated over ``m``; a group whose matrices do not all
+    split evenly stays; None when none moves."""
+    out, moved = dict(current), False
+    for group in groups:
+        row = infos[group.row]
+        split = {a: _moved(infos[a], current[a], m, len(infos[a].shape) - 1) for a in group.columns}
+        split[group.row] = _moved(row, current[group.row], m, 1 if row.stacked else 0)
+        if any(layout is None for layout in split.values()):
+            continue
+        for c in group.column_biases:
+            split[c] = _moved(infos[c], current[c], m, len(infos[c].shape) - 1) or current[c]
+        if group.row_bias is not None:
+            split[group.row_bias] = _replicated_over(current[group.row_bias], m)
+        out.update(split)
+        moved = True
+    return out if moved else None
 
 
 def _sharded_over(leaf: _Leaf, layout: Layout, m: int) -> Layout:
@@ -549,6 +654,8 @@ class _Evaluator:
         self.memo: dict[tuple[Any, ...], PlanFigures] = {}
         self.plans: dict[tuple[Any, ...], dict[int, Layout]] = {}  # in evaluation order
         self.compiled: dict[tuple[Any, ...], CompiledFigures | None] = {}
+        self.pending: dict[tuple[Any, ...], Future[CompiledFigures | None]] = {}
+        self.pool: ThreadPoolExecutor | None = None  # set by auto_plan(score="xla")
         self.lengths: dict[str, int] | None = None
 
     def __call__(self, free: Mapping[int, Layout]) -> PlanFigures:
@@ -559,9 +666,8 @@ class _Evaluator:
         problem = self.problem
         layouts = problem.layouts_of(free)
         flat = problem.specs(layouts)
-        inputs = jax.tree.unflatten(problem.tree, flat)
-        out_layouts = problem.out_layouts(inputs)
-        prediction = predict(problem.step_fn, *inputs, cost_model=self.cost_model, out_layouts=out_layouts)
+        out_layouts = problem.flat_out_layouts(jax.tree.unflatten(problem.tree, flat))
+        prediction = predict(problem.replay, *flat, cost_model=self.cost_model, out_layouts=out_layouts)
         self.count += 1
         if self.lengths is None:
             self.lengths = {}
@@ -588,44 +694,52 @@ class _Evaluator:
         """The step compiled by XLA on the plan's shardings (Auto mesh axes, outputs shaped
         like an input keeping its layouts, as check compiles it): its collectives' bytes and
         its memory_analysis(). None when a leaf's layout is uneven (XLA needs evenly
-        divisible shards; the DTensor pads them instead)."""
+        divisible shards; the DTensor pads them instead). Waits for :meth:`start_compile`'s
+        compilation of the plan, if any."""
         key = self.key(free)
-        if key in self.compiled:
-            return self.compiled[key]
-        problem = self.problem
-        layouts = problem.layouts_of(free)
-        if not all(layout.is_even(tuple(np.shape(problem.leaves[i]))) for i, layout in layouts.items()):
-            self.compiled[key] = None
-            return None
-        mesh = auto_twin_of(problem.mesh.to_jax())
+        if key not in self.compiled:
+            pending = self.pending.pop(key, None)
+            self.compiled[key] = pending.result() if pending is not None else _compile(self.problem, free)
+        return self.compiled[key]
 
-        def struct(i: int, leaf: Any) -> Any:
-            if i not in layouts:
-                return leaf
-            sharding = jax.sharding.NamedSharding(mesh, layouts[i].partition_spec)
-            return jax.ShapeDtypeStruct(tuple(np.shape(leaf)), _dtype(leaf), sharding=sharding)
-
-        flat = [struct(i, leaf) for i, leaf in enumerate(problem.leaves)]
-        inputs = jax.tree.unflatten(problem.tree, problem.specs(layouts))
-        out_shardings = jax.tree.map(lambda layout: jax.sharding.NamedSharding(mesh, layout.partition_spec),
-                                     problem.out_layouts(inputs), is_leaf=lambda x: isinstance(x, Layout))
-        tree = problem.tree
-        compiled = jax.jit(lambda *leaves: problem.step_fn(*jax.tree.unflatten(tree, leaves)),
-                           out_shardings=out_shardings).lower(*flat).compile(compiler_options=_CHEAP_CODEGEN)
-        collectives = parse_collectives(compiled.as_text())
-        stats = compiled.memory_analysis()
-        memory = (stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
-                  - stats.alias_size_in_bytes)
-        result = CompiledFigures(
-            nbytes=float(sum(collective_nbytes(c, problem.mesh.size()) for c in collectives)),
-            collectives=len(collectives), memory=int(memory))
-        self.compiled[key] = result
-        return result
+    def start_compile(self, free: Mapping[int, Layout]) -> None:
+        """Compile the plan in the background (XLA releases the GIL while it compiles: the
+        search's predictions go on meanwhile on the other core); :meth:`compile` collects it."""
+        key = self.key(free)
+        if self.pool is not None and key not in self.compiled and key not in self.pending:
+            self.pending[key] = self.pool.submit(_compile, self.problem, dict(free))
 
     def static_memory(self, free: Mapping[int, Layout]) -> int:
         """Parameters + state + arguments (no prediction needed)."""
         layouts = self.problem.layouts_of(free)
         return sum(_local_bytes(s) for s in self.problem.specs(layouts) if isinstance(s, TensorSpec))
+
+
+def _compile(problem: _Problem, free: Mapping[int, Layout]) -> CompiledFigures | None:
+    """:meth:`_Evaluator.compile`'s work (thread-safe: reads ``problem`` only)."""
+    layouts = problem.layouts_of(free)
+    if not all(layout.is_even(tuple(np.shape(problem.leaves[i]))) for i, layout in layouts.items()):
+        return None
+    mesh = auto_twin_of(problem.mesh.to_jax())
+
+    def struct(i: int, leaf: Any) -> Any:
+        if i not in layouts:
+            return leaf
+        sharding = jax.sharding.NamedSharding(mesh, layouts[i].partition_spec)
+        return jax.ShapeDtypeStruct(tuple(np.shape(leaf)), _dtype(leaf), sharding=sharding)
+
+    flat = [struct(i, leaf) for i, leaf in enumerate(problem.leaves)]
+    out_layouts = problem.flat_out_layouts(jax.tree.unflatten(problem.tree, problem.specs(layouts)))
+    out_shardings = [None if layout is None else jax.sharding.NamedSharding(mesh, layout.partition_spec)
+                     for layout in out_layouts]
+    compiled = jax.jit(problem.replay, out_shardings=out_shardings).lower(*flat).compile(
+        compiler_options=_CHEAP_CODEGEN)
+    collectives = parse_collectives(compiled.as_text())
+    stats = compiled.memory_analysis()
+    memory = (stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
+              - stats.alias_size_in_bytes)
+    return CompiledFigures(nbytes=float(sum(collective_nbytes(c, problem.mesh.size()) for c in collectives)),
+                           collectives=len(collectives), memory=int(memory))
 
 
 def _struct_tree(x: Any) -> Any:
@@ -726,7 +840,22 @@ def auto_plan(
         raise ArgumentTypeError("presets", presets, "expected a mapping name -> plan",
                                 'pass e.g. {"megatron": {"wte": rowwise("tp")}}')
     problem = _Problem(step_fn, params, args, mesh, fixed)
+    if score == "xla":
+        _check_even_fixed(problem)
     evaluator = _Evaluator(problem, cost_model, flops_per_byte)
+    if score == "xla":  # two compiles at a time, or one beside the search's predictions
+        evaluator.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="auto_plan-compile")
+    try:
+        return _search(evaluator, start, memory_budget, presets, max_evaluations, score)
+    finally:
+        if evaluator.pool is not None:
+            evaluator.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _search(evaluator: _Evaluator, start: float, memory_budget: int | float | None,
+            presets: Mapping[str, PlanLike] | None, max_evaluations: int, score: str) -> AutoPlan:
+    """auto_plan's seeds, descent and scoring (module docstring)."""
+    problem, mesh = evaluator.problem, evaluator.problem.mesh
     infos = {i: problem.leaf_info(i) for i in problem.free}
 
     def fits(figures: PlanFigures) -> bool:
@@ -750,6 +879,8 @@ def auto_plan(
             raise error.for_argument(f"presets[{name!r}]", error.value) from None
         seeds[f"{name} + fsdp"] = sharded(seeds[name], [0])
     shown_seeds = {"fsdp", *(presets or {})}
+    for name in sorted(shown_seeds):  # compiled whatever the search finds (score="xla"): start now
+        evaluator.start_compile(seeds[name])
     # budget-aware: a seed whose parameters, state and arguments alone exceed the budget
     # cannot fit and is predicted only when shown (or when nothing fits, for the error)
     figures = {name: evaluator(layouts) for name, layouts in seeds.items()
@@ -832,6 +963,8 @@ def _xla_choice(evaluator: _Evaluator, seeds: Mapping[str, dict[int, Layout]], f
         key = evaluator.key(seeds[name])
         if fits(figures[name]) and key not in finalists:
             finalists.append(key)
+    for k in finalists:
+        evaluator.start_compile(evaluator.plans[k])
     scored = [k for k in finalists if evaluator.compile(evaluator.plans[k]) is not None]
     # when no finalist compiles (uneven shards everywhere) the search's best by prediction stays
     chosen = min(scored, key=lambda k: (evaluator.compile(evaluator.plans[k]).nbytes, evaluator.memo[k].objective),
@@ -840,6 +973,22 @@ def _xla_choice(evaluator: _Evaluator, seeds: Mapping[str, dict[int, Layout]], f
                   **{name: evaluator.compile(seeds[name]) for name in shown}}
     compiled = {name: c for name, c in everything.items() if c is not None}
     return dict(evaluator.plans[chosen]), evaluator.memo[chosen], compiled
+
+
+def _check_even_fixed(problem: _Problem) -> None:
+    """score="xla" refuses a pinned leaf split unevenly (a batch of 4 over 8 devices):
+    every plan would hold it, and XLA compiles only even shards, so no plan could be scored.
+    (The search itself only proposes even splits; an uneven preset is shown, not compiled.)"""
+    for i, layout in sorted(problem.fixed.items()):
+        shape = tuple(np.shape(problem.leaves[i]))
+        if not layout.is_even(shape):
+            raise ShapeError(
+                f"fixed[{problem.paths[i]!r}]", str(layout),
+                f"splits the leaf of shape {shape} unevenly over the mesh {tuple(problem.mesh.shape)}: XLA compiles "
+                "only even shards, so score='xla' could compile no plan",
+                "make the split dim divisible by the mesh dims splitting it (e.g. a batch of 8 over 8 devices), or "
+                "pass score='predict' (predicted figures only: DTensors pad uneven shards)",
+            )
 
 
 def _check_fn(step_fn: Any) -> Callable[..., Any]:

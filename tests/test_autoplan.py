@@ -18,6 +18,7 @@ from models import common, steps
 
 from placements2jax import (
     DTensor,
+    Layout,
     apply,
     check,
     auto_plan,
@@ -31,6 +32,7 @@ from placements2jax import (
     rowwise,
 )
 from placements2jax.autoplan import AutoPlan, planned_inputs
+from placements2jax.errors import ShapeError
 from placements2jax.dtensor import auto_twin_of
 
 FIXED = {"args/1": "S(0),R", "args/2": "S(0),R"}  # the batch split over dp
@@ -154,6 +156,25 @@ def test_memory_estimate_bounds_the_compiled_memory(mesh: Any, problem: tuple[An
         assert compiled <= figures.memory <= MEMORY_TOLERANCE * compiled, (figures.memory, compiled)
 
 
+def test_uneven_fixed_leaves(problem: tuple[Any, ...]) -> None:
+    """A batch of 12 over 8 devices: score="xla" refuses it (XLA compiles only even shards,
+    so no plan could be scored) and says how to go on; score="predict" plans with it (the
+    DTensor pads the shards) and the search still proposes only even splits."""
+    mesh8 = init_device_mesh((8,), ("tp",))
+    params, state, _, _ = problem
+    batch = jax.ShapeDtypeStruct((12, 64), jnp.float32)
+    fixed = {"args/1": "S(0)", "args/2": "S(0)"}
+    with pytest.raises(ShapeError, match=r"fixed\['args/1'\].*unevenly.*score='predict'"):
+        auto_plan(steps.mlp_step, params, state, batch, batch, mesh=mesh8, fixed=fixed)
+    predicted = auto_plan(steps.mlp_step, params, state, batch, batch, mesh=mesh8, fixed=fixed, max_evaluations=4,
+                          score="predict")
+    assert predicted.args["args/1"] == resolve_layout(mesh8, "S(0)", 2)
+    assert not predicted.args["args/1"].is_even((12, 64))
+    assert all(layout.is_even(params[k].shape) for k, layout in predicted.items())
+    # per device two padded rows of 64 for each of x and y, and the optimizer step count
+    assert predicted.compiled == {} and predicted.figures.args == 2 * 2 * 64 * 4 + 4
+
+
 def _scanned_step(params: Any, opt_state: Any, x: jax.Array) -> tuple[Any, Any, jax.Array]:
     def loss(p: Any) -> jax.Array:
         h, _ = lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, p["layers"])
@@ -185,17 +206,61 @@ def test_check_confirms_the_plan_against_xla(mesh: Any, problem: tuple[Any, ...]
 
 
 def test_paired_moves_split_column_and_row_partners_together(mesh: Any) -> None:
-    """Megatron's pairs found by shape within one module: up (n, k) with down (k, n),
-    attention's wq with wo; a stacked leaf's dim 0 is skipped; other modules never pair."""
-    from placements2jax.autoplan import _Leaf, _paired, _pairs
+    """Megatron's partners within one module, in the forward pass's order: GPT-2's fused
+    c_attn (d, 3d) with c_proj (d, d), c_fc with the MLP's c_proj, the biases following
+    their kernel (a column's split like its last dim, the row's replicated); a stacked
+    leaf's dim 0 is skipped; other modules never pair; a square matrix read first is no row."""
+    from placements2jax.autoplan import _Group, _Leaf, _paired, _pairs
 
     f32 = np.dtype(np.float32)
-    infos = {0: _Leaf("blocks/mlp/c_fc/kernel", (4, 32, 128), f32, True),
-             1: _Leaf("blocks/mlp/c_proj/kernel", (4, 128, 32), f32, True),
-             2: _Leaf("other/fc/kernel", (128, 32), f32, False),
-             3: _Leaf("blocks/mlp/c_fc/bias", (4, 128), f32, True)}
-    assert _pairs(infos) == [(0, 1), (1, 0)]
+    infos = {0: _Leaf("blocks/mlp/c_fc/kernel", (4, 32, 128), f32, True, (5, 3)),
+             1: _Leaf("blocks/mlp/c_proj/kernel", (4, 128, 32), f32, True, (5, 6)),
+             2: _Leaf("other/fc/kernel", (128, 32), f32, False, (7,)),
+             3: _Leaf("blocks/mlp/c_fc/bias", (4, 128), f32, True, (5, 4)),
+             4: _Leaf("blocks/attn/c_attn/kernel", (4, 32, 96), f32, True, (5, 0)),
+             5: _Leaf("blocks/attn/c_proj/kernel", (4, 32, 32), f32, True, (5, 2)),
+             6: _Leaf("blocks/attn/c_attn/bias", (4, 96), f32, True, (5, 1)),
+             7: _Leaf("blocks/attn/c_proj/bias", (4, 32), f32, True, (5, 2)),
+             8: _Leaf("blocks/mlp/c_proj/bias", (4, 32), f32, True, (5, 7))}
+    groups = _pairs(infos)
+    assert groups == [_Group((4,), 5, (6,), 7), _Group((0,), 1, (3,), 8)]
     replicated = {i: resolve_layout(mesh, "R,R", len(leaf.shape)) for i, leaf in infos.items()}
-    moved = _paired(infos, replicated, _pairs(infos), 1)
+    sharded_bias = {i: Layout(mesh, ((1,), ())) for i in (7, 8)}  # a row bias split over tp gets replicated
+    moved = _paired(infos, {**replicated, **sharded_bias}, groups, 1)
     assert moved[0].dim_axes == ((), (), (1,)) and moved[1].dim_axes == ((), (1,), ())
-    assert moved[2] == replicated[2] and moved[3] == replicated[3]
+    assert moved[4].dim_axes == ((), (), (1,)) and moved[5].dim_axes == ((), (1,), ())
+    assert moved[3].dim_axes == ((), (1,)) and moved[6].dim_axes == ((), (1,))
+    assert moved[7].dim_axes == moved[8].dim_axes == ((), ())
+    assert moved[2] == replicated[2]
+    # read in the other order, c_proj (d, d) would come first: no partner reads before it
+    assert _pairs({0: infos[4], 1: _Leaf("blocks/attn/c_proj/kernel", (4, 32, 32), f32, True, (4,))}) == []
+
+
+def test_paired_moves_on_real_models(mesh: Any) -> None:
+    """The partners found in the GPT-2 and Llama test models' adamw steps: every block's
+    attention and MLP (Llama's wq, wk, wv with wo; w1, w3 with w2), biases following."""
+    from functools import partial
+
+    from models import gpt2, llama
+
+    from placements2jax.autoplan import _pairs, _Problem
+
+    found = {}
+    for module in (gpt2, llama):
+        cfg = module.Config(layers=2)
+        params = jax.eval_shape(lambda: module.init(jax.random.key(0), cfg))
+        state = jax.eval_shape(common.make_optimizer().init, params)
+        tokens = jax.ShapeDtypeStruct((4, cfg.seq), jnp.int32)
+        extra = (jax.random.key(2),) if module is gpt2 else ()
+        problem = _Problem(partial(module.train_step, cfg=cfg), params, (state, tokens, tokens, *extra), mesh, FIXED)
+        infos = {i: problem.leaf_info(i) for i in problem.free}
+        for g in _pairs(infos):
+            found[infos[g.row].path] = ([infos[c].path for c in g.columns], [infos[c].path for c in g.column_biases],
+                                        None if g.row_bias is None else infos[g.row_bias].path)
+    assert found["blocks/attn/c_proj/kernel"] == (["blocks/attn/c_attn/kernel"], ["blocks/attn/c_attn/bias"],
+                                                  "blocks/attn/c_proj/bias")
+    assert found["blocks/mlp/c_proj/kernel"] == (["blocks/mlp/c_fc/kernel"], ["blocks/mlp/c_fc/bias"],
+                                                 "blocks/mlp/c_proj/bias")
+    for k in (0, 1):
+        assert found[f"layers/{k}/attention/wo"] == ([f"layers/{k}/attention/w{n}" for n in "qkv"], [], None)
+        assert found[f"layers/{k}/feed_forward/w2"] == ([f"layers/{k}/feed_forward/w{n}" for n in "13"], [], None)
