@@ -29,7 +29,7 @@ from .hlo import running
 from .layout import Layout
 from .physical import Physical, physical
 
-__all__ = ["convert", "program", "check_redistribute", "strided_route"]
+__all__ = ["convert", "program", "check_redistribute", "strided_route", "strided_route_tables"]
 
 # One step of a strided route: (tensor dim, mesh dim, collective), see strided_route.
 StridedStep = tuple[int, int, str]
@@ -99,6 +99,22 @@ def strided_route(src: Layout, dst: Layout) -> tuple[tuple[StridedStep, ...], La
     """How a move touching strided dims (split factors from a view) goes: ``src`` ->
     ``first`` by the ``before`` steps, ``first`` -> ``last`` as any other move (their
     strided dims, if any, are the same on both), ``last`` -> ``dst`` by the ``after`` steps.
+    See :func:`strided_route_tables`, which says how on the layouts' tables."""
+    before, (first_axes, first_split), (last_axes, last_split), after = strided_route_tables(
+        src.mesh.shape, (src.dim_axes, src.split_factors), (dst.dim_axes, dst.split_factors)
+    )
+    first = Layout(src.mesh, first_axes, src.partial, first_split)
+    last = Layout(dst.mesh, last_axes, dst.partial, last_split)
+    return before, first, last, after
+
+
+Splits = tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]  # (dim_axes, split_factors)
+
+
+def strided_route_tables(
+    mesh_shape: tuple[int, ...], src: Splits, dst: Splits
+) -> tuple[tuple[StridedStep, ...], Splits, Splits, tuple[StridedStep, ...]]:
+    """:func:`strided_route` on ``(dim_axes, split_factors)`` tables (the planner's states).
 
     A strided dim ``d`` of ``src`` on mesh dim ``m`` that ``dst`` does not keep as it is:
     *unstride* (an all-to-all over ``m`` into the plain ``S(d)``) when ``m`` splits some
@@ -107,39 +123,35 @@ def strided_route(src: Layout, dst: Layout) -> tuple[tuple[StridedStep, ...], La
     plain all-gather). A strided dim of ``dst`` that ``first`` lacks: when ``m`` splits
     some dim in ``first`` (factor a multiple of the size), the plain ``S(d)`` on ``m`` and
     the inverse all-to-all; else from ``d`` unsplit over ``m``, a local slice of each
-    rank's chunk of every group (free).
-    The planner (:mod:`.inference.plan`) prices exactly these steps."""
+    rank's chunk of every group (free). The planner (:mod:`.inference.plan`) prices
+    exactly these steps."""
+    (src_axes, src_split), (dst_axes, dst_split) = src, dst
     before: list[StridedStep] = []
-    first = src
-    if src.is_strided:
-        dim_axes, factors = list(src.dim_axes), list(src.split_factors)
-        for d, f in enumerate(src.split_factors):
-            if f == 1 or (dst.split_factors[d] == f and dst.dim_axes[d] == src.dim_axes[d]):
-                continue
-            (m,) = src.dim_axes[d]
-            factors[d] = 1
-            if f % src.mesh.shape[m] == 0 and dst.mesh_dim_split(m) is not None:
-                before.append((d, m, "all-to-all"))
-            else:
-                before.append((d, m, "all-gather"))
-                dim_axes[d] = ()
-        first = Layout(src.mesh, dim_axes, src.partial, factors)
+    axes, factors = list(src_axes), list(src_split)
+    for d, f in enumerate(src_split):
+        if f == 1 or (dst_split[d] == f and dst_axes[d] == src_axes[d]):
+            continue
+        (m,) = src_axes[d]
+        factors[d] = 1
+        if f % mesh_shape[m] == 0 and any(m in a for a in dst_axes):
+            before.append((d, m, "all-to-all"))
+        else:
+            before.append((d, m, "all-gather"))
+            axes[d] = ()
+    first = (tuple(axes), tuple(factors))
     after: list[StridedStep] = []
-    last = dst
-    if dst.is_strided:
-        dim_axes, factors = list(dst.dim_axes), list(dst.split_factors)
-        for d, f in enumerate(dst.split_factors):
-            if f == 1 or (first.split_factors[d] == f and first.dim_axes[d] == dst.dim_axes[d]):
-                continue
-            (m,) = dst.dim_axes[d]
-            factors[d] = 1
-            if f % dst.mesh.shape[m] == 0 and first.mesh_dim_split(m) is not None:
-                after.append((d, m, "all-to-all"))
-            else:
-                after.append((d, m, "local slice"))
-                dim_axes[d] = ()
-        last = Layout(dst.mesh, dim_axes, dst.partial, factors)
-    return tuple(before), first, last, tuple(after)
+    axes, factors = list(dst_axes), list(dst_split)
+    for d, f in enumerate(dst_split):
+        if f == 1 or (first[1][d] == f and first[0][d] == dst_axes[d]):
+            continue
+        (m,) = dst_axes[d]
+        factors[d] = 1
+        if f % mesh_shape[m] == 0 and any(m in a for a in first[0]):
+            after.append((d, m, "all-to-all"))
+        else:
+            after.append((d, m, "local-slice"))
+            axes[d] = ()
+    return tuple(before), first, (tuple(axes), tuple(factors)), tuple(after)
 
 
 def _strided_steps(x: jax.Array, phys: Physical, steps: Sequence[StridedStep], undo: bool) -> tuple[jax.Array, Physical]:
