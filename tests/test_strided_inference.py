@@ -119,7 +119,7 @@ def test_the_planner_prices_what_the_program_sends(mesh1, mesh2) -> None:
     shape = (32, 16)
     strided = [Layout(mesh2, ((0,), ()), None, (4, 1)), Layout(mesh2, ((1,), (0,)), None, (2, 4))]
     for s in strided:
-        for d in iter_layouts(mesh2, 2)[::3] + strided:
+        for d in iter_layouts(mesh2, 2)[::4] + strided[1:]:
             for a, b in ((s, d), (d, s)):
                 if a is b:
                     continue
@@ -189,7 +189,7 @@ def _merges(draw):  # noqa: ANN202
     return name, tuple(shape), dims, merge
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=_merges())
 def test_property_reshape_merges_of_strided_layouts_give_numpy_s_values(case, request) -> None:  # noqa: ANN001
     name, shape, dims, merge = case
