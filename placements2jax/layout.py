@@ -371,7 +371,7 @@ class Layout(_OnMesh):
         if len(self._dim_axes) > ndim:
             raise LayoutError(
                 "placements",
-                self.alias_map,
+                self.alias_map if not self._split else str(self),
                 f"the alias form has {len(self._dim_axes)} entries but the tensor has {ndim} dims",
                 f"give at most one entry per tensor dim ({ndim})",
             )
