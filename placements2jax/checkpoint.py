@@ -200,12 +200,19 @@ def _host_value(leaf: Any) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
 
 
+def _blocks_layout(layout: Layout) -> Layout:
+    """The layout whose ranks hold torch.chunk blocks of the logical tensor, as the store's
+    chunks are written and read: the same splits, without partials or split factors (a
+    strided shard's elements are no block)."""
+    return Layout(layout.mesh, layout.dim_axes) if layout.is_strided else layout.without_partial()
+
+
 def _save_dtensor(directory: Path, leaf: DTensor) -> dict[str, Any]:
     layout, shape = leaf.layout, leaf.shape
-    plain = layout.without_partial()
-    value = leaf if not layout.has_partial else DTensor(
+    plain = _blocks_layout(layout)
+    value = leaf if plain is layout else DTensor(
         redistribute_array(leaf.array, layout, plain, shape), plain, shape
-    )  # partial sums reduced by XLA on the devices
+    )  # partial sums reduced, strided dims unstrided, by XLA on the devices
     chunks = _chunk_shape(plain, shape)
     store = _open(directory, create=True, shape=shape, dtype=leaf.dtype, chunks=chunks) if jax.process_index() == 0 \
         else None
@@ -231,7 +238,8 @@ def _save_dtensor(directory: Path, leaf: DTensor) -> dict[str, Any]:
         "mesh": _mesh_record(layout.mesh),
         "placements": format_placements(layout.placements),
         "layout": str(layout),
-        "alias": [list(e) if isinstance(e, tuple) else e for e in layout.alias_map],
+        # the alias form has no split factor: none for a strided layout (its placements say it)
+        "alias": None if layout.is_strided else [list(e) if isinstance(e, tuple) else e for e in layout.alias_map],
         "partial": list(layout.partial),
     }
 
@@ -355,15 +363,15 @@ def _load_leaf(directory: Path, name: str, record: dict[str, Any], leaf: Any) ->
         store = _open(directory)
         if layout is None:
             return _placed(store.read().result(), getattr(leaf, "sharding", None))
-        arrays = _read_blocks(store, layout.without_partial(), shape)
+        arrays = _read_blocks(store, _blocks_layout(layout), shape)
     except Exception as error:  # noqa: BLE001 - tensorstore raises ValueError subclasses of its own
         raise CheckpointError(
             f"target at {name!r}", str(directory), f"the leaf's data cannot be read ({type(error).__name__}: {error})",
             "the checkpoint is corrupt or incomplete: load another step",
         ) from None
-    plain = layout.without_partial()
+    plain = _blocks_layout(layout)
     loaded = DTensor.from_local(arrays, plain.mesh, plain, shape=shape)
-    if not layout.has_partial:
+    if plain is layout:
         return loaded
     return DTensor(redistribute_array(loaded.array, plain, layout, shape), layout, shape)
 

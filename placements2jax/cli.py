@@ -501,6 +501,9 @@ def _json(value: Any, indent: str = "") -> str:
     return json.dumps(value)
 
 
+_NO_FACTOR = "none (a split factor from a view: only the placements say it)"
+
+
 def _strided_note(layout: Layout, even: bool) -> str:
     """Where a StridedShard's blocks are not torch's: on uneven shapes ours nest torch.chunk
     in split order, torch's ``_StridedShard`` cuts other blocks (interop's
@@ -521,9 +524,9 @@ def _text(layout: Layout, shape: tuple[int, ...], report: dict[str, Any], color:
         f"mesh           {mesh}, ranks {mesh.mesh.tolist()}",
         f"tensor shape   {shape}",
         f"placements     {report['placements']}{_strided_note(layout, report['even'])}",
-        f"alias form     {report['alias']}",
-        f"tensor_map     {layout.tensor_map}   partial {layout.partial}",
-        f"PartitionSpec  {layout.partition_spec}",
+        f"alias form     {report['alias'] or _NO_FACTOR}",
+        f"tensor_map     {layout.tensor_map if not layout.is_strided else _NO_FACTOR}   partial {layout.partial}",
+        f"PartitionSpec  {layout.partition_spec if not layout.is_strided else _NO_FACTOR}",
         f"even           {even}",
         "",
     ]
@@ -537,12 +540,15 @@ def _text(layout: Layout, shape: tuple[int, ...], report: dict[str, Any], color:
                 str(tuple(entry["coordinate"])),
                 str(tuple(entry["local_shape"])),
                 str(tuple(entry["offset"])),
-                f"[{block}]{empty}",
+                f"[{block}]{empty}" if not layout.is_strided else "strided (no block)",
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.append("")
+    if layout.is_strided:
+        lines.append("(no picture: a strided shard's elements are no block of the tensor)")
+        return "\n".join(lines)
     try:
         lines.append(visualize(layout, shape, color=color))
     except ShapeError:
@@ -718,6 +724,9 @@ def _mesh_summary(mesh: DeviceMesh) -> dict[str, Any]:
 
 
 def _layout_summary(layout: Layout) -> dict[str, Any]:
+    if layout.is_strided:  # a split factor from a view: no alias form, tensor_map or PartitionSpec has one
+        return {"text": str(layout), "placements": format_placements(layout.placements), "alias": None,
+                "tensor_map": None, "partial": list(layout.partial), "partition_spec": None}
     spec = layout.partition_spec
     return {
         "text": str(layout),

@@ -371,7 +371,7 @@ class Layout(_OnMesh):
         if len(self._dim_axes) > ndim:
             raise LayoutError(
                 "placements",
-                self.alias_map,
+                self.alias_map if not self._split else str(self),
                 f"the alias form has {len(self._dim_axes)} entries but the tensor has {ndim} dims",
                 f"give at most one entry per tensor dim ({ndim})",
             )
@@ -501,8 +501,24 @@ class Layout(_OnMesh):
         for every sharded tensor dim, in dim order."""
         return tuple((d, axes) for d, axes in enumerate(self._dim_axes) if axes)
 
+    def _refuse_split_factors(self, view: str, owner: str) -> None:
+        """A strided layout (split factors from a view) has no ``view``: refuse it rather
+        than give the plain split's table, which is other data on every rank."""
+        if self._split:
+            dim = next(d for d, f in enumerate(self._split) if f > 1)
+            raise LayoutError(
+                "layout", self,
+                f"{owner} has no split factor, and dim {dim} is {self.placements[self._dim_axes[dim][0]]} "
+                "(torch's _StridedShard from a view: each rank holds a strided set of elements)",
+                f"redistribute to a layout without split factors first (x.redistribute(mesh, ...)) to get its {view}; "
+                ".placements and str() carry the factor",
+            )
+
     @property
     def tensor_map(self) -> TensorMap:
+        """MindSpore's table: per tensor dim ``-1`` (not split), a mesh axis counted from the
+        right, or a tuple of them (a strided layout has none: :class:`LayoutError`)."""
+        self._refuse_split_factors("tensor_map", "MindSpore's tensor_map")
         last = self._mesh.ndim - 1
         return tuple(
             -1 if not axes else last - axes[0] if len(axes) == 1 else tuple(last - a for a in axes)
@@ -511,7 +527,9 @@ class Layout(_OnMesh):
 
     @property
     def alias_map(self) -> tuple[str | tuple[str, ...], ...]:
-        """The alias view, e.g. ``("dp", "None")`` or ``(("dp", "tp"), "None")``."""
+        """The alias view, e.g. ``("dp", "None")`` or ``(("dp", "tp"), "None")`` (a strided
+        layout has none: :class:`LayoutError`)."""
+        self._refuse_split_factors("alias_map", "the alias form")
         return tuple(
             "None" if not axes else self._names(axes)[0] if len(axes) == 1 else self._names(axes)
             for axes in self._dim_axes
@@ -523,7 +541,9 @@ class Layout(_OnMesh):
     @cached_property
     def partition_spec(self) -> PartitionSpec:
         """The ``PartitionSpec``: a name or tuple of names per dim, Partial(sum) axes in
-        ``unreduced``. Avg/max/min partial axes appear nowhere (JAX has no form for them)."""
+        ``unreduced``. Avg/max/min partial axes appear nowhere (JAX has no form for them).
+        A strided layout has none (:class:`LayoutError`)."""
+        self._refuse_split_factors("partition_spec", "JAX's PartitionSpec")
         entries = [
             None if not axes else self._names(axes)[0] if len(axes) == 1 else self._names(axes)
             for axes in self._dim_axes

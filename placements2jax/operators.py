@@ -950,9 +950,10 @@ def block_spec(phys: Physical) -> PartitionSpec:
 
 def _unpack(block: jax.Array, phys: Physical, fill: Any, masks: dict[Physical, jax.Array]) -> jax.Array:
     block = lax.reshape(block, block.shape[_stack_count(phys) :])
-    if not phys.is_padded:
+    mask = _valid(phys, masks) if phys.is_padded else None
+    if mask is None:  # even (a strided dim is even: its block is reordered, not padded)
         return block
-    return lax.select(_valid(phys, masks), block, lax.full_like(block, fill))
+    return lax.select(mask, block, lax.full_like(block, fill))
 
 
 def _pack(y: jax.Array, phys: Physical, masks: dict[Physical, jax.Array]) -> jax.Array:
@@ -964,8 +965,9 @@ def _pack(y: jax.Array, phys: Physical, masks: dict[Physical, jax.Array]) -> jax
             f"its local result has shape {tuple(y.shape)}, but the block of {phys.shape} is {expected}",
             "this op has shape parameters that cannot be computed per rank; redistribute its inputs to Replicate",
         )
-    if phys.is_padded:
-        y = lax.select(_valid(phys, masks), y, lax.full_like(y, 0))
+    mask = _valid(phys, masks) if phys.is_padded else None
+    if mask is not None:
+        y = lax.select(mask, y, lax.full_like(y, 0))
     names = phys.mesh_names
     split = {names[a] for axes in phys.layout.dim_axes for a in axes}
     partial_axes = tuple(names[a] for a in phys.layout.partial_axes)

@@ -29,7 +29,10 @@ from .hlo import running
 from .layout import Layout
 from .physical import Physical, physical
 
-__all__ = ["convert", "program", "check_redistribute"]
+__all__ = ["convert", "program", "check_redistribute", "strided_route", "strided_route_tables"]
+
+# One step of a strided route: (tensor dim, mesh dim, collective), see strided_route.
+StridedStep = tuple[int, int, str]
 
 def _sum(x: jax.Array, axis: tuple[int, ...]) -> jax.Array:
     """Sum over stack dims in the tensor's dtype (JAX would widen small integers)."""
@@ -92,8 +95,124 @@ def _stack_names(src: Physical, axes: Sequence[int]) -> tuple[str, ...]:
     return tuple(src.mesh_names[a] for a in axes)
 
 
+def strided_route(src: Layout, dst: Layout) -> tuple[tuple[StridedStep, ...], Layout, Layout, tuple[StridedStep, ...]]:
+    """How a move touching strided dims (split factors from a view) goes: ``src`` ->
+    ``first`` by the ``before`` steps, ``first`` -> ``last`` as any other move (their
+    strided dims, if any, are the same on both), ``last`` -> ``dst`` by the ``after`` steps.
+    See :func:`strided_route_tables`, which says how on the layouts' tables."""
+    before, (first_axes, first_split), (last_axes, last_split), after = strided_route_tables(
+        src.mesh.shape, (src.dim_axes, src.split_factors), (dst.dim_axes, dst.split_factors)
+    )
+    first = Layout(src.mesh, first_axes, src.partial, first_split)
+    last = Layout(dst.mesh, last_axes, dst.partial, last_split)
+    return before, first, last, after
+
+
+Splits = tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]  # (dim_axes, split_factors)
+
+
+def strided_route_tables(
+    mesh_shape: tuple[int, ...], src: Splits, dst: Splits
+) -> tuple[tuple[StridedStep, ...], Splits, Splits, tuple[StridedStep, ...]]:
+    """:func:`strided_route` on ``(dim_axes, split_factors)`` tables (the planner's states).
+
+    A strided dim ``d`` of ``src`` on mesh dim ``m`` that ``dst`` does not keep as it is:
+    *unstride* (an all-to-all over ``m`` into the plain ``S(d)``) when ``m`` splits some
+    dim in ``dst`` and the factor is a multiple of ``m``'s size (the all-to-all is then
+    balanced); else an all-gather over ``m`` (a local reorder after it: the bytes of a
+    plain all-gather). A strided dim of ``dst`` that ``first`` lacks: when ``m`` splits
+    some dim in ``first`` (factor a multiple of the size), the plain ``S(d)`` on ``m`` and
+    the inverse all-to-all; else from ``d`` unsplit over ``m``, a local slice of each
+    rank's chunk of every group (free). The planner (:mod:`.inference.plan`) prices
+    exactly these steps."""
+    (src_axes, src_split), (dst_axes, dst_split) = src, dst
+    before: list[StridedStep] = []
+    axes, factors = list(src_axes), list(src_split)
+    for d, f in enumerate(src_split):
+        if f == 1 or (dst_split[d] == f and dst_axes[d] == src_axes[d]):
+            continue
+        (m,) = src_axes[d]
+        factors[d] = 1
+        if f % mesh_shape[m] == 0 and any(m in a for a in dst_axes):
+            before.append((d, m, "all-to-all"))
+        else:
+            before.append((d, m, "all-gather"))
+            axes[d] = ()
+    first = (tuple(axes), tuple(factors))
+    after: list[StridedStep] = []
+    axes, factors = list(dst_axes), list(dst_split)
+    for d, f in enumerate(dst_split):
+        if f == 1 or (first[1][d] == f and first[0][d] == dst_axes[d]):
+            continue
+        (m,) = dst_axes[d]
+        factors[d] = 1
+        if f % mesh_shape[m] == 0 and any(m in a for a in first[0]):
+            after.append((d, m, "all-to-all"))
+        else:
+            after.append((d, m, "local-slice"))
+            axes[d] = ()
+    return tuple(before), first, (tuple(axes), tuple(factors)), tuple(after)
+
+
+def _strided_steps(x: jax.Array, phys: Physical, steps: Sequence[StridedStep], undo: bool) -> tuple[jax.Array, Physical]:
+    """Run the ``before`` steps of :func:`strided_route` (``undo=False``: from strided
+    dims) or the ``after`` steps (``undo=True``: into strided dims, ``phys`` is the target)
+    on each rank's block in ``jax.shard_map``; returns the array and its representation."""
+    layout = phys.layout
+    dim_axes, factors = list(layout.dim_axes), list(layout.split_factors)
+    for d, _, kind in steps:
+        factors[d] = 1
+        if kind != "all-to-all":
+            dim_axes[d] = ()
+    other = physical(Layout(layout.mesh, dim_axes, layout.partial, factors), phys.shape)
+    src, dst = (other, phys) if undo else (phys, other)
+    lead = len(phys.stacked_axes)
+    names = phys.mesh_names
+
+    def local(block: jax.Array) -> jax.Array:
+        for d, m, kind in steps:
+            axis, name, p = lead + d, names[m], phys.layout.mesh.shape[m]
+            f = phys.layout.split_factors[d]
+            shape = block.shape
+            if kind == "all-to-all":
+                # the dim viewed as (f, p * c): strided is its split on the second factor,
+                # plain on the first (p divides f): one balanced all-to-all between them
+                n = shape[axis]
+                grid = block.reshape(shape[:axis] + (f, n // f) + shape[axis + 1:]) if not undo else (
+                    block.reshape(shape[:axis] + (f // p, n * p // f) + shape[axis + 1:])
+                )
+                split, concat = (axis, axis + 1) if not undo else (axis + 1, axis)
+                moved = jax.lax.all_to_all(grid, name, split, concat, tiled=True)
+                block = moved.reshape(shape)
+            elif not undo:  # all-gather, then the logical order (groups of p chunks)
+                whole = jax.lax.all_gather(block, name, axis=axis, tiled=True)
+                c = shape[axis] // f
+                view = whole.reshape(shape[:axis] + (p, f, c) + shape[axis + 1:])
+                block = jnp.swapaxes(view, axis, axis + 1).reshape(whole.shape)
+            else:  # local slice of this rank's chunk of every group
+                c = shape[axis] // (f * p)
+                view = block.reshape(shape[:axis] + (f, p, c) + shape[axis + 1:])
+                mine = jax.lax.dynamic_index_in_dim(view, jax.lax.axis_index(name), axis + 1, keepdims=False)
+                block = mine.reshape(shape[:axis] + (f * c,) + shape[axis + 1:])
+        return block
+
+    mesh = phys.layout.mesh.to_jax()
+    run = jax.shard_map(local, mesh=mesh, in_specs=src.spec, out_specs=dst.spec, check_vma=False)
+    return run(x), (dst if not undo else phys)
+
+
 def convert(x: jax.Array, src: Physical, dst: Physical) -> jax.Array:
     """The physical array of ``dst`` holding the same logical tensor as ``x`` (of ``src``)."""
+    if (src.layout.is_strided or dst.layout.is_strided) and not src.unreduced_axes and not dst.unreduced_axes:
+        before, first, last, after = strided_route(src.layout, dst.layout)
+        if before or after:
+            if before:
+                x, src = _strided_steps(x, src, before, undo=False)
+            mid = physical(last, dst.shape)
+            x = convert(x, src, mid) if src != mid else x
+            if after:
+                x, _ = _strided_steps(x, dst, after, undo=True)
+            return x
     layout, target = src.layout, dst.layout
     op = layout.partial_op
     repad = [d for d in range(len(src.shape)) if (

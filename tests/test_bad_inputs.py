@@ -678,6 +678,41 @@ CASES: list[Case] = [
         "placement",
         lambda e: resolve_layout(e.mesh, "_S(0, 0),R", 2),
     ),
+    _c(
+        "layout: tensor_map of a strided shard",
+        "Layout",
+        LayoutError,
+        "layout",
+        lambda e: resolve_layout(e.mesh, "_S(0, 4),R", 2).tensor_map,
+    ),
+    _c(
+        "layout: alias_map of a strided shard",
+        "Layout",
+        LayoutError,
+        "layout",
+        lambda e: resolve_layout(e.mesh, "_S(0, 4),R", 2).alias_map,
+    ),
+    _c(
+        "layout: partition_spec of a strided shard",
+        "Layout",
+        LayoutError,
+        "layout",
+        lambda e: resolve_layout(e.mesh, "_S(0, 4),R", 2).partition_spec,
+    ),
+    _c(
+        "infer_signature: strided input of an uneven extent",
+        "infer_signature",
+        ShapeError,
+        "inputs[0]",
+        lambda e: infer_signature("neg", [((20, 3), F32, resolve_layout(e.mesh, "_S(0, 4),R", 2))]),
+    ),
+    _c(
+        "check: a strided input (JAX has no sharding for it)",
+        "check",
+        LayoutError,
+        "layout",
+        lambda e: check(jnp.sin, distribute_tensor(np.zeros((32, 4), np.float32), e.mesh, "_S(0, 4),R")),
+    ),
     # -- distribute_tensor -----------------------------------------------------------------------------------------------
     _c(
         "distribute: a string",

@@ -333,10 +333,17 @@ def test_reshape_of_multi_axis_splits_is_free(shape: Any, layout: Any, new: Any,
         np.testing.assert_array_equal(np.asarray(y.to_local(rank)), x.reshape(new)[y.layout.local_slices(new, rank)])
 
 
-def test_reshape_of_an_inner_dim_alone_is_still_moved() -> None:
+def test_reshape_of_an_inner_dim_alone_is_a_free_strided_shard() -> None:
     """``8x16 S(1) -> 128`` and ``4x8x16 S(1),R -> 32x16``: torch keeps a _StridedShard
-    (each rank holds a strided set of rows); a Layout nests contiguous chunks only, so the
-    split is moved first (documented in docs/inference.md as a difference)."""
+    (each rank holds a strided set of rows), and so does the view candidate, at no cost;
+    the inverse split gives the plain layout back, also free."""
     mesh = init_device_mesh((8,), ("x",))
     signature = infer_signature("reshape", [((8, 16), jnp.float32, Layout.from_device_mesh(mesh)("S(1)"))], shape=(128,))
-    assert signature.chosen.cost > 0
+    assert signature.chosen.cost == 0 and str(signature.out_layout) == "_S(0, 8)"
+    back = infer_signature("reshape", [((128,), jnp.float32, signature.out_layout)], shape=(8, 16))
+    assert back.chosen.cost == 0 and str(back.out_layout) == "S(1)"
+    mesh2 = init_device_mesh((4, 2), ("dp", "tp"))
+    signature = infer_signature(
+        "reshape", [((4, 8, 16), jnp.float32, Layout.from_device_mesh(mesh2)("S(1),R"))], shape=(32, 16)
+    )
+    assert signature.chosen.cost == 0 and str(signature.out_layout) == "_S(0, 4),R"

@@ -11,9 +11,9 @@ default mode. Asserted:
 * ``search="torch"`` gives torch's output layout on every case (a reshape torch keeps as a
   ``_StridedShard`` is a Layout with that split factor);
 * the default mode agrees with torch or sends fewer bytes by our cost model (cost plus the
-  pending reduction of new partials, for both choices), never more — except reshapes whose
-  torch result is such a strided shard (listed: the reshape rule does not give split
-  factors yet, inference cannot carry them);
+  pending reduction of new partials, for both choices), never more; reshapes whose torch
+  result is such a strided shard (listed) agree: the reshape rule gives the split factor
+  at no cost;
 * the agreement figure stays at least what it was measured at.
 """
 
@@ -146,8 +146,8 @@ def test_torch_mode_gives_torch_s_choice_on_every_case(results: list) -> None:
     assert not wrong, wrong
 
 
-# Where torch's result is a strided shard (a split factor from the view), the default mode
-# moves the split (documented in docs/inference.md): the cases of the catalogue that are so.
+# Where torch's result is a strided shard (a split factor from the view): the default mode
+# gives the same strided layout at no cost (docs/inference.md): the cases of the catalogue that are so.
 STRIDED = {
     "reshape((4, 8, 16) S(1)) {'shape': [32, 16]} on (8,)",
     "reshape((8, 16) S(1)) {'shape': [128]} on (8,)",
@@ -159,7 +159,10 @@ def test_default_mode_agrees_with_torch_or_sends_fewer_bytes(results: list) -> N
     ran = [(c, r) for c, r in results if "torch_out" in r]
     assert all(r["torch_out_layout"] is not None for c, r in ran)  # every torch result is a Layout
     assert {_name(c) for c, r in ran if "_S(" in r["torch_out_layout"]} == STRIDED
-    compared = [(c, r) for c, r in ran if _name(c) not in STRIDED]
+    compared = ran
+    strided = [(_name(c), r["default_out"], r["default_cost"]) for c, r in ran if _name(c) in STRIDED]
+    assert all(r["default_out"] == r["torch_out_layout"] and r["default_cost"] == 0 for c, r in ran
+               if _name(c) in STRIDED), strided
     agree = [c for c, r in compared if r["default_out"] == r["torch_out_layout"]]
     fewer = [
         c for c, r in compared if r["default_out"] != r["torch_out_layout"] and r["default_cost"] < r["torch_cost"]
@@ -180,8 +183,10 @@ def test_default_mode_agrees_with_torch_or_sends_fewer_bytes(results: list) -> N
     # docs/inference.md, and kept few.
     assert len(ties) <= len(TIES), ties
     assert {t[0] for t in ties} <= TIES, ties
-    # measured: 238 of 291 agree (82%), 41 fewer bytes, 12 ties, none more
-    assert len(agree) >= 238 and len(agree) + len(fewer) + len(ties) == len(compared)
+    # measured: 244 of 294 agree (83%; before reshapes that move no data were free, the 3
+    # strided reshapes were moved and 241 of the other 291 agreed), 39 fewer bytes, 11 ties,
+    # none more
+    assert len(agree) >= 244 and len(agree) + len(fewer) + len(ties) == len(compared)
 
 
 TIES = {
@@ -210,7 +215,7 @@ def test_torch_search_in_this_process() -> None:
     Layout holds is an InferenceError naming it."""
     import jax.numpy as jnp
 
-    from placements2jax import ArgumentTypeError, Layout, LayoutError, init_device_mesh
+    from placements2jax import ArgumentTypeError, Layout, init_device_mesh
     from placements2jax.inference import infer_signature
 
     mesh = init_device_mesh((4, 2), ("dp", "tp"))
@@ -222,7 +227,10 @@ def test_torch_search_in_this_process() -> None:
     strided = infer_signature("reshape", [((4, 8, 16), jnp.float32, L("S(1),R"))], shape=(32, 16), search="torch")
     assert str(strided.out_layouts[0]) == "_S(0, 4),R" and strided.chosen.cost == 0
     assert strided.out_layouts[0].split_factors == (4, 1)
-    with pytest.raises(LayoutError, match="strided shards"):  # inference cannot carry one yet
-        infer_signature("neg", [((32, 16), jnp.float32, strided.out_layouts[0])])
+    # other ops take plain inputs: the planner unstrides (one all-to-all over dp)
+    neg = infer_signature("neg", [((32, 16), jnp.float32, strided.out_layouts[0])])
+    steps = [str(step) for step in neg.redistributions[0].steps]
+    assert steps == ["dp: _S(0, 4)->S(0) all-to-all (384 B)", "tp: R->S(0) local-slice (0 B)"], steps
+    assert str(neg.out_layouts[0]) == "(dp,tp),None" and neg.chosen.cost == 384
     with pytest.raises(ArgumentTypeError, match="search='eager'"):
         infer_signature("neg", [x], search="eager")

@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from placements2jax import InferenceError, Layout, init_device_mesh  # noqa: E402
+from placements2jax import InferenceError, Layout, apply, distribute_tensor, init_device_mesh  # noqa: E402
 from placements2jax.inference import check, predict  # noqa: E402
 
 
@@ -70,14 +70,17 @@ def test_unknown_search_names_torch() -> None:
         predict(_mlp, ((2,), jnp.float32, "R"), search="torhc")
 
 
-def test_a_reshape_torch_keeps_strided_takes_the_eager_choice() -> None:
-    """Torch keeps ``8x16 S(1) -> 128`` as ``_StridedShard(0, 8)``; inference cannot carry a
-    split factor yet, so the torch walk takes the eager choice there (and torch's after)."""
+def test_a_reshape_torch_keeps_strided_is_carried() -> None:
+    """Torch keeps ``8x16 S(1) -> 128`` as ``_StridedShard(0, 8)`` and runs ``exp`` on it
+    where it lies: the torch walk carries both choices (no bytes); the eager walk keeps the
+    reshape strided too (free) but unstrides for ``exp`` (other ops take plain inputs)."""
     mesh = init_device_mesh((8,), ("x",))
-    x = ((8, 16), jnp.float32, Layout.from_device_mesh(mesh)("S(1)").bind(2))
+    value = np.linspace(-1, 1, 128, dtype=np.float32).reshape(8, 16)
+    x = distribute_tensor(value, mesh, "S(1)")
     prediction = predict(lambda a: jnp.exp(a.reshape(128)), x, search="torch")
     eager = predict(lambda a: jnp.exp(a.reshape(128)), x, search="eager")
-    assert [str(r.outputs[0].layout) for r in prediction.equations] == [
-        str(r.outputs[0].layout) for r in eager.equations
-    ]
-    assert "0" not in dict(prediction.choices) and "1" in dict(prediction.choices)
+    assert [str(r.outputs[0].layout) for r in prediction.equations] == ["_S(0, 8)", "_S(0, 8)"]
+    assert set(dict(prediction.choices)) == {"0", "1"} and prediction.nbytes == 0
+    assert [str(r.outputs[0].layout) for r in eager.equations] == ["_S(0, 8)", "S(0)"] and eager.nbytes == 56
+    out = apply(lambda a: jnp.exp(a.reshape(128)), x, execute="ops")
+    np.testing.assert_allclose(np.asarray(out.full_tensor()), np.exp(value.reshape(128)), rtol=1e-6)

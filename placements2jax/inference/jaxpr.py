@@ -941,8 +941,8 @@ def _torch_op(
 class _TorchWalker(_Walker):
     """The eager walk, asking torch's dispatcher (``infer_signature(..., search="torch")``)
     for every equation :func:`_torch_op` maps; records those choices (path -> candidate) in
-    ``picked``. Where torch's choice is a layout no Layout holds (a ``_StridedShard`` from a
-    reshape) the equation takes the eager choice too."""
+    ``picked``. Torch's strided shards (a reshape's ``_StridedShard``, and the ops torch
+    runs on one without moving it) are carried as they are."""
 
     def __init__(self, *args: Any, picked: dict[str, Candidate] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -966,9 +966,6 @@ class _TorchWalker(_Walker):
             except (InferenceError, UnsupportedOpError):  # no aten op for these inputs
                 pass
             else:
-                if any(x.is_strided for x in signature.out_layouts):  # a view torch keeps strided: not carried yet
-                    self.picked.pop(path, None)
-                    return super()._rule_signature(eqn, path, ins, out_avals)
                 self.picked[path] = signature.chosen
                 return forced_signature(eqn.primitive.name, ins, signature.chosen, self.cost_model)
         self.picked.pop(path, None)

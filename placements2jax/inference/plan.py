@@ -17,6 +17,13 @@ step on mesh dim m      collective       condition
 (Gathering a mesh dim that is not the minor-most split of its tensor dim would leave a
 strided layout; ``S -> P`` and ``P(a) -> P(b)`` go through ``R``, as in torch.)
 
+A layout with split factors from a view (torch's ``_StridedShard``, a *strided* dim) goes
+by :func:`.programs.strided_route`, the steps the executed program takes: *unstride*, an
+all-to-all over the dim's mesh dim into the plain ``S(d)`` (or an all-gather, priced as a
+plain one's bytes, when that mesh dim ends up splitting nothing), then the search above
+between the plain layouts, then the inverse all-to-all (or a free local slice) into a
+strided target. Such layouts' states carry their split factors as a third entry.
+
 Torch walks the mesh dims in a fixed order and goes through Replicate for many
 Shard -> Shard moves. Here every sequence of such steps is searched (Dijkstra over
 layouts) for the lowest cost under the cost model, so e.g. ``(S(0),S(0)) -> (R,S(0))``
@@ -44,6 +51,7 @@ from ..caches import cached
 from ..errors import RedistributeError
 from ..layout import Layout, MeshPlacements
 from ..placements import ReduceOp
+from ..programs import strided_route_tables
 from .cost import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -58,10 +66,11 @@ from .cost import (
 )
 from .signature import RedistributePlan, RedistributeStep, TensorSpec, placement_on
 
-__all__ = ["InputPlans", "plan_cost", "plan_redistribute"]
+__all__ = ["InputPlans", "layout_state", "plan_cost", "plan_redistribute"]
 
 DimAxes = tuple[tuple[int, ...], ...]
-State = tuple[DimAxes, tuple[ReduceOp | None, ...]]
+# (dim_axes, partial), and split factors as a third entry for a strided layout only
+State = tuple[Any, ...]
 
 _KIND_ORDER = {LOCAL_SLICE: 0, ALL_TO_ALL: 1, ALL_GATHER: 2, REDUCE_SCATTER: 3, ALL_REDUCE: 4}
 
@@ -101,28 +110,98 @@ def plan_redistribute(
     return cached_plan(spec.shape, spec.dtype, spec.layout, dst, resolve_cost_model(cost_model))
 
 
+def layout_state(layout: Layout) -> State:
+    """The planner's state of a layout: ``(dim_axes, partial)``, plus its split factors
+    when it is strided."""
+    if layout.is_strided:
+        return (layout.dim_axes, layout.partial, layout.split_factors)
+    return (layout.dim_axes, layout.partial)
+
+
 @cached(maxsize=8192)
 def cached_plan(shape: tuple[int, ...], dtype: np.dtype, src: Layout, dst: Layout, cost_model: Any) -> RedistributePlan:
     mesh = src.mesh
     weights = cost_model.weights(mesh)
-    src_state: State = (src.dim_axes, src.partial)
+    steps: list[RedistributeStep] = []
+    before: tuple[Any, ...] = ()
+    after: tuple[Any, ...] = ()
+    if src.is_strided or dst.is_strided:
+        before, first, last, after = _strided_parts(shape, dtype.itemsize, layout_state(src), layout_state(dst), mesh.shape)
+        state: State = layout_state(src)
+        for m, kind, nbytes, new_state in before:
+            steps.append(_step(shape, dtype, src, state, new_state, m, kind, nbytes, weights))
+            state = new_state
+        src_state: State = (first[0], src.partial)
+        target_axes = last[0]
+        kept_split = first[1] if any(f > 1 for f in first[1]) else None
+    else:
+        src_state = (src.dim_axes, src.partial)
+        target_axes = dst.dim_axes
+        kept_split = None
     kept = tuple(op if op and src.partial[m] == op else None for m, op in enumerate(dst.partial))
-    target: State = (dst.dim_axes, kept)
+    target: State = (target_axes, kept)
     search = _search(shape, dtype.itemsize, mesh.shape, weights, src_state)
     moves = search.path_to(target)
-    steps: list[RedistributeStep] = []
     state = src_state
     for move in moves:
         nbytes = Fraction(move.scaled, search.unit)
-        steps.append(_step(shape, dtype, src, state, move.state, move.mesh_dim, move.collective, nbytes, weights))
+        steps.append(_step(
+            shape, dtype, src, _with_split(state, kept_split), _with_split(move.state, kept_split), move.mesh_dim,
+            move.collective, nbytes, weights,
+        ))
         state = move.state
     for m, op in enumerate(dst.partial):
         if op and not kept[m]:
             partial = tuple(op if i == m else p for i, p in enumerate(state[1]))
             new_state: State = (state[0], partial)
-            steps.append(_step(shape, dtype, src, state, new_state, m, LOCAL_PARTIAL, Fraction(0), weights))
+            steps.append(_step(
+                shape, dtype, src, _with_split(state, kept_split), _with_split(new_state, kept_split), m, LOCAL_PARTIAL,
+                Fraction(0), weights,
+            ))
             state = new_state
+    state = _with_split(state, kept_split)
+    for m, kind, nbytes, new_state in after:
+        new_state = (new_state[0], state[1], *new_state[2:])
+        steps.append(_step(shape, dtype, src, state, new_state, m, kind, nbytes, weights))
+        state = new_state
     return RedistributePlan(shape, dtype, src, dst, tuple(steps))
+
+
+def _with_split(state: State, split: tuple[int, ...] | None) -> State:
+    """A plain search state with the split factors the route keeps (while valid)."""
+    if split is None or any(f > 1 and len(state[0][d]) != 1 for d, f in enumerate(split)):
+        return state
+    return (state[0], state[1], split)
+
+
+def _strided_parts(
+    shape: tuple[int, ...], itemsize: int, src: State, dst: State, mesh_shape: tuple[int, ...]
+) -> tuple[list[tuple[int, str, Fraction, State]], Any, Any, list[tuple[int, str, Fraction, State]]]:
+    """:func:`.programs.strided_route_tables` of two states, priced: the ``before`` and
+    ``after`` steps as ``(mesh dim, collective, bytes each device sends, state after)``,
+    and the ``(dim_axes, split_factors)`` of the first and last plain-search layouts."""
+    ones = (1,) * len(shape)
+    src_split = src[2] if len(src) > 2 else ones
+    dst_split = dst[2] if len(dst) > 2 else ones
+    before, first, last, after = strided_route_tables(mesh_shape, (src[0], src_split), (dst[0], dst_split))
+    priced_before = []
+    axes, split = list(src[0]), list(src_split)
+    for d, m, kind in before:
+        block = block_bytes(shape, itemsize, axes, mesh_shape, without=m)
+        split[d] = 1
+        if kind != ALL_TO_ALL:
+            axes[d] = ()
+        state = (tuple(axes), src[1], tuple(split)) if any(f > 1 for f in split) else (tuple(axes), src[1])
+        priced_before.append((m, kind, collective_bytes(kind, block, mesh_shape[m]), state))
+    priced_after = []
+    axes, split = list(last[0]), list(last[1])
+    for d, m, kind in after:
+        block = block_bytes(shape, itemsize, axes, mesh_shape, without=m)
+        nbytes = collective_bytes(kind, block, mesh_shape[m]) if kind == ALL_TO_ALL else Fraction(0)
+        split[d] = dst_split[d]
+        axes[d] = dst[0][d]
+        priced_after.append((m, kind, nbytes, (tuple(axes), dst[1], tuple(split))))
+    return priced_before, first, last, priced_after
 
 
 @cached(maxsize=65536)
@@ -135,6 +214,12 @@ def plan_cost(
     communicate: what :func:`plan_redistribute` gives, without building the plan (for
     searches that compare many layouts; cached)."""
     kept = tuple(op if op and src[1][m] == op else None for m, op in enumerate(dst[1]))
+    if len(src) > 2 or len(dst) > 2:  # strided: the route's own steps around the plain search
+        before, first, last, after = _strided_parts(shape, dtype.itemsize, src, dst, mesh_shape)
+        extra = [(m, nbytes) for m, _, nbytes, _ in before + after]
+        cost, steps = plan_cost(shape, dtype, (first[0], src[1]), (last[0], dst[1]), mesh_shape, weights)
+        cost += sum((nbytes * Fraction(weights[m]) for m, nbytes in extra), Fraction(0))
+        return cost, steps + sum(1 for _, nbytes in extra if nbytes)
     search = _search(shape, dtype.itemsize, mesh_shape, weights, src)
     moves = search.path_to((dst[0], kept))
     cost = sum(m.scaled * search.weights[m.mesh_dim] for m in moves)
@@ -147,7 +232,7 @@ def cached_plan_cost(shape: tuple[int, ...], dtype: np.dtype, src: Layout, dst: 
     if src is dst:
         return Fraction(0)
     weights = _weights(cost_model, src.mesh)
-    return plan_cost(shape, dtype, (src.dim_axes, src.partial), (dst.dim_axes, dst.partial), src.mesh.shape, weights)[0]
+    return plan_cost(shape, dtype, layout_state(src), layout_state(dst), src.mesh.shape, weights)[0]
 
 
 @cached(maxsize=256)
@@ -197,8 +282,8 @@ def _step(
     return RedistributeStep(
         mesh_dim,
         mesh.axis_names[mesh_dim],
-        placement_on(before_layout, mesh_dim),
-        placement_on(after_layout, mesh_dim),
+        before_layout.placements[mesh_dim] if before_layout.is_strided else placement_on(before_layout, mesh_dim),
+        after_layout.placements[mesh_dim] if after_layout.is_strided else placement_on(after_layout, mesh_dim),
         collective,
         nbytes,
         nbytes * weights[mesh_dim],

@@ -96,7 +96,7 @@ from ..caches import cached
 from ..layout import Layout
 from ..mesh import DeviceMesh
 from .cost import CostModel
-from .plan import cached_plan, plan_cost
+from .plan import cached_plan, layout_state, plan_cost
 from .select import pending_reduction
 from .signature import Aval, Candidate, Signature, TensorSpec
 
@@ -192,7 +192,7 @@ Choice = dict[str, int]  # equation path -> index of its candidate
 # every consumer of one value re-chosen at once, cascading downstream
 Move = tuple[Any, ...]
 _VALUE = "<value>"
-State = tuple[tuple[tuple[int, ...], ...], tuple[Any, ...]]  # a layout's (dim_axes, partial) on the one mesh
+State = tuple[Any, ...]  # a layout's (dim_axes, partial[, split_factors]) on the one mesh
 AvalKey = tuple[tuple[int, ...], np.dtype]
 # (weighted bytes, collectives), compared lexicographically: among equally cheap choices
 # the one with fewer collectives. Floats for speed (exact for the usual dyadic byte counts;
@@ -202,7 +202,8 @@ _ZERO: Cost = (0.0, 0.0)
 
 
 def _state(layout: Layout) -> State:
-    return (layout.dim_axes, layout.partial)
+    """The planner's state (:func:`.plan.layout_state`: split factors too, when strided)."""
+    return layout_state(layout)
 
 
 class _Search:

@@ -190,8 +190,10 @@ def reshape(ins: Avals, outs: Avals) -> list[OneDSig]:
     leading dim of a group passes (uneven only if it keeps its extent), and merging or
     splitting dims already split over several mesh dims (``4x8x16 S(0),S(1) -> 32x16`` on
     4 x 2, ``32x16 (dp,tp),None -> 4x8x16``) moves no data. A split of a later dim of a
-    merged group alone (``8x16 S(1) -> 128``) would be torch's strided shard, which a
-    layout cannot hold: it is moved. Partials pass."""
+    merged group alone (``8x16 S(1) -> 128``) is torch's strided shard: the joint
+    condition has a :meth:`~_ReshapeCheck.view` giving it (and every other layout the
+    data already has, strided inputs included) at no cost, which selection adds as a
+    candidate for the given input. Partials pass."""
     check = _ReshapeCheck(tuple(ins[0].shape), tuple(outs[0].shape))
     sigs = [
         OneDSig((Shard(d),), (Shard(e),), joint=check)
@@ -215,6 +217,52 @@ class _ReshapeCheck:
     def __hash__(self) -> int:
         return hash((self.a, self.b))
 
+    def view(
+        self, dim_axes: Sequence[tuple[int, ...]], split: Sequence[int], mesh_shape: tuple[int, ...]
+    ) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]] | None:
+        """The output's ``(dim_axes, split_factors)`` holding on every rank exactly the
+        elements the input (``dim_axes``, ``split`` factors) holds, or None when there is
+        none (the data must move). Per group, the input's splits read as digits of its flat
+        extent, major first (an unsplit extent, or a mesh dim's coordinate; a strided dim is
+        ``f`` unsplit groups, its mesh dim, the chunk); cut at the output dims' extents
+        (an unsplit digit may be cut, a mesh dim's may not), each output dim's digits must
+        be a layout's: unsplit, mesh dims then one unsplit chunk (a plain split, major
+        first), or one unsplit extent ``f``, one mesh dim and a chunk (split factor ``f``).
+        Even splits only."""
+        a, b = self.a, self.b
+        if math.prod(a) == 0 or any(n == 1 and dim_axes[d] for d, n in enumerate(a)):
+            return None
+        out_axes: list[tuple[int, ...]] = [()] * len(b)
+        out_split = [1] * len(b)
+        for group_in, group_out in self.groups:
+            digits: list[tuple[int, int | None]] = []
+            for d in group_in:
+                axes, f = dim_axes[d], split[d]
+                pieces = math.prod(mesh_shape[m] for m in axes)
+                if a[d] % (f * pieces):
+                    return None
+                digits += [(f, None)] + [(mesh_shape[m], m) for m in axes] + [(a[d] // (f * pieces), None)]
+            for position, e in enumerate(group_out):
+                need, mine = b[e], []
+                while digits and (need > 1 or digits[0][0] == 1):
+                    size, m = digits[0]
+                    if need % size == 0:
+                        mine.append(digits.pop(0))
+                        need //= size
+                    elif m is None and size % need == 0:
+                        mine.append((need, None))
+                        digits[0] = (size // need, None)
+                        need = 1
+                    else:
+                        return None
+                if position == len(group_out) - 1:
+                    mine += digits
+                dim = _view_dim(mine)
+                if dim is None:
+                    return None
+                out_axes[e], out_split[e] = dim
+        return tuple(out_axes), tuple(out_split)
+
     def __call__(self, tables: Sequence[Any], mesh_shape: tuple[int, ...]) -> bool:
         (in_axes, _), (out_axes, _) = tables[0], tables[1]
         for group_in, group_out in self.groups:
@@ -228,6 +276,21 @@ class _ReshapeCheck:
                 if not _nests(shape, axes, group, mesh_shape, even=not same):
                     return False
         return True
+
+
+def _view_dim(digits: Sequence[tuple[int, int | None]]) -> tuple[tuple[int, ...], int] | None:
+    """One dim's ``(mesh dims, split factor)`` from its digits (see :meth:`_ReshapeCheck.view`)."""
+    digits = [(size, m) for size, m in digits if m is not None or size > 1]
+    split = [i for i, (_, m) in enumerate(digits) if m is not None]
+    if not split:
+        return (), 1
+    first, last = split[0], split[-1]
+    if last - first + 1 != len(split):
+        return None  # an unsplit digit between mesh dims
+    factor = math.prod(size for size, _ in digits[:first])
+    if factor > 1 and len(split) > 1:
+        return None  # a strided shard over several mesh dims: no layout holds it
+    return tuple(digits[i][1] for i in split), factor  # type: ignore[misc]
 
 
 def _reshape_groups(a: tuple[int, ...], b: tuple[int, ...]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:

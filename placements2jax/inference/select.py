@@ -317,7 +317,7 @@ def rank_candidates(
     out_avals = tuple(out_avals)
     ranked = []
     keys = _RankKeys(tuple(specs), out_avals, cost_model)
-    for layouts, combo, order in choices:
+    for layouts, combo, order in itertools.chain(choices, _views(sigs, specs, mesh, choices)):
         ins, outs = layouts[:n_in], layouts[n_in:]
         if not _matches(outs, out_constraint) or not _matches(ins, in_constraint):
             continue
@@ -326,6 +326,26 @@ def rank_candidates(
         ranked.append((keys.rank_key(candidate), len(ranked), candidate))
     ranked.sort(key=_first)
     return [candidate for _, _, candidate in ranked]
+
+
+def _views(
+    sigs: Sequence[OneDSig], specs: Sequence[TensorSpec], mesh: DeviceMesh, choices: Sequence[Any]
+) -> list[tuple[tuple[Layout, ...], tuple[OneDSig, ...], tuple[int, ...]]]:
+    """The view candidate of a one-input op whose joint condition has a ``view`` (reshape:
+    :meth:`.rules._ReshapeCheck.view`): the input as it is, the output holding the same
+    elements on every rank (maybe strided, torch's ``_StridedShard``; partials kept), at
+    no cost; unless the 1-D signatures already give it."""
+    views = {s.joint for s in sigs if hasattr(s.joint, "view")}
+    if len(specs) != 1 or len(views) != 1:
+        return []
+    layout = specs[0].layout
+    found = views.pop().view(layout.dim_axes, layout.split_factors, mesh.shape)
+    if found is None:
+        return []
+    out = Layout(mesh, found[0], layout.partial, found[1])
+    if any(layouts == (layout, out) for layouts, _, _ in choices):
+        return []
+    return [((layout, out), (), tuple(range(mesh.ndim)))]
 
 
 def _first(entry: tuple[Any, ...]) -> Any:

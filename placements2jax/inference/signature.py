@@ -99,13 +99,8 @@ class TensorSpec:
                 "layout", layout, f"is for {layout.ndim} dims but the shape {self.shape} has {len(self.shape)}",
                 "pass a layout with one entry per tensor dim",
             )
-        if layout.is_strided:
-            # The planner and the rules describe layouts by their mesh dims only: a strided
-            # shard would pass for the plain split it is not (issue 16's open part).
-            raise LayoutError(
-                "layout", layout, "inference does not carry strided shards (split factors from a view) yet",
-                "redistribute the tensor to a layout without split factors first",
-            )
+        if layout.is_strided:  # a strided dim needs an even extent (ShapeError naming the fix)
+            layout.check_shape(self.shape, "shape")
         object.__setattr__(self, "layout", layout)
 
     @property
