@@ -134,7 +134,7 @@ def test_predict_check_apply(programs: dict[str, Program], name: str) -> None:
     assert jax.tree.structure(got, is_leaf=_is_dtensor) == jax.tree.structure(want)
     layouts = jax.tree.map(lambda x: x.layout, got, is_leaf=_is_dtensor)
     assert jax.tree.leaves(layouts) == list(report.prediction.out_layouts)
-    for entry, subtree in zip(out_layouts or (), layouts):
+    for entry, subtree in zip(out_layouts, layouts) if out_layouts is not None else ():
         if entry is not None:  # kept the input's layouts
             assert jax.tree.leaves(subtree) == jax.tree.leaves(jax.tree.map(lambda x: x.layout, entry, is_leaf=_is_dtensor))
     dim = 32
@@ -145,4 +145,7 @@ def test_predict_check_apply(programs: dict[str, Program], name: str) -> None:
             # rounding, which Adam's m / sqrt(v) scales up to a step of up to the learning rate either way
             np.testing.assert_allclose(g[dim:2 * dim], w[dim:2 * dim], atol=2 * LEARNING_RATE, err_msg=where)
             g, w = np.concatenate([g[:dim], g[2 * dim:]]), np.concatenate([w[:dim], w[2 * dim:]])
-        np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-6, err_msg=where)
+        # Adam's step m / (sqrt(v) + eps) of a small gradient magnifies its rounding (the reference is unsharded):
+        # updated parameters within 1% of a step
+        atol = LEARNING_RATE / 100 if "adamw" in name else 2e-6
+        np.testing.assert_allclose(g, w, rtol=2e-5, atol=atol, err_msg=where)
