@@ -459,7 +459,8 @@ def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, execute: 
         hash(fn)
     except TypeError:
         raise ArgumentTypeError(
-            "fn", fn, "is not hashable (programs are cached per function)", "pass a function"
+            "fn", fn, "is not hashable (programs are cached per function)",
+            "pass a function (wrap a callable object, e.g. eqx.filter_value_and_grad(f), in a def)",
         ) from None
     targets = _out_layouts_key(out_layouts)
     if execute not in EXECUTES:
