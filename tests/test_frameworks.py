@@ -83,16 +83,21 @@ def test_megatron_plans_lay_out_the_framework_trees(programs: dict[str, Program]
     assert params.blocks[0].mlp.activation is None  # eqx.partition left the function out
 
 
-# check on each program (layers=1): predicted / XLA bytes per device and predicted collectives over XLA's (counted
-# by operand), both measured when these tests were written; every output agrees with XLA's layout.
+# check on each program (layers=1), predicted / XLA bytes per device and predicted collectives over XLA's (counted
+# by operand), measured when these tests were written (predicted / XLA bytes, collectives, combined as XLA's combiner
+# would / XLA's compiled): nnx loss 12.4 / 14.6 KB, 12 / 14, 12 / 13; value_and_grad 46.1 / 44.8 KB, 59 / 50, 36 / 20;
+# adamw 49.7 / 44.8 KB, 65 / 50, 40 / 20; eqx loss 18.6 / 14.6 KB, 14 / 14, 14 / 13; value_and_grad 55.7 / 44.8 KB,
+# 66 / 50, 39 / 20; adamw 55.6 / 44.8 KB, 66 / 50, 40 / 20. Equinox's per-token vmapped layers trace to other
+# jaxprs than Flax's batched ones (dot_generals with batch dims from vmap), which the search plans less well.
 _REACHED = {
-    "nnx loss": (9.0, 99),
-    "nnx value_and_grad": (9.0, 99),
-    "nnx adamw step": (9.0, 99),
-    "eqx loss": (9.0, 99),
-    "eqx value_and_grad": (9.0, 99),
-    "eqx adamw step": (9.0, 99),
+    "nnx loss": (0.86, -2),
+    "nnx value_and_grad": (1.03, 9),
+    "nnx adamw step": (1.11, 15),
+    "eqx loss": (1.28, 0),
+    "eqx value_and_grad": (1.25, 16),
+    "eqx adamw step": (1.25, 16),
 }
+_FLOOR = 0.85  # nnx loss predicts less than XLA sends (as GPT-2's loss: tests/test_inference_programs.py)
 
 
 def _communication(collectives: Any) -> tuple[int, float]:
@@ -116,18 +121,14 @@ def test_predict_check_apply(programs: dict[str, Program], name: str) -> None:
     assert report.outputs and all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
     ratio = float(report.predicted_bytes / report.compiled_bytes)
     extra = sum(report.predicted_counts.values()) - sum(report.compiled_operand_counts.values())
-    print(name, ratio, float(report.predicted_bytes), float(report.compiled_bytes),
-          sum(report.predicted_counts.values()), sum(report.compiled_operand_counts.values()),
-          sum(report.predicted_combined_counts.values()), sum(report.compiled_counts.values()))
     bound, extra_bound = _REACHED[name]
-    assert ratio <= bound and extra <= extra_bound, (ratio, extra)
+    assert _FLOOR <= ratio <= bound and extra <= extra_bound, (ratio, extra)
     assert predict(fn, *args, out_layouts=out_layouts) is report.prediction  # one Prediction, cached
 
     # plain jax.jit of fn on the same input and output shardings is what check compiled
     ours = jax.jit(lambda *a: apply(fn, *a, out_layouts=out_layouts)).lower(*args).compile()
     (count, nbytes) = _communication(parse_collectives(ours.as_text()))
     (plain_count, plain_bytes) = _communication(report.compiled_collectives)
-    print(name, "apply", count, plain_count, nbytes, plain_bytes)
     assert count <= plain_count and nbytes <= plain_bytes, (count, plain_count, nbytes, plain_bytes)
     got = ours(*args)
     want = jax.jit(fn)(*jax.tree.map(lambda x: x.full_tensor(), args, is_leaf=_is_dtensor))  # unsharded values
