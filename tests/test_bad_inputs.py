@@ -1241,6 +1241,13 @@ CASES: list[Case] = [
         lambda e: apply(eqx.filter_value_and_grad(lambda a: (a * a).sum()), e.dt),
     ),
     _c(
+        "distribute_pytree: a plan splitting a PRNG key array",
+        "distribute_pytree",
+        PlanError,
+        "plan",
+        lambda e: distribute_pytree({"key": jax.random.split(jax.random.key(0), 8)}, e.mesh8, {"key": "S(0)"}),
+    ),
+    _c(
         "apply: out_layouts of arrays",
         "apply",
         ArgumentTypeError,

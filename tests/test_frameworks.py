@@ -150,3 +150,32 @@ def test_predict_check_apply(programs: dict[str, Program], name: str) -> None:
         # updated parameters within 1% of a step
         atol = LEARNING_RATE / 100 if "adamw" in name else 2e-6
         np.testing.assert_allclose(g, w, rtol=2e-5, atol=atol, err_msg=where)
+
+
+class _Dropped(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        self.fc = nnx.Linear(16, 32, rngs=rngs)
+        self.drop = nnx.Dropout(0.5, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.drop(self.fc(x)).sum()
+
+
+def test_nnx_rngs_state_passes_as_replicate_keys(mesh: Any) -> None:
+    """An nnx.Dropout's Rngs state (a typed PRNG key and a uint32 count in nnx Variables):
+    distribute_pytree keeps the key a jax.Array, apply splits and advances it as plain
+    jax.jit does (the same dropout mask, the same values and new key)."""
+    graphdef, state = nnx.split(_Dropped(nnx.Rngs(0, dropout=1)))
+    placed = distribute_pytree(state, mesh, {r"fc/kernel/value": "R,S(1)"}, strict=False)
+    assert isinstance(placed["drop"]["rngs"]["key"][...], jax.Array)
+
+    def forward(state: Any, x: jax.Array) -> tuple[jax.Array, Any]:
+        model = nnx.merge(graphdef, state)
+        return model(x), nnx.state(model)
+
+    x = np.random.default_rng(0).normal(size=(8, 16)).astype(np.float32)
+    (value, new_state), (want, want_state) = apply(forward, placed, distribute_tensor(x, mesh, "S(0),R")), jax.jit(
+        forward)(state, x)
+    np.testing.assert_allclose(float(value.full_tensor()), float(want), rtol=1e-5)
+    assert int(new_state["drop"]["rngs"]["count"][...].full_tensor()) == int(want_state["drop"]["rngs"]["count"][...])
+    assert str(new_state["fc"]["kernel"][...].layout) == "R,S(1)"  # passed through: its layout kept
