@@ -404,8 +404,8 @@ def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, execute: 
     ``scan``, ``cond``, ``pjit``, custom derivatives included) calls a function with a
     :func:`~placements2jax.register_sharding` rule, so that it runs on each rank's blocks
     under its rule as torch runs it; otherwise ``"xla"``. The choice is made once per
-    function and input specs from the jaxpr ``predict`` traced (cached with the program;
-    registering a rule clears it).
+    function and input specs from one trace of ``fn`` (cached with the program;
+    registering a rule clears it); only the chosen program is predicted.
 
     ``execute="xla"``: the output layouts come from the whole-program
     search (``predict(search="program")``, ``out_layouts`` honoured) and XLA compiles
@@ -418,12 +418,13 @@ def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, execute: 
     (loops run per iteration under their rows' layouts); intermediates and outputs get
     torch's op-by-op placements (outputs may be Partial as torch's are).
 
-    Why ``"xla"`` is the default choice: ``apply`` runs whole functions (a layer, a loss, a
-    training step), where a user of ``jax.jit`` expects what ``jax.jit`` compiles and a
-    user of torch DTensor gets op-by-op semantics from the DTensor operators themselves
-    (``x @ w``, ``x.sum()``). Measured on the test GPT-2 / Llama (dp=2 x tp=4, Megatron
-    plan): a whole adamw step under ``jax.jit`` compiles to the collectives and bytes of
-    plain ``jax.jit`` (GPT-2 23 collectives; op by op 83 where ``jax.jit`` had 14) at 0.97-1.05x its step time,
+    Why ``"auto"`` runs ``"xla"`` unless a registered rule must be honoured: ``apply`` runs
+    whole functions (a layer, a loss, a training step), where a user of ``jax.jit`` expects
+    what ``jax.jit`` compiles and a user of torch DTensor gets op-by-op semantics from the
+    DTensor operators themselves (``x @ w``, ``x.sum()``). Measured on the test GPT-2 /
+    Llama (dp=2 x tp=4, Megatron plan): a whole adamw step under ``jax.jit`` compiles to
+    the collectives and bytes of plain ``jax.jit`` (GPT-2 23 collectives; op by op 83
+    where ``jax.jit`` had 14) at 0.97-1.05x its step time,
     and eagerly one program is compiled instead of one per equation (minutes on a
     training step with ``"ops"``); the loss alone runs in 14 / 6 ms warm against 20 / 9 ms
     with ``"ops"``. Values are the same either way; pass ``execute="ops"`` for torch's
@@ -437,7 +438,11 @@ def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, execute: 
     ``out_layouts`` (a pytree prefix of the result: layouts, placements, DTensors whose
     layout an output keeps, or None) is enforced: those outputs are redistributed to it.
     Like ``jax.jit``, the trace of ``fn`` is cached per function object and input
-    shapes / dtypes / layouts: values ``fn`` closes over are read once.
+    shapes / dtypes / layouts: values ``fn`` closes over are read once. The prediction is
+    ``predict``'s of ``fn`` on these arguments, so ``apply`` after ``predict`` or
+    ``check`` (same ``out_layouts``) reuses it. Flax NNX states (``nnx.split``) and
+    Equinox modules are pytrees like any other; pass an Equinox model's arrays
+    (``eqx.partition(model, eqx.is_array)``) and close over the rest, as ``jax.jit`` needs.
     """
     if not callable(fn):
         raise ArgumentTypeError("fn", fn, "not callable", "pass a function of arrays, e.g. jax.nn.gelu")
@@ -454,7 +459,8 @@ def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, execute: 
         hash(fn)
     except TypeError:
         raise ArgumentTypeError(
-            "fn", fn, "is not hashable (programs are cached per function)", "pass a function"
+            "fn", fn, "is not hashable (programs are cached per function)",
+            "pass a function (wrap a callable object, e.g. eqx.filter_value_and_grad(f), in a def)",
         ) from None
     targets = _out_layouts_key(out_layouts)
     if execute not in EXECUTES:
@@ -499,10 +505,10 @@ def _predicted(
 
     layouts = [_layout_of(k, mesh) for k in keys]
     out_layouts = None if targets is None else jax.tree.unflatten(*targets)
-    prediction = predict(
-        flat_fn, *[(k[1], k[2], layout) for k, layout in zip(keys, layouts)], mesh=mesh, cost_model=cost_model,
-        search=search, out_layouts=out_layouts,
-    )
+    # predicted on fn itself and the arguments' structure (TensorSpecs for the leaves), not on flat_fn: the same
+    # key as predict / check of fn on these DTensors, so apply after either reuses its Prediction (and jaxpr)
+    specs = jax.tree.unflatten(in_tree, [TensorSpec(k[1], k[2], layout) for k, layout in zip(keys, layouts)])
+    prediction = predict(f, *specs, mesh=mesh, cost_model=cost_model, search=search, out_layouts=out_layouts)
     return flat_fn, mesh, layouts, prediction
 
 
@@ -550,11 +556,17 @@ def _auto_program(
     fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, keys: tuple[OperandKey, ...], cost_model: CostModel
 ) -> Program:
     """``apply(execute="auto")``: the ``"ops"`` program when ``fn`` calls a registered
-    function, else the ``"xla"`` one (whose prediction's jaxpr tells which)."""
-    program = _xla_program(fn, kwargs, in_tree, targets, keys, cost_model)
-    if _calls_registered(program.plan.jaxpr.jaxpr):
+    function, else the ``"xla"`` one. One trace of ``fn`` tells which, so that only the
+    chosen program is predicted (the whole-program search is not run for an ``"ops"`` one)."""
+    f = partial(fn, **dict(kwargs)) if kwargs else fn
+    structs = [jax.ShapeDtypeStruct(k[1], k[2]) for k in keys]
+    try:
+        closed = jax.make_jaxpr(lambda *leaves: f(*jax.tree.unflatten(in_tree, leaves)))(*structs)
+    except (TypeError, ValueError):  # predict reports why, as a clear InferenceError
+        closed = None
+    if closed is not None and _calls_registered(closed.jaxpr):
         return _apply_program(fn, kwargs, in_tree, targets, keys, cost_model)
-    return program
+    return _xla_program(fn, kwargs, in_tree, targets, keys, cost_model)
 
 
 def _calls_registered(jaxpr: Any) -> bool:

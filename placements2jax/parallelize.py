@@ -266,11 +266,21 @@ def plan_layouts(params: Any, mesh: DeviceMesh, plan: PlanLike, *, strict: bool 
 def distribute_pytree(params: Any, mesh: DeviceMesh, plan: PlanLike, *, strict: bool = True) -> Any:
     """``params`` with every leaf a :class:`DTensor` laid out by ``plan`` (see the module
     docstring); unmatched leaves replicated. Leaves that already are DTensors on ``mesh``
-    are redistributed (by XLA) to their planned layout."""
+    are redistributed (by XLA) to their planned layout. PRNG key arrays (typed keys, such
+    as a Flax NNX ``Rngs`` state's) stay as they are: ``predict`` and ``apply`` take them
+    as Replicate constants; a plan that splits one is a :class:`PlanError`."""
     mesh = as_device_mesh(mesh)
     flat, tree, layouts = _planned_leaves(params, mesh, plan, strict)
     placed = []
     for (path, leaf), layout in zip(flat, layouts):
+        if _is_key_array(leaf):
+            if layout != layout.replicated():
+                raise PlanError(
+                    "plan", str(layout), f"splits the PRNG key array at {path!r}",
+                    "leave PRNG keys unmatched (they stay Replicate jax.Arrays)",
+                )
+            placed.append(leaf)
+            continue
         try:
             placed.append(
                 leaf.redistribute(mesh, layout) if isinstance(leaf, DTensor) else distribute_tensor(leaf, mesh, layout)
@@ -278,6 +288,10 @@ def distribute_pytree(params: Any, mesh: DeviceMesh, plan: PlanLike, *, strict: 
         except Placements2JaxError as error:
             raise at_path(error, path) from None
     return jax.tree_util.tree_unflatten(tree, placed)
+
+
+def _is_key_array(leaf: Any) -> bool:
+    return isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended)
 
 
 def _planned_leaves(

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -134,6 +135,13 @@ class Case:
     error: type[Placements2JaxError]
     argument: str
     call: Callable[[SimpleNamespace], Any]
+
+
+class _EqxActivated(eqx.Module):
+    """An Equinox module with a function leaf, as eqx.nn.MLP keeps its activation."""
+
+    w: Any
+    activation: Callable[[Any], Any]
 
 
 def _c(name: str, covers: str, error: type[Placements2JaxError], argument: str, call: Callable[[Any], Any]) -> Case:
@@ -1252,6 +1260,27 @@ CASES: list[Case] = [
         ArgumentTypeError,
         "args[0]['f']",
         lambda e: apply(lambda d: d["x"], {"x": e.dt, "f": "text"}),
+    ),
+    _c(
+        "apply: an Equinox module's function leaf (not eqx.partition'ed)",
+        "apply",
+        ArgumentTypeError,
+        "args[0].activation",
+        lambda e: apply(lambda m: m.activation(m.w), _EqxActivated(e.dt, jnp.sin)),
+    ),
+    _c(
+        "apply: fn not hashable (an Equinox transform's wrapper)",
+        "apply",
+        ArgumentTypeError,
+        "fn",
+        lambda e: apply(eqx.filter_value_and_grad(lambda a: (a * a).sum()), e.dt),
+    ),
+    _c(
+        "distribute_pytree: a plan splitting a PRNG key array",
+        "distribute_pytree",
+        PlanError,
+        "plan",
+        lambda e: distribute_pytree({"key": jax.random.split(jax.random.key(0), 8)}, e.mesh8, {"key": "S(0)"}),
     ),
     _c(
         "apply: out_layouts of arrays",

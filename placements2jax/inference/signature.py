@@ -10,6 +10,7 @@ output. The *signature* inference chooses is the best-ranked candidate.
 
 from __future__ import annotations
 
+import inspect
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -235,7 +236,23 @@ def _is_dtype_like(value: Any) -> bool:
 def is_tensor_leaf(value: Any) -> bool:
     """A leaf of an input pytree: a TensorSpec, a ``(shape, dtype, layout)`` tuple, or
     anything with a placements2jax ``.layout`` (a DTensor, not flattened further)."""
-    return isinstance(value, TensorSpec) or isinstance(getattr(value, "layout", None), Layout) or _is_spec_tuple(value)
+    return isinstance(value, TensorSpec) or _own_layout(value) is not None or _is_spec_tuple(value)
+
+
+def _own_layout(value: Any) -> Layout | None:
+    """``value.layout`` when ``value`` itself has one (a DTensor), not when the attribute is
+    reached through ``__getattr__`` delegation: a Flax NNX Variable (an ``nnx.State`` leaf)
+    wrapping a DTensor forwards ``.layout`` to it, but is a pytree node whose child is the
+    tensor, so that flattening must go on into it (else functions get the bare tensor
+    without its Variable)."""
+    layout = getattr(value, "layout", None)
+    if not isinstance(layout, Layout):
+        return None
+    try:
+        inspect.getattr_static(value, "layout")
+    except AttributeError:
+        return None
+    return layout
 
 
 @dataclass(frozen=True)
@@ -284,7 +301,7 @@ def is_layout_leaf(value: Any) -> bool:
     sequence of Placements), a TensorSpec or anything with a ``.layout`` (a DTensor)."""
     if value is None or isinstance(value, (Layout, MeshPlacements, str, TensorSpec)):
         return True
-    if isinstance(getattr(value, "layout", None), Layout):
+    if _own_layout(value) is not None:
         return True
     return isinstance(value, (tuple, list)) and len(value) > 0 and all(isinstance(p, Placement) for p in value)
 
