@@ -230,11 +230,12 @@ class TrainReport:
             f"max |loss - unsharded loss| over {len(self.reference)} steps: {self.max_difference:.2e}",
             f"checkpoint: {self.checkpoint}" + (f"; loss plot: {self.plot}" if self.plot else ""),
             "", details,
-            "The prediction chooses every layout of the step in one whole-program search with its own cost model; "
-            "XLA's propagation plans the whole step (and on CPU lowers a reduce-scatter as an all-reduce): "
-            "where they differ, both are shown as they are. 'Predicted' counts one collective per redistribution step; 'predicted after XLA's "
-            "combiner' merges the independent ones of one kind on the same mesh axes as XLA's combiner passes "
-            "would (a model of XLA's rules, applied to the predicted program, not read from the compiled one).",
+            "The prediction chooses every layout of the step in one whole-program search with its own cost model;"
+            " XLA's propagation plans the whole step (and on CPU lowers a reduce-scatter as an all-reduce): where"
+            " they differ, both are shown as they are. 'Predicted' counts one collective per redistribution step;"
+            " 'predicted after XLA's combiner' merges the independent ones of one kind on the same mesh axes as "
+            "XLA's combiner passes would (a model of XLA's rules, applied to the predicted program, not read from"
+            " the compiled one).",
         ])
 
 
