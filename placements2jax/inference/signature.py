@@ -460,8 +460,26 @@ class RedistributePlan:
         return head + "\n" + format_table(("step", "axis", "from", "to", "collective", "bytes", "cost", "layout after"), rows)
 
 
+class _ByValue:
+    """Equality and hashing by ``_fields()``, as a plain frozen dataclass has them, for
+    the frozen classes below whose ``__init__`` and lazily built fields are their own."""
+
+    def _fields(self) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+    def __eq__(self, other: object) -> bool:
+        if other is self:
+            return True
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+
 @dataclass(frozen=True, init=False, eq=False)
-class Candidate:
+class Candidate(_ByValue):
     """One N-D signature of an op: the layouts of all inputs and outputs, the plans that
     bring the given inputs to them, and the 1-D signature used on each mesh dim (in
     ``nest_order``, the order in which mesh dims split a tensor dim, major first).
@@ -513,16 +531,6 @@ class Candidate:
 
     def _fields(self) -> tuple[Any, ...]:
         return (self.in_layouts, self.out_layouts, self.plans, self.one_d, self.nest_order, self.out_avals, self.pending)
-
-    def __eq__(self, other: object) -> bool:
-        if other is self:
-            return True
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return self._fields() == other._fields()  # type: ignore[attr-defined]
-
-    def __hash__(self) -> int:
-        return hash(self._fields())
 
     def __repr__(self) -> str:
         return (
@@ -622,7 +630,7 @@ _STRIDED = Memo(65536)
 
 
 @dataclass(frozen=True, init=False, eq=False)
-class Signature:
+class Signature(_ByValue):
     """The result of inference for one op: the chosen candidate and the ranked list.
 
     ``in_layouts`` are the layouts the inputs must have when the op runs (reached by
@@ -673,16 +681,6 @@ class Signature:
 
     def _fields(self) -> tuple[Any, ...]:
         return (self.op, self.inputs, self.candidates)
-
-    def __eq__(self, other: object) -> bool:
-        if other is self:
-            return True
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return self._fields() == other._fields()  # type: ignore[attr-defined]
-
-    def __hash__(self) -> int:
-        return hash(self._fields())
 
     def __repr__(self) -> str:
         return f"Signature(op={self.op!r}, inputs={self.inputs!r}, candidates={self.candidates!r})"
