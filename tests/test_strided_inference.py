@@ -167,9 +167,10 @@ def test_predict_and_apply_carry_a_strided_value(mesh2, execute: str) -> None:
         return jnp.tanh(a.reshape(32, 16) * 0.01).reshape(4, 8, 16).sum(-1)
 
     prediction = predict(f, x)
-    # the reshape keeps the rows strided (free); elementwise ops take plain inputs: one
-    # all-to-all over dp unstrides (384 B), the rest runs locally
-    assert prediction.cost == 384 and prediction.collectives["all-to-all"] == 1
+    # the reshape keeps the rows strided (free), the elementwise ops run on them in place
+    # (as torch runs them on its _StridedShard), the reshape back is free: nothing moves
+    # (384 B before the strided pass-through: one all-to-all over dp unstrided the rows)
+    assert prediction.cost == 0 and not prediction.collectives
     out = apply(f, x, execute=execute)
     np.testing.assert_allclose(np.asarray(out.full_tensor()), np.tanh(cube * 0.01).sum(-1), rtol=1e-5)
     strided = x.reshape(32, 16)
@@ -211,3 +212,71 @@ def test_property_reshape_merges_of_strided_layouts_give_numpy_s_values(case, re
     again = y.reshape(shape).reshape(merged)
     assert again.layout is y.layout
     np.testing.assert_array_equal(np.asarray(again.full_tensor()), value.reshape(merged))
+
+
+PASS_THROUGH = [  # (mesh, input layout, op, params, other input (shape, layout text) or None, output layout's text)
+    ("mesh1", "_S(0, 8)", "exp", {}, None, "_S(0, 8)"),
+    ("mesh1", "_S(0, 8)", "neg", {}, None, "_S(0, 8)"),
+    ("mesh1", "_S(0, 8)", "add", {}, "same", "_S(0, 8)"),
+    ("mesh1", "_S(0, 8)", "mul", {}, ((128,), "R"), "_S(0, 8)"),
+    ("mesh1", "_S(0, 8)", "sum", {"axis": 0}, None, "P"),
+    ("mesh1", "_S(0, 4)", "transpose", {"axes": (1, 0)}, None, "_S(1, 4)"),
+    ("mesh1", "_S(0, 4)", "sum", {"axis": 1}, None, "_S(0, 4)"),
+    ("mesh1", "_S(0, 4)", "max", {"axis": 0}, None, "P(max)"),
+    ("mesh1", "_S(0, 4)", "add", {}, ((16,), "R"), "_S(0, 4)"),
+    ("mesh1", "_S(0, 4)", "matmul", {}, ((16, 8), "R"), "_S(0, 4)"),
+    ("mesh2", "_S(0, 4),R", "tanh", {}, None, "_S(0, 4),R"),
+    ("mesh2", "_S(0, 4),S(1)", "mul", {}, "same", "_S(0, 4),S(1)"),
+    ("mesh2", "_S(0, 4),R", "add", {}, ((32, 16), "R,S(1)"), "_S(0, 4),S(1)"),
+    ("mesh2", "_S(0, 4),S(1)", "transpose", {"axes": (1, 0)}, None, "_S(1, 4),S(0)"),
+    ("mesh2", "_S(0, 4),S(1)", "sum", {"axis": 1}, None, "_S(0, 4),P"),
+    ("mesh2", "_S(0, 4),R", "mean", {"axis": 0}, None, "P(avg),R"),
+]
+
+
+def _strided_input(mesh, text: str, ndim: int):  # noqa: ANN202
+    shape = (128,) if ndim == 1 else (32, 16)
+    layout = Layout.from_device_mesh(mesh)(text).bind(ndim)
+    value = np.linspace(-1, 3, int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    return shape, layout, value
+
+
+@pytest.mark.parametrize("case", range(len(PASS_THROUGH)))
+def test_strided_inputs_pass_through_elementwise_transpose_and_reductions(case: int, request) -> None:
+    """Torch runs elementwise ops, transpose and reductions on a _StridedShard in place:
+    so does the default mode now (free; a replicated co-operand sliced locally), and
+    the values (full and per device) are NumPy's through apply's both programs."""
+    name, text, op, params, other, expected = PASS_THROUGH[case]
+    mesh = request.getfixturevalue(name)
+    ndim = 1 if mesh.ndim == 1 and text == "_S(0, 8)" else 2
+    shape, layout, value = _strided_input(mesh, text, ndim)
+    specs = [(shape, jnp.float32, layout)]
+    values = [value]
+    if other is not None:
+        oshape, olayout = (shape, layout) if other == "same" else (other[0], other[1])
+        olayout = olayout if isinstance(olayout, Layout) else Layout.from_device_mesh(mesh)(olayout).bind(len(oshape))
+        specs.append((oshape, jnp.float32, olayout))
+        values.append(np.linspace(0.5, 1.5, int(np.prod(oshape)), dtype=np.float32).reshape(oshape))
+    signature = infer_signature(op, specs, mesh, **params)
+    assert str(signature.out_layout) == expected and signature.chosen.cost == 0, (signature.out_layout, signature.chosen)
+    assert all(x is s[2] for x, s in zip(signature.in_layouts, specs)) or other is not None
+    fn = {
+        "exp": jnp.exp, "neg": jnp.negative, "tanh": jnp.tanh, "add": jnp.add, "mul": jnp.multiply,
+        "matmul": jnp.matmul, "transpose": lambda a: jnp.transpose(a, params.get("axes")),
+        "sum": lambda a: a.sum(params["axis"]), "max": lambda a: a.max(params["axis"]),
+        "mean": lambda a: a.mean(params["axis"]),
+    }[op]
+    expected_value = np.asarray(fn(*map(jnp.asarray, values)))
+    tensors = [distribute_tensor(v, mesh, s[2]) for v, s in zip(values, specs)]
+    # predict's whole-program search: the strided inputs cost nothing more than plain ones
+    # (mean's division makes it reduce-scatter the partial sum either way)
+    plain = [distribute_tensor(v, mesh, Layout(mesh, s[2].dim_axes, s[2].partial)) for v, s in zip(values, specs)]
+    assert predict(fn, *tensors).cost == predict(fn, *plain).cost
+    for execute in ("ops", "xla"):
+        out = apply(fn, *tensors, execute=execute)
+        np.testing.assert_allclose(np.asarray(out.full_tensor()), expected_value, rtol=1e-5, atol=1e-6)
+        if out.layout.is_strided and not out.layout.has_partial:  # the output's shards: the op on every block
+            assert out.layout is signature.out_layout
+            reference = distribute_tensor(expected_value, mesh, out.layout)
+            for rank, shard in _shards(out, mesh).items():
+                np.testing.assert_allclose(shard, _shards(reference, mesh)[rank], rtol=1e-5, atol=1e-6)
