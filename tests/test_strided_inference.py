@@ -306,3 +306,37 @@ def test_strided_inputs_pass_through_elementwise_transpose_and_reductions(case: 
             reference = distribute_tensor(expected_value, mesh, out.layout)
             for rank, shard in _shards(out, mesh).items():
                 np.testing.assert_allclose(shard, _shards(reference, mesh)[rank], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("execute", ["ops", "xla"])
+def test_scans_keep_split_factors(mesh1, execute: str) -> None:
+    """A scan over strided rows slices and stacks them with their split factors (the
+    scan's helpers dropped them: a strided ``ys`` was recorded plain). A body making a
+    strided value (a free reshape) stacks it strided; scanning a strided ``xs`` runs the
+    body on its slices in place: nothing moves, NumPy's values."""
+    cube = np.linspace(-1, 1, 512, dtype=np.float32).reshape(4, 8, 16)
+    x = distribute_tensor(cube, mesh1, [Shard(2)])
+
+    def made(a):
+        return jax.lax.scan(lambda c, row: (c + row.sum(), jnp.exp(row.reshape(128))), jnp.float32(0), a)
+
+    prediction = predict(made, x)
+    assert prediction.cost == 0 and str(prediction.out_layouts[1]) == "_S(1, 8)", prediction.out_layouts
+    carry, ys = apply(made, x, execute=execute)
+    np.testing.assert_allclose(np.asarray(ys.full_tensor()), np.exp(cube.reshape(4, 128)), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(carry.full_tensor()), cube.sum(), rtol=1e-4, atol=1e-4)
+    strided = x.reshape(4, 128)
+    assert str(strided.layout) == "_S(1, 8)"
+
+    def scanned(a):
+        return jax.lax.scan(lambda c, row: (c * 2, jnp.tanh(row) * c), jnp.ones(128, jnp.float32), a)[1]
+
+    prediction = predict(scanned, strided)
+    assert prediction.cost == 0 and prediction.out_layouts[0] is strided.layout
+    out = apply(scanned, strided, execute=execute)
+    expected = np.tanh(cube.reshape(4, 128)) * (2.0 ** np.arange(4))[:, None]
+    np.testing.assert_allclose(np.asarray(out.full_tensor()), expected, rtol=1e-6)
+    if execute == "ops":  # every device's block: the op on its own strided block
+        reference = distribute_tensor(expected, mesh1, strided.layout)
+        for rank, shard in _shards(out, mesh1).items():
+            np.testing.assert_allclose(shard, _shards(reference, mesh1)[rank], rtol=1e-6)
