@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from placements2jax import Layout, Replicate, Shard, apply, distribute_tensor, init_device_mesh
+from placements2jax import Layout, LayoutError, Replicate, Shard, apply, distribute_tensor, init_device_mesh
 from placements2jax.hlo import compiled_collectives
 from placements2jax.inference import infer_signature, plan_redistribute, predict
 from placements2jax.inference.cost import collective_nbytes
@@ -82,6 +82,15 @@ def test_a_reshape_with_no_layout_for_the_data_moves_it(mesh1, mesh2) -> None:
     assert signature.chosen.cost > 0
     s1 = Layout.from_device_mesh(mesh1)("S(1)").bind(2)
     assert infer_signature("reshape", [((8, 16), jnp.float32, s1)], mesh1, shape=(16, 8)).chosen.cost > 0
+    # a later dim of a merged group split over both mesh dims would be a strided split over
+    # several mesh dims: never produced (the data moves; every candidate is a Layout)...
+    inner = Layout(mesh2, ((), (0, 1), ()))
+    merged = infer_signature("reshape", [((4, 8, 16), jnp.float32, inner)], mesh2, shape=(32, 16))
+    assert merged.chosen.cost > 0 and all(not c.out_layouts[0].is_strided for c in merged.candidates)
+    # ... and refused by name when asked for
+    with pytest.raises(LayoutError, match=r"split_factors=\(4, 1\): dim 0 has split factor 4 but is split by 2 mesh "
+                       r"dims\. Fix: give a split factor only to a dim split by exactly one mesh dim"):
+        Layout(mesh2, ((0, 1), ()), None, (4, 1))
 
 
 def test_the_search_and_the_planner_tell_strided_layouts_apart(mesh1) -> None:
