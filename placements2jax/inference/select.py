@@ -24,6 +24,9 @@ Candidates running on the inputs as given rank first, so when there are any,
 the inputs' placements on each mesh dim) and ranks the rest when
 ``Signature.candidates`` is first read; the program search reads them all.
 
+Strided inputs (split factors from a view, torch's ``_StridedShard``) add the candidates
+running on them in place (:func:`_strided`), as a reshape adds its view (:func:`_views`).
+
 Results are cached by op, params, input shapes/dtypes/layouts, constraints and cost model
 (OneFlow caches by shape, dtype, nd_sbp, placement and constraints).
 """
@@ -369,8 +372,6 @@ def _strided(
     shapes = tuple(a.shape for a in avals)
     found = []
     for layouts, combo, order in choices:
-        if len(combo) != mesh.ndim:
-            continue  # a view candidate
         factors = strided_factors(combo, given, [x.dim_axes for x in layouts], shapes, mesh.shape)
         if factors is None:
             continue
