@@ -581,8 +581,8 @@ def _to_logical(x: jax.Array, phys: Physical) -> jax.Array:
     """A DTensor's physical array as its logical value sharded like its tensor dims, on
     the Auto twin of an Explicit mesh (so XLA propagates shardings through ``fn``)."""
     layout, shape = phys.layout, phys.shape
-    plain = physical(layout.without_partial(), shape)
-    x = _move(x, phys, plain)  # reduce partials (what plain jit's logical input is)
+    plain = physical(_logical_splits(layout), shape)
+    x = _move(x, phys, plain)  # reduce partials, unstride (what plain jit's logical input is)
     sharding = NamedSharding(auto_twin_of(layout.mesh.to_jax()), PartitionSpec(*plain.dim_entries))
     if layout.mesh.is_explicit:
         x = _explicit_to_auto(x, sharding, NamedSharding(layout.mesh.to_jax(), PartitionSpec(*plain.dim_entries)))
@@ -645,7 +645,7 @@ def _from_logical(y: jax.Array, layout: Layout, shape: Shape) -> jax.Array:
     """A logical output value as the physical array of ``layout`` (a partial made
     locally from the value, without communication). Explicit-typed (inside
     ``jax.set_mesh``, see :func:`_unpad`), it is placed under ``auto_axes``."""
-    plain = physical(layout.without_partial(), shape)
+    plain = physical(_logical_splits(layout), shape)
     y = jnp.asarray(y)
     explicit = jax.typeof(y).sharding.mesh.explicit_axes
     if explicit:
@@ -656,6 +656,14 @@ def _from_logical(y: jax.Array, layout: Layout, shape: Shape) -> jax.Array:
     if layout.mesh.is_explicit:
         y = jax.sharding.reshard(y, plain.sharding)
     return _move(y, plain, physical(layout, shape))
+
+
+def _logical_splits(layout: Layout) -> Layout:
+    """``layout``'s splits as a sharding of the logical value: no partial, no split factor.
+    XLA has no strided sharding, so a strided input is unstrided before ``fn`` (an
+    all-to-all the op-by-op ``"ops"`` program does not need) and a strided output strided
+    after it."""
+    return Layout(layout.mesh, layout.dim_axes) if layout.is_strided else layout.without_partial()
 
 
 @dataclass(frozen=True)

@@ -203,7 +203,7 @@ def _strided_steps(x: jax.Array, phys: Physical, steps: Sequence[StridedStep], u
 
 def convert(x: jax.Array, src: Physical, dst: Physical) -> jax.Array:
     """The physical array of ``dst`` holding the same logical tensor as ``x`` (of ``src``)."""
-    if (src.layout.is_strided or dst.layout.is_strided) and not src.unreduced_axes and not dst.unreduced_axes:
+    if src.layout.is_strided or dst.layout.is_strided:
         before, first, last, after = strided_route(src.layout, dst.layout)
         if before or after:
             if before:

@@ -24,7 +24,7 @@ from placements2jax import Layout, init_device_mesh  # noqa: E402
 from placements2jax.errors import Placements2JaxError  # noqa: E402
 from placements2jax.inference import infer_signature  # noqa: E402
 from placements2jax.interop.torch import from_torch_placements, to_torch_mesh, to_torch_placements  # noqa: E402
-from placements2jax.placements import parse_placement  # noqa: E402
+from placements2jax.placements import parse_placements  # noqa: E402
 
 NAMES = {1: ("x",), 2: ("dp", "tp")}
 def torch_run(op: str, tensors: list, params: dict):  # noqa: ANN201
@@ -51,7 +51,7 @@ def meshes(shape: tuple[int, ...]) -> tuple:
 
 
 def placements_of(text: str) -> tuple:
-    return tuple(parse_placement(t) for t in text.split(","))
+    return parse_placements(text)
 
 
 def main() -> None:

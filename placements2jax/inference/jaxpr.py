@@ -440,17 +440,23 @@ def _replicated_spec(aval: Any, mesh: DeviceMesh) -> TensorSpec:
 
 
 def _drop_dim0(layout: Layout) -> Layout:
-    """The layout of one slice along dim 0 (which must be unsplit)."""
-    return Layout(layout.mesh, layout.dim_axes[1:], layout.partial)
+    """The layout of one slice along dim 0 (which must be unsplit). Split factors stay
+    with their dims (a slice of a strided array holds its rows as the array does)."""
+    return Layout(layout.mesh, layout.dim_axes[1:], layout.partial, _factors(layout, 1))
 
 
 def _unsplit_dim0(layout: Layout) -> Layout:
-    return Layout(layout.mesh, ((),) + layout.dim_axes[1:], layout.partial)
+    return Layout(layout.mesh, ((),) + layout.dim_axes[1:], layout.partial, _factors(layout, 1, (1,)))
 
 
 def _stacked(layout: Layout) -> Layout:
-    """The layout of slices stacked along a new, unsplit dim 0."""
-    return Layout(layout.mesh, ((),) + layout.dim_axes, layout.partial)
+    """The layout of slices stacked along a new, unsplit dim 0 (split factors kept)."""
+    return Layout(layout.mesh, ((),) + layout.dim_axes, layout.partial, _factors(layout, 0, (1,)))
+
+
+def _factors(layout: Layout, start: int, lead: tuple[int, ...] = ()) -> tuple[int, ...] | None:
+    """``lead`` + the split factors of ``layout``'s dims from ``start`` (None: no factor)."""
+    return lead + layout.split_factors[start:] if layout.is_strided else None
 
 
 def _source_line(eqn: Any) -> str:

@@ -700,6 +700,13 @@ def unregister_sharding(op: Any) -> None:
     clear_caches()
 
 
+def has_user_rule(kind: str, name: str) -> bool:
+    """Does ``register_sharding`` give the rule of ``name`` (``kind``: "op", "primitive"
+    or "function", as selection's rule keys say)? Nothing is assumed about a user's rule
+    (e.g. that its signatures run on strided data)."""
+    return kind == "function" or name in (_USER_OPS if kind == "op" else _USER_PRIMITIVES)
+
+
 def function_definition(source: str) -> FunctionDef:
     """The registered function whose equations ``source`` (``"name at file:line"``) identifies."""
     return _USER_FUNCTIONS[source]

@@ -12,6 +12,17 @@ transpose, reshape, broadcast, slice, concatenate, convert between float types, 
 from a partial table). Partial(max)/Partial(min) pass only through max/min (elementwise
 with a Replicate or another partial of the same op, reduce max/min) and data movement;
 neg swaps max and min. Every other op needs its partial inputs reduced first.
+
+Strided inputs (a dim with a split factor from a view, torch's ``_StridedShard``: a fixed
+permutation of the dim, then a plain split): a 1-D signature without a joint condition
+maps a split dim to the output position-free (each element's result depends on its own
+index alone, or a reduction sums over the dim whatever its order), so the same
+signature runs on strided data, the factor carried to the output dim
+(:func:`strided_factors`): elementwise ops, transpose, reductions, contractions...
+Signatures that use a rank's offset along the split dim (the masked lookups and
+scatters of ``take`` / ``gather`` / ``scatter``) carry the :data:`POSITIONAL` joint
+condition, reshape its own (:meth:`_ReshapeCheck.view`); a new rule whose signature
+reads positions must mark it so.
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ from ..placements import REDUCE_OPS, Partial, Placement, ReduceOp, Replicate, Sh
 from .signature import Aval, OneDSig
 
 __all__ = [
+    "POSITIONAL",
     "PartialKind",
     "broadcast_in_dim",
     "along_axis",
@@ -50,6 +62,7 @@ __all__ = [
     "slice_full_dims",
     "split",
     "stack",
+    "strided_factors",
     "take",
     "transpose",
     "unstack",
@@ -361,7 +374,7 @@ def take(ins: Avals, outs: Avals, *, axis: int) -> list[OneDSig]:
     sigs = [OneDSig((R, Shard(i)), (Shard(axis + i),)) for i in range(indices.ndim)]
     for j in range(table.ndim):
         result: Placement = Partial("sum") if j == axis else Shard(j if j < axis else j - 1 + indices.ndim)
-        sigs.append(OneDSig((Shard(j), R), (result,)))
+        sigs.append(OneDSig((Shard(j), R), (result,), joint=POSITIONAL if j == axis else None))
     return sigs + partial_sigs("identity", 2)
 
 
@@ -401,7 +414,7 @@ def gather(ins: Avals, outs: Avals, *, dimension_numbers: Any, slice_sizes: Sequ
         and indices.ndim > 0
         and indices.shape[-1] == 1
     ):
-        sigs.append(OneDSig((Shard(dn.start_index_map[0]), R), (Partial("sum"),)))
+        sigs.append(OneDSig((Shard(dn.start_index_map[0]), R), (Partial("sum"),), joint=POSITIONAL))
     return sigs + partial_sigs("identity", 2)
 
 
@@ -459,7 +472,7 @@ def scatter(ins: Avals, outs: Avals, *, dimension_numbers: Any, kind: str) -> li
         and indices.shape[-1] == 1
     ):
         axis = dn.scatter_dims_to_operand_dims[0]
-        sigs.append(OneDSig((Shard(axis), R, R), (Shard(axis),)))
+        sigs.append(OneDSig((Shard(axis), R, R), (Shard(axis),), joint=POSITIONAL))
     return sigs
 
 
@@ -585,3 +598,56 @@ def pad(ins: Avals, outs: Avals, *, padding_config: Sequence[Sequence[int]]) -> 
 def nullary(ins: Avals, outs: Avals) -> list[OneDSig]:
     """Ops creating values from nothing (iota, constants): Replicate only."""
     return []
+
+
+class _Positional:
+    """The joint condition of a 1-D signature using a rank's offset along a split dim (a
+    masked lookup or scatter): always met, but such a signature never runs on strided
+    data (:func:`strided_factors`)."""
+
+    def __call__(self, tables: Sequence[Any], mesh_shape: tuple[int, ...]) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "POSITIONAL"
+
+
+POSITIONAL = _Positional()
+
+
+def strided_factors(
+    combo: Sequence[OneDSig],
+    given: Sequence[tuple[Sequence[tuple[int, ...]], Sequence[int]]],
+    dim_axes: Sequence[Sequence[tuple[int, ...]]],
+    shapes: Sequence[tuple[int, ...]],
+    mesh_shape: tuple[int, ...],
+) -> tuple[tuple[int, ...], ...] | None:
+    """The split factors (per tensor, inputs then outputs) running the N-D candidate of
+    1-D signatures ``combo`` (one per mesh dim; ``dim_axes``: per tensor its candidate
+    layout's) on strided inputs in place: per mesh dim, the factor of the inputs given
+    (``given``: per input its ``(dim_axes, split_factors)``) split there alone with a
+    factor on the dim the signature splits; every tensor the signature splits on that
+    mesh dim gets it (the same permutation of the dim on every input and output, see the
+    module docstring). None when no such factor applies, or the candidate cannot carry it
+    (inputs with different factors, a signature with a joint condition, a dim split by
+    several mesh dims or not in whole groups)."""
+    split = [[1] * len(shape) for shape in shapes]
+    carried = False
+    for m, sig in enumerate(combo):
+        factors = {
+            given[i][1][p.dim]
+            for i, p in enumerate(sig.inputs)
+            if isinstance(p, Shard) and tuple(given[i][0][p.dim]) == (m,) and given[i][1][p.dim] > 1
+        }
+        if not factors:
+            continue
+        if len(factors) > 1 or sig.joint is not None:
+            return None
+        f = factors.pop()
+        for t, p in enumerate(sig.placements):
+            if isinstance(p, Shard):
+                if tuple(dim_axes[t][p.dim]) != (m,) or shapes[t][p.dim] % (f * mesh_shape[m]):
+                    return None
+                split[t][p.dim] = f
+        carried = True
+    return tuple(map(tuple, split)) if carried else None

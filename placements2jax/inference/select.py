@@ -24,6 +24,9 @@ Candidates running on the inputs as given rank first, so when there are any,
 the inputs' placements on each mesh dim) and ranks the rest when
 ``Signature.candidates`` is first read; the program search reads them all.
 
+Strided inputs (split factors from a view, torch's ``_StridedShard``) add the candidates
+running on them in place (:func:`_strided`), as a reshape adds its view (:func:`_views`).
+
 Results are cached by op, params, input shapes/dtypes/layouts, constraints and cost model
 (OneFlow caches by shape, dtype, nd_sbp, placement and constraints).
 """
@@ -52,8 +55,9 @@ from .cost import (
     collective_bytes,
     resolve_cost_model,
 )
-from .ops import freeze, function_definition, op_definition, out_shapes, primitive_definition
+from .ops import freeze, function_definition, has_user_rule, op_definition, out_shapes, primitive_definition
 from .plan import InputPlans, cached_plan, cached_plan_cost
+from .rules import strided_factors
 from .signature import (
     Aval,
     Candidate,
@@ -237,7 +241,7 @@ def _infer(
     name = definition.name
     layouts = [s.layout for s in specs] + [x for x in (out_constraint or ()) + (in_constraint or ()) if x is not None]
     rank = partial(rank_candidates, one_d, specs, out_avals, mesh, nest_orders(mesh, layouts), cost_model,
-                   out_constraint=out_constraint, in_constraint=in_constraint)
+                   out_constraint=out_constraint, in_constraint=in_constraint, strided=not has_user_rule(kind, name))
     if lazy:
         # candidates running on the inputs as given rank first: the best of them is the choice
         in_place = rank(in_place=True)
@@ -292,11 +296,14 @@ def rank_candidates(
     out_constraint: Constraint = None,
     in_constraint: Constraint = None,
     in_place: bool = False,
+    strided: bool = True,
 ) -> list[Candidate]:
     """All valid N-D candidates from the 1-D signatures ``one_d`` (all-Replicate added),
     costed and sorted by :meth:`Candidate.rank_key` (the module docstring's steps 1-3).
     ``in_place``: only those running on the inputs as given (no input redistributed),
     built from the 1-D signatures matching the inputs' placements on each mesh dim.
+    ``strided``: add the candidates running on strided inputs in place (:func:`_strided`;
+    False for a user's rule, whose signatures may read positions).
 
     The valid layouts do not depend on the inputs' layouts (:func:`_layout_choices`,
     cached: a model's repeated layers share them); the candidates' plans are built only
@@ -317,7 +324,10 @@ def rank_candidates(
     out_avals = tuple(out_avals)
     ranked = []
     keys = _RankKeys(tuple(specs), out_avals, cost_model)
-    for layouts, combo, order in itertools.chain(choices, _views(sigs, specs, mesh, choices)):
+    extra = _views(sigs, specs, mesh, choices)
+    if strided and any(s.layout.is_strided for s in specs):
+        extra += _strided(specs, avals, mesh, choices)
+    for layouts, combo, order in itertools.chain(choices, extra):
         ins, outs = layouts[:n_in], layouts[n_in:]
         if not _matches(outs, out_constraint) or not _matches(ins, in_constraint):
             continue
@@ -346,6 +356,29 @@ def _views(
     if any(layouts == (layout, out) for layouts, _, _ in choices):
         return []
     return [((layout, out), (), tuple(range(mesh.ndim)))]
+
+
+def _strided(
+    specs: Sequence[TensorSpec], avals: tuple[Aval, ...], mesh: DeviceMesh, choices: Sequence[Any]
+) -> list[tuple[tuple[Layout, ...], tuple[OneDSig, ...], tuple[int, ...]]]:
+    """The candidates running on strided inputs (split factors from a view, torch's
+    ``_StridedShard``) as torch runs elementwise ops, transpose and reductions on them: each
+    choice whose 1-D signatures carry the inputs' split factors
+    (:func:`.rules.strided_factors`), with the factors on every tensor those signatures
+    split alike. A strided input then stays as it is (free), a replicated co-operand is
+    sliced locally; without them every op would unstride its inputs first."""
+    n_in = len(specs)
+    given = [(s.layout.dim_axes, s.layout.split_factors) for s in specs]
+    shapes = tuple(a.shape for a in avals)
+    found = []
+    for layouts, combo, order in choices:
+        factors = strided_factors(combo, given, [x.dim_axes for x in layouts], shapes, mesh.shape)
+        if factors is None:
+            continue
+        strided = tuple(Layout(mesh, x.dim_axes, x.partial, f) for x, f in zip(layouts, factors))
+        if any(x.is_strided for x in strided[:n_in]):
+            found.append((strided, combo, order))
+    return found
 
 
 def _first(entry: tuple[Any, ...]) -> Any:
