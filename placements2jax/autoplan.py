@@ -1009,8 +1009,9 @@ def _xla_choice(evaluator: _Evaluator, seeds: Mapping[str, dict[int, Layout]], f
                 presets: Mapping[str, Any], memory_budget: int | float | None,
                 ) -> tuple[dict[int, Layout], PlanFigures, dict[str, CompiledFigures]]:
     """The plan XLA compiles to the fewest bytes among the search's best
-    :data:`XLA_FINALISTS` by predicted objective that fit and the shown seeds (FSDP, the
-    presets) that fit (``score="xla"``), and the compiled figures of the chosen plan ("auto")
+    :data:`XLA_FINALISTS` by predicted objective that fit (less those another finalist beats
+    on predicted bytes and memory both) and the shown seeds (FSDP, the presets) that fit
+    (``score="xla"``), and the compiled figures of the chosen plan ("auto")
     and of every shown seed that fits. A compiled plan fits when the larger of its estimate
     and XLA's memory_analysis() is within the budget (:func:`_checked_memory`); when XLA
     needs more than the budget for every finalist, the next plans by objective are compiled,
@@ -1023,11 +1024,12 @@ def _xla_choice(evaluator: _Evaluator, seeds: Mapping[str, dict[int, Layout]], f
     ranked = sorted((k for k, f in memo.items() if fits(f.memory)),
                     key=lambda k: memo[k].objective)  # stable: evaluation order on ties
     shown = ["fsdp", *presets]
-    finalists = ranked[:XLA_FINALISTS]
-    for name in shown:
-        key = evaluator.key(seeds[name])
-        if fits(figures[name].memory) and key not in finalists:
-            finalists.append(key)
+    seeded = [evaluator.key(seeds[name]) for name in shown if fits(figures[name].memory)]
+    best = ranked[:XLA_FINALISTS]
+    # a plan another finalist beats on predicted bytes and memory both is not compiled
+    finalists = [k for k in best if k in seeded or not any(_dominates(memo[j], memo[k]) for j in (*best, *seeded)
+                                                           if j != k)]
+    finalists += [k for k in dict.fromkeys(seeded) if k not in finalists]
     for k in finalists:
         evaluator.start_compile(plans[k])
 
@@ -1062,6 +1064,11 @@ def _xla_choice(evaluator: _Evaluator, seeds: Mapping[str, dict[int, Layout]], f
                   **{name: evaluator.compile(seeds[name]) for name in shown if fits(figures[name].memory)}}
     compiled = {name: c for name, c in everything.items() if c is not None}
     return dict(plans[chosen]), memo[chosen], compiled
+
+
+def _dominates(a: PlanFigures, b: PlanFigures) -> bool:
+    """``a`` predicts no more bytes and no more memory than ``b``, and less of one."""
+    return a.nbytes <= b.nbytes and a.memory <= b.memory and (a.nbytes, a.memory) != (b.nbytes, b.memory)
 
 
 def _nbytes(compiled: CompiledFigures | None) -> float:
