@@ -322,3 +322,16 @@ def test_compiled_figures_reuses_auto_plans_compile(mesh: Any, problem: tuple[An
 
     assert compiled_figures(steps.mlp_step, *problem, mesh=mesh, plan=MEGATRON, fixed=FIXED) == \
         plan.compiled["megatron"]
+
+
+def test_finalists_pruned_only_when_strictly_dominated() -> None:
+    """A searched finalist is not compiled when another predicts fewer bytes and less memory;
+    equal predicted bytes are left for XLA to tell apart."""
+    from placements2jax.autoplan import PlanFigures, _dominates
+
+    def figures(nbytes: float, memory: int) -> PlanFigures:
+        return PlanFigures(nbytes, nbytes, 1, 0.0, memory, 0, 0, 0, nbytes)
+
+    assert _dominates(figures(1, 1), figures(2, 2))
+    assert not _dominates(figures(1, 2), figures(1, 3)) and not _dominates(figures(1, 3), figures(2, 2))
+    assert not _dominates(figures(1, 1), figures(1, 1))
