@@ -14,7 +14,7 @@ import jax
 from harness import Config, Section, Table, Target, progress
 
 from placements2jax import auto_plan, check, init_device_mesh, plan_figures
-from placements2jax.autoplan import example_mlp, planned_inputs
+from placements2jax.autoplan import compiled_figures, example_mlp, planned_inputs
 from placements2jax.inference.table import format_bytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tests/models
@@ -84,6 +84,11 @@ def _checked(name: str, step: Any, args: tuple[Any, ...], mesh: Any, plans: dict
     )
 
 
+def _checked(figures: Any, compiled: Any) -> int:
+    """A plan's memory as auto_plan checks it: the larger of the estimate and XLA's, if compiled."""
+    return figures.memory if compiled is None else max(figures.memory, compiled.memory)
+
+
 def _load() -> str:
     return f"{os.getloadavg()[0]:.1f}"
 
@@ -98,7 +103,8 @@ presets={"megatron": megatron_plan(tp)}, memory_budget=B)` searches every parame
 placements (optimizer state following) minimizing predicted communication + split compute,
 under a memory budget per device (docs/autoplan.md). Per model and mesh, the auto plan at
 the Megatron plan's memory as budget and at FSDP's (`fully_shard_layouts` over the first
-mesh axis), beside the presets' own figures, all predicted per device per step by
+mesh axis; a preset's memory is the larger of its estimate and XLA's `memory_analysis()`, as
+`auto_plan` checks a compiled plan against the budget), beside the presets' own figures, all predicted per device per step by
 `predict`'s whole-program search (bytes sent; memory = parameters + optimizer state +
 batch + the estimated peak of live intermediates) and as XLA compiles them (bytes of the
 compiled HLO's collectives; memory from `compiled.memory_analysis()`). `score="xla"` (the
@@ -123,19 +129,24 @@ of 4 sequences (8 on the (8,) mesh, so that the batch splits evenly: XLA compile
             fixed = _fixed(len(shape))
             start, cpu = time.perf_counter(), time.process_time()
             meg = plan_figures(step, *args, mesh=mesh, plan=presets["megatron"], fixed=fixed)
-            chosen = auto_plan(step, *args, mesh=mesh, fixed=fixed, presets=presets, memory_budget=meg.memory)
+            # a preset's memory as auto_plan checks it: the larger of the estimate and XLA's
+            # memory_analysis() (the compile is cached: auto_plan reuses it)
+            meg_budget = _checked(meg, compiled_figures(step, *args, mesh=mesh, plan=presets["megatron"], fixed=fixed))
+            chosen = auto_plan(step, *args, mesh=mesh, fixed=fixed, presets=presets, memory_budget=meg_budget)
             seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
             fsdp = chosen.presets["fsdp"]
-            at_fsdp = auto_plan(step, *args, mesh=mesh, fixed=fixed, presets=presets, memory_budget=fsdp.memory)
+            fsdp_budget = _checked(fsdp, chosen.compiled.get("fsdp"))
+            at_fsdp = auto_plan(step, *args, mesh=mesh, fixed=fixed, presets=presets, memory_budget=fsdp_budget)
             times.append((name, shape, seconds, cpu, chosen.evaluations, _load()))
             progress(f"    {seconds:.0f} s wall, {cpu:.0f} s CPU, {chosen.evaluations} predictions")
-            for label, key, result, preset in (("Megatron", "megatron", chosen, meg), ("FSDP", "fsdp", at_fsdp, fsdp)):
+            for label, key, result, preset, budget in (("Megatron", "megatron", chosen, meg, meg_budget),
+                                                       ("FSDP", "fsdp", at_fsdp, fsdp, fsdp_budget)):
                 # uneven shards (the batch of 4 over 8 devices) cannot be compiled: no XLA figures
                 auto_xla, preset_xla = result.compiled.get("auto"), result.compiled.get(key)
                 all_below &= result.figures.nbytes <= preset.nbytes
                 both = auto_xla is not None and preset_xla is not None
                 all_below_xla &= not both or auto_xla.nbytes <= preset_xla.nbytes
-                rows.append((name, "x".join(map(str, shape)), f"{label}'s ({format_bytes(preset.memory)})",
+                rows.append((name, "x".join(map(str, shape)), f"{label}'s ({format_bytes(budget)})",
                              format_bytes(result.figures.nbytes), format_bytes(preset.nbytes),
                              format_bytes(auto_xla.nbytes) if auto_xla else "uneven",
                              format_bytes(preset_xla.nbytes) if preset_xla else "uneven",
@@ -144,8 +155,7 @@ of 4 sequences (8 on the (8,) mesh, so that the batch splits evenly: XLA compile
                              f"{format_bytes(auto_xla.memory) if auto_xla else '-'}",
                              f"{format_bytes(preset.memory)} / {format_bytes(preset_xla.memory) if preset_xla else '-'}"))
             replicated = plan_figures(step, *args, mesh=mesh, plan={}, fixed=fixed)
-            budget = min(meg.memory, fsdp.memory)
-            fits_tight &= chosen.figures.memory <= meg.memory and replicated.memory > budget
+            fits_tight &= chosen.memory <= meg_budget and replicated.memory > min(meg_budget, fsdp_budget)
             checks.append((name, step, args, mesh, {"auto": chosen, "megatron": presets["megatron"]}, fixed))
             plans.append(f"{name} on {shape} (budget: Megatron's):\n\n```text\n{chosen}\n```")
     section.tables.append(Table(

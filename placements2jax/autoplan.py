@@ -78,7 +78,8 @@ from .layout import Layout
 from .mesh import DeviceMesh, as_device_mesh
 from .parallelize import PlanLike, path_of, plan_layouts
 
-__all__ = ["AutoPlan", "CompiledFigures", "PlanFigures", "auto_plan", "example_mlp", "plan_figures", "planned_inputs"]
+__all__ = ["AutoPlan", "CompiledFigures", "PlanFigures", "auto_plan", "compiled_figures", "example_mlp", "plan_figures",
+           "planned_inputs"]
 
 DEFAULT_FLOPS_PER_BYTE = 1000.0
 DEFAULT_MAX_EVALUATIONS = 24
@@ -155,6 +156,18 @@ class AutoPlan(Mapping[str, Layout]):
     def __len__(self) -> int:
         return len(self.rules)
 
+    @property
+    def memory(self) -> int:
+        """Bytes per device as checked against ``memory_budget``: the estimate
+        (``figures.memory``), or XLA's ``memory_analysis()`` of the compiled plan when that is
+        larger (``score="xla"``; :attr:`memory_source` says which)."""
+        return _checked_memory(self.figures, self.compiled.get("auto"))
+
+    @property
+    def memory_source(self) -> str:
+        """``"XLA"`` when :attr:`memory` is the compiled plan's memory_analysis(), else ``"estimate"``."""
+        return "estimate" if self.memory == self.figures.memory else "XLA"
+
     def torch_form(self) -> dict[str, str]:
         """The rules as a plan literal of text: torch form (``"S(0),R"``), or the alias form
         (``"None,(tp,dp)"``) for a dim split by two mesh dims (str() of a Layout, which
@@ -166,12 +179,12 @@ class AutoPlan(Mapping[str, Layout]):
         budget = self.memory_budget
         rows = []
         for name, f in [("auto", self.figures), *self.presets.items()]:
-            fits = "" if budget is None else ("yes" if f.memory <= budget else "no")
+            fits = "" if budget is None else ("yes" if _checked_memory(f, self.compiled.get(name)) <= budget else "no")
             row = (name, format_bytes(f.nbytes), f.collectives, f"{f.flops:.3g}", format_bytes(f.memory),
                    format_bytes(f.activations), fits, f"{f.objective:.4g}")
             if self.compiled:
                 c = self.compiled.get(name)
-                row += ("?", "?", "?") if c is None else (format_bytes(c.nbytes), c.collectives, format_bytes(c.memory))
+                row += ("not compiled", "", "") if c is None else (format_bytes(c.nbytes), c.collectives, format_bytes(c.memory))
             rows.append(row)
         headers = ("plan", "bytes/step", "collectives", "flops", "memory/device", "activations", "fits", "objective")
         if self.compiled:
@@ -183,11 +196,21 @@ class AutoPlan(Mapping[str, Layout]):
                 for k, v in [*self.rules.items(), *self.args.items()]]
         rules = format_table(("path", "placements", ""), rows)
         budget = "none" if self.memory_budget is None else f"{format_bytes(self.memory_budget)} B"
+        source = "XLA's memory_analysis(), above the estimate" if self.memory_source == "XLA" else (
+            "the estimate, XLA's memory_analysis() no larger" if "auto" in self.compiled else "the estimate")
         return (
             f"auto plan on mesh {self.mesh.axis_names} {tuple(self.mesh.shape)} (memory budget {budget}; "
             f"from seed {self.seed!r}, {self.evaluations} predictions, scored by {self.score})\n"
-            f"{rules}\n{self.comparison()}"
+            f"{rules}\nmemory per device: {format_bytes(self.memory)} B ({source}); "
+            f"'fits' checks the larger of the estimate and XLA's figure\n{self.comparison()}"
         )
+
+
+def _checked_memory(figures: PlanFigures, compiled: CompiledFigures | None) -> int:
+    """A plan's memory per device as checked against a budget: the estimate, or XLA's
+    memory_analysis() when the plan was compiled and XLA keeps more (the estimate is no bound
+    when XLA's propagation lays the intermediates out otherwise than predict: docs/autoplan.md)."""
+    return figures.memory if compiled is None else max(figures.memory, compiled.memory)
 
 
 # -- the problem: leaves, their roles and candidate layouts --------------------------------------
@@ -317,6 +340,7 @@ class _Problem:
         # trace); one replay per step and input types, so predict's cache serves every call
         # planning the same step (plan_figures, auto_plan at two budgets)
         key = (self.step_fn, self.tree, tuple((np.shape(s), str(getattr(s, "dtype", type(s)))) for s in structs))
+        self.trace_key = key
         traced = _traces.recall(key)
         if traced is None:
             closed, shapes = jax.make_jaxpr(lambda *flat: self.step_fn(*jax.tree.unflatten(self.tree, flat)),
@@ -359,6 +383,8 @@ class _Problem:
 
 # the traced steps: (step_fn, input tree, shapes and dtypes) -> (closed jaxpr, its replay, out shapes)
 _traces = Memo(8)
+# the compiled figures: (trace key, every laid-out leaf's layout) -> CompiledFigures or None (uneven)
+_compiles = Memo(64)
 
 
 def _array(leaf: Any) -> bool:
@@ -716,10 +742,21 @@ class _Evaluator:
 
 
 def _compile(problem: _Problem, free: Mapping[int, Layout]) -> CompiledFigures | None:
-    """:meth:`_Evaluator.compile`'s work (thread-safe: reads ``problem`` only)."""
+    """:meth:`_Evaluator.compile`'s work (thread-safe: reads ``problem`` only), cached per
+    traced step and layouts (``_compiles``: plan_figures' and repeated auto_plan calls'
+    compiles of one plan are one)."""
     layouts = problem.layouts_of(free)
     if not all(layout.is_even(tuple(np.shape(problem.leaves[i]))) for i, layout in layouts.items()):
         return None
+    key = (problem.trace_key, tuple(sorted(layouts.items())))
+    known = _compiles.recall(key)
+    if known is None:
+        known = _compiled_figures(problem, layouts)
+        _compiles.remember(key, known)
+    return known
+
+
+def _compiled_figures(problem: _Problem, layouts: Mapping[int, Layout]) -> CompiledFigures:
     mesh = auto_twin_of(problem.mesh.to_jax())
 
     def struct(i: int, leaf: Any) -> Any:
@@ -766,6 +803,21 @@ def plan_figures(
     problem = _Problem(_check_fn(step_fn), params, args, mesh, fixed)
     evaluator = _Evaluator(problem, cost_model, _check_ratio(flops_per_byte))
     return evaluator(_from_plan(problem, plan))
+
+
+def compiled_figures(
+    step_fn: Callable[..., Any], params: Any, *args: Any, mesh: DeviceMesh, plan: PlanLike,
+    fixed: Mapping[str, Any] | None = None,
+) -> CompiledFigures | None:
+    """The :class:`CompiledFigures` of ``step_fn`` with ``params`` laid out by ``plan``
+    (optimizer state following, ``fixed`` leaves pinned), compiled as ``auto_plan(...,
+    score="xla")`` compiles its finalists (and cached with them: an auto_plan call after it
+    reuses the compile); None when a leaf would be split unevenly (XLA compiles only even
+    shards). ``max(plan_figures(...).memory, compiled_figures(...).memory)`` is the plan's
+    memory as auto_plan checks it against a budget."""
+    mesh = as_device_mesh(mesh)
+    problem = _Problem(_check_fn(step_fn), params, args, mesh, fixed)
+    return _compile(problem, _from_plan(problem, plan))
 
 
 def planned_inputs(
@@ -879,12 +931,16 @@ def _search(evaluator: _Evaluator, start: float, memory_budget: int | float | No
             raise error.for_argument(f"presets[{name!r}]", error.value) from None
         seeds[f"{name} + fsdp"] = sharded(seeds[name], [0])
     shown_seeds = {"fsdp", *(presets or {})}
-    for name in sorted(shown_seeds):  # compiled whatever the search finds (score="xla"): start now
-        evaluator.start_compile(seeds[name])
+    figures: dict[str, PlanFigures] = {}
+    for name in sorted(shown_seeds):
+        figures[name] = evaluator(seeds[name])
+        if fits(figures[name]):  # compiled whatever the search finds (score="xla"): start now
+            evaluator.start_compile(seeds[name])
     # budget-aware: a seed whose parameters, state and arguments alone exceed the budget
     # cannot fit and is predicted only when shown (or when nothing fits, for the error)
-    figures = {name: evaluator(layouts) for name, layouts in seeds.items()
-               if name in shown_seeds or memory_budget is None or evaluator.static_memory(layouts) <= memory_budget}
+    figures.update({name: evaluator(layouts) for name, layouts in seeds.items() if name not in figures and (
+        memory_budget is None or evaluator.static_memory(layouts) <= memory_budget)})
+    figures = {name: figures[name] for name in seeds if name in figures}  # seed order: ties keep the earlier
     feasible = [name for name in figures if fits(figures[name])]
     if not feasible:
         figures = {name: evaluator(layouts) for name, layouts in seeds.items()}
@@ -934,7 +990,7 @@ def _search(evaluator: _Evaluator, start: float, memory_budget: int | float | No
                 current, best, improved = trial, result, True
     compiled: dict[str, CompiledFigures] = {}
     if score == "xla":
-        current, best, compiled = _xla_choice(evaluator, seeds, figures, presets or {}, fits)
+        current, best, compiled = _xla_choice(evaluator, seeds, figures, presets or {}, memory_budget)
     layouts = problem.layouts_of(current)
     rules = {re.escape(problem.paths[i]): layouts[i] for i in range(problem.n_params)}
     arg_layouts = {problem.paths[i]: layouts[i] for i, kind in enumerate(problem.kinds) if kind == "arg"}
@@ -950,29 +1006,75 @@ def _search(evaluator: _Evaluator, start: float, memory_budget: int | float | No
 
 
 def _xla_choice(evaluator: _Evaluator, seeds: Mapping[str, dict[int, Layout]], figures: Mapping[str, PlanFigures],
-                presets: Mapping[str, Any], fits: Callable[[PlanFigures], bool],
+                presets: Mapping[str, Any], memory_budget: int | float | None,
                 ) -> tuple[dict[int, Layout], PlanFigures, dict[str, CompiledFigures]]:
-    """The fitting plan XLA compiles to the fewest bytes among the search's best
-    :data:`XLA_FINALISTS` by predicted objective and the presets' seeds (``score="xla"``),
-    and the compiled figures of the chosen plan ("auto") and of every preset shown."""
-    fitting = sorted((k for k, f in evaluator.memo.items() if fits(f)),
-                     key=lambda k: evaluator.memo[k].objective)  # stable: evaluation order on ties
-    finalists = fitting[:XLA_FINALISTS]
+    """The plan XLA compiles to the fewest bytes among the search's best
+    :data:`XLA_FINALISTS` by predicted objective that fit (less those another finalist beats
+    on predicted bytes and memory both) and the shown seeds (FSDP, the presets) that fit
+    (``score="xla"``), and the compiled figures of the chosen plan ("auto")
+    and of every shown seed that fits. A compiled plan fits when the larger of its estimate
+    and XLA's memory_analysis() is within the budget (:func:`_checked_memory`); when XLA
+    needs more than the budget for every finalist, the next plans by objective are compiled,
+    two at a time, up to :data:`XLA_FINALISTS` more, before giving up with a PlanError."""
+
+    def fits(memory: int) -> bool:
+        return memory_budget is None or memory <= memory_budget
+
+    memo, plans = evaluator.memo, evaluator.plans
+    ranked = sorted((k for k, f in memo.items() if fits(f.memory)),
+                    key=lambda k: memo[k].objective)  # stable: evaluation order on ties
     shown = ["fsdp", *presets]
-    for name in shown:
-        key = evaluator.key(seeds[name])
-        if fits(figures[name]) and key not in finalists:
-            finalists.append(key)
+    seeded = [evaluator.key(seeds[name]) for name in shown if fits(figures[name].memory)]
+    best = ranked[:XLA_FINALISTS]
+    # a plan another finalist beats on predicted bytes and memory both (strictly) is not compiled
+    finalists = [k for k in best if k in seeded or not any(_dominates(memo[j], memo[k]) for j in (*best, *seeded)
+                                                           if j != k)]
+    finalists += [k for k in dict.fromkeys(seeded) if k not in finalists]
     for k in finalists:
-        evaluator.start_compile(evaluator.plans[k])
-    scored = [k for k in finalists if evaluator.compile(evaluator.plans[k]) is not None]
-    # when no finalist compiles (uneven shards everywhere) the search's best by prediction stays
-    chosen = min(scored, key=lambda k: (evaluator.compile(evaluator.plans[k]).nbytes, evaluator.memo[k].objective),
-                 default=finalists[0])
-    everything = {"auto": evaluator.compile(evaluator.plans[chosen]),
-                  **{name: evaluator.compile(seeds[name]) for name in shown}}
+        evaluator.start_compile(plans[k])
+
+    def compiled_fit(keys: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        return [k for k in keys if evaluator.compile(plans[k]) is not None
+                and fits(_checked_memory(memo[k], evaluator.compile(plans[k])))]
+
+    scored = compiled_fit(finalists)
+    rest = [k for k in ranked if k not in finalists][:XLA_FINALISTS]
+    while not scored and any(evaluator.compile(plans[k]) is not None for k in finalists) and rest:
+        batch, rest = rest[:2], rest[2:]
+        for k in batch:
+            evaluator.start_compile(plans[k])
+        finalists += batch
+        scored = compiled_fit(batch)
+    if not scored:
+        # when no finalist compiles (uneven shards everywhere) the search's best by prediction stays
+        unscored = [k for k in finalists if evaluator.compile(plans[k]) is None]
+        if not unscored:
+            smallest = min(finalists, key=lambda k: _checked_memory(memo[k], evaluator.compile(plans[k])))
+            compiled_memory = evaluator.compile(plans[smallest]).memory
+            raise PlanError(
+                "memory_budget", memory_budget,
+                f"no plan fits as XLA compiles it: every plan compiled (the best {len(finalists)} that fit by the "
+                f"estimate) needs more; the smallest: {compiled_memory} bytes per device by memory_analysis() "
+                f"(estimate {memo[smallest].memory})",
+                f"raise memory_budget to at least {compiled_memory}, use a larger mesh, or a smaller batch",
+            )
+        scored = unscored[:1]
+    chosen = min(scored, key=lambda k: (_nbytes(evaluator.compile(plans[k])), memo[k].objective))
+    everything = {"auto": evaluator.compile(plans[chosen]),
+                  **{name: evaluator.compile(seeds[name]) for name in shown if fits(figures[name].memory)}}
     compiled = {name: c for name, c in everything.items() if c is not None}
-    return dict(evaluator.plans[chosen]), evaluator.memo[chosen], compiled
+    return dict(plans[chosen]), memo[chosen], compiled
+
+
+def _dominates(a: PlanFigures, b: PlanFigures) -> bool:
+    """``a`` predicts fewer bytes and less memory than ``b``. Strictly both: plans predicted
+    to send the same bytes are told apart by XLA (on GPT-2 over (8,) two with equal predicted
+    bytes and memory 0.1% apart compile to 134,036 and 133,917 bytes, the larger memory winning)."""
+    return a.nbytes < b.nbytes and a.memory < b.memory
+
+
+def _nbytes(compiled: CompiledFigures | None) -> float:
+    return math.inf if compiled is None else compiled.nbytes
 
 
 def _check_even_fixed(problem: _Problem) -> None:

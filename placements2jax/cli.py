@@ -334,6 +334,8 @@ def auto_plan_text(
         "args": {k: str(v) for k, v in chosen.args.items()},
         "fixed": list(chosen.fixed),
         "memory_budget": chosen.memory_budget,
+        "memory": chosen.memory,  # checked against the budget: the larger of the estimate and XLA's
+        "memory_source": chosen.memory_source,
         "evaluations": chosen.evaluations,
         "figures": {name: {**dataclasses.asdict(f), "memory": f.memory} for name, f in figures.items()},
         "score": chosen.score,

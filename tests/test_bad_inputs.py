@@ -92,6 +92,7 @@ from placements2jax import (
     visualize,
     vocab_parallel_cross_entropy,
 )
+from placements2jax.autoplan import compiled_figures
 from placements2jax.cli import main as cli_main
 
 F32 = np.float32
@@ -1565,6 +1566,20 @@ CASES: list[Case] = [
         PlacementError,
         "plan['w']",
         lambda e: plan_figures(_tiny_step, {"w": e.x}, e.x, mesh=e.mesh, plan={"w": "S(0),S(0)"}),
+    ),
+    _c(
+        "compiled_figures: bad rule in the plan",
+        "compiled_figures",
+        PlacementError,
+        "plan['w']",
+        lambda e: compiled_figures(_tiny_step, {"w": e.x}, e.x, mesh=e.mesh, plan={"w": "S(0),S(0)"}),
+    ),
+    _c(
+        "compiled_figures: step not callable",
+        "compiled_figures",
+        ArgumentTypeError,
+        "step_fn",
+        lambda e: compiled_figures("train_step", {"w": e.x}, e.x, mesh=e.mesh, plan={}),
     ),
     _c(
         "distribute_pytree: bad placements in a rule",

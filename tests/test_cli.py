@@ -398,3 +398,6 @@ def test_plan_prints_the_plan_and_the_presets(capsys: pytest.CaptureFixture[str]
     report = json.loads(capsys.readouterr().out)
     assert report["score"] == "xla" and set(report["compiled"]) == {"auto", "fsdp"}
     assert report["compiled"]["auto"]["nbytes"] <= report["compiled"]["fsdp"]["nbytes"]
+    # the memory checked against a budget: the larger of the estimate and XLA's memory_analysis()
+    assert report["memory"] == max(report["figures"]["auto"]["memory"], report["compiled"]["auto"]["memory"])
+    assert report["memory_source"] == ("XLA" if report["memory"] > report["figures"]["auto"]["memory"] else "estimate")
