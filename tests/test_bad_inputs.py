@@ -138,7 +138,7 @@ class Case:
 
 
 class _EqxActivated(eqx.Module):
-    """An Equinox module with a function leaf, as eqx.nn.MLP keeps its activation."""
+    """An Equinox module with a non-array leaf where eqx.nn.MLP keeps its activation function."""
 
     w: Any
     activation: Callable[[Any], Any]
@@ -1241,11 +1241,11 @@ CASES: list[Case] = [
         lambda e: predict(jnp.sin, e.dt, on_unknown="skip"),
     ),
     _c(
-        "predict: pytree leaf not a tensor",
+        "predict: an unhashable static leaf (not an array: static, as eqx.filter_jit makes it)",
         "predict",
         ArgumentTypeError,
         "inputs[0]['f']",
-        lambda e: predict(lambda d: d["x"], {"x": e.dt, "f": "text"}),
+        lambda e: predict(lambda d: d["x"], {"x": e.dt, "f": bytearray(b"text")}),
     ),
     _c(
         "predict: primitive without a rule",
@@ -1255,18 +1255,25 @@ CASES: list[Case] = [
         lambda e: predict(lambda a: jnp.fft.fft(a).real, e.dt),
     ),
     _c(
-        "apply: pytree leaf not a tensor",
+        "apply: an unhashable static leaf",
         "apply",
         ArgumentTypeError,
         "args[0]['f']",
-        lambda e: apply(lambda d: d["x"], {"x": e.dt, "f": "text"}),
+        lambda e: apply(lambda d: d["x"], {"x": e.dt, "f": bytearray(b"text")}),
     ),
     _c(
-        "apply: an Equinox module's function leaf (not eqx.partition'ed)",
+        "apply: an Equinox module's unhashable non-array leaf",
         "apply",
         ArgumentTypeError,
         "args[0].activation",
-        lambda e: apply(lambda m: m.activation(m.w), _EqxActivated(e.dt, jnp.sin)),
+        lambda e: apply(lambda m: m.w, _EqxActivated(e.dt, bytearray(b"gelu"))),
+    ),
+    _c(
+        "check: an unhashable static leaf",
+        "check",
+        ArgumentTypeError,
+        "inputs[0]['f']",
+        lambda e: check(lambda d: d["x"], {"x": e.dt, "f": bytearray(b"text")}),
     ),
     _c(
         "apply: fn not hashable (an Equinox transform's wrapper)",
