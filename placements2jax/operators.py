@@ -442,9 +442,9 @@ def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, execute: 
     shapes / dtypes / layouts: values ``fn`` closes over are read once. The prediction is
     ``predict``'s of ``fn`` on these arguments, so ``apply`` after ``predict`` or
     ``check`` (same ``out_layouts``) reuses it. Flax NNX states (``nnx.split``) and
-    Equinox modules are pytrees like any other. Leaves that are not arrays or numbers
-    (an Equinox model's activation function), and numbers inside an ``eqx.Module``, are
-    static, as ``eqx.filter_jit`` makes them (hashable, part of the cache key). A Flax
+    Equinox modules are pytrees like any other. An ``eqx.Module``'s non-array leaves (its
+    activation function, Python numbers) are static, as ``eqx.filter_jit`` makes them
+    (hashable, part of the cache key; results give them back). A Flax
     NNX model and optimizer passed to a step that updates them in place (``@nnx.jit``'s
     ``optimizer.update(model, grads)``) are updated in place here too: their Variables
     get the new DTensors, in the layouts they had (:mod:`.inference.frameworks`).

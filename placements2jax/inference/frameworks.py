@@ -4,12 +4,12 @@
 ``jax.jit`` does. Two kinds of argument pytrees hold more than arrays:
 
 - **Static leaves** (Equinox models keep their activation functions and hyperparameters
-  in the tree): a leaf that is not an array, a tensor or a number is static, kept out of
-  the trace and put back when the function is called, as ``eqx.filter_jit`` does; Python
-  numbers inside an ``eqx.Module`` are static too (``filter_jit`` makes every non-array
-  leaf static: such an int may be a shape). Numbers elsewhere are traced as weakly typed
-  Replicate scalars, as ``jax.jit`` traces them. Static leaves are part of cache keys,
-  so they must be hashable.
+  in the tree): inside an ``eqx.Module``, a leaf that is not an array (a function, a
+  Python number: such an int may be a shape) is static, kept out of the trace and put back
+  when the function is called, as ``eqx.filter_jit`` does (results give them back too).
+  Outside Equinox modules the ``jax.jit`` rules hold: numbers are traced as weakly typed
+  Replicate scalars, other non-array leaves are refused. Static leaves are part of cache
+  keys, so they must be hashable.
 - **Graph nodes updated in place** (a Flax NNX model and ``nnx.Optimizer`` passed to a
   step that runs ``optimizer.update(model, grads)``, the form of Flax's ``@nnx.jit``
   examples): the function traced is the step followed by reading every ``nnx.Variable``
@@ -139,7 +139,8 @@ def bind(
         i, leaf = next((i, leaf) for i, leaf in statics if not _hashable(leaf))
         raise ArgumentTypeError(
             f"{argument}{jax.tree_util.keystr(paths[i])}", leaf,
-            "is a static leaf (not an array, kept out of the trace as eqx.filter_jit does) and not hashable "
+            "is a static leaf (an Equinox module's non-array leaf, kept out of the trace as eqx.filter_jit does) "
+            "and not hashable "
             "(programs are cached per static value)",
             "make it hashable, or partition it out (eqx.partition) and close over it",
         ) from None
@@ -154,10 +155,11 @@ def _static_flags(tree: Any, leaves: list[Any]) -> list[bool]:
     """Per leaf of ``tree`` (``leaves``): whether it is static (module docstring)."""
     module = _eqx_module()
     in_module = _in_modules(tree, module) if module is not None else None
+    if in_module is None:
+        return [False] * len(leaves)
     return [
-        not (is_tensor_leaf(leaf) or _is_constant(leaf))
-        or (in_module is not None and in_module[i] and isinstance(leaf, _NUMBERS))
-        for i, leaf in enumerate(leaves)
+        inside and (isinstance(leaf, _NUMBERS) or not (is_tensor_leaf(leaf) or _is_constant(leaf)))
+        for inside, leaf in zip(in_module, leaves)
     ]
 
 

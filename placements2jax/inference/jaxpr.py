@@ -280,7 +280,7 @@ def predict(
     ``jax.Array``s (their own ``NamedSharding`` on the mesh, else Replicate), NumPy
     arrays, Python scalars (weakly typed) or PRNG keys (typed or raw; Replicate).
     Keyword arguments of ``fn`` are not traced: bind them with ``functools.partial``.
-    Other leaves (an Equinox model's activation function; its Python numbers) are
+    An Equinox module's non-array leaves (its activation function, Python numbers) are
     static, as ``eqx.filter_jit`` makes them; Flax NNX modules updated in place by
     ``fn`` (``optimizer.update(model, grads)``) make the prediction's outputs
     ``(result, {path: updated Variable value})``, the updates keeping their layouts
