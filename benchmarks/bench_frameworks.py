@@ -21,7 +21,7 @@ import equinox as eqx
 import jax
 import numpy as np
 from flax import nnx
-from harness import Config, Section, Table, Target, microseconds, paired, progress, time_each
+from harness import Comparison, Config, Section, Table, Target, microseconds, paired, progress, time_each, within
 from jax.sharding import NamedSharding
 
 from placements2jax import DTensor, apply, distribute_pytree, distribute_tensor, init_device_mesh
@@ -112,7 +112,7 @@ def _sharding_of(x: Any) -> Any:
     return _plain(x).sharding if _is_dtensor(x) else None
 
 
-def _measure(program: Program, config: Config) -> tuple[tuple[Any, ...], bool]:
+def _measure(program: Program, config: Config) -> tuple[tuple[Any, ...], bool, Comparison]:
     fn, args = program.fn, program.args
     report = check(fn, *args, out_layouts=program.out_layouts)
     agree = sum(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
@@ -151,7 +151,7 @@ def _measure(program: Program, config: Config) -> tuple[tuple[Any, ...], bool]:
         f"{predicted} / {compiled}", f"{n_ours} / {n_plain}", f"{b_ours:.0f} / {b_plain:.0f}",
         microseconds(timing.ours_median), microseconds(timing.baseline_median), timing.ratio_text(),
     )
-    return row, (n_ours <= n_plain and b_ours <= b_plain, timing.ratio <= 1.1)
+    return row, n_ours <= n_plain and b_ours <= b_plain, timing
 
 
 def run(config: Config) -> Section:
@@ -170,13 +170,13 @@ the plain side runs the same `@nnx.jit` step): compiled collectives and bytes pe
 and the paired step times (quick mode: the NNX loss only).
 """,
     )
-    rows, comm_met, time_met = [], True, []
+    rows, comm_met, timings = [], True, []
     for program in _programs(config.quick):
         progress(f"  frameworks {program.name}")
-        row, (comm, timing) = _measure(program, config)
+        row, comm, timing = _measure(program, config)
         rows.append(row)
         comm_met = comm_met and comm
-        time_met.append(timing)
+        timings.append(timing)
     section.tables.append(
         Table(
             "check and apply on Flax NNX / Equinox programs (dp=2 x tp=4, Megatron plan)",
@@ -186,8 +186,8 @@ and the paired step times (quick mode: the NNX loss only).
         )
     )
     section.targets.append(
-        Target("apply under jit of NNX / Equinox programs: no more collectives or bytes than plain jit, time <= 1.1x",
-               "; ".join(f"{r[0]}: {r[4]} collectives, {r[8]}" for r in rows), "<= jit, 1.1x",
-               comm_met and all(time_met))
+        Target("apply under jit of NNX / Equinox programs: no more collectives or bytes than plain jit",
+               "; ".join(f"{r[0]}: {r[4]} collectives, {r[5]} B" for r in rows), "<= jit", comm_met)
     )
+    section.targets.append(within("apply under jit of NNX / Equinox programs: step time", timings, 1.1))
     return section
