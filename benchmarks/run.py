@@ -35,6 +35,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the package n
 import bench_autoplan
 import bench_communication
 import bench_distribute
+import bench_frameworks
 import bench_from_local
 import bench_fsdp
 import bench_inference
@@ -57,6 +58,7 @@ BENCHMARKS = {
     "from_local": bench_from_local,
     "fsdp": bench_fsdp,
     "autoplan": bench_autoplan,
+    "frameworks": bench_frameworks,
 }
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -57,6 +57,7 @@ from .factories import place
 from .hlo import running
 from .inference import default_cost_model, infer_signature, predict
 from .inference.cost import CostModel
+from .inference.frameworks import Bound, bind, variables_of, with_static_outputs
 from .inference.jaxpr import CONSTRAINT_SHARDING_PARAMS, _drop_dim0, _stacked, execute
 from .inference.ops import freeze, op_definition, registered_function
 from .inference.signature import TensorSpec, is_layout_leaf
@@ -441,20 +442,15 @@ def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, execute: 
     shapes / dtypes / layouts: values ``fn`` closes over are read once. The prediction is
     ``predict``'s of ``fn`` on these arguments, so ``apply`` after ``predict`` or
     ``check`` (same ``out_layouts``) reuses it. Flax NNX states (``nnx.split``) and
-    Equinox modules are pytrees like any other; pass an Equinox model's arrays
-    (``eqx.partition(model, eqx.is_array)``) and close over the rest, as ``jax.jit`` needs.
+    Equinox modules are pytrees like any other. An ``eqx.Module``'s non-array leaves (its
+    activation function, Python numbers) are static, as ``eqx.filter_jit`` makes them
+    (hashable, part of the cache key; results give them back). A Flax
+    NNX model and optimizer passed to a step that updates them in place (``@nnx.jit``'s
+    ``optimizer.update(model, grads)``) are updated in place here too: their Variables
+    get the new DTensors, in the layouts they had (:mod:`.inference.frameworks`).
     """
     if not callable(fn):
         raise ArgumentTypeError("fn", fn, "not callable", "pass a function of arrays, e.g. jax.nn.gelu")
-    pairs, in_tree = jax.tree_util.tree_flatten_with_path(args, is_leaf=_is_dtensor)
-    leaves = [leaf for _, leaf in pairs]
-    for path, leaf in pairs:
-        if not _is_operand(leaf):
-            raise ArgumentTypeError(
-                f"args{jax.tree_util.keystr(path)}", leaf, "is neither a DTensor nor a numeric constant",
-                "pass pytrees of DTensors, NumPy / JAX arrays or Python numbers; bind static values as keywords",
-            )
-    frozen = freeze(kwargs, "kwargs") if kwargs else ()
     try:
         hash(fn)
     except TypeError:
@@ -462,14 +458,33 @@ def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, execute: 
             "fn", fn, "is not hashable (programs are cached per function)",
             "pass a function (wrap a callable object, e.g. eqx.filter_value_and_grad(f), in a def)",
         ) from None
+    name = getattr(fn, "__name__", type(fn).__name__)
+    user_args = args
+    fn, args, out_layouts = bind(fn, args, out_layouts, "args")  # Equinox statics, nnx in-place updates
+    leaves, in_tree = jax.tree.flatten(args, is_leaf=_is_dtensor)
+    if not all(map(_is_operand, leaves)):
+        pairs = jax.tree_util.tree_flatten_with_path(args, is_leaf=_is_dtensor)[0]
+        path, leaf = next((path, leaf) for path, leaf in pairs if not _is_operand(leaf))
+        raise ArgumentTypeError(
+            f"args{jax.tree_util.keystr(path)}", leaf, "is neither a DTensor nor a numeric constant",
+            "pass pytrees of DTensors, NumPy / JAX arrays or Python numbers; bind static values as keywords",
+        )
+    frozen = freeze(kwargs, "kwargs") if kwargs else ()
     targets = _out_layouts_key(out_layouts)
     if execute not in EXECUTES:
         raise InferenceError("execute", execute, "unknown execution", f"use one of {EXECUTES}")
     tag = ("apply", fn, frozen, in_tree, targets, execute)
     build = {"auto": _auto_program, "xla": _xla_program, "ops": _apply_program}[execute]
     program = _dispatch(tag, leaves, partial(build, fn, frozen, in_tree, targets))
-    _announce(f"apply({getattr(fn, '__name__', type(fn).__name__)})", program, leaves)
-    return program(leaves)
+    _announce(f"apply({name})", program, leaves)
+    result = program(leaves)
+    if isinstance(fn, Bound) and fn.stateful:  # write the updated nnx Variables back, as nnx.jit does
+        result, updates = result
+        variables = variables_of(user_args)
+        for path, value in updates.items():
+            if value is not None:
+                variables[path].set_value(value)
+    return with_static_outputs(fn, result, _is_dtensor)
 
 
 def _is_dtensor(value: Any) -> bool:

@@ -139,7 +139,7 @@ class Case:
 
 
 class _EqxActivated(eqx.Module):
-    """An Equinox module with a function leaf, as eqx.nn.MLP keeps its activation."""
+    """An Equinox module with a non-array leaf where eqx.nn.MLP keeps its activation function."""
 
     w: Any
     activation: Callable[[Any], Any]
@@ -1263,11 +1263,18 @@ CASES: list[Case] = [
         lambda e: apply(lambda d: d["x"], {"x": e.dt, "f": "text"}),
     ),
     _c(
-        "apply: an Equinox module's function leaf (not eqx.partition'ed)",
+        "apply: an Equinox module's unhashable non-array leaf",
         "apply",
         ArgumentTypeError,
         "args[0].activation",
-        lambda e: apply(lambda m: m.activation(m.w), _EqxActivated(e.dt, jnp.sin)),
+        lambda e: apply(lambda m: m.w, _EqxActivated(e.dt, bytearray(b"gelu"))),
+    ),
+    _c(
+        "check: an Equinox module's unhashable non-array leaf",
+        "check",
+        ArgumentTypeError,
+        "inputs[0].activation",
+        lambda e: check(lambda m: m.w, _EqxActivated(e.dt, bytearray(b"gelu"))),
     ),
     _c(
         "apply: fn not hashable (an Equinox transform's wrapper)",

@@ -23,6 +23,7 @@ SECTIONS = (
     "9. from_local vs make_array_from_single_device_arrays",
     "10. FSDP (fully_shard) vs replicated data parallelism vs plain JAX",
     "11. Auto-plan vs the Megatron and FSDP presets",
+    "12. Flax NNX and Equinox training code",
 )
 
 
@@ -43,3 +44,4 @@ def test_quick_run_writes_every_table(tmp_path: Path) -> None:
     assert text.count("\n| ") > 50  # table rows
     assert "| jitted DTensor functions compile to the plain JAX program |" in text
     assert "check: predicted vs compiled communication per device" in text  # whole-program vs eager vs XLA
+    assert "| nnx loss | 1 of 1 |" in text  # bench_frameworks' quick row: check agrees with XLA

@@ -14,12 +14,15 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from jax.sharding import NamedSharding
 from models import common, eqx_lm, nnx_lm
 
 from placements2jax import DTensor, apply, distribute_pytree, distribute_tensor, init_device_mesh
+from placements2jax.dtensor import auto_twin_of
 from placements2jax.hlo import parse_collectives
 from placements2jax.inference import check, predict
 from placements2jax.inference.check import collective_nbytes
+from placements2jax.inference.frameworks import variables_of
 
 LEARNING_RATE = 1e-3  # both models' optax.adamw
 
@@ -34,6 +37,16 @@ def _is_dtensor(x: Any) -> bool:
     return isinstance(x, DTensor)
 
 
+def _full(x: Any) -> Any:
+    """A DTensor's full value (unsharded); a static leaf as it is."""
+    return x.full_tensor() if _is_dtensor(x) else x
+
+
+def _layout(x: Any) -> Any:
+    """A DTensor's layout; None for a static leaf (no tensor)."""
+    return x.layout if _is_dtensor(x) else None
+
+
 @pytest.fixture(scope="module")
 def mesh() -> Any:
     return init_device_mesh((2, 4), ("dp", "tp"))
@@ -42,45 +55,54 @@ def mesh() -> Any:
 @pytest.fixture(scope="module")
 def programs(mesh: Any) -> dict[str, Program]:
     tokens, targets = (distribute_tensor(a, mesh, "S(0),R") for a in common.batch(0, 4, 8, 64))
-    model, optimizer = nnx_lm.create(nnx_lm.Config(layers=1))
-    f = nnx_lm.Functional(nnx.graphdef(model))
-    step_graphdef, step_state = nnx.split((model, optimizer))
-    step_state = distribute_pytree(step_state, mesh, nnx_lm.megatron_plan())
-    params = step_state[0]  # the model's state, as nnx.split(model) gives it
+    model, _ = nnx_lm.create(nnx_lm.Config(layers=1))
+    graphdef, state = nnx.split(model)
+    f = nnx_lm.Functional(graphdef)
+    params = distribute_pytree(state, mesh, nnx_lm.megatron_plan())
     eqx_model = eqx_lm.LM(eqx_lm.Config(layers=1), jax.random.key(0))
     arrays, static = eqx.partition(eqx_model, eqx.is_array)
     eqx_params = distribute_pytree(arrays, mesh, eqx_lm.megatron_plan(), strict=False)
+    # the whole model (its activation function and float leaves static, as eqx.filter_jit makes them)
+    eqx_whole = eqx.combine(eqx_params, static, is_leaf=_is_dtensor)
     opt_state = distribute_pytree(eqx_lm.optimizer.init(arrays), mesh, eqx_lm.megatron_plan(), strict=False)
     e = eqx_lm.Functional(static)
     return {
         "nnx loss": Program(f.loss, (params, tokens, targets), None),
         "nnx value_and_grad": Program(f.value_and_grad, (params, tokens, targets), (None, params)),
-        "nnx adamw step": Program(nnx_lm.Functional(step_graphdef).step, (step_state, tokens, targets),
-                                  (step_state, None)),
-        "eqx loss": Program(e.loss, (eqx_params, tokens, targets), None),
+        "eqx loss": Program(eqx_lm.loss_fn, (eqx_whole, tokens, targets), None),
         "eqx value_and_grad": Program(e.value_and_grad, (eqx_params, tokens, targets), (None, eqx_params)),
-        "eqx adamw step": Program(e.step, (eqx_params, opt_state, tokens, targets), (eqx_params, opt_state, None)),
+        "eqx adamw step": Program(eqx_lm.train_step, (eqx_whole, opt_state, tokens, targets),
+                                  (eqx_whole, opt_state, None)),
     }
 
 
-NAMES = ["nnx loss", "nnx value_and_grad", "nnx adamw step", "eqx loss", "eqx value_and_grad", "eqx adamw step"]
+# the nnx adamw step is the stateful @nnx.jit one (test_stateful_nnx_step); Flax's functional split / merge step
+# runs in docs/inference.md
+NAMES = ["nnx loss", "nnx value_and_grad", "eqx loss", "eqx value_and_grad", "eqx adamw step"]
 
 
-def test_megatron_plans_lay_out_the_framework_trees(programs: dict[str, Program]) -> None:
-    state = programs["nnx adamw step"].args[0]
-    model, optimizer = state[0], state[1]
-    assert str(model["blocks"][0]["attn"]["qkv"]["kernel"][...].layout) == "R,S(1)"
-    assert str(model["blocks"][0]["attn"]["qkv"]["bias"][...].layout) == "R,S(0)"
-    assert str(model["blocks"][0]["mlp"]["out"]["kernel"][...].layout) == "R,S(0)"
-    assert str(model["embed"]["embedding"][...].layout) == "R,S(0)"
-    assert str(optimizer["opt_state"][0]["mu"]["head"]["kernel"][...].layout) == "R,S(1)"
-    assert str(optimizer["step"][...].layout) == "R,R"
+@pytest.fixture(scope="module")
+def nnx_training(mesh: Any) -> tuple[nnx_lm.LM, nnx.Optimizer]:
+    """An nnx model and nnx.Optimizer whose Variables hold DTensors laid out by the Megatron plan."""
+    return distribute_pytree(nnx_lm.create(nnx_lm.Config(layers=1)), mesh, nnx_lm.megatron_plan())
+
+
+def test_megatron_plans_lay_out_the_framework_trees(programs: dict[str, Program], nnx_training: Any) -> None:
+    model, optimizer = nnx_training
+    assert str(model.blocks[0].attn.qkv.kernel.get_value().layout) == "R,S(1)"
+    assert str(model.blocks[0].attn.qkv.bias.get_value().layout) == "R,S(0)"
+    assert str(model.blocks[0].mlp.out.kernel.get_value().layout) == "R,S(0)"
+    assert str(model.embed.embedding.get_value().layout) == "R,S(0)"
+    assert str(optimizer.opt_state[0].mu["head"]["kernel"].get_value().layout) == "R,S(1)"
+    assert str(optimizer.step.get_value().layout) == "R,R"
+    assert str(programs["nnx loss"].args[0]["blocks"][0]["attn"]["qkv"]["kernel"][...].layout) == "R,S(1)"
     params, opt_state = programs["eqx adamw step"].args[:2]
     assert str(params.blocks[0].attn.qkv.weight.layout) == "R,S(0)"  # (out, in): torch's convention
     assert str(params.blocks[0].mlp.out.weight.layout) == "R,S(1)"
     assert str(params.embed.weight.layout) == "R,S(0)"
     assert str(opt_state[0].mu.head.weight.layout) == "R,S(0)"
-    assert params.blocks[0].mlp.activation is None  # eqx.partition left the function out
+    assert params.blocks[0].mlp.activation is jax.nn.gelu and params.init_scale == 0.02  # static leaves
+    assert programs["eqx value_and_grad"].args[0].blocks[0].mlp.activation is None  # eqx.partition'ed out
 
 
 # check on each program (layers=1), predicted / XLA bytes per device and predicted collectives over XLA's (counted
@@ -126,20 +148,25 @@ def test_predict_check_apply(programs: dict[str, Program], name: str) -> None:
     assert predict(fn, *args, out_layouts=out_layouts) is report.prediction  # one Prediction, cached
 
     # plain jax.jit of fn on the same input and output shardings is what check compiled
-    ours = jax.jit(lambda *a: apply(fn, *a, out_layouts=out_layouts)).lower(*args).compile()
-    (count, nbytes) = _communication(parse_collectives(ours.as_text()))
+    # eqx.filter_jit: jax.jit with the non-array leaves static (the whole Equinox model)
+    ours = eqx.filter_jit(lambda *a: apply(fn, *a, out_layouts=out_layouts)).lower(*args).compile()
+    (count, nbytes) = _communication(parse_collectives(ours.compiled.as_text()))
     (plain_count, plain_bytes) = _communication(report.compiled_collectives)
     assert count <= plain_count and nbytes <= plain_bytes, (count, plain_count, nbytes, plain_bytes)
     got = ours(*args)
-    want = jax.jit(fn)(*jax.tree.map(lambda x: x.full_tensor(), args, is_leaf=_is_dtensor))  # unsharded values
+    # unsharded values, by eqx.filter_jit (jax.jit where every leaf is an array; statics as apply takes them)
+    want = eqx.filter_jit(fn)(*jax.tree.map(_full, args, is_leaf=_is_dtensor))
     assert jax.tree.structure(got, is_leaf=_is_dtensor) == jax.tree.structure(want)
-    layouts = jax.tree.map(lambda x: x.layout, got, is_leaf=_is_dtensor)
+    layouts = jax.tree.map(_layout, got, is_leaf=_is_dtensor)
     assert jax.tree.leaves(layouts) == list(report.prediction.out_layouts)
     for entry, subtree in zip(out_layouts, layouts) if out_layouts is not None else ():
         if entry is not None:  # kept the input's layouts
-            assert jax.tree.leaves(subtree) == jax.tree.leaves(jax.tree.map(lambda x: x.layout, entry, is_leaf=_is_dtensor))
+            assert jax.tree.leaves(subtree) == jax.tree.leaves(jax.tree.map(_layout, entry, is_leaf=_is_dtensor))
     dim = 32
     for (path, g), w in zip(jax.tree_util.tree_flatten_with_path(got, is_leaf=_is_dtensor)[0], jax.tree.leaves(want)):
+        if not _is_dtensor(g):  # a static leaf (the activation function, a float), returned as filter_jit does
+            assert g is w or g == w
+            continue
         g, w, where = np.asarray(g.full_tensor()), np.asarray(w), jax.tree_util.keystr(path)
         if "adamw" in name and _key_bias(where):
             # the key bias adds q.b_k to every score of a query: softmax cancels it, so its gradient is zero up to
@@ -179,3 +206,91 @@ def test_nnx_rngs_state_passes_as_replicate_keys(mesh: Any) -> None:
     np.testing.assert_allclose(float(value.full_tensor()), float(want), rtol=1e-5)
     assert int(new_state["drop"]["rngs"]["count"][...].full_tensor()) == int(want_state["drop"]["rngs"]["count"][...])
     assert str(new_state["fc"]["kernel"][...].layout) == "R,S(1)"  # passed through: its layout kept
+
+
+train_step = nnx.jit(nnx_lm.train_step)  # the stateful step, decorated as Flax's examples decorate it
+
+
+def _on_auto_twin(x: DTensor) -> jax.Array:
+    """A DTensor as the plain jax.Array plain JAX takes: the same blocks, on the Auto twin of its mesh."""
+    return jax.device_put(x.to_jax(), NamedSharding(auto_twin_of(x.device_mesh.to_jax()), x.to_jax().sharding.spec))
+
+
+def test_stateful_nnx_step(mesh: Any, programs: dict[str, Program], nnx_training: Any) -> None:
+    """The ``@nnx.jit`` step that updates the model and nnx.Optimizer in place: check
+    shows the loss and every updated Variable (their layouts kept, agreeing with XLA);
+    apply under jax.jit sends no more than plain jax.jit of it on the same shardings;
+    eager apply writes the new DTensors into the caller's Variables, in their layouts,
+    with the values of plain ``nnx.jit`` on the same shardings."""
+    tokens, targets = programs["nnx loss"].args[1:]
+    model, optimizer = nnx_training
+    plain_model, plain_optimizer = jax.tree.map(_on_auto_twin, (model, optimizer), is_leaf=_is_dtensor)
+    variables = {path: v.get_value() for path, v in variables_of((model, optimizer)).items()}
+
+    report = check(train_step, model, optimizer, tokens, targets)
+    assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
+    loss_layout, updated = jax.tree.unflatten(report.prediction.out_tree, report.prediction.out_layouts)
+    assert updated.keys() == variables.keys()  # the step updates every Variable (step count, moments, params)
+    assert all(updated[path] == x.layout for path, x in variables.items())
+    ratio = float(report.predicted_bytes / report.compiled_bytes)
+    assert _FLOOR <= ratio <= _REACHED["nnx adamw step"][0], ratio
+
+    def jitted(model: Any, optimizer: Any, tokens: Any, targets: Any) -> Any:
+        return apply(train_step, model, optimizer, tokens, targets), (model, optimizer)  # the updated copies
+
+    ours = jax.jit(jitted).lower(model, optimizer, tokens, targets).compile()
+    (count, nbytes) = _communication(parse_collectives(ours.as_text()))
+    (plain_count, plain_bytes) = _communication(report.compiled_collectives)
+    assert count <= plain_count and nbytes <= plain_bytes, (count, plain_count, nbytes, plain_bytes)
+
+    loss = apply(train_step, model, optimizer, tokens, targets)
+    want = train_step(plain_model, plain_optimizer, _on_auto_twin(tokens), _on_auto_twin(targets))
+    np.testing.assert_allclose(float(loss.full_tensor()), float(want), rtol=1e-6)
+    plain = variables_of((plain_model, plain_optimizer))
+    for path, v in variables_of((model, optimizer)).items():
+        got, w = v.get_value(), np.asarray(plain[path].get_value())
+        assert got is not variables[path] and got.layout == variables[path].layout, path  # updated, layout kept
+        got = np.asarray(got.full_tensor())
+        if _key_bias(path):  # as in test_predict_check_apply: a zero gradient's rounding, scaled by Adam
+            np.testing.assert_allclose(got[32:64], w[32:64], atol=2 * LEARNING_RATE, err_msg=path)
+            got, w = np.concatenate([got[:32], got[64:]]), np.concatenate([w[:32], w[64:]])
+        np.testing.assert_allclose(got, w, rtol=2e-5, atol=LEARNING_RATE / 100, err_msg=path)
+
+
+class _Chunked(eqx.Module):
+    """Non-array leaves as Equinox models keep them: an activation function, a float, and
+    an int used as a shape (eqx.filter_jit makes all three static; traced, the int could
+    not be a shape)."""
+
+    weight: jax.Array
+    activation: Any
+    scale: float
+    chunks: int
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = self.activation(x @ self.weight) * self.scale
+        return y.reshape(x.shape[0], self.chunks, -1).sum(-1)
+
+
+def _chunked_loss(model: _Chunked, x: jax.Array) -> tuple[jax.Array, _Chunked]:
+    return model(x).mean(), model
+
+
+def test_equinox_static_leaves(mesh: Any) -> None:
+    """predict / check / apply take an Equinox module with function, float and int leaves
+    (static, as eqx.filter_jit makes them) and give the module back with them."""
+    rng = np.random.default_rng(1)
+    weight, x = rng.normal(size=(16, 32)).astype(np.float32), rng.normal(size=(8, 16)).astype(np.float32)
+    model = _Chunked(distribute_tensor(weight, mesh, "R,S(1)"), jax.nn.gelu, 0.5, 4)
+    dx = distribute_tensor(x, mesh, "S(0),R")
+    report = check(_chunked_loss, model, dx)
+    assert len(report.outputs) == 2 and all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
+    assert predict(_chunked_loss, model, dx) is report.prediction
+    loss, back = apply(_chunked_loss, model, dx)
+    want, _ = eqx.filter_jit(_chunked_loss)(_Chunked(weight, jax.nn.gelu, 0.5, 4), x)
+    np.testing.assert_allclose(float(loss.full_tensor()), float(want), rtol=1e-6)
+    assert back.activation is jax.nn.gelu and back.scale == 0.5 and back.chunks == 4
+    assert back.weight.layout == model.weight.layout
+    other = _Chunked(model.weight, jax.nn.relu, 0.5, 2)  # other static values: another program
+    want, _ = eqx.filter_jit(_chunked_loss)(_Chunked(weight, jax.nn.relu, 0.5, 2), x)
+    np.testing.assert_allclose(float(apply(_chunked_loss, other, dx)[0].full_tensor()), float(want), rtol=1e-6)

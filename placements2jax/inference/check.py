@@ -73,6 +73,7 @@ from .cost import (
     CostModelLike,
     collective_nbytes,
 )
+from .frameworks import bind
 from .jaxpr import Prediction, predict
 from .plan import plan_redistribute
 from .signature import (
@@ -387,6 +388,7 @@ def check(
     from ..schedules import check_policy, default_policy  # imported on use: schedules uses inference
 
     policy = default_policy() if policy is None else check_policy(policy)
+    fn, inputs, out_layouts = bind(fn, inputs, out_layouts, "inputs")  # Equinox statics, nnx in-place updates
     flat = flatten_inputs(inputs, mesh)
     specs, mesh = flat.specs, flat.mesh
     for i, spec in enumerate(specs):

@@ -45,6 +45,7 @@ from ..layout import Layout
 from ..mesh import DeviceMesh
 from .combine import CombinedCollective, combine, combiner_rules, planned_collectives
 from .cost import CostModel, CostModelLike, resolve_cost_model
+from .frameworks import bind
 from .ops import primitive_definition, registered_function
 from .plan import cached_plan
 from .program import ProgramGraph, ProgramNode, ValueId, forced_signature, select_program
@@ -279,6 +280,11 @@ def predict(
     ``jax.Array``s (their own ``NamedSharding`` on the mesh, else Replicate), NumPy
     arrays, Python scalars (weakly typed) or PRNG keys (typed or raw; Replicate).
     Keyword arguments of ``fn`` are not traced: bind them with ``functools.partial``.
+    An Equinox module's non-array leaves (its activation function, Python numbers) are
+    static, as ``eqx.filter_jit`` makes them; Flax NNX modules updated in place by
+    ``fn`` (``optimizer.update(model, grads)``) make the prediction's outputs
+    ``(result, {path: updated Variable value})``, the updates keeping their layouts
+    (:mod:`.frameworks`).
 
     ``out_layouts``: a pytree prefix of ``fn``'s result giving, per output (or subtree),
     a Layout, placements (with ``mesh``), something with a ``.layout`` (a DTensor: "keep
@@ -323,6 +329,7 @@ def predict(
         raise InferenceError("search", search, "unknown search", f"use one of {SEARCHES}")
     if on_unknown not in ON_UNKNOWN:
         raise InferenceError("on_unknown", on_unknown, "unknown fallback", f"use one of {ON_UNKNOWN}")
+    fn, inputs, out_layouts = bind(fn, inputs, out_layouts, "inputs")  # Equinox statics, nnx in-place updates
     flat = flatten_inputs(inputs, mesh)
     specs, mesh = flat.specs, flat.mesh
     model = resolve_cost_model(cost_model)

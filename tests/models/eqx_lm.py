@@ -5,8 +5,9 @@
 configuration in ``eqx.field(static=True)``, non-array leaves left in the tree (an
 activation function, a Python float); the training step is ``eqx.filter_value_and_grad``
 + optax AdamW on ``eqx.filter(model, eqx.is_array)``, with ``eqx.apply_updates``.
-Tracing functions (``jax.jit``, ``apply``, ``predict``) take the arrays:
-``params, static = eqx.partition(model, eqx.is_array)`` and ``eqx.combine`` inside.
+``eqx.filter_jit`` (and ``apply`` / ``predict`` / ``check``) take the whole model, its
+non-array leaves static; ``jax.jit`` takes its arrays (``params, static =
+eqx.partition(model, eqx.is_array)``, ``eqx.combine`` inside: :class:`Functional`).
 """
 
 from __future__ import annotations
@@ -135,10 +136,6 @@ class Functional:
 
     def value_and_grad(self, params: LM, tokens: jax.Array, targets: jax.Array) -> tuple[jax.Array, Any]:
         return eqx.filter_value_and_grad(self.loss)(params, tokens, targets)
-
-    def step(self, params: LM, opt_state: Any, tokens: jax.Array, targets: jax.Array) -> tuple[LM, Any, jax.Array]:
-        model, opt_state, loss = train_step(eqx.combine(params, self.static), opt_state, tokens, targets)
-        return eqx.filter(model, eqx.is_array), opt_state, loss
 
 
 def megatron_plan(tp: str = "tp") -> dict[str, Any]:

@@ -2,10 +2,10 @@
 
 ``nnx.Module`` subclasses holding ``nnx.Linear`` / ``nnx.Embed`` / ``nnx.LayerNorm``
 layers (blocks in an ``nnx.List``); the loss is optax's integer-label cross-entropy;
-training is ``nnx.Optimizer`` (optax AdamW) updated inside a step that is run functionally
-the way Flax's performance guide recommends: ``nnx.split`` the model and optimizer once,
-and a pure function ``nnx.merge``\\s them, runs the stateful step and ``nnx.split``\\s the
-new state out (so it can go through ``jax.jit`` -- or ``apply`` / ``predict``).
+training is the stateful step of Flax's examples (decorated with ``@nnx.jit`` there):
+``nnx.value_and_grad`` and ``nnx.Optimizer.update(model, grads)`` (optax AdamW) updating
+the model and optimizer in place. The loss and its gradient also run functionally, as
+Flax's performance guide writes them (:class:`Functional`: ``nnx.merge`` of a state).
 """
 
 from __future__ import annotations
@@ -100,8 +100,8 @@ def create(cfg: Config, seed: int = 0) -> tuple[LM, nnx.Optimizer]:
 
 
 class Functional:
-    """The pure functions of ``graphdef`` (from ``nnx.split(model)`` or
-    ``nnx.split((model, optimizer))``) on states: hashable, so ``apply`` caches them."""
+    """The pure functions of ``graphdef`` (from ``nnx.split(model)``) on states: hashable,
+    so ``apply`` caches them."""
 
     def __init__(self, graphdef: Any) -> None:
         self.graphdef = graphdef
@@ -112,15 +112,10 @@ class Functional:
     def value_and_grad(self, state: nnx.State, tokens: jax.Array, targets: jax.Array) -> tuple[jax.Array, Any]:
         return jax.value_and_grad(self.loss)(state, tokens, targets)
 
-    def step(self, state: nnx.State, tokens: jax.Array, targets: jax.Array) -> tuple[nnx.State, jax.Array]:
-        model, optimizer = nnx.merge(self.graphdef, state)
-        loss = train_step(model, optimizer, tokens, targets)
-        return nnx.state((model, optimizer)), loss
-
 
 def megatron_plan(tp: str = "tp") -> dict[str, Any]:
     """Megatron-LM's plan over the paths of ``nnx.split(model)`` (``blocks/0/attn/qkv/kernel/value``)
-    and of ``nnx.split((model, optimizer))`` (the model under ``0/``, Adam's moments under
+    and of the pair ``(model, optimizer)`` (the model under ``0/``, Adam's moments under
     ``1/opt_state/0/mu/`` and ``.../nu/``): nnx.Linear kernels are (in, out), so the
     column-parallel layers split dim 1 (and their bias), the row-parallel ones dim 0."""
     prefix = r"(0/|1/opt_state/0/(mu|nu)/)?"
