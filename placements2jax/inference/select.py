@@ -31,6 +31,7 @@ Results are cached by op, params, input shapes/dtypes/layouts, constraints and c
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from fractions import Fraction
 from functools import partial
@@ -45,6 +46,8 @@ from ..layout import Layout, MeshPlacements
 from ..mesh import DeviceMesh
 from ..placements import Partial, Placement, Replicate, Shard
 from .cost import (
+    ALL_GATHER,
+    ALL_TO_ALL,
     REDUCE_SCATTER,
     CostModel,
     CostModelLike,
@@ -243,6 +246,10 @@ def _infer(
         in_place = rank(in_place=True)
         if in_place:
             return Signature(name, specs, chosen=in_place[0], rank=rank)
+        best = _bounded_best(one_d, specs, out_avals, mesh, nest_orders(mesh, layouts), cost_model,
+                            out_constraint=out_constraint, in_constraint=in_constraint)
+        if best is not None:
+            return Signature(name, specs, chosen=best, rank=rank)
     candidates = rank()
     if not candidates:
         raise InferenceError(
@@ -434,6 +441,111 @@ class _RankKeys:
         return (any(redistributed), (float(total), total), strided, redistributed, out_bytes, tuple(layout_key))
 
 
+def _bounded_best(
+    one_d: Sequence[OneDSig],
+    specs: Sequence[TensorSpec],
+    out_avals: Sequence[Aval],
+    mesh: DeviceMesh,
+    orders: Sequence[tuple[int, ...]],
+    cost_model: CostModel,
+    *,
+    out_constraint: Constraint = None,
+    in_constraint: Constraint = None,
+) -> Candidate | None:
+    """The first of :func:`rank_candidates`' list when none of them runs on the inputs as
+    given (the caller checked), by branch and bound, without ranking the others.
+
+    A combination of 1-D signatures costs at least the sum over mesh dims of what its
+    placements there force (:func:`_dim_bound`); combinations are visited by that bound
+    and the visit stops at the first whose bound exceeds the best exact ``cost +
+    pending`` found. The bound depends only on the layouts a combination gives, so every
+    combination giving the best layouts is visited and the candidate (its 1-D signatures
+    and nest order too) is the one the full ranking puts first. None where this does not
+    apply (a strided input) or nothing is valid: rank them all."""
+    specs, out_avals = tuple(specs), tuple(out_avals)
+    if any(s.layout.is_strided for s in specs):
+        return None
+    n_in = len(specs)
+    replicate = OneDSig((Replicate(),) * n_in, (Replicate(),) * len(out_avals))
+    ordered = sorted(set(one_d) | {replicate}, key=_sig_key)
+    sig_keys = {sig: _sig_key(sig) for sig in ordered}
+    tables_of = {sig: _placement_table(sig) for sig in ordered}
+    avals = tuple(s.aval for s in specs) + out_avals
+    bounds = []
+    for m in range(mesh.ndim):
+        others = math.prod(mesh.shape) // mesh.shape[m]
+        blocks = [Fraction(math.prod(a.shape) * a.dtype.itemsize, others) for a in avals]
+        given = tuple(placement_on(s.layout, m) for s in specs)
+        weight = cost_model.weight(mesh, m)
+        bounds.append([_dim_bound(sig, given, blocks[:n_in], blocks[n_in:], mesh.shape[m], weight) for sig in ordered])
+    entries = sorted(
+        ((sum(bounds[m][k] for m, k in enumerate(ix)), ix)
+         for ix in itertools.product(range(len(ordered)), repeat=mesh.ndim)),
+        key=_first,
+    )
+    found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]] = {}
+    layout_cache: dict[Any, Layout] = {}
+    planner = InputPlans(specs, cost_model)
+    keys = _RankKeys(specs, out_avals, cost_model)
+    orders = tuple(orders)
+    best: tuple[Any, tuple[Layout, ...]] | None = None
+    limit = math.inf
+    for bound, ix in entries:
+        if bound > limit:
+            break
+        combo = tuple(ordered[k] for k in ix)
+        placements = [tables_of[sig] for sig in combo]
+        for layouts in _add_layouts(combo, placements, tuple(sig_keys[s] for s in combo), orders, avals, mesh,
+                                    layout_cache, found):
+            ins, outs = layouts[:n_in], layouts[n_in:]
+            if not _matches(outs, out_constraint) or not _matches(ins, in_constraint):
+                continue
+            key = keys.rank_key(Candidate(ins, outs, None, (), (), out_avals, keys.pending(outs, keys.continued(ins)),
+                                          planner))
+            if not key[0]:  # runs on the inputs as given: not this function's case
+                return None
+            if best is None or key < best[0]:
+                best = (key, layouts)
+                limit = float(key[1][1]) * (1 + 1e-9) + 1e-9  # float bounds: a margin over their rounding
+    if best is None:
+        return None
+    layouts = best[1]
+    _, combo, order = found[layouts]
+    ins, outs = layouts[:n_in], layouts[n_in:]
+    candidate = Candidate(ins, outs, None, combo, order, out_avals, keys.pending(outs, keys.continued(ins)), planner)
+    keys.rank_key(candidate)  # stores its cost and redistributed, as rank_candidates does
+    return candidate
+
+
+def _dim_bound(sig: OneDSig, given: tuple[Placement, ...], in_blocks: Sequence[Fraction],
+               out_blocks: Sequence[Fraction], n: int, weight: Fraction) -> float:
+    """A lower bound on the cost and pending reduction a candidate using ``sig`` on one
+    mesh dim (of size ``n``) pays there, the inputs having placements ``given`` on it: an
+    input leaving a partial is reduced (at least a reduce-scatter), a split moved to
+    another dim is exchanged (at least an all-to-all), a split dropped (to Replicate or
+    Partial) is gathered; a new partial output owes a reduce-scatter
+    (:func:`pending_reduction`); each on the smallest block the tensor can have
+    (``blocks``: its bytes over the other mesh dims' sizes). Distinct mesh dims' steps are
+    distinct steps of a plan, so the bounds of the mesh dims add up."""
+    total = Fraction(0)
+    kept = made = False
+    for p, q, block in zip(given, sig.inputs, in_blocks):
+        if isinstance(q, Partial):
+            kept = kept or isinstance(p, Partial)
+            made = made or isinstance(p, Shard)
+        if p == q:
+            continue
+        if isinstance(p, Partial):
+            total += collective_bytes(REDUCE_SCATTER, block, n)
+        elif isinstance(p, Shard):
+            total += collective_bytes(ALL_TO_ALL if isinstance(q, Shard) else ALL_GATHER, block, n)
+    if not kept or made:
+        for q, block in zip(sig.outputs, out_blocks):
+            if isinstance(q, Partial):
+                total += collective_bytes(REDUCE_SCATTER, block, n)
+    return float(total * weight)
+
+
 @cached(maxsize=4096)
 def _layout_choices(
     sigs: tuple[OneDSig, ...], joints: tuple[Any, ...], avals: tuple[Aval, ...], mesh: DeviceMesh,
@@ -453,23 +565,37 @@ def _layout_choices(
     layout_cache: dict[Any, Layout] = {}
     per_dim = [ordered] * mesh.ndim if allowed is None else [[x for x in ordered if x in a] for a in allowed]
     for combo in itertools.product(*per_dim):
-        placements = [tables_of[sig] for sig in combo]
-        keys = tuple(sig_keys[s] for s in combo)
-        for order in orders if _nests(placements) else orders[:1]:
-            tables = _tables(combo, placements, order, avals, mesh.shape)
-            if tables is None or any(s.joint is not None and not s.joint(tables, mesh.shape) for s in combo):
-                continue
-            layouts = []
-            for table in tables:
-                layout = layout_cache.get(table)
-                if layout is None:
-                    layout = layout_cache[table] = Layout(mesh, *table)
-                layouts.append(layout)
-            key = (keys, order)
-            known = found.get(layouts := tuple(layouts))
-            if known is None or key < known[0]:
-                found[layouts] = (key, combo, order)
+        _add_layouts(combo, [tables_of[sig] for sig in combo], tuple(sig_keys[s] for s in combo), orders, avals, mesh,
+                     layout_cache, found)
     return tuple((layouts, combo, order) for layouts, (_, combo, order) in found.items())
+
+
+def _add_layouts(
+    combo: tuple[OneDSig, ...], placements: list[tuple[tuple[int, Any], ...]], keys: tuple[Any, ...],
+    orders: tuple[tuple[int, ...], ...], avals: tuple[Aval, ...], mesh: DeviceMesh, layout_cache: dict[Any, Layout],
+    found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]],
+) -> list[tuple[Layout, ...]]:
+    """The valid layouts of one combination of 1-D signatures (one per nest order that
+    matters), each entered in ``found`` with the least ``(keys, order)`` giving it; returns
+    the layouts ``found`` did not hold before."""
+    new = []
+    for order in orders if _nests(placements) else orders[:1]:
+        tables = _tables(combo, placements, order, avals, mesh.shape)
+        if tables is None or any(s.joint is not None and not s.joint(tables, mesh.shape) for s in combo):
+            continue
+        layouts = []
+        for table in tables:
+            layout = layout_cache.get(table)
+            if layout is None:
+                layout = layout_cache[table] = Layout(mesh, *table)
+            layouts.append(layout)
+        key = (keys, order)
+        known = found.get(layouts := tuple(layouts))
+        if known is None:
+            new.append(layouts)
+        if known is None or key < known[0]:
+            found[layouts] = (key, combo, order)
+    return new
 
 
 def _placement_table(sig: OneDSig) -> tuple[tuple[int, Any], ...]:
