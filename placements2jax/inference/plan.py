@@ -235,6 +235,50 @@ def cached_plan_cost(shape: tuple[int, ...], dtype: np.dtype, src: Layout, dst: 
     return plan_cost(shape, dtype, layout_state(src), layout_state(dst), src.mesh.shape, weights)[0]
 
 
+def plan_cost_within(
+    shape: tuple[int, ...], dtype: np.dtype, src: Layout, dst: Layout, cost_model: Any, limit: Fraction
+) -> Fraction | None:
+    """:func:`cached_plan_cost` if it is at most ``limit``, else None: the search settles
+    layouts only up to ``limit`` (branch and bound over candidates need no more)."""
+    if src is dst:
+        return Fraction(0)
+    if src.is_strided or dst.is_strided:
+        cost = cached_plan_cost(shape, dtype, src, dst, cost_model)
+        return cost if cost <= limit else None
+    return state_cost_within(
+        shape, dtype.itemsize, src.mesh.shape, _weights(cost_model, src.mesh), (src.dim_axes, src.partial),
+        (dst.dim_axes, dst.partial), limit,
+    )
+
+
+def state_cost_within(
+    shape: tuple[int, ...], itemsize: int, mesh_shape: tuple[int, ...], weights: tuple[Fraction, ...], src: State,
+    dst: State, limit: Fraction,
+) -> Fraction | None:
+    """:func:`plan_cost_within` between two plain (not strided) layout states."""
+    scale = cost_scale(mesh_shape, weights)
+    cost = scaled_cost_within(shape, itemsize, mesh_shape, weights, src, dst, math.floor(limit * scale))
+    return None if cost is None else Fraction(cost, scale)
+
+
+def cost_scale(mesh_shape: tuple[int, ...], weights: tuple[Fraction, ...]) -> int:
+    """What the planner's search multiplies costs by to make them exact integers."""
+    return math.lcm(*(n * n for n in mesh_shape)) * math.lcm(*(Fraction(w).denominator for w in weights))
+
+
+def scaled_cost_within(
+    shape: tuple[int, ...], itemsize: int, mesh_shape: tuple[int, ...], weights: tuple[Fraction, ...], src: State,
+    dst: State, limit: int,
+) -> int | None:
+    """:func:`state_cost_within` in integers: costs times :func:`cost_scale`."""
+    search = _search(shape, itemsize, mesh_shape, weights, src)
+    kept = tuple(op if op and src[1][m] == op else None for m, op in enumerate(dst[1]))
+    moves = search.path_within((dst[0], kept), limit)
+    if moves is None:
+        return None
+    return sum(m.scaled * search.weights[m.mesh_dim] for m in moves)
+
+
 @cached(maxsize=256)
 def _weights(cost_model: Any, mesh: Any) -> tuple[Fraction, ...]:
     return cost_model.weights(mesh)
@@ -332,9 +376,30 @@ class _Dijkstra:
         self._settled: set[State] = set()
         self._heap: list[tuple[int, int, tuple[Any, ...], State]] = [(0, 0, (), src)]
 
-    def path_to(self, target: State) -> list[_Move]:
-        weights = self.weights
+    def path_within(self, target: State, limit: int) -> list[_Move] | None:
+        """:meth:`path_to` if the path costs at most ``limit`` (scaled as the path costs),
+        else None, settling no layout that costs more."""
         while target not in self._settled:
+            if self._heap and self._heap[0][0] > limit:
+                return None
+            self._settle_next(target)
+        return self.path_to(target) if self._best[target][0][0] <= limit else None
+
+    def path_to(self, target: State) -> list[_Move]:
+        while target not in self._settled:
+            self._settle_next(target)
+        moves: list[_Move] = []
+        state: State | None = target
+        while True:
+            _, previous, move = self._best[state]  # type: ignore[index]
+            if move is None:
+                return moves[::-1]
+            moves.append(move)
+            state = previous
+
+    def _settle_next(self, target: State) -> None:
+        weights = self.weights
+        while True:
             # An internal invariant, not bad input: every layout is reachable by one-mesh-dim steps.
             assert self._heap, f"redistribution planner: {target} unreachable by one-mesh-dim steps"
             cost, steps, path, state = heapq.heappop(self._heap)
@@ -349,14 +414,7 @@ class _Dijkstra:
                 if known is None or key < known[0]:
                     self._best[move.state] = (key, state, move)
                     heapq.heappush(self._heap, (*key, move.state))
-        moves: list[_Move] = []
-        state: State | None = target
-        while True:
-            _, previous, move = self._best[state]  # type: ignore[index]
-            if move is None:
-                return moves[::-1]
-            moves.append(move)
-            state = previous
+            return
 
 
 def _moves(

@@ -56,7 +56,7 @@ from .cost import (
     resolve_cost_model,
 )
 from .ops import freeze, function_definition, op_definition, out_shapes, primitive_definition
-from .plan import InputPlans, cached_plan, cached_plan_cost
+from .plan import InputPlans, cached_plan, cached_plan_cost, cost_scale, plan_cost_within, scaled_cost_within
 from .signature import (
     Aval,
     Candidate,
@@ -472,12 +472,16 @@ def _bounded_best(
     tables_of = {sig: _placement_table(sig) for sig in ordered}
     avals = tuple(s.aval for s in specs) + out_avals
     bounds = []
+    pending_bounds = []
     for m in range(mesh.ndim):
         others = math.prod(mesh.shape) // mesh.shape[m]
         blocks = [Fraction(math.prod(a.shape) * a.dtype.itemsize, others) for a in avals]
         given = tuple(placement_on(s.layout, m) for s in specs)
         weight = cost_model.weight(mesh, m)
-        bounds.append([_dim_bound(sig, given, blocks[:n_in], blocks[n_in:], mesh.shape[m], weight) for sig in ordered])
+        parts = [_dim_bound(sig, given, blocks[:n_in], blocks[n_in:], mesh.shape[m], weight) for sig in ordered]
+        bounds.append([float(moved + pending) for moved, pending in parts])
+        pending_bounds.append([pending for _, pending in parts])
+    weights = cost_model.weights(mesh)
     entries = sorted(
         ((sum(bounds[m][k] for m, k in enumerate(ix)), ix)
          for ix in itertools.product(range(len(ordered)), repeat=mesh.ndim)),
@@ -495,13 +499,20 @@ def _bounded_best(
             break
         combo = tuple(ordered[k] for k in ix)
         placements = [tables_of[sig] for sig in combo]
+        if best is not None and not _states_within(
+            specs, placements, orders, mesh.shape, weights,
+            best[0][1][1] - sum((pending_bounds[m][k] for m, k in enumerate(ix)), Fraction(0)),
+        ):
+            continue
         for layouts in _add_layouts(combo, placements, tuple(sig_keys[s] for s in combo), orders, avals, mesh,
                                     layout_cache, found):
             ins, outs = layouts[:n_in], layouts[n_in:]
             if not _matches(outs, out_constraint) or not _matches(ins, in_constraint):
                 continue
-            key = keys.rank_key(Candidate(ins, outs, None, (), (), out_avals, keys.pending(outs, keys.continued(ins)),
-                                          planner))
+            pending = keys.pending(outs, keys.continued(ins))
+            if best is not None and not _within(specs, ins, cost_model, best[0][1][1] - pending):
+                continue
+            key = keys.rank_key(Candidate(ins, outs, None, (), (), out_avals, pending, planner))
             if not key[0]:  # runs on the inputs as given: not this function's case
                 return None
             if best is None or key < best[0]:
@@ -517,8 +528,60 @@ def _bounded_best(
     return candidate
 
 
+def _within(specs: tuple[TensorSpec, ...], layouts: tuple[Layout, ...], cost_model: CostModel, budget: Fraction) -> bool:
+    """Do the plans taking ``specs`` to ``layouts`` cost at most ``budget`` together? (Each
+    plan's search settles layouts only up to what is left of the budget.)"""
+    for spec, layout in zip(specs, layouts):
+        if budget < 0:
+            return False
+        if spec.layout is not layout:
+            cost = plan_cost_within(spec.shape, spec.dtype, spec.layout, layout, cost_model, budget)
+            if cost is None:
+                return False
+            budget -= cost
+    return budget >= 0
+
+
+def _states_within(
+    specs: tuple[TensorSpec, ...], placements: Sequence[tuple[tuple[int, Any], ...]], orders: Sequence[tuple[int, ...]],
+    mesh_shape: tuple[int, ...], weights: tuple[Fraction, ...], budget: Fraction,
+) -> bool:
+    """Can a combination of 1-D signatures (``placements``: their :func:`_placement_table`)
+    bring the inputs to its layouts within ``budget``? Each input at its cheapest over the
+    nest orders (valid or not: a lower bound), without building layouts."""
+    nests = _nests(placements)
+    scale = cost_scale(mesh_shape, weights)
+    left = math.floor(budget * scale)  # in the search's exact integer units
+    for t, spec in enumerate(specs):
+        if left < 0:
+            return False
+        src = (spec.layout.dim_axes, spec.layout.partial)
+        cheapest = None
+        for order in orders if nests else orders[:1]:
+            dim_axes: list[tuple[int, ...]] = [() for _ in spec.shape]
+            partial: list[Any] = [None] * len(mesh_shape)
+            for m in order:
+                dim, op = placements[m][t]
+                if dim is not None:
+                    if not 0 <= dim < len(dim_axes):
+                        break
+                    dim_axes[dim] += (m,)
+                elif op:
+                    partial[m] = op
+            else:
+                limit = left if cheapest is None else min(left, cheapest)
+                cost = scaled_cost_within(spec.shape, spec.dtype.itemsize, mesh_shape, weights, src,
+                                          (tuple(dim_axes), tuple(partial)), limit)
+                if cost is not None:
+                    cheapest = cost
+        if cheapest is None:
+            return False
+        left -= cheapest
+    return True
+
+
 def _dim_bound(sig: OneDSig, given: tuple[Placement, ...], in_blocks: Sequence[Fraction],
-               out_blocks: Sequence[Fraction], n: int, weight: Fraction) -> float:
+               out_blocks: Sequence[Fraction], n: int, weight: Fraction) -> tuple[Fraction, Fraction]:
     """A lower bound on the cost and pending reduction a candidate using ``sig`` on one
     mesh dim (of size ``n``) pays there, the inputs having placements ``given`` on it: an
     input leaving a partial is reduced (at least a reduce-scatter), a split moved to
@@ -539,11 +602,12 @@ def _dim_bound(sig: OneDSig, given: tuple[Placement, ...], in_blocks: Sequence[F
             total += collective_bytes(REDUCE_SCATTER, block, n)
         elif isinstance(p, Shard):
             total += collective_bytes(ALL_TO_ALL if isinstance(q, Shard) else ALL_GATHER, block, n)
+    pending = Fraction(0)
     if not kept or made:
         for q, block in zip(sig.outputs, out_blocks):
             if isinstance(q, Partial):
-                total += collective_bytes(REDUCE_SCATTER, block, n)
-    return float(total * weight)
+                pending += collective_bytes(REDUCE_SCATTER, block, n)
+    return total * weight, pending * weight
 
 
 @cached(maxsize=4096)
