@@ -245,19 +245,10 @@ def plan_cost_within(
     if src.is_strided or dst.is_strided:
         cost = cached_plan_cost(shape, dtype, src, dst, cost_model)
         return cost if cost <= limit else None
-    return state_cost_within(
-        shape, dtype.itemsize, src.mesh.shape, _weights(cost_model, src.mesh), (src.dim_axes, src.partial),
-        (dst.dim_axes, dst.partial), limit,
-    )
-
-
-def state_cost_within(
-    shape: tuple[int, ...], itemsize: int, mesh_shape: tuple[int, ...], weights: tuple[Fraction, ...], src: State,
-    dst: State, limit: Fraction,
-) -> Fraction | None:
-    """:func:`plan_cost_within` between two plain (not strided) layout states."""
-    scale = cost_scale(mesh_shape, weights)
-    cost = scaled_cost_within(shape, itemsize, mesh_shape, weights, src, dst, math.floor(limit * scale))
+    weights = _weights(cost_model, src.mesh)
+    scale = cost_scale(src.mesh.shape, weights)
+    search = _search(shape, dtype.itemsize, src.mesh.shape, weights, (src.dim_axes, src.partial))
+    cost = search.cost_within((dst.dim_axes, dst.partial), math.floor(limit * scale))
     return None if cost is None else Fraction(cost, scale)
 
 
@@ -266,17 +257,13 @@ def cost_scale(mesh_shape: tuple[int, ...], weights: tuple[Fraction, ...]) -> in
     return math.lcm(*(n * n for n in mesh_shape)) * math.lcm(*(Fraction(w).denominator for w in weights))
 
 
-def scaled_cost_within(
-    shape: tuple[int, ...], itemsize: int, mesh_shape: tuple[int, ...], weights: tuple[Fraction, ...], src: State,
-    dst: State, limit: int,
-) -> int | None:
-    """:func:`state_cost_within` in integers: costs times :func:`cost_scale`."""
-    search = _search(shape, itemsize, mesh_shape, weights, src)
-    kept = tuple(op if op and src[1][m] == op else None for m, op in enumerate(dst[1]))
-    moves = search.path_within((dst[0], kept), limit)
-    if moves is None:
-        return None
-    return sum(m.scaled * search.weights[m.mesh_dim] for m in moves)
+def plan_search(
+    shape: tuple[int, ...], itemsize: int, mesh_shape: tuple[int, ...], weights: tuple[Fraction, ...], src: State
+) -> _Dijkstra:
+    """The planner's (cached, lazily settled) search from plain state ``src``: its
+    ``cost_within(dst, limit)`` is :func:`plan_cost_within` in integers (costs times
+    :func:`cost_scale`), for callers asking many targets of one source."""
+    return _search(shape, itemsize, mesh_shape, weights, src)
 
 
 @cached(maxsize=256)
@@ -362,6 +349,7 @@ class _Dijkstra:
         weights: tuple[Fraction, ...],
         src: State,
     ) -> None:
+        self._src = src
         self._shape = shape
         self._itemsize = itemsize
         self._mesh_shape = mesh_shape
@@ -376,14 +364,17 @@ class _Dijkstra:
         self._settled: set[State] = set()
         self._heap: list[tuple[int, int, tuple[Any, ...], State]] = [(0, 0, (), src)]
 
-    def path_within(self, target: State, limit: int) -> list[_Move] | None:
-        """:meth:`path_to` if the path costs at most ``limit`` (scaled as the path costs),
-        else None, settling no layout that costs more."""
+    def cost_within(self, dst: State, limit: int) -> int | None:
+        """The cost (scaled as the path keys) of the plan to plain state ``dst`` if at most
+        ``limit``, else None, settling no layout that costs more."""
+        src_partial = self._src[1]
+        target = (dst[0], tuple(op if op and src_partial[m] == op else None for m, op in enumerate(dst[1])))
         while target not in self._settled:
             if self._heap and self._heap[0][0] > limit:
                 return None
             self._settle_next(target)
-        return self.path_to(target) if self._best[target][0][0] <= limit else None
+        cost: int = self._best[target][0][0]
+        return cost if cost <= limit else None
 
     def path_to(self, target: State) -> list[_Move]:
         while target not in self._settled:

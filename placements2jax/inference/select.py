@@ -56,7 +56,7 @@ from .cost import (
     resolve_cost_model,
 )
 from .ops import freeze, function_definition, op_definition, out_shapes, primitive_definition
-from .plan import InputPlans, cached_plan, cached_plan_cost, cost_scale, plan_cost_within, scaled_cost_within
+from .plan import InputPlans, cached_plan, cached_plan_cost, cost_scale, plan_cost_within, plan_search
 from .signature import (
     Aval,
     Candidate,
@@ -482,6 +482,9 @@ def _bounded_best(
         bounds.append([float(moved + pending) for moved, pending in parts])
         pending_bounds.append([pending for _, pending in parts])
     weights = cost_model.weights(mesh)
+    scale = cost_scale(mesh.shape, weights)
+    searches = [plan_search(s.shape, s.dtype.itemsize, mesh.shape, weights, (s.layout.dim_axes, s.layout.partial))
+                for s in specs]
     entries = sorted(
         ((sum(bounds[m][k] for m, k in enumerate(ix)), ix)
          for ix in itertools.product(range(len(ordered)), repeat=mesh.ndim)),
@@ -500,7 +503,7 @@ def _bounded_best(
         combo = tuple(ordered[k] for k in ix)
         placements = [tables_of[sig] for sig in combo]
         if best is not None and not _states_within(
-            specs, placements, orders, mesh.shape, weights,
+            specs, placements, orders, mesh.shape, searches, scale,
             best[0][1][1] - sum((pending_bounds[m][k] for m, k in enumerate(ix)), Fraction(0)),
         ):
             continue
@@ -544,18 +547,18 @@ def _within(specs: tuple[TensorSpec, ...], layouts: tuple[Layout, ...], cost_mod
 
 def _states_within(
     specs: tuple[TensorSpec, ...], placements: Sequence[tuple[tuple[int, Any], ...]], orders: Sequence[tuple[int, ...]],
-    mesh_shape: tuple[int, ...], weights: tuple[Fraction, ...], budget: Fraction,
+    mesh_shape: tuple[int, ...], searches: Sequence[Any], scale: int, budget: Fraction,
 ) -> bool:
     """Can a combination of 1-D signatures (``placements``: their :func:`_placement_table`)
     bring the inputs to its layouts within ``budget``? Each input at its cheapest over the
-    nest orders (valid or not: a lower bound), without building layouts."""
+    nest orders (valid or not: a lower bound), without building layouts (``searches``: the
+    planner's search from each input, costs times ``scale``)."""
     nests = _nests(placements)
-    scale = cost_scale(mesh_shape, weights)
-    left = math.floor(budget * scale)  # in the search's exact integer units
+    left = math.floor(budget * scale)  # in the searches' exact integer units
     for t, spec in enumerate(specs):
         if left < 0:
             return False
-        src = (spec.layout.dim_axes, spec.layout.partial)
+        search = searches[t]
         cheapest = None
         for order in orders if nests else orders[:1]:
             dim_axes: list[tuple[int, ...]] = [() for _ in spec.shape]
@@ -570,8 +573,7 @@ def _states_within(
                     partial[m] = op
             else:
                 limit = left if cheapest is None else min(left, cheapest)
-                cost = scaled_cost_within(spec.shape, spec.dtype.itemsize, mesh_shape, weights, src,
-                                          (tuple(dim_axes), tuple(partial)), limit)
+                cost = search.cost_within((tuple(dim_axes), tuple(partial)), limit)
                 if cost is not None:
                     cheapest = cost
         if cheapest is None:
