@@ -531,7 +531,9 @@ def _bounded_best(
     return candidate
 
 
-def _within(specs: tuple[TensorSpec, ...], layouts: tuple[Layout, ...], cost_model: CostModel, budget: Fraction) -> bool:
+def _within(
+    specs: tuple[TensorSpec, ...], layouts: tuple[Layout, ...], cost_model: CostModel, budget: Fraction
+) -> bool:
     """Do the plans taking ``specs`` to ``layouts`` cost at most ``budget`` together? (Each
     plan's search settles layouts only up to what is left of the budget.)"""
     for spec, layout in zip(specs, layouts):
