@@ -12,10 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from placements2jax import ArgumentTypeError, InferenceError, Layout, init_device_mesh
+from placements2jax import ArgumentTypeError, InferenceError, Layout, Partial, init_device_mesh
 from placements2jax.inference import CostModel, Signature, infer_signature, ops
 from placements2jax.inference.cost import resolve_cost_model
 from placements2jax.inference.select import nest_orders, rank_candidates
@@ -317,3 +317,47 @@ def test_lazy_candidates_start_with_the_chosen_one() -> None:
     pairs = [(c.in_layouts, c.out_layouts) for c in ranked]
     assert pairs == [(c.in_layouts, c.out_layouts) for c in signature.candidates]
     assert signature == Signature(signature.op, signature.inputs, tuple(ranked))
+
+
+_BOUNDED_MESHES = {(2, 2): ("a", "b"), (4, 2): ("a", "b"), (2, 2, 2): ("a", "b", "c")}
+_BOUNDED_OPS = {  # op: (input shapes, params); shapes 6 and 10 split unevenly
+    "add": (((16, 10), (16, 10)), {}),
+    "matmul": (((6, 16), (16, 8)), {}),
+    "softmax": (((8, 16),), {"axis": -1}),
+    "einsum": (((4, 6, 8), (4, 8, 2)), {"subscripts": "bij,bjk->bik"}),
+}
+
+
+@settings(max_examples=80)  # each example also ranks every candidate (up to ~0.1 s on the 3-D mesh)
+@given(data=st.data())
+def test_bounded_choice_is_the_full_rankings_first(data: Any) -> None:
+    """When no candidate runs on the inputs as given, infer_signature finds the best by
+    branch and bound (a lower bound per mesh dim on each combination of 1-D signatures):
+    the same candidate (1-D signatures and nest order included) as ranking all of them."""
+    shape = data.draw(st.sampled_from(sorted(_BOUNDED_MESHES)))
+    mesh = init_device_mesh(shape, _BOUNDED_MESHES[shape])
+    op = data.draw(st.sampled_from(sorted(_BOUNDED_OPS)))
+    shapes, params = _BOUNDED_OPS[op]
+    inputs = []
+    for dims in shapes:  # each mesh dim replicates, holds a partial sum or splits a dim (nested in a drawn order)
+        dim_axes: list[tuple[int, ...]] = [() for _ in dims]
+        partial: list[Any] = [None] * len(shape)
+        for m in data.draw(st.permutations(range(len(shape)))):
+            choice = data.draw(st.sampled_from(["R", "P", *range(len(dims))]))
+            if choice == "P":
+                partial[m] = Partial().reduce_op
+            elif choice != "R":
+                dim_axes[choice] += (m,)
+        inputs.append((dims, F32, Layout(mesh, tuple(dim_axes), tuple(partial))))
+    weights = {"a": data.draw(st.sampled_from([1, 3]))}
+    signature = infer_signature(op, inputs, cost_model=weights, **params)
+    chosen = signature.chosen
+    specs = signature.inputs
+    rule = ops.op_definition(op).rule(tuple(s.aval for s in specs), signature.out_avals, **params)
+    ranked = rank_candidates(rule, specs, signature.out_avals, mesh, nest_orders(mesh, [s.layout for s in specs]),
+                             resolve_cost_model(weights))
+    assert (chosen.in_layouts, chosen.out_layouts, chosen.one_d, chosen.nest_order, chosen.cost, chosen.pending) == (
+        ranked[0].in_layouts, ranked[0].out_layouts, ranked[0].one_d, ranked[0].nest_order, ranked[0].cost,
+        ranked[0].pending,
+    )
+    assert signature == Signature(signature.op, specs, tuple(ranked))

@@ -235,6 +235,37 @@ def cached_plan_cost(shape: tuple[int, ...], dtype: np.dtype, src: Layout, dst: 
     return plan_cost(shape, dtype, layout_state(src), layout_state(dst), src.mesh.shape, weights)[0]
 
 
+def plan_cost_within(
+    shape: tuple[int, ...], dtype: np.dtype, src: Layout, dst: Layout, cost_model: Any, limit: Fraction
+) -> Fraction | None:
+    """:func:`cached_plan_cost` if it is at most ``limit``, else None: the search settles
+    layouts only up to ``limit`` (branch and bound over candidates need no more)."""
+    if src is dst:
+        return Fraction(0)
+    if src.is_strided or dst.is_strided:
+        cost = cached_plan_cost(shape, dtype, src, dst, cost_model)
+        return cost if cost <= limit else None
+    weights = _weights(cost_model, src.mesh)
+    scale = cost_scale(src.mesh.shape, weights)
+    search = _search(shape, dtype.itemsize, src.mesh.shape, weights, (src.dim_axes, src.partial))
+    cost = search.cost_within((dst.dim_axes, dst.partial), math.floor(limit * scale))
+    return None if cost is None else Fraction(cost, scale)
+
+
+def cost_scale(mesh_shape: tuple[int, ...], weights: tuple[Fraction, ...]) -> int:
+    """What the planner's search multiplies costs by to make them exact integers."""
+    return math.lcm(*(n * n for n in mesh_shape)) * math.lcm(*(Fraction(w).denominator for w in weights))
+
+
+def plan_search(
+    shape: tuple[int, ...], itemsize: int, mesh_shape: tuple[int, ...], weights: tuple[Fraction, ...], src: State
+) -> _Dijkstra:
+    """The planner's (cached, lazily settled) search from plain state ``src``: its
+    ``cost_within(dst, limit)`` is :func:`plan_cost_within` in integers (costs times
+    :func:`cost_scale`), for callers asking many targets of one source."""
+    return _search(shape, itemsize, mesh_shape, weights, src)
+
+
 @cached(maxsize=256)
 def _weights(cost_model: Any, mesh: Any) -> tuple[Fraction, ...]:
     return cost_model.weights(mesh)
@@ -318,6 +349,7 @@ class _Dijkstra:
         weights: tuple[Fraction, ...],
         src: State,
     ) -> None:
+        self._src = src
         self._shape = shape
         self._itemsize = itemsize
         self._mesh_shape = mesh_shape
@@ -332,9 +364,33 @@ class _Dijkstra:
         self._settled: set[State] = set()
         self._heap: list[tuple[int, int, tuple[Any, ...], State]] = [(0, 0, (), src)]
 
-    def path_to(self, target: State) -> list[_Move]:
-        weights = self.weights
+    def cost_within(self, dst: State, limit: int) -> int | None:
+        """The cost (scaled as the path keys) of the plan to plain state ``dst`` if at most
+        ``limit``, else None, settling no layout that costs more."""
+        src_partial = self._src[1]
+        target = (dst[0], tuple(op if op and src_partial[m] == op else None for m, op in enumerate(dst[1])))
         while target not in self._settled:
+            if self._heap and self._heap[0][0] > limit:
+                return None
+            self._settle_next(target)
+        cost: int = self._best[target][0][0]
+        return cost if cost <= limit else None
+
+    def path_to(self, target: State) -> list[_Move]:
+        while target not in self._settled:
+            self._settle_next(target)
+        moves: list[_Move] = []
+        state: State | None = target
+        while True:
+            _, previous, move = self._best[state]  # type: ignore[index]
+            if move is None:
+                return moves[::-1]
+            moves.append(move)
+            state = previous
+
+    def _settle_next(self, target: State) -> None:
+        weights = self.weights
+        while True:
             # An internal invariant, not bad input: every layout is reachable by one-mesh-dim steps.
             assert self._heap, f"redistribution planner: {target} unreachable by one-mesh-dim steps"
             cost, steps, path, state = heapq.heappop(self._heap)
@@ -349,14 +405,7 @@ class _Dijkstra:
                 if known is None or key < known[0]:
                     self._best[move.state] = (key, state, move)
                     heapq.heappush(self._heap, (*key, move.state))
-        moves: list[_Move] = []
-        state: State | None = target
-        while True:
-            _, previous, move = self._best[state]  # type: ignore[index]
-            if move is None:
-                return moves[::-1]
-            moves.append(move)
-            state = previous
+            return
 
 
 def _moves(

@@ -34,6 +34,7 @@ Results are cached by op, params, input shapes/dtypes/layouts, constraints and c
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from fractions import Fraction
 from functools import partial
@@ -48,6 +49,8 @@ from ..layout import Layout, MeshPlacements
 from ..mesh import DeviceMesh
 from ..placements import Partial, Placement, Replicate, Shard
 from .cost import (
+    ALL_GATHER,
+    ALL_TO_ALL,
     REDUCE_SCATTER,
     CostModel,
     CostModelLike,
@@ -56,7 +59,7 @@ from .cost import (
     resolve_cost_model,
 )
 from .ops import freeze, function_definition, has_user_rule, op_definition, out_shapes, primitive_definition
-from .plan import InputPlans, cached_plan, cached_plan_cost
+from .plan import InputPlans, cached_plan, cached_plan_cost, cost_scale, plan_cost_within, plan_search
 from .rules import strided_factors
 from .signature import (
     Aval,
@@ -247,6 +250,10 @@ def _infer(
         in_place = rank(in_place=True)
         if in_place:
             return Signature(name, specs, chosen=in_place[0], rank=rank)
+        best = _bounded_best(one_d, specs, out_avals, mesh, nest_orders(mesh, layouts), cost_model,
+                            out_constraint=out_constraint, in_constraint=in_constraint)
+        if best is not None:
+            return Signature(name, specs, chosen=best, rank=rank)
     candidates = rank()
     if not candidates:
         raise InferenceError(
@@ -467,6 +474,179 @@ class _RankKeys:
         return (any(redistributed), (float(total), total), strided, redistributed, out_bytes, tuple(layout_key))
 
 
+def _bounded_best(
+    one_d: Sequence[OneDSig],
+    specs: Sequence[TensorSpec],
+    out_avals: Sequence[Aval],
+    mesh: DeviceMesh,
+    orders: Sequence[tuple[int, ...]],
+    cost_model: CostModel,
+    *,
+    out_constraint: Constraint = None,
+    in_constraint: Constraint = None,
+) -> Candidate | None:
+    """The first of :func:`rank_candidates`' list when none of them runs on the inputs as
+    given (the caller checked), by branch and bound, without ranking the others.
+
+    A combination of 1-D signatures costs at least the sum over mesh dims of what its
+    placements there force (:func:`_dim_bound`); combinations are visited by that bound
+    and the visit stops at the first whose bound exceeds the best exact ``cost +
+    pending`` found. The bound depends only on the layouts a combination gives, so every
+    combination giving the best layouts is visited and the candidate (its 1-D signatures
+    and nest order too) is the one the full ranking puts first. None where this does not
+    apply (a strided input) or nothing is valid: rank them all."""
+    specs, out_avals = tuple(specs), tuple(out_avals)
+    if any(s.layout.is_strided for s in specs):
+        return None
+    n_in = len(specs)
+    replicate = OneDSig((Replicate(),) * n_in, (Replicate(),) * len(out_avals))
+    ordered = sorted(set(one_d) | {replicate}, key=_sig_key)
+    sig_keys = {sig: _sig_key(sig) for sig in ordered}
+    tables_of = {sig: _placement_table(sig) for sig in ordered}
+    avals = tuple(s.aval for s in specs) + out_avals
+    bounds = []
+    pending_bounds = []
+    for m in range(mesh.ndim):
+        others = math.prod(mesh.shape) // mesh.shape[m]
+        blocks = [Fraction(math.prod(a.shape) * a.dtype.itemsize, others) for a in avals]
+        given = tuple(placement_on(s.layout, m) for s in specs)
+        weight = cost_model.weight(mesh, m)
+        parts = [_dim_bound(sig, given, blocks[:n_in], blocks[n_in:], mesh.shape[m], weight) for sig in ordered]
+        bounds.append([float(moved + pending) for moved, pending in parts])
+        pending_bounds.append([pending for _, pending in parts])
+    weights = cost_model.weights(mesh)
+    scale = cost_scale(mesh.shape, weights)
+    searches = [plan_search(s.shape, s.dtype.itemsize, mesh.shape, weights, (s.layout.dim_axes, s.layout.partial))
+                for s in specs]
+    entries = sorted(
+        ((sum(bounds[m][k] for m, k in enumerate(ix)), ix)
+         for ix in itertools.product(range(len(ordered)), repeat=mesh.ndim)),
+        key=_first,
+    )
+    found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]] = {}
+    layout_cache: dict[Any, Layout] = {}
+    planner = InputPlans(specs, cost_model)
+    keys = _RankKeys(specs, out_avals, cost_model)
+    orders = tuple(orders)
+    best: tuple[Any, tuple[Layout, ...]] | None = None
+    limit = math.inf
+    for bound, ix in entries:
+        if bound > limit:
+            break
+        combo = tuple(ordered[k] for k in ix)
+        placements = [tables_of[sig] for sig in combo]
+        if best is not None and not _states_within(
+            specs, placements, orders, mesh.shape, searches, scale,
+            best[0][1][1] - sum((pending_bounds[m][k] for m, k in enumerate(ix)), Fraction(0)),
+        ):
+            continue
+        for layouts in _add_layouts(combo, placements, tuple(sig_keys[s] for s in combo), orders, avals, mesh,
+                                    layout_cache, found):
+            ins, outs = layouts[:n_in], layouts[n_in:]
+            if not _matches(outs, out_constraint) or not _matches(ins, in_constraint):
+                continue
+            pending = keys.pending(outs, keys.continued(ins))
+            if best is not None and not _within(specs, ins, cost_model, best[0][1][1] - pending):
+                continue
+            key = keys.rank_key(Candidate(ins, outs, None, (), (), out_avals, pending, planner))
+            if not key[0]:  # runs on the inputs as given: not this function's case
+                return None
+            if best is None or key < best[0]:
+                best = (key, layouts)
+                limit = float(key[1][1]) * (1 + 1e-9) + 1e-9  # float bounds: a margin over their rounding
+    if best is None:
+        return None
+    layouts = best[1]
+    _, combo, order = found[layouts]
+    ins, outs = layouts[:n_in], layouts[n_in:]
+    candidate = Candidate(ins, outs, None, combo, order, out_avals, keys.pending(outs, keys.continued(ins)), planner)
+    keys.rank_key(candidate)  # stores its cost and redistributed, as rank_candidates does
+    return candidate
+
+
+def _within(
+    specs: tuple[TensorSpec, ...], layouts: tuple[Layout, ...], cost_model: CostModel, budget: Fraction
+) -> bool:
+    """Do the plans taking ``specs`` to ``layouts`` cost at most ``budget`` together? (Each
+    plan's search settles layouts only up to what is left of the budget.)"""
+    for spec, layout in zip(specs, layouts):
+        if budget < 0:
+            return False
+        if spec.layout is not layout:
+            cost = plan_cost_within(spec.shape, spec.dtype, spec.layout, layout, cost_model, budget)
+            if cost is None:
+                return False
+            budget -= cost
+    return budget >= 0
+
+
+def _states_within(
+    specs: tuple[TensorSpec, ...], placements: Sequence[tuple[tuple[int, Any], ...]], orders: Sequence[tuple[int, ...]],
+    mesh_shape: tuple[int, ...], searches: Sequence[Any], scale: int, budget: Fraction,
+) -> bool:
+    """Can a combination of 1-D signatures (``placements``: their :func:`_placement_table`)
+    bring the inputs to its layouts within ``budget``? Each input at its cheapest over the
+    nest orders (valid or not: a lower bound), without building layouts (``searches``: the
+    planner's search from each input, costs times ``scale``)."""
+    nests = _nests(placements)
+    left = math.floor(budget * scale)  # in the searches' exact integer units
+    for t, spec in enumerate(specs):
+        if left < 0:
+            return False
+        search = searches[t]
+        cheapest = None
+        for order in orders if nests else orders[:1]:
+            dim_axes: list[tuple[int, ...]] = [() for _ in spec.shape]
+            partial: list[Any] = [None] * len(mesh_shape)
+            for m in order:
+                dim, op = placements[m][t]
+                if dim is not None:
+                    if not 0 <= dim < len(dim_axes):
+                        break
+                    dim_axes[dim] += (m,)
+                elif op:
+                    partial[m] = op
+            else:
+                limit = left if cheapest is None else min(left, cheapest)
+                cost = search.cost_within((tuple(dim_axes), tuple(partial)), limit)
+                if cost is not None:
+                    cheapest = cost
+        if cheapest is None:
+            return False
+        left -= cheapest
+    return True
+
+
+def _dim_bound(sig: OneDSig, given: tuple[Placement, ...], in_blocks: Sequence[Fraction],
+               out_blocks: Sequence[Fraction], n: int, weight: Fraction) -> tuple[Fraction, Fraction]:
+    """A lower bound on the cost and pending reduction a candidate using ``sig`` on one
+    mesh dim (of size ``n``) pays there, the inputs having placements ``given`` on it: an
+    input leaving a partial is reduced (at least a reduce-scatter), a split moved to
+    another dim is exchanged (at least an all-to-all), a split dropped (to Replicate or
+    Partial) is gathered; a new partial output owes a reduce-scatter
+    (:func:`pending_reduction`); each on the smallest block the tensor can have
+    (``blocks``: its bytes over the other mesh dims' sizes). Distinct mesh dims' steps are
+    distinct steps of a plan, so the bounds of the mesh dims add up."""
+    total = Fraction(0)
+    kept = made = False
+    for p, q, block in zip(given, sig.inputs, in_blocks):
+        if isinstance(q, Partial):
+            kept = kept or isinstance(p, Partial)
+            made = made or isinstance(p, Shard)
+        if p == q:
+            continue
+        if isinstance(p, Partial):
+            total += collective_bytes(REDUCE_SCATTER, block, n)
+        elif isinstance(p, Shard):
+            total += collective_bytes(ALL_TO_ALL if isinstance(q, Shard) else ALL_GATHER, block, n)
+    pending = Fraction(0)
+    if not kept or made:
+        for q, block in zip(sig.outputs, out_blocks):
+            if isinstance(q, Partial):
+                pending += collective_bytes(REDUCE_SCATTER, block, n)
+    return total * weight, pending * weight
+
+
 @cached(maxsize=4096)
 def _layout_choices(
     sigs: tuple[OneDSig, ...], joints: tuple[Any, ...], avals: tuple[Aval, ...], mesh: DeviceMesh,
@@ -486,23 +666,37 @@ def _layout_choices(
     layout_cache: dict[Any, Layout] = {}
     per_dim = [ordered] * mesh.ndim if allowed is None else [[x for x in ordered if x in a] for a in allowed]
     for combo in itertools.product(*per_dim):
-        placements = [tables_of[sig] for sig in combo]
-        keys = tuple(sig_keys[s] for s in combo)
-        for order in orders if _nests(placements) else orders[:1]:
-            tables = _tables(combo, placements, order, avals, mesh.shape)
-            if tables is None or any(s.joint is not None and not s.joint(tables, mesh.shape) for s in combo):
-                continue
-            layouts = []
-            for table in tables:
-                layout = layout_cache.get(table)
-                if layout is None:
-                    layout = layout_cache[table] = Layout(mesh, *table)
-                layouts.append(layout)
-            key = (keys, order)
-            known = found.get(layouts := tuple(layouts))
-            if known is None or key < known[0]:
-                found[layouts] = (key, combo, order)
+        _add_layouts(combo, [tables_of[sig] for sig in combo], tuple(sig_keys[s] for s in combo), orders, avals, mesh,
+                     layout_cache, found)
     return tuple((layouts, combo, order) for layouts, (_, combo, order) in found.items())
+
+
+def _add_layouts(
+    combo: tuple[OneDSig, ...], placements: list[tuple[tuple[int, Any], ...]], keys: tuple[Any, ...],
+    orders: tuple[tuple[int, ...], ...], avals: tuple[Aval, ...], mesh: DeviceMesh, layout_cache: dict[Any, Layout],
+    found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]],
+) -> list[tuple[Layout, ...]]:
+    """The valid layouts of one combination of 1-D signatures (one per nest order that
+    matters), each entered in ``found`` with the least ``(keys, order)`` giving it; returns
+    the layouts ``found`` did not hold before."""
+    new = []
+    for order in orders if _nests(placements) else orders[:1]:
+        tables = _tables(combo, placements, order, avals, mesh.shape)
+        if tables is None or any(s.joint is not None and not s.joint(tables, mesh.shape) for s in combo):
+            continue
+        layouts = []
+        for table in tables:
+            layout = layout_cache.get(table)
+            if layout is None:
+                layout = layout_cache[table] = Layout(mesh, *table)
+            layouts.append(layout)
+        key = (keys, order)
+        known = found.get(layouts := tuple(layouts))
+        if known is None:
+            new.append(layouts)
+        if known is None or key < known[0]:
+            found[layouts] = (key, combo, order)
+    return new
 
 
 def _placement_table(sig: OneDSig) -> tuple[tuple[int, Any], ...]:
