@@ -136,13 +136,16 @@ def forced_signature(op: str, inputs: tuple[TensorSpec, ...], candidate: Candida
 
 
 def select_program(
-    graph: ProgramGraph, cost_model: CostModel, out_layouts: Sequence[Layout | None] | None = None
+    graph: ProgramGraph, cost_model: CostModel, out_layouts: Sequence[Layout | None] | None = None,
+    seeds: Sequence[tuple[str, int]] = (),
 ) -> dict[str, Candidate]:
     """The candidate of every equation (by path) minimizing the program's communication
     (module docstring); empty when the eager choice (each node's first candidate) is as
-    cheap. ``out_layouts``: a layout (or None, free) per output of the function."""
+    cheap. ``out_layouts``: a layout (or None, free) per output of the function.
+    ``seeds``: (path, candidate) moves also tried from the best choice found, each then
+    descended again (a loop's other carry layouts, see the module docstring)."""
     targets = tuple(out_layouts) if out_layouts is not None else (None,) * len(graph.outputs)
-    return _select(_Keyed(graph), cost_model, targets)
+    return _select(_Keyed(graph), cost_model, targets, tuple(seeds))
 
 
 class _Keyed:
@@ -165,7 +168,9 @@ class _Keyed:
 
 
 @cached(maxsize=256)
-def _select(keyed: _Keyed, cost_model: CostModel, targets: tuple[Layout | None, ...]) -> dict[str, Candidate]:
+def _select(
+    keyed: _Keyed, cost_model: CostModel, targets: tuple[Layout | None, ...], seeds: tuple[tuple[str, int], ...] = ()
+) -> dict[str, Candidate]:
     graph = keyed.graph
     search = _Search(graph, cost_model, targets)
     eager = {node.path: 0 for node in graph.nodes}
@@ -179,6 +184,12 @@ def _select(keyed: _Keyed, cost_model: CostModel, targets: tuple[Layout | None, 
     # value moves: continuing from the best result, and descending with them from its start (two basins: on the
     # GPT-2 adamw step the second is 0.89x the first's bytes, on Llama's 1.19x)
     for found in (search.improve(chosen, values=True), search.improve(origin, values=True)):
+        cost = search.total(found)
+        if cost < best and cost[1] <= best[1]:
+            chosen, best = found, cost
+    for path, k in seeds:  # from the best choice with one node re-chosen (cascading), descended again
+        changes, _ = search.cascade({path: k}, chosen)
+        found = search.improve({**chosen, **changes})
         cost = search.total(found)
         if cost < best and cost[1] <= best[1]:
             chosen, best = found, cost
