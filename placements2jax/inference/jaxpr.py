@@ -90,6 +90,8 @@ _FIXED_POINT_ROUNDS = 4
 _CARRY_ROUNDS = 2
 # a loop's other carry options the program search tries from its best choice (each descends again), at most
 _CARRY_SEEDS = 4
+# carry options of a loop (its program node's candidates), at most
+_CARRY_OPTIONS = 16
 
 
 @dataclass(frozen=True)
@@ -409,7 +411,7 @@ def _searched(walk: Walk, walked: tuple[Prediction, ProgramGraph, _Walker], mode
               targets: Sequence[Layout | None]) -> tuple[Prediction, _Walker]:
     """The program search on a walked program and the walk with its choice."""
     eager, graph, walker = walked
-    seeds = [(path, k) for path in walker.loops for k in range(1, len(walker.node_at[path].candidates))]
+    seeds = [(path, k) for path, loop in walker.loops.items() for k in loop.seeds]
     choices = select_program(graph, model, targets, seeds[:_CARRY_SEEDS])
     if not choices:
         return eager, walker
@@ -520,20 +522,29 @@ class _LoopCarries:
     returned: tuple[TensorSpec, ...]
     carries: tuple[Layout, ...]
     reads: int
+    producible: tuple[tuple[Layout, ...], ...] = ()  # per carry, the layouts the body's result's producer can give
 
     @property
     def returned_layouts(self) -> tuple[Layout, ...]:
         return tuple(s.layout for s in self.returned)
 
     def options(self) -> tuple[tuple[Layout, ...], ...]:
-        """The carry layouts the program search chooses among, the walked ones first (its
-        eager choice): as walked, as the body returns them, with their partials reduced,
-        as given initially; all carries at once, then one carry at a time."""
+        """The carry layouts the program search chooses among (at most ``_CARRY_OPTIONS``),
+        the walked ones first (its eager choice): as walked, as the body returns them, with
+        their partials reduced, as given initially, all carries at once; then one carry at
+        a time, also in any layout its producer in the body can give it (e.g. a gradient
+        accumulator left partial, reduced once after the loop)."""
         walked = self.carries
         each = [(r.layout, x.without_partial(), s.layout) for x, r, s in zip(walked, self.returned, self.init)]
         options = [walked, *(tuple(layouts) for layouts in zip(*each))]
-        options += [walked[:i] + (x,) + walked[i + 1:] for i, layouts in enumerate(each) for x in layouts]
-        return tuple(dict.fromkeys(options))
+        for i, layouts in enumerate(each):
+            options += [walked[:i] + (x,) + walked[i + 1:] for x in layouts + self.producible[i]]
+        return tuple(dict.fromkeys(options))[:_CARRY_OPTIONS]
+
+    @property
+    def seeds(self) -> range:
+        """The options the program search also descends from (the all-carries ones)."""
+        return range(1, min(4, len(self.options())))
 
     def choice(self, cost_model: CostModel) -> Candidate:
         """The program node's candidate carrying ``carries`` (a walk given it as the
@@ -833,7 +844,8 @@ class _Walker:
         inits = tuple(row.inputs[i] for i in fixed)
         if returned:
             loop = _LoopCarries(row.primitive, inits, tuple(o for o, _ in returned),
-                                tuple(candidate.in_layouts[i] for i in fixed), reads)
+                                tuple(candidate.in_layouts[i] for i in fixed), reads,
+                                tuple(tuple(self.options(o, s)) for o, s in returned))
             self.loops[row.path] = loop
             candidates = _carry_candidates(loop.op, inits + loop.returned, loop.options(), reads, self.cost_model)
             sources = tuple(srcs[i] for i in fixed) + tuple(s for _, s in returned)
