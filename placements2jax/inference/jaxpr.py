@@ -8,8 +8,11 @@ rule), as eager torch DTensor would dispatch op by op, recording the dataflow. U
 a second walk applies that choice. Call-like equations (``jit`` /
 ``pjit``, ``custom_jvp_call``, ``custom_vjp_call``, ``remat``, ``closed_call``) are walked
 inside; ``with_sharding_constraint``, ``reshard`` and ``shard_map`` regions force their
-layouts (the report shows the plan to them). Control flow: ``scan`` and ``while`` find a
-fixed point of their carries' layouts, ``cond`` joins its branches' output layouts.
+layouts (the report shows the plan to them). Control flow: ``scan`` and ``while`` start
+from a fixed point of their carries' layouts, which the program search re-solves (it
+chooses among carry options, and the carries are walked and searched again from the
+layouts its chosen body returns them in: :func:`_resolve_carries`); ``cond`` joins its
+branches' output layouts.
 Literals and closed-over constants are Replicate. A primitive without a rule raises
 :class:`UnsupportedOpError` naming it and the user's source line, or (``on_unknown=
 "replicate"``) runs replicated.
@@ -300,8 +303,9 @@ def predict(
     does op by op, by our cost model. ``search="torch"`` (needs torch) walks op by op with
     torch 2.13's own dispatcher's choice for every equation it maps onto an aten op
     (``infer_signature(..., search="torch")``: matmul, elementwise ops, sums and maxima,
-    transpose, reshape); the others take the eager choice. Layouts fixed by the code (loops' carries, annotations, ``shard_map``)
-    are single-candidate rows both searches respect.
+    transpose, reshape); the others take the eager choice. Layouts fixed by the code (annotations, ``shard_map``)
+    are single-candidate rows both searches respect; loops' carries are the program
+    search's to choose (the others keep the walk's fixed point).
 
     ``on_unknown="raise"`` (default): a primitive without a rule raises
     :class:`UnsupportedOpError` naming it and the source line; ``"replicate"`` runs it
@@ -776,14 +780,16 @@ class _Walker:
         )
 
     # -- control flow ------------------------------------------------------------------------
-    # A loop or cond is one row (the report's: every input's move) and one program node for
-    # the layouts its code fixes: the carries' (found by the fixed point) or the branches'
-    # joined outputs, with a single candidate the program search keeps. Everything else
+    # A loop or cond is one row (the report's: every input's move) and one program node: a
+    # cond's fixes its branches' joined outputs (one candidate); a loop's chooses its
+    # carries among options (:meth:`_LoopCarries.options`, the fixed point's first), needing
+    # the initial values and the body's results in them and giving them to the loop's
+    # results and to the body's reads of the carry (:func:`_carry_reads`). Everything else
     # threads through: the bodies' equations read the loop's constants (and a cond's
     # operands) from their producers, as a call's do; a scanned input's slices and a
     # scanned output's stack are nodes whose layout the search chooses among their
     # producers' candidates' (:meth:`choose`). Walked again with the search's choices,
-    # the loop takes the layouts the search saw instead of recomputing them.
+    # the loop takes the layouts the search chose instead of recomputing them.
 
     def _carry_fixed_point(
         self, body: Any, before: Sequence[TensorSpec], carry: Sequence[TensorSpec], after: Sequence[TensorSpec],
@@ -861,8 +867,8 @@ class _Walker:
         out_avals: tuple[Aval, ...],
     ) -> list[tuple[TensorSpec, ValueId | None]]:
         """``scan``: scanned inputs keep dim 0 whole (a rank cannot run only its own
-        iterations), each iteration sees their slices; the carry's layouts are a fixed
-        point of the body; stacked outputs get an unsplit dim 0. The body's rows appear
+        iterations), each iteration sees their slices; the carry's layouts are the
+        search's choice, else a fixed point of the body; stacked outputs get an unsplit dim 0. The body's rows appear
         once (as the compiled loop body does), not once per iteration. The layouts of the
         scanned inputs and outputs are the search's to choose (:meth:`choose`)."""
         body = eqn.params["jaxpr"]
@@ -893,8 +899,9 @@ class _Walker:
         self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], srcs: tuple[ValueId | None, ...],
         out_avals: tuple[Aval, ...],
     ) -> list[tuple[TensorSpec, ValueId | None]]:
-        """``while``: the carry's layouts are a fixed point of the body; the condition is
-        walked on them and its predicate must be Replicate (every rank decides alike)."""
+        """``while``: the carry's layouts are the search's choice, else a fixed point of the
+        body; the condition is walked on them and its predicate must be Replicate (every
+        rank decides alike)."""
         p = eqn.params
         cn, bn = p["cond_nconsts"], p["body_nconsts"]
         cond_consts, body_consts, init = ins[:cn], ins[cn:cn + bn], ins[cn + bn:]
