@@ -444,16 +444,24 @@ def _resolve_carries(
     ``_CARRY_ROUNDS`` rounds, keeping the cheapest prediction (the first on ties)."""
     best, walker = _searched(walk, walked, model, targets)
     best_total = _total(best, model)
+    searched = walked[2].loops  # the loops as the search saw them (their carry options)
     tried: set[tuple[tuple[str, tuple[Layout, ...]], ...]] = set()
     for _ in range(_CARRY_ROUNDS):
         loops = walker.loops
         seeds = tuple((path, loop.returned_layouts) for path, loop in loops.items())
-        if all(loop.returned_layouts == loop.carries for loop in loops.values()) or seeds in tried:
+        # returned layouts among the options the search chose from: nothing new to start from
+        if seeds in tried or all(
+            loop.returned_layouts == loop.carries
+            or (path in searched and loop.returned_layouts in searched[path].options())
+            for path, loop in loops.items()
+        ):
             break
         tried.add(seeds)
         start = {path: dataclasses.replace(loop, carries=layouts).choice(model) for (path, layouts), loop in
                  zip(seeds, loops.values())}
-        prediction, walker = _searched(walk, walk(start), model, targets)
+        walked = walk(start)
+        searched = walked[2].loops
+        prediction, walker = _searched(walk, walked, model, targets)
         total = _total(prediction, model)
         if total < best_total:
             best, best_total = prediction, total
@@ -546,9 +554,13 @@ class _LoopCarries:
         return tuple(dict.fromkeys(options))[:_CARRY_OPTIONS]
 
     @property
-    def seeds(self) -> range:
-        """The options the program search also descends from (the all-carries ones)."""
-        return range(1, min(4, len(self.options())))
+    def seeds(self) -> list[int]:
+        """The options the program search also descends from: the all-carries ones (the
+        body's results', reduced, initial) that differ from the walked carries."""
+        options = self.options()
+        joint = {tuple(r.layout for r in self.returned), tuple(x.without_partial() for x in self.carries),
+                 tuple(s.layout for s in self.init)}
+        return [k for k, option in enumerate(options) if k and option in joint]
 
     def choice(self, cost_model: CostModel) -> Candidate:
         """The program node's candidate carrying ``carries`` (a walk given it as the
