@@ -92,7 +92,7 @@ _FIXED_POINT_ROUNDS = 4
 # rounds of carry re-solving after the program search (each walks and searches the program again)
 _CARRY_ROUNDS = 2
 # a loop's other carry options the program search tries from its best choice (each descends again), at most
-_CARRY_SEEDS = 4
+_CARRY_SEEDS = 1
 # carry options of a loop (its program node's candidates), at most
 _CARRY_OPTIONS = 16
 

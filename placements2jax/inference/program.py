@@ -80,7 +80,7 @@ edge); the cascade follows it once (``seen``). ``seeds`` (the walker's all-carri
 options) are also tried from the best choice found: a descent from the eager choice
 seldom re-chooses a carry first (on GPT-2's adamw step the forward scan's carry reduced,
 0.70x the bytes). The walker re-solves further (:mod:`.jaxpr`): when the chosen body
-still returns a carry in another layout, it walks and searches again from there.
+returns a carry in a layout that was no option, it walks and searches again from there.
 
 Deterministic: candidates are scanned in their rule's ranking order
 (:meth:`.signature.Candidate.rank_key`), equations in program order, and ties keep the
