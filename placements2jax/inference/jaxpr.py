@@ -8,8 +8,11 @@ rule), as eager torch DTensor would dispatch op by op, recording the dataflow. U
 a second walk applies that choice. Call-like equations (``jit`` /
 ``pjit``, ``custom_jvp_call``, ``custom_vjp_call``, ``remat``, ``closed_call``) are walked
 inside; ``with_sharding_constraint``, ``reshard`` and ``shard_map`` regions force their
-layouts (the report shows the plan to them). Control flow: ``scan`` and ``while`` find a
-fixed point of their carries' layouts, ``cond`` joins its branches' output layouts.
+layouts (the report shows the plan to them). Control flow: ``scan`` and ``while`` start
+from a fixed point of their carries' layouts, which the program search re-solves (it
+chooses among carry options, and the carries are walked and searched again from the
+layouts its chosen body returns them in: :func:`_resolve_carries`); ``cond`` joins its
+branches' output layouts.
 Literals and closed-over constants are Replicate. A primitive without a rule raises
 :class:`UnsupportedOpError` naming it and the user's source line, or (``on_unknown=
 "replicate"``) runs replicated.
@@ -49,7 +52,7 @@ from .frameworks import bind
 from .ops import primitive_definition, registered_function
 from .plan import cached_plan
 from .program import ProgramGraph, ProgramNode, ValueId, forced_signature, select_program
-from .select import signature_for
+from .select import pending_reduction, signature_for
 from .signature import (
     Aval,
     Candidate,
@@ -87,6 +90,12 @@ ON_UNKNOWN = ("raise", "replicate")
 LOOPS = ("scan", "while", "cond")
 # rounds of the fixed point over a loop's carry layouts before falling back to the initial ones
 _FIXED_POINT_ROUNDS = 4
+# rounds of carry re-solving after the program search (each walks and searches the program again)
+_CARRY_ROUNDS = 2
+# a loop's other carry options the program search tries from its best choice (each descends again), at most
+_CARRY_SEEDS = 1
+# carry options of a loop (its program node's candidates), at most
+_CARRY_OPTIONS = 16
 
 
 @dataclass(frozen=True)
@@ -300,8 +309,9 @@ def predict(
     does op by op, by our cost model. ``search="torch"`` (needs torch) walks op by op with
     torch 2.13's own dispatcher's choice for every equation it maps onto an aten op
     (``infer_signature(..., search="torch")``: matmul, elementwise ops, sums and maxima,
-    transpose, reshape); the others take the eager choice. Layouts fixed by the code (loops' carries, annotations, ``shard_map``)
-    are single-candidate rows both searches respect.
+    transpose, reshape); the others take the eager choice. Layouts fixed by the code (annotations, ``shard_map``)
+    are single-candidate rows both searches respect; loops' carries are the program
+    search's to choose (the others keep the walk's fixed point).
 
     ``on_unknown="raise"`` (default): a primitive without a rule raises
     :class:`UnsupportedOpError` naming it and the source line; ``"replicate"`` runs it
@@ -378,7 +388,7 @@ def _predict(
     targets = output_constraints(out_layouts, out_tree, out_avals, mesh)
     consts = _const_specs(closed.jaxpr, mesh)
 
-    def walk(choices: Mapping[str, Candidate]) -> tuple[Prediction, ProgramGraph]:
+    def walk(choices: Mapping[str, Candidate]) -> tuple[Prediction, ProgramGraph, _Walker]:
         walker = _Walker(mesh, model, choices, on_unknown)
         outputs = walker.walk(closed.jaxpr, consts, specs, "", [("in", i) for i in range(len(specs))])
         graph = ProgramGraph(mesh, tuple(walker.nodes), tuple(s for _, s in outputs), specs)
@@ -394,15 +404,75 @@ def _predict(
             policy=policy, cost_model=model if policy is not None else None,
             jaxpr=closed, choices=tuple(choices.items()), on_unknown=on_unknown, output_sources=output_sources,
         )
-        return prediction, graph
+        return prediction, graph, walker
 
     if search == "torch":
         return walk(_torch_walk(closed, consts, specs, mesh, model, on_unknown))[0]
-    eager, graph = walk({})
+    eager, graph, walker = walk({})
     if search == "eager":
         return eager
-    choices = select_program(graph, model, targets)
-    return walk(choices)[0] if choices else eager
+    return _resolve_carries(walk, (eager, graph, walker), model, targets)
+
+
+Walk = Callable[[Mapping[str, Candidate]], tuple["Prediction", ProgramGraph, "_Walker"]]
+Total = tuple[Fraction, int]
+
+
+def _searched(walk: Walk, walked: tuple[Prediction, ProgramGraph, _Walker], model: CostModel,
+              targets: Sequence[Layout | None]) -> tuple[Prediction, _Walker]:
+    """The program search on a walked program and the walk with its choice."""
+    eager, graph, walker = walked
+    seeds = [(path, k) for path, loop in walker.loops.items() for k in loop.seeds]
+    choices = select_program(graph, model, targets, seeds[:_CARRY_SEEDS])
+    if not choices:
+        return eager, walker
+    prediction, _, walker = walk(choices)
+    return prediction, walker
+
+
+def _total(prediction: Prediction, model: CostModel) -> Total:
+    """What a prediction costs as the program search counts it: the redistributions and
+    the pending reduction of free outputs' partials; then its number of steps."""
+    owed = sum(
+        (pending_reduction((o.aval,), (o.layout,), set(), model)
+         for o, fixed in zip(prediction.outputs, prediction.constrained) if not fixed and o.layout.has_partial),
+        Fraction(0),
+    )
+    return prediction.cost + owed, len(prediction.steps)
+
+
+def _resolve_carries(
+    walk: Walk, walked: tuple[Prediction, ProgramGraph, _Walker], model: CostModel, targets: Sequence[Layout | None]
+) -> Prediction:
+    """The program search, then its loops' carries re-solved from its own choice: while
+    the chosen plan of some loop body returns its carries in other layouts than it carries
+    them (moving them back every iteration), walk and search again with the carries
+    started from the returned layouts (every other loop's from its chosen ones); at most
+    ``_CARRY_ROUNDS`` rounds, keeping the cheapest prediction (the first on ties)."""
+    best, walker = _searched(walk, walked, model, targets)
+    best_total = _total(best, model)
+    searched = walked[2].loops  # the loops as the search saw them (their carry options)
+    tried: set[tuple[tuple[str, tuple[Layout, ...]], ...]] = set()
+    for _ in range(_CARRY_ROUNDS):
+        loops = walker.loops
+        seeds = tuple((path, loop.returned_layouts) for path, loop in loops.items())
+        # returned layouts among the options the search chose from: nothing new to start from
+        if seeds in tried or all(
+            loop.returned_layouts == loop.carries
+            or (path in searched and loop.returned_layouts in searched[path].options())
+            for path, loop in loops.items()
+        ):
+            break
+        tried.add(seeds)
+        start = {path: dataclasses.replace(loop, carries=layouts).choice(model) for (path, layouts), loop in
+                 zip(seeds, loops.values())}
+        walked = walk(start)
+        searched = walked[2].loops
+        prediction, walker = _searched(walk, walked, model, targets)
+        total = _total(prediction, model)
+        if total < best_total:
+            best, best_total = prediction, total
+    return best
 
 
 class Executor(Protocol):
@@ -466,6 +536,51 @@ def _factors(layout: Layout, start: int, lead: tuple[int, ...] = ()) -> tuple[in
     return lead + layout.split_factors[start:] if layout.is_strided else None
 
 
+@dataclass(frozen=True)
+class _LoopCarries:
+    """A walked loop's carries: its program node's op, the initial values and the body's
+    results (as walked, before their move back to the carries), the layouts carried and
+    how many reads of them the loop has (its body's; a while's condition's too)."""
+
+    op: str
+    init: tuple[TensorSpec, ...]
+    returned: tuple[TensorSpec, ...]
+    carries: tuple[Layout, ...]
+    reads: int
+    producible: tuple[tuple[Layout, ...], ...] = ()  # per carry, the layouts the body's result's producer can give
+
+    @property
+    def returned_layouts(self) -> tuple[Layout, ...]:
+        return tuple(s.layout for s in self.returned)
+
+    def options(self) -> tuple[tuple[Layout, ...], ...]:
+        """The carry layouts the program search chooses among (at most ``_CARRY_OPTIONS``),
+        the walked ones first (its eager choice): as walked, as the body returns them, with
+        their partials reduced, as given initially, all carries at once; then one carry at
+        a time, also in any layout its producer in the body can give it (e.g. a gradient
+        accumulator left partial, reduced once after the loop)."""
+        walked = self.carries
+        each = [(r.layout, x.without_partial(), s.layout) for x, r, s in zip(walked, self.returned, self.init)]
+        options = [walked, *(tuple(layouts) for layouts in zip(*each))]
+        for i, layouts in enumerate(each):
+            options += [walked[:i] + (x,) + walked[i + 1:] for x in layouts + self.producible[i]]
+        return tuple(dict.fromkeys(options))[:_CARRY_OPTIONS]
+
+    @property
+    def seeds(self) -> list[int]:
+        """The options the program search also descends from: the all-carries ones (the
+        body's results', reduced, initial) that differ from the walked carries."""
+        options = self.options()
+        joint = {tuple(r.layout for r in self.returned), tuple(x.without_partial() for x in self.carries),
+                 tuple(s.layout for s in self.init)}
+        return [k for k, option in enumerate(options) if k and option in joint]
+
+    def choice(self, cost_model: CostModel) -> Candidate:
+        """The program node's candidate carrying ``carries`` (a walk given it as the
+        loop's choice starts its carries there)."""
+        return _carry_candidates(self.op, self.init + self.returned, (self.carries,), self.reads, cost_model)[0]
+
+
 def _source_line(eqn: Any) -> str:
     """``file:line (function)`` of the user code that made ``eqn`` ("" for equations
     inside library functions traced as jit: their caller's line is used instead)."""
@@ -490,6 +605,7 @@ class _Walker:
         self.nodes: list[ProgramNode] = []
         self.node_at: dict[str, ProgramNode] = {}  # the nodes by path
         self.call_lines: list[str] = []  # source lines of the enclosing calls, for errors
+        self.loops: dict[str, _LoopCarries] = {}  # the loops walked (not their fixed points' trials), by path
 
     def _trial(self) -> _Walker:
         """A walker whose rows and nodes are thrown away (for fixed points)."""
@@ -574,13 +690,14 @@ class _Walker:
         return chosen
 
     def move(
-        self, label: str, path: str, spec: TensorSpec, source: ValueId | None, target: Layout
+        self, label: str, path: str, spec: TensorSpec, source: ValueId | None, target: Layout, node: bool = True
     ) -> tuple[TensorSpec, ValueId | None]:
-        """Move ``spec`` to ``target``: a row if it differs, and always a program node (a
-        single candidate needing ``target``), so that the program search pays for the
+        """Move ``spec`` to ``target``: a row if it differs, and (``node``) a program node
+        (a single candidate needing ``target``), so that the program search pays for the
         move if it changes the producer. The moved spec and the value it now is."""
         signature = self.fixed(label, (spec,), (target,), (spec.aval,), (target,))
-        self._node(ProgramNode(path, (spec,), (source,), signature.candidates))
+        if node:
+            self._node(ProgramNode(path, (spec,), (source,), signature.candidates))
         if spec.layout == target:
             return spec, source
         out = TensorSpec(spec.shape, spec.dtype, target)
@@ -688,14 +805,16 @@ class _Walker:
         )
 
     # -- control flow ------------------------------------------------------------------------
-    # A loop or cond is one row (the report's: every input's move) and one program node for
-    # the layouts its code fixes: the carries' (found by the fixed point) or the branches'
-    # joined outputs, with a single candidate the program search keeps. Everything else
+    # A loop or cond is one row (the report's: every input's move) and one program node: a
+    # cond's fixes its branches' joined outputs (one candidate); a loop's chooses its
+    # carries among options (:meth:`_LoopCarries.options`, the fixed point's first), needing
+    # the initial values and the body's results in them and giving them to the loop's
+    # results and to the body's reads of the carry (:func:`_carry_reads`). Everything else
     # threads through: the bodies' equations read the loop's constants (and a cond's
     # operands) from their producers, as a call's do; a scanned input's slices and a
     # scanned output's stack are nodes whose layout the search chooses among their
     # producers' candidates' (:meth:`choose`). Walked again with the search's choices,
-    # the loop takes the layouts the search saw instead of recomputing them.
+    # the loop takes the layouts the search chose instead of recomputing them.
 
     def _carry_fixed_point(
         self, body: Any, before: Sequence[TensorSpec], carry: Sequence[TensorSpec], after: Sequence[TensorSpec],
@@ -714,22 +833,18 @@ class _Walker:
             layouts = new
         return [s.layout for s in carry]
 
-    def _carry_values(self, label: str, prefix: str, carry: Sequence[TensorSpec]) -> list[ValueId]:
-        """The carries as values of a loop body at ``prefix``: a node each (one candidate,
-        the carry's layout, fixed), so that the body's consumers of a carry share its
-        redistributions as they share any value's (one all-reduce of a partial carry for
-        all of them, which the search can choose), instead of each paying its own."""
-        values: list[ValueId] = []
-        for i, spec in enumerate(carry):
-            path = f"{prefix}carry_in{i}"
-            signature = self.fixed(label, (spec,), (spec.layout,), (spec.aval,), (spec.layout,))
-            self._node(ProgramNode(path, (spec,), (None,), signature.candidates))
-            values.append((path, 0))
-        return values
+    def _carried_back(
+        self, label: str, path: str, outs: Sequence[tuple[TensorSpec, ValueId | None]], carry: Sequence[TensorSpec]
+    ) -> list[TensorSpec]:
+        """The body's results moved back to the carries' layouts: a row each that moves
+        (the loop's program node prices these moves: its candidates need the results in
+        the carries' layouts)."""
+        return [self.move(label, f"{path}.carry{i}", o, s, c.layout, node=False)[0]
+                for i, ((o, s), c) in enumerate(zip(outs, carry))]
 
-    def _carry_layouts(self, path: str, find: Callable[[], Sequence[Layout]]) -> list[Layout]:
-        """The carry layouts of loop ``path``: as the search saw them, else ``find()``."""
-        return list(self.choices[path].in_layouts) if path in self.choices else list(find())
+    def _carry_layouts(self, path: str, n: int, find: Callable[[], Sequence[Layout]]) -> list[Layout]:
+        """The ``n`` carry layouts of loop ``path``: as the search chose them, else ``find()``."""
+        return list(self.choices[path].in_layouts[:n]) if path in self.choices else list(find())
 
     def _loop_row(
         self, path: str, label: str, ins: tuple[TensorSpec, ...], in_layouts: Sequence[Layout],
@@ -743,22 +858,33 @@ class _Walker:
 
     def _finish_loop_row(
         self, slot: int, srcs: tuple[ValueId | None, ...], outs: Sequence[TensorSpec], fixed: Sequence[int],
-        out_sources: Sequence[ValueId | None] = (),
+        out_sources: Sequence[ValueId | None] = (), returned: Sequence[tuple[TensorSpec, ValueId | None]] = (),
+        reads: int = 0,
     ) -> list[tuple[TensorSpec, ValueId | None]]:
         """Fill in the loop's row and add its node: the inputs ``fixed`` (by index) to the
         row's layouts, giving the outputs but the last ``len(out_sources)`` (the values
-        those are)."""
+        those are). A loop's carries (``fixed``, with the body's results ``returned``)
+        are the search's to choose: the node needs both in one of the carry options
+        (:meth:`_LoopCarries.options`) and gives it to the loop's results and to the
+        ``reads`` groups of the carry's reads (:func:`_carry_reads`)."""
         row = self.rows[slot]
         candidate = dataclasses.replace(row.signature.chosen, out_layouts=tuple(o.layout for o in outs))
         signature = Signature(row.signature.op, row.inputs, (candidate,))
         self.rows[slot] = EquationReport(row.path, row.primitive, row.inputs, signature, tuple(outs), srcs)
         own = outs[: len(outs) - len(out_sources)]
-        node = self.fixed(
-            row.primitive, [row.inputs[i] for i in fixed], [candidate.in_layouts[i] for i in fixed],
-            [o.aval for o in own], [o.layout for o in own],
-        )
-        self._node(ProgramNode(row.path, tuple(row.inputs[i] for i in fixed), tuple(srcs[i] for i in fixed),
-                               node.candidates))
+        inits = tuple(row.inputs[i] for i in fixed)
+        if returned:
+            loop = _LoopCarries(row.primitive, inits, tuple(o for o, _ in returned),
+                                tuple(candidate.in_layouts[i] for i in fixed), reads,
+                                tuple(tuple(self.options(o, s)) for o, s in returned))
+            self.loops[row.path] = loop
+            candidates = _carry_candidates(loop.op, inits + loop.returned, loop.options(), reads, self.cost_model)
+            sources = tuple(srcs[i] for i in fixed) + tuple(s for _, s in returned)
+            self._node(ProgramNode(row.path, inits + loop.returned, sources, candidates))
+        else:
+            node = self.fixed(row.primitive, inits, [candidate.in_layouts[i] for i in fixed],
+                              [o.aval for o in own], [o.layout for o in own])
+            self._node(ProgramNode(row.path, inits, tuple(srcs[i] for i in fixed), node.candidates))
         return [(o, (row.path, j)) for j, o in enumerate(own)] + list(zip(outs[len(own):], out_sources))
 
     def _scan(
@@ -766,8 +892,8 @@ class _Walker:
         out_avals: tuple[Aval, ...],
     ) -> list[tuple[TensorSpec, ValueId | None]]:
         """``scan``: scanned inputs keep dim 0 whole (a rank cannot run only its own
-        iterations), each iteration sees their slices; the carry's layouts are a fixed
-        point of the body; stacked outputs get an unsplit dim 0. The body's rows appear
+        iterations), each iteration sees their slices; the carry's layouts are the
+        search's choice, else a fixed point of the body; stacked outputs get an unsplit dim 0. The body's rows appear
         once (as the compiled loop body does), not once per iteration. The layouts of the
         scanned inputs and outputs are the search's to choose (:meth:`choose`)."""
         body = eqn.params["jaxpr"]
@@ -779,52 +905,48 @@ class _Walker:
             for i, (x, s) in enumerate(zip(xs, srcs[nc + nk:]))
         ]
         slices = [TensorSpec(x.shape[1:], x.dtype, _drop_dim0(u)) for x, u in zip(xs, stacked)]
-        carry_layouts = self._carry_layouts(path, lambda: self._carry_fixed_point(body, consts, init, slices, path))
+        carry_layouts = self._carry_layouts(
+            path, nk, lambda: self._carry_fixed_point(body, consts, init, slices, path)
+        )
         slot = self._loop_row(path, "scan", ins, [c.layout for c in consts] + carry_layouts + stacked, out_avals)
         carry = [TensorSpec(s.shape, s.dtype, x) for s, x in zip(init, carry_layouts)]
-        sources = [*srcs[:nc], *self._carry_values("scan carry", path + ".", carry),
-                   *[(f"{path}.xs{i}", 0) for i in range(len(xs))]]
+        sources = [*srcs[:nc], *_carry_reads(path, nk, 1), *[(f"{path}.xs{i}", 0) for i in range(len(xs))]]
         outs = self._closed(body, [*consts, *carry, *slices], path + ".", sources=sources)
-        back = [
-            self.move("scan carry", f"{path}.carry{i}", o, s, c.layout)[0]
-            for i, ((o, s), c) in enumerate(zip(outs[:nk], carry))
-        ]
+        back = self._carried_back("scan carry", path, outs[:nk], carry)
         ys = []
         for i, (a, (o, s)) in enumerate(zip(out_avals[nk:], outs[nk:])):
             chosen = self.choose("scan ys", f"{path}.ys{i}", o, s, self.options(o, s), a, _stacked, row=True)
             ys.append(TensorSpec(a.shape, a.dtype, _stacked(chosen)))
         ys_sources = [(f"{path}.ys{i}", 0) for i in range(len(ys))]
-        return self._finish_loop_row(slot, srcs, [*back, *ys], range(nc, nc + nk), ys_sources)
+        return self._finish_loop_row(slot, srcs, [*back, *ys], range(nc, nc + nk), ys_sources, outs[:nk], 1)
 
     def _while(
         self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], srcs: tuple[ValueId | None, ...],
         out_avals: tuple[Aval, ...],
     ) -> list[tuple[TensorSpec, ValueId | None]]:
-        """``while``: the carry's layouts are a fixed point of the body; the condition is
-        walked on them and its predicate must be Replicate (every rank decides alike)."""
+        """``while``: the carry's layouts are the search's choice, else a fixed point of the
+        body; the condition is walked on them and its predicate must be Replicate (every
+        rank decides alike)."""
         p = eqn.params
         cn, bn = p["cond_nconsts"], p["body_nconsts"]
         cond_consts, body_consts, init = ins[:cn], ins[cn:cn + bn], ins[cn + bn:]
         carry_layouts = self._carry_layouts(
-            path, lambda: self._carry_fixed_point(p["body_jaxpr"], body_consts, init, (), path + ".body")
+            path, len(init), lambda: self._carry_fixed_point(p["body_jaxpr"], body_consts, init, (), path + ".body")
         )
         slot = self._loop_row(path, "while", ins, [c.layout for c in ins[:cn + bn]] + carry_layouts, out_avals)
         carry = [TensorSpec(s.shape, s.dtype, x) for s, x in zip(init, carry_layouts)]
         ((predicate, source),) = self._closed(
             p["cond_jaxpr"], [*cond_consts, *carry], path + ".cond.",
-            sources=[*srcs[:cn], *self._carry_values("while carry", path + ".cond.", carry)],
+            sources=[*srcs[:cn], *_carry_reads(path, len(init), 1)],
         )
         everywhere = Layout(self.mesh, ((),) * predicate.layout.ndim)
         self.move("while predicate", f"{path}.cond.out", predicate, source, everywhere)
         outs = self._closed(
             p["body_jaxpr"], [*body_consts, *carry], path + ".body.",
-            sources=[*srcs[cn:cn + bn], *self._carry_values("while carry", path + ".body.", carry)],
+            sources=[*srcs[cn:cn + bn], *_carry_reads(path, len(init), 2)],
         )
-        back = [
-            self.move("while carry", f"{path}.carry{i}", o, s, c.layout)[0]
-            for i, ((o, s), c) in enumerate(zip(outs, carry))
-        ]
-        return self._finish_loop_row(slot, srcs, back, range(cn + bn, len(ins)))
+        back = self._carried_back("while carry", path, outs, carry)
+        return self._finish_loop_row(slot, srcs, back, range(cn + bn, len(ins)), (), outs, 2)
 
     def _cond(
         self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], srcs: tuple[ValueId | None, ...],
@@ -899,6 +1021,31 @@ def _fixed_signature(
     plans = tuple(cached_plan(s.shape, s.dtype, s.layout, t, cost_model) for s, t in zip(ins, in_layouts))
     candidate = Candidate(in_layouts, out_layouts, plans, (), tuple(range(mesh.ndim)), out_avals)
     return Signature(op, ins, (candidate,))
+
+
+def _carry_reads(path: str, n: int, group: int) -> list[ValueId]:
+    """The values a loop's body (``group`` 1; a while's condition 1, body 2) reads its ``n``
+    carries as: outputs of the loop's program node after its ``n`` results, one group
+    each, so that the consumers of a carry in one body share its redistributions (one
+    all-reduce of a partial carry for all of them) as they share any value's."""
+    return [(path, group * n + i) for i in range(n)]
+
+
+@cached(maxsize=1024)
+def _carry_candidates(
+    op: str, ins: tuple[TensorSpec, ...], options: tuple[tuple[Layout, ...], ...], reads: int, cost_model: CostModel
+) -> tuple[Candidate, ...]:
+    """A loop's program node candidates (:meth:`_Walker._finish_loop_row`), one per carry
+    option: ``ins`` (the initial values, then the body's results) needed in its layouts,
+    which the loop's results and ``reads`` groups of the carry's reads take. Cached: the
+    program search keys its cache on the candidates' identities."""
+    n = len(options[0])
+    avals = tuple(s.aval for s in ins[:n])
+    mesh = ins[0].layout.mesh
+    return tuple(
+        _fixed_signature(op, ins, option * 2, avals * (1 + reads), option * (1 + reads), mesh, cost_model).chosen
+        for option in options
+    )
 
 
 @cached(maxsize=1024)

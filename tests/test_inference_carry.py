@@ -1,0 +1,131 @@
+"""Loop carries chosen by the program search (scan and while): a residual stream made
+partial before the loop is carried reduced, where the walk's greedy fixed point carries it
+partial and reduces it again for every nonlinear read in every iteration."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from placements2jax import apply, check, clear_caches, distribute_tensor, init_device_mesh
+from placements2jax.inference import jaxpr, predict
+
+
+def layer_norm(x: jax.Array) -> jax.Array:
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+    return (x - mean) * lax.rsqrt(var + 1e-5)
+
+
+def residual_scan(x0: jax.Array, w0: jax.Array, w1s: jax.Array, w2s: jax.Array) -> jax.Array:
+    """A row-parallel projection (partial) feeding a scanned stack of pre-norm MLP blocks."""
+
+    def block(x: jax.Array, w: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, None]:
+        w1, w2 = w
+        return x + jnp.tanh(layer_norm(x) @ w1) @ w2, None
+
+    x, _ = lax.scan(block, x0 @ w0, (w1s, w2s))
+    return jnp.tanh(x)
+
+
+def residual_while(x0: jax.Array, w0: jax.Array, w1s: jax.Array, w2s: jax.Array) -> jax.Array:
+    """The same blocks under ``lax.while_loop`` (a counter carried beside the stream)."""
+
+    def block(carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        i, x = carry
+        return i + 1, x + jnp.tanh(layer_norm(x) @ w1s[i]) @ w2s[i]
+
+    _, x = lax.while_loop(lambda c: c[0] < w1s.shape[0], block, (0, x0 @ w0))
+    return jnp.tanh(x)
+
+
+@pytest.fixture(scope="module")
+def mesh() -> Any:
+    return init_device_mesh((2, 4), ("dp", "tp"))
+
+
+@pytest.fixture(scope="module")
+def inputs(mesh: Any) -> tuple[list[np.ndarray], list[Any]]:
+    rng = np.random.default_rng(0)
+    arrays = [
+        rng.normal(size=(8, 32)).astype(np.float32), rng.normal(size=(32, 32)).astype(np.float32) / 6,
+        rng.normal(size=(3, 32, 64)).astype(np.float32) / 6, rng.normal(size=(3, 64, 32)).astype(np.float32) / 8,
+    ]
+    placements = ("S(0),S(1)", "R,S(0)", "R,S(2)", "R,S(1)")  # x0 @ w0 is S(0),P: partial over tp
+    return arrays, [distribute_tensor(a, mesh, p) for a, p in zip(arrays, placements)]
+
+
+def _greedy_carry(fn: Any, args: list[Any], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The program search with the carries fixed at the walk's greedy fixed point (before
+    carry re-solving): one carry option, no seeds, no re-solving rounds."""
+    with monkeypatch.context() as patch:
+        patch.setattr(jaxpr, "_CARRY_OPTIONS", 1)
+        patch.setattr(jaxpr, "_CARRY_SEEDS", 0)
+        patch.setattr(jaxpr, "_CARRY_ROUNDS", 0)
+        clear_caches()
+        greedy = predict(fn, *args)
+    clear_caches()
+    return greedy
+
+
+def _loop_row(prediction: Any, primitive: str) -> Any:
+    (row,) = [r for r in prediction.equations if r.primitive == primitive]
+    return row
+
+
+@pytest.mark.parametrize(("fn", "primitive", "carry"), [(residual_scan, "scan", 0), (residual_while, "while", 3)])
+def test_the_search_carries_the_residual_stream_reduced(
+    inputs: Any, monkeypatch: pytest.MonkeyPatch, fn: Any, primitive: str, carry: int
+) -> None:
+    """Greedy: the carry stays S(0),P (the initial layout is a fixed point) and each
+    iteration reduces it for the layer norm's square, its scaling and the matmul (three
+    reduce-scatters, one more after the loop); re-solved: carried S(0),R (one all-reduce
+    per iteration of the body's result), as XLA compiles it."""
+    _, args = inputs
+    greedy = _greedy_carry(fn, args, monkeypatch)
+    prediction = predict(fn, *args)
+    assert str(_loop_row(greedy, primitive).signature.chosen.in_layouts[carry]) == "S(0),P"
+    row = _loop_row(prediction, primitive)
+    assert str(row.signature.chosen.in_layouts[carry]) == "S(0),R"
+    assert str(row.outputs[-1].layout) == "S(0),R"
+    assert prediction.nbytes <= greedy.nbytes and len(prediction.steps) < len(greedy.steps)
+    assert (prediction.cost, len(prediction.steps)) < (greedy.cost, len(greedy.steps))
+    report = check(fn, *args)
+    assert [o.verdict for o in report.outputs] == ["equal"]
+    assert report.predicted_bytes == report.compiled_bytes  # greedy: twice XLA's bytes
+    assert report.prediction is prediction
+
+
+@pytest.mark.parametrize("fn", [residual_scan, residual_while])
+def test_apply_runs_the_chosen_carries(inputs: Any, fn: Any) -> None:
+    arrays, args = inputs
+    expected = jax.jit(fn)(*arrays)
+    out = apply(fn, *args)
+    assert str(out.layout) == str(predict(fn, *args).out_layouts[0])
+    np.testing.assert_allclose(np.asarray(out.full_tensor()), np.asarray(expected), rtol=2e-5, atol=2e-5)
+
+
+def test_carry_options_and_seeds(inputs: Any) -> None:
+    """The loop's program node offers the walked carries first (the eager choice), then
+    the body's result's, the reduced and the initial layouts, then one carry at a time in
+    the layouts its producer can give; the search also descends from the all-carries ones."""
+    _, args = inputs
+    walker = jaxpr._Walker(args[0].layout.mesh, jaxpr.resolve_cost_model(None), {})
+    closed = jax.make_jaxpr(residual_while)(*(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args))
+    specs = [jaxpr.TensorSpec(a.shape, a.dtype, a.layout) for a in args]
+    walker.walk(closed.jaxpr, jaxpr._const_specs(closed.jaxpr, specs[0].layout.mesh), specs, "",
+                [("in", i) for i in range(len(specs))])
+    (loop,) = walker.loops.values()
+    options = loop.options()
+    assert options[0] == loop.carries and len(set(options)) == len(options) <= jaxpr._CARRY_OPTIONS
+    assert [str(x) for x in options[0]] == ["R,R", "S(0),P"]
+    assert ("R,R", "S(0),R") in {tuple(map(str, o)) for o in options}
+    assert [tuple(map(str, options[k])) for k in loop.seeds] == [("R,R", "S(0),R")]  # reduced (= returned, initial)
+    node = walker.node_at[next(iter(walker.loops))]
+    assert [c.in_layouts for c in node.candidates] == [o * 2 for o in options]  # initial values, body's results
+    assert all(len(c.out_layouts) == 3 * 2 for c in node.candidates)  # results, condition's reads, body's reads
