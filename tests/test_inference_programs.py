@@ -606,10 +606,12 @@ def test_apply_runs_the_llama_loss_like_plain_jax(mesh: Any) -> None:
 # loss now predicts less than XLA sends: the same all-reduces per mesh axis (6 on tp, 1 on dp), but 5 all-to-alls
 # of attention heads where XLA sends 7 collective-permutes; its floor is 0.85 (0.9 elsewhere), and its
 # collectives must not exceed XLA's (extra -2: 12 against 14).
+# Since the search chooses loop carries (the forward scan carries GPT-2's residual stream reduced): GPT-2 adamw
+# 1.75 -> 1.13 with 71 -> 65 operands (combined 47 -> 42 against XLA's 23).
 _REACHED = {
     ("gpt2", "loss"): (0.86, -2),
     ("gpt2", "value_and_grad"): (0.96, 2),
-    ("gpt2", "adamw step"): (1.75, 13),
+    ("gpt2", "adamw step"): (1.13, 7),
     ("llama", "loss"): (1.03, 1),
     ("llama", "value_and_grad"): (1.0, 35),
     ("llama", "adamw step"): (1.42, 69),
@@ -625,7 +627,7 @@ _FLOOR = {("gpt2", "loss"): 0.85}
 _COMBINED_REACHED = {
     ("gpt2", "loss"): -2,
     ("gpt2", "value_and_grad"): 10,
-    ("gpt2", "adamw step"): 24,
+    ("gpt2", "adamw step"): 19,
     ("llama", "loss"): 1,
     ("llama", "value_and_grad"): 49,
     ("llama", "adamw step"): 101,
