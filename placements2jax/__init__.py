@@ -68,7 +68,7 @@ from .placements import (
     parse_placements,
 )
 from .training import mixed_precision, model_arrays
-from .autoplan import auto_plan, plan_figures
+from .autoplan import auto_plan, compiled_figures, plan_figures
 from .visualize import plot, print_layout, visualize
 
 from .version import __version__
@@ -109,6 +109,7 @@ __all__ = [
     "clear_caches",
     "colwise",
     "comm_debug",
+    "compiled_figures",
     "cross_entropy",
     "distribute_pytree",
     "distribute_tensor",
