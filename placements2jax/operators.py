@@ -678,7 +678,7 @@ def _logical_splits(layout: Layout) -> Layout:
     XLA has no strided sharding, so a strided input is unstrided before ``fn`` (an
     all-to-all the op-by-op ``"ops"`` program does not need) and a strided output strided
     after it."""
-    return Layout(layout.mesh, layout.dim_axes) if layout.is_strided else layout.without_partial()
+    return Layout(layout.mesh, layout.dim_axes)
 
 
 @dataclass(frozen=True)

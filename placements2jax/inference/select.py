@@ -243,14 +243,15 @@ def _infer(
     one_d = list(definition.rule(ins, out_avals, **dict(params)))
     name = definition.name
     layouts = [s.layout for s in specs] + [x for x in (out_constraint or ()) + (in_constraint or ()) if x is not None]
-    rank = partial(rank_candidates, one_d, specs, out_avals, mesh, nest_orders(mesh, layouts), cost_model,
+    orders = nest_orders(mesh, layouts)
+    rank = partial(rank_candidates, one_d, specs, out_avals, mesh, orders, cost_model,
                    out_constraint=out_constraint, in_constraint=in_constraint, strided=not has_user_rule(kind, name))
     if lazy:
         # candidates running on the inputs as given rank first: the best of them is the choice
         in_place = rank(in_place=True)
         if in_place:
             return Signature(name, specs, chosen=in_place[0], rank=rank)
-        best = _bounded_best(one_d, specs, out_avals, mesh, nest_orders(mesh, layouts), cost_model,
+        best = _bounded_best(one_d, specs, out_avals, mesh, orders, cost_model,
                             out_constraint=out_constraint, in_constraint=in_constraint)
         if best is not None:
             return Signature(name, specs, chosen=best, rank=rank)
