@@ -581,20 +581,24 @@ class _LoopCarries:
         a time, also in any layout its producer in the body can give it (e.g. a gradient
         accumulator left partial, reduced once after the loop)."""
         walked = self.carries
-        each = [(r.layout, x.without_partial(), s.layout) for x, r, s in zip(walked, self.returned, self.init)]
-        options = [walked, *(tuple(layouts) for layouts in zip(*each))]
-        for i, layouts in enumerate(each):
-            options += [walked[:i] + (x,) + walked[i + 1:] for x in layouts + self.producible[i]]
+        joint = self._joint()
+        options = [walked, *joint]
+        for i in range(len(walked)):
+            options += [walked[:i] + (x,) + walked[i + 1:] for x in tuple(j[i] for j in joint) + self.producible[i]]
         return tuple(dict.fromkeys(options))[:_CARRY_OPTIONS]
+
+    def _joint(self) -> tuple[tuple[Layout, ...], ...]:
+        """The all-carries options: as the body returns them, with their partials reduced,
+        as given initially."""
+        return (self.returned_layouts, tuple(x.without_partial() for x in self.carries),
+                tuple(s.layout for s in self.init))
 
     @property
     def seeds(self) -> list[int]:
         """The options the program search also descends from: the all-carries ones (the
         body's results', reduced, initial) that differ from the walked carries."""
-        options = self.options()
-        joint = {tuple(r.layout for r in self.returned), tuple(x.without_partial() for x in self.carries),
-                 tuple(s.layout for s in self.init)}
-        return [k for k, option in enumerate(options) if k and option in joint]
+        joint = set(self._joint())
+        return [k for k, option in enumerate(self.options()) if k and option in joint]
 
     def choice(self, cost_model: CostModel) -> Candidate:
         """The program node's candidate carrying ``carries`` (a walk given it as the
