@@ -19,6 +19,9 @@ TORCH_INDEX ?=
 # The suite runs on TEST_WORKERS processes (pytest-xdist; CI has 2 cores), each test file whole
 # on one worker (module fixtures built once), slowest files first (tests/conftest.py).
 TEST_WORKERS ?= 2
+# Extra pytest options for one run, e.g. `make test PYTEST_ARGS=--junitxml=junit.xml` to re-measure
+# the per-file durations behind tests/conftest.py's SLOW_FILES (CI passes none).
+PYTEST_ARGS ?=
 DEMO_STAMP := $(VENV)/.installed-demo
 STAMP := $(VENV)/.installed
 
@@ -47,7 +50,7 @@ demo: $(DEMO_STAMP)
 	$(BIN)/python -m placements2jax train
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
