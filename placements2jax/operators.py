@@ -754,12 +754,13 @@ class _Executor:
         outs = [physical(layout, tuple(v.aval.shape)) for layout, v in zip(signature.out_layouts, eqn.outvars)]
         params = {k: (None if k in ("sharding", "out_sharding") else v) for k, v in eqn.params.items()}
         params = _local_params(name, params, targets, outs)
-        masked_axis = _masked_lookup_axis(name, params, targets)
+        masked_axis = _masked_axis(name, params, targets)
         function = registered_function(eqn)
         if function is not None:
             compute = partial(_call_registered, function, eqn)
         elif masked_axis is not None:
-            compute = partial(_masked_gather, eqn.primitive, params, targets[0], masked_axis)
+            masked = _masked_gather if name == "gather" else _masked_scatter
+            compute = partial(masked, eqn.primitive, params, targets[0], masked_axis)
         else:
             compute = partial(_bind, eqn.primitive, params)
         constants = {
@@ -905,24 +906,90 @@ def _local_params(
     return params
 
 
-def _masked_lookup_axis(name: str, params: dict[str, Any], ins: Sequence[Physical]) -> int | None:
-    """The table axis of a gather whose table is split along the looked-up axis (the
-    masked-lookup signature: each rank looks up the rows it owns, others give 0)."""
-    if name != "gather":
+# The scatter primitives run masked on a table split along the indexed axis. Every kind:
+# a rank applies only the updates of the rows it owns (the others are dropped, not made
+# neutral), so overwrite, add, sub, mul, min and max all leave other ranks' rows alone.
+_MASKED_SCATTERS = frozenset({"scatter", "scatter-add", "scatter-sub", "scatter-mul", "scatter-min", "scatter-max"})
+
+
+def _masked_axis(name: str, params: dict[str, Any], ins: Sequence[Physical]) -> int | None:
+    """The table axis of a gather / scatter whose table (operand) is split along the
+    indexed axis: the masked-lookup / masked-scatter signature of the rules (no other
+    signature splits an indexed axis)."""
+    if name == "gather":
+        axis = params["dimension_numbers"].start_index_map[0]
+    elif name in _MASKED_SCATTERS:
+        axis = params["dimension_numbers"].scatter_dims_to_operand_dims[0]
+    else:
         return None
-    axis = params["dimension_numbers"].start_index_map[0]
     return axis if ins[0].layout.dim_axes[axis] else None
+
+
+def _local_rows(
+    table: Physical, axis: int, index_map: Sequence[int], indices: jax.Array, clamp: bool
+) -> tuple[jax.Array, jax.Array]:
+    """Global start indices of a gather / scatter into ``table`` (split along ``axis``,
+    the one indexed dim not taken whole) as this rank's: the index minus the rank's
+    offset along ``axis`` where the rank owns the row, else the block's extent (out of
+    bounds: a FILL_OR_DROP scatter drops its update; a gather's row is masked); and
+    where it owns the row. ``clamp``: first clamp every start index so its window fits, as XLA
+    does (gathers, clip-mode scatters; the other indexed dims are taken whole: 0);
+    otherwise an out-of-range index belongs to no rank."""
+    column = list(index_map).index(axis)
+    if clamp:
+        bounds = np.array([table.shape[axis] - 1 if d == axis else 0 for d in index_map])
+        indices = jnp.clip(indices, 0, bounds.astype(indices.dtype))
+    local = indices[..., column] - _rank_chunk(table, axis, 0).astype(indices.dtype)
+    owned = (local >= 0) & (local < _rank_chunk(table, axis, 1).astype(indices.dtype))
+    outside = np.asarray(_block_shape(table)[axis], indices.dtype)
+    return indices.at[..., column].set(jnp.where(owned, local, outside)), owned
+
+
+def _local_params_of_rows(params: dict[str, Any], mode: lax.GatherScatterMode) -> dict[str, Any]:
+    """Params of the local gather / scatter on rank-local indices (:func:`_local_rows`):
+    ``mode`` for their out-of-bounds non-owned rows, and no promise of sorted or unique
+    indices (every non-owned index is the same out-of-bounds one)."""
+    return {**params, "mode": mode, "indices_are_sorted": False, "unique_indices": False}
 
 
 def _masked_gather(
     primitive: Any, params: dict[str, Any], table: Physical, axis: int, operand: jax.Array, indices: jax.Array
 ) -> list[jax.Array]:
-    local = indices - _rank_chunk(table, axis, 0).astype(indices.dtype)
-    valid = (local >= 0) & (local < _rank_chunk(table, axis, 1).astype(indices.dtype))
-    clipped = jnp.clip(local, 0, operand.shape[axis] - 1)
-    (out,) = _bind(primitive, params, operand, clipped)
-    mask = jnp.expand_dims(valid[..., 0], tuple(params["dimension_numbers"].offset_dims))
+    """The masked lookup: each rank gathers the rows it owns, 0 elsewhere (the output is
+    P(sum) over the mesh axes splitting ``axis``). In fill mode an index no rank owns
+    gives the fill value once, on the first rank along those axes."""
+    dn, mode = params["dimension_numbers"], lax.GatherScatterMode.from_any(params["mode"])
+    fill = mode == lax.GatherScatterMode.FILL_OR_DROP
+    local, owned = _local_rows(table, axis, dn.start_index_map, indices, clamp=not fill)
+    # non-owned rows are masked below: clip-gathered (a promise of in-bounds indices no
+    # longer holds), or filled in fill mode (the fill value of the first rank's strays)
+    local_mode = mode if fill else lax.GatherScatterMode.CLIP
+    (out,) = _bind(primitive, _local_params_of_rows(params, local_mode), operand, local)
+    if fill:
+        rows = indices[..., list(dn.start_index_map).index(axis)]
+        stray = (rows < 0) | (rows >= table.shape[axis])
+        owned = owned | (stray & (_flat_index(table, axis) == 0))
+    mask = jnp.expand_dims(owned, tuple(dn.offset_dims))
     return [jnp.where(mask, out, jnp.zeros((), out.dtype))]
+
+
+def _masked_scatter(
+    primitive: Any,
+    params: dict[str, Any],
+    table: Physical,
+    axis: int,
+    operand: jax.Array,
+    indices: jax.Array,
+    updates: jax.Array,
+) -> list[jax.Array]:
+    """The masked scatter: each rank applies the updates of the rows it owns at the
+    index minus its offset and drops the others (XLA drops out-of-range updates unless
+    the mode is clip)."""
+    mode = lax.GatherScatterMode.from_any(params["mode"])
+    dn = params["dimension_numbers"]
+    clamp = mode == lax.GatherScatterMode.CLIP
+    local, _ = _local_rows(table, axis, dn.scatter_dims_to_operand_dims, indices, clamp=clamp)
+    return _bind(primitive, _local_params_of_rows(params, lax.GatherScatterMode.FILL_OR_DROP), operand, local, updates)
 
 
 # -- local execution in shard_map ------------------------------------------------------------
