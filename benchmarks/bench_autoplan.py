@@ -64,7 +64,7 @@ def _problems(quick: bool) -> list[tuple[str, Any, tuple[Any, ...], Any]]:
     return problems
 
 
-def _checked(name: str, step: Any, args: tuple[Any, ...], mesh: Any, plans: dict[str, Any], fixed: Any) -> Table:
+def _check_table(name: str, step: Any, args: tuple[Any, ...], mesh: Any, plans: dict[str, Any], fixed: Any) -> Table:
     """check (predicted vs XLA-compiled communication) of each plan of one case."""
     rows = []
     for label, plan in plans.items():
@@ -168,7 +168,7 @@ of 4 sequences (8 on the (8,) mesh, so that the batch splits evenly: XLA compile
         tuple(rows),
     ))
     if not config.quick:
-        section.tables.append(_checked(*checks[0]))
+        section.tables.append(_check_table(*checks[0]))
     section.tables.append(Table(
         "Time to plan (one auto_plan call at Megatron's budget, cold, XLA-scored)",
         ("model", "mesh", "wall s", "CPU s", "CPU s predicting", "predictions", "load (1 min)"),
