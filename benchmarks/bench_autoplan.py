@@ -64,7 +64,7 @@ def _problems(quick: bool) -> list[tuple[str, Any, tuple[Any, ...], Any]]:
     return problems
 
 
-def _checked(name: str, step: Any, args: tuple[Any, ...], mesh: Any, plans: dict[str, Any], fixed: Any) -> Table:
+def _check_table(name: str, step: Any, args: tuple[Any, ...], mesh: Any, plans: dict[str, Any], fixed: Any) -> Table:
     """check (predicted vs XLA-compiled communication) of each plan of one case."""
     rows = []
     for label, plan in plans.items():
@@ -110,7 +110,8 @@ batch + the estimated peak of live intermediates) and as XLA compiles them (byte
 compiled HLO's collectives; memory from `compiled.memory_analysis()`). `score="xla"` (the
 default) compiles the search's best few plans and the presets and returns the fitting one
 XLA compiles to the fewest bytes. Time: one `auto_plan` call, cold, wall and CPU seconds
-(the machine's load beside them). The models are tests/models' GPT-2 and Llama, tiny configs, a batch
+(with the Megatron preset's figures and compile before it), of which the CPU seconds of its
+predictions (`AutoPlan.predict_seconds`; the machine's load beside them). The models are tests/models' GPT-2 and Llama, tiny configs, a batch
 of 4 sequences (8 on the (8,) mesh, so that the batch splits evenly: XLA compiles only even shards).
 """,
     )
@@ -137,8 +138,9 @@ of 4 sequences (8 on the (8,) mesh, so that the batch splits evenly: XLA compile
             fsdp = chosen.presets["fsdp"]
             fsdp_budget = _checked(fsdp, chosen.compiled.get("fsdp"))
             at_fsdp = auto_plan(step, *args, mesh=mesh, fixed=fixed, presets=presets, memory_budget=fsdp_budget)
-            times.append((name, shape, seconds, cpu, chosen.evaluations, _load()))
-            progress(f"    {seconds:.0f} s wall, {cpu:.0f} s CPU, {chosen.evaluations} predictions")
+            times.append((name, shape, seconds, cpu, chosen.predict_seconds, chosen.evaluations, _load()))
+            progress(f"    {seconds:.0f} s wall, {cpu:.0f} s CPU ({chosen.predict_seconds:.0f} s predicting), "
+                     f"{chosen.evaluations} predictions")
             for label, key, result, preset, budget in (("Megatron", "megatron", chosen, meg, meg_budget),
                                                        ("FSDP", "fsdp", at_fsdp, fsdp, fsdp_budget)):
                 # uneven shards (the batch of 4 over 8 devices) cannot be compiled: no XLA figures
@@ -166,11 +168,11 @@ of 4 sequences (8 on the (8,) mesh, so that the batch splits evenly: XLA compile
         tuple(rows),
     ))
     if not config.quick:
-        section.tables.append(_checked(*checks[0]))
+        section.tables.append(_check_table(*checks[0]))
     section.tables.append(Table(
         "Time to plan (one auto_plan call at Megatron's budget, cold, XLA-scored)",
-        ("model", "mesh", "wall s", "CPU s", "predictions", "load (1 min)"),
-        tuple((n, "x".join(map(str, s)), f"{t:.1f}", f"{c:.1f}", e, lo) for n, s, t, c, e, lo in times),
+        ("model", "mesh", "wall s", "CPU s", "CPU s predicting", "predictions", "load (1 min)"),
+        tuple((n, "x".join(map(str, s)), f"{t:.1f}", f"{c:.1f}", f"{p:.1f}", e, lo) for n, s, t, c, p, e, lo in times),
     ))
     section.targets.append(Target(
         "at a preset's memory budget, auto's XLA-compiled bytes <= the preset's",

@@ -143,6 +143,10 @@ class AutoPlan(Mapping[str, Layout]):
     seed: str
     evaluations: int
     seconds: float
+    # CPU seconds of the search's predictions (time.thread_time around each predict, which
+    # runs on the calling thread: process_time would also count the compiles running beside
+    # them in the pool's threads, score="xla")
+    predict_seconds: float = 0.0
     fixed: tuple[str, ...] = field(default=())  # paths of the leaves pinned by ``fixed=``
     score: str = "predict"
     compiled: dict[str, CompiledFigures] = field(default_factory=dict)  # "auto" and presets, score="xla"
@@ -677,6 +681,7 @@ class _Evaluator:
         self.cost_model = cost_model
         self.flops_per_byte = flops_per_byte
         self.count = 0
+        self.predict_seconds = 0.0  # thread CPU time of the predictions (AutoPlan.predict_seconds)
         self.memo: dict[tuple[Any, ...], PlanFigures] = {}
         self.plans: dict[tuple[Any, ...], dict[int, Layout]] = {}  # in evaluation order
         self.compiled: dict[tuple[Any, ...], CompiledFigures | None] = {}
@@ -693,7 +698,9 @@ class _Evaluator:
         layouts = problem.layouts_of(free)
         flat = problem.specs(layouts)
         out_layouts = problem.flat_out_layouts(jax.tree.unflatten(problem.tree, flat))
+        started = time.thread_time()
         prediction = predict(problem.replay, *flat, cost_model=self.cost_model, out_layouts=out_layouts)
+        self.predict_seconds += time.thread_time() - started
         self.count += 1
         if self.lengths is None:
             self.lengths = {}
@@ -998,7 +1005,7 @@ def _search(evaluator: _Evaluator, start: float, memory_budget: int | float | No
     return AutoPlan(
         mesh=mesh, rules=rules, args=arg_layouts, figures=best, presets=shown,
         memory_budget=None if memory_budget is None else int(memory_budget), seed=seed,
-        evaluations=evaluator.count, seconds=time.perf_counter() - start,
+        evaluations=evaluator.count, seconds=time.perf_counter() - start, predict_seconds=evaluator.predict_seconds,
         fixed=tuple(re.escape(problem.paths[i]) if i < problem.n_params else problem.paths[i]
                     for i in sorted(problem.fixed)),
         score=score, compiled=compiled,

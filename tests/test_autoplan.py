@@ -126,6 +126,19 @@ def test_a_tight_budget_finds_a_plan_replication_does_not_fit(mesh: Any, problem
     assert any(layout.dim_axes != ((), ()) for layout in tight.values())
 
 
+def test_predict_seconds_is_the_predictions_cpu_time(mesh: Any, problem: tuple[Any, ...], megatron: Any) -> None:
+    """predict_seconds: the CPU time of the call's predictions alone (the calling thread's,
+    not the compiles beside them): positive, within the call's CPU time and its wall time."""
+    import time
+
+    cpu = time.process_time()
+    plan = auto_plan(steps.mlp_step, *problem, mesh=mesh, fixed=FIXED, presets={"megatron": MEGATRON},
+                     memory_budget=megatron.memory, max_evaluations=6)
+    cpu = time.process_time() - cpu
+    assert plan.evaluations > 0 and 0 < plan.predict_seconds <= cpu
+    assert plan.predict_seconds <= plan.seconds
+
+
 def test_fixed_pins_leaves(mesh: Any, problem: tuple[Any, ...]) -> None:
     fixed = {**FIXED, "up": "R,S(1)"}
     pinned = auto_plan(steps.mlp_step, *problem, mesh=mesh, fixed=fixed, max_evaluations=6, score="predict")

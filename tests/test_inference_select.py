@@ -252,6 +252,47 @@ def test_a_partial_made_from_a_sharded_input_is_charged_its_reduction() -> None:
     assert texts(infer_signature("add", [p, 1.0]).out_layouts) == ["P"]
 
 
+def test_an_equal_cost_tie_keeps_the_earlier_input_s_split() -> None:
+    """S(1) + S(0) on (8,): one all-to-all of either input costs the same (56 B). Ours keeps
+    the earlier input's split (the ranking's "keep earlier inputs unchanged"); torch takes
+    its first least-cost strategy, Shard(0)'s, and moves the first input instead
+    (docs/inference.md, "Why the ties stay"). Pinned: our choice, and its bytes equal
+    to torch's choice's. S(0) + S(1) gives S(0) both ways."""
+    mesh = init_device_mesh((8,), ("x",))
+    s1, s0 = ((8, 16), F32, L(mesh, "S(1)")), ((8, 16), F32, L(mesh, "S(0)"))
+    ours = infer_signature("add", [s1, s0])
+    assert texts(ours.in_layouts) == ["S(1)", "S(1)"] and texts(ours.out_layouts) == ["S(1)"]
+    assert ours.chosen.redistributed == (False, True) and ours.chosen.pending == 0
+    torch_s = next(c for c in ours.candidates if texts(c.out_layouts) == ["S(0)"])
+    assert texts(torch_s.in_layouts) == ["S(0)", "S(0)"] and torch_s.pending == 0
+    assert ours.cost == torch_s.cost == 56
+    swapped = infer_signature("add", [s0, s1])
+    assert texts(swapped.out_layouts) == ["S(0)"] and swapped.cost == 56
+
+
+@pytest.mark.parametrize(
+    ("mesh_shape", "op", "inputs", "out"),
+    [
+        ((8,), "add", ("P", "P"), "P"),
+        ((8,), "add", ("P", "R"), "P"),  # R made P: the replicated value on one coordinate
+        ((8,), "mul", ("P", "R"), "P"),
+        ((8,), "matmul", ("P", "R"), "P"),
+        ((4, 2), "mul", ("P,S(0)", "R,S(0)"), "P,S(0)"),  # tp's splits stay where they are
+    ],
+)
+def test_partials_stay_pending_where_no_split_moves(mesh_shape: tuple[int, ...], op: str, inputs: tuple[str, ...],
+                                                    out: str) -> None:
+    """A Partial input kept Partial through a linear op, when no other input's split
+    moves, runs as given: no bytes now and no pending charge (its reduction was owed before
+    the op). Reducing it first would cost bytes the next op may never need."""
+    mesh = init_device_mesh(mesh_shape, ("dp", "tp")[: len(mesh_shape)])
+    shapes = {"matmul": ((8, 16), (16, 8))}.get(op, ((8, 16), (8, 16)))
+    signature = infer_signature(op, [(shape, F32, L(mesh, p)) for shape, p in zip(shapes, inputs)])
+    assert texts(signature.out_layouts) == [out]
+    assert signature.chosen.cost == 0 and signature.chosen.pending == 0
+    assert texts(signature.in_layouts)[0] == inputs[0]
+
+
 def test_p_plus_s_runs_as_one_reduce_scatter() -> None:
     from placements2jax import distribute_tensor
 

@@ -236,7 +236,6 @@ TIES = {
     "div((8, 16) P,P ; (8, 16) S(1),R) {} on (4, 2)",
     "matmul((8, 16, 32) P ; (8, 32, 16) S(0)) {} on (8,)",
     # equal cost, another split of the same bytes
-    "sub((8, 16) P,P ; (8, 16) S(1),R) {} on (4, 2)",
     "matmul((1024, 2048) R,S(0) ; (2048, 512) P,P) {} on (4, 2)",
 }
 
