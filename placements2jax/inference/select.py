@@ -396,17 +396,19 @@ def _first(entry: tuple[Any, ...]) -> Any:
 class _RankKeys:
     """:meth:`Candidate.rank_key` of many candidates of one op on the same inputs, from
     parts computed once per (tensor, layout) (plan costs, block bytes) and per output
-    layouts (pending reductions): the candidates of an op share them. The same order (the
-    total cost as ``(float, Fraction)``: compared faster, ties exact; equal keys keep their
+    layouts (pending reductions): the candidates of an op share them (one dict per
+    tensor, keyed by the interned layout: hashed by identity). The same order (the total
+    cost as ``(float, Fraction)``: compared faster, ties exact; equal keys keep their
     position); the candidate's ``cost`` and ``redistributed`` are stored on it as computed."""
 
     __slots__ = ("specs", "out_avals", "cost_model", "costs", "out_bytes", "pendings", "partials")
 
     def __init__(self, specs: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...], cost_model: CostModel) -> None:
         self.specs, self.out_avals, self.cost_model = specs, out_avals, cost_model
-        # per (input, layout): (plan cost, strided, layout key); per (output, layout): (block bytes, ...)
-        self.costs: dict[tuple[int, Layout], tuple[Fraction, bool, Any]] = {}
-        self.out_bytes: dict[tuple[int, Layout], tuple[int, bool, Any]] = {}
+        # per input, per layout: (plan cost, its float, strided, layout key, moved)
+        self.costs: tuple[dict[Layout, tuple[Fraction, float, bool, Any, bool]], ...] = tuple({} for _ in specs)
+        # per output, per layout: (block bytes, strided, layout key)
+        self.out_bytes: tuple[dict[Layout, tuple[int, bool, Any]], ...] = tuple({} for _ in out_avals)
         self.pendings: dict[tuple[tuple[Layout, ...], frozenset[int]], Fraction] = {}
         self.partials: dict[tuple[int, Layout], tuple[frozenset[int], frozenset[int]]] = {}
 
@@ -439,40 +441,57 @@ class _RankKeys:
         return value
 
     def rank_key(self, candidate: Candidate) -> tuple[Any, ...]:
-        cost = Fraction(0)
+        cost = None  # the sum of the nonzero plan costs (most inputs stay as given: cost 0)
+        cost_float = 0.0
         strided = 0
         layout_key = []
-        for i, (spec, layout) in enumerate(zip(self.specs, candidate.in_layouts)):
-            parts = self.costs.get((i, layout))
+        redistributed = []
+        for spec, layout, table in zip(self.specs, candidate.in_layouts, self.costs):
+            parts = table.get(layout)
             if parts is None:
-                parts = self.costs[(i, layout)] = (
-                    cached_plan_cost(spec.shape, spec.dtype, spec.layout, layout, self.cost_model),
-                    split_out_of_mesh_order(layout), layout_rank_key(layout),
+                plan = cached_plan_cost(spec.shape, spec.dtype, spec.layout, layout, self.cost_model)
+                parts = table[layout] = (
+                    plan, float(plan), split_out_of_mesh_order(layout), layout_rank_key(layout), spec.layout is not layout
                 )
-            if parts[0]:  # most inputs stay as given: skip adding exact zeros
-                cost += parts[0]
-            strided += parts[1]
-            layout_key.append(parts[2])
-        redistributed = tuple(s.layout is not x for s, x in zip(self.specs, candidate.in_layouts))
+            if parts[0]:
+                if cost is None:
+                    cost, cost_float = parts[0], parts[1]
+                else:
+                    cost += parts[0]
+                    cost_float = float(cost)
+            strided += parts[2]
+            layout_key.append(parts[3])
+            redistributed.append(parts[4])
         out_bytes = 0
-        for j, (aval, layout) in enumerate(zip(self.out_avals, candidate.out_layouts)):
-            parts = self.out_bytes.get((j, layout))
+        for aval, layout, table in zip(self.out_avals, candidate.out_layouts, self.out_bytes):
+            parts = table.get(layout)
             if parts is None:
-                parts = self.out_bytes[(j, layout)] = (
+                parts = table[layout] = (
                     block_bytes(aval.shape, aval.dtype.itemsize, layout.dim_axes, layout.mesh.shape),
                     split_out_of_mesh_order(layout), layout_rank_key(layout),
                 )
             out_bytes += parts[0]
             strided += parts[1]
             layout_key.append(parts[2])
+        if cost is None:
+            cost = _ZERO
+        moved = tuple(redistributed)
         # what Candidate.cost / .redistributed (cached properties) compute: stored, not recomputed
         candidate.__dict__["cost"] = cost
-        candidate.__dict__["redistributed"] = redistributed
-        total = cost + candidate.pending if candidate.pending else cost
+        candidate.__dict__["redistributed"] = moved
+        pending = candidate.pending
+        if pending:
+            total = cost + pending if cost else pending
+            cost_float = float(total)
+        else:
+            total = cost
         # (float, exact): the same order as the exact total alone (rounding is monotone; equal
         # floats fall back to the Fractions), compared faster; Candidate.strided and .layout_key
         # from parts per (tensor, layout)
-        return (any(redistributed), (float(total), total), strided, redistributed, out_bytes, tuple(layout_key))
+        return (True in moved, (cost_float, total), strided, moved, out_bytes, tuple(layout_key))
+
+
+_ZERO = Fraction(0)
 
 
 def _bounded_best(
