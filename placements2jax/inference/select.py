@@ -538,11 +538,12 @@ def _bounded_best(
     scale = cost_scale(mesh.shape, weights)
     searches = [plan_search(s.shape, s.dtype.itemsize, mesh.shape, weights, (s.layout.dim_axes, s.layout.partial))
                 for s in specs]
-    entries = sorted(
-        ((sum(bounds[m][k] for m, k in enumerate(ix)), ix)
-         for ix in itertools.product(range(len(ordered)), repeat=mesh.ndim)),
-        key=_first,
-    )
+    # (bound, index of each mesh dim's signature) of every combination, in itertools.product's
+    # order, the sums built one mesh dim at a time (the same floats as summing each afresh)
+    entries: list[tuple[float, tuple[int, ...]]] = [(0, ())]
+    for row in bounds:
+        entries = [(total + b, ix + (k,)) for total, ix in entries for k, b in enumerate(row)]
+    entries.sort(key=_first)
     found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]] = {}
     layout_cache: dict[Any, Layout] = {}
     planner = InputPlans(specs, cost_model)
@@ -557,7 +558,7 @@ def _bounded_best(
         placements = [tables_of[sig] for sig in combo]
         if best is not None and not _states_within(
             specs, placements, orders, mesh.shape, searches, scale,
-            best[0][1][1] - sum((pending_bounds[m][k] for m, k in enumerate(ix)), Fraction(0)),
+            best[0][1][1] - sum(p for m, k in enumerate(ix) if (p := pending_bounds[m][k])),  # most are 0
         ):
             continue
         for layouts in _add_layouts(combo, placements, tuple(sig_keys[s] for s in combo), orders, avals, mesh,
