@@ -37,7 +37,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from fractions import Fraction
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 import jax
@@ -80,6 +80,7 @@ __all__ = [
 ]
 
 Constraint = tuple[Layout | None, ...] | None
+FitShapes = tuple[tuple[tuple[int, ...], ...], ...]  # per tensor, per dim: its size's fit class (_fit_shapes)
 _ALL_ORDERS_UP_TO = 3
 RuleKey = tuple[str, str]  # ("op" | "primitive", name) or ("function", its source: "name at file:line")
 
@@ -313,8 +314,10 @@ def rank_candidates(
     ``strided``: add the candidates running on strided inputs in place (:func:`_strided`;
     False for a user's rule, whose signatures may read positions).
 
-    The valid layouts do not depend on the inputs' layouts (:func:`_layout_choices`,
-    cached: a model's repeated layers share them); the candidates' plans are built only
+    The valid layouts do not depend on the inputs' layouts, nor on the sizes beyond what
+    the shape filters read of them (:func:`_layout_choices`, cached per
+    :func:`_fit_shapes`: a model's repeated layers and its tensors of like shapes share
+    them); the candidates' plans are built only
     when read (:class:`.plan.InputPlans`): ranking needs their costs alone."""
     n_in = len(specs)
     replicate = OneDSig((Replicate(),) * n_in, (Replicate(),) * len(out_avals))
@@ -327,7 +330,8 @@ def rank_candidates(
         if in_constraint is not None and any(c is not None and c is not s.layout for c, s in zip(in_constraint, specs)):
             return []
         in_constraint = tuple(s.layout for s in specs)
-    choices = _layout_choices(sigs, tuple(s.joint for s in sigs), avals, mesh, tuple(orders), allowed)
+    choices = _layout_choices(sigs, tuple(s.joint for s in sigs), _fit_shapes(avals, mesh.shape), mesh, tuple(orders),
+                              allowed)
     planner = InputPlans(tuple(specs), cost_model)
     out_avals = tuple(out_avals)
     ranked = []
@@ -524,6 +528,7 @@ def _bounded_best(
     sig_keys = {sig: _sig_key(sig) for sig in ordered}
     tables_of = {sig: _placement_table(sig) for sig in ordered}
     avals = tuple(s.aval for s in specs) + out_avals
+    shapes = _fit_shapes(avals, mesh.shape)
     bounds = []
     pending_bounds = []
     for m in range(mesh.ndim):
@@ -561,7 +566,7 @@ def _bounded_best(
             best[0][1][1] - sum(p for m, k in enumerate(ix) if (p := pending_bounds[m][k])),  # most are 0
         ):
             continue
-        for layouts in _add_layouts(combo, placements, tuple(sig_keys[s] for s in combo), orders, avals, mesh,
+        for layouts in _add_layouts(combo, placements, tuple(sig_keys[s] for s in combo), orders, shapes, mesh,
                                     layout_cache, found):
             ins, outs = layouts[:n_in], layouts[n_in:]
             if not _matches(outs, out_constraint) or not _matches(ins, in_constraint):
@@ -670,12 +675,12 @@ def _dim_bound(sig: OneDSig, given: tuple[Placement, ...], in_blocks: Sequence[F
 
 @cached(maxsize=4096)
 def _layout_choices(
-    sigs: tuple[OneDSig, ...], joints: tuple[Any, ...], avals: tuple[Aval, ...], mesh: DeviceMesh,
+    sigs: tuple[OneDSig, ...], joints: tuple[Any, ...], shapes: FitShapes, mesh: DeviceMesh,
     orders: tuple[tuple[int, ...], ...], allowed: tuple[tuple[OneDSig, ...], ...] | None = None,
 ) -> tuple[tuple[tuple[Layout, ...], tuple[OneDSig, ...], tuple[int, ...]], ...]:
-    """Every valid assignment of layouts to the tensors (inputs, then outputs), with the
-    least ``(1-D signature keys, nest order)`` giving it: step 1 and the shape filters of
-    step 2 (``joints``, the signatures' joint conditions, are in the key because
+    """Every valid assignment of layouts to the tensors (inputs, then outputs; ``shapes``:
+    their :func:`_fit_shapes`), with the least ``(1-D signature keys, nest order)`` giving
+    it: step 1 and the shape filters of step 2 (``joints``, the signatures' joint conditions, are in the key because
     OneDSig's equality ignores them). A combination of 1-D signatures that splits no
     tensor dim over several mesh dims gives the same layouts in every nest order, and
     mesh order (``orders[0]``) is its least key: it is built once. ``allowed``: per mesh
@@ -687,14 +692,14 @@ def _layout_choices(
     layout_cache: dict[Any, Layout] = {}
     per_dim = [ordered] * mesh.ndim if allowed is None else [[x for x in ordered if x in a] for a in allowed]
     for combo in itertools.product(*per_dim):
-        _add_layouts(combo, [tables_of[sig] for sig in combo], tuple(sig_keys[s] for s in combo), orders, avals, mesh,
+        _add_layouts(combo, [tables_of[sig] for sig in combo], tuple(sig_keys[s] for s in combo), orders, shapes, mesh,
                      layout_cache, found)
     return tuple((layouts, combo, order) for layouts, (_, combo, order) in found.items())
 
 
 def _add_layouts(
     combo: tuple[OneDSig, ...], placements: list[tuple[tuple[int, Any], ...]], keys: tuple[Any, ...],
-    orders: tuple[tuple[int, ...], ...], avals: tuple[Aval, ...], mesh: DeviceMesh, layout_cache: dict[Any, Layout],
+    orders: tuple[tuple[int, ...], ...], shapes: FitShapes, mesh: DeviceMesh, layout_cache: dict[Any, Layout],
     found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]],
 ) -> list[tuple[Layout, ...]]:
     """The valid layouts of one combination of 1-D signatures (one per nest order that
@@ -702,7 +707,7 @@ def _add_layouts(
     the layouts ``found`` did not hold before."""
     new = []
     for order in orders if _nests(placements) else orders[:1]:
-        tables = _tables(combo, placements, order, avals, mesh.shape)
+        tables = _tables(combo, placements, order, shapes, mesh.shape)
         if tables is None or any(s.joint is not None and not s.joint(tables, mesh.shape) for s in combo):
             continue
         layouts = []
@@ -791,18 +796,23 @@ def _sig_key(sig: OneDSig) -> tuple[str, ...]:
 
 def _tables(
     combo: tuple[OneDSig, ...], placements: Sequence[tuple[tuple[int, Any], ...]], order: tuple[int, ...],
-    avals: tuple[Aval, ...], mesh_shape: tuple[int, ...],
+    shapes: FitShapes, mesh_shape: tuple[int, ...],
 ) -> tuple[tuple[tuple[tuple[int, ...], ...], tuple[Any, ...]], ...] | None:
     """Per tensor the (dim_axes, partial) tables of a candidate, or None if it is invalid
-    (``placements``: each signature's :func:`_placement_table`)."""
+    (``placements``: each signature's :func:`_placement_table`; ``shapes``: the tensors'
+    :func:`_fit_shapes`). Each split step needs at least as many elements as pieces (the
+    current local extent: ceil of the previous steps, as torch.chunk nests); ``even``
+    steps must be exact, and so must every step before them."""
+    sequences = _split_sequences(len(mesh_shape))
     tables = []
-    for t, aval in enumerate(avals):
-        dim_axes: list[list[int]] = [[] for _ in range(aval.ndim)]
+    for t, dims in enumerate(shapes):
+        ndim = len(dims)
+        dim_axes: list[list[int]] = [[] for _ in range(ndim)]
         partial: list[Any] = [None] * len(mesh_shape)
         for m in order:
             dim, op = placements[m][t]
             if dim is not None:
-                if not 0 <= dim < aval.ndim:
+                if not 0 <= dim < ndim:
                     return None
                 dim_axes[dim].append(m)
             elif op:
@@ -810,26 +820,54 @@ def _tables(
         if len({op for op in partial if op}) > 1:
             return None
         for d, axes in enumerate(dim_axes):
-            if axes and not _fits(aval.shape[d], axes, mesh_shape, {m for m in axes if (t, d) in combo[m].even}):
-                return None
+            if axes:
+                inexact = dims[d][sequences[tuple(axes)]]
+                if inexact < 0 or any((t, d) in combo[m].even for m in axes[inexact:]):
+                    return None
         tables.append((tuple(map(tuple, dim_axes)), tuple(partial)))
     return tuple(tables)
 
 
-def _fits(size: int, axes: Sequence[int], mesh_shape: tuple[int, ...], even: set[int]) -> bool:
-    """Each split step needs at least as many elements as pieces (the current local
-    extent: ceil of the previous steps, as torch.chunk nests); ``even`` steps must be
-    exact, and so must every step before them."""
-    extent, exact = size, True
-    for m in axes:
+_FIT_CLASSES = Memo(65536)
+
+
+def _fit_shapes(avals: Sequence[Aval], mesh_shape: tuple[int, ...]) -> FitShapes:
+    """What the shape filters read of the tensors' sizes: per tensor, per dim, its size's
+    fit class (:func:`_fit_class`). Sizes of one class give the same valid layouts, so
+    the layout choices are computed once per class (most of a model's tensors share
+    them: 64 and 256 split alike on a (2, 4) mesh)."""
+    return tuple(tuple(_fit_class(n, mesh_shape) for n in aval.shape) for aval in avals)
+
+
+def _fit_class(size: int, mesh_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Per ordered sequence of distinct mesh dims splitting a dim of ``size`` (in
+    :func:`_split_sequences`' order): -1 when some step has fewer elements than pieces,
+    else the index of the first inexact step (the sequence's length if all are exact)."""
+    key = (size, mesh_shape)
+    found = _FIT_CLASSES.get(key)
+    if found is None:
+        found = tuple(_first_inexact(size, axes, mesh_shape) for axes in _split_sequences(len(mesh_shape)))
+        _FIT_CLASSES.remember(key, found)
+    return found
+
+
+def _first_inexact(size: int, axes: Sequence[int], mesh_shape: tuple[int, ...]) -> int:
+    extent, inexact = size, len(axes)
+    for i, m in enumerate(axes):
         n = mesh_shape[m]
         if extent < n:
-            return False
-        exact = exact and extent % n == 0
-        if m in even and not exact:
-            return False
+            return -1
+        if inexact == len(axes) and extent % n:
+            inexact = i
         extent = -(-extent // n)
-    return True
+    return inexact
+
+
+@cache
+def _split_sequences(ndim: int) -> dict[tuple[int, ...], int]:
+    """Every ordered sequence of distinct mesh dims of an ``ndim``-d mesh, numbered."""
+    sequences = (p for r in range(1, ndim + 1) for p in itertools.permutations(range(ndim), r))
+    return {axes: i for i, axes in enumerate(sequences)}
 
 
 def _matches(layouts: Sequence[Layout], constraint: Constraint) -> bool:
