@@ -414,27 +414,31 @@ class _RankKeys:
         # per output, per layout: (block bytes, strided, layout key)
         self.out_bytes: tuple[dict[Layout, tuple[int, bool, Any]], ...] = tuple({} for _ in out_avals)
         self.pendings: dict[tuple[tuple[Layout, ...], frozenset[int]], Fraction] = {}
-        self.partials: dict[tuple[int, Layout], tuple[frozenset[int], frozenset[int]]] = {}
+        # per input, per layout: (partial mesh dims kept, made from a split), None without partials
+        self.partials: tuple[dict[Layout, tuple[frozenset[int], frozenset[int]] | None], ...] = tuple(
+            {} for _ in specs
+        )
 
     def continued(self, in_layouts: tuple[Layout, ...]) -> frozenset[int]:
         """:func:`continued_partials` from per-(input, layout) parts: the partial mesh dims
-        an input keeps and those it is made partial on from a split."""
-        kept: frozenset[int] = frozenset()
-        made: frozenset[int] = frozenset()
-        for i, (spec, layout) in enumerate(zip(self.specs, in_layouts)):
-            parts = self.partials.get((i, layout))
-            if parts is None:
+        an input keeps and those it is made partial on from a split (None for most
+        layouts: no partial)."""
+        kept = made = _NO_DIMS
+        for spec, layout, table in zip(self.specs, in_layouts, self.partials):
+            parts = table.get(layout, _UNSEEN)
+            if parts is _UNSEEN:
                 given = spec.layout
                 axes = layout.partial_axes
-                parts = self.partials[(i, layout)] = (
+                parts = table[layout] = (
                     frozenset(m for m in axes if given.partial[m]),
                     frozenset(m for m in axes if not given.partial[m] and given.mesh_dim_split(m) is not None),
-                )
-            if parts[0]:
-                kept |= parts[0]
-            if parts[1]:
-                made |= parts[1]
-        return kept - made
+                ) if axes else None
+            if parts is not None:
+                if parts[0]:
+                    kept = kept | parts[0]
+                if parts[1]:
+                    made = made | parts[1]
+        return kept - made if made else kept
 
     def pending(self, out_layouts: tuple[Layout, ...], given: frozenset[int]) -> Fraction:
         """:func:`_pending` of the outputs in ``out_layouts``."""
@@ -496,6 +500,8 @@ class _RankKeys:
 
 
 _ZERO = Fraction(0)
+_NO_DIMS: frozenset[int] = frozenset()
+_UNSEEN = object()
 
 
 def _bounded_best(
