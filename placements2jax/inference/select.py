@@ -339,15 +339,16 @@ def rank_candidates(
     extra = _views(sigs, specs, mesh, choices)
     if strided and any(s.layout.is_strided for s in specs):
         extra += _strided(specs, avals, mesh, choices)
+    constrained = out_constraint is not None or in_constraint is not None  # predict's walk: never
+    continued, pending, rank_key = keys.continued, keys.pending, keys.rank_key
     for layouts, combo, order in itertools.chain(choices, extra):
         ins, outs = layouts[:n_in], layouts[n_in:]
-        if not _matches(outs, out_constraint) or not _matches(ins, in_constraint):
+        if constrained and (not _matches(outs, out_constraint) or not _matches(ins, in_constraint)):
             continue
-        pending = keys.pending(outs, keys.continued(ins))
-        candidate = Candidate(ins, outs, None, combo, order, out_avals, pending, planner)
-        ranked.append((keys.rank_key(candidate), len(ranked), candidate))
-    ranked.sort(key=_first)
-    return [candidate for _, _, candidate in ranked]
+        candidate = Candidate(ins, outs, None, combo, order, out_avals, pending(outs, continued(ins)), planner)
+        ranked.append((rank_key(candidate), candidate))
+    ranked.sort(key=_first)  # stable: equal keys keep their order
+    return [candidate for _, candidate in ranked]
 
 
 def _views(
