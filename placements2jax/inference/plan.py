@@ -439,8 +439,12 @@ def _moves(
 
 
 def _append(dim_axes: DimAxes, dim: int, mesh_dim: int) -> DimAxes:
-    return tuple(axes + (mesh_dim,) if d == dim else axes for d, axes in enumerate(dim_axes))
+    changed = list(dim_axes)  # a list edited in place: the search builds these by the ten thousand
+    changed[dim] += (mesh_dim,)
+    return tuple(changed)
 
 
 def _remove(dim_axes: DimAxes, dim: int, mesh_dim: int) -> DimAxes:
-    return tuple(tuple(a for a in axes if a != mesh_dim) if d == dim else axes for d, axes in enumerate(dim_axes))
+    changed = list(dim_axes)
+    changed[dim] = tuple([a for a in changed[dim] if a != mesh_dim])
+    return tuple(changed)

@@ -37,7 +37,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from fractions import Fraction
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 import jax
@@ -80,6 +80,7 @@ __all__ = [
 ]
 
 Constraint = tuple[Layout | None, ...] | None
+FitShapes = tuple[tuple[tuple[int, ...], ...], ...]  # per tensor, per dim: its size's fit class (_fit_shapes)
 _ALL_ORDERS_UP_TO = 3
 RuleKey = tuple[str, str]  # ("op" | "primitive", name) or ("function", its source: "name at file:line")
 
@@ -313,8 +314,10 @@ def rank_candidates(
     ``strided``: add the candidates running on strided inputs in place (:func:`_strided`;
     False for a user's rule, whose signatures may read positions).
 
-    The valid layouts do not depend on the inputs' layouts (:func:`_layout_choices`,
-    cached: a model's repeated layers share them); the candidates' plans are built only
+    The valid layouts do not depend on the inputs' layouts, nor on the sizes beyond what
+    the shape filters read of them (:func:`_layout_choices`, cached per
+    :func:`_fit_shapes`: a model's repeated layers and its tensors of like shapes share
+    them); the candidates' plans are built only
     when read (:class:`.plan.InputPlans`): ranking needs their costs alone."""
     n_in = len(specs)
     replicate = OneDSig((Replicate(),) * n_in, (Replicate(),) * len(out_avals))
@@ -327,7 +330,8 @@ def rank_candidates(
         if in_constraint is not None and any(c is not None and c is not s.layout for c, s in zip(in_constraint, specs)):
             return []
         in_constraint = tuple(s.layout for s in specs)
-    choices = _layout_choices(sigs, tuple(s.joint for s in sigs), avals, mesh, tuple(orders), allowed)
+    choices = _layout_choices(sigs, tuple(s.joint for s in sigs), _fit_shapes(avals, mesh.shape), mesh, tuple(orders),
+                              allowed)
     planner = InputPlans(tuple(specs), cost_model)
     out_avals = tuple(out_avals)
     ranked = []
@@ -335,15 +339,16 @@ def rank_candidates(
     extra = _views(sigs, specs, mesh, choices)
     if strided and any(s.layout.is_strided for s in specs):
         extra += _strided(specs, avals, mesh, choices)
+    constrained = out_constraint is not None or in_constraint is not None  # predict's walk: never
+    continued, pending, rank_key = keys.continued, keys.pending, keys.rank_key
     for layouts, combo, order in itertools.chain(choices, extra):
         ins, outs = layouts[:n_in], layouts[n_in:]
-        if not _matches(outs, out_constraint) or not _matches(ins, in_constraint):
+        if constrained and (not _matches(outs, out_constraint) or not _matches(ins, in_constraint)):
             continue
-        pending = keys.pending(outs, keys.continued(ins))
-        candidate = Candidate(ins, outs, None, combo, order, out_avals, pending, planner)
-        ranked.append((keys.rank_key(candidate), len(ranked), candidate))
-    ranked.sort(key=_first)
-    return [candidate for _, _, candidate in ranked]
+        candidate = Candidate(ins, outs, None, combo, order, out_avals, pending(outs, continued(ins)), planner)
+        ranked.append((rank_key(candidate), candidate))
+    ranked.sort(key=_first)  # stable: equal keys keep their order
+    return [candidate for _, candidate in ranked]
 
 
 def _views(
@@ -396,39 +401,45 @@ def _first(entry: tuple[Any, ...]) -> Any:
 class _RankKeys:
     """:meth:`Candidate.rank_key` of many candidates of one op on the same inputs, from
     parts computed once per (tensor, layout) (plan costs, block bytes) and per output
-    layouts (pending reductions): the candidates of an op share them. The same order (the
-    total cost as ``(float, Fraction)``: compared faster, ties exact; equal keys keep their
+    layouts (pending reductions): the candidates of an op share them (one dict per
+    tensor, keyed by the interned layout: hashed by identity). The same order (the total
+    cost as ``(float, Fraction)``: compared faster, ties exact; equal keys keep their
     position); the candidate's ``cost`` and ``redistributed`` are stored on it as computed."""
 
     __slots__ = ("specs", "out_avals", "cost_model", "costs", "out_bytes", "pendings", "partials")
 
     def __init__(self, specs: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...], cost_model: CostModel) -> None:
         self.specs, self.out_avals, self.cost_model = specs, out_avals, cost_model
-        # per (input, layout): (plan cost, strided, layout key); per (output, layout): (block bytes, ...)
-        self.costs: dict[tuple[int, Layout], tuple[Fraction, bool, Any]] = {}
-        self.out_bytes: dict[tuple[int, Layout], tuple[int, bool, Any]] = {}
+        # per input, per layout: (plan cost, its float, strided, layout key, moved)
+        self.costs: tuple[dict[Layout, tuple[Fraction, float, bool, Any, bool]], ...] = tuple({} for _ in specs)
+        # per output, per layout: (block bytes, strided, layout key)
+        self.out_bytes: tuple[dict[Layout, tuple[int, bool, Any]], ...] = tuple({} for _ in out_avals)
         self.pendings: dict[tuple[tuple[Layout, ...], frozenset[int]], Fraction] = {}
-        self.partials: dict[tuple[int, Layout], tuple[frozenset[int], frozenset[int]]] = {}
+        # per input, per layout: (partial mesh dims kept, made from a split), None without partials
+        self.partials: tuple[dict[Layout, tuple[frozenset[int], frozenset[int]] | None], ...] = tuple(
+            {} for _ in specs
+        )
 
     def continued(self, in_layouts: tuple[Layout, ...]) -> frozenset[int]:
         """:func:`continued_partials` from per-(input, layout) parts: the partial mesh dims
-        an input keeps and those it is made partial on from a split."""
-        kept: frozenset[int] = frozenset()
-        made: frozenset[int] = frozenset()
-        for i, (spec, layout) in enumerate(zip(self.specs, in_layouts)):
-            parts = self.partials.get((i, layout))
-            if parts is None:
+        an input keeps and those it is made partial on from a split (None for most
+        layouts: no partial)."""
+        kept = made = _NO_DIMS
+        for spec, layout, table in zip(self.specs, in_layouts, self.partials):
+            parts = table.get(layout, _UNSEEN)
+            if parts is _UNSEEN:
                 given = spec.layout
                 axes = layout.partial_axes
-                parts = self.partials[(i, layout)] = (
+                parts = table[layout] = (
                     frozenset(m for m in axes if given.partial[m]),
                     frozenset(m for m in axes if not given.partial[m] and given.mesh_dim_split(m) is not None),
-                )
-            if parts[0]:
-                kept |= parts[0]
-            if parts[1]:
-                made |= parts[1]
-        return kept - made
+                ) if axes else None
+            if parts is not None:
+                if parts[0]:
+                    kept = kept | parts[0]
+                if parts[1]:
+                    made = made | parts[1]
+        return kept - made if made else kept
 
     def pending(self, out_layouts: tuple[Layout, ...], given: frozenset[int]) -> Fraction:
         """:func:`_pending` of the outputs in ``out_layouts``."""
@@ -439,40 +450,59 @@ class _RankKeys:
         return value
 
     def rank_key(self, candidate: Candidate) -> tuple[Any, ...]:
-        cost = Fraction(0)
+        cost = None  # the sum of the nonzero plan costs (most inputs stay as given: cost 0)
+        cost_float = 0.0
         strided = 0
         layout_key = []
-        for i, (spec, layout) in enumerate(zip(self.specs, candidate.in_layouts)):
-            parts = self.costs.get((i, layout))
+        redistributed = []
+        for spec, layout, table in zip(self.specs, candidate.in_layouts, self.costs):
+            parts = table.get(layout)
             if parts is None:
-                parts = self.costs[(i, layout)] = (
-                    cached_plan_cost(spec.shape, spec.dtype, spec.layout, layout, self.cost_model),
-                    split_out_of_mesh_order(layout), layout_rank_key(layout),
+                plan = cached_plan_cost(spec.shape, spec.dtype, spec.layout, layout, self.cost_model)
+                parts = table[layout] = (
+                    plan, float(plan), split_out_of_mesh_order(layout), layout_rank_key(layout), spec.layout is not layout
                 )
-            if parts[0]:  # most inputs stay as given: skip adding exact zeros
-                cost += parts[0]
-            strided += parts[1]
-            layout_key.append(parts[2])
-        redistributed = tuple(s.layout is not x for s, x in zip(self.specs, candidate.in_layouts))
+            if parts[0]:
+                if cost is None:
+                    cost, cost_float = parts[0], parts[1]
+                else:
+                    cost += parts[0]
+                    cost_float = float(cost)
+            strided += parts[2]
+            layout_key.append(parts[3])
+            redistributed.append(parts[4])
         out_bytes = 0
-        for j, (aval, layout) in enumerate(zip(self.out_avals, candidate.out_layouts)):
-            parts = self.out_bytes.get((j, layout))
+        for aval, layout, table in zip(self.out_avals, candidate.out_layouts, self.out_bytes):
+            parts = table.get(layout)
             if parts is None:
-                parts = self.out_bytes[(j, layout)] = (
+                parts = table[layout] = (
                     block_bytes(aval.shape, aval.dtype.itemsize, layout.dim_axes, layout.mesh.shape),
                     split_out_of_mesh_order(layout), layout_rank_key(layout),
                 )
             out_bytes += parts[0]
             strided += parts[1]
             layout_key.append(parts[2])
+        if cost is None:
+            cost = _ZERO
+        moved = tuple(redistributed)
         # what Candidate.cost / .redistributed (cached properties) compute: stored, not recomputed
         candidate.__dict__["cost"] = cost
-        candidate.__dict__["redistributed"] = redistributed
-        total = cost + candidate.pending if candidate.pending else cost
+        candidate.__dict__["redistributed"] = moved
+        pending = candidate.pending
+        if pending:
+            total = cost + pending if cost else pending
+            cost_float = float(total)
+        else:
+            total = cost
         # (float, exact): the same order as the exact total alone (rounding is monotone; equal
         # floats fall back to the Fractions), compared faster; Candidate.strided and .layout_key
         # from parts per (tensor, layout)
-        return (any(redistributed), (float(total), total), strided, redistributed, out_bytes, tuple(layout_key))
+        return (True in moved, (cost_float, total), strided, moved, out_bytes, tuple(layout_key))
+
+
+_ZERO = Fraction(0)
+_NO_DIMS: frozenset[int] = frozenset()
+_UNSEEN = object()
 
 
 def _bounded_best(
@@ -505,6 +535,7 @@ def _bounded_best(
     sig_keys = {sig: _sig_key(sig) for sig in ordered}
     tables_of = {sig: _placement_table(sig) for sig in ordered}
     avals = tuple(s.aval for s in specs) + out_avals
+    shapes = _fit_shapes(avals, mesh.shape)
     bounds = []
     pending_bounds = []
     for m in range(mesh.ndim):
@@ -519,11 +550,12 @@ def _bounded_best(
     scale = cost_scale(mesh.shape, weights)
     searches = [plan_search(s.shape, s.dtype.itemsize, mesh.shape, weights, (s.layout.dim_axes, s.layout.partial))
                 for s in specs]
-    entries = sorted(
-        ((sum(bounds[m][k] for m, k in enumerate(ix)), ix)
-         for ix in itertools.product(range(len(ordered)), repeat=mesh.ndim)),
-        key=_first,
-    )
+    # (bound, index of each mesh dim's signature) of every combination, in itertools.product's
+    # order, the sums built one mesh dim at a time (the same floats as summing each afresh)
+    entries: list[tuple[float, tuple[int, ...]]] = [(0, ())]
+    for row in bounds:
+        entries = [(total + b, ix + (k,)) for total, ix in entries for k, b in enumerate(row)]
+    entries.sort(key=_first)
     found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]] = {}
     layout_cache: dict[Any, Layout] = {}
     planner = InputPlans(specs, cost_model)
@@ -538,10 +570,10 @@ def _bounded_best(
         placements = [tables_of[sig] for sig in combo]
         if best is not None and not _states_within(
             specs, placements, orders, mesh.shape, searches, scale,
-            best[0][1][1] - sum((pending_bounds[m][k] for m, k in enumerate(ix)), Fraction(0)),
+            best[0][1][1] - sum(p for m, k in enumerate(ix) if (p := pending_bounds[m][k])),  # most are 0
         ):
             continue
-        for layouts in _add_layouts(combo, placements, tuple(sig_keys[s] for s in combo), orders, avals, mesh,
+        for layouts in _add_layouts(combo, placements, tuple(sig_keys[s] for s in combo), orders, shapes, mesh,
                                     layout_cache, found):
             ins, outs = layouts[:n_in], layouts[n_in:]
             if not _matches(outs, out_constraint) or not _matches(ins, in_constraint):
@@ -650,12 +682,12 @@ def _dim_bound(sig: OneDSig, given: tuple[Placement, ...], in_blocks: Sequence[F
 
 @cached(maxsize=4096)
 def _layout_choices(
-    sigs: tuple[OneDSig, ...], joints: tuple[Any, ...], avals: tuple[Aval, ...], mesh: DeviceMesh,
+    sigs: tuple[OneDSig, ...], joints: tuple[Any, ...], shapes: FitShapes, mesh: DeviceMesh,
     orders: tuple[tuple[int, ...], ...], allowed: tuple[tuple[OneDSig, ...], ...] | None = None,
 ) -> tuple[tuple[tuple[Layout, ...], tuple[OneDSig, ...], tuple[int, ...]], ...]:
-    """Every valid assignment of layouts to the tensors (inputs, then outputs), with the
-    least ``(1-D signature keys, nest order)`` giving it: step 1 and the shape filters of
-    step 2 (``joints``, the signatures' joint conditions, are in the key because
+    """Every valid assignment of layouts to the tensors (inputs, then outputs; ``shapes``:
+    their :func:`_fit_shapes`), with the least ``(1-D signature keys, nest order)`` giving
+    it: step 1 and the shape filters of step 2 (``joints``, the signatures' joint conditions, are in the key because
     OneDSig's equality ignores them). A combination of 1-D signatures that splits no
     tensor dim over several mesh dims gives the same layouts in every nest order, and
     mesh order (``orders[0]``) is its least key: it is built once. ``allowed``: per mesh
@@ -667,14 +699,14 @@ def _layout_choices(
     layout_cache: dict[Any, Layout] = {}
     per_dim = [ordered] * mesh.ndim if allowed is None else [[x for x in ordered if x in a] for a in allowed]
     for combo in itertools.product(*per_dim):
-        _add_layouts(combo, [tables_of[sig] for sig in combo], tuple(sig_keys[s] for s in combo), orders, avals, mesh,
+        _add_layouts(combo, [tables_of[sig] for sig in combo], tuple(sig_keys[s] for s in combo), orders, shapes, mesh,
                      layout_cache, found)
     return tuple((layouts, combo, order) for layouts, (_, combo, order) in found.items())
 
 
 def _add_layouts(
     combo: tuple[OneDSig, ...], placements: list[tuple[tuple[int, Any], ...]], keys: tuple[Any, ...],
-    orders: tuple[tuple[int, ...], ...], avals: tuple[Aval, ...], mesh: DeviceMesh, layout_cache: dict[Any, Layout],
+    orders: tuple[tuple[int, ...], ...], shapes: FitShapes, mesh: DeviceMesh, layout_cache: dict[Any, Layout],
     found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]],
 ) -> list[tuple[Layout, ...]]:
     """The valid layouts of one combination of 1-D signatures (one per nest order that
@@ -682,7 +714,7 @@ def _add_layouts(
     the layouts ``found`` did not hold before."""
     new = []
     for order in orders if _nests(placements) else orders[:1]:
-        tables = _tables(combo, placements, order, avals, mesh.shape)
+        tables = _tables(combo, placements, order, shapes, mesh.shape)
         if tables is None or any(s.joint is not None and not s.joint(tables, mesh.shape) for s in combo):
             continue
         layouts = []
@@ -771,18 +803,23 @@ def _sig_key(sig: OneDSig) -> tuple[str, ...]:
 
 def _tables(
     combo: tuple[OneDSig, ...], placements: Sequence[tuple[tuple[int, Any], ...]], order: tuple[int, ...],
-    avals: tuple[Aval, ...], mesh_shape: tuple[int, ...],
+    shapes: FitShapes, mesh_shape: tuple[int, ...],
 ) -> tuple[tuple[tuple[tuple[int, ...], ...], tuple[Any, ...]], ...] | None:
     """Per tensor the (dim_axes, partial) tables of a candidate, or None if it is invalid
-    (``placements``: each signature's :func:`_placement_table`)."""
+    (``placements``: each signature's :func:`_placement_table`; ``shapes``: the tensors'
+    :func:`_fit_shapes`). Each split step needs at least as many elements as pieces (the
+    current local extent: ceil of the previous steps, as torch.chunk nests); ``even``
+    steps must be exact, and so must every step before them."""
+    sequences = _split_sequences(len(mesh_shape))
     tables = []
-    for t, aval in enumerate(avals):
-        dim_axes: list[list[int]] = [[] for _ in range(aval.ndim)]
+    for t, dims in enumerate(shapes):
+        ndim = len(dims)
+        dim_axes: list[list[int]] = [[] for _ in range(ndim)]
         partial: list[Any] = [None] * len(mesh_shape)
         for m in order:
             dim, op = placements[m][t]
             if dim is not None:
-                if not 0 <= dim < aval.ndim:
+                if not 0 <= dim < ndim:
                     return None
                 dim_axes[dim].append(m)
             elif op:
@@ -790,26 +827,54 @@ def _tables(
         if len({op for op in partial if op}) > 1:
             return None
         for d, axes in enumerate(dim_axes):
-            if axes and not _fits(aval.shape[d], axes, mesh_shape, {m for m in axes if (t, d) in combo[m].even}):
-                return None
+            if axes:
+                inexact = dims[d][sequences[tuple(axes)]]
+                if inexact < 0 or any((t, d) in combo[m].even for m in axes[inexact:]):
+                    return None
         tables.append((tuple(map(tuple, dim_axes)), tuple(partial)))
     return tuple(tables)
 
 
-def _fits(size: int, axes: Sequence[int], mesh_shape: tuple[int, ...], even: set[int]) -> bool:
-    """Each split step needs at least as many elements as pieces (the current local
-    extent: ceil of the previous steps, as torch.chunk nests); ``even`` steps must be
-    exact, and so must every step before them."""
-    extent, exact = size, True
-    for m in axes:
+_FIT_CLASSES = Memo(65536)
+
+
+def _fit_shapes(avals: Sequence[Aval], mesh_shape: tuple[int, ...]) -> FitShapes:
+    """What the shape filters read of the tensors' sizes: per tensor, per dim, its size's
+    fit class (:func:`_fit_class`). Sizes of one class give the same valid layouts, so
+    the layout choices are computed once per class (most of a model's tensors share
+    them: 64 and 256 split alike on a (2, 4) mesh)."""
+    return tuple(tuple(_fit_class(n, mesh_shape) for n in aval.shape) for aval in avals)
+
+
+def _fit_class(size: int, mesh_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Per ordered sequence of distinct mesh dims splitting a dim of ``size`` (in
+    :func:`_split_sequences`' order): -1 when some step has fewer elements than pieces,
+    else the index of the first inexact step (the sequence's length if all are exact)."""
+    key = (size, mesh_shape)
+    found = _FIT_CLASSES.get(key)
+    if found is None:
+        found = tuple(_first_inexact(size, axes, mesh_shape) for axes in _split_sequences(len(mesh_shape)))
+        _FIT_CLASSES.remember(key, found)
+    return found
+
+
+def _first_inexact(size: int, axes: Sequence[int], mesh_shape: tuple[int, ...]) -> int:
+    extent, inexact = size, len(axes)
+    for i, m in enumerate(axes):
         n = mesh_shape[m]
         if extent < n:
-            return False
-        exact = exact and extent % n == 0
-        if m in even and not exact:
-            return False
+            return -1
+        if inexact == len(axes) and extent % n:
+            inexact = i
         extent = -(-extent // n)
-    return True
+    return inexact
+
+
+@cache
+def _split_sequences(ndim: int) -> dict[tuple[int, ...], int]:
+    """Every ordered sequence of distinct mesh dims of an ``ndim``-d mesh, numbered."""
+    sequences = (p for r in range(1, ndim + 1) for p in itertools.permutations(range(ndim), r))
+    return {axes: i for i, axes in enumerate(sequences)}
 
 
 def _matches(layouts: Sequence[Layout], constraint: Constraint) -> bool:

@@ -519,11 +519,11 @@ class Candidate(_ByValue):
             planner = _GivenPlans(tuple(plans))
         elif planner is None:
             raise TypeError("Candidate needs its plans or a planner to build them")
-        for name, value in (
-            ("in_layouts", in_layouts), ("out_layouts", out_layouts), ("one_d", one_d), ("nest_order", nest_order),
-            ("out_avals", out_avals), ("pending", pending), ("planner", planner),
-        ):
-            object.__setattr__(self, name, value)
+        # one dict update, not a frozen __setattr__ per field (candidates are built by the thousand)
+        self.__dict__.update(
+            in_layouts=in_layouts, out_layouts=out_layouts, one_d=one_d, nest_order=nest_order, out_avals=out_avals,
+            pending=pending, planner=planner,
+        )
 
     @cached_property
     def plans(self) -> tuple[RedistributePlan, ...]:
