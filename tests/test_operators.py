@@ -482,6 +482,53 @@ def test_apply_embedding_gradients_into_a_vocabulary_split_table(name: str, plac
         )
 
 
+SCATTER_KINDS = ("set", "add", "multiply", "min", "max")
+INDEX_MODES = ("clip", "drop", "promise_in_bounds")
+
+
+@pytest.mark.parametrize("mode", INDEX_MODES)
+@pytest.mark.parametrize("kind", SCATTER_KINDS)
+def test_apply_scatters_of_every_kind_into_a_vocabulary_split_table(kind: str, mode: str) -> None:
+    """Every scatter kind runs masked on a table split on its uneven vocabulary (the
+    updates of other ranks' rows dropped, not made neutral): repeated ids, and out of
+    range ones (clamped in clip mode, dropped otherwise, as XLA does)."""
+    rng = np.random.default_rng(1)
+    table = rng.standard_normal((VOCAB, WIDTH)).astype(np.float32)
+    ids = np.array([[0, 9, 3, 3], [4, -3, 12, 9]], np.int32)  # -3: jnp's row 7
+    if mode == "promise_in_bounds":
+        ids = ids % VOCAB
+    u = rng.standard_normal((2, 4, WIDTH)).astype(np.float32)
+
+    def fn(t: jax.Array, i: jax.Array, v: jax.Array) -> jax.Array:
+        return getattr(t.at[i], kind)(v, mode=mode)
+
+    expected = np.asarray(jax.jit(fn)(table, ids, u))
+    for placements in ("S(0),R", "R,S(0)"):
+        t = _dt(table, MESH42, placements)
+        assert predict(fn, t, _dt(ids, MESH42, "R,R"), _dt(u, MESH42, "R,R"), search="eager").out_layouts == (t.layout,)
+        result = apply(fn, t, _dt(ids, MESH42, "R,R"), _dt(u, MESH42, "R,R"), execute="ops")
+        np.testing.assert_allclose(np.asarray(result.full_tensor()), expected, rtol=1e-6, err_msg=placements)
+
+
+@pytest.mark.parametrize("mode", ["clip", "fill", "promise_in_bounds"])
+def test_apply_masked_lookup_of_out_of_range_ids_follows_the_mode(mode: str) -> None:
+    """The masked lookup clamps out-of-range ids as XLA does (clip) or gives the fill
+    value once (on the first rank of the partial sum)."""
+    table = _data((VOCAB, WIDTH), 46)
+    ids = np.array([[0, 9, 12], [4, -1, -11]], np.int32)
+    if mode == "promise_in_bounds":
+        ids = ids % VOCAB
+
+    def fn(t: jax.Array, i: jax.Array) -> jax.Array:
+        return t.at[i].get(mode=mode, fill_value=-5.0 if mode == "fill" else None)
+
+    expected = np.asarray(jax.jit(fn)(table, ids))
+    for placements in ("S(0),R", "R,S(0)"):
+        result = apply(fn, _dt(table, MESH42, placements), _dt(ids, MESH42, "R,R"), execute="ops")
+        assert Partial("sum") in result.placements
+        np.testing.assert_allclose(np.asarray(result.full_tensor()), expected, rtol=1e-6, err_msg=placements)
+
+
 def test_apply_follows_the_planned_redistributions_of_intermediates() -> None:
     a, b = _data((8, 12), 23), _data((12, 16), 24)
     x, w = _dt(a, MESH2, "S(0),S(1)"), _dt(b, MESH2, "R,S(0)")
