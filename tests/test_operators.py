@@ -456,7 +456,7 @@ VOCABULARY_UPDATES = {
 
 
 @pytest.mark.parametrize("execute", ["ops", "xla"])
-@pytest.mark.parametrize("placements", ["S(0),R", "R,S(0)"])
+@pytest.mark.parametrize("placements", ["S(0),R", "R,S(0)", "(a,b),None"])  # (a,b): 2,1,2,1,2,1,1,0 rows
 @pytest.mark.parametrize("name", sorted(VOCABULARY_UPDATES))
 def test_apply_embedding_gradients_into_a_vocabulary_split_table(name: str, placements: str, execute: str) -> None:
     """Scatters into a table split on its (uneven) vocabulary: each rank adds the
@@ -629,6 +629,21 @@ def test_apply_under_eager_grad_inside_set_mesh_on_an_uneven_input(execute: str)
         grad = jax.grad(lambda t: apply(jnp.sin, t, execute=execute).full_tensor().sum())(x)
     assert grad.layout == x.layout
     np.testing.assert_allclose(np.asarray(grad.full_tensor()), np.cos(a), rtol=1e-6)
+
+@pytest.mark.parametrize("placements", ["(a,b),None", "(b,a),None", "None,(a,b)"])
+def test_apply_xla_reads_nested_uneven_inputs(placements: str) -> None:
+    """10 rows over (a, b) = 4 x 2 are chunked 2,1,2,1,2,1,1,0: the padding sits between
+    blocks, so execute="xla" takes the logical positions instead of the first 10 rows
+    (it read pads as data), eagerly, under jit and under grad inside jax.set_mesh."""
+    a = _data((10, 10), 47)
+    x = _dt(a, MESH42, placements)
+    for result in (apply(jnp.sin, x, execute="xla"), jax.jit(functools.partial(apply, jnp.sin, execute="xla"))(x)):
+        np.testing.assert_allclose(np.asarray(result.full_tensor()), np.sin(a), rtol=1e-6)
+    with jax.set_mesh(MESH42.to_jax()):
+        grad = jax.grad(lambda t: apply(jnp.sin, t, execute="xla").full_tensor().sum())(x)
+    assert grad.layout == x.layout
+    np.testing.assert_allclose(np.asarray(grad.full_tensor()), np.cos(a), rtol=1e-6)
+
 
 def test_apply_errors() -> None:
     x = _dt(_data((8, 12)), MESH1, "S(0)")
