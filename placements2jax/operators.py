@@ -604,12 +604,14 @@ def _to_logical(x: jax.Array, phys: Physical) -> jax.Array:
     else:
         x = lax.with_sharding_constraint(x, sharding)
     if plain.is_padded:
-        x = _unpad(x, shape, sharding)
+        x = _unpad(x, plain, sharding)
     return x
 
 
-def _unpad(x: jax.Array, shape: Shape, sharding: NamedSharding) -> jax.Array:
-    """The first ``shape`` elements of a padded array, constrained to ``sharding``.
+def _unpad(x: jax.Array, plain: Physical, sharding: NamedSharding) -> jax.Array:
+    """The logical elements of a padded array, constrained to ``sharding``: the first
+    ``shape`` ones, after taking each nested uneven dim's logical positions (its padding
+    sits between blocks: 10 rows over ``(a, b)`` = 4 x 2 are chunked 2,1,2,1,2,1,1,0).
 
     Inside ``jax.set_mesh`` of an Explicit mesh (eager ``jax.grad``) ``x`` keeps its
     Explicit type (the constraint to the Auto twin does not retype it there), and JAX
@@ -617,17 +619,22 @@ def _unpad(x: jax.Array, shape: Shape, sharding: NamedSharding) -> jax.Array:
     not divisible by mesh axes (4)``): the slice runs under ``jax.sharding.auto_axes``,
     the uneven dims' axes dropped from its Explicit result (a constraint there would be
     an assertion)."""
+    shape = plain.shape
+
+    def logical(v: jax.Array) -> jax.Array:
+        for d in range(len(shape)):
+            if not plain.is_prefix(d):
+                v = jnp.take(v, plain.positions(d), axis=d)
+        return lax.slice(v, (0,) * len(shape), shape)
+
     typed = jax.typeof(x).sharding
     if not typed.mesh.explicit_axes:
-        return lax.with_sharding_constraint(lax.slice(x, (0,) * len(shape), shape), sharding)
+        return lax.with_sharding_constraint(logical(x), sharding)
     spec = [
         None if entry is None or size % math.prod(typed.mesh.shape[a] for a in _names(entry)) else entry
         for entry, size in zip(tuple(typed.spec) + (None,) * len(shape), shape)
     ]
-    return jax.sharding.auto_axes(
-        lambda v: lax.slice(v, (0,) * len(shape), shape), axes=typed.mesh.explicit_axes,
-        out_sharding=PartitionSpec(*spec),
-    )(x)
+    return jax.sharding.auto_axes(logical, axes=typed.mesh.explicit_axes, out_sharding=PartitionSpec(*spec))(x)
 
 
 def _names(entry: Any) -> tuple[str, ...]:

@@ -56,6 +56,31 @@ def test_megatron_mlp_agrees_after_xla_reduces_the_partial(mesh: Any) -> None:
     assert report.predicted_bytes == report.compiled_bytes == Fraction(2 * 4 * 16 * 4 * 3, 4)
 
 
+def _lookup_loss(table: jax.Array, ids: jax.Array, w: jax.Array) -> jax.Array:
+    return (table[ids] * w).sum()
+
+
+@pytest.mark.parametrize("placements", ["R,S(0)", "S(0),R"])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        jax.grad(_lookup_loss),
+        lambda t, i, u: t.at[i].add(u),
+        lambda t, i, u: t.at[i].set(u),
+        lambda t, i, u: t.at[i].max(u),
+    ],
+    ids=["grad", "add", "set", "max"],
+)
+def test_check_embedding_gradients_into_a_vocabulary_split_table(mesh: Any, fn: Any, placements: str) -> None:
+    """Scatters into a vocabulary-split table (ids and updates Replicate) are predicted
+    as XLA compiles them: each rank updates its own rows (the masked scatter, of every
+    kind), nothing is sent and the table keeps its layout."""
+    table, ids = spec(mesh, (12, 6), placements), ((2, 5), jnp.int32, Layout.from_device_mesh(mesh)("R,R"))
+    report = check(fn, table, ids, spec(mesh, (2, 5, 6), "R,R"), out_layouts=table[2])
+    assert [(str(o.predicted), o.verdict) for o in report.outputs] == [(placements, "equal")]
+    assert report.communication == "equal" and report.predicted_bytes == report.compiled_bytes == 0
+
+
 def test_transformer_block_tensor_parallel(mesh: Any) -> None:
     """Eager (op by op) prediction: the output agrees after XLA's eager reduction; the
     communication differs and the report says why (partials carried through the

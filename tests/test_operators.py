@@ -456,7 +456,7 @@ VOCABULARY_UPDATES = {
 
 
 @pytest.mark.parametrize("execute", ["ops", "xla"])
-@pytest.mark.parametrize("placements", ["S(0),R", "R,S(0)"])
+@pytest.mark.parametrize("placements", ["S(0),R", "R,S(0)", "(a,b),None"])  # (a,b): 2,1,2,1,2,1,1,0 rows
 @pytest.mark.parametrize("name", sorted(VOCABULARY_UPDATES))
 def test_apply_embedding_gradients_into_a_vocabulary_split_table(name: str, placements: str, execute: str) -> None:
     """Scatters into a table split on its (uneven) vocabulary: each rank adds the
@@ -480,6 +480,53 @@ def test_apply_embedding_gradients_into_a_vocabulary_split_table(name: str, plac
             np.asarray(result.to_local(rank)), np.asarray(reference.to_local(rank)), rtol=1e-5, atol=1e-5,
             err_msg=f"rank {rank}",
         )
+
+
+SCATTER_KINDS = ("set", "add", "multiply", "min", "max")
+INDEX_MODES = ("clip", "drop", "promise_in_bounds")
+
+
+@pytest.mark.parametrize("mode", INDEX_MODES)
+@pytest.mark.parametrize("kind", SCATTER_KINDS)
+def test_apply_scatters_of_every_kind_into_a_vocabulary_split_table(kind: str, mode: str) -> None:
+    """Every scatter kind runs masked on a table split on its uneven vocabulary (the
+    updates of other ranks' rows dropped, not made neutral): repeated ids, and out of
+    range ones (clamped in clip mode, dropped otherwise, as XLA does)."""
+    rng = np.random.default_rng(1)
+    table = rng.standard_normal((VOCAB, WIDTH)).astype(np.float32)
+    ids = np.array([[0, 9, 3, 3], [4, -3, 12, 9]], np.int32)  # -3: jnp's row 7
+    if mode == "promise_in_bounds":
+        ids = ids % VOCAB
+    u = rng.standard_normal((2, 4, WIDTH)).astype(np.float32)
+
+    def fn(t: jax.Array, i: jax.Array, v: jax.Array) -> jax.Array:
+        return getattr(t.at[i], kind)(v, mode=mode)
+
+    expected = np.asarray(jax.jit(fn)(table, ids, u))
+    for placements in ("S(0),R", "R,S(0)"):
+        t = _dt(table, MESH42, placements)
+        assert predict(fn, t, _dt(ids, MESH42, "R,R"), _dt(u, MESH42, "R,R"), search="eager").out_layouts == (t.layout,)
+        result = apply(fn, t, _dt(ids, MESH42, "R,R"), _dt(u, MESH42, "R,R"), execute="ops")
+        np.testing.assert_allclose(np.asarray(result.full_tensor()), expected, rtol=1e-6, err_msg=placements)
+
+
+@pytest.mark.parametrize("mode", ["clip", "fill", "promise_in_bounds"])
+def test_apply_masked_lookup_of_out_of_range_ids_follows_the_mode(mode: str) -> None:
+    """The masked lookup clamps out-of-range ids as XLA does (clip) or gives the fill
+    value once (on the first rank of the partial sum)."""
+    table = _data((VOCAB, WIDTH), 46)
+    ids = np.array([[0, 9, 12], [4, -1, -11]], np.int32)
+    if mode == "promise_in_bounds":
+        ids = ids % VOCAB
+
+    def fn(t: jax.Array, i: jax.Array) -> jax.Array:
+        return t.at[i].get(mode=mode, fill_value=-5.0 if mode == "fill" else None)
+
+    expected = np.asarray(jax.jit(fn)(table, ids))
+    for placements in ("S(0),R", "R,S(0)"):
+        result = apply(fn, _dt(table, MESH42, placements), _dt(ids, MESH42, "R,R"), execute="ops")
+        assert Partial("sum") in result.placements
+        np.testing.assert_allclose(np.asarray(result.full_tensor()), expected, rtol=1e-6, err_msg=placements)
 
 
 def test_apply_follows_the_planned_redistributions_of_intermediates() -> None:
@@ -582,6 +629,21 @@ def test_apply_under_eager_grad_inside_set_mesh_on_an_uneven_input(execute: str)
         grad = jax.grad(lambda t: apply(jnp.sin, t, execute=execute).full_tensor().sum())(x)
     assert grad.layout == x.layout
     np.testing.assert_allclose(np.asarray(grad.full_tensor()), np.cos(a), rtol=1e-6)
+
+@pytest.mark.parametrize("placements", ["(a,b),None", "(b,a),None", "None,(a,b)"])
+def test_apply_xla_reads_nested_uneven_inputs(placements: str) -> None:
+    """10 rows over (a, b) = 4 x 2 are chunked 2,1,2,1,2,1,1,0: the padding sits between
+    blocks, so execute="xla" takes the logical positions instead of the first 10 rows
+    (it read pads as data), eagerly, under jit and under grad inside jax.set_mesh."""
+    a = _data((10, 10), 47)
+    x = _dt(a, MESH42, placements)
+    for result in (apply(jnp.sin, x, execute="xla"), jax.jit(functools.partial(apply, jnp.sin, execute="xla"))(x)):
+        np.testing.assert_allclose(np.asarray(result.full_tensor()), np.sin(a), rtol=1e-6)
+    with jax.set_mesh(MESH42.to_jax()):
+        grad = jax.grad(lambda t: apply(jnp.sin, t, execute="xla").full_tensor().sum())(x)
+    assert grad.layout == x.layout
+    np.testing.assert_allclose(np.asarray(grad.full_tensor()), np.cos(a), rtol=1e-6)
+
 
 def test_apply_errors() -> None:
     x = _dt(_data((8, 12)), MESH1, "S(0)")

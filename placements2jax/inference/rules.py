@@ -438,11 +438,12 @@ def scatter(ins: Avals, outs: Avals, *, dimension_numbers: Any, kind: str) -> li
       adds its own updates (data-parallel embedding gradients);
     * partial operand and updates, indices ``R``: ``P(sum/avg)`` through scatter-add,
       ``P(max)`` / ``P(min)`` through scatter-max / scatter-min;
-    * scatter-add / -sub into the one indexed dim ``S(axis)`` of a single-index scatter
-      without batching dims (an embedding table split on its vocabulary), indices and
-      updates ``R`` -> ``S(axis)``: the masked local scatter (each rank adds the updates
-      whose index falls in its rows, at the index minus its offset; the transpose of
-      gather's masked lookup).
+    * every kind, into the one indexed dim ``S(axis)`` of a single-index scatter without
+      batching dims (an embedding table split on its vocabulary), indices and updates
+      ``R`` -> ``S(axis)``: the masked local scatter (each rank applies the updates whose
+      index falls in its rows, at the index minus its offset, and drops the others, so
+      other ranks' rows are untouched whatever the combiner; for scatter-add the
+      transpose of gather's masked lookup).
     """
     operand, indices, updates = ins[0], ins[1], ins[2]
     kind = kind.replace("_", "-")  # jaxprs spell scatter-add, scatter-max...
@@ -464,8 +465,7 @@ def scatter(ins: Avals, outs: Avals, *, dimension_numbers: Any, kind: str) -> li
     for op in _SCATTER_PARTIALS.get(kind, ()):
         sigs.append(OneDSig((Partial(op), R, Partial(op)), (Partial(op),)))
     if (
-        kind in ("scatter-add", "scatter-sub")
-        and not operand_batching
+        not operand_batching
         and len(dn.scatter_dims_to_operand_dims) == 1
         and tuple(dn.inserted_window_dims) == tuple(dn.scatter_dims_to_operand_dims)
         and indices.ndim > 0
