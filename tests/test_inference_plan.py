@@ -7,6 +7,7 @@ from fractions import Fraction
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from placements2jax import Layout, RedistributeError, init_device_mesh
 from placements2jax.inference import CostModel, plan_redistribute
 from placements2jax.inference.cost import block_bytes, collective_bytes
+from placements2jax.inference.plan import layout_state, plan_collectives, plan_cost
 from placements2jax.inference.signature import placement_on
 from placements2jax.layout import iter_layouts
 
@@ -126,3 +128,30 @@ def test_every_plan_is_a_chain_of_single_mesh_dim_steps(src: Layout, dst: Layout
     assert state == dst, f"{str(src)} -> {str(dst)} ended at {str(state)}"
     assert plan.cost == sum(s.cost for s in plan.steps)
     assert plan.cost <= _via_replicate_cost(shape, src)
+
+
+WEIGHTED = CostModel({"a": 3})
+
+
+@given(src=st.sampled_from(LAYOUTS_22), dst=st.sampled_from(LAYOUTS_22), shape=st.sampled_from([(8, 8), (6, 5), (4, 12)]))
+def test_plan_collectives_are_the_plans_communicating_steps(src: Layout, dst: Layout, shape: tuple[int, int]) -> None:
+    """plan_collectives (what the program search prices by kind) lists the collectives of
+    the plan plan_redistribute builds, in order, with their weighted costs, adding up to
+    plan_cost's cost and count."""
+    plan = plan_redistribute(shape, F32, src, dst, WEIGHTED)
+    weights = WEIGHTED.weights(src.mesh)
+    collectives = plan_collectives(shape, np.dtype(np.float32), layout_state(src), layout_state(dst), (2, 2), weights)
+    assert collectives == tuple((s.collective, s.cost) for s in plan.steps if s.nbytes)
+    cost, count = plan_cost(shape, np.dtype(np.float32), layout_state(src), layout_state(dst), (2, 2), weights)
+    assert (sum((c for _, c in collectives), Fraction(0)), len(collectives)) == (cost, count) == (plan.cost, count)
+
+
+def test_plan_collectives_of_a_strided_route() -> None:
+    """A strided layout's route: the unstriding all-to-all, then the plain search's steps."""
+    mesh = init_device_mesh((8,), ("x",))
+    strided, plain = Layout(mesh, ((0,),), None, (8,)), Layout(mesh, ((0,),))
+    collectives = plan_collectives((128,), np.dtype(np.float32), layout_state(strided), layout_state(plain.replicated()),
+                                   (8,), (Fraction(1),))
+    plan = plan_redistribute((128,), jnp.float32, strided, plain.replicated())
+    assert collectives == tuple((s.collective, s.cost) for s in plan.steps if s.nbytes)
+    assert [kind for kind, _ in collectives] == ["all-gather"] and collectives[0][1] == 448

@@ -609,15 +609,28 @@ def test_apply_runs_the_llama_loss_like_plain_jax(mesh: Any) -> None:
 # collectives must not exceed XLA's (extra -2: 12 against 14).
 # Since the search chooses loop carries (the forward scan carries GPT-2's residual stream reduced): GPT-2 adamw
 # 1.75 -> 1.13 with 71 -> 65 operands (combined 47 -> 42 against XLA's 23).
+# Since the search prices moves as the backend compiles them (CPU XLA's reduce-scatter is an all-reduce, so a
+# reduce-scatter + all-gather costs more than the all-reduce XLA sends) and ends with a reducing descent: Llama
+# 1.02 / 0.99 / 1.41 with 19 / 100 / 165 -> 0.78 / 0.69 / 1.07 with 12 / 66 / 115 (GPT-2 as before). Llama's loss
+# and value_and_grad now predict less than XLA sends: XLA all-reduces a row-parallel partial and slices it, then
+# all-gathers it back (5 all-gathers where the prediction all-reduces once); below the floor only so
+# (:func:`_below_floor`).
 _REACHED = {
     ("gpt2", "loss"): (0.86, -2),
     ("gpt2", "value_and_grad"): (0.96, 2),
     ("gpt2", "adamw step"): (1.13, 7),
-    ("llama", "loss"): (1.03, 1),
-    ("llama", "value_and_grad"): (1.0, 35),
-    ("llama", "adamw step"): (1.42, 69),
+    ("llama", "loss"): (0.79, -6),
+    ("llama", "value_and_grad"): (0.70, 1),
+    ("llama", "adamw step"): (1.07, 19),
 }
 _FLOOR = {("gpt2", "loss"): 0.85}
+
+
+def _below_floor(report: Any) -> bool:
+    """Predicted bytes below the floor are allowed only where XLA legitimately sends more:
+    every collective kind where XLA sends more bytes has more XLA operands than predicted
+    collectives (check's note per kind: "XLA has N more; XLA sends N B per device more")."""
+    return all(c.compiled_bytes <= c.predicted_bytes or c.operands > c.predicted for c in report.collective_checks)
 
 
 # (model, function) -> extra predicted collectives allowed over XLA's compiled collectives once the
@@ -629,9 +642,9 @@ _COMBINED_REACHED = {
     ("gpt2", "loss"): -2,
     ("gpt2", "value_and_grad"): 10,
     ("gpt2", "adamw step"): 19,
-    ("llama", "loss"): 1,
-    ("llama", "value_and_grad"): 49,
-    ("llama", "adamw step"): 101,
+    ("llama", "loss"): -6,
+    ("llama", "value_and_grad"): 13,
+    ("llama", "adamw step"): 51,
 }
 
 
@@ -639,7 +652,8 @@ _COMBINED_REACHED = {
 def test_training_programs_predict_xlas_bytes(mesh: Any, model: str, mode: str) -> None:
     """check on the loss, value_and_grad and adamw step of GPT-2 and Llama (Megatron plan,
     dp=2 x tp=4): every output's layout agrees with XLA's, the predicted bytes per device
-    are at least 0.9x XLA's (``_FLOOR``) and at most the ratio reached, and the predicted collectives
+    are at least 0.9x XLA's (``_FLOOR``; less only where XLA has more collectives, :func:`_below_floor`) and at
+    most the ratio reached, and the predicted collectives
     exceed XLA's (counted by operand) by at most the number reached."""
     module, cfg = (gpt2, gpt2.Config()) if model == "gpt2" else (llama, llama.Config())
     fn, args, out_layouts = common.checked_programs(module, cfg, mesh)[mode]
@@ -647,7 +661,8 @@ def test_training_programs_predict_xlas_bytes(mesh: Any, model: str, mode: str) 
     assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
     ratio = float(report.predicted_bytes / report.compiled_bytes)
     bound, extra = _REACHED[model, mode]
-    assert _FLOOR.get((model, mode), 0.9) <= ratio <= bound, ratio
+    assert _FLOOR.get((model, mode), 0.9) <= ratio or _below_floor(report), (ratio, report.collective_checks)
+    assert ratio <= bound, ratio
     assert sum(report.predicted_counts.values()) <= sum(report.compiled_operand_counts.values()) + extra
     combined = report.predicted_combined_counts
     assert all(combined[kind] <= n for kind, n in report.predicted_counts.items())

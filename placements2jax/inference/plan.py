@@ -66,7 +66,7 @@ from .cost import (
 )
 from .signature import RedistributePlan, RedistributeStep, TensorSpec, placement_on
 
-__all__ = ["InputPlans", "layout_state", "plan_cost", "plan_redistribute"]
+__all__ = ["InputPlans", "layout_state", "plan_collectives", "plan_cost", "plan_redistribute"]
 
 DimAxes = tuple[tuple[int, ...], ...]
 # (dim_axes, partial), and split factors as a third entry for a strided layout only
@@ -224,6 +224,30 @@ def plan_cost(
     moves = search.path_to((dst[0], kept))
     cost = sum(m.scaled * search.weights[m.mesh_dim] for m in moves)
     return Fraction(cost, search.unit * search.weight_unit), sum(1 for m in moves if m.scaled)
+
+
+@cached(maxsize=65536)
+def plan_collectives(
+    shape: tuple[int, ...], dtype: np.dtype, src: State, dst: State, mesh_shape: tuple[int, ...],
+    weights: tuple[Fraction, ...],
+) -> tuple[tuple[str, Fraction], ...]:
+    """The communicating steps of the plan :func:`plan_cost` prices, in order, each as
+    ``(collective, cost)`` (bytes times its mesh dim's weight; they add up to
+    :func:`plan_cost`'s cost): for callers that count or price collectives by kind, e.g.
+    as a backend compiles them (CPU XLA: a reduce-scatter is an all-reduce)."""
+    if len(src) > 2 or len(dst) > 2:  # strided: the route's own steps around the plain search
+        before, first, last, after = _strided_parts(shape, dtype.itemsize, src, dst, mesh_shape)
+        middle = plan_collectives(shape, dtype, (first[0], src[1]), (last[0], dst[1]), mesh_shape, weights)
+        head = tuple((kind, nbytes * Fraction(weights[m])) for m, kind, nbytes, _ in before if nbytes)
+        tail = tuple((kind, nbytes * Fraction(weights[m])) for m, kind, nbytes, _ in after if nbytes)
+        return head + middle + tail
+    kept = tuple(op if op and src[1][m] == op else None for m, op in enumerate(dst[1]))
+    search = _search(shape, dtype.itemsize, mesh_shape, weights, src)
+    scale = search.unit * search.weight_unit
+    return tuple(
+        (m.collective, Fraction(m.scaled * search.weights[m.mesh_dim], scale))
+        for m in search.path_to((dst[0], kept)) if m.scaled
+    )
 
 
 @cached(maxsize=65536)
