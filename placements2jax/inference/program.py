@@ -275,6 +275,30 @@ class _Search:
         self.pendings: dict[tuple[AvalKey, State, frozenset[int]], float] = {}
         self.greedy_choices: dict[tuple[str, tuple[State, ...]], int] = {}
         self.position = {node.path: p for p, node in enumerate(graph.nodes)}
+        # Neighbour tables, so that the hot loops loop over no consumers:
+        # per node, the values around() prices (each input's source or literal, then each output), what
+        # cascade() adds to its depends (the consumers of each source, the producer, the consumers of each
+        # output), and its outputs' consumers with their positions; per value, its consumers' paths.
+        self.touched: dict[str, tuple[Any, ...]] = {}
+        self.neighbours: dict[str, frozenset[str]] = {}
+        self.downstream: dict[str, tuple[tuple[str, int], ...]] = {}
+        self.consumer_paths = {value: tuple(c for c, _ in consumers) for value, consumers in self.consumers.items()}
+        for node in graph.nodes:
+            path, outputs = node.path, range(len(self.out_avals[node.path]))
+            priced = [src if src is not None else ("literal", path, i) for i, src in enumerate(node.sources)]
+            self.touched[path] = (*priced, *((path, j) for j in outputs))
+            near: set[str] = set()
+            for src in node.sources:
+                if src is not None:
+                    near.update(self.consumer_paths[src])
+                    if src[0] != "in":
+                        near.add(src[0])
+            for j in outputs:
+                near.update(self.consumer_paths.get((path, j), ()))
+            self.neighbours[path] = frozenset(near)
+            self.downstream[path] = tuple(
+                (c, self.position[c]) for j in outputs for c, _ in self.consumers.get((path, j), ())
+            )
 
     def _intern(self, layout: Layout) -> State:
         state = self.states.get(layout)
@@ -373,10 +397,7 @@ class _Search:
         trial = {**choice, **seeds}
         changes = dict(seeds)
         looked = set(seeds)
-        queue = [
-            self.position[c] for path in seeds if follow for j in range(len(self.out_avals[path]))
-            for c, _ in self.consumers.get((path, j), ()) if c not in seeds
-        ]
+        queue = [position for path in seeds if follow for c, position in self.downstream[path] if c not in seeds]
         heapq.heapify(queue)
         seen = set(queue)
         while queue:
@@ -388,21 +409,13 @@ class _Search:
             if best == trial[node.path]:
                 continue
             trial[node.path] = changes[node.path] = best
-            for j in range(len(self.out_avals[node.path])):
-                for consumer, _ in self.consumers.get((node.path, j), ()):
-                    position = self.position[consumer]
-                    if position not in seen:
-                        seen.add(position)
-                        heapq.heappush(queue, position)
+            for _, position in self.downstream[node.path]:
+                if position not in seen:
+                    seen.add(position)
+                    heapq.heappush(queue, position)
         depends = set(looked)
         for name in looked:
-            for src in self.sources[name]:
-                if src is not None:
-                    depends.update(c for c, _ in self.consumers[src])
-                    if src[0] != "in":
-                        depends.add(src[0])
-            for j in range(len(self.out_avals[name])):
-                depends.update(c for c, _ in self.consumers.get((name, j), ()))
+            depends |= self.neighbours[name]
         return changes, depends
 
     def around(self, paths: Sequence[str], choice: Choice) -> Cost:
@@ -411,10 +424,8 @@ class _Search:
         values: set[Any] = set()
         nbytes, steps = 0.0, 0.0
         for path in paths:
-            for i, src in enumerate(self.sources[path]):
-                values.add(src if src is not None else ("literal", path, i))
+            values.update(self.touched[path])
             for j, (aval, out) in enumerate(zip(self.out_avals[path], self.outs[path][choice[path]])):
-                values.add((path, j))
                 owed = self.charge((path, j), aval, out)
                 nbytes, steps = nbytes + owed[0], steps + owed[1]
         for value in values:
