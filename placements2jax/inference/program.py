@@ -299,6 +299,12 @@ class _Search:
             self.downstream[path] = tuple(
                 (c, self.position[c]) for j in outputs for c, _ in self.consumers.get((path, j), ())
             )
+        # value_cost() per value and the choices it reads (its producer's, unless an input, and its consumers'):
+        # one search prices with one cost model, so a value's cost is fixed by those choices
+        self.deciders = {
+            value: (() if value[0] == "in" else (value[0],)) + paths for value, paths in self.consumer_paths.items()
+        }
+        self.value_costs: dict[tuple[Any, tuple[int, ...]], Cost] = {}
 
     def _intern(self, layout: Layout) -> State:
         state = self.states.get(layout)
@@ -439,9 +445,14 @@ class _Search:
         if value[0] == "literal":
             _, path, i = value
             return self.cost(self.in_avals[path][i], self.fixed[path][i], self.ins[path][choice[path]][i])
-        consumers = self.consumers.get(value, ())
-        if not consumers:
+        deciders = self.deciders.get(value)
+        if deciders is None:
             return _ZERO
+        key = (value, tuple(map(choice.__getitem__, deciders)))
+        known = self.value_costs.get(key)
+        if known is not None:
+            return known
+        consumers = self.consumers[value]
         first, i = consumers[0]
         state = self.state_of(first, i, choice)
         aval = self.in_avals[first][i]
@@ -450,6 +461,7 @@ class _Search:
         for need in needs:
             move = self.cost(aval, state, need)
             nbytes, steps = nbytes + move[0], steps + move[1]
+        self.value_costs[key] = (nbytes, steps)
         return nbytes, steps
 
     def alternatives(self, path: str, choice: Choice) -> list[tuple[int, bool]]:
