@@ -305,6 +305,13 @@ class _Search:
             value: (() if value[0] == "in" else (value[0],)) + paths for value, paths in self.consumer_paths.items()
         }
         self.value_costs: dict[tuple[Any, tuple[int, ...]], Cost] = {}
+        # greedy() per node and its producers' choices (how its inputs not fixed arrive): found before the
+        # arriving states are built and hashed
+        self.producers = {
+            node.path: tuple(src[0] for src, fixed in zip(node.sources, self.fixed[node.path]) if fixed is None)
+            for node in graph.nodes
+        }
+        self.greedy_by_producers: dict[tuple[str, tuple[int, ...]], int] = {}
 
     def _intern(self, layout: Layout) -> State:
         state = self.states.get(layout)
@@ -357,9 +364,14 @@ class _Search:
     def greedy(self, path: str, choice: Choice) -> int:
         """Eager dispatch's choice for equation ``path`` given its inputs as they arrive:
         no redistribution first, then the least input cost plus pending new partials."""
+        by_producers = (path, tuple(map(choice.__getitem__, self.producers[path])))
+        known = self.greedy_by_producers.get(by_producers)
+        if known is not None:
+            return known
         arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
         known = self.greedy_choices.get((path, arriving))
         if known is not None:
+            self.greedy_by_producers[by_producers] = known
             return known
         given = frozenset(m for state in arriving for m, op in enumerate(state[1]) if op)
         exact = [k for k, needs in enumerate(self.ins[path]) if needs == arriving]
@@ -375,7 +387,7 @@ class _Search:
                 key = (nbytes + self.pending(path, k, given), steps)
                 if best_key is None or key < best_key:
                     best, best_key = k, key
-        self.greedy_choices[(path, arriving)] = best
+        self.greedy_choices[(path, arriving)] = self.greedy_by_producers[by_producers] = best
         return best
 
     def pending(self, path: str, k: int, given: frozenset[int]) -> float:
