@@ -412,7 +412,10 @@ class _Search:
         dispatch would, until the changes die out. Returns the changes (path ->
         candidate) and every equation the result depends on (those re-chosen or looked
         at, their producers, the other consumers of their inputs, their consumers)."""
-        trial = {**choice, **seeds}
+        # the choice itself, changed in place and changed back at the end (kept): a copy of the whole
+        # choice per evaluation costs more (an exception ends the search, which owns the choice)
+        trial, kept = choice, {path: choice[path] for path in seeds}
+        trial.update(seeds)
         changes = dict(seeds)
         looked = set(seeds)
         queue = [position for path in seeds if follow for c, position in self.downstream[path] if c not in seeds]
@@ -426,11 +429,13 @@ class _Search:
             best = self.greedy(node.path, trial)
             if best == trial[node.path]:
                 continue
+            kept.setdefault(node.path, trial[node.path])
             trial[node.path] = changes[node.path] = best
             for _, position in self.downstream[node.path]:
                 if position not in seen:
                     seen.add(position)
                     heapq.heappush(queue, position)
+        trial.update(kept)
         depends = set(looked)
         for name in looked:
             depends |= self.neighbours[name]
@@ -557,7 +562,11 @@ class _Search:
 
     def delta(self, changes: dict[str, int], choice: Choice) -> Cost:
         """How much ``changes`` lower (negative) or raise the total from ``choice``."""
-        after, before = self.around(list(changes), {**choice, **changes}), self.around(list(changes), choice)
+        before = self.around(list(changes), choice)
+        kept = {path: choice[path] for path in changes}
+        choice.update(changes)  # in place and back, as in cascade()
+        after = self.around(list(changes), choice)
+        choice.update(kept)
         return after[0] - before[0], after[1] - before[1]
 
     def starts(self, eager: Choice) -> list[Choice]:
