@@ -343,6 +343,43 @@ class _Search:
         self.pendings: dict[tuple[AvalKey, State, frozenset[int]], float] = {}
         self.greedy_choices: dict[tuple[str, tuple[State, ...], bool], int] = {}
         self.position = {node.path: p for p, node in enumerate(graph.nodes)}
+        # Neighbour tables, so that the hot loops loop over no consumers:
+        # per node, the values around() prices (each input's source or literal, then each output), what
+        # cascade() adds to its depends (the consumers of each source, the producer, the consumers of each
+        # output), and its outputs' consumers with their positions; per value, its consumers' paths.
+        self.touched: dict[str, tuple[Any, ...]] = {}
+        self.neighbours: dict[str, frozenset[str]] = {}
+        self.downstream: dict[str, tuple[tuple[str, int], ...]] = {}
+        self.consumer_paths = {value: tuple(c for c, _ in consumers) for value, consumers in self.consumers.items()}
+        for node in graph.nodes:
+            path, outputs = node.path, range(len(self.out_avals[node.path]))
+            priced = [src if src is not None else ("literal", path, i) for i, src in enumerate(node.sources)]
+            self.touched[path] = (*priced, *((path, j) for j in outputs))
+            near: set[str] = set()
+            for src in node.sources:
+                if src is not None:
+                    near.update(self.consumer_paths[src])
+                    if src[0] != "in":
+                        near.add(src[0])
+            for j in outputs:
+                near.update(self.consumer_paths.get((path, j), ()))
+            self.neighbours[path] = frozenset(near)
+            self.downstream[path] = tuple(
+                (c, self.position[c]) for j in outputs for c, _ in self.consumers.get((path, j), ())
+            )
+        # value_cost() per value and the choices it reads (its producer's, unless an input, and its consumers'):
+        # one search prices with one cost model, so a value's cost is fixed by those choices
+        self.deciders = {
+            value: (() if value[0] == "in" else (value[0],)) + paths for value, paths in self.consumer_paths.items()
+        }
+        self.value_costs: dict[tuple[Any, tuple[int, ...]], Cost] = {}
+        # greedy() per node and its producers' choices (how its inputs not fixed arrive): found before the
+        # arriving states are built and hashed
+        self.producers = {
+            node.path: tuple(src[0] for src, fixed in zip(node.sources, self.fixed[node.path]) if fixed is None)
+            for node in graph.nodes
+        }
+        self.greedy_by_producers: dict[tuple[str, tuple[int, ...], bool], int] = {}
 
     def _intern(self, layout: Layout) -> State:
         state = self.states.get(layout)
@@ -401,9 +438,14 @@ class _Search:
     def greedy(self, path: str, choice: Choice, reducing: bool = False) -> int:
         """Eager dispatch's choice for equation ``path`` given its inputs as they arrive:
         no redistribution first, then the least input cost plus pending new partials."""
+        by_producers = (path, tuple(map(choice.__getitem__, self.producers[path])), reducing)
+        known = self.greedy_by_producers.get(by_producers)
+        if known is not None:
+            return known
         arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
         known = self.greedy_choices.get((path, arriving, reducing))
         if known is not None:
+            self.greedy_by_producers[by_producers] = known
             return known
         given = frozenset() if reducing else frozenset(m for state in arriving for m, op in enumerate(state[1]) if op)
         exact = [k for k, needs in enumerate(self.ins[path]) if needs == arriving]
@@ -419,7 +461,7 @@ class _Search:
                 key = (nbytes + self.pending(path, k, given), steps)
                 if best_key is None or key < best_key:
                     best, best_key = k, key
-        self.greedy_choices[(path, arriving, reducing)] = best
+        self.greedy_choices[(path, arriving, reducing)] = self.greedy_by_producers[by_producers] = best
         return best
 
     def pending(self, path: str, k: int, given: frozenset[int]) -> float:
@@ -446,13 +488,13 @@ class _Search:
         dispatch would, until the changes die out. Returns the changes (path ->
         candidate) and every equation the result depends on (those re-chosen or looked
         at, their producers, the other consumers of their inputs, their consumers)."""
-        trial = {**choice, **seeds}
+        # the choice itself, changed in place and changed back at the end (kept): a copy of the whole
+        # choice per evaluation costs more (an exception ends the search, which owns the choice)
+        trial, kept = choice, {path: choice[path] for path in seeds}
+        trial.update(seeds)
         changes = dict(seeds)
         looked = set(seeds)
-        queue = [
-            self.position[c] for path in seeds if follow for j in range(len(self.out_avals[path]))
-            for c, _ in self.consumers.get((path, j), ()) if c not in seeds
-        ]
+        queue = [position for path in seeds if follow for c, position in self.downstream[path] if c not in seeds]
         heapq.heapify(queue)
         seen = set(queue)
         while queue:
@@ -463,22 +505,16 @@ class _Search:
             best = self.greedy(node.path, trial, reducing)
             if best == trial[node.path]:
                 continue
+            kept.setdefault(node.path, trial[node.path])
             trial[node.path] = changes[node.path] = best
-            for j in range(len(self.out_avals[node.path])):
-                for consumer, _ in self.consumers.get((node.path, j), ()):
-                    position = self.position[consumer]
-                    if position not in seen:
-                        seen.add(position)
-                        heapq.heappush(queue, position)
+            for _, position in self.downstream[node.path]:
+                if position not in seen:
+                    seen.add(position)
+                    heapq.heappush(queue, position)
+        trial.update(kept)
         depends = set(looked)
         for name in looked:
-            for src in self.sources[name]:
-                if src is not None:
-                    depends.update(c for c, _ in self.consumers[src])
-                    if src[0] != "in":
-                        depends.add(src[0])
-            for j in range(len(self.out_avals[name])):
-                depends.update(c for c, _ in self.consumers.get((name, j), ()))
+            depends |= self.neighbours[name]
         return changes, depends
 
     def around(self, paths: Sequence[str], choice: Choice) -> Cost:
@@ -487,10 +523,8 @@ class _Search:
         values: set[Any] = set()
         nbytes, steps = 0.0, 0.0
         for path in paths:
-            for i, src in enumerate(self.sources[path]):
-                values.add(src if src is not None else ("literal", path, i))
+            values.update(self.touched[path])
             for j, (aval, out) in enumerate(zip(self.out_avals[path], self.outs[path][choice[path]])):
-                values.add((path, j))
                 owed = self.charge((path, j), aval, out)
                 nbytes, steps = nbytes + owed[0], steps + owed[1]
         for value in values:
@@ -504,9 +538,14 @@ class _Search:
         if value[0] == "literal":
             _, path, i = value
             return self.cost(self.in_avals[path][i], self.fixed[path][i], self.ins[path][choice[path]][i])
-        consumers = self.consumers.get(value, ())
-        if not consumers:
+        deciders = self.deciders.get(value)
+        if deciders is None:
             return _ZERO
+        key = (value, tuple(map(choice.__getitem__, deciders)))
+        known = self.value_costs.get(key)
+        if known is not None:
+            return known
+        consumers = self.consumers[value]
         first, i = consumers[0]
         state = self.state_of(first, i, choice)
         aval = self.in_avals[first][i]
@@ -515,6 +554,7 @@ class _Search:
         for need in needs:
             move = self.cost(aval, state, need)
             nbytes, steps = nbytes + move[0], steps + move[1]
+        self.value_costs[key] = (nbytes, steps)
         return nbytes, steps
 
     def alternatives(self, path: str, choice: Choice) -> list[tuple[int, bool]]:
@@ -610,7 +650,11 @@ class _Search:
 
     def delta(self, changes: dict[str, int], choice: Choice) -> Cost:
         """How much ``changes`` lower (negative) or raise the total from ``choice``."""
-        after, before = self.around(list(changes), {**choice, **changes}), self.around(list(changes), choice)
+        before = self.around(list(changes), choice)
+        kept = {path: choice[path] for path in changes}
+        choice.update(changes)  # in place and back, as in cascade()
+        after = self.around(list(changes), choice)
+        choice.update(kept)
         return after[0] - before[0], after[1] - before[1]
 
     def starts(self, eager: Choice) -> list[Choice]:
