@@ -158,7 +158,9 @@ class Schedule:
     target's, and what it sends: the compiled collectives (XLA's reshard), the exact
     collectives it is built from (``predicted``: direct schedules, which XLA compiles as
     written) or the planner's priced steps (``planned``: the stepwise route, priced without
-    compiling it; its compiled collectives are read on demand)."""
+    compiling it; its compiled collectives are read on demand). ``known``: collectives it
+    sends for certain, known without compiling it (a direct schedule's all; ``direct+xla``:
+    its reduction step's), which bound its price from below (:meth:`least_seconds`)."""
 
     name: str
     src: Physical
@@ -168,6 +170,7 @@ class Schedule:
     predicted: tuple[Collective, ...] | None = field(default=None, compare=False, repr=False)
     planned: tuple[tuple[tuple[int, ...], Fraction], ...] | None = field(default=None, compare=False, repr=False)
     local_bytes: int = field(default=0, compare=False)
+    known: tuple[Collective, ...] = field(default=(), compare=False, repr=False)
 
     @cached_property
     def jitted(self) -> jax.stages.Wrapped:
@@ -187,17 +190,28 @@ class Schedule:
         return self.compiled_collectives
 
     @cached_property
+    def compiled(self) -> jax.stages.Compiled:
+        """The program compiled for the source's array: one compile for its collectives and
+        its temporaries (JAX 0.10.2 lowers every ``lower().compile()`` again and mostly
+        compiles it again: 989 calls made 768 XLA compiles in one test); the eager call of
+        :attr:`jitted` then finds the executable in JAX's cache."""
+        return self.jitted.lower(self.argument()).compile()
+
+    @cached_property
     def compiled_collectives(self) -> tuple[Collective, ...]:
-        return tuple(parse_collectives(self.jitted.lower(self.argument()).compile().as_text()))
+        return tuple(parse_collectives(self.compiled.as_text()))
 
     @cached_property
     def terms(self) -> tuple[tuple[tuple[int, ...], Fraction], ...]:
         """Per collective: its mesh dims and the average bytes each device sends."""
         if self.planned is not None:
             return self.planned
+        return self._terms(self.collectives)
+
+    def _terms(self, collectives: Sequence[Collective]) -> tuple[tuple[tuple[int, ...], Fraction], ...]:
         mesh = self.src.layout.mesh
         return tuple((tuple(mesh.axis_index(a) for a in c.mesh_axes(mesh)), sent_bytes(c, mesh.size()))
-                     for c in self.collectives)
+                     for c in collectives)
 
     @cached_property
     def nbytes(self) -> Fraction:
@@ -210,18 +224,35 @@ class Schedule:
         (``CostModel.copy_seconds``; XLA's own copies are part of what the calibration
         measures per collective), and, with an ``alloc_curve``, the program's temporaries
         (``CostModel.alloc_seconds``: the term that decides large moves on CPU)."""
-        mesh = self.src.layout.mesh
         kinds = (None,) * len(self.terms) if self.planned is not None else tuple(c.op for c in self.collectives)
-        sent = sum(model.collective_seconds(mesh, axes, float(nbytes), kind)
-                   for kind, (axes, nbytes) in zip(kinds, self.terms))
-        local = model.copy_seconds(mesh, self.local_bytes) if self.local_bytes else 0.0
-        return sent + local + (model.alloc_seconds(self.temp_bytes) if model.alloc_curve else 0.0)
+        sent_and_local = self._seconds(model, kinds, self.terms)
+        return sent_and_local + (model.alloc_seconds(self.temp_bytes) if model.alloc_curve else 0.0)
+
+    def least_seconds(self, model: CostModel) -> float:
+        """A lower bound of :meth:`seconds`, found without compiling: the :attr:`known`
+        collectives and the local copies. Every term of a CostModel is non-negative (it
+        validates its curves and tables), so the collectives and temporaries left out can
+        only add; for a direct schedule the bound is its price without the temporaries."""
+        return self._seconds(model, tuple(c.op for c in self.known), self._terms(self.known))
+
+    @cached_property
+    def least_nbytes(self) -> Fraction:
+        """A lower bound of :attr:`nbytes` (the :attr:`known` collectives'), found without compiling."""
+        return sum((nbytes for _, nbytes in self._terms(self.known)), Fraction(0))
+
+    def _seconds(self, model: CostModel, kinds: Sequence[str | None],
+                 terms: Sequence[tuple[tuple[int, ...], Fraction]]) -> float:
+        """The collectives' time plus the local copies' (the same sum for :meth:`seconds`
+        and :meth:`least_seconds`, so the bound holds in floating point as well)."""
+        mesh = self.src.layout.mesh
+        sent = sum(model.collective_seconds(mesh, axes, float(nbytes), kind) for kind, (axes, nbytes) in zip(kinds, terms))
+        return sent + (model.copy_seconds(mesh, self.local_bytes) if self.local_bytes else 0.0)
 
     @cached_property
     def temp_bytes(self) -> int:
         """Bytes of temporaries per device of the compiled program (XLA's memory analysis):
         fresh buffers every call allocates."""
-        analysis = self.jitted.lower(self.argument()).compile().memory_analysis()
+        analysis = self.compiled.memory_analysis()
         return int(getattr(analysis, "temp_size_in_bytes", 0) or 0)
 
 
@@ -265,15 +296,16 @@ def _candidates(src: Physical, dst: Physical, dtype: np.dtype) -> tuple[Schedule
         return tuple(result)
     direct = DirectSchedule.build(src, dst)
     if direct is not None:
-        result.append(Schedule("direct", src, dst, dtype, direct.function, direct.collectives(dtype),
-                               local_bytes=direct.local_bytes(dtype.itemsize)))
+        predicted = direct.collectives(dtype)
+        result.append(Schedule("direct", src, dst, dtype, direct.function, predicted,
+                               local_bytes=direct.local_bytes(dtype.itemsize), known=predicted))
         if direct.cells is not None and direct.reduced_layout is not None:
             reduced = direct.reduce_only()
             def reduce_then_reshard(x: jax.Array) -> jax.Array:
                 return convert(reduced.function(x), reduced.dst, dst)  # re-pads an uneven target
 
             result.append(Schedule("direct+xla", src, dst, dtype, reduce_then_reshard,
-                                   local_bytes=reduced.local_bytes(dtype.itemsize)))
+                                   local_bytes=reduced.local_bytes(dtype.itemsize), known=reduced.collectives(dtype)))
     stepwise = _stepwise(src, dst, dtype)
     if stepwise is not None:
         result.append(stepwise)
@@ -309,10 +341,19 @@ def _choose(src: Physical, dst: Physical, dtype: np.dtype, policy: Policy) -> Sc
     # their cell exchanges copy more within each device than XLA's all-gathers,
     # docs/benchmarks.md, benchmark 3), and fewer collectives alone is a latency gain the
     # calibration cannot resolve from the noise.
-    options = tuple(s for s in options if s.name != "stepwise" and (s is xla or s.nbytes < xla.nbytes))
-    best = min(options, key=lambda s: (s.seconds(policy), s.nbytes))  # type: ignore[arg-type]
     # Within the model's resolution prefer XLA's reshard: it is the program plain JAX runs.
-    return xla if best.seconds(policy) >= xla.seconds(policy) * _MARGIN else best  # type: ignore[arg-type]
+    limit = xla.seconds(policy) * _MARGIN  # type: ignore[arg-type]
+    # Pricing a schedule compiles it (its temporaries, XLA's collectives): a schedule whose
+    # lower bound already reaches the limit can never be chosen (if it were the fastest,
+    # XLA's would be taken), so it is dropped uncompiled, which leaves the choice as it
+    # was. Compiling a direct schedule cost 5x XLA's reshard, and the bound drops most of
+    # them on small tensors (249 of 259 direct schedules among the 1-2-d layout pairs of
+    # a 5x3 tensor on a 2x2 mesh).
+    options = tuple(s for s in options if s is xla or (
+        s.name != "stepwise" and s.least_nbytes < xla.nbytes and s.least_seconds(policy) < limit  # type: ignore[arg-type]
+        and s.nbytes < xla.nbytes))
+    best = min(options, key=lambda s: (s.seconds(policy), s.nbytes))  # type: ignore[arg-type]
+    return xla if best.seconds(policy) >= limit else best  # type: ignore[arg-type]
 
 
 _MARGIN = 0.8

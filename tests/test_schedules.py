@@ -33,7 +33,9 @@ from placements2jax.schedules import (
     DirectSchedule,
     candidates,
     choose,
+    _MARGIN,
     default_policy,
+    policy_model,
     redistribute_schedule,
     sent_bytes_per_device,
     use_policy,
@@ -44,6 +46,8 @@ from bounds import lower_bound_bytes  # noqa: E402  (the bound is independent of
 
 MESHES = {(8,): ("x",), (4, 2): ("a", "b"), (2, 4): ("a", "b"), (2, 2, 2): ("a", "b", "c")}
 OPS = ("sum", "avg", "max", "min")
+LATENCY_BOUND = CostModel(latency={0: 1.0, 1: 1.0, 2: 1.0}, per_byte={0: 1e-12, 1: 1e-12, 2: 1e-12})
+BANDWIDTH_BOUND = CostModel(latency={0: 1e-12, 1: 1e-12, 2: 1e-12}, per_byte={0: 1.0, 1: 1.0, 2: 1.0}, copy_per_byte=1e-6)
 
 
 def _mesh(shape: tuple[int, ...]):
@@ -112,6 +116,10 @@ def _check_move(src: Layout, dst: Layout, shape: tuple[int, ...], seed: int) -> 
                 )
         compiled = sent_bytes_per_device(schedule.compiled_collectives, dst.mesh.size())
         assert compiled >= bound, (schedule.name, str(src), str(dst), shape, compiled, bound)
+        # The bounds choose() prunes with hold (direct+xla: its reduction step is compiled as written).
+        assert schedule.least_nbytes <= schedule.nbytes, (schedule.name, str(src), str(dst), shape)
+        for model in (policy_model(dst.mesh), BANDWIDTH_BOUND):
+            assert schedule.least_seconds(model) <= schedule.seconds(model), (schedule.name, str(src), str(dst), shape)
         if schedule.name == "direct":
             assert compiled == schedule.nbytes, (str(src), str(dst), shape)  # the prediction is what XLA compiles
     return names
@@ -260,6 +268,30 @@ def test_the_cost_policy_weighs_latency_against_bytes() -> None:
     assert choose(src, dst, np.int32, latency_bound).name == "xla"
     chosen = choose(src, dst, np.int32, bandwidth_bound)
     assert chosen.name.startswith("direct") and chosen.nbytes == math.prod((64, 64)) * 4 // 2  # 0.5 T
+
+
+def test_the_cost_policy_compiles_only_schedules_that_can_win() -> None:
+    """A schedule whose lower bound (its known collectives and local copies) reaches XLA's
+    price times the margin is dropped uncompiled, and the choice is the one pricing every
+    schedule gives: under a latency-bound model neither direct schedule is compiled."""
+    mesh = _mesh((4, 2))
+    # Shapes no other test uses: the cached candidates are compiled here first.
+    moves = [("P,R", "S(0),R", (64, 10)), ("P(max),R", "R,S(0)", (8, 10)), ("P,S(1)", "S(0),R", (8, 10)),
+             ("P,R", "S(1),S(0)", (8, 10))]
+    for source, target, shape in moves:
+        src, dst = physical(resolve_layout(mesh, source, 2), shape), physical(resolve_layout(mesh, target, 2), shape)
+        options = candidates(src, dst, np.int32)
+        assert [s.name for s in options[1:]] and not any("compiled" in vars(s) for s in options[1:])
+        for model in (LATENCY_BOUND, BANDWIDTH_BOUND, policy_model(mesh)):
+            chosen = choose(src, dst, np.int32, model)
+            if model is LATENCY_BOUND and source != "P,S(1)":
+                assert chosen.name == "xla" and not any("compiled" in vars(s) for s in options[1:]), (source, target)
+            # Pricing every schedule (the rule without the bound):
+            xla = options[0]
+            fewer = [s for s in options if s is xla or (s.name != "stepwise" and s.nbytes < xla.nbytes)]
+            best = min(fewer, key=lambda s: (s.seconds(model), s.nbytes))
+            assert chosen is (xla if best.seconds(model) >= xla.seconds(model) * _MARGIN else best), (source, target)
+        assert choose(src, dst, np.int32, BANDWIDTH_BOUND).name.startswith("direct")
 
 
 def test_schedule_terms_on_a_permuted_mesh_are_the_compiled_axes() -> None:
