@@ -59,6 +59,7 @@ __all__ = [
     "reshape",
     "reverse",
     "scatter",
+    "scatter_lookup_axis",
     "slice_full_dims",
     "split",
     "stack",
@@ -387,9 +388,9 @@ def gather(ins: Avals, outs: Avals, *, dimension_numbers: Any, slice_sizes: Sequ
       paired with operand batching dim ``b``, else ``R``;
     * an operand window dim taken whole and not indexed, ``S(j)`` (indices ``R``) -> its
       output offset dim;
-    * the one indexed dim ``S(axis)`` of a single-index gather without batching dims,
+    * the looked-up dim ``S(axis)`` of a row lookup (:func:`gather_lookup_axis`),
       indices ``R`` -> ``P(sum)``: the masked local lookup (rows another rank owns give
-      zeros; exact for in-range indices);
+      zeros);
     * operand ``P(op)``, indices ``R`` -> ``P(op)`` (a gather moves data).
     """
     operand, indices, out = ins[0], ins[1], outs[0]
@@ -407,15 +408,44 @@ def gather(ins: Avals, outs: Avals, *, dimension_numbers: Any, slice_sizes: Sequ
     for j in window:
         if slice_sizes[j] == operand.shape[j] and j not in dn.start_index_map:
             sigs.append(OneDSig((Shard(j), R), (Shard(offset_out[j]),)))
-    if (
-        not operand_batching
-        and len(dn.start_index_map) == 1
-        and tuple(dn.collapsed_slice_dims) == tuple(dn.start_index_map)
-        and indices.ndim > 0
-        and indices.shape[-1] == 1
-    ):
-        sigs.append(OneDSig((Shard(dn.start_index_map[0]), R), (Partial("sum"),), joint=POSITIONAL))
+    axis = gather_lookup_axis(dn, slice_sizes, operand.shape)
+    if axis is not None:
+        sigs.append(OneDSig((Shard(axis), R), (Partial("sum"),), joint=POSITIONAL))
     return sigs + partial_sigs("identity", 2)
+
+
+def gather_lookup_axis(dimension_numbers: Any, slice_sizes: Sequence[int], shape: Sequence[int]) -> int | None:
+    """The table axis a gather looks rows up along (:func:`_looked_up_axis`), or None."""
+    dn = dimension_numbers
+    if getattr(dn, "operand_batching_dims", ()):
+        return None
+    return _looked_up_axis(dn.start_index_map, slice_sizes, shape)
+
+
+def scatter_lookup_axis(dimension_numbers: Any, shape: Sequence[int], updates_shape: Sequence[int]) -> int | None:
+    """The table axis a scatter writes rows along (:func:`_looked_up_axis`), or None; an
+    operand dim's window is 1 if inserted, else the extent of its update window dim."""
+    dn = dimension_numbers
+    if getattr(dn, "operand_batching_dims", ()):
+        return None
+    window = [j for j in range(len(shape)) if j not in dn.inserted_window_dims]
+    windows = [1] * len(shape)
+    for j, u in zip(window, dn.update_window_dims):
+        windows[j] = updates_shape[u]
+    return _looked_up_axis(dn.scatter_dims_to_operand_dims, windows, shape)
+
+
+def _looked_up_axis(index_map: Sequence[int], windows: Sequence[int], shape: Sequence[int]) -> int | None:
+    """The looked-up axis of a row lookup (or its scatter) without batching dims: the
+    first indexed axis whose window is one row while every other indexed axis is taken
+    whole (its start clamps to 0 or falls out of bounds, on a block as on the whole
+    axis). Both forms JAX emits: ``table[ids]`` (one indexed axis, collapsed) and a
+    vmapped ``table[i]`` (``eqx.nn.Embedding``: ``start_index_map=(0, 1)``, slice
+    ``(1, dim)``, nothing collapsed)."""
+    for axis in index_map:
+        if windows[axis] == 1 and all(windows[d] == shape[d] for d in index_map if d != axis):
+            return axis
+    return None
 
 
 _SCATTER_PARTIALS: dict[str, tuple[ReduceOp, ...]] = {
@@ -438,9 +468,9 @@ def scatter(ins: Avals, outs: Avals, *, dimension_numbers: Any, kind: str) -> li
       adds its own updates (data-parallel embedding gradients);
     * partial operand and updates, indices ``R``: ``P(sum/avg)`` through scatter-add,
       ``P(max)`` / ``P(min)`` through scatter-max / scatter-min;
-    * every kind, into the one indexed dim ``S(axis)`` of a single-index scatter without
-      batching dims (an embedding table split on its vocabulary), indices and updates
-      ``R`` -> ``S(axis)``: the masked local scatter (each rank applies the updates whose
+    * every kind, into the looked-up dim ``S(axis)`` of a row scatter
+      (:func:`scatter_lookup_axis`; an embedding table split on its vocabulary), indices
+      and updates ``R`` -> ``S(axis)``: the masked local scatter (each rank applies the updates whose
       index falls in its rows, at the index minus its offset, and drops the others, so
       other ranks' rows are untouched whatever the combiner; for scatter-add the
       transpose of gather's masked lookup).
@@ -464,14 +494,8 @@ def scatter(ins: Avals, outs: Avals, *, dimension_numbers: Any, kind: str) -> li
             sigs.append(OneDSig((Partial("sum"), Shard(i), Shard(u)), (Partial("sum"),)))
     for op in _SCATTER_PARTIALS.get(kind, ()):
         sigs.append(OneDSig((Partial(op), R, Partial(op)), (Partial(op),)))
-    if (
-        not operand_batching
-        and len(dn.scatter_dims_to_operand_dims) == 1
-        and tuple(dn.inserted_window_dims) == tuple(dn.scatter_dims_to_operand_dims)
-        and indices.ndim > 0
-        and indices.shape[-1] == 1
-    ):
-        axis = dn.scatter_dims_to_operand_dims[0]
+    axis = scatter_lookup_axis(dn, operand.shape, updates.shape)
+    if axis is not None:
         sigs.append(OneDSig((Shard(axis), R, R), (Shard(axis),), joint=POSITIONAL))
     return sigs
 
