@@ -264,8 +264,9 @@ def _avals(variables: Any) -> list[Aval]:
 def test_vmapped_row_lookup_is_a_masked_lookup(mesh: Any) -> None:
     """eqx.nn.Embedding's ``weight[i]`` under vmap is a gather of start_index_map (0, 1),
     slice (1, dim), nothing collapsed (the dim's start clamps to 0): the same masked
-    lookup as ``table[ids]`` (table S(0) -> P), and its gradient the masked scatter. No
-    batching, several rows or a point gather: no looked-up axis."""
+    lookup as ``table[ids]`` (table S(0) -> P), and its gradient the masked scatter; the
+    embedding dim, indexed but taken whole, may be split too. No batching, several rows
+    or a point gather: no looked-up axis."""
     table, ids = jax.ShapeDtypeStruct((16, 6), F32), jax.ShapeDtypeStruct((8,), jnp.int32)
 
     def lookup(t: jax.Array, i: jax.Array) -> jax.Array:
@@ -277,13 +278,13 @@ def test_vmapped_row_lookup_is_a_masked_lookup(mesh: Any) -> None:
     assert rules.gather_lookup_axis(dn, sizes, (16, 6)) == 0
     listed = {str(s) for s in rules.gather(_avals(gather.invars), _avals(gather.outvars), dimension_numbers=dn,
                                            slice_sizes=sizes)}
-    assert {"S(0),R -> P", "R,S(0) -> S(0)"} <= listed
+    assert {"S(0),R -> P", "S(1),R -> S(2)", "R,S(0) -> S(0)"} <= listed
     scatter = _only(jax.make_jaxpr(jax.grad(lambda t, i: lookup(t, i).sum()))(table, ids).jaxpr, "scatter-add")
     sdn = scatter.params["dimension_numbers"]
     assert rules.scatter_lookup_axis(sdn, (16, 6), scatter.invars[2].aval.shape) == 0
     listed = {str(s) for s in rules.scatter(_avals(scatter.invars), _avals(scatter.outvars), dimension_numbers=sdn,
                                             kind="scatter-add")}
-    assert "S(0),R,R -> S(0)" in listed
+    assert {"S(0),R,R -> S(0)", "S(1),R,S(2) -> S(1)"} <= listed
     layout = Layout.from_device_mesh(mesh)
     inputs = (((16, 6), F32, layout("S(0)")), ((8,), jnp.int32, layout("R")))
     forward = predict(lookup, *inputs, out_layouts=layout("P"))

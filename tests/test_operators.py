@@ -484,11 +484,12 @@ def test_apply_embedding_gradients_into_a_vocabulary_split_table(name: str, plac
 
 
 @pytest.mark.parametrize("execute", ["ops", "xla"])
-@pytest.mark.parametrize("placements", ["S(0),R", "R,S(0)"])
+@pytest.mark.parametrize("placements", ["S(0),R", "R,S(0)", "S(0),S(1)", "S(1),R"])
 def test_apply_vmapped_row_lookup_of_a_split_table(placements: str, execute: str) -> None:
     """eqx.nn.Embedding's lookup (a vmapped ``table[i]``: a gather of start_index_map (0, 1),
-    nothing collapsed) is the masked lookup on a vocabulary-split table; its gradient the
-    masked scatter: values of both against plain JAX, the gradient's local tensors too."""
+    nothing collapsed) is the masked lookup on a vocabulary-split table, and keeps a
+    split embedding dim; its gradient the masked scatter: values of both against plain
+    JAX, the gradient's local tensors too."""
     rng = np.random.default_rng(2)
     table = rng.standard_normal((VOCAB, WIDTH)).astype(np.float32)
     ids = np.array([0, 9, 3, 3, 7], np.int32)

@@ -386,8 +386,9 @@ def gather(ins: Avals, outs: Avals, *, dimension_numbers: Any, slice_sizes: Sequ
 
     * an indices batch dim ``S(i)`` -> its output dim; the operand ``S(b)`` if ``i`` is
       paired with operand batching dim ``b``, else ``R``;
-    * an operand window dim taken whole and not indexed, ``S(j)`` (indices ``R``) -> its
-      output offset dim;
+    * an operand window dim taken whole, ``S(j)`` (indices ``R``) -> its output offset
+      dim (if ``j`` is indexed, its start clamps to 0 or falls out of bounds alike on
+      the whole dim and on a block);
     * the looked-up dim ``S(axis)`` of a row lookup (:func:`gather_lookup_axis`),
       indices ``R`` -> ``P(sum)``: the masked local lookup (rows another rank owns give
       zeros);
@@ -406,7 +407,7 @@ def gather(ins: Avals, outs: Avals, *, dimension_numbers: Any, slice_sizes: Sequ
     window = [j for j in range(operand.ndim) if j not in dn.collapsed_slice_dims and j not in operand_batching]
     offset_out = dict(zip(window, dn.offset_dims))
     for j in window:
-        if slice_sizes[j] == operand.shape[j] and j not in dn.start_index_map:
+        if slice_sizes[j] == operand.shape[j]:
             sigs.append(OneDSig((Shard(j), R), (Shard(offset_out[j]),)))
     axis = gather_lookup_axis(dn, slice_sizes, operand.shape)
     if axis is not None:
@@ -459,8 +460,9 @@ def scatter(ins: Avals, outs: Avals, *, dimension_numbers: Any, kind: str) -> li
     ``take_along_axis``). Update dims are window dims (``update_window_dims``, matching
     the operand's window dims in order) or scatter dims (matching the indices' batch dims).
 
-    * an operand window dim whose update extent is the operand's, not indexed: operand
-      and updates split on it, indices ``R``;
+    * an operand window dim whose update extent is the operand's: operand and updates
+      split on it, indices ``R`` (an indexed one's start clamps to 0 or drops the update,
+      on a block as on the whole dim);
     * a batching pair: operand ``S(b)``, indices ``S(i)``, updates on the scatter dim of
       ``i`` -> ``S(b)``;
     * scatter-add / -sub only (linear in operand and updates): an unpaired indices batch dim
@@ -484,7 +486,7 @@ def scatter(ins: Avals, outs: Avals, *, dimension_numbers: Any, kind: str) -> li
     window = [j for j in range(operand.ndim) if j not in dn.inserted_window_dims and j not in operand_batching]
     sigs = []
     for j, u in zip(window, dn.update_window_dims):
-        if updates.shape[u] == operand.shape[j] and j not in dn.scatter_dims_to_operand_dims:
+        if updates.shape[u] == operand.shape[j]:
             sigs.append(OneDSig((Shard(j), R, Shard(u)), (Shard(j),)))
     paired = dict(zip(indices_batching, operand_batching))
     for i, u in zip(range(indices.ndim - 1), scatter_update_dims):
