@@ -60,7 +60,7 @@ from .inference.cost import CostModel
 from .inference.frameworks import Bound, bind, variables_of, with_static_outputs
 from .inference.jaxpr import CONSTRAINT_SHARDING_PARAMS, _drop_dim0, _stacked, execute
 from .inference.ops import freeze, op_definition, registered_function
-from .inference.rules import gather_lookup_axis, scatter_lookup_axis
+from .inference.rules import SCATTERS, gather_lookup_axis, scatter_lookup_axis
 from .inference.signature import TensorSpec, is_layout_leaf
 from .layout import Layout
 from .mesh import DeviceMesh
@@ -917,7 +917,7 @@ def _local_params(
 # The scatter primitives run masked on a table split along the indexed axis. Every kind:
 # a rank applies only the updates of the rows it owns (the others are dropped, not made
 # neutral), so overwrite, add, sub, mul, min and max all leave other ranks' rows alone.
-_MASKED_SCATTERS = frozenset({"scatter", "scatter-add", "scatter-sub", "scatter-mul", "scatter-min", "scatter-max"})
+_MASKED_SCATTERS = frozenset(SCATTERS)
 
 
 def _masked_axis(name: str, params: dict[str, Any], ins: Sequence[Physical]) -> int | None:

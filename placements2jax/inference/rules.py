@@ -41,6 +41,7 @@ from .signature import Aval, OneDSig
 __all__ = [
     "POSITIONAL",
     "PartialKind",
+    "SCATTERS",
     "broadcast_in_dim",
     "along_axis",
     "concatenate",
@@ -449,6 +450,8 @@ def _looked_up_axis(index_map: Sequence[int], windows: Sequence[int], shape: Seq
     return None
 
 
+# the scatter primitives (jaxpr names) the scatter rule serves
+SCATTERS = ("scatter", "scatter-add", "scatter-sub", "scatter-mul", "scatter-min", "scatter-max")
 _SCATTER_PARTIALS: dict[str, tuple[ReduceOp, ...]] = {
     "scatter-add": LINEAR_OPS, "scatter-sub": LINEAR_OPS, "scatter-max": ("max",), "scatter-min": ("min",),
 }
