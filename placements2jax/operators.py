@@ -60,6 +60,7 @@ from .inference.cost import CostModel
 from .inference.frameworks import Bound, bind, variables_of, with_static_outputs
 from .inference.jaxpr import CONSTRAINT_SHARDING_PARAMS, _drop_dim0, _stacked, execute
 from .inference.ops import freeze, op_definition, registered_function
+from .inference.rules import SCATTERS, gather_lookup_axis, scatter_lookup_axis
 from .inference.signature import TensorSpec, is_layout_leaf
 from .layout import Layout
 from .mesh import DeviceMesh
@@ -760,8 +761,8 @@ class _Executor:
         targets = [physical(layout, v.phys.shape) for layout, v in zip(signature.in_layouts, ins)]
         outs = [physical(layout, tuple(v.aval.shape)) for layout, v in zip(signature.out_layouts, eqn.outvars)]
         params = {k: (None if k in ("sharding", "out_sharding") else v) for k, v in eqn.params.items()}
-        params = _local_params(name, params, targets, outs)
         masked_axis = _masked_axis(name, params, targets)
+        params = _local_params(name, params, targets, outs)
         function = registered_function(eqn)
         if function is not None:
             compute = partial(_call_registered, function, eqn)
@@ -916,20 +917,21 @@ def _local_params(
 # The scatter primitives run masked on a table split along the indexed axis. Every kind:
 # a rank applies only the updates of the rows it owns (the others are dropped, not made
 # neutral), so overwrite, add, sub, mul, min and max all leave other ranks' rows alone.
-_MASKED_SCATTERS = frozenset({"scatter", "scatter-add", "scatter-sub", "scatter-mul", "scatter-min", "scatter-max"})
+_MASKED_SCATTERS = frozenset(SCATTERS)
 
 
 def _masked_axis(name: str, params: dict[str, Any], ins: Sequence[Physical]) -> int | None:
-    """The table axis of a gather / scatter whose table (operand) is split along the
-    indexed axis: the masked-lookup / masked-scatter signature of the rules (no other
-    signature splits an indexed axis)."""
+    """The looked-up table axis of a gather / scatter (the equation's own params, before
+    :func:`_local_params`) whose table (operand) is split along it: the masked-lookup /
+    masked-scatter signature of the rules (no other signature splits that axis)."""
+    dn = params.get("dimension_numbers")
     if name == "gather":
-        axis = params["dimension_numbers"].start_index_map[0]
+        axis = gather_lookup_axis(dn, params["slice_sizes"], ins[0].shape)
     elif name in _MASKED_SCATTERS:
-        axis = params["dimension_numbers"].scatter_dims_to_operand_dims[0]
+        axis = scatter_lookup_axis(dn, ins[0].shape, ins[2].shape)
     else:
         return None
-    return axis if ins[0].layout.dim_axes[axis] else None
+    return axis if axis is not None and ins[0].layout.dim_axes[axis] else None
 
 
 def _local_rows(

@@ -65,11 +65,12 @@ def _lookup_loss(table: jax.Array, ids: jax.Array, w: jax.Array) -> jax.Array:
     "fn",
     [
         jax.grad(_lookup_loss),
+        jax.grad(lambda t, i, w: (jax.vmap(lambda k: t[k])(i[0]) * w[0]).sum()),  # eqx.nn.Embedding's lookup
         lambda t, i, u: t.at[i].add(u),
         lambda t, i, u: t.at[i].set(u),
         lambda t, i, u: t.at[i].max(u),
     ],
-    ids=["grad", "add", "set", "max"],
+    ids=["grad", "vmapped grad", "add", "set", "max"],
 )
 def test_check_embedding_gradients_into_a_vocabulary_split_table(mesh: Any, fn: Any, placements: str) -> None:
     """Scatters into a vocabulary-split table (ids and updates Replicate) are predicted

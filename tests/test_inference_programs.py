@@ -81,6 +81,11 @@ _BATCHED_SCATTER = lax.ScatterDimensionNumbers(
 _ROW_SCATTER = lax.ScatterDimensionNumbers(
     update_window_dims=(1,), inserted_window_dims=(0,), scatter_dims_to_operand_dims=(0,)
 )
+# a vmapped table[i] (eqx.nn.Embedding) and its gradient: both dims indexed, nothing collapsed
+_VMAPPED_ROW_GATHER = lax.GatherDimensionNumbers(offset_dims=(1, 2), collapsed_slice_dims=(), start_index_map=(0, 1))
+_VMAPPED_ROW_SCATTER = lax.ScatterDimensionNumbers(
+    update_window_dims=(1, 2), inserted_window_dims=(), scatter_dims_to_operand_dims=(0, 1)
+)
 
 
 def _with_indices(shapes: Sequence[tuple[int, ...]], index_shape: tuple[int, ...], high: int, at: int = 1) -> Any:
@@ -108,6 +113,18 @@ PRIM_CASES = [
         "gather",  # table[ids]: window dim whole, indexed dim
         lambda x, i: lax.gather(x, i, _ROW_GATHER, (1, x.shape[1]), mode="clip"),
         _with_indices([(6, 5)], (3, 1), 6),
+        skip=_splits_indexed_dim,
+    ),
+    PrimCase(
+        "gather",  # a vmapped table[i]: the embedding dim indexed but taken whole (its start clamps to 0)
+        lambda x, i: lax.gather(x, i, _VMAPPED_ROW_GATHER, (1, x.shape[1]), mode="clip"),
+        _with_indices([(6, 5)], (3, 2), 6),
+        skip=_splits_indexed_dim,
+    ),
+    PrimCase(
+        "scatter-add",  # its gradient
+        lambda x, i, u: lax.scatter_add(x, i, u, _VMAPPED_ROW_SCATTER, mode="clip"),
+        _with_indices([(6, 5), (5, 1, 5)], (5, 2), 6),
         skip=_splits_indexed_dim,
     ),
     PrimCase(

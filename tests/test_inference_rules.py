@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
 from placements2jax import (
     Layout,
@@ -17,7 +19,7 @@ from placements2jax import (
     UnsupportedOpError,
     init_device_mesh,
 )
-from placements2jax.inference import OneDSig, Signature, infer_signature, rules
+from placements2jax.inference import OneDSig, Signature, infer_signature, predict, rules
 from placements2jax.inference.signature import Aval
 from placements2jax.placements import parse_placement
 
@@ -248,6 +250,50 @@ def test_gather_both_ways(mesh: Any) -> None:
     assert placements(columns) == ("S(1),R", "S(1)")
     listed = one_d(rules.take, [(6, 16), (8, 3)], [(6, 8, 3)], axis=1)
     assert {"R,S(0) -> S(1)", "R,S(1) -> S(2)", "S(0),R -> S(0)", "S(1),R -> P"} <= listed
+
+
+def _only(jaxpr: Any, primitive: str) -> Any:
+    (eqn,) = [e for e in jaxpr.eqns if e.primitive.name == primitive]
+    return eqn
+
+
+def _avals(variables: Any) -> list[Aval]:
+    return [Aval(v.aval.shape, v.aval.dtype) for v in variables]
+
+
+def test_vmapped_row_lookup_is_a_masked_lookup(mesh: Any) -> None:
+    """eqx.nn.Embedding's ``weight[i]`` under vmap is a gather of start_index_map (0, 1),
+    slice (1, dim), nothing collapsed (the dim's start clamps to 0): the same masked
+    lookup as ``table[ids]`` (table S(0) -> P), and its gradient the masked scatter; the
+    embedding dim, indexed but taken whole, may be split too. No batching, several rows
+    or a point gather: no looked-up axis."""
+    table, ids = jax.ShapeDtypeStruct((16, 6), F32), jax.ShapeDtypeStruct((8,), jnp.int32)
+
+    def lookup(t: jax.Array, i: jax.Array) -> jax.Array:
+        return jax.vmap(lambda k: t[k])(i)
+
+    gather = _only(jax.make_jaxpr(lookup)(table, ids).jaxpr, "gather")
+    dn, sizes = gather.params["dimension_numbers"], gather.params["slice_sizes"]
+    assert (dn.start_index_map, dn.collapsed_slice_dims, sizes) == ((0, 1), (), (1, 6))
+    assert rules.gather_lookup_axis(dn, sizes, (16, 6)) == 0
+    listed = {str(s) for s in rules.gather(_avals(gather.invars), _avals(gather.outvars), dimension_numbers=dn,
+                                           slice_sizes=sizes)}
+    assert {"S(0),R -> P", "S(1),R -> S(2)", "R,S(0) -> S(0)"} <= listed
+    scatter = _only(jax.make_jaxpr(jax.grad(lambda t, i: lookup(t, i).sum()))(table, ids).jaxpr, "scatter-add")
+    sdn = scatter.params["dimension_numbers"]
+    assert rules.scatter_lookup_axis(sdn, (16, 6), scatter.invars[2].aval.shape) == 0
+    listed = {str(s) for s in rules.scatter(_avals(scatter.invars), _avals(scatter.outvars), dimension_numbers=sdn,
+                                            kind="scatter-add")}
+    assert {"S(0),R,R -> S(0)", "S(1),R,S(2) -> S(1)"} <= listed
+    layout = Layout.from_device_mesh(mesh)
+    inputs = (((16, 6), F32, layout("S(0)")), ((8,), jnp.int32, layout("R")))
+    forward = predict(lookup, *inputs, out_layouts=layout("P"))
+    gradient = predict(jax.grad(lambda t, i: lookup(t, i).sum()), *inputs, out_layouts=layout("S(0)"))
+    assert forward.nbytes == gradient.nbytes == 0  # the table is not gathered, its gradient not sliced
+    point = lax.GatherDimensionNumbers(offset_dims=(), collapsed_slice_dims=(0, 1), start_index_map=(0, 1))
+    rows = lax.GatherDimensionNumbers(offset_dims=(1, 2), collapsed_slice_dims=(), start_index_map=(0,))
+    assert rules.gather_lookup_axis(point, (1, 1), (16, 6)) is None
+    assert rules.gather_lookup_axis(rows, (2, 6), (16, 6)) is None
 
 
 def test_concatenate_splits_other_dims(mesh: Any) -> None:

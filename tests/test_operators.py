@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from jax import lax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from placements2jax import (
@@ -480,6 +481,45 @@ def test_apply_embedding_gradients_into_a_vocabulary_split_table(name: str, plac
             np.asarray(result.to_local(rank)), np.asarray(reference.to_local(rank)), rtol=1e-5, atol=1e-5,
             err_msg=f"rank {rank}",
         )
+
+
+@pytest.mark.parametrize("execute", ["ops", "xla"])
+@pytest.mark.parametrize("placements", ["S(0),R", "R,S(0)", "S(0),S(1)", "S(1),R"])
+def test_apply_vmapped_row_lookup_of_a_split_table(placements: str, execute: str) -> None:
+    """eqx.nn.Embedding's lookup (a vmapped ``table[i]``: a gather of start_index_map (0, 1),
+    nothing collapsed) is the masked lookup on a vocabulary-split table, and keeps a
+    split embedding dim; its gradient the masked scatter: values of both against plain
+    JAX, the gradient's local tensors too."""
+    rng = np.random.default_rng(2)
+    table = rng.standard_normal((VOCAB, WIDTH)).astype(np.float32)
+    ids = np.array([0, 9, 3, 3, 7], np.int32)
+    w = rng.standard_normal((5, WIDTH)).astype(np.float32)
+
+    def lookup(t: jax.Array, i: jax.Array) -> jax.Array:
+        return jax.vmap(lambda k: t[k])(i)
+
+    t, i = _dt(table, MESH42, placements), _dt(ids, MESH42, "R,R")
+    rows = apply(lookup, t, i, execute=execute)
+    np.testing.assert_allclose(np.asarray(rows.full_tensor()), table[ids], rtol=1e-6)
+    grad = jax.grad(lambda t_, i_, w_: (jnp.tanh(lookup(t_, i_)) * w_).sum())
+    result = apply(grad, t, i, _dt(w, MESH42, "R,R"), out_layouts=t.layout, execute=execute)
+    expected = distribute_tensor(np.asarray(jax.jit(grad)(table, ids, w)), MESH42, t.layout)
+    np.testing.assert_allclose(np.asarray(result.full_tensor()), np.asarray(expected.full_tensor()), rtol=1e-5, atol=1e-6)
+    for rank in MESH42.rank_list:
+        np.testing.assert_allclose(np.asarray(result.to_local(rank)), np.asarray(expected.to_local(rank)), rtol=1e-5,
+                                   atol=1e-6, err_msg=f"rank {rank}")
+    if execute == "ops" and placements.startswith("S(0)"):  # the masked lookup: a partial sum, not a gathered table
+        assert Partial("sum") in rows.placements
+    # the gradient's scatter-add (same dimension numbers) into the split table itself
+    numbers = lax.ScatterDimensionNumbers(update_window_dims=(1, 2), inserted_window_dims=(),
+                                          scatter_dims_to_operand_dims=(0, 1))
+
+    def scatter(t_: jax.Array, i_: jax.Array, u: jax.Array) -> jax.Array:
+        return lax.scatter_add(t_, jnp.stack([i_, jnp.zeros_like(i_)], 1), u[:, None], numbers, mode="clip")
+
+    added = apply(scatter, t, i, _dt(w, MESH42, "R,R"), execute=execute)
+    assert added.layout == t.layout
+    np.testing.assert_allclose(np.asarray(added.full_tensor()), np.asarray(scatter(table, ids, w)), rtol=1e-6)
 
 
 SCATTER_KINDS = ("set", "add", "multiply", "min", "max")

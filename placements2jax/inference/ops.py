@@ -573,7 +573,7 @@ _primitive(
     ),
     ("dimension_numbers", "slice_sizes"),
 )
-for _name in ("scatter", "scatter-add", "scatter-sub", "scatter-mul", "scatter-min", "scatter-max"):
+for _name in rules.SCATTERS:
     _primitive(
         _name,
         lambda ins, outs, *, dimension_numbers, _name=_name: rules.scatter(

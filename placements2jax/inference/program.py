@@ -30,7 +30,11 @@ on CPU both searches run, priced as compiled and by the planner alone, and the c
 as compiled is kept (the planner's result is 0.66x the other's bytes as compiled on
 GPT-2's adamw step, 1.05x on Llama's); the first descends only from the walked start,
 without seeds (on the training steps its eager start and seeds never gave the kept
-result). A last descent from the kept result adds *reducing cascades*
+result). The descent as compiled runs twice, without and with *pull moves*
+(:meth:`_Search.pull_moves`: an input's redistribution removed at its producers, upstream,
+then cascading; a cascade only goes downstream), and the cheaper result is kept (with
+pull moves alone Llama's value_and_grad went 0.70 -> 0.81x XLA's bytes; with them
+Equinox's loss 1.17 -> 0.85x). A last descent from the kept result adds *reducing cascades*
 (:meth:`_Search.reducing_moves`): at an equation that makes or receives a partial, its
 candidates reducing it there (or its own), every equation downstream re-chosen as eager
 dispatch would if it charged the partials it continues too, so partials are reduced where
@@ -207,26 +211,40 @@ def _select(
     eager = {node.path: 0 for node in graph.nodes}
     search = _Search(graph, cost_model, targets)  # priced as the backend compiles the moves
     if search.reduction_scale == 1.0:
-        planned, by_planner = search, _descend(search, eager, seeds)
-        chosen = by_planner
-    else:
-        # Priced by the planner alone (a reduce-scatter half an all-reduce), the descents end in other basins:
-        # both are searched, the cheaper as compiled kept (the planner's result is 0.66x the bytes as compiled
-        # on GPT-2's adamw step, 1.05x on Llama's). As compiled, only from the walked start, without seeds: on
-        # the training steps the eager start and the seeds never gave the kept result.
-        planned = _Search(graph, cost_model, targets, compiled=False)
-        by_planner = _descend(planned, eager, seeds)
+        return _chosen(graph, eager, _finish(search, search, eager, _descend(search, eager, seeds)))
+    # Priced by the planner alone (a reduce-scatter half an all-reduce), the descents end in other basins:
+    # both are searched, the cheaper as compiled kept (the planner's result is 0.66x the bytes as compiled
+    # on GPT-2's adamw step, 1.05x on Llama's). As compiled, only from the walked start, without seeds: on
+    # the training steps the eager start and the seeds never gave the kept result.
+    planned = _Search(graph, cost_model, targets, compiled=False)
+    by_planner = _descend(planned, eager, seeds)
+    results = []
+    for pulls in (False, True):  # without and with pull moves (:meth:`_Search.pull_moves`), the cheaper kept
+        search.pulls = pulls
         chosen = _descend(search, eager, (), walked_only=True)
         if search.total(by_planner) < search.total(chosen):
             chosen = by_planner
-    # one last descent with reducing cascades (:meth:`_Search.reducing_moves`), kept on the value moves' terms
+        results.append(_finish(search, planned, by_planner, chosen))
+    search.pulls = False
+    return _chosen(graph, eager, min(results, key=search.total))
+
+
+def _finish(search: _Search, planned: _Search, by_planner: Choice, chosen: Choice) -> Choice:
+    """One last descent with reducing cascades (:meth:`_Search.reducing_moves`), kept on
+    the value moves' terms; never more than eager dispatch, priced by the planner."""
     found, best = search.improve(chosen, values=True, reducing=True), search.total(chosen)
     cost = search.total(found)
     if cost < best and cost[1] <= best[1]:
         chosen = found
+    eager = {path: 0 for path in search.position}
     if planned.total(chosen) > planned.total(eager):
         chosen = by_planner  # never more than eager dispatch, priced by the planner (as the prediction is)
-    if chosen is eager:
+    return chosen
+
+
+def _chosen(graph: ProgramGraph, eager: Choice, chosen: Choice) -> dict[str, Candidate]:
+    """The candidates of ``chosen``; empty when it is the eager choice."""
+    if chosen == eager:
         return {}
     return {node.path: node.candidates[chosen[node.path]] for node in graph.nodes}
 
@@ -265,6 +283,8 @@ Choice = dict[str, int]  # equation path -> index of its candidate
 Move = tuple[Any, ...]
 _VALUE = "<value>"
 _REDUCING = "<reducing>"
+_PULL = "<pull>"
+_PULL_DEPTH = 12  # producers re-chosen upstream at most by one pull move
 State = tuple[Any, ...]  # a layout's (dim_axes, partial[, split_factors]) on the one mesh
 AvalKey = tuple[tuple[int, ...], np.dtype]
 # (weighted bytes, collectives), compared lexicographically: among equally cheap choices
@@ -302,6 +322,7 @@ class _Search:
         self.mesh_shape = graph.mesh.shape
         self.weights = cost_model.weights(graph.mesh)
         self.reduction_scale = _reduction_scale(graph.mesh) if compiled else 1.0
+        self.pulls = False  # pull moves offered too (:meth:`pull_moves`)
         self.ins: dict[str, tuple[tuple[State, ...], ...]] = {}  # per node, per candidate
         self.outs: dict[str, tuple[tuple[State, ...], ...]] = {}
         self.in_avals: dict[str, tuple[AvalKey, ...]] = {}
@@ -564,7 +585,10 @@ class _Search:
         nothing there). At an equation whose inputs are redistributed: the candidate
         cheapest for its inputs, whatever partials it makes (eager dispatch's look-ahead
         may have paid to avoid one, e.g. gathering a batch-split activation rather than
-        making a weight gradient partial over the batch axis)."""
+        making a weight gradient partial over the batch axis), and the candidate cheapest
+        for its inputs and outputs together (:meth:`local_cost`), not cascading: the
+        cheapest for its inputs alone ties on many (Equinox's embedding gradient took a
+        masked scatter split on the embedding dim, all-gathered back)."""
         arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
 
         def input_cost(k: int) -> Cost:
@@ -580,10 +604,16 @@ class _Search:
             if len(partial) > 1:  # reducing one mesh dim's partial, keeping the others' (e.g. tp, not dp)
                 for m in sorted(partial):
                     groups.append(([k for k, outs in enumerate(self.outs[path]) if not any(x[1][m] for x in outs)], True))
+        around: list[tuple[Sequence[int], bool]] = []
         if self.ins[path][choice[path]] != arriving and input_cost(choice[path]) > _ZERO:
             everything = range(len(self.ins[path]))
             groups += [(everything, True), (everything, False)]  # without cascading: its consumers redistribute
+            around.append((everything, False))
         moves: list[tuple[int, bool]] = []
+        for group, follow in around:  # the cheapest for its inputs and its outputs, its consumers as chosen
+            best = min(group, key=lambda k: (self.local_cost(path, k, arriving, choice), k))
+            if best != choice[path]:
+                moves.append((best, follow))
         for group, follow in groups:
             if group:
                 best = min(group, key=lambda k: (input_cost(k), k))
@@ -640,6 +670,67 @@ class _Search:
                     moves.append(tuple(seeds))
         return moves
 
+    def local_cost(self, path: str, k: int, arriving: Sequence[State], choice: Choice) -> Cost:
+        """Candidate ``k`` of ``path`` with every other equation as chosen: the redistribution
+        of ``arriving`` inputs into it, of its outputs into the layouts their consumers need
+        (once per distinct layout) and its outputs' charges."""
+        nbytes, steps = self.input_cost(path, k, arriving)
+        for j, (aval, out) in enumerate(zip(self.out_avals[path], self.outs[path][k])):
+            owed = self.charge((path, j), aval, out)
+            nbytes, steps = nbytes + owed[0], steps + owed[1]
+            needs = {self.ins[c][choice[c]][i]: None for c, i in self.consumers.get((path, j), ())}
+            for need in needs:
+                move = self.cost(aval, out, need)
+                nbytes, steps = nbytes + move[0], steps + move[1]
+        return nbytes, steps
+
+    def pull_moves(self, path: str, choice: Choice) -> list[tuple[int, tuple[tuple[str, int], ...]]]:
+        """Moves giving an input of ``path`` that is redistributed the layout ``path``
+        needs at its producer: the producer re-chosen to make it (the candidate cheapest
+        for its inputs), and so upstream while its own inputs would be redistributed
+        (at most ``_PULL_DEPTH`` equations), then cascading downstream. A cascade only
+        goes downstream: a layer norm whose elementwise chain chose, at no cost, a
+        sequence split that the next matmul all-gathers back is re-chosen as a whole
+        only from its consumer (per input: (input, seeds))."""
+        moves = []
+        for i, fixed in enumerate(self.fixed[path]):
+            if fixed is not None:
+                continue
+            src, j = self.sources[path][i]  # type: ignore[misc]
+            need = self.ins[path][choice[path]][i]
+            if self.outs[src][choice[src]][j] == need:
+                continue
+            seeds: dict[str, int] = {}
+            if self._pull(src, j, need, choice, seeds) and any(choice[p] != k for p, k in seeds.items()):
+                moves.append((i, tuple(seeds.items())))
+        return moves
+
+    def _pull(self, path: str, j: int, need: State, choice: Choice, seeds: dict[str, int]) -> bool:
+        """Re-choose ``path`` (into ``seeds``) to make output ``j`` in ``need``, and its
+        producers so, upstream. True if every input then arrives as needed, by a costless
+        move (a slice, a local partial) or from a producer that cannot make it (the
+        redistribution moves up there); False if a function input or literal would pay
+        a move (gathering an input instead of reducing a gradient: another plan than
+        XLA's), and the caller keeps its own choice."""
+        fits = [k for k, outs in enumerate(self.outs[path]) if outs[j] == need]
+        if not fits or len(seeds) >= _PULL_DEPTH:
+            return True  # the redistribution stays at its output
+        arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
+        best = seeds[path] = min(fits, key=lambda k: (self.input_cost(path, k, arriving), k))
+        for i, (src, state) in enumerate(zip(self.sources[path], arriving)):
+            want = self.ins[path][best][i]
+            if state == want:
+                continue
+            costless = self.cost(self.in_avals[path][i], state, want) == _ZERO  # a slice, a local partial
+            if self.fixed[path][i] is None and src[0] not in seeds:  # type: ignore[index]
+                upstream = dict(seeds)
+                if self._pull(src[0], src[1], want, choice, upstream):  # type: ignore[index]
+                    seeds.update(upstream)
+                    continue
+            if not costless:
+                return False
+        return True
+
     def input_cost(self, path: str, k: int, arriving: Sequence[State]) -> Cost:
         """The redistribution of ``arriving`` inputs into candidate ``k`` of ``path``."""
         nbytes, steps = 0.0, 0.0
@@ -693,6 +784,8 @@ class _Search:
                 seeds, follow, at, reduce = dict(move[3]), True, move[1], False
             elif move[0] == _REDUCING:
                 seeds, follow, at, reduce = {move[1]: move[2]}, True, move[1], True
+            elif move[0] == _PULL:
+                seeds, follow, at, reduce = dict(move[3]), True, move[1], False
             else:
                 seeds, follow, at, reduce = {move[0]: move[1]}, move[2], move[0], False
             changes, depends = self.cascade(seeds, choice, follow, reduce)
@@ -706,6 +799,8 @@ class _Search:
                 return move[3] in self.value_moves((move[1], move[2]), choice)
             if move[0] == _REDUCING:
                 return move[2] in self.reducing_moves(move[1], choice)
+            if move[0] == _PULL:
+                return move[2:] in self.pull_moves(move[1], choice)
             return move[1:] in self.alternatives(move[0], choice)
 
         def offer(paths: Any) -> None:
@@ -715,6 +810,10 @@ class _Search:
                         evaluate((path, k, follow))
                 for k in self.reducing_moves(path, choice) if reducing else ():
                     move = (_REDUCING, path, k)
+                    if move not in evaluated or move in stale:
+                        evaluate(move)
+                for i, seeds in self.pull_moves(path, choice) if self.pulls else ():
+                    move = (_PULL, path, i, seeds)
                     if move not in evaluated or move in stale:
                         evaluate(move)
                 for j in range(len(self.out_avals[path]) if values else 0):

@@ -41,6 +41,7 @@ from .signature import Aval, OneDSig
 __all__ = [
     "POSITIONAL",
     "PartialKind",
+    "SCATTERS",
     "broadcast_in_dim",
     "along_axis",
     "concatenate",
@@ -59,6 +60,7 @@ __all__ = [
     "reshape",
     "reverse",
     "scatter",
+    "scatter_lookup_axis",
     "slice_full_dims",
     "split",
     "stack",
@@ -385,11 +387,12 @@ def gather(ins: Avals, outs: Avals, *, dimension_numbers: Any, slice_sizes: Sequ
 
     * an indices batch dim ``S(i)`` -> its output dim; the operand ``S(b)`` if ``i`` is
       paired with operand batching dim ``b``, else ``R``;
-    * an operand window dim taken whole and not indexed, ``S(j)`` (indices ``R``) -> its
-      output offset dim;
-    * the one indexed dim ``S(axis)`` of a single-index gather without batching dims,
+    * an operand window dim taken whole, ``S(j)`` (indices ``R``) -> its output offset
+      dim (if ``j`` is indexed, its start clamps to 0 or falls out of bounds alike on
+      the whole dim and on a block);
+    * the looked-up dim ``S(axis)`` of a row lookup (:func:`gather_lookup_axis`),
       indices ``R`` -> ``P(sum)``: the masked local lookup (rows another rank owns give
-      zeros; exact for in-range indices);
+      zeros);
     * operand ``P(op)``, indices ``R`` -> ``P(op)`` (a gather moves data).
     """
     operand, indices, out = ins[0], ins[1], outs[0]
@@ -405,19 +408,50 @@ def gather(ins: Avals, outs: Avals, *, dimension_numbers: Any, slice_sizes: Sequ
     window = [j for j in range(operand.ndim) if j not in dn.collapsed_slice_dims and j not in operand_batching]
     offset_out = dict(zip(window, dn.offset_dims))
     for j in window:
-        if slice_sizes[j] == operand.shape[j] and j not in dn.start_index_map:
+        if slice_sizes[j] == operand.shape[j]:
             sigs.append(OneDSig((Shard(j), R), (Shard(offset_out[j]),)))
-    if (
-        not operand_batching
-        and len(dn.start_index_map) == 1
-        and tuple(dn.collapsed_slice_dims) == tuple(dn.start_index_map)
-        and indices.ndim > 0
-        and indices.shape[-1] == 1
-    ):
-        sigs.append(OneDSig((Shard(dn.start_index_map[0]), R), (Partial("sum"),), joint=POSITIONAL))
+    axis = gather_lookup_axis(dn, slice_sizes, operand.shape)
+    if axis is not None:
+        sigs.append(OneDSig((Shard(axis), R), (Partial("sum"),), joint=POSITIONAL))
     return sigs + partial_sigs("identity", 2)
 
 
+def gather_lookup_axis(dimension_numbers: Any, slice_sizes: Sequence[int], shape: Sequence[int]) -> int | None:
+    """The table axis a gather looks rows up along (:func:`_looked_up_axis`), or None."""
+    dn = dimension_numbers
+    if getattr(dn, "operand_batching_dims", ()):
+        return None
+    return _looked_up_axis(dn.start_index_map, slice_sizes, shape)
+
+
+def scatter_lookup_axis(dimension_numbers: Any, shape: Sequence[int], updates_shape: Sequence[int]) -> int | None:
+    """The table axis a scatter writes rows along (:func:`_looked_up_axis`), or None; an
+    operand dim's window is 1 if inserted, else the extent of its update window dim."""
+    dn = dimension_numbers
+    if getattr(dn, "operand_batching_dims", ()):
+        return None
+    window = [j for j in range(len(shape)) if j not in dn.inserted_window_dims]
+    windows = [1] * len(shape)
+    for j, u in zip(window, dn.update_window_dims):
+        windows[j] = updates_shape[u]
+    return _looked_up_axis(dn.scatter_dims_to_operand_dims, windows, shape)
+
+
+def _looked_up_axis(index_map: Sequence[int], windows: Sequence[int], shape: Sequence[int]) -> int | None:
+    """The looked-up axis of a row lookup (or its scatter) without batching dims: the
+    first indexed axis whose window is one row while every other indexed axis is taken
+    whole (its start clamps to 0 or falls out of bounds, on a block as on the whole
+    axis). Both forms JAX emits: ``table[ids]`` (one indexed axis, collapsed) and a
+    vmapped ``table[i]`` (``eqx.nn.Embedding``: ``start_index_map=(0, 1)``, slice
+    ``(1, dim)``, nothing collapsed)."""
+    for axis in index_map:
+        if windows[axis] == 1 and all(windows[d] == shape[d] for d in index_map if d != axis):
+            return axis
+    return None
+
+
+# the scatter primitives (jaxpr names) the scatter rule serves
+SCATTERS = ("scatter", "scatter-add", "scatter-sub", "scatter-mul", "scatter-min", "scatter-max")
 _SCATTER_PARTIALS: dict[str, tuple[ReduceOp, ...]] = {
     "scatter-add": LINEAR_OPS, "scatter-sub": LINEAR_OPS, "scatter-max": ("max",), "scatter-min": ("min",),
 }
@@ -429,8 +463,9 @@ def scatter(ins: Avals, outs: Avals, *, dimension_numbers: Any, kind: str) -> li
     ``take_along_axis``). Update dims are window dims (``update_window_dims``, matching
     the operand's window dims in order) or scatter dims (matching the indices' batch dims).
 
-    * an operand window dim whose update extent is the operand's, not indexed: operand
-      and updates split on it, indices ``R``;
+    * an operand window dim whose update extent is the operand's: operand and updates
+      split on it, indices ``R`` (an indexed one's start clamps to 0 or drops the update,
+      on a block as on the whole dim);
     * a batching pair: operand ``S(b)``, indices ``S(i)``, updates on the scatter dim of
       ``i`` -> ``S(b)``;
     * scatter-add / -sub only (linear in operand and updates): an unpaired indices batch dim
@@ -438,9 +473,9 @@ def scatter(ins: Avals, outs: Avals, *, dimension_numbers: Any, kind: str) -> li
       adds its own updates (data-parallel embedding gradients);
     * partial operand and updates, indices ``R``: ``P(sum/avg)`` through scatter-add,
       ``P(max)`` / ``P(min)`` through scatter-max / scatter-min;
-    * every kind, into the one indexed dim ``S(axis)`` of a single-index scatter without
-      batching dims (an embedding table split on its vocabulary), indices and updates
-      ``R`` -> ``S(axis)``: the masked local scatter (each rank applies the updates whose
+    * every kind, into the looked-up dim ``S(axis)`` of a row scatter
+      (:func:`scatter_lookup_axis`; an embedding table split on its vocabulary), indices
+      and updates ``R`` -> ``S(axis)``: the masked local scatter (each rank applies the updates whose
       index falls in its rows, at the index minus its offset, and drops the others, so
       other ranks' rows are untouched whatever the combiner; for scatter-add the
       transpose of gather's masked lookup).
@@ -454,7 +489,7 @@ def scatter(ins: Avals, outs: Avals, *, dimension_numbers: Any, kind: str) -> li
     window = [j for j in range(operand.ndim) if j not in dn.inserted_window_dims and j not in operand_batching]
     sigs = []
     for j, u in zip(window, dn.update_window_dims):
-        if updates.shape[u] == operand.shape[j] and j not in dn.scatter_dims_to_operand_dims:
+        if updates.shape[u] == operand.shape[j]:
             sigs.append(OneDSig((Shard(j), R, Shard(u)), (Shard(j),)))
     paired = dict(zip(indices_batching, operand_batching))
     for i, u in zip(range(indices.ndim - 1), scatter_update_dims):
@@ -464,14 +499,8 @@ def scatter(ins: Avals, outs: Avals, *, dimension_numbers: Any, kind: str) -> li
             sigs.append(OneDSig((Partial("sum"), Shard(i), Shard(u)), (Partial("sum"),)))
     for op in _SCATTER_PARTIALS.get(kind, ()):
         sigs.append(OneDSig((Partial(op), R, Partial(op)), (Partial(op),)))
-    if (
-        not operand_batching
-        and len(dn.scatter_dims_to_operand_dims) == 1
-        and tuple(dn.inserted_window_dims) == tuple(dn.scatter_dims_to_operand_dims)
-        and indices.ndim > 0
-        and indices.shape[-1] == 1
-    ):
-        axis = dn.scatter_dims_to_operand_dims[0]
+    axis = scatter_lookup_axis(dn, operand.shape, updates.shape)
+    if axis is not None:
         sigs.append(OneDSig((Shard(axis), R, R), (Shard(axis),), joint=POSITIONAL))
     return sigs
 
