@@ -15,7 +15,10 @@ step on mesh dim m      collective       condition
 ======================  ===============  =========================================
 
 (Gathering a mesh dim that is not the minor-most split of its tensor dim would leave a
-strided layout; ``S -> P`` and ``P(a) -> P(b)`` go through ``R``, as in torch.)
+strided layout; ``S -> P`` and ``P(a) -> P(b)`` go through ``R``, as in torch.) There is
+no all-reduce over several mesh dims at once: XLA reduces a value partial on two mesh
+axes with one all-reduce per axis, even back to back (tests/test_inference_check.py),
+so such a step would predict a collective XLA never compiles.
 
 A layout with split factors from a view (torch's ``_StridedShard``, a *strided* dim) goes
 by :func:`.programs.strided_route`, the steps the executed program takes: *unstride*, an
