@@ -120,7 +120,7 @@ _REACHED = {
     "nnx adamw step": (1.11, 15),
     "eqx loss": (0.86, -2),
     "eqx value_and_grad": (1.18, 14),
-    "eqx adamw step": (1.18, 14),
+    "eqx adamw step": (1.14, 10),  # 1.17, 14 before value moves were tried without cascading (41 -> 38 combined)
 }
 _FLOOR = 0.85  # nnx loss predicts less than XLA sends (as GPT-2's loss: tests/test_inference_programs.py)
 

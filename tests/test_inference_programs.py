@@ -632,12 +632,15 @@ def test_apply_runs_the_llama_loss_like_plain_jax(mesh: Any) -> None:
 # and value_and_grad now predict less than XLA sends: XLA all-reduces a row-parallel partial and slices it, then
 # all-gathers it back (5 all-gathers where the prediction all-reduces once); below the floor only so
 # (:func:`_below_floor`).
+# Since value moves are also tried without cascading (a bias gradient sums its activation gradient as the matmuls
+# take it, all-reduced over tp, and is then dp-partial only, as XLA does): GPT-2 value_and_grad / adamw 0.90 / 1.02
+# with 47 / 60 -> 0.83 / 0.98 with 46 / 55 (combined 32 / 36 -> 31 / 35), Llama value_and_grad 65 -> 63 (49 -> 47).
 _REACHED = {
     ("gpt2", "loss"): (0.86, -2),
-    ("gpt2", "value_and_grad"): (0.96, 2),
-    ("gpt2", "adamw step"): (1.13, 7),
+    ("gpt2", "value_and_grad"): (0.84, -5),
+    ("gpt2", "adamw step"): (0.98, -3),
     ("llama", "loss"): (0.79, -6),
-    ("llama", "value_and_grad"): (0.70, 1),
+    ("llama", "value_and_grad"): (0.69, -2),
     ("llama", "adamw step"): (1.07, 19),
 }
 _FLOOR = {("gpt2", "loss"): 0.85}
@@ -657,10 +660,10 @@ def _below_floor(report: Any) -> bool:
 # operands 102 -> 100, but trade all-reduces (which CPU XLA combines) for all-gathers (which it does not).
 _COMBINED_REACHED = {
     ("gpt2", "loss"): -2,
-    ("gpt2", "value_and_grad"): 10,
-    ("gpt2", "adamw step"): 19,
+    ("gpt2", "value_and_grad"): 9,
+    ("gpt2", "adamw step"): 12,
     ("llama", "loss"): -6,
-    ("llama", "value_and_grad"): 13,
+    ("llama", "value_and_grad"): 10,
     ("llama", "adamw step"): 51,
 }
 

@@ -55,7 +55,9 @@ right op by op but a start from which the descent ends in a worse basin on train
 steps; the cheaper of the two results is kept. The descent then continues from it with
 one more kind of move, *value moves* (:meth:`_Search.value_moves`): every consumer of a
 partial value re-chosen at once to take it in one layout (reduced to Replicate: one
-all-reduce shared by all; or a layout one of them already needs), then cascading. A
+all-reduce shared by all; or a layout one of them already needs), then cascading or
+not (the consumers alone: a bias gradient reading its activation gradient already
+all-reduced over ``tp`` for the matmuls, then partial over ``dp`` only, as XLA does). A
 single-equation move cannot get there: a weight gradient feeding the clip, both Adam
 moments and the update is reduce-scattered for each consumer's own sake and the updated
 parameter and moments are all-gathered back into their layouts at the end. That result
@@ -120,6 +122,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -277,8 +280,8 @@ def _descend(search: _Search, eager: Choice, seeds: tuple[tuple[str, int], ...],
 
 
 Choice = dict[str, int]  # equation path -> index of its candidate
-# (equation path, candidate, cascade downstream?), or (_VALUE, path, output, ((consumer, candidate), ...)):
-# every consumer of one value re-chosen at once, cascading downstream, or (_REDUCING, path, candidate): a reducing
+# (equation path, candidate, cascade downstream?), or (_VALUE, path, output, ((consumer, candidate), ...), cascade
+# downstream?): every consumer of one value re-chosen at once, or (_REDUCING, path, candidate): a reducing
 # cascade (:meth:`_Search.reducing_moves`)
 Move = tuple[Any, ...]
 _VALUE = "<value>"
@@ -640,7 +643,13 @@ class _Search:
         consumer alone would rather reduce-scatter: e.g. a weight gradient feeding the
         clip, both Adam moments and the update, whose outputs must come back unsplit).
         Each consumer takes the candidate cheapest for its other inputs that needs the
-        value in that layout; a layout some consumer cannot take is skipped."""
+        value in that layout; a layout some consumer cannot take is skipped. :meth:`improve`
+        tries each move cascading and with the consumers alone: a bias gradient summing an
+        activation gradient partial over ``tp`` reads it as its matmul consumers already
+        have it, all-reduced, and is then partial over ``dp`` only (as XLA does), but the
+        cascade re-chooses everything downstream of it greedily into a dearer plan. With
+        the consumers alone a move is taken only if it adds no collective (Equinox's
+        value_and_grad traded two more for bytes)."""
         consumers = self.consumers.get(value, ())
         if len(consumers) < 2 or value[0] == "in":
             return []
@@ -781,7 +790,7 @@ class _Search:
 
         def evaluate(move: Move) -> None:
             if move[0] == _VALUE:  # every consumer of a value at once
-                seeds, follow, at, reduce = dict(move[3]), True, move[1], False
+                seeds, follow, at, reduce = dict(move[3]), move[4], move[1], False
             elif move[0] == _REDUCING:
                 seeds, follow, at, reduce = {move[1]: move[2]}, True, move[1], True
             elif move[0] == _PULL:
@@ -790,6 +799,8 @@ class _Search:
                 seeds, follow, at, reduce = {move[0]: move[1]}, move[2], move[0], False
             changes, depends = self.cascade(seeds, choice, follow, reduce)
             delta = self.delta(changes, choice)
+            if move[0] == _VALUE and not follow and delta[1] > 0:  # the consumers alone: never more collectives
+                delta = (math.inf, math.inf)  # (Equinox's value_and_grad traded 2 more for bytes)
             evaluated[move] = (delta, changes, depends)
             stale.discard(move)
             heapq.heappush(heap, (delta, self.position[at], move))
@@ -818,9 +829,10 @@ class _Search:
                         evaluate(move)
                 for j in range(len(self.out_avals[path]) if values else 0):
                     for seeds in self.value_moves((path, j), choice):
-                        move = (_VALUE, path, j, seeds)
-                        if move not in evaluated or move in stale:
-                            evaluate(move)
+                        for follow in (True, False):  # cascading, or the consumers alone (see value_moves)
+                            move = (_VALUE, path, j, seeds, follow)
+                            if move not in evaluated or move in stale:
+                                evaluate(move)
 
         offer(self.position)
         for _ in range(_MOVES):
