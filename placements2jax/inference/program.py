@@ -401,6 +401,13 @@ class _Search:
             for node in graph.nodes
         }
         self.greedy_by_producers: dict[tuple[str, tuple[int, ...], bool], int] = {}
+        # alternatives() per node and the choices it reads (its own, its producers', its outputs' consumers'):
+        # the descents revisit the same neighbourhoods (from each start, with and without pull moves)
+        self.local_deciders = {
+            path: (path, *self.producers[path], *dict.fromkeys(c for c, _ in self.downstream[path]))
+            for path in self.position
+        }
+        self.alternative_moves: dict[tuple[str, tuple[int, ...]], list[tuple[int, bool]]] = {}
 
     def _intern(self, layout: Layout) -> State:
         state = self.states.get(layout)
@@ -589,6 +596,13 @@ class _Search:
         for its inputs and outputs together (:meth:`local_cost`), not cascading: the
         cheapest for its inputs alone ties on many (Equinox's embedding gradient took a
         masked scatter split on the embedding dim, all-gathered back)."""
+        key = (path, tuple(map(choice.__getitem__, self.local_deciders[path])))
+        known = self.alternative_moves.get(key)
+        if known is None:
+            known = self.alternative_moves[key] = self._alternatives(path, choice)
+        return known
+
+    def _alternatives(self, path: str, choice: Choice) -> list[tuple[int, bool]]:
         arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
 
         def input_cost(k: int) -> Cost:
