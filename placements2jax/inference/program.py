@@ -284,6 +284,7 @@ Move = tuple[Any, ...]
 _VALUE = "<value>"
 _REDUCING = "<reducing>"
 _PULL = "<pull>"
+_KINDS = (_VALUE, _REDUCING, _PULL)  # the moves whose first item names their kind, not their equation
 _PULL_DEPTH = 12  # producers re-chosen upstream at most by one pull move
 State = tuple[Any, ...]  # a layout's (dim_axes, partial[, split_factors]) on the one mesh
 AvalKey = tuple[tuple[int, ...], np.dtype]
@@ -407,6 +408,8 @@ class _Search:
             path: (path, *self.producers[path], *dict.fromkeys(c for c, _ in self.downstream[path]))
             for path in self.position
         }
+        # evaluate() per move: (the equations its result depends on, their choices, the result)
+        self.evaluations: dict[Move, list[tuple[tuple[str, ...], tuple[int, ...], tuple[Cost, dict[str, int], set[str]]]]] = {}
         self.alternative_moves: dict[tuple[str, tuple[int, ...]], list[tuple[int, bool]]] = {}
 
     def _intern(self, layout: Layout) -> State:
@@ -780,6 +783,29 @@ class _Search:
             starts.append(walked)
         return starts
 
+    def evaluate(self, move: Move, choice: Choice) -> tuple[Cost, dict[str, int], set[str]]:
+        """A move's cascade from ``choice``: (how much it changes the total, the changes,
+        every equation the result depends on; :meth:`cascade`). Kept per move with the
+        choices of those equations: a later descent (from another start, with pull moves,
+        the finishing one) meeting the move there again reuses it."""
+        known = self.evaluations.setdefault(move, [])
+        for depends, snapshot, found in known:
+            if tuple(map(choice.__getitem__, depends)) == snapshot:
+                return found
+        if move[0] == _VALUE:  # every consumer of a value at once
+            seeds, follow, reduce = dict(move[3]), True, False
+        elif move[0] == _REDUCING:
+            seeds, follow, reduce = {move[1]: move[2]}, True, True
+        elif move[0] == _PULL:
+            seeds, follow, reduce = dict(move[3]), True, False
+        else:
+            seeds, follow, reduce = {move[0]: move[1]}, move[2], False
+        changes, depends = self.cascade(seeds, choice, follow, reduce)
+        found = (self.delta(changes, choice), changes, depends)
+        order = tuple(depends)
+        known.append((order, tuple(map(choice.__getitem__, order)), found))
+        return found
+
     def improve(self, choice: Choice, values: bool = False, reducing: bool = False) -> Choice:
         """Steepest descent over cascading moves (see :meth:`alternatives`): apply the
         move lowering the total most (ties: the earliest equation), until none lowers it
@@ -794,19 +820,9 @@ class _Search:
         heap: list[tuple[Cost, int, Move]] = []
 
         def evaluate(move: Move) -> None:
-            if move[0] == _VALUE:  # every consumer of a value at once
-                seeds, follow, at, reduce = dict(move[3]), True, move[1], False
-            elif move[0] == _REDUCING:
-                seeds, follow, at, reduce = {move[1]: move[2]}, True, move[1], True
-            elif move[0] == _PULL:
-                seeds, follow, at, reduce = dict(move[3]), True, move[1], False
-            else:
-                seeds, follow, at, reduce = {move[0]: move[1]}, move[2], move[0], False
-            changes, depends = self.cascade(seeds, choice, follow, reduce)
-            delta = self.delta(changes, choice)
-            evaluated[move] = (delta, changes, depends)
+            evaluated[move] = found = self.evaluate(move, choice)
             stale.discard(move)
-            heapq.heappush(heap, (delta, self.position[at], move))
+            heapq.heappush(heap, (found[0], self.position[move[0] if move[0] not in _KINDS else move[1]], move))
 
         def current(move: Move) -> bool:
             if move[0] == _VALUE:
