@@ -78,7 +78,10 @@ applies the move that lowers the exact total most (the cost of the values the ch
 equations touch, before and after); it stops when no move lowers it (at most ``_MOVES``
 rounds). Evaluations are lazy: a move's delta is kept until an applied move changes an
 equation it depends on, and a stale delta is only recomputed when it comes first, so a
-round costs little more than the moves near the last change. Every applied move lowers
+round costs little more than the moves near the last change. The search keeps every
+evaluation with the choices of the equations it depends on (and every equation's moves with
+the choices they read): the later descents (from another start, with pull moves, the
+finishing one) reuse those they meet again, about half on GPT-2's adamw step. Every applied move lowers
 the total from its start, and the result is kept only if cheaper than the eager choice,
 so it never moves more than eager dispatch.
 (First-improvement in program order was tried: it commits to the first cheaper reduction
@@ -293,6 +296,7 @@ AvalKey = tuple[tuple[int, ...], np.dtype]
 # the order of summation is fixed, so results are deterministic).
 Cost = tuple[float, float]
 _ZERO: Cost = (0.0, 0.0)
+Evaluation = tuple[Cost, dict[str, int], set[str]]  # a move's (delta, changes, depends), see _Search.evaluate
 
 
 def _reduction_scale(mesh: DeviceMesh) -> float:
@@ -395,6 +399,10 @@ class _Search:
             value: (() if value[0] == "in" else (value[0],)) + paths for value, paths in self.consumer_paths.items()
         }
         self.value_costs: dict[tuple[Any, tuple[int, ...]], Cost] = {}
+        # per node, its outputs that are outputs of the function (charge() is zero for the others)
+        self.owing = {
+            path: tuple(j for j in range(len(self.out_avals[path])) if (path, j) in self.owed) for path in self.position
+        }
         # greedy() per node and its producers' choices (how its inputs not fixed arrive): found before the
         # arriving states are built and hashed
         self.producers = {
@@ -409,7 +417,7 @@ class _Search:
             for path in self.position
         }
         # evaluate() per move: (the equations its result depends on, their choices, the result)
-        self.evaluations: dict[Move, list[tuple[tuple[str, ...], tuple[int, ...], tuple[Cost, dict[str, int], set[str]]]]] = {}
+        self.evaluations: dict[Move, list[tuple[tuple[str, ...], tuple[int, ...], Evaluation]]] = {}
         self.alternative_moves: dict[tuple[str, tuple[int, ...]], list[tuple[int, bool]]] = {}
 
     def _intern(self, layout: Layout) -> State:
@@ -548,20 +556,25 @@ class _Search:
             depends |= self.neighbours[name]
         return changes, depends
 
-    def around(self, paths: Sequence[str], choice: Choice) -> Cost:
+    def around(self, paths: Sequence[str], choice: Choice, values: set[Any] | None = None) -> Cost:
         """The cost of every value ``paths`` produce or consume (:meth:`value_cost`) and
-        their outputs' charges."""
-        values: set[Any] = set()
+        their outputs' charges. ``values``: those values (:meth:`touched_by`), if known."""
         nbytes, steps = 0.0, 0.0
         for path in paths:
-            values.update(self.touched[path])
-            for j, (aval, out) in enumerate(zip(self.out_avals[path], self.outs[path][choice[path]])):
-                owed = self.charge((path, j), aval, out)
+            for j in self.owing[path]:  # the charges of outputs owing nothing are zero: skipped
+                owed = self.charge((path, j), self.out_avals[path][j], self.outs[path][choice[path]][j])
                 nbytes, steps = nbytes + owed[0], steps + owed[1]
-        for value in values:
+        for value in self.touched_by(paths) if values is None else values:
             cost = self.value_cost(value, choice)
             nbytes, steps = nbytes + cost[0], steps + cost[1]
         return nbytes, steps
+
+    def touched_by(self, paths: Sequence[str]) -> set[Any]:
+        """Every value ``paths`` produce or consume."""
+        values: set[Any] = set()
+        for path in paths:
+            values.update(self.touched[path])
+        return values
 
     def value_cost(self, value: Any, choice: Choice) -> Cost:
         """The redistributions of one value: one per distinct layout its consumers need
@@ -758,10 +771,12 @@ class _Search:
 
     def delta(self, changes: dict[str, int], choice: Choice) -> Cost:
         """How much ``changes`` lower (negative) or raise the total from ``choice``."""
-        before = self.around(list(changes), choice)
+        paths = list(changes)
+        values = self.touched_by(paths)  # the same values before and after, summed in the same order
+        before = self.around(paths, choice, values)
         kept = {path: choice[path] for path in changes}
         choice.update(changes)  # in place and back, as in cascade()
-        after = self.around(list(changes), choice)
+        after = self.around(paths, choice, values)
         choice.update(kept)
         return after[0] - before[0], after[1] - before[1]
 
@@ -783,7 +798,7 @@ class _Search:
             starts.append(walked)
         return starts
 
-    def evaluate(self, move: Move, choice: Choice) -> tuple[Cost, dict[str, int], set[str]]:
+    def evaluate(self, move: Move, choice: Choice) -> Evaluation:
         """A move's cascade from ``choice``: (how much it changes the total, the changes,
         every equation the result depends on; :meth:`cascade`). Kept per move with the
         choices of those equations: a later descent (from another start, with pull moves,
@@ -815,7 +830,7 @@ class _Search:
         moves too (:meth:`value_moves`); ``reducing``: reducing cascades too
         (:meth:`reducing_moves`)."""
         choice = dict(choice)
-        evaluated: dict[Move, tuple[Cost, dict[str, int], set[str]]] = {}
+        evaluated: dict[Move, Evaluation] = {}
         stale: set[Move] = set()
         heap: list[tuple[Cost, int, Move]] = []
 
