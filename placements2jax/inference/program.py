@@ -80,7 +80,10 @@ applies the move that lowers the exact total most (the cost of the values the ch
 equations touch, before and after); it stops when no move lowers it (at most ``_MOVES``
 rounds). Evaluations are lazy: a move's delta is kept until an applied move changes an
 equation it depends on, and a stale delta is only recomputed when it comes first, so a
-round costs little more than the moves near the last change. Every applied move lowers
+round costs little more than the moves near the last change. The search keeps every
+evaluation with the choices of the equations it depends on (and every equation's moves with
+the choices they read): the later descents (from another start, with pull moves, the
+finishing one) reuse those they meet again, about half on GPT-2's adamw step. Every applied move lowers
 the total from its start, and the result is kept only if cheaper than the eager choice,
 so it never moves more than eager dispatch.
 (First-improvement in program order was tried: it commits to the first cheaper reduction
@@ -287,6 +290,7 @@ Move = tuple[Any, ...]
 _VALUE = "<value>"
 _REDUCING = "<reducing>"
 _PULL = "<pull>"
+_KINDS = (_VALUE, _REDUCING, _PULL)  # the moves whose first item names their kind, not their equation
 _PULL_DEPTH = 12  # producers re-chosen upstream at most by one pull move
 State = tuple[Any, ...]  # a layout's (dim_axes, partial[, split_factors]) on the one mesh
 AvalKey = tuple[tuple[int, ...], np.dtype]
@@ -295,6 +299,7 @@ AvalKey = tuple[tuple[int, ...], np.dtype]
 # the order of summation is fixed, so results are deterministic).
 Cost = tuple[float, float]
 _ZERO: Cost = (0.0, 0.0)
+Evaluation = tuple[Cost, dict[str, int], set[str]]  # a move's (delta, changes, depends), see _Search.evaluate
 
 
 def _reduction_scale(mesh: DeviceMesh) -> float:
@@ -397,6 +402,10 @@ class _Search:
             value: (() if value[0] == "in" else (value[0],)) + paths for value, paths in self.consumer_paths.items()
         }
         self.value_costs: dict[tuple[Any, tuple[int, ...]], Cost] = {}
+        # per node, its outputs that are outputs of the function (charge() is zero for the others)
+        self.owing = {
+            path: tuple(j for j in range(len(self.out_avals[path])) if (path, j) in self.owed) for path in self.position
+        }
         # greedy() per node and its producers' choices (how its inputs not fixed arrive): found before the
         # arriving states are built and hashed
         self.producers = {
@@ -404,6 +413,15 @@ class _Search:
             for node in graph.nodes
         }
         self.greedy_by_producers: dict[tuple[str, tuple[int, ...], bool], int] = {}
+        # alternatives() per node and the choices it reads (its own, its producers', its outputs' consumers'):
+        # the descents revisit the same neighbourhoods (from each start, with and without pull moves)
+        self.local_deciders = {
+            path: (path, *self.producers[path], *dict.fromkeys(c for c, _ in self.downstream[path]))
+            for path in self.position
+        }
+        # evaluate() per move: (the equations its result depends on, their choices, the result)
+        self.evaluations: dict[Move, list[tuple[tuple[str, ...], tuple[int, ...], Evaluation]]] = {}
+        self.alternative_moves: dict[tuple[str, tuple[int, ...]], list[tuple[int, bool]]] = {}
 
     def _intern(self, layout: Layout) -> State:
         state = self.states.get(layout)
@@ -541,20 +559,25 @@ class _Search:
             depends |= self.neighbours[name]
         return changes, depends
 
-    def around(self, paths: Sequence[str], choice: Choice) -> Cost:
+    def around(self, paths: Sequence[str], choice: Choice, values: set[Any] | None = None) -> Cost:
         """The cost of every value ``paths`` produce or consume (:meth:`value_cost`) and
-        their outputs' charges."""
-        values: set[Any] = set()
+        their outputs' charges. ``values``: those values (:meth:`touched_by`), if known."""
         nbytes, steps = 0.0, 0.0
         for path in paths:
-            values.update(self.touched[path])
-            for j, (aval, out) in enumerate(zip(self.out_avals[path], self.outs[path][choice[path]])):
-                owed = self.charge((path, j), aval, out)
+            for j in self.owing[path]:  # the charges of outputs owing nothing are zero: skipped
+                owed = self.charge((path, j), self.out_avals[path][j], self.outs[path][choice[path]][j])
                 nbytes, steps = nbytes + owed[0], steps + owed[1]
-        for value in values:
+        for value in self.touched_by(paths) if values is None else values:
             cost = self.value_cost(value, choice)
             nbytes, steps = nbytes + cost[0], steps + cost[1]
         return nbytes, steps
+
+    def touched_by(self, paths: Sequence[str]) -> set[Any]:
+        """Every value ``paths`` produce or consume."""
+        values: set[Any] = set()
+        for path in paths:
+            values.update(self.touched[path])
+        return values
 
     def value_cost(self, value: Any, choice: Choice) -> Cost:
         """The redistributions of one value: one per distinct layout its consumers need
@@ -592,6 +615,13 @@ class _Search:
         for its inputs and outputs together (:meth:`local_cost`), not cascading: the
         cheapest for its inputs alone ties on many (Equinox's embedding gradient took a
         masked scatter split on the embedding dim, all-gathered back)."""
+        key = (path, tuple(map(choice.__getitem__, self.local_deciders[path])))
+        known = self.alternative_moves.get(key)
+        if known is None:
+            known = self.alternative_moves[key] = self._alternatives(path, choice)
+        return known
+
+    def _alternatives(self, path: str, choice: Choice) -> list[tuple[int, bool]]:
         arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
 
         def input_cost(k: int) -> Cost:
@@ -750,10 +780,12 @@ class _Search:
 
     def delta(self, changes: dict[str, int], choice: Choice) -> Cost:
         """How much ``changes`` lower (negative) or raise the total from ``choice``."""
-        before = self.around(list(changes), choice)
+        paths = list(changes)
+        values = self.touched_by(paths)  # the same values before and after, summed in the same order
+        before = self.around(paths, choice, values)
         kept = {path: choice[path] for path in changes}
         choice.update(changes)  # in place and back, as in cascade()
-        after = self.around(list(changes), choice)
+        after = self.around(paths, choice, values)
         choice.update(kept)
         return after[0] - before[0], after[1] - before[1]
 
@@ -775,6 +807,32 @@ class _Search:
             starts.append(walked)
         return starts
 
+    def evaluate(self, move: Move, choice: Choice) -> Evaluation:
+        """A move's cascade from ``choice``: (how much it changes the total, the changes,
+        every equation the result depends on; :meth:`cascade`). Kept per move with the
+        choices of those equations: a later descent (from another start, with pull moves,
+        the finishing one) meeting the move there again reuses it."""
+        known = self.evaluations.setdefault(move, [])
+        for depends, snapshot, found in known:
+            if tuple(map(choice.__getitem__, depends)) == snapshot:
+                return found
+        if move[0] == _VALUE:  # every consumer of a value at once, cascading or the consumers alone
+            seeds, follow, reduce = dict(move[3]), move[4], False
+        elif move[0] == _REDUCING:
+            seeds, follow, reduce = {move[1]: move[2]}, True, True
+        elif move[0] == _PULL:
+            seeds, follow, reduce = dict(move[3]), True, False
+        else:
+            seeds, follow, reduce = {move[0]: move[1]}, move[2], False
+        changes, depends = self.cascade(seeds, choice, follow, reduce)
+        delta = self.delta(changes, choice)
+        if move[0] == _VALUE and not follow and delta[1] > 0:  # the consumers alone: never more collectives
+            delta = (math.inf, math.inf)  # (Equinox's value_and_grad traded 2 more for bytes)
+        found = (delta, changes, depends)
+        order = tuple(depends)
+        known.append((order, tuple(map(choice.__getitem__, order)), found))
+        return found
+
     def improve(self, choice: Choice, values: bool = False, reducing: bool = False) -> Choice:
         """Steepest descent over cascading moves (see :meth:`alternatives`): apply the
         move lowering the total most (ties: the earliest equation), until none lowers it
@@ -784,26 +842,14 @@ class _Search:
         moves too (:meth:`value_moves`); ``reducing``: reducing cascades too
         (:meth:`reducing_moves`)."""
         choice = dict(choice)
-        evaluated: dict[Move, tuple[Cost, dict[str, int], set[str]]] = {}
+        evaluated: dict[Move, Evaluation] = {}
         stale: set[Move] = set()
         heap: list[tuple[Cost, int, Move]] = []
 
         def evaluate(move: Move) -> None:
-            if move[0] == _VALUE:  # every consumer of a value at once
-                seeds, follow, at, reduce = dict(move[3]), move[4], move[1], False
-            elif move[0] == _REDUCING:
-                seeds, follow, at, reduce = {move[1]: move[2]}, True, move[1], True
-            elif move[0] == _PULL:
-                seeds, follow, at, reduce = dict(move[3]), True, move[1], False
-            else:
-                seeds, follow, at, reduce = {move[0]: move[1]}, move[2], move[0], False
-            changes, depends = self.cascade(seeds, choice, follow, reduce)
-            delta = self.delta(changes, choice)
-            if move[0] == _VALUE and not follow and delta[1] > 0:  # the consumers alone: never more collectives
-                delta = (math.inf, math.inf)  # (Equinox's value_and_grad traded 2 more for bytes)
-            evaluated[move] = (delta, changes, depends)
+            evaluated[move] = found = self.evaluate(move, choice)
             stale.discard(move)
-            heapq.heappush(heap, (delta, self.position[at], move))
+            heapq.heappush(heap, (found[0], self.position[move[0] if move[0] not in _KINDS else move[1]], move))
 
         def current(move: Move) -> bool:
             if move[0] == _VALUE:
