@@ -217,7 +217,7 @@ def _select(
     eager = {node.path: 0 for node in graph.nodes}
     search = _Search(graph, cost_model, targets)  # priced as the backend compiles the moves
     if search.reduction_scale == 1.0:
-        return _chosen(graph, eager, _finish(search, search, eager, _descend(search, eager, seeds)))
+        return _chosen(graph, eager, _finish(search, search, eager, eager, _descend(search, eager, seeds)))
     # Priced by the planner alone (a reduce-scatter half an all-reduce), the descents end in other basins:
     # both are searched, the cheaper as compiled kept (the planner's result is 0.66x the bytes as compiled
     # on GPT-2's adamw step, 1.05x on Llama's). As compiled, only from the walked start, without seeds: on
@@ -226,23 +226,22 @@ def _select(
     by_planner = _descend(planned, eager, seeds)
     results = []
     for pulls in (False, True):  # without and with pull moves (:meth:`_Search.pull_moves`), the cheaper kept
-        search.pulls = pulls
-        chosen = _descend(search, eager, (), walked_only=True)
+        chosen = _descend(search, eager, (), walked_only=True, pulls=pulls)
         if search.total(by_planner) < search.total(chosen):
             chosen = by_planner
-        results.append(_finish(search, planned, by_planner, chosen))
-    search.pulls = False
+        results.append(_finish(search, planned, eager, by_planner, chosen, pulls))
     return _chosen(graph, eager, min(results, key=search.total))
 
 
-def _finish(search: _Search, planned: _Search, by_planner: Choice, chosen: Choice) -> Choice:
+def _finish(
+    search: _Search, planned: _Search, eager: Choice, by_planner: Choice, chosen: Choice, pulls: bool = False
+) -> Choice:
     """One last descent with reducing cascades (:meth:`_Search.reducing_moves`), kept on
-    the value moves' terms; never more than eager dispatch, priced by the planner."""
-    found, best = search.improve(chosen, values=True, reducing=True), search.total(chosen)
+    the value moves' terms; never more than ``eager`` dispatch, priced by the planner."""
+    found, best = search.improve(chosen, values=True, reducing=True, pulls=pulls), search.total(chosen)
     cost = search.total(found)
     if cost < best and cost[1] <= best[1]:
         chosen = found
-    eager = {path: 0 for path in search.position}
     if planned.total(chosen) > planned.total(eager):
         chosen = by_planner  # never more than eager dispatch, priced by the planner (as the prediction is)
     return chosen
@@ -255,27 +254,29 @@ def _chosen(graph: ProgramGraph, eager: Choice, chosen: Choice) -> dict[str, Can
     return {node.path: node.candidates[chosen[node.path]] for node in graph.nodes}
 
 
-def _descend(search: _Search, eager: Choice, seeds: tuple[tuple[str, int], ...], walked_only: bool = False) -> Choice:
+def _descend(
+    search: _Search, eager: Choice, seeds: tuple[tuple[str, int], ...], walked_only: bool = False, pulls: bool = False
+) -> Choice:
     """The search's descents (module docstring) from the eager choice: the best choice
     found, ``eager`` itself when none is cheaper. ``walked_only``: from the walked start
-    alone (:meth:`_Search.starts`' last)."""
+    alone (:meth:`_Search.starts`' last); ``pulls``: pull moves offered too."""
     chosen, best = eager, search.total(eager)
     origin = eager
     starts = search.starts(eager)
     for start in starts[-1:] if walked_only else starts:
-        found = search.improve(start)
+        found = search.improve(start, pulls=pulls)
         cost = search.total(found)
         if cost < best:
             chosen, best, origin = found, cost, start
     # value moves: continuing from the best result, and descending with them from its start (two basins: on the
     # GPT-2 adamw step the second is 0.89x the first's bytes, on Llama's 1.19x)
-    for found in (search.improve(chosen, values=True), search.improve(origin, values=True)):
+    for found in (search.improve(chosen, values=True, pulls=pulls), search.improve(origin, values=True, pulls=pulls)):
         cost = search.total(found)
         if cost < best and cost[1] <= best[1]:
             chosen, best = found, cost
     for path, k in seeds:  # from the best choice with one node re-chosen (cascading), descended again
         changes, _ = search.cascade({path: k}, chosen)
-        found = search.improve({**chosen, **changes})
+        found = search.improve({**chosen, **changes}, pulls=pulls)
         cost = search.total(found)
         if cost < best and cost[1] <= best[1]:
             chosen, best = found, cost
@@ -330,7 +331,6 @@ class _Search:
         self.mesh_shape = graph.mesh.shape
         self.weights = cost_model.weights(graph.mesh)
         self.reduction_scale = _reduction_scale(graph.mesh) if compiled else 1.0
-        self.pulls = False  # pull moves offered too (:meth:`pull_moves`)
         self.ins: dict[str, tuple[tuple[State, ...], ...]] = {}  # per node, per candidate
         self.outs: dict[str, tuple[tuple[State, ...], ...]] = {}
         self.in_avals: dict[str, tuple[AvalKey, ...]] = {}
@@ -833,14 +833,14 @@ class _Search:
         known.append((order, tuple(map(choice.__getitem__, order)), found))
         return found
 
-    def improve(self, choice: Choice, values: bool = False, reducing: bool = False) -> Choice:
+    def improve(self, choice: Choice, values: bool = False, reducing: bool = False, pulls: bool = False) -> Choice:
         """Steepest descent over cascading moves (see :meth:`alternatives`): apply the
         move lowering the total most (ties: the earliest equation), until none lowers it
         (at most ``_MOVES``). Evaluations are lazy: after a move, those depending on an
         equation it changed are stale, and re-evaluated only when their old delta comes
         first (a stale delta is an estimate; only fresh ones are applied). ``values``: value
         moves too (:meth:`value_moves`); ``reducing``: reducing cascades too
-        (:meth:`reducing_moves`)."""
+        (:meth:`reducing_moves`); ``pulls``: pull moves too (:meth:`pull_moves`)."""
         choice = dict(choice)
         evaluated: dict[Move, Evaluation] = {}
         stale: set[Move] = set()
@@ -869,7 +869,7 @@ class _Search:
                     move = (_REDUCING, path, k)
                     if move not in evaluated or move in stale:
                         evaluate(move)
-                for i, seeds in self.pull_moves(path, choice) if self.pulls else ():
+                for i, seeds in self.pull_moves(path, choice) if pulls else ():
                     move = (_PULL, path, i, seeds)
                     if move not in evaluated or move in stale:
                         evaluate(move)
