@@ -914,12 +914,6 @@ def _local_params(
     return params
 
 
-# The scatter primitives run masked on a table split along the indexed axis. Every kind:
-# a rank applies only the updates of the rows it owns (the others are dropped, not made
-# neutral), so overwrite, add, sub, mul, min and max all leave other ranks' rows alone.
-_MASKED_SCATTERS = frozenset(SCATTERS)
-
-
 def _masked_axis(name: str, params: dict[str, Any], ins: Sequence[Physical]) -> int | None:
     """The looked-up table axis of a gather / scatter (the equation's own params, before
     :func:`_local_params`) whose table (operand) is split along it: the masked-lookup /
@@ -927,7 +921,8 @@ def _masked_axis(name: str, params: dict[str, Any], ins: Sequence[Physical]) -> 
     dn = params.get("dimension_numbers")
     if name == "gather":
         axis = gather_lookup_axis(dn, params["slice_sizes"], ins[0].shape)
-    elif name in _MASKED_SCATTERS:
+    elif name in SCATTERS:  # every kind runs masked: a rank drops the updates of rows it does not own (not
+        # made neutral), so overwrite, add, sub, mul, min and max all leave other ranks' rows alone
         axis = scatter_lookup_axis(dn, ins[0].shape, ins[2].shape)
     else:
         return None

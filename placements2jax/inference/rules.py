@@ -52,6 +52,7 @@ __all__ = [
     "einsum",
     "elementwise",
     "gather",
+    "gather_lookup_axis",
     "normalization",
     "nullary",
     "pad",
