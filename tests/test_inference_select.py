@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from placements2jax import ArgumentTypeError, InferenceError, Layout, Partial, init_device_mesh
 from placements2jax.inference import CostModel, Signature, infer_signature, ops
 from placements2jax.inference.cost import resolve_cost_model
-from placements2jax.inference.select import nest_orders, rank_candidates
+from placements2jax.inference.select import nest_orders, rank_candidates, signature_for
 from placements2jax.inference.signature import Aval, TensorSpec
 
 F32 = jnp.float32
@@ -291,6 +291,40 @@ def test_partials_stay_pending_where_no_split_moves(mesh_shape: tuple[int, ...],
     assert texts(signature.out_layouts) == [out]
     assert signature.chosen.cost == 0 and signature.chosen.pending == 0
     assert texts(signature.in_layouts)[0] == inputs[0]
+
+
+def test_a_partial_kept_while_a_split_is_given_up_is_charged_its_reduction() -> None:
+    """P * S(0) on (8,): all-gathering S(0) to carry P on (448 B) leaves the product's
+    reduction owed (>= 448 B more); reduce-scattering P into S(0) (448 B) leaves nothing
+    owed, as torch does. On 4 x 2, (R,S(0)) @ (P,P) keeping P,P (gathering the row split,
+    torch's choice) owes the reductions: the reduced weight is strictly cheaper."""
+    mesh = init_device_mesh((8,), ("x",))
+    p, s = ((8, 16), F32, L(mesh, "P")), ((8, 16), F32, L(mesh, "S(0)"))
+    signature = infer_signature("mul", [p, s])
+    assert texts(signature.out_layouts) == ["S(0)"] and signature.cost == 448 and signature.chosen.pending == 0
+    keep = next(c for c in signature.candidates if texts(c.out_layouts) == ["P"])
+    assert texts(keep.in_layouts) == ["P", "R"] and keep.cost == 448 and keep.pending == 448
+    mesh2 = init_device_mesh((4, 2), ("dp", "tp"))
+    x, w = ((1024, 2048), F32, L(mesh2, "R,S(0)")), ((2048, 512), F32, L(mesh2, "P,P"))
+    ours = infer_signature("matmul", [x, w])
+    torch_s = next(c for c in ours.candidates if texts(c.in_layouts) == ["R,R", "P,P"])  # search="torch"'s choice
+    assert texts(torch_s.out_layouts) == ["P,P"] and texts(ours.out_layouts) == ["S(1),S(0)"]
+    assert ours.cost == torch_s.cost == 4194304 and ours.chosen.pending == 0 < torch_s.pending
+
+
+def test_the_program_search_walks_without_charging_a_gathered_split() -> None:
+    """signature_for(gathered=False), the program search's walk: only a split made partial
+    ends a kept partial, so P * S(0) on (8,) keeps P at the same 448 B, its reduction not
+    charged (P + S(0) made P + P still is: one reduce-scatter of P wins either way)."""
+    mesh = init_device_mesh((8,), ("x",))
+    specs = tuple(TensorSpec((8, 16), F32, L(mesh, x)) for x in ("P", "S(0)"))
+    out_avals = (Aval((8, 16), F32),)
+    model = resolve_cost_model(None)
+    for op, charged, free in (("mul", ["S(0)"], ["P"]), ("add", ["S(0)"], ["S(0)"])):
+        owed, walked = (signature_for(("primitive", op), (), specs, out_avals, model, mesh, gathered)
+                        for gathered in (True, False))
+        assert texts(owed.out_layouts) == charged and texts(walked.out_layouts) == free
+        assert owed.cost == walked.cost == 448 and walked.chosen.pending == 0
 
 
 def test_p_plus_s_runs_as_one_reduce_scatter() -> None:

@@ -209,16 +209,19 @@ def test_default_mode_agrees_with_torch_or_sends_fewer_bytes(results: list) -> N
         if r["default_cost"] > r["torch_cost"]
     ]
     assert not more, more
-    # Equal-cost choices where torch takes another input's layout (S(1)+S(0) -> S(0)), or
-    # reduce-scatters a partial that ours carries on at the same cost (P*S(0)): listed in
-    # docs/inference.md, and kept few.
+    # Equal-cost choices where torch takes another input's layout (S(1)+S(0) -> S(0)):
+    # listed in docs/inference.md, and kept few. (P*S(0), where torch reduce-scatters the
+    # partial and ours carried it on at the same bytes, agrees since a partial kept while
+    # another input gives up its split is charged its owed reduction.)
     assert len(ties) <= len(TIES), ties
     assert {t[0] for t in ties} <= TIES, ties
-    # measured: 302 of 352 agree (86%: the 294 cases without strided inputs give 244 as
-    # before; the 58 on strided inputs all agree at torch's cost: before the strided
-    # pass-through every one of them sent more than torch, 56 B to 7.3 MB, unstriding
-    # first), 39 fewer bytes, 11 ties, none more
-    assert len(agree) >= 302 and len(agree) + len(fewer) + len(ties) == len(compared)
+    # measured: 304 of 352 agree (86%: the 294 cases without strided inputs give 246; the
+    # 58 on strided inputs all agree at torch's cost: before the strided pass-through every
+    # one of them sent more than torch, 56 B to 7.3 MB, unstriding first), 44 fewer bytes,
+    # 4 ties, none more (before the owed reduction of a partial kept while another input
+    # gives up its split was charged: 302 / 39 / 11: the 6 partial ties now agree, and
+    # torch's partials in 5 matmuls owe a reduction ours does not)
+    assert len(agree) >= 304 and len(agree) + len(fewer) + len(ties) == len(compared)
 
 
 TIES = {
@@ -227,16 +230,6 @@ TIES = {
     "add((1024, 1024) S(1) ; (1024, 1024) S(0)) {} on (8,)",
     "mul((8, 16) S(1) ; (8, 16) S(0)) {} on (8,)",
     "mul((1024, 1024) S(1) ; (1024, 1024) S(0)) {} on (8,)",
-    # torch reduce-scatters the partial, ours all-gathers the other input and carries the
-    # partial on (the same bytes now; its reduction was owed before the op either way)
-    "mul((8, 16) P ; (8, 16) S(0)) {} on (8,)",
-    "mul((1024, 1024) P ; (1024, 1024) S(0)) {} on (8,)",
-    "mul((8, 16) P ; (8, 16) S(1)) {} on (8,)",
-    "mul((1024, 1024) P ; (1024, 1024) S(1)) {} on (8,)",
-    "div((8, 16) P,P ; (8, 16) S(1),R) {} on (4, 2)",
-    "matmul((8, 16, 32) P ; (8, 32, 16) S(0)) {} on (8,)",
-    # equal cost, another split of the same bytes
-    "matmul((1024, 2048) R,S(0) ; (2048, 512) P,P) {} on (4, 2)",
 }
 
 

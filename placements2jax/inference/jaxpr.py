@@ -410,7 +410,7 @@ def _predict(
     consts = _const_specs(closed.jaxpr, mesh)
 
     def walk(choices: Mapping[str, Candidate]) -> tuple[Prediction, ProgramGraph, _Walker]:
-        walker = _Walker(mesh, model, choices, on_unknown)
+        walker = _Walker(mesh, model, choices, on_unknown, gathered=search != "program")
         outputs = walker.walk(closed.jaxpr, consts, specs, "", [("in", i) for i in range(len(specs))])
         graph = ProgramGraph(mesh, tuple(walker.nodes), tuple(s for _, s in outputs), specs)
         finals = [
@@ -522,7 +522,8 @@ def execute(prediction: Prediction, executor: Executor, cost_model: CostModelLik
     if closed is None or not prediction.inputs:
         raise InferenceError("prediction", prediction, "has no traced jaxpr or no inputs", "pass predict()'s result")
     mesh = prediction.inputs[0].layout.mesh
-    walker = _Walker(mesh, resolve_cost_model(cost_model), dict(prediction.choices), prediction.on_unknown, executor)
+    walker = _Walker(mesh, resolve_cost_model(cost_model), dict(prediction.choices), prediction.on_unknown, executor,
+                     gathered=prediction.search != "program")
     walker.walk(
         closed.jaxpr, _const_specs(closed.jaxpr, mesh), prediction.inputs, "",
         [("in", i) for i in range(len(prediction.inputs))],
@@ -619,13 +620,16 @@ class _Walker:
 
     def __init__(
         self, mesh: DeviceMesh, cost_model: CostModel, choices: Mapping[str, Candidate], on_unknown: str = "raise",
-        executor: Executor | None = None,
+        executor: Executor | None = None, gathered: bool = True,
     ) -> None:
         self.mesh = mesh
         self.cost_model = cost_model
         self.choices = choices
         self.on_unknown = on_unknown
         self.executor = executor  # runs each equation as walked (apply); None: layouts only
+        # eager choices charge a partial kept while a split is gathered (False: the program search's walk, see
+        # select.signature_for)
+        self.gathered = gathered
         self.rows: list[EquationReport] = []
         self.nodes: list[ProgramNode] = []
         self.node_at: dict[str, ProgramNode] = {}  # the nodes by path
@@ -634,7 +638,7 @@ class _Walker:
 
     def _trial(self) -> _Walker:
         """A walker whose rows and nodes are thrown away (for fixed points)."""
-        return _Walker(self.mesh, self.cost_model, self.choices, self.on_unknown)
+        return _Walker(self.mesh, self.cost_model, self.choices, self.on_unknown, gathered=self.gathered)
 
     def walk(
         self, jaxpr: Any, consts: Sequence[TensorSpec], inputs: Sequence[TensorSpec], prefix: str,
@@ -738,7 +742,8 @@ class _Walker:
         if function is not None:  # a call of a function with a registered rule: one equation, not walked inside
             signature = (
                 forced_signature(function.name, ins, self.choices[path], self.cost_model) if path in self.choices
-                else signature_for(("function", function.source), (), ins, out_avals, self.cost_model, self.mesh)
+                else signature_for(("function", function.source), (), ins, out_avals, self.cost_model, self.mesh,
+                                   self.gathered)
             )
             outs = tuple(TensorSpec(a.shape, a.dtype, x) for a, x in zip(out_avals, signature.out_layouts))
             self.rows.append(EquationReport(path, f"{name}[{function.name}]", ins, signature, outs, srcs))
@@ -799,7 +804,7 @@ class _Walker:
     def body_walker(self, executor: Executor) -> _Walker:
         """A walker for a loop's bodies under ``executor`` (the same choices; its rows
         and nodes are thrown away: the loop's walk recorded them)."""
-        return _Walker(self.mesh, self.cost_model, self.choices, self.on_unknown, executor)
+        return _Walker(self.mesh, self.cost_model, self.choices, self.on_unknown, executor, gathered=self.gathered)
 
     def walk_body(self, closed: Any, ins: Sequence[TensorSpec], prefix: str) -> list[TensorSpec]:
         """The output layouts of a loop body walked at ``prefix`` on inputs ``ins``."""
@@ -826,7 +831,8 @@ class _Walker:
         if path in self.choices:
             return forced_signature(name, ins, self.choices[path], self.cost_model)
         return signature_for(
-            ("primitive", name), definition.read_params(eqn.params), ins, out_avals, self.cost_model, self.mesh
+            ("primitive", name), definition.read_params(eqn.params), ins, out_avals, self.cost_model, self.mesh,
+            self.gathered,
         )
 
     # -- control flow ------------------------------------------------------------------------

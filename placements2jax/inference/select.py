@@ -160,9 +160,13 @@ def signature_for(
     out_avals: tuple[Aval, ...],
     cost_model: CostModel,
     mesh: DeviceMesh,
+    gathered: bool = True,
 ) -> Signature:
-    """The (cached) signature of a named op or jaxpr primitive given its output avals."""
-    return _infer(rule, params, specs, out_avals, None, None, cost_model, mesh)
+    """The (cached) signature of a named op or jaxpr primitive given its output avals.
+    ``gathered=False``: ranked without charging a partial kept while another input's
+    split is gathered (:func:`continued_partials`): the program search's walk, whose
+    carries and starts that charge sends into worse basins (docs/inference.md)."""
+    return _infer(rule, params, specs, out_avals, None, None, cost_model, mesh, gathered=gathered)
 
 
 def _as_specs(inputs: Any, mesh: DeviceMesh | None) -> tuple[tuple[TensorSpec, ...], DeviceMesh]:
@@ -234,9 +238,11 @@ def _infer(
     cost_model: CostModel,
     mesh: DeviceMesh,
     lazy: bool = False,
+    gathered: bool = True,
 ) -> Signature:
     """The signature of ``rule`` on ``specs``; ``lazy``: its candidates ranked only when read
-    if one of them runs on the inputs as given (predict reads them all: not lazy)."""
+    if one of them runs on the inputs as given (predict reads them all: not lazy);
+    ``gathered``: see :func:`signature_for`."""
     kind, name = rule
     ins = tuple(s.aval for s in specs)
     definitions = {"op": op_definition, "primitive": primitive_definition, "function": function_definition}
@@ -246,7 +252,8 @@ def _infer(
     layouts = [s.layout for s in specs] + [x for x in (out_constraint or ()) + (in_constraint or ()) if x is not None]
     orders = nest_orders(mesh, layouts)
     rank = partial(rank_candidates, one_d, specs, out_avals, mesh, orders, cost_model,
-                   out_constraint=out_constraint, in_constraint=in_constraint, strided=not has_user_rule(kind, name))
+                   out_constraint=out_constraint, in_constraint=in_constraint, strided=not has_user_rule(kind, name),
+                   gathered=gathered)
     if lazy:
         # candidates running on the inputs as given rank first: the best of them is the choice
         in_place = rank(in_place=True)
@@ -306,13 +313,15 @@ def rank_candidates(
     in_constraint: Constraint = None,
     in_place: bool = False,
     strided: bool = True,
+    gathered: bool = True,
 ) -> list[Candidate]:
     """All valid N-D candidates from the 1-D signatures ``one_d`` (all-Replicate added),
     costed and sorted by :meth:`Candidate.rank_key` (the module docstring's steps 1-3).
     ``in_place``: only those running on the inputs as given (no input redistributed),
     built from the 1-D signatures matching the inputs' placements on each mesh dim.
     ``strided``: add the candidates running on strided inputs in place (:func:`_strided`;
-    False for a user's rule, whose signatures may read positions).
+    False for a user's rule, whose signatures may read positions). ``gathered``: whether
+    a split gathered ends a kept partial (:func:`continued_partials`).
 
     The valid layouts do not depend on the inputs' layouts, nor on the sizes beyond what
     the shape filters read of them (:func:`_layout_choices`, cached per
@@ -335,7 +344,7 @@ def rank_candidates(
     planner = InputPlans(tuple(specs), cost_model)
     out_avals = tuple(out_avals)
     ranked = []
-    keys = _RankKeys(tuple(specs), out_avals, cost_model)
+    keys = _RankKeys(tuple(specs), out_avals, cost_model, gathered)
     extra = _views(sigs, specs, mesh, choices)
     if strided and any(s.layout.is_strided for s in specs):
         extra += _strided(specs, avals, mesh, choices)
@@ -406,34 +415,34 @@ class _RankKeys:
     cost as ``(float, Fraction)``: compared faster, ties exact; equal keys keep their
     position); the candidate's ``cost`` and ``redistributed`` are stored on it as computed."""
 
-    __slots__ = ("specs", "out_avals", "cost_model", "costs", "out_bytes", "pendings", "partials")
+    __slots__ = ("specs", "out_avals", "cost_model", "gathered", "costs", "out_bytes", "pendings", "partials")
 
-    def __init__(self, specs: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...], cost_model: CostModel) -> None:
-        self.specs, self.out_avals, self.cost_model = specs, out_avals, cost_model
+    def __init__(
+        self, specs: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...], cost_model: CostModel, gathered: bool = True
+    ) -> None:
+        self.specs, self.out_avals, self.cost_model, self.gathered = specs, out_avals, cost_model, gathered
         # per input, per layout: (plan cost, its float, strided, layout key, moved)
         self.costs: tuple[dict[Layout, tuple[Fraction, float, bool, Any, bool]], ...] = tuple({} for _ in specs)
         # per output, per layout: (block bytes, strided, layout key)
         self.out_bytes: tuple[dict[Layout, tuple[int, bool, Any]], ...] = tuple({} for _ in out_avals)
         self.pendings: dict[tuple[tuple[Layout, ...], frozenset[int]], Fraction] = {}
-        # per input, per layout: (partial mesh dims kept, made from a split), None without partials
+        # per input, per layout: (partial mesh dims kept, splits given up), None where neither
         self.partials: tuple[dict[Layout, tuple[frozenset[int], frozenset[int]] | None], ...] = tuple(
             {} for _ in specs
         )
 
     def continued(self, in_layouts: tuple[Layout, ...]) -> frozenset[int]:
         """:func:`continued_partials` from per-(input, layout) parts: the partial mesh dims
-        an input keeps and those it is made partial on from a split (None for most
-        layouts: no partial)."""
+        an input keeps and those it gives up a split on (None where it does neither: most
+        layouts)."""
         kept = made = _NO_DIMS
         for spec, layout, table in zip(self.specs, in_layouts, self.partials):
             parts = table.get(layout, _UNSEEN)
             if parts is _UNSEEN:
                 given = spec.layout
-                axes = layout.partial_axes
-                parts = table[layout] = (
-                    frozenset(m for m in axes if given.partial[m]),
-                    frozenset(m for m in axes if not given.partial[m] and given.mesh_dim_split(m) is not None),
-                ) if axes else None
+                keeps = frozenset(m for m in layout.partial_axes if given.partial[m])
+                gives = _unsplit(given, layout, self.gathered)
+                parts = table[layout] = (keeps, gives) if keeps or gives else None
             if parts is not None:
                 if parts[0]:
                     kept = kept | parts[0]
@@ -656,16 +665,15 @@ def _dim_bound(sig: OneDSig, given: tuple[Placement, ...], in_blocks: Sequence[F
     mesh dim (of size ``n``) pays there, the inputs having placements ``given`` on it: an
     input leaving a partial is reduced (at least a reduce-scatter), a split moved to
     another dim is exchanged (at least an all-to-all), a split dropped (to Replicate or
-    Partial) is gathered; a new partial output owes a reduce-scatter
-    (:func:`pending_reduction`); each on the smallest block the tensor can have
+    Partial) is gathered; a partial output owes a reduce-scatter (:func:`pending_reduction`)
+    unless a partial input continues it there and no input gives up a split there; each on the smallest block the tensor can have
     (``blocks``: its bytes over the other mesh dims' sizes). Distinct mesh dims' steps are
     distinct steps of a plan, so the bounds of the mesh dims add up."""
     total = Fraction(0)
     kept = made = False
     for p, q, block in zip(given, sig.inputs, in_blocks):
-        if isinstance(q, Partial):
-            kept = kept or isinstance(p, Partial)
-            made = made or isinstance(p, Shard)
+        kept = kept or (isinstance(q, Partial) and isinstance(p, Partial))
+        made = made or (isinstance(p, Shard) and not isinstance(q, Shard))  # a split given up (continued_partials)
         if p == q:
             continue
         if isinstance(p, Partial):
@@ -763,20 +771,29 @@ def _pending(out_avals: tuple[Aval, ...], out_layouts: tuple[Layout, ...], given
     return value
 
 
-def continued_partials(specs: Sequence[TensorSpec], in_layouts: Sequence[Layout]) -> set[int]:
+def continued_partials(specs: Sequence[TensorSpec], in_layouts: Sequence[Layout], gathered: bool = True) -> set[int]:
     """The mesh dims on which an op run with ``in_layouts`` continues a given partial: some
-    input stays partial there and no input split on that mesh dim is turned into a partial
-    there (``P + S(0)`` made ``P + P`` still owes the result's reduction: torch
-    reduce-scatters ``P`` instead). A replicated input made partial (``P + R``: the
-    replicated value scaled on one coordinate) continues the partial: charging it would
-    make every op split its output only to shrink the charge (``b - lr * g`` on a
-    replicated bias, in op-by-op prediction, where no later op pays for gathering it back)."""
+    input stays partial there and no input split on that mesh dim gives its split up there,
+    to a partial or to Replicate (``P + S(0)`` made ``P + P``, or ``P * S(0)`` made
+    ``P * R``, still owes the result's reduction: torch reduce-scatters ``P`` into the
+    split instead, and the reduction it then owes no more is charged to the candidate that
+    keeps it). ``P + P``, ``P * R`` (nothing gathered) and a replicated input made partial
+    (``P + R``: the replicated value scaled on one coordinate) continue the partial:
+    charging them would make every op split its output only to shrink the charge
+    (``b - lr * g`` on a replicated bias, in op-by-op prediction, where no later op pays
+    for gathering it back). ``gathered=False``: only a split made partial ends a kept
+    partial, not one gathered (the program search walks so: :func:`signature_for`)."""
     kept = {m for s, layout in zip(specs, in_layouts) for m in layout.partial_axes if s.layout.partial[m]}
-    made = {
-        m for s, layout in zip(specs, in_layouts) for m in layout.partial_axes
-        if not s.layout.partial[m] and s.layout.mesh_dim_split(m) is not None
-    }
+    made = set().union(*(_unsplit(s.layout, layout, gathered) for s, layout in zip(specs, in_layouts)))
     return kept - made
+
+
+def _unsplit(given: Layout, layout: Layout, gathered: bool = True) -> frozenset[int]:
+    """The mesh dims on which ``given`` is split and ``layout`` is not (the split given up:
+    gathered, or made partial; only made partial unless ``gathered``)."""
+    return frozenset(m for m in range(given.mesh.ndim)
+                     if given.mesh_dim_split(m) is not None and layout.mesh_dim_split(m) is None
+                     and (gathered or layout.partial[m]))
 
 
 def pending_reduction(
