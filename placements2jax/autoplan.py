@@ -45,7 +45,8 @@ partners of one module, found by shape and the order the step reads them, split 
 over one mesh axis Megatron-style, biases following: every group at once, then each
 group), then moves of one leaf's placement on one mesh axis, largest leaves first,
 until ``max_evaluations`` predictions. With ``score="xla"`` the best few plans found and
-the presets are then compiled (two threads) and the fewest compiled bytes wins. The step
+the presets are then compiled (two threads) and the fewest compiled bytes wins, among the
+plans no worse than every fitting preset predicted and compiled when there are any. The step
 is traced once; each prediction is cached per input layouts; the search is deterministic (fixed move order,
 ties keep the earlier plan).
 """
@@ -58,7 +59,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 import numpy as np
@@ -89,6 +90,7 @@ SCORES = ("xla", "predict")
 # LLVM's code generation is cheapened (GPT-2 test step on 2x4: same bytes and memory_analysis,
 # 19 -> 8 s CPU per compile).
 _CHEAP_CODEGEN = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+_K = TypeVar("_K")  # a plan's key (_xla_best)
 XLA_FINALISTS = 3  # the best searched plans compiled (besides the presets) when score="xla"
 
 
@@ -879,8 +881,9 @@ def auto_plan(
     ``score``: ``"xla"`` (default) compiles the step on the best few plans the search
     found (:data:`XLA_FINALISTS`, by predicted objective, among those that fit) and on
     the presets, and returns the one XLA compiles to the fewest bytes sent per device
-    (ties: the lower predicted objective); ``"predict"`` returns the search's best by
-    prediction alone, compiling nothing.
+    (ties: the lower predicted objective) among those sending no more bytes than any
+    fitting preset both predicted and compiled, if any (:func:`_xla_best`); ``"predict"``
+    returns the search's best by prediction alone, compiling nothing.
     """
     start = time.perf_counter()
     mesh = as_device_mesh(mesh)
@@ -1018,7 +1021,9 @@ def _xla_choice(evaluator: _Evaluator, seeds: Mapping[str, dict[int, Layout]], f
     """The plan XLA compiles to the fewest bytes among the search's best
     :data:`XLA_FINALISTS` by predicted objective that fit (less those another finalist beats
     on predicted bytes and memory both) and the shown seeds (FSDP, the presets) that fit
-    (``score="xla"``), and the compiled figures of the chosen plan ("auto")
+    (``score="xla"``), preferring those that send no more bytes than any fitting shown seed
+    both predicted and compiled (when one does: docs/autoplan.md), and the compiled figures
+    of the chosen plan ("auto")
     and of every shown seed that fits. A compiled plan fits when the larger of its estimate
     and XLA's memory_analysis() is within the budget (:func:`_checked_memory`); when XLA
     needs more than the budget for every finalist, the next plans by objective are compiled,
@@ -1066,11 +1071,31 @@ def _xla_choice(evaluator: _Evaluator, seeds: Mapping[str, dict[int, Layout]], f
                 f"raise memory_budget to at least {compiled_memory}, use a larger mesh, or a smaller batch",
             )
         scored = unscored[:1]
-    chosen = min(scored, key=lambda k: (_nbytes(evaluator.compile(plans[k])), memo[k].objective))
+    # compared with the shown seeds (FSDP, the presets) that fit, on both measures
+    references = [k for k in seeded if fits(_checked_memory(memo[k], evaluator.compile(plans[k])))]
+    chosen = _xla_best(scored, lambda k: (memo[k], evaluator.compile(plans[k])), references)
     everything = {"auto": evaluator.compile(plans[chosen]),
                   **{name: evaluator.compile(seeds[name]) for name in shown if fits(figures[name].memory)}}
     compiled = {name: c for name, c in everything.items() if c is not None}
     return dict(plans[chosen]), memo[chosen], compiled
+
+
+def _xla_best(keys: Sequence[_K], figures: Callable[[_K], tuple[PlanFigures, CompiledFigures | None]],
+              references: Sequence[_K]) -> _K:
+    """The plan of ``keys`` XLA compiles to the fewest bytes (ties: the lower predicted
+    objective) among those sending no more bytes than every plan of ``references`` (the
+    fitting presets) both predicted and as XLA compiles them, when one does; else among all
+    ``keys``. (XLA's best alone can predict more than a preset: GPT-2 on 4x2 at Megatron's
+    budget, where predict prices Megatron's step as a program XLA does not compile:
+    docs/autoplan.md.)"""
+
+    def no_worse(a: _K, b: _K) -> bool:  # a plan XLA cannot compile (uneven) is compared by its prediction
+        (predicted_a, compiled_a), (predicted_b, compiled_b) = figures(a), figures(b)
+        return predicted_a.nbytes <= predicted_b.nbytes and (
+            compiled_b is None or _nbytes(compiled_a) <= compiled_b.nbytes)
+
+    preferred = [k for k in keys if all(no_worse(k, r) for r in references)]
+    return min(preferred or keys, key=lambda k: (_nbytes(figures(k)[1]), figures(k)[0].objective))
 
 
 def _dominates(a: PlanFigures, b: PlanFigures) -> bool:

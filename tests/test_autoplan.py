@@ -103,6 +103,7 @@ def test_no_worse_than_megatron_at_its_budget(plan: AutoPlan, megatron: Any) -> 
     assert plan.presets["fsdp"].memory > megatron.memory and set(plan.compiled) == {"auto", "megatron"}
     assert "not compiled" in next(line for line in plan.comparison().splitlines() if line.lstrip().startswith("fsdp"))
     assert plan.compiled["auto"].nbytes <= plan.compiled["megatron"].nbytes
+    assert plan.figures.nbytes <= megatron.nbytes  # and predicted (the issue's first form)
     assert plan.compiled["auto"].memory <= plan.figures.memory  # the estimate bounds XLA's memory
     assert "XLA bytes/step" in plan.comparison()
 
@@ -348,3 +349,32 @@ def test_finalists_pruned_only_when_strictly_dominated() -> None:
     assert _dominates(figures(1, 1), figures(2, 2))
     assert not _dominates(figures(1, 2), figures(1, 3)) and not _dominates(figures(1, 3), figures(2, 2))
     assert not _dominates(figures(1, 1), figures(1, 1))
+
+
+
+def test_xla_choice_no_worse_than_the_presets_on_both_measures() -> None:
+    """score="xla" returns XLA's best of the compiled plans that send no more bytes than
+    every fitting preset both predicted and compiled, when one does (GPT-2 on 4x2 at
+    Megatron's budget: XLA's best, "searched" here, predicted more than Megatron); else XLA's
+    best; a preset XLA cannot compile (uneven) is compared by its prediction."""
+    from placements2jax.autoplan import CompiledFigures, PlanFigures, _xla_best
+
+    def figures(predicted: float, compiled: float | None, objective: float = 0.0) -> Any:
+        return (PlanFigures(predicted, predicted, 1, 0.0, 1, 0, 0, 0, objective),
+                None if compiled is None else CompiledFigures(compiled, 1, 1))
+
+    plans = {"megatron": figures(42_122, 62_786), "fsdp": figures(57_770, 104_454),
+             "searched": figures(47_690, 59_339), "other": figures(42_000, 60_000), "third": figures(41_000, 61_000)}
+    assert _xla_best(list(plans), plans.__getitem__, ["megatron", "fsdp"]) == "other"
+    assert _xla_best(list(plans), plans.__getitem__, []) == "searched"  # no preset fits: XLA's best
+    plans["other"] = figures(42_000, 63_000)  # above Megatron compiled: "third" is left
+    assert _xla_best(list(plans), plans.__getitem__, ["megatron", "fsdp"]) == "third"
+    plans["third"] = figures(41_000, 63_000)  # now only Megatron is no worse than itself and FSDP
+    assert _xla_best(list(plans), plans.__getitem__, ["megatron", "fsdp"]) == "megatron"
+    plans["megatron"] = figures(42_122, 58_000)  # FSDP compiles to fewer bytes than any: XLA's best
+    plans["fsdp"] = figures(57_770, 50_000)
+    assert _xla_best(list(plans), plans.__getitem__, ["megatron", "fsdp"]) == "fsdp"
+    plans["fsdp"] = figures(57_770, None)  # uneven: compared by its prediction only
+    assert _xla_best(list(plans), plans.__getitem__, ["megatron", "fsdp"]) == "megatron"
+    ties = {"a": figures(1, 5, objective=2.0), "b": figures(1, 5, objective=1.0)}
+    assert _xla_best(["a", "b"], ties.__getitem__, ["a"]) == "b"  # ties: the lower predicted objective
