@@ -1042,14 +1042,29 @@ def _xla_choice(evaluator: _Evaluator, seeds: Mapping[str, dict[int, Layout]], f
     finalists = [k for k in best if k in seeded or not any(_dominates(memo[j], memo[k]) for j in (*best, *seeded)
                                                            if j != k)]
     finalists += [k for k in dict.fromkeys(seeded) if k not in finalists]
-    for k in finalists:
-        evaluator.start_compile(plans[k])
 
     def compiled_fit(keys: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         return [k for k in keys if evaluator.compile(plans[k]) is not None
                 and fits(_checked_memory(memo[k], evaluator.compile(plans[k])))]
 
-    scored = compiled_fit(finalists)
+    def both(k: tuple[Any, ...]) -> tuple[PlanFigures, CompiledFigures | None]:
+        return memo[k], evaluator.compile(plans[k])
+
+    # compared with the shown seeds (FSDP, the presets) that fit, on both measures (their
+    # compiles started with the search)
+    references = compiled_fit(dict.fromkeys(seeded))
+    # a finalist predicted above a fitting preset is never preferred (_xla_best): it is compiled
+    # only when no plan is, for XLA's best of all (GPT-2 on 2x4 and 4x2: two compiles saved)
+    bound = min((memo[k].nbytes for k in references), default=math.inf)
+    deferred = [k for k in finalists if k not in seeded and memo[k].nbytes > bound]
+    for k in finalists:
+        if k not in deferred:
+            evaluator.start_compile(plans[k])
+    scored = compiled_fit([k for k in finalists if k not in deferred])
+    if deferred and not _preferred(scored, both, references):
+        for k in deferred:
+            evaluator.start_compile(plans[k])
+        scored = compiled_fit(finalists)
     rest = [k for k in ranked if k not in finalists][:XLA_FINALISTS]
     while not scored and any(evaluator.compile(plans[k]) is not None for k in finalists) and rest:
         batch, rest = rest[:2], rest[2:]
@@ -1071,31 +1086,37 @@ def _xla_choice(evaluator: _Evaluator, seeds: Mapping[str, dict[int, Layout]], f
                 f"raise memory_budget to at least {compiled_memory}, use a larger mesh, or a smaller batch",
             )
         scored = unscored[:1]
-    # compared with the shown seeds (FSDP, the presets) that fit, on both measures
-    references = [k for k in seeded if fits(_checked_memory(memo[k], evaluator.compile(plans[k])))]
-    chosen = _xla_best(scored, lambda k: (memo[k], evaluator.compile(plans[k])), references)
+    chosen = _xla_best(scored, both, references)
     everything = {"auto": evaluator.compile(plans[chosen]),
                   **{name: evaluator.compile(seeds[name]) for name in shown if fits(figures[name].memory)}}
     compiled = {name: c for name, c in everything.items() if c is not None}
     return dict(plans[chosen]), memo[chosen], compiled
 
 
-def _xla_best(keys: Sequence[_K], figures: Callable[[_K], tuple[PlanFigures, CompiledFigures | None]],
-              references: Sequence[_K]) -> _K:
-    """The plan of ``keys`` XLA compiles to the fewest bytes (ties: the lower predicted
-    objective) among those sending no more bytes than every plan of ``references`` (the
-    fitting presets) both predicted and as XLA compiles them, when one does; else among all
-    ``keys``. (XLA's best alone can predict more than a preset: GPT-2 on 4x2 at Megatron's
-    budget, where predict prices Megatron's step as a program XLA does not compile:
-    docs/autoplan.md.)"""
+_Figures = Callable[[_K], tuple[PlanFigures, CompiledFigures | None]]  # a plan's predicted and compiled figures
 
-    def no_worse(a: _K, b: _K) -> bool:  # a plan XLA cannot compile (uneven) is compared by its prediction
+
+def _preferred(keys: Sequence[_K], figures: _Figures[_K], references: Sequence[_K]) -> list[_K]:
+    """The plans of ``keys`` sending no more bytes than every plan of ``references`` (the
+    fitting presets) both predicted and as XLA compiles them (a reference XLA cannot
+    compile, uneven, compared by its prediction)."""
+
+    def no_worse(a: _K, b: _K) -> bool:
         (predicted_a, compiled_a), (predicted_b, compiled_b) = figures(a), figures(b)
         return predicted_a.nbytes <= predicted_b.nbytes and (
             compiled_b is None or _nbytes(compiled_a) <= compiled_b.nbytes)
 
-    preferred = [k for k in keys if all(no_worse(k, r) for r in references)]
-    return min(preferred or keys, key=lambda k: (_nbytes(figures(k)[1]), figures(k)[0].objective))
+    return [k for k in keys if all(no_worse(k, r) for r in references)]
+
+
+def _xla_best(keys: Sequence[_K], figures: _Figures[_K], references: Sequence[_K]) -> _K:
+    """The plan of ``keys`` XLA compiles to the fewest bytes (ties: the lower predicted
+    objective) among the :func:`_preferred` ones when there are any, else among all
+    ``keys``. (XLA's best alone can predict more than a preset: GPT-2 on 4x2 at Megatron's
+    budget, where predict prices Megatron's step as a program XLA does not compile:
+    docs/autoplan.md.)"""
+    return min(_preferred(keys, figures, references) or keys,
+               key=lambda k: (_nbytes(figures(k)[1]), figures(k)[0].objective))
 
 
 def _dominates(a: PlanFigures, b: PlanFigures) -> bool:

@@ -378,3 +378,44 @@ def test_xla_choice_no_worse_than_the_presets_on_both_measures() -> None:
     assert _xla_best(list(plans), plans.__getitem__, ["megatron", "fsdp"]) == "megatron"
     ties = {"a": figures(1, 5, objective=2.0), "b": figures(1, 5, objective=1.0)}
     assert _xla_best(["a", "b"], ties.__getitem__, ["a"]) == "b"  # ties: the lower predicted objective
+
+
+def test_finalists_predicted_above_a_preset_compiled_only_when_needed() -> None:
+    """score="xla": a searched finalist predicted to send more than a fitting preset can never
+    be preferred, so it is compiled only when no compiled plan is no worse than every preset
+    on both measures (then XLA's best of all is returned). GPT-2 on 4x2 at Megatron's budget,
+    its figures: Megatron's plan is returned and the two searched finalists are not compiled;
+    with Megatron compiling above FSDP, they are, and XLA's best wins."""
+    from placements2jax.autoplan import CompiledFigures, PlanFigures, _xla_choice
+
+    def figures(nbytes: float, objective: float) -> PlanFigures:
+        return PlanFigures(nbytes, nbytes, 1, 0.0, 1, 0, 0, 0, objective)
+
+    class Evaluator:  # _Evaluator's figures, plans and compiles, as _xla_choice reads them
+        def __init__(self, compiled: dict[str, float]) -> None:
+            self.memo = {("fsdp",): figures(57_770, 59_934), ("megatron",): figures(42_122, 47_468),
+                         ("a",): figures(47_690, 50_170), ("b",): figures(46_154, 51_098)}
+            self.plans = {k: {0: k[0]} for k in self.memo}
+            self.xla, self.compiles = compiled, []
+
+        def key(self, free: dict[int, str]) -> tuple[str]:
+            return (free[0],)
+
+        def start_compile(self, free: dict[int, str]) -> None:
+            pass
+
+        def compile(self, free: dict[int, str]) -> CompiledFigures:
+            self.compiles.append(free[0])
+            return CompiledFigures(self.xla[free[0]], 1, 1)
+
+    seeds = {"fsdp": {0: "fsdp"}, "megatron": {0: "megatron"}}
+    shown = {name: figures(1, 1) for name in seeds}  # only their memory (1) is read here
+    xla = {"fsdp": 104_454, "megatron": 62_786, "a": 59_339, "b": 60_000}
+    evaluator = Evaluator(xla)
+    chosen, best, compiled = _xla_choice(evaluator, seeds, shown, {"megatron": None}, memory_budget=10)
+    assert chosen == {0: "megatron"} and best.nbytes == 42_122 and compiled["auto"].nbytes == 62_786
+    assert set(evaluator.compiles) == {"fsdp", "megatron"}
+    evaluator = Evaluator({**xla, "megatron": 110_000})  # no preset is no worse than the other on both
+    chosen, best, compiled = _xla_choice(evaluator, seeds, shown, {"megatron": None}, memory_budget=10)
+    assert chosen == {0: "a"} and compiled["auto"].nbytes == 59_339
+    assert set(evaluator.compiles) == {"fsdp", "megatron", "a", "b"}
