@@ -881,7 +881,7 @@ def auto_plan(
     ``score``: ``"xla"`` (default) compiles the step on the best few plans the search
     found (:data:`XLA_FINALISTS`, by predicted objective, among those that fit) and on
     the presets, and returns the one XLA compiles to the fewest bytes sent per device
-    (ties: the lower predicted objective) among those sending no more bytes than any
+    (ties: the lower predicted objective) among those sending no more bytes than every
     fitting preset both predicted and compiled, if any (:func:`_xla_best`); ``"predict"``
     returns the search's best by prediction alone, compiling nothing.
     """
@@ -1021,7 +1021,7 @@ def _xla_choice(evaluator: _Evaluator, seeds: Mapping[str, dict[int, Layout]], f
     """The plan XLA compiles to the fewest bytes among the search's best
     :data:`XLA_FINALISTS` by predicted objective that fit (less those another finalist beats
     on predicted bytes and memory both) and the shown seeds (FSDP, the presets) that fit
-    (``score="xla"``), preferring those that send no more bytes than any fitting shown seed
+    (``score="xla"``), preferring those that send no more bytes than every fitting shown seed
     both predicted and compiled (when one does: docs/autoplan.md), and the compiled figures
     of the chosen plan ("auto")
     and of every shown seed that fits. A compiled plan fits when the larger of its estimate
@@ -1052,7 +1052,7 @@ def _xla_choice(evaluator: _Evaluator, seeds: Mapping[str, dict[int, Layout]], f
 
     # compared with the shown seeds (FSDP, the presets) that fit, on both measures (their
     # compiles started with the search)
-    references = compiled_fit(dict.fromkeys(seeded))
+    references = [k for k in dict.fromkeys(seeded) if fits(_checked_memory(*both(k)))]
     # a finalist predicted above a fitting preset is never preferred (_xla_best): it is compiled
     # only when no plan is, for XLA's best of all (GPT-2 on 2x4 and 4x2: two compiles saved)
     bound = min((memo[k].nbytes for k in references), default=math.inf)

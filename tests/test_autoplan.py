@@ -404,9 +404,9 @@ def test_finalists_predicted_above_a_preset_compiled_only_when_needed() -> None:
         def start_compile(self, free: dict[int, str]) -> None:
             pass
 
-        def compile(self, free: dict[int, str]) -> CompiledFigures:
+        def compile(self, free: dict[int, str]) -> CompiledFigures | None:
             self.compiles.append(free[0])
-            return CompiledFigures(self.xla[free[0]], 1, 1)
+            return None if self.xla[free[0]] is None else CompiledFigures(self.xla[free[0]], 1, 1)
 
     seeds = {"fsdp": {0: "fsdp"}, "megatron": {0: "megatron"}}
     shown = {name: figures(1, 1) for name in seeds}  # only their memory (1) is read here
@@ -419,3 +419,10 @@ def test_finalists_predicted_above_a_preset_compiled_only_when_needed() -> None:
     chosen, best, compiled = _xla_choice(evaluator, seeds, shown, {"megatron": None}, memory_budget=10)
     assert chosen == {0: "a"} and compiled["auto"].nbytes == 59_339
     assert set(evaluator.compiles) == {"fsdp", "megatron", "a", "b"}
+    # FSDP uneven (XLA cannot compile it): still a reference, by its prediction; "a" predicts
+    # above it, "b" does not
+    evaluator = Evaluator({**xla, "fsdp": None})
+    evaluator.memo[("megatron",)] = figures(70_000, 47_468)
+    evaluator.memo[("a",)] = figures(60_000, 50_170)
+    chosen, best, compiled = _xla_choice(evaluator, seeds, shown, {"megatron": None}, memory_budget=10)
+    assert chosen == {0: "b"} and "fsdp" not in compiled
