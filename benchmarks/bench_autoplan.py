@@ -109,7 +109,8 @@ mesh axis; a preset's memory is the larger of its estimate and XLA's `memory_ana
 batch + the estimated peak of live intermediates) and as XLA compiles them (bytes of the
 compiled HLO's collectives; memory from `compiled.memory_analysis()`). `score="xla"` (the
 default) compiles the search's best few plans and the presets and returns the fitting one
-XLA compiles to the fewest bytes. Time: one `auto_plan` call, cold, wall and CPU seconds
+XLA compiles to the fewest bytes among those sending no more bytes than every fitting preset
+both predicted and compiled (when one does; docs/autoplan.md). Time: one `auto_plan` call, cold, wall and CPU seconds
 (with the Megatron preset's figures and compile before it), of which the CPU seconds of its
 predictions (`AutoPlan.predict_seconds`; the machine's load beside them). The models are tests/models' GPT-2 and Llama, tiny configs, a batch
 of 4 sequences (8 on the (8,) mesh, so that the batch splits evenly: XLA compiles only even shards).

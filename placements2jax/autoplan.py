@@ -45,7 +45,8 @@ partners of one module, found by shape and the order the step reads them, split 
 over one mesh axis Megatron-style, biases following: every group at once, then each
 group), then moves of one leaf's placement on one mesh axis, largest leaves first,
 until ``max_evaluations`` predictions. With ``score="xla"`` the best few plans found and
-the presets are then compiled (two threads) and the fewest compiled bytes wins. The step
+the presets are then compiled (two threads) and the fewest compiled bytes wins, among the
+plans no worse than every fitting preset predicted and compiled when there are any. The step
 is traced once; each prediction is cached per input layouts; the search is deterministic (fixed move order,
 ties keep the earlier plan).
 """
@@ -58,7 +59,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 import numpy as np
@@ -89,6 +90,7 @@ SCORES = ("xla", "predict")
 # LLVM's code generation is cheapened (GPT-2 test step on 2x4: same bytes and memory_analysis,
 # 19 -> 8 s CPU per compile).
 _CHEAP_CODEGEN = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+_K = TypeVar("_K")  # a plan's key (_xla_best)
 XLA_FINALISTS = 3  # the best searched plans compiled (besides the presets) when score="xla"
 
 
@@ -879,8 +881,9 @@ def auto_plan(
     ``score``: ``"xla"`` (default) compiles the step on the best few plans the search
     found (:data:`XLA_FINALISTS`, by predicted objective, among those that fit) and on
     the presets, and returns the one XLA compiles to the fewest bytes sent per device
-    (ties: the lower predicted objective); ``"predict"`` returns the search's best by
-    prediction alone, compiling nothing.
+    (ties: the lower predicted objective) among those sending no more bytes than every
+    fitting preset both predicted and compiled, if any (:func:`_xla_best`); ``"predict"``
+    returns the search's best by prediction alone, compiling nothing.
     """
     start = time.perf_counter()
     mesh = as_device_mesh(mesh)
@@ -1018,7 +1021,9 @@ def _xla_choice(evaluator: _Evaluator, seeds: Mapping[str, dict[int, Layout]], f
     """The plan XLA compiles to the fewest bytes among the search's best
     :data:`XLA_FINALISTS` by predicted objective that fit (less those another finalist beats
     on predicted bytes and memory both) and the shown seeds (FSDP, the presets) that fit
-    (``score="xla"``), and the compiled figures of the chosen plan ("auto")
+    (``score="xla"``), preferring those that send no more bytes than every fitting shown seed
+    both predicted and compiled (when one does: docs/autoplan.md), and the compiled figures
+    of the chosen plan ("auto")
     and of every shown seed that fits. A compiled plan fits when the larger of its estimate
     and XLA's memory_analysis() is within the budget (:func:`_checked_memory`); when XLA
     needs more than the budget for every finalist, the next plans by objective are compiled,
@@ -1037,14 +1042,29 @@ def _xla_choice(evaluator: _Evaluator, seeds: Mapping[str, dict[int, Layout]], f
     finalists = [k for k in best if k in seeded or not any(_dominates(memo[j], memo[k]) for j in (*best, *seeded)
                                                            if j != k)]
     finalists += [k for k in dict.fromkeys(seeded) if k not in finalists]
-    for k in finalists:
-        evaluator.start_compile(plans[k])
 
     def compiled_fit(keys: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         return [k for k in keys if evaluator.compile(plans[k]) is not None
                 and fits(_checked_memory(memo[k], evaluator.compile(plans[k])))]
 
-    scored = compiled_fit(finalists)
+    def both(k: tuple[Any, ...]) -> tuple[PlanFigures, CompiledFigures | None]:
+        return memo[k], evaluator.compile(plans[k])
+
+    # compared with the shown seeds (FSDP, the presets) that fit, on both measures (their
+    # compiles started with the search)
+    references = [k for k in dict.fromkeys(seeded) if fits(_checked_memory(*both(k)))]
+    # a finalist predicted above a fitting preset is never preferred (_xla_best): it is compiled
+    # only when no plan is, for XLA's best of all (GPT-2 on 2x4 and 4x2: two compiles saved)
+    bound = min((memo[k].nbytes for k in references), default=math.inf)
+    deferred = [k for k in finalists if k not in seeded and memo[k].nbytes > bound]
+    for k in finalists:
+        if k not in deferred:
+            evaluator.start_compile(plans[k])
+    scored = compiled_fit([k for k in finalists if k not in deferred])
+    if deferred and not _preferred(scored, both, references):
+        for k in deferred:
+            evaluator.start_compile(plans[k])
+        scored = compiled_fit(finalists)
     rest = [k for k in ranked if k not in finalists][:XLA_FINALISTS]
     while not scored and any(evaluator.compile(plans[k]) is not None for k in finalists) and rest:
         batch, rest = rest[:2], rest[2:]
@@ -1066,11 +1086,37 @@ def _xla_choice(evaluator: _Evaluator, seeds: Mapping[str, dict[int, Layout]], f
                 f"raise memory_budget to at least {compiled_memory}, use a larger mesh, or a smaller batch",
             )
         scored = unscored[:1]
-    chosen = min(scored, key=lambda k: (_nbytes(evaluator.compile(plans[k])), memo[k].objective))
+    chosen = _xla_best(scored, both, references)
     everything = {"auto": evaluator.compile(plans[chosen]),
                   **{name: evaluator.compile(seeds[name]) for name in shown if fits(figures[name].memory)}}
     compiled = {name: c for name, c in everything.items() if c is not None}
     return dict(plans[chosen]), memo[chosen], compiled
+
+
+_Figures = Callable[[_K], tuple[PlanFigures, CompiledFigures | None]]  # a plan's predicted and compiled figures
+
+
+def _preferred(keys: Sequence[_K], figures: _Figures[_K], references: Sequence[_K]) -> list[_K]:
+    """The plans of ``keys`` sending no more bytes than every plan of ``references`` (the
+    fitting presets) both predicted and as XLA compiles them (a reference XLA cannot
+    compile, uneven, compared by its prediction)."""
+
+    def no_worse(a: _K, b: _K) -> bool:
+        (predicted_a, compiled_a), (predicted_b, compiled_b) = figures(a), figures(b)
+        return predicted_a.nbytes <= predicted_b.nbytes and (
+            compiled_b is None or _nbytes(compiled_a) <= compiled_b.nbytes)
+
+    return [k for k in keys if all(no_worse(k, r) for r in references)]
+
+
+def _xla_best(keys: Sequence[_K], figures: _Figures[_K], references: Sequence[_K]) -> _K:
+    """The plan of ``keys`` XLA compiles to the fewest bytes (ties: the lower predicted
+    objective) among the :func:`_preferred` ones when there are any, else among all
+    ``keys``. (XLA's best alone can predict more than a preset: GPT-2 on 4x2 at Megatron's
+    budget, where predict prices Megatron's step as a program XLA does not compile:
+    docs/autoplan.md.)"""
+    return min(_preferred(keys, figures, references) or keys,
+               key=lambda k: (_nbytes(figures(k)[1]), figures(k)[0].objective))
 
 
 def _dominates(a: PlanFigures, b: PlanFigures) -> bool:

@@ -103,6 +103,7 @@ def test_no_worse_than_megatron_at_its_budget(plan: AutoPlan, megatron: Any) -> 
     assert plan.presets["fsdp"].memory > megatron.memory and set(plan.compiled) == {"auto", "megatron"}
     assert "not compiled" in next(line for line in plan.comparison().splitlines() if line.lstrip().startswith("fsdp"))
     assert plan.compiled["auto"].nbytes <= plan.compiled["megatron"].nbytes
+    assert plan.figures.nbytes <= megatron.nbytes  # and predicted (the issue's first form)
     assert plan.compiled["auto"].memory <= plan.figures.memory  # the estimate bounds XLA's memory
     assert "XLA bytes/step" in plan.comparison()
 
@@ -348,3 +349,80 @@ def test_finalists_pruned_only_when_strictly_dominated() -> None:
     assert _dominates(figures(1, 1), figures(2, 2))
     assert not _dominates(figures(1, 2), figures(1, 3)) and not _dominates(figures(1, 3), figures(2, 2))
     assert not _dominates(figures(1, 1), figures(1, 1))
+
+
+
+def test_xla_choice_no_worse_than_the_presets_on_both_measures() -> None:
+    """score="xla" returns XLA's best of the compiled plans that send no more bytes than
+    every fitting preset both predicted and compiled, when one does (GPT-2 on 4x2 at
+    Megatron's budget: XLA's best, "searched" here, predicted more than Megatron); else XLA's
+    best; a preset XLA cannot compile (uneven) is compared by its prediction."""
+    from placements2jax.autoplan import CompiledFigures, PlanFigures, _xla_best
+
+    def figures(predicted: float, compiled: float | None, objective: float = 0.0) -> Any:
+        return (PlanFigures(predicted, predicted, 1, 0.0, 1, 0, 0, 0, objective),
+                None if compiled is None else CompiledFigures(compiled, 1, 1))
+
+    plans = {"megatron": figures(42_122, 62_786), "fsdp": figures(57_770, 104_454),
+             "searched": figures(47_690, 59_339), "other": figures(42_000, 60_000), "third": figures(41_000, 61_000)}
+    assert _xla_best(list(plans), plans.__getitem__, ["megatron", "fsdp"]) == "other"
+    assert _xla_best(list(plans), plans.__getitem__, []) == "searched"  # no preset fits: XLA's best
+    plans["other"] = figures(42_000, 63_000)  # above Megatron compiled: "third" is left
+    assert _xla_best(list(plans), plans.__getitem__, ["megatron", "fsdp"]) == "third"
+    plans["third"] = figures(41_000, 63_000)  # now only Megatron is no worse than itself and FSDP
+    assert _xla_best(list(plans), plans.__getitem__, ["megatron", "fsdp"]) == "megatron"
+    plans["megatron"] = figures(42_122, 58_000)  # FSDP compiles to fewer bytes than any: XLA's best
+    plans["fsdp"] = figures(57_770, 50_000)
+    assert _xla_best(list(plans), plans.__getitem__, ["megatron", "fsdp"]) == "fsdp"
+    plans["fsdp"] = figures(57_770, None)  # uneven: compared by its prediction only
+    assert _xla_best(list(plans), plans.__getitem__, ["megatron", "fsdp"]) == "megatron"
+    ties = {"a": figures(1, 5, objective=2.0), "b": figures(1, 5, objective=1.0)}
+    assert _xla_best(["a", "b"], ties.__getitem__, ["a"]) == "b"  # ties: the lower predicted objective
+
+
+def test_finalists_predicted_above_a_preset_compiled_only_when_needed() -> None:
+    """score="xla": a searched finalist predicted to send more than a fitting preset can never
+    be preferred, so it is compiled only when no compiled plan is no worse than every preset
+    on both measures (then XLA's best of all is returned). GPT-2 on 4x2 at Megatron's budget,
+    its figures: Megatron's plan is returned and the two searched finalists are not compiled;
+    with Megatron compiling above FSDP, they are, and XLA's best wins."""
+    from placements2jax.autoplan import CompiledFigures, PlanFigures, _xla_choice
+
+    def figures(nbytes: float, objective: float) -> PlanFigures:
+        return PlanFigures(nbytes, nbytes, 1, 0.0, 1, 0, 0, 0, objective)
+
+    class Evaluator:  # _Evaluator's figures, plans and compiles, as _xla_choice reads them
+        def __init__(self, compiled: dict[str, float]) -> None:
+            self.memo = {("fsdp",): figures(57_770, 59_934), ("megatron",): figures(42_122, 47_468),
+                         ("a",): figures(47_690, 50_170), ("b",): figures(46_154, 51_098)}
+            self.plans = {k: {0: k[0]} for k in self.memo}
+            self.xla, self.compiles = compiled, []
+
+        def key(self, free: dict[int, str]) -> tuple[str]:
+            return (free[0],)
+
+        def start_compile(self, free: dict[int, str]) -> None:
+            pass
+
+        def compile(self, free: dict[int, str]) -> CompiledFigures | None:
+            self.compiles.append(free[0])
+            return None if self.xla[free[0]] is None else CompiledFigures(self.xla[free[0]], 1, 1)
+
+    seeds = {"fsdp": {0: "fsdp"}, "megatron": {0: "megatron"}}
+    shown = {name: figures(1, 1) for name in seeds}  # only their memory (1) is read here
+    xla = {"fsdp": 104_454, "megatron": 62_786, "a": 59_339, "b": 60_000}
+    evaluator = Evaluator(xla)
+    chosen, best, compiled = _xla_choice(evaluator, seeds, shown, {"megatron": None}, memory_budget=10)
+    assert chosen == {0: "megatron"} and best.nbytes == 42_122 and compiled["auto"].nbytes == 62_786
+    assert set(evaluator.compiles) == {"fsdp", "megatron"}
+    evaluator = Evaluator({**xla, "megatron": 110_000})  # no preset is no worse than the other on both
+    chosen, best, compiled = _xla_choice(evaluator, seeds, shown, {"megatron": None}, memory_budget=10)
+    assert chosen == {0: "a"} and compiled["auto"].nbytes == 59_339
+    assert set(evaluator.compiles) == {"fsdp", "megatron", "a", "b"}
+    # FSDP uneven (XLA cannot compile it): still a reference, by its prediction; "a" predicts
+    # above it, "b" does not
+    evaluator = Evaluator({**xla, "fsdp": None})
+    evaluator.memo[("megatron",)] = figures(70_000, 47_468)
+    evaluator.memo[("a",)] = figures(60_000, 50_170)
+    chosen, best, compiled = _xla_choice(evaluator, seeds, shown, {"megatron": None}, memory_budget=10)
+    assert chosen == {0: "b"} and "fsdp" not in compiled
