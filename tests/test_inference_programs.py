@@ -635,13 +635,15 @@ def test_apply_runs_the_llama_loss_like_plain_jax(mesh: Any) -> None:
 # Since value moves are also tried without cascading (a bias gradient sums its activation gradient as the matmuls
 # take it, all-reduced over tp, and is then dp-partial only, as XLA does): GPT-2 value_and_grad / adamw 0.90 / 1.02
 # with 47 / 60 -> 0.83 / 0.98 with 46 / 55 (combined 32 / 36 -> 31 / 35), Llama value_and_grad 65 -> 63 (49 -> 47).
+# Since cost ties order the outputs' splits as torch lists its strategies (issue 16): Llama adamw step 1.036 -> 0.96
+# with 111 -> 102 operands (combined 95 -> 86; XLA 96 operands, 48 compiled).
 _REACHED = {
     ("gpt2", "loss"): (0.86, -2),
     ("gpt2", "value_and_grad"): (0.84, -5),
     ("gpt2", "adamw step"): (0.98, -3),
     ("llama", "loss"): (0.79, -6),
     ("llama", "value_and_grad"): (0.69, -2),
-    ("llama", "adamw step"): (1.07, 19),
+    ("llama", "adamw step"): (0.99, 10),
 }
 _FLOOR = {("gpt2", "loss"): 0.85}
 
@@ -664,7 +666,7 @@ _COMBINED_REACHED = {
     ("gpt2", "adamw step"): 12,
     ("llama", "loss"): -6,
     ("llama", "value_and_grad"): 10,
-    ("llama", "adamw step"): 51,
+    ("llama", "adamw step"): 42,
 }
 
 

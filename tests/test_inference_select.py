@@ -252,22 +252,32 @@ def test_a_partial_made_from_a_sharded_input_is_charged_its_reduction() -> None:
     assert texts(infer_signature("add", [p, 1.0]).out_layouts) == ["P"]
 
 
-def test_an_equal_cost_tie_keeps_the_earlier_input_s_split() -> None:
-    """S(1) + S(0) on (8,): one all-to-all of either input costs the same (56 B). Ours keeps
-    the earlier input's split (the ranking's "keep earlier inputs unchanged"); torch takes
-    its first least-cost strategy, Shard(0)'s, and moves the first input instead
-    (docs/inference.md, "Why the ties stay"). Pinned: our choice, and its bytes equal
-    to torch's choice's. S(0) + S(1) gives S(0) both ways."""
+def test_equal_cost_ties_take_torch_s_order() -> None:
+    """S(1) + S(0) on (8,): one all-to-all of either input costs the same (56 B). Torch takes
+    its first least-cost strategy, Shard(0)'s (its elementwise strategies are listed per
+    output layout, Replicate, then Shard(0), Shard(1), ...), and moves the first input; so
+    does ours: cost ties order the outputs' splits mesh dim by mesh dim, lower tensor dims
+    first, before keeping earlier inputs (docs/inference.md, section 10). S(0) + S(1) gives
+    S(0) both ways. P * P keeps a partial at the bytes of reduce-scattering both (as torch,
+    whose latency term prefers one all-reduce to two reduce-scatters): an output not split
+    on a mesh dim ranks before one split there."""
     mesh = init_device_mesh((8,), ("x",))
     s1, s0 = ((8, 16), F32, L(mesh, "S(1)")), ((8, 16), F32, L(mesh, "S(0)"))
-    ours = infer_signature("add", [s1, s0])
-    assert texts(ours.in_layouts) == ["S(1)", "S(1)"] and texts(ours.out_layouts) == ["S(1)"]
-    assert ours.chosen.redistributed == (False, True) and ours.chosen.pending == 0
-    torch_s = next(c for c in ours.candidates if texts(c.out_layouts) == ["S(0)"])
-    assert texts(torch_s.in_layouts) == ["S(0)", "S(0)"] and torch_s.pending == 0
-    assert ours.cost == torch_s.cost == 56
-    swapped = infer_signature("add", [s0, s1])
-    assert texts(swapped.out_layouts) == ["S(0)"] and swapped.cost == 56
+    for op in ("add", "mul"):
+        ours = infer_signature(op, [s1, s0])
+        assert texts(ours.in_layouts) == ["S(0)", "S(0)"] and texts(ours.out_layouts) == ["S(0)"]
+        assert ours.chosen.redistributed == (True, False) and ours.chosen.pending == 0
+        kept = next(c for c in ours.candidates if texts(c.out_layouts) == ["S(1)"])
+        assert texts(kept.in_layouts) == ["S(1)", "S(1)"] and kept.redistributed == (False, True)
+        assert ours.cost == kept.cost == 56 and kept.pending == 0
+        swapped = infer_signature(op, [s0, s1])
+        assert texts(swapped.out_layouts) == ["S(0)"] and swapped.chosen.redistributed == (False, True)
+        assert swapped.cost == 56
+    p = ((8, 16), F32, L(mesh, "P"))
+    product = infer_signature("mul", [p, p])
+    assert texts(product.in_layouts) == ["P", "R"] and texts(product.out_layouts) == ["P"]
+    split = next(c for c in product.candidates if texts(c.out_layouts) == ["S(0)"])
+    assert product.cost == split.cost + split.pending == 896  # one all-reduce, or two reduce-scatters
 
 
 @pytest.mark.parametrize(
@@ -297,7 +307,10 @@ def test_a_partial_kept_while_a_split_is_given_up_is_charged_its_reduction() -> 
     """P * S(0) on (8,): all-gathering S(0) to carry P on (448 B) leaves the product's
     reduction owed (>= 448 B more); reduce-scattering P into S(0) (448 B) leaves nothing
     owed, as torch does. On 4 x 2, (R,S(0)) @ (P,P) keeping P,P (gathering the row split,
-    torch's choice) owes the reductions: the reduced weight is strictly cheaper."""
+    torch's choice) owes the reduction over tp, where the split is given up: all-reducing
+    the weight over tp instead is strictly cheaper (its dp partial continues, owed before
+    the op, as in P * R; reduce-scattering it over dp too, to S(1),R, costs the same and
+    ranks after: an output not split on a mesh dim ranks first on a cost tie)."""
     mesh = init_device_mesh((8,), ("x",))
     p, s = ((8, 16), F32, L(mesh, "P")), ((8, 16), F32, L(mesh, "S(0)"))
     signature = infer_signature("mul", [p, s])
@@ -308,8 +321,11 @@ def test_a_partial_kept_while_a_split_is_given_up_is_charged_its_reduction() -> 
     x, w = ((1024, 2048), F32, L(mesh2, "R,S(0)")), ((2048, 512), F32, L(mesh2, "P,P"))
     ours = infer_signature("matmul", [x, w])
     torch_s = next(c for c in ours.candidates if texts(c.in_layouts) == ["R,R", "P,P"])  # search="torch"'s choice
-    assert texts(torch_s.out_layouts) == ["P,P"] and texts(ours.out_layouts) == ["S(1),S(0)"]
+    assert texts(torch_s.out_layouts) == ["P,P"] and texts(ours.in_layouts) == ["R,S(0)", "P,R"]
+    assert texts(ours.out_layouts) == ["P,S(0)"]
     assert ours.cost == torch_s.cost == 4194304 and ours.chosen.pending == 0 < torch_s.pending
+    reduced = next(c for c in ours.candidates if texts(c.out_layouts) == ["S(1),S(0)"])
+    assert reduced.cost == ours.cost and reduced.pending == 0
 
 
 def test_the_program_search_walks_without_charging_a_gathered_split() -> None:

@@ -14,10 +14,12 @@
    first (OneFlow's order value), then lower cost (the planner's cost of every input's
    redistribution) plus the pending reduction of partials the op creates
    (:func:`pending_reduction`), then layouts split in mesh order (what torch writes
-   without ``_StridedShard``), then keeping earlier inputs unchanged, then smaller
-   per-device output blocks, then a structural key of the layouts (splits of lower dims,
-   then Replicate, then Partial): a total order, so the result never depends on the
-   order candidates were generated in.
+   without ``_StridedShard``), then the outputs' splits, mesh dim by mesh dim: not split
+   there (Replicate or Partial) first, then splits of lower tensor dims (torch's order
+   among its equal-cost strategies: ``S(1) + S(0)`` gives ``S(0)``, as torch), then
+   keeping earlier inputs unchanged, then smaller per-device output blocks, then a
+   structural key of the layouts (splits of lower dims, then Replicate, then Partial): a
+   total order, so the result never depends on the order candidates were generated in.
 
 Candidates running on the inputs as given rank first, so when there are any,
 :func:`infer_signature` chooses among them alone (built from the 1-D signatures matching
@@ -72,6 +74,7 @@ from .signature import (
     is_tensor_leaf,
     layout_rank_key,
     placement_on,
+    split_dims_key,
     split_out_of_mesh_order,
 )
 
@@ -423,8 +426,8 @@ class _RankKeys:
         self.specs, self.out_avals, self.cost_model, self.gathered = specs, out_avals, cost_model, gathered
         # per input, per layout: (plan cost, its float, strided, layout key, moved)
         self.costs: tuple[dict[Layout, tuple[Fraction, float, bool, Any, bool]], ...] = tuple({} for _ in specs)
-        # per output, per layout: (block bytes, strided, layout key)
-        self.out_bytes: tuple[dict[Layout, tuple[int, bool, Any]], ...] = tuple({} for _ in out_avals)
+        # per output, per layout: (block bytes, strided, layout key, split dims)
+        self.out_bytes: tuple[dict[Layout, tuple[int, bool, Any, Any]], ...] = tuple({} for _ in out_avals)
         self.pendings: dict[tuple[tuple[Layout, ...], frozenset[int]], Fraction] = {}
         # per input, per layout: (partial mesh dims kept, splits given up), None where neither
         self.partials: tuple[dict[Layout, tuple[frozenset[int], frozenset[int]] | None], ...] = tuple(
@@ -481,16 +484,18 @@ class _RankKeys:
             layout_key.append(parts[3])
             redistributed.append(parts[4])
         out_bytes = 0
+        out_splits = []
         for aval, layout, table in zip(self.out_avals, candidate.out_layouts, self.out_bytes):
             parts = table.get(layout)
             if parts is None:
                 parts = table[layout] = (
                     block_bytes(aval.shape, aval.dtype.itemsize, layout.dim_axes, layout.mesh.shape),
-                    split_out_of_mesh_order(layout), layout_rank_key(layout),
+                    split_out_of_mesh_order(layout), layout_rank_key(layout), split_dims_key(layout),
                 )
             out_bytes += parts[0]
             strided += parts[1]
             layout_key.append(parts[2])
+            out_splits.append(parts[3])
         if cost is None:
             cost = _ZERO
         moved = tuple(redistributed)
@@ -504,9 +509,9 @@ class _RankKeys:
         else:
             total = cost
         # (float, exact): the same order as the exact total alone (rounding is monotone; equal
-        # floats fall back to the Fractions), compared faster; Candidate.strided and .layout_key
-        # from parts per (tensor, layout)
-        return (True in moved, (cost_float, total), strided, moved, out_bytes, tuple(layout_key))
+        # floats fall back to the Fractions), compared faster; Candidate.strided, .out_splits and
+        # .layout_key from parts per (tensor, layout)
+        return (True in moved, (cost_float, total), strided, tuple(out_splits), moved, out_bytes, tuple(layout_key))
 
 
 _ZERO = Fraction(0)

@@ -568,14 +568,21 @@ class Candidate(_ByValue):
         ``_StridedShard``): cost ties prefer fewer."""
         return sum(split_out_of_mesh_order(x) for x in self.in_layouts + self.out_layouts)
 
+    @property
+    def out_splits(self) -> tuple[tuple[int, ...], ...]:
+        """Per output, :func:`split_dims_key`: cost ties prefer, mesh dim by mesh dim, an
+        output not split there, then splits of lower tensor dims (torch's order)."""
+        return tuple(split_dims_key(layout) for layout in self.out_layouts)
+
     def rank_key(self) -> tuple[Any, ...]:
         """The selection order (see docs/inference.md): candidates needing no
         redistribution of any input first (OneFlow's order value), then lower cost plus
         pending reductions, then layouts split in mesh order (fewer ``strided``), then
-        keeping earlier inputs unchanged, then smaller output blocks, then layout_key."""
+        ``out_splits``, then keeping earlier inputs unchanged, then smaller output blocks,
+        then layout_key."""
         return (
-            any(self.redistributed), self.cost + self.pending, self.strided, self.redistributed, self.out_bytes,
-            self.layout_key,
+            any(self.redistributed), self.cost + self.pending, self.strided, self.out_splits, self.redistributed,
+            self.out_bytes, self.layout_key,
         )
 
     def __str__(self) -> str:
@@ -613,6 +620,17 @@ def layout_rank_key(layout: Layout) -> tuple[Any, ...]:
     return key
 
 
+def split_dims_key(layout: Layout) -> tuple[int, ...]:
+    """Per mesh dim, the tensor dim ``layout`` splits there, -1 where it splits none
+    (Replicate or Partial): one output's part of :attr:`Candidate.out_splits`, the tie-break
+    giving torch's choice where its strategies tie (docs/inference.md, section 10)."""
+    key = _SPLIT_DIMS.get(layout)
+    if key is None:
+        key = tuple(-1 if (d := layout.mesh_dim_split(m)) is None else d for m in range(layout.mesh.ndim))
+        _SPLIT_DIMS.remember(layout, key)
+    return key
+
+
 def split_out_of_mesh_order(layout: Layout) -> bool:
     """Does ``layout`` split a dim over mesh dims out of mesh order (one of
     :attr:`Candidate.strided`)?"""
@@ -623,10 +641,11 @@ def split_out_of_mesh_order(layout: Layout) -> bool:
     return strided
 
 
-# Per interned layout: its rank key and whether it is strided (ranking reads them for
-# every candidate; layouts recur across candidates and ops).
+# Per interned layout: its rank key, whether it is strided and its split dims (ranking reads
+# them for every candidate; layouts recur across candidates and ops).
 _LAYOUT_KEYS = Memo(65536)
 _STRIDED = Memo(65536)
+_SPLIT_DIMS = Memo(65536)
 
 
 @dataclass(frozen=True, init=False, eq=False)
