@@ -15,8 +15,15 @@ to each distinct layout its consumers need (consumers needing the same one share
 compiled program computes it once), and every output of the function what it still
 owes: the pending reduction of its partial mesh dims (:func:`.select.pending_reduction`,
 a reduce-scatter each) or, for an output with a fixed layout, the plan to that layout.
-Costs compare as (cost, number of collectives): among equally cheap programs, fewer
-collectives. The function's inputs keep their layouts; literals and constants are
+Every collective also costs a fixed overhead (``_OVERHEAD`` bytes, a latency, as in torch's
+latency + bandwidth cost model): a plan with more collectives must save more bytes than that
+per extra collective (a (32,) bias gradient partial over ``dp`` and ``tp`` all-reduced per
+mesh axis, 2 collectives, rather than reduce-scattered, all-reduced and all-gathered, 3
+collectives for 32 B less; with it GPT-2's value_and_grad / adamw step went 46 / 55 -> 45 / 42
+collectives against XLA's 51 / 58, Equinox's 64 / 60 -> 55 / 49 against 50 / 50 and 1.17 /
+1.13 -> 1.01 / 1.09x XLA's bytes, Llama's adamw step 111 -> 105 against 96). Costs then
+compare as (cost, number of collectives): among equally cheap programs, fewer collectives.
+The kept result never sends more bytes than eager dispatch (the overhead left out). The function's inputs keep their layouts; literals and constants are
 Replicate. Moves are priced as the mesh's backend compiles them (:func:`_reduction_scale`):
 CPU XLA forms no reduce-scatter, it all-reduces the whole block and slices it, so there a
 planned move is priced by its collectives (:func:`.plan.plan_collectives`) with each
@@ -242,8 +249,13 @@ def _finish(
     cost = search.total(found)
     if cost < best and cost[1] <= best[1]:
         chosen = found
-    if planned.total(chosen) > planned.total(eager):
-        chosen = by_planner  # never more than eager dispatch, priced by the planner (as the prediction is)
+    # never more bytes than eager dispatch, priced by the planner (as the prediction is): the overhead per
+    # collective trades bytes for fewer collectives, never beyond eager's bytes
+    limit = _nbytes(planned.total(eager))
+    for fallback in (by_planner, eager):
+        if _nbytes(planned.total(chosen)) <= limit:
+            break
+        chosen = fallback
     return chosen
 
 
@@ -295,11 +307,22 @@ _KINDS = (_VALUE, _REDUCING, _PULL)  # the moves whose first item names their ki
 _PULL_DEPTH = 12  # producers re-chosen upstream at most by one pull move
 State = tuple[Any, ...]  # a layout's (dim_axes, partial[, split_factors]) on the one mesh
 AvalKey = tuple[tuple[int, ...], np.dtype]
-# (weighted bytes, collectives), compared lexicographically: among equally cheap choices
-# the one with fewer collectives. Floats for speed (exact for the usual dyadic byte counts;
-# the order of summation is fixed, so results are deterministic).
+# (weighted bytes plus _OVERHEAD per collective, collectives), compared lexicographically: among equally cheap
+# choices the one with fewer collectives. Floats for speed (exact for the usual dyadic byte counts; the order of
+# summation is fixed, so results are deterministic).
 Cost = tuple[float, float]
 _ZERO: Cost = (0.0, 0.0)
+# What the objective charges per collective on top of its bytes: a latency in bytes, so that a plan with fewer
+# collectives wins unless the other saves more bytes than that per extra collective (module docstring). Measured
+# on the training steps of tests/test_inference_programs.py and test_frameworks.py (Megatron dp=2 x tp=4), from
+# 0 to 768: 192 gave the fewest collectives with bytes nearest XLA's on all of them; 768 trades too many bytes
+# (Equinox's adamw step 1.09 -> 1.33x XLA's bytes).
+_OVERHEAD = 192.0
+
+
+def _nbytes(cost: Cost) -> float:
+    """The bytes of a cost (its objective without the collectives' overhead)."""
+    return cost[0] - _OVERHEAD * cost[1]
 Evaluation = tuple[Cost, dict[str, int], set[str]]  # a move's (delta, changes, depends), see _Search.evaluate
 
 
@@ -440,11 +463,11 @@ class _Search:
         if cost is None:
             if self.reduction_scale == 1.0:
                 nbytes, steps = plan_cost(aval[0], aval[1], src, dst, self.mesh_shape, self.weights)
-                cost = self.costs[key] = (float(nbytes), float(steps))
+                cost = self.costs[key] = (float(nbytes) + _OVERHEAD * steps, float(steps))
             else:  # as the backend compiles the plan: its reduce-scatters as all-reduces
                 collectives = plan_collectives(aval[0], aval[1], src, dst, self.mesh_shape, self.weights)
                 scaled = sum(float(c) * (self.reduction_scale if kind == REDUCE_SCATTER else 1.0) for kind, c in collectives)
-                cost = self.costs[key] = (scaled, float(len(collectives)))
+                cost = self.costs[key] = (scaled + _OVERHEAD * len(collectives), float(len(collectives)))
         return cost
 
     def charge(self, value: ValueId, aval: AvalKey, state: State) -> Cost:
@@ -459,7 +482,7 @@ class _Search:
                 if target is None:
                     layout = self.layouts[state]
                     owed = pending_reduction((Aval(*aval),), (layout,), set(), self.cost_model)
-                    nbytes += self.reduction_scale * float(owed)
+                    nbytes += self.reduction_scale * float(owed) + _OVERHEAD * len(layout.partial_axes)
                     steps += len(layout.partial_axes)
                 else:
                     owed = self.cost(aval, state, target)
