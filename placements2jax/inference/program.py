@@ -260,7 +260,7 @@ def _finish(
         chosen = found
     # never more bytes than eager dispatch, priced by the planner (as the prediction is; eager's own routes, without
     # the overhead): the overhead per collective trades bytes for fewer collectives, never beyond eager's bytes
-    limit = _Search(planned.graph, planned.cost_model, planned.targets, compiled=False, overhead=0).total(eager)[0]
+    limit = planned.eager_bytes(eager)
     for fallback in (by_planner, eager):
         if planned.nbytes(planned.total(chosen)) <= limit:
             break
@@ -358,6 +358,7 @@ class _Search:
         self.cost_model = cost_model
         self.targets = targets
         self.overhead = overhead  # bytes charged per collective (OVERHEAD), in the objective and the routes
+        self._eager_bytes: float | None = None  # eager_bytes(), found once
         self.layouts: dict[State, Layout] = {}
         self.mesh_shape = graph.mesh.shape
         self.weights = cost_model.weights(graph.mesh)
@@ -481,6 +482,14 @@ class _Search:
     def nbytes(self, cost: Cost) -> float:
         """The bytes of a cost: the objective without the collectives' overhead."""
         return cost[0] - self.overhead * cost[1]
+
+    def eager_bytes(self, eager: Choice) -> float:
+        """The bytes of eager dispatch's choice by the planner's prices and eager's own
+        routes (without the overhead: what ``predict(search="eager")`` reports); found once."""
+        if self._eager_bytes is None:
+            plain = _Search(self.graph, self.cost_model, self.targets, compiled=False, overhead=0)
+            self._eager_bytes = plain.total(eager)[0]
+        return self._eager_bytes
 
     def charge(self, value: ValueId, aval: AvalKey, state: State) -> Cost:
         """What an output of the function still owes in layout ``state``."""
