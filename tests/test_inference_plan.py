@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from placements2jax import Layout, RedistributeError, init_device_mesh
 from placements2jax.inference import CostModel, plan_redistribute
-from placements2jax.inference.cost import block_bytes, collective_bytes
-from placements2jax.inference.plan import layout_state, plan_collectives, plan_cost
+from placements2jax.inference.cost import block_bytes, collective_bytes, resolve_cost_model
+from placements2jax.inference.plan import cached_plan, layout_state, plan_collectives, plan_cost
+from placements2jax.inference.program import OVERHEAD
 from placements2jax.inference.signature import placement_on
 from placements2jax.layout import iter_layouts
 
@@ -68,6 +69,24 @@ def test_nested_split_beats_going_through_replicate(mesh22: Any) -> None:
     slow = plan_redistribute((8, 8), F32, src, dst, CostModel({"b": 10}))
     assert [(s[0], s[3]) for s in steps(slow)] == [("b", "all-gather"), ("a", "all-gather"), ("b", "local-slice")]
     assert slow.cost == 10 * Fraction(T, 4) + Fraction(T, 2)
+
+
+def test_an_overhead_per_collective_prefers_fewer_collectives() -> None:
+    """A bias gradient partial over both mesh axes: by bytes alone reduce-scattered over dp,
+    all-reduced over tp on the half and all-gathered (1.75 T, 3 collectives); with the
+    program search's overhead per collective (program.OVERHEAD) all-reduced per axis (2.5 T,
+    2 collectives), and the costs stay the bytes. A large tensor keeps the byte-cheaper route."""
+    mesh = init_device_mesh((2, 4), ("dp", "tp"))
+    L = Layout.from_device_mesh(mesh)
+    src, dst = L("P,P").bind(1), L("R,R").bind(1)
+    kinds = [s.collective for s in cached_plan((32,), np.dtype(np.float32), src, dst, resolve_cost_model(None)).steps]
+    assert kinds == ["reduce-scatter", "all-reduce", "all-gather"]
+    routed = cached_plan((32,), np.dtype(np.float32), src, dst, resolve_cost_model(None), OVERHEAD)
+    assert steps(routed) == [("dp", "P", "R", "all-reduce", 128), ("tp", "P", "R", "all-reduce", 192)]
+    assert plan_cost((32,), np.dtype(np.float32), layout_state(src), layout_state(dst), mesh.shape,
+                     (Fraction(1), Fraction(1)), OVERHEAD) == (320, 2)
+    large = cached_plan((4096,), np.dtype(np.float32), src, dst, resolve_cost_model(None), OVERHEAD)
+    assert [s.collective for s in large.steps] == ["reduce-scatter", "all-reduce", "all-gather"]
 
 
 def test_partial_shared_by_source_and_destination_is_kept(mesh22: Any) -> None:

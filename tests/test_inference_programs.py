@@ -637,13 +637,19 @@ def test_apply_runs_the_llama_loss_like_plain_jax(mesh: Any) -> None:
 # with 47 / 60 -> 0.83 / 0.98 with 46 / 55 (combined 32 / 36 -> 31 / 35), Llama value_and_grad 65 -> 63 (49 -> 47).
 # Since cost ties order the outputs' splits as torch lists its strategies (issue 16): Llama adamw step 1.036 -> 0.96
 # with 111 -> 102 operands (combined 95 -> 86; XLA 96 operands, 48 compiled).
+# Since the search charges each collective a fixed overhead in bytes and routes its moves with it (program.py's
+# OVERHEAD: fewer collectives unless the bytes saved exceed it; bias gradients all-reduced per mesh axis instead of
+# reduce-scattered, all-reduced and all-gathered): GPT-2 value_and_grad / adamw 0.83 / 0.98 with 46 / 55 -> 0.96 /
+# 0.93 with 42 / 43 (now within 0.9-1.1x XLA's bytes and below XLA's collectives; combined 31 / 35 -> 28 / 22),
+# Llama value_and_grad / adamw 0.686 / 1.04 with 63 / 111 -> 0.690 / 1.02 with 56 / 105 (combined 47 / 95 -> 38 /
+# 89). Both together: Llama adamw 0.96 with 98 operands (combined 82; XLA 96 operands, 48 compiled).
 _REACHED = {
     ("gpt2", "loss"): (0.86, -2),
-    ("gpt2", "value_and_grad"): (0.84, -5),
-    ("gpt2", "adamw step"): (0.98, -3),
+    ("gpt2", "value_and_grad"): (0.97, -9),
+    ("gpt2", "adamw step"): (0.93, -15),
     ("llama", "loss"): (0.79, -6),
-    ("llama", "value_and_grad"): (0.69, -2),
-    ("llama", "adamw step"): (0.99, 10),
+    ("llama", "value_and_grad"): (0.70, -9),
+    ("llama", "adamw step"): (0.97, 2),
 }
 _FLOOR = {("gpt2", "loss"): 0.85}
 
@@ -662,11 +668,11 @@ def _below_floor(report: Any) -> bool:
 # operands 102 -> 100, but trade all-reduces (which CPU XLA combines) for all-gathers (which it does not).
 _COMBINED_REACHED = {
     ("gpt2", "loss"): -2,
-    ("gpt2", "value_and_grad"): 9,
-    ("gpt2", "adamw step"): 12,
+    ("gpt2", "value_and_grad"): 6,
+    ("gpt2", "adamw step"): -1,
     ("llama", "loss"): -6,
-    ("llama", "value_and_grad"): 10,
-    ("llama", "adamw step"): 42,
+    ("llama", "value_and_grad"): 1,
+    ("llama", "adamw step"): 34,
 }
 
 

@@ -53,7 +53,7 @@ from .cost import CostModel, CostModelLike, resolve_cost_model
 from .frameworks import bind
 from .ops import primitive_definition, registered_function
 from .plan import cached_plan
-from .program import ProgramGraph, ProgramNode, ValueId, forced_signature, select_program
+from .program import OVERHEAD, ProgramGraph, ProgramNode, ValueId, forced_signature, select_program
 from .select import pending_reduction, signature_for
 from .signature import (
     Aval,
@@ -679,9 +679,11 @@ class _Walker:
         out_layouts: Sequence[Layout],
     ) -> Signature:
         """The one signature of an op whose layouts are fixed: plans of its inputs to
-        ``in_layouts``, outputs ``out_layouts``."""
+        ``in_layouts``, outputs ``out_layouts`` (routed as the program search prices them
+        when walking its choice: :data:`.program.OVERHEAD` per collective)."""
         return _fixed_signature(
-            op, tuple(ins), tuple(in_layouts), tuple(out_avals), tuple(out_layouts), self.mesh, self.cost_model
+            op, tuple(ins), tuple(in_layouts), tuple(out_avals), tuple(out_layouts), self.mesh, self.cost_model,
+            OVERHEAD if self.choices else 0,
         )
 
     def _node(self, node: ProgramNode) -> None:
@@ -1045,11 +1047,12 @@ class _Walker:
 @cached(maxsize=1024)
 def _fixed_signature(
     op: str, ins: tuple[TensorSpec, ...], in_layouts: tuple[Layout, ...], out_avals: tuple[Aval, ...],
-    out_layouts: tuple[Layout, ...], mesh: DeviceMesh, cost_model: CostModel,
+    out_layouts: tuple[Layout, ...], mesh: DeviceMesh, cost_model: CostModel, overhead: int = 0,
 ) -> Signature:
     """The one signature of an op whose layouts are fixed (cached, as every signature is:
-    the program search keys its cache on the signatures' identities)."""
-    plans = tuple(cached_plan(s.shape, s.dtype, s.layout, t, cost_model) for s, t in zip(ins, in_layouts))
+    the program search keys its cache on the signatures' identities); ``overhead``: as
+    :func:`.plan.cached_plan`'s."""
+    plans = tuple(cached_plan(s.shape, s.dtype, s.layout, t, cost_model, overhead) for s, t in zip(ins, in_layouts))
     candidate = Candidate(in_layouts, out_layouts, plans, (), tuple(range(mesh.ndim)), out_avals)
     return Signature(op, ins, (candidate,))
 

@@ -122,7 +122,11 @@ def layout_state(layout: Layout) -> State:
 
 
 @cached(maxsize=8192)
-def cached_plan(shape: tuple[int, ...], dtype: np.dtype, src: Layout, dst: Layout, cost_model: Any) -> RedistributePlan:
+def cached_plan(
+    shape: tuple[int, ...], dtype: np.dtype, src: Layout, dst: Layout, cost_model: Any, overhead: int = 0
+) -> RedistributePlan:
+    """:func:`plan_redistribute`'s plan; ``overhead``: bytes each communicating step also
+    costs when choosing the route (see :class:`_Dijkstra`), none by default."""
     mesh = src.mesh
     weights = cost_model.weights(mesh)
     steps: list[RedistributeStep] = []
@@ -143,7 +147,7 @@ def cached_plan(shape: tuple[int, ...], dtype: np.dtype, src: Layout, dst: Layou
         kept_split = None
     kept = tuple(op if op and src.partial[m] == op else None for m, op in enumerate(dst.partial))
     target: State = (target_axes, kept)
-    search = _search(shape, dtype.itemsize, mesh.shape, weights, src_state)
+    search = _search(shape, dtype.itemsize, mesh.shape, weights, src_state, overhead)
     moves = search.path_to(target)
     state = src_state
     for move in moves:
@@ -210,20 +214,21 @@ def _strided_parts(
 @cached(maxsize=65536)
 def plan_cost(
     shape: tuple[int, ...], dtype: np.dtype, src: State, dst: State, mesh_shape: tuple[int, ...],
-    weights: tuple[Fraction, ...],
+    weights: tuple[Fraction, ...], overhead: int = 0,
 ) -> tuple[Fraction, int]:
     """The cost of the plan from layout state ``src`` to ``dst`` (``(dim_axes, partial)``
     on a mesh of ``mesh_shape`` with per-dim ``weights``) and how many of its steps
     communicate: what :func:`plan_redistribute` gives, without building the plan (for
-    searches that compare many layouts; cached)."""
+    searches that compare many layouts; cached). ``overhead``: as :func:`cached_plan`'s
+    (the route chosen with it; the cost returned is its bytes times the weights alone)."""
     kept = tuple(op if op and src[1][m] == op else None for m, op in enumerate(dst[1]))
     if len(src) > 2 or len(dst) > 2:  # strided: the route's own steps around the plain search
         before, first, last, after = _strided_parts(shape, dtype.itemsize, src, dst, mesh_shape)
         extra = [(m, nbytes) for m, _, nbytes, _ in before + after]
-        cost, steps = plan_cost(shape, dtype, (first[0], src[1]), (last[0], dst[1]), mesh_shape, weights)
+        cost, steps = plan_cost(shape, dtype, (first[0], src[1]), (last[0], dst[1]), mesh_shape, weights, overhead)
         cost += sum((nbytes * Fraction(weights[m]) for m, nbytes in extra), Fraction(0))
         return cost, steps + sum(1 for _, nbytes in extra if nbytes)
-    search = _search(shape, dtype.itemsize, mesh_shape, weights, src)
+    search = _search(shape, dtype.itemsize, mesh_shape, weights, src, overhead)
     moves = search.path_to((dst[0], kept))
     cost = sum(m.scaled * search.weights[m.mesh_dim] for m in moves)
     return Fraction(cost, search.unit * search.weight_unit), sum(1 for m in moves if m.scaled)
@@ -232,7 +237,7 @@ def plan_cost(
 @cached(maxsize=65536)
 def plan_collectives(
     shape: tuple[int, ...], dtype: np.dtype, src: State, dst: State, mesh_shape: tuple[int, ...],
-    weights: tuple[Fraction, ...],
+    weights: tuple[Fraction, ...], overhead: int = 0,
 ) -> tuple[tuple[str, Fraction], ...]:
     """The communicating steps of the plan :func:`plan_cost` prices, in order, each as
     ``(collective, cost)`` (bytes times its mesh dim's weight; they add up to
@@ -240,12 +245,12 @@ def plan_collectives(
     as a backend compiles them (CPU XLA: a reduce-scatter is an all-reduce)."""
     if len(src) > 2 or len(dst) > 2:  # strided: the route's own steps around the plain search
         before, first, last, after = _strided_parts(shape, dtype.itemsize, src, dst, mesh_shape)
-        middle = plan_collectives(shape, dtype, (first[0], src[1]), (last[0], dst[1]), mesh_shape, weights)
+        middle = plan_collectives(shape, dtype, (first[0], src[1]), (last[0], dst[1]), mesh_shape, weights, overhead)
         head = tuple((kind, nbytes * Fraction(weights[m])) for m, kind, nbytes, _ in before if nbytes)
         tail = tuple((kind, nbytes * Fraction(weights[m])) for m, kind, nbytes, _ in after if nbytes)
         return head + middle + tail
     kept = tuple(op if op and src[1][m] == op else None for m, op in enumerate(dst[1]))
-    search = _search(shape, dtype.itemsize, mesh_shape, weights, src)
+    search = _search(shape, dtype.itemsize, mesh_shape, weights, src, overhead)
     scale = search.unit * search.weight_unit
     return tuple(
         (m.collective, Fraction(m.scaled * search.weights[m.mesh_dim], scale))
@@ -352,13 +357,19 @@ def _step(
 
 @cached(maxsize=1024)
 def _search(
-    shape: tuple[int, ...], itemsize: int, mesh_shape: tuple[int, ...], weights: tuple[Fraction, ...], src: State
+    shape: tuple[int, ...], itemsize: int, mesh_shape: tuple[int, ...], weights: tuple[Fraction, ...], src: State,
+    overhead: int = 0,
 ) -> _Dijkstra:
-    return _Dijkstra(shape, itemsize, mesh_shape, weights, src)
+    return _Dijkstra(shape, itemsize, mesh_shape, weights, src, overhead)
 
 
 class _Dijkstra:
     """Single-source shortest paths over layouts, settled lazily up to each target.
+
+    ``overhead``: bytes every communicating step also costs in the path keys (a latency: a
+    route with fewer collectives unless the other saves more bytes than that per extra
+    collective; the program search's, :mod:`.program`), none by default. :meth:`cost_within`
+    needs it 0 (its bound is on the keys).
 
     Path keys are ``(cost, steps, sequence of move keys)``: extending two paths by the same
     move keeps their order, so Dijkstra finds the least key, which is the documented order.
@@ -375,6 +386,7 @@ class _Dijkstra:
         mesh_shape: tuple[int, ...],
         weights: tuple[Fraction, ...],
         src: State,
+        overhead: int = 0,
     ) -> None:
         self._src = src
         self._shape = shape
@@ -383,6 +395,7 @@ class _Dijkstra:
         self.unit = math.lcm(*(n * n for n in mesh_shape))
         self.weight_unit = math.lcm(*(Fraction(w).denominator for w in weights))
         self.weights = tuple(int(Fraction(w) * self.weight_unit) for w in weights)
+        self.overhead = overhead * self.unit * self.weight_unit
         self._factors = tuple(
             {kind: int(collective_bytes(kind, self.unit, n)) for kind in (ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER, ALL_REDUCE)}
             for n in mesh_shape
@@ -427,7 +440,8 @@ class _Dijkstra:
             for move in _moves(state, self._shape, self._itemsize, self._mesh_shape, self._factors):
                 if move.state in self._settled:
                     continue
-                key = (cost + move.scaled * weights[move.mesh_dim], steps + 1, path + (move.key,))
+                added = move.scaled * weights[move.mesh_dim] + (self.overhead if move.scaled else 0)
+                key = (cost + added, steps + 1, path + (move.key,))
                 known = self._best.get(move.state)
                 if known is None or key < known[0]:
                     self._best[move.state] = (key, state, move)
