@@ -380,8 +380,9 @@ class _Search:
         self.costs: dict[tuple[AvalKey, State, State], Cost] = {}
         self.charges: dict[tuple[ValueId, State], Cost] = {}
         self.pendings: dict[tuple[AvalKey, State, frozenset[int]], float] = {}
-        self.greedy_choices: dict[tuple[str, tuple[State, ...], bool], int] = {}
+        self.pending_charges: dict[tuple[str, int, frozenset[int]], float] = {}  # pending() per candidate
         self.position = {node.path: p for p, node in enumerate(graph.nodes)}
+        self.paths = [node.path for node in graph.nodes]  # by position
         # Neighbour tables, so that the hot loops loop over no consumers:
         # per node, the values around() prices (each input's source or literal, then each output), what
         # cascade() adds to its depends (the consumers of each source, the producer, the consumers of each
@@ -418,7 +419,8 @@ class _Search:
             path: tuple(j for j in range(len(self.out_avals[path])) if (path, j) in self.owed) for path in self.position
         }
         # greedy() per node and its producers' choices (how its inputs not fixed arrive): found before the
-        # arriving states are built and hashed
+        # arriving states are built (a memo by arriving states too found 2% more on GPT-2's adamw step, for
+        # the cost of building and hashing them at every miss)
         self.producers = {
             node.path: tuple(src[0] for src, fixed in zip(node.sources, self.fixed[node.path]) if fixed is None)
             for node in graph.nodes
@@ -497,29 +499,35 @@ class _Search:
         if known is not None:
             return known
         arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
-        known = self.greedy_choices.get((path, arriving, reducing))
-        if known is not None:
-            self.greedy_by_producers[by_producers] = known
-            return known
         given = frozenset() if reducing else frozenset(m for state in arriving for m, op in enumerate(state[1]) if op)
         exact = [k for k, needs in enumerate(self.ins[path]) if needs == arriving]
         if exact:  # no plan to cost
             best = min(exact, key=lambda k: (self.pending(path, k, given), k))
         else:
             best, best_key = 0, None
+            costs, in_avals = self.costs, self.in_avals[path]
             for k, needs in enumerate(self.ins[path]):
                 nbytes, steps = 0.0, 0.0
-                for aval, src, need in zip(self.in_avals[path], arriving, needs):
-                    move = self.cost(aval, src, need)
-                    nbytes, steps = nbytes + move[0], steps + move[1]
+                for aval, src, need in zip(in_avals, arriving, needs):
+                    if src != need:  # cost()'s memo read inline (and its zero, which adds nothing, skipped)
+                        move = costs.get((aval, src, need))
+                        if move is None:
+                            move = self.cost(aval, src, need)
+                        nbytes, steps = nbytes + move[0], steps + move[1]
                 key = (nbytes + self.pending(path, k, given), steps)
                 if best_key is None or key < best_key:
                     best, best_key = k, key
-        self.greedy_choices[(path, arriving, reducing)] = self.greedy_by_producers[by_producers] = best
+        self.greedy_by_producers[by_producers] = best
         return best
 
     def pending(self, path: str, k: int, given: frozenset[int]) -> float:
         """Eager dispatch's look-ahead charge for the partials candidate ``k`` makes."""
+        known = self.pending_charges.get((path, k, given))
+        if known is None:
+            known = self.pending_charges[path, k, given] = self._pending(path, k, given)
+        return known
+
+    def _pending(self, path: str, k: int, given: frozenset[int]) -> float:
         total = 0.0
         for aval, state in zip(self.out_avals[path], self.outs[path][k]):
             made = frozenset(m for m, op in enumerate(state[1]) if op) - given
@@ -551,20 +559,25 @@ class _Search:
         queue = [position for path in seeds if follow for c, position in self.downstream[path] if c not in seeds]
         heapq.heapify(queue)
         seen = set(queue)
+        # the hot loop of the search: greedy()'s memo read inline, locals for the tables it reads
+        paths, downstream, memo, producers = self.paths, self.downstream, self.greedy_by_producers, self.producer_choices
+        pop, push = heapq.heappop, heapq.heappush
         while queue:
-            node = self.graph.nodes[heapq.heappop(queue)]
-            looked.add(node.path)
-            if node.path in seeds:  # a seed downstream of another keeps its candidate (a value move's)
+            path = paths[pop(queue)]
+            looked.add(path)
+            if path in seeds:  # a seed downstream of another keeps its candidate (a value move's)
                 continue
-            best = self.greedy(node.path, trial, reducing)
-            if best == trial[node.path]:
+            best = memo.get((path, producers[path](trial), reducing))
+            if best is None:
+                best = self.greedy(path, trial, reducing)
+            if best == trial[path]:
                 continue
-            kept.setdefault(node.path, trial[node.path])
-            trial[node.path] = changes[node.path] = best
-            for _, position in self.downstream[node.path]:
+            kept.setdefault(path, trial[path])
+            trial[path] = changes[path] = best
+            for _, position in downstream[path]:
                 if position not in seen:
                     seen.add(position)
-                    heapq.heappush(queue, position)
+                    push(queue, position)
         trial.update(kept)
         return changes, looked.union(*map(self.neighbours.__getitem__, looked))
 
@@ -858,18 +871,10 @@ class _Search:
         evaluated: dict[Move, Evaluation] = {}
         stale: set[Move] = set()
         heap: list[tuple[Cost, int, Move]] = []
-        # per equation, the moves whose evaluation (one of them: filtered when read) depends on its choice, so
-        # that a move applied makes stale only those reading its changes (no scan of every evaluation)
-        readers: dict[str, list[Move]] = {}
-        indexed: set[int] = set()  # the evaluations entered in readers (by identity: search.evaluations holds them)
 
         def evaluate(move: Move) -> None:
             evaluated[move] = found = self.evaluate(move, choice)
             stale.discard(move)
-            if id(found) not in indexed:
-                indexed.add(id(found))
-                for path in found[2]:
-                    readers.setdefault(path, []).append(move)
             heapq.heappush(heap, (found[0], self.position[move[0] if move[0] not in _KINDS else move[1]], move))
 
         def current(move: Move) -> bool:
@@ -918,8 +923,9 @@ class _Search:
                 break
             _, changes, _ = evaluated.pop(move)
             choice.update(changes)
-            for path in changes:
-                stale.update(other for other in readers.get(path, ()) if other in evaluated and path in evaluated[other][2])
+            # a scan (~250 applied moves on GPT-2's adamw step): an index of the evaluations by the equations
+            # they depend on (~50 each) cost more to build than the scans it saved
+            stale.update(other for other, (_, _, depends) in evaluated.items() if not depends.isdisjoint(changes))
             near = set(changes)
             for path in changes:
                 for j in range(len(self.out_avals[path])):
