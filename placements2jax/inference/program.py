@@ -504,7 +504,7 @@ class _Search:
         if exact:  # no plan to cost
             best = min(exact, key=lambda k: (self.pending(path, k, given), k))
         else:
-            best, best_key = 0, None
+            best, best_key, bound = 0, None, math.inf
             costs, in_avals = self.costs, self.in_avals[path]
             for k, needs in enumerate(self.ins[path]):
                 nbytes, steps = 0.0, 0.0
@@ -514,9 +514,12 @@ class _Search:
                         if move is None:
                             move = self.cost(aval, src, need)
                         nbytes, steps = nbytes + move[0], steps + move[1]
-                key = (nbytes + self.pending(path, k, given), steps)
-                if best_key is None or key < best_key:
-                    best, best_key = k, key
+                        if nbytes > bound:  # costs and charges are >= 0: it cannot come first any more
+                            break
+                else:
+                    key = (nbytes + self.pending(path, k, given), steps)
+                    if best_key is None or key < best_key:
+                        best, best_key, bound = k, key, key[0]
         self.greedy_by_producers[by_producers] = best
         return best
 
@@ -649,10 +652,6 @@ class _Search:
 
     def _alternatives(self, path: str, choice: Choice) -> list[tuple[int, bool]]:
         arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
-
-        def input_cost(k: int) -> Cost:
-            return self.input_cost(path, k, arriving)
-
         groups: list[tuple[Sequence[int], bool]] = []
         current = self.outs[path][choice[path]]
         partial = {m for state in current + arriving for m, op in enumerate(state[1]) if op}
@@ -664,7 +663,7 @@ class _Search:
                 for m in sorted(partial):
                     groups.append(([k for k, outs in enumerate(self.outs[path]) if not any(x[1][m] for x in outs)], True))
         around: list[tuple[Sequence[int], bool]] = []
-        if self.ins[path][choice[path]] != arriving and input_cost(choice[path]) > _ZERO:
+        if self.ins[path][choice[path]] != arriving and self.input_cost(path, choice[path], arriving) > _ZERO:
             everything = range(len(self.ins[path]))
             groups += [(everything, True), (everything, False)]  # without cascading: its consumers redistribute
             around.append((everything, False))
@@ -673,9 +672,12 @@ class _Search:
             best = min(group, key=lambda k: (self.local_cost(path, k, arriving, choice), k))
             if best != choice[path]:
                 moves.append((best, follow))
+        cheapest: dict[int, int] = {}  # per group (by identity: every candidate is a group twice)
         for group, follow in groups:
             if group:
-                best = min(group, key=lambda k: (input_cost(k), k))
+                best = cheapest.get(id(group))
+                if best is None:
+                    best = cheapest[id(group)] = self.cheapest(path, group, arriving)
                 if best != choice[path] and (best, follow) not in moves:
                     moves.append((best, follow))
         return moves
@@ -729,7 +731,7 @@ class _Search:
                 fits = [k for k, ins in enumerate(self.ins[c]) if all(ins[i] == target for i in at)]
                 if not fits:
                     break
-                seeds.append((c, min(fits, key=lambda k: (self.input_cost(c, k, arriving), k))))
+                seeds.append((c, self.cheapest(c, fits, arriving)))
             else:
                 if any(choice[c] != k for c, k in seeds):
                     moves.append(tuple(seeds))
@@ -781,7 +783,7 @@ class _Search:
         if not fits or len(seeds) >= _PULL_DEPTH:
             return True  # the redistribution stays at its output
         arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
-        best = seeds[path] = min(fits, key=lambda k: (self.input_cost(path, k, arriving), k))
+        best = seeds[path] = self.cheapest(path, fits, arriving)
         for i, (src, state) in enumerate(zip(self.sources[path], arriving)):
             want = self.ins[path][best][i]
             if state == want:
@@ -795,6 +797,28 @@ class _Search:
             if not costless:
                 return False
         return True
+
+    def cheapest(self, path: str, ks: Sequence[int], arriving: Sequence[State]) -> int:
+        """The candidate among ``ks`` (not empty) cheapest for ``arriving`` inputs: the least
+        ``(input_cost(k), k)`` (:meth:`input_cost`), leaving a candidate as soon as its bytes
+        so far exceed the best's (costs are >= 0, and so are partial sums of them)."""
+        best, best_key, bound = ks[0], None, math.inf
+        costs, in_avals, ins = self.costs, self.in_avals[path], self.ins[path]
+        for k in ks:
+            nbytes, steps = 0.0, 0.0
+            for aval, src, need in zip(in_avals, arriving, ins[k]):
+                if src != need:  # cost()'s memo read inline (and its zero, which adds nothing, skipped)
+                    move = costs.get((aval, src, need))
+                    if move is None:
+                        move = self.cost(aval, src, need)
+                    nbytes, steps = nbytes + move[0], steps + move[1]
+                    if nbytes > bound:
+                        break
+            else:
+                key = ((nbytes, steps), k)
+                if best_key is None or key < best_key:
+                    best, best_key, bound = k, key, nbytes
+        return best
 
     def input_cost(self, path: str, k: int, arriving: Sequence[State]) -> Cost:
         """The redistribution of ``arriving`` inputs into candidate ``k`` of ``path``."""
