@@ -584,9 +584,12 @@ class _Search:
         trial.update(kept)
         return changes, looked.union(*map(self.neighbours.__getitem__, looked))
 
-    def around(self, paths: Sequence[str], choice: Choice, values: set[Any] | None = None) -> Cost:
+    def around(
+        self, paths: Sequence[str], choice: Choice, values: set[Any] | None = None, settled: dict[Any, Cost] | None = None
+    ) -> Cost:
         """The cost of every value ``paths`` produce or consume (:meth:`value_cost`) and
-        their outputs' charges. ``values``: those values (:meth:`touched_by`), if known."""
+        their outputs' charges. ``values``: those values (:meth:`touched_by`), if known;
+        ``settled``: value costs known at ``choice``, and those found here are added."""
         nbytes, steps = 0.0, 0.0
         for path in paths:
             for j in self.owing[path]:  # the charges of outputs owing nothing are zero: skipped
@@ -594,10 +597,14 @@ class _Search:
                 nbytes, steps = nbytes + owed[0], steps + owed[1]
         deciders, known = self.deciders, self.value_costs
         for value in self.touched_by(paths) if values is None else values:
-            decide = deciders.get(value)  # value_cost()'s memo read here: the hot path of every delta
-            cost = None if decide is None else known.get((value, decide(choice)))
+            cost = None if settled is None else settled.get(value)
             if cost is None:
-                cost = self.value_cost(value, choice)
+                decide = deciders.get(value)  # value_cost()'s memo read here: the hot path of every delta
+                cost = None if decide is None else known.get((value, decide(choice)))
+                if cost is None:
+                    cost = self.value_cost(value, choice)
+                if settled is not None:
+                    settled[value] = cost
             nbytes, steps = nbytes + cost[0], steps + cost[1]
         return nbytes, steps
 
@@ -828,11 +835,12 @@ class _Search:
             nbytes, steps = nbytes + move[0], steps + move[1]
         return nbytes, steps
 
-    def delta(self, changes: dict[str, int], choice: Choice) -> Cost:
-        """How much ``changes`` lower (negative) or raise the total from ``choice``."""
+    def delta(self, changes: dict[str, int], choice: Choice, settled: dict[Any, Cost] | None = None) -> Cost:
+        """How much ``changes`` lower (negative) or raise the total from ``choice``
+        (``settled``: value costs known at ``choice``, see :meth:`around`)."""
         paths = list(changes)
         values = self.touched_by(paths)  # the same values before and after, summed in the same order
-        before = self.around(paths, choice, values)
+        before = self.around(paths, choice, values, settled)
         kept = {path: choice[path] for path in changes}
         choice.update(changes)  # in place and back, as in cascade()
         after = self.around(paths, choice, values)
@@ -857,7 +865,7 @@ class _Search:
             starts.append(walked)
         return starts
 
-    def evaluate(self, move: Move, choice: Choice) -> Evaluation:
+    def evaluate(self, move: Move, choice: Choice, settled: dict[Any, Cost] | None = None) -> Evaluation:
         """A move's cascade from ``choice``: (how much it changes the total, the changes,
         every equation the result depends on; :meth:`cascade`). Kept per move with the
         choices of those equations: a later descent (from another start, with pull moves,
@@ -875,7 +883,7 @@ class _Search:
         else:
             seeds, follow, reduce = {move[0]: move[1]}, move[2], False
         changes, depends = self.cascade(seeds, choice, follow, reduce)
-        delta = self.delta(changes, choice)
+        delta = self.delta(changes, choice, settled)
         if move[0] == _VALUE and not follow and delta[1] > 0:  # the consumers alone: never more collectives
             delta = (math.inf, math.inf)  # (Equinox's value_and_grad traded 2 more for bytes)
         found = (delta, changes, depends)
@@ -895,9 +903,10 @@ class _Search:
         evaluated: dict[Move, Evaluation] = {}
         stale: set[Move] = set()
         heap: list[tuple[Cost, int, Move]] = []
+        settled: dict[Any, Cost] = {}  # value costs at choice (each delta's before), dropped where a move changes them
 
         def evaluate(move: Move) -> None:
-            evaluated[move] = found = self.evaluate(move, choice)
+            evaluated[move] = found = self.evaluate(move, choice, settled)
             stale.discard(move)
             heapq.heappush(heap, (found[0], self.position[move[0] if move[0] not in _KINDS else move[1]], move))
 
@@ -947,6 +956,8 @@ class _Search:
                 break
             _, changes, _ = evaluated.pop(move)
             choice.update(changes)
+            for value in self.touched_by(list(changes)):  # the values whose deciders changed
+                settled.pop(value, None)
             # a scan (~250 applied moves on GPT-2's adamw step): an index of the evaluations by the equations
             # they depend on (~50 each) cost more to build than the scans it saved
             stale.update(other for other, (_, _, depends) in evaluated.items() if not depends.isdisjoint(changes))
