@@ -648,7 +648,7 @@ class _Search:
         cheapest for its inputs, whatever partials it makes (eager dispatch's look-ahead
         may have paid to avoid one, e.g. gathering a batch-split activation rather than
         making a weight gradient partial over the batch axis), and the candidate cheapest
-        for its inputs and outputs together (:meth:`local_cost`), not cascading: the
+        for its inputs and outputs together (:meth:`cheapest_around`), not cascading: the
         cheapest for its inputs alone ties on many (Equinox's embedding gradient took a
         masked scatter split on the embedding dim, all-gathered back)."""
         key = (path, self.local_deciders[path](choice))
@@ -676,7 +676,7 @@ class _Search:
             around.append((everything, False))
         moves: list[tuple[int, bool]] = []
         for group, follow in around:  # the cheapest for its inputs and its outputs, its consumers as chosen
-            best = min(group, key=lambda k: (self.local_cost(path, k, arriving, choice), k))
+            best = self.cheapest_around(path, group, arriving, choice)
             if best != choice[path]:
                 moves.append((best, follow))
         cheapest: dict[int, int] = {}  # per group (by identity: every candidate is a group twice)
@@ -744,18 +744,43 @@ class _Search:
                     moves.append(tuple(seeds))
         return moves
 
-    def local_cost(self, path: str, k: int, arriving: Sequence[State], choice: Choice) -> Cost:
-        """Candidate ``k`` of ``path`` with every other equation as chosen: the redistribution
-        of ``arriving`` inputs into it, of its outputs into the layouts their consumers need
-        (once per distinct layout) and its outputs' charges."""
+    def cheapest_around(self, path: str, ks: Sequence[int], arriving: Sequence[State], choice: Choice) -> int:
+        """The candidate among ``ks`` (not empty) of ``path`` cheapest with every other
+        equation as chosen: the least ``(cost, k)``, the cost being the redistribution of
+        ``arriving`` inputs into it, its outputs' charges and the redistribution of its
+        outputs into the layouts their consumers need (once per distinct layout). A
+        candidate is left once its bytes so far exceed the best's (costs are >= 0), before
+        the rest of its plans are priced."""
+        out_avals = self.out_avals[path]
+        needs = [
+            tuple({self.ins[c][choice[c]][i]: None for c, i in self.consumers.get((path, j), ())})
+            for j in range(len(out_avals))
+        ]
+        best, best_key, bound = ks[0], None, math.inf
+        for k in ks:
+            found = self._around_cost(path, k, arriving, needs, bound)
+            if found is not None and (best_key is None or (found, k) < best_key):
+                best, best_key, bound = k, (found, k), found[0]
+        return best
+
+    def _around_cost(
+        self, path: str, k: int, arriving: Sequence[State], needs: Sequence[tuple[State, ...]], bound: float
+    ) -> Cost | None:
+        """:meth:`cheapest_around`'s cost of candidate ``k`` (``needs``: per output, the
+        layouts its consumers need), or None once its bytes exceed ``bound``."""
         nbytes, steps = self.input_cost(path, k, arriving)
+        if nbytes > bound:
+            return None
         for j, (aval, out) in enumerate(zip(self.out_avals[path], self.outs[path][k])):
             owed = self.charge((path, j), aval, out)
             nbytes, steps = nbytes + owed[0], steps + owed[1]
-            needs = {self.ins[c][choice[c]][i]: None for c, i in self.consumers.get((path, j), ())}
-            for need in needs:
+            for need in needs[j]:
+                if nbytes > bound:
+                    return None
                 move = self.cost(aval, out, need)
                 nbytes, steps = nbytes + move[0], steps + move[1]
+            if nbytes > bound:
+                return None
         return nbytes, steps
 
     def pull_moves(self, path: str, choice: Choice) -> list[tuple[int, tuple[tuple[str, int], ...]]]:
