@@ -139,9 +139,10 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -342,6 +343,15 @@ def _reduction_scale(mesh: DeviceMesh) -> float:
     return 1.0
 
 
+def _getter(paths: Sequence[str]) -> Callable[[Choice], Any]:
+    """The choices of ``paths`` in a choice, as a hashable memo key (:func:`operator.itemgetter`:
+    a third of the time of ``tuple(map(choice.__getitem__, paths))`` on the search's keys;
+    one path gives its choice alone, no paths an empty tuple)."""
+    if not paths:
+        return lambda choice: ()
+    return itemgetter(*paths)
+
+
 def _state(layout: Layout) -> State:
     """The planner's state (:func:`.plan.layout_state`: split factors too, when strided)."""
     return layout_state(layout)
@@ -402,8 +412,9 @@ class _Search:
         self.costs: dict[tuple[AvalKey, State, State], Cost] = {}
         self.charges: dict[tuple[ValueId, State], Cost] = {}
         self.pendings: dict[tuple[AvalKey, State, frozenset[int]], float] = {}
-        self.greedy_choices: dict[tuple[str, tuple[State, ...], bool], int] = {}
+        self.pending_charges: dict[tuple[str, int, frozenset[int]], float] = {}  # pending() per candidate
         self.position = {node.path: p for p, node in enumerate(graph.nodes)}
+        self.paths = [node.path for node in graph.nodes]  # by position
         # Neighbour tables, so that the hot loops loop over no consumers:
         # per node, the values around() prices (each input's source or literal, then each output), what
         # cascade() adds to its depends (the consumers of each source, the producer, the consumers of each
@@ -431,7 +442,8 @@ class _Search:
         # value_cost() per value and the choices it reads (its producer's, unless an input, and its consumers'):
         # one search prices with one cost model, so a value's cost is fixed by those choices
         self.deciders = {
-            value: (() if value[0] == "in" else (value[0],)) + paths for value, paths in self.consumer_paths.items()
+            value: _getter((() if value[0] == "in" else (value[0],)) + paths)
+            for value, paths in self.consumer_paths.items()
         }
         self.value_costs: dict[tuple[Any, tuple[int, ...]], Cost] = {}
         # per node, its outputs that are outputs of the function (charge() is zero for the others)
@@ -439,21 +451,23 @@ class _Search:
             path: tuple(j for j in range(len(self.out_avals[path])) if (path, j) in self.owed) for path in self.position
         }
         # greedy() per node and its producers' choices (how its inputs not fixed arrive): found before the
-        # arriving states are built and hashed
+        # arriving states are built (a memo by arriving states too found 2% more on GPT-2's adamw step, for
+        # the cost of building and hashing them at every miss)
         self.producers = {
             node.path: tuple(src[0] for src, fixed in zip(node.sources, self.fixed[node.path]) if fixed is None)
             for node in graph.nodes
         }
-        self.greedy_by_producers: dict[tuple[str, tuple[int, ...], bool], int] = {}
+        self.producer_choices = {path: _getter(producers) for path, producers in self.producers.items()}
+        self.greedy_by_producers: dict[tuple[str, Any, bool], int] = {}
         # alternatives() per node and the choices it reads (its own, its producers', its outputs' consumers'):
         # the descents revisit the same neighbourhoods (from each start, with and without pull moves)
         self.local_deciders = {
-            path: (path, *self.producers[path], *dict.fromkeys(c for c, _ in self.downstream[path]))
+            path: _getter((path, *self.producers[path], *dict.fromkeys(c for c, _ in self.downstream[path])))
             for path in self.position
         }
         # evaluate() per move: (the equations its result depends on, their choices, the result)
-        self.evaluations: dict[Move, list[tuple[tuple[str, ...], tuple[int, ...], Evaluation]]] = {}
-        self.alternative_moves: dict[tuple[str, tuple[int, ...]], list[tuple[int, bool]]] = {}
+        self.evaluations: dict[Move, list[tuple[Callable[[Choice], Any], Any, Evaluation]]] = {}
+        self.alternative_moves: dict[tuple[str, Any], list[tuple[int, bool]]] = {}
 
     def _intern(self, layout: Layout) -> State:
         state = self.states.get(layout)
@@ -524,34 +538,43 @@ class _Search:
     def greedy(self, path: str, choice: Choice, reducing: bool = False) -> int:
         """Eager dispatch's choice for equation ``path`` given its inputs as they arrive:
         no redistribution first, then the least input cost plus pending new partials."""
-        by_producers = (path, tuple(map(choice.__getitem__, self.producers[path])), reducing)
+        by_producers = (path, self.producer_choices[path](choice), reducing)
         known = self.greedy_by_producers.get(by_producers)
         if known is not None:
             return known
         arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
-        known = self.greedy_choices.get((path, arriving, reducing))
-        if known is not None:
-            self.greedy_by_producers[by_producers] = known
-            return known
         given = frozenset() if reducing else frozenset(m for state in arriving for m, op in enumerate(state[1]) if op)
         exact = [k for k, needs in enumerate(self.ins[path]) if needs == arriving]
         if exact:  # no plan to cost
             best = min(exact, key=lambda k: (self.pending(path, k, given), k))
         else:
-            best, best_key = 0, None
+            best, best_key, bound = 0, None, math.inf
+            costs, in_avals = self.costs, self.in_avals[path]
             for k, needs in enumerate(self.ins[path]):
                 nbytes, steps = 0.0, 0.0
-                for aval, src, need in zip(self.in_avals[path], arriving, needs):
-                    move = self.cost(aval, src, need)
-                    nbytes, steps = nbytes + move[0], steps + move[1]
-                key = (nbytes + self.pending(path, k, given), steps)
-                if best_key is None or key < best_key:
-                    best, best_key = k, key
-        self.greedy_choices[(path, arriving, reducing)] = self.greedy_by_producers[by_producers] = best
+                for aval, src, need in zip(in_avals, arriving, needs):
+                    if src != need:  # cost()'s memo read inline (and its zero, which adds nothing, skipped)
+                        move = costs.get((aval, src, need))
+                        if move is None:
+                            move = self.cost(aval, src, need)
+                        nbytes, steps = nbytes + move[0], steps + move[1]
+                        if nbytes > bound:  # costs and charges are >= 0: it cannot come first any more
+                            break
+                else:
+                    key = (nbytes + self.pending(path, k, given), steps)
+                    if best_key is None or key < best_key:
+                        best, best_key, bound = k, key, key[0]
+        self.greedy_by_producers[by_producers] = best
         return best
 
     def pending(self, path: str, k: int, given: frozenset[int]) -> float:
         """Eager dispatch's look-ahead charge for the partials candidate ``k`` makes."""
+        known = self.pending_charges.get((path, k, given))
+        if known is None:
+            known = self.pending_charges[path, k, given] = self._pending(path, k, given)
+        return known
+
+    def _pending(self, path: str, k: int, given: frozenset[int]) -> float:
         total = 0.0
         for aval, state in zip(self.out_avals[path], self.outs[path][k]):
             made = frozenset(m for m, op in enumerate(state[1]) if op) - given
@@ -583,36 +606,49 @@ class _Search:
         queue = [position for path in seeds if follow for c, position in self.downstream[path] if c not in seeds]
         heapq.heapify(queue)
         seen = set(queue)
+        # the hot loop of the search: greedy()'s memo read inline, locals for the tables it reads
+        paths, downstream, memo, producers = self.paths, self.downstream, self.greedy_by_producers, self.producer_choices
+        pop, push = heapq.heappop, heapq.heappush
         while queue:
-            node = self.graph.nodes[heapq.heappop(queue)]
-            looked.add(node.path)
-            if node.path in seeds:  # a seed downstream of another keeps its candidate (a value move's)
+            path = paths[pop(queue)]
+            looked.add(path)
+            if path in seeds:  # a seed downstream of another keeps its candidate (a value move's)
                 continue
-            best = self.greedy(node.path, trial, reducing)
-            if best == trial[node.path]:
+            best = memo.get((path, producers[path](trial), reducing))
+            if best is None:
+                best = self.greedy(path, trial, reducing)
+            if best == trial[path]:
                 continue
-            kept.setdefault(node.path, trial[node.path])
-            trial[node.path] = changes[node.path] = best
-            for _, position in self.downstream[node.path]:
+            kept.setdefault(path, trial[path])
+            trial[path] = changes[path] = best
+            for _, position in downstream[path]:
                 if position not in seen:
                     seen.add(position)
-                    heapq.heappush(queue, position)
+                    push(queue, position)
         trial.update(kept)
-        depends = set(looked)
-        for name in looked:
-            depends |= self.neighbours[name]
-        return changes, depends
+        return changes, looked.union(*map(self.neighbours.__getitem__, looked))
 
-    def around(self, paths: Sequence[str], choice: Choice, values: set[Any] | None = None) -> Cost:
+    def around(
+        self, paths: Sequence[str], choice: Choice, values: set[Any] | None = None, settled: dict[Any, Cost] | None = None
+    ) -> Cost:
         """The cost of every value ``paths`` produce or consume (:meth:`value_cost`) and
-        their outputs' charges. ``values``: those values (:meth:`touched_by`), if known."""
+        their outputs' charges. ``values``: those values (:meth:`touched_by`), if known;
+        ``settled``: value costs known at ``choice``, and those found here are added."""
         nbytes, steps = 0.0, 0.0
         for path in paths:
             for j in self.owing[path]:  # the charges of outputs owing nothing are zero: skipped
                 owed = self.charge((path, j), self.out_avals[path][j], self.outs[path][choice[path]][j])
                 nbytes, steps = nbytes + owed[0], steps + owed[1]
+        deciders, known = self.deciders, self.value_costs
         for value in self.touched_by(paths) if values is None else values:
-            cost = self.value_cost(value, choice)
+            cost = None if settled is None else settled.get(value)
+            if cost is None:
+                decide = deciders.get(value)  # value_cost()'s memo read here: the hot path of every delta
+                cost = None if decide is None else known.get((value, decide(choice)))
+                if cost is None:
+                    cost = self.value_cost(value, choice)
+                if settled is not None:
+                    settled[value] = cost
             nbytes, steps = nbytes + cost[0], steps + cost[1]
         return nbytes, steps
 
@@ -632,7 +668,7 @@ class _Search:
         deciders = self.deciders.get(value)
         if deciders is None:
             return _ZERO
-        key = (value, tuple(map(choice.__getitem__, deciders)))
+        key = (value, deciders(choice))
         known = self.value_costs.get(key)
         if known is not None:
             return known
@@ -656,10 +692,10 @@ class _Search:
         cheapest for its inputs, whatever partials it makes (eager dispatch's look-ahead
         may have paid to avoid one, e.g. gathering a batch-split activation rather than
         making a weight gradient partial over the batch axis), and the candidate cheapest
-        for its inputs and outputs together (:meth:`local_cost`), not cascading: the
+        for its inputs and outputs together (:meth:`cheapest_around`), not cascading: the
         cheapest for its inputs alone ties on many (Equinox's embedding gradient took a
         masked scatter split on the embedding dim, all-gathered back)."""
-        key = (path, tuple(map(choice.__getitem__, self.local_deciders[path])))
+        key = (path, self.local_deciders[path](choice))
         known = self.alternative_moves.get(key)
         if known is None:
             known = self.alternative_moves[key] = self._alternatives(path, choice)
@@ -667,10 +703,6 @@ class _Search:
 
     def _alternatives(self, path: str, choice: Choice) -> list[tuple[int, bool]]:
         arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
-
-        def input_cost(k: int) -> Cost:
-            return self.input_cost(path, k, arriving)
-
         groups: list[tuple[Sequence[int], bool]] = []
         current = self.outs[path][choice[path]]
         partial = {m for state in current + arriving for m, op in enumerate(state[1]) if op}
@@ -682,18 +714,21 @@ class _Search:
                 for m in sorted(partial):
                     groups.append(([k for k, outs in enumerate(self.outs[path]) if not any(x[1][m] for x in outs)], True))
         around: list[tuple[Sequence[int], bool]] = []
-        if self.ins[path][choice[path]] != arriving and input_cost(choice[path]) > _ZERO:
+        if self.ins[path][choice[path]] != arriving and self.input_cost(path, choice[path], arriving) > _ZERO:
             everything = range(len(self.ins[path]))
             groups += [(everything, True), (everything, False)]  # without cascading: its consumers redistribute
             around.append((everything, False))
         moves: list[tuple[int, bool]] = []
         for group, follow in around:  # the cheapest for its inputs and its outputs, its consumers as chosen
-            best = min(group, key=lambda k: (self.local_cost(path, k, arriving, choice), k))
+            best = self.cheapest_around(path, group, arriving, choice)
             if best != choice[path]:
                 moves.append((best, follow))
+        cheapest: dict[int, int] = {}  # per group (by identity: every candidate is a group twice)
         for group, follow in groups:
             if group:
-                best = min(group, key=lambda k: (input_cost(k), k))
+                best = cheapest.get(id(group))
+                if best is None:
+                    best = cheapest[id(group)] = self.cheapest(path, group, arriving)
                 if best != choice[path] and (best, follow) not in moves:
                     moves.append((best, follow))
         return moves
@@ -747,24 +782,49 @@ class _Search:
                 fits = [k for k, ins in enumerate(self.ins[c]) if all(ins[i] == target for i in at)]
                 if not fits:
                     break
-                seeds.append((c, min(fits, key=lambda k: (self.input_cost(c, k, arriving), k))))
+                seeds.append((c, self.cheapest(c, fits, arriving)))
             else:
                 if any(choice[c] != k for c, k in seeds):
                     moves.append(tuple(seeds))
         return moves
 
-    def local_cost(self, path: str, k: int, arriving: Sequence[State], choice: Choice) -> Cost:
-        """Candidate ``k`` of ``path`` with every other equation as chosen: the redistribution
-        of ``arriving`` inputs into it, of its outputs into the layouts their consumers need
-        (once per distinct layout) and its outputs' charges."""
+    def cheapest_around(self, path: str, ks: Sequence[int], arriving: Sequence[State], choice: Choice) -> int:
+        """The candidate among ``ks`` (not empty) of ``path`` cheapest with every other
+        equation as chosen: the least ``(cost, k)``, the cost being the redistribution of
+        ``arriving`` inputs into it, its outputs' charges and the redistribution of its
+        outputs into the layouts their consumers need (once per distinct layout). A
+        candidate is left once its bytes so far exceed the best's (costs are >= 0), before
+        the rest of its plans are priced."""
+        out_avals = self.out_avals[path]
+        needs = [
+            tuple({self.ins[c][choice[c]][i]: None for c, i in self.consumers.get((path, j), ())})
+            for j in range(len(out_avals))
+        ]
+        best, best_key, bound = ks[0], None, math.inf
+        for k in ks:
+            found = self._around_cost(path, k, arriving, needs, bound)
+            if found is not None and (best_key is None or (found, k) < best_key):
+                best, best_key, bound = k, (found, k), found[0]
+        return best
+
+    def _around_cost(
+        self, path: str, k: int, arriving: Sequence[State], needs: Sequence[tuple[State, ...]], bound: float
+    ) -> Cost | None:
+        """:meth:`cheapest_around`'s cost of candidate ``k`` (``needs``: per output, the
+        layouts its consumers need), or None once its bytes exceed ``bound``."""
         nbytes, steps = self.input_cost(path, k, arriving)
+        if nbytes > bound:
+            return None
         for j, (aval, out) in enumerate(zip(self.out_avals[path], self.outs[path][k])):
             owed = self.charge((path, j), aval, out)
             nbytes, steps = nbytes + owed[0], steps + owed[1]
-            needs = {self.ins[c][choice[c]][i]: None for c, i in self.consumers.get((path, j), ())}
-            for need in needs:
+            for need in needs[j]:
+                if nbytes > bound:
+                    return None
                 move = self.cost(aval, out, need)
                 nbytes, steps = nbytes + move[0], steps + move[1]
+            if nbytes > bound:
+                return None
         return nbytes, steps
 
     def pull_moves(self, path: str, choice: Choice) -> list[tuple[int, tuple[tuple[str, int], ...]]]:
@@ -799,7 +859,7 @@ class _Search:
         if not fits or len(seeds) >= _PULL_DEPTH:
             return True  # the redistribution stays at its output
         arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
-        best = seeds[path] = min(fits, key=lambda k: (self.input_cost(path, k, arriving), k))
+        best = seeds[path] = self.cheapest(path, fits, arriving)
         for i, (src, state) in enumerate(zip(self.sources[path], arriving)):
             want = self.ins[path][best][i]
             if state == want:
@@ -814,6 +874,28 @@ class _Search:
                 return False
         return True
 
+    def cheapest(self, path: str, ks: Sequence[int], arriving: Sequence[State]) -> int:
+        """The candidate among ``ks`` (not empty) cheapest for ``arriving`` inputs: the least
+        ``(input_cost(k), k)`` (:meth:`input_cost`), leaving a candidate as soon as its bytes
+        so far exceed the best's (costs are >= 0, and so are partial sums of them)."""
+        best, best_key, bound = ks[0], None, math.inf
+        costs, in_avals, ins = self.costs, self.in_avals[path], self.ins[path]
+        for k in ks:
+            nbytes, steps = 0.0, 0.0
+            for aval, src, need in zip(in_avals, arriving, ins[k]):
+                if src != need:  # cost()'s memo read inline (and its zero, which adds nothing, skipped)
+                    move = costs.get((aval, src, need))
+                    if move is None:
+                        move = self.cost(aval, src, need)
+                    nbytes, steps = nbytes + move[0], steps + move[1]
+                    if nbytes > bound:
+                        break
+            else:
+                key = ((nbytes, steps), k)
+                if best_key is None or key < best_key:
+                    best, best_key, bound = k, key, nbytes
+        return best
+
     def input_cost(self, path: str, k: int, arriving: Sequence[State]) -> Cost:
         """The redistribution of ``arriving`` inputs into candidate ``k`` of ``path``."""
         nbytes, steps = 0.0, 0.0
@@ -822,11 +904,12 @@ class _Search:
             nbytes, steps = nbytes + move[0], steps + move[1]
         return nbytes, steps
 
-    def delta(self, changes: dict[str, int], choice: Choice) -> Cost:
-        """How much ``changes`` lower (negative) or raise the total from ``choice``."""
+    def delta(self, changes: dict[str, int], choice: Choice, settled: dict[Any, Cost] | None = None) -> Cost:
+        """How much ``changes`` lower (negative) or raise the total from ``choice``
+        (``settled``: value costs known at ``choice``, see :meth:`around`)."""
         paths = list(changes)
         values = self.touched_by(paths)  # the same values before and after, summed in the same order
-        before = self.around(paths, choice, values)
+        before = self.around(paths, choice, values, settled)
         kept = {path: choice[path] for path in changes}
         choice.update(changes)  # in place and back, as in cascade()
         after = self.around(paths, choice, values)
@@ -851,14 +934,14 @@ class _Search:
             starts.append(walked)
         return starts
 
-    def evaluate(self, move: Move, choice: Choice) -> Evaluation:
+    def evaluate(self, move: Move, choice: Choice, settled: dict[Any, Cost] | None = None) -> Evaluation:
         """A move's cascade from ``choice``: (how much it changes the total, the changes,
         every equation the result depends on; :meth:`cascade`). Kept per move with the
         choices of those equations: a later descent (from another start, with pull moves,
         the finishing one) meeting the move there again reuses it."""
         known = self.evaluations.setdefault(move, [])
         for depends, snapshot, found in known:
-            if tuple(map(choice.__getitem__, depends)) == snapshot:
+            if depends(choice) == snapshot:
                 return found
         if move[0] == _VALUE:  # every consumer of a value at once, cascading or the consumers alone
             seeds, follow, reduce = dict(move[3]), move[4], False
@@ -869,12 +952,12 @@ class _Search:
         else:
             seeds, follow, reduce = {move[0]: move[1]}, move[2], False
         changes, depends = self.cascade(seeds, choice, follow, reduce)
-        delta = self.delta(changes, choice)
+        delta = self.delta(changes, choice, settled)
         if move[0] == _VALUE and not follow and delta[1] > 0:  # the consumers alone: never more collectives
             delta = (math.inf, math.inf)  # (Equinox's value_and_grad traded 2 more for bytes)
         found = (delta, changes, depends)
-        order = tuple(depends)
-        known.append((order, tuple(map(choice.__getitem__, order)), found))
+        getter = _getter(tuple(depends))
+        known.append((getter, getter(choice), found))
         return found
 
     def improve(self, choice: Choice, values: bool = False, reducing: bool = False, pulls: bool = False) -> Choice:
@@ -889,9 +972,10 @@ class _Search:
         evaluated: dict[Move, Evaluation] = {}
         stale: set[Move] = set()
         heap: list[tuple[Cost, int, Move]] = []
+        settled: dict[Any, Cost] = {}  # value costs at choice (each delta's before), dropped where a move changes them
 
         def evaluate(move: Move) -> None:
-            evaluated[move] = found = self.evaluate(move, choice)
+            evaluated[move] = found = self.evaluate(move, choice, settled)
             stale.discard(move)
             heapq.heappush(heap, (found[0], self.position[move[0] if move[0] not in _KINDS else move[1]], move))
 
@@ -941,7 +1025,11 @@ class _Search:
                 break
             _, changes, _ = evaluated.pop(move)
             choice.update(changes)
-            stale.update(other for other, (_, _, depends) in evaluated.items() if depends & changes.keys())
+            for value in self.touched_by(list(changes)):  # the values whose deciders changed
+                settled.pop(value, None)
+            # a scan (~250 applied moves on GPT-2's adamw step): an index of the evaluations by the equations
+            # they depend on (~50 each) cost more to build than the scans it saved
+            stale.update(other for other, (_, _, depends) in evaluated.items() if not depends.isdisjoint(changes))
             near = set(changes)
             for path in changes:
                 for j in range(len(self.out_avals[path])):

@@ -39,7 +39,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from fractions import Fraction
-from functools import cache, partial
+from functools import partial
 from typing import Any
 
 import jax
@@ -83,7 +83,7 @@ __all__ = [
 ]
 
 Constraint = tuple[Layout | None, ...] | None
-FitShapes = tuple[tuple[tuple[int, ...], ...], ...]  # per tensor, per dim: its size's fit class (_fit_shapes)
+FitShapes = tuple[tuple[int, ...], ...]  # per tensor, per dim: its size's fit class (_fit_shapes)
 _ALL_ORDERS_UP_TO = 3
 RuleKey = tuple[str, str]  # ("op" | "primitive", name) or ("function", its source: "name at file:line")
 
@@ -832,7 +832,6 @@ def _tables(
     :func:`_fit_shapes`). Each split step needs at least as many elements as pieces (the
     current local extent: ceil of the previous steps, as torch.chunk nests); ``even``
     steps must be exact, and so must every step before them."""
-    sequences = _split_sequences(len(mesh_shape))
     tables = []
     for t, dims in enumerate(shapes):
         ndim = len(dims)
@@ -850,14 +849,11 @@ def _tables(
             return None
         for d, axes in enumerate(dim_axes):
             if axes:
-                inexact = dims[d][sequences[tuple(axes)]]
+                inexact = _inexact_step(dims[d], tuple(axes), mesh_shape)
                 if inexact < 0 or any((t, d) in combo[m].even for m in axes[inexact:]):
                     return None
         tables.append((tuple(map(tuple, dim_axes)), tuple(partial)))
     return tuple(tables)
-
-
-_FIT_CLASSES = Memo(65536)
 
 
 def _fit_shapes(avals: Sequence[Aval], mesh_shape: tuple[int, ...]) -> FitShapes:
@@ -865,22 +861,39 @@ def _fit_shapes(avals: Sequence[Aval], mesh_shape: tuple[int, ...]) -> FitShapes
     fit class (:func:`_fit_class`). Sizes of one class give the same valid layouts, so
     the layout choices are computed once per class (most of a model's tensors share
     them: 64 and 256 split alike on a (2, 4) mesh)."""
-    return tuple(tuple(_fit_class(n, mesh_shape) for n in aval.shape) for aval in avals)
+    devices = math.prod(mesh_shape)
+    return tuple(tuple(_fit_class(n, devices) for n in aval.shape) for aval in avals)
 
 
-def _fit_class(size: int, mesh_shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Per ordered sequence of distinct mesh dims splitting a dim of ``size`` (in
-    :func:`_split_sequences`' order): -1 when some step has fewer elements than pieces,
-    else the index of the first inexact step (the sequence's length if all are exact)."""
-    key = (size, mesh_shape)
-    found = _FIT_CLASSES.get(key)
+def _fit_class(size: int, devices: int) -> int:
+    """A size that every split of a dim of ``size`` by distinct mesh dims treats alike
+    (:func:`_first_inexact`, on a mesh of ``devices``): ``size`` itself below ``devices``,
+    else ``devices + gcd(size, devices)``. The mesh dims' sizes n1, n2, ... of a split
+    multiply to a divisor of ``devices``, so its step i is exact iff n1...ni divides
+    ``gcd(size, devices)``; and from ``devices`` elements on no step has fewer elements than
+    pieces (ceil(size / (n1...n(i-1))) >= ni). A class is thus one int, not its results
+    per ordered sequence of mesh dims (factorial in the mesh's dims: ~110k sequences on 8
+    non-trivial dims); :func:`_inexact_step` computes those a split reads, memoized."""
+    return size if size < devices else devices + math.gcd(size, devices)
+
+
+_INEXACT_STEPS = Memo(65536)
+
+
+def _inexact_step(size: int, axes: tuple[int, ...], mesh_shape: tuple[int, ...]) -> int:
+    """:func:`_first_inexact`, memoized (a model's fit classes and splits recur)."""
+    key = (size, axes, mesh_shape)
+    found = _INEXACT_STEPS.get(key)
     if found is None:
-        found = tuple(_first_inexact(size, axes, mesh_shape) for axes in _split_sequences(len(mesh_shape)))
-        _FIT_CLASSES.remember(key, found)
+        found = _first_inexact(size, axes, mesh_shape)
+        _INEXACT_STEPS.remember(key, found)
     return found
 
 
 def _first_inexact(size: int, axes: Sequence[int], mesh_shape: tuple[int, ...]) -> int:
+    """Splitting a dim of ``size`` by mesh dims ``axes`` in turn (major first): -1 when
+    some step has fewer elements than pieces, else the index of the first inexact step
+    (the number of steps if all are exact)."""
     extent, inexact = size, len(axes)
     for i, m in enumerate(axes):
         n = mesh_shape[m]
@@ -890,13 +903,6 @@ def _first_inexact(size: int, axes: Sequence[int], mesh_shape: tuple[int, ...]) 
             inexact = i
         extent = -(-extent // n)
     return inexact
-
-
-@cache
-def _split_sequences(ndim: int) -> dict[tuple[int, ...], int]:
-    """Every ordered sequence of distinct mesh dims of an ``ndim``-d mesh, numbered."""
-    sequences = (p for r in range(1, ndim + 1) for p in itertools.permutations(range(ndim), r))
-    return {axes: i for i, axes in enumerate(sequences)}
 
 
 def _matches(layouts: Sequence[Layout], constraint: Constraint) -> bool:
