@@ -119,14 +119,16 @@ def test_megatron_plans_lay_out_the_framework_trees(programs: dict[str, Program]
 # (combined 31 / 39 -> 20 / 23 against 20); eqx 1.17 / 1.13 with 64 / 60 -> 1.017 / 1.090 with 47 / 48 (combined
 # 35 / 38 -> 20 / 25).
 _REACHED = {
-    "nnx loss": (0.86, -2),
-    "nnx value_and_grad": (1.02, -5),  # 1.03, 9 before the search's reducing descent
+    "nnx loss": (0.85, -4),  # 0.86, -2 before the finishing descent's shared-input moves
+    "nnx value_and_grad": (1.00, -8),  # 1.03, 9 before the search's reducing descent; 1.02, -5 before shared inputs
     "nnx adamw step": (1.02, -2),
-    "eqx loss": (0.86, -2),
-    "eqx value_and_grad": (1.02, -3),
-    "eqx adamw step": (1.10, -2),  # 1.17, 14 before value moves were tried without cascading (41 -> 38 combined)
+    "eqx loss": (0.85, -4),
+    "eqx value_and_grad": (1.02, -6),
+    "eqx adamw step": (1.09, -5),  # 1.17, 14 before value moves were tried without cascading (41 -> 38 combined)
 }
-_FLOOR = 0.85  # nnx loss predicts less than XLA sends (as GPT-2's loss: tests/test_inference_programs.py)
+# the losses predict less than XLA sends (as GPT-2's loss: tests/test_inference_programs.py): below the floor only
+# where XLA legitimately sends more (common.below_floor: 0.84, its collective-permutes and one more all-reduce)
+_FLOOR = 0.85
 
 
 def _communication(collectives: Any) -> tuple[int, float]:
@@ -151,7 +153,8 @@ def test_predict_check_apply(programs: dict[str, Program], name: str) -> None:
     ratio = float(report.predicted_bytes / report.compiled_bytes)
     extra = sum(report.predicted_counts.values()) - sum(report.compiled_operand_counts.values())
     bound, extra_bound = _REACHED[name]
-    assert _FLOOR <= ratio <= bound and extra <= extra_bound, (ratio, extra)
+    assert _FLOOR <= ratio or common.below_floor(report), (ratio, report.collective_checks)
+    assert ratio <= bound and extra <= extra_bound, (ratio, extra)
     assert predict(fn, *args, out_layouts=out_layouts) is report.prediction  # one Prediction, cached
 
     # plain jax.jit of fn on the same input and output shardings is what check compiled

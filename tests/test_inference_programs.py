@@ -631,7 +631,7 @@ def test_apply_runs_the_llama_loss_like_plain_jax(mesh: Any) -> None:
 # 1.02 / 0.99 / 1.41 with 19 / 100 / 165 -> 0.78 / 0.69 / 1.07 with 12 / 66 / 115 (GPT-2 as before). Llama's loss
 # and value_and_grad now predict less than XLA sends: XLA all-reduces a row-parallel partial and slices it, then
 # all-gathers it back (5 all-gathers where the prediction all-reduces once); below the floor only so
-# (:func:`_below_floor`).
+# (:func:`common.below_floor`).
 # Since value moves are also tried without cascading (a bias gradient sums its activation gradient as the matmuls
 # take it, all-reduced over tp, and is then dp-partial only, as XLA does): GPT-2 value_and_grad / adamw 0.90 / 1.02
 # with 47 / 60 -> 0.83 / 0.98 with 46 / 55 (combined 32 / 36 -> 31 / 35), Llama value_and_grad 65 -> 63 (49 -> 47).
@@ -643,22 +643,20 @@ def test_apply_runs_the_llama_loss_like_plain_jax(mesh: Any) -> None:
 # 0.93 with 42 / 43 (now within 0.9-1.1x XLA's bytes and below XLA's collectives; combined 31 / 35 -> 28 / 22),
 # Llama value_and_grad / adamw 0.686 / 1.04 with 63 / 111 -> 0.690 / 1.02 with 56 / 105 (combined 47 / 95 -> 38 /
 # 89). Both together: Llama adamw 0.96 with 98 operands (combined 82; XLA 96 operands, 48 compiled).
+# Since the finishing descent also offers each equation the candidate cheapest for its inputs with an input free
+# where another consumer already needs it so (program.py's shared_input_cost: Llama's weight gradients read the
+# normed activation as the forward matmuls gathered it, partial over dp, instead of gathering it over dp and
+# moving the parameter and both Adam moments to the transposed split and back): Llama value_and_grad / adamw
+# 0.690 / 0.96 with 56 / 98 -> 0.629 / 0.760 with 47 / 68 (combined 38 / 82 -> 28 / 50); GPT-2 unchanged.
 _REACHED = {
     ("gpt2", "loss"): (0.86, -2),
     ("gpt2", "value_and_grad"): (0.97, -9),
     ("gpt2", "adamw step"): (0.93, -15),
     ("llama", "loss"): (0.79, -6),
-    ("llama", "value_and_grad"): (0.70, -9),
-    ("llama", "adamw step"): (0.97, 2),
+    ("llama", "value_and_grad"): (0.63, -18),
+    ("llama", "adamw step"): (0.77, -28),
 }
 _FLOOR = {("gpt2", "loss"): 0.85}
-
-
-def _below_floor(report: Any) -> bool:
-    """Predicted bytes below the floor are allowed only where XLA legitimately sends more:
-    every collective kind where XLA sends more bytes has more XLA operands than predicted
-    collectives (check's note per kind: "XLA has N more; XLA sends N B per device more")."""
-    return all(c.compiled_bytes <= c.predicted_bytes or c.operands > c.predicted for c in report.collective_checks)
 
 
 # (model, function) -> extra predicted collectives allowed over XLA's compiled collectives once the
@@ -671,8 +669,8 @@ _COMBINED_REACHED = {
     ("gpt2", "value_and_grad"): 6,
     ("gpt2", "adamw step"): -1,
     ("llama", "loss"): -6,
-    ("llama", "value_and_grad"): 1,
-    ("llama", "adamw step"): 34,
+    ("llama", "value_and_grad"): -9,
+    ("llama", "adamw step"): 2,
 }
 
 
@@ -680,7 +678,7 @@ _COMBINED_REACHED = {
 def test_training_programs_predict_xlas_bytes(mesh: Any, model: str, mode: str) -> None:
     """check on the loss, value_and_grad and adamw step of GPT-2 and Llama (Megatron plan,
     dp=2 x tp=4): every output's layout agrees with XLA's, the predicted bytes per device
-    are at least 0.9x XLA's (``_FLOOR``; less only where XLA has more collectives, :func:`_below_floor`) and at
+    are at least 0.9x XLA's (``_FLOOR``; less only where XLA has more collectives, :func:`common.below_floor`) and at
     most the ratio reached, and the predicted collectives
     exceed XLA's (counted by operand) by at most the number reached."""
     module, cfg = (gpt2, gpt2.Config()) if model == "gpt2" else (llama, llama.Config())
@@ -689,7 +687,7 @@ def test_training_programs_predict_xlas_bytes(mesh: Any, model: str, mode: str) 
     assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
     ratio = float(report.predicted_bytes / report.compiled_bytes)
     bound, extra = _REACHED[model, mode]
-    assert _FLOOR.get((model, mode), 0.9) <= ratio or _below_floor(report), (ratio, report.collective_checks)
+    assert _FLOOR.get((model, mode), 0.9) <= ratio or common.below_floor(report), (ratio, report.collective_checks)
     assert ratio <= bound, ratio
     assert sum(report.predicted_counts.values()) <= sum(report.compiled_operand_counts.values()) + extra
     combined = report.predicted_combined_counts

@@ -39,8 +39,15 @@ Equinox's loss 1.17 -> 0.85x). A last descent from the kept result adds *reducin
 candidates reducing it there (or its own), every equation downstream re-chosen as eager
 dispatch would if it charged the partials it continues too, so partials are reduced where
 they meet a consumer instead of carried (kept on the value moves' terms below: Llama's
-adamw step 1.19 -> 1.07x XLA's bytes, 125 -> 115 collectives). Offered in every descent
-they would double the search's time; once, they add 0.2-0.3 s CPU to a cold predict of
+adamw step 1.19 -> 1.07x XLA's bytes, 125 -> 115 collectives), and *shared-input moves*
+(:meth:`_Search.alternatives`' ``shared``): an equation takes the candidate cheapest for its
+inputs with an input free where another consumer already needs it so (Llama's weight
+gradients read the normed activation as the forward matmuls gathered it and stay partial
+over ``dp``, instead of gathering it over ``dp`` and moving the parameter and both Adam
+moments to the transposed split and back: its adamw step 0.96 -> 0.76x XLA's bytes, 98 ->
+68 collectives; offered in every descent, Equinox's adamw step went 1.09 -> 1.20x).
+Reducing cascades offered in every descent would double the search's time;
+once, they add 0.2-0.3 s CPU to a cold predict of
 the training steps (the second search 0.5-0.6 s: GPT-2's adamw step 1.4 -> 2.2 s,
 Llama's 1.0 -> 1.8 s in all). The kept
 result never moves more than eager dispatch by the planner's prices (the prediction's
@@ -465,6 +472,12 @@ class _Search:
             path: _getter((path, *self.producers[path], *dict.fromkeys(c for c, _ in self.downstream[path])))
             for path in self.position
         }
+        # and, for the finishing descent's shared-input moves, the other consumers of its inputs' values
+        self.sharers = {
+            path: _getter(tuple(dict.fromkeys(c for src in self.sources[path] if src is not None
+                                              for c in self.consumer_paths[src])))
+            for path in self.position
+        }
         # evaluate() per move: (the equations its result depends on, their choices, the result)
         self.evaluations: dict[Move, list[tuple[Callable[[Choice], Any], Any, Evaluation]]] = {}
         self.alternative_moves: dict[tuple[str, Any], list[tuple[int, bool]]] = {}
@@ -684,7 +697,7 @@ class _Search:
         self.value_costs[key] = (nbytes, steps)
         return nbytes, steps
 
-    def alternatives(self, path: str, choice: Choice) -> list[tuple[int, bool]]:
+    def alternatives(self, path: str, choice: Choice, shared: bool = False) -> list[tuple[int, bool]]:
         """Moves worth a cascade. At an equation that makes, carries or receives partials:
         reducing them right there, into a split (the cheapest candidate without partial
         outputs) or to Replicate on those mesh dims (the cheapest that also splits
@@ -694,14 +707,22 @@ class _Search:
         making a weight gradient partial over the batch axis), and the candidate cheapest
         for its inputs and outputs together (:meth:`cheapest_around`), not cascading: the
         cheapest for its inputs alone ties on many (Equinox's embedding gradient took a
-        masked scatter split on the embedding dim, all-gathered back)."""
-        key = (path, self.local_deciders[path](choice))
+        masked scatter split on the embedding dim, all-gathered back). ``shared`` (the
+        finishing descent): also the candidate cheapest for its inputs where an input that
+        another consumer of its value already needs in that layout is free
+        (:meth:`shared_input_cost`), cascading: a weight gradient reading the normed
+        activation as the forward matmuls already gathered it, partial over ``dp`` and split
+        as its parameter over ``tp`` (Llama's adamw step had taken the cheapest for its inputs
+        alone, gathering over ``dp``: the gradient split on the transposed dims, the
+        parameter and both Adam moments moved to that layout by an all-to-all each and back
+        by an all-gather and an all-to-all each)."""
+        key = (path, self.local_deciders[path](choice), (self.sharers[path](choice),) if shared else None)
         known = self.alternative_moves.get(key)
         if known is None:
-            known = self.alternative_moves[key] = self._alternatives(path, choice)
+            known = self.alternative_moves[key] = self._alternatives(path, choice, shared)
         return known
 
-    def _alternatives(self, path: str, choice: Choice) -> list[tuple[int, bool]]:
+    def _alternatives(self, path: str, choice: Choice, shared: bool) -> list[tuple[int, bool]]:
         arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
         groups: list[tuple[Sequence[int], bool]] = []
         current = self.outs[path][choice[path]]
@@ -731,7 +752,23 @@ class _Search:
                     best = cheapest[id(group)] = self.cheapest(path, group, arriving)
                 if best != choice[path] and (best, follow) not in moves:
                     moves.append((best, follow))
+        if around and shared:
+            best = min(range(len(self.ins[path])), key=lambda k: (self.shared_input_cost(path, k, arriving, choice), k))
+            if best != choice[path] and (best, True) not in moves:
+                moves.append((best, True))
         return moves
+
+    def shared_input_cost(self, path: str, k: int, arriving: Sequence[State], choice: Choice) -> Cost:
+        """:meth:`input_cost` with an input free where another consumer of its value already
+        needs it in that layout (a compiled program redistributes it once for both)."""
+        nbytes, steps = 0.0, 0.0
+        for aval, src, need, source in zip(self.in_avals[path], arriving, self.ins[path][k], self.sources[path]):
+            consumers = self.consumers[source] if source is not None else ()
+            if any(c != path and self.ins[c][choice[c]][i] == need for c, i in consumers):
+                continue
+            move = self.cost(aval, src, need)
+            nbytes, steps = nbytes + move[0], steps + move[1]
+        return nbytes, steps
 
     def reducing_moves(self, path: str, choice: Choice) -> list[int]:
         """Reducing cascades at an equation that makes or receives partials: the
@@ -986,11 +1023,11 @@ class _Search:
                 return move[2] in self.reducing_moves(move[1], choice)
             if move[0] == _PULL:
                 return move[2:] in self.pull_moves(move[1], choice)
-            return move[1:] in self.alternatives(move[0], choice)
+            return move[1:] in self.alternatives(move[0], choice, reducing)
 
         def offer(paths: Any) -> None:
             for path in sorted(paths, key=self.position.__getitem__):
-                for k, follow in self.alternatives(path, choice):
+                for k, follow in self.alternatives(path, choice, reducing):
                     if (path, k, follow) not in evaluated or (path, k, follow) in stale:
                         evaluate((path, k, follow))
                 for k in self.reducing_moves(path, choice) if reducing else ():

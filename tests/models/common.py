@@ -56,6 +56,14 @@ def distribute_state(state: Any, params: Any) -> Any:
     return jax.tree.unflatten(tree, placed)
 
 
+def below_floor(report: Any) -> bool:
+    """Predicted bytes below a test's floor are allowed only where XLA legitimately sends more
+    (``report``: a :func:`placements2jax.check` report): every collective kind where XLA sends
+    more bytes has more XLA operands than predicted collectives (check's note per kind: "XLA
+    has N more; XLA sends N B per device more")."""
+    return all(c.compiled_bytes <= c.predicted_bytes or c.operands > c.predicted for c in report.collective_checks)
+
+
 def plain(tree: Any) -> Any:
     """A pytree of DTensors as plain global jax.Arrays (for the unsharded reference)."""
     return jax.tree.map(lambda x: x.full_tensor() if _is_dtensor(x) else x, tree, is_leaf=_is_dtensor)
