@@ -344,7 +344,7 @@ def rank_candidates(
     replicate = OneDSig((Replicate(),) * n_in, (Replicate(),) * len(out_avals))
     sigs = tuple(sorted(set(one_d) | {replicate}, key=_sig_key))  # one cache key per set of signatures
     avals = tuple(s.aval for s in specs) + tuple(out_avals)
-    allowed = trivial_dim_sigs(sigs, specs, mesh)
+    allowed = _trivial_dim_sigs(sigs, specs, mesh)
     if in_place:
         given = [tuple(placement_on(s.layout, m) for s in specs) for m in range(mesh.ndim)]
         allowed = tuple(tuple(sig for sig in sigs if sig.inputs == given[m]) for m in range(mesh.ndim))
@@ -361,7 +361,7 @@ def rank_candidates(
     return ranked
 
 
-def trivial_dim_sigs(
+def _trivial_dim_sigs(
     sigs: Sequence[OneDSig], specs: Sequence[TensorSpec], mesh: DeviceMesh
 ) -> tuple[tuple[OneDSig, ...], ...] | None:
     """Per mesh dim, the 1-D signatures candidates use there: all of them on a mesh dim of
@@ -619,7 +619,7 @@ def _bounded_best(
     tables_of = {sig: _placement_table(sig) for sig in ordered}
     avals = tuple(s.aval for s in specs) + out_avals
     shapes = _fit_shapes(avals, mesh.shape)
-    allowed = trivial_dim_sigs(ordered, specs, mesh)  # as rank_candidates: the same first candidate
+    allowed = _trivial_dim_sigs(ordered, specs, mesh)  # as rank_candidates: the same first candidate
     bounds = []
     pending_bounds = []
     for m in range(mesh.ndim):
