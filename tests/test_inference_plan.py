@@ -174,3 +174,36 @@ def test_plan_collectives_of_a_strided_route() -> None:
     plan = plan_redistribute((128,), jnp.float32, strided, plain.replicated())
     assert collectives == tuple((s.collective, s.cost) for s in plan.steps if s.nbytes)
     assert [kind for kind, _ in collectives] == ["all-gather"] and collectives[0][1] == 448
+
+
+def _squeeze(layout: Layout, mesh: Any) -> Layout:
+    """``layout`` without its size-1 mesh dims, on ``mesh`` (the same mesh without them)."""
+    real = [m for m, n in enumerate(layout.mesh.shape) if n > 1]
+    index = {m: i for i, m in enumerate(real)}
+    return Layout(mesh, tuple(tuple(index[m] for m in axes if m in index) for axes in layout.dim_axes),
+                  tuple(layout.partial[m] for m in real))
+
+
+_TRIVIAL_MESHES = {(1, 2, 2): ("t", "a", "b"), (2, 1, 2): ("a", "t", "b")}
+
+
+@given(data=st.data(), shape=st.sampled_from([(8, 8), (6, 5), (4, 12)]))
+def test_size_one_mesh_dims_are_planned_around_the_search(data: Any, shape: tuple[int, int]) -> None:
+    """A step on a size-1 mesh dim moves no data: a plan there is a chain of single mesh
+    dim steps like any other, its steps on size-1 dims send 0 bytes, and it costs what
+    the plan between the same layouts without those dims costs."""
+    mesh_shape = data.draw(st.sampled_from(sorted(_TRIVIAL_MESHES)))
+    mesh = init_device_mesh(mesh_shape, _TRIVIAL_MESHES[mesh_shape])
+    layouts = iter_layouts(mesh, 2, partial_ops=("sum", "max"))
+    src, dst = data.draw(st.sampled_from(layouts)), data.draw(st.sampled_from(layouts))
+    plan = plan_redistribute(shape, F32, src, dst)
+    state = src
+    for step in plan.steps:
+        assert step.before == state
+        changed = [m for m in range(3) if placement_on(step.before, m) != placement_on(step.after, m)]
+        assert changed == [step.mesh_dim]
+        assert step.nbytes == 0 or mesh_shape[step.mesh_dim] > 1
+        state = step.after
+    assert state == dst, f"{str(src)} -> {str(dst)} ended at {str(state)}"
+    squeezed = init_device_mesh((2, 2), ("a", "b"))
+    assert plan.cost == plan_redistribute(shape, F32, _squeeze(src, squeezed), _squeeze(dst, squeezed)).cost

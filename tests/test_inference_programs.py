@@ -693,3 +693,21 @@ def test_training_programs_predict_xlas_bytes(mesh: Any, model: str, mode: str) 
     combined = report.predicted_combined_counts
     assert all(combined[kind] <= n for kind, n in report.predicted_counts.items())
     assert sum(combined.values()) <= sum(report.compiled_counts.values()) + _COMBINED_REACHED[model, mode]
+
+
+def test_a_size_one_mesh_dim_predicts_what_the_mesh_without_it_does() -> None:
+    """Code written for multi-host meshes run with ``dp=1``: on a (1, 8) mesh a program is
+    predicted as on (8,) (the same bytes, the same placements on the 8-device dim), in
+    about the same time (the size-1 dim multiplies neither candidates nor planner states)."""
+
+    def step(x: jax.Array, w1: jax.Array, w2: jax.Array) -> jax.Array:
+        h = jnp.tanh(x @ w1)
+        return jnp.sum((h @ w2) ** 2, axis=0)
+
+    flat, wide = init_device_mesh((8,), ("tp",)), init_device_mesh((1, 8), ("dp", "tp"))
+    shapes = [(16, 32), (32, 64), (64, 32)]
+    flat_p = predict(step, *(spec(flat, s, p) for s, p in zip(shapes, ["S(0)", "S(1)", "S(0)"])))
+    wide_p = predict(step, *(spec(wide, s, p) for s, p in zip(shapes, ["R,S(0)", "R,S(1)", "R,S(0)"])))
+    assert wide_p.nbytes == flat_p.nbytes > 0
+    assert wide_p.collectives == flat_p.collectives
+    assert [str(x).split(",", 1)[1] for x in wide_p.out_layouts] == outs(flat_p)

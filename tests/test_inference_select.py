@@ -23,7 +23,7 @@ from placements2jax.inference.cost import resolve_cost_model
 from placements2jax.inference.select import (
     _first_inexact, _fit_class, _fit_shapes, _inexact_step, nest_orders, rank_candidates, signature_for,
 )
-from placements2jax.inference.signature import Aval, TensorSpec
+from placements2jax.inference.signature import Aval, TensorSpec, placement_on
 
 F32 = jnp.float32
 
@@ -482,3 +482,94 @@ def test_bounded_choice_is_the_full_rankings_first(data: Any) -> None:
         ranked[0].pending,
     )
     assert signature == Signature(signature.op, specs, tuple(ranked))
+
+
+# -- size-1 mesh dims (multi-host layouts run with dp=1) ----------------------------------------------------------
+
+_TRIVIAL_MESHES = [(1, 8), (1, 2, 4), (2, 1, 4), (1, 1, 1, 2, 2, 2)]
+_TRIVIAL_OPS = {  # op: (input shapes, placements per non-trivial mesh dim, params)
+    "matmul": (((64, 128), (128, 256)), (("S(0)", "R"), ("R", "S(1)"), ("S(1)", "S(0)")), {}),
+    "add": (((64, 128), (64, 128)), (("S(0)", "S(1)"), ("R", "S(0)"), ("S(1)", "R")), {}),
+    "sum": (((64, 128),), (("S(0)",), ("S(1)",), ("R",)), {"axis": 0}),
+}
+
+
+def _squeezed(mesh_shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(n for n in mesh_shape if n > 1)
+
+
+def _on_mesh(mesh: Any, per_real_dim: list[tuple[str, ...]], trivial: str) -> list[Layout]:
+    """Layouts per tensor on ``mesh``: the real dims' placements in turn, ``trivial`` on size-1 dims."""
+    real = iter(per_real_dim)
+    per_dim = [next(real) if n > 1 else None for n in mesh.shape]
+    layouts = []
+    for t in range(len(per_real_dim[0])):
+        dim_axes: list[tuple[int, ...]] = [(), ()]
+        for m, p in enumerate(per_dim):
+            placement = trivial if p is None else p[t]
+            if placement.startswith("S"):
+                dim_axes[int(placement[2])] += (m,)
+        layouts.append(Layout(mesh, tuple(dim_axes)))
+    return layouts
+
+
+# on a size-1 mesh dim split on dim 0 in every input: the placements there, inputs then outputs
+_TRIVIAL_SPLIT = {"matmul": ["S(0)", "R", "S(0)"], "add": ["S(0)", "S(0)", "S(0)"], "sum": ["S(0)", "P"]}
+
+
+@pytest.mark.parametrize("mesh_shape", _TRIVIAL_MESHES)
+@pytest.mark.parametrize("op", sorted(_TRIVIAL_OPS))
+@pytest.mark.parametrize("trivial", ["R", "S(0)"])
+def test_size_one_mesh_dims_do_not_multiply_candidates(mesh_shape: tuple[int, ...], op: str, trivial: str) -> None:
+    """A size-1 mesh dim moves no data whatever its placement: candidates keep the inputs'
+    placements there (or change the fewest: ``S(0) @ S(0)`` runs as ``S(0) @ R`` there),
+    no more of them than on the mesh without it, choosing what the squeezed mesh chooses on
+    the other dims, with torch's placements on the size-1 dims (``S(0) @ R`` stays ``S(0)``,
+    the sum over the split dim makes it ``P``)."""
+    shapes, placements, params = _TRIVIAL_OPS[op]
+    squeezed = _squeezed(mesh_shape)
+    names = tuple(f"m{i}" for i in range(len(mesh_shape)))
+    full = init_device_mesh(mesh_shape, names)
+    small = init_device_mesh(squeezed, tuple(n for n, k in zip(names, mesh_shape) if k > 1))
+    real = list(placements[: len(squeezed)])
+    on_full = _on_mesh(full, real, trivial)
+    on_small = _on_mesh(small, real, trivial)
+    signature = infer_signature(op, [(s, F32, p) for s, p in zip(shapes, on_full)], full, **params)
+    reference = infer_signature(op, [(s, F32, p) for s, p in zip(shapes, on_small)], small, **params)
+    trivial_dims = [m for m, n in enumerate(mesh_shape) if n == 1]
+    # R there: the one signature keeping it; S(0) @ S(0): S(0) @ R or S(1) @ S(0) (one input changed)
+    offered = 2 if trivial == "S(0)" and op == "matmul" else 1
+    assert len(signature.candidates) <= len(reference.candidates) * offered ** len(trivial_dims)
+    chosen, expected = signature.chosen, reference.chosen
+    real_dims = [m for m, n in enumerate(mesh_shape) if n > 1]
+    for got, want in zip(chosen.in_layouts + chosen.out_layouts, expected.in_layouts + expected.out_layouts):
+        assert [placement_on(got, m) for m in real_dims] == [placement_on(want, m) for m in range(len(squeezed))]
+    assert chosen.cost == expected.cost and chosen.pending == expected.pending
+    want = ["R"] * len(chosen.in_layouts + chosen.out_layouts) if trivial == "R" else _TRIVIAL_SPLIT[op]
+    for m in trivial_dims:
+        assert [str(placement_on(x, m)) for x in chosen.in_layouts + chosen.out_layouts] == want
+
+
+def test_size_one_mesh_dims_take_the_fewest_changes_there() -> None:
+    """Where no 1-D signature runs on the inputs' placements on a size-1 mesh dim, the
+    candidates change as few inputs there as possible: ``S(1) @ R`` slices the replicated
+    operand into a partial product (torch's choice: it moves nothing), on an 8-D mesh in
+    milliseconds (the direct product of every 1-D signature per mesh dim: 2 million)."""
+    mesh = init_device_mesh((1, 1, 1, 1, 1, 2, 2, 2), tuple("abcdefgh"))
+    signature = infer_signature("matmul", [((64, 128), F32, "S(1),R,R,R,R,R,R,S(0)"), ((128, 256), F32, "R,R,R,R,R,R,S(1),R")],
+                                mesh)
+    assert texts(signature.chosen.in_layouts) == ["S(1),R,R,R,R,R,R,S(0)", "S(0),R,R,R,R,R,S(1),R"]
+    assert texts(signature.chosen.out_layouts) == ["P,R,R,R,R,R,S(1),S(0)"]
+    assert signature.chosen.cost == 0 and signature.chosen.pending == 0
+    assert len(signature.candidates) < 400
+
+
+def test_constraints_on_size_one_mesh_dims_are_still_met() -> None:
+    """A constraint asking for another placement on a size-1 mesh dim than the inputs'
+    gets it (every combination is ranked then), at no cost."""
+    mesh = init_device_mesh((1, 8), ("dp", "tp"))
+    inputs = [((64, 128), F32, "S(1),S(0)"), ((128, 256), F32, "R,R")]
+    assert texts(infer_signature("matmul", inputs, mesh).chosen.out_layouts) == ["P,S(0)"]
+    signature = infer_signature("matmul", inputs, mesh, out_layouts="R,S(0)")
+    assert texts(signature.chosen.out_layouts) == ["R,S(0)"] and signature.chosen.cost == 0
+    assert texts(signature.chosen.in_layouts) == ["R,S(0)", "R,R"]

@@ -406,7 +406,10 @@ def _run_step(step: RedistributeStep, blocks: dict[int, np.ndarray]) -> dict[int
     return result
 
 
-PLAN_MESHES = [init_device_mesh((2, 2), ("a", "b")), init_device_mesh((2, 3), ("a", "b"))]
+PLAN_MESHES = [
+    init_device_mesh((2, 2), ("a", "b")), init_device_mesh((2, 3), ("a", "b")),
+    init_device_mesh((2, 1, 2), ("a", "t", "b")),  # a size-1 mesh dim: planned around the search
+]
 PLAN_LAYOUTS = {id(m): iter_layouts(m, 2, partial_ops=("sum", "avg", "max")) for m in PLAN_MESHES}
 
 

@@ -38,7 +38,20 @@ from placements2jax.layout import iter_layouts
 
 MESH1 = init_device_mesh((4,), ("x",))
 MESH2 = init_device_mesh((2, 4), ("dp", "tp"))
-MESHES = {"1d": MESH1, "2d": MESH2}
+MESH_DP1 = init_device_mesh((1, 4), ("dp", "tp"))  # multi-host code run with dp=1: a size-1 mesh dim
+MESHES = {"1d": MESH1, "2d": MESH2, "dp1": MESH_DP1}
+
+
+def _on_dp1(cases: list[tuple[Any, ...]], placements: tuple[int, ...]) -> list[tuple[Any, ...]]:
+    """``cases`` run on the (1, 4) mesh: the 1-D ones replicated on the size-1 dim, the 2-D
+    ones as written (their dp placements, partials included, on one device)."""
+    found = []
+    for case in cases:
+        if case[0] == "1d":
+            found.append(("dp1", *(f"R,{x}" if i in placements else x for i, x in enumerate(case[1:], 1))))
+        else:
+            found.append(("dp1", *case[1:]))
+    return found
 P_SUM, P_AVG, P_MAX, P_MIN = Partial("sum"), Partial("avg"), Partial("max"), Partial("min")
 
 
@@ -91,7 +104,7 @@ BINARY_CASES = [
 ]
 
 
-@pytest.mark.parametrize("mesh_name,shape,op,left,right", BINARY_CASES)
+@pytest.mark.parametrize("mesh_name,shape,op,left,right", BINARY_CASES + _on_dp1(BINARY_CASES, (3, 4)))
 def test_binary_ops_values_and_placements(
     mesh_name: str, shape: tuple[int, ...], op: str, left: str, right: str
 ) -> None:
@@ -187,7 +200,7 @@ MATMUL_CASES = [
 ]
 
 
-@pytest.mark.parametrize("mesh_name,sa,sb,left,right", MATMUL_CASES)
+@pytest.mark.parametrize("mesh_name,sa,sb,left,right", MATMUL_CASES + _on_dp1(MATMUL_CASES, (3, 4)))
 def test_matmul_values_and_placements(
     mesh_name: str, sa: tuple[int, ...], sb: tuple[int, ...], left: str, right: str
 ) -> None:

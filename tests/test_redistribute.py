@@ -217,7 +217,7 @@ def test_auto_mesh_redistribute():
         _assert_lands(dt.redistribute(placements=target), x, resolve_layout(mesh, target, 2))
 
 
-MESHES = [(8,), (2, 4), (4, 2), (2, 2, 2), (3,), (2, 3)]
+MESHES = [(8,), (2, 4), (4, 2), (2, 2, 2), (3,), (2, 3), (1, 4), (2, 1, 2)]  # size-1 dims: dp=1 runs
 
 
 @st.composite

@@ -389,6 +389,11 @@ class _Dijkstra:
         overhead: int = 0,
     ) -> None:
         self._src = src
+        # size-1 mesh dims are planned around the search, not in it (see _TrivialDims)
+        self._trivial = _TrivialDims.of(mesh_shape)
+        if self._trivial is not None:
+            src = self._trivial.strip(src)
+        self._active = tuple(m for m, n in enumerate(mesh_shape) if n > 1 or self._trivial is None)
         self._shape = shape
         self._itemsize = itemsize
         self._mesh_shape = mesh_shape
@@ -409,6 +414,8 @@ class _Dijkstra:
         ``limit``, else None, settling no layout that costs more."""
         src_partial = self._src[1]
         target = (dst[0], tuple(op if op and src_partial[m] == op else None for m, op in enumerate(dst[1])))
+        if self._trivial is not None:
+            target = self._trivial.strip(target)  # steps on size-1 mesh dims cost nothing
         while target not in self._settled:
             if self._heap and self._heap[0][0] > limit:
                 return None
@@ -417,6 +424,11 @@ class _Dijkstra:
         return cost if cost <= limit else None
 
     def path_to(self, target: State) -> list[_Move]:
+        if self._trivial is not None:
+            return self._trivial.around(self._src, target, self._path_to)
+        return self._path_to(target)
+
+    def _path_to(self, target: State) -> list[_Move]:
         while target not in self._settled:
             self._settle_next(target)
         moves: list[_Move] = []
@@ -437,7 +449,7 @@ class _Dijkstra:
             if state in self._settled:
                 continue
             self._settled.add(state)
-            for move in _moves(state, self._shape, self._itemsize, self._mesh_shape, self._factors):
+            for move in _moves(state, self._shape, self._itemsize, self._mesh_shape, self._factors, self._active):
                 if move.state in self._settled:
                     continue
                 added = move.scaled * weights[move.mesh_dim] + (self.overhead if move.scaled else 0)
@@ -451,13 +463,13 @@ class _Dijkstra:
 
 def _moves(
     state: State, shape: tuple[int, ...], itemsize: int, mesh_shape: tuple[int, ...],
-    factors: tuple[dict[str, int], ...],
+    factors: tuple[dict[str, int], ...], active: tuple[int, ...],
 ) -> Iterator[_Move]:
-    """The one-mesh-dim steps from ``state``; ``factors[m][kind]``: the bytes of a one-byte
-    block times the search's unit (see :class:`_Dijkstra`)."""
+    """The one-mesh-dim steps from ``state`` on the mesh dims ``active``; ``factors[m][kind]``:
+    the bytes of a one-byte block times the search's unit (see :class:`_Dijkstra`)."""
     dim_axes, partial = state
     ndim = len(dim_axes)
-    for m in range(len(mesh_shape)):
+    for m in active:
         split = next((d for d, axes in enumerate(dim_axes) if m in axes), None)
         block = block_bytes(shape, itemsize, dim_axes, mesh_shape, without=m)
         factor = factors[m]
@@ -477,6 +489,101 @@ def _moves(
             for d in range(ndim):
                 if d != split:
                     yield _Move(m, ALL_TO_ALL, d, (_append(gathered, d, m), partial), exchanged)
+
+
+class _TrivialDims:
+    """The size-1 mesh dims of a search's mesh, planned around the search instead of in it.
+
+    On one device every placement holds the whole tensor, so a step on a size-1 mesh dim
+    moves no data (0 bytes) and never makes another step cheaper; but searched like the
+    others, each such dim multiplies the free layouts settled before any costly one (every
+    split of every tensor dim, in every nest position: minutes on a (1, 1, 1, 1, 1, 2, 2, 2)
+    mesh, where users run multi-host code with ``dp=1``). So the search runs on layouts
+    without them, and a plan is: give up the source's placements on them that the target
+    does not keep (0-byte all-gathers and all-reduces), the searched steps (the kept ones
+    carried along unchanged), then the target's other splits on them (local slices, in mesh
+    order). The cost is the searched steps' alone, as the full search's would be."""
+
+    __slots__ = ("dims",)
+
+    def __init__(self, dims: tuple[int, ...]) -> None:
+        self.dims = dims
+
+    @classmethod
+    def of(cls, mesh_shape: tuple[int, ...]) -> _TrivialDims | None:
+        dims = tuple(m for m, n in enumerate(mesh_shape) if n == 1)
+        return cls(dims) if dims else None
+
+    def strip(self, state: State, keep: frozenset[int] = frozenset()) -> State:
+        """``state`` without its placements on the size-1 mesh dims (but those in ``keep``)."""
+        gone = set(self.dims) - keep
+        return (
+            tuple(tuple(a for a in axes if a not in gone) for axes in state[0]),
+            tuple(None if m in gone else op for m, op in enumerate(state[1])),
+        )
+
+    def around(self, src: State, target: State, search: Any) -> list[_Move]:
+        """The plan from ``src`` to ``target``: the steps on size-1 mesh dims around the
+        searched ones (``search``: the path between stripped states)."""
+        kept = self._kept(src, target)
+        if self._dress(self.strip(src), target, kept) != self.strip(src, kept):
+            kept = frozenset(m for m in kept if src[1][m])  # kept splits in another order: redone
+        moves = []
+        state = src
+        for m in self.dims:  # give up what the target does not keep
+            if m in kept:
+                continue
+            if state[1][m]:
+                state = (state[0], tuple(None if i == m else op for i, op in enumerate(state[1])))
+                moves.append(_Move(m, ALL_REDUCE, -1, state, 0))
+            elif any(m in axes for axes in state[0]):
+                state = (tuple(tuple(a for a in axes if a != m) for axes in state[0]), state[1])
+                moves.append(_Move(m, ALL_GATHER, -1, state, 0))
+        for move in search(self.strip(target)):
+            moves.append(move._replace(state=self._dress(move.state, target, kept)))
+        added = set(kept)
+        for m in self.dims:  # the target's other splits (its partials there are kept or come after)
+            d = next((d for d, axes in enumerate(target[0]) if m in axes), None)
+            if d is not None and m not in added:
+                added.add(m)
+                state = (self.strip(target, frozenset(added))[0], target[1])
+                moves.append(_Move(m, LOCAL_SLICE, d, state, 0))
+        return moves
+
+    def _kept(self, src: State, target: State) -> frozenset[int]:
+        """The size-1 mesh dims whose placement ``src`` and ``target`` share (the same partial,
+        or the same split in the same place among the other splits of its tensor dim)."""
+        kept = set()
+        for m in self.dims:
+            if src[1][m]:
+                if target[1][m] == src[1][m]:
+                    kept.add(m)
+                continue
+            for s_axes, t_axes in zip(src[0], target[0]):
+                if m in s_axes and m in t_axes and self._position(s_axes, m) == self._position(t_axes, m):
+                    kept.add(m)
+        return frozenset(kept)
+
+    def _position(self, axes: tuple[int, ...], m: int) -> int:
+        """How many splits of more than one device come before size-1 mesh dim ``m`` in ``axes``."""
+        return sum(1 for a in axes[: axes.index(m)] if a not in self.dims)
+
+    def _dress(self, state: State, target: State, kept: frozenset[int]) -> State:
+        """A stripped state with the kept placements put back: the kept partials, and each kept
+        split in its place among the tensor dim's other splits (as in ``target``)."""
+        partial = tuple(target[1][m] if m in kept else op for m, op in enumerate(state[1]))
+        dim_axes = []
+        for axes, t_axes in zip(state[0], target[0]):
+            mine = [m for m in t_axes if m in kept]
+            if mine:
+                dressed: list[int] = []
+                for i in range(len(axes) + 1):
+                    dressed += [m for m in mine if min(self._position(t_axes, m), len(axes)) == i]
+                    if i < len(axes):
+                        dressed.append(axes[i])
+                axes = tuple(dressed)
+            dim_axes.append(axes)
+        return (tuple(dim_axes), partial)
 
 
 def _append(dim_axes: DimAxes, dim: int, mesh_dim: int) -> DimAxes:

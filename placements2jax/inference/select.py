@@ -278,12 +278,21 @@ def _infer(
 
 
 def nest_orders(mesh: DeviceMesh, layouts: Sequence[Layout]) -> tuple[tuple[int, ...], ...]:
-    """Mesh order first; on meshes of up to ``_ALL_ORDERS_UP_TO`` dims every other order
-    too (e.g. moving a split onto a dim another mesh dim already splits, as the minor
-    one, is one all-to-all); on larger meshes the orders implied by ``layouts``."""
+    """Mesh order first; on meshes of up to ``_ALL_ORDERS_UP_TO`` dims of more than one
+    device every other order of those too (e.g. moving a split onto a dim another mesh dim
+    already splits, as the minor one, is one all-to-all; size-1 mesh dims stay in place:
+    where one of them nests splits nothing); on larger meshes the orders implied by
+    ``layouts``."""
     orders = [tuple(range(mesh.ndim))]
-    if mesh.ndim <= _ALL_ORDERS_UP_TO:
-        return tuple(orders + [p for p in itertools.permutations(range(mesh.ndim)) if p != orders[0]])
+    real = [m for m, n in enumerate(mesh.shape) if n > 1]
+    if len(real) <= _ALL_ORDERS_UP_TO:
+        for permuted in itertools.permutations(real):
+            order = list(orders[0])
+            for m, new in zip(real, permuted):
+                order[m] = new
+            if tuple(order) != orders[0]:
+                orders.append(tuple(order))
+        return tuple(orders)
     for layout in layouts:
         order = _implied_order(layout)
         if order not in orders:
@@ -335,13 +344,73 @@ def rank_candidates(
     replicate = OneDSig((Replicate(),) * n_in, (Replicate(),) * len(out_avals))
     sigs = tuple(sorted(set(one_d) | {replicate}, key=_sig_key))  # one cache key per set of signatures
     avals = tuple(s.aval for s in specs) + tuple(out_avals)
-    allowed = None
+    allowed = _trivial_dim_sigs(sigs, specs, mesh)
     if in_place:
         given = [tuple(placement_on(s.layout, m) for s in specs) for m in range(mesh.ndim)]
         allowed = tuple(tuple(sig for sig in sigs if sig.inputs == given[m]) for m in range(mesh.ndim))
         if in_constraint is not None and any(c is not None and c is not s.layout for c, s in zip(in_constraint, specs)):
             return []
         in_constraint = tuple(s.layout for s in specs)
+    ranked = _ranked(sigs, specs, avals, out_avals, mesh, orders, cost_model, allowed, out_constraint, in_constraint,
+                     strided, gathered)
+    if not ranked and allowed is not None and not in_place:
+        # nothing valid with the trivial mesh dims following the inputs (a constraint or a
+        # joint condition asks otherwise there): every combination, as on other meshes
+        ranked = _ranked(sigs, specs, avals, out_avals, mesh, orders, cost_model, None, out_constraint, in_constraint,
+                         strided, gathered)
+    return ranked
+
+
+def _trivial_dim_sigs(
+    sigs: Sequence[OneDSig], specs: Sequence[TensorSpec], mesh: DeviceMesh
+) -> tuple[tuple[OneDSig, ...], ...] | None:
+    """Per mesh dim, the 1-D signatures candidates use there: all of them on a mesh dim of
+    more than one device; on a mesh dim of size 1 (a multi-host layout run with ``dp=1``)
+    those changing the inputs' placements there least (:func:`_changes`; most often the
+    one keeping them all, as given). None on meshes without size-1 dims.
+
+    On one device every placement holds the whole tensor (a partial over one device is
+    its own sum), so a size-1 mesh dim moves no data whichever signature it uses; offering
+    every signature there would multiply the candidates by their number per such dim
+    (61,552 for a matmul on a (1, 1, 1, 2, 2, 2) mesh instead of 55) for no change in
+    cost. Keeping the inputs' placements gives the outputs the placements torch's DTensor
+    gives on such a dim (it keeps placements on size-1 dims as written and prices a change
+    there by its collective's latency: ``S(0) @ R`` stays ``S(0)``, ``S(1) @ R`` becomes
+    ``P`` by slicing the replicated operand, ``S(0) @ S(0)`` gathers the second operand),
+    so results stay well defined and deterministic."""
+    if 1 not in mesh.shape:
+        return None
+    allowed = []
+    for m, n in enumerate(mesh.shape):
+        if n > 1:
+            allowed.append(tuple(sigs))
+            continue
+        given = tuple(placement_on(s.layout, m) for s in specs)
+        changes = [_changes(given, sig.inputs) for sig in sigs]
+        least = min(changes)
+        allowed.append(tuple(sig for sig, c in zip(sigs, changes) if c == least))
+    return tuple(allowed)
+
+
+def _changes(given: Sequence[Placement], wanted: Sequence[Placement]) -> tuple[int, int, int]:
+    """How much a 1-D signature changes the inputs' placements on a size-1 mesh dim, as
+    torch orders those changes there: collectives (its costs are their latencies: a
+    local slice of a replicated input is free), then splits moved to another tensor dim
+    (torch adds a penalty to its all-to-all), then every change."""
+    moved = [(p, q) for p, q in zip(given, wanted) if p != q]
+    communicating = [(p, q) for p, q in moved if not isinstance(p, Replicate)]
+    exchanged = sum(1 for p, q in communicating if isinstance(p, Shard) and isinstance(q, Shard))
+    return (len(communicating), exchanged, len(moved))
+
+
+def _ranked(
+    sigs: tuple[OneDSig, ...], specs: Sequence[TensorSpec], avals: tuple[Aval, ...], out_avals: Sequence[Aval],
+    mesh: DeviceMesh, orders: Sequence[tuple[int, ...]], cost_model: CostModel,
+    allowed: tuple[tuple[OneDSig, ...], ...] | None, out_constraint: Constraint, in_constraint: Constraint,
+    strided: bool, gathered: bool,
+) -> list[Candidate]:
+    """:func:`rank_candidates`' list with ``allowed`` signatures per mesh dim (None: all)."""
+    n_in = len(specs)
     choices = _layout_choices(sigs, tuple(s.joint for s in sigs), _fit_shapes(avals, mesh.shape), mesh, tuple(orders),
                               allowed)
     planner = InputPlans(tuple(specs), cost_model)
@@ -550,6 +619,7 @@ def _bounded_best(
     tables_of = {sig: _placement_table(sig) for sig in ordered}
     avals = tuple(s.aval for s in specs) + out_avals
     shapes = _fit_shapes(avals, mesh.shape)
+    allowed = _trivial_dim_sigs(ordered, specs, mesh)  # as rank_candidates: the same first candidate
     bounds = []
     pending_bounds = []
     for m in range(mesh.ndim):
@@ -558,7 +628,8 @@ def _bounded_best(
         given = tuple(placement_on(s.layout, m) for s in specs)
         weight = cost_model.weight(mesh, m)
         parts = [_dim_bound(sig, given, blocks[:n_in], blocks[n_in:], mesh.shape[m], weight) for sig in ordered]
-        bounds.append([float(moved + pending) for moved, pending in parts])
+        bounds.append([(k, float(moved + pending)) for k, (moved, pending) in enumerate(parts)
+                       if allowed is None or ordered[k] in allowed[m]])
         pending_bounds.append([pending for _, pending in parts])
     weights = cost_model.weights(mesh)
     scale = cost_scale(mesh.shape, weights)
@@ -568,7 +639,7 @@ def _bounded_best(
     # order, the sums built one mesh dim at a time (the same floats as summing each afresh)
     entries: list[tuple[float, tuple[int, ...]]] = [(0, ())]
     for row in bounds:
-        entries = [(total + b, ix + (k,)) for total, ix in entries for k, b in enumerate(row)]
+        entries = [(total + b, ix + (k,)) for total, ix in entries for k, b in row]
     entries.sort(key=_first)
     found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]] = {}
     layout_cache: dict[Any, Layout] = {}
@@ -635,7 +706,7 @@ def _states_within(
     bring the inputs to its layouts within ``budget``? Each input at its cheapest over the
     nest orders (valid or not: a lower bound), without building layouts (``searches``: the
     planner's search from each input, costs times ``scale``)."""
-    nests = _nests(placements)
+    nests = _nests(placements, mesh_shape)
     left = math.floor(budget * scale)  # in the searches' exact integer units
     for t, spec in enumerate(specs):
         if left < 0:
@@ -726,7 +797,7 @@ def _add_layouts(
     matters), each entered in ``found`` with the least ``(keys, order)`` giving it; returns
     the layouts ``found`` did not hold before."""
     new = []
-    for order in orders if _nests(placements) else orders[:1]:
+    for order in orders if _nests(placements, mesh.shape) else orders[:1]:
         tables = _tables(combo, placements, order, shapes, mesh.shape)
         if tables is None or any(s.joint is not None and not s.joint(tables, mesh.shape) for s in combo):
             continue
@@ -753,10 +824,12 @@ def _placement_table(sig: OneDSig) -> tuple[tuple[int, Any], ...]:
     )
 
 
-def _nests(placements: Sequence[tuple[tuple[int, Any], ...]]) -> bool:
-    """Does some tensor dim get split by several mesh dims (so the nest order matters)?"""
+def _nests(placements: Sequence[tuple[tuple[int, Any], ...]], mesh_shape: tuple[int, ...]) -> bool:
+    """Does some tensor dim get split by several mesh dims of more than one device (so the
+    nest order matters)? A size-1 mesh dim splits nothing wherever it nests: mesh order
+    alone puts it in place (every order would give the same data as new layouts)."""
     for per_tensor in zip(*placements):  # each tensor's entries, one per mesh dim
-        dims = [dim for dim, _ in per_tensor if dim is not None]
+        dims = [dim for (dim, _), n in zip(per_tensor, mesh_shape) if dim is not None and n > 1]
         if len(dims) != len(set(dims)):
             return True
     return False
