@@ -28,6 +28,7 @@ def _fixed(ndim: int) -> dict[str, str]:
 
 MESHES = (((2, 4), ("dp", "tp")), ((4, 2), ("dp", "tp")), ((8,), ("tp",)))
 TIME_LIMIT = 60.0  # seconds, the issue's bound for a 4-layer GPT-class step on dp=2 x tp=4
+CHECK_LIMIT = 1.1  # the issue's bound on an auto plan's compiled bytes against its predicted bytes
 
 
 def _even_batch(args: tuple[Any, ...], mesh_shape: tuple[int, ...]) -> tuple[Any, ...]:
@@ -118,6 +119,7 @@ of 4 sequences (8 on the (8,) mesh, so that the batch splits evenly: XLA compile
     )
     rows, plans, times, checks = [], [], [], []
     all_below, all_below_xla = True, True
+    confirmed: list[tuple[float, str]] = []  # the auto plan's XLA-compiled / predicted bytes, per case
     fits_tight = True
     for name, step, args, megatron in _problems(config.quick):
         meshes = MESHES[:1] if config.quick else MESHES
@@ -149,6 +151,8 @@ of 4 sequences (8 on the (8,) mesh, so that the batch splits evenly: XLA compile
                 all_below &= result.figures.nbytes <= preset.nbytes
                 both = auto_xla is not None and preset_xla is not None
                 all_below_xla &= not both or auto_xla.nbytes <= preset_xla.nbytes
+                if auto_xla is not None:
+                    confirmed.append((auto_xla.nbytes / max(result.figures.nbytes, 1.0), f"{name} on {shape} at {label}'s"))
                 rows.append((name, "x".join(map(str, shape)), f"{label}'s ({format_bytes(budget)})",
                              format_bytes(result.figures.nbytes), format_bytes(preset.nbytes),
                              format_bytes(auto_xla.nbytes) if auto_xla else "uneven",
@@ -183,6 +187,13 @@ of 4 sequences (8 on the (8,) mesh, so that the batch splits evenly: XLA compile
     section.targets.append(Target(
         "at a preset's memory budget, auto's predicted bytes <= the preset's (issue's first form)",
         "yes" if all_below else "no", "all", all_below,
+    ))
+    within = [(ratio, case) for ratio, case in confirmed if 1 / CHECK_LIMIT <= ratio <= CHECK_LIMIT]
+    worst = max(confirmed, key=lambda rc: max(rc[0], 1 / rc[0]), default=(1.0, "-"))
+    section.targets.append(Target(
+        f"check of the auto plan: XLA-compiled bytes within {CHECK_LIMIT}x of predicted (issue's check target)",
+        f"{len(within)} of {len(confirmed)} compilable cases (furthest: {worst[1]}, {worst[0]:.2f}x)", "all",
+        len(within) == len(confirmed),
     ))
     section.targets.append(Target(
         "the auto plan fits the Megatron budget, which replication exceeds", "yes" if fits_tight else "no",
