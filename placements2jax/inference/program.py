@@ -562,19 +562,10 @@ class _Search:
             best = min(exact, key=lambda k: (self.pending(path, k, given), k))
         else:
             best, best_key, bound = 0, None, math.inf
-            costs, in_avals = self.costs, self.in_avals[path]
-            for k, needs in enumerate(self.ins[path]):
-                nbytes, steps = 0.0, 0.0
-                for aval, src, need in zip(in_avals, arriving, needs):
-                    if src != need:  # cost()'s memo read inline (and its zero, which adds nothing, skipped)
-                        move = costs.get((aval, src, need))
-                        if move is None:
-                            move = self.cost(aval, src, need)
-                        nbytes, steps = nbytes + move[0], steps + move[1]
-                        if nbytes > bound:  # costs and charges are >= 0: it cannot come first any more
-                            break
-                else:
-                    key = (nbytes + self.pending(path, k, given), steps)
+            for k in range(len(self.ins[path])):
+                found = self.input_cost(path, k, arriving, bound)  # pending charges are >= 0 too
+                if found is not None:
+                    key = (found[0] + self.pending(path, k, given), found[1])
                     if best_key is None or key < best_key:
                         best, best_key, bound = k, key, key[0]
         self.greedy_by_producers[by_producers] = best
@@ -849,9 +840,10 @@ class _Search:
     ) -> Cost | None:
         """:meth:`cheapest_around`'s cost of candidate ``k`` (``needs``: per output, the
         layouts its consumers need), or None once its bytes exceed ``bound``."""
-        nbytes, steps = self.input_cost(path, k, arriving)
-        if nbytes > bound:
+        found = self.input_cost(path, k, arriving, bound)
+        if found is None:
             return None
+        nbytes, steps = found
         for j, (aval, out) in enumerate(zip(self.out_avals[path], self.outs[path][k])):
             owed = self.charge((path, j), aval, out)
             nbytes, steps = nbytes + owed[0], steps + owed[1]
@@ -916,29 +908,26 @@ class _Search:
         ``(input_cost(k), k)`` (:meth:`input_cost`), leaving a candidate as soon as its bytes
         so far exceed the best's (costs are >= 0, and so are partial sums of them)."""
         best, best_key, bound = ks[0], None, math.inf
-        costs, in_avals, ins = self.costs, self.in_avals[path], self.ins[path]
         for k in ks:
-            nbytes, steps = 0.0, 0.0
-            for aval, src, need in zip(in_avals, arriving, ins[k]):
-                if src != need:  # cost()'s memo read inline (and its zero, which adds nothing, skipped)
-                    move = costs.get((aval, src, need))
-                    if move is None:
-                        move = self.cost(aval, src, need)
-                    nbytes, steps = nbytes + move[0], steps + move[1]
-                    if nbytes > bound:
-                        break
-            else:
-                key = ((nbytes, steps), k)
-                if best_key is None or key < best_key:
-                    best, best_key, bound = k, key, nbytes
+            found = self.input_cost(path, k, arriving, bound)
+            if found is not None and (best_key is None or (found, k) < best_key):
+                best, best_key, bound = k, (found, k), found[0]
         return best
 
-    def input_cost(self, path: str, k: int, arriving: Sequence[State]) -> Cost:
-        """The redistribution of ``arriving`` inputs into candidate ``k`` of ``path``."""
+    def input_cost(self, path: str, k: int, arriving: Sequence[State], bound: float = math.inf) -> Cost | None:
+        """The redistribution of ``arriving`` inputs into candidate ``k`` of ``path``, or
+        None as soon as its bytes exceed ``bound`` (costs are >= 0: the candidate cannot
+        come first any more). cost()'s memo is read inline: this is the search's hot loop."""
         nbytes, steps = 0.0, 0.0
+        costs = self.costs
         for aval, src, need in zip(self.in_avals[path], arriving, self.ins[path][k]):
-            move = self.cost(aval, src, need)
-            nbytes, steps = nbytes + move[0], steps + move[1]
+            if src != need:  # equal states cost nothing (cost()'s zero, which adds nothing)
+                move = costs.get((aval, src, need))
+                if move is None:
+                    move = self.cost(aval, src, need)
+                nbytes, steps = nbytes + move[0], steps + move[1]
+                if nbytes > bound:
+                    return None
         return nbytes, steps
 
     def delta(self, changes: dict[str, int], choice: Choice, settled: dict[Any, Cost] | None = None) -> Cost:
