@@ -1054,7 +1054,7 @@ def _xla_choice(evaluator: _Evaluator, seeds: Mapping[str, dict[int, Layout]], f
     # compiles started with the search)
     references = [k for k in dict.fromkeys(seeded) if fits(_checked_memory(*both(k)))]
     # a finalist predicted above a fitting preset is never preferred (_xla_best): it is compiled
-    # only when no plan is, for XLA's best of all (GPT-2 on 2x4 and 4x2: two compiles saved)
+    # only when no plan is, for XLA's best of all (GPT-2 on 2x4 and 4x2 at Megatron's budget, on 77ca677's search: two compiles saved)
     bound = min((memo[k].nbytes for k in references), default=math.inf)
     deferred = [k for k in finalists if k not in seeded and memo[k].nbytes > bound]
     for k in finalists:
@@ -1113,8 +1113,8 @@ def _xla_best(keys: Sequence[_K], figures: _Figures[_K], references: Sequence[_K
     """The plan of ``keys`` XLA compiles to the fewest bytes (ties: the lower predicted
     objective) among the :func:`_preferred` ones when there are any, else among all
     ``keys``. (XLA's best alone can predict more than a preset: GPT-2 on 4x2 at Megatron's
-    budget, where predict prices Megatron's step as a program XLA does not compile:
-    docs/autoplan.md.)"""
+    budget on 77ca677's search, where predict priced Megatron's step as a program XLA does
+    not compile: docs/autoplan.md.)"""
     return min(_preferred(keys, figures, references) or keys,
                key=lambda k: (_nbytes(figures(k)[1]), figures(k)[0].objective))
 
