@@ -33,7 +33,7 @@ from .physical import physical
 from .schedules import choose, default_policy
 from .inference import CostModel, plan_redistribute
 from .inference.check import collective_nbytes
-from .inference.cost import LOCAL_PARTIAL, LOCAL_SLICE
+from .inference.cost import COMMUNICATING
 from .inference.table import format_table
 from .layout import Layout, resolve_layout
 from .mesh import DeviceMesh, init_device_mesh
@@ -657,7 +657,8 @@ def differences(report: dict[str, Any], dtype: str, backend: str) -> list[str]:
     steps XLA fused or replaced, and the bytes each side sends. ``dtype`` is the tensor's
     HLO element type (``f32``, ``bf16``), ``backend`` JAX's platform name."""
     plan, compiled = report["plan"], report["compiled"]
-    planned = [s for s in plan["steps"] if s["collective"] not in (LOCAL_SLICE, LOCAL_PARTIAL)]
+    sizes = report["mesh"]["shape"]  # a step over one device (a size-1 mesh dim) compiles to nothing
+    planned = [s for s in plan["steps"] if s["collective"] in COMMUNICATING and sizes[s["mesh_dim"]] > 1]
     ran = list(enumerate(compiled["collectives"]))
     if not planned and not ran:
         return []

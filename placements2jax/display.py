@@ -14,7 +14,6 @@ from fractions import Fraction
 
 from .hlo import Collective
 from .inference.check import collective_nbytes
-from .inference.cost import LOCAL_PARTIAL, LOCAL_SLICE
 from .inference.signature import RedistributeStep
 from .inference.table import format_bytes, format_table
 from .mesh import DeviceMesh
@@ -29,11 +28,11 @@ def communication(
     mesh: DeviceMesh, predicted: Iterable[RedistributeStep], compiled: Iterable[Collective]
 ) -> Communication:
     """Per (collective, mesh axes), sorted: the predicted steps' count and bytes per
-    device (local slices and local partials, which move nothing, left out), then the
-    compiled collectives' count and bytes per device."""
+    device (local slices, local partials and steps over one device, which move nothing,
+    left out), then the compiled collectives' count and bytes per device."""
     table: dict[tuple[str, str], list] = {}
     for step in predicted:
-        if step.nbytes or step.collective not in (LOCAL_SLICE, LOCAL_PARTIAL):
+        if step.communicates:
             entry = table.setdefault((step.collective, step.axis), [0, Fraction(0), 0, Fraction(0)])
             entry[0] += 1
             entry[1] += step.nbytes

@@ -711,3 +711,48 @@ def test_a_size_one_mesh_dim_predicts_what_the_mesh_without_it_does() -> None:
     assert wide_p.nbytes == flat_p.nbytes > 0
     assert wide_p.collectives == flat_p.collectives
     assert [str(x).split(",", 1)[1] for x in wide_p.out_layouts] == outs(flat_p)
+
+
+def _moves(prediction: Any) -> list[tuple[Any, ...]]:
+    """A prediction's steps, collective for collective (the mesh axis named, not numbered)."""
+    return [(s.axis, s.collective, s.src, s.dst, s.nbytes) for s in prediction.steps]
+
+
+@pytest.mark.parametrize(
+    ("shape", "names", "placements", "squeezed"),
+    [
+        ((1, 8), ("dp", "tp"), ["S(0),R", "S(0),S(1)", "S(1),S(0)"], ["R", "S(1)", "S(0)"]),
+        ((2, 1, 4), ("dp", "pp", "tp"), ["S(0),S(1),R", "R,S(0),S(1)", "R,S(1),S(0)"], ["S(0),R", "R,S(1)", "R,S(0)"]),
+    ],
+)
+def test_no_collective_over_one_device(
+    shape: tuple[int, ...], names: tuple[str, ...], placements: list[str], squeezed: list[str]
+) -> None:
+    """A step on a size-1 mesh dim (gathering a split there, reducing a partial there)
+    moves nothing and compiles to nothing: the plans keep it (their steps chain), but the
+    prediction's steps, collectives and combined collectives leave it out, as check does,
+    and match the mesh without that dim's collective for collective."""
+
+    def step(x: jax.Array, w1: jax.Array, w2: jax.Array) -> tuple[jax.Array, jax.Array]:
+        h = jax.nn.gelu(x @ w1)
+        return jnp.sum(h @ w2), h
+
+    mesh = init_device_mesh(shape, names)
+    flat = init_device_mesh(tuple(n for n in shape if n > 1), tuple(a for a, n in zip(names, shape) if n > 1))
+    shapes = [(16, 32), (32, 64), (64, 32)]
+    args = [spec(mesh, s, p) for s, p in zip(shapes, placements)]
+    flat_args = [spec(flat, s, p) for s, p in zip(shapes, squeezed)]
+    replicated, flat_replicated = ((",".join(["R"] * m.ndim),) * 2 for m in (mesh, flat))
+    prediction = predict(step, *args, out_layouts=replicated)
+    flat_p = predict(step, *flat_args, out_layouts=flat_replicated)
+    planned = [s for plan in prediction.redistributions for s in plan.steps]
+    assert any(s.over_one_device and s.collective in ("all-gather", "all-reduce") for s in planned)  # there to drop
+    assert not any(s.over_one_device for s in prediction.steps)
+    assert not any(s.over_one_device for e in prediction.equations for _, s in e.steps)
+    assert _moves(prediction) == _moves(flat_p) and prediction.nbytes == flat_p.nbytes > 0
+    assert prediction.collectives == flat_p.collectives
+    assert prediction.combined_counts == flat_p.combined_counts
+    report = check(step, *args, out_layouts=replicated)
+    assert report.predicted_counts == report.compiled_counts == prediction.combined_counts
+    assert report.predicted_collectives == check(step, *flat_args, out_layouts=flat_replicated).predicted_collectives
+

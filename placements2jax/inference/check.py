@@ -65,20 +65,14 @@ from ..hlo import Collective, parse_collectives
 from ..layout import Layout
 from ..mesh import DeviceMesh
 from .combine import CombinedCollective, combine, combiner_rules, planned_collectives
-from .cost import (
-    ALL_GATHER,
-    ALL_REDUCE,
-    ALL_TO_ALL,
-    REDUCE_SCATTER,
-    CostModelLike,
-    collective_nbytes,
-)
+from .cost import ALL_REDUCE, REDUCE_SCATTER, CostModelLike, collective_nbytes
 from .frameworks import bind
 from .jaxpr import Prediction, predict
 from .plan import plan_redistribute
 from .signature import (
     Aval,
     RedistributePlan,
+    RedistributeStep,
     as_tensor_specs,
     flatten_inputs,
 )
@@ -90,7 +84,6 @@ EQUAL = "equal"
 XLA_REDUCED = "xla reduced partial"
 DIFFERS = "differs"
 SAME_BYTES = "same bytes"
-_COMMUNICATING = (ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER, ALL_REDUCE)
 
 
 @dataclass(frozen=True)
@@ -177,17 +170,22 @@ class CheckReport:
         return format_table(("where", "tensor", "move", "schedule", "collectives", "bytes per device"), rows)
 
     @property
-    def predicted_collectives(self) -> list[tuple[str, Fraction]]:
-        """(kind, bytes) of every predicted collective, conversions of outputs to XLA's
-        layouts included, as the compiled program would run them (see module docstring)."""
+    def _communicating_steps(self) -> list[RedistributeStep]:
+        """The prediction's steps and its outputs' conversions to XLA's layouts that XLA
+        compiles to collectives (:attr:`.RedistributeStep.communicates`: not local, not
+        over one device)."""
         steps = list(self.prediction.steps)
         for out in self.outputs:
             if out.conversion is not None:
                 steps += out.conversion.steps
+        return [step for step in steps if step.communicates]
+
+    @property
+    def predicted_collectives(self) -> list[tuple[str, Fraction]]:
+        """(kind, bytes) of every predicted collective, conversions of outputs to XLA's
+        layouts included, as the compiled program would run them (see module docstring)."""
         result = []
-        for step in steps:
-            if step.collective not in _COMMUNICATING or step.before.mesh.shape[step.mesh_dim] == 1:
-                continue  # local, or over one device (a size-1 mesh dim): XLA compiles no collective
+        for step in self._communicating_steps:
             if step.collective == REDUCE_SCATTER and self.platform == "cpu":
                 result.append((ALL_REDUCE, 2 * step.nbytes))
             else:
@@ -222,11 +220,7 @@ class CheckReport:
     def collective_checks(self) -> tuple[CollectiveCheck, ...]:
         """Predicted vs compiled per collective kind, with XLA's legitimate differences
         (module docstring) named per kind."""
-        scatters = [s.nbytes for s in self.prediction.steps if s.collective == REDUCE_SCATTER]
-        scatters += [
-            s.nbytes for o in self.outputs if o.conversion is not None
-            for s in o.conversion.steps if s.collective == REDUCE_SCATTER
-        ]
+        scatters = [s.nbytes for s in self._communicating_steps if s.collective == REDUCE_SCATTER]
         if self.platform != "cpu":
             scatters = []
         lowered = len(scatters)

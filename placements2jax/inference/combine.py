@@ -41,13 +41,12 @@ from typing import Any
 
 from ..errors import InferenceError
 from ..layout import Layout
-from .cost import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER
+from .cost import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 from .signature import RedistributePlan
 
 __all__ = ["BACKENDS", "CombinedCollective", "CombinerRules", "PlannedCollective", "combine", "combiner_rules",
            "planned_collectives"]
 
-_COMMUNICATING = (ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER, ALL_REDUCE)
 _LOOPS = ("scan", "while", "cond")
 _NO_LIMIT = 2**63 - 1
 _GPU_THRESHOLD = 30 * 1024 * 1024 + 7  # kDefault{AllReduce,AllGather,ReduceScatter}CombineThreshold
@@ -187,7 +186,7 @@ def planned_collectives(
             return shared[key]
         after = before(source)
         for step in plan.steps:
-            if step.collective not in _COMMUNICATING:
+            if not step.communicates:  # local, or over one device: XLA compiles nothing
                 continue
             kind = rules.compiled_kind(step.collective)
             result.append(PlannedCollective(

@@ -40,6 +40,7 @@ __all__ = [
     "ALL_TO_ALL",
     "COLLECTIVES",
     "COLLECTIVE_PERMUTE",
+    "COMMUNICATING",
     "LOCAL_PARTIAL",
     "LOCAL_SLICE",
     "REDUCE_SCATTER",
@@ -62,6 +63,7 @@ LOCAL_SLICE = "local-slice"
 LOCAL_PARTIAL = "local-partial"
 COLLECTIVE_PERMUTE = "collective-permute"  # compiled only: XLA's point-to-point sends
 COLLECTIVES = (ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER, ALL_REDUCE, LOCAL_SLICE, LOCAL_PARTIAL)
+COMMUNICATING = (ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER, ALL_REDUCE)  # the kinds that send data
 
 _FACTORS = {
     ALL_GATHER: lambda n: Fraction(n - 1, n),

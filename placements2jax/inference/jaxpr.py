@@ -118,10 +118,13 @@ class EquationReport:
 
     @property
     def steps(self) -> tuple[tuple[int, RedistributeStep], ...]:
-        """(input index, step) for every redistribution step this equation needs."""
+        """(input index, step) for every redistribution step this equation needs (none over
+        one device: see :attr:`Prediction.steps`)."""
         if self.signature is None:
             return ()
-        return tuple((i, s) for i, plan in enumerate(self.signature.redistributions) for s in plan.steps)
+        return tuple(
+            (i, s) for i, plan in enumerate(self.signature.redistributions) for s in plan.steps if not s.over_one_device
+        )
 
     @property
     def cost(self) -> Fraction:
@@ -189,7 +192,9 @@ class Prediction:
 
     @property
     def steps(self) -> tuple[RedistributeStep, ...]:
-        return tuple(step for plan in self.redistributions for step in plan.steps)
+        """The redistributions' steps, but those over one device (a size-1 mesh dim: they
+        move nothing and compile to nothing, :attr:`.RedistributeStep.over_one_device`)."""
+        return tuple(step for plan in self.redistributions for step in plan.steps if not step.over_one_device)
 
     @cached_property
     def schedules(self) -> tuple[Any, ...]:
@@ -227,8 +232,9 @@ class Prediction:
 
     @property
     def collectives(self) -> Counter[str]:
-        """Steps per kind over the whole function (local ones included); under a policy,
-        the schedules' compiled collectives per kind."""
+        """Steps per kind over the whole function (local ones included, none over one
+        device: see :attr:`steps`); under a policy, the schedules' compiled collectives per
+        kind."""
         if self.policy is not None:
             return Counter(c.op for s in self.schedules for c in s.collectives)
         return Counter(s.collective for s in self.steps)

@@ -30,7 +30,7 @@ from ..layout import (
 )
 from ..mesh import DeviceMesh
 from ..placements import Partial, Placement, Replicate, Shard, format_placements
-from .cost import block_bytes
+from .cost import COMMUNICATING, block_bytes
 from .table import format_bytes, format_table
 
 __all__ = [
@@ -414,6 +414,19 @@ class RedistributeStep:
     cost: Fraction
     before: Layout
     after: Layout
+
+    @property
+    def over_one_device(self) -> bool:
+        """On a size-1 mesh dim: every placement there holds the whole tensor, so the step
+        moves nothing and compiles to nothing. A plan keeps it (its steps chain ``src`` to
+        ``dst``); a prediction's steps and collectives leave it out."""
+        return self.before.mesh.shape[self.mesh_dim] == 1
+
+    @property
+    def communicates(self) -> bool:
+        """A collective a compiled program runs: one that sends data (not a local slice or
+        a local partial), over more than one device."""
+        return self.collective in COMMUNICATING and not self.over_one_device
 
     def __str__(self) -> str:
         return f"{self.axis}: {self.src}->{self.dst} {self.collective} ({format_bytes(self.nbytes)} B)"
