@@ -73,21 +73,24 @@ def mlp_step(params: Any, opt_state: Any, x: jax.Array, y: jax.Array) -> tuple[A
 
 def training_step(model: str, mesh: DeviceMesh, **config: Any) -> Step:
     """The adamw step of ``model`` ("gpt2" or "llama", ``config`` overriding its Config;
-    "mlp": :func:`mlp_step`) with the Megatron plan on ``mesh`` (dp, tp) and a batch of 4
-    split over dp."""
+    "mlp": :func:`mlp_step`) with the Megatron plan on ``mesh`` (its ``tp`` axis) and a
+    batch of 4 split over its ``dp`` axis if it has one (else replicated)."""
+    batch_placements = ",".join("S(0)" if name == "dp" else "R" for name in mesh.mesh_dim_names)
     if model == "mlp":
         rng = np.random.default_rng(0)
         plain = {"up": rng.normal(size=(16, 64)).astype(np.float32) / 4,
                  "down": rng.normal(size=(64, 16)).astype(np.float32) / 8}
         params = distribute_pytree(plain, mesh, {"up": colwise("tp"), "down": rowwise("tp")})
         state = common.distribute_state(common.make_optimizer().init(plain), params)
-        batch = [distribute_tensor(rng.normal(size=(8, 16)).astype(np.float32), mesh, "S(0),R") for _ in range(2)]
+        batch = [
+            distribute_tensor(rng.normal(size=(8, 16)).astype(np.float32), mesh, batch_placements) for _ in range(2)
+        ]
         return Step(model, mlp_step, (params, state, *batch))
     module = {"gpt2": gpt2, "llama": llama}[model]
     cfg = module.Config(**config)
     plain = module.init(jax.random.key(0), cfg)
     params = distribute_pytree(plain, mesh, module.megatron_plan())
     state = common.distribute_state(common.make_optimizer().init(plain), params)
-    batch = [distribute_tensor(a, mesh, "S(0),R") for a in common.batch(0, 4, cfg.seq, cfg.vocab)]
+    batch = [distribute_tensor(a, mesh, batch_placements) for a in common.batch(0, 4, cfg.seq, cfg.vocab)]
     extra = (jax.random.key(2),) if model == "gpt2" else ()
     return Step(model, partial(module.train_step, cfg=cfg), (params, state, *batch, *extra))
