@@ -256,6 +256,7 @@ class _Problem:
         self.kinds: list[str] = []  # "param", "state", "arg", "other"
         self.leaves: list[Any] = []
         for i, (key_path, leaf) in enumerate(key_leaves):
+            _check_leaf(key_path, leaf)
             path = path_of(key_path[1:]) if i < n_params else "args/" + path_of(
                 (jax.tree_util.SequenceKey(key_path[0].idx - 1), *key_path[1:]))
             self.paths.append(path)
@@ -391,6 +392,21 @@ class _Problem:
 _traces = Memo(8)
 # the compiled figures: (trace key, every laid-out leaf's layout) -> CompiledFigures or None (uneven)
 _compiles = Memo(64)
+
+
+def _check_leaf(key_path: Any, leaf: Any) -> None:
+    """A leaf of ``(params, *args)`` at ``key_path``: an array, its ShapeDtypeStruct, a
+    DTensor, a PRNG key or a number (what the step is traced on), else ArgumentTypeError
+    naming it (JAX's own error names a lambda of ours)."""
+    if isinstance(leaf, (bool, int, float, complex)) or (
+            getattr(leaf, "shape", None) is not None and getattr(leaf, "dtype", None) is not None):
+        return
+    where = "params" if key_path[0].idx == 0 else f"args[{key_path[0].idx - 1}]"
+    raise ArgumentTypeError(
+        where + jax.tree_util.keystr(tuple(key_path[1:])), leaf,
+        "a leaf must be an array, a jax.ShapeDtypeStruct, a DTensor, a PRNG key or a number",
+        "bind static values (strings, functions, configs) into step_fn with functools.partial",
+    )
 
 
 def _array(leaf: Any) -> bool:
@@ -808,7 +824,7 @@ def plan_figures(
     """The :class:`PlanFigures` of ``step_fn`` with ``params`` laid out by ``plan`` (a
     :func:`distribute_pytree` plan), optimizer state following, ``fixed`` leaves pinned
     (see :func:`auto_plan`)."""
-    mesh = as_device_mesh(mesh)
+    mesh = as_device_mesh(mesh, "mesh")
     problem = _Problem(_check_fn(step_fn), params, args, mesh, fixed)
     evaluator = _Evaluator(problem, cost_model, _check_ratio(flops_per_byte))
     return evaluator(_from_plan(problem, plan))
@@ -824,7 +840,7 @@ def compiled_figures(
     reuses the compile); None when a leaf would be split unevenly (XLA compiles only even
     shards). ``max(plan_figures(...).memory, compiled_figures(...).memory)`` is the plan's
     memory as auto_plan checks it against a budget."""
-    mesh = as_device_mesh(mesh)
+    mesh = as_device_mesh(mesh, "mesh")
     problem = _Problem(_check_fn(step_fn), params, args, mesh, fixed)
     return _compile(problem, _from_plan(problem, plan))
 
@@ -837,7 +853,7 @@ def planned_inputs(
     :func:`~placements2jax.check` take them for ``plan`` (an AutoPlan or any plan): array
     leaves as TensorSpecs in their layouts (optimizer state following, ``fixed`` pinned,
     an AutoPlan's ``args`` layouts kept), outputs shaped like an input keeping its layouts."""
-    mesh = as_device_mesh(mesh)
+    mesh = as_device_mesh(mesh, "mesh")
     if isinstance(plan, AutoPlan):
         fixed = {**{re.escape(k): v for k, v in plan.args.items()}, **(fixed or {})}
     problem = _Problem(_check_fn(step_fn), params, args, mesh, fixed)
@@ -886,7 +902,7 @@ def auto_plan(
     returns the search's best by prediction alone, compiling nothing.
     """
     start = time.perf_counter()
-    mesh = as_device_mesh(mesh)
+    mesh = as_device_mesh(mesh, "mesh")
     step_fn = _check_fn(step_fn)
     flops_per_byte = _check_ratio(flops_per_byte)
     if memory_budget is not None and (isinstance(memory_budget, bool) or not isinstance(
@@ -898,8 +914,8 @@ def auto_plan(
     if not isinstance(score, str) or score not in SCORES:
         raise ArgumentTypeError("score", score, f"expected one of {', '.join(map(repr, SCORES))}",
                                 'pass score="xla" (compile the finalists) or score="predict"')
-    if presets is not None and not isinstance(presets, Mapping):
-        raise ArgumentTypeError("presets", presets, "expected a mapping name -> plan",
+    if presets is not None and (not isinstance(presets, Mapping) or not all(isinstance(k, str) for k in presets)):
+        raise ArgumentTypeError("presets", presets, "expected a mapping name (a string) -> plan",
                                 'pass e.g. {"megatron": {"wte": rowwise("tp")}}')
     problem = _Problem(step_fn, params, args, mesh, fixed)
     if score == "xla":
@@ -937,8 +953,10 @@ def _search(evaluator: _Evaluator, start: float, memory_budget: int | float | No
     for name, plan in (presets or {}).items():
         try:
             seeds[name] = _from_plan(problem, plan)
-        except PlanError as error:
-            raise error.for_argument(f"presets[{name!r}]", error.value) from None
+        except Placements2JaxError as error:  # named as written: presets['mine']['w'], not plan['w']
+            if not error.argument.startswith("plan"):
+                raise
+            raise error.for_argument(f"presets[{name!r}]{error.argument[len('plan'):]}", error.value) from None
         seeds[f"{name} + fsdp"] = sharded(seeds[name], [0])
     shown_seeds = {"fsdp", *(presets or {})}
     figures: dict[str, PlanFigures] = {}
@@ -1153,8 +1171,8 @@ def _check_fn(step_fn: Any) -> Callable[..., Any]:
 
 
 def _check_ratio(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ArgumentTypeError("flops_per_byte", value, "expected a positive number",
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ArgumentTypeError("flops_per_byte", value, "expected a positive finite number",
                                 "pass e.g. 1000.0 (a device's FLOP/s over its link's bytes/s)")
     return float(value)
 

@@ -28,7 +28,7 @@ from ..layout import (
     MeshPlacements,
     as_shape,  # the one shape validator of the package
 )
-from ..mesh import DeviceMesh
+from ..mesh import DeviceMesh, as_device_mesh
 from ..placements import Partial, Placement, Replicate, Shard, format_placements
 from .cost import COMMUNICATING, block_bytes
 from .table import format_bytes, format_table
@@ -162,6 +162,7 @@ def as_tensor_specs(
     Besides what :func:`as_tensor_spec` takes, constants (Python or NumPy scalars,
     NumPy or JAX arrays without a placements2jax layout) are Replicate on that mesh.
     """
+    mesh = None if mesh is None else as_device_mesh(mesh, "mesh")  # the callers' keyword: predict(..., mesh=)
     specs: list[TensorSpec | None] = [
         None if _is_constant(v) else as_tensor_spec(v, mesh, f"{argument}[{i}]") for i, v in enumerate(values)
     ]
