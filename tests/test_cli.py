@@ -241,6 +241,20 @@ def test_redistribute_nothing_to_do(capsys: pytest.CaptureFixture[str]) -> None:
     assert "why they differ" not in out
 
 
+def test_redistribute_over_a_size_one_mesh_dim(capsys: pytest.CaptureFixture[str]) -> None:
+    """dp=1: the plan keeps its 0-byte steps on dp (a partial over one device reduced, a
+    split there given up), XLA compiles nothing there, and that is no difference."""
+    argv = ("redistribute", "--mesh", "dp=1,tp=8", "--shape", "16,32", "--to", "R,R", "--json")
+    for source, planned in (("P,S(1)", ("all-reduce", 0)), ("S(0),S(1)", ("all-gather", 0))):
+        code, out, _ = run(capsys, *argv, "--from", source)
+        assert code == 0
+        report = json.loads(out)
+        steps = [(s["axis"], s["collective"], s["bytes"]) for s in report["plan"]["steps"]]
+        assert steps == [("dp", *planned), ("tp", "all-gather", 1792)]
+        assert [(c["op"], c["mesh_axes"]) for c in report["compiled"]["collectives"]] == [("all-gather", ["tp"])]
+        assert report["differences"] == []
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
