@@ -48,7 +48,7 @@ import numpy as np
 
 from .dtensor import DTensor
 from .errors import ArgumentTypeError, CheckpointError, Placements2JaxError, import_extra
-from .layout import Layout, PlacementsLike
+from .layout import Layout, PlacementsLike, as_shape
 from .mesh import DeviceMesh, as_device_mesh
 from .parallelize import path_of
 from .placements import format_placements
@@ -70,6 +70,16 @@ class AbstractDTensor:
     dtype: Any
     device_mesh: DeviceMesh
     placements: PlacementsLike | None = None
+
+    def __post_init__(self) -> None:
+        """Shape, dtype and mesh checked as written (the placements when loading, where
+        the error names the target's path)."""
+        object.__setattr__(self, "shape", as_shape(self.shape, "shape"))
+        try:
+            np.dtype(jnp.dtype(self.dtype))
+        except (TypeError, ValueError):
+            raise ArgumentTypeError("dtype", self.dtype, "not a dtype", "pass e.g. jnp.float32") from None
+        object.__setattr__(self, "device_mesh", as_device_mesh(self.device_mesh))
 
     def layout(self) -> Layout:
         from .dtensor import placements_layout
@@ -142,8 +152,7 @@ def save(path: str | os.PathLike[str], tree: Any, *, step: int = 0) -> Path:
     """Write ``tree`` (DTensors, arrays, numbers) as step ``step`` of the checkpoint
     directory ``path``; returns the step's directory. Collective over processes: every
     process calls it with its view of the same tree."""
-    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-        raise ArgumentTypeError("step", step, "expected a non-negative int", "pass e.g. step=100")
+    _check_step(step)
     root = _root(path)
     leaves = _leaves(tree, "tree")
     final = root / str(int(step))
@@ -286,9 +295,16 @@ def read_metadata(path: str | os.PathLike[str], step: int | None = None) -> dict
     return metadata
 
 
+def _check_step(step: Any) -> None:
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+        raise ArgumentTypeError("step", step, "expected a non-negative int", "pass e.g. step=100")
+
+
 def _step_directory(path: str | os.PathLike[str], step: int | None) -> Path:
     root = _root(path)
-    if step is None:
+    if step is not None:
+        _check_step(step)
+    else:
         step = latest_step(root)
         if step is None:
             raise CheckpointError(

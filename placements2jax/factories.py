@@ -173,8 +173,11 @@ def _dtype(dtype: Any, fill: Any) -> np.dtype:
         return jnp.asarray(fill).dtype
     try:
         result = jax.dtypes.canonicalize_dtype(np.dtype(dtype))
+        jax.eval_shape(lambda: jnp.zeros((), result))  # NumPy's float128 or a void type: JAX holds neither
     except TypeError:
-        raise ArgumentTypeError("dtype", dtype, "not a dtype", "pass e.g. jnp.float32 or jnp.bfloat16") from None
+        raise ArgumentTypeError(
+            "dtype", dtype, "not a dtype JAX arrays can hold", "pass e.g. jnp.float32 or jnp.bfloat16"
+        ) from None
     if result.kind not in "biufcV" and result != jnp.bfloat16:
         raise ArgumentTypeError("dtype", dtype, "not a numeric dtype", "pass e.g. jnp.float32 or jnp.bfloat16")
     return result

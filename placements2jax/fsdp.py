@@ -49,7 +49,7 @@ def fully_shard_layouts(
     :class:`Layout` (module docstring). The starting layout of a leaf is its ``plan``
     layout when ``plan`` is given, else its own layout (DTensors on ``mesh``), else
     replicated. Leaves need only ``.shape`` (``jax.eval_shape`` results work)."""
-    mesh = as_device_mesh(mesh)
+    mesh = as_device_mesh(mesh, "mesh")
     mesh_dim = _mesh_dim(mesh, axis)
     key_leaves, tree = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_dtensor)
     if plan is not None:
@@ -68,7 +68,7 @@ def fully_shard(
 ) -> Any:
     """``params`` with every leaf a DTensor in its :func:`fully_shard_layouts` layout:
     arrays are distributed, DTensors redistributed (by XLA)."""
-    mesh = as_device_mesh(mesh)
+    mesh = as_device_mesh(mesh, "mesh")
     layouts = fully_shard_layouts(params, mesh, axis, plan=plan, strict=strict)
     return jax.tree_util.tree_map(
         lambda leaf, layout: leaf.redistribute(mesh, layout) if is_dtensor(leaf) else distribute_tensor(

@@ -763,7 +763,7 @@ def resolve_layout(
     except TypeError:  # unhashable arguments (a partial dict, nested lists): not cached
         key = None
     ndim = shape if isinstance(shape, int) else len(as_shape(shape, "shape"))
-    layout = _from_placements(as_device_mesh(mesh), placements, partial, shard_order).bind(ndim)
+    layout = _from_placements(as_device_mesh(mesh, "mesh"), placements, partial, shard_order).bind(ndim)
     if not isinstance(shape, int):
         check_placements_for_shape(placements, layout, tuple(shape))
     if key is not None:

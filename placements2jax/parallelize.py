@@ -150,7 +150,7 @@ class ParallelStyle:
     def layout(self, mesh: DeviceMesh, ndim: int, role: Role = "param") -> Layout:
         """The bound layout on ``mesh``: :meth:`placement` on the style's axis,
         Replicate on every other mesh dim."""
-        mesh = as_device_mesh(mesh)
+        mesh = as_device_mesh(mesh, "mesh")
         placement = self.placement(ndim, role)
         target = self._mesh_dim(mesh) if placement.is_shard() else None
         placements = tuple(placement if m == target else Replicate() for m in range(mesh.ndim))
@@ -259,7 +259,7 @@ def plan_layouts(params: Any, mesh: DeviceMesh, plan: PlanLike, *, strict: bool 
     under ``plan`` (module docstring). Leaves need only ``.shape`` (arrays,
     ``jax.ShapeDtypeStruct`` from ``jax.eval_shape``, DTensors), so a model can be
     planned before its parameters exist."""
-    _flat, tree, layouts = _planned_leaves(params, as_device_mesh(mesh), plan, strict)
+    _flat, tree, layouts = _planned_leaves(params, as_device_mesh(mesh, "mesh"), plan, strict)
     return jax.tree_util.tree_unflatten(tree, layouts)
 
 
@@ -269,7 +269,7 @@ def distribute_pytree(params: Any, mesh: DeviceMesh, plan: PlanLike, *, strict: 
     are redistributed (by XLA) to their planned layout. PRNG key arrays (typed keys, such
     as a Flax NNX ``Rngs`` state's) stay as they are: ``predict`` and ``apply`` take them
     as Replicate constants; a plan that splits one is a :class:`PlanError`."""
-    mesh = as_device_mesh(mesh)
+    mesh = as_device_mesh(mesh, "mesh")
     flat, tree, layouts = _planned_leaves(params, mesh, plan, strict)
     placed = []
     for (path, leaf), layout in zip(flat, layouts):

@@ -368,7 +368,7 @@ CASES: list[Case] = [
         "resolve_layout: mesh is a list",
         "resolve_layout",
         ArgumentTypeError,
-        "device_mesh",
+        "mesh",
         lambda e: resolve_layout([0, 1], "S(0)", 2),
     ),
     _c(
@@ -1907,6 +1907,23 @@ CASES: list[Case] = [
         lambda e: vocab_parallel_cross_entropy(e.dt, e.x[:, 0]),
     ),
     # -- fully_shard / unshard ----------------------------------------------------------------------------
+    _c("fully_shard: mesh a string", "fully_shard", ArgumentTypeError, "mesh", lambda e: fully_shard({"w": e.x}, "dp")),
+    _c(
+        "fully_shard_layouts: mesh a string",
+        "fully_shard_layouts",
+        ArgumentTypeError,
+        "mesh",
+        lambda e: fully_shard_layouts({"w": e.x}, "dp"),
+    ),
+    _c(
+        "distribute_pytree: mesh a string",
+        "distribute_pytree",
+        ArgumentTypeError,
+        "mesh",
+        lambda e: distribute_pytree({"w": e.x}, "dp=4,tp=2", {}),
+    ),
+    _c("plan_layouts: mesh a string", "plan_layouts", ArgumentTypeError, "mesh",
+       lambda e: plan_layouts({"w": e.x}, "dp=4,tp=2", {})),
     _c("fully_shard: unknown axis", "fully_shard", MeshError, "axis", lambda e: fully_shard({"w": e.x}, e.mesh, "pp")),
     _c(
         "fully_shard: a leaf that is not an array",
@@ -2011,6 +2028,26 @@ CASES: list[Case] = [
         "load_torch_checkpoint: path not a path", "load_torch_checkpoint", ArgumentTypeError, "path",
         lambda e: placements2jax.load_torch_checkpoint(None, {"w": e.dt}),
     ),
+    _c(
+        "load: step a string", "load", ArgumentTypeError, "step",
+        lambda e: placements2jax.load(_ckpt(e), {"w": e.dt}, step="0"),
+    ),
+    _c(
+        "read_metadata: step a string", "read_metadata", ArgumentTypeError, "step",
+        lambda e: placements2jax.read_metadata(_ckpt(e), step="latest"),
+    ),
+    _c(
+        "AbstractDTensor: shape a string", "AbstractDTensor", ArgumentTypeError, "shape",
+        lambda e: placements2jax.AbstractDTensor("10,3", np.int32, e.mesh),
+    ),
+    _c(
+        "AbstractDTensor: not a dtype", "AbstractDTensor", ArgumentTypeError, "dtype",
+        lambda e: placements2jax.AbstractDTensor((10, 3), "no-such-type", e.mesh),
+    ),
+    _c(
+        "AbstractDTensor: mesh a string", "AbstractDTensor", ArgumentTypeError, "device_mesh",
+        lambda e: placements2jax.AbstractDTensor((10, 3), np.int32, "dp=4,tp=2"),
+    ),
     # -- factories: parameters born sharded --------------------------------------------------------------
     _c("zeros: negative size", "zeros", ShapeError, "size", lambda e: placements2jax.zeros(3, -1, device_mesh=e.mesh)),
     _c(
@@ -2024,6 +2061,10 @@ CASES: list[Case] = [
     _c(
         "empty: not a dtype", "empty", ArgumentTypeError, "dtype",
         lambda e: placements2jax.empty(4, device_mesh=e.mesh, dtype="no-such-type"),
+    ),
+    _c(
+        "zeros: a NumPy dtype JAX cannot hold", "zeros", ArgumentTypeError, "dtype",
+        lambda e: placements2jax.zeros(4, device_mesh=e.mesh, dtype="float128"),
     ),
     _c(
         "full: text fill value", "full", ArgumentTypeError, "fill_value",
