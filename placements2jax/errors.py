@@ -118,16 +118,22 @@ def import_extra(
 
 def _short_repr(value: Any, limit: int = 200) -> str:
     text = _value_text(value)
+    if "\n" in text:  # a pretty-printed repr (an Equinox module's): one line, as the CLI prints a message
+        text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _value_text(value: Any) -> str:
     """``repr(value)``, except that a layout shows as the text a user writes for it
     (``'S(0),R'``, its ``str()``) rather than as the constructor call of its repr, also
-    inside tuples and lists. (Duck-typed by class: this module imports nothing of ours.)"""
+    inside tuples and lists, and a NumPy or JAX array of one or more dims as its dtype and
+    shape (its repr spans lines: the message is one line, as the CLI prints it). (Duck-typed
+    by class: this module imports nothing of ours.)"""
     kind = type(value)
     if kind.__module__ == "placements2jax.layout" and kind.__name__ in ("Layout", "MeshPlacements"):
         return repr(str(value))
+    if kind.__module__.split(".")[0] in ("numpy", "jax", "jaxlib") and getattr(value, "ndim", 0) > 0:
+        return f"<{value.dtype} array of shape {tuple(value.shape)}>"
     if kind in (tuple, list):
         items = ", ".join(_value_text(v) for v in value)
         return f"({items}{',' if len(value) == 1 else ''})" if kind is tuple else f"[{items}]"

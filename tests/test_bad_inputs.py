@@ -2166,6 +2166,7 @@ def _assert_clean(error: Placements2JaxError, expected: type[Placements2JaxError
     message = str(error)
     assert error.argument == argument and message.startswith(f"{argument}="), (error.argument, argument, message)
     assert "Fix:" in message and message.split("Fix:")[1].strip(), message
+    assert "\n" not in message, message  # one line, as the CLI prints it (an array's repr spans lines)
     foreign = _chained_foreign(error)
     assert foreign is None, f"chained from {type(foreign).__module__}.{type(foreign).__name__}: {foreign}"
     text = "".join(traceback.format_exception(error))
