@@ -143,6 +143,7 @@ sources and inputs).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import heapq
 import math
@@ -246,7 +247,7 @@ def _select(
     # both are searched, the cheaper as compiled kept (the planner's result is 0.66x the bytes as compiled
     # on GPT-2's adamw step, 1.05x on Llama's). As compiled, only from the walked start, without seeds: on
     # the training steps the eager start and the seeds never gave the kept result.
-    planned = _Search(graph, cost_model, targets, compiled=False)
+    planned = search.repriced(compiled=False)
     by_planner = _descend(planned, eager, seeds)
     results = []
     for pulls in (False, True):  # without and with pull moves (:meth:`_Search.pull_moves`), the cheaper kept
@@ -364,6 +365,28 @@ def _state(layout: Layout) -> State:
     return layout_state(layout)
 
 
+class _Candidates:
+    """A node's candidates as states (per candidate, its inputs' and its outputs'), with
+    the indices the search looks them up by instead of scanning them all (one per
+    candidate tuple: a model's repeated layers and their gradients share theirs)."""
+
+    def __init__(self, ins: tuple[tuple[State, ...], ...], outs: tuple[tuple[State, ...], ...], ndim: int) -> None:
+        self.ins, self.outs = ins, outs
+        self.by_ins: dict[tuple[State, ...], list[int]] = {}  # the candidates needing exactly these inputs
+        self.by_in: list[dict[State, list[int]]] = [{} for _ in ins[0]] if ins else []  # per input, per state
+        self.by_out: list[dict[State, list[int]]] = [{} for _ in outs[0]] if outs else []  # per output, per state
+        for k, (needs, gives) in enumerate(zip(ins, outs)):
+            self.by_ins.setdefault(needs, []).append(k)
+            for by, state in (*zip(self.by_in, needs), *zip(self.by_out, gives)):
+                by.setdefault(state, []).append(k)
+        # per candidate, the mesh dims its outputs are partial on and those they are split over
+        self.partial_dims = [frozenset(m for x in gives for m, op in enumerate(x[1]) if op) for gives in outs]
+        self.split_dims = [frozenset(m for x in gives for axes in x[0] for m in axes) for gives in outs]
+        self.unreduced = [k for k, dims in enumerate(self.partial_dims) if not dims]  # no partial output
+        # per mesh dim, the candidates with no output partial on it
+        self.unreduced_on = [[k for k, dims in enumerate(self.partial_dims) if m not in dims] for m in range(ndim)]
+
+
 class _Search:
     """The search over one graph, on layouts reduced to hashable states."""
 
@@ -374,12 +397,9 @@ class _Search:
         self.graph = graph
         self.cost_model = cost_model
         self.targets = targets
-        self.overhead = overhead  # bytes charged per collective (OVERHEAD), in the objective and the routes
-        self._eager_bytes: float | None = None  # eager_bytes(), found once
         self.layouts: dict[State, Layout] = {}
         self.mesh_shape = graph.mesh.shape
         self.weights = cost_model.weights(graph.mesh)
-        self.reduction_scale = _reduction_scale(graph.mesh) if compiled else 1.0
         self.ins: dict[str, tuple[tuple[State, ...], ...]] = {}  # per node, per candidate
         self.outs: dict[str, tuple[tuple[State, ...], ...]] = {}
         self.in_avals: dict[str, tuple[AvalKey, ...]] = {}
@@ -390,15 +410,18 @@ class _Search:
         self.states: dict[Layout, State] = {}  # per interned layout (hashed by identity: cheap)
         # The states of a candidate tuple, converted once: a model's repeated layers and
         # their gradients share their (cached) signatures' candidate tuples.
-        converted: dict[int, tuple[tuple[tuple[State, ...], ...], tuple[tuple[State, ...], ...]]] = {}
+        converted: dict[int, _Candidates] = {}
+        self.candidates: dict[str, _Candidates] = {}
         for node in graph.nodes:
             known = converted.get(id(node.candidates))
             if known is None:
-                known = converted[id(node.candidates)] = (
+                known = converted[id(node.candidates)] = _Candidates(
                     tuple(tuple(map(self._intern, c.in_layouts)) for c in node.candidates),
                     tuple(tuple(map(self._intern, c.out_layouts)) for c in node.candidates),
+                    graph.mesh.ndim,
                 )
-            self.ins[node.path], self.outs[node.path] = known
+            self.candidates[node.path] = known
+            self.ins[node.path], self.outs[node.path] = known.ins, known.outs
             self.in_avals[node.path] = tuple((s.shape, s.dtype) for s in node.inputs)
             self.out_avals[node.path] = tuple((a.shape, a.dtype) for a in node.candidates[0].out_avals)
             fixed = []
@@ -416,10 +439,6 @@ class _Search:
         for src, target in zip(graph.outputs, targets):
             if src is not None and src[0] != "in":
                 self.owed.setdefault(src, []).append(None if target is None else self._intern(target))
-        self.costs: dict[tuple[AvalKey, State, State], Cost] = {}
-        self.charges: dict[tuple[ValueId, State], Cost] = {}
-        self.pendings: dict[tuple[AvalKey, State, frozenset[int]], float] = {}
-        self.pending_charges: dict[tuple[str, int, frozenset[int]], float] = {}  # pending() per candidate
         self.position = {node.path: p for p, node in enumerate(graph.nodes)}
         self.paths = [node.path for node in graph.nodes]  # by position
         # Neighbour tables, so that the hot loops loop over no consumers:
@@ -452,20 +471,16 @@ class _Search:
             value: _getter((() if value[0] == "in" else (value[0],)) + paths)
             for value, paths in self.consumer_paths.items()
         }
-        self.value_costs: dict[tuple[Any, tuple[int, ...]], Cost] = {}
         # per node, its outputs that are outputs of the function (charge() is zero for the others)
         self.owing = {
             path: tuple(j for j in range(len(self.out_avals[path])) if (path, j) in self.owed) for path in self.position
         }
-        # greedy() per node and its producers' choices (how its inputs not fixed arrive): found before the
-        # arriving states are built (a memo by arriving states too found 2% more on GPT-2's adamw step, for
-        # the cost of building and hashing them at every miss)
+        # the producers of each node's inputs not fixed (greedy()'s memo key: see _price())
         self.producers = {
             node.path: tuple(src[0] for src, fixed in zip(node.sources, self.fixed[node.path]) if fixed is None)
             for node in graph.nodes
         }
         self.producer_choices = {path: _getter(producers) for path, producers in self.producers.items()}
-        self.greedy_by_producers: dict[tuple[str, Any, bool], int] = {}
         # alternatives() per node and the choices it reads (its own, its producers', its outputs' consumers'):
         # the descents revisit the same neighbourhoods (from each start, with and without pull moves)
         self.local_deciders = {
@@ -478,9 +493,33 @@ class _Search:
                                               for c in self.consumer_paths[src])))
             for path in self.position
         }
+        self._price(compiled, overhead)
+
+    def _price(self, compiled: bool, overhead: int) -> None:
+        """Price moves as the backend compiles them (``compiled``) or by the planner alone,
+        with ``overhead`` bytes per collective: the memos of everything priced, empty."""
+        self.overhead = overhead  # bytes charged per collective (OVERHEAD), in the objective and the routes
+        self.reduction_scale = _reduction_scale(self.graph.mesh) if compiled else 1.0
+        self._eager_bytes: float | None = None  # eager_bytes(), found once
+        self.costs: dict[tuple[AvalKey, State, State], Cost] = {}
+        self.charges: dict[tuple[ValueId, State], Cost] = {}
+        self.pendings: dict[tuple[AvalKey, State, frozenset[int]], float] = {}
+        self.pending_charges: dict[tuple[str, int, frozenset[int]], float] = {}  # pending() per candidate
+        self.value_costs: dict[tuple[Any, tuple[int, ...]], Cost] = {}
+        # greedy() per node and its producers' choices (how its inputs not fixed arrive): found before the
+        # arriving states are built (a memo by arriving states too found 2% more on GPT-2's adamw step, for
+        # the cost of building and hashing them at every miss)
+        self.greedy_by_producers: dict[tuple[str, Any, bool], int] = {}
         # evaluate() per move: (the equations its result depends on, their choices, the result)
         self.evaluations: dict[Move, list[tuple[Callable[[Choice], Any], Any, Evaluation]]] = {}
         self.alternative_moves: dict[tuple[str, Any], list[tuple[int, bool]]] = {}
+
+    def repriced(self, compiled: bool, overhead: int = OVERHEAD) -> _Search:
+        """The same graph's search priced otherwise (:meth:`_price`): the tables that do not
+        depend on prices (states, neighbours, memo keys) shared, built once per graph."""
+        other = copy.copy(self)
+        other._price(compiled, overhead)
+        return other
 
     def _intern(self, layout: Layout) -> State:
         state = self.states.get(layout)
@@ -514,7 +553,7 @@ class _Search:
         """The bytes of eager dispatch's choice by the planner's prices and eager's own
         routes (without the overhead: what ``predict(search="eager")`` reports); found once."""
         if self._eager_bytes is None:
-            plain = _Search(self.graph, self.cost_model, self.targets, compiled=False, overhead=0)
+            plain = self.repriced(compiled=False, overhead=0)
             self._eager_bytes = plain.total(eager)[0]
         return self._eager_bytes
 
@@ -557,7 +596,7 @@ class _Search:
             return known
         arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
         given = frozenset() if reducing else frozenset(m for state in arriving for m, op in enumerate(state[1]) if op)
-        exact = [k for k, needs in enumerate(self.ins[path]) if needs == arriving]
+        exact = self.candidates[path].by_ins.get(arriving)
         if exact:  # no plan to cost
             best = min(exact, key=lambda k: (self.pending(path, k, given), k))
         else:
@@ -719,12 +758,12 @@ class _Search:
         current = self.outs[path][choice[path]]
         partial = {m for state in current + arriving for m, op in enumerate(state[1]) if op}
         if partial:
-            scatter = [k for k, outs in enumerate(self.outs[path]) if not any(op for x in outs for op in x[1])]
-            groups += [(scatter, True), ([k for k in scatter if not any(m in axes for x in self.outs[path][k]
-                                                                         for axes in x[0] for m in partial)], True)]
+            table = self.candidates[path]
+            scatter = table.unreduced
+            groups += [(scatter, True), ([k for k in scatter if table.split_dims[k].isdisjoint(partial)], True)]
             if len(partial) > 1:  # reducing one mesh dim's partial, keeping the others' (e.g. tp, not dp)
                 for m in sorted(partial):
-                    groups.append(([k for k, outs in enumerate(self.outs[path]) if not any(x[1][m] for x in outs)], True))
+                    groups.append((table.unreduced_on[m], True))
         around: list[tuple[Sequence[int], bool]] = []
         if self.ins[path][choice[path]] != arriving and self.input_cost(path, choice[path], arriving) > _ZERO:
             everything = range(len(self.ins[path]))
@@ -807,7 +846,8 @@ class _Search:
                 arriving = [self.state_of(c, i, choice) for i in range(len(self.in_avals[c]))]
                 for i in at:
                     arriving[i] = target
-                fits = [k for k, ins in enumerate(self.ins[c]) if all(ins[i] == target for i in at)]
+                ins = self.ins[c]
+                fits = [k for k in self.candidates[c].by_in[at[0]].get(target, ()) if all(ins[k][i] == target for i in at)]
                 if not fits:
                     break
                 seeds.append((c, self.cheapest(c, fits, arriving)))
@@ -884,7 +924,7 @@ class _Search:
         redistribution moves up there); False if a function input or literal would pay
         a move (gathering an input instead of reducing a gradient: another plan than
         XLA's), and the caller keeps its own choice."""
-        fits = [k for k, outs in enumerate(self.outs[path]) if outs[j] == need]
+        fits = self.candidates[path].by_out[j].get(need)
         if not fits or len(seeds) >= _PULL_DEPTH:
             return True  # the redistribution stays at its output
         arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
