@@ -407,6 +407,7 @@ class _Search:
         self.fixed: dict[str, tuple[State | None, ...]] = {}  # per node input: its state if no equation chooses it
         self.consumers: dict[ValueId, list[tuple[str, int]]] = {}
         self.sources = {node.path: node.sources for node in graph.nodes}
+        self.none_free: dict[str, tuple[tuple[()], ...]] = {}
         self.states: dict[Layout, State] = {}  # per interned layout (hashed by identity: cheap)
         # The states of a candidate tuple, converted once: a model's repeated layers and
         # their gradients share their (cached) signatures' candidate tuples.
@@ -435,6 +436,7 @@ class _Search:
                 if src is not None:
                     self.consumers.setdefault(src, []).append((node.path, i))
             self.fixed[node.path] = tuple(fixed)
+            self.none_free[node.path] = ((),) * len(fixed)  # input_cost()'s free, none given
         self.owed: dict[ValueId, list[State | None]] = {}
         for src, target in zip(graph.outputs, targets):
             if src is not None and src[0] != "in":
@@ -740,7 +742,7 @@ class _Search:
         masked scatter split on the embedding dim, all-gathered back). ``shared`` (the
         finishing descent): also the candidate cheapest for its inputs where an input that
         another consumer of its value already needs in that layout is free
-        (:meth:`shared_input_cost`), cascading: a weight gradient reading the normed
+        (:meth:`shared_needs`), cascading: a weight gradient reading the normed
         activation as the forward matmuls already gathered it, partial over ``dp`` and split
         as its parameter over ``tp`` (Llama's adamw step had taken the cheapest for its inputs
         alone, gathering over ``dp``: the gradient split on the transposed dims, the
@@ -783,22 +785,19 @@ class _Search:
                 if best != choice[path] and (best, follow) not in moves:
                     moves.append((best, follow))
         if around and shared:
-            best = min(range(len(self.ins[path])), key=lambda k: (self.shared_input_cost(path, k, arriving, choice), k))
+            best = self.cheapest(path, range(len(self.ins[path])), arriving, self.shared_needs(path, choice))
             if best != choice[path] and (best, True) not in moves:
                 moves.append((best, True))
         return moves
 
-    def shared_input_cost(self, path: str, k: int, arriving: Sequence[State], choice: Choice) -> Cost:
-        """:meth:`input_cost` with an input free where another consumer of its value already
-        needs it in that layout (a compiled program redistributes it once for both)."""
-        nbytes, steps = 0.0, 0.0
-        for aval, src, need, source in zip(self.in_avals[path], arriving, self.ins[path][k], self.sources[path]):
-            consumers = self.consumers[source] if source is not None else ()
-            if any(c != path and self.ins[c][choice[c]][i] == need for c, i in consumers):
-                continue
-            move = self.cost(aval, src, need)
-            nbytes, steps = nbytes + move[0], steps + move[1]
-        return nbytes, steps
+    def shared_needs(self, path: str, choice: Choice) -> tuple[frozenset[State], ...]:
+        """Per input of ``path``, the layouts other consumers of its value need it in: free
+        in :meth:`input_cost` (a compiled program redistributes it once for all of them)."""
+        return tuple(
+            frozenset(self.ins[c][choice[c]][i] for c, i in self.consumers[source] if c != path)
+            if source is not None else frozenset()
+            for source in self.sources[path]
+        )
 
     def reducing_moves(self, path: str, choice: Choice) -> list[int]:
         """Reducing cascades at an equation that makes or receives partials: the
@@ -943,25 +942,32 @@ class _Search:
                 return False
         return True
 
-    def cheapest(self, path: str, ks: Sequence[int], arriving: Sequence[State]) -> int:
+    def cheapest(
+        self, path: str, ks: Sequence[int], arriving: Sequence[State], free: Sequence[frozenset[State]] | None = None
+    ) -> int:
         """The candidate among ``ks`` (not empty) cheapest for ``arriving`` inputs: the least
-        ``(input_cost(k), k)`` (:meth:`input_cost`), leaving a candidate as soon as its bytes
-        so far exceed the best's (costs are >= 0, and so are partial sums of them)."""
+        ``(input_cost(k), k)`` (:meth:`input_cost`, with ``free``), leaving a candidate as soon
+        as its bytes so far exceed the best's (costs are >= 0, and so are partial sums of them)."""
         best, best_key, bound = ks[0], None, math.inf
         for k in ks:
-            found = self.input_cost(path, k, arriving, bound)
+            found = self.input_cost(path, k, arriving, bound, free)
             if found is not None and (best_key is None or (found, k) < best_key):
                 best, best_key, bound = k, (found, k), found[0]
         return best
 
-    def input_cost(self, path: str, k: int, arriving: Sequence[State], bound: float = math.inf) -> Cost | None:
+    def input_cost(
+        self, path: str, k: int, arriving: Sequence[State], bound: float = math.inf,
+        free: Sequence[frozenset[State]] | None = None,
+    ) -> Cost | None:
         """The redistribution of ``arriving`` inputs into candidate ``k`` of ``path``, or
         None as soon as its bytes exceed ``bound`` (costs are >= 0: the candidate cannot
-        come first any more). cost()'s memo is read inline: this is the search's hot loop."""
+        come first any more). ``free``: per input, layouts it costs nothing in (another
+        consumer of its value needs it so, :meth:`shared_needs`). cost()'s memo is read
+        inline: this is the search's hot loop."""
         nbytes, steps = 0.0, 0.0
         costs = self.costs
-        for aval, src, need in zip(self.in_avals[path], arriving, self.ins[path][k]):
-            if src != need:  # equal states cost nothing (cost()'s zero, which adds nothing)
+        for aval, src, need, gratis in zip(self.in_avals[path], arriving, self.ins[path][k], free or self.none_free[path]):
+            if src != need and need not in gratis:  # equal states cost nothing (cost()'s zero, which adds nothing)
                 move = costs.get((aval, src, need))
                 if move is None:
                     move = self.cost(aval, src, need)
