@@ -145,8 +145,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import heapq
 import math
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -337,7 +339,8 @@ _ZERO: Cost = (0.0, 0.0)
 # (Equinox's adamw step 1.09 -> 1.33x XLA's bytes).
 OVERHEAD = 192
 
-Evaluation = tuple[Cost, dict[str, int], set[str]]  # a move's (delta, changes, depends), see _Search.evaluate
+# a move's (delta, changes, depends: the equations it depends on as a bit set by position), see _Search.evaluate
+Evaluation = tuple[Cost, dict[str, int], int]
 
 
 def _reduction_scale(mesh: DeviceMesh) -> float:
@@ -467,12 +470,22 @@ class _Search:
             self.downstream[path] = tuple(
                 (c, self.position[c]) for j in outputs for c, _ in self.consumers.get((path, j), ())
             )
+        # per node, its bit and those of its neighbours: an evaluation's depends as a bit set (by position),
+        # so that finding the evaluations an applied move makes stale is one AND each (improve())
+        self.bits = {path: 1 << p for p, path in enumerate(self.paths)}
+        self.reach = {
+            path: self.bits[path] | functools.reduce(operator.or_, map(self.bits.__getitem__, near), 0)
+            for path, near in self.neighbours.items()
+        }
         # value_cost() per value and the choices it reads (its producer's, unless an input, and its consumers'):
         # one search prices with one cost model, so a value's cost is fixed by those choices
         self.deciders = {
             value: _getter((() if value[0] == "in" else (value[0],)) + paths)
             for value, paths in self.consumer_paths.items()
         }
+        for path, touched in self.touched.items():  # a literal's: its consumer's choice
+            chosen = _getter((path,))
+            self.deciders.update((value, chosen) for value in touched if value[0] == "literal")
         # per node, its outputs that are outputs of the function (charge() is zero for the others)
         self.owing = {
             path: tuple(j for j in range(len(self.out_avals[path])) if (path, j) in self.owed) for path in self.position
@@ -640,8 +653,9 @@ class _Search:
         """Equations ``seeds`` running the given candidates (path -> candidate) and
         (``follow``) every equation downstream whose inputs change re-chosen as eager
         dispatch would, until the changes die out. Returns the changes (path ->
-        candidate) and every equation the result depends on (those re-chosen or looked
-        at, their producers, the other consumers of their inputs, their consumers)."""
+        candidate) and the equations re-chosen or looked at: the result depends on them,
+        their producers, the other consumers of their inputs and their consumers
+        (:attr:`neighbours`)."""
         # the choice itself, changed in place and changed back at the end (kept): a copy of the whole
         # choice per evaluation costs more (an exception ends the search, which owns the choice)
         trial, kept = choice, {path: choice[path] for path in seeds}
@@ -671,7 +685,7 @@ class _Search:
                     seen.add(position)
                     push(queue, position)
         trial.update(kept)
-        return changes, looked.union(*map(self.neighbours.__getitem__, looked))
+        return changes, looked
 
     def around(
         self, paths: Sequence[str], choice: Choice, values: set[Any] | None = None, settled: dict[Any, Cost] | None = None
@@ -707,15 +721,18 @@ class _Search:
     def value_cost(self, value: Any, choice: Choice) -> Cost:
         """The redistributions of one value: one per distinct layout its consumers need
         (a compiled program computes a shared one once)."""
-        if value[0] == "literal":
-            _, path, i = value
-            return self.cost(self.in_avals[path][i], self.fixed[path][i], self.ins[path][choice[path]][i])
         deciders = self.deciders.get(value)
         if deciders is None:
             return _ZERO
         key = (value, deciders(choice))
         known = self.value_costs.get(key)
         if known is not None:
+            return known
+        if value[0] == "literal":
+            _, path, i = value
+            known = self.value_costs[key] = self.cost(
+                self.in_avals[path][i], self.fixed[path][i], self.ins[path][choice[path]][i]
+            )
             return known
         consumers = self.consumers[value]
         first, i = consumers[0]
@@ -1023,12 +1040,12 @@ class _Search:
             seeds, follow, reduce = dict(move[3]), True, False
         else:
             seeds, follow, reduce = {move[0]: move[1]}, move[2], False
-        changes, depends = self.cascade(seeds, choice, follow, reduce)
+        changes, looked = self.cascade(seeds, choice, follow, reduce)
         delta = self.delta(changes, choice, settled)
         if move[0] == _VALUE and not follow and delta[1] > 0:  # the consumers alone: never more collectives
             delta = (math.inf, math.inf)  # (Equinox's value_and_grad traded 2 more for bytes)
-        found = (delta, changes, depends)
-        getter = _getter(tuple(depends))
+        found = (delta, changes, functools.reduce(operator.or_, map(self.reach.__getitem__, looked)))
+        getter = _getter(tuple(looked.union(*map(self.neighbours.__getitem__, looked))))
         known.append((getter, getter(choice), found))
         return found
 
@@ -1099,9 +1116,10 @@ class _Search:
             choice.update(changes)
             for value in self.touched_by(list(changes)):  # the values whose deciders changed
                 settled.pop(value, None)
-            # a scan (~250 applied moves on GPT-2's adamw step): an index of the evaluations by the equations
-            # they depend on (~50 each) cost more to build than the scans it saved
-            stale.update(other for other, (_, _, depends) in evaluated.items() if not depends.isdisjoint(changes))
+            # a scan (~250 applied moves on GPT-2's adamw step), one AND per evaluation: an index of the
+            # evaluations by the equations they depend on (~50 each) cost more to build than the scans it saved
+            changed = functools.reduce(operator.or_, map(self.bits.__getitem__, changes), 0)
+            stale.update(other for other, (_, _, depends) in evaluated.items() if depends & changed)
             near = set(changes)
             for path in changes:
                 for j in range(len(self.out_avals[path])):
