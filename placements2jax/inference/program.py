@@ -691,8 +691,9 @@ class _Search:
         self, paths: Sequence[str], choice: Choice, values: set[Any] | None = None, settled: dict[Any, Cost] | None = None
     ) -> Cost:
         """The cost of every value ``paths`` produce or consume (:meth:`value_cost`) and
-        their outputs' charges. ``values``: those values (:meth:`touched_by`), if known;
-        ``settled``: value costs known at ``choice``, and those found here are added."""
+        their outputs' charges. ``values``: the values to price instead (:meth:`delta`:
+        those of more paths than charge); ``settled``: value costs known at ``choice``,
+        and those found here are added."""
         nbytes, steps = 0.0, 0.0
         for path in paths:
             for j in self.owing[path]:  # the charges of outputs owing nothing are zero: skipped
@@ -998,10 +999,11 @@ class _Search:
         (``settled``: value costs known at ``choice``, see :meth:`around`)."""
         paths = list(changes)
         values = self.touched_by(paths)  # the same values before and after, summed in the same order
-        before = self.around(paths, choice, values, settled)
+        owing = [path for path in paths if self.owing[path]]  # around()'s charges: of these alone
+        before = self.around(owing, choice, values, settled)
         kept = {path: choice[path] for path in changes}
         choice.update(changes)  # in place and back, as in cascade()
-        after = self.around(paths, choice, values)
+        after = self.around(owing, choice, values)
         choice.update(kept)
         return after[0] - before[0], after[1] - before[1]
 
