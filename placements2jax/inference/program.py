@@ -490,6 +490,10 @@ class _Search:
         self.owing = {
             path: tuple(j for j in range(len(self.out_avals[path])) if (path, j) in self.owed) for path in self.position
         }
+        # total()'s: the nodes that owe a charge, every value, every node's choice (its memo key)
+        self.owers = [path for path in self.paths if self.owing[path]]
+        self.values = self.touched_by(self.paths)
+        self.everything = _getter(self.paths)
         # the producers of each node's inputs not fixed (greedy()'s memo key: see _price())
         self.producers = {
             node.path: tuple(src[0] for src, fixed in zip(node.sources, self.fixed[node.path]) if fixed is None)
@@ -521,6 +525,7 @@ class _Search:
         self.pendings: dict[tuple[AvalKey, State, frozenset[int]], float] = {}
         self.pending_charges: dict[tuple[str, int, frozenset[int]], float] = {}  # pending() per candidate
         self.value_costs: dict[tuple[Any, tuple[int, ...]], Cost] = {}
+        self.totals: dict[Any, Cost] = {}  # total() per choice
         # greedy() per node and its producers' choices (how its inputs not fixed arrive): found before the
         # arriving states are built (a memo by arriving states too found 2% more on GPT-2's adamw step, for
         # the cost of building and hashing them at every miss)
@@ -1131,5 +1136,10 @@ class _Search:
         return choice
 
     def total(self, choice: Choice) -> Cost:
-        """The objective: every edge's redistribution plus the outputs' charges."""
-        return self.around(list(self.position), choice)
+        """The objective: every edge's redistribution plus the outputs' charges (per choice,
+        found once: the descents' results are compared several times)."""
+        key = self.everything(choice)
+        known = self.totals.get(key)
+        if known is None:
+            known = self.totals[key] = self.around(self.owers, choice, self.values)
+        return known
