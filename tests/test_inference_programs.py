@@ -645,7 +645,7 @@ def test_apply_runs_the_llama_loss_like_plain_jax(mesh: Any) -> None:
 # Llama value_and_grad / adamw 0.686 / 1.04 with 63 / 111 -> 0.690 / 1.02 with 56 / 105 (combined 47 / 95 -> 38 /
 # 89). Both together: Llama adamw 0.96 with 98 operands (combined 82; XLA 96 operands, 48 compiled).
 # Since the finishing descent also offers each equation the candidate cheapest for its inputs with an input free
-# where another consumer already needs it so (program.py's shared_input_cost: Llama's weight gradients read the
+# where another consumer already needs it so (program.py's shared_needs: Llama's weight gradients read the
 # normed activation as the forward matmuls gathered it, partial over dp, instead of gathering it over dp and
 # moving the parameter and both Adam moments to the transposed split and back): Llama value_and_grad / adamw
 # 0.690 / 0.96 with 56 / 98 -> 0.629 / 0.760 with 47 / 68 (combined 38 / 82 -> 28 / 50); GPT-2 unchanged.

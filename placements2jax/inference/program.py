@@ -143,9 +143,12 @@ sources and inputs).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import heapq
 import math
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -246,7 +249,7 @@ def _select(
     # both are searched, the cheaper as compiled kept (the planner's result is 0.66x the bytes as compiled
     # on GPT-2's adamw step, 1.05x on Llama's). As compiled, only from the walked start, without seeds: on
     # the training steps the eager start and the seeds never gave the kept result.
-    planned = _Search(graph, cost_model, targets, compiled=False)
+    planned = search.repriced(compiled=False)
     by_planner = _descend(planned, eager, seeds)
     results = []
     for pulls in (False, True):  # without and with pull moves (:meth:`_Search.pull_moves`), the cheaper kept
@@ -336,7 +339,8 @@ _ZERO: Cost = (0.0, 0.0)
 # (Equinox's adamw step 1.09 -> 1.33x XLA's bytes).
 OVERHEAD = 192
 
-Evaluation = tuple[Cost, dict[str, int], set[str]]  # a move's (delta, changes, depends), see _Search.evaluate
+# a move's (delta, changes, depends: the equations it depends on as a bit set by position), see _Search.evaluate
+Evaluation = tuple[Cost, dict[str, int], int]
 
 
 def _reduction_scale(mesh: DeviceMesh) -> float:
@@ -378,6 +382,28 @@ def _state(layout: Layout) -> State:
     )
 
 
+class _Candidates:
+    """A node's candidates as states (per candidate, its inputs' and its outputs'), with
+    the indices the search looks them up by instead of scanning them all (one per
+    candidate tuple: a model's repeated layers and their gradients share theirs)."""
+
+    def __init__(self, ins: tuple[tuple[State, ...], ...], outs: tuple[tuple[State, ...], ...], ndim: int) -> None:
+        self.ins, self.outs = ins, outs
+        self.by_ins: dict[tuple[State, ...], list[int]] = {}  # the candidates needing exactly these inputs
+        self.by_in: list[dict[State, list[int]]] = [{} for _ in ins[0]] if ins else []  # per input, per state
+        self.by_out: list[dict[State, list[int]]] = [{} for _ in outs[0]] if outs else []  # per output, per state
+        for k, (needs, gives) in enumerate(zip(ins, outs)):
+            self.by_ins.setdefault(needs, []).append(k)
+            for by, state in (*zip(self.by_in, needs), *zip(self.by_out, gives)):
+                by.setdefault(state, []).append(k)
+        # per candidate, the mesh dims its outputs are partial on and those they are split over
+        self.partial_dims = [frozenset(m for x in gives for m, op in enumerate(x[1]) if op) for gives in outs]
+        self.split_dims = [frozenset(m for x in gives for axes in x[0] for m in axes) for gives in outs]
+        self.unreduced = [k for k, dims in enumerate(self.partial_dims) if not dims]  # no partial output
+        # per mesh dim, the candidates with no output partial on it
+        self.unreduced_on = [[k for k, dims in enumerate(self.partial_dims) if m not in dims] for m in range(ndim)]
+
+
 class _Search:
     """The search over one graph, on layouts reduced to hashable states."""
 
@@ -388,12 +414,9 @@ class _Search:
         self.graph = graph
         self.cost_model = cost_model
         self.targets = targets
-        self.overhead = overhead  # bytes charged per collective (OVERHEAD), in the objective and the routes
-        self._eager_bytes: float | None = None  # eager_bytes(), found once
         self.layouts: dict[State, Layout] = {}
         self.mesh_shape = graph.mesh.shape
         self.weights = cost_model.weights(graph.mesh)
-        self.reduction_scale = _reduction_scale(graph.mesh) if compiled else 1.0
         self.ins: dict[str, tuple[tuple[State, ...], ...]] = {}  # per node, per candidate
         self.outs: dict[str, tuple[tuple[State, ...], ...]] = {}
         self.in_avals: dict[str, tuple[AvalKey, ...]] = {}
@@ -401,18 +424,22 @@ class _Search:
         self.fixed: dict[str, tuple[State | None, ...]] = {}  # per node input: its state if no equation chooses it
         self.consumers: dict[ValueId, list[tuple[str, int]]] = {}
         self.sources = {node.path: node.sources for node in graph.nodes}
+        self.none_free: dict[str, tuple[tuple[()], ...]] = {}
         self.states: dict[Layout, State] = {}  # per interned layout (hashed by identity: cheap)
         # The states of a candidate tuple, converted once: a model's repeated layers and
         # their gradients share their (cached) signatures' candidate tuples.
-        converted: dict[int, tuple[tuple[tuple[State, ...], ...], tuple[tuple[State, ...], ...]]] = {}
+        converted: dict[int, _Candidates] = {}
+        self.candidates: dict[str, _Candidates] = {}
         for node in graph.nodes:
             known = converted.get(id(node.candidates))
             if known is None:
-                known = converted[id(node.candidates)] = (
+                known = converted[id(node.candidates)] = _Candidates(
                     tuple(tuple(map(self._intern, c.in_layouts)) for c in node.candidates),
                     tuple(tuple(map(self._intern, c.out_layouts)) for c in node.candidates),
+                    graph.mesh.ndim,
                 )
-            self.ins[node.path], self.outs[node.path] = known
+            self.candidates[node.path] = known
+            self.ins[node.path], self.outs[node.path] = known.ins, known.outs
             self.in_avals[node.path] = tuple((s.shape, s.dtype) for s in node.inputs)
             self.out_avals[node.path] = tuple((a.shape, a.dtype) for a in node.candidates[0].out_avals)
             fixed = []
@@ -426,14 +453,11 @@ class _Search:
                 if src is not None:
                     self.consumers.setdefault(src, []).append((node.path, i))
             self.fixed[node.path] = tuple(fixed)
+            self.none_free[node.path] = ((),) * len(fixed)  # input_cost()'s free, none given
         self.owed: dict[ValueId, list[State | None]] = {}
         for src, target in zip(graph.outputs, targets):
             if src is not None and src[0] != "in":
                 self.owed.setdefault(src, []).append(None if target is None else self._intern(target))
-        self.costs: dict[tuple[AvalKey, State, State], Cost] = {}
-        self.charges: dict[tuple[ValueId, State], Cost] = {}
-        self.pendings: dict[tuple[AvalKey, State, frozenset[int]], float] = {}
-        self.pending_charges: dict[tuple[str, int, frozenset[int]], float] = {}  # pending() per candidate
         self.position = {node.path: p for p, node in enumerate(graph.nodes)}
         self.paths = [node.path for node in graph.nodes]  # by position
         # Neighbour tables, so that the hot loops loop over no consumers:
@@ -460,26 +484,36 @@ class _Search:
             self.downstream[path] = tuple(
                 (c, self.position[c]) for j in outputs for c, _ in self.consumers.get((path, j), ())
             )
+        # per node, its bit and those of its neighbours: an evaluation's depends as a bit set (by position),
+        # so that finding the evaluations an applied move makes stale is one AND each (improve())
+        self.bits = {path: 1 << p for p, path in enumerate(self.paths)}
+        self.reach = {
+            path: self.bits[path] | functools.reduce(operator.or_, map(self.bits.__getitem__, near), 0)
+            for path, near in self.neighbours.items()
+        }
         # value_cost() per value and the choices it reads (its producer's, unless an input, and its consumers'):
         # one search prices with one cost model, so a value's cost is fixed by those choices
         self.deciders = {
             value: _getter((() if value[0] == "in" else (value[0],)) + paths)
             for value, paths in self.consumer_paths.items()
         }
-        self.value_costs: dict[tuple[Any, tuple[int, ...]], Cost] = {}
+        for path, touched in self.touched.items():  # a literal's: its consumer's choice
+            chosen = _getter((path,))
+            self.deciders.update((value, chosen) for value in touched if value[0] == "literal")
         # per node, its outputs that are outputs of the function (charge() is zero for the others)
         self.owing = {
             path: tuple(j for j in range(len(self.out_avals[path])) if (path, j) in self.owed) for path in self.position
         }
-        # greedy() per node and its producers' choices (how its inputs not fixed arrive): found before the
-        # arriving states are built (a memo by arriving states too found 2% more on GPT-2's adamw step, for
-        # the cost of building and hashing them at every miss)
+        # total()'s: the nodes that owe a charge, every value, every node's choice (its memo key)
+        self.owers = [path for path in self.paths if self.owing[path]]
+        self.values = self.touched_by(self.paths)
+        self.everything = _getter(self.paths)
+        # the producers of each node's inputs not fixed (greedy()'s memo key: see _price())
         self.producers = {
             node.path: tuple(src[0] for src, fixed in zip(node.sources, self.fixed[node.path]) if fixed is None)
             for node in graph.nodes
         }
         self.producer_choices = {path: _getter(producers) for path, producers in self.producers.items()}
-        self.greedy_by_producers: dict[tuple[str, Any, bool], int] = {}
         # alternatives() per node and the choices it reads (its own, its producers', its outputs' consumers'):
         # the descents revisit the same neighbourhoods (from each start, with and without pull moves)
         self.local_deciders = {
@@ -492,9 +526,37 @@ class _Search:
                                               for c in self.consumer_paths[src])))
             for path in self.position
         }
+        self._price(compiled, overhead)
+
+    def _price(self, compiled: bool, overhead: int) -> None:
+        """Price moves as the backend compiles them (``compiled``) or by the planner alone,
+        with ``overhead`` bytes per collective: the memos of everything priced, empty."""
+        self.overhead = overhead  # bytes charged per collective (OVERHEAD), in the objective and the routes
+        self.reduction_scale = _reduction_scale(self.graph.mesh) if compiled else 1.0
+        self._eager_bytes: float | None = None  # eager_bytes(), found once
+        self.costs: dict[tuple[AvalKey, State, State], Cost] = {}
+        self.charges: dict[tuple[ValueId, State], Cost] = {}
+        self.pendings: dict[tuple[AvalKey, State, frozenset[int]], float] = {}
+        self.pending_charges: dict[tuple[str, int, frozenset[int]], float] = {}  # pending() per candidate
+        # value_cost() per value: its deciders (the choices it reads) and its costs by their choices
+        self.value_costs: dict[Any, tuple[Callable[[Choice], Any], dict[Any, Cost]]] = {
+            value: (decide, {}) for value, decide in self.deciders.items()
+        }
+        self.totals: dict[Any, Cost] = {}  # total() per choice
+        # greedy() per node and its producers' choices (how its inputs not fixed arrive): found before the
+        # arriving states are built (a memo by arriving states too found 2% more on GPT-2's adamw step, for
+        # the cost of building and hashing them at every miss)
+        self.greedy_by_producers: dict[tuple[str, Any, bool], int] = {}
         # evaluate() per move: (the equations its result depends on, their choices, the result)
         self.evaluations: dict[Move, list[tuple[Callable[[Choice], Any], Any, Evaluation]]] = {}
         self.alternative_moves: dict[tuple[str, Any], list[tuple[int, bool]]] = {}
+
+    def repriced(self, compiled: bool, overhead: int = OVERHEAD) -> _Search:
+        """The same graph's search priced otherwise (:meth:`_price`): the tables that do not
+        depend on prices (states, neighbours, memo keys) shared, built once per graph."""
+        other = copy.copy(self)
+        other._price(compiled, overhead)
+        return other
 
     def _intern(self, layout: Layout) -> State:
         state = self.states.get(layout)
@@ -528,7 +590,7 @@ class _Search:
         """The bytes of eager dispatch's choice by the planner's prices and eager's own
         routes (without the overhead: what ``predict(search="eager")`` reports); found once."""
         if self._eager_bytes is None:
-            plain = _Search(self.graph, self.cost_model, self.targets, compiled=False, overhead=0)
+            plain = self.repriced(compiled=False, overhead=0)
             self._eager_bytes = plain.total(eager)[0]
         return self._eager_bytes
 
@@ -572,7 +634,7 @@ class _Search:
             return known
         arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
         given = frozenset() if reducing else frozenset(m for state in arriving for m, op in enumerate(state[1]) if op)
-        exact = [k for k, needs in enumerate(self.ins[path]) if needs == arriving]
+        exact = self.candidates[path].by_ins.get(arriving)
         if exact:  # no plan to cost
             best = min(exact, key=lambda k: (self.pending(path, k, given), k))
         else:
@@ -614,8 +676,9 @@ class _Search:
         """Equations ``seeds`` running the given candidates (path -> candidate) and
         (``follow``) every equation downstream whose inputs change re-chosen as eager
         dispatch would, until the changes die out. Returns the changes (path ->
-        candidate) and every equation the result depends on (those re-chosen or looked
-        at, their producers, the other consumers of their inputs, their consumers)."""
+        candidate) and the equations re-chosen or looked at: the result depends on them,
+        their producers, the other consumers of their inputs and their consumers
+        (:attr:`neighbours`)."""
         # the choice itself, changed in place and changed back at the end (kept): a copy of the whole
         # choice per evaluation costs more (an exception ends the search, which owns the choice)
         trial, kept = choice, {path: choice[path] for path in seeds}
@@ -645,25 +708,26 @@ class _Search:
                     seen.add(position)
                     push(queue, position)
         trial.update(kept)
-        return changes, looked.union(*map(self.neighbours.__getitem__, looked))
+        return changes, looked
 
     def around(
         self, paths: Sequence[str], choice: Choice, values: set[Any] | None = None, settled: dict[Any, Cost] | None = None
     ) -> Cost:
         """The cost of every value ``paths`` produce or consume (:meth:`value_cost`) and
-        their outputs' charges. ``values``: those values (:meth:`touched_by`), if known;
-        ``settled``: value costs known at ``choice``, and those found here are added."""
+        their outputs' charges. ``values``: the values to price instead (:meth:`delta`:
+        those of more paths than charge); ``settled``: value costs known at ``choice``,
+        and those found here are added."""
         nbytes, steps = 0.0, 0.0
         for path in paths:
             for j in self.owing[path]:  # the charges of outputs owing nothing are zero: skipped
                 owed = self.charge((path, j), self.out_avals[path][j], self.outs[path][choice[path]][j])
                 nbytes, steps = nbytes + owed[0], steps + owed[1]
-        deciders, known = self.deciders, self.value_costs
+        tables = self.value_costs
         for value in self.touched_by(paths) if values is None else values:
             cost = None if settled is None else settled.get(value)
             if cost is None:
-                decide = deciders.get(value)  # value_cost()'s memo read here: the hot path of every delta
-                cost = None if decide is None else known.get((value, decide(choice)))
+                table = tables.get(value)  # value_cost()'s memo read here: the hot path of every delta
+                cost = None if table is None else table[1].get(table[0](choice))
                 if cost is None:
                     cost = self.value_cost(value, choice)
                 if settled is not None:
@@ -681,15 +745,17 @@ class _Search:
     def value_cost(self, value: Any, choice: Choice) -> Cost:
         """The redistributions of one value: one per distinct layout its consumers need
         (a compiled program computes a shared one once)."""
+        table = self.value_costs.get(value)
+        if table is None:
+            return _ZERO
+        decide, memo = table
+        key = decide(choice)
+        known = memo.get(key)
+        if known is not None:
+            return known
         if value[0] == "literal":
             _, path, i = value
-            return self.cost(self.in_avals[path][i], self.fixed[path][i], self.ins[path][choice[path]][i])
-        deciders = self.deciders.get(value)
-        if deciders is None:
-            return _ZERO
-        key = (value, deciders(choice))
-        known = self.value_costs.get(key)
-        if known is not None:
+            known = memo[key] = self.cost(self.in_avals[path][i], self.fixed[path][i], self.ins[path][choice[path]][i])
             return known
         consumers = self.consumers[value]
         first, i = consumers[0]
@@ -700,7 +766,7 @@ class _Search:
         for need in needs:
             move = self.cost(aval, state, need)
             nbytes, steps = nbytes + move[0], steps + move[1]
-        self.value_costs[key] = (nbytes, steps)
+        memo[key] = (nbytes, steps)
         return nbytes, steps
 
     def alternatives(self, path: str, choice: Choice, shared: bool = False) -> list[tuple[int, bool]]:
@@ -716,7 +782,7 @@ class _Search:
         masked scatter split on the embedding dim, all-gathered back). ``shared`` (the
         finishing descent): also the candidate cheapest for its inputs where an input that
         another consumer of its value already needs in that layout is free
-        (:meth:`shared_input_cost`), cascading: a weight gradient reading the normed
+        (:meth:`shared_needs`), cascading: a weight gradient reading the normed
         activation as the forward matmuls already gathered it, partial over ``dp`` and split
         as its parameter over ``tp`` (Llama's adamw step had taken the cheapest for its inputs
         alone, gathering over ``dp``: the gradient split on the transposed dims, the
@@ -734,12 +800,12 @@ class _Search:
         current = self.outs[path][choice[path]]
         partial = {m for state in current + arriving for m, op in enumerate(state[1]) if op}
         if partial:
-            scatter = [k for k, outs in enumerate(self.outs[path]) if not any(op for x in outs for op in x[1])]
-            groups += [(scatter, True), ([k for k in scatter if not any(m in axes for x in self.outs[path][k]
-                                                                         for axes in x[0] for m in partial)], True)]
+            table = self.candidates[path]
+            scatter = table.unreduced
+            groups += [(scatter, True), ([k for k in scatter if table.split_dims[k].isdisjoint(partial)], True)]
             if len(partial) > 1:  # reducing one mesh dim's partial, keeping the others' (e.g. tp, not dp)
                 for m in sorted(partial):
-                    groups.append(([k for k, outs in enumerate(self.outs[path]) if not any(x[1][m] for x in outs)], True))
+                    groups.append((table.unreduced_on[m], True))
         around: list[tuple[Sequence[int], bool]] = []
         if self.ins[path][choice[path]] != arriving and self.input_cost(path, choice[path], arriving) > _ZERO:
             everything = range(len(self.ins[path]))
@@ -759,22 +825,19 @@ class _Search:
                 if best != choice[path] and (best, follow) not in moves:
                     moves.append((best, follow))
         if around and shared:
-            best = min(range(len(self.ins[path])), key=lambda k: (self.shared_input_cost(path, k, arriving, choice), k))
+            best = self.cheapest(path, range(len(self.ins[path])), arriving, self.shared_needs(path, choice))
             if best != choice[path] and (best, True) not in moves:
                 moves.append((best, True))
         return moves
 
-    def shared_input_cost(self, path: str, k: int, arriving: Sequence[State], choice: Choice) -> Cost:
-        """:meth:`input_cost` with an input free where another consumer of its value already
-        needs it in that layout (a compiled program redistributes it once for both)."""
-        nbytes, steps = 0.0, 0.0
-        for aval, src, need, source in zip(self.in_avals[path], arriving, self.ins[path][k], self.sources[path]):
-            consumers = self.consumers[source] if source is not None else ()
-            if any(c != path and self.ins[c][choice[c]][i] == need for c, i in consumers):
-                continue
-            move = self.cost(aval, src, need)
-            nbytes, steps = nbytes + move[0], steps + move[1]
-        return nbytes, steps
+    def shared_needs(self, path: str, choice: Choice) -> tuple[frozenset[State], ...]:
+        """Per input of ``path``, the layouts other consumers of its value need it in: free
+        in :meth:`input_cost` (a compiled program redistributes it once for all of them)."""
+        return tuple(
+            frozenset(self.ins[c][choice[c]][i] for c, i in self.consumers[source] if c != path)
+            if source is not None else frozenset()
+            for source in self.sources[path]
+        )
 
     def reducing_moves(self, path: str, choice: Choice) -> list[int]:
         """Reducing cascades at an equation that makes or receives partials: the
@@ -822,7 +885,10 @@ class _Search:
                 arriving = [self.state_of(c, i, choice) for i in range(len(self.in_avals[c]))]
                 for i in at:
                     arriving[i] = target
-                fits = [k for k, ins in enumerate(self.ins[c]) if all(ins[i] == target for i in at)]
+                ins = self.ins[c]
+                fits = [
+                    k for k in self.candidates[c].by_in[at[0]].get(target, ()) if all(ins[k][i] == target for i in at)
+                ]
                 if not fits:
                     break
                 seeds.append((c, self.cheapest(c, fits, arriving)))
@@ -899,7 +965,7 @@ class _Search:
         redistribution moves up there); False if a function input or literal would pay
         a move (gathering an input instead of reducing a gradient: another plan than
         XLA's), and the caller keeps its own choice."""
-        fits = [k for k, outs in enumerate(self.outs[path]) if outs[j] == need]
+        fits = self.candidates[path].by_out[j].get(need)
         if not fits or len(seeds) >= _PULL_DEPTH:
             return True  # the redistribution stays at its output
         arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
@@ -918,25 +984,33 @@ class _Search:
                 return False
         return True
 
-    def cheapest(self, path: str, ks: Sequence[int], arriving: Sequence[State]) -> int:
+    def cheapest(
+        self, path: str, ks: Sequence[int], arriving: Sequence[State], free: Sequence[frozenset[State]] | None = None
+    ) -> int:
         """The candidate among ``ks`` (not empty) cheapest for ``arriving`` inputs: the least
-        ``(input_cost(k), k)`` (:meth:`input_cost`), leaving a candidate as soon as its bytes
-        so far exceed the best's (costs are >= 0, and so are partial sums of them)."""
+        ``(input_cost(k), k)`` (:meth:`input_cost`, with ``free``), leaving a candidate as soon
+        as its bytes so far exceed the best's (costs are >= 0, and so are partial sums of them)."""
         best, best_key, bound = ks[0], None, math.inf
         for k in ks:
-            found = self.input_cost(path, k, arriving, bound)
+            found = self.input_cost(path, k, arriving, bound, free)
             if found is not None and (best_key is None or (found, k) < best_key):
                 best, best_key, bound = k, (found, k), found[0]
         return best
 
-    def input_cost(self, path: str, k: int, arriving: Sequence[State], bound: float = math.inf) -> Cost | None:
+    def input_cost(
+        self, path: str, k: int, arriving: Sequence[State], bound: float = math.inf,
+        free: Sequence[frozenset[State]] | None = None,
+    ) -> Cost | None:
         """The redistribution of ``arriving`` inputs into candidate ``k`` of ``path``, or
         None as soon as its bytes exceed ``bound`` (costs are >= 0: the candidate cannot
-        come first any more). cost()'s memo is read inline: this is the search's hot loop."""
+        come first any more). ``free``: per input, layouts it costs nothing in (another
+        consumer of its value needs it so, :meth:`shared_needs`). cost()'s memo is read
+        inline: this is the search's hot loop."""
         nbytes, steps = 0.0, 0.0
         costs = self.costs
-        for aval, src, need in zip(self.in_avals[path], arriving, self.ins[path][k]):
-            if src != need:  # equal states cost nothing (cost()'s zero, which adds nothing)
+        needs, gratis_by_input = self.ins[path][k], free or self.none_free[path]
+        for aval, src, need, gratis in zip(self.in_avals[path], arriving, needs, gratis_by_input):
+            if src != need and need not in gratis:  # equal states cost nothing (cost()'s zero, which adds nothing)
                 move = costs.get((aval, src, need))
                 if move is None:
                     move = self.cost(aval, src, need)
@@ -950,10 +1024,11 @@ class _Search:
         (``settled``: value costs known at ``choice``, see :meth:`around`)."""
         paths = list(changes)
         values = self.touched_by(paths)  # the same values before and after, summed in the same order
-        before = self.around(paths, choice, values, settled)
+        owing = [path for path in paths if self.owing[path]]  # around()'s charges: of these alone
+        before = self.around(owing, choice, values, settled)
         kept = {path: choice[path] for path in changes}
         choice.update(changes)  # in place and back, as in cascade()
-        after = self.around(paths, choice, values)
+        after = self.around(owing, choice, values)
         choice.update(kept)
         return after[0] - before[0], after[1] - before[1]
 
@@ -992,12 +1067,12 @@ class _Search:
             seeds, follow, reduce = dict(move[3]), True, False
         else:
             seeds, follow, reduce = {move[0]: move[1]}, move[2], False
-        changes, depends = self.cascade(seeds, choice, follow, reduce)
+        changes, looked = self.cascade(seeds, choice, follow, reduce)
         delta = self.delta(changes, choice, settled)
         if move[0] == _VALUE and not follow and delta[1] > 0:  # the consumers alone: never more collectives
             delta = (math.inf, math.inf)  # (Equinox's value_and_grad traded 2 more for bytes)
-        found = (delta, changes, depends)
-        getter = _getter(tuple(depends))
+        found = (delta, changes, functools.reduce(operator.or_, map(self.reach.__getitem__, looked)))
+        getter = _getter(tuple(looked.union(*map(self.neighbours.__getitem__, looked))))
         known.append((getter, getter(choice), found))
         return found
 
@@ -1068,9 +1143,10 @@ class _Search:
             choice.update(changes)
             for value in self.touched_by(list(changes)):  # the values whose deciders changed
                 settled.pop(value, None)
-            # a scan (~250 applied moves on GPT-2's adamw step): an index of the evaluations by the equations
-            # they depend on (~50 each) cost more to build than the scans it saved
-            stale.update(other for other, (_, _, depends) in evaluated.items() if not depends.isdisjoint(changes))
+            # a scan (~250 applied moves on GPT-2's adamw step), one AND per evaluation: an index of the
+            # evaluations by the equations they depend on (~50 each) cost more to build than the scans it saved
+            changed = functools.reduce(operator.or_, map(self.bits.__getitem__, changes), 0)
+            stale.update(other for other, (_, _, depends) in evaluated.items() if depends & changed)
             near = set(changes)
             for path in changes:
                 for j in range(len(self.out_avals[path])):
@@ -1080,5 +1156,10 @@ class _Search:
         return choice
 
     def total(self, choice: Choice) -> Cost:
-        """The objective: every edge's redistribution plus the outputs' charges."""
-        return self.around(list(self.position), choice)
+        """The objective: every edge's redistribution plus the outputs' charges (per choice,
+        found once: the descents' results are compared several times)."""
+        key = self.everything(choice)
+        known = self.totals.get(key)
+        if known is None:
+            known = self.totals[key] = self.around(self.owers, choice, self.values)
+        return known
