@@ -34,11 +34,7 @@ result). The descent as compiled runs twice, without and with *pull moves*
 (:meth:`_Search.pull_moves`: an input's redistribution removed at its producers, upstream,
 then cascading; a cascade only goes downstream), and the cheaper result is kept (with
 pull moves alone Llama's value_and_grad went 0.70 -> 0.81x XLA's bytes; with them
-Equinox's loss 1.17 -> 0.85x). The one without pull moves breaks its cascades' cost ties
-by the fewest inputs moved (:meth:`_Search.tie_moved`: the Megatron MLP step of
-docs/benchmarks.md 1.18x -> XLA's bytes and all-reduces, Llama's adamw step 0.76 -> 0.68x
-in 53 collectives instead of 68, Equinox's value_and_grad 1.01 -> 0.97x; broken so in
-both, GPT-2's and Equinox's adamw steps end dearer). A last descent from the kept result adds *reducing cascades*
+Equinox's loss 1.17 -> 0.85x). A last descent from the kept result adds *reducing cascades*
 (:meth:`_Search.reducing_moves`): at an equation that makes or receives a partial, its
 candidates reducing it there (or its own), every equation downstream re-chosen as eager
 dispatch would if it charged the partials it continues too, so partials are reduced where
@@ -56,6 +52,14 @@ the training steps (the second search 0.5-0.6 s: GPT-2's adamw step 1.4 -> 2.2 s
 Llama's 1.0 -> 1.8 s in all). The kept
 result never moves more than eager dispatch by the planner's prices (the prediction's
 own): where it would, the planner's search result is kept.
+
+**Tie-break**: the descent without pull moves breaks its cascades' cost ties by the fewest
+inputs moved (:meth:`_Search.tie_moved`): the Megatron MLP step of docs/benchmarks.md
+1.18x -> XLA's bytes and all-reduces, Llama's adamw step 0.76 -> 0.68x in 53 collectives
+instead of 68, Equinox's value_and_grad 1.01 -> 0.97x. (Broken so in both descents,
+GPT-2's and Equinox's adamw steps ended dearer.) The two descents then share neither
+:meth:`_Search.greedy`'s memo nor :meth:`_Search.evaluate`'s: a cold predict of GPT-2's
+adamw step 2.33 -> 2.66 s CPU (Llama's within noise; alternated in one process, load 12).
 
 **Overhead per collective**: every collective also costs ``OVERHEAD`` bytes in the
 objective (a latency, as in torch's latency + bandwidth cost model): a plan with more
@@ -590,7 +594,8 @@ class _Search:
             for k, needs in enumerate(self.ins[path]):
                 found = self.input_cost(path, k, arriving, bound)  # pending charges are >= 0 too
                 if found is not None:
-                    key = (found[0] + self.pending(path, k, given), found[1], sum(map(ne, arriving, needs)) if fewest else 0)
+                    moved = sum(map(ne, arriving, needs)) if fewest else 0
+                    key = (found[0] + self.pending(path, k, given), found[1], moved)
                     if best_key is None or key < best_key:
                         best, best_key, bound = k, key, key[0]
         self.greedy_by_producers[by_producers] = best
