@@ -649,13 +649,16 @@ def test_apply_runs_the_llama_loss_like_plain_jax(mesh: Any) -> None:
 # normed activation as the forward matmuls gathered it, partial over dp, instead of gathering it over dp and
 # moving the parameter and both Adam moments to the transposed split and back): Llama value_and_grad / adamw
 # 0.690 / 0.96 with 56 / 98 -> 0.629 / 0.760 with 47 / 68 (combined 38 / 82 -> 28 / 50); GPT-2 unchanged.
+# Since the descent without pull moves breaks cost ties by the fewest inputs moved (program.py's tie_moved): Llama
+# adamw 0.760 with 68 -> 0.679 with 53 (combined 50 -> 31; all-gathers 29 -> 14 against XLA's 24, all-to-alls
+# 7 -> 2 against none); the others unchanged.
 _REACHED = {
     ("gpt2", "loss"): (0.86, -2),
     ("gpt2", "value_and_grad"): (0.97, -9),
     ("gpt2", "adamw step"): (0.93, -15),
     ("llama", "loss"): (0.79, -6),
     ("llama", "value_and_grad"): (0.63, -18),
-    ("llama", "adamw step"): (0.77, -28),
+    ("llama", "adamw step"): (0.68, -43),
 }
 _FLOOR = {("gpt2", "loss"): 0.85}
 
@@ -671,7 +674,7 @@ _COMBINED_REACHED = {
     ("gpt2", "adamw step"): -1,
     ("llama", "loss"): -6,
     ("llama", "value_and_grad"): -9,
-    ("llama", "adamw step"): 2,
+    ("llama", "adamw step"): -17,
 }
 
 

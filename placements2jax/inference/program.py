@@ -53,6 +53,14 @@ Llama's 1.0 -> 1.8 s in all). The kept
 result never moves more than eager dispatch by the planner's prices (the prediction's
 own): where it would, the planner's search result is kept.
 
+**Tie-break**: the descent without pull moves breaks its cascades' cost ties by the fewest
+inputs moved (:meth:`_Search.tie_moved`): the Megatron MLP step of docs/benchmarks.md
+1.18x -> XLA's bytes and all-reduces, Llama's adamw step 0.76 -> 0.68x in 53 collectives
+instead of 68, Equinox's value_and_grad 1.01 -> 0.97x. (Broken so in both descents,
+GPT-2's and Equinox's adamw steps ended dearer.) The two descents then share neither
+:meth:`_Search.greedy`'s memo nor :meth:`_Search.evaluate`'s: a cold predict of GPT-2's
+adamw step 2.33 -> 2.66 s CPU (Llama's within noise; alternated in one process, load 12).
+
 **Overhead per collective**: every collective also costs ``OVERHEAD`` bytes in the
 objective (a latency, as in torch's latency + bandwidth cost model): a plan with more
 collectives must save more bytes than that per extra collective. The planner routes the
@@ -152,7 +160,7 @@ import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from operator import itemgetter
+from operator import itemgetter, ne
 from typing import Any
 
 import numpy as np
@@ -253,6 +261,7 @@ def _select(
     by_planner = _descend(planned, eager, seeds)
     results = []
     for pulls in (False, True):  # without and with pull moves (:meth:`_Search.pull_moves`), the cheaper kept
+        search.tie_moved(not pulls)  # without pull moves, ties broken by the fewest inputs moved (tie_moved())
         chosen = _descend(search, eager, (), walked_only=True, pulls=pulls)
         if search.total(by_planner) < search.total(chosen):
             chosen = by_planner
@@ -550,6 +559,25 @@ class _Search:
         # evaluate() per move: (the equations its result depends on, their choices, the result)
         self.evaluations: dict[Move, list[tuple[Callable[[Choice], Any], Any, Evaluation]]] = {}
         self.alternative_moves: dict[tuple[str, Any], list[tuple[int, bool]]] = {}
+        # greedy()'s tie-break (see tie_moved()) and, per tie-break, the memos that depend on it
+        self.fewest_moved = False
+        self.by_tie_break = {False: (self.greedy_by_producers, self.evaluations)}
+
+    def tie_moved(self, fewest: bool) -> None:
+        """Break :meth:`greedy`'s cost ties by the fewest inputs moved (``fewest``) or by the
+        candidates' order alone. That order ranks them for the inputs the walk saw, not for
+        those a cascade gives: a tie broken by it takes what was cheapest there. A slice or
+        a local partial costs nothing, but where it is not needed its consumers pay to undo
+        it: the Megatron MLP step's gradient ``mul`` of a broadcast scalar and the loss's
+        replicated activation (``R,R ; S(0),R``) took ``(dp,tp),None,None``, first for the
+        walked ``S(0),P`` (reduce-scattered there), its matmul consumers all-gathered it
+        back, and no descent reached XLA's plan (1.18x XLA's bytes, 10 all-reduces where XLA
+        has 8 operands). Neither tie-break is better everywhere (by the fewest moved, that
+        step and Llama's adamw step reach cheaper plans, GPT-2's and Equinox's adamw steps
+        dearer ones): :func:`_select` descends with each. Switches :meth:`greedy`'s memo and
+        :meth:`evaluate`'s, which depend on it."""
+        self.fewest_moved = fewest
+        self.greedy_by_producers, self.evaluations = self.by_tie_break.setdefault(fewest, ({}, {}))
 
     def repriced(self, compiled: bool, overhead: int = OVERHEAD) -> _Search:
         """The same graph's search priced otherwise (:meth:`_price`): the tables that do not
@@ -627,7 +655,8 @@ class _Search:
 
     def greedy(self, path: str, choice: Choice, reducing: bool = False) -> int:
         """Eager dispatch's choice for equation ``path`` given its inputs as they arrive:
-        no redistribution first, then the least input cost plus pending new partials."""
+        no redistribution first, then the least input cost plus pending new partials (with
+        :attr:`fewest_moved`, then the fewest inputs moved), then the first."""
         by_producers = (path, self.producer_choices[path](choice), reducing)
         known = self.greedy_by_producers.get(by_producers)
         if known is not None:
@@ -638,11 +667,12 @@ class _Search:
         if exact:  # no plan to cost
             best = min(exact, key=lambda k: (self.pending(path, k, given), k))
         else:
-            best, best_key, bound = 0, None, math.inf
-            for k in range(len(self.ins[path])):
+            best, best_key, bound, fewest = 0, None, math.inf, self.fewest_moved
+            for k, needs in enumerate(self.ins[path]):
                 found = self.input_cost(path, k, arriving, bound)  # pending charges are >= 0 too
                 if found is not None:
-                    key = (found[0] + self.pending(path, k, given), found[1])
+                    moved = sum(map(ne, arriving, needs)) if fewest else 0
+                    key = (found[0] + self.pending(path, k, given), found[1], moved)
                     if best_key is None or key < best_key:
                         best, best_key, bound = k, key, key[0]
         self.greedy_by_producers[by_producers] = best
