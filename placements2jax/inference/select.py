@@ -413,7 +413,6 @@ def _ranked(
     n_in = len(specs)
     choices = _layout_choices(sigs, tuple(s.joint for s in sigs), _fit_shapes(avals, mesh.shape), mesh, tuple(orders),
                               allowed)
-    planner = InputPlans(tuple(specs), cost_model)
     out_avals = tuple(out_avals)
     ranked = []
     keys = _RankKeys(tuple(specs), out_avals, cost_model, gathered)
@@ -421,13 +420,12 @@ def _ranked(
     if strided and any(s.layout.is_strided for s in specs):
         extra += _strided(specs, avals, mesh, choices)
     constrained = out_constraint is not None or in_constraint is not None  # predict's walk: never
-    continued, pending, rank_key = keys.continued, keys.pending, keys.rank_key
+    rank = keys.ranked
     for layouts, combo, order in itertools.chain(choices, extra):
         ins, outs = layouts[:n_in], layouts[n_in:]
         if constrained and (not _matches(outs, out_constraint) or not _matches(ins, in_constraint)):
             continue
-        candidate = Candidate(ins, outs, None, combo, order, out_avals, pending(outs, continued(ins)), planner)
-        ranked.append((rank_key(candidate), candidate))
+        ranked.append(rank(ins, outs, combo, order))
     ranked.sort(key=_first)  # stable: equal keys keep their order
     return [candidate for _, candidate in ranked]
 
@@ -481,22 +479,26 @@ def _first(entry: tuple[Any, ...]) -> Any:
 
 class _RankKeys:
     """:meth:`Candidate.rank_key` of many candidates of one op on the same inputs, from
-    parts computed once per (tensor, layout) (plan costs, block bytes) and per output
-    layouts (pending reductions): the candidates of an op share them (one dict per
-    tensor, keyed by the interned layout: hashed by identity). The same order (the total
-    cost as ``(float, Fraction)``: compared faster, ties exact; equal keys keep their
-    position); the candidate's ``cost`` and ``redistributed`` are stored on it as computed."""
+    parts computed once per (tensor, layout) (plan costs, block bytes, the partials an
+    input keeps or gives up) and per output layouts (pending reductions): the candidates
+    of an op share them (one dict per tensor, keyed by the interned layout: hashed by
+    identity). The same order (the total cost as ``(float, Fraction)``: compared faster,
+    ties exact; equal keys keep their position); the candidate's ``cost`` and
+    ``redistributed`` are stored on it as computed. :meth:`ranked` does a candidate's
+    steps in one pass (ranking builds tens of thousands of candidates per program)."""
 
-    __slots__ = ("specs", "out_avals", "cost_model", "gathered", "costs", "out_bytes", "pendings", "partials")
+    __slots__ = ("specs", "out_avals", "cost_model", "gathered", "planner", "costs", "out_bytes", "pendings", "partials")
 
     def __init__(
-        self, specs: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...], cost_model: CostModel, gathered: bool = True
+        self, specs: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...], cost_model: CostModel, gathered: bool = True,
+        planner: InputPlans | None = None,
     ) -> None:
         self.specs, self.out_avals, self.cost_model, self.gathered = specs, out_avals, cost_model, gathered
+        self.planner = planner if planner is not None else InputPlans(specs, cost_model)
         # per input, per layout: (plan cost, its float, strided, layout key, moved)
         self.costs: tuple[dict[Layout, tuple[Fraction, float, bool, Any, bool]], ...] = tuple({} for _ in specs)
-        # per output, per layout: (block bytes, strided, layout key, split dims)
-        self.out_bytes: tuple[dict[Layout, tuple[int, bool, Any, Any]], ...] = tuple({} for _ in out_avals)
+        # per output, per layout: (block bytes, strided, layout key, split dims, partial)
+        self.out_bytes: tuple[dict[Layout, tuple[int, bool, Any, Any, bool]], ...] = tuple({} for _ in out_avals)
         self.pendings: dict[tuple[tuple[Layout, ...], frozenset[int]], Fraction] = {}
         # per input, per layout: (partial mesh dims kept, splits given up), None where neither
         self.partials: tuple[dict[Layout, tuple[frozenset[int], frozenset[int]] | None], ...] = tuple(
@@ -511,16 +513,18 @@ class _RankKeys:
         for spec, layout, table in zip(self.specs, in_layouts, self.partials):
             parts = table.get(layout, _UNSEEN)
             if parts is _UNSEEN:
-                given = spec.layout
-                keeps = frozenset(m for m in layout.partial_axes if given.partial[m])
-                gives = _unsplit(given, layout, self.gathered)
-                parts = table[layout] = (keeps, gives) if keeps or gives else None
+                parts = table[layout] = self._partial_parts(spec.layout, layout)
             if parts is not None:
                 if parts[0]:
                     kept = kept | parts[0]
                 if parts[1]:
                     made = made | parts[1]
         return kept - made if made else kept
+
+    def _partial_parts(self, given: Layout, layout: Layout) -> tuple[frozenset[int], frozenset[int]] | None:
+        keeps = frozenset(m for m in layout.partial_axes if given.partial[m])
+        gives = _unsplit(given, layout, self.gathered)
+        return (keeps, gives) if keeps or gives else None
 
     def pending(self, out_layouts: tuple[Layout, ...], given: frozenset[int]) -> Fraction:
         """:func:`_pending` of the outputs in ``out_layouts``."""
@@ -530,13 +534,19 @@ class _RankKeys:
             value = self.pendings[key] = _pending(self.out_avals, out_layouts, given, self.cost_model)
         return value
 
-    def rank_key(self, candidate: Candidate) -> tuple[Any, ...]:
+    def ranked(
+        self, in_layouts: tuple[Layout, ...], out_layouts: tuple[Layout, ...], one_d: tuple[OneDSig, ...],
+        nest_order: tuple[int, ...], pending: Fraction | None = None,
+    ) -> tuple[tuple[Any, ...], Candidate]:
+        """The candidate running the op with these layouts (its pending reduction from
+        :meth:`continued` unless given) and its rank key."""
         cost = None  # the sum of the nonzero plan costs (most inputs stay as given: cost 0)
         cost_float = 0.0
         strided = 0
         layout_key = []
         redistributed = []
-        for spec, layout, table in zip(self.specs, candidate.in_layouts, self.costs):
+        kept = made = _NO_DIMS
+        for spec, layout, table, partials in zip(self.specs, in_layouts, self.costs, self.partials):
             parts = table.get(layout)
             if parts is None:
                 plan = cached_plan_cost(spec.shape, spec.dtype, spec.layout, layout, self.cost_model)
@@ -552,26 +562,40 @@ class _RankKeys:
             strided += parts[2]
             layout_key.append(parts[3])
             redistributed.append(parts[4])
+            if pending is None:
+                given = partials.get(layout, _UNSEEN)
+                if given is _UNSEEN:
+                    given = partials[layout] = self._partial_parts(spec.layout, layout)
+                if given is not None:
+                    if given[0]:
+                        kept = kept | given[0]
+                    if given[1]:
+                        made = made | given[1]
         out_bytes = 0
         out_splits = []
-        for aval, layout, table in zip(self.out_avals, candidate.out_layouts, self.out_bytes):
+        partial = False
+        for aval, layout, table in zip(self.out_avals, out_layouts, self.out_bytes):
             parts = table.get(layout)
             if parts is None:
                 parts = table[layout] = (
                     block_bytes(aval.shape, aval.dtype.itemsize, layout.dim_axes, layout.mesh.shape),
                     split_out_of_mesh_order(layout), layout_rank_key(layout), split_dims_key(layout),
+                    layout.has_partial,
                 )
             out_bytes += parts[0]
             strided += parts[1]
             layout_key.append(parts[2])
             out_splits.append(parts[3])
+            partial = partial or parts[4]
+        if pending is None:  # no partial output: nothing pending, whatever the inputs continue
+            pending = self.pending(out_layouts, kept - made if made else kept) if partial else _ZERO
         if cost is None:
             cost = _ZERO
         moved = tuple(redistributed)
+        candidate = Candidate(in_layouts, out_layouts, None, one_d, nest_order, self.out_avals, pending, self.planner)
         # what Candidate.cost / .redistributed (cached properties) compute: stored, not recomputed
         candidate.__dict__["cost"] = cost
         candidate.__dict__["redistributed"] = moved
-        pending = candidate.pending
         if pending:
             total = cost + pending if cost else pending
             cost_float = float(total)
@@ -580,7 +604,8 @@ class _RankKeys:
         # (float, exact): the same order as the exact total alone (rounding is monotone; equal
         # floats fall back to the Fractions), compared faster; Candidate.strided, .out_splits and
         # .layout_key from parts per (tensor, layout)
-        return (True in moved, (cost_float, total), strided, tuple(out_splits), moved, out_bytes, tuple(layout_key))
+        key = (True in moved, (cost_float, total), strided, tuple(out_splits), moved, out_bytes, tuple(layout_key))
+        return key, candidate
 
 
 _ZERO = Fraction(0)
@@ -643,7 +668,6 @@ def _bounded_best(
     entries.sort(key=_first)
     found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]] = {}
     layout_cache: dict[Any, Layout] = {}
-    planner = InputPlans(specs, cost_model)
     keys = _RankKeys(specs, out_avals, cost_model)
     orders = tuple(orders)
     best: tuple[Any, tuple[Layout, ...]] | None = None
@@ -666,7 +690,7 @@ def _bounded_best(
             pending = keys.pending(outs, keys.continued(ins))
             if best is not None and not _within(specs, ins, cost_model, best[0][1][1] - pending):
                 continue
-            key = keys.rank_key(Candidate(ins, outs, None, (), (), out_avals, pending, planner))
+            key = keys.ranked(ins, outs, (), (), pending)[0]
             if not key[0]:  # runs on the inputs as given: not this function's case
                 return None
             if best is None or key < best[0]:
@@ -677,9 +701,7 @@ def _bounded_best(
     layouts = best[1]
     _, combo, order = found[layouts]
     ins, outs = layouts[:n_in], layouts[n_in:]
-    candidate = Candidate(ins, outs, None, combo, order, out_avals, keys.pending(outs, keys.continued(ins)), planner)
-    keys.rank_key(candidate)  # stores its cost and redistributed, as rank_candidates does
-    return candidate
+    return keys.ranked(ins, outs, combo, order, keys.pending(outs, keys.continued(ins)))[1]
 
 
 def _within(
@@ -869,9 +891,20 @@ def continued_partials(specs: Sequence[TensorSpec], in_layouts: Sequence[Layout]
 def _unsplit(given: Layout, layout: Layout, gathered: bool = True) -> frozenset[int]:
     """The mesh dims on which ``given`` is split and ``layout`` is not (the split given up:
     gathered, or made partial; only made partial unless ``gathered``)."""
-    return frozenset(m for m in range(given.mesh.ndim)
-                     if given.mesh_dim_split(m) is not None and layout.mesh_dim_split(m) is None
-                     and (gathered or layout.partial[m]))
+    lost = _split_mesh_dims(given) - _split_mesh_dims(layout)
+    return lost if gathered or not lost else frozenset(m for m in lost if layout.partial[m])
+
+
+def _split_mesh_dims(layout: Layout) -> frozenset[int]:
+    """The mesh dims splitting some dim of ``layout`` (memoized per interned layout)."""
+    dims = _SPLIT_MESH_DIMS.get(layout)
+    if dims is None:
+        dims = frozenset(m for axes in layout.dim_axes for m in axes)
+        _SPLIT_MESH_DIMS.remember(layout, dims)
+    return dims
+
+
+_SPLIT_MESH_DIMS = Memo(65536)
 
 
 def pending_reduction(
