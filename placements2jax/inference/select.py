@@ -800,18 +800,20 @@ def _layout_choices(
     dim, the signatures it may use (a subset of ``sigs``; None: all)."""
     sig_keys = {sig: _sig_key(sig) for sig in sigs}
     ordered = sorted(sigs, key=sig_keys.__getitem__)
-    tables_of = {sig: _placement_table(sig) for sig in ordered}
+    # (signature, placement table, key) triples: a combination's parts without hashing signatures (a
+    # dataclass's hash, in Python) per combination
+    entries = [(sig, _placement_table(sig), sig_keys[sig]) for sig in ordered]
     found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]] = {}
     layout_cache: dict[Any, Layout] = {}
-    per_dim = [ordered] * mesh.ndim if allowed is None else [[x for x in ordered if x in a] for a in allowed]
-    for combo in itertools.product(*per_dim):
-        _add_layouts(combo, [tables_of[sig] for sig in combo], tuple(sig_keys[s] for s in combo), orders, shapes, mesh,
-                     layout_cache, found)
+    per_dim = [entries] * mesh.ndim if allowed is None else [[e for e in entries if e[0] in a] for a in allowed]
+    for chosen in itertools.product(*per_dim):
+        combo, placements, keys = zip(*chosen)
+        _add_layouts(combo, placements, keys, orders, shapes, mesh, layout_cache, found)
     return tuple((layouts, combo, order) for layouts, (_, combo, order) in found.items())
 
 
 def _add_layouts(
-    combo: tuple[OneDSig, ...], placements: list[tuple[tuple[int, Any], ...]], keys: tuple[Any, ...],
+    combo: tuple[OneDSig, ...], placements: Sequence[tuple[tuple[int, Any], ...]], keys: tuple[Any, ...],
     orders: tuple[tuple[int, ...], ...], shapes: FitShapes, mesh: DeviceMesh, layout_cache: dict[Any, Layout],
     found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]],
 ) -> list[tuple[Layout, ...]]:
@@ -937,29 +939,60 @@ def _tables(
     (``placements``: each signature's :func:`_placement_table`; ``shapes``: the tensors'
     :func:`_fit_shapes`). Each split step needs at least as many elements as pieces (the
     current local extent: ceil of the previous steps, as torch.chunk nests); ``even``
-    steps must be exact, and so must every step before them."""
+    steps must be exact, and so must every step before them. Each tensor's table from its
+    entries, nest order and fit shape is memoized (:func:`_tensor_table`: an op's tensors
+    and its candidates share most of them); the ``even`` marks are the combination's."""
     tables = []
-    for t, dims in enumerate(shapes):
-        ndim = len(dims)
-        dim_axes: list[list[int]] = [[] for _ in range(ndim)]
-        partial: list[Any] = [None] * len(mesh_shape)
-        for m in order:
-            dim, op = placements[m][t]
-            if dim is not None:
-                if not 0 <= dim < ndim:
-                    return None
-                dim_axes[dim].append(m)
-            elif op:
-                partial[m] = op
-        if len({op for op in partial if op}) > 1:
+    for t, (entries, dims) in enumerate(zip(zip(*placements), shapes)):
+        key = (entries, order, dims, mesh_shape)
+        found = _TENSOR_TABLES.get(key)
+        if found is None:
+            found = _tensor_table(entries, order, dims, mesh_shape)
+            _TENSOR_TABLES.remember(key, found)
+        if not found:  # _INVALID
             return None
-        for d, axes in enumerate(dim_axes):
-            if axes:
-                inexact = _inexact_step(dims[d], tuple(axes), mesh_shape)
-                if inexact < 0 or any((t, d) in combo[m].even for m in axes[inexact:]):
-                    return None
-        tables.append((tuple(map(tuple, dim_axes)), tuple(partial)))
+        table, inexact = found
+        for d, axes in inexact:
+            if any((t, d) in combo[m].even for m in axes):
+                return None
+        tables.append(table)
     return tuple(tables)
+
+
+_TENSOR_TABLES = Memo(65536)
+_INVALID = ()
+
+
+def _tensor_table(
+    entries: tuple[tuple[int | None, Any], ...], order: tuple[int, ...], dims: tuple[int, ...],
+    mesh_shape: tuple[int, ...],
+) -> tuple[Any, ...]:
+    """One tensor's part of :func:`_tables` (``entries``: its (split dim, partial op) per
+    mesh dim; ``dims``: its fit shape): ``_INVALID``, or its ``(dim_axes, partial)`` table
+    and, per split dim with an inexact step, the mesh dims splitting it from that step on
+    (those steps must not be ``even``)."""
+    ndim = len(dims)
+    dim_axes: list[list[int]] = [[] for _ in range(ndim)]
+    partial: list[Any] = [None] * len(mesh_shape)
+    for m in order:
+        dim, op = entries[m]
+        if dim is not None:
+            if not 0 <= dim < ndim:
+                return _INVALID
+            dim_axes[dim].append(m)
+        elif op:
+            partial[m] = op
+    if len({op for op in partial if op}) > 1:
+        return _INVALID
+    inexact = []
+    for d, axes in enumerate(dim_axes):
+        if axes:
+            step = _inexact_step(dims[d], tuple(axes), mesh_shape)
+            if step < 0:
+                return _INVALID
+            if step < len(axes):
+                inexact.append((d, tuple(axes[step:])))
+    return ((tuple(map(tuple, dim_axes)), tuple(partial)), tuple(inexact))
 
 
 def _fit_shapes(avals: Sequence[Aval], mesh_shape: tuple[int, ...]) -> FitShapes:
