@@ -495,8 +495,8 @@ class _RankKeys:
     ) -> None:
         self.specs, self.out_avals, self.cost_model, self.gathered = specs, out_avals, cost_model, gathered
         self.planner = planner if planner is not None else InputPlans(specs, cost_model)
-        # per input, per layout: (plan cost, its float, strided, layout key, moved)
-        self.costs: tuple[dict[Layout, tuple[Fraction, float, bool, Any, bool]], ...] = tuple({} for _ in specs)
+        # per input, per layout: (plan cost or None if 0, its float, strided, layout key, moved)
+        self.costs: tuple[dict[Layout, tuple[Fraction | None, float, bool, Any, bool]], ...] = tuple({} for _ in specs)
         # per output, per layout: (block bytes, strided, layout key, split dims, partial)
         self.out_bytes: tuple[dict[Layout, tuple[int, bool, Any, Any, bool]], ...] = tuple({} for _ in out_avals)
         self.pendings: dict[tuple[tuple[Layout, ...], frozenset[int]], Fraction] = {}
@@ -513,18 +513,16 @@ class _RankKeys:
         for spec, layout, table in zip(self.specs, in_layouts, self.partials):
             parts = table.get(layout, _UNSEEN)
             if parts is _UNSEEN:
-                parts = table[layout] = self._partial_parts(spec.layout, layout)
+                given = spec.layout
+                keeps = frozenset(m for m in layout.partial_axes if given.partial[m])
+                gives = _unsplit(given, layout, self.gathered)
+                parts = table[layout] = (keeps, gives) if keeps or gives else None
             if parts is not None:
                 if parts[0]:
                     kept = kept | parts[0]
                 if parts[1]:
                     made = made | parts[1]
         return kept - made if made else kept
-
-    def _partial_parts(self, given: Layout, layout: Layout) -> tuple[frozenset[int], frozenset[int]] | None:
-        keeps = frozenset(m for m in layout.partial_axes if given.partial[m])
-        gives = _unsplit(given, layout, self.gathered)
-        return (keeps, gives) if keeps or gives else None
 
     def pending(self, out_layouts: tuple[Layout, ...], given: frozenset[int]) -> Fraction:
         """:func:`_pending` of the outputs in ``out_layouts``."""
@@ -545,15 +543,15 @@ class _RankKeys:
         strided = 0
         layout_key = []
         redistributed = []
-        kept = made = _NO_DIMS
-        for spec, layout, table, partials in zip(self.specs, in_layouts, self.costs, self.partials):
+        for spec, layout, table in zip(self.specs, in_layouts, self.costs):
             parts = table.get(layout)
             if parts is None:
                 plan = cached_plan_cost(spec.shape, spec.dtype, spec.layout, layout, self.cost_model)
                 parts = table[layout] = (
-                    plan, float(plan), split_out_of_mesh_order(layout), layout_rank_key(layout), spec.layout is not layout
+                    plan or None, float(plan), split_out_of_mesh_order(layout), layout_rank_key(layout),
+                    spec.layout is not layout,
                 )
-            if parts[0]:
+            if parts[0] is not None:
                 if cost is None:
                     cost, cost_float = parts[0], parts[1]
                 else:
@@ -562,15 +560,6 @@ class _RankKeys:
             strided += parts[2]
             layout_key.append(parts[3])
             redistributed.append(parts[4])
-            if pending is None:
-                given = partials.get(layout, _UNSEEN)
-                if given is _UNSEEN:
-                    given = partials[layout] = self._partial_parts(spec.layout, layout)
-                if given is not None:
-                    if given[0]:
-                        kept = kept | given[0]
-                    if given[1]:
-                        made = made | given[1]
         out_bytes = 0
         out_splits = []
         partial = False
@@ -588,7 +577,7 @@ class _RankKeys:
             out_splits.append(parts[3])
             partial = partial or parts[4]
         if pending is None:  # no partial output: nothing pending, whatever the inputs continue
-            pending = self.pending(out_layouts, kept - made if made else kept) if partial else _ZERO
+            pending = self.pending(out_layouts, self.continued(in_layouts)) if partial else _ZERO
         if cost is None:
             cost = _ZERO
         moved = tuple(redistributed)
@@ -597,7 +586,7 @@ class _RankKeys:
         candidate.__dict__["cost"] = cost
         candidate.__dict__["redistributed"] = moved
         if pending:
-            total = cost + pending if cost else pending
+            total = cost + pending if cost is not _ZERO else pending
             cost_float = float(total)
         else:
             total = cost
