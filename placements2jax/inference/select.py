@@ -413,7 +413,6 @@ def _ranked(
     n_in = len(specs)
     choices = _layout_choices(sigs, tuple(s.joint for s in sigs), _fit_shapes(avals, mesh.shape), mesh, tuple(orders),
                               allowed)
-    planner = InputPlans(tuple(specs), cost_model)
     out_avals = tuple(out_avals)
     ranked = []
     keys = _RankKeys(tuple(specs), out_avals, cost_model, gathered)
@@ -421,13 +420,12 @@ def _ranked(
     if strided and any(s.layout.is_strided for s in specs):
         extra += _strided(specs, avals, mesh, choices)
     constrained = out_constraint is not None or in_constraint is not None  # predict's walk: never
-    continued, pending, rank_key = keys.continued, keys.pending, keys.rank_key
+    rank = keys.ranked
     for layouts, combo, order in itertools.chain(choices, extra):
         ins, outs = layouts[:n_in], layouts[n_in:]
         if constrained and (not _matches(outs, out_constraint) or not _matches(ins, in_constraint)):
             continue
-        candidate = Candidate(ins, outs, None, combo, order, out_avals, pending(outs, continued(ins)), planner)
-        ranked.append((rank_key(candidate), candidate))
+        ranked.append(rank(ins, outs, combo, order))
     ranked.sort(key=_first)  # stable: equal keys keep their order
     return [candidate for _, candidate in ranked]
 
@@ -481,22 +479,26 @@ def _first(entry: tuple[Any, ...]) -> Any:
 
 class _RankKeys:
     """:meth:`Candidate.rank_key` of many candidates of one op on the same inputs, from
-    parts computed once per (tensor, layout) (plan costs, block bytes) and per output
-    layouts (pending reductions): the candidates of an op share them (one dict per
-    tensor, keyed by the interned layout: hashed by identity). The same order (the total
-    cost as ``(float, Fraction)``: compared faster, ties exact; equal keys keep their
-    position); the candidate's ``cost`` and ``redistributed`` are stored on it as computed."""
+    parts computed once per (tensor, layout) (plan costs, block bytes, the partials an
+    input keeps or gives up) and per output layouts (pending reductions): the candidates
+    of an op share them (one dict per tensor, keyed by the interned layout: hashed by
+    identity). The same order (the total cost as ``(float, Fraction)``: compared faster,
+    ties exact; equal keys keep their position); the candidate's ``cost`` and
+    ``redistributed`` are stored on it as computed. :meth:`ranked` does a candidate's
+    steps in one pass (ranking builds tens of thousands of candidates per program)."""
 
-    __slots__ = ("specs", "out_avals", "cost_model", "gathered", "costs", "out_bytes", "pendings", "partials")
+    __slots__ = ("specs", "out_avals", "cost_model", "gathered", "planner", "costs", "out_bytes", "pendings", "partials")
 
     def __init__(
-        self, specs: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...], cost_model: CostModel, gathered: bool = True
+        self, specs: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...], cost_model: CostModel, gathered: bool = True,
+        planner: InputPlans | None = None,
     ) -> None:
         self.specs, self.out_avals, self.cost_model, self.gathered = specs, out_avals, cost_model, gathered
-        # per input, per layout: (plan cost, its float, strided, layout key, moved)
-        self.costs: tuple[dict[Layout, tuple[Fraction, float, bool, Any, bool]], ...] = tuple({} for _ in specs)
-        # per output, per layout: (block bytes, strided, layout key, split dims)
-        self.out_bytes: tuple[dict[Layout, tuple[int, bool, Any, Any]], ...] = tuple({} for _ in out_avals)
+        self.planner = planner if planner is not None else InputPlans(specs, cost_model)
+        # per input, per layout: (plan cost or None if 0, its float, strided, layout key, moved)
+        self.costs: tuple[dict[Layout, tuple[Fraction | None, float, bool, Any, bool]], ...] = tuple({} for _ in specs)
+        # per output, per layout: (block bytes, strided, layout key, split dims, partial)
+        self.out_bytes: tuple[dict[Layout, tuple[int, bool, Any, Any, bool]], ...] = tuple({} for _ in out_avals)
         self.pendings: dict[tuple[tuple[Layout, ...], frozenset[int]], Fraction] = {}
         # per input, per layout: (partial mesh dims kept, splits given up), None where neither
         self.partials: tuple[dict[Layout, tuple[frozenset[int], frozenset[int]] | None], ...] = tuple(
@@ -530,20 +532,26 @@ class _RankKeys:
             value = self.pendings[key] = _pending(self.out_avals, out_layouts, given, self.cost_model)
         return value
 
-    def rank_key(self, candidate: Candidate) -> tuple[Any, ...]:
+    def ranked(
+        self, in_layouts: tuple[Layout, ...], out_layouts: tuple[Layout, ...], one_d: tuple[OneDSig, ...],
+        nest_order: tuple[int, ...], pending: Fraction | None = None,
+    ) -> tuple[tuple[Any, ...], Candidate]:
+        """The candidate running the op with these layouts (its pending reduction from
+        :meth:`continued` unless given) and its rank key."""
         cost = None  # the sum of the nonzero plan costs (most inputs stay as given: cost 0)
         cost_float = 0.0
         strided = 0
         layout_key = []
         redistributed = []
-        for spec, layout, table in zip(self.specs, candidate.in_layouts, self.costs):
+        for spec, layout, table in zip(self.specs, in_layouts, self.costs):
             parts = table.get(layout)
             if parts is None:
                 plan = cached_plan_cost(spec.shape, spec.dtype, spec.layout, layout, self.cost_model)
                 parts = table[layout] = (
-                    plan, float(plan), split_out_of_mesh_order(layout), layout_rank_key(layout), spec.layout is not layout
+                    plan or None, float(plan), split_out_of_mesh_order(layout), layout_rank_key(layout),
+                    spec.layout is not layout,
                 )
-            if parts[0]:
+            if parts[0] is not None:
                 if cost is None:
                     cost, cost_float = parts[0], parts[1]
                 else:
@@ -554,33 +562,39 @@ class _RankKeys:
             redistributed.append(parts[4])
         out_bytes = 0
         out_splits = []
-        for aval, layout, table in zip(self.out_avals, candidate.out_layouts, self.out_bytes):
+        partial = False
+        for aval, layout, table in zip(self.out_avals, out_layouts, self.out_bytes):
             parts = table.get(layout)
             if parts is None:
                 parts = table[layout] = (
                     block_bytes(aval.shape, aval.dtype.itemsize, layout.dim_axes, layout.mesh.shape),
                     split_out_of_mesh_order(layout), layout_rank_key(layout), split_dims_key(layout),
+                    layout.has_partial,
                 )
             out_bytes += parts[0]
             strided += parts[1]
             layout_key.append(parts[2])
             out_splits.append(parts[3])
+            partial = partial or parts[4]
+        if pending is None:  # no partial output: nothing pending, whatever the inputs continue
+            pending = self.pending(out_layouts, self.continued(in_layouts)) if partial else _ZERO
         if cost is None:
             cost = _ZERO
         moved = tuple(redistributed)
+        candidate = Candidate(in_layouts, out_layouts, None, one_d, nest_order, self.out_avals, pending, self.planner)
         # what Candidate.cost / .redistributed (cached properties) compute: stored, not recomputed
         candidate.__dict__["cost"] = cost
         candidate.__dict__["redistributed"] = moved
-        pending = candidate.pending
         if pending:
-            total = cost + pending if cost else pending
+            total = cost + pending if cost is not _ZERO else pending
             cost_float = float(total)
         else:
             total = cost
         # (float, exact): the same order as the exact total alone (rounding is monotone; equal
         # floats fall back to the Fractions), compared faster; Candidate.strided, .out_splits and
         # .layout_key from parts per (tensor, layout)
-        return (True in moved, (cost_float, total), strided, tuple(out_splits), moved, out_bytes, tuple(layout_key))
+        key = (True in moved, (cost_float, total), strided, tuple(out_splits), moved, out_bytes, tuple(layout_key))
+        return key, candidate
 
 
 _ZERO = Fraction(0)
@@ -643,7 +657,6 @@ def _bounded_best(
     entries.sort(key=_first)
     found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]] = {}
     layout_cache: dict[Any, Layout] = {}
-    planner = InputPlans(specs, cost_model)
     keys = _RankKeys(specs, out_avals, cost_model)
     orders = tuple(orders)
     best: tuple[Any, tuple[Layout, ...]] | None = None
@@ -666,7 +679,7 @@ def _bounded_best(
             pending = keys.pending(outs, keys.continued(ins))
             if best is not None and not _within(specs, ins, cost_model, best[0][1][1] - pending):
                 continue
-            key = keys.rank_key(Candidate(ins, outs, None, (), (), out_avals, pending, planner))
+            key = keys.ranked(ins, outs, (), (), pending)[0]
             if not key[0]:  # runs on the inputs as given: not this function's case
                 return None
             if best is None or key < best[0]:
@@ -677,9 +690,7 @@ def _bounded_best(
     layouts = best[1]
     _, combo, order = found[layouts]
     ins, outs = layouts[:n_in], layouts[n_in:]
-    candidate = Candidate(ins, outs, None, combo, order, out_avals, keys.pending(outs, keys.continued(ins)), planner)
-    keys.rank_key(candidate)  # stores its cost and redistributed, as rank_candidates does
-    return candidate
+    return keys.ranked(ins, outs, combo, order, keys.pending(outs, keys.continued(ins)))[1]
 
 
 def _within(
@@ -778,18 +789,20 @@ def _layout_choices(
     dim, the signatures it may use (a subset of ``sigs``; None: all)."""
     sig_keys = {sig: _sig_key(sig) for sig in sigs}
     ordered = sorted(sigs, key=sig_keys.__getitem__)
-    tables_of = {sig: _placement_table(sig) for sig in ordered}
+    # (signature, placement table, key) triples: a combination's parts without hashing signatures (a
+    # dataclass's hash, in Python) per combination
+    entries = [(sig, _placement_table(sig), sig_keys[sig]) for sig in ordered]
     found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]] = {}
     layout_cache: dict[Any, Layout] = {}
-    per_dim = [ordered] * mesh.ndim if allowed is None else [[x for x in ordered if x in a] for a in allowed]
-    for combo in itertools.product(*per_dim):
-        _add_layouts(combo, [tables_of[sig] for sig in combo], tuple(sig_keys[s] for s in combo), orders, shapes, mesh,
-                     layout_cache, found)
+    per_dim = [entries] * mesh.ndim if allowed is None else [[e for e in entries if e[0] in a] for a in allowed]
+    for chosen in itertools.product(*per_dim):
+        combo, placements, keys = zip(*chosen)
+        _add_layouts(combo, placements, keys, orders, shapes, mesh, layout_cache, found)
     return tuple((layouts, combo, order) for layouts, (_, combo, order) in found.items())
 
 
 def _add_layouts(
-    combo: tuple[OneDSig, ...], placements: list[tuple[tuple[int, Any], ...]], keys: tuple[Any, ...],
+    combo: tuple[OneDSig, ...], placements: Sequence[tuple[tuple[int, Any], ...]], keys: tuple[Any, ...],
     orders: tuple[tuple[int, ...], ...], shapes: FitShapes, mesh: DeviceMesh, layout_cache: dict[Any, Layout],
     found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]],
 ) -> list[tuple[Layout, ...]]:
@@ -869,9 +882,20 @@ def continued_partials(specs: Sequence[TensorSpec], in_layouts: Sequence[Layout]
 def _unsplit(given: Layout, layout: Layout, gathered: bool = True) -> frozenset[int]:
     """The mesh dims on which ``given`` is split and ``layout`` is not (the split given up:
     gathered, or made partial; only made partial unless ``gathered``)."""
-    return frozenset(m for m in range(given.mesh.ndim)
-                     if given.mesh_dim_split(m) is not None and layout.mesh_dim_split(m) is None
-                     and (gathered or layout.partial[m]))
+    lost = _split_mesh_dims(given) - _split_mesh_dims(layout)
+    return lost if gathered or not lost else frozenset(m for m in lost if layout.partial[m])
+
+
+def _split_mesh_dims(layout: Layout) -> frozenset[int]:
+    """The mesh dims splitting some dim of ``layout`` (memoized per interned layout)."""
+    dims = _SPLIT_MESH_DIMS.get(layout)
+    if dims is None:
+        dims = frozenset(m for axes in layout.dim_axes for m in axes)
+        _SPLIT_MESH_DIMS.remember(layout, dims)
+    return dims
+
+
+_SPLIT_MESH_DIMS = Memo(65536)
 
 
 def pending_reduction(
@@ -904,29 +928,60 @@ def _tables(
     (``placements``: each signature's :func:`_placement_table`; ``shapes``: the tensors'
     :func:`_fit_shapes`). Each split step needs at least as many elements as pieces (the
     current local extent: ceil of the previous steps, as torch.chunk nests); ``even``
-    steps must be exact, and so must every step before them."""
+    steps must be exact, and so must every step before them. Each tensor's table from its
+    entries, nest order and fit shape is memoized (:func:`_tensor_table`: an op's tensors
+    and its candidates share most of them); the ``even`` marks are the combination's."""
     tables = []
-    for t, dims in enumerate(shapes):
-        ndim = len(dims)
-        dim_axes: list[list[int]] = [[] for _ in range(ndim)]
-        partial: list[Any] = [None] * len(mesh_shape)
-        for m in order:
-            dim, op = placements[m][t]
-            if dim is not None:
-                if not 0 <= dim < ndim:
-                    return None
-                dim_axes[dim].append(m)
-            elif op:
-                partial[m] = op
-        if len({op for op in partial if op}) > 1:
+    for t, (entries, dims) in enumerate(zip(zip(*placements), shapes)):
+        key = (entries, order, dims, mesh_shape)
+        found = _TENSOR_TABLES.get(key)
+        if found is None:
+            found = _tensor_table(entries, order, dims, mesh_shape)
+            _TENSOR_TABLES.remember(key, found)
+        if not found:  # _INVALID
             return None
-        for d, axes in enumerate(dim_axes):
-            if axes:
-                inexact = _inexact_step(dims[d], tuple(axes), mesh_shape)
-                if inexact < 0 or any((t, d) in combo[m].even for m in axes[inexact:]):
-                    return None
-        tables.append((tuple(map(tuple, dim_axes)), tuple(partial)))
+        table, inexact = found
+        for d, axes in inexact:
+            if any((t, d) in combo[m].even for m in axes):
+                return None
+        tables.append(table)
     return tuple(tables)
+
+
+_TENSOR_TABLES = Memo(65536)
+_INVALID = ()
+
+
+def _tensor_table(
+    entries: tuple[tuple[int | None, Any], ...], order: tuple[int, ...], dims: tuple[int, ...],
+    mesh_shape: tuple[int, ...],
+) -> tuple[Any, ...]:
+    """One tensor's part of :func:`_tables` (``entries``: its (split dim, partial op) per
+    mesh dim; ``dims``: its fit shape): ``_INVALID``, or its ``(dim_axes, partial)`` table
+    and, per split dim with an inexact step, the mesh dims splitting it from that step on
+    (those steps must not be ``even``)."""
+    ndim = len(dims)
+    dim_axes: list[list[int]] = [[] for _ in range(ndim)]
+    partial: list[Any] = [None] * len(mesh_shape)
+    for m in order:
+        dim, op = entries[m]
+        if dim is not None:
+            if not 0 <= dim < ndim:
+                return _INVALID
+            dim_axes[dim].append(m)
+        elif op:
+            partial[m] = op
+    if len({op for op in partial if op}) > 1:
+        return _INVALID
+    inexact = []
+    for d, axes in enumerate(dim_axes):
+        if axes:
+            step = _inexact_step(dims[d], tuple(axes), mesh_shape)
+            if step < 0:
+                return _INVALID
+            if step < len(axes):
+                inexact.append((d, tuple(axes[step:])))
+    return ((tuple(map(tuple, dim_axes)), tuple(partial)), tuple(inexact))
 
 
 def _fit_shapes(avals: Sequence[Aval], mesh_shape: tuple[int, ...]) -> FitShapes:
