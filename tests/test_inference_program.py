@@ -119,13 +119,9 @@ def _owed(prediction: Any) -> Any:
     )
 
 
-@given(
-    st.sampled_from(PLACEMENTS), st.sampled_from(PLACEMENTS), st.sampled_from(PLACEMENTS),
-    st.sampled_from(("residual norm", "mlp", "softmax")),
-)
-def test_program_search_never_costs_more_than_eager(x: str, w1: str, w2: str, body: str) -> None:
-    """Whatever the layouts: the whole-program choice owes at most what eager dispatch owes,
-    and both predict the same output shapes."""
+def _program_and_eager(x: str, w1: str, w2: str, body: str) -> tuple[Any, Any]:
+    """The whole-program and the eager predictions of ``a @ u``, ``body``, ``@ v`` on the
+    (dp=2, tp=4) mesh, the inputs in the given placements."""
     mesh = init_device_mesh((2, 4), ("dp", "tp"))
 
     def fn(a: jax.Array, u: jax.Array, v: jax.Array) -> jax.Array:
@@ -139,9 +135,31 @@ def test_program_search_never_costs_more_than_eager(x: str, w1: str, w2: str, bo
         return h @ v
 
     inputs = (spec(mesh, (8, 16), x), spec(mesh, (16, 16), w1), spec(mesh, (16, 8), w2))
-    program, eager = predict(fn, *inputs), predict(fn, *inputs, search="eager")
+    return predict(fn, *inputs), predict(fn, *inputs, search="eager")
+
+
+@given(
+    st.sampled_from(PLACEMENTS), st.sampled_from(PLACEMENTS), st.sampled_from(PLACEMENTS),
+    st.sampled_from(("residual norm", "mlp", "softmax")),
+)
+def test_program_search_never_costs_more_than_eager(x: str, w1: str, w2: str, body: str) -> None:
+    """Whatever the layouts: the whole-program choice owes at most what eager dispatch owes,
+    and both predict the same output shapes."""
+    program, eager = _program_and_eager(x, w1, w2, body)
     assert _owed(program) <= _owed(eager)
     assert [s.shape for s in program.outputs] == [s.shape for s in eager.outputs]
+
+
+def test_program_search_is_bounded_by_eager_dispatch_not_by_its_own_walk() -> None:
+    """The search's walk ranks without charging a partial kept while a split is gathered,
+    so its first candidates are not eager dispatch's: here it kept the layer norm ``P,S(0)``
+    (the divisor all-gathered, 224 B at the last matmul, 584 B in 8 collectives and an
+    ``S(0),P`` output owing 96 B) where eager reduce-scatters it (580 B in 7, ``S(1),P``).
+    Bounded by its own walk, the search kept that walk: 680 owed to eager's 676."""
+    program, eager = _program_and_eager("R,S(0)", "S(0),S(1)", "S(1),S(0)", "residual norm")
+    assert (_owed(eager), eager.cost, len(eager.steps)) == (676, 580, 10)  # 7 collectives, 3 local steps
+    assert _owed(program) <= _owed(eager)
+    assert program.cost <= eager.cost and len(program.steps) <= len(eager.steps)
 
 
 def test_a_value_needed_twice_in_one_layout_is_redistributed_once(mesh: Any) -> None:

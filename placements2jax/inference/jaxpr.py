@@ -415,8 +415,10 @@ def _predict(
     targets = output_constraints(out_layouts, out_tree, out_avals, mesh)
     consts = _const_specs(closed.jaxpr, mesh)
 
-    def walk(choices: Mapping[str, Candidate]) -> tuple[Prediction, ProgramGraph, _Walker]:
-        walker = _Walker(mesh, model, choices, on_unknown, gathered=search != "program")
+    def walk(
+        choices: Mapping[str, Candidate], gathered: bool = search != "program"
+    ) -> tuple[Prediction, ProgramGraph, _Walker]:
+        walker = _Walker(mesh, model, choices, on_unknown, gathered=gathered)
         outputs = walker.walk(closed.jaxpr, consts, specs, "", [("in", i) for i in range(len(specs))])
         graph = ProgramGraph(mesh, tuple(walker.nodes), tuple(s for _, s in outputs), specs)
         finals = [
@@ -438,19 +440,23 @@ def _predict(
     eager, graph, walker = walk({})
     if search == "eager":
         return eager
-    return _resolve_carries(walk, (eager, graph, walker), model, targets)
+    # eager dispatch's walk (predict(search="eager")), the bound of the search's bytes: the program's walk ranks
+    # otherwise (select.signature_for) and from some equation on may choose what eager dispatch does not
+    dispatched = walk({}, True)[1]
+    return _resolve_carries(walk, (eager, graph, walker), model, targets, dispatched)
 
 
-Walk = Callable[[Mapping[str, Candidate]], tuple["Prediction", ProgramGraph, "_Walker"]]
+Walk = Callable[..., tuple["Prediction", ProgramGraph, "_Walker"]]
 Total = tuple[Fraction, int]
 
 
 def _searched(walk: Walk, walked: tuple[Prediction, ProgramGraph, _Walker], model: CostModel,
-              targets: Sequence[Layout | None]) -> tuple[Prediction, _Walker]:
-    """The program search on a walked program and the walk with its choice."""
+              targets: Sequence[Layout | None], dispatched: ProgramGraph | None = None) -> tuple[Prediction, _Walker]:
+    """The program search on a walked program and the walk with its choice (``dispatched``:
+    see :func:`.program.select_program`)."""
     eager, graph, walker = walked
     seeds = [(path, k) for path, loop in walker.loops.items() for k in loop.seeds]
-    choices = select_program(graph, model, targets, seeds[:_CARRY_SEEDS])
+    choices = select_program(graph, model, targets, seeds[:_CARRY_SEEDS], dispatched)
     if not choices:
         return eager, walker
     prediction, _, walker = walk(choices)
@@ -469,14 +475,16 @@ def _total(prediction: Prediction, model: CostModel) -> Total:
 
 
 def _resolve_carries(
-    walk: Walk, walked: tuple[Prediction, ProgramGraph, _Walker], model: CostModel, targets: Sequence[Layout | None]
+    walk: Walk, walked: tuple[Prediction, ProgramGraph, _Walker], model: CostModel, targets: Sequence[Layout | None],
+    dispatched: ProgramGraph | None = None,
 ) -> Prediction:
     """The program search, then its loops' carries re-solved from its own choice: while
     the chosen plan of some loop body returns its carries in other layouts than it carries
     them (moving them back every iteration), walk and search again with the carries
     started from the returned layouts (every other loop's from its chosen ones); at most
-    ``_CARRY_ROUNDS`` rounds, keeping the cheapest prediction (the first on ties)."""
-    best, walker = _searched(walk, walked, model, targets)
+    ``_CARRY_ROUNDS`` rounds, keeping the cheapest prediction (the first on ties); the
+    first search bounded by eager dispatch's walk ``dispatched``."""
+    best, walker = _searched(walk, walked, model, targets, dispatched)
     best_total = _total(best, model)
     searched = walked[2].loops  # the loops as the search saw them (their carry options)
     tried: set[tuple[tuple[str, tuple[Layout, ...]], ...]] = set()

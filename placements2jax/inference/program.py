@@ -72,7 +72,12 @@ all-reduced and all-gathered, 3 collectives for 32 B less as compiled. With it
 against 51 / 58, Flax NNX 54 / 62 -> 45 / 48 and Equinox 64 / 60 -> 47 / 48 against 50 / 50
 (Equinox's bytes 1.17 / 1.13 -> 1.02 / 1.09x XLA's), Llama 63 / 111 -> 56 / 105 against
 65 / 96. The kept result still never sends more bytes than eager dispatch (by the planner's
-prices and eager's own routes, the overhead left out).
+prices and eager's own routes, the overhead left out): than the fewer of the walk's first
+candidates and of eager dispatch's own choice (``predict(search="eager")``'s walk, ranked
+charging a partial kept while a split is gathered, which the search's walk does not: from
+the first equation where that differs the two walks part, and bounded by its own walk
+alone the search kept a layer norm ``P,S(0)`` where eager reduce-scattered it, 4 B more);
+where it would, the planner's search result, else the fewer bytes as walked.
 
 **Search** (exact minimization is an integer program; Alpa solves an ILP): steepest
 descent over large-neighbourhood moves from two starts (:meth:`_Search.starts`): the
@@ -214,15 +219,40 @@ def forced_signature(op: str, inputs: tuple[TensorSpec, ...], candidate: Candida
 
 def select_program(
     graph: ProgramGraph, cost_model: CostModel, out_layouts: Sequence[Layout | None] | None = None,
-    seeds: Sequence[tuple[str, int]] = (),
+    seeds: Sequence[tuple[str, int]] = (), dispatched: ProgramGraph | None = None,
 ) -> dict[str, Candidate]:
     """The candidate of every equation (by path) minimizing the program's communication
     (module docstring); empty when the eager choice (each node's first candidate) is as
     cheap. ``out_layouts``: a layout (or None, free) per output of the function.
     ``seeds``: (path, candidate) moves also tried from the best choice found, each then
-    descended again (a loop's other carry layouts, see the module docstring)."""
+    descended again (a loop's other carry layouts, see the module docstring).
+    ``dispatched``: the program as eager dispatch walks it (``predict(search="eager")``),
+    the bound of the kept result's bytes; None: ``graph``'s first candidates."""
     targets = tuple(out_layouts) if out_layouts is not None else (None,) * len(graph.outputs)
-    return _select(_Keyed(graph), cost_model, targets, tuple(seeds))
+    return _select(_Keyed(graph), cost_model, targets, tuple(seeds), _dispatched_choice(graph, dispatched))
+
+
+def _dispatched_choice(graph: ProgramGraph, dispatched: ProgramGraph | None) -> tuple[int, ...] | None:
+    """Eager dispatch's choice in ``graph``: each node's candidate with the layouts of the
+    first (eager's) candidate of ``dispatched``'s node at its path; None when some is not
+    found. Not ``graph``'s first candidates: the search's walk ranks them without charging
+    a partial kept while a split is gathered (:func:`.select.signature_for`), so after the
+    first equation where that differs its choices are not eager dispatch's (a layer norm
+    kept ``P,S(0)`` where eager reduce-scattered it, 4 B more)."""
+    if dispatched is None or len(dispatched.nodes) != len(graph.nodes):
+        return None
+    firsts = {node.path: node.candidates[0] for node in dispatched.nodes if node.candidates}
+    found = []
+    for node in graph.nodes:
+        first = firsts.get(node.path)
+        if first is None:
+            return None
+        layouts = (first.in_layouts, first.out_layouts)
+        k = next((k for k, c in enumerate(node.candidates) if (c.in_layouts, c.out_layouts) == layouts), None)
+        if k is None:
+            return None
+        found.append(k)
+    return tuple(found)
 
 
 class _Keyed:
@@ -246,13 +276,17 @@ class _Keyed:
 
 @cached(maxsize=256)
 def _select(
-    keyed: _Keyed, cost_model: CostModel, targets: tuple[Layout | None, ...], seeds: tuple[tuple[str, int], ...] = ()
+    keyed: _Keyed, cost_model: CostModel, targets: tuple[Layout | None, ...], seeds: tuple[tuple[str, int], ...] = (),
+    dispatched_choice: tuple[int, ...] | None = None,
 ) -> dict[str, Candidate]:
     graph = keyed.graph
     eager = {node.path: 0 for node in graph.nodes}
+    # eager dispatch's own choice where known (see _dispatched_choice): with eager, the bound of _finish
+    dispatched = eager if dispatched_choice is None else dict(zip(eager, dispatched_choice))
     search = _Search(graph, cost_model, targets)  # priced as the backend compiles the moves
     if search.reduction_scale == 1.0:
-        return _chosen(graph, eager, _finish(search, search, eager, eager, _descend(search, eager, seeds)))
+        chosen = _descend(search, eager, seeds)
+        return _chosen(graph, eager, _finish(search, search, (eager, dispatched), eager, chosen))
     # Priced by the planner alone (a reduce-scatter half an all-reduce), the descents end in other basins:
     # both are searched, the cheaper as compiled kept (the planner's result is 0.66x the bytes as compiled
     # on GPT-2's adamw step, 1.05x on Llama's). As compiled, only from the walked start, without seeds: on
@@ -265,27 +299,32 @@ def _select(
         chosen = _descend(search, eager, (), walked_only=True, pulls=pulls)
         if search.total(by_planner) < search.total(chosen):
             chosen = by_planner
-        results.append(_finish(search, planned, eager, by_planner, chosen, pulls))
+        results.append(_finish(search, planned, (eager, dispatched), by_planner, chosen, pulls))
     return _chosen(graph, eager, min(results, key=search.total))
 
 
 def _finish(
-    search: _Search, planned: _Search, eager: Choice, by_planner: Choice, chosen: Choice, pulls: bool = False
+    search: _Search, planned: _Search, eagers: tuple[Choice, Choice], by_planner: Choice, chosen: Choice,
+    pulls: bool = False,
 ) -> Choice:
     """One last descent with reducing cascades (:meth:`_Search.reducing_moves`), kept on
-    the value moves' terms; never more than ``eager`` dispatch, priced by the planner."""
+    the value moves' terms; never more bytes than eager dispatch, priced by the planner.
+    ``eagers``: the walk's first candidates and eager dispatch's own choice."""
     found, best = search.improve(chosen, values=True, reducing=True, pulls=pulls), search.total(chosen)
     cost = search.total(found)
     if cost < best and cost[1] <= best[1]:
         chosen = found
     # never more bytes than eager dispatch, priced by the planner (as the prediction is; eager's own routes, without
-    # the overhead): the overhead per collective trades bytes for fewer collectives, never beyond eager's bytes
-    limit = planned.eager_bytes(eager)
-    for fallback in (by_planner, eager):
-        if planned.nbytes(planned.total(chosen)) <= limit:
-            break
-        chosen = fallback
-    return chosen
+    # the overhead): the overhead per collective trades bytes for fewer collectives, never beyond eager's bytes.
+    # The bytes as walked: the first candidates' walk (no choices) routes without the overhead, a choice's with it
+    eager = eagers[0]
+
+    def walked(choice: Choice) -> float:
+        return planned.plain_bytes(choice) if choice == eager else planned.nbytes(planned.total(choice))
+
+    limit = min(map(planned.plain_bytes, eagers))
+    options = (chosen, by_planner, *eagers)
+    return next((option for option in options if walked(option) <= limit), min(options, key=walked))
 
 
 def _chosen(graph: ProgramGraph, eager: Choice, chosen: Choice) -> dict[str, Candidate]:
@@ -542,7 +581,7 @@ class _Search:
         with ``overhead`` bytes per collective: the memos of everything priced, empty."""
         self.overhead = overhead  # bytes charged per collective (OVERHEAD), in the objective and the routes
         self.reduction_scale = _reduction_scale(self.graph.mesh) if compiled else 1.0
-        self._eager_bytes: float | None = None  # eager_bytes(), found once
+        self._plain: _Search | None = None  # plain_bytes()' search, built once
         self.costs: dict[tuple[AvalKey, State, State], Cost] = {}
         self.charges: dict[tuple[ValueId, State], Cost] = {}
         self.pendings: dict[tuple[AvalKey, State, frozenset[int]], float] = {}
@@ -614,13 +653,12 @@ class _Search:
         """The bytes of a cost: the objective without the collectives' overhead."""
         return cost[0] - self.overhead * cost[1]
 
-    def eager_bytes(self, eager: Choice) -> float:
-        """The bytes of eager dispatch's choice by the planner's prices and eager's own
-        routes (without the overhead: what ``predict(search="eager")`` reports); found once."""
-        if self._eager_bytes is None:
-            plain = self.repriced(compiled=False, overhead=0)
-            self._eager_bytes = plain.total(eager)[0]
-        return self._eager_bytes
+    def plain_bytes(self, choice: Choice) -> float:
+        """The bytes of a choice by the planner's prices and routes without the overhead
+        (what ``predict(search="eager")`` reports for eager dispatch's choice)."""
+        if self._plain is None:
+            self._plain = self.repriced(compiled=False, overhead=0)
+        return self._plain.total(choice)[0]
 
     def charge(self, value: ValueId, aval: AvalKey, state: State) -> Cost:
         """What an output of the function still owes in layout ``state``."""
