@@ -99,7 +99,11 @@ class PlanFigures:
     """A plan's predicted figures per device and per step: communication (``nbytes``
     sent, ``cost`` weighted by the cost model, ``collectives``), compute (``flops`` after
     splitting) and memory (``params``, ``state``, other ``args``, peak ``activations``,
-    bytes). ``objective`` is what auto_plan minimizes."""
+    bytes). ``objective`` is what auto_plan minimizes. ``lowered_nbytes``: the bytes sent
+    with the predicted collectives compiled as the mesh's backend compiles them
+    (:attr:`~placements2jax.inference.Prediction.lowered_nbytes`: on CPU a reduce-scatter
+    is an all-reduce, twice its bytes), what a compile of the predicted program sends
+    (None where not computed)."""
 
     nbytes: float
     cost: float
@@ -110,6 +114,7 @@ class PlanFigures:
     args: int
     activations: int
     objective: float
+    lowered_nbytes: float | None = None
 
     @property
     def memory(self) -> int:
@@ -717,6 +722,7 @@ class _Evaluator:
             nbytes=float(prediction.nbytes), cost=cost, collectives=sum(prediction.collectives.values()),
             flops=flops, params=memory["param"], state=memory["state"], args=memory["arg"],
             activations=activations, objective=cost + flops / self.flops_per_byte,
+            lowered_nbytes=float(prediction.lowered_nbytes),
         )
         self.memo[key] = figures
         self.plans[key] = dict(free)

@@ -64,11 +64,9 @@ from ..errors import InferenceError
 from ..hlo import Collective, parse_collectives
 from ..layout import Layout
 from ..mesh import DeviceMesh
-from .combine import CombinedCollective, combine, combiner_rules, planned_collectives
+from .combine import CombinedCollective, combine, combiner_rules, lowered_step, planned_collectives
 from .cost import (
-    ALL_GATHER,
     ALL_REDUCE,
-    ALL_TO_ALL,
     REDUCE_SCATTER,
     CostModelLike,
     collective_nbytes,
@@ -90,7 +88,6 @@ EQUAL = "equal"
 XLA_REDUCED = "xla reduced partial"
 DIFFERS = "differs"
 SAME_BYTES = "same bytes"
-_COMMUNICATING = (ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER, ALL_REDUCE)
 
 
 @dataclass(frozen=True)
@@ -184,15 +181,8 @@ class CheckReport:
         for out in self.outputs:
             if out.conversion is not None:
                 steps += out.conversion.steps
-        result = []
-        for step in steps:
-            if step.collective not in _COMMUNICATING or step.before.mesh.shape[step.mesh_dim] == 1:
-                continue  # local, or over one device (a size-1 mesh dim): XLA compiles no collective
-            if step.collective == REDUCE_SCATTER and self.platform == "cpu":
-                result.append((ALL_REDUCE, 2 * step.nbytes))
-            else:
-                result.append((step.collective, step.nbytes))
-        return result
+        rules = combiner_rules(self.platform)
+        return [lowered for lowered in (lowered_step(step, rules) for step in steps) if lowered is not None]
 
     @property
     def predicted_counts(self) -> Counter[str]:
