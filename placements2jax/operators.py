@@ -73,8 +73,9 @@ __all__ = [
 
 Shape = tuple[int, ...]
 # how apply runs a function: per equation as torch dispatches ("ops"), compiled whole by XLA
-# ("xla"), or "auto": "ops" when fn calls a function with a register_sharding rule, else "xla"
-EXECUTES = ("auto", "ops", "xla")
+# ("xla"), compiled whole with every layout the whole-program search chose pinned ("pinned"), or
+# "auto": "ops" when fn calls a function with a register_sharding rule, else "xla"
+EXECUTES = ("auto", "ops", "xla", "pinned")
 _SCALARS = (bool, int, float, complex)
 _CONSTANTS = (*_SCALARS, np.generic, np.ndarray, jax.Array)
 # Operand keys: ("dtensor", shape, dtype, layout) or ("constant", shape, dtype, weak).
@@ -475,7 +476,7 @@ def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, execute: 
     if execute not in EXECUTES:
         raise InferenceError("execute", execute, "unknown execution", f"use one of {EXECUTES}")
     tag = ("apply", fn, frozen, in_tree, targets, execute)
-    build = {"auto": _auto_program, "xla": _xla_program, "ops": _apply_program}[execute]
+    build = {"auto": _auto_program, "xla": _xla_program, "ops": _apply_program, "pinned": _pinned_program}[execute]
     program = _dispatch(tag, leaves, partial(build, fn, frozen, in_tree, targets))
     _announce(f"apply({name})", program, leaves)
     result = program(leaves)
@@ -562,6 +563,38 @@ def _xla_program(
         logical = [a if s is None else _to_logical(a, s) for a, s in zip(arrays, sources)]
         outs = jax.tree.leaves(flat_fn(*logical))
         return tuple(_from_logical(y, spec.layout, spec.shape) for y, spec in zip(outs, prediction.outputs))
+
+    out_shapes = tuple(s.shape for s in prediction.outputs)
+    return Program(jax.jit(body), prediction.out_layouts, out_shapes, prediction.out_tree, prediction)
+
+
+@cached(maxsize=1024)
+def _pinned_program(
+    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, keys: tuple[OperandKey, ...], cost_model: CostModel
+) -> Program:
+    """``apply(execute="pinned")``: the whole-program search's prediction run on the
+    inputs' logical values by :class:`_Pinned` (every equation's layouts pinned, XLA
+    partitioning the one program), the outputs placed as in ``"xla"``."""
+    _, mesh, layouts, prediction = _predicted(fn, kwargs, in_tree, targets, keys, cost_model, "program")
+    sources = [physical(layout, k[1]) for k, layout in zip(keys, layouts)]
+    closed = prediction.jaxpr
+
+    def body(*arrays: Any) -> tuple[jax.Array, ...]:
+        logical = [_to_logical(a, s) if k[0] == "dtensor" else a for a, s, k in zip(arrays, sources, keys)]
+        if any(isinstance(x, jax.Array) and jax.typeof(x).sharding.mesh.explicit_axes for x in logical):
+            # inside jax.set_mesh of an Explicit mesh the values keep their Explicit types, where
+            # with_sharding_constraint only asserts: XLA compiles fn whole instead ("xla")
+            return _xla_program(fn, kwargs, in_tree, targets, keys, cost_model).run(*arrays)
+        executor = _Pinned(mesh)
+        # inputs' partials are reduced first (as "xla" does): a value is Partial only as a stacked array
+        executor.bind_closed(closed, [_Value(x, physical(s.layout.without_partial(), s.shape))
+                                      for x, s in zip(logical, sources)])
+        execute(prediction, executor, cost_model)
+        outs = [executor.moved(executor.read(v), spec.layout) for v, spec in zip(closed.jaxpr.outvars, prediction.outputs)]
+        return tuple(
+            _from_stacked(v.array, v.phys) if v.phys.layout.has_partial else _from_logical(v.array, v.phys.layout, v.phys.shape)
+            for v in outs
+        )
 
     out_shapes = tuple(s.shape for s in prediction.outputs)
     return Program(jax.jit(body), prediction.out_layouts, out_shapes, prediction.out_tree, prediction)
@@ -698,11 +731,14 @@ class _Value:
     phys: Physical
 
 
-class _Executor:
-    """Runs each equation as predict's walker visits it (the walker's executor hook,
-    :class:`~placements2jax.inference.jaxpr.Executor`), under the signature the walker
-    chose for it: values are kept per jaxpr variable; loops run as ``lax.scan`` /
-    ``lax.while_loop`` / ``lax.switch`` whose bodies the walker walks again inside."""
+class _Runner:
+    """What both of apply's executors share: runs each equation as predict's walker visits
+    it (the walker's executor hook, :class:`~placements2jax.inference.jaxpr.Executor`),
+    under the signature the walker chose for it: values are kept per jaxpr variable; loops
+    run as ``lax.scan`` / ``lax.while_loop`` / ``lax.switch`` whose bodies the walker walks
+    again inside. A subclass says how a value moves to a layout (:meth:`moved`), how one
+    equation computes (:meth:`compute`) and how many leading stack dims an array of a
+    physical representation has (:meth:`stack_dims`)."""
 
     def __init__(self, mesh: DeviceMesh) -> None:
         self.mesh = mesh
@@ -730,8 +766,13 @@ class _Executor:
         self.bind(jaxpr.invars, inputs)
 
     def moved(self, value: _Value, layout: Layout) -> _Value:
-        target = physical(layout, value.phys.shape)
-        return _Value(_move(value.array, value.phys, target), target)
+        raise NotImplementedError
+
+    def compute(self, eqn: Any, signature: Any, ins: Sequence[_Value]) -> list[_Value]:
+        raise NotImplementedError
+
+    def stack_dims(self, phys: Physical) -> int:
+        raise NotImplementedError
 
     # -- the walker's hooks --------------------------------------------------------------------
 
@@ -746,40 +787,13 @@ class _Executor:
         if eqn.primitive.name in CONSTRAINT_SHARDING_PARAMS:
             outs = [self.moved(ins[0], signature.out_layouts[0])]
         else:
-            outs = self._local(eqn, signature, ins)
+            outs = self.compute(eqn, signature, ins)
         self.bind(eqn.outvars, outs)
 
     def loop(self, walker: Any, eqn: Any, path: str, signature: Any) -> None:
         ins = [self.moved(self.read(a), layout) for a, layout in zip(eqn.invars, signature.in_layouts)]
         run = {"scan": self._scan, "while": self._while, "cond": self._cond}[eqn.primitive.name]
         self.bind(eqn.outvars, run(walker.body_walker(self), eqn, path, signature, ins))
-
-    # -- one equation --------------------------------------------------------------------------
-
-    def _local(self, eqn: Any, signature: Any, ins: Sequence[_Value]) -> list[_Value]:
-        name = eqn.primitive.name
-        targets = [physical(layout, v.phys.shape) for layout, v in zip(signature.in_layouts, ins)]
-        outs = [physical(layout, tuple(v.aval.shape)) for layout, v in zip(signature.out_layouts, eqn.outvars)]
-        params = {k: (None if k in ("sharding", "out_sharding") else v) for k, v in eqn.params.items()}
-        masked_axis = _masked_axis(name, params, targets)
-        params = _local_params(name, params, targets, outs)
-        function = registered_function(eqn)
-        if function is not None:
-            compute = partial(_call_registered, function, eqn)
-        elif masked_axis is not None:
-            masked = _masked_gather if name == "gather" else _masked_scatter
-            compute = partial(masked, eqn.primitive, params, targets[0], masked_axis)
-        else:
-            compute = partial(_bind, eqn.primitive, params)
-        constants = {
-            i: v.array
-            for i, (v, t) in enumerate(zip(ins, targets))
-            if v.phys == t and not isinstance(v.array, jax.Array)
-        }
-        fills = [_fill(name, jnp.result_type(v.array)) for v in ins]
-        local = _local_call(compute, targets, outs, fills, constants, check_vma=function is None)
-        arrays = [_move(v.array, v.phys, t) for i, (v, t) in enumerate(zip(ins, targets)) if i not in constants]
-        return [_Value(a, p) for a, p in zip(local(*arrays), outs)]
 
     # -- control flow: the bodies run per iteration under the loop row's layouts --------------
 
@@ -810,10 +824,10 @@ class _Executor:
             return self._carried(outs[:nk], init), [jnp.asarray(o.array) for o in outs[nk:]]
 
         carry0 = [jnp.asarray(v.array) for v in init]
-        xs0 = [jnp.moveaxis(jnp.asarray(x.array), len(x.phys.stacked_axes), 0) for x in xs]
+        xs0 = [jnp.moveaxis(jnp.asarray(x.array), self.stack_dims(x.phys), 0) for x in xs]
         carry, ys = lax.scan(step, carry0, xs0, length=p["length"], reverse=p["reverse"], unroll=p["unroll"])
         stacked = [physical(_stacked(y.layout), (p["length"], *y.shape)) for y in ys_phys]
-        ys = [jnp.moveaxis(y, 0, len(s.stacked_axes)) for y, s in zip(ys, stacked)]
+        ys = [jnp.moveaxis(y, 0, self.stack_dims(s)) for y, s in zip(ys, stacked)]
         return [*(_Value(a, c.phys) for a, c in zip(carry, init)), *map(_Value, ys, stacked)]
 
     def _while(self, walker: Any, eqn: Any, path: str, signature: Any, ins: list[_Value]) -> list[_Value]:
@@ -851,6 +865,182 @@ class _Executor:
         branches = [branch(k, b) for k, b in enumerate(eqn.params["branches"])]
         arrays = lax.switch(jnp.asarray(index.array), branches, *(jnp.asarray(v.array) for v in operands))
         return [_Value(a, o) for a, o in zip(arrays, outs)]
+
+
+class _Executor(_Runner):
+    """``apply(execute="ops")``: values are physical arrays; each equation runs on every
+    rank's local blocks in its own ``jax.shard_map`` (:func:`_local_call`), its inputs
+    first moved to the signature's layouts (:func:`.programs.convert`)."""
+
+    def moved(self, value: _Value, layout: Layout) -> _Value:
+        target = physical(layout, value.phys.shape)
+        return _Value(_move(value.array, value.phys, target), target)
+
+    def stack_dims(self, phys: Physical) -> int:
+        return len(phys.stacked_axes)
+
+    def compute(self, eqn: Any, signature: Any, ins: Sequence[_Value]) -> list[_Value]:
+        targets = [physical(layout, v.phys.shape) for layout, v in zip(signature.in_layouts, ins)]
+        outs = [physical(layout, tuple(v.aval.shape)) for layout, v in zip(signature.out_layouts, eqn.outvars)]
+        return [_Value(a, p) for a, p in zip(_run_local(eqn, ins, targets, outs), outs)]
+
+
+def _run_local(eqn: Any, ins: Sequence[_Value], targets: Sequence[Physical], outs: Sequence[Physical]) -> list[Any]:
+    """Equation ``eqn`` on every rank's local blocks (:func:`_local_call`): the physical
+    arrays of its inputs (``ins``, moved to ``targets`` first) -> those of its outputs
+    (laid out as ``outs``)."""
+    name = eqn.primitive.name
+    params = {k: (None if k in ("sharding", "out_sharding") else v) for k, v in eqn.params.items()}
+    masked_axis = _masked_axis(name, params, targets)
+    params = _local_params(name, params, targets, outs)
+    function = registered_function(eqn)
+    if function is not None:
+        compute = partial(_call_registered, function, eqn)
+    elif masked_axis is not None:
+        masked = _masked_gather if name == "gather" else _masked_scatter
+        compute = partial(masked, eqn.primitive, params, targets[0], masked_axis)
+    else:
+        compute = partial(_bind, eqn.primitive, params)
+    constants = {
+        i: v.array for i, (v, t) in enumerate(zip(ins, targets)) if v.phys == t and not isinstance(v.array, jax.Array)
+    }
+    fills = [_fill(name, jnp.result_type(v.array)) for v in ins]
+    local = _local_call(compute, targets, outs, fills, constants, check_vma=function is None)
+    arrays = [_move(v.array, v.phys, t) for i, (v, t) in enumerate(zip(ins, targets)) if i not in constants]
+    return list(local(*arrays))
+
+class _Pinned(_Runner):
+    """``apply(execute="pinned")``: one ``jax.jit`` program that XLA partitions, every
+    layout the prediction chose pinned. A value that is not Partial is its logical
+    (global) array, pinned (``with_sharding_constraint``) to its layout where it is
+    produced and to the layout each equation consumes it in; an equation on such values
+    alone is its primitive bound on them. XLA's Auto mode has no partial value (it
+    reduces a partial sum where it is made), so an equation with a Partial input or
+    output runs on every rank's blocks as ``"ops"`` runs it (:func:`_run_local`), on the
+    Auto twin of the mesh, where a Partial value is its stacked physical array
+    (:mod:`.physical`): partial sums are added up as planned and reduced where the
+    prediction reduces them. A value's ``phys`` is its predicted layout (on the mesh);
+    its array is the stacked physical one exactly when that layout is Partial. A value
+    is moved to a layout once, its consumers in that layout sharing the move (as the
+    prediction counts one redistribution per value and layout)."""
+
+    def __init__(self, mesh: DeviceMesh) -> None:
+        super().__init__(mesh)
+        # (id of a value's array, layout) -> (that array, kept alive so the id stays its own; the moved value)
+        self.moves: dict[tuple[int, Layout], tuple[Any, _Value]] = {}
+
+    def moved(self, value: _Value, layout: Layout) -> _Value:
+        if layout == value.phys.layout:
+            return value
+        key = (id(value.array), layout)
+        if key not in self.moves:
+            self.moves[key] = (value.array, self._moved(value, layout))
+        return self.moves[key][1]
+
+    def _moved(self, value: _Value, layout: Layout) -> _Value:
+        target = physical(layout, value.phys.shape)
+        have, need = value.phys.layout.has_partial, layout.has_partial
+        if not have and not need:
+            return _Value(_pin(value.array, layout), target)
+        if not have:  # a logical value made Partial locally
+            return _Value(_from_logical(value.array, _twin(layout), target.shape), target)
+        moved = _move(value.array, _twin_physical(value.phys), _twin_physical(target))
+        return _Value(moved if need else _to_logical(moved, _twin_physical(target)), target)
+
+    def stack_dims(self, phys: Physical) -> int:
+        return len(phys.layout.partial_axes)
+
+    def compute(self, eqn: Any, signature: Any, ins: Sequence[_Value]) -> list[_Value]:
+        shapes = [tuple(v.aval.shape) for v in eqn.outvars]
+        if any(layout.has_partial for layout in (*signature.in_layouts, *signature.out_layouts)):
+            args = [self.moved(v, layout) for v, layout in zip(ins, signature.in_layouts)]
+            locals_ = [_Value(self._physical(v), _twin_physical(v.phys)) for v in args]
+            outs = [physical(layout, shape) for layout, shape in zip(signature.out_layouts, shapes)]
+            ys = _run_local(eqn, locals_, [v.phys for v in locals_], [_twin_physical(o) for o in outs])
+            return [_Value(y if o.layout.has_partial else _to_logical(y, _twin_physical(o)), o) for y, o in zip(ys, outs)]
+        # the arrays live on the Auto twin of the mesh: an Explicit out_sharding of the traced code does not apply
+        params = {k: (None if k in ("sharding", "out_sharding") else v) for k, v in eqn.params.items()}
+        args = [self.moved(v, layout).array for v, layout in zip(ins, signature.in_layouts)]
+        out = eqn.primitive.bind(*args, **eqn.primitive.get_bind_params(params))
+        outs = out if eqn.primitive.multiple_results else [out]
+        return [_Value(_pin(y, layout), physical(layout, shape))
+                for y, layout, shape in zip(outs, signature.out_layouts, shapes, strict=True)]
+
+    @staticmethod
+    def _physical(value: _Value) -> Any:
+        """The physical array (Auto twin) of a value: a logical one placed (padded)."""
+        if value.phys.layout.has_partial or not isinstance(value.array, jax.Array):
+            return value.array
+        return _from_logical(value.array, _twin(value.phys.layout), value.phys.shape)
+
+
+def _from_stacked(x: jax.Array, phys: Physical) -> jax.Array:
+    """The array of ``phys`` (a Partial layout on the mesh) from the stacked array of its
+    twin (:func:`_twin`), without communication: the same blocks, typed on the mesh; a
+    Partial(sum) on Explicit axes then relabelled ``unreduced`` (:func:`_unstack`)."""
+    if phys.layout.mesh.is_explicit:
+        x = jax.sharding.reshard(x, NamedSharding(phys.layout.mesh.to_jax(), block_spec(phys)))
+    return _unstack(phys)(x) if phys.unreduced_axes else x
+
+
+@cached(maxsize=1024)
+def _unstack(phys: Physical) -> Callable[[jax.Array], jax.Array]:
+    """Stacked dims (one per partial mesh axis, :func:`block_spec`) -> ``unreduced``: each
+    device's slice of the stack is its partial sum (the inverse of :func:`relabel`)."""
+    count = len(phys.unreduced_axes)
+    names = tuple(phys.mesh_names[a] for a in phys.unreduced_axes)
+    return jax.shard_map(
+        lambda b: lax.pcast(b.reshape(b.shape[count:]), names, to="unreduced"),
+        mesh=phys.layout.mesh.to_jax(), in_specs=(block_spec(phys),), out_specs=phys.spec,
+    )
+
+
+@cached(maxsize=64)
+def _twin_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    return DeviceMesh.from_jax(auto_twin_of(mesh.to_jax()))
+
+
+@cached(maxsize=4096)
+def _twin(layout: Layout) -> Layout:
+    """``layout`` on the Auto twin of its mesh (its Partial(sum) stacked, not ``unreduced``)."""
+    return Layout(_twin_mesh(layout.mesh), layout.dim_axes, layout.partial,
+                  layout.split_factors if layout.is_strided else None)
+
+
+def _twin_physical(phys: Physical) -> Physical:
+    return physical(_twin(phys.layout), phys.shape)
+
+
+def _pin(x: Any, layout: Layout) -> Any:
+    """``x`` constrained to ``layout``'s sharding on the Auto twin of its mesh, where one
+    expresses it; a concrete constant (the same everywhere: no move) is left as it is."""
+    if not isinstance(x, jax.Array):
+        return x
+    sharding = _pinned_sharding(layout, tuple(x.shape))
+    return x if sharding is None else lax.with_sharding_constraint(x, sharding)
+
+
+@cached(maxsize=4096)
+def _pinned_sharding(layout: Layout, shape: Shape) -> NamedSharding | None:
+    """The NamedSharding (Auto twin of the mesh) whose shards of a logical array of
+    ``shape`` are ``layout``'s, or None when there is none: a Partial (Auto mode has no
+    partial value; pinning its splits alone would force the reduction the prediction
+    defers), a strided split (its blocks are permuted), or an uneven dim whose torch.chunk
+    blocks are not XLA's (XLA tiles a dim split ``k`` ways, nested axes flattened
+    major-first, in blocks of ``ceil(N / k)``; torch chunks nested axes one after the
+    other, e.g. 10 rows over 4 x 2 as 2,1,2,1,2,1,1,0)."""
+    if layout.has_partial or layout.is_strided:
+        return None
+    phys = physical(layout, shape)
+    for d, n in enumerate(shape):
+        pieces = math.prod(layout.pieces(d))
+        if pieces > 1 and not chunking.is_even(n, layout.pieces(d)):
+            block = -(-n // pieces)
+            offsets, lengths = _chunk_tables(phys, d)
+            xla = np.minimum(np.arange(pieces) * block, n)
+            if not np.array_equal(lengths, np.minimum(block, n - xla)) or not np.array_equal(offsets[lengths > 0], xla[lengths > 0]):
+                return None
+    return NamedSharding(auto_twin_of(layout.mesh.to_jax()), PartitionSpec(*phys.dim_entries))
 
 
 def _call_registered(function: Any, eqn: Any, *args: Any) -> list[jax.Array]:

@@ -403,8 +403,9 @@ def test_apply_matches_the_function_and_predict(
     for fn, args, plain in cases:
         expected = jax.jit(fn)(*plain)
         # op by op: torch's placements (predict's eager search); the default, XLA on the whole
-        # function: the whole-program search's output layouts
-        for execute, search in (("ops", "eager"), (None, "program")):
+        # function, and "pinned", the whole program with every predicted layout pinned: the
+        # whole-program search's output layouts
+        for execute, search in (("ops", "eager"), (None, "program"), ("pinned", "program")):
             result = apply(fn, *args, execute=execute) if execute else apply(fn, *args)
             layouts = predict(fn, *args, search=search).out_layouts
             leaves, tree = jax.tree.flatten(result, is_leaf=lambda v: isinstance(v, DTensor))
@@ -469,7 +470,7 @@ VOCABULARY_UPDATES = {
 }
 
 
-@pytest.mark.parametrize("execute", ["ops", "xla"])
+@pytest.mark.parametrize("execute", ["ops", "xla", "pinned"])
 @pytest.mark.parametrize("placements", ["S(0),R", "R,S(0)", "(a,b),None"])  # (a,b): 2,1,2,1,2,1,1,0 rows
 @pytest.mark.parametrize("name", sorted(VOCABULARY_UPDATES))
 def test_apply_embedding_gradients_into_a_vocabulary_split_table(name: str, placements: str, execute: str) -> None:
@@ -496,7 +497,7 @@ def test_apply_embedding_gradients_into_a_vocabulary_split_table(name: str, plac
         )
 
 
-@pytest.mark.parametrize("execute", ["ops", "xla"])
+@pytest.mark.parametrize("execute", ["ops", "xla", "pinned"])
 @pytest.mark.parametrize("placements", ["S(0),R", "R,S(0)", "S(0),S(1)", "S(1),R"])
 def test_apply_vmapped_row_lookup_of_a_split_table(placements: str, execute: str) -> None:
     """eqx.nn.Embedding's lookup (a vmapped ``table[i]``: a gather of start_index_map (0, 1),
@@ -612,10 +613,12 @@ def _switch(x: jax.Array, i: jax.Array) -> jax.Array:
     return jax.lax.switch(i, [lambda a: a.sum(1), lambda a: a.max(1), lambda a: a[:, 0]], x)
 
 
+@pytest.mark.parametrize("execute, search", [("ops", "eager"), ("pinned", "program")])
 @pytest.mark.parametrize("rows", [8, 7])  # 7: uneven over dp
-def test_apply_runs_loops_under_the_predicted_layouts(rows: int) -> None:
+def test_apply_runs_loops_under_the_predicted_layouts(rows: int, execute: str, search: str) -> None:
     """scan (carry fixed point, stacked Partial outputs), while and cond/switch run per
-    iteration under the loop rows' layouts, eagerly, under jit and under grad."""
+    iteration under the loop rows' layouts, eagerly, under jit and under grad (op by op,
+    and pinned in one program)."""
     a, ws = _data((rows, 16), 40), _data((3, 16, 16), 41) / 4
     x, w = _dt(a, MESH2, "S(0),R"), _dt(ws, MESH2, "R,S(2)")
     for fn, args, plain in [
@@ -624,8 +627,8 @@ def test_apply_runs_loops_under_the_predicted_layouts(rows: int) -> None:
         (_switch, (x, 1), (a, 1)),
         (jax.grad(lambda w_, x_: _scan_layers(x_, w_)[0].sum()), (w, x), (ws, a)),
     ]:
-        layouts = predict(fn, *args, search="eager").out_layouts
-        for result in (apply(fn, *args, execute="ops"), jax.jit(functools.partial(apply, fn, execute="ops"))(*args)):
+        layouts = predict(fn, *args, search=search).out_layouts
+        for result in (apply(fn, *args, execute=execute), jax.jit(functools.partial(apply, fn, execute=execute))(*args)):
             leaves = jax.tree.leaves(result, is_leaf=lambda v: isinstance(v, DTensor))
             assert [leaf.layout for leaf in leaves] == list(layouts)
             for leaf, want in zip(leaves, jax.tree.leaves(fn(*plain))):
@@ -633,11 +636,13 @@ def test_apply_runs_loops_under_the_predicted_layouts(rows: int) -> None:
     assert any(layout.has_partial for layout in predict(_scan_layers, x, w, search="eager").out_layouts)
 
 
+@pytest.mark.parametrize("execute", ["xla", "pinned"])
 @pytest.mark.parametrize("rows", [8, 7])  # 7: uneven over dp
-def test_apply_xla_is_exact_on_uneven_and_partial_layouts(rows: int) -> None:
-    """execute="xla": inputs' partials are reduced and pads removed before XLA runs fn;
-    outputs take the whole-program prediction's layouts (a Partial made locally), with
-    the function's values, eagerly and under jit; out_layouts are enforced."""
+def test_apply_xla_is_exact_on_uneven_and_partial_layouts(rows: int, execute: str) -> None:
+    """execute="xla" / "pinned": inputs' partials are reduced and pads removed before XLA
+    runs fn; outputs take the whole-program prediction's layouts (with "xla" a Partial
+    made locally, with "pinned" the planned partial sum), with the function's values,
+    eagerly and under jit; out_layouts are enforced."""
     a, b = _data((rows, 16), 42), _data((16, 12), 43) / 4
     x, w = _dt(a, MESH2, "S(0),R"), _dt(b, MESH2, "P,S(1)")  # w: a Partial(sum) input
     fns = [
@@ -649,8 +654,8 @@ def test_apply_xla_is_exact_on_uneven_and_partial_layouts(rows: int) -> None:
         out_layouts = None if out is None else Layout.from_device_mesh(MESH2)(out)
         want = predict(fn, x, w, out_layouts=out_layouts).out_layouts
         for result in (
-            apply(fn, x, w, out_layouts=out_layouts, execute="xla"),
-            jax.jit(lambda u, v, fn=fn, o=out_layouts: apply(fn, u, v, out_layouts=o, execute="xla"))(x, w),
+            apply(fn, x, w, out_layouts=out_layouts, execute=execute),
+            jax.jit(lambda u, v, fn=fn, o=out_layouts, e=execute: apply(fn, u, v, out_layouts=o, execute=e))(x, w),
         ):
             leaves = jax.tree.leaves(result, is_leaf=lambda v: isinstance(v, DTensor))
             assert [leaf.layout for leaf in leaves] == list(want)
@@ -672,7 +677,7 @@ def test_apply_default_compiles_a_function_without_registered_calls_whole() -> N
     assert lowered["auto"] == lowered["xla"] != lowered["ops"]
 
 
-@pytest.mark.parametrize("execute", ["xla", "ops"])
+@pytest.mark.parametrize("execute", ["xla", "ops", "pinned"])
 def test_apply_under_eager_grad_inside_set_mesh_on_an_uneven_input(execute: str) -> None:
     """Inside jax.set_mesh the inputs stay Explicit-typed: execute="xla" slices the pad
     of an uneven input (7 rows over dp=2) and places its output under auto_axes."""
