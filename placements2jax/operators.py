@@ -937,6 +937,15 @@ class _Pinned(_Runner):
             self.moves[key] = (value.array, self._moved(value, layout))
         return self.moves[key][1]
 
+    def _run_body(self, walker: Any, closed: Any, ins: Sequence[_Value], prefix: str) -> list[_Value]:
+        """A loop body's moves stay in its trace: an outer value moved inside the body is
+        the body's tracer, which the code after the loop must not reuse."""
+        outer = dict(self.moves)
+        try:
+            return super()._run_body(walker, closed, ins, prefix)
+        finally:
+            self.moves = outer
+
     def _moved(self, value: _Value, layout: Layout) -> _Value:
         target = physical(layout, value.phys.shape)
         have, need = value.phys.layout.has_partial, layout.has_partial
