@@ -420,6 +420,17 @@ def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, execute: 
     redistributions included) as its own per-rank program, walked by predict's walker
     (loops run per iteration under their rows' layouts); intermediates and outputs get
     torch's op-by-op placements (outputs may be Partial as torch's are).
+    ``execute="pinned"``: the program the whole-program search predicts
+    (``predict(search="program")``), compiled whole: every equation is bound on the
+    logical arrays with its inputs and outputs pinned to the layouts the search chose
+    (``with_sharding_constraint``), except that an equation with a Partial input or
+    output runs per rank as ``"ops"`` runs it, its partial sums kept as planned (XLA's
+    Auto mode has no partial value); layouts no NamedSharding expresses (strided, nested
+    uneven splits) are left to XLA (:class:`_Pinned`). XLA then sends what ``predict``
+    says (GPT-2 / Llama loss, value_and_grad and adamw steps on dp=2 x tp=4: within
+    1.06x of the predicted bytes, no more collectives), often less than plain ``jax.jit``
+    (Llama value_and_grad 128.5 against 199.6 KB per device). Inside ``jax.set_mesh`` of an
+    Explicit mesh it compiles as ``"xla"``.
 
     Why ``"auto"`` runs ``"xla"`` unless a registered rule must be honoured: ``apply`` runs
     whole functions (a layer, a loss, a training step), where a user of ``jax.jit`` expects
