@@ -228,16 +228,15 @@ def test_check_confirms_the_plan_against_xla(mesh: Any, problem: tuple[Any, ...]
 
 def test_pinned_compile_is_the_predicted_program(mesh: Any, problem: tuple[Any, ...], plan: AutoPlan) -> None:
     """compiled_figures(execute="pinned") compiles the predicted program (as apply(...,
-    execute="pinned") runs it), compared with the prediction's bytes as CPU XLA compiles
-    its collectives (lowered_nbytes: a reduce-scatter as an all-reduce, here 9,226 ->
-    12,810 B); an AutoPlan's argument layouts are kept without fixed=. Measured 15,892 B,
-    1.24x: the plan reduces the second matmul's (16, 64) partial sum over dp and tp into
-    (dp,tp),None, which the prediction reduce-scatters over each axis and the pinned
-    program (a Partial runs as "ops" runs it) all-reduces whole over tp then dp and slices
-    (10,240 B against 7,168)."""
+    execute="pinned") runs it): its bytes are the prediction's as CPU XLA compiles its
+    collectives (lowered_nbytes: a reduce-scatter as an all-reduce, here 9,226 -> 12,810 B),
+    measured 12,820 B (the loss's reduction besides); plain jax.jit compiles another program
+    (11,282 B); an AutoPlan's argument layouts are kept without fixed=. (Before the pinned
+    moves followed the planner's steps, 15,892 B: the (16, 64) partial sum reduced whole over
+    tp, then dp, where the prediction reduce-scatters over dp, then tp on the half block.)"""
     pinned = compiled_figures(steps.mlp_step, *problem, mesh=mesh, plan=plan, execute="pinned")
     assert plan.figures.nbytes <= plan.figures.lowered_nbytes
-    assert pinned is not None and plan.figures.lowered_nbytes <= pinned.nbytes <= 1.25 * plan.figures.lowered_nbytes
+    assert pinned is not None and plan.figures.lowered_nbytes <= pinned.nbytes <= 1.01 * plan.figures.lowered_nbytes
     assert compiled_figures(steps.mlp_step, *problem, mesh=mesh, plan=plan) == plan.compiled["auto"]
 
 
