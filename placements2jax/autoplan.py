@@ -77,6 +77,7 @@ from .inference.signature import TensorSpec
 from .inference.table import format_bytes, format_table
 from .layout import Layout
 from .mesh import DeviceMesh, as_device_mesh
+from .operators import pinned_function
 from .parallelize import PlanLike, path_of, plan_layouts
 
 __all__ = ["AutoPlan", "CompiledFigures", "PlanFigures", "auto_plan", "compiled_figures", "example_mlp", "plan_figures",
@@ -85,6 +86,7 @@ __all__ = ["AutoPlan", "CompiledFigures", "PlanFigures", "auto_plan", "compiled_
 DEFAULT_FLOPS_PER_BYTE = 1000.0
 DEFAULT_MAX_EVALUATIONS = 24
 SCORES = ("xla", "predict")
+EXECUTIONS = ("xla", "pinned")  # how compiled_figures compiles a plan's step
 # Scoring needs the partitioned HLO's collectives and the buffer sizes, not fast code: the HLO
 # passes (SPMD partitioning, the collective combiners, buffer assignment) run as usual, only
 # LLVM's code generation is cheapened (GPT-2 test step on 2x4: same bytes and memory_analysis,
@@ -99,7 +101,11 @@ class PlanFigures:
     """A plan's predicted figures per device and per step: communication (``nbytes``
     sent, ``cost`` weighted by the cost model, ``collectives``), compute (``flops`` after
     splitting) and memory (``params``, ``state``, other ``args``, peak ``activations``,
-    bytes). ``objective`` is what auto_plan minimizes."""
+    bytes). ``objective`` is what auto_plan minimizes. ``lowered_nbytes``: the bytes sent
+    with the predicted collectives compiled as the mesh's backend compiles them
+    (:attr:`~placements2jax.inference.Prediction.lowered_nbytes`: on CPU a reduce-scatter
+    is an all-reduce, twice its bytes), what a compile of the predicted program sends
+    (None where not computed)."""
 
     nbytes: float
     cost: float
@@ -110,6 +116,7 @@ class PlanFigures:
     args: int
     activations: int
     objective: float
+    lowered_nbytes: float | None = None
 
     @property
     def memory(self) -> int:
@@ -715,9 +722,8 @@ class _Evaluator:
         problem = self.problem
         layouts = problem.layouts_of(free)
         flat = problem.specs(layouts)
-        out_layouts = problem.flat_out_layouts(jax.tree.unflatten(problem.tree, flat))
         started = time.thread_time()
-        prediction = predict(problem.replay, *flat, cost_model=self.cost_model, out_layouts=out_layouts)
+        prediction = _prediction(problem, layouts, self.cost_model)
         self.predict_seconds += time.thread_time() - started
         self.count += 1
         if self.lengths is None:
@@ -733,6 +739,7 @@ class _Evaluator:
             nbytes=float(prediction.nbytes), cost=cost, collectives=sum(prediction.collectives.values()),
             flops=flops, params=memory["param"], state=memory["state"], args=memory["arg"],
             activations=activations, objective=cost + flops / self.flops_per_byte,
+            lowered_nbytes=float(prediction.lowered_nbytes),
         )
         self.memo[key] = figures
         self.plans[key] = dict(free)
@@ -766,22 +773,36 @@ class _Evaluator:
         return sum(_local_bytes(s) for s in self.problem.specs(layouts) if isinstance(s, TensorSpec))
 
 
-def _compile(problem: _Problem, free: Mapping[int, Layout]) -> CompiledFigures | None:
+def _compile(problem: _Problem, free: Mapping[int, Layout], execute: str = "xla",
+             cost_model: CostModelLike = None) -> CompiledFigures | None:
     """:meth:`_Evaluator.compile`'s work (thread-safe: reads ``problem`` only), cached per
-    traced step and layouts (``_compiles``: plan_figures' and repeated auto_plan calls'
-    compiles of one plan are one)."""
+    traced step, layouts and execution (``_compiles``: plan_figures' and repeated auto_plan
+    calls' compiles of one plan are one). ``execute``: :data:`EXECUTIONS`."""
     layouts = problem.layouts_of(free)
     if not all(layout.is_even(tuple(np.shape(problem.leaves[i]))) for i, layout in layouts.items()):
         return None
-    key = (problem.trace_key, tuple(sorted(layouts.items())))
+    key = (problem.trace_key, tuple(sorted(layouts.items())), execute, cost_model if execute == "pinned" else None)
     known = _compiles.recall(key)
     if known is None:
-        known = _compiled_figures(problem, layouts)
+        known = _compiled_figures(problem, layouts, execute, cost_model)
         _compiles.remember(key, known)
     return known
 
 
-def _compiled_figures(problem: _Problem, layouts: Mapping[int, Layout]) -> CompiledFigures:
+def _prediction(problem: _Problem, layouts: Mapping[int, Layout], cost_model: CostModelLike) -> Prediction:
+    """The whole-program prediction of the step on ``layouts`` (every laid-out leaf's), as
+    the search predicts it (predict caches it per input layouts)."""
+    flat = problem.specs(layouts)
+    out_layouts = problem.flat_out_layouts(jax.tree.unflatten(problem.tree, flat))
+    return predict(problem.replay, *flat, cost_model=cost_model, out_layouts=out_layouts)
+
+
+def _compiled_figures(problem: _Problem, layouts: Mapping[int, Layout], execute: str,
+                      cost_model: CostModelLike) -> CompiledFigures:
+    """The step compiled on the plan's shardings: as plain ``jax.jit`` compiles it
+    (``"xla"``: XLA's propagation lays out the intermediates), or the predicted program with
+    every layout pinned (``"pinned"``: what ``apply(..., execute="pinned")`` runs,
+    :func:`~placements2jax.operators.pinned_function`)."""
     mesh = auto_twin_of(problem.mesh.to_jax())
 
     def struct(i: int, leaf: Any) -> Any:
@@ -794,8 +815,8 @@ def _compiled_figures(problem: _Problem, layouts: Mapping[int, Layout]) -> Compi
     out_layouts = problem.flat_out_layouts(jax.tree.unflatten(problem.tree, problem.specs(layouts)))
     out_shardings = [None if layout is None else jax.sharding.NamedSharding(mesh, layout.partition_spec)
                      for layout in out_layouts]
-    compiled = jax.jit(problem.replay, out_shardings=out_shardings).lower(*flat).compile(
-        compiler_options=_CHEAP_CODEGEN)
+    step = problem.replay if execute == "xla" else pinned_function(_prediction(problem, layouts, cost_model), cost_model)
+    compiled = jax.jit(step, out_shardings=out_shardings).lower(*flat).compile(compiler_options=_CHEAP_CODEGEN)
     collectives = parse_collectives(compiled.as_text())
     stats = compiled.memory_analysis()
     memory = (stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
@@ -832,17 +853,26 @@ def plan_figures(
 
 def compiled_figures(
     step_fn: Callable[..., Any], params: Any, *args: Any, mesh: DeviceMesh, plan: PlanLike,
-    fixed: Mapping[str, Any] | None = None,
+    fixed: Mapping[str, Any] | None = None, execute: str = "xla", cost_model: CostModelLike = None,
 ) -> CompiledFigures | None:
     """The :class:`CompiledFigures` of ``step_fn`` with ``params`` laid out by ``plan``
-    (optimizer state following, ``fixed`` leaves pinned), compiled as ``auto_plan(...,
-    score="xla")`` compiles its finalists (and cached with them: an auto_plan call after it
-    reuses the compile); None when a leaf would be split unevenly (XLA compiles only even
-    shards). ``max(plan_figures(...).memory, compiled_figures(...).memory)`` is the plan's
-    memory as auto_plan checks it against a budget."""
+    (optimizer state following, ``fixed`` leaves pinned, an AutoPlan's ``args`` layouts
+    kept); None when a leaf would be split unevenly (XLA compiles only even shards).
+
+    ``execute="xla"`` (default): plain ``jax.jit`` on the plan's input and output
+    shardings, XLA's propagation laying out the rest, as ``auto_plan(..., score="xla")``
+    compiles its finalists (and cached with them: an auto_plan call after it reuses the
+    compile); ``max(plan_figures(...).memory, compiled_figures(...).memory)`` is the plan's
+    memory as auto_plan checks it against a budget. ``execute="pinned"``: the predicted
+    program (``cost_model``'s prediction, as :func:`plan_figures` makes it) with every
+    layout pinned, as ``apply(..., execute="pinned")`` runs the step: the program whose
+    bytes the prediction states."""
     mesh = as_device_mesh(mesh, "mesh")
-    problem = _Problem(_check_fn(step_fn), params, args, mesh, fixed)
-    return _compile(problem, _from_plan(problem, plan))
+    if not isinstance(execute, str) or execute not in EXECUTIONS:
+        raise ArgumentTypeError("execute", execute, f"expected one of {', '.join(map(repr, EXECUTIONS))}",
+                                'pass execute="xla" (plain jax.jit) or execute="pinned" (the predicted program)')
+    problem = _Problem(_check_fn(step_fn), params, args, mesh, _with_plan_args(plan, fixed))
+    return _compile(problem, _from_plan(problem, plan), execute, cost_model)
 
 
 def planned_inputs(
@@ -854,11 +884,16 @@ def planned_inputs(
     leaves as TensorSpecs in their layouts (optimizer state following, ``fixed`` pinned,
     an AutoPlan's ``args`` layouts kept), outputs shaped like an input keeping its layouts."""
     mesh = as_device_mesh(mesh, "mesh")
-    if isinstance(plan, AutoPlan):
-        fixed = {**{re.escape(k): v for k, v in plan.args.items()}, **(fixed or {})}
-    problem = _Problem(_check_fn(step_fn), params, args, mesh, fixed)
+    problem = _Problem(_check_fn(step_fn), params, args, mesh, _with_plan_args(plan, fixed))
     inputs = jax.tree.unflatten(problem.tree, problem.specs(problem.layouts_of(_from_plan(problem, plan))))
     return inputs, problem.out_layouts(inputs)
+
+
+def _with_plan_args(plan: PlanLike, fixed: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """``fixed`` with an AutoPlan's argument layouts (``plan.args``) pinned too (``fixed`` wins)."""
+    if not isinstance(plan, AutoPlan):
+        return fixed
+    return {**{re.escape(k): v for k, v in plan.args.items()}, **(fixed or {})}
 
 
 def _from_plan(problem: _Problem, plan: PlanLike) -> dict[int, Layout]:

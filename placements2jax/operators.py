@@ -56,7 +56,7 @@ from .errors import ArgumentTypeError, InferenceError, UnsupportedOpError
 from .factories import place
 from .hlo import running
 from .inference import default_cost_model, infer_signature, predict
-from .inference.cost import CostModel
+from .inference.cost import CostModel, CostModelLike
 from .inference.frameworks import Bound, bind, variables_of, with_static_outputs
 from .inference.jaxpr import CONSTRAINT_SHARDING_PARAMS, _drop_dim0, _stacked, execute
 from .inference.ops import freeze, op_definition, registered_function
@@ -609,6 +609,26 @@ def _pinned_program(
 
     out_shapes = tuple(s.shape for s in prediction.outputs)
     return Program(jax.jit(body), prediction.out_layouts, out_shapes, prediction.out_tree, prediction)
+
+
+def pinned_function(prediction: Any, cost_model: CostModelLike = None) -> Callable[..., list[jax.Array]]:
+    """The program of ``prediction`` (a whole-program :func:`predict` on inputs without
+    Partial) as a function of its inputs' logical arrays, every layout pinned as
+    ``apply(execute="pinned")`` pins them (:class:`_Pinned`): jit it on the inputs'
+    shardings to compile the program the prediction prices, without DTensors
+    (:func:`~placements2jax.autoplan.compiled_figures`). Like ``jaxpr_as_fun`` of its
+    jaxpr it returns the list of outputs, logical arrays (a Partial one reduced)."""
+    closed = prediction.jaxpr
+    mesh = prediction.inputs[0].layout.mesh
+
+    def run(*arrays: Any) -> list[jax.Array]:
+        executor = _Pinned(mesh)
+        executor.bind_closed(closed, [_Value(a, physical(s.layout, s.shape)) for a, s in zip(arrays, prediction.inputs)])
+        execute(prediction, executor, cost_model)
+        return [executor.moved(executor.read(v), spec.layout.without_partial()).array
+                for v, spec in zip(closed.jaxpr.outvars, prediction.outputs)]
+
+    return run
 
 
 @cached(maxsize=1024)

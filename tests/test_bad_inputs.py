@@ -1757,6 +1757,13 @@ CASES: list[Case] = [
         lambda e: compiled_figures(_tiny_step, {"w": e.x}, e.x, mesh=e.mesh, plan={"w": "S(0),S(0)"}),
     ),
     _c(
+        "compiled_figures: unknown execution",
+        "compiled_figures",
+        ArgumentTypeError,
+        "execute",
+        lambda e: compiled_figures(_tiny_step, {"w": e.x}, e.x, mesh=e.mesh, plan={}, execute="ops"),
+    ),
+    _c(
         "compiled_figures: step not callable",
         "compiled_figures",
         ArgumentTypeError,

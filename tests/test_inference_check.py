@@ -209,6 +209,9 @@ def test_collective_checks_name_a_reduce_scatter_compiled_as_an_all_reduce(mesh:
     assert kind.predicted_bytes == kind.compiled_bytes == Fraction(2 * 8 * 16 * 4 * 3, 2 * 4)
     assert "compiled as all-reduces" in kind.note and "reduce-scatter(s) compiled" in str(report)
     assert "XLA legitimately sends 192 B per device more than they would" in kind.note  # the reduce-scatter's 192 B
+    # the prediction's own figure of the same: its bytes as the backend compiles its steps
+    assert report.prediction.nbytes == Fraction(8 * 16 * 4 * 3, 2 * 4)  # the planner's reduce-scatter
+    assert report.prediction.lowered_nbytes == report.predicted_bytes == report.compiled_bytes
 
 
 def test_xla_reduces_a_partial_on_two_mesh_axes_one_axis_at_a_time(mesh: Any) -> None:

@@ -64,7 +64,7 @@ from ..errors import InferenceError
 from ..hlo import Collective, parse_collectives
 from ..layout import Layout
 from ..mesh import DeviceMesh
-from .combine import CombinedCollective, combine, combiner_rules, planned_collectives
+from .combine import CombinedCollective, combine, combiner_rules, lowered_step, planned_collectives
 from .cost import ALL_REDUCE, REDUCE_SCATTER, CostModelLike, collective_nbytes
 from .frameworks import bind
 from .jaxpr import Prediction, predict
@@ -184,13 +184,9 @@ class CheckReport:
     def predicted_collectives(self) -> list[tuple[str, Fraction]]:
         """(kind, bytes) of every predicted collective, conversions of outputs to XLA's
         layouts included, as the compiled program would run them (see module docstring)."""
-        result = []
-        for step in self._communicating_steps:
-            if step.collective == REDUCE_SCATTER and self.platform == "cpu":
-                result.append((ALL_REDUCE, 2 * step.nbytes))
-            else:
-                result.append((step.collective, step.nbytes))
-        return result
+        rules = combiner_rules(self.platform)
+        lowered = (lowered_step(step, rules) for step in self._communicating_steps)
+        return [step for step in lowered if step is not None]
 
     @property
     def predicted_counts(self) -> Counter[str]:

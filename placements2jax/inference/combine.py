@@ -37,15 +37,16 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from ..errors import InferenceError
 from ..layout import Layout
 from .cost import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
-from .signature import RedistributePlan
+from .signature import RedistributePlan, RedistributeStep
 
 __all__ = ["BACKENDS", "CombinedCollective", "CombinerRules", "PlannedCollective", "combine", "combiner_rules",
-           "planned_collectives"]
+           "lowered_step", "planned_collectives"]
 
 _LOOPS = ("scan", "while", "cond")
 _NO_LIMIT = 2**63 - 1
@@ -91,6 +92,20 @@ def combiner_rules(backend: str) -> CombinerRules:
         raise InferenceError("backend", backend, "no combiner rules for this platform", f"use one of {BACKENDS}")
     return _RULES[_ALIASES.get(backend, backend)]
 
+
+
+def lowered_step(step: RedistributeStep, rules: CombinerRules) -> tuple[str, Fraction] | None:
+    """A planner step as ``rules``' backend compiles it: (collective kind, bytes each device
+    sends), or None when it compiles to no collective (a local step, or one over a size-1
+    mesh dim). A kind the backend compiles as another (CPU: a reduce-scatter as an
+    all-reduce of the whole block, then sliced) sends what that one sends: twice the
+    reduce-scatter's bytes (:mod:`.cost`: ``2T(n-1)/n`` against ``T(n-1)/n``)."""
+    if not step.communicates:
+        return None
+    kind = rules.compiled_kind(step.collective)
+    if kind == ALL_REDUCE and step.collective == REDUCE_SCATTER:
+        return kind, 2 * step.nbytes
+    return kind, step.nbytes
 
 @dataclass(frozen=True)
 class PlannedCollective:

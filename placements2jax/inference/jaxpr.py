@@ -48,7 +48,7 @@ from ..caches import Memo, cached
 from ..errors import InferenceError, Placements2JaxError, UnsupportedOpError
 from ..layout import Layout
 from ..mesh import DeviceMesh
-from .combine import CombinedCollective, combine, combiner_rules, planned_collectives
+from .combine import CombinedCollective, combine, combiner_rules, lowered_step, planned_collectives
 from .cost import CostModel, CostModelLike, resolve_cost_model
 from .frameworks import bind
 from .ops import primitive_definition, registered_function
@@ -229,6 +229,17 @@ class Prediction:
         if self.policy is not None:
             return sum((s.nbytes for s in self.schedules), Fraction(0))
         return sum((s.nbytes for s in self.steps), Fraction(0))
+
+    @property
+    def lowered_nbytes(self) -> Fraction:
+        """Bytes each device sends with the planner's steps compiled as the mesh's backend
+        compiles them (:func:`.combine.lowered_step`): on CPU, which forms no
+        reduce-scatter, each reduce-scatter counts the all-reduce XLA sends instead (twice
+        its bytes); elsewhere :attr:`nbytes` (without a policy). What a compiled program
+        of this prediction sends, as :func:`~.check.check` counts the predicted side."""
+        rules = combiner_rules(self._backend)
+        return sum((lowered[1] for lowered in (lowered_step(s, rules) for s in self.steps) if lowered is not None),
+                   Fraction(0))
 
     @property
     def collectives(self) -> Counter[str]:
