@@ -482,7 +482,7 @@ def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, execute: 
             f"args{jax.tree_util.keystr(path)}", leaf, "is neither a DTensor nor a numeric constant",
             "pass pytrees of DTensors, NumPy / JAX arrays or Python numbers; bind static values as keywords",
         )
-    frozen = freeze(kwargs, "kwargs") if kwargs else ()
+    frozen = tuple(sorted((name, freeze(value, name)) for name, value in kwargs.items()))  # errors name the keyword
     targets = _out_layouts_key(out_layouts)
     if execute not in EXECUTES:
         raise InferenceError("execute", execute, "unknown execution", f"use one of {EXECUTES}")

@@ -1298,6 +1298,13 @@ CASES: list[Case] = [
         lambda e: apply(jnp.sin, e.dt, out_layouts=[np.zeros(2)]),
     ),
     _c(
+        "apply: unhashable keyword argument",
+        "apply",
+        ArgumentTypeError,
+        "scale",
+        lambda e: apply(lambda a, scale: a * len(scale), e.dt, scale=bytearray(b"ab")),
+    ),
+    _c(
         "apply: unknown execute",
         "apply",
         InferenceError,
