@@ -29,6 +29,7 @@ MESH3 = (2, 2, 2)
 _SIGNATURE_TARGET_MS = 2.0  # infer_signature cold, per op (issue 15)
 _PREDICT_TARGET_RATIO = 0.2  # predict cold / XLA compile of the same training step (issue 15)
 _CACHED_TARGET_MS = 10.0  # predict cached
+_PINNED_LIMIT = 1.1  # apply(execute="pinned")'s compiled bytes / predicted bytes
 
 # (op, [(shape, dtype, placements)], params) on the (a, b, c) mesh.
 OPS: tuple[tuple[str, tuple[tuple[tuple[int, ...], Any, str], ...], dict[str, Any]], ...] = (
@@ -373,22 +374,27 @@ def _communication(jitted: Any, args: Any) -> tuple[int, float]:
 
 
 def _apply_vs_jit(fn: Any, args: Any, out_layouts: Any, config: Config) -> tuple[Any, ...]:
-    """apply(fn) under jax.jit against plain jax.jit(fn) on the same input and output
+    """apply(fn) under jax.jit (its default execute, and ``execute="pinned"``: the predicted
+    program with every layout pinned) against plain jax.jit(fn) on the same input and output
     shardings: (collectives, bytes per device) of each compiled program, paired step times
-    and XLA's compile time of plain jit (CPU s, a fresh function object)."""
+    (apply / jit, pinned / jit) and XLA's compile time of plain jit (CPU s, a fresh function
+    object)."""
     from placements2jax import apply
 
     plain_args, out_shardings = _plain(args, out_layouts)
     ours = jax.jit(lambda *a: apply(fn, *a, out_layouts=out_layouts))
+    pinned = jax.jit(lambda *a: apply(fn, *a, out_layouts=out_layouts, execute="pinned"))
     plain_jit = jax.jit(fn, out_shardings=out_shardings)
     start = time.process_time()
     jax.jit(lambda *a: fn(*a), out_shardings=out_shardings).lower(*plain_args).compile()
     compile_s = time.process_time() - start
-    counts = _communication(ours, args), _communication(plain_jit, plain_args)
+    counts = _communication(ours, args), _communication(plain_jit, plain_args), _communication(pinned, args)
     times = time_each(
-        (lambda: jax.block_until_ready(ours(*args)), lambda: jax.block_until_ready(plain_jit(*plain_args))), config
+        (lambda: jax.block_until_ready(ours(*args)), lambda: jax.block_until_ready(plain_jit(*plain_args)),
+         lambda: jax.block_until_ready(pinned(*args))),
+        config,
     )
-    return counts, paired(times[0], times[1]), compile_s
+    return counts, paired(times[0], times[1]), paired(times[2], times[1]), compile_s
 
 
 def _real_models(config: Config, section: Section) -> None:
@@ -403,7 +409,8 @@ def _real_models(config: Config, section: Section) -> None:
     cases = [("Llama", "loss")] if config.quick else [
         (model, mode) for model in ("GPT-2", "Llama") for mode in ("loss", "value_and_grad", "adamw step")
     ]
-    rows, apply_rows, met, notes = [], [], True, []
+    rows, apply_rows, pinned_rows, met, notes = [], [], [], True, []
+    pinned_met = True
     for model, mode in cases:
         progress(f"  inference check({model} {mode})")
         module, cfg = (gpt2, gpt2.Config()) if model == "GPT-2" else (llama, llama.Config())
@@ -415,8 +422,11 @@ def _real_models(config: Config, section: Section) -> None:
         report = check(fn, *args, out_layouts=out_layouts)
         agree = sum(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
         progress(f"  inference apply({model} {mode}) under jax.jit vs jax.jit")
-        ((n_ours, b_ours), (n_plain, b_plain)), timing, compile_s = _apply_vs_jit(fn, args, out_layouts, config)
+        counts, timing, pinned_timing, compile_s = _apply_vs_jit(fn, args, out_layouts, config)
+        (n_ours, b_ours), (n_plain, b_plain), (n_pinned, b_pinned) = counts
         met = met and n_ours <= n_plain and b_ours <= b_plain and timing.spread[0] <= 1.1
+        predicted = float(report.predicted_bytes)
+        pinned_met = pinned_met and b_pinned <= _PINNED_LIMIT * predicted
         rows.append((
             model, mode, f"{float(report.predicted_bytes) / 1000:.1f}", f"{float(report.compiled_bytes) / 1000:.1f}",
             f"{float(report.predicted_bytes / report.compiled_bytes):.2f}", sum(report.predicted_counts.values()),
@@ -426,6 +436,11 @@ def _real_models(config: Config, section: Section) -> None:
         apply_rows.append((
             model, mode, f"{n_ours} / {n_plain}", f"{b_ours / 1000:.1f} / {b_plain / 1000:.1f}",
             microseconds(timing.ours_median), microseconds(timing.baseline_median), timing.ratio_text(),
+        ))
+        pinned_rows.append((
+            model, mode, f"{predicted / 1000:.1f}", f"{b_pinned / 1000:.1f}", f"{b_plain / 1000:.1f}",
+            f"{b_pinned / predicted:.2f}", f"{b_pinned / b_plain:.2f}",
+            f"{sum(report.predicted_counts.values())} / {n_pinned} / {n_plain}", pinned_timing.ratio_text(),
         ))
         notes.extend(f"check, {model} {mode}, {c.kind}: {c.note}" for c in report.collective_checks if c.note)
     section.tables.append(
@@ -449,7 +464,22 @@ def _real_models(config: Config, section: Section) -> None:
             tuple(apply_rows),
         )
     )
+    section.tables.append(
+        Table(
+            'apply(fn, execute="pinned") under jax.jit: the predicted program with every layout pinned, against the '
+            "prediction (bytes as CPU XLA compiles the planned steps: check's predicted bytes) and plain jax.jit(fn) "
+            "(the programs above; collectives after XLA's combiner; paired step times pinned / jit)",
+            ("model", "function", "predicted KB/device", "pinned KB/device", "jit KB/device", "pinned / predicted",
+             "pinned / jit", "collectives: predicted steps / pinned / jit", "time pinned / jit"),
+            tuple(pinned_rows),
+        )
+    )
     section.notes.extend(notes)
+    section.targets.append(
+        Target(f'apply(execute="pinned") compiles the predicted program: bytes within {_PINNED_LIMIT:g}x of the '
+               "prediction", "; ".join(f"{r[0]} {r[1]}: {r[5]}" for r in pinned_rows), f"<= {_PINNED_LIMIT:g}x",
+               pinned_met)
+    )
     section.targets.append(
         Target("apply of the whole program under jax.jit: no more collectives or bytes than plain jax.jit, time "
                "within 1.1x", "; ".join(f"{r[0]} {r[1]}: {r[2]}, {r[3]} KB, {r[6]}" for r in apply_rows),
@@ -494,7 +524,11 @@ of plain `jax.jit` of the same program (CPU seconds, a fresh function object). T
 `apply(fn)` (its default `execute="auto"`, which is `"xla"` for these programs) under
 `jax.jit` against plain `jax.jit(fn)` on the same input and output shardings:
 collectives and bytes per device read from both compiled programs, and paired step
-times. The notes are `check`'s per-collective-kind explanations for each program.
+times; and `apply(fn, execute="pinned")` under `jax.jit` (the program `predict` chose, every
+layout pinned with `with_sharding_constraint`, equations on Partial values per rank in
+`shard_map`) against the prediction and plain `jax.jit`: whether XLA compiles the predicted
+program, and what it saves over XLA's own propagation. The notes are `check`'s
+per-collective-kind explanations for each program.
 """,
     )
     _ops(config, section)
