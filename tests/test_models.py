@@ -141,9 +141,12 @@ def test_pinned_apply_compiles_the_predicted_program(mesh: Any, model: str, mode
     assert count <= sum(prediction.combined_counts.values()) + extra, (count, prediction.combined_counts)
     assert low <= ratio <= high, ratio
     is_dtensor = lambda x: isinstance(x, DTensor)  # noqa: E731
+    # one program with collectives in flight at a time: XLA's CPU runtime can abort (or deadlock) when two
+    # independent ones interleave (here the pinned step and full_tensor's gathers of its arguments)
+    want = jax.block_until_ready(jax.tree.leaves(jax.jit(fn)(*common.plain(args))))
     got = jax.tree.leaves(pinned(*args), is_leaf=is_dtensor)
+    jax.block_until_ready([x.to_jax() for x in got])
     assert [x.layout for x in got] == list(prediction.out_layouts)
-    want = jax.tree.leaves(jax.jit(fn)(*common.plain(args)))
     # partial sums are added in another order than plain jit's; Adam divides a near-zero gradient by its
     # own magnitude, so an update differs by up to a few thousandths of the learning rate (1e-3) there
     atol = 1e-5 if mode == "adamw step" else 2e-6
