@@ -586,9 +586,8 @@ def _pinned_program(
     """``apply(execute="pinned")``: the whole-program search's prediction run on the
     inputs' logical values by :class:`_Pinned` (every equation's layouts pinned, XLA
     partitioning the one program), the outputs placed as in ``"xla"``."""
-    _, mesh, layouts, prediction = _predicted(fn, kwargs, in_tree, targets, keys, cost_model, "program")
+    _, _, layouts, prediction = _predicted(fn, kwargs, in_tree, targets, keys, cost_model, "program")
     sources = [physical(layout, k[1]) for k, layout in zip(keys, layouts)]
-    closed = prediction.jaxpr
 
     def body(*arrays: Any) -> tuple[jax.Array, ...]:
         logical = [_to_logical(a, s) if k[0] == "dtensor" else a for a, s, k in zip(arrays, sources, keys)]
@@ -596,12 +595,10 @@ def _pinned_program(
             # inside jax.set_mesh of an Explicit mesh the values keep their Explicit types, where
             # with_sharding_constraint only asserts: XLA compiles fn whole instead ("xla")
             return _xla_program(fn, kwargs, in_tree, targets, keys, cost_model).run(*arrays)
-        executor = _Pinned(mesh)
         # inputs' partials are reduced first (as "xla" does): a value is Partial only as a stacked array
-        executor.bind_closed(closed, [_Value(x, physical(s.layout.without_partial(), s.shape))
-                                      for x, s in zip(logical, sources)])
-        execute(prediction, executor, cost_model)
-        outs = [executor.moved(executor.read(v), spec.layout) for v, spec in zip(closed.jaxpr.outvars, prediction.outputs)]
+        inputs = [_Value(x, physical(s.layout.without_partial(), s.shape)) for x, s in zip(logical, sources)]
+        executor, outs = _run_pinned(prediction, inputs, cost_model)
+        outs = [executor.moved(v, spec.layout) for v, spec in zip(outs, prediction.outputs)]
         return tuple(
             _from_stacked(v.array, v.phys) if v.phys.layout.has_partial else _from_logical(v.array, v.phys.layout, v.phys.shape)
             for v in outs
@@ -618,17 +615,24 @@ def pinned_function(prediction: Any, cost_model: CostModelLike = None) -> Callab
     shardings to compile the program the prediction prices, without DTensors
     (:func:`~placements2jax.autoplan.compiled_figures`). Like ``jaxpr_as_fun`` of its
     jaxpr it returns the list of outputs, logical arrays (a Partial one reduced)."""
-    closed = prediction.jaxpr
-    mesh = prediction.inputs[0].layout.mesh
 
     def run(*arrays: Any) -> list[jax.Array]:
-        executor = _Pinned(mesh)
-        executor.bind_closed(closed, [_Value(a, physical(s.layout, s.shape)) for a, s in zip(arrays, prediction.inputs)])
-        execute(prediction, executor, cost_model)
-        return [executor.moved(executor.read(v), spec.layout.without_partial()).array
-                for v, spec in zip(closed.jaxpr.outvars, prediction.outputs)]
+        inputs = [_Value(a, physical(s.layout, s.shape)) for a, s in zip(arrays, prediction.inputs)]
+        executor, outs = _run_pinned(prediction, inputs, cost_model)
+        return [executor.moved(v, spec.layout.without_partial()).array for v, spec in zip(outs, prediction.outputs)]
 
     return run
+
+
+def _run_pinned(prediction: Any, inputs: Sequence[_Value], cost_model: CostModelLike) -> tuple[_Pinned, list[_Value]]:
+    """``prediction``'s program on ``inputs`` (its jaxpr's inputs) run by :class:`_Pinned`:
+    the executor (its moves shared with the caller's moves of the outputs) and the
+    outputs' values in the layouts they are computed in."""
+    closed = prediction.jaxpr
+    executor = _Pinned(prediction.inputs[0].layout.mesh)
+    executor.bind_closed(closed, inputs)
+    execute(prediction, executor, cost_model)
+    return executor, [executor.read(v) for v in closed.jaxpr.outvars]
 
 
 @cached(maxsize=1024)
@@ -920,12 +924,18 @@ class _Executor(_Runner):
         return [_Value(a, p) for a, p in zip(_run_local(eqn, ins, targets, outs), outs)]
 
 
+def _unsharded_params(eqn: Any) -> dict[str, Any]:
+    """``eqn``'s parameters without its ``sharding`` / ``out_sharding`` (the traced code's
+    Explicit types, which do not apply where apply runs it)."""
+    return {k: (None if k in ("sharding", "out_sharding") else v) for k, v in eqn.params.items()}
+
+
 def _run_local(eqn: Any, ins: Sequence[_Value], targets: Sequence[Physical], outs: Sequence[Physical]) -> list[Any]:
     """Equation ``eqn`` on every rank's local blocks (:func:`_local_call`): the physical
     arrays of its inputs (``ins``, moved to ``targets`` first) -> those of its outputs
     (laid out as ``outs``)."""
     name = eqn.primitive.name
-    params = {k: (None if k in ("sharding", "out_sharding") else v) for k, v in eqn.params.items()}
+    params = _unsharded_params(eqn)
     masked_axis = _masked_axis(name, params, targets)
     params = _local_params(name, params, targets, outs)
     function = registered_function(eqn)
@@ -1022,7 +1032,7 @@ class _Pinned(_Runner):
             ys = _run_local(eqn, locals_, [v.phys for v in locals_], [_twin_physical(o) for o in outs])
             return [_Value(y if o.layout.has_partial else _to_logical(y, _twin_physical(o)), o) for y, o in zip(ys, outs)]
         # the arrays live on the Auto twin of the mesh: an Explicit out_sharding of the traced code does not apply
-        params = {k: (None if k in ("sharding", "out_sharding") else v) for k, v in eqn.params.items()}
+        params = _unsharded_params(eqn)
         args = [self.moved(v, layout, plan).array
                 for v, layout, plan in zip(ins, signature.in_layouts, signature.redistributions)]
         out = eqn.primitive.bind(*args, **eqn.primitive.get_bind_params(params))
