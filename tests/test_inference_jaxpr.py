@@ -261,7 +261,9 @@ def test_ops_without_inputs_are_replicated(mesh: Any) -> None:
 def test_predict_pauses_the_garbage_collector_and_restores_it(mesh: Any) -> None:
     """A cold prediction runs with Python's cyclic collector paused (its full passes over
     the search's objects were 10-14% of a cold predict) and leaves it as it found it, on
-    or off, also when the prediction fails."""
+    or off, also when the prediction fails. The objects it made go to the oldest
+    generation, none left frozen and no young pass due; a caller's frozen objects stay
+    frozen."""
     import gc
 
     seen: list[bool] = []
@@ -274,8 +276,20 @@ def test_predict_pauses_the_garbage_collector_and_restores_it(mesh: Any) -> None
     was = gc.isenabled()
     try:
         gc.enable()
-        predict(fn, x)
-        assert seen == [False] and gc.isenabled()
+        passes: list[int] = []
+        gc.collect()  # no young pass due before the prediction pauses the collector
+        gc.callbacks.append(collected := lambda phase, info: passes.append(info["generation"]))
+        try:
+            predict(fn, x)
+        finally:
+            gc.callbacks.remove(collected)
+        # the prediction's objects were not left to a young pass when the collector came back on
+        assert seen == [False] and gc.isenabled() and gc.get_freeze_count() == 0 and passes == []
+        gc.freeze()  # a caller's frozen objects (as before a fork) are not thawed
+        frozen = gc.get_freeze_count()
+        predict(lambda x: jnp.cos(x), x)
+        assert gc.get_freeze_count() >= frozen and gc.isenabled()
+        gc.unfreeze()
         gc.disable()
         predict(lambda x: jnp.sin(x), x)
         assert not gc.isenabled()
