@@ -514,9 +514,10 @@ def _resolve_carries(
     them (moving them back every iteration), walk and search again with the carries
     started from the returned layouts (every other loop's from its chosen ones); at most
     ``_CARRY_ROUNDS`` rounds, keeping the cheapest prediction (the first on ties); the
-    first search bounded by eager dispatch's walk ``dispatched``."""
+    first search bounded by eager dispatch's walk ``dispatched``. The totals are found only
+    when there are predictions to compare (most programs have no carries to re-solve)."""
     best, walker = _searched(walk, walked, model, targets, dispatched)
-    best_total = _total(best, model)
+    found = [best]
     searched = walked[2].loops  # the loops as the search saw them (their carry options)
     tried: set[tuple[tuple[str, tuple[Layout, ...]], ...]] = set()
     for _ in range(_CARRY_ROUNDS):
@@ -535,10 +536,8 @@ def _resolve_carries(
         walked = walk(start)
         searched = walked[2].loops
         prediction, walker = _searched(walk, walked, model, targets)
-        total = _total(prediction, model)
-        if total < best_total:
-            best, best_total = prediction, total
-    return best
+        found.append(prediction)
+    return found[0] if len(found) == 1 else min(found, key=lambda prediction: _total(prediction, model))
 
 
 class Executor(Protocol):
