@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..caches import Memo
+from ..caches import Memo, cached
 from ..errors import ArgumentTypeError, InferenceError, LayoutError, ShapeError
 from ..layout import (
     Layout,
@@ -246,11 +246,21 @@ def _own_layout(value: Any) -> Layout | None:
     layout = getattr(value, "layout", None)
     if not isinstance(layout, Layout):
         return None
+    if _class_has_layout(type(value)):  # a DTensor: found without inspect (most of a cached predict's time)
+        return layout
     try:
         inspect.getattr_static(value, "layout")
     except AttributeError:
         return None
     return layout
+
+
+@cached(maxsize=256)
+def _class_has_layout(cls: type) -> bool:
+    """Whether ``cls`` itself defines ``layout`` (a class attribute or property somewhere in
+    its MRO: then :func:`inspect.getattr_static` finds it on every instance). Cached per
+    class: flattening asks it of every leaf, several times per predict call."""
+    return any("layout" in vars(klass) for klass in cls.__mro__)
 
 
 @dataclass(frozen=True)
