@@ -258,10 +258,25 @@ def test_ops_without_inputs_are_replicated(mesh: Any) -> None:
     assert any(e.primitive == "iota" and str(e.outputs[0].layout) == "R,R" for e in prediction.equations)
 
 
+def test_flattening_the_arguments_reads_no_tensor(mesh: Any, monkeypatch: Any) -> None:
+    """Flattening ``predict``'s arguments tells a ``(shape, dtype, layout)`` tuple from
+    three arguments (parameters, optimizer state, batch) without building an error: a
+    message would repr the DTensors in them, reading their values (that was most of a
+    cached predict of a training step)."""
+    from placements2jax import DTensor, distribute_tensor
+
+    monkeypatch.setattr(DTensor, "__repr__", lambda self: pytest.fail("a DTensor was repr'd"))
+    x = distribute_tensor(np.arange(32, dtype=np.float32).reshape(8, 4), mesh, "S(0),R")
+    prediction = predict(lambda a, b, c: a + b["w"] * c, x, {"w": x}, x)
+    assert outs(prediction) == ["S(0),R"]
+
+
 def test_predict_pauses_the_garbage_collector_and_restores_it(mesh: Any) -> None:
     """A cold prediction runs with Python's cyclic collector paused (its full passes over
     the search's objects were 10-14% of a cold predict) and leaves it as it found it, on
-    or off, also when the prediction fails."""
+    or off, also when the prediction fails. The objects it made go to the oldest
+    generation, none left frozen and no young pass due; a caller's frozen objects stay
+    frozen."""
     import gc
 
     seen: list[bool] = []
@@ -274,8 +289,20 @@ def test_predict_pauses_the_garbage_collector_and_restores_it(mesh: Any) -> None
     was = gc.isenabled()
     try:
         gc.enable()
-        predict(fn, x)
-        assert seen == [False] and gc.isenabled()
+        passes: list[int] = []
+        gc.collect()  # no young pass due before the prediction pauses the collector
+        gc.callbacks.append(collected := lambda phase, info: passes.append(info["generation"]))
+        try:
+            predict(fn, x)
+        finally:
+            gc.callbacks.remove(collected)
+        # the prediction's objects were not left to a young pass when the collector came back on
+        assert seen == [False] and gc.isenabled() and gc.get_freeze_count() == 0 and passes == []
+        gc.freeze()  # a caller's frozen objects (as before a fork) are not thawed
+        frozen = gc.get_freeze_count()
+        predict(lambda x: jnp.cos(x), x)
+        assert gc.get_freeze_count() >= frozen and gc.isenabled()
+        gc.unfreeze()
         gc.disable()
         predict(lambda x: jnp.sin(x), x)
         assert not gc.isenabled()

@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..caches import Memo
+from ..caches import Memo, cached
 from ..errors import ArgumentTypeError, InferenceError, LayoutError, ShapeError
 from ..layout import (
     Layout,
@@ -209,12 +209,13 @@ def _same_mesh(jax_mesh: Any, mesh: DeviceMesh) -> bool:
 
 def _is_spec_tuple(value: Any) -> bool:
     """``(shape, dtype, layout)``: a shape of ints, a dtype (not an array), a layout or placements."""
-    if not isinstance(value, (tuple, list)) or len(value) != 3 or not _is_dtype_like(value[1]):
+    if not isinstance(value, (tuple, list)) or len(value) != 3:
         return False
     shape, dtype, layout = value
+    # the shape first: cheap, and it rules out the tuples of arguments flattening meets (a 3-tuple of pytrees)
     if not isinstance(shape, (tuple, list)) or not all(isinstance(n, (int, np.integer)) for n in shape):
         return False
-    return isinstance(layout, (Layout, MeshPlacements, str)) or isinstance(layout, (tuple, list))
+    return isinstance(layout, (Layout, MeshPlacements, str, tuple, list)) and _is_dtype_like(dtype)
 
 
 def _is_extended(dtype: Any) -> bool:
@@ -227,11 +228,7 @@ def _is_extended(dtype: Any) -> bool:
 def _is_dtype_like(value: Any) -> bool:
     if isinstance(value, (np.ndarray, np.generic, jax.Array, bool, int, float, complex)) or value is None:
         return False
-    try:
-        _as_dtype(value)
-    except (TypeError, ValueError):
-        return False
-    return True
+    return _numeric_dtype(value) is not None
 
 
 def is_tensor_leaf(value: Any) -> bool:
@@ -249,11 +246,21 @@ def _own_layout(value: Any) -> Layout | None:
     layout = getattr(value, "layout", None)
     if not isinstance(layout, Layout):
         return None
+    if _class_has_layout(type(value)):  # a DTensor: found without inspect (most of a cached predict's time)
+        return layout
     try:
         inspect.getattr_static(value, "layout")
     except AttributeError:
         return None
     return layout
+
+
+@cached(maxsize=256)
+def _class_has_layout(cls: type) -> bool:
+    """Whether ``cls`` itself defines ``layout`` (a class attribute or property somewhere in
+    its MRO: then :func:`inspect.getattr_static` finds it on every instance). Cached per
+    class: flattening asks it of every leaf, several times per predict call."""
+    return any("layout" in vars(klass) for klass in cls.__mro__)
 
 
 @dataclass(frozen=True)
@@ -341,16 +348,28 @@ def _output_layout(entry: Any, aval: Aval, mesh: DeviceMesh, argument: str) -> L
     return as_tensor_spec((aval.shape, aval.dtype, entry), mesh, argument).layout
 
 
-def _as_dtype(dtype: Any) -> np.dtype:
-    if _is_extended(dtype):  # typed PRNG keys: key<fry>, ...
-        return dtype
+def _numeric_dtype(value: Any) -> np.dtype | None:
+    """``value`` as a numeric dtype (a typed PRNG key's, key<fry>, as it is), None when it
+    is not one. No error built: :func:`_is_dtype_like` asks it of every 3-tuple in an input
+    pytree, and an error's message holds the value's repr (a DTensor's reads its values)."""
+    if _is_extended(value):
+        return value
     try:
-        result = np.dtype(dtype)
+        result = np.dtype(value)
+    except (TypeError, ValueError):
+        return None
+    return None if result.kind in "OSUMm" else result
+
+
+def _as_dtype(dtype: Any) -> np.dtype:
+    result = _numeric_dtype(dtype)
+    if result is not None:
+        return result
+    try:
+        np.dtype(dtype)
     except TypeError:
         raise ArgumentTypeError("dtype", dtype, "not a dtype", "pass e.g. jnp.float32") from None
-    if result.kind in "OSUMm":
-        raise ArgumentTypeError("dtype", dtype, "not a numeric dtype", "pass e.g. jnp.float32")
-    return result
+    raise ArgumentTypeError("dtype", dtype, "not a numeric dtype", "pass e.g. jnp.float32")
 
 
 # -- layouts in signature terms ------------------------------------------------------------
