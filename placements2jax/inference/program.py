@@ -353,8 +353,10 @@ def _descend(
         if cost < best:
             chosen, best, origin = found, cost, start
     # value moves: continuing from the best result, and descending with them from its start (two basins: on the
-    # GPT-2 adamw step the second is 0.89x the first's bytes, on Llama's 1.19x)
-    for found in (search.improve(chosen, values=True, pulls=pulls), search.improve(origin, values=True, pulls=pulls)):
+    # GPT-2 adamw step the second is 0.89x the first's bytes, on Llama's 1.19x); one descent when no start's
+    # descent moved (the result is its start: improve() is a function of its start and options)
+    froms = (chosen,) if chosen == origin else (chosen, origin)
+    for found in [search.improve(start, values=True, pulls=pulls) for start in froms]:
         cost = search.total(found)
         if cost < best and cost[1] <= best[1]:
             chosen, best = found, cost
