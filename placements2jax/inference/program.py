@@ -100,7 +100,8 @@ is kept only if it has fewer bytes and no more collectives (on the Llama adamw s
 0.81x the bytes and 163 collectives instead of 180; GPT-2's: 0.90x, 82 instead of 88).
 The same descent with value moves from the first round is also run from that result's
 start (another basin: 0.89x the bytes on GPT-2's adamw step, 1.19x on Llama's), kept on
-the same terms. A move re-chooses one
+the same terms (once when the first round moved nowhere: both would descend from the same
+choice). A move re-chooses one
 equation: one that makes, carries or receives a partial reduces it right there (into a
 split, or to Replicate on those mesh dims, or, with partials on several mesh dims, those
 of one mesh dim only: a weight gradient reduces ``tp`` where it is formed and keeps
