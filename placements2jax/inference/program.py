@@ -100,7 +100,8 @@ is kept only if it has fewer bytes and no more collectives (on the Llama adamw s
 0.81x the bytes and 163 collectives instead of 180; GPT-2's: 0.90x, 82 instead of 88).
 The same descent with value moves from the first round is also run from that result's
 start (another basin: 0.89x the bytes on GPT-2's adamw step, 1.19x on Llama's), kept on
-the same terms. A move re-chooses one
+the same terms (once when the first round moved nowhere: both would descend from the same
+choice). A move re-chooses one
 equation: one that makes, carries or receives a partial reduces it right there (into a
 split, or to Replicate on those mesh dims, or, with partials on several mesh dims, those
 of one mesh dim only: a weight gradient reduces ``tp`` where it is formed and keeps
@@ -353,8 +354,10 @@ def _descend(
         if cost < best:
             chosen, best, origin = found, cost, start
     # value moves: continuing from the best result, and descending with them from its start (two basins: on the
-    # GPT-2 adamw step the second is 0.89x the first's bytes, on Llama's 1.19x)
-    for found in (search.improve(chosen, values=True, pulls=pulls), search.improve(origin, values=True, pulls=pulls)):
+    # GPT-2 adamw step the second is 0.89x the first's bytes, on Llama's 1.19x); one descent when no start's
+    # descent moved (the result is its start: improve() is a function of its start and options)
+    froms = (chosen,) if chosen == origin else (chosen, origin)
+    for found in [search.improve(start, values=True, pulls=pulls) for start in froms]:
         cost = search.total(found)
         if cost < best and cost[1] <= best[1]:
             chosen, best = found, cost
