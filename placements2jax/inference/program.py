@@ -162,7 +162,7 @@ import functools
 import heapq
 import math
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from operator import itemgetter, ne
@@ -478,6 +478,9 @@ class _Search:
         # their gradients share their (cached) signatures' candidate tuples.
         converted: dict[int, _Candidates] = {}
         self.candidates: dict[str, _Candidates] = {}
+        # per node, its kind: nodes of one kind (candidates and avals) choose alike for the same inputs (greedy())
+        kinds: dict[tuple[int, tuple[AvalKey, ...], tuple[AvalKey, ...]], int] = {}
+        self.kinds: dict[str, int] = {}
         for node in graph.nodes:
             known = converted.get(id(node.candidates))
             if known is None:
@@ -490,6 +493,8 @@ class _Search:
             self.ins[node.path], self.outs[node.path] = known.ins, known.outs
             self.in_avals[node.path] = tuple((s.shape, s.dtype) for s in node.inputs)
             self.out_avals[node.path] = tuple((a.shape, a.dtype) for a in node.candidates[0].out_avals)
+            kind = (id(known), self.in_avals[node.path], self.out_avals[node.path])
+            self.kinds[node.path] = kinds.setdefault(kind, len(kinds))
             fixed = []
             for i, src in enumerate(node.sources):
                 if src is None:
@@ -509,17 +514,18 @@ class _Search:
         self.position = {node.path: p for p, node in enumerate(graph.nodes)}
         self.paths = [node.path for node in graph.nodes]  # by position
         # Neighbour tables, so that the hot loops loop over no consumers:
-        # per node, the values around() prices (each input's source or literal, then each output), what
-        # cascade() adds to its depends (the consumers of each source, the producer, the consumers of each
-        # output), and its outputs' consumers with their positions; per value, its consumers' paths.
-        self.touched: dict[str, tuple[Any, ...]] = {}
+        # per node, the values around() prices (each input's source or literal, then each output: by their
+        # ids, below), what cascade() adds to its depends (the consumers of each source, the producer, the
+        # consumers of each output), and its outputs' consumers with their positions; per value, its
+        # consumers' paths.
+        touched: dict[str, tuple[Any, ...]] = {}
         self.neighbours: dict[str, frozenset[str]] = {}
         self.downstream: dict[str, tuple[tuple[str, int], ...]] = {}
         self.consumer_paths = {value: tuple(c for c, _ in consumers) for value, consumers in self.consumers.items()}
         for node in graph.nodes:
             path, outputs = node.path, range(len(self.out_avals[node.path]))
             priced = [src if src is not None else ("literal", path, i) for i, src in enumerate(node.sources)]
-            self.touched[path] = (*priced, *((path, j) for j in outputs))
+            touched[path] = (*priced, *((path, j) for j in outputs))
             near: set[str] = set()
             for src in node.sources:
                 if src is not None:
@@ -541,13 +547,22 @@ class _Search:
         }
         # value_cost() per value and the choices it reads (its producer's, unless an input, and its consumers'):
         # one search prices with one cost model, so a value's cost is fixed by those choices
-        self.deciders = {
+        deciders = {
             value: _getter((() if value[0] == "in" else (value[0],)) + paths)
             for value, paths in self.consumer_paths.items()
         }
-        for path, touched in self.touched.items():  # a literal's: its consumer's choice
+        for path, values in touched.items():  # a literal's: its consumer's choice
             chosen = _getter((path,))
-            self.deciders.update((value, chosen) for value in touched if value[0] == "literal")
+            deciders.update((value, chosen) for value in values if value[0] == "literal")
+        # The values priced, by id (an int hashes and compares faster than a (path, output) tuple: the
+        # delta of every evaluation looks its values up twice), and their deciders by id; an output no
+        # equation consumes costs nothing and has none.
+        self.priced = list(deciders)
+        self.deciders = list(deciders.values())
+        ids = {value: n for n, value in enumerate(self.priced)}
+        self.touched = {
+            path: tuple(dict.fromkeys(ids[value] for value in values if value in ids)) for path, values in touched.items()
+        }
         # per node, its outputs that are outputs of the function (charge() is zero for the others)
         self.owing = {
             path: tuple(j for j in range(len(self.out_avals[path])) if (path, j) in self.owed) for path in self.position
@@ -587,14 +602,17 @@ class _Search:
         self.pendings: dict[tuple[AvalKey, State, frozenset[int]], float] = {}
         self.pending_charges: dict[tuple[str, int, frozenset[int]], float] = {}  # pending() per candidate
         # value_cost() per value: its deciders (the choices it reads) and its costs by their choices
-        self.value_costs: dict[Any, tuple[Callable[[Choice], Any], dict[Any, Cost]]] = {
-            value: (decide, {}) for value, decide in self.deciders.items()
-        }
+        self.value_costs: list[tuple[Callable[[Choice], Any], dict[Any, Cost]]] = [
+            (decide, {}) for decide in self.deciders
+        ]
         self.totals: dict[Any, Cost] = {}  # total() per choice
         # greedy() per node and its producers' choices (how its inputs not fixed arrive): found before the
         # arriving states are built (a memo by arriving states too found 2% more on GPT-2's adamw step, for
         # the cost of building and hashing them at every miss)
         self.greedy_by_producers: dict[tuple[str, Any, bool], int] = {}
+        # and per node kind and arriving states (a model's repeated layers meet the same inputs: on the Llama
+        # adamw step 5,406 distinct of 18,545 misses of the memo by producers), with the tie-break
+        self.greedy_by_arriving: dict[tuple[int, tuple[State, ...], bool, bool], int] = {}
         # evaluate() per move: (the equations its result depends on, their choices, the result)
         self.evaluations: dict[Move, list[tuple[Callable[[Choice], Any], Any, Evaluation]]] = {}
         self.alternative_moves: dict[tuple[str, Any], list[tuple[int, bool]]] = {}
@@ -700,6 +718,14 @@ class _Search:
         if known is not None:
             return known
         arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
+        by_arriving = (self.kinds[path], arriving, reducing, self.fewest_moved)
+        best = self.greedy_by_arriving.get(by_arriving)
+        if best is None:
+            best = self.greedy_by_arriving[by_arriving] = self._greedy(path, arriving, reducing)
+        self.greedy_by_producers[by_producers] = best
+        return best
+
+    def _greedy(self, path: str, arriving: tuple[State, ...], reducing: bool) -> int:
         given = frozenset() if reducing else frozenset(m for state in arriving for m, op in enumerate(state[1]) if op)
         exact = self.candidates[path].by_ins.get(arriving)
         if exact:  # no plan to cost
@@ -713,7 +739,6 @@ class _Search:
                     key = (found[0] + self.pending(path, k, given), found[1], moved)
                     if best_key is None or key < best_key:
                         best, best_key, bound = k, key, key[0]
-        self.greedy_by_producers[by_producers] = best
         return best
 
     def pending(self, path: str, k: int, given: frozenset[int]) -> float:
@@ -779,10 +804,11 @@ class _Search:
         return changes, looked
 
     def around(
-        self, paths: Sequence[str], choice: Choice, values: set[Any] | None = None, settled: dict[Any, Cost] | None = None
+        self, paths: Sequence[str], choice: Choice, values: Collection[int] | None = None,
+        settled: dict[int, Cost] | None = None,
     ) -> Cost:
         """The cost of every value ``paths`` produce or consume (:meth:`value_cost`) and
-        their outputs' charges. ``values``: the values to price instead (:meth:`delta`:
+        their outputs' charges. ``values``: the values to price instead, by id (:meth:`delta`:
         those of more paths than charge); ``settled``: value costs known at ``choice``,
         and those found here are added."""
         nbytes, steps = 0.0, 0.0
@@ -794,8 +820,8 @@ class _Search:
         for value in self.touched_by(paths) if values is None else values:
             cost = None if settled is None else settled.get(value)
             if cost is None:
-                table = tables.get(value)  # value_cost()'s memo read here: the hot path of every delta
-                cost = None if table is None else table[1].get(table[0](choice))
+                decide, memo = tables[value]  # value_cost()'s memo read here: the hot path of every delta
+                cost = memo.get(decide(choice))
                 if cost is None:
                     cost = self.value_cost(value, choice)
                 if settled is not None:
@@ -803,24 +829,24 @@ class _Search:
             nbytes, steps = nbytes + cost[0], steps + cost[1]
         return nbytes, steps
 
-    def touched_by(self, paths: Sequence[str]) -> set[Any]:
-        """Every value ``paths`` produce or consume."""
-        values: set[Any] = set()
+    def touched_by(self, paths: Sequence[str]) -> Collection[int]:
+        """Every value (by id) ``paths`` produce or consume, each once."""
+        if len(paths) == 1:
+            return self.touched[paths[0]]
+        values: set[int] = set()
         for path in paths:
             values.update(self.touched[path])
         return values
 
-    def value_cost(self, value: Any, choice: Choice) -> Cost:
-        """The redistributions of one value: one per distinct layout its consumers need
-        (a compiled program computes a shared one once)."""
-        table = self.value_costs.get(value)
-        if table is None:
-            return _ZERO
-        decide, memo = table
+    def value_cost(self, value_id: int, choice: Choice) -> Cost:
+        """The redistributions of one value (by id): one per distinct layout its consumers
+        need (a compiled program computes a shared one once)."""
+        decide, memo = self.value_costs[value_id]
         key = decide(choice)
         known = memo.get(key)
         if known is not None:
             return known
+        value = self.priced[value_id]
         if value[0] == "literal":
             _, path, i = value
             known = memo[key] = self.cost(self.in_avals[path][i], self.fixed[path][i], self.ins[path][choice[path]][i])
@@ -1087,7 +1113,7 @@ class _Search:
                     return None
         return nbytes, steps
 
-    def delta(self, changes: dict[str, int], choice: Choice, settled: dict[Any, Cost] | None = None) -> Cost:
+    def delta(self, changes: dict[str, int], choice: Choice, settled: dict[int, Cost] | None = None) -> Cost:
         """How much ``changes`` lower (negative) or raise the total from ``choice``
         (``settled``: value costs known at ``choice``, see :meth:`around`)."""
         paths = list(changes)
