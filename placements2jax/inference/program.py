@@ -444,6 +444,12 @@ class _Candidates:
             self.by_ins.setdefault(needs, []).append(k)
             for by, state in (*zip(self.by_in, needs), *zip(self.by_out, gives)):
                 by.setdefault(state, []).append(k)
+        # per input, the distinct states candidates need it in and each candidate's (by its index there): an
+        # input's moves are priced once per distinct need (:meth:`_Search.input_costs`)
+        self.needed = [tuple(by) for by in self.by_in]
+        self.need_index = [
+            tuple(index[needs[i]] for needs in ins) for i, index in enumerate({s: n for n, s in enumerate(by)} for by in self.by_in)
+        ]
         # per candidate, the mesh dims its outputs are partial on and those they are split over
         self.partial_dims = [frozenset(m for x in gives for m, op in enumerate(x[1]) if op) for gives in outs]
         self.split_dims = [frozenset(m for x in gives for axes in x[0] for m in axes) for gives in outs]
@@ -472,7 +478,6 @@ class _Search:
         self.fixed: dict[str, tuple[State | None, ...]] = {}  # per node input: its state if no equation chooses it
         self.consumers: dict[ValueId, list[tuple[str, int]]] = {}
         self.sources = {node.path: node.sources for node in graph.nodes}
-        self.none_free: dict[str, tuple[tuple[()], ...]] = {}
         self.states: dict[Layout, State] = {}  # per interned layout (hashed by identity: cheap)
         # The states of a candidate tuple, converted once: a model's repeated layers and
         # their gradients share their (cached) signatures' candidate tuples.
@@ -506,7 +511,6 @@ class _Search:
                 if src is not None:
                     self.consumers.setdefault(src, []).append((node.path, i))
             self.fixed[node.path] = tuple(fixed)
-            self.none_free[node.path] = ((),) * len(fixed)  # input_cost()'s free, none given
         self.owed: dict[ValueId, list[State | None]] = {}
         for src, target in zip(graph.outputs, targets):
             if src is not None and src[0] != "in":
@@ -600,7 +604,12 @@ class _Search:
         self.costs: dict[tuple[AvalKey, State, State], Cost] = {}
         self.charges: dict[tuple[ValueId, State], Cost] = {}
         self.pendings: dict[tuple[AvalKey, State, frozenset[int]], float] = {}
-        self.pending_charges: dict[tuple[str, int, frozenset[int]], float] = {}  # pending() per candidate
+        self.pending_charges: dict[tuple[int, int, frozenset[int]], float] = {}  # pending() per node kind
+        # input_costs() per node kind and arriving states (greedy(), cheapest() and cheapest_around() price
+        # the same inputs into every candidate)
+        self.input_cost_lists: dict[tuple[int, tuple[State, ...]], list[Cost]] = {}
+        # and per node kind, input and arriving state: its moves into the distinct layouts candidates need
+        self.need_costs: dict[tuple[int, int, State], list[Cost]] = {}
         # value_cost() per value: its deciders (the choices it reads) and its costs by their choices
         self.value_costs: list[tuple[Callable[[Choice], Any], dict[Any, Cost]]] = [
             (decide, {}) for decide in self.deciders
@@ -729,23 +738,23 @@ class _Search:
         given = frozenset() if reducing else frozenset(m for state in arriving for m, op in enumerate(state[1]) if op)
         exact = self.candidates[path].by_ins.get(arriving)
         if exact:  # no plan to cost
-            best = min(exact, key=lambda k: (self.pending(path, k, given), k))
-        else:
-            best, best_key, bound, fewest = 0, None, math.inf, self.fewest_moved
-            for k, needs in enumerate(self.ins[path]):
-                found = self.input_cost(path, k, arriving, bound)  # pending charges are >= 0 too
-                if found is not None:
-                    moved = sum(map(ne, arriving, needs)) if fewest else 0
-                    key = (found[0] + self.pending(path, k, given), found[1], moved)
-                    if best_key is None or key < best_key:
-                        best, best_key, bound = k, key, key[0]
-        return best
+            return min(exact, key=lambda k: (self.pending(path, k, given), k))
+        best_key: tuple[float, float, int, int] | None = None
+        ins, fewest = self.ins[path], self.fewest_moved
+        for k, (nbytes, steps) in enumerate(self.input_costs(path, arriving)):
+            if best_key is not None and nbytes > best_key[0]:
+                continue  # pending charges are >= 0: it cannot come first
+            key = (nbytes + self.pending(path, k, given), steps, sum(map(ne, arriving, ins[k])) if fewest else 0, k)
+            if best_key is None or key < best_key:
+                best_key = key
+        return best_key[-1]  # type: ignore[index]
 
     def pending(self, path: str, k: int, given: frozenset[int]) -> float:
         """Eager dispatch's look-ahead charge for the partials candidate ``k`` makes."""
-        known = self.pending_charges.get((path, k, given))
+        key = (self.kinds[path], k, given)
+        known = self.pending_charges.get(key)
         if known is None:
-            known = self.pending_charges[path, k, given] = self._pending(path, k, given)
+            known = self.pending_charges[key] = self._pending(path, k, given)
         return known
 
     def _pending(self, path: str, k: int, given: frozenset[int]) -> float:
@@ -833,10 +842,7 @@ class _Search:
         """Every value (by id) ``paths`` produce or consume, each once."""
         if len(paths) == 1:
             return self.touched[paths[0]]
-        values: set[int] = set()
-        for path in paths:
-            values.update(self.touched[path])
-        return values
+        return set().union(*map(self.touched.__getitem__, paths))
 
     def value_cost(self, value_id: int, choice: Choice) -> Cost:
         """The redistributions of one value (by id): one per distinct layout its consumers
@@ -901,7 +907,7 @@ class _Search:
                 for m in sorted(partial):
                     groups.append((table.unreduced_on[m], True))
         around: list[tuple[Sequence[int], bool]] = []
-        if self.ins[path][choice[path]] != arriving and self.input_cost(path, choice[path], arriving) > _ZERO:
+        if self.ins[path][choice[path]] != arriving and self.input_costs(path, arriving)[choice[path]] > _ZERO:
             everything = range(len(self.ins[path]))
             groups += [(everything, True), (everything, False)]  # without cascading: its consumers redistribute
             around.append((everything, False))
@@ -926,7 +932,7 @@ class _Search:
 
     def shared_needs(self, path: str, choice: Choice) -> tuple[frozenset[State], ...]:
         """Per input of ``path``, the layouts other consumers of its value need it in: free
-        in :meth:`input_cost` (a compiled program redistributes it once for all of them)."""
+        in :meth:`input_costs` (a compiled program redistributes it once for all of them)."""
         return tuple(
             frozenset(self.ins[c][choice[c]][i] for c, i in self.consumers[source] if c != path)
             if source is not None else frozenset()
@@ -1003,22 +1009,23 @@ class _Search:
             tuple({self.ins[c][choice[c]][i]: None for c, i in self.consumers.get((path, j), ())})
             for j in range(len(out_avals))
         ]
+        costs = self.input_costs(path, arriving)
         best, best_key, bound = ks[0], None, math.inf
         for k in ks:
-            found = self._around_cost(path, k, arriving, needs, bound)
+            found = self._around_cost(path, k, costs[k], needs, bound)
             if found is not None and (best_key is None or (found, k) < best_key):
                 best, best_key, bound = k, (found, k), found[0]
         return best
 
     def _around_cost(
-        self, path: str, k: int, arriving: Sequence[State], needs: Sequence[tuple[State, ...]], bound: float
+        self, path: str, k: int, input_cost: Cost, needs: Sequence[tuple[State, ...]], bound: float
     ) -> Cost | None:
-        """:meth:`cheapest_around`'s cost of candidate ``k`` (``needs``: per output, the
-        layouts its consumers need), or None once its bytes exceed ``bound``."""
-        found = self.input_cost(path, k, arriving, bound)
-        if found is None:
+        """:meth:`cheapest_around`'s cost of candidate ``k`` (``input_cost``: its inputs'
+        redistribution; ``needs``: per output, the layouts its consumers need), or None once
+        its bytes exceed ``bound``."""
+        nbytes, steps = input_cost
+        if nbytes > bound:
             return None
-        nbytes, steps = found
         for j, (aval, out) in enumerate(zip(self.out_avals[path], self.outs[path][k])):
             owed = self.charge((path, j), aval, out)
             nbytes, steps = nbytes + owed[0], steps + owed[1]
@@ -1082,36 +1089,39 @@ class _Search:
         self, path: str, ks: Sequence[int], arriving: Sequence[State], free: Sequence[frozenset[State]] | None = None
     ) -> int:
         """The candidate among ``ks`` (not empty) cheapest for ``arriving`` inputs: the least
-        ``(input_cost(k), k)`` (:meth:`input_cost`, with ``free``), leaving a candidate as soon
-        as its bytes so far exceed the best's (costs are >= 0, and so are partial sums of them)."""
-        best, best_key, bound = ks[0], None, math.inf
-        for k in ks:
-            found = self.input_cost(path, k, arriving, bound, free)
-            if found is not None and (best_key is None or (found, k) < best_key):
-                best, best_key, bound = k, (found, k), found[0]
-        return best
+        ``(input_costs()[k], k)`` (:meth:`input_costs`, with ``free``); ``ks`` ascending (every
+        index's are), so that the first of equal costs is the least ``k``."""
+        return min(ks, key=self.input_costs(path, arriving, free).__getitem__)
 
-    def input_cost(
-        self, path: str, k: int, arriving: Sequence[State], bound: float = math.inf,
-        free: Sequence[frozenset[State]] | None = None,
-    ) -> Cost | None:
-        """The redistribution of ``arriving`` inputs into candidate ``k`` of ``path``, or
-        None as soon as its bytes exceed ``bound`` (costs are >= 0: the candidate cannot
-        come first any more). ``free``: per input, layouts it costs nothing in (another
-        consumer of its value needs it so, :meth:`shared_needs`). cost()'s memo is read
-        inline: this is the search's hot loop."""
-        nbytes, steps = 0.0, 0.0
-        costs = self.costs
-        needs, gratis_by_input = self.ins[path][k], free or self.none_free[path]
-        for aval, src, need, gratis in zip(self.in_avals[path], arriving, needs, gratis_by_input):
-            if src != need and need not in gratis:  # equal states cost nothing (cost()'s zero, which adds nothing)
-                move = costs.get((aval, src, need))
-                if move is None:
-                    move = self.cost(aval, src, need)
-                nbytes, steps = nbytes + move[0], steps + move[1]
-                if nbytes > bound:
-                    return None
-        return nbytes, steps
+    def input_costs(
+        self, path: str, arriving: Sequence[State], free: Sequence[frozenset[State]] | None = None
+    ) -> list[Cost]:
+        """Per candidate of ``path``, the redistribution of ``arriving`` inputs into it:
+        each input's moves priced once per distinct layout candidates need it in, then
+        summed per candidate in input order (the search's hot loop: ~30 candidates of ~20
+        distinct needs per input on the training steps). ``free``: per input, layouts it
+        costs nothing in (another consumer of its value needs it so, :meth:`shared_needs`)."""
+        arriving = tuple(arriving)
+        key = (self.kinds[path], arriving)
+        if free is None:
+            known = self.input_cost_lists.get(key)
+            if known is not None:
+                return known
+        table, kind = self.candidates[path], key[0]
+        totals: list[Cost] | None = None
+        for i, (aval, src, needed, index) in enumerate(zip(self.in_avals[path], arriving, table.needed, table.need_index)):
+            moves = self.need_costs.get((kind, i, src))
+            if moves is None:
+                moves = self.need_costs[kind, i, src] = [self.cost(aval, src, need) for need in needed]
+            if free is not None and free[i]:
+                moves = [_ZERO if need in free[i] else move for need, move in zip(needed, moves)]
+            per = [moves[n] for n in index]
+            totals = per if totals is None else [(a[0] + b[0], a[1] + b[1]) for a, b in zip(totals, per)]
+        if totals is None:  # no inputs
+            totals = [_ZERO] * len(table.ins)
+        if free is None:
+            self.input_cost_lists[key] = totals
+        return totals
 
     def delta(self, changes: dict[str, int], choice: Choice, settled: dict[int, Cost] | None = None) -> Cost:
         """How much ``changes`` lower (negative) or raise the total from ``choice``
