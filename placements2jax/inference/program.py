@@ -581,6 +581,10 @@ class _Search:
             for node in graph.nodes
         }
         self.producer_choices = {path: _getter(producers) for path, producers in self.producers.items()}
+        # cascade()'s per node by position: its path, its producers' choices, its outputs' consumers' positions
+        self.steps = [
+            (path, self.producer_choices[path], tuple(p for _, p in self.downstream[path])) for path in self.paths
+        ]
         # alternatives() per node and the choices it reads (its own, its producers', its outputs' consumers'):
         # the descents revisit the same neighbourhoods (from each start, with and without pull moves)
         self.local_deciders = {
@@ -618,7 +622,8 @@ class _Search:
         # greedy() per node and its producers' choices (how its inputs not fixed arrive): found before the
         # arriving states are built (a memo by arriving states too found 2% more on GPT-2's adamw step, for
         # the cost of building and hashing them at every miss)
-        self.greedy_by_producers: dict[tuple[str, Any, bool], int] = {}
+        # (per ``reducing``, per node by position: a list index and a dict read per equation a cascade visits)
+        self.greedy_by_producers: dict[bool, list[dict[Any, int]]] = {}
         # and per node kind and arriving states (a model's repeated layers meet the same inputs: on the Llama
         # adamw step 5,406 distinct of 18,545 misses of the memo by producers), with the tie-break
         self.greedy_by_arriving: dict[tuple[int, tuple[State, ...], bool, bool], int] = {}
@@ -722,8 +727,9 @@ class _Search:
         """Eager dispatch's choice for equation ``path`` given its inputs as they arrive:
         no redistribution first, then the least input cost plus pending new partials (with
         :attr:`fewest_moved`, then the fewest inputs moved), then the first."""
-        by_producers = (path, self.producer_choices[path](choice), reducing)
-        known = self.greedy_by_producers.get(by_producers)
+        memo = self.greedy_memos(reducing)[self.position[path]]
+        by_producers = self.producer_choices[path](choice)
+        known = memo.get(by_producers)
         if known is not None:
             return known
         arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
@@ -731,8 +737,15 @@ class _Search:
         best = self.greedy_by_arriving.get(by_arriving)
         if best is None:
             best = self.greedy_by_arriving[by_arriving] = self._greedy(path, arriving, reducing)
-        self.greedy_by_producers[by_producers] = best
+        memo[by_producers] = best
         return best
+
+    def greedy_memos(self, reducing: bool) -> list[dict[Any, int]]:
+        """:meth:`greedy`'s memo by producers' choices, per node by position (created once)."""
+        memos = self.greedy_by_producers.get(reducing)
+        if memos is None:
+            memos = self.greedy_by_producers[reducing] = [{} for _ in self.paths]
+        return memos
 
     def _greedy(self, path: str, arriving: tuple[State, ...], reducing: bool) -> int:
         given = frozenset() if reducing else frozenset(m for state in arriving for m, op in enumerate(state[1]) if op)
@@ -791,21 +804,21 @@ class _Search:
         heapq.heapify(queue)
         seen = set(queue)
         # the hot loop of the search: greedy()'s memo read inline, locals for the tables it reads
-        paths, downstream, memo, producers = self.paths, self.downstream, self.greedy_by_producers, self.producer_choices
-        pop, push = heapq.heappop, heapq.heappush
+        steps, memos, pop, push = self.steps, self.greedy_memos(reducing), heapq.heappop, heapq.heappush
         while queue:
-            path = paths[pop(queue)]
+            position = pop(queue)
+            path, producers, consumers = steps[position]
             looked.add(path)
             if path in seeds:  # a seed downstream of another keeps its candidate (a value move's)
                 continue
-            best = memo.get((path, producers[path](trial), reducing))
+            best = memos[position].get(producers(trial))
             if best is None:
                 best = self.greedy(path, trial, reducing)
             if best == trial[path]:
                 continue
             kept.setdefault(path, trial[path])
             trial[path] = changes[path] = best
-            for _, position in downstream[path]:
+            for position in consumers:
                 if position not in seen:
                     seen.add(position)
                     push(queue, position)
