@@ -447,15 +447,32 @@ class _Candidates:
         # per input, the distinct states candidates need it in and each candidate's (by its index there): an
         # input's moves are priced once per distinct need (:meth:`_Search.input_costs`)
         self.needed = [tuple(by) for by in self.by_in]
-        self.need_index = [
-            tuple(index[needs[i]] for needs in ins) for i, index in enumerate({s: n for n, s in enumerate(by)} for by in self.by_in)
-        ]
-        # per candidate, the mesh dims its outputs are partial on and those they are split over
-        self.partial_dims = [frozenset(m for x in gives for m, op in enumerate(x[1]) if op) for gives in outs]
-        self.split_dims = [frozenset(m for x in gives for axes in x[0] for m in axes) for gives in outs]
-        self.unreduced = [k for k, dims in enumerate(self.partial_dims) if not dims]  # no partial output
-        # per mesh dim, the candidates with no output partial on it
-        self.unreduced_on = [[k for k, dims in enumerate(self.partial_dims) if m not in dims] for m in range(ndim)]
+        indices = ({state: n for n, state in enumerate(by)} for by in self.by_in)
+        self.need_index = [tuple(index[needs[i]] for needs in ins) for i, index in enumerate(indices)]
+        self.ndim = ndim
+
+    # The tables of reducing moves (:meth:`_Search._alternatives`), built when a node with partials first needs
+    # them (most nodes of a training step have none: a third of the candidates' conversion on Llama's).
+
+    @functools.cached_property
+    def partial_dims(self) -> list[frozenset[int]]:
+        """Per candidate, the mesh dims its outputs are partial on."""
+        return [frozenset(m for x in gives for m, op in enumerate(x[1]) if op) for gives in self.outs]
+
+    @functools.cached_property
+    def split_dims(self) -> list[frozenset[int]]:
+        """Per candidate, the mesh dims its outputs are split over."""
+        return [frozenset(m for x in gives for axes in x[0] for m in axes) for gives in self.outs]
+
+    @functools.cached_property
+    def unreduced(self) -> list[int]:
+        """The candidates with no partial output."""
+        return [k for k, dims in enumerate(self.partial_dims) if not dims]
+
+    @functools.cached_property
+    def unreduced_on(self) -> list[list[int]]:
+        """Per mesh dim, the candidates with no output partial on it."""
+        return [[k for k, dims in enumerate(self.partial_dims) if m not in dims] for m in range(self.ndim)]
 
 
 class _Search:
@@ -565,7 +582,8 @@ class _Search:
         self.deciders = list(deciders.values())
         ids = {value: n for n, value in enumerate(self.priced)}
         self.touched = {
-            path: tuple(dict.fromkeys(ids[value] for value in values if value in ids)) for path, values in touched.items()
+            path: tuple(dict.fromkeys(ids[value] for value in values if value in ids))
+            for path, values in touched.items()
         }
         # per node, its outputs that are outputs of the function (charge() is zero for the others)
         self.owing = {
@@ -1122,7 +1140,8 @@ class _Search:
                 return known
         table, kind = self.candidates[path], key[0]
         totals: list[Cost] | None = None
-        for i, (aval, src, needed, index) in enumerate(zip(self.in_avals[path], arriving, table.needed, table.need_index)):
+        inputs = zip(self.in_avals[path], arriving, table.needed, table.need_index)
+        for i, (aval, src, needed, index) in enumerate(inputs):
             moves = self.need_costs.get((kind, i, src))
             if moves is None:
                 moves = self.need_costs[kind, i, src] = [self.cost(aval, src, need) for need in needed]
