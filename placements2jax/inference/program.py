@@ -1138,13 +1138,15 @@ class _Search:
             known = self.input_cost_lists.get(key)
             if known is not None:
                 return known
-        table, kind = self.candidates[path], key[0]
+        table, kind, known_costs, cost = self.candidates[path], key[0], self.costs, self.cost
         totals: list[Cost] | None = None
         inputs = zip(self.in_avals[path], arriving, table.needed, table.need_index)
         for i, (aval, src, needed, index) in enumerate(inputs):
             moves = self.need_costs.get((kind, i, src))
             if moves is None:
-                moves = self.need_costs[kind, i, src] = [self.cost(aval, src, need) for need in needed]
+                moves = self.need_costs[kind, i, src] = [  # cost()'s memo read inline
+                    known_costs.get((aval, src, need)) or cost(aval, src, need) for need in needed
+                ]
             if free is not None and free[i]:
                 moves = [_ZERO if need in free[i] else move for need, move in zip(needed, moves)]
             per = [moves[n] for n in index]
