@@ -535,8 +535,8 @@ class _Search:
         self.position = {node.path: p for p, node in enumerate(graph.nodes)}
         self.paths = [node.path for node in graph.nodes]  # by position
         # Neighbour tables, so that the hot loops loop over no consumers:
-        # per node, the values around() prices (each input's source or literal, then each output: by their
-        # ids, below), what cascade() adds to its depends (the consumers of each source, the producer, the
+        # per node, the values around() prices (each input's source or literal, then each output, then what
+        # each output of the function owes, charge(), as one more value: by their ids, below), what cascade() adds to its depends (the consumers of each source, the producer, the
         # consumers of each output), and its outputs' consumers with their positions; per value, its
         # consumers' paths.
         touched: dict[str, tuple[Any, ...]] = {}
@@ -546,7 +546,8 @@ class _Search:
         for node in graph.nodes:
             path, outputs = node.path, range(len(self.out_avals[node.path]))
             priced = [src if src is not None else ("literal", path, i) for i, src in enumerate(node.sources)]
-            touched[path] = (*priced, *((path, j) for j in outputs))
+            owes = (("owed", path, j) for j in outputs if (path, j) in self.owed)
+            touched[path] = (*priced, *((path, j) for j in outputs), *owes)
             near: set[str] = set()
             for src in node.sources:
                 if src is not None:
@@ -572,9 +573,9 @@ class _Search:
             value: _getter((() if value[0] == "in" else (value[0],)) + paths)
             for value, paths in self.consumer_paths.items()
         }
-        for path, values in touched.items():  # a literal's: its consumer's choice
+        for path, values in touched.items():  # a literal's: its consumer's choice; a charge's: its producer's
             chosen = _getter((path,))
-            deciders.update((value, chosen) for value in values if value[0] == "literal")
+            deciders.update((value, chosen) for value in values if value[0] in ("literal", "owed"))
         # The values priced, by id (an int hashes and compares faster than a (path, output) tuple: the
         # delta of every evaluation looks its values up twice), and their deciders by id; an output no
         # equation consumes costs nothing and has none.
@@ -585,12 +586,7 @@ class _Search:
             path: tuple(dict.fromkeys(ids[value] for value in values if value in ids))
             for path, values in touched.items()
         }
-        # per node, its outputs that are outputs of the function (charge() is zero for the others)
-        self.owing = {
-            path: tuple(j for j in range(len(self.out_avals[path])) if (path, j) in self.owed) for path in self.position
-        }
-        # total()'s: the nodes that owe a charge, every value, every node's choice (its memo key)
-        self.owers = [path for path in self.paths if self.owing[path]]
+        # total()'s: every value, every node's choice (its memo key)
         self.values = self.touched_by(self.paths)
         self.everything = _getter(self.paths)
         # the producers of each node's inputs not fixed (greedy()'s memo key: see _price())
@@ -847,15 +843,10 @@ class _Search:
         self, paths: Sequence[str], choice: Choice, values: Collection[int] | None = None,
         settled: dict[int, Cost] | None = None,
     ) -> Cost:
-        """The cost of every value ``paths`` produce or consume (:meth:`value_cost`) and
-        their outputs' charges. ``values``: the values to price instead, by id (:meth:`delta`:
-        those of more paths than charge); ``settled``: value costs known at ``choice``,
-        and those found here are added."""
+        """The cost of every value ``paths`` produce or consume (:meth:`value_cost`; their
+        outputs' charges among them). ``values``: those values by id, when known (:meth:`delta`);
+        ``settled``: value costs known at ``choice``, and those found here are added."""
         nbytes, steps = 0.0, 0.0
-        for path in paths:
-            for j in self.owing[path]:  # the charges of outputs owing nothing are zero: skipped
-                owed = self.charge((path, j), self.out_avals[path][j], self.outs[path][choice[path]][j])
-                nbytes, steps = nbytes + owed[0], steps + owed[1]
         tables = self.value_costs
         for value in self.touched_by(paths) if values is None else values:
             cost = None if settled is None else settled.get(value)
@@ -877,13 +868,17 @@ class _Search:
 
     def value_cost(self, value_id: int, choice: Choice) -> Cost:
         """The redistributions of one value (by id): one per distinct layout its consumers
-        need (a compiled program computes a shared one once)."""
+        need (a compiled program computes a shared one once); or an output's charge."""
         decide, memo = self.value_costs[value_id]
         key = decide(choice)
         known = memo.get(key)
         if known is not None:
             return known
         value = self.priced[value_id]
+        if value[0] == "owed":  # an output of the function: what it still owes in its producer's layout
+            _, path, j = value
+            known = memo[key] = self.charge((path, j), self.out_avals[path][j], self.outs[path][choice[path]][j])
+            return known
         if value[0] == "literal":
             _, path, i = value
             known = memo[key] = self.cost(self.in_avals[path][i], self.fixed[path][i], self.ins[path][choice[path]][i])
@@ -1162,11 +1157,10 @@ class _Search:
         (``settled``: value costs known at ``choice``, see :meth:`around`)."""
         paths = list(changes)
         values = self.touched_by(paths)  # the same values before and after, summed in the same order
-        owing = [path for path in paths if self.owing[path]]  # around()'s charges: of these alone
-        before = self.around(owing, choice, values, settled)
+        before = self.around(paths, choice, values, settled)
         kept = {path: choice[path] for path in changes}
         choice.update(changes)  # in place and back, as in cascade()
-        after = self.around(owing, choice, values)
+        after = self.around(paths, choice, values)
         choice.update(kept)
         return after[0] - before[0], after[1] - before[1]
 
@@ -1299,5 +1293,5 @@ class _Search:
         key = self.everything(choice)
         known = self.totals.get(key)
         if known is None:
-            known = self.totals[key] = self.around(self.owers, choice, self.values)
+            known = self.totals[key] = self.around(self.paths, choice, self.values)
         return known
