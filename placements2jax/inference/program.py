@@ -493,6 +493,7 @@ class _Search:
         self.in_avals: dict[str, tuple[AvalKey, ...]] = {}
         self.out_avals: dict[str, tuple[AvalKey, ...]] = {}
         self.fixed: dict[str, tuple[State | None, ...]] = {}  # per node input: its state if no equation chooses it
+        self.arrivals: dict[str, tuple[tuple[State | None, str | None, int | None], ...]] = {}
         self.consumers: dict[ValueId, list[tuple[str, int]]] = {}
         self.sources = {node.path: node.sources for node in graph.nodes}
         self.states: dict[Layout, State] = {}  # per interned layout (hashed by identity: cheap)
@@ -528,6 +529,11 @@ class _Search:
                 if src is not None:
                     self.consumers.setdefault(src, []).append((node.path, i))
             self.fixed[node.path] = tuple(fixed)
+            # arriving()'s per input: its fixed state (a non-empty tuple), else its producer and output
+            self.arrivals[node.path] = tuple(
+                (state, None, None) if state is not None else (None, *src)  # type: ignore[misc]
+                for state, src in zip(fixed, node.sources)
+            )
         self.owed: dict[ValueId, list[State | None]] = {}
         for src, target in zip(graph.outputs, targets):
             if src is not None and src[0] != "in":
@@ -727,6 +733,11 @@ class _Search:
             cost = self.charges[key] = (nbytes, steps)
         return cost
 
+    def arriving(self, path: str, choice: Choice) -> tuple[State, ...]:
+        """The layouts the inputs of equation ``path`` arrive in (:meth:`state_of` of each)."""
+        outs = self.outs
+        return tuple(fixed or outs[src][choice[src]][j] for fixed, src, j in self.arrivals[path])
+
     def state_of(self, path: str, i: int, choice: Choice) -> State:
         """The layout input ``i`` of equation ``path`` arrives in, its producer as chosen."""
         fixed = self.fixed[path][i]
@@ -746,7 +757,7 @@ class _Search:
         known = memo.get(by_producers)
         if known is not None:
             return known
-        arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
+        arriving = self.arriving(path, choice)
         by_arriving = (self.kinds[path], arriving, reducing, self.fewest_moved)
         best = self.greedy_by_arriving.get(by_arriving)
         if best is None:
@@ -921,7 +932,7 @@ class _Search:
         return known
 
     def _alternatives(self, path: str, choice: Choice, shared: bool) -> list[tuple[int, bool]]:
-        arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
+        arriving = self.arriving(path, choice)
         groups: list[tuple[Sequence[int], bool]] = []
         current = self.outs[path][choice[path]]
         partial = {m for state in current + arriving for m, op in enumerate(state[1]) if op}
@@ -971,7 +982,7 @@ class _Search:
         cascading with every equation downstream re-chosen as eager dispatch would if
         it charged the partials it continues too (:meth:`greedy` with ``reducing``):
         they reduce partials where they meet them instead of carrying them."""
-        arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
+        arriving = self.arriving(path, choice)
         current = self.outs[path][choice[path]]
         if not any(op for state in current + arriving for op in state[1]):
             return []
@@ -1008,7 +1019,7 @@ class _Search:
         for target in targets:
             seeds = []
             for c, at in slots.items():
-                arriving = [self.state_of(c, i, choice) for i in range(len(self.in_avals[c]))]
+                arriving = list(self.arriving(c, choice))
                 for i in at:
                     arriving[i] = target
                 ins = self.ins[c]
@@ -1095,7 +1106,7 @@ class _Search:
         fits = self.candidates[path].by_out[j].get(need)
         if not fits or len(seeds) >= _PULL_DEPTH:
             return True  # the redistribution stays at its output
-        arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
+        arriving = self.arriving(path, choice)
         best = seeds[path] = self.cheapest(path, fits, arriving)
         for i, (src, state) in enumerate(zip(self.sources[path], arriving)):
             want = self.ins[path][best][i]
