@@ -57,9 +57,11 @@ own): where it would, the planner's search result is kept.
 inputs moved (:meth:`_Search.tie_moved`): the Megatron MLP step of docs/benchmarks.md
 1.18x -> XLA's bytes and all-reduces, Llama's adamw step 0.76 -> 0.68x in 53 collectives
 instead of 68, Equinox's value_and_grad 1.01 -> 0.97x. (Broken so in both descents,
-GPT-2's and Equinox's adamw steps ended dearer.) The two descents then share neither
-:meth:`_Search.greedy`'s memo nor :meth:`_Search.evaluate`'s: a cold predict of GPT-2's
-adamw step 2.33 -> 2.66 s CPU (Llama's within noise; alternated in one process, load 12).
+GPT-2's and Equinox's adamw steps ended dearer.) The two descents still share
+:meth:`_Search.greedy`'s memo (it finds both tie-breaks' answers in one pass) and
+:meth:`_Search.evaluate`'s (an evaluation whose cascade met no tie the two break apart
+holds for both): kept apart, the descents with pull moves made 1.5x the new evaluations on
+Llama's adamw step (a cold predict of GPT-2's took 2.33 -> 2.66 s CPU when the rule came).
 
 **Overhead per collective**: every collective also costs ``OVERHEAD`` bytes in the
 objective (a latency, as in torch's latency + bandwidth cost model): a plan with more
@@ -114,9 +116,11 @@ equations touch, before and after); it stops when no move lowers it (at most ``_
 rounds). Evaluations are lazy: a move's delta is kept until an applied move changes an
 equation it depends on, and a stale delta is only recomputed when it comes first, so a
 round costs little more than the moves near the last change. The search keeps every
-evaluation with the choices of the equations it depends on (and every equation's moves with
-the choices they read): the later descents (from another start, with pull moves, the
-finishing one) reuse those they meet again, about half on GPT-2's adamw step. Every applied move lowers
+evaluation with the choices it read (of the equations its cascade looked at and their
+producers, and of the neighbours of those it changed; and every equation's moves with the
+choices they read): the later descents (from another start, with pull moves, the
+finishing one) reuse those they meet again, half of them on GPT-2's adamw step (8,237 of
+16,198 evaluated anew). Every applied move lowers
 the total from its start, and the result is kept only if cheaper than the eager choice,
 so it never moves more than eager dispatch.
 (First-improvement in program order was tried: it commits to the first cheaper reduction
@@ -355,7 +359,7 @@ def _descend(
         if cost < best and cost[1] <= best[1]:
             chosen, best = found, cost
     for path, k in seeds:  # from the best choice with one node re-chosen (cascading), descended again
-        changes, _ = search.cascade({path: k}, chosen)
+        changes, _, _ = search.cascade({path: k}, chosen)
         found = search.improve({**chosen, **changes}, pulls=pulls)
         cost = search.total(found)
         if cost < best and cost[1] <= best[1]:
@@ -542,9 +546,9 @@ class _Search:
         self.paths = [node.path for node in graph.nodes]  # by position
         # Neighbour tables, so that the hot loops loop over no consumers:
         # per node, the values around() prices (each input's source or literal, then each output, then what
-        # each output of the function owes, charge(), as one more value: by their ids, below), what cascade() adds to its depends (the consumers of each source, the producer, the
-        # consumers of each output), and its outputs' consumers with their positions; per value, its
-        # consumers' paths.
+        # each output of the function owes, charge(), as one more value: by their ids, below), what cascade()
+        # adds to its depends (the consumers of each source, the producer, the consumers of each output), and
+        # its outputs' consumers with their positions; per value, its consumers' paths.
         touched: dict[str, tuple[Any, ...]] = {}
         self.neighbours: dict[str, frozenset[str]] = {}
         self.downstream: dict[str, tuple[tuple[str, int], ...]] = {}
@@ -642,17 +646,17 @@ class _Search:
         # greedy() per node and its producers' choices (how its inputs not fixed arrive): found before the
         # arriving states are built (a memo by arriving states too found 2% more on GPT-2's adamw step, for
         # the cost of building and hashing them at every miss)
-        # (per ``reducing``, per node by position: a list index and a dict read per equation a cascade visits)
-        self.greedy_by_producers: dict[bool, list[dict[Any, int]]] = {}
+        # with both tie-breaks' answers (see tie_moved()), found in one pass; per ``reducing``, per node by
+        # position (a list index and a dict read per equation a cascade visits)
+        self.greedy_by_producers: dict[bool, list[dict[Any, tuple[int, int]]]] = {}
         # and per node kind and arriving states (a model's repeated layers meet the same inputs: on the Llama
-        # adamw step 5,406 distinct of 18,545 misses of the memo by producers), with the tie-break
-        self.greedy_by_arriving: dict[tuple[int, tuple[State, ...], bool, bool], int] = {}
-        # evaluate() per move: (the equations its result depends on, their choices, the result)
-        self.evaluations: dict[Move, list[tuple[Callable[[Choice], Any], Any, Evaluation]]] = {}
+        # adamw step 5,406 distinct of 18,545 misses of the memo by producers)
+        self.greedy_by_arriving: dict[tuple[int, tuple[State, ...], bool], tuple[int, int]] = {}
+        # evaluate() per move: (the equations its result depends on, their choices, the tie-break it holds for
+        # (None: both), the result)
+        self.evaluations: dict[Move, list[tuple[Callable[[Choice], Any], Any, bool | None, Evaluation]]] = {}
         self.alternative_moves: dict[tuple[str, Any], list[tuple[int, bool]]] = {}
-        # greedy()'s tie-break (see tie_moved()) and, per tie-break, the memos that depend on it
-        self.fewest_moved = False
-        self.by_tie_break = {False: (self.greedy_by_producers, self.evaluations)}
+        self.fewest_moved = False  # greedy()'s tie-break (see tie_moved())
 
     def tie_moved(self, fewest: bool) -> None:
         """Break :meth:`greedy`'s cost ties by the fewest inputs moved (``fewest``) or by the
@@ -665,10 +669,9 @@ class _Search:
         back, and no descent reached XLA's plan (1.18x XLA's bytes, 10 all-reduces where XLA
         has 8 operands). Neither tie-break is better everywhere (by the fewest moved, that
         step and Llama's adamw step reach cheaper plans, GPT-2's and Equinox's adamw steps
-        dearer ones): :func:`_select` descends with each. Switches :meth:`greedy`'s memo and
-        :meth:`evaluate`'s, which depend on it."""
+        dearer ones): :func:`_select` descends with each. :meth:`greedy`'s memo holds both
+        answers; :meth:`evaluate`'s keeps a cascade that met no tie the two break apart for both."""
         self.fewest_moved = fewest
-        self.greedy_by_producers, self.evaluations = self.by_tie_break.setdefault(fewest, ({}, {}))
 
     def repriced(self, compiled: bool, overhead: int = OVERHEAD) -> _Search:
         """The same graph's search priced otherwise (:meth:`_price`): the tables that do not
@@ -752,40 +755,49 @@ class _Search:
         """Eager dispatch's choice for equation ``path`` given its inputs as they arrive:
         no redistribution first, then the least input cost plus pending new partials (with
         :attr:`fewest_moved`, then the fewest inputs moved), then the first."""
+        return self.greedy_pair(path, choice, reducing)[self.fewest_moved]
+
+    def greedy_pair(self, path: str, choice: Choice, reducing: bool = False) -> tuple[int, int]:
+        """:meth:`greedy`'s answers with ties broken by the candidates' order and by the
+        fewest inputs moved (one pass: the two differ only among candidates of equal cost)."""
         memo = self.greedy_memos(reducing)[self.position[path]]
         by_producers = self.producer_choices[path](choice)
         known = memo.get(by_producers)
         if known is not None:
             return known
         arriving = self.arriving(path, choice)
-        by_arriving = (self.kinds[path], arriving, reducing, self.fewest_moved)
-        best = self.greedy_by_arriving.get(by_arriving)
-        if best is None:
-            best = self.greedy_by_arriving[by_arriving] = self._greedy(path, arriving, reducing)
-        memo[by_producers] = best
-        return best
+        by_arriving = (self.kinds[path], arriving, reducing)
+        pair = self.greedy_by_arriving.get(by_arriving)
+        if pair is None:
+            pair = self.greedy_by_arriving[by_arriving] = self._greedy(path, arriving, reducing)
+        memo[by_producers] = pair
+        return pair
 
-    def greedy_memos(self, reducing: bool) -> list[dict[Any, int]]:
+    def greedy_memos(self, reducing: bool) -> list[dict[Any, tuple[int, int]]]:
         """:meth:`greedy`'s memo by producers' choices, per node by position (created once)."""
         memos = self.greedy_by_producers.get(reducing)
         if memos is None:
             memos = self.greedy_by_producers[reducing] = [{} for _ in self.paths]
         return memos
 
-    def _greedy(self, path: str, arriving: tuple[State, ...], reducing: bool) -> int:
+    def _greedy(self, path: str, arriving: tuple[State, ...], reducing: bool) -> tuple[int, int]:
         given = frozenset() if reducing else frozenset(m for state in arriving for m, op in enumerate(state[1]) if op)
         exact = self.candidates[path].by_ins.get(arriving)
-        if exact:  # no plan to cost
-            return min(exact, key=lambda k: (self.pending(path, k, given), k))
-        best_key: tuple[float, float, int, int] | None = None
-        ins, fewest = self.ins[path], self.fewest_moved
+        if exact:  # no plan to cost, no input moved
+            best = min(exact, key=lambda k: (self.pending(path, k, given), k))
+            return best, best
+        first, first_key, fewest, fewest_key, ins = 0, None, 0, None, self.ins[path]
         for k, (nbytes, steps) in enumerate(self.input_costs(path, arriving)):
-            if best_key is not None and nbytes > best_key[0]:
+            if first_key is not None and nbytes > first_key[0]:
                 continue  # pending charges are >= 0: it cannot come first
-            key = (nbytes + self.pending(path, k, given), steps, sum(map(ne, arriving, ins[k])) if fewest else 0, k)
-            if best_key is None or key < best_key:
-                best_key = key
-        return best_key[-1]  # type: ignore[index]
+            key = (nbytes + self.pending(path, k, given), steps)
+            if first_key is None or key < first_key:
+                first, first_key = k, key
+            if first_key == key:  # the least cost (so far): by the fewest moved among those
+                moved = (*key, sum(map(ne, arriving, ins[k])))
+                if fewest_key is None or moved < fewest_key:
+                    fewest, fewest_key = k, moved
+        return first, fewest
 
     def pending(self, path: str, k: int, given: frozenset[int]) -> float:
         """Eager dispatch's look-ahead charge for the partials candidate ``k`` makes."""
@@ -812,13 +824,14 @@ class _Search:
 
     def cascade(
         self, seeds: dict[str, int], choice: Choice, follow: bool = True, reducing: bool = False
-    ) -> tuple[dict[str, int], set[str]]:
+    ) -> tuple[dict[str, int], set[str], bool]:
         """Equations ``seeds`` running the given candidates (path -> candidate) and
         (``follow``) every equation downstream whose inputs change re-chosen as eager
         dispatch would, until the changes die out. Returns the changes (path ->
-        candidate) and the equations re-chosen or looked at: the result depends on them,
-        their producers, the other consumers of their inputs and their consumers
-        (:attr:`neighbours`)."""
+        candidate), the equations re-chosen or looked at (the result depends on their
+        choices and their producers', and on the neighbours of those changed,
+        :attr:`neighbours`), and whether some re-choice met a tie the two tie-breaks
+        (:meth:`tie_moved`) break apart."""
         # the choice itself, changed in place and changed back at the end (kept): a copy of the whole
         # choice per evaluation costs more (an exception ends the search, which owns the choice)
         trial, kept = choice, {path: choice[path] for path in seeds}
@@ -830,15 +843,19 @@ class _Search:
         seen = set(queue)
         # the hot loop of the search: greedy()'s memo read inline, locals for the tables it reads
         steps, memos, pop, push = self.steps, self.greedy_memos(reducing), heapq.heappop, heapq.heappush
+        fewest, tied = self.fewest_moved, False
         while queue:
             position = pop(queue)
             path, producers, consumers = steps[position]
             looked.add(path)
             if path in seeds:  # a seed downstream of another keeps its candidate (a value move's)
                 continue
-            best = memos[position].get(producers(trial))
-            if best is None:
-                best = self.greedy(path, trial, reducing)
+            pair = memos[position].get(producers(trial))
+            if pair is None:
+                pair = self.greedy_pair(path, trial, reducing)
+            best = pair[fewest]
+            if pair[0] != pair[1]:
+                tied = True
             if best == trial[path]:
                 continue
             kept.setdefault(path, trial[path])
@@ -848,7 +865,7 @@ class _Search:
                     seen.add(position)
                     push(queue, position)
         trial.update(kept)
-        return changes, looked
+        return changes, looked, tied
 
     def around(
         self, paths: Sequence[str], choice: Choice, values: Collection[int] | None = None,
@@ -1195,12 +1212,15 @@ class _Search:
 
     def evaluate(self, move: Move, choice: Choice, settled: dict[Any, Cost] | None = None) -> Evaluation:
         """A move's cascade from ``choice``: (how much it changes the total, the changes,
-        every equation the result depends on; :meth:`cascade`). Kept per move with the
-        choices of those equations: a later descent (from another start, with pull moves,
-        the finishing one) meeting the move there again reuses it."""
+        every equation whose change makes it stale; :meth:`cascade`). Kept per move with
+        the choices it read (:meth:`cascade`'s: those of the equations looked at and of
+        their producers, and those the delta of the changes reads, their neighbours') and,
+        if its cascade met a tie the two tie-breaks break apart, the tie-break: a later
+        descent (from another start, with pull moves, the finishing one) meeting the move
+        there again reuses it."""
         known = self.evaluations.setdefault(move, [])
-        for depends, snapshot, found in known:
-            if depends(choice) == snapshot:
+        for depends, snapshot, tie, found in known:
+            if (tie is None or tie == self.fewest_moved) and depends(choice) == snapshot:
                 return found
         if move[0] == _VALUE:  # every consumer of a value at once, cascading or the consumers alone
             seeds, follow, reduce = dict(move[3]), move[4], False
@@ -1210,13 +1230,14 @@ class _Search:
             seeds, follow, reduce = dict(move[3]), True, False
         else:
             seeds, follow, reduce = {move[0]: move[1]}, move[2], False
-        changes, looked = self.cascade(seeds, choice, follow, reduce)
+        changes, looked, tied = self.cascade(seeds, choice, follow, reduce)
         delta = self.delta(changes, choice, settled)
         if move[0] == _VALUE and not follow and delta[1] > 0:  # the consumers alone: never more collectives
             delta = (math.inf, math.inf)  # (Equinox's value_and_grad traded 2 more for bytes)
         found = (delta, changes, functools.reduce(operator.or_, map(self.reach.__getitem__, looked)))
-        getter = _getter(tuple(looked.union(*map(self.neighbours.__getitem__, looked))))
-        known.append((getter, getter(choice), found))
+        reads = looked.union(*map(self.neighbours.__getitem__, changes), *map(self.producers.__getitem__, looked))
+        getter = _getter(tuple(reads))
+        known.append((getter, getter(choice), self.fewest_moved if tied else None, found))
         return found
 
     def improve(self, choice: Choice, values: bool = False, reducing: bool = False, pulls: bool = False) -> Choice:
