@@ -153,9 +153,11 @@ returns a carry in a layout that was no option, it walks and searches again from
 
 Deterministic: candidates are scanned in their rule's ranking order
 (:meth:`.signature.Candidate.rank_key`), equations in program order, and ties keep the
-earlier one. Bounded: a move costs candidates x inputs (cached) plan look-ups per
-re-chosen equation; the choice is cached per walked program (its equations' signatures,
-sources and inputs).
+earlier one. Bounded: a move costs, per re-chosen equation, one (cached) plan look-up per
+input and distinct layout its candidates need it in, and those are kept per kind of
+equation (candidates and shapes: a model's repeated layers share theirs) and arriving
+layouts; the choice is cached per walked program (its equations' signatures, sources and
+inputs).
 """
 
 from __future__ import annotations
