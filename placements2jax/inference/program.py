@@ -493,7 +493,12 @@ class _Search:
         self.targets = targets
         self.layouts: dict[State, Layout] = {}
         self.mesh_shape = graph.mesh.shape
-        self.weights = cost_model.weights(graph.mesh)
+        # the mesh dims' weights with the integral ones as ints: equal to their Fractions as keys of the planner's
+        # caches (whose searches turn weights into integers themselves: the same results), and hashed in C at
+        # each of them, where a Fraction's hash is Python code (on Llama's adamw step ~44k hashes of the cold search)
+        self.weights = tuple(
+            int(w) if w.denominator == 1 else w for w in map(Fraction, cost_model.weights(graph.mesh))
+        )
         self.ins: dict[str, tuple[tuple[State, ...], ...]] = {}  # per node, per candidate
         self.outs: dict[str, tuple[tuple[State, ...], ...]] = {}
         self.in_avals: dict[str, tuple[AvalKey, ...]] = {}
