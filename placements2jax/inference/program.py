@@ -154,9 +154,11 @@ returns a carry in a layout that was no option, it walks and searches again from
 
 Deterministic: candidates are scanned in their rule's ranking order
 (:meth:`.signature.Candidate.rank_key`), equations in program order, and ties keep the
-earlier one. Bounded: a move costs candidates x inputs (cached) plan look-ups per
-re-chosen equation; the choice is cached per walked program (its equations' signatures,
-sources and inputs).
+earlier one. Bounded: a move costs, per re-chosen equation, one (cached) plan look-up per
+input and distinct layout its candidates need it in, and those are kept per kind of
+equation (candidates and shapes: a model's repeated layers share theirs) and arriving
+layouts; the choice is cached per walked program (its equations' signatures, sources and
+inputs).
 """
 
 from __future__ import annotations
@@ -167,7 +169,7 @@ import functools
 import heapq
 import math
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from operator import itemgetter, ne
@@ -451,12 +453,35 @@ class _Candidates:
             self.by_ins.setdefault(needs, []).append(k)
             for by, state in (*zip(self.by_in, needs), *zip(self.by_out, gives)):
                 by.setdefault(state, []).append(k)
-        # per candidate, the mesh dims its outputs are partial on and those they are split over
-        self.partial_dims = [frozenset(m for x in gives for m, op in enumerate(x[1]) if op) for gives in outs]
-        self.split_dims = [frozenset(m for x in gives for axes in x[0] for m in axes) for gives in outs]
-        self.unreduced = [k for k, dims in enumerate(self.partial_dims) if not dims]  # no partial output
-        # per mesh dim, the candidates with no output partial on it
-        self.unreduced_on = [[k for k, dims in enumerate(self.partial_dims) if m not in dims] for m in range(ndim)]
+        # per input, the distinct states candidates need it in and each candidate's (by its index there): an
+        # input's moves are priced once per distinct need (:meth:`_Search.input_costs`)
+        self.needed = [tuple(by) for by in self.by_in]
+        indices = ({state: n for n, state in enumerate(by)} for by in self.by_in)
+        self.need_index = [tuple(index[needs[i]] for needs in ins) for i, index in enumerate(indices)]
+        self.ndim = ndim
+
+    # The tables of reducing moves (:meth:`_Search._alternatives`), built when a node with partials first needs
+    # them (most nodes of a training step have none: a third of the candidates' conversion on Llama's).
+
+    @functools.cached_property
+    def partial_dims(self) -> list[frozenset[int]]:
+        """Per candidate, the mesh dims its outputs are partial on."""
+        return [frozenset(m for x in gives for m, op in enumerate(x[1]) if op) for gives in self.outs]
+
+    @functools.cached_property
+    def split_dims(self) -> list[frozenset[int]]:
+        """Per candidate, the mesh dims its outputs are split over."""
+        return [frozenset(m for x in gives for axes in x[0] for m in axes) for gives in self.outs]
+
+    @functools.cached_property
+    def unreduced(self) -> list[int]:
+        """The candidates with no partial output."""
+        return [k for k, dims in enumerate(self.partial_dims) if not dims]
+
+    @functools.cached_property
+    def unreduced_on(self) -> list[list[int]]:
+        """Per mesh dim, the candidates with no output partial on it."""
+        return [[k for k, dims in enumerate(self.partial_dims) if m not in dims] for m in range(self.ndim)]
 
 
 class _Search:
@@ -471,20 +496,28 @@ class _Search:
         self.targets = targets
         self.layouts: dict[State, Layout] = {}
         self.mesh_shape = graph.mesh.shape
-        self.weights = cost_model.weights(graph.mesh)
+        # the mesh dims' weights with the integral ones as ints: equal to their Fractions as keys of the planner's
+        # caches (whose searches turn weights into integers themselves: the same results), and hashed in C at
+        # each of them, where a Fraction's hash is Python code (on Llama's adamw step ~44k hashes of the cold search)
+        self.weights = tuple(
+            int(w) if w.denominator == 1 else w for w in map(Fraction, cost_model.weights(graph.mesh))
+        )
         self.ins: dict[str, tuple[tuple[State, ...], ...]] = {}  # per node, per candidate
         self.outs: dict[str, tuple[tuple[State, ...], ...]] = {}
         self.in_avals: dict[str, tuple[AvalKey, ...]] = {}
         self.out_avals: dict[str, tuple[AvalKey, ...]] = {}
         self.fixed: dict[str, tuple[State | None, ...]] = {}  # per node input: its state if no equation chooses it
+        self.arrivals: dict[str, tuple[tuple[State | None, str | None, int | None], ...]] = {}
         self.consumers: dict[ValueId, list[tuple[str, int]]] = {}
         self.sources = {node.path: node.sources for node in graph.nodes}
-        self.none_free: dict[str, tuple[tuple[()], ...]] = {}
         self.states: dict[Layout, State] = {}  # per interned layout (hashed by identity: cheap)
         # The states of a candidate tuple, converted once: a model's repeated layers and
         # their gradients share their (cached) signatures' candidate tuples.
         converted: dict[int, _Candidates] = {}
         self.candidates: dict[str, _Candidates] = {}
+        # per node, its kind: nodes of one kind (candidates and avals) choose alike for the same inputs (greedy())
+        kinds: dict[tuple[int, tuple[AvalKey, ...], tuple[AvalKey, ...]], int] = {}
+        self.kinds: dict[str, int] = {}
         for node in graph.nodes:
             known = converted.get(id(node.candidates))
             if known is None:
@@ -497,6 +530,8 @@ class _Search:
             self.ins[node.path], self.outs[node.path] = known.ins, known.outs
             self.in_avals[node.path] = tuple((s.shape, s.dtype) for s in node.inputs)
             self.out_avals[node.path] = tuple((a.shape, a.dtype) for a in node.candidates[0].out_avals)
+            kind = (id(known), self.in_avals[node.path], self.out_avals[node.path])
+            self.kinds[node.path] = kinds.setdefault(kind, len(kinds))
             fixed = []
             for i, src in enumerate(node.sources):
                 if src is None:
@@ -508,7 +543,11 @@ class _Search:
                 if src is not None:
                     self.consumers.setdefault(src, []).append((node.path, i))
             self.fixed[node.path] = tuple(fixed)
-            self.none_free[node.path] = ((),) * len(fixed)  # input_cost()'s free, none given
+            # arriving()'s per input: its fixed state (a non-empty tuple), else its producer and output
+            self.arrivals[node.path] = tuple(
+                (state, None, None) if state is not None else (None, *src)  # type: ignore[misc]
+                for state, src in zip(fixed, node.sources)
+            )
         self.owed: dict[ValueId, list[State | None]] = {}
         for src, target in zip(graph.outputs, targets):
             if src is not None and src[0] != "in":
@@ -516,17 +555,19 @@ class _Search:
         self.position = {node.path: p for p, node in enumerate(graph.nodes)}
         self.paths = [node.path for node in graph.nodes]  # by position
         # Neighbour tables, so that the hot loops loop over no consumers:
-        # per node, the values around() prices (each input's source or literal, then each output), what
-        # cascade() adds to its depends (the consumers of each source, the producer, the consumers of each
-        # output), and its outputs' consumers with their positions; per value, its consumers' paths.
-        self.touched: dict[str, tuple[Any, ...]] = {}
+        # per node, the values around() prices (each input's source or literal, then each output, then what
+        # each output of the function owes, charge(), as one more value: by their ids, below), what cascade()
+        # adds to its depends (the consumers of each source, the producer, the consumers of each output), and
+        # its outputs' consumers with their positions; per value, its consumers' paths.
+        touched: dict[str, tuple[Any, ...]] = {}
         self.neighbours: dict[str, frozenset[str]] = {}
         self.downstream: dict[str, tuple[tuple[str, int], ...]] = {}
         self.consumer_paths = {value: tuple(c for c, _ in consumers) for value, consumers in self.consumers.items()}
         for node in graph.nodes:
             path, outputs = node.path, range(len(self.out_avals[node.path]))
             priced = [src if src is not None else ("literal", path, i) for i, src in enumerate(node.sources)]
-            self.touched[path] = (*priced, *((path, j) for j in outputs))
+            owes = (("owed", path, j) for j in outputs if (path, j) in self.owed)
+            touched[path] = (*priced, *((path, j) for j in outputs), *owes)
             near: set[str] = set()
             for src in node.sources:
                 if src is not None:
@@ -548,19 +589,24 @@ class _Search:
         }
         # value_cost() per value and the choices it reads (its producer's, unless an input, and its consumers'):
         # one search prices with one cost model, so a value's cost is fixed by those choices
-        self.deciders = {
+        deciders = {
             value: _getter((() if value[0] == "in" else (value[0],)) + paths)
             for value, paths in self.consumer_paths.items()
         }
-        for path, touched in self.touched.items():  # a literal's: its consumer's choice
+        for path, values in touched.items():  # a literal's: its consumer's choice; a charge's: its producer's
             chosen = _getter((path,))
-            self.deciders.update((value, chosen) for value in touched if value[0] == "literal")
-        # per node, its outputs that are outputs of the function (charge() is zero for the others)
-        self.owing = {
-            path: tuple(j for j in range(len(self.out_avals[path])) if (path, j) in self.owed) for path in self.position
+            deciders.update((value, chosen) for value in values if value[0] in ("literal", "owed"))
+        # The values priced, by id (an int hashes and compares faster than a (path, output) tuple: the
+        # delta of every evaluation looks its values up twice), and their deciders by id; an output no
+        # equation consumes costs nothing and has none.
+        self.priced = list(deciders)
+        self.deciders = list(deciders.values())
+        ids = {value: n for n, value in enumerate(self.priced)}
+        self.touched = {
+            path: tuple(dict.fromkeys(ids[value] for value in values if value in ids))
+            for path, values in touched.items()
         }
-        # total()'s: the nodes that owe a charge, every value, every node's choice (its memo key)
-        self.owers = [path for path in self.paths if self.owing[path]]
+        # total()'s: every value, every node's choice (its memo key)
         self.values = self.touched_by(self.paths)
         self.everything = _getter(self.paths)
         # the producers of each node's inputs not fixed (greedy()'s memo key: see _price())
@@ -569,6 +615,10 @@ class _Search:
             for node in graph.nodes
         }
         self.producer_choices = {path: _getter(producers) for path, producers in self.producers.items()}
+        # cascade()'s per node by position: its path, its producers' choices, its outputs' consumers' positions
+        self.steps = [
+            (path, self.producer_choices[path], tuple(p for _, p in self.downstream[path])) for path in self.paths
+        ]
         # alternatives() per node and the choices it reads (its own, its producers', its outputs' consumers'):
         # the descents revisit the same neighbourhoods (from each start, with and without pull moves)
         self.local_deciders = {
@@ -592,17 +642,26 @@ class _Search:
         self.costs: dict[tuple[AvalKey, State, State], Cost] = {}
         self.charges: dict[tuple[ValueId, State], Cost] = {}
         self.pendings: dict[tuple[AvalKey, State, frozenset[int]], float] = {}
-        self.pending_charges: dict[tuple[str, int, frozenset[int]], float] = {}  # pending() per candidate
+        self.pending_charges: dict[tuple[int, int, frozenset[int]], float] = {}  # pending() per node kind
+        # input_costs() per node kind and arriving states (greedy(), cheapest() and cheapest_around() price
+        # the same inputs into every candidate)
+        self.input_cost_lists: dict[tuple[int, tuple[State, ...]], list[Cost]] = {}
+        # and per node kind, input and arriving state: its moves into the distinct layouts candidates need
+        self.need_costs: dict[tuple[int, int, State], list[Cost]] = {}
         # value_cost() per value: its deciders (the choices it reads) and its costs by their choices
-        self.value_costs: dict[Any, tuple[Callable[[Choice], Any], dict[Any, Cost]]] = {
-            value: (decide, {}) for value, decide in self.deciders.items()
-        }
+        self.value_costs: list[tuple[Callable[[Choice], Any], dict[Any, Cost]]] = [
+            (decide, {}) for decide in self.deciders
+        ]
         self.totals: dict[Any, Cost] = {}  # total() per choice
         # greedy() per node and its producers' choices (how its inputs not fixed arrive): found before the
         # arriving states are built (a memo by arriving states too found 2% more on GPT-2's adamw step, for
         # the cost of building and hashing them at every miss)
-        # with both tie-breaks' answers (see tie_moved()), found in one pass
-        self.greedy_by_producers: dict[tuple[str, Any, bool], tuple[int, int]] = {}
+        # with both tie-breaks' answers (see tie_moved()), found in one pass; per ``reducing``, per node by
+        # position (a list index and a dict read per equation a cascade visits)
+        self.greedy_by_producers: dict[bool, list[dict[Any, tuple[int, int]]]] = {}
+        # and per node kind and arriving states (a model's repeated layers meet the same inputs: on the Llama
+        # adamw step 5,406 distinct of 18,545 misses of the memo by producers)
+        self.greedy_by_arriving: dict[tuple[int, tuple[State, ...], bool], tuple[int, int]] = {}
         # evaluate() per move: (the equations its result depends on, their choices, the tie-break it holds for
         # (None: both), the result)
         self.evaluations: dict[Move, list[tuple[Callable[[Choice], Any], Any, bool | None, Evaluation]]] = {}
@@ -687,6 +746,11 @@ class _Search:
             cost = self.charges[key] = (nbytes, steps)
         return cost
 
+    def arriving(self, path: str, choice: Choice) -> tuple[State, ...]:
+        """The layouts the inputs of equation ``path`` arrive in (:meth:`state_of` of each)."""
+        outs = self.outs
+        return tuple(fixed or outs[src][choice[src]][j] for fixed, src, j in self.arrivals[path])
+
     def state_of(self, path: str, i: int, choice: Choice) -> State:
         """The layout input ``i`` of equation ``path`` arrives in, its producer as chosen."""
         fixed = self.fixed[path][i]
@@ -706,37 +770,51 @@ class _Search:
     def greedy_pair(self, path: str, choice: Choice, reducing: bool = False) -> tuple[int, int]:
         """:meth:`greedy`'s answers with ties broken by the candidates' order and by the
         fewest inputs moved (one pass: the two differ only among candidates of equal cost)."""
-        by_producers = (path, self.producer_choices[path](choice), reducing)
-        known = self.greedy_by_producers.get(by_producers)
+        memo = self.greedy_memos(reducing)[self.position[path]]
+        by_producers = self.producer_choices[path](choice)
+        known = memo.get(by_producers)
         if known is not None:
             return known
-        arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
+        arriving = self.arriving(path, choice)
+        by_arriving = (self.kinds[path], arriving, reducing)
+        pair = self.greedy_by_arriving.get(by_arriving)
+        if pair is None:
+            pair = self.greedy_by_arriving[by_arriving] = self._greedy(path, arriving, reducing)
+        memo[by_producers] = pair
+        return pair
+
+    def greedy_memos(self, reducing: bool) -> list[dict[Any, tuple[int, int]]]:
+        """:meth:`greedy`'s memo by producers' choices, per node by position (created once)."""
+        memos = self.greedy_by_producers.get(reducing)
+        if memos is None:
+            memos = self.greedy_by_producers[reducing] = [{} for _ in self.paths]
+        return memos
+
+    def _greedy(self, path: str, arriving: tuple[State, ...], reducing: bool) -> tuple[int, int]:
         given = frozenset() if reducing else frozenset(m for state in arriving for m, op in enumerate(state[1]) if op)
         exact = self.candidates[path].by_ins.get(arriving)
         if exact:  # no plan to cost, no input moved
             best = min(exact, key=lambda k: (self.pending(path, k, given), k))
-            pair = (best, best)
-        else:
-            first, first_key, fewest, fewest_key, bound = 0, None, 0, None, math.inf
-            for k, needs in enumerate(self.ins[path]):
-                found = self.input_cost(path, k, arriving, bound)  # pending charges are >= 0 too
-                if found is not None:
-                    key = (found[0] + self.pending(path, k, given), found[1])
-                    if first_key is None or key < first_key:
-                        first, first_key, bound = k, key, key[0]
-                    if first_key == key:  # the least cost (so far): by the fewest moved among those
-                        moved = (*key, sum(map(ne, arriving, needs)))
-                        if fewest_key is None or moved < fewest_key:
-                            fewest, fewest_key = k, moved
-            pair = (first, fewest)
-        self.greedy_by_producers[by_producers] = pair
-        return pair
+            return best, best
+        first, first_key, fewest, fewest_key, ins = 0, None, 0, None, self.ins[path]
+        for k, (nbytes, steps) in enumerate(self.input_costs(path, arriving)):
+            if first_key is not None and nbytes > first_key[0]:
+                continue  # pending charges are >= 0: it cannot come first
+            key = (nbytes + self.pending(path, k, given), steps)
+            if first_key is None or key < first_key:
+                first, first_key = k, key
+            if first_key == key:  # the least cost (so far): by the fewest moved among those
+                moved = (*key, sum(map(ne, arriving, ins[k])))
+                if fewest_key is None or moved < fewest_key:
+                    fewest, fewest_key = k, moved
+        return first, fewest
 
     def pending(self, path: str, k: int, given: frozenset[int]) -> float:
         """Eager dispatch's look-ahead charge for the partials candidate ``k`` makes."""
-        known = self.pending_charges.get((path, k, given))
+        key = (self.kinds[path], k, given)
+        known = self.pending_charges.get(key)
         if known is None:
-            known = self.pending_charges[path, k, given] = self._pending(path, k, given)
+            known = self.pending_charges[key] = self._pending(path, k, given)
         return known
 
     def _pending(self, path: str, k: int, given: frozenset[int]) -> float:
@@ -774,14 +852,15 @@ class _Search:
         heapq.heapify(queue)
         seen = set(queue)
         # the hot loop of the search: greedy()'s memo read inline, locals for the tables it reads
-        paths, downstream, memo, producers = self.paths, self.downstream, self.greedy_by_producers, self.producer_choices
-        pop, push, fewest, tied = heapq.heappop, heapq.heappush, self.fewest_moved, False
+        steps, memos, pop, push = self.steps, self.greedy_memos(reducing), heapq.heappop, heapq.heappush
+        fewest, tied = self.fewest_moved, False
         while queue:
-            path = paths[pop(queue)]
+            position = pop(queue)
+            path, producers, consumers = steps[position]
             looked.add(path)
             if path in seeds:  # a seed downstream of another keeps its candidate (a value move's)
                 continue
-            pair = memo.get((path, producers[path](trial), reducing))
+            pair = memos[position].get(producers(trial))
             if pair is None:
                 pair = self.greedy_pair(path, trial, reducing)
             best = pair[fewest]
@@ -791,7 +870,7 @@ class _Search:
                 continue
             kept.setdefault(path, trial[path])
             trial[path] = changes[path] = best
-            for _, position in downstream[path]:
+            for position in consumers:
                 if position not in seen:
                     seen.add(position)
                     push(queue, position)
@@ -799,23 +878,19 @@ class _Search:
         return changes, looked, tied
 
     def around(
-        self, paths: Sequence[str], choice: Choice, values: set[Any] | None = None, settled: dict[Any, Cost] | None = None
+        self, paths: Sequence[str], choice: Choice, values: Collection[int] | None = None,
+        settled: dict[int, Cost] | None = None,
     ) -> Cost:
-        """The cost of every value ``paths`` produce or consume (:meth:`value_cost`) and
-        their outputs' charges. ``values``: the values to price instead (:meth:`delta`:
-        those of more paths than charge); ``settled``: value costs known at ``choice``,
-        and those found here are added."""
+        """The cost of every value ``paths`` produce or consume (:meth:`value_cost`; their
+        outputs' charges among them). ``values``: those values by id, when known (:meth:`delta`);
+        ``settled``: value costs known at ``choice``, and those found here are added."""
         nbytes, steps = 0.0, 0.0
-        for path in paths:
-            for j in self.owing[path]:  # the charges of outputs owing nothing are zero: skipped
-                owed = self.charge((path, j), self.out_avals[path][j], self.outs[path][choice[path]][j])
-                nbytes, steps = nbytes + owed[0], steps + owed[1]
         tables = self.value_costs
         for value in self.touched_by(paths) if values is None else values:
             cost = None if settled is None else settled.get(value)
             if cost is None:
-                table = tables.get(value)  # value_cost()'s memo read here: the hot path of every delta
-                cost = None if table is None else table[1].get(table[0](choice))
+                decide, memo = tables[value]  # value_cost()'s memo read here: the hot path of every delta
+                cost = memo.get(decide(choice))
                 if cost is None:
                     cost = self.value_cost(value, choice)
                 if settled is not None:
@@ -823,23 +898,24 @@ class _Search:
             nbytes, steps = nbytes + cost[0], steps + cost[1]
         return nbytes, steps
 
-    def touched_by(self, paths: Sequence[str]) -> set[Any]:
-        """Every value ``paths`` produce or consume."""
-        values: set[Any] = set()
-        for path in paths:
-            values.update(self.touched[path])
-        return values
+    def touched_by(self, paths: Sequence[str]) -> Collection[int]:
+        """Every value (by id) ``paths`` produce or consume, each once."""
+        if len(paths) == 1:
+            return self.touched[paths[0]]
+        return set().union(*map(self.touched.__getitem__, paths))
 
-    def value_cost(self, value: Any, choice: Choice) -> Cost:
-        """The redistributions of one value: one per distinct layout its consumers need
-        (a compiled program computes a shared one once)."""
-        table = self.value_costs.get(value)
-        if table is None:
-            return _ZERO
-        decide, memo = table
+    def value_cost(self, value_id: int, choice: Choice) -> Cost:
+        """The redistributions of one value (by id): one per distinct layout its consumers
+        need (a compiled program computes a shared one once); or an output's charge."""
+        decide, memo = self.value_costs[value_id]
         key = decide(choice)
         known = memo.get(key)
         if known is not None:
+            return known
+        value = self.priced[value_id]
+        if value[0] == "owed":  # an output of the function: what it still owes in its producer's layout
+            _, path, j = value
+            known = memo[key] = self.charge((path, j), self.out_avals[path][j], self.outs[path][choice[path]][j])
             return known
         if value[0] == "literal":
             _, path, i = value
@@ -883,7 +959,7 @@ class _Search:
         return known
 
     def _alternatives(self, path: str, choice: Choice, shared: bool) -> list[tuple[int, bool]]:
-        arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
+        arriving = self.arriving(path, choice)
         groups: list[tuple[Sequence[int], bool]] = []
         current = self.outs[path][choice[path]]
         partial = {m for state in current + arriving for m, op in enumerate(state[1]) if op}
@@ -895,7 +971,7 @@ class _Search:
                 for m in sorted(partial):
                     groups.append((table.unreduced_on[m], True))
         around: list[tuple[Sequence[int], bool]] = []
-        if self.ins[path][choice[path]] != arriving and self.input_cost(path, choice[path], arriving) > _ZERO:
+        if self.ins[path][choice[path]] != arriving and self.input_costs(path, arriving)[choice[path]] > _ZERO:
             everything = range(len(self.ins[path]))
             groups += [(everything, True), (everything, False)]  # without cascading: its consumers redistribute
             around.append((everything, False))
@@ -920,7 +996,7 @@ class _Search:
 
     def shared_needs(self, path: str, choice: Choice) -> tuple[frozenset[State], ...]:
         """Per input of ``path``, the layouts other consumers of its value need it in: free
-        in :meth:`input_cost` (a compiled program redistributes it once for all of them)."""
+        in :meth:`input_costs` (a compiled program redistributes it once for all of them)."""
         return tuple(
             frozenset(self.ins[c][choice[c]][i] for c, i in self.consumers[source] if c != path)
             if source is not None else frozenset()
@@ -933,7 +1009,7 @@ class _Search:
         cascading with every equation downstream re-chosen as eager dispatch would if
         it charged the partials it continues too (:meth:`greedy` with ``reducing``):
         they reduce partials where they meet them instead of carrying them."""
-        arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
+        arriving = self.arriving(path, choice)
         current = self.outs[path][choice[path]]
         if not any(op for state in current + arriving for op in state[1]):
             return []
@@ -970,7 +1046,7 @@ class _Search:
         for target in targets:
             seeds = []
             for c, at in slots.items():
-                arriving = [self.state_of(c, i, choice) for i in range(len(self.in_avals[c]))]
+                arriving = list(self.arriving(c, choice))
                 for i in at:
                     arriving[i] = target
                 ins = self.ins[c]
@@ -997,22 +1073,23 @@ class _Search:
             tuple({self.ins[c][choice[c]][i]: None for c, i in self.consumers.get((path, j), ())})
             for j in range(len(out_avals))
         ]
+        costs = self.input_costs(path, arriving)
         best, best_key, bound = ks[0], None, math.inf
         for k in ks:
-            found = self._around_cost(path, k, arriving, needs, bound)
+            found = self._around_cost(path, k, costs[k], needs, bound)
             if found is not None and (best_key is None or (found, k) < best_key):
                 best, best_key, bound = k, (found, k), found[0]
         return best
 
     def _around_cost(
-        self, path: str, k: int, arriving: Sequence[State], needs: Sequence[tuple[State, ...]], bound: float
+        self, path: str, k: int, input_cost: Cost, needs: Sequence[tuple[State, ...]], bound: float
     ) -> Cost | None:
-        """:meth:`cheapest_around`'s cost of candidate ``k`` (``needs``: per output, the
-        layouts its consumers need), or None once its bytes exceed ``bound``."""
-        found = self.input_cost(path, k, arriving, bound)
-        if found is None:
+        """:meth:`cheapest_around`'s cost of candidate ``k`` (``input_cost``: its inputs'
+        redistribution; ``needs``: per output, the layouts its consumers need), or None once
+        its bytes exceed ``bound``."""
+        nbytes, steps = input_cost
+        if nbytes > bound:
             return None
-        nbytes, steps = found
         for j, (aval, out) in enumerate(zip(self.out_avals[path], self.outs[path][k])):
             owed = self.charge((path, j), aval, out)
             nbytes, steps = nbytes + owed[0], steps + owed[1]
@@ -1056,7 +1133,7 @@ class _Search:
         fits = self.candidates[path].by_out[j].get(need)
         if not fits or len(seeds) >= _PULL_DEPTH:
             return True  # the redistribution stays at its output
-        arriving = tuple(self.state_of(path, i, choice) for i in range(len(self.in_avals[path])))
+        arriving = self.arriving(path, choice)
         best = seeds[path] = self.cheapest(path, fits, arriving)
         for i, (src, state) in enumerate(zip(self.sources[path], arriving)):
             want = self.ins[path][best][i]
@@ -1076,47 +1153,52 @@ class _Search:
         self, path: str, ks: Sequence[int], arriving: Sequence[State], free: Sequence[frozenset[State]] | None = None
     ) -> int:
         """The candidate among ``ks`` (not empty) cheapest for ``arriving`` inputs: the least
-        ``(input_cost(k), k)`` (:meth:`input_cost`, with ``free``), leaving a candidate as soon
-        as its bytes so far exceed the best's (costs are >= 0, and so are partial sums of them)."""
-        best, best_key, bound = ks[0], None, math.inf
-        for k in ks:
-            found = self.input_cost(path, k, arriving, bound, free)
-            if found is not None and (best_key is None or (found, k) < best_key):
-                best, best_key, bound = k, (found, k), found[0]
-        return best
+        ``(input_costs()[k], k)`` (:meth:`input_costs`, with ``free``); ``ks`` ascending (every
+        index's are), so that the first of equal costs is the least ``k``."""
+        return min(ks, key=self.input_costs(path, arriving, free).__getitem__)
 
-    def input_cost(
-        self, path: str, k: int, arriving: Sequence[State], bound: float = math.inf,
-        free: Sequence[frozenset[State]] | None = None,
-    ) -> Cost | None:
-        """The redistribution of ``arriving`` inputs into candidate ``k`` of ``path``, or
-        None as soon as its bytes exceed ``bound`` (costs are >= 0: the candidate cannot
-        come first any more). ``free``: per input, layouts it costs nothing in (another
-        consumer of its value needs it so, :meth:`shared_needs`). cost()'s memo is read
-        inline: this is the search's hot loop."""
-        nbytes, steps = 0.0, 0.0
-        costs = self.costs
-        needs, gratis_by_input = self.ins[path][k], free or self.none_free[path]
-        for aval, src, need, gratis in zip(self.in_avals[path], arriving, needs, gratis_by_input):
-            if src != need and need not in gratis:  # equal states cost nothing (cost()'s zero, which adds nothing)
-                move = costs.get((aval, src, need))
-                if move is None:
-                    move = self.cost(aval, src, need)
-                nbytes, steps = nbytes + move[0], steps + move[1]
-                if nbytes > bound:
-                    return None
-        return nbytes, steps
+    def input_costs(
+        self, path: str, arriving: Sequence[State], free: Sequence[frozenset[State]] | None = None
+    ) -> list[Cost]:
+        """Per candidate of ``path``, the redistribution of ``arriving`` inputs into it:
+        each input's moves priced once per distinct layout candidates need it in, then
+        summed per candidate in input order (the search's hot loop: ~30 candidates of ~20
+        distinct needs per input on the training steps). ``free``: per input, layouts it
+        costs nothing in (another consumer of its value needs it so, :meth:`shared_needs`)."""
+        arriving = tuple(arriving)
+        key = (self.kinds[path], arriving)
+        if free is None:
+            known = self.input_cost_lists.get(key)
+            if known is not None:
+                return known
+        table, kind, known_costs, cost = self.candidates[path], key[0], self.costs, self.cost
+        totals: list[Cost] | None = None
+        inputs = zip(self.in_avals[path], arriving, table.needed, table.need_index)
+        for i, (aval, src, needed, index) in enumerate(inputs):
+            moves = self.need_costs.get((kind, i, src))
+            if moves is None:
+                moves = self.need_costs[kind, i, src] = [  # cost()'s memo read inline
+                    known_costs.get((aval, src, need)) or cost(aval, src, need) for need in needed
+                ]
+            if free is not None and free[i]:
+                moves = [_ZERO if need in free[i] else move for need, move in zip(needed, moves)]
+            per = [moves[n] for n in index]
+            totals = per if totals is None else [(a[0] + b[0], a[1] + b[1]) for a, b in zip(totals, per)]
+        if totals is None:  # no inputs
+            totals = [_ZERO] * len(table.ins)
+        if free is None:
+            self.input_cost_lists[key] = totals
+        return totals
 
-    def delta(self, changes: dict[str, int], choice: Choice, settled: dict[Any, Cost] | None = None) -> Cost:
+    def delta(self, changes: dict[str, int], choice: Choice, settled: dict[int, Cost] | None = None) -> Cost:
         """How much ``changes`` lower (negative) or raise the total from ``choice``
         (``settled``: value costs known at ``choice``, see :meth:`around`)."""
         paths = list(changes)
         values = self.touched_by(paths)  # the same values before and after, summed in the same order
-        owing = [path for path in paths if self.owing[path]]  # around()'s charges: of these alone
-        before = self.around(owing, choice, values, settled)
+        before = self.around(paths, choice, values, settled)
         kept = {path: choice[path] for path in changes}
         choice.update(changes)  # in place and back, as in cascade()
-        after = self.around(owing, choice, values)
+        after = self.around(paths, choice, values)
         choice.update(kept)
         return after[0] - before[0], after[1] - before[1]
 
@@ -1253,5 +1335,5 @@ class _Search:
         key = self.everything(choice)
         known = self.totals.get(key)
         if known is None:
-            known = self.totals[key] = self.around(self.owers, choice, self.values)
+            known = self.totals[key] = self.around(self.paths, choice, self.values)
         return known
