@@ -168,8 +168,24 @@ def signature_for(
     """The (cached) signature of a named op or jaxpr primitive given its output avals.
     ``gathered=False``: ranked without charging a partial kept while another input's
     split is gathered (:func:`continued_partials`): the program search's walk, whose
-    carries and starts that charge sends into worse basins (docs/inference.md)."""
+    carries and starts that charge sends into worse basins (docs/inference.md). Where
+    ``gathered`` changes nothing (:func:`_gathered_matters`), both walks share one cached
+    signature (the second walk of a cold predict then ranks only from the first
+    equation where they differ)."""
+    gathered = gathered or not _gathered_matters(specs)
     return _infer(rule, params, specs, out_avals, None, None, cost_model, mesh, gathered=gathered)
+
+
+def _gathered_matters(specs: Sequence[TensorSpec]) -> bool:
+    """Can :func:`continued_partials`' ``gathered`` change its result on ``specs``? Only if
+    on some mesh dim one input is partial (a partial to keep) and another is split (a
+    split to gather there): elsewhere a gathered split ends no kept partial."""
+    partial = split = _NO_DIMS
+    for s in specs:
+        if s.layout.has_partial:
+            partial = partial | frozenset(s.layout.partial_axes)
+        split = split | _split_mesh_dims(s.layout)
+    return bool(partial & split)
 
 
 def _as_specs(inputs: Any, mesh: DeviceMesh | None) -> tuple[tuple[TensorSpec, ...], DeviceMesh]:
