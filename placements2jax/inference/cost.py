@@ -111,8 +111,10 @@ def block_bytes(
     pieces are the sizes of the mesh dims splitting it, leaving out mesh dim ``without``."""
     total = itemsize
     for n, axes in zip(shape, dim_axes):
-        pieces = math.prod(mesh_shape[a] for a in axes if a != without)
-        total *= -(-n // pieces)
+        if axes:  # most dims are whole (ranking computes this for every candidate's outputs)
+            total *= -(-n // math.prod(mesh_shape[a] for a in axes if a != without))
+        else:
+            total *= n
     return total
 
 

@@ -431,7 +431,7 @@ def _ranked(
                               allowed)
     out_avals = tuple(out_avals)
     ranked = []
-    keys = _RankKeys(tuple(specs), out_avals, cost_model, gathered)
+    keys = _RankKeys(tuple(specs), out_avals, cost_model, mesh, gathered)
     extra = _views(sigs, specs, mesh, choices)
     if strided and any(s.layout.is_strided for s in specs):
         extra += _strided(specs, avals, mesh, choices)
@@ -498,28 +498,55 @@ class _RankKeys:
     parts computed once per (tensor, layout) (plan costs, block bytes, the partials an
     input keeps or gives up) and per output layouts (pending reductions): the candidates
     of an op share them (one dict per tensor, keyed by the interned layout: hashed by
-    identity). The same order (the total cost as ``(float, Fraction)``: compared faster,
-    ties exact; equal keys keep their position); the candidate's ``cost`` and
-    ``redistributed`` are stored on it as computed. :meth:`ranked` does a candidate's
-    steps in one pass (ranking builds tens of thousands of candidates per program)."""
+    identity). The same order, the total cost in exact integer units (times ``scale``,
+    the planner's :func:`.plan.cost_scale`, which clears the denominators of every plan
+    cost and pending reduction on the mesh: int additions and comparisons, not
+    Fraction arithmetic; a Fraction where a cost model's weights would leave one, which
+    compares exactly all the same); equal keys keep their position. The candidate's
+    ``redistributed`` is stored on it as computed, and its ``cost`` where no more than
+    one input moves (else summed on first read: the program search reads layouts only).
+    :meth:`ranked` does a candidate's steps in one pass (ranking builds tens of
+    thousands of candidates per program)."""
 
-    __slots__ = ("specs", "out_avals", "cost_model", "gathered", "planner", "costs", "out_bytes", "pendings", "partials")
+    __slots__ = (
+        "specs", "out_avals", "cost_model", "gathered", "planner", "scale", "rates", "costs", "out_bytes", "charges",
+        "pendings", "fractions", "partials",
+    )
 
     def __init__(
-        self, specs: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...], cost_model: CostModel, gathered: bool = True,
-        planner: InputPlans | None = None,
+        self, specs: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...], cost_model: CostModel, mesh: DeviceMesh,
+        gathered: bool = True,
     ) -> None:
         self.specs, self.out_avals, self.cost_model, self.gathered = specs, out_avals, cost_model, gathered
-        self.planner = planner if planner is not None else InputPlans(specs, cost_model)
-        # per input, per layout: (plan cost or None if 0, its float, strided, layout key, moved)
-        self.costs: tuple[dict[Layout, tuple[Fraction | None, float, bool, Any, bool]], ...] = tuple({} for _ in specs)
+        self.planner = InputPlans(specs, cost_model)
+        self.scale = cost_scale(mesh.shape, cost_model.weights(mesh))
+        # per input, per layout: (plan cost in units of 1/scale, plan cost, strided, layout key, moved)
+        self.costs: tuple[dict[Layout, tuple[int | Fraction, Fraction, bool, Any, bool]], ...] = tuple(
+            {} for _ in specs
+        )
         # per output, per layout: (block bytes, strided, layout key, split dims, partial)
         self.out_bytes: tuple[dict[Layout, tuple[int, bool, Any, Any, bool]], ...] = tuple({} for _ in out_avals)
-        self.pendings: dict[tuple[tuple[Layout, ...], frozenset[int]], Fraction] = {}
+        # per mesh dim, _reduction_rate in units of 1/scale
+        self.rates = tuple(self.units(_reduction_rate(mesh, m, cost_model)) for m in range(mesh.ndim))
+        # per output, per layout: its (partial mesh dim, reduction charge in units of 1/scale) pairs
+        self.charges: tuple[dict[Layout, tuple[tuple[int, int | Fraction], ...]], ...] = tuple({} for _ in out_avals)
+        # per (output layouts, continued partials): the pending reduction and it in units of 1/scale
+        self.pendings: dict[tuple[tuple[Layout, ...], frozenset[int]], tuple[Fraction, int | Fraction]] = {}
+        self.fractions: dict[int | Fraction, Fraction] = {0: _ZERO}  # per pending reduction in units, as a Fraction
         # per input, per layout: (partial mesh dims kept, splits given up), None where neither
         self.partials: tuple[dict[Layout, tuple[frozenset[int], frozenset[int]] | None], ...] = tuple(
             {} for _ in specs
         )
+
+    def units(self, value: Fraction) -> int | Fraction:
+        """``value`` in units of ``1 / scale`` (an int, unless a weight leaves a fraction;
+        in int arithmetic, not a Fraction product)."""
+        whole, part = divmod(self.scale, value.denominator)
+        return value.numerator * whole if not part else value * self.scale
+
+    def total(self, key: tuple[Any, ...]) -> Fraction:
+        """The exact cost plus pending reduction of a candidate with rank key ``key``."""
+        return Fraction(key[1]) / self.scale
 
     def continued(self, in_layouts: tuple[Layout, ...]) -> frozenset[int]:
         """:func:`continued_partials` from per-(input, layout) parts: the partial mesh dims
@@ -541,11 +568,33 @@ class _RankKeys:
         return kept - made if made else kept
 
     def pending(self, out_layouts: tuple[Layout, ...], given: frozenset[int]) -> Fraction:
-        """:func:`_pending` of the outputs in ``out_layouts``."""
+        """:func:`pending_reduction` of the outputs in ``out_layouts`` continuing ``given``."""
+        return self._pending(out_layouts, given)[0]
+
+    def _pending(self, out_layouts: tuple[Layout, ...], given: frozenset[int]) -> tuple[Fraction, int | Fraction]:
+        """:meth:`pending` and it in units of ``1 / scale``: per output layout, its block
+        bytes without each partial mesh dim times that dim's :func:`_reduction_rate` in
+        units (int products and sums; the same value as :func:`pending_reduction`)."""
         key = (out_layouts, given)
         value = self.pendings.get(key)
         if value is None:
-            value = self.pendings[key] = _pending(self.out_avals, out_layouts, given, self.cost_model)
+            units = 0
+            for aval, layout, table in zip(self.out_avals, out_layouts, self.charges):
+                charges = table.get(layout)
+                if charges is None:
+                    shape = layout.mesh.shape
+                    charges = table[layout] = tuple(
+                        (m, block_bytes(aval.shape, aval.dtype.itemsize, layout.dim_axes, shape, without=m)
+                         * self.rates[m])
+                        for m in layout.partial_axes
+                    )
+                for m, charge in charges:
+                    if m not in given:
+                        units += charge
+            pending = self.fractions.get(units)
+            if pending is None:
+                pending = self.fractions[units] = Fraction(units) / self.scale
+            value = self.pendings[key] = (pending, units)
         return value
 
     def ranked(
@@ -554,8 +603,8 @@ class _RankKeys:
     ) -> tuple[tuple[Any, ...], Candidate]:
         """The candidate running the op with these layouts (its pending reduction from
         :meth:`continued` unless given) and its rank key."""
-        cost = None  # the sum of the nonzero plan costs (most inputs stay as given: cost 0)
-        cost_float = 0.0
+        total = 0  # the plan costs, then plus the pending reduction, in units of 1 / scale
+        cost = _ZERO  # the plan cost while no more than one input moves, else None (summed when read)
         strided = 0
         layout_key = []
         redistributed = []
@@ -564,15 +613,12 @@ class _RankKeys:
             if parts is None:
                 plan = cached_plan_cost(spec.shape, spec.dtype, spec.layout, layout, self.cost_model)
                 parts = table[layout] = (
-                    plan or None, float(plan), split_out_of_mesh_order(layout), layout_rank_key(layout),
+                    self.units(plan), plan, split_out_of_mesh_order(layout), layout_rank_key(layout),
                     spec.layout is not layout,
                 )
-            if parts[0] is not None:
-                if cost is None:
-                    cost, cost_float = parts[0], parts[1]
-                else:
-                    cost += parts[0]
-                    cost_float = float(cost)
+            if parts[0]:
+                total += parts[0]
+                cost = parts[1] if cost is _ZERO else None
             strided += parts[2]
             layout_key.append(parts[3])
             redistributed.append(parts[4])
@@ -592,24 +638,21 @@ class _RankKeys:
             layout_key.append(parts[2])
             out_splits.append(parts[3])
             partial = partial or parts[4]
-        if pending is None:  # no partial output: nothing pending, whatever the inputs continue
-            pending = self.pending(out_layouts, self.continued(in_layouts)) if partial else _ZERO
-        if cost is None:
-            cost = _ZERO
+        if pending is not None:
+            total += self.units(pending)
+        elif partial:  # no partial output: nothing pending, whatever the inputs continue
+            pending, units = self._pending(out_layouts, self.continued(in_layouts))
+            total += units
+        else:
+            pending = _ZERO
         moved = tuple(redistributed)
         candidate = Candidate(in_layouts, out_layouts, None, one_d, nest_order, self.out_avals, pending, self.planner)
-        # what Candidate.cost / .redistributed (cached properties) compute: stored, not recomputed
-        candidate.__dict__["cost"] = cost
+        # what Candidate.redistributed (and .cost) compute: stored, not recomputed
         candidate.__dict__["redistributed"] = moved
-        if pending:
-            total = cost + pending if cost is not _ZERO else pending
-            cost_float = float(total)
-        else:
-            total = cost
-        # (float, exact): the same order as the exact total alone (rounding is monotone; equal
-        # floats fall back to the Fractions), compared faster; Candidate.strided, .out_splits and
-        # .layout_key from parts per (tensor, layout)
-        key = (True in moved, (cost_float, total), strided, tuple(out_splits), moved, out_bytes, tuple(layout_key))
+        if cost is not None:
+            candidate.__dict__["cost"] = cost
+        # Candidate.strided, .out_splits and .layout_key from parts per (tensor, layout)
+        key = (True in moved, total, strided, tuple(out_splits), moved, out_bytes, tuple(layout_key))
         return key, candidate
 
 
@@ -673,9 +716,9 @@ def _bounded_best(
     entries.sort(key=_first)
     found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]] = {}
     layout_cache: dict[Any, Layout] = {}
-    keys = _RankKeys(specs, out_avals, cost_model)
+    keys = _RankKeys(specs, out_avals, cost_model, mesh)
     orders = tuple(orders)
-    best: tuple[Any, tuple[Layout, ...]] | None = None
+    best: tuple[Any, tuple[Layout, ...], Fraction] | None = None  # rank key, layouts, exact cost + pending
     limit = math.inf
     for bound, ix in entries:
         if bound > limit:
@@ -684,7 +727,7 @@ def _bounded_best(
         placements = [tables_of[sig] for sig in combo]
         if best is not None and not _states_within(
             specs, placements, orders, mesh.shape, searches, scale,
-            best[0][1][1] - sum(p for m, k in enumerate(ix) if (p := pending_bounds[m][k])),  # most are 0
+            best[2] - sum(p for m, k in enumerate(ix) if (p := pending_bounds[m][k])),  # most are 0
         ):
             continue
         for layouts in _add_layouts(combo, placements, tuple(sig_keys[s] for s in combo), orders, shapes, mesh,
@@ -693,14 +736,14 @@ def _bounded_best(
             if not _matches(outs, out_constraint) or not _matches(ins, in_constraint):
                 continue
             pending = keys.pending(outs, keys.continued(ins))
-            if best is not None and not _within(specs, ins, cost_model, best[0][1][1] - pending):
+            if best is not None and not _within(specs, ins, cost_model, best[2] - pending):
                 continue
             key = keys.ranked(ins, outs, (), (), pending)[0]
             if not key[0]:  # runs on the inputs as given: not this function's case
                 return None
             if best is None or key < best[0]:
-                best = (key, layouts)
-                limit = float(key[1][1]) * (1 + 1e-9) + 1e-9  # float bounds: a margin over their rounding
+                best = (key, layouts, keys.total(key))
+                limit = float(best[2]) * (1 + 1e-9) + 1e-9  # float bounds: a margin over their rounding
     if best is None:
         return None
     layouts = best[1]
@@ -864,20 +907,6 @@ def _nests(placements: Sequence[tuple[tuple[int, Any], ...]], mesh_shape: tuple[
     return False
 
 
-_PENDING = Memo(65536)
-
-
-def _pending(out_avals: tuple[Aval, ...], out_layouts: tuple[Layout, ...], given: frozenset[int],
-             cost_model: CostModel) -> Fraction:
-    """:func:`pending_reduction`, memoized (outputs recur across candidates and ops)."""
-    key = (out_avals, out_layouts, given, cost_model)
-    value = _PENDING.recall(key)
-    if value is None:
-        value = pending_reduction(out_avals, out_layouts, set(given), cost_model)
-        _PENDING.remember(key, value)
-    return value
-
-
 def continued_partials(specs: Sequence[TensorSpec], in_layouts: Sequence[Layout], gathered: bool = True) -> set[int]:
     """The mesh dims on which an op run with ``in_layouts`` continues a given partial: some
     input stays partial there and no input split on that mesh dim gives its split up there,
@@ -920,16 +949,23 @@ def pending_reduction(
     """The look-ahead charge of new partials: for every output partial on a mesh dim not
     in ``given_partial`` (the mesh dims the op continues a partial on, see
     :func:`continued_partials`), the cheapest way to resolve it later (a reduce-scatter of
-    the output's block on that mesh dim, weighted). Without it, a greedy choice would pay
-    a little now to create a partial that costs much more to reduce later (e.g. contract
-    a matmul over an extra mesh dim). Continuing a partial through a linear op is free."""
+    the output's block on that mesh dim, weighted: :func:`_reduction_rate` per byte).
+    Without it, a greedy choice would pay a little now to create a partial that costs
+    much more to reduce later (e.g. contract a matmul over an extra mesh dim). Continuing
+    a partial through a linear op is free."""
     total = Fraction(0)
     for aval, layout in zip(out_avals, out_layouts):
         for m in layout.partial_axes:
             if m not in given_partial:
                 block = block_bytes(aval.shape, aval.dtype.itemsize, layout.dim_axes, layout.mesh.shape, without=m)
-                total += collective_bytes(REDUCE_SCATTER, block, layout.mesh.shape[m]) * cost_model.weight(layout.mesh, m)
+                total += block * _reduction_rate(layout.mesh, m, cost_model)
     return total
+
+
+def _reduction_rate(mesh: DeviceMesh, mesh_dim: int, cost_model: CostModel) -> Fraction:
+    """What a pending reduction on ``mesh_dim`` charges per byte of the block it reduces
+    (a reduce-scatter's bytes sent per block byte, weighted)."""
+    return collective_bytes(REDUCE_SCATTER, 1, mesh.shape[mesh_dim]) * cost_model.weight(mesh, mesh_dim)
 
 
 def _sig_key(sig: OneDSig) -> tuple[str, ...]:
