@@ -556,11 +556,51 @@ def execute(prediction: Prediction, executor: Executor, cost_model: CostModelLik
 
 
 def _const_specs(jaxpr: Any, mesh: DeviceMesh) -> list[TensorSpec]:
-    return [_replicated_spec(v.aval, mesh) for v in jaxpr.constvars]
+    return [_replicated_spec(Aval(v.aval.shape, v.aval.dtype), mesh) for v in jaxpr.constvars]
 
 
-def _replicated_spec(aval: Any, mesh: DeviceMesh) -> TensorSpec:
+@cached(maxsize=4096)
+def _replicated_spec(aval: Aval, mesh: DeviceMesh) -> TensorSpec:
+    """A literal's or constant's spec: Replicate (cached: every walk reads them again)."""
     return TensorSpec(aval.shape, aval.dtype, Layout(mesh, ((),) * len(aval.shape)))
+
+
+@dataclass(frozen=True)
+class _Equations:
+    """What every walk of a jaxpr reads of its equations, computed once per jaxpr (a cold
+    predict walks the program three times and loop bodies more, each equation's avals
+    built again otherwise): per equation ``(eqn, its index as a path part, per input
+    (atom, its Aval if a literal else None), its output avals, its output vars (None:
+    dropped))``; per output of the jaxpr, (atom, Aval if a literal)."""
+
+    equations: tuple[tuple[Any, str, tuple[tuple[Any, Aval | None], ...], tuple[Aval, ...], tuple[Any, ...]], ...]
+    outputs: tuple[tuple[Any, Aval | None], ...]
+
+
+def _reads(atoms: Sequence[Any]) -> tuple[tuple[Any, Aval | None], ...]:
+    return tuple(
+        (a, Aval(a.aval.shape, a.aval.dtype) if isinstance(a, core.Literal) else None) for a in atoms
+    )
+
+
+def _equations(jaxpr: Any) -> _Equations:
+    """The jaxpr's :class:`_Equations` (memoized per jaxpr object: jaxprs are hashed by
+    identity, and the memo holds the jaxpr, so an entry is never another's)."""
+    table = _EQUATIONS.recall(jaxpr)
+    if table is None:
+        table = _Equations(
+            tuple(
+                (eqn, str(index), _reads(eqn.invars), tuple(Aval(v.aval.shape, v.aval.dtype) for v in eqn.outvars),
+                 tuple(None if isinstance(v, core.DropVar) else v for v in eqn.outvars))
+                for index, eqn in enumerate(jaxpr.eqns)
+            ),
+            _reads(jaxpr.outvars),
+        )
+        _EQUATIONS.remember(jaxpr, table)
+    return table
+
+
+_EQUATIONS = Memo(1024)
 
 
 def _drop_dim0(layout: Layout) -> Layout:
@@ -671,23 +711,24 @@ class _Walker:
     ) -> list[tuple[TensorSpec, ValueId | None]]:
         """The outputs of ``jaxpr`` and the values they are (None: a literal or constant)."""
         env: dict[Any, tuple[TensorSpec, ValueId | None]] = {}
+        mesh = self.mesh
 
-        def read(atom: Any) -> tuple[TensorSpec, ValueId | None]:
-            if isinstance(atom, core.Literal):
-                return _replicated_spec(atom.aval, self.mesh), None
-            return env[atom]
+        def read(atom: Any, literal: Aval | None) -> tuple[TensorSpec, ValueId | None]:
+            return env[atom] if literal is None else (_replicated_spec(literal, mesh), None)
 
         env.update((v, (c, None)) for v, c in zip(jaxpr.constvars, consts))
         env.update(zip(jaxpr.invars, zip(inputs, sources)))
-        for index, eqn in enumerate(jaxpr.eqns):
-            path = f"{prefix}{index}"
-            ins, srcs = zip(*(read(a) for a in eqn.invars)) if eqn.invars else ((), ())
-            out_avals = tuple(Aval(v.aval.shape, v.aval.dtype) for v in eqn.outvars)
-            outs = self._equation(eqn, path, tuple(ins), tuple(srcs), out_avals)
-            for var, value in zip(eqn.outvars, outs):
-                if not isinstance(var, core.DropVar):
+        table = _equations(jaxpr)
+        for eqn, index, reads, out_avals, outvars in table.equations:
+            if reads:
+                ins, srcs = zip(*(read(a, literal) for a, literal in reads))
+            else:
+                ins, srcs = (), ()
+            outs = self._equation(eqn, prefix + index, ins, srcs, out_avals)
+            for var, value in zip(outvars, outs):
+                if var is not None:
                     env[var] = value
-        return [read(v) for v in jaxpr.outvars]
+        return [read(v, literal) for v, literal in table.outputs]
 
     def _closed(
         self, closed: Any, ins: Sequence[TensorSpec], prefix: str, walker: _Walker | None = None,

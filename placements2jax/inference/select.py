@@ -500,17 +500,18 @@ class _RankKeys:
     of an op share them (one dict per tensor, keyed by the interned layout: hashed by
     identity). The same order, the total cost in exact integer units (times ``scale``,
     the planner's :func:`.plan.cost_scale`, which clears the denominators of every plan
-    cost and pending reduction on the mesh: int additions and comparisons, not
-    Fraction arithmetic; a Fraction where a cost model's weights would leave one, which
-    compares exactly all the same); equal keys keep their position. The candidate's
-    ``redistributed`` is stored on it as computed, and its ``cost`` where no more than
-    one input moves (else summed on first read: the program search reads layouts only).
+    cost and pending reduction on the mesh: the planner's own integers
+    (:meth:`plan_units`), int additions and comparisons, not Fraction arithmetic; a
+    Fraction where a cost model's weights would leave one, which compares exactly all
+    the same); equal keys keep their position. The candidate's ``redistributed`` is
+    stored on it as computed, and its ``cost`` where nothing costs (else summed on first
+    read: the program search reads layouts only).
     :meth:`ranked` does a candidate's steps in one pass (ranking builds tens of
     thousands of candidates per program)."""
 
     __slots__ = (
-        "specs", "out_avals", "cost_model", "gathered", "planner", "scale", "rates", "costs", "out_bytes", "charges",
-        "pendings", "fractions", "partials",
+        "specs", "out_avals", "cost_model", "gathered", "planner", "weights", "scale", "searches", "mesh", "rates", "costs",
+        "out_bytes", "charges", "pendings", "fractions", "partials",
     )
 
     def __init__(
@@ -519,24 +520,23 @@ class _RankKeys:
     ) -> None:
         self.specs, self.out_avals, self.cost_model, self.gathered = specs, out_avals, cost_model, gathered
         self.planner = InputPlans(specs, cost_model)
-        self.scale = cost_scale(mesh.shape, cost_model.weights(mesh))
-        # per input, per layout: (plan cost in units of 1/scale, plan cost, strided, layout key, moved)
-        self.costs: tuple[dict[Layout, tuple[int | Fraction, Fraction, bool, Any, bool]], ...] = tuple(
-            {} for _ in specs
-        )
+        self.weights = cost_model.weights(mesh)
+        self.scale = cost_scale(mesh.shape, self.weights)
+        # per input, the planner's search from its layout (None: strided, or not needed yet)
+        self.searches: list[Any] = [None] * len(specs)
+        # per input, per layout: (plan cost in units of 1/scale, strided, layout key, moved, partials_of())
+        self.costs: tuple[dict[Layout, tuple[Any, ...]], ...] = tuple({} for _ in specs)
         # per output, per layout: (block bytes, strided, layout key, split dims, partial)
         self.out_bytes: tuple[dict[Layout, tuple[int, bool, Any, Any, bool]], ...] = tuple({} for _ in out_avals)
-        # per mesh dim, _reduction_rate in units of 1/scale
-        self.rates = tuple(self.units(_reduction_rate(mesh, m, cost_model)) for m in range(mesh.ndim))
+        self.mesh = mesh
+        self.rates: tuple[int | Fraction, ...] | None = None  # per mesh dim, _reduction_rate in units (when needed)
         # per output, per layout: its (partial mesh dim, reduction charge in units of 1/scale) pairs
         self.charges: tuple[dict[Layout, tuple[tuple[int, int | Fraction], ...]], ...] = tuple({} for _ in out_avals)
         # per (output layouts, continued partials): the pending reduction and it in units of 1/scale
         self.pendings: dict[tuple[tuple[Layout, ...], frozenset[int]], tuple[Fraction, int | Fraction]] = {}
         self.fractions: dict[int | Fraction, Fraction] = {0: _ZERO}  # per pending reduction in units, as a Fraction
-        # per input, per layout: (partial mesh dims kept, splits given up), None where neither
-        self.partials: tuple[dict[Layout, tuple[frozenset[int], frozenset[int]] | None], ...] = tuple(
-            {} for _ in specs
-        )
+        # per input, per layout: (partial mesh dims kept, splits given up)
+        self.partials: tuple[dict[Layout, tuple[frozenset[int], frozenset[int]]], ...] = tuple({} for _ in specs)
 
     def units(self, value: Fraction) -> int | Fraction:
         """``value`` in units of ``1 / scale`` (an int, unless a weight leaves a fraction;
@@ -544,28 +544,50 @@ class _RankKeys:
         whole, part = divmod(self.scale, value.denominator)
         return value.numerator * whole if not part else value * self.scale
 
+    def plan_units(self, i: int, layout: Layout) -> int | Fraction:
+        """The cost of input ``i``'s plan to ``layout`` in units of ``1 / scale``: the
+        planner's search from its layout settled up to ``layout``, its integer cost read
+        as is (:func:`.plan.plan_search`: the same value as :func:`.plan.cached_plan_cost`
+        times ``scale``, without building the plan's path or its Fraction); strided
+        layouts by :func:`.plan.cached_plan_cost`."""
+        spec = self.specs[i]
+        given = spec.layout
+        if given is layout:
+            return 0
+        if given.is_strided or layout.is_strided:
+            return self.units(cached_plan_cost(spec.shape, spec.dtype, given, layout, self.cost_model))
+        search = self.searches[i]
+        if search is None:
+            search = self.searches[i] = plan_search(
+                spec.shape, spec.dtype.itemsize, given.mesh.shape, self.weights, (given.dim_axes, given.partial)
+            )
+        return search.cost_within((layout.dim_axes, layout.partial), math.inf)
+
     def total(self, key: tuple[Any, ...]) -> Fraction:
         """The exact cost plus pending reduction of a candidate with rank key ``key``."""
         return Fraction(key[1]) / self.scale
 
     def continued(self, in_layouts: tuple[Layout, ...]) -> frozenset[int]:
-        """:func:`continued_partials` from per-(input, layout) parts: the partial mesh dims
-        an input keeps and those it gives up a split on (None where it does neither: most
-        layouts)."""
+        """:func:`continued_partials` from per-(input, layout) parts (:meth:`partials_of`)."""
         kept = made = _NO_DIMS
-        for spec, layout, table in zip(self.specs, in_layouts, self.partials):
-            parts = table.get(layout, _UNSEEN)
-            if parts is _UNSEEN:
-                given = spec.layout
-                keeps = frozenset(m for m in layout.partial_axes if given.partial[m])
-                gives = _unsplit(given, layout, self.gathered)
-                parts = table[layout] = (keeps, gives) if keeps or gives else None
-            if parts is not None:
-                if parts[0]:
-                    kept = kept | parts[0]
-                if parts[1]:
-                    made = made | parts[1]
+        for i, layout in enumerate(in_layouts):
+            keeps, gives = self.partials_of(i, layout)
+            if keeps:
+                kept = kept | keeps
+            if gives:
+                made = made | gives
         return kept - made if made else kept
+
+    def partials_of(self, i: int, layout: Layout) -> tuple[frozenset[int], frozenset[int]]:
+        """The partial mesh dims input ``i`` keeps in ``layout`` and those it gives up a
+        split on (both empty for most layouts)."""
+        table = self.partials[i]
+        parts = table.get(layout)
+        if parts is None:
+            given = self.specs[i].layout
+            keeps = frozenset(m for m in layout.partial_axes if given.partial[m]) if layout.has_partial else _NO_DIMS
+            parts = table[layout] = (keeps, _unsplit(given, layout, self.gathered))
+        return parts
 
     def pending(self, out_layouts: tuple[Layout, ...], given: frozenset[int]) -> Fraction:
         """:func:`pending_reduction` of the outputs in ``out_layouts`` continuing ``given``."""
@@ -582,6 +604,9 @@ class _RankKeys:
             for aval, layout, table in zip(self.out_avals, out_layouts, self.charges):
                 charges = table.get(layout)
                 if charges is None:
+                    if self.rates is None:
+                        self.rates = tuple(self.units(_reduction_rate(self.mesh, m, self.cost_model))
+                                           for m in range(self.mesh.ndim))
                     shape = layout.mesh.shape
                     charges = table[layout] = tuple(
                         (m, block_bytes(aval.shape, aval.dtype.itemsize, layout.dim_axes, shape, without=m)
@@ -604,24 +629,26 @@ class _RankKeys:
         """The candidate running the op with these layouts (its pending reduction from
         :meth:`continued` unless given) and its rank key."""
         total = 0  # the plan costs, then plus the pending reduction, in units of 1 / scale
-        cost = _ZERO  # the plan cost while no more than one input moves, else None (summed when read)
         strided = 0
         layout_key = []
         redistributed = []
-        for spec, layout, table in zip(self.specs, in_layouts, self.costs):
+        kept = made = _NO_DIMS  # continued(): the partial mesh dims inputs keep, and those they give up a split on
+        for i, (layout, table) in enumerate(zip(in_layouts, self.costs)):
             parts = table.get(layout)
             if parts is None:
-                plan = cached_plan_cost(spec.shape, spec.dtype, spec.layout, layout, self.cost_model)
                 parts = table[layout] = (
-                    self.units(plan), plan, split_out_of_mesh_order(layout), layout_rank_key(layout),
-                    spec.layout is not layout,
+                    self.plan_units(i, layout), split_out_of_mesh_order(layout), layout_rank_key(layout),
+                    self.specs[i].layout is not layout, *self.partials_of(i, layout),
                 )
-            if parts[0]:
-                total += parts[0]
-                cost = parts[1] if cost is _ZERO else None
-            strided += parts[2]
-            layout_key.append(parts[3])
-            redistributed.append(parts[4])
+            total += parts[0]
+            strided += parts[1]
+            layout_key.append(parts[2])
+            redistributed.append(parts[3])
+            if parts[4]:
+                kept = kept | parts[4]
+            if parts[5]:
+                made = made | parts[5]
+        free = not total  # no plan costs anything
         out_bytes = 0
         out_splits = []
         partial = False
@@ -641,16 +668,16 @@ class _RankKeys:
         if pending is not None:
             total += self.units(pending)
         elif partial:  # no partial output: nothing pending, whatever the inputs continue
-            pending, units = self._pending(out_layouts, self.continued(in_layouts))
+            pending, units = self._pending(out_layouts, kept - made if made else kept)
             total += units
         else:
             pending = _ZERO
         moved = tuple(redistributed)
         candidate = Candidate(in_layouts, out_layouts, None, one_d, nest_order, self.out_avals, pending, self.planner)
-        # what Candidate.redistributed (and .cost) compute: stored, not recomputed
+        # what Candidate.redistributed (and .cost, where nothing costs) compute: stored, not recomputed
         candidate.__dict__["redistributed"] = moved
-        if cost is not None:
-            candidate.__dict__["cost"] = cost
+        if free:
+            candidate.__dict__["cost"] = _ZERO
         # Candidate.strided, .out_splits and .layout_key from parts per (tensor, layout)
         key = (True in moved, total, strided, tuple(out_splits), moved, out_bytes, tuple(layout_key))
         return key, candidate
@@ -715,7 +742,7 @@ def _bounded_best(
         entries = [(total + b, ix + (k,)) for total, ix in entries for k, b in row]
     entries.sort(key=_first)
     found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]] = {}
-    layout_cache: dict[Any, Layout] = {}
+    layout_cache = _layout_cache(mesh)
     keys = _RankKeys(specs, out_avals, cost_model, mesh)
     orders = tuple(orders)
     best: tuple[Any, tuple[Layout, ...], Fraction] | None = None  # rank key, layouts, exact cost + pending
@@ -852,7 +879,7 @@ def _layout_choices(
     # dataclass's hash, in Python) per combination
     entries = [(sig, _placement_table(sig), sig_keys[sig]) for sig in ordered]
     found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]] = {}
-    layout_cache: dict[Any, Layout] = {}
+    layout_cache = _layout_cache(mesh)
     per_dim = [entries] * mesh.ndim if allowed is None else [[e for e in entries if e[0] in a] for a in allowed]
     for chosen in itertools.product(*per_dim):
         combo, placements, keys = zip(*chosen)
@@ -869,9 +896,10 @@ def _add_layouts(
     matters), each entered in ``found`` with the least ``(keys, order)`` giving it; returns
     the layouts ``found`` did not hold before."""
     new = []
+    joints = [s.joint for s in combo if s.joint is not None]
     for order in orders if _nests(placements, mesh.shape) else orders[:1]:
         tables = _tables(combo, placements, order, shapes, mesh.shape)
-        if tables is None or any(s.joint is not None and not s.joint(tables, mesh.shape) for s in combo):
+        if tables is None or (joints and not all(joint(tables, mesh.shape) for joint in joints)):
             continue
         layouts = []
         for table in tables:
@@ -888,6 +916,20 @@ def _add_layouts(
     return new
 
 
+def _layout_cache(mesh: DeviceMesh) -> dict[Any, Layout]:
+    """The layouts on ``mesh`` by their ``(dim_axes, partial)`` table, as
+    :func:`_add_layouts` builds them (one dict per mesh, kept across ops: a program's
+    ops give the same few hundred layouts, each validated and interned once)."""
+    cache = _LAYOUT_CACHES.recall(mesh)
+    if cache is None:
+        cache = {}
+        _LAYOUT_CACHES.remember(mesh, cache)
+    return cache
+
+
+_LAYOUT_CACHES = Memo(64)
+
+
 def _placement_table(sig: OneDSig) -> tuple[tuple[int, Any], ...]:
     """Per tensor of a 1-D signature: (split tensor dim or None, partial reduce op or None)."""
     return tuple(
@@ -899,7 +941,21 @@ def _placement_table(sig: OneDSig) -> tuple[tuple[int, Any], ...]:
 def _nests(placements: Sequence[tuple[tuple[int, Any], ...]], mesh_shape: tuple[int, ...]) -> bool:
     """Does some tensor dim get split by several mesh dims of more than one device (so the
     nest order matters)? A size-1 mesh dim splits nothing wherever it nests: mesh order
-    alone puts it in place (every order would give the same data as new layouts)."""
+    alone puts it in place (every order would give the same data as new layouts).
+    Memoized per combination (ops of like signatures repeat them)."""
+    key = (tuple(placements), mesh_shape)
+    found = _NESTS.get(key)
+    if found is None:
+        found = _nested(placements, mesh_shape)
+        _NESTS.remember(key, found)
+    return found
+
+
+_NESTS = Memo(65536)
+
+
+def _nested(placements: Sequence[tuple[tuple[int, Any], ...]], mesh_shape: tuple[int, ...]) -> bool:
+    """:func:`_nests`, computed."""
     for per_tensor in zip(*placements):  # each tensor's entries, one per mesh dim
         dims = [dim for (dim, _), n in zip(per_tensor, mesh_shape) if dim is not None and n > 1]
         if len(dims) != len(set(dims)):

@@ -104,8 +104,9 @@ class TensorSpec:
             layout.check_shape(self.shape, "shape")
         object.__setattr__(self, "layout", layout)
 
-    @property
+    @cached_property
     def aval(self) -> Aval:
+        """Its Aval (built once: ranking and the walks read it per op)."""
         return Aval(self.shape, self.dtype)
 
     @property
