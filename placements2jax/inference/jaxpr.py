@@ -813,7 +813,7 @@ class _Walker:
                 else signature_for(("function", function.source), (), ins, out_avals, self.cost_model, self.mesh,
                                    self.gathered)
             )
-            outs = tuple(TensorSpec(a.shape, a.dtype, x) for a, x in zip(out_avals, signature.out_layouts))
+            outs = tuple(TensorSpec.of(a, x) for a, x in zip(out_avals, signature.out_layouts))
             self.rows.append(EquationReport(path, f"{name}[{function.name}]", ins, signature, outs, srcs))
             self._node(ProgramNode(path, ins, srcs, signature.candidates))
             if self.executor is not None:
@@ -843,7 +843,7 @@ class _Walker:
             signature = self._shard_map(eqn, ins, out_avals)
         else:
             signature = self._rule_signature(eqn, path, ins, out_avals)
-        outs = tuple(TensorSpec(a.shape, a.dtype, layout) for a, layout in zip(out_avals, signature.out_layouts))
+        outs = tuple(TensorSpec.of(a, layout) for a, layout in zip(out_avals, signature.out_layouts))
         label = signature.op if signature.op.startswith(name) else name  # e.g. 'foo (no rule: replicated)'
         self.rows.append(EquationReport(path, label, ins, signature, outs, srcs))
         self._node(ProgramNode(path, ins, srcs, signature.candidates))

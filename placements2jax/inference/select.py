@@ -511,7 +511,7 @@ class _RankKeys:
 
     __slots__ = (
         "specs", "out_avals", "cost_model", "gathered", "planner", "weights", "scale", "searches", "mesh", "rates", "costs",
-        "out_bytes", "charges", "pendings", "fractions", "partials",
+        "out_bytes", "charges", "fractions", "partials", "any_partial",
     )
 
     def __init__(
@@ -524,19 +524,20 @@ class _RankKeys:
         self.scale = cost_scale(mesh.shape, self.weights)
         # per input, the planner's search from its layout (None: strided, or not needed yet)
         self.searches: list[Any] = [None] * len(specs)
-        # per input, per layout: (plan cost in units of 1/scale, strided, layout key, moved, partials_of())
-        self.costs: tuple[dict[Layout, tuple[Any, ...]], ...] = tuple({} for _ in specs)
+        # per input, per layout: (plan cost in units of 1/scale, strided, layout key, moved)
+        self.costs: tuple[dict[Layout, tuple[int | Fraction, bool, Any, bool]], ...] = tuple({} for _ in specs)
         # per output, per layout: (block bytes, strided, layout key, split dims, partial)
         self.out_bytes: tuple[dict[Layout, tuple[int, bool, Any, Any, bool]], ...] = tuple({} for _ in out_avals)
         self.mesh = mesh
         self.rates: tuple[int | Fraction, ...] | None = None  # per mesh dim, _reduction_rate in units (when needed)
-        # per output, per layout: its (partial mesh dim, reduction charge in units of 1/scale) pairs
-        self.charges: tuple[dict[Layout, tuple[tuple[int, int | Fraction], ...]], ...] = tuple({} for _ in out_avals)
-        # per (output layouts, continued partials): the pending reduction and it in units of 1/scale
-        self.pendings: dict[tuple[tuple[Layout, ...], frozenset[int]], tuple[Fraction, int | Fraction]] = {}
+        # per output, per layout: _charges()
+        self.charges: tuple[dict[Layout, Any], ...] = tuple({} for _ in out_avals)
         self.fractions: dict[int | Fraction, Fraction] = {0: _ZERO}  # per pending reduction in units, as a Fraction
-        # per input, per layout: (partial mesh dims kept, splits given up)
-        self.partials: tuple[dict[Layout, tuple[frozenset[int], frozenset[int]]], ...] = tuple({} for _ in specs)
+        # per input, per layout: (partial mesh dims kept, splits given up), None where neither
+        self.partials: tuple[dict[Layout, tuple[frozenset[int], frozenset[int]] | None], ...] = tuple(
+            {} for _ in specs
+        )
+        self.any_partial = any(s.layout.has_partial for s in specs)
 
     def units(self, value: Fraction) -> int | Fraction:
         """``value`` in units of ``1 / scale`` (an int, unless a weight leaves a fraction;
@@ -568,26 +569,25 @@ class _RankKeys:
         return Fraction(key[1]) / self.scale
 
     def continued(self, in_layouts: tuple[Layout, ...]) -> frozenset[int]:
-        """:func:`continued_partials` from per-(input, layout) parts (:meth:`partials_of`)."""
+        """:func:`continued_partials` from per-(input, layout) parts: the partial mesh dims
+        an input keeps and those it gives up a split on (None where it does neither: most
+        layouts). Empty without a partial input (nothing to keep: most ops)."""
         kept = made = _NO_DIMS
-        for i, layout in enumerate(in_layouts):
-            keeps, gives = self.partials_of(i, layout)
-            if keeps:
-                kept = kept | keeps
-            if gives:
-                made = made | gives
+        if not self.any_partial:
+            return kept
+        for spec, layout, table in zip(self.specs, in_layouts, self.partials):
+            parts = table.get(layout, _UNSEEN)
+            if parts is _UNSEEN:
+                given = spec.layout
+                keeps = frozenset(m for m in layout.partial_axes if given.partial[m])
+                gives = _unsplit(given, layout, self.gathered)
+                parts = table[layout] = (keeps, gives) if keeps or gives else None
+            if parts is not None:
+                if parts[0]:
+                    kept = kept | parts[0]
+                if parts[1]:
+                    made = made | parts[1]
         return kept - made if made else kept
-
-    def partials_of(self, i: int, layout: Layout) -> tuple[frozenset[int], frozenset[int]]:
-        """The partial mesh dims input ``i`` keeps in ``layout`` and those it gives up a
-        split on (both empty for most layouts)."""
-        table = self.partials[i]
-        parts = table.get(layout)
-        if parts is None:
-            given = self.specs[i].layout
-            keeps = frozenset(m for m in layout.partial_axes if given.partial[m]) if layout.has_partial else _NO_DIMS
-            parts = table[layout] = (keeps, _unsplit(given, layout, self.gathered))
-        return parts
 
     def pending(self, out_layouts: tuple[Layout, ...], given: frozenset[int]) -> Fraction:
         """:func:`pending_reduction` of the outputs in ``out_layouts`` continuing ``given``."""
@@ -597,30 +597,31 @@ class _RankKeys:
         """:meth:`pending` and it in units of ``1 / scale``: per output layout, its block
         bytes without each partial mesh dim times that dim's :func:`_reduction_rate` in
         units (int products and sums; the same value as :func:`pending_reduction`)."""
-        key = (out_layouts, given)
-        value = self.pendings.get(key)
-        if value is None:
-            units = 0
-            for aval, layout, table in zip(self.out_avals, out_layouts, self.charges):
-                charges = table.get(layout)
-                if charges is None:
-                    if self.rates is None:
-                        self.rates = tuple(self.units(_reduction_rate(self.mesh, m, self.cost_model))
-                                           for m in range(self.mesh.ndim))
-                    shape = layout.mesh.shape
-                    charges = table[layout] = tuple(
-                        (m, block_bytes(aval.shape, aval.dtype.itemsize, layout.dim_axes, shape, without=m)
-                         * self.rates[m])
-                        for m in layout.partial_axes
-                    )
-                for m, charge in charges:
-                    if m not in given:
-                        units += charge
-            pending = self.fractions.get(units)
-            if pending is None:
-                pending = self.fractions[units] = Fraction(units) / self.scale
-            value = self.pendings[key] = (pending, units)
-        return value
+        units = 0
+        for aval, layout, table in zip(self.out_avals, out_layouts, self.charges):
+            found = table.get(layout)
+            if found is None:
+                found = table[layout] = self._charges(aval, layout)
+            if given:
+                units += sum(charge for m, charge in found[1] if m not in given)
+            else:
+                units += found[0]
+        pending = self.fractions.get(units)
+        if pending is None:
+            pending = self.fractions[units] = Fraction(units) / self.scale
+        return pending, units
+
+    def _charges(self, aval: Aval, layout: Layout) -> tuple[int | Fraction, tuple[tuple[int, int | Fraction], ...]]:
+        """An output layout's reduction charges in units: their total and (partial mesh dim,
+        charge) pairs."""
+        if self.rates is None:
+            self.rates = tuple(self.units(_reduction_rate(self.mesh, m, self.cost_model)) for m in range(self.mesh.ndim))
+        shape = layout.mesh.shape
+        charges = tuple(
+            (m, block_bytes(aval.shape, aval.dtype.itemsize, layout.dim_axes, shape, without=m) * self.rates[m])
+            for m in layout.partial_axes
+        )
+        return sum(charge for _, charge in charges), charges
 
     def ranked(
         self, in_layouts: tuple[Layout, ...], out_layouts: tuple[Layout, ...], one_d: tuple[OneDSig, ...],
@@ -632,22 +633,17 @@ class _RankKeys:
         strided = 0
         layout_key = []
         redistributed = []
-        kept = made = _NO_DIMS  # continued(): the partial mesh dims inputs keep, and those they give up a split on
         for i, (layout, table) in enumerate(zip(in_layouts, self.costs)):
             parts = table.get(layout)
             if parts is None:
                 parts = table[layout] = (
                     self.plan_units(i, layout), split_out_of_mesh_order(layout), layout_rank_key(layout),
-                    self.specs[i].layout is not layout, *self.partials_of(i, layout),
+                    self.specs[i].layout is not layout,
                 )
             total += parts[0]
             strided += parts[1]
             layout_key.append(parts[2])
             redistributed.append(parts[3])
-            if parts[4]:
-                kept = kept | parts[4]
-            if parts[5]:
-                made = made | parts[5]
         free = not total  # no plan costs anything
         out_bytes = 0
         out_splits = []
@@ -668,7 +664,7 @@ class _RankKeys:
         if pending is not None:
             total += self.units(pending)
         elif partial:  # no partial output: nothing pending, whatever the inputs continue
-            pending, units = self._pending(out_layouts, kept - made if made else kept)
+            pending, units = self._pending(out_layouts, self.continued(in_layouts))
             total += units
         else:
             pending = _ZERO
