@@ -510,7 +510,7 @@ class _RankKeys:
     thousands of candidates per program)."""
 
     __slots__ = (
-        "specs", "out_avals", "cost_model", "gathered", "planner", "weights", "scale", "searches", "mesh", "rates", "costs",
+        "specs", "out_avals", "cost_model", "gathered", "planner", "weights", "scale", "searches", "mesh", "costs",
         "out_bytes", "charges", "fractions", "partials", "any_partial",
     )
 
@@ -529,7 +529,6 @@ class _RankKeys:
         # per output, per layout: (block bytes, strided, layout key, split dims, partial)
         self.out_bytes: tuple[dict[Layout, tuple[int, bool, Any, Any, bool]], ...] = tuple({} for _ in out_avals)
         self.mesh = mesh
-        self.rates: tuple[int | Fraction, ...] | None = None  # per mesh dim, _reduction_rate in units (when needed)
         # per output, per layout: _charges()
         self.charges: tuple[dict[Layout, Any], ...] = tuple({} for _ in out_avals)
         self.fractions: dict[int | Fraction, Fraction] = {0: _ZERO}  # per pending reduction in units, as a Fraction
@@ -540,10 +539,8 @@ class _RankKeys:
         self.any_partial = any(s.layout.has_partial for s in specs)
 
     def units(self, value: Fraction) -> int | Fraction:
-        """``value`` in units of ``1 / scale`` (an int, unless a weight leaves a fraction;
-        in int arithmetic, not a Fraction product)."""
-        whole, part = divmod(self.scale, value.denominator)
-        return value.numerator * whole if not part else value * self.scale
+        """``value`` in units of ``1 / scale`` (:func:`_in_units`)."""
+        return _in_units(value, self.scale)
 
     def plan_units(self, i: int, layout: Layout) -> int | Fraction:
         """The cost of input ``i``'s plan to ``layout`` in units of ``1 / scale``: the
@@ -614,11 +611,10 @@ class _RankKeys:
     def _charges(self, aval: Aval, layout: Layout) -> tuple[int | Fraction, tuple[tuple[int, int | Fraction], ...]]:
         """An output layout's reduction charges in units: their total and (partial mesh dim,
         charge) pairs."""
-        if self.rates is None:
-            self.rates = tuple(self.units(_reduction_rate(self.mesh, m, self.cost_model)) for m in range(self.mesh.ndim))
+        rates = _reduction_units(self.mesh, self.cost_model)
         shape = layout.mesh.shape
         charges = tuple(
-            (m, block_bytes(aval.shape, aval.dtype.itemsize, layout.dim_axes, shape, without=m) * self.rates[m])
+            (m, block_bytes(aval.shape, aval.dtype.itemsize, layout.dim_axes, shape, without=m) * rates[m])
             for m in layout.partial_axes
         )
         return sum(charge for _, charge in charges), charges
@@ -1014,6 +1010,21 @@ def pending_reduction(
     return total
 
 
+def _in_units(value: Fraction, scale: int) -> int | Fraction:
+    """``value`` times ``scale``: an int where ``scale`` clears its denominator (in int
+    arithmetic, not a Fraction product), else a Fraction."""
+    whole, part = divmod(scale, value.denominator)
+    return value.numerator * whole if not part else value * scale
+
+
+@cached(maxsize=256)
+def _reduction_units(mesh: DeviceMesh, cost_model: CostModel) -> tuple[int | Fraction, ...]:
+    """Per mesh dim, :func:`_reduction_rate` in units of ``1 / cost_scale`` (the units of
+    :class:`_RankKeys`; cached: every ranking with a partial output reads them)."""
+    scale = cost_scale(mesh.shape, cost_model.weights(mesh))
+    return tuple(_in_units(_reduction_rate(mesh, m, cost_model), scale) for m in range(mesh.ndim))
+
+
 def _reduction_rate(mesh: DeviceMesh, mesh_dim: int, cost_model: CostModel) -> Fraction:
     """What a pending reduction on ``mesh_dim`` charges per byte of the block it reduces
     (a reduce-scatter's bytes sent per block byte, weighted)."""
@@ -1021,7 +1032,16 @@ def _reduction_rate(mesh: DeviceMesh, mesh_dim: int, cost_model: CostModel) -> F
 
 
 def _sig_key(sig: OneDSig) -> tuple[str, ...]:
-    return tuple(str(p) for p in sig.placements) + tuple(sorted(map(str, sig.even)))
+    """A 1-D signature's sort key (its placements' and even marks' text; memoized: every
+    ranking sorts its rule's signatures, and rules give the same ones again)."""
+    key = _SIG_KEYS.get(sig)
+    if key is None:
+        key = tuple(str(p) for p in sig.placements) + tuple(sorted(map(str, sig.even)))
+        _SIG_KEYS.remember(sig, key)
+    return key
+
+
+_SIG_KEYS = Memo(65536)
 
 
 def _tables(
