@@ -180,12 +180,11 @@ def _gathered_matters(specs: Sequence[TensorSpec]) -> bool:
     """Can :func:`continued_partials`' ``gathered`` change its result on ``specs``? Only if
     on some mesh dim one input is partial (a partial to keep) and another is split (a
     split to gather there): elsewhere a gathered split ends no kept partial."""
-    partial = split = _NO_DIMS
-    for s in specs:
-        if s.layout.has_partial:
-            partial = partial | frozenset(s.layout.partial_axes)
-        split = split | _split_mesh_dims(s.layout)
-    return bool(partial & split)
+    partial = [s.layout.partial_axes for s in specs if s.layout.has_partial]
+    if not partial:  # most ops
+        return False
+    split = frozenset().union(*(_split_mesh_dims(s.layout) for s in specs))
+    return any(m in split for axes in partial for m in axes)
 
 
 def _as_specs(inputs: Any, mesh: DeviceMesh | None) -> tuple[tuple[TensorSpec, ...], DeviceMesh]:
