@@ -693,7 +693,8 @@ class _Walker:
         self.on_unknown = on_unknown
         self.executor = executor  # runs each equation as walked (apply); None: layouts only
         # eager choices charge a partial kept while a split is gathered (False: the program search's walk, see
-        # select.signature_for)
+        # select.signature_for); a gathered walk is eager dispatch's, never searched: its program nodes hold the
+        # chosen candidates alone, and it ranks no more candidates than choosing needs
         self.gathered = gathered
         self.rows: list[EquationReport] = []
         self.nodes: list[ProgramNode] = []
@@ -811,11 +812,11 @@ class _Walker:
             signature = (
                 forced_signature(function.name, ins, self.choices[path], self.cost_model) if path in self.choices
                 else signature_for(("function", function.source), (), ins, out_avals, self.cost_model, self.mesh,
-                                   self.gathered)
+                                   self.gathered, ranked=not self.gathered)
             )
             outs = tuple(TensorSpec.of(a, x) for a, x in zip(out_avals, signature.out_layouts))
             self.rows.append(EquationReport(path, f"{name}[{function.name}]", ins, signature, outs, srcs))
-            self._node(ProgramNode(path, ins, srcs, signature.candidates))
+            self._node(ProgramNode(path, ins, srcs, self._candidates(signature)))
             if self.executor is not None:
                 self.executor.equation(eqn, signature)
             return [(o, (path, j)) for j, o in enumerate(outs)]
@@ -846,10 +847,15 @@ class _Walker:
         outs = tuple(TensorSpec.of(a, layout) for a, layout in zip(out_avals, signature.out_layouts))
         label = signature.op if signature.op.startswith(name) else name  # e.g. 'foo (no rule: replicated)'
         self.rows.append(EquationReport(path, label, ins, signature, outs, srcs))
-        self._node(ProgramNode(path, ins, srcs, signature.candidates))
+        self._node(ProgramNode(path, ins, srcs, self._candidates(signature)))
         if self.executor is not None:
             self.executor.equation(eqn, signature)
         return [(o, (path, j)) for j, o in enumerate(outs)]
+
+    def _candidates(self, signature: Signature) -> tuple[Candidate, ...]:
+        """An equation's program-node candidates: every one for the program search's walk;
+        the chosen one for eager dispatch's (``gathered``: never searched)."""
+        return (signature.chosen,) if self.gathered else signature.candidates
 
     def _loop(
         self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], srcs: tuple[ValueId | None, ...],
@@ -900,7 +906,7 @@ class _Walker:
             return forced_signature(name, ins, self.choices[path], self.cost_model)
         return signature_for(
             ("primitive", name), definition.read_params(eqn.params), ins, out_avals, self.cost_model, self.mesh,
-            self.gathered,
+            self.gathered, ranked=not self.gathered,
         )
 
     # -- control flow ------------------------------------------------------------------------

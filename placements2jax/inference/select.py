@@ -164,6 +164,7 @@ def signature_for(
     cost_model: CostModel,
     mesh: DeviceMesh,
     gathered: bool = True,
+    ranked: bool = True,
 ) -> Signature:
     """The (cached) signature of a named op or jaxpr primitive given its output avals.
     ``gathered=False``: ranked without charging a partial kept while another input's
@@ -171,9 +172,21 @@ def signature_for(
     carries and starts that charge sends into worse basins (docs/inference.md). Where
     ``gathered`` changes nothing (:func:`_gathered_matters`), both walks share one cached
     signature (the second walk of a cold predict then ranks only from the first
-    equation where they differ)."""
+    equation where they differ). ``ranked=False``: a caller reading the chosen candidate
+    alone (eager dispatch's walk): a signature not cached yet is chosen as
+    :func:`infer_signature` chooses, its other candidates ranked when first read (one
+    cache for both: a signature ranked before is returned as it is)."""
     gathered = gathered or not _gathered_matters(specs)
-    return _infer(rule, params, specs, out_avals, None, None, cost_model, mesh, gathered=gathered)
+    key = (rule, params, specs, out_avals, cost_model, mesh, gathered)
+    signature = _SIGNATURES.recall(key)
+    if signature is None:
+        signature = _infer_signature(rule, params, specs, out_avals, None, None, cost_model, mesh, not ranked, gathered)
+        _SIGNATURES.remember(key, signature)
+    return signature
+
+
+# signature_for's signatures (the program search keys its cache on their candidates' identities)
+_SIGNATURES = Memo(16384)
 
 
 def _gathered_matters(specs: Sequence[TensorSpec]) -> bool:
@@ -245,8 +258,7 @@ def _constraint(value: Any, avals: tuple[Aval, ...], mesh: DeviceMesh, argument:
     )
 
 
-@cached(maxsize=4096)
-def _infer(
+def _infer_signature(
     rule: RuleKey,
     params: Any,
     specs: tuple[TensorSpec, ...],
@@ -290,6 +302,9 @@ def _infer(
             "relax the constraint (None leaves a tensor free), or redistribute the result afterwards",
         )
     return Signature(name, specs, tuple(candidates))
+
+
+_infer = cached(maxsize=4096)(_infer_signature)  # infer_signature's, per op, inputs, constraints and options
 
 
 def nest_orders(mesh: DeviceMesh, layouts: Sequence[Layout]) -> tuple[tuple[int, ...], ...]:
