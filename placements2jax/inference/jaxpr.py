@@ -681,11 +681,14 @@ def _source_line(eqn: Any) -> str:
 class _Walker:
     """Walks a jaxpr, choosing signatures: the candidate ``choices`` gives an equation's
     path (whole-program selection), else the best-ranked one for its inputs' layouts
-    (eager selection). Records the dataflow as :class:`ProgramNode`s for the search."""
+    (eager selection). Records the dataflow as :class:`ProgramNode`s for the search
+    (``searched=False``: a walk whose graph is read for its choices alone, e.g. eager
+    dispatch's as the search's bound: its nodes hold the chosen candidates, and it ranks
+    no more candidates than choosing needs: :func:`.select.signature_for`'s ``ranked``)."""
 
     def __init__(
         self, mesh: DeviceMesh, cost_model: CostModel, choices: Mapping[str, Candidate], on_unknown: str = "raise",
-        executor: Executor | None = None, gathered: bool = True,
+        executor: Executor | None = None, gathered: bool = True, searched: bool = True,
     ) -> None:
         self.mesh = mesh
         self.cost_model = cost_model
@@ -693,9 +696,9 @@ class _Walker:
         self.on_unknown = on_unknown
         self.executor = executor  # runs each equation as walked (apply); None: layouts only
         # eager choices charge a partial kept while a split is gathered (False: the program search's walk, see
-        # select.signature_for); a gathered walk is eager dispatch's, never searched: its program nodes hold the
-        # chosen candidates alone, and it ranks no more candidates than choosing needs
+        # select.signature_for)
         self.gathered = gathered
+        self.searched = searched  # the program nodes hold every candidate (else the chosen ones)
         self.rows: list[EquationReport] = []
         self.nodes: list[ProgramNode] = []
         self.node_at: dict[str, ProgramNode] = {}  # the nodes by path
@@ -704,7 +707,8 @@ class _Walker:
 
     def _trial(self) -> _Walker:
         """A walker whose rows and nodes are thrown away (for fixed points)."""
-        return _Walker(self.mesh, self.cost_model, self.choices, self.on_unknown, gathered=self.gathered)
+        return _Walker(self.mesh, self.cost_model, self.choices, self.on_unknown, gathered=self.gathered,
+                       searched=self.searched)
 
     def walk(
         self, jaxpr: Any, consts: Sequence[TensorSpec], inputs: Sequence[TensorSpec], prefix: str,
@@ -812,7 +816,7 @@ class _Walker:
             signature = (
                 forced_signature(function.name, ins, self.choices[path], self.cost_model) if path in self.choices
                 else signature_for(("function", function.source), (), ins, out_avals, self.cost_model, self.mesh,
-                                   self.gathered, ranked=not self.gathered)
+                                   self.gathered, ranked=self.searched)
             )
             outs = tuple(TensorSpec.of(a, x) for a, x in zip(out_avals, signature.out_layouts))
             self.rows.append(EquationReport(path, f"{name}[{function.name}]", ins, signature, outs, srcs))
@@ -853,9 +857,9 @@ class _Walker:
         return [(o, (path, j)) for j, o in enumerate(outs)]
 
     def _candidates(self, signature: Signature) -> tuple[Candidate, ...]:
-        """An equation's program-node candidates: every one for the program search's walk;
-        the chosen one for eager dispatch's (``gathered``: never searched)."""
-        return (signature.chosen,) if self.gathered else signature.candidates
+        """An equation's program-node candidates: every one, or the chosen one for a walk
+        not searched."""
+        return signature.candidates if self.searched else (signature.chosen,)
 
     def _loop(
         self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], srcs: tuple[ValueId | None, ...],
@@ -878,7 +882,8 @@ class _Walker:
     def body_walker(self, executor: Executor) -> _Walker:
         """A walker for a loop's bodies under ``executor`` (the same choices; its rows
         and nodes are thrown away: the loop's walk recorded them)."""
-        return _Walker(self.mesh, self.cost_model, self.choices, self.on_unknown, executor, gathered=self.gathered)
+        return _Walker(self.mesh, self.cost_model, self.choices, self.on_unknown, executor, gathered=self.gathered,
+                       searched=self.searched)
 
     def walk_body(self, closed: Any, ins: Sequence[TensorSpec], prefix: str) -> list[TensorSpec]:
         """The output layouts of a loop body walked at ``prefix`` on inputs ``ins``."""
@@ -906,7 +911,7 @@ class _Walker:
             return forced_signature(name, ins, self.choices[path], self.cost_model)
         return signature_for(
             ("primitive", name), definition.read_params(eqn.params), ins, out_avals, self.cost_model, self.mesh,
-            self.gathered, ranked=not self.gathered,
+            self.gathered, ranked=self.searched,
         )
 
     # -- control flow ------------------------------------------------------------------------
