@@ -312,3 +312,44 @@ def test_predict_pauses_the_garbage_collector_and_restores_it(mesh: Any) -> None
         assert gc.isenabled()
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def test_a_walk_not_searched_chooses_alike_and_ranks_no_more_than_it_needs(mesh: Any) -> None:
+    """_Walker(searched=False), eager dispatch's walk as the program search's bound: the
+    same rows and choices as a searched walk (every node's first candidate), its nodes
+    holding that candidate alone; walked cold, it ranks no more candidates than choosing
+    needs (a signature chosen as infer_signature chooses, ranked in full when read), and
+    a signature a searched walk ranked before is returned as it is."""
+    from placements2jax import clear_caches
+    from placements2jax.inference.cost import resolve_cost_model
+    from placements2jax.inference.jaxpr import _Walker
+    from placements2jax.inference.signature import as_tensor_specs
+
+    def residual_norm_matmul(x: jax.Array, a: jax.Array, wo: jax.Array, w1: jax.Array) -> jax.Array:
+        y = x + a @ wo
+        return (y - y.mean(-1, keepdims=True)) @ w1
+
+    specs, _ = as_tensor_specs([spec(mesh, (8, 16), "S(0),R"), spec(mesh, (8, 16), "S(0),S(1)"),
+                                spec(mesh, (16, 16), "R,S(0)"), spec(mesh, (16, 32), "R,S(1)")], None)
+    closed = jax.make_jaxpr(residual_norm_matmul)(*(jax.ShapeDtypeStruct(s.shape, s.dtype) for s in specs))
+
+    def walked(searched: bool) -> _Walker:
+        walker = _Walker(mesh, resolve_cost_model(None), {}, searched=searched)
+        walker.walk(closed.jaxpr, [], specs, "", [("in", i) for i in range(len(specs))])
+        return walker
+
+    clear_caches()
+    bound = walked(False)
+    lazy = [e.signature for e in bound.rows if e.signature is not None and e.signature.op != "sharding_constraint"]
+    assert any("candidates" not in vars(s) for s in lazy)  # chosen without ranking the rest
+    full = walked(True)
+    assert [(e.path, e.inputs, e.outputs) for e in bound.rows] == [(e.path, e.inputs, e.outputs) for e in full.rows]
+    assert all(len(node.candidates) == 1 for node in bound.nodes)
+    assert [(n.path, n.candidates[0].in_layouts, n.candidates[0].out_layouts) for n in bound.nodes] == [
+        (n.path, n.candidates[0].in_layouts, n.candidates[0].out_layouts) for n in full.nodes
+    ]
+    assert any(len(node.candidates) > 1 for node in full.nodes)
+    again = walked(False)  # now every signature is ranked: returned as it is
+    assert [e.signature for e in again.rows] == [e.signature for e in full.rows]
+    assert all(a.signature is b.signature for a, b in zip(again.rows, full.rows)
+               if a.signature is not None and len(a.signature.candidates) > 1)

@@ -21,7 +21,8 @@ from placements2jax import ArgumentTypeError, InferenceError, Layout, Partial, i
 from placements2jax.inference import CostModel, Signature, infer_signature, ops
 from placements2jax.inference.cost import resolve_cost_model
 from placements2jax.inference.select import (
-    _first_inexact, _fit_class, _fit_shapes, _inexact_step, nest_orders, rank_candidates, signature_for,
+    _first_inexact, _fit_class, _fit_shapes, _gathered_matters, _inexact_step, nest_orders, rank_candidates,
+    signature_for,
 )
 from placements2jax.inference.signature import Aval, TensorSpec, placement_on
 
@@ -373,6 +374,33 @@ def test_the_program_search_walks_without_charging_a_gathered_split() -> None:
         assert owed.cost == walked.cost == 448 and walked.chosen.pending == 0
 
 
+@settings(max_examples=60)  # each example ranks every candidate twice
+@given(data=st.data())
+def test_gathered_changes_nothing_without_a_partial_and_a_split_on_one_mesh_dim(data: Any) -> None:
+    """signature_for shares one signature between both walks where no mesh dim has one
+    input partial and another split (select._gathered_matters): there the ranking with
+    and without charging a gathered split is the same list, costs and charges included;
+    where one has, a P * S(0) keeps its charge (the test above)."""
+    shape = data.draw(st.sampled_from(sorted(_BOUNDED_MESHES)))
+    mesh = init_device_mesh(shape, _BOUNDED_MESHES[shape])
+    op = data.draw(st.sampled_from(sorted(_BOUNDED_OPS)))
+    shapes, params = _BOUNDED_OPS[op]
+    specs = tuple(TensorSpec(*x) for x in _drawn_inputs(data, mesh, shapes))
+    partial = {m for s in specs for m in s.layout.partial_axes}
+    split = {m for s in specs for axes in s.layout.dim_axes for m in axes}
+    assert _gathered_matters(specs) == bool(partial & split)
+    out_avals = infer_signature(op, [(s.shape, s.dtype, s.layout) for s in specs], **params).out_avals
+    rule = ops.op_definition(op).rule(tuple(s.aval for s in specs), out_avals, **params)
+    orders = nest_orders(mesh, [s.layout for s in specs])
+    model = resolve_cost_model(None)
+    owed, walked = (rank_candidates(rule, specs, out_avals, mesh, orders, model, gathered=g) for g in (True, False))
+    if not _gathered_matters(specs):
+        assert [(c, c.cost, c.pending) for c in owed] == [(c, c.cost, c.pending) for c in walked]
+        frozen = ops.freeze(params)
+        shared = [signature_for(("op", op), frozen, specs, out_avals, model, mesh, g) for g in (True, False)]
+        assert shared[0] is shared[1]
+
+
 def test_p_plus_s_runs_as_one_reduce_scatter() -> None:
     from placements2jax import distribute_tensor
 
@@ -449,6 +477,23 @@ _BOUNDED_OPS = {  # op: (input shapes, params); shapes 6 and 10 split unevenly
 }
 
 
+def _drawn_inputs(data: Any, mesh: Any, shapes: Any) -> list[tuple[Any, Any, Layout]]:
+    """Inputs of ``shapes`` on which each mesh dim replicates, holds a partial sum or splits
+    a dim (nested in a drawn order)."""
+    inputs = []
+    for dims in shapes:
+        dim_axes: list[tuple[int, ...]] = [() for _ in dims]
+        partial: list[Any] = [None] * mesh.ndim
+        for m in data.draw(st.permutations(range(mesh.ndim))):
+            choice = data.draw(st.sampled_from(["R", "P", *range(len(dims))]))
+            if choice == "P":
+                partial[m] = Partial().reduce_op
+            elif choice != "R":
+                dim_axes[choice] += (m,)
+        inputs.append((dims, F32, Layout(mesh, tuple(dim_axes), tuple(partial))))
+    return inputs
+
+
 @settings(max_examples=80)  # each example also ranks every candidate (up to ~0.1 s on the 3-D mesh)
 @given(data=st.data())
 def test_bounded_choice_is_the_full_rankings_first(data: Any) -> None:
@@ -459,17 +504,7 @@ def test_bounded_choice_is_the_full_rankings_first(data: Any) -> None:
     mesh = init_device_mesh(shape, _BOUNDED_MESHES[shape])
     op = data.draw(st.sampled_from(sorted(_BOUNDED_OPS)))
     shapes, params = _BOUNDED_OPS[op]
-    inputs = []
-    for dims in shapes:  # each mesh dim replicates, holds a partial sum or splits a dim (nested in a drawn order)
-        dim_axes: list[tuple[int, ...]] = [() for _ in dims]
-        partial: list[Any] = [None] * len(shape)
-        for m in data.draw(st.permutations(range(len(shape)))):
-            choice = data.draw(st.sampled_from(["R", "P", *range(len(dims))]))
-            if choice == "P":
-                partial[m] = Partial().reduce_op
-            elif choice != "R":
-                dim_axes[choice] += (m,)
-        inputs.append((dims, F32, Layout(mesh, tuple(dim_axes), tuple(partial))))
+    inputs = _drawn_inputs(data, mesh, shapes)
     weights = {"a": data.draw(st.sampled_from([1, 3]))}
     signature = infer_signature(op, inputs, cost_model=weights, **params)
     chosen = signature.chosen

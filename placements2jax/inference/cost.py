@@ -111,8 +111,13 @@ def block_bytes(
     pieces are the sizes of the mesh dims splitting it, leaving out mesh dim ``without``."""
     total = itemsize
     for n, axes in zip(shape, dim_axes):
-        pieces = math.prod(mesh_shape[a] for a in axes if a != without)
-        total *= -(-n // pieces)
+        # most dims are whole or split once (ranking and the planner compute this for every layout they meet)
+        if not axes:
+            total *= n
+        elif len(axes) == 1:
+            total *= n if axes[0] == without else -(-n // mesh_shape[axes[0]])
+        else:
+            total *= -(-n // math.prod(mesh_shape[a] for a in axes if a != without))
     return total
 
 

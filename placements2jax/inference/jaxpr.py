@@ -52,7 +52,7 @@ from .combine import CombinedCollective, combine, combiner_rules, lowered_step, 
 from .cost import CostModel, CostModelLike, resolve_cost_model
 from .frameworks import bind
 from .ops import primitive_definition, registered_function
-from .plan import cached_plan
+from .plan import InputPlans, cached_plan
 from .program import OVERHEAD, ProgramGraph, ProgramNode, ValueId, forced_signature, select_program
 from .select import pending_reduction, signature_for
 from .signature import (
@@ -449,7 +449,7 @@ def _predict(
     def walk(
         choices: Mapping[str, Candidate], gathered: bool = search != "program"
     ) -> tuple[Prediction, ProgramGraph, _Walker]:
-        walker = _Walker(mesh, model, choices, on_unknown, gathered=gathered)
+        walker = _Walker(mesh, model, choices, on_unknown, gathered=gathered, searched=not gathered)
         outputs = walker.walk(closed.jaxpr, consts, specs, "", [("in", i) for i in range(len(specs))])
         graph = ProgramGraph(mesh, tuple(walker.nodes), tuple(s for _, s in outputs), specs)
         finals = [
@@ -575,11 +575,51 @@ def execute(prediction: Prediction, executor: Executor, cost_model: CostModelLik
 
 
 def _const_specs(jaxpr: Any, mesh: DeviceMesh) -> list[TensorSpec]:
-    return [_replicated_spec(v.aval, mesh) for v in jaxpr.constvars]
+    return [_replicated_spec(Aval(v.aval.shape, v.aval.dtype), mesh) for v in jaxpr.constvars]
 
 
-def _replicated_spec(aval: Any, mesh: DeviceMesh) -> TensorSpec:
+@cached(maxsize=4096)
+def _replicated_spec(aval: Aval, mesh: DeviceMesh) -> TensorSpec:
+    """A literal's or constant's spec: Replicate (cached: every walk reads them again)."""
     return TensorSpec(aval.shape, aval.dtype, Layout(mesh, ((),) * len(aval.shape)))
+
+
+@dataclass(frozen=True)
+class _Equations:
+    """What every walk of a jaxpr reads of its equations, computed once per jaxpr (a cold
+    predict walks the program three times and loop bodies more, each equation's avals
+    built again otherwise): per equation ``(eqn, its index as a path part, per input
+    (atom, its Aval if a literal else None), its output avals, its output vars (None:
+    dropped))``; per output of the jaxpr, (atom, Aval if a literal)."""
+
+    equations: tuple[tuple[Any, str, tuple[tuple[Any, Aval | None], ...], tuple[Aval, ...], tuple[Any, ...]], ...]
+    outputs: tuple[tuple[Any, Aval | None], ...]
+
+
+def _reads(atoms: Sequence[Any]) -> tuple[tuple[Any, Aval | None], ...]:
+    return tuple(
+        (a, Aval(a.aval.shape, a.aval.dtype) if isinstance(a, core.Literal) else None) for a in atoms
+    )
+
+
+def _equations(jaxpr: Any) -> _Equations:
+    """The jaxpr's :class:`_Equations` (memoized per jaxpr object: jaxprs are hashed by
+    identity, and the memo holds the jaxpr, so an entry is never another's)."""
+    table = _EQUATIONS.recall(jaxpr)
+    if table is None:
+        table = _Equations(
+            tuple(
+                (eqn, str(index), _reads(eqn.invars), tuple(Aval(v.aval.shape, v.aval.dtype) for v in eqn.outvars),
+                 tuple(None if isinstance(v, core.DropVar) else v for v in eqn.outvars))
+                for index, eqn in enumerate(jaxpr.eqns)
+            ),
+            _reads(jaxpr.outvars),
+        )
+        _EQUATIONS.remember(jaxpr, table)
+    return table
+
+
+_EQUATIONS = Memo(1024)
 
 
 def _drop_dim0(layout: Layout) -> Layout:
@@ -660,11 +700,14 @@ def _source_line(eqn: Any) -> str:
 class _Walker:
     """Walks a jaxpr, choosing signatures: the candidate ``choices`` gives an equation's
     path (whole-program selection), else the best-ranked one for its inputs' layouts
-    (eager selection). Records the dataflow as :class:`ProgramNode`s for the search."""
+    (eager selection). Records the dataflow as :class:`ProgramNode`s for the search
+    (``searched=False``: a walk whose graph is read for its choices alone, e.g. eager
+    dispatch's as the search's bound: its nodes hold the chosen candidates, and it ranks
+    no more candidates than choosing needs: :func:`.select.signature_for`'s ``ranked``)."""
 
     def __init__(
         self, mesh: DeviceMesh, cost_model: CostModel, choices: Mapping[str, Candidate], on_unknown: str = "raise",
-        executor: Executor | None = None, gathered: bool = True,
+        executor: Executor | None = None, gathered: bool = True, searched: bool = True,
     ) -> None:
         self.mesh = mesh
         self.cost_model = cost_model
@@ -674,6 +717,7 @@ class _Walker:
         # eager choices charge a partial kept while a split is gathered (False: the program search's walk, see
         # select.signature_for)
         self.gathered = gathered
+        self.searched = searched  # the program nodes hold every candidate (else the chosen ones)
         self.rows: list[EquationReport] = []
         self.nodes: list[ProgramNode] = []
         self.node_at: dict[str, ProgramNode] = {}  # the nodes by path
@@ -682,7 +726,8 @@ class _Walker:
 
     def _trial(self) -> _Walker:
         """A walker whose rows and nodes are thrown away (for fixed points)."""
-        return _Walker(self.mesh, self.cost_model, self.choices, self.on_unknown, gathered=self.gathered)
+        return _Walker(self.mesh, self.cost_model, self.choices, self.on_unknown, gathered=self.gathered,
+                       searched=self.searched)
 
     def walk(
         self, jaxpr: Any, consts: Sequence[TensorSpec], inputs: Sequence[TensorSpec], prefix: str,
@@ -690,23 +735,24 @@ class _Walker:
     ) -> list[tuple[TensorSpec, ValueId | None]]:
         """The outputs of ``jaxpr`` and the values they are (None: a literal or constant)."""
         env: dict[Any, tuple[TensorSpec, ValueId | None]] = {}
+        mesh = self.mesh
 
-        def read(atom: Any) -> tuple[TensorSpec, ValueId | None]:
-            if isinstance(atom, core.Literal):
-                return _replicated_spec(atom.aval, self.mesh), None
-            return env[atom]
+        def read(atom: Any, literal: Aval | None) -> tuple[TensorSpec, ValueId | None]:
+            return env[atom] if literal is None else (_replicated_spec(literal, mesh), None)
 
         env.update((v, (c, None)) for v, c in zip(jaxpr.constvars, consts))
         env.update(zip(jaxpr.invars, zip(inputs, sources)))
-        for index, eqn in enumerate(jaxpr.eqns):
-            path = f"{prefix}{index}"
-            ins, srcs = zip(*(read(a) for a in eqn.invars)) if eqn.invars else ((), ())
-            out_avals = tuple(Aval(v.aval.shape, v.aval.dtype) for v in eqn.outvars)
-            outs = self._equation(eqn, path, tuple(ins), tuple(srcs), out_avals)
-            for var, value in zip(eqn.outvars, outs):
-                if not isinstance(var, core.DropVar):
+        table = _equations(jaxpr)
+        for eqn, index, reads, out_avals, outvars in table.equations:
+            if reads:
+                ins, srcs = zip(*(read(a, literal) for a, literal in reads))
+            else:
+                ins, srcs = (), ()
+            outs = self._equation(eqn, prefix + index, ins, srcs, out_avals)
+            for var, value in zip(outvars, outs):
+                if var is not None:
                     env[var] = value
-        return [read(v) for v in jaxpr.outvars]
+        return [read(v, literal) for v, literal in table.outputs]
 
     def _closed(
         self, closed: Any, ins: Sequence[TensorSpec], prefix: str, walker: _Walker | None = None,
@@ -789,11 +835,11 @@ class _Walker:
             signature = (
                 forced_signature(function.name, ins, self.choices[path], self.cost_model) if path in self.choices
                 else signature_for(("function", function.source), (), ins, out_avals, self.cost_model, self.mesh,
-                                   self.gathered)
+                                   self.gathered, ranked=self.searched)
             )
-            outs = tuple(TensorSpec(a.shape, a.dtype, x) for a, x in zip(out_avals, signature.out_layouts))
+            outs = tuple(TensorSpec.of(a, x) for a, x in zip(out_avals, signature.out_layouts))
             self.rows.append(EquationReport(path, f"{name}[{function.name}]", ins, signature, outs, srcs))
-            self._node(ProgramNode(path, ins, srcs, signature.candidates))
+            self._node(ProgramNode(path, ins, srcs, self._candidates(signature)))
             if self.executor is not None:
                 self.executor.equation(eqn, signature)
             return [(o, (path, j)) for j, o in enumerate(outs)]
@@ -821,13 +867,18 @@ class _Walker:
             signature = self._shard_map(eqn, ins, out_avals)
         else:
             signature = self._rule_signature(eqn, path, ins, out_avals)
-        outs = tuple(TensorSpec(a.shape, a.dtype, layout) for a, layout in zip(out_avals, signature.out_layouts))
+        outs = tuple(TensorSpec.of(a, layout) for a, layout in zip(out_avals, signature.out_layouts))
         label = signature.op if signature.op.startswith(name) else name  # e.g. 'foo (no rule: replicated)'
         self.rows.append(EquationReport(path, label, ins, signature, outs, srcs))
-        self._node(ProgramNode(path, ins, srcs, signature.candidates))
+        self._node(ProgramNode(path, ins, srcs, self._candidates(signature)))
         if self.executor is not None:
             self.executor.equation(eqn, signature)
         return [(o, (path, j)) for j, o in enumerate(outs)]
+
+    def _candidates(self, signature: Signature) -> tuple[Candidate, ...]:
+        """An equation's program-node candidates: every one, or the chosen one for a walk
+        not searched."""
+        return signature.candidates if self.searched else (signature.chosen,)
 
     def _loop(
         self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], srcs: tuple[ValueId | None, ...],
@@ -850,7 +901,8 @@ class _Walker:
     def body_walker(self, executor: Executor) -> _Walker:
         """A walker for a loop's bodies under ``executor`` (the same choices; its rows
         and nodes are thrown away: the loop's walk recorded them)."""
-        return _Walker(self.mesh, self.cost_model, self.choices, self.on_unknown, executor, gathered=self.gathered)
+        return _Walker(self.mesh, self.cost_model, self.choices, self.on_unknown, executor, gathered=self.gathered,
+                       searched=self.searched)
 
     def walk_body(self, closed: Any, ins: Sequence[TensorSpec], prefix: str) -> list[TensorSpec]:
         """The output layouts of a loop body walked at ``prefix`` on inputs ``ins``."""
@@ -878,7 +930,7 @@ class _Walker:
             return forced_signature(name, ins, self.choices[path], self.cost_model)
         return signature_for(
             ("primitive", name), definition.read_params(eqn.params), ins, out_avals, self.cost_model, self.mesh,
-            self.gathered,
+            self.gathered, ranked=self.searched,
         )
 
     # -- control flow ------------------------------------------------------------------------
@@ -1120,10 +1172,8 @@ def _carry_candidates(
     n = len(options[0])
     avals = tuple(s.aval for s in ins[:n])
     mesh = ins[0].layout.mesh
-    return tuple(
-        _fixed_signature(op, ins, option * 2, avals * (1 + reads), option * (1 + reads), mesh, cost_model).chosen
-        for option in options
-    )
+    return tuple(_node_candidate(ins, option * 2, avals * (1 + reads), option * (1 + reads), mesh, cost_model)
+                 for option in options)
 
 
 @cached(maxsize=1024)
@@ -1133,9 +1183,19 @@ def _choice_candidates(
 ) -> tuple[Candidate, ...]:
     """One candidate per option of :meth:`_Walker.choose` (cached: the program search
     keys its cache on the candidates' identities)."""
-    return tuple(
-        _fixed_signature(op, (spec,), (x,), (out_aval,), (out_of(x),), mesh, cost_model).chosen for x in options
-    )
+    return tuple(_node_candidate((spec,), (x,), (out_aval,), (out_of(x),), mesh, cost_model) for x in options)
+
+
+def _node_candidate(
+    ins: tuple[TensorSpec, ...], in_layouts: tuple[Layout, ...], out_avals: tuple[Aval, ...],
+    out_layouts: tuple[Layout, ...], mesh: DeviceMesh, cost_model: CostModel,
+) -> Candidate:
+    """One option of a loop's or a loop value's program node: :func:`_fixed_signature`'s
+    candidate, its plans built when read (:class:`.plan.InputPlans`, the same plans): the
+    search reads the options' layouts alone, and building every option's plans was ~6%
+    of GPT-2's walks."""
+    return Candidate(in_layouts, out_layouts, None, (), tuple(range(mesh.ndim)), out_avals, Fraction(0),
+                     InputPlans(ins, cost_model))
 
 
 # -- search="torch": torch's dispatcher's choice, equation by equation ----------------------------

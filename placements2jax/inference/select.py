@@ -164,12 +164,40 @@ def signature_for(
     cost_model: CostModel,
     mesh: DeviceMesh,
     gathered: bool = True,
+    ranked: bool = True,
 ) -> Signature:
     """The (cached) signature of a named op or jaxpr primitive given its output avals.
     ``gathered=False``: ranked without charging a partial kept while another input's
     split is gathered (:func:`continued_partials`): the program search's walk, whose
-    carries and starts that charge sends into worse basins (docs/inference.md)."""
-    return _infer(rule, params, specs, out_avals, None, None, cost_model, mesh, gathered=gathered)
+    carries and starts that charge sends into worse basins (docs/inference.md). Where
+    ``gathered`` changes nothing (:func:`_gathered_matters`), both walks share one cached
+    signature (the second walk of a cold predict then ranks only from the first
+    equation where they differ). ``ranked=False``: a caller reading the chosen candidate
+    alone (eager dispatch's walk): a signature not cached yet is chosen as
+    :func:`infer_signature` chooses, its other candidates ranked when first read (one
+    cache for both: a signature ranked before is returned as it is)."""
+    gathered = gathered or not _gathered_matters(specs)
+    key = (rule, params, specs, out_avals, cost_model, mesh, gathered)
+    signature = _SIGNATURES.recall(key)
+    if signature is None:
+        signature = _infer_signature(rule, params, specs, out_avals, None, None, cost_model, mesh, not ranked, gathered)
+        _SIGNATURES.remember(key, signature)
+    return signature
+
+
+# signature_for's signatures (the program search keys its cache on their candidates' identities)
+_SIGNATURES = Memo(16384)
+
+
+def _gathered_matters(specs: Sequence[TensorSpec]) -> bool:
+    """Can :func:`continued_partials`' ``gathered`` change its result on ``specs``? Only if
+    on some mesh dim one input is partial (a partial to keep) and another is split (a
+    split to gather there): elsewhere a gathered split ends no kept partial."""
+    partial = [s.layout.partial_axes for s in specs if s.layout.has_partial]
+    if not partial:  # most ops
+        return False
+    split = frozenset().union(*(_split_mesh_dims(s.layout) for s in specs))
+    return any(m in split for axes in partial for m in axes)
 
 
 def _as_specs(inputs: Any, mesh: DeviceMesh | None) -> tuple[tuple[TensorSpec, ...], DeviceMesh]:
@@ -230,8 +258,7 @@ def _constraint(value: Any, avals: tuple[Aval, ...], mesh: DeviceMesh, argument:
     )
 
 
-@cached(maxsize=4096)
-def _infer(
+def _infer_signature(
     rule: RuleKey,
     params: Any,
     specs: tuple[TensorSpec, ...],
@@ -275,6 +302,9 @@ def _infer(
             "relax the constraint (None leaves a tensor free), or redistribute the result afterwards",
         )
     return Signature(name, specs, tuple(candidates))
+
+
+_infer = cached(maxsize=4096)(_infer_signature)  # infer_signature's, per op, inputs, constraints and options
 
 
 def nest_orders(mesh: DeviceMesh, layouts: Sequence[Layout]) -> tuple[tuple[int, ...], ...]:
@@ -415,7 +445,7 @@ def _ranked(
                               allowed)
     out_avals = tuple(out_avals)
     ranked = []
-    keys = _RankKeys(tuple(specs), out_avals, cost_model, gathered)
+    keys = _RankKeys(tuple(specs), out_avals, cost_model, mesh, gathered)
     extra = _views(sigs, specs, mesh, choices)
     if strided and any(s.layout.is_strided for s in specs):
         extra += _strided(specs, avals, mesh, choices)
@@ -482,34 +512,80 @@ class _RankKeys:
     parts computed once per (tensor, layout) (plan costs, block bytes, the partials an
     input keeps or gives up) and per output layouts (pending reductions): the candidates
     of an op share them (one dict per tensor, keyed by the interned layout: hashed by
-    identity). The same order (the total cost as ``(float, Fraction)``: compared faster,
-    ties exact; equal keys keep their position); the candidate's ``cost`` and
-    ``redistributed`` are stored on it as computed. :meth:`ranked` does a candidate's
-    steps in one pass (ranking builds tens of thousands of candidates per program)."""
+    identity). The same order, the total cost in exact integer units (times ``scale``,
+    the planner's :func:`.plan.cost_scale`, which clears the denominators of every plan
+    cost and pending reduction on the mesh: the planner's own integers
+    (:meth:`plan_units`), int additions and comparisons, not Fraction arithmetic; a
+    Fraction where a cost model's weights would leave one, which compares exactly all
+    the same); equal keys keep their position. The candidate's ``redistributed`` is
+    stored on it as computed, and its ``cost`` where nothing costs (else summed on first
+    read: the program search reads layouts only).
+    :meth:`ranked` does a candidate's steps in one pass (ranking builds tens of
+    thousands of candidates per program)."""
 
-    __slots__ = ("specs", "out_avals", "cost_model", "gathered", "planner", "costs", "out_bytes", "pendings", "partials")
+    __slots__ = (
+        "specs", "out_avals", "cost_model", "gathered", "planner", "weights", "scale", "searches", "mesh", "costs",
+        "out_bytes", "charges", "fractions", "partials", "any_partial",
+    )
 
     def __init__(
-        self, specs: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...], cost_model: CostModel, gathered: bool = True,
-        planner: InputPlans | None = None,
+        self, specs: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...], cost_model: CostModel, mesh: DeviceMesh,
+        gathered: bool = True,
     ) -> None:
         self.specs, self.out_avals, self.cost_model, self.gathered = specs, out_avals, cost_model, gathered
-        self.planner = planner if planner is not None else InputPlans(specs, cost_model)
-        # per input, per layout: (plan cost or None if 0, its float, strided, layout key, moved)
-        self.costs: tuple[dict[Layout, tuple[Fraction | None, float, bool, Any, bool]], ...] = tuple({} for _ in specs)
+        self.planner = InputPlans(specs, cost_model)
+        self.weights = cost_model.weights(mesh)
+        self.scale = cost_scale(mesh.shape, self.weights)
+        # per input, the planner's search from its layout (None: strided, or not needed yet)
+        self.searches: list[Any] = [None] * len(specs)
+        # per input, per layout: (plan cost in units of 1/scale, strided, layout key, moved)
+        self.costs: tuple[dict[Layout, tuple[int | Fraction, bool, Any, bool]], ...] = tuple({} for _ in specs)
         # per output, per layout: (block bytes, strided, layout key, split dims, partial)
         self.out_bytes: tuple[dict[Layout, tuple[int, bool, Any, Any, bool]], ...] = tuple({} for _ in out_avals)
-        self.pendings: dict[tuple[tuple[Layout, ...], frozenset[int]], Fraction] = {}
+        self.mesh = mesh
+        # per output, per layout: _charges()
+        self.charges: tuple[dict[Layout, Any], ...] = tuple({} for _ in out_avals)
+        self.fractions: dict[int | Fraction, Fraction] = {0: _ZERO}  # per pending reduction in units, as a Fraction
         # per input, per layout: (partial mesh dims kept, splits given up), None where neither
         self.partials: tuple[dict[Layout, tuple[frozenset[int], frozenset[int]] | None], ...] = tuple(
             {} for _ in specs
         )
+        self.any_partial = any(s.layout.has_partial for s in specs)
+
+    def units(self, value: Fraction) -> int | Fraction:
+        """``value`` in units of ``1 / scale`` (:func:`_in_units`)."""
+        return _in_units(value, self.scale)
+
+    def plan_units(self, i: int, layout: Layout) -> int | Fraction:
+        """The cost of input ``i``'s plan to ``layout`` in units of ``1 / scale``: the
+        planner's search from its layout settled up to ``layout``, its integer cost read
+        as is (:func:`.plan.plan_search`: the same value as :func:`.plan.cached_plan_cost`
+        times ``scale``, without building the plan's path or its Fraction); strided
+        layouts by :func:`.plan.cached_plan_cost`."""
+        spec = self.specs[i]
+        given = spec.layout
+        if given is layout:
+            return 0
+        if given.is_strided or layout.is_strided:
+            return self.units(cached_plan_cost(spec.shape, spec.dtype, given, layout, self.cost_model))
+        search = self.searches[i]
+        if search is None:
+            search = self.searches[i] = plan_search(
+                spec.shape, spec.dtype.itemsize, given.mesh.shape, self.weights, (given.dim_axes, given.partial)
+            )
+        return search.cost_within((layout.dim_axes, layout.partial), math.inf)
+
+    def total(self, key: tuple[Any, ...]) -> Fraction:
+        """The exact cost plus pending reduction of a candidate with rank key ``key``."""
+        return Fraction(key[1]) / self.scale
 
     def continued(self, in_layouts: tuple[Layout, ...]) -> frozenset[int]:
         """:func:`continued_partials` from per-(input, layout) parts: the partial mesh dims
         an input keeps and those it gives up a split on (None where it does neither: most
-        layouts)."""
+        layouts). Empty without a partial input (nothing to keep: most ops)."""
         kept = made = _NO_DIMS
+        if not self.any_partial:
+            return kept
         for spec, layout, table in zip(self.specs, in_layouts, self.partials):
             parts = table.get(layout, _UNSEEN)
             if parts is _UNSEEN:
@@ -525,12 +601,37 @@ class _RankKeys:
         return kept - made if made else kept
 
     def pending(self, out_layouts: tuple[Layout, ...], given: frozenset[int]) -> Fraction:
-        """:func:`_pending` of the outputs in ``out_layouts``."""
-        key = (out_layouts, given)
-        value = self.pendings.get(key)
-        if value is None:
-            value = self.pendings[key] = _pending(self.out_avals, out_layouts, given, self.cost_model)
-        return value
+        """:func:`pending_reduction` of the outputs in ``out_layouts`` continuing ``given``."""
+        return self._pending(out_layouts, given)[0]
+
+    def _pending(self, out_layouts: tuple[Layout, ...], given: frozenset[int]) -> tuple[Fraction, int | Fraction]:
+        """:meth:`pending` and it in units of ``1 / scale``: per output layout, its block
+        bytes without each partial mesh dim times that dim's :func:`_reduction_rate` in
+        units (int products and sums; the same value as :func:`pending_reduction`)."""
+        units = 0
+        for aval, layout, table in zip(self.out_avals, out_layouts, self.charges):
+            found = table.get(layout)
+            if found is None:
+                found = table[layout] = self._charges(aval, layout)
+            if given:
+                units += sum(charge for m, charge in found[1] if m not in given)
+            else:
+                units += found[0]
+        pending = self.fractions.get(units)
+        if pending is None:
+            pending = self.fractions[units] = Fraction(units) / self.scale
+        return pending, units
+
+    def _charges(self, aval: Aval, layout: Layout) -> tuple[int | Fraction, tuple[tuple[int, int | Fraction], ...]]:
+        """An output layout's reduction charges in units: their total and (partial mesh dim,
+        charge) pairs."""
+        rates = _reduction_units(self.mesh, self.cost_model)
+        shape = layout.mesh.shape
+        charges = tuple(
+            (m, block_bytes(aval.shape, aval.dtype.itemsize, layout.dim_axes, shape, without=m) * rates[m])
+            for m in layout.partial_axes
+        )
+        return sum(charge for _, charge in charges), charges
 
     def ranked(
         self, in_layouts: tuple[Layout, ...], out_layouts: tuple[Layout, ...], one_d: tuple[OneDSig, ...],
@@ -538,28 +639,22 @@ class _RankKeys:
     ) -> tuple[tuple[Any, ...], Candidate]:
         """The candidate running the op with these layouts (its pending reduction from
         :meth:`continued` unless given) and its rank key."""
-        cost = None  # the sum of the nonzero plan costs (most inputs stay as given: cost 0)
-        cost_float = 0.0
+        total = 0  # the plan costs, then plus the pending reduction, in units of 1 / scale
         strided = 0
         layout_key = []
         redistributed = []
-        for spec, layout, table in zip(self.specs, in_layouts, self.costs):
+        for i, (layout, table) in enumerate(zip(in_layouts, self.costs)):
             parts = table.get(layout)
             if parts is None:
-                plan = cached_plan_cost(spec.shape, spec.dtype, spec.layout, layout, self.cost_model)
                 parts = table[layout] = (
-                    plan or None, float(plan), split_out_of_mesh_order(layout), layout_rank_key(layout),
-                    spec.layout is not layout,
+                    self.plan_units(i, layout), split_out_of_mesh_order(layout), layout_rank_key(layout),
+                    self.specs[i].layout is not layout,
                 )
-            if parts[0] is not None:
-                if cost is None:
-                    cost, cost_float = parts[0], parts[1]
-                else:
-                    cost += parts[0]
-                    cost_float = float(cost)
-            strided += parts[2]
-            layout_key.append(parts[3])
-            redistributed.append(parts[4])
+            total += parts[0]
+            strided += parts[1]
+            layout_key.append(parts[2])
+            redistributed.append(parts[3])
+        free = not total  # no plan costs anything
         out_bytes = 0
         out_splits = []
         partial = False
@@ -576,24 +671,21 @@ class _RankKeys:
             layout_key.append(parts[2])
             out_splits.append(parts[3])
             partial = partial or parts[4]
-        if pending is None:  # no partial output: nothing pending, whatever the inputs continue
-            pending = self.pending(out_layouts, self.continued(in_layouts)) if partial else _ZERO
-        if cost is None:
-            cost = _ZERO
+        if pending is not None:
+            total += self.units(pending)
+        elif partial:  # no partial output: nothing pending, whatever the inputs continue
+            pending, units = self._pending(out_layouts, self.continued(in_layouts))
+            total += units
+        else:
+            pending = _ZERO
         moved = tuple(redistributed)
         candidate = Candidate(in_layouts, out_layouts, None, one_d, nest_order, self.out_avals, pending, self.planner)
-        # what Candidate.cost / .redistributed (cached properties) compute: stored, not recomputed
-        candidate.__dict__["cost"] = cost
+        # what Candidate.redistributed (and .cost, where nothing costs) compute: stored, not recomputed
         candidate.__dict__["redistributed"] = moved
-        if pending:
-            total = cost + pending if cost is not _ZERO else pending
-            cost_float = float(total)
-        else:
-            total = cost
-        # (float, exact): the same order as the exact total alone (rounding is monotone; equal
-        # floats fall back to the Fractions), compared faster; Candidate.strided, .out_splits and
-        # .layout_key from parts per (tensor, layout)
-        key = (True in moved, (cost_float, total), strided, tuple(out_splits), moved, out_bytes, tuple(layout_key))
+        if free:
+            candidate.__dict__["cost"] = _ZERO
+        # Candidate.strided, .out_splits and .layout_key from parts per (tensor, layout)
+        key = (True in moved, total, strided, tuple(out_splits), moved, out_bytes, tuple(layout_key))
         return key, candidate
 
 
@@ -656,10 +748,10 @@ def _bounded_best(
         entries = [(total + b, ix + (k,)) for total, ix in entries for k, b in row]
     entries.sort(key=_first)
     found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]] = {}
-    layout_cache: dict[Any, Layout] = {}
-    keys = _RankKeys(specs, out_avals, cost_model)
+    layout_cache = _layout_cache(mesh)
+    keys = _RankKeys(specs, out_avals, cost_model, mesh)
     orders = tuple(orders)
-    best: tuple[Any, tuple[Layout, ...]] | None = None
+    best: tuple[Any, tuple[Layout, ...], Fraction] | None = None  # rank key, layouts, exact cost + pending
     limit = math.inf
     for bound, ix in entries:
         if bound > limit:
@@ -668,7 +760,7 @@ def _bounded_best(
         placements = [tables_of[sig] for sig in combo]
         if best is not None and not _states_within(
             specs, placements, orders, mesh.shape, searches, scale,
-            best[0][1][1] - sum(p for m, k in enumerate(ix) if (p := pending_bounds[m][k])),  # most are 0
+            best[2] - sum(p for m, k in enumerate(ix) if (p := pending_bounds[m][k])),  # most are 0
         ):
             continue
         for layouts in _add_layouts(combo, placements, tuple(sig_keys[s] for s in combo), orders, shapes, mesh,
@@ -677,14 +769,14 @@ def _bounded_best(
             if not _matches(outs, out_constraint) or not _matches(ins, in_constraint):
                 continue
             pending = keys.pending(outs, keys.continued(ins))
-            if best is not None and not _within(specs, ins, cost_model, best[0][1][1] - pending):
+            if best is not None and not _within(specs, ins, cost_model, best[2] - pending):
                 continue
             key = keys.ranked(ins, outs, (), (), pending)[0]
             if not key[0]:  # runs on the inputs as given: not this function's case
                 return None
             if best is None or key < best[0]:
-                best = (key, layouts)
-                limit = float(key[1][1]) * (1 + 1e-9) + 1e-9  # float bounds: a margin over their rounding
+                best = (key, layouts, keys.total(key))
+                limit = float(best[2]) * (1 + 1e-9) + 1e-9  # float bounds: a margin over their rounding
     if best is None:
         return None
     layouts = best[1]
@@ -793,7 +885,7 @@ def _layout_choices(
     # dataclass's hash, in Python) per combination
     entries = [(sig, _placement_table(sig), sig_keys[sig]) for sig in ordered]
     found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]] = {}
-    layout_cache: dict[Any, Layout] = {}
+    layout_cache = _layout_cache(mesh)
     per_dim = [entries] * mesh.ndim if allowed is None else [[e for e in entries if e[0] in a] for a in allowed]
     for chosen in itertools.product(*per_dim):
         combo, placements, keys = zip(*chosen)
@@ -810,9 +902,10 @@ def _add_layouts(
     matters), each entered in ``found`` with the least ``(keys, order)`` giving it; returns
     the layouts ``found`` did not hold before."""
     new = []
+    joints = [s.joint for s in combo if s.joint is not None]
     for order in orders if _nests(placements, mesh.shape) else orders[:1]:
         tables = _tables(combo, placements, order, shapes, mesh.shape)
-        if tables is None or any(s.joint is not None and not s.joint(tables, mesh.shape) for s in combo):
+        if tables is None or (joints and not all(joint(tables, mesh.shape) for joint in joints)):
             continue
         layouts = []
         for table in tables:
@@ -829,6 +922,20 @@ def _add_layouts(
     return new
 
 
+def _layout_cache(mesh: DeviceMesh) -> dict[Any, Layout]:
+    """The layouts on ``mesh`` by their ``(dim_axes, partial)`` table, as
+    :func:`_add_layouts` builds them (one dict per mesh, kept across ops: a program's
+    ops give the same few hundred layouts, each validated and interned once)."""
+    cache = _LAYOUT_CACHES.recall(mesh)
+    if cache is None:
+        cache = {}
+        _LAYOUT_CACHES.remember(mesh, cache)
+    return cache
+
+
+_LAYOUT_CACHES = Memo(64)
+
+
 def _placement_table(sig: OneDSig) -> tuple[tuple[int, Any], ...]:
     """Per tensor of a 1-D signature: (split tensor dim or None, partial reduce op or None)."""
     return tuple(
@@ -840,26 +947,26 @@ def _placement_table(sig: OneDSig) -> tuple[tuple[int, Any], ...]:
 def _nests(placements: Sequence[tuple[tuple[int, Any], ...]], mesh_shape: tuple[int, ...]) -> bool:
     """Does some tensor dim get split by several mesh dims of more than one device (so the
     nest order matters)? A size-1 mesh dim splits nothing wherever it nests: mesh order
-    alone puts it in place (every order would give the same data as new layouts)."""
+    alone puts it in place (every order would give the same data as new layouts).
+    Memoized per combination (ops of like signatures repeat them)."""
+    key = (tuple(placements), mesh_shape)
+    found = _NESTS.get(key)
+    if found is None:
+        found = _nested(placements, mesh_shape)
+        _NESTS.remember(key, found)
+    return found
+
+
+_NESTS = Memo(65536)
+
+
+def _nested(placements: Sequence[tuple[tuple[int, Any], ...]], mesh_shape: tuple[int, ...]) -> bool:
+    """:func:`_nests`, computed."""
     for per_tensor in zip(*placements):  # each tensor's entries, one per mesh dim
         dims = [dim for (dim, _), n in zip(per_tensor, mesh_shape) if dim is not None and n > 1]
         if len(dims) != len(set(dims)):
             return True
     return False
-
-
-_PENDING = Memo(65536)
-
-
-def _pending(out_avals: tuple[Aval, ...], out_layouts: tuple[Layout, ...], given: frozenset[int],
-             cost_model: CostModel) -> Fraction:
-    """:func:`pending_reduction`, memoized (outputs recur across candidates and ops)."""
-    key = (out_avals, out_layouts, given, cost_model)
-    value = _PENDING.recall(key)
-    if value is None:
-        value = pending_reduction(out_avals, out_layouts, set(given), cost_model)
-        _PENDING.remember(key, value)
-    return value
 
 
 def continued_partials(specs: Sequence[TensorSpec], in_layouts: Sequence[Layout], gathered: bool = True) -> set[int]:
@@ -904,20 +1011,51 @@ def pending_reduction(
     """The look-ahead charge of new partials: for every output partial on a mesh dim not
     in ``given_partial`` (the mesh dims the op continues a partial on, see
     :func:`continued_partials`), the cheapest way to resolve it later (a reduce-scatter of
-    the output's block on that mesh dim, weighted). Without it, a greedy choice would pay
-    a little now to create a partial that costs much more to reduce later (e.g. contract
-    a matmul over an extra mesh dim). Continuing a partial through a linear op is free."""
+    the output's block on that mesh dim, weighted: :func:`_reduction_rate` per byte).
+    Without it, a greedy choice would pay a little now to create a partial that costs
+    much more to reduce later (e.g. contract a matmul over an extra mesh dim). Continuing
+    a partial through a linear op is free."""
     total = Fraction(0)
     for aval, layout in zip(out_avals, out_layouts):
         for m in layout.partial_axes:
             if m not in given_partial:
                 block = block_bytes(aval.shape, aval.dtype.itemsize, layout.dim_axes, layout.mesh.shape, without=m)
-                total += collective_bytes(REDUCE_SCATTER, block, layout.mesh.shape[m]) * cost_model.weight(layout.mesh, m)
+                total += block * _reduction_rate(layout.mesh, m, cost_model)
     return total
 
 
+def _in_units(value: Fraction, scale: int) -> int | Fraction:
+    """``value`` times ``scale``: an int where ``scale`` clears its denominator (in int
+    arithmetic, not a Fraction product), else a Fraction."""
+    whole, part = divmod(scale, value.denominator)
+    return value.numerator * whole if not part else value * scale
+
+
+@cached(maxsize=256)
+def _reduction_units(mesh: DeviceMesh, cost_model: CostModel) -> tuple[int | Fraction, ...]:
+    """Per mesh dim, :func:`_reduction_rate` in units of ``1 / cost_scale`` (the units of
+    :class:`_RankKeys`; cached: every ranking with a partial output reads them)."""
+    scale = cost_scale(mesh.shape, cost_model.weights(mesh))
+    return tuple(_in_units(_reduction_rate(mesh, m, cost_model), scale) for m in range(mesh.ndim))
+
+
+def _reduction_rate(mesh: DeviceMesh, mesh_dim: int, cost_model: CostModel) -> Fraction:
+    """What a pending reduction on ``mesh_dim`` charges per byte of the block it reduces
+    (a reduce-scatter's bytes sent per block byte, weighted)."""
+    return collective_bytes(REDUCE_SCATTER, 1, mesh.shape[mesh_dim]) * cost_model.weight(mesh, mesh_dim)
+
+
 def _sig_key(sig: OneDSig) -> tuple[str, ...]:
-    return tuple(str(p) for p in sig.placements) + tuple(sorted(map(str, sig.even)))
+    """A 1-D signature's sort key (its placements' and even marks' text; memoized: every
+    ranking sorts its rule's signatures, and rules give the same ones again)."""
+    key = _SIG_KEYS.get(sig)
+    if key is None:
+        key = tuple(str(p) for p in sig.placements) + tuple(sorted(map(str, sig.even)))
+        _SIG_KEYS.remember(sig, key)
+    return key
+
+
+_SIG_KEYS = Memo(65536)
 
 
 def _tables(

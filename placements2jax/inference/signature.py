@@ -104,8 +104,20 @@ class TensorSpec:
             layout.check_shape(self.shape, "shape")
         object.__setattr__(self, "layout", layout)
 
-    @property
+    @classmethod
+    def of(cls, aval: Aval, layout: Layout) -> TensorSpec:
+        """``TensorSpec(aval.shape, aval.dtype, layout)`` without checking again what
+        ``aval`` (a checked shape and dtype) and a plain layout of its rank already are
+        (the walker makes one per equation output); any other layout is checked."""
+        if not isinstance(layout, Layout) or layout.is_strided or layout.ndim != len(aval.shape):
+            return cls(aval.shape, aval.dtype, layout)
+        spec = object.__new__(cls)
+        spec.__dict__.update(shape=aval.shape, dtype=aval.dtype, layout=layout, aval=aval)
+        return spec
+
+    @cached_property
     def aval(self) -> Aval:
+        """Its Aval (built once: ranking and the walks read it per op)."""
         return Aval(self.shape, self.dtype)
 
     @property
