@@ -1244,9 +1244,13 @@ class _Search:
         descent (from another start, with pull moves, the finishing one) meeting the move
         there again reuses it."""
         known = self.evaluations.setdefault(move, [])
+        read, now = None, None
         for depends, snapshot, tie, found in known:
-            if (tie is None or tie == self.fewest_moved) and depends(choice) == snapshot:
-                return found
+            if tie is None or tie == self.fewest_moved:
+                if depends is not read:  # entries of one reading share its getter: the choices read once
+                    read, now = depends, depends(choice)
+                if now == snapshot:
+                    return found
         if move[0] == _VALUE:  # every consumer of a value at once, cascading or the consumers alone
             seeds, follow, reduce = dict(move[3]), move[4], False
         elif move[0] == _REDUCING:
