@@ -65,8 +65,13 @@ def below_floor(report: Any) -> bool:
 
 
 def plain(tree: Any) -> Any:
-    """A pytree of DTensors as plain global jax.Arrays (for the unsharded reference)."""
-    return jax.tree.map(lambda x: x.full_tensor() if _is_dtensor(x) else x, tree, is_leaf=_is_dtensor)
+    """A pytree of DTensors as plain global jax.Arrays (for the unsharded reference), each
+    gathered and waited for before the next: XLA's CPU runtime can abort the process when
+    many programs with collectives are in flight at once (a clean-clone CI run aborted in
+    full_tensor while gathering an adamw step's ~60 parameters and Adam moments at load 6-8)."""
+    return jax.tree.map(
+        lambda x: jax.block_until_ready(x.full_tensor()) if _is_dtensor(x) else x, tree, is_leaf=_is_dtensor
+    )
 
 
 def checked_programs(module: Any, cfg: Any, mesh: Any) -> dict[str, tuple[Any, tuple[Any, ...], Any]]:
