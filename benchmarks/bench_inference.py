@@ -348,6 +348,50 @@ def _predict_steps(config: Config, section: Section) -> None:
     )
 
 
+_DEPTHS = (("llama", (2, 4, 8)), ("gpt2", (2, 8)))  # unrolled layers (a Python loop) / layers under lax.scan
+
+
+def _predict_depth(config: Config, section: Section) -> None:
+    """predict on the adamw steps of deeper models: how its cold time and its prediction
+    grow with the number of layers, against XLA compiling the same step."""
+    from models.steps import training_step
+
+    from placements2jax import check
+
+    mesh = init_device_mesh((2, 4), ("dp", "tp"))
+    rows = []
+    for model, depths in () if config.quick else _DEPTHS:
+        for layers in depths:
+            progress(f"  inference predict({model} adamw step, {layers} layers)")
+            step = training_step(model, mesh, layers=layers)
+            predict(step.fn, *step.args, out_layouts=step.out_layouts)  # the model's own first-call costs
+            clear_caches()
+            start = time.process_time()
+            prediction = predict(step.fn, *step.args, out_layouts=step.out_layouts)
+            cold = time.process_time() - start
+            start = time.process_time()
+            step.plain_jit(fresh=True).lower(*step.plain_args()).compile()
+            compile_s = time.process_time() - start
+            report = check(step.fn, *step.args, out_layouts=step.out_layouts)
+            rows.append((
+                model, layers, len(prediction.equations), f"{cold:.2f}", f"{compile_s:.2f}", f"{cold / compile_s:.2f}",
+                f"{float(prediction.lowered_nbytes / report.compiled_bytes):.2f}",
+                f"{len(report.predicted_combined)} / {len(report.compiled_collectives)}",
+            ))
+    if rows:
+        section.tables.append(
+            Table(
+                "predict against depth: the adamw steps of tests/models with more layers (Llama's unrolled by a "
+                "Python loop, GPT-2's under lax.scan; mesh dp=2 x tp=4, Megatron plan; one cold predict and one XLA "
+                "compile each, CPU s; bytes as CPU XLA compiles the prediction against XLA's, collectives after "
+                "XLA's combiner)",
+                ("model", "layers", "report rows", "predict cold (CPU s)", "XLA compile (CPU s)", "cold / compile",
+                 "predicted / XLA bytes", "collectives predicted / XLA"),
+                tuple(rows),
+            )
+        )
+
+
 def _plain(args: Any, out_layouts: Any) -> tuple[Any, Any]:
     """The arguments as jax.Arrays on the mesh's Auto twin (same blocks, same specs) and
     ``out_layouts`` as ``out_shardings`` there (None: free), for plain ``jax.jit``."""
@@ -535,6 +579,7 @@ per-collective-kind explanations for each program.
     _cold_per_mesh(config, section)
     _predict(config, section)
     _predict_steps(config, section)
+    _predict_depth(config, section)
     _program(config, section)
     _real_models(config, section)
     return section
