@@ -575,7 +575,12 @@ def execute(prediction: Prediction, executor: Executor, cost_model: CostModelLik
 
 
 def _const_specs(jaxpr: Any, mesh: DeviceMesh) -> list[TensorSpec]:
-    return [_replicated_spec(Aval(v.aval.shape, v.aval.dtype), mesh) for v in jaxpr.constvars]
+    return [_replicated_spec(_aval(v), mesh) for v in jaxpr.constvars]
+
+
+def _aval(atom: Any) -> Aval:
+    """A jaxpr variable's or literal's shape and dtype."""
+    return Aval(atom.aval.shape, atom.aval.dtype)
 
 
 @cached(maxsize=4096)
@@ -597,9 +602,7 @@ class _Equations:
 
 
 def _reads(atoms: Sequence[Any]) -> tuple[tuple[Any, Aval | None], ...]:
-    return tuple(
-        (a, Aval(a.aval.shape, a.aval.dtype) if isinstance(a, core.Literal) else None) for a in atoms
-    )
+    return tuple((a, _aval(a) if isinstance(a, core.Literal) else None) for a in atoms)
 
 
 def _equations(jaxpr: Any) -> _Equations:
@@ -609,7 +612,7 @@ def _equations(jaxpr: Any) -> _Equations:
     if table is None:
         table = _Equations(
             tuple(
-                (eqn, str(index), _reads(eqn.invars), tuple(Aval(v.aval.shape, v.aval.dtype) for v in eqn.outvars),
+                (eqn, str(index), _reads(eqn.invars), tuple(map(_aval, eqn.outvars)),
                  tuple(None if isinstance(v, core.DropVar) else v for v in eqn.outvars))
                 for index, eqn in enumerate(jaxpr.eqns)
             ),
