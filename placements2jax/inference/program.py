@@ -856,17 +856,16 @@ class _Search:
         trial.update(seeds)
         changes = dict(seeds)
         # every equation queued is looked at once (``seen``: a loop body's read of its carry, a back edge, is
-        # followed once), in program order; the equations looked at are the seeds and those queued
-        seen = {position for path in seeds if follow for c, position in self.downstream[path] if c not in seeds}
-        queue = sorted(seen)  # a heap
+        # followed once), in program order; a seed is never queued (a seed downstream of another keeps its
+        # candidate: a value move's); the equations looked at are those seen
+        queue = sorted({position for path in seeds if follow for c, position in self.downstream[path] if c not in seeds})
+        seen = {*queue, *map(self.position.__getitem__, seeds)}
         # the hot loop of the search: greedy()'s memo read inline, locals for the tables it reads
         steps, memos, pop, push = self.steps, self.greedy_memos(reducing), heapq.heappop, heapq.heappush
         fewest, tied = self.fewest_moved, False
         while queue:
             position = pop(queue)
             path, producers, consumers = steps[position]
-            if path in seeds:  # a seed downstream of another keeps its candidate (a value move's)
-                continue
             pair = memos[position].get(producers(trial))
             if pair is None:
                 pair = self.greedy_pair(path, trial, reducing)
@@ -883,7 +882,7 @@ class _Search:
                     seen.add(position)
                     push(queue, position)
         trial.update(kept)
-        return changes, frozenset(map(self.paths.__getitem__, seen)).union(seeds), tied
+        return changes, frozenset(map(self.paths.__getitem__, seen)), tied
 
     def around(self, paths: Sequence[str], choice: Choice, values: Collection[int] | None = None) -> Cost:
         """The cost of every value ``paths`` produce or consume (:meth:`value_cost`; their
@@ -1253,7 +1252,10 @@ class _Search:
         key = (looked, tuple(changes))  # the changes in order: touched_by()'s order, the sums'
         reading = self.readings.get(key)
         if reading is None:
-            reads = looked.union(*map(self.neighbours.__getitem__, changes), *map(self.producers.__getitem__, looked))
+            # the neighbours of those changed include their producers
+            reads = looked.union(
+                *map(self.neighbours.__getitem__, changes), *map(self.producers.__getitem__, looked.difference(changes))
+            )
             depends = functools.reduce(operator.or_, map(self.reach.__getitem__, looked))
             reading = self.readings[key] = (depends, _getter(tuple(reads)), self.touched_by(key[1]))
         depends, getter, values = reading
