@@ -858,7 +858,7 @@ class _Search:
         # every equation queued is looked at once (``seen``: a loop body's read of its carry, a back edge, is
         # followed once), in program order; a seed is never queued (a seed downstream of another keeps its
         # candidate: a value move's); the equations looked at are those seen
-        queue = sorted({position for path in seeds if follow for c, position in self.downstream[path] if c not in seeds})
+        queue = sorted({p for path in seeds if follow for c, p in self.downstream[path] if c not in seeds})  # a heap
         seen = {*queue, *map(self.position.__getitem__, seeds)}
         # the hot loop of the search: greedy()'s memo read inline, locals for the tables it reads
         steps, memos, pop, push = self.steps, self.greedy_memos(reducing), heapq.heappop, heapq.heappush
@@ -1202,7 +1202,8 @@ class _Search:
         for value in values:  # the hot loop of every evaluation: value_cost()'s memo read inline
             decide, memo = tables[value]
             cost, was = memo.get(decide(choice)) or value_cost(value, choice), settled[value]
-            nbytes, steps, was_bytes, was_steps = nbytes + cost[0], steps + cost[1], was_bytes + was[0], was_steps + was[1]
+            nbytes, steps = nbytes + cost[0], steps + cost[1]
+            was_bytes, was_steps = was_bytes + was[0], was_steps + was[1]
         choice.update(kept)
         return nbytes - was_bytes, steps - was_steps
 
@@ -1280,7 +1281,7 @@ class _Search:
         # scanned no more: the large cascades, which depend on most equations, go stale at the first moves)
         fresh: dict[Move, int] = {}
         heap: list[tuple[Cost, int, Move]] = []
-        settled: dict[Any, Cost] = {}  # value costs at choice (each delta's before), dropped where a move changes them
+        settled: dict[int, Cost] = {}  # value costs at choice (each delta's before), dropped where a move changes them
 
         def evaluate(move: Move) -> None:
             evaluated[move] = found = self.evaluate(move, choice, settled)
