@@ -842,7 +842,7 @@ class _Search:
 
     def cascade(
         self, seeds: dict[str, int], choice: Choice, follow: bool = True, reducing: bool = False
-    ) -> tuple[dict[str, int], set[str], bool]:
+    ) -> tuple[dict[str, int], frozenset[str], bool]:
         """Equations ``seeds`` running the given candidates (path -> candidate) and
         (``follow``) every equation downstream whose inputs change re-chosen as eager
         dispatch would, until the changes die out. Returns the changes (path ->
@@ -855,58 +855,43 @@ class _Search:
         trial, kept = choice, {path: choice[path] for path in seeds}
         trial.update(seeds)
         changes = dict(seeds)
-        looked = set(seeds)
-        queue = [position for path in seeds if follow for c, position in self.downstream[path] if c not in seeds]
-        heapq.heapify(queue)
-        seen = set(queue)
+        # every equation queued is looked at once (``seen``: a loop body's read of its carry, a back edge, is
+        # followed once), in program order; a seed is never queued (a seed downstream of another keeps its
+        # candidate: a value move's); the equations looked at are those seen
+        queue = sorted({p for path in seeds if follow for c, p in self.downstream[path] if c not in seeds})  # a heap
+        seen = {*queue, *map(self.position.__getitem__, seeds)}
         # the hot loop of the search: greedy()'s memo read inline, locals for the tables it reads
         steps, memos, pop, push = self.steps, self.greedy_memos(reducing), heapq.heappop, heapq.heappush
         fewest, tied = self.fewest_moved, False
         while queue:
             position = pop(queue)
             path, producers, consumers = steps[position]
-            looked.add(path)
-            if path in seeds:  # a seed downstream of another keeps its candidate (a value move's)
-                continue
             pair = memos[position].get(producers(trial))
             if pair is None:
                 pair = self.greedy_pair(path, trial, reducing)
             best = pair[fewest]
             if pair[0] != pair[1]:
                 tied = True
-            if best == trial[path]:
+            was = trial[path]
+            if best == was:
                 continue
-            kept.setdefault(path, trial[path])
+            kept[path] = was  # each equation is looked at once: its candidate before the cascade
             trial[path] = changes[path] = best
             for position in consumers:
                 if position not in seen:
                     seen.add(position)
                     push(queue, position)
         trial.update(kept)
-        return changes, looked, tied
+        return changes, frozenset(map(self.paths.__getitem__, seen)), tied
 
-    def around(
-        self, paths: Sequence[str], choice: Choice, values: Collection[int] | None = None,
-        settled: dict[int, Cost] | None = None,
-    ) -> Cost:
+    def around(self, paths: Sequence[str], choice: Choice, values: Collection[int] | None = None) -> Cost:
         """The cost of every value ``paths`` produce or consume (:meth:`value_cost`; their
-        outputs' charges among them). ``values``: those values by id, when known (:meth:`delta`);
-        ``settled``: value costs known at ``choice``, and those found here are added."""
+        outputs' charges among them). ``values``: those values by id, when known."""
         nbytes, steps = 0.0, 0.0
         tables, value_cost = self.value_costs, self.value_cost
-        if values is None:
-            values = self.touched_by(paths)
-        if settled is None:  # the hot path of every delta (its after): value_cost()'s memo read inline
-            for value in values:
-                decide, memo = tables[value]
-                cost = memo.get(decide(choice)) or value_cost(value, choice)
-                nbytes, steps = nbytes + cost[0], steps + cost[1]
-            return nbytes, steps
-        for value in values:
-            cost = settled.get(value)
-            if cost is None:
-                decide, memo = tables[value]
-                cost = settled[value] = memo.get(decide(choice)) or value_cost(value, choice)
+        for value in self.touched_by(paths) if values is None else values:
+            decide, memo = tables[value]
+            cost = memo.get(decide(choice)) or value_cost(value, choice)
             nbytes, steps = nbytes + cost[0], steps + cost[1]
         return nbytes, steps
 
@@ -1202,20 +1187,25 @@ class _Search:
             self.input_cost_lists[key] = totals
         return totals
 
-    def delta(
-        self, changes: dict[str, int], values: Collection[int], choice: Choice, settled: dict[int, Cost] | None = None
-    ) -> Cost:
+    def delta(self, changes: dict[str, int], values: Collection[int], choice: Choice, settled: dict[int, Cost]) -> Cost:
         """How much ``changes`` lower (negative) or raise the total from ``choice``, by the
-        ``values`` they touch (:meth:`touched_by` of their paths in order: the same values
-        before and after, summed in the same order; ``settled``: value costs known at
-        ``choice``, see :meth:`around`)."""
-        paths = list(changes)
-        before = self.around(paths, choice, values, settled)
+        ``values`` they touch (:meth:`touched_by` of their paths in order): the cost of each
+        value before (``settled``: value costs known at ``choice``, those found here added)
+        and after, each sum in the order of ``values`` (one loop over them)."""
+        tables, value_cost = self.value_costs, self.value_cost
+        for value in set(values).difference(settled):  # few: the values near the last applied move
+            decide, memo = tables[value]
+            settled[value] = memo.get(decide(choice)) or value_cost(value, choice)
         kept = {path: choice[path] for path in changes}
         choice.update(changes)  # in place and back, as in cascade()
-        after = self.around(paths, choice, values)
+        nbytes, steps, was_bytes, was_steps = 0.0, 0.0, 0.0, 0.0
+        for value in values:  # the hot loop of every evaluation: value_cost()'s memo read inline
+            decide, memo = tables[value]
+            cost, was = memo.get(decide(choice)) or value_cost(value, choice), settled[value]
+            nbytes, steps = nbytes + cost[0], steps + cost[1]
+            was_bytes, was_steps = was_bytes + was[0], was_steps + was[1]
         choice.update(kept)
-        return after[0] - before[0], after[1] - before[1]
+        return nbytes - was_bytes, steps - was_steps
 
     def starts(self, eager: Choice) -> list[Choice]:
         """The starts of the descent: eager dispatch's choice, and the program walked again
@@ -1235,7 +1225,7 @@ class _Search:
             starts.append(walked)
         return starts
 
-    def evaluate(self, move: Move, choice: Choice, settled: dict[Any, Cost] | None = None) -> Evaluation:
+    def evaluate(self, move: Move, choice: Choice, settled: dict[int, Cost]) -> Evaluation:
         """A move's cascade from ``choice``: (how much it changes the total, the changes,
         every equation whose change makes it stale; :meth:`cascade`). Kept per move with
         the choices it read (:meth:`cascade`'s: those of the equations looked at and of
@@ -1260,10 +1250,13 @@ class _Search:
         else:
             seeds, follow, reduce = {move[0]: move[1]}, move[2], False
         changes, looked, tied = self.cascade(seeds, choice, follow, reduce)
-        key = (frozenset(looked), tuple(changes))  # the changes in order: touched_by()'s order, the sums'
+        key = (looked, tuple(changes))  # the changes in order: touched_by()'s order, the sums'
         reading = self.readings.get(key)
         if reading is None:
-            reads = looked.union(*map(self.neighbours.__getitem__, changes), *map(self.producers.__getitem__, looked))
+            # the neighbours of those changed include their producers
+            reads = looked.union(
+                *map(self.neighbours.__getitem__, changes), *map(self.producers.__getitem__, looked.difference(changes))
+            )
             depends = functools.reduce(operator.or_, map(self.reach.__getitem__, looked))
             reading = self.readings[key] = (depends, _getter(tuple(reads)), self.touched_by(key[1]))
         depends, getter, values = reading
@@ -1284,13 +1277,15 @@ class _Search:
         (:meth:`reducing_moves`); ``pulls``: pull moves too (:meth:`pull_moves`)."""
         choice = dict(choice)
         evaluated: dict[Move, Evaluation] = {}
-        stale: set[Move] = set()
+        # the evaluations not stale, by their depends: those an applied move can make stale (a stale one is
+        # scanned no more: the large cascades, which depend on most equations, go stale at the first moves)
+        fresh: dict[Move, int] = {}
         heap: list[tuple[Cost, int, Move]] = []
-        settled: dict[Any, Cost] = {}  # value costs at choice (each delta's before), dropped where a move changes them
+        settled: dict[int, Cost] = {}  # value costs at choice (each delta's before), dropped where a move changes them
 
         def evaluate(move: Move) -> None:
             evaluated[move] = found = self.evaluate(move, choice, settled)
-            stale.discard(move)
+            fresh[move] = found[2]
             heapq.heappush(heap, (found[0], self.position[move[0] if move[0] not in _KINDS else move[1]], move))
 
         def current(move: Move) -> bool:
@@ -1305,21 +1300,21 @@ class _Search:
         def offer(paths: Any) -> None:
             for path in sorted(paths, key=self.position.__getitem__):
                 for k, follow in self.alternatives(path, choice, reducing):
-                    if (path, k, follow) not in evaluated or (path, k, follow) in stale:
+                    if (path, k, follow) not in fresh:
                         evaluate((path, k, follow))
                 for k in self.reducing_moves(path, choice) if reducing else ():
                     move = (_REDUCING, path, k)
-                    if move not in evaluated or move in stale:
+                    if move not in fresh:
                         evaluate(move)
                 for i, seeds in self.pull_moves(path, choice) if pulls else ():
                     move = (_PULL, path, i, seeds)
-                    if move not in evaluated or move in stale:
+                    if move not in fresh:
                         evaluate(move)
                 for j in range(len(self.out_avals[path]) if values else 0):
                     for seeds in self.value_moves((path, j), choice):
                         for follow in (True, False):  # cascading, or the consumers alone (see value_moves)
                             move = (_VALUE, path, j, seeds, follow)
-                            if move not in evaluated or move in stale:
+                            if move not in fresh:
                                 evaluate(move)
 
         offer(self.position)
@@ -1328,7 +1323,7 @@ class _Search:
                 delta, _, move = heapq.heappop(heap)
                 if move not in evaluated or evaluated[move][0] != delta:
                     continue  # superseded
-                if move in stale:
+                if move not in fresh:  # stale
                     if current(move):
                         evaluate(move)
                     else:
@@ -1338,13 +1333,15 @@ class _Search:
             else:
                 break
             _, changes, _ = evaluated.pop(move)
+            del fresh[move]
             choice.update(changes)
             for value in self.touched_by(list(changes)):  # the values whose deciders changed
                 settled.pop(value, None)
-            # a scan (~250 applied moves on GPT-2's adamw step), one AND per evaluation: an index of the
+            # a scan (~250 applied moves on GPT-2's adamw step), one AND per fresh evaluation: an index of the
             # evaluations by the equations they depend on (~50 each) cost more to build than the scans it saved
             changed = functools.reduce(operator.or_, map(self.bits.__getitem__, changes), 0)
-            stale.update(other for other, (_, _, depends) in evaluated.items() if depends & changed)
+            for other in [other for other, depends in fresh.items() if depends & changed]:
+                del fresh[other]
             near = set(changes)
             for path in changes:
                 for j in range(len(self.out_avals[path])):
