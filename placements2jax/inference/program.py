@@ -58,7 +58,9 @@ value_and_grad, Equinox's adamw step) the dearer chain's
 finish never gave the kept result, and a finish is the dearest descent on large programs (its
 first offer of reducing cascades at every equation: 1.2-1.6 s CPU on Llama's 8-layer adamw
 step, whose two finishes took 2.2 and 2.4 s of its 17.9 s of descents; the predictions are
-unchanged, its cold predict 27.2 -> 24.2 s, 4 layers 8.8 -> 7.5 s, at load 7-12). What the
+unchanged; cold predict, three rounds alternating processes at load 5-9: 27.2 / 21.4 / 19.3 ->
+24.2 / 17.0 / 13.0 s, with 4 layers 8.8 / 9.0 / 5.0 -> 7.5 / 7.0 / 4.3 s; GPT-2's chains tie
+where the planner's result replaces both, and both are finished, as before). What the
 rest costs there, per descent (CPU s, applied changes, from -> to MB as compiled, load 5.6): the
 planner's from the eager and walked starts 0.66 / 0.46, its value moves from the result and
 from its start 0.36 / 0.64; without pull moves from the walked start 2.69 (2,051 changes,
