@@ -34,7 +34,9 @@ result). The descent as compiled runs twice, without and with *pull moves*
 (:meth:`_Search.pull_moves`: an input's redistribution removed at its producers, upstream,
 then cascading; a cascade only goes downstream), and the cheaper result is kept (with
 pull moves alone Llama's value_and_grad went 0.70 -> 0.81x XLA's bytes; with them
-Equinox's loss 1.17 -> 0.85x). A last descent from the kept result adds *reducing cascades*
+Equinox's loss 1.17 -> 0.85x). A last descent from the kept result (the cheaper chain's, the
+planner's result in its place where that is cheaper; from each, with its own moves, when they
+tie) adds *reducing cascades*
 (:meth:`_Search.reducing_moves`): at an equation that makes or receives a partial, its
 candidates reducing it there (or its own), every equation downstream re-chosen as eager
 dispatch would if it charged the partials it continues too, so partials are reduced where
@@ -49,7 +51,29 @@ moments to the transposed split and back: its adamw step 0.96 -> 0.76x XLA's byt
 Reducing cascades offered in every descent would double the search's time;
 once, they add 0.2-0.3 s CPU to a cold predict of
 the training steps (the second search 0.5-0.6 s: GPT-2's adamw step 1.4 -> 2.2 s,
-Llama's 1.0 -> 1.8 s in all). The kept
+Llama's 1.0 -> 1.8 s in all). Only the cheaper chain is finished: on every program measured
+(GPT-2's and Llama's loss, value_and_grad and adamw step, Llama's with 2, 4 and 8 unrolled
+layers, GPT-2's with 8 scanned, the Megatron MLP step, Flax NNX's and Equinox's loss and
+value_and_grad, Equinox's adamw step) the dearer chain's finish never gave the kept result,
+and a finish is the dearest descent on large programs (its first offer of reducing cascades
+at every equation: 1.2-1.6 s CPU on Llama's 8-layer adamw step, whose two finishes took 2.2
+and 2.4 s of its 17.9 s of descents; the predictions are unchanged; cold predict, three
+rounds alternating processes at load 5-9: 27.2 / 21.4 / 19.3 -> 24.2 / 17.0 / 13.0 s, with 4
+layers 8.8 / 9.0 / 5.0 -> 7.5 / 7.0 / 4.3 s; GPT-2's chains tie where the planner's result
+replaces both, and both are finished, as before). What the rest costs there, per descent
+(CPU s, equations changed, from -> to MB as compiled, load 5.6): the planner's from the eager
+and walked starts 0.66 / 0.46, its value moves from the result and from its start 0.36 /
+0.64; without pull moves from the walked start 2.69 (2,051 changes, 4.80 -> 1.06 MB), values
+from that result 0.39 (-> 0.97), values from the walked start 2.61 (-> 0.91); with pull
+moves 3.03 (4.74 -> 0.78), 1.21 (-> 0.68, finished), 1.19 (-> 0.75); the finish 2.44 (->
+0.62). The walked start as compiled is far from every result (4.8 MB where eager's is 2.5
+and the planner's result 1.4-1.7), yet it is the start of the kept result: from the
+planner's result, its walked start or the eager choice the compiled descents end dearer
+(Llama's 2-layer step 0.21-0.29 MB where they reach 0.15); from the no-pull chain's result,
+the pull moves' descent ends dearer on Equinox's adamw step (0.061 MB where 0.057); with
+value moves from the walked start alone, Llama's value_and_grad (0.141 MB where 0.138), its
+8-layer adamw step (0.629 where 0.618) and Equinox's adamw step (0.063) end dearer.
+The kept
 result never moves more than eager dispatch by the planner's prices (the prediction's
 own): where it would, the planner's search result is kept.
 
@@ -300,13 +324,22 @@ def _select(
     # the training steps the eager start and the seeds never gave the kept result.
     planned = search.repriced(compiled=False)
     by_planner = _descend(planned, eager, seeds)
-    results = []
+    chains = []
     for pulls in (False, True):  # without and with pull moves (:meth:`_Search.pull_moves`), the cheaper kept
         search.tie_moved(not pulls)  # without pull moves, ties broken by the fewest inputs moved (tie_moved())
         chosen = _descend(search, eager, (), walked_only=True, pulls=pulls)
         if search.total(by_planner) < search.total(chosen):
             chosen = by_planner
-        results.append(_finish(search, planned, (eager, dispatched), by_planner, chosen, pulls))
+        chains.append((search.total(chosen), pulls, chosen))
+    # only the cheaper chain is finished (both when they tie): on every training step measured the finish of the
+    # dearer one never gave the kept result, and a finish's first offer is the dearest of all (1.2-1.6 s CPU on
+    # Llama's 8-layer adamw step)
+    least = min(cost for cost, _, _ in chains)
+    results = []
+    for cost, pulls, chosen in chains:
+        if cost == least:
+            search.tie_moved(not pulls)
+            results.append(_finish(search, planned, (eager, dispatched), by_planner, chosen, pulls))
     return _chosen(graph, eager, min(results, key=search.total))
 
 
