@@ -140,7 +140,13 @@ applies the move that lowers the exact total most (the cost of the values the ch
 equations touch, before and after); it stops when no move lowers it (at most ``_MOVES``
 rounds). Evaluations are lazy: a move's delta is kept until an applied move changes an
 equation it depends on, and a stale delta is only recomputed when it comes first, so a
-round costs little more than the moves near the last change. The search keeps every
+round costs little more than the moves near the last change. Its bookkeeping costs what
+each evaluation touches, no more: a cascade looks each queued equation up once (the
+equations looked at are those it queued), a delta sums its values before and after in
+one loop, and an applied move scans only the evaluations still fresh for those it makes
+stale (the large cascades, depending on most equations, go stale at the first moves and
+are scanned no more): on the Llama adamw step with 8 unrolled layers a cold predict
+took 23.9-25.6 -> 16.7-17.5 s CPU, the same choices (load ~6 on 2 cores). The search keeps every
 evaluation with the choices it read (of the equations its cascade looked at and their
 producers, and of the neighbours of those it changed; and every equation's moves with the
 choices they read): the later descents (from another start, with pull moves, the
