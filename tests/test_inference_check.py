@@ -246,3 +246,21 @@ def test_collective_checks_count_the_operands_of_combined_collectives(mesh: Any)
     reduce = {c.kind: c for c in report.collective_checks}["all-reduce"]
     assert (reduce.compiled, reduce.operands) == (1, 2) and report.compiled_operand_counts["all-reduce"] == 2
     assert "combiner merged 2 operands into 1" in reduce.note
+
+
+def test_the_note_says_where_the_plans_part_when_every_output_agrees(mesh: Any) -> None:
+    """The two-axis sum above: its output agrees, XLA sends more bytes in one collective
+    fewer. The note does not send the reader to the outputs (they agree); it says the
+    prediction has more collectives than XLA (issue 15's "never more", counted after XLA's
+    combiner) and which kinds and mesh axes differ: the all-gather over dp (its
+    reduce-scatter over dp, compiled as an all-reduce on CPU, and its all-reduce over tp
+    are XLA's two)."""
+    L = Layout.from_device_mesh(mesh)
+    report = check(lambda x: x.sum((0, 1)), spec(mesh, (8, 4, 32), "S(0),S(1)"), out_layouts=L("R,R"))
+    assert [o.verdict for o in report.outputs] == ["equal"] and report.communication == "differs"
+    assert (len(report.predicted_combined), len(report.compiled_collectives)) == (3, 2)
+    note = report.communication_note
+    assert "see the outputs" not in note and "inside the program (the outputs agree)" in note
+    assert "the prediction has more collectives (3 after XLA's combiner) than XLA (2)" in note
+    assert note.endswith("where they differ: all-gather over dp 1 vs 0")
+    assert note in str(report)

@@ -652,9 +652,12 @@ def test_apply_runs_the_llama_loss_like_plain_jax(mesh: Any) -> None:
 # Since the descent without pull moves breaks cost ties by the fewest inputs moved (program.py's tie_moved): Llama
 # adamw 0.760 with 68 -> 0.679 with 53 (combined 50 -> 31; all-gathers 29 -> 14 against XLA's 24, all-to-alls
 # 7 -> 2 against none); the others unchanged.
+# Since the search re-chooses a scan's stacked outputs looking ahead to their consumers (program.py's
+# _greedy_stack): GPT-2 value_and_grad 0.964 -> 0.930 with 42 operands (combined 6 more than XLA's -> 1 fewer);
+# the others unchanged.
 _REACHED = {
     ("gpt2", "loss"): (0.86, -2),
-    ("gpt2", "value_and_grad"): (0.97, -9),
+    ("gpt2", "value_and_grad"): (0.94, -9),
     ("gpt2", "adamw step"): (0.93, -15),
     ("llama", "loss"): (0.79, -6),
     ("llama", "value_and_grad"): (0.63, -18),
@@ -670,7 +673,7 @@ _FLOOR = {("gpt2", "loss"): 0.85}
 # operands 102 -> 100, but trade all-reduces (which CPU XLA combines) for all-gathers (which it does not).
 _COMBINED_REACHED = {
     ("gpt2", "loss"): -2,
-    ("gpt2", "value_and_grad"): 6,
+    ("gpt2", "value_and_grad"): -1,
     ("gpt2", "adamw step"): -1,
     ("llama", "loss"): -6,
     ("llama", "value_and_grad"): -9,

@@ -113,11 +113,13 @@ def test_apply_of_a_training_step_sends_no_more_than_jit(mesh: Any, model: str, 
 # (model, function) -> the compiled bytes per device of apply(execute="pinned") under jax.jit over the predicted
 # bytes (lowest, highest) and its collectives over the predicted ones (counted as XLA's combiner merges them), as
 # reached. 1.0: the prediction realized; Llama value_and_grad sends 1.02x: a planned reduce-scatter is an
-# all-reduce on CPU; GPT-2 value_and_grad 0.97x: XLA moves a scanned input's slice more cheaply than planned;
-# GPT-2 adamw step: the same bytes, XLA's combiner leaves one all-reduce more on its own
+# all-reduce on CPU; GPT-2 adamw step: the same bytes, XLA's combiner leaves one all-reduce more on its own.
+# GPT-2 value_and_grad was 0.97x in 27 collectives against 28 predicted (XLA moved a scanned input's slice more
+# cheaply than planned); since the search re-chooses a scan's stacked outputs looking ahead to their consumers and
+# the pinned scan moves each slice to its stack's layout inside the body: 1.0x, 21 collectives as predicted
 _PINNED_REACHED = {
     ("gpt2", "loss"): (0.999, 1.001, 0),
-    ("gpt2", "value_and_grad"): (0.97, 0.98, -1),
+    ("gpt2", "value_and_grad"): (0.999, 1.001, 0),
     ("gpt2", "adamw step"): (0.999, 1.001, 1),
     ("llama", "loss"): (0.999, 1.001, 0),
     ("llama", "value_and_grad"): (1.02, 1.03, 0),

@@ -306,20 +306,35 @@ class CheckReport:
 
     @property
     def communication_note(self) -> str:
-        """Why the communication differs (empty when equal)."""
+        """Why the communication differs (empty when equal): which side moves more bytes and
+        why; whether the prediction has more collectives than XLA (counted after XLA's
+        combiner: issue 15's "never more"); and the kinds and mesh axes whose counts differ."""
         verdict = self.communication
         if verdict == EQUAL:
             return ""
         if verdict == SAME_BYTES:
-            return "same bytes per device in other collectives (XLA combines, splits or lowers them differently)"
-        if self.predicted_bytes > self.compiled_bytes:
-            return (
+            why = "same bytes per device in other collectives (XLA combines, splits or lowers them differently)"
+        elif self.predicted_bytes > self.compiled_bytes:
+            why = (
                 f"the prediction ({self.prediction.search} search) moves more: "
                 + ("it chooses equation by equation (like eager DTensor dispatch), e.g. keeping a partial through "
                    "linear ops and reducing it later more than once; XLA plans the whole program"
                    if self.prediction.search == "eager" else "XLA's whole-program propagation found a cheaper plan")
             )
-        return "XLA moves more bytes than predicted: its propagation chose other layouts (see the outputs)"
+        elif any(o.verdict == DIFFERS for o in self.outputs):
+            why = "XLA moves more bytes than predicted: its propagation chose other layouts (see the outputs)"
+        else:  # every output agrees: the plans part inside the program
+            why = "XLA moves more bytes than predicted in other collectives inside the program (the outputs agree)"
+        predicted, compiled = len(self.predicted_combined), len(self.compiled_collectives)
+        if predicted > compiled:
+            why += f"; the prediction has more collectives ({predicted} after XLA's combiner) than XLA ({compiled})"
+        differing = [
+            f"{c.kind} over {','.join(c.axes) or '-'} {c.combined} vs {c.compiled}"
+            for c in self.axis_checks if c.combined != c.compiled
+        ]
+        if differing:
+            why += "; collectives predicted (after XLA's combiner) vs XLA's where they differ: " + ", ".join(differing)
+        return why
 
     @property
     def agrees(self) -> bool:

@@ -798,15 +798,16 @@ class _Walker:
 
     def choose(
         self, label: str, path: str, spec: TensorSpec, source: ValueId | None, options: Sequence[Layout],
-        out_aval: Aval, out_of: Callable[[Layout], Layout], row: bool,
+        out_aval: Aval, out_of: Callable[[Layout], Layout], row: bool, stacks: bool = False,
     ) -> Layout:
         """A value a loop passes on (a scanned input's slices, a scanned output's stack)
         whose layout the program search chooses among ``options`` (the first is eager's):
         a node with one candidate per option, needing it and giving ``out_of`` it; a row
-        moving ``spec`` to the chosen option if ``row`` (else the loop's row moves it).
+        moving ``spec`` to the chosen option if ``row`` (else the loop's row moves it);
+        ``stacks``: the node stacks the body's value (:attr:`.ProgramNode.stacks`).
         The chosen option."""
         candidates = _choice_candidates(label, spec, tuple(options), out_aval, out_of, self.mesh, self.cost_model)
-        self._node(ProgramNode(path, (spec,), (source,), candidates))
+        self._node(ProgramNode(path, (spec,), (source,), candidates, stacks))
         chosen = self.choices[path].in_layouts[0] if path in self.choices else options[0]
         if row and chosen != spec.layout:
             signature = self.fixed(label, (spec,), (chosen,), (spec.aval,), (chosen,))
@@ -1047,7 +1048,9 @@ class _Walker:
         back = self._carried_back("scan carry", path, outs[:nk], carry)
         ys = []
         for i, (a, (o, s)) in enumerate(zip(out_avals[nk:], outs[nk:])):
-            chosen = self.choose("scan ys", f"{path}.ys{i}", o, s, self.options(o, s), a, _stacked, row=True)
+            chosen = self.choose(
+                "scan ys", f"{path}.ys{i}", o, s, self.options(o, s), a, _stacked, row=True, stacks=True
+            )
             ys.append(TensorSpec(a.shape, a.dtype, _stacked(chosen)))
         ys_sources = [(f"{path}.ys{i}", 0) for i in range(len(ys))]
         return self._finish_loop_row(slot, srcs, [*back, *ys], range(nc, nc + nk), ys_sources, outs[:nk], 1)
