@@ -145,8 +145,9 @@ each evaluation touches, no more: a cascade looks each queued equation up once (
 equations looked at are those it queued), a delta sums its values before and after in
 one loop, and an applied move scans only the evaluations still fresh for those it makes
 stale (the large cascades, depending on most equations, go stale at the first moves and
-are scanned no more): on the Llama adamw step with 8 unrolled layers a cold predict
-took 23.9-25.6 -> 16.7-17.5 s CPU, the same choices (load ~6 on 2 cores). The search keeps every
+are scanned no more): on the Llama adamw step with 8 unrolled layers the cold search took
+21.5-23.3 -> 19.5-20.2 s CPU, the same choices (alternated in one process, load ~4-6 on
+2 cores; the cascades and their deltas, ~60% of it, grow with the program). The search keeps every
 evaluation with the choices it read (of the equations its cascade looked at and their
 producers, and of the neighbours of those it changed; and every equation's moves with the
 choices they read): the later descents (from another start, with pull moves, the
