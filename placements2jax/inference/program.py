@@ -469,6 +469,11 @@ def _getter(paths: Sequence[str]) -> Callable[[Choice], Any]:
     return itemgetter(*paths)
 
 
+def _partial_dims(states: Sequence[State]) -> frozenset[int]:
+    """The mesh dims some of ``states`` is partial on."""
+    return frozenset(m for state in states for m, op in enumerate(state[1]) if op)
+
+
 def _state(layout: Layout) -> State:
     """The planner's state (:func:`.plan.layout_state`: split factors too, when strided),
     without the placements on size-1 mesh dims (those of a plain layout): on one device
@@ -604,7 +609,7 @@ class _Search:
         self.position = {node.path: p for p, node in enumerate(graph.nodes)}
         self.paths = [node.path for node in graph.nodes]  # by position
         # Neighbour tables, so that the hot loops loop over no consumers:
-        # per node, the values around() prices (each input's source or literal, then each output, then what
+        # per node, the values its evaluations price (each input's source or literal, then each output, then what
         # each output of the function owes, charge(), as one more value: by their ids, below), what cascade()
         # adds to its depends (the consumers of each source, the producer, the consumers of each output), and
         # its outputs' consumers with their positions; per value, its consumers' paths.
@@ -855,7 +860,7 @@ class _Search:
         return memos
 
     def _greedy(self, path: str, arriving: tuple[State, ...], reducing: bool) -> tuple[int, int]:
-        given = frozenset() if reducing else frozenset(m for state in arriving for m, op in enumerate(state[1]) if op)
+        given = frozenset() if reducing else _partial_dims(arriving)
         exact = self.candidates[path].by_ins.get(arriving)
         if exact:  # no plan to cost, no input moved
             best = min(exact, key=lambda k: (self.pending(path, k, given), k))
@@ -885,7 +890,7 @@ class _Search:
         every depth), where the 2-layer plan would have cost 0.78x the found plan's
         objective. With the look-ahead the descents find that plan at every depth."""
         arriving = self.arriving(path, choice)
-        given = frozenset() if reducing else frozenset(m for state in arriving for m, op in enumerate(state[1]) if op)
+        given = frozenset() if reducing else _partial_dims(arriving)
         aval = self.out_avals[path][0]
         needs = dict.fromkeys(self.ins[c][choice[c]][i] for c, i in self.consumers.get((path, 0), ()))
         best, best_key = 0, None
@@ -963,12 +968,12 @@ class _Search:
         trial.update(kept)
         return changes, frozenset(map(self.paths.__getitem__, seen)), tied
 
-    def around(self, paths: Sequence[str], choice: Choice, values: Collection[int] | None = None) -> Cost:
-        """The cost of every value ``paths`` produce or consume (:meth:`value_cost`; their
-        outputs' charges among them). ``values``: those values by id, when known."""
+    def around(self, values: Collection[int], choice: Choice) -> Cost:
+        """The cost of ``values`` (by id, :meth:`touched_by`; outputs' charges among them) at
+        ``choice``, summed in their order (:meth:`value_cost`)."""
         nbytes, steps = 0.0, 0.0
         tables, value_cost = self.value_costs, self.value_cost
-        for value in self.touched_by(paths) if values is None else values:
+        for value in values:
             decide, memo = tables[value]
             cost = memo.get(decide(choice)) or value_cost(value, choice)
             nbytes, steps = nbytes + cost[0], steps + cost[1]
@@ -1038,7 +1043,7 @@ class _Search:
         arriving = self.arriving(path, choice)
         groups: list[tuple[Sequence[int], bool]] = []
         current = self.outs[path][choice[path]]
-        partial = {m for state in current + arriving for m, op in enumerate(state[1]) if op}
+        partial = _partial_dims(current + arriving)
         if partial:
             table = self.candidates[path]
             scatter = table.unreduced
@@ -1436,5 +1441,5 @@ class _Search:
         key = self.everything(choice)
         known = self.totals.get(key)
         if known is None:
-            known = self.totals[key] = self.around(self.paths, choice, self.values)
+            known = self.totals[key] = self.around(self.values, choice)
         return known
