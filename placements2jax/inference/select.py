@@ -539,18 +539,25 @@ class _RankKeys:
         # per input, the planner's search from its layout (None: strided, or not needed yet)
         self.searches: list[Any] = [None] * len(specs)
         # per input, per layout: (plan cost in units of 1/scale, strided, layout key, moved)
-        self.costs: tuple[dict[Layout, tuple[int | Fraction, bool, Any, bool]], ...] = tuple({} for _ in specs)
+        self.costs: tuple[dict[Layout, tuple[int | Fraction, bool, Any, bool]], ...] = tuple(
+            _parts_table(("input", spec, cost_model)) for spec in specs
+        )
         # per output, per layout: (block bytes, strided, layout key, split dims, partial)
-        self.out_bytes: tuple[dict[Layout, tuple[int, bool, Any, Any, bool]], ...] = tuple({} for _ in out_avals)
+        self.out_bytes: tuple[dict[Layout, tuple[int, bool, Any, Any, bool]], ...] = tuple(
+            _parts_table(("output", aval)) for aval in out_avals
+        )
         self.mesh = mesh
         # per output, per layout: _charges()
-        self.charges: tuple[dict[Layout, Any], ...] = tuple({} for _ in out_avals)
-        self.fractions: dict[int | Fraction, Fraction] = {0: _ZERO}  # per pending reduction in units, as a Fraction
-        # per input, per layout: (partial mesh dims kept, splits given up), None where neither
-        self.partials: tuple[dict[Layout, tuple[frozenset[int], frozenset[int]] | None], ...] = tuple(
-            {} for _ in specs
+        self.charges: tuple[dict[Layout, Any], ...] = tuple(
+            _parts_table(("charges", aval, cost_model)) for aval in out_avals
         )
+        self.fractions: dict[int | Fraction, Fraction] = {0: _ZERO}  # per pending reduction in units, as a Fraction
         self.any_partial = any(s.layout.has_partial for s in specs)
+        # per input, per layout: (partial mesh dims kept, splits given up), None where neither (read only with a
+        # partial input)
+        self.partials: tuple[dict[Layout, tuple[frozenset[int], frozenset[int]] | None], ...] = tuple(
+            _parts_table(("partials", spec.layout, gathered)) for spec in specs
+        ) if self.any_partial else ()
 
     def units(self, value: Fraction) -> int | Fraction:
         """``value`` in units of ``1 / scale`` (:func:`_in_units`)."""
@@ -689,6 +696,21 @@ class _RankKeys:
         return key, candidate
 
 
+def _parts_table(key: tuple[Any, ...]) -> dict[Layout, Any]:
+    """The per-layout parts table of one tensor of :class:`_RankKeys` under ``key``: an
+    input's by its spec and cost model (the partials it keeps or gives up by its layout
+    and ``gathered``), an output's by its aval (and cost model for its reduction charges). Shared by every ranking (memoized): a part is a function of the
+    tensor and the layout alone, and rankings meet the same ones again (the ops reading
+    one value, values of one shape and layout: 3/4 of the input parts of a cold predict's
+    rankings are another ranking's, Llama's and GPT-2's adamw steps)."""
+    table = _PARTS.get(key)
+    if table is None:
+        table = {}
+        _PARTS.remember(key, table)
+    return table
+
+
+_PARTS = Memo(16384)
 _ZERO = Fraction(0)
 _NO_DIMS: frozenset[int] = frozenset()
 _UNSEEN = object()
@@ -748,7 +770,6 @@ def _bounded_best(
         entries = [(total + b, ix + (k,)) for total, ix in entries for k, b in row]
     entries.sort(key=_first)
     found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]] = {}
-    layout_cache = _layout_cache(mesh)
     keys = _RankKeys(specs, out_avals, cost_model, mesh)
     orders = tuple(orders)
     best: tuple[Any, tuple[Layout, ...], Fraction] | None = None  # rank key, layouts, exact cost + pending
@@ -763,8 +784,7 @@ def _bounded_best(
             best[2] - sum(p for m, k in enumerate(ix) if (p := pending_bounds[m][k])),  # most are 0
         ):
             continue
-        for layouts in _add_layouts(combo, placements, tuple(sig_keys[s] for s in combo), orders, shapes, mesh,
-                                    layout_cache, found):
+        for layouts in _add_layouts(combo, placements, tuple(sig_keys[s] for s in combo), orders, shapes, mesh, found):
             ins, outs = layouts[:n_in], layouts[n_in:]
             if not _matches(outs, out_constraint) or not _matches(ins, in_constraint):
                 continue
@@ -885,17 +905,16 @@ def _layout_choices(
     # dataclass's hash, in Python) per combination
     entries = [(sig, _placement_table(sig), sig_keys[sig]) for sig in ordered]
     found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]] = {}
-    layout_cache = _layout_cache(mesh)
     per_dim = [entries] * mesh.ndim if allowed is None else [[e for e in entries if e[0] in a] for a in allowed]
     for chosen in itertools.product(*per_dim):
         combo, placements, keys = zip(*chosen)
-        _add_layouts(combo, placements, keys, orders, shapes, mesh, layout_cache, found)
+        _add_layouts(combo, placements, keys, orders, shapes, mesh, found)
     return tuple((layouts, combo, order) for layouts, (_, combo, order) in found.items())
 
 
 def _add_layouts(
     combo: tuple[OneDSig, ...], placements: Sequence[tuple[tuple[int, Any], ...]], keys: tuple[Any, ...],
-    orders: tuple[tuple[int, ...], ...], shapes: FitShapes, mesh: DeviceMesh, layout_cache: dict[Any, Layout],
+    orders: tuple[tuple[int, ...], ...], shapes: FitShapes, mesh: DeviceMesh,
     found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]],
 ) -> list[tuple[Layout, ...]]:
     """The valid layouts of one combination of 1-D signatures (one per nest order that
@@ -904,17 +923,11 @@ def _add_layouts(
     new = []
     joints = [s.joint for s in combo if s.joint is not None]
     for order in orders if _nests(placements, mesh.shape) else orders[:1]:
-        tables = _tables(combo, placements, order, shapes, mesh.shape)
-        if tables is None or (joints and not all(joint(tables, mesh.shape) for joint in joints)):
+        layouts = _layouts(combo, placements, order, shapes, mesh)
+        if layouts is None or (joints and not _joints_hold(joints, layouts, mesh.shape)):
             continue
-        layouts = []
-        for table in tables:
-            layout = layout_cache.get(table)
-            if layout is None:
-                layout = layout_cache[table] = Layout(mesh, *table)
-            layouts.append(layout)
         key = (keys, order)
-        known = found.get(layouts := tuple(layouts))
+        known = found.get(layouts)
         if known is None:
             new.append(layouts)
         if known is None or key < known[0]:
@@ -922,18 +935,11 @@ def _add_layouts(
     return new
 
 
-def _layout_cache(mesh: DeviceMesh) -> dict[Any, Layout]:
-    """The layouts on ``mesh`` by their ``(dim_axes, partial)`` table, as
-    :func:`_add_layouts` builds them (one dict per mesh, kept across ops: a program's
-    ops give the same few hundred layouts, each validated and interned once)."""
-    cache = _LAYOUT_CACHES.recall(mesh)
-    if cache is None:
-        cache = {}
-        _LAYOUT_CACHES.remember(mesh, cache)
-    return cache
-
-
-_LAYOUT_CACHES = Memo(64)
+def _joints_hold(joints: Sequence[Any], layouts: tuple[Layout, ...], mesh_shape: tuple[int, ...]) -> bool:
+    """Do the joint conditions hold on the candidate's layouts (they read each tensor's
+    ``(dim_axes, partial)`` table)?"""
+    tables = [(x.dim_axes, x.partial) for x in layouts]
+    return all(joint(tables, mesh_shape) for joint in joints)
 
 
 def _placement_table(sig: OneDSig) -> tuple[tuple[int, Any], ...]:
@@ -1058,46 +1064,46 @@ def _sig_key(sig: OneDSig) -> tuple[str, ...]:
 _SIG_KEYS = Memo(65536)
 
 
-def _tables(
+def _layouts(
     combo: tuple[OneDSig, ...], placements: Sequence[tuple[tuple[int, Any], ...]], order: tuple[int, ...],
-    shapes: FitShapes, mesh_shape: tuple[int, ...],
-) -> tuple[tuple[tuple[tuple[int, ...], ...], tuple[Any, ...]], ...] | None:
-    """Per tensor the (dim_axes, partial) tables of a candidate, or None if it is invalid
-    (``placements``: each signature's :func:`_placement_table`; ``shapes``: the tensors'
-    :func:`_fit_shapes`). Each split step needs at least as many elements as pieces (the
-    current local extent: ceil of the previous steps, as torch.chunk nests); ``even``
-    steps must be exact, and so must every step before them. Each tensor's table from its
-    entries, nest order and fit shape is memoized (:func:`_tensor_table`: an op's tensors
-    and its candidates share most of them); the ``even`` marks are the combination's."""
-    tables = []
+    shapes: FitShapes, mesh: DeviceMesh,
+) -> tuple[Layout, ...] | None:
+    """Per tensor the layout of a candidate, or None if it is invalid (``placements``: each
+    signature's :func:`_placement_table`; ``shapes``: the tensors' :func:`_fit_shapes`).
+    Each split step needs at least as many elements as pieces (the current local extent:
+    ceil of the previous steps, as torch.chunk nests); ``even`` steps must be exact, and so
+    must every step before them. Each tensor's layout from its entries, nest order and
+    fit shape is memoized (:func:`_tensor_layout`: an op's tensors and its candidates, and
+    the ops of a program, share most of them); the ``even`` marks are the combination's."""
+    layouts = []
     for t, (entries, dims) in enumerate(zip(zip(*placements), shapes)):
-        key = (entries, order, dims, mesh_shape)
-        found = _TENSOR_TABLES.get(key)
+        key = (entries, order, dims, mesh)
+        found = _TENSOR_LAYOUTS.get(key)
         if found is None:
-            found = _tensor_table(entries, order, dims, mesh_shape)
-            _TENSOR_TABLES.remember(key, found)
+            found = _tensor_layout(entries, order, dims, mesh)
+            _TENSOR_LAYOUTS.remember(key, found)
         if not found:  # _INVALID
             return None
-        table, inexact = found
+        layout, inexact = found
         for d, axes in inexact:
             if any((t, d) in combo[m].even for m in axes):
                 return None
-        tables.append(table)
-    return tuple(tables)
+        layouts.append(layout)
+    return tuple(layouts)
 
 
-_TENSOR_TABLES = Memo(65536)
+_TENSOR_LAYOUTS = Memo(65536)
 _INVALID = ()
 
 
-def _tensor_table(
-    entries: tuple[tuple[int | None, Any], ...], order: tuple[int, ...], dims: tuple[int, ...],
-    mesh_shape: tuple[int, ...],
+def _tensor_layout(
+    entries: tuple[tuple[int | None, Any], ...], order: tuple[int, ...], dims: tuple[int, ...], mesh: DeviceMesh
 ) -> tuple[Any, ...]:
-    """One tensor's part of :func:`_tables` (``entries``: its (split dim, partial op) per
-    mesh dim; ``dims``: its fit shape): ``_INVALID``, or its ``(dim_axes, partial)`` table
-    and, per split dim with an inexact step, the mesh dims splitting it from that step on
-    (those steps must not be ``even``)."""
+    """One tensor's part of :func:`_layouts` (``entries``: its (split dim, partial op) per
+    mesh dim; ``dims``: its fit shape): ``_INVALID``, or its layout and, per split dim
+    with an inexact step, the mesh dims splitting it from that step on (those steps must
+    not be ``even``)."""
+    mesh_shape = mesh.shape
     ndim = len(dims)
     dim_axes: list[list[int]] = [[] for _ in range(ndim)]
     partial: list[Any] = [None] * len(mesh_shape)
@@ -1119,7 +1125,7 @@ def _tensor_table(
                 return _INVALID
             if step < len(axes):
                 inexact.append((d, tuple(axes[step:])))
-    return ((tuple(map(tuple, dim_axes)), tuple(partial)), tuple(inexact))
+    return Layout(mesh, tuple(map(tuple, dim_axes)), tuple(partial)), tuple(inexact)
 
 
 def _fit_shapes(avals: Sequence[Aval], mesh_shape: tuple[int, ...]) -> FitShapes:
