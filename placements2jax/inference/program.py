@@ -150,7 +150,12 @@ reaches the one before (:data:`_NOT_LOWER`: a delta not below zero is never appl
 stale (the large cascades, depending on most equations, go stale at the first moves and
 are scanned no more): on the Llama adamw step with 8 unrolled layers the cold search took
 21.5-23.3 -> 19.5-20.2 s CPU, the same choices (alternated in one process, load ~4-6 on
-2 cores; the cascades and their deltas, ~60% of it, grow with the program). The search keeps every
+2 cores; the cascades and their deltas, ~60% of it, grow with the program); the followers
+stepped through and the deltas stopped early then took it (the search alone, caches cleared,
+garbage collector off, main and this alternated in one process, load 2-7) 14.3-17.1 ->
+12.4-12.7 s CPU, with 4 layers 4.2-4.7 -> 3.8-4.4 s, with 2 layers 1.23-1.54 -> 1.08-1.19 s
+(GPT-2's 2-layer step: 1.52-1.69 -> 1.25-1.72 s), the same choices and the same 8,309
+cascades looking at 166,235 equations on the 2-layer step (38,042 at 8 layers). The search keeps every
 evaluation with the choices it read (of the equations its cascade looked at and their
 producers, and of the neighbours of those it changed; and every equation's moves with the
 choices they read): the later descents (from another start, with pull moves, the
