@@ -9,7 +9,8 @@ L layers), nnx-loss, nnx-vg, eqx-loss, eqx-vg, eqx-adamw (as /work/wt/tools/dump
 builds them). Every call of program._select a cold predict makes is captured (the walker
 may search again after re-walking), then per call: the search cold (its CPU s) and its
 objective (``_Search.total`` as compiled), and the MILP (full with --full, and pruned to
-each node's K best-ranked candidates, with and without the search's own choice added):
+each node's K best-ranked candidates, with and without the search's own choice added, and
+with --walked its walked start's instead, a choice found without descending):
 binaries, continuous variables, constraints, build and solve CPU s, objective, dual bound.
 One line per (call, form); CPU seconds (time.process_time).
 
@@ -142,7 +143,7 @@ def checked(name, fn, args, out_layouts, select=None):
 
 def main(argv):
     limit = float(argv[argv.index("--limit") + 1]) if "--limit" in argv else 120.0
-    ks = [int(k) for k in argv[argv.index("--k") + 1].split(",")] if "--k" in argv else [2, 4]
+    ks = [int(k) for k in argv[argv.index("--k") + 1].split(",") if int(k)] if "--k" in argv else [2, 4]  # 0: none
     names = [a for i, a in enumerate(argv) if not a.startswith("--") and (i == 0 or argv[i - 1] not in ("--limit", "--k", "--check"))]
     names = names or ["mlp", "gpt2", "llama", "nnx-loss", "nnx-vg", "eqx-loss", "eqx-vg", "eqx-adamw"]
     mesh = init_device_mesh((2, 4), ("dp", "tp"))
@@ -172,12 +173,22 @@ def main(argv):
             print(f"{name} call {n}: nodes={len(graph.nodes)} candidates={candidates} heuristic={heuristic_s:.2f}s "
                   f"objective={fmt(best)} (_Search built in {search_s:.2f}s)", flush=True)
             forms = [("full", None)] if "--full" in argv else []
+            if "--lp" in argv:
+                r = solve_exact(search, None, time_limit=limit, relaxed=True)
+                print(f"  full LP relaxation: bin={r.binaries} cont={r.continuous} rows={r.constraints} "
+                      f"nnz={r.nonzeros} build={r.build_s:.2f}s solve={r.solve_s:.2f}s status={r.status} "
+                      f"root bound={r.objective}", flush=True)
+            walked = search.starts({path: 0 for path in search.paths})[-1]  # the descents' walked start
             for k in ks:
                 top = {node.path: set(range(min(k, len(node.candidates)))) for node in graph.nodes}
                 forms.append((f"K={k}", top))
+                if "--walked" in argv:
+                    forms.append((f"K={k}+walked", {p: s | {walked[p]} for p, s in top.items()}))
                 forms.append((f"K={k}+heur", {p: s | {chosen[p]} for p, s in top.items()}))
+            if "--followers" in argv:
+                forms += [(f"{form}+followers", allowed) for form, allowed in forms]
             for form, allowed in forms:
-                r = solve_exact(search, allowed, time_limit=limit)
+                r = solve_exact(search, allowed, time_limit=limit, followers=form.endswith("+followers"))
                 verdict = "-" if r.total is None else ("cheaper" if r.total < best else "equal" if r.total == best else "dearer")
                 print(f"  {form}: bin={r.binaries} cont={r.continuous} rows={r.constraints} nnz={r.nonzeros} "
                       f"build={r.build_s:.2f}s solve={r.solve_s:.2f}s status={r.status} milp={fmt(r.total)} "

@@ -65,6 +65,11 @@ def test_milp_optimum_is_the_least_total_over_allowed_choices(
     least = min(search.total(choice) for choice in every)
     assert result.total == least
     assert result.objective == pytest.approx(least[0] + TIE * least[1], abs=1e-6)
+    # follower merging restricts the choice (the mul follows the dot, the tanh the mul): never cheaper, and
+    # its program prices its choice as the search does (a followed edge moves nothing)
+    merged = solve_exact(search, allowed, time_limit=30, followers=True)
+    assert merged.status == 0 and merged.total is not None and merged.total >= least
+    assert merged.objective == pytest.approx(merged.total[0] + TIE * merged.total[1], abs=1e-6)
 
 
 @settings(max_examples=40, deadline=None)

@@ -89,11 +89,17 @@ class _Rows:
 
 def solve_exact(
     search: _Search, allowed: Mapping[str, Collection[int]] | None = None, time_limit: float = 60.0,
-    gap: float = 0.0,
+    gap: float = 0.0, relaxed: bool = False, followers: bool = False,
 ) -> ExactResult:
     """The choice minimizing ``search.total`` over every node's candidates (or the
     ``allowed`` ones, per path; every node must keep one), by the MILP of the module
-    docstring, solved within ``time_limit`` seconds to a relative ``gap``."""
+    docstring, solved within ``time_limit`` seconds to a relative ``gap``. ``relaxed``:
+    its linear relaxation only (every ``x`` in [0, 1]: ``objective`` is the root bound,
+    no choice). ``followers`` (a reduction, no longer exact): an equation with one input
+    not fixed, whose value it alone reads, produced earlier in program order, takes it as
+    its producer makes it, by the allowed candidate cheapest for it (Alpa's follower merging: an
+    elementwise chain follows its producer; the edge costs nothing; where some layout its
+    producer may give cannot be taken as it is, the equation chooses freely)."""
     started = time.process_time()
     obj: list[float] = []
     integral: list[int] = []
@@ -108,8 +114,23 @@ def solve_exact(
     def weight(cost: tuple[float, float]) -> float:
         return cost[0] + TIE * cost[1]
 
+    # followers: per value (path, j) read by one equation with no other input to choose, per layout its allowed
+    # producer candidates give it in, the follower's candidate for it (cheapest for that input, as eager dispatch)
+    follows: dict[tuple[str, int], dict[object, int]] = {}
     for path in search.paths:
         ks = sorted(allowed[path]) if allowed is not None else range(len(search.ins[path]))
+        if followers and len(search.producers[path]) == 1:
+            (i, source), = ((i, src) for i, (src, fixed) in enumerate(zip(search.sources[path], search.fixed[path]))
+                            if fixed is None)
+            made = {search.outs[source[0]][k][source[1]] for k in cols.get(source[0], ())}
+            taking = {state: [k for k in by if k in ks] for state, by in search.candidates[path].by_in[i].items()}
+            if made and len(search.consumers[source]) == 1 and all(taking.get(state) for state in made):
+                fixed = list(search.fixed[path])
+                follow = follows[source] = {}
+                for state in made:
+                    fixed[i] = state
+                    follow[state] = search.cheapest(path, taking[state], fixed)
+                ks = sorted(set(follow.values()))
         cols[path] = {k: var(0.0, True) for k in ks}
         rows.add(dict.fromkeys(cols[path].values(), 1.0), 1.0, 1.0)
 
@@ -128,6 +149,15 @@ def solve_exact(
             continue
         consumers = search.consumers[value]
         first, i0 = consumers[0]
+        if value in follows:  # its one consumer follows it: the edge costs nothing
+            path, j = value
+            per: dict[int, dict[int, float]] = {}  # per follower column: it minus the producer's giving its input
+            for k, col in cols[path].items():
+                follower = cols[first][follows[value][search.outs[path][k][j]]]
+                per.setdefault(follower, {follower: 1.0})[col] = -1.0
+            for terms in per.values():
+                rows.add(terms, 0.0, 0.0)
+            continue
         aval = search.in_avals[first][i0]
         # the producer's layouts: u[s] as the columns of x giving s (a function input: one, fixed)
         if value[0] == "in":
@@ -173,13 +203,13 @@ def solve_exact(
     constraints = LinearConstraint(matrix, np.array(rows.lower), np.array(rows.upper))
     built = time.process_time()
     result = milp(
-        np.array(obj), integrality=np.array(integral), bounds=Bounds(0.0, 1.0), constraints=constraints,
+        np.array(obj), integrality=np.zeros(n) if relaxed else np.array(integral), bounds=Bounds(0.0, 1.0), constraints=constraints,
         options={"time_limit": time_limit, "mip_rel_gap": gap, "disp": False},
     )
     solved = time.process_time()
     choice = None
     total = None
-    if result.x is not None:
+    if result.x is not None and not relaxed:
         choice = {path: max(ks, key=lambda k: result.x[ks[k]]) for path, ks in cols.items()}
         total = search.total(choice)
     return ExactResult(
