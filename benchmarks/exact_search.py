@@ -2,7 +2,8 @@
 against the steepest-descent search (program._select) on the same graphs, same objective.
 
     cd /tmp && env -i PATH=/usr/bin:/bin PYTHONPATH=ROOT /work/main/.venv/bin/python \
-        ROOT/benchmarks/exact_search.py [PROGRAM ...] [--limit S] [--k K,K,...] [--full]
+        ROOT/benchmarks/exact_search.py [PROGRAM ...] [--limit S] [--k K,K,...] [--full] [--lp]
+        [--walked] [--followers] [--check K|full]
 
 PROGRAM: mlp, gpt2, llama (the adamw steps of tests/models/steps.py; llama:L / gpt2:L for
 L layers), nnx-loss, nnx-vg, eqx-loss, eqx-vg, eqx-adamw (as /work/wt/tools/dump_predictions.py
@@ -10,9 +11,11 @@ builds them). Every call of program._select a cold predict makes is captured (th
 may search again after re-walking), then per call: the search cold (its CPU s) and its
 objective (``_Search.total`` as compiled), and the MILP (full with --full, and pruned to
 each node's K best-ranked candidates, with and without the search's own choice added, and
-with --walked its walked start's instead, a choice found without descending):
-binaries, continuous variables, constraints, build and solve CPU s, objective, dual bound.
-One line per (call, form); CPU seconds (time.process_time).
+with --walked its walked start's instead, a choice found without descending; --k 0: no
+pruned form; --followers: those forms with follower merging instead; --lp: the full
+program's linear relaxation): binaries, continuous variables, constraints, build and
+solve CPU s, objective, dual bound. One line per (call, form); CPU seconds
+(time.process_time); --limit is HiGHS's wall-clock limit per solve.
 
 With --check K (or --check full), per program: check() against XLA's compile (predicted
 bytes as lowered and collectives) with the search's choice, then with the MILP's in its
@@ -185,8 +188,8 @@ def main(argv):
                 if "--walked" in argv:
                     forms.append((f"K={k}+walked", {p: s | {walked[p]} for p, s in top.items()}))
                 forms.append((f"K={k}+heur", {p: s | {chosen[p]} for p, s in top.items()}))
-            if "--followers" in argv:
-                forms += [(f"{form}+followers", allowed) for form, allowed in forms]
+            if "--followers" in argv:  # the same forms with follower merging instead
+                forms = [(f"{form}+followers", allowed) for form, allowed in forms]
             for form, allowed in forms:
                 r = solve_exact(search, allowed, time_limit=limit, followers=form.endswith("+followers"))
                 verdict = "-" if r.total is None else ("cheaper" if r.total < best else "equal" if r.total == best else "dearer")

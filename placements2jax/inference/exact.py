@@ -28,7 +28,8 @@ like any other: their costs are the same value costs, so nothing is fixed for th
 ``allowed`` restricts each node to some of its candidates (pruning: the K best-ranked and
 those another search chose), making the program smaller; a node left one candidate is a
 constant. This is not wired into :func:`.jaxpr.predict`: benchmarks/exact_search.py
-measures it against the search (docs/benchmarks.md records why it stays a prototype).
+measures it against the search (docs/inference.md section 8 records the figures and why it
+stays a prototype).
 """
 
 from __future__ import annotations
