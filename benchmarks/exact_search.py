@@ -27,6 +27,8 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Iterator
+from typing import Any
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 ROOT = os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] or os.path.dirname(os.path.dirname(__file__))
@@ -35,12 +37,14 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 import jax  # noqa: E402
 
-from placements2jax import DTensor, check, clear_caches, distribute_pytree, distribute_tensor, init_device_mesh, predict  # noqa: E402
+from placements2jax import (  # noqa: E402
+    DTensor, check, clear_caches, distribute_pytree, distribute_tensor, init_device_mesh, predict,
+)
 from placements2jax.inference import program  # noqa: E402
 from placements2jax.inference.exact import solve_exact  # noqa: E402
 
 
-def programs(mesh, names):
+def programs(mesh: Any, names: list[str]) -> Iterator[tuple[str, Any, tuple[Any, ...], Any]]:
     """(name, fn, args, out_layouts) of each program named."""
     from models.steps import training_step
 
@@ -53,7 +57,7 @@ def programs(mesh, names):
             yield (name, *framework(mesh, name))
 
 
-def framework(mesh, name):
+def framework(mesh: Any, name: str) -> tuple[Any, tuple[Any, ...], Any]:
     import equinox as eqx
     from flax import nnx
 
@@ -80,12 +84,12 @@ def framework(mesh, name):
     return eqx_lm.train_step, (whole, opt_state, tokens, targets), (whole, opt_state, None)
 
 
-def capture(fn, args, out_layouts):
+def capture(fn: Any, args: tuple[Any, ...], out_layouts: Any) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
     """The arguments and results of every program._select call of a cold predict."""
     calls = []
     select = program._select
 
-    def spy(*a):
+    def spy(*a: Any) -> dict[str, Any]:
         found = select(*a)
         calls.append((a, found))
         return found
@@ -99,7 +103,7 @@ def capture(fn, args, out_layouts):
     return calls
 
 
-def indices(graph, found):
+def indices(graph: Any, found: dict[str, Any]) -> dict[str, int]:
     """A _select result (path -> Candidate, empty: eager) as candidate indices."""
     return {
         node.path: next(k for k, c in enumerate(node.candidates) if c is found[node.path]) if found else 0
@@ -107,15 +111,15 @@ def indices(graph, found):
     }
 
 
-def fmt(cost):
+def fmt(cost: tuple[float, float] | None) -> str:
     return f"{cost[0]:.0f}/{cost[1]:.0f}" if cost is not None else "-"
 
 
-def exact_select(limit, k):
+def exact_select(limit: float, k: int | None) -> Any:
     """program._select with the MILP's choice where its objective is lower (see --check)."""
     select = program._select
 
-    def choose(keyed, cost_model, targets, *rest):
+    def choose(keyed: Any, cost_model: Any, targets: Any, *rest: Any) -> dict[str, Any]:
         found = select(keyed, cost_model, targets, *rest)
         graph = keyed.graph
         search = program._Search(graph, cost_model, targets)
@@ -131,7 +135,7 @@ def exact_select(limit, k):
     return choose
 
 
-def checked(name, fn, args, out_layouts, select=None):
+def checked(fn: Any, args: tuple[Any, ...], out_layouts: Any, select: Any = None) -> str:
     """check() with program._select replaced by ``select`` (None: as it is)."""
     original = program._select
     program._select = select or original
@@ -141,13 +145,15 @@ def checked(name, fn, args, out_layouts, select=None):
     finally:
         program._select = original
     low, xla = float(r.prediction.lowered_nbytes), float(r.compiled_bytes)
-    return f"predicted={low:.0f}B xla={xla:.0f}B ratio={low / xla:.3f} collectives={len(r.predicted_combined)}/{len(r.compiled_collectives)}"
+    counts = f"{len(r.predicted_combined)}/{len(r.compiled_collectives)}"
+    return f"predicted={low:.0f}B xla={xla:.0f}B ratio={low / xla:.3f} collectives={counts}"
 
 
-def main(argv):
+def main(argv: list[str]) -> None:
     limit = float(argv[argv.index("--limit") + 1]) if "--limit" in argv else 120.0
     ks = [int(k) for k in argv[argv.index("--k") + 1].split(",") if int(k)] if "--k" in argv else [2, 4]  # 0: none
-    names = [a for i, a in enumerate(argv) if not a.startswith("--") and (i == 0 or argv[i - 1] not in ("--limit", "--k", "--check"))]
+    valued = ("--limit", "--k", "--check")  # options taking a value
+    names = [a for i, a in enumerate(argv) if not a.startswith("--") and (i == 0 or argv[i - 1] not in valued)]
     names = names or ["mlp", "gpt2", "llama", "nnx-loss", "nnx-vg", "eqx-loss", "eqx-vg", "eqx-adamw"]
     mesh = init_device_mesh((2, 4), ("dp", "tp"))
     print(f"# load={os.getloadavg()[0]:.1f} limit={limit}s; objective = bytes+192/collective / collectives", flush=True)
@@ -155,8 +161,8 @@ def main(argv):
         form = argv[argv.index("--check") + 1]
         k = None if form == "full" else int(form)
         for name, fn, args, out_layouts in programs(mesh, names):
-            print(f"{name} search: {checked(name, fn, args, out_layouts)}", flush=True)
-            print(f"{name} exact {form}: {checked(name, fn, args, out_layouts, exact_select(limit, k))}", flush=True)
+            print(f"{name} search: {checked(fn, args, out_layouts)}", flush=True)
+            print(f"{name} exact {form}: {checked(fn, args, out_layouts, exact_select(limit, k))}", flush=True)
         return
     for name, fn, args, out_layouts in programs(mesh, names):
         for n, (a, found) in enumerate(capture(fn, args, out_layouts)):
@@ -192,7 +198,8 @@ def main(argv):
                 forms = [(f"{form}+followers", allowed) for form, allowed in forms]
             for form, allowed in forms:
                 r = solve_exact(search, allowed, time_limit=limit, followers=form.endswith("+followers"))
-                verdict = "-" if r.total is None else ("cheaper" if r.total < best else "equal" if r.total == best else "dearer")
+                verdict = "-" if r.total is None else (
+                    "cheaper" if r.total < best else "equal" if r.total == best else "dearer")
                 print(f"  {form}: bin={r.binaries} cont={r.continuous} rows={r.constraints} nnz={r.nonzeros} "
                       f"build={r.build_s:.2f}s solve={r.solve_s:.2f}s status={r.status} milp={fmt(r.total)} "
                       f"obj={r.objective} bound={r.bound} vs heuristic: {verdict}", flush=True)

@@ -94,7 +94,7 @@ def solve_exact(
 ) -> ExactResult:
     """The choice minimizing ``search.total`` over every node's candidates (or the
     ``allowed`` ones, per path; every node must keep one), by the MILP of the module
-    docstring, solved within ``time_limit`` seconds to a relative ``gap``. ``relaxed``:
+    docstring, solved within ``time_limit`` seconds (HiGHS's: wall clock) to a relative ``gap``. ``relaxed``:
     its linear relaxation only (every ``x`` in [0, 1]: ``objective`` is the root bound,
     no choice). ``followers`` (a reduction, no longer exact): an equation with one input
     not fixed, whose value it alone reads, produced earlier in program order, takes it as
@@ -204,12 +204,11 @@ def solve_exact(
     constraints = LinearConstraint(matrix, np.array(rows.lower), np.array(rows.upper))
     built = time.process_time()
     result = milp(
-        np.array(obj), integrality=np.zeros(n) if relaxed else np.array(integral), bounds=Bounds(0.0, 1.0), constraints=constraints,
-        options={"time_limit": time_limit, "mip_rel_gap": gap, "disp": False},
+        np.array(obj), integrality=np.zeros(n) if relaxed else np.array(integral), bounds=Bounds(0.0, 1.0),
+        constraints=constraints, options={"time_limit": time_limit, "mip_rel_gap": gap, "disp": False},
     )
     solved = time.process_time()
-    choice = None
-    total = None
+    choice, total = None, None
     if result.x is not None and not relaxed:
         choice = {path: max(ks, key=lambda k: result.x[ks[k]]) for path, ks in cols.items()}
         total = search.total(choice)
