@@ -1,4 +1,4 @@
-"""The exact program search (placements2jax/inference/exact.py, a MILP solved by HiGHS)
+"""The exact program search (benchmarks/exact_milp.py, a MILP solved by HiGHS)
 against the steepest-descent search (program._select) on the same graphs, same objective.
 
     cd /tmp && env -i PATH=/usr/bin:/bin PYTHONPATH=ROOT /work/main/.venv/bin/python \
@@ -41,7 +41,7 @@ from placements2jax import (  # noqa: E402
     DTensor, check, clear_caches, distribute_pytree, distribute_tensor, init_device_mesh, predict,
 )
 from placements2jax.inference import program  # noqa: E402
-from placements2jax.inference.exact import solve_exact  # noqa: E402
+from exact_milp import solve_exact  # noqa: E402
 
 
 def programs(mesh: Any, names: list[str]) -> Iterator[tuple[str, Any, tuple[Any, ...], Any]]:

@@ -1,4 +1,4 @@
-"""The exact program search (inference/exact.py): its MILP's optimum is the least
+"""The exact program search (benchmarks/exact_milp.py): its MILP's optimum is the least
 objective of the program search (``_Search.total``) over every allowed choice, checked
 by enumerating them on a small program (a value read twice: consumers needing one layout
 share its move; a literal; a free or fixed output)."""
@@ -6,6 +6,8 @@ share its move; a literal; a free or fixed output)."""
 from __future__ import annotations
 
 import itertools
+import sys
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -16,10 +18,12 @@ from hypothesis import strategies as st
 
 from placements2jax import Layout, init_device_mesh
 from placements2jax.inference.cost import resolve_cost_model
-from placements2jax.inference.exact import TIE, solve_exact
 from placements2jax.inference.jaxpr import _Walker
 from placements2jax.inference.program import ProgramGraph, _Search
 from placements2jax.inference.signature import as_tensor_specs
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from exact_milp import TIE, solve_exact  # noqa: E402
 
 PLACEMENTS = ("R,R", "S(0),R", "R,S(0)", "R,S(1)", "S(0),S(1)", "S(1),S(0)")
 

@@ -105,7 +105,7 @@ the first equation where that differs the two walks part, and bounded by its own
 alone the search kept a layer norm ``P,S(0)`` where eager reduce-scattered it, 4 B more);
 where it would, the planner's search result, else the fewer bytes as walked.
 
-**Search** (exact minimization is an integer program, as Alpa solves it; :mod:`.exact`
+**Search** (exact minimization is an integer program, as Alpa solves it; benchmarks/exact_milp.py
 states this objective so for HiGHS: too large whole, dearer pruned, and its cheaper optima
 no better predictions, docs/inference.md section 8): steepest
 descent over large-neighbourhood moves from two starts (:meth:`_Search.starts`): the

@@ -1,17 +1,17 @@
 """Exact whole-program selection as a mixed-integer linear program (a measured spike).
 
-The program search (:mod:`.program`) minimizes its objective by steepest descent; Alpa
+The program search (:mod:`placements2jax.inference.program`) minimizes its objective by steepest descent; Alpa
 solves the same kind of choice as an integer linear program. This module states the
-search's objective exactly (:class:`.program._Search`'s :meth:`~.program._Search.total`,
-priced by the search's own :meth:`~.program._Search.cost` and
-:meth:`~.program._Search.charge`: nothing re-priced here) as a MILP and solves it with
+search's objective exactly (:class:`placements2jax.inference.program._Search`'s :meth:`~placements2jax.inference.program._Search.total`,
+priced by the search's own :meth:`~placements2jax.inference.program._Search.cost` and
+:meth:`~placements2jax.inference.program._Search.charge`: nothing re-priced here) as a MILP and solves it with
 :func:`scipy.optimize.milp` (HiGHS):
 
 - ``x[n, k]`` binary: node ``n`` runs candidate ``k`` (one per node);
 - per value (an equation's output, or a function input) with consumers, ``y[v, d]`` in
   [0, 1]: some consumer's chosen candidate needs ``v`` in layout ``d``
   (``y[v, d] >= sum(x[c, k] for k needing d)`` per consumer ``c``: consumers needing the
-  same layout share it, as :meth:`~.program._Search.value_cost` counts it);
+  same layout share it, as :meth:`~placements2jax.inference.program._Search.value_cost` counts it);
 - ``z[v, s, d]`` in [0, 1] for a producer layout ``s`` and need ``d`` whose move costs
   something: the move is made. As a flow (tighter than the product ``z >= u + y - 1``):
   ``z[v, s, d] <= u[v, s]`` (``u``: the sum of the producer's ``x`` giving ``s``) and
@@ -19,7 +19,7 @@ priced by the search's own :meth:`~.program._Search.cost` and
 - a literal's or constant's move and an output's charge are linear in its one node's ``x``.
 
 Every variable but ``x`` is continuous: with ``x`` integral the least ``y`` and ``z`` are
-0/1. Costs are :data:`.program.Cost` pairs (bytes plus the overhead per collective, and
+0/1. Costs are :data:`placements2jax.inference.program.Cost` pairs (bytes plus the overhead per collective, and
 collectives); the program minimizes the first plus a tie-break weight times the second
 (:data:`TIE`: fewer collectives among equally cheap choices, as the search compares).
 Function inputs keep their layouts (constants), loop carries and stacked outputs are nodes
@@ -42,7 +42,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import csr_array
 
-from .program import Choice, _Search
+from placements2jax.inference.program import Choice, _Search
 
 __all__ = ["ExactResult", "solve_exact"]
 
