@@ -608,3 +608,30 @@ def test_constraints_on_size_one_mesh_dims_are_still_met() -> None:
     signature = infer_signature("matmul", inputs, mesh, out_layouts="R,S(0)")
     assert texts(signature.chosen.out_layouts) == ["R,S(0)"] and signature.chosen.cost == 0
     assert texts(signature.chosen.in_layouts) == ["R,S(0)", "R,R"]
+
+
+def test_infer_signature_pauses_the_garbage_collector_and_restores_it(mesh: Any, monkeypatch: Any) -> None:
+    """A cold infer_signature runs with Python's cyclic collector paused, as predict
+    (caches.collector_paused: its candidates and plans outlive the call), and leaves it on
+    or off as it found it, also when the call fails."""
+    import gc
+
+    from placements2jax.inference import select
+
+    seen: list[bool] = []
+    definition = select.op_definition
+    monkeypatch.setattr(select, "op_definition", lambda op: (seen.append(gc.isenabled()), definition(op))[1])
+    inputs = [((8, 16), F32, L(mesh, "S(0),R")), ((16, 4), F32, L(mesh, "R,S(1)"))]
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        assert texts(infer_signature("matmul", inputs).out_layouts) == ["S(0),S(1)"]
+        assert seen and not any(seen) and gc.isenabled()
+        with pytest.raises((ArgumentTypeError, InferenceError)):
+            infer_signature("matmul", inputs[:1])
+        assert gc.isenabled()
+        gc.disable()
+        infer_signature("matmul", inputs)
+        assert not gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()

@@ -29,11 +29,9 @@ the signature the walker gives it, and loops by walking their bodies inside
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from fractions import Fraction
@@ -44,7 +42,7 @@ from jax._src import source_info_util  # the user's source line of an equation, 
 from jax.extend import core
 from jax.sharding import NamedSharding
 
-from ..caches import Memo, cached
+from ..caches import Memo, cached, collector_paused
 from ..errors import InferenceError, Placements2JaxError, UnsupportedOpError
 from ..layout import Layout
 from ..mesh import DeviceMesh
@@ -365,48 +363,10 @@ def predict(
     key = _prediction_key(fn, flat, model, search, out_layouts, on_unknown, policy)
     prediction = _predictions.recall(key)
     if prediction is None:
-        with _collector_paused():
+        with collector_paused():
             prediction = _predict(fn, flat, model, search, out_layouts, on_unknown, policy)
         _predictions.remember(key, prediction)
     return prediction
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused (if it was running) while a prediction is
-    made: the walk and the search build ~300k long-lived small objects (candidates, states,
-    cached plans), and the collector's full passes over them were 10-14% of a cold predict
-    (measured with gc.callbacks on the GPT-2 adamw step; Llama's cold predict 4.3-5.1 ->
-    3.8-3.9 s CPU). Objects freed by reference counting go at once as before; cycles wait
-    for the next collection after the pause. Concurrent predictions never leave it off:
-    only the call that found it running turns it back on.
-
-    Turned back on, the collector would pass over everything allocated meanwhile at the
-    next allocation (the young generation's count is far over its threshold): ~284k objects
-    survive a cold predict of Llama's adamw step (the caches' plans, signatures and
-    candidates; predict leaves no cyclic garbage, 0-10 objects), a 0.10-0.13 s pass that
-    finds nothing, and a second one when they age into the middle generation. So they are
-    moved to the oldest generation first (``gc.freeze()`` then ``gc.unfreeze()``: no pass),
-    where they would end up anyway. Not a cost deferred: the full collections that scan the
-    oldest generation come no sooner (CPython starts one when the objects promoted by young
-    passes reach a quarter of it, and these are not counted so), and they would have
-    scanned these objects all the same (the first also untracks ~63k tuples of atoms the
-    young pass would have: 0.05 s once). Measured alternating cold predicts of Llama's
-    adamw step with XLA's compile of it in one process: the collector's CPU time per pair
-    0.32 -> 0.005 s, no full collection in either. Skipped when the caller has frozen
-    objects itself (``gc.freeze()`` before a fork): those must stay out of every generation."""
-    running = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if running:
-            thaw = gc.get_freeze_count() == 0
-            if thaw:
-                gc.freeze()
-            gc.enable()
-            if thaw:
-                gc.unfreeze()
 
 
 # predict's results, as jax.jit caches its traces: per function object, input specs and

@@ -44,7 +44,7 @@ from typing import Any
 
 import jax
 
-from ..caches import Memo, cached
+from ..caches import Memo, cached, collector_paused
 from ..errors import ArgumentTypeError, InferenceError, MissingDependencyError
 from ..foreign import dispatcher
 from ..layout import Layout, MeshPlacements
@@ -115,6 +115,14 @@ def infer_signature(
     layouts (a layout or placements per output / input, None = free); ``cost_model``
     defaults to :func:`default_cost_model`.
     """
+    with collector_paused():  # as predict: the signature's candidates and plans outlive the call
+        return _infer_signature_of(op, inputs, mesh, out_layouts, in_layouts, cost_model, search, params)
+
+
+def _infer_signature_of(
+    op: str, inputs: Sequence[Any], mesh: DeviceMesh | None, out_layouts: Any, in_layouts: Any,
+    cost_model: CostModelLike, search: str | None, params: dict[str, Any],
+) -> Signature:
     definition = op_definition(op)
     specs, mesh = _as_specs(inputs, mesh)
     frozen = freeze(params)
