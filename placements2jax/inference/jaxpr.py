@@ -49,7 +49,7 @@ from ..mesh import DeviceMesh
 from .combine import CombinedCollective, combine, combiner_rules, lowered_step, planned_collectives
 from .cost import CostModel, CostModelLike, resolve_cost_model
 from .frameworks import bind
-from .ops import primitive_definition, registered_function
+from .ops import PrimitiveDef, primitive_definition, registered_function
 from .plan import InputPlans, cached_plan
 from .program import OVERHEAD, ProgramGraph, ProgramNode, ValueId, forced_signature, select_program
 from .select import pending_reduction, signature_for
@@ -585,6 +585,22 @@ def _equations(jaxpr: Any) -> _Equations:
 _EQUATIONS = Memo(1024)
 
 
+def _read_params(eqn: Any, definition: PrimitiveDef) -> Any:
+    """``definition.read_params(eqn.params)``, memoized per equation object (every walk
+    reads them again: freezing them was ~1/5 of a walk whose signatures are cached).
+    Equations are hashed by identity and the memo holds them, as :func:`_equations`'
+    jaxprs; an entry is the current rule's: registering or removing a rule empties the
+    memo with every cache (:func:`.ops.register_sharding`)."""
+    params = _PARAMS.recall(eqn)
+    if params is None:
+        params = definition.read_params(eqn.params)
+        _PARAMS.remember(eqn, params)
+    return params
+
+
+_PARAMS = Memo(65536)
+
+
 def _drop_dim0(layout: Layout) -> Layout:
     """The layout of one slice along dim 0 (which must be unsplit). Split factors stay
     with their dims (a slice of a strided array holds its rows as the array does)."""
@@ -893,7 +909,7 @@ class _Walker:
         if path in self.choices:
             return forced_signature(name, ins, self.choices[path], self.cost_model)
         return signature_for(
-            ("primitive", name), definition.read_params(eqn.params), ins, out_avals, self.cost_model, self.mesh,
+            ("primitive", name), _read_params(eqn, definition), ins, out_avals, self.cost_model, self.mesh,
             self.gathered, ranked=self.searched,
         )
 
