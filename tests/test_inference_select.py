@@ -635,3 +635,30 @@ def test_infer_signature_pauses_the_garbage_collector_and_restores_it(mesh: Any,
         assert not gc.isenabled()
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def test_one_d_signature_hash_is_cached_and_not_pickled_into_another_process() -> None:
+    """OneDSig caches its hash; a pickled one is hashed afresh where it is loaded (its
+    placements hash strings, whose hashes differ between processes): it finds an equal
+    signature's dict entry in a process with another hash seed."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    from placements2jax import Replicate, Shard
+    from placements2jax.inference.signature import OneDSig
+
+    sig = OneDSig((Shard(0), Partial("sum")), (Replicate(),), {(0, 0)})
+    assert hash(sig) == hash((sig.inputs, sig.outputs, sig.even)) == hash(sig)
+    assert "_hash" not in pickle.loads(pickle.dumps(sig)).__dict__
+    code = (
+        "import pickle, sys\n"
+        "from placements2jax import Partial, Replicate, Shard\n"
+        "from placements2jax.inference.signature import OneDSig\n"
+        "loaded = pickle.loads(sys.stdin.buffer.read())\n"
+        "fresh = OneDSig((Shard(0), Partial('sum')), (Replicate(),), {(0, 0)})\n"
+        "assert loaded == fresh and hash(loaded) == hash(fresh) and {fresh: 1}[loaded] == 1\n"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": str(hash("seed") % 1000 + 1), "JAX_PLATFORMS": "cpu"}
+    subprocess.run([sys.executable, "-c", code], input=pickle.dumps(sig), env=env, check=True)
