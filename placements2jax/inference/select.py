@@ -758,15 +758,15 @@ def _bounded_best(
     allowed = _trivial_dim_sigs(ordered, specs, mesh)  # as rank_candidates: the same first candidate
     bounds = []
     pending_bounds = []
+    rates, unit = _bound_rates(mesh, cost_model)
+    nbytes = [math.prod(a.shape) * a.dtype.itemsize for a in avals]
     for m in range(mesh.ndim):
-        others = math.prod(mesh.shape) // mesh.shape[m]
-        blocks = [Fraction(math.prod(a.shape) * a.dtype.itemsize, others) for a in avals]
         given = tuple(placement_on(s.layout, m) for s in specs)
-        weight = cost_model.weight(mesh, m)
-        parts = [_dim_bound(sig, given, blocks[:n_in], blocks[n_in:], mesh.shape[m], weight) for sig in ordered]
-        bounds.append([(k, float(moved + pending)) for k, (moved, pending) in enumerate(parts)
+        parts = [_dim_bound(sig, given, nbytes[:n_in], nbytes[n_in:], rates[m]) for sig in ordered]
+        # the floats of the exact bounds (int true division rounds correctly, as Fraction's float)
+        bounds.append([(k, (moved + pending) / unit) for k, (moved, pending) in enumerate(parts)
                        if allowed is None or ordered[k] in allowed[m]])
-        pending_bounds.append([pending for _, pending in parts])
+        pending_bounds.append([Fraction(pending, unit) if pending else 0 for _, pending in parts])
     weights = cost_model.weights(mesh)
     scale = cost_scale(mesh.shape, weights)
     searches = [plan_search(s.shape, s.dtype.itemsize, mesh.shape, weights, (s.layout.dim_axes, s.layout.partial))
@@ -866,33 +866,53 @@ def _states_within(
     return True
 
 
-def _dim_bound(sig: OneDSig, given: tuple[Placement, ...], in_blocks: Sequence[Fraction],
-               out_blocks: Sequence[Fraction], n: int, weight: Fraction) -> tuple[Fraction, Fraction]:
+def _dim_bound(sig: OneDSig, given: tuple[Placement, ...], in_bytes: Sequence[int], out_bytes: Sequence[int],
+               rates: tuple[int, int, int]) -> tuple[int, int]:
     """A lower bound on the cost and pending reduction a candidate using ``sig`` on one
-    mesh dim (of size ``n``) pays there, the inputs having placements ``given`` on it: an
-    input leaving a partial is reduced (at least a reduce-scatter), a split moved to
-    another dim is exchanged (at least an all-to-all), a split dropped (to Replicate or
-    Partial) is gathered; a partial output owes a reduce-scatter (:func:`pending_reduction`)
-    unless a partial input continues it there and no input gives up a split there; each on the smallest block the tensor can have
-    (``blocks``: its bytes over the other mesh dims' sizes). Distinct mesh dims' steps are
-    distinct steps of a plan, so the bounds of the mesh dims add up."""
-    total = Fraction(0)
+    mesh dim pays there, the inputs having placements ``given`` on it: an input leaving a
+    partial is reduced (at least a reduce-scatter), a split moved to another dim is
+    exchanged (at least an all-to-all), a split dropped (to Replicate or Partial) is
+    gathered; a partial output owes a reduce-scatter (:func:`pending_reduction`) unless a
+    partial input continues it there and no input gives up a split there; each on the
+    smallest block the tensor can have (its bytes over the other mesh dims' sizes).
+    Distinct mesh dims' steps are distinct steps of a plan, so the bounds of the mesh dims
+    add up. In exact integer units (:func:`_bound_rates`: ``rates`` are the dim's, per byte
+    of the tensor, of a reduce-scatter, an all-to-all and an all-gather)."""
+    total = 0
     kept = made = False
-    for p, q, block in zip(given, sig.inputs, in_blocks):
+    reduce, exchange, gather = rates
+    for p, q, size in zip(given, sig.inputs, in_bytes):
         kept = kept or (isinstance(q, Partial) and isinstance(p, Partial))
         made = made or (isinstance(p, Shard) and not isinstance(q, Shard))  # a split given up (continued_partials)
         if p == q:
             continue
         if isinstance(p, Partial):
-            total += collective_bytes(REDUCE_SCATTER, block, n)
+            total += reduce * size
         elif isinstance(p, Shard):
-            total += collective_bytes(ALL_TO_ALL if isinstance(q, Shard) else ALL_GATHER, block, n)
-    pending = Fraction(0)
+            total += (exchange if isinstance(q, Shard) else gather) * size
+    pending = 0
     if not kept or made:
-        for q, block in zip(sig.outputs, out_blocks):
+        for q, size in zip(sig.outputs, out_bytes):
             if isinstance(q, Partial):
-                pending += collective_bytes(REDUCE_SCATTER, block, n)
-    return total * weight, pending * weight
+                pending += reduce * size
+    return total, pending
+
+
+@cached(maxsize=256)
+def _bound_rates(mesh: DeviceMesh, cost_model: CostModel) -> tuple[tuple[tuple[int, int, int], ...], int]:
+    """:func:`_dim_bound`'s rates in integers (Fraction arithmetic in every bound of
+    every combination was ~16% of eager dispatch's choices): per mesh dim, the weighted
+    bytes a reduce-scatter, an all-to-all and an all-gather send per byte of a tensor
+    (:func:`.cost.collective_bytes` on its smallest block, its bytes over the other mesh
+    dims' sizes), times ``unit``, the least integer clearing their denominators; and
+    ``unit``. Cached: every branch and bound reads them."""
+    total = math.prod(mesh.shape)
+    exact = []
+    for m, n in enumerate(mesh.shape):
+        block, weight = Fraction(n, total), cost_model.weight(mesh, m)  # one byte's block: 1 / (total / n)
+        exact.append(tuple(collective_bytes(c, block, n) * weight for c in (REDUCE_SCATTER, ALL_TO_ALL, ALL_GATHER)))
+    unit = math.lcm(*(r.denominator for rates in exact for r in rates))
+    return tuple(tuple(int(r * unit) for r in rates) for rates in exact), unit
 
 
 @cached(maxsize=4096)
