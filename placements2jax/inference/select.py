@@ -707,10 +707,11 @@ class _RankKeys:
 def _parts_table(key: tuple[Any, ...]) -> dict[Layout, Any]:
     """The per-layout parts table of one tensor of :class:`_RankKeys` under ``key``: an
     input's by its spec and cost model (the partials it keeps or gives up by its layout
-    and ``gathered``), an output's by its aval (and cost model for its reduction charges). Shared by every ranking (memoized): a part is a function of the
-    tensor and the layout alone, and rankings meet the same ones again (the ops reading
-    one value, values of one shape and layout: 3/4 of the input parts of a cold predict's
-    rankings are another ranking's, Llama's and GPT-2's adamw steps)."""
+    and ``gathered``), an output's by its aval (and cost model for its reduction
+    charges). Shared by every ranking (memoized): a part is a function of the tensor and
+    the layout alone, and rankings meet the same ones again (the ops reading one value,
+    values of one shape and layout: 3/4 of the input parts of a cold predict's rankings
+    are another ranking's, Llama's and GPT-2's adamw steps)."""
     table = _PARTS.get(key)
     if table is None:
         table = {}
