@@ -539,8 +539,18 @@ def _const_specs(jaxpr: Any, mesh: DeviceMesh) -> list[TensorSpec]:
 
 
 def _aval(atom: Any) -> Aval:
-    """A jaxpr variable's or literal's shape and dtype."""
-    return Aval(atom.aval.shape, atom.aval.dtype)
+    """A jaxpr variable's or literal's shape and dtype: one Aval per (shape, dtype) (memoized:
+    a jaxpr's values share few of them, and building each checked Aval again was ~2/3 of
+    building :func:`_equations`' table)."""
+    key = (atom.aval.shape, atom.aval.dtype)
+    aval = _AVALS.get(key)
+    if aval is None:
+        aval = Aval(*key)
+        _AVALS.remember(key, aval)
+    return aval
+
+
+_AVALS = Memo(4096)
 
 
 @cached(maxsize=4096)
@@ -549,15 +559,42 @@ def _replicated_spec(aval: Aval, mesh: DeviceMesh) -> TensorSpec:
     return TensorSpec(aval.shape, aval.dtype, Layout(mesh, ((),) * len(aval.shape)))
 
 
+class _Equation:
+    """What every walk reads of one equation of a jaxpr, computed once per jaxpr
+    (:func:`_equations`: a cold predict walks the program three times and loop bodies
+    more, each equation's avals built again otherwise): the equation, its index as a path
+    part, per input (atom, its Aval if a literal else None), its output avals, its output
+    vars (None: dropped), and the params its rule reads (:meth:`params`)."""
+
+    __slots__ = ("eqn", "index", "reads", "out_avals", "outvars", "_params")
+
+    def __init__(self, eqn: Any, index: int) -> None:
+        self.eqn = eqn
+        self.index = str(index)
+        self.reads = _reads(eqn.invars)
+        self.out_avals = tuple(map(_aval, eqn.outvars))
+        self.outvars = tuple(None if isinstance(v, core.DropVar) else v for v in eqn.outvars)
+        self._params: Any = _UNREAD
+
+    def params(self, definition: PrimitiveDef) -> Any:
+        """``definition.read_params(eqn.params)``, frozen at the first walk that reads them
+        (freezing them at every walk was ~1/5 of a walk whose signatures are cached). The
+        current rule's: registering or removing a rule empties the table with every cache
+        (:func:`.ops.register_sharding`)."""
+        if self._params is _UNREAD:
+            self._params = definition.read_params(self.eqn.params)
+        return self._params
+
+
+_UNREAD = object()
+
+
 @dataclass(frozen=True)
 class _Equations:
-    """What every walk of a jaxpr reads of its equations, computed once per jaxpr (a cold
-    predict walks the program three times and loop bodies more, each equation's avals
-    built again otherwise): per equation ``(eqn, its index as a path part, per input
-    (atom, its Aval if a literal else None), its output avals, its output vars (None:
-    dropped))``; per output of the jaxpr, (atom, Aval if a literal)."""
+    """A jaxpr's :class:`_Equation` per equation; per output of the jaxpr, (atom, Aval if a
+    literal)."""
 
-    equations: tuple[tuple[Any, str, tuple[tuple[Any, Aval | None], ...], tuple[Aval, ...], tuple[Any, ...]], ...]
+    equations: tuple[_Equation, ...]
     outputs: tuple[tuple[Any, Aval | None], ...]
 
 
@@ -570,35 +607,12 @@ def _equations(jaxpr: Any) -> _Equations:
     identity, and the memo holds the jaxpr, so an entry is never another's)."""
     table = _EQUATIONS.recall(jaxpr)
     if table is None:
-        table = _Equations(
-            tuple(
-                (eqn, str(index), _reads(eqn.invars), tuple(map(_aval, eqn.outvars)),
-                 tuple(None if isinstance(v, core.DropVar) else v for v in eqn.outvars))
-                for index, eqn in enumerate(jaxpr.eqns)
-            ),
-            _reads(jaxpr.outvars),
-        )
+        table = _Equations(tuple(_Equation(eqn, index) for index, eqn in enumerate(jaxpr.eqns)), _reads(jaxpr.outvars))
         _EQUATIONS.remember(jaxpr, table)
     return table
 
 
 _EQUATIONS = Memo(1024)
-
-
-def _read_params(eqn: Any, definition: PrimitiveDef) -> Any:
-    """``definition.read_params(eqn.params)``, memoized per equation object (every walk
-    reads them again: freezing them was ~1/5 of a walk whose signatures are cached).
-    Equations are hashed by identity and the memo holds them, as :func:`_equations`'
-    jaxprs; an entry is the current rule's: registering or removing a rule empties the
-    memo with every cache (:func:`.ops.register_sharding`)."""
-    params = _PARAMS.recall(eqn)
-    if params is None:
-        params = definition.read_params(eqn.params)
-        _PARAMS.remember(eqn, params)
-    return params
-
-
-_PARAMS = Memo(65536)
 
 
 def _drop_dim0(layout: Layout) -> Layout:
@@ -700,7 +714,7 @@ class _Walker:
         self.rows: list[EquationReport] = []
         self.nodes: list[ProgramNode] = []
         self.node_at: dict[str, ProgramNode] = {}  # the nodes by path
-        self.call_lines: list[str] = []  # source lines of the enclosing calls, for errors
+        self.calls: list[Any] = []  # the enclosing call equations (their source lines for errors)
         self.loops: dict[str, _LoopCarries] = {}  # the loops walked (not their fixed points' trials), by path
 
     def _trial(self) -> _Walker:
@@ -722,13 +736,13 @@ class _Walker:
         env.update((v, (c, None)) for v, c in zip(jaxpr.constvars, consts))
         env.update(zip(jaxpr.invars, zip(inputs, sources)))
         table = _equations(jaxpr)
-        for eqn, index, reads, out_avals, outvars in table.equations:
-            if reads:
-                ins, srcs = zip(*(read(a, literal) for a, literal in reads))
+        for entry in table.equations:
+            if entry.reads:
+                ins, srcs = zip(*(read(a, literal) for a, literal in entry.reads))
             else:
                 ins, srcs = (), ()
-            outs = self._equation(eqn, prefix + index, ins, srcs, out_avals)
-            for var, value in zip(outvars, outs):
+            outs = self._equation(entry, prefix + entry.index, ins, srcs)
+            for var, value in zip(entry.outvars, outs):
                 if var is not None:
                     env[var] = value
         return [read(v, literal) for v, literal in table.outputs]
@@ -806,9 +820,9 @@ class _Walker:
         return out, (path, 0)
 
     def _equation(
-        self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], srcs: tuple[ValueId | None, ...],
-        out_avals: tuple[Aval, ...],
+        self, entry: _Equation, path: str, ins: tuple[TensorSpec, ...], srcs: tuple[ValueId | None, ...]
     ) -> list[tuple[TensorSpec, ValueId | None]]:
+        eqn, out_avals = entry.eqn, entry.out_avals
         name = eqn.primitive.name
         function = registered_function(eqn)
         if function is not None:  # a call of a function with a registered rule: one equation, not walked inside
@@ -827,13 +841,13 @@ class _Walker:
             label = f"{name}[{eqn.params['name']}]" if "name" in eqn.params else name
             slot = len(self.rows)
             self.rows.append(EquationReport(path, label, ins, None, ()))
-            self.call_lines.append(_source_line(eqn))
+            self.calls.append(eqn)
             if self.executor is not None:
                 self.executor.enter_call(eqn, eqn.params[CALL_JAXPR_PARAMS[name]])
             outs = self._closed(eqn.params[CALL_JAXPR_PARAMS[name]], ins, path + ".", sources=srcs)
             if self.executor is not None:
                 self.executor.exit_call(eqn, eqn.params[CALL_JAXPR_PARAMS[name]])
-            self.call_lines.pop()
+            self.calls.pop()
             self.rows[slot] = EquationReport(path, label, ins, None, tuple(o for o, _ in outs), srcs)
             return outs
         if name in LOOPS:
@@ -846,7 +860,7 @@ class _Walker:
         elif name == "shard_map":
             signature = self._shard_map(eqn, ins, out_avals)
         else:
-            signature = self._rule_signature(eqn, path, ins, out_avals)
+            signature = self._rule_signature(entry, path, ins)
         outs = tuple(TensorSpec.of(a, layout) for a, layout in zip(out_avals, signature.out_layouts))
         label = signature.op if signature.op.startswith(name) else name  # e.g. 'foo (no rule: replicated)'
         self.rows.append(EquationReport(path, label, ins, signature, outs, srcs))
@@ -888,9 +902,8 @@ class _Walker:
         """The output layouts of a loop body walked at ``prefix`` on inputs ``ins``."""
         return [spec for spec, _ in self._closed(closed, ins, prefix)]
 
-    def _rule_signature(
-        self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]
-    ) -> Signature:
+    def _rule_signature(self, entry: _Equation, path: str, ins: tuple[TensorSpec, ...]) -> Signature:
+        eqn, out_avals = entry.eqn, entry.out_avals
         name = eqn.primitive.name
         try:
             definition = primitive_definition(name)
@@ -899,7 +912,7 @@ class _Walker:
                 layouts = [Layout(self.mesh, ((),) * len(s.shape)) for s in ins]
                 outs = [Layout(self.mesh, ((),) * a.ndim) for a in out_avals]
                 return self.fixed(f"{name} (no rule: replicated)", ins, layouts, out_avals, outs)
-            lines = [_source_line(eqn), *reversed(self.call_lines)]
+            lines = [_source_line(e) for e in (eqn, *reversed(self.calls))]
             where = next((line for line in lines if line), "unknown source")
             raise UnsupportedOpError(
                 "primitive", name, f"signature inference has no rule for this jaxpr primitive (at {where})",
@@ -909,7 +922,7 @@ class _Walker:
         if path in self.choices:
             return forced_signature(name, ins, self.choices[path], self.cost_model)
         return signature_for(
-            ("primitive", name), _read_params(eqn, definition), ins, out_avals, self.cost_model, self.mesh,
+            ("primitive", name), entry.params(definition), ins, out_avals, self.cost_model, self.mesh,
             self.gathered, ranked=self.searched,
         )
 
@@ -1231,9 +1244,8 @@ class _TorchWalker(_Walker):
     def _trial(self) -> _Walker:
         return _TorchWalker(self.mesh, self.cost_model, self.choices, self.on_unknown, picked=self.picked)
 
-    def _rule_signature(
-        self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]
-    ) -> Signature:
+    def _rule_signature(self, entry: _Equation, path: str, ins: tuple[TensorSpec, ...]) -> Signature:
+        eqn = entry.eqn
         mapped = _torch_op(eqn.primitive.name, eqn.params, ins)
         if mapped is not None:
             from .select import infer_signature  # the public entry: search="torch" validated there
@@ -1249,7 +1261,7 @@ class _TorchWalker(_Walker):
                 self.picked[path] = signature.chosen
                 return forced_signature(eqn.primitive.name, ins, signature.chosen, self.cost_model)
         self.picked.pop(path, None)
-        return super()._rule_signature(eqn, path, ins, out_avals)
+        return super()._rule_signature(entry, path, ins)
 
 
 def _torch_walk(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from fractions import Fraction
 from typing import Any
@@ -54,6 +54,25 @@ __all__ = [
 Shape = tuple[int, ...]
 
 
+def _hash_once(value: Any) -> int:
+    """The hash of a frozen dataclass ``value`` (its compared fields', as the dataclass
+    hash), computed at its first hash and stored on it: caches and memos key on avals,
+    specs and 1-D signatures by the thousand (hashing their shapes, dtypes and placements
+    again at every use was ~4% of ranking, ~15% of a lazy choice and ~8% of a walk whose
+    signatures are cached)."""
+    cached = value.__dict__.get("_hash")
+    if cached is None:
+        cached = hash(tuple(getattr(value, f.name) for f in fields(value) if f.compare))
+        object.__setattr__(value, "_hash", cached)
+    return cached
+
+
+def _without_hash(value: Any) -> dict[str, Any]:
+    """A frozen dataclass's pickled state without the hash :func:`_hash_once` stored:
+    dtypes and placements hash strings, whose hashes differ from one process to another."""
+    return {k: v for k, v in value.__dict__.items() if k != "_hash"}
+
+
 @dataclass(frozen=True)
 class Aval:
     """The global shape and dtype of a logical tensor (no layout)."""
@@ -64,6 +83,12 @@ class Aval:
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", as_shape(self.shape, "shape"))
         object.__setattr__(self, "dtype", _as_dtype(self.dtype))
+
+    def __hash__(self) -> int:
+        return _hash_once(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return _without_hash(self)
 
     @property
     def ndim(self) -> int:
@@ -104,15 +129,28 @@ class TensorSpec:
             layout.check_shape(self.shape, "shape")
         object.__setattr__(self, "layout", layout)
 
+    def __hash__(self) -> int:
+        return _hash_once(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return _without_hash(self)
+
     @classmethod
     def of(cls, aval: Aval, layout: Layout) -> TensorSpec:
         """``TensorSpec(aval.shape, aval.dtype, layout)`` without checking again what
         ``aval`` (a checked shape and dtype) and a plain layout of its rank already are
-        (the walker makes one per equation output); any other layout is checked."""
+        (the walker makes one per equation output, each walk); any other layout is checked.
+        Those are memoized per (aval, layout) (:data:`_SPECS`): the walks of a predict give
+        equal values the same spec, whose hash is then computed once and whose equality in
+        a cache key's comparison is identity."""
         if not isinstance(layout, Layout) or layout.is_strided or layout.ndim != len(aval.shape):
             return cls(aval.shape, aval.dtype, layout)
-        spec = object.__new__(cls)
-        spec.__dict__.update(shape=aval.shape, dtype=aval.dtype, layout=layout, aval=aval)
+        key = (aval, layout)
+        spec = _SPECS.get(key)
+        if spec is None:
+            spec = object.__new__(cls)
+            spec.__dict__.update(shape=aval.shape, dtype=aval.dtype, layout=layout, aval=aval)
+            _SPECS.remember(key, spec)
         return spec
 
     @cached_property
@@ -126,6 +164,10 @@ class TensorSpec:
 
     def __str__(self) -> str:
         return f"{self.aval} {str(self.layout)}"
+
+
+# TensorSpec.of's specs, per (aval, layout)
+_SPECS = Memo(65536)
 
 
 def as_tensor_spec(value: Any, mesh: DeviceMesh | None = None, argument: str = "input") -> TensorSpec:
@@ -422,19 +464,10 @@ class OneDSig:
         object.__setattr__(self, "even", frozenset(self.even))
 
     def __hash__(self) -> int:
-        """The compared fields' hash, computed once (ranking and eager dispatch's lazy
-        choices key sets, dicts and memos on signatures: hashing the placements again at
-        every use was ~4% of ranking and ~15% of a lazy choice)."""
-        cached = self.__dict__.get("_hash")
-        if cached is None:
-            cached = hash((self.inputs, self.outputs, self.even))
-            object.__setattr__(self, "_hash", cached)
-        return cached
+        return _hash_once(self)
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickled without the cached hash: placements hash their strings, whose hashes
-        differ from one process to another."""
-        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+        return _without_hash(self)
 
     @property
     def placements(self) -> tuple[Placement, ...]:
