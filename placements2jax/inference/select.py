@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from fractions import Fraction
 from functools import partial
 from typing import Any
@@ -452,18 +452,17 @@ def _ranked(
     choices = _layout_choices(sigs, tuple(s.joint for s in sigs), _fit_shapes(avals, mesh.shape), mesh, tuple(orders),
                               allowed)
     out_avals = tuple(out_avals)
-    ranked = []
     keys = _RankKeys(tuple(specs), out_avals, cost_model, mesh, gathered)
     extra = _views(sigs, specs, mesh, choices)
     if strided and any(s.layout.is_strided for s in specs):
         extra += _strided(specs, avals, mesh, choices)
-    constrained = out_constraint is not None or in_constraint is not None  # predict's walk: never
-    rank = keys.ranked
-    for layouts, combo, order in itertools.chain(choices, extra):
-        ins, outs = layouts[:n_in], layouts[n_in:]
-        if constrained and (not _matches(outs, out_constraint) or not _matches(ins, in_constraint)):
-            continue
-        ranked.append(rank(ins, outs, combo, order))
+    entries: Iterable[tuple[tuple[Layout, ...], tuple[OneDSig, ...], tuple[int, ...]]] = (
+        itertools.chain(choices, extra) if extra else choices
+    )
+    if out_constraint is not None or in_constraint is not None:  # predict's walk: never
+        entries = [(layouts, combo, order) for layouts, combo, order in entries
+                   if _matches(layouts[n_in:], out_constraint) and _matches(layouts[:n_in], in_constraint)]
+    ranked = keys.ranked_all(entries)
     ranked.sort(key=_first)  # stable: equal keys keep their order
     return [candidate for _, candidate in ranked]
 
@@ -542,8 +541,7 @@ class _RankKeys:
     ) -> None:
         self.specs, self.out_avals, self.cost_model, self.gathered = specs, out_avals, cost_model, gathered
         self.planner = InputPlans(specs, cost_model)
-        self.weights = cost_model.weights(mesh)
-        self.scale = cost_scale(mesh.shape, self.weights)
+        self.weights, self.scale = _weights_and_scale(mesh, cost_model)
         # per input, the planner's search from its layout (None: strided, or not needed yet)
         self.searches: list[Any] = [None] * len(specs)
         # per input, per layout: (plan cost in units of 1/scale, strided, layout key, moved)
@@ -649,59 +647,79 @@ class _RankKeys:
         return sum(charge for _, charge in charges), charges
 
     def ranked(
-        self, in_layouts: tuple[Layout, ...], out_layouts: tuple[Layout, ...], one_d: tuple[OneDSig, ...],
-        nest_order: tuple[int, ...], pending: Fraction | None = None,
+        self, layouts: tuple[Layout, ...], one_d: tuple[OneDSig, ...], nest_order: tuple[int, ...]
     ) -> tuple[tuple[Any, ...], Candidate]:
-        """The candidate running the op with these layouts (its pending reduction from
-        :meth:`continued` unless given) and its rank key."""
-        total = 0  # the plan costs, then plus the pending reduction, in units of 1 / scale
-        strided = 0
-        layout_key = []
-        redistributed = []
-        for i, (layout, table) in enumerate(zip(in_layouts, self.costs)):
-            parts = table.get(layout)
-            if parts is None:
-                parts = table[layout] = (
-                    self.plan_units(i, layout), split_out_of_mesh_order(layout), layout_rank_key(layout),
-                    self.specs[i].layout is not layout,
-                )
-            total += parts[0]
-            strided += parts[1]
-            layout_key.append(parts[2])
-            redistributed.append(parts[3])
-        free = not total  # no plan costs anything
-        out_bytes = 0
-        out_splits = []
-        partial = False
-        for aval, layout, table in zip(self.out_avals, out_layouts, self.out_bytes):
-            parts = table.get(layout)
-            if parts is None:
-                parts = table[layout] = (
-                    block_bytes(aval.shape, aval.dtype.itemsize, layout.dim_axes, layout.mesh.shape),
-                    split_out_of_mesh_order(layout), layout_rank_key(layout), split_dims_key(layout),
-                    layout.has_partial,
-                )
-            out_bytes += parts[0]
-            strided += parts[1]
-            layout_key.append(parts[2])
-            out_splits.append(parts[3])
-            partial = partial or parts[4]
-        if pending is not None:
-            total += self.units(pending)
-        elif partial:  # no partial output: nothing pending, whatever the inputs continue
-            pending, units = self._pending(out_layouts, self.continued(in_layouts))
-            total += units
-        else:
-            pending = _ZERO
-        moved = tuple(redistributed)
-        candidate = Candidate(in_layouts, out_layouts, None, one_d, nest_order, self.out_avals, pending, self.planner)
-        # what Candidate.redistributed (and .cost, where nothing costs) compute: stored, not recomputed
-        candidate.__dict__["redistributed"] = moved
-        if free:
-            candidate.__dict__["cost"] = _ZERO
-        # Candidate.strided, .out_splits and .layout_key from parts per (tensor, layout)
-        key = (True in moved, total, strided, tuple(out_splits), moved, out_bytes, tuple(layout_key))
-        return key, candidate
+        """The rank key of one choice and its candidate (:meth:`ranked_all`)."""
+        return self.ranked_all(((layouts, one_d, nest_order),))[0]
+
+    def ranked_all(
+        self, choices: Iterable[tuple[tuple[Layout, ...], tuple[OneDSig, ...], tuple[int, ...]]]
+    ) -> list[tuple[tuple[Any, ...], Candidate]]:
+        """Per choice (layouts of the inputs then the outputs, 1-D signatures, nest order):
+        its rank key and the candidate running the op with it, its pending reduction from
+        :meth:`continued`. One loop over them all, the tables and methods it reads bound
+        once (a cold predict ranks ~11k candidates, Llama's adamw step)."""
+        n_in = len(self.specs)
+        out_avals, planner, given = self.out_avals, self.planner, tuple(s.layout for s in self.specs)
+        in_tables = tuple(enumerate(self.costs))
+        out_tables = tuple(zip(self.out_avals, self.out_bytes))
+        pending_of, continued = self._pending, self.continued
+        new = Candidate.__new__
+        ranked = []
+        for layouts, one_d, nest_order in choices:
+            total = 0  # the plan costs, then plus the pending reduction, in units of 1 / scale
+            strided = 0
+            layout_key = []
+            redistributed = []
+            for (i, table), layout in zip(in_tables, layouts):
+                parts = table.get(layout)
+                if parts is None:
+                    parts = table[layout] = (
+                        self.plan_units(i, layout), split_out_of_mesh_order(layout), layout_rank_key(layout),
+                        given[i] is not layout,
+                    )
+                total += parts[0]
+                strided += parts[1]
+                layout_key.append(parts[2])
+                redistributed.append(parts[3])
+            free = not total  # no plan costs anything
+            out_layouts = layouts[n_in:]
+            out_bytes = 0
+            out_splits = []
+            partial = False
+            for (aval, table), layout in zip(out_tables, out_layouts):
+                parts = table.get(layout)
+                if parts is None:
+                    parts = table[layout] = (
+                        block_bytes(aval.shape, aval.dtype.itemsize, layout.dim_axes, layout.mesh.shape),
+                        split_out_of_mesh_order(layout), layout_rank_key(layout), split_dims_key(layout),
+                        layout.has_partial,
+                    )
+                out_bytes += parts[0]
+                strided += parts[1]
+                layout_key.append(parts[2])
+                out_splits.append(parts[3])
+                partial = partial or parts[4]
+            in_layouts = layouts[:n_in]
+            if partial:  # no partial output: nothing pending, whatever the inputs continue
+                pending, units = pending_of(out_layouts, continued(in_layouts))
+                total += units
+            else:
+                pending = _ZERO
+            moved = tuple(redistributed)
+            # Candidate(...) as its __init__ sets it, with what Candidate.redistributed (and .cost, where
+            # nothing costs) compute stored, not recomputed
+            candidate = new(Candidate)
+            candidate.__dict__.update(
+                in_layouts=in_layouts, out_layouts=out_layouts, one_d=one_d, nest_order=nest_order,
+                out_avals=out_avals, pending=pending, planner=planner, redistributed=moved,
+            )
+            if free:
+                candidate.__dict__["cost"] = _ZERO
+            # Candidate.strided, .out_splits and .layout_key from parts per (tensor, layout)
+            ranked.append(((True in moved, total, strided, tuple(out_splits), moved, out_bytes, tuple(layout_key)),
+                           candidate))
+        return ranked
 
 
 def _parts_table(key: tuple[Any, ...]) -> dict[Layout, Any]:
@@ -768,8 +786,7 @@ def _bounded_best(
         bounds.append([(k, (moved + pending) / unit) for k, (moved, pending) in enumerate(parts)
                        if allowed is None or ordered[k] in allowed[m]])
         pending_bounds.append([Fraction(pending, unit) if pending else 0 for _, pending in parts])
-    weights = cost_model.weights(mesh)
-    scale = cost_scale(mesh.shape, weights)
+    weights, scale = _weights_and_scale(mesh, cost_model)
     searches = [plan_search(s.shape, s.dtype.itemsize, mesh.shape, weights, (s.layout.dim_axes, s.layout.partial))
                 for s in specs]
     # (bound, index of each mesh dim's signature) of every combination, in itertools.product's
@@ -800,7 +817,7 @@ def _bounded_best(
             pending = keys.pending(outs, keys.continued(ins))
             if best is not None and not _within(specs, ins, cost_model, best[2] - pending):
                 continue
-            key = keys.ranked(ins, outs, (), (), pending)[0]
+            key = keys.ranked(layouts, (), ())[0]
             if not key[0]:  # runs on the inputs as given: not this function's case
                 return None
             if best is None or key < best[0]:
@@ -810,8 +827,7 @@ def _bounded_best(
         return None
     layouts = best[1]
     _, combo, order = found[layouts]
-    ins, outs = layouts[:n_in], layouts[n_in:]
-    return keys.ranked(ins, outs, combo, order, keys.pending(outs, keys.continued(ins)))[1]
+    return keys.ranked(layouts, combo, order)[1]
 
 
 def _within(
@@ -1067,10 +1083,18 @@ def _in_units(value: Fraction, scale: int) -> int | Fraction:
 
 
 @cached(maxsize=256)
+def _weights_and_scale(mesh: DeviceMesh, cost_model: CostModel) -> tuple[tuple[Fraction, ...], int]:
+    """The mesh dims' weights and the planner's :func:`.plan.cost_scale` (cached: every
+    ranking reads them; computing them again was ~4% of a cold predict's rankings)."""
+    weights = cost_model.weights(mesh)
+    return weights, cost_scale(mesh.shape, weights)
+
+
+@cached(maxsize=256)
 def _reduction_units(mesh: DeviceMesh, cost_model: CostModel) -> tuple[int | Fraction, ...]:
     """Per mesh dim, :func:`_reduction_rate` in units of ``1 / cost_scale`` (the units of
     :class:`_RankKeys`; cached: every ranking with a partial output reads them)."""
-    scale = cost_scale(mesh.shape, cost_model.weights(mesh))
+    scale = _weights_and_scale(mesh, cost_model)[1]
     return tuple(_in_units(_reduction_rate(mesh, m, cost_model), scale) for m in range(mesh.ndim))
 
 

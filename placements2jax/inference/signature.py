@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import inspect
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from functools import cached_property
 from fractions import Fraction
+from operator import attrgetter
 from typing import Any
 
 import jax
@@ -54,21 +55,26 @@ __all__ = [
 Shape = tuple[int, ...]
 
 
-def _hash_once(value: Any) -> int:
-    """The hash of a frozen dataclass ``value`` (its compared fields', as the dataclass
-    hash), computed at its first hash and stored on it: caches and memos key on avals,
-    specs and 1-D signatures by the thousand (hashing their shapes, dtypes and placements
-    again at every use was ~4% of ranking, ~15% of a lazy choice and ~8% of a walk whose
-    signatures are cached)."""
-    cached = value.__dict__.get("_hash")
-    if cached is None:
-        cached = hash(tuple(getattr(value, f.name) for f in fields(value) if f.compare))
-        object.__setattr__(value, "_hash", cached)
-    return cached
+def _hash_once(*names: str) -> Callable[[Any], int]:
+    """The ``__hash__`` of a frozen dataclass whose compared fields are ``names``: their
+    tuple's hash, as the dataclass hash, computed at the first hash and stored on the
+    value. Caches and memos key on avals, specs and 1-D signatures by the thousand
+    (hashing their shapes, dtypes and placements again at every use was ~4% of ranking,
+    ~15% of a lazy choice and ~8% of a walk whose signatures are cached)."""
+    compared = attrgetter(*names)
+
+    def __hash__(self: Any) -> int:
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(compared(self))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    return __hash__
 
 
 def _without_hash(value: Any) -> dict[str, Any]:
-    """A frozen dataclass's pickled state without the hash :func:`_hash_once` stored:
+    """A frozen dataclass's pickled state without the hash its :func:`_hash_once` stored:
     dtypes and placements hash strings, whose hashes differ from one process to another."""
     return {k: v for k, v in value.__dict__.items() if k != "_hash"}
 
@@ -84,8 +90,7 @@ class Aval:
         object.__setattr__(self, "shape", as_shape(self.shape, "shape"))
         object.__setattr__(self, "dtype", _as_dtype(self.dtype))
 
-    def __hash__(self) -> int:
-        return _hash_once(self)
+    __hash__ = _hash_once("shape", "dtype")
 
     def __getstate__(self) -> dict[str, Any]:
         return _without_hash(self)
@@ -129,8 +134,7 @@ class TensorSpec:
             layout.check_shape(self.shape, "shape")
         object.__setattr__(self, "layout", layout)
 
-    def __hash__(self) -> int:
-        return _hash_once(self)
+    __hash__ = _hash_once("shape", "dtype", "layout")
 
     def __getstate__(self) -> dict[str, Any]:
         return _without_hash(self)
@@ -463,8 +467,7 @@ class OneDSig:
         object.__setattr__(self, "outputs", tuple(self.outputs))
         object.__setattr__(self, "even", frozenset(self.even))
 
-    def __hash__(self) -> int:
-        return _hash_once(self)
+    __hash__ = _hash_once("inputs", "outputs", "even")
 
     def __getstate__(self) -> dict[str, Any]:
         return _without_hash(self)
