@@ -527,7 +527,7 @@ class _RankKeys:
     the same); equal keys keep their position. The candidate's ``redistributed`` is
     stored on it as computed, and its ``cost`` where nothing costs (else summed on first
     read: the program search reads layouts only).
-    :meth:`ranked` does a candidate's steps in one pass (ranking builds tens of
+    :meth:`ranked_all` does each candidate's steps in one pass (ranking builds tens of
     thousands of candidates per program)."""
 
     __slots__ = (
