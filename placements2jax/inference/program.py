@@ -478,7 +478,7 @@ OVERHEAD = 192
 # a move's (delta, changes, depends: the equations it depends on as a bit set by position), see _Search.evaluate
 Evaluation = tuple[Cost, dict[str, int], int]
 # an evaluation's depends (as above), the getter of the choices it reads and the values its delta prices
-_Reading = tuple[int, Callable[[Choice], Any], Collection[int]]
+_Reading = tuple[int, Callable[[Choice], Any], Collection[int], Callable[[Choice], Any]]
 
 
 def _reduction_scale(mesh: DeviceMesh) -> float:
@@ -797,6 +797,10 @@ class _Search:
         # evaluate() per move: (the equations its result depends on, their choices, the tie-break it holds for
         # (None: both), the result)
         self.evaluations: dict[Move, list[tuple[Callable[[Choice], Any], Any, bool | None, Evaluation]]] = {}
+        # and per move its cascades alone: (the getter of the choices a cascade read, those choices, the tie-break
+        # it holds for, (the changes, their reading)), so that an evaluation whose delta's neighbours changed reprices
+        # the same changes without cascading again
+        self.cascades: dict[Move, list[tuple[Callable[[Choice], Any], Any, bool | None, tuple[dict[str, int], _Reading]]]] = {}
         self.alternative_moves: dict[tuple[str, Any], list[tuple[int, bool]]] = {}
         # pull_moves() per node: (the getter of the choices they read, those choices, the moves)
         self.pulls_by_reads: dict[str, list[tuple[Callable[[Choice], Any], Any, list[Any]]]] = {}
@@ -1431,23 +1435,32 @@ class _Search:
             seeds, follow, reduce = dict(move[3]), True, False
         else:
             seeds, follow, reduce = {move[0]: move[1]}, move[2], False
-        changes, looked, tied = self.cascade(seeds, choice, follow, reduce)
-        key = (looked, tuple(changes))  # the changes in order: touched_by()'s order, the sums'
-        reading = self.readings.get(key)
-        if reading is None:
-            # the neighbours of those changed include what their greedy() reads (producers, a stacking node's consumers)
-            reads = looked.union(
-                *map(self.neighbours.__getitem__, changes),
-                *map(self.greedy_reads.__getitem__, looked.difference(changes)),
-            )
-            depends = functools.reduce(operator.or_, map(self.reach.__getitem__, looked))
-            reading = self.readings[key] = (depends, _getter(tuple(reads)), self.touched_by(key[1]))
-        depends, getter, values = reading
+        cascades = self.cascades.setdefault(move, [])
+        for reads, snapshot, tie, cascaded in cascades:  # the cascade alone, its delta's neighbours changed
+            if (tie is None or tie == self.fewest_moved) and reads(choice) == snapshot:
+                changes, reading = cascaded
+                break
+        else:
+            changes, looked, tied = self.cascade(seeds, choice, follow, reduce)
+            key = (looked, tuple(changes))  # the changes in order: touched_by()'s order, the sums'
+            reading = self.readings.get(key)
+            if reading is None:
+                # the neighbours of those changed include what their greedy() reads (producers, a stacking node's
+                # consumers); the cascade read the choices of those looked at and what their greedy() reads
+                greedy_reads = looked.union(*map(self.greedy_reads.__getitem__, looked))
+                reads = greedy_reads.union(*map(self.neighbours.__getitem__, changes))
+                depends = functools.reduce(operator.or_, map(self.reach.__getitem__, looked))
+                reading = self.readings[key] = (
+                    depends, _getter(tuple(reads)), self.touched_by(key[1]), _getter(tuple(greedy_reads))
+                )
+            tie = self.fewest_moved if tied else None
+            cascades.append((reading[3], reading[3](choice), tie, (changes, reading)))
+        depends, getter, values, _ = reading
         delta = self.delta(changes, values, choice, settled)
         if move[0] == _VALUE and not follow and delta[1] > 0:  # the consumers alone: never more collectives
             delta = (math.inf, math.inf)  # (Equinox's value_and_grad traded 2 more for bytes)
         found = (delta, changes, depends)
-        known.append((getter, getter(choice), self.fewest_moved if tied else None, found))
+        known.append((getter, getter(choice), tie, found))
         return found
 
     def improve(self, choice: Choice, values: bool = False, reducing: bool = False, pulls: bool = False) -> Choice:
