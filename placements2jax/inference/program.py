@@ -163,14 +163,21 @@ producers, and of the neighbours of those it changed; and every equation's moves
 choices they read; so are pull moves, :meth:`_Search.pull_moves`): the later descents (from
 another start, with pull moves, the finishing one) reuse those they meet again (made anew:
 6,045 of 14,417 evaluations on GPT-2's adamw step, 8,309 of 14,957 on Llama's, 38,042 of
-66,073 with 8 unrolled layers). Measured per descent there, what is left is not repeated
-work: no descent starts where another with the same moves did, a reused evaluation costs
-one look-up (~8 us; ~0.2 s of the 8-layer search in all, two thirds of it in first offers),
-and two thirds of the time of those made anew goes to cascades of 100 or more changes whose
-delta is >= 0 (the first offers' and those after an applied move re-chose most of the
-program), which no cheap bound found excludes. Every applied move lowers
-the total from its start, and the result is kept only if cheaper than the eager choice,
-so it never moves more than eager dispatch.
+66,073 with 8 unrolled layers; an evaluation whose cascade looked at more than an eighth
+of the program is kept with every choice instead of those it read: their union, the
+neighbours of its ~1,000 equations on the 8-layer step, took ~0.25 ms where the cascade
+itself took ~0.65, and 7 of those reuses are lost there, 38,049 made anew; equations' moves
+are also kept by the states they depend on, :meth:`_Search._alternatives`). Keeping each
+move's cascade alone too (so that an evaluation whose delta's neighbours alone changed
+reprices its changes without cascading) left 6,374 of the 2-layer step's 8,309 cascades,
+mostly small ones, and saved no time: its own bookkeeping cost what it saved. Measured per
+descent there, what is left is not repeated work: no descent starts where another with the
+same moves did, a reused evaluation costs one look-up (~8 us; ~0.2 s of the 8-layer search
+in all, two thirds of it in first offers), and two thirds of the time of those made anew
+goes to cascades of 100 or more changes whose delta is >= 0 (the first offers' and those
+after an applied move re-chose most of the program), which no cheap bound found excludes.
+Every applied move lowers the total from its start, and the result is kept only if cheaper
+than the eager choice, so it never moves more than eager dispatch.
 (First-improvement in program order was tried: it commits to the first cheaper reduction
 point it meets, e.g. all-gathering a row-parallel matmul's operands instead of
 all-reducing after the residual add, and then cannot reach XLA's plan.)
@@ -187,7 +194,15 @@ or already in the layout their consumers need). Folded into their producers, tho
 are lost; even the strict followers (such an equation with the same shape and dtype out
 as in) hold 7% of its cascades and 28 of its applied moves. What is folded is the walk
 through them: a cascade steps through a follower without the heap, and a delta stops
-pricing as soon as it cannot lower the total (:meth:`_Search.delta`).
+pricing as soon as it cannot lower the total (:meth:`_Search.delta`). Nor are they made
+implicit (a follower choosing what :meth:`_Search.greedy` gives for its producer's choice
+holding a marker resolved through its chain's head, so that a cascade writes nothing for a
+chain and a delta prices its values per head choice): measured on the adamw step with 2 and
+8 unrolled layers, followers are 55% of the equations cascades look at and 57% of their
+changes, the values inside follower chains (every consumer a follower of the producer) 30%
+and 31% of those the deltas price, and cascades and deltas 45% and 56% of the search
+(sampled): free, the chains would save at most ~20% and ~25% of it, while every memo key
+reading a follower's choice would need it resolved through its chain first.
 
 Why not dynamic programming over the DAG (per value, a table of the cheapest cost of
 producing it in each layout)? It is exact on trees, but a value with several consumers
@@ -475,10 +490,13 @@ _NOT_LOWER: Cost = (math.inf, math.inf)
 # (Equinox's adamw step 1.09 -> 1.33x XLA's bytes).
 OVERHEAD = 192
 
+# An evaluation whose cascade looked at more than this fraction's inverse of the program (~600 of the 4,017 equations
+# of Llama's 8-layer adamw step) is kept with every choice (:meth:`_Search.evaluate`)
+_WHOLE = 8
 # a move's (delta, changes, depends: the equations it depends on as a bit set by position), see _Search.evaluate
 Evaluation = tuple[Cost, dict[str, int], int]
 # an evaluation's depends (as above), the getter of the choices it reads and the values its delta prices
-_Reading = tuple[int, Callable[[Choice], Any], Collection[int], Callable[[Choice], Any]]
+_Reading = tuple[int, Callable[[Choice], Any], Collection[int]]
 
 
 def _reduction_scale(mesh: DeviceMesh) -> float:
@@ -798,10 +816,6 @@ class _Search:
         # evaluate() per move: (the equations its result depends on, their choices, the tie-break it holds for
         # (None: both), the result)
         self.evaluations: dict[Move, list[tuple[Callable[[Choice], Any], Any, bool | None, Evaluation]]] = {}
-        # and per move its cascades alone: (the getter of the choices a cascade read, those choices, the tie-break
-        # it holds for, (the changes, their reading)), so that an evaluation whose delta's neighbours changed reprices
-        # the same changes without cascading again
-        self.cascades: dict[Move, list[tuple[Callable[[Choice], Any], Any, bool | None, tuple[dict[str, int], _Reading]]]] = {}
         self.alternative_moves: dict[tuple[str, Any], list[tuple[int, bool]]] = {}
         # and per kind (an equation making an output of the function: per path) and the states they depend on
         self.alternatives_by_states: dict[tuple[Any, ...], list[tuple[int, bool]]] = {}
@@ -1460,32 +1474,27 @@ class _Search:
             seeds, follow, reduce = dict(move[3]), True, False
         else:
             seeds, follow, reduce = {move[0]: move[1]}, move[2], False
-        cascades = self.cascades.setdefault(move, [])
-        for reads, snapshot, tie, cascaded in cascades:  # the cascade alone, its delta's neighbours changed
-            if (tie is None or tie == self.fewest_moved) and reads(choice) == snapshot:
-                changes, reading = cascaded
-                break
-        else:
-            changes, looked, tied = self.cascade(seeds, choice, follow, reduce)
-            key = (looked, tuple(changes))  # the changes in order: touched_by()'s order, the sums'
-            reading = self.readings.get(key)
-            if reading is None:
+        changes, looked, tied = self.cascade(seeds, choice, follow, reduce)
+        key = (looked, tuple(changes))  # the changes in order: touched_by()'s order, the sums'
+        reading = self.readings.get(key)
+        if reading is None:
+            depends = functools.reduce(operator.or_, map(self.reach.__getitem__, looked))
+            if len(looked) * _WHOLE > len(self.paths):  # a cascade through much of the program: kept by every choice
+                getter = self.everything
+            else:
                 # the neighbours of those changed include what their greedy() reads (producers, a stacking node's
-                # consumers); the cascade read the choices of those looked at and what their greedy() reads
-                greedy_reads = looked.union(*map(self.greedy_reads.__getitem__, looked))
-                reads = greedy_reads.union(*map(self.neighbours.__getitem__, changes))
-                depends = functools.reduce(operator.or_, map(self.reach.__getitem__, looked))
-                reading = self.readings[key] = (
-                    depends, _getter(tuple(reads)), self.touched_by(key[1]), _getter(tuple(greedy_reads))
-                )
-            tie = self.fewest_moved if tied else None
-            cascades.append((reading[3], reading[3](choice), tie, (changes, reading)))
-        depends, getter, values, _ = reading
+                # consumers)
+                getter = _getter(tuple(looked.union(
+                    *map(self.neighbours.__getitem__, changes),
+                    *map(self.greedy_reads.__getitem__, looked.difference(changes)),
+                )))
+            reading = self.readings[key] = (depends, getter, self.touched_by(key[1]))
+        depends, getter, values = reading
         delta = self.delta(changes, values, choice, settled)
         if move[0] == _VALUE and not follow and delta[1] > 0:  # the consumers alone: never more collectives
             delta = (math.inf, math.inf)  # (Equinox's value_and_grad traded 2 more for bytes)
         found = (delta, changes, depends)
-        known.append((getter, getter(choice), tie, found))
+        known.append((getter, getter(choice), self.fewest_moved if tied else None, found))
         return found
 
     def improve(self, choice: Choice, values: bool = False, reducing: bool = False, pulls: bool = False) -> Choice:
