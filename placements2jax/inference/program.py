@@ -163,14 +163,24 @@ producers, and of the neighbours of those it changed; and every equation's moves
 choices they read; so are pull moves, :meth:`_Search.pull_moves`): the later descents (from
 another start, with pull moves, the finishing one) reuse those they meet again (made anew:
 6,045 of 14,417 evaluations on GPT-2's adamw step, 8,309 of 14,957 on Llama's, 38,042 of
-66,073 with 8 unrolled layers). Measured per descent there, what is left is not repeated
-work: no descent starts where another with the same moves did, a reused evaluation costs
-one look-up (~8 us; ~0.2 s of the 8-layer search in all, two thirds of it in first offers),
-and two thirds of the time of those made anew goes to cascades of 100 or more changes whose
-delta is >= 0 (the first offers' and those after an applied move re-chose most of the
-program), which no cheap bound found excludes. Every applied move lowers
-the total from its start, and the result is kept only if cheaper than the eager choice,
-so it never moves more than eager dispatch.
+66,073 with 8 unrolled layers; an evaluation whose cascade looked at more than an eighth
+of the program is kept with every choice instead of those it read: their union, the
+neighbours of its ~1,000 equations on the 8-layer step, took ~0.25 ms where the cascade
+itself took ~0.65, and 7 of those reuses are lost there, 38,049 made anew; equations' moves
+are also kept by the states they depend on, :meth:`_Search._alternatives`: with both, the
+search alone on Llama's adamw step with 2, 4 and 8 unrolled layers took 0.91, 0.91 and 0.89
+of its time before, paired medians of 4 rounds alternated in one process at load 8-11,
+GPT-2's 2-layer step 1.03, unchanged; the same choices). Keeping each
+move's cascade alone too (so that an evaluation whose delta's neighbours alone changed
+reprices its changes without cascading) left 6,374 of the 2-layer step's 8,309 cascades,
+mostly small ones, and saved no time: its own bookkeeping cost what it saved. Measured per
+descent there, what is left is not repeated work: no descent starts where another with the
+same moves did, a reused evaluation costs one look-up (~8 us; ~0.2 s of the 8-layer search
+in all, two thirds of it in first offers), and two thirds of the time of those made anew
+goes to cascades of 100 or more changes whose delta is >= 0 (the first offers' and those
+after an applied move re-chose most of the program), which no cheap bound found excludes.
+Every applied move lowers the total from its start, and the result is kept only if cheaper
+than the eager choice, so it never moves more than eager dispatch.
 (First-improvement in program order was tried: it commits to the first cheaper reduction
 point it meets, e.g. all-gathering a row-parallel matmul's operands instead of
 all-reducing after the residual add, and then cannot reach XLA's plan.)
@@ -187,7 +197,15 @@ or already in the layout their consumers need). Folded into their producers, tho
 are lost; even the strict followers (such an equation with the same shape and dtype out
 as in) hold 7% of its cascades and 28 of its applied moves. What is folded is the walk
 through them: a cascade steps through a follower without the heap, and a delta stops
-pricing as soon as it cannot lower the total (:meth:`_Search.delta`).
+pricing as soon as it cannot lower the total (:meth:`_Search.delta`). Nor are they made
+implicit (a follower choosing what :meth:`_Search.greedy` gives for its producer's choice
+holding a marker resolved through its chain's head, so that a cascade writes nothing for a
+chain and a delta prices its values per head choice): measured on the adamw step with 2 and
+8 unrolled layers, followers are 55% of the equations cascades look at and 57% of their
+changes, the values inside follower chains (every consumer a follower of the producer) 30%
+and 31% of those the deltas price, and cascades and deltas 45% and 56% of the search
+(sampled): free, the chains would save at most ~20% and ~25% of it, while every memo key
+reading a follower's choice would need it resolved through its chain first.
 
 Why not dynamic programming over the DAG (per value, a table of the cheapest cost of
 producing it in each layout)? It is exact on trees, but a value with several consumers
@@ -475,6 +493,10 @@ _NOT_LOWER: Cost = (math.inf, math.inf)
 # (Equinox's adamw step 1.09 -> 1.33x XLA's bytes).
 OVERHEAD = 192
 
+# An evaluation whose cascade looked at more than this fraction's inverse of the program (~500 of the 4,017 equations
+# of Llama's 8-layer adamw step) is kept with every choice (:meth:`_Search.evaluate`)
+_WHOLE = 8
+
 # a move's (delta, changes, depends: the equations it depends on as a bit set by position), see _Search.evaluate
 Evaluation = tuple[Cost, dict[str, int], int]
 # an evaluation's depends (as above), the getter of the choices it reads and the values its delta prices
@@ -638,6 +660,7 @@ class _Search:
         for src, target in zip(graph.outputs, targets):
             if src is not None and src[0] != "in":
                 self.owed.setdefault(src, []).append(None if target is None else self._intern(target))
+        self.owing = frozenset(path for path, _ in self.owed)  # the equations making an output of the function
         self.position = {node.path: p for p, node in enumerate(graph.nodes)}
         self.paths = [node.path for node in graph.nodes]  # by position
         # Neighbour tables, so that the hot loops loop over no consumers:
@@ -798,6 +821,8 @@ class _Search:
         # (None: both), the result)
         self.evaluations: dict[Move, list[tuple[Callable[[Choice], Any], Any, bool | None, Evaluation]]] = {}
         self.alternative_moves: dict[tuple[str, Any], list[tuple[int, bool]]] = {}
+        # and per kind (an equation making an output of the function: per path) and the states they depend on
+        self.alternatives_by_states: dict[tuple[Any, ...], list[tuple[int, bool]]] = {}
         # pull_moves() per node: (the getter of the choices they read, those choices, the moves)
         self.pulls_by_reads: dict[str, list[tuple[Callable[[Choice], Any], Any, list[Any]]]] = {}
         self.fewest_moved = False  # greedy()'s tie-break (see tie_moved())
@@ -1113,9 +1138,34 @@ class _Search:
         return known
 
     def _alternatives(self, path: str, choice: Choice, shared: bool) -> list[tuple[int, bool]]:
-        arriving = self.arriving(path, choice)
+        """:meth:`alternatives` by the states they depend on: the equation's candidate, the
+        layouts its inputs arrive in, those its outputs' consumers need (and with ``shared``
+        its inputs' other consumers): equations of one kind (candidates and avals, a model's
+        repeated layers) meeting the same states have the same moves (by the memo of
+        :meth:`alternatives`, by choices, Llama's 2-layer adamw step found 6,740 anew, 4,393
+        of them states met before). An equation making an output of the function is kept
+        apart (:meth:`charge` prices its outputs)."""
+        k, arriving = choice[path], self.arriving(path, choice)
+        needs = tuple(
+            tuple({self.ins[c][choice[c]][i]: None for c, i in self.consumers.get((path, j), ())})
+            for j in range(len(self.out_avals[path]))
+        )
+        free = self.shared_needs(path, choice) if shared else None
+        key = (path if path in self.owing else self.kinds[path], k, arriving, needs, free)
+        known = self.alternatives_by_states.get(key)
+        if known is None:
+            known = self.alternatives_by_states[key] = self._moves(path, k, arriving, needs, free)
+        return known
+
+    def _moves(
+        self, path: str, k: int, arriving: tuple[State, ...], needs: tuple[tuple[State, ...], ...],
+        free: tuple[frozenset[State], ...] | None,
+    ) -> list[tuple[int, bool]]:
+        """:meth:`alternatives` of ``path`` running candidate ``k`` with inputs ``arriving``,
+        its outputs' consumers needing ``needs`` (per output, each layout once) and ``free``
+        (:meth:`shared_needs`; None: no shared-input move)."""
         groups: list[tuple[Sequence[int], bool]] = []
-        current = self.outs[path][choice[path]]
+        current = self.outs[path][k]
         partial = _partial_dims(current + arriving)
         if partial:
             table = self.candidates[path]
@@ -1125,14 +1175,14 @@ class _Search:
                 for m in sorted(partial):
                     groups.append((table.unreduced_on[m], True))
         around: list[tuple[Sequence[int], bool]] = []
-        if self.ins[path][choice[path]] != arriving and self.input_costs(path, arriving)[choice[path]] > _ZERO:
+        if self.ins[path][k] != arriving and self.input_costs(path, arriving)[k] > _ZERO:
             everything = range(len(self.ins[path]))
             groups += [(everything, True), (everything, False)]  # without cascading: its consumers redistribute
             around.append((everything, False))
         moves: list[tuple[int, bool]] = []
         for group, follow in around:  # the cheapest for its inputs and its outputs, its consumers as chosen
-            best = self.cheapest_around(path, group, arriving, choice)
-            if best != choice[path]:
+            best = self.cheapest_around(path, group, arriving, needs)
+            if best != k:
                 moves.append((best, follow))
         cheapest: dict[int, int] = {}  # per group (by identity: every candidate is a group twice)
         for group, follow in groups:
@@ -1140,11 +1190,11 @@ class _Search:
                 best = cheapest.get(id(group))
                 if best is None:
                     best = cheapest[id(group)] = self.cheapest(path, group, arriving)
-                if best != choice[path] and (best, follow) not in moves:
+                if best != k and (best, follow) not in moves:
                     moves.append((best, follow))
-        if around and shared:
-            best = self.cheapest(path, range(len(self.ins[path])), arriving, self.shared_needs(path, choice))
-            if best != choice[path] and (best, True) not in moves:
+        if around and free is not None:
+            best = self.cheapest(path, range(len(self.ins[path])), arriving, free)
+            if best != k and (best, True) not in moves:
                 moves.append((best, True))
         return moves
 
@@ -1215,18 +1265,15 @@ class _Search:
                     moves.append(tuple(seeds))
         return moves
 
-    def cheapest_around(self, path: str, ks: Sequence[int], arriving: Sequence[State], choice: Choice) -> int:
+    def cheapest_around(
+        self, path: str, ks: Sequence[int], arriving: Sequence[State], needs: Sequence[tuple[State, ...]]
+    ) -> int:
         """The candidate among ``ks`` (not empty) of ``path`` cheapest with every other
         equation as chosen: the least ``(cost, k)``, the cost being the redistribution of
         ``arriving`` inputs into it, its outputs' charges and the redistribution of its
-        outputs into the layouts their consumers need (once per distinct layout). A
+        outputs into the layouts their consumers need (``needs``: per output, each once). A
         candidate is left once its bytes so far exceed the best's (costs are >= 0), before
         the rest of its plans are priced."""
-        out_avals = self.out_avals[path]
-        needs = [
-            tuple({self.ins[c][choice[c]][i]: None for c, i in self.consumers.get((path, j), ())})
-            for j in range(len(out_avals))
-        ]
         costs = self.input_costs(path, arriving)
         best, best_key, bound = ks[0], None, math.inf
         for k in ks:
@@ -1435,13 +1482,17 @@ class _Search:
         key = (looked, tuple(changes))  # the changes in order: touched_by()'s order, the sums'
         reading = self.readings.get(key)
         if reading is None:
-            # the neighbours of those changed include what their greedy() reads (producers, a stacking node's consumers)
-            reads = looked.union(
-                *map(self.neighbours.__getitem__, changes),
-                *map(self.greedy_reads.__getitem__, looked.difference(changes)),
-            )
             depends = functools.reduce(operator.or_, map(self.reach.__getitem__, looked))
-            reading = self.readings[key] = (depends, _getter(tuple(reads)), self.touched_by(key[1]))
+            if len(looked) * _WHOLE > len(self.paths):  # a cascade through much of the program: kept by every choice
+                getter = self.everything
+            else:
+                # the neighbours of those changed include what their greedy() reads (producers, a stacking node's
+                # consumers)
+                getter = _getter(tuple(looked.union(
+                    *map(self.neighbours.__getitem__, changes),
+                    *map(self.greedy_reads.__getitem__, looked.difference(changes)),
+                )))
+            reading = self.readings[key] = (depends, getter, self.touched_by(key[1]))
         depends, getter, values = reading
         delta = self.delta(changes, values, choice, settled)
         if move[0] == _VALUE and not follow and delta[1] > 0:  # the consumers alone: never more collectives
