@@ -221,7 +221,9 @@ a backward scan cascades through the stacked gradients to their consumers after 
 A stacked output's node is re-chosen looking ahead to those consumers (:meth:`_Search.greedy_pair`):
 stacked as it comes, its move is made after the loop, the loop's length times the slice's
 (counted once inside the body), and GPT-2's adamw step went 41,770 -> 56,938 B from 2 to 8
-layers (XLA's 44,942 B at every depth); with it, 41,770 B at both.
+layers (XLA's 44,942 B at every depth); with it, 41,770 B at both. Priced by the planner
+alone, a stack arriving partial keeps the split it arrives in, the look-ahead deciding its
+partials only (GPT-2's step on a 4x2 mesh: 110,314 -> 48,138 B, :meth:`_Search._greedy_stack`).
 A loop's carries are its node's to choose: one candidate per carry option (the walk's
 fixed point first, then the layouts the body returns, the carries reduced, the initial
 ones, and per carry the layouts its producer can give), needing the initial values and
@@ -792,6 +794,7 @@ class _Search:
         """Price moves as the backend compiles them (``compiled``) or by the planner alone,
         with ``overhead`` bytes per collective: the memos of everything priced, empty."""
         self.overhead = overhead  # bytes charged per collective (OVERHEAD), in the objective and the routes
+        self.compiled = compiled  # priced as the backend compiles (else by the planner alone: _greedy_stack reads it)
         self.reduction_scale = _reduction_scale(self.graph.mesh) if compiled else 1.0
         self._plain: _Search | None = None  # plain_bytes()' search, built once
         self.costs: dict[tuple[AvalKey, State, State], Cost] = {}
@@ -980,13 +983,40 @@ class _Search:
         then removed those moves first, the more so the deeper, into other basins: 1.27x
         XLA's bytes at 8 layers (41,770 B -> 56,938 B from 2 to 8 layers, XLA's 44,942 B at
         every depth), where the 2-layer plan would have cost 0.78x the found plan's
-        objective. With the look-ahead the descents find that plan at every depth."""
+        objective. With the look-ahead the descents find that plan at every depth.
+
+        In the search priced by the planner alone (``compiled=False``: :func:`_select`'s
+        second, on CPU), a stack arriving partial is stacked in the split it arrives in
+        (eager dispatch's), the look-ahead deciding its partials only (reduced in the body,
+        once, or not). The needs it reads are its consumers' current choices, which the
+        cascade re-chooses next, and a Replicate stack meets every need for free: on
+        GPT-2's 4-layer adamw step over a 4x2 ``dp, tp`` mesh at Megatron's plan, the
+        planner's descent re-chose the partial stacks of the layers' gradients (``P,S(0)``,
+        ``S(0),P``, ``P,P``) as ``R,R``, reducing and gathering in the body (a bias's priced
+        544 there and nothing after the loop, where reducing alone is 288 and 448 after), to
+        meet needs such as ``S(0),S(1)`` (the stacked layer dim split over ``dp``, as the walk
+        laid out the optimizer's update) and ``P,P``; the update then kept the layer dim split, with all-to-alls
+        into it and the parameters and both moments gathered back into their layouts at the
+        outputs, which the look-ahead never priced: 110,314 B predicted (2 / 8 layers:
+        85,066 / 169,642 B; XLA's jit 62,786 B at 4). So restricted: 47,626 / 48,138 /
+        48,138 B at 2 / 4 / 8 layers (as CPU compiles it 51,210 / 51,722 / 51,722 B, pinned
+        51,728 B), GPT-2 on ``(8,)`` and on 2x4 as before (84,903 and 41,770 B at 2, 4 and 8
+        layers). Restricted as compiled too, the 2x4 step went 41,770 -> 43,722 / 43,722 /
+        43,850 B; restricted in the planner's search for every stack, not only those
+        arriving partial, the 2x4 step at 2 layers became another 41,770 B program that
+        XLA's combiner compiles pinned with one all-reduce more."""
         arriving = self.arriving(path, choice)
         given = frozenset() if reducing else _partial_dims(arriving)
         aval = self.out_avals[path][0]
         needs = dict.fromkeys(self.ins[c][choice[c]][i] for c, i in self.consumers.get((path, 0), ()))
+        costs = self.input_costs(path, arriving)
+        ks: Sequence[int] = range(len(costs))
+        if not self.compiled and _partial_dims(arriving):
+            split = self.outs[path][self._greedy(path, arriving, reducing)[0]][0][0]  # eager dispatch's split
+            ks = [k for k in ks if self.outs[path][k][0][0] == split]
         best, best_key = 0, None
-        for k, (nbytes, steps) in enumerate(self.input_costs(path, arriving)):
+        for k in ks:
+            nbytes, steps = costs[k]
             moves = [self.cost(aval, self.outs[path][k][0], need) for need in needs]
             key = (nbytes + self.pending(path, k, given) + sum(m[0] for m in moves), steps + sum(m[1] for m in moves))
             if best_key is None or key < best_key:
