@@ -809,9 +809,10 @@ class _Runner:
     def stack_dims(self, phys: Physical) -> int:
         raise NotImplementedError
 
-    def entered(self, array: Any, phys: Physical) -> _Value:
-        """A value as a loop or branch body receives it (a carry, a branch's operand, one
-        iteration's slice of a scanned input), laid out as ``phys``."""
+    def crossing(self, array: Any, phys: Physical) -> _Value:
+        """A value crossing a loop's or branch's boundary, laid out as ``phys``: as the body
+        receives it (a carry, a branch's operand, one iteration's slice of a scanned
+        input) or as the loop returns it (a result, a scan's stacked output)."""
         return _Value(array, phys)
 
     # -- the walker's hooks --------------------------------------------------------------------
@@ -833,7 +834,8 @@ class _Runner:
     def loop(self, walker: Any, eqn: Any, path: str, signature: Any) -> None:
         ins = [self.moved(self.read(a), layout) for a, layout in zip(eqn.invars, signature.in_layouts)]
         run = {"scan": self._scan, "while": self._while, "cond": self._cond}[eqn.primitive.name]
-        self.bind(eqn.outvars, run(walker.body_walker(self), eqn, path, signature, ins))
+        outs = run(walker.body_walker(self), eqn, path, signature, ins)
+        self.bind(eqn.outvars, [self.crossing(v.array, v.phys) for v in outs])
 
     # -- control flow: the bodies run per iteration under the loop row's layouts --------------
 
@@ -863,7 +865,7 @@ class _Runner:
         ys_phys: list[Physical] = []
 
         def step(carry: list[jax.Array], x: list[jax.Array]) -> tuple[list[jax.Array], list[jax.Array]]:
-            values = [*consts, *(self.entered(a, c.phys) for a, c in zip(carry, init)), *map(self.entered, x, slices)]
+            values = [*consts, *(self.crossing(a, c.phys) for a, c in zip(carry, init)), *map(self.crossing, x, slices)]
             outs = self._run_body(walker, p["jaxpr"], values, path + ".")
             ys = [self.moved(o, layout) for o, layout in zip(outs[nk:], ys_layouts, strict=True)]
             ys_phys[:] = [y.phys for y in ys]
@@ -883,7 +885,7 @@ class _Runner:
         cond_consts, body_consts, init = ins[:cn], ins[cn:cn + bn], ins[cn + bn:]
 
         def carried(arrays: list[jax.Array]) -> list[_Value]:
-            return [self.entered(a, c.phys) for a, c in zip(arrays, init)]
+            return [self.crossing(a, c.phys) for a, c in zip(arrays, init)]
 
         def cond(carry: list[jax.Array]) -> jax.Array:
             (predicate,) = self._run_body(walker, p["cond_jaxpr"], [*cond_consts, *carried(carry)], path + ".cond.")
@@ -893,7 +895,8 @@ class _Runner:
             outs = self._run_body(walker, p["body_jaxpr"], [*body_consts, *carried(carry)], path + ".body.")
             return self._carried(outs, init)
 
-        return carried(lax.while_loop(cond, body, [jnp.asarray(v.array) for v in init]))
+        carry = lax.while_loop(cond, body, [jnp.asarray(v.array) for v in init])
+        return [_Value(a, c.phys) for a, c in zip(carry, init)]
 
     def _cond(self, walker: Any, eqn: Any, path: str, signature: Any, ins: list[_Value]) -> list[_Value]:
         """Every branch's outputs are moved to the joined layouts (the row's)."""
@@ -903,7 +906,7 @@ class _Runner:
 
         def branch(k: int, closed: Any) -> Callable[..., list[jax.Array]]:
             def run(*arrays: jax.Array) -> list[jax.Array]:
-                values = [self.entered(a, v.phys) for a, v in zip(arrays, operands)]
+                values = [self.crossing(a, v.phys) for a, v in zip(arrays, operands)]
                 return self._carried(self._run_body(walker, closed, values, f"{path}.b{k}."), like)
 
             return run
@@ -1025,15 +1028,20 @@ class _Pinned(_Runner):
     def stack_dims(self, phys: Physical) -> int:
         return len(phys.layout.partial_axes)
 
-    def entered(self, array: Any, phys: Physical) -> _Value:
-        """Pinned where the body receives it. A scanned slice: a move the body makes of it
-        is then a move of the slice (XLA otherwise moves the whole scanned array inside
-        the loop, every iteration). A carry (or a branch's operand): XLA otherwise chooses
-        the loop's carried sharding itself, the constraint on the carry the body returns
-        being only a move before it; GPT-2 (4 layers, Megatron on a (8,) mesh) had its
-        backward scan's Replicate carry of (8, 8, 32) f32 carried split on dim 0, the
-        body's first consumer and the code after the loop each all-gathering it again
-        (+2 x 7,168 B against the prediction)."""
+    def crossing(self, array: Any, phys: Physical) -> _Value:
+        """Pinned where the body receives it and where the loop returns it. A scanned
+        slice: a move the body makes of it is then a move of the slice (XLA otherwise
+        moves the whole scanned array inside the loop, every iteration). A carry (or a
+        branch's operand): XLA otherwise chooses the loop's carried sharding itself, the
+        constraint on the carry the body returns being only a move before it; GPT-2 (4
+        layers, Megatron on a (8,) mesh) had its backward scan's Replicate carry of
+        (8, 8, 32) f32 carried split on dim 0, the body's first consumer and the code
+        after the loop each all-gathering it again (+2 x 7,168 B against the prediction).
+        A loop's result: otherwise only its consumers' layouts are pinned, and XLA may
+        serve one reading it in the loop's layout from another's move; the gradient of
+        tests/test_inference_carry.py's ``residual_scan`` on a (8,) mesh moved the
+        backward scan's S(0) result to S(1) for one matmul and that copy back to S(0) for
+        the other (one all-to-all more: 7,392 B compiled against 7,280 predicted)."""
         return _Value(array if phys.layout.has_partial else _pin(array, phys.layout), phys)
 
     def compute(self, eqn: Any, signature: Any, ins: Sequence[_Value]) -> list[_Value]:

@@ -15,8 +15,10 @@ from jax import lax
 
 from models.steps import training_step
 
-from placements2jax import apply, check, clear_caches, distribute_tensor, init_device_mesh
+from placements2jax import DTensor, apply, check, clear_caches, distribute_tensor, init_device_mesh
+from placements2jax.hlo import compiled_collectives
 from placements2jax.inference import jaxpr, predict
+from placements2jax.inference.cost import collective_nbytes
 
 
 def layer_norm(x: jax.Array) -> jax.Array:
@@ -117,6 +119,28 @@ def test_apply_runs_the_chosen_carries(inputs: Any, fn: Any) -> None:
     out = apply(fn, *args)
     assert str(out.layout) == str(predict(fn, *args).out_layouts[0])
     np.testing.assert_allclose(np.asarray(out.full_tensor()), np.asarray(expected), rtol=2e-5, atol=2e-5)
+
+
+def test_pinned_apply_pins_a_loops_results(inputs: Any) -> None:
+    """apply(execute="pinned") compiles the predicted program of the gradient of
+    ``residual_scan`` on a (8,) mesh (the backward scan's result, the input's gradient,
+    S(0), read as S(1) by the weight's gradient matmul and as S(0) by the input's): 7,280
+    B per device as predicted (all-reduces for the reduce-scatters, as CPU XLA compiles
+    them). With only the result's consumers pinned XLA moved it to S(1) for one and that
+    copy back to S(0) for the other: one all-to-all more (7,392 B)."""
+    arrays, _ = inputs
+    mesh = init_device_mesh((8,), ("tp",))
+    args = [distribute_tensor(a, mesh, p) for a, p in zip(arrays, ("S(0)", "R", "S(2)", "S(1)"))]
+    fn = jax.grad(lambda *a: residual_scan(*a).sum(), argnums=(0, 1, 2, 3))
+    prediction = predict(fn, *args)
+    pinned = jax.jit(lambda *a: apply(fn, *a, execute="pinned"))
+    compiled = compiled_collectives(pinned, *args)
+    assert sum(collective_nbytes(c, 8) for c in compiled) == prediction.lowered_nbytes == 7280
+    assert len(compiled) == len([s for s in prediction.steps if s.nbytes])
+    got = jax.tree.leaves(pinned(*args), is_leaf=lambda v: isinstance(v, DTensor))
+    assert [g.layout for g in got] == list(prediction.out_layouts)
+    for g, want in zip(got, jax.jit(fn)(*arrays), strict=True):
+        np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(want), rtol=2e-5, atol=2e-5)
 
 
 def test_carry_options_and_seeds(inputs: Any) -> None:
