@@ -800,7 +800,8 @@ class _Runner:
         self.bind(jaxpr.constvars, [self.replicated(c, v.aval) for v, c in zip(jaxpr.constvars, consts)])
         self.bind(jaxpr.invars, inputs)
 
-    def moved(self, value: _Value, layout: Layout) -> _Value:
+    def moved(self, value: _Value, layout: Layout, plan: RedistributePlan | None = None) -> _Value:
+        """``value`` in ``layout``; ``plan``: the signature's route to it, if known."""
         raise NotImplementedError
 
     def compute(self, eqn: Any, signature: Any, ins: Sequence[_Value]) -> list[_Value]:
@@ -832,7 +833,8 @@ class _Runner:
         self.bind(eqn.outvars, outs)
 
     def loop(self, walker: Any, eqn: Any, path: str, signature: Any) -> None:
-        ins = [self.moved(self.read(a), layout) for a, layout in zip(eqn.invars, signature.in_layouts)]
+        ins = [self.moved(self.read(a), layout, plan)
+               for a, layout, plan in zip(eqn.invars, signature.in_layouts, signature.redistributions, strict=True)]
         run = {"scan": self._scan, "while": self._while, "cond": self._cond}[eqn.primitive.name]
         outs = run(walker.body_walker(self), eqn, path, signature, ins)
         self.bind(eqn.outvars, [self.crossing(v.array, v.phys) for v in outs])
@@ -921,7 +923,7 @@ class _Executor(_Runner):
     rank's local blocks in its own ``jax.shard_map`` (:func:`_local_call`), its inputs
     first moved to the signature's layouts (:func:`.programs.convert`)."""
 
-    def moved(self, value: _Value, layout: Layout) -> _Value:
+    def moved(self, value: _Value, layout: Layout, plan: RedistributePlan | None = None) -> _Value:
         target = physical(layout, value.phys.shape)
         return _Value(_move(value.array, value.phys, target), target)
 

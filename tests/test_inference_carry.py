@@ -121,22 +121,30 @@ def test_apply_runs_the_chosen_carries(inputs: Any, fn: Any) -> None:
     np.testing.assert_allclose(np.asarray(out.full_tensor()), np.asarray(expected), rtol=2e-5, atol=2e-5)
 
 
-def test_pinned_apply_pins_a_loops_results(inputs: Any) -> None:
-    """apply(execute="pinned") compiles the predicted program of the gradient of
-    ``residual_scan`` on a (8,) mesh (the backward scan's result, the input's gradient,
-    S(0), read as S(1) by the weight's gradient matmul and as S(0) by the input's): 7,280
-    B per device as predicted (all-reduces for the reduce-scatters, as CPU XLA compiles
-    them). With only the result's consumers pinned XLA moved it to S(1) for one and that
-    copy back to S(0) for the other: one all-to-all more (7,392 B)."""
-    arrays, _ = inputs
-    mesh = init_device_mesh((8,), ("tp",))
-    args = [distribute_tensor(a, mesh, p) for a, p in zip(arrays, ("S(0)", "R", "S(2)", "S(1)"))]
+@pytest.mark.parametrize(("shape", "placements", "rows", "nbytes"), [
+    ((8,), ("S(0)", "R", "S(2)", "S(1)"), 8, 7280),
+    ((4, 2), ("S(0),S(1)", "R,S(0)", "S(2),S(1)", "S(2),S(1)"), 16, 15872),
+])
+def test_pinned_apply_compiles_the_predicted_loops(shape: Any, placements: Any, rows: int, nbytes: int) -> None:
+    """apply(execute="pinned") compiles the predicted program of ``residual_scan``'s
+    gradient: its bytes per device as predicted (all-reduces for the reduce-scatters, as
+    CPU XLA compiles them), the values plain jax.jit's. Each loop's results are pinned
+    where it returns it: on (8,), with only a result's consumers pinned, XLA moved the
+    backward scan's S(0) result to S(1) for one matmul and that copy back to S(0) for the
+    other (7,392 B). Each input of a loop moves along its planned route: on 4x2 XLA
+    otherwise moved the stacked weights its own way (15,744 B; 16,512 with neither)."""
+    rng = np.random.default_rng(1)
+    arrays = [
+        rng.normal(size=(rows, 32)).astype(np.float32), rng.normal(size=(32, 32)).astype(np.float32) / 6,
+        rng.normal(size=(3, 32, 64)).astype(np.float32) / 6, rng.normal(size=(3, 64, 32)).astype(np.float32) / 8,
+    ]
+    mesh = init_device_mesh(shape, ("tp",) if len(shape) == 1 else ("dp", "tp"))
+    args = [distribute_tensor(a, mesh, p) for a, p in zip(arrays, placements)]
     fn = jax.grad(lambda *a: residual_scan(*a).sum(), argnums=(0, 1, 2, 3))
     prediction = predict(fn, *args)
     pinned = jax.jit(lambda *a: apply(fn, *a, execute="pinned"))
     compiled = compiled_collectives(pinned, *args)
-    assert sum(collective_nbytes(c, 8) for c in compiled) == prediction.lowered_nbytes == 7280
-    assert len(compiled) == len([s for s in prediction.steps if s.nbytes])
+    assert sum(collective_nbytes(c, 8) for c in compiled) == prediction.lowered_nbytes == nbytes
     got = jax.tree.leaves(pinned(*args), is_leaf=lambda v: isinstance(v, DTensor))
     assert [g.layout for g in got] == list(prediction.out_layouts)
     for g, want in zip(got, jax.jit(fn)(*arrays), strict=True):
