@@ -815,14 +815,15 @@ class _Search:
         # greedy() per node and the choices it reads (greedy_reads: how its inputs not fixed arrive, and a
         # stacking node's consumers' needs): found before the arriving states are built (a memo by arriving
         # states too found 2% more on GPT-2's adamw step, for the cost of building and hashing them at every
-        # miss); a stacking node's look-ahead memoized so ran 657 times where it ran 5,876 times unmemoized
-        # (GPT-2's 2-layer adamw step)
+        # miss); a stacking node's look-ahead, memoized so and by its arriving states and needs below, ran 349
+        # times where it ran 5,876 times unmemoized (GPT-2's 2-layer adamw step)
         # with both tie-breaks' answers (see tie_moved()), found in one pass; per ``reducing``, per node by
         # position (a list index and a dict read per equation a cascade visits)
         self.greedy_by_reads: dict[bool, list[dict[Any, tuple[int, int]]]] = {}
-        # and per node kind and arriving states (a model's repeated layers meet the same inputs: on the Llama
-        # adamw step 5,406 distinct of 18,545 misses of the memo by producers)
-        self.greedy_by_arriving: dict[tuple[int, tuple[State, ...], bool], tuple[int, int]] = {}
+        # and per node kind and arriving states, and a stacking node's needs (a model's repeated layers meet the
+        # same inputs: on the Llama adamw step 5,406 distinct of 18,545 misses of the memo by producers; on
+        # GPT-2's 2-layer one 349 distinct of 657 look-aheads)
+        self.greedy_by_arriving: dict[tuple[Any, ...], tuple[int, int]] = {}
         # evaluate() per move: (the equations its result depends on, their choices, the tie-break it holds for
         # (None: both), the result)
         self.evaluations: dict[Move, list[tuple[Callable[[Choice], Any], Any, bool | None, Evaluation]]] = {}
@@ -940,19 +941,23 @@ class _Search:
         known = memo.get(by_reads)
         if known is not None:
             return known
-        if path in self.stacking:  # it reads its consumers' choices too (its memo key holds them)
-            pair = memo[by_reads] = self._greedy_stack(path, choice, reducing)
-            return pair
         arriving = self.arriving(path, choice)
-        by_arriving = (self.kinds[path], arriving, reducing)
+        needs: tuple[State, ...] | None = None
+        by_arriving: tuple[Any, ...] = (self.kinds[path], arriving, reducing)
+        if path in self.stacking:  # its look-ahead reads its consumers' needs too
+            needs = tuple(dict.fromkeys(self.ins[c][choice[c]][i] for c, i in self.consumers.get((path, 0), ())))
+            by_arriving += (needs,)
         pair = self.greedy_by_arriving.get(by_arriving)
         if pair is None:
-            pair = self.greedy_by_arriving[by_arriving] = self._greedy(path, arriving, reducing)
+            pair = self.greedy_by_arriving[by_arriving] = (
+                self._greedy(path, arriving, reducing) if needs is None
+                else self._greedy_stack(path, arriving, needs, reducing)
+            )
         memo[by_reads] = pair
         return pair
 
     def greedy_memos(self, reducing: bool) -> list[dict[Any, tuple[int, int]]]:
-        """:meth:`greedy`'s memo by producers' choices, per node by position (created once)."""
+        """:meth:`greedy`'s memo by the choices it reads (:attr:`greedy_reads`), per node by position (created once)."""
         memos = self.greedy_by_reads.get(reducing)
         if memos is None:
             memos = self.greedy_by_reads[reducing] = [{} for _ in self.paths]
@@ -977,7 +982,9 @@ class _Search:
                     fewest, fewest_key = k, moved
         return first, fewest
 
-    def _greedy_stack(self, path: str, choice: Choice, reducing: bool) -> tuple[int, int]:
+    def _greedy_stack(
+        self, path: str, arriving: tuple[State, ...], needs: tuple[State, ...], reducing: bool
+    ) -> tuple[int, int]:
         """:meth:`greedy` of a node stacking a loop body's value (:attr:`ProgramNode.stacks`):
         the least input cost plus pending new partials plus the moves of the stack into the
         layouts its consumers now need (ties: the first; both tie-breaks alike). Eager
@@ -1009,10 +1016,8 @@ class _Search:
         43,850 B; restricted in the planner's search for every stack, not only those
         arriving partial, the 2x4 step at 2 layers became another 41,770 B program that
         XLA's combiner compiles pinned with one all-reduce more."""
-        arriving = self.arriving(path, choice)
         given = frozenset() if reducing else _partial_dims(arriving)
         aval = self.out_avals[path][0]
-        needs = dict.fromkeys(self.ins[c][choice[c]][i] for c, i in self.consumers.get((path, 0), ()))
         costs = self.input_costs(path, arriving)
         ks: Sequence[int] = range(len(costs))
         if not self.compiled and _partial_dims(arriving):
