@@ -1015,7 +1015,17 @@ class _Search:
         layers). Restricted as compiled too, the 2x4 step went 41,770 -> 43,722 / 43,722 /
         43,850 B; restricted in the planner's search for every stack, not only those
         arriving partial, the 2x4 step at 2 layers became another 41,770 B program that
-        XLA's combiner compiles pinned with one all-reduce more."""
+        XLA's combiner compiles pinned with one all-reduce more.
+
+        A function of the node's kind, its arriving states and its consumers' needs (in
+        order: their sum's), it is memoized as every node's :meth:`greedy` is
+        (:meth:`greedy_pair`): by the choices it reads, then by those. Unmemoized it was
+        GPT-2's own cost, Llama's unrolled layers having no stacks: on its 2-layer adamw
+        step (dp=2 x tp=4, Megatron's plan) 5,876 look-aheads, ~0.5 of the ~2.5 s of a
+        profiled cold predict; memoized, 349 (4.52 -> 3.72 million Python calls; at 8 layers
+        4.28 -> 3.57 million), the same choices, and a cold predict took 0.88 of its time
+        at 2 layers, 0.90 at 8 (paired medians of 8 rounds alternated in one process, load
+        ~2.5; Llama's adamw step unchanged: the same calls)."""
         given = frozenset() if reducing else _partial_dims(arriving)
         aval = self.out_avals[path][0]
         costs = self.input_costs(path, arriving)
