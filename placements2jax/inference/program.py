@@ -725,26 +725,27 @@ class _Search:
             node.path: tuple(src[0] for src, fixed in zip(node.sources, self.fixed[node.path]) if fixed is None)
             for node in graph.nodes
         }
-        self.producer_choices = {path: _getter(producers) for path, producers in self.producers.items()}
         # the nodes stacking a loop body's value (ProgramNode.stacks) and what greedy() reads per node: its
-        # producers' choices, and a stacking node's consumers' too (its look-ahead)
+        # producers' choices, and a stacking node's consumers' too (its look-ahead); and the getter of those
+        # choices (greedy()'s memo key)
         self.stacking = frozenset(node.path for node in graph.nodes if node.stacks)
         self.greedy_reads = {
             path: producers + (self.consumer_paths.get((path, 0), ()) if path in self.stacking else ())
             for path, producers in self.producers.items()
         }
+        self.greedy_choices = {path: _getter(reads) for path, reads in self.greedy_reads.items()}
         # evaluate()'s per equations looked at and changes (in order): the evaluation's depends, the getter of
         # the choices it reads and the values its delta prices, built once (on Llama's adamw step its 9,197
         # evaluations looked at and changed 2,382 distinct sets of equations, ~21 and ~19 of them, reading ~68
         # choices: building those per evaluation was ~13 us of its bookkeeping); alike for every pricing
         # (repriced() shares it)
         self.readings: dict[tuple[frozenset[str], tuple[str, ...]], _Reading] = {}
-        # cascade()'s per node by position: its path, its producers' choices, and its outputs' consumers'
-        # positions, queued, and those of its followers (:meth:`followers`), re-chosen at once
+        # cascade()'s per node by position: its path, the getter of the choices its greedy() reads, and its
+        # outputs' consumers' positions, queued, and those of its followers (:meth:`followers`), re-chosen at once
         followers = self.followers()
         self.steps = [
             (
-                path, self.producer_choices[path],
+                path, self.greedy_choices[path],
                 tuple(dict.fromkeys(p for c, p in self.downstream[path] if c not in followers[path])),
                 tuple(self.position[c] for c in followers[path]),
             )
@@ -811,15 +812,18 @@ class _Search:
             (decide, {}) for decide in self.deciders
         ]
         self.totals: dict[Any, Cost] = {}  # total() per choice
-        # greedy() per node and its producers' choices (how its inputs not fixed arrive): found before the
-        # arriving states are built (a memo by arriving states too found 2% more on GPT-2's adamw step, for
-        # the cost of building and hashing them at every miss)
+        # greedy() per node and the choices it reads (greedy_reads: how its inputs not fixed arrive, and a
+        # stacking node's consumers' needs): found before the arriving states are built (a memo by arriving
+        # states too found 2% more on GPT-2's adamw step, for the cost of building and hashing them at every
+        # miss); a stacking node's look-ahead, memoized so and by its arriving states and needs below, ran 349
+        # times where it ran 5,876 times unmemoized (GPT-2's 2-layer adamw step)
         # with both tie-breaks' answers (see tie_moved()), found in one pass; per ``reducing``, per node by
         # position (a list index and a dict read per equation a cascade visits)
-        self.greedy_by_producers: dict[bool, list[dict[Any, tuple[int, int]]]] = {}
-        # and per node kind and arriving states (a model's repeated layers meet the same inputs: on the Llama
-        # adamw step 5,406 distinct of 18,545 misses of the memo by producers)
-        self.greedy_by_arriving: dict[tuple[int, tuple[State, ...], bool], tuple[int, int]] = {}
+        self.greedy_by_reads: dict[bool, list[dict[Any, tuple[int, int]]]] = {}
+        # and per node kind and arriving states, and a stacking node's needs (a model's repeated layers meet the
+        # same inputs: on the Llama adamw step 5,406 distinct of 18,545 misses of the memo by producers; on
+        # GPT-2's 2-layer one 349 distinct of 657 look-aheads)
+        self.greedy_by_arriving: dict[tuple[Any, ...], tuple[int, int]] = {}
         # evaluate() per move: (the equations its result depends on, their choices, the tie-break it holds for
         # (None: both), the result)
         self.evaluations: dict[Move, list[tuple[Callable[[Choice], Any], Any, bool | None, Evaluation]]] = {}
@@ -932,26 +936,31 @@ class _Search:
     def greedy_pair(self, path: str, choice: Choice, reducing: bool = False) -> tuple[int, int]:
         """:meth:`greedy`'s answers with ties broken by the candidates' order and by the
         fewest inputs moved (one pass: the two differ only among candidates of equal cost)."""
-        if path in self.stacking:  # it reads its consumers' choices too: not memoized by its producers'
-            return self._greedy_stack(path, choice, reducing)
         memo = self.greedy_memos(reducing)[self.position[path]]
-        by_producers = self.producer_choices[path](choice)
-        known = memo.get(by_producers)
+        by_reads = self.greedy_choices[path](choice)
+        known = memo.get(by_reads)
         if known is not None:
             return known
         arriving = self.arriving(path, choice)
-        by_arriving = (self.kinds[path], arriving, reducing)
+        needs: tuple[State, ...] | None = None
+        by_arriving: tuple[Any, ...] = (self.kinds[path], arriving, reducing)
+        if path in self.stacking:  # its look-ahead reads its consumers' needs too
+            needs = tuple(dict.fromkeys(self.ins[c][choice[c]][i] for c, i in self.consumers.get((path, 0), ())))
+            by_arriving += (needs,)
         pair = self.greedy_by_arriving.get(by_arriving)
         if pair is None:
-            pair = self.greedy_by_arriving[by_arriving] = self._greedy(path, arriving, reducing)
-        memo[by_producers] = pair
+            pair = self.greedy_by_arriving[by_arriving] = (
+                self._greedy(path, arriving, reducing) if needs is None
+                else self._greedy_stack(path, arriving, needs, reducing)
+            )
+        memo[by_reads] = pair
         return pair
 
     def greedy_memos(self, reducing: bool) -> list[dict[Any, tuple[int, int]]]:
-        """:meth:`greedy`'s memo by producers' choices, per node by position (created once)."""
-        memos = self.greedy_by_producers.get(reducing)
+        """:meth:`greedy`'s memo by the choices it reads (:attr:`greedy_reads`), per node by position (created once)."""
+        memos = self.greedy_by_reads.get(reducing)
         if memos is None:
-            memos = self.greedy_by_producers[reducing] = [{} for _ in self.paths]
+            memos = self.greedy_by_reads[reducing] = [{} for _ in self.paths]
         return memos
 
     def _greedy(self, path: str, arriving: tuple[State, ...], reducing: bool) -> tuple[int, int]:
@@ -973,7 +982,9 @@ class _Search:
                     fewest, fewest_key = k, moved
         return first, fewest
 
-    def _greedy_stack(self, path: str, choice: Choice, reducing: bool) -> tuple[int, int]:
+    def _greedy_stack(
+        self, path: str, arriving: tuple[State, ...], needs: tuple[State, ...], reducing: bool
+    ) -> tuple[int, int]:
         """:meth:`greedy` of a node stacking a loop body's value (:attr:`ProgramNode.stacks`):
         the least input cost plus pending new partials plus the moves of the stack into the
         layouts its consumers now need (ties: the first; both tie-breaks alike). Eager
@@ -1004,11 +1015,19 @@ class _Search:
         layers). Restricted as compiled too, the 2x4 step went 41,770 -> 43,722 / 43,722 /
         43,850 B; restricted in the planner's search for every stack, not only those
         arriving partial, the 2x4 step at 2 layers became another 41,770 B program that
-        XLA's combiner compiles pinned with one all-reduce more."""
-        arriving = self.arriving(path, choice)
+        XLA's combiner compiles pinned with one all-reduce more.
+
+        A function of the node's kind, its arriving states and its consumers' needs (in
+        order: their sum's), it is memoized as every node's :meth:`greedy` is
+        (:meth:`greedy_pair`): by the choices it reads, then by those. Unmemoized it was
+        GPT-2's own cost, Llama's unrolled layers having no stacks: on its 2-layer adamw
+        step (dp=2 x tp=4, Megatron's plan) 5,876 look-aheads, ~0.5 of the ~2.5 s of a
+        profiled cold predict; memoized, 349 (4.52 -> 3.72 million Python calls; at 8 layers
+        4.28 -> 3.57 million), the same choices, and a cold predict took 0.88 of its time
+        at 2 layers, 0.90 at 8 (paired medians of 8 rounds alternated in one process, load
+        ~2.5; Llama's adamw step unchanged: the same calls)."""
         given = frozenset() if reducing else _partial_dims(arriving)
         aval = self.out_avals[path][0]
-        needs = dict.fromkeys(self.ins[c][choice[c]][i] for c, i in self.consumers.get((path, 0), ()))
         costs = self.input_costs(path, arriving)
         ks: Sequence[int] = range(len(costs))
         if not self.compiled and _partial_dims(arriving):
