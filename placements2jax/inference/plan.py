@@ -411,7 +411,7 @@ class _Dijkstra:
         target = (dst[0], tuple(op if op and src_partial[m] == op else None for m, op in enumerate(dst[1])))
         if self._trivial is not None:
             target = self._trivial.strip(target)  # steps on size-1 mesh dims cost nothing
-        if not self._settle(target, limit):
+        if target not in self._settled and not self._settle(target, limit):
             return None
         cost: int = self._best[target][0][0]
         return cost if cost <= limit else None
@@ -422,7 +422,8 @@ class _Dijkstra:
         return self._path_to(target)
 
     def _path_to(self, target: State) -> list[_Move]:
-        self._settle(target)
+        if target not in self._settled:  # most queries: a layout settled by an earlier one
+            self._settle(target)
         moves: list[_Move] = []
         state: State | None = target
         while True:
@@ -437,7 +438,7 @@ class _Dijkstra:
         ``limit``, the next one costs more (False). One loop for all of them, its tables bound
         once and each move unpacked from :meth:`_Steps.of` (a cold Llama predict settles
         ~8,800 layouts in ~480 searches). With the integer paths: every query of a cold
-        predict replayed on fresh searches 0.84x the time of tuple paths and a call per
+        predict replayed on fresh searches 0.83x the time of tuple paths and a call per
         layout (Llama and GPT-2 2 layers, medians of 15 and 11, alternated, load 4-7)."""
         heap, settled, best = self._heap, self._settled, self._best
         radix, weights, overhead, moves_of = self._steps.radix, self.weights, self.overhead, self._steps.of
