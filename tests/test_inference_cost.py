@@ -71,6 +71,22 @@ def test_cost_model_weights_by_name_then_index() -> None:
     assert repr(CostModel({"dp": 4})) == "CostModel({'dp': 4.0})"
 
 
+def test_cost_model_hash_is_the_dataclass_hash_cached_and_not_pickled() -> None:
+    """The hash is computed once (plan caches key on the model by the thousand), is the
+    plain frozen dataclass's (its fields' tuple), and a pickled model is hashed afresh where
+    it is loaded (axis names are strings, hashed differently in another process)."""
+    import dataclasses
+    import pickle
+
+    model = CostModel({"dp": 4}, latency={"tp": 1e-6}, curves={"tp": {"all-gather": [(8, 1e-6), (1024, 2e-6)]}})
+    fields = tuple(getattr(model, f.name) for f in dataclasses.fields(model))
+    assert hash(model) == hash(fields) == hash(model) and "_hash" in model.__dict__
+    loaded = pickle.loads(pickle.dumps(model))
+    assert "_hash" not in loaded.__dict__
+    assert loaded == model and hash(loaded) == hash(model)
+    assert model != CostModel({"dp": 4}, latency={"tp": 1e-6})  # equality still by every field
+
+
 @pytest.mark.parametrize("weights", [{"dp": -1}, {"dp": float("nan")}, {"dp": True}, {"dp": "fast"}, {1.5: 2}, [("dp", 2)]])
 def test_bad_weights_are_argument_errors(weights: object) -> None:
     with pytest.raises(ArgumentTypeError):

@@ -29,6 +29,7 @@ from fractions import Fraction
 from numbers import Real
 from typing import Any
 
+from ..caches import hash_once, without_hash
 from ..errors import ArgumentTypeError, InferenceError
 from ..hlo import Collective
 from ..mesh import DeviceMesh
@@ -176,6 +177,12 @@ class CostModel:
         object.__setattr__(self, "curves", _curve_table(curves))
         object.__setattr__(self, "copy_curve", () if copy_curve is None else _curve("copy_curve", copy_curve))
         object.__setattr__(self, "alloc_curve", () if alloc_curve is None else _curve("alloc_curve", alloc_curve))
+
+    # every plan cache keys on the model: hashing its tables again at each use was ~7,300 hashes of a cold Llama predict
+    __hash__ = hash_once("axis_weights", "latency", "per_byte", "copy_per_byte", "curves", "copy_curve", "alloc_curve")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return without_hash(self)
 
     @classmethod
     def calibrate(cls, mesh: DeviceMesh, repeats: int = 5, *, timer: Any = None) -> CostModel:

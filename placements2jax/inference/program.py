@@ -249,7 +249,6 @@ inputs).
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 import heapq
 import math
@@ -309,7 +308,11 @@ def forced_signature(op: str, inputs: tuple[TensorSpec, ...], candidate: Candida
     plans = tuple(
         cached_plan(s.shape, s.dtype, s.layout, x, cost_model, OVERHEAD) for s, x in zip(inputs, candidate.in_layouts)
     )
-    return Signature(op, inputs, (dataclasses.replace(candidate, plans=plans, pending=Fraction(0)),))
+    # built directly, its pending reduction 0: dataclasses.replace was half of each call (~14% of a walk)
+    forced = Candidate(
+        candidate.in_layouts, candidate.out_layouts, plans, candidate.one_d, candidate.nest_order, candidate.out_avals,
+    )
+    return Signature(op, inputs, (forced,))
 
 
 def select_program(

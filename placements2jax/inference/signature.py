@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import inspect
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from fractions import Fraction
-from operator import attrgetter
 from typing import Any
 
 import jax
 import numpy as np
 
-from ..caches import Memo, cached
+from ..caches import Memo, cached, hash_once, without_hash
 from ..errors import ArgumentTypeError, InferenceError, LayoutError, ShapeError
 from ..layout import (
     Layout,
@@ -55,30 +54,6 @@ __all__ = [
 Shape = tuple[int, ...]
 
 
-def _hash_once(*names: str) -> Callable[[Any], int]:
-    """The ``__hash__`` of a frozen dataclass whose compared fields are ``names``: their
-    tuple's hash, as the dataclass hash, computed at the first hash and stored on the
-    value. Caches and memos key on avals, specs and 1-D signatures by the thousand
-    (hashing their shapes, dtypes and placements again at every use was ~4% of ranking,
-    ~15% of a lazy choice and ~8% of a walk whose signatures are cached)."""
-    compared = attrgetter(*names)
-
-    def __hash__(self: Any) -> int:
-        cached = self.__dict__.get("_hash")
-        if cached is None:
-            cached = hash(compared(self))
-            object.__setattr__(self, "_hash", cached)
-        return cached
-
-    return __hash__
-
-
-def _without_hash(value: Any) -> dict[str, Any]:
-    """A frozen dataclass's pickled state without the hash its :func:`_hash_once` stored:
-    dtypes and placements hash strings, whose hashes differ from one process to another."""
-    return {k: v for k, v in value.__dict__.items() if k != "_hash"}
-
-
 @dataclass(frozen=True)
 class Aval:
     """The global shape and dtype of a logical tensor (no layout)."""
@@ -90,10 +65,10 @@ class Aval:
         object.__setattr__(self, "shape", as_shape(self.shape, "shape"))
         object.__setattr__(self, "dtype", _as_dtype(self.dtype))
 
-    __hash__ = _hash_once("shape", "dtype")
+    __hash__ = hash_once("shape", "dtype")
 
     def __getstate__(self) -> dict[str, Any]:
-        return _without_hash(self)
+        return without_hash(self)
 
     @property
     def ndim(self) -> int:
@@ -134,10 +109,10 @@ class TensorSpec:
             layout.check_shape(self.shape, "shape")
         object.__setattr__(self, "layout", layout)
 
-    __hash__ = _hash_once("shape", "dtype", "layout")
+    __hash__ = hash_once("shape", "dtype", "layout")
 
     def __getstate__(self) -> dict[str, Any]:
-        return _without_hash(self)
+        return without_hash(self)
 
     @classmethod
     def of(cls, aval: Aval, layout: Layout) -> TensorSpec:
@@ -467,10 +442,10 @@ class OneDSig:
         object.__setattr__(self, "outputs", tuple(self.outputs))
         object.__setattr__(self, "even", frozenset(self.even))
 
-    __hash__ = _hash_once("inputs", "outputs", "even")
+    __hash__ = hash_once("inputs", "outputs", "even")
 
     def __getstate__(self) -> dict[str, Any]:
-        return _without_hash(self)
+        return without_hash(self)
 
     @property
     def placements(self) -> tuple[Placement, ...]:
