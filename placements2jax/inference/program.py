@@ -948,7 +948,7 @@ class _Search:
         needs: tuple[State, ...] | None = None
         by_arriving: tuple[Any, ...] = (self.kinds[path], arriving, reducing)
         if path in self.stacking:  # its look-ahead reads its consumers' needs too
-            needs = tuple(dict.fromkeys(self.ins[c][choice[c]][i] for c, i in self.consumers.get((path, 0), ())))
+            needs = self.needs((path, 0), choice)
             by_arriving += (needs,)
         pair = self.greedy_by_arriving.get(by_arriving)
         if pair is None:
@@ -1156,9 +1156,8 @@ class _Search:
         first, i = consumers[0]
         state = self.state_of(first, i, choice)
         aval = self.in_avals[first][i]
-        needs = {self.ins[path][choice[path]][i]: None for path, i in consumers}  # distinct, in order
         nbytes, steps = 0.0, 0.0
-        for need in needs:
+        for need in self.needs(value, choice):
             move = self.cost(aval, state, need)
             nbytes, steps = nbytes + move[0], steps + move[1]
         memo[key] = (nbytes, steps)
@@ -1198,10 +1197,7 @@ class _Search:
         of them states met before). An equation making an output of the function is kept
         apart (:meth:`charge` prices its outputs)."""
         k, arriving = choice[path], self.arriving(path, choice)
-        needs = tuple(
-            tuple({self.ins[c][choice[c]][i]: None for c, i in self.consumers.get((path, j), ())})
-            for j in range(len(self.out_avals[path]))
-        )
+        needs = tuple(self.needs((path, j), choice) for j in range(len(self.out_avals[path])))
         free = self.shared_needs(path, choice) if shared else None
         key = (path if path in self.owing else self.kinds[path], k, arriving, needs, free)
         known = self.alternatives_by_states.get(key)
@@ -1250,6 +1246,11 @@ class _Search:
                 moves.append((best, True))
         return moves
 
+    def needs(self, value: ValueId, choice: Choice) -> tuple[State, ...]:
+        """The layouts the consumers of ``value`` need it in at ``choice``, each once, in
+        their order (a compiled program makes each once; sums over them keep that order)."""
+        return tuple(dict.fromkeys(self.ins[c][choice[c]][i] for c, i in self.consumers.get(value, ())))
+
     def shared_needs(self, path: str, choice: Choice) -> tuple[frozenset[State], ...]:
         """Per input of ``path``, the layouts other consumers of its value need it in: free
         in :meth:`input_costs` (a compiled program redistributes it once for all of them)."""
@@ -1292,8 +1293,7 @@ class _Search:
         state = self.outs[path][choice[path]][j]
         if not any(state[1]):
             return []
-        needs = {self.ins[c][choice[c]][i]: None for c, i in consumers}
-        targets = {(state[0], (None,) * len(state[1])): None, **needs}
+        targets = dict.fromkeys(((state[0], (None,) * len(state[1])), *self.needs(value, choice)))
         targets.pop(state, None)
         slots: dict[str, list[int]] = {}
         for c, i in consumers:
