@@ -251,8 +251,10 @@ cheaper), copies whole copies onto others while that lowers the total
 graph with the moves at the blocks' seams offered first (:func:`.blocks.boundaries`),
 bounded as every result is. The objective is then linear in the layers (57,600 more per
 layer from 3 to 16: 200,980 / 258,580 / 488,980 / 949,780 at 3 / 4 / 8 / 16 layers; 0.60x
-XLA's bytes in 70 collectives at 8), and the selection takes ~1.3 / 1.5 / 2.9 s CPU at
-4 / 8 / 16 layers, most of it the reduced graph's search (~1 s, the 2-layer step's).
+XLA's bytes in 70 collectives at 8, 0.59x in 126 at 16), and a cold predict takes 1.5 /
+2.7 / 2.9 s CPU at 4 / 8 / 16 layers where the search alone took 3.1 / 8.5 / 43.9 s
+(alternated, load 6-9): the selection 1.3 / 1.6 / 2.2 s, most of it the reduced graph's
+search (~0.9 s, about the 2-layer step's); detection 26 / 44 / 87 ms, the finish 0.05-0.3 s.
 
 Deterministic: candidates are scanned in their rule's ranking order
 (:meth:`.signature.Candidate.rank_key`), equations in program order, and ties keep the
