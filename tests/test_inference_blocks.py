@@ -49,7 +49,8 @@ def planted(draw: Any) -> tuple[list[int], list[tuple[int | None, ...]], Block]:
     # ("table",) or ("input",)
     reads = []
     for i in range(period):
-        kinds_of_read = [st.just(("input",)), st.just(("table",)), st.tuples(st.just("prev"), st.integers(0, period - 1))]
+        prev = st.tuples(st.just("prev"), st.integers(0, period - 1))
+        kinds_of_read = [st.just(("input",)), st.just(("table",)), prev]
         if i:
             kinds_of_read.append(st.tuples(st.just("own"), st.integers(0, i - 1)))
         reads.append(draw(st.lists(st.one_of(*kinds_of_read), max_size=3)))

@@ -6,31 +6,35 @@ optimizer update as runs of ``L`` copies of the same equations, in program order
 program search (:mod:`.program`) grows worse than linearly with them: its descents end in
 dearer basins with depth (the objective 265,396 at 4 layers, 618,228 at 8, 1,241,684 at
 16: 0.75x XLA's bytes in 168 collectives where XLA compiles 156 at 8 layers) and its
-time grows quadratically (its selection 2.4 / 7.6 / 51 s CPU at 4 / 8 / 16 layers). So
-the search is seeded from the blocks (:func:`.program._select`): a reduced graph keeping
-each block's first and last copies (:func:`reduce`) is searched as any program, its
-choices tiled over the middle copies (:func:`tiled`), whole copies then copied onto
-others where that is cheaper (:func:`copy_moves`, :func:`copied`), and the finishing descent runs on the
-whole graph. Measured (Llama's adamw step, Megatron dp=2 x tp=4, load ~4): the objective
-is then exactly linear in the layers (57,600 per layer from 3 to 16), 0.60x XLA's bytes
-in 70 collectives at 8 layers, and the selection takes 1.2 / 1.9 / 4.6 s at 4 / 8 / 16
-layers.
+time grows quadratically (a cold predict 3.1 / 8.5 / 43.9 s CPU at 4 / 8 / 16 layers).
+So the search is seeded from the blocks (:func:`.program._seeded`): a reduced graph
+keeping each block's first and last copies (:func:`reduce`) is searched as any program,
+its choices tiled over the middle copies (:func:`tiled`), whole copies then copied onto
+others where that is cheaper (:func:`copy_moves`, :func:`copied`), and the finishing
+descent runs on the whole graph, offered the moves at the blocks' seams first
+(:func:`boundaries`). Measured (Llama's adamw step, Megatron dp=2 x tp=4, alternated at
+load 6-9): the objective is then exactly linear in the layers (57,600 per layer from 3 to
+16), 0.60x XLA's bytes in 70 collectives at 8 layers, and a cold predict takes 1.5 / 2.7 /
+2.9 s.
 
-**Detection** (:func:`find_blocks`): tandem repeats of the equations' signatures along
-program order. An equation's signature is its search *kind* (its candidate tuple and
-avals: :attr:`.program._Search.kinds`) and where its inputs come from relative to itself:
-two equations ``p`` apart match when their kinds are equal and, input by input, both read
-a function input or literal, or both read the equation the same offset before them, or
-both read an equation at least ``p`` away (a layer's backward reads its forward's
-activations, a copy further away for each copy: those offsets differ from copy to copy).
-For each period ``p``, the runs where equation ``i`` matches ``i + p`` for at least ``2p``
-equations are ``(run + p) // p >= 3`` copies; the longest are kept first, none
-overlapping. Llama's adamw step: 13 blocks of ``L`` copies covering 3,840 of its 4,017
-equations at 8 layers (periods 9-127); the programs of the tests' dump (an MLP, GPT-2 and
-Llama at their defaults, Flax NNX's and Equinox's loss, value_and_grad and adamw step)
-only short repeats, under 9% of their graphs. :func:`layer_blocks` keeps the blocks of
-the number of copies covering the most equations, when that is at least 3 and they cover
-half the graph (else none, and the search runs as before).
+**Detection** (:func:`find_blocks`, 8 / 16 / 32 ms CPU at 2 / 4 / 8 layers): tandem
+repeats of the equations' signatures along program order. An equation's signature is its
+search *kind* (its candidate tuple and avals: :attr:`.program._Search.kinds`) and where
+its inputs come from relative to itself: two equations ``p`` apart match when their kinds
+are equal and, input by input, both read a function input or literal, or both read the
+equation the same offset before them, or both read an equation at least ``p`` away (a
+layer's backward reads its forward's activations, a copy further away for each copy).
+For each period ``p``, a run of equations matching the one ``p`` later is a block, with
+the equations before it up to ``p`` whose kinds alone match: a block's first copy reads
+the program before it (the embeddings, tables every layer reads: an offset that differs)
+where the others read the copy before them, so its run starts inside the first copy. The
+blocks of at least 3 copies are kept longest first, none overlapping. Llama's adamw step:
+13 blocks of ``L`` copies covering 3,768 of its 4,017 equations at 8 layers (periods
+9-127); the programs of the tests' dump (an MLP, GPT-2 and Llama at their defaults, Flax
+NNX's and Equinox's loss, value_and_grad and adamw step) only short repeats, under 9% of
+their graphs. :func:`layer_blocks` keeps the blocks of the number of copies covering the
+most equations, when that is at least 3 and they cover half the graph (else none, and the
+search runs as before).
 """
 
 from __future__ import annotations
@@ -45,7 +49,9 @@ import numpy as np
 if TYPE_CHECKING:  # the graph's classes (program imports this module)
     from .program import ProgramGraph
 
-__all__ = ["Block", "boundaries", "copied", "copy_moves", "find_blocks", "graph_sources", "layer_blocks", "reduce", "tiled"]
+__all__ = [
+    "Block", "boundaries", "copied", "copy_moves", "find_blocks", "graph_sources", "layer_blocks", "reduce", "tiled",
+]
 
 MIN_PERIOD = 4  # shorter repeats are chains of elementwise equations, not layers
 MIN_COPIES = 3  # with two copies there is no middle to tile (the reduced graph would be the graph)
@@ -105,7 +111,8 @@ def find_blocks(kinds: Sequence[int], sources: Sequence[Sequence[int | None]]) -
         for a, b in zip(edges[::2].tolist(), edges[1::2].tolist()):
             # equations a..b-1 match p later: b - a + p equations repeat, and the first copy's part before a
             # where the kinds match (the first copy reads the program before the block, the embeddings, tables
-            # every layer reads, where the others read the copy before them: the run starts inside it)
+            # every layer reads, where the others read the copy before them: the run starts inside it), at most
+            # one copy more
             if b - a >= (MIN_COPIES - 2) * p:
                 start = a - _entry(sig, a, p)
                 copies = (b + p - start) // p

@@ -398,8 +398,8 @@ def _select(
     dispatched_choice: tuple[int, ...] | None = None,
 ) -> dict[str, Candidate]:
     graph = keyed.graph
-    return _chosen(graph, {node.path: 0 for node in graph.nodes}, _choose(graph, cost_model, targets, seeds,
-                                                                           dispatched_choice))
+    chosen = _choose(graph, cost_model, targets, seeds, dispatched_choice)
+    return _chosen(graph, {node.path: 0 for node in graph.nodes}, chosen)
 
 
 def _choose(
@@ -451,7 +451,9 @@ def _seeded(
     """The choice of a program with repeated layers (:mod:`.blocks`): the reduced graph's
     (its blocks' first and last copies) tiled over the middle copies from the first or
     the last, the cheaper; block copies copied onto others while that is cheaper (two
-    sweeps); then the finishing descent, bounded as every choice is (:func:`_finish`)."""
+    sweeps); then the finishing descent, bounded as every choice is (:func:`_finish`;
+    where the result would send more than eager dispatch, the tiled choice in the
+    planner's result's place, then eager's)."""
     paths = search.paths
     reduced, outputs = blocks.reduce(search.graph, layers)
     kept = {node.path: search.position[node.path] for node in reduced.nodes}
@@ -482,7 +484,8 @@ def _finish(
     the value moves' terms; never more bytes than eager dispatch, priced by the planner.
     ``eagers``: the walk's first candidates and eager dispatch's own choice; ``offered``:
     the equations offered moves first (:meth:`_Search.improve`)."""
-    found, best = search.improve(chosen, values=True, reducing=True, pulls=pulls, offered=offered), search.total(chosen)
+    found = search.improve(chosen, values=True, reducing=True, pulls=pulls, offered=offered)
+    best = search.total(chosen)
     cost = search.total(found)
     if cost < best and cost[1] <= best[1]:
         chosen = found
