@@ -237,6 +237,25 @@ seldom re-chooses a carry first (on GPT-2's adamw step the forward scan's carry 
 0.70x the bytes). The walker re-solves further (:mod:`.jaxpr`): when the chosen body
 returns a carry in a layout that was no option, it walks and searches again from there.
 
+**Layer blocks** (:mod:`.blocks`): a program whose layers are unrolled repeats its
+equations, and the descents above grow worse than linearly with them, in quality and time
+(Llama's adamw step, Megatron dp=2 x tp=4: the objective 265,396 / 618,228 / 1,241,684 at
+4 / 8 / 16 layers, 0.75x XLA's bytes in 168 collectives where XLA compiles 156 at 8; the
+selection 2.4 / 7.6 / 51 s CPU). When :func:`.blocks.layer_blocks` finds layers (at least
+3 copies covering half the program: on the programs of the tests' dump it finds none, and
+their predictions are unchanged), :func:`_seeded` searches the graph with each block's
+middle copies removed (as a two-layer model: :func:`.blocks.reduce`) by this same
+selection, tiles its choice over the middle copies (from the first or the last copy, the
+cheaper), copies whole copies onto others while that lowers the total
+(:func:`.blocks.copy_moves`: 265,396 -> 258,580 at 4 layers), then finishes on the whole
+graph with the moves at the blocks' seams offered first (:func:`.blocks.boundaries`),
+bounded as every result is. The objective is then linear in the layers (57,600 more per
+layer from 3 to 16: 200,980 / 258,580 / 488,980 / 949,780 at 3 / 4 / 8 / 16 layers; 0.60x
+XLA's bytes in 70 collectives at 8, 0.59x in 126 at 16), and a cold predict takes 1.5 /
+2.7 / 2.9 s CPU at 4 / 8 / 16 layers where the search alone took 3.1 / 8.5 / 43.9 s
+(alternated, load 6-9): the selection 1.3 / 1.6 / 2.2 s, most of it the reduced graph's
+search (~0.9 s, about the 2-layer step's); detection 26 / 44 / 87 ms, the finish 0.05-0.3 s.
+
 Deterministic: candidates are scanned in their rule's ranking order
 (:meth:`.signature.Candidate.rank_key`), equations in program order, and ties keep the
 earlier one. Bounded: a move costs, per re-chosen equation, one (cached) plan look-up per
@@ -264,6 +283,7 @@ import numpy as np
 from ..caches import cached
 from ..layout import Layout
 from ..mesh import DeviceMesh
+from . import blocks
 from .combine import BACKENDS, combiner_rules
 from .cost import ALL_REDUCE, REDUCE_SCATTER, CostModel
 from .plan import cached_plan, layout_state, plan_collectives, plan_cost
@@ -378,13 +398,27 @@ def _select(
     dispatched_choice: tuple[int, ...] | None = None,
 ) -> dict[str, Candidate]:
     graph = keyed.graph
+    chosen = _choose(graph, cost_model, targets, seeds, dispatched_choice)
+    return _chosen(graph, {node.path: 0 for node in graph.nodes}, chosen)
+
+
+def _choose(
+    graph: ProgramGraph, cost_model: CostModel, targets: tuple[Layout | None, ...], seeds: tuple[tuple[str, int], ...],
+    dispatched_choice: tuple[int, ...] | None,
+) -> Choice:
+    """:func:`_select`'s choice (module docstring)."""
     eager = {node.path: 0 for node in graph.nodes}
     # eager dispatch's own choice where known (see _dispatched_choice): with eager, the bound of _finish
     dispatched = eager if dispatched_choice is None else dict(zip(eager, dispatched_choice))
     search = _Search(graph, cost_model, targets)  # priced as the backend compiles the moves
+    layers = blocks.layer_blocks(
+        blocks.find_blocks([search.kinds[path] for path in search.paths], blocks.graph_sources(graph)), len(graph.nodes)
+    )
+    if layers:  # repeated layers: seeded from them (:mod:`.blocks`)
+        return _seeded(search, layers, seeds, dispatched_choice, (eager, dispatched))
     if search.reduction_scale == 1.0:
         chosen = _descend(search, eager, seeds)
-        return _chosen(graph, eager, _finish(search, search, (eager, dispatched), eager, chosen))
+        return _finish(search, search, (eager, dispatched), eager, chosen)
     # Priced by the planner alone (a reduce-scatter half an all-reduce), the descents end in other basins:
     # both are searched, the cheaper as compiled kept (the planner's result is 0.66x the bytes as compiled
     # on GPT-2's adamw step, 1.05x on Llama's). As compiled, only from the walked start, without seeds: on
@@ -407,17 +441,51 @@ def _select(
         if cost == least:
             search.tie_moved(not pulls)
             results.append(_finish(search, planned, (eager, dispatched), by_planner, chosen, pulls))
-    return _chosen(graph, eager, min(results, key=search.total))
+    return min(results, key=search.total)
+
+
+def _seeded(
+    search: _Search, layers: list[blocks.Block], seeds: tuple[tuple[str, int], ...],
+    dispatched_choice: tuple[int, ...] | None, eagers: tuple[Choice, Choice],
+) -> Choice:
+    """The choice of a program with repeated layers (:mod:`.blocks`): the reduced graph's
+    (its blocks' first and last copies) tiled over the middle copies from the first or
+    the last, the cheaper; block copies copied onto others while that is cheaper (two
+    sweeps); then the finishing descent, bounded as every choice is (:func:`_finish`;
+    where the result would send more than eager dispatch, the tiled choice in the
+    planner's result's place, then eager's)."""
+    paths = search.paths
+    reduced, outputs = blocks.reduce(search.graph, layers)
+    kept = {node.path: search.position[node.path] for node in reduced.nodes}
+    sub = _choose(
+        reduced, search.cost_model, tuple(search.targets[o] for o in outputs),
+        tuple(seed for seed in seeds if seed[0] in kept),
+        None if dispatched_choice is None else tuple(dispatched_choice[p] for p in kept.values()),
+    )
+    seed = min((blocks.tiled(sub, paths, layers, copy) for copy in (0, -1)), key=search.total)
+    chosen, best = seed, search.total(seed)
+    for _ in range(2):
+        for block in layers:
+            for source, onto in blocks.copy_moves(block):
+                trial = blocks.copied(chosen, paths, block, source, onto)
+                cost = search.total(trial)
+                if cost < best:
+                    chosen, best = trial, cost
+    planned = search.repriced(compiled=False) if search.reduction_scale != 1.0 else search
+    offered = [paths[p] for p in blocks.boundaries(layers, len(paths))]  # moves at the blocks' seams first
+    return _finish(search, planned, eagers, seed, chosen, offered=offered)
 
 
 def _finish(
     search: _Search, planned: _Search, eagers: tuple[Choice, Choice], by_planner: Choice, chosen: Choice,
-    pulls: bool = False,
+    pulls: bool = False, offered: Collection[str] | None = None,
 ) -> Choice:
     """One last descent with reducing cascades (:meth:`_Search.reducing_moves`), kept on
     the value moves' terms; never more bytes than eager dispatch, priced by the planner.
-    ``eagers``: the walk's first candidates and eager dispatch's own choice."""
-    found, best = search.improve(chosen, values=True, reducing=True, pulls=pulls), search.total(chosen)
+    ``eagers``: the walk's first candidates and eager dispatch's own choice; ``offered``:
+    the equations offered moves first (:meth:`_Search.improve`)."""
+    found = search.improve(chosen, values=True, reducing=True, pulls=pulls, offered=offered)
+    best = search.total(chosen)
     cost = search.total(found)
     if cost < best and cost[1] <= best[1]:
         chosen = found
@@ -1553,14 +1621,18 @@ class _Search:
         known.append((getter, getter(choice), self.fewest_moved if tied else None, found))
         return found
 
-    def improve(self, choice: Choice, values: bool = False, reducing: bool = False, pulls: bool = False) -> Choice:
+    def improve(
+        self, choice: Choice, values: bool = False, reducing: bool = False, pulls: bool = False,
+        offered: Collection[str] | None = None,
+    ) -> Choice:
         """Steepest descent over cascading moves (see :meth:`alternatives`): apply the
         move lowering the total most (ties: the earliest equation), until none lowers it
         (at most ``_MOVES``). Evaluations are lazy: after a move, those depending on an
         equation it changed are stale, and re-evaluated only when their old delta comes
         first (a stale delta is an estimate; only fresh ones are applied). ``values``: value
         moves too (:meth:`value_moves`); ``reducing``: reducing cascades too
-        (:meth:`reducing_moves`); ``pulls``: pull moves too (:meth:`pull_moves`)."""
+        (:meth:`reducing_moves`); ``pulls``: pull moves too (:meth:`pull_moves`). ``offered``:
+        the equations offered moves first (None: every one; then those near each applied move)."""
         choice = dict(choice)
         evaluated: dict[Move, Evaluation] = {}
         # the evaluations not stale, by their depends: those an applied move can make stale (a stale one is
@@ -1603,7 +1675,7 @@ class _Search:
                             if move not in fresh:
                                 evaluate(move)
 
-        offer(self.position)
+        offer(self.position if offered is None else offered)
         for _ in range(_MOVES):
             while heap and heap[0][0] < _ZERO:
                 delta, _, move = heapq.heappop(heap)
