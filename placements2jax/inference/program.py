@@ -276,7 +276,7 @@ ValueId = tuple[str, int]  # (equation path, output index); ("in", i): the funct
 _MOVES = 256  # moves applied at most
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class ProgramNode:
     """One equation of the walked program: its path, its inputs as the walk saw them,
     where each input comes from (None: a literal or constant, fixed as given) and the
@@ -289,6 +289,13 @@ class ProgramNode:
     sources: tuple[ValueId | None, ...]
     candidates: tuple[Candidate, ...]
     stacks: bool = False
+
+    def __init__(
+        self, path: str, inputs: tuple[TensorSpec, ...], sources: tuple[ValueId | None, ...],
+        candidates: tuple[Candidate, ...], stacks: bool = False,
+    ) -> None:
+        # one dict update, not a frozen __setattr__ per field (every walk makes a node per equation)
+        self.__dict__.update(path=path, inputs=inputs, sources=sources, candidates=candidates, stacks=stacks)
 
 
 @dataclass(frozen=True)
