@@ -563,7 +563,9 @@ class _States(dict):  # type: ignore[type-arg]
     """Layouts' states (:func:`_state`) by interned layout, each computed at its first
     look-up (``__missing__``), and per state the first layout found for it (``layouts``):
     the search converts its candidates' layouts by mapping ``__getitem__`` over them (in C,
-    where a method per layout was ~1/3 of converting Llama's adamw step's ~12k candidates)."""
+    not a method per layout), and :class:`_Candidates` indexes them column by column: the
+    search's construction 0.86x its time on Llama's adamw step (~12k candidates), 0.83x on
+    GPT-2's (medians of 30 alternated in one process, load 8-10; the same tables)."""
 
     __slots__ = ("layouts",)
 
