@@ -98,7 +98,7 @@ _CARRY_SEEDS = 1
 _CARRY_OPTIONS = 16
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class EquationReport:
     """One equation of the walked jaxpr: its inputs' layouts, the signature chosen (None
     for a call, whose equations follow with a deeper ``path``), its outputs' layouts."""
@@ -109,6 +109,15 @@ class EquationReport:
     signature: Signature | None
     outputs: tuple[TensorSpec, ...]
     sources: tuple[ValueId | None, ...] = ()  # the value each input is (None: a literal or constant)
+
+    def __init__(
+        self, path: str, primitive: str, inputs: tuple[TensorSpec, ...], signature: Signature | None,
+        outputs: tuple[TensorSpec, ...], sources: tuple[ValueId | None, ...] = (),
+    ) -> None:
+        # one dict update, not a frozen __setattr__ per field (every walk reports every equation: half the time of
+        # building a row)
+        self.__dict__.update(path=path, primitive=primitive, inputs=inputs, signature=signature, outputs=outputs,
+                             sources=sources)
 
     @property
     def depth(self) -> int:
