@@ -205,11 +205,13 @@ def test_the_seeded_search_predicts_no_more_than_the_search_alone(
     mesh: Any, layers: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Llama's adamw step with unrolled layers: the seeded prediction sends no more bytes in
-    no more collectives than the search alone (layers never found), and checked against
-    XLA's compile its outputs agree and its bytes and collectives are as reached."""
+    no more collectives than the search alone (layers never found), no more bytes than
+    eager dispatch (the bound of every result), and checked against XLA's compile its
+    outputs agree and its bytes and collectives are as reached."""
     step = training_step("llama", mesh, layers=layers)
     clear_caches()
     seeded = predict(step.fn, *step.args, out_layouts=step.out_layouts)
+    assert seeded.nbytes <= predict(step.fn, *step.args, out_layouts=step.out_layouts, search="eager").nbytes
     report = check(step.fn, *step.args, out_layouts=step.out_layouts)
     assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
     ratio, collectives = _SEEDED[layers]
