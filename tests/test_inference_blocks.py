@@ -193,6 +193,20 @@ def mesh() -> Any:
     return init_device_mesh((2, 4), ("dp", "tp"))
 
 
+@pytest.mark.parametrize("model", ["mlp", "gpt2", "llama"])
+def test_the_default_training_steps_are_searched_as_before(mesh: Any, model: str) -> None:
+    """The default training steps (the MLP, GPT-2 with scanned layers, Llama with 2) have no
+    layers of 3 or more copies: no program their predict searches is seeded."""
+    step = training_step(model, mesh)
+    found: list[list[Block]] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(program.blocks, "layer_blocks", lambda *a: found.append(layer_blocks(*a)) or found[-1])
+        clear_caches()
+        predict(step.fn, *step.args, out_layouts=step.out_layouts)
+    clear_caches()
+    assert found and not any(found)
+
+
 # Llama's adamw step with unrolled layers, Megatron dp=2 x tp=4: (predicted bytes / XLA's, predicted collectives
 # combined as XLA's combiner merges them) seeded from its layers, as reached; the search alone: 0.648 in 38 / 0.632
 # in 45 / 0.748 in 168 at 3 / 4 / 8 layers, XLA compiles 66 / 84 / 156 collectives. At 8 layers the search alone
