@@ -983,8 +983,9 @@ class _Pinned(_Runner):
 
     def __init__(self, mesh: DeviceMesh) -> None:
         super().__init__(mesh)
-        # (id of a value's array, layout) -> (that array, kept alive so the id stays its own; the moved value)
-        self.moves: dict[tuple[int, Layout], tuple[Any, _Value]] = {}
+        # (id of a value's array, layout or the layouts of a route so far) -> (that array, kept alive so the id
+        # stays its own; the moved value)
+        self.moves: dict[tuple[int, Any], tuple[Any, _Value]] = {}
 
     def moved(self, value: _Value, layout: Layout, plan: RedistributePlan | None = None) -> _Value:
         """``value`` in ``layout``, through the layout after each step of ``plan`` (the
@@ -999,9 +1000,15 @@ class _Pinned(_Runner):
             route = [step.after for step in plan.steps] if plan is not None and plan.src == value.phys.layout else []
             if not route or route[-1] != layout:
                 route.append(layout)
-            moved = value
+            # each step's result is kept by the route so far: moves whose routes begin alike share those
+            # first steps, as the prediction counts them (:attr:`.inference.jaxpr.Prediction.steps`)
+            moved, so_far = value, ()
             for after in route:
-                moved = self._moved(moved, after)
+                so_far = (*so_far, after)
+                step_key = (id(value.array), so_far)
+                if step_key not in self.moves:
+                    self.moves[step_key] = (value.array, self._moved(moved, after))
+                moved = self.moves[step_key][1]
             self.moves[key] = (value.array, moved)
         return self.moves[key][1]
 
@@ -1049,7 +1056,8 @@ class _Pinned(_Runner):
     def compute(self, eqn: Any, signature: Any, ins: Sequence[_Value]) -> list[_Value]:
         shapes = [tuple(v.aval.shape) for v in eqn.outvars]
         if any(layout.has_partial for layout in (*signature.in_layouts, *signature.out_layouts)):
-            args = [self.moved(v, layout) for v, layout in zip(ins, signature.in_layouts)]
+            args = [self.moved(v, layout, plan)
+                    for v, layout, plan in zip(ins, signature.in_layouts, signature.redistributions)]
             locals_ = [_Value(self._physical(v), _twin_physical(v.phys)) for v in args]
             outs = [physical(layout, shape) for layout, shape in zip(signature.out_layouts, shapes)]
             ys = _run_local(eqn, locals_, [v.phys for v in locals_], [_twin_physical(o) for o in outs])

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from placements2jax import ArgumentTypeError, InferenceError, Layout, Partial, init_device_mesh
+from placements2jax import ArgumentTypeError, InferenceError, Layout, Partial, clear_caches, init_device_mesh
 from placements2jax.inference import CostModel, Signature, infer_signature, ops
 from placements2jax.inference.cost import resolve_cost_model
 from placements2jax.inference.select import (
@@ -517,6 +517,54 @@ def test_bounded_choice_is_the_full_rankings_first(data: Any) -> None:
         ranked[0].pending,
     )
     assert signature == Signature(signature.op, specs, tuple(ranked))
+
+
+@settings(max_examples=60)  # each example also ranks every candidate
+@given(data=st.data())
+def test_a_lazy_choice_is_the_full_rankings_first_in_either_walk(data: Any) -> None:
+    """signature_for(ranked=False), a walk reading the chosen candidates alone, chooses what
+    the full ranking puts first both charging a partial kept while a split is gathered
+    (eager dispatch's walk) and not (the program search's: ``gathered=False``): the branch
+    and bound charges as the ranking does (not passed ``gathered``, it kept ``P,S(1) *
+    S(0),S(1)`` for a reduce-scatter where the ranking keeps the partial)."""
+    shape = data.draw(st.sampled_from(sorted(_BOUNDED_MESHES)))
+    mesh = init_device_mesh(shape, _BOUNDED_MESHES[shape])
+    op = data.draw(st.sampled_from(sorted(_BOUNDED_OPS)))
+    shapes, params = _BOUNDED_OPS[op]
+    specs = tuple(TensorSpec(*x) for x in _drawn_inputs(data, mesh, shapes))
+    gathered = data.draw(st.booleans())
+    out_avals = infer_signature(op, [(s.shape, s.dtype, s.layout) for s in specs], **params).out_avals
+    model = resolve_cost_model(None)
+    clear_caches()  # a signature ranked by an earlier example would be returned as it is
+    lazy = signature_for(("op", op), ops.freeze(params), specs, out_avals, model, mesh, gathered, ranked=False)
+    chosen = lazy.chosen
+    rule = ops.op_definition(op).rule(tuple(s.aval for s in specs), out_avals, **params)
+    ranked = rank_candidates(rule, specs, out_avals, mesh, nest_orders(mesh, [s.layout for s in specs]), model,
+                             gathered=gathered)
+    assert (chosen.in_layouts, chosen.out_layouts, chosen.one_d, chosen.nest_order, chosen.cost, chosen.pending) == (
+        ranked[0].in_layouts, ranked[0].out_layouts, ranked[0].one_d, ranked[0].nest_order, ranked[0].cost,
+        ranked[0].pending,
+    )
+    assert [(c.in_layouts, c.out_layouts) for c in lazy.candidates] == [(c.in_layouts, c.out_layouts) for c in ranked]
+
+
+def test_a_lazy_choice_without_charging_a_gathered_split() -> None:
+    """GPT-2's layer norm scale ``P * S(1)`` on dp=2 x tp=4: the program search's walk keeps
+    the partial and all-gathers the small (4, 8, 1) factor (48 B, nothing pending: a split
+    gathered ends no kept partial there), and a lazy choice (``ranked=False``) is that
+    same candidate, not the reduce-scatter (1,536 B) that charging the gathered split picks."""
+    mesh = init_device_mesh((2, 4), ("dp", "tp"))
+    specs = (TensorSpec((4, 8, 32), F32, L(mesh, "S(0),P")), TensorSpec((4, 8, 1), F32, L(mesh, "S(0),S(1)")))
+    out_avals = (Aval((4, 8, 32), F32),)
+    model = resolve_cost_model(None)
+    clear_caches()
+    lazy = signature_for(("primitive", "mul"), (), specs, out_avals, model, mesh, False, ranked=False)
+    assert "candidates" not in vars(lazy)  # chosen without ranking the others
+    assert texts(lazy.in_layouts) == ["S(0),P", "S(0),R"] and texts(lazy.out_layouts) == ["S(0),P"]
+    assert lazy.cost == 48 and lazy.chosen.pending == 0
+    assert lazy.candidates[0] is lazy.chosen  # the full ranking starts with it
+    owed = signature_for(("primitive", "mul"), (), specs, out_avals, model, mesh, True, ranked=False)
+    assert texts(owed.in_layouts) == ["S(0),S(1)", "S(0),S(1)"] and owed.cost == 1536
 
 
 # -- size-1 mesh dims (multi-host layouts run with dp=1) ----------------------------------------------------------

@@ -111,19 +111,22 @@ def test_apply_of_a_training_step_sends_no_more_than_jit(mesh: Any, model: str, 
 
 
 # (model, function) -> the compiled bytes per device of apply(execute="pinned") under jax.jit over the predicted
-# bytes (lowest, highest) and its collectives over the predicted ones (counted as XLA's combiner merges them), as
-# reached. 1.0: the prediction realized; Llama value_and_grad sends 1.02x: a planned reduce-scatter is an
-# all-reduce on CPU; GPT-2 adamw step: the same bytes, XLA's combiner leaves one all-reduce more on its own.
-# GPT-2 value_and_grad was 0.97x in 27 collectives against 28 predicted (XLA moved a scanned input's slice more
-# cheaply than planned); since the search re-chooses a scan's stacked outputs looking ahead to their consumers and
-# the pinned scan moves each slice to its stack's layout inside the body: 1.0x, 21 collectives as predicted
+# bytes as CPU XLA compiles them (lowest, highest; Prediction.lowered_nbytes: a planned reduce-scatter is an
+# all-reduce on CPU) and its collectives over the predicted ones (counted as XLA's combiner merges them), as
+# reached. 1.0: the prediction realized; GPT-2 adamw step: the same bytes, XLA's combiner leaves one all-reduce
+# more on its own. GPT-2 value_and_grad was 0.97x in 27 collectives against 28 predicted (XLA moved a scanned
+# input's slice more cheaply than planned); since the search re-chooses a scan's stacked outputs looking ahead to
+# their consumers and the pinned scan moves each slice to its stack's layout inside the body: 1.0x, 21 collectives
+# as predicted. Llama's adamw step was 0.98x in one collective fewer than predicted: the prediction counted a
+# value's all-gather once per layout its consumers need (S(0),R and S(0),P after it) where the compiled program
+# makes it once; since moves share the first steps their routes have alike: 1.0x, 30 collectives as predicted.
 _PINNED_REACHED = {
     ("gpt2", "loss"): (0.999, 1.001, 0),
     ("gpt2", "value_and_grad"): (0.999, 1.001, 0),
     ("gpt2", "adamw step"): (0.999, 1.001, 1),
     ("llama", "loss"): (0.999, 1.001, 0),
-    ("llama", "value_and_grad"): (1.02, 1.03, 0),
-    ("llama", "adamw step"): (0.999, 1.001, -1),
+    ("llama", "value_and_grad"): (0.999, 1.001, 0),
+    ("llama", "adamw step"): (0.999, 1.001, 0),
 }
 
 
@@ -138,7 +141,7 @@ def test_pinned_apply_compiles_the_predicted_program(mesh: Any, model: str, mode
     prediction = predict(fn, *args, out_layouts=out_layouts)
     pinned = jax.jit(lambda *a: apply(fn, *a, out_layouts=out_layouts, execute="pinned"))
     count, nbytes = _communication(pinned, args)
-    ratio = nbytes / float(prediction.nbytes)
+    ratio = nbytes / float(prediction.lowered_nbytes)
     low, high, extra = _PINNED_REACHED[model, mode]
     assert count <= sum(prediction.combined_counts.values()) + extra, (count, prediction.combined_counts)
     assert low <= ratio <= high, ratio

@@ -182,7 +182,9 @@ def planned_collectives(
     (e.g. :func:`~.check.check`'s conversions of outputs to XLA's layouts)."""
     loops = {eqn.path: eqn.primitive for eqn in prediction.equations if eqn.primitive in _LOOPS}
     upstream: dict[str, int] = {}  # equation path -> collectives its outputs depend on
-    shared: dict[Any, int] = {}  # (source, layout) -> collectives of the move, under the program search
+    # (source, route so far) -> collectives the value depends on there, under the program search: routes that begin
+    # alike share their first steps (:attr:`~.jaxpr.Prediction.steps`)
+    shared: dict[Any, int] = {}
     result: list[PlannedCollective] = []
 
     def before(source: Any) -> int:
@@ -196,20 +198,24 @@ def planned_collectives(
         return upstream[path]
 
     def moved(source: Any, plan: RedistributePlan, where: str, scope: str) -> int:
-        key = (source, plan.dst)
-        if prediction.search == "program" and source is not None and key in shared:
-            return shared[key]
+        share = prediction.search == "program" and source is not None
         after = before(source)
+        route: Any = (source, plan.src)
         for step in plan.steps:
-            if not step.communicates:  # local, or over one device: XLA compiles nothing
+            route = (route, step.after)
+            if share and route in shared:
+                after = shared[route]
                 continue
-            kind = rules.compiled_kind(step.collective)
-            result.append(PlannedCollective(
-                kind, (step.axis,), _reduce_op(step), str(plan.dtype),
-                _result_bytes(kind, step.before, step.after, plan.shape, plan.dtype.itemsize), scope, where, after,
-            ))
-            after |= 1 << (len(result) - 1)
-        shared[key] = after
+            if step.communicates:  # not local, nor over one device: those XLA compiles to nothing
+                kind = rules.compiled_kind(step.collective)
+                result.append(PlannedCollective(
+                    kind, (step.axis,), _reduce_op(step), str(plan.dtype),
+                    _result_bytes(kind, step.before, step.after, plan.shape, plan.dtype.itemsize), scope, where,
+                    after,
+                ))
+                after |= 1 << (len(result) - 1)
+            if share:
+                shared[route] = after
         return after
 
     for eqn in prediction.equations:

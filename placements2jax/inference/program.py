@@ -63,9 +63,10 @@ layers 8.8 / 9.0 / 5.0 -> 7.5 / 7.0 / 4.3 s; GPT-2's chains tie where the planne
 replaces both, and both are finished, as before). What the rest costs there, per descent
 (CPU s, equations changed, from -> to MB as compiled, load 5.6): the planner's from the eager
 and walked starts 0.66 / 0.46, its value moves from the result and from its start 0.36 /
-0.64; without pull moves from the walked start 2.69 (2,051 changes, 4.80 -> 1.06 MB), values
-from that result 0.39 (-> 0.97), values from the walked start 2.61 (-> 0.91); with pull
-moves 3.03 (4.74 -> 0.78), 1.21 (-> 0.68, finished), 1.19 (-> 0.75); the finish 2.44 (->
+0.64 (the latter no longer run, see value moves below); without pull moves from the walked
+start 2.69 (2,051 changes, 4.80 -> 1.06 MB), values from that result 0.39 (-> 0.97), values
+from the walked start 2.61 (-> 0.91); with pull moves 3.03 (4.74 -> 0.78), 1.21 (-> 0.68,
+finished), values from the walked start 1.19 (-> 0.75, no longer run); the finish 2.44 (->
 0.62). The walked start as compiled is far from every result (4.8 MB where eager's is 2.5
 and the planner's result 1.4-1.7), yet it is the start of the kept result: from the
 planner's result, its walked start or the eager choice the compiled descents end dearer
@@ -127,7 +128,12 @@ is kept only if it has fewer bytes and no more collectives (on the Llama adamw s
 The same descent with value moves from the first round is also run from that result's
 start (another basin: 0.89x the bytes on GPT-2's adamw step, 1.19x on Llama's), kept on
 the same terms (once when the first round moved nowhere: both would descend from the same
-choice). A move re-chooses one
+choice). On CPU only the descent as compiled without pull moves runs it: the planner's and
+the one with pull moves never gave the kept result (GPT-2's and Llama's loss,
+value_and_grad and adamw step, Llama's with 4 and 8 unrolled layers, GPT-2's with 8, the
+Megatron MLP step, Flax NNX's and Equinox's loss and value_and_grad, Equinox's adamw step:
+the same choices without them), and they took 0.05 and 0.07 s CPU of Llama's 2-layer adamw
+step's ~0.85 s of descents (0.64 and 1.19 s at 8 layers, below). A move re-chooses one
 equation: one that makes, carries or receives a partial reduces it right there (into a
 split, or to Replicate on those mesh dims, or, with partials on several mesh dims, those
 of one mesh dim only: a weight gradient reduces ``tp`` where it is formed and keeps
@@ -296,7 +302,7 @@ ValueId = tuple[str, int]  # (equation path, output index); ("in", i): the funct
 _MOVES = 256  # moves applied at most
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class ProgramNode:
     """One equation of the walked program: its path, its inputs as the walk saw them,
     where each input comes from (None: a literal or constant, fixed as given) and the
@@ -309,6 +315,13 @@ class ProgramNode:
     sources: tuple[ValueId | None, ...]
     candidates: tuple[Candidate, ...]
     stacks: bool = False
+
+    def __init__(
+        self, path: str, inputs: tuple[TensorSpec, ...], sources: tuple[ValueId | None, ...],
+        candidates: tuple[Candidate, ...], stacks: bool = False,
+    ) -> None:
+        # one dict update, not a frozen __setattr__ per field (every walk makes a node per equation)
+        self.__dict__.update(path=path, inputs=inputs, sources=sources, candidates=candidates, stacks=stacks)
 
 
 @dataclass(frozen=True)
@@ -423,12 +436,15 @@ def _choose(
     # both are searched, the cheaper as compiled kept (the planner's result is 0.66x the bytes as compiled
     # on GPT-2's adamw step, 1.05x on Llama's). As compiled, only from the walked start, without seeds: on
     # the training steps the eager start and the seeds never gave the kept result.
+    # The value moves' descent from a result's start (see _descend) only without pull moves, as compiled: the planner's
+    # and the one with pull moves never gave the kept result (skipped, the search alone on Llama's adamw step took 0.85
+    # of its time: paired median of 10 rounds alternated in one process, load ~11)
     planned = search.repriced(compiled=False)
-    by_planner = _descend(planned, eager, seeds)
+    by_planner = _descend(planned, eager, seeds, from_start=False)
     chains = []
     for pulls in (False, True):  # without and with pull moves (:meth:`_Search.pull_moves`), the cheaper kept
         search.tie_moved(not pulls)  # without pull moves, ties broken by the fewest inputs moved (tie_moved())
-        chosen = _descend(search, eager, (), walked_only=True, pulls=pulls)
+        chosen = _descend(search, eager, (), walked_only=True, pulls=pulls, from_start=not pulls)
         if search.total(by_planner) < search.total(chosen):
             chosen = by_planner
         chains.append((search.total(chosen), pulls, chosen))
@@ -510,11 +526,14 @@ def _chosen(graph: ProgramGraph, eager: Choice, chosen: Choice) -> dict[str, Can
 
 
 def _descend(
-    search: _Search, eager: Choice, seeds: tuple[tuple[str, int], ...], walked_only: bool = False, pulls: bool = False
+    search: _Search, eager: Choice, seeds: tuple[tuple[str, int], ...], walked_only: bool = False, pulls: bool = False,
+    from_start: bool = True,
 ) -> Choice:
     """The search's descents (module docstring) from the eager choice: the best choice
     found, ``eager`` itself when none is cheaper. ``walked_only``: from the walked start
-    alone (:meth:`_Search.starts`' last); ``pulls``: pull moves offered too."""
+    alone (:meth:`_Search.starts`' last); ``pulls``: pull moves offered too;
+    ``from_start``: value moves descended from the best result's start too, not only
+    from the result."""
     chosen, best = eager, search.total(eager)
     origin = eager
     starts = search.starts(eager)
@@ -526,7 +545,7 @@ def _descend(
     # value moves: continuing from the best result, and descending with them from its start (two basins: on the
     # GPT-2 adamw step the second is 0.89x the first's bytes, on Llama's 1.19x); one descent when no start's
     # descent moved (the result is its start: improve() is a function of its start and options)
-    froms = (chosen,) if chosen == origin else (chosen, origin)
+    froms = (chosen, origin) if from_start and chosen != origin else (chosen,)
     for found in [search.improve(start, values=True, pulls=pulls) for start in froms]:
         cost = search.total(found)
         if cost < best and cost[1] <= best[1]:
@@ -620,6 +639,38 @@ def _state(layout: Layout) -> State:
     )
 
 
+class _States(dict):  # type: ignore[type-arg]
+    """Layouts' states (:func:`_state`) by interned layout, each computed at its first
+    look-up (``__missing__``), and per state the first layout found for it (``layouts``):
+    the search converts its candidates' layouts by mapping ``__getitem__`` over them (in C,
+    not a method per layout), and :class:`_Candidates` indexes them column by column: the
+    search's construction 0.86x its time on Llama's adamw step (~12k candidates), 0.83x on
+    GPT-2's (medians of 30 alternated in one process, load 8-10; the same tables)."""
+
+    __slots__ = ("layouts",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layouts: dict[State, Layout] = {}
+
+    def __missing__(self, layout: Layout) -> State:
+        state = self[layout] = _state(layout)
+        self.layouts.setdefault(state, layout)
+        return state
+
+
+def _positions(values: Sequence[Any]) -> dict[Any, list[int]]:
+    """Per distinct value (in order of first appearance), the positions holding it."""
+    found: dict[Any, list[int]] = {}
+    for k, value in enumerate(values):
+        positions = found.get(value)
+        if positions is None:
+            found[value] = [k]
+        else:
+            positions.append(k)
+    return found
+
+
 class _Candidates:
     """A node's candidates as states (per candidate, its inputs' and its outputs'), with
     the indices the search looks them up by instead of scanning them all (one per
@@ -627,18 +678,17 @@ class _Candidates:
 
     def __init__(self, ins: tuple[tuple[State, ...], ...], outs: tuple[tuple[State, ...], ...], ndim: int) -> None:
         self.ins, self.outs = ins, outs
-        self.by_ins: dict[tuple[State, ...], list[int]] = {}  # the candidates needing exactly these inputs
-        self.by_in: list[dict[State, list[int]]] = [{} for _ in ins[0]] if ins else []  # per input, per state
-        self.by_out: list[dict[State, list[int]]] = [{} for _ in outs[0]] if outs else []  # per output, per state
-        for k, (needs, gives) in enumerate(zip(ins, outs)):
-            self.by_ins.setdefault(needs, []).append(k)
-            for by, state in (*zip(self.by_in, needs), *zip(self.by_out, gives)):
-                by.setdefault(state, []).append(k)
+        columns = list(zip(*ins))  # per input, each candidate's state
+        self.by_ins = _positions(ins)  # the candidates needing exactly these inputs
+        self.by_in = [_positions(column) for column in columns]  # per input, per state
+        self.by_out = [_positions(column) for column in zip(*outs)]  # per output, per state
         # per input, the distinct states candidates need it in and each candidate's (by its index there): an
         # input's moves are priced once per distinct need (:meth:`_Search.input_costs`)
         self.needed = [tuple(by) for by in self.by_in]
-        indices = ({state: n for n, state in enumerate(by)} for by in self.by_in)
-        self.need_index = [tuple(index[needs[i]] for needs in ins) for i, index in enumerate(indices)]
+        self.need_index = [
+            tuple(map({state: n for n, state in enumerate(by)}.__getitem__, column))
+            for by, column in zip(self.by_in, columns)
+        ]
         self.ndim = ndim
 
     # The tables of reducing moves (:meth:`_Search._alternatives`), built when a node with partials first needs
@@ -675,7 +725,6 @@ class _Search:
         self.graph = graph
         self.cost_model = cost_model
         self.targets = targets
-        self.layouts: dict[State, Layout] = {}
         self.mesh_shape = graph.mesh.shape
         # the mesh dims' weights with the integral ones as ints: equal to their Fractions as keys of the planner's
         # caches (whose searches turn weights into integers themselves: the same results), and hashed in C at
@@ -691,7 +740,9 @@ class _Search:
         self.arrivals: dict[str, tuple[tuple[State | None, str | None, int | None], ...]] = {}
         self.consumers: dict[ValueId, list[tuple[str, int]]] = {}
         self.sources = {node.path: node.sources for node in graph.nodes}
-        self.states: dict[Layout, State] = {}  # per interned layout (hashed by identity: cheap)
+        self.states = _States()  # per interned layout (hashed by identity: cheap)
+        self.layouts = self.states.layouts  # per state, the first layout interned as it
+        intern = self.states.__getitem__
         # The states of a candidate tuple, converted once: a model's repeated layers and
         # their gradients share their (cached) signatures' candidate tuples.
         converted: dict[int, _Candidates] = {}
@@ -703,8 +754,8 @@ class _Search:
             known = converted.get(id(node.candidates))
             if known is None:
                 known = converted[id(node.candidates)] = _Candidates(
-                    tuple(tuple(map(self._intern, c.in_layouts)) for c in node.candidates),
-                    tuple(tuple(map(self._intern, c.out_layouts)) for c in node.candidates),
+                    tuple(tuple(map(intern, c.in_layouts)) for c in node.candidates),
+                    tuple(tuple(map(intern, c.out_layouts)) for c in node.candidates),
                     graph.mesh.ndim,
                 )
             self.candidates[node.path] = known
@@ -928,11 +979,7 @@ class _Search:
         return other
 
     def _intern(self, layout: Layout) -> State:
-        state = self.states.get(layout)
-        if state is None:
-            state = self.states[layout] = _state(layout)
-            self.layouts.setdefault(state, layout)
-        return state
+        return self.states[layout]
 
     # -- costs ------------------------------------------------------------------------------
 

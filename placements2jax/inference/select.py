@@ -298,7 +298,7 @@ def _infer_signature(
         if in_place:
             return Signature(name, specs, chosen=in_place[0], rank=rank)
         best = _bounded_best(one_d, specs, out_avals, mesh, orders, cost_model,
-                            out_constraint=out_constraint, in_constraint=in_constraint)
+                            out_constraint=out_constraint, in_constraint=in_constraint, gathered=gathered)
         if best is not None:
             return Signature(name, specs, chosen=best, rank=rank)
     candidates = rank()
@@ -753,9 +753,12 @@ def _bounded_best(
     *,
     out_constraint: Constraint = None,
     in_constraint: Constraint = None,
+    gathered: bool = True,
 ) -> Candidate | None:
     """The first of :func:`rank_candidates`' list when none of them runs on the inputs as
-    given (the caller checked), by branch and bound, without ranking the others.
+    given (the caller checked), by branch and bound, without ranking the others
+    (``gathered``: charging a partial kept while a split is gathered, as that ranking does:
+    :func:`continued_partials`).
 
     A combination of 1-D signatures costs at least the sum over mesh dims of what its
     placements there force (:func:`_dim_bound`); combinations are visited by that bound
@@ -781,7 +784,7 @@ def _bounded_best(
     nbytes = [math.prod(a.shape) * a.dtype.itemsize for a in avals]
     for m in range(mesh.ndim):
         given = tuple(placement_on(s.layout, m) for s in specs)
-        parts = [_dim_bound(sig, given, nbytes[:n_in], nbytes[n_in:], rates[m]) for sig in ordered]
+        parts = [_dim_bound(sig, given, nbytes[:n_in], nbytes[n_in:], rates[m], gathered) for sig in ordered]
         # the floats of the exact bounds (int true division rounds correctly, as Fraction's float)
         bounds.append([(k, (moved + pending) / unit) for k, (moved, pending) in enumerate(parts)
                        if allowed is None or ordered[k] in allowed[m]])
@@ -796,7 +799,7 @@ def _bounded_best(
         entries = [(total + b, ix + (k,)) for total, ix in entries for k, b in row]
     entries.sort(key=_first)
     found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]] = {}
-    keys = _RankKeys(specs, out_avals, cost_model, mesh)
+    keys = _RankKeys(specs, out_avals, cost_model, mesh, gathered)
     orders = tuple(orders)
     best: tuple[Any, tuple[Layout, ...], Fraction] | None = None  # rank key, layouts, exact cost + pending
     limit = math.inf
@@ -884,13 +887,14 @@ def _states_within(
 
 
 def _dim_bound(sig: OneDSig, given: tuple[Placement, ...], in_bytes: Sequence[int], out_bytes: Sequence[int],
-               rates: tuple[int, int, int]) -> tuple[int, int]:
+               rates: tuple[int, int, int], gathered: bool = True) -> tuple[int, int]:
     """A lower bound on the cost and pending reduction a candidate using ``sig`` on one
     mesh dim pays there, the inputs having placements ``given`` on it: an input leaving a
     partial is reduced (at least a reduce-scatter), a split moved to another dim is
     exchanged (at least an all-to-all), a split dropped (to Replicate or Partial) is
     gathered; a partial output owes a reduce-scatter (:func:`pending_reduction`) unless a
-    partial input continues it there and no input gives up a split there; each on the
+    partial input continues it there and no input gives up a split there (gathers it or
+    makes it partial; only the latter unless ``gathered``: :func:`continued_partials`); each on the
     smallest block the tensor can have (its bytes over the other mesh dims' sizes).
     Distinct mesh dims' steps are distinct steps of a plan, so the bounds of the mesh dims
     add up. In exact integer units (:func:`_bound_rates`: ``rates`` are the dim's, per byte
@@ -900,7 +904,8 @@ def _dim_bound(sig: OneDSig, given: tuple[Placement, ...], in_bytes: Sequence[in
     reduce, exchange, gather = rates
     for p, q, size in zip(given, sig.inputs, in_bytes):
         kept = kept or (isinstance(q, Partial) and isinstance(p, Partial))
-        made = made or (isinstance(p, Shard) and not isinstance(q, Shard))  # a split given up (continued_partials)
+        # a split given up (continued_partials): gathered or made partial, or only made partial
+        made = made or (isinstance(p, Shard) and (not isinstance(q, Shard) if gathered else isinstance(q, Partial)))
         if p == q:
             continue
         if isinstance(p, Partial):
