@@ -193,6 +193,20 @@ def mesh() -> Any:
     return init_device_mesh((2, 4), ("dp", "tp"))
 
 
+@pytest.mark.parametrize("model", ["mlp", "gpt2", "llama"])
+def test_the_default_training_steps_are_searched_as_before(mesh: Any, model: str) -> None:
+    """The default training steps (the MLP, GPT-2 with scanned layers, Llama with 2) have no
+    layers of 3 or more copies: no program their predict searches is seeded."""
+    step = training_step(model, mesh)
+    found: list[list[Block]] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(program.blocks, "layer_blocks", lambda *a: found.append(layer_blocks(*a)) or found[-1])
+        clear_caches()
+        predict(step.fn, *step.args, out_layouts=step.out_layouts)
+    clear_caches()
+    assert found and not any(found)
+
+
 # Llama's adamw step with unrolled layers, Megatron dp=2 x tp=4: (predicted bytes / XLA's, predicted collectives
 # combined as XLA's combiner merges them) seeded from its layers, as reached; the search alone: 0.648 in 38 / 0.632
 # in 45 / 0.748 in 168 at 3 / 4 / 8 layers, XLA compiles 66 / 84 / 156 collectives. At 8 layers the search alone
@@ -205,11 +219,13 @@ def test_the_seeded_search_predicts_no_more_than_the_search_alone(
     mesh: Any, layers: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Llama's adamw step with unrolled layers: the seeded prediction sends no more bytes in
-    no more collectives than the search alone (layers never found), and checked against
-    XLA's compile its outputs agree and its bytes and collectives are as reached."""
+    no more collectives than the search alone (layers never found), no more bytes than
+    eager dispatch (the bound of every result), and checked against XLA's compile its
+    outputs agree and its bytes and collectives are as reached."""
     step = training_step("llama", mesh, layers=layers)
     clear_caches()
     seeded = predict(step.fn, *step.args, out_layouts=step.out_layouts)
+    assert seeded.nbytes <= predict(step.fn, *step.args, out_layouts=step.out_layouts, search="eager").nbytes
     report = check(step.fn, *step.args, out_layouts=step.out_layouts)
     assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
     ratio, collectives = _SEEDED[layers]
