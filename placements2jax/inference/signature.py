@@ -65,7 +65,7 @@ class Aval:
         object.__setattr__(self, "shape", as_shape(self.shape, "shape"))
         object.__setattr__(self, "dtype", _as_dtype(self.dtype))
 
-    __hash__ = hash_once("shape", "dtype")
+    __hash__ = hash_once()
 
     def __getstate__(self) -> dict[str, Any]:
         return without_hash(self)
@@ -109,7 +109,7 @@ class TensorSpec:
             layout.check_shape(self.shape, "shape")
         object.__setattr__(self, "layout", layout)
 
-    __hash__ = hash_once("shape", "dtype", "layout")
+    __hash__ = hash_once()
 
     def __getstate__(self) -> dict[str, Any]:
         return without_hash(self)
@@ -442,7 +442,7 @@ class OneDSig:
         object.__setattr__(self, "outputs", tuple(self.outputs))
         object.__setattr__(self, "even", frozenset(self.even))
 
-    __hash__ = hash_once("inputs", "outputs", "even")
+    __hash__ = hash_once()
 
     def __getstate__(self) -> dict[str, Any]:
         return without_hash(self)
