@@ -199,8 +199,10 @@ class Prediction:
 
     @property
     def steps(self) -> tuple[RedistributeStep, ...]:
-        """The redistributions' steps, but those over one device (a size-1 mesh dim: they
-        move nothing and compile to nothing, :attr:`.RedistributeStep.over_one_device`)."""
+        """The redistributions' steps (a value's routes sharing their first steps under the
+        whole-program search: :attr:`_routed_steps`), but those over one device (a size-1
+        mesh dim: they move nothing and compile to nothing,
+        :attr:`.RedistributeStep.over_one_device`)."""
         return tuple(step for step in self._routed_steps if not step.over_one_device)
 
     @cached_property
@@ -215,9 +217,7 @@ class Prediction:
         for eqn in self.equations:
             for i, plan in enumerate(eqn.signature.redistributions if eqn.signature is not None else ()):
                 source = eqn.sources[i] if i < len(eqn.sources) else None
-                route: Any = (source, plan.src)
-                for step in plan.steps:
-                    route = (route, step.after)
+                for route, step in plan.routed(source):
                     if shared and source is not None:
                         if route in seen:
                             continue

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from fractions import Fraction
@@ -516,6 +516,16 @@ class RedistributePlan:
     def collectives(self) -> Counter[str]:
         """How many steps of each kind (local steps included)."""
         return Counter(s.collective for s in self.steps)
+
+    def routed(self, source: Any) -> Iterator[tuple[Any, RedistributeStep]]:
+        """Each step with its route key, moving the value ``source``: the value, ``src`` and
+        the layout after each step so far. Moves of one value whose routes begin alike
+        have their first steps' keys in common: a compiled program computes those
+        collectives once (:attr:`.jaxpr.Prediction.steps`, :func:`.combine.planned_collectives`)."""
+        route: Any = (source, self.src)
+        for step in self.steps:
+            route = (route, step.after)
+            yield route, step
 
     def __str__(self) -> str:
         head = (
