@@ -14,6 +14,7 @@ as someone holds them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 from collections.abc import Callable, Iterator
 from functools import lru_cache
@@ -121,24 +122,39 @@ def collector_paused() -> Iterator[None]:
                 gc.unfreeze()
 
 
-def hash_once(*names: str) -> Callable[[Any], int]:
-    """The ``__hash__`` of a frozen dataclass whose compared fields are ``names``: their
-    tuple's hash, as the dataclass hash, computed at the first hash and stored on the
-    value (as ``_hash``; :func:`without_hash` is its pickled state). Caches and memos key
-    on avals, specs, 1-D signatures and cost models by the thousand (hashing their shapes,
-    dtypes and placements again at every use was ~4% of ranking, ~15% of a lazy choice
-    and ~8% of a walk whose signatures are cached; a cold Llama predict hashed its cost
-    model ~7,300 times)."""
-    compared = attrgetter(*names)
+def hash_once() -> Callable[[Any], int]:
+    """A frozen dataclass's ``__hash__`` (``__hash__ = hash_once()`` in its body): the
+    dataclass hash (its hashed fields' tuple's: :func:`_hashed_fields`), computed at the
+    first hash and stored on the value (as ``_hash``; :func:`without_hash` is its pickled
+    state). Caches and memos key on avals, specs, 1-D signatures and cost models by the
+    thousand (hashing their shapes, dtypes and placements again at every use was ~4% of
+    ranking, ~15% of a lazy choice and ~8% of a walk whose signatures are cached; a cold
+    Llama predict hashed its cost model ~7,300 times). One per class: the fields are read
+    from the first value hashed."""
+    compared: Callable[[Any], tuple[Any, ...]] | None = None  # the fields' getter, known at the first hash
 
     def __hash__(self: Any) -> int:
+        nonlocal compared
         cached = self.__dict__.get("_hash")
         if cached is None:
+            if compared is None:
+                compared = _hashed_fields(type(self))
             cached = hash(compared(self))
             object.__setattr__(self, "_hash", cached)
         return cached
 
     return __hash__
+
+
+def _hashed_fields(cls: type) -> Callable[[Any], tuple[Any, ...]]:
+    """A getter of the tuple a frozen dataclass's generated hash hashes: its fields
+    compared, unless their ``hash=`` says otherwise. Read at the first hash, not in
+    :func:`hash_once` (``__hash__`` is set in the class body, before
+    :func:`dataclasses.dataclass` makes the fields)."""
+    names = [f.name for f in dataclasses.fields(cls) if (f.compare if f.hash is None else f.hash)]
+    if len(names) > 1:
+        return attrgetter(*names)
+    return lambda value: tuple(getattr(value, name) for name in names)  # attrgetter of one name gives no tuple
 
 
 def without_hash(value: Any) -> dict[str, Any]:

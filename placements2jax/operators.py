@@ -978,8 +978,9 @@ class _Pinned(_Runner):
     (:mod:`.physical`): partial sums are added up as planned and reduced where the
     prediction reduces them. A value's ``phys`` is its predicted layout (on the mesh);
     its array is the stacked physical one exactly when that layout is Partial. A value
-    is moved to a layout once, its consumers in that layout sharing the move (as the
-    prediction counts one redistribution per value and layout)."""
+    is moved to a layout once, its consumers in that layout sharing the move, and its
+    moves whose routes begin alike share those first steps (as the prediction counts
+    them: :attr:`.inference.jaxpr.Prediction.steps`)."""
 
     def __init__(self, mesh: DeviceMesh) -> None:
         super().__init__(mesh)

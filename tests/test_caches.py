@@ -85,3 +85,34 @@ def test_local_map_programs_are_cleared() -> None:
     assert func_map._PROGRAMS
     clear_caches()
     assert not func_map._PROGRAMS
+
+
+def test_hash_once_hashes_what_the_dataclass_hash_would() -> None:
+    """:func:`caches.hash_once` reads the hashed fields from the dataclass (one field, a
+    field not compared, a field compared but not hashed) and stores the hash (kept out of
+    the pickled state: tests/test_inference_cost.py)."""
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class One:
+        a: int
+
+    @dataclasses.dataclass(frozen=True)
+    class Plain:
+        a: int
+        b: str
+        c: object = dataclasses.field(default=None, compare=False)
+        d: int = dataclasses.field(default=0, hash=False)
+
+    @dataclasses.dataclass(frozen=True)
+    class Once(Plain):
+        __hash__ = caches.hash_once()
+
+    @dataclasses.dataclass(frozen=True)
+    class OneOnce:
+        a: int
+        __hash__ = caches.hash_once()
+
+    assert hash(OneOnce(3)) == hash(One(3)) == hash((3,))
+    value = Once(1, "x", c=object(), d=5)
+    assert hash(value) == hash(Plain(1, "x", d=7)) == hash((1, "x")) and value.__dict__["_hash"] == hash((1, "x"))

@@ -176,14 +176,15 @@ def planned_collectives(
     prediction: Any, rules: CombinerRules, extra: Sequence[tuple[Any, RedistributePlan]] = ()
 ) -> tuple[PlannedCollective, ...]:
     """The collectives of ``prediction``'s redistributions (as
-    :attr:`~.jaxpr.Prediction.redistributions` lists them: one per value and layout
-    under the whole-program search), in program order, with their dependencies read from
-    its dataflow; ``extra`` adds (source value, plan) moves at the end of the program
-    (e.g. :func:`~.check.check`'s conversions of outputs to XLA's layouts)."""
+    :attr:`~.jaxpr.Prediction.steps` counts them: under the whole-program search, a
+    value's moves whose routes begin alike share those first steps,
+    :meth:`.RedistributePlan.routed`), in program order, with their dependencies read
+    from its dataflow; ``extra`` adds (source value, plan) moves at the end of the
+    program (e.g. :func:`~.check.check`'s conversions of outputs to XLA's layouts)."""
     loops = {eqn.path: eqn.primitive for eqn in prediction.equations if eqn.primitive in _LOOPS}
     upstream: dict[str, int] = {}  # equation path -> collectives its outputs depend on
-    # (source, route so far) -> collectives the value depends on there, under the program search: routes that begin
-    # alike share their first steps (:attr:`~.jaxpr.Prediction.steps`)
+    # route key (:meth:`.RedistributePlan.routed`) -> collectives the value depends on there, under the program
+    # search: routes that begin alike share their first steps
     shared: dict[Any, int] = {}
     result: list[PlannedCollective] = []
 
@@ -200,9 +201,7 @@ def planned_collectives(
     def moved(source: Any, plan: RedistributePlan, where: str, scope: str) -> int:
         share = prediction.search == "program" and source is not None
         after = before(source)
-        route: Any = (source, plan.src)
-        for step in plan.steps:
-            route = (route, step.after)
+        for route, step in plan.routed(source):
             if share and route in shared:
                 after = shared[route]
                 continue

@@ -179,7 +179,7 @@ class CostModel:
         object.__setattr__(self, "alloc_curve", () if alloc_curve is None else _curve("alloc_curve", alloc_curve))
 
     # every plan cache keys on the model: hashing its tables again at each use was ~7,300 hashes of a cold Llama predict
-    __hash__ = hash_once("axis_weights", "latency", "per_byte", "copy_per_byte", "curves", "copy_curve", "alloc_curve")
+    __hash__ = hash_once()
 
     def __getstate__(self) -> dict[str, Any]:
         return without_hash(self)

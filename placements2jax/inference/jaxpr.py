@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from fractions import Fraction
@@ -188,19 +188,27 @@ class Prediction:
         layout: consumers needing a value in the same layout share it (a compiled program
         computes it once); eager dispatch runs each equation's own."""
         plans, seen = [], set()
-        for eqn in self.equations:
-            for i, plan in enumerate(eqn.signature.redistributions if eqn.signature is not None else ()):
-                source = eqn.sources[i] if i < len(eqn.sources) else None
-                if plan.is_noop or (self.search == "program" and source is not None and (source, plan.dst) in seen):
-                    continue
-                seen.add((source, plan.dst))
-                plans.append(plan)
+        for source, plan in self._moves():
+            if plan.is_noop or (self.search == "program" and source is not None and (source, plan.dst) in seen):
+                continue
+            seen.add((source, plan.dst))
+            plans.append(plan)
         return tuple(plans)
+
+    def _moves(self) -> Iterator[tuple[ValueId | None, RedistributePlan]]:
+        """Every equation's redistributions in program order, each with the value it moves
+        (None: a literal or constant)."""
+        for eqn in self.equations:
+            if eqn.signature is not None:
+                for i, plan in enumerate(eqn.signature.redistributions):
+                    yield (eqn.sources[i] if i < len(eqn.sources) else None), plan
 
     @property
     def steps(self) -> tuple[RedistributeStep, ...]:
-        """The redistributions' steps, but those over one device (a size-1 mesh dim: they
-        move nothing and compile to nothing, :attr:`.RedistributeStep.over_one_device`)."""
+        """The redistributions' steps (a value's routes sharing their first steps under the
+        whole-program search: :attr:`_routed_steps`), but those over one device (a size-1
+        mesh dim: they move nothing and compile to nothing,
+        :attr:`.RedistributeStep.over_one_device`)."""
         return tuple(step for step in self._routed_steps if not step.over_one_device)
 
     @cached_property
@@ -212,17 +220,13 @@ class Prediction:
         eager dispatch runs each equation's own."""
         shared = self.search == "program"
         steps, seen = [], set()
-        for eqn in self.equations:
-            for i, plan in enumerate(eqn.signature.redistributions if eqn.signature is not None else ()):
-                source = eqn.sources[i] if i < len(eqn.sources) else None
-                route: Any = (source, plan.src)
-                for step in plan.steps:
-                    route = (route, step.after)
-                    if shared and source is not None:
-                        if route in seen:
-                            continue
-                        seen.add(route)
-                    steps.append(step)
+        for source, plan in self._moves():
+            for route, step in plan.routed(source):
+                if shared and source is not None:
+                    if route in seen:
+                        continue
+                    seen.add(route)
+                steps.append(step)
         return tuple(steps)
 
     @cached_property

@@ -767,9 +767,9 @@ class _Search:
             fixed = []
             for i, src in enumerate(node.sources):
                 if src is None:
-                    fixed.append(self._intern(node.inputs[i].layout))
+                    fixed.append(intern(node.inputs[i].layout))
                 elif src[0] == "in":
-                    fixed.append(self._intern(graph.inputs[src[1]].layout))
+                    fixed.append(intern(graph.inputs[src[1]].layout))
                 else:
                     fixed.append(None)
                 if src is not None:
@@ -783,7 +783,7 @@ class _Search:
         self.owed: dict[ValueId, list[State | None]] = {}
         for src, target in zip(graph.outputs, targets):
             if src is not None and src[0] != "in":
-                self.owed.setdefault(src, []).append(None if target is None else self._intern(target))
+                self.owed.setdefault(src, []).append(None if target is None else intern(target))
         self.owing = frozenset(path for path, _ in self.owed)  # the equations making an output of the function
         self.position = {node.path: p for p, node in enumerate(graph.nodes)}
         self.paths = [node.path for node in graph.nodes]  # by position
@@ -977,9 +977,6 @@ class _Search:
         other = copy.copy(self)
         other._price(compiled, overhead)
         return other
-
-    def _intern(self, layout: Layout) -> State:
-        return self.states[layout]
 
     # -- costs ------------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from fractions import Fraction
@@ -65,7 +65,7 @@ class Aval:
         object.__setattr__(self, "shape", as_shape(self.shape, "shape"))
         object.__setattr__(self, "dtype", _as_dtype(self.dtype))
 
-    __hash__ = hash_once("shape", "dtype")
+    __hash__ = hash_once()
 
     def __getstate__(self) -> dict[str, Any]:
         return without_hash(self)
@@ -109,7 +109,7 @@ class TensorSpec:
             layout.check_shape(self.shape, "shape")
         object.__setattr__(self, "layout", layout)
 
-    __hash__ = hash_once("shape", "dtype", "layout")
+    __hash__ = hash_once()
 
     def __getstate__(self) -> dict[str, Any]:
         return without_hash(self)
@@ -442,7 +442,7 @@ class OneDSig:
         object.__setattr__(self, "outputs", tuple(self.outputs))
         object.__setattr__(self, "even", frozenset(self.even))
 
-    __hash__ = hash_once("inputs", "outputs", "even")
+    __hash__ = hash_once()
 
     def __getstate__(self) -> dict[str, Any]:
         return without_hash(self)
@@ -516,6 +516,16 @@ class RedistributePlan:
     def collectives(self) -> Counter[str]:
         """How many steps of each kind (local steps included)."""
         return Counter(s.collective for s in self.steps)
+
+    def routed(self, source: Any) -> Iterator[tuple[Any, RedistributeStep]]:
+        """Each step with its route key, moving the value ``source``: the value, ``src`` and
+        the layout after each step so far. Moves of one value whose routes begin alike
+        have their first steps' keys in common: a compiled program computes those
+        collectives once (:attr:`.jaxpr.Prediction.steps`, :func:`.combine.planned_collectives`)."""
+        route: Any = (source, self.src)
+        for step in self.steps:
+            route = (route, step.after)
+            yield route, step
 
     def __str__(self) -> str:
         head = (
