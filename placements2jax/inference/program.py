@@ -437,8 +437,7 @@ def _choose(
     # on GPT-2's adamw step, 1.05x on Llama's). As compiled, only from the walked start, without seeds: on
     # the training steps the eager start and the seeds never gave the kept result.
     # The value moves' descent from a result's start (see _descend) only without pull moves, as compiled: the planner's
-    # and the one with pull moves never gave the kept result (skipped, the search alone on Llama's adamw step took 0.85
-    # of its time: paired median of 10 rounds alternated in one process, load ~11)
+    # and the one with pull moves never gave the kept result (and skipped, 0.86x the search's time on Llama's adamw step)
     planned = search.repriced(compiled=False)
     by_planner = _descend(planned, eager, seeds, from_start=False)
     chains = []
