@@ -63,10 +63,9 @@ layers 8.8 / 9.0 / 5.0 -> 7.5 / 7.0 / 4.3 s; GPT-2's chains tie where the planne
 replaces both, and both are finished, as before). What the rest costs there, per descent
 (CPU s, equations changed, from -> to MB as compiled, load 5.6): the planner's from the eager
 and walked starts 0.66 / 0.46, its value moves from the result and from its start 0.36 /
-0.64 (the latter no longer run, see value moves below); without pull moves from the walked
-start 2.69 (2,051 changes, 4.80 -> 1.06 MB), values from that result 0.39 (-> 0.97), values
-from the walked start 2.61 (-> 0.91); with pull moves 3.03 (4.74 -> 0.78), 1.21 (-> 0.68,
-finished), values from the walked start 1.19 (-> 0.75, no longer run); the finish 2.44 (->
+0.64; without pull moves from the walked start 2.69 (2,051 changes, 4.80 -> 1.06 MB), values
+from that result 0.39 (-> 0.97), values from the walked start 2.61 (-> 0.91); with pull
+moves 3.03 (4.74 -> 0.78), 1.21 (-> 0.68, finished), 1.19 (-> 0.75); the finish 2.44 (->
 0.62). The walked start as compiled is far from every result (4.8 MB where eager's is 2.5
 and the planner's result 1.4-1.7), yet it is the start of the kept result: from the
 planner's result, its walked start or the eager choice the compiled descents end dearer
@@ -128,12 +127,7 @@ is kept only if it has fewer bytes and no more collectives (on the Llama adamw s
 The same descent with value moves from the first round is also run from that result's
 start (another basin: 0.89x the bytes on GPT-2's adamw step, 1.19x on Llama's), kept on
 the same terms (once when the first round moved nowhere: both would descend from the same
-choice). On CPU only the descent as compiled without pull moves runs it: the planner's and
-the one with pull moves never gave the kept result (GPT-2's and Llama's loss,
-value_and_grad and adamw step, Llama's with 4 and 8 unrolled layers, GPT-2's with 8, the
-Megatron MLP step, Flax NNX's and Equinox's loss and value_and_grad, Equinox's adamw step:
-the same choices without them), and they took 0.05 and 0.07 s CPU of Llama's 2-layer adamw
-step's ~0.85 s of descents (0.64 and 1.19 s at 8 layers, below). A move re-chooses one
+choice). A move re-chooses one
 equation: one that makes, carries or receives a partial reduces it right there (into a
 split, or to Replicate on those mesh dims, or, with partials on several mesh dims, those
 of one mesh dim only: a weight gradient reduces ``tp`` where it is formed and keeps
@@ -436,14 +430,12 @@ def _choose(
     # both are searched, the cheaper as compiled kept (the planner's result is 0.66x the bytes as compiled
     # on GPT-2's adamw step, 1.05x on Llama's). As compiled, only from the walked start, without seeds: on
     # the training steps the eager start and the seeds never gave the kept result.
-    # The value moves' descent from a result's start (see _descend) only without pull moves, as compiled: the planner's
-    # and the one with pull moves never gave the kept result (and skipped, 0.86x the search's time on Llama's adamw step)
     planned = search.repriced(compiled=False)
-    by_planner = _descend(planned, eager, seeds, from_start=False)
+    by_planner = _descend(planned, eager, seeds)
     chains = []
     for pulls in (False, True):  # without and with pull moves (:meth:`_Search.pull_moves`), the cheaper kept
         search.tie_moved(not pulls)  # without pull moves, ties broken by the fewest inputs moved (tie_moved())
-        chosen = _descend(search, eager, (), walked_only=True, pulls=pulls, from_start=not pulls)
+        chosen = _descend(search, eager, (), walked_only=True, pulls=pulls)
         if search.total(by_planner) < search.total(chosen):
             chosen = by_planner
         chains.append((search.total(chosen), pulls, chosen))
@@ -525,14 +517,11 @@ def _chosen(graph: ProgramGraph, eager: Choice, chosen: Choice) -> dict[str, Can
 
 
 def _descend(
-    search: _Search, eager: Choice, seeds: tuple[tuple[str, int], ...], walked_only: bool = False, pulls: bool = False,
-    from_start: bool = True,
+    search: _Search, eager: Choice, seeds: tuple[tuple[str, int], ...], walked_only: bool = False, pulls: bool = False
 ) -> Choice:
     """The search's descents (module docstring) from the eager choice: the best choice
     found, ``eager`` itself when none is cheaper. ``walked_only``: from the walked start
-    alone (:meth:`_Search.starts`' last); ``pulls``: pull moves offered too;
-    ``from_start``: value moves descended from the best result's start too, not only
-    from the result."""
+    alone (:meth:`_Search.starts`' last); ``pulls``: pull moves offered too."""
     chosen, best = eager, search.total(eager)
     origin = eager
     starts = search.starts(eager)
@@ -544,7 +533,7 @@ def _descend(
     # value moves: continuing from the best result, and descending with them from its start (two basins: on the
     # GPT-2 adamw step the second is 0.89x the first's bytes, on Llama's 1.19x); one descent when no start's
     # descent moved (the result is its start: improve() is a function of its start and options)
-    froms = (chosen, origin) if from_start and chosen != origin else (chosen,)
+    froms = (chosen,) if chosen == origin else (chosen, origin)
     for found in [search.improve(start, values=True, pulls=pulls) for start in froms]:
         cost = search.total(found)
         if cost < best and cost[1] <= best[1]:
