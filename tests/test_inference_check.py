@@ -264,3 +264,36 @@ def test_the_note_says_where_the_plans_part_when_every_output_agrees(mesh: Any) 
     assert "the prediction has more collectives (3 after XLA's combiner) than XLA (2)" in note
     assert note.endswith("where they differ: all-gather over dp 1 vs 0")
     assert note in str(report)
+
+
+def test_an_output_converted_along_a_route_the_program_moved_it_runs_the_shared_step_once(mesh: Any) -> None:
+    """The row-parallel MLP's partial output y is returned and also consumed by a
+    column-parallel matmul, which needs it reduced: an all-reduce over tp inside the
+    program. XLA returns y reduced, so the conversion of the predicted Partial output to
+    XLA's layout begins with the same all-reduce of the same value, which the compiled
+    program runs once: the predicted counts and bytes (per operand and after XLA's
+    combiner) are XLA's, one all-reduce of y's 4x16 block over 4 devices (384 B)."""
+
+    def f(x: jax.Array, w1: jax.Array, w2: jax.Array, w3: jax.Array) -> tuple[jax.Array, jax.Array]:
+        y = jax.nn.gelu(x @ w1) @ w2
+        return y, y @ w3
+
+    inputs = (spec(mesh, (8, 16), "S(0),R"), spec(mesh, (16, 32), "R,S(1)"), spec(mesh, (32, 16), "R,S(0)"),
+              spec(mesh, (16, 32), "R,S(1)"))
+    report = check(f, *inputs)
+    assert [(str(o.predicted), str(o.compiled), o.verdict) for o in report.outputs] == [
+        ("S(0),P", "S(0),R", "xla reduced partial"), ("S(0),S(1)", "S(0),S(1)", "equal"),
+    ]
+    (inside,) = report.prediction.redistributions
+    conversion = report.outputs[0].conversion
+    assert (str(inside.src), str(inside.dst)) == (str(conversion.src), str(conversion.dst)) == ("S(0),P", "S(0),R")
+    assert report.prediction.collectives == {"all-reduce": 1}
+    assert report.predicted_collectives == [("all-reduce", Fraction(2 * 4 * 16 * 4 * 3, 4))]
+    assert report.predicted_counts == report.predicted_combined_counts == report.compiled_counts == {"all-reduce": 1}
+    assert report.predicted_bytes == report.compiled_bytes == 384
+    (kind,) = report.collective_checks
+    assert (kind.kind, kind.predicted, kind.compiled, kind.operands, kind.note) == ("all-reduce", 1, 1, 1, "")
+    assert report.communication == "equal"
+    # eager dispatch runs each move's own: the program's all-reduce and the conversion's
+    eager = check(f, *inputs, search="eager")
+    assert eager.predicted_counts == {"all-reduce": 2} and eager.predicted_bytes == 2 * 384

@@ -69,6 +69,7 @@ from .cost import ALL_REDUCE, REDUCE_SCATTER, CostModelLike, collective_nbytes
 from .frameworks import bind
 from .jaxpr import Prediction, predict
 from .plan import plan_redistribute
+from .program import ValueId
 from .signature import (
     Aval,
     RedistributePlan,
@@ -169,16 +170,21 @@ class CheckReport:
         ]
         return format_table(("where", "tensor", "move", "schedule", "collectives", "bytes per device"), rows)
 
-    @property
-    def _communicating_steps(self) -> list[RedistributeStep]:
+    @cached_property
+    def _conversions(self) -> tuple[tuple[ValueId | None, RedistributePlan], ...]:
+        """(the value it moves, plan) of every output's conversion to XLA's layout: moves
+        after the program, continuing the program's routes of that value."""
+        sources = self.prediction.output_sources or (None,) * len(self.outputs)
+        return tuple((sources[o.index], o.conversion) for o in self.outputs if o.conversion is not None)
+
+    @cached_property
+    def _communicating_steps(self) -> tuple[RedistributeStep, ...]:
         """The prediction's steps and its outputs' conversions to XLA's layouts that XLA
         compiles to collectives (:attr:`.RedistributeStep.communicates`: not local, not
-        over one device)."""
-        steps = list(self.prediction.steps)
-        for out in self.outputs:
-            if out.conversion is not None:
-                steps += out.conversion.steps
-        return [step for step in steps if step.communicates]
+        over one device). A conversion whose route begins as a move of the same value in the
+        program does shares those first steps: the compiled program runs them once
+        (:meth:`.Prediction.routed_steps`, the walk :attr:`predicted_combined` counts too)."""
+        return tuple(step for step in self.prediction.routed_steps(self._conversions) if step.communicates)
 
     @property
     def predicted_collectives(self) -> list[tuple[str, Fraction]]:
@@ -262,9 +268,7 @@ class CheckReport:
         """The predicted collectives, output conversions included, as this platform's
         XLA combiner merges them (:mod:`.combine`)."""
         rules = combiner_rules(self.platform)
-        sources = self.prediction.output_sources or (None,) * len(self.outputs)
-        extra = [(sources[o.index], o.conversion) for o in self.outputs if o.conversion is not None]
-        return combine(planned_collectives(self.prediction, rules, extra), rules)
+        return combine(planned_collectives(self.prediction, rules, self._conversions), rules)
 
     @property
     def predicted_combined_counts(self) -> Counter[str]:

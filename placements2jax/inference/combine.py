@@ -43,7 +43,7 @@ from typing import Any
 from ..errors import InferenceError
 from ..layout import Layout
 from .cost import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
-from .signature import RedistributePlan, RedistributeStep
+from .signature import RedistributePlan, RedistributeStep, SharedRoutes
 
 __all__ = ["BACKENDS", "CombinedCollective", "CombinerRules", "PlannedCollective", "combine", "combiner_rules",
            "lowered_step", "planned_collectives"]
@@ -176,16 +176,18 @@ def planned_collectives(
     prediction: Any, rules: CombinerRules, extra: Sequence[tuple[Any, RedistributePlan]] = ()
 ) -> tuple[PlannedCollective, ...]:
     """The collectives of ``prediction``'s redistributions (as
-    :attr:`~.jaxpr.Prediction.steps` counts them: under the whole-program search, a
-    value's moves whose routes begin alike share those first steps,
-    :meth:`.RedistributePlan.routed`), in program order, with their dependencies read
-    from its dataflow; ``extra`` adds (source value, plan) moves at the end of the
-    program (e.g. :func:`~.check.check`'s conversions of outputs to XLA's layouts)."""
+    :meth:`~.jaxpr.Prediction.routed_steps` counts them: under the whole-program search,
+    a value's moves whose routes begin alike share those first steps,
+    :class:`.SharedRoutes`), in program order, with their dependencies read from its
+    dataflow; ``extra`` adds (source value, plan) moves at the end of the program, whose
+    routes continue the program's (e.g. :func:`~.check.check`'s conversions of outputs to
+    XLA's layouts)."""
     loops = {eqn.path: eqn.primitive for eqn in prediction.equations if eqn.primitive in _LOOPS}
     upstream: dict[str, int] = {}  # equation path -> collectives its outputs depend on
-    # route key (:meth:`.RedistributePlan.routed`) -> collectives the value depends on there, under the program
-    # search: routes that begin alike share their first steps
-    shared: dict[Any, int] = {}
+    routes = SharedRoutes(prediction.search == "program")
+    # route key (:meth:`.RedistributePlan.routed`) -> collectives the value depends on there: a later move along
+    # that route runs nothing there and depends on what the first did
+    depends: dict[Any, int] = {}
     result: list[PlannedCollective] = []
 
     def before(source: Any) -> int:
@@ -199,11 +201,10 @@ def planned_collectives(
         return upstream[path]
 
     def moved(source: Any, plan: RedistributePlan, where: str, scope: str) -> int:
-        share = prediction.search == "program" and source is not None
         after = before(source)
-        for route, step in plan.routed(source):
-            if share and route in shared:
-                after = shared[route]
+        for route, step, runs in routes.steps(source, plan):
+            if not runs:
+                after = depends[route]
                 continue
             if step.communicates:  # not local, nor over one device: those XLA compiles to nothing
                 kind = rules.compiled_kind(step.collective)
@@ -213,8 +214,7 @@ def planned_collectives(
                     after,
                 ))
                 after |= 1 << (len(result) - 1)
-            if share:
-                shared[route] = after
+            depends[route] = after
         return after
 
     for eqn in prediction.equations:

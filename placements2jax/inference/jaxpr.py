@@ -30,8 +30,9 @@ the signature the walker gives it, and loops by walking their bodies inside
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from fractions import Fraction
@@ -58,6 +59,7 @@ from .signature import (
     Candidate,
     RedistributePlan,
     RedistributeStep,
+    SharedRoutes,
     Signature,
     TensorSpec,
     as_tensor_specs,
@@ -206,28 +208,29 @@ class Prediction:
     @property
     def steps(self) -> tuple[RedistributeStep, ...]:
         """The redistributions' steps (a value's routes sharing their first steps under the
-        whole-program search: :attr:`_routed_steps`), but those over one device (a size-1
+        whole-program search: :meth:`routed_steps`), but those over one device (a size-1
         mesh dim: they move nothing and compile to nothing,
         :attr:`.RedistributeStep.over_one_device`)."""
         return tuple(step for step in self._routed_steps if not step.over_one_device)
 
     @cached_property
     def _routed_steps(self) -> tuple[RedistributeStep, ...]:
-        """Every redistribution's steps. Chosen for the whole program, a value moved into
-        several layouts along routes that begin alike has those first steps once: a
-        compiled program computes the same collective of the same value once (Llama's
-        adamw step on a 2x4 mesh: 3,072 B fewer, what its pinned program compiles);
-        eager dispatch runs each equation's own."""
-        shared = self.search == "program"
-        steps, seen = [], set()
-        for source, plan in self._moves():
-            for route, step in plan.routed(source):
-                if shared and source is not None:
-                    if route in seen:
-                        continue
-                    seen.add(route)
-                steps.append(step)
-        return tuple(steps)
+        return self.routed_steps()
+
+    def routed_steps(
+        self, extra: Iterable[tuple[ValueId | None, RedistributePlan]] = ()
+    ) -> tuple[RedistributeStep, ...]:
+        """Every redistribution's steps the compiled program runs, then those of the
+        ``extra`` (value, plan) moves after the program (:func:`~.check.check`'s conversions of
+        outputs to XLA's layouts): chosen for the whole program, a value's moves whose
+        routes begin alike run those first steps once (:class:`.SharedRoutes`, the walk
+        :func:`.combine.planned_collectives` counts too); eager dispatch runs each
+        equation's own."""
+        routes = SharedRoutes(self.search == "program")
+        return tuple(
+            step for source, plan in itertools.chain(self._moves(), extra)
+            for _, step, runs in routes.steps(source, plan) if runs
+        )
 
     @cached_property
     def schedules(self) -> tuple[Any, ...]:
