@@ -149,6 +149,28 @@ def _graph(n: int, sources: list[tuple[int | None, ...]], outputs: list[int]) ->
     return ProgramGraph(None, nodes, tuple((f"e{o}", 0) for o in outputs), ())  # type: ignore[arg-type]
 
 
+def test_a_second_stack_of_another_depth_is_found_on_the_reduced_graph() -> None:
+    """Two stacks of layers, 6 copies then 3 (an encoder and a decoder of other depths):
+    the layers kept are the 6 copies (covering the most); the reduced graph, where they are
+    2, still has the 3-copy stack, which the search of the reduced graph finds in turn
+    (:func:`.program._seeded` searches it by :func:`.program._choose`, which looks for
+    blocks again); a stack reduced is never found again (2 copies: no middle to tile)."""
+    encoder, decoder = [0, 1, 2, 3, 4], [5, 6, 7, 8, 9, 10]
+    kinds = [20, 21, *encoder * 6, 22, *decoder * 3, 23]
+    n = len(kinds)
+    sources = [(i - 1,) if i else () for i in range(n)]
+    found = blocks.find_blocks(kinds, sources)
+    assert found == [Block(2, 5, 6), Block(33, 6, 3)] and layer_blocks(found, n) == [Block(2, 5, 6)]
+    reduced, _ = blocks.reduce(_graph(n, sources, [n - 1]), [Block(2, 5, 6)])
+    reduced_kinds = [kinds[int(node.path[1:])] for node in reduced.nodes]
+    again = blocks.find_blocks(reduced_kinds, blocks.graph_sources(reduced))
+    assert again == [Block(13, 6, 3)] and layer_blocks(again, len(reduced_kinds)) == again
+    assert reduced_kinds[13:31] == decoder * 3
+    once_more, _ = blocks.reduce(reduced, again)
+    assert layer_blocks(blocks.find_blocks([kinds[int(node.path[1:])] for node in once_more.nodes],
+                                           blocks.graph_sources(once_more)), len(once_more.nodes)) == []
+
+
 @settings(max_examples=100, deadline=None)
 @given(planted(), st.data())
 def test_the_reduced_graph_and_the_tiling_cover_every_equation(case: Any, data: Any) -> None:
