@@ -290,6 +290,8 @@ def test_an_output_converted_along_a_route_the_program_moved_it_runs_the_shared_
     assert report.prediction.collectives == {"all-reduce": 1}
     assert report.predicted_collectives == [("all-reduce", Fraction(2 * 4 * 16 * 4 * 3, 4))]
     assert report.predicted_counts == report.predicted_combined_counts == report.compiled_counts == {"all-reduce": 1}
+    (combined,) = report.predicted_combined
+    assert combined.members == (0,) and combined.result_bytes == 4 * 16 * 4  # the one all-reduce of y's block
     assert report.predicted_bytes == report.compiled_bytes == 384
     (kind,) = report.collective_checks
     assert (kind.kind, kind.predicted, kind.compiled, kind.operands, kind.note) == ("all-reduce", 1, 1, 1, "")

@@ -4,6 +4,7 @@ out_layouts, and the primitives of the GPT-2 / Llama training steps (tests/model
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -700,6 +701,8 @@ def test_training_programs_predict_xlas_bytes(mesh: Any, model: str, mode: str) 
     combined = report.predicted_combined_counts
     assert all(combined[kind] <= n for kind, n in report.predicted_counts.items())
     assert sum(combined.values()) <= sum(report.compiled_counts.values()) + _COMBINED_REACHED[model, mode]
+    # the collectives check counts per operand are those its combiner merges (one walk: signature.SharedRoutes)
+    assert report.predicted_counts == Counter(c.kind for c in report.predicted_combined for _ in c.members)
 
 
 def test_a_size_one_mesh_dim_predicts_what_the_mesh_without_it_does() -> None:
