@@ -263,23 +263,6 @@ def cached_plan_cost(shape: tuple[int, ...], dtype: np.dtype, src: Layout, dst: 
     return plan_cost(shape, dtype, layout_state(src), layout_state(dst), src.mesh.shape, weights)[0]
 
 
-def plan_cost_within(
-    shape: tuple[int, ...], dtype: np.dtype, src: Layout, dst: Layout, cost_model: Any, limit: Fraction
-) -> Fraction | None:
-    """:func:`cached_plan_cost` if it is at most ``limit``, else None: the search settles
-    layouts only up to ``limit`` (branch and bound over candidates need no more)."""
-    if src is dst:
-        return Fraction(0)
-    if src.is_strided or dst.is_strided:
-        cost = cached_plan_cost(shape, dtype, src, dst, cost_model)
-        return cost if cost <= limit else None
-    weights = _weights(cost_model, src.mesh)
-    scale = cost_scale(src.mesh.shape, weights)
-    search = _search(shape, dtype.itemsize, src.mesh.shape, weights, (src.dim_axes, src.partial))
-    cost = search.cost_within((dst.dim_axes, dst.partial), math.floor(limit * scale))
-    return None if cost is None else Fraction(cost, scale)
-
-
 def cost_scale(mesh_shape: tuple[int, ...], weights: tuple[Fraction, ...]) -> int:
     """What the planner's search multiplies costs by to make them exact integers."""
     return math.lcm(*(n * n for n in mesh_shape)) * math.lcm(*(Fraction(w).denominator for w in weights))
@@ -289,8 +272,9 @@ def plan_search(
     shape: tuple[int, ...], itemsize: int, mesh_shape: tuple[int, ...], weights: tuple[Fraction, ...], src: State
 ) -> _Dijkstra:
     """The planner's (cached, lazily settled) search from plain state ``src``: its
-    ``cost_within(dst, limit)`` is :func:`plan_cost_within` in integers (costs times
-    :func:`cost_scale`), for callers asking many targets of one source."""
+    ``cost_within(dst, limit)`` is the cost of the plan to ``dst`` (as :func:`plan_cost`'s)
+    in integers, times :func:`cost_scale`, if at most ``limit`` (else None, settling no
+    layout that costs more): for callers asking many targets of one source."""
     return _search(shape, itemsize, mesh_shape, weights, src)
 
 

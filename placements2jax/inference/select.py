@@ -61,7 +61,7 @@ from .cost import (
     resolve_cost_model,
 )
 from .ops import freeze, function_definition, has_user_rule, op_definition, out_shapes, primitive_definition
-from .plan import InputPlans, cached_plan, cached_plan_cost, cost_scale, plan_cost_within, plan_search
+from .plan import InputPlans, cached_plan, cached_plan_cost, cost_scale, plan_search
 from .rules import strided_factors
 from .signature import (
     Aval,
@@ -617,6 +617,10 @@ class _RankKeys:
         """:func:`pending_reduction` of the outputs in ``out_layouts`` continuing ``given``."""
         return self._pending(out_layouts, given)[0]
 
+    def pending_units(self, out_layouts: tuple[Layout, ...], given: frozenset[int]) -> int | Fraction:
+        """:meth:`pending` in units of ``1 / scale``."""
+        return self._pending(out_layouts, given)[1]
+
     def _pending(self, out_layouts: tuple[Layout, ...], given: frozenset[int]) -> tuple[Fraction, int | Fraction]:
         """:meth:`pending` and it in units of ``1 / scale``: per output layout, its block
         bytes without each partial mesh dim times that dim's :func:`_reduction_rate` in
@@ -763,10 +767,14 @@ def _bounded_best(
     A combination of 1-D signatures costs at least the sum over mesh dims of what its
     placements there force (:func:`_dim_bound`); combinations are visited by that bound
     and the visit stops at the first whose bound exceeds the best exact ``cost +
-    pending`` found. The bound depends only on the layouts a combination gives, so every
-    combination giving the best layouts is visited and the candidate (its 1-D signatures
-    and nest order too) is the one the full ranking puts first. None where this does not
-    apply (a strided input) or nothing is valid: rank them all."""
+    pending`` found. Within a combination, a nest order whose inputs cannot reach their
+    layouts within the best less the combination's pending bound is skipped before its
+    layouts are built (:func:`_inputs_cost`). The bounds depend only on the layouts a
+    combination and order give, so every one giving the best layouts is visited and the
+    candidate (its 1-D signatures and nest order too) is the one the full ranking puts
+    first. None where this does not apply (a strided input) or nothing is valid: rank
+    them all. Costs are compared in the planner's exact integer units (times
+    :func:`.plan.cost_scale`), not as Fractions."""
     specs, out_avals = tuple(specs), tuple(out_avals)
     if any(s.layout.is_strided for s in specs):
         return None
@@ -788,44 +796,49 @@ def _bounded_best(
         # the floats of the exact bounds (int true division rounds correctly, as Fraction's float)
         bounds.append([(k, (moved + pending) / unit) for k, (moved, pending) in enumerate(parts)
                        if allowed is None or ordered[k] in allowed[m]])
-        pending_bounds.append([Fraction(pending, unit) if pending else 0 for _, pending in parts])
+        pending_bounds.append([pending for _, pending in parts])
     weights, scale = _weights_and_scale(mesh, cost_model)
     searches = [plan_search(s.shape, s.dtype.itemsize, mesh.shape, weights, (s.layout.dim_axes, s.layout.partial))
                 for s in specs]
     # (bound, index of each mesh dim's signature) of every combination, in itertools.product's
-    # order, the sums built one mesh dim at a time (the same floats as summing each afresh)
+    # order, the sums built one mesh dim at a time (the same floats as summing each afresh);
+    # sorted as tuples: equal bounds keep that order (it is the indices' lexicographic order)
     entries: list[tuple[float, tuple[int, ...]]] = [(0, ())]
     for row in bounds:
         entries = [(total + b, ix + (k,)) for total, ix in entries for k, b in row]
-    entries.sort(key=_first)
+    entries.sort()
     found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]] = {}
     keys = _RankKeys(specs, out_avals, cost_model, mesh, gathered)
     orders = tuple(orders)
-    best: tuple[Any, tuple[Layout, ...], Fraction] | None = None  # rank key, layouts, exact cost + pending
+    ndims = tuple(len(s.shape) for s in specs)
+    best: tuple[Any, tuple[Layout, ...]] | None = None  # rank key, layouts
+    best_units = 0  # its exact cost + pending in units of 1 / scale (an int: the scale clears every denominator)
     limit = math.inf
     for bound, ix in entries:
         if bound > limit:
             break
         combo = tuple(ordered[k] for k in ix)
         placements = [tables_of[sig] for sig in combo]
-        if best is not None and not _states_within(
-            specs, placements, orders, mesh.shape, searches, scale,
-            best[2] - sum(p for m, k in enumerate(ix) if (p := pending_bounds[m][k])),  # most are 0
-        ):
-            continue
-        for layouts in _add_layouts(combo, placements, tuple(sig_keys[s] for s in combo), orders, shapes, mesh, found):
-            ins, outs = layouts[:n_in], layouts[n_in:]
-            if not _matches(outs, out_constraint) or not _matches(ins, in_constraint):
-                continue
-            pending = keys.pending(outs, keys.continued(ins))
-            if best is not None and not _within(specs, ins, cost_model, best[2] - pending):
-                continue
-            key = keys.ranked(layouts, (), ())[0]
-            if not key[0]:  # runs on the inputs as given: not this function's case
-                return None
-            if best is None or key < best[0]:
-                best = (key, layouts, keys.total(key))
-                limit = float(best[2]) * (1 + 1e-9) + 1e-9  # float bounds: a margin over their rounding
+        combo_keys = tuple(sig_keys[s] for s in combo)
+        # the least pending reductions, in units (rounded up: the exact ones are integers)
+        least_pending = -(-sum(pending_bounds[m][k] for m, k in enumerate(ix)) * scale // unit)
+        for order in orders if _nests(placements, mesh.shape) else orders[:1]:
+            if best is not None:
+                in_cost = _inputs_cost(searches, ndims, placements, order, mesh.ndim, best_units - least_pending)
+                if in_cost is None:
+                    continue
+            for layouts in _add_layouts(combo, placements, combo_keys, (order,), shapes, mesh, found):
+                ins, outs = layouts[:n_in], layouts[n_in:]
+                if not _matches(outs, out_constraint) or not _matches(ins, in_constraint):
+                    continue
+                if best is not None and in_cost + keys.pending_units(outs, keys.continued(ins)) > best_units:
+                    continue
+                key = keys.ranked(layouts, (), ())[0]
+                if not key[0]:  # runs on the inputs as given: not this function's case
+                    return None
+                if best is None or key < best[0]:
+                    best, best_units = (key, layouts), key[1]
+                    limit = float(keys.total(key)) * (1 + 1e-9) + 1e-9  # float bounds: a margin over their rounding
     if best is None:
         return None
     layouts = best[1]
@@ -833,57 +846,34 @@ def _bounded_best(
     return keys.ranked(layouts, combo, order)[1]
 
 
-def _within(
-    specs: tuple[TensorSpec, ...], layouts: tuple[Layout, ...], cost_model: CostModel, budget: Fraction
-) -> bool:
-    """Do the plans taking ``specs`` to ``layouts`` cost at most ``budget`` together? (Each
-    plan's search settles layouts only up to what is left of the budget.)"""
-    for spec, layout in zip(specs, layouts):
-        if budget < 0:
-            return False
-        if spec.layout is not layout:
-            cost = plan_cost_within(spec.shape, spec.dtype, spec.layout, layout, cost_model, budget)
-            if cost is None:
-                return False
-            budget -= cost
-    return budget >= 0
-
-
-def _states_within(
-    specs: tuple[TensorSpec, ...], placements: Sequence[tuple[tuple[int, Any], ...]], orders: Sequence[tuple[int, ...]],
-    mesh_shape: tuple[int, ...], searches: Sequence[Any], scale: int, budget: Fraction,
-) -> bool:
-    """Can a combination of 1-D signatures (``placements``: their :func:`_placement_table`)
-    bring the inputs to its layouts within ``budget``? Each input at its cheapest over the
-    nest orders (valid or not: a lower bound), without building layouts (``searches``: the
-    planner's search from each input, costs times ``scale``)."""
-    nests = _nests(placements, mesh_shape)
-    left = math.floor(budget * scale)  # in the searches' exact integer units
-    for t, spec in enumerate(specs):
-        if left < 0:
-            return False
-        search = searches[t]
-        cheapest = None
-        for order in orders if nests else orders[:1]:
-            dim_axes: list[tuple[int, ...]] = [() for _ in spec.shape]
-            partial: list[Any] = [None] * len(mesh_shape)
-            for m in order:
-                dim, op = placements[m][t]
-                if dim is not None:
-                    if not 0 <= dim < len(dim_axes):
-                        break
-                    dim_axes[dim] += (m,)
-                elif op:
-                    partial[m] = op
-            else:
-                limit = left if cheapest is None else min(left, cheapest)
-                cost = search.cost_within((tuple(dim_axes), tuple(partial)), limit)
-                if cost is not None:
-                    cheapest = cost
-        if cheapest is None:
-            return False
-        left -= cheapest
-    return True
+def _inputs_cost(
+    searches: Sequence[Any], ndims: tuple[int, ...], placements: Sequence[tuple[tuple[int, Any], ...]],
+    order: tuple[int, ...], mesh_ndim: int, limit: int,
+) -> int | None:
+    """The plans' cost taking the inputs to the layouts a combination of 1-D signatures
+    (``placements``: their :func:`_placement_table`) gives them in nest order ``order``
+    (in the units of ``searches``, the planner's search from each input), if at most
+    ``limit``; else None, and None where an input's layout is invalid. Built as
+    :func:`_tensor_layout` builds them, without building layouts: each search settles
+    layouts only up to what is left of the limit."""
+    total = 0
+    for t, search in enumerate(searches):
+        ndim = ndims[t]
+        dim_axes: list[tuple[int, ...]] = [()] * ndim
+        partial: list[Any] = [None] * mesh_ndim
+        for m in order:
+            dim, op = placements[m][t]
+            if dim is not None:
+                if not 0 <= dim < ndim:
+                    return None
+                dim_axes[dim] += (m,)
+            elif op:
+                partial[m] = op
+        cost = search.cost_within((tuple(dim_axes), tuple(partial)), limit - total)
+        if cost is None:
+            return None
+        total += cost
+    return total
 
 
 def _dim_bound(sig: OneDSig, given: tuple[Placement, ...], in_bytes: Sequence[int], out_bytes: Sequence[int],
