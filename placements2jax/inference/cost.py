@@ -29,7 +29,7 @@ from fractions import Fraction
 from numbers import Real
 from typing import Any
 
-from ..caches import hash_once, without_hash
+from ..caches import cached, hash_once, without_hash
 from ..errors import ArgumentTypeError, InferenceError
 from ..hlo import Collective
 from ..mesh import DeviceMesh
@@ -49,6 +49,7 @@ __all__ = [
     "CostModelLike",
     "block_bytes",
     "collective_bytes",
+    "collective_factor",
     "collective_nbytes",
     "default_cost_model",
     "resolve_cost_model",
@@ -83,7 +84,15 @@ def collective_bytes(collective: str, block: int | Fraction, n: int) -> Fraction
         raise InferenceError("collective", collective, "unknown collective", f"use one of {COLLECTIVES}")
     if n < 1:
         raise InferenceError("n", n, "a mesh dim has at least one rank", "pass the mesh dim's size")
-    return Fraction(block) * _FACTORS[collective](n)
+    return Fraction(block) * collective_factor(collective, n)
+
+
+@cached(maxsize=256)
+def collective_factor(collective: str, n: int) -> Fraction:
+    """:func:`collective_bytes` per byte of block (a known ``collective``, ``n >= 1``);
+    cached: the planner's searches and the signature bounds ask it per mesh dim, and
+    building the Fraction again was most of their setup."""
+    return _FACTORS[collective](n)
 
 
 def collective_nbytes(collective: Collective, num_devices: int) -> Fraction:

@@ -65,6 +65,7 @@ from .cost import (
     CostModelLike,
     block_bytes,
     collective_bytes,
+    collective_factor,
     resolve_cost_model,
 )
 from .signature import RedistributePlan, RedistributeStep, TensorSpec, placement_on
@@ -468,12 +469,8 @@ class _Steps:
 
     def __init__(self, shape: tuple[int, ...], itemsize: int, mesh_shape: tuple[int, ...], active: tuple[int, ...]) -> None:
         self.shape, self.itemsize, self.mesh_shape, self.active = shape, itemsize, mesh_shape, active
-        self.unit = math.lcm(*(n * n for n in mesh_shape))
+        self.unit, self.factors = _scaled_factors(mesh_shape)
         self.radix = len(mesh_shape) * len(_KIND_ORDER) * (len(shape) + 1)
-        self.factors = tuple(
-            {kind: int(collective_bytes(kind, self.unit, n)) for kind in (ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER, ALL_REDUCE)}
-            for n in mesh_shape
-        )
         self.by_state: dict[State, tuple[tuple[State, int, int, int, _Move], ...]] = {}
 
     def of(self, state: State) -> tuple[tuple[State, int, int, int, _Move], ...]:
@@ -493,6 +490,24 @@ class _Steps:
                 for move in moves
             )
         return found
+
+
+@cached(maxsize=256)
+def _scaled_factors(mesh_shape: tuple[int, ...]) -> tuple[int, tuple[dict[str, int], ...]]:
+    """The search's ``unit`` (see :class:`_Dijkstra`) and, per mesh dim and communicating
+    kind, the bytes it sends for a one-byte block times ``unit``: exact integers (``unit``
+    clears every :func:`.cost.collective_factor`'s denominator, ``n`` or ``n^2``). Once per
+    mesh, not per tensor shape searched."""
+    unit = math.lcm(*(n * n for n in mesh_shape))
+    return unit, tuple(
+        {kind: _times(collective_factor(kind, n), unit) for kind in (ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER, ALL_REDUCE)}
+        for n in mesh_shape
+    )
+
+
+def _times(factor: Fraction, unit: int) -> int:
+    """``factor * unit``, ``unit`` a multiple of its denominator, in int arithmetic."""
+    return unit // factor.denominator * factor.numerator
 
 
 @cached(maxsize=1024)

@@ -58,6 +58,7 @@ from .cost import (
     CostModelLike,
     block_bytes,
     collective_bytes,
+    collective_factor,
     resolve_cost_model,
 )
 from .ops import freeze, function_definition, has_user_rule, op_definition, out_shapes, primitive_definition
@@ -800,13 +801,14 @@ def _bounded_best(
     weights, scale = _weights_and_scale(mesh, cost_model)
     searches = [plan_search(s.shape, s.dtype.itemsize, mesh.shape, weights, (s.layout.dim_axes, s.layout.partial))
                 for s in specs]
-    # (bound, index of each mesh dim's signature) of every combination, in itertools.product's
-    # order, the sums built one mesh dim at a time (the same floats as summing each afresh);
-    # sorted as tuples: equal bounds keep that order (it is the indices' lexicographic order)
-    entries: list[tuple[float, tuple[int, ...]]] = [(0, ())]
+    # the bound of every combination, in itertools.product's order over the rows (a flat
+    # index, mixed radix), the sums built one mesh dim at a time (the same floats as summing
+    # each afresh); visited by bound, equal bounds in that order (a stable sort of the
+    # indices: floats alone, not (bound, indices) tuples, built and compared for every one)
+    totals: list[float] = [0]
     for row in bounds:
-        entries = [(total + b, ix + (k,)) for total, ix in entries for k, b in row]
-    entries.sort()
+        totals = [total + b for total in totals for _, b in row]
+    visits = sorted(range(len(totals)), key=totals.__getitem__)
     found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]] = {}
     keys = _RankKeys(specs, out_avals, cost_model, mesh, gathered)
     orders = tuple(orders)
@@ -814,9 +816,10 @@ def _bounded_best(
     best: tuple[Any, tuple[Layout, ...]] | None = None  # rank key, layouts
     best_units = 0  # its exact cost + pending in units of 1 / scale (an int: the scale clears every denominator)
     limit = math.inf
-    for bound, ix in entries:
-        if bound > limit:
+    for flat in visits:
+        if totals[flat] > limit:
             break
+        ix = _combination(flat, bounds)
         combo = tuple(ordered[k] for k in ix)
         placements = [tables_of[sig] for sig in combo]
         combo_keys = tuple(sig_keys[s] for s in combo)
@@ -844,6 +847,16 @@ def _bounded_best(
     layouts = best[1]
     _, combo, order = found[layouts]
     return keys.ranked(layouts, combo, order)[1]
+
+
+def _combination(flat: int, rows: Sequence[Sequence[tuple[int, float]]]) -> tuple[int, ...]:
+    """The signature index per mesh dim of the combination at ``flat`` in the product of
+    ``rows`` (each a mesh dim's ``(signature index, bound)`` pairs)."""
+    ix = []
+    for row in reversed(rows):
+        flat, position = divmod(flat, len(row))
+        ix.append(row[position][0])
+    return tuple(reversed(ix))
 
 
 def _inputs_cost(
@@ -916,15 +929,21 @@ def _bound_rates(mesh: DeviceMesh, cost_model: CostModel) -> tuple[tuple[tuple[i
     every combination was ~16% of eager dispatch's choices): per mesh dim, the weighted
     bytes a reduce-scatter, an all-to-all and an all-gather send per byte of a tensor
     (:func:`.cost.collective_bytes` on its smallest block, its bytes over the other mesh
-    dims' sizes), times ``unit``, the least integer clearing their denominators; and
-    ``unit``. Cached: every branch and bound reads them."""
+    dims' sizes), times ``unit``, an integer clearing their denominators; and ``unit``.
+    Built from numerators and denominators in int arithmetic (the Fraction products were
+    half of a bounded choice's setup on a 3-D mesh; the ratios are the same, so are the
+    bounds). Cached: every branch and bound reads them."""
     total = math.prod(mesh.shape)
-    exact = []
+    exact = []  # per mesh dim, per collective: (numerator, denominator) of its rate
     for m, n in enumerate(mesh.shape):
-        block, weight = Fraction(n, total), cost_model.weight(mesh, m)  # one byte's block: 1 / (total / n)
-        exact.append(tuple(collective_bytes(c, block, n) * weight for c in (REDUCE_SCATTER, ALL_TO_ALL, ALL_GATHER)))
-    unit = math.lcm(*(r.denominator for rates in exact for r in rates))
-    return tuple(tuple(int(r * unit) for r in rates) for rates in exact), unit
+        weight = Fraction(cost_model.weight(mesh, m))
+        # one byte's block is n / total (its bytes over the other mesh dims' sizes)
+        exact.append([
+            (factor.numerator * n * weight.numerator, factor.denominator * total * weight.denominator)
+            for factor in (collective_factor(c, n) for c in (REDUCE_SCATTER, ALL_TO_ALL, ALL_GATHER))
+        ])
+    unit = math.lcm(*(den for rates in exact for _, den in rates))
+    return tuple(tuple(num * (unit // den) for num, den in rates) for rates in exact), unit
 
 
 @cached(maxsize=4096)
