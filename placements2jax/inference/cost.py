@@ -77,6 +77,9 @@ _FACTORS = {
 }
 
 
+_ONE = Fraction(1)  # a weight's default, built once (every plan and ranking reads the weights)
+
+
 def collective_bytes(collective: str, block: int | Fraction, n: int) -> Fraction:
     """Bytes each device sends for ``collective`` on a mesh dim of size ``n`` acting on
     blocks of ``block`` bytes (``T`` in the module docstring)."""
@@ -212,7 +215,7 @@ class CostModel:
 
     def weight(self, mesh: DeviceMesh, mesh_dim: int) -> Fraction:
         """The weight of one mesh dim: by name first, then by index, else 1."""
-        return _lookup(self.axis_weights, mesh, mesh_dim, Fraction(1))
+        return _lookup(self.axis_weights, mesh, mesh_dim, _ONE)
 
     def weights(self, mesh: DeviceMesh) -> tuple[Fraction, ...]:
         return tuple(self.weight(mesh, m) for m in range(mesh.ndim))

@@ -401,8 +401,12 @@ class _Dijkstra:
     def cost_within(self, dst: State, limit: int) -> int | None:
         """The cost (scaled as the path keys) of the plan to plain state ``dst`` if at most
         ``limit``, else None, settling no layout that costs more."""
-        src_partial = self._src[1]
-        target = (dst[0], tuple(op if op and src_partial[m] == op else None for m, op in enumerate(dst[1])))
+        partial = dst[1]
+        if not any(partial):  # most targets: nothing to keep
+            target = dst
+        else:
+            src_partial = self._src[1]
+            target = (dst[0], tuple(op if op and src_partial[m] == op else None for m, op in enumerate(partial)))
         if self._trivial is not None:
             target = self._trivial.strip(target)  # steps on size-1 mesh dims cost nothing
         if target not in self._settled and not self._settle(target, limit):

@@ -57,7 +57,6 @@ from .cost import (
     CostModel,
     CostModelLike,
     block_bytes,
-    collective_bytes,
     collective_factor,
     resolve_cost_model,
 )
@@ -782,8 +781,9 @@ def _bounded_best(
     n_in = len(specs)
     replicate = OneDSig((Replicate(),) * n_in, (Replicate(),) * len(out_avals))
     ordered = sorted(set(one_d) | {replicate}, key=_sig_key)
-    sig_keys = {sig: _sig_key(sig) for sig in ordered}
-    tables_of = {sig: _placement_table(sig) for sig in ordered}
+    # per signature index (a combination's parts read by index, not by hashing signatures)
+    sig_keys = [_sig_key(sig) for sig in ordered]
+    tables = [_placement_table(sig) for sig in ordered]
     avals = tuple(s.aval for s in specs) + out_avals
     shapes = _fit_shapes(avals, mesh.shape)
     allowed = _trivial_dim_sigs(ordered, specs, mesh)  # as rank_candidates: the same first candidate
@@ -821,11 +821,11 @@ def _bounded_best(
             break
         ix = _combination(flat, bounds)
         combo = tuple(ordered[k] for k in ix)
-        placements = [tables_of[sig] for sig in combo]
-        combo_keys = tuple(sig_keys[s] for s in combo)
+        placements = [tables[k] for k in ix]
+        combo_keys = tuple(sig_keys[k] for k in ix)
         # the least pending reductions, in units (rounded up: the exact ones are integers)
         least_pending = -(-sum(pending_bounds[m][k] for m, k in enumerate(ix)) * scale // unit)
-        for order in orders if _nests(placements, mesh.shape) else orders[:1]:
+        for order in _distinct_orders(placements, orders) if _nests(placements, mesh.shape) else orders[:1]:
             if best is not None:
                 in_cost = _inputs_cost(searches, ndims, placements, order, mesh.ndim, best_units - least_pending)
                 if in_cost is None:
@@ -847,6 +847,33 @@ def _bounded_best(
     layouts = best[1]
     _, combo, order = found[layouts]
     return keys.ranked(layouts, combo, order)[1]
+
+
+def _distinct_orders(
+    placements: Sequence[tuple[tuple[int, Any], ...]], orders: tuple[tuple[int, ...], ...]
+) -> list[tuple[int, ...]]:
+    """The nest orders of ``orders`` that give a combination of 1-D signatures
+    (``placements``: their :func:`_placement_table`) layouts no smaller order gives: two
+    orders give every tensor the same layouts iff they order each pair of mesh dims that
+    split one tensor dim alike (the layouts' keys in :func:`_add_layouts` prefer the
+    smaller order). A combination splitting one tensor dim by two mesh dims has 2 distinct
+    orders of the 6 on a 3-D mesh, each checked and built once."""
+    pairs = set()
+    for per_tensor in zip(*placements):  # a tensor's (split dim, partial op) per mesh dim
+        splitting: dict[int, list[int]] = {}
+        for m, (dim, _) in enumerate(per_tensor):
+            if dim is not None:
+                splitting.setdefault(dim, []).append(m)
+        for mesh_dims in splitting.values():
+            pairs.update(itertools.combinations(mesh_dims, 2))
+    least: dict[tuple[bool, ...], tuple[int, ...]] = {}
+    for order in orders:
+        class_key = tuple(order.index(a) < order.index(b) for a, b in sorted(pairs))
+        known = least.get(class_key)
+        if known is None or order < known:
+            least[class_key] = order
+    kept = set(least.values())
+    return [order for order in orders if order in kept]
 
 
 def _combination(flat: int, rows: Sequence[Sequence[tuple[int, float]]]) -> tuple[int, ...]:
@@ -1115,7 +1142,7 @@ def _reduction_units(mesh: DeviceMesh, cost_model: CostModel) -> tuple[int | Fra
 def _reduction_rate(mesh: DeviceMesh, mesh_dim: int, cost_model: CostModel) -> Fraction:
     """What a pending reduction on ``mesh_dim`` charges per byte of the block it reduces
     (a reduce-scatter's bytes sent per block byte, weighted)."""
-    return collective_bytes(REDUCE_SCATTER, 1, mesh.shape[mesh_dim]) * cost_model.weight(mesh, mesh_dim)
+    return collective_factor(REDUCE_SCATTER, mesh.shape[mesh_dim]) * cost_model.weight(mesh, mesh_dim)
 
 
 def _sig_key(sig: OneDSig) -> tuple[str, ...]:
