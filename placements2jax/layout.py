@@ -258,11 +258,17 @@ class Layout(_OnMesh):
             # Fast path for the planners' tables (tuples of tuples of ints): an interned
             # layout is returned without converting or validating its tables again.
             try:
-                layout = cls._interned.get((mesh, dim_axes, partial)) if _exact_ints(dim_axes) else None
+                exact = _exact_ints(dim_axes)
+                layout = cls._interned.get((mesh, dim_axes, partial)) if exact else None
             except TypeError:  # not a table of sequences, or unhashable: the slow path reports it
-                layout = None
+                exact, layout = False, None
             if layout is not None:
                 return layout
+            if exact and isinstance(mesh, DeviceMesh) and all(type(axes) is tuple for axes in dim_axes):
+                # a new layout from such tables: validated, not converted (the conversion's
+                # abstract-class checks were half of building one)
+                _validate_bound(mesh, dim_axes, partial)
+                return cls._new((mesh, dim_axes, partial))
         mesh = as_device_mesh(mesh)
         dim_axes = _as_tuples("dim_axes", dim_axes, "((0,), ())")
         partial = _as_tuples("partial", (partial,), "(None, 'sum')")[0] if partial is not None else (None,) * mesh.ndim
@@ -271,11 +277,15 @@ class Layout(_OnMesh):
         if layout is None or not _exact_ints(dim_axes):
             _validate_bound(mesh, dim_axes, partial)
             layout = cls._interned.get(key)
-        if layout is None:
-            layout = object.__new__(cls)
-            layout._mesh, layout._dim_axes, layout._partial = key
-            layout._split = ()
-            cls._interned[key] = layout
+        return cls._new(key) if layout is None else layout
+
+    @classmethod
+    def _new(cls, key: tuple[DeviceMesh, tuple[tuple[int, ...], ...], tuple[Any, ...]]) -> Layout:
+        """The interned layout of a validated ``(mesh, dim_axes, partial)`` not interned yet."""
+        layout = object.__new__(cls)
+        layout._mesh, layout._dim_axes, layout._partial = key
+        layout._split = ()
+        cls._interned[key] = layout
         return layout
 
     def __reduce__(self) -> tuple[Any, ...]:
