@@ -890,8 +890,9 @@ def _alias_form(mesh: DeviceMesh, entries: tuple[Any, ...], partial: PartialLike
 def _bind(placements: MeshPlacements, ndim: int) -> Layout:
     if isinstance(ndim, bool) or not isinstance(ndim, int) or ndim < 0:
         raise ArgumentTypeError("ndim", ndim, "expected a non-negative int", "pass the tensor's number of dims")
-    tables = _torch_form_to_tables(placements.mesh, placements._placements, ndim, placements._shard_order)
-    return Layout(placements.mesh, *tables)
+    dim_axes, partial, split = _torch_form_to_tables(placements.mesh, placements._placements, ndim, placements._shard_order)
+    # tuples of tuples: the constructor validates them without converting them
+    return Layout(placements.mesh, tuple(tuple(axes) for axes in dim_axes), partial, split)
 
 
 def _with_split_factors(mesh: DeviceMesh, placements: Sequence[Placement], shard_order: ShardOrder) -> tuple[Placement, ...]:
