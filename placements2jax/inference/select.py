@@ -812,6 +812,8 @@ def _bounded_best(
     found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]] = {}
     keys = _RankKeys(specs, out_avals, cost_model, mesh, gathered)
     orders = tuple(orders)
+    positions = [tuple(order.index(m) for m in range(mesh.ndim)) for order in orders]
+    cosplit = _cosplit(tables)
     ndims = tuple(len(s.shape) for s in specs)
     best: tuple[Any, tuple[Layout, ...]] | None = None  # rank key, layouts
     best_units = 0  # its exact cost + pending in units of 1 / scale (an int: the scale clears every denominator)
@@ -825,7 +827,7 @@ def _bounded_best(
         combo_keys = tuple(sig_keys[k] for k in ix)
         # the least pending reductions, in units (rounded up: the exact ones are integers)
         least_pending = -(-sum(pending_bounds[m][k] for m, k in enumerate(ix)) * scale // unit)
-        for order in _distinct_orders(placements, orders) if _nests(placements, mesh.shape) else orders[:1]:
+        for order in _distinct_orders(ix, cosplit, orders, positions, mesh.shape):
             if best is not None:
                 in_cost = _inputs_cost(searches, ndims, placements, order, mesh.ndim, best_units - least_pending)
                 if in_cost is None:
@@ -850,30 +852,35 @@ def _bounded_best(
 
 
 def _distinct_orders(
-    placements: Sequence[tuple[tuple[int, Any], ...]], orders: tuple[tuple[int, ...], ...]
-) -> list[tuple[int, ...]]:
-    """The nest orders of ``orders`` that give a combination of 1-D signatures
-    (``placements``: their :func:`_placement_table`) layouts no smaller order gives: two
+    ix: tuple[int, ...], cosplit: Sequence[Sequence[bool]], orders: tuple[tuple[int, ...], ...],
+    positions: Sequence[tuple[int, ...]], mesh_shape: tuple[int, ...],
+) -> tuple[tuple[int, ...], ...]:
+    """The nest orders of ``orders`` (``positions``: each one's position of every mesh dim)
+    that give the combination of 1-D signatures ``ix`` (each mesh dim's signature index;
+    ``cosplit``: :func:`_cosplit` of the signatures) layouts no smaller order gives: two
     orders give every tensor the same layouts iff they order each pair of mesh dims that
     split one tensor dim alike (the layouts' keys in :func:`_add_layouts` prefer the
-    smaller order). A combination splitting one tensor dim by two mesh dims has 2 distinct
-    orders of the 6 on a 3-D mesh, each checked and built once."""
-    pairs = set()
-    for per_tensor in zip(*placements):  # a tensor's (split dim, partial op) per mesh dim
-        splitting: dict[int, list[int]] = {}
-        for m, (dim, _) in enumerate(per_tensor):
-            if dim is not None:
-                splitting.setdefault(dim, []).append(m)
-        for mesh_dims in splitting.values():
-            pairs.update(itertools.combinations(mesh_dims, 2))
+    smaller order). Mesh order alone where no tensor dim is split by two mesh dims of more
+    than one device, as :func:`_add_layouts` (:func:`_nests`). A combination splitting one
+    tensor dim by two mesh dims has 2 distinct orders of the 6 on a 3-D mesh, each checked
+    and built once."""
+    pairs = [(a, b) for a, b in itertools.combinations(range(len(ix)), 2) if cosplit[ix[a]][ix[b]]]
+    if not any(mesh_shape[a] > 1 and mesh_shape[b] > 1 for a, b in pairs):
+        return orders[:1]
     least: dict[tuple[bool, ...], tuple[int, ...]] = {}
-    for order in orders:
-        class_key = tuple(order.index(a) < order.index(b) for a, b in sorted(pairs))
+    for order, position in zip(orders, positions):
+        class_key = tuple([position[a] < position[b] for a, b in pairs])
         known = least.get(class_key)
         if known is None or order < known:
             least[class_key] = order
     kept = set(least.values())
-    return [order for order in orders if order in kept]
+    return tuple(order for order in orders if order in kept)
+
+
+def _cosplit(tables: Sequence[tuple[tuple[int | None, Any], ...]]) -> list[list[bool]]:
+    """Per pair of 1-D signatures (``tables``: their :func:`_placement_table`): do they split
+    one dim of some tensor (so on two mesh dims, the nest order matters for it)?"""
+    return [[any(p[0] is not None and p[0] == q[0] for p, q in zip(a, b)) for b in tables] for a in tables]
 
 
 def _combination(flat: int, rows: Sequence[Sequence[tuple[int, float]]]) -> tuple[int, ...]:
