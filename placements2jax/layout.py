@@ -1036,6 +1036,10 @@ def _check_repeated_shards(
 def _torch_form_to_tables(
     mesh: DeviceMesh, placements: Sequence[Placement], ndim: int, shard_order: ShardOrder | None
 ) -> tuple[list[tuple[int, ...]], tuple[ReduceOp | None, ...]]:
+    if shard_order is None:
+        plain = _plain_tables(placements, ndim)
+        if plain is not None:
+            return plain
     for p in placements:
         if isinstance(p, Shard) and not -ndim <= p.dim < ndim:
             raise PlacementError(
@@ -1065,6 +1069,33 @@ def _torch_form_to_tables(
         dim_axes[dim % ndim] = axes
     partial = tuple(p.reduce_op if isinstance(p, Partial) else None for p in placements)
     return dim_axes, partial, split
+
+
+def _plain_tables(
+    placements: Sequence[Placement], ndim: int
+) -> tuple[list[tuple[int, ...]], tuple[ReduceOp | None, ...], None] | None:
+    """:func:`_torch_form_to_tables` of placements that are all plain ``Shard`` (of a dim
+    written in ``[0, ndim)``), ``Replicate`` or ``Partial``, without a shard order: each
+    dim split in mesh order (what :func:`split_order_from_factors` decodes from split
+    factors of 1), no split factors. None for any other placements (the general path
+    decodes them and reports what is wrong). Binding an input's placements was ~0.2 ms of
+    every cold ``infer_signature``, half of it the general path's checks and decoding."""
+    dim_axes: list[tuple[int, ...]] = [()] * ndim
+    partial = []
+    for mesh_dim, p in enumerate(placements):
+        kind = type(p)
+        if kind is Shard:
+            if not 0 <= p.dim < ndim:
+                return None
+            dim_axes[p.dim] += (mesh_dim,)
+            partial.append(None)
+        elif kind is Replicate:
+            partial.append(None)
+        elif kind is Partial:
+            partial.append(p.reduce_op)
+        else:
+            return None
+    return dim_axes, tuple(partial), None
 
 
 def view_factors(placements: Sequence[Placement]) -> tuple[tuple[Placement, ...], dict[int, int]]:
