@@ -814,6 +814,8 @@ def _bounded_best(
     orders = tuple(orders)
     positions = [tuple(order.index(m) for m in range(mesh.ndim)) for order in orders]
     cosplit = _cosplit(tables)
+    mesh_pairs = tuple(itertools.combinations(range(mesh.ndim), 2))
+    order_classes: dict[tuple[tuple[int, int], ...], tuple[tuple[int, ...], ...]] = {}
     ndims = tuple(len(s.shape) for s in specs)
     best: tuple[Any, tuple[Layout, ...]] | None = None  # rank key, layouts
     best_units = 0  # its exact cost + pending in units of 1 / scale (an int: the scale clears every denominator)
@@ -827,7 +829,11 @@ def _bounded_best(
         combo_keys = tuple(sig_keys[k] for k in ix)
         # the least pending reductions, in units (rounded up: the exact ones are integers)
         least_pending = -(-sum(pending_bounds[m][k] for m, k in enumerate(ix)) * scale // unit)
-        for order in _distinct_orders(ix, cosplit, orders, positions, mesh.shape):
+        pairs = tuple((a, b) for a, b in mesh_pairs if cosplit[ix[a]][ix[b]])
+        distinct = order_classes.get(pairs)
+        if distinct is None:  # once per pattern of nested pairs (a few per call)
+            distinct = order_classes[pairs] = _distinct_orders(pairs, orders, positions, mesh.shape)
+        for order in distinct:
             if best is not None:
                 in_cost = _inputs_cost(searches, ndims, placements, order, mesh.ndim, best_units - least_pending)
                 if in_cost is None:
@@ -852,19 +858,17 @@ def _bounded_best(
 
 
 def _distinct_orders(
-    ix: tuple[int, ...], cosplit: Sequence[Sequence[bool]], orders: tuple[tuple[int, ...], ...],
-    positions: Sequence[tuple[int, ...]], mesh_shape: tuple[int, ...],
+    pairs: tuple[tuple[int, int], ...], orders: tuple[tuple[int, ...], ...], positions: Sequence[tuple[int, ...]],
+    mesh_shape: tuple[int, ...],
 ) -> tuple[tuple[int, ...], ...]:
     """The nest orders of ``orders`` (``positions``: each one's position of every mesh dim)
-    that give the combination of 1-D signatures ``ix`` (each mesh dim's signature index;
-    ``cosplit``: :func:`_cosplit` of the signatures) layouts no smaller order gives: two
-    orders give every tensor the same layouts iff they order each pair of mesh dims that
-    split one tensor dim alike (the layouts' keys in :func:`_add_layouts` prefer the
-    smaller order). Mesh order alone where no tensor dim is split by two mesh dims of more
-    than one device, as :func:`_add_layouts` (:func:`_nests`). A combination splitting one
-    tensor dim by two mesh dims has 2 distinct orders of the 6 on a 3-D mesh, each checked
-    and built once."""
-    pairs = [(a, b) for a, b in itertools.combinations(range(len(ix)), 2) if cosplit[ix[a]][ix[b]]]
+    that give a combination of 1-D signatures whose ``pairs`` of mesh dims split one tensor
+    dim (:func:`_cosplit`, in order) layouts no smaller order gives: two orders give every
+    tensor the same layouts iff they order each such pair alike (the layouts' keys in
+    :func:`_add_layouts` prefer the smaller order). Mesh order alone where no tensor dim is
+    split by two mesh dims of more than one device, as :func:`_add_layouts`
+    (:func:`_nests`). A combination splitting one tensor dim by two mesh dims has 2
+    distinct orders of the 6 on a 3-D mesh, each checked and built once."""
     if not any(mesh_shape[a] > 1 and mesh_shape[b] > 1 for a, b in pairs):
         return orders[:1]
     least: dict[tuple[bool, ...], tuple[int, ...]] = {}
