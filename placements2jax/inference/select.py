@@ -884,7 +884,8 @@ def _distinct_orders(
 def _cosplit(tables: Sequence[tuple[tuple[int | None, Any], ...]]) -> list[list[bool]]:
     """Per pair of 1-D signatures (``tables``: their :func:`_placement_table`): do they split
     one dim of some tensor (so on two mesh dims, the nest order matters for it)?"""
-    return [[any(p[0] is not None and p[0] == q[0] for p, q in zip(a, b)) for b in tables] for a in tables]
+    splits = [{(t, dim) for t, (dim, _) in enumerate(table) if dim is not None} for table in tables]
+    return [[not mine.isdisjoint(other) for other in splits] for mine in splits]
 
 
 def _combination(flat: int, rows: Sequence[Sequence[tuple[int, float]]]) -> tuple[int, ...]:
