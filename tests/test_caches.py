@@ -48,6 +48,26 @@ def test_an_equal_bool_or_numpy_entry_is_still_validated() -> None:
         raise AssertionError(f"{bad} was accepted because it equals {valid.dim_axes}")
 
 
+def test_a_new_layout_from_tuples_is_validated_as_one_from_lists() -> None:
+    """Tuples of tuples of ints (the planners' tables) skip the conversion, not the checks."""
+    mesh = DeviceMesh([[0, 1], [2, 3]], ("fresh_a", "fresh_b"))
+    made = Layout(mesh, ((1,), (0,)), (None, None))
+    assert made is Layout(mesh, [[1], [0]], [None, None]) and made.dim_axes == ((1,), (0,))
+    bad_tables = [
+        (((0,), (0,)), (None, None)),  # one mesh dim splitting two tensor dims
+        (((0,), (2,)), (None, None)),  # no mesh dim 2
+        (((0,), ()), ("sum", None)),  # mesh dim 0 both splits and is partial
+        (((0,), ()), (None, "bogus")),  # no such reduce op
+        (((0,), ()), (None,)),  # one partial entry per mesh dim
+    ]
+    for dim_axes, partial in bad_tables:
+        try:
+            Layout(mesh, dim_axes, partial)
+        except (placements2jax.LayoutError, placements2jax.PlacementError):
+            continue
+        raise AssertionError(f"{dim_axes}, {partial} was accepted")
+
+
 def test_clear_caches_empties_every_registered_cache() -> None:
     mesh = init_device_mesh((4,), ("x",))
     x = distribute_tensor(np.arange(8, dtype=np.float32), mesh, "S(0)")

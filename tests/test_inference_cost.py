@@ -19,8 +19,10 @@ from placements2jax.inference import (
     use_cost_model,
 )
 from placements2jax.inference.cost import (
+    COLLECTIVES,
     block_bytes,
     collective_bytes,
+    collective_factor,
     resolve_cost_model,
 )
 from placements2jax.physical import physical
@@ -39,6 +41,14 @@ def test_ring_formulas_on_a_1024_byte_block(n: int, gather: int, scatter: int, r
     assert collective_bytes("all-to-all", 1024, n) == all_to_all  # T(n-1)/n^2
     assert collective_bytes("local-slice", 1024, n) == 0
     assert collective_bytes("local-partial", 1024, n) == 0
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_collective_factor_is_the_bytes_of_a_one_byte_block(n: int) -> None:
+    for kind in COLLECTIVES:
+        assert collective_factor(kind, n) == collective_bytes(kind, 1, n)
+        assert collective_bytes(kind, 96, n) == 96 * collective_factor(kind, n)
+    assert collective_factor("all-to-all", 4) == Fraction(3, 16) and collective_factor("all-reduce", 4) == Fraction(3, 2)
 
 
 def test_costs_are_exact_fractions() -> None:

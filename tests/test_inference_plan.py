@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from placements2jax import Layout, RedistributeError, init_device_mesh
 from placements2jax.inference import CostModel, plan_redistribute
 from placements2jax.inference.cost import block_bytes, collective_bytes, resolve_cost_model
-from placements2jax.inference.plan import cached_plan, layout_state, plan_collectives, plan_cost
+from placements2jax.inference.plan import cached_plan, cost_scale, layout_state, plan_collectives, plan_cost, plan_search
 from placements2jax.inference.program import OVERHEAD
 from placements2jax.inference.signature import placement_on
 from placements2jax.layout import iter_layouts
@@ -155,6 +155,22 @@ def test_every_plan_is_a_chain_of_single_mesh_dim_steps(src: Layout, dst: Layout
 
 
 WEIGHTED = CostModel({"a": 3})
+
+
+@given(src=st.sampled_from(LAYOUTS_22), dst=st.sampled_from(LAYOUTS_22), shape=st.sampled_from([(8, 8), (6, 5), (4, 12)]),
+       slack=st.sampled_from([-1, 0, 1]))
+def test_a_search_within_a_limit_gives_the_plans_cost_in_integers(
+    src: Layout, dst: Layout, shape: tuple[int, int], slack: int
+) -> None:
+    """plan_search's cost_within (what branch and bound asks of every input) is the cost of
+    plan_redistribute's plan times cost_scale, an integer, when at most the limit (a
+    partial the source shares with the target kept, as the plan keeps it), else None."""
+    weights = WEIGHTED.weights(src.mesh)
+    scaled = plan_redistribute(shape, F32, src, dst, WEIGHTED).cost * cost_scale((2, 2), weights)
+    assert scaled.denominator == 1
+    search = plan_search(shape, 4, (2, 2), weights, layout_state(src))
+    limit = int(scaled) + slack
+    assert search.cost_within(layout_state(dst), limit) == (scaled if slack >= 0 else None)
 
 
 @given(src=st.sampled_from(LAYOUTS_22), dst=st.sampled_from(LAYOUTS_22), shape=st.sampled_from([(8, 8), (6, 5), (4, 12)]))

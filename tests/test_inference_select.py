@@ -21,8 +21,8 @@ from placements2jax import ArgumentTypeError, InferenceError, Layout, Partial, c
 from placements2jax.inference import CostModel, Signature, infer_signature, ops
 from placements2jax.inference.cost import resolve_cost_model
 from placements2jax.inference.select import (
-    _first_inexact, _fit_class, _fit_shapes, _gathered_matters, _inexact_step, nest_orders, rank_candidates,
-    signature_for,
+    _cosplit, _distinct_orders, _first_inexact, _fit_class, _fit_shapes, _gathered_matters, _inexact_step, nest_orders,
+    rank_candidates, signature_for,
 )
 from placements2jax.inference.signature import Aval, TensorSpec, placement_on
 
@@ -492,6 +492,39 @@ def _drawn_inputs(data: Any, mesh: Any, shapes: Any) -> list[tuple[Any, Any, Lay
                 dim_axes[choice] += (m,)
         inputs.append((dims, F32, Layout(mesh, tuple(dim_axes), tuple(partial))))
     return inputs
+
+
+@given(data=st.data())
+def test_distinct_orders_build_each_layout_once_from_its_least_order(data: Any) -> None:
+    """Branch and bound checks and builds one nest order per class giving a combination's
+    tensors the same layouts: the least order of every class, and no two of one class."""
+    orders = tuple(itertools.permutations(range(3)))
+    positions = [tuple(order.index(m) for m in range(3)) for order in orders]
+    n_tensors = data.draw(st.integers(1, 3))
+    entries = st.sampled_from([(0, None), (1, None), (None, None), (None, "sum")])
+    tables = [tuple(data.draw(entries) for _ in range(n_tensors)) for _ in range(3)]  # a signature per mesh dim
+
+    def layouts(order: tuple[int, ...]) -> tuple[tuple[tuple[int, ...], ...], ...]:
+        per_tensor = []
+        for t in range(n_tensors):
+            dim_axes: list[tuple[int, ...]] = [(), ()]
+            for m in order:
+                dim = tables[m][t][0]
+                if dim is not None:
+                    dim_axes[dim] += (m,)
+            per_tensor.append(tuple(dim_axes))
+        return tuple(per_tensor)
+
+    cosplit = _cosplit(tables)
+    pairs = tuple((a, b) for a, b in itertools.combinations(range(3), 2) if cosplit[a][b])
+    kept = _distinct_orders(pairs, orders, positions, (2, 2, 2))
+    assert kept == tuple(o for o in orders if o in kept)  # in the given sequence
+    assert len({layouts(o) for o in kept}) == len(kept)
+    for order in orders:
+        assert min(o for o in orders if layouts(o) == layouts(order)) in kept
+    # a mesh dim of one device nests nothing: mesh order alone unless the others nest, as _add_layouts builds
+    nested = any(tables[0][t][0] is not None and tables[0][t][0] == tables[1][t][0] for t in range(n_tensors))
+    assert _distinct_orders(pairs, orders, positions, (2, 2, 1)) == (kept if nested else orders[:1])
 
 
 @settings(max_examples=80)  # each example also ranks every candidate (up to ~0.1 s on the 3-D mesh)

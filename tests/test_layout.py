@@ -32,7 +32,7 @@ from placements2jax import (
     init_device_mesh,
     resolve_layout,
 )
-from placements2jax.layout import iter_layouts
+from placements2jax.layout import _plain_tables, _torch_form_to_tables, iter_layouts, split_order_from_factors
 from placements2jax.placements import REDUCE_OPS, StridedShard
 
 Block = tuple[tuple[int, int], ...]
@@ -1070,3 +1070,23 @@ def test_empty_record_has_one_partial_entry_per_mesh_dim() -> None:
     assert Layout.from_device_mesh(init_device_mesh((4, 2), ("dp", "tp"))).partial == (None, None)
     assert Layout.from_device_mesh(init_device_mesh((2, 2, 2), ("a", "b", "c"))).partial == (None, None, None)
     assert Layout.from_device_mesh(init_device_mesh((8,), ("x",))).partial == (None,)
+
+
+PLAIN_OR_NOT = st.sampled_from(
+    [Shard(0), Shard(1), Shard(2), Shard(-1), Replicate(), Partial("sum"), Partial("max"), StridedShard(0, split_factor=2)]
+)
+
+
+@given(placements=st.tuples(PLAIN_OR_NOT, PLAIN_OR_NOT, PLAIN_OR_NOT), ndim=st.integers(0, 3))
+def test_plain_placements_bind_as_the_general_decoding(placements: tuple[Any, ...], ndim: int) -> None:
+    """Binding plain Shard (a dim in range, non-negative) / Replicate / Partial placements
+    takes a short path: the tables the general decoding gives (each dim split in mesh
+    order); anything else goes the general way."""
+    mesh = init_device_mesh((2, 2, 2))
+    plain = _plain_tables(placements, ndim)
+    if any(isinstance(p, Shard) and (type(p) is not Shard or not 0 <= p.dim < ndim) for p in placements):
+        assert plain is None
+        return
+    assert plain is not None
+    dim_axes, partial, split = _torch_form_to_tables(mesh, placements, ndim, split_order_from_factors(mesh, placements))
+    assert plain == ([tuple(axes) for axes in dim_axes], partial, split)

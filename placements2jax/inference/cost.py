@@ -29,7 +29,7 @@ from fractions import Fraction
 from numbers import Real
 from typing import Any
 
-from ..caches import hash_once, without_hash
+from ..caches import cached, hash_once, without_hash
 from ..errors import ArgumentTypeError, InferenceError
 from ..hlo import Collective
 from ..mesh import DeviceMesh
@@ -49,6 +49,7 @@ __all__ = [
     "CostModelLike",
     "block_bytes",
     "collective_bytes",
+    "collective_factor",
     "collective_nbytes",
     "default_cost_model",
     "resolve_cost_model",
@@ -76,6 +77,9 @@ _FACTORS = {
 }
 
 
+_ONE = Fraction(1)  # a weight's default, built once (every plan and ranking reads the weights)
+
+
 def collective_bytes(collective: str, block: int | Fraction, n: int) -> Fraction:
     """Bytes each device sends for ``collective`` on a mesh dim of size ``n`` acting on
     blocks of ``block`` bytes (``T`` in the module docstring)."""
@@ -83,7 +87,15 @@ def collective_bytes(collective: str, block: int | Fraction, n: int) -> Fraction
         raise InferenceError("collective", collective, "unknown collective", f"use one of {COLLECTIVES}")
     if n < 1:
         raise InferenceError("n", n, "a mesh dim has at least one rank", "pass the mesh dim's size")
-    return Fraction(block) * _FACTORS[collective](n)
+    return Fraction(block) * collective_factor(collective, n)
+
+
+@cached(maxsize=256)
+def collective_factor(collective: str, n: int) -> Fraction:
+    """:func:`collective_bytes` per byte of block (a known ``collective``, ``n >= 1``);
+    cached: the planner's searches and the signature bounds ask it per mesh dim, and
+    building the Fraction again was most of their setup."""
+    return _FACTORS[collective](n)
 
 
 def collective_nbytes(collective: Collective, num_devices: int) -> Fraction:
@@ -203,7 +215,7 @@ class CostModel:
 
     def weight(self, mesh: DeviceMesh, mesh_dim: int) -> Fraction:
         """The weight of one mesh dim: by name first, then by index, else 1."""
-        return _lookup(self.axis_weights, mesh, mesh_dim, Fraction(1))
+        return _lookup(self.axis_weights, mesh, mesh_dim, _ONE)
 
     def weights(self, mesh: DeviceMesh) -> tuple[Fraction, ...]:
         return tuple(self.weight(mesh, m) for m in range(mesh.ndim))

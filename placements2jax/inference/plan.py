@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, NamedTuple
@@ -65,6 +65,7 @@ from .cost import (
     CostModelLike,
     block_bytes,
     collective_bytes,
+    collective_factor,
     resolve_cost_model,
 )
 from .signature import RedistributePlan, RedistributeStep, TensorSpec, placement_on
@@ -76,6 +77,15 @@ DimAxes = tuple[tuple[int, ...], ...]
 State = tuple[Any, ...]
 
 _KIND_ORDER = {LOCAL_SLICE: 0, ALL_TO_ALL: 1, ALL_GATHER: 2, REDUCE_SCATTER: 3, ALL_REDUCE: 4}
+_LOCAL_SLICE_KEY, _ALL_TO_ALL_KEY, _ALL_GATHER_KEY, _REDUCE_SCATTER_KEY, _ALL_REDUCE_KEY = (
+    _KIND_ORDER[kind] for kind in (LOCAL_SLICE, ALL_TO_ALL, ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE)
+)
+
+
+# a step the search takes: (mesh dim, collective, target dim, scaled bytes), a _Move on a plan's path
+Step = tuple[int, str, int, int]
+# a step from a layout as the search's loop unpacks it: (state after, scaled bytes, mesh dim, key digit, step)
+Moved = tuple[State, int, int, int, Step]
 
 
 class _Move(NamedTuple):
@@ -263,23 +273,6 @@ def cached_plan_cost(shape: tuple[int, ...], dtype: np.dtype, src: Layout, dst: 
     return plan_cost(shape, dtype, layout_state(src), layout_state(dst), src.mesh.shape, weights)[0]
 
 
-def plan_cost_within(
-    shape: tuple[int, ...], dtype: np.dtype, src: Layout, dst: Layout, cost_model: Any, limit: Fraction
-) -> Fraction | None:
-    """:func:`cached_plan_cost` if it is at most ``limit``, else None: the search settles
-    layouts only up to ``limit`` (branch and bound over candidates need no more)."""
-    if src is dst:
-        return Fraction(0)
-    if src.is_strided or dst.is_strided:
-        cost = cached_plan_cost(shape, dtype, src, dst, cost_model)
-        return cost if cost <= limit else None
-    weights = _weights(cost_model, src.mesh)
-    scale = cost_scale(src.mesh.shape, weights)
-    search = _search(shape, dtype.itemsize, src.mesh.shape, weights, (src.dim_axes, src.partial))
-    cost = search.cost_within((dst.dim_axes, dst.partial), math.floor(limit * scale))
-    return None if cost is None else Fraction(cost, scale)
-
-
 def cost_scale(mesh_shape: tuple[int, ...], weights: tuple[Fraction, ...]) -> int:
     """What the planner's search multiplies costs by to make them exact integers."""
     return math.lcm(*(n * n for n in mesh_shape)) * math.lcm(*(Fraction(w).denominator for w in weights))
@@ -289,8 +282,9 @@ def plan_search(
     shape: tuple[int, ...], itemsize: int, mesh_shape: tuple[int, ...], weights: tuple[Fraction, ...], src: State
 ) -> _Dijkstra:
     """The planner's (cached, lazily settled) search from plain state ``src``: its
-    ``cost_within(dst, limit)`` is :func:`plan_cost_within` in integers (costs times
-    :func:`cost_scale`), for callers asking many targets of one source."""
+    ``cost_within(dst, limit)`` is the cost of the plan to ``dst`` (as :func:`plan_cost`'s)
+    in integers, times :func:`cost_scale`, if at most ``limit`` (else None, settling no
+    layout that costs more): for callers asking many targets of one source."""
     return _search(shape, itemsize, mesh_shape, weights, src)
 
 
@@ -400,15 +394,19 @@ class _Dijkstra:
         self.overhead = overhead * self.unit * self.weight_unit
         # per layout reached: its best heap entry (cost, steps, path, layout), the layout before, the move
         start = (0, 0, 0, src)
-        self._best: dict[State, tuple[tuple[int, int, int, State], State | None, _Move | None]] = {src: (start, None, None)}
+        self._best: dict[State, tuple[tuple[int, int, int, State], State | None, Step | None]] = {src: (start, None, None)}
         self._settled: set[State] = set()
         self._heap: list[tuple[int, int, int, State]] = [start]
 
     def cost_within(self, dst: State, limit: int) -> int | None:
         """The cost (scaled as the path keys) of the plan to plain state ``dst`` if at most
         ``limit``, else None, settling no layout that costs more."""
-        src_partial = self._src[1]
-        target = (dst[0], tuple(op if op and src_partial[m] == op else None for m, op in enumerate(dst[1])))
+        partial = dst[1]
+        if not any(partial):  # most targets: nothing to keep
+            target = dst
+        else:
+            src_partial = self._src[1]
+            target = (dst[0], tuple(op if op and src_partial[m] == op else None for m, op in enumerate(partial)))
         if self._trivial is not None:
             target = self._trivial.strip(target)  # steps on size-1 mesh dims cost nothing
         if target not in self._settled and not self._settle(target, limit):
@@ -430,7 +428,8 @@ class _Dijkstra:
             _, previous, move = self._best[state]  # type: ignore[index]
             if move is None:
                 return moves[::-1]
-            moves.append(move)
+            mesh_dim, collective, target_dim, scaled = move
+            moves.append(_Move(mesh_dim, collective, target_dim, state, scaled))  # type: ignore[arg-type]
             state = previous
 
     def _settle(self, target: State, limit: int | None = None) -> bool:
@@ -484,31 +483,34 @@ class _Steps:
 
     def __init__(self, shape: tuple[int, ...], itemsize: int, mesh_shape: tuple[int, ...], active: tuple[int, ...]) -> None:
         self.shape, self.itemsize, self.mesh_shape, self.active = shape, itemsize, mesh_shape, active
-        self.unit = math.lcm(*(n * n for n in mesh_shape))
+        self.unit, self.factors = _scaled_factors(mesh_shape)
         self.radix = len(mesh_shape) * len(_KIND_ORDER) * (len(shape) + 1)
-        self.factors = tuple(
-            {kind: int(collective_bytes(kind, self.unit, n)) for kind in (ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER, ALL_REDUCE)}
-            for n in mesh_shape
-        )
-        self.by_state: dict[State, tuple[tuple[State, int, int, int, _Move], ...]] = {}
+        self.by_state: dict[State, tuple[Moved, ...]] = {}
 
-    def of(self, state: State) -> tuple[tuple[State, int, int, int, _Move], ...]:
-        """The moves from ``state``, each as ``(state after, scaled bytes, mesh dim, key
-        digit, move)`` (unpacked in the search's loop): the key ``(mesh dim, kind, target
-        dim)`` as one digit, mixed radix, so digits order as the keys do."""
+    def of(self, state: State) -> tuple[Moved, ...]:
+        """The moves from ``state`` (:func:`_moves`), found once."""
         found = self.by_state.get(state)
         if found is None:
-            moves = _moves(state, self.shape, self.itemsize, self.mesh_shape, self.factors, self.active)
-            ndim = len(self.shape)
-            found = self.by_state[state] = tuple(
-                (
-                    move.state, move.scaled, move.mesh_dim,
-                    (move.mesh_dim * len(_KIND_ORDER) + _KIND_ORDER[move.collective]) * (ndim + 1) + move.target_dim + 1,
-                    move,
-                )
-                for move in moves
-            )
+            found = self.by_state[state] = _moves(state, self)
         return found
+
+
+@cached(maxsize=256)
+def _scaled_factors(mesh_shape: tuple[int, ...]) -> tuple[int, tuple[dict[str, int], ...]]:
+    """The search's ``unit`` (see :class:`_Dijkstra`) and, per mesh dim and communicating
+    kind, the bytes it sends for a one-byte block times ``unit``: exact integers (``unit``
+    clears every :func:`.cost.collective_factor`'s denominator, ``n`` or ``n^2``). Once per
+    mesh, not per tensor shape searched."""
+    unit = math.lcm(*(n * n for n in mesh_shape))
+    return unit, tuple(
+        {kind: _times(collective_factor(kind, n), unit) for kind in (ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER, ALL_REDUCE)}
+        for n in mesh_shape
+    )
+
+
+def _times(factor: Fraction, unit: int) -> int:
+    """``factor * unit``, ``unit`` a multiple of its denominator, in int arithmetic."""
+    return unit // factor.denominator * factor.numerator
 
 
 @cached(maxsize=1024)
@@ -516,34 +518,61 @@ def _steps(shape: tuple[int, ...], itemsize: int, mesh_shape: tuple[int, ...], a
     return _Steps(shape, itemsize, mesh_shape, active)
 
 
-def _moves(
-    state: State, shape: tuple[int, ...], itemsize: int, mesh_shape: tuple[int, ...],
-    factors: tuple[dict[str, int], ...], active: tuple[int, ...],
-) -> Iterator[_Move]:
-    """The one-mesh-dim steps from ``state`` on the mesh dims ``active``; ``factors[m][kind]``:
-    the bytes of a one-byte block times the search's unit (see :class:`_Dijkstra`)."""
+def _moves(state: State, steps: _Steps) -> tuple[Moved, ...]:
+    """The one-mesh-dim steps from ``state`` on the mesh dims ``steps.active``, each as
+    ``(state after, scaled bytes, mesh dim, key digit, step)`` (unpacked in the search's
+    loop): scaled bytes are the bytes each device sends times the search's unit
+    (``steps.factors[m][kind]``: a one-byte block's, see :class:`_Dijkstra`); the key
+    ``(mesh dim, kind, target dim)`` is one digit, mixed radix, so digits order as the keys
+    do; ``step`` is ``(mesh dim, kind, target dim, scaled bytes)``, made a :class:`_Move`
+    only on a plan's path. Built as plain tuples in one pass (a cold ``infer_signature``
+    on a 3-D mesh spent a third of its time here: a generator, a ``_Move`` per step and
+    the split found again for each mesh dim)."""
     dim_axes, partial = state
-    ndim = len(dim_axes)
-    for m in active:
-        split = next((d for d, axes in enumerate(dim_axes) if m in axes), None)
-        block = block_bytes(shape, itemsize, dim_axes, mesh_shape, without=m)
-        factor = factors[m]
+    shape, itemsize, mesh_shape = steps.shape, steps.itemsize, steps.mesh_shape
+    width = len(dim_axes) + 1  # the target dim's digits: -1 (none) and every tensor dim
+    dims = range(len(dim_axes))
+    split_of = {m: d for d, axes in enumerate(dim_axes) for m in axes}
+    whole = None  # the block of a mesh dim splitting nothing: the device's block
+    moves: list[Moved] = []
+    for m in steps.active:
+        factor = steps.factors[m]
+        split = split_of.get(m)
+        if split is None:
+            if whole is None:
+                whole = block_bytes(shape, itemsize, dim_axes, mesh_shape)
+            block = whole
+        else:
+            block = block_bytes(shape, itemsize, dim_axes, mesh_shape, without=m)
+        key = m * len(_KIND_ORDER)
         if partial[m]:
-            cleared = tuple(None if i == m else p for i, p in enumerate(partial))
-            yield _Move(m, ALL_REDUCE, -1, (dim_axes, cleared), block * factor[ALL_REDUCE])
+            listed = list(partial)
+            listed[m] = None
+            cleared = tuple(listed)
+            reduced = block * factor[ALL_REDUCE]
+            moves.append(((dim_axes, cleared), reduced, m, (key + _ALL_REDUCE_KEY) * width, (m, ALL_REDUCE, -1, reduced)))
             scattered = block * factor[REDUCE_SCATTER]
-            for d in range(ndim):
-                yield _Move(m, REDUCE_SCATTER, d, (_append(dim_axes, d, m), cleared), scattered)
+            digit = (key + _REDUCE_SCATTER_KEY) * width + 1
+            for d in dims:
+                moves.append((
+                    (_append(dim_axes, d, m), cleared), scattered, m, digit + d, (m, REDUCE_SCATTER, d, scattered)
+                ))
         elif split is None:
-            for d in range(ndim):
-                yield _Move(m, LOCAL_SLICE, d, (_append(dim_axes, d, m), partial), 0)
+            digit = (key + _LOCAL_SLICE_KEY) * width + 1
+            for d in dims:
+                moves.append(((_append(dim_axes, d, m), partial), 0, m, digit + d, (m, LOCAL_SLICE, d, 0)))
         elif dim_axes[split][-1] == m:
             gathered = _remove(dim_axes, split, m)
-            yield _Move(m, ALL_GATHER, -1, (gathered, partial), block * factor[ALL_GATHER])
+            collected = block * factor[ALL_GATHER]
+            moves.append(((gathered, partial), collected, m, (key + _ALL_GATHER_KEY) * width, (m, ALL_GATHER, -1, collected)))
             exchanged = block * factor[ALL_TO_ALL]
-            for d in range(ndim):
+            digit = (key + _ALL_TO_ALL_KEY) * width + 1
+            for d in dims:
                 if d != split:
-                    yield _Move(m, ALL_TO_ALL, d, (_append(gathered, d, m), partial), exchanged)
+                    moves.append((
+                        (_append(gathered, d, m), partial), exchanged, m, digit + d, (m, ALL_TO_ALL, d, exchanged)
+                    ))
+    return tuple(moves)
 
 
 class _TrivialDims:

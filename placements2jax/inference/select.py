@@ -57,11 +57,11 @@ from .cost import (
     CostModel,
     CostModelLike,
     block_bytes,
-    collective_bytes,
+    collective_factor,
     resolve_cost_model,
 )
 from .ops import freeze, function_definition, has_user_rule, op_definition, out_shapes, primitive_definition
-from .plan import InputPlans, cached_plan, cached_plan_cost, cost_scale, plan_cost_within, plan_search
+from .plan import InputPlans, cached_plan, cached_plan_cost, cost_scale, plan_search
 from .rules import strided_factors
 from .signature import (
     Aval,
@@ -617,6 +617,10 @@ class _RankKeys:
         """:func:`pending_reduction` of the outputs in ``out_layouts`` continuing ``given``."""
         return self._pending(out_layouts, given)[0]
 
+    def pending_units(self, out_layouts: tuple[Layout, ...], given: frozenset[int]) -> int | Fraction:
+        """:meth:`pending` in units of ``1 / scale``."""
+        return self._pending(out_layouts, given)[1]
+
     def _pending(self, out_layouts: tuple[Layout, ...], given: frozenset[int]) -> tuple[Fraction, int | Fraction]:
         """:meth:`pending` and it in units of ``1 / scale``: per output layout, its block
         bytes without each partial mesh dim times that dim's :func:`_reduction_rate` in
@@ -763,18 +767,23 @@ def _bounded_best(
     A combination of 1-D signatures costs at least the sum over mesh dims of what its
     placements there force (:func:`_dim_bound`); combinations are visited by that bound
     and the visit stops at the first whose bound exceeds the best exact ``cost +
-    pending`` found. The bound depends only on the layouts a combination gives, so every
-    combination giving the best layouts is visited and the candidate (its 1-D signatures
-    and nest order too) is the one the full ranking puts first. None where this does not
-    apply (a strided input) or nothing is valid: rank them all."""
+    pending`` found. Within a combination, a nest order whose inputs cannot reach their
+    layouts within the best less the combination's pending bound is skipped before its
+    layouts are built (:func:`_inputs_cost`). The bounds depend only on the layouts a
+    combination and order give, so every one giving the best layouts is visited and the
+    candidate (its 1-D signatures and nest order too) is the one the full ranking puts
+    first. None where this does not apply (a strided input) or nothing is valid: rank
+    them all. Costs are compared in the planner's exact integer units (times
+    :func:`.plan.cost_scale`), not as Fractions."""
     specs, out_avals = tuple(specs), tuple(out_avals)
     if any(s.layout.is_strided for s in specs):
         return None
     n_in = len(specs)
     replicate = OneDSig((Replicate(),) * n_in, (Replicate(),) * len(out_avals))
     ordered = sorted(set(one_d) | {replicate}, key=_sig_key)
-    sig_keys = {sig: _sig_key(sig) for sig in ordered}
-    tables_of = {sig: _placement_table(sig) for sig in ordered}
+    # per signature index (a combination's parts read by index, not by hashing signatures)
+    sig_keys = [_sig_key(sig) for sig in ordered]
+    tables = [_placement_table(sig) for sig in ordered]
     avals = tuple(s.aval for s in specs) + out_avals
     shapes = _fit_shapes(avals, mesh.shape)
     allowed = _trivial_dim_sigs(ordered, specs, mesh)  # as rank_candidates: the same first candidate
@@ -788,44 +797,59 @@ def _bounded_best(
         # the floats of the exact bounds (int true division rounds correctly, as Fraction's float)
         bounds.append([(k, (moved + pending) / unit) for k, (moved, pending) in enumerate(parts)
                        if allowed is None or ordered[k] in allowed[m]])
-        pending_bounds.append([Fraction(pending, unit) if pending else 0 for _, pending in parts])
+        pending_bounds.append([pending for _, pending in parts])
     weights, scale = _weights_and_scale(mesh, cost_model)
     searches = [plan_search(s.shape, s.dtype.itemsize, mesh.shape, weights, (s.layout.dim_axes, s.layout.partial))
                 for s in specs]
-    # (bound, index of each mesh dim's signature) of every combination, in itertools.product's
-    # order, the sums built one mesh dim at a time (the same floats as summing each afresh)
-    entries: list[tuple[float, tuple[int, ...]]] = [(0, ())]
+    # the bound of every combination, in itertools.product's order over the rows (a flat
+    # index, mixed radix), the sums built one mesh dim at a time (the same floats as summing
+    # each afresh); visited by bound, equal bounds in that order (a stable sort of the
+    # indices: floats alone, not (bound, indices) tuples, built and compared for every one)
+    totals: list[float] = [0]
     for row in bounds:
-        entries = [(total + b, ix + (k,)) for total, ix in entries for k, b in row]
-    entries.sort(key=_first)
+        totals = [total + b for total in totals for _, b in row]
+    visits = sorted(range(len(totals)), key=totals.__getitem__)
     found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]] = {}
     keys = _RankKeys(specs, out_avals, cost_model, mesh, gathered)
     orders = tuple(orders)
-    best: tuple[Any, tuple[Layout, ...], Fraction] | None = None  # rank key, layouts, exact cost + pending
+    positions = [tuple(order.index(m) for m in range(mesh.ndim)) for order in orders]
+    cosplit = _cosplit(tables)
+    mesh_pairs = tuple(itertools.combinations(range(mesh.ndim), 2))
+    order_classes: dict[tuple[tuple[int, int], ...], tuple[tuple[int, ...], ...]] = {}
+    ndims = tuple(len(s.shape) for s in specs)
+    best: tuple[Any, tuple[Layout, ...]] | None = None  # rank key, layouts
+    best_units = 0  # its exact cost + pending in units of 1 / scale (an int: the scale clears every denominator)
     limit = math.inf
-    for bound, ix in entries:
-        if bound > limit:
+    for flat in visits:
+        if totals[flat] > limit:
             break
+        ix = _combination(flat, bounds)
         combo = tuple(ordered[k] for k in ix)
-        placements = [tables_of[sig] for sig in combo]
-        if best is not None and not _states_within(
-            specs, placements, orders, mesh.shape, searches, scale,
-            best[2] - sum(p for m, k in enumerate(ix) if (p := pending_bounds[m][k])),  # most are 0
-        ):
-            continue
-        for layouts in _add_layouts(combo, placements, tuple(sig_keys[s] for s in combo), orders, shapes, mesh, found):
-            ins, outs = layouts[:n_in], layouts[n_in:]
-            if not _matches(outs, out_constraint) or not _matches(ins, in_constraint):
-                continue
-            pending = keys.pending(outs, keys.continued(ins))
-            if best is not None and not _within(specs, ins, cost_model, best[2] - pending):
-                continue
-            key = keys.ranked(layouts, (), ())[0]
-            if not key[0]:  # runs on the inputs as given: not this function's case
-                return None
-            if best is None or key < best[0]:
-                best = (key, layouts, keys.total(key))
-                limit = float(best[2]) * (1 + 1e-9) + 1e-9  # float bounds: a margin over their rounding
+        placements = [tables[k] for k in ix]
+        combo_keys = tuple(sig_keys[k] for k in ix)
+        # the least pending reductions, in units (rounded up: the exact ones are integers)
+        least_pending = -(-sum(pending_bounds[m][k] for m, k in enumerate(ix)) * scale // unit)
+        pairs = tuple((a, b) for a, b in mesh_pairs if cosplit[ix[a]][ix[b]])
+        distinct = order_classes.get(pairs)
+        if distinct is None:  # once per pattern of nested pairs (a few per call)
+            distinct = order_classes[pairs] = _distinct_orders(pairs, orders, positions, mesh.shape)
+        for order in distinct:
+            if best is not None:
+                in_cost = _inputs_cost(searches, ndims, placements, order, mesh.ndim, best_units - least_pending)
+                if in_cost is None:
+                    continue
+            for layouts in _add_layouts(combo, placements, combo_keys, (order,), shapes, mesh, found):
+                ins, outs = layouts[:n_in], layouts[n_in:]
+                if not _matches(outs, out_constraint) or not _matches(ins, in_constraint):
+                    continue
+                if best is not None and in_cost + keys.pending_units(outs, keys.continued(ins)) > best_units:
+                    continue
+                key = keys.ranked(layouts, (), ())[0]
+                if not key[0]:  # runs on the inputs as given: not this function's case
+                    return None
+                if best is None or key < best[0]:
+                    best, best_units = (key, layouts), key[1]
+                    limit = float(keys.total(key)) * (1 + 1e-9) + 1e-9  # float bounds: a margin over their rounding
     if best is None:
         return None
     layouts = best[1]
@@ -833,57 +857,75 @@ def _bounded_best(
     return keys.ranked(layouts, combo, order)[1]
 
 
-def _within(
-    specs: tuple[TensorSpec, ...], layouts: tuple[Layout, ...], cost_model: CostModel, budget: Fraction
-) -> bool:
-    """Do the plans taking ``specs`` to ``layouts`` cost at most ``budget`` together? (Each
-    plan's search settles layouts only up to what is left of the budget.)"""
-    for spec, layout in zip(specs, layouts):
-        if budget < 0:
-            return False
-        if spec.layout is not layout:
-            cost = plan_cost_within(spec.shape, spec.dtype, spec.layout, layout, cost_model, budget)
-            if cost is None:
-                return False
-            budget -= cost
-    return budget >= 0
+def _distinct_orders(
+    pairs: tuple[tuple[int, int], ...], orders: tuple[tuple[int, ...], ...], positions: Sequence[tuple[int, ...]],
+    mesh_shape: tuple[int, ...],
+) -> tuple[tuple[int, ...], ...]:
+    """The nest orders of ``orders`` (``positions``: each one's position of every mesh dim)
+    that give a combination of 1-D signatures whose ``pairs`` of mesh dims split one tensor
+    dim (:func:`_cosplit`, in order) layouts no smaller order gives: two orders give every
+    tensor the same layouts iff they order each such pair alike (the layouts' keys in
+    :func:`_add_layouts` prefer the smaller order). Mesh order alone where no tensor dim is
+    split by two mesh dims of more than one device, as :func:`_add_layouts`
+    (:func:`_nests`). A combination splitting one tensor dim by two mesh dims has 2
+    distinct orders of the 6 on a 3-D mesh, each checked and built once."""
+    if not any(mesh_shape[a] > 1 and mesh_shape[b] > 1 for a, b in pairs):
+        return orders[:1]
+    least: dict[tuple[bool, ...], tuple[int, ...]] = {}
+    for order, position in zip(orders, positions):
+        class_key = tuple([position[a] < position[b] for a, b in pairs])
+        known = least.get(class_key)
+        if known is None or order < known:
+            least[class_key] = order
+    kept = set(least.values())
+    return tuple(order for order in orders if order in kept)
 
 
-def _states_within(
-    specs: tuple[TensorSpec, ...], placements: Sequence[tuple[tuple[int, Any], ...]], orders: Sequence[tuple[int, ...]],
-    mesh_shape: tuple[int, ...], searches: Sequence[Any], scale: int, budget: Fraction,
-) -> bool:
-    """Can a combination of 1-D signatures (``placements``: their :func:`_placement_table`)
-    bring the inputs to its layouts within ``budget``? Each input at its cheapest over the
-    nest orders (valid or not: a lower bound), without building layouts (``searches``: the
-    planner's search from each input, costs times ``scale``)."""
-    nests = _nests(placements, mesh_shape)
-    left = math.floor(budget * scale)  # in the searches' exact integer units
-    for t, spec in enumerate(specs):
-        if left < 0:
-            return False
-        search = searches[t]
-        cheapest = None
-        for order in orders if nests else orders[:1]:
-            dim_axes: list[tuple[int, ...]] = [() for _ in spec.shape]
-            partial: list[Any] = [None] * len(mesh_shape)
-            for m in order:
-                dim, op = placements[m][t]
-                if dim is not None:
-                    if not 0 <= dim < len(dim_axes):
-                        break
-                    dim_axes[dim] += (m,)
-                elif op:
-                    partial[m] = op
-            else:
-                limit = left if cheapest is None else min(left, cheapest)
-                cost = search.cost_within((tuple(dim_axes), tuple(partial)), limit)
-                if cost is not None:
-                    cheapest = cost
-        if cheapest is None:
-            return False
-        left -= cheapest
-    return True
+def _cosplit(tables: Sequence[tuple[tuple[int | None, Any], ...]]) -> list[list[bool]]:
+    """Per pair of 1-D signatures (``tables``: their :func:`_placement_table`): do they split
+    one dim of some tensor (so on two mesh dims, the nest order matters for it)?"""
+    splits = [{(t, dim) for t, (dim, _) in enumerate(table) if dim is not None} for table in tables]
+    return [[not mine.isdisjoint(other) for other in splits] for mine in splits]
+
+
+def _combination(flat: int, rows: Sequence[Sequence[tuple[int, float]]]) -> tuple[int, ...]:
+    """The signature index per mesh dim of the combination at ``flat`` in the product of
+    ``rows`` (each a mesh dim's ``(signature index, bound)`` pairs)."""
+    ix = []
+    for row in reversed(rows):
+        flat, position = divmod(flat, len(row))
+        ix.append(row[position][0])
+    return tuple(reversed(ix))
+
+
+def _inputs_cost(
+    searches: Sequence[Any], ndims: tuple[int, ...], placements: Sequence[tuple[tuple[int, Any], ...]],
+    order: tuple[int, ...], mesh_ndim: int, limit: int,
+) -> int | None:
+    """The plans' cost taking the inputs to the layouts a combination of 1-D signatures
+    (``placements``: their :func:`_placement_table`) gives them in nest order ``order``
+    (in the units of ``searches``, the planner's search from each input), if at most
+    ``limit``; else None, and None where an input's layout is invalid. Built as
+    :func:`_tensor_layout` builds them, without building layouts: each search settles
+    layouts only up to what is left of the limit."""
+    total = 0
+    for t, search in enumerate(searches):
+        ndim = ndims[t]
+        dim_axes: list[tuple[int, ...]] = [()] * ndim
+        partial: list[Any] = [None] * mesh_ndim
+        for m in order:
+            dim, op = placements[m][t]
+            if dim is not None:
+                if not 0 <= dim < ndim:
+                    return None
+                dim_axes[dim] += (m,)
+            elif op:
+                partial[m] = op
+        cost = search.cost_within((tuple(dim_axes), tuple(partial)), limit - total)
+        if cost is None:
+            return None
+        total += cost
+    return total
 
 
 def _dim_bound(sig: OneDSig, given: tuple[Placement, ...], in_bytes: Sequence[int], out_bytes: Sequence[int],
@@ -926,15 +968,21 @@ def _bound_rates(mesh: DeviceMesh, cost_model: CostModel) -> tuple[tuple[tuple[i
     every combination was ~16% of eager dispatch's choices): per mesh dim, the weighted
     bytes a reduce-scatter, an all-to-all and an all-gather send per byte of a tensor
     (:func:`.cost.collective_bytes` on its smallest block, its bytes over the other mesh
-    dims' sizes), times ``unit``, the least integer clearing their denominators; and
-    ``unit``. Cached: every branch and bound reads them."""
+    dims' sizes), times ``unit``, an integer clearing their denominators; and ``unit``.
+    Built from numerators and denominators in int arithmetic (the Fraction products were
+    half of a bounded choice's setup on a 3-D mesh; the ratios are the same, so are the
+    bounds). Cached: every branch and bound reads them."""
     total = math.prod(mesh.shape)
-    exact = []
+    exact = []  # per mesh dim, per collective: (numerator, denominator) of its rate
     for m, n in enumerate(mesh.shape):
-        block, weight = Fraction(n, total), cost_model.weight(mesh, m)  # one byte's block: 1 / (total / n)
-        exact.append(tuple(collective_bytes(c, block, n) * weight for c in (REDUCE_SCATTER, ALL_TO_ALL, ALL_GATHER)))
-    unit = math.lcm(*(r.denominator for rates in exact for r in rates))
-    return tuple(tuple(int(r * unit) for r in rates) for rates in exact), unit
+        weight = Fraction(cost_model.weight(mesh, m))
+        # one byte's block is n / total (its bytes over the other mesh dims' sizes)
+        exact.append([
+            (factor.numerator * n * weight.numerator, factor.denominator * total * weight.denominator)
+            for factor in (collective_factor(c, n) for c in (REDUCE_SCATTER, ALL_TO_ALL, ALL_GATHER))
+        ])
+    unit = math.lcm(*(den for rates in exact for _, den in rates))
+    return tuple(tuple(num * (unit // den) for num, den in rates) for rates in exact), unit
 
 
 @cached(maxsize=4096)
@@ -1106,7 +1154,7 @@ def _reduction_units(mesh: DeviceMesh, cost_model: CostModel) -> tuple[int | Fra
 def _reduction_rate(mesh: DeviceMesh, mesh_dim: int, cost_model: CostModel) -> Fraction:
     """What a pending reduction on ``mesh_dim`` charges per byte of the block it reduces
     (a reduce-scatter's bytes sent per block byte, weighted)."""
-    return collective_bytes(REDUCE_SCATTER, 1, mesh.shape[mesh_dim]) * cost_model.weight(mesh, mesh_dim)
+    return collective_factor(REDUCE_SCATTER, mesh.shape[mesh_dim]) * cost_model.weight(mesh, mesh_dim)
 
 
 def _sig_key(sig: OneDSig) -> tuple[str, ...]:
