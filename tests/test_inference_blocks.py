@@ -125,6 +125,61 @@ def test_never_a_false_block(case: Any, data: Any) -> None:
     _assert_true_repeats(kinds, sources, blocks.find_blocks(kinds, sources))
 
 
+def _blocks_by_definition(kinds: list[int], sources: list[tuple[int | None, ...]]) -> list[Block]:
+    """find_blocks' result from its definition, one period and one equation at a time in
+    plain Python: an input's offset is 0 for a function input or no such input (blocks.py's
+    rule, which _matches states for inputs of equal number)."""
+    n, width = len(kinds), max(map(len, sources), default=0)
+    offsets = [[i - s if s is not None else 0 for s in srcs] + [0] * (width - len(srcs)) for i, srcs in enumerate(sources)]
+
+    def repeats(i: int, p: int) -> bool:
+        return kinds[i] == kinds[i + p] and all(
+            a == b or (abs(a) >= p and abs(b) >= p) for a, b in zip(offsets[i], offsets[i + p])
+        )
+
+    found = []
+    for p in range(MIN_PERIOD, n // MIN_COPIES + 1):
+        a = 0
+        while a < n - p:
+            b = a
+            while b < n - p and repeats(b, p):
+                b += 1
+            if b - a >= max((MIN_COPIES - 2) * p, 1):
+                entry = 0  # the equations before a whose kinds repeat p later, back from a (at most p)
+                while entry < min(p, a) and kinds[a - 1 - entry] == kinds[a - 1 - entry + p]:
+                    entry += 1
+                copies = (b + p - (a - entry)) // p
+                if copies >= MIN_COPIES:
+                    found.append((copies * p, p, a - entry, copies))
+            a = b + 1
+    found.sort(key=lambda f: (-f[0], f[1], f[2]))
+    used = [False] * n
+    kept = []
+    for span, p, start, copies in found:
+        if not any(used[start : start + span]):
+            used[start : start + span] = [True] * span
+            kept.append(Block(start, p, copies))
+    return sorted(kept, key=lambda b: b.start)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_find_blocks_is_its_definition(data: Any) -> None:
+    """Programs of a few kinds, long enough that their periods span several of find_blocks'
+    batches of periods (blocks._PERIODS_AT_ONCE), some made of a repeated word: the blocks
+    are those the definition finds period by period."""
+    period = data.draw(st.integers(MIN_PERIOD, 3 * blocks._PERIODS_AT_ONCE))
+    word = data.draw(st.lists(st.integers(0, 3), min_size=period, max_size=period))
+    # per offset in the word, its inputs: how far back each reads (past the program's start: a function input)
+    reads = data.draw(st.lists(st.lists(st.integers(1, 2 * period), max_size=2), min_size=period, max_size=period))
+    noise = data.draw(st.lists(st.integers(0, 3), max_size=40))
+    kinds = noise + word * data.draw(st.integers(1, 5)) + noise[::-1]
+    sources = [tuple(i - back if back <= i else None for back in reads[i % period]) for i in range(len(kinds))]
+    for i in data.draw(st.lists(st.integers(1, len(kinds) - 1), max_size=4)):  # some inputs moved anywhere before
+        sources[i] = tuple(data.draw(st.integers(0, i - 1)) for _ in sources[i])
+    assert blocks.find_blocks(kinds, sources) == _blocks_by_definition(kinds, sources)
+
+
 def test_a_periodic_program_without_its_sources_repeating_has_no_block() -> None:
     """Kinds repeating with period 5 while each copy reads one further back than the copy
     before (a dataflow that does not repeat) is no block; reading the equation before, it is."""

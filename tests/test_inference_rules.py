@@ -199,6 +199,14 @@ def test_transpose_moves_splits_and_keeps_partials(mesh: Any) -> None:
     assert placements(infer(mesh, "transpose", ((4, 8), "P"))) == ("P", "P")
 
 
+def test_reshape_signatures_print_their_joint_condition_by_value() -> None:
+    """A reshape's 1-D signatures print alike in every run (a prediction's report, the
+    reference dumps hash it): their joint condition by its shapes, not its address."""
+    sigs = rules.reshape((Aval((2, 3, 4), np.float32),), (Aval((6, 4), np.float32),))
+    assert repr(sigs[0].joint) == "_ReshapeCheck((2, 3, 4), (6, 4))"
+    assert eval(repr(sigs[0].joint), {"_ReshapeCheck": type(sigs[0].joint)}) == sigs[0].joint
+
+
 def test_reshape_keeps_only_the_leading_dim_of_a_group(mesh: Any) -> None:
     assert placements(infer(mesh, "reshape", ((8, 6), "S(0)"), shape=(48,))) == ("S(0)", "S(0)")
     assert placements(infer(mesh, "reshape", ((48,), "S(0)"), shape=(8, 6))) == ("S(0)", "S(0)")

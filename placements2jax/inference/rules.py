@@ -233,6 +233,9 @@ class _ReshapeCheck:
     def __hash__(self) -> int:
         return hash((self.a, self.b))
 
+    def __repr__(self) -> str:  # by value, as it compares (the default's address made reports differ run to run)
+        return f"_ReshapeCheck({self.a}, {self.b})"
+
     def view(
         self, dim_axes: Sequence[tuple[int, ...]], split: Sequence[int], mesh_shape: tuple[int, ...]
     ) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]] | None:
