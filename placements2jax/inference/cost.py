@@ -125,22 +125,20 @@ def block_bytes(
 
 
 def exchange_block_bytes(
-    shape: Sequence[int], itemsize: int, dim_axes: Sequence[Sequence[int]], mesh_shape: Sequence[int],
-    mesh_dim: int, target: int,
-) -> int:
-    """``T`` of an all-to-all on ``mesh_dim`` that moves its split to tensor dim ``target``
-    (``dim_axes``: the layout before it), as XLA compiles it: ``n`` times the padded block
-    a device holds, that block's ``target`` dim padded up to a multiple of ``n``. XLA
+    shape: Sequence[int], itemsize: int, dim_axes: Sequence[Sequence[int]], mesh_shape: Sequence[int], mesh_dim: int,
+) -> tuple[int, ...]:
+    """Per tensor dim ``j``, ``T`` of an all-to-all on ``mesh_dim`` moving its split to
+    ``j`` (``dim_axes``: the layout before it), as XLA compiles it: ``n`` times the padded
+    block a device holds, that block's dim ``j`` padded up to a multiple of ``n``. XLA
     exchanges ``n`` equal chunks of the padded block, padding included, so on an uneven
     split this is more than :func:`block_bytes` without ``mesh_dim`` (equal on even ones):
     a ``(1, 8, 32)`` float32 split over 4 devices on its last dim and moved to its first
-    sends ``768`` B per device, not ``192`` (the chunk of a size-1 dim is padded to 4 rows)."""
+    sends ``768`` B per device, not ``192`` (the chunk of a size-1 dim is padded to 4 rows).
+    All dims at once: the planner prices every target of a layout's split together."""
     n = mesh_shape[mesh_dim]
-    total = n * itemsize
-    for d, (size, axes) in enumerate(zip(shape, dim_axes)):
-        piece = -(-size // math.prod(mesh_shape[a] for a in axes)) if axes else size
-        total *= -(-piece // n) * n if d == target else piece
-    return total
+    pieces = [-(-size // math.prod(mesh_shape[a] for a in axes)) if axes else size for size, axes in zip(shape, dim_axes)]
+    held = n * itemsize * math.prod(pieces)
+    return tuple(held // piece * (-(-piece // n) * n) if piece else 0 for piece in pieces)
 
 
 @dataclass(frozen=True, init=False)

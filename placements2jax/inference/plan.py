@@ -541,11 +541,11 @@ def _moves(
         elif dim_axes[split][-1] == m:
             gathered = _remove(dim_axes, split, m)
             yield _Move(m, ALL_GATHER, -1, (gathered, partial), block * factor[ALL_GATHER])
+            # padded as XLA pads an uneven exchange (a size-1 dim's chunk is n rows)
+            exchanged = exchange_block_bytes(shape, itemsize, dim_axes, mesh_shape, m)
             for d in range(ndim):
                 if d != split:
-                    # padded as XLA pads an uneven exchange (a size-1 dim's chunk is n rows)
-                    exchanged = exchange_block_bytes(shape, itemsize, dim_axes, mesh_shape, m, d) * factor[ALL_TO_ALL]
-                    yield _Move(m, ALL_TO_ALL, d, (_append(gathered, d, m), partial), exchanged)
+                    yield _Move(m, ALL_TO_ALL, d, (_append(gathered, d, m), partial), exchanged[d] * factor[ALL_TO_ALL])
 
 
 class _TrivialDims:
