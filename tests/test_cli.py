@@ -150,13 +150,14 @@ def test_redistribute_text(capsys: pytest.CaptureFixture[str]) -> None:
         "to       R,S(0)   alias tp,None   PartitionSpec P('tp', None)",
     ]
     assert lines[5] == (
-        "planned by placements2jax (its cost model's route, before XLA): 3 step(s), 36 B sent per device, cost 36"
+        "planned by placements2jax (its cost model's route, before XLA): 3 step(s), 40 B sent per device, cost 40"
     )
-    # an all-to-all moves the dp split to the other dim, tp takes its rows locally, dp gathers
+    # tp takes its columns locally, dp gathers, an all-to-all moves the tp split to the rows; moving the dp split to
+    # the columns first (2 over 4 ranks, padded to 4: 24 B) would cost 48 B
     assert [line.split(" | ")[1:5] for line in lines[8:11]] == [
-        ["dp       ", "S(0)", "S(1)", "all-to-all "],
-        ["tp       ", "R   ", "S(0)", "local-slice"],
-        ["dp       ", "S(1)", "R   ", "all-gather "],
+        ["tp       ", "R   ", "S(1)", "local-slice"],
+        ["dp       ", "S(0)", "R   ", "all-gather "],
+        ["tp       ", "S(1)", "S(0)", "all-to-all "],
     ]
     assert "compiled by XLA (what runs, read from the compiled HLO): " in out
     assert "all-gather" in out.split("compiled by XLA")[1]
@@ -181,8 +182,8 @@ def test_redistribute_explains_each_difference_from_the_hlo(capsys: pytest.Captu
     ]
     code, out, _ = run(capsys, *REDISTRIBUTE_8x2, "--from", "S(0),R", "--to", "R,S(0)")
     assert out.split("why they differ:\n")[1].splitlines()[1:] == [
-        "  - XLA replaced planned all-to-all on dp (12 B) by #0 collective-permute on dp,tp (16 B)",
-        "  - so each device sends 32 B compiled vs 36 B planned",
+        "  - XLA replaced planned all-to-all on tp (16 B) by #0 collective-permute on dp,tp (16 B)",
+        "  - so each device sends 32 B compiled vs 40 B planned",
     ]
     code, out, _ = run(capsys, *REDISTRIBUTE_8x2, "--from", "P,S(0)", "--to", "R,R")
     assert out.rstrip().endswith("compiled = planned: the same collectives on the same mesh axes, the same bytes")

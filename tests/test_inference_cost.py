@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 from placements2jax import ArgumentTypeError, InferenceError, Layout, init_device_mesh, resolve_layout
 from placements2jax.hlo import parse_collectives
@@ -23,6 +27,7 @@ from placements2jax.inference.cost import (
     block_bytes,
     collective_bytes,
     collective_factor,
+    exchange_block_bytes,
     resolve_cost_model,
 )
 from placements2jax.physical import physical
@@ -70,6 +75,34 @@ def test_block_bytes_are_padded_blocks() -> None:
     assert block_bytes((10, 8), 4, ((0,), ()), (4,), without=0) == 10 * 8 * 4
     # nested: 10 over (2, 2) -> ceil(10/4) = 3; leaving out the minor axis -> 5
     assert block_bytes((10,), 2, ((0, 1),), (2, 2), without=1) == 5 * 2
+
+
+def test_an_all_to_all_exchanges_padded_blocks() -> None:
+    """T of an all-to-all as XLA compiles it: n times the held (padded) block, its target
+    dim padded to a multiple of n; block_bytes without the mesh dim on even splits."""
+    # (1, 8, 32) split over 4 on its last dim, moved to its first: each holds (1, 8, 8), padded to (4, 8, 8)
+    assert exchange_block_bytes((1, 8, 32), 4, ((), (), (0,)), (4, 2), 0)[0] == 4 * (4 * 8 * 8 * 4)
+    assert block_bytes((1, 8, 32), 4, ((), (), (0,)), (4, 2), without=0) == 1 * 8 * 32 * 4  # the unpadded T
+    # the size-1 dim split over 4 (every rank holds a padded row), moved to the last dim (split over 2 too)
+    assert exchange_block_bytes((1, 8, 32), 4, ((0,), (), (1,)), (4, 2), 0)[2] == 4 * (1 * 8 * 16 * 4)
+    # 6 rows over 4 ranks: blocks of 2 rows; the target dim 8 divides
+    assert exchange_block_bytes((6, 8, 32), 4, ((0,), (), ()), (4, 2), 0)[1] == 4 * (2 * 8 * 32 * 4)
+
+
+@given(shape=st.tuples(st.integers(1, 9), st.integers(1, 9), st.integers(1, 9)), data=st.data())
+def test_exchange_blocks_are_never_below_the_unpadded_ones_and_equal_on_even_splits(shape: Any, data: Any) -> None:
+    mesh_shape = (4, 2)
+    m, split, target = data.draw(st.integers(0, 1)), data.draw(st.integers(0, 2)), data.draw(st.integers(0, 2))
+    assume(split != target)
+    other = data.draw(st.sampled_from([None, 0, 1, 2]))  # where the other mesh dim splits, if anywhere
+    dim_axes = tuple(tuple(a for a, d in ((1 - m, other), (m, split)) if d == i) for i in range(3))
+    exchanged = exchange_block_bytes(shape, 4, dim_axes, mesh_shape, m)[target]
+    unpadded = block_bytes(shape, 4, dim_axes, mesh_shape, without=m)
+    assert exchanged >= unpadded
+    pieces = [math.prod(mesh_shape[a] for a in axes) for axes in dim_axes]
+    pieces[target] *= mesh_shape[m]
+    if all(n % p == 0 for n, p in zip(shape, pieces)):
+        assert exchanged == unpadded
 
 
 def test_cost_model_weights_by_name_then_index() -> None:

@@ -51,6 +51,21 @@ def test_one_mesh_dim_collectives() -> None:
     assert same.is_noop and same.cost == 0 and str(same).endswith("(nothing to do)")
 
 
+def test_uneven_all_to_alls_are_priced_on_the_blocks_xla_pads() -> None:
+    """An all-to-all into a dim its group does not divide exchanges padded blocks (XLA's,
+    the DTensor's): moving the (1, 8, 32) split over a on its last dim under a (b, a)
+    split of it goes through dim 1 (192 + 96 B), not through the size-1 dim 0, which
+    costs 768 + 384 B as XLA compiles it (priced 192 + 96 on unpadded blocks)."""
+    L = Layout.from_device_mesh(init_device_mesh((4, 2), ("a", "b")))
+    plan = plan_redistribute((1, 8, 32), F32, L("S(2),R"), L((None, None, ("b", "a"))))
+    assert steps(plan) == [("a", "S(2)", "S(1)", "all-to-all", 192), ("b", "R", "S(2)", "local-slice", 0),
+                           ("a", "S(1)", "S(2)", "all-to-all", 96)]
+    # 6 rows over 4 ranks hold 2 padded rows each: 3 of 4 chunks of the (2, 8, 32) block
+    assert steps(plan_redistribute((6, 8, 32), F32, L("S(0),R"), L("S(1),R"))) == [
+        ("a", "S(0)", "S(1)", "all-to-all", 2 * 8 * 32 * 4 * 3 / 4)
+    ]
+
+
 def test_nested_split_beats_going_through_replicate(mesh22: Any) -> None:
     """(S(0),S(0)) -> (R,S(0)): torch gathers b then a (0.75 T); moving b's split aside
     with an all-to-all first costs 0.625 T."""

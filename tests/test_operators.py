@@ -669,6 +669,33 @@ def test_pinned_scan_keeps_its_carries_in_the_predicted_layouts() -> None:
         np.testing.assert_allclose(np.asarray(got.full_tensor()), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(("fn", "shapes", "placements", "out", "nbytes"), [
+    # GPT-2's token + position embeddings on 4x2 at FSDP's plan: the (1, 8, 32) positions split over a on their last
+    # dim, moved under the tokens' (b, a) split of it. Priced on unpadded blocks the route went through S(0) (192 +
+    # 96 B), which XLA pads to 4 rows: 1,152 B compiled; priced as XLA pads, it goes through S(1), 288 B as compiled
+    (lambda x, y: x + y, ((4, 8, 32), (1, 8, 32)), ((None, None, ("b", "a")), "S(2),R"), (None, None, ("b", "a")), 288),
+    # 6 rows over 4 ranks (2, 2, 2, 0): XLA exchanges the padded (2, 8, 32) block, 1,536 B, not 1,152
+    (lambda y: 2 * y, ((6, 8, 32),), ("S(0),R",), "S(1),R", 1536),
+])
+def test_pinned_uneven_all_to_alls_compile_at_their_predicted_bytes(
+    fn: Any, shapes: Any, placements: Any, out: Any, nbytes: int
+) -> None:
+    """An all-to-all of an uneven split is priced on the blocks XLA exchanges (the held
+    block padded to a multiple of the group on the dim it moves to): the pinned program
+    compiles to the predicted bytes, with plain jax.jit's values."""
+    arrays = [_data(shape, 50 + i) for i, shape in enumerate(shapes)]
+    args = [_dt(a, MESH42, p) for a, p in zip(arrays, placements)]
+    out_layouts = Layout.from_device_mesh(MESH42)(out)
+    prediction = predict(fn, *args, out_layouts=out_layouts)
+    pinned = jax.jit(lambda *a: apply(fn, *a, out_layouts=out_layouts, execute="pinned"))
+    compiled = compiled_collectives(pinned, *args)
+    assert sum(collective_nbytes(c, 8) for c in compiled) == prediction.lowered_nbytes == nbytes
+    assert [c.op for c in compiled] == ["all-to-all"] * len(compiled)
+    result = pinned(*args)
+    assert result.layout == prediction.out_layouts[0]
+    np.testing.assert_allclose(np.asarray(result.full_tensor()), np.asarray(jax.jit(fn)(*arrays)), rtol=1e-6)
+
+
 @pytest.mark.parametrize("execute", ["xla", "pinned"])
 @pytest.mark.parametrize("rows", [8, 7])  # 7: uneven over dp
 def test_apply_xla_is_exact_on_uneven_and_partial_layouts(rows: int, execute: str) -> None:

@@ -12,7 +12,8 @@ Ring algorithms (the bandwidth-optimal ones, as in torch's and NCCL's cost model
 * reduce-scatter ``P -> S``: ``n-1`` ring steps, each sending one ``T/n`` chunk: ``T(n-1)/n``.
 * all-reduce ``P -> R``: reduce-scatter then all-gather: ``2T(n-1)/n``.
 * all-to-all ``S(i) -> S(j)``: a device holds ``T/n`` and keeps one ``n``-th of it, sending
-  the rest: ``(T/n)(n-1)/n = T(n-1)/n^2``.
+  the rest: ``(T/n)(n-1)/n = T(n-1)/n^2``. Its ``T`` is :func:`exchange_block_bytes`: the
+  held block's dim ``j`` padded to a multiple of ``n``, as XLA pads an uneven exchange.
 * local slice ``R -> S`` and local partial ``R -> P``: no communication, ``0``.
 
 The cost of a step is its bytes times the weight of its mesh axis (:class:`CostModel`,
@@ -52,6 +53,7 @@ __all__ = [
     "collective_factor",
     "collective_nbytes",
     "default_cost_model",
+    "exchange_block_bytes",
     "resolve_cost_model",
     "set_default_cost_model",
     "use_cost_model",
@@ -132,6 +134,23 @@ def block_bytes(
         else:
             total *= -(-n // math.prod(mesh_shape[a] for a in axes if a != without))
     return total
+
+
+def exchange_block_bytes(
+    shape: Sequence[int], itemsize: int, dim_axes: Sequence[Sequence[int]], mesh_shape: Sequence[int], mesh_dim: int,
+) -> tuple[int, ...]:
+    """Per tensor dim ``j``, ``T`` of an all-to-all on ``mesh_dim`` moving its split to
+    ``j`` (``dim_axes``: the layout before it), as XLA compiles it: ``n`` times the padded
+    block a device holds, that block's dim ``j`` padded up to a multiple of ``n``. XLA
+    exchanges ``n`` equal chunks of the padded block, padding included, so on an uneven
+    split this is more than :func:`block_bytes` without ``mesh_dim`` (equal on even ones):
+    a ``(1, 8, 32)`` float32 split over 4 devices on its last dim and moved to its first
+    sends ``768`` B per device, not ``192`` (the chunk of a size-1 dim is padded to 4 rows).
+    All dims at once: the planner prices every target of a layout's split together."""
+    n = mesh_shape[mesh_dim]
+    pieces = [-(-size // math.prod(mesh_shape[a] for a in axes)) if axes else size for size, axes in zip(shape, dim_axes)]
+    held = n * itemsize * math.prod(pieces)
+    return tuple(held // piece * (-(-piece // n) * n) if piece else 0 for piece in pieces)
 
 
 @dataclass(frozen=True, init=False)

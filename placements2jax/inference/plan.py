@@ -66,6 +66,7 @@ from .cost import (
     block_bytes,
     collective_bytes,
     collective_factor,
+    exchange_block_bytes,
     resolve_cost_model,
 )
 from .signature import RedistributePlan, RedistributeStep, TensorSpec, placement_on
@@ -565,13 +566,13 @@ def _moves(state: State, steps: _Steps) -> tuple[Moved, ...]:
             gathered = _remove(dim_axes, split, m)
             collected = block * factor[ALL_GATHER]
             moves.append(((gathered, partial), collected, m, (key + _ALL_GATHER_KEY) * width, (m, ALL_GATHER, -1, collected)))
-            exchanged = block * factor[ALL_TO_ALL]
+            # padded as XLA pads an uneven exchange (a size-1 dim's chunk is n rows)
+            exchanged = exchange_block_bytes(shape, itemsize, dim_axes, mesh_shape, m)
             digit = (key + _ALL_TO_ALL_KEY) * width + 1
             for d in dims:
                 if d != split:
-                    moves.append((
-                        (_append(gathered, d, m), partial), exchanged, m, digit + d, (m, ALL_TO_ALL, d, exchanged)
-                    ))
+                    sent = exchanged[d] * factor[ALL_TO_ALL]
+                    moves.append(((_append(gathered, d, m), partial), sent, m, digit + d, (m, ALL_TO_ALL, d, sent)))
     return tuple(moves)
 
 

@@ -1127,7 +1127,8 @@ class _Search:
         outputs, which the look-ahead never priced: 110,314 B predicted (2 / 8 layers:
         85,066 / 169,642 B; XLA's jit 62,786 B at 4). So restricted: 47,626 / 48,138 /
         48,138 B at 2 / 4 / 8 layers (as CPU compiles it 51,210 / 51,722 / 51,722 B, pinned
-        51,728 B), GPT-2 on ``(8,)`` and on 2x4 as before (84,903 and 41,770 B at 2, 4 and 8
+        51,728 B; at 2 layers 48,522 B since uneven all-to-alls are priced padded,
+        docs/autoplan.md), GPT-2 on ``(8,)`` and on 2x4 as before (84,903 and 41,770 B at 2, 4 and 8
         layers). Restricted as compiled too, the 2x4 step went 41,770 -> 43,722 / 43,722 /
         43,850 B; restricted in the planner's search for every stack, not only those
         arriving partial, the 2x4 step at 2 layers became another 41,770 B program that
