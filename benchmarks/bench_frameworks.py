@@ -24,14 +24,14 @@ from flax import nnx
 from harness import Comparison, Config, Section, Table, Target, microseconds, paired, progress, time_each, within
 from jax.sharding import NamedSharding
 
-from placements2jax import DTensor, apply, distribute_pytree, distribute_tensor, init_device_mesh
+from placements2jax import DTensor, apply, distribute_pytree, init_device_mesh
 from placements2jax.dtensor import auto_twin_of
 from placements2jax.hlo import parse_collectives
 from placements2jax.inference import check
 from placements2jax.inference.check import collective_nbytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from models import common, eqx_lm, nnx_lm  # noqa: E402  (the test models, written as public model code)
+from models import eqx_lm, nnx_lm  # noqa: E402  (the test models, written as public model code)
 
 nnx_train_step = nnx.jit(nnx_lm.train_step)  # decorated as Flax's examples decorate it
 
@@ -63,29 +63,21 @@ def _plain(x: Any) -> Any:
 
 def _programs(quick: bool) -> list[Program]:
     mesh = init_device_mesh((2, 4), ("dp", "tp"))
-    tokens, targets = (distribute_tensor(a, mesh, "S(0),R") for a in common.batch(0, 4, 8, 64))
     cfg = nnx_lm.Config(layers=1)
-    graphdef, state = nnx.split(nnx_lm.create(cfg)[0])
-    params = distribute_pytree(state, mesh, nnx_lm.megatron_plan())
-    f = nnx_lm.Functional(graphdef)
-    programs = [Program("nnx loss", f.loss, (params, tokens, targets))]
+    functional = nnx_lm.checked_programs(cfg, mesh)
+    programs = [Program("nnx loss", *functional["loss"])]
     if quick:
         return programs
+    tokens, targets = functional["loss"][1][1:]
     model, optimizer = distribute_pytree(nnx_lm.create(cfg), mesh, nnx_lm.megatron_plan())
-    eqx_model = eqx_lm.LM(eqx_lm.Config(layers=1), jax.random.key(0))
-    arrays, static = eqx.partition(eqx_model, eqx.is_array)
-    eqx_params = distribute_pytree(arrays, mesh, eqx_lm.megatron_plan(), strict=False)
-    whole = eqx.combine(eqx_params, static, is_leaf=_is_dtensor)
-    opt_state = distribute_pytree(eqx_lm.optimizer.init(arrays), mesh, eqx_lm.megatron_plan(), strict=False)
+    eqx_programs = eqx_lm.checked_programs(eqx_lm.Config(layers=1), mesh)
     return programs + [
-        Program("nnx value_and_grad", f.value_and_grad, (params, tokens, targets), (None, params)),
+        Program("nnx value_and_grad", *functional["value_and_grad"]),
         Program("nnx adamw step (@nnx.jit, in place)", nnx_train_step, (model, optimizer, tokens, targets),
                 stateful=True),
-        Program("eqx loss (whole model)", eqx_lm.loss_fn, (whole, tokens, targets)),
-        Program("eqx value_and_grad", eqx_lm.Functional(static).value_and_grad, (eqx_params, tokens, targets),
-                (None, eqx_params)),
-        Program("eqx adamw step (whole model)", eqx_lm.train_step, (whole, opt_state, tokens, targets),
-                (whole, opt_state, None), loss=-1),
+        Program("eqx loss (whole model)", *eqx_programs["loss"]),
+        Program("eqx value_and_grad", *eqx_programs["value_and_grad"]),
+        Program("eqx adamw step (whole model)", *eqx_programs["adamw step"], loss=-1),
     ]
 
 

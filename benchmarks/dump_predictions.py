@@ -27,11 +27,9 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the package next to the benchmarks
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent / "tests"))  # tests/models
 
-import equinox as eqx  # noqa: E402
 import jax  # noqa: E402
-from flax import nnx  # noqa: E402
 
-from placements2jax import DTensor, distribute_pytree, distribute_tensor, init_device_mesh, predict  # noqa: E402
+from placements2jax import init_device_mesh, predict  # noqa: E402
 
 jax.config.update("jax_platforms", "cpu")
 
@@ -60,20 +58,9 @@ def _programs() -> Any:
             yield f"2x4 {module.__name__.rsplit('.', 1)[-1]} {kind}", *program
     step = training_step("mlp", mesh)
     yield "2x4 mlp step", step.fn, step.args, step.out_layouts
-    tokens, targets = (distribute_tensor(a, mesh, "S(0),R") for a in common.batch(0, 4, 8, 64))
-    graphdef, state = nnx.split(nnx_lm.create(nnx_lm.Config(layers=1))[0])
-    functional = nnx_lm.Functional(graphdef)
-    params = distribute_pytree(state, mesh, nnx_lm.megatron_plan())
-    yield "2x4 nnx loss", functional.loss, (params, tokens, targets), None
-    yield "2x4 nnx value_and_grad", functional.value_and_grad, (params, tokens, targets), (None, params)
-    arrays, static = eqx.partition(eqx_lm.LM(eqx_lm.Config(layers=1), jax.random.key(0)), eqx.is_array)
-    eqx_params = distribute_pytree(arrays, mesh, eqx_lm.megatron_plan(), strict=False)
-    whole = eqx.combine(eqx_params, static, is_leaf=lambda x: isinstance(x, DTensor))
-    opt_state = distribute_pytree(eqx_lm.optimizer.init(arrays), mesh, eqx_lm.megatron_plan(), strict=False)
-    yield "2x4 eqx loss", eqx_lm.loss_fn, (whole, tokens, targets), None
-    yield ("2x4 eqx value_and_grad", eqx_lm.Functional(static).value_and_grad, (eqx_params, tokens, targets),
-           (None, eqx_params))
-    yield "2x4 eqx adamw step", eqx_lm.train_step, (whole, opt_state, tokens, targets), (whole, opt_state, None)
+    for name, module in (("nnx", nnx_lm), ("eqx", eqx_lm)):
+        for kind, program in module.checked_programs(module.Config(layers=1), mesh).items():
+            yield f"2x4 {name} {kind}", *program
     for shape, names in (((4, 2), ("dp", "tp")), ((8,), ("tp",))):
         other = init_device_mesh(shape, names)
         for model in ("gpt2", "llama"):

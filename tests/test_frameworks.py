@@ -54,25 +54,10 @@ def mesh() -> Any:
 
 @pytest.fixture(scope="module")
 def programs(mesh: Any) -> dict[str, Program]:
-    tokens, targets = (distribute_tensor(a, mesh, "S(0),R") for a in common.batch(0, 4, 8, 64))
-    model, _ = nnx_lm.create(nnx_lm.Config(layers=1))
-    graphdef, state = nnx.split(model)
-    f = nnx_lm.Functional(graphdef)
-    params = distribute_pytree(state, mesh, nnx_lm.megatron_plan())
-    eqx_model = eqx_lm.LM(eqx_lm.Config(layers=1), jax.random.key(0))
-    arrays, static = eqx.partition(eqx_model, eqx.is_array)
-    eqx_params = distribute_pytree(arrays, mesh, eqx_lm.megatron_plan(), strict=False)
-    # the whole model (its activation function and float leaves static, as eqx.filter_jit makes them)
-    eqx_whole = eqx.combine(eqx_params, static, is_leaf=_is_dtensor)
-    opt_state = distribute_pytree(eqx_lm.optimizer.init(arrays), mesh, eqx_lm.megatron_plan(), strict=False)
-    e = eqx_lm.Functional(static)
     return {
-        "nnx loss": Program(f.loss, (params, tokens, targets), None),
-        "nnx value_and_grad": Program(f.value_and_grad, (params, tokens, targets), (None, params)),
-        "eqx loss": Program(eqx_lm.loss_fn, (eqx_whole, tokens, targets), None),
-        "eqx value_and_grad": Program(e.value_and_grad, (eqx_params, tokens, targets), (None, eqx_params)),
-        "eqx adamw step": Program(eqx_lm.train_step, (eqx_whole, opt_state, tokens, targets),
-                                  (eqx_whole, opt_state, None)),
+        f"{name} {kind}": Program(*program)
+        for name, module in (("nnx", nnx_lm), ("eqx", eqx_lm))
+        for kind, program in module.checked_programs(module.Config(layers=1), mesh).items()
     }
 
 

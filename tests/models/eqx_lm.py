@@ -21,7 +21,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from placements2jax import colwise, rowwise
+from placements2jax import DTensor, colwise, distribute_pytree, distribute_tensor, rowwise
+
+from .common import batch
 
 
 @dataclass(frozen=True)
@@ -148,4 +150,22 @@ def megatron_plan(tp: str = "tp") -> dict[str, Any]:
         prefix + r"blocks/\d+/(attn/qkv|mlp/fc)/(weight|bias)": colwise(tp, convention="torch"),
         prefix + r"blocks/\d+/(attn/proj|mlp/out)/weight": rowwise(tp, convention="torch"),
         prefix + r"head/weight": colwise(tp, convention="torch"),  # (vocab, dim): vocab split
+    }
+
+
+def checked_programs(cfg: Config, mesh: Any) -> dict[str, tuple[Any, tuple[Any, ...], Any]]:
+    """The loss of the whole model (its activation function and float leaves static, as
+    ``eqx.filter_jit`` makes them), the value_and_grad of its arrays and its adamw step, on
+    :func:`megatron_plan` over ``mesh``, as ``(fn, args, out_layouts)`` for predict / check
+    (as :func:`.common.checked_programs` gives GPT-2's and Llama's): the batch split over
+    dp; the gradients, parameters and optimizer state keeping the parameters' layouts."""
+    tokens, targets = (distribute_tensor(a, mesh, "S(0),R") for a in batch(0, 4, cfg.seq, cfg.vocab))
+    arrays, static = eqx.partition(LM(cfg, jax.random.key(0)), eqx.is_array)
+    params = distribute_pytree(arrays, mesh, megatron_plan(), strict=False)
+    whole = eqx.combine(params, static, is_leaf=lambda x: isinstance(x, DTensor))
+    opt_state = distribute_pytree(optimizer.init(arrays), mesh, megatron_plan(), strict=False)
+    return {
+        "loss": (loss_fn, (whole, tokens, targets), None),
+        "value_and_grad": (Functional(static).value_and_grad, (params, tokens, targets), (None, params)),
+        "adamw step": (train_step, (whole, opt_state, tokens, targets), (whole, opt_state, None)),
     }

@@ -18,7 +18,9 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from placements2jax import colwise, rowwise
+from placements2jax import colwise, distribute_pytree, distribute_tensor, rowwise
+
+from .common import batch
 
 
 @dataclass(frozen=True)
@@ -124,4 +126,19 @@ def megatron_plan(tp: str = "tp") -> dict[str, Any]:
         prefix + r"blocks/\d+/(attn/qkv|mlp/fc)/(kernel|bias)/value": colwise(tp),
         prefix + r"blocks/\d+/(attn/proj|mlp/out)/kernel/value": rowwise(tp),
         prefix + r"head/kernel/value": colwise(tp),  # (dim, vocab): vocab split
+    }
+
+
+def checked_programs(cfg: Config, mesh: Any) -> dict[str, tuple[Any, tuple[Any, ...], Any]]:
+    """The functional loss and value_and_grad of a model of ``cfg`` on :func:`megatron_plan`
+    over ``mesh`` as ``(fn, args, out_layouts)`` for predict / check (as
+    :func:`.common.checked_programs` gives GPT-2's and Llama's): the batch split over dp,
+    the gradients keeping the parameters' layouts."""
+    tokens, targets = (distribute_tensor(a, mesh, "S(0),R") for a in batch(0, 4, cfg.seq, cfg.vocab))
+    graphdef, state = nnx.split(create(cfg)[0])
+    params = distribute_pytree(state, mesh, megatron_plan())
+    functional = Functional(graphdef)
+    return {
+        "loss": (functional.loss, (params, tokens, targets), None),
+        "value_and_grad": (functional.value_and_grad, (params, tokens, targets), (None, params)),
     }
