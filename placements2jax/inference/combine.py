@@ -184,10 +184,9 @@ def planned_collectives(
     XLA's layouts)."""
     loops = {eqn.path: eqn.primitive for eqn in prediction.equations if eqn.primitive in _LOOPS}
     upstream: dict[str, int] = {}  # equation path -> collectives its outputs depend on
+    # each route's run records the collectives the value depends on there: a later move along that route runs
+    # nothing there and depends on what the first did
     routes = SharedRoutes(prediction.search == "program")
-    # route key (:meth:`.RedistributePlan.routed`) -> collectives the value depends on there: a later move along
-    # that route runs nothing there and depends on what the first did
-    depends: dict[Any, int] = {}
     result: list[PlannedCollective] = []
 
     def before(source: Any) -> int:
@@ -204,7 +203,7 @@ def planned_collectives(
         after = before(source)
         for route, step, runs in routes.steps(source, plan):
             if not runs:
-                after = depends[route]
+                after = routes.left(route)
                 continue
             if step.communicates:  # not local, nor over one device: those XLA compiles to nothing
                 kind = rules.compiled_kind(step.collective)
@@ -214,7 +213,7 @@ def planned_collectives(
                     after,
                 ))
                 after |= 1 << (len(result) - 1)
-            depends[route] = after
+            routes.record(route, after)
         return after
 
     for eqn in prediction.equations:

@@ -557,7 +557,7 @@ class SharedRoutes:
 
     def __init__(self, shared: bool) -> None:
         self._shared = shared
-        self._run: set[Any] = set()  # the route keys run so far
+        self._run: dict[Any, Any] = {}  # route key run so far -> what its run left (record())
 
     def steps(self, source: Any, plan: RedistributePlan) -> Iterator[tuple[Any, RedistributeStep, bool]]:
         """Each step of ``plan`` moving the value ``source`` (None: a literal or constant),
@@ -567,8 +567,18 @@ class SharedRoutes:
         for route, step in plan.routed(source):
             runs = not (share and route in self._run)
             if share:
-                self._run.add(route)
+                self._run.setdefault(route, None)
             yield route, step, runs
+
+    def record(self, route: Any, left: Any) -> None:
+        """Keep what the run of ``route`` left (e.g. the collectives the value depends on
+        there), for a later move along it, which runs nothing there (:meth:`left`)."""
+        if route in self._run:
+            self._run[route] = left
+
+    def left(self, route: Any) -> Any:
+        """What the earlier run of ``route`` left (:meth:`record`)."""
+        return self._run[route]
 
 
 class _ByValue:
