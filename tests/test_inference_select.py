@@ -21,8 +21,8 @@ from placements2jax import ArgumentTypeError, InferenceError, Layout, Partial, c
 from placements2jax.inference import CostModel, Signature, infer_signature, ops
 from placements2jax.inference.cost import resolve_cost_model
 from placements2jax.inference.select import (
-    _cosplit, _distinct_orders, _first_inexact, _fit_class, _fit_shapes, _gathered_matters, _inexact_step, nest_orders,
-    rank_candidates, signature_for,
+    _cosplit, _distinct_orders, _first_inexact, _fit_class, _fit_shapes, _gathered_matters, _inexact_step, _out_avals,
+    nest_orders, rank_candidates, signature_for,
 )
 from placements2jax.inference.signature import Aval, TensorSpec, placement_on
 
@@ -550,6 +550,31 @@ def test_bounded_choice_is_the_full_rankings_first(data: Any) -> None:
         ranked[0].pending,
     )
     assert signature == Signature(signature.op, specs, tuple(ranked))
+
+
+@settings(max_examples=80)  # each example also ranks every candidate
+@given(data=st.data())
+def test_in_place_candidates_are_the_full_rankings_without_a_move(data: Any) -> None:
+    """rank_candidates(in_place=True), the lazy choice's first attempt, gives the full
+    ranking's candidates that move no input, in its order: none where some mesh dim has
+    no 1-D signature keeping the inputs' placements (returned before building anything),
+    a reshape's view where it applies (the view runs in place on any input)."""
+    shape = data.draw(st.sampled_from(sorted(_BOUNDED_MESHES)))
+    mesh = init_device_mesh(shape, _BOUNDED_MESHES[shape])
+    cases = {**_BOUNDED_OPS, "reshape": (((8, 6),), {"shape": (48,)})}
+    op = data.draw(st.sampled_from(sorted(cases)))
+    shapes, params = cases[op]
+    specs = tuple(TensorSpec(dims, dtype, layout) for dims, dtype, layout in _drawn_inputs(data, mesh, shapes))
+    avals = tuple(s.aval for s in specs)
+    out_avals = _out_avals(op, ops.freeze(params), avals)
+    rule = ops.op_definition(op).rule(avals, out_avals, **params)
+    orders = nest_orders(mesh, [s.layout for s in specs])
+    model = resolve_cost_model(None)
+    in_place = rank_candidates(rule, specs, out_avals, mesh, orders, model, in_place=True)
+    unmoved = [c for c in rank_candidates(rule, specs, out_avals, mesh, orders, model) if not any(c.redistributed)]
+    assert [(c.in_layouts, c.out_layouts, c.one_d, c.nest_order) for c in in_place] == [
+        (c.in_layouts, c.out_layouts, c.one_d, c.nest_order) for c in unmoved
+    ]
 
 
 @settings(max_examples=60)  # each example also ranks every candidate
