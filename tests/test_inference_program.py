@@ -259,3 +259,48 @@ def test_megatron_mlp_training_step_at_the_benchmarks_sizes_is_xlas_plan(mesh: A
     assert report.predicted_bytes == report.compiled_bytes
     assert report.predicted_counts == report.compiled_operand_counts == {"all-reduce": 8}
     assert report.predicted_combined_counts == report.compiled_counts
+
+
+@given(st.lists(st.integers(0, 5), max_size=12))
+def test_positions_group_each_value_in_order_of_first_appearance(values: list[int]) -> None:
+    """All distinct (a candidate tuple's inputs) or not, per value its positions ascending."""
+    found = program_module._positions(values)
+    assert list(found) == list(dict.fromkeys(values))
+    assert {value: list(positions) for value, positions in found.items()} == {
+        value: [k for k, v in enumerate(values) if v == value] for value in set(values)
+    }
+
+
+def test_candidate_tables_index_the_candidates_states(mesh: Any) -> None:
+    """The states of every candidate tuple, converted once per distinct layout tuple (one
+    object for equal tuples), and the indices built on first use: per input the distinct
+    needs in order of first need with each candidate's index there, and the candidates by
+    their inputs, by one input and by one output."""
+
+    def fn(x: jax.Array, w: jax.Array) -> jax.Array:
+        return jax.nn.relu(x @ w) + x
+
+    graph = _graph(fn, spec(mesh, (8, 32), "S(0),S(1)"), spec(mesh, (32, 32), "R,S(0)"))
+    states = program_module._States()
+    converted = program_module._StateTuples(states)
+    for node in graph.nodes:
+        for candidate in node.candidates:
+            found = converted[candidate.in_layouts]
+            assert found == tuple(program_module._state(x) for x in candidate.in_layouts)
+            assert converted[candidate.in_layouts] is found
+        ins = tuple(converted[c.in_layouts] for c in node.candidates)
+        outs = tuple(converted[c.out_layouts] for c in node.candidates)
+        table = program_module._Candidates(ins, outs, mesh.ndim)
+        for i, column in enumerate(zip(*ins)):
+            assert table.needed[i] == tuple(dict.fromkeys(column))
+            assert [table.needed[i][n] for n in table.need_index[i]] == list(column)
+            assert {s: list(ks) for s, ks in table.by_in[i].items()} == {
+                s: [k for k, x in enumerate(column) if x == s] for s in column
+            }
+        for j, column in enumerate(zip(*outs)):
+            assert {s: list(ks) for s, ks in table.by_out[j].items()} == {
+                s: [k for k, x in enumerate(column) if x == s] for s in column
+            }
+        assert {s: list(ks) for s, ks in table.by_ins.items()} == {
+            s: [k for k, x in enumerate(ins) if x == s] for s in ins
+        }
