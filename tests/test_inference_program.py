@@ -4,12 +4,13 @@ vocabulary projection and a log-softmax loss) on a (dp=2, tp=4) mesh."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from models.block import block, layer_norm
@@ -304,3 +305,31 @@ def test_candidate_tables_index_the_candidates_states(mesh: Any) -> None:
         assert {s: list(ks) for s, ks in table.by_ins.items()} == {
             s: [k for k, x in enumerate(ins) if x == s] for s in ins
         }
+
+
+@settings(max_examples=30, deadline=None)
+@given(picks=st.lists(st.integers(0, 1000), min_size=12, max_size=12))
+def test_value_cost_is_each_distinct_need_moved_once(mesh: Any, picks: list[int]) -> None:
+    """Every value's cost at a choice (a value read by one consumer or several, a function
+    input, a literal, an output's charge): its state moved into each distinct layout its
+    consumers need, in their order, as :meth:`_Search.cost` prices each move."""
+
+    def fn(x: jax.Array, w: jax.Array) -> jax.Array:
+        h = x @ w
+        return jnp.tanh(h * 2.0) + h @ w.T
+
+    graph = _graph(fn, spec(mesh, (8, 32), "S(0),R"), spec(mesh, (32, 32), "R,S(1)"))
+    search = program_module._Search(graph, resolve_cost_model(None), (None,))
+    choice = {path: pick % len(search.ins[path]) for path, pick in zip(search.paths, itertools.cycle(picks))}
+    for value_id, value in enumerate(search.priced):
+        if value[0] in ("literal", "owed"):
+            continue
+        consumers = search.consumers[value]
+        aval = search.in_avals[consumers[0][0]][consumers[0][1]]
+        state = search.state_of(*consumers[0], choice)
+        nbytes, steps = 0.0, 0.0
+        for need in dict.fromkeys(search.ins[c][choice[c]][i] for c, i in consumers):
+            move = search.cost(aval, state, need)
+            nbytes, steps = nbytes + move[0], steps + move[1]
+        assert search.value_cost(value_id, choice) == (nbytes, steps)
+    assert search.total(choice) == search.around(search.values, choice)

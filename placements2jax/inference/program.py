@@ -881,6 +881,15 @@ class _Search:
             path: tuple(dict.fromkeys(ids[value] for value in values if value in ids))
             for path, values in touched.items()
         }
+        # value_cost()'s per value (by id) of an edge: its aval, its state if fixed (a function's input), and its
+        # consumers' candidates' input states, paths and input indices
+        self.readers = [
+            None if value[0] in ("literal", "owed") else (
+                self.in_avals[consumers[0][0]][consumers[0][1]], self.fixed[consumers[0][0]][consumers[0][1]],
+                tuple((self.ins[c], c, i) for c, i in consumers),
+            )
+            for value, consumers in zip(self.priced, map(self.consumers.get, self.priced))
+        ]
         # total()'s: every value, every node's choice (its memo key)
         self.values = self.touched_by(self.paths)
         self.everything = _getter(self.paths)
@@ -1316,16 +1325,24 @@ class _Search:
             _, path, i = value
             known = memo[key] = self.cost(self.in_avals[path][i], self.fixed[path][i], self.ins[path][choice[path]][i])
             return known
-        consumers = self.consumers[value]
-        first, i = consumers[0]
-        state = self.state_of(first, i, choice)
-        aval = self.in_avals[first][i]
+        # an edge's value: its state as given or made, moved into each layout its consumers need (needs() and cost()
+        # inlined, a need met as it comes skipped, its move free: the descents price ~20k values so on Llama's
+        # 2-layer adamw step, ~15k of them needed as they come by some consumer)
+        aval, fixed, readers = self.readers[value_id]
+        state = fixed or self.outs[value[0]][choice[value[0]]][value[1]]
+        costs, cost = self.costs, self.cost
+        if len(readers) == 1:  # one consumer (most values): its move alone, the memo's own cost (no sum)
+            ins, c, i = readers[0]
+            need = ins[choice[c]][i]
+            known = memo[key] = _ZERO if need == state else costs.get((aval, state, need)) or cost(aval, state, need)
+            return known
         nbytes, steps = 0.0, 0.0
-        for need in self.needs(value, choice):
-            move = self.cost(aval, state, need)
-            nbytes, steps = nbytes + move[0], steps + move[1]
-        memo[key] = (nbytes, steps)
-        return nbytes, steps
+        for need in dict.fromkeys([ins[choice[c]][i] for ins, c, i in readers]):
+            if need != state:
+                move = costs.get((aval, state, need)) or cost(aval, state, need)
+                nbytes, steps = nbytes + move[0], steps + move[1]
+        known = memo[key] = (nbytes, steps)
+        return known
 
     def alternatives(self, path: str, choice: Choice, shared: bool = False) -> list[tuple[int, bool]]:
         """Moves worth a cascade. At an equation that makes, carries or receives partials:
