@@ -4,12 +4,13 @@ vocabulary projection and a log-softmax loss) on a (dp=2, tp=4) mesh."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from models.block import block, layer_norm
@@ -259,3 +260,76 @@ def test_megatron_mlp_training_step_at_the_benchmarks_sizes_is_xlas_plan(mesh: A
     assert report.predicted_bytes == report.compiled_bytes
     assert report.predicted_counts == report.compiled_operand_counts == {"all-reduce": 8}
     assert report.predicted_combined_counts == report.compiled_counts
+
+
+@given(st.lists(st.integers(0, 5), max_size=12))
+def test_positions_group_each_value_in_order_of_first_appearance(values: list[int]) -> None:
+    """All distinct (a candidate tuple's inputs) or not, per value its positions ascending."""
+    found = program_module._positions(values)
+    assert list(found) == list(dict.fromkeys(values))
+    assert {value: list(positions) for value, positions in found.items()} == {
+        value: [k for k, v in enumerate(values) if v == value] for value in set(values)
+    }
+
+
+def test_candidate_tables_index_the_candidates_states(mesh: Any) -> None:
+    """The states of every candidate tuple, converted once per distinct layout tuple (one
+    object for equal tuples), and the indices built on first use: per input the distinct
+    needs in order of first need with each candidate's index there, and the candidates by
+    their inputs, by one input and by one output."""
+
+    def fn(x: jax.Array, w: jax.Array) -> jax.Array:
+        return jax.nn.relu(x @ w) + x
+
+    graph = _graph(fn, spec(mesh, (8, 32), "S(0),S(1)"), spec(mesh, (32, 32), "R,S(0)"))
+    states = program_module._States()
+    converted = program_module._StateTuples(states)
+    for node in graph.nodes:
+        for candidate in node.candidates:
+            found = converted[candidate.in_layouts]
+            assert found == tuple(program_module._state(x) for x in candidate.in_layouts)
+            assert converted[candidate.in_layouts] is found
+        ins = tuple(converted[c.in_layouts] for c in node.candidates)
+        outs = tuple(converted[c.out_layouts] for c in node.candidates)
+        table = program_module._Candidates(ins, outs, mesh.ndim)
+        for i, column in enumerate(zip(*ins)):
+            assert table.needed[i] == tuple(dict.fromkeys(column))
+            assert [table.needed[i][n] for n in table.need_index[i]] == list(column)
+            assert {s: list(ks) for s, ks in table.by_in[i].items()} == {
+                s: [k for k, x in enumerate(column) if x == s] for s in column
+            }
+        for j, column in enumerate(zip(*outs)):
+            assert {s: list(ks) for s, ks in table.by_out[j].items()} == {
+                s: [k for k, x in enumerate(column) if x == s] for s in column
+            }
+        assert {s: list(ks) for s, ks in table.by_ins.items()} == {
+            s: [k for k, x in enumerate(ins) if x == s] for s in ins
+        }
+
+
+@settings(max_examples=30, deadline=None)
+@given(picks=st.lists(st.integers(0, 1000), min_size=12, max_size=12))
+def test_value_cost_is_each_distinct_need_moved_once(mesh: Any, picks: list[int]) -> None:
+    """Every value's cost at a choice (a value read by one consumer or several, a function
+    input, a literal, an output's charge): its state moved into each distinct layout its
+    consumers need, in their order, as :meth:`_Search.cost` prices each move."""
+
+    def fn(x: jax.Array, w: jax.Array) -> jax.Array:
+        h = x @ w
+        return jnp.tanh(h * 2.0) + h @ w.T
+
+    graph = _graph(fn, spec(mesh, (8, 32), "S(0),R"), spec(mesh, (32, 32), "R,S(1)"))
+    search = program_module._Search(graph, resolve_cost_model(None), (None,))
+    choice = {path: pick % len(search.ins[path]) for path, pick in zip(search.paths, itertools.cycle(picks))}
+    for value_id, value in enumerate(search.priced):
+        if value[0] in ("literal", "owed"):
+            continue
+        consumers = search.consumers[value]
+        aval = search.in_avals[consumers[0][0]][consumers[0][1]]
+        state = search.state_of(*consumers[0], choice)
+        nbytes, steps = 0.0, 0.0
+        for need in dict.fromkeys(search.ins[c][choice[c]][i] for c, i in consumers):
+            move = search.cost(aval, state, need)
+            nbytes, steps = nbytes + move[0], steps + move[1]
+        assert search.value_cost(value_id, choice) == (nbytes, steps)
+    assert search.total(choice) == search.around(search.values, choice)

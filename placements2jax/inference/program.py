@@ -271,6 +271,7 @@ from __future__ import annotations
 import copy
 import functools
 import heapq
+import itertools
 import math
 import operator
 from collections.abc import Callable, Collection, Sequence
@@ -660,8 +661,29 @@ class _States(dict):  # type: ignore[type-arg]
         return state
 
 
-def _positions(values: Sequence[Any]) -> dict[Any, list[int]]:
+class _StateTuples(dict):  # type: ignore[type-arg]
+    """The states of layout tuples (a candidate's inputs or outputs) by tuple, each
+    converted at its first look-up (``__missing__``): the search maps ``__getitem__`` over
+    its candidates' layout tuples (in C; a tuple of interned layouts hashes by their
+    identities), and candidates repeat theirs (on Llama's adamw step 1,974 distinct input
+    tuples and 358 output tuples among 11,574 candidates)."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, states: _States) -> None:
+        super().__init__()
+        self.state = states.__getitem__
+
+    def __missing__(self, layouts: tuple[Layout, ...]) -> tuple[State, ...]:
+        states = self[layouts] = tuple(map(self.state, layouts))
+        return states
+
+
+def _positions(values: Sequence[Any]) -> dict[Any, Sequence[int]]:
     """Per distinct value (in order of first appearance), the positions holding it."""
+    alone: dict[Any, Sequence[int]] = dict(zip(values, zip(itertools.count())))  # in C
+    if len(alone) == len(values):  # all distinct: a candidate tuple's inputs (all of them, on the training steps)
+        return alone
     found: dict[Any, list[int]] = {}
     for k, value in enumerate(values):
         positions = found.get(value)
@@ -680,17 +702,34 @@ class _Candidates:
     def __init__(self, ins: tuple[tuple[State, ...], ...], outs: tuple[tuple[State, ...], ...], ndim: int) -> None:
         self.ins, self.outs = ins, outs
         columns = list(zip(*ins))  # per input, each candidate's state
-        self.by_ins = _positions(ins)  # the candidates needing exactly these inputs
-        self.by_in = [_positions(column) for column in columns]  # per input, per state
-        self.by_out = [_positions(column) for column in zip(*outs)]  # per output, per state
-        # per input, the distinct states candidates need it in and each candidate's (by its index there): an
-        # input's moves are priced once per distinct need (:meth:`_Search.input_costs`)
-        self.needed = [tuple(by) for by in self.by_in]
+        # per input, the distinct states candidates need it in (in order of first need) and each candidate's (by its
+        # index there): an input's moves are priced once per distinct need (:meth:`_Search.input_costs`)
+        self.needed = [tuple(dict.fromkeys(column)) for column in columns]
         self.need_index = [
-            tuple(map({state: n for n, state in enumerate(by)}.__getitem__, column))
-            for by, column in zip(self.by_in, columns)
+            tuple(map({state: n for n, state in enumerate(needed)}.__getitem__, column))
+            for needed, column in zip(self.needed, columns)
         ]
         self.ndim = ndim
+
+    # The indices by state, built when the search first looks a node's candidates up so (:meth:`_Search._greedy`
+    # by its inputs, :meth:`_Search.value_moves` by one input, :meth:`_Search._pull` by one output): built with
+    # the needs for every candidate tuple, the tables took 36 ms of the search's 91 ms construction on Llama's
+    # 2-layer adamw step (304 tuples, 11,574 candidates), the needs alone 12 ms.
+
+    @functools.cached_property
+    def by_ins(self) -> dict[tuple[State, ...], Sequence[int]]:
+        """The candidates needing exactly these inputs."""
+        return _positions(self.ins)
+
+    @functools.cached_property
+    def by_in(self) -> list[dict[State, Sequence[int]]]:
+        """Per input, per state, the candidates needing it in that state."""
+        return [_positions(column) for column in zip(*self.ins)]
+
+    @functools.cached_property
+    def by_out(self) -> list[dict[State, Sequence[int]]]:
+        """Per output, per state, the candidates giving it in that state."""
+        return [_positions(column) for column in zip(*self.outs)]
 
     # The tables of reducing moves (:meth:`_Search._alternatives`), built when a node with partials first needs
     # them (most nodes of a training step have none: a third of the candidates' conversion on Llama's).
@@ -744,6 +783,8 @@ class _Search:
         self.states = _States()  # per interned layout (hashed by identity: cheap)
         self.layouts = self.states.layouts  # per state, the first layout interned as it
         intern = self.states.__getitem__
+        convert = _StateTuples(self.states).__getitem__
+        in_layouts, out_layouts = operator.attrgetter("in_layouts"), operator.attrgetter("out_layouts")
         # The states of a candidate tuple, converted once: a model's repeated layers and
         # their gradients share their (cached) signatures' candidate tuples.
         converted: dict[int, _Candidates] = {}
@@ -755,8 +796,8 @@ class _Search:
             known = converted.get(id(node.candidates))
             if known is None:
                 known = converted[id(node.candidates)] = _Candidates(
-                    tuple(tuple(map(intern, c.in_layouts)) for c in node.candidates),
-                    tuple(tuple(map(intern, c.out_layouts)) for c in node.candidates),
+                    tuple(map(convert, map(in_layouts, node.candidates))),
+                    tuple(map(convert, map(out_layouts, node.candidates))),
                     graph.mesh.ndim,
                 )
             self.candidates[node.path] = known
@@ -840,6 +881,15 @@ class _Search:
             path: tuple(dict.fromkeys(ids[value] for value in values if value in ids))
             for path, values in touched.items()
         }
+        # value_cost()'s per value (by id) of an edge: its aval, its state if fixed (a function's input), and its
+        # consumers' candidates' input states, paths and input indices
+        self.readers = [
+            None if value[0] in ("literal", "owed") else (
+                self.in_avals[consumers[0][0]][consumers[0][1]], self.fixed[consumers[0][0]][consumers[0][1]],
+                tuple((self.ins[c], c, i) for c, i in consumers),
+            )
+            for value, consumers in zip(self.priced, map(self.consumers.get, self.priced))
+        ]
         # total()'s: every value, every node's choice (its memo key)
         self.values = self.touched_by(self.paths)
         self.everything = _getter(self.paths)
@@ -1031,7 +1081,9 @@ class _Search:
     def arriving(self, path: str, choice: Choice) -> tuple[State, ...]:
         """The layouts the inputs of equation ``path`` arrive in (:meth:`state_of` of each)."""
         outs = self.outs
-        return tuple(fixed or outs[src][choice[src]][j] for fixed, src, j in self.arrivals[path])
+        # a list comprehension, not a generator: 0.6x its time for the ~2 inputs of an equation (~27k calls in a
+        # cold predict of Llama's 2-layer adamw step)
+        return tuple([fixed or outs[src][choice[src]][j] for fixed, src, j in self.arrivals[path]])
 
     def state_of(self, path: str, i: int, choice: Choice) -> State:
         """The layout input ``i`` of equation ``path`` arrives in, its producer as chosen."""
@@ -1275,16 +1327,24 @@ class _Search:
             _, path, i = value
             known = memo[key] = self.cost(self.in_avals[path][i], self.fixed[path][i], self.ins[path][choice[path]][i])
             return known
-        consumers = self.consumers[value]
-        first, i = consumers[0]
-        state = self.state_of(first, i, choice)
-        aval = self.in_avals[first][i]
+        # an edge's value: its state as given or made, moved into each layout its consumers need (needs() and cost()
+        # inlined, a need met as it comes skipped, its move free: the descents price ~20k values so on Llama's
+        # 2-layer adamw step, ~15k of them needed as they come by some consumer)
+        aval, fixed, readers = self.readers[value_id]
+        state = fixed or self.outs[value[0]][choice[value[0]]][value[1]]
+        costs, cost = self.costs, self.cost
+        if len(readers) == 1:  # one consumer (most values): its move alone, the memo's own cost (no sum)
+            ins, c, i = readers[0]
+            need = ins[choice[c]][i]
+            known = memo[key] = _ZERO if need == state else costs.get((aval, state, need)) or cost(aval, state, need)
+            return known
         nbytes, steps = 0.0, 0.0
-        for need in self.needs(value, choice):
-            move = self.cost(aval, state, need)
-            nbytes, steps = nbytes + move[0], steps + move[1]
-        memo[key] = (nbytes, steps)
-        return nbytes, steps
+        for need in dict.fromkeys([ins[choice[c]][i] for ins, c, i in readers]):
+            if need != state:
+                move = costs.get((aval, state, need)) or cost(aval, state, need)
+                nbytes, steps = nbytes + move[0], steps + move[1]
+        known = memo[key] = (nbytes, steps)
+        return known
 
     def alternatives(self, path: str, choice: Choice, shared: bool = False) -> list[tuple[int, bool]]:
         """Moves worth a cascade. At an equation that makes, carries or receives partials:
@@ -1372,7 +1432,7 @@ class _Search:
     def needs(self, value: ValueId, choice: Choice) -> tuple[State, ...]:
         """The layouts the consumers of ``value`` need it in at ``choice``, each once, in
         their order (a compiled program makes each once; sums over them keep that order)."""
-        return tuple(dict.fromkeys(self.ins[c][choice[c]][i] for c, i in self.consumers.get(value, ())))
+        return tuple(dict.fromkeys([self.ins[c][choice[c]][i] for c, i in self.consumers.get(value, ())]))
 
     def shared_needs(self, path: str, choice: Choice) -> tuple[frozenset[State], ...]:
         """Per input of ``path``, the layouts other consumers of its value need it in: free
