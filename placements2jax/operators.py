@@ -598,7 +598,8 @@ def _pinned_program(
         # inputs' partials are reduced first (as "xla" does): a value is Partial only as a stacked array
         inputs = [_Value(x, physical(s.layout.without_partial(), s.shape)) for x, s in zip(logical, sources)]
         executor, outs = _run_pinned(prediction, inputs, cost_model)
-        outs = [executor.moved(v, spec.layout) for v, spec in zip(outs, prediction.outputs)]
+        outs = [executor.moved(v, spec.layout, plan)
+                for v, spec, plan in zip(outs, prediction.outputs, _output_plans(prediction, False))]
         return tuple(
             _from_stacked(v.array, v.phys) if v.phys.layout.has_partial else _from_logical(v.array, v.phys.layout, v.phys.shape)
             for v in outs
@@ -619,9 +620,21 @@ def pinned_function(prediction: Any, cost_model: CostModelLike = None) -> Callab
     def run(*arrays: Any) -> list[jax.Array]:
         inputs = [_Value(a, physical(s.layout, s.shape)) for a, s in zip(arrays, prediction.inputs)]
         executor, outs = _run_pinned(prediction, inputs, cost_model)
-        return [executor.moved(v, spec.layout.without_partial()).array for v, spec in zip(outs, prediction.outputs)]
+        return [executor.moved(v, spec.layout.without_partial(), plan).array
+                for v, spec, plan in zip(outs, prediction.outputs, _output_plans(prediction, True))]
 
     return run
+
+
+def _output_plans(prediction: Any, without_partial: bool) -> list[RedistributePlan | None]:
+    """Per output of ``prediction``, the planned move to its ``out_layouts`` (None where
+    it is not moved, or, ``without_partial``, where the plan ends Partial, which the
+    caller's move does not): the pinned program takes the planned steps, e.g. an uneven
+    dim's all-to-all before its gather, cheaper than the padded all-gather XLA compiles
+    for the move in one (:func:`.inference.cost.gather_block_bytes`)."""
+    plans = {e.path: e.signature.redistributions[0] for e in prediction.equations if e.primitive == "out_layouts"}
+    chosen = [plans.get(f"out.{i}") for i in range(len(prediction.outputs))]
+    return [None if plan is None or (without_partial and plan.dst.has_partial) else plan for plan in chosen]
 
 
 def _run_pinned(prediction: Any, inputs: Sequence[_Value], cost_model: CostModelLike) -> tuple[_Pinned, list[_Value]]:
