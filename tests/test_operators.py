@@ -4,6 +4,7 @@ torch's rules, inside jax.jit, and gradients against the plain function."""
 from __future__ import annotations
 
 import functools
+from collections import Counter
 import re
 from typing import Any
 
@@ -723,6 +724,7 @@ def test_pinned_uneven_gathers_compile_at_their_predicted_bytes(
     compiled = compiled_collectives(pinned, x)
     assert sum(collective_nbytes(c, mesh.size()) for c in compiled) == prediction.lowered_nbytes == nbytes
     assert [c.op for c in compiled] == ops
+    assert prediction.combined_counts == Counter(ops)  # a short dim's gather counts as XLA's all-reduce
     result = pinned(x)
     assert result.layout == prediction.out_layouts[0]
     np.testing.assert_allclose(np.asarray(result.full_tensor()), 2 * array, rtol=1e-6)
