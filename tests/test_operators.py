@@ -705,9 +705,9 @@ def test_pinned_uneven_all_to_alls_compile_at_their_predicted_bytes(
     # 1 row over b (1 <= 2 // 2): XLA writes it into zeros and all-reduces, 1,024 B (512 as an all-gather)
     (MESH42, (1, 8, 32), "R,S(0)", "R,R", ["all-reduce"], 1024),
     # 9 rows over 8: the planned all-to-all to the even dim 1 then its gather (1,792 + 8,064 B) beat the padded
-    # all-gather of 16 rows XLA compiles for the move in one (14,336 B): the output's move is pinned step by step
+    # all-gather of 16 rows XLA compiles for the move in one (14,336 B): an uneven output's move is pinned step by step
     (init_device_mesh((8,), ("x",)), (9, 8, 32), "S(0)", "R", ["all-to-all", "all-gather"], 9856),
-    # two mesh dims gathered: each step pinned (XLA would gather both in one, 7,168 B)
+    # two mesh dims gathered, a first as planned (XLA's own route for the move in one gathers b first: 7,168 B)
     (MESH42, (6, 8, 32), "S(0),S(1)", "R,R", ["all-gather", "all-gather"], 6144),
 ])
 def test_pinned_uneven_gathers_compile_at_their_predicted_bytes(
