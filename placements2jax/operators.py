@@ -598,7 +598,8 @@ def _pinned_program(
         # inputs' partials are reduced first (as "xla" does): a value is Partial only as a stacked array
         inputs = [_Value(x, physical(s.layout.without_partial(), s.shape)) for x, s in zip(logical, sources)]
         executor, outs = _run_pinned(prediction, inputs, cost_model)
-        outs = [executor.moved(v, spec.layout) for v, spec in zip(outs, prediction.outputs)]
+        outs = [executor.moved(v, spec.layout, plan)
+                for v, spec, plan in zip(outs, prediction.outputs, _output_plans(prediction, False))]
         return tuple(
             _from_stacked(v.array, v.phys) if v.phys.layout.has_partial else _from_logical(v.array, v.phys.layout, v.phys.shape)
             for v in outs
@@ -619,9 +620,37 @@ def pinned_function(prediction: Any, cost_model: CostModelLike = None) -> Callab
     def run(*arrays: Any) -> list[jax.Array]:
         inputs = [_Value(a, physical(s.layout, s.shape)) for a, s in zip(arrays, prediction.inputs)]
         executor, outs = _run_pinned(prediction, inputs, cost_model)
-        return [executor.moved(v, spec.layout.without_partial()).array for v, spec in zip(outs, prediction.outputs)]
+        return [executor.moved(v, spec.layout.without_partial(), plan).array
+                for v, spec, plan in zip(outs, prediction.outputs, _output_plans(prediction, True))]
 
     return run
+
+
+def _output_plans(prediction: Any, without_partial: bool) -> list[RedistributePlan | None]:
+    """Per output of ``prediction``, the planned move to its ``out_layouts`` where the
+    pinned program takes its steps one by one: where the route passes an uneven layout.
+    There XLA's reshard in one picks its own order and pads differently from the planned
+    route (:func:`.inference.cost.gather_block_bytes`): ``(9, 8, 32)`` ``S(0) -> R`` on 8
+    devices, planned as an all-to-all to the even dim 1 and its gather (9,856 B), compiled
+    in one as a padded all-gather (14,336 B); ``(6, 8, 32)`` ``S(0),S(1) -> R,R`` on 4x2
+    gathered ``b`` first (7,168 B against 6,144). Else None: one constraint, XLA's own
+    route, which compiles the planned bytes on even layouts and can combine their
+    collectives with others (pinning every output step kept XLA from combining a tp
+    all-reduce of GPT-2's value_and_grad with another: 22 collectives against 21
+    predicted). None too where the plan ends Partial and the caller's move, made
+    ``without_partial``, does not."""
+    plans = {e.path: e.signature.redistributions[0] for e in prediction.equations if e.primitive == "out_layouts"}
+    chosen = [plans.get(f"out.{i}") for i in range(len(prediction.outputs))]
+    return [plan if plan is not None and _passes_uneven(plan) and not (without_partial and plan.dst.has_partial)
+            else None for plan in chosen]
+
+
+def _passes_uneven(plan: RedistributePlan) -> bool:
+    """Whether a layout on ``plan``'s route splits a dim of its tensor unevenly."""
+    return any(
+        n % math.prod(layout.pieces(d))
+        for layout in (plan.src, *(step.after for step in plan.steps)) for d, n in enumerate(plan.shape)
+    )
 
 
 def _run_pinned(prediction: Any, inputs: Sequence[_Value], cost_model: CostModelLike) -> tuple[_Pinned, list[_Value]]:

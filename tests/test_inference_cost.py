@@ -7,6 +7,8 @@ from collections import Counter
 from fractions import Fraction
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import assume, given
@@ -14,6 +16,7 @@ from hypothesis import strategies as st
 
 from placements2jax import ArgumentTypeError, InferenceError, Layout, init_device_mesh, resolve_layout
 from placements2jax.hlo import parse_collectives
+from placements2jax.inference.check import collective_nbytes
 from placements2jax.inference import (
     CostModel,
     default_cost_model,
@@ -28,6 +31,7 @@ from placements2jax.inference.cost import (
     collective_bytes,
     collective_factor,
     exchange_block_bytes,
+    gather_block_bytes,
     resolve_cost_model,
 )
 from placements2jax.physical import physical
@@ -103,6 +107,81 @@ def test_exchange_blocks_are_never_below_the_unpadded_ones_and_equal_on_even_spl
     pieces[target] *= mesh_shape[m]
     if all(n % p == 0 for n, p in zip(shape, pieces)):
         assert exchanged == unpadded
+
+
+def test_an_all_gather_is_priced_as_xla_pads_or_all_reduces_it() -> None:
+    """T and kind of an all-gather as XLA compiles it: n times the held padded block, or
+    an all-reduce of the unpadded block where the gathered dim has at most n/2 rows."""
+    one = 8 * 32 * 4  # one float32 row of (N, 8, 32)
+    # 6 rows over 4: blocks of 2, 8 rows gathered (6,144 B sent, not 4,608)
+    assert gather_block_bytes((6, 8, 32), 4, ((0,), (), ()), (4,), 0, 0) == ("all-gather", 8 * one)
+    assert collective_bytes("all-gather", 8 * one, 4) == 6144
+    # 1 and 2 rows over 4 (<= 4 // 2): written into zeros and all-reduced whole
+    assert gather_block_bytes((1, 8, 32), 4, ((0,), (), ()), (4,), 0, 0) == ("all-reduce", one)
+    assert gather_block_bytes((2, 8, 32), 4, ((0,), (), ()), (4,), 0, 0) == ("all-reduce", 2 * one)
+    # 3 rows over 4: a padded all-gather of 4 rows
+    assert gather_block_bytes((3, 8, 32), 4, ((0,), (), ()), (4,), 0, 0) == ("all-gather", 4 * one)
+    # over mesh dim 1 of (2, 4), dim 0 split over both: the group sees ceil(3 / 2) = 2 rows, <= 4 // 2
+    assert gather_block_bytes((3, 8, 32), 4, ((0, 1), (), ()), (2, 4), 1, 0) == ("all-reduce", 2 * one)
+    # another dim's split stays: (5, 8, 32), dim 1 over 4, dim 0 over 2: blocks of 3 rows of 2 columns, 6 rows gathered
+    assert gather_block_bytes((5, 8, 32), 4, ((0,), (1,), ()), (2, 4), 0, 0) == ("all-gather", 6 * 2 * 32 * 4)
+
+
+@given(shape=st.tuples(st.integers(0, 17), st.integers(1, 9)), data=st.data())
+def test_gathers_are_never_below_the_unpadded_ring_and_equal_on_even_splits(shape: Any, data: Any) -> None:
+    mesh_shape = data.draw(st.sampled_from([(2, 4), (4, 2), (8, 1), (1, 8)]))
+    m = data.draw(st.integers(0, 1))
+    inner = data.draw(st.booleans())  # the other mesh dim splits dim 0 too (major), else dim 1
+    dim_axes = ((1 - m, m), ()) if inner else ((m,), (1 - m,))
+    kind, block = gather_block_bytes(shape, 4, dim_axes, mesh_shape, m, 0)
+    n = mesh_shape[m]
+    unpadded = block_bytes(shape, 4, dim_axes, mesh_shape, without=m)
+    sent = collective_bytes(kind, block, n)
+    assert sent >= collective_bytes("all-gather", unpadded, n)
+    rows = -(-shape[0] // (mesh_shape[1 - m] if inner else 1))
+    if rows and rows % n == 0:  # an even split: the plain ring all-gather
+        assert (kind, block) == ("all-gather", unpadded)
+    if kind == "all-reduce":
+        assert rows <= n // 2 and block == unpadded
+
+
+def _compiled_gather(mesh_shape: tuple[int, ...], shape: tuple[int, ...], src: tuple[Any, ...], dst: tuple[Any, ...]) -> Any:
+    """The collectives XLA compiles to move a value computed in ``src`` (PartitionSpec
+    entries over mesh axes a, b) to ``dst``: a replicated input sliced locally, then
+    constrained (the uneven layout exists only inside the program: jit refuses it at its
+    boundary)."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(jax.devices()[: math.prod(mesh_shape)]).reshape(mesh_shape), ("a", "b")[: len(mesh_shape)])
+
+    def body(x: Any) -> Any:
+        y = jnp.sin(jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*src))))
+        return jax.lax.with_sharding_constraint(y, NamedSharding(mesh, PartitionSpec(*dst)))
+
+    arg = jax.ShapeDtypeStruct(shape, jnp.float32, sharding=NamedSharding(mesh, PartitionSpec()))
+    return parse_collectives(jax.jit(body).lower(arg).compile().as_text())
+
+
+@pytest.mark.parametrize(("mesh_shape", "shape", "src", "dst", "dim_axes", "m", "kind", "nbytes"), [
+    ((2,), (3, 8, 32), ("a",), (), ((0,), (), ()), 0, "all-gather", 2048),  # 4 rows gathered, not 3 (1,536)
+    ((4,), (6, 8, 32), ("a",), (), ((0,), (), ()), 0, "all-gather", 6144),  # 8 rows, not 6 (4,608)
+    ((4,), (1, 8, 32), ("a",), (), ((0,), (), ()), 0, "all-reduce", 1536),  # 1 <= 4 // 2: not 768
+    ((4,), (2, 8, 32), ("a",), (), ((0,), (), ()), 0, "all-reduce", 3072),  # 2 <= 4 // 2: not 1,536
+    ((8,), (3, 8, 32), ("a",), (), ((0,), (), ()), 0, "all-reduce", 5376),  # 3 <= 8 // 2: not 2,688
+    ((8,), (13, 8, 32), ("a",), (), ((0,), (), ()), 0, "all-gather", 14336),  # 16 rows, not 13 (11,648)
+    ((2, 4), (5, 8, 32), ("b",), (), ((1,), (), ()), 1, "all-gather", 6144),  # over a sub-mesh axis: 8 rows, not 5
+    ((2, 4), (2, 8, 32), ("b",), (), ((1,), (), ()), 1, "all-reduce", 3072),
+    ((2, 4), (3, 8, 32), ("a", "b"), (None, "b"), ((0,), (1,), ()), 0, "all-gather", 512),  # b keeps dim 1
+])
+def test_gathers_compile_as_priced(
+    mesh_shape: Any, shape: Any, src: Any, dst: Any, dim_axes: Any, m: int, kind: str, nbytes: int
+) -> None:
+    """XLA's SPMD partitioner on uneven gathers (``ReplicatePartial``), measured: one
+    collective of the kind and bytes :func:`gather_block_bytes` prices."""
+    compiled = _compiled_gather(mesh_shape, shape, src, dst)
+    priced_kind, block = gather_block_bytes(shape, 4, dim_axes, mesh_shape, m, 0)
+    assert [c.op for c in compiled] == [priced_kind] == [kind]
+    assert collective_nbytes(compiled[0], math.prod(mesh_shape)) == collective_bytes(kind, block, mesh_shape[m]) == nbytes
 
 
 def test_cost_model_weights_by_name_then_index() -> None:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from placements2jax import Layout, RedistributeError, init_device_mesh
 from placements2jax.inference import CostModel, plan_redistribute
-from placements2jax.inference.cost import block_bytes, collective_bytes, resolve_cost_model
+from placements2jax.inference.cost import block_bytes, collective_bytes, gather_block_bytes, resolve_cost_model
 from placements2jax.inference.plan import cached_plan, cost_scale, layout_state, plan_collectives, plan_cost, plan_search
 from placements2jax.inference.program import OVERHEAD
 from placements2jax.inference.signature import placement_on
@@ -138,10 +138,10 @@ def _via_replicate_cost(shape: tuple[int, ...], src: Layout) -> Fraction:
     for m, op in enumerate(src.partial):
         if op:
             total += collective_bytes("all-reduce", block_bytes(shape, 4, dim_axes, mesh_shape), mesh_shape[m])
-    for axes in dim_axes:
+    for d, axes in enumerate(dim_axes):
         while axes:
-            m = axes[-1]
-            total += collective_bytes("all-gather", block_bytes(shape, 4, dim_axes, mesh_shape, without=m), mesh_shape[m])
+            m = axes[-1]  # each gather priced as XLA compiles it (padded, or an all-reduce of a short dim)
+            total += collective_bytes(*gather_block_bytes(shape, 4, dim_axes, mesh_shape, m, d), mesh_shape[m])
             axes.pop()
     return total
 

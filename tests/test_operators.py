@@ -4,6 +4,7 @@ torch's rules, inside jax.jit, and gradients against the plain function."""
 from __future__ import annotations
 
 import functools
+from collections import Counter
 import re
 from typing import Any
 
@@ -694,6 +695,39 @@ def test_pinned_uneven_all_to_alls_compile_at_their_predicted_bytes(
     result = pinned(*args)
     assert result.layout == prediction.out_layouts[0]
     np.testing.assert_allclose(np.asarray(result.full_tensor()), np.asarray(jax.jit(fn)(*arrays)), rtol=1e-6)
+
+
+@pytest.mark.parametrize(("mesh", "shape", "src", "out", "ops", "nbytes"), [
+    # 6 rows over a (4): XLA gathers 8 padded rows, 6,144 B (priced 4,608 on unpadded blocks)
+    (MESH42, (6, 8, 32), "S(0),R", "R,R", ["all-gather"], 6144),
+    # 3 rows over b (2), a sub-mesh axis: 4 padded rows, 2,048 B (1,536 unpadded)
+    (MESH42, (3, 8, 32), "R,S(0)", "R,R", ["all-gather"], 2048),
+    # 1 row over b (1 <= 2 // 2): XLA writes it into zeros and all-reduces, 1,024 B (512 as an all-gather)
+    (MESH42, (1, 8, 32), "R,S(0)", "R,R", ["all-reduce"], 1024),
+    # 9 rows over 8: the planned all-to-all to the even dim 1 then its gather (1,792 + 8,064 B) beat the padded
+    # all-gather of 16 rows XLA compiles for the move in one (14,336 B): an uneven output's move is pinned step by step
+    (init_device_mesh((8,), ("x",)), (9, 8, 32), "S(0)", "R", ["all-to-all", "all-gather"], 9856),
+    # two mesh dims gathered, a first as planned (XLA's own route for the move in one gathers b first: 7,168 B)
+    (MESH42, (6, 8, 32), "S(0),S(1)", "R,R", ["all-gather", "all-gather"], 6144),
+])
+def test_pinned_uneven_gathers_compile_at_their_predicted_bytes(
+    mesh: Any, shape: Any, src: str, out: str, ops: list[str], nbytes: int
+) -> None:
+    """An all-gather of an uneven split is priced as XLA compiles it (a padded all-gather,
+    or an all-reduce of a short dim, cost.gather_block_bytes), and a pinned program's
+    output move takes the planned steps: the program compiles to the predicted bytes."""
+    array = _data(shape, 60)
+    x = _dt(array, mesh, src)
+    out_layouts = Layout.from_device_mesh(mesh)(out)
+    prediction = predict(lambda y: 2 * y, x, out_layouts=out_layouts)
+    pinned = jax.jit(lambda a: apply(lambda y: 2 * y, a, out_layouts=out_layouts, execute="pinned"))
+    compiled = compiled_collectives(pinned, x)
+    assert sum(collective_nbytes(c, mesh.size()) for c in compiled) == prediction.lowered_nbytes == nbytes
+    assert [c.op for c in compiled] == ops
+    assert prediction.combined_counts == Counter(ops)  # a short dim's gather counts as XLA's all-reduce
+    result = pinned(x)
+    assert result.layout == prediction.out_layouts[0]
+    np.testing.assert_allclose(np.asarray(result.full_tensor()), 2 * array, rtol=1e-6)
 
 
 @pytest.mark.parametrize("execute", ["xla", "pinned"])

@@ -42,7 +42,7 @@ from typing import Any
 
 from ..errors import InferenceError
 from ..layout import Layout
-from .cost import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
+from .cost import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, gather_block_bytes
 from .signature import RedistributePlan, RedistributeStep, SharedRoutes
 
 __all__ = ["BACKENDS", "CombinedCollective", "CombinerRules", "PlannedCollective", "combine", "combiner_rules",
@@ -206,11 +206,20 @@ def planned_collectives(
                 after = routes.left(route)
                 continue
             if step.communicates:  # not local, nor over one device: those XLA compiles to nothing
-                kind = rules.compiled_kind(step.collective)
+                if step.collective == ALL_GATHER:  # a padded all-gather, or an all-reduce of a short dim
+                    before_layout = step.before
+                    kind, result_bytes = gather_block_bytes(
+                        plan.shape, plan.dtype.itemsize, before_layout.dim_axes, before_layout.mesh.shape,
+                        step.mesh_dim, step.src.dim,
+                    )
+                    reduce_op = "sum" if kind == ALL_REDUCE else None  # the zero-filled blocks are added
+                    kind = rules.compiled_kind(kind)
+                else:
+                    kind = rules.compiled_kind(step.collective)
+                    reduce_op = _reduce_op(step)
+                    result_bytes = _result_bytes(kind, step.before, step.after, plan.shape, plan.dtype.itemsize)
                 result.append(PlannedCollective(
-                    kind, (step.axis,), _reduce_op(step), str(plan.dtype),
-                    _result_bytes(kind, step.before, step.after, plan.shape, plan.dtype.itemsize), scope, where,
-                    after,
+                    kind, (step.axis,), reduce_op, str(plan.dtype), result_bytes, scope, where, after,
                 ))
                 after |= 1 << (len(result) - 1)
             routes.record(route, after)

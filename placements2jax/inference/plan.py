@@ -67,6 +67,7 @@ from .cost import (
     collective_bytes,
     collective_factor,
     exchange_block_bytes,
+    gather_block_bytes,
     resolve_cost_model,
 )
 from .signature import RedistributePlan, RedistributeStep, TensorSpec, placement_on
@@ -201,12 +202,15 @@ def _strided_parts(
     priced_before = []
     axes, split = list(src[0]), list(src_split)
     for d, m, kind in before:
-        block = block_bytes(shape, itemsize, axes, mesh_shape, without=m)
-        split[d] = 1
-        if kind != ALL_TO_ALL:
+        if kind == ALL_TO_ALL:
+            nbytes = collective_bytes(kind, block_bytes(shape, itemsize, axes, mesh_shape, without=m), mesh_shape[m])
+        else:  # a plain all-gather's bytes, as XLA compiles it
+            compiled, block = gather_block_bytes(shape, itemsize, axes, mesh_shape, m, d)
+            nbytes = collective_bytes(compiled, block, mesh_shape[m])
             axes[d] = ()
+        split[d] = 1
         state = (tuple(axes), src[1], tuple(split)) if any(f > 1 for f in split) else (tuple(axes), src[1])
-        priced_before.append((m, kind, collective_bytes(kind, block, mesh_shape[m]), state))
+        priced_before.append((m, kind, nbytes, state))
     priced_after = []
     axes, split = list(last[0]), list(last[1])
     for d, m, kind in after:
@@ -539,14 +543,11 @@ def _moves(state: State, steps: _Steps) -> tuple[Moved, ...]:
     for m in steps.active:
         factor = steps.factors[m]
         split = split_of.get(m)
-        if split is None:
+        key = m * len(_KIND_ORDER)
+        if partial[m]:  # a partial mesh dim splits nothing: its block is the device's
             if whole is None:
                 whole = block_bytes(shape, itemsize, dim_axes, mesh_shape)
             block = whole
-        else:
-            block = block_bytes(shape, itemsize, dim_axes, mesh_shape, without=m)
-        key = m * len(_KIND_ORDER)
-        if partial[m]:
             listed = list(partial)
             listed[m] = None
             cleared = tuple(listed)
@@ -564,7 +565,9 @@ def _moves(state: State, steps: _Steps) -> tuple[Moved, ...]:
                 moves.append(((_append(dim_axes, d, m), partial), 0, m, digit + d, (m, LOCAL_SLICE, d, 0)))
         elif dim_axes[split][-1] == m:
             gathered = _remove(dim_axes, split, m)
-            collected = block * factor[ALL_GATHER]
+            # priced as XLA compiles it: a padded all-gather, or an all-reduce of a dim of at most n/2 rows
+            compiled, gathered_block = gather_block_bytes(shape, itemsize, dim_axes, mesh_shape, m, split)
+            collected = gathered_block * factor[compiled]
             moves.append(((gathered, partial), collected, m, (key + _ALL_GATHER_KEY) * width, (m, ALL_GATHER, -1, collected)))
             # padded as XLA pads an uneven exchange (a size-1 dim's chunk is n rows)
             exchanged = exchange_block_bytes(shape, itemsize, dim_axes, mesh_shape, m)
