@@ -207,10 +207,9 @@ def planned_collectives(
                 continue
             if step.communicates:  # not local, nor over one device: those XLA compiles to nothing
                 if step.collective == ALL_GATHER:  # a padded all-gather, or an all-reduce of a short dim
-                    before_layout = step.before
                     kind, result_bytes = gather_block_bytes(
-                        plan.shape, plan.dtype.itemsize, before_layout.dim_axes, before_layout.mesh.shape,
-                        step.mesh_dim, step.src.dim,
+                        plan.shape, plan.dtype.itemsize, step.before.dim_axes, step.before.mesh.shape, step.mesh_dim,
+                        step.src.dim,
                     )
                     reduce_op = "sum" if kind == ALL_REDUCE else None  # the zero-filled blocks are added
                     kind = rules.compiled_kind(kind)
