@@ -127,7 +127,9 @@ is kept only if it has fewer bytes and no more collectives (on the Llama adamw s
 The same descent with value moves from the first round is also run from that result's
 start (another basin: 0.89x the bytes on GPT-2's adamw step, 1.19x on Llama's), kept on
 the same terms (once when the first round moved nowhere: both would descend from the same
-choice). A move re-chooses one
+choice; and not in the descent as compiled with pull moves, below, where it never gave the
+kept result: on the 17 programs of benchmarks/dump_predictions.py, without it, the same
+predictions, docs/inference.md "Which descent gives the kept result"). A move re-chooses one
 equation: one that makes, carries or receives a partial reduces it right there (into a
 split, or to Replicate on those mesh dims, or, with partials on several mesh dims, those
 of one mesh dim only: a weight gradient reduces ``tp`` where it is formed and keeps
@@ -436,7 +438,9 @@ def _choose(
     chains = []
     for pulls in (False, True):  # without and with pull moves (:meth:`_Search.pull_moves`), the cheaper kept
         search.tie_moved(not pulls)  # without pull moves, ties broken by the fewest inputs moved (tie_moved())
-        chosen = _descend(search, eager, (), walked_only=True, pulls=pulls)
+        # with pull moves, value moves from its result only: on the 17 programs of benchmarks/dump_predictions.py
+        # the descent with them from its start never gave the kept result (module docstring)
+        chosen = _descend(search, eager, (), walked_only=True, pulls=pulls, from_start=not pulls)
         if search.total(by_planner) < search.total(chosen):
             chosen = by_planner
         chains.append((search.total(chosen), pulls, chosen))
@@ -530,11 +534,13 @@ def _chosen(graph: ProgramGraph, eager: Choice, chosen: Choice) -> dict[str, Can
 
 
 def _descend(
-    search: _Search, eager: Choice, seeds: tuple[tuple[str, int], ...], walked_only: bool = False, pulls: bool = False
+    search: _Search, eager: Choice, seeds: tuple[tuple[str, int], ...], walked_only: bool = False, pulls: bool = False,
+    from_start: bool = True,
 ) -> Choice:
     """The search's descents (module docstring) from the eager choice: the best choice
     found, ``eager`` itself when none is cheaper. ``walked_only``: from the walked start
-    alone (:meth:`_Search.starts`' last); ``pulls``: pull moves offered too."""
+    alone (:meth:`_Search.starts`' last); ``pulls``: pull moves offered too; ``from_start``:
+    value moves also from the start of the best result (else from that result only)."""
     chosen, best = eager, search.total(eager)
     origin = eager
     starts = search.starts(eager)
@@ -546,14 +552,15 @@ def _descend(
     # value moves: continuing from the best result, and descending with them from its start (two basins: on the
     # GPT-2 adamw step the second is 0.89x the first's bytes, on Llama's 1.19x); one descent when no start's
     # descent moved (the result is its start: improve() is a function of its start and options)
-    froms = (chosen,) if chosen == origin else (chosen, origin)
+    froms = (chosen,) if chosen == origin or not from_start else (chosen, origin)
     for found in [search.improve(start, values=True, pulls=pulls) for start in froms]:
         cost = search.total(found)
         if cost < best and cost[1] <= best[1]:
             chosen, best = found, cost
     for path, k in seeds:  # from the best choice with one node re-chosen (cascading), descended again
-        changes, _, _ = search.cascade({path: k}, chosen)
-        found = search.improve({**chosen, **changes}, pulls=pulls)
+        trial = dict(chosen)
+        search.cascaded({path: k}, trial)  # leaves the trial changed
+        found = search.improve(trial, pulls=pulls)
         cost = search.total(found)
         if cost < best and cost[1] <= best[1]:
             chosen, best = found, cost
@@ -892,7 +899,7 @@ class _Search:
         """Per node, its *followers*: the consumers whose inputs not fixed all come from
         it, later in program order, whose outputs' consumers all come later still, neither
         of the two stacking (:attr:`ProgramNode.stacks`: its :meth:`greedy` reads its
-        consumers' choices). :meth:`cascade` re-chooses a follower as soon as its producer
+        consumers' choices). :meth:`cascaded` re-chooses a follower as soon as its producer
         changes, without the heap: its :meth:`greedy` reads that producer's choice alone,
         final by then, and no equation it would have waited for in the heap reads its
         choice (a consumer of it comes later), so the cascade's choices are the heap's.
@@ -1182,27 +1189,18 @@ class _Search:
             total += value
         return total
 
-    def cascade(
-        self, seeds: dict[str, int], choice: Choice, follow: bool = True, reducing: bool = False
-    ) -> tuple[dict[str, int], frozenset[str], bool]:
-        """Equations ``seeds`` running the given candidates (path -> candidate) and
-        (``follow``) every equation downstream whose inputs change re-chosen as eager
-        dispatch would, until the changes die out. Returns the changes (path ->
-        candidate), the equations re-chosen or looked at (the result depends on their
-        choices and their producers', and on the neighbours of those changed,
-        :attr:`neighbours`), and whether some re-choice met a tie the two tie-breaks
-        (:meth:`tie_moved`) break apart."""
-        changes, kept, looked, tied = self.cascaded(seeds, choice, follow, reducing)
-        choice.update(kept)
-        return changes, looked, tied
-
     def cascaded(
         self, seeds: dict[str, int], trial: Choice, follow: bool = True, reducing: bool = False
     ) -> tuple[dict[str, int], dict[str, int], frozenset[str], bool]:
-        """:meth:`cascade` leaving ``trial`` changed (the choice itself, changed in place: a
-        copy of the whole choice per evaluation costs more; an exception ends the search,
-        which owns the choice): the changes, the candidates they replaced (``kept``: the
-        caller changes it back with them), the equations looked at and the tie flag.
+        """Equations ``seeds`` running the given candidates (path -> candidate) and
+        (``follow``) every equation downstream whose inputs change re-chosen as eager
+        dispatch would, until the changes die out, made in ``trial`` (the choice itself,
+        changed in place: a copy of the whole choice per evaluation costs more; an exception
+        ends the search, which owns the choice). Returns the changes (path -> candidate), the
+        candidates they replaced (``kept``: the caller changes ``trial`` back with them), the
+        equations re-chosen or looked at (the result depends on their choices and their
+        producers', and on the neighbours of those changed, :attr:`neighbours`), and whether
+        some re-choice met a tie the two tie-breaks (:meth:`tie_moved`) break apart.
         :meth:`evaluate` prices the changes before changing it back (:meth:`delta`)."""
         kept = {path: trial[path] for path in seeds}
         trial.update(seeds)
@@ -1640,8 +1638,8 @@ class _Search:
 
     def evaluate(self, move: Move, choice: Choice, settled: dict[int, Cost]) -> Evaluation:
         """A move's cascade from ``choice``: (how much it changes the total, the changes,
-        every equation whose change makes it stale; :meth:`cascade`). Kept per move with
-        the choices it read (:meth:`cascade`'s: those of the equations looked at and of
+        every equation whose change makes it stale; :meth:`cascaded`). Kept per move with
+        the choices it read (:meth:`cascaded`'s: those of the equations looked at and of
         their producers, and those the delta of the changes reads, their neighbours') and,
         if its cascade met a tie the two tie-breaks break apart, the tie-break: a later
         descent (from another start, with pull moves, the finishing one) meeting the move
