@@ -65,14 +65,22 @@ replaces both, and both are finished, as before). What the rest costs there, per
 and walked starts 0.66 / 0.46, its value moves from the result and from its start 0.36 /
 0.64; without pull moves from the walked start 2.69 (2,051 changes, 4.80 -> 1.06 MB), values
 from that result 0.39 (-> 0.97), values from the walked start 2.61 (-> 0.91); with pull
-moves 3.03 (4.74 -> 0.78), 1.21 (-> 0.68, finished), 1.19 (-> 0.75); the finish 2.44 (->
-0.62). The walked start as compiled is far from every result (4.8 MB where eager's is 2.5
-and the planner's result 1.4-1.7), yet it is the start of the kept result: from the
+moves 3.03 (4.74 -> 0.78), 1.21 (-> 0.68, finished), 1.19 (-> 0.75: since stop 24 not run);
+the finish 2.44 (-> 0.62). The walked start as compiled is far from every result (4.8 MB
+where eager's is 2.5 and the planner's result 1.4-1.7), yet it is the start of the kept
+result: from the
 planner's result, its walked start or the eager choice the compiled descents end dearer
 (Llama's 2-layer step 0.21-0.29 MB where they reach 0.15); from the no-pull chain's result,
 the pull moves' descent ends dearer on Equinox's adamw step (0.061 MB where 0.057); with
 value moves from the walked start alone, Llama's value_and_grad (0.141 MB where 0.138), its
 8-layer adamw step (0.629 where 0.618) and Equinox's adamw step (0.063) end dearer.
+Which descent gives the kept result, and what each variant of this sequence predicts on
+the 17 programs of benchmarks/dump_predictions.py, is measured in docs/inference.md ("Which
+descent gives the kept result", stop 24): every descent but the pull moves' value moves from
+its start gave some kept result (the planner's from the eager start only a tie: without it
+the same bytes in one more collective on Flax NNX's value_and_grad); that one is no longer
+run (the same predictions; Llama's 2-layer adamw step 444 of 8,315 new evaluations fewer,
+the descents 0.90x their CPU time, GPT-2's 0.97x).
 The kept
 result never moves more than eager dispatch by the planner's prices (the prediction's
 own): where it would, the planner's search result is kept.
