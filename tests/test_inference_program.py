@@ -225,36 +225,6 @@ def mlp_step_inputs(mesh: Any, batch: int, seq: int, width: int) -> list[tuple[A
     return [spec(mesh, (batch, seq, width), "S(0),R"), *[column, row] * LAYERS]
 
 
-def test_only_the_descent_without_pull_moves_takes_value_moves_from_its_start(
-    mesh: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """On CPU each descent as compiled runs from the walked start, then with value moves
-    from its result; the one without pull moves also from that result's start, the one with
-    them not (on the 17 programs of benchmarks/dump_predictions.py that descent never gave
-    the kept result: docs/inference.md, "Which descent gives the kept result")."""
-    calls: list[tuple[bool, bool, dict[str, int], dict[str, int]]] = []
-    improve = program_module._Search.improve
-
-    def recorded(self: Any, choice: dict[str, int], values: bool = False, reducing: bool = False,
-                 pulls: bool = False, offered: Any = None) -> dict[str, int]:
-        found = improve(self, choice, values, reducing, pulls, offered)
-        if self.compiled and not reducing:  # priced as compiled, not a finish
-            calls.append((values, pulls, dict(choice), found))
-        return found
-
-    monkeypatch.setattr(program_module._Search, "improve", recorded)
-    program_module._select.cache_clear()
-    predict(mlp_step, *mlp_step_inputs(mesh, 8, 16, 64))
-    program_module._select.cache_clear()  # no search result of the patched search outlives the patch
-    without = [(values, start, found) for values, pulls, start, found in calls if not pulls]
-    pulled = [(values, start, found) for values, pulls, start, found in calls if pulls]
-    (_, walked, result), *from_both = without
-    assert result != walked  # the descent moved: value moves from both its result and its start
-    assert [(values, start) for values, start, _ in from_both] == [(True, result), (True, walked)]
-    (_, walked, result), (values, start, _) = pulled
-    assert values and start == result != walked
-
-
 def test_megatron_mlp_training_step(mesh: Any) -> None:
     """Forward, gradients and SGD update of two Megatron MLP blocks: eager dispatch moves
     1.48 times XLA's bytes (4.5 times before the residual ``x + P`` with ``x`` split was

@@ -65,10 +65,9 @@ replaces both, and both are finished, as before). What the rest costs there, per
 and walked starts 0.66 / 0.46, its value moves from the result and from its start 0.36 /
 0.64; without pull moves from the walked start 2.69 (2,051 changes, 4.80 -> 1.06 MB), values
 from that result 0.39 (-> 0.97), values from the walked start 2.61 (-> 0.91); with pull
-moves 3.03 (4.74 -> 0.78), 1.21 (-> 0.68, finished), 1.19 (-> 0.75: since stop 24 not run);
-the finish 2.44 (-> 0.62). The walked start as compiled is far from every result (4.8 MB
-where eager's is 2.5 and the planner's result 1.4-1.7), yet it is the start of the kept
-result: from the
+moves 3.03 (4.74 -> 0.78), 1.21 (-> 0.68, finished), 1.19 (-> 0.75); the finish 2.44 (->
+0.62). The walked start as compiled is far from every result (4.8 MB where eager's is 2.5
+and the planner's result 1.4-1.7), yet it is the start of the kept result: from the
 planner's result, its walked start or the eager choice the compiled descents end dearer
 (Llama's 2-layer step 0.21-0.29 MB where they reach 0.15); from the no-pull chain's result,
 the pull moves' descent ends dearer on Equinox's adamw step (0.061 MB where 0.057); with
@@ -76,11 +75,10 @@ value moves from the walked start alone, Llama's value_and_grad (0.141 MB where 
 8-layer adamw step (0.629 where 0.618) and Equinox's adamw step (0.063) end dearer.
 Which descent gives the kept result, and what each variant of this sequence predicts on
 the 17 programs of benchmarks/dump_predictions.py, is measured in docs/inference.md ("Which
-descent gives the kept result", stop 24): every descent but the pull moves' value moves from
-its start gave some kept result (the planner's from the eager start only a tie: without it
-the same bytes in one more collective on Flax NNX's value_and_grad); that one is no longer
-run (the same predictions; Llama's 2-layer adamw step 444 of 8,315 new evaluations fewer,
-the descents 0.90x their CPU time, GPT-2's 0.97x).
+descent gives the kept result", stop 24): without any one of the 11 descents some of those
+programs, or Llama's adamw step on an (8,) mesh with a batch of 8 (tests/test_autoplan.py),
+gets dearer (without the planner's from the eager start, only through a tie: the same bytes
+in one more collective on Flax NNX's value_and_grad).
 The kept
 result never moves more than eager dispatch by the planner's prices (the prediction's
 own): where it would, the planner's search result is kept.
@@ -135,9 +133,7 @@ is kept only if it has fewer bytes and no more collectives (on the Llama adamw s
 The same descent with value moves from the first round is also run from that result's
 start (another basin: 0.89x the bytes on GPT-2's adamw step, 1.19x on Llama's), kept on
 the same terms (once when the first round moved nowhere: both would descend from the same
-choice; and not in the descent as compiled with pull moves, below, where it never gave the
-kept result: on the 17 programs of benchmarks/dump_predictions.py, without it, the same
-predictions, docs/inference.md "Which descent gives the kept result"). A move re-chooses one
+choice). A move re-chooses one
 equation: one that makes, carries or receives a partial reduces it right there (into a
 split, or to Replicate on those mesh dims, or, with partials on several mesh dims, those
 of one mesh dim only: a weight gradient reduces ``tp`` where it is formed and keeps
@@ -446,9 +442,7 @@ def _choose(
     chains = []
     for pulls in (False, True):  # without and with pull moves (:meth:`_Search.pull_moves`), the cheaper kept
         search.tie_moved(not pulls)  # without pull moves, ties broken by the fewest inputs moved (tie_moved())
-        # with pull moves, value moves from its result only: on the 17 programs of benchmarks/dump_predictions.py
-        # the descent with them from its start never gave the kept result (module docstring)
-        chosen = _descend(search, eager, (), walked_only=True, pulls=pulls, from_start=not pulls)
+        chosen = _descend(search, eager, (), walked_only=True, pulls=pulls)
         if search.total(by_planner) < search.total(chosen):
             chosen = by_planner
         chains.append((search.total(chosen), pulls, chosen))
@@ -542,13 +536,11 @@ def _chosen(graph: ProgramGraph, eager: Choice, chosen: Choice) -> dict[str, Can
 
 
 def _descend(
-    search: _Search, eager: Choice, seeds: tuple[tuple[str, int], ...], walked_only: bool = False, pulls: bool = False,
-    from_start: bool = True,
+    search: _Search, eager: Choice, seeds: tuple[tuple[str, int], ...], walked_only: bool = False, pulls: bool = False
 ) -> Choice:
     """The search's descents (module docstring) from the eager choice: the best choice
     found, ``eager`` itself when none is cheaper. ``walked_only``: from the walked start
-    alone (:meth:`_Search.starts`' last); ``pulls``: pull moves offered too; ``from_start``:
-    value moves also from the start of the best result (else from that result only)."""
+    alone (:meth:`_Search.starts`' last); ``pulls``: pull moves offered too."""
     chosen, best = eager, search.total(eager)
     origin = eager
     starts = search.starts(eager)
@@ -560,7 +552,7 @@ def _descend(
     # value moves: continuing from the best result, and descending with them from its start (two basins: on the
     # GPT-2 adamw step the second is 0.89x the first's bytes, on Llama's 1.19x); one descent when no start's
     # descent moved (the result is its start: improve() is a function of its start and options)
-    froms = (chosen,) if chosen == origin or not from_start else (chosen, origin)
+    froms = (chosen,) if chosen == origin else (chosen, origin)
     for found in [search.improve(start, values=True, pulls=pulls) for start in froms]:
         cost = search.total(found)
         if cost < best and cost[1] <= best[1]:
