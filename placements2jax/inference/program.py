@@ -73,6 +73,12 @@ planner's result, its walked start or the eager choice the compiled descents end
 the pull moves' descent ends dearer on Equinox's adamw step (0.061 MB where 0.057); with
 value moves from the walked start alone, Llama's value_and_grad (0.141 MB where 0.138), its
 8-layer adamw step (0.629 where 0.618) and Equinox's adamw step (0.063) end dearer.
+Which descent gives the kept result, and what each variant of this sequence predicts on
+the 17 programs of benchmarks/dump_predictions.py, is measured in docs/inference.md ("Which
+descent gives the kept result", stop 24): without any one of the 11 descents some of those
+programs, or Llama's adamw step on an (8,) mesh with a batch of 8 (tests/test_autoplan.py),
+gets dearer (without the planner's from the eager start, only through a tie: the same bytes
+in one more collective on Flax NNX's value_and_grad).
 The kept
 result never moves more than eager dispatch by the planner's prices (the prediction's
 own): where it would, the planner's search result is kept.
@@ -553,8 +559,9 @@ def _descend(
         if cost < best and cost[1] <= best[1]:
             chosen, best = found, cost
     for path, k in seeds:  # from the best choice with one node re-chosen (cascading), descended again
-        changes, _, _ = search.cascade({path: k}, chosen)
-        found = search.improve({**chosen, **changes}, pulls=pulls)
+        trial = dict(chosen)
+        search.cascaded({path: k}, trial)  # leaves the trial changed
+        found = search.improve(trial, pulls=pulls)
         cost = search.total(found)
         if cost < best and cost[1] <= best[1]:
             chosen, best = found, cost
@@ -942,7 +949,7 @@ class _Search:
         """Per node, its *followers*: the consumers whose inputs not fixed all come from
         it, later in program order, whose outputs' consumers all come later still, neither
         of the two stacking (:attr:`ProgramNode.stacks`: its :meth:`greedy` reads its
-        consumers' choices). :meth:`cascade` re-chooses a follower as soon as its producer
+        consumers' choices). :meth:`cascaded` re-chooses a follower as soon as its producer
         changes, without the heap: its :meth:`greedy` reads that producer's choice alone,
         final by then, and no equation it would have waited for in the heap reads its
         choice (a consumer of it comes later), so the cascade's choices are the heap's.
@@ -1234,27 +1241,18 @@ class _Search:
             total += value
         return total
 
-    def cascade(
-        self, seeds: dict[str, int], choice: Choice, follow: bool = True, reducing: bool = False
-    ) -> tuple[dict[str, int], frozenset[str], bool]:
-        """Equations ``seeds`` running the given candidates (path -> candidate) and
-        (``follow``) every equation downstream whose inputs change re-chosen as eager
-        dispatch would, until the changes die out. Returns the changes (path ->
-        candidate), the equations re-chosen or looked at (the result depends on their
-        choices and their producers', and on the neighbours of those changed,
-        :attr:`neighbours`), and whether some re-choice met a tie the two tie-breaks
-        (:meth:`tie_moved`) break apart."""
-        changes, kept, looked, tied = self.cascaded(seeds, choice, follow, reducing)
-        choice.update(kept)
-        return changes, looked, tied
-
     def cascaded(
         self, seeds: dict[str, int], trial: Choice, follow: bool = True, reducing: bool = False
     ) -> tuple[dict[str, int], dict[str, int], frozenset[str], bool]:
-        """:meth:`cascade` leaving ``trial`` changed (the choice itself, changed in place: a
-        copy of the whole choice per evaluation costs more; an exception ends the search,
-        which owns the choice): the changes, the candidates they replaced (``kept``: the
-        caller changes it back with them), the equations looked at and the tie flag.
+        """Equations ``seeds`` running the given candidates (path -> candidate) and
+        (``follow``) every equation downstream whose inputs change re-chosen as eager
+        dispatch would, until the changes die out, made in ``trial`` (the choice itself,
+        changed in place: a copy of the whole choice per evaluation costs more; an exception
+        ends the search, which owns the choice). Returns the changes (path -> candidate), the
+        candidates they replaced (``kept``: the caller changes ``trial`` back with them), the
+        equations re-chosen or looked at (the result depends on their choices and their
+        producers', and on the neighbours of those changed, :attr:`neighbours`), and whether
+        some re-choice met a tie the two tie-breaks (:meth:`tie_moved`) break apart.
         :meth:`evaluate` prices the changes before changing it back (:meth:`delta`)."""
         kept = {path: trial[path] for path in seeds}
         trial.update(seeds)
@@ -1700,8 +1698,8 @@ class _Search:
 
     def evaluate(self, move: Move, choice: Choice, settled: dict[int, Cost]) -> Evaluation:
         """A move's cascade from ``choice``: (how much it changes the total, the changes,
-        every equation whose change makes it stale; :meth:`cascade`). Kept per move with
-        the choices it read (:meth:`cascade`'s: those of the equations looked at and of
+        every equation whose change makes it stale; :meth:`cascaded`). Kept per move with
+        the choices it read (:meth:`cascaded`'s: those of the equations looked at and of
         their producers, and those the delta of the changes reads, their neighbours') and,
         if its cascade met a tie the two tie-breaks break apart, the tie-break: a later
         descent (from another start, with pull moves, the finishing one) meeting the move
