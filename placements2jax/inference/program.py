@@ -838,7 +838,7 @@ class _Search:
         self.paths = [node.path for node in graph.nodes]  # by position
         # Neighbour tables, so that the hot loops loop over no consumers:
         # per node, the values its evaluations price (each input's source or literal, then each output, then what
-        # each output of the function owes, charge(), as one more value: by their ids, below), what cascade()
+        # each output of the function owes, charge(), as one more value: by their ids, below), what cascaded()
         # adds to its depends (the consumers of each source, the producer, the consumers of each output), and
         # its outputs' consumers with their positions; per value, its consumers' paths.
         touched: dict[str, tuple[Any, ...]] = {}
@@ -920,7 +920,7 @@ class _Search:
         # choices: building those per evaluation was ~13 us of its bookkeeping); alike for every pricing
         # (repriced() shares it)
         self.readings: dict[tuple[frozenset[str], tuple[str, ...]], _Reading] = {}
-        # cascade()'s per node by position: its path, the getter of the choices its greedy() reads, and its
+        # cascaded()'s per node by position: its path, the getter of the choices its greedy() reads, and its
         # outputs' consumers' positions, queued, and those of its followers (:meth:`followers`), re-chosen at once
         followers = self.followers()
         self.steps = [
