@@ -5,7 +5,8 @@ alter predictions shows here, program by program, what it changed. The programs:
 models' loss, value_and_grad and adamw step (GPT-2, Llama), the Megatron MLP step, the Flax
 NNX and Equinox programs of tests/test_frameworks.py (all on dp=2 x tp=4), the adamw steps
 on 4x2 and (8,) meshes (the program search is path-dependent: a change can hold on 2x4 and
-not there) and a 4-layer Llama (the layer-block seed). Per program: the planner's bytes,
+not there), Llama's on (8,) with a batch of 8 split as tests/test_autoplan.py splits it, and a
+4-layer Llama (the layer-block seed). Per program: the planner's bytes,
 the bytes as CPU XLA compiles the predicted collectives, the collectives before and after
 XLA's combiner, and hashes of the output layouts and of every equation's report (its
 printed form holds no object addresses, so two runs of one tree print the same lines).
@@ -29,7 +30,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent / "tests"))  # tes
 
 import jax  # noqa: E402
 
-from placements2jax import init_device_mesh, predict  # noqa: E402
+from placements2jax import distribute_tensor, init_device_mesh, predict  # noqa: E402
 
 jax.config.update("jax_platforms", "cpu")
 
@@ -68,6 +69,13 @@ def _programs() -> Any:
             yield f"{'x'.join(map(str, shape))} {model} adamw step", step.fn, step.args, step.out_layouts
     step = training_step("llama", mesh, layers=4)
     yield "2x4 llama4 adamw step", step.fn, step.args, step.out_layouts
+    # tests/test_autoplan.py's Llama on (8,): a batch of 8 split over tp (a descent that never gave the kept result
+    # on the programs above made this one dearer, stop 24)
+    eight = init_device_mesh((8,), ("tp",))
+    step = training_step("llama", eight)
+    cfg = llama.Config()
+    tokens, targets = (distribute_tensor(a, eight, "S(0)") for a in common.batch(0, 8, cfg.seq, cfg.vocab))
+    yield "8 llama adamw step batch 8 S(0)", step.fn, (*step.args[:2], tokens, targets), step.out_layouts
 
 
 def main() -> None:
