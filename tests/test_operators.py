@@ -39,6 +39,7 @@ from placements2jax import (
 )
 from placements2jax.hlo import compiled_collectives
 from placements2jax.inference.check import collective_nbytes
+from placements2jax.inference.combine import combiner_rules, lowered_step
 from placements2jax.layout import iter_layouts
 
 MESH1 = init_device_mesh((4,), ("x",))
@@ -725,6 +726,8 @@ def test_pinned_uneven_gathers_compile_at_their_predicted_bytes(
     assert sum(collective_nbytes(c, mesh.size()) for c in compiled) == prediction.lowered_nbytes == nbytes
     assert [c.op for c in compiled] == ops
     assert prediction.combined_counts == Counter(ops)  # a short dim's gather counts as XLA's all-reduce
+    rules = combiner_rules("cpu")
+    assert [lowered_step(step, rules)[0] for step in prediction.steps if step.communicates] == ops  # each step so
     result = pinned(x)
     assert result.layout == prediction.out_layouts[0]
     np.testing.assert_allclose(np.asarray(result.full_tensor()), 2 * array, rtol=1e-6)

@@ -99,10 +99,11 @@ def lowered_step(step: RedistributeStep, rules: CombinerRules) -> tuple[str, Fra
     sends), or None when it compiles to no collective (a local step, or one over a size-1
     mesh dim). A kind the backend compiles as another (CPU: a reduce-scatter as an
     all-reduce of the whole block, then sliced) sends what that one sends: twice the
-    reduce-scatter's bytes (:mod:`.cost`: ``2T(n-1)/n`` against ``T(n-1)/n``)."""
+    reduce-scatter's bytes (:mod:`.cost`: ``2T(n-1)/n`` against ``T(n-1)/n``); a gather XLA
+    all-reduces (:attr:`.RedistributeStep.compiled`) is an all-reduce, priced so."""
     if not step.communicates:
         return None
-    kind = rules.compiled_kind(step.collective)
+    kind = rules.compiled_kind(step.compiled)
     if kind == ALL_REDUCE and step.collective == REDUCE_SCATTER:
         return kind, 2 * step.nbytes
     return kind, step.nbytes

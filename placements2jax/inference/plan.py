@@ -337,6 +337,10 @@ def _step(
     mesh = src.mesh
     before_layout = Layout(mesh, *before)
     after_layout = Layout(mesh, *after)
+    compiled = collective
+    if collective == ALL_GATHER:  # a short dim's gather compiles to an all-reduce
+        gathered = next(d for d, axes in enumerate(before[0]) if mesh_dim in axes)
+        compiled, _ = gather_block_bytes(shape, dtype.itemsize, before[0], mesh.shape, mesh_dim, gathered)
     return RedistributeStep(
         mesh_dim,
         mesh.axis_names[mesh_dim],
@@ -347,6 +351,7 @@ def _step(
         nbytes * weights[mesh_dim],
         before_layout,
         after_layout,
+        compiled,
     )
 
 

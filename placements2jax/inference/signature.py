@@ -461,7 +461,10 @@ class RedistributeStep:
     """One collective (or local op) on one mesh dim, changing ``before`` into ``after``.
 
     ``nbytes`` is the number of bytes each device sends (see :mod:`.cost`), ``cost`` is
-    ``nbytes`` times the cost-model weight of the mesh axis.
+    ``nbytes`` times the cost-model weight of the mesh axis. ``compiled`` is the collective
+    XLA's SPMD partitioner emits for it (every backend's, before the backend's own rules,
+    :func:`.combine.lowered_step`): ``collective``, except the gather of a dim of at most
+    ``n/2`` rows, which it all-reduces (:func:`.cost.gather_block_bytes`).
     """
 
     mesh_dim: int
@@ -473,6 +476,7 @@ class RedistributeStep:
     cost: Fraction
     before: Layout
     after: Layout
+    compiled: str
 
     @property
     def over_one_device(self) -> bool:
