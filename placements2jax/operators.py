@@ -647,10 +647,7 @@ def _output_plans(prediction: Any, without_partial: bool) -> list[RedistributePl
 
 def _passes_uneven(plan: RedistributePlan) -> bool:
     """Whether a layout on ``plan``'s route splits a dim of its tensor unevenly."""
-    return any(
-        n % math.prod(layout.pieces(d))
-        for layout in (plan.src, *(step.after for step in plan.steps)) for d, n in enumerate(plan.shape)
-    )
+    return not all(layout.is_even(plan.shape) for layout in (plan.src, *(step.after for step in plan.steps)))
 
 
 def _run_pinned(prediction: Any, inputs: Sequence[_Value], cost_model: CostModelLike) -> tuple[_Pinned, list[_Value]]:
