@@ -5,8 +5,9 @@ alter predictions shows here, program by program, what it changed. The programs:
 models' loss, value_and_grad and adamw step (GPT-2, Llama), the Megatron MLP step, the Flax
 NNX and Equinox programs of tests/test_frameworks.py (all on dp=2 x tp=4), the adamw steps
 on 4x2 and (8,) meshes (the program search is path-dependent: a change can hold on 2x4 and
-not there), Llama's on (8,) with a batch of 8 split as tests/test_autoplan.py splits it, and a
-4-layer Llama (the layer-block seed). Per program: the planner's bytes,
+not there), Llama's on (8,) with a batch of 8 split as tests/test_autoplan.py splits it, a
+4-layer Llama (the layer-block seed) and tests/test_frameworks.py's stateful ``@nnx.jit``
+adamw step. Per program: the planner's bytes,
 the bytes as CPU XLA compiles the predicted collectives, the collectives before and after
 XLA's combiner, and hashes of the output layouts and of every equation's report (its
 printed form holds no object addresses, so two runs of one tree print the same lines).
@@ -30,7 +31,9 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent / "tests"))  # tes
 
 import jax  # noqa: E402
 
-from placements2jax import distribute_tensor, init_device_mesh, predict  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from placements2jax import distribute_pytree, distribute_tensor, init_device_mesh, predict  # noqa: E402
 
 jax.config.update("jax_platforms", "cpu")
 
@@ -76,6 +79,14 @@ def _programs() -> Any:
     cfg = llama.Config()
     tokens, targets = (distribute_tensor(a, eight, "S(0)") for a in common.batch(0, 8, cfg.seq, cfg.vocab))
     yield "8 llama adamw step batch 8 S(0)", step.fn, (*step.args[:2], tokens, targets), step.out_layouts
+    # tests/test_frameworks.py's stateful @nnx.jit adamw step (model and nnx.Optimizer updated in place; a schedule
+    # of the descents that kept the 18 programs above made this one dearer, stop 25)
+    nnx_cfg = nnx_lm.Config(layers=1)
+    model, optimizer = distribute_pytree(nnx_lm.create(nnx_cfg), mesh, nnx_lm.megatron_plan())
+    nnx_tokens, nnx_targets = (
+        distribute_tensor(a, mesh, "S(0),R") for a in common.batch(0, 4, nnx_cfg.seq, nnx_cfg.vocab)
+    )
+    yield "2x4 nnx adamw step (nnx.jit)", nnx.jit(nnx_lm.train_step), (model, optimizer, nnx_tokens, nnx_targets), None
 
 
 def main() -> None:
