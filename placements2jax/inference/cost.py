@@ -10,7 +10,9 @@ Ring algorithms (the bandwidth-optimal ones, as in torch's and NCCL's cost model
 * all-gather ``S -> R``: each device receives the ``n-1`` blocks of size ``T/n`` it lacks
   and sends as much: ``T(n-1)/n``. Its ``T`` and kind are :func:`gather_block_bytes`'s: XLA
   gathers ``n`` equal chunks of the held padded block, or, where the gathered dim has at
-  most ``n/2`` rows, all-reduces the whole unpadded block (``2T(n-1)/n``).
+  most ``n/2`` rows, all-reduces the whole unpadded block (``2T(n-1)/n``). Off a dim split
+  by several mesh dims whose gathered blocks are misaligned with the remaining split's,
+  XLA first sends rows between devices (collective-permutes, :func:`gather_halo_bytes`).
 * reduce-scatter ``P -> S``: ``n-1`` ring steps, each sending one ``T/n`` chunk: ``T(n-1)/n``.
 * all-reduce ``P -> R``: reduce-scatter then all-gather: ``2T(n-1)/n``.
 * all-to-all ``S(i) -> S(j)``: a device holds ``T/n`` and keeps one ``n``-th of it, sending
