@@ -34,7 +34,8 @@ from placements2jax.inference.cost import (
     exchange_block_bytes,
     gather_block_bytes,
     gather_halo_bytes,
-    halo_permute_rows,
+    gather_halo_permutes,
+    halo_permutes,
     resolve_cost_model,
 )
 from placements2jax.physical import physical
@@ -213,17 +214,30 @@ def test_gathers_off_a_dim_split_by_several_mesh_dims_compile_as_priced(
     """XLA's SPMD partitioner gathering the minor split off a dim split by several mesh
     dims (``TileToPartialReplicateHaloExchange``), measured: where the gathered groups'
     blocks do not start where the remaining split's do, collective-permutes of the rows
-    :func:`halo_permute_rows` says first, then the gather :func:`gather_block_bytes` prices."""
+    and pairs :func:`halo_permutes` says first, over the mesh axes and bytes
+    :func:`gather_halo_permutes` says, then the gather :func:`gather_block_bytes` prices."""
     compiled = _compiled_gather(mesh_shape, shape, src, dst, consumed=True)
     kind, block = gather_block_bytes(shape, 4, dim_axes, mesh_shape, m, 0)
     halo = gather_halo_bytes(shape, 4, dim_axes, mesh_shape, m, 0)
     permutes = [c for c in compiled if c.op == "collective-permute"]
     assert [c.op for c in compiled if c.op != "collective-permute"] == [kind] == kinds
     pieces = math.prod(mesh_shape[a] for a in dim_axes[0])
-    rows = halo_permute_rows(shape[0], pieces, mesh_shape[m])
-    assert sorted(c.result_shapes[0][0] for c in permutes) == sorted(rows)
-    assert sum(collective_nbytes(c, math.prod(mesh_shape)) for c in permutes) == halo
-    sent = sum(collective_nbytes(c, math.prod(mesh_shape)) for c in compiled)
+    predicted = halo_permutes(shape[0], pieces, mesh_shape[m])
+    # each permute: its rows and device pairs (a pair of shards along dim 0 for each place on the other mesh dims)
+    devices = np.arange(math.prod(mesh_shape)).reshape(mesh_shape).transpose(
+        *dim_axes[0], *(a for a in range(len(mesh_shape)) if a not in dim_axes[0])
+    ).reshape(pieces, -1)
+    assert sorted((c.result_shapes[0][0], sorted(c.groups)) for c in permutes) == sorted(
+        (rows, sorted((int(devices[s, k]), int(devices[t, k])) for s, t in pairs for k in range(devices.shape[1])))
+        for rows, pairs in predicted
+    )
+    mesh = init_device_mesh(mesh_shape, ("a", "b", "c")[: len(mesh_shape)])
+    assert sorted((c.mesh_axes(mesh), collective_nbytes(c, mesh.size())) for c in permutes) == sorted(
+        (tuple(mesh.axis_names[a] for a in axes), nbytes)
+        for axes, nbytes in gather_halo_permutes(shape, 4, dim_axes, mesh_shape, m, 0)
+    )
+    assert sum(collective_nbytes(c, mesh.size()) for c in permutes) == halo
+    sent = sum(collective_nbytes(c, mesh.size()) for c in compiled)
     assert sent == collective_bytes(kind, block, mesh_shape[m]) + halo == nbytes
 
 
@@ -251,16 +265,17 @@ def test_exchanges_off_a_misaligned_dim_split_by_several_mesh_dims_are_not_one_c
     assert blocks_misaligned(shape[0], pieces, sizes[src[0][-1]]) == (ops != ["all-to-all"])
 
 
-def test_halo_permute_rows_as_xla_packs_them() -> None:
-    """Rows of each halo collective-permute, as measured (the test above): 6 rows over 8
-    regrouped by 4, one permute of a row (shards 3, 4, 5 send their row to 4, 5, 6); 9
-    rows, two (shard 3 sends to 4 and 5: two permutes); 17 rows, one of 3 rows (blocks
-    of 3, the window moves by 3); 1 row: misaligned, but the rows moved are padding."""
-    assert halo_permute_rows(6, 8, 4) == (1,)
-    assert halo_permute_rows(9, 8, 4) == (1, 1)
-    assert halo_permute_rows(17, 8, 4) == (3,)
-    assert blocks_misaligned(1, 8, 4) and halo_permute_rows(1, 8, 4) == ()
-    assert not blocks_misaligned(7, 8, 4) and halo_permute_rows(7, 8, 4) == ()
+def test_halo_permutes_as_xla_packs_them() -> None:
+    """Each halo collective-permute, as measured (the test above): 6 rows over 8 regrouped
+    by 4, one permute of a row (shards 3, 4, 5 send a row to 4, 5, 6: over a and b, 1,024
+    B); 9 rows, two (shard 3 sends to 4 and 5: two permutes); 17 rows, one of 3 rows
+    (blocks of 3, the window moves by 3); 1 row: misaligned, but the rows moved are padding."""
+    assert halo_permutes(6, 8, 4) == ((1, ((3, 4), (4, 5), (5, 6))),)
+    assert gather_halo_permutes((6, 8, 32), 4, ((0, 1), (), ()), (2, 4), 1, 0) == (((0, 1), 1024),)
+    assert halo_permutes(9, 8, 4) == ((1, ((2, 4), (3, 5))), (1, ((3, 4), (4, 5))))
+    assert [rows for rows, _ in halo_permutes(17, 8, 4)] == [3]
+    assert blocks_misaligned(1, 8, 4) and halo_permutes(1, 8, 4) == ()
+    assert not blocks_misaligned(7, 8, 4) and halo_permutes(7, 8, 4) == ()
     assert not blocks_misaligned(6, 4, 4)  # split once: nothing to realign
     assert gather_halo_bytes((6, 8, 32), 4, ((1,), (), ()), (2, 4), 1, 0) == 0
 
@@ -272,18 +287,25 @@ def test_halo_permutes_deliver_every_row_a_block_lacks(size: int, data: Any) -> 
     at least the most any device lacks and at most a block each, and none on even splits."""
     n = data.draw(st.sampled_from([2, 3, 4]))
     pieces = n * data.draw(st.sampled_from([2, 3, 4]))
-    rows = halo_permute_rows(size, pieces, n)
+    permutes = halo_permutes(size, pieces, n)
     if size % pieces == 0:
-        assert not blocks_misaligned(size, pieces, n) and rows == ()
+        assert not blocks_misaligned(size, pieces, n) and permutes == ()
     held = -(-size // pieces)
     shift = n * held - -(-size // (pieces // n))
     lacking = [
         sum(1 for row in range(i * held - shift * (i // n), (i + 1) * held - shift * (i // n)) if row < size and row // held != i)
         for i in range(pieces)
     ]
-    assert all(0 < r <= held for r in rows)
-    assert sum(rows) >= max(lacking, default=0)
-    assert (rows == ()) == (max(lacking, default=0) == 0)
+    received = [0] * pieces
+    for rows, pairs in permutes:
+        assert 0 < rows <= held
+        sources, targets = [s for s, _ in pairs], [t for _, t in pairs]
+        assert len(set(sources)) == len(sources) and len(set(targets)) == len(targets)
+        assert all(s != t for s, t in pairs)
+        for t in targets:
+            received[t] += rows
+    assert all(got >= lack for got, lack in zip(received, lacking))
+    assert (permutes == ()) == (max(lacking, default=0) == 0)
 
 def test_cost_model_weights_by_name_then_index() -> None:
     mesh = init_device_mesh((2, 4), ("dp", "tp"))

@@ -12,7 +12,7 @@ Ring algorithms (the bandwidth-optimal ones, as in torch's and NCCL's cost model
   gathers ``n`` equal chunks of the held padded block, or, where the gathered dim has at
   most ``n/2`` rows, all-reduces the whole unpadded block (``2T(n-1)/n``). Off a dim split
   by several mesh dims whose gathered blocks are misaligned with the remaining split's,
-  XLA first sends rows between devices (collective-permutes, :func:`gather_halo_bytes`).
+  XLA first sends rows between devices (collective-permutes, :func:`gather_halo_permutes`).
 * reduce-scatter ``P -> S``: ``n-1`` ring steps, each sending one ``T/n`` chunk: ``T(n-1)/n``.
 * all-reduce ``P -> R``: reduce-scatter then all-gather: ``2T(n-1)/n``.
 * all-to-all ``S(i) -> S(j)``: a device holds ``T/n`` and keeps one ``n``-th of it, sending
@@ -61,7 +61,8 @@ __all__ = [
     "exchange_block_bytes",
     "gather_block_bytes",
     "gather_halo_bytes",
-    "halo_permute_rows",
+    "gather_halo_permutes",
+    "halo_permutes",
     "resolve_cost_model",
     "set_default_cost_model",
     "use_cost_model",
@@ -199,10 +200,11 @@ def blocks_misaligned(size: int, pieces: int, n: int) -> bool:
 
 
 @cached(maxsize=4096)
-def halo_permute_rows(size: int, pieces: int, n: int) -> tuple[int, ...]:
-    """Rows of each collective-permute XLA's SPMD partitioner sends to realign blocks
-    before gathering the minor ``n``-way split off a dim of ``size`` split ``pieces`` ways
-    (see :func:`blocks_misaligned`; none when aligned). As
+def halo_permutes(size: int, pieces: int, n: int) -> tuple[tuple[int, tuple[tuple[int, int], ...]], ...]:
+    """The collective-permutes XLA's SPMD partitioner sends to realign blocks before
+    gathering the minor ``n``-way split off a dim of ``size`` split ``pieces`` ways (see
+    :func:`blocks_misaligned`; none when aligned), each as its rows and its (source,
+    target) pairs of shards (ordinals along the dim). As
     ``TileToPartialReplicateHaloExchange`` and ``ExchangeHaloCompact`` do it: shard ``i``
     (of ``pieces``, ``c`` rows each) must hold the ``c`` rows from
     ``i*c - (n*c - d) * floor(i / n)`` (a left halo); each piece of them held by another
@@ -230,44 +232,71 @@ def halo_permute_rows(size: int, pieces: int, n: int) -> tuple[int, ...]:
     taken = [0] * pieces
     permutes = []
     while True:
-        targets: set[int] = set()
+        pairs: list[tuple[int, int]] = []
         low, high = held, 0
         for source, pieces_of_source in enumerate(wanted):
             if taken[source] == len(pieces_of_source):
                 continue
             _, target, first, last = pieces_of_source[taken[source]]
-            if targets and (
-                target in targets or (low > last and high == held and first == 0)
+            if pairs and (
+                any(target == t for _, t in pairs) or (low > last and high == held and first == 0)
                 or (high < first and low == 0 and last == held)
             ):
                 continue  # a target already served, or a left piece with a right one: the next permute
-            targets.add(target)
+            pairs.append((source, target))
             low, high = min(low, first), max(high, last)
             taken[source] += 1
-        if not targets:
+        if not pairs:
             return tuple(permutes)
-        permutes.append(high - low)
+        permutes.append((high - low, tuple(pairs)))
+
+
+def gather_halo_permutes(
+    shape: Sequence[int], itemsize: int, dim_axes: Sequence[Sequence[int]], mesh_shape: Sequence[int], mesh_dim: int,
+    dim: int,
+) -> tuple[tuple[tuple[int, ...], int], ...]:
+    """The collective-permutes XLA adds before gathering ``mesh_dim`` off tensor dim ``dim``
+    (its minor-most split; ``dim_axes``: the layout before) when other mesh dims split that
+    dim too and the blocks are misaligned (:func:`halo_permutes`), each as the mesh dims
+    its pairs vary along and the bytes each sending device sends (its rows times a row of
+    the held padded block). None on a dim split once, or aligned. ``(6, 8, 32)`` float32
+    ``(a, b) -> a`` on 2x4: one of 1,024 B over ``(a, b)``, besides the all-gather's
+    3,072 (:func:`gather_block_bytes`). Measured on CPU XLA for ``N`` 1-33 on 2x4, 4x2 and
+    2x2x2 meshes (tests/test_inference_cost.py)."""
+    axes = dim_axes[dim]
+    if len(axes) < 2 or not shape[dim]:
+        return ()
+    sizes = [mesh_shape[a] for a in axes]
+    pieces = math.prod(sizes)
+    permutes = halo_permutes(shape[dim], pieces, mesh_shape[mesh_dim])
+    if not permutes:
+        return ()
+    row = block_bytes(shape, itemsize, dim_axes, mesh_shape) // -(-shape[dim] // pieces)
+    result = []
+    for rows, pairs in permutes:
+        varying = {
+            a for source, target in pairs
+            for a, s, t in zip(axes, _place(source, sizes), _place(target, sizes)) if s != t
+        }
+        result.append((tuple(sorted(varying)), rows * row))
+    return tuple(result)
+
+
+def _place(ordinal: int, sizes: Sequence[int]) -> tuple[int, ...]:
+    """A shard's index along each mesh dim splitting a tensor dim (``sizes`` major first)."""
+    place = []
+    for size in reversed(sizes):
+        ordinal, index = divmod(ordinal, size)
+        place.append(index)
+    return tuple(reversed(place))
 
 
 def gather_halo_bytes(
     shape: Sequence[int], itemsize: int, dim_axes: Sequence[Sequence[int]], mesh_shape: Sequence[int], mesh_dim: int,
     dim: int,
 ) -> int:
-    """Bytes each device sends at most in the collective-permutes XLA adds before gathering
-    ``mesh_dim`` off tensor dim ``dim`` (its minor-most split; ``dim_axes``: the layout
-    before) when other mesh dims split that dim too and the blocks are misaligned
-    (:func:`halo_permute_rows`): their rows times a row of the held padded block. 0 on
-    a dim split once, or aligned. ``(6, 8, 32)`` float32 ``(a, b) -> a`` on 2x4: 1,024 B,
-    besides the all-gather's 3,072 (:func:`gather_block_bytes`). Measured on CPU XLA for
-    ``N`` 1-33 on 2x4, 4x2 and 2x2x2 meshes (tests/test_inference_cost.py)."""
-    axes = dim_axes[dim]
-    if len(axes) < 2 or not shape[dim]:
-        return 0
-    pieces = math.prod(mesh_shape[a] for a in axes)
-    rows = halo_permute_rows(shape[dim], pieces, mesh_shape[mesh_dim])
-    if not rows:
-        return 0
-    return sum(rows) * (block_bytes(shape, itemsize, dim_axes, mesh_shape) // -(-shape[dim] // pieces))
+    """Bytes each device sends at most in :func:`gather_halo_permutes` (0 where none)."""
+    return sum(nbytes for _, nbytes in gather_halo_permutes(shape, itemsize, dim_axes, mesh_shape, mesh_dim, dim))
 
 @dataclass(frozen=True, init=False)
 class CostModel:
