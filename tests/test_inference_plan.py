@@ -19,6 +19,7 @@ from placements2jax.inference.cost import (
     blocks_misaligned,
     collective_bytes,
     gather_block_bytes,
+    gather_halo_bytes,
     resolve_cost_model,
 )
 from placements2jax.inference.plan import cached_plan, cost_scale, layout_state, plan_collectives, plan_cost, plan_search
@@ -182,8 +183,9 @@ def _via_replicate_cost(shape: tuple[int, ...], src: Layout) -> Fraction:
             total += collective_bytes("all-reduce", block_bytes(shape, 4, dim_axes, mesh_shape), mesh_shape[m])
     for d, axes in enumerate(dim_axes):
         while axes:
-            m = axes[-1]  # each gather priced as XLA compiles it (padded, or an all-reduce of a short dim)
+            m = axes[-1]  # each gather priced as XLA compiles it (padded, or an all-reduce of a short dim; a halo first)
             total += collective_bytes(*gather_block_bytes(shape, 4, dim_axes, mesh_shape, m, d), mesh_shape[m])
+            total += gather_halo_bytes(shape, 4, dim_axes, mesh_shape, m, d)
             axes.pop()
     return total
 

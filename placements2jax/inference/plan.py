@@ -70,6 +70,7 @@ from .cost import (
     exchange_block_bytes,
     gather_block_bytes,
     gather_halo_bytes,
+    gather_halo_permutes,
     resolve_cost_model,
 )
 from .signature import RedistributePlan, RedistributeStep, TensorSpec, placement_on
@@ -339,10 +340,14 @@ def _step(
     mesh = src.mesh
     before_layout = Layout(mesh, *before)
     after_layout = Layout(mesh, *after)
-    compiled = collective
-    if collective == ALL_GATHER:  # a short dim's gather compiles to an all-reduce
+    compiled, halo = collective, ()
+    if collective == ALL_GATHER:  # a short dim's gather compiles to an all-reduce; off a misaligned split, after a halo
         gathered = next(d for d, axes in enumerate(before[0]) if mesh_dim in axes)
         compiled, _ = gather_block_bytes(shape, dtype.itemsize, before[0], mesh.shape, mesh_dim, gathered)
+        halo = tuple(
+            (tuple(mesh.axis_names[a] for a in axes), nbytes)
+            for axes, nbytes in gather_halo_permutes(shape, dtype.itemsize, before[0], mesh.shape, mesh_dim, gathered)
+        )
     return RedistributeStep(
         mesh_dim,
         mesh.axis_names[mesh_dim],
@@ -354,6 +359,7 @@ def _step(
         before_layout,
         after_layout,
         compiled,
+        halo,
     )
 
 
