@@ -14,7 +14,7 @@ from jax import lax
 
 from placements2jax import InferenceError, Layout, init_device_mesh
 from placements2jax.inference import check, predict
-from placements2jax.inference.combine import PlannedCollective, combine, combiner_rules
+from placements2jax.inference.combine import PlannedCollective, combine, combiner_rules, lowered_step, planned_collectives
 
 F32 = jnp.float32
 
@@ -160,3 +160,24 @@ def test_prediction_combines_for_a_given_backend(mesh: Any) -> None:
     assert [len(c.members) for c in prediction.combined("gpu")] == [2]
     with pytest.raises(InferenceError, match="backend"):
         prediction.combined("metal")
+
+
+def test_a_gathers_halo_exchange_is_counted_as_the_permutes_xla_compiles(mesh: Any) -> None:
+    """Gathering tp off a dim of 9 rows split (dp, tp) to dp's blocks of 5 rows, XLA first
+    sends rows between devices: two collective-permutes of a row over dp and tp, then the
+    all-gather (tests/test_inference_cost.py compiles it so). The prediction counts them so
+    (its steps' lowered collectives and the combined counts), its bytes 8,192 as compiled."""
+    moved = predict(lambda y: 2 * y, spec(mesh, (9, 8, 32), "(dp,tp),None,None"),
+                    out_layouts=Layout.from_device_mesh(mesh)("S(0),R"))
+    (step,) = [s for s in moved.steps if s.communicates]
+    assert step.halo == ((("dp", "tp"), 1024), (("dp", "tp"), 1024))
+    rules = combiner_rules("cpu")
+    assert lowered_step(step, rules) == (("collective-permute", 1024), ("collective-permute", 1024), ("all-gather", 6144))
+    assert moved.lowered_nbytes == moved.nbytes == 8192
+    assert moved.combined_counts == Counter({"collective-permute": 2, "all-gather": 1})
+    planned = planned_collectives(moved, rules)
+    assert [(c.kind, c.axes, c.result_bytes) for c in planned] == [
+        ("collective-permute", ("dp", "tp"), 1024), ("collective-permute", ("dp", "tp"), 1024),
+        ("all-gather", ("tp",), 8192),
+    ]
+    assert [c.after for c in planned] == [0, 0, 0b11]  # the permutes from the source, the gather after both

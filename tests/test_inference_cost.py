@@ -30,8 +30,12 @@ from placements2jax.inference.cost import (
     block_bytes,
     collective_bytes,
     collective_factor,
+    blocks_misaligned,
     exchange_block_bytes,
     gather_block_bytes,
+    gather_halo_bytes,
+    gather_halo_permutes,
+    halo_permutes,
     resolve_cost_model,
 )
 from placements2jax.physical import physical
@@ -145,21 +149,26 @@ def test_gathers_are_never_below_the_unpadded_ring_and_equal_on_even_splits(shap
         assert rows <= n // 2 and block == unpadded
 
 
-def _compiled_gather(mesh_shape: tuple[int, ...], shape: tuple[int, ...], src: tuple[Any, ...], dst: tuple[Any, ...]) -> Any:
+def _compiled_gather(
+    mesh_shape: tuple[int, ...], shape: tuple[int, ...], src: tuple[Any, ...], dst: tuple[Any, ...], consumed: bool = False
+) -> Any:
     """The collectives XLA compiles to move a value computed in ``src`` (PartitionSpec
-    entries over mesh axes a, b) to ``dst``: a replicated input sliced locally, then
+    entries over mesh axes a, b, c) to ``dst``: a replicated input sliced locally, then
     constrained (the uneven layout exists only inside the program: jit refuses it at its
-    boundary)."""
+    boundary). ``consumed``: ``dst`` is uneven too, so the moved value is summed inside
+    the program (its scalar all-reduce left out), not returned (jit would gather it)."""
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    mesh = Mesh(np.array(jax.devices()[: math.prod(mesh_shape)]).reshape(mesh_shape), ("a", "b")[: len(mesh_shape)])
+    mesh = Mesh(np.array(jax.devices()[: math.prod(mesh_shape)]).reshape(mesh_shape), ("a", "b", "c")[: len(mesh_shape)])
 
     def body(x: Any) -> Any:
         y = jnp.sin(jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*src))))
-        return jax.lax.with_sharding_constraint(y, NamedSharding(mesh, PartitionSpec(*dst)))
+        moved = jax.lax.with_sharding_constraint(y, NamedSharding(mesh, PartitionSpec(*dst)))
+        return jnp.cos(moved).sum() if consumed else moved
 
     arg = jax.ShapeDtypeStruct(shape, jnp.float32, sharding=NamedSharding(mesh, PartitionSpec()))
-    return parse_collectives(jax.jit(body).lower(arg).compile().as_text())
+    compiled = parse_collectives(jax.jit(body).lower(arg).compile().as_text())
+    return [c for c in compiled if not (consumed and c.result_shapes == ((),))]
 
 
 @pytest.mark.parametrize(("mesh_shape", "shape", "src", "dst", "dim_axes", "m", "kind", "nbytes"), [
@@ -183,6 +192,120 @@ def test_gathers_compile_as_priced(
     assert [c.op for c in compiled] == [priced_kind] == [kind]
     assert collective_nbytes(compiled[0], math.prod(mesh_shape)) == collective_bytes(kind, block, mesh_shape[m]) == nbytes
 
+
+
+@pytest.mark.parametrize(("mesh_shape", "shape", "src", "dst", "dim_axes", "m", "kinds", "nbytes"), [
+    # 6 rows over (a, b) of 2x4 to a: groups gather 4 rows, blocks of a are 3: row 3 goes to shard 4 first (1,024 B)
+    ((2, 4), (6, 8, 32), (("a", "b"),), ("a",), ((0, 1), (), ()), 1, ["all-gather"], 3072 + 1024),
+    ((2, 4), (9, 8, 32), (("a", "b"),), ("a",), ((0, 1), (), ()), 1, ["all-gather"], 6144 + 2 * 1024),  # two permutes
+    ((2, 4), (17, 8, 32), (("a", "b"),), ("a",), ((0, 1), (), ()), 1, ["all-gather"], 9216 + 3072),  # one of 3 rows
+    ((2, 4), (2, 8, 32), (("a", "b"),), ("a",), ((0, 1), (), ()), 1, ["all-reduce"], 1536 + 1024),  # short: all-reduced
+    ((2, 4), (1, 8, 32), (("a", "b"),), ("a",), ((0, 1), (), ()), 1, ["all-reduce"], 1536),  # misaligned, nothing to send
+    ((2, 4), (7, 8, 32), (("a", "b"),), ("a",), ((0, 1), (), ()), 1, ["all-gather"], 3072),  # 4 rows = ceil(7 / 2): aligned
+    ((2, 4), (9, 8, 32), (("b", "a"),), ("b",), ((1, 0), (), ()), 0, ["all-gather"], 2048 + 2048),  # a minor of b
+    ((2, 4), (6, 8, 32), (("b", "a"),), ("b",), ((1, 0), (), ()), 0, ["all-gather"], 1024),  # 2 x 1 = ceil(6 / 4)
+    ((2, 2, 2), (9, 8, 32), (("a", "b", "c"),), (("a", "b"),), ((0, 1, 2), (), ()), 2, ["all-gather"], 2048 + 2048),
+    # another mesh dim splits another dim: a row of the held block is 8 x 16
+    ((2, 2, 2), (6, 8, 32), (("a", "b"), None, "c"), ("a", None, "c"), ((0, 1), (), (2,)), 1, ["all-gather"], 1024 + 512),
+])
+def test_gathers_off_a_dim_split_by_several_mesh_dims_compile_as_priced(
+    mesh_shape: Any, shape: Any, src: Any, dst: Any, dim_axes: Any, m: int, kinds: list[str], nbytes: int
+) -> None:
+    """XLA's SPMD partitioner gathering the minor split off a dim split by several mesh
+    dims (``TileToPartialReplicateHaloExchange``), measured: where the gathered groups'
+    blocks do not start where the remaining split's do, collective-permutes of the rows
+    and pairs :func:`halo_permutes` says first, over the mesh axes and bytes
+    :func:`gather_halo_permutes` says, then the gather :func:`gather_block_bytes` prices."""
+    compiled = _compiled_gather(mesh_shape, shape, src, dst, consumed=True)
+    kind, block = gather_block_bytes(shape, 4, dim_axes, mesh_shape, m, 0)
+    halo = gather_halo_bytes(shape, 4, dim_axes, mesh_shape, m, 0)
+    permutes = [c for c in compiled if c.op == "collective-permute"]
+    assert [c.op for c in compiled if c.op != "collective-permute"] == [kind] == kinds
+    pieces = math.prod(mesh_shape[a] for a in dim_axes[0])
+    predicted = halo_permutes(shape[0], pieces, mesh_shape[m])
+    # each permute: its rows and device pairs (a pair of shards along dim 0 for each place on the other mesh dims)
+    devices = np.arange(math.prod(mesh_shape)).reshape(mesh_shape).transpose(
+        *dim_axes[0], *(a for a in range(len(mesh_shape)) if a not in dim_axes[0])
+    ).reshape(pieces, -1)
+    assert sorted((c.result_shapes[0][0], sorted(c.groups)) for c in permutes) == sorted(
+        (rows, sorted((int(devices[s, k]), int(devices[t, k])) for s, t in pairs for k in range(devices.shape[1])))
+        for rows, pairs in predicted
+    )
+    mesh = init_device_mesh(mesh_shape, ("a", "b", "c")[: len(mesh_shape)])
+    assert sorted((c.mesh_axes(mesh), collective_nbytes(c, mesh.size())) for c in permutes) == sorted(
+        (tuple(mesh.axis_names[a] for a in axes), nbytes)
+        for axes, nbytes in gather_halo_permutes(shape, 4, dim_axes, mesh_shape, m, 0)
+    )
+    assert sum(collective_nbytes(c, mesh.size()) for c in permutes) == halo
+    sent = sum(collective_nbytes(c, mesh.size()) for c in compiled)
+    assert sent == collective_bytes(kind, block, mesh_shape[m]) + halo == nbytes
+
+
+@pytest.mark.parametrize(("mesh_shape", "shape", "src", "dst", "ops", "nbytes"), [
+    # aligned (4 rows per group of 2 rows each, 8 / 2 = 4): the exchange compiles as priced
+    ((4, 2), (13, 8, 32), (("a", "b"), None), ("a", "b"), ["all-to-all"], 1024),
+    # misaligned, the target dim unsplit: XLA replicates the dim over all 8 devices (a padded all-gather of 16 rows)
+    ((4, 2), (9, 8, 32), (("a", "b"), None), ("a", "b"), ["all-gather"], 14336),
+    ((2, 4), (6, 8, 32), (("a", "b"), None), ("a", "b"), ["all-gather"], 7168),
+    # misaligned, the target dim split by c: the all-to-all and a halo exchange of a row
+    ((2, 2, 2), (6, 8, 32), (("a", "b"), "c"), ("a", ("c", "b")), ["all-to-all", "collective-permute"], 512 + 256),
+])
+def test_exchanges_off_a_misaligned_dim_split_by_several_mesh_dims_are_not_one_collective(
+    mesh_shape: Any, shape: Any, src: Any, dst: Any, ops: list[str], nbytes: int
+) -> None:
+    """What XLA compiles for an all-to-all moving the minor split off a dim split by several
+    mesh dims: where the blocks are misaligned (:func:`blocks_misaligned`), not the priced
+    all-to-all but a replication of the dim or an added halo exchange, by cases the planner
+    does not model: it offers no such step (tests/test_inference_plan.py)."""
+    compiled = _compiled_gather(mesh_shape, shape, src, dst, consumed=True)
+    assert sorted(c.op for c in compiled) == sorted(ops)
+    assert sum(collective_nbytes(c, math.prod(mesh_shape)) for c in compiled) == nbytes
+    sizes = dict(zip("abc", mesh_shape))
+    pieces = math.prod(sizes[a] for a in src[0])
+    assert blocks_misaligned(shape[0], pieces, sizes[src[0][-1]]) == (ops != ["all-to-all"])
+
+
+def test_halo_permutes_as_xla_packs_them() -> None:
+    """Each halo collective-permute, as measured (the test above): 6 rows over 8 regrouped
+    by 4, one permute of a row (shards 3, 4, 5 send a row to 4, 5, 6: over a and b, 1,024
+    B); 9 rows, two (shard 3 sends to 4 and 5: two permutes); 17 rows, one of 3 rows
+    (blocks of 3, the window moves by 3); 1 row: misaligned, but the rows moved are padding."""
+    assert halo_permutes(6, 8, 4) == ((1, ((3, 4), (4, 5), (5, 6))),)
+    assert gather_halo_permutes((6, 8, 32), 4, ((0, 1), (), ()), (2, 4), 1, 0) == (((0, 1), 1024),)
+    assert halo_permutes(9, 8, 4) == ((1, ((2, 4), (3, 5))), (1, ((3, 4), (4, 5))))
+    assert [rows for rows, _ in halo_permutes(17, 8, 4)] == [3]
+    assert blocks_misaligned(1, 8, 4) and halo_permutes(1, 8, 4) == ()
+    assert not blocks_misaligned(7, 8, 4) and halo_permutes(7, 8, 4) == ()
+    assert not blocks_misaligned(6, 4, 4)  # split once: nothing to realign
+    assert gather_halo_bytes((6, 8, 32), 4, ((1,), (), ()), (2, 4), 1, 0) == 0
+
+
+@given(size=st.integers(0, 80), data=st.data())
+def test_halo_permutes_deliver_every_row_a_block_lacks(size: int, data: Any) -> None:
+    """Each device of the gathering group must first hold the rows of its window in the
+    realigned split (``c`` rows from ``i*c - (n*c - d) * floor(i / n)``): the permutes send
+    at least the most any device lacks and at most a block each, and none on even splits."""
+    n = data.draw(st.sampled_from([2, 3, 4]))
+    pieces = n * data.draw(st.sampled_from([2, 3, 4]))
+    permutes = halo_permutes(size, pieces, n)
+    if size % pieces == 0:
+        assert not blocks_misaligned(size, pieces, n) and permutes == ()
+    held = -(-size // pieces)
+    shift = n * held - -(-size // (pieces // n))
+    lacking = [
+        sum(1 for row in range(i * held - shift * (i // n), (i + 1) * held - shift * (i // n)) if row < size and row // held != i)
+        for i in range(pieces)
+    ]
+    received = [0] * pieces
+    for rows, pairs in permutes:
+        assert 0 < rows <= held
+        sources, targets = [s for s, _ in pairs], [t for _, t in pairs]
+        assert len(set(sources)) == len(sources) and len(set(targets)) == len(targets)
+        assert all(s != t for s, t in pairs)
+        for t in targets:
+            received[t] += rows
+    assert all(got >= lack for got, lack in zip(received, lacking))
+    assert (permutes == ()) == (max(lacking, default=0) == 0)
 
 def test_cost_model_weights_by_name_then_index() -> None:
     mesh = init_device_mesh((2, 4), ("dp", "tp"))

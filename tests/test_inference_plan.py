@@ -14,7 +14,14 @@ from hypothesis import strategies as st
 
 from placements2jax import Layout, RedistributeError, init_device_mesh
 from placements2jax.inference import CostModel, plan_redistribute
-from placements2jax.inference.cost import block_bytes, collective_bytes, gather_block_bytes, resolve_cost_model
+from placements2jax.inference.cost import (
+    block_bytes,
+    blocks_misaligned,
+    collective_bytes,
+    gather_block_bytes,
+    gather_halo_bytes,
+    resolve_cost_model,
+)
 from placements2jax.inference.plan import cached_plan, cost_scale, layout_state, plan_collectives, plan_cost, plan_search
 from placements2jax.inference.program import OVERHEAD
 from placements2jax.inference.signature import placement_on
@@ -65,6 +72,42 @@ def test_uneven_all_to_alls_are_priced_on_the_blocks_xla_pads() -> None:
         ("a", "S(0)", "S(1)", "all-to-all", 2 * 8 * 32 * 4 * 3 / 4)
     ]
 
+
+
+def test_gathers_off_a_dim_split_by_several_mesh_dims_pay_xlas_halo_exchange() -> None:
+    """Gathering b off a dim split (a, b) whose groups' blocks do not start where a's do,
+    XLA first sends rows between neighbours (collective-permutes, cost.gather_halo_bytes):
+    (9, 8, 32) on 2x4 to a is 8,192 B, the all-gather's 6,144 and two permutes of a row,
+    as XLA compiles it (tests/test_inference_cost.py). The all-to-all of b to dim 1, which
+    XLA compiles on such a split as a replication of dim 0 over all 8 devices (14,336 B),
+    is not offered: on main this move was planned through it at 5,376 B."""
+    L = Layout.from_device_mesh(init_device_mesh((2, 4), ("a", "b")))
+    row = 8 * 32 * 4
+    assert steps(plan_redistribute((9, 8, 32), F32, L((("a", "b"), None, None)), L("S(0),R"))) == [
+        ("b", "S(0)", "R", "all-gather", 6144 + 2 * row)
+    ]
+    assert steps(plan_redistribute((6, 8, 32), F32, L((("a", "b"), None, None)), L("S(0),S(1)"))) == [
+        ("b", "S(0)", "R", "all-gather", 3072 + row), ("b", "R", "S(1)", "local-slice", 0)
+    ]
+    # aligned (7 rows: groups of 4 = ceil(7 / 2)): the all-to-all as before
+    assert steps(plan_redistribute((7, 8, 32), F32, L((("a", "b"), None, None)), L("S(0),S(1)"))) == [
+        ("b", "S(0)", "S(1)", "all-to-all", 4 * row * 3 / 16)
+    ]
+
+
+@given(rows=st.integers(1, 19), dst=st.sampled_from(["S(0),S(1)", "S(1),S(0)", "R,S(2)", "S(2),R", "R,R"]))
+def test_no_step_exchanges_off_a_misaligned_dim_split_by_several_mesh_dims(rows: int, dst: str) -> None:
+    """No plan moves a split by all-to-all off a dim split by several mesh dims whose
+    blocks are misaligned (XLA compiles that otherwise than one all-to-all)."""
+    mesh = init_device_mesh((2, 4), ("a", "b"))
+    L = Layout.from_device_mesh(mesh)
+    shape = (rows, 6, 5)
+    plan = plan_redistribute(shape, F32, L((("a", "b"), None, None)), L(dst))
+    for step in plan.steps:
+        if step.collective == "all-to-all":
+            axes = step.before.dim_axes[step.src.dim]
+            pieces = int(np.prod([mesh.shape[a] for a in axes]))
+            assert len(axes) == 1 or not blocks_misaligned(shape[step.src.dim], pieces, mesh.shape[step.mesh_dim])
 
 def test_nested_split_beats_going_through_replicate(mesh22: Any) -> None:
     """(S(0),S(0)) -> (R,S(0)): torch gathers b then a (0.75 T); moving b's split aside
@@ -140,8 +183,9 @@ def _via_replicate_cost(shape: tuple[int, ...], src: Layout) -> Fraction:
             total += collective_bytes("all-reduce", block_bytes(shape, 4, dim_axes, mesh_shape), mesh_shape[m])
     for d, axes in enumerate(dim_axes):
         while axes:
-            m = axes[-1]  # each gather priced as XLA compiles it (padded, or an all-reduce of a short dim)
+            m = axes[-1]  # each gather priced as XLA compiles it (padded, or an all-reduce of a short dim; a halo first)
             total += collective_bytes(*gather_block_bytes(shape, 4, dim_axes, mesh_shape, m, d), mesh_shape[m])
+            total += gather_halo_bytes(shape, 4, dim_axes, mesh_shape, m, d)
             axes.pop()
     return total
 

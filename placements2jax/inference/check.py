@@ -26,7 +26,9 @@ Where XLA legitimately differs, and how the report says it:
   (counted twice their bytes), XLA's combiner merging independent all-reduces (or
   all-gathers) into one collective of several operands (``operands`` counts them: the
   number comparable with the predicted collectives), and collectives XLA chose that the
-  prediction has no counterpart for (``collective-permute``). The prediction is also
+  prediction has no counterpart for (``collective-permute``, but for the halo exchange of
+  a gather off a misaligned dim split by several mesh dims, which the prediction counts:
+  :attr:`.RedistributeStep.halo`). The prediction is also
   counted as XLA's combiner would merge it (:mod:`.combine`:
   :attr:`CheckReport.predicted_combined_counts`, what the verdict compares with the
   compiled counts; :attr:`CheckReport.axis_checks` per kind and mesh axes).
@@ -191,8 +193,7 @@ class CheckReport:
         """(kind, bytes) of every predicted collective, conversions of outputs to XLA's
         layouts included, as the compiled program would run them (see module docstring)."""
         rules = combiner_rules(self.platform)
-        lowered = (lowered_step(step, rules) for step in self._communicating_steps)
-        return [step for step in lowered if step is not None]
+        return [collective for step in self._communicating_steps for collective in lowered_step(step, rules)]
 
     @property
     def predicted_counts(self) -> Counter[str]:

@@ -42,7 +42,7 @@ from typing import Any
 
 from ..errors import InferenceError
 from ..layout import Layout
-from .cost import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, gather_block_bytes
+from .cost import ALL_GATHER, ALL_REDUCE, COLLECTIVE_PERMUTE, REDUCE_SCATTER, gather_block_bytes
 from .signature import RedistributePlan, RedistributeStep, SharedRoutes
 
 __all__ = ["BACKENDS", "CombinedCollective", "CombinerRules", "PlannedCollective", "combine", "combiner_rules",
@@ -94,19 +94,22 @@ def combiner_rules(backend: str) -> CombinerRules:
 
 
 
-def lowered_step(step: RedistributeStep, rules: CombinerRules) -> tuple[str, Fraction] | None:
-    """A planner step as ``rules``' backend compiles it: (collective kind, bytes each device
-    sends), or None when it compiles to no collective (a local step, or one over a size-1
-    mesh dim). A kind the backend compiles as another (CPU: a reduce-scatter as an
-    all-reduce of the whole block, then sliced) sends what that one sends: twice the
-    reduce-scatter's bytes (:mod:`.cost`: ``2T(n-1)/n`` against ``T(n-1)/n``); a gather XLA
-    all-reduces (:attr:`.RedistributeStep.compiled`) is an all-reduce, priced so."""
+def lowered_step(step: RedistributeStep, rules: CombinerRules) -> tuple[tuple[str, Fraction], ...]:
+    """A planner step as ``rules``' backend compiles it: its collectives in order, each as
+    (kind, bytes each device sends); none for a local step or one over a size-1 mesh dim.
+    A kind the backend compiles as another (CPU: a reduce-scatter as an all-reduce of the
+    whole block, then sliced) sends what that one sends: twice the reduce-scatter's bytes
+    (:mod:`.cost`: ``2T(n-1)/n`` against ``T(n-1)/n``); a gather XLA all-reduces
+    (:attr:`.RedistributeStep.compiled`) is an all-reduce, priced so; a gather off a
+    misaligned dim split by several mesh dims comes after its halo's collective-permutes
+    (:attr:`.RedistributeStep.halo`, their bytes out of the gather's)."""
     if not step.communicates:
-        return None
+        return ()
     kind = rules.compiled_kind(step.compiled)
     if kind == ALL_REDUCE and step.collective == REDUCE_SCATTER:
-        return kind, 2 * step.nbytes
-    return kind, step.nbytes
+        return ((kind, 2 * step.nbytes),)
+    halo = tuple((COLLECTIVE_PERMUTE, Fraction(nbytes)) for _, nbytes in step.halo)
+    return (*halo, (kind, step.nbytes - sum(nbytes for _, nbytes in halo)))
 
 @dataclass(frozen=True)
 class PlannedCollective:
@@ -207,6 +210,13 @@ def planned_collectives(
                 after = routes.left(route)
                 continue
             if step.communicates:  # not local, nor over one device: those XLA compiles to nothing
+                halo = 0
+                for axes, nbytes in step.halo:  # a gather's halo exchange comes first (never combined)
+                    result.append(PlannedCollective(
+                        COLLECTIVE_PERMUTE, axes, None, str(plan.dtype), nbytes, scope, where, after,
+                    ))
+                    halo |= 1 << (len(result) - 1)
+                after |= halo
                 if step.collective == ALL_GATHER:  # a padded all-gather, or an all-reduce of a short dim
                     kind, result_bytes = gather_block_bytes(
                         plan.shape, plan.dtype.itemsize, step.before.dim_axes, step.before.mesh.shape, step.mesh_dim,

@@ -10,7 +10,9 @@ Ring algorithms (the bandwidth-optimal ones, as in torch's and NCCL's cost model
 * all-gather ``S -> R``: each device receives the ``n-1`` blocks of size ``T/n`` it lacks
   and sends as much: ``T(n-1)/n``. Its ``T`` and kind are :func:`gather_block_bytes`'s: XLA
   gathers ``n`` equal chunks of the held padded block, or, where the gathered dim has at
-  most ``n/2`` rows, all-reduces the whole unpadded block (``2T(n-1)/n``).
+  most ``n/2`` rows, all-reduces the whole unpadded block (``2T(n-1)/n``). Off a dim split
+  by several mesh dims whose gathered blocks are misaligned with the remaining split's,
+  XLA first sends rows between devices (collective-permutes, :func:`gather_halo_permutes`).
 * reduce-scatter ``P -> S``: ``n-1`` ring steps, each sending one ``T/n`` chunk: ``T(n-1)/n``.
 * all-reduce ``P -> R``: reduce-scatter then all-gather: ``2T(n-1)/n``.
 * all-to-all ``S(i) -> S(j)``: a device holds ``T/n`` and keeps one ``n``-th of it, sending
@@ -51,12 +53,16 @@ __all__ = [
     "CostModel",
     "CostModelLike",
     "block_bytes",
+    "blocks_misaligned",
     "collective_bytes",
     "collective_factor",
     "collective_nbytes",
     "default_cost_model",
     "exchange_block_bytes",
     "gather_block_bytes",
+    "gather_halo_bytes",
+    "gather_halo_permutes",
+    "halo_permutes",
     "resolve_cost_model",
     "set_default_cost_model",
     "use_cost_model",
@@ -179,6 +185,118 @@ def gather_block_bytes(
         return ALL_REDUCE, gathered
     return ALL_GATHER, gathered // rows * (-(-rows // n) * n)
 
+
+
+def blocks_misaligned(size: int, pieces: int, n: int) -> bool:
+    """Does gathering the minor ``n``-way split off a dim of ``size`` split ``pieces`` ways
+    (by several mesh dims: ``pieces > n``) leave blocks that do not start where the
+    remaining ``pieces / n``-way split's do? Each group gathers ``n`` blocks of
+    ``c = ceil(size / pieces)`` rows, its target block is ``d = ceil(size / (pieces / n))``
+    rows: misaligned when ``n * c != d`` (``(6, 8, 32)`` split ``(a, b)`` on 2x4: groups of
+    4 rows against blocks of 3). XLA's test, in ``TileToPartialReplicateHaloExchange``."""
+    if pieces <= n or not size:
+        return False
+    return n * -(-size // pieces) != -(-size // (pieces // n))
+
+
+@cached(maxsize=4096)
+def halo_permutes(size: int, pieces: int, n: int) -> tuple[tuple[int, tuple[tuple[int, int], ...]], ...]:
+    """The collective-permutes XLA's SPMD partitioner sends to realign blocks before
+    gathering the minor ``n``-way split off a dim of ``size`` split ``pieces`` ways (see
+    :func:`blocks_misaligned`; none when aligned), each as its rows and its (source,
+    target) pairs of shards (ordinals along the dim). As
+    ``TileToPartialReplicateHaloExchange`` and ``ExchangeHaloCompact`` do it: shard ``i``
+    (of ``pieces``, ``c`` rows each) must hold the ``c`` rows from
+    ``i*c - (n*c - d) * floor(i / n)`` (a left halo); each piece of them held by another
+    shard is sent from there (rows at or past ``size`` are padding, not sent); pieces are
+    packed, taking each source's in order of their offset in the target window, into
+    permutes of distinct sources and distinct targets, each as many rows as the span of its
+    pieces in their sources (a left and a right piece not mixed). ``(6, 8, 32)`` ``(a, b) ->
+    a`` on 2x4: one permute of 1 row (shards 3, 4, 5 to 4, 5, 6); ``(9, 8, 32)``: two of 1 row."""
+    if not blocks_misaligned(size, pieces, n):
+        return ()
+    held = -(-size // pieces)
+    shift = n * held - -(-size // (pieces // n))  # rows each group's window moves left, per group
+    wanted: list[list[tuple[int, int, int, int]]] = [[] for _ in range(pieces)]  # per source: offset, target, span
+    for target in range(pieces):
+        start = target * held - shift * (target // n)
+        row = start
+        while row < min(start + held, size):
+            first = row % held
+            rows = min(held - first, start + held - row)
+            if row // held != target:
+                wanted[row // held].append((row - start, target, first, first + rows))
+            row += rows
+    for pieces_of_source in wanted:
+        pieces_of_source.sort(key=lambda piece: piece[0])
+    taken = [0] * pieces
+    permutes = []
+    while True:
+        pairs: list[tuple[int, int]] = []
+        low, high = held, 0
+        for source, pieces_of_source in enumerate(wanted):
+            if taken[source] == len(pieces_of_source):
+                continue
+            _, target, first, last = pieces_of_source[taken[source]]
+            if pairs and (
+                any(target == t for _, t in pairs) or (low > last and high == held and first == 0)
+                or (high < first and low == 0 and last == held)
+            ):
+                continue  # a target already served, or a left piece with a right one: the next permute
+            pairs.append((source, target))
+            low, high = min(low, first), max(high, last)
+            taken[source] += 1
+        if not pairs:
+            return tuple(permutes)
+        permutes.append((high - low, tuple(pairs)))
+
+
+def gather_halo_permutes(
+    shape: Sequence[int], itemsize: int, dim_axes: Sequence[Sequence[int]], mesh_shape: Sequence[int], mesh_dim: int,
+    dim: int,
+) -> tuple[tuple[tuple[int, ...], int], ...]:
+    """The collective-permutes XLA adds before gathering ``mesh_dim`` off tensor dim ``dim``
+    (its minor-most split; ``dim_axes``: the layout before) when other mesh dims split that
+    dim too and the blocks are misaligned (:func:`halo_permutes`), each as the mesh dims
+    its pairs vary along and the bytes each sending device sends (its rows times a row of
+    the held padded block). None on a dim split once, or aligned. ``(6, 8, 32)`` float32
+    ``(a, b) -> a`` on 2x4: one of 1,024 B over ``(a, b)``, besides the all-gather's
+    3,072 (:func:`gather_block_bytes`). Measured on CPU XLA for ``N`` 1-33 on 2x4, 4x2 and
+    2x2x2 meshes (tests/test_inference_cost.py)."""
+    axes = dim_axes[dim]
+    if len(axes) < 2 or not shape[dim]:
+        return ()
+    sizes = [mesh_shape[a] for a in axes]
+    pieces = math.prod(sizes)
+    permutes = halo_permutes(shape[dim], pieces, mesh_shape[mesh_dim])
+    if not permutes:
+        return ()
+    row = block_bytes(shape, itemsize, dim_axes, mesh_shape) // -(-shape[dim] // pieces)
+    result = []
+    for rows, pairs in permutes:
+        varying = {
+            a for source, target in pairs
+            for a, s, t in zip(axes, _place(source, sizes), _place(target, sizes)) if s != t
+        }
+        result.append((tuple(sorted(varying)), rows * row))
+    return tuple(result)
+
+
+def _place(ordinal: int, sizes: Sequence[int]) -> tuple[int, ...]:
+    """A shard's index along each mesh dim splitting a tensor dim (``sizes`` major first)."""
+    place = []
+    for size in reversed(sizes):
+        ordinal, index = divmod(ordinal, size)
+        place.append(index)
+    return tuple(reversed(place))
+
+
+def gather_halo_bytes(
+    shape: Sequence[int], itemsize: int, dim_axes: Sequence[Sequence[int]], mesh_shape: Sequence[int], mesh_dim: int,
+    dim: int,
+) -> int:
+    """Bytes each device sends at most in :func:`gather_halo_permutes` (0 where none)."""
+    return sum(nbytes for _, nbytes in gather_halo_permutes(shape, itemsize, dim_axes, mesh_shape, mesh_dim, dim))
 
 @dataclass(frozen=True, init=False)
 class CostModel:

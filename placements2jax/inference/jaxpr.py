@@ -274,8 +274,7 @@ class Prediction:
         its bytes); elsewhere :attr:`nbytes` (without a policy). What a compiled program
         of this prediction sends, as :func:`~.check.check` counts the predicted side."""
         rules = combiner_rules(self._backend)
-        return sum((lowered[1] for lowered in (lowered_step(s, rules) for s in self.steps) if lowered is not None),
-                   Fraction(0))
+        return sum((nbytes for s in self.steps for _, nbytes in lowered_step(s, rules)), Fraction(0))
 
     @property
     def collectives(self) -> Counter[str]:

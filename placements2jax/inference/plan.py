@@ -64,10 +64,13 @@ from .cost import (
     REDUCE_SCATTER,
     CostModelLike,
     block_bytes,
+    blocks_misaligned,
     collective_bytes,
     collective_factor,
     exchange_block_bytes,
     gather_block_bytes,
+    gather_halo_bytes,
+    gather_halo_permutes,
     resolve_cost_model,
 )
 from .signature import RedistributePlan, RedistributeStep, TensorSpec, placement_on
@@ -337,10 +340,14 @@ def _step(
     mesh = src.mesh
     before_layout = Layout(mesh, *before)
     after_layout = Layout(mesh, *after)
-    compiled = collective
-    if collective == ALL_GATHER:  # a short dim's gather compiles to an all-reduce
+    compiled, halo = collective, ()
+    if collective == ALL_GATHER:  # a short dim's gather compiles to an all-reduce; off a misaligned split, after a halo
         gathered = next(d for d, axes in enumerate(before[0]) if mesh_dim in axes)
         compiled, _ = gather_block_bytes(shape, dtype.itemsize, before[0], mesh.shape, mesh_dim, gathered)
+        halo = tuple(
+            (tuple(mesh.axis_names[a] for a in axes), nbytes)
+            for axes, nbytes in gather_halo_permutes(shape, dtype.itemsize, before[0], mesh.shape, mesh_dim, gathered)
+        )
     return RedistributeStep(
         mesh_dim,
         mesh.axis_names[mesh_dim],
@@ -352,6 +359,7 @@ def _step(
         before_layout,
         after_layout,
         compiled,
+        halo,
     )
 
 
@@ -573,7 +581,12 @@ def _moves(state: State, steps: _Steps) -> tuple[Moved, ...]:
             # priced as XLA compiles it: a padded all-gather, or an all-reduce of a dim of at most n/2 rows
             compiled, gathered_block = gather_block_bytes(shape, itemsize, dim_axes, mesh_shape, m, split)
             collected = gathered_block * factor[compiled]
+            several = len(dim_axes[split]) > 1
+            if several:  # off a dim split by several mesh dims, XLA may first realign the blocks (a halo exchange)
+                collected += gather_halo_bytes(shape, itemsize, dim_axes, mesh_shape, m, split) * steps.unit
             moves.append(((gathered, partial), collected, m, (key + _ALL_GATHER_KEY) * width, (m, ALL_GATHER, -1, collected)))
+            if several and blocks_misaligned(shape[split], math.prod(mesh_shape[a] for a in dim_axes[split]), mesh_shape[m]):
+                continue  # XLA replicates the dim or adds a halo exchange for this exchange: not offered (docs section 4)
             # padded as XLA pads an uneven exchange (a size-1 dim's chunk is n rows)
             exchanged = exchange_block_bytes(shape, itemsize, dim_axes, mesh_shape, m)
             digit = (key + _ALL_TO_ALL_KEY) * width + 1

@@ -460,11 +460,16 @@ class OneDSig:
 class RedistributeStep:
     """One collective (or local op) on one mesh dim, changing ``before`` into ``after``.
 
-    ``nbytes`` is the number of bytes each device sends (see :mod:`.cost`), ``cost`` is
-    ``nbytes`` times the cost-model weight of the mesh axis. ``compiled`` is the collective
+    ``nbytes`` is the number of bytes each device sends (see :mod:`.cost`; a gather's
+    includes the halo exchange XLA adds off a misaligned dim split by several mesh dims,
+    :func:`.cost.gather_halo_bytes`), ``cost`` is ``nbytes`` times the cost-model weight of
+    the mesh axis. ``compiled`` is the collective
     XLA's SPMD partitioner emits for it (every backend's, before the backend's own rules,
     :func:`.combine.lowered_step`): ``collective``, except the gather of a dim of at most
-    ``n/2`` rows, which it all-reduces (:func:`.cost.gather_block_bytes`).
+    ``n/2`` rows, which it all-reduces (:func:`.cost.gather_block_bytes`). ``halo``: the
+    collective-permutes XLA sends before a gather off a misaligned dim split by several
+    mesh dims (:func:`.cost.gather_halo_permutes`), each as its mesh axes and the bytes
+    each sending device sends (in ``nbytes`` too).
     """
 
     mesh_dim: int
@@ -477,6 +482,8 @@ class RedistributeStep:
     before: Layout
     after: Layout
     compiled: str
+    # out of repr: the bytes are in nbytes, and equation reports print their steps as they did before halos
+    halo: tuple[tuple[tuple[str, ...], int], ...] = field(default=(), repr=False)
 
     @property
     def over_one_device(self) -> bool:
