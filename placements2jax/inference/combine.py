@@ -217,13 +217,13 @@ def planned_collectives(
                     ))
                     halo |= 1 << (len(result) - 1)
                 after |= halo
-                if step.collective == ALL_GATHER:  # a padded all-gather, or an all-reduce of a short dim
-                    kind, result_bytes = gather_block_bytes(
+                if step.collective == ALL_GATHER:  # a padded all-gather, or an all-reduce of a short dim (compiled)
+                    _, result_bytes = gather_block_bytes(
                         plan.shape, plan.dtype.itemsize, step.before.dim_axes, step.before.mesh.shape, step.mesh_dim,
                         step.src.dim,
                     )
-                    reduce_op = "sum" if kind == ALL_REDUCE else None  # the zero-filled blocks are added
-                    kind = rules.compiled_kind(kind)
+                    reduce_op = "sum" if step.compiled == ALL_REDUCE else None  # the zero-filled blocks are added
+                    kind = rules.compiled_kind(step.compiled)
                 else:
                     kind = rules.compiled_kind(step.collective)
                     reduce_op = _reduce_op(step)
