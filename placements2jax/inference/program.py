@@ -437,25 +437,22 @@ def _choose(
     # Priced by the planner alone (a reduce-scatter half an all-reduce), the descents end in other basins:
     # both are searched, the cheaper as compiled kept (the planner's result is 0.66x the bytes as compiled
     # on GPT-2's adamw step, 1.05x on Llama's). As compiled, only from the walked start, without seeds: on
-    # the training steps the eager start and the seeds never gave the kept result.
+    # the training steps the eager start and the seeds never gave the kept result. The planner's too descends
+    # from the walked start alone: its eager start's result was kept only through a tie
     planned = search.repriced(compiled=False)
-    by_planner = _descend(planned, eager, seeds)
+    by_planner = _descend(planned, eager, seeds, walked_only=True)
     chains = []
     for pulls in (False, True):  # without and with pull moves (:meth:`_Search.pull_moves`), the cheaper kept
         search.tie_moved(not pulls)  # without pull moves, ties broken by the fewest inputs moved (tie_moved())
         chosen = _descend(search, eager, (), walked_only=True, pulls=pulls)
         if search.total(by_planner) < search.total(chosen):
             chosen = by_planner
-        chains.append((search.total(chosen), pulls, chosen))
-    # only the cheaper chain is finished (both when they tie): on every training step measured the finish of the
-    # dearer one never gave the kept result, and a finish's first offer is the dearest of all (1.2-1.6 s CPU on
-    # Llama's 8-layer adamw step)
-    least = min(cost for cost, _, _ in chains)
+        chains.append((pulls, chosen))
+    # both chains are finished, the cheaper result kept: the dearer chain's finish can end cheaper
     results = []
-    for cost, pulls, chosen in chains:
-        if cost == least:
-            search.tie_moved(not pulls)
-            results.append(_finish(search, planned, (eager, dispatched), by_planner, chosen, pulls))
+    for pulls, chosen in chains:
+        search.tie_moved(not pulls)
+        results.append(_finish(search, planned, (eager, dispatched), by_planner, chosen, pulls))
     return min(results, key=search.total)
 
 
