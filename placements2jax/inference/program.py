@@ -437,10 +437,9 @@ def _choose(
     # Priced by the planner alone (a reduce-scatter half an all-reduce), the descents end in other basins:
     # both are searched, the cheaper as compiled kept (the planner's result is 0.66x the bytes as compiled
     # on GPT-2's adamw step, 1.05x on Llama's). As compiled, only from the walked start, without seeds: on
-    # the training steps the eager start and the seeds never gave the kept result. The planner's too descends
-    # from the walked start alone: its eager start's result was kept only through a tie
+    # the training steps the eager start and the seeds never gave the kept result.
     planned = search.repriced(compiled=False)
-    by_planner = _descend(planned, eager, seeds, walked_only=True)
+    by_planner = _descend(planned, eager, seeds)
     chains = []
     for pulls in (False, True):  # without and with pull moves (:meth:`_Search.pull_moves`), the cheaper kept
         search.tie_moved(not pulls)  # without pull moves, ties broken by the fewest inputs moved (tie_moved())
