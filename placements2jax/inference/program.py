@@ -34,9 +34,9 @@ result). The descent as compiled runs twice, without and with *pull moves*
 (:meth:`_Search.pull_moves`: an input's redistribution removed at its producers, upstream,
 then cascading; a cascade only goes downstream), and the cheaper result is kept (with
 pull moves alone Llama's value_and_grad went 0.70 -> 0.81x XLA's bytes; with them
-Equinox's loss 1.17 -> 0.85x). A last descent from the kept result (the cheaper chain's, the
-planner's result in its place where that is cheaper; from each, with its own moves, when they
-tie) adds *reducing cascades*
+Equinox's loss 1.17 -> 0.85x). A last descent from each chain's result (the planner's result
+in its place where that is cheaper), with that chain's own moves, the cheaper finished result
+kept, adds *reducing cascades*
 (:meth:`_Search.reducing_moves`): at an equation that makes or receives a partial, its
 candidates reducing it there (or its own), every equation downstream re-chosen as eager
 dispatch would if it charged the partials it continues too, so partials are reduced where
@@ -51,16 +51,19 @@ moments to the transposed split and back: its adamw step 0.96 -> 0.76x XLA's byt
 Reducing cascades offered in every descent would double the search's time;
 once, they add 0.2-0.3 s CPU to a cold predict of
 the training steps (the second search 0.5-0.6 s: GPT-2's adamw step 1.4 -> 2.2 s,
-Llama's 1.0 -> 1.8 s in all). Only the cheaper chain is finished: on every program measured
-(GPT-2's and Llama's loss, value_and_grad and adamw step, Llama's with 2, 4 and 8 unrolled
-layers, GPT-2's with 8 scanned, the Megatron MLP step, Flax NNX's and Equinox's loss and
-value_and_grad, Equinox's adamw step) the dearer chain's finish never gave the kept result,
-and a finish is the dearest descent on large programs (its first offer of reducing cascades
-at every equation: 1.2-1.6 s CPU on Llama's 8-layer adamw step, whose two finishes took 2.2
-and 2.4 s of its 17.9 s of descents; the predictions are unchanged; cold predict, three
-rounds alternating processes at load 5-9: 27.2 / 21.4 / 19.3 -> 24.2 / 17.0 / 13.0 s, with 4
-layers 8.8 / 9.0 / 5.0 -> 7.5 / 7.0 / 4.3 s; GPT-2's chains tie where the planner's result
-replaces both, and both are finished, as before). What the rest costs there, per descent
+Llama's 1.0 -> 1.8 s in all). Both chains are finished (stop 25): the dearer chain's finish
+can end cheaper than the cheaper one's (Llama's adamw step on an (8,) mesh: the pull chain's
+result, dearer before its finish, finished to 160,615 B where the other ends at 183,463, 33
+collectives after XLA's combiner where 48; the other 17 programs of
+benchmarks/dump_predictions.py unchanged), for one more finish where the chains do not tie
+(Llama's 2-layer adamw step: cold predict 2.81 -> 3.04 s CPU, medians of 3 alternated
+processes at load 3-4.6; GPT-2's, whose chains tie, 2.68 -> 2.69 s). Only the cheaper had
+been finished (stop 22: on the programs measured then the dearer chain's finish never gave
+the kept result, and a finish is the dearest descent on large programs, its first offer of
+reducing cascades at every equation: 1.2-1.6 s CPU on Llama's 8-layer adamw step, searched
+whole then, whose cold predict finishing the cheaper alone took 27.2 / 21.4 / 19.3 -> 24.2 /
+17.0 / 13.0 s, load 5-9; a program with repeated layers now searches its reduced graph, two
+layers, :func:`_seeded`, and finishes the whole once). What the rest costs there, per descent
 (CPU s, equations changed, from -> to MB as compiled, load 5.6): the planner's from the eager
 and walked starts 0.66 / 0.46, its value moves from the result and from its start 0.36 /
 0.64; without pull moves from the walked start 2.69 (2,051 changes, 4.80 -> 1.06 MB), values
@@ -77,8 +80,10 @@ Which descent gives the kept result, and what each variant of this sequence pred
 the 17 programs of benchmarks/dump_predictions.py, is measured in docs/inference.md ("Which
 descent gives the kept result", stop 24): without any one of the 11 descents some of those
 programs, or Llama's adamw step on an (8,) mesh with a batch of 8 (tests/test_autoplan.py),
-gets dearer (without the planner's from the eager start, only through a tie: the same bytes
-in one more collective on Flax NNX's value_and_grad).
+gets dearer (without the planner's from the eager start, on those only through a tie: the
+same bytes in one more collective on Flax NNX's value_and_grad; but the stateful ``@nnx.jit``
+adamw step of tests/test_frameworks.py, not among them, then predicts 47,808 B where 44,768,
+1.067x XLA's bytes where 0.999x, 24 collectives after XLA's combiner where 20: stop 25).
 The kept
 result never moves more than eager dispatch by the planner's prices (the prediction's
 own): where it would, the planner's search result is kept.
@@ -451,16 +456,14 @@ def _choose(
         chosen = _descend(search, eager, (), walked_only=True, pulls=pulls)
         if search.total(by_planner) < search.total(chosen):
             chosen = by_planner
-        chains.append((search.total(chosen), pulls, chosen))
-    # only the cheaper chain is finished (both when they tie): on every training step measured the finish of the
-    # dearer one never gave the kept result, and a finish's first offer is the dearest of all (1.2-1.6 s CPU on
-    # Llama's 8-layer adamw step)
-    least = min(cost for cost, _, _ in chains)
+        chains.append((pulls, chosen))
+    # both chains are finished, the cheaper result kept: the dearer chain's finish can end cheaper (Llama's adamw
+    # step on (8,): 160,615 B where 183,463), for one more finish where they do not tie (+0.23 s CPU, 8%, on Llama's
+    # 2-layer step's cold predict)
     results = []
-    for cost, pulls, chosen in chains:
-        if cost == least:
-            search.tie_moved(not pulls)
-            results.append(_finish(search, planned, (eager, dispatched), by_planner, chosen, pulls))
+    for pulls, chosen in chains:
+        search.tie_moved(not pulls)
+        results.append(_finish(search, planned, (eager, dispatched), by_planner, chosen, pulls))
     return min(results, key=search.total)
 
 
