@@ -54,7 +54,7 @@ the training steps (the second search 0.5-0.6 s: GPT-2's adamw step 1.4 -> 2.2 s
 Llama's 1.0 -> 1.8 s in all). Both chains are finished (stop 25): the dearer chain's finish
 can end cheaper than the cheaper one's (Llama's adamw step on an (8,) mesh: the pull chain's
 result, dearer before its finish, finished to 160,615 B where the other ends at 183,463, 33
-collectives after XLA's combiner where 48; the other 17 programs of
+collectives after XLA's combiner where 48; the other 18 programs of
 benchmarks/dump_predictions.py unchanged), for one more finish where the chains do not tie
 (Llama's 2-layer adamw step: cold predict 2.81 -> 3.04 s CPU, medians of 3 alternated
 processes at load 3-4.6; GPT-2's, whose chains tie, 2.68 -> 2.69 s). Only the cheaper had
