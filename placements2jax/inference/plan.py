@@ -581,11 +581,13 @@ def _moves(state: State, steps: _Steps) -> tuple[Moved, ...]:
             # priced as XLA compiles it: a padded all-gather, or an all-reduce of a dim of at most n/2 rows
             compiled, gathered_block = gather_block_bytes(shape, itemsize, dim_axes, mesh_shape, m, split)
             collected = gathered_block * factor[compiled]
-            several = len(dim_axes[split]) > 1
-            if several:  # off a dim split by several mesh dims, XLA may first realign the blocks (a halo exchange)
+            misaligned = len(dim_axes[split]) > 1 and blocks_misaligned(
+                shape[split], math.prod(mesh_shape[a] for a in dim_axes[split]), mesh_shape[m]
+            )
+            if misaligned:  # off a dim split by several mesh dims, XLA first realigns the blocks (a halo exchange)
                 collected += gather_halo_bytes(shape, itemsize, dim_axes, mesh_shape, m, split) * steps.unit
             moves.append(((gathered, partial), collected, m, (key + _ALL_GATHER_KEY) * width, (m, ALL_GATHER, -1, collected)))
-            if several and blocks_misaligned(shape[split], math.prod(mesh_shape[a] for a in dim_axes[split]), mesh_shape[m]):
+            if misaligned:
                 continue  # XLA replicates the dim or adds a halo exchange for this exchange: not offered (docs section 4)
             # padded as XLA pads an uneven exchange (a size-1 dim's chunk is n rows)
             exchanged = exchange_block_bytes(shape, itemsize, dim_axes, mesh_shape, m)
