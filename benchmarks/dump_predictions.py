@@ -83,9 +83,7 @@ def _programs() -> Any:
     # of the descents that kept the 18 programs above made this one dearer, stop 25)
     nnx_cfg = nnx_lm.Config(layers=1)
     model, optimizer = distribute_pytree(nnx_lm.create(nnx_cfg), mesh, nnx_lm.megatron_plan())
-    nnx_tokens, nnx_targets = (
-        distribute_tensor(a, mesh, "S(0),R") for a in common.batch(0, 4, nnx_cfg.seq, nnx_cfg.vocab)
-    )
+    nnx_tokens, nnx_targets = common.megatron_batch(nnx_cfg, mesh)
     yield "2x4 nnx adamw step (nnx.jit)", nnx.jit(nnx_lm.train_step), (model, optimizer, nnx_tokens, nnx_targets), None
 
 

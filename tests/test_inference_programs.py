@@ -498,7 +498,7 @@ def test_train_step_keeps_parameter_and_state_layouts(mesh: Any, model: str) -> 
 def test_forward_loss_checks_against_xla(mesh: Any) -> None:
     cfg = gpt2.Config()
     params = distribute_pytree(gpt2.init(jax.random.key(0), cfg), mesh, gpt2.megatron_plan())
-    idx, targets = (distribute_tensor(a, mesh, "S(0),R") for a in common.batch(0, 4, cfg.seq, cfg.vocab))
+    idx, targets = common.megatron_batch(cfg, mesh)
     report = check(partial(gpt2.loss, cfg=cfg), params, idx, targets, jax.random.key(1))
     assert [o.verdict for o in report.outputs] in (["equal"], ["xla reduced partial"])
 

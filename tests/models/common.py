@@ -74,12 +74,19 @@ def plain(tree: Any) -> Any:
     )
 
 
+def megatron_batch(cfg: Any, mesh: Any) -> tuple[Any, Any]:
+    """The checked programs' token ids and targets: 4 sequences of ``cfg``'s model (its
+    ``seq`` and ``vocab``), split over the first mesh axis (``S(0),R``, dp)."""
+    tokens, targets = batch(0, 4, cfg.seq, cfg.vocab)
+    return distribute_tensor(tokens, mesh, "S(0),R"), distribute_tensor(targets, mesh, "S(0),R")
+
+
 def checked_programs(module: Any, cfg: Any, mesh: Any) -> dict[str, tuple[Any, tuple[Any, ...], Any]]:
     """``module``'s (gpt2 / llama) loss, value_and_grad and clip + adamw step on the Megatron
     plan over ``mesh`` as ``(fn, args, out_layouts)`` for predict / check: the batch split
     over dp, the gradients, parameters and optimizer state keeping the parameters' layouts."""
     params = distribute_pytree(module.init(jax.random.key(0), cfg), mesh, module.megatron_plan())
-    tokens, targets = (distribute_tensor(a, mesh, "S(0),R") for a in batch(0, 4, cfg.seq, cfg.vocab))
+    tokens, targets = megatron_batch(cfg, mesh)
     extra = (jax.random.key(1),) if hasattr(cfg, "dropout") else ()  # GPT-2's dropout key
     loss = partial(module.loss, cfg=cfg)
     state = distribute_state(make_optimizer().init(plain(params)), params)

@@ -21,9 +21,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from placements2jax import DTensor, colwise, distribute_pytree, distribute_tensor, rowwise
+from placements2jax import DTensor, colwise, distribute_pytree, rowwise
 
-from .common import batch
+from .common import megatron_batch
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ def checked_programs(cfg: Config, mesh: Any) -> dict[str, tuple[Any, tuple[Any, 
     :func:`megatron_plan` over ``mesh``, as ``(fn, args, out_layouts)`` for predict / check
     (as :func:`.common.checked_programs` gives GPT-2's and Llama's): the batch split over
     dp; the gradients, parameters and optimizer state keeping the parameters' layouts."""
-    tokens, targets = (distribute_tensor(a, mesh, "S(0),R") for a in batch(0, 4, cfg.seq, cfg.vocab))
+    tokens, targets = megatron_batch(cfg, mesh)
     arrays, static = eqx.partition(LM(cfg, jax.random.key(0)), eqx.is_array)
     params = distribute_pytree(arrays, mesh, megatron_plan(), strict=False)
     whole = eqx.combine(params, static, is_leaf=lambda x: isinstance(x, DTensor))

@@ -18,9 +18,9 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from placements2jax import colwise, distribute_pytree, distribute_tensor, rowwise
+from placements2jax import colwise, distribute_pytree, rowwise
 
-from .common import batch
+from .common import megatron_batch
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,7 @@ def checked_programs(cfg: Config, mesh: Any) -> dict[str, tuple[Any, tuple[Any, 
     over ``mesh`` as ``(fn, args, out_layouts)`` for predict / check (as
     :func:`.common.checked_programs` gives GPT-2's and Llama's): the batch split over dp,
     the gradients keeping the parameters' layouts."""
-    tokens, targets = (distribute_tensor(a, mesh, "S(0),R") for a in batch(0, 4, cfg.seq, cfg.vocab))
+    tokens, targets = megatron_batch(cfg, mesh)
     graphdef, state = nnx.split(create(cfg)[0])
     params = distribute_pytree(state, mesh, megatron_plan())
     functional = Functional(graphdef)
