@@ -9,7 +9,7 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
-from models import common, gpt2, llama
+from models import common, gpt2, llama, stacked
 from models.steps import training_step
 
 from placements2jax import DTensor, apply, distribute_pytree, init_device_mesh, predict
@@ -53,6 +53,20 @@ def test_llama_trains() -> None:
     _loss_decreases(step, params, (tokens, targets), None)
 
 
+def test_stacked_trains_and_accumulates_the_same_gradients() -> None:
+    """The scan-over-layers model trains; accumulated over microbatches (rematerialized or
+    not) its gradients and loss are those of the whole batch."""
+    cfg = stacked.Config()
+    params = stacked.init(jax.random.key(0), cfg)
+    tokens, targets = common.batch(0, 4, cfg.seq, cfg.vocab)
+    _loss_decreases(jax.jit(partial(stacked.train_step, cfg=cfg)), params, (tokens, targets), None)
+    whole = stacked.grads_and_loss(params, tokens, targets, cfg)
+    for accumulated in (stacked.Config(microbatches=2), stacked.Config(microbatches=4, remat=True)):
+        got = stacked.grads_and_loss(params, tokens, targets, accumulated)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(whole)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
 def test_rotary_embedding_rotates_pairs() -> None:
     """The complex form equals rotating each (even, odd) pair by its angle."""
     x = np.random.default_rng(0).normal(size=(1, 3, 2, 4)).astype(np.float32)
@@ -87,7 +101,9 @@ def _communication(jitted: Any, args: Any) -> tuple[int, float]:
     return len(collectives), float(sum(collective_nbytes(c, 8) for c in collectives))
 
 
-@pytest.mark.parametrize(("model", "config"), [("mlp", {}), ("gpt2", {}), ("llama", {"layers": 1})])
+@pytest.mark.parametrize(("model", "config"), [
+    ("mlp", {}), ("gpt2", {}), ("llama", {"layers": 1}), ("stacked", {"microbatches": 2, "remat": True}),
+])
 def test_apply_of_a_training_step_sends_no_more_than_jit(mesh: Any, model: str, config: dict[str, Any]) -> None:
     """apply(step) (its default, execute="xla") under jax.jit: the compiled step has no
     more collectives and bytes per device than plain jax.jit of the step on the same

@@ -19,7 +19,7 @@ from jax.sharding import NamedSharding
 from placements2jax import DeviceMesh, DTensor, colwise, distribute_pytree, distribute_tensor, rowwise
 from placements2jax.dtensor import auto_twin_of
 
-from . import common, gpt2, llama
+from . import common, gpt2, llama, stacked
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def mlp_step(params: Any, opt_state: Any, x: jax.Array, y: jax.Array) -> tuple[A
 
 
 def training_step(model: str, mesh: DeviceMesh, **config: Any) -> Step:
-    """The adamw step of ``model`` ("gpt2" or "llama", ``config`` overriding its Config;
+    """The adamw step of ``model`` ("gpt2", "llama" or "stacked", ``config`` overriding its Config;
     "mlp": :func:`mlp_step`) with the Megatron plan on ``mesh`` (its ``tp`` axis) and a
     batch of 4 split over its ``dp`` axis if it has one (else replicated)."""
     batch_placements = ",".join("S(0)" if name == "dp" else "R" for name in mesh.mesh_dim_names)
@@ -86,7 +86,7 @@ def training_step(model: str, mesh: DeviceMesh, **config: Any) -> Step:
             distribute_tensor(rng.normal(size=(8, 16)).astype(np.float32), mesh, batch_placements) for _ in range(2)
         ]
         return Step(model, mlp_step, (params, state, *batch))
-    module = {"gpt2": gpt2, "llama": llama}[model]
+    module = {"gpt2": gpt2, "llama": llama, "stacked": stacked}[model]
     cfg = module.Config(**config)
     plain = module.init(jax.random.key(0), cfg)
     params = distribute_pytree(plain, mesh, module.megatron_plan())
