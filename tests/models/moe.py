@@ -1,0 +1,84 @@
+"""A mixture-of-experts language model as Mixtral / Switch-style JAX code writes it: an
+embedding, one pre-norm attention-free MoE block (a softmax router, ``lax.top_k`` top-2
+experts, their weights renormalized, dispatch and combine by ``jax.nn.one_hot`` and
+einsums over every expert, a load-balancing auxiliary loss), a head; the experts'
+stacked weights split over the tensor-parallel axis (expert parallelism)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+
+from placements2jax import colwise
+
+from .common import make_optimizer
+
+Params = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Config:
+    vocab: int = 64
+    seq: int = 8
+    dim: int = 32
+    hidden: int = 64
+    experts: int = 4
+    top_k: int = 2
+    aux_weight: float = 0.01
+
+
+def init(key: jax.Array, cfg: Config) -> Params:
+    k_emb, k_router, k_in, k_out, k_head = jax.random.split(key, 5)
+    return {
+        "embedding": jax.random.normal(k_emb, (cfg.vocab, cfg.dim), jnp.float32),
+        "norm": jnp.ones((cfg.dim,)),
+        "router": jax.random.normal(k_router, (cfg.dim, cfg.experts)) / cfg.dim ** 0.5,
+        "w_in": jax.random.normal(k_in, (cfg.experts, cfg.dim, cfg.hidden)) / cfg.dim ** 0.5,
+        "w_out": jax.random.normal(k_out, (cfg.experts, cfg.hidden, cfg.dim)) / cfg.hidden ** 0.5,
+        "head": jax.random.normal(k_head, (cfg.dim, cfg.vocab)) / cfg.dim ** 0.5,
+    }
+
+
+def moe(x: jax.Array, params: Params, cfg: Config) -> tuple[jax.Array, jax.Array]:
+    """The experts' mixture of ``x`` (batch, seq, dim) and the load-balancing loss."""
+    probs = jax.nn.softmax(x @ params["router"], axis=-1)  # (batch, seq, experts)
+    top_probs, top_experts = lax.top_k(probs, cfg.top_k)
+    top_probs = top_probs / top_probs.sum(axis=-1, keepdims=True)
+    chosen = jax.nn.one_hot(top_experts, cfg.experts, dtype=x.dtype)  # (batch, seq, top_k, experts)
+    combine = jnp.einsum("bsk,bske->bse", top_probs, chosen)
+    hidden = jax.nn.silu(jnp.einsum("bsd,edh->bseh", x, params["w_in"]))
+    out = jnp.einsum("bseh,ehd,bse->bsd", hidden, params["w_out"], combine)
+    routed = chosen.sum(axis=2).mean(axis=(0, 1)) / cfg.top_k  # the fraction of tokens each expert gets
+    aux = cfg.experts * jnp.sum(routed * probs.mean(axis=(0, 1)))
+    return out, aux
+
+
+def rms_norm(x: jax.Array, weight: jax.Array) -> jax.Array:
+    return x * lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-5) * weight
+
+
+def loss(params: Params, tokens: jax.Array, targets: jax.Array, cfg: Config) -> jax.Array:
+    x = params["embedding"][tokens]
+    mixed, aux = moe(rms_norm(x, params["norm"]), params, cfg)
+    logits = (x + mixed) @ params["head"]
+    return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean() + cfg.aux_weight * aux
+
+
+def train_step(
+    params: Params, opt_state: Any, tokens: jax.Array, targets: jax.Array, cfg: Config,
+) -> tuple[Params, Any, jax.Array]:
+    value, grads = jax.value_and_grad(partial(loss, cfg=cfg))(params, tokens, targets)
+    updates, opt_state = make_optimizer().update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, value
+
+
+def megatron_plan() -> dict[str, Any]:
+    """On a (dp, tp) mesh: the experts split over tp (their leading dim), the head
+    vocab-parallel; the embedding, norm and router replicated."""
+    return {r"w_in|w_out": "R,S(0)", r"head": colwise("tp")}
