@@ -2,7 +2,10 @@
 embedding, one pre-norm attention-free MoE block (a softmax router, ``lax.top_k`` top-2
 experts, their weights renormalized, dispatch and combine by ``jax.nn.one_hot`` and
 einsums over every expert, a load-balancing auxiliary loss), a head; the experts'
-stacked weights split over the tensor-parallel axis (expert parallelism)."""
+stacked weights split over the tensor-parallel axis (expert parallelism). ``dispatch=
+"sort"`` routes as dropless MoE code does instead: the (token, expert) pairs sorted by
+expert (``jnp.argsort``), each pair's token and expert weights gathered, the results
+scatter-added back to their tokens (``.at[].add``)."""
 
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ class Config:
     experts: int = 4
     top_k: int = 2
     aux_weight: float = 0.01
+    dispatch: str = "einsum"  # or "sort"
 
 
 def init(key: jax.Array, cfg: Config) -> Params:
@@ -59,13 +63,31 @@ def moe(x: jax.Array, params: Params, cfg: Config) -> tuple[jax.Array, jax.Array
     return out, aux
 
 
+def sorted_moe(x: jax.Array, params: Params, cfg: Config) -> jax.Array:
+    """:func:`moe`'s mixture routed token by token: the (token, expert) pairs sorted by
+    expert, computed with their own expert's weights, added back to their tokens."""
+    tokens = x.reshape(-1, x.shape[-1])
+    probs = jax.nn.softmax(tokens @ params["router"], axis=-1)
+    top_probs, top_experts = lax.top_k(probs, cfg.top_k)
+    top_probs = top_probs / top_probs.sum(axis=-1, keepdims=True)
+    order = jnp.argsort(top_experts.reshape(-1))
+    token_of = jnp.repeat(jnp.arange(tokens.shape[0]), cfg.top_k)[order]
+    expert_of = top_experts.reshape(-1)[order]
+    hidden = jax.nn.silu(jnp.einsum("td,tdh->th", tokens[token_of], params["w_in"][expert_of]))
+    out = jnp.einsum("th,thd->td", hidden, params["w_out"][expert_of]) * top_probs.reshape(-1)[order][:, None]
+    return jnp.zeros_like(tokens).at[token_of].add(out).reshape(x.shape)
+
+
 def rms_norm(x: jax.Array, weight: jax.Array) -> jax.Array:
     return x * lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-5) * weight
 
 
 def loss(params: Params, tokens: jax.Array, targets: jax.Array, cfg: Config) -> jax.Array:
     x = params["embedding"][tokens]
-    mixed, aux = moe(rms_norm(x, params["norm"]), params, cfg)
+    if cfg.dispatch == "sort":
+        mixed, aux = sorted_moe(rms_norm(x, params["norm"]), params, cfg), 0.0
+    else:
+        mixed, aux = moe(rms_norm(x, params["norm"]), params, cfg)
     logits = (x + mixed) @ params["head"]
     return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean() + cfg.aux_weight * aux
 
