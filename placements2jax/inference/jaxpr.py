@@ -534,7 +534,52 @@ def _resolve_carries(
         searched = walked[2].loops
         prediction, walker = _searched(walk, walked, model, targets)
         found.append(prediction)
-    return found[0] if len(found) == 1 else min(found, key=lambda prediction: _total(prediction, model))
+    best = found[0] if len(found) == 1 else min(found, key=lambda prediction: _total(prediction, model))
+    return _rejoin_conds(walk, best, model, targets)
+
+
+def _rejoin_conds(walk: Walk, prediction: Prediction, model: CostModel, targets: Sequence[Layout | None]) -> Prediction:
+    """``prediction`` or, cheaper, the program walked and searched again with its conds'
+    outputs joined where their consumers move them (:func:`_consumed_joins`): a cond's
+    program node fixes its join, chosen from its branches alone, where slicing is free,
+    so a join tends to split what every consumer then gathers back (optax.MultiSteps'
+    updated moments and updates, split over ``dp`` inside its ``lax.cond``, were gathered
+    back to the parameters' layouts: 3.3x XLA's bytes). At most ``_CARRY_ROUNDS``
+    rounds, while each is cheaper; programs without a cond are returned as they are."""
+    for _ in range(_CARRY_ROUNDS):
+        joins = _consumed_joins(prediction)
+        if not joins:
+            break
+        rejoined, _ = _searched(walk, walk(joins), model, targets)
+        if _total(rejoined, model) >= _total(prediction, model):
+            break
+        prediction = rejoined
+    return prediction
+
+
+def _consumed_joins(prediction: Prediction) -> dict[str, Candidate]:
+    """Per cond of ``prediction`` whose outputs some consumer reads only in another layout
+    (every read of that output moved to one layout), its candidate with those outputs
+    joined in that layout (a walk given it as the cond's choice joins them there)."""
+    consumed: dict[ValueId, set[Layout]] = {}
+    for row in prediction.equations:
+        plans = row.signature.redistributions if row.signature is not None else ()
+        for i, source in enumerate(row.sources):
+            if source is not None:
+                plan = plans[i] if i < len(plans) else None
+                consumed.setdefault(source, set()).add(row.inputs[i].layout if plan is None else plan.dst)
+    joins = {}
+    for row in prediction.equations:
+        if row.primitive != "cond" or row.signature is None:
+            continue
+        chosen = row.signature.chosen
+        joined = tuple(
+            next(iter(consumed.get((row.path, j), ()))) if len(consumed.get((row.path, j), ())) == 1 else layout
+            for j, layout in enumerate(chosen.out_layouts)
+        )
+        if joined != chosen.out_layouts:
+            joins[row.path] = dataclasses.replace(chosen, out_layouts=joined)
+    return joins
 
 
 class Executor(Protocol):
