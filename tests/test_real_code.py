@@ -89,7 +89,7 @@ def _eqx_step(mesh: Any) -> tuple:
 _F32, _BF16 = 1e-4, 5e-3
 PROGRAMS: dict[str, Callable[[Any], Program]] = {
     "llama scan bf16 dot_product_attention": lambda mesh: Program(*_dict_step(
-        llama_scan, llama_scan.Config(attention="dot_product_attention", dtype="bfloat16"), mesh), _BF16),
+        llama_scan, llama_scan.Config(layers=1, attention="dot_product_attention", dtype="bfloat16"), mesh), _BF16),
     "moe einsum dispatch": lambda mesh: Program(*_dict_step(moe, moe.Config(), mesh), _F32),
     "moe sort dispatch": lambda mesh: Program(*_dict_step(moe, moe.Config(dispatch="sort"), mesh), _F32),
     "stacked MultiSteps schedule": lambda mesh: Program(

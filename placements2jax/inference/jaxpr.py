@@ -12,7 +12,8 @@ layouts (the report shows the plan to them). Control flow: ``scan`` and ``while`
 from a fixed point of their carries' layouts, which the program search re-solves (it
 chooses among carry options, and the carries are walked and searched again from the
 layouts its chosen body returns them in: :func:`_resolve_carries`); ``cond`` joins its
-branches' output layouts.
+branches' output layouts (re-joined where their consumers read them after the search:
+:func:`_rejoin_conds`).
 Literals and closed-over constants are Replicate. A primitive without a rule raises
 :class:`UnsupportedOpError` naming it and the user's source line, or (``on_unknown=
 "replicate"``) runs replicated.
@@ -1161,7 +1162,8 @@ class _Walker:
         """``cond`` / ``switch``: the index must be Replicate; every branch is walked on
         the operands; each output takes, among the branches' layouts for it, the one
         cheapest to reach from all branches (ties: the first branch's), and branches
-        that produced another layout move to it."""
+        that produced another layout move to it (a walk given the cond's choice joins
+        in its outputs' layouts: :func:`_rejoin_conds`)."""
         index, operands = ins[0], ins[1:]
         index_layout = Layout(self.mesh, ((),) * index.layout.ndim)
         slot = self._loop_row(path, "cond", ins, [index_layout] + [s.layout for s in operands], out_avals)
