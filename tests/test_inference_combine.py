@@ -181,21 +181,3 @@ def test_a_gathers_halo_exchange_is_counted_as_the_permutes_xla_compiles(mesh: A
         ("all-gather", ("tp",), 8192),
     ]
     assert [c.after for c in planned] == [0, 0, 0b11]  # the permutes from the source, the gather after both
-
-
-def test_cpu_all_reduces_bfloat16_in_float32(mesh: Any) -> None:
-    """CPU XLA converts a bfloat16 all-reduce's operands to float32 first (its float
-    normalization): the prediction's bf16 all-reduce is counted at the float32 bytes XLA
-    sends and combines with the float32 all-reduces (check's predicted side equals what
-    XLA compiles); GPU rules keep its own bytes."""
-    out = replicated(mesh)
-    prediction = predict(lambda a: a.sum(0), spec(mesh, (8, 16), "S(0),R", jnp.bfloat16), out_layouts=out)
-    (step,) = [s for s in prediction.steps if s.communicates]
-    assert prediction.nbytes == step.nbytes == 32  # 16 bf16 values all-reduced over dp (2 devices)
-    assert lowered_step(step, combiner_rules("cpu"), jnp.bfloat16) == (("all-reduce", 64),)
-    assert lowered_step(step, combiner_rules("gpu"), jnp.bfloat16) == (("all-reduce", 32),)
-    assert prediction.lowered_nbytes == 64
-    (planned,) = planned_collectives(prediction, combiner_rules("cpu"))
-    assert (planned.dtype, planned.result_bytes) == ("float32", 64)
-    report = check(lambda a: a.sum(0), spec(mesh, (8, 16), "S(0),R", jnp.bfloat16), out_layouts=out)
-    assert report.predicted_bytes == report.compiled_bytes == 64

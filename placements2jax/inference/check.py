@@ -18,9 +18,7 @@ Where XLA legitimately differs, and how the report says it:
   default, op by op with ``search="eager"``). Verdict ``differs`` with both layouts and the cost of
   converting the prediction into XLA's layout.
 * **Collectives.** CPU XLA forms no reduce-scatter (it all-reduces and slices), so on CPU
-  a predicted reduce-scatter is compared as an all-reduce of the same block; it
-  all-reduces bfloat16 in float32, so a predicted bfloat16 all-reduce is counted at the
-  float32 bytes (:meth:`.CombinerRules.reduced_dtype`). XLA also
+  a predicted reduce-scatter is compared as an all-reduce of the same block. XLA also
   combines or splits collectives: counts per kind are ``equal`` only when they match;
   otherwise ``same bytes`` when the bytes per device agree, else ``differs``.
   :attr:`CheckReport.collective_checks` compares kind by kind and says which of XLA's
@@ -182,23 +180,20 @@ class CheckReport:
         return tuple((sources[o.index], o.conversion) for o in self.outputs if o.conversion is not None)
 
     @cached_property
-    def _communicating_steps(self) -> tuple[tuple[Any, RedistributeStep], ...]:
-        """(element type, step) of the prediction's steps and its outputs' conversions to
-        XLA's layouts that XLA compiles to collectives (:attr:`.RedistributeStep.communicates`:
-        not local, not over one device). A conversion whose route begins as a move of the
-        same value in the program does shares those first steps: the compiled program runs
-        them once (:meth:`.Prediction.routed_steps`, the walk :attr:`predicted_combined`
-        counts too)."""
-        return tuple((dtype, step) for dtype, step in self.prediction.typed_steps(self._conversions)
-                     if step.communicates)
+    def _communicating_steps(self) -> tuple[RedistributeStep, ...]:
+        """The prediction's steps and its outputs' conversions to XLA's layouts that XLA
+        compiles to collectives (:attr:`.RedistributeStep.communicates`: not local, not
+        over one device). A conversion whose route begins as a move of the same value in the
+        program does shares those first steps: the compiled program runs them once
+        (:meth:`.Prediction.routed_steps`, the walk :attr:`predicted_combined` counts too)."""
+        return tuple(step for step in self.prediction.routed_steps(self._conversions) if step.communicates)
 
     @property
     def predicted_collectives(self) -> list[tuple[str, Fraction]]:
         """(kind, bytes) of every predicted collective, conversions of outputs to XLA's
         layouts included, as the compiled program would run them (see module docstring)."""
         rules = combiner_rules(self.platform)
-        return [collective for dtype, step in self._communicating_steps
-                for collective in lowered_step(step, rules, dtype)]
+        return [collective for step in self._communicating_steps for collective in lowered_step(step, rules)]
 
     @property
     def predicted_counts(self) -> Counter[str]:
@@ -228,7 +223,7 @@ class CheckReport:
     def collective_checks(self) -> tuple[CollectiveCheck, ...]:
         """Predicted vs compiled per collective kind, with XLA's legitimate differences
         (module docstring) named per kind."""
-        scatters = [s.nbytes for _, s in self._communicating_steps if s.collective == REDUCE_SCATTER]
+        scatters = [s.nbytes for s in self._communicating_steps if s.collective == REDUCE_SCATTER]
         if self.platform != "cpu":
             scatters = []
         lowered = len(scatters)

@@ -40,8 +40,6 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-import jax.numpy as jnp
-
 from ..errors import InferenceError
 from ..layout import Layout
 from .cost import ALL_GATHER, ALL_REDUCE, COLLECTIVE_PERMUTE, REDUCE_SCATTER, gather_block_bytes
@@ -67,7 +65,6 @@ class CombinerRules:
     typed: tuple[str, ...]  # kinds whose key includes the element type
     count: int = _COUNT
     lowered: tuple[tuple[str, str], ...] = ()
-    promoted: tuple[tuple[str, str], ...] = ()  # (element type, the type XLA all-reduces it in)
 
     def threshold(self, kind: str) -> int | None:
         """The byte threshold of ``kind`` (None: XLA does not combine it here)."""
@@ -76,16 +73,9 @@ class CombinerRules:
     def compiled_kind(self, kind: str) -> str:
         return dict(self.lowered).get(kind, kind)
 
-    def reduced_dtype(self, kind: str, dtype: str) -> str:
-        """The element type a collective of ``kind`` on ``dtype`` is compiled in: CPU XLA
-        all-reduces bfloat16 in float32 (its float normalization converts the operands
-        first: a bf16 Llama step's all-reduces compiled f32, twice the bytes)."""
-        return dict(self.promoted).get(dtype, dtype) if kind == ALL_REDUCE else dtype
-
 
 _RULES = {
-    "cpu": CombinerRules("cpu", ((ALL_REDUCE, _NO_LIMIT),), (ALL_REDUCE,), lowered=((REDUCE_SCATTER, ALL_REDUCE),),
-                         promoted=(("bfloat16", "float32"),)),
+    "cpu": CombinerRules("cpu", ((ALL_REDUCE, _NO_LIMIT),), (ALL_REDUCE,), lowered=((REDUCE_SCATTER, ALL_REDUCE),)),
     "gpu": CombinerRules(
         "gpu", ((ALL_REDUCE, _GPU_THRESHOLD), (ALL_GATHER, _GPU_THRESHOLD), (REDUCE_SCATTER, _GPU_THRESHOLD)),
         (ALL_REDUCE, REDUCE_SCATTER),
@@ -104,7 +94,7 @@ def combiner_rules(backend: str) -> CombinerRules:
 
 
 
-def lowered_step(step: RedistributeStep, rules: CombinerRules, dtype: Any = None) -> tuple[tuple[str, Fraction], ...]:
+def lowered_step(step: RedistributeStep, rules: CombinerRules) -> tuple[tuple[str, Fraction], ...]:
     """A planner step as ``rules``' backend compiles it: its collectives in order, each as
     (kind, bytes each device sends); none for a local step or one over a size-1 mesh dim.
     A kind the backend compiles as another (CPU: a reduce-scatter as an all-reduce of the
@@ -112,25 +102,14 @@ def lowered_step(step: RedistributeStep, rules: CombinerRules, dtype: Any = None
     (:mod:`.cost`: ``2T(n-1)/n`` against ``T(n-1)/n``); a gather XLA all-reduces
     (:attr:`.RedistributeStep.compiled`) is an all-reduce, priced so; a gather off a
     misaligned dim split by several mesh dims comes after its halo's collective-permutes
-    (:attr:`.RedistributeStep.halo`, their bytes out of the gather's); an all-reduce of a
-    ``dtype`` the backend reduces in a wider type (:meth:`CombinerRules.reduced_dtype`)
-    sends that type's bytes."""
+    (:attr:`.RedistributeStep.halo`, their bytes out of the gather's)."""
     if not step.communicates:
         return ()
     kind = rules.compiled_kind(step.compiled)
-    if kind == ALL_REDUCE:
-        widened = _widening(rules, dtype)
-        return ((kind, widened * (2 if step.collective == REDUCE_SCATTER else 1) * step.nbytes),)
+    if kind == ALL_REDUCE and step.collective == REDUCE_SCATTER:
+        return ((kind, 2 * step.nbytes),)
     halo = tuple((COLLECTIVE_PERMUTE, Fraction(nbytes)) for _, nbytes in step.halo)
     return (*halo, (kind, step.nbytes - sum(nbytes for _, nbytes in halo)))
-
-def _widening(rules: CombinerRules, dtype: Any) -> int:
-    """How many times its bytes an all-reduce of ``dtype`` sends compiled (1 if unknown)."""
-    if dtype is None:
-        return 1
-    narrow = jnp.dtype(dtype)
-    return jnp.dtype(rules.reduced_dtype(ALL_REDUCE, narrow.name)).itemsize // narrow.itemsize
-
 
 @dataclass(frozen=True)
 class PlannedCollective:
@@ -249,10 +228,8 @@ def planned_collectives(
                     kind = rules.compiled_kind(step.collective)
                     reduce_op = _reduce_op(step)
                     result_bytes = _result_bytes(kind, step.before, step.after, plan.shape, plan.dtype.itemsize)
-                dtype = rules.reduced_dtype(kind, str(plan.dtype))
                 result.append(PlannedCollective(
-                    kind, (step.axis,), reduce_op, dtype, result_bytes * _widening(rules, plan.dtype), scope, where,
-                    after,
+                    kind, (step.axis,), reduce_op, str(plan.dtype), result_bytes, scope, where, after,
                 ))
                 after |= 1 << (len(result) - 1)
             routes.record(route, after)

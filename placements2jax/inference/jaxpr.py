@@ -215,12 +215,8 @@ class Prediction:
         return tuple(step for step in self._routed_steps if not step.over_one_device)
 
     @cached_property
-    def _typed_steps(self) -> tuple[tuple[Any, RedistributeStep], ...]:
-        return self.typed_steps()
-
-    @cached_property
     def _routed_steps(self) -> tuple[RedistributeStep, ...]:
-        return tuple(step for _, step in self._typed_steps)
+        return self.routed_steps()
 
     def routed_steps(
         self, extra: Iterable[tuple[ValueId | None, RedistributePlan]] = ()
@@ -231,15 +227,9 @@ class Prediction:
         routes begin alike run those first steps once (:class:`.SharedRoutes`, the walk
         :func:`.combine.planned_collectives` counts too); eager dispatch runs each
         equation's own."""
-        return tuple(step for _, step in self.typed_steps(extra))
-
-    def typed_steps(
-        self, extra: Iterable[tuple[ValueId | None, RedistributePlan]] = ()
-    ) -> tuple[tuple[Any, RedistributeStep], ...]:
-        """:meth:`routed_steps`, each with the element type of the value it moves."""
         routes = SharedRoutes(self.search == "program")
         return tuple(
-            (plan.dtype, step) for source, plan in itertools.chain(self._moves(), extra)
+            step for source, plan in itertools.chain(self._moves(), extra)
             for _, step, runs in routes.steps(source, plan) if runs
         )
 
@@ -282,15 +272,10 @@ class Prediction:
         """Bytes each device sends with the planner's steps compiled as the mesh's backend
         compiles them (:func:`.combine.lowered_step`): on CPU, which forms no
         reduce-scatter, each reduce-scatter counts the all-reduce XLA sends instead (twice
-        its bytes), and a bfloat16 all-reduce the float32 one XLA sends; elsewhere
-        :attr:`nbytes` (without a policy). What a compiled program of this prediction
-        sends, as :func:`~.check.check` counts the predicted side."""
+        its bytes); elsewhere :attr:`nbytes` (without a policy). What a compiled program
+        of this prediction sends, as :func:`~.check.check` counts the predicted side."""
         rules = combiner_rules(self._backend)
-        return sum(
-            (nbytes for dtype, s in self._typed_steps if not s.over_one_device
-             for _, nbytes in lowered_step(s, rules, dtype)),
-            Fraction(0),
-        )
+        return sum((nbytes for s in self.steps for _, nbytes in lowered_step(s, rules)), Fraction(0))
 
     @property
     def collectives(self) -> Counter[str]:
