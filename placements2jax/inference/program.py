@@ -138,7 +138,9 @@ is kept only if it has fewer bytes and no more collectives (on the Llama adamw s
 The same descent with value moves from the first round is also run from that result's
 start (another basin: 0.89x the bytes on GPT-2's adamw step, 1.19x on Llama's), kept on
 the same terms (once when the first round moved nowhere: both would descend from the same
-choice). A move re-chooses one
+choice). The finishing descent's value moves also gather a split value to Replicate for
+all its consumers (a replicated embedding's gradient made split: its update would run
+split and all-gather the parameter and both moments at the end). A move re-chooses one
 equation: one that makes, carries or receives a partial reduces it right there (into a
 split, or to Replicate on those mesh dims, or, with partials on several mesh dims, those
 of one mesh dim only: a weight gradient reduces ``tp`` where it is formed and keeps
@@ -1461,12 +1463,22 @@ class _Search:
             return []
         return [choice[path]] + [k for k, follow in self.alternatives(path, choice) if follow]
 
-    def value_moves(self, value: ValueId, choice: Choice) -> list[tuple[tuple[str, int], ...]]:
+    def value_moves(
+        self, value: ValueId, choice: Choice, gathers: bool = False
+    ) -> list[tuple[tuple[str, int], ...]]:
         """Moves re-choosing every consumer of ``value`` at once, so that all of them take
         it in one layout: one its consumers already need, or its own with its partials
         reduced to Replicate (one all-reduce shared by every consumer, where each
         consumer alone would rather reduce-scatter: e.g. a weight gradient feeding the
         clip, both Adam moments and the update, whose outputs must come back unsplit).
+        ``gathers`` (the finishing descent's): a split value without partials, its own
+        gathered to Replicate too. A replicated parameter's gradient made split (an
+        embedding table's, scattered from the activation gradient moved to split the
+        model dim) otherwise runs the clip and the whole update split and all-gathers the
+        parameter and both moments at the end, one gather each, where gathering the
+        gradient once costs one (stacked scan-over-layers LM of tests/models/stacked.py:
+        33,972 -> 21,844 B, 1.41 -> 0.91x XLA's; offered in every descent with value moves,
+        Llama's adamw step went 133,866 -> 159,082 B, another basin).
         Each consumer takes the candidate cheapest for its other inputs that needs the
         value in that layout; a layout some consumer cannot take is skipped. :meth:`improve`
         tries each move cascading and with the consumers alone: a bias gradient summing an
@@ -1480,9 +1492,13 @@ class _Search:
             return []
         path, j = value
         state = self.outs[path][choice[path]][j]
-        if not any(state[1]):
+        if any(state[1]):
+            gathered = (state[0], (None,) * len(state[1]))
+        elif gathers and len(state) == 2 and any(state[0]):
+            gathered = (tuple(() for _ in state[0]), state[1])
+        else:
             return []
-        targets = dict.fromkeys(((state[0], (None,) * len(state[1])), *self.needs(value, choice)))
+        targets = dict.fromkeys((gathered, *self.needs(value, choice)))
         targets.pop(state, None)
         slots: dict[str, list[int]] = {}
         for c, i in consumers:
@@ -1762,8 +1778,9 @@ class _Search:
         equation it changed are stale, and re-evaluated only when their old delta comes
         first (a stale delta is an estimate; only fresh ones are applied). ``values``: value
         moves too (:meth:`value_moves`); ``reducing``: reducing cascades too
-        (:meth:`reducing_moves`); ``pulls``: pull moves too (:meth:`pull_moves`). ``offered``:
-        the equations offered moves first (None: every one; then those near each applied move)."""
+        (:meth:`reducing_moves`) and value moves gathering split values; ``pulls``: pull
+        moves too (:meth:`pull_moves`). ``offered``: the equations offered moves first
+        (None: every one; then those near each applied move)."""
         choice = dict(choice)
         evaluated: dict[Move, Evaluation] = {}
         # the evaluations not stale, by their depends: those an applied move can make stale (a stale one is
@@ -1780,7 +1797,7 @@ class _Search:
 
         def current(move: Move) -> bool:
             if move[0] == _VALUE:
-                return move[3] in self.value_moves((move[1], move[2]), choice)
+                return move[3] in self.value_moves((move[1], move[2]), choice, reducing)
             if move[0] == _REDUCING:
                 return move[2] in self.reducing_moves(move[1], choice)
             if move[0] == _PULL:
@@ -1801,7 +1818,7 @@ class _Search:
                     if move not in fresh:
                         evaluate(move)
                 for j in range(len(self.out_avals[path]) if values else 0):
-                    for seeds in self.value_moves((path, j), choice):
+                    for seeds in self.value_moves((path, j), choice, reducing):
                         for follow in (True, False):  # cascading, or the consumers alone (see value_moves)
                             move = (_VALUE, path, j, seeds, follow)
                             if move not in fresh:
