@@ -180,20 +180,22 @@ class CheckReport:
         return tuple((sources[o.index], o.conversion) for o in self.outputs if o.conversion is not None)
 
     @cached_property
-    def _communicating_steps(self) -> tuple[RedistributeStep, ...]:
+    def _communicating_moves(self) -> tuple[tuple[RedistributePlan, RedistributeStep], ...]:
         """The prediction's steps and its outputs' conversions to XLA's layouts that XLA
         compiles to collectives (:attr:`.RedistributeStep.communicates`: not local, not
         over one device). A conversion whose route begins as a move of the same value in the
         program does shares those first steps: the compiled program runs them once
         (:meth:`.Prediction.routed_steps`, the walk :attr:`predicted_combined` counts too)."""
-        return tuple(step for step in self.prediction.routed_steps(self._conversions) if step.communicates)
+        return tuple(move for move in self.prediction.routed_moves(self._conversions) if move[1].communicates)
 
     @property
     def predicted_collectives(self) -> list[tuple[str, Fraction]]:
         """(kind, bytes) of every predicted collective, conversions of outputs to XLA's
         layouts included, as the compiled program would run them (see module docstring)."""
         rules = combiner_rules(self.platform)
-        return [collective for step in self._communicating_steps for collective in lowered_step(step, rules)]
+        return [
+            collective for plan, step in self._communicating_moves for collective in lowered_step(step, rules, plan.dtype)
+        ]
 
     @property
     def predicted_counts(self) -> Counter[str]:
@@ -223,10 +225,17 @@ class CheckReport:
     def collective_checks(self) -> tuple[CollectiveCheck, ...]:
         """Predicted vs compiled per collective kind, with XLA's legitimate differences
         (module docstring) named per kind."""
-        scatters = [s.nbytes for s in self._communicating_steps if s.collective == REDUCE_SCATTER]
+        rules = combiner_rules(self.platform)
+        scatters = [
+            rules.widening(plan.dtype) * s.nbytes for plan, s in self._communicating_moves
+            if s.collective == REDUCE_SCATTER
+        ]
         if self.platform != "cpu":
             scatters = []
         lowered = len(scatters)
+        widened = Counter(
+            rules.compiled_kind(s.compiled) for plan, s in self._communicating_moves if rules.widening(plan.dtype) > 1
+        )
         predicted: dict[str, list[Fraction]] = {}
         for kind, nbytes in self.predicted_collectives:
             predicted.setdefault(kind, []).append(nbytes)
@@ -247,6 +256,11 @@ class CheckReport:
                     f"{here} predicted reduce-scatter(s) compiled as all-reduces (CPU XLA has no reduce-scatter: it "
                     f"all-reduces the whole block and slices it): XLA legitimately sends {extra} B per device more "
                     "than they would, so they are counted at twice their bytes"
+                )
+            if widened[kind]:
+                notes.append(
+                    f"{widened[kind]} predicted collective(s) of bfloat16 values, which {self.platform} XLA sends in "
+                    "float32: counted at its bytes"
                 )
             if operands > len(theirs):
                 notes.append(f"XLA's combiner merged {operands} operands into {len(theirs)} collectives")

@@ -226,9 +226,16 @@ class Prediction:
         routes begin alike run those first steps once (:class:`.SharedRoutes`, the walk
         :func:`.combine.planned_collectives` counts too); eager dispatch runs each
         equation's own."""
+        return tuple(step for _, step in self.routed_moves(extra))
+
+    def routed_moves(
+        self, extra: Iterable[tuple[ValueId | None, RedistributePlan]] = ()
+    ) -> tuple[tuple[RedistributePlan, RedistributeStep], ...]:
+        """:meth:`routed_steps`, each with the plan it is a step of (its value's shape and
+        element type)."""
         routes = SharedRoutes(self.search == "program")
         return tuple(
-            step for source, plan in itertools.chain(self._moves(), extra)
+            (plan, step) for source, plan in itertools.chain(self._moves(), extra)
             for _, step, runs in routes.steps(source, plan) if runs
         )
 
@@ -271,10 +278,15 @@ class Prediction:
         """Bytes each device sends with the planner's steps compiled as the mesh's backend
         compiles them (:func:`.combine.lowered_step`): on CPU, which forms no
         reduce-scatter, each reduce-scatter counts the all-reduce XLA sends instead (twice
-        its bytes); elsewhere :attr:`nbytes` (without a policy). What a compiled program
+        its bytes), and a ``bfloat16`` collective the ``float32`` one XLA sends (twice its
+        bytes); elsewhere :attr:`nbytes` (without a policy). What a compiled program
         of this prediction sends, as :func:`~.check.check` counts the predicted side."""
         rules = combiner_rules(self._backend)
-        return sum((nbytes for s in self.steps for _, nbytes in lowered_step(s, rules)), Fraction(0))
+        return sum(
+            (nbytes for plan, s in self.routed_moves() if not s.over_one_device
+             for _, nbytes in lowered_step(s, rules, plan.dtype)),
+            Fraction(0),
+        )
 
     @property
     def collectives(self) -> Counter[str]:
