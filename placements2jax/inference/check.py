@@ -18,12 +18,14 @@ Where XLA legitimately differs, and how the report says it:
   default, op by op with ``search="eager"``). Verdict ``differs`` with both layouts and the cost of
   converting the prediction into XLA's layout.
 * **Collectives.** CPU XLA forms no reduce-scatter (it all-reduces and slices), so on CPU
-  a predicted reduce-scatter is compared as an all-reduce of the same block. XLA also
+  a predicted reduce-scatter is compared as an all-reduce of the same block, and it sends
+  a collective of a bfloat16 value in float32 (converted before and after: counted at
+  twice its bytes, :meth:`.combine.CombinerRules.widening`). XLA also
   combines or splits collectives: counts per kind are ``equal`` only when they match;
   otherwise ``same bytes`` when the bytes per device agree, else ``differs``.
   :attr:`CheckReport.collective_checks` compares kind by kind and says which of XLA's
   legitimate differences apply to each: reduce-scatters compiled as all-reduces on CPU
-  (counted twice their bytes), XLA's combiner merging independent all-reduces (or
+  (counted twice their bytes), bfloat16 collectives sent in float32 on CPU, XLA's combiner merging independent all-reduces (or
   all-gathers) into one collective of several operands (``operands`` counts them: the
   number comparable with the predicted collectives), and collectives XLA chose that the
   prediction has no counterpart for (``collective-permute``, but for the halo exchange of
