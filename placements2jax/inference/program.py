@@ -21,12 +21,12 @@ Replicate. Moves are priced as the mesh's backend compiles them (:func:`_reducti
 CPU XLA forms no reduce-scatter, it all-reduces the whole block and slices it, so there a
 planned move is priced by its collectives (:func:`.plan.plan_collectives`) with each
 reduce-scatter at an all-reduce's bytes, and so are an output's owed reduction and eager
-dispatch's look-ahead charge; CPU XLA also sends a ``bfloat16`` value's collectives in
-``float32`` (:meth:`.combine.CombinerRules.widening`), so there they cost twice the
-planner's bytes (what a bfloat16 activation's move costs against a float32 parameter's
-as compiled; on the stacked step of tests/models/stacked.py in bfloat16 the same choice
-either way: check's count of them as compiled took it from 10,932 to 18,772 B, 0.45 ->
-0.78x XLA's). Priced by the planner alone, a reduce-scatter and an
+dispatch's look-ahead charge. (CPU XLA also sends a ``bfloat16`` value's collectives in
+``float32``, :meth:`.combine.CombinerRules.widening`, which ``check`` counts; priced so
+here too, the stacked step of tests/models/stacked.py in bfloat16 chose the same, but a
+bfloat16 partial reduced inside a program then cost what the float32 output owes, and the
+search left the row-parallel MLP's output of tests/test_inference_programs.py partial,
+a tie, where it reduce-scatters it: not priced so.) Priced by the planner alone, a reduce-scatter and an
 all-gather cost what the one all-reduce XLA sends costs, and the search reduce-scatters
 Llama's residual stream and all-gathers it back, twice the bytes on CPU; priced as
 compiled, it all-reduces once (Llama's loss: 0.78x XLA's bytes in 12 collectives where
@@ -634,17 +634,6 @@ def _reduction_scale(mesh: DeviceMesh) -> float:
     return 1.0
 
 
-def _widenings(mesh: DeviceMesh) -> dict[np.dtype, float]:
-    """Per element type the mesh's backend sends collectives of in a wider one, how many
-    times the planned bytes it sends (:meth:`.combine.CombinerRules.widening`; CPU XLA:
-    ``bfloat16`` in ``float32``, 2)."""
-    platform = mesh.devices.flat[0].platform
-    if platform not in BACKENDS:
-        return {}
-    rules = combiner_rules(platform)
-    return {np.dtype(name): float(rules.widening(name)) for name, _ in rules.widened}
-
-
 def _upstream(sources: dict[str, Any], starts: Iterable[str], depth: int) -> frozenset[str]:
     """The equations at most ``depth`` equations upstream of ``starts`` (those included),
     by their inputs' ``sources`` (the function's inputs left out)."""
@@ -1024,8 +1013,6 @@ class _Search:
         self.overhead = overhead  # bytes charged per collective (OVERHEAD), in the objective and the routes
         self.compiled = compiled  # priced as the backend compiles (else by the planner alone: _greedy_stack reads it)
         self.reduction_scale = _reduction_scale(self.graph.mesh) if compiled else 1.0
-        # a bfloat16 value's collectives as the backend sends them (CPU: in float32, twice the bytes)
-        self.widenings = _widenings(self.graph.mesh) if compiled else {}
         self._plain: _Search | None = None  # plain_bytes()' search, built once
         self.costs: dict[tuple[AvalKey, State, State], Cost] = {}
         self.charges: dict[tuple[ValueId, State], Cost] = {}
@@ -1093,20 +1080,14 @@ class _Search:
         key = (aval, src, dst)
         cost = self.costs.get(key)
         if cost is None:
-            widening = self.widening(aval[1])
             if self.reduction_scale == 1.0:
                 nbytes, steps = plan_cost(aval[0], aval[1], src, dst, self.mesh_shape, self.weights, self.overhead)
-                cost = self.costs[key] = (widening * float(nbytes) + self.overhead * steps, float(steps))
+                cost = self.costs[key] = (float(nbytes) + self.overhead * steps, float(steps))
             else:  # as the backend compiles the plan: its reduce-scatters as all-reduces
                 collectives = plan_collectives(aval[0], aval[1], src, dst, self.mesh_shape, self.weights, self.overhead)
                 scaled = sum(float(c) * (self.reduction_scale if kind == REDUCE_SCATTER else 1.0) for kind, c in collectives)
-                cost = self.costs[key] = (widening * scaled + self.overhead * len(collectives), float(len(collectives)))
+                cost = self.costs[key] = (scaled + self.overhead * len(collectives), float(len(collectives)))
         return cost
-
-    def widening(self, dtype: np.dtype) -> float:
-        """How many times its planned bytes a collective of ``dtype`` sends as priced
-        (:meth:`.combine.CombinerRules.widening`; 1 by the planner alone)."""
-        return self.widenings.get(dtype, 1.0)
 
     def nbytes(self, cost: Cost) -> float:
         """The bytes of a cost: the objective without the collectives' overhead."""
@@ -1132,7 +1113,7 @@ class _Search:
                     layout = self.layouts[state]
                     owed = pending_reduction((Aval(*aval),), (layout,), set(), self.cost_model)
                     partials = sum(1 for op in state[1] if op)  # none over one device (see _state)
-                    nbytes += self.reduction_scale * self.widening(aval[1]) * float(owed) + self.overhead * partials
+                    nbytes += self.reduction_scale * float(owed) + self.overhead * partials
                     steps += partials
                 else:
                     owed = self.cost(aval, state, target)
@@ -1290,7 +1271,7 @@ class _Search:
             key = (aval, state, made)
             value = self.pendings.get(key)
             if value is None:
-                value = self.pendings[key] = self.reduction_scale * self.widening(aval[1]) * float(
+                value = self.pendings[key] = self.reduction_scale * float(
                     pending_reduction((Aval(*aval),), (self.layouts[state],), set(given), self.cost_model)
                 )
             total += value
