@@ -515,7 +515,8 @@ def _resolve_carries(
     reduce-scattered into shards every iteration, the optimizer then updating shards and
     gathering parameters and moments at the end), walk and search again with every loop's
     carries reduced and replicated over that mesh dim (:func:`_replicated_carries`: data
-    parallelism's replicas, which no descent reaches from the sharded basin). Keeps the
+    parallelism's replicas, which no descent reaches from the sharded basin), until one is
+    cheaper than the first search. Keeps the
     cheapest prediction (the first on ties); the first search bounded by eager dispatch's
     walk ``dispatched``. The totals are found only when there are predictions to compare
     (most programs have no carries to re-solve)."""
@@ -541,6 +542,8 @@ def _resolve_carries(
         searched = walked[2].loops
         prediction, walker = _searched(walk, walked, model, targets)
         found.append(prediction)
+    # the first replicated restart cheaper than the first search ends them (each is a walk and a search: on the
+    # stacked LM's accumulated steps, the tp restart after the dp one only doubled their cost, never cheaper)
     for mesh_dim in range(first.mesh.ndim):
         seeds = _replicated_carries(first.loops, mesh_dim)
         if seeds is None or seeds in tried:
@@ -549,6 +552,8 @@ def _resolve_carries(
         start = {path: dataclasses.replace(loop, carries=layouts).choice(model) for (path, layouts), loop in
                  zip(seeds, first.loops.values())}
         found.append(_searched(walk, walk(start), model, targets)[0])
+        if _total(found[-1], model) < _total(best, model):
+            break
     return found[0] if len(found) == 1 else min(found, key=lambda prediction: _total(prediction, model))
 
 
