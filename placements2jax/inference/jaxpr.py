@@ -11,7 +11,8 @@ inside; ``with_sharding_constraint``, ``reshard`` and ``shard_map`` regions forc
 layouts (the report shows the plan to them). Control flow: ``scan`` and ``while`` start
 from a fixed point of their carries' layouts, which the program search re-solves (it
 chooses among carry options, and the carries are walked and searched again from the
-layouts its chosen body returns them in: :func:`_resolve_carries`); ``cond`` joins its
+layouts its chosen body returns them in, and replicated over a mesh dim some carry was
+split over: :func:`_resolve_carries`); ``cond`` joins its
 branches' output layouts.
 Literals and closed-over constants are Replicate. A primitive without a rule raises
 :class:`UnsupportedOpError` naming it and the user's source line, or (``on_unknown=
