@@ -451,19 +451,26 @@ def _real_models(config: Config, section: Section) -> None:
     """check on whole training programs of real models: predicted vs compiled bytes and
     collectives (XLA's combined collectives counted by operand), outputs agreeing; then
     apply of each program under jax.jit against plain jax.jit of it."""
-    from models import common, gpt2, llama  # the test models (tests/ is on sys.path)
+    from models import common, gpt2, llama, stacked  # the test models (tests/ is on sys.path)
 
     from placements2jax import check
 
     mesh = init_device_mesh((2, 4), ("dp", "tp"))
+    models = {
+        "GPT-2": (gpt2, gpt2.Config()),
+        "Llama": (llama, llama.Config()),
+        "Stacked": (stacked, stacked.Config()),
+        "Stacked, 2 microbatches, remat, bf16": (stacked, stacked.Config(microbatches=2, remat=True, dtype="bfloat16")),
+    }
     cases = [("Llama", "loss")] if config.quick else [
-        (model, mode) for model in ("GPT-2", "Llama") for mode in ("loss", "value_and_grad", "adamw step")
+        *((model, mode) for model in ("GPT-2", "Llama") for mode in ("loss", "value_and_grad", "adamw step")),
+        *((model, "adamw step") for model in models if model.startswith("Stacked")),
     ]
     rows, apply_rows, pinned_rows, met, notes = [], [], [], True, []
     pinned_met = True
     for model, mode in cases:
         progress(f"  inference check({model} {mode})")
-        module, cfg = (gpt2, gpt2.Config()) if model == "GPT-2" else (llama, llama.Config())
+        module, cfg = models[model]
         fn, args, out_layouts = common.checked_programs(module, cfg, mesh)[mode]
         clear_caches()
         start = time.process_time()
@@ -495,8 +502,8 @@ def _real_models(config: Config, section: Section) -> None:
         notes.extend(f"check, {model} {mode}, {c.kind}: {c.note}" for c in report.collective_checks if c.note)
     section.tables.append(
         Table(
-            "check on real training programs (tests/models GPT-2 and Llama, tiny configs, Megatron plan, mesh "
-            "dp=2 x tp=4; CPU: a predicted reduce-scatter counts as the all-reduce XLA compiles; cold predict and "
+            "check on real training programs (tests/models GPT-2, Llama and the scan-over-layers Stacked LM, tiny "
+            "configs, Megatron plan, mesh dp=2 x tp=4; CPU: a predicted reduce-scatter counts as the all-reduce XLA compiles; cold predict and "
             "XLA's compile of plain jax.jit in CPU seconds)",
             ("model", "function", "predicted KB/device", "XLA KB/device", "ratio", "predicted collectives",
              "XLA collectives", "outputs agreeing", "predict cold (CPU s)", "XLA compile (CPU s)",

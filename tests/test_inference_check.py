@@ -214,6 +214,29 @@ def test_collective_checks_name_a_reduce_scatter_compiled_as_an_all_reduce(mesh:
     assert report.prediction.lowered_nbytes == report.predicted_bytes == report.compiled_bytes
 
 
+def test_a_bfloat16_collective_counts_the_float32_one_cpu_xla_sends(mesh: Any) -> None:
+    """CPU XLA runs a bfloat16 collective in float32 (converted before, back after): the
+    same row-parallel MLP in bfloat16 (its reduce-scatter an all-reduce, as above) sends
+    what the float32 one sends, and the prediction counts it so
+    (a float16 one stays: CPU XLA reduces float16)."""
+
+    def mlp(x: jax.Array, w1: jax.Array, w2: jax.Array) -> jax.Array:
+        return jax.nn.gelu(x @ w1) @ w2
+
+    out = Layout.from_device_mesh(mesh)("S(0),S(1)")
+    reports = {}
+    for dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
+        inputs = (spec(mesh, (8, 16), "S(0),R"), spec(mesh, (16, 32), "R,S(1)"), spec(mesh, (32, 16), "R,S(0)"))
+        inputs = tuple((shape, dtype, layout) for shape, _, layout in inputs)
+        reports[dtype] = check(mlp, *inputs, out_layouts=out)
+    f32, bf16, f16 = (reports[d] for d in (jnp.float32, jnp.bfloat16, jnp.float16))
+    assert bf16.prediction.nbytes == f16.prediction.nbytes == f32.prediction.nbytes / 2  # the planner's bytes
+    assert bf16.predicted_bytes == bf16.compiled_bytes == bf16.prediction.lowered_nbytes == f32.compiled_bytes
+    assert f16.predicted_bytes == f16.compiled_bytes == f32.compiled_bytes / 2
+    (kind,) = bf16.collective_checks
+    assert "1 predicted collective(s) of bfloat16 values, which cpu XLA sends in float32" in kind.note
+
+
 def test_xla_reduces_a_partial_on_two_mesh_axes_one_axis_at_a_time(mesh: Any) -> None:
     """A sum over a dp- and a tp-split dim (a value partial on both mesh axes) reduced
     to Replicate: XLA compiles two all-reduces of the whole block, over tp then over dp

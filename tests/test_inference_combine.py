@@ -172,7 +172,9 @@ def test_a_gathers_halo_exchange_is_counted_as_the_permutes_xla_compiles(mesh: A
     (step,) = [s for s in moved.steps if s.communicates]
     assert step.halo == ((("dp", "tp"), 1024), (("dp", "tp"), 1024))
     rules = combiner_rules("cpu")
-    assert lowered_step(step, rules) == (("collective-permute", 1024), ("collective-permute", 1024), ("all-gather", 6144))
+    assert lowered_step(step, rules, jnp.float32) == (
+        ("collective-permute", 1024), ("collective-permute", 1024), ("all-gather", 6144)
+    )
     assert moved.lowered_nbytes == moved.nbytes == 8192
     assert moved.combined_counts == Counter({"collective-permute": 2, "all-gather": 1})
     planned = planned_collectives(moved, rules)

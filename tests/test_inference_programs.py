@@ -735,6 +735,30 @@ def test_training_programs_predict_xlas_bytes(mesh: Any, model: str, mode: str) 
     assert report.predicted_counts == Counter(c.kind for c in report.predicted_combined for _ in c.members)
 
 
+# dtype -> (upper bound of predicted / compiled bytes, extra collectives allowed over XLA's compiled ones after its
+# combiner) of the stacked scan-over-layers LM's adamw step (tests/models/stacked.py, Megatron dp=2 x tp=4, its
+# embedding table replicated), as reached: not issue 15's target. The embedding's gradient is made split over dp, its
+# clip and adamw update run split and the table and both moments are all-gathered at the end (docs/inference.md
+# section 6, stop 26). bfloat16 was 1.02x when check counted its collectives at bfloat16 bytes (CPU XLA sends them
+# in float32).
+_STACKED_REACHED = {"float32": (1.42, 10), "bfloat16": (1.29, 10)}
+
+
+@pytest.mark.parametrize("dtype", sorted(_STACKED_REACHED))
+def test_stacked_layers_step_predicts_as_reached(mesh: Any, dtype: str) -> None:
+    """check on the adamw step of scan-over-layers code (stacked weights under lax.scan, a
+    replicated embedding table, float32 or bfloat16 compute): every output's layout agrees
+    with XLA's; the bytes (33,972 / 30,900 B against XLA's 24,086) and the collectives after
+    XLA's combiner (19 against 9) as reached."""
+    step = training_step("stacked", mesh, dtype=dtype)
+    report = check(step.fn, *step.args, out_layouts=step.out_layouts)
+    assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
+    ratio = float(report.predicted_bytes / report.compiled_bytes)
+    bound, extra = _STACKED_REACHED[dtype]
+    assert 0.9 <= ratio <= bound, ratio
+    assert len(report.predicted_combined) <= len(report.compiled_collectives) + extra
+
+
 def test_a_size_one_mesh_dim_predicts_what_the_mesh_without_it_does() -> None:
     """Code written for multi-host meshes run with ``dp=1``: on a (1, 8) mesh a program is
     predicted as on (8,) (the same bytes, the same placements on the 8-device dim), in

@@ -727,7 +727,7 @@ def test_pinned_uneven_gathers_compile_at_their_predicted_bytes(
     assert [c.op for c in compiled] == ops
     assert prediction.combined_counts == Counter(ops)  # a short dim's gather counts as XLA's all-reduce
     rules = combiner_rules("cpu")
-    assert [kind for step in prediction.steps for kind, _ in lowered_step(step, rules)] == ops  # each step so
+    assert [kind for step in prediction.steps for kind, _ in lowered_step(step, rules, array.dtype)] == ops  # each step
     result = pinned(x)
     assert result.layout == prediction.out_layouts[0]
     np.testing.assert_allclose(np.asarray(result.full_tensor()), 2 * array, rtol=1e-6)

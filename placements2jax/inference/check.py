@@ -18,12 +18,14 @@ Where XLA legitimately differs, and how the report says it:
   default, op by op with ``search="eager"``). Verdict ``differs`` with both layouts and the cost of
   converting the prediction into XLA's layout.
 * **Collectives.** CPU XLA forms no reduce-scatter (it all-reduces and slices), so on CPU
-  a predicted reduce-scatter is compared as an all-reduce of the same block. XLA also
+  a predicted reduce-scatter is compared as an all-reduce of the same block, and it sends
+  a collective of a bfloat16 value in float32 (converted before and after: counted at
+  twice its bytes, :meth:`.combine.CombinerRules.widening`). XLA also
   combines or splits collectives: counts per kind are ``equal`` only when they match;
   otherwise ``same bytes`` when the bytes per device agree, else ``differs``.
   :attr:`CheckReport.collective_checks` compares kind by kind and says which of XLA's
   legitimate differences apply to each: reduce-scatters compiled as all-reduces on CPU
-  (counted twice their bytes), XLA's combiner merging independent all-reduces (or
+  (counted twice their bytes), bfloat16 collectives sent in float32 on CPU, XLA's combiner merging independent all-reduces (or
   all-gathers) into one collective of several operands (``operands`` counts them: the
   number comparable with the predicted collectives), and collectives XLA chose that the
   prediction has no counterpart for (``collective-permute``, but for the halo exchange of
@@ -180,20 +182,22 @@ class CheckReport:
         return tuple((sources[o.index], o.conversion) for o in self.outputs if o.conversion is not None)
 
     @cached_property
-    def _communicating_steps(self) -> tuple[RedistributeStep, ...]:
+    def _communicating_moves(self) -> tuple[tuple[RedistributePlan, RedistributeStep], ...]:
         """The prediction's steps and its outputs' conversions to XLA's layouts that XLA
         compiles to collectives (:attr:`.RedistributeStep.communicates`: not local, not
         over one device). A conversion whose route begins as a move of the same value in the
         program does shares those first steps: the compiled program runs them once
         (:meth:`.Prediction.routed_steps`, the walk :attr:`predicted_combined` counts too)."""
-        return tuple(step for step in self.prediction.routed_steps(self._conversions) if step.communicates)
+        return tuple(move for move in self.prediction.routed_moves(self._conversions) if move[1].communicates)
 
     @property
     def predicted_collectives(self) -> list[tuple[str, Fraction]]:
         """(kind, bytes) of every predicted collective, conversions of outputs to XLA's
         layouts included, as the compiled program would run them (see module docstring)."""
         rules = combiner_rules(self.platform)
-        return [collective for step in self._communicating_steps for collective in lowered_step(step, rules)]
+        return [
+            collective for plan, step in self._communicating_moves for collective in lowered_step(step, rules, plan.dtype)
+        ]
 
     @property
     def predicted_counts(self) -> Counter[str]:
@@ -223,10 +227,17 @@ class CheckReport:
     def collective_checks(self) -> tuple[CollectiveCheck, ...]:
         """Predicted vs compiled per collective kind, with XLA's legitimate differences
         (module docstring) named per kind."""
-        scatters = [s.nbytes for s in self._communicating_steps if s.collective == REDUCE_SCATTER]
+        rules = combiner_rules(self.platform)
+        scatters = [
+            rules.widening(plan.dtype) * s.nbytes for plan, s in self._communicating_moves
+            if s.collective == REDUCE_SCATTER
+        ]
         if self.platform != "cpu":
             scatters = []
         lowered = len(scatters)
+        widened = Counter(
+            rules.compiled_kind(s.compiled) for plan, s in self._communicating_moves if rules.widening(plan.dtype) > 1
+        )
         predicted: dict[str, list[Fraction]] = {}
         for kind, nbytes in self.predicted_collectives:
             predicted.setdefault(kind, []).append(nbytes)
@@ -247,6 +258,11 @@ class CheckReport:
                     f"{here} predicted reduce-scatter(s) compiled as all-reduces (CPU XLA has no reduce-scatter: it "
                     f"all-reduces the whole block and slices it): XLA legitimately sends {extra} B per device more "
                     "than they would, so they are counted at twice their bytes"
+                )
+            if widened[kind]:
+                notes.append(
+                    f"{widened[kind]} predicted collective(s) of bfloat16 values, which {self.platform} XLA sends in "
+                    "float32: counted at its bytes"
                 )
             if operands > len(theirs):
                 notes.append(f"XLA's combiner merged {operands} operands into {len(theirs)} collectives")

@@ -21,7 +21,10 @@ The rules, read from XLA's source (``collective_combiner_utils.h``'s
 * CPU (``cpu_compiler.cc``): only ``CpuAllReduceCombiner``, with no byte limit
   (``int64`` max) and 256 operands; all-gathers, all-to-alls stay one per operand, and a
   reduce-scatter is compiled as an all-reduce of the whole block (CPU XLA forms none), so
-  it combines with the all-reduces.
+  it combines with the all-reduces. CPU XLA also runs every collective of ``bfloat16``
+  in ``float32`` (converted before, back after; ``float16`` stays: measured with jax
+  0.10.2's CPU client), so it sends twice the bytes and keys with the ``float32`` ones
+  (:meth:`CombinerRules.compiled_dtype`).
 * GPU (``gpu_compiler.cc``, ``debug_options_flags.cc``): all three combiners, thresholds
   ``30 MiB + 7`` bytes of results each, 256 operands. TPU's pipeline is not public: the
   GPU's rules are used for it.
@@ -39,6 +42,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
+
+import numpy as np
 
 from ..errors import InferenceError
 from ..layout import Layout
@@ -65,6 +70,7 @@ class CombinerRules:
     typed: tuple[str, ...]  # kinds whose key includes the element type
     count: int = _COUNT
     lowered: tuple[tuple[str, str], ...] = ()
+    widened: tuple[tuple[str, str], ...] = ()  # element types whose collectives run in another, wider one
 
     def threshold(self, kind: str) -> int | None:
         """The byte threshold of ``kind`` (None: XLA does not combine it here)."""
@@ -73,9 +79,23 @@ class CombinerRules:
     def compiled_kind(self, kind: str) -> str:
         return dict(self.lowered).get(kind, kind)
 
+    def compiled_dtype(self, dtype: Any) -> np.dtype:
+        """The element type the backend's collectives of ``dtype`` send (CPU: ``bfloat16``
+        as ``float32``)."""
+        dtype = np.dtype(dtype)
+        wider = dict(self.widened).get(dtype.name)
+        return dtype if wider is None else np.dtype(wider)
+
+    def widening(self, dtype: Any) -> int:
+        """How many times the bytes of a collective of ``dtype`` the backend sends."""
+        return self.compiled_dtype(dtype).itemsize // np.dtype(dtype).itemsize
+
 
 _RULES = {
-    "cpu": CombinerRules("cpu", ((ALL_REDUCE, _NO_LIMIT),), (ALL_REDUCE,), lowered=((REDUCE_SCATTER, ALL_REDUCE),)),
+    "cpu": CombinerRules(
+        "cpu", ((ALL_REDUCE, _NO_LIMIT),), (ALL_REDUCE,), lowered=((REDUCE_SCATTER, ALL_REDUCE),),
+        widened=(("bfloat16", "float32"),),
+    ),
     "gpu": CombinerRules(
         "gpu", ((ALL_REDUCE, _GPU_THRESHOLD), (ALL_GATHER, _GPU_THRESHOLD), (REDUCE_SCATTER, _GPU_THRESHOLD)),
         (ALL_REDUCE, REDUCE_SCATTER),
@@ -94,9 +114,10 @@ def combiner_rules(backend: str) -> CombinerRules:
 
 
 
-def lowered_step(step: RedistributeStep, rules: CombinerRules) -> tuple[tuple[str, Fraction], ...]:
-    """A planner step as ``rules``' backend compiles it: its collectives in order, each as
-    (kind, bytes each device sends); none for a local step or one over a size-1 mesh dim.
+def lowered_step(step: RedistributeStep, rules: CombinerRules, dtype: Any) -> tuple[tuple[str, Fraction], ...]:
+    """A planner step of a ``dtype`` value as ``rules``' backend compiles it: its collectives
+    in order, each as (kind, bytes each device sends, in the element type the backend sends,
+    :meth:`CombinerRules.compiled_dtype`); none for a local step or one over a size-1 mesh dim.
     A kind the backend compiles as another (CPU: a reduce-scatter as an all-reduce of the
     whole block, then sliced) sends what that one sends: twice the reduce-scatter's bytes
     (:mod:`.cost`: ``2T(n-1)/n`` against ``T(n-1)/n``); a gather XLA all-reduces
@@ -106,10 +127,11 @@ def lowered_step(step: RedistributeStep, rules: CombinerRules) -> tuple[tuple[st
     if not step.communicates:
         return ()
     kind = rules.compiled_kind(step.compiled)
+    widening = rules.widening(dtype)
     if kind == ALL_REDUCE and step.collective == REDUCE_SCATTER:
-        return ((kind, 2 * step.nbytes),)
-    halo = tuple((COLLECTIVE_PERMUTE, Fraction(nbytes)) for _, nbytes in step.halo)
-    return (*halo, (kind, step.nbytes - sum(nbytes for _, nbytes in halo)))
+        return ((kind, 2 * widening * step.nbytes),)
+    halo = tuple((COLLECTIVE_PERMUTE, Fraction(widening * nbytes)) for _, nbytes in step.halo)
+    return (*halo, (kind, widening * step.nbytes - sum(nbytes for _, nbytes in halo)))
 
 @dataclass(frozen=True)
 class PlannedCollective:
@@ -205,6 +227,8 @@ def planned_collectives(
 
     def moved(source: Any, plan: RedistributePlan, where: str, scope: str) -> int:
         after = before(source)
+        dtype = rules.compiled_dtype(plan.dtype)
+        widening = rules.widening(plan.dtype)
         for route, step, runs in routes.steps(source, plan):
             if not runs:
                 after = routes.left(route)
@@ -213,13 +237,13 @@ def planned_collectives(
                 halo = 0
                 for axes, nbytes in step.halo:  # a gather's halo exchange comes first (never combined)
                     result.append(PlannedCollective(
-                        COLLECTIVE_PERMUTE, axes, None, str(plan.dtype), nbytes, scope, where, after,
+                        COLLECTIVE_PERMUTE, axes, None, str(dtype), widening * nbytes, scope, where, after,
                     ))
                     halo |= 1 << (len(result) - 1)
                 after |= halo
                 if step.collective == ALL_GATHER:  # a padded all-gather, or an all-reduce of a short dim (compiled)
                     _, result_bytes = gather_block_bytes(
-                        plan.shape, plan.dtype.itemsize, step.before.dim_axes, step.before.mesh.shape, step.mesh_dim,
+                        plan.shape, dtype.itemsize, step.before.dim_axes, step.before.mesh.shape, step.mesh_dim,
                         step.src.dim,
                     )
                     reduce_op = "sum" if step.compiled == ALL_REDUCE else None  # the zero-filled blocks are added
@@ -227,9 +251,9 @@ def planned_collectives(
                 else:
                     kind = rules.compiled_kind(step.collective)
                     reduce_op = _reduce_op(step)
-                    result_bytes = _result_bytes(kind, step.before, step.after, plan.shape, plan.dtype.itemsize)
+                    result_bytes = _result_bytes(kind, step.before, step.after, plan.shape, dtype.itemsize)
                 result.append(PlannedCollective(
-                    kind, (step.axis,), reduce_op, str(plan.dtype), result_bytes, scope, where, after,
+                    kind, (step.axis,), reduce_op, str(dtype), result_bytes, scope, where, after,
                 ))
                 after |= 1 << (len(result) - 1)
             routes.record(route, after)

@@ -11,9 +11,9 @@ inside; ``with_sharding_constraint``, ``reshard`` and ``shard_map`` regions forc
 layouts (the report shows the plan to them). Control flow: ``scan`` and ``while`` start
 from a fixed point of their carries' layouts, which the program search re-solves (it
 chooses among carry options, and the carries are walked and searched again from the
-layouts its chosen body returns them in: :func:`_resolve_carries`); ``cond`` joins its
-branches' output layouts (re-joined where their consumers read them after the search:
-:func:`_rejoin_conds`).
+layouts its chosen body returns them in, and replicated over a mesh dim some carry was
+split over: :func:`_resolve_carries`); ``cond`` joins its branches' output layouts
+(re-joined where their consumers read them after the search: :func:`_rejoin_conds`).
 Literals and closed-over constants are Replicate. A primitive without a rule raises
 :class:`UnsupportedOpError` naming it and the user's source line, or (``on_unknown=
 "replicate"``) runs replicated.
@@ -227,9 +227,16 @@ class Prediction:
         routes begin alike run those first steps once (:class:`.SharedRoutes`, the walk
         :func:`.combine.planned_collectives` counts too); eager dispatch runs each
         equation's own."""
+        return tuple(step for _, step in self.routed_moves(extra))
+
+    def routed_moves(
+        self, extra: Iterable[tuple[ValueId | None, RedistributePlan]] = ()
+    ) -> tuple[tuple[RedistributePlan, RedistributeStep], ...]:
+        """:meth:`routed_steps`, each with the plan it is a step of (its value's shape and
+        element type)."""
         routes = SharedRoutes(self.search == "program")
         return tuple(
-            step for source, plan in itertools.chain(self._moves(), extra)
+            (plan, step) for source, plan in itertools.chain(self._moves(), extra)
             for _, step, runs in routes.steps(source, plan) if runs
         )
 
@@ -272,10 +279,15 @@ class Prediction:
         """Bytes each device sends with the planner's steps compiled as the mesh's backend
         compiles them (:func:`.combine.lowered_step`): on CPU, which forms no
         reduce-scatter, each reduce-scatter counts the all-reduce XLA sends instead (twice
-        its bytes); elsewhere :attr:`nbytes` (without a policy). What a compiled program
+        its bytes), and a ``bfloat16`` collective the ``float32`` one XLA sends (twice its
+        bytes); elsewhere :attr:`nbytes` (without a policy). What a compiled program
         of this prediction sends, as :func:`~.check.check` counts the predicted side."""
         rules = combiner_rules(self._backend)
-        return sum((nbytes for s in self.steps for _, nbytes in lowered_step(s, rules)), Fraction(0))
+        return sum(
+            (nbytes for plan, s in self.routed_moves() if not s.over_one_device
+             for _, nbytes in lowered_step(s, rules, plan.dtype)),
+            Fraction(0),
+        )
 
     @property
     def collectives(self) -> Counter[str]:
@@ -511,10 +523,18 @@ def _resolve_carries(
     the chosen plan of some loop body returns its carries in other layouts than it carries
     them (moving them back every iteration), walk and search again with the carries
     started from the returned layouts (every other loop's from its chosen ones); at most
-    ``_CARRY_ROUNDS`` rounds, keeping the cheapest prediction (the first on ties); the
-    first search bounded by eager dispatch's walk ``dispatched``. The totals are found only
-    when there are predictions to compare (most programs have no carries to re-solve)."""
+    ``_CARRY_ROUNDS`` rounds. Then, per mesh dim over which the first search's choice
+    splits some carry its initial value is not split over (a gradient accumulator
+    reduce-scattered into shards every iteration, the optimizer then updating shards and
+    gathering parameters and moments at the end), walk and search again with every loop's
+    carries reduced and replicated over that mesh dim (:func:`_replicated_carries`: data
+    parallelism's replicas, which no descent reaches from the sharded basin), until one is
+    cheaper than the first search. Keeps the
+    cheapest prediction (the first on ties); the first search bounded by eager dispatch's
+    walk ``dispatched``. The totals are found only when there are predictions to compare
+    (most programs have no carries to re-solve)."""
     best, walker = _searched(walk, walked, model, targets, dispatched)
+    first = walker
     found = [best]
     searched = walked[2].loops  # the loops as the search saw them (their carry options)
     tried: set[tuple[tuple[str, tuple[Layout, ...]], ...]] = set()
@@ -535,6 +555,18 @@ def _resolve_carries(
         searched = walked[2].loops
         prediction, walker = _searched(walk, walked, model, targets)
         found.append(prediction)
+    # the first replicated restart cheaper than the first search ends them (each is a walk and a search: on the
+    # stacked LM's accumulated steps, the tp restart after the dp one only doubled their cost, never cheaper)
+    for mesh_dim in range(first.mesh.ndim):
+        seeds = _replicated_carries(first.loops, mesh_dim)
+        if seeds is None or seeds in tried:
+            continue
+        tried.add(seeds)
+        start = {path: dataclasses.replace(loop, carries=layouts).choice(model) for (path, layouts), loop in
+                 zip(seeds, first.loops.values())}
+        found.append(_searched(walk, walk(start), model, targets)[0])
+        if _total(found[-1], model) < _total(best, model):
+            break
     best = found[0] if len(found) == 1 else min(found, key=lambda prediction: _total(prediction, model))
     return _rejoin_conds(walk, best, model, targets)
 
@@ -581,6 +613,31 @@ def _consumed_joins(prediction: Prediction) -> dict[str, Candidate]:
         if joined != chosen.out_layouts:
             joins[row.path] = dataclasses.replace(chosen, out_layouts=joined)
     return joins
+
+
+def _replicated_carries(
+    loops: Mapping[str, _LoopCarries], mesh_dim: int
+) -> tuple[tuple[str, tuple[Layout, ...]], ...] | None:
+    """Every loop's carries reduced and unsplit over ``mesh_dim`` (a replica per
+    coordinate of ``mesh_dim``, as data parallelism keeps a gradient accumulator and the
+    parameters it updates); None unless some loop splits a carry over ``mesh_dim`` that
+    its initial value is not split over (a gradient accumulator reduce-scattered into
+    shards every iteration)."""
+    if not any(not carry.is_strided and carry.mesh_dim_split(mesh_dim) is not None
+               and start.layout.mesh_dim_split(mesh_dim) is None
+               for loop in loops.values() for carry, start in zip(loop.carries, loop.init)):
+        return None
+    return tuple((path, tuple(_unsplit_over(carry.without_partial(), mesh_dim) for carry in loop.carries))
+                 for path, loop in loops.items())
+
+
+def _unsplit_over(layout: Layout, mesh_dim: int) -> Layout:
+    """``layout`` with ``mesh_dim`` splitting no dim (itself where strided: its factors
+    belong to its splits)."""
+    if layout.is_strided or layout.mesh_dim_split(mesh_dim) is None:
+        return layout
+    return Layout(layout.mesh, tuple(tuple(m for m in axes if m != mesh_dim) for axes in layout.dim_axes),
+                  layout.partial)
 
 
 class Executor(Protocol):

@@ -251,7 +251,11 @@ edge); the cascade follows it once (``seen``). ``seeds`` (the walker's all-carri
 options) are also tried from the best choice found: a descent from the eager choice
 seldom re-chooses a carry first (on GPT-2's adamw step the forward scan's carry reduced,
 0.70x the bytes). The walker re-solves further (:mod:`.jaxpr`): when the chosen body
-returns a carry in a layout that was no option, it walks and searches again from there.
+returns a carry in a layout that was no option, it walks and searches again from there;
+when the choice splits a carry over a mesh dim its initial value is not split over (a
+gradient accumulator sharded over dp), from every loop's carries replicated over it (no
+descent leaves the sharded basin: the stacked LM's accumulated adamw step 4.25 -> 1.00x
+XLA's bytes, docs/inference.md section 6).
 
 **Layer blocks** (:mod:`.blocks`): a program whose layers are unrolled repeats its
 equations, and the descents above grow worse than linearly with them, in quality and time
