@@ -198,12 +198,38 @@ def test_value_moves_reduce_a_shared_gradient_once(mesh: Any, monkeypatch: pytes
     assert program.nbytes == 2 * 16 * 16 * 4 // 2  # 2 T (n - 1) / n, T = 1 KiB, n = 2
     assert program.nbytes < predict(_adam_like_step, *inputs, out_layouts=(replicated,) * 3, search="eager").nbytes
 
-    monkeypatch.setattr(program_module._Search, "value_moves", lambda self, value, choice: [])
+    monkeypatch.setattr(program_module._Search, "value_moves", lambda self, value, choice, gathers=False: [])
     program_module._select.cache_clear()
     without = predict(lambda *a: _adam_like_step(*a), *inputs, out_layouts=(replicated,) * 3)
     assert without.nbytes > program.nbytes
     assert sum(1 for s in without.steps if not s.collective.startswith("local")) > 1
     program_module._select.cache_clear()  # no search result without value moves outlives the patch
+
+
+def _split_update_step(x: jax.Array, w: jax.Array, m: jax.Array, v: jax.Array) -> tuple[jax.Array, ...]:
+    g = jnp.cumsum(x, axis=0)  # split over tp on dim 1 as x is: no partial, and no input to move
+    return w - 0.1 * g / (jnp.sqrt(v) + 1), 0.9 * m + g, 0.9 * v + g * g
+
+
+def test_value_moves_gather_a_split_gradient_near_the_outputs_once(mesh: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gradient split over tp (no partial: an embedding's, scattered from an activation
+    gradient split on the model dim) feeds the update and both moments, whose results must
+    come back Replicate. No single-equation move gets there (the cumsum has no partial to
+    reduce and no input moved); the finishing descent's value move gathers it once for its
+    three consumers, where the update ran split and all-gathered the three outputs."""
+    replicated = Layout.from_device_mesh(mesh)("R,R")
+    inputs = (spec(mesh, (16, 16), "R,S(1)"), *(spec(mesh, (16, 16), "R,R") for _ in range(3)))
+    program = predict(_split_update_step, *inputs, out_layouts=(replicated,) * 3)
+    assert [(s.collective, s.axis) for s in program.steps] == [("all-gather", "tp")]
+    assert program.nbytes == 16 * 16 * 4 * 3 // 4  # R (n - 1) / n, R = 1 KiB, n = 4
+
+    original = program_module._Search.value_moves
+    monkeypatch.setattr(program_module._Search, "value_moves",
+                        lambda self, value, choice, gathers=False: original(self, value, choice))
+    program_module._select.cache_clear()
+    without = predict(lambda *a: _split_update_step(*a), *inputs, out_layouts=(replicated,) * 3)
+    assert [(s.collective, s.axis) for s in without.steps if s.communicates] == [("all-gather", "tp")] * 3
+    program_module._select.cache_clear()  # no search result without gathered value moves outlives the patch
 
 
 def _mlp(x: jax.Array, w1: jax.Array, w2: jax.Array) -> jax.Array:

@@ -737,25 +737,30 @@ def test_training_programs_predict_xlas_bytes(mesh: Any, model: str, mode: str) 
 
 # dtype -> (upper bound of predicted / compiled bytes, extra collectives allowed over XLA's compiled ones after its
 # combiner) of the stacked scan-over-layers LM's adamw step (tests/models/stacked.py, Megatron dp=2 x tp=4, its
-# embedding table replicated), as reached: not issue 15's target. The embedding's gradient is made split over dp, its
-# clip and adamw update run split and the table and both moments are all-gathered at the end (docs/inference.md
-# section 6, stop 26). bfloat16 was 1.02x when check counted its collectives at bfloat16 bytes (CPU XLA sends them
-# in float32).
-_STACKED_REACHED = {"float32": (1.42, 10), "bfloat16": (1.29, 10)}
+# embedding table replicated). Before the finishing descent's value moves gathered split values: 1.41x with 19
+# against XLA's 9 (float32), 1.02x with 19 (bfloat16, counting its collectives at their bfloat16 bytes where CPU XLA
+# sends them in float32). Now both below XLA's bytes, legitimately (common.below_floor): the embedding's gradient is
+# scattered from the activation gradient all-gathered over dp (2,048 B and the token ids' 64) where XLA all-reduces
+# the table (8,192 B), in one more collective each: XLA's combiner merges that all-reduce with the head's gradient's.
+_STACKED_REACHED = {"float32": (0.91, 4), "bfloat16": (0.78, 3)}
 
 
 @pytest.mark.parametrize("dtype", sorted(_STACKED_REACHED))
-def test_stacked_layers_step_predicts_as_reached(mesh: Any, dtype: str) -> None:
+def test_stacked_layers_step_updates_its_replicated_embedding_replicated(mesh: Any, dtype: str) -> None:
     """check on the adamw step of scan-over-layers code (stacked weights under lax.scan, a
-    replicated embedding table, float32 or bfloat16 compute): every output's layout agrees
-    with XLA's; the bytes (33,972 / 30,900 B against XLA's 24,086) and the collectives after
-    XLA's combiner (19 against 9) as reached."""
+    replicated embedding table, float32 or bfloat16 compute): the embedding's gradient is
+    gathered once and its clip and adamw update run replicated, so neither the table nor
+    its two Adam moments is all-gathered at the end (three float32 (64, 32) tables, 4,096 B
+    each over dp, before); the bytes within the reached ratio, the collectives as reached."""
     step = training_step("stacked", mesh, dtype=dtype)
     report = check(step.fn, *step.args, out_layouts=step.out_layouts)
     assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
+    gathered = [plan.shape for plan, s in report.prediction.routed_moves() if s.collective == "all-gather"]
+    assert (64, 32) not in gathered and len(gathered) == 2, gathered  # the activation gradient and the token ids
     ratio = float(report.predicted_bytes / report.compiled_bytes)
     bound, extra = _STACKED_REACHED[dtype]
-    assert 0.9 <= ratio <= bound, ratio
+    assert 0.9 <= ratio or common.below_floor(report), (ratio, report.collective_checks)
+    assert ratio <= bound, ratio
     assert len(report.predicted_combined) <= len(report.compiled_collectives) + extra
 
 

@@ -21,7 +21,12 @@ Replicate. Moves are priced as the mesh's backend compiles them (:func:`_reducti
 CPU XLA forms no reduce-scatter, it all-reduces the whole block and slices it, so there a
 planned move is priced by its collectives (:func:`.plan.plan_collectives`) with each
 reduce-scatter at an all-reduce's bytes, and so are an output's owed reduction and eager
-dispatch's look-ahead charge. Priced by the planner alone, a reduce-scatter and an
+dispatch's look-ahead charge. (CPU XLA also sends a ``bfloat16`` value's collectives in
+``float32``, :meth:`.combine.CombinerRules.widening`, which ``check`` counts; priced so
+here too, the stacked step of tests/models/stacked.py in bfloat16 chose the same, but a
+bfloat16 partial reduced inside a program then cost what the float32 output owes, and the
+search left the row-parallel MLP's output of tests/test_inference_programs.py partial,
+a tie, where it reduce-scatters it: not priced so.) Priced by the planner alone, a reduce-scatter and an
 all-gather cost what the one all-reduce XLA sends costs, and the search reduce-scatters
 Llama's residual stream and all-gathers it back, twice the bytes on CPU; priced as
 compiled, it all-reduces once (Llama's loss: 0.78x XLA's bytes in 12 collectives where
@@ -138,7 +143,10 @@ is kept only if it has fewer bytes and no more collectives (on the Llama adamw s
 The same descent with value moves from the first round is also run from that result's
 start (another basin: 0.89x the bytes on GPT-2's adamw step, 1.19x on Llama's), kept on
 the same terms (once when the first round moved nowhere: both would descend from the same
-choice). A move re-chooses one
+choice). The finishing descent's value moves also gather a split value near the
+outputs to Replicate for all its consumers (a replicated embedding's gradient made split:
+its update would run split and all-gather the parameter and both moments at the end). A
+move re-chooses one
 equation: one that makes, carries or receives a partial reduces it right there (into a
 split, or to Replicate on those mesh dims, or, with partials on several mesh dims, those
 of one mesh dim only: a weight gradient reduces ``tp`` where it is formed and keeps
@@ -294,7 +302,7 @@ import heapq
 import itertools
 import math
 import operator
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from operator import itemgetter, ne
@@ -590,6 +598,9 @@ _REDUCING = "<reducing>"
 _PULL = "<pull>"
 _KINDS = (_VALUE, _REDUCING, _PULL)  # the moves whose first item names their kind, not their equation
 _PULL_DEPTH = 12  # producers re-chosen upstream at most by one pull move
+# how far upstream of an output with a fixed layout value_moves() gathers a split value's consumers: an adamw update
+# of a clipped gradient is 4 equations from its gradient's consumers to the updated moment
+_NEAR_OUTPUT = 4
 State = tuple[Any, ...]  # a layout's (dim_axes, partial[, split_factors]) on the one mesh
 AvalKey = tuple[tuple[int, ...], np.dtype]
 # (weighted bytes plus OVERHEAD per collective, collectives), compared lexicographically: among equally cheap
@@ -625,6 +636,19 @@ def _reduction_scale(mesh: DeviceMesh) -> float:
     if platform in BACKENDS and combiner_rules(platform).compiled_kind(REDUCE_SCATTER) == ALL_REDUCE:
         return 2.0
     return 1.0
+
+
+def _upstream(sources: dict[str, Any], starts: Iterable[str], depth: int) -> frozenset[str]:
+    """The equations at most ``depth`` equations upstream of ``starts`` (those included),
+    by their inputs' ``sources`` (the function's inputs left out)."""
+    found = set(starts)
+    frontier = set(found)
+    for _ in range(depth):
+        frontier = {
+            src[0] for path in frontier for src in sources[path] if src is not None and src[0] != "in"
+        } - found
+        found |= frontier
+    return frozenset(found)
 
 
 def _getter(paths: Sequence[str]) -> Callable[[Choice], Any]:
@@ -846,6 +870,10 @@ class _Search:
             if src is not None and src[0] != "in":
                 self.owed.setdefault(src, []).append(None if target is None else intern(target))
         self.owing = frozenset(path for path, _ in self.owed)  # the equations making an output of the function
+        # the equations a few upstream of an output with a fixed layout (an optimizer's update of a parameter): the
+        # consumers of a split value value_moves() gathers
+        fixed_outputs = [path for (path, _), targets in self.owed.items() if any(t is not None for t in targets)]
+        self.near_fixed_outputs = _upstream(self.sources, fixed_outputs, _NEAR_OUTPUT)
         self.position = {node.path: p for p, node in enumerate(graph.nodes)}
         self.paths = [node.path for node in graph.nodes]  # by position
         # Neighbour tables, so that the hot loops loop over no consumers:
@@ -1465,12 +1493,29 @@ class _Search:
             return []
         return [choice[path]] + [k for k, follow in self.alternatives(path, choice) if follow]
 
-    def value_moves(self, value: ValueId, choice: Choice) -> list[tuple[tuple[str, int], ...]]:
+    def value_moves(
+        self, value: ValueId, choice: Choice, gathers: bool = False
+    ) -> list[tuple[tuple[str, int], ...]]:
         """Moves re-choosing every consumer of ``value`` at once, so that all of them take
         it in one layout: one its consumers already need, or its own with its partials
         reduced to Replicate (one all-reduce shared by every consumer, where each
         consumer alone would rather reduce-scatter: e.g. a weight gradient feeding the
         clip, both Adam moments and the update, whose outputs must come back unsplit).
+        ``gathers`` (the finishing descent's): a split value without partials, its own
+        gathered to Replicate (that layout only, and only cascading: :meth:`improve`), when
+        one of its consumers is at most ``_NEAR_OUTPUT`` equations upstream of an output with
+        a fixed layout (an optimizer's update of a parameter). A
+        replicated parameter's gradient made split (an embedding table's, scattered from
+        the activation gradient moved to split the model dim) otherwise runs the clip and
+        the whole update split and all-gathers the parameter and both moments at the end,
+        one gather each, where gathering the gradient once costs one (the scan-over-layers
+        LM of tests/models/stacked.py: 33,972 -> 21,844 B, 1.41 -> 0.91x XLA's). Offered in
+        every descent with value moves, Llama's adamw step went 133,866 -> 159,082 B
+        (another basin); with the layouts its consumers need too and with the consumers
+        alone too, it went to 127,626 B but its cold predict took 9% longer (2.44 -> 2.66 s
+        CPU), and to 130,794 B (+6%) with those layouts cascading only; gathering every
+        split value (its result unchanged) +12% (2.42 -> 2.71 s), near the outputs alone
+        +0% (2.47 -> 2.47 s; medians of 3 alternated in one process, load 4-5).
         Each consumer takes the candidate cheapest for its other inputs that needs the
         value in that layout; a layout some consumer cannot take is skipped. :meth:`improve`
         tries each move cascading and with the consumers alone: a bias gradient summing an
@@ -1484,10 +1529,13 @@ class _Search:
             return []
         path, j = value
         state = self.outs[path][choice[path]][j]
-        if not any(state[1]):
+        if any(state[1]):
+            targets = dict.fromkeys(((state[0], (None,) * len(state[1])), *self.needs(value, choice)))
+            targets.pop(state, None)
+        elif gathers and len(state) == 2 and any(state[0]) and any(c in self.near_fixed_outputs for c, _ in consumers):
+            targets = {(tuple(() for _ in state[0]), state[1]): None}
+        else:
             return []
-        targets = dict.fromkeys(((state[0], (None,) * len(state[1])), *self.needs(value, choice)))
-        targets.pop(state, None)
         slots: dict[str, list[int]] = {}
         for c, i in consumers:
             slots.setdefault(c, []).append(i)
@@ -1766,8 +1814,9 @@ class _Search:
         equation it changed are stale, and re-evaluated only when their old delta comes
         first (a stale delta is an estimate; only fresh ones are applied). ``values``: value
         moves too (:meth:`value_moves`); ``reducing``: reducing cascades too
-        (:meth:`reducing_moves`); ``pulls``: pull moves too (:meth:`pull_moves`). ``offered``:
-        the equations offered moves first (None: every one; then those near each applied move)."""
+        (:meth:`reducing_moves`) and value moves gathering split values; ``pulls``: pull
+        moves too (:meth:`pull_moves`). ``offered``: the equations offered moves first
+        (None: every one; then those near each applied move)."""
         choice = dict(choice)
         evaluated: dict[Move, Evaluation] = {}
         # the evaluations not stale, by their depends: those an applied move can make stale (a stale one is
@@ -1784,7 +1833,7 @@ class _Search:
 
         def current(move: Move) -> bool:
             if move[0] == _VALUE:
-                return move[3] in self.value_moves((move[1], move[2]), choice)
+                return move[3] in self.value_moves((move[1], move[2]), choice, reducing)
             if move[0] == _REDUCING:
                 return move[2] in self.reducing_moves(move[1], choice)
             if move[0] == _PULL:
@@ -1805,8 +1854,11 @@ class _Search:
                     if move not in fresh:
                         evaluate(move)
                 for j in range(len(self.out_avals[path]) if values else 0):
-                    for seeds in self.value_moves((path, j), choice):
-                        for follow in (True, False):  # cascading, or the consumers alone (see value_moves)
+                    # a split value gathered (reducing: see value_moves) only cascading: its consumers alone would
+                    # give their outputs Replicate where their consumers take them split
+                    alone = (False,) if any(self.outs[path][choice[path]][j][1]) else ()
+                    for seeds in self.value_moves((path, j), choice, reducing):
+                        for follow in (True, *alone):  # cascading, or the consumers alone (see value_moves)
                             move = (_VALUE, path, j, seeds, follow)
                             if move not in fresh:
                                 evaluate(move)
