@@ -324,11 +324,11 @@ def test_gpt2_on_a_4x2_mesh_at_megatrons_plan_predicts_below_xla() -> None:
     assert figures.nbytes <= 57_402, figures.nbytes
 
 
-@pytest.mark.parametrize(("shape", "batch", "most"), [((4, 2), 4, 285_258), ((8,), 8, 314_727)])
+@pytest.mark.parametrize(("shape", "batch", "most"), [((4, 2), 4, 248_394), ((8,), 8, 314_727)])
 def test_llama_off_the_default_mesh_at_megatrons_plan_predicts_as_before(shape: Any, batch: int, most: int) -> None:
     """Llama's adamw step at Megatron's plan on the meshes other than dp=2 x tp=4 that
     section 11 of docs/benchmarks.md plans on: the prediction is no dearer than the
-    search's kept result (4x2: 285,258 B, XLA's jit 289,114; (8,): 314,727 B, XLA's
+    search's kept result (4x2: 248,394 B since stop 26 (285,258 before), XLA's jit 289,114; (8,): 314,727 B, XLA's
     543,642). The search's basins depend on the mesh: two of its value-move descents
     never gave the kept result on 17 programs at dp=2 x tp=4, and without them these
     predicted 378,730 and 383,719 B (stop 22, reverted)."""
