@@ -54,14 +54,6 @@ def mesh() -> Any:
     return init_device_mesh((2, 4), ("dp", "tp"))
 
 
-def _accumulating_optimizer() -> optax.GradientTransformation:
-    """Gradient accumulation over 2 steps around clipping and AdamW with a warmup-cosine
-    learning rate injected as a hyperparameter (its state holds the current rate)."""
-    schedule = optax.warmup_cosine_decay_schedule(0.0, 1e-3, warmup_steps=10, decay_steps=100)
-    adamw = optax.inject_hyperparams(optax.adamw)(learning_rate=schedule, weight_decay=0.1)
-    return optax.MultiSteps(optax.chain(optax.clip_by_global_norm(1.0), adamw), every_k_schedule=2)
-
-
 def _dict_step(module: Any, cfg: Any, mesh: Any, optimizer: optax.GradientTransformation | None = None) -> tuple:
     """``module``'s step on its plan: (fn, args, out_layouts) keeping parameters and state."""
     plain = module.init(jax.random.key(0), cfg)
@@ -93,7 +85,7 @@ PROGRAMS: dict[str, Callable[[Any], Program]] = {
     "moe einsum dispatch": lambda mesh: Program(*_dict_step(moe, moe.Config(), mesh), _F32),
     "moe sort dispatch": lambda mesh: Program(*_dict_step(moe, moe.Config(dispatch="sort"), mesh), _F32),
     "stacked MultiSteps schedule": lambda mesh: Program(
-        *_dict_step(stacked, stacked.Config(), mesh, _accumulating_optimizer()), _F32),
+        *_dict_step(stacked, stacked.Config(), mesh, common.accumulating_optimizer()), _F32),
     "eqx scan": lambda mesh: Program(*_eqx_step(mesh), _F32),
 }
 

@@ -17,6 +17,15 @@ def make_optimizer(learning_rate: float = 1e-3) -> optax.GradientTransformation:
     return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(learning_rate, weight_decay=0.1))
 
 
+def accumulating_optimizer() -> optax.GradientTransformation:
+    """Gradient accumulation over 2 steps (``optax.MultiSteps``: a ``lax.cond`` between the
+    inner update and accumulating) around clipping and AdamW with a warmup-cosine learning
+    rate injected as a hyperparameter (its state holds the current rate)."""
+    schedule = optax.warmup_cosine_decay_schedule(0.0, 1e-3, warmup_steps=10, decay_steps=100)
+    adamw = optax.inject_hyperparams(optax.adamw)(learning_rate=schedule, weight_decay=0.1)
+    return optax.MultiSteps(optax.chain(optax.clip_by_global_norm(1.0), adamw), every_k_schedule=2)
+
+
 def batch(seed: int, batch_size: int, seq: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
     """Token ids and next-token targets, int32 (batch, seq)."""
     tokens = np.random.default_rng(seed).integers(0, vocab, (batch_size, seq + 1)).astype(np.int32)
