@@ -124,6 +124,28 @@ class DTensor:
         """The physical array (padded and/or stacked when the layout needs it)."""
         return self._array
 
+    def checked(self, argument: str) -> DTensor:
+        """``self`` when its array has the shape its layout gives :attr:`shape`, else a
+        :class:`ShapeError` naming ``argument``. A DTensor is a pytree whose leaf is its
+        physical array, so a function mapped over DTensors that makes arrays of other
+        shapes (a factored optimizer's state, ``optax.adafactor(...).init(params)``;
+        ``jax.tree.map(jnp.sum, params)``) rebuilds DTensors whose layout does not describe
+        their array. Not refused when rebuilt (JAX's transformations put placeholders
+        there, and such trees are still flattened correctly), but wherever a DTensor's
+        layout and shape are read as an input's (predict, check, apply)."""
+        expected = physical(self._layout, self._shape).array_shape
+        if tuple(self._array.shape) != expected:
+            raise ShapeError(
+                argument,
+                f"a DTensor of shape {self._shape} laid out {self._layout} holding an array of shape "
+                f"{tuple(self._array.shape)}",
+                f"its layout needs an array of shape {expected}: a function mapped over DTensors (jax.tree.map, "
+                "an optimizer's init) made an array of another shape inside the DTensor",
+                "build such values under apply, which lays every new array out: e.g. "
+                "opt_state = apply(optimizer.init, params)",
+            )
+        return self
+
     @property
     def sharding(self) -> jax.sharding.NamedSharding | None:
         """The ``NamedSharding`` of the logical tensor, when one exists: the layout is

@@ -61,7 +61,7 @@ from .inference.frameworks import Bound, bind, variables_of, with_static_outputs
 from .inference.jaxpr import CONSTRAINT_SHARDING_PARAMS, _drop_dim0, _stacked, execute
 from .inference.ops import freeze, op_definition, registered_function
 from .inference.rules import SCATTERS, gather_lookup_axis, scatter_lookup_axis
-from .inference.signature import RedistributePlan, TensorSpec, is_layout_leaf
+from .inference.signature import RedistributePlan, TensorSpec, constant_layouts, is_layout_leaf
 from .layout import Layout
 from .mesh import DeviceMesh
 from .physical import Physical, physical
@@ -207,17 +207,27 @@ _dispatched: dict[tuple[Any, ...], Program] = register({})
 _DISPATCH_LIMIT = 4096
 
 
-def _dispatch(tag: tuple[Any, ...], values: Sequence[Any], build: Callable[..., Program]) -> Program:
+def _dispatch(
+    tag: tuple[Any, ...], values: Sequence[Any], build: Callable[..., Program],
+    where: Callable[[int], str] = "operands[{}]".format,
+) -> Program:
+    """The program ``build`` makes for ``values``' operand keys, cached per ``tag``, cost
+    model and keys. A DTensor's key holds its array's shape too, so that one whose array
+    is not its layout's (:meth:`DTensor.checked`, named by ``where`` of its position)
+    misses and is refused here rather than run by a program built for another array."""
     if tag[0] == "op" and not _IMPLICIT_REPLICATION.get():
         _check_mixed(values)
     cost_model = default_cost_model()
     key = (
         tag,
         cost_model,
-        *((v.shape, v.dtype, v.layout) if isinstance(v, DTensor) else _operand_key(v) for v in values),
+        *((v.shape, v.dtype, v.layout, v.array.shape) if isinstance(v, DTensor) else _operand_key(v) for v in values),
     )
     program = _dispatched.get(key)
     if program is None:
+        for i, v in enumerate(values):
+            if isinstance(v, DTensor):
+                v.checked(where(i))
         program = build(tuple(_operand_key(v) for v in values), cost_model)
         if len(_dispatched) >= _DISPATCH_LIMIT:
             _dispatched.clear()
@@ -449,8 +459,9 @@ def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, execute: 
     ``args`` are pytrees (dicts, lists, NamedTuples, dataclasses, registered classes) of
     DTensors and constants (arrays, numbers, PRNG keys: Replicate tensors); ``kwargs``
     are static (bound with ``functools.partial``, part of the cache key, so hashable).
-    ``out_layouts`` (a pytree prefix of the result: layouts, placements, DTensors whose
-    layout an output keeps, or None) is enforced: those outputs are redistributed to it.
+    ``out_layouts`` (a pytree prefix of the result: layouts, placements, DTensors and
+    constants whose layout as an input an output keeps, or None) is enforced: those
+    outputs are redistributed to it.
     Like ``jax.jit``, the trace of ``fn`` is cached per function object and input
     shapes / dtypes / layouts: values ``fn`` closes over are read once. The prediction is
     ``predict``'s of ``fn`` on these arguments, so ``apply`` after ``predict`` or
@@ -483,12 +494,16 @@ def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, execute: 
             "pass pytrees of DTensors, NumPy / JAX arrays or Python numbers; bind static values as keywords",
         )
     frozen = tuple(sorted((name, freeze(value, name)) for name, value in kwargs.items()))  # errors name the keyword
+    dtensors = (leaf for leaf in leaves if isinstance(leaf, DTensor))
+    first = next(dtensors, None)
+    if first is not None and out_layouts is not None:  # plain arrays passed back: keep their layouts
+        out_layouts = constant_layouts(out_layouts, first.device_mesh)
     targets = _out_layouts_key(out_layouts)
     if execute not in EXECUTES:
         raise InferenceError("execute", execute, "unknown execution", f"use one of {EXECUTES}")
     tag = ("apply", fn, frozen, in_tree, targets, execute)
     build = {"auto": _auto_program, "xla": _xla_program, "ops": _apply_program, "pinned": _pinned_program}[execute]
-    program = _dispatch(tag, leaves, partial(build, fn, frozen, in_tree, targets))
+    program = _dispatch(tag, leaves, partial(build, fn, frozen, in_tree, targets), partial(_leaf_path, args))
     _announce(f"apply({name})", program, leaves)
     result = program(leaves)
     if isinstance(fn, Bound) and fn.stateful:  # write the updated nnx Variables back, as nnx.jit does
@@ -504,8 +519,15 @@ def _is_dtensor(value: Any) -> bool:
     return isinstance(value, DTensor)
 
 
+def _leaf_path(args: Any, i: int) -> str:
+    """The path of ``args``' ``i``-th leaf (DTensors as leaves), as errors name it: ``args[1]['mu']``."""
+    path = jax.tree_util.tree_flatten_with_path(args, is_leaf=_is_dtensor)[0][i][0]
+    return f"args{jax.tree_util.keystr(path)}"
+
+
 def _out_layouts_key(out_layouts: Any) -> Any:
-    """``out_layouts`` as a hashable (structure, leaves) pair, DTensors replaced by their layouts."""
+    """``out_layouts`` (constants already replaced by their layouts: :func:`.constant_layouts`)
+    as a hashable (structure, leaves) pair, DTensors replaced by their layouts."""
     if out_layouts is None:
         return None
     leaves, tree = jax.tree.flatten(out_layouts, is_leaf=is_layout_leaf)
@@ -514,7 +536,7 @@ def _out_layouts_key(out_layouts: Any) -> Any:
         hash(tuple(leaves))
     except TypeError:
         raise ArgumentTypeError(
-            "out_layouts", out_layouts, "expected layouts, placements, DTensors or None in a pytree",
+            "out_layouts", out_layouts, "expected layouts, placements, DTensors, arrays or None in a pytree",
             "pass e.g. out_layouts=(params, None) or a Layout per output",
         ) from None
     return tree, tuple(leaves)

@@ -1256,6 +1256,20 @@ CASES: list[Case] = [
         lambda e: predict(lambda a: jnp.fft.fft(a).real, e.dt),
     ),
     _c(
+        "predict: a DTensor whose array a tree.map reshaped",
+        "predict",
+        ShapeError,
+        "inputs[0]['w']",
+        lambda e: predict(lambda d: d["w"], jax.tree.map(lambda a: a.sum(0), {"w": e.dt})),
+    ),
+    _c(
+        "apply: a DTensor whose array a tree.map reshaped",
+        "apply",
+        ShapeError,
+        "args[0]['w']",
+        lambda e: apply(lambda d: d["w"] * 2, jax.tree.map(lambda a: a.sum(0), {"w": e.dt})),
+    ),
+    _c(
         "apply: pytree leaf not a tensor",
         "apply",
         ArgumentTypeError,
@@ -1291,11 +1305,18 @@ CASES: list[Case] = [
         lambda e: distribute_pytree({"key": jax.random.split(jax.random.key(0), 8)}, e.mesh8, {"key": "S(0)"}),
     ),
     _c(
-        "apply: out_layouts of arrays",
+        "apply: out_layouts leaf neither a layout nor an input",
         "apply",
         ArgumentTypeError,
         "out_layouts",
-        lambda e: apply(jnp.sin, e.dt, out_layouts=[np.zeros(2)]),
+        lambda e: apply(jnp.sin, e.dt, out_layouts=[{1, 2}]),
+    ),
+    _c(  # an array stands for the layout of an input it is (kept by the output): here of other dims than the output
+        "apply: out_layouts an array of other dims than its output",
+        "apply",
+        LayoutError,
+        "out_layouts[0]",
+        lambda e: apply(jnp.sin, e.dt, out_layouts=np.zeros(2)),
     ),
     _c(
         "apply: unhashable keyword argument",

@@ -327,3 +327,67 @@ def test_mixed_precision_keeps_updates_smaller_than_a_bfloat16_step() -> None:
     np.testing.assert_allclose(np.asarray(state.master["w"].full_tensor()), 1 - 6e-3, rtol=1e-6)
     assert float(params["w"].full_tensor()[0, 0]) == float(jnp.bfloat16(1 - 6e-3))  # 0.9921875, not 1.0
     assert params["w"].layout == state.master["w"].layout
+
+
+def _plain_step(params, state, x, y, optimizer):
+    loss, grads = jax.value_and_grad(_plain_loss)(params, x, y)
+    updates, state = optimizer.update(grads, state, params)
+    return optax.apply_updates(params, updates), state, loss
+
+
+def test_init_state_passed_back_as_out_layouts_to_predict_check_and_apply() -> None:
+    """The usual optax pattern on DTensor parameters, ``state = optimizer.init(params)``
+    (Adam's moments DTensors in their parameters' layouts, the step count a plain
+    ``jax.Array``), passed back whole as ``out_layouts=(params, state, None)``: the count
+    keeps its own layout (Replicate); predict is cached (the key hashable); apply's step
+    equals the unsharded one with the parameters and moments in their layouts."""
+    from functools import partial
+
+    optimizer = optax.adamw(1e-2)
+    params = p2j.init_pytree(_init, KEY, MESH, PLAN)
+    state = optimizer.init(params)
+    assert isinstance(state[0].count, jax.Array) and not isinstance(state[0].count, DTensor)
+    x, y = (p2j.distribute_tensor(a, MESH, BATCH) for a in _data())
+    step = partial(_plain_step, optimizer=optimizer)
+    arrays = p2j.model_arrays  # plain model code on the DTensors' logical arrays
+    fn = lambda p, s, a, b: step(p, s, arrays(a), arrays(b))  # noqa: E731
+    out_layouts = (params, state, None)
+    prediction = p2j.predict(fn, params, state, x, y, out_layouts=out_layouts)
+    assert p2j.predict(fn, params, state, x, y, out_layouts=out_layouts) is prediction
+    count = prediction.out_layouts_tree[1][0].count
+    assert count.placements == (Replicate(), Replicate())
+    assert prediction.out_layouts_tree[1][0].mu["up"]["w"] == params["up"]["w"].layout
+    report = p2j.check(fn, params, state, x, y, out_layouts=out_layouts)
+    assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
+    new_params, new_state, loss = jax.jit(lambda *a: p2j.apply(fn, *a, out_layouts=out_layouts))(params, state, x, y)
+    plain = jax.jit(_init)(KEY)
+    want_params, want_state, want_loss = step(plain, optimizer.init(plain), *_data())
+    assert float(loss.full_tensor() if isinstance(loss, DTensor) else loss) == pytest.approx(float(want_loss), rel=1e-5)
+    assert new_params["down"]["w"].layout == params["down"]["w"].layout
+    assert new_state[0].nu["up"]["w"].layout == params["up"]["w"].layout
+    np.testing.assert_allclose(_full(new_params)["up"]["w"], np.asarray(want_params["up"]["w"]), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(_full(new_state[0].mu)["down"]["w"], np.asarray(want_state[0].mu["down"]["w"]),
+                               rtol=1e-5, atol=1e-7)
+
+
+def test_a_dtensor_whose_array_another_shape_is_refused_naming_its_path() -> None:
+    """``optax.adafactor(...).init(params)`` maps ``jnp.zeros`` of other shapes over the
+    DTensors' arrays (its factored row and column statistics), leaving DTensors whose
+    layout does not describe their array: predict and apply refuse them at that path
+    (DTensor.checked), not run a program built for another array; the state built under
+    apply is laid out and trains."""
+    optimizer = optax.adafactor(1e-2)
+    params = p2j.init_pytree(_init, KEY, MESH, PLAN)
+    broken = optimizer.init(params)
+    step = lambda p, s: optimizer.update(p, s, p)  # noqa: E731
+    with pytest.raises(p2j.ShapeError, match=r"inputs\[1\]\[0\]\.v_row\['down'\]\['b'\]=.*apply\(optimizer.init"):
+        p2j.predict(step, params, broken)
+    with pytest.raises(p2j.ShapeError, match=r"args\[1\]\[0\]\.v_row\['down'\]\['b'\]="):
+        p2j.apply(step, params, broken)
+    state = p2j.apply(optimizer.init, params)
+    assert all(isinstance(leaf, DTensor) and leaf.array.shape == leaf.physical.array_shape
+               for leaf in jax.tree.leaves(state, is_leaf=lambda v: isinstance(v, DTensor)))
+    updates, _ = p2j.apply(step, params, state)
+    plain = jax.jit(_init)(KEY)
+    want, _ = optimizer.update(plain, optimizer.init(plain), plain)
+    np.testing.assert_allclose(_full(updates)["up"]["w"], np.asarray(want["up"]["w"]), rtol=1e-5, atol=1e-7)

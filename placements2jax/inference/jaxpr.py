@@ -65,6 +65,7 @@ from .signature import (
     Signature,
     TensorSpec,
     as_tensor_specs,
+    constant_layouts,
     flatten_inputs,
     is_layout_leaf,
     output_constraints,
@@ -366,7 +367,9 @@ def predict(
     ``out_layouts``: a pytree prefix of ``fn``'s result giving, per output (or subtree),
     a Layout, placements (with ``mesh``), something with a ``.layout`` (a DTensor: "keep
     this input's layout", e.g. ``out_layouts=(params, opt_state, None)`` for a train
-    step returning updated parameters and optimizer state) or ``None`` (free). The
+    step returning updated parameters and optimizer state), a constant (an input passed
+    back, such as the plain step count of ``optimizer.init(params)``: the layout it has
+    as an input, its ``NamedSharding`` on the mesh or Replicate) or ``None`` (free). The
     search plans for them (they are fixed outputs of the program); outputs that still
     need it are moved at the end (rows ``out.<i>``).
 
@@ -410,6 +413,7 @@ def predict(
     fn, inputs, out_layouts = bind(fn, inputs, out_layouts, "inputs")  # Equinox statics, nnx in-place updates
     flat = flatten_inputs(inputs, mesh)
     specs, mesh = flat.specs, flat.mesh
+    out_layouts = constant_layouts(out_layouts, mesh)
     model = resolve_cost_model(cost_model)
     key = _prediction_key(fn, flat, model, search, out_layouts, on_unknown, policy)
     prediction = _predictions.recall(key)

@@ -46,6 +46,7 @@ __all__ = [
     "as_tensor_spec",
     "as_tensor_specs",
     "flatten_inputs",
+    "constant_layouts",
     "is_layout_leaf",
     "is_tensor_leaf",
     "output_constraints",
@@ -327,7 +328,9 @@ def flatten_inputs(inputs: Sequence[Any], mesh: DeviceMesh | None, argument: str
     pairs, tree = jax.tree_util.tree_flatten_with_path(tuple(inputs), is_leaf=is_tensor_leaf)
     leaves = [leaf for _, leaf in pairs]
     for path, leaf in pairs:
-        if not (is_tensor_leaf(leaf) or _is_constant(leaf)):
+        if hasattr(type(leaf), "checked"):  # a DTensor: its array must be its layout's (DTensor.checked)
+            leaf.checked(f"{argument}{jax.tree_util.keystr(path)}")
+        elif not (is_tensor_leaf(leaf) or _is_constant(leaf)):
             where = f"{argument}{jax.tree_util.keystr(path)}"
             raise ArgumentTypeError(
                 where, leaf, "a leaf must be a tensor (DTensor, (shape, dtype, layout)), an array or a number",
@@ -346,6 +349,18 @@ def is_layout_leaf(value: Any) -> bool:
     if _own_layout(value) is not None:
         return True
     return isinstance(value, (tuple, list)) and len(value) > 0 and all(isinstance(p, Placement) for p in value)
+
+
+def constant_layouts(out_layouts: Any, mesh: DeviceMesh) -> Any:
+    """``out_layouts`` with each constant leaf (a ``jax.Array`` without a placements2jax
+    layout, a NumPy array, a Python number: an input passed as "keep this input's
+    layout", such as the step count ``optimizer.init(params)`` makes a plain array, in
+    ``out_layouts=(params, opt_state, None)``) replaced by the layout that input has
+    (its ``NamedSharding`` on ``mesh``, else Replicate: :func:`_constant_spec`)."""
+    if out_layouts is None:
+        return None
+    return jax.tree.map(lambda x: _constant_spec(x, mesh).layout if _is_constant(x) else x, out_layouts,
+                        is_leaf=is_layout_leaf)
 
 
 def output_constraints(value: Any, out_tree: Any, out_avals: Sequence[Aval], mesh: DeviceMesh) -> list[Layout | None]:
