@@ -1255,6 +1255,11 @@ def _local_params(
         axes = ins[0].layout.dim_axes
         sizes = tuple(block[j] if axes[j] and n == ins[0].shape[j] else n for j, n in enumerate(params["slice_sizes"]))
         return {**params, "slice_sizes": sizes}
+    if name == "conv_general_dilated":  # grouped dims split only one element per group: a rank's groups are its own
+        for count, grouped in (("feature_group_count", 1), ("batch_group_count", 0)):
+            dim = params["dimension_numbers"].lhs_spec[grouped]
+            if params[count] > 1 and ins[0].layout.dim_axes[dim]:
+                return {**params, count: _block_shape(ins[0])[dim]}
     return params
 
 

@@ -557,21 +557,39 @@ def reverse(ins: Avals, outs: Avals, *, dimensions: Sequence[int]) -> list[OneDS
 def conv(
     ins: Avals, outs: Avals, *, dimension_numbers: Any, feature_group_count: int, batch_group_count: int
 ) -> list[OneDSig]:
-    """``conv_general_dilated``: the lhs batch dim -> the output batch dim (kernel ``R``);
-    the kernel's output-feature dim -> the output feature dim (lhs ``R``); lhs input
-    features with the kernel's input features -> ``P(sum)`` (a contraction); one operand
-    ``P(sum/avg)``, the other ``R`` -> the same partial (bilinear). Grouped convolutions
-    split nothing (each group would need its own chunk)."""
+    """``conv_general_dilated``: the lhs batch dim -> the output batch dim (kernel ``R``;
+    not under ``batch_group_count``, which groups it); one operand ``P(sum/avg)``, the
+    other ``R`` -> the same partial (bilinear). Ungrouped: the kernel's output-feature dim
+    -> the output feature dim (lhs ``R``); lhs input features with the kernel's input
+    features -> ``P(sum)`` (a contraction). Depthwise (``feature_group_count`` = the lhs
+    features: one input feature per group, Mamba's and ConvNeXt's convolutions): the lhs
+    feature dim with the kernel's output-feature dim -> the output feature dim, even
+    splits only (a rank then holds whole groups, and runs them as its own
+    ``feature_group_count``: the executors' local params). Grouped by ``batch_group_count``
+    (a depthwise kernel's gradient, JAX's transpose of the above): lhs input features with
+    the kernel's input features -> ``P(sum)``; where each group is one lhs batch element,
+    the lhs batch dim with the kernel's output-feature dim -> the output feature dim, even
+    splits only, as above. Other groupings split no feature dim (a group would straddle
+    ranks)."""
     lhs_spec, rhs_spec, out_spec = dimension_numbers
     sigs = [OneDSig((Partial(op), R), (Partial(op),)) for op in LINEAR_OPS]
     sigs += [OneDSig((R, Partial(op)), (Partial(op),)) for op in LINEAR_OPS]
-    if feature_group_count != 1 or batch_group_count != 1:
-        return sigs
-    return sigs + [
-        OneDSig((Shard(lhs_spec[0]), R), (Shard(out_spec[0]),)),
-        OneDSig((R, Shard(rhs_spec[0])), (Shard(out_spec[1]),)),
-        OneDSig((Shard(lhs_spec[1]), Shard(rhs_spec[1])), (Partial("sum"),)),
-    ]
+    if batch_group_count == 1:
+        sigs.append(OneDSig((Shard(lhs_spec[0]), R), (Shard(out_spec[0]),)))
+    if feature_group_count == 1 and batch_group_count == 1:
+        return sigs + [
+            OneDSig((R, Shard(rhs_spec[0])), (Shard(out_spec[1]),)),
+            OneDSig((Shard(lhs_spec[1]), Shard(rhs_spec[1])), (Partial("sum"),)),
+        ]
+    if batch_group_count == 1 and ins[0].shape[lhs_spec[1]] == feature_group_count:
+        even = frozenset({(0, lhs_spec[1]), (1, rhs_spec[0]), (2, out_spec[1])})
+        sigs.append(OneDSig((Shard(lhs_spec[1]), Shard(rhs_spec[0])), (Shard(out_spec[1]),), even=even))
+    if feature_group_count == 1 and batch_group_count != 1:
+        sigs.append(OneDSig((Shard(lhs_spec[1]), Shard(rhs_spec[1])), (Partial("sum"),)))
+        if ins[0].shape[lhs_spec[0]] == batch_group_count:
+            even = frozenset({(0, lhs_spec[0]), (1, rhs_spec[0]), (2, out_spec[1])})
+            sigs.append(OneDSig((Shard(lhs_spec[0]), Shard(rhs_spec[0])), (Shard(out_spec[1]),), even=even))
+    return sigs
 
 
 def concatenate(ins: Avals, outs: Avals, *, dimension: int) -> list[OneDSig]:
