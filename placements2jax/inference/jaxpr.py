@@ -91,6 +91,8 @@ _PASS_THROUGH = ("optimization_barrier", "device_put")
 ON_UNKNOWN = ("raise", "replicate")
 # control flow: one row each, walked by _Walker._<name>
 LOOPS = ("scan", "while", "cond")
+# the rows of moves across a loop's or cond's bodies' boundaries (their routes go to the executor)
+_BOUNDARY_MOVES = ("scan carry", "while carry", "scan ys", "cond join", "while predicate")
 # rounds of the fixed point over a loop's carry layouts before falling back to the initial ones
 _FIXED_POINT_ROUNDS = 4
 # rounds of carry re-solving after the program search (each walks and searches the program again)
@@ -645,7 +647,9 @@ class Executor(Protocol):
     variable's value and computes an equation's outputs under the signature chosen for
     it. Walking into a call, the walker calls ``enter_call`` (bind the called jaxpr's
     inputs) and ``exit_call`` (bind the call's outputs); a loop or cond is run by
-    ``loop`` once its row's ``signature`` is known (with ``walker.body_walker``)."""
+    ``loop`` once its row's ``signature`` is known (with ``walker.body_walker``), given
+    the planned routes of the moves across its bodies' boundaries by their rows' paths
+    (``<path>.carry<i>``, ``<path>.ys<i>``, ``<path>.b<k>.out<i>``, ``<path>.cond.out``)."""
 
     def enter_call(self, eqn: Any, closed: Any) -> None: ...
 
@@ -653,7 +657,9 @@ class Executor(Protocol):
 
     def equation(self, eqn: Any, signature: Signature) -> None: ...
 
-    def loop(self, walker: _Walker, eqn: Any, path: str, signature: Signature) -> None: ...
+    def loop(
+        self, walker: _Walker, eqn: Any, path: str, signature: Signature, routes: Mapping[str, RedistributePlan]
+    ) -> None: ...
 
 
 def execute(prediction: Prediction, executor: Executor, cost_model: CostModelLike = None) -> None:
@@ -1029,7 +1035,12 @@ class _Walker:
         finally:
             self.executor = executor
         if executor is not None:
-            executor.loop(self, eqn, path, self.rows[slot].signature)
+            # the moves across the bodies' boundaries, by path: the executor makes them along their planned routes
+            # (a carry's R,P -> R,R moved whole compiles as an all-reduce of the whole block where the route
+            # slices it over another mesh dim first, reduces the slice and all-gathers it)
+            routes = {row.path: row.signature.redistributions[0] for row in self.rows[slot + 1:]
+                      if row.primitive in _BOUNDARY_MOVES and row.signature is not None}
+            executor.loop(self, eqn, path, self.rows[slot].signature, routes)
         return outs
 
     def body_walker(self, executor: Executor) -> _Walker:
