@@ -792,6 +792,11 @@ class _Value:
     phys: Physical
 
 
+# the planned moves across a loop's or cond's bodies' boundaries, by their rows' paths (the walker's, see
+# placements2jax.inference.jaxpr.Executor)
+_Routes = Mapping[str, RedistributePlan]
+
+
 class _Runner:
     """What both of apply's executors share: runs each equation as predict's walker visits
     it (the walker's executor hook, :class:`~placements2jax.inference.jaxpr.Executor`),
@@ -858,9 +863,8 @@ class _Runner:
             outs = self.compute(eqn, signature, ins)
         self.bind(eqn.outvars, outs)
 
-    def loop(self, walker: Any, eqn: Any, path: str, signature: Any, routes: Mapping[str, RedistributePlan]) -> None:
-        """``routes``: the planned moves across the bodies' boundaries, by their rows' paths
-        (:class:`~placements2jax.inference.jaxpr.Executor`)."""
+    def loop(self, walker: Any, eqn: Any, path: str, signature: Any, routes: _Routes) -> None:
+        """``routes``: the planned moves across the bodies' boundaries (:data:`_Routes`)."""
         ins = [self.moved(self.read(a), layout, plan)
                for a, layout, plan in zip(eqn.invars, signature.in_layouts, signature.redistributions, strict=True)]
         run = {"scan": self._scan, "while": self._while, "cond": self._cond}[eqn.primitive.name]
@@ -877,14 +881,15 @@ class _Runner:
         return [self.read(v) for v in jaxpr.outvars]
 
     def _carried(
-        self, values: Sequence[_Value], like: Sequence[_Value], routes: Mapping[str, RedistributePlan], paths: Sequence[str]
+        self, values: Sequence[_Value], like: Sequence[_Value], routes: _Routes, paths: Sequence[str]
     ) -> list[jax.Array]:
         """Loop-carried arrays: ``values`` moved to the layouts of ``like`` (the carry's),
         along the routes of the rows at ``paths``."""
-        return [jnp.asarray(self.moved(v, c.phys.layout, routes.get(at)).array) for v, c, at in zip(values, like, paths)]
+        return [jnp.asarray(self.moved(v, c.phys.layout, routes.get(at)).array)
+                for v, c, at in zip(values, like, paths, strict=True)]
 
     def _scan(
-        self, walker: Any, eqn: Any, path: str, signature: Any, ins: list[_Value], routes: Mapping[str, RedistributePlan]
+        self, walker: Any, eqn: Any, path: str, signature: Any, ins: list[_Value], routes: _Routes
     ) -> list[_Value]:
         """Scanned inputs have dim 0 unsplit (the row's layouts); a slice's physical array
         is the scanned array's slice along its first tensor dim (after stacked dims). Each
@@ -916,7 +921,7 @@ class _Runner:
         return [*(_Value(a, c.phys) for a, c in zip(carry, init)), *map(_Value, ys, stacked)]
 
     def _while(
-        self, walker: Any, eqn: Any, path: str, signature: Any, ins: list[_Value], routes: Mapping[str, RedistributePlan]
+        self, walker: Any, eqn: Any, path: str, signature: Any, ins: list[_Value], routes: _Routes
     ) -> list[_Value]:
         """The predicate is moved to Replicate (every rank decides alike)."""
         p = eqn.params
@@ -938,7 +943,7 @@ class _Runner:
         return [_Value(a, c.phys) for a, c in zip(carry, init)]
 
     def _cond(
-        self, walker: Any, eqn: Any, path: str, signature: Any, ins: list[_Value], routes: Mapping[str, RedistributePlan]
+        self, walker: Any, eqn: Any, path: str, signature: Any, ins: list[_Value], routes: _Routes
     ) -> list[_Value]:
         """Every branch's outputs are moved to the joined layouts (the row's)."""
         index, operands = ins[0], ins[1:]
