@@ -37,7 +37,7 @@ import contextlib
 import contextvars
 import itertools
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -814,6 +814,11 @@ class _Value:
     phys: Physical
 
 
+# the planned moves across a loop's or cond's bodies' boundaries, by their rows' paths (the walker's, see
+# placements2jax.inference.jaxpr.Executor)
+_Routes = Mapping[str, RedistributePlan]
+
+
 class _Runner:
     """What both of apply's executors share: runs each equation as predict's walker visits
     it (the walker's executor hook, :class:`~placements2jax.inference.jaxpr.Executor`),
@@ -880,11 +885,12 @@ class _Runner:
             outs = self.compute(eqn, signature, ins)
         self.bind(eqn.outvars, outs)
 
-    def loop(self, walker: Any, eqn: Any, path: str, signature: Any) -> None:
+    def loop(self, walker: Any, eqn: Any, path: str, signature: Any, routes: _Routes) -> None:
+        """``routes``: the planned moves across the bodies' boundaries (:data:`_Routes`)."""
         ins = [self.moved(self.read(a), layout, plan)
                for a, layout, plan in zip(eqn.invars, signature.in_layouts, signature.redistributions, strict=True)]
         run = {"scan": self._scan, "while": self._while, "cond": self._cond}[eqn.primitive.name]
-        outs = run(walker.body_walker(self), eqn, path, signature, ins)
+        outs = run(walker.body_walker(self), eqn, path, signature, ins, routes)
         self.bind(eqn.outvars, [self.crossing(v.array, v.phys) for v in outs])
 
     # -- control flow: the bodies run per iteration under the loop row's layouts --------------
@@ -896,11 +902,17 @@ class _Runner:
         walker.walk_body(closed, specs, prefix)
         return [self.read(v) for v in jaxpr.outvars]
 
-    def _carried(self, values: Sequence[_Value], like: Sequence[_Value]) -> list[jax.Array]:
-        """Loop-carried arrays: ``values`` moved to the layouts of ``like`` (the carry's)."""
-        return [jnp.asarray(self.moved(v, c.phys.layout).array) for v, c in zip(values, like)]
+    def _carried(
+        self, values: Sequence[_Value], like: Sequence[_Value], routes: _Routes, paths: Sequence[str]
+    ) -> list[jax.Array]:
+        """Loop-carried arrays: ``values`` moved to the layouts of ``like`` (the carry's),
+        along the routes of the rows at ``paths``."""
+        return [jnp.asarray(self.moved(v, c.phys.layout, routes.get(at)).array)
+                for v, c, at in zip(values, like, paths, strict=True)]
 
-    def _scan(self, walker: Any, eqn: Any, path: str, signature: Any, ins: list[_Value]) -> list[_Value]:
+    def _scan(
+        self, walker: Any, eqn: Any, path: str, signature: Any, ins: list[_Value], routes: _Routes
+    ) -> list[_Value]:
         """Scanned inputs have dim 0 unsplit (the row's layouts); a slice's physical array
         is the scanned array's slice along its first tensor dim (after stacked dims). Each
         iteration's outputs are moved to the layouts of the row's stacked outputs inside
@@ -913,13 +925,15 @@ class _Runner:
         slices = [physical(_drop_dim0(x.phys.layout), x.phys.shape[1:]) for x in xs]
         ys_layouts = [_drop_dim0(y) for y in signature.out_layouts[nk:]]
         ys_phys: list[Physical] = []
+        carries = [f"{path}.carry{i}" for i in range(nk)]
 
         def step(carry: list[jax.Array], x: list[jax.Array]) -> tuple[list[jax.Array], list[jax.Array]]:
             values = [*consts, *(self.crossing(a, c.phys) for a, c in zip(carry, init)), *map(self.crossing, x, slices)]
             outs = self._run_body(walker, p["jaxpr"], values, path + ".")
-            ys = [self.moved(o, layout) for o, layout in zip(outs[nk:], ys_layouts, strict=True)]
+            ys = [self.moved(o, layout, routes.get(f"{path}.ys{i}"))
+                  for i, (o, layout) in enumerate(zip(outs[nk:], ys_layouts, strict=True))]
             ys_phys[:] = [y.phys for y in ys]
-            return self._carried(outs[:nk], init), [jnp.asarray(y.array) for y in ys]
+            return self._carried(outs[:nk], init, routes, carries), [jnp.asarray(y.array) for y in ys]
 
         carry0 = [jnp.asarray(v.array) for v in init]
         xs0 = [jnp.moveaxis(jnp.asarray(x.array), self.stack_dims(x.phys), 0) for x in xs]
@@ -928,7 +942,9 @@ class _Runner:
         ys = [jnp.moveaxis(y, 0, self.stack_dims(s)) for y, s in zip(ys, stacked)]
         return [*(_Value(a, c.phys) for a, c in zip(carry, init)), *map(_Value, ys, stacked)]
 
-    def _while(self, walker: Any, eqn: Any, path: str, signature: Any, ins: list[_Value]) -> list[_Value]:
+    def _while(
+        self, walker: Any, eqn: Any, path: str, signature: Any, ins: list[_Value], routes: _Routes
+    ) -> list[_Value]:
         """The predicate is moved to Replicate (every rank decides alike)."""
         p = eqn.params
         cn, bn = p["cond_nconsts"], p["body_nconsts"]
@@ -939,16 +955,18 @@ class _Runner:
 
         def cond(carry: list[jax.Array]) -> jax.Array:
             (predicate,) = self._run_body(walker, p["cond_jaxpr"], [*cond_consts, *carried(carry)], path + ".cond.")
-            return jnp.asarray(self.moved(predicate, Layout(self.mesh, ())).array)
+            return jnp.asarray(self.moved(predicate, Layout(self.mesh, ()), routes.get(f"{path}.cond.out")).array)
 
         def body(carry: list[jax.Array]) -> list[jax.Array]:
             outs = self._run_body(walker, p["body_jaxpr"], [*body_consts, *carried(carry)], path + ".body.")
-            return self._carried(outs, init)
+            return self._carried(outs, init, routes, [f"{path}.carry{i}" for i in range(len(init))])
 
         carry = lax.while_loop(cond, body, [jnp.asarray(v.array) for v in init])
         return [_Value(a, c.phys) for a, c in zip(carry, init)]
 
-    def _cond(self, walker: Any, eqn: Any, path: str, signature: Any, ins: list[_Value]) -> list[_Value]:
+    def _cond(
+        self, walker: Any, eqn: Any, path: str, signature: Any, ins: list[_Value], routes: _Routes
+    ) -> list[_Value]:
         """Every branch's outputs are moved to the joined layouts (the row's)."""
         index, operands = ins[0], ins[1:]
         outs = [physical(layout, tuple(v.aval.shape)) for layout, v in zip(signature.out_layouts, eqn.outvars)]
@@ -957,7 +975,8 @@ class _Runner:
         def branch(k: int, closed: Any) -> Callable[..., list[jax.Array]]:
             def run(*arrays: jax.Array) -> list[jax.Array]:
                 values = [self.crossing(a, v.phys) for a, v in zip(arrays, operands)]
-                return self._carried(self._run_body(walker, closed, values, f"{path}.b{k}."), like)
+                outs = self._run_body(walker, closed, values, f"{path}.b{k}.")
+                return self._carried(outs, like, routes, [f"{path}.b{k}.out{i}" for i in range(len(like))])
 
             return run
 

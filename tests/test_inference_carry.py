@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from jax import lax
 
@@ -229,13 +230,31 @@ def test_replicated_carries_unsplit_every_loop_over_a_mesh_dim_some_loop_split()
     ]
     tp = jaxpr._replicated_carries(loops, 1)  # the head gradient's vocab split over tp
     assert tp is not None and [str(x) for x in tp[0][1]] == ["S(1),R", "S(0),R"]
+    # the next rounds start from the layouts the restart's bodies return, whatever the carries' initial values
+    returned = jaxpr._replicated_carries({"7.6": layers}, 0, returned=True)
+    assert returned is not None and [str(x) for x in returned[0][1]] == ["R,R"]
+
+
+def test_replicated_constants_gather_what_a_loop_indexes_over_the_mesh_dim() -> None:
+    """A ``fori_loop`` body indexing the microbatches reads them as a loop constant (the
+    batch split over dp lands on the microbatch dim): the restart over dp gathers it, as a
+    scan's scanned input is (dim 0 whole); constants not split over the mesh dim stay."""
+    mesh = init_device_mesh((2, 4), ("dp", "tp"))
+    layout = lambda text, ndim: Layout.from_device_mesh(mesh)(text).bind(ndim)  # noqa: E731
+    spec = lambda text, shape: TensorSpec(shape, np.dtype(np.float32), layout(text, len(shape)))  # noqa: E731
+    loop = jaxpr._LoopCarries(
+        "scan", (spec("R,R", (32, 64)),), (spec("S(1),S(0)", (32, 64)),), (layout("S(1),S(0)", 2),), 1,
+        consts=(spec("S(0),R", (2, 2, 8)), spec("R,S(1)", (32, 64))),
+    )
+    assert [(path, i, str(x)) for path, i, x in jaxpr._replicated_constants({"5": loop}, 0)] == [("5", 0, "R,R")]
+    assert [(path, i, str(x)) for path, i, x in jaxpr._replicated_constants({"5": loop}, 1)] == [("5", 1, "R,R")]
 
 
 # microbatches, remat, dtype -> check's predicted bytes, its collectives after XLA's combiner, XLA's bytes (8
 # collectives), the bytes apply(execute="pinned") compiles, its collectives
 _ACCUMULATED = {
-    (2, False, "float32"): (9776, 15, 9746, 10790, 12),
-    (2, True, "bfloat16"): (9776, 15, 9746, 10790, 12),
+    (2, False, "float32"): (9776, 15, 9746, 9766, 14),
+    (2, True, "bfloat16"): (9776, 15, 9746, 9766, 14),
 }
 
 
@@ -253,10 +272,14 @@ def test_gradients_accumulated_under_scan_are_carried_replicated_over_dp(
     remat and bfloat16 35,828 B, 29): every descent stays in that basin. The restart
     from every loop's carries replicated over dp finds XLA's: the accumulators in their
     parameters' layouts. bfloat16: XLA on CPU all-reduces the bfloat16 activations in
-    float32 (the pinned program of either dtype sends the same 10,790 B), and check counts
+    float32 (the pinned program of either dtype sends the same bytes), and check counts
     them so (combine.CombinerRules.widening: 5,808 B, 0.60x, and 16 collectives when it
     counted them in bfloat16, keyed apart from the float32 ones). The collectives are not reached (XLA's 8): the
-    prediction's body still splits some activations over dp and all-gathers them."""
+    prediction's body still splits some activations over dp and all-gathers them. The
+    pinned program sends the predicted 9,766 B (as CPU XLA compiles the planned steps) since
+    the moves back to the layer scans' carries take their planned routes (``R,P -> R,R``: a
+    slice over dp, the half block all-reduced over tp, an all-gather over dp); moved whole,
+    XLA all-reduced the whole block for two of them: 10,790 B (1.10x) in 12 collectives."""
     mesh = init_device_mesh((2, 4), ("dp", "tp"))
     step = training_step("stacked", mesh, microbatches=microbatches, remat=remat, dtype=dtype)
     nbytes, combined, xla_bytes, pinned_bytes, pinned_count = _ACCUMULATED[microbatches, remat, dtype]
@@ -302,3 +325,45 @@ def test_multisteps_updates_join_where_the_searched_update_branch_makes_them() -
     layouts = [x.layout for x in jax.tree.leaves(params, is_leaf=lambda v: isinstance(v, DTensor))]
     assert [o.layout for o in cond.outputs[:5]] == layouts  # the updates
     assert [o.layout for o in cond.outputs[-15:]] == layouts * 3  # Adam's moments, the accumulated gradients
+
+
+# accumulate -> check's predicted bytes, its collectives after XLA's combiner, XLA's bytes, its collectives, the
+# bytes apply(execute="pinned") compiles, its collectives
+_INDEXED = {
+    "fori_loop": (9770, 14, 9728, 7, 9770, 14),
+    "while_loop": (9770, 14, 9728, 7, 9770, 14),
+}
+
+
+@pytest.mark.parametrize("accumulate", sorted(_INDEXED))
+def test_gradients_accumulated_over_indexed_microbatches_are_carried_replicated_over_dp(accumulate: str) -> None:
+    """tests/models/stacked.py's step with gradients accumulated over 2 microbatches the
+    body indexes (``lax.fori_loop``, which JAX runs as a scan, and ``lax.while_loop``),
+    updated by ``optax.lion`` (Megatron dp=2 x tp=4, the batch split over dp): the
+    microbatches are a loop constant split over dp on the microbatch dim, not a scanned
+    input whose dim 0 must be whole. XLA all-gathers the tokens and targets over dp and
+    runs both microbatches on every dp rank (9,728 B in 7 collectives). The first search
+    split them over dp (29,682 B as the search counts). The restart from carries
+    replicated over dp alone stopped at 19,202 B (1.97x XLA's): its body still took each
+    microbatch split over dp (an all-to-all of the tokens), and its walk started the
+    bodies from the first search's other layouts (the head gradient carried Replicate),
+    which the search did not leave. The restart gathers the loop's constants split over
+    dp (18,490 B), then walks again from the carries as its bodies return them, reduced
+    and unsplit over dp: 9,770 B, 1.00x XLA's; pinned, the same bytes. The collectives
+    are not reached (14 against XLA's 7): the body splits some activations over dp."""
+    mesh = init_device_mesh((2, 4), ("dp", "tp"))
+    step = training_step("stacked", mesh, optimizer=optax.lion(1e-4), microbatches=2, accumulate=accumulate)
+    nbytes, combined, xla_bytes, xla_count, pinned_bytes, pinned_count = _INDEXED[accumulate]
+    report = check(step.fn, *step.args, out_layouts=step.out_layouts)
+    assert [o.verdict for o in report.outputs] == ["equal"] * len(report.outputs)
+    assert (report.predicted_bytes, len(report.predicted_combined)) == (nbytes, combined)
+    assert (report.compiled_bytes, len(report.compiled_collectives)) == (xla_bytes, xla_count)
+    (loop,) = (e for e in report.prediction.equations if e.primitive in ("scan", "while") and e.depth == 0)
+    assert [str(x) for x in loop.signature.chosen.in_layouts[:2]] == ["R,R", "R,R"]  # the tokens and targets, gathered
+    pinned = jax.jit(lambda *a: apply(step.fn, *a, out_layouts=step.out_layouts, execute="pinned"))
+    compiled = compiled_collectives(pinned, *step.args)
+    assert (sum(collective_nbytes(c, 8) for c in compiled), len(compiled)) == (pinned_bytes, pinned_count)
+    got = jax.tree.leaves(pinned(*step.args)[0], is_leaf=lambda v: isinstance(v, DTensor))
+    want = jax.tree.leaves(step.plain_jit()(*step.plain_args())[0])
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(w), rtol=1e-5, atol=1e-6)

@@ -93,6 +93,8 @@ _PASS_THROUGH = ("optimization_barrier", "device_put")
 ON_UNKNOWN = ("raise", "replicate")
 # control flow: one row each, walked by _Walker._<name>
 LOOPS = ("scan", "while", "cond")
+# the rows of moves across a loop's or cond's bodies' boundaries (their routes go to the executor)
+_BOUNDARY_MOVES = ("scan carry", "while carry", "scan ys", "cond join", "while predicate")
 # rounds of the fixed point over a loop's carry layouts before falling back to the initial ones
 _FIXED_POINT_ROUNDS = 4
 # rounds of carry re-solving after the program search (each walks and searches the program again)
@@ -533,8 +535,11 @@ def _resolve_carries(
     reduce-scattered into shards every iteration, the optimizer then updating shards and
     gathering parameters and moments at the end), walk and search again with every loop's
     carries reduced and replicated over that mesh dim (:func:`_replicated_carries`: data
-    parallelism's replicas, which no descent reaches from the sharded basin), until one is
-    cheaper than the first search. Keeps the
+    parallelism's replicas, which no descent reaches from the sharded basin) and its
+    constants split over it gathered (:func:`_replicated_constants`: the microbatches a
+    ``fori_loop`` indexes), then from the carries as that search's bodies return them,
+    reduced and unsplit over it (at most ``_CARRY_ROUNDS`` rounds), until one is cheaper
+    than the first search. Keeps the
     cheapest prediction (the first on ties); the first search bounded by eager dispatch's
     walk ``dispatched``. The totals are found only when there are predictions to compare
     (most programs have no carries to re-solve)."""
@@ -564,13 +569,27 @@ def _resolve_carries(
     # stacked LM's accumulated steps, the tp restart after the dp one only doubled their cost, never cheaper)
     for mesh_dim in range(first.mesh.ndim):
         seeds = _replicated_carries(first.loops, mesh_dim)
-        if seeds is None or seeds in tried:
+        if seeds is None:
             continue
-        tried.add(seeds)
-        start = {path: dataclasses.replace(loop, carries=layouts).choice(model) for (path, layouts), loop in
-                 zip(seeds, first.loops.values())}
-        found.append(_searched(walk, walk(start), model, targets)[0])
-        if _total(found[-1], model) < _total(best, model):
+        constants = {
+            f"{path}.const{i}": first.loops[path].constant_choice(i, layout, model)
+            for path, i, layout in _replicated_constants(first.loops, mesh_dim)
+        }
+        loops, restarts = first.loops, []
+        # then from the layouts the restart's bodies return the carries in, reduced and unsplit over mesh_dim: the
+        # restart's walk starts its bodies from the first search's other layouts (the fori_loop accumulation's head
+        # gradient carried Replicate, returned split over (dp, tp)), which its search does not leave
+        for _ in range(1 + _CARRY_ROUNDS):
+            if seeds in tried:
+                break
+            tried.add(seeds)
+            start = {path: dataclasses.replace(loops[path], carries=layouts).choice(model) for path, layouts in seeds}
+            prediction, walker = _searched(walk, walk({**start, **constants}), model, targets)
+            restarts.append(prediction)
+            loops = walker.loops
+            seeds = _replicated_carries(loops, mesh_dim, returned=True)
+        found += restarts
+        if any(_total(prediction, model) < _total(best, model) for prediction in restarts):
             break
     best = found[0] if len(found) == 1 else min(found, key=lambda prediction: _total(prediction, model))
     return _rejoin_conds(walk, best, model, targets)
@@ -640,19 +659,32 @@ def _consumed_joins(prediction: Prediction, conds: Mapping[str, Candidate]) -> d
 
 
 def _replicated_carries(
-    loops: Mapping[str, _LoopCarries], mesh_dim: int
+    loops: Mapping[str, _LoopCarries], mesh_dim: int, returned: bool = False
 ) -> tuple[tuple[str, tuple[Layout, ...]], ...] | None:
-    """Every loop's carries reduced and unsplit over ``mesh_dim`` (a replica per
-    coordinate of ``mesh_dim``, as data parallelism keeps a gradient accumulator and the
-    parameters it updates); None unless some loop splits a carry over ``mesh_dim`` that
-    its initial value is not split over (a gradient accumulator reduce-scattered into
-    shards every iteration)."""
-    if not any(not carry.is_strided and carry.mesh_dim_split(mesh_dim) is not None
-               and start.layout.mesh_dim_split(mesh_dim) is None
-               for loop in loops.values() for carry, start in zip(loop.carries, loop.init)):
+    """Every loop's carries (``returned``: the layouts its body returns them in) reduced
+    and unsplit over ``mesh_dim`` (a replica per coordinate of ``mesh_dim``, as data
+    parallelism keeps a gradient accumulator and the parameters it updates); None unless
+    some loop splits a carry over ``mesh_dim`` that its initial value is not split over
+    (a gradient accumulator reduce-scattered into shards every iteration) or ``returned``."""
+    if not returned and not any(
+        not carry.is_strided and carry.mesh_dim_split(mesh_dim) is not None
+        and start.layout.mesh_dim_split(mesh_dim) is None
+        for loop in loops.values() for carry, start in zip(loop.carries, loop.init)
+    ):
         return None
-    return tuple((path, tuple(_unsplit_over(carry.without_partial(), mesh_dim) for carry in loop.carries))
+    return tuple((path, tuple(_unsplit_over(carry.without_partial(), mesh_dim)
+                              for carry in (loop.returned_layouts if returned else loop.carries)))
                  for path, loop in loops.items())
+
+
+def _replicated_constants(loops: Mapping[str, _LoopCarries], mesh_dim: int) -> tuple[tuple[str, int, Layout], ...]:
+    """(loop, index, layout) of every loop's constants split over ``mesh_dim``, unsplit:
+    what a loop body indexes per iteration (a ``fori_loop``'s microbatches, split over
+    ``dp`` with the batch), gathered so that every replica runs every iteration, as a
+    scan's scanned inputs (their dim 0 whole) are."""
+    return tuple((path, i, _unsplit_over(c.layout, mesh_dim)) for path, loop in loops.items()
+                 for i, c in enumerate(loop.consts)
+                 if not c.layout.is_strided and c.layout.mesh_dim_split(mesh_dim) is not None)
 
 
 def _unsplit_over(layout: Layout, mesh_dim: int) -> Layout:
@@ -669,7 +701,9 @@ class Executor(Protocol):
     variable's value and computes an equation's outputs under the signature chosen for
     it. Walking into a call, the walker calls ``enter_call`` (bind the called jaxpr's
     inputs) and ``exit_call`` (bind the call's outputs); a loop or cond is run by
-    ``loop`` once its row's ``signature`` is known (with ``walker.body_walker``)."""
+    ``loop`` once its row's ``signature`` is known (with ``walker.body_walker``), given
+    the planned routes of the moves across its bodies' boundaries by their rows' paths
+    (``<path>.carry<i>``, ``<path>.ys<i>``, ``<path>.b<k>.out<i>``, ``<path>.cond.out``)."""
 
     def enter_call(self, eqn: Any, closed: Any) -> None: ...
 
@@ -677,7 +711,9 @@ class Executor(Protocol):
 
     def equation(self, eqn: Any, signature: Signature) -> None: ...
 
-    def loop(self, walker: _Walker, eqn: Any, path: str, signature: Signature) -> None: ...
+    def loop(
+        self, walker: _Walker, eqn: Any, path: str, signature: Signature, routes: Mapping[str, RedistributePlan]
+    ) -> None: ...
 
 
 def execute(prediction: Prediction, executor: Executor, cost_model: CostModelLike = None) -> None:
@@ -811,6 +847,7 @@ class _LoopCarries:
     carries: tuple[Layout, ...]
     reads: int
     producible: tuple[tuple[Layout, ...], ...] = ()  # per carry, the layouts the body's result's producer can give
+    consts: tuple[TensorSpec, ...] = ()  # the loop's constants, as its bodies read them
 
     @property
     def returned_layouts(self) -> tuple[Layout, ...]:
@@ -846,6 +883,12 @@ class _LoopCarries:
         """The program node's candidate carrying ``carries`` (a walk given it as the
         loop's choice starts its carries there)."""
         return _carry_candidates(self.op, self.init + self.returned, (self.carries,), self.reads, cost_model)[0]
+
+    def constant_choice(self, i: int, layout: Layout, cost_model: CostModel) -> Candidate:
+        """The choice moving constant ``i`` to ``layout`` (:meth:`_Walker._constants`)."""
+        spec = self.consts[i]
+        return _fixed_signature("loop constant", (spec,), (layout,), (spec.aval,), (layout,), layout.mesh,
+                                cost_model).chosen
 
 
 def _source_line(eqn: Any) -> str:
@@ -1053,7 +1096,12 @@ class _Walker:
         finally:
             self.executor = executor
         if executor is not None:
-            executor.loop(self, eqn, path, self.rows[slot].signature)
+            # the moves across the bodies' boundaries, by path: the executor makes them along their planned routes
+            # (a carry's R,P -> R,R moved whole compiles as an all-reduce of the whole block where the route
+            # slices it over another mesh dim first, reduces the slice and all-gathers it)
+            routes = {row.path: row.signature.redistributions[0] for row in self.rows[slot + 1:]
+                      if row.primitive in _BOUNDARY_MOVES and row.signature is not None}
+            executor.loop(self, eqn, path, self.rows[slot].signature, routes)
         return outs
 
     def body_walker(self, executor: Executor) -> _Walker:
@@ -1119,6 +1167,23 @@ class _Walker:
             layouts = new
         return [s.layout for s in carry]
 
+    def _constants(
+        self, path: str, consts: Sequence[TensorSpec], srcs: Sequence[ValueId | None]
+    ) -> tuple[list[TensorSpec], list[ValueId | None]]:
+        """A loop's constants as its bodies read them, and the values they are: as their
+        producers give them, but those the choices move (``<path>.const<i>``: the restart
+        from replicas over a mesh dim, :func:`_replicated_carries`), each then a program
+        node needing the chosen layout (the loop's row makes the move)."""
+        specs, sources = list(consts), list(srcs)
+        for i, (spec, source) in enumerate(zip(consts, srcs)):
+            key = f"{path}.const{i}"
+            if key in self.choices:
+                target = self.choices[key].in_layouts[0]
+                signature = self.fixed("loop constant", (spec,), (target,), (spec.aval,), (target,))
+                self._node(ProgramNode(key, (spec,), (source,), signature.candidates))
+                specs[i], sources[i] = TensorSpec(spec.shape, spec.dtype, target), (key, 0)
+        return specs, sources
+
     def _carried_back(
         self, label: str, path: str, outs: Sequence[tuple[TensorSpec, ValueId | None]], carry: Sequence[TensorSpec]
     ) -> list[TensorSpec]:
@@ -1145,14 +1210,15 @@ class _Walker:
     def _finish_loop_row(
         self, slot: int, srcs: tuple[ValueId | None, ...], outs: Sequence[TensorSpec], fixed: Sequence[int],
         out_sources: Sequence[ValueId | None] = (), returned: Sequence[tuple[TensorSpec, ValueId | None]] = (),
-        reads: int = 0,
+        reads: int = 0, consts: Sequence[TensorSpec] = (),
     ) -> list[tuple[TensorSpec, ValueId | None]]:
         """Fill in the loop's row and add its node: the inputs ``fixed`` (by index) to the
         row's layouts, giving the outputs but the last ``len(out_sources)`` (the values
         those are). A loop's carries (``fixed``, with the body's results ``returned``)
         are the search's to choose: the node needs both in one of the carry options
         (:meth:`_LoopCarries.options`) and gives it to the loop's results and to the
-        ``reads`` groups of the carry's reads (:func:`_carry_reads`)."""
+        ``reads`` groups of the carry's reads (:func:`_carry_reads`); ``consts``: the
+        loop's constants as its bodies read them (:meth:`_constants`)."""
         row = self.rows[slot]
         candidate = dataclasses.replace(row.signature.chosen, out_layouts=tuple(o.layout for o in outs))
         signature = Signature(row.signature.op, row.inputs, (candidate,))
@@ -1162,7 +1228,7 @@ class _Walker:
         if returned:
             loop = _LoopCarries(row.primitive, inits, tuple(o for o, _ in returned),
                                 tuple(candidate.in_layouts[i] for i in fixed), reads,
-                                tuple(tuple(self.options(o, s)) for o, s in returned))
+                                tuple(tuple(self.options(o, s)) for o, s in returned), tuple(consts))
             self.loops[row.path] = loop
             candidates = _carry_candidates(loop.op, inits + loop.returned, loop.options(), reads, self.cost_model)
             sources = tuple(srcs[i] for i in fixed) + tuple(s for _, s in returned)
@@ -1184,7 +1250,8 @@ class _Walker:
         scanned inputs and outputs are the search's to choose (:meth:`choose`)."""
         body = eqn.params["jaxpr"]
         nc, nk = eqn.params["num_consts"], eqn.params["num_carry"]
-        consts, init, xs = ins[:nc], ins[nc:nc + nk], ins[nc + nk:]
+        consts, const_srcs = self._constants(path, ins[:nc], srcs[:nc])
+        init, xs = ins[nc:nc + nk], ins[nc + nk:]
         stacked = [
             self.choose("scan xs", f"{path}.xs{i}", x, s, list(dict.fromkeys(map(_unsplit_dim0, self.options(x, s)))),
                         Aval(x.shape[1:], x.dtype), _drop_dim0, row=False)
@@ -1196,7 +1263,7 @@ class _Walker:
         )
         slot = self._loop_row(path, "scan", ins, [c.layout for c in consts] + carry_layouts + stacked, out_avals)
         carry = [TensorSpec(s.shape, s.dtype, x) for s, x in zip(init, carry_layouts)]
-        sources = [*srcs[:nc], *_carry_reads(path, nk, 1), *[(f"{path}.xs{i}", 0) for i in range(len(xs))]]
+        sources = [*const_srcs, *_carry_reads(path, nk, 1), *[(f"{path}.xs{i}", 0) for i in range(len(xs))]]
         outs = self._closed(body, [*consts, *carry, *slices], path + ".", sources=sources)
         back = self._carried_back("scan carry", path, outs[:nk], carry)
         ys = []
@@ -1206,7 +1273,7 @@ class _Walker:
             )
             ys.append(TensorSpec(a.shape, a.dtype, _stacked(chosen)))
         ys_sources = [(f"{path}.ys{i}", 0) for i in range(len(ys))]
-        return self._finish_loop_row(slot, srcs, [*back, *ys], range(nc, nc + nk), ys_sources, outs[:nk], 1)
+        return self._finish_loop_row(slot, srcs, [*back, *ys], range(nc, nc + nk), ys_sources, outs[:nk], 1, consts)
 
     def _while(
         self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], srcs: tuple[ValueId | None, ...],
@@ -1217,24 +1284,25 @@ class _Walker:
         rank decides alike)."""
         p = eqn.params
         cn, bn = p["cond_nconsts"], p["body_nconsts"]
-        cond_consts, body_consts, init = ins[:cn], ins[cn:cn + bn], ins[cn + bn:]
+        consts, const_srcs = self._constants(path, ins[:cn + bn], srcs[:cn + bn])
+        cond_consts, body_consts, init = consts[:cn], consts[cn:], ins[cn + bn:]
         carry_layouts = self._carry_layouts(
             path, len(init), lambda: self._carry_fixed_point(p["body_jaxpr"], body_consts, init, (), path + ".body")
         )
-        slot = self._loop_row(path, "while", ins, [c.layout for c in ins[:cn + bn]] + carry_layouts, out_avals)
+        slot = self._loop_row(path, "while", ins, [c.layout for c in consts] + carry_layouts, out_avals)
         carry = [TensorSpec(s.shape, s.dtype, x) for s, x in zip(init, carry_layouts)]
         ((predicate, source),) = self._closed(
             p["cond_jaxpr"], [*cond_consts, *carry], path + ".cond.",
-            sources=[*srcs[:cn], *_carry_reads(path, len(init), 1)],
+            sources=[*const_srcs[:cn], *_carry_reads(path, len(init), 1)],
         )
         everywhere = Layout(self.mesh, ((),) * predicate.layout.ndim)
         self.move("while predicate", f"{path}.cond.out", predicate, source, everywhere)
         outs = self._closed(
             p["body_jaxpr"], [*body_consts, *carry], path + ".body.",
-            sources=[*srcs[cn:cn + bn], *_carry_reads(path, len(init), 2)],
+            sources=[*const_srcs[cn:], *_carry_reads(path, len(init), 2)],
         )
         back = self._carried_back("while carry", path, outs, carry)
-        return self._finish_loop_row(slot, srcs, back, range(cn + bn, len(ins)), (), outs, 2)
+        return self._finish_loop_row(slot, srcs, back, range(cn + bn, len(ins)), (), outs, 2, consts)
 
     def _cond(
         self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], srcs: tuple[ValueId | None, ...],

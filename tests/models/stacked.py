@@ -4,7 +4,7 @@ tuned to this library: the layers' weights stacked on a leading dim and run unde
 table looked up with ``table[idx]``, RMSNorm computed in float32, a SiLU MLP, a
 vocab-parallel head, cross-entropy with ``take_along_axis``; compute in float32 or
 bfloat16 with float32 parameters; gradients optionally accumulated over microbatches
-under ``lax.scan``."""
+under ``lax.scan``, ``lax.fori_loop`` or ``lax.while_loop``."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ class Config:
     remat: bool = False  # jax.checkpoint around each layer
     dtype: str = "float32"  # compute dtype ("bfloat16": mixed precision, float32 parameters)
     microbatches: int = 1  # > 1: gradients accumulated under lax.scan
+    accumulate: str = "scan"  # or "fori_loop" / "while_loop", indexing the microbatches
     norm_eps: float = 1e-5
 
 
@@ -83,7 +84,22 @@ def grads_and_loss(params: Params, tokens: jax.Array, targets: jax.Array, cfg: C
         return jax.tree.map(jnp.add, acc, grads), value
 
     split = lambda a: a.reshape(cfg.microbatches, -1, *a.shape[1:])  # noqa: E731
-    grads, values = lax.scan(accumulate, jax.tree.map(jnp.zeros_like, params), (split(tokens), split(targets)))
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    if cfg.accumulate in ("fori_loop", "while_loop"):
+        def step(i: jax.Array, carry: tuple[Params, jax.Array]) -> tuple[Params, jax.Array]:
+            acc, total = carry
+            acc, value = accumulate(acc, (split(tokens)[i], split(targets)[i]))
+            return acc, total + value
+
+        start = (zeros, jnp.zeros((), jnp.float32))
+        if cfg.accumulate == "fori_loop":  # a static trip count: JAX runs it as a scan
+            grads, total = lax.fori_loop(0, cfg.microbatches, step, start)
+        else:
+            _, grads, total = lax.while_loop(
+                lambda c: c[0] < cfg.microbatches, lambda c: (c[0] + 1, *step(c[0], c[1:])), (0, *start)
+            )
+        return jax.tree.map(lambda g: g / cfg.microbatches, grads), total / cfg.microbatches
+    grads, values = lax.scan(accumulate, zeros, (split(tokens), split(targets)))
     return jax.tree.map(lambda g: g / cfg.microbatches, grads), values.mean()
 
 

@@ -71,10 +71,13 @@ def mlp_step(params: Any, opt_state: Any, x: jax.Array, y: jax.Array) -> tuple[A
     return optax.apply_updates(params, updates), opt_state, value
 
 
-def training_step(model: str, mesh: DeviceMesh, **config: Any) -> Step:
+def training_step(
+    model: str, mesh: DeviceMesh, optimizer: optax.GradientTransformation | None = None, **config: Any
+) -> Step:
     """The adamw step of ``model`` ("gpt2", "llama" or "stacked", ``config`` overriding its Config;
     "mlp": :func:`mlp_step`) with the Megatron plan on ``mesh`` (its ``tp`` axis) and a
-    batch of 4 split over its ``dp`` axis if it has one (else replicated)."""
+    batch of 4 split over its ``dp`` axis if it has one (else replicated); ``optimizer``
+    (not for "mlp"): another update than common.make_optimizer()'s clip + adamw."""
     batch_placements = ",".join("S(0)" if name == "dp" else "R" for name in mesh.mesh_dim_names)
     if model == "mlp":
         rng = np.random.default_rng(0)
@@ -90,7 +93,8 @@ def training_step(model: str, mesh: DeviceMesh, **config: Any) -> Step:
     cfg = module.Config(**config)
     plain = module.init(jax.random.key(0), cfg)
     params = distribute_pytree(plain, mesh, module.megatron_plan())
-    state = common.distribute_state(common.make_optimizer().init(plain), params)
+    optimizer = optimizer or common.make_optimizer()
+    state = common.distribute_state(optimizer.init(plain), params)
     batch = [distribute_tensor(a, mesh, batch_placements) for a in common.batch(0, 4, cfg.seq, cfg.vocab)]
     extra = (jax.random.key(2),) if model == "gpt2" else ()
-    return Step(model, partial(module.train_step, cfg=cfg), (params, state, *batch, *extra))
+    return Step(model, partial(module.train_step, cfg=cfg, optimizer=optimizer), (params, state, *batch, *extra))
