@@ -742,7 +742,9 @@ def test_training_programs_predict_xlas_bytes(mesh: Any, model: str, mode: str) 
 # sends them in float32). Now both below XLA's bytes, legitimately (common.below_floor): the embedding's gradient is
 # scattered from the activation gradient all-gathered over dp (2,048 B and the token ids' 64) where XLA all-reduces
 # the table (8,192 B), in one more collective each: XLA's combiner merges that all-reduce with the head's gradient's.
-_STACKED_REACHED = {"float32": (0.91, 4), "bfloat16": (0.78, 3)}
+# float32 0.91x in 13 until the backward scan read the layers' saved inputs replicated (the forward stacked them
+# partial, for free, and each layer's backward all-reduced them over tp: 3,072 B and one collective): now as bfloat16.
+_STACKED_REACHED = {"float32": (0.78, 3), "bfloat16": (0.78, 3)}
 
 
 @pytest.mark.parametrize("dtype", sorted(_STACKED_REACHED))
