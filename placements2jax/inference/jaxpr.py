@@ -1247,7 +1247,8 @@ class _Walker:
         iterations), each iteration sees their slices; the carry's layouts are the
         search's choice, else a fixed point of the body; stacked outputs get an unsplit dim 0. The body's rows appear
         once (as the compiled loop body does), not once per iteration. The layouts of the
-        scanned inputs and outputs are the search's to choose (:meth:`choose`)."""
+        scanned inputs and outputs are the search's to choose (:meth:`choose`), a stacked
+        output also replicated where the walk saw it partial."""
         body = eqn.params["jaxpr"]
         nc, nk = eqn.params["num_consts"], eqn.params["num_carry"]
         consts, const_srcs = self._constants(path, ins[:nc], srcs[:nc])
@@ -1268,8 +1269,13 @@ class _Walker:
         back = self._carried_back("scan carry", path, outs[:nk], carry)
         ys = []
         for i, (a, (o, s)) in enumerate(zip(out_avals[nk:], outs[nk:])):
+            # also the value reduced: a value the walk saw partial (the residual stream read from a carry walked
+            # partial) is replicated once the search reduces that carry, and stacking it partial then is a free local
+            # move that the backward scan pays for, all-reducing its slices each layer (the stacked LM's adamw step:
+            # 3,072 B and one collective per layer); no candidate gave the search the replicated stack
+            options = list(dict.fromkeys([*self.options(o, s), o.layout.without_partial()]))
             chosen = self.choose(
-                "scan ys", f"{path}.ys{i}", o, s, self.options(o, s), a, _stacked, row=True, stacks=True
+                "scan ys", f"{path}.ys{i}", o, s, options, a, _stacked, row=True, stacks=True
             )
             ys.append(TensorSpec(a.shape, a.dtype, _stacked(chosen)))
         ys_sources = [(f"{path}.ys{i}", 0) for i in range(len(ys))]
