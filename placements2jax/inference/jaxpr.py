@@ -845,8 +845,9 @@ class _LoopCarries:
 
 
 def _unrolled_scan(eqn: Any) -> Any:
-    """A ``scan`` with ``unroll`` k != 1 as JAX lowers it (jax 0.10's ``_scan_impl``), a
-    closed jaxpr of ``eqn``'s inputs and outputs, or None (``unroll=1``: the scan itself).
+    """A ``scan`` with ``unroll`` k != 1 as JAX lowers it (jax 0.10.2's ``_scan_impl``), a
+    closed jaxpr of ``eqn``'s inputs and outputs, or None (``unroll=1`` or ``length=0``:
+    the scan itself).
     XLA's loop body then holds k chained copies of the scan's body (a remainder of
     ``length % k`` copies follows the loop; ``unroll=0`` / ``True``, or a loop of one trip,
     is all copies and no loop), so the compiled program has each copy's collectives:
@@ -860,7 +861,7 @@ def _unrolled_scan(eqn: Any) -> Any:
     every walk sees the same jaxpr (its paths, and :func:`_equations`' table)."""
     p = eqn.params
     k, length = p["unroll"], p["length"]
-    if k == 1:
+    if k == 1 or not length:  # no iteration: nothing to unroll
         return None
     closed = _UNROLLED.recall(eqn)
     if closed is not None:
