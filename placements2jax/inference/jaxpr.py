@@ -14,7 +14,8 @@ chooses among carry options, and the carries are walked and searched again from 
 layouts its chosen body returns them in, and replicated over a mesh dim some carry was
 split over: :func:`_resolve_carries`); ``cond`` joins its branches' output layouts
 (re-joined after the search where their consumers read them, or as the searched branches
-give them: :func:`_rejoin_conds`).
+give them: :func:`_rejoin_conds`); a ``scan`` with ``unroll=k`` is walked as JAX lowers
+it, k copies of its body in a loop and the remainder after it (:func:`_unrolled_scan`).
 Literals and closed-over constants are Replicate. A primitive without a rule raises
 :class:`UnsupportedOpError` naming it and the user's source line, or (``on_unknown=
 "replicate"``) runs replicated.
@@ -1250,7 +1251,8 @@ class _Walker:
         """``scan``: scanned inputs keep dim 0 whole (a rank cannot run only its own
         iterations), each iteration sees their slices; the carry's layouts are the
         search's choice, else a fixed point of the body; stacked outputs get an unsplit dim 0. The body's rows appear
-        once (as the compiled loop body does), not once per iteration. The layouts of the
+        once (as the compiled loop body does), not once per iteration (``unroll=k``: k
+        times, :func:`_unrolled_scan`). The layouts of the
         scanned inputs and outputs are the search's to choose (:meth:`choose`)."""
         body = eqn.params["jaxpr"]
         nc, nk = eqn.params["num_consts"], eqn.params["num_carry"]
