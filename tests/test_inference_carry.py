@@ -317,7 +317,7 @@ def test_an_unrolled_scan_is_predicted_as_xla_compiles_it(layers: int, unroll: i
     """tests/models/stacked.py's adamw step with its layers under ``lax.scan(unroll=2)``
     (Megatron dp=2 x tp=4): XLA's program holds the layer body twice (2 layers: one trip,
     all copies and no loop; 3 layers: a loop of one trip of two copies, and one copy
-    after it), and so does the walk (:func:`jaxpr._unrolled_scan`), each copy's
+    after it), and so does the walk (:func:`jaxpr.unrolled_scan`), each copy's
     collectives counted. Walked as one body (before), the step with 2 layers predicted
     its unroll=1 plan, 21,844 B, where the pinned program sent 35,466 (1.62x) and XLA
     34,454; now 29,328 B predicted, the pinned program the prediction's (1.00x), its

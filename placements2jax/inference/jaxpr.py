@@ -15,7 +15,7 @@ layouts its chosen body returns them in, and replicated over a mesh dim some car
 split over: :func:`_resolve_carries`); ``cond`` joins its branches' output layouts
 (re-joined after the search where their consumers read them, or as the searched branches
 give them: :func:`_rejoin_conds`); a ``scan`` with ``unroll=k`` is walked as JAX lowers
-it, k copies of its body in a loop and the remainder after it (:func:`_unrolled_scan`).
+it, k copies of its body in a loop and the remainder after it (:func:`unrolled_scan`).
 Literals and closed-over constants are Replicate. A primitive without a rule raises
 :class:`UnsupportedOpError` naming it and the user's source line, or (``on_unknown=
 "replicate"``) runs replicated.
@@ -845,7 +845,7 @@ class _LoopCarries:
         return _carry_candidates(self.op, self.init + self.returned, (self.carries,), self.reads, cost_model)[0]
 
 
-def _unrolled_scan(eqn: Any) -> Any:
+def unrolled_scan(eqn: Any) -> Any:
     """A ``scan`` with ``unroll`` k != 1 as JAX lowers it (jax 0.10.2's ``_scan_impl``), a
     closed jaxpr of ``eqn``'s inputs and outputs, or None (``unroll=1`` or ``length=0``:
     the scan itself).
@@ -1061,7 +1061,7 @@ class _Walker:
             if self.executor is not None:
                 self.executor.equation(eqn, signature)
             return [(o, (path, j)) for j, o in enumerate(outs)]
-        unrolled = _unrolled_scan(eqn) if name == "scan" else None
+        unrolled = unrolled_scan(eqn) if name == "scan" else None
         if unrolled is not None:
             return self._call(eqn, f"scan[unroll={eqn.params['unroll']}]", unrolled, path, ins, srcs)
         if name in CALL_JAXPR_PARAMS:
@@ -1252,7 +1252,7 @@ class _Walker:
         iterations), each iteration sees their slices; the carry's layouts are the
         search's choice, else a fixed point of the body; stacked outputs get an unsplit dim 0. The body's rows appear
         once (as the compiled loop body does), not once per iteration (``unroll=k``: k
-        times, :func:`_unrolled_scan`). The layouts of the
+        times, :func:`unrolled_scan`). The layouts of the
         scanned inputs and outputs are the search's to choose (:meth:`choose`)."""
         body = eqn.params["jaxpr"]
         nc, nk = eqn.params["num_consts"], eqn.params["num_carry"]
