@@ -848,8 +848,7 @@ class _LoopCarries:
 def unrolled_scan(eqn: Any) -> Any:
     """A ``scan`` with ``unroll`` k != 1 as JAX lowers it (jax 0.10.2's ``_scan_impl``), a
     closed jaxpr of ``eqn``'s inputs and outputs, or None (``unroll=1`` or ``length=0``:
-    the scan itself).
-    XLA's loop body then holds k chained copies of the scan's body (a remainder of
+    the scan itself). XLA's loop body then holds k chained copies of the scan's body (a remainder of
     ``length % k`` copies follows the loop; ``unroll=0`` / ``True``, or a loop of one trip,
     is all copies and no loop), so the compiled program has each copy's collectives:
     walked as one body, the prediction counted them once (the stacked LM with
