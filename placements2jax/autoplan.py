@@ -72,7 +72,7 @@ from .fsdp import fully_sharded_layout
 from .hlo import parse_collectives
 from .inference.cost import collective_nbytes
 from .inference.cost import CostModelLike
-from .inference.jaxpr import CALL_JAXPR_PARAMS, Prediction, predict
+from .inference.jaxpr import CALL_JAXPR_PARAMS, Prediction, predict, unrolled_scan
 from .inference.signature import TensorSpec
 from .inference.table import format_bytes, format_table
 from .layout import Layout
@@ -506,13 +506,16 @@ def _first_uses(jaxpr: Any, inputs: Mapping[Any, int], prefix: tuple[int, ...],
 
 
 def _scan_lengths(jaxpr: Any, prefix: str, out: dict[str, int]) -> None:
-    """The length of every scan by the walker's equation path."""
+    """The length of every scan by the walker's equation path (an unrolled scan's as the
+    walker walks it: a call of a scan of ``length // k`` iterations and the remainder's
+    copies, :func:`.inference.jaxpr.unrolled_scan`)."""
     for index, eqn in enumerate(jaxpr.eqns):
-        sub = _sub_jaxpr(eqn)
+        unrolled = unrolled_scan(eqn) if eqn.primitive.name == "scan" else None
+        sub = _sub_jaxpr(eqn) if unrolled is None else unrolled
         if sub is None:
             continue
         path = f"{prefix}{index}"
-        if eqn.primitive.name == "scan":
+        if eqn.primitive.name == "scan" and unrolled is None:
             out[path] = int(eqn.params["length"])
         _scan_lengths(sub.jaxpr if hasattr(sub, "jaxpr") else sub, path + ".", out)
 

@@ -35,6 +35,7 @@ class Config:
     dtype: str = "float32"  # compute dtype ("bfloat16": mixed precision, float32 parameters)
     microbatches: int = 1  # > 1: gradients accumulated under lax.scan
     accumulate: str = "scan"  # or "fori_loop" / "while_loop", indexing the microbatches
+    unroll: int = 1  # the layer scan's unroll
     norm_eps: float = 1e-5
 
 
@@ -66,7 +67,7 @@ def layer(x: jax.Array, p: Params, cfg: Config) -> tuple[jax.Array, None]:
 def loss(params: Params, tokens: jax.Array, targets: jax.Array, cfg: Config) -> jax.Array:
     x = params["embedding"][tokens].astype(cfg.dtype)
     body = partial(layer, cfg=cfg)
-    x, _ = lax.scan(jax.checkpoint(body) if cfg.remat else body, x, params["layers"])
+    x, _ = lax.scan(jax.checkpoint(body) if cfg.remat else body, x, params["layers"], unroll=cfg.unroll)
     logits = (x @ params["head"].astype(x.dtype)).astype(jnp.float32)
     logp = jax.nn.log_softmax(logits, axis=-1)
     return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
