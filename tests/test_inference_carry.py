@@ -304,7 +304,8 @@ def test_multisteps_updates_join_where_the_searched_update_branch_makes_them() -
     follow, and the updated parameters were all-gathered to their layouts (34,356 B, 1.43x
     XLA's, 25 collectives by operand). The searched branch computes them in the
     parameters' layouts and sliced them into the join: re-joined as the searched branches
-    give them, the program predicts what the same step without MultiSteps does (21,844 B,
+    give them, the program predicts the bytes the same step without MultiSteps does
+    (21,844 B when this landed; 18,772 since the layers' saved inputs are stored reduced,
     below XLA's legitimately: the embedding's gradient scattered from the activation
     gradient all-gathered over dp where XLA all-reduces the table), the cond's outputs in
     the parameters' and state's layouts."""
@@ -316,8 +317,8 @@ def test_multisteps_updates_join_where_the_searched_update_branch_makes_them() -
     step = partial(stacked.train_step, cfg=cfg, optimizer=optimizer)
     report = check(step, params, state, *common.megatron_batch(cfg, mesh), out_layouts=(params, state, None))
     assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
-    assert (report.predicted_bytes, report.compiled_bytes) == (21844, 24086)
-    assert (sum(report.predicted_counts.values()), len(report.predicted_combined)) == (18, 13)
+    assert (report.predicted_bytes, report.compiled_bytes) == (18772, 24086)
+    assert (sum(report.predicted_counts.values()), len(report.predicted_combined)) == (17, 13)
     assert common.below_floor(report)
     gathered = [plan.shape for plan, s in report.prediction.routed_moves() if s.collective == "all-gather"]
     assert gathered == [(4, 8, 1), (4, 8, 32)]  # the token ids and the activation gradient, for the embedding's
