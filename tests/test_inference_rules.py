@@ -190,6 +190,30 @@ def test_mean_of_uneven_split_is_not_avg(mesh: Any) -> None:
     assert placements(infer(mesh, "sum", ((10, 4), "S(0)"), axis=0)) == ("S(0)", "P")
 
 
+def test_all_and_any_of_bools_over_a_split_axis_combine_one_bool_per_rank(mesh: Any) -> None:
+    """``jnp.all``/``jnp.any`` (``reduce_and``/``reduce_or``) of a split bool array give
+    P(min)/P(max), so optax.apply_if_finite's isfinite over split updates all-reduces one
+    bool, not the gathered array; on integers they are bitwise and still gather."""
+    from placements2jax import apply, distribute_tensor
+
+    def flags(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return jnp.all(jnp.isfinite(x)), jnp.any(x > 100.0)
+
+    x = np.arange(8 * 16, dtype=np.float32).reshape(8, 16)
+    layout = Layout.from_device_mesh(mesh)
+    split = layout("S(0)")
+    (all_eq, any_eq) = (e for e in predict(flags, (x.shape, F32, split)).equations if e.primitive.startswith("reduce"))
+    assert [str(all_eq.outputs[0].layout), str(any_eq.outputs[0].layout)] == ["P(min)", "P(max)"]
+    bitwise = predict(lambda n: lax.reduce(n, np.int32(-1), lax.bitwise_and, (0, 1)), ((8, 16), jnp.int32, split))
+    assert str(bitwise.equations[0].outputs[0].layout) == "R" and bitwise.nbytes == 8 * 16 * 4 * 3 // 4  # gathered
+    for nan_row in (None, 5):  # a NaN on rank 2 alone: every rank must learn it
+        if nan_row is not None:
+            x[nan_row, 3] = np.nan
+        got = apply(flags, distribute_tensor(jnp.asarray(x), mesh, [Shard(0)]), out_layouts=(layout("R"),) * 2)
+        assert [str(g.layout) for g in got] == ["R", "R"]
+        assert [{bool(v) for v in g.local_shards().values()} for g in got] == [{nan_row is None}, {True}]
+
+
 # -- data movement ---------------------------------------------------------------------------
 
 

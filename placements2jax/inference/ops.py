@@ -545,13 +545,22 @@ for _name, _kind in (
     ("reduce_max", "max"),
     ("reduce_min", "min"),
     ("reduce_prod", "prod"),
-    ("reduce_and", "other"),
-    ("reduce_or", "other"),
     ("reduce_xor", "other"),
     ("argmax", "arg"),
     ("argmin", "arg"),
 ):
     _primitive(_name, lambda ins, outs, *, axes, _kind=_kind: rules.reduction(ins, outs, axes=axes, kind=_kind), ("axes",))
+# On bools, all is min and any is max (False < True), so a split reduced dim gives
+# P(min)/P(max) and the ranks combine one bool each (optax.apply_if_finite's isfinite over
+# every update) instead of gathering the operand; on integers they are bitwise, no partial.
+for _name, _bool_kind in (("reduce_and", "min"), ("reduce_or", "max")):
+    _primitive(
+        _name,
+        lambda ins, outs, *, axes, _bool_kind=_bool_kind: rules.reduction(
+            ins, outs, axes=axes, kind=_bool_kind if ins[0].dtype == jnp.bool_ else "other"
+        ),
+        ("axes",),
+    )
 _primitive("transpose", lambda ins, outs, *, permutation: rules.transpose(ins, outs, permutation=permutation), ("permutation",))
 _primitive(
     "reshape",

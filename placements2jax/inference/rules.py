@@ -171,7 +171,8 @@ def reduction(ins: Avals, outs: Avals, *, axes: Sequence[int], kind: str) -> lis
     A kept dim ``S(d)`` becomes ``S(d')`` (renumbered unless keepdims). A reduced dim
     ``S(d)`` gives a partial output: sum -> ``P(sum)``, mean -> ``P(avg)`` (only for even
     splits: the average of unequal chunks' means is not the mean), max -> ``P(max)``,
-    min -> ``P(min)``; other kinds (prod, argmax, any...) cannot split a reduced dim.
+    min -> ``P(min)`` (``jnp.all``/``jnp.any`` of bools come as min/max); other kinds (prod,
+    argmax, bitwise and/or of integers...) cannot split a reduced dim.
     Partial inputs: sum and mean pass ``P(sum)``/``P(avg)``, max ``P(max)``, min ``P(min)``.
     """
     x, out = ins[0], outs[0]
