@@ -1539,10 +1539,15 @@ def _valid(phys: Physical, masks: dict[Physical, jax.Array]) -> jax.Array:
 
 
 _LOWEST_FIRST = {"max": True, "reduce_max": True, "min": False, "reduce_min": False}
+_ALL_BITS = {"reduce_and": -1, "reduce_or": 0}  # bitwise and / or: all bits set / none (True / False on bools)
 
 
 def _fill(op: str, dtype: Any) -> Any:
-    """The neutral element pads take before ``op``: lowest (max), highest (min), else 0."""
+    """The neutral element pads take before ``op``: lowest (max), highest (min), all bits
+    set (and: ``jnp.all`` of bools reduced over a split dim, whose pads must be True),
+    else 0."""
+    if op in _ALL_BITS:
+        return np.array(_ALL_BITS[op]).astype(dtype)[()]
     if op not in _LOWEST_FIRST:
         return 0
     dtype = np.dtype(dtype)

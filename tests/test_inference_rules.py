@@ -214,6 +214,22 @@ def test_all_and_any_of_bools_over_a_split_axis_combine_one_bool_per_rank(mesh: 
         assert [{bool(v) for v in g.local_shards().values()} for g in got] == [{nan_row is None}, {True}]
 
 
+@pytest.mark.parametrize("execute", ["xla", "pinned", "ops"])
+def test_all_and_any_of_an_uneven_bool_split_ignore_its_pads(execute: str) -> None:
+    """9 bools over 8 ranks (blocks of 2, pads on the ranks holding fewer): a rank reduces
+    its padded block for P(min)/P(max), so its pads must be neutral: True for ``all``,
+    False for ``any`` (bitwise and / or: all bits set / none). Padded with 0, ``all`` of
+    nine Trues came out False."""
+    from placements2jax import apply, distribute_tensor, init_device_mesh
+
+    mesh8 = init_device_mesh((8,), ("x",))
+    for values in (np.ones(9, bool), np.zeros(9, bool), np.arange(9) < 8, np.arange(9) == 8):
+        x = distribute_tensor(values, mesh8, "S(0)")
+        for reduce, want in ((jnp.all, values.all()), (jnp.any, values.any())):
+            got = apply(reduce, x, execute=execute)
+            assert bool(np.asarray(got.full_tensor())) == bool(want), (reduce.__name__, values)
+
+
 # -- data movement ---------------------------------------------------------------------------
 
 
