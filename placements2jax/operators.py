@@ -18,8 +18,9 @@ How one op runs, eagerly or inside the caller's ``jax.jit`` / ``jax.grad``:
    partials the stacked form of :mod:`.physical`; a ``Partial(sum)`` input carried as
    ``unreduced`` is re-labelled as stacked first (a no-op on the device buffers).
 4. **Padding.** Uneven layouts are padded (:mod:`.physical`). Before the op, every padded
-   input's pad elements are replaced by the op's neutral element (0, or the lowest /
-   highest value for ``max`` / ``min``); after it, the outputs' pads are set to 0. So pads
+   input's pad elements are replaced by the op's neutral element (0, the lowest /
+   highest value for ``max`` / ``min``, all bits set for ``reduce_and``: True on bools);
+   after it, the outputs' pads are set to 0. So pads
    never reach a sum, a contraction or a gradient (a select passes no cotangent to
    the masked side). Even layouts get no mask.
 
