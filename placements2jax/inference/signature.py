@@ -46,6 +46,7 @@ __all__ = [
     "as_tensor_spec",
     "as_tensor_specs",
     "flatten_inputs",
+    "constant_layout",
     "constant_layouts",
     "is_layout_leaf",
     "is_tensor_leaf",
@@ -351,16 +352,21 @@ def is_layout_leaf(value: Any) -> bool:
     return isinstance(value, (tuple, list)) and len(value) > 0 and all(isinstance(p, Placement) for p in value)
 
 
-def constant_layouts(out_layouts: Any, mesh: DeviceMesh) -> Any:
-    """``out_layouts`` with each constant leaf (a ``jax.Array`` without a placements2jax
+def constant_layout(entry: Any, mesh: DeviceMesh) -> Any:
+    """An ``out_layouts`` leaf, a constant (a ``jax.Array`` without a placements2jax
     layout, a NumPy array, a Python number: an input passed as "keep this input's
     layout", such as the step count ``optimizer.init(params)`` makes a plain array, in
     ``out_layouts=(params, opt_state, None)``) replaced by the layout that input has
-    (its ``NamedSharding`` on ``mesh``, else Replicate: :func:`_constant_spec`)."""
+    (its ``NamedSharding`` on ``mesh``, else Replicate: :func:`_constant_spec`); any
+    other leaf as it is."""
+    return _constant_spec(entry, mesh).layout if _is_constant(entry) else entry
+
+
+def constant_layouts(out_layouts: Any, mesh: DeviceMesh) -> Any:
+    """``out_layouts`` with each constant leaf replaced by its layout (:func:`constant_layout`)."""
     if out_layouts is None:
         return None
-    return jax.tree.map(lambda x: _constant_spec(x, mesh).layout if _is_constant(x) else x, out_layouts,
-                        is_leaf=is_layout_leaf)
+    return jax.tree.map(lambda entry: constant_layout(entry, mesh), out_layouts, is_leaf=is_layout_leaf)
 
 
 def output_constraints(value: Any, out_tree: Any, out_avals: Sequence[Aval], mesh: DeviceMesh) -> list[Layout | None]:
