@@ -62,7 +62,7 @@ from .inference.frameworks import Bound, bind, variables_of, with_static_outputs
 from .inference.jaxpr import CONSTRAINT_SHARDING_PARAMS, _drop_dim0, _stacked, execute
 from .inference.ops import freeze, op_definition, registered_function
 from .inference.rules import SCATTERS, gather_lookup_axis, scatter_lookup_axis
-from .inference.signature import RedistributePlan, TensorSpec, constant_layouts, is_layout_leaf
+from .inference.signature import RedistributePlan, TensorSpec, constant_layout, is_layout_leaf
 from .layout import Layout
 from .mesh import DeviceMesh
 from .physical import Physical, physical
@@ -495,11 +495,8 @@ def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, execute: 
             "pass pytrees of DTensors, NumPy / JAX arrays or Python numbers; bind static values as keywords",
         )
     frozen = tuple(sorted((name, freeze(value, name)) for name, value in kwargs.items()))  # errors name the keyword
-    dtensors = (leaf for leaf in leaves if isinstance(leaf, DTensor))
-    first = next(dtensors, None)
-    if first is not None and out_layouts is not None:  # plain arrays passed back: keep their layouts
-        out_layouts = constant_layouts(out_layouts, first.device_mesh)
-    targets = _out_layouts_key(out_layouts)
+    first = next((leaf for leaf in leaves if isinstance(leaf, DTensor)), None)
+    targets = _out_layouts_key(out_layouts, None if first is None else first.device_mesh)
     if execute not in EXECUTES:
         raise InferenceError("execute", execute, "unknown execution", f"use one of {EXECUTES}")
     tag = ("apply", fn, frozen, in_tree, targets, execute)
@@ -526,13 +523,18 @@ def _leaf_path(args: Any, i: int) -> str:
     return f"args{jax.tree_util.keystr(path)}"
 
 
-def _out_layouts_key(out_layouts: Any) -> Any:
-    """``out_layouts`` (constants already replaced by their layouts: :func:`.constant_layouts`)
-    as a hashable (structure, leaves) pair, DTensors replaced by their layouts."""
+def _out_layouts_key(out_layouts: Any, mesh: DeviceMesh | None) -> Any:
+    """``out_layouts`` as a hashable (structure, leaves) pair: DTensors replaced by their
+    layouts and, given the operands' ``mesh``, plain arrays passed back by theirs
+    (:func:`.constant_layout`: keep the layout they came in with)."""
     if out_layouts is None:
         return None
     leaves, tree = jax.tree.flatten(out_layouts, is_leaf=is_layout_leaf)
-    leaves = [x.layout if isinstance(x, DTensor) else tuple(x) if isinstance(x, list) else x for x in leaves]
+    leaves = [
+        x.layout if isinstance(x, DTensor) else tuple(x) if isinstance(x, list)
+        else x if mesh is None else constant_layout(x, mesh)
+        for x in leaves
+    ]
     try:
         hash(tuple(leaves))
     except TypeError:
@@ -598,8 +600,21 @@ def _xla_program(
         outs = jax.tree.leaves(flat_fn(*logical))
         return tuple(_from_logical(y, spec.layout, spec.shape) for y, spec in zip(outs, prediction.outputs))
 
+    compiled = jax.jit(body)
+
+    def run(*arrays: Any) -> tuple[jax.Array, ...]:
+        try:
+            return compiled(*arrays)
+        except jax.errors.JaxRuntimeError as err:  # under an outer jit XLA raises at its compile instead
+            if "UNIMPLEMENTED" not in str(err):
+                raise
+            raise UnsupportedOpError(
+                "execute", "xla", f"XLA cannot compile its own partitioning of this program: {str(err).splitlines()[0]}",
+                "use execute='pinned' (or 'auto'), which runs the predicted plan",
+            ) from None
+
     out_shapes = tuple(s.shape for s in prediction.outputs)
-    return Program(jax.jit(body), prediction.out_layouts, out_shapes, prediction.out_tree, prediction)
+    return Program(run, prediction.out_layouts, out_shapes, prediction.out_tree, prediction)
 
 
 @cached(maxsize=1024)
@@ -689,23 +704,37 @@ def _auto_program(
     fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, keys: tuple[OperandKey, ...], cost_model: CostModel
 ) -> Program:
     """``apply(execute="auto")``: the ``"ops"`` program when ``fn`` calls a registered
-    function, else the ``"xla"`` one. One trace of ``fn`` tells which, so that only the
-    chosen program is predicted (the whole-program search is not run for an ``"ops"`` one)."""
+    function, the ``"pinned"`` one when it reduces integers bitwise (XLA's CPU backend
+    cannot compile the all-reduce its own partitioning makes of an integer
+    ``reduce_and`` / ``reduce_or`` / ``reduce_xor`` over a split dim: "UNIMPLEMENTED:
+    Unsupported reduction computation", plain ``jax.jit`` of the same function fails too;
+    the search gathers such an input instead), else the ``"xla"`` one. One trace of ``fn``
+    tells which, so that only the chosen program is predicted (the whole-program search is
+    not run for an ``"ops"`` one)."""
     f = partial(fn, **dict(kwargs)) if kwargs else fn
     structs = [jax.ShapeDtypeStruct(k[1], k[2]) for k in keys]
     try:
         closed = jax.make_jaxpr(lambda *leaves: f(*jax.tree.unflatten(in_tree, leaves)))(*structs)
     except (TypeError, ValueError):  # predict reports why, as a clear InferenceError
         closed = None
-    if closed is not None and _calls_registered(closed.jaxpr):
+    if closed is not None and _any_equation(closed.jaxpr, lambda eqn: registered_function(eqn) is not None):
         return _apply_program(fn, kwargs, in_tree, targets, keys, cost_model)
+    if closed is not None and _any_equation(closed.jaxpr, _reduces_integers_bitwise):
+        return _pinned_program(fn, kwargs, in_tree, targets, keys, cost_model)
     return _xla_program(fn, kwargs, in_tree, targets, keys, cost_model)
 
 
-def _calls_registered(jaxpr: Any) -> bool:
-    """Whether ``jaxpr`` or one of its sub-jaxprs calls a function with a registered rule."""
+_BITWISE_REDUCTIONS = frozenset({"reduce_and", "reduce_or", "reduce_xor"})
+
+
+def _reduces_integers_bitwise(eqn: core.JaxprEqn) -> bool:
+    return eqn.primitive.name in _BITWISE_REDUCTIONS and jnp.issubdtype(eqn.invars[0].aval.dtype, jnp.integer)
+
+
+def _any_equation(jaxpr: Any, test: Callable[[core.JaxprEqn], bool]) -> bool:
+    """Whether an equation of ``jaxpr`` or of one of its sub-jaxprs passes ``test``."""
     return any(
-        registered_function(eqn) is not None or any(_calls_registered(sub) for sub in core.jaxprs_in_params(eqn.params))
+        test(eqn) or any(_any_equation(sub, test) for sub in core.jaxprs_in_params(eqn.params))
         for eqn in jaxpr.eqns
     )
 

@@ -1340,6 +1340,13 @@ CASES: list[Case] = [
         lambda e: apply(jnp.sin, e.dt, execute=None),
     ),
     _c(
+        "apply: execute='xla' of what XLA cannot compile (an integer reduce_and over a split dim on CPU)",
+        "apply",
+        UnsupportedOpError,
+        "execute",
+        lambda e: apply(lambda a: jax.lax.reduce_and(a.astype(jnp.int32), (0, 1)), e.dt, execute="xla"),
+    ),
+    _c(
         "apply: a loop whose body has no rule",
         "apply",
         UnsupportedOpError,

@@ -230,6 +230,26 @@ def test_all_and_any_of_an_uneven_bool_split_ignore_its_pads(execute: str) -> No
             assert bool(np.asarray(got.full_tensor())) == bool(want), (reduce.__name__, values)
 
 
+@pytest.mark.parametrize("execute", ["auto", "pinned", "ops"])
+def test_bitwise_reductions_of_a_split_integer_array(execute: str) -> None:
+    """``reduce_and`` / ``reduce_or`` / ``reduce_xor`` of int32 over a split dim (9 over 8
+    ranks, padded). XLA's CPU backend cannot compile the integer all-reduce its own
+    partitioning makes (plain ``jax.jit`` fails: "UNIMPLEMENTED: Unsupported reduction
+    computation"), so ``"auto"`` runs the pinned plan, which gathers the input."""
+    from placements2jax import apply, distribute_tensor, init_device_mesh
+
+    mesh8 = init_device_mesh((8,), ("x",))
+    values = np.array([7, 15, 7, 7, 23, 7, 7, 7, 39], np.int32)
+    x = distribute_tensor(values, mesh8, "S(0)")
+    for reduce, want in (
+        (jax.lax.reduce_and, np.bitwise_and.reduce(values)),
+        (jax.lax.reduce_or, np.bitwise_or.reduce(values)),
+        (jax.lax.reduce_xor, np.bitwise_xor.reduce(values)),
+    ):
+        got = apply(lambda a, reduce=reduce: reduce(a, (0,)), x, execute=execute)
+        assert int(np.asarray(got.full_tensor())) == int(want), reduce.__name__
+
+
 # -- data movement ---------------------------------------------------------------------------
 
 
