@@ -19,7 +19,7 @@ Costs compare as (cost, number of collectives): among equally cheap programs, fe
 collectives. The function's inputs keep their layouts; literals and constants are
 Replicate. Moves are priced as the mesh's backend compiles them (:func:`_reduction_scale`):
 CPU XLA forms no reduce-scatter, it all-reduces the whole block and slices it, so there a
-planned move is priced by its collectives (:func:`.plan.plan_collectives`) with each
+planned move is priced by its collectives (:func:`.plan.plan_priced`) with each
 reduce-scatter at an all-reduce's bytes, and so are an output's owed reduction and eager
 dispatch's look-ahead charge. (CPU XLA also sends a ``bfloat16`` value's collectives in
 ``float32``, :meth:`.combine.CombinerRules.widening`, which ``check`` counts; priced so
