@@ -22,7 +22,9 @@ from placements2jax.inference.cost import (
     gather_halo_bytes,
     resolve_cost_model,
 )
-from placements2jax.inference.plan import cached_plan, cost_scale, layout_state, plan_collectives, plan_cost, plan_search
+from placements2jax.inference.plan import (
+    cached_plan, cost_scale, layout_state, plan_collectives, plan_cost, plan_priced, plan_search,
+)
 from placements2jax.inference.program import OVERHEAD
 from placements2jax.inference.signature import placement_on
 from placements2jax.layout import iter_layouts
@@ -243,6 +245,15 @@ def test_plan_collectives_are_the_plans_communicating_steps(src: Layout, dst: La
     assert collectives == tuple((s.collective, s.cost) for s in plan.steps if s.nbytes)
     cost, count = plan_cost(shape, np.dtype(np.float32), layout_state(src), layout_state(dst), (2, 2), weights)
     assert (sum((c for _, c in collectives), Fraction(0)), len(collectives)) == (cost, count) == (plan.cost, count)
+    _assert_priced_as(collectives, plan_priced(shape, np.dtype(np.float32), layout_state(src), layout_state(dst), (2, 2), weights))
+
+
+def _assert_priced_as(collectives: tuple[tuple[str, Fraction], ...], priced: tuple[Any, int]) -> None:
+    """plan_priced's integers over its scale are plan_collectives' Fractions, and their
+    floats (what the program search prices with) those Fractions' floats."""
+    steps, scale = priced
+    assert tuple((kind, Fraction(c, scale)) for kind, c in steps) == collectives
+    assert [c / scale for _, c in steps] == [float(c) for _, c in collectives]
 
 
 def test_plan_collectives_of_a_strided_route() -> None:
@@ -254,6 +265,8 @@ def test_plan_collectives_of_a_strided_route() -> None:
     plan = plan_redistribute((128,), jnp.float32, strided, plain.replicated())
     assert collectives == tuple((s.collective, s.cost) for s in plan.steps if s.nbytes)
     assert [kind for kind, _ in collectives] == ["all-gather"] and collectives[0][1] == 448
+    _assert_priced_as(collectives, plan_priced((128,), np.dtype(np.float32), layout_state(strided),
+                                               layout_state(plain.replicated()), (8,), (Fraction(1),)))
 
 
 def _squeeze(layout: Layout, mesh: Any) -> Layout:

@@ -235,17 +235,8 @@ def plan_cost(
     communicate: what :func:`plan_redistribute` gives, without building the plan (for
     searches that compare many layouts; cached). ``overhead``: as :func:`cached_plan`'s
     (the route chosen with it; the cost returned is its bytes times the weights alone)."""
-    kept = tuple(op if op and src[1][m] == op else None for m, op in enumerate(dst[1]))
-    if len(src) > 2 or len(dst) > 2:  # strided: the route's own steps around the plain search
-        before, first, last, after = _strided_parts(shape, dtype.itemsize, src, dst, mesh_shape)
-        extra = [(m, nbytes) for m, _, nbytes, _ in before + after]
-        cost, steps = plan_cost(shape, dtype, (first[0], src[1]), (last[0], dst[1]), mesh_shape, weights, overhead)
-        cost += sum((nbytes * Fraction(weights[m]) for m, nbytes in extra), Fraction(0))
-        return cost, steps + sum(1 for _, nbytes in extra if nbytes)
-    search = _search(shape, dtype.itemsize, mesh_shape, weights, src, overhead)
-    moves = search.path_to((dst[0], kept))
-    cost = sum(m.scaled * search.weights[m.mesh_dim] for m in moves)
-    return Fraction(cost, search.unit * search.weight_unit), sum(1 for m in moves if m.scaled)
+    priced, scale = plan_priced(shape, dtype, src, dst, mesh_shape, weights, overhead)
+    return Fraction(sum(cost for _, cost in priced), scale), len(priced)
 
 
 @cached(maxsize=65536)
@@ -257,19 +248,39 @@ def plan_collectives(
     ``(collective, cost)`` (bytes times its mesh dim's weight; they add up to
     :func:`plan_cost`'s cost): for callers that count or price collectives by kind, e.g.
     as a backend compiles them (CPU XLA: a reduce-scatter is an all-reduce)."""
+    priced, scale = plan_priced(shape, dtype, src, dst, mesh_shape, weights, overhead)
+    return tuple((kind, Fraction(cost, scale)) for kind, cost in priced)
+
+
+@cached(maxsize=65536)
+def plan_priced(
+    shape: tuple[int, ...], dtype: np.dtype, src: State, dst: State, mesh_shape: tuple[int, ...],
+    weights: tuple[Fraction, ...], overhead: int = 0,
+) -> tuple[tuple[tuple[str, int], ...], int]:
+    """:func:`plan_collectives` as exact integers over one denominator: the communicating
+    steps as ``(collective, cost times scale)`` and ``scale``. What the program search
+    prices its moves from (:meth:`.program._Search.cost`): a step's float is ``cost /
+    scale``, the same float as its Fraction's (int true division rounds correctly), without
+    building Fractions; :func:`plan_cost` and :func:`plan_collectives` are built on it, so a
+    route is walked once for both (the search prices each move as compiled and by the
+    planner alone)."""
     if len(src) > 2 or len(dst) > 2:  # strided: the route's own steps around the plain search
         before, first, last, after = _strided_parts(shape, dtype.itemsize, src, dst, mesh_shape)
-        middle = plan_collectives(shape, dtype, (first[0], src[1]), (last[0], dst[1]), mesh_shape, weights, overhead)
-        head = tuple((kind, nbytes * Fraction(weights[m])) for m, kind, nbytes, _ in before if nbytes)
-        tail = tuple((kind, nbytes * Fraction(weights[m])) for m, kind, nbytes, _ in after if nbytes)
-        return head + middle + tail
+        middle, inner = plan_priced(shape, dtype, (first[0], src[1]), (last[0], dst[1]), mesh_shape, weights, overhead)
+        head = [(kind, nbytes * Fraction(weights[m])) for m, kind, nbytes, _ in before if nbytes]
+        tail = [(kind, nbytes * Fraction(weights[m])) for m, kind, nbytes, _ in after if nbytes]
+        scale = math.lcm(inner, *(cost.denominator for _, cost in head + tail))
+        return (
+            tuple((kind, int(cost * scale)) for kind, cost in head)
+            + tuple((kind, cost * (scale // inner)) for kind, cost in middle)
+            + tuple((kind, int(cost * scale)) for kind, cost in tail)
+        ), scale
     kept = tuple(op if op and src[1][m] == op else None for m, op in enumerate(dst[1]))
     search = _search(shape, dtype.itemsize, mesh_shape, weights, src, overhead)
-    scale = search.unit * search.weight_unit
+    weights = search.weights
     return tuple(
-        (m.collective, Fraction(m.scaled * search.weights[m.mesh_dim], scale))
-        for m in search.path_to((dst[0], kept)) if m.scaled
-    )
+        (m.collective, m.scaled * weights[m.mesh_dim]) for m in search.path_to((dst[0], kept)) if m.scaled
+    ), search.unit * search.weight_unit
 
 
 @cached(maxsize=65536)

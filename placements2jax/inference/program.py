@@ -19,7 +19,7 @@ Costs compare as (cost, number of collectives): among equally cheap programs, fe
 collectives. The function's inputs keep their layouts; literals and constants are
 Replicate. Moves are priced as the mesh's backend compiles them (:func:`_reduction_scale`):
 CPU XLA forms no reduce-scatter, it all-reduces the whole block and slices it, so there a
-planned move is priced by its collectives (:func:`.plan.plan_collectives`) with each
+planned move is priced by its collectives (:func:`.plan.plan_priced`) with each
 reduce-scatter at an all-reduce's bytes, and so are an output's owed reduction and eager
 dispatch's look-ahead charge. (CPU XLA also sends a ``bfloat16`` value's collectives in
 ``float32``, :meth:`.combine.CombinerRules.widening`, which ``check`` counts; priced so
@@ -316,7 +316,7 @@ from ..mesh import DeviceMesh
 from . import blocks
 from .combine import BACKENDS, combiner_rules
 from .cost import ALL_REDUCE, REDUCE_SCATTER, CostModel
-from .plan import cached_plan, layout_state, plan_collectives, plan_cost
+from .plan import cached_plan, layout_state, plan_priced
 from .select import pending_reduction
 from .signature import Aval, Candidate, Signature, TensorSpec
 
@@ -1089,13 +1089,13 @@ class _Search:
         key = (aval, src, dst)
         cost = self.costs.get(key)
         if cost is None:
+            # the plan's steps in exact integers over one scale (their floats as their Fractions')
+            collectives, scale = plan_priced(aval[0], aval[1], src, dst, self.mesh_shape, self.weights, self.overhead)
             if self.reduction_scale == 1.0:
-                nbytes, steps = plan_cost(aval[0], aval[1], src, dst, self.mesh_shape, self.weights, self.overhead)
-                cost = self.costs[key] = (float(nbytes) + self.overhead * steps, float(steps))
+                nbytes = sum(c for _, c in collectives) / scale
             else:  # as the backend compiles the plan: its reduce-scatters as all-reduces
-                collectives = plan_collectives(aval[0], aval[1], src, dst, self.mesh_shape, self.weights, self.overhead)
-                scaled = sum(float(c) * (self.reduction_scale if kind == REDUCE_SCATTER else 1.0) for kind, c in collectives)
-                cost = self.costs[key] = (scaled + self.overhead * len(collectives), float(len(collectives)))
+                nbytes = sum(c / scale * (self.reduction_scale if kind == REDUCE_SCATTER else 1.0) for kind, c in collectives)
+            cost = self.costs[key] = (nbytes + self.overhead * len(collectives), float(len(collectives)))
         return cost
 
     def nbytes(self, cost: Cost) -> float:
