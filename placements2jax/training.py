@@ -193,20 +193,25 @@ def state_layouts(state: Any, params: Any) -> Any:
 def param_followers(tree: Any, param_tree: Any, like: Callable[[Any], bool] | None = None) -> list[int | None]:
     """Per leaf of ``tree`` (DTensors as leaves): the index of the parameter it follows
     (among the leaves of ``param_tree``, a tree structure with DTensors as leaves), else
-    None. A leaf follows when it lies in a subtree with the structure ``param_tree`` (and
-    for which ``like(subtree)`` holds, when given), at its parameter's position; the
-    outermost such subtree counts."""
-    n = param_tree.num_leaves
+    None. The leaves of a subtree of ``tree`` of which ``param_tree`` is a prefix (and
+    for which ``like(subtree)`` holds, when given) follow the parameter at their
+    position: Adam's ``mu`` leaf by leaf, ``optax.sm3``'s list of accumulators per
+    parameter all of them. The outermost such subtree counts."""
 
     def visit(x: Any) -> list[int | None]:
-        if jax.tree.structure(x, is_leaf=is_dtensor) == param_tree and (like is None or like(x)):
-            return list(range(n))
+        if like is None or like(x):
+            try:
+                per_param = param_tree.flatten_up_to(x)
+            except (ValueError, TypeError):
+                per_param = None
+            if per_param is not None:
+                return [k for k, sub in enumerate(per_param) for _ in jax.tree.leaves(sub, is_leaf=is_dtensor)]
         if is_dtensor(x):
             return [None]
         children = jax.tree_util.tree_flatten(x, is_leaf=lambda y: y is not x)[0]
         if len(children) == 1 and children[0] is x:
             return [None]
-        return [i for child in children for i in visit(child)]
+        return [k for child in children for k in visit(child)]
 
     return visit(tree)
 
