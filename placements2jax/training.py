@@ -146,6 +146,9 @@ def init_optimizer_state(optimizer: Any, params: Any) -> Any:
     whose layout does not describe them (refused by ``DTensor.checked``); and
     ``apply(optimizer.init, params)`` alone lets XLA lay out the new arrays, which it
     makes Replicate (a tp-split weight's moments then cost tp times the memory).
+    The state's shapes come from ``jax.eval_shape`` of the init on the parameters'
+    logical shapes: on the DTensors themselves it would map over their physical
+    (padded) arrays.
     """
     optax = _optax()
     if not isinstance(optimizer, optax.GradientTransformation):
@@ -162,11 +165,11 @@ def init_optimizer_state(optimizer: Any, params: Any) -> Any:
 def state_layouts(state: Any, params: Any) -> Any:
     """The pytree of ``state`` (an optimizer's state, or its ``jax.eval_shape``) with each
     leaf replaced by the :class:`Layout` it takes following the DTensor ``params``; for
-    ``out_layouts`` of :func:`~placements2jax.apply` / ``predict`` (e.g. the init of a
-    state built by hand) and :func:`~placements2jax.distribute_pytree`'s plans' values.
+    ``out_layouts`` of :func:`~placements2jax.apply` / ``predict`` (the init of a state
+    built by hand) or to distribute a state built on plain arrays leaf by leaf.
 
-    The leaves of every subtree of ``state`` with ``params``' tree structure follow the
-    parameter at the same position (:func:`param_followers`). A follower of its
+    The leaves of every subtree of ``state`` of which ``params``' tree structure is a
+    prefix follow the parameter at their position (:func:`param_followers`). A follower of its
     parameter's shape takes the parameter's layout; one whose shape is the parameter's
     with dims dropped or set to 1 keeps the mesh axes of each kept dim of the same size
     (a dim split where a dropped one was, or set to 1, is Replicate); when the shapes

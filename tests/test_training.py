@@ -489,3 +489,32 @@ def test_init_optimizer_state_follows_the_parameters_and_trains_like_plain_optax
         assert params[key]["w"].layout == p2j.plan_layouts(plain, MESH, STATE_PLAN)[key]["w"]
         np.testing.assert_allclose(np.asarray(params[key]["w"].full_tensor()), np.asarray(plain[key]["w"]),
                                    rtol=1e-4, atol=1e-6)
+
+
+def test_state_layouts_keep_the_splits_of_kept_dims_and_agree_on_ambiguous_ones() -> None:
+    """The rule on shapes alone: a square parameter's (8,) statistic could keep either dim,
+    so its split is kept only where both readings agree (Replicate); keepdims-style
+    (8, 1) and (1, 8) keep dim 0's and dim 1's split; a Partial parameter's moments are
+    Replicate on that mesh dim; optax.sm3's per-dim accumulators (a list per parameter)
+    follow theirs; a state built by optimizer.init on the DTensors (Adam's, same shapes)
+    gets the layouts init_optimizer_state gives."""
+    square = p2j.distribute_tensor(np.ones((8, 8), np.float32), MESH, "S(0),S(1)")
+    partial = p2j.distribute_tensor(np.ones((8, 6), np.float32), MESH, [p2j.Partial(), Shard(1)])
+    params = {"square": square, "partial": partial}
+    state = {"stats": {"square": jnp.zeros(8), "partial": jnp.zeros((8, 6))},
+             "keepdims": {"square": (jnp.zeros((8, 1)), jnp.zeros((1, 8))), "partial": jnp.zeros((1, 6))},
+             "count": jnp.zeros((), jnp.int32)}
+    got = jax.tree.map(str, p2j.state_layouts(state, params), is_leaf=lambda v: isinstance(v, p2j.Layout))
+    rendered = lambda text, ndim: str(p2j.resolve_layout(MESH, text, ndim))  # noqa: E731
+    assert got == {"stats": {"square": rendered("R,R", 1), "partial": rendered("R,S(1)", 2)},
+                   "keepdims": {"square": (rendered("S(0),R", 2), rendered("R,S(1)", 2)), "partial": rendered("R,S(1)", 2)},
+                   "count": rendered("R,R", 0)}
+
+    params = p2j.init_pytree(_init, KEY, MESH, PLAN)
+    sm3 = p2j.init_optimizer_state(optax.sm3(1e-2), params)
+    assert [a.placements for a in sm3[0].mu["up"]["w"]] == [(Replicate(), Replicate()), (Replicate(), Shard(0))]
+    assert [a.placements for a in sm3[0].mu["down"]["w"]] == [(Replicate(), Shard(0)), (Replicate(), Replicate())]
+    adam = optax.adam(1e-2)
+    eager = jax.tree.leaves(p2j.state_layouts(adam.init(params), params), is_leaf=lambda v: isinstance(v, p2j.Layout))
+    built = p2j.init_optimizer_state(adam, params)
+    assert eager == [leaf.layout for leaf in jax.tree.leaves(built, is_leaf=lambda v: isinstance(v, DTensor))]
