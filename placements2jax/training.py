@@ -34,7 +34,6 @@ __all__ = [
     "MixedPrecisionState",
     "init_optimizer_state",
     "state_layouts",
-    "param_followers",
 ]
 
 
@@ -189,7 +188,7 @@ def state_layouts(state: Any, params: Any) -> Any:
             layouts.append(Layout(mesh, ((),) * len(shape)))
         else:
             param = param_leaves[follows]
-            layouts.append(followed_layout(param.layout, param.shape, shape))
+            layouts.append(_followed_layout(param.layout, param.shape, shape))
     return jax.tree_util.tree_unflatten(state_tree, layouts)
 
 
@@ -219,7 +218,7 @@ def param_followers(tree: Any, param_tree: Any, like: Callable[[Any], bool] | No
     return visit(tree)
 
 
-def followed_layout(layout: Layout, param_shape: Sequence[int], shape: Sequence[int]) -> Layout:
+def _followed_layout(layout: Layout, param_shape: Sequence[int], shape: Sequence[int]) -> Layout:
     """The layout of a state array of ``shape`` following a parameter of ``param_shape``
     laid out ``layout`` (the rule of :func:`state_layouts`)."""
     param_shape, shape = tuple(param_shape), tuple(shape)
