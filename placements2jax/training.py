@@ -138,10 +138,11 @@ def init_optimizer_state(optimizer: Any, params: Any) -> Any:
     The init runs under :func:`~placements2jax.apply` with these ``out_layouts``: XLA
     compiles it once and makes each array in its layout on the devices (no host
     round trip, no gather). The state then serves a step run under ``apply`` with
-    ``out_layouts=(params, state, None)``, which keeps every layout; ``optimizer.update``
-    mapped over the DTensors themselves (plain ``jax.jit``) works only for state of the
-    parameters' shapes: JAX's ``tree.map`` of a gradient with a state leaf of another
-    shape fails on the DTensors' pytree metadata (shape, layout).
+    ``out_layouts=(params, state, None)``, which keeps every layout (in a plain
+    ``jax.jit`` step: ``apply(optimizer.update, grads, state, params,
+    out_layouts=(params, state))``). ``optimizer.update`` on the DTensors themselves works
+    only for state of the parameters' shapes: JAX's ``tree.map`` of a gradient with a
+    state leaf of another shape fails on the DTensors' pytree metadata (shape, layout).
 
     Why not ``optimizer.init(params)``: optax maps over a DTensor's physical array, which
     keeps the layout of same-shaped state but puts arrays of other shapes into DTensors
