@@ -446,12 +446,16 @@ def test_init_optimizer_state_follows_the_parameters_and_trains_like_plain_optax
     a factored statistic (the parameter's shape with a dim dropped) keeping the kept dim's
     split, others (counts, norms, flags, (1,) placeholders) Replicate; values equal plain
     optax's init on unsharded arrays, each device holds its block only, and steps run under
-    apply with out_layouts=(params, state, None) keep every layout and match plain JAX."""
+    apply with out_layouts=(params, state, None) keep every layout and match plain JAX.
+    The init runs no collective."""
     make, expected = _STATE_CASES[name]
     optimizer = make()
     params = p2j.init_pytree(_state_init, KEY, MESH, STATE_PLAN)
     plain = jax.jit(_state_init)(KEY)
-    state, plain_state = p2j.init_optimizer_state(optimizer, params), optimizer.init(plain)
+    with p2j.CommDebugMode() as comm:  # XLA makes every leaf on its devices: nothing gathered or moved
+        state = p2j.init_optimizer_state(optimizer, params)
+    assert comm.get_total_counts() == 0
+    plain_state = optimizer.init(plain)
     pairs = jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda v: isinstance(v, DTensor))[0]
     assert len(pairs) == len(jax.tree.leaves(plain_state))
     seen = set()
@@ -496,8 +500,9 @@ def test_state_layouts_keep_the_splits_of_kept_dims_and_agree_on_ambiguous_ones(
     so its split is kept only where both readings agree (Replicate); keepdims-style
     (8, 1) and (1, 8) keep dim 0's and dim 1's split; a Partial parameter's moments are
     Replicate on that mesh dim; optax.sm3's per-dim accumulators (a list per parameter)
-    follow theirs; a state built by optimizer.init on the DTensors (Adam's, same shapes)
-    gets the layouts init_optimizer_state gives."""
+    follow theirs, as do multi_transform's and masked's states (MaskedNode where a
+    parameter is not theirs); a state built by optimizer.init on the DTensors (Adam's,
+    same shapes) gets the layouts init_optimizer_state gives."""
     square = p2j.distribute_tensor(np.ones((8, 8), np.float32), MESH, "S(0),S(1)")
     partial = p2j.distribute_tensor(np.ones((8, 6), np.float32), MESH, [p2j.Partial(), Shard(1)])
     params = {"square": square, "partial": partial}
@@ -514,6 +519,17 @@ def test_state_layouts_keep_the_splits_of_kept_dims_and_agree_on_ambiguous_ones(
     sm3 = p2j.init_optimizer_state(optax.sm3(1e-2), params)
     assert [a.placements for a in sm3[0].mu["up"]["w"]] == [(Replicate(), Replicate()), (Replicate(), Shard(0))]
     assert [a.placements for a in sm3[0].mu["down"]["w"]] == [(Replicate(), Shard(0)), (Replicate(), Replicate())]
+    # optax.multi_transform / optax.masked leave MaskedNode (no leaves) where a parameter is not theirs
+    labels = {"up": {"w": "adam", "b": "factored"}, "down": {"w": "factored", "b": "adam"}}
+    multi = optax.multi_transform({"adam": optax.adam(1e-2), "factored": optax.masked(
+        optax.adafactor(1e-2, min_dim_size_to_factor=4), {"up": {"w": False, "b": True}, "down": {"w": True, "b": True}})},
+        labels)
+    layouts = p2j.state_layouts(jax.eval_shape(multi.init, jax.jit(_init)(KEY)), params).inner_states
+    assert layouts["adam"].inner_state[0].mu["up"]["w"] == params["up"]["w"].layout
+    assert isinstance(layouts["adam"].inner_state[0].mu["down"]["w"], optax.MaskedNode)
+    factored = layouts["factored"].inner_state.inner_state[0]
+    assert factored.v_col["down"]["w"] == p2j.resolve_layout(MESH, "R,S(0)", 1)
+    assert factored.v["up"]["b"] == params["up"]["b"].layout
     adam = optax.adam(1e-2)
     eager = jax.tree.leaves(p2j.state_layouts(adam.init(params), params), is_leaf=lambda v: isinstance(v, p2j.Layout))
     built = p2j.init_optimizer_state(adam, params)
