@@ -67,7 +67,7 @@ from .placements import (
     parse_placement,
     parse_placements,
 )
-from .training import mixed_precision, model_arrays
+from .training import init_optimizer_state, mixed_precision, model_arrays, state_layouts
 from .autoplan import auto_plan, compiled_figures, plan_figures
 from .visualize import plot, print_layout, visualize
 
@@ -124,6 +124,7 @@ __all__ = [
     "implicit_replication",
     "init_pytree",
     "init_device_mesh",
+    "init_optimizer_state",
     "latest_step",
     "layouts_of",
     "local_map",
@@ -153,6 +154,7 @@ __all__ = [
     "save",
     "sequence",
     "set_default_cost_model",
+    "state_layouts",
     "unregister_sharding",
     "unshard",
     "use_cost_model",

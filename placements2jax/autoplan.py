@@ -79,6 +79,7 @@ from .layout import Layout
 from .mesh import DeviceMesh, as_device_mesh
 from .operators import pinned_function
 from .parallelize import PlanLike, path_of, plan_layouts
+from .training import param_followers
 
 __all__ = ["AutoPlan", "CompiledFigures", "PlanFigures", "auto_plan", "compiled_figures", "example_mlp", "plan_figures",
            "planned_inputs"]
@@ -251,14 +252,15 @@ class _Problem:
         param_shapes = [tuple(np.shape(x)) for x in jax.tree.leaves(params, is_leaf=is_dtensor)]
         n_params = len(param_shapes)
         # which argument leaves follow which parameter: subtrees of args shaped like params
+        def like(x: Any) -> bool:
+            return [tuple(np.shape(y)) for y in jax.tree.leaves(x, is_leaf=is_dtensor)] == param_shapes
+
         self.follows: dict[int, int] = {}
         offset = n_params
         for arg in args:
-            leaves = jax.tree_util.tree_flatten_with_path(arg, is_leaf=is_dtensor)[0]
-            for sub_path, sub in _param_like_subtrees(arg, param_tree, param_shapes):
-                start = _leaf_offset(leaves, sub_path)
-                self.follows.update({offset + start + j: j for j in range(n_params)})
-            offset += len(leaves)
+            followers = param_followers(arg, param_tree, like)
+            self.follows.update({offset + j: k for j, k in enumerate(followers) if k is not None})
+            offset += len(followers)
         self.paths: list[str] = []
         self.kinds: list[str] = []  # "param", "state", "arg", "other"
         self.leaves: list[Any] = []
@@ -433,34 +435,6 @@ def _dtype(leaf: Any) -> np.dtype:
 
 def _replicated(mesh: DeviceMesh, leaf: Any) -> Layout:
     return Layout(mesh, ((),) * len(np.shape(leaf)))
-
-
-def _param_like_subtrees(arg: Any, param_tree: Any, shapes: list[tuple[int, ...]]) -> list[tuple[Any, Any]]:
-    """(key path, subtree) of every subtree of ``arg`` with the parameters' structure and shapes."""
-    found: list[tuple[Any, Any]] = []
-
-    def like(x: Any) -> bool:
-        return jax.tree.structure(x) == param_tree and [tuple(np.shape(y)) for y in jax.tree.leaves(x)] == shapes
-
-    def visit(path: tuple[Any, ...], x: Any) -> None:
-        if like(x):
-            found.append((path, x))
-            return
-        children = jax.tree_util.tree_flatten_with_path(x, is_leaf=lambda y: y is not x)[0]
-        if len(children) == 1 and children[0][1] is x:
-            return
-        for key, child in children:
-            visit(path + tuple(key), child)
-
-    visit((), arg)
-    return found
-
-
-def _leaf_offset(leaves: list[tuple[Any, Any]], prefix: tuple[Any, ...]) -> int:
-    for j, (key_path, _) in enumerate(leaves):
-        if tuple(key_path[:len(prefix)]) == tuple(prefix):
-            return j
-    raise AssertionError(prefix)
 
 
 def _sub_jaxpr(eqn: Any) -> Any:

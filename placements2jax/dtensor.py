@@ -132,7 +132,8 @@ class DTensor:
         ``jax.tree.map(jnp.sum, params)``) rebuilds DTensors whose layout does not describe
         their array. Not refused when rebuilt (JAX's transformations put placeholders
         there, and such trees are still flattened correctly), but wherever a DTensor's
-        layout and shape are read as an input's (predict, check, apply)."""
+        layout and shape are read as an input's (predict, check, apply); the fix names
+        :func:`~placements2jax.init_optimizer_state`, which lays out such a state."""
         expected = physical(self._layout, self._shape).array_shape
         if tuple(self._array.shape) != expected:
             raise ShapeError(
@@ -141,8 +142,8 @@ class DTensor:
                 f"{tuple(self._array.shape)}",
                 f"its layout needs an array of shape {expected}: a function mapped over DTensors (jax.tree.map, "
                 "an optimizer's init) made an array of another shape inside the DTensor",
-                "build such values under apply, which lays every new array out: e.g. "
-                "opt_state = apply(optimizer.init, params)",
+                "build an optimizer's state with opt_state = init_optimizer_state(optimizer, params) (each leaf "
+                "follows its parameter's layout), other such values under apply, which lays every new array out",
             )
         return self
 

@@ -5,10 +5,18 @@
 :func:`mixed_precision` wraps an optax optimizer so that low-precision (bfloat16)
 parameters are trained through float32 master weights kept in the optimizer state.
 Both map over the DTensors' physical arrays, so every layout is kept.
+
+:func:`init_optimizer_state` builds any optax optimizer's state on DTensor parameters
+with each state leaf following its parameter, as torch's optimizer state follows DTensor
+parameters; :func:`state_layouts` gives those layouts for a state built elsewhere. Which
+leaves follow which parameter (:func:`param_followers`: the leaves of a subtree with the
+parameters' tree structure) is the rule :func:`~placements2jax.auto_plan` applies too.
 """
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -17,8 +25,16 @@ from jax.sharding import NamedSharding
 
 from .dtensor import DTensor, auto_twin_of, is_dtensor
 from .errors import ArgumentTypeError, MissingDependencyError
+from .layout import Layout
+from .operators import apply
 
-__all__ = ["model_arrays", "mixed_precision", "MixedPrecisionState"]
+__all__ = [
+    "model_arrays",
+    "mixed_precision",
+    "MixedPrecisionState",
+    "init_optimizer_state",
+    "state_layouts",
+]
 
 
 def model_arrays(tree: Any) -> Any:
@@ -108,6 +124,153 @@ def mixed_precision(optimizer: Any, master_dtype: Any = jnp.float32) -> Any:
         return steps, MixedPrecisionState(master, inner)
 
     return optax.GradientTransformation(init, update)
+
+
+def init_optimizer_state(optimizer: Any, params: Any) -> Any:
+    """``optimizer.init(params)`` for any optax optimizer on a pytree of DTensor
+    parameters, every state leaf a DTensor laid out as :func:`state_layouts` says: a
+    leaf of its parameter's shape has the parameter's layout (Adam's ``mu`` and ``nu``), a
+    leaf of the parameter's shape with dims dropped or set to 1 keeps the splits of the
+    kept dims (``optax.adafactor``'s factored row and column statistics), other leaves
+    (step counts, ``optax.novograd``'s per-parameter norms, ``optax.zero_nans``' flags)
+    are Replicate.
+
+    The init runs under :func:`~placements2jax.apply` with these ``out_layouts``: XLA
+    compiles it once and makes each array in its layout on the devices (no host
+    round trip, no gather). The state then serves a step run under ``apply`` with
+    ``out_layouts=(params, state, None)``, which keeps every layout (in a plain
+    ``jax.jit`` step: ``apply(optimizer.update, grads, state, params,
+    out_layouts=(params, state))``). ``optimizer.update`` on the DTensors themselves works
+    only for state of the parameters' shapes: JAX's ``tree.map`` of a gradient with a
+    state leaf of another shape fails on the DTensors' pytree metadata (shape, layout).
+
+    Why not ``optimizer.init(params)``: optax maps over a DTensor's physical array, which
+    keeps the layout of same-shaped state but puts arrays of other shapes into DTensors
+    whose layout does not describe them (refused by ``DTensor.checked``); and
+    ``apply(optimizer.init, params)`` alone lets XLA lay out the new arrays, which it
+    makes Replicate (a tp-split weight's moments then cost tp times the memory).
+    The state's shapes come from ``jax.eval_shape`` of the init on the parameters'
+    logical shapes: on the DTensors themselves it would map over their physical
+    (padded) arrays.
+    """
+    optax = _optax()
+    if not isinstance(optimizer, optax.GradientTransformation):
+        raise ArgumentTypeError(
+            "optimizer", optimizer, "expected an optax GradientTransformation", "pass e.g. optax.adamw(1e-3)"
+        )
+    shapes = jax.eval_shape(
+        optimizer.init,
+        jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), _dtensor_params(params), is_leaf=is_dtensor),
+    )
+    return apply(optimizer.init, params, out_layouts=state_layouts(shapes, params))
+
+
+def state_layouts(state: Any, params: Any) -> Any:
+    """The pytree of ``state`` (an optimizer's state, or its ``jax.eval_shape``) with each
+    leaf replaced by the :class:`Layout` it takes following the DTensor ``params``; for
+    ``out_layouts`` of :func:`~placements2jax.apply` / ``predict`` (the init of a state
+    built by hand) or to distribute a state built on plain arrays leaf by leaf.
+
+    The leaves of every subtree of ``state`` of which ``params``' tree structure is a
+    prefix follow the parameter at their position (:func:`param_followers`). A follower of its
+    parameter's shape takes the parameter's layout; one whose shape is the parameter's
+    with dims dropped or set to 1 keeps the mesh axes of each kept dim of the same size
+    (a dim split where a dropped one was, or set to 1, is Replicate); when the shapes
+    leave the kept dims ambiguous (``(256,)`` from ``(256, 256)``: row or column
+    statistics), a dim keeps its axes only where every reading agrees. Partial becomes
+    Replicate (a state leaf is a value per element, not a sum of pieces). Other leaves
+    are Replicate on the parameters' mesh.
+    """
+    leaves = _dtensor_params(params)
+    param_leaves, param_tree = jax.tree.flatten(leaves, is_leaf=is_dtensor)
+    mesh = param_leaves[0].device_mesh
+    pairs, state_tree = jax.tree_util.tree_flatten_with_path(state, is_leaf=is_dtensor)
+    layouts = []
+    for (path, leaf), follows in zip(pairs, param_followers(state, param_tree)):
+        shape = _state_shape(path, leaf)
+        if follows is None:
+            layouts.append(Layout(mesh, ((),) * len(shape)))
+        else:
+            param = param_leaves[follows]
+            layouts.append(_followed_layout(param.layout, param.shape, shape))
+    return jax.tree_util.tree_unflatten(state_tree, layouts)
+
+
+def param_followers(tree: Any, param_tree: Any, like: Callable[[Any], bool] | None = None) -> list[int | None]:
+    """Per leaf of ``tree`` (DTensors as leaves): the index of the parameter it follows
+    (among the leaves of ``param_tree``, a tree structure with DTensors as leaves), else
+    None. The leaves of a subtree of ``tree`` of which ``param_tree`` is a prefix (and
+    for which ``like(subtree)`` holds, when given) follow the parameter at their
+    position: Adam's ``mu`` leaf by leaf, ``optax.sm3``'s list of accumulators per
+    parameter all of them. The outermost such subtree counts."""
+
+    def visit(x: Any) -> list[int | None]:
+        if like is None or like(x):
+            try:
+                per_param = param_tree.flatten_up_to(x)
+            except (ValueError, TypeError):
+                per_param = None
+            if per_param is not None:
+                return [k for k, sub in enumerate(per_param) for _ in jax.tree.leaves(sub, is_leaf=is_dtensor)]
+        if is_dtensor(x):
+            return [None]
+        children = jax.tree_util.tree_flatten(x, is_leaf=lambda y: y is not x)[0]
+        if len(children) == 1 and children[0] is x:
+            return [None]
+        return [k for child in children for k in visit(child)]
+
+    return visit(tree)
+
+
+def _followed_layout(layout: Layout, param_shape: Sequence[int], shape: Sequence[int]) -> Layout:
+    """The layout of a state array of ``shape`` following a parameter of ``param_shape``
+    laid out ``layout`` (the rule of :func:`state_layouts`)."""
+    param_shape, shape = tuple(param_shape), tuple(shape)
+    if shape == param_shape:
+        return layout.without_partial()
+    readings = {
+        tuple((layout.dim_axes[d], layout.split_factors[d]) if size == param_shape[d] else ((), 1)
+              for size, d in zip(shape, kept))
+        for kept in itertools.combinations(range(len(param_shape)), len(shape))
+        if all(size in (param_shape[d], 1) for size, d in zip(shape, kept))
+    }
+    dims = [dim.pop() if len(dim) == 1 else ((), 1) for dim in map(set, zip(*readings))] if readings else []
+    if len(dims) != len(shape):  # no reading: not a parameter's statistic
+        dims = [((), 1)] * len(shape)
+    return Layout(layout.mesh, tuple(axes for axes, _ in dims), None, tuple(f for _, f in dims))
+
+
+def _dtensor_params(params: Any) -> Any:
+    """``params`` when every leaf is a DTensor (and there is one), else ArgumentTypeError
+    naming the first other leaf."""
+    pairs = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_dtensor)[0]
+    for path, leaf in pairs:
+        if not isinstance(leaf, DTensor):
+            raise ArgumentTypeError(
+                f"params{jax.tree_util.keystr(path)}", leaf, "expected a DTensor (the state follows the "
+                "parameters' layouts)", "distribute the parameters first, e.g. with distribute_pytree(params, mesh, plan)",
+            )
+    if not pairs:
+        raise ArgumentTypeError(
+            "params", params, "has no DTensor leaf (the state follows the parameters' layouts)",
+            "pass the model's pytree of DTensor parameters",
+        )
+    return params
+
+
+def _state_shape(path: Any, leaf: Any) -> tuple[int, ...]:
+    """The logical shape of a state leaf (an array, its ShapeDtypeStruct, a DTensor whose
+    array its layout describes), else ArgumentTypeError naming it."""
+    where = f"state{jax.tree_util.keystr(path)}"
+    if isinstance(leaf, DTensor):
+        return leaf.checked(where).shape
+    shape = getattr(leaf, "shape", None)
+    if shape is None or getattr(leaf, "dtype", None) is None:
+        raise ArgumentTypeError(
+            where, leaf, "a state leaf must be an array, a jax.ShapeDtypeStruct or a DTensor",
+            "pass the optimizer's state or its jax.eval_shape(optimizer.init, params)",
+        )
+    return tuple(shape)
 
 
 def _optax() -> Any:

@@ -30,6 +30,7 @@ from placements2jax import (
     plan_layouts,
     resolve_layout,
     rowwise,
+    state_layouts,
 )
 from placements2jax.autoplan import AutoPlan, compiled_figures, planned_inputs
 from placements2jax.errors import ShapeError
@@ -159,7 +160,7 @@ def _compiled_memory(mesh: Any, problem: tuple[Any, ...], plan: Any) -> int:
     params, state, x, y = problem
     twin = auto_twin_of(mesh.to_jax())
     shardings = {k: NamedSharding(twin, v.partition_spec) for k, v in plan_layouts(params, mesh, plan).items()}
-    state_shardings = common.state_layouts(state, distribute_pytree(params, mesh, plan))
+    state_shardings = state_layouts(state, distribute_pytree(params, mesh, plan))
     state_shardings = jax.tree.map(lambda layout: NamedSharding(twin, layout.partition_spec), state_shardings,
                                    is_leaf=lambda v: hasattr(v, "partition_spec"))
     batch = NamedSharding(twin, PartitionSpec("dp"))

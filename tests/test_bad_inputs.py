@@ -2161,6 +2161,32 @@ CASES: list[Case] = [
         "mixed_precision: update without params", "mixed_precision", ArgumentTypeError, "params",
         lambda e: _mixed_update_without_params(e),
     ),
+    # -- optimizer state following its parameters -------------------------------------------------------------
+    _c(
+        "init_optimizer_state: not an optax optimizer", "init_optimizer_state", ArgumentTypeError, "optimizer",
+        lambda e: placements2jax.init_optimizer_state(lambda p: p, {"w": e.dt}),
+    ),
+    _c(
+        "init_optimizer_state: a parameter that is not a DTensor", "init_optimizer_state", ArgumentTypeError,
+        "params['b']", lambda e: placements2jax.init_optimizer_state(_optax().adam(0.1), {"w": e.dt, "b": np.ones(3)}),
+    ),
+    _c(
+        "init_optimizer_state: no parameters", "init_optimizer_state", ArgumentTypeError, "params",
+        lambda e: placements2jax.init_optimizer_state(_optax().adam(0.1), {}),
+    ),
+    _c(
+        "state_layouts: a leaf that is not an array", "state_layouts", ArgumentTypeError, "state['schedule']",
+        lambda e: placements2jax.state_layouts({"mu": {"w": e.dt}, "schedule": "cosine"}, {"w": e.dt}),
+    ),
+    _c(
+        "state_layouts: a function mapped over DTensors made arrays of other shapes", "state_layouts", ShapeError,
+        "state['v_row']['w']",  # as optax.adafactor(...).init(params) does (its factored statistics)
+        lambda e: placements2jax.state_layouts({"v_row": jax.tree.map(lambda a: a[:, 0], {"w": e.dt})}, {"w": e.dt}),
+    ),
+    _c(
+        "state_layouts: parameters that are plain arrays", "state_layouts", ArgumentTypeError, "params['w']",
+        lambda e: placements2jax.state_layouts({"mu": {"w": e.x}}, {"w": e.x}),
+    ),
 ]
 
 

@@ -4,6 +4,8 @@ state in each parameter's layout, steps equal to unsharded training, bfloat16 pa
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -380,7 +382,8 @@ def test_a_dtensor_whose_array_another_shape_is_refused_naming_its_path() -> Non
     params = p2j.init_pytree(_init, KEY, MESH, PLAN)
     broken = optimizer.init(params)
     step = lambda p, s: optimizer.update(p, s, p)  # noqa: E731
-    with pytest.raises(p2j.ShapeError, match=r"inputs\[1\]\[0\]\.v_row\['down'\]\['b'\]=.*apply\(optimizer.init"):
+    with pytest.raises(p2j.ShapeError, match=r"inputs\[1\]\[0\]\.v_row\['down'\]\['b'\]=.*"
+                       r"init_optimizer_state\(optimizer, params\)"):
         p2j.predict(step, params, broken)
     with pytest.raises(p2j.ShapeError, match=r"args\[1\]\[0\]\.v_row\['down'\]\['b'\]="):
         p2j.apply(step, params, broken)
@@ -391,3 +394,177 @@ def test_a_dtensor_whose_array_another_shape_is_refused_naming_its_path() -> Non
     plain = jax.jit(_init)(KEY)
     want, _ = optimizer.update(plain, optimizer.init(plain), plain)
     np.testing.assert_allclose(_full(updates)["up"]["w"], np.asarray(want["up"]["w"]), rtol=1e-5, atol=1e-7)
+
+
+# -- optimizer state following its parameters: init_optimizer_state ---------------------------------------------------
+
+STATE_PLAN = {**PLAN, r"odd": "S(0),S(1)"}  # odd: (10, 7) split unevenly over both mesh axes (padded)
+
+
+def _state_init(key: jax.Array) -> dict:
+    return {**_init(key), "odd": jax.random.normal(jax.random.fold_in(key, 7), (10, 7))}
+
+
+def _state_loss(params, x, y):
+    return _plain_loss(params, x, y) + 0.05 * jnp.mean(jnp.cos(params["odd"]))
+
+
+def _state_step(optimizer):
+    """An optax step of plain JAX code: the loss, its gradients, the update."""
+
+    def step(params, state, x, y):
+        loss, grads = jax.value_and_grad(_state_loss)(params, x, y)
+        updates, state = optimizer.update(grads, state, params)
+        return optax.apply_updates(params, updates), state, loss
+
+    return step
+
+
+# Per optimizer: the placements of the state leaves that are not Replicate (keystr path -> torch form), on
+# MESH (dp=4, tp=2): up/w (16, 24) R,S(1); up/b (24,) R,S(0); down/w (24, 16) R,S(0); down/b R; odd (10, 7) S(0),S(1).
+_MOMENTS = {"['up']['w']": "R,S(1)", "['up']['b']": "R,S(0)", "['down']['w']": "R,S(0)", "['odd']": "S(0),S(1)"}
+_STATE_CASES = {
+    "adam": (lambda: optax.adam(1e-2), {f"[0].{m}{k}": v for m in ("mu", "nu") for k, v in _MOMENTS.items()}),
+    # factored (every 2-d parameter): v_row drops the larger dim, v_col the other; 1-d ones keep v
+    "adafactor": (lambda: optax.adafactor(1e-2, min_dim_size_to_factor=4), {
+        "[0].v_col['up']['w']": "R,S(0)", "[0].v_col['down']['w']": "R,S(0)", "[0].v['up']['b']": "R,S(0)",
+        "[0].v_row['odd']": "R,S(0)", "[0].v_col['odd']": "S(0),R"}),
+    "adafactor unfactored": (lambda: optax.adafactor(1e-2, factored=False),
+                             {f"[0].v{k}": v for k, v in _MOMENTS.items()}),
+    "novograd": (lambda: optax.novograd(1e-2), {f"[0].mu{k}": v for k, v in _MOMENTS.items()}),
+    "zero_nans adam": (lambda: optax.chain(optax.zero_nans(), optax.adam(1e-2)),
+                       {f"[1][0].{m}{k}": v for m in ("mu", "nu") for k, v in _MOMENTS.items()}),
+    "mixed_precision adamw": (lambda: p2j.mixed_precision(optax.adamw(1e-2)),
+                              {f"{m}{k}": v for m in (".master", ".inner[0].mu", ".inner[0].nu")
+                               for k, v in _MOMENTS.items()}),
+}
+
+
+@pytest.mark.parametrize("name", list(_STATE_CASES))
+def test_init_optimizer_state_follows_the_parameters_and_trains_like_plain_optax(name: str) -> None:
+    """Every state leaf is a DTensor: of its parameter's shape in the parameter's layout,
+    a factored statistic (the parameter's shape with a dim dropped) keeping the kept dim's
+    split, others (counts, norms, flags, (1,) placeholders) Replicate; values equal plain
+    optax's init on unsharded arrays, each device holds its block only, and steps run under
+    apply with out_layouts=(params, state, None) keep every layout and match plain JAX.
+    The init runs no collective."""
+    make, expected = _STATE_CASES[name]
+    optimizer = make()
+    params = p2j.init_pytree(_state_init, KEY, MESH, STATE_PLAN)
+    plain = jax.jit(_state_init)(KEY)
+    with p2j.CommDebugMode() as comm:  # XLA makes every leaf on its devices: nothing gathered or moved
+        state = p2j.init_optimizer_state(optimizer, params)
+    assert comm.get_total_counts() == 0
+    plain_state = optimizer.init(plain)
+    pairs = jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda v: isinstance(v, DTensor))[0]
+    assert len(pairs) == len(jax.tree.leaves(plain_state))
+    seen = set()
+    for (path, leaf), want in zip(pairs, jax.tree.leaves(plain_state)):
+        where = jax.tree_util.keystr(path)
+        assert isinstance(leaf, DTensor), where
+        placements = expected.get(where, ",".join("R" * MESH.ndim))
+        seen.add(where) if where in expected else None
+        assert leaf.layout == p2j.resolve_layout(MESH, placements, leaf.ndim), (where, leaf.placements)
+        assert leaf.shape == want.shape and leaf.dtype == want.dtype, where
+        np.testing.assert_array_equal(np.asarray(leaf.full_tensor()), np.asarray(want), err_msg=where)
+        block = tuple(n // math.prod(MESH.shape[a] for a in axes)  # each device's block, padded where uneven
+                      for n, axes in zip(leaf.physical.padded_shape, leaf.layout.dim_axes))
+        assert {shard.data.shape for shard in leaf.array.addressable_shards} == {block}, where
+        for rank in (0, 3, 7):
+            assert leaf.to_local(rank).shape == leaf.layout.local_shape(leaf.shape, rank), where
+    assert seen == set(expected)
+
+    step = _state_step(optimizer)
+    out_layouts = (params, state, None)
+    run = jax.jit(lambda *a: p2j.apply(step, *a, out_layouts=out_layouts))
+    plain_step = jax.jit(step)
+    for seed in range(3):
+        x, y = _data(seed)
+        params, state, loss = run(params, state, *(p2j.distribute_tensor(a, MESH, BATCH) for a in (x, y)))
+        plain, plain_state, plain_loss = plain_step(plain, plain_state, x, y)
+        assert float(loss.full_tensor()) == pytest.approx(float(plain_loss), rel=1e-5)
+    for (path, leaf), (_, before), want in zip(
+            jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda v: isinstance(v, DTensor))[0], pairs,
+            jax.tree.leaves(plain_state)):
+        assert leaf.layout == before.layout, jax.tree_util.keystr(path)
+        np.testing.assert_allclose(np.asarray(leaf.full_tensor()), np.asarray(want), rtol=1e-4, atol=1e-6,
+                                   err_msg=jax.tree_util.keystr(path))
+    for key in ("up", "down"):
+        assert params[key]["w"].layout == p2j.plan_layouts(plain, MESH, STATE_PLAN)[key]["w"]
+        np.testing.assert_allclose(np.asarray(params[key]["w"].full_tensor()), np.asarray(plain[key]["w"]),
+                                   rtol=1e-4, atol=1e-6)
+
+
+def test_state_layouts_keep_the_splits_of_kept_dims_and_agree_on_ambiguous_ones() -> None:
+    """The rule on shapes alone: a square parameter's (8,) statistic could keep either dim,
+    so its split is kept only where both readings agree (Replicate); keepdims-style
+    (8, 1) and (1, 8) keep dim 0's and dim 1's split; a Partial parameter's moments are
+    Replicate on that mesh dim; optax.sm3's per-dim accumulators (a list per parameter)
+    follow theirs, as do multi_transform's and masked's states (MaskedNode where a
+    parameter is not theirs); a state built by optimizer.init on the DTensors (Adam's,
+    same shapes) gets the layouts init_optimizer_state gives."""
+    square = p2j.distribute_tensor(np.ones((8, 8), np.float32), MESH, "S(0),S(1)")
+    partial = p2j.distribute_tensor(np.ones((8, 6), np.float32), MESH, [p2j.Partial(), Shard(1)])
+    params = {"square": square, "partial": partial}
+    state = {"stats": {"square": jnp.zeros(8), "partial": jnp.zeros((8, 6))},
+             "keepdims": {"square": (jnp.zeros((8, 1)), jnp.zeros((1, 8))), "partial": jnp.zeros((1, 6))},
+             "count": jnp.zeros((), jnp.int32)}
+    got = jax.tree.map(str, p2j.state_layouts(state, params), is_leaf=lambda v: isinstance(v, p2j.Layout))
+    rendered = lambda text, ndim: str(p2j.resolve_layout(MESH, text, ndim))  # noqa: E731
+    assert got == {"stats": {"square": rendered("R,R", 1), "partial": rendered("R,S(1)", 2)},
+                   "keepdims": {"square": (rendered("S(0),R", 2), rendered("R,S(1)", 2)), "partial": rendered("R,S(1)", 2)},
+                   "count": rendered("R,R", 0)}
+
+    params = p2j.init_pytree(_init, KEY, MESH, PLAN)
+    sm3 = p2j.init_optimizer_state(optax.sm3(1e-2), params)
+    assert [a.placements for a in sm3[0].mu["up"]["w"]] == [(Replicate(), Replicate()), (Replicate(), Shard(0))]
+    assert [a.placements for a in sm3[0].mu["down"]["w"]] == [(Replicate(), Shard(0)), (Replicate(), Replicate())]
+    # optax.multi_transform / optax.masked leave MaskedNode (no leaves) where a parameter is not theirs
+    labels = {"up": {"w": "adam", "b": "factored"}, "down": {"w": "factored", "b": "adam"}}
+    multi = optax.multi_transform({"adam": optax.adam(1e-2), "factored": optax.masked(
+        optax.adafactor(1e-2, min_dim_size_to_factor=4), {"up": {"w": False, "b": True}, "down": {"w": True, "b": True}})},
+        labels)
+    layouts = p2j.state_layouts(jax.eval_shape(multi.init, jax.jit(_init)(KEY)), params).inner_states
+    assert layouts["adam"].inner_state[0].mu["up"]["w"] == params["up"]["w"].layout
+    assert isinstance(layouts["adam"].inner_state[0].mu["down"]["w"], optax.MaskedNode)
+    factored = layouts["factored"].inner_state.inner_state[0]
+    assert factored.v_col["down"]["w"] == p2j.resolve_layout(MESH, "R,S(0)", 1)
+    assert factored.v["up"]["b"] == params["up"]["b"].layout
+    adam = optax.adam(1e-2)
+    eager = jax.tree.leaves(p2j.state_layouts(adam.init(params), params), is_leaf=lambda v: isinstance(v, p2j.Layout))
+    built = p2j.init_optimizer_state(adam, params)
+    assert eager == [leaf.layout for leaf in jax.tree.leaves(built, is_leaf=lambda v: isinstance(v, DTensor))]
+
+
+def test_a_plain_jitted_step_runs_the_update_of_a_factored_state_under_apply() -> None:
+    """In a plain ``jax.jit`` step (model code on p2j.model_arrays, optax.apply_updates on
+    the DTensors), the update alone runs under apply: it sees the logical arrays, where
+    optax's own tree.map of gradients with state leaves of other shapes fails on the
+    DTensors' pytree metadata. Losses, parameters and state match plain JAX; layouts kept."""
+    optimizer = optax.adafactor(1e-2, min_dim_size_to_factor=4)
+    params = p2j.init_pytree(_state_init, KEY, MESH, STATE_PLAN)
+    plain = jax.jit(_state_init)(KEY)
+    state, plain_state = p2j.init_optimizer_state(optimizer, params), optimizer.init(plain)
+    layouts = p2j.layouts_of(state)
+
+    def loss(params, x, y):
+        return _state_loss(*p2j.model_arrays((params, x, y)))
+
+    @jax.jit
+    def step(params, state, x, y):
+        value, grads = jax.value_and_grad(loss)(params, x, y)
+        with pytest.raises(ValueError, match="pytree structure"):
+            optimizer.update(grads, state, params)
+        updates, state = p2j.apply(optimizer.update, grads, state, params, out_layouts=(params, state))
+        return optax.apply_updates(params, updates), state, value
+
+    plain_step = jax.jit(_state_step(optimizer))
+    for seed in range(3):
+        x, y = _data(seed)
+        params, state, value = step(params, state, *(p2j.distribute_tensor(a, MESH, BATCH) for a in (x, y)))
+        plain, plain_state, plain_value = plain_step(plain, plain_state, x, y)
+        assert float(value) == pytest.approx(float(plain_value), rel=1e-5)
+    assert p2j.layouts_of(state) == layouts
+    np.testing.assert_allclose(np.asarray(params["odd"].full_tensor()), np.asarray(plain["odd"]), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(state[0].v_col["up"]["w"].full_tensor()),
+                               np.asarray(plain_state[0].v_col["up"]["w"]), rtol=1e-4, atol=1e-7)

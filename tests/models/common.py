@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import optax
 
-from placements2jax import DTensor, Layout, distribute_pytree, distribute_tensor
+from placements2jax import DTensor, Layout, distribute_pytree, distribute_tensor, state_layouts
 
 
 def make_optimizer(learning_rate: float = 1e-3) -> optax.GradientTransformation:
@@ -36,28 +36,10 @@ def _is_dtensor(x: Any) -> bool:
     return isinstance(x, DTensor)
 
 
-def state_layouts(state: Any, params: Any) -> Any:
-    """The layout of every leaf of an optimizer state: subtrees shaped like ``params``
-    (Adam's ``mu`` and ``nu``) take the parameters' layouts, the rest (step counts) are
-    Replicate. ``params`` holds DTensors."""
-    param_tree = jax.tree.structure(params, is_leaf=_is_dtensor)
-    layouts = jax.tree.map(lambda p: p.layout, params, is_leaf=_is_dtensor)
-    mesh = jax.tree.leaves(params, is_leaf=_is_dtensor)[0].layout.mesh
-
-    def like_params(x: Any) -> bool:
-        return jax.tree.structure(x, is_leaf=_is_dtensor) == param_tree
-
-    def layout(x: Any) -> Any:
-        if like_params(x):
-            return layouts
-        return Layout(mesh, ((),) * np.ndim(x))
-
-    return jax.tree.map(layout, state, is_leaf=lambda x: like_params(x) or isinstance(x, (jax.Array, np.ndarray)))
-
-
 def distribute_state(state: Any, params: Any) -> Any:
     """``state`` (from ``optimizer.init`` on plain arrays) as DTensors laid out like the
-    DTensor ``params`` (see :func:`state_layouts`)."""
+    DTensor ``params`` (:func:`placements2jax.state_layouts`: Adam's ``mu`` and ``nu``
+    take the parameters' layouts, step counts are Replicate)."""
     layouts = state_layouts(state, params)
     flat_layouts = jax.tree.leaves(layouts, is_leaf=lambda x: isinstance(x, Layout))
     leaves, tree = jax.tree.flatten(state)
