@@ -314,7 +314,7 @@ from ..caches import cached
 from ..layout import Layout
 from ..mesh import DeviceMesh
 from . import blocks
-from .combine import BACKENDS, combiner_rules
+from .combine import BACKENDS, CombinerRules, combiner_rules
 from .cost import ALL_REDUCE, REDUCE_SCATTER, CostModel
 from .plan import cached_plan, layout_state, plan_collectives, plan_cost
 from .select import pending_reduction
@@ -453,7 +453,7 @@ def _choose(
     )
     if layers:  # repeated layers: seeded from them (:mod:`.blocks`)
         return _seeded(search, layers, seeds, dispatched_choice, (eager, dispatched))
-    if search.reduction_scale == 1.0:
+    if search.as_planned:
         chosen = _descend(search, eager, seeds)
         return _finish(search, search, (eager, dispatched), eager, chosen)
     # Priced by the planner alone (a reduce-scatter half an all-reduce), the descents end in other basins:
@@ -462,11 +462,17 @@ def _choose(
     # the training steps the eager start and the seeds never gave the kept result.
     planned = search.repriced(compiled=False)
     by_planner = _descend(planned, eager, seeds)
+
+    def cost(choice: Choice) -> tuple[Cost, Cost]:
+        # ties as compiled broken by the planner's prices: CPU XLA sends a bfloat16 partial reduced in the program in
+        # float32, what the float32 output it is cast to would owe, where a backend that does not widen sends half
+        return search.total(choice), planned.total(choice)
+
     chains = []
     for pulls in (False, True):  # without and with pull moves (:meth:`_Search.pull_moves`), the cheaper kept
         search.tie_moved(not pulls)  # without pull moves, ties broken by the fewest inputs moved (tie_moved())
         chosen = _descend(search, eager, (), walked_only=True, pulls=pulls)
-        if search.total(by_planner) < search.total(chosen):
+        if cost(by_planner) < cost(chosen):
             chosen = by_planner
         chains.append((pulls, chosen))
     # both chains are finished, the cheaper result kept: the dearer chain's finish can end cheaper (Llama's adamw
@@ -476,7 +482,7 @@ def _choose(
     for pulls, chosen in chains:
         search.tie_moved(not pulls)
         results.append(_finish(search, planned, (eager, dispatched), by_planner, chosen, pulls))
-    return min(results, key=search.total)
+    return min(results, key=cost)
 
 
 def _seeded(
@@ -518,7 +524,7 @@ def _seeded(
                 cost = search.total(trial)
                 if cost < best:
                     chosen, best, lowered = trial, cost, True
-    planned = search.repriced(compiled=False) if search.reduction_scale != 1.0 else search
+    planned = search if search.as_planned else search.repriced(compiled=False)
     offered = [paths[p] for p in blocks.boundaries(layers, len(paths))]  # moves at the blocks' seams first
     return _finish(search, planned, eagers, seed, chosen, offered=offered)
 
@@ -631,15 +637,18 @@ Evaluation = tuple[Cost, dict[str, int], int]
 _Reading = tuple[int, Callable[[Choice], Any], Collection[int]]
 
 
-def _reduction_scale(mesh: DeviceMesh) -> float:
-    """What a free output's owed reduction costs, as the backend compiles it, in units of
-    the planner's reduce-scatter (:func:`.select.pending_reduction`): CPU XLA forms no
-    reduce-scatter, it all-reduces the whole block (:mod:`.combine`), twice the bytes
-    (as the all-reduces the planner prices inside the program); 1 elsewhere."""
+def _backend_rules(mesh: DeviceMesh) -> CombinerRules | None:
+    """The rules of what ``mesh``'s backend compiles a planned collective as (:mod:`.combine`:
+    CPU XLA forms no reduce-scatter, it all-reduces the whole block, twice the bytes, and
+    sends a ``bfloat16`` collective in ``float32``, twice its bytes); None on a platform
+    without rules (priced by the planner alone)."""
     platform = mesh.devices.flat[0].platform
-    if platform in BACKENDS and combiner_rules(platform).compiled_kind(REDUCE_SCATTER) == ALL_REDUCE:
-        return 2.0
-    return 1.0
+    return combiner_rules(platform) if platform in BACKENDS else None
+
+
+def _unwidened(dtype: np.dtype) -> int:
+    """Every element type sent as planned (the planner's prices)."""
+    return 1
 
 
 def _upstream(sources: dict[str, Any], starts: Iterable[str], depth: int) -> frozenset[str]:
@@ -1021,7 +1030,14 @@ class _Search:
         with ``overhead`` bytes per collective: the memos of everything priced, empty."""
         self.overhead = overhead  # bytes charged per collective (OVERHEAD), in the objective and the routes
         self.compiled = compiled  # priced as the backend compiles (else by the planner alone: _greedy_stack reads it)
-        self.reduction_scale = _reduction_scale(self.graph.mesh) if compiled else 1.0
+        rules = _backend_rules(self.graph.mesh) if compiled else None
+        # what a free output's owed reduction costs in units of the planner's reduce-scatter
+        # (:func:`.select.pending_reduction`): 2 where the backend compiles it as an all-reduce, as the moves
+        self.reduction_scale = 2.0 if rules is not None and rules.compiled_kind(REDUCE_SCATTER) == ALL_REDUCE else 1.0
+        # per element type, how many times its planned bytes the backend sends (CPU: bfloat16 in float32)
+        self.widening: Callable[[np.dtype], int] = functools.cache(rules.widening) if rules is not None else _unwidened
+        # priced as the planner prices (a second search by the planner's prices would find the same)
+        self.as_planned = rules is None or (self.reduction_scale == 1.0 and not rules.widened)
         self._plain: _Search | None = None  # plain_bytes()' search, built once
         self.costs: dict[tuple[AvalKey, State, State], Cost] = {}
         self.charges: dict[tuple[ValueId, State], Cost] = {}
@@ -1089,13 +1105,14 @@ class _Search:
         key = (aval, src, dst)
         cost = self.costs.get(key)
         if cost is None:
+            widening = self.widening(aval[1])
             if self.reduction_scale == 1.0:
                 nbytes, steps = plan_cost(aval[0], aval[1], src, dst, self.mesh_shape, self.weights, self.overhead)
-                cost = self.costs[key] = (float(nbytes) + self.overhead * steps, float(steps))
+                cost = self.costs[key] = (widening * float(nbytes) + self.overhead * steps, float(steps))
             else:  # as the backend compiles the plan: its reduce-scatters as all-reduces
                 collectives = plan_collectives(aval[0], aval[1], src, dst, self.mesh_shape, self.weights, self.overhead)
                 scaled = sum(float(c) * (self.reduction_scale if kind == REDUCE_SCATTER else 1.0) for kind, c in collectives)
-                cost = self.costs[key] = (scaled + self.overhead * len(collectives), float(len(collectives)))
+                cost = self.costs[key] = (widening * scaled + self.overhead * len(collectives), float(len(collectives)))
         return cost
 
     def nbytes(self, cost: Cost) -> float:
@@ -1122,7 +1139,7 @@ class _Search:
                     layout = self.layouts[state]
                     owed = pending_reduction((Aval(*aval),), (layout,), set(), self.cost_model)
                     partials = sum(1 for op in state[1] if op)  # none over one device (see _state)
-                    nbytes += self.reduction_scale * float(owed) + self.overhead * partials
+                    nbytes += self.reduction_scale * self.widening(aval[1]) * float(owed) + self.overhead * partials
                     steps += partials
                 else:
                     owed = self.cost(aval, state, target)
@@ -1280,7 +1297,7 @@ class _Search:
             key = (aval, state, made)
             value = self.pendings.get(key)
             if value is None:
-                value = self.pendings[key] = self.reduction_scale * float(
+                value = self.pendings[key] = self.reduction_scale * self.widening(aval[1]) * float(
                     pending_reduction((Aval(*aval),), (self.layouts[state],), set(given), self.cost_model)
                 )
             total += value
@@ -1655,7 +1672,11 @@ class _Search:
             if state == want:
                 continue
             costless = self.cost(self.in_avals[path][i], state, want) == _ZERO  # a slice, a local partial
-            if self.fixed[path][i] is None and src[0] not in seeds:  # type: ignore[index]
+            if self.fixed[path][i] is None and src[0] in seeds:  # type: ignore[index]
+                # a loop body's read of its carry, the loop re-chosen downstream of it: it arrives as re-chosen
+                if path.startswith(f"{src[0]}.") and self.outs[src[0]][seeds[src[0]]][src[1]] == want:  # type: ignore[index]
+                    continue
+            elif self.fixed[path][i] is None:
                 upstream = dict(seeds)
                 if self._pull(src[0], src[1], want, choice, upstream, read):  # type: ignore[index]
                     seeds.update(upstream)
