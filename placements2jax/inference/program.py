@@ -17,16 +17,20 @@ owes: the pending reduction of its partial mesh dims (:func:`.select.pending_red
 a reduce-scatter each) or, for an output with a fixed layout, the plan to that layout.
 Costs compare as (cost, number of collectives): among equally cheap programs, fewer
 collectives. The function's inputs keep their layouts; literals and constants are
-Replicate. Moves are priced as the mesh's backend compiles them (:func:`_reduction_scale`):
-CPU XLA forms no reduce-scatter, it all-reduces the whole block and slices it, so there a
-planned move is priced by its collectives (:func:`.plan.plan_collectives`) with each
-reduce-scatter at an all-reduce's bytes, and so are an output's owed reduction and eager
-dispatch's look-ahead charge. (CPU XLA also sends a ``bfloat16`` value's collectives in
-``float32``, :meth:`.combine.CombinerRules.widening`, which ``check`` counts; priced so
-here too, the stacked step of tests/models/stacked.py in bfloat16 chose the same, but a
-bfloat16 partial reduced inside a program then cost what the float32 output owes, and the
-search left the row-parallel MLP's output of tests/test_inference_programs.py partial,
-a tie, where it reduce-scatters it: not priced so.) Priced by the planner alone, a reduce-scatter and an
+Replicate. Moves are priced as the mesh's backend compiles them (:func:`_backend_rules`,
+:mod:`.combine`'s rules, which ``check`` counts by): CPU XLA forms no reduce-scatter, it
+all-reduces the whole block and slices it, so there a planned move is priced by its
+collectives (:func:`.plan.plan_collectives`) with each reduce-scatter at an all-reduce's
+bytes; and it sends a ``bfloat16`` value's collectives in ``float32``
+(:meth:`.combine.CombinerRules.widening`), so there a bfloat16 move costs twice its
+planned bytes; and so are an output's owed reduction and eager dispatch's look-ahead
+charge (GPU and TPU send bfloat16 as it is: priced by the planner's bytes there). Ties as
+compiled are broken by the planner's prices: a row-parallel bfloat16 partial cast to
+float32 costs as much reduced before the cast (sent in float32) as the float32 output owes,
+and the search reduces it in the program, as a backend that does not widen would
+(tests/test_inference_programs.py). A bfloat16 partial cast and sliced to 12 of its 16
+columns is reduced after the slice (288 B per device as compiled) where it was reduced
+before the cast (384 B compiled, 192 by the planner). Priced by the planner alone, a reduce-scatter and an
 all-gather cost what the one all-reduce XLA sends costs, and the search reduce-scatters
 Llama's residual stream and all-gathers it back, twice the bytes on CPU; priced as
 compiled, it all-reduces once (Llama's loss: 0.78x XLA's bytes in 12 collectives where
@@ -1658,8 +1662,14 @@ class _Search:
         move (a slice, a local partial) or from a producer that cannot make it (the
         redistribution moves up there); False if a function input or literal would pay
         a move (gathering an input instead of reducing a gradient: another plan than
-        XLA's), and the caller keeps its own choice. ``read``: the equations whose
-        choices it read, added to."""
+        XLA's), and the caller keeps its own choice. A loop body's read of its carry, the
+        loop re-chosen downstream of it (pulled through the value its body returns), arrives
+        as the re-chosen loop carries it: priced as CPU XLA sends bfloat16, the replicated
+        restart of the stacked LM's bfloat16 step accumulated under ``lax.scan`` left the
+        embedding gradient's accumulator split over ``tp``, free to slice in the body and
+        all-gathered after the loop, and only the body's add, the loop and its consumer
+        re-chosen together remove that gather (9,776 B as compiled, 15,920 without).
+        ``read``: the equations whose choices it read, added to."""
         fits = self.candidates[path].by_out[j].get(need)
         if not fits or len(seeds) >= _PULL_DEPTH:
             return True  # the redistribution stays at its output
