@@ -545,7 +545,9 @@ def _finish(
     # then split values near the outputs gathered, from that result (so never dearer than it): offered from the
     # finish's start they led its descent to another basin (the stacked LM's accumulated bfloat16 step 9,776 ->
     # 15,920 B as compiled)
+    search.carry_pulls = True
     found = search.improve(found, values=True, reducing=True, gathers=True, pulls=pulls, offered=search.near_gathered)
+    search.carry_pulls = False
     best = search.total(chosen)
     cost = search.total(found)
     if cost < best and cost[1] <= best[1]:
@@ -1075,8 +1077,9 @@ class _Search:
         self.alternative_moves: dict[tuple[str, Any], list[tuple[int, bool]]] = {}
         # and per kind (an equation making an output of the function: per path) and the states they depend on
         self.alternatives_by_states: dict[tuple[Any, ...], list[tuple[int, bool]]] = {}
-        # pull_moves() per node: (the getter of the choices they read, those choices, the moves)
-        self.pulls_by_reads: dict[str, list[tuple[Callable[[Choice], Any], Any, list[Any]]]] = {}
+        # pull_moves() per node and carry_pulls: (the getter of the choices they read, those choices, the moves)
+        self.pulls_by_reads: dict[tuple[str, bool], list[tuple[Callable[[Choice], Any], Any, list[Any]]]] = {}
+        self.carry_pulls = False  # pulls through a loop's carry (see _pull), in the finish's last descent
         self.fewest_moved = False  # greedy()'s tie-break (see tie_moved())
 
     def tie_moved(self, fewest: bool) -> None:
@@ -1634,7 +1637,7 @@ class _Search:
         descents offer them at every equation near each applied move, again from one
         descent to the next (on Llama's adamw step 5,459 offers, each ~15 us found anew,
         7% of the search; kept so, 2,135 are found anew)."""
-        known = self.pulls_by_reads.setdefault(path, [])
+        known = self.pulls_by_reads.setdefault((path, self.carry_pulls), [])
         for getter, snapshot, moves in known:
             if getter(choice) == snapshot:
                 return moves
@@ -1684,7 +1687,8 @@ class _Search:
             costless = self.cost(self.in_avals[path][i], state, want) == _ZERO  # a slice, a local partial
             if self.fixed[path][i] is None and src[0] in seeds:  # type: ignore[index]
                 # a loop body's read of its carry, the loop re-chosen downstream of it: it arrives as re-chosen
-                if path.startswith(f"{src[0]}.") and self.outs[src[0]][seeds[src[0]]][src[1]] == want:  # type: ignore[index]
+                loop, carry = src  # type: ignore[misc]
+                if self.carry_pulls and path.startswith(f"{loop}.") and self.outs[loop][seeds[loop]][carry] == want:
                     continue
             elif self.fixed[path][i] is None:
                 upstream = dict(seeds)
