@@ -9,6 +9,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax import lax
 
@@ -151,6 +152,16 @@ def test_gpu_rules_combine_all_gathers_up_to_the_threshold() -> None:
     typed = [c("all-reduce", 4), c("all-reduce", 4, "int32"), c("all-reduce", 4, after=1)]
     assert [g.members for g in combine(typed, rules)] == [(0,), (1,), (2,)]
     assert combiner_rules("tpu") == rules and combiner_rules("cuda") == rules
+
+
+def test_only_cpu_sends_bfloat16_collectives_in_float32() -> None:
+    """CPU XLA promotes and float-normalizes bfloat16 collectives to float32 (twice the
+    bytes; float16 stays); GPU (and TPU, on the GPU's rules) send bfloat16 as it is."""
+    cpu, gpu = combiner_rules("cpu"), combiner_rules("gpu")
+    assert [cpu.widening(t) for t in (jnp.bfloat16, jnp.float16, jnp.float32, jnp.int8)] == [2, 1, 1, 1]
+    assert cpu.compiled_dtype(jnp.bfloat16) == np.float32
+    assert [gpu.widening(t) for t in (jnp.bfloat16, jnp.float16)] == [1, 1]
+    assert combiner_rules("tpu").widening(jnp.bfloat16) == 1
 
 
 def test_prediction_combines_for_a_given_backend(mesh: Any) -> None:

@@ -650,6 +650,29 @@ def test_bfloat16_mixed_precision_keeps_partials_through_casts(mesh: Any) -> Non
     assert any(e.inputs[0].dtype == jnp.bfloat16 for e in converts)
 
 
+def test_the_search_prices_bfloat16_collectives_as_cpu_xla_sends_them(mesh: Any) -> None:
+    """CPU XLA sends a collective of bfloat16 values in float32 (combine.CombinerRules.widening,
+    what check counts), and the search prices it so: a row-parallel bfloat16 partial, cast
+    to float32 and sliced to 12 of its 16 columns before a non-linear op, is reduced after
+    the slice, a (4, 12) float32 block (288 B per device as compiled), not as the bfloat16
+    (4, 16) block before the cast (192 B by the planner, but 384 as CPU XLA sends it: the
+    search's choice before it priced the widening, and XLA's own plan)."""
+
+    def f(x: jax.Array, w: jax.Array) -> jax.Array:
+        y = (x.astype(jnp.bfloat16) @ w.astype(jnp.bfloat16)).astype(F32)
+        return jnp.tanh(y[:, :12])
+
+    x, w = spec(mesh, (8, 32), "S(0),S(1)"), spec(mesh, (32, 16), "R,S(0)")
+    prediction = predict(f, x, w)
+    moved = [(e.primitive, plan.shape, plan.dtype) for e in prediction.equations if e.signature is not None
+             for plan in e.signature.redistributions if not plan.is_noop]
+    assert moved == [("tanh", (8, 12), np.float32)], moved
+    assert prediction.lowered_nbytes == 288
+    report = check(f, x, w)
+    (reduced,) = (c for c in report.collective_checks if c.kind == "all-reduce")
+    assert (reduced.predicted_bytes, reduced.compiled_bytes) == (288, 384)
+
+
 def test_apply_runs_the_llama_loss_like_plain_jax(mesh: Any) -> None:
     """apply, equation by equation under the predicted signatures, on the Megatron-laid
     Llama (one layer): the loss equals plain JAX's. (The whole adamw step under apply

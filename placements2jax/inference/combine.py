@@ -24,7 +24,15 @@ The rules, read from XLA's source (``collective_combiner_utils.h``'s
   it combines with the all-reduces. CPU XLA also runs every collective of ``bfloat16``
   in ``float32`` (converted before, back after; ``float16`` stays: measured with jax
   0.10.2's CPU client), so it sends twice the bytes and keys with the ``float32`` ones
-  (:meth:`CombinerRules.compiled_dtype`).
+  (:meth:`CombinerRules.compiled_dtype`): its pipeline promotes bfloat16 all-reduces to
+  float32 (``AllReducePromotion``) and normalizes every other bfloat16 op its
+  ``FloatSupport(BF16)`` does not support, no collective among them
+  (``FloatNormalization``). GPU and TPU send bfloat16 as it is: the GPU's
+  ``GpuFloatSupport::IsSupported`` lists all-reduce, reduce-scatter, all-gather, all-to-all
+  and collective-permute as supported in bfloat16 (read from XLA's source; no GPU here to
+  measure); TPU's pipeline is not public, bfloat16 is its native type and the GPU's rules
+  are used for it (no widening). The program search prices moves by the
+  same rule (:func:`.program.select_program`).
 * GPU (``gpu_compiler.cc``, ``debug_options_flags.cc``): all three combiners, thresholds
   ``30 MiB + 7`` bytes of results each, 256 operands. TPU's pipeline is not public: the
   GPU's rules are used for it.

@@ -17,16 +17,20 @@ owes: the pending reduction of its partial mesh dims (:func:`.select.pending_red
 a reduce-scatter each) or, for an output with a fixed layout, the plan to that layout.
 Costs compare as (cost, number of collectives): among equally cheap programs, fewer
 collectives. The function's inputs keep their layouts; literals and constants are
-Replicate. Moves are priced as the mesh's backend compiles them (:func:`_reduction_scale`):
-CPU XLA forms no reduce-scatter, it all-reduces the whole block and slices it, so there a
-planned move is priced by its collectives (:func:`.plan.plan_priced`) with each
-reduce-scatter at an all-reduce's bytes, and so are an output's owed reduction and eager
-dispatch's look-ahead charge. (CPU XLA also sends a ``bfloat16`` value's collectives in
-``float32``, :meth:`.combine.CombinerRules.widening`, which ``check`` counts; priced so
-here too, the stacked step of tests/models/stacked.py in bfloat16 chose the same, but a
-bfloat16 partial reduced inside a program then cost what the float32 output owes, and the
-search left the row-parallel MLP's output of tests/test_inference_programs.py partial,
-a tie, where it reduce-scatters it: not priced so.) Priced by the planner alone, a reduce-scatter and an
+Replicate. Moves are priced as the mesh's backend compiles them (:func:`_backend_rules`,
+:mod:`.combine`'s rules, which ``check`` counts by): CPU XLA forms no reduce-scatter, it
+all-reduces the whole block and slices it, so there a planned move is priced by its
+collectives (:func:`.plan.plan_priced`) with each reduce-scatter at an all-reduce's
+bytes; and it sends a ``bfloat16`` value's collectives in ``float32``
+(:meth:`.combine.CombinerRules.widening`), so there a bfloat16 move costs twice its
+planned bytes; and so are an output's owed reduction and eager dispatch's look-ahead
+charge (GPU and TPU send bfloat16 as it is: priced by the planner's bytes there). Ties as
+compiled are broken by the planner's prices: a row-parallel bfloat16 partial cast to
+float32 costs as much reduced before the cast (sent in float32) as the float32 output owes,
+and the search reduces it in the program, as a backend that does not widen would
+(tests/test_inference_programs.py). A bfloat16 partial cast and sliced to 12 of its 16
+columns is reduced after the slice (288 B per device as compiled) where it was reduced
+before the cast (384 B compiled, 192 by the planner). Priced by the planner alone, a reduce-scatter and an
 all-gather cost what the one all-reduce XLA sends costs, and the search reduce-scatters
 Llama's residual stream and all-gathers it back, twice the bytes on CPU; priced as
 compiled, it all-reduces once (Llama's loss: 0.78x XLA's bytes in 12 collectives where
@@ -314,7 +318,7 @@ from ..caches import cached
 from ..layout import Layout
 from ..mesh import DeviceMesh
 from . import blocks
-from .combine import BACKENDS, combiner_rules
+from .combine import BACKENDS, CombinerRules, combiner_rules
 from .cost import ALL_REDUCE, REDUCE_SCATTER, CostModel
 from .plan import cached_plan, layout_state, plan_priced
 from .select import pending_reduction
@@ -453,7 +457,7 @@ def _choose(
     )
     if layers:  # repeated layers: seeded from them (:mod:`.blocks`)
         return _seeded(search, layers, seeds, dispatched_choice, (eager, dispatched))
-    if search.reduction_scale == 1.0:
+    if search.as_planned:
         chosen = _descend(search, eager, seeds)
         return _finish(search, search, (eager, dispatched), eager, chosen)
     # Priced by the planner alone (a reduce-scatter half an all-reduce), the descents end in other basins:
@@ -462,11 +466,17 @@ def _choose(
     # the training steps the eager start and the seeds never gave the kept result.
     planned = search.repriced(compiled=False)
     by_planner = _descend(planned, eager, seeds)
+
+    def cost(choice: Choice) -> tuple[Cost, Cost]:
+        # ties as compiled broken by the planner's prices: CPU XLA sends a bfloat16 partial reduced in the program in
+        # float32, what the float32 output it is cast to would owe, where a backend that does not widen sends half
+        return search.total(choice), planned.total(choice)
+
     chains = []
     for pulls in (False, True):  # without and with pull moves (:meth:`_Search.pull_moves`), the cheaper kept
         search.tie_moved(not pulls)  # without pull moves, ties broken by the fewest inputs moved (tie_moved())
         chosen = _descend(search, eager, (), walked_only=True, pulls=pulls)
-        if search.total(by_planner) < search.total(chosen):
+        if cost(by_planner) < cost(chosen):
             chosen = by_planner
         chains.append((pulls, chosen))
     # both chains are finished, the cheaper result kept: the dearer chain's finish can end cheaper (Llama's adamw
@@ -476,7 +486,7 @@ def _choose(
     for pulls, chosen in chains:
         search.tie_moved(not pulls)
         results.append(_finish(search, planned, (eager, dispatched), by_planner, chosen, pulls))
-    return min(results, key=search.total)
+    return min(results, key=cost)
 
 
 def _seeded(
@@ -518,7 +528,7 @@ def _seeded(
                 cost = search.total(trial)
                 if cost < best:
                     chosen, best, lowered = trial, cost, True
-    planned = search.repriced(compiled=False) if search.reduction_scale != 1.0 else search
+    planned = search if search.as_planned else search.repriced(compiled=False)
     offered = [paths[p] for p in blocks.boundaries(layers, len(paths))]  # moves at the blocks' seams first
     return _finish(search, planned, eagers, seed, chosen, offered=offered)
 
@@ -535,7 +545,9 @@ def _finish(
     # then split values near the outputs gathered, from that result (so never dearer than it): offered from the
     # finish's start they led its descent to another basin (the stacked LM's accumulated bfloat16 step 9,776 ->
     # 15,920 B as compiled)
+    search.carry_pulls = True
     found = search.improve(found, values=True, reducing=True, gathers=True, pulls=pulls, offered=search.near_gathered)
+    search.carry_pulls = False
     best = search.total(chosen)
     cost = search.total(found)
     if cost < best and cost[1] <= best[1]:
@@ -631,15 +643,18 @@ Evaluation = tuple[Cost, dict[str, int], int]
 _Reading = tuple[int, Callable[[Choice], Any], Collection[int]]
 
 
-def _reduction_scale(mesh: DeviceMesh) -> float:
-    """What a free output's owed reduction costs, as the backend compiles it, in units of
-    the planner's reduce-scatter (:func:`.select.pending_reduction`): CPU XLA forms no
-    reduce-scatter, it all-reduces the whole block (:mod:`.combine`), twice the bytes
-    (as the all-reduces the planner prices inside the program); 1 elsewhere."""
+def _backend_rules(mesh: DeviceMesh) -> CombinerRules | None:
+    """The rules of what ``mesh``'s backend compiles a planned collective as (:mod:`.combine`:
+    CPU XLA forms no reduce-scatter, it all-reduces the whole block, twice the bytes, and
+    sends a ``bfloat16`` collective in ``float32``, twice its bytes); None on a platform
+    without rules (priced by the planner alone)."""
     platform = mesh.devices.flat[0].platform
-    if platform in BACKENDS and combiner_rules(platform).compiled_kind(REDUCE_SCATTER) == ALL_REDUCE:
-        return 2.0
-    return 1.0
+    return combiner_rules(platform) if platform in BACKENDS else None
+
+
+def _unwidened(dtype: np.dtype) -> int:
+    """Every element type sent as planned (the planner's prices)."""
+    return 1
 
 
 def _upstream(sources: dict[str, Any], starts: Iterable[str], depth: int) -> frozenset[str]:
@@ -1021,7 +1036,14 @@ class _Search:
         with ``overhead`` bytes per collective: the memos of everything priced, empty."""
         self.overhead = overhead  # bytes charged per collective (OVERHEAD), in the objective and the routes
         self.compiled = compiled  # priced as the backend compiles (else by the planner alone: _greedy_stack reads it)
-        self.reduction_scale = _reduction_scale(self.graph.mesh) if compiled else 1.0
+        rules = _backend_rules(self.graph.mesh) if compiled else None
+        # what a free output's owed reduction costs in units of the planner's reduce-scatter
+        # (:func:`.select.pending_reduction`): 2 where the backend compiles it as an all-reduce, as the moves
+        self.reduction_scale = 2.0 if rules is not None and rules.compiled_kind(REDUCE_SCATTER) == ALL_REDUCE else 1.0
+        # per element type, how many times its planned bytes the backend sends (CPU: bfloat16 in float32)
+        self.widening: Callable[[np.dtype], int] = functools.cache(rules.widening) if rules is not None else _unwidened
+        # priced as the planner prices (a second search by the planner's prices would find the same)
+        self.as_planned = rules is None or (self.reduction_scale == 1.0 and not rules.widened)
         self._plain: _Search | None = None  # plain_bytes()' search, built once
         self.costs: dict[tuple[AvalKey, State, State], Cost] = {}
         self.charges: dict[tuple[ValueId, State], Cost] = {}
@@ -1055,8 +1077,9 @@ class _Search:
         self.alternative_moves: dict[tuple[str, Any], list[tuple[int, bool]]] = {}
         # and per kind (an equation making an output of the function: per path) and the states they depend on
         self.alternatives_by_states: dict[tuple[Any, ...], list[tuple[int, bool]]] = {}
-        # pull_moves() per node: (the getter of the choices they read, those choices, the moves)
-        self.pulls_by_reads: dict[str, list[tuple[Callable[[Choice], Any], Any, list[Any]]]] = {}
+        # pull_moves() per node and carry_pulls: (the getter of the choices they read, those choices, the moves)
+        self.pulls_by_reads: dict[tuple[str, bool], list[tuple[Callable[[Choice], Any], Any, list[Any]]]] = {}
+        self.carry_pulls = False  # pulls through a loop's carry (see _pull), in the finish's last descent
         self.fewest_moved = False  # greedy()'s tie-break (see tie_moved())
 
     def tie_moved(self, fewest: bool) -> None:
@@ -1095,7 +1118,7 @@ class _Search:
                 nbytes = sum(c for _, c in collectives) / scale
             else:  # as the backend compiles the plan: its reduce-scatters as all-reduces
                 nbytes = sum(c / scale * (self.reduction_scale if kind == REDUCE_SCATTER else 1.0) for kind, c in collectives)
-            cost = self.costs[key] = (nbytes + self.overhead * len(collectives), float(len(collectives)))
+            cost = self.costs[key] = (self.widening(aval[1]) * nbytes + self.overhead * len(collectives), float(len(collectives)))
         return cost
 
     def nbytes(self, cost: Cost) -> float:
@@ -1122,7 +1145,7 @@ class _Search:
                     layout = self.layouts[state]
                     owed = pending_reduction((Aval(*aval),), (layout,), set(), self.cost_model)
                     partials = sum(1 for op in state[1] if op)  # none over one device (see _state)
-                    nbytes += self.reduction_scale * float(owed) + self.overhead * partials
+                    nbytes += self.reduction_scale * self.widening(aval[1]) * float(owed) + self.overhead * partials
                     steps += partials
                 else:
                     owed = self.cost(aval, state, target)
@@ -1280,7 +1303,7 @@ class _Search:
             key = (aval, state, made)
             value = self.pendings.get(key)
             if value is None:
-                value = self.pendings[key] = self.reduction_scale * float(
+                value = self.pendings[key] = self.reduction_scale * self.widening(aval[1]) * float(
                     pending_reduction((Aval(*aval),), (self.layouts[state],), set(given), self.cost_model)
                 )
             total += value
@@ -1613,7 +1636,7 @@ class _Search:
         descents offer them at every equation near each applied move, again from one
         descent to the next (on Llama's adamw step 5,459 offers, each ~15 us found anew,
         7% of the search; kept so, 2,135 are found anew)."""
-        known = self.pulls_by_reads.setdefault(path, [])
+        known = self.pulls_by_reads.setdefault((path, self.carry_pulls), [])
         for getter, snapshot, moves in known:
             if getter(choice) == snapshot:
                 return moves
@@ -1641,8 +1664,16 @@ class _Search:
         move (a slice, a local partial) or from a producer that cannot make it (the
         redistribution moves up there); False if a function input or literal would pay
         a move (gathering an input instead of reducing a gradient: another plan than
-        XLA's), and the caller keeps its own choice. ``read``: the equations whose
-        choices it read, added to."""
+        XLA's), and the caller keeps its own choice. A loop body's read of its carry, the
+        loop re-chosen downstream of it (pulled through the value its body returns), arrives
+        as the re-chosen loop carries it: priced as CPU XLA sends bfloat16, the replicated
+        restart of the stacked LM's bfloat16 step accumulated under ``lax.scan`` left the
+        embedding gradient's accumulator split over ``tp``, free to slice in the body and
+        all-gathered after the loop, and only the body's add, the loop and its consumer
+        re-chosen together remove that gather (9,776 B as compiled, 15,920 without). Only
+        in the finish's last descent (:attr:`carry_pulls`): offered in every descent, they
+        sent the float32 stacked step with 3 layers under ``scan(unroll=2)`` to a dearer
+        basin (39,796 -> 40,080 B). ``read``: the equations whose choices it read, added to."""
         fits = self.candidates[path].by_out[j].get(need)
         if not fits or len(seeds) >= _PULL_DEPTH:
             return True  # the redistribution stays at its output
@@ -1655,7 +1686,12 @@ class _Search:
             if state == want:
                 continue
             costless = self.cost(self.in_avals[path][i], state, want) == _ZERO  # a slice, a local partial
-            if self.fixed[path][i] is None and src[0] not in seeds:  # type: ignore[index]
+            if self.fixed[path][i] is None and src[0] in seeds:  # type: ignore[index]
+                # a loop body's read of its carry, the loop re-chosen downstream of it: it arrives as re-chosen
+                loop, carry = src  # type: ignore[misc]
+                if self.carry_pulls and path.startswith(f"{loop}.") and self.outs[loop][seeds[loop]][carry] == want:
+                    continue
+            elif self.fixed[path][i] is None:
                 upstream = dict(seeds)
                 if self._pull(src[0], src[1], want, choice, upstream, read):  # type: ignore[index]
                     seeds.update(upstream)
