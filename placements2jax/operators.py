@@ -503,7 +503,15 @@ def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, execute: 
     build = {"auto": _auto_program, "xla": _xla_program, "ops": _apply_program, "pinned": _pinned_program}[execute]
     program = _dispatch(tag, leaves, partial(build, fn, frozen, in_tree, targets), partial(_leaf_path, args))
     _announce(f"apply({name})", program, leaves)
-    result = program(leaves)
+    try:
+        result = program(leaves)
+    except jax.errors.JaxRuntimeError as err:  # eager only: under an outer jit XLA raises at its compile instead
+        if execute != "xla" or "UNIMPLEMENTED" not in str(err):
+            raise
+        raise UnsupportedOpError(
+            "execute", "xla", f"XLA cannot compile its own partitioning of this program: {str(err).splitlines()[0]}",
+            "use execute='pinned' (or 'auto'), which runs the predicted plan",
+        ) from None
     if isinstance(fn, Bound) and fn.stateful:  # write the updated nnx Variables back, as nnx.jit does
         result, updates = result
         variables = variables_of(user_args)
@@ -600,21 +608,8 @@ def _xla_program(
         outs = jax.tree.leaves(flat_fn(*logical))
         return tuple(_from_logical(y, spec.layout, spec.shape) for y, spec in zip(outs, prediction.outputs))
 
-    compiled = jax.jit(body)
-
-    def run(*arrays: Any) -> tuple[jax.Array, ...]:
-        try:
-            return compiled(*arrays)
-        except jax.errors.JaxRuntimeError as err:  # under an outer jit XLA raises at its compile instead
-            if "UNIMPLEMENTED" not in str(err):
-                raise
-            raise UnsupportedOpError(
-                "execute", "xla", f"XLA cannot compile its own partitioning of this program: {str(err).splitlines()[0]}",
-                "use execute='pinned' (or 'auto'), which runs the predicted plan",
-            ) from None
-
     out_shapes = tuple(s.shape for s in prediction.outputs)
-    return Program(run, prediction.out_layouts, out_shapes, prediction.out_tree, prediction)
+    return Program(jax.jit(body), prediction.out_layouts, out_shapes, prediction.out_tree, prediction)
 
 
 @cached(maxsize=1024)
