@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
 from .dtensor import DTensor, auto_twin_of, is_dtensor
-from .errors import ArgumentTypeError, MissingDependencyError
+from .errors import ArgumentTypeError, import_extra
 from .layout import Layout
 from .operators import apply
 
@@ -89,7 +89,7 @@ def mixed_precision(optimizer: Any, master_dtype: Any = jnp.float32) -> Any:
     usual optax one. On DTensor pytrees every cast maps over the physical arrays, so
     master weights and moments have their parameter's layout (padding stays zero).
     """
-    optax = _optax()
+    optax = _optax("mixed_precision")
     if not isinstance(optimizer, optax.GradientTransformation):
         raise ArgumentTypeError(
             "optimizer", optimizer, "expected an optax GradientTransformation", "pass e.g. optax.adamw(1e-3)"
@@ -153,7 +153,7 @@ def init_optimizer_state(optimizer: Any, params: Any) -> Any:
     logical shapes: on the DTensors themselves it would map over their physical
     (padded) arrays.
     """
-    optax = _optax()
+    optax = _optax("init_optimizer_state")
     if not isinstance(optimizer, optax.GradientTransformation):
         raise ArgumentTypeError(
             "optimizer", optimizer, "expected an optax GradientTransformation", "pass e.g. optax.adamw(1e-3)"
@@ -273,12 +273,5 @@ def _state_shape(path: Any, leaf: Any) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def _optax() -> Any:
-    try:
-        import optax
-    except ImportError:  # pragma: no cover - the train extra
-        raise MissingDependencyError(
-            "optimizer", "optax", "mixed_precision wraps an optax optimizer", "pip install 'placements2jax[train]'"
-        ) from None
-    return optax
-
+def _optax(needed_for: str) -> Any:
+    return import_extra("optax", "train", needed_for, argument="optimizer", value="optax")
