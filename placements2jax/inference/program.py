@@ -545,9 +545,9 @@ def _finish(
     # then split values near the outputs gathered, from that result (so never dearer than it): offered from the
     # finish's start they led its descent to another basin (the stacked LM's accumulated bfloat16 step 9,776 ->
     # 15,920 B as compiled)
-    search.carry_pulls = True
-    found = search.improve(found, values=True, reducing=True, gathers=True, pulls=pulls, offered=search.near_gathered)
-    search.carry_pulls = False
+    found = search.improve(
+        found, values=True, reducing=True, gathers=True, pulls=pulls, offered=search.near_gathered, carry_pulls=True
+    )
     best = search.total(chosen)
     cost = search.total(found)
     if cost < best and cost[1] <= best[1]:
@@ -1077,9 +1077,8 @@ class _Search:
         self.alternative_moves: dict[tuple[str, Any], list[tuple[int, bool]]] = {}
         # and per kind (an equation making an output of the function: per path) and the states they depend on
         self.alternatives_by_states: dict[tuple[Any, ...], list[tuple[int, bool]]] = {}
-        # pull_moves() per node and carry_pulls: (the getter of the choices they read, those choices, the moves)
+        # pull_moves() per node and its carry_pulls: (the getter of the choices they read, those choices, the moves)
         self.pulls_by_reads: dict[tuple[str, bool], list[tuple[Callable[[Choice], Any], Any, list[Any]]]] = {}
-        self.carry_pulls = False  # pulls through a loop's carry (see _pull), in the finish's last descent
         self.fewest_moved = False  # greedy()'s tie-break (see tie_moved())
 
     def tie_moved(self, fewest: bool) -> None:
@@ -1624,7 +1623,9 @@ class _Search:
                 return None
         return nbytes, steps
 
-    def pull_moves(self, path: str, choice: Choice) -> list[tuple[int, tuple[tuple[str, int], ...]]]:
+    def pull_moves(
+        self, path: str, choice: Choice, carry_pulls: bool = False
+    ) -> list[tuple[int, tuple[tuple[str, int], ...]]]:
         """Moves giving an input of ``path`` that is redistributed the layout ``path``
         needs at its producer: the producer re-chosen to make it (the candidate cheapest
         for its inputs), and so upstream while its own inputs would be redistributed
@@ -1635,8 +1636,9 @@ class _Search:
         read (of ``path``, of the equations re-chosen and of their producers): the pull
         descents offer them at every equation near each applied move, again from one
         descent to the next (on Llama's adamw step 5,459 offers, each ~15 us found anew,
-        7% of the search; kept so, 2,135 are found anew)."""
-        known = self.pulls_by_reads.setdefault((path, self.carry_pulls), [])
+        7% of the search; kept so, 2,135 are found anew). ``carry_pulls``: through loops'
+        carries too (:meth:`_pull`)."""
+        known = self.pulls_by_reads.setdefault((path, carry_pulls), [])
         for getter, snapshot, moves in known:
             if getter(choice) == snapshot:
                 return moves
@@ -1650,14 +1652,15 @@ class _Search:
             if self.outs[src][choice[src]][j] == need:
                 continue
             seeds: dict[str, int] = {}
-            if self._pull(src, j, need, choice, seeds, read) and any(choice[p] != k for p, k in seeds.items()):
+            if self._pull(src, j, need, choice, seeds, read, carry_pulls) and any(choice[p] != k for p, k in seeds.items()):
                 moves.append((i, tuple(seeds.items())))
         getter = _getter(tuple(read))
         known.append((getter, getter(choice), moves))
         return moves
 
     def _pull(
-        self, path: str, j: int, need: State, choice: Choice, seeds: dict[str, int], read: set[str]
+        self, path: str, j: int, need: State, choice: Choice, seeds: dict[str, int], read: set[str],
+        carry_pulls: bool = False,
     ) -> bool:
         """Re-choose ``path`` (into ``seeds``) to make output ``j`` in ``need``, and its
         producers so, upstream. True if every input then arrives as needed, by a costless
@@ -1671,7 +1674,7 @@ class _Search:
         embedding gradient's accumulator split over ``tp``, free to slice in the body and
         all-gathered after the loop, and only the body's add, the loop and its consumer
         re-chosen together remove that gather (9,776 B as compiled, 15,920 without). Only
-        in the finish's last descent (:attr:`carry_pulls`): offered in every descent, they
+        in the finish's last descent (``carry_pulls``): offered in every descent, they
         sent the float32 stacked step with 3 layers under ``scan(unroll=2)`` to a dearer
         basin (39,796 -> 40,080 B). ``read``: the equations whose choices it read, added to."""
         fits = self.candidates[path].by_out[j].get(need)
@@ -1689,11 +1692,11 @@ class _Search:
             if self.fixed[path][i] is None and src[0] in seeds:  # type: ignore[index]
                 # a loop body's read of its carry, the loop re-chosen downstream of it: it arrives as re-chosen
                 loop, carry = src  # type: ignore[misc]
-                if self.carry_pulls and path.startswith(f"{loop}.") and self.outs[loop][seeds[loop]][carry] == want:
+                if carry_pulls and path.startswith(f"{loop}.") and self.outs[loop][seeds[loop]][carry] == want:
                     continue
             elif self.fixed[path][i] is None:
                 upstream = dict(seeds)
-                if self._pull(src[0], src[1], want, choice, upstream, read):  # type: ignore[index]
+                if self._pull(src[0], src[1], want, choice, upstream, read, carry_pulls):  # type: ignore[index]
                     seeds.update(upstream)
                     continue
             if not costless:
@@ -1847,7 +1850,7 @@ class _Search:
 
     def improve(
         self, choice: Choice, values: bool = False, reducing: bool = False, pulls: bool = False,
-        offered: Collection[str] | None = None, gathers: bool = False,
+        offered: Collection[str] | None = None, gathers: bool = False, carry_pulls: bool = False,
     ) -> Choice:
         """Steepest descent over cascading moves (see :meth:`alternatives`): apply the
         move lowering the total most (ties: the earliest equation), until none lowers it
@@ -1856,7 +1859,8 @@ class _Search:
         first (a stale delta is an estimate; only fresh ones are applied). ``values``: value
         moves too (:meth:`value_moves`); ``reducing``: reducing cascades too
         (:meth:`reducing_moves`); ``gathers``: value moves gathering split values too
-        (:meth:`value_moves`); ``pulls``: pull moves too (:meth:`pull_moves`). ``offered``: the equations offered moves first
+        (:meth:`value_moves`); ``pulls``: pull moves too (:meth:`pull_moves`; ``carry_pulls``: through loops'
+        carries too). ``offered``: the equations offered moves first
         (None: every one; then those near each applied move)."""
         choice = dict(choice)
         evaluated: dict[Move, Evaluation] = {}
@@ -1878,7 +1882,7 @@ class _Search:
             if move[0] == _REDUCING:
                 return move[2] in self.reducing_moves(move[1], choice)
             if move[0] == _PULL:
-                return move[2:] in self.pull_moves(move[1], choice)
+                return move[2:] in self.pull_moves(move[1], choice, carry_pulls)
             return move[1:] in self.alternatives(move[0], choice, reducing)
 
         def offer(paths: Any) -> None:
@@ -1890,7 +1894,7 @@ class _Search:
                     move = (_REDUCING, path, k)
                     if move not in fresh:
                         evaluate(move)
-                for i, seeds in self.pull_moves(path, choice) if pulls else ():
+                for i, seeds in self.pull_moves(path, choice, carry_pulls) if pulls else ():
                     move = (_PULL, path, i, seeds)
                     if move not in fresh:
                         evaluate(move)
