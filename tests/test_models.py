@@ -9,7 +9,7 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
-from models import common, gpt2, llama, stacked
+from models import common, gpt2, llama, llama_scan, stacked
 from models.steps import training_step
 
 from placements2jax import DTensor, apply, distribute_pytree, init_device_mesh, predict
@@ -65,6 +65,25 @@ def test_stacked_trains_and_accumulates_the_same_gradients() -> None:
         got = stacked.grads_and_loss(params, tokens, targets, accumulated)
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(whole)):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_llama_scan_attentions_agree() -> None:
+    """tests/models/llama_scan.py's attentions compute one loss: einsum, jax.nn's
+    dot_product_attention on repeated heads (is_causal), on unrepeated heads (its own GQA),
+    and with a causal mask and no padding; padding tokens (id 0) change the masked loss only."""
+    tokens, targets = common.batch(0, 4, 8, 64)
+    tokens = tokens % 63 + 1  # no padding
+    params = llama_scan.init(jax.random.key(0), llama_scan.Config())
+    losses = {
+        attention: float(llama_scan.loss(params, tokens, targets, llama_scan.Config(attention=attention)))
+        for attention in ("einsum", *llama_scan.ATTENTIONS)
+    }
+    np.testing.assert_allclose(list(losses.values()), losses["einsum"], rtol=1e-5)
+    padded = tokens.copy()
+    padded[:, -2:] = 0
+    masked = llama_scan.Config(attention="masked dot_product_attention")
+    causal = llama_scan.Config(attention="dot_product_attention")
+    assert float(llama_scan.loss(params, padded, targets, masked)) != float(llama_scan.loss(params, padded, targets, causal))
 
 
 def test_rotary_embedding_rotates_pairs() -> None:

@@ -18,7 +18,6 @@ docs/inference.md section 6 tabulates them."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -28,7 +27,8 @@ import optax
 import pytest
 from flax import nnx
 from jax.sharding import NamedSharding
-from models import common, eqx_scan, llama_scan, moe, nnx_scan, stacked
+from models import common, eqx_scan, nnx_scan
+from models.steps import training_step
 
 from placements2jax import DTensor, apply, distribute_pytree, init_device_mesh
 from placements2jax.dtensor import auto_twin_of
@@ -54,14 +54,10 @@ def mesh() -> Any:
     return init_device_mesh((2, 4), ("dp", "tp"))
 
 
-def _dict_step(module: Any, cfg: Any, mesh: Any, optimizer: optax.GradientTransformation | None = None) -> tuple:
-    """``module``'s step on its plan: (fn, args, out_layouts) keeping parameters and state."""
-    plain = module.init(jax.random.key(0), cfg)
-    params = distribute_pytree(plain, mesh, module.megatron_plan())
-    optimizer = optimizer or common.make_optimizer()
-    state = common.distribute_state(optimizer.init(plain), params)
-    step = partial(module.train_step, cfg=cfg, **({"optimizer": optimizer} if module is stacked else {}))
-    return step, (params, state, *common.megatron_batch(cfg, mesh)), (params, state, None)
+def _dict_step(model: str, mesh: Any, optimizer: optax.GradientTransformation | None = None, **config: Any) -> tuple:
+    """tests/models ``model``'s step on its plan: (fn, args, out_layouts) keeping parameters and state."""
+    step = training_step(model, mesh, optimizer, **config)
+    return step.fn, step.args, step.out_layouts
 
 
 def _eqx_step(mesh: Any) -> tuple:
@@ -81,11 +77,11 @@ def _eqx_step(mesh: Any) -> tuple:
 _F32, _BF16 = 1e-4, 5e-3
 PROGRAMS: dict[str, Callable[[Any], Program]] = {
     "llama scan bf16 dot_product_attention": lambda mesh: Program(*_dict_step(
-        llama_scan, llama_scan.Config(layers=1, attention="dot_product_attention", dtype="bfloat16"), mesh), _BF16),
-    "moe einsum dispatch": lambda mesh: Program(*_dict_step(moe, moe.Config(), mesh), _F32),
-    "moe sort dispatch": lambda mesh: Program(*_dict_step(moe, moe.Config(dispatch="sort"), mesh), _F32),
+        "llama_scan", mesh, layers=1, attention="dot_product_attention", dtype="bfloat16"), _BF16),
+    "moe einsum dispatch": lambda mesh: Program(*_dict_step("moe", mesh), _F32),
+    "moe sort dispatch": lambda mesh: Program(*_dict_step("moe", mesh, dispatch="sort"), _F32),
     "stacked MultiSteps schedule": lambda mesh: Program(
-        *_dict_step(stacked, stacked.Config(), mesh, common.accumulating_optimizer()), _F32),
+        *_dict_step("stacked", mesh, common.accumulating_optimizer()), _F32),
     "eqx scan": lambda mesh: Program(*_eqx_step(mesh), _F32),
 }
 

@@ -2,8 +2,9 @@
 layers' weights stacked on a leading dim, RMSNorm, rotary embeddings on real
 (cos, sin) halves, grouped-query attention (fewer key/value heads, ``jnp.repeat``ed),
 SwiGLU, an untied head; the attention either written out (einsum, causal ``jnp.where``)
-or ``jax.nn.dot_product_attention(is_causal=True)``; compute in float32 or bfloat16
-with float32 parameters."""
+or ``jax.nn.dot_product_attention``: ``is_causal=True``, with a boolean mask (causal and
+the batch's padding tokens, id 0), or given the key/value heads unrepeated (its own
+grouped-query attention); compute in float32 or bfloat16 with float32 parameters."""
 
 from __future__ import annotations
 
@@ -23,6 +24,11 @@ from .common import make_optimizer
 Params = dict[str, Any]
 
 
+# jax.nn.dot_product_attention given the repeated heads with is_causal=True, the same with a causal-and-padding
+# mask, or the key/value heads unrepeated (it groups the query heads itself)
+ATTENTIONS = ("dot_product_attention", "masked dot_product_attention", "gqa dot_product_attention")
+
+
 @dataclass(frozen=True)
 class Config:
     vocab: int = 64
@@ -34,7 +40,7 @@ class Config:
     hidden: int = 128
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
-    attention: str = "einsum"  # or "dot_product_attention" (jax.nn's)
+    attention: str = "einsum"  # or one of jax.nn.dot_product_attention's ATTENTIONS
     dtype: str = "float32"  # compute dtype ("bfloat16": mixed precision, float32 parameters)
 
 
@@ -80,17 +86,22 @@ def rope(x: jax.Array, theta: float) -> jax.Array:
     return rotated.astype(x.dtype)
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, cfg: Config) -> jax.Array:
-    """Causal attention of (batch, seq, heads, head_dim) queries on as many key/value heads."""
-    if cfg.attention == "dot_product_attention":
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, padding: jax.Array, cfg: Config) -> jax.Array:
+    """Causal attention of (batch, seq, heads, head_dim) queries on as many key/value heads
+    (as few with "gqa dot_product_attention"); ``padding`` (batch, seq) is True at the
+    tokens the masked attention ignores."""
+    if cfg.attention in ("dot_product_attention", "gqa dot_product_attention"):
         return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    if cfg.attention == "masked dot_product_attention":
+        causal = jnp.tril(jnp.ones((q.shape[1], k.shape[1]), dtype=bool))
+        return jax.nn.dot_product_attention(q, k, v, mask=causal[None, None] & ~padding[:, None, None, :])
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(q.shape[-1]).astype(q.dtype)
     causal = jnp.tril(jnp.ones((q.shape[1], k.shape[1]), dtype=bool))
     weights = jax.nn.softmax(jnp.where(causal, scores, jnp.finfo(scores.dtype).min).astype(jnp.float32), axis=-1)
     return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(v.dtype), v)
 
 
-def layer(x: jax.Array, p: Params, cfg: Config) -> tuple[jax.Array, None]:
+def layer(x: jax.Array, p: Params, padding: jax.Array, cfg: Config) -> tuple[jax.Array, None]:
     b, t, _ = x.shape
     head_dim = cfg.dim // cfg.heads
     w = jax.tree.map(lambda a: a.astype(x.dtype), p)
@@ -98,16 +109,17 @@ def layer(x: jax.Array, p: Params, cfg: Config) -> tuple[jax.Array, None]:
     q = rope((h @ w["wq"]).reshape(b, t, -1, head_dim), cfg.rope_theta)
     k = rope((h @ w["wk"]).reshape(b, t, -1, head_dim), cfg.rope_theta)
     v = (h @ w["wv"]).reshape(b, t, -1, head_dim)
-    repeats = q.shape[2] // k.shape[2]
-    k, v = jnp.repeat(k, repeats, axis=2), jnp.repeat(v, repeats, axis=2)
-    x = x + attend(q, k, v, cfg).reshape(b, t, -1) @ w["wo"]
+    if cfg.attention != "gqa dot_product_attention":
+        repeats = q.shape[2] // k.shape[2]
+        k, v = jnp.repeat(k, repeats, axis=2), jnp.repeat(v, repeats, axis=2)
+    x = x + attend(q, k, v, padding, cfg).reshape(b, t, -1) @ w["wo"]
     h = rms_norm(x, p["ffn_norm"], cfg.norm_eps)
     return x + (jax.nn.silu(h @ w["w1"]) * (h @ w["w3"])) @ w["w2"], None
 
 
 def loss(params: Params, tokens: jax.Array, targets: jax.Array, cfg: Config) -> jax.Array:
     x = params["embedding"][tokens].astype(cfg.dtype)
-    x, _ = lax.scan(partial(layer, cfg=cfg), x, params["layers"])
+    x, _ = lax.scan(partial(layer, padding=tokens == 0, cfg=cfg), x, params["layers"])
     x = rms_norm(x, params["norm"], cfg.norm_eps)
     logits = (x @ params["output"].astype(x.dtype)).astype(jnp.float32)
     return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
@@ -115,9 +127,11 @@ def loss(params: Params, tokens: jax.Array, targets: jax.Array, cfg: Config) -> 
 
 def train_step(
     params: Params, opt_state: Any, tokens: jax.Array, targets: jax.Array, cfg: Config,
+    optimizer: optax.GradientTransformation | None = None,
 ) -> tuple[Params, Any, jax.Array]:
+    optimizer = optimizer or make_optimizer()
     value, grads = jax.value_and_grad(partial(loss, cfg=cfg))(params, tokens, targets)
-    updates, opt_state = make_optimizer().update(grads, opt_state, params)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, value
 
 

@@ -94,9 +94,11 @@ def loss(params: Params, tokens: jax.Array, targets: jax.Array, cfg: Config) -> 
 
 def train_step(
     params: Params, opt_state: Any, tokens: jax.Array, targets: jax.Array, cfg: Config,
+    optimizer: optax.GradientTransformation | None = None,
 ) -> tuple[Params, Any, jax.Array]:
+    optimizer = optimizer or make_optimizer()
     value, grads = jax.value_and_grad(partial(loss, cfg=cfg))(params, tokens, targets)
-    updates, opt_state = make_optimizer().update(grads, opt_state, params)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, value
 
 
