@@ -20,7 +20,7 @@ from models.steps import training_step
 
 from placements2jax import DTensor, apply, check, clear_caches, distribute_pytree, distribute_tensor, init_device_mesh
 from placements2jax.hlo import compiled_collectives
-from placements2jax.inference import jaxpr, predict
+from placements2jax.inference import infer_signature, jaxpr, predict
 from placements2jax.inference.cost import collective_nbytes
 from placements2jax.inference.signature import TensorSpec
 from placements2jax.layout import Layout
@@ -250,11 +250,35 @@ def test_replicated_constants_gather_what_a_loop_indexes_over_the_mesh_dim() -> 
     assert [(path, i, str(x)) for path, i, x in jaxpr._replicated_constants({"5": loop}, 1)] == [("5", 1, "R,R")]
 
 
+def test_unsplit_first_ranks_the_replicas_over_the_mesh_dim_first() -> None:
+    """The restart from replicated loop bodies (:func:`jaxpr._unsplit_first`): a
+    signature's candidates that split and make partial nothing over the mesh dim come
+    first, each group in its rule's order, so the walk runs the body replicated over it
+    where the inputs allow; a signature whose first candidate is such a replica already
+    is kept as it is."""
+    mesh = init_device_mesh((2, 4), ("dp", "tp"))
+    layout = lambda text, ndim: Layout.from_device_mesh(mesh)(text).bind(ndim)  # noqa: E731
+
+    def unsplit(x: Layout, mesh_dim: int) -> bool:
+        return x.mesh_dim_split(mesh_dim) is None and x.partial[mesh_dim] is None
+
+    weight = ((16, 32), np.float32, layout("R,S(1)", 2))
+    split = infer_signature("matmul", [((8, 16), np.float32, layout("S(0),R", 2)), weight], mesh)
+    assert str(split.chosen.out_layouts[0]) == "S(0),S(1)"  # eager keeps the batch split over dp
+    ranked = jaxpr._unsplit_first(split, 0)
+    assert ranked.candidates[0].in_layouts == (layout("R,R", 2), layout("R,S(1)", 2))  # the batch gathered
+    assert sorted(map(id, ranked.candidates)) == sorted(map(id, split.candidates))
+    replicas = [c for c in split.candidates if all(unsplit(x, 0) for x in (*c.in_layouts, *c.out_layouts))]
+    assert list(ranked.candidates[:len(replicas)]) == replicas
+    replicated = infer_signature("matmul", [((8, 16), np.float32, layout("R,R", 2)), weight], mesh)
+    assert jaxpr._unsplit_first(replicated, 0) is replicated
+
+
 # microbatches, remat, dtype -> check's predicted bytes, its collectives after XLA's combiner, XLA's bytes (8
 # collectives), the bytes apply(execute="pinned") compiles, its collectives
 _ACCUMULATED = {
-    (2, False, "float32"): (9776, 15, 9746, 9766, 14),
-    (2, True, "bfloat16"): (9776, 15, 9746, 9766, 14),
+    (2, False, "float32"): (8592, 13, 9746, 8586, 13),
+    (2, True, "bfloat16"): (8592, 13, 9746, 8586, 13),
 }
 
 
@@ -274,12 +298,20 @@ def test_gradients_accumulated_under_scan_are_carried_replicated_over_dp(
     parameters' layouts. bfloat16: XLA on CPU all-reduces the bfloat16 activations in
     float32 (the pinned program of either dtype sends the same bytes), and check counts
     them so (combine.CombinerRules.widening: 5,808 B, 0.60x, and 16 collectives when it
-    counted them in bfloat16, keyed apart from the float32 ones). The collectives are not reached (XLA's 8): the
-    prediction's body still splits some activations over dp and all-gathers them. The
-    pinned program sends the predicted 9,766 B (as CPU XLA compiles the planned steps) since
-    the moves back to the layer scans' carries take their planned routes (``R,P -> R,R``: a
-    slice over dp, the half block all-reduced over tp, an all-gather over dp); moved whole,
-    XLA all-reduced the whole block for two of them: 10,790 B (1.10x) in 12 collectives."""
+    counted them in bfloat16, keyed apart from the float32 ones). That restart's body still
+    split the microbatch's log-softmax and head gradient over dp (9,776 B, 15 collectives
+    after the combiner: the head gradient carried split over (tp, dp) and all-gathered, two
+    all-to-alls); the restart from its carries with the bodies' equations ranking their
+    candidates unsplit over dp first runs them replicated: 8,592 B (0.88x), 13 collectives.
+    Left against XLA's 8: the take_along_axis gather's all-to-all over tp (no masked-lookup
+    candidate with batching dims), split over dp for half its bytes and so a scalar loss
+    all-reduce over dp per microbatch; and the moves back to the layer scans' carries routed
+    ``R,P -> R,R`` as a slice over dp, the half block all-reduced over tp and an all-gather
+    over dp (2,560 B where one all-reduce of the whole block sends 3,072: three all-gathers
+    more). The pinned program sends the predicted 8,586 B (as CPU XLA compiles the planned
+    steps, the loss's reduction not owed) since those moves take their planned routes;
+    moved whole, XLA all-reduced the whole block for two of them (10,790 B, 1.10x, in 12
+    collectives when the body was split)."""
     mesh = init_device_mesh((2, 4), ("dp", "tp"))
     step = training_step("stacked", mesh, microbatches=microbatches, remat=remat, dtype=dtype)
     nbytes, combined, xla_bytes, pinned_bytes, pinned_count = _ACCUMULATED[microbatches, remat, dtype]
@@ -356,8 +388,8 @@ def test_skipping_non_finite_updates_all_reduces_one_bool() -> None:
 # accumulate -> check's predicted bytes, its collectives after XLA's combiner, XLA's bytes, its collectives, the
 # bytes apply(execute="pinned") compiles, its collectives
 _INDEXED = {
-    "fori_loop": (9770, 14, 9728, 7, 9770, 14),
-    "while_loop": (9770, 14, 9728, 7, 9770, 14),
+    "fori_loop": (8586, 12, 9728, 7, 8586, 12),
+    "while_loop": (8586, 12, 9728, 7, 8586, 12),
 }
 
 
@@ -375,8 +407,11 @@ def test_gradients_accumulated_over_indexed_microbatches_are_carried_replicated_
     bodies from the first search's other layouts (the head gradient carried Replicate),
     which the search did not leave. The restart gathers the loop's constants split over
     dp (18,490 B), then walks again from the carries as its bodies return them, reduced
-    and unsplit over dp: 9,770 B, 1.00x XLA's; pinned, the same bytes. The collectives
-    are not reached (14 against XLA's 7): the body splits some activations over dp."""
+    and unsplit over dp: 9,770 B, 1.00x XLA's, 14 collectives against XLA's 7, the body
+    splitting some activations over dp. A last restart from those carries, the bodies'
+    equations ranking their candidates unsplit over dp first, runs them replicated:
+    8,586 B (0.88x), 12 collectives (left: the take_along_axis all-to-all, the layer
+    scans' carries' routed moves); pinned, the same bytes."""
     mesh = init_device_mesh((2, 4), ("dp", "tp"))
     step = training_step("stacked", mesh, optimizer=optax.lion(1e-4), microbatches=2, accumulate=accumulate)
     nbytes, combined, xla_bytes, xla_count, pinned_bytes, pinned_count = _INDEXED[accumulate]

@@ -465,9 +465,9 @@ def _predict(
     consts = _const_specs(closed.jaxpr, mesh)
 
     def walk(
-        choices: Mapping[str, Candidate], gathered: bool = search != "program"
+        choices: Mapping[str, Candidate], gathered: bool = search != "program", unsplit: _Unsplit | None = None,
     ) -> tuple[Prediction, ProgramGraph, _Walker]:
-        walker = _Walker(mesh, model, choices, on_unknown, gathered=gathered, searched=not gathered)
+        walker = _Walker(mesh, model, choices, on_unknown, gathered=gathered, searched=not gathered, unsplit=unsplit)
         outputs = walker.walk(closed.jaxpr, consts, specs, "", [("in", i) for i in range(len(specs))])
         graph = ProgramGraph(mesh, tuple(walker.nodes), tuple(s for _, s in outputs), specs)
         finals = [
@@ -539,8 +539,12 @@ def _resolve_carries(
     parallelism's replicas, which no descent reaches from the sharded basin) and its
     constants split over it gathered (:func:`_replicated_constants`: the microbatches a
     ``fori_loop`` indexes), then from the carries as that search's bodies return them,
-    reduced and unsplit over it (at most ``_CARRY_ROUNDS`` rounds), until one is cheaper
-    than the first search. Keeps the
+    reduced and unsplit over it (at most ``_CARRY_ROUNDS`` rounds), then from the cheapest
+    of those restarts' carries with every loop body's equations ranking first their
+    candidates unsplit over it (:func:`_unsplit_first`: the walk, the search's eager start,
+    runs the bodies replicated over it wherever their inputs allow, as XLA runs a
+    microbatch on every data-parallel replica), until one is cheaper than the first
+    search. Keeps the
     cheapest prediction (the first on ties); the first search bounded by eager dispatch's
     walk ``dispatched``. The totals are found only when there are predictions to compare
     (most programs have no carries to re-solve)."""
@@ -577,6 +581,7 @@ def _resolve_carries(
             for path, i, layout in _replicated_constants(first.loops, mesh_dim)
         }
         loops, restarts = first.loops, []
+        walkers: list[_Walker] = []
         # then from the layouts the restart's bodies return the carries in, reduced and unsplit over mesh_dim: the
         # restart's walk starts its bodies from the first search's other layouts (the fori_loop accumulation's head
         # gradient carried Replicate, returned split over (dp, tp)), which its search does not leave
@@ -587,8 +592,17 @@ def _resolve_carries(
             start = {path: dataclasses.replace(loops[path], carries=layouts).choice(model) for path, layouts in seeds}
             prediction, walker = _searched(walk, walk({**start, **constants}), model, targets)
             restarts.append(prediction)
+            walkers.append(walker)
             loops = walker.loops
             seeds = _replicated_carries(loops, mesh_dim, returned=True)
+        # then from the cheapest restart's carries with the loops' bodies computed replicated over mesh_dim too,
+        # wherever their inputs allow it: the restarts' searches still ran the stacked LM's accumulated microbatch
+        # split over dp (slicing is free; then all-gathers and all-to-alls), a basin their descents do not leave
+        if restarts:
+            cheapest = min(range(len(restarts)), key=lambda k: _total(restarts[k], model))
+            replicas = {path: loop.choice(model) for path, loop in walkers[cheapest].loops.items()}
+            body = walk({**replicas, **constants}, unsplit=(tuple(first.loops), mesh_dim))
+            restarts.append(_searched(walk, body, model, targets)[0])
         found += restarts
         if any(_total(prediction, model) < _total(best, model) for prediction in restarts):
             break
@@ -686,6 +700,27 @@ def _replicated_constants(loops: Mapping[str, _LoopCarries], mesh_dim: int) -> t
     return tuple((path, i, _unsplit_over(c.layout, mesh_dim)) for path, loop in loops.items()
                  for i, c in enumerate(loop.consts)
                  if not c.layout.is_strided and c.layout.mesh_dim_split(mesh_dim) is not None)
+
+
+# a restart's loops (by path) whose bodies' equations rank first their candidates unsplit over the mesh dim
+_Unsplit = tuple[tuple[str, ...], int]
+
+
+def _unsplit_first(signature: Signature, mesh_dim: int) -> Signature:
+    """``signature`` with its candidates that neither split nor make partial anything over
+    ``mesh_dim`` first (each group in its rule's order): the walk's choice, the program
+    search's eager start, is then a replica per coordinate of ``mesh_dim`` wherever the
+    inputs allow one. Itself where its first candidate is one already or none is."""
+
+    def replicated(candidate: Candidate) -> bool:
+        return all(x.mesh_dim_split(mesh_dim) is None and x.partial[mesh_dim] is None
+                   for x in (*candidate.in_layouts, *candidate.out_layouts))
+
+    candidates = signature.candidates
+    if replicated(candidates[0]) or not any(map(replicated, candidates)):
+        return signature
+    first = [c for c in candidates if replicated(c)]
+    return Signature(signature.op, signature.inputs, (*first, *(c for c in candidates if not replicated(c))))
 
 
 def _unsplit_over(layout: Layout, mesh_dim: int) -> Layout:
@@ -971,6 +1006,7 @@ class _Walker:
     def __init__(
         self, mesh: DeviceMesh, cost_model: CostModel, choices: Mapping[str, Candidate], on_unknown: str = "raise",
         executor: Executor | None = None, gathered: bool = True, searched: bool = True,
+        unsplit: _Unsplit | None = None,
     ) -> None:
         self.mesh = mesh
         self.cost_model = cost_model
@@ -981,6 +1017,8 @@ class _Walker:
         # select.signature_for)
         self.gathered = gathered
         self.searched = searched  # the program nodes hold every candidate (else the chosen ones)
+        # (loop paths, mesh dim): their bodies' equations rank first the candidates unsplit over it (_unsplit_first)
+        self.unsplit = unsplit
         self.rows: list[EquationReport] = []
         self.nodes: list[ProgramNode] = []
         self.node_at: dict[str, ProgramNode] = {}  # the nodes by path
@@ -990,7 +1028,7 @@ class _Walker:
     def _trial(self) -> _Walker:
         """A walker whose rows and nodes are thrown away (for fixed points)."""
         return _Walker(self.mesh, self.cost_model, self.choices, self.on_unknown, gathered=self.gathered,
-                       searched=self.searched)
+                       searched=self.searched, unsplit=self.unsplit)
 
     def walk(
         self, jaxpr: Any, consts: Sequence[TensorSpec], inputs: Sequence[TensorSpec], prefix: str,
@@ -1098,8 +1136,8 @@ class _Walker:
         if function is not None:  # a call of a function with a registered rule: one equation, not walked inside
             signature = (
                 forced_signature(function.name, ins, self.choices[path], self.cost_model) if path in self.choices
-                else signature_for(("function", function.source), (), ins, out_avals, self.cost_model, self.mesh,
-                                   self.gathered, ranked=self.searched)
+                else self._ranked(path, signature_for(("function", function.source), (), ins, out_avals,
+                                                      self.cost_model, self.mesh, self.gathered, ranked=self.searched))
             )
             outs = tuple(TensorSpec.of(a, x) for a, x in zip(out_avals, signature.out_layouts))
             self.rows.append(EquationReport(path, f"{name}[{function.name}]", ins, signature, outs, srcs))
@@ -1207,10 +1245,20 @@ class _Walker:
             ) from None
         if path in self.choices:
             return forced_signature(name, ins, self.choices[path], self.cost_model)
-        return signature_for(
+        return self._ranked(path, signature_for(
             ("primitive", name), entry.params(definition), ins, out_avals, self.cost_model, self.mesh,
             self.gathered, ranked=self.searched,
-        )
+        ))
+
+    def _ranked(self, path: str, signature: Signature) -> Signature:
+        """``signature``, or inside a body of the loops of :attr:`unsplit` its candidates
+        unsplit over that mesh dim first (:func:`_unsplit_first`)."""
+        if self.unsplit is None:
+            return signature
+        loops, mesh_dim = self.unsplit
+        if not any(path.startswith(loop + ".") for loop in loops):
+            return signature
+        return _unsplit_first(signature, mesh_dim)
 
     # -- control flow ------------------------------------------------------------------------
     # A loop or cond is one row (the report's: every input's move) and one program node: a
