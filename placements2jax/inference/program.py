@@ -548,6 +548,13 @@ def _finish(
     found = search.improve(
         found, values=True, reducing=True, gathers=True, pulls=pulls, offered=search.near_gathered, carry_pulls=True
     )
+    # then, from that result, pull moves reducing one mesh dim's partial upstream where an input arrives partial on
+    # several too (:func:`_one_reduced`), offered there first: offered at the start of the finish, the clip's norm
+    # met its gradients in other layouts than those the gathers above leave; in every pull descent, they led the
+    # stateful nnx.jit adamw step of benchmarks/dump_predictions.py to another basin (44,576 -> 44,720 B)
+    found = search.improve(
+        found, values=True, reducing=True, pulls=True, offered=search.multi_partial(found), partly=True
+    )
     best = search.total(chosen)
     cost = search.total(found)
     if cost < best and cost[1] <= best[1]:
@@ -682,6 +689,25 @@ def _getter(paths: Sequence[str]) -> Callable[[Choice], Any]:
 def _partial_dims(states: Sequence[State]) -> frozenset[int]:
     """The mesh dims some of ``states`` is partial on."""
     return frozenset(m for state in states for m, op in enumerate(state[1]) if op)
+
+
+def _one_reduced(arriving: State, need: State) -> list[State]:
+    """An input arriving partial on several mesh dims, some of which its consumer needs
+    reduced: per such mesh dim, the arriving state with that partial alone reduced (to
+    Replicate there), which :meth:`_Search.pull_moves` also pulls upstream. A clip's
+    global norm sums each gradient's squares, some computed on a free ``dp`` slice of a
+    replicated gradient (partial over ``dp`` and ``tp``), others replicated over ``dp``:
+    pulled as the ``sqrt`` needs it (Replicate) the chain stops at the gradients split over
+    ``tp``; reduced over ``dp`` only, every producer of a ``dp`` partial is re-chosen at
+    once and the scalar's ``dp`` all-reduce goes."""
+    partial = arriving[1]
+    if sum(1 for op in partial if op) < 2:
+        return []
+    reduced = [
+        (arriving[0], tuple(None if n == m else op for n, op in enumerate(partial)), *arriving[2:])
+        for m, op in enumerate(partial) if op and not need[1][m]
+    ]
+    return [state for state in reduced if state != need]
 
 
 def _state(layout: Layout) -> State:
@@ -1077,8 +1103,9 @@ class _Search:
         self.alternative_moves: dict[tuple[str, Any], list[tuple[int, bool]]] = {}
         # and per kind (an equation making an output of the function: per path) and the states they depend on
         self.alternatives_by_states: dict[tuple[Any, ...], list[tuple[int, bool]]] = {}
-        # pull_moves() per node and its carry_pulls: (the getter of the choices they read, those choices, the moves)
-        self.pulls_by_reads: dict[tuple[str, bool], list[tuple[Callable[[Choice], Any], Any, list[Any]]]] = {}
+        # pull_moves() per node, its carry_pulls and partly: (the getter of the choices they read, those choices, the
+        # moves)
+        self.pulls_by_reads: dict[tuple[str, bool, bool], list[tuple[Callable[[Choice], Any], Any, list[Any]]]] = {}
         self.fewest_moved = False  # greedy()'s tie-break (see tie_moved())
 
     def tie_moved(self, fewest: bool) -> None:
@@ -1623,8 +1650,21 @@ class _Search:
                 return None
         return nbytes, steps
 
+    def multi_partial(self, choice: Choice) -> list[str]:
+        """The equations with an input redistributed that arrives partial on several mesh
+        dims, some of which it needs reduced (:func:`_one_reduced`)."""
+        found = []
+        for path in self.paths:
+            for i, fixed in enumerate(self.fixed[path]):
+                if fixed is None:
+                    src, j = self.sources[path][i]  # type: ignore[misc]
+                    if _one_reduced(self.outs[src][choice[src]][j], self.ins[path][choice[path]][i]):
+                        found.append(path)
+                        break
+        return found
+
     def pull_moves(
-        self, path: str, choice: Choice, carry_pulls: bool = False
+        self, path: str, choice: Choice, carry_pulls: bool = False, partly: bool = False
     ) -> list[tuple[int, tuple[tuple[str, int], ...]]]:
         """Moves giving an input of ``path`` that is redistributed the layout ``path``
         needs at its producer: the producer re-chosen to make it (the candidate cheapest
@@ -1637,8 +1677,9 @@ class _Search:
         descents offer them at every equation near each applied move, again from one
         descent to the next (on Llama's adamw step 5,459 offers, each ~15 us found anew,
         7% of the search; kept so, 2,135 are found anew). ``carry_pulls``: through loops'
-        carries too (:meth:`_pull`)."""
-        known = self.pulls_by_reads.setdefault((path, carry_pulls), [])
+        carries too (:meth:`_pull`); ``partly``: an input arriving partial on several mesh
+        dims also pulled with one of those reduced (:func:`_one_reduced`)."""
+        known = self.pulls_by_reads.setdefault((path, carry_pulls, partly), [])
         for getter, snapshot, moves in known:
             if getter(choice) == snapshot:
                 return moves
@@ -1649,18 +1690,21 @@ class _Search:
             src, j = self.sources[path][i]  # type: ignore[misc]
             need = self.ins[path][choice[path]][i]
             read.add(src)
-            if self.outs[src][choice[src]][j] == need:
+            arriving = self.outs[src][choice[src]][j]
+            if arriving == need:
                 continue
-            seeds: dict[str, int] = {}
-            if self._pull(src, j, need, choice, seeds, read, carry_pulls) and any(choice[p] != k for p, k in seeds.items()):
-                moves.append((i, tuple(seeds.items())))
+            for target in (need, *(_one_reduced(arriving, need) if partly else ())):
+                seeds: dict[str, int] = {}
+                pulled = self._pull(src, j, target, choice, seeds, read, carry_pulls, through_free=target is need)
+                if pulled and any(choice[p] != k for p, k in seeds.items()):
+                    moves.append((i, tuple(seeds.items())))
         getter = _getter(tuple(read))
         known.append((getter, getter(choice), moves))
         return moves
 
     def _pull(
         self, path: str, j: int, need: State, choice: Choice, seeds: dict[str, int], read: set[str],
-        carry_pulls: bool = False,
+        carry_pulls: bool = False, through_free: bool = True,
     ) -> bool:
         """Re-choose ``path`` (into ``seeds``) to make output ``j`` in ``need``, and its
         producers so, upstream. True if every input then arrives as needed, by a costless
@@ -1676,7 +1720,9 @@ class _Search:
         re-chosen together remove that gather (9,776 B as compiled, 15,920 without). Only
         in the finish's last descent (``carry_pulls``): offered in every descent, they
         sent the float32 stacked step with 3 layers under ``scan(unroll=2)`` to a dearer
-        basin (39,796 -> 40,080 B). ``read``: the equations whose choices it read, added to."""
+        basin (39,796 -> 40,080 B). ``read``: the equations whose choices it read, added to;
+        ``through_free``: producers re-chosen upstream of a costless move too (else it
+        stays: a partial sum's replicated terms made partial locally, :func:`_one_reduced`)."""
         fits = self.candidates[path].by_out[j].get(need)
         if not fits or len(seeds) >= _PULL_DEPTH:
             return True  # the redistribution stays at its output
@@ -1689,6 +1735,8 @@ class _Search:
             if state == want:
                 continue
             costless = self.cost(self.in_avals[path][i], state, want) == _ZERO  # a slice, a local partial
+            if costless and not through_free:
+                continue
             if self.fixed[path][i] is None and src[0] in seeds:  # type: ignore[index]
                 # a loop body's read of its carry, the loop re-chosen downstream of it: it arrives as re-chosen
                 loop, carry = src  # type: ignore[misc]
@@ -1696,7 +1744,10 @@ class _Search:
                     continue
             elif self.fixed[path][i] is None:
                 upstream = dict(seeds)
-                if self._pull(src[0], src[1], want, choice, upstream, read, carry_pulls):  # type: ignore[index]
+                pulled = self._pull(
+                    src[0], src[1], want, choice, upstream, read, carry_pulls, through_free  # type: ignore[index]
+                )
+                if pulled:
                     seeds.update(upstream)
                     continue
             if not costless:
@@ -1851,6 +1902,7 @@ class _Search:
     def improve(
         self, choice: Choice, values: bool = False, reducing: bool = False, pulls: bool = False,
         offered: Collection[str] | None = None, gathers: bool = False, carry_pulls: bool = False,
+        partly: bool = False,
     ) -> Choice:
         """Steepest descent over cascading moves (see :meth:`alternatives`): apply the
         move lowering the total most (ties: the earliest equation), until none lowers it
@@ -1860,7 +1912,8 @@ class _Search:
         moves too (:meth:`value_moves`); ``reducing``: reducing cascades too
         (:meth:`reducing_moves`); ``gathers``: value moves gathering split values too
         (:meth:`value_moves`); ``pulls``: pull moves too (:meth:`pull_moves`; ``carry_pulls``: through loops'
-        carries too). ``offered``: the equations offered moves first
+        carries too; ``partly``: with one mesh dim's partial reduced too). ``offered``: the equations offered
+        moves first
         (None: every one; then those near each applied move)."""
         choice = dict(choice)
         evaluated: dict[Move, Evaluation] = {}
@@ -1882,7 +1935,7 @@ class _Search:
             if move[0] == _REDUCING:
                 return move[2] in self.reducing_moves(move[1], choice)
             if move[0] == _PULL:
-                return move[2:] in self.pull_moves(move[1], choice, carry_pulls)
+                return move[2:] in self.pull_moves(move[1], choice, carry_pulls, partly)
             return move[1:] in self.alternatives(move[0], choice, reducing)
 
         def offer(paths: Any) -> None:
@@ -1894,7 +1947,7 @@ class _Search:
                     move = (_REDUCING, path, k)
                     if move not in fresh:
                         evaluate(move)
-                for i, seeds in self.pull_moves(path, choice, carry_pulls) if pulls else ():
+                for i, seeds in self.pull_moves(path, choice, carry_pulls, partly) if pulls else ():
                     move = (_PULL, path, i, seeds)
                     if move not in fresh:
                         evaluate(move)
