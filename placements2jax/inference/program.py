@@ -97,6 +97,15 @@ The kept
 result never moves more than eager dispatch by the planner's prices (the prediction's
 own): where it would, the planner's search result is kept.
 
+**One mesh dim's partial pulled**: each finish ends with one more descent from its result,
+offering pull moves at the equations whose input arrives partial on several mesh dims with
+one of those partials reduced upstream (:func:`_one_reduced`), stepping past the free
+moves instead of re-choosing through them (up to ``_PARTLY_DEPTH`` equations): a clip's
+global norm, three of whose squared sums were computed on a free ``dp`` slice of
+replicated gradients, sums them all replicated over ``dp`` (the stacked LM's step: a 4 B
+all-reduce over ``dp`` less, 12 -> 11 collectives after XLA's combiner against its 9;
+the float32 Llama scan 18 -> 17 against 11; docs/inference.md section 6, stop 28).
+
 **Tie-break**: the descent without pull moves breaks its cascades' cost ties by the fewest
 inputs moved (:meth:`_Search.tie_moved`): the Megatron MLP step of docs/benchmarks.md
 1.18x -> XLA's bytes and all-reduces, Llama's adamw step 0.76 -> 0.68x in 53 collectives
@@ -621,6 +630,9 @@ _REDUCING = "<reducing>"
 _PULL = "<pull>"
 _KINDS = (_VALUE, _REDUCING, _PULL)  # the moves whose first item names their kind, not their equation
 _PULL_DEPTH = 12  # producers re-chosen upstream at most by one pull move
+# and by one pulling one mesh dim's partial reduced (_one_reduced), which steps past free moves: the float32 Llama
+# scan's norm sums the squares of 12 gradients (a depth of 12 left its dp all-reduce)
+_PARTLY_DEPTH = 64
 # how far upstream of an output with a fixed layout value_moves() gathers a split value's consumers: an adamw update
 # of a clipped gradient is 4 equations from its gradient's consumers to the updated moment
 _NEAR_OUTPUT = 4
@@ -1724,7 +1736,7 @@ class _Search:
         ``through_free``: producers re-chosen upstream of a costless move too (else it
         stays: a partial sum's replicated terms made partial locally, :func:`_one_reduced`)."""
         fits = self.candidates[path].by_out[j].get(need)
-        if not fits or len(seeds) >= _PULL_DEPTH:
+        if not fits or len(seeds) >= (_PULL_DEPTH if through_free else _PARTLY_DEPTH):
             return True  # the redistribution stays at its output
         read.add(path)
         read.update(self.producers[path])
