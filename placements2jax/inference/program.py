@@ -97,10 +97,13 @@ The kept
 result never moves more than eager dispatch by the planner's prices (the prediction's
 own): where it would, the planner's search result is kept.
 
-**One mesh dim's partial pulled**: each finish ends with one more descent from its result,
-offering pull moves at the equations whose input arrives partial on several mesh dims with
-one of those partials reduced upstream (:func:`_one_reduced`), stepping past the free
-moves instead of re-choosing through them (up to ``_PARTLY_DEPTH`` equations): a clip's
+**One mesh dim's partial pulled**: the kept result ends with one more descent
+(:func:`_partly`; of the search's two finished chains, from the cheaper, once, as the
+seeded search's one finish of the whole program does: run in both finishes, the search
+alone of Llama's 3-layer adamw step reached a basin the seeded search does not), offering
+pull moves at the equations whose input arrives partial on several mesh dims with one of
+those partials reduced upstream (:func:`_one_reduced`), stepping past the free moves
+instead of re-choosing through them (up to ``_PARTLY_DEPTH`` equations): a clip's
 global norm, three of whose squared sums were computed on a free ``dp`` slice of
 replicated gradients, sums them all replicated over ``dp`` (the stacked LM's step: a 4 B
 all-reduce over ``dp`` less, 12 -> 11 collectives after XLA's combiner against its 9;
@@ -494,8 +497,15 @@ def _choose(
     results = []
     for pulls, chosen in chains:
         search.tie_moved(not pulls)
-        results.append(_finish(search, planned, (eager, dispatched), by_planner, chosen, pulls))
-    return min(results, key=cost)
+        results.append((_finish(search, planned, (eager, dispatched), by_planner, chosen, pulls, partly=False), pulls))
+    # then the kept result's one-dim-reduced descent (_partly), as the seeded search's one finish of the whole has
+    # it: run in both chains' finishes, it took the dearer chain of Llama's 3-layer adamw step (dp=2 x tp=4) into a
+    # basin the seeded search does not reach (search alone 178,554 B in 58 collectives after the combiner where
+    # seeded 182,154 in 34, tests/test_inference_blocks.py); from the kept result alone it still finds the four
+    # improvements of benchmarks/dump_predictions.py it found from both
+    kept, pulls = min(results, key=lambda result: cost(result[0]))
+    search.tie_moved(not pulls)
+    return _bounded(search, planned, (eager, dispatched), by_planner, kept, _partly(search, kept))
 
 
 def _seeded(
@@ -544,12 +554,14 @@ def _seeded(
 
 def _finish(
     search: _Search, planned: _Search, eagers: tuple[Choice, Choice], by_planner: Choice, chosen: Choice,
-    pulls: bool = False, offered: Collection[str] | None = None,
+    pulls: bool = False, offered: Collection[str] | None = None, partly: bool = True,
 ) -> Choice:
     """One last descent with reducing cascades (:meth:`_Search.reducing_moves`), kept on
-    the value moves' terms; never more bytes than eager dispatch, priced by the planner.
-    ``eagers``: the walk's first candidates and eager dispatch's own choice; ``offered``:
-    the equations offered moves first (:meth:`_Search.improve`)."""
+    the value moves' terms; never more bytes than eager dispatch, priced by the planner
+    (:func:`_bounded`). ``eagers``: the walk's first candidates and eager dispatch's own
+    choice; ``offered``: the equations offered moves first (:meth:`_Search.improve`);
+    ``partly``: ending with the one-dim-reduced descent (:func:`_partly`; else the caller
+    runs it on the result it keeps)."""
     found = search.improve(chosen, values=True, reducing=True, pulls=pulls, offered=offered)
     # then split values near the outputs gathered, from that result (so never dearer than it): offered from the
     # finish's start they led its descent to another basin (the stacked LM's accumulated bfloat16 step 9,776 ->
@@ -557,13 +569,28 @@ def _finish(
     found = search.improve(
         found, values=True, reducing=True, gathers=True, pulls=pulls, offered=search.near_gathered, carry_pulls=True
     )
-    # then, from that result, pull moves reducing one mesh dim's partial upstream where an input arrives partial on
-    # several too (:func:`_one_reduced`), offered there first: offered at the start of the finish, the clip's norm
-    # met its gradients in other layouts than those the gathers above leave; in every pull descent, they led the
-    # stateful nnx.jit adamw step of benchmarks/dump_predictions.py to another basin (44,576 -> 44,720 B)
-    found = search.improve(
-        found, values=True, reducing=True, pulls=True, offered=search.multi_partial(found), partly=True
+    return _bounded(search, planned, eagers, by_planner, chosen, _partly(search, found) if partly else found)
+
+
+def _partly(search: _Search, choice: Choice) -> Choice:
+    """A descent from ``choice`` with pull moves reducing one mesh dim's partial upstream
+    where an input arrives partial on several too (:func:`_one_reduced`), offered there
+    first. From a finish's result: offered at the start of the finish, the clip's norm
+    met its gradients in other layouts than those the finish's gathers leave; in every
+    pull descent, they led the stateful nnx.jit adamw step of
+    benchmarks/dump_predictions.py to another basin (44,576 -> 44,720 B)."""
+    return search.improve(
+        choice, values=True, reducing=True, pulls=True, offered=search.multi_partial(choice), partly=True
     )
+
+
+def _bounded(
+    search: _Search, planned: _Search, eagers: tuple[Choice, Choice], by_planner: Choice, chosen: Choice,
+    found: Choice,
+) -> Choice:
+    """``found``, descended from ``chosen``, where it costs less in no more collectives,
+    else ``chosen``; that, the planner's result or eager's (:func:`_finish`' ``eagers``),
+    the first sending no more bytes than eager dispatch by the planner's prices."""
     best = search.total(chosen)
     cost = search.total(found)
     if cost < best and cost[1] <= best[1]:
