@@ -97,6 +97,18 @@ The kept
 result never moves more than eager dispatch by the planner's prices (the prediction's
 own): where it would, the planner's search result is kept.
 
+**One mesh dim's partial pulled**: the kept result ends with one more descent
+(:func:`_partly`; of the search's two finished chains, from the cheaper, once, as the
+seeded search's one finish of the whole program does: run in both finishes, the search
+alone of Llama's 3-layer adamw step reached a basin the seeded search does not), offering
+pull moves at the equations whose input arrives partial on several mesh dims with one of
+those partials reduced upstream (:func:`_one_reduced`), stepping past the free moves
+instead of re-choosing through them (up to ``_PARTLY_DEPTH`` equations): a clip's
+global norm, three of whose squared sums were computed on a free ``dp`` slice of
+replicated gradients, sums them all replicated over ``dp`` (the stacked LM's step: a 4 B
+all-reduce over ``dp`` less, 12 -> 11 collectives after XLA's combiner against its 9;
+the float32 Llama scan 18 -> 17 against 11; docs/inference.md section 6, stop 28).
+
 **Tie-break**: the descent without pull moves breaks its cascades' cost ties by the fewest
 inputs moved (:meth:`_Search.tie_moved`): the Megatron MLP step of docs/benchmarks.md
 1.18x -> XLA's bytes and all-reduces, Llama's adamw step 0.76 -> 0.68x in 53 collectives
@@ -485,8 +497,15 @@ def _choose(
     results = []
     for pulls, chosen in chains:
         search.tie_moved(not pulls)
-        results.append(_finish(search, planned, (eager, dispatched), by_planner, chosen, pulls))
-    return min(results, key=cost)
+        results.append((_finish(search, planned, (eager, dispatched), by_planner, chosen, pulls, partly=False), pulls))
+    # then the kept result's one-dim-reduced descent (_partly), as the seeded search's one finish of the whole has
+    # it: run in both chains' finishes, it took the dearer chain of Llama's 3-layer adamw step (dp=2 x tp=4) into a
+    # basin the seeded search does not reach (search alone 178,554 B in 58 collectives after the combiner where
+    # seeded 182,154 in 34, tests/test_inference_blocks.py); from the kept result alone it still finds the four
+    # improvements of benchmarks/dump_predictions.py it found from both
+    kept, pulls = min(results, key=lambda result: cost(result[0]))
+    search.tie_moved(not pulls)
+    return _bounded(search, planned, (eager, dispatched), by_planner, kept, _partly(search, kept))
 
 
 def _seeded(
@@ -535,12 +554,14 @@ def _seeded(
 
 def _finish(
     search: _Search, planned: _Search, eagers: tuple[Choice, Choice], by_planner: Choice, chosen: Choice,
-    pulls: bool = False, offered: Collection[str] | None = None,
+    pulls: bool = False, offered: Collection[str] | None = None, partly: bool = True,
 ) -> Choice:
     """One last descent with reducing cascades (:meth:`_Search.reducing_moves`), kept on
-    the value moves' terms; never more bytes than eager dispatch, priced by the planner.
-    ``eagers``: the walk's first candidates and eager dispatch's own choice; ``offered``:
-    the equations offered moves first (:meth:`_Search.improve`)."""
+    the value moves' terms; never more bytes than eager dispatch, priced by the planner
+    (:func:`_bounded`). ``eagers``: the walk's first candidates and eager dispatch's own
+    choice; ``offered``: the equations offered moves first (:meth:`_Search.improve`);
+    ``partly``: ending with the one-dim-reduced descent (:func:`_partly`; else the caller
+    runs it on the result it keeps)."""
     found = search.improve(chosen, values=True, reducing=True, pulls=pulls, offered=offered)
     # then split values near the outputs gathered, from that result (so never dearer than it): offered from the
     # finish's start they led its descent to another basin (the stacked LM's accumulated bfloat16 step 9,776 ->
@@ -548,6 +569,28 @@ def _finish(
     found = search.improve(
         found, values=True, reducing=True, gathers=True, pulls=pulls, offered=search.near_gathered, carry_pulls=True
     )
+    return _bounded(search, planned, eagers, by_planner, chosen, _partly(search, found) if partly else found)
+
+
+def _partly(search: _Search, choice: Choice) -> Choice:
+    """A descent from ``choice`` with pull moves reducing one mesh dim's partial upstream
+    where an input arrives partial on several too (:func:`_one_reduced`), offered there
+    first. From a finish's result: offered at the start of the finish, the clip's norm
+    met its gradients in other layouts than those the finish's gathers leave; in every
+    pull descent, they led the stateful nnx.jit adamw step of
+    benchmarks/dump_predictions.py to another basin (44,576 -> 44,720 B)."""
+    return search.improve(
+        choice, values=True, reducing=True, pulls=True, offered=search.multi_partial(choice), partly=True
+    )
+
+
+def _bounded(
+    search: _Search, planned: _Search, eagers: tuple[Choice, Choice], by_planner: Choice, chosen: Choice,
+    found: Choice,
+) -> Choice:
+    """``found``, descended from ``chosen``, where it costs less in no more collectives,
+    else ``chosen``; that, the planner's result or eager's (:func:`_finish`' ``eagers``),
+    the first sending no more bytes than eager dispatch by the planner's prices."""
     best = search.total(chosen)
     cost = search.total(found)
     if cost < best and cost[1] <= best[1]:
@@ -614,6 +657,9 @@ _REDUCING = "<reducing>"
 _PULL = "<pull>"
 _KINDS = (_VALUE, _REDUCING, _PULL)  # the moves whose first item names their kind, not their equation
 _PULL_DEPTH = 12  # producers re-chosen upstream at most by one pull move
+# and by one pulling one mesh dim's partial reduced (_one_reduced), which steps past free moves: the float32 Llama
+# scan's norm sums the squares of 12 gradients (a depth of 12 left its dp all-reduce)
+_PARTLY_DEPTH = 64
 # how far upstream of an output with a fixed layout value_moves() gathers a split value's consumers: an adamw update
 # of a clipped gradient is 4 equations from its gradient's consumers to the updated moment
 _NEAR_OUTPUT = 4
@@ -682,6 +728,25 @@ def _getter(paths: Sequence[str]) -> Callable[[Choice], Any]:
 def _partial_dims(states: Sequence[State]) -> frozenset[int]:
     """The mesh dims some of ``states`` is partial on."""
     return frozenset(m for state in states for m, op in enumerate(state[1]) if op)
+
+
+def _one_reduced(arriving: State, need: State) -> list[State]:
+    """An input arriving partial on several mesh dims, some of which its consumer needs
+    reduced: per such mesh dim, the arriving state with that partial alone reduced (to
+    Replicate there), which :meth:`_Search.pull_moves` also pulls upstream. A clip's
+    global norm sums each gradient's squares, some computed on a free ``dp`` slice of a
+    replicated gradient (partial over ``dp`` and ``tp``), others replicated over ``dp``:
+    pulled as the ``sqrt`` needs it (Replicate) the chain stops at the gradients split over
+    ``tp``; reduced over ``dp`` only, every producer of a ``dp`` partial is re-chosen at
+    once and the scalar's ``dp`` all-reduce goes."""
+    partial = arriving[1]
+    if sum(1 for op in partial if op) < 2:
+        return []
+    reduced = [
+        (arriving[0], tuple(None if n == m else op for n, op in enumerate(partial)), *arriving[2:])
+        for m, op in enumerate(partial) if op and not need[1][m]
+    ]
+    return [state for state in reduced if state != need]
 
 
 def _state(layout: Layout) -> State:
@@ -1077,8 +1142,9 @@ class _Search:
         self.alternative_moves: dict[tuple[str, Any], list[tuple[int, bool]]] = {}
         # and per kind (an equation making an output of the function: per path) and the states they depend on
         self.alternatives_by_states: dict[tuple[Any, ...], list[tuple[int, bool]]] = {}
-        # pull_moves() per node and its carry_pulls: (the getter of the choices they read, those choices, the moves)
-        self.pulls_by_reads: dict[tuple[str, bool], list[tuple[Callable[[Choice], Any], Any, list[Any]]]] = {}
+        # pull_moves() per node, its carry_pulls and partly: (the getter of the choices they read, those choices, the
+        # moves)
+        self.pulls_by_reads: dict[tuple[str, bool, bool], list[tuple[Callable[[Choice], Any], Any, list[Any]]]] = {}
         self.fewest_moved = False  # greedy()'s tie-break (see tie_moved())
 
     def tie_moved(self, fewest: bool) -> None:
@@ -1623,8 +1689,21 @@ class _Search:
                 return None
         return nbytes, steps
 
+    def multi_partial(self, choice: Choice) -> list[str]:
+        """The equations with an input redistributed that arrives partial on several mesh
+        dims, some of which it needs reduced (:func:`_one_reduced`)."""
+        found = []
+        for path in self.paths:
+            for i, fixed in enumerate(self.fixed[path]):
+                if fixed is None:
+                    src, j = self.sources[path][i]  # type: ignore[misc]
+                    if _one_reduced(self.outs[src][choice[src]][j], self.ins[path][choice[path]][i]):
+                        found.append(path)
+                        break
+        return found
+
     def pull_moves(
-        self, path: str, choice: Choice, carry_pulls: bool = False
+        self, path: str, choice: Choice, carry_pulls: bool = False, partly: bool = False
     ) -> list[tuple[int, tuple[tuple[str, int], ...]]]:
         """Moves giving an input of ``path`` that is redistributed the layout ``path``
         needs at its producer: the producer re-chosen to make it (the candidate cheapest
@@ -1637,8 +1716,9 @@ class _Search:
         descents offer them at every equation near each applied move, again from one
         descent to the next (on Llama's adamw step 5,459 offers, each ~15 us found anew,
         7% of the search; kept so, 2,135 are found anew). ``carry_pulls``: through loops'
-        carries too (:meth:`_pull`)."""
-        known = self.pulls_by_reads.setdefault((path, carry_pulls), [])
+        carries too (:meth:`_pull`); ``partly``: an input arriving partial on several mesh
+        dims also pulled with one of those reduced (:func:`_one_reduced`)."""
+        known = self.pulls_by_reads.setdefault((path, carry_pulls, partly), [])
         for getter, snapshot, moves in known:
             if getter(choice) == snapshot:
                 return moves
@@ -1649,18 +1729,21 @@ class _Search:
             src, j = self.sources[path][i]  # type: ignore[misc]
             need = self.ins[path][choice[path]][i]
             read.add(src)
-            if self.outs[src][choice[src]][j] == need:
+            arriving = self.outs[src][choice[src]][j]
+            if arriving == need:
                 continue
-            seeds: dict[str, int] = {}
-            if self._pull(src, j, need, choice, seeds, read, carry_pulls) and any(choice[p] != k for p, k in seeds.items()):
-                moves.append((i, tuple(seeds.items())))
+            for target in (need, *(_one_reduced(arriving, need) if partly else ())):
+                seeds: dict[str, int] = {}
+                pulled = self._pull(src, j, target, choice, seeds, read, carry_pulls, through_free=target is need)
+                if pulled and any(choice[p] != k for p, k in seeds.items()):
+                    moves.append((i, tuple(seeds.items())))
         getter = _getter(tuple(read))
         known.append((getter, getter(choice), moves))
         return moves
 
     def _pull(
         self, path: str, j: int, need: State, choice: Choice, seeds: dict[str, int], read: set[str],
-        carry_pulls: bool = False,
+        carry_pulls: bool = False, through_free: bool = True,
     ) -> bool:
         """Re-choose ``path`` (into ``seeds``) to make output ``j`` in ``need``, and its
         producers so, upstream. True if every input then arrives as needed, by a costless
@@ -1676,9 +1759,11 @@ class _Search:
         re-chosen together remove that gather (9,776 B as compiled, 15,920 without). Only
         in the finish's last descent (``carry_pulls``): offered in every descent, they
         sent the float32 stacked step with 3 layers under ``scan(unroll=2)`` to a dearer
-        basin (39,796 -> 40,080 B). ``read``: the equations whose choices it read, added to."""
+        basin (39,796 -> 40,080 B). ``read``: the equations whose choices it read, added to;
+        ``through_free``: producers re-chosen upstream of a costless move too (else it
+        stays: a partial sum's replicated terms made partial locally, :func:`_one_reduced`)."""
         fits = self.candidates[path].by_out[j].get(need)
-        if not fits or len(seeds) >= _PULL_DEPTH:
+        if not fits or len(seeds) >= (_PULL_DEPTH if through_free else _PARTLY_DEPTH):
             return True  # the redistribution stays at its output
         read.add(path)
         read.update(self.producers[path])
@@ -1689,6 +1774,8 @@ class _Search:
             if state == want:
                 continue
             costless = self.cost(self.in_avals[path][i], state, want) == _ZERO  # a slice, a local partial
+            if costless and not through_free:
+                continue
             if self.fixed[path][i] is None and src[0] in seeds:  # type: ignore[index]
                 # a loop body's read of its carry, the loop re-chosen downstream of it: it arrives as re-chosen
                 loop, carry = src  # type: ignore[misc]
@@ -1696,7 +1783,10 @@ class _Search:
                     continue
             elif self.fixed[path][i] is None:
                 upstream = dict(seeds)
-                if self._pull(src[0], src[1], want, choice, upstream, read, carry_pulls):  # type: ignore[index]
+                pulled = self._pull(
+                    src[0], src[1], want, choice, upstream, read, carry_pulls, through_free  # type: ignore[index]
+                )
+                if pulled:
                     seeds.update(upstream)
                     continue
             if not costless:
@@ -1851,6 +1941,7 @@ class _Search:
     def improve(
         self, choice: Choice, values: bool = False, reducing: bool = False, pulls: bool = False,
         offered: Collection[str] | None = None, gathers: bool = False, carry_pulls: bool = False,
+        partly: bool = False,
     ) -> Choice:
         """Steepest descent over cascading moves (see :meth:`alternatives`): apply the
         move lowering the total most (ties: the earliest equation), until none lowers it
@@ -1860,7 +1951,8 @@ class _Search:
         moves too (:meth:`value_moves`); ``reducing``: reducing cascades too
         (:meth:`reducing_moves`); ``gathers``: value moves gathering split values too
         (:meth:`value_moves`); ``pulls``: pull moves too (:meth:`pull_moves`; ``carry_pulls``: through loops'
-        carries too). ``offered``: the equations offered moves first
+        carries too; ``partly``: with one mesh dim's partial reduced too). ``offered``: the equations offered
+        moves first
         (None: every one; then those near each applied move)."""
         choice = dict(choice)
         evaluated: dict[Move, Evaluation] = {}
@@ -1882,7 +1974,7 @@ class _Search:
             if move[0] == _REDUCING:
                 return move[2] in self.reducing_moves(move[1], choice)
             if move[0] == _PULL:
-                return move[2:] in self.pull_moves(move[1], choice, carry_pulls)
+                return move[2:] in self.pull_moves(move[1], choice, carry_pulls, partly)
             return move[1:] in self.alternatives(move[0], choice, reducing)
 
         def offer(paths: Any) -> None:
@@ -1894,7 +1986,7 @@ class _Search:
                     move = (_REDUCING, path, k)
                     if move not in fresh:
                         evaluate(move)
-                for i, seeds in self.pull_moves(path, choice, carry_pulls) if pulls else ():
+                for i, seeds in self.pull_moves(path, choice, carry_pulls, partly) if pulls else ():
                     move = (_PULL, path, i, seeds)
                     if move not in fresh:
                         evaluate(move)
