@@ -209,8 +209,8 @@ def param_followers(tree: Any, param_tree: Any, param_shapes: Sequence[Sequence[
     shape with dims dropped or set to 1): Adam's ``mu`` leaf by leaf, ``optax.adafactor``'s
     ``v_row`` / ``v_col`` / ``v``, ``optax.sm3``'s list of accumulators per parameter all of
     them. The outermost such subtree counts. The shapes keep an argument that merely has
-    the parameters' tree structure (a batch, when the parameters are one array) from
-    following them."""
+    the parameters' tree structure (when the parameters are one array: any leaf) from
+    following them unless it could be a statistic."""
 
     def visit(x: Any) -> list[int | None]:
         try:
