@@ -43,6 +43,7 @@ import bench_layout
 import bench_loss
 import bench_memory
 import bench_operators
+import bench_optimizer
 import bench_redistribute
 from harness import Config, Section, Table, Target, progress
 
@@ -59,6 +60,7 @@ BENCHMARKS = {
     "fsdp": bench_fsdp,
     "autoplan": bench_autoplan,
     "frameworks": bench_frameworks,
+    "optimizer": bench_optimizer,
 }
 
 ROOT = Path(__file__).resolve().parent.parent

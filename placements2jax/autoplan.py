@@ -12,9 +12,12 @@ printed in torch form, with its predicted figures and those of the presets besid
     params = distribute_pytree(params, mesh, plan)
 
 **What is searched.** Every array leaf of ``params`` (and of ``args``, unless ``fixed=``
-pins it) gets one layout; optimizer state follows: a subtree of ``args`` shaped like
-``params`` (Adam's ``mu`` and ``nu``) takes the parameters' layouts, its other leaves (step
-counts) are Replicate, as torch's optimizer state follows DTensor parameters. Outputs of
+pins it) gets one layout; optimizer state follows, as torch's optimizer state follows
+DTensor parameters, by :func:`~placements2jax.state_layouts`' rule: a subtree of ``args``
+with the parameters' tree structure, each leaf of its parameter's shape (Adam's ``mu`` and
+``nu``: the parameter's layout) or that shape with dims dropped or set to 1
+(``optax.adafactor``'s factored ``v_row`` and ``v_col``: the splits of the kept dims), is
+not searched; other state leaves (step counts) are Replicate. Outputs of
 ``step_fn`` shaped like ``params`` or like an argument keep that argument's layouts
 (updated parameters and state). A leaf's candidates split each mesh axis over one of its
 dims (evenly) or none; a leaf scanned over by ``lax.scan`` (stacked layers) keeps its
@@ -79,7 +82,7 @@ from .layout import Layout
 from .mesh import DeviceMesh, as_device_mesh
 from .operators import pinned_function
 from .parallelize import PlanLike, path_of, plan_layouts
-from .training import param_followers
+from .training import followed_layout, param_followers
 
 __all__ = ["AutoPlan", "CompiledFigures", "PlanFigures", "auto_plan", "compiled_figures", "example_mlp", "plan_figures",
            "planned_inputs"]
@@ -251,14 +254,12 @@ class _Problem:
         param_tree = jax.tree.structure(params, is_leaf=is_dtensor)
         param_shapes = [tuple(np.shape(x)) for x in jax.tree.leaves(params, is_leaf=is_dtensor)]
         n_params = len(param_shapes)
-        # which argument leaves follow which parameter: subtrees of args shaped like params
-        def like(x: Any) -> bool:
-            return [tuple(np.shape(y)) for y in jax.tree.leaves(x, is_leaf=is_dtensor)] == param_shapes
-
+        # which argument leaves follow which parameter: subtrees of args with the params' structure,
+        # each leaf its parameter's shape or a statistic of it (init_optimizer_state's rule)
         self.follows: dict[int, int] = {}
         offset = n_params
         for arg in args:
-            followers = param_followers(arg, param_tree, like)
+            followers = param_followers(arg, param_tree, param_shapes)
             self.follows.update({offset + j: k for j, k in enumerate(followers) if k is not None})
             offset += len(followers)
         self.paths: list[str] = []
@@ -391,7 +392,8 @@ class _Problem:
         out = {**free, **self.fixed}
         for i, k in enumerate(self.kinds):
             if k == "state":
-                out[i] = out[self.follows[i]]
+                param = self.follows[i]
+                out[i] = followed_layout(out[param], np.shape(self.leaves[param]), np.shape(self.leaves[i]))
             elif i not in out and (k != "other" or _array(self.leaves[i])):
                 out[i] = _replicated(self.mesh, self.leaves[i])
         return out

@@ -59,7 +59,7 @@ from .hlo import running
 from .inference import default_cost_model, infer_signature, predict
 from .inference.cost import CostModel, CostModelLike
 from .inference.frameworks import Bound, bind, variables_of, with_static_outputs
-from .inference.jaxpr import CONSTRAINT_SHARDING_PARAMS, _drop_dim0, _stacked, execute
+from .inference.jaxpr import CONSTRAINT_SHARDING_PARAMS, _drop_dim0, _stacked, all_equations, execute
 from .inference.ops import freeze, op_definition, registered_function
 from .inference.rules import SCATTERS, gather_lookup_axis, scatter_lookup_axis
 from .inference.signature import RedistributePlan, TensorSpec, constant_layout, is_layout_leaf
@@ -712,26 +712,25 @@ def _auto_program(
         closed = jax.make_jaxpr(lambda *leaves: f(*jax.tree.unflatten(in_tree, leaves)))(*structs)
     except (TypeError, ValueError):  # predict reports why, as a clear InferenceError
         closed = None
-    if closed is not None and _any_equation(closed.jaxpr, lambda eqn: registered_function(eqn) is not None):
-        return _apply_program(fn, kwargs, in_tree, targets, keys, cost_model)
-    if closed is not None and _any_equation(closed.jaxpr, _reduces_integers_bitwise):
-        return _pinned_program(fn, kwargs, in_tree, targets, keys, cost_model)
-    return _xla_program(fn, kwargs, in_tree, targets, keys, cost_model)
+    program = {"ops": _apply_program, "pinned": _pinned_program, "xla": _xla_program}[
+        "xla" if closed is None else _auto_execute(closed.jaxpr)]
+    return program(fn, kwargs, in_tree, targets, keys, cost_model)
 
 
 _BITWISE_REDUCTIONS = frozenset({"reduce_and", "reduce_or", "reduce_xor"})
 
 
-def _reduces_integers_bitwise(eqn: core.JaxprEqn) -> bool:
-    return eqn.primitive.name in _BITWISE_REDUCTIONS and jnp.issubdtype(eqn.invars[0].aval.dtype, jnp.integer)
-
-
-def _any_equation(jaxpr: Any, test: Callable[[core.JaxprEqn], bool]) -> bool:
-    """Whether an equation of ``jaxpr`` or of one of its sub-jaxprs passes ``test``."""
-    return any(
-        test(eqn) or any(_any_equation(sub, test) for sub in core.jaxprs_in_params(eqn.params))
-        for eqn in jaxpr.eqns
-    )
+def _auto_execute(jaxpr: Any) -> str:
+    """The executor ``execute="auto"`` picks for ``jaxpr`` (see :func:`_auto_program`), in
+    one pass over its equations and its sub-jaxprs': "ops" at the first call of a
+    registered function, else "pinned" if an equation reduces integers bitwise, else "xla"."""
+    pinned = False
+    for eqn in all_equations(jaxpr):
+        if registered_function(eqn) is not None:
+            return "ops"
+        pinned = pinned or (eqn.primitive.name in _BITWISE_REDUCTIONS
+                            and jnp.issubdtype(eqn.invars[0].aval.dtype, jnp.integer))
+    return "pinned" if pinned else "xla"
 
 
 def _to_logical(x: jax.Array, phys: Physical) -> jax.Array:

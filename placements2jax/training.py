@@ -10,17 +10,19 @@ Both map over the DTensors' physical arrays, so every layout is kept.
 with each state leaf following its parameter, as torch's optimizer state follows DTensor
 parameters; :func:`state_layouts` gives those layouts for a state built elsewhere. Which
 leaves follow which parameter (:func:`param_followers`: the leaves of a subtree with the
-parameters' tree structure) is the rule :func:`~placements2jax.auto_plan` applies too.
+parameters' tree structure, each of its parameter's shape or a statistic of it) and their
+layouts (:func:`followed_layout`) are the rule :func:`~placements2jax.auto_plan` applies too.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding
 
 from .dtensor import DTensor, auto_twin_of, is_dtensor
@@ -172,46 +174,53 @@ def state_layouts(state: Any, params: Any) -> Any:
     built by hand) or to distribute a state built on plain arrays leaf by leaf.
 
     The leaves of every subtree of ``state`` of which ``params``' tree structure is a
-    prefix follow the parameter at their position (:func:`param_followers`). A follower of its
+    prefix follow the parameter at their position when each has its parameter's shape or
+    that shape with dims dropped or set to 1 (:func:`param_followers`). A follower of its
     parameter's shape takes the parameter's layout; one whose shape is the parameter's
     with dims dropped or set to 1 keeps the mesh axes of each kept dim of the same size
     (a dim split where a dropped one was, or set to 1, is Replicate); when the shapes
     leave the kept dims ambiguous (``(256,)`` from ``(256, 256)``: row or column
-    statistics), a dim keeps its axes only where every reading agrees. Partial becomes
-    Replicate (a state leaf is a value per element, not a sum of pieces). Other leaves
-    are Replicate on the parameters' mesh.
+    statistics), a dim keeps its axes only where every reading agrees
+    (:func:`followed_layout`). Partial becomes Replicate (a state leaf is a value per
+    element, not a sum of pieces). Other leaves are Replicate on the parameters' mesh.
+    ``auto_plan`` lays out the optimizer state it is given by the same rule.
     """
     leaves = _dtensor_params(params)
     param_leaves, param_tree = jax.tree.flatten(leaves, is_leaf=is_dtensor)
     mesh = param_leaves[0].device_mesh
     pairs, state_tree = jax.tree_util.tree_flatten_with_path(state, is_leaf=is_dtensor)
+    shapes = [_state_shape(path, leaf) for path, leaf in pairs]
     layouts = []
-    for (path, leaf), follows in zip(pairs, param_followers(state, param_tree)):
-        shape = _state_shape(path, leaf)
+    for shape, follows in zip(shapes, param_followers(state, param_tree, [p.shape for p in param_leaves])):
         if follows is None:
             layouts.append(Layout(mesh, ((),) * len(shape)))
         else:
             param = param_leaves[follows]
-            layouts.append(_followed_layout(param.layout, param.shape, shape))
+            layouts.append(followed_layout(param.layout, param.shape, shape))
     return jax.tree_util.tree_unflatten(state_tree, layouts)
 
 
-def param_followers(tree: Any, param_tree: Any, like: Callable[[Any], bool] | None = None) -> list[int | None]:
+def param_followers(tree: Any, param_tree: Any, param_shapes: Sequence[Sequence[int]]) -> list[int | None]:
     """Per leaf of ``tree`` (DTensors as leaves): the index of the parameter it follows
-    (among the leaves of ``param_tree``, a tree structure with DTensors as leaves), else
-    None. The leaves of a subtree of ``tree`` of which ``param_tree`` is a prefix (and
-    for which ``like(subtree)`` holds, when given) follow the parameter at their
-    position: Adam's ``mu`` leaf by leaf, ``optax.sm3``'s list of accumulators per
-    parameter all of them. The outermost such subtree counts."""
+    (among the leaves of ``param_tree``, a tree structure with DTensors as leaves, whose
+    shapes are ``param_shapes``), else None. The leaves of a subtree of ``tree`` of which
+    ``param_tree`` is a prefix follow the parameter at their position when each is shaped
+    like its parameter or like a statistic of it (:func:`_readings`: the parameter's
+    shape with dims dropped or set to 1): Adam's ``mu`` leaf by leaf, ``optax.adafactor``'s
+    ``v_row`` / ``v_col`` / ``v``, ``optax.sm3``'s list of accumulators per parameter all of
+    them. The outermost such subtree counts. The shapes keep an argument that merely has
+    the parameters' tree structure (when the parameters are one array: any leaf) from
+    following them unless it could be a statistic."""
 
     def visit(x: Any) -> list[int | None]:
-        if like is None or like(x):
-            try:
-                per_param = param_tree.flatten_up_to(x)
-            except (ValueError, TypeError):
-                per_param = None
-            if per_param is not None:
-                return [k for k, sub in enumerate(per_param) for _ in jax.tree.leaves(sub, is_leaf=is_dtensor)]
+        try:
+            per_param = param_tree.flatten_up_to(x)
+        except (ValueError, TypeError):
+            per_param = None
+        if per_param is not None:
+            followers = [(k, leaf) for k, sub in enumerate(per_param) for leaf in jax.tree.leaves(sub, is_leaf=is_dtensor)]
+            if all(_readings(param_shapes[k], np.shape(leaf)) for k, leaf in followers):
+                return [k for k, _ in followers]
         if is_dtensor(x):
             return [None]
         children = jax.tree_util.tree_flatten(x, is_leaf=lambda y: y is not x)[0]
@@ -222,21 +231,32 @@ def param_followers(tree: Any, param_tree: Any, like: Callable[[Any], bool] | No
     return visit(tree)
 
 
-def _followed_layout(layout: Layout, param_shape: Sequence[int], shape: Sequence[int]) -> Layout:
+def _readings(param_shape: Sequence[int], shape: Sequence[int]) -> list[tuple[int, ...]]:
+    """The ways ``shape`` reads as ``param_shape`` with dims dropped or set to 1: per
+    reading, the parameter's dim each of ``shape``'s dims keeps (a dim of size 1 may stand
+    for any). Empty: not a statistic of the parameter. ``param_shape`` itself reads as
+    every dim kept (among others, where some of its dims are 1)."""
+    param_shape, shape = tuple(param_shape), tuple(shape)
+    return [kept for kept in itertools.combinations(range(len(param_shape)), len(shape))
+            if all(size in (param_shape[d], 1) for size, d in zip(shape, kept))]
+
+
+def followed_layout(layout: Layout, param_shape: Sequence[int], shape: Sequence[int]) -> Layout:
     """The layout of a state array of ``shape`` following a parameter of ``param_shape``
-    laid out ``layout`` (the rule of :func:`state_layouts`)."""
+    laid out ``layout`` (the rule of :func:`state_layouts`, which auto_plan's search
+    applies to the optimizer state too): the parameter's layout without Partial for its
+    shape; for a statistic (:func:`_readings`), each dim keeps the mesh axes of the
+    parameter's dim it keeps where every reading agrees, else Replicate. ``shape`` is one
+    of these (:func:`param_followers` picks such leaves)."""
     param_shape, shape = tuple(param_shape), tuple(shape)
     if shape == param_shape:
         return layout.without_partial()
     readings = {
         tuple((layout.dim_axes[d], layout.split_factors[d]) if size == param_shape[d] else ((), 1)
               for size, d in zip(shape, kept))
-        for kept in itertools.combinations(range(len(param_shape)), len(shape))
-        if all(size in (param_shape[d], 1) for size, d in zip(shape, kept))
+        for kept in _readings(param_shape, shape)
     }
-    dims = [dim.pop() if len(dim) == 1 else ((), 1) for dim in map(set, zip(*readings))] if readings else []
-    if len(dims) != len(shape):  # no reading: not a parameter's statistic
-        dims = [((), 1)] * len(shape)
+    dims = [dim.pop() if len(dim) == 1 else ((), 1) for dim in map(set, zip(*readings))]
     return Layout(layout.mesh, tuple(axes for axes, _ in dims), None, tuple(f for _, f in dims))
 
 

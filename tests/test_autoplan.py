@@ -494,3 +494,37 @@ def test_finalists_predicted_above_a_preset_compiled_only_when_needed() -> None:
     evaluator.memo[("a",)] = figures(60_000, 50_170)
     chosen, best, compiled = _xla_choice(evaluator, seeds, shown, {"megatron": None}, memory_budget=10)
     assert chosen == {0: "b"} and "fsdp" not in compiled
+
+
+_ADAFACTOR = optax.adafactor(1e-2, min_dim_size_to_factor=32)  # factors the MLP's (64, 256) weights
+
+
+def _adafactor_step(params: Any, opt_state: Any, x: jax.Array, y: jax.Array) -> tuple[Any, Any, jax.Array]:
+    value, grads = jax.value_and_grad(steps.mlp_loss)(params, x, y)
+    updates, opt_state = _ADAFACTOR.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, value
+
+
+
+def test_factored_statistics_follow_their_parameters(mesh: Any, problem: tuple[Any, ...]) -> None:
+    """optax.adafactor's state (v_row / v_col: each weight's shape with a dim dropped) is
+    laid out by state_layouts' rule, not searched as free arguments: the planned inputs'
+    state has init_optimizer_state's layouts for the Megatron plan, and the plan searches
+    the batch only among the other arguments."""
+    params, _, x, y = problem
+    state = jax.eval_shape(_ADAFACTOR.init, params)
+    inputs, out_layouts = planned_inputs(_adafactor_step, params, state, x, y, mesh=mesh, plan=MEGATRON, fixed=FIXED)
+    want = state_layouts(state, distribute_pytree(params, mesh, MEGATRON))
+    assert [spec.layout for spec in jax.tree.leaves(inputs[1])] == jax.tree.leaves(
+        want, is_leaf=lambda v: isinstance(v, Layout))
+    factored = want[0]
+    # v_row drops a weight's larger dim, v_col the other: up (64, 256) is split over tp on its 256 columns,
+    # down (256, 64) on its 256 rows, so both keep the 256 dim's split in v_col
+    for name in ("up", "down"):
+        assert factored.v_row[name] == resolve_layout(mesh, "R,R", 1), name
+        assert factored.v_col[name] == resolve_layout(mesh, "R,S(0)", 1), name
+    assert jax.tree.leaves(out_layouts[1], is_leaf=lambda v: isinstance(v, Layout)) == jax.tree.leaves(
+        want, is_leaf=lambda v: isinstance(v, Layout))
+    chosen = auto_plan(_adafactor_step, params, state, x, y, mesh=mesh, fixed=FIXED, max_evaluations=4,
+                       score="predict")
+    assert set(chosen.args) == {"args/1", "args/2"}  # the fixed batch; no statistic searched

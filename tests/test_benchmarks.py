@@ -24,6 +24,7 @@ SECTIONS = (
     "10. FSDP (fully_shard) vs replicated data parallelism vs plain JAX",
     "11. Auto-plan vs the Megatron and FSDP presets",
     "12. Flax NNX and Equinox training code",
+    "13. Optimizer state following its parameters",
 )
 
 
@@ -45,3 +46,5 @@ def test_quick_run_writes_every_table(tmp_path: Path) -> None:
     assert "| jitted DTensor functions compile to the plain JAX program |" in text
     assert "check: predicted vs compiled communication per device" in text  # whole-program vs eager vs XLA
     assert "| nnx loss | 1 of 1 |" in text  # bench_frameworks' quick row: check agrees with XLA
+    optimizer_targets = [line for line in text.splitlines() if line.startswith("| 13. Optimizer state")]
+    assert len(optimizer_targets) == 2 and all(line.endswith("| PASS |") for line in optimizer_targets)

@@ -250,6 +250,27 @@ def test_bitwise_reductions_of_a_split_integer_array(execute: str) -> None:
         assert int(np.asarray(got.full_tensor())) == int(want), reduce.__name__
 
 
+def test_auto_picks_the_pinned_plan_for_a_bitwise_reduction_in_a_sub_jaxpr() -> None:
+    """``execute="auto"`` looks into calls and loop bodies (one pass over every equation,
+    inference.jaxpr.all_equations): an integer ``reduce_or`` under ``jax.jit`` inside a
+    ``lax.scan`` body runs the pinned plan too; a float sum anywhere stays with XLA."""
+    from placements2jax import apply, distribute_tensor, init_device_mesh
+    from placements2jax.operators import _auto_execute
+
+    def nested(a: jax.Array) -> jax.Array:
+        def body(carry: jax.Array, row: jax.Array) -> tuple[jax.Array, None]:
+            return carry | jax.jit(lambda r: lax.reduce_or(r, (0,)))(row), None
+
+        return lax.scan(body, np.int32(0), a.reshape(1, -1))[0]
+
+    mesh8 = init_device_mesh((8,), ("x",))
+    values = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256], np.int32)
+    assert _auto_execute(jax.make_jaxpr(nested)(values).jaxpr) == "pinned"
+    assert _auto_execute(jax.make_jaxpr(lambda a: jax.jit(jnp.sum)(a))(values.astype(np.float32)).jaxpr) == "xla"
+    got = apply(nested, distribute_tensor(values, mesh8, "S(0)"))
+    assert int(np.asarray(got.full_tensor())) == int(np.bitwise_or.reduce(values))
+
+
 # -- data movement ---------------------------------------------------------------------------
 
 

@@ -5,6 +5,7 @@ state in each parameter's layout, steps equal to unsharded training, bfloat16 pa
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +13,7 @@ import ml_dtypes
 import numpy as np
 import optax
 import pytest
+from models import common, llama, stacked
 
 import placements2jax as p2j
 from placements2jax import DTensor, Replicate, Shard, colwise, init_device_mesh, rowwise
@@ -440,6 +442,35 @@ _STATE_CASES = {
 }
 
 
+def _assert_state(state, plain_state, expected: dict[str, str] | None = None, rtol: float = 0.0,
+                  atol: float = 0.0) -> None:
+    """Every leaf of ``state`` is a DTensor with the value of ``plain_state``'s leaf (equal,
+    or within the tolerances); with ``expected`` (keystr path -> placements of the leaves
+    that are not Replicate, every one of them found), each in that layout, each device
+    holding its block only."""
+    pairs = jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda v: isinstance(v, DTensor))[0]
+    assert len(pairs) == len(jax.tree.leaves(plain_state))
+    seen = set()
+    for (path, leaf), want in zip(pairs, jax.tree.leaves(plain_state)):
+        where = jax.tree_util.keystr(path)
+        assert isinstance(leaf, DTensor), where
+        assert leaf.shape == want.shape and leaf.dtype == want.dtype, where
+        np.testing.assert_allclose(np.asarray(leaf.full_tensor()), np.asarray(want), rtol=rtol, atol=atol,
+                                   err_msg=where)
+        if expected is None:
+            continue
+        placements = expected.get(where, ",".join("R" * leaf.device_mesh.ndim))
+        seen.add(where) if where in expected else None
+        assert leaf.layout == p2j.resolve_layout(leaf.device_mesh, placements, leaf.ndim), (where, leaf.placements)
+        mesh_shape = leaf.device_mesh.shape
+        block = tuple(n // math.prod(mesh_shape[a] for a in axes)  # each device's block, padded where uneven
+                      for n, axes in zip(leaf.physical.padded_shape, leaf.layout.dim_axes))
+        assert {shard.data.shape for shard in leaf.array.addressable_shards} == {block}, where
+        for rank in (0, 3, 7):
+            assert leaf.to_local(rank).shape == leaf.layout.local_shape(leaf.shape, rank), where
+    assert expected is None or seen == set(expected)
+
+
 @pytest.mark.parametrize("name", list(_STATE_CASES))
 def test_init_optimizer_state_follows_the_parameters_and_trains_like_plain_optax(name: str) -> None:
     """Every state leaf is a DTensor: of its parameter's shape in the parameter's layout,
@@ -456,43 +487,77 @@ def test_init_optimizer_state_follows_the_parameters_and_trains_like_plain_optax
         state = p2j.init_optimizer_state(optimizer, params)
     assert comm.get_total_counts() == 0
     plain_state = optimizer.init(plain)
-    pairs = jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda v: isinstance(v, DTensor))[0]
-    assert len(pairs) == len(jax.tree.leaves(plain_state))
-    seen = set()
-    for (path, leaf), want in zip(pairs, jax.tree.leaves(plain_state)):
-        where = jax.tree_util.keystr(path)
-        assert isinstance(leaf, DTensor), where
-        placements = expected.get(where, ",".join("R" * MESH.ndim))
-        seen.add(where) if where in expected else None
-        assert leaf.layout == p2j.resolve_layout(MESH, placements, leaf.ndim), (where, leaf.placements)
-        assert leaf.shape == want.shape and leaf.dtype == want.dtype, where
-        np.testing.assert_array_equal(np.asarray(leaf.full_tensor()), np.asarray(want), err_msg=where)
-        block = tuple(n // math.prod(MESH.shape[a] for a in axes)  # each device's block, padded where uneven
-                      for n, axes in zip(leaf.physical.padded_shape, leaf.layout.dim_axes))
-        assert {shard.data.shape for shard in leaf.array.addressable_shards} == {block}, where
-        for rank in (0, 3, 7):
-            assert leaf.to_local(rank).shape == leaf.layout.local_shape(leaf.shape, rank), where
-    assert seen == set(expected)
+    _assert_state(state, plain_state, expected)
 
     step = _state_step(optimizer)
     out_layouts = (params, state, None)
     run = jax.jit(lambda *a: p2j.apply(step, *a, out_layouts=out_layouts))
     plain_step = jax.jit(step)
+    layouts = p2j.layouts_of(state)
     for seed in range(3):
         x, y = _data(seed)
         params, state, loss = run(params, state, *(p2j.distribute_tensor(a, MESH, BATCH) for a in (x, y)))
         plain, plain_state, plain_loss = plain_step(plain, plain_state, x, y)
         assert float(loss.full_tensor()) == pytest.approx(float(plain_loss), rel=1e-5)
-    for (path, leaf), (_, before), want in zip(
-            jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda v: isinstance(v, DTensor))[0], pairs,
-            jax.tree.leaves(plain_state)):
-        assert leaf.layout == before.layout, jax.tree_util.keystr(path)
-        np.testing.assert_allclose(np.asarray(leaf.full_tensor()), np.asarray(want), rtol=1e-4, atol=1e-6,
-                                   err_msg=jax.tree_util.keystr(path))
+    assert p2j.layouts_of(state) == layouts
+    _assert_state(state, plain_state, rtol=1e-4, atol=1e-6)
     for key in ("up", "down"):
         assert params[key]["w"].layout == p2j.plan_layouts(plain, MESH, STATE_PLAN)[key]["w"]
         np.testing.assert_allclose(np.asarray(params[key]["w"].full_tensor()), np.asarray(plain[key]["w"]),
                                    rtol=1e-4, atol=1e-6)
+
+
+# On MESH (dp=4, tp=2), per real model (tests/models, Megatron plan) and optimizer: the placements of the state
+# leaves that are not Replicate. The stacked LM's clip + adamw moments take their parameters' layouts (stacked
+# weights: dim 0 the layer). Adafactor (min_dim_size_to_factor=8) factors each weight of shape (..., m, n) into
+# v_row (..., m) and v_col (..., n), dropping its larger last dim for v_row, its other one for v_col; each keeps
+# the split of its kept dim: the stacked LM's (2, 32, 64) up and (2, 64, 32) down split their 64 over tp, so
+# their v_col do; Llama's (64, 32) wk / wv split their 32 (v_row), w1 / w3 (64, 128) and w2 (128, 64) their 128
+# (v_col); a square weight (Llama's (64, 64) wq, wo, embedding and output) reads either way: Replicate statistics.
+_STACKED_MOMENTS = {"['head']": "R,S(1)", "['layers']['down']": "R,S(1)", "['layers']['up']": "R,S(2)"}
+_LLAMA_LAYER = {"['attention']['wk']": ("v_row", "R,S(0)"), "['attention']['wv']": ("v_row", "R,S(0)"),
+                "['feed_forward']['w1']": ("v_col", "R,S(0)"), "['feed_forward']['w3']": ("v_col", "R,S(0)"),
+                "['feed_forward']['w2']": ("v_col", "R,S(0)")}
+_REAL_CASES = {
+    "stacked clip + adamw": (stacked, common.make_optimizer, {
+        f"[1][0].{m}{k}": v for m in ("mu", "nu") for k, v in _STACKED_MOMENTS.items()}),
+    "stacked adafactor": (stacked, lambda: optax.adafactor(1e-2, min_dim_size_to_factor=8), {
+        "[0].v_col['head']": "R,S(0)", "[0].v_col['layers']['down']": "R,S(1)",
+        "[0].v_col['layers']['up']": "R,S(1)"}),
+    "llama adafactor": (llama, lambda: optax.adafactor(1e-2, min_dim_size_to_factor=8), {
+        f"[0].{stat}['layers'][{i}]{k}": v for i in range(2) for k, (stat, v) in _LLAMA_LAYER.items()}),
+}
+
+
+@pytest.mark.parametrize("name", list(_REAL_CASES))
+def test_init_optimizer_state_on_real_models(name: str) -> None:
+    """init_optimizer_state on tests/models' scan-over-layers stacked LM (clip + adamw and
+    adafactor) and Llama (adafactor): the state's layouts follow the parameters (stacked
+    weights and factored statistics included), its values equal plain optax's init; two
+    training steps run under apply keep every layout and match plain JAX's steps (loss,
+    parameters, state). Not GPT-2 with adafactor: its attention key bias's gradient is
+    zero up to rounding and adafactor normalizes it by its second moment, so rounding noise
+    moves that bias by whole updates (sharded and plain differ there by 3e-5)."""
+    module, make, expected = _REAL_CASES[name]
+    optimizer = make()
+    cfg = module.Config()
+    plain = module.init(jax.random.key(0), cfg)
+    params = p2j.distribute_pytree(plain, MESH, module.megatron_plan())
+    state, plain_state = p2j.init_optimizer_state(optimizer, params), optimizer.init(plain)
+    _assert_state(state, plain_state, expected)
+
+    step = partial(module.train_step, cfg=cfg, optimizer=optimizer)
+    run = jax.jit(lambda *a: p2j.apply(step, *a, out_layouts=(params, state, None)))
+    plain_step = jax.jit(step)
+    layouts = p2j.layouts_of((params, state))
+    for seed in range(2):
+        batch = common.batch(seed, 4, cfg.seq, cfg.vocab)
+        params, state, loss = run(params, state, *(p2j.distribute_tensor(a, MESH, BATCH) for a in batch))
+        plain, plain_state, plain_loss = plain_step(plain, plain_state, *batch)
+        assert float(loss.full_tensor()) == pytest.approx(float(plain_loss), rel=1e-5)
+    assert p2j.layouts_of((params, state)) == layouts
+    _assert_state(state, plain_state, rtol=1e-4, atol=1e-6)
+    _assert_state(params, plain, rtol=1e-4, atol=1e-6)
 
 
 def test_state_layouts_keep_the_splits_of_kept_dims_and_agree_on_ambiguous_ones() -> None:

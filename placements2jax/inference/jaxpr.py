@@ -851,6 +851,17 @@ def _equations(jaxpr: Any) -> _Equations:
 _EQUATIONS = Memo(1024)
 
 
+def all_equations(jaxpr: Any) -> Iterator[Any]:
+    """Every equation of ``jaxpr`` and of the jaxprs in its equations' params (calls, loop
+    bodies, cond branches, custom derivative rules), depth-first in program order. For
+    questions about which primitives a program uses, which need no layouts (the walker
+    visits what it predicts: it inlines calls and walks loop bodies as their rows say)."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in core.jaxprs_in_params(eqn.params):
+            yield from all_equations(sub)
+
+
 def _drop_dim0(layout: Layout) -> Layout:
     """The layout of one slice along dim 0 (which must be unsplit). Split factors stay
     with their dims (a slice of a strided array holds its rows as the array does)."""
