@@ -75,7 +75,7 @@ from .fsdp import fully_sharded_layout
 from .hlo import parse_collectives
 from .inference.cost import collective_nbytes
 from .inference.cost import CostModelLike
-from .inference.jaxpr import CALL_JAXPR_PARAMS, Prediction, predict, unrolled_scan
+from .inference.jaxpr import Prediction, nested_equations, predict, unrolled_scan
 from .inference.signature import TensorSpec
 from .inference.table import format_bytes, format_table
 from .layout import Layout
@@ -365,11 +365,19 @@ class _Problem:
             traced = (closed, jaxpr_as_fun(closed), shapes)
             _traces.remember(key, traced)
         closed, self.replay, self.out_shapes = traced
+        # one pass through scans and calls: a leaf is stacked when a scan reads it as a scanned
+        # operand (after its constants and carries), first used at the first equation not
+        # entered (neither scan nor call) reading it
         found: set[int] = set()
-        inputs = {v: i for i, v in enumerate(closed.jaxpr.invars)}
-        _scanned_inputs(closed.jaxpr, inputs, found)
         uses: dict[int, tuple[int, ...]] = {}
-        _first_uses(closed.jaxpr, inputs, (), uses)
+        for seen in nested_equations(closed.jaxpr, {v: i for i, v in enumerate(closed.jaxpr.invars)}):
+            if seen.eqn.primitive.name == "scan":
+                skip = seen.eqn.params["num_consts"] + seen.eqn.params["num_carry"]
+                found.update(i for i in seen.reads[skip:] if i is not None)
+            if seen.body is None:
+                for i in seen.reads:
+                    if i is not None:
+                        uses.setdefault(i, seen.path)
         return found, uses
 
     def specs(self, layouts: Mapping[int, Layout]) -> list[Any]:
@@ -439,61 +447,13 @@ def _replicated(mesh: DeviceMesh, leaf: Any) -> Layout:
     return Layout(mesh, ((),) * len(np.shape(leaf)))
 
 
-def _sub_jaxpr(eqn: Any) -> Any:
-    name = eqn.primitive.name
-    if name == "scan":
-        return eqn.params["jaxpr"]
-    if name in CALL_JAXPR_PARAMS:
-        return eqn.params[CALL_JAXPR_PARAMS[name]]
-    return None
-
-
-def _scanned_inputs(jaxpr: Any, inputs: Mapping[Any, int], found: set[int]) -> None:
-    for eqn in jaxpr.eqns:
-        sub = _sub_jaxpr(eqn)
-        if sub is None:
-            continue
-        inner = sub.jaxpr if hasattr(sub, "jaxpr") else sub
-        if eqn.primitive.name == "scan":
-            skip = eqn.params["num_consts"] + eqn.params["num_carry"]
-            found.update(inputs[v] for v in eqn.invars[skip:] if not hasattr(v, "val") and v in inputs)
-        mapping = {iv: inputs[ov] for iv, ov in zip(inner.invars, eqn.invars)
-                   if not hasattr(ov, "val") and ov in inputs}
-        if mapping:
-            _scanned_inputs(inner, mapping, found)
-
-
-def _first_uses(jaxpr: Any, inputs: Mapping[Any, int], prefix: tuple[int, ...],
-                out: dict[int, tuple[int, ...]]) -> None:
-    """``out[i]``: the position (equation indices from the outer jaxpr in) of the first
-    equation reading input ``i``, looking through scans and calls."""
-    for index, eqn in enumerate(jaxpr.eqns):
-        sub = _sub_jaxpr(eqn)
-        if sub is not None:
-            inner = sub.jaxpr if hasattr(sub, "jaxpr") else sub
-            mapping = {iv: inputs[ov] for iv, ov in zip(inner.invars, eqn.invars)
-                       if not hasattr(ov, "val") and ov in inputs}
-            if mapping:
-                _first_uses(inner, mapping, (*prefix, index), out)
-            continue
-        for v in eqn.invars:
-            if not hasattr(v, "val") and v in inputs and inputs[v] not in out:
-                out[inputs[v]] = (*prefix, index)
-
-
-def _scan_lengths(jaxpr: Any, prefix: str, out: dict[str, int]) -> None:
+def _scan_lengths(jaxpr: Any) -> dict[str, int]:
     """The length of every scan by the walker's equation path (an unrolled scan's as the
     walker walks it: a call of a scan of ``length // k`` iterations and the remainder's
     copies, :func:`.inference.jaxpr.unrolled_scan`)."""
-    for index, eqn in enumerate(jaxpr.eqns):
-        unrolled = unrolled_scan(eqn) if eqn.primitive.name == "scan" else None
-        sub = _sub_jaxpr(eqn) if unrolled is None else unrolled
-        if sub is None:
-            continue
-        path = f"{prefix}{index}"
-        if eqn.primitive.name == "scan" and unrolled is None:
-            out[path] = int(eqn.params["length"])
-        _scan_lengths(sub.jaxpr if hasattr(sub, "jaxpr") else sub, path + ".", out)
+    return {".".join(map(str, seen.path)): int(seen.eqn.params["length"])
+            for seen in nested_equations(jaxpr, unroll=True)
+            if seen.eqn.primitive.name == "scan" and unrolled_scan(seen.eqn) is None}
 
 
 def _candidates(leaf: _Leaf, layout: Layout) -> list[Layout]:
@@ -706,8 +666,7 @@ class _Evaluator:
         self.predict_seconds += time.thread_time() - started
         self.count += 1
         if self.lengths is None:
-            self.lengths = {}
-            _scan_lengths(prediction.jaxpr.jaxpr, "", self.lengths)
+            self.lengths = _scan_lengths(prediction.jaxpr.jaxpr)
         flops, activations = _compute_and_activations(prediction, self.lengths)
         memory = {"param": 0, "state": 0, "arg": 0}
         for i, spec in enumerate(flat):

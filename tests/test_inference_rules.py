@@ -271,6 +271,30 @@ def test_auto_picks_the_pinned_plan_for_a_bitwise_reduction_in_a_sub_jaxpr() -> 
     assert int(np.asarray(got.full_tensor())) == int(np.bitwise_or.reduce(values))
 
 
+def test_nested_equations_name_paths_as_the_walker_and_tag_inputs_through_bodies(mesh: Any) -> None:
+    """inference.jaxpr.nested_equations (autoplan's stacked leaves, first uses and scan
+    lengths): inside a ``jax.jit``, a scan with ``unroll=2`` entered as the walker walks it
+    (its inner scan's path is a row of predict's report, with the ``length // 2`` trips);
+    entered as its body without ``unroll``, where the scanned input keeps its tag."""
+    from placements2jax import distribute_tensor
+    from placements2jax.inference.jaxpr import nested_equations
+
+    def stacked(x: jax.Array, w: jax.Array) -> jax.Array:
+        return jax.jit(lambda x, w: lax.scan(lambda h, wi: (jnp.tanh(h * wi), None), x, w, unroll=2)[0])(x, w)
+
+    x, w = jnp.ones((8,)), jnp.ones((5, 8))
+    closed = jax.make_jaxpr(stacked)(x, w)
+    scans = {".".join(map(str, s.path)): s.eqn.params["length"] for s in nested_equations(closed.jaxpr, unroll=True)
+             if s.eqn.primitive.name == "scan" and s.eqn.params["unroll"] == 1}
+    rows = {r.path for r in predict(stacked, *(distribute_tensor(a, mesh, "R") for a in (x, w))).equations
+            if r.primitive == "scan"}
+    assert list(scans.values()) == [2] and set(scans) <= rows
+    tags = dict(zip(closed.jaxpr.invars, ("x", "w")))
+    read = [(s.path, s.eqn.primitive.name, s.reads) for s in nested_equations(closed.jaxpr, tags) if any(s.reads)]
+    assert read[:2] == [((0,), "jit", ("x", "w")), ((0, 0), "scan", ("x", "w"))]
+    assert [r for r in read[2:] if r[1] != "mul"] == [] and read[2][0] == (0, 0, 0)
+
+
 # -- data movement ---------------------------------------------------------------------------
 
 

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from fractions import Fraction
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import jax
 from jax._src import source_info_util  # the user's source line of an equation, for errors
@@ -860,6 +860,49 @@ def all_equations(jaxpr: Any) -> Iterator[Any]:
         yield eqn
         for sub in core.jaxprs_in_params(eqn.params):
             yield from all_equations(sub)
+
+
+class NestedEquation(NamedTuple):
+    """One equation met by :func:`nested_equations`."""
+
+    path: tuple[int, ...]  # equation indices from the outer jaxpr in (the walker's path parts)
+    eqn: Any
+    reads: tuple[Any, ...]  # per input, the tag ``tracked`` gives its value (through the bodies entered), else None
+    body: Any  # the (closed) jaxpr entered for it: a scan's body, a call's, an unrolled scan's; else None
+
+
+def nested_equations(
+    jaxpr: Any, tracked: Mapping[Any, Any] | None = None, unroll: bool = False, path: tuple[int, ...] = ()
+) -> Iterator[NestedEquation]:
+    """Every equation of ``jaxpr`` and of the scan and call bodies (:data:`CALL_JAXPR_PARAMS`)
+    in it, depth-first in program order, each with its path as the walker names it and
+    which of the ``tracked`` values (var -> tag) it reads: a body's inputs take the tags of
+    the equation's inputs they bind, so a question about where the program's inputs go
+    (read as a scan's scanned operand, first read) is one loop over this, not one more
+    recursion. ``while`` and ``cond`` are not entered (their equation reads the values).
+    With ``unroll``, a scan with ``unroll`` k != 1 is entered as the walker walks it
+    (:func:`unrolled_scan`: its paths, and the lengths of the scans in it); without, as its
+    body (whose inputs are the scan's own: the unrolled jaxpr reads the scanned operands
+    through reshapes and slices). Unlike :func:`all_equations`, no other sub-jaxpr
+    (custom derivative rules, branches) is visited; a call of a function with a registered
+    rule (one row for the walker) is entered like any call."""
+    tracked = {} if tracked is None else tracked
+    for index, eqn in enumerate(jaxpr.eqns):
+        reads = (tuple([None if isinstance(v, core.Literal) else tracked.get(v) for v in eqn.invars]) if tracked
+                 else (None,) * len(eqn.invars))  # most bodies read no tracked value: 2x faster passes
+        name = eqn.primitive.name
+        body = None
+        if name == "scan":
+            unrolled = unrolled_scan(eqn) if unroll else None
+            body = eqn.params["jaxpr"] if unrolled is None else unrolled
+        elif name in CALL_JAXPR_PARAMS:
+            body = eqn.params[CALL_JAXPR_PARAMS[name]]
+        at = (*path, index)
+        yield NestedEquation(at, eqn, reads, body)
+        if body is not None:
+            inner = body.jaxpr if isinstance(body, core.ClosedJaxpr) else body
+            mapped = {v: tag for v, tag in zip(inner.invars, reads) if tag is not None}
+            yield from nested_equations(inner, mapped, unroll, at)
 
 
 def _drop_dim0(layout: Layout) -> Layout:
