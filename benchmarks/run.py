@@ -44,6 +44,7 @@ import bench_loss
 import bench_memory
 import bench_operators
 import bench_optimizer
+import bench_real_programs
 import bench_redistribute
 from harness import Config, Section, Table, Target, progress
 
@@ -61,6 +62,7 @@ BENCHMARKS = {
     "autoplan": bench_autoplan,
     "frameworks": bench_frameworks,
     "optimizer": bench_optimizer,
+    "real_programs": bench_real_programs,
 }
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -25,6 +25,7 @@ SECTIONS = (
     "11. Auto-plan vs the Megatron and FSDP presets",
     "12. Flax NNX and Equinox training code",
     "13. Optimizer state following its parameters",
+    "14. Real training programs: predicted vs compiled",
 )
 
 
