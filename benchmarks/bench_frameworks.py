@@ -28,10 +28,9 @@ from placements2jax import DTensor, apply, distribute_pytree, init_device_mesh
 from placements2jax.dtensor import auto_twin_of
 from placements2jax.hlo import parse_collectives
 from placements2jax.inference import check
-from placements2jax.inference.check import collective_nbytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from models import eqx_lm, nnx_lm  # noqa: E402  (the test models, written as public model code)
+from models import common, eqx_lm, nnx_lm  # noqa: E402  (the test models, written as public model code)
 
 nnx_train_step = nnx.jit(nnx_lm.train_step)  # decorated as Flax's examples decorate it
 
@@ -81,11 +80,6 @@ def _programs(quick: bool) -> list[Program]:
     ]
 
 
-def _communication(text: str) -> tuple[int, float]:
-    collectives = parse_collectives(text)
-    return len(collectives), float(sum(collective_nbytes(c, 8) for c in collectives))
-
-
 def _constrained(fn: Callable[..., Any], shardings: Any) -> Callable[..., Any]:
     """``fn`` with its outputs constrained to ``shardings`` (a prefix; None: free)."""
     if shardings is None:
@@ -127,8 +121,8 @@ def _measure(program: Program, config: Config) -> tuple[tuple[Any, ...], bool, C
         shardings = jax.tree.map(_sharding_of, program.out_layouts, is_leaf=_is_dtensor)
     ours = eqx.filter_jit(ours_fn)
     plain = eqx.filter_jit(_constrained(plain_fn, shardings))
-    n_ours, b_ours = _communication(ours.lower(*args).compile().compiled.as_text())
-    n_plain, b_plain = _communication(plain.lower(*plain_args).compile().compiled.as_text())
+    n_ours, b_ours = common.communication(parse_collectives(ours.lower(*args).compile().compiled.as_text()))
+    n_plain, b_plain = common.communication(parse_collectives(plain.lower(*plain_args).compile().compiled.as_text()))
     loss = jax.tree.leaves(ours(*args), is_leaf=_is_dtensor)[program.loss]
     want = jax.tree.leaves(plain(*plain_args))[program.loss]
     np.testing.assert_allclose(float(loss.full_tensor()), float(want), rtol=1e-5)

@@ -413,23 +413,16 @@ def _plain(args: Any, out_layouts: Any) -> tuple[Any, Any]:
     return plain_args, jax.tree.map(auto, out_layouts, is_leaf=is_dtensor)
 
 
-def _communication(jitted: Any, args: Any) -> tuple[int, float]:
-    """Collectives (operands of XLA's combined collectives counted once per instruction)
-    and bytes per device in the compiled HLO."""
-    from placements2jax.hlo import compiled_collectives
-    from placements2jax.inference.check import collective_nbytes
-
-    collectives = compiled_collectives(jitted, *args)
-    return len(collectives), float(sum(collective_nbytes(c, 8) for c in collectives))
-
-
 def _apply_vs_jit(fn: Any, args: Any, out_layouts: Any, config: Config) -> tuple[Any, ...]:
     """apply(fn) under jax.jit (its default execute, and ``execute="pinned"``: the predicted
     program with every layout pinned) against plain jax.jit(fn) on the same input and output
     shardings: (collectives, bytes per device) of each compiled program, paired step times
     (apply / jit, pinned / jit) and XLA's compile time of plain jit (CPU s, a fresh function
     object)."""
+    from models import common  # the test models' helpers (tests/ is on sys.path)
+
     from placements2jax import apply
+    from placements2jax.hlo import compiled_collectives
 
     plain_args, out_shardings = _plain(args, out_layouts)
     ours = jax.jit(lambda *a: apply(fn, *a, out_layouts=out_layouts))
@@ -438,7 +431,9 @@ def _apply_vs_jit(fn: Any, args: Any, out_layouts: Any, config: Config) -> tuple
     start = time.process_time()
     jax.jit(lambda *a: fn(*a), out_shardings=out_shardings).lower(*plain_args).compile()
     compile_s = time.process_time() - start
-    counts = _communication(ours, args), _communication(plain_jit, plain_args), _communication(pinned, args)
+    # collectives (operands of XLA's combined collectives counted once per instruction) and bytes per device
+    counts = tuple(common.communication(compiled_collectives(jitted, *a))
+                   for jitted, a in ((ours, args), (plain_jit, plain_args), (pinned, args)))
     times = time_each(
         (lambda: jax.block_until_ready(ours(*args)), lambda: jax.block_until_ready(plain_jit(*plain_args)),
          lambda: jax.block_until_ready(pinned(*args))),

@@ -19,10 +19,10 @@ from jax.sharding import AxisType, NamedSharding
 
 from placements2jax import DTensor, Replicate, Shard, apply, distribute_tensor, init_device_mesh
 from placements2jax.hlo import compiled_collectives, parse_collectives
-from placements2jax.inference.check import collective_nbytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from models.steps import Step, training_step  # noqa: E402  (the test models, written as public model code)
+from models import common  # noqa: E402  (the test models, written as public model code)
+from models.steps import training_step  # noqa: E402
 
 MESH = (4, 2)
 SIZES = {"small": 64, "medium": 512}
@@ -227,11 +227,6 @@ def _jit(config: Config, section: Section) -> None:
     )
 
 
-def _communication(jitted: Any, args: Any) -> tuple[int, float]:
-    collectives = compiled_collectives(jitted, *args)
-    return len(collectives), float(sum(collective_nbytes(c, 8) for c in collectives))
-
-
 def _steps(config: Config, section: Section) -> None:
     """apply(step, execute="xla") under jax.jit vs plain jax.jit of the step, on the same
     input and output shardings: collectives, bytes per device, step time."""
@@ -243,7 +238,8 @@ def _steps(config: Config, section: Section) -> None:
         progress(f"  operators apply({step.name} adamw step)")
         plain_jit, plain_args = step.plain_jit(), step.plain_args()
         ours = jax.jit(lambda *a, step=step: apply(step.fn, *a, out_layouts=step.out_layouts, execute="xla"))
-        (n_ours, b_ours), (n_plain, b_plain) = _communication(ours, step.args), _communication(plain_jit, plain_args)
+        n_ours, b_ours = common.communication(compiled_collectives(ours, *step.args))
+        n_plain, b_plain = common.communication(compiled_collectives(plain_jit, *plain_args))
         loss, expected = float(ours(*step.args)[2].full_tensor()), float(plain_jit(*plain_args)[2])
         np.testing.assert_allclose(loss, expected, rtol=1e-5)
         times = time_each(
@@ -255,7 +251,7 @@ def _steps(config: Config, section: Section) -> None:
         per_op = "not compiled (minutes: one program per equation)"
         if step.name == "mlp":  # execute="ops": one shard_map program per equation
             by_ops = jax.jit(lambda *a, step=step: apply(step.fn, *a, out_layouts=step.out_layouts, execute="ops"))
-            n_ops, b_ops = _communication(by_ops, step.args)
+            n_ops, b_ops = common.communication(compiled_collectives(by_ops, *step.args))
             per_op = f"{n_ops} collectives, {b_ops:.0f} B"
         rows.append((f"{step.name} adamw step", f"{n_ours} / {n_plain}", f"{b_ours:.0f} / {b_plain:.0f}",
                      microseconds(timing.ours_median), microseconds(timing.baseline_median), timing.ratio_text(),

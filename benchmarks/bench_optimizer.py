@@ -15,9 +15,8 @@ import numpy as np
 import optax
 from harness import Config, Section, Table, Target, compare, microseconds, progress
 
-from placements2jax import DTensor, apply, distribute_pytree, init_device_mesh, init_optimizer_state
+from placements2jax import DTensor, apply, init_device_mesh, init_optimizer_state
 from placements2jax.hlo import parse_collectives
-from placements2jax.inference.check import collective_nbytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from models import common  # noqa: E402  (the test models, written as public model code)
@@ -42,12 +41,6 @@ def per_device_bytes(tree: Any) -> int:
 def _scalar_bytes(tree: Any) -> int:
     """Bytes of ``tree``'s 0-d leaves (step counts), which every device holds whole."""
     return sum(leaf.dtype.itemsize for leaf in jax.tree.leaves(tree, is_leaf=_is_dtensor) if leaf.ndim == 0)
-
-
-def _communication(compiled: Any) -> tuple[int, float]:
-    """Collectives (by XLA operand) and bytes each device sends in a compiled program."""
-    collectives = parse_collectives(compiled.as_text())
-    return len(collectives), float(sum(collective_nbytes(c, 8) for c in collectives))
 
 
 def _values(tree: Any) -> list[np.ndarray]:
@@ -91,7 +84,7 @@ of the time.
             state = init(optimizer, params)
             jitted = jax.jit(partial(apply, program.fn, out_layouts=(params, state, None)))
             compiled = jitted.lower(params, state, *batch).compile()
-            figures[side] = (per_device_bytes(state), *_communication(compiled))
+            figures[side] = (per_device_bytes(state), *common.communication(parse_collectives(compiled.as_text())))
             outputs[side] = compiled(params, state, *batch)
             runs[side] = partial(compiled, params, state, *batch)
             states[(name, side)] = state

@@ -38,7 +38,6 @@ from models.steps import training_step  # noqa: E402
 from placements2jax import DeviceMesh, apply, distribute_pytree, init_device_mesh  # noqa: E402
 from placements2jax.hlo import parse_collectives  # noqa: E402
 from placements2jax.inference import check  # noqa: E402
-from placements2jax.inference.check import collective_nbytes  # noqa: E402
 
 Program = tuple[Callable[..., Any], tuple[Any, ...], Any]  # fn, args, out_layouts (None: the function's own)
 
@@ -96,11 +95,6 @@ PROGRAMS: dict[str, Callable[[DeviceMesh], Program]] = {
 }
 
 
-def _compiled_communication(compiled: Any) -> tuple[int, float]:
-    collectives = parse_collectives(compiled.as_text())
-    return len(collectives), float(sum(collective_nbytes(c, 8) for c in collectives))
-
-
 def _bytes(nbytes: float) -> str:
     return f"{nbytes:,.0f}" if nbytes == int(nbytes) else f"{nbytes:,.1f}"
 
@@ -127,7 +121,8 @@ class Row:
         self.explained = common.below_floor(report)
         # the parameters returned too: a stateful step's updated Variables are its arguments' (nnx)
         pinned = eqx.filter_jit(lambda *a: (apply(fn, *a, out_layouts=out_layouts, execute="pinned"), a[:2]))
-        self.pinned_collectives, self.pinned = _compiled_communication(pinned.lower(*args).compile().compiled)
+        self.pinned_collectives, self.pinned = common.communication(
+            parse_collectives(pinned.lower(*args).compile().compiled.as_text()))
         # pinned's bytes are check's (bfloat16 at the float32 bytes CPU XLA sends, a reduce-scatter as its all-reduce)
         self.realized = self.predicted < self.compiled and self.pinned <= 1.1 * self.predicted
 

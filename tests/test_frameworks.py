@@ -21,7 +21,6 @@ from placements2jax import DTensor, apply, distribute_pytree, distribute_tensor,
 from placements2jax.dtensor import auto_twin_of
 from placements2jax.hlo import parse_collectives
 from placements2jax.inference import check, predict
-from placements2jax.inference.check import collective_nbytes
 from placements2jax.inference.frameworks import variables_of
 
 LEARNING_RATE = 1e-3  # both models' optax.adamw
@@ -116,10 +115,6 @@ _REACHED = {
 _FLOOR = 0.85
 
 
-def _communication(collectives: Any) -> tuple[int, float]:
-    return len(collectives), float(sum(collective_nbytes(c, 8) for c in collectives))
-
-
 def _key_bias(path: str) -> bool:
     """A parameter (not optimizer state) path of the attention's qkv bias."""
     return re.search(r"qkv.*bias", path) is not None and re.search(r"mu|nu|opt_state", path) is None
@@ -145,8 +140,8 @@ def test_predict_check_apply(programs: dict[str, Program], name: str) -> None:
     # plain jax.jit of fn on the same input and output shardings is what check compiled
     # eqx.filter_jit: jax.jit with the non-array leaves static (the whole Equinox model)
     ours = eqx.filter_jit(lambda *a: apply(fn, *a, out_layouts=out_layouts)).lower(*args).compile()
-    (count, nbytes) = _communication(parse_collectives(ours.compiled.as_text()))
-    (plain_count, plain_bytes) = _communication(report.compiled_collectives)
+    (count, nbytes) = common.communication(parse_collectives(ours.compiled.as_text()))
+    (plain_count, plain_bytes) = common.communication(report.compiled_collectives)
     assert count <= plain_count and nbytes <= plain_bytes, (count, plain_count, nbytes, plain_bytes)
     got = ours(*args)
     # unsharded values, by eqx.filter_jit (jax.jit where every leaf is an array; statics as apply takes them)
@@ -234,8 +229,8 @@ def test_stateful_nnx_step(mesh: Any, programs: dict[str, Program], nnx_training
         return apply(train_step, model, optimizer, tokens, targets), (model, optimizer)  # the updated copies
 
     ours = jax.jit(jitted).lower(model, optimizer, tokens, targets).compile()
-    (count, nbytes) = _communication(parse_collectives(ours.as_text()))
-    (plain_count, plain_bytes) = _communication(report.compiled_collectives)
+    (count, nbytes) = common.communication(parse_collectives(ours.as_text()))
+    (plain_count, plain_bytes) = common.communication(report.compiled_collectives)
     assert count <= plain_count and nbytes <= plain_bytes, (count, plain_count, nbytes, plain_bytes)
 
     loss = apply(train_step, model, optimizer, tokens, targets)

@@ -14,7 +14,6 @@ from models.steps import training_step
 
 from placements2jax import DTensor, apply, distribute_pytree, init_device_mesh, predict
 from placements2jax.hlo import compiled_collectives
-from placements2jax.inference.check import collective_nbytes
 
 
 @pytest.fixture(scope="module")
@@ -113,11 +112,6 @@ def test_megatron_plans(mesh: Any) -> None:
     np.testing.assert_array_equal(np.asarray(adam.nu["output"].full_tensor()), 0)
 
 
-def _communication(jitted: Any, args: Any) -> tuple[int, float]:
-    collectives = compiled_collectives(jitted, *args)
-    return len(collectives), float(sum(collective_nbytes(c, 8) for c in collectives))
-
-
 @pytest.mark.parametrize(("model", "config"), [
     ("mlp", {}), ("gpt2", {}), ("llama", {"layers": 1}), ("stacked", {"microbatches": 2, "remat": True}),
 ])
@@ -129,7 +123,8 @@ def test_apply_of_a_training_step_sends_no_more_than_jit(mesh: Any, model: str, 
     step = training_step(model, mesh, **config)
     ours = jax.jit(lambda *a: apply(step.fn, *a, out_layouts=step.out_layouts))
     plain_jit, plain_args = step.plain_jit(), step.plain_args()
-    (count, nbytes), (plain_count, plain_bytes) = _communication(ours, step.args), _communication(plain_jit, plain_args)
+    count, nbytes = common.communication(compiled_collectives(ours, *step.args))
+    plain_count, plain_bytes = common.communication(compiled_collectives(plain_jit, *plain_args))
     assert count <= plain_count and nbytes <= plain_bytes, (count, plain_count, nbytes, plain_bytes)
     if model in ("mlp", "gpt2"):  # the same collectives and bytes (benchmark 7: GPT-2 23 / 23, 44.9 / 44.9 KB)
         assert (count, nbytes) == (plain_count, plain_bytes)
@@ -173,7 +168,7 @@ def test_pinned_apply_compiles_the_predicted_program(mesh: Any, model: str, mode
     fn, args, out_layouts = common.checked_programs(module, cfg, mesh)[mode]
     prediction = predict(fn, *args, out_layouts=out_layouts)
     pinned = jax.jit(lambda *a: apply(fn, *a, out_layouts=out_layouts, execute="pinned"))
-    count, nbytes = _communication(pinned, args)
+    count, nbytes = common.communication(compiled_collectives(pinned, *args))
     ratio = nbytes / float(prediction.lowered_nbytes)
     low, high, extra = _PINNED_REACHED[model, mode]
     assert count <= sum(prediction.combined_counts.values()) + extra, (count, prediction.combined_counts)

@@ -34,7 +34,6 @@ from placements2jax import DTensor, apply, distribute_pytree, init_device_mesh
 from placements2jax.dtensor import auto_twin_of
 from placements2jax.hlo import parse_collectives
 from placements2jax.inference import check, predict
-from placements2jax.inference.check import collective_nbytes
 from placements2jax.inference.frameworks import variables_of
 
 
@@ -86,11 +85,6 @@ PROGRAMS: dict[str, Callable[[Any], Program]] = {
 }
 
 
-def _communication(compiled: Any) -> tuple[int, float]:
-    collectives = parse_collectives(compiled.as_text())
-    return len(collectives), float(sum(collective_nbytes(c, 8) for c in collectives))
-
-
 def _assert_close(got: Any, want: Any, atol: float) -> None:
     """Every leaf of ``got`` (DTensors, eqx's static leaves) against ``want`` (plain)."""
     got_leaves, want_leaves = jax.tree.leaves(got, is_leaf=_is_dtensor), jax.tree.leaves(want)
@@ -122,7 +116,7 @@ def test_predict_check_apply(mesh: Any, name: str) -> None:
         ours = eqx.filter_jit(lambda *a, e=execute: apply(fn, *a, out_layouts=out_layouts, execute=e))
         compiled = ours.lower(*args).compile()
         if execute == "xla":
-            count, nbytes = _communication(compiled.compiled)
+            count, nbytes = common.communication(parse_collectives(compiled.compiled.as_text()))
             assert count <= plain_count and nbytes <= plain_bytes, (count, plain_count, nbytes, plain_bytes)
         got = compiled(*args)
         dtensors = [x for x in jax.tree.leaves(got, is_leaf=_is_dtensor) if _is_dtensor(x)]
@@ -158,7 +152,8 @@ def test_nnx_scan_stateful_step(mesh: Any) -> None:
         def jitted(*a: Any, e: str = execute) -> Any:
             return apply(step, *a, execute=e), a[:2]
 
-        count, nbytes = _communication(jax.jit(jitted).lower(model, optimizer, tokens, targets).compile())
+        count, nbytes = common.communication(
+            parse_collectives(jax.jit(jitted).lower(model, optimizer, tokens, targets).compile().as_text()))
         if execute == "xla":
             assert count <= len(report.compiled_collectives) and nbytes <= float(report.compiled_bytes)
 

@@ -1,4 +1,5 @@
-"""Helpers shared by the test models: batches, optimizer, laying out optimizer state."""
+"""Helpers shared by the test models: batches, optimizer, laying out optimizer state, and
+the communication of a compiled program."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import numpy as np
 import optax
 
 from placements2jax import DTensor, Layout, distribute_pytree, distribute_tensor, state_layouts
+from placements2jax.hlo import Collective
+from placements2jax.inference.cost import collective_nbytes
 
 
 def make_optimizer(learning_rate: float = 1e-3) -> optax.GradientTransformation:
@@ -45,6 +48,12 @@ def distribute_state(state: Any, params: Any) -> Any:
     leaves, tree = jax.tree.flatten(state)
     placed = [distribute_tensor(np.asarray(x), layout.mesh, layout) for x, layout in zip(leaves, flat_layouts)]
     return jax.tree.unflatten(tree, placed)
+
+
+def communication(collectives: list[Collective]) -> tuple[int, float]:
+    """A compiled program's collectives (``parse_collectives`` of its HLO text, or
+    ``compiled_collectives``) as (how many, bytes each device sends) on the 8 test devices."""
+    return len(collectives), float(sum(collective_nbytes(c, 8) for c in collectives))
 
 
 def below_floor(report: Any) -> bool:
