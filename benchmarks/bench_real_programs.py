@@ -11,6 +11,8 @@ operand in brackets), and what ``apply(execute="pinned")`` under ``jax.jit`` com
 
     .venv/bin/python benchmarks/run.py --only real_programs        (~5 min on 2 idle cores)
     .venv/bin/python benchmarks/bench_real_programs.py "moe sort"  (the rows whose names contain it)
+    .venv/bin/python benchmarks/bench_real_programs.py "stacked" 3072        (under CostModel(collective_overhead=3072))
+    .venv/bin/python benchmarks/bench_real_programs.py "" unmerged=3072      (3,072 B per all-gather and all-to-all)
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from models.steps import training_step  # noqa: E402
 
 from placements2jax import DeviceMesh, apply, distribute_pytree, init_device_mesh  # noqa: E402
 from placements2jax.hlo import parse_collectives  # noqa: E402
-from placements2jax.inference import check  # noqa: E402
+from placements2jax.inference import CostModel, check, default_cost_model, use_cost_model  # noqa: E402
 
 Program = tuple[Callable[..., Any], tuple[Any, ...], Any]  # fn, args, out_layouts (None: the function's own)
 
@@ -109,7 +111,13 @@ class Row:
     """One program's figures: check's prediction against XLA's compiled program, and what
     ``apply(execute="pinned")`` compiles under ``jax.jit``."""
 
-    def __init__(self, name: str, mesh: DeviceMesh) -> None:
+    def __init__(self, name: str, mesh: DeviceMesh, cost_model: CostModel | None = None) -> None:
+        """``cost_model``: the default model of check and apply while measuring (None: the
+        library's default)."""
+        with use_cost_model(cost_model or default_cost_model()):
+            self._measure(name, mesh)
+
+    def _measure(self, name: str, mesh: DeviceMesh) -> None:
         fn, args, out_layouts = PROGRAMS[name](mesh)
         report = check(fn, *args, out_layouts=out_layouts)
         self.name = name
@@ -171,13 +179,25 @@ def run(config: Config) -> Section:
     return section
 
 
-def main(selected: str = "") -> None:
+def overhead_model(spec: str) -> CostModel:
+    """The cost model of a command line's overhead: ``"3072"`` (bytes per collective) or
+    ``"unmerged=3072"`` (per all-gather and all-to-all, the kinds CPU XLA's combiner never
+    merges; the others at the default)."""
+    kinds, _, figure = spec.rpartition("=")
+    if kinds not in ("", "unmerged"):
+        raise SystemExit(f"overhead {spec!r}: expected bytes (3072) or unmerged=bytes (unmerged=3072)")
+    return CostModel(collective_overhead={"all-gather": float(figure), "all-to-all": float(figure)} if kinds
+                     else float(figure))
+
+
+def main(selected: str = "", overhead: str = "") -> None:
     mesh = init_device_mesh((2, 4), ("dp", "tp"))
+    model = overhead_model(overhead) if overhead else None
     print("| " + " | ".join(HEADERS) + " |")
     print("|" + "|".join("---" for _ in HEADERS) + "|")
     for name in PROGRAMS:
         if selected in name:
-            print("| " + " | ".join(Row(name, mesh).cells()) + " |", flush=True)
+            print("| " + " | ".join(Row(name, mesh, model).cells()) + " |", flush=True)
 
 
 if __name__ == "__main__":
