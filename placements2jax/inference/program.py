@@ -333,7 +333,9 @@ from ..layout import Layout
 from ..mesh import DeviceMesh
 from . import blocks
 from .combine import BACKENDS, CombinerRules, combiner_rules
-from .cost import ALL_REDUCE, COMMUNICATING, REDUCE_SCATTER, CostModel, Overhead, overhead_of
+from .cost import (
+    ALL_REDUCE, COMMUNICATING, DEFAULT_COLLECTIVE_OVERHEAD, REDUCE_SCATTER, CostModel, Overhead, overhead_of,
+)
 from .plan import cached_plan, layout_state, plan_priced
 from .select import pending_reduction
 from .signature import Aval, Candidate, Signature, TensorSpec
@@ -455,18 +457,40 @@ def _select(
 ) -> dict[str, Candidate]:
     graph = keyed.graph
     chosen = _choose(graph, cost_model, targets, seeds, dispatched_choice)
+    if cost_model.collective_overhead != DEFAULT_COLLECTIVE_OVERHEAD:
+        chosen = _continued(graph, cost_model, targets, seeds, dispatched_choice, chosen)
     return _chosen(graph, {node.path: 0 for node in graph.nodes}, chosen)
+
+
+def _continued(
+    graph: ProgramGraph, cost_model: CostModel, targets: tuple[Layout | None, ...], seeds: tuple[tuple[str, int], ...],
+    dispatched_choice: tuple[int, ...] | None, chosen: Choice,
+) -> Choice:
+    """Under a model whose overhead per collective is not the default: ``chosen`` (the
+    search's choice at that overhead) or a descent at that overhead from the search's choice
+    at the default one, whichever is cheaper at the model's (:func:`_bounded`, with
+    pull moves and one mesh dim's partial pulled, as a finish ends). The descents' schedule
+    was measured and tuned at 192 B; searched from the start at 3,072 B, the stacked LM's
+    adamw step ended in 12 collectives after XLA's combiner, one more than at the default."""
+    search = _Search(graph, cost_model, targets)
+    eager = {node.path: 0 for node in graph.nodes}
+    dispatched = eager if dispatched_choice is None else dict(zip(eager, dispatched_choice))
+    start = _choose(graph, cost_model, targets, seeds, dispatched_choice, DEFAULT_COLLECTIVE_OVERHEAD)
+    found = _partly(search, search.improve(start, values=True, reducing=True, pulls=True))
+    planned = search if search.as_planned else search.repriced(compiled=False)
+    return _bounded(search, planned, (eager, dispatched), chosen, chosen, found)
 
 
 def _choose(
     graph: ProgramGraph, cost_model: CostModel, targets: tuple[Layout | None, ...], seeds: tuple[tuple[str, int], ...],
-    dispatched_choice: tuple[int, ...] | None,
+    dispatched_choice: tuple[int, ...] | None, overhead: Overhead | None = None,
 ) -> Choice:
-    """:func:`_select`'s choice (module docstring)."""
+    """:func:`_select`'s choice (module docstring); ``overhead``: bytes per collective
+    (None: the model's ``collective_overhead``)."""
     eager = {node.path: 0 for node in graph.nodes}
     # eager dispatch's own choice where known (see _dispatched_choice): with eager, the bound of _finish
     dispatched = eager if dispatched_choice is None else dict(zip(eager, dispatched_choice))
-    search = _Search(graph, cost_model, targets)  # priced as the backend compiles the moves
+    search = _Search(graph, cost_model, targets, overhead=overhead)  # priced as the backend compiles the moves
     layers = blocks.layer_blocks(
         blocks.find_blocks([search.kinds[path] for path in search.paths], blocks.graph_sources(graph)), len(graph.nodes)
     )
@@ -537,7 +561,7 @@ def _seeded(
     sub = _choose(
         reduced, search.cost_model, tuple(search.targets[o] for o in outputs),
         tuple(seed for seed in seeds if seed[0] in kept),
-        None if dispatched_choice is None else tuple(dispatched_choice[p] for p in kept.values()),
+        None if dispatched_choice is None else tuple(dispatched_choice[p] for p in kept.values()), search.overhead,
     )
     seed = min((blocks.tiled(sub, paths, layers, copy) for copy in (0, -1)), key=search.total)
     chosen, best = seed, search.total(seed)
@@ -884,6 +908,7 @@ class _Search:
 
     def __init__(
         self, graph: ProgramGraph, cost_model: CostModel, targets: tuple[Layout | None, ...], compiled: bool = True,
+        overhead: Overhead | None = None,
     ) -> None:
         self.graph = graph
         self.cost_model = cost_model
@@ -1064,7 +1089,7 @@ class _Search:
                                               for c in self.consumer_paths[src])))
             for path in self.position
         }
-        self._price(compiled, cost_model.collective_overhead)
+        self._price(compiled, cost_model.collective_overhead if overhead is None else overhead)
 
     def followers(self) -> dict[str, tuple[str, ...]]:
         """Per node, its *followers*: the consumers whose inputs not fixed all come from
