@@ -340,7 +340,8 @@ def test_collective_overhead_is_a_validated_field_of_the_model() -> None:
     derived as max(latency) / max(per_byte) where both are given (torch's and Alpa's
     alpha-beta model: a latency in bytes)."""
     assert CostModel().collective_overhead == DEFAULT_COLLECTIVE_OVERHEAD == 192
-    assert CostModel(collective_overhead=192) == CostModel() and hash(CostModel(collective_overhead=192.0)) == hash(CostModel())
+    assert CostModel(collective_overhead=192) == CostModel()
+    assert hash(CostModel(collective_overhead=192.0)) == hash(CostModel())
     assert CostModel(collective_overhead=3072.4) == CostModel(collective_overhead=3072) != CostModel()
     assert CostModel(collective_overhead=3072).collective_overhead == 3072
     assert CostModel(collective_overhead=dict.fromkeys(("all-gather", "all-to-all", "reduce-scatter", "all-reduce"), 8)

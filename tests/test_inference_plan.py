@@ -165,7 +165,8 @@ def test_an_overhead_per_kind_routes_around_the_dear_kind() -> None:
     assert plan.cost == 224  # the plain route's bytes: the overhead chooses the route, not the cost
     dear_gather = CostModel(collective_overhead={"all-gather": 4096}).collective_overhead
     for n, kinds in ((32, ["all-reduce", "all-reduce"]), (4096, ["reduce-scatter", "all-reduce", "all-gather"])):
-        assert [s.collective for s in cached_plan((n,), np.dtype(np.float32), src, dst, model, dear_gather).steps] == kinds
+        plan = cached_plan((n,), np.dtype(np.float32), src, dst, model, dear_gather)
+        assert [s.collective for s in plan.steps] == kinds
 
 
 def test_partial_shared_by_source_and_destination_is_kept(mesh22: Any) -> None:

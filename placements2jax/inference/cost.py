@@ -463,9 +463,10 @@ class CostModel:
             parts.append(f"copy_curve={self.copy_curve!r}")
         if self.alloc_curve:
             parts.append(f"alloc_curve={self.alloc_curve!r}")
-        if self.collective_overhead != DEFAULT_COLLECTIVE_OVERHEAD:
-            overhead = self.collective_overhead
-            parts.append(f"collective_overhead={overhead if isinstance(overhead, int) else dict(zip(COMMUNICATING, overhead))!r}")
+        overhead = self.collective_overhead
+        if overhead != DEFAULT_COLLECTIVE_OVERHEAD:
+            shown = overhead if isinstance(overhead, int) else dict(zip(COMMUNICATING, overhead))
+            parts.append(f"collective_overhead={shown!r}")
         return f"CostModel({', '.join(parts)})"
 
 

@@ -491,9 +491,8 @@ class _Dijkstra:
             for after, scaled, mesh_dim, digit, move in moves_of(state):
                 if after in settled:
                     continue
-                entry = (
-                    cost + scaled * weights[mesh_dim] + overheads[move[1]] if scaled else cost, steps, path + digit, after
-                )
+                moved = cost + scaled * weights[mesh_dim] + overheads[move[1]] if scaled else cost
+                entry = (moved, steps, path + digit, after)
                 known = best.get(after)
                 if known is None or entry < known[0]:
                     best[after] = (entry, state, move)

@@ -468,10 +468,12 @@ def _continued(
 ) -> Choice:
     """Under a model whose overhead per collective is not the default: ``chosen`` (the
     search's choice at that overhead) or a descent at that overhead from the search's choice
-    at the default one, whichever is cheaper at the model's (:func:`_bounded`, with
-    pull moves and one mesh dim's partial pulled, as a finish ends). The descents' schedule
-    was measured and tuned at 192 B; searched from the start at 3,072 B, the stacked LM's
-    adamw step ended in 12 collectives after XLA's combiner, one more than at the default."""
+    at the default one, whichever is cheaper at the model's (:func:`_bounded`; the descent
+    with pull moves and one mesh dim's partial pulled, as a finish ends). The descents'
+    schedule was measured and tuned at 192 B: at 4,096 B per all-gather and all-to-all the
+    stacked LM's adamw step searched from the start ended at 40,976 by that objective (in
+    12 collectives after XLA's combiner, one more than at the default), the descent from
+    the 192 B choice at 31,632 (24,838 B in 9, XLA's count; docs/inference.md section 6)."""
     search = _Search(graph, cost_model, targets)
     eager = {node.path: 0 for node in graph.nodes}
     dispatched = eager if dispatched_choice is None else dict(zip(eager, dispatched_choice))
