@@ -7,10 +7,16 @@ parameters and optimizer state keeping their layouts). Per row: ``check``'s pred
 per device (bfloat16 collectives at the float32 bytes CPU XLA sends) against XLA's compiled
 bytes, the prediction's collectives after XLA's combiner against XLA's compiled ones (by
 operand in brackets), and what ``apply(execute="pinned")`` under ``jax.jit`` compiles
-(bytes and collectives). Every probe is kept here, so each figure can be re-measured.
+(bytes and collectives). The second table: the same under a latency-bound cost model,
+``CostModel(collective_overhead={"all-gather": 8192, "all-to-all": 8192})`` (the search
+charges each collective CPU XLA's combiner never merges 8,192 B, the all-reduces it merges
+the default 192: a pod's latency in bytes is tens of KB). Every probe is kept here, so
+each figure can be re-measured.
 
-    .venv/bin/python benchmarks/run.py --only real_programs        (~5 min on 2 idle cores)
+    .venv/bin/python benchmarks/run.py --only real_programs        (~10 min on 2 idle cores)
     .venv/bin/python benchmarks/bench_real_programs.py "moe sort"  (the rows whose names contain it)
+    .venv/bin/python benchmarks/bench_real_programs.py "stacked" 3072        (under CostModel(collective_overhead=3072))
+    .venv/bin/python benchmarks/bench_real_programs.py "" unmerged=3072      (3,072 B per all-gather and all-to-all)
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from models.steps import training_step  # noqa: E402
 
 from placements2jax import DeviceMesh, apply, distribute_pytree, init_device_mesh  # noqa: E402
 from placements2jax.hlo import parse_collectives  # noqa: E402
-from placements2jax.inference import check  # noqa: E402
+from placements2jax.inference import CostModel, check, default_cost_model, use_cost_model  # noqa: E402
 
 Program = tuple[Callable[..., Any], tuple[Any, ...], Any]  # fn, args, out_layouts (None: the function's own)
 
@@ -109,7 +115,13 @@ class Row:
     """One program's figures: check's prediction against XLA's compiled program, and what
     ``apply(execute="pinned")`` compiles under ``jax.jit``."""
 
-    def __init__(self, name: str, mesh: DeviceMesh) -> None:
+    def __init__(self, name: str, mesh: DeviceMesh, cost_model: CostModel | None = None) -> None:
+        """``cost_model``: the default model of check and apply while measuring (None: the
+        library's default)."""
+        with use_cost_model(cost_model or default_cost_model()):
+            self._measure(name, mesh)
+
+    def _measure(self, name: str, mesh: DeviceMesh) -> None:
         fn, args, out_layouts = PROGRAMS[name](mesh)
         report = check(fn, *args, out_layouts=out_layouts)
         self.name = name
@@ -141,16 +153,44 @@ class Row:
         )
 
 
+def overhead_model(spec: str) -> CostModel:
+    """The cost model of a command line's overhead: ``"3072"`` (bytes per collective) or
+    ``"unmerged=3072"`` (per all-gather and all-to-all, the kinds CPU XLA's combiner never
+    merges; the others at the default)."""
+    kinds, _, figure = spec.rpartition("=")
+    if kinds not in ("", "unmerged"):
+        raise SystemExit(f"overhead {spec!r}: expected bytes (3072) or unmerged=bytes (unmerged=3072)")
+    return CostModel(collective_overhead={"all-gather": float(figure), "all-to-all": float(figure)} if kinds
+                     else float(figure))
+
+
+# The latency-bound policy: a model charging the collectives CPU XLA's combiner never merges (all-gather,
+# all-to-all) 8,192 B each, the all-reduces it merges the default 192 (docs/inference.md section 6, stop 30: of
+# 1,024-16,384 B, uniform or on those kinds, the setting where the most rows have XLA's collectives or fewer
+# within 1.1x its bytes)
+COUNT_FIRST = "unmerged=8192"
+COUNT_FIRST_TEXT = "8,192 B per all-gather and all-to-all (the collectives CPU XLA's combiner never merges)"
+
+
 def run(config: Config) -> Section:
     section = Section("real_programs", "14. Real training programs: predicted vs compiled", __doc__.split("\n\n")[1])
     mesh = init_device_mesh((2, 4), ("dp", "tp"))
+    names = (_QUICK,) if config.quick else tuple(PROGRAMS)
     rows = []
-    for name in (_QUICK,) if config.quick else PROGRAMS:
+    for name in names:
         progress(f"  real program: {name}")
         rows.append(Row(name, mesh))
     section.tables.append(Table(
         "check on whole training steps of tests/models (dp=2 x tp=4; bytes per device; collectives after XLA's "
         "combiner)", HEADERS, tuple(row.cells() for row in rows),
+    ))
+    model = overhead_model(COUNT_FIRST)
+    counted = []
+    for name in names:
+        progress(f"  real program, {COUNT_FIRST}: {name}")
+        counted.append(Row(name, mesh, model))
+    section.tables.append(Table(
+        f"the same with a latency-bound cost model: {COUNT_FIRST_TEXT}", HEADERS, tuple(row.cells() for row in counted),
     ))
     section.targets.append(Target(
         "every output's predicted layout agrees with XLA's compiled one (or XLA reduced a partial)",
@@ -168,16 +208,27 @@ def run(config: Config) -> Section:
         + "; ".join(f"{row.collectives} / {row.compiled_collectives}" for row in rows),
         "all", all(row.collectives <= row.compiled_collectives for row in rows),
     ))
+    met = [row.agree and row.collectives <= row.compiled_collectives and row.predicted <= 1.1 * row.compiled
+           for row in counted]
+    section.targets.append(Target(
+        f"with the latency-bound cost model ({COUNT_FIRST_TEXT}): outputs agree, no more collectives than XLA and "
+        "at most 1.1x its bytes",
+        f"{sum(met)} of {len(counted)} programs; "
+        + "; ".join(f"{row.collectives} / {row.compiled_collectives} at {row.predicted / row.compiled:.2f}x"
+                    for row in counted),
+        "all", all(met),
+    ))
     return section
 
 
-def main(selected: str = "") -> None:
+def main(selected: str = "", overhead: str = "") -> None:
     mesh = init_device_mesh((2, 4), ("dp", "tp"))
+    model = overhead_model(overhead) if overhead else None
     print("| " + " | ".join(HEADERS) + " |")
     print("|" + "|".join("---" for _ in HEADERS) + "|")
     for name in PROGRAMS:
         if selected in name:
-            print("| " + " | ".join(Row(name, mesh).cells()) + " |", flush=True)
+            print("| " + " | ".join(Row(name, mesh, model).cells()) + " |", flush=True)
 
 
 if __name__ == "__main__":

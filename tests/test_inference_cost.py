@@ -27,6 +27,7 @@ from placements2jax.inference import (
 )
 from placements2jax.inference.cost import (
     COLLECTIVES,
+    DEFAULT_COLLECTIVE_OVERHEAD,
     block_bytes,
     collective_bytes,
     collective_factor,
@@ -330,6 +331,40 @@ def test_cost_model_hash_is_the_dataclass_hash_cached_and_not_pickled() -> None:
     assert "_hash" not in loaded.__dict__
     assert loaded == model and hash(loaded) == hash(model)
     assert model != CostModel({"dp": 4}, latency={"tp": 1e-6})  # equality still by every field
+
+
+def test_collective_overhead_is_a_validated_field_of_the_model() -> None:
+    """The bytes the program search charges per collective: 192 by default, one int where
+    every kind costs the same (so CostModel(collective_overhead=192) is the default model and
+    shares its plan caches), else one figure per kind in COMMUNICATING's order; whole bytes;
+    derived as max(latency) / max(per_byte) where both are given (torch's and Alpa's
+    alpha-beta model: a latency in bytes)."""
+    assert CostModel().collective_overhead == DEFAULT_COLLECTIVE_OVERHEAD == 192
+    assert CostModel(collective_overhead=192) == CostModel()
+    assert hash(CostModel(collective_overhead=192.0)) == hash(CostModel())
+    assert CostModel(collective_overhead=3072.4) == CostModel(collective_overhead=3072) != CostModel()
+    assert CostModel(collective_overhead=3072).collective_overhead == 3072
+    assert CostModel(collective_overhead=dict.fromkeys(("all-gather", "all-to-all", "reduce-scatter", "all-reduce"), 8)
+                     ).collective_overhead == 8
+    unmerged = CostModel(collective_overhead={"all-gather": 3072, "all-to-all": 3072})
+    assert unmerged.collective_overhead == (3072, 3072, 192, 192)  # all-gather, all-to-all, reduce-scatter, all-reduce
+    assert hash(unmerged) == hash(CostModel(collective_overhead={"all-to-all": 3072.0, "all-gather": 3072}))
+    assert repr(CostModel()) == "CostModel({})"
+    assert repr(CostModel(collective_overhead=3072)) == "CostModel({}, collective_overhead=3072)"
+    assert repr(unmerged) == ("CostModel({}, collective_overhead={'all-gather': 3072, 'all-to-all': 3072, "
+                              "'reduce-scatter': 192, 'all-reduce': 192})")
+    # a pod's interconnect: 5 us per collective, 50 GB/s (tens of KB per collective)
+    pod = CostModel(latency={"dp": 5e-6, "tp": 2e-6}, per_byte={"dp": 2e-11, "tp": 1e-11})
+    assert pod.collective_overhead == 250_000
+    assert CostModel(latency={"dp": 5e-6}).collective_overhead == 192  # per_byte unknown: the default
+    assert CostModel(latency={"dp": 5e-6}, per_byte={"dp": 2e-11}, collective_overhead=0).collective_overhead == 0
+
+
+@pytest.mark.parametrize("overhead", [-1, float("nan"), float("inf"), {"all-gather": -3}, {"gather": 1}])
+def test_bad_collective_overheads_are_value_errors(overhead: object) -> None:
+    with pytest.raises(InferenceError, match="collective_overhead") as raised:
+        CostModel(collective_overhead=overhead)  # type: ignore[arg-type]
+    assert isinstance(raised.value, ValueError) and "Fix:" in str(raised.value)
 
 
 @pytest.mark.parametrize("weights", [{"dp": -1}, {"dp": float("nan")}, {"dp": True}, {"dp": "fast"}, {1.5: 2}, [("dp", 2)]])

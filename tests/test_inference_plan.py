@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from placements2jax import Layout, RedistributeError, init_device_mesh
 from placements2jax.inference import CostModel, plan_redistribute
 from placements2jax.inference.cost import (
+    DEFAULT_COLLECTIVE_OVERHEAD,
     block_bytes,
     blocks_misaligned,
     collective_bytes,
@@ -25,7 +26,6 @@ from placements2jax.inference.cost import (
 from placements2jax.inference.plan import (
     cached_plan, cost_scale, layout_state, plan_collectives, plan_cost, plan_priced, plan_search,
 )
-from placements2jax.inference.program import OVERHEAD
 from placements2jax.inference.signature import placement_on
 from placements2jax.layout import iter_layouts
 
@@ -134,19 +134,39 @@ def test_nested_split_beats_going_through_replicate(mesh22: Any) -> None:
 def test_an_overhead_per_collective_prefers_fewer_collectives() -> None:
     """A bias gradient partial over both mesh axes: by bytes alone reduce-scattered over dp,
     all-reduced over tp on the half and all-gathered (1.75 T, 3 collectives); with the
-    program search's overhead per collective (program.OVERHEAD) all-reduced per axis (2.5 T,
+    program search's overhead per collective (cost.DEFAULT_COLLECTIVE_OVERHEAD) all-reduced per axis (2.5 T,
     2 collectives), and the costs stay the bytes. A large tensor keeps the byte-cheaper route."""
     mesh = init_device_mesh((2, 4), ("dp", "tp"))
     L = Layout.from_device_mesh(mesh)
     src, dst = L("P,P").bind(1), L("R,R").bind(1)
     kinds = [s.collective for s in cached_plan((32,), np.dtype(np.float32), src, dst, resolve_cost_model(None)).steps]
     assert kinds == ["reduce-scatter", "all-reduce", "all-gather"]
-    routed = cached_plan((32,), np.dtype(np.float32), src, dst, resolve_cost_model(None), OVERHEAD)
+    routed = cached_plan((32,), np.dtype(np.float32), src, dst, resolve_cost_model(None), DEFAULT_COLLECTIVE_OVERHEAD)
     assert steps(routed) == [("dp", "P", "R", "all-reduce", 128), ("tp", "P", "R", "all-reduce", 192)]
     assert plan_cost((32,), np.dtype(np.float32), layout_state(src), layout_state(dst), mesh.shape,
-                     (Fraction(1), Fraction(1)), OVERHEAD) == (320, 2)
-    large = cached_plan((4096,), np.dtype(np.float32), src, dst, resolve_cost_model(None), OVERHEAD)
+                     (Fraction(1), Fraction(1)), DEFAULT_COLLECTIVE_OVERHEAD) == (320, 2)
+    large = cached_plan((4096,), np.dtype(np.float32), src, dst, resolve_cost_model(None), DEFAULT_COLLECTIVE_OVERHEAD)
     assert [s.collective for s in large.steps] == ["reduce-scatter", "all-reduce", "all-gather"]
+
+
+def test_an_overhead_per_kind_routes_around_the_dear_kind() -> None:
+    """CostModel(collective_overhead=...) per kind: the planner charges each step its kind's
+    overhead, so all-reduces priced at 1 MB leave the bias gradient of the test above
+    reduce-scattered over both axes and all-gathered back (4 collectives, the bytes of the
+    plain route); all-gathers priced at 4,096 B change nothing here (the small one avoids the
+    all-gather already, the large one saves more than 4,096 B by it)."""
+    mesh = init_device_mesh((2, 4), ("dp", "tp"))
+    L = Layout.from_device_mesh(mesh)
+    src, dst = L("P,P").bind(1), L("R,R").bind(1)
+    model = resolve_cost_model(None)
+    dear_reduce = CostModel(collective_overhead={"all-reduce": 10**6}).collective_overhead
+    plan = cached_plan((32,), np.dtype(np.float32), src, dst, model, dear_reduce)
+    assert [s.collective for s in plan.steps] == ["reduce-scatter", "reduce-scatter", "all-gather", "all-gather"]
+    assert plan.cost == 224  # the plain route's bytes: the overhead chooses the route, not the cost
+    dear_gather = CostModel(collective_overhead={"all-gather": 4096}).collective_overhead
+    for n, kinds in ((32, ["all-reduce", "all-reduce"]), (4096, ["reduce-scatter", "all-reduce", "all-gather"])):
+        plan = cached_plan((n,), np.dtype(np.float32), src, dst, model, dear_gather)
+        assert [s.collective for s in plan.steps] == kinds
 
 
 def test_partial_shared_by_source_and_destination_is_kept(mesh22: Any) -> None:

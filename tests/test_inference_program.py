@@ -17,7 +17,7 @@ from models.block import block, layer_norm
 from models.steps import training_step
 
 from placements2jax import Layout, init_device_mesh
-from placements2jax.inference import check, predict
+from placements2jax.inference import CostModel, check, predict
 from placements2jax.inference.cost import resolve_cost_model
 from placements2jax.inference.jaxpr import _Walker
 from placements2jax.inference import program as program_module
@@ -287,6 +287,26 @@ def test_megatron_mlp_training_step_at_the_benchmarks_sizes_is_xlas_plan(mesh: A
     assert report.predicted_bytes == report.compiled_bytes
     assert report.predicted_counts == report.compiled_operand_counts == {"all-reduce": 8}
     assert report.predicted_combined_counts == report.compiled_counts
+
+
+@pytest.mark.parametrize("overhead", [1024, 8192, {"all-gather": 3072, "all-to-all": 3072}])
+def test_a_dearer_collective_never_means_more_collectives(mesh: Any, overhead: Any) -> None:
+    """The benchmarks' Megatron MLP step (tests/models/steps.py) under a cost model charging
+    more per collective than the default 192 B (``CostModel(collective_overhead=...)``, one
+    figure or the kinds CPU XLA's combiner never merges): no more collectives, before or
+    after XLA's combiner. The default predicts 1,414 B in 10 collectives, 6 after the
+    combiner (4 all-gathers over ``dp`` where XLA all-reduces); from 1,024 B per collective
+    on, XLA's plan: 2,438 B (check: 2,442 with the loss's output conversion; XLA 2,448) in
+    3 all-reduces after the combiner, XLA's count, outputs agreeing with XLA's."""
+    step = training_step("mlp", mesh)
+    default = predict(step.fn, *step.args, out_layouts=step.out_layouts)
+    model = CostModel(collective_overhead=overhead)
+    dear = predict(step.fn, *step.args, out_layouts=step.out_layouts, cost_model=model)
+    assert sum(dear.collectives.values()) <= sum(default.collectives.values()) == 10
+    assert sum(dear.combined_counts.values()) <= sum(default.combined_counts.values()) == 6
+    report = check(step.fn, *step.args, out_layouts=step.out_layouts, cost_model=model)
+    assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
+    assert (report.predicted_bytes, len(report.predicted_combined), len(report.compiled_collectives)) == (2442, 3, 3)
 
 
 def test_both_chains_are_finished_and_the_cheaper_kept() -> None:

@@ -24,6 +24,7 @@ from models.steps import mlp_loss, training_step
 from test_inference_values import assert_output, local_inputs
 
 from placements2jax import (
+    DTensor,
     InferenceError,
     Layout,
     apply,
@@ -33,7 +34,8 @@ from placements2jax import (
     init_device_mesh,
     rowwise,
 )
-from placements2jax.inference import check, predict, primitive_names
+from placements2jax.hlo import parse_collectives
+from placements2jax.inference import CostModel, check, predict, primitive_names, use_cost_model
 from placements2jax.inference.cost import default_cost_model
 from placements2jax.inference.ops import freeze, primitive_definition
 from placements2jax.inference.select import signature_for
@@ -825,6 +827,33 @@ def test_stacked_layers_step_updates_its_replicated_embedding_replicated(mesh: A
     assert 0.9 <= ratio or common.below_floor(report), (ratio, report.collective_checks)
     assert ratio <= bound, ratio
     assert len(report.predicted_combined) <= len(report.compiled_collectives) + extra
+
+
+def test_stacked_layers_step_under_a_count_first_model_has_xlas_collectives(mesh: Any) -> None:
+    """The stacked LM's adamw step (above) under a cost model charging 8,192 B per
+    all-gather and all-to-all (the collectives CPU XLA's combiner never merges; the others
+    at the default 192): XLA's plan for the embedding's gradient, the table all-reduced
+    over dp in the head's gradient's all-reduce (8,192 B) instead of the activation
+    gradient and the token ids all-gathered (2,112 B, two collectives more after the
+    combiner): 18,768 B in 11 collectives after the combiner -> 24,848 B (1.03x XLA's
+    24,086) in 9, XLA's count, every output XLA's layout; ``apply(execute="pinned")`` under
+    the model (``use_cost_model``) computes the unsharded step's values in 9 collectives
+    (Adam's tolerance: tests/test_real_code.py's)."""
+    step = training_step("stacked", mesh)
+    model = CostModel(collective_overhead={"all-gather": 8192, "all-to-all": 8192})
+    report = check(step.fn, *step.args, out_layouts=step.out_layouts, cost_model=model)
+    assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
+    assert len(report.predicted_combined) <= len(report.compiled_collectives) == 9
+    assert report.predicted_bytes <= 1.1 * report.compiled_bytes
+    gathered = [plan.shape for plan, s in report.prediction.routed_moves() if s.collective == "all-gather"]
+    assert not gathered, gathered
+    with use_cost_model(model):
+        pinned = jax.jit(lambda *a: apply(step.fn, *a, out_layouts=step.out_layouts, execute="pinned"))
+        assert len(parse_collectives(pinned.lower(*step.args).compile().as_text())) == 9
+        got = jax.tree.leaves(pinned(*step.args), is_leaf=lambda x: isinstance(x, DTensor))
+    want = jax.tree.leaves(jax.jit(step.fn)(*common.plain(step.args)))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(w), rtol=2e-5, atol=1e-4)
 
 
 def test_a_size_one_mesh_dim_predicts_what_the_mesh_without_it_does() -> None:

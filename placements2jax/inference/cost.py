@@ -47,11 +47,13 @@ __all__ = [
     "COLLECTIVES",
     "COLLECTIVE_PERMUTE",
     "COMMUNICATING",
+    "DEFAULT_COLLECTIVE_OVERHEAD",
     "LOCAL_PARTIAL",
     "LOCAL_SLICE",
     "REDUCE_SCATTER",
     "CostModel",
     "CostModelLike",
+    "Overhead",
     "block_bytes",
     "blocks_misaligned",
     "collective_bytes",
@@ -63,6 +65,7 @@ __all__ = [
     "gather_halo_bytes",
     "gather_halo_permutes",
     "halo_permutes",
+    "overhead_of",
     "resolve_cost_model",
     "set_default_cost_model",
     "use_cost_model",
@@ -77,6 +80,17 @@ LOCAL_PARTIAL = "local-partial"
 COLLECTIVE_PERMUTE = "collective-permute"  # compiled only: XLA's point-to-point sends
 COLLECTIVES = (ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER, ALL_REDUCE, LOCAL_SLICE, LOCAL_PARTIAL)
 COMMUNICATING = (ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER, ALL_REDUCE)  # the kinds that send data
+
+# What the program search charges per collective on top of its bytes, by default: a latency in bytes, so that a
+# plan with fewer collectives wins unless the other saves more bytes than that per extra collective
+# (:class:`CostModel`'s ``collective_overhead``; the search: :mod:`.program`). Measured on the training steps of
+# tests/test_inference_programs.py and test_frameworks.py (Megatron dp=2 x tp=4), from 0 to 768: 192 gave the fewest
+# collectives with bytes nearest XLA's on all of them; 768 trades too many bytes (Equinox's adamw step 1.09 -> 1.33x
+# XLA's bytes).
+DEFAULT_COLLECTIVE_OVERHEAD = 192
+# Bytes charged per communicating step, as the planner's searches take it: one figure for every kind, or one per kind
+# in COMMUNICATING's order (:attr:`CostModel.collective_overhead`)
+Overhead = int | tuple[int, int, int, int]
 
 _FACTORS = {
     ALL_GATHER: lambda n: Fraction(n - 1, n),
@@ -324,6 +338,21 @@ class CostModel:
     ``collective-permute`` curve: its smallest size's time and its largest sizes' slope).
     ``alloc_curve`` prices the fresh buffers a program allocates per device (its
     temporaries: on the CPU backend, large ones are mapped and page-faulted by every call).
+
+    ``collective_overhead`` is what the program search (:func:`.jaxpr.predict`, ``check``,
+    ``apply``) charges per collective on top of its bytes: a collective costs ``latency +
+    bytes x per_byte`` (torch's and Alpa's alpha-beta model), so in bytes its latency is
+    ``latency / per_byte``, and a plan with more collectives must save more bytes than that
+    per extra collective. Bytes (rounded to whole bytes: the planner's costs are exact
+    integers), one figure for every collective or a mapping per planned kind
+    (``"all-gather"``, ``"all-to-all"``, ``"reduce-scatter"``, ``"all-reduce"``; kinds not
+    given keep the figure ``None`` gives): e.g. ``{"all-gather": 3072, "all-to-all": 3072}``
+    prices the collectives CPU XLA's combiner never merges (:mod:`.combine`) dearer than the
+    all-reduces it merges. ``None``: ``max(latency) / max(per_byte)`` where both are given
+    (the class's rule for a collective over several axes; a model from :meth:`calibrate`
+    has both), else :data:`DEFAULT_COLLECTIVE_OVERHEAD` (192 B: a compromise measured on
+    CPU programs). On a real pod (microsecond latencies, tens of GB/s) that is tens of KB
+    per collective: plans with fewer collectives.
     """
 
     axis_weights: tuple[tuple[str | int, Fraction], ...]
@@ -333,6 +362,7 @@ class CostModel:
     curves: tuple[tuple[str | int, tuple[tuple[str, Curve], ...]], ...]
     copy_curve: Curve
     alloc_curve: Curve
+    collective_overhead: Overhead
 
     def __init__(
         self,
@@ -344,6 +374,7 @@ class CostModel:
         curves: Mapping[str | int, Mapping[str, Sequence[tuple[Real, Real]]]] | None = None,
         copy_curve: Sequence[tuple[Real, Real]] | None = None,
         alloc_curve: Sequence[tuple[Real, Real]] | None = None,
+        collective_overhead: Real | Mapping[str, Real] | None = None,
     ) -> None:
         object.__setattr__(self, "axis_weights", _axis_table("axis_weights", axis_weights, Fraction))
         object.__setattr__(self, "latency", _axis_table("latency", latency, float))
@@ -353,6 +384,7 @@ class CostModel:
         object.__setattr__(self, "curves", _curve_table(curves))
         object.__setattr__(self, "copy_curve", () if copy_curve is None else _curve("copy_curve", copy_curve))
         object.__setattr__(self, "alloc_curve", () if alloc_curve is None else _curve("alloc_curve", alloc_curve))
+        object.__setattr__(self, "collective_overhead", _overhead(collective_overhead, self.latency, self.per_byte))
 
     # every plan cache keys on the model: hashing its tables again at each use was ~7,300 hashes of a cold Llama predict
     __hash__ = hash_once()
@@ -431,7 +463,42 @@ class CostModel:
             parts.append(f"copy_curve={self.copy_curve!r}")
         if self.alloc_curve:
             parts.append(f"alloc_curve={self.alloc_curve!r}")
+        overhead = self.collective_overhead
+        if overhead != DEFAULT_COLLECTIVE_OVERHEAD:
+            shown = overhead if isinstance(overhead, int) else dict(zip(COMMUNICATING, overhead))
+            parts.append(f"collective_overhead={shown!r}")
         return f"CostModel({', '.join(parts)})"
+
+
+def _overhead(
+    overhead: Any, latency: tuple[tuple[Any, float], ...], per_byte: tuple[tuple[Any, float], ...]
+) -> Overhead:
+    """:attr:`CostModel.collective_overhead` validated: whole bytes, one int where every kind
+    costs the same (the planner's caches key on it), else one per kind in COMMUNICATING's order."""
+    fix = 'pass bytes per collective >= 0, e.g. 3072, or per kind, e.g. {"all-gather": 3072, "all-to-all": 3072}'
+    if latency and per_byte:
+        default = round(max(t for _, t in latency) / max(t for _, t in per_byte))
+    else:
+        default = DEFAULT_COLLECTIVE_OVERHEAD
+    if overhead is None:
+        return default
+    table = overhead if isinstance(overhead, Mapping) else dict.fromkeys(COMMUNICATING, overhead)
+    for kind, value in table.items():
+        if kind not in COMMUNICATING:
+            raise InferenceError("collective_overhead", dict(table), f"{kind!r} is not a collective kind", fix)
+        if isinstance(value, bool) or not isinstance(value, Real):
+            raise ArgumentTypeError("collective_overhead", overhead, f"{value!r} is not a number of bytes", fix)
+        if not (math.isfinite(value) and value >= 0):
+            raise InferenceError(
+                "collective_overhead", overhead, f"{value!r} is not a finite non-negative number of bytes", fix
+            )
+    figures = tuple(round(table[kind]) if kind in table else default for kind in COMMUNICATING)
+    return figures[0] if len(set(figures)) == 1 else figures  # type: ignore[return-value]
+
+
+def overhead_of(overhead: Overhead, kind: str) -> int:
+    """The bytes ``overhead`` charges a collective of ``kind`` (one of COMMUNICATING)."""
+    return overhead if isinstance(overhead, int) else overhead[COMMUNICATING.index(kind)]
 
 
 def _slope(curve: Curve) -> float:

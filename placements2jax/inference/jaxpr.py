@@ -51,11 +51,11 @@ from ..errors import InferenceError, Placements2JaxError, UnsupportedOpError
 from ..layout import Layout
 from ..mesh import DeviceMesh
 from .combine import CombinedCollective, combine, combiner_rules, lowered_step, planned_collectives
-from .cost import CostModel, CostModelLike, resolve_cost_model
+from .cost import CostModel, CostModelLike, Overhead, resolve_cost_model
 from .frameworks import bind
 from .ops import PrimitiveDef, primitive_definition, registered_function
 from .plan import InputPlans, cached_plan
-from .program import OVERHEAD, ProgramGraph, ProgramNode, ValueId, forced_signature, select_program
+from .program import ProgramGraph, ProgramNode, ValueId, forced_signature, select_program
 from .select import pending_reduction, signature_for
 from .signature import (
     Aval,
@@ -1125,10 +1125,10 @@ class _Walker:
     ) -> Signature:
         """The one signature of an op whose layouts are fixed: plans of its inputs to
         ``in_layouts``, outputs ``out_layouts`` (routed as the program search prices them
-        when walking its choice: :data:`.program.OVERHEAD` per collective)."""
+        when walking its choice: the model's ``collective_overhead``)."""
         return _fixed_signature(
             op, tuple(ins), tuple(in_layouts), tuple(out_avals), tuple(out_layouts), self.mesh, self.cost_model,
-            OVERHEAD if self.choices else 0,
+            self.cost_model.collective_overhead if self.choices else 0,
         )
 
     def _node(self, node: ProgramNode) -> None:
@@ -1554,7 +1554,7 @@ class _Walker:
 @cached(maxsize=1024)
 def _fixed_signature(
     op: str, ins: tuple[TensorSpec, ...], in_layouts: tuple[Layout, ...], out_avals: tuple[Aval, ...],
-    out_layouts: tuple[Layout, ...], mesh: DeviceMesh, cost_model: CostModel, overhead: int = 0,
+    out_layouts: tuple[Layout, ...], mesh: DeviceMesh, cost_model: CostModel, overhead: Overhead = 0,
 ) -> Signature:
     """The one signature of an op whose layouts are fixed (cached, as every signature is:
     the program search keys its cache on the signatures' identities); ``overhead``: as

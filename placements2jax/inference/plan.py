@@ -59,10 +59,12 @@ from .cost import (
     ALL_GATHER,
     ALL_REDUCE,
     ALL_TO_ALL,
+    COMMUNICATING,
     LOCAL_PARTIAL,
     LOCAL_SLICE,
     REDUCE_SCATTER,
     CostModelLike,
+    Overhead,
     block_bytes,
     blocks_misaligned,
     collective_bytes,
@@ -71,6 +73,7 @@ from .cost import (
     gather_block_bytes,
     gather_halo_bytes,
     gather_halo_permutes,
+    overhead_of,
     resolve_cost_model,
 )
 from .signature import RedistributePlan, RedistributeStep, TensorSpec, placement_on
@@ -134,10 +137,11 @@ def layout_state(layout: Layout) -> State:
 
 @cached(maxsize=8192)
 def cached_plan(
-    shape: tuple[int, ...], dtype: np.dtype, src: Layout, dst: Layout, cost_model: Any, overhead: int = 0
+    shape: tuple[int, ...], dtype: np.dtype, src: Layout, dst: Layout, cost_model: Any, overhead: Overhead = 0
 ) -> RedistributePlan:
     """:func:`plan_redistribute`'s plan; ``overhead``: bytes each communicating step also
-    costs when choosing the route (see :class:`_Dijkstra`), none by default."""
+    costs when choosing the route, one figure or one per kind (see :class:`_Dijkstra`),
+    none by default."""
     mesh = src.mesh
     weights = cost_model.weights(mesh)
     steps: list[RedistributeStep] = []
@@ -228,7 +232,7 @@ def _strided_parts(
 @cached(maxsize=65536)
 def plan_cost(
     shape: tuple[int, ...], dtype: np.dtype, src: State, dst: State, mesh_shape: tuple[int, ...],
-    weights: tuple[Fraction, ...], overhead: int = 0,
+    weights: tuple[Fraction, ...], overhead: Overhead = 0,
 ) -> tuple[Fraction, int]:
     """The cost of the plan from layout state ``src`` to ``dst`` (``(dim_axes, partial)``
     on a mesh of ``mesh_shape`` with per-dim ``weights``) and how many of its steps
@@ -242,7 +246,7 @@ def plan_cost(
 @cached(maxsize=65536)
 def plan_collectives(
     shape: tuple[int, ...], dtype: np.dtype, src: State, dst: State, mesh_shape: tuple[int, ...],
-    weights: tuple[Fraction, ...], overhead: int = 0,
+    weights: tuple[Fraction, ...], overhead: Overhead = 0,
 ) -> tuple[tuple[str, Fraction], ...]:
     """The communicating steps of the plan :func:`plan_cost` prices, in order, each as
     ``(collective, cost)`` (bytes times its mesh dim's weight; they add up to
@@ -255,7 +259,7 @@ def plan_collectives(
 @cached(maxsize=65536)
 def plan_priced(
     shape: tuple[int, ...], dtype: np.dtype, src: State, dst: State, mesh_shape: tuple[int, ...],
-    weights: tuple[Fraction, ...], overhead: int = 0,
+    weights: tuple[Fraction, ...], overhead: Overhead = 0,
 ) -> tuple[tuple[tuple[str, int], ...], int]:
     """:func:`plan_collectives` as exact integers over one denominator: the communicating
     steps as ``(collective, cost times scale)`` and ``scale``. What the program search
@@ -377,7 +381,7 @@ def _step(
 @cached(maxsize=1024)
 def _search(
     shape: tuple[int, ...], itemsize: int, mesh_shape: tuple[int, ...], weights: tuple[Fraction, ...], src: State,
-    overhead: int = 0,
+    overhead: Overhead = 0,
 ) -> _Dijkstra:
     return _Dijkstra(shape, itemsize, mesh_shape, weights, src, overhead)
 
@@ -387,7 +391,8 @@ class _Dijkstra:
 
     ``overhead``: bytes every communicating step also costs in the path keys (a latency: a
     route with fewer collectives unless the other saves more bytes than that per extra
-    collective; the program search's, :mod:`.program`), none by default. :meth:`cost_within`
+    collective; the program search's, :mod:`.program`), one figure or one per step's kind
+    (:attr:`.cost.CostModel.collective_overhead`), none by default. :meth:`cost_within`
     needs it 0 (its bound is on the keys).
 
     Path keys are ``(cost, steps, sequence of move keys)``: extending two paths by the same
@@ -409,7 +414,7 @@ class _Dijkstra:
         mesh_shape: tuple[int, ...],
         weights: tuple[Fraction, ...],
         src: State,
-        overhead: int = 0,
+        overhead: Overhead = 0,
     ) -> None:
         self._src = src
         # size-1 mesh dims are planned around the search, not in it (see _TrivialDims)
@@ -420,7 +425,8 @@ class _Dijkstra:
         self._steps = _steps(shape, itemsize, mesh_shape, active)
         self.unit = self._steps.unit
         self.weight_unit, self.weights = _integral_weights(weights)
-        self.overhead = overhead * self.unit * self.weight_unit
+        scale = self.unit * self.weight_unit
+        self.overheads = {kind: overhead_of(overhead, kind) * scale for kind in COMMUNICATING}  # per step's kind
         # per layout reached: its best heap entry (cost, steps, path, layout), the layout before, the move
         start = (0, 0, 0, src)
         self._best: dict[State, tuple[tuple[int, int, int, State], State | None, Step | None]] = {src: (start, None, None)}
@@ -469,7 +475,7 @@ class _Dijkstra:
         predict replayed on fresh searches 0.83x the time of tuple paths and a call per
         layout (Llama and GPT-2 2 layers, medians of 15 and 11, alternated, load 4-7)."""
         heap, settled, best = self._heap, self._settled, self._best
-        radix, weights, overhead, moves_of = self._steps.radix, self.weights, self.overhead, self._steps.of
+        radix, weights, overheads, moves_of = self._steps.radix, self.weights, self.overheads, self._steps.of
         heappop, heappush = heapq.heappop, heapq.heappush
         while target not in settled:
             # An internal invariant, not bad input: every layout is reachable by one-mesh-dim steps.
@@ -485,7 +491,8 @@ class _Dijkstra:
             for after, scaled, mesh_dim, digit, move in moves_of(state):
                 if after in settled:
                     continue
-                entry = (cost + scaled * weights[mesh_dim] + overhead if scaled else cost, steps, path + digit, after)
+                moved = cost + scaled * weights[mesh_dim] + overheads[move[1]] if scaled else cost
+                entry = (moved, steps, path + digit, after)
                 known = best.get(after)
                 if known is None or entry < known[0]:
                     best[after] = (entry, state, move)

@@ -119,10 +119,12 @@ GPT-2's and Equinox's adamw steps ended dearer.) The two descents still share
 holds for both): kept apart, the descents with pull moves made 1.5x the new evaluations on
 Llama's adamw step (a cold predict of GPT-2's took 2.33 -> 2.66 s CPU when the rule came).
 
-**Overhead per collective**: every collective also costs ``OVERHEAD`` bytes in the
-objective (a latency, as in torch's latency + bandwidth cost model): a plan with more
-collectives must save more bytes than that per extra collective. The planner routes the
-search's moves with the same overhead (:func:`.plan.cached_plan`'s ``overhead``; the walk of
+**Overhead per collective**: every collective also costs the cost model's
+``collective_overhead`` bytes in the objective (a latency, as in torch's latency +
+bandwidth cost model; :class:`.cost.CostModel`, by default
+:data:`.cost.DEFAULT_COLLECTIVE_OVERHEAD`, 192 B; one figure or one per planned kind): a
+plan with more collectives must save more bytes than that per extra collective. The planner
+routes the search's moves with the same overhead (:func:`.plan.cached_plan`'s ``overhead``; the walk of
 the chosen program reports those routes): a (32,) bias gradient partial over ``dp`` and
 ``tp`` is all-reduced per mesh axis, 2 collectives, rather than reduce-scattered,
 all-reduced and all-gathered, 3 collectives for 32 B less as compiled. With it
@@ -331,12 +333,14 @@ from ..layout import Layout
 from ..mesh import DeviceMesh
 from . import blocks
 from .combine import BACKENDS, CombinerRules, combiner_rules
-from .cost import ALL_REDUCE, REDUCE_SCATTER, CostModel
+from .cost import (
+    ALL_REDUCE, COMMUNICATING, DEFAULT_COLLECTIVE_OVERHEAD, REDUCE_SCATTER, CostModel, Overhead, overhead_of,
+)
 from .plan import cached_plan, layout_state, plan_priced
 from .select import pending_reduction
 from .signature import Aval, Candidate, Signature, TensorSpec
 
-__all__ = ["OVERHEAD", "ProgramGraph", "ProgramNode", "ValueId", "forced_signature", "select_program"]
+__all__ = ["ProgramGraph", "ProgramNode", "ValueId", "forced_signature", "select_program"]
 
 ValueId = tuple[str, int]  # (equation path, output index); ("in", i): the function's input i
 _MOVES = 256  # moves applied at most
@@ -377,9 +381,10 @@ class ProgramGraph:
 
 def forced_signature(op: str, inputs: tuple[TensorSpec, ...], candidate: Candidate, cost_model: CostModel) -> Signature:
     """The signature running ``candidate`` on ``inputs``: its plans from the inputs' layouts,
-    routed as the program search prices them (:data:`OVERHEAD` per collective)."""
+    routed as the program search prices them (the model's ``collective_overhead`` per collective)."""
     plans = tuple(
-        cached_plan(s.shape, s.dtype, s.layout, x, cost_model, OVERHEAD) for s, x in zip(inputs, candidate.in_layouts)
+        cached_plan(s.shape, s.dtype, s.layout, x, cost_model, cost_model.collective_overhead)
+        for s, x in zip(inputs, candidate.in_layouts)
     )
     # built directly, its pending reduction 0: dataclasses.replace was half of each call (~14% of a walk)
     forced = Candidate(
@@ -452,18 +457,42 @@ def _select(
 ) -> dict[str, Candidate]:
     graph = keyed.graph
     chosen = _choose(graph, cost_model, targets, seeds, dispatched_choice)
+    if cost_model.collective_overhead != DEFAULT_COLLECTIVE_OVERHEAD:
+        chosen = _continued(graph, cost_model, targets, seeds, dispatched_choice, chosen)
     return _chosen(graph, {node.path: 0 for node in graph.nodes}, chosen)
+
+
+def _continued(
+    graph: ProgramGraph, cost_model: CostModel, targets: tuple[Layout | None, ...], seeds: tuple[tuple[str, int], ...],
+    dispatched_choice: tuple[int, ...] | None, chosen: Choice,
+) -> Choice:
+    """Under a model whose overhead per collective is not the default: ``chosen`` (the
+    search's choice at that overhead) or a descent at that overhead from the search's choice
+    at the default one, whichever is cheaper at the model's (:func:`_bounded`; the descent
+    with pull moves and one mesh dim's partial pulled, as a finish ends). The descents'
+    schedule was measured and tuned at 192 B: at 4,096 B per all-gather and all-to-all the
+    stacked LM's adamw step searched from the start ended at 40,976 by that objective (in
+    12 collectives after XLA's combiner, one more than at the default), the descent from
+    the 192 B choice at 31,632 (24,838 B in 9, XLA's count; docs/inference.md section 6)."""
+    search = _Search(graph, cost_model, targets)
+    eager = {node.path: 0 for node in graph.nodes}
+    dispatched = eager if dispatched_choice is None else dict(zip(eager, dispatched_choice))
+    start = _choose(graph, cost_model, targets, seeds, dispatched_choice, DEFAULT_COLLECTIVE_OVERHEAD)
+    found = _partly(search, search.improve(start, values=True, reducing=True, pulls=True))
+    planned = search if search.as_planned else search.repriced(compiled=False)
+    return _bounded(search, planned, (eager, dispatched), chosen, chosen, found)
 
 
 def _choose(
     graph: ProgramGraph, cost_model: CostModel, targets: tuple[Layout | None, ...], seeds: tuple[tuple[str, int], ...],
-    dispatched_choice: tuple[int, ...] | None,
+    dispatched_choice: tuple[int, ...] | None, overhead: Overhead | None = None,
 ) -> Choice:
-    """:func:`_select`'s choice (module docstring)."""
+    """:func:`_select`'s choice (module docstring); ``overhead``: bytes per collective
+    (None: the model's ``collective_overhead``)."""
     eager = {node.path: 0 for node in graph.nodes}
     # eager dispatch's own choice where known (see _dispatched_choice): with eager, the bound of _finish
     dispatched = eager if dispatched_choice is None else dict(zip(eager, dispatched_choice))
-    search = _Search(graph, cost_model, targets)  # priced as the backend compiles the moves
+    search = _Search(graph, cost_model, targets, overhead=overhead)  # priced as the backend compiles the moves
     layers = blocks.layer_blocks(
         blocks.find_blocks([search.kinds[path] for path in search.paths], blocks.graph_sources(graph)), len(graph.nodes)
     )
@@ -534,7 +563,7 @@ def _seeded(
     sub = _choose(
         reduced, search.cost_model, tuple(search.targets[o] for o in outputs),
         tuple(seed for seed in seeds if seed[0] in kept),
-        None if dispatched_choice is None else tuple(dispatched_choice[p] for p in kept.values()),
+        None if dispatched_choice is None else tuple(dispatched_choice[p] for p in kept.values()), search.overhead,
     )
     seed = min((blocks.tiled(sub, paths, layers, copy) for copy in (0, -1)), key=search.total)
     chosen, best = seed, search.total(seed)
@@ -601,7 +630,7 @@ def _bounded(
     eager = eagers[0]
 
     def walked(choice: Choice) -> float:
-        return planned.plain_bytes(choice) if choice == eager else planned.nbytes(planned.total(choice))
+        return planned.plain_bytes(choice) if choice == eager else planned.walked_bytes(choice)
 
     limit = min(map(planned.plain_bytes, eagers))
     options = (chosen, by_planner, *eagers)
@@ -665,19 +694,13 @@ _PARTLY_DEPTH = 64
 _NEAR_OUTPUT = 4
 State = tuple[Any, ...]  # a layout's (dim_axes, partial[, split_factors]) on the one mesh
 AvalKey = tuple[tuple[int, ...], np.dtype]
-# (weighted bytes plus OVERHEAD per collective, collectives), compared lexicographically: among equally cheap
+# (weighted bytes plus the overhead per collective, collectives), compared lexicographically: among equally cheap
 # choices the one with fewer collectives. Floats for speed (exact for the usual dyadic byte counts; the order of
 # summation is fixed, so results are deterministic).
 Cost = tuple[float, float]
 _ZERO: Cost = (0.0, 0.0)
 # a delta known not to lower the total (:meth:`_Search.delta`): never applied, its amount not needed
 _NOT_LOWER: Cost = (math.inf, math.inf)
-# What the objective charges per collective on top of its bytes: a latency in bytes, so that a plan with fewer
-# collectives wins unless the other saves more bytes than that per extra collective (module docstring). Measured
-# on the training steps of tests/test_inference_programs.py and test_frameworks.py (Megatron dp=2 x tp=4), from
-# 0 to 768: 192 gave the fewest collectives with bytes nearest XLA's on all of them; 768 trades too many bytes
-# (Equinox's adamw step 1.09 -> 1.33x XLA's bytes).
-OVERHEAD = 192
 
 # An evaluation whose cascade looked at more than this fraction's inverse of the program (~500 of the 4,017 equations
 # of Llama's 8-layer adamw step) is kept with every choice (:meth:`_Search.evaluate`)
@@ -887,7 +910,7 @@ class _Search:
 
     def __init__(
         self, graph: ProgramGraph, cost_model: CostModel, targets: tuple[Layout | None, ...], compiled: bool = True,
-        overhead: int = OVERHEAD,
+        overhead: Overhead | None = None,
     ) -> None:
         self.graph = graph
         self.cost_model = cost_model
@@ -1068,7 +1091,7 @@ class _Search:
                                               for c in self.consumer_paths[src])))
             for path in self.position
         }
-        self._price(compiled, overhead)
+        self._price(compiled, cost_model.collective_overhead if overhead is None else overhead)
 
     def followers(self) -> dict[str, tuple[str, ...]]:
         """Per node, its *followers*: the consumers whose inputs not fixed all come from
@@ -1096,10 +1119,13 @@ class _Search:
             found[head].append(path)
         return {path: tuple(dict.fromkeys(paths)) for path, paths in found.items()}
 
-    def _price(self, compiled: bool, overhead: int) -> None:
+    def _price(self, compiled: bool, overhead: Overhead, charged: bool = True) -> None:
         """Price moves as the backend compiles them (``compiled``) or by the planner alone,
-        with ``overhead`` bytes per collective: the memos of everything priced, empty."""
-        self.overhead = overhead  # bytes charged per collective (OVERHEAD), in the objective and the routes
+        with ``overhead`` bytes per collective (one figure or one per planned kind) in the
+        routes and, ``charged``, in the objective: the memos of everything priced, empty."""
+        self.overhead = overhead  # bytes per collective the routes are chosen with (the model's collective_overhead)
+        # and per planned kind, what the objective charges (none for walked_bytes())
+        self.charged = {kind: overhead_of(overhead, kind) if charged else 0 for kind in COMMUNICATING}
         self.compiled = compiled  # priced as the backend compiles (else by the planner alone: _greedy_stack reads it)
         rules = _backend_rules(self.graph.mesh) if compiled else None
         # what a free output's owed reduction costs in units of the planner's reduce-scatter
@@ -1110,6 +1136,7 @@ class _Search:
         # priced as the planner prices (a second search by the planner's prices would find the same)
         self.as_planned = rules is None or (self.reduction_scale == 1.0 and not rules.widened)
         self._plain: _Search | None = None  # plain_bytes()' search, built once
+        self._walked: _Search | None = None  # walked_bytes()' search, built once
         self.costs: dict[tuple[AvalKey, State, State], Cost] = {}
         self.charges: dict[tuple[ValueId, State], Cost] = {}
         self.pendings: dict[tuple[AvalKey, State, frozenset[int]], float] = {}
@@ -1162,11 +1189,12 @@ class _Search:
         answers; :meth:`evaluate`'s keeps a cascade that met no tie the two break apart for both."""
         self.fewest_moved = fewest
 
-    def repriced(self, compiled: bool, overhead: int = OVERHEAD) -> _Search:
-        """The same graph's search priced otherwise (:meth:`_price`): the tables that do not
-        depend on prices (states, neighbours, memo keys) shared, built once per graph."""
+    def repriced(self, compiled: bool, overhead: Overhead | None = None, charged: bool = True) -> _Search:
+        """The same graph's search priced otherwise (:meth:`_price`; ``overhead`` None: this
+        search's): the tables that do not depend on prices (states, neighbours, memo keys)
+        shared, built once per graph."""
         other = copy.copy(self)
-        other._price(compiled, overhead)
+        other._price(compiled, self.overhead if overhead is None else overhead, charged)
         return other
 
     # -- costs ------------------------------------------------------------------------------
@@ -1183,12 +1211,20 @@ class _Search:
                 nbytes = sum(c for _, c in collectives) / scale
             else:  # as the backend compiles the plan: its reduce-scatters as all-reduces
                 nbytes = sum(c / scale * (self.reduction_scale if kind == REDUCE_SCATTER else 1.0) for kind, c in collectives)
-            cost = self.costs[key] = (self.widening(aval[1]) * nbytes + self.overhead * len(collectives), float(len(collectives)))
+            charged = self.charged
+            cost = self.costs[key] = (
+                self.widening(aval[1]) * nbytes + sum(charged[kind] for kind, _ in collectives),
+                float(len(collectives)),
+            )
         return cost
 
-    def nbytes(self, cost: Cost) -> float:
-        """The bytes of a cost: the objective without the collectives' overhead."""
-        return cost[0] - self.overhead * cost[1]
+    def walked_bytes(self, choice: Choice) -> float:
+        """The bytes of a choice as this search routes its moves (with the overhead), the
+        overhead not charged: a search repriced so, built once (the objective less the
+        overhead times the collectives, where the overhead is one figure for every kind)."""
+        if self._walked is None:
+            self._walked = self.repriced(self.compiled, charged=False)
+        return self._walked.total(choice)[0]
 
     def plain_bytes(self, choice: Choice) -> float:
         """The bytes of a choice by the planner's prices and routes without the overhead
@@ -1210,7 +1246,10 @@ class _Search:
                     layout = self.layouts[state]
                     owed = pending_reduction((Aval(*aval),), (layout,), set(), self.cost_model)
                     partials = sum(1 for op in state[1] if op)  # none over one device (see _state)
-                    nbytes += self.reduction_scale * self.widening(aval[1]) * float(owed) + self.overhead * partials
+                    nbytes += (
+                        self.reduction_scale * self.widening(aval[1]) * float(owed)
+                        + self.charged[REDUCE_SCATTER] * partials
+                    )
                     steps += partials
                 else:
                     owed = self.cost(aval, state, target)
