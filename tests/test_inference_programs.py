@@ -34,7 +34,8 @@ from placements2jax import (
     rowwise,
 )
 from placements2jax.inference import check, predict, primitive_names
-from placements2jax.inference.cost import default_cost_model
+from placements2jax.hlo import compiled_collectives
+from placements2jax.inference.cost import collective_nbytes, default_cost_model
 from placements2jax.inference.ops import freeze, primitive_definition
 from placements2jax.inference.select import signature_for
 from placements2jax.inference.signature import Aval, TensorSpec
@@ -872,7 +873,14 @@ def test_no_collective_over_one_device(
     """A step on a size-1 mesh dim (gathering a split there, reducing a partial there)
     moves nothing and compiles to nothing: the plans keep it (their steps chain), but the
     prediction's steps, collectives and combined collectives leave it out, as check does,
-    and match the mesh without that dim's collective for collective."""
+    and match the mesh without that dim's collective for collective; so do XLA's
+    compilations of the step (its own plan) and of the predicted program pinned, which
+    compiles the predicted collectives and bytes. On (2,1,4) (and (2,4)) the prediction
+    gathers ``h`` over ``dp`` first and all-reduces the loss over ``tp`` alone (3,590 B in
+    3); XLA all-reduces ``h @ w2`` over ``tp`` and the loss over ``dp`` (5,124 B in 4), on
+    both meshes: the prediction has no more collectives than XLA's, never the same ones.
+    The pinned program on (2,1,4) gathered ``h`` twice (4,102 B in 4) while a plan kept
+    the ``pp`` partial through its gather (``cached_plan``)."""
 
     def step(x: jax.Array, w1: jax.Array, w2: jax.Array) -> tuple[jax.Array, jax.Array]:
         h = jax.nn.gelu(x @ w1)
@@ -894,8 +902,21 @@ def test_no_collective_over_one_device(
     assert prediction.collectives == flat_p.collectives
     assert prediction.combined_counts == flat_p.combined_counts
     report = check(step, *args, out_layouts=replicated)
-    assert report.predicted_counts == report.compiled_counts == prediction.combined_counts
-    assert report.predicted_collectives == check(step, *flat_args, out_layouts=flat_replicated).predicted_collectives
+    flat_report = check(step, *flat_args, out_layouts=flat_replicated)
+    assert report.predicted_counts == prediction.combined_counts
+    assert report.predicted_collectives == flat_report.predicted_collectives
+    assert [(c.op, c.result_shapes, c.groups) for c in report.compiled_collectives] == [
+        (c.op, c.result_shapes, c.groups) for c in flat_report.compiled_collectives
+    ]
+    assert sum(report.predicted_counts.values()) <= sum(report.compiled_counts.values())
+    rng = np.random.default_rng(0)
+    values = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    for m, given in ((mesh, placements), (flat, squeezed)):
+        tensors = [distribute_tensor(v, m, p) for v, p in zip(values, given)]
+        pinned = jax.jit(lambda *a, m=m: apply(step, *a, out_layouts=(",".join(["R"] * m.ndim),) * 2, execute="pinned"))
+        compiled = compiled_collectives(pinned, *tensors)
+        assert Counter(c.op for c in compiled) == prediction.combined_counts
+        assert sum(collective_nbytes(c, 8) for c in compiled) == prediction.nbytes
 
 
 @pytest.mark.parametrize("model", ["gpt2", "llama"])
