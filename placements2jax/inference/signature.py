@@ -555,12 +555,9 @@ class RedistributePlan:
         the layout after each step so far. Moves of one value whose routes begin alike
         have their first steps' keys in common: a compiled program computes those
         collectives once (:class:`SharedRoutes`)."""
-        at = _route_point(self.src)
-        route: Any = (source, at)
+        route: Any = (source, self.src)
         for step in self.steps:
-            after = _route_point(step.after)
-            if after != at:
-                route, at = (route, after), after
+            route = (route, step.after)
             yield route, step
 
     def __str__(self) -> str:
@@ -575,13 +572,6 @@ class RedistributePlan:
             for i, s in enumerate(self.steps)
         ]
         return head + "\n" + format_table(("step", "axis", "from", "to", "collective", "bytes", "cost", "layout after"), rows)
-
-
-def _route_point(layout: Layout) -> Any:
-    """``layout`` as a point of a route: its placements with those on size-1 mesh dims left
-    out (one device holds the whole tensor there: a partial is nothing to reduce), so that
-    moves differing only there share their collectives."""
-    return tuple(p for p, n in zip(layout.placements, layout.mesh.shape) if n > 1)
 
 
 class SharedRoutes:
