@@ -624,7 +624,9 @@ def _replicas_restart(walk: Walk, best: Prediction, model: CostModel, targets: S
     over ``(dp, tp)`` and moved them between splits, 126,720 B in 48 collectives after the
     combiner, where the replicas' search gives 122,644 B in 38 (XLA: 1,604,406 B in 12).
     Over the other mesh dims too, it kept no other result on benchmarks/dump_predictions.py's
-    programs and doubled their search's time."""
+    programs and doubled their search's time. Over the first it costs about one more search
+    where the gate opens (11 of those 19 programs, kept on 4): Llama's 2x4 adamw step's cold
+    predict ~2.4x, not kept there (docs/inference.md section 6)."""
     if not best.inputs:
         return best
     name = best.inputs[0].layout.mesh.mesh_dim_names[0]
