@@ -1220,8 +1220,13 @@ class _Search:
 
     def walked_bytes(self, choice: Choice) -> float:
         """The bytes of a choice as this search routes its moves (with the overhead), the
-        overhead not charged: a search repriced so, built once (the objective less the
-        overhead times the collectives, where the overhead is one figure for every kind)."""
+        overhead not charged: where every kind is charged one figure, the objective less it
+        times the collectives (exact); else by a search repriced without the charge, built
+        once (a second pricing of every move: kept off the default model's cold predict)."""
+        charges = set(self.charged.values())
+        if len(charges) == 1:
+            cost = self.total(choice)
+            return cost[0] - charges.pop() * cost[1]
         if self._walked is None:
             self._walked = self.repriced(self.compiled, charged=False)
         return self._walked.total(choice)[0]
