@@ -475,12 +475,17 @@ def _continued(
     12 collectives after XLA's combiner, one more than at the default), the descent from
     the 192 B choice at 31,632 (24,838 B in 9, XLA's count; docs/inference.md section 6)."""
     search = _Search(graph, cost_model, targets)
-    eager = {node.path: 0 for node in graph.nodes}
-    dispatched = eager if dispatched_choice is None else dict(zip(eager, dispatched_choice))
     start = _choose(graph, cost_model, targets, seeds, dispatched_choice, DEFAULT_COLLECTIVE_OVERHEAD)
     found = _partly(search, search.improve(start, values=True, reducing=True, pulls=True))
     planned = search if search.as_planned else search.repriced(compiled=False)
-    return _bounded(search, planned, (eager, dispatched), chosen, chosen, found)
+    return _bounded(search, planned, _eagers(graph, dispatched_choice), chosen, chosen, found)
+
+
+def _eagers(graph: ProgramGraph, dispatched_choice: tuple[int, ...] | None) -> tuple[Choice, Choice]:
+    """The eager choice (every node's first candidate) and eager dispatch's own choice where
+    known (see _dispatched_choice; else the eager one): the bound of :func:`_bounded`."""
+    eager = {node.path: 0 for node in graph.nodes}
+    return eager, eager if dispatched_choice is None else dict(zip(eager, dispatched_choice))
 
 
 def _choose(
@@ -489,9 +494,7 @@ def _choose(
 ) -> Choice:
     """:func:`_select`'s choice (module docstring); ``overhead``: bytes per collective
     (None: the model's ``collective_overhead``)."""
-    eager = {node.path: 0 for node in graph.nodes}
-    # eager dispatch's own choice where known (see _dispatched_choice): with eager, the bound of _finish
-    dispatched = eager if dispatched_choice is None else dict(zip(eager, dispatched_choice))
+    eager, dispatched = _eagers(graph, dispatched_choice)
     search = _Search(graph, cost_model, targets, overhead=overhead)  # priced as the backend compiles the moves
     layers = blocks.layer_blocks(
         blocks.find_blocks([search.kinds[path] for path in search.paths], blocks.graph_sources(graph)), len(graph.nodes)
