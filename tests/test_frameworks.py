@@ -98,8 +98,8 @@ def test_megatron_plans_lay_out_the_framework_trees(programs: dict[str, Program]
 # gradient a masked scatter), its excess was the search's: the table gradient split on its embedding dim and
 # all-gathered back (7 KB; the local move takes the masked scatter), and layer norms sequence-split at no cost then
 # all-gathered back for the next matmul (pull moves re-choose them from that matmul: loss 1.17 -> 0.85x).
-# Since the search charges each collective a fixed overhead in bytes and routes its moves with it (program.py's
-# OVERHEAD), value_and_grad / adamw: nnx 1.01 / 1.07 with 54 / 62 -> 1.014 / 1.019 with 45 / 48 against XLA's 50
+# Since the search charges each collective a fixed overhead in bytes and routes its moves with it (cost.py's
+# DEFAULT_COLLECTIVE_OVERHEAD), value_and_grad / adamw: nnx 1.01 / 1.07 with 54 / 62 -> 1.014 / 1.019 with 45 / 48 against XLA's 50
 # (combined 31 / 39 -> 20 / 23 against 20); eqx 1.17 / 1.13 with 64 / 60 -> 1.017 / 1.090 with 47 / 48 (combined
 # 35 / 38 -> 20 / 25).
 _REACHED = {

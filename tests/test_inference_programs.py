@@ -716,8 +716,8 @@ def test_apply_runs_the_llama_loss_like_plain_jax(mesh: Any) -> None:
 # with 47 / 60 -> 0.83 / 0.98 with 46 / 55 (combined 32 / 36 -> 31 / 35), Llama value_and_grad 65 -> 63 (49 -> 47).
 # Since cost ties order the outputs' splits as torch lists its strategies (issue 16): Llama adamw step 1.036 -> 0.96
 # with 111 -> 102 operands (combined 95 -> 86; XLA 96 operands, 48 compiled).
-# Since the search charges each collective a fixed overhead in bytes and routes its moves with it (program.py's
-# OVERHEAD: fewer collectives unless the bytes saved exceed it; bias gradients all-reduced per mesh axis instead of
+# Since the search charges each collective a fixed overhead in bytes and routes its moves with it (cost.py's
+# DEFAULT_COLLECTIVE_OVERHEAD: fewer collectives unless the bytes saved exceed it; bias gradients all-reduced per mesh axis instead of
 # reduce-scattered, all-reduced and all-gathered): GPT-2 value_and_grad / adamw 0.83 / 0.98 with 46 / 55 -> 0.96 /
 # 0.93 with 42 / 43 (now within 0.9-1.1x XLA's bytes and below XLA's collectives; combined 31 / 35 -> 28 / 22),
 # Llama value_and_grad / adamw 0.686 / 1.04 with 63 / 111 -> 0.690 / 1.02 with 56 / 105 (combined 47 / 95 -> 38 /
