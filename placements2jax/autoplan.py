@@ -709,7 +709,10 @@ class _Evaluator:
 
     def start_compile(self, free: Mapping[int, Layout]) -> None:
         """Compile the plan in the background (XLA releases the GIL while it compiles: the
-        search's predictions go on meanwhile on the other core); :meth:`compile` collects it."""
+        search's predictions go on meanwhile on the other core); :meth:`compile` collects it.
+        A pinned compile's prediction is the one the search made of the plan on the calling
+        thread, a hit of predict's cache here (every plan compiled was evaluated first; made
+        again in the pool's thread only if the cache was emptied meanwhile)."""
         key = self.key(free)
         if self.pool is not None and key not in self.compiled and key not in self.pending:
             self.pending[key] = self.pool.submit(_compile, self.problem, dict(free), self.execute,
@@ -901,8 +904,9 @@ def auto_plan(
         raise ArgumentTypeError("max_evaluations", max_evaluations, "expected a positive int", "pass e.g. 24")
     if not isinstance(score, str) or score not in SCORES:
         raise ArgumentTypeError("score", score, f"expected one of {', '.join(map(repr, SCORES))}",
-                                'pass the executor that will run the plan: score="xla" (plain jax.jit, the default) '
-                                'or score="pinned" (apply(..., execute="pinned")), or score="predict" (compile nothing)')
+                                'pass the executor that will run the plan: score="xla" (plain jax.jit, the '
+                                'default) or score="pinned" (apply(..., execute="pinned")), or score="predict" '
+                                '(compile nothing)')
     if presets is not None and (not isinstance(presets, Mapping) or not all(isinstance(k, str) for k in presets)):
         raise ArgumentTypeError("presets", presets, "expected a mapping name (a string) -> plan",
                                 'pass e.g. {"megatron": {"wte": rowwise("tp")}}')
