@@ -109,9 +109,10 @@ mesh axis; a preset's memory is the larger of its estimate and XLA's `memory_ana
 `predict`'s whole-program search (bytes sent; memory = parameters + optimizer state +
 batch + the estimated peak of live intermediates) and as XLA compiles them (bytes of the
 compiled HLO's collectives; memory from `compiled.memory_analysis()`). `score="xla"` (the
-default) compiles the search's best few plans and the presets and returns the fitting one
-XLA compiles to the fewest bytes among those sending no more bytes than every fitting preset
-both predicted and compiled (when one does; docs/autoplan.md). The issue's check target compiles the
+default: the plan will run as plain `jax.jit`) compiles the search's best few plans and the
+presets and returns the fitting one XLA compiles to the fewest bytes, ranked by the compiled
+figures alone (docs/autoplan.md; its predicted bytes can then exceed a preset's where the
+prediction prices the preset below what `jax.jit` compiles it to). The issue's check target compiles the
 auto plan's step as the predicted program with every layout pinned (`compiled_figures(...,
 execute="pinned")`, the program `apply(..., execute="pinned")` trains with) and compares its
 bytes with the predicted bytes as CPU XLA compiles the predicted collectives

@@ -47,11 +47,12 @@ shard or replicate every leaf over one mesh axis, then paired moves (column/row-
 partners of one module, found by shape and the order the step reads them, split together
 over one mesh axis Megatron-style, biases following: every group at once, then each
 group), then moves of one leaf's placement on one mesh axis, largest leaves first,
-until ``max_evaluations`` predictions. With ``score="xla"`` the best few plans found and
-the presets are then compiled (two threads) and the fewest compiled bytes wins, among the
-plans no worse than every fitting preset predicted and compiled when there are any. The step
-is traced once; each prediction is cached per input layouts; the search is deterministic (fixed move order,
-ties keep the earlier plan).
+until ``max_evaluations`` predictions. With ``score`` naming the executor that will run the
+plan (``"xla"``: plain ``jax.jit``, the default; ``"pinned"``: ``apply(..., execute="pinned")``,
+the predicted program) the best few plans found and the presets are then compiled for it (two
+threads) and the fewest compiled bytes wins: a plan is ranked by the figures of the program
+that will run. The step is traced once; each prediction is cached per input layouts; the
+search is deterministic (fixed move order, ties keep the earlier plan).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import jax
 import numpy as np
@@ -89,15 +90,17 @@ __all__ = ["AutoPlan", "CompiledFigures", "PlanFigures", "auto_plan", "compiled_
 
 DEFAULT_FLOPS_PER_BYTE = 1000.0
 DEFAULT_MAX_EVALUATIONS = 24
-SCORES = ("xla", "predict")
-EXECUTIONS = ("xla", "pinned")  # how compiled_figures compiles a plan's step
+# the executors a plan's step can be compiled for: plain jax.jit on its shardings (XLA's
+# propagation lays out the rest) or the predicted program with every layout pinned (what
+# apply(..., execute="pinned") runs); compiled_figures(execute=...) and auto_plan(score=...)
+EXECUTIONS = ("xla", "pinned")
+SCORES = (*EXECUTIONS, "predict")  # auto_plan ranks its finalists as one executor compiles them, or by prediction
 # Scoring needs the partitioned HLO's collectives and the buffer sizes, not fast code: the HLO
 # passes (SPMD partitioning, the collective combiners, buffer assignment) run as usual, only
 # LLVM's code generation is cheapened (GPT-2 test step on 2x4: same bytes and memory_analysis,
 # 19 -> 8 s CPU per compile).
 _CHEAP_CODEGEN = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
-_K = TypeVar("_K")  # a plan's key (_xla_best)
-XLA_FINALISTS = 3  # the best searched plans compiled (besides the presets) when score="xla"
+XLA_FINALISTS = 3  # the best searched plans compiled (besides the presets) when score is an executor
 
 
 @dataclass(frozen=True)
@@ -158,11 +161,12 @@ class AutoPlan(Mapping[str, Layout]):
     seconds: float
     # CPU seconds of the search's predictions (time.thread_time around each predict, which
     # runs on the calling thread: process_time would also count the compiles running beside
-    # them in the pool's threads, score="xla")
+    # them in the pool's threads, score="xla" or "pinned")
     predict_seconds: float = 0.0
     fixed: tuple[str, ...] = field(default=())  # paths of the leaves pinned by ``fixed=``
     score: str = "predict"
-    compiled: dict[str, CompiledFigures] = field(default_factory=dict)  # "auto" and presets, score="xla"
+    # "auto" and the presets as the executor named by score compiles them (score "xla" or "pinned")
+    compiled: dict[str, CompiledFigures] = field(default_factory=dict)
 
     def __getitem__(self, key: str) -> Layout:
         return self.rules[key]
@@ -177,7 +181,7 @@ class AutoPlan(Mapping[str, Layout]):
     def memory(self) -> int:
         """Bytes per device as checked against ``memory_budget``: the estimate
         (``figures.memory``), or XLA's ``memory_analysis()`` of the compiled plan when that is
-        larger (``score="xla"``; :attr:`memory_source` says which)."""
+        larger (``score`` an executor: its program's; :attr:`memory_source` says which)."""
         return _checked_memory(self.figures, self.compiled.get("auto"))
 
     @property
@@ -205,7 +209,8 @@ class AutoPlan(Mapping[str, Layout]):
             rows.append(row)
         headers = ("plan", "bytes/step", "collectives", "flops", "memory/device", "activations", "fits", "objective")
         if self.compiled:
-            headers += ("XLA bytes/step", "XLA collectives", "XLA memory")
+            by = "XLA" if self.score == "xla" else self.score  # the compiled program: plain jax.jit's or pinned
+            headers += (f"{by} bytes/step", f"{by} collectives", f"{by} memory")
         return format_table(headers, rows)
 
     def __str__(self) -> str:
@@ -640,17 +645,19 @@ def _compute_and_activations(prediction: Prediction, lengths: Mapping[str, int])
 
 
 class _Evaluator:
-    def __init__(self, problem: _Problem, cost_model: CostModelLike, flops_per_byte: float) -> None:
+    def __init__(self, problem: _Problem, cost_model: CostModelLike, flops_per_byte: float,
+                 execute: str = "xla") -> None:
         self.problem = problem
         self.cost_model = cost_model
         self.flops_per_byte = flops_per_byte
+        self.execute = execute  # the executor :meth:`compile` compiles for (EXECUTIONS)
         self.count = 0
         self.predict_seconds = 0.0  # thread CPU time of the predictions (AutoPlan.predict_seconds)
         self.memo: dict[tuple[Any, ...], PlanFigures] = {}
         self.plans: dict[tuple[Any, ...], dict[int, Layout]] = {}  # in evaluation order
         self.compiled: dict[tuple[Any, ...], CompiledFigures | None] = {}
         self.pending: dict[tuple[Any, ...], Future[CompiledFigures | None]] = {}
-        self.pool: ThreadPoolExecutor | None = None  # set by auto_plan(score="xla")
+        self.pool: ThreadPoolExecutor | None = None  # set by auto_plan when score is an executor
         self.lengths: dict[str, int] | None = None
 
     def __call__(self, free: Mapping[int, Layout]) -> PlanFigures:
@@ -687,23 +694,29 @@ class _Evaluator:
         return tuple(free[i] for i in self.problem.free)
 
     def compile(self, free: Mapping[int, Layout]) -> CompiledFigures | None:
-        """The step compiled by XLA on the plan's shardings (Auto mesh axes, outputs shaped
-        like an input keeping its layouts, as check compiles it): its collectives' bytes and
-        its memory_analysis(). None when a leaf's layout is uneven (XLA needs evenly
-        divisible shards; the DTensor pads them instead). Waits for :meth:`start_compile`'s
-        compilation of the plan, if any."""
+        """The step compiled by XLA on the plan's shardings for :attr:`execute` (plain jax.jit,
+        Auto mesh axes, outputs shaped like an input keeping its layouts, as check compiles
+        it; or the predicted program pinned): its collectives' bytes and its
+        memory_analysis(). None when a leaf's layout is uneven (XLA needs evenly divisible
+        shards; the DTensor pads them instead). Waits for :meth:`start_compile`'s compilation
+        of the plan, if any."""
         key = self.key(free)
         if key not in self.compiled:
             pending = self.pending.pop(key, None)
-            self.compiled[key] = pending.result() if pending is not None else _compile(self.problem, free)
+            self.compiled[key] = pending.result() if pending is not None else _compile(
+                self.problem, free, self.execute, self.cost_model)
         return self.compiled[key]
 
     def start_compile(self, free: Mapping[int, Layout]) -> None:
         """Compile the plan in the background (XLA releases the GIL while it compiles: the
-        search's predictions go on meanwhile on the other core); :meth:`compile` collects it."""
+        search's predictions go on meanwhile on the other core); :meth:`compile` collects it.
+        A pinned compile's prediction is the one the search made of the plan on the calling
+        thread, a hit of predict's cache here (every plan compiled was evaluated first; made
+        again in the pool's thread only if the cache was emptied meanwhile)."""
         key = self.key(free)
         if self.pool is not None and key not in self.compiled and key not in self.pending:
-            self.pending[key] = self.pool.submit(_compile, self.problem, dict(free))
+            self.pending[key] = self.pool.submit(_compile, self.problem, dict(free), self.execute,
+                                                 self.cost_model)
 
     def static_memory(self, free: Mapping[int, Layout]) -> int:
         """Parameters + state + arguments (no prediction needed)."""
@@ -799,12 +812,12 @@ def compiled_figures(
 
     ``execute="xla"`` (default): plain ``jax.jit`` on the plan's input and output
     shardings, XLA's propagation laying out the rest, as ``auto_plan(..., score="xla")``
-    compiles its finalists (and cached with them: an auto_plan call after it reuses the
+    (the default) compiles its finalists (and cached with them: an auto_plan call after it reuses the
     compile); ``max(plan_figures(...).memory, compiled_figures(...).memory)`` is the plan's
     memory as auto_plan checks it against a budget. ``execute="pinned"``: the predicted
     program (``cost_model``'s prediction, as :func:`plan_figures` makes it) with every
     layout pinned, as ``apply(..., execute="pinned")`` runs the step: the program whose
-    bytes the prediction states."""
+    bytes the prediction states, as ``auto_plan(..., score="pinned")`` compiles its finalists."""
     mesh = as_device_mesh(mesh, "mesh")
     if not isinstance(execute, str) or execute not in EXECUTIONS:
         raise ArgumentTypeError("execute", execute, f"expected one of {', '.join(map(repr, EXECUTIONS))}",
@@ -867,12 +880,17 @@ def auto_plan(
     result and used as seeds (FSDP over the first mesh axis is always added as
     ``"fsdp"``). ``max_evaluations`` bounds the number of predictions.
 
-    ``score``: ``"xla"`` (default) compiles the step on the best few plans the search
-    found (:data:`XLA_FINALISTS`, by predicted objective, among those that fit) and on
-    the presets, and returns the one XLA compiles to the fewest bytes sent per device
-    (ties: the lower predicted objective) among those sending no more bytes than every
-    fitting preset both predicted and compiled, if any (:func:`_xla_best`); ``"predict"``
-    returns the search's best by prediction alone, compiling nothing.
+    ``score``: the executor that will run the plan, whose compiled figures rank the
+    finalists: the step is compiled on the best few plans the search found
+    (:data:`XLA_FINALISTS`, by predicted objective, among those that fit) and on the presets,
+    and the one compiled to the fewest bytes sent per device is returned (ties: the lower
+    predicted objective; :func:`_compiled_choice`). ``"xla"`` (default): compiled as plain
+    ``jax.jit`` on the plan's shardings (XLA's propagation lays out the intermediates), as
+    ``apply(..., execute="xla")`` and a jitted step run it; ``"pinned"``: the predicted
+    program with every layout pinned, as ``apply(..., execute="pinned")`` runs it (its bytes
+    are the prediction's, as the backend compiles the collectives). :data:`EXECUTIONS`, as
+    :func:`compiled_figures`' ``execute`` names them. ``"predict"`` returns the search's best
+    by prediction alone, compiling nothing.
     """
     start = time.perf_counter()
     mesh = as_device_mesh(mesh, "mesh")
@@ -886,15 +904,18 @@ def auto_plan(
         raise ArgumentTypeError("max_evaluations", max_evaluations, "expected a positive int", "pass e.g. 24")
     if not isinstance(score, str) or score not in SCORES:
         raise ArgumentTypeError("score", score, f"expected one of {', '.join(map(repr, SCORES))}",
-                                'pass score="xla" (compile the finalists) or score="predict"')
+                                'pass the executor that will run the plan: score="xla" (plain jax.jit, the '
+                                'default) or score="pinned" (apply(..., execute="pinned")), or score="predict" '
+                                '(compile nothing)')
     if presets is not None and (not isinstance(presets, Mapping) or not all(isinstance(k, str) for k in presets)):
         raise ArgumentTypeError("presets", presets, "expected a mapping name (a string) -> plan",
                                 'pass e.g. {"megatron": {"wte": rowwise("tp")}}')
     problem = _Problem(step_fn, params, args, mesh, fixed)
-    if score == "xla":
-        _check_even_fixed(problem)
-    evaluator = _Evaluator(problem, cost_model, flops_per_byte)
-    if score == "xla":  # two compiles at a time, or one beside the search's predictions
+    if score in EXECUTIONS:
+        _check_even_fixed(problem, score)
+    # score="predict" compiles nothing (no pool, no finalists): its evaluator's executor is never used
+    evaluator = _Evaluator(problem, cost_model, flops_per_byte, score if score in EXECUTIONS else "xla")
+    if score in EXECUTIONS:  # two compiles at a time, or one beside the search's predictions
         evaluator.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="auto_plan-compile")
     try:
         return _search(evaluator, start, memory_budget, presets, max_evaluations, score)
@@ -935,7 +956,7 @@ def _search(evaluator: _Evaluator, start: float, memory_budget: int | float | No
     figures: dict[str, PlanFigures] = {}
     for name in sorted(shown_seeds):
         figures[name] = evaluator(seeds[name])
-        if fits(figures[name]):  # compiled whatever the search finds (score="xla"): start now
+        if fits(figures[name]):  # compiled whatever the search finds (score an executor): start now
             evaluator.start_compile(seeds[name])
     # budget-aware: a seed whose parameters, state and arguments alone exceed the budget
     # cannot fit and is predicted only when shown (or when nothing fits, for the error)
@@ -990,8 +1011,8 @@ def _search(evaluator: _Evaluator, start: float, memory_budget: int | float | No
             if fits(result) and result.objective < best.objective:
                 current, best, improved = trial, result, True
     compiled: dict[str, CompiledFigures] = {}
-    if score == "xla":
-        current, best, compiled = _xla_choice(evaluator, seeds, figures, presets or {}, memory_budget)
+    if score in EXECUTIONS:
+        current, best, compiled = _compiled_choice(evaluator, seeds, figures, presets or {}, memory_budget)
     layouts = problem.layouts_of(current)
     rules = {re.escape(problem.paths[i]): layouts[i] for i in range(problem.n_params)}
     arg_layouts = {problem.paths[i]: layouts[i] for i, kind in enumerate(problem.kinds) if kind == "arg"}
@@ -1006,57 +1027,45 @@ def _search(evaluator: _Evaluator, start: float, memory_budget: int | float | No
     )
 
 
-def _xla_choice(evaluator: _Evaluator, seeds: Mapping[str, dict[int, Layout]], figures: Mapping[str, PlanFigures],
-                presets: Mapping[str, Any], memory_budget: int | float | None,
-                ) -> tuple[dict[int, Layout], PlanFigures, dict[str, CompiledFigures]]:
-    """The plan XLA compiles to the fewest bytes among the search's best
-    :data:`XLA_FINALISTS` by predicted objective that fit (less those another finalist beats
-    on predicted bytes and memory both) and the shown seeds (FSDP, the presets) that fit
-    (``score="xla"``), preferring those that send no more bytes than every fitting shown seed
-    both predicted and compiled (when one does: docs/autoplan.md), and the compiled figures
-    of the chosen plan ("auto")
-    and of every shown seed that fits. A compiled plan fits when the larger of its estimate
-    and XLA's memory_analysis() is within the budget (:func:`_checked_memory`); when XLA
-    needs more than the budget for every finalist, the next plans by objective are compiled,
-    two at a time, up to :data:`XLA_FINALISTS` more, before giving up with a PlanError."""
+def _compiled_choice(evaluator: _Evaluator, seeds: Mapping[str, dict[int, Layout]],
+                     figures: Mapping[str, PlanFigures], presets: Mapping[str, Any], memory_budget: int | float | None,
+                     ) -> tuple[dict[int, Layout], PlanFigures, dict[str, CompiledFigures]]:
+    """The plan the executor that will run it (``evaluator.execute``: auto_plan's ``score``,
+    one of :data:`EXECUTIONS`) compiles to the fewest bytes (ties: the lower predicted
+    objective), among the search's best :data:`XLA_FINALISTS` plans by predicted objective
+    that fit, besides the shown seeds (FSDP, the presets), and the shown seeds that fit; with
+    the compiled figures of the chosen plan ("auto") and of every shown seed that fits.
+
+    Every finalist is compiled, and ranked by its compiled figures alone: the prediction is the
+    pinned program's figures, not those of XLA's propagation, so under ``score="xla"`` no plan is
+    preferred, or left uncompiled, by its prediction (with the whole-program replicas' restart,
+    s30-restart, Megatron's MLP layouts are predicted at 7,174 B, what their pinned program
+    compiles to, where plain jax.jit compiles them to 35,856 B: a rule preferring plans predicted
+    no dearer than every preset returned them over the searched plan jax.jit compiles to 11,282 B).
+
+    A compiled plan fits when the larger of its estimate and XLA's memory_analysis() is within
+    the budget (:func:`_checked_memory`); when XLA needs more than the budget for every
+    finalist, the next plans by objective are compiled, two at a time, up to
+    :data:`XLA_FINALISTS` more, before giving up with a PlanError."""
 
     def fits(memory: int) -> bool:
         return memory_budget is None or memory <= memory_budget
 
     memo, plans = evaluator.memo, evaluator.plans
-    ranked = sorted((k for k, f in memo.items() if fits(f.memory)),
-                    key=lambda k: memo[k].objective)  # stable: evaluation order on ties
     shown = ["fsdp", *presets]
-    seeded = [evaluator.key(seeds[name]) for name in shown if fits(figures[name].memory)]
-    best = ranked[:XLA_FINALISTS]
-    # a plan another finalist beats on predicted bytes and memory both (strictly) is not compiled
-    finalists = [k for k in best if k in seeded or not any(_dominates(memo[j], memo[k]) for j in (*best, *seeded)
-                                                           if j != k)]
-    finalists += [k for k in dict.fromkeys(seeded) if k not in finalists]
+    seeded = list(dict.fromkeys(evaluator.key(seeds[name]) for name in shown if fits(figures[name].memory)))
+    ranked = [k for k in sorted((k for k, f in memo.items() if fits(f.memory)), key=lambda k: memo[k].objective)
+              if k not in seeded]  # stable: evaluation order on ties
+    finalists = [*ranked[:XLA_FINALISTS], *seeded]
+    rest = ranked[XLA_FINALISTS:2 * XLA_FINALISTS]
+    for k in finalists:
+        evaluator.start_compile(plans[k])
 
     def compiled_fit(keys: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         return [k for k in keys if evaluator.compile(plans[k]) is not None
                 and fits(_checked_memory(memo[k], evaluator.compile(plans[k])))]
 
-    def both(k: tuple[Any, ...]) -> tuple[PlanFigures, CompiledFigures | None]:
-        return memo[k], evaluator.compile(plans[k])
-
-    # compared with the shown seeds (FSDP, the presets) that fit, on both measures (their
-    # compiles started with the search)
-    references = [k for k in dict.fromkeys(seeded) if fits(_checked_memory(*both(k)))]
-    # a finalist predicted above a fitting preset is never preferred (_xla_best): it is compiled
-    # only when no plan is, for XLA's best of all (GPT-2 on 2x4 and 4x2 at Megatron's budget, on 77ca677's search: two compiles saved)
-    bound = min((memo[k].nbytes for k in references), default=math.inf)
-    deferred = [k for k in finalists if k not in seeded and memo[k].nbytes > bound]
-    for k in finalists:
-        if k not in deferred:
-            evaluator.start_compile(plans[k])
-    scored = compiled_fit([k for k in finalists if k not in deferred])
-    if deferred and not _preferred(scored, both, references):
-        for k in deferred:
-            evaluator.start_compile(plans[k])
-        scored = compiled_fit(finalists)
-    rest = [k for k in ranked if k not in finalists][:XLA_FINALISTS]
+    scored = compiled_fit(finalists)
     while not scored and any(evaluator.compile(plans[k]) is not None for k in finalists) and rest:
         batch, rest = rest[:2], rest[2:]
         for k in batch:
@@ -1076,54 +1085,22 @@ def _xla_choice(evaluator: _Evaluator, seeds: Mapping[str, dict[int, Layout]], f
                 f"(estimate {memo[smallest].memory})",
                 f"raise memory_budget to at least {compiled_memory}, use a larger mesh, or a smaller batch",
             )
-        scored = unscored[:1]
-    chosen = _xla_best(scored, both, references)
+        scored = sorted(unscored, key=lambda k: memo[k].objective)[:1]
+    chosen = min(scored, key=lambda k: (_nbytes(evaluator.compile(plans[k])), memo[k].objective))
     everything = {"auto": evaluator.compile(plans[chosen]),
                   **{name: evaluator.compile(seeds[name]) for name in shown if fits(figures[name].memory)}}
     compiled = {name: c for name, c in everything.items() if c is not None}
     return dict(plans[chosen]), memo[chosen], compiled
 
 
-_Figures = Callable[[_K], tuple[PlanFigures, CompiledFigures | None]]  # a plan's predicted and compiled figures
-
-
-def _preferred(keys: Sequence[_K], figures: _Figures[_K], references: Sequence[_K]) -> list[_K]:
-    """The plans of ``keys`` sending no more bytes than every plan of ``references`` (the
-    fitting presets) both predicted and as XLA compiles them (a reference XLA cannot
-    compile, uneven, compared by its prediction)."""
-
-    def no_worse(a: _K, b: _K) -> bool:
-        (predicted_a, compiled_a), (predicted_b, compiled_b) = figures(a), figures(b)
-        return predicted_a.nbytes <= predicted_b.nbytes and (
-            compiled_b is None or _nbytes(compiled_a) <= compiled_b.nbytes)
-
-    return [k for k in keys if all(no_worse(k, r) for r in references)]
-
-
-def _xla_best(keys: Sequence[_K], figures: _Figures[_K], references: Sequence[_K]) -> _K:
-    """The plan of ``keys`` XLA compiles to the fewest bytes (ties: the lower predicted
-    objective) among the :func:`_preferred` ones when there are any, else among all
-    ``keys``. (XLA's best alone can predict more than a preset: GPT-2 on 4x2 at Megatron's
-    budget on 77ca677's search, where predict priced Megatron's step as a program XLA does
-    not compile: docs/autoplan.md.)"""
-    return min(_preferred(keys, figures, references) or keys,
-               key=lambda k: (_nbytes(figures(k)[1]), figures(k)[0].objective))
-
-
-def _dominates(a: PlanFigures, b: PlanFigures) -> bool:
-    """``a`` predicts fewer bytes and less memory than ``b``. Strictly both: plans predicted
-    to send the same bytes are told apart by XLA (on GPT-2 over (8,) two with equal predicted
-    bytes and memory 0.1% apart compile to 134,036 and 133,917 bytes, the larger memory winning)."""
-    return a.nbytes < b.nbytes and a.memory < b.memory
-
-
 def _nbytes(compiled: CompiledFigures | None) -> float:
     return math.inf if compiled is None else compiled.nbytes
 
 
-def _check_even_fixed(problem: _Problem) -> None:
-    """score="xla" refuses a pinned leaf split unevenly (a batch of 4 over 8 devices):
-    every plan would hold it, and XLA compiles only even shards, so no plan could be scored.
+def _check_even_fixed(problem: _Problem, score: str) -> None:
+    """A score compiling the plans ("xla", "pinned") refuses a pinned leaf split unevenly (a
+    batch of 4 over 8 devices): every plan would hold it, and XLA compiles only even shards,
+    so no plan could be scored.
     (The search itself only proposes even splits; an uneven preset is shown, not compiled.)"""
     for i, layout in sorted(problem.fixed.items()):
         shape = tuple(np.shape(problem.leaves[i]))
@@ -1131,7 +1108,7 @@ def _check_even_fixed(problem: _Problem) -> None:
             raise ShapeError(
                 f"fixed[{problem.paths[i]!r}]", str(layout),
                 f"splits the leaf of shape {shape} unevenly over the mesh {tuple(problem.mesh.shape)}: XLA compiles "
-                "only even shards, so score='xla' could compile no plan",
+                f"only even shards, so score={score!r} could compile no plan",
                 "make the split dim divisible by the mesh dims splitting it (e.g. a batch of 8 over 8 devices), or "
                 "pass score='predict' (predicted figures only: DTensors pad uneven shards)",
             )

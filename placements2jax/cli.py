@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .autoplan import SCORES
 from .dtensor import distribute_tensor, redistribute_collectives
 from .errors import MeshError, PlacementError, Placements2JaxError, PlanError, RedistributeError, ShapeError
 from .hlo import Collective
@@ -258,8 +259,9 @@ def _add_plan(commands: Any) -> None:
     )
     parser.add_argument("--max-evaluations", type=_positive_int, default=24, help="predictions at most (24)")
     parser.add_argument(
-        "--score", choices=("xla", "predict"), default="xla",
-        help="xla: compile the best plans and the presets, keep the fewest compiled bytes (default); "
+        "--score", choices=SCORES, default="xla",
+        help="the executor that will run the plan: xla (plain jax.jit, default) or pinned (apply(..., "
+             "execute='pinned')): compile the best plans and the presets for it, keep the fewest compiled bytes; "
              "predict: prediction only",
     )
     parser.add_argument("--json", action="store_true", help="machine-readable output")

@@ -109,9 +109,27 @@ def test_no_worse_than_megatron_at_its_budget(plan: AutoPlan, megatron: Any) -> 
     assert plan.presets["fsdp"].memory > megatron.memory and set(plan.compiled) == {"auto", "megatron"}
     assert "not compiled" in next(line for line in plan.comparison().splitlines() if line.lstrip().startswith("fsdp"))
     assert plan.compiled["auto"].nbytes <= plan.compiled["megatron"].nbytes
-    assert plan.figures.nbytes <= megatron.nbytes  # and predicted (the issue's first form)
     assert plan.compiled["auto"].memory <= plan.figures.memory  # the estimate bounds XLA's memory
     assert "XLA bytes/step" in plan.comparison()
+
+
+def test_pinned_score_ranks_by_the_pinned_program(mesh: Any, problem: tuple[Any, ...], megatron: Any) -> None:
+    """score="pinned": the plan will run as apply(..., execute="pinned"), so the finalists are
+    compiled as the predicted program pinned and ranked by those figures: no more bytes than
+    Megatron's pinned program, and predicted no more than Megatron (the issue's first form:
+    the prediction states the pinned program's bytes; under score="xla" a plan is ranked by
+    what jax.jit compiles, which the prediction does not state). plan.compiled holds the
+    pinned compiles, as compiled_figures(execute="pinned") makes them."""
+    pinned = auto_plan(steps.mlp_step, *problem, mesh=mesh, fixed=FIXED, presets={"megatron": MEGATRON},
+                       memory_budget=megatron.memory, score="pinned")
+    assert pinned.score == "pinned" and set(pinned.compiled) == {"auto", "megatron"}
+    assert pinned.compiled["auto"].nbytes <= pinned.compiled["megatron"].nbytes
+    assert pinned.figures.nbytes <= megatron.nbytes and pinned.memory <= megatron.memory
+    assert pinned.compiled["auto"] == compiled_figures(steps.mlp_step, *problem, mesh=mesh, plan=pinned,
+                                                       execute="pinned")
+    assert pinned.compiled["megatron"] == compiled_figures(steps.mlp_step, *problem, mesh=mesh, plan=MEGATRON,
+                                                           fixed=FIXED, execute="pinned")
+    assert "pinned bytes/step" in pinned.comparison() and "scored by pinned" in str(pinned)
 
 
 def test_predicted_no_worse_than_megatron_at_its_budget(mesh: Any, problem: tuple[Any, ...], megatron: Any) -> None:
@@ -406,94 +424,79 @@ def test_compiled_figures_reuses_auto_plans_compile(mesh: Any, problem: tuple[An
         plan.compiled["megatron"]
 
 
-def test_finalists_pruned_only_when_strictly_dominated() -> None:
-    """A searched finalist is not compiled when another predicts fewer bytes and less memory;
-    equal predicted bytes are left for XLA to tell apart."""
-    from placements2jax.autoplan import PlanFigures, _dominates
+class _Evaluator:
+    """_Evaluator's figures, plans and compiles as _compiled_choice reads them: plan "x" is
+    ``{0: "x"}``, predicted ``nbytes`` at objective ``objective`` and compiled to ``compiled``
+    bytes (None: uneven), every memory 1; the plans compiled are recorded."""
 
-    def figures(nbytes: float, memory: int) -> PlanFigures:
-        return PlanFigures(nbytes, nbytes, 1, 0.0, memory, 0, 0, 0, nbytes)
+    def __init__(self, plans: dict[str, tuple[float, float, float | None]]) -> None:
+        from placements2jax.autoplan import PlanFigures
 
-    assert _dominates(figures(1, 1), figures(2, 2))
-    assert not _dominates(figures(1, 2), figures(1, 3)) and not _dominates(figures(1, 3), figures(2, 2))
-    assert not _dominates(figures(1, 1), figures(1, 1))
+        self.memo = {(k,): PlanFigures(n, n, 1, 0.0, 1, 0, 0, 0, objective) for k, (n, objective, _) in plans.items()}
+        self.plans = {(k,): {0: k} for k in plans}
+        self.xla = {k: c for k, (_, _, c) in plans.items()}
+        self.compiles: set[str] = set()
 
+    def key(self, free: dict[int, str]) -> tuple[str]:
+        return (free[0],)
 
+    def start_compile(self, free: dict[int, str]) -> None:
+        pass
 
-def test_xla_choice_no_worse_than_the_presets_on_both_measures() -> None:
-    """score="xla" returns XLA's best of the compiled plans that send no more bytes than
-    every fitting preset both predicted and compiled, when one does (GPT-2 on 4x2 at
-    Megatron's budget: XLA's best, "searched" here, predicted more than Megatron); else XLA's
-    best; a preset XLA cannot compile (uneven) is compared by its prediction."""
-    from placements2jax.autoplan import CompiledFigures, PlanFigures, _xla_best
+    def compile(self, free: dict[int, str]) -> Any:
+        from placements2jax.autoplan import CompiledFigures
 
-    def figures(predicted: float, compiled: float | None, objective: float = 0.0) -> Any:
-        return (PlanFigures(predicted, predicted, 1, 0.0, 1, 0, 0, 0, objective),
-                None if compiled is None else CompiledFigures(compiled, 1, 1))
-
-    plans = {"megatron": figures(42_122, 62_786), "fsdp": figures(57_770, 104_454),
-             "searched": figures(47_690, 59_339), "other": figures(42_000, 60_000), "third": figures(41_000, 61_000)}
-    assert _xla_best(list(plans), plans.__getitem__, ["megatron", "fsdp"]) == "other"
-    assert _xla_best(list(plans), plans.__getitem__, []) == "searched"  # no preset fits: XLA's best
-    plans["other"] = figures(42_000, 63_000)  # above Megatron compiled: "third" is left
-    assert _xla_best(list(plans), plans.__getitem__, ["megatron", "fsdp"]) == "third"
-    plans["third"] = figures(41_000, 63_000)  # now only Megatron is no worse than itself and FSDP
-    assert _xla_best(list(plans), plans.__getitem__, ["megatron", "fsdp"]) == "megatron"
-    plans["megatron"] = figures(42_122, 58_000)  # FSDP compiles to fewer bytes than any: XLA's best
-    plans["fsdp"] = figures(57_770, 50_000)
-    assert _xla_best(list(plans), plans.__getitem__, ["megatron", "fsdp"]) == "fsdp"
-    plans["fsdp"] = figures(57_770, None)  # uneven: compared by its prediction only
-    assert _xla_best(list(plans), plans.__getitem__, ["megatron", "fsdp"]) == "megatron"
-    ties = {"a": figures(1, 5, objective=2.0), "b": figures(1, 5, objective=1.0)}
-    assert _xla_best(["a", "b"], ties.__getitem__, ["a"]) == "b"  # ties: the lower predicted objective
+        self.compiles.add(free[0])
+        return None if self.xla[free[0]] is None else CompiledFigures(self.xla[free[0]], 1, 1)
 
 
-def test_finalists_predicted_above_a_preset_compiled_only_when_needed() -> None:
-    """score="xla": a searched finalist predicted to send more than a fitting preset can never
-    be preferred, so it is compiled only when no compiled plan is no worse than every preset
-    on both measures (then XLA's best of all is returned). GPT-2 on 4x2 at Megatron's budget,
-    its figures: Megatron's plan is returned and the two searched finalists are not compiled;
-    with Megatron compiling above FSDP, they are, and XLA's best wins."""
-    from placements2jax.autoplan import CompiledFigures, PlanFigures, _xla_choice
+def _choice(plans: dict[str, tuple[float, float, float | None]], presets: tuple[str, ...] = ("megatron",)) -> Any:
+    """(chosen plan's name, the plans compiled, the compiled figures' bytes) of _compiled_choice
+    over ``plans`` (name -> predicted bytes, objective, compiled bytes), FSDP and ``presets``
+    the shown seeds, all fitting a budget of 10."""
+    from placements2jax.autoplan import PlanFigures, _compiled_choice
 
-    def figures(nbytes: float, objective: float) -> PlanFigures:
-        return PlanFigures(nbytes, nbytes, 1, 0.0, 1, 0, 0, 0, objective)
+    evaluator = _Evaluator(plans)
+    seeds = {name: {0: name} for name in ("fsdp", *presets)}
+    shown = {name: PlanFigures(1, 1, 1, 0.0, 1, 0, 0, 0, 1) for name in seeds}  # only their memory (1) is read
+    chosen, _, compiled = _compiled_choice(evaluator, seeds, shown, dict.fromkeys(presets), memory_budget=10)
+    return chosen[0], evaluator.compiles, {name: c.nbytes for name, c in compiled.items()}
 
-    class Evaluator:  # _Evaluator's figures, plans and compiles, as _xla_choice reads them
-        def __init__(self, compiled: dict[str, float]) -> None:
-            self.memo = {("fsdp",): figures(57_770, 59_934), ("megatron",): figures(42_122, 47_468),
-                         ("a",): figures(47_690, 50_170), ("b",): figures(46_154, 51_098)}
-            self.plans = {k: {0: k[0]} for k in self.memo}
-            self.xla, self.compiles = compiled, []
 
-        def key(self, free: dict[int, str]) -> tuple[str]:
-            return (free[0],)
+def test_compiled_choice_ranks_by_the_executor() -> None:
+    """score="xla" / "pinned": the plan the executor compiles to the fewest bytes, whatever
+    the predictions. With the whole-program replicas' restart (s30-restart) Megatron's MLP
+    layouts predict 7,174 B (their pinned program's bytes) and the best objective, where
+    jax.jit compiles them to 35,856 B: the searched plan jax.jit compiles to 11,282 B wins
+    (a rule preferring plans predicted no dearer than every preset returned Megatron's). GPT-2
+    on 4x2 at Megatron's budget (77ca677's search): XLA's best searched plan (59,339 B) predicted
+    above Megatron (47,690 > 42,122 B) is compiled and wins."""
+    mlp = {"fsdp": (120_576, 121_963, 200_000), "megatron": (7_174, 8_127, 35_856),
+           "searched": (9_226, 9_734, 11_282), "twin": (9_226, 9_734, 11_282), "third": (13_322, 13_946, 61_458)}
+    assert _choice(mlp) == ("searched", set(mlp), {"auto": 11_282, "fsdp": 200_000, "megatron": 35_856})
+    gpt2 = {"fsdp": (57_770, 59_934, 104_454), "megatron": (42_122, 47_468, 62_786),
+            "a": (47_690, 50_170, 59_339), "b": (46_154, 51_098, 60_000)}
+    assert _choice(gpt2)[:2] == ("a", set(gpt2))
+    # ties on compiled bytes: the lower predicted objective
+    assert _choice({**gpt2, "b": (46_154, 49_000, 59_339)})[0] == "b"
 
-        def start_compile(self, free: dict[int, str]) -> None:
-            pass
 
-        def compile(self, free: dict[int, str]) -> CompiledFigures | None:
-            self.compiles.append(free[0])
-            return None if self.xla[free[0]] is None else CompiledFigures(self.xla[free[0]], 1, 1)
+def test_compiled_choice_compiles_the_best_searched_plans_besides_the_presets() -> None:
+    """The presets never take a finalist's place: the best XLA_FINALISTS searched plans by
+    predicted objective are compiled besides every shown seed that fits, so a preset
+    predicted cheapest (wrongly, for the executor) cannot crowd the executor's best out;
+    plans further down are not compiled. A plan XLA cannot compile (uneven) is not chosen
+    while another compiles; when none does, the best by objective stays."""
+    from placements2jax.autoplan import XLA_FINALISTS
 
-    seeds = {"fsdp": {0: "fsdp"}, "megatron": {0: "megatron"}}
-    shown = {name: figures(1, 1) for name in seeds}  # only their memory (1) is read here
-    xla = {"fsdp": 104_454, "megatron": 62_786, "a": 59_339, "b": 60_000}
-    evaluator = Evaluator(xla)
-    chosen, best, compiled = _xla_choice(evaluator, seeds, shown, {"megatron": None}, memory_budget=10)
-    assert chosen == {0: "megatron"} and best.nbytes == 42_122 and compiled["auto"].nbytes == 62_786
-    assert set(evaluator.compiles) == {"fsdp", "megatron"}
-    evaluator = Evaluator({**xla, "megatron": 110_000})  # no preset is no worse than the other on both
-    chosen, best, compiled = _xla_choice(evaluator, seeds, shown, {"megatron": None}, memory_budget=10)
-    assert chosen == {0: "a"} and compiled["auto"].nbytes == 59_339
-    assert set(evaluator.compiles) == {"fsdp", "megatron", "a", "b"}
-    # FSDP uneven (XLA cannot compile it): still a reference, by its prediction; "a" predicts
-    # above it, "b" does not
-    evaluator = Evaluator({**xla, "fsdp": None})
-    evaluator.memo[("megatron",)] = figures(70_000, 47_468)
-    evaluator.memo[("a",)] = figures(60_000, 50_170)
-    chosen, best, compiled = _xla_choice(evaluator, seeds, shown, {"megatron": None}, memory_budget=10)
-    assert chosen == {0: "b"} and "fsdp" not in compiled
+    searched = {f"s{k}": (1_000 + k, 1_000 + k, 50_000 - k) for k in range(XLA_FINALISTS + 2)}
+    plans = {"fsdp": (900, 900, 60_000), "megatron": (800, 800, 70_000), **searched}
+    chosen, compiles, _ = _choice(plans)
+    assert compiles == {"fsdp", "megatron", *[f"s{k}" for k in range(XLA_FINALISTS)]}
+    assert chosen == f"s{XLA_FINALISTS - 1}"  # the third searched plan compiles cheapest
+    uneven = {name: (n, objective, None) for name, (n, objective, _) in plans.items()}
+    assert _choice({**uneven, "s1": plans["s1"]})[0] == "s1"
+    assert _choice(uneven)[0] == "megatron"  # nothing compiles: the best by predicted objective
 
 
 _ADAFACTOR = optax.adafactor(1e-2, min_dim_size_to_factor=32)  # factors the MLP's (64, 256) weights

@@ -1611,6 +1611,13 @@ CASES: list[Case] = [
         lambda e: auto_plan(_tiny_step, {"w": e.x}, e.x, mesh=e.mesh, fixed={"args/0": "S(0),R"}),
     ),
     _c(
+        "auto_plan: score='pinned' with a fixed leaf split unevenly (XLA cannot compile the pinned program either)",
+        "auto_plan",
+        ShapeError,
+        "fixed['args/0']",
+        lambda e: auto_plan(_tiny_step, {"w": e.x}, e.x, mesh=e.mesh, fixed={"args/0": "S(0),R"}, score="pinned"),
+    ),
+    _c(
         "auto_plan: memory budget too small for any plan",
         "auto_plan",
         PlanError,
