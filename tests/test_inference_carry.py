@@ -307,9 +307,9 @@ def test_gradients_accumulated_under_scan_are_carried_replicated_over_dp(
     after the combiner: the head gradient carried split over (tp, dp) and all-gathered, two
     all-to-alls); the restart from its carries with the bodies' equations ranking their
     candidates unsplit over dp first runs them replicated: 8,592 B (0.88x), 13 collectives.
-    Left against XLA's 8: the take_along_axis gather's all-to-all over tp (no masked-lookup
-    candidate with batching dims), split over dp for half its bytes and so a scalar loss
-    all-reduce over dp per microbatch; and the moves back to the layer scans' carries routed
+    Left against XLA's 8 then: the take_along_axis gather's all-to-all over tp (no masked-lookup
+    candidate with batching dims until stop 30: 8,204 B, 11), split over dp for half its bytes
+    and so a scalar loss all-reduce over dp per microbatch; and the moves back to the layer scans' carries routed
     ``R,P -> R,R`` as a slice over dp, the half block all-reduced over tp and an all-gather
     over dp (2,560 B where one all-reduce of the whole block sends 3,072: three all-gathers
     more). The pinned program sends the predicted 8,586 B (as CPU XLA compiles the planned
@@ -420,7 +420,8 @@ def test_gradients_accumulated_over_indexed_microbatches_are_carried_replicated_
     splitting some activations over dp. A last restart from those carries, the bodies'
     equations ranking their candidates unsplit over dp first, runs them replicated:
     8,586 B (0.88x), 12 collectives (left: the take_along_axis all-to-all, the layer
-    scans' carries' routed moves); pinned, the same bytes."""
+    scans' carries' routed moves); pinned, the same bytes. With take_along_axis's masked
+    lookup (stop 30) 8,198 B in 10, pinned alike (the scans' carries' moves left)."""
     mesh = init_device_mesh((2, 4), ("dp", "tp"))
     step = training_step("stacked", mesh, optimizer=optax.lion(1e-4), microbatches=2, accumulate=accumulate)
     nbytes, combined, xla_bytes, xla_count, pinned_bytes, pinned_count = _INDEXED[accumulate]
