@@ -737,9 +737,12 @@ def test_apply_runs_the_llama_loss_like_plain_jax(mesh: Any) -> None:
 # Since take_along_axis has the masked-lookup candidate (stop 30: the log-probabilities looked up where they are
 # split on the vocabulary, not moved to the sequence split by an all-to-all over tp first): every row one operand and
 # one combined collective fewer; GPT-2 loss / value_and_grad / adamw 0.854 / 0.936 / 0.930 -> 0.801 / 0.919 / 0.913,
-# Llama 0.781 / 0.629 / 0.664 -> 0.762 / 0.625 / 0.660. GPT-2's loss is then below 0.85x XLA's bytes with as many
-# all-reduces: XLA's 7 collective-permutes (5,120 B) have no predicted counterpart, and CPU XLA compiles the
-# predicted collectives at the predicted bytes (benchmarks/dump_predictions.py's lowered=11712).
+# Llama 0.781 / 0.629 / 0.664 -> 0.762 / 0.625 / 0.660. GPT-2's loss is then 0.80x XLA's bytes, below its floor,
+# with as many all-reduces (7, XLA's 90 B more: it all-reduces the label's logits, the prediction their sum): what
+# is left is XLA's own choice, 7 collective-permutes of the attention heads (5,120 B) where the prediction moves
+# them by 4 all-to-alls (2,304 B), as XLA does compiling the predicted layouts pinned (apply(execute="pinned"):
+# 11,712 B in 9 collectives, the predicted bytes); set aside, the all-reduces are 0.99x XLA's
+# (common.below_floor_by_own_kinds).
 _REACHED = {
     ("gpt2", "loss"): (0.81, -3),
     ("gpt2", "value_and_grad"): (0.92, -10),
@@ -748,7 +751,7 @@ _REACHED = {
     ("llama", "value_and_grad"): (0.63, -19),
     ("llama", "adamw step"): (0.66, -45),
 }
-_FLOOR = {("gpt2", "loss"): 0.80}
+_FLOOR = {("gpt2", "loss"): 0.85}
 
 
 # (model, function) -> extra predicted collectives allowed over XLA's compiled collectives once the
@@ -770,8 +773,9 @@ _COMBINED_REACHED = {
 def test_training_programs_predict_xlas_bytes(mesh: Any, model: str, mode: str) -> None:
     """check on the loss, value_and_grad and adamw step of GPT-2 and Llama (Megatron plan,
     dp=2 x tp=4): every output's layout agrees with XLA's, the predicted bytes per device
-    are at least 0.9x XLA's (``_FLOOR``; less only where XLA has more collectives, :func:`common.below_floor`) and at
-    most the ratio reached, and the predicted collectives
+    are at least 0.9x XLA's (``_FLOOR``; less only where XLA has more collectives, :func:`common.below_floor`, or
+    by its collective-permutes, :func:`common.below_floor_by_own_kinds`) and at most the ratio reached, and the
+    predicted collectives
     exceed XLA's (counted by operand) by at most the number reached."""
     module, cfg = (gpt2, gpt2.Config()) if model == "gpt2" else (llama, llama.Config())
     fn, args, out_layouts = common.checked_programs(module, cfg, mesh)[mode]
@@ -779,7 +783,10 @@ def test_training_programs_predict_xlas_bytes(mesh: Any, model: str, mode: str) 
     assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
     ratio = float(report.predicted_bytes / report.compiled_bytes)
     bound, extra = _REACHED[model, mode]
-    assert _FLOOR.get((model, mode), 0.9) <= ratio or common.below_floor(report), (ratio, report.collective_checks)
+    floor = _FLOOR.get((model, mode), 0.9)
+    assert floor <= ratio or common.below_floor(report) or common.below_floor_by_own_kinds(report, floor), (
+        ratio, report.collective_checks
+    )
     assert ratio <= bound, ratio
     assert sum(report.predicted_counts.values()) <= sum(report.compiled_operand_counts.values()) + extra
     combined = report.predicted_combined_counts
