@@ -1752,8 +1752,8 @@ class _Search:
         made = self.outs[path][best]
         if not any(op for state in made for op in state[1]):
             return []
-        trial = dict(choice)  # the consumers' other inputs as they arrive with ``path`` re-chosen
-        trial[path] = best
+        # the consumers' other inputs as they arrive with ``path`` re-chosen
+        trial = choice if best == k else {**choice, path: best}
         seeds = {path: best}
         for j, state in enumerate(made):
             if not any(state[1]):
