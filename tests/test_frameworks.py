@@ -102,16 +102,24 @@ def test_megatron_plans_lay_out_the_framework_trees(programs: dict[str, Program]
 # DEFAULT_COLLECTIVE_OVERHEAD), value_and_grad / adamw: nnx 1.01 / 1.07 with 54 / 62 -> 1.014 / 1.019 with 45 / 48 against XLA's 50
 # (combined 31 / 39 -> 20 / 23 against 20); eqx 1.17 / 1.13 with 64 / 60 -> 1.017 / 1.090 with 47 / 48 (combined
 # 35 / 38 -> 20 / 25).
+# Since take_along_axis has the masked lookup (the label's logit looked up on the vocabulary split) and the
+# finishing descents' reduced moves (program.py: optax's logsumexp summed on the vocabulary split, the sums
+# all-reduced for all their consumers, the gradient's chain kept replicated, both all-to-alls of the logits gone):
+# nnx value_and_grad / adamw step 0.995 / 0.995 with -8 / -7 -> 0.965 / 0.965 with -8 / -7 (combined 17 / 18, XLA's
+# 20); eqx value_and_grad 0.945, -13 -> 0.928, -14 (the masked lookup alone); eqx adamw step 1.086, -5 -> 0.976, -8
+# (combined 22 -> 19, XLA's 20).
 _REACHED = {
     "nnx loss": (0.85, -4),  # 0.86, -2 before the finishing descent's shared-input moves
-    "nnx value_and_grad": (1.00, -8),  # 1.03, 9 before the search's reducing descent; 1.02, -5 before shared inputs
-    "nnx adamw step": (1.02, -2),
+    "nnx value_and_grad": (0.97, -8),  # 1.03, 9 before the search's reducing descent; 1.02, -5 before shared inputs
+    "nnx adamw step": (0.97, -7),
     "eqx loss": (0.85, -4),
-    "eqx value_and_grad": (0.97, -13),  # 1.02, -6 before ties were broken by the fewest inputs moved
-    "eqx adamw step": (1.09, -5),  # 1.17, 14 before value moves were tried without cascading (41 -> 38 combined)
+    "eqx value_and_grad": (0.93, -14),  # 1.02, -6 before ties were broken by the fewest inputs moved
+    "eqx adamw step": (0.98, -8),  # 1.17, 14 before value moves were tried without cascading (41 -> 38 combined)
 }
 # the losses predict less than XLA sends (as GPT-2's loss: tests/test_inference_programs.py): below the floor only
-# where XLA legitimately sends more (common.below_floor: 0.84, its collective-permutes and one more all-reduce)
+# where XLA legitimately sends more (common.below_floor: 0.84, its collective-permutes and one more all-reduce;
+# with the masked lookup 0.80, as many all-reduces, XLA's 90 B more, and its collective-permutes where the
+# prediction all-to-alls the attention heads: common.below_floor_by_own_kinds)
 _FLOOR = 0.85
 
 
@@ -133,7 +141,9 @@ def test_predict_check_apply(programs: dict[str, Program], name: str) -> None:
     ratio = float(report.predicted_bytes / report.compiled_bytes)
     extra = sum(report.predicted_counts.values()) - sum(report.compiled_operand_counts.values())
     bound, extra_bound = _REACHED[name]
-    assert _FLOOR <= ratio or common.below_floor(report), (ratio, report.collective_checks)
+    assert _FLOOR <= ratio or common.below_floor(report) or common.below_floor_by_own_kinds(report, _FLOOR), (
+        ratio, report.collective_checks
+    )
     assert ratio <= bound and extra <= extra_bound, (ratio, extra)
     assert predict(fn, *args, out_layouts=out_layouts) is report.prediction  # one Prediction, cached
 

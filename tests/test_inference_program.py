@@ -190,7 +190,9 @@ def test_value_moves_reduce_a_shared_gradient_once(mesh: Any, monkeypatch: pytes
     must come back Replicate. Each consumer alone would rather reduce-scatter it (and the
     outputs are all-gathered at the end); a value move re-chooses all three consumers at
     once to take it Replicate: one all-reduce, nothing else. Without value moves the
-    search stays at a reduce-scatter and six all-gathers."""
+    finishing descents' reduced moves (program.py's ``reduced_moves``: the partial's
+    consumers re-chosen alike, from its producer) find it; without either the search stays
+    at a reduce-scatter and six all-gathers."""
     replicated = Layout.from_device_mesh(mesh)("R,R")
     inputs = (spec(mesh, (8, 16), "S(0),R"), *(spec(mesh, (16, 16), "R,R") for _ in range(3)))
     program = predict(_adam_like_step, *inputs, out_layouts=(replicated,) * 3)
@@ -199,6 +201,10 @@ def test_value_moves_reduce_a_shared_gradient_once(mesh: Any, monkeypatch: pytes
     assert program.nbytes < predict(_adam_like_step, *inputs, out_layouts=(replicated,) * 3, search="eager").nbytes
 
     monkeypatch.setattr(program_module._Search, "value_moves", lambda self, value, choice, gathers=False: [])
+    program_module._select.cache_clear()
+    reduced = predict(lambda *a: _adam_like_step(*a), *inputs, out_layouts=(replicated,) * 3)
+    assert [(s.collective, s.axis) for s in reduced.steps] == [("all-reduce", "dp")]
+    monkeypatch.setattr(program_module._Search, "reduced_moves", lambda self, path, choice: [])
     program_module._select.cache_clear()
     without = predict(lambda *a: _adam_like_step(*a), *inputs, out_layouts=(replicated,) * 3)
     assert without.nbytes > program.nbytes

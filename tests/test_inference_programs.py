@@ -104,10 +104,10 @@ def _with_indices(shapes: Sequence[tuple[int, ...]], index_shape: tuple[int, ...
     return make
 
 
-def _splits_indexed_dim(candidate: Any) -> bool:
-    """The masked-lookup / masked-scatter candidate (table split on the looked-up dim):
+def _splits_indexed_dim(candidate: Any, dim: int = 0) -> bool:
+    """The masked-lookup / masked-scatter candidate (table split on the looked-up ``dim``):
     checked by the take cases of test_inference_values and by apply (test_operators)."""
-    return bool(candidate.in_layouts[0].dim_axes[0])
+    return bool(candidate.in_layouts[0].dim_axes[dim])
 
 
 PRIM_CASES = [
@@ -115,6 +115,7 @@ PRIM_CASES = [
         "gather",  # take_along_axis: batching dims and one more indices batch dim
         lambda x, i: lax.gather(x, i, _BATCHED_GATHER, (1, 1, 1), mode="clip"),
         _with_indices([(4, 6, 5)], (4, 6, 3, 1), 5),
+        skip=partial(_splits_indexed_dim, dim=2),
     ),
     PrimCase(
         "gather",  # table[ids]: window dim whole, indexed dim
@@ -733,13 +734,22 @@ def test_apply_runs_the_llama_loss_like_plain_jax(mesh: Any) -> None:
 # Since the search re-chooses a scan's stacked outputs looking ahead to their consumers (program.py's
 # _greedy_stack): GPT-2 value_and_grad 0.964 -> 0.930 with 42 operands (combined 6 more than XLA's -> 1 fewer);
 # the others unchanged.
+# Since take_along_axis has the masked-lookup candidate (stop 30: the log-probabilities looked up where they are
+# split on the vocabulary, not moved to the sequence split by an all-to-all over tp first): every row one operand and
+# one combined collective fewer; GPT-2 loss / value_and_grad / adamw 0.854 / 0.936 / 0.930 -> 0.801 / 0.919 / 0.913,
+# Llama 0.781 / 0.629 / 0.664 -> 0.762 / 0.625 / 0.660. GPT-2's loss is then 0.80x XLA's bytes, below its floor,
+# with as many all-reduces (7, XLA's 90 B more: it all-reduces the label's logits, the prediction their sum): what
+# is left is XLA's own choice, 7 collective-permutes of the attention heads (5,120 B) where the prediction moves
+# them by 4 all-to-alls (2,304 B), as XLA does compiling the predicted layouts pinned (apply(execute="pinned"):
+# 11,712 B in 9 collectives, the predicted bytes); set aside, the all-reduces are 0.99x XLA's
+# (common.below_floor_by_own_kinds).
 _REACHED = {
-    ("gpt2", "loss"): (0.86, -2),
-    ("gpt2", "value_and_grad"): (0.94, -9),
-    ("gpt2", "adamw step"): (0.93, -15),
-    ("llama", "loss"): (0.79, -6),
-    ("llama", "value_and_grad"): (0.63, -18),
-    ("llama", "adamw step"): (0.68, -43),
+    ("gpt2", "loss"): (0.81, -3),
+    ("gpt2", "value_and_grad"): (0.92, -10),
+    ("gpt2", "adamw step"): (0.92, -17),
+    ("llama", "loss"): (0.77, -7),
+    ("llama", "value_and_grad"): (0.63, -19),
+    ("llama", "adamw step"): (0.66, -45),
 }
 _FLOOR = {("gpt2", "loss"): 0.85}
 
@@ -750,12 +760,12 @@ _FLOOR = {("gpt2", "loss"): 0.85}
 # Llama value_and_grad went 44 -> 49 when the value moves landed: they cut its bytes 1.24x -> 0.99x XLA's and its
 # operands 102 -> 100, but trade all-reduces (which CPU XLA combines) for all-gathers (which it does not).
 _COMBINED_REACHED = {
-    ("gpt2", "loss"): -2,
-    ("gpt2", "value_and_grad"): -1,
-    ("gpt2", "adamw step"): -1,
-    ("llama", "loss"): -6,
-    ("llama", "value_and_grad"): -9,
-    ("llama", "adamw step"): -17,
+    ("gpt2", "loss"): -3,
+    ("gpt2", "value_and_grad"): -2,
+    ("gpt2", "adamw step"): -3,
+    ("llama", "loss"): -7,
+    ("llama", "value_and_grad"): -10,
+    ("llama", "adamw step"): -19,
 }
 
 
@@ -763,8 +773,9 @@ _COMBINED_REACHED = {
 def test_training_programs_predict_xlas_bytes(mesh: Any, model: str, mode: str) -> None:
     """check on the loss, value_and_grad and adamw step of GPT-2 and Llama (Megatron plan,
     dp=2 x tp=4): every output's layout agrees with XLA's, the predicted bytes per device
-    are at least 0.9x XLA's (``_FLOOR``; less only where XLA has more collectives, :func:`common.below_floor`) and at
-    most the ratio reached, and the predicted collectives
+    are at least 0.9x XLA's (``_FLOOR``; less only where XLA has more collectives, :func:`common.below_floor`, or
+    by its collective-permutes, :func:`common.below_floor_by_own_kinds`) and at most the ratio reached, and the
+    predicted collectives
     exceed XLA's (counted by operand) by at most the number reached."""
     module, cfg = (gpt2, gpt2.Config()) if model == "gpt2" else (llama, llama.Config())
     fn, args, out_layouts = common.checked_programs(module, cfg, mesh)[mode]
@@ -772,7 +783,10 @@ def test_training_programs_predict_xlas_bytes(mesh: Any, model: str, mode: str) 
     assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
     ratio = float(report.predicted_bytes / report.compiled_bytes)
     bound, extra = _REACHED[model, mode]
-    assert _FLOOR.get((model, mode), 0.9) <= ratio or common.below_floor(report), (ratio, report.collective_checks)
+    floor = _FLOOR.get((model, mode), 0.9)
+    assert floor <= ratio or common.below_floor(report) or common.below_floor_by_own_kinds(report, floor), (
+        ratio, report.collective_checks
+    )
     assert ratio <= bound, ratio
     assert sum(report.predicted_counts.values()) <= sum(report.compiled_operand_counts.values()) + extra
     combined = report.predicted_combined_counts
@@ -836,9 +850,11 @@ def test_stacked_layers_step_under_a_count_first_model_has_xlas_collectives(mesh
     over dp in the head's gradient's all-reduce (8,192 B) instead of the activation
     gradient and the token ids all-gathered (2,112 B, two collectives more after the
     combiner): 18,768 B in 11 collectives after the combiner -> 24,848 B (1.03x XLA's
-    24,086) in 9, XLA's count, every output XLA's layout; ``apply(execute="pinned")`` under
-    the model (``use_cost_model``) computes the unsharded step's values in 9 collectives
-    (Adam's tolerance: tests/test_real_code.py's)."""
+    24,086) in 9, XLA's count, every output XLA's layout; with the masked lookup of
+    ``take_along_axis`` (stop 30: no all-to-all of the log-probabilities) 24,080 B in 8,
+    one fewer than XLA; ``apply(execute="pinned")`` under the model (``use_cost_model``)
+    computes the unsharded step's values in those 8 collectives (Adam's tolerance:
+    tests/test_real_code.py's)."""
     step = training_step("stacked", mesh)
     model = CostModel(collective_overhead={"all-gather": 8192, "all-to-all": 8192})
     report = check(step.fn, *step.args, out_layouts=step.out_layouts, cost_model=model)
@@ -849,7 +865,7 @@ def test_stacked_layers_step_under_a_count_first_model_has_xlas_collectives(mesh
     assert not gathered, gathered
     with use_cost_model(model):
         pinned = jax.jit(lambda *a: apply(step.fn, *a, out_layouts=step.out_layouts, execute="pinned"))
-        assert len(parse_collectives(pinned.lower(*step.args).compile().as_text())) == 9
+        assert len(parse_collectives(pinned.lower(*step.args).compile().as_text())) == 8
         got = jax.tree.leaves(pinned(*step.args), is_leaf=lambda x: isinstance(x, DTensor))
     want = jax.tree.leaves(jax.jit(step.fn)(*common.plain(step.args)))
     for g, w in zip(got, want, strict=True):

@@ -409,6 +409,29 @@ def test_vmapped_row_lookup_is_a_masked_lookup(mesh: Any) -> None:
     assert rules.gather_lookup_axis(rows, (2, 6), (16, 6)) is None
 
 
+def test_take_along_axis_is_a_masked_lookup(mesh: Any) -> None:
+    """``take_along_axis`` is a gather with batching dims (operand dims 0, 1 paired with
+    the indices'), one row looked up along the last dim: the masked lookup (operand
+    S(2), indices R -> P) besides the batching pairs; predicted without moving the
+    log-probabilities (an all-to-all to the batch split before stop 30's lookup)."""
+    logp, ids = jax.ShapeDtypeStruct((4, 8, 64), F32), jax.ShapeDtypeStruct((4, 8, 1), jnp.int32)
+
+    def pick(x: jax.Array, i: jax.Array) -> jax.Array:
+        return jnp.take_along_axis(x, i, axis=-1)
+
+    gather = _only(jax.make_jaxpr(pick)(logp, ids).jaxpr.eqns[-1].params["jaxpr"].jaxpr, "gather")
+    dn, sizes = gather.params["dimension_numbers"], gather.params["slice_sizes"]
+    assert (dn.operand_batching_dims, dn.start_index_map, sizes) == ((0, 1), (2,), (1, 1, 1))
+    assert rules.gather_lookup_axis(dn, sizes, (4, 8, 64)) == 2
+    listed = {str(s) for s in rules.gather(_avals(gather.invars), _avals(gather.outvars), dimension_numbers=dn,
+                                           slice_sizes=sizes)}
+    assert {"S(2),R -> P", "S(0),S(0) -> S(0)", "S(1),S(1) -> S(1)"} <= listed
+    layout = Layout.from_device_mesh(mesh)
+    looked_up = predict(pick, ((4, 8, 64), F32, layout("S(2)")), ((4, 8, 1), jnp.int32, layout("R")),
+                        out_layouts=layout("P"))
+    assert looked_up.nbytes == 0
+
+
 def test_concatenate_splits_other_dims(mesh: Any) -> None:
     assert placements(infer(mesh, "concatenate", ((8, 4), "S(0)"), ((8, 4), "S(0)"), axis=1)) == ("S(0),S(0)", "S(0)")
     assert placements(infer(mesh, "concatenate", ((8, 4), "P"), ((8, 4), "P"), axis=0)) == ("P,P", "P")

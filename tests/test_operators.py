@@ -542,6 +542,48 @@ def test_apply_vmapped_row_lookup_of_a_split_table(placements: str, execute: str
     np.testing.assert_allclose(np.asarray(added.full_tensor()), np.asarray(scatter(table, ids, w)), rtol=1e-6)
 
 
+def _picked(logp: jax.Array, ids: jax.Array, mode: str | None = None) -> jax.Array:
+    """``take_along_axis`` of the last dim (a gather with batching dims 0, 1)."""
+    return jnp.take_along_axis(logp, ids[..., None], axis=-1, mode=mode)[..., 0]
+
+
+def _picked_loss(logp: jax.Array, ids: jax.Array, w: jax.Array) -> jax.Array:
+    return (jnp.tanh(_picked(jax.nn.log_softmax(logp), ids)) * w).sum()
+
+
+@pytest.mark.parametrize("execute", ["ops", "xla", "pinned"])
+@pytest.mark.parametrize(  # (6, 5, 10) over a=4 x b=2: 6 -> 2,2,2,0; 10 -> 3,3,3,1 and 2,2,2,2,2,0,0,0; 5 -> 3,2
+    "placements,id_placements",
+    [("S(0),S(2)", "S(0),R"), ("S(2),S(0)", "R,S(0)"), ("S(2),S(1)", "R,S(1)"), ("None,None,(a,b)", "R,R")],
+)
+def test_apply_take_along_axis_of_a_split_last_dim(placements: str, id_placements: str, execute: str) -> None:
+    """``take_along_axis`` (batching dims) on log-probabilities split on the looked-up
+    dim (unevenly) and on a batch dim alike with the ids: the masked lookup with each
+    rank's batch rows, ids out of range filled (NaN, once) or clamped as XLA does;
+    its gradient (a scatter-add with batching dims through log_softmax) too: values
+    against plain JAX, the gradient's local tensors too."""
+    rng = np.random.default_rng(3)
+    logp = rng.standard_normal((6, 5, 10)).astype(np.float32)
+    ids = rng.integers(0, 10, (6, 5)).astype(np.int32)
+    w = rng.standard_normal((6, 5)).astype(np.float32)
+    strays = ids.copy()
+    strays[0, :3], strays[5, 2:] = (-1, 12, 9), (0, -11, 10)  # -1: jnp's row 9; 12, -11, 10: out of range
+    t, i = _dt(logp, MESH42, placements), _dt(ids, MESH42, id_placements)
+    s = _dt(strays, MESH42, id_placements)
+    for mode in (None, "clip"):
+        rows = apply(functools.partial(_picked, mode=mode), t, s, execute=execute)
+        np.testing.assert_allclose(np.asarray(rows.full_tensor()), np.asarray(_picked(logp, strays, mode)),
+                                   rtol=1e-6, err_msg=str(mode))
+        if execute == "ops":  # the masked lookup: a partial sum, not moved log-probabilities
+            assert Partial("sum") in rows.placements
+    result = apply(jax.grad(_picked_loss), t, i, _dt(w, MESH42, id_placements), out_layouts=t.layout, execute=execute)
+    expected = distribute_tensor(np.asarray(jax.jit(jax.grad(_picked_loss))(logp, ids, w)), MESH42, t.layout)
+    np.testing.assert_allclose(np.asarray(result.full_tensor()), np.asarray(expected.full_tensor()), rtol=1e-5, atol=1e-6)
+    for rank in MESH42.rank_list:
+        np.testing.assert_allclose(np.asarray(result.to_local(rank)), np.asarray(expected.to_local(rank)), rtol=1e-5,
+                                   atol=1e-6, err_msg=f"rank {rank}")
+
+
 SCATTER_KINDS = ("set", "add", "multiply", "min", "max")
 INDEX_MODES = ("clip", "drop", "promise_in_bounds")
 

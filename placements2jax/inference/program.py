@@ -56,7 +56,13 @@ inputs with an input free where another consumer already needs it so (Llama's we
 gradients read the normed activation as the forward matmuls gathered it and stay partial
 over ``dp``, instead of gathering it over ``dp`` and moving the parameter and both Adam
 moments to the transposed split and back: its adamw step 0.96 -> 0.76x XLA's bytes, 98 ->
-68 collectives; offered in every descent, Equinox's adamw step went 1.09 -> 1.20x).
+68 collectives; offered in every descent, Equinox's adamw step went 1.09 -> 1.20x), and
+*reduced moves* (:meth:`_Search.reduced_moves`): an equation making a partial with all its
+consumers taking it reduced to Replicate, one all-reduce, cascading with ties broken by the
+fewest inputs moved (optax's cross-entropy after the masked lookup of the label: its
+logsumexp summed where the logits are split on the vocabulary and its gradient kept there,
+where the sums went to the sequence split and the gradient's chain with them: Flax NNX's
+value_and_grad 44,720 -> 43,232 B, Equinox's adamw step 48,064 -> 43,712 B).
 Reducing cascades offered in every descent would double the search's time;
 once, they add 0.2-0.3 s CPU to a cold predict of
 the training steps (the second search 0.5-0.6 s: GPT-2's adamw step 1.4 -> 2.2 s,
@@ -687,7 +693,8 @@ Move = tuple[Any, ...]
 _VALUE = "<value>"
 _REDUCING = "<reducing>"
 _PULL = "<pull>"
-_KINDS = (_VALUE, _REDUCING, _PULL)  # the moves whose first item names their kind, not their equation
+_REDUCED = "<reduced>"
+_KINDS = (_VALUE, _REDUCING, _PULL, _REDUCED)  # the moves whose first item names their kind, not their equation
 _PULL_DEPTH = 12  # producers re-chosen upstream at most by one pull move
 # and by one pulling one mesh dim's partial reduced (_one_reduced), which steps past free moves: the float32 Llama
 # scan's norm sums the squares of 12 gradients (a depth of 12 left its dp all-reduce)
@@ -1422,7 +1429,8 @@ class _Search:
         return total
 
     def cascaded(
-        self, seeds: dict[str, int], trial: Choice, follow: bool = True, reducing: bool = False
+        self, seeds: dict[str, int], trial: Choice, follow: bool = True, reducing: bool = False,
+        fewest_moved: bool | None = None,
     ) -> tuple[dict[str, int], dict[str, int], frozenset[str], bool]:
         """Equations ``seeds`` running the given candidates (path -> candidate) and
         (``follow``) every equation downstream whose inputs change re-chosen as eager
@@ -1432,7 +1440,8 @@ class _Search:
         candidates they replaced (``kept``: the caller changes ``trial`` back with them), the
         equations re-chosen or looked at (the result depends on their choices and their
         producers', and on the neighbours of those changed, :attr:`neighbours`), and whether
-        some re-choice met a tie the two tie-breaks (:meth:`tie_moved`) break apart.
+        some re-choice met a tie the two tie-breaks (:meth:`tie_moved`) break apart
+        (``fewest_moved``: that tie-break instead of the descent's).
         :meth:`evaluate` prices the changes before changing it back (:meth:`delta`)."""
         kept = {path: trial[path] for path in seeds}
         trial.update(seeds)
@@ -1444,7 +1453,7 @@ class _Search:
         seen = {*queue, *map(self.position.__getitem__, seeds)}
         # the hot loop of the search: greedy()'s memo read inline, locals for the tables it reads
         steps, memos, pop, push = self.steps, self.greedy_memos(reducing), heapq.heappop, heapq.heappush
-        fewest, tied = self.fewest_moved, False
+        fewest, tied = self.fewest_moved if fewest_moved is None else fewest_moved, False
         while queue:
             run = [pop(queue)]  # the equation first in program order, then its followers' chains
             while run:
@@ -1676,27 +1685,88 @@ class _Search:
             targets = {(tuple(() for _ in state[0]), state[1]): None}
         else:
             return []
-        slots: dict[str, list[int]] = {}
-        for c, i in consumers:
-            slots.setdefault(c, []).append(i)
         moves = []
         for target in targets:
-            seeds = []
-            for c, at in slots.items():
-                arriving = list(self.arriving(c, choice))
-                for i in at:
-                    arriving[i] = target
-                ins = self.ins[c]
-                fits = [
-                    k for k in self.candidates[c].by_in[at[0]].get(target, ()) if all(ins[k][i] == target for i in at)
-                ]
-                if not fits:
-                    break
-                seeds.append((c, self.cheapest(c, fits, arriving)))
-            else:
-                if any(choice[c] != k for c, k in seeds):
-                    moves.append(tuple(seeds))
+            seeds = self.taking(value, target, choice)
+            if seeds is not None and any(choice[c] != k for c, k in seeds):
+                moves.append(seeds)
         return moves
+
+    def taking(self, value: ValueId, target: State, choice: Choice) -> tuple[tuple[str, int], ...] | None:
+        """Every consumer of ``value`` re-chosen to take it in ``target``: (consumer,
+        candidate) per consumer, each the candidate cheapest for its other inputs as they
+        arrive at ``choice`` among those needing the value so; None when some consumer has
+        no such candidate."""
+        slots: dict[str, list[int]] = {}
+        for c, i in self.consumers.get(value, ()):
+            slots.setdefault(c, []).append(i)
+        seeds = []
+        for c, at in slots.items():
+            arriving = list(self.arriving(c, choice))
+            for i in at:
+                arriving[i] = target
+            ins = self.ins[c]
+            fits = [k for k in self.candidates[c].by_in[at[0]].get(target, ()) if all(ins[k][i] == target for i in at)]
+            if not fits:
+                return None
+            seeds.append((c, self.cheapest(c, fits, arriving)))
+        return tuple(seeds)
+
+    def reduced_moves(self, path: str, choice: Choice) -> list[tuple[tuple[str, int], ...]]:
+        """*Reduced moves* (the finishing descents': :meth:`improve`'s ``reducing``): an
+        equation making partials (as chosen, or, where an input is redistributed at a cost,
+        the candidate cheapest for its inputs: a reduction over the dim its input is split
+        on, taking it as it comes) with every consumer of each partial output taking it
+        reduced to Replicate on those mesh dims (one all-reduce), the seeds of one cascade
+        that breaks its ties by the fewest inputs moved in every descent (:meth:`evaluate`).
+        Optax's integer-label cross-entropy with the label's logit looked up where the
+        logits are split on the vocabulary (a masked lookup, free): its logsumexp summed the
+        exponentials moved to the sequence split (an all-to-all, 768 B, which the
+        gradient's ``mul`` took too, and its result moved back by another), or summed them
+        where they are split and reduce-scattered the sums to the sequence split for their
+        consumers (priced on CPU as the all-reduce), the label's partial logit all-gathered
+        to meet them (Equinox's adamw step). Re-chosen so by a value move
+        (:meth:`value_moves`) or by the cheapest-input move, the cascade broke the ties of
+        the gradient's chain by the candidates' order in the pull descents: each free slice
+        of the replicated sums to the sequence split ranks first, the chain stayed there and
+        the all-to-all before the ``mul`` with it (Flax NNX's value_and_grad: 53,178 ->
+        53,226 by the objective, not lower). With the fewest inputs moved the chain keeps
+        the sums replicated and the ``mul`` slices them on the vocabulary split: both
+        all-to-alls gone (51,306; 44,720 -> 43,232 B, docs/inference.md section 6).
+
+        Only where the partial has several consumers (one all-reduce shared) and some of them
+        changes, in the finishing descents, as measured on benchmarks/dump_predictions.py:
+        offered at one consumer too, Llama's 2x4 adamw step went 29 -> 33 collectives after
+        XLA's combiner (133,098 -> 132,154 B; the 4x2 one 247,892 -> 199,764 B, 62 -> 58);
+        where no consumer changes, the Megatron MLP step's all-reduce moved from a ``sub``'s
+        input to its output, the same bytes, 10 -> 11 collectives as walked; offered in every
+        descent with value moves, that too, and Llama's (8,) step with a batch of 8 ended
+        at 312,935 B where 311,591 (GPT-2's 4x2 adamw step 48,516 -> 47,620 B, 30 -> 29;
+        Equinox's adamw step 43,424 B in 17 where 43,712 in 19)."""
+        arriving = self.arriving(path, choice)
+        k = choice[path]
+        if self.ins[path][k] == arriving or not self.input_costs(path, arriving)[k] > _ZERO:
+            best = k
+        else:
+            best = self.cheapest(path, range(len(self.ins[path])), arriving)
+        made = self.outs[path][best]
+        if not any(op for state in made for op in state[1]):
+            return []
+        # the consumers' other inputs as they arrive with ``path`` re-chosen
+        trial = choice if best == k else {**choice, path: best}
+        seeds = {path: best}
+        for j, state in enumerate(made):
+            if not any(state[1]):
+                continue
+            if len(self.consumers.get((path, j), ())) < 2:
+                return []
+            taking = self.taking((path, j), (state[0], (None,) * len(state[1])), trial)
+            if taking is None or any(seeds.get(c, kc) != kc for c, kc in taking):  # a consumer of two partials apart
+                return []
+            seeds.update(taking)
+        if all(choice[c] == kc for c, kc in seeds.items() if c != path):  # its consumers already take it so
+            return []
+        return [tuple(seeds.items())]
 
     def cheapest_around(
         self, path: str, ks: Sequence[int], arriving: Sequence[State], needs: Sequence[tuple[State, ...]]
@@ -1953,15 +2023,19 @@ class _Search:
                     read, now = depends, depends(choice)
                 if now == snapshot:
                     return found
+        fewest: bool | None = None  # the descent's tie-break (tie_moved())
         if move[0] == _VALUE:  # every consumer of a value at once, cascading or the consumers alone
             seeds, follow, reduce = dict(move[3]), move[4], False
         elif move[0] == _REDUCING:
             seeds, follow, reduce = {move[1]: move[2]}, True, True
         elif move[0] == _PULL:
             seeds, follow, reduce = dict(move[3]), True, False
+        elif move[0] == _REDUCED:  # its own tie-break (reduced_moves()): the same in every descent
+            seeds, follow, reduce, fewest = dict(move[2]), True, False, True
         else:
             seeds, follow, reduce = {move[0]: move[1]}, move[2], False
-        changes, kept, looked, tied = self.cascaded(seeds, choice, follow, reduce)
+        changes, kept, looked, tied = self.cascaded(seeds, choice, follow, reduce, fewest)
+        tied = tied and fewest is None  # a forced tie-break holds for both descents
         key = (looked, tuple(changes))  # the changes in order: touched_by()'s order, the sums'
         reading = self.readings.get(key)
         if reading is None:
@@ -1995,8 +2069,8 @@ class _Search:
         (at most ``_MOVES``). Evaluations are lazy: after a move, those depending on an
         equation it changed are stale, and re-evaluated only when their old delta comes
         first (a stale delta is an estimate; only fresh ones are applied). ``values``: value
-        moves too (:meth:`value_moves`); ``reducing``: reducing cascades too
-        (:meth:`reducing_moves`); ``gathers``: value moves gathering split values too
+        moves too (:meth:`value_moves`); ``reducing``: reducing cascades and reduced moves too
+        (:meth:`reducing_moves`, :meth:`reduced_moves`); ``gathers``: value moves gathering split values too
         (:meth:`value_moves`); ``pulls``: pull moves too (:meth:`pull_moves`; ``carry_pulls``: through loops'
         carries too; ``partly``: with one mesh dim's partial reduced too). ``offered``: the equations offered
         moves first
@@ -2022,6 +2096,8 @@ class _Search:
                 return move[2] in self.reducing_moves(move[1], choice)
             if move[0] == _PULL:
                 return move[2:] in self.pull_moves(move[1], choice, carry_pulls, partly)
+            if move[0] == _REDUCED:
+                return move[2] in self.reduced_moves(move[1], choice)
             return move[1:] in self.alternatives(move[0], choice, reducing)
 
         def offer(paths: Any) -> None:
@@ -2035,6 +2111,10 @@ class _Search:
                         evaluate(move)
                 for i, seeds in self.pull_moves(path, choice, carry_pulls, partly) if pulls else ():
                     move = (_PULL, path, i, seeds)
+                    if move not in fresh:
+                        evaluate(move)
+                for seeds in self.reduced_moves(path, choice) if reducing else ():
+                    move = (_REDUCED, path, seeds)
                     if move not in fresh:
                         evaluate(move)
                 for j in range(len(self.out_avals[path]) if values else 0):

@@ -422,11 +422,11 @@ def gather(ins: Avals, outs: Avals, *, dimension_numbers: Any, slice_sizes: Sequ
 
 
 def gather_lookup_axis(dimension_numbers: Any, slice_sizes: Sequence[int], shape: Sequence[int]) -> int | None:
-    """The table axis a gather looks rows up along (:func:`_looked_up_axis`), or None."""
-    dn = dimension_numbers
-    if getattr(dn, "operand_batching_dims", ()):
-        return None
-    return _looked_up_axis(dn.start_index_map, slice_sizes, shape)
+    """The table axis a gather looks rows up along (:func:`_looked_up_axis`), or None.
+    Batching dims (``take_along_axis``: ``operand_batching_dims`` paired with indices
+    dims) are not indexed: each rank's block pairs its batch rows with the indices' alike
+    (the batching signature splits both, or neither), so the masked lookup runs on them."""
+    return _looked_up_axis(dimension_numbers.start_index_map, slice_sizes, shape)
 
 
 def scatter_lookup_axis(dimension_numbers: Any, shape: Sequence[int], updates_shape: Sequence[int]) -> int | None:
