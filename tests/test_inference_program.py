@@ -309,6 +309,19 @@ def test_a_dearer_collective_never_means_more_collectives(mesh: Any, overhead: A
     assert (report.predicted_bytes, len(report.predicted_combined), len(report.compiled_collectives)) == (2442, 3, 3)
 
 
+def test_a_tie_goes_to_fewer_collectives_after_the_combiner(mesh: Any) -> None:
+    """The stacked LM's adamw step (tests/models/stacked.py) at 1,024 B per collective: the
+    search at that figure and the descent from the default's choice tie at 33,360 by the
+    objective, 15 planned collectives each; after XLA's combiner the search's has 11, the
+    descent's 10 (XLA 9). Ranked by the overhead per collective after the combiner
+    (program.py's ``_Search.grouped``), the descent's is kept: 18,000 B in 10 (11 when the
+    first on ties was kept)."""
+    step = training_step("stacked", mesh)
+    report = check(step.fn, *step.args, out_layouts=step.out_layouts, cost_model=CostModel(collective_overhead=1024))
+    assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
+    assert (report.predicted_bytes, len(report.predicted_combined), len(report.compiled_collectives)) == (18000, 10, 9)
+
+
 def test_both_chains_are_finished_and_the_cheaper_kept() -> None:
     """Llama's adamw step on an (8,) mesh: the chain with pull moves, the dearer before its
     finish, finishes cheaper than the other chain does (program.py's ``_choose``). When only
