@@ -18,6 +18,7 @@ from models.steps import training_step
 
 from placements2jax import Layout, init_device_mesh
 from placements2jax.inference import CostModel, check, predict
+from placements2jax.inference.combine import LOOPS
 from placements2jax.inference.cost import resolve_cost_model
 from placements2jax.inference.jaxpr import _Walker
 from placements2jax.inference import program as program_module
@@ -87,7 +88,8 @@ def _graph(fn: Any, *inputs: Any) -> ProgramGraph:
     closed = jax.make_jaxpr(fn)(*(jax.ShapeDtypeStruct(s.shape, s.dtype) for s in specs))
     walker = _Walker(mesh, resolve_cost_model(None), {})
     outputs = walker.walk(closed.jaxpr, [], specs, "", [("in", i) for i in range(len(specs))])
-    return ProgramGraph(mesh, tuple(walker.nodes), tuple(s for _, s in outputs), specs)
+    loops = tuple((row.path, row.primitive) for row in walker.rows if row.primitive in LOOPS)
+    return ProgramGraph(mesh, tuple(walker.nodes), tuple(s for _, s in outputs), specs, loops)
 
 
 def test_fixed_output_layouts_are_planned_for(mesh: Any) -> None:
@@ -307,6 +309,31 @@ def test_a_dearer_collective_never_means_more_collectives(mesh: Any, overhead: A
     report = check(step.fn, *step.args, out_layouts=step.out_layouts, cost_model=model)
     assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
     assert (report.predicted_bytes, len(report.predicted_combined), len(report.compiled_collectives)) == (2442, 3, 3)
+
+
+def test_a_choice_is_grouped_as_its_prediction_is(mesh: Any) -> None:
+    """``_Search.combined`` of the search's choice (the choice's moves, without walking the
+    program) groups its collectives as the prediction's walk does (``Prediction.combined``):
+    a scan's body a computation of its own, its carry moved there."""
+
+    def fn(x: jax.Array, w: jax.Array, v: jax.Array) -> jax.Array:
+        def body(c: jax.Array, _: Any) -> tuple[jax.Array, None]:
+            return jnp.tanh(c @ w) @ v, None
+
+        y, _ = jax.lax.scan(body, x, None, length=2)
+        return jnp.tanh(y @ w)
+
+    inputs = (spec(mesh, (8, 32), "S(0),R"), spec(mesh, (32, 16), "R,S(1)"), spec(mesh, (16, 32), "S(0),R"))
+    graph = _graph(fn, *inputs)
+    assert graph.loops == (("0", "scan"),)
+    search = program_module._Search(graph, resolve_cost_model(None), (None,))
+    chosen = select_program(graph, resolve_cost_model(None), (None,))
+    choice = {node.path: node.candidates.index(chosen[node.path]) if chosen else 0 for node in graph.nodes}
+    planned, groups = search.combined(choice)
+    prediction = predict(fn, *inputs)
+    assert [(g.kind, g.axes) for g in groups] == [(g.kind, g.axes) for g in prediction.combined()]
+    assert {planned[g.members[0]].scope for g in groups} == {"0", ""}
+    assert search.grouped(choice) == (search.total(choice)[0], len(groups))  # none merged
 
 
 def test_a_tie_goes_to_fewer_collectives_after_the_combiner(mesh: Any) -> None:

@@ -1313,7 +1313,8 @@ class _Search:
         if combined is None:  # no combiner rules for the platform: every planned collective its own
             return total
         groups = combined[1]
-        merged = sum((len(group.members) - 1) * self.charged[group.kind] for group in groups)
+        # a group of several is a kind the backend combines (never a halo's collective-permute, not charged)
+        merged = sum((len(group.members) - 1) * self.charged[group.kind] for group in groups if len(group.members) > 1)
         return total[0] - merged, float(len(groups))
 
     def combined(
