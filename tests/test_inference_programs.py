@@ -872,13 +872,16 @@ def test_llama_scan_under_a_count_first_model_has_xlas_collectives(mesh: Any) ->
     XLA's combiner); the descent from the default model's choice reaches 112,912 in 27 (one
     more 192 B all-reduce), which "no more planned collectives" refused: kept by the
     objective alone (program.py's ``_continued``), 91,728 B in 11 after the combiner, XLA's
-    count (107,604 B)."""
+    count (107,604 B); then the logits moved to the sequence split for all four consumers
+    at once (``_Search.value_moves``' ``common``): 112,336, the search's figure before the
+    masked lookup, 91,536 B in 10 after the combiner, one fewer than XLA."""
     step = training_step("llama_scan", mesh, dtype="bfloat16")
     model = CostModel(collective_overhead={"all-gather": 8192, "all-to-all": 8192})
     report = check(step.fn, *step.args, out_layouts=step.out_layouts, cost_model=model)
     assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
-    assert len(report.predicted_combined) <= len(report.compiled_collectives) == 11
-    assert report.predicted_bytes <= 91_728
+    assert len(report.compiled_collectives) == 11
+    assert len(report.predicted_combined) <= 10
+    assert report.predicted_bytes <= 91_536
 
 
 def test_a_size_one_mesh_dim_predicts_what_the_mesh_without_it_does() -> None:

@@ -58,10 +58,11 @@ from ..layout import Layout
 from .cost import ALL_GATHER, ALL_REDUCE, COLLECTIVE_PERMUTE, REDUCE_SCATTER, gather_block_bytes
 from .signature import RedistributePlan, RedistributeStep, SharedRoutes
 
-__all__ = ["BACKENDS", "LOOPS", "CombinedCollective", "CombinerRules", "PlannedCollective", "combine", "combiner_rules",
-           "lowered_step", "planned_collectives"]
+__all__ = ["BACKENDS", "LOOPS", "CombinedCollective", "CombinerRules", "PlannedCollective", "combine",
+           "combiner_rules", "lowered_step", "planned_collectives"]
 
-LOOPS = ("scan", "while", "cond")  # the primitives whose bodies are computations of their own
+# control flow: one row each in a walk (jaxpr's _Walker._<name>), each body a computation of its own here
+LOOPS = ("scan", "while", "cond")
 _NO_LIMIT = 2**63 - 1
 _GPU_THRESHOLD = 30 * 1024 * 1024 + 7  # kDefault{AllReduce,AllGather,ReduceScatter}CombineThreshold
 _COUNT = 256

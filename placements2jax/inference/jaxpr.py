@@ -92,7 +92,6 @@ CONSTRAINT_SHARDING_PARAMS = {"sharding_constraint": "sharding", "reshard": "dst
 _PASS_THROUGH = ("optimization_barrier", "device_put")
 # what predict does at a primitive without a rule
 ON_UNKNOWN = ("raise", "replicate")
-# control flow (combine.LOOPS): one row each, walked by _Walker._<name>
 # the rows of moves across a loop's or cond's bodies' boundaries (their routes go to the executor)
 _BOUNDARY_MOVES = ("scan carry", "while carry", "scan ys", "cond join", "while predicate")
 # rounds of the fixed point over a loop's carry layouts before falling back to the initial ones

@@ -490,9 +490,10 @@ def _continued(
     """Under a model whose overhead per collective is not the default: ``chosen`` (the
     search's choice at that overhead) or a descent at that overhead from the search's choice
     at the default one, whichever is cheaper at the model's overhead charged per collective
-    after XLA's combiner (:meth:`_Search.grouped`), bounded as every result is
-    (:func:`_bounded`; the descent with pull moves and one mesh dim's partial pulled, as a
-    finish ends). The descents'
+    after XLA's combiner (:meth:`_Search.grouped`), then descended with value moves into a
+    layout every consumer of the value can take (:meth:`_Search.value_moves`' ``common``),
+    bounded as every result is (:func:`_bounded`; the descent with pull moves and one mesh
+    dim's partial pulled, as a finish ends). The descents'
     schedule was measured and tuned at 192 B: at 4,096 B per all-gather and all-to-all the
     stacked LM's adamw step searched from the start ended at 40,976 by that objective (in
     12 collectives after XLA's combiner, one more than at the default), the descent from
@@ -506,6 +507,10 @@ def _continued(
     # overhead charged per collective after XLA's combiner (_Search.grouped): at 1,024 B per collective the stacked
     # LM's two tie at 33,360 in 15 planned, the descent's in 10 after the combiner where 11
     kept = min((chosen, found), key=search.grouped)
+    # then value moves into a layout every consumer can take: the float32 Llama scan's loss (its logits' 4
+    # consumers) moved to the sequence split at once, 112,912 -> 112,336 (what the search reached before the
+    # masked lookup of take_along_axis, whose vocabulary-split loss no single-equation move leaves)
+    kept = min((kept, search.improve(kept, values=True, common=True)), key=search.grouped)
     planned = search if search.as_planned else search.repriced(compiled=False)
     return _bounded(search, planned, _eagers(graph, dispatched_choice), kept, kept, kept)
 
@@ -1761,7 +1766,7 @@ class _Search:
         return [choice[path]] + [k for k, follow in self.alternatives(path, choice) if follow]
 
     def value_moves(
-        self, value: ValueId, choice: Choice, gathers: bool = False
+        self, value: ValueId, choice: Choice, gathers: bool = False, common: bool = False
     ) -> list[tuple[tuple[str, int], ...]]:
         """Moves re-choosing every consumer of ``value`` at once, so that all of them take
         it in one layout: one its consumers already need, or its own with its partials
@@ -1783,6 +1788,12 @@ class _Search:
         CPU), and to 130,794 B (+6%) with those layouts cascading only; gathering every
         split value (its result unchanged) +12% (2.42 -> 2.71 s), near the outputs alone
         +0% (2.47 -> 2.47 s; medians of 3 alternated in one process, load 4-5).
+        ``common`` (:func:`_continued`'s last descent): a value without partials moved, for
+        every consumer, into any layout each of them has a candidate taking it in (none of
+        them may need it yet): the float32 Llama scan's logits, read on the vocabulary
+        split by the max, the shifted logits, the masked lookup and the gradient, all moved
+        to the sequence split at once (the whole loss there: -576 by the AG/A2A 8,192
+        objective, where one consumer re-chosen alone costs +8,672 or more).
         Each consumer takes the candidate cheapest for its other inputs that needs the
         value in that layout; a layout some consumer cannot take is skipped. :meth:`improve`
         tries each move cascading and with the consumers alone: a bias gradient summing an
@@ -1799,6 +1810,9 @@ class _Search:
         if any(state[1]):
             targets = dict.fromkeys(((state[0], (None,) * len(state[1])), *self.needs(value, choice)))
             targets.pop(state, None)
+        elif common:  # in the first consumer's candidates' order
+            takes = [self.candidates[c].by_in[i] for c, i in consumers]
+            targets = dict.fromkeys(x for x in takes[0] if x != state and all(x in other for other in takes[1:]))
         elif gathers and len(state) == 2 and any(state[0]) and any(c in self.near_fixed_outputs for c, _ in consumers):
             targets = {(tuple(() for _ in state[0]), state[1]): None}
         else:
@@ -2115,7 +2129,7 @@ class _Search:
     def improve(
         self, choice: Choice, values: bool = False, reducing: bool = False, pulls: bool = False,
         offered: Collection[str] | None = None, gathers: bool = False, carry_pulls: bool = False,
-        partly: bool = False,
+        partly: bool = False, common: bool = False,
     ) -> Choice:
         """Steepest descent over cascading moves (see :meth:`alternatives`): apply the
         move lowering the total most (ties: the earliest equation), until none lowers it
@@ -2124,8 +2138,9 @@ class _Search:
         first (a stale delta is an estimate; only fresh ones are applied). ``values``: value
         moves too (:meth:`value_moves`); ``reducing``: reducing cascades too
         (:meth:`reducing_moves`); ``gathers``: value moves gathering split values too
-        (:meth:`value_moves`); ``pulls``: pull moves too (:meth:`pull_moves`; ``carry_pulls``: through loops'
-        carries too; ``partly``: with one mesh dim's partial reduced too). ``offered``: the equations offered
+        (:meth:`value_moves`); ``common``: value moves of values without partials into a
+        layout all their consumers can take (:meth:`value_moves`); ``pulls``: pull moves too
+        (:meth:`pull_moves`; ``carry_pulls``: through loops' carries too; ``partly``: with one mesh dim's partial reduced too). ``offered``: the equations offered
         moves first
         (None: every one; then those near each applied move)."""
         choice = dict(choice)
@@ -2144,7 +2159,7 @@ class _Search:
 
         def current(move: Move) -> bool:
             if move[0] == _VALUE:
-                return move[3] in self.value_moves((move[1], move[2]), choice, gathers)
+                return move[3] in self.value_moves((move[1], move[2]), choice, gathers, common)
             if move[0] == _REDUCING:
                 return move[2] in self.reducing_moves(move[1], choice)
             if move[0] == _PULL:
@@ -2168,7 +2183,7 @@ class _Search:
                     # a split value gathered (gathers: see value_moves) only cascading: its consumers alone would
                     # give their outputs Replicate where their consumers take them split
                     alone = (False,) if any(self.outs[path][choice[path]][j][1]) else ()
-                    for seeds in self.value_moves((path, j), choice, gathers):
+                    for seeds in self.value_moves((path, j), choice, gathers, common):
                         for follow in (True, *alone):  # cascading, or the consumers alone (see value_moves)
                             move = (_VALUE, path, j, seeds, follow)
                             if move not in fresh:
