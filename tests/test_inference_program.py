@@ -18,6 +18,7 @@ from models.steps import training_step
 
 from placements2jax import Layout, init_device_mesh
 from placements2jax.inference import CostModel, check, predict
+from placements2jax.inference.combine import LOOPS
 from placements2jax.inference.cost import resolve_cost_model
 from placements2jax.inference.jaxpr import _Walker
 from placements2jax.inference import program as program_module
@@ -87,7 +88,8 @@ def _graph(fn: Any, *inputs: Any) -> ProgramGraph:
     closed = jax.make_jaxpr(fn)(*(jax.ShapeDtypeStruct(s.shape, s.dtype) for s in specs))
     walker = _Walker(mesh, resolve_cost_model(None), {})
     outputs = walker.walk(closed.jaxpr, [], specs, "", [("in", i) for i in range(len(specs))])
-    return ProgramGraph(mesh, tuple(walker.nodes), tuple(s for _, s in outputs), specs)
+    loops = tuple((row.path, row.primitive) for row in walker.rows if row.primitive in LOOPS)
+    return ProgramGraph(mesh, tuple(walker.nodes), tuple(s for _, s in outputs), specs, loops)
 
 
 def test_fixed_output_layouts_are_planned_for(mesh: Any) -> None:
@@ -200,7 +202,7 @@ def test_value_moves_reduce_a_shared_gradient_once(mesh: Any, monkeypatch: pytes
     assert program.nbytes == 2 * 16 * 16 * 4 // 2  # 2 T (n - 1) / n, T = 1 KiB, n = 2
     assert program.nbytes < predict(_adam_like_step, *inputs, out_layouts=(replicated,) * 3, search="eager").nbytes
 
-    monkeypatch.setattr(program_module._Search, "value_moves", lambda self, value, choice, gathers=False: [])
+    monkeypatch.setattr(program_module._Search, "value_moves", lambda self, value, choice, gathers=False, common=False: [])
     program_module._select.cache_clear()
     reduced = predict(lambda *a: _adam_like_step(*a), *inputs, out_layouts=(replicated,) * 3)
     assert [(s.collective, s.axis) for s in reduced.steps] == [("all-reduce", "dp")]
@@ -231,7 +233,7 @@ def test_value_moves_gather_a_split_gradient_near_the_outputs_once(mesh: Any, mo
 
     original = program_module._Search.value_moves
     monkeypatch.setattr(program_module._Search, "value_moves",
-                        lambda self, value, choice, gathers=False: original(self, value, choice))
+                        lambda self, value, choice, gathers=False, common=False: original(self, value, choice))
     program_module._select.cache_clear()
     without = predict(lambda *a: _split_update_step(*a), *inputs, out_layouts=(replicated,) * 3)
     assert [(s.collective, s.axis) for s in without.steps if s.communicates] == [("all-gather", "tp")] * 3
@@ -313,6 +315,44 @@ def test_a_dearer_collective_never_means_more_collectives(mesh: Any, overhead: A
     report = check(step.fn, *step.args, out_layouts=step.out_layouts, cost_model=model)
     assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
     assert (report.predicted_bytes, len(report.predicted_combined), len(report.compiled_collectives)) == (2442, 3, 3)
+
+
+def test_a_choice_is_grouped_as_its_prediction_is(mesh: Any) -> None:
+    """``_Search.combined`` of the search's choice (the choice's moves, without walking the
+    program) groups its collectives as the prediction's walk does (``Prediction.combined``):
+    a scan's body a computation of its own, its carry moved there."""
+
+    def fn(x: jax.Array, w: jax.Array, v: jax.Array) -> jax.Array:
+        def body(c: jax.Array, _: Any) -> tuple[jax.Array, None]:
+            return jnp.tanh(c @ w) @ v, None
+
+        y, _ = jax.lax.scan(body, x, None, length=2)
+        return jnp.tanh(y @ w)
+
+    inputs = (spec(mesh, (8, 32), "S(0),R"), spec(mesh, (32, 16), "R,S(1)"), spec(mesh, (16, 32), "S(0),R"))
+    graph = _graph(fn, *inputs)
+    assert graph.loops == (("0", "scan"),)
+    search = program_module._Search(graph, resolve_cost_model(None), (None,))
+    chosen = select_program(graph, resolve_cost_model(None), (None,))
+    choice = {node.path: node.candidates.index(chosen[node.path]) if chosen else 0 for node in graph.nodes}
+    planned, groups = search.combined(choice)
+    prediction = predict(fn, *inputs)
+    assert [(g.kind, g.axes) for g in groups] == [(g.kind, g.axes) for g in prediction.combined()]
+    assert {planned[g.members[0]].scope for g in groups} == {"0", ""}
+    assert search.grouped(choice) == (search.total(choice)[0], len(groups))  # none merged
+
+
+def test_a_tie_goes_to_fewer_collectives_after_the_combiner(mesh: Any) -> None:
+    """The stacked LM's adamw step (tests/models/stacked.py) at 1,024 B per collective: the
+    search at that figure and the descent from the default's choice tie at 33,360 by the
+    objective, 15 planned collectives each; after XLA's combiner the search's has 11, the
+    descent's 10 (XLA 9). Ranked by the overhead per collective after the combiner
+    (program.py's ``_Search.grouped``), the descent's is kept: 18,000 B in 10 (11 when the
+    first on ties was kept)."""
+    step = training_step("stacked", mesh)
+    report = check(step.fn, *step.args, out_layouts=step.out_layouts, cost_model=CostModel(collective_overhead=1024))
+    assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
+    assert (report.predicted_bytes, len(report.predicted_combined), len(report.compiled_collectives)) == (18000, 10, 9)
 
 
 def test_both_chains_are_finished_and_the_cheaper_kept() -> None:

@@ -872,6 +872,25 @@ def test_stacked_layers_step_under_a_count_first_model_has_xlas_collectives(mesh
         np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(w), rtol=2e-5, atol=1e-4)
 
 
+def test_llama_scan_under_a_count_first_model_has_xlas_collectives(mesh: Any) -> None:
+    """The bfloat16 two-layer Llama scan (tests/models/llama_scan.py, einsum attention) under
+    the count-first model above. With the masked lookup of ``take_along_axis`` the search at
+    that model ends at 122,256 by its objective (93,264 B in 26 planned collectives, 13 after
+    XLA's combiner); the descent from the default model's choice reaches 112,912 in 27 (one
+    more 192 B all-reduce), which "no more planned collectives" refused: kept by the
+    objective alone (program.py's ``_continued``), 91,728 B in 11 after the combiner, XLA's
+    count (107,604 B); then the logits moved to the sequence split for all four consumers
+    at once (``_Search.value_moves``' ``common``): 112,336, the search's figure before the
+    masked lookup, 91,536 B in 10 after the combiner, one fewer than XLA."""
+    step = training_step("llama_scan", mesh, dtype="bfloat16")
+    model = CostModel(collective_overhead={"all-gather": 8192, "all-to-all": 8192})
+    report = check(step.fn, *step.args, out_layouts=step.out_layouts, cost_model=model)
+    assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
+    assert len(report.compiled_collectives) == 11
+    assert len(report.predicted_combined) <= 10
+    assert report.predicted_bytes <= 91_536
+
+
 def test_a_size_one_mesh_dim_predicts_what_the_mesh_without_it_does() -> None:
     """Code written for multi-host meshes run with ``dp=1``: on a (1, 8) mesh a program is
     predicted as on (8,) (the same bytes, the same placements on the 8-device dim), in

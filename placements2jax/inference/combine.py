@@ -58,10 +58,11 @@ from ..layout import Layout
 from .cost import ALL_GATHER, ALL_REDUCE, COLLECTIVE_PERMUTE, REDUCE_SCATTER, gather_block_bytes
 from .signature import RedistributePlan, RedistributeStep, SharedRoutes
 
-__all__ = ["BACKENDS", "CombinedCollective", "CombinerRules", "PlannedCollective", "combine", "combiner_rules",
-           "lowered_step", "planned_collectives"]
+__all__ = ["BACKENDS", "LOOPS", "CombinedCollective", "CombinerRules", "PlannedCollective", "combine",
+           "combiner_rules", "lowered_step", "planned_collectives"]
 
-_LOOPS = ("scan", "while", "cond")
+# control flow: one row each in a walk (jaxpr's _Walker._<name>), each body a computation of its own here
+LOOPS = ("scan", "while", "cond")
 _NO_LIMIT = 2**63 - 1
 _GPU_THRESHOLD = 30 * 1024 * 1024 + 7  # kDefault{AllReduce,AllGather,ReduceScatter}CombineThreshold
 _COUNT = 256
@@ -216,7 +217,7 @@ def planned_collectives(
     dataflow; ``extra`` adds (source value, plan) moves at the end of the program, whose
     routes continue the program's (e.g. :func:`~.check.check`'s conversions of outputs to
     XLA's layouts)."""
-    loops = {eqn.path: eqn.primitive for eqn in prediction.equations if eqn.primitive in _LOOPS}
+    loops = {eqn.path: eqn.primitive for eqn in prediction.equations if eqn.primitive in LOOPS}
     upstream: dict[str, int] = {}  # equation path -> collectives its outputs depend on
     # each route's run records the collectives the value depends on there: a later move along that route runs
     # nothing there and depends on what the first did

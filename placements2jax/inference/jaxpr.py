@@ -50,7 +50,7 @@ from ..caches import Memo, cached, collector_paused
 from ..errors import InferenceError, Placements2JaxError, UnsupportedOpError
 from ..layout import Layout
 from ..mesh import DeviceMesh
-from .combine import CombinedCollective, combine, combiner_rules, lowered_step, planned_collectives
+from .combine import LOOPS, CombinedCollective, combine, combiner_rules, lowered_step, planned_collectives
 from .cost import CostModel, CostModelLike, Overhead, resolve_cost_model
 from .frameworks import bind
 from .ops import PrimitiveDef, primitive_definition, registered_function
@@ -92,8 +92,6 @@ CONSTRAINT_SHARDING_PARAMS = {"sharding_constraint": "sharding", "reshard": "dst
 _PASS_THROUGH = ("optimization_barrier", "device_put")
 # what predict does at a primitive without a rule
 ON_UNKNOWN = ("raise", "replicate")
-# control flow: one row each, walked by _Walker._<name>
-LOOPS = ("scan", "while", "cond")
 # the rows of moves across a loop's or cond's bodies' boundaries (their routes go to the executor)
 _BOUNDARY_MOVES = ("scan carry", "while carry", "scan ys", "cond join", "while predicate")
 # rounds of the fixed point over a loop's carry layouts before falling back to the initial ones
@@ -469,7 +467,8 @@ def _predict(
     ) -> tuple[Prediction, ProgramGraph, _Walker]:
         walker = _Walker(mesh, model, choices, on_unknown, gathered=gathered, searched=not gathered, unsplit=unsplit)
         outputs = walker.walk(closed.jaxpr, consts, specs, "", [("in", i) for i in range(len(specs))])
-        graph = ProgramGraph(mesh, tuple(walker.nodes), tuple(s for _, s in outputs), specs)
+        loops = tuple((row.path, row.primitive) for row in walker.rows if row.primitive in LOOPS)
+        graph = ProgramGraph(mesh, tuple(walker.nodes), tuple(s for _, s in outputs), specs, loops)
         finals = [
             (spec, source) if target is None else walker.move("out_layouts", f"out.{i}", spec, source, target)
             for i, ((spec, source), target) in enumerate(zip(outputs, targets))

@@ -145,6 +145,22 @@ the first equation where that differs the two walks part, and bounded by its own
 alone the search kept a layer norm ``P,S(0)`` where eager reduce-scattered it, 4 B more);
 where it would, the planner's search result, else the fewer bytes as walked.
 
+**Collectives after XLA's combiner**: the objective charges every planned collective its
+overhead, but XLA's combiner merges independent all-reduces of one kind in one computation
+(:mod:`.combine`), so two choices equal by the objective can compile to different counts.
+The descents' deltas are sums over values and cannot see a group (a whole program's
+property); where finished results are compared, :meth:`_Search.grouped` charges the
+overhead per collective after the combiner (:meth:`_Search.combined`: the choice's moves
+through :func:`.combine.planned_collectives` and :func:`.combine.combine`, ~10-20 ms on
+the training steps): :func:`_continued` keeps the cheaper of its two results by it (at
+1,024 B per collective the stacked LM's step: both 33,360 in 15 planned, the descent's
+10 after the combiner where the search's 11, XLA's 9), and :func:`_bounded` takes a
+descent's result no dearer by the objective in fewer after the combiner. Tried and not
+kept: from the kept result, the moves at each collective alone in its group (and at its
+value's producer) that leave the objective no dearer, applied while they lower
+:meth:`_Search.grouped`: no final prediction of benchmarks/dump_predictions.py or of
+section 14's programs under the latency-bound model changed, for ~6% of a cold predict.
+
 **Search** (exact minimization is an integer program, as Alpa solves it; benchmarks/exact_milp.py
 states this objective so for HiGHS: too large whole, dearer pruned, and its cheaper optima
 no better predictions, docs/inference.md section 8): steepest
@@ -338,13 +354,15 @@ from ..caches import cached
 from ..layout import Layout
 from ..mesh import DeviceMesh
 from . import blocks
-from .combine import BACKENDS, CombinerRules, combiner_rules
+from .combine import (
+    BACKENDS, CombinedCollective, CombinerRules, PlannedCollective, combine, combiner_rules, planned_collectives,
+)
 from .cost import (
     ALL_REDUCE, COMMUNICATING, DEFAULT_COLLECTIVE_OVERHEAD, REDUCE_SCATTER, CostModel, Overhead, overhead_of,
 )
 from .plan import cached_plan, layout_state, plan_priced
 from .select import pending_reduction
-from .signature import Aval, Candidate, Signature, TensorSpec
+from .signature import Aval, Candidate, RedistributePlan, Signature, TensorSpec
 
 __all__ = ["ProgramGraph", "ProgramNode", "ValueId", "forced_signature", "select_program"]
 
@@ -377,12 +395,15 @@ class ProgramNode:
 @dataclass(frozen=True)
 class ProgramGraph:
     """The dataflow of a walked program: equations in program order, the value each
-    output of the function is (None: a literal or constant), the function's inputs."""
+    output of the function is (None: a literal or constant), the function's inputs, and
+    its loops' (path, primitive) (``scan``, ``while``, ``cond``: the computations XLA's
+    combiner groups within, :func:`.combine.planned_collectives`)."""
 
     mesh: DeviceMesh
     nodes: Sequence[ProgramNode]
     outputs: tuple[ValueId | None, ...]
     inputs: tuple[TensorSpec, ...]
+    loops: tuple[tuple[str, str], ...] = ()
 
 
 def forced_signature(op: str, inputs: tuple[TensorSpec, ...], candidate: Candidate, cost_model: CostModel) -> Signature:
@@ -474,8 +495,11 @@ def _continued(
 ) -> Choice:
     """Under a model whose overhead per collective is not the default: ``chosen`` (the
     search's choice at that overhead) or a descent at that overhead from the search's choice
-    at the default one, whichever is cheaper at the model's (:func:`_bounded`; the descent
-    with pull moves and one mesh dim's partial pulled, as a finish ends). The descents'
+    at the default one, whichever is cheaper at the model's overhead charged per collective
+    after XLA's combiner (:meth:`_Search.grouped`), then descended with value moves into a
+    layout every consumer of the value can take (:meth:`_Search.value_moves`' ``common``),
+    bounded as every result is (:func:`_bounded`; the descent with pull moves and one mesh
+    dim's partial pulled, as a finish ends). The descents'
     schedule was measured and tuned at 192 B: at 4,096 B per all-gather and all-to-all the
     stacked LM's adamw step searched from the start ended at 40,976 by that objective (in
     12 collectives after XLA's combiner, one more than at the default), the descent from
@@ -483,8 +507,18 @@ def _continued(
     search = _Search(graph, cost_model, targets)
     start = _choose(graph, cost_model, targets, seeds, dispatched_choice, DEFAULT_COLLECTIVE_OVERHEAD)
     found = _partly(search, search.improve(start, values=True, reducing=True, pulls=True))
+    # the cheaper by the model's objective, which charges each collective its overhead already: not "in no more
+    # collectives" too (_bounded's rule for a descent from its own start), which kept the bf16 Llama scan's
+    # 122,256 in 26 planned collectives over the descent's 112,912 in 27 (one more all-reduce, 192 B); with the
+    # overhead charged per collective after XLA's combiner (_Search.grouped): at 1,024 B per collective the stacked
+    # LM's two tie at 33,360 in 15 planned, the descent's in 10 after the combiner where 11
+    kept = min((chosen, found), key=search.grouped)
+    # then value moves into a layout every consumer can take: the float32 Llama scan's loss (its logits' 4
+    # consumers) moved to the sequence split at once, 112,912 -> 112,336 (what the search reached before the
+    # masked lookup of take_along_axis, whose vocabulary-split loss no single-equation move leaves)
+    kept = min((kept, search.improve(kept, values=True, common=True)), key=search.grouped)
     planned = search if search.as_planned else search.repriced(compiled=False)
-    return _bounded(search, planned, _eagers(graph, dispatched_choice), chosen, chosen, found)
+    return _bounded(search, planned, _eagers(graph, dispatched_choice), kept, kept, kept)
 
 
 def _eagers(graph: ProgramGraph, dispatched_choice: tuple[int, ...] | None) -> tuple[Choice, Choice]:
@@ -626,12 +660,17 @@ def _bounded(
     search: _Search, planned: _Search, eagers: tuple[Choice, Choice], by_planner: Choice, chosen: Choice,
     found: Choice,
 ) -> Choice:
-    """``found``, descended from ``chosen``, where it costs less in no more collectives,
-    else ``chosen``; that, the planner's result or eager's (:func:`_finish`' ``eagers``),
-    the first sending no more bytes than eager dispatch by the planner's prices."""
+    """``found``, descended from ``chosen``, where it costs less in no more planned
+    collectives, or no more in fewer collectives after XLA's combiner
+    (:meth:`_Search.grouped`), else ``chosen``; that, the planner's result or eager's (:func:`_finish`'
+    ``eagers``), the first sending no more bytes than eager dispatch by the planner's prices."""
     best = search.total(chosen)
     cost = search.total(found)
-    if cost < best and cost[1] <= best[1]:
+    # the groups found only where the planned count does not decide (rare: each walks the whole choice)
+    if found != chosen and (
+        cost < best and cost[1] <= best[1]
+        or cost[0] <= best[0] and search.grouped(found)[1] < search.grouped(chosen)[1]
+    ):
         chosen = found
     # never more bytes than eager dispatch, priced by the planner (as the prediction is; eager's own routes, without
     # the overhead): the overhead per collective trades bytes for fewer collectives, never beyond eager's bytes.
@@ -683,6 +722,32 @@ def _descend(
         if cost < best and cost[1] <= best[1]:
             chosen, best = found, cost
     return chosen
+
+
+@dataclass(frozen=True)
+class _Routed:
+    """One equation of a choice as :func:`.combine.planned_collectives` reads a walked one
+    (:class:`.jaxpr.EquationReport`): its path, primitive (a loop's, else ``""``), its
+    inputs' sources and their moves (None: none)."""
+
+    path: str
+    primitive: str
+    sources: tuple[ValueId | None, ...]
+    redistributions: tuple[RedistributePlan | None, ...]
+
+    @property
+    def signature(self) -> _Routed:
+        """Itself: planned_collectives reads the moves as ``signature.redistributions``."""
+        return self
+
+
+@dataclass(frozen=True)
+class _RoutedProgram:
+    """A choice as :func:`.combine.planned_collectives` reads a prediction: its equations,
+    chosen for the whole program (a value's moves sharing their routes' first steps)."""
+
+    equations: tuple[_Routed, ...]
+    search: str = "program"
 
 
 Choice = dict[str, int]  # equation path -> index of its candidate
@@ -1161,6 +1226,7 @@ class _Search:
             (decide, {}) for decide in self.deciders
         ]
         self.totals: dict[Any, Cost] = {}  # total() per choice
+        self.groupings: dict[Any, Any] = {}  # combined() per choice
         # greedy() per node and the choices it reads (greedy_reads: how its inputs not fixed arrive, and a
         # stacking node's consumers' needs): found before the arriving states are built (a memo by arriving
         # states too found 2% more on GPT-2's adamw step, for the cost of building and hashing them at every
@@ -1247,6 +1313,72 @@ class _Search:
         if self._plain is None:
             self._plain = self.repriced(compiled=False, overhead=0)
         return self._plain.total(choice)[0]
+
+    def grouped(self, choice: Choice) -> Cost:
+        """The objective with each collective XLA's combiner merges into another charged
+        no overhead (a group of n pays its kind's once, not n times), and the collectives
+        after the combiner: the latency the compiled program pays, where :meth:`total`
+        charges every planned collective (the descents need a sum over values; this walks
+        the whole choice, :meth:`combined`, so it ranks a few finished results only)."""
+        total = self.total(choice)
+        combined = self.combined(choice)
+        if combined is None:  # no combiner rules for the platform: every planned collective its own
+            return total
+        groups = combined[1]
+        # a group of several is a kind the backend combines (never a halo's collective-permute, not charged)
+        merged = sum((len(group.members) - 1) * self.charged[group.kind] for group in groups if len(group.members) > 1)
+        return total[0] - merged, float(len(groups))
+
+    def combined(
+        self, choice: Choice
+    ) -> tuple[tuple[PlannedCollective, ...], tuple[CombinedCollective, ...]] | None:
+        """``choice``'s planned collectives (:func:`.combine.planned_collectives`: the moves
+        routed as this search routes them, and at the end the outputs' moves to their fixed
+        layouts and a free output's partials reduced, as :func:`.check.check` converts it
+        to XLA's layout and :meth:`charge` charges it) and how XLA's combiner groups them
+        (:func:`.combine.combine`); None on a platform without rules."""
+        key = self.everything(choice)
+        if key not in self.groupings:
+            self.groupings[key] = self._combined(choice)
+        return self.groupings[key]
+
+    def _combined(
+        self, choice: Choice
+    ) -> tuple[tuple[PlannedCollective, ...], tuple[CombinedCollective, ...]] | None:
+        rules = _backend_rules(self.graph.mesh)
+        if rules is None:
+            return None
+        layouts, loops = self.layouts, dict(self.graph.loops)
+
+        def plan(shape: tuple[int, ...], dtype: Any, src: State, dst: State) -> RedistributePlan | None:
+            return None if src == dst else cached_plan(
+                shape, dtype, layouts[src], layouts[dst], self.cost_model, self.overhead
+            )
+
+        equations = []
+        for node in self.graph.nodes:
+            needs = self.ins[node.path][choice[node.path]]
+            plans = [
+                plan(spec.shape, spec.dtype, arriving, need)
+                for spec, arriving, need in zip(node.inputs, self.arriving(node.path, choice), needs)
+            ]
+            # a body's result moved to the carry (a branch's to the cond's join) runs in that body, as the walk's
+            # carry and join rows do
+            if node.path in loops:
+                inner = node.path + "."
+                for i, src in enumerate(node.sources):
+                    if src is not None and src[0].startswith(inner):
+                        equations.append(_Routed(f"{src[0]}.out{i}", "", (src,), (plans[i],)))
+                        plans[i] = None
+            equations.append(_Routed(node.path, loops.get(node.path, ""), node.sources, tuple(plans)))
+        ends = []
+        for value, targets in self.owed.items():
+            (shape, dtype), state = self.out_avals[value[0]][value[1]], self.outs[value[0]][choice[value[0]]][value[1]]
+            for target in targets:  # a free output's partials reduced (check converts it so to XLA's layout)
+                target = self.states[layouts[state].without_partial()] if target is None else target
+                ends += [(value, plan(shape, dtype, state, target))] if target != state else []
+        planned = planned_collectives(_RoutedProgram(tuple(equations)), rules, ends)
+        return planned, combine(planned, rules)
 
     def charge(self, value: ValueId, aval: AvalKey, state: State) -> Cost:
         """What an output of the function still owes in layout ``state``."""
@@ -1643,7 +1775,7 @@ class _Search:
         return [choice[path]] + [k for k, follow in self.alternatives(path, choice) if follow]
 
     def value_moves(
-        self, value: ValueId, choice: Choice, gathers: bool = False
+        self, value: ValueId, choice: Choice, gathers: bool = False, common: bool = False
     ) -> list[tuple[tuple[str, int], ...]]:
         """Moves re-choosing every consumer of ``value`` at once, so that all of them take
         it in one layout: one its consumers already need, or its own with its partials
@@ -1665,6 +1797,12 @@ class _Search:
         CPU), and to 130,794 B (+6%) with those layouts cascading only; gathering every
         split value (its result unchanged) +12% (2.42 -> 2.71 s), near the outputs alone
         +0% (2.47 -> 2.47 s; medians of 3 alternated in one process, load 4-5).
+        ``common`` (:func:`_continued`'s last descent): a value without partials moved, for
+        every consumer, into any layout each of them has a candidate taking it in (none of
+        them may need it yet): the float32 Llama scan's logits, read on the vocabulary
+        split by the max, the shifted logits, the masked lookup and the gradient, all moved
+        to the sequence split at once (the whole loss there: -576 by the AG/A2A 8,192
+        objective, where one consumer re-chosen alone costs +8,672 or more).
         Each consumer takes the candidate cheapest for its other inputs that needs the
         value in that layout; a layout some consumer cannot take is skipped. :meth:`improve`
         tries each move cascading and with the consumers alone: a bias gradient summing an
@@ -1681,6 +1819,9 @@ class _Search:
         if any(state[1]):
             targets = dict.fromkeys(((state[0], (None,) * len(state[1])), *self.needs(value, choice)))
             targets.pop(state, None)
+        elif common:  # in the first consumer's candidates' order
+            takes = [self.candidates[c].by_in[i] for c, i in consumers]
+            targets = dict.fromkeys(x for x in takes[0] if x != state and all(x in other for other in takes[1:]))
         elif gathers and len(state) == 2 and any(state[0]) and any(c in self.near_fixed_outputs for c, _ in consumers):
             targets = {(tuple(() for _ in state[0]), state[1]): None}
         else:
@@ -2062,7 +2203,7 @@ class _Search:
     def improve(
         self, choice: Choice, values: bool = False, reducing: bool = False, pulls: bool = False,
         offered: Collection[str] | None = None, gathers: bool = False, carry_pulls: bool = False,
-        partly: bool = False,
+        partly: bool = False, common: bool = False,
     ) -> Choice:
         """Steepest descent over cascading moves (see :meth:`alternatives`): apply the
         move lowering the total most (ties: the earliest equation), until none lowers it
@@ -2071,8 +2212,10 @@ class _Search:
         first (a stale delta is an estimate; only fresh ones are applied). ``values``: value
         moves too (:meth:`value_moves`); ``reducing``: reducing cascades and reduced moves too
         (:meth:`reducing_moves`, :meth:`reduced_moves`); ``gathers``: value moves gathering split values too
-        (:meth:`value_moves`); ``pulls``: pull moves too (:meth:`pull_moves`; ``carry_pulls``: through loops'
-        carries too; ``partly``: with one mesh dim's partial reduced too). ``offered``: the equations offered
+        (:meth:`value_moves`); ``common``: value moves of values without partials into a
+        layout all their consumers can take (:meth:`value_moves`); ``pulls``: pull moves too
+        (:meth:`pull_moves`; ``carry_pulls``: through loops' carries too; ``partly``: with one mesh dim's
+        partial reduced too). ``offered``: the equations offered
         moves first
         (None: every one; then those near each applied move)."""
         choice = dict(choice)
@@ -2091,7 +2234,7 @@ class _Search:
 
         def current(move: Move) -> bool:
             if move[0] == _VALUE:
-                return move[3] in self.value_moves((move[1], move[2]), choice, gathers)
+                return move[3] in self.value_moves((move[1], move[2]), choice, gathers, common)
             if move[0] == _REDUCING:
                 return move[2] in self.reducing_moves(move[1], choice)
             if move[0] == _PULL:
@@ -2121,7 +2264,7 @@ class _Search:
                     # a split value gathered (gathers: see value_moves) only cascading: its consumers alone would
                     # give their outputs Replicate where their consumers take them split
                     alone = (False,) if any(self.outs[path][choice[path]][j][1]) else ()
-                    for seeds in self.value_moves((path, j), choice, gathers):
+                    for seeds in self.value_moves((path, j), choice, gathers, common):
                         for follow in (True, *alone):  # cascading, or the consumers alone (see value_moves)
                             move = (_VALUE, path, j, seeds, follow)
                             if move not in fresh:
