@@ -1725,7 +1725,7 @@ class _Search:
                 for m in sorted(partial):
                     groups.append((table.unreduced_on[m], True))
         around: list[tuple[Sequence[int], bool]] = []
-        if self.ins[path][k] != arriving and self.input_costs(path, arriving)[k] > _ZERO:
+        if self.redistributes(path, k, arriving):
             everything = range(len(self.ins[path]))
             groups += [(everything, True), (everything, False)]  # without cascading: its consumers redistribute
             around.append((everything, False))
@@ -1886,10 +1886,7 @@ class _Search:
         Equinox's adamw step 43,424 B in 17 where 43,712 in 19)."""
         arriving = self.arriving(path, choice)
         k = choice[path]
-        if self.ins[path][k] == arriving or not self.input_costs(path, arriving)[k] > _ZERO:
-            best = k
-        else:
-            best = self.cheapest(path, range(len(self.ins[path])), arriving)
+        best = self.cheapest(path, range(len(self.ins[path])), arriving) if self.redistributes(path, k, arriving) else k
         made = self.outs[path][best]
         if not any(op for state in made for op in state[1]):
             return []
@@ -2058,6 +2055,11 @@ class _Search:
         ``(input_costs()[k], k)`` (:meth:`input_costs`, with ``free``); ``ks`` ascending (every
         index's are), so that the first of equal costs is the least ``k``."""
         return min(ks, key=self.input_costs(path, arriving, free).__getitem__)
+
+    def redistributes(self, path: str, k: int, arriving: Sequence[State]) -> bool:
+        """Whether candidate ``k`` of ``path`` pays to redistribute ``arriving`` inputs (where
+        it does, the candidate cheapest for them is a move worth trying)."""
+        return self.ins[path][k] != arriving and self.input_costs(path, arriving)[k] > _ZERO
 
     def input_costs(
         self, path: str, arriving: Sequence[State], free: Sequence[frozenset[State]] | None = None
