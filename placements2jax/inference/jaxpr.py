@@ -51,7 +51,7 @@ from ..errors import InferenceError, Placements2JaxError, UnsupportedOpError
 from ..layout import Layout
 from ..mesh import DeviceMesh
 from .combine import LOOPS, CombinedCollective, combine, combiner_rules, lowered_step, planned_collectives
-from .cost import CostModel, CostModelLike, Overhead, resolve_cost_model
+from .cost import ALL_REDUCE, CostModel, CostModelLike, Overhead, resolve_cost_model
 from .frameworks import bind
 from .ops import PrimitiveDef, primitive_definition, registered_function
 from .plan import InputPlans, cached_plan
@@ -606,7 +606,33 @@ def _resolve_carries(
         if any(_total(prediction, model) < _total(best, model) for prediction in restarts):
             break
     best = found[0] if len(found) == 1 else min(found, key=lambda prediction: _total(prediction, model))
-    return _rejoin_conds(walk, best, model, targets)
+    return _rejoin_conds(walk, _replicas_restart(walk, best, model, targets), model, targets)
+
+
+def _replicas_restart(walk: Walk, best: Prediction, model: CostModel, targets: Sequence[Layout | None]) -> Prediction:
+    """``best`` or, where it all-gathers or all-to-alls over the mesh's first dim (data
+    parallelism's by convention: ``init_device_mesh((dp, tp))``), the program walked with
+    every equation's candidates unsplit over that mesh dim first (:func:`_unsplit_first`:
+    a replica per coordinate of it wherever the inputs allow, as XLA runs data
+    parallelism) and searched from there, kept where cheaper by the search's objective in
+    no more collectives, by operand and after XLA's combiner. The descents from the walked
+    start do not reach that basin: the top-2 MoE's sort dispatch (tests/models/moe.py:
+    argsort, gathered expert weights, ``.at[].add``) split its 64 (token, expert) pairs
+    over ``(dp, tp)`` and moved them between splits, 126,720 B in 48 collectives after the
+    combiner, where the replicas' search gives 122,644 B in 38 (XLA: 1,604,406 B in 12).
+    Over the other mesh dims too, it kept no other result on benchmarks/dump_predictions.py's
+    programs and doubled their search's time."""
+    if not best.inputs:
+        return best
+    name = best.inputs[0].layout.mesh.mesh_dim_names[0]
+    combined = best.combined()
+    if not any(name in c.axes and c.kind != ALL_REDUCE for c in combined):
+        return best
+    prediction = _searched(walk, walk({}, unsplit=(None, 0)), model, targets)[0]
+    (cost, steps), (restart_cost, restart_steps) = _total(best, model), _total(prediction, model)
+    if restart_cost < cost and restart_steps <= steps and len(prediction.combined()) <= len(combined):
+        return prediction
+    return best
 
 
 def _rejoin_conds(walk: Walk, prediction: Prediction, model: CostModel, targets: Sequence[Layout | None]) -> Prediction:
@@ -701,8 +727,9 @@ def _replicated_constants(loops: Mapping[str, _LoopCarries], mesh_dim: int) -> t
                  if not c.layout.is_strided and c.layout.mesh_dim_split(mesh_dim) is not None)
 
 
-# a restart's loops (by path) whose bodies' equations rank first their candidates unsplit over the mesh dim
-_Unsplit = tuple[tuple[str, ...], int]
+# a restart's loops (by path; None: the whole program) whose bodies' equations rank first their candidates
+# unsplit over the mesh dim
+_Unsplit = tuple[tuple[str, ...] | None, int]
 
 
 def _unsplit_first(signature: Signature, mesh_dim: int) -> Signature:
@@ -1070,7 +1097,7 @@ class _Walker:
         # select.signature_for)
         self.gathered = gathered
         self.searched = searched  # the program nodes hold every candidate (else the chosen ones)
-        # (loop paths, mesh dim): their bodies' equations rank first the candidates unsplit over it (_unsplit_first)
+        # (loop paths or None: everywhere, mesh dim): their equations rank first the candidates unsplit over it
         self.unsplit = unsplit
         self.rows: list[EquationReport] = []
         self.nodes: list[ProgramNode] = []
@@ -1304,12 +1331,12 @@ class _Walker:
         ))
 
     def _ranked(self, path: str, signature: Signature) -> Signature:
-        """``signature``, or inside a body of the loops of :attr:`unsplit` its candidates
-        unsplit over that mesh dim first (:func:`_unsplit_first`)."""
+        """``signature``, or inside a body of the loops of :attr:`unsplit` (anywhere where
+        they are None) its candidates unsplit over that mesh dim first (:func:`_unsplit_first`)."""
         if self.unsplit is None:
             return signature
         loops, mesh_dim = self.unsplit
-        if not any(path.startswith(loop + ".") for loop in loops):
+        if loops is not None and not any(path.startswith(loop + ".") for loop in loops):
             return signature
         return _unsplit_first(signature, mesh_dim)
 
