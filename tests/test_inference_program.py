@@ -21,6 +21,7 @@ from placements2jax.inference import CostModel, check, predict
 from placements2jax.inference.combine import LOOPS
 from placements2jax.inference.cost import resolve_cost_model
 from placements2jax.inference.jaxpr import _Walker
+from placements2jax.inference import jaxpr as jaxpr_module
 from placements2jax.inference import program as program_module
 from placements2jax.inference.program import ProgramGraph, select_program
 from placements2jax.inference.select import pending_reduction
@@ -302,25 +303,29 @@ def test_a_dearer_collective_never_means_more_collectives(mesh: Any, overhead: A
     """The benchmarks' Megatron MLP step (tests/models/steps.py) under a cost model charging
     more per collective than the default 192 B (``CostModel(collective_overhead=...)``, one
     figure or the kinds CPU XLA's combiner never merges): no more collectives, before or
-    after XLA's combiner. The default predicts 1,414 B in 10 collectives, 6 after the
-    combiner (4 all-gathers over ``dp`` where XLA all-reduces); from 1,024 B per collective
+    after XLA's combiner. The default predicts 902 B in 9 collectives, 4 after the
+    combiner (2 all-gathers over ``dp`` where XLA all-reduces; 1,414 B in 10, 6, before
+    ``jaxpr._replicas_restart``); from 1,024 B per collective
     on, XLA's plan: 2,438 B (check: 2,442 with the loss's output conversion; XLA 2,448) in
     3 all-reduces after the combiner, XLA's count, outputs agreeing with XLA's."""
     step = training_step("mlp", mesh)
     default = predict(step.fn, *step.args, out_layouts=step.out_layouts)
     model = CostModel(collective_overhead=overhead)
     dear = predict(step.fn, *step.args, out_layouts=step.out_layouts, cost_model=model)
-    assert sum(dear.collectives.values()) <= sum(default.collectives.values()) == 10
-    assert sum(dear.combined_counts.values()) <= sum(default.combined_counts.values()) == 6
+    assert sum(dear.collectives.values()) <= sum(default.collectives.values()) == 9
+    assert sum(dear.combined_counts.values()) <= sum(default.combined_counts.values()) == 4
     report = check(step.fn, *step.args, out_layouts=step.out_layouts, cost_model=model)
     assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
     assert (report.predicted_bytes, len(report.predicted_combined), len(report.compiled_collectives)) == (2442, 3, 3)
 
 
-def test_a_choice_is_grouped_as_its_prediction_is(mesh: Any) -> None:
+def test_a_choice_is_grouped_as_its_prediction_is(mesh: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """``_Search.combined`` of the search's choice (the choice's moves, without walking the
     program) groups its collectives as the prediction's walk does (``Prediction.combined``):
-    a scan's body a computation of its own, its carry moved there."""
+    a scan's body a computation of its own, its carry moved there. The prediction walks the
+    search's choice with ``jaxpr._replicas_restart`` left out: the restart keeps another
+    choice here, from a walk whose candidates are not the graph's."""
+    monkeypatch.setattr(jaxpr_module, "_replicas_restart", lambda walk, best, model, targets: best)
 
     def fn(x: jax.Array, w: jax.Array, v: jax.Array) -> jax.Array:
         def body(c: jax.Array, _: Any) -> tuple[jax.Array, None]:
