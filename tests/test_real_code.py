@@ -166,15 +166,3 @@ def test_nnx_scan_stateful_step(mesh: Any) -> None:
         assert got is not before[path] and got.layout == before[path].layout, path
         np.testing.assert_allclose(np.asarray(got.full_tensor()), np.asarray(plain[path].get_value()),
                                    rtol=2e-5, atol=_F32, err_msg=path)
-
-
-def test_moe_sort_dispatch_searched_as_replicas(mesh: Any) -> None:
-    """The sort-dispatched MoE's step (argsort, gathered expert weights, ``.at[].add``)
-    predicted from the search restarted with its equations unsplit over ``dp``
-    (jaxpr._replicas_restart): 122,634 B in 38 collectives after XLA's combiner, where the
-    descents from the walked start split its (token, expert) pairs over (dp, tp) and moved
-    them between splits, 126,710 B in 48 (XLA compiles 1,604,406 B in 12). Predict only:
-    test_predict_check_apply checks and runs the step."""
-    fn, args, out_layouts = _dict_step("moe", mesh, dispatch="sort")
-    prediction = predict(fn, *args, out_layouts=out_layouts)
-    assert prediction.lowered_nbytes <= 122_634 and len(prediction.combined()) <= 38
