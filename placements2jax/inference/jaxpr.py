@@ -100,6 +100,15 @@ _FIXED_POINT_ROUNDS = 4
 _CARRY_ROUNDS = 2
 # a loop's other carry options the program search tries from its best choice (each descends again), at most
 _CARRY_SEEDS = 1
+# the least share of a kept result's bytes (after XLA's combiner) that all-gathers and all-to-alls over the mesh's
+# first dim move for _replicas_restart to run. A threshold fitted to measured programs (stop 31, main 6f56e16): the
+# restart was kept where that share was 0.48-0.89 (the Megatron MLP step, the 4x2 and batch-8 (8,) Llama adamw
+# steps, test_operators' 4-layer GPT-2 scan step, test_inference_carry's residual_scan gradient on (8,)) and not
+# kept at 0.11-0.45 (Llama's 2x4 adamw step 0.32, its value_and_grad 0.35, the 4-layer Llama 0.32, Llama on (8,)
+# 0.35, Equinox's 0.11 / 0.17, the sort-dispatched MoE 0.45) and at 0.62 / 0.71 (GPT-2's 4x2 and (8,) steps, still
+# run). Skipping it below 0.4 leaves Llama's 2x4 adamw step's cold predict at main's (the restart was 2.1-2.6 s
+# CPU there, load ~7, and kept nothing).
+_RESTART_SHARE = Fraction(2, 5)
 # carry options of a loop (its program node's candidates), at most
 _CARRY_OPTIONS = 16
 
@@ -628,7 +637,8 @@ def _replicas_restart(walk: Walk, best: Prediction, model: CostModel, targets: S
         return best
     name = best.inputs[0].layout.mesh.mesh_dim_names[0]
     combined = best.combined()
-    if not any(name in c.axes and c.kind != ALL_REDUCE for c in combined):
+    moved = sum(c.result_bytes for c in combined if name in c.axes and c.kind != ALL_REDUCE)
+    if not moved or moved < _RESTART_SHARE * sum(c.result_bytes for c in combined):
         return best
     prediction = _searched(walk, walk({}, unsplit=(None, 0)), model, targets)[0]
     (cost, steps), (restart_cost, restart_steps) = _total(best, model), _total(prediction, model)
