@@ -627,12 +627,15 @@ def _replicas_restart(walk: Walk, best: Prediction, model: CostModel, targets: S
     no more bytes as compiled (the objective prices by the planner: the unrolled
     residual_scan's gradient, 9,600 -> 10,368 B otherwise) and no more collectives, by
     operand and after XLA's combiner. The descents from the walked
-    start do not reach that basin: the top-2 MoE's sort dispatch (tests/models/moe.py:
-    argsort, gathered expert weights, ``.at[].add``) split its 64 (token, expert) pairs
-    over ``(dp, tp)`` and moved them between splits, 126,720 B in 48 collectives after the
-    combiner, where the replicas' search gives 122,644 B in 38 (XLA: 1,604,406 B in 12).
-    Over the other mesh dims too, it kept no other result on benchmarks/dump_predictions.py's
-    programs and doubled their search's time."""
+    start do not reach that basin: on main 6f56e16 (stop 31) it keeps the Megatron MLP
+    step's 902 B in 9 collectives where 1,414 in 10, the 4x2 Llama adamw step's 219,716 B
+    (as compiled) where 249,940, Llama's (8,) step with a batch of 8 287,168 B where
+    311,591, the 4-layer GPT-2 scan step on (8,) 81,424 where 92,071. The sort-dispatched
+    MoE step's search ends cheaper (122,778 B as compiled where 125,366, 40 collectives
+    combined where 48) in more collectives by operand (113 where 104), not kept. It runs
+    only where those collectives move at least :data:`_RESTART_SHARE` of the kept result's bytes
+    (a search as long as the program search's). Over the other mesh dims too, it kept no
+    other result on benchmarks/dump_predictions.py's programs and doubled their search's time."""
     if not best.inputs:
         return best
     name = best.inputs[0].layout.mesh.mesh_dim_names[0]
