@@ -155,11 +155,16 @@ through :func:`.combine.planned_collectives` and :func:`.combine.combine`, ~10-2
 the training steps): :func:`_continued` keeps the cheaper of its two results by it (at
 1,024 B per collective the stacked LM's step: both 33,360 in 15 planned, the descent's
 10 after the combiner where the search's 11, XLA's 9), and :func:`_bounded` takes a
-descent's result no dearer by the objective in fewer after the combiner. Tried and not
-kept: from the kept result, the moves at each collective alone in its group (and at its
-value's producer) that leave the objective no dearer, applied while they lower
-:meth:`_Search.grouped`: no final prediction of benchmarks/dump_predictions.py or of
-section 14's programs under the latency-bound model changed, for ~6% of a cold predict.
+descent's result no dearer by the objective in fewer after the combiner. Under a model
+off the default, :func:`_continued` ends with :meth:`_Search.regrouped`: every
+equation's moves, and their *keeping cascades* (:meth:`_Search.keeps`: an equation whose
+changed inputs now arrive as it takes them keeps its candidate), that leave the objective
+no dearer, applied while they lower :meth:`_Search.grouped` (optax.MultiSteps' backward
+layer scan re-chosen to carry its activation gradient reduced: the same bytes, 10 -> 9
+after the combiner, XLA's count). Without keeping cascades (stop 31: the moves at each
+collective alone in its group and at its value's producer) no final prediction of
+benchmarks/dump_predictions.py or of section 14's programs under the latency-bound model
+changed, for ~6% of a cold predict; the default model does not run it.
 
 **Search** (exact minimization is an integer program, as Alpa solves it; benchmarks/exact_milp.py
 states this objective so for HiGHS: too large whole, dearer pruned, and its cheaper optima
@@ -498,13 +503,14 @@ def _continued(
     at the default one, whichever is cheaper at the model's overhead charged per collective
     after XLA's combiner (:meth:`_Search.grouped`), then descended with value moves into a
     layout every consumer of the value can take (:meth:`_Search.value_moves`' ``common``)
-    and keeping cascades (:meth:`_Search.keeps`), bounded as every result is
-    (:func:`_bounded`; the descent with pull moves and one mesh dim's partial pulled, as a
-    finish ends). The descents' schedule was measured and tuned at 192 B: at 4,096 B per
-    all-gather and all-to-all the stacked LM's adamw step searched from the start ended at
-    40,976 by that objective (in 12 collectives after XLA's combiner, one more than at the
-    default), the descent from the 192 B choice at 31,632 (24,838 B in 9, XLA's count;
-    docs/inference.md section 6)."""
+    and keeping cascades (:meth:`_Search.keeps`), then regrouped (:meth:`_Search.regrouped`:
+    moves no dearer by the objective while they lower the collectives after the combiner),
+    bounded as every result is (:func:`_bounded`; the descent with pull moves and one mesh
+    dim's partial pulled, as a finish ends). The descents' schedule was measured and tuned
+    at 192 B: at 4,096 B per all-gather and all-to-all the stacked LM's adamw step searched
+    from the start ended at 40,976 by that objective (in 12 collectives after XLA's
+    combiner, one more than at the default), the descent from the 192 B choice at 31,632
+    (24,838 B in 9, XLA's count; docs/inference.md section 6)."""
     search = _Search(graph, cost_model, targets)
     start = _choose(graph, cost_model, targets, seeds, dispatched_choice, DEFAULT_COLLECTIVE_OVERHEAD)
     found = _partly(search, search.improve(start, values=True, reducing=True, pulls=True))
@@ -520,6 +526,8 @@ def _continued(
     # cascades too: a loop re-chosen to carry a value reduced, its consumers after the loop left as they are
     # (Equinox's scan 24,778 -> 24,586 B, 8 -> 7 collectives after the combiner)
     kept = min((kept, search.improve(kept, values=True, common=True, keeping=True)), key=search.grouped)
+    # then the ties the descents cannot tell apart, by the collectives after the combiner (MultiSteps 10 -> 9)
+    kept = search.regrouped(kept)
     planned = search if search.as_planned else search.repriced(compiled=False)
     return _bounded(search, planned, _eagers(graph, dispatched_choice), kept, kept, kept)
 
@@ -2347,6 +2355,36 @@ class _Search:
                     near.update(c for c, _ in self.consumers.get((path, j), ()))
                 near.update(src[0] for src in self.sources[path] if src is not None and src[0] != "in")
             offer(near)
+        return choice
+
+    def regrouped(self, choice: Choice) -> Choice:
+        """``choice`` with single moves (:meth:`alternatives`' cascading and not, and their
+        keeping cascades) that leave the objective no dearer applied while one lowers
+        :meth:`grouped`, the one lowering it most first (ties: the earliest equation): the
+        descents' deltas are sums over values and cannot see XLA's combiner, so a move that
+        only regroups collectives is a tie to them. optax.MultiSteps' backward layer scan
+        carried its activation gradient partial over ``tp`` and reduced it at the body's
+        start, where the norm weight's gradient, formed after that reduction and reduced
+        over ``tp`` too, could not join it; the loop re-chosen to carry it reduced (the
+        initial value all-reduced before the loop, the body's result at its end, the same
+        bytes) puts both reductions at the body's end, one all-reduce (10 -> 9 collectives
+        after the combiner, XLA's count, under the latency-bound model)."""
+        choice = dict(choice)
+        best = self.grouped(choice)
+        for _ in range(_MOVES):
+            bound, settled, found = self.total(choice)[0], {}, None
+            for path in self.paths:
+                for k, follow in self.alternatives(path, choice):
+                    for move in ((path, k, follow), *(((_KEEPING, path, k),) if follow else ())):
+                        changes = self.evaluate(move, choice, settled)[1]
+                        trial = {**choice, **changes}
+                        if changes and self.total(trial)[0] <= bound:
+                            grouped = self.grouped(trial)
+                            if grouped < best:
+                                best, found = grouped, trial
+            if found is None:
+                break
+            choice = found
         return choice
 
     def total(self, choice: Choice) -> Cost:
