@@ -2375,7 +2375,8 @@ class _Search:
         choice = dict(choice)
         best = self.grouped(choice)
         for _ in range(_MOVES):
-            bound, settled, found = self.total(choice)[0], {}, None
+            bound, found = self.total(choice)[0], None
+            settled: dict[int, Cost] = {}  # value costs at choice, shared by the round's evaluations
             for path in self.paths:
                 for k, follow in self.alternatives(path, choice):
                     for move in ((path, k, follow), *(((_KEEPING, path, k),) if follow else ())):
