@@ -319,6 +319,23 @@ def test_a_dearer_collective_never_means_more_collectives(mesh: Any, overhead: A
     assert (report.predicted_bytes, len(report.predicted_combined), len(report.compiled_collectives)) == (2442, 3, 3)
 
 
+def test_split_prng_keys_under_a_dearer_collective(mesh: Any) -> None:
+    """Keys from ``jax.random.split`` read by two slices under a model off the default: the
+    search's last value moves (program.py's ``_continued``, a value moved into a layout all
+    its consumers can take) leave PRNG keys Replicate, as every rule does; offered a split
+    layout for them they priced a move of a ``key<fry>`` value, which the backend's widening
+    cannot (a TypeError from predict on GPT-2's dropout, stop 31)."""
+
+    def fn(x: jax.Array, key: jax.Array) -> jax.Array:
+        k1, k2 = jax.random.split(key)
+        return x * jax.random.normal(k1, x.shape) + jax.random.normal(k2, x.shape)
+
+    model = CostModel(collective_overhead={"all-gather": 8192, "all-to-all": 8192})
+    prediction = predict(fn, spec(mesh, (8, 16), "S(0),S(1)"), jax.random.key(0), cost_model=model)
+    assert prediction.nbytes == predict(fn, spec(mesh, (8, 16), "S(0),S(1)"), jax.random.key(0)).nbytes == 0
+    assert str(prediction.out_layouts[0]) == "S(0),S(1)"
+
+
 def test_a_choice_is_grouped_as_its_prediction_is(mesh: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """``_Search.combined`` of the search's choice (the choice's moves, without walking the
     program) groups its collectives as the prediction's walk does (``Prediction.combined``):

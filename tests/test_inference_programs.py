@@ -881,6 +881,25 @@ def test_stacked_layers_step_under_a_count_first_model_has_xlas_collectives(mesh
         np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(w), rtol=2e-5, atol=1e-4)
 
 
+def test_multisteps_under_a_count_first_model_has_xlas_collectives(mesh: Any) -> None:
+    """The stacked LM's step under ``optax.MultiSteps`` (a ``lax.cond``) and the count-first
+    model above: its backward layer scan carried the activation gradient partial over
+    ``tp`` and all-reduced it at each body's start, so the norm weight's gradient, formed
+    after that and reduced over ``tp`` too, went in an all-reduce of its own. Carried
+    reduced (the initial value all-reduced before the loop where the embedding's gradient
+    all-reduced it after, the body's result at its end: the same bytes, a tie for the
+    objective), both reductions are at the body's end in one all-reduce: 24,080 B in 10
+    collectives after XLA's combiner -> 9, XLA's count (program.py's
+    ``_Search.regrouped``: moves no dearer by the objective that lower the count after the
+    combiner)."""
+    step = training_step("stacked", mesh, common.accumulating_optimizer())
+    model = CostModel(collective_overhead={"all-gather": 8192, "all-to-all": 8192})
+    report = check(step.fn, *step.args, out_layouts=step.out_layouts, cost_model=model)
+    assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
+    assert len(report.predicted_combined) <= len(report.compiled_collectives) == 9
+    assert report.predicted_bytes <= 24_080
+
+
 def test_llama_scan_under_a_count_first_model_has_xlas_collectives(mesh: Any) -> None:
     """The bfloat16 two-layer Llama scan (tests/models/llama_scan.py, einsum attention) under
     the count-first model above. With the masked lookup of ``take_along_axis`` the search at

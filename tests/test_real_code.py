@@ -33,7 +33,7 @@ from models.steps import training_step
 from placements2jax import DTensor, apply, distribute_pytree, init_device_mesh
 from placements2jax.dtensor import auto_twin_of
 from placements2jax.hlo import parse_collectives
-from placements2jax.inference import check, predict
+from placements2jax.inference import CostModel, check, predict
 from placements2jax.inference.frameworks import variables_of
 
 
@@ -166,3 +166,21 @@ def test_nnx_scan_stateful_step(mesh: Any) -> None:
         assert got is not before[path] and got.layout == before[path].layout, path
         np.testing.assert_allclose(np.asarray(got.full_tensor()), np.asarray(plain[path].get_value()),
                                    rtol=2e-5, atol=_F32, err_msg=path)
+
+
+def test_eqx_scan_under_a_count_first_model_has_xlas_collectives(mesh: Any) -> None:
+    """The Equinox scan step under the latency-bound model of docs/inference.md section 6
+    (8,192 B per all-gather and all-to-all, the collectives CPU XLA's combiner never merges):
+    its backward layer scan carries the activation gradient reduced over ``tp`` (all-reduced
+    before the loop, as XLA does, where it was carried partial and all-reduced at each
+    body's start and for the embedding's gradient after the loop): the norm's weight and
+    bias gradients are all-reduced over ``tp`` with the carry at the body's end, one
+    all-reduce, and the down projection's bias gradient, formed from the carry, is partial
+    over ``dp`` only: 24,778 B in 8 collectives after XLA's combiner -> 24,586 B in 7, XLA's
+    count (24,292 B; program.py's keeping cascades, ``_Search.keeps``)."""
+    fn, args, out_layouts = _eqx_step(mesh)
+    model = CostModel(collective_overhead={"all-gather": 8192, "all-to-all": 8192})
+    report = check(fn, *args, out_layouts=out_layouts, cost_model=model)
+    assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs), report
+    assert len(report.predicted_combined) <= len(report.compiled_collectives) == 7
+    assert report.predicted_bytes <= 24_586

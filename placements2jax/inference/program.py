@@ -155,11 +155,16 @@ through :func:`.combine.planned_collectives` and :func:`.combine.combine`, ~10-2
 the training steps): :func:`_continued` keeps the cheaper of its two results by it (at
 1,024 B per collective the stacked LM's step: both 33,360 in 15 planned, the descent's
 10 after the combiner where the search's 11, XLA's 9), and :func:`_bounded` takes a
-descent's result no dearer by the objective in fewer after the combiner. Tried and not
-kept: from the kept result, the moves at each collective alone in its group (and at its
-value's producer) that leave the objective no dearer, applied while they lower
-:meth:`_Search.grouped`: no final prediction of benchmarks/dump_predictions.py or of
-section 14's programs under the latency-bound model changed, for ~6% of a cold predict.
+descent's result no dearer by the objective in fewer after the combiner. Under a model
+off the default, :func:`_continued` ends with :meth:`_Search.regrouped`: every
+equation's moves, and their *keeping cascades* (:meth:`_Search.keeps`: an equation whose
+changed inputs now arrive as it takes them keeps its candidate), that leave the objective
+no dearer, applied while they lower :meth:`_Search.grouped` (optax.MultiSteps' backward
+layer scan re-chosen to carry its activation gradient reduced: the same bytes, 10 -> 9
+after the combiner, XLA's count). Without keeping cascades (stop 31: the moves at each
+collective alone in its group and at its value's producer) no final prediction of
+benchmarks/dump_predictions.py or of section 14's programs under the latency-bound model
+changed, for ~6% of a cold predict; the default model does not run it.
 
 **Search** (exact minimization is an integer program, as Alpa solves it; benchmarks/exact_milp.py
 states this objective so for HiGHS: too large whole, dearer pruned, and its cheaper optima
@@ -497,13 +502,15 @@ def _continued(
     search's choice at that overhead) or a descent at that overhead from the search's choice
     at the default one, whichever is cheaper at the model's overhead charged per collective
     after XLA's combiner (:meth:`_Search.grouped`), then descended with value moves into a
-    layout every consumer of the value can take (:meth:`_Search.value_moves`' ``common``),
+    layout every consumer of the value can take (:meth:`_Search.value_moves`' ``common``)
+    and keeping cascades (:meth:`_Search.keeps`), then regrouped (:meth:`_Search.regrouped`:
+    moves no dearer by the objective while they lower the collectives after the combiner),
     bounded as every result is (:func:`_bounded`; the descent with pull moves and one mesh
-    dim's partial pulled, as a finish ends). The descents'
-    schedule was measured and tuned at 192 B: at 4,096 B per all-gather and all-to-all the
-    stacked LM's adamw step searched from the start ended at 40,976 by that objective (in
-    12 collectives after XLA's combiner, one more than at the default), the descent from
-    the 192 B choice at 31,632 (24,838 B in 9, XLA's count; docs/inference.md section 6)."""
+    dim's partial pulled, as a finish ends). The descents' schedule was measured and tuned
+    at 192 B: at 4,096 B per all-gather and all-to-all the stacked LM's adamw step searched
+    from the start ended at 40,976 by that objective (in 12 collectives after XLA's
+    combiner, one more than at the default), the descent from the 192 B choice at 31,632
+    (24,838 B in 9, XLA's count; docs/inference.md section 6)."""
     search = _Search(graph, cost_model, targets)
     start = _choose(graph, cost_model, targets, seeds, dispatched_choice, DEFAULT_COLLECTIVE_OVERHEAD)
     found = _partly(search, search.improve(start, values=True, reducing=True, pulls=True))
@@ -515,8 +522,12 @@ def _continued(
     kept = min((chosen, found), key=search.grouped)
     # then value moves into a layout every consumer can take: the float32 Llama scan's loss (its logits' 4
     # consumers) moved to the sequence split at once, 112,912 -> 112,336 (what the search reached before the
-    # masked lookup of take_along_axis, whose vocabulary-split loss no single-equation move leaves)
-    kept = min((kept, search.improve(kept, values=True, common=True)), key=search.grouped)
+    # masked lookup of take_along_axis, whose vocabulary-split loss no single-equation move leaves); with keeping
+    # cascades too: a loop re-chosen to carry a value reduced, its consumers after the loop left as they are
+    # (Equinox's scan 24,778 -> 24,586 B, 8 -> 7 collectives after the combiner)
+    kept = min((kept, search.improve(kept, values=True, common=True, keeping=True)), key=search.grouped)
+    # then the ties the descents cannot tell apart, by the collectives after the combiner (MultiSteps 10 -> 9)
+    kept = search.regrouped(kept)
     planned = search if search.as_planned else search.repriced(compiled=False)
     return _bounded(search, planned, _eagers(graph, dispatched_choice), kept, kept, kept)
 
@@ -753,13 +764,15 @@ class _RoutedProgram:
 Choice = dict[str, int]  # equation path -> index of its candidate
 # (equation path, candidate, cascade downstream?), or (_VALUE, path, output, ((consumer, candidate), ...), cascade
 # downstream?): every consumer of one value re-chosen at once, or (_REDUCING, path, candidate): a reducing
-# cascade (:meth:`_Search.reducing_moves`)
+# cascade (:meth:`_Search.reducing_moves`), or (_KEEPING, path, candidate): a keeping cascade (:meth:`_Search.keeps`)
 Move = tuple[Any, ...]
 _VALUE = "<value>"
 _REDUCING = "<reducing>"
 _PULL = "<pull>"
 _REDUCED = "<reduced>"
-_KINDS = (_VALUE, _REDUCING, _PULL, _REDUCED)  # the moves whose first item names their kind, not their equation
+_KEEPING = "<keeping>"
+# the moves whose first item names their kind, not their equation
+_KINDS = (_VALUE, _REDUCING, _PULL, _REDUCED, _KEEPING)
 _PULL_DEPTH = 12  # producers re-chosen upstream at most by one pull move
 # and by one pulling one mesh dim's partial reduced (_one_reduced), which steps past free moves: the float32 Llama
 # scan's norm sums the squares of 12 gradients (a depth of 12 left its dp all-reduce)
@@ -1562,7 +1575,7 @@ class _Search:
 
     def cascaded(
         self, seeds: dict[str, int], trial: Choice, follow: bool = True, reducing: bool = False,
-        fewest_moved: bool | None = None,
+        fewest_moved: bool | None = None, keeping: bool = False,
     ) -> tuple[dict[str, int], dict[str, int], frozenset[str], bool]:
         """Equations ``seeds`` running the given candidates (path -> candidate) and
         (``follow``) every equation downstream whose inputs change re-chosen as eager
@@ -1573,7 +1586,9 @@ class _Search:
         equations re-chosen or looked at (the result depends on their choices and their
         producers', and on the neighbours of those changed, :attr:`neighbours`), and whether
         some re-choice met a tie the two tie-breaks (:meth:`tie_moved`) break apart
-        (``fewest_moved``: that tie-break instead of the descent's).
+        (``fewest_moved``: that tie-break instead of the descent's). ``keeping``: an equation
+        whose changed inputs now arrive as its candidate takes them keeps it (:meth:`keeps`)
+        instead of being re-chosen.
         :meth:`evaluate` prices the changes before changing it back (:meth:`delta`)."""
         kept = {path: trial[path] for path in seeds}
         trial.update(seeds)
@@ -1591,6 +1606,8 @@ class _Search:
             while run:
                 position = run.pop()
                 path, producers, consumers, followers = steps[position]
+                if keeping and self.keeps(path, trial, kept):
+                    continue
                 pair = memos[position].get(producers(trial))
                 if pair is None:
                     pair = self.greedy_pair(path, trial, reducing)
@@ -1611,6 +1628,34 @@ class _Search:
                         seen.add(position)
                         run.append(position)
         return changes, kept, frozenset(map(self.paths.__getitem__, seen)), tied
+
+    def keeps(self, path: str, trial: Choice, kept: dict[str, int]) -> bool:
+        """Whether equation ``path`` keeps its candidate in a *keeping* cascade
+        (:meth:`cascaded`' ``keeping``): every input whose producer the cascade changed
+        (``kept``: their candidates before it) now arrives in the layout that candidate
+        takes it in, so the change removed its move there and re-choosing it would only
+        move its outputs on. Eager dispatch's re-choice (:meth:`greedy`) takes the
+        candidate cheapest for its inputs with the least pending reduction, whatever it
+        had: Equinox's backward layer scan (tests/models/eqx_scan.py) re-chosen to carry
+        its activation gradient reduced over ``tp`` (the initial value all-reduced before
+        the loop, where the embedding's gradient had all-reduced it after: the same bytes)
+        gives the embedding's ``scatter-add`` its updates as it takes them, but re-chosen
+        it makes the gradient split over ``tp`` (a reduce-scatter owes less than an
+        all-reduce), and the update then gathers the table and both Adam moments back at
+        the outputs (+64,128 under the AG/A2A 8,192 model); kept, the move lowers the
+        objective by 384 (the down projection's bias gradient, formed from the carry,
+        partial over ``dp`` only) and the norm's two gradients join the carry's all-reduce
+        at the body's end: 8 -> 7 collectives after XLA's combiner, XLA's count
+        (docs/inference.md section 6)."""
+        needs, outs, fitted = self.ins[path][trial[path]], self.outs, False
+        for i, (fixed, src, j) in enumerate(self.arrivals[path]):
+            if fixed is None and src in kept:
+                now = outs[src][trial[src]][j]
+                if now != outs[src][kept[src]][j]:
+                    if now != needs[i]:
+                        return False
+                    fitted = True
+        return fitted
 
     def around(self, values: Collection[int], choice: Choice) -> Cost:
         """The cost of ``values`` (by id, :meth:`touched_by`; outputs' charges among them) at
@@ -1819,7 +1864,10 @@ class _Search:
         if any(state[1]):
             targets = dict.fromkeys(((state[0], (None,) * len(state[1])), *self.needs(value, choice)))
             targets.pop(state, None)
-        elif common:  # in the first consumer's candidates' order
+        elif common and isinstance(self.out_avals[path][j][1], np.dtype):
+            # in the first consumer's candidates' order; not a PRNG key (an extended dtype, Replicate by ops.py's
+            # nullary rule), which the slices of jax.random.split's keys can take split and the backend's widening
+            # cannot price: these moves crashed predict under any model off the default on GPT-2's dropout
             takes = [self.candidates[c].by_in[i] for c, i in consumers]
             targets = dict.fromkeys(x for x in takes[0] if x != state and all(x in other for other in takes[1:]))
         elif gathers and len(state) == 2 and any(state[0]) and any(c in self.near_fixed_outputs for c, _ in consumers):
@@ -2175,9 +2223,11 @@ class _Search:
             seeds, follow, reduce = dict(move[3]), True, False
         elif move[0] == _REDUCED:  # its own tie-break (reduced_moves()): the same in every descent
             seeds, follow, reduce, fewest = dict(move[2]), True, False, True
+        elif move[0] == _KEEPING:
+            seeds, follow, reduce = {move[1]: move[2]}, True, False
         else:
             seeds, follow, reduce = {move[0]: move[1]}, move[2], False
-        changes, kept, looked, tied = self.cascaded(seeds, choice, follow, reduce, fewest)
+        changes, kept, looked, tied = self.cascaded(seeds, choice, follow, reduce, fewest, move[0] == _KEEPING)
         tied = tied and fewest is None  # a forced tie-break holds for both descents
         key = (looked, tuple(changes))  # the changes in order: touched_by()'s order, the sums'
         reading = self.readings.get(key)
@@ -2205,7 +2255,7 @@ class _Search:
     def improve(
         self, choice: Choice, values: bool = False, reducing: bool = False, pulls: bool = False,
         offered: Collection[str] | None = None, gathers: bool = False, carry_pulls: bool = False,
-        partly: bool = False, common: bool = False,
+        partly: bool = False, common: bool = False, keeping: bool = False,
     ) -> Choice:
         """Steepest descent over cascading moves (see :meth:`alternatives`): apply the
         move lowering the total most (ties: the earliest equation), until none lowers it
@@ -2215,7 +2265,8 @@ class _Search:
         moves too (:meth:`value_moves`); ``reducing``: reducing cascades and reduced moves too
         (:meth:`reducing_moves`, :meth:`reduced_moves`); ``gathers``: value moves gathering split values too
         (:meth:`value_moves`); ``common``: value moves of values without partials into a
-        layout all their consumers can take (:meth:`value_moves`); ``pulls``: pull moves too
+        layout all their consumers can take (:meth:`value_moves`); ``keeping``: every cascading
+        move of :meth:`alternatives` also as a keeping cascade (:meth:`keeps`); ``pulls``: pull moves too
         (:meth:`pull_moves`; ``carry_pulls``: through loops' carries too; ``partly``: with one mesh dim's
         partial reduced too). ``offered``: the equations offered
         moves first
@@ -2243,6 +2294,8 @@ class _Search:
                 return move[2:] in self.pull_moves(move[1], choice, carry_pulls, partly)
             if move[0] == _REDUCED:
                 return move[2] in self.reduced_moves(move[1], choice)
+            if move[0] == _KEEPING:
+                return (move[2], True) in self.alternatives(move[1], choice, reducing)
             return move[1:] in self.alternatives(move[0], choice, reducing)
 
         def offer(paths: Any) -> None:
@@ -2250,6 +2303,8 @@ class _Search:
                 for k, follow in self.alternatives(path, choice, reducing):
                     if (path, k, follow) not in fresh:
                         evaluate((path, k, follow))
+                    if keeping and follow and (_KEEPING, path, k) not in fresh:
+                        evaluate((_KEEPING, path, k))
                 for k in self.reducing_moves(path, choice) if reducing else ():
                     move = (_REDUCING, path, k)
                     if move not in fresh:
@@ -2303,6 +2358,37 @@ class _Search:
                     near.update(c for c, _ in self.consumers.get((path, j), ()))
                 near.update(src[0] for src in self.sources[path] if src is not None and src[0] != "in")
             offer(near)
+        return choice
+
+    def regrouped(self, choice: Choice) -> Choice:
+        """``choice`` with single moves (:meth:`alternatives`' cascading and not, and their
+        keeping cascades) that leave the objective no dearer applied while one lowers
+        :meth:`grouped`, the one lowering it most first (ties: the earliest equation): the
+        descents' deltas are sums over values and cannot see XLA's combiner, so a move that
+        only regroups collectives is a tie to them. optax.MultiSteps' backward layer scan
+        carried its activation gradient partial over ``tp`` and reduced it at the body's
+        start, where the norm weight's gradient, formed after that reduction and reduced
+        over ``tp`` too, could not join it; the loop re-chosen to carry it reduced (the
+        initial value all-reduced before the loop, the body's result at its end, the same
+        bytes) puts both reductions at the body's end, one all-reduce (10 -> 9 collectives
+        after the combiner, XLA's count, under the latency-bound model)."""
+        choice = dict(choice)
+        best = self.grouped(choice)
+        for _ in range(_MOVES):
+            bound, found = self.total(choice)[0], None
+            settled: dict[int, Cost] = {}  # value costs at choice, shared by the round's evaluations
+            for path in self.paths:
+                for k, follow in self.alternatives(path, choice):
+                    for move in ((path, k, follow), *(((_KEEPING, path, k),) if follow else ())):
+                        changes = self.evaluate(move, choice, settled)[1]
+                        trial = {**choice, **changes}
+                        if changes and self.total(trial)[0] <= bound:
+                            grouped = self.grouped(trial)
+                            if grouped < best:
+                                best, found = grouped, trial
+            if found is None:
+                break
+            choice = found
         return choice
 
     def total(self, choice: Choice) -> Cost:
