@@ -1137,12 +1137,12 @@ class _Search:
             for path, producers in self.producers.items()
         }
         self.greedy_choices = {path: _getter(reads) for path, reads in self.greedy_reads.items()}
-        # evaluate()'s per equations looked at and changes (in order): the evaluation's depends, the getter of
-        # the choices it reads and the values its delta prices, built once (on Llama's adamw step its 9,197
+        # evaluate()'s per equations looked at (by position) and changes (in order): the evaluation's depends, the
+        # getter of the choices it reads and the values its delta prices, built once (on Llama's adamw step its 9,197
         # evaluations looked at and changed 2,382 distinct sets of equations, ~21 and ~19 of them, reading ~68
         # choices: building those per evaluation was ~13 us of its bookkeeping); alike for every pricing
         # (repriced() shares it)
-        self.readings: dict[tuple[frozenset[str], tuple[str, ...]], _Reading] = {}
+        self.readings: dict[tuple[frozenset[int], tuple[str, ...]], _Reading] = {}
         # cascaded()'s per node by position: its path, the getter of the choices its greedy() reads, and its
         # outputs' consumers' positions, queued, and those of its followers (:meth:`followers`), re-chosen at once
         followers = self.followers()
@@ -1563,14 +1563,14 @@ class _Search:
     def cascaded(
         self, seeds: dict[str, int], trial: Choice, follow: bool = True, reducing: bool = False,
         fewest_moved: bool | None = None,
-    ) -> tuple[dict[str, int], dict[str, int], frozenset[str], bool]:
+    ) -> tuple[dict[str, int], dict[str, int], frozenset[int], bool]:
         """Equations ``seeds`` running the given candidates (path -> candidate) and
         (``follow``) every equation downstream whose inputs change re-chosen as eager
         dispatch would, until the changes die out, made in ``trial`` (the choice itself,
         changed in place: a copy of the whole choice per evaluation costs more; an exception
         ends the search, which owns the choice). Returns the changes (path -> candidate), the
         candidates they replaced (``kept``: the caller changes ``trial`` back with them), the
-        equations re-chosen or looked at (the result depends on their choices and their
+        equations re-chosen or looked at, by position (the result depends on their choices and their
         producers', and on the neighbours of those changed, :attr:`neighbours`), and whether
         some re-choice met a tie the two tie-breaks (:meth:`tie_moved`) break apart
         (``fewest_moved``: that tie-break instead of the descent's).
@@ -1610,7 +1610,7 @@ class _Search:
                     if position not in seen:
                         seen.add(position)
                         run.append(position)
-        return changes, kept, frozenset(map(self.paths.__getitem__, seen)), tied
+        return changes, kept, frozenset(seen), tied
 
     def around(self, values: Collection[int], choice: Choice) -> Cost:
         """The cost of ``values`` (by id, :meth:`touched_by`; outputs' charges among them) at
@@ -2177,11 +2177,12 @@ class _Search:
             seeds, follow, reduce, fewest = dict(move[2]), True, False, True
         else:
             seeds, follow, reduce = {move[0]: move[1]}, move[2], False
-        changes, kept, looked, tied = self.cascaded(seeds, choice, follow, reduce, fewest)
+        changes, kept, seen, tied = self.cascaded(seeds, choice, follow, reduce, fewest)
         tied = tied and fewest is None  # a forced tie-break holds for both descents
-        key = (looked, tuple(changes))  # the changes in order: touched_by()'s order, the sums'
+        key = (seen, tuple(changes))  # the changes in order: touched_by()'s order, the sums'
         reading = self.readings.get(key)
         if reading is None:
+            looked = frozenset(map(self.paths.__getitem__, seen))
             depends = functools.reduce(operator.or_, map(self.reach.__getitem__, looked))
             if len(looked) * _WHOLE > len(self.paths):  # a cascade through much of the program: kept by every choice
                 getter = self.everything
@@ -2199,7 +2200,9 @@ class _Search:
         if move[0] == _VALUE and not follow and delta[1] > 0:  # the consumers alone: never more collectives
             delta = (math.inf, math.inf)  # (Equinox's value_and_grad traded 2 more for bytes)
         found = (delta, changes, depends)
-        known.append((getter, getter(choice), self.fewest_moved if tied else None, found))
+        # the choices it read as the memo's check above read them where it read this getter (``choice`` is as it
+        # was then: the cascade's changes were changed back)
+        known.append((getter, now if getter is read else getter(choice), self.fewest_moved if tied else None, found))
         return found
 
     def improve(
