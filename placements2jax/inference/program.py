@@ -1435,6 +1435,14 @@ class _Search:
         known = memo.get(by_reads)
         if known is not None:
             return known
+        return self.greedy_found(path, choice, reducing, memo, by_reads)
+
+    def greedy_found(
+        self, path: str, choice: Choice, reducing: bool, memo: dict[Any, tuple[int, int]], by_reads: Any
+    ) -> tuple[int, int]:
+        """:meth:`greedy_pair` where its memo ``memo`` has no answer for the choices it reads
+        (``by_reads``): found by the arriving states, stored there (:meth:`cascaded` reads
+        the memo inline and calls this on a miss, not reading it twice)."""
         arriving = self.arriving(path, choice)
         needs: tuple[State, ...] | None = None
         by_arriving: tuple[Any, ...] = (self.kinds[path], arriving, reducing)
@@ -1591,9 +1599,10 @@ class _Search:
             while run:
                 position = run.pop()
                 path, producers, consumers, followers = steps[position]
-                pair = memos[position].get(producers(trial))
+                memo = memos[position]
+                pair = memo.get(reads := producers(trial))
                 if pair is None:
-                    pair = self.greedy_pair(path, trial, reducing)
+                    pair = self.greedy_found(path, trial, reducing, memo, reads)
                 best = pair[fewest]
                 if pair[0] != pair[1]:
                     tied = True
@@ -2086,8 +2095,10 @@ class _Search:
                 ]
             if free is not None and free[i]:
                 moves = [_ZERO if need in free[i] else move for need, move in zip(needed, moves)]
-            per = [moves[n] for n in index]
-            totals = per if totals is None else [(a[0] + b[0], a[1] + b[1]) for a, b in zip(totals, per)]
+            if totals is None:
+                totals = [moves[n] for n in index]
+            else:
+                totals = [(a[0] + b[0], a[1] + b[1]) for a, b in zip(totals, map(moves.__getitem__, index))]
         if totals is None:  # no inputs
             totals = [_ZERO] * len(table.ins)
         if free is None:
@@ -2158,7 +2169,9 @@ class _Search:
         if its cascade met a tie the two tie-breaks break apart, the tie-break: a later
         descent (from another start, with pull moves, the finishing one) meeting the move
         there again reuses it."""
-        known = self.evaluations.setdefault(move, [])
+        known = self.evaluations.get(move)
+        if known is None:
+            known = self.evaluations[move] = []
         read, now = None, None
         for depends, snapshot, tie, found in known:
             if tie is None or tie == self.fewest_moved:
@@ -2266,10 +2279,13 @@ class _Search:
                     if move not in fresh:
                         evaluate(move)
                 for j in range(len(self.out_avals[path]) if values else 0):
+                    found = self.value_moves((path, j), choice, gathers, common)
+                    if not found:  # most values (one consumer, or none moving)
+                        continue
                     # a split value gathered (gathers: see value_moves) only cascading: its consumers alone would
                     # give their outputs Replicate where their consumers take them split
                     alone = (False,) if any(self.outs[path][choice[path]][j][1]) else ()
-                    for seeds in self.value_moves((path, j), choice, gathers, common):
+                    for seeds in found:
                         for follow in (True, *alone):  # cascading, or the consumers alone (see value_moves)
                             move = (_VALUE, path, j, seeds, follow)
                             if move not in fresh:
