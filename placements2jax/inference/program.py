@@ -1150,12 +1150,12 @@ class _Search:
             for path, producers in self.producers.items()
         }
         self.greedy_choices = {path: _getter(reads) for path, reads in self.greedy_reads.items()}
-        # evaluate()'s per equations looked at and changes (in order): the evaluation's depends, the getter of
-        # the choices it reads and the values its delta prices, built once (on Llama's adamw step its 9,197
+        # evaluate()'s per equations looked at (by position) and changes (in order): the evaluation's depends, the
+        # getter of the choices it reads and the values its delta prices, built once (on Llama's adamw step its 9,197
         # evaluations looked at and changed 2,382 distinct sets of equations, ~21 and ~19 of them, reading ~68
         # choices: building those per evaluation was ~13 us of its bookkeeping); alike for every pricing
         # (repriced() shares it)
-        self.readings: dict[tuple[frozenset[str], tuple[str, ...]], _Reading] = {}
+        self.readings: dict[tuple[frozenset[int], tuple[str, ...]], _Reading] = {}
         # cascaded()'s per node by position: its path, the getter of the choices its greedy() reads, and its
         # outputs' consumers' positions, queued, and those of its followers (:meth:`followers`), re-chosen at once
         followers = self.followers()
@@ -1448,6 +1448,14 @@ class _Search:
         known = memo.get(by_reads)
         if known is not None:
             return known
+        return self.greedy_found(path, choice, reducing, memo, by_reads)
+
+    def greedy_found(
+        self, path: str, choice: Choice, reducing: bool, memo: dict[Any, tuple[int, int]], by_reads: Any
+    ) -> tuple[int, int]:
+        """:meth:`greedy_pair` where its memo ``memo`` has no answer for the choices it reads
+        (``by_reads``): found by the arriving states, stored there (:meth:`cascaded` reads
+        the memo inline and calls this on a miss, not reading it twice)."""
         arriving = self.arriving(path, choice)
         needs: tuple[State, ...] | None = None
         by_arriving: tuple[Any, ...] = (self.kinds[path], arriving, reducing)
@@ -1576,14 +1584,14 @@ class _Search:
     def cascaded(
         self, seeds: dict[str, int], trial: Choice, follow: bool = True, reducing: bool = False,
         fewest_moved: bool | None = None, keeping: bool = False,
-    ) -> tuple[dict[str, int], dict[str, int], frozenset[str], bool]:
+    ) -> tuple[dict[str, int], dict[str, int], frozenset[int], bool]:
         """Equations ``seeds`` running the given candidates (path -> candidate) and
         (``follow``) every equation downstream whose inputs change re-chosen as eager
         dispatch would, until the changes die out, made in ``trial`` (the choice itself,
         changed in place: a copy of the whole choice per evaluation costs more; an exception
         ends the search, which owns the choice). Returns the changes (path -> candidate), the
         candidates they replaced (``kept``: the caller changes ``trial`` back with them), the
-        equations re-chosen or looked at (the result depends on their choices and their
+        equations re-chosen or looked at, by position (the result depends on their choices and their
         producers', and on the neighbours of those changed, :attr:`neighbours`), and whether
         some re-choice met a tie the two tie-breaks (:meth:`tie_moved`) break apart
         (``fewest_moved``: that tie-break instead of the descent's). ``keeping``: an equation
@@ -1608,9 +1616,10 @@ class _Search:
                 path, producers, consumers, followers = steps[position]
                 if keeping and self.keeps(path, trial, kept):
                     continue
-                pair = memos[position].get(producers(trial))
+                memo = memos[position]
+                pair = memo.get(reads := producers(trial))
                 if pair is None:
-                    pair = self.greedy_pair(path, trial, reducing)
+                    pair = self.greedy_found(path, trial, reducing, memo, reads)
                 best = pair[fewest]
                 if pair[0] != pair[1]:
                     tied = True
@@ -1627,7 +1636,7 @@ class _Search:
                     if position not in seen:
                         seen.add(position)
                         run.append(position)
-        return changes, kept, frozenset(map(self.paths.__getitem__, seen)), tied
+        return changes, kept, frozenset(seen), tied
 
     def keeps(self, path: str, trial: Choice, kept: dict[str, int]) -> bool:
         """Whether equation ``path`` keeps its candidate in a *keeping* cascade
@@ -2134,8 +2143,10 @@ class _Search:
                 ]
             if free is not None and free[i]:
                 moves = [_ZERO if need in free[i] else move for need, move in zip(needed, moves)]
-            per = [moves[n] for n in index]
-            totals = per if totals is None else [(a[0] + b[0], a[1] + b[1]) for a, b in zip(totals, per)]
+            if totals is None:
+                totals = [moves[n] for n in index]
+            else:
+                totals = [(a[0] + b[0], a[1] + b[1]) for a, b in zip(totals, map(moves.__getitem__, index))]
         if totals is None:  # no inputs
             totals = [_ZERO] * len(table.ins)
         if free is None:
@@ -2206,7 +2217,9 @@ class _Search:
         if its cascade met a tie the two tie-breaks break apart, the tie-break: a later
         descent (from another start, with pull moves, the finishing one) meeting the move
         there again reuses it."""
-        known = self.evaluations.setdefault(move, [])
+        known = self.evaluations.get(move)
+        if known is None:
+            known = self.evaluations[move] = []
         read, now = None, None
         for depends, snapshot, tie, found in known:
             if tie is None or tie == self.fewest_moved:
@@ -2227,11 +2240,12 @@ class _Search:
             seeds, follow, reduce = {move[1]: move[2]}, True, False
         else:
             seeds, follow, reduce = {move[0]: move[1]}, move[2], False
-        changes, kept, looked, tied = self.cascaded(seeds, choice, follow, reduce, fewest, move[0] == _KEEPING)
+        changes, kept, seen, tied = self.cascaded(seeds, choice, follow, reduce, fewest, move[0] == _KEEPING)
         tied = tied and fewest is None  # a forced tie-break holds for both descents
-        key = (looked, tuple(changes))  # the changes in order: touched_by()'s order, the sums'
+        key = (seen, tuple(changes))  # the changes in order: touched_by()'s order, the sums'
         reading = self.readings.get(key)
         if reading is None:
+            looked = frozenset(map(self.paths.__getitem__, seen))
             depends = functools.reduce(operator.or_, map(self.reach.__getitem__, looked))
             if len(looked) * _WHOLE > len(self.paths):  # a cascade through much of the program: kept by every choice
                 getter = self.everything
@@ -2249,7 +2263,9 @@ class _Search:
         if move[0] == _VALUE and not follow and delta[1] > 0:  # the consumers alone: never more collectives
             delta = (math.inf, math.inf)  # (Equinox's value_and_grad traded 2 more for bytes)
         found = (delta, changes, depends)
-        known.append((getter, getter(choice), self.fewest_moved if tied else None, found))
+        # the choices it read as the memo's check above read them where it read this getter (``choice`` is as it
+        # was then: the cascade's changes were changed back)
+        known.append((getter, now if getter is read else getter(choice), self.fewest_moved if tied else None, found))
         return found
 
     def improve(
@@ -2318,10 +2334,13 @@ class _Search:
                     if move not in fresh:
                         evaluate(move)
                 for j in range(len(self.out_avals[path]) if values else 0):
+                    found = self.value_moves((path, j), choice, gathers, common)
+                    if not found:  # most values (one consumer, or none moving)
+                        continue
                     # a split value gathered (gathers: see value_moves) only cascading: its consumers alone would
                     # give their outputs Replicate where their consumers take them split
                     alone = (False,) if any(self.outs[path][choice[path]][j][1]) else ()
-                    for seeds in self.value_moves((path, j), choice, gathers, common):
+                    for seeds in found:
                         for follow in (True, *alone):  # cascading, or the consumers alone (see value_moves)
                             move = (_VALUE, path, j, seeds, follow)
                             if move not in fresh:
