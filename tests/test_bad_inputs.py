@@ -1206,6 +1206,13 @@ CASES: list[Case] = [
         lambda e: predict(lambda a: a.sum(), e.dt).combined("metal"),
     ),
     _c(
+        "predict: planned_collectives for an unknown backend",
+        "predict",
+        InferenceError,
+        "backend",
+        lambda e: predict(lambda a: a.sum(), e.dt).planned_collectives("metal"),
+    ),
+    _c(
         "predict: combined for a backend that is not a name",
         "predict",
         InferenceError,

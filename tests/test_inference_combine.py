@@ -15,7 +15,7 @@ from jax import lax
 
 from placements2jax import InferenceError, Layout, init_device_mesh
 from placements2jax.inference import check, predict
-from placements2jax.inference.combine import PlannedCollective, combine, combiner_rules, lowered_step, planned_collectives
+from placements2jax.inference.combine import PlannedCollective, combine, combiner_rules, lowered_step
 
 F32 = jnp.float32
 
@@ -127,9 +127,7 @@ def test_a_loop_body_is_its_own_computation(mesh: Any) -> None:
 
 
 def _planned(report: Any) -> Any:
-    from placements2jax.inference.combine import planned_collectives
-
-    return planned_collectives(report.prediction, combiner_rules("cpu"))
+    return report.prediction.planned_collectives("cpu")
 
 
 def test_gpu_rules_combine_all_gathers_up_to_the_threshold() -> None:
@@ -188,7 +186,7 @@ def test_a_gathers_halo_exchange_is_counted_as_the_permutes_xla_compiles(mesh: A
     )
     assert moved.lowered_nbytes == moved.nbytes == 8192
     assert moved.combined_counts == Counter({"collective-permute": 2, "all-gather": 1})
-    planned = planned_collectives(moved, rules)
+    planned = moved.planned_collectives("cpu")
     assert [(c.kind, c.axes, c.result_bytes) for c in planned] == [
         ("collective-permute", ("dp", "tp"), 1024), ("collective-permute", ("dp", "tp"), 1024),
         ("all-gather", ("tp",), 8192),

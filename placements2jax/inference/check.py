@@ -68,7 +68,7 @@ from ..errors import InferenceError
 from ..hlo import Collective, parse_collectives
 from ..layout import Layout
 from ..mesh import DeviceMesh
-from .combine import CombinedCollective, combine, combiner_rules, lowered_step, planned_collectives
+from .combine import CombinedCollective, combiner_rules, lowered_step
 from .cost import ALL_REDUCE, REDUCE_SCATTER, CostModelLike, collective_nbytes
 from .frameworks import bind
 from .jaxpr import Prediction, predict
@@ -284,8 +284,7 @@ class CheckReport:
     def predicted_combined(self) -> tuple[CombinedCollective, ...]:
         """The predicted collectives, output conversions included, as this platform's
         XLA combiner merges them (:mod:`.combine`)."""
-        rules = combiner_rules(self.platform)
-        return combine(planned_collectives(self.prediction, rules, self._conversions), rules)
+        return self.prediction.combined(self.platform, self._conversions)
 
     @property
     def predicted_combined_counts(self) -> Counter[str]:

@@ -49,7 +49,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -58,8 +58,8 @@ from ..layout import Layout
 from .cost import ALL_GATHER, ALL_REDUCE, COLLECTIVE_PERMUTE, REDUCE_SCATTER, gather_block_bytes
 from .signature import RedistributePlan, RedistributeStep, SharedRoutes
 
-__all__ = ["BACKENDS", "LOOPS", "CombinedCollective", "CombinerRules", "PlannedCollective", "combine",
-           "combiner_rules", "lowered_step", "planned_collectives"]
+__all__ = ["BACKENDS", "LOOPS", "CombinedCollective", "CombinerRules", "MovedEquation", "PlannedCollective",
+           "combine", "combiner_rules", "lowered_step", "planned_collectives"]
 
 # control flow: one row each in a walk (jaxpr's _Walker._<name>), each body a computation of its own here
 LOOPS = ("scan", "while", "cond")
@@ -207,21 +207,40 @@ def combined_counts(combined: Iterable[CombinedCollective]) -> Counter[tuple[str
     return Counter((c.kind, c.axes) for c in combined)
 
 
+# a value: (the path of the equation making it, its output index); ("in", i): the program's input i
+Source = tuple[str, int]
+
+
+class MovedEquation(NamedTuple):
+    """What :func:`planned_collectives` reads of one equation of a program: its path, its
+    primitive (one of :data:`LOOPS` for a loop, whose body is a computation of its own;
+    else any), its inputs' sources (None: a constant) and the moves of its inputs (None or
+    a no-op plan: read as they arrive). A walked prediction's rows give them
+    (:meth:`.jaxpr.Prediction.planned_collectives`), and so does the program search's choice
+    before any walk (:meth:`.program._Search.combined`)."""
+
+    path: str
+    primitive: str
+    sources: tuple[Source | None, ...]
+    redistributions: tuple[RedistributePlan | None, ...]
+
+
 def planned_collectives(
-    prediction: Any, rules: CombinerRules, extra: Sequence[tuple[Any, RedistributePlan]] = ()
+    equations: Iterable[MovedEquation], rules: CombinerRules, extra: Sequence[tuple[Source, RedistributePlan]] = (),
+    shared_routes: bool = True,
 ) -> tuple[PlannedCollective, ...]:
-    """The collectives of ``prediction``'s redistributions (as
-    :meth:`~.jaxpr.Prediction.routed_steps` counts them: under the whole-program search,
-    a value's moves whose routes begin alike share those first steps,
-    :class:`.SharedRoutes`), in program order, with their dependencies read from its
-    dataflow; ``extra`` adds (source value, plan) moves at the end of the program, whose
-    routes continue the program's (e.g. :func:`~.check.check`'s conversions of outputs to
-    XLA's layouts)."""
-    loops = {eqn.path: eqn.primitive for eqn in prediction.equations if eqn.primitive in LOOPS}
+    """The collectives of ``equations``' moves, in program order, with their dependencies
+    read from its dataflow; ``shared_routes``: a value's moves whose routes begin alike
+    share those first steps (:class:`.SharedRoutes`; as the whole-program search plans
+    them, :meth:`~.jaxpr.Prediction.routed_steps`), else each runs its own. ``extra`` adds
+    (source value, plan) moves at the end of the program, whose routes continue the
+    program's (e.g. :func:`~.check.check`'s conversions of outputs to XLA's layouts)."""
+    equations = tuple(equations)
+    loops = {eqn.path: eqn.primitive for eqn in equations if eqn.primitive in LOOPS}
     upstream: dict[str, int] = {}  # equation path -> collectives its outputs depend on
     # each route's run records the collectives the value depends on there: a later move along that route runs
     # nothing there and depends on what the first did
-    routes = SharedRoutes(prediction.search == "program")
+    routes = SharedRoutes(shared_routes)
     result: list[PlannedCollective] = []
 
     def before(source: Any) -> int:
@@ -268,8 +287,8 @@ def planned_collectives(
             routes.record(route, after)
         return after
 
-    for eqn in prediction.equations:
-        plans = eqn.signature.redistributions if eqn.signature is not None else ()
+    for eqn in equations:
+        plans = eqn.redistributions
         scope = _scope(eqn.path, loops)
         bits = 0
         for i in range(max(len(plans), len(eqn.sources))):

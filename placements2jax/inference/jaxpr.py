@@ -50,7 +50,10 @@ from ..caches import Memo, cached, collector_paused
 from ..errors import InferenceError, Placements2JaxError, UnsupportedOpError
 from ..layout import Layout
 from ..mesh import DeviceMesh
-from .combine import LOOPS, CombinedCollective, combine, combiner_rules, lowered_step, planned_collectives
+from .combine import (
+    LOOPS, CombinedCollective, MovedEquation, PlannedCollective, combine, combiner_rules, lowered_step,
+    planned_collectives,
+)
 from .cost import ALL_REDUCE, CostModel, CostModelLike, Overhead, resolve_cost_model
 from .frameworks import bind
 from .ops import PrimitiveDef, primitive_definition, registered_function
@@ -310,13 +313,29 @@ class Prediction:
             return Counter(c.op for s in self.schedules for c in s.collectives)
         return Counter(s.collective for s in self.steps)
 
-    def combined(self, backend: str | None = None) -> tuple[CombinedCollective, ...]:
+    def combined(
+        self, backend: str | None = None, extra: Sequence[tuple[ValueId, RedistributePlan]] = ()
+    ) -> tuple[CombinedCollective, ...]:
         """The predicted collectives (the planner's steps, whatever ``policy``) as
         ``backend``'s XLA combiner merges them (:mod:`.combine`: independent collectives of
         one kind on the same mesh axes become one of several operands); ``backend``: a JAX
-        platform name, default the mesh's."""
+        platform name, default the mesh's; ``extra``: moves at the end of the program, as
+        :meth:`planned_collectives` takes them (``check``'s conversions of the outputs)."""
         rules = combiner_rules(self._backend if backend is None else backend)
-        return combine(planned_collectives(self, rules), rules)
+        return combine(self.planned_collectives(backend, extra), rules)
+
+    def planned_collectives(
+        self, backend: str | None = None, extra: Sequence[tuple[ValueId, RedistributePlan]] = ()
+    ) -> tuple[PlannedCollective, ...]:
+        """The predicted collectives as ``backend``'s XLA compiles them, before its combiner
+        (:func:`.combine.planned_collectives` of the rows' moves, routes shared as the
+        whole-program search plans them; ``extra``: moves at the end, whose routes continue
+        the program's); ``backend``: a JAX platform name, default the mesh's."""
+        rules = combiner_rules(self._backend if backend is None else backend)
+        moved = (MovedEquation(e.path, e.primitive, e.sources,
+                               e.signature.redistributions if e.signature is not None else ())
+                 for e in self.equations)
+        return planned_collectives(moved, rules, extra, shared_routes=self.search == "program")
 
     @property
     def combined_counts(self) -> Counter[str]:

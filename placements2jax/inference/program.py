@@ -360,7 +360,8 @@ from ..layout import Layout
 from ..mesh import DeviceMesh
 from . import blocks
 from .combine import (
-    BACKENDS, CombinedCollective, CombinerRules, PlannedCollective, combine, combiner_rules, planned_collectives,
+    BACKENDS, CombinedCollective, CombinerRules, MovedEquation, PlannedCollective, combine, combiner_rules,
+    planned_collectives,
 )
 from .cost import (
     ALL_REDUCE, COMMUNICATING, DEFAULT_COLLECTIVE_OVERHEAD, REDUCE_SCATTER, CostModel, Overhead, overhead_of,
@@ -733,32 +734,6 @@ def _descend(
         if cost < best and cost[1] <= best[1]:
             chosen, best = found, cost
     return chosen
-
-
-@dataclass(frozen=True)
-class _Routed:
-    """One equation of a choice as :func:`.combine.planned_collectives` reads a walked one
-    (:class:`.jaxpr.EquationReport`): its path, primitive (a loop's, else ``""``), its
-    inputs' sources and their moves (None: none)."""
-
-    path: str
-    primitive: str
-    sources: tuple[ValueId | None, ...]
-    redistributions: tuple[RedistributePlan | None, ...]
-
-    @property
-    def signature(self) -> _Routed:
-        """Itself: planned_collectives reads the moves as ``signature.redistributions``."""
-        return self
-
-
-@dataclass(frozen=True)
-class _RoutedProgram:
-    """A choice as :func:`.combine.planned_collectives` reads a prediction: its equations,
-    chosen for the whole program (a value's moves sharing their routes' first steps)."""
-
-    equations: tuple[_Routed, ...]
-    search: str = "program"
 
 
 Choice = dict[str, int]  # equation path -> index of its candidate
@@ -1381,16 +1356,16 @@ class _Search:
                 inner = node.path + "."
                 for i, src in enumerate(node.sources):
                     if src is not None and src[0].startswith(inner):
-                        equations.append(_Routed(f"{src[0]}.out{i}", "", (src,), (plans[i],)))
+                        equations.append(MovedEquation(f"{src[0]}.out{i}", "", (src,), (plans[i],)))
                         plans[i] = None
-            equations.append(_Routed(node.path, loops.get(node.path, ""), node.sources, tuple(plans)))
+            equations.append(MovedEquation(node.path, loops.get(node.path, ""), node.sources, tuple(plans)))
         ends = []
         for value, targets in self.owed.items():
             (shape, dtype), state = self.out_avals[value[0]][value[1]], self.outs[value[0]][choice[value[0]]][value[1]]
             for target in targets:  # a free output's partials reduced (check converts it so to XLA's layout)
                 target = self.states[layouts[state].without_partial()] if target is None else target
                 ends += [(value, plan(shape, dtype, state, target))] if target != state else []
-        planned = planned_collectives(_RoutedProgram(tuple(equations)), rules, ends)
+        planned = planned_collectives(equations, rules, ends)
         return planned, combine(planned, rules)
 
     def charge(self, value: ValueId, aval: AvalKey, state: State) -> Cost:
