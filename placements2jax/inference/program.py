@@ -154,7 +154,7 @@ overhead per collective after the combiner (:meth:`_Search.combined`: the choice
 through :func:`.combine.planned_collectives` and :func:`.combine.combine`, ~10-20 ms on
 the training steps): :func:`_continued` keeps the cheaper of its two results by it (at
 1,024 B per collective the stacked LM's step: both 33,360 in 15 planned, the descent's
-10 after the combiner where the search's 11, XLA's 9), and :func:`_bounded` takes a
+10 after the combiner where the search's 11, XLA's 9), and :func:`_descended` takes a
 descent's result no dearer by the objective in fewer after the combiner. Under a model
 off the default, :func:`_continued` ends with :meth:`_Search.regrouped`: every
 equation's moves, and their *keeping cascades* (:meth:`_Search.keeps`: an equation whose
@@ -516,7 +516,7 @@ def _continued(
     start = _choose(graph, cost_model, targets, seeds, dispatched_choice, DEFAULT_COLLECTIVE_OVERHEAD)
     found = _partly(search, search.improve(start, values=True, reducing=True, pulls=True))
     # the cheaper by the model's objective, which charges each collective its overhead already: not "in no more
-    # collectives" too (_bounded's rule for a descent from its own start), which kept the bf16 Llama scan's
+    # collectives" too (_descended's rule for a descent from its own start), which kept the bf16 Llama scan's
     # 122,256 in 26 planned collectives over the descent's 112,912 in 27 (one more all-reduce, 192 B); with the
     # overhead charged per collective after XLA's combiner (_Search.grouped): at 1,024 B per collective the stacked
     # LM's two tie at 33,360 in 15 planned, the descent's in 10 after the combiner where 11
@@ -530,7 +530,7 @@ def _continued(
     # then the ties the descents cannot tell apart, by the collectives after the combiner (MultiSteps 10 -> 9)
     kept = search.regrouped(kept)
     planned = search if search.as_planned else search.repriced(compiled=False)
-    return _bounded(search, planned, _eagers(graph, dispatched_choice), kept, kept, kept)
+    return _bounded(planned, _eagers(graph, dispatched_choice), kept)
 
 
 def _eagers(graph: ProgramGraph, dispatched_choice: tuple[int, ...] | None) -> tuple[Choice, Choice]:
@@ -589,7 +589,7 @@ def _choose(
     # improvements of benchmarks/dump_predictions.py it found from both
     kept, pulls = min(results, key=lambda result: cost(result[0]))
     search.tie_moved(not pulls)
-    return _bounded(search, planned, (eager, dispatched), by_planner, kept, _partly(search, kept))
+    return _bounded(planned, (eager, dispatched), _descended(search, kept, _partly(search, kept)), by_planner)
 
 
 def _seeded(
@@ -653,7 +653,8 @@ def _finish(
     found = search.improve(
         found, values=True, reducing=True, gathers=True, pulls=pulls, offered=search.near_gathered, carry_pulls=True
     )
-    return _bounded(search, planned, eagers, by_planner, chosen, _partly(search, found) if partly else found)
+    return _bounded(planned, eagers, _descended(search, chosen, _partly(search, found) if partly else found),
+                    by_planner)
 
 
 def _partly(search: _Search, choice: Choice) -> Choice:
@@ -668,22 +669,25 @@ def _partly(search: _Search, choice: Choice) -> Choice:
     )
 
 
-def _bounded(
-    search: _Search, planned: _Search, eagers: tuple[Choice, Choice], by_planner: Choice, chosen: Choice,
-    found: Choice,
-) -> Choice:
+def _descended(search: _Search, chosen: Choice, found: Choice) -> Choice:
     """``found``, descended from ``chosen``, where it costs less in no more planned
     collectives, or no more in fewer collectives after XLA's combiner
-    (:meth:`_Search.grouped`), else ``chosen``; that, the planner's result or eager's (:func:`_finish`'
-    ``eagers``), the first sending no more bytes than eager dispatch by the planner's prices."""
-    best = search.total(chosen)
-    cost = search.total(found)
+    (:meth:`_Search.grouped`), else ``chosen``."""
+    if found == chosen:
+        return chosen
+    best, cost = search.total(chosen), search.total(found)
     # the groups found only where the planned count does not decide (rare: each walks the whole choice)
-    if found != chosen and (
-        cost < best and cost[1] <= best[1]
-        or cost[0] <= best[0] and search.grouped(found)[1] < search.grouped(chosen)[1]
-    ):
-        chosen = found
+    if cost < best and cost[1] <= best[1] or cost[0] <= best[0] and search.grouped(found)[1] < search.grouped(chosen)[1]:
+        return found
+    return chosen
+
+
+def _bounded(
+    planned: _Search, eagers: tuple[Choice, Choice], chosen: Choice, by_planner: Choice | None = None
+) -> Choice:
+    """``chosen``, the planner's result (``by_planner``) or eager's (:func:`_finish`'
+    ``eagers``), the first sending no more bytes than eager dispatch by the planner's
+    prices."""
     # never more bytes than eager dispatch, priced by the planner (as the prediction is; eager's own routes, without
     # the overhead): the overhead per collective trades bytes for fewer collectives, never beyond eager's bytes.
     # The bytes as walked: the first candidates' walk (no choices) routes without the overhead, a choice's with it
@@ -693,7 +697,7 @@ def _bounded(
         return planned.plain_bytes(choice) if choice == eager else planned.walked_bytes(choice)
 
     limit = min(map(planned.plain_bytes, eagers))
-    options = (chosen, by_planner, *eagers)
+    options = (chosen, *(() if by_planner is None else (by_planner,)), *eagers)
     return next((option for option in options if walked(option) <= limit), min(options, key=walked))
 
 
