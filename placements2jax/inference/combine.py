@@ -10,7 +10,10 @@ The rules, read from XLA's source (``collective_combiner_utils.h``'s
 ``CombineInstructionsByKey``, ``all_reduce_key.h``, the CPU and GPU compilers' pipelines):
 
 * Collectives are visited in program order (XLA: the computation's post order), per
-  computation (a loop body is its own computation; calls are inlined first). Each joins
+  computation (a loop body is its own computation; calls are inlined first, and so is a
+  scan of one trip: ``WhileLoopSimplifier`` replaces a loop of trip count 1 by its body,
+  measured on Llama's one-layer masked scan, whose compiled program has no while and one
+  all-reduce of the body's activation gradients and the program's squared sums). Each joins
   the open group of its *key*; the group is closed (combined) first when the collective
   depends on one of its members (a data path from it), or when adding it would pass the
   backend's byte threshold or count (256 operands).
@@ -217,7 +220,11 @@ def planned_collectives(
     dataflow; ``extra`` adds (source value, plan) moves at the end of the program, whose
     routes continue the program's (e.g. :func:`~.check.check`'s conversions of outputs to
     XLA's layouts)."""
-    loops = {eqn.path: eqn.primitive for eqn in prediction.equations if eqn.primitive in LOOPS}
+    loops = dict(prediction.loops)
+    # a scan of one trip, inlined by XLA: its rows are the program's, and its carried-out values depend on what
+    # the body's results moved to the carries did (a walk's ``<loop>.carry<j>`` rows; the search's equations
+    # list the loop after its body, its sources the body's results)
+    inlined = {eqn.path for eqn in prediction.equations if eqn.primitive in LOOPS and eqn.path not in loops}
     upstream: dict[str, int] = {}  # equation path -> collectives its outputs depend on
     # each route's run records the collectives the value depends on there: a later move along that route runs
     # nothing there and depends on what the first did
@@ -228,6 +235,8 @@ def planned_collectives(
         if source is None:
             return 0
         path = source[0]
+        if path in inlined:
+            return upstream[path] | upstream.get(f"{path}.carry{source[1]}", 0)
         while path not in upstream:  # a loop's sliced / stacked value: its loop's
             if "." not in path:
                 return 0  # an input of the program

@@ -187,6 +187,9 @@ class Prediction:
     # the value each output is (before its out_layouts move; None: a literal or constant), for
     # the dataflow of moves after the program (check's conversions to XLA's layouts)
     output_sources: tuple[ValueId | None, ...] = dataclasses.field(default=(), repr=False, compare=False)
+    # the loops XLA compiles as loops, (path, primitive): each body a computation of the combiner's own
+    # (:func:`.combine.planned_collectives`; a scan of one trip is not among them, XLA inlines it)
+    loops: tuple[tuple[str, str], ...] = dataclasses.field(default=(), repr=False, compare=False)
 
     @property
     def out_layouts_tree(self) -> Any:
@@ -476,8 +479,7 @@ def _predict(
     ) -> tuple[Prediction, ProgramGraph, _Walker]:
         walker = _Walker(mesh, model, choices, on_unknown, gathered=gathered, searched=not gathered, unsplit=unsplit)
         outputs = walker.walk(closed.jaxpr, consts, specs, "", [("in", i) for i in range(len(specs))])
-        loops = tuple((row.path, row.primitive) for row in walker.rows if row.primitive in LOOPS)
-        graph = ProgramGraph(mesh, tuple(walker.nodes), tuple(s for _, s in outputs), specs, loops)
+        graph = walker.graph(outputs, specs)
         finals = [
             (spec, source) if target is None else walker.move("out_layouts", f"out.{i}", spec, source, target)
             for i, ((spec, source), target) in enumerate(zip(outputs, targets))
@@ -489,6 +491,7 @@ def _predict(
             in_tree=flat.tree, constrained=tuple(t is not None for t in targets), search=search,
             policy=policy, cost_model=model if policy is not None else None,
             jaxpr=closed, choices=tuple(choices.items()), on_unknown=on_unknown, output_sources=output_sources,
+            loops=graph.loops,
         )
         return prediction, graph, walker
 
@@ -1136,6 +1139,19 @@ class _Walker:
         self.node_at: dict[str, ProgramNode] = {}  # the nodes by path
         self.calls: list[Any] = []  # the enclosing call equations (their source lines for errors)
         self.loops: dict[str, _LoopCarries] = {}  # the loops walked (not their fixed points' trials), by path
+        # the scans of one trip: XLA's WhileLoopSimplifier replaces such a loop by its body (the one-layer masked
+        # Llama scan compiles with no while, its body's all-reduces combined with the program's), so its body is no
+        # computation of its own for the combiner (:func:`.combine.planned_collectives`); by path, the position of
+        # the body's first node
+        self.inlined: dict[str, int] = {}
+
+    def graph(self, outputs: Sequence[tuple[TensorSpec, ValueId | None]], inputs: tuple[TensorSpec, ...]) -> ProgramGraph:
+        """The walked program's dataflow for the search, ``outputs`` as :meth:`walk` returned
+        them: its loops XLA compiles as loops, and the scans of one trip it inlines."""
+        loops = tuple((row.path, row.primitive) for row in self.rows
+                      if row.primitive in LOOPS and row.path not in self.inlined)
+        return ProgramGraph(self.mesh, tuple(self.nodes), tuple(s for _, s in outputs), inputs, loops,
+                            tuple(self.inlined.items()))
 
     def _trial(self) -> _Walker:
         """A walker whose rows and nodes are thrown away (for fixed points)."""
@@ -1486,6 +1502,8 @@ class _Walker:
         also replicated where the walk saw it partial."""
         body = eqn.params["jaxpr"]
         nc, nk = eqn.params["num_consts"], eqn.params["num_carry"]
+        if eqn.params["length"] == 1:
+            self.inlined[path] = len(self.nodes)
         consts, const_srcs = self._constants(path, ins[:nc], srcs[:nc])
         init, xs = ins[nc:nc + nk], ins[nc + nk:]
         stacked = [
@@ -1714,6 +1732,14 @@ class _TorchWalker(_Walker):
     def __init__(self, *args: Any, picked: dict[str, Candidate] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.picked: dict[str, Candidate] = {} if picked is None else picked
+
+    def graph(self, outputs: Sequence[tuple[TensorSpec, ValueId | None]], inputs: tuple[TensorSpec, ...]) -> ProgramGraph:
+        """The walked program's dataflow for the search, ``outputs`` as :meth:`walk` returned
+        them: its loops XLA compiles as loops, and the scans of one trip it inlines."""
+        loops = tuple((row.path, row.primitive) for row in self.rows
+                      if row.primitive in LOOPS and row.path not in self.inlined)
+        return ProgramGraph(self.mesh, tuple(self.nodes), tuple(s for _, s in outputs), inputs, loops,
+                            tuple(self.inlined.items()))
 
     def _trial(self) -> _Walker:
         return _TorchWalker(self.mesh, self.cost_model, self.choices, self.on_unknown, picked=self.picked)
