@@ -393,6 +393,17 @@ def test_a_scan_of_one_trip_is_grouped_as_xla_inlines_it(mesh: Any, monkeypatch:
     report = check(fn, *inputs)
     assert (len(report.predicted_combined), len(report.compiled_collectives)) == (1, 1)
 
+    def after(x: jax.Array, a: jax.Array) -> jax.Array:  # the scan's carry read after it: two all-reduces, one
+        # depending on the other (1 when the carry out had its initial value's dependencies only)
+        def body(c: jax.Array, _: Any) -> tuple[jax.Array, None]:
+            return c + jnp.tanh(jnp.sum(x)), None
+
+        y, _ = jax.lax.scan(body, jnp.zeros(()), None, length=1)
+        return jnp.tanh(jnp.sum(a * y))
+
+    report = check(after, *inputs)
+    assert (len(report.predicted_combined), len(report.compiled_collectives)) == (2, 2)
+
 
 def test_a_tie_goes_to_fewer_collectives_after_the_combiner(mesh: Any) -> None:
     """The stacked LM's adamw step (tests/models/stacked.py) at 1,024 B per collective: the

@@ -221,10 +221,9 @@ def planned_collectives(
     routes continue the program's (e.g. :func:`~.check.check`'s conversions of outputs to
     XLA's layouts)."""
     loops = dict(prediction.loops)
-    # a scan of one trip, inlined by XLA: its rows are the program's, and its carried-out values depend on what
-    # the body's results moved to the carries did (a walk's ``<loop>.carry<j>`` rows; the search's equations
-    # list the loop after its body, its sources the body's results)
-    inlined = {eqn.path for eqn in prediction.equations if eqn.primitive in LOOPS and eqn.path not in loops}
+    # a scan of one trip, inlined by XLA: its rows are the program's, and its results depend on what their values
+    # in the body did, and their moves to the carries (``<loop>.carry<j>``)
+    returned = dict(prediction.returned)
     upstream: dict[str, int] = {}  # equation path -> collectives its outputs depend on
     # each route's run records the collectives the value depends on there: a later move along that route runs
     # nothing there and depends on what the first did
@@ -234,9 +233,10 @@ def planned_collectives(
     def before(source: Any) -> int:
         if source is None:
             return 0
+        if source in returned:
+            path, j = source
+            return upstream.get(path, 0) | upstream.get(f"{path}.carry{j}", 0) | before(returned[source])
         path = source[0]
-        if path in inlined:
-            return upstream[path] | upstream.get(f"{path}.carry{source[1]}", 0)
         while path not in upstream:  # a loop's sliced / stacked value: its loop's
             if "." not in path:
                 return 0  # an input of the program

@@ -190,6 +190,8 @@ class Prediction:
     # the loops XLA compiles as loops, (path, primitive): each body a computation of the combiner's own
     # (:func:`.combine.planned_collectives`; a scan of one trip is not among them, XLA inlines it)
     loops: tuple[tuple[str, str], ...] = dataclasses.field(default=(), repr=False, compare=False)
+    # (a one-trip scan's result, the value it is in the body): as :attr:`.ProgramGraph.returned`
+    returned: tuple[tuple[ValueId, ValueId | None], ...] = dataclasses.field(default=(), repr=False, compare=False)
 
     @property
     def out_layouts_tree(self) -> Any:
@@ -491,7 +493,7 @@ def _predict(
             in_tree=flat.tree, constrained=tuple(t is not None for t in targets), search=search,
             policy=policy, cost_model=model if policy is not None else None,
             jaxpr=closed, choices=tuple(choices.items()), on_unknown=on_unknown, output_sources=output_sources,
-            loops=graph.loops,
+            loops=graph.loops, returned=graph.returned,
         )
         return prediction, graph, walker
 
@@ -1144,6 +1146,9 @@ class _Walker:
         # computation of its own for the combiner (:func:`.combine.planned_collectives`); by path, the position of
         # the body's first node
         self.inlined: dict[str, int] = {}
+        # the value each result of such a scan is in its body (its carries', its stacks'): what the combiner's
+        # dependencies follow (a carry or stack the walk did not move has no row of its own)
+        self.returned: dict[ValueId, ValueId | None] = {}
 
     def graph(self, outputs: Sequence[tuple[TensorSpec, ValueId | None]], inputs: tuple[TensorSpec, ...]) -> ProgramGraph:
         """The walked program's dataflow for the search, ``outputs`` as :meth:`walk` returned
@@ -1151,7 +1156,7 @@ class _Walker:
         loops = tuple((row.path, row.primitive) for row in self.rows
                       if row.primitive in LOOPS and row.path not in self.inlined)
         return ProgramGraph(self.mesh, tuple(self.nodes), tuple(s for _, s in outputs), inputs, loops,
-                            tuple(self.inlined.items()))
+                            tuple(self.inlined.items()), tuple(self.returned.items()))
 
     def _trial(self) -> _Walker:
         """A walker whose rows and nodes are thrown away (for fixed points)."""
@@ -1532,6 +1537,8 @@ class _Walker:
             )
             ys.append(TensorSpec(a.shape, a.dtype, _stacked(chosen)))
         ys_sources = [(f"{path}.ys{i}", 0) for i in range(len(ys))]
+        if path in self.inlined:
+            self.returned.update(zip([*((path, j) for j in range(nk)), *ys_sources], (s for _, s in outs)))
         return self._finish_loop_row(slot, srcs, [*back, *ys], range(nc, nc + nk), ys_sources, outs[:nk], 1, consts)
 
     def _while(
@@ -1739,7 +1746,7 @@ class _TorchWalker(_Walker):
         loops = tuple((row.path, row.primitive) for row in self.rows
                       if row.primitive in LOOPS and row.path not in self.inlined)
         return ProgramGraph(self.mesh, tuple(self.nodes), tuple(s for _, s in outputs), inputs, loops,
-                            tuple(self.inlined.items()))
+                            tuple(self.inlined.items()), tuple(self.returned.items()))
 
     def _trial(self) -> _Walker:
         return _TorchWalker(self.mesh, self.cost_model, self.choices, self.on_unknown, picked=self.picked)

@@ -411,6 +411,8 @@ class ProgramGraph:
     inputs: tuple[TensorSpec, ...]
     loops: tuple[tuple[str, str], ...] = ()
     inlined: tuple[tuple[str, int], ...] = ()  # the scans of one trip: (path, position of the body's first node)
+    # (a result of a scan of one trip, the value it is in the body): the combiner's dependencies follow the body
+    returned: tuple[tuple[ValueId, ValueId | None], ...] = ()
 
 
 def forced_signature(op: str, inputs: tuple[TensorSpec, ...], candidate: Candidate, cost_model: CostModel) -> Signature:
@@ -761,6 +763,7 @@ class _RoutedProgram:
 
     equations: tuple[_Routed, ...]
     loops: tuple[tuple[str, str], ...]  # as :attr:`ProgramGraph.loops`
+    returned: tuple[tuple[ValueId, ValueId | None], ...]  # as :attr:`ProgramGraph.returned`
     search: str = "program"
 
 
@@ -1402,8 +1405,11 @@ class _Search:
             # carry and join rows do
             if node.path in loops or node.path in inlined:
                 for i, src in enumerate(node.sources):
-                    if in_body(node.path, src):
-                        equations.append(_Routed(f"{src[0]}.out{i}", "", (src,), (plans[i],)))
+                    if in_body(node.path, src):  # an inlined scan's named as the walk's carry rows (its sources: its
+                        # initial values, then its body's results)
+                        name = f"{node.path}.carry{i - len(node.sources) // 2}" if node.path in inlined else \
+                            f"{src[0]}.out{i}"
+                        equations.append(_Routed(name, "", (src,), (plans[i],)))
                     if in_body(node.path, src) or node.path in inlined:
                         plans[i] = None
             equations.append(_Routed(node.path, loops.get(node.path, ""), node.sources, tuple(plans)))
@@ -1413,7 +1419,7 @@ class _Search:
             for target in targets:  # a free output's partials reduced (check converts it so to XLA's layout)
                 target = self.states[layouts[state].without_partial()] if target is None else target
                 ends += [(value, plan(shape, dtype, state, target))] if target != state else []
-        planned = planned_collectives(_RoutedProgram(tuple(equations), self.graph.loops), rules, ends)
+        planned = planned_collectives(_RoutedProgram(tuple(equations), self.graph.loops, self.graph.returned), rules, ends)
         return planned, combine(planned, rules)
 
     def charge(self, value: ValueId, aval: AvalKey, state: State) -> Cost:
