@@ -1150,7 +1150,9 @@ class _Walker:
         # dependencies follow (a carry or stack the walk did not move has no row of its own)
         self.returned: dict[ValueId, ValueId | None] = {}
 
-    def graph(self, outputs: Sequence[tuple[TensorSpec, ValueId | None]], inputs: tuple[TensorSpec, ...]) -> ProgramGraph:
+    def graph(
+        self, outputs: Sequence[tuple[TensorSpec, ValueId | None]], inputs: tuple[TensorSpec, ...]
+    ) -> ProgramGraph:
         """The walked program's dataflow for the search, ``outputs`` as :meth:`walk` returned
         them: its loops XLA compiles as loops, and the scans of one trip it inlines."""
         loops = tuple((row.path, row.primitive) for row in self.rows
@@ -1739,14 +1741,6 @@ class _TorchWalker(_Walker):
     def __init__(self, *args: Any, picked: dict[str, Candidate] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.picked: dict[str, Candidate] = {} if picked is None else picked
-
-    def graph(self, outputs: Sequence[tuple[TensorSpec, ValueId | None]], inputs: tuple[TensorSpec, ...]) -> ProgramGraph:
-        """The walked program's dataflow for the search, ``outputs`` as :meth:`walk` returned
-        them: its loops XLA compiles as loops, and the scans of one trip it inlines."""
-        loops = tuple((row.path, row.primitive) for row in self.rows
-                      if row.primitive in LOOPS and row.path not in self.inlined)
-        return ProgramGraph(self.mesh, tuple(self.nodes), tuple(s for _, s in outputs), inputs, loops,
-                            tuple(self.inlined.items()), tuple(self.returned.items()))
 
     def _trial(self) -> _Walker:
         return _TorchWalker(self.mesh, self.cost_model, self.choices, self.on_unknown, picked=self.picked)

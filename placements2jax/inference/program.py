@@ -1419,7 +1419,8 @@ class _Search:
             for target in targets:  # a free output's partials reduced (check converts it so to XLA's layout)
                 target = self.states[layouts[state].without_partial()] if target is None else target
                 ends += [(value, plan(shape, dtype, state, target))] if target != state else []
-        planned = planned_collectives(_RoutedProgram(tuple(equations), self.graph.loops, self.graph.returned), rules, ends)
+        routed = _RoutedProgram(tuple(equations), self.graph.loops, self.graph.returned)
+        planned = planned_collectives(routed, rules, ends)
         return planned, combine(planned, rules)
 
     def charge(self, value: ValueId, aval: AvalKey, state: State) -> Cost:
