@@ -10,7 +10,10 @@ The rules, read from XLA's source (``collective_combiner_utils.h``'s
 ``CombineInstructionsByKey``, ``all_reduce_key.h``, the CPU and GPU compilers' pipelines):
 
 * Collectives are visited in program order (XLA: the computation's post order), per
-  computation (a loop body is its own computation; calls are inlined first). Each joins
+  computation (a loop body is its own computation; calls are inlined first, and so is a
+  scan of one trip: ``WhileLoopSimplifier`` replaces a loop of trip count 1 by its body,
+  measured on Llama's one-layer masked scan, whose compiled program has no while and one
+  all-reduce of the body's activation gradients and the program's squared sums). Each joins
   the open group of its *key*; the group is closed (combined) first when the collective
   depends on one of its members (a data path from it), or when adding it would pass the
   backend's byte threshold or count (256 operands).
@@ -213,30 +216,35 @@ Source = tuple[str, int]
 
 class MovedEquation(NamedTuple):
     """What :func:`planned_collectives` reads of one equation of a program: its path, its
-    primitive (one of :data:`LOOPS` for a loop, whose body is a computation of its own;
-    else any), its inputs' sources (None: a constant) and the moves of its inputs (None or
-    a no-op plan: read as they arrive). A walked prediction's rows give them
+    inputs' sources (None: a constant) and the moves of its inputs (None or a no-op plan:
+    read as they arrive). A walked prediction's rows give them
     (:meth:`.jaxpr.Prediction.planned_collectives`), and so does the program search's choice
     before any walk (:meth:`.program._Search.combined`)."""
 
     path: str
-    primitive: str
     sources: tuple[Source | None, ...]
     redistributions: tuple[RedistributePlan | None, ...]
 
 
 def planned_collectives(
     equations: Iterable[MovedEquation], rules: CombinerRules, extra: Sequence[tuple[Source, RedistributePlan]] = (),
+    *, loops: Iterable[tuple[str, str]] = (), returned: Iterable[tuple[Source, Source | None]] = (),
     shared_routes: bool = True,
 ) -> tuple[PlannedCollective, ...]:
     """The collectives of ``equations``' moves, in program order, with their dependencies
-    read from its dataflow; ``shared_routes``: a value's moves whose routes begin alike
-    share those first steps (:class:`.SharedRoutes`; as the whole-program search plans
-    them, :meth:`~.jaxpr.Prediction.routed_steps`), else each runs its own. ``extra`` adds
-    (source value, plan) moves at the end of the program, whose routes continue the
-    program's (e.g. :func:`~.check.check`'s conversions of outputs to XLA's layouts)."""
-    equations = tuple(equations)
-    loops = {eqn.path: eqn.primitive for eqn in equations if eqn.primitive in LOOPS}
+    read from its dataflow; ``loops``: (path, primitive) of the loops XLA compiles as loops
+    (each body a computation of the combiner's own; not a scan of one trip, which XLA
+    inlines), ``returned``: (a one-trip scan's result, the value it is in the body; its
+    carries' moves are rows ``<loop>.carry<j>``), ``shared_routes``: a value's moves whose
+    routes begin alike share those first steps (:class:`.SharedRoutes`; as the
+    whole-program search plans them, :meth:`~.jaxpr.Prediction.routed_steps`), else each
+    runs its own. ``extra`` adds (source value, plan) moves at the end of the program,
+    whose routes continue the program's (e.g. :func:`~.check.check`'s conversions of
+    outputs to XLA's layouts)."""
+    loops = dict(loops)
+    # a scan of one trip, inlined by XLA: its rows are the program's, and its results depend on what their values
+    # in the body did, and their moves to the carries (``<loop>.carry<j>``)
+    returned = dict(returned)
     upstream: dict[str, int] = {}  # equation path -> collectives its outputs depend on
     # each route's run records the collectives the value depends on there: a later move along that route runs
     # nothing there and depends on what the first did
@@ -246,6 +254,9 @@ def planned_collectives(
     def before(source: Any) -> int:
         if source is None:
             return 0
+        if source in returned:
+            path, j = source
+            return upstream.get(path, 0) | upstream.get(f"{path}.carry{j}", 0) | before(returned[source])
         path = source[0]
         while path not in upstream:  # a loop's sliced / stacked value: its loop's
             if "." not in path:

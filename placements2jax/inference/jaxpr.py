@@ -190,6 +190,11 @@ class Prediction:
     # the value each output is (before its out_layouts move; None: a literal or constant), for
     # the dataflow of moves after the program (check's conversions to XLA's layouts)
     output_sources: tuple[ValueId | None, ...] = dataclasses.field(default=(), repr=False, compare=False)
+    # the loops XLA compiles as loops, (path, primitive): each body a computation of the combiner's own
+    # (:func:`.combine.planned_collectives`; a scan of one trip is not among them, XLA inlines it)
+    loops: tuple[tuple[str, str], ...] = dataclasses.field(default=(), repr=False, compare=False)
+    # (a one-trip scan's result, the value it is in the body): as :attr:`.ProgramGraph.returned`
+    returned: tuple[tuple[ValueId, ValueId | None], ...] = dataclasses.field(default=(), repr=False, compare=False)
 
     @property
     def out_layouts_tree(self) -> Any:
@@ -332,10 +337,10 @@ class Prediction:
         whole-program search plans them; ``extra``: moves at the end, whose routes continue
         the program's); ``backend``: a JAX platform name, default the mesh's."""
         rules = combiner_rules(self._backend if backend is None else backend)
-        moved = (MovedEquation(e.path, e.primitive, e.sources,
-                               e.signature.redistributions if e.signature is not None else ())
+        moved = (MovedEquation(e.path, e.sources, e.signature.redistributions if e.signature is not None else ())
                  for e in self.equations)
-        return planned_collectives(moved, rules, extra, shared_routes=self.search == "program")
+        return planned_collectives(moved, rules, extra, loops=self.loops, returned=self.returned,
+                                   shared_routes=self.search == "program")
 
     @property
     def combined_counts(self) -> Counter[str]:
@@ -495,8 +500,7 @@ def _predict(
     ) -> tuple[Prediction, ProgramGraph, _Walker]:
         walker = _Walker(mesh, model, choices, on_unknown, gathered=gathered, searched=not gathered, unsplit=unsplit)
         outputs = walker.walk(closed.jaxpr, consts, specs, "", [("in", i) for i in range(len(specs))])
-        loops = tuple((row.path, row.primitive) for row in walker.rows if row.primitive in LOOPS)
-        graph = ProgramGraph(mesh, tuple(walker.nodes), tuple(s for _, s in outputs), specs, loops)
+        graph = walker.graph(outputs, specs)
         finals = [
             (spec, source) if target is None else walker.move("out_layouts", f"out.{i}", spec, source, target)
             for i, ((spec, source), target) in enumerate(zip(outputs, targets))
@@ -508,6 +512,7 @@ def _predict(
             in_tree=flat.tree, constrained=tuple(t is not None for t in targets), search=search,
             policy=policy, cost_model=model if policy is not None else None,
             jaxpr=closed, choices=tuple(choices.items()), on_unknown=on_unknown, output_sources=output_sources,
+            loops=graph.loops, returned=graph.returned,
         )
         return prediction, graph, walker
 
@@ -1155,6 +1160,24 @@ class _Walker:
         self.node_at: dict[str, ProgramNode] = {}  # the nodes by path
         self.calls: list[Any] = []  # the enclosing call equations (their source lines for errors)
         self.loops: dict[str, _LoopCarries] = {}  # the loops walked (not their fixed points' trials), by path
+        # the scans of one trip: XLA's WhileLoopSimplifier replaces such a loop by its body (the one-layer masked
+        # Llama scan compiles with no while, its body's all-reduces combined with the program's), so its body is no
+        # computation of its own for the combiner (:func:`.combine.planned_collectives`); by path, the position of
+        # the body's first node
+        self.inlined: dict[str, int] = {}
+        # the value each result of such a scan is in its body (its carries', its stacks'): what the combiner's
+        # dependencies follow (a carry or stack the walk did not move has no row of its own)
+        self.returned: dict[ValueId, ValueId | None] = {}
+
+    def graph(
+        self, outputs: Sequence[tuple[TensorSpec, ValueId | None]], inputs: tuple[TensorSpec, ...]
+    ) -> ProgramGraph:
+        """The walked program's dataflow for the search, ``outputs`` as :meth:`walk` returned
+        them: its loops XLA compiles as loops, and the scans of one trip it inlines."""
+        loops = tuple((row.path, row.primitive) for row in self.rows
+                      if row.primitive in LOOPS and row.path not in self.inlined)
+        return ProgramGraph(self.mesh, tuple(self.nodes), tuple(s for _, s in outputs), inputs, loops,
+                            tuple(self.inlined.items()), tuple(self.returned.items()))
 
     def _trial(self) -> _Walker:
         """A walker whose rows and nodes are thrown away (for fixed points)."""
@@ -1505,6 +1528,8 @@ class _Walker:
         also replicated where the walk saw it partial."""
         body = eqn.params["jaxpr"]
         nc, nk = eqn.params["num_consts"], eqn.params["num_carry"]
+        if eqn.params["length"] == 1:
+            self.inlined[path] = len(self.nodes)
         consts, const_srcs = self._constants(path, ins[:nc], srcs[:nc])
         init, xs = ins[nc:nc + nk], ins[nc + nk:]
         stacked = [
@@ -1533,6 +1558,8 @@ class _Walker:
             )
             ys.append(TensorSpec(a.shape, a.dtype, _stacked(chosen)))
         ys_sources = [(f"{path}.ys{i}", 0) for i in range(len(ys))]
+        if path in self.inlined:
+            self.returned.update(zip([*((path, j) for j in range(nk)), *ys_sources], (s for _, s in outs)))
         return self._finish_loop_row(slot, srcs, [*back, *ys], range(nc, nc + nk), ys_sources, outs[:nk], 1, consts)
 
     def _while(

@@ -403,13 +403,17 @@ class ProgramGraph:
     """The dataflow of a walked program: equations in program order, the value each
     output of the function is (None: a literal or constant), the function's inputs, and
     its loops' (path, primitive) (``scan``, ``while``, ``cond``: the computations XLA's
-    combiner groups within, :func:`.combine.planned_collectives`)."""
+    combiner groups within, :func:`.combine.planned_collectives`; not a scan of one trip,
+    which XLA inlines)."""
 
     mesh: DeviceMesh
     nodes: Sequence[ProgramNode]
     outputs: tuple[ValueId | None, ...]
     inputs: tuple[TensorSpec, ...]
     loops: tuple[tuple[str, str], ...] = ()
+    inlined: tuple[tuple[str, int], ...] = ()  # the scans of one trip: (path, position of the body's first node)
+    # (a result of a scan of one trip, the value it is in the body): the combiner's dependencies follow the body
+    returned: tuple[tuple[ValueId, ValueId | None], ...] = ()
 
 
 def forced_signature(op: str, inputs: tuple[TensorSpec, ...], candidate: Candidate, cost_model: CostModel) -> Signature:
@@ -1347,29 +1351,52 @@ class _Search:
                 shape, dtype, layouts[src], layouts[dst], self.cost_model, self.overhead
             )
 
-        equations = []
-        for node in self.graph.nodes:
+        def moves(node: ProgramNode) -> list[RedistributePlan | None]:
             needs = self.ins[node.path][choice[node.path]]
-            plans = [
+            return [
                 plan(spec.shape, spec.dtype, arriving, need)
                 for spec, arriving, need in zip(node.inputs, self.arriving(node.path, choice), needs)
             ]
+
+        def in_body(loop: str, src: ValueId | None) -> bool:
+            return src is not None and src[0].startswith(loop + ".")
+
+        # a scan of one trip, inlined by XLA (:attr:`ProgramGraph.inlined`): its initial values move to the carries
+        # where its body begins (the node, listed after its body, keeps the body's results' moves)
+        inlined = dict(self.graph.inlined)
+        opening: dict[int, list[ProgramNode]] = {}
+        if inlined:
+            for node in self.graph.nodes:
+                if node.path in inlined:
+                    opening.setdefault(inlined[node.path], []).append(node)
+        equations = []
+        for k, node in enumerate(self.graph.nodes):
+            for scan in opening.get(k, ()):
+                starting = tuple(not in_body(scan.path, src) for src in scan.sources)
+                equations.append(MovedEquation(
+                    scan.path, tuple(src if keep else None for src, keep in zip(scan.sources, starting)),
+                    tuple(p if keep else None for p, keep in zip(moves(scan), starting)),
+                ))
+            plans = moves(node)
             # a body's result moved to the carry (a branch's to the cond's join) runs in that body, as the walk's
             # carry and join rows do
-            if node.path in loops:
-                inner = node.path + "."
+            if node.path in loops or node.path in inlined:
                 for i, src in enumerate(node.sources):
-                    if src is not None and src[0].startswith(inner):
-                        equations.append(MovedEquation(f"{src[0]}.out{i}", "", (src,), (plans[i],)))
+                    if in_body(node.path, src):  # an inlined scan's named as the walk's carry rows (its sources: its
+                        # initial values, then its body's results)
+                        name = f"{node.path}.carry{i - len(node.sources) // 2}" if node.path in inlined else \
+                            f"{src[0]}.out{i}"
+                        equations.append(MovedEquation(name, (src,), (plans[i],)))
+                    if in_body(node.path, src) or node.path in inlined:
                         plans[i] = None
-            equations.append(MovedEquation(node.path, loops.get(node.path, ""), node.sources, tuple(plans)))
+            equations.append(MovedEquation(node.path, node.sources, tuple(plans)))
         ends = []
         for value, targets in self.owed.items():
             (shape, dtype), state = self.out_avals[value[0]][value[1]], self.outs[value[0]][choice[value[0]]][value[1]]
             for target in targets:  # a free output's partials reduced (check converts it so to XLA's layout)
                 target = self.states[layouts[state].without_partial()] if target is None else target
                 ends += [(value, plan(shape, dtype, state, target))] if target != state else []
-        planned = planned_collectives(equations, rules, ends)
+        planned = planned_collectives(equations, rules, ends, loops=self.graph.loops, returned=self.graph.returned)
         return planned, combine(planned, rules)
 
     def charge(self, value: ValueId, aval: AvalKey, state: State) -> Cost:
