@@ -334,6 +334,27 @@ def test_split_prng_keys_under_a_dearer_collective(mesh: Any) -> None:
     assert str(prediction.out_layouts[0]) == "S(0),S(1)"
 
 
+def test_prng_keys_have_replicated_candidates_only(mesh: Any) -> None:
+    """Every candidate of an equation reading or making PRNG keys keeps them Replicate
+    (``Aval.is_key``, applied to the 1-D signatures before any candidate is built): the
+    shape rules of reshape, slice and squeeze offered an array of 8 keys split over both
+    mesh dims or partial (19 candidates for the reshape on dp=2 x tp=4, ``P(max),P(max)``
+    among them), which no rank can draw from and no planner can price."""
+
+    def fn(x: jax.Array, key: jax.Array) -> jax.Array:
+        keys = jax.random.split(key, 8).reshape(2, 4)
+        return x * jax.random.normal(keys[1, 2], x.shape)
+
+    prediction = predict(fn, spec(mesh, (8, 16), "S(0),S(1)"), jax.random.key(0), search="eager")
+    rows = [row for row in prediction.equations if row.signature is not None
+            and any(s.aval.is_key for s in row.signature.inputs)]
+    assert [row.signature.op for row in rows] == ["random_split", "reshape", "slice", "squeeze", "random_bits"]
+    for row in rows:
+        (candidate,) = row.signature.candidates
+        assert all(str(x) == "R,R" for x in (*candidate.in_layouts, *candidate.out_layouts))
+    assert prediction.nbytes == 0
+
+
 def test_a_choice_is_grouped_as_its_prediction_is(mesh: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """``_Search.combined`` of the search's choice (the choice's moves, without walking the
     program) groups its collectives as the prediction's walk does (``Prediction.combined``):

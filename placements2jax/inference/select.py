@@ -286,6 +286,9 @@ def _infer_signature(
     definitions = {"op": op_definition, "primitive": primitive_definition, "function": function_definition}
     definition = definitions[kind](name)
     one_d = list(definition.rule(ins, out_avals, **dict(params)))
+    prng = [t for t, aval in enumerate(ins + out_avals) if aval.is_key]
+    if prng:  # PRNG keys: Replicate on every mesh dim (Aval.is_key), whatever the shape rule allows
+        one_d = [sig for sig in one_d if all(isinstance((*sig.inputs, *sig.outputs)[t], Replicate) for t in prng)]
     name = definition.name
     layouts = [s.layout for s in specs] + [x for x in (out_constraint or ()) + (in_constraint or ()) if x is not None]
     orders = nest_orders(mesh, layouts)

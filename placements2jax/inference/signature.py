@@ -81,6 +81,14 @@ class Aval:
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
+    @property
+    def is_key(self) -> bool:
+        """An array of typed PRNG keys (an extended dtype, ``key<fry>``): Replicate only.
+        A key is no number: a partial of keys has no sum, and every rank draws its bits
+        from the whole key (issue 15: keys are always Replicate), whatever placements a
+        shape rule (a slice, a reshape, a scan's slicing) would allow its array."""
+        return not isinstance(self.dtype, np.dtype)
+
     def __str__(self) -> str:
         return f"{self.dtype.name}{list(self.shape)}"
 
