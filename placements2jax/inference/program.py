@@ -1879,10 +1879,7 @@ class _Search:
         if any(state[1]):
             targets = dict.fromkeys(((state[0], (None,) * len(state[1])), *self.needs(value, choice)))
             targets.pop(state, None)
-        elif common and isinstance(self.out_avals[path][j][1], np.dtype):
-            # in the first consumer's candidates' order; not a PRNG key (an extended dtype, Replicate by ops.py's
-            # nullary rule), which the slices of jax.random.split's keys can take split and the backend's widening
-            # cannot price: these moves crashed predict under any model off the default on GPT-2's dropout
+        elif common:  # in the first consumer's candidates' order (a PRNG key's consumers take it Replicate only)
             takes = [self.candidates[c].by_in[i] for c, i in consumers]
             targets = dict.fromkeys(x for x in takes[0] if x != state and all(x in other for other in takes[1:]))
         elif gathers and len(state) == 2 and any(state[0]) and any(c in self.near_fixed_outputs for c, _ in consumers):
