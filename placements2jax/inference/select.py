@@ -880,9 +880,8 @@ def _distinct_orders(
     dim (:func:`_cosplit`, in order) layouts no smaller order gives: two orders give every
     tensor the same layouts iff they order each such pair alike (the layouts' keys in
     :func:`_add_layouts` prefer the smaller order). Mesh order alone where no tensor dim is
-    split by two mesh dims of more than one device, as :func:`_add_layouts`
-    (:func:`_nests`). A combination splitting one tensor dim by two mesh dims has 2
-    distinct orders of the 6 on a 3-D mesh, each checked and built once."""
+    split by two mesh dims of more than one device, as :func:`_layout_choices`. A
+    combination splitting one tensor dim by two mesh dims has 2 distinct orders of the 6 on a 3-D mesh, each checked and built once."""
     if not any(mesh_shape[a] > 1 and mesh_shape[b] > 1 for a, b in pairs):
         return orders[:1]
     least: dict[tuple[bool, ...], tuple[int, ...]] = {}
@@ -1015,12 +1014,23 @@ def _layout_choices(
     ordered = sorted(sigs, key=sig_keys.__getitem__)
     # (signature, placement table, key) triples: a combination's parts without hashing signatures (a
     # dataclass's hash, in Python) per combination
-    entries = [(sig, _placement_table(sig), sig_keys[sig]) for sig in ordered]
+    tables = [_placement_table(sig) for sig in ordered]
+    # (signature, placement table, key, index) quadruples: a combination's parts without hashing signatures (a
+    # dataclass's hash, in Python) per combination
+    entries = [(sig, table, sig_keys[sig], k) for k, (sig, table) in enumerate(zip(ordered, tables))]
+    # whether a combination nests (some tensor dim split by two mesh dims of more than one device: the nest order
+    # matters; a size-1 mesh dim splits nothing wherever it nests: mesh order alone puts it in place) from its
+    # pairs of signatures (_cosplit), looked up per pair of those mesh dims, not computed or hashed per combination
+    cosplit = _cosplit(tables)
+    real = [m for m, n in enumerate(mesh.shape) if n > 1]
+    real_pairs = tuple(itertools.combinations(real, 2))
     found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]] = {}
     per_dim = [entries] * mesh.ndim if allowed is None else [[e for e in entries if e[0] in a] for a in allowed]
+    first = orders[:1]
     for chosen in itertools.product(*per_dim):
-        combo, placements, keys = zip(*chosen)
-        _add_layouts(combo, placements, keys, orders, shapes, mesh, found)
+        combo, placements, keys, ix = zip(*chosen)
+        nests = any(cosplit[ix[a]][ix[b]] for a, b in real_pairs)
+        _add_layouts(combo, placements, keys, orders if nests else first, shapes, mesh, found)
     return tuple((layouts, combo, order) for layouts, (_, combo, order) in found.items())
 
 
@@ -1029,12 +1039,12 @@ def _add_layouts(
     orders: tuple[tuple[int, ...], ...], shapes: FitShapes, mesh: DeviceMesh,
     found: dict[tuple[Layout, ...], tuple[tuple[Any, ...], tuple[OneDSig, ...], tuple[int, ...]]],
 ) -> list[tuple[Layout, ...]]:
-    """The valid layouts of one combination of 1-D signatures (one per nest order that
-    matters), each entered in ``found`` with the least ``(keys, order)`` giving it; returns
-    the layouts ``found`` did not hold before."""
+    """The valid layouts of one combination of 1-D signatures in the nest orders ``orders``
+    (the caller's: those that matter), each entered in ``found`` with the least ``(keys,
+    order)`` giving it; returns the layouts ``found`` did not hold before."""
     new = []
     joints = [s.joint for s in combo if s.joint is not None]
-    for order in orders if _nests(placements, mesh.shape) else orders[:1]:
+    for order in orders:
         layouts = _layouts(combo, placements, order, shapes, mesh)
         if layouts is None or (joints and not _joints_hold(joints, layouts, mesh.shape)):
             continue
@@ -1060,31 +1070,6 @@ def _placement_table(sig: OneDSig) -> tuple[tuple[int, Any], ...]:
         (p.dim, None) if isinstance(p, Shard) else (None, p.reduce_op if isinstance(p, Partial) else None)
         for p in sig.placements
     )
-
-
-def _nests(placements: Sequence[tuple[tuple[int, Any], ...]], mesh_shape: tuple[int, ...]) -> bool:
-    """Does some tensor dim get split by several mesh dims of more than one device (so the
-    nest order matters)? A size-1 mesh dim splits nothing wherever it nests: mesh order
-    alone puts it in place (every order would give the same data as new layouts).
-    Memoized per combination (ops of like signatures repeat them)."""
-    key = (tuple(placements), mesh_shape)
-    found = _NESTS.get(key)
-    if found is None:
-        found = _nested(placements, mesh_shape)
-        _NESTS.remember(key, found)
-    return found
-
-
-_NESTS = Memo(65536)
-
-
-def _nested(placements: Sequence[tuple[tuple[int, Any], ...]], mesh_shape: tuple[int, ...]) -> bool:
-    """:func:`_nests`, computed."""
-    for per_tensor in zip(*placements):  # each tensor's entries, one per mesh dim
-        dims = [dim for (dim, _), n in zip(per_tensor, mesh_shape) if dim is not None and n > 1]
-        if len(dims) != len(set(dims)):
-            return True
-    return False
 
 
 def continued_partials(specs: Sequence[TensorSpec], in_layouts: Sequence[Layout], gathered: bool = True) -> set[int]:
