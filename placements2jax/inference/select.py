@@ -881,7 +881,8 @@ def _distinct_orders(
     tensor the same layouts iff they order each such pair alike (the layouts' keys in
     :func:`_add_layouts` prefer the smaller order). Mesh order alone where no tensor dim is
     split by two mesh dims of more than one device, as :func:`_layout_choices`. A
-    combination splitting one tensor dim by two mesh dims has 2 distinct orders of the 6 on a 3-D mesh, each checked and built once."""
+    combination splitting one tensor dim by two mesh dims has 2 distinct orders of the 6
+    on a 3-D mesh, each checked and built once."""
     if not any(mesh_shape[a] > 1 and mesh_shape[b] > 1 for a, b in pairs):
         return orders[:1]
     least: dict[tuple[bool, ...], tuple[int, ...]] = {}
@@ -1012,8 +1013,6 @@ def _layout_choices(
     dim, the signatures it may use (a subset of ``sigs``; None: all)."""
     sig_keys = {sig: _sig_key(sig) for sig in sigs}
     ordered = sorted(sigs, key=sig_keys.__getitem__)
-    # (signature, placement table, key) triples: a combination's parts without hashing signatures (a
-    # dataclass's hash, in Python) per combination
     tables = [_placement_table(sig) for sig in ordered]
     # (signature, placement table, key, index) quadruples: a combination's parts without hashing signatures (a
     # dataclass's hash, in Python) per combination
