@@ -1223,6 +1223,8 @@ class _Search:
         ]
         self.totals: dict[Any, Cost] = {}  # total() per choice
         self.groupings: dict[Any, Any] = {}  # combined() per choice
+        # and its moves per equation, candidate and arriving states
+        self.node_moves: dict[tuple[str, int, tuple[State, ...]], tuple[RedistributePlan | None, ...]] = {}
         # greedy() per node and the choices it reads (greedy_reads: how its inputs not fixed arrive, and a
         # stacking node's consumers' needs): found before the arriving states are built (a memo by arriving
         # states too found 2% more on GPT-2's adamw step, for the cost of building and hashing them at every
@@ -1352,11 +1354,16 @@ class _Search:
             )
 
         def moves(node: ProgramNode) -> list[RedistributePlan | None]:
-            needs = self.ins[node.path][choice[node.path]]
-            return [
-                plan(spec.shape, spec.dtype, arriving, need)
-                for spec, arriving, need in zip(node.inputs, self.arriving(node.path, choice), needs)
-            ]
+            # per equation, its candidate and the layouts its inputs arrive in (the choices grouped differ in a few)
+            key = (node.path, choice[node.path], self.arriving(node.path, choice))
+            known = self.node_moves.get(key)
+            if known is None:
+                needs = self.ins[node.path][key[1]]
+                known = self.node_moves[key] = tuple(
+                    plan(spec.shape, spec.dtype, arriving, need)
+                    for spec, arriving, need in zip(node.inputs, key[2], needs)
+                )
+            return list(known)
 
         def in_body(loop: str, src: ValueId | None) -> bool:
             return src is not None and src[0].startswith(loop + ".")
