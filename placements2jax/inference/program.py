@@ -819,6 +819,20 @@ def _getter(paths: Sequence[str]) -> Callable[[Choice], Any]:
     return itemgetter(*paths)
 
 
+def _one_dim_apart(state: State, other: State) -> bool:
+    """Whether ``other`` places ``state``'s value otherwise on one mesh dim alone (its split
+    gathered, moved to another tensor dim or made: one all-gather, all-to-all or slice of the
+    value), its partials and strides alike."""
+    if state[1:] != other[1:]:
+        return False
+
+    def placed(dim_axes: tuple[tuple[int, ...], ...]) -> dict[int, tuple[int, int]]:
+        return {m: (d, k) for d, axes in enumerate(dim_axes) for k, m in enumerate(axes)}
+
+    here, there = placed(state[0]), placed(other[0])
+    return sum(here.get(m) != there.get(m) for m in here.keys() | there.keys()) == 1
+
+
 def _partial_dims(states: Sequence[State]) -> frozenset[int]:
     """The mesh dims some of ``states`` is partial on."""
     return frozenset(m for state in states for m, op in enumerate(state[1]) if op)
@@ -1869,7 +1883,12 @@ class _Search:
         them may need it yet): the float32 Llama scan's logits, read on the vocabulary
         split by the max, the shifted logits, the masked lookup and the gradient, all moved
         to the sequence split at once (the whole loss there: -576 by the AG/A2A 8,192
-        objective, where one consumer re-chosen alone costs +8,672 or more).
+        objective, where one consumer re-chosen alone costs +8,672 or more). Only layouts
+        one mesh dim apart from the value's (:func:`_one_dim_apart`): every common move
+        the descent applied on the 34 programs measured (section 14's 15 and the dump's 19
+        under AG/A2A 8,192) gathered or moved one mesh dim's split, and with the others
+        offered too it evaluated 3,932 value moves on Llama's 2x4 adamw step (0.82 s CPU of
+        its 3.3 s cold predict), 745 without them (0.21 s; the 34 predictions identical).
         Each consumer takes the candidate cheapest for its other inputs that needs the
         value in that layout; a layout some consumer cannot take is skipped. :meth:`improve`
         tries each move cascading and with the consumers alone: a bias gradient summing an
@@ -1888,7 +1907,10 @@ class _Search:
             targets.pop(state, None)
         elif common:  # in the first consumer's candidates' order (a PRNG key's consumers take it Replicate only)
             takes = [self.candidates[c].by_in[i] for c, i in consumers]
-            targets = dict.fromkeys(x for x in takes[0] if x != state and all(x in other for other in takes[1:]))
+            targets = dict.fromkeys(
+                x for x in takes[0]
+                if x != state and _one_dim_apart(state, x) and all(x in other for other in takes[1:])
+            )
         elif gathers and len(state) == 2 and any(state[0]) and any(c in self.near_fixed_outputs for c, _ in consumers):
             targets = {(tuple(() for _ in state[0]), state[1]): None}
         else:
