@@ -522,3 +522,18 @@ def test_value_cost_is_each_distinct_need_moved_once(mesh: Any, picks: list[int]
             nbytes, steps = nbytes + move[0], steps + move[1]
         assert search.value_cost(value_id, choice) == (nbytes, steps)
     assert search.total(choice) == search.around(search.values, choice)
+
+
+def test_common_value_moves_are_one_mesh_dim_apart() -> None:
+    """The common value moves (``_continued``'s last descent) offer layouts that place the
+    value otherwise on one mesh dim alone: one split gathered, moved or made; not two, not
+    a partial or a stride the value does not have."""
+    apart = program_module._one_dim_apart
+    state = (((0,), (), (1,)), (None, None))  # S(0) over mesh dim 0, S(2) over mesh dim 1
+    assert apart(state, (((0,), (), ()), (None, None)))  # mesh dim 1 gathered
+    assert apart(state, (((0,), (1,), ()), (None, None)))  # mesh dim 1 moved to dim 1
+    assert apart(state, (((0, 1), (), ()), (None, None)))  # mesh dim 1 moved inside dim 0
+    assert not apart(state, ((((), (), ())), (None, None)))  # both gathered
+    assert not apart(state, (((1,), (), (0,)), (None, None)))  # both moved
+    assert not apart(state, (((0,), (), ()), ("sum", None)))  # a partial made
+    assert not apart(state, state)
