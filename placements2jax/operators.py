@@ -59,7 +59,7 @@ from .hlo import running
 from .inference import default_cost_model, infer_signature, predict
 from .inference.cost import CostModel, CostModelLike
 from .inference.frameworks import Bound, bind, variables_of, with_static_outputs
-from .inference.jaxpr import CONSTRAINT_SHARDING_PARAMS, _drop_dim0, _stacked, all_equations, execute
+from .inference.jaxpr import CONSTRAINT_SHARDING_PARAMS, DEBUG_EFFECTS, ON_UNKNOWN, _drop_dim0, _stacked, all_equations, execute
 from .inference.ops import freeze, op_definition, registered_function
 from .inference.rules import SCATTERS, gather_lookup_axis, scatter_lookup_axis
 from .inference.signature import RedistributePlan, TensorSpec, constant_layout, is_layout_leaf
@@ -410,7 +410,10 @@ _install_methods(DTensor)
 # -- apply -----------------------------------------------------------------------------------
 
 
-def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, execute: str = "auto", **kwargs: Any) -> Any:
+def apply(
+    fn: Callable[..., Any], *args: Any, out_layouts: Any = None, execute: str = "auto", on_unknown: str = "raise",
+    **kwargs: Any,
+) -> Any:
     """``fn(*args, **kwargs)`` on DTensors; the result has ``fn``'s structure with a
     DTensor per array, laid out as :func:`~placements2jax.inference.predict` says.
 
@@ -463,6 +466,9 @@ def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, execute: 
     ``out_layouts`` (a pytree prefix of the result: layouts, placements, DTensors and
     constants whose layout as an input an output keeps, or None) is enforced: those
     outputs are redistributed to it.
+    ``on_unknown="replicate"``: a primitive without an inference rule runs on its inputs
+    gathered to Replicate, its outputs Replicate (``predict``'s fallback; the default
+    ``"raise"`` names the primitive and the line of ``fn`` that made it).
     Like ``jax.jit``, the trace of ``fn`` is cached per function object and input
     shapes / dtypes / layouts: values ``fn`` closes over are read once. The prediction is
     ``predict``'s of ``fn`` on these arguments, so ``apply`` after ``predict`` or
@@ -499,9 +505,11 @@ def apply(fn: Callable[..., Any], *args: Any, out_layouts: Any = None, execute: 
     targets = _out_layouts_key(out_layouts, None if first is None else first.device_mesh)
     if execute not in EXECUTES:
         raise InferenceError("execute", execute, "unknown execution", f"use one of {EXECUTES}")
-    tag = ("apply", fn, frozen, in_tree, targets, execute)
+    if on_unknown not in ON_UNKNOWN:
+        raise InferenceError("on_unknown", on_unknown, "unknown fallback", f"use one of {ON_UNKNOWN}")
+    tag = ("apply", fn, frozen, in_tree, targets, execute, on_unknown)
     build = {"auto": _auto_program, "xla": _xla_program, "ops": _apply_program, "pinned": _pinned_program}[execute]
-    program = _dispatch(tag, leaves, partial(build, fn, frozen, in_tree, targets), partial(_leaf_path, args))
+    program = _dispatch(tag, leaves, partial(build, fn, frozen, in_tree, targets, on_unknown), partial(_leaf_path, args))
     _announce(f"apply({name})", program, leaves)
     try:
         result = program(leaves)
@@ -555,7 +563,7 @@ def _out_layouts_key(out_layouts: Any, mesh: DeviceMesh | None) -> Any:
 
 def _predicted(
     fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, keys: tuple[OperandKey, ...],
-    cost_model: CostModel, search: str,
+    cost_model: CostModel, search: str, on_unknown: str,
 ) -> tuple[Callable[..., Any], DeviceMesh, list[Layout], Any]:
     """apply's ``fn`` on flat operands, its mesh, input layouts and ``predict`` of it."""
     mesh = _mesh_of(keys, "args")
@@ -569,16 +577,18 @@ def _predicted(
     # predicted on fn itself and the arguments' structure (TensorSpecs for the leaves), not on flat_fn: the same
     # key as predict / check of fn on these DTensors, so apply after either reuses its Prediction (and jaxpr)
     specs = jax.tree.unflatten(in_tree, [TensorSpec(k[1], k[2], layout) for k, layout in zip(keys, layouts)])
-    prediction = predict(f, *specs, mesh=mesh, cost_model=cost_model, search=search, out_layouts=out_layouts)
+    prediction = predict(f, *specs, mesh=mesh, cost_model=cost_model, search=search, out_layouts=out_layouts,
+                         on_unknown=on_unknown)
     return flat_fn, mesh, layouts, prediction
 
 
 @cached(maxsize=1024)
 def _apply_program(
-    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, keys: tuple[OperandKey, ...], cost_model: CostModel
+    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, on_unknown: str, keys: tuple[OperandKey, ...],
+    cost_model: CostModel,
 ) -> Program:
     # op by op, as torch's DTensor dispatch (outputs stay Partial as torch's do)
-    _, mesh, layouts, prediction = _predicted(fn, kwargs, in_tree, targets, keys, cost_model, "eager")
+    _, mesh, layouts, prediction = _predicted(fn, kwargs, in_tree, targets, keys, cost_model, "eager", on_unknown)
     sources = [physical(layout, k[1]) for k, layout in zip(keys, layouts)]
     finals = [physical(spec.layout, spec.shape) for spec in prediction.outputs]
     closed = prediction.jaxpr
@@ -596,11 +606,12 @@ def _apply_program(
 
 @cached(maxsize=1024)
 def _xla_program(
-    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, keys: tuple[OperandKey, ...], cost_model: CostModel
+    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, on_unknown: str, keys: tuple[OperandKey, ...],
+    cost_model: CostModel,
 ) -> Program:
     """``apply(execute="xla")``: ``fn`` on the inputs' logical values, the outputs placed
     in the layouts the whole-program search predicts; XLA does the layout work."""
-    flat_fn, mesh, layouts, prediction = _predicted(fn, kwargs, in_tree, targets, keys, cost_model, "program")
+    flat_fn, mesh, layouts, prediction = _predicted(fn, kwargs, in_tree, targets, keys, cost_model, "program", on_unknown)
     sources = [physical(layout, k[1]) if k[0] == "dtensor" else None for k, layout in zip(keys, layouts)]
 
     def body(*arrays: Any) -> tuple[jax.Array, ...]:
@@ -614,12 +625,13 @@ def _xla_program(
 
 @cached(maxsize=1024)
 def _pinned_program(
-    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, keys: tuple[OperandKey, ...], cost_model: CostModel
+    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, on_unknown: str, keys: tuple[OperandKey, ...],
+    cost_model: CostModel,
 ) -> Program:
     """``apply(execute="pinned")``: the whole-program search's prediction run on the
     inputs' logical values by :class:`_Pinned` (every equation's layouts pinned, XLA
     partitioning the one program), the outputs placed as in ``"xla"``."""
-    _, _, layouts, prediction = _predicted(fn, kwargs, in_tree, targets, keys, cost_model, "program")
+    _, _, layouts, prediction = _predicted(fn, kwargs, in_tree, targets, keys, cost_model, "program", on_unknown)
     sources = [physical(layout, k[1]) for k, layout in zip(keys, layouts)]
 
     def body(*arrays: Any) -> tuple[jax.Array, ...]:
@@ -627,7 +639,7 @@ def _pinned_program(
         if any(isinstance(x, jax.Array) and jax.typeof(x).sharding.mesh.explicit_axes for x in logical):
             # inside jax.set_mesh of an Explicit mesh the values keep their Explicit types, where
             # with_sharding_constraint only asserts: XLA compiles fn whole instead ("xla")
-            return _xla_program(fn, kwargs, in_tree, targets, keys, cost_model).run(*arrays)
+            return _xla_program(fn, kwargs, in_tree, targets, on_unknown, keys, cost_model).run(*arrays)
         # inputs' partials are reduced first (as "xla" does): a value is Partial only as a stacked array
         inputs = [_Value(x, physical(s.layout.without_partial(), s.shape)) for x, s in zip(logical, sources)]
         executor, outs = _run_pinned(prediction, inputs, cost_model)
@@ -696,7 +708,8 @@ def _run_pinned(prediction: Any, inputs: Sequence[_Value], cost_model: CostModel
 
 @cached(maxsize=1024)
 def _auto_program(
-    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, keys: tuple[OperandKey, ...], cost_model: CostModel
+    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, on_unknown: str, keys: tuple[OperandKey, ...],
+    cost_model: CostModel,
 ) -> Program:
     """``apply(execute="auto")``: the ``"ops"`` program when ``fn`` calls a registered
     function, the ``"pinned"`` one when it reduces integers bitwise (XLA's CPU backend
@@ -714,7 +727,7 @@ def _auto_program(
         closed = None
     program = {"ops": _apply_program, "pinned": _pinned_program, "xla": _xla_program}[
         "xla" if closed is None else _auto_execute(closed.jaxpr)]
-    return program(fn, kwargs, in_tree, targets, keys, cost_model)
+    return program(fn, kwargs, in_tree, targets, on_unknown, keys, cost_model)
 
 
 _BITWISE_REDUCTIONS = frozenset({"reduce_and", "reduce_or", "reduce_xor"})
@@ -1023,6 +1036,12 @@ class _Executor(_Runner):
 
     def compute(self, eqn: Any, signature: Any, ins: Sequence[_Value]) -> list[_Value]:
         targets = [physical(layout, v.phys.shape) for layout, v in zip(signature.in_layouts, ins)]
+        if eqn.primitive.name in DEBUG_EFFECTS:
+            # on the logical values, as jax.jit runs it: once (or once per shard with partitioned=True), not once
+            # per rank as the equation's own shard_map would
+            args = [_to_logical(self.moved(v, t.layout).array, t) for v, t in zip(ins, targets)]
+            eqn.primitive.bind(*args, **eqn.primitive.get_bind_params(_unsharded_params(eqn)))
+            return []
         outs = [physical(layout, tuple(v.aval.shape)) for layout, v in zip(signature.out_layouts, eqn.outvars)]
         return [_Value(a, p) for a, p in zip(_run_local(eqn, ins, targets, outs), outs)]
 

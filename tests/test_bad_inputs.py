@@ -1340,6 +1340,13 @@ CASES: list[Case] = [
         lambda e: apply(jnp.sin, e.dt, execute="fast"),
     ),
     _c(
+        "apply: unknown on_unknown",
+        "apply",
+        InferenceError,
+        "on_unknown",
+        lambda e: apply(jnp.sin, e.dt, on_unknown="skip"),
+    ),
+    _c(
         "apply: execute not a name",
         "apply",
         InferenceError,

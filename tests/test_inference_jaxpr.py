@@ -154,6 +154,59 @@ def test_unsupported_primitive_is_named_with_its_source_line(mesh: Any) -> None:
     assert prediction.collectives["all-gather"] == 1
 
 
+@pytest.mark.parametrize("partitioned", [False, True])
+def test_debug_print_and_callback_see_the_values_as_under_jit(mesh: Any, partitioned: bool) -> None:
+    """``jax.debug.print`` / ``jax.debug.callback`` in the traced code: no outputs, their
+    operands gathered to Replicate (the callback sees the whole value, as XLA replicates
+    it), or with ``partitioned=True`` kept split (each device's shard) with partials
+    reduced; every execute mode of apply calls them as ``jax.jit`` does: once, or once per
+    device with its shard."""
+    from placements2jax import apply, distribute_tensor
+
+    x = np.arange(8 * 16, dtype=np.float32).reshape(8, 16)
+    w = np.ones((16, 4), np.float32)
+    dx, dw = distribute_tensor(x, mesh, "S(0),S(1)"), distribute_tensor(w, mesh, "R,S(0)")
+    seen: list[np.ndarray] = []
+
+    def f(a: jax.Array, b: jax.Array) -> jax.Array:
+        y = a @ b  # S(0),P
+        jax.debug.callback(lambda v: seen.append(np.asarray(v).copy()), y, partitioned=partitioned)
+        return jnp.tanh(y)
+
+    prediction = predict(f, dx, dw)
+    row = next(e for e in prediction.equations if e.primitive == "debug_callback")
+    assert row.outputs == ()
+    assert str(row.signature.chosen.in_layouts[0]) == ("S(0),R" if partitioned else "R,R")
+    full = x @ w
+    for execute in ("xla", "ops", "pinned"):
+        seen.clear()
+        out = apply(f, dx, dw, execute=execute)
+        jax.effects_barrier()
+        np.testing.assert_allclose(np.asarray(out.full_tensor()), np.tanh(full), rtol=1e-6)
+        if partitioned:  # each device its rows (4 of 8), replicated over tp
+            assert len(seen) == 8 and all(any(np.allclose(v, full[r:r + 4]) for r in (0, 4)) for v in seen)
+        else:
+            assert len(seen) == 1 and np.allclose(seen[0], full)
+
+
+def test_debug_print_in_a_training_step_is_walked(mesh: Any) -> None:
+    """A train step printing its loss (the commonest debugging line) predicts as without
+    the print: the loss is a scalar, its gather free of new collectives beyond its own."""
+    from placements2jax import distribute_tensor
+
+    def step(w: jax.Array, x: jax.Array) -> jax.Array:
+        loss, grad = jax.value_and_grad(lambda w: jnp.mean((x @ w) ** 2))(w)
+        jax.debug.print("loss {loss}", loss=loss)
+        return w - 0.1 * grad
+
+    w = distribute_tensor(np.ones((16, 8), np.float32), mesh, "R,S(1)")
+    x = distribute_tensor(np.ones((8, 16), np.float32), mesh, "S(0),R")
+    quiet = predict(lambda w, x: w - 0.1 * jax.grad(lambda w: jnp.mean((x @ w) ** 2))(w), w, x, out_layouts=w)
+    printed = predict(step, w, x, out_layouts=w)
+    assert printed.out_layouts == quiet.out_layouts
+    assert any(e.primitive == "debug_print" for e in printed.equations)
+
+
 def test_predict_errors(mesh: Any) -> None:
     with pytest.raises(InferenceError, match="not callable"):
         predict("f", spec(mesh, (8,), "S(0),R"))  # type: ignore[arg-type]

@@ -524,7 +524,8 @@ def _training_programs() -> dict[str, tuple[Callable[..., Any], tuple[Any, ...]]
 
 # primitives handled by the walker itself, not by a rule
 _WALKED = {"jit", "pjit", "closed_call", "custom_jvp_call", "custom_vjp_call", "remat2", "checkpoint", "scan",
-           "while", "cond", "sharding_constraint", "reshard", "optimization_barrier", "device_put", "shard_map"}
+           "while", "cond", "sharding_constraint", "reshard", "optimization_barrier", "device_put", "shard_map",
+           "debug_print", "debug_callback"}
 
 
 def test_every_primitive_of_the_training_steps_has_a_rule() -> None:

@@ -29,6 +29,7 @@ from placements2jax import (
     Partial,
     Replicate,
     Shard,
+    UnsupportedOpError,
     apply,
     implicit_replication,
     distribute_tensor,
@@ -439,6 +440,28 @@ def test_apply_with_keyword_arguments_and_a_jnp_function() -> None:
     default = apply(jnp.sum, x, axis=1, keepdims=True)  # XLA on the whole function: the program search's layout
     assert default.layout == predict(lambda v: jnp.sum(v, axis=1, keepdims=True), x).out_layouts[0]
     np.testing.assert_allclose(np.asarray(default.full_tensor()), a.sum(axis=1, keepdims=True), rtol=1e-5)
+
+
+@pytest.mark.parametrize("execute", ["auto", "xla", "ops", "pinned"])
+def test_apply_runs_a_primitive_without_a_rule_replicated_on_request(execute: str) -> None:
+    """A primitive with no inference rule (``bessel_i1e``) stops apply with the primitive
+    named, as predict does; ``on_unknown="replicate"`` runs it on its inputs gathered,
+    every execute mode giving the function's values."""
+    a = _data((8, 12), 44)
+    x = _dt(a, MESH2, "S(0),S(1)")
+
+    def f(v: jax.Array) -> jax.Array:
+        return jax.scipy.special.i1e(v) * 2.0 + v
+
+    with pytest.raises(UnsupportedOpError, match="bessel_i1e") as info:
+        apply(f, x, execute=execute)
+    assert "on_unknown" in info.value.fix
+    result = apply(f, x, execute=execute, on_unknown="replicate")
+    prediction = predict(f, x, search="eager" if execute == "ops" else "program", on_unknown="replicate")
+    row = next(e for e in prediction.equations if e.primitive.startswith("bessel_i1e"))
+    assert row.primitive == "bessel_i1e (no rule: replicated)" and str(row.outputs[0].layout) == "R,R"
+    assert result.layout == prediction.out_layouts[0]
+    np.testing.assert_allclose(np.asarray(result.full_tensor()), np.asarray(jax.jit(f)(a)), rtol=1e-6)
 
 
 def test_apply_vocab_parallel_embedding_is_a_masked_lookup() -> None:

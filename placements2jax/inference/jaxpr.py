@@ -93,6 +93,10 @@ CALL_JAXPR_PARAMS = {
 CONSTRAINT_SHARDING_PARAMS = {"sharding_constraint": "sharding", "reshard": "dst_sharding"}
 # primitives whose outputs are their inputs, each keeping its layout
 _PASS_THROUGH = ("optimization_barrier", "device_put")
+# host callbacks for their effect alone (``jax.debug.print`` / ``jax.debug.callback``): no outputs. Without
+# ``partitioned=True`` the callback sees the whole value, so XLA replicates its operands (an all-gather per split
+# operand, every partial reduced); with it, each device's own shard, so only partials are reduced
+DEBUG_EFFECTS = ("debug_print", "debug_callback")
 # what predict does at a primitive without a rule
 ON_UNKNOWN = ("raise", "replicate")
 # the rows of moves across a loop's or cond's bodies' boundaries (their routes go to the executor)
@@ -1312,6 +1316,11 @@ class _Walker:
         elif name in _PASS_THROUGH:
             layouts = [s.layout for s in ins]
             signature = self.fixed(name, ins, layouts, out_avals, layouts)
+        elif name in DEBUG_EFFECTS:
+            partitioned = eqn.params.get("partitioned", False)
+            layouts = [s.layout.without_partial() if partitioned else Layout(self.mesh, ((),) * len(s.shape))
+                       for s in ins]
+            signature = self.fixed(name, ins, layouts, out_avals, ())
         elif name == "shard_map":
             signature = self._shard_map(eqn, ins, out_avals)
         else:
