@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from models import common, gpt2
@@ -462,6 +463,47 @@ def test_apply_runs_a_primitive_without_a_rule_replicated_on_request(execute: st
     assert row.primitive == "bessel_i1e (no rule: replicated)" and str(row.outputs[0].layout) == "R,R"
     assert result.layout == prediction.out_layouts[0]
     np.testing.assert_allclose(np.asarray(result.full_tensor()), np.asarray(jax.jit(f)(a)), rtol=1e-6)
+
+
+def _named_layer(w: jax.Array, x: jax.Array) -> jax.Array:
+    return jnp.tanh(checkpoint_name(x @ w, "mlp_out"))
+
+
+_REMAT_POLICIES = {
+    "save_only_these_names": jax.checkpoint_policies.save_only_these_names("mlp_out"),
+    "offload": jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[], names_which_can_be_offloaded=["mlp_out"], offload_src="device",
+        offload_dst="pinned_host",
+    ),
+}
+
+
+@pytest.mark.parametrize("execute", ["xla", "ops", "pinned"])
+@pytest.mark.parametrize("policy", sorted(_REMAT_POLICIES))
+def test_apply_remat_by_checkpoint_names(policy: str, execute: str) -> None:
+    """``checkpoint_name`` (the ``name`` primitive, an identity) and the remat policies
+    that read it, as MaxText-style layers save or offload their activations by name."""
+    w, x = _data((16, 16), 45), _data((8, 16), 46)
+
+    def grad(w: jax.Array, x: jax.Array) -> jax.Array:
+        return jax.grad(lambda w: jax.checkpoint(_named_layer, policy=_REMAT_POLICIES[policy])(w, x).sum())(w)
+
+    result = apply(grad, _dt(w, MESH2, "R,S(1)"), _dt(x, MESH2, "S(0),R"), execute=execute)
+    np.testing.assert_allclose(np.asarray(result.full_tensor()), np.asarray(jax.jit(grad)(w, x)), rtol=1e-5)
+
+
+@pytest.mark.parametrize("execute", ["xla", "ops", "pinned"])
+def test_apply_platform_dependent_takes_this_platforms_branch(execute: str) -> None:
+    """``lax.platform_dependent`` (a ``platform_index`` scalar made from nothing and a
+    ``cond`` on it): the CPU branch runs here, the rows of both branches are walked."""
+    a = _data((8, 12), 47)
+
+    def f(v: jax.Array) -> jax.Array:
+        return jax.lax.platform_dependent(v, cpu=lambda y: y * 2.0, default=lambda y: y * 3.0) + 1.0
+
+    result = apply(f, _dt(a, MESH2, "S(0),S(1)"), execute=execute)
+    assert result.placements == (Shard(0), Shard(1))
+    np.testing.assert_allclose(np.asarray(result.full_tensor()), a * 2.0 + 1.0, rtol=1e-6)
 
 
 def test_apply_vocab_parallel_embedding_is_a_masked_lookup() -> None:

@@ -524,7 +524,7 @@ _PRIMITIVE_KINDS: dict[PartialKind, tuple[str, ...]] = {
     "max": ("max",),
     "min": ("min",),
     "negate": ("neg",),
-    "identity": ("copy", "copy_p", "reduce_precision", "stop_gradient", "real", "imag"),
+    "identity": ("copy", "copy_p", "reduce_precision", "stop_gradient", "real", "imag", "name"),
     "select": ("select_n",),
     "none": (
         "abs", "acos", "acosh", "asin", "asinh", "atan", "atanh", "cbrt", "ceil", "cos", "cosh", "erf", "erf_inv",
@@ -613,11 +613,12 @@ _primitive("pad", lambda ins, outs, *, padding_config: rules.pad(ins, outs, padd
 for _name, _kind in (("cumsum", "sum"), ("cummax", "max"), ("cummin", "min"), ("cumprod", "prod"), ("cumlogsumexp", "other")):
     _primitive(_name, lambda ins, outs, *, axis, _kind=_kind: rules.cumulative(ins, outs, axis=axis, kind=_kind), ("axis",))
 # values made from nothing, and PRNG keys and bits: Replicate (every rank draws the same
-# bits; a split consumer slices them for free)
+# bits; a split consumer slices them for free); ``platform_index`` (``lax.platform_dependent``'s
+# branch index) is a scalar made from nothing
 _primitive(
     (
         "iota", "rng_uniform", "rng_bit_generator", "random_seed", "random_bits", "random_split", "random_fold_in",
-        "random_wrap", "random_unwrap", "random_clone", "threefry2x32",
+        "random_wrap", "random_unwrap", "random_clone", "threefry2x32", "platform_index",
     ),
     rules.nullary,
 )
