@@ -157,6 +157,11 @@ PRIM_CASES = [
     PrimCase("unstack", lambda a: jnp.unstack(a, axis=1), _normal((5, 3, 6))),
     PrimCase("sort", lambda a, b: lax.sort((a, b), dimension=1, num_keys=1), _normal((5, 6), (5, 6))),
     PrimCase("top_k", lambda a: lax.top_k(a, 2), _normal((5, 6))),
+    PrimCase(  # a variadic reduce under its own computation: a linear recurrence's (product, sum) pairs
+        "reduce",
+        lambda a, b: lax.reduce((a, b), (np.float32(1), np.float32(0)), lambda x, y: (x[0] * y[0], x[1] + y[1]), (1,)),
+        _normal((5, 6, 3), (5, 6, 3)),
+    ),
     PrimCase("rev", lambda a: lax.rev(a, (0,)), _normal((5, 6))),
     PrimCase("pad", lambda a: lax.pad(a, np.float32(0), ((1, 2, 0), (0, 0, 0))), _normal((5, 6))),
     PrimCase(

@@ -506,6 +506,28 @@ def test_apply_platform_dependent_takes_this_platforms_branch(execute: str) -> N
     np.testing.assert_allclose(np.asarray(result.full_tensor()), a * 2.0 + 1.0, rtol=1e-6)
 
 
+@pytest.mark.parametrize("execute", ["xla", "ops", "pinned"])
+@pytest.mark.parametrize("placements", ["S(0),S(2)", "S(0),S(1)"])
+def test_apply_variadic_reduce_under_its_own_computation(placements: str, execute: str) -> None:
+    """``lax.reduce`` of two operands at once (a linear recurrence's coefficient product
+    and sum): split on a kept dim it runs in place; split on the reduced dim it is moved
+    first (never reduced split: the computation is its own)."""
+    a, b = _data((4, 16, 8), 48), _data((4, 16, 8), 49)
+
+    def f(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return lax.reduce((a, b), (np.float32(1), np.float32(0)), lambda x, y: (x[0] * y[0], x[1] + y[1]), (1,))
+
+    x, y = _dt(a, MESH2, placements), _dt(b, MESH2, placements)
+    search = "eager" if execute == "ops" else "program"
+    row = next(e for e in predict(f, x, y, search=search).equations if e.primitive == "reduce")
+    assert not any(layout.dim_axes[1] for layout in row.signature.chosen.in_layouts[:2])
+    if placements == "S(0),S(2)":
+        assert row.cost == 0
+    prod, total = apply(f, x, y, execute=execute)
+    np.testing.assert_allclose(np.asarray(prod.full_tensor()), a.prod(axis=1), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(total.full_tensor()), b.sum(axis=1), rtol=1e-5)
+
+
 def test_apply_vocab_parallel_embedding_is_a_masked_lookup() -> None:
     table = _data((10, 6), 22)
     ids = np.array([[0, 9, 3], [4, 4, 7]], np.int32)

@@ -550,6 +550,9 @@ for _name, _kind in (
     ("argmin", "arg"),
 ):
     _primitive(_name, lambda ins, outs, *, axes, _kind=_kind: rules.reduction(ins, outs, axes=axes, kind=_kind), ("axes",))
+_primitive(
+    "reduce", lambda ins, outs, *, dimensions: rules.custom_reduction(ins, outs, dimensions=dimensions), ("dimensions",)
+)
 # On bools, all is min and any is max (False < True), so a split reduced dim gives
 # P(min)/P(max) and the ranks combine one bool each (optax.apply_if_finite's isfinite over
 # every update) instead of gathering the operand; on integers they are bitwise, no partial.

@@ -191,6 +191,17 @@ def reduction(ins: Avals, outs: Avals, *, axes: Sequence[int], kind: str) -> lis
     return sigs
 
 
+def custom_reduction(ins: Avals, outs: Avals, *, dimensions: Sequence[int]) -> list[OneDSig]:
+    """``lax.reduce`` of ``n`` operands with their ``n`` scalar initial values under a
+    computation of its own (a variadic ``reduce``: e.g. the product and sum of a linear
+    recurrence's pairs at once): a kept dim split alike on every operand stays split
+    (renumbered); a reduced dim cannot be split and no partial passes (the computation is
+    arbitrary); the initial values are Replicate scalars."""
+    count, x = len(outs), ins[0]
+    kept = [d for d in range(x.ndim) if d not in dimensions]
+    return [OneDSig((Shard(d),) * count + (R,) * count, (Shard(kept.index(d)),) * count) for d in kept]
+
+
 def transpose(ins: Avals, outs: Avals, *, permutation: Sequence[int]) -> list[OneDSig]:
     """Output dim ``i`` is input dim ``permutation[i]``: ``S(perm[i]) -> S(i)``; partials pass."""
     sigs = [OneDSig((Shard(p),), (Shard(i),)) for i, p in enumerate(permutation)]
