@@ -59,7 +59,9 @@ from .hlo import running
 from .inference import default_cost_model, infer_signature, predict
 from .inference.cost import CostModel, CostModelLike
 from .inference.frameworks import Bound, bind, variables_of, with_static_outputs
-from .inference.jaxpr import CONSTRAINT_SHARDING_PARAMS, DEBUG_EFFECTS, ON_UNKNOWN, _drop_dim0, _stacked, all_equations, execute
+from .inference.jaxpr import (
+    CONSTRAINT_SHARDING_PARAMS, DEBUG_EFFECTS, ON_UNKNOWN, _drop_dim0, _stacked, all_equations, execute, trace_context,
+)
 from .inference.ops import freeze, op_definition, registered_function
 from .inference.rules import SCATTERS, gather_lookup_axis, scatter_lookup_axis
 from .inference.signature import RedistributePlan, TensorSpec, constant_layout, is_layout_leaf
@@ -507,9 +509,12 @@ def apply(
         raise InferenceError("execute", execute, "unknown execution", f"use one of {EXECUTES}")
     if on_unknown not in ON_UNKNOWN:
         raise InferenceError("on_unknown", on_unknown, "unknown fallback", f"use one of {ON_UNKNOWN}")
-    tag = ("apply", fn, frozen, in_tree, targets, execute, on_unknown)
+    context = trace_context()  # fn traced under jax.set_mesh is another program (as jax.jit keys it)
+    tag = ("apply", fn, frozen, in_tree, targets, execute, on_unknown, context)
     build = {"auto": _auto_program, "xla": _xla_program, "ops": _apply_program, "pinned": _pinned_program}[execute]
-    program = _dispatch(tag, leaves, partial(build, fn, frozen, in_tree, targets, on_unknown), partial(_leaf_path, args))
+    program = _dispatch(
+        tag, leaves, partial(build, fn, frozen, in_tree, targets, (on_unknown, context)), partial(_leaf_path, args)
+    )
     _announce(f"apply({name})", program, leaves)
     try:
         result = program(leaves)
@@ -582,13 +587,18 @@ def _predicted(
     return flat_fn, mesh, layouts, prediction
 
 
+# apply's options of a program (part of its cache key): on_unknown, and the mesh context fn is traced in
+# (:func:`.inference.jaxpr.trace_context`)
+ApplyOptions = tuple[str, Any]
+
+
 @cached(maxsize=1024)
 def _apply_program(
-    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, on_unknown: str, keys: tuple[OperandKey, ...],
+    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, options: ApplyOptions, keys: tuple[OperandKey, ...],
     cost_model: CostModel,
 ) -> Program:
     # op by op, as torch's DTensor dispatch (outputs stay Partial as torch's do)
-    _, mesh, layouts, prediction = _predicted(fn, kwargs, in_tree, targets, keys, cost_model, "eager", on_unknown)
+    _, mesh, layouts, prediction = _predicted(fn, kwargs, in_tree, targets, keys, cost_model, "eager", options[0])
     sources = [physical(layout, k[1]) for k, layout in zip(keys, layouts)]
     finals = [physical(spec.layout, spec.shape) for spec in prediction.outputs]
     closed = prediction.jaxpr
@@ -606,12 +616,12 @@ def _apply_program(
 
 @cached(maxsize=1024)
 def _xla_program(
-    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, on_unknown: str, keys: tuple[OperandKey, ...],
+    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, options: ApplyOptions, keys: tuple[OperandKey, ...],
     cost_model: CostModel,
 ) -> Program:
     """``apply(execute="xla")``: ``fn`` on the inputs' logical values, the outputs placed
     in the layouts the whole-program search predicts; XLA does the layout work."""
-    flat_fn, mesh, layouts, prediction = _predicted(fn, kwargs, in_tree, targets, keys, cost_model, "program", on_unknown)
+    flat_fn, mesh, layouts, prediction = _predicted(fn, kwargs, in_tree, targets, keys, cost_model, "program", options[0])
     sources = [physical(layout, k[1]) if k[0] == "dtensor" else None for k, layout in zip(keys, layouts)]
 
     def body(*arrays: Any) -> tuple[jax.Array, ...]:
@@ -625,13 +635,13 @@ def _xla_program(
 
 @cached(maxsize=1024)
 def _pinned_program(
-    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, on_unknown: str, keys: tuple[OperandKey, ...],
+    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, options: ApplyOptions, keys: tuple[OperandKey, ...],
     cost_model: CostModel,
 ) -> Program:
     """``apply(execute="pinned")``: the whole-program search's prediction run on the
     inputs' logical values by :class:`_Pinned` (every equation's layouts pinned, XLA
     partitioning the one program), the outputs placed as in ``"xla"``."""
-    _, _, layouts, prediction = _predicted(fn, kwargs, in_tree, targets, keys, cost_model, "program", on_unknown)
+    _, _, layouts, prediction = _predicted(fn, kwargs, in_tree, targets, keys, cost_model, "program", options[0])
     sources = [physical(layout, k[1]) for k, layout in zip(keys, layouts)]
 
     def body(*arrays: Any) -> tuple[jax.Array, ...]:
@@ -639,7 +649,7 @@ def _pinned_program(
         if any(isinstance(x, jax.Array) and jax.typeof(x).sharding.mesh.explicit_axes for x in logical):
             # inside jax.set_mesh of an Explicit mesh the values keep their Explicit types, where
             # with_sharding_constraint only asserts: XLA compiles fn whole instead ("xla")
-            return _xla_program(fn, kwargs, in_tree, targets, on_unknown, keys, cost_model).run(*arrays)
+            return _xla_program(fn, kwargs, in_tree, targets, options, keys, cost_model).run(*arrays)
         # inputs' partials are reduced first (as "xla" does): a value is Partial only as a stacked array
         inputs = [_Value(x, physical(s.layout.without_partial(), s.shape)) for x, s in zip(logical, sources)]
         executor, outs = _run_pinned(prediction, inputs, cost_model)
@@ -708,7 +718,7 @@ def _run_pinned(prediction: Any, inputs: Sequence[_Value], cost_model: CostModel
 
 @cached(maxsize=1024)
 def _auto_program(
-    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, on_unknown: str, keys: tuple[OperandKey, ...],
+    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, options: ApplyOptions, keys: tuple[OperandKey, ...],
     cost_model: CostModel,
 ) -> Program:
     """``apply(execute="auto")``: the ``"ops"`` program when ``fn`` calls a registered
@@ -727,7 +737,7 @@ def _auto_program(
         closed = None
     program = {"ops": _apply_program, "pinned": _pinned_program, "xla": _xla_program}[
         "xla" if closed is None else _auto_execute(closed.jaxpr)]
-    return program(fn, kwargs, in_tree, targets, on_unknown, keys, cost_model)
+    return program(fn, kwargs, in_tree, targets, options, keys, cost_model)
 
 
 _BITWISE_REDUCTIONS = frozenset({"reduce_and", "reduce_or", "reduce_xor"})

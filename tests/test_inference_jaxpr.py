@@ -207,6 +207,30 @@ def test_debug_print_in_a_training_step_is_walked(mesh: Any) -> None:
     assert any(e.primitive == "debug_print" for e in printed.equations)
 
 
+def test_a_trace_inside_set_mesh_is_not_the_trace_outside(mesh: Any) -> None:
+    """``jax.sharding.auto_axes(..., out_sharding=...)`` traces to nothing outside
+    ``jax.set_mesh`` and to reshards inside, as ``jax.jit`` traces it: predict and apply
+    cache the two apart (keyed by the mesh context, as jax.jit's cache is), so the
+    annotation holds inside after a call outside."""
+    from jax.sharding import PartitionSpec
+
+    from placements2jax import apply, distribute_tensor
+
+    x, w = np.ones((8, 16), np.float32), np.ones((16, 16), np.float32)
+    dx, dw = distribute_tensor(x, mesh, "S(0),R"), distribute_tensor(w, mesh, "R,S(1)")
+
+    def f(a: jax.Array, b: jax.Array) -> jax.Array:
+        return jax.sharding.auto_axes(lambda a, b: a @ b, out_sharding=PartitionSpec("dp", None))(a, b)
+
+    assert outs(predict(f, dx, dw)) == ["S(0),S(1)"] and str(apply(f, dx, dw).layout) == "S(0),S(1)"
+    with jax.set_mesh(mesh.to_jax()):
+        assert outs(predict(f, dx, dw)) == ["S(0),R"]
+        result = apply(f, dx, dw)
+        assert str(result.layout) == "S(0),R"
+        assert jax.jit(f)(dx.to_jax(), dw.to_jax()).sharding.spec == PartitionSpec("dp", None)
+    np.testing.assert_allclose(np.asarray(result.full_tensor()), x @ w)
+
+
 def test_predict_errors(mesh: Any) -> None:
     with pytest.raises(InferenceError, match="not callable"):
         predict("f", spec(mesh, (8,), "S(0),R"))  # type: ignore[arg-type]

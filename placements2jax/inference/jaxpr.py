@@ -470,14 +470,26 @@ _predictions = Memo(256)
 def _prediction_key(
     fn: Callable[..., Any], flat: Any, model: CostModel, search: str, out_layouts: Any, on_unknown: str, policy: Any
 ) -> tuple[Any, ...]:
-    """The cache key of a predict call (unhashable parts make it a miss, never stored)."""
+    """The cache key of a predict call (unhashable parts make it a miss, never stored),
+    with the mesh context the trace runs in (:func:`trace_context`)."""
     leaves, tree = jax.tree.flatten(out_layouts, is_leaf=is_layout_leaf)
     targets = tuple(
         leaf.layout if isinstance(getattr(leaf, "layout", None), Layout) and not isinstance(leaf, TensorSpec)
         else tuple(leaf) if isinstance(leaf, list) else leaf
         for leaf in leaves
     )
-    return (fn, flat.specs, flat.tree, flat.weak, flat.mesh, model, search, on_unknown, policy, tree, targets)
+    return (fn, flat.specs, flat.tree, flat.weak, flat.mesh, model, search, on_unknown, policy, tree, targets,
+            trace_context())
+
+
+def trace_context() -> Any:
+    """The mesh context a trace of user code depends on (``jax.set_mesh``'s abstract mesh;
+    an empty one outside): ``jax.sharding.auto_axes``, ``reshard`` and ``out_sharding=P(...)``
+    trace to resharding equations inside it and to nothing (or an error) outside, so a
+    trace cached outside is not the function traced inside, as ``jax.jit``'s cache keys
+    by it too. Before it was a key here, ``auto_axes(..., out_sharding=P("dp", None))``
+    predicted outside and then inside ``set_mesh`` kept the unconstrained layout inside."""
+    return jax.sharding.get_abstract_mesh()
 
 
 def _predict(
