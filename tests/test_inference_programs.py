@@ -104,6 +104,12 @@ def _with_indices(shapes: Sequence[tuple[int, ...]], index_shape: tuple[int, ...
     return make
 
 
+def _spd(rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
+    """``shape[0]`` symmetric positive definite (well conditioned) ``shape[1]``-square matrices."""
+    a = rng.standard_normal((shape[0], shape[1], shape[1]))
+    return (a @ a.transpose(0, 2, 1) + shape[1] * np.eye(shape[1])).astype(np.float32)
+
+
 def _splits_indexed_dim(candidate: Any, dim: int = 0) -> bool:
     """The masked-lookup / masked-scatter candidate (table split on the looked-up ``dim``):
     checked by the take cases of test_inference_values and by apply (test_operators)."""
@@ -181,6 +187,78 @@ PRIM_CASES = [
             batch_group_count=x.shape[2]),
         _normal((4, 5, 8), (4, 5, 8)),
     ),
+    PrimCase(  # max-pooling (flax's nn.max_pool): the batch and channel dims split, P(max) passes
+        "reduce_window_max",
+        lambda x: lax.reduce_window(x, -np.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID"),
+        _normal((4, 4, 6, 3)),
+    ),
+    PrimCase(  # a padded window over dim 1: dims 0 and 2 split, P(sum) / P(avg) pass
+        "reduce_window_sum",
+        lambda x: lax.reduce_window(x, np.float32(0), lax.add, (1, 3, 1), (1, 1, 1), ((0, 0), (1, 1), (0, 0))),
+        _normal((4, 5, 6)),
+    ),
+    PrimCase(  # a window of 1 with stride 2 does not split (its output is every other row)
+        "reduce_window_min",
+        lambda x: lax.reduce_window(x, np.inf, lax.min, (1, 2), (2, 1), "VALID"),
+        _normal((6, 5)),
+    ),
+    PrimCase(  # the generic op (a product: no monoid primitive), its init value a literal
+        "reduce_window",
+        lambda x: lax.reduce_window(x, np.float32(1), lax.mul, (1, 2, 1), (1, 1, 1), "VALID"),
+        _normal((4, 5, 6)),
+    ),
+    PrimCase(  # max-pooling's gradient: linear in the cotangent (P(sum) with the operand R)
+        "select_and_scatter_add",
+        lambda g, x: jax.vjp(lambda y: lax.reduce_window(y, -np.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID"),
+                             x)[1](g)[0],
+        _normal((4, 2, 3, 3), (4, 4, 6, 3)),
+    ),
+    PrimCase(  # max-pooling's JVP: linear in the tangent
+        "select_and_gather_add",
+        lambda t, x: jax.jvp(lambda y: lax.reduce_window(y, -np.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID"),
+                             (x,), (t,))[1],
+        _normal((4, 4, 6, 3), (4, 4, 6, 3)),
+    ),
+    PrimCase(  # rfft: real to complex, the leading dims split, P(sum) / P(avg) pass
+        "fft", lambda x: lax.fft_p.bind(x, fft_type=lax.FftType.RFFT, fft_lengths=(8,)), _normal((4, 6, 8)),
+    ),
+    PrimCase(  # irfft: complex to real
+        "fft",
+        lambda z: lax.fft_p.bind(z, fft_type=lax.FftType.IRFFT, fft_lengths=(8,)),
+        lambda rng: [(rng.standard_normal((4, 6, 5)) + 1j * rng.standard_normal((4, 6, 5))).astype(np.complex64)],
+    ),
+    PrimCase(  # a 2-d fft: the last two dims R
+        "fft",
+        lambda z: lax.fft_p.bind(z, fft_type=lax.FftType.FFT, fft_lengths=(6, 8)),
+        lambda rng: [(rng.standard_normal((4, 6, 8)) + 1j * rng.standard_normal((4, 6, 8))).astype(np.complex64)],
+    ),
+    PrimCase("cholesky", lambda a: lax.linalg.cholesky(a, symmetrize_input=False), lambda rng: [_spd(rng, (4, 5))]),
+    PrimCase("eigh", lambda a: lax.linalg.eigh(a, symmetrize_input=False), lambda rng: [_spd(rng, (4, 5))]),
+    PrimCase(  # outputs in the primitive's order: singular values, u, vt
+        "svd",
+        lambda a: (lambda u, s, vt: (s, u, vt))(*lax.linalg.svd(a, full_matrices=False)),
+        _normal((4, 6, 5)),
+    ),
+    PrimCase("qr", lambda a: lax.linalg.qr(a, full_matrices=False), _normal((4, 6, 5))),
+    PrimCase("lu", lax.linalg.lu, _normal((4, 5, 5))),
+    PrimCase(
+        "lu_pivots_to_permutation",
+        lambda p: lax.linalg.lu_pivots_to_permutation(p, 6),
+        lambda rng: [np.asarray(rng.integers(0, 6, (4, 5)), np.int32).clip(np.arange(5), None)],
+    ),
+    PrimCase("householder_product", lax.linalg.householder_product, _normal((4, 6, 5), (4, 5))),
+    PrimCase(  # columns of b split, P(sum) / P(avg) on b pass
+        "triangular_solve",
+        lambda a, b: lax.linalg.triangular_solve(a, b, left_side=True, lower=True),
+        lambda rng: [_spd(rng, (4, 5)), rng.standard_normal((4, 5, 6)).astype(np.float32)],
+    ),
+    PrimCase(  # right side, transposed: rows of b split
+        "triangular_solve",
+        lambda a, b: lax.linalg.triangular_solve(a, b, left_side=False, lower=True, transpose_a=True),
+        lambda rng: [_spd(rng, (4, 5)), rng.standard_normal((4, 6, 5)).astype(np.float32)],
+    ),
+    PrimCase("approx_top_k", lambda a: lax.approx_max_k(a, 2), _normal((5, 6))),
+    PrimCase("approx_top_k", lambda a: lax.approx_min_k(a, 2, reduction_dimension=0), _normal((5, 6))),
     PrimCase("complex", lax.complex, _normal((5, 6), (5, 6))),
     PrimCase("imag", lambda z: lax.imag(z), lambda rng: [(rng.standard_normal((5, 6)) + 1j).astype(np.complex64)]),
     PrimCase("bitcast_convert_type", lambda a: lax.bitcast_convert_type(a, jnp.int32), _normal((5, 6))),
