@@ -601,8 +601,9 @@ def _training_programs() -> dict[str, tuple[Callable[..., Any], tuple[Any, ...]]
 
 
 # primitives handled by the walker itself, not by a rule
-_WALKED = {"jit", "pjit", "closed_call", "custom_jvp_call", "custom_vjp_call", "remat2", "checkpoint", "scan",
-           "while", "cond", "sharding_constraint", "reshard", "optimization_barrier", "device_put", "shard_map"}
+_WALKED = {"jit", "pjit", "closed_call", "custom_jvp_call", "custom_vjp_call", "custom_linear_solve", "remat2",
+           "checkpoint", "scan", "while", "cond", "sharding_constraint", "reshard", "optimization_barrier", "device_put",
+           "shard_map"}
 
 
 def test_every_primitive_of_the_training_steps_has_a_rule() -> None:
@@ -1210,6 +1211,11 @@ _WINDOW_PROGRAMS: dict[str, tuple[Callable[..., Any], list[tuple[Callable[[np.ra
         [(_spd_blocks, "S(0),R"), (lambda rng: rng.standard_normal((8, 4, 8)), "S(0),P")],
     ),
     "approx_max_k": (lambda x: lax.approx_max_k(x, 2), [(lambda rng: rng.standard_normal((8, 32)), "S(0),R")]),
+    "solve, inv and solve's gradient": (  # custom_linear_solve, walked as its LU solve
+        lambda a, b: (jnp.linalg.solve(a, b), jnp.linalg.inv(a),
+                      jax.grad(lambda a, b: jnp.sum(jnp.linalg.solve(a, b) ** 2), argnums=(0, 1))(a, b)),
+        [(_spd_blocks, "R,S(0)"), (lambda rng: rng.standard_normal((8, 4, 3)), "R,S(0)")],
+    ),
 }
 # XLA's CPU backend fails to run its own SPMD partitioning of an FFT of a product of FFTs split over a dim the
 # transform keeps (plain jax.jit on dp,tp-sharded inputs too: "RET_CHECK failure (fft_thunk.cc:168)
@@ -1241,8 +1247,10 @@ def test_pooling_fft_linalg_and_approx_top_k_check_against_xla(mesh: Any) -> Non
     (the losses), or (the FFT convolution's filter gradient) a free output the
     prediction reduce-scatters where XLA all-reduces; the prediction never sends more.
     Measured: the pooling gradients 10 B (the losses' all-reduce) as XLA; the
-    preconditioners and approx_max_k nothing, as XLA; the FFT convolution's gradient
-    346 B against XLA's 16,650 B (which all-gathers the FFTs' inputs ten times)."""
+    preconditioners, approx_max_k, and ``jnp.linalg.solve`` / ``inv`` with solve's
+    gradient (custom_linear_solve, walked as its LU solve) nothing, as XLA; the FFT
+    convolution's gradient 346 B against XLA's 16,650 B (which all-gathers the FFTs'
+    inputs ten times)."""
     figures = {}
     for name, (fn, makers) in _WINDOW_PROGRAMS.items():
         if any("P" in placements for _, placements in makers):
@@ -1256,7 +1264,7 @@ def test_pooling_fft_linalg_and_approx_top_k_check_against_xla(mesh: Any) -> Non
         figures[name] = (report.predicted_bytes, report.compiled_bytes)
     assert figures == {
         "max_pool value_and_grad": (10, 10), "avg_pool value_and_grad": (10, 10), "fft conv value_and_grad": (346, 16650),
-        "preconditioners": (0, 0), "approx_max_k": (0, 0),
+        "preconditioners": (0, 0), "approx_max_k": (0, 0), "solve, inv and solve's gradient": (0, 0),
     }
 
 
