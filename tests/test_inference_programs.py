@@ -1219,7 +1219,7 @@ _WINDOW_PROGRAMS: dict[str, tuple[Callable[..., Any], list[tuple[Callable[[np.ra
 }
 # XLA's CPU backend fails to run its own SPMD partitioning of an FFT of a product of FFTs split over a dim the
 # transform keeps (plain jax.jit on dp,tp-sharded inputs too: "RET_CHECK failure (fft_thunk.cc:168)
-# LayoutUtil::IsMonotonicWithDim0Major"); the per-equation executor runs it
+# LayoutUtil::IsMonotonicWithDim0Major"); the pinned program runs FFTs per rank (operators._PER_RANK), as "ops" does
 _XLA_FAILS = {"fft conv value_and_grad"}
 
 
@@ -1234,7 +1234,7 @@ def test_pooling_fft_linalg_and_approx_top_k_run_as_plain_jax(mesh: Any, name: s
     values = [np.asarray(make(rng), np.float32) for make, _ in makers]
     tensors = [distribute_tensor(v, mesh, p) for v, (_, p) in zip(values, makers)]
     want = jax.tree.leaves(jax.jit(fn)(*values))
-    for execute in ("ops",) if name in _XLA_FAILS else ("xla", "pinned", "ops"):
+    for execute in ("pinned", "ops") if name in _XLA_FAILS else ("xla", "pinned", "ops"):
         got = jax.tree.leaves(apply(fn, *tensors, execute=execute), is_leaf=lambda v: isinstance(v, DTensor))
         for g, w in zip(got, want, strict=True):
             np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(w), rtol=2e-4, atol=2e-4,
@@ -1315,3 +1315,20 @@ def test_a_cnn_train_step_split_over_the_batch(mesh: Any) -> None:
             assert new_params[name].layout == params[name].layout
             np.testing.assert_allclose(np.asarray(new_params[name].full_tensor()), np.asarray(want_params[name]),
                                        rtol=1e-5, atol=1e-6, err_msg=f"{execute} {name}")
+
+
+def test_pinned_runs_ffts_of_an_uneven_split_per_rank(mesh: Any) -> None:
+    """``irfft(rfft(x))`` of a batch split unevenly (3 over dp, 5 over tp): plain jax.jit
+    on those shardings runs, the pinned plan (pads, then the FFT on the padded array) hit
+    XLA's CPU FFT layout check ("RET_CHECK failure (fft_thunk.cc:168)") until FFTs ran per
+    rank in it (operators._PER_RANK); every executor now gives jax.jit's values."""
+    x = np.random.default_rng(1).standard_normal((3, 5, 16)).astype(np.float32)
+
+    def fn(a: jax.Array) -> jax.Array:
+        return jnp.fft.irfft(jnp.fft.rfft(a))
+
+    tensor = distribute_tensor(x, mesh, "S(0),S(1)")
+    for execute in ("xla", "pinned", "ops"):
+        got = apply(fn, tensor, execute=execute)
+        assert str(got.layout) == "S(0),S(1)"
+        np.testing.assert_allclose(np.asarray(got.full_tensor()), np.asarray(jax.jit(fn)(x)), rtol=1e-5, atol=1e-5)
