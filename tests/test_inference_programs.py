@@ -602,8 +602,8 @@ def _training_programs() -> dict[str, tuple[Callable[..., Any], tuple[Any, ...]]
 
 # primitives handled by the walker itself, not by a rule
 _WALKED = {"jit", "pjit", "closed_call", "custom_jvp_call", "custom_vjp_call", "custom_linear_solve", "remat2",
-           "checkpoint", "scan", "while", "cond", "sharding_constraint", "reshard", "optimization_barrier", "device_put",
-           "shard_map"}
+           "checkpoint", "scan", "while", "cond", "sharding_constraint", "reshard", "optimization_barrier",
+           "device_put", "shard_map"}
 
 
 def test_every_primitive_of_the_training_steps_has_a_rule() -> None:
@@ -1191,8 +1191,9 @@ def _spd_blocks(rng: np.random.Generator) -> np.ndarray:
     return _spd(rng, (8, 4))
 
 
-_WINDOW_PROGRAMS: dict[str, tuple[Callable[..., Any], list[tuple[Callable[[np.random.Generator], np.ndarray], str]]]] = {
-    # name: (fn, [(input maker, placements on dp x tp)])
+_Maker = Callable[[np.random.Generator], np.ndarray]
+# name: (fn, [(input maker, placements on dp x tp)])
+_WINDOW_PROGRAMS: dict[str, tuple[Callable[..., Any], list[tuple[_Maker, str]]]] = {
     "max_pool value_and_grad": (jax.value_and_grad(lambda x: jnp.sum(_max_pool(x) ** 2)),
                                 [(lambda rng: rng.standard_normal((4, 8, 8, 8)), "S(0),S(3)")]),
     "avg_pool value_and_grad": (jax.value_and_grad(lambda x: jnp.sum(_avg_pool(x) ** 2)),
@@ -1201,7 +1202,8 @@ _WINDOW_PROGRAMS: dict[str, tuple[Callable[..., Any], list[tuple[Callable[[np.ra
     "avg_pool of a P(sum)": (_avg_pool, [(lambda rng: rng.standard_normal((4, 8, 8, 8)), "P,S(0)")]),
     "fft conv value_and_grad": (
         jax.value_and_grad(lambda x, k: jnp.sum(_fft_conv(x, k) ** 2), argnums=(0, 1)),
-        [(lambda rng: rng.standard_normal((4, 8, 16)), "S(0),S(1)"), (lambda rng: rng.standard_normal((8, 16)), "R,S(0)")],
+        [(lambda rng: rng.standard_normal((4, 8, 16)), "S(0),S(1)"),
+         (lambda rng: rng.standard_normal((8, 16)), "R,S(0)")],
     ),
     "irfft(rfft) of a P(sum)": (lambda x: jnp.fft.irfft(jnp.fft.rfft(x)),
                                 [(lambda rng: rng.standard_normal((4, 8, 16)), "P,S(1)")]),
@@ -1259,12 +1261,15 @@ def test_pooling_fft_linalg_and_approx_top_k_check_against_xla(mesh: Any) -> Non
         tensors = [distribute_tensor(np.asarray(make(rng), np.float32), mesh, p) for make, p in makers]
         report = check(fn, *tensors)
         verdicts = [o.verdict for o in report.outputs]
-        assert set(verdicts) <= {"equal", "xla reduced partial"} or verdicts == [
-            "xla reduced partial", "equal", "differs"], (name, verdicts)
+        if name == "fft conv value_and_grad":  # the loss, x's gradient, the filter's (reduce-scattered over dp)
+            assert verdicts == ["xla reduced partial", "equal", "differs"]
+        else:
+            assert set(verdicts) <= {"equal", "xla reduced partial"}, (name, verdicts)
         figures[name] = (report.predicted_bytes, report.compiled_bytes)
     assert figures == {
-        "max_pool value_and_grad": (10, 10), "avg_pool value_and_grad": (10, 10), "fft conv value_and_grad": (346, 16650),
-        "preconditioners": (0, 0), "approx_max_k": (0, 0), "solve, inv and solve's gradient": (0, 0),
+        "max_pool value_and_grad": (10, 10), "avg_pool value_and_grad": (10, 10),
+        "fft conv value_and_grad": (346, 16650), "preconditioners": (0, 0), "approx_max_k": (0, 0),
+        "solve, inv and solve's gradient": (0, 0),
     }
 
 

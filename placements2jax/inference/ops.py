@@ -613,7 +613,7 @@ _primitive("pad", lambda ins, outs, *, padding_config: rules.pad(ins, outs, padd
 for _name, _kind in (("cumsum", "sum"), ("cummax", "max"), ("cummin", "min"), ("cumprod", "prod"), ("cumlogsumexp", "other")):
     _primitive(_name, lambda ins, outs, *, axis, _kind=_kind: rules.cumulative(ins, outs, axis=axis, kind=_kind), ("axis",))
 _WINDOW = ("window_dimensions", "window_strides", "padding")
-_DILATED_WINDOW = (*_WINDOW, "base_dilation", "window_dilation")
+_DILATED_WINDOW = (*_WINDOW, "base_dilation")  # a window dilation splits nothing more: a split dim's window is one
 for _name, _partials, _params in (
     ("reduce_window_sum", rules.LINEAR_OPS, _DILATED_WINDOW),
     ("reduce_window_max", ("max",), _DILATED_WINDOW),
@@ -624,10 +624,9 @@ for _name, _partials, _params in (
 ):
     _primitive(
         _name,
-        lambda ins, outs, *, window_dimensions, window_strides, padding, base_dilation=None, window_dilation=None,
-        _partials=_partials: rules.window(
-            ins, outs, window_dimensions=window_dimensions, window_strides=window_strides, padding=padding,
-            base_dilation=base_dilation, partials=_partials,
+        lambda ins, outs, *, window_dimensions, window_strides, padding, base_dilation=None, _partials=_partials: (
+            rules.window(ins, outs, window_dimensions=window_dimensions, window_strides=window_strides,
+                         padding=padding, base_dilation=base_dilation, partials=_partials)
         ),
         _params,
     )
