@@ -1057,6 +1057,7 @@ def _run_local(eqn: Any, ins: Sequence[_Value], targets: Sequence[Physical], out
     arrays = [_move(v.array, v.phys, t) for i, (v, t) in enumerate(zip(ins, targets)) if i not in constants]
     return list(local(*arrays))
 
+
 # primitives the pinned program runs on every rank's blocks (as "ops" does) even without a partial. fft: XLA's CPU
 # backend fails at run time on its SPMD partitioning of an FFT whose split operand comes from a fused op
 # (jnp.fft.irfft(2 * jnp.fft.rfft(x)) on x split over a leading dim: "RET_CHECK failure (fft_thunk.cc:168)

@@ -5,15 +5,15 @@ and walks it once giving every equation the signature inference chooses for its 
 layouts (the same cached selection as :func:`infer_signature`, with the primitive's
 rule), as eager torch DTensor would dispatch op by op, recording the dataflow. Unless
 ``search="eager"``, :mod:`.program` then chooses all signatures for the whole program and
-a second walk applies that choice. Call-like equations (``jit`` /
-``pjit``, ``custom_jvp_call``, ``custom_vjp_call``, ``remat``, ``closed_call``, and
+a second walk applies that choice. Call-like equations (``jit`` / ``pjit``,
+``custom_jvp_call``, ``custom_vjp_call``, ``remat``, ``closed_call``, and
 ``custom_linear_solve`` as its solve) are walked inside; ``with_sharding_constraint``,
 ``reshard`` and ``shard_map`` regions force their layouts (the report shows the plan to
-them). Control flow: ``scan`` and ``while`` start
-from a fixed point of their carries' layouts, which the program search re-solves (it
-chooses among carry options, and the carries are walked and searched again from the
-layouts its chosen body returns them in, and replicated over a mesh dim some carry was
-split over: :func:`_resolve_carries`); ``cond`` joins its branches' output layouts
+them). Control flow: ``scan`` and ``while`` start from a fixed point of their carries'
+layouts, which the program search re-solves (it chooses among carry options, and the
+carries are walked and searched again from the layouts its chosen body returns them in,
+and replicated over a mesh dim some carry was split over: :func:`_resolve_carries`);
+``cond`` joins its branches' output layouts
 (re-joined after the search where their consumers read them, or as the searched branches
 give them: :func:`_rejoin_conds`); a ``scan`` with ``unroll=k`` is walked as JAX lowers
 it, k copies of its body in a loop and the remainder after it (:func:`unrolled_scan`).
@@ -945,7 +945,9 @@ def called_jaxpr(eqn: Any) -> Any | None:
     if name in CALL_JAXPR_PARAMS:
         return eqn.params[CALL_JAXPR_PARAMS[name]]
     if name == LINEAR_SOLVE:
-        avals = tuple(jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=v.aval.weak_type) for v in eqn.invars)
+        avals = tuple(
+            jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=v.aval.weak_type) for v in eqn.invars
+        )
         return _linear_solve_body(eqn.params["jaxprs"], tuple(eqn.params["const_lengths"]), avals)
     return None
 
