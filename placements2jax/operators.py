@@ -1086,6 +1086,15 @@ def _run_local(eqn: Any, ins: Sequence[_Value], targets: Sequence[Physical], out
     arrays = [_move(v.array, v.phys, t) for i, (v, t) in enumerate(zip(ins, targets)) if i not in constants]
     return list(local(*arrays))
 
+
+# primitives the pinned program runs on every rank's blocks (as "ops" does) even without a partial. fft: XLA's CPU
+# backend fails at run time on its SPMD partitioning of an FFT whose split operand comes from a fused op
+# (jnp.fft.irfft(2 * jnp.fft.rfft(x)) on x split over a leading dim: "RET_CHECK failure (fft_thunk.cc:168)
+# LayoutUtil::IsMonotonicWithDim0Major", plain jax.jit on those shardings alike; jax 0.10.2); a rank's FFT in a
+# shard_map region runs
+_PER_RANK = frozenset({"fft"})
+
+
 class _Pinned(_Runner):
     """``apply(execute="pinned")``: one ``jax.jit`` program that XLA partitions, every
     layout the prediction chose pinned. A value that is not Partial is its logical
@@ -1093,7 +1102,8 @@ class _Pinned(_Runner):
     produced and to the layout each equation consumes it in; an equation on such values
     alone is its primitive bound on them. XLA's Auto mode has no partial value (it
     reduces a partial sum where it is made), so an equation with a Partial input or
-    output runs on every rank's blocks as ``"ops"`` runs it (:func:`_run_local`), on the
+    output (or of a primitive XLA mispartitions, :data:`_PER_RANK`) runs on every
+    rank's blocks as ``"ops"`` runs it (:func:`_run_local`), on the
     Auto twin of the mesh, where a Partial value is its stacked physical array
     (:mod:`.physical`): partial sums are added up as planned and reduced where the
     prediction reduces them. A value's ``phys`` is its predicted layout (on the mesh);
@@ -1176,7 +1186,9 @@ class _Pinned(_Runner):
 
     def compute(self, eqn: Any, signature: Any, ins: Sequence[_Value]) -> list[_Value]:
         shapes = [tuple(v.aval.shape) for v in eqn.outvars]
-        if any(layout.has_partial for layout in (*signature.in_layouts, *signature.out_layouts)):
+        if eqn.primitive.name in _PER_RANK or any(
+            layout.has_partial for layout in (*signature.in_layouts, *signature.out_layouts)
+        ):
             args = [self.moved(v, layout, plan)
                     for v, layout, plan in zip(ins, signature.in_layouts, signature.redistributions)]
             locals_ = [_Value(self._physical(v), _twin_physical(v.phys)) for v in args]

@@ -529,3 +529,37 @@ def test_reshape_of_an_inner_dim_alone_is_a_free_strided_shard() -> None:
         "reshape", [((4, 8, 16), jnp.float32, Layout.from_device_mesh(mesh2)("S(1),R"))], shape=(32, 16)
     )
     assert signature.chosen.cost == 0 and str(signature.out_layout) == "_S(0, 4),R"
+
+
+# -- windows, FFTs, decompositions ------------------------------------------------------------
+
+
+def test_window_ops_split_only_dims_of_one_element_windows() -> None:
+    """Max-pooling NHWC (2x2 windows, stride 2): the batch and channel dims split, the
+    pooled dims do not (no halo exchange); a stride or padding on a one-element window
+    keeps its dim whole too. Partials: max through max, sum / avg through sum."""
+    pool = dict(window_dimensions=(1, 2, 2, 1), window_strides=(1, 2, 2, 1), padding=((0, 0),) * 4,
+                base_dilation=(1,) * 4)
+    assert one_d(rules.window, [(8, 6, 6, 4)], [(8, 3, 3, 4)], **pool, partials=("max",)) == {
+        "S(0) -> S(0)", "S(3) -> S(3)", "P(max) -> P(max)"}
+    strided = dict(window_dimensions=(1, 1, 3), window_strides=(2, 1, 1), padding=((0, 0), (1, 0), (1, 1)),
+                   base_dilation=(1, 1, 1))
+    assert one_d(rules.window, [(8, 6, 6)], [(4, 7, 6)], **strided, partials=rules.LINEAR_OPS) == {
+        "P -> P", "P(avg) -> P(avg)"}
+    # max-pooling's gradient (cotangent, operand): linear in the cotangent alone
+    assert one_d(rules.window, [(8, 3, 3, 4), (8, 6, 6, 4)], [(8, 6, 6, 4)], **pool, partials=("sum",)) == {
+        "S(0),S(0) -> S(0)", "S(3),S(3) -> S(3)", "P,R -> P"}
+
+
+def test_fft_linalg_and_triangular_solve_split_their_batch() -> None:
+    assert one_d(rules.fft, [(4, 6, 8)], [(4, 6, 5)], fft_lengths=(8,)) == {
+        "S(0) -> S(0)", "S(1) -> S(1)", "P -> P", "P(avg) -> P(avg)"}
+    assert one_d(rules.fft, [(4, 6, 8)], [(4, 6, 8)], fft_lengths=(6, 8)) == {"S(0) -> S(0)", "P -> P",
+                                                                             "P(avg) -> P(avg)"}
+    # svd: singular values, u, vt keep the batch; nothing else splits, no partial passes
+    assert one_d(rules.linalg, [(3, 2, 6, 5)], [(3, 2, 5), (3, 2, 6, 5), (3, 2, 5, 5)]) == {
+        "S(0) -> S(0),S(0),S(0)", "S(1) -> S(1),S(1),S(1)"}
+    assert one_d(rules.linalg, [(3, 4)], [(3, 6)], core_dims=1) == {"S(0) -> S(0)"}  # pivots -> permutation
+    assert one_d(rules.triangular_solve, [(3, 5, 5), (3, 5, 7)], [(3, 5, 7)], left_side=True) == {
+        "S(0),S(0) -> S(0)", "R,S(2) -> S(2)", "R,P -> P", "R,P(avg) -> P(avg)"}
+    assert "R,S(1) -> S(1)" in one_d(rules.triangular_solve, [(3, 5, 5), (3, 7, 5)], [(3, 7, 5)], left_side=False)

@@ -5,14 +5,15 @@ and walks it once giving every equation the signature inference chooses for its 
 layouts (the same cached selection as :func:`infer_signature`, with the primitive's
 rule), as eager torch DTensor would dispatch op by op, recording the dataflow. Unless
 ``search="eager"``, :mod:`.program` then chooses all signatures for the whole program and
-a second walk applies that choice. Call-like equations (``jit`` /
-``pjit``, ``custom_jvp_call``, ``custom_vjp_call``, ``remat``, ``closed_call``) are walked
-inside; ``with_sharding_constraint``, ``reshard`` and ``shard_map`` regions force their
-layouts (the report shows the plan to them). Control flow: ``scan`` and ``while`` start
-from a fixed point of their carries' layouts, which the program search re-solves (it
-chooses among carry options, and the carries are walked and searched again from the
-layouts its chosen body returns them in, and replicated over a mesh dim some carry was
-split over: :func:`_resolve_carries`); ``cond`` joins its branches' output layouts
+a second walk applies that choice. Call-like equations (``jit`` / ``pjit``,
+``custom_jvp_call``, ``custom_vjp_call``, ``remat``, ``closed_call``, and
+``custom_linear_solve`` as its solve) are walked inside; ``with_sharding_constraint``,
+``reshard`` and ``shard_map`` regions force their layouts (the report shows the plan to
+them). Control flow: ``scan`` and ``while`` start from a fixed point of their carries'
+layouts, which the program search re-solves (it chooses among carry options, and the
+carries are walked and searched again from the layouts its chosen body returns them in,
+and replicated over a mesh dim some carry was split over: :func:`_resolve_carries`);
+``cond`` joins its branches' output layouts
 (re-joined after the search where their consumers read them, or as the searched branches
 give them: :func:`_rejoin_conds`); a ``scan`` with ``unroll=k`` is walked as JAX lowers
 it, k copies of its body in a loop and the remainder after it (:func:`unrolled_scan`).
@@ -89,6 +90,8 @@ CALL_JAXPR_PARAMS = {
     "remat2": "jaxpr",
     "checkpoint": "jaxpr",
 }
+# ``custom_linear_solve`` (``jnp.linalg.solve`` / ``inv``) is walked as a call too: see :func:`called_jaxpr`
+LINEAR_SOLVE = "custom_linear_solve"
 # sharding constraints and the param holding the target sharding
 CONSTRAINT_SHARDING_PARAMS = {"sharding_constraint": "sharding", "reshard": "dst_sharding"}
 # primitives whose outputs are their inputs, each keeping its layout
@@ -949,6 +952,37 @@ def _equations(jaxpr: Any) -> _Equations:
 _EQUATIONS = Memo(1024)
 
 
+def called_jaxpr(eqn: Any) -> Any | None:
+    """The (closed) jaxpr a call-like equation runs, taking the equation's inputs and
+    giving its outputs, or None for any other equation: a call's own
+    (:data:`CALL_JAXPR_PARAMS`); for ``custom_linear_solve`` its ``solve`` jaxpr on its
+    consts and the right-hand sides (:func:`_linear_solve_body`)."""
+    name = eqn.primitive.name
+    if name in CALL_JAXPR_PARAMS:
+        return eqn.params[CALL_JAXPR_PARAMS[name]]
+    if name == LINEAR_SOLVE:
+        avals = tuple(
+            jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=v.aval.weak_type) for v in eqn.invars
+        )
+        return _linear_solve_body(eqn.params["jaxprs"], tuple(eqn.params["const_lengths"]), avals)
+    return None
+
+
+@cached(maxsize=256)
+def _linear_solve_body(jaxprs: Any, const_lengths: tuple[int, ...], avals: tuple[Any, ...]) -> Any:
+    """``custom_linear_solve``'s forward computation as a jaxpr taking all its inputs (the
+    consts of its matvec, vecmat, solve and transpose_solve jaxprs in that order, then the
+    right-hand sides): its ``solve`` jaxpr on the solve consts and the right-hand sides,
+    as JAX's own impl runs it. Why walked so: the primitive has no sharding rule of its
+    own (JAX's jaxprs carry the solve, e.g. ``jnp.linalg.solve``'s LU substitutions, whose
+    primitives have rules); its other jaxprs only serve JAX's derivative rules, which the
+    traced program has already applied (a gradient is another custom_linear_solve)."""
+    matvec, vecmat, solve = const_lengths[:3]
+    start, rhs = matvec + vecmat, sum(const_lengths)
+    body = core.jaxpr_as_fun(jaxprs.solve)
+    return jax.make_jaxpr(lambda *args: body(*args[start:start + solve], *args[rhs:]))(*avals)
+
+
 def all_equations(jaxpr: Any) -> Iterator[Any]:
     """Every equation of ``jaxpr`` and of the jaxprs in its equations' params (calls, loop
     bodies, cond branches, custom derivative rules), depth-first in program order. For
@@ -972,7 +1006,7 @@ class NestedEquation(NamedTuple):
 def nested_equations(
     jaxpr: Any, tracked: Mapping[Any, Any] | None = None, unroll: bool = False, path: tuple[int, ...] = ()
 ) -> Iterator[NestedEquation]:
-    """Every equation of ``jaxpr`` and of the scan and call bodies (:data:`CALL_JAXPR_PARAMS`)
+    """Every equation of ``jaxpr`` and of the scan and call bodies (:func:`called_jaxpr`)
     in it, depth-first in program order, each with its path as the walker names it and
     which of the ``tracked`` values (var -> tag) it reads: a body's inputs take the tags of
     the equation's inputs they bind, so a question about where the program's inputs go
@@ -993,8 +1027,8 @@ def nested_equations(
         if name == "scan":
             unrolled = unrolled_scan(eqn) if unroll else None
             body = eqn.params["jaxpr"] if unrolled is None else unrolled
-        elif name in CALL_JAXPR_PARAMS:
-            body = eqn.params[CALL_JAXPR_PARAMS[name]]
+        else:
+            body = called_jaxpr(eqn)
         at = (*path, index)
         yield NestedEquation(at, eqn, reads, body)
         if body is not None:
@@ -1318,9 +1352,10 @@ class _Walker:
         unrolled = unrolled_scan(eqn) if name == "scan" else None
         if unrolled is not None:
             return self._call(eqn, f"scan[unroll={eqn.params['unroll']}]", unrolled, path, ins, srcs)
-        if name in CALL_JAXPR_PARAMS:
+        body = called_jaxpr(eqn)
+        if body is not None:
             label = f"{name}[{eqn.params['name']}]" if "name" in eqn.params else name
-            return self._call(eqn, label, eqn.params[CALL_JAXPR_PARAMS[name]], path, ins, srcs)
+            return self._call(eqn, label, body, path, ins, srcs)
         if name in LOOPS:
             return self._loop(eqn, path, ins, srcs, out_avals)
         if name in CONSTRAINT_SHARDING_PARAMS:

@@ -615,6 +615,39 @@ _primitive(
 _primitive("pad", lambda ins, outs, *, padding_config: rules.pad(ins, outs, padding_config=padding_config), ("padding_config",))
 for _name, _kind in (("cumsum", "sum"), ("cummax", "max"), ("cummin", "min"), ("cumprod", "prod"), ("cumlogsumexp", "other")):
     _primitive(_name, lambda ins, outs, *, axis, _kind=_kind: rules.cumulative(ins, outs, axis=axis, kind=_kind), ("axis",))
+_WINDOW = ("window_dimensions", "window_strides", "padding")
+_DILATED_WINDOW = (*_WINDOW, "base_dilation")  # a window dilation splits nothing more: a split dim's window is one
+for _name, _partials, _params in (
+    ("reduce_window_sum", rules.LINEAR_OPS, _DILATED_WINDOW),
+    ("reduce_window_max", ("max",), _DILATED_WINDOW),
+    ("reduce_window_min", ("min",), _DILATED_WINDOW),
+    ("reduce_window", (), _DILATED_WINDOW),
+    ("select_and_gather_add", rules.LINEAR_OPS, _DILATED_WINDOW),
+    ("select_and_scatter_add", rules.LINEAR_OPS, _WINDOW),
+):
+    _primitive(
+        _name,
+        lambda ins, outs, *, window_dimensions, window_strides, padding, base_dilation=None, _partials=_partials: (
+            rules.window(ins, outs, window_dimensions=window_dimensions, window_strides=window_strides,
+                         padding=padding, base_dilation=base_dilation, partials=_partials)
+        ),
+        _params,
+    )
+_primitive("fft", lambda ins, outs, *, fft_lengths: rules.fft(ins, outs, fft_lengths=fft_lengths), ("fft_lengths",))
+_primitive(
+    ("cholesky", "eigh", "svd", "qr", "householder_product", "lu"), lambda ins, outs: rules.linalg(ins, outs)
+)
+_primitive("lu_pivots_to_permutation", lambda ins, outs: rules.linalg(ins, outs, core_dims=1))
+_primitive(
+    "triangular_solve",
+    lambda ins, outs, *, left_side: rules.triangular_solve(ins, outs, left_side=left_side),
+    ("left_side",),
+)
+_primitive(
+    "approx_top_k",
+    lambda ins, outs, *, reduction_dimension: rules.along_axis(ins, outs, axis=reduction_dimension % ins[0].ndim),
+    ("reduction_dimension",),
+)
 # values made from nothing, and PRNG keys and bits: Replicate (every rank draws the same
 # bits; a split consumer slices them for free); ``platform_index`` (``lax.platform_dependent``'s
 # branch index) is a scalar made from nothing

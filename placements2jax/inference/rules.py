@@ -51,8 +51,10 @@ __all__ = [
     "dynamic_update_slice",
     "einsum",
     "elementwise",
+    "fft",
     "gather",
     "gather_lookup_axis",
+    "linalg",
     "normalization",
     "nullary",
     "pad",
@@ -68,7 +70,9 @@ __all__ = [
     "strided_factors",
     "take",
     "transpose",
+    "triangular_solve",
     "unstack",
+    "window",
 ]
 
 Avals: TypeAlias = Sequence[Aval]
@@ -656,6 +660,76 @@ def pad(ins: Avals, outs: Avals, *, padding_config: Sequence[Sequence[int]]) -> 
         if tuple(config) == (0, 0, 0)
     ]
     return sigs + [OneDSig((Partial(op), Partial(op)), (Partial(op),)) for op in LINEAR_OPS]
+
+
+def window(
+    ins: Avals,
+    outs: Avals,
+    *,
+    window_dimensions: Sequence[int],
+    window_strides: Sequence[int],
+    padding: Sequence[Sequence[int]],
+    base_dilation: Sequence[int] | None = None,
+    partials: Sequence[ReduceOp] = (),
+) -> list[OneDSig]:
+    """Windowed ops: ``reduce_window_sum / _max / _min`` and the generic ``reduce_window``
+    (pooling: ``nn.max_pool``, ``nn.avg_pool``), max-pooling's derivatives
+    ``select_and_scatter_add(source, operand)`` (its gradient) and
+    ``select_and_gather_add(tangents, operand)`` (its JVP). A dim whose window is one
+    element, stride 1, unpadded and not base-dilated (a window dilation of a one-element
+    window is moot) maps each element to the same position of every array: it splits on
+    every array input and output alike; scalar inputs (the generic op's init values) are
+    ``R``. Every other dim is ``R``: a split one would need its neighbours' rows (a halo
+    exchange, which no signature here makes). ``partials``: the ops the first input's
+    partial may be, the others ``R`` (``reduce_window_sum`` and the two derivatives are
+    linear in it: sum, avg; ``reduce_window_max`` / ``_min`` pass ``P(max)`` /
+    ``P(min)``: a max of the ranks' window maxima is the window's max)."""
+    sigs = []
+    for d, (size, stride, pads) in enumerate(zip(window_dimensions, window_strides, padding)):
+        if size == 1 and stride == 1 and tuple(pads) == (0, 0) and (base_dilation is None or base_dilation[d] == 1):
+            sigs.append(OneDSig(tuple(Shard(d) if a.ndim else R for a in ins), (Shard(d),) * len(outs)))
+    rest = (R,) * (len(ins) - 1)
+    return sigs + [OneDSig((Partial(op),) + rest, (Partial(op),) * len(outs)) for op in partials]
+
+
+def fft(ins: Avals, outs: Avals, *, fft_lengths: Sequence[int]) -> list[OneDSig]:
+    """``fft`` (``jnp.fft.fft / ifft / rfft / irfft`` and their n-d forms): the transformed
+    dims (the last ``len(fft_lengths)``) are ``R`` (each output element reads all of
+    them); the leading dims are a batch, split freely. Every FFT type is linear over the
+    reals (``rfft``: real to complex; ``irfft``: complex to real, also where it drops the
+    imaginary part of the DC and Nyquist terms), so ``P(sum)`` / ``P(avg)`` pass, the
+    output's partial of its own dtype."""
+    batch = ins[0].ndim - len(fft_lengths)
+    sigs = [OneDSig((Shard(d),), (Shard(d),)) for d in range(batch)]
+    return sigs + [OneDSig((Partial(op),), (Partial(op),)) for op in LINEAR_OPS]
+
+
+def linalg(ins: Avals, outs: Avals, *, core_dims: int = 2) -> list[OneDSig]:
+    """Batched decompositions (``cholesky``, ``eigh``, ``svd``, ``qr``,
+    ``householder_product``, ``lu``, ``lu_pivots_to_permutation``): the first input's
+    last ``core_dims`` dims (the matrix; the pivots' one dim) are ``R``; a leading batch
+    dim with the same extent on every input and output (eigenvalues, singular values,
+    pivots and permutations keep the batch) splits on all of them alike, each rank
+    decomposing its own matrices. No partial passes (none is linear)."""
+    batch = ins[0].ndim - core_dims
+    arrays = (*ins, *outs)
+    return [
+        OneDSig((Shard(d),) * len(ins), (Shard(d),) * len(outs))
+        for d in range(batch)
+        if all(a.ndim > d and a.shape[d] == ins[0].shape[d] for a in arrays)
+    ]
+
+
+def triangular_solve(ins: Avals, outs: Avals, *, left_side: bool) -> list[OneDSig]:
+    """``triangular_solve(a, b)`` (``solve_triangular``, ``jnp.linalg.solve``'s LU
+    substitutions, Cholesky's gradient): batch dims as :func:`linalg`; ``b``'s
+    right-hand sides are independent solves, so its columns (``left_side``:
+    ``op(a) x = b``) or rows (``x op(a) = b``) split with ``a`` ``R``; the solution is
+    linear in ``b``: ``a`` ``R``, ``b`` ``P(sum)`` / ``P(avg)`` -> the same partial."""
+    b = ins[1]
+    free = b.ndim - 1 if left_side else b.ndim - 2
+    sigs = linalg(ins, outs) + [OneDSig((R, Shard(free)), (Shard(free),))]
+    return sigs + [OneDSig((R, Partial(op)), (Partial(op),)) for op in LINEAR_OPS]
 
 
 def nullary(ins: Avals, outs: Avals) -> list[OneDSig]:
