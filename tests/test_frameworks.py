@@ -126,9 +126,10 @@ _REACHED = {
     "eqx adamw step": (0.98, -8),  # 1.17, 14 before value moves were tried without cascading (41 -> 38 combined)
     # Flax Linen, two blocks under nn.scan + nn.remat (stop 34, as first run: nothing in the library changed): the
     # loss 9,422 / 9,512 B in 8 / 8 operands; value_and_grad 39,470 / 46,600 B, 38 / 35 (combined 12 / 12); the
-    # TrainState step 36,910 / 46,600 B, 35 / 35 (combined 15 / 12). XLA all-reduces every stacked weight gradient
-    # over dp; the prediction all-reduces the backward scan's per-layer gradients in the body, and in the step
-    # all-gathers three (4, 8, 32) activation gradients over dp instead of some of those all-reduces (2,048 B each)
+    # TrainState step 36,910 / 46,600 B, 35 / 35 (combined 15 / 12). value_and_grad all-reduces the backward scan's
+    # per-layer weight gradients over dp in its body (rows `scan ys`, 11,264 B of them for the attention's three
+    # (32, 4, 8) and the MLP's two); the step instead all-gathers three (4, 8, 32) values of the body over dp
+    # (2,048 B each: every dp rank then forms whole weight gradients), whose all-gathers XLA's combiner leaves apart
     "linen loss": (1.00, 0),
     "linen value_and_grad": (0.85, 3),
     "linen adamw step": (0.80, 0),
