@@ -5,10 +5,11 @@ libraries' examples write them) on dp=2 x tp=4 with the Megatron plan: the loss,
 value_and_grad and the AdamW step (Flax NNX: the stateful ``@nnx.jit`` step updating the
 model and ``nnx.Optimizer`` in place; Equinox: ``train_step`` on the whole model, its
 activation function and float leaves static; Flax Linen: two blocks under ``nn.scan`` +
-``nn.remat``, dropout from a ``dropout`` rng, the ``TrainState`` step). Per program: ``check``'s predicted / XLA-compiled bytes per device and
-collectives; ``apply`` under ``jax.jit`` (``eqx.filter_jit`` for Equinox) against plain
-JAX of the same function on the same input and output shardings: compiled collectives,
-bytes and the paired step-time ratio."""
+``nn.remat``, dropout from a ``dropout`` rng, the ``TrainState`` step). Per program:
+``check``'s predicted / XLA-compiled bytes per device and collectives; ``apply`` under
+``jax.jit`` (``eqx.filter_jit`` for Equinox) against plain JAX of the same function on the
+same input and output shardings: compiled collectives, bytes and the paired step-time
+ratio."""
 
 from __future__ import annotations
 
