@@ -1,13 +1,15 @@
-"""12. Flax NNX and Equinox training code: predict / check and apply against plain JAX.
+"""12. Flax NNX, Equinox and Flax Linen training code: predict / check and apply against plain JAX.
 
-The test models tests/models/nnx_lm.py and eqx_lm.py (written as those libraries' examples
-write them) on dp=2 x tp=4 with the Megatron plan: the loss, value_and_grad and the AdamW
-step (Flax: the stateful ``@nnx.jit`` step updating the model and ``nnx.Optimizer`` in place;
-Equinox: ``train_step`` on the whole model, its activation function and float leaves
-static). Per program: ``check``'s predicted / XLA-compiled bytes per device and
-collectives; ``apply`` under ``jax.jit`` (``eqx.filter_jit`` for Equinox) against plain
-JAX of the same function on the same input and output shardings: compiled collectives,
-bytes and the paired step-time ratio."""
+The test models tests/models/nnx_lm.py, eqx_lm.py and linen_lm.py (written as those
+libraries' examples write them) on dp=2 x tp=4 with the Megatron plan: the loss,
+value_and_grad and the AdamW step (Flax NNX: the stateful ``@nnx.jit`` step updating the
+model and ``nnx.Optimizer`` in place; Equinox: ``train_step`` on the whole model, its
+activation function and float leaves static; Flax Linen: two blocks under ``nn.scan`` +
+``nn.remat``, dropout from a ``dropout`` rng, the ``TrainState`` step). Per program:
+``check``'s predicted / XLA-compiled bytes per device and collectives; ``apply`` under
+``jax.jit`` (``eqx.filter_jit`` for Equinox) against plain JAX of the same function on the
+same input and output shardings: compiled collectives, bytes and the paired step-time
+ratio."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from placements2jax.hlo import parse_collectives
 from placements2jax.inference import check
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from models import common, eqx_lm, nnx_lm  # noqa: E402  (the test models, written as public model code)
+from models import common, eqx_lm, linen_lm, nnx_lm  # noqa: E402  (the test models, written as public model code)
 
 nnx_train_step = nnx.jit(nnx_lm.train_step)  # decorated as Flax's examples decorate it
 
@@ -70,6 +72,7 @@ def _programs(quick: bool) -> list[Program]:
     tokens, targets = functional["loss"][1][1:]
     model, optimizer = distribute_pytree(nnx_lm.create(cfg), mesh, nnx_lm.megatron_plan())
     eqx_programs = eqx_lm.checked_programs(eqx_lm.Config(layers=1), mesh)
+    linen_programs = linen_lm.checked_programs(linen_lm.Config(), mesh)  # 2 layers: a loop, as XLA compiles it
     return programs + [
         Program("nnx value_and_grad", *functional["value_and_grad"]),
         Program("nnx adamw step (@nnx.jit, in place)", nnx_train_step, (model, optimizer, tokens, targets),
@@ -77,6 +80,9 @@ def _programs(quick: bool) -> list[Program]:
         Program("eqx loss (whole model)", *eqx_programs["loss"]),
         Program("eqx value_and_grad", *eqx_programs["value_and_grad"]),
         Program("eqx adamw step (whole model)", *eqx_programs["adamw step"], loss=-1),
+        Program("linen loss (nn.scan, 2 layers)", *linen_programs["loss"]),
+        Program("linen value_and_grad", *linen_programs["value_and_grad"]),
+        Program("linen adamw step (TrainState)", *linen_programs["adamw step"], loss=-1),
     ]
 
 
@@ -143,16 +149,18 @@ def _measure(program: Program, config: Config) -> tuple[tuple[Any, ...], bool, C
 def run(config: Config) -> Section:
     section = Section(
         "frameworks",
-        "12. Flax NNX and Equinox training code",
+        "12. Flax NNX, Equinox and Flax Linen training code",
         """
-The test models in Flax NNX and Equinox (tests/models/nnx_lm.py, eqx_lm.py; one block,
-dim 32, batch 4 x 8 split over dp) on dp=2 x tp=4 with the Megatron plan. **check**: the
+The test models in Flax NNX, Equinox and Flax Linen (tests/models/nnx_lm.py, eqx_lm.py:
+one block; linen_lm.py: two blocks under `nn.scan` + `nn.remat`, the Flax examples'
+`TrainState` step; dim 32, batch 4 x 8 split over dp) on dp=2 x tp=4 with the Megatron plan. **check**: the
 outputs whose predicted placements agree with XLA's (or XLA reduced a partial), predicted /
 XLA-compiled bytes per device and collectives (XLA's counted by operand). **apply vs plain
 JAX**: `apply(fn, ...)` under `eqx.filter_jit` (= `jax.jit`, non-array leaves static)
 against plain `eqx.filter_jit(fn)` on the same input shardings with the outputs constrained
 as `out_layouts` (the Flax step: its updated model and optimizer, kept in their layouts;
-the plain side runs the same `@nnx.jit` step): compiled collectives and bytes per device,
+the plain side runs the same `@nnx.jit` step; Linen's step: its TrainState kept in its
+layouts): compiled collectives and bytes per device,
 and the paired step times (quick mode: the NNX loss only).
 """,
     )
@@ -165,15 +173,15 @@ and the paired step times (quick mode: the NNX loss only).
         timings.append(timing)
     section.tables.append(
         Table(
-            "check and apply on Flax NNX / Equinox programs (dp=2 x tp=4, Megatron plan)",
+            "check and apply on Flax NNX / Equinox / Flax Linen programs (dp=2 x tp=4, Megatron plan)",
             ("program", "outputs agreeing with XLA", "predicted / XLA bytes", "predicted / XLA collectives",
              "collectives apply / jit", "bytes apply / jit", "apply (µs)", "jit (µs)", "time apply / jit"),
             tuple(rows),
         )
     )
     section.targets.append(
-        Target("apply under jit of NNX / Equinox programs: no more collectives or bytes than plain jit",
+        Target("apply under jit of NNX / Equinox / Linen programs: no more collectives or bytes than plain jit",
                "; ".join(f"{r[0]}: {r[4]} collectives, {r[5]} B" for r in rows), "<= jit", comm_met)
     )
-    section.targets.append(within("apply under jit of NNX / Equinox programs: step time", timings, 1.1))
+    section.targets.append(within("apply under jit of NNX / Equinox / Linen programs: step time", timings, 1.1))
     return section

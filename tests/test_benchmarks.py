@@ -23,7 +23,7 @@ SECTIONS = (
     "9. from_local vs make_array_from_single_device_arrays",
     "10. FSDP (fully_shard) vs replicated data parallelism vs plain JAX",
     "11. Auto-plan vs the Megatron and FSDP presets",
-    "12. Flax NNX and Equinox training code",
+    "12. Flax NNX, Equinox and Flax Linen training code",
     "13. Optimizer state following its parameters",
     "14. Real training programs: predicted vs compiled",
 )

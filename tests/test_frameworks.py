@@ -1,8 +1,10 @@
-"""predict, check and apply on Flax NNX and Equinox language models (tests/models/nnx_lm.py,
-eqx_lm.py) written as those libraries' examples write them: the loss, value_and_grad and
-the AdamW step on their own pytrees (nnx.State of Variables from ``nnx.split``; Equinox
-modules with static fields, ``eqx.partition``'ed), laid out with the Megatron plan on
-dp=2 x tp=4, against plain ``jax.jit`` of the same functions on the same shardings."""
+"""predict, check and apply on Flax NNX, Equinox and Flax Linen language models
+(tests/models/nnx_lm.py, eqx_lm.py, linen_lm.py) written as those libraries' examples write
+them: the loss, value_and_grad and the AdamW step on their own pytrees (nnx.State of
+Variables from ``nnx.split``; Equinox modules with static fields, ``eqx.partition``'ed;
+Linen's params dict and ``flax.training.train_state.TrainState``, its blocks under
+``nn.scan`` + ``nn.remat``, dropout from a ``dropout`` rng), laid out with the Megatron plan
+on dp=2 x tp=4, against plain ``jax.jit`` of the same functions on the same shardings."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from jax.sharding import NamedSharding
-from models import common, eqx_lm, nnx_lm
+from models import common, eqx_lm, linen_lm, nnx_lm
 
 from placements2jax import DTensor, apply, distribute_pytree, distribute_tensor, init_device_mesh
 from placements2jax.dtensor import auto_twin_of
@@ -23,7 +25,7 @@ from placements2jax.hlo import parse_collectives
 from placements2jax.inference import check, predict
 from placements2jax.inference.frameworks import variables_of
 
-LEARNING_RATE = 1e-3  # both models' optax.adamw
+LEARNING_RATE = 1e-3  # every model's optax.adamw
 
 
 class Program(NamedTuple):
@@ -34,11 +36,6 @@ class Program(NamedTuple):
 
 def _is_dtensor(x: Any) -> bool:
     return isinstance(x, DTensor)
-
-
-def _full(x: Any) -> Any:
-    """A DTensor's full value (unsharded); a static leaf as it is."""
-    return x.full_tensor() if _is_dtensor(x) else x
 
 
 def _layout(x: Any) -> Any:
@@ -53,16 +50,18 @@ def mesh() -> Any:
 
 @pytest.fixture(scope="module")
 def programs(mesh: Any) -> dict[str, Program]:
+    # Linen's two blocks under nn.scan: a loop XLA compiles as a loop (one layer: a scan of one trip, inlined)
     return {
         f"{name} {kind}": Program(*program)
-        for name, module in (("nnx", nnx_lm), ("eqx", eqx_lm))
-        for kind, program in module.checked_programs(module.Config(layers=1), mesh).items()
+        for name, module, layers in (("nnx", nnx_lm, 1), ("eqx", eqx_lm, 1), ("linen", linen_lm, 2))
+        for kind, program in module.checked_programs(module.Config(layers=layers), mesh).items()
     }
 
 
 # the nnx adamw step is the stateful @nnx.jit one (test_stateful_nnx_step); Flax's functional split / merge step
 # runs in docs/inference.md
-NAMES = ["nnx loss", "nnx value_and_grad", "eqx loss", "eqx value_and_grad", "eqx adamw step"]
+NAMES = ["nnx loss", "nnx value_and_grad", "eqx loss", "eqx value_and_grad", "eqx adamw step", "linen loss",
+         "linen value_and_grad", "linen adamw step"]
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +86,15 @@ def test_megatron_plans_lay_out_the_framework_trees(programs: dict[str, Program]
     assert str(opt_state[0].mu.head.weight.layout) == "R,S(0)"
     assert params.blocks[0].mlp.activation is jax.nn.gelu and params.init_scale == 0.02  # static leaves
     assert programs["eqx value_and_grad"].args[0].blocks[0].mlp.activation is None  # eqx.partition'ed out
+    state = programs["linen adamw step"].args[0]  # a TrainState: step, params, opt_state; apply_fn, tx static
+    attn, mlp = state.params["blocks"]["attn"], state.params["blocks"]["mlp"]
+    assert str(attn["query"]["kernel"].layout) == "R,S(2)"  # (layer, dim, heads, head_dim): heads split
+    assert str(attn["key"]["bias"].layout) == "R,S(1)"  # (layer, heads, head_dim)
+    assert str(attn["out"]["kernel"].layout) == "R,S(1)"  # (layer, heads, head_dim, dim)
+    assert str(mlp["fc"]["bias"].layout) == "R,S(1)" and str(mlp["out"]["kernel"].layout) == "R,S(1)"
+    assert str(state.params["embed"]["embedding"].layout) == "R,S(0)"
+    assert str(state.opt_state[0].mu["blocks"]["attn"]["value"]["kernel"].layout) == "R,S(2)"
+    assert str(state.step.layout) == "R,R" and state.tx is not None and callable(state.apply_fn)
 
 
 # check on each program (layers=1), predicted / XLA bytes per device and predicted collectives over XLA's (counted
@@ -116,12 +124,32 @@ _REACHED = {
     "eqx loss": (0.81, -3),  # as nnx loss
     "eqx value_and_grad": (0.93, -14),  # 1.02, -6 before ties were broken by the fewest inputs moved
     "eqx adamw step": (0.98, -8),  # 1.17, 14 before value moves were tried without cascading (41 -> 38 combined)
+    # Flax Linen, two blocks under nn.scan + nn.remat (stop 34, as first run: nothing in the library changed): the
+    # loss 9,422 / 9,512 B in 8 / 8 operands; value_and_grad 39,470 / 46,600 B, 38 / 35 (combined 12 / 12); the
+    # TrainState step 36,910 / 46,600 B, 35 / 35 (combined 15 / 12). value_and_grad all-reduces the backward scan's
+    # per-layer weight gradients over dp in its body (rows `scan ys`, 11,264 B of them for the attention's three
+    # (32, 4, 8) and the MLP's two); the step instead all-gathers three (4, 8, 32) values of the body over dp
+    # (2,048 B each: every dp rank then forms whole weight gradients), whose all-gathers XLA's combiner leaves apart
+    "linen loss": (1.00, 0),
+    "linen value_and_grad": (0.85, 3),
+    "linen adamw step": (0.80, 0),
 }
 # the losses predict less than XLA sends (as GPT-2's loss: tests/test_inference_programs.py): below the floor only
 # where XLA legitimately sends more (common.below_floor: 0.84, its collective-permutes and one more all-reduce;
 # with the masked lookup 0.80, as many all-reduces, XLA's 90 B more, and its collective-permutes where the
-# prediction all-to-alls the attention heads: common.below_floor_by_own_kinds)
+# prediction all-to-alls the attention heads: common.below_floor_by_own_kinds); or where the predicted plan is
+# cheaper than XLA's own and apply(execute="pinned") compiles it (_pinned_sends_prediction: Linen's scanned
+# value_and_grad and step, 0.85 / 0.79; pinned 39,460 / 36,900 B where 39,470 / 36,910 were predicted)
 _FLOOR = 0.85
+
+
+def _pinned_sends_prediction(program: Program, report: Any) -> bool:
+    """The predicted plan is real: ``apply(execute="pinned")``, which compiles the
+    prediction's own moves, sends the predicted bytes (within 0.1%) under jax.jit."""
+    fn, args, out_layouts = program
+    pinned = eqx.filter_jit(lambda *a: apply(fn, *a, out_layouts=out_layouts, execute="pinned")).lower(*args)
+    _, nbytes = common.communication(parse_collectives(pinned.compile().compiled.as_text()))
+    return abs(nbytes - float(report.predicted_bytes)) <= float(report.predicted_bytes) / 1000
 
 
 def _key_bias(path: str) -> bool:
@@ -133,8 +161,8 @@ def _key_bias(path: str) -> bool:
 def test_predict_check_apply(programs: dict[str, Program], name: str) -> None:
     """check: every output's predicted layout agrees with XLA's, bytes and collectives as
     reached. apply(fn) under jax.jit: the values of plain jax.jit, its collectives and
-    bytes at most, fn's output structure (nnx Variables, eqx modules), out_layouts kept,
-    reusing check's Prediction."""
+    bytes at most, fn's output structure (nnx Variables, eqx modules, Linen's TrainState),
+    out_layouts kept, reusing check's Prediction."""
     program = programs[name]
     fn, args, out_layouts = program
     report = check(fn, *args, out_layouts=out_layouts)
@@ -142,9 +170,10 @@ def test_predict_check_apply(programs: dict[str, Program], name: str) -> None:
     ratio = float(report.predicted_bytes / report.compiled_bytes)
     extra = sum(report.predicted_counts.values()) - sum(report.compiled_operand_counts.values())
     bound, extra_bound = _REACHED[name]
-    assert _FLOOR <= ratio or common.below_floor(report) or common.below_floor_by_own_kinds(report, _FLOOR), (
-        ratio, report.collective_checks
-    )
+    assert (
+        _FLOOR <= ratio or common.below_floor(report) or common.below_floor_by_own_kinds(report, _FLOOR)
+        or _pinned_sends_prediction(program, report)
+    ), (ratio, report.collective_checks)
     assert ratio <= bound and extra <= extra_bound, (ratio, extra)
     assert predict(fn, *args, out_layouts=out_layouts) is report.prediction  # one Prediction, cached
 
@@ -155,8 +184,9 @@ def test_predict_check_apply(programs: dict[str, Program], name: str) -> None:
     (plain_count, plain_bytes) = common.communication(report.compiled_collectives)
     assert count <= plain_count and nbytes <= plain_bytes, (count, plain_count, nbytes, plain_bytes)
     got = ours(*args)
-    # unsharded values, by eqx.filter_jit (jax.jit where every leaf is an array; statics as apply takes them)
-    want = eqx.filter_jit(fn)(*jax.tree.map(_full, args, is_leaf=_is_dtensor))
+    # unsharded values, by eqx.filter_jit (jax.jit where every leaf is an array; statics as apply takes them), each
+    # input gathered and waited for before the next (common.plain: Linen's TrainState has 63 leaves)
+    want = eqx.filter_jit(fn)(*common.plain(args))
     assert jax.tree.structure(got, is_leaf=_is_dtensor) == jax.tree.structure(want)
     layouts = jax.tree.map(_layout, got, is_leaf=_is_dtensor)
     assert jax.tree.leaves(layouts) == list(report.prediction.out_layouts)
