@@ -736,8 +736,9 @@ def _read_join(output: TensorSpec, join: Layout, reads: Mapping[Layout, None], m
     partial where the output's ``out_layouts`` move reduces it: optax.novograd's
     first-moment update of the stacked LM's embedding gradient, joined ``S(1),P`` and read
     so by ``-lr * mu``, was all-reduced and all-gathered for the parameter and the moment
-    (2 x 10,240 B); re-joined ``R,R`` (``R,R -> S(1),P`` is free for the linear read) the
-    next search reduces the gradient before its norm and updates it replicated (stop 34)."""
+    (2 x 10,240 B); re-joined ``R,R`` (``R,R -> S(1),P`` is free for the linear read), the
+    next search gathers the gradient once and updates it replicated (its gathered value
+    moves see through the cond: :attr:`.ProgramGraph.joins`), 38,262 -> 18,030 B (stop 34)."""
     if not reads:
         return None
 
@@ -1193,6 +1194,8 @@ class _Walker:
         # the value each result of such a scan is in its body (its carries', its stacks'): what the combiner's
         # dependencies follow (a carry or stack the walk did not move has no row of its own)
         self.returned: dict[ValueId, ValueId | None] = {}
+        # per cond output, the values its branches return for it: :attr:`.ProgramGraph.joins`
+        self.joins: dict[ValueId, tuple[ValueId, ...]] = {}
 
     def graph(
         self, outputs: Sequence[tuple[TensorSpec, ValueId | None]], inputs: tuple[TensorSpec, ...]
@@ -1202,7 +1205,7 @@ class _Walker:
         loops = tuple((row.path, row.primitive) for row in self.rows
                       if row.primitive in LOOPS and row.path not in self.inlined)
         return ProgramGraph(self.mesh, tuple(self.nodes), tuple(s for _, s in outputs), inputs, loops,
-                            tuple(self.inlined.items()), tuple(self.returned.items()))
+                            tuple(self.inlined.items()), tuple(self.returned.items()), tuple(self.joins.items()))
 
     def _trial(self) -> _Walker:
         """A walker whose rows and nodes are thrown away (for fixed points)."""
@@ -1647,6 +1650,8 @@ class _Walker:
         for k, outs in enumerate(branches):
             for i, ((o, s), target) in enumerate(zip(outs, joined)):
                 self.move("cond join", f"{path}.b{k}.out{i}", o, s, target)
+        for i in range(len(out_avals)):
+            self.joins[path, i] = tuple(outs[i][1] for outs in branches if outs[i][1] is not None)
         return self._finish_loop_row(slot, srcs, [TensorSpec(a.shape, a.dtype, x) for a, x in zip(out_avals, joined)], (0,))
 
     # -- annotations in user code ------------------------------------------------------------
