@@ -479,6 +479,40 @@ def test_cond_joins_where_its_consumers_read(mesh: Any) -> None:
     assert moments == ["R,S(0)", "R,S(1)"] * 3  # down, up (row- and column-parallel) each
 
 
+def test_novograd_updates_the_replicated_embedding_inside_its_cond_replicated(mesh: Any) -> None:
+    """tests/models/stacked.py's step updated by ``optax.novograd(1e-3)`` (Megatron dp=2 x
+    tp=4): novograd divides each gradient by its norm and updates the first moment inside a
+    ``lax.cond`` (its first step starts the moment). The walk joined the embedding's updated
+    moment partial over tp (the elementwise update of a partial gradient stays partial),
+    ``-lr * mu`` read it so (linear) and the parameter's and the moment's ``out_layouts``
+    moves reduced it, an all-reduce and an all-gather each (2 x 10,240 B): 38,262 B, 1.59x
+    XLA's, 18 collectives after the combiner. Re-joined at the layout of its reads from
+    which reaching them all costs least (``R,R``: ``jaxpr._read_join``), 25,974 B (1.08x),
+    the update run split over dp and both tables all-gathered; with the search's look
+    upstream of the outputs seeing through the cond (``ProgramGraph.joins``), the
+    finishing descent gathers the gradient (scattered from the activation gradient
+    all-gathered over dp, as in the adamw step) and the update runs replicated: below XLA's
+    bytes legitimately (it all-reduces the table); apply(execute="pinned") compiles the
+    predicted 18,020 B (check adds the loss's 10 B reduction), the values jax.jit's."""
+    step = training_step("stacked", mesh, optimizer=optax.novograd(1e-3))
+    report = check(step.fn, *step.args, out_layouts=step.out_layouts)
+    assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
+    assert (report.predicted_bytes, report.compiled_bytes) == (18030, 24104)
+    assert report.predicted_bytes <= 1.1 * report.compiled_bytes and common.below_floor(report)
+    assert (len(report.predicted_combined), len(report.compiled_collectives)) == (11, 9)
+    gathered = [plan.shape for plan, s in report.prediction.routed_moves() if s.collective == "all-gather"]
+    assert gathered == [(4, 8, 1), (4, 8, 32)]  # the token ids and the activation gradient, for the embedding's
+    (cond,) = (e for e in report.prediction.equations if e.primitive == "cond" and e.outputs[0].shape == (64, 32))
+    assert str(cond.outputs[0].layout) == "R,R"  # the embedding's moment
+    pinned = jax.jit(lambda *a: apply(step.fn, *a, out_layouts=step.out_layouts, execute="pinned"))
+    compiled = compiled_collectives(pinned, *step.args)
+    assert (sum(collective_nbytes(c, 8) for c in compiled), len(compiled)) == (18020, 11)  # the plan as predicted
+    got = jax.tree.leaves(pinned(*step.args), is_leaf=lambda v: isinstance(v, DTensor))
+    want = jax.tree.leaves(step.plain_jit()(*step.plain_args()))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(w), rtol=1e-5, atol=1e-6)
+
+
 def test_switch_and_optimization_barrier(mesh: Any) -> None:
     def f(i: jax.Array, x: jax.Array) -> Any:
         y = lax.switch(i, [jnp.sin, jnp.cos, jnp.tanh], x)

@@ -347,7 +347,7 @@ import heapq
 import itertools
 import math
 import operator
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from operator import itemgetter, ne
@@ -414,6 +414,9 @@ class ProgramGraph:
     inlined: tuple[tuple[str, int], ...] = ()  # the scans of one trip: (path, position of the body's first node)
     # (a result of a scan of one trip, the value it is in the body): the combiner's dependencies follow the body
     returned: tuple[tuple[ValueId, ValueId | None], ...] = ()
+    # (a cond's output, the values its branches return for it): what it is made from, though the cond's node reads
+    # its index alone (the branches' equations are nodes of their own, their results read by the join's nodes)
+    joins: tuple[tuple[ValueId, tuple[ValueId, ...]], ...] = ()
 
 
 def forced_signature(op: str, inputs: tuple[TensorSpec, ...], candidate: Candidate, cost_model: CostModel) -> Signature:
@@ -797,15 +800,21 @@ def _unwidened(dtype: np.dtype) -> int:
     return 1
 
 
-def _upstream(sources: dict[str, Any], starts: Iterable[str], depth: int) -> frozenset[str]:
-    """The equations at most ``depth`` equations upstream of ``starts`` (those included),
-    by their inputs' ``sources`` (the function's inputs left out)."""
-    found = set(starts)
+def _upstream(
+    sources: dict[str, Any], starts: Iterable[ValueId], depth: int, joins: Mapping[ValueId, tuple[ValueId, ...]]
+) -> frozenset[str]:
+    """The equations at most ``depth`` equations upstream of the values ``starts`` (their
+    producers included), by their inputs' ``sources`` (the function's inputs left out); a
+    cond's output made, at its depth, by what its branches return for it (``joins``:
+    :attr:`ProgramGraph.joins`), since the cond's node reads its index alone."""
+
+    def producers(values: Iterable[ValueId]) -> set[str]:
+        return {v[0] for value in values for v in (value, *joins.get(value, ())) if v[0] != "in"}
+
+    found = producers(starts)
     frontier = set(found)
     for _ in range(depth):
-        frontier = {
-            src[0] for path in frontier for src in sources[path] if src is not None and src[0] != "in"
-        } - found
+        frontier = producers(src for path in frontier for src in sources[path] if src is not None) - found
         found |= frontier
     return frozenset(found)
 
@@ -1064,9 +1073,11 @@ class _Search:
         self.owing = frozenset(path for path, _ in self.owed)  # the equations making an output of the function
         # the equations a few upstream of an output with a fixed layout (an optimizer's update of a parameter): the
         # consumers of a split value value_moves() gathers
-        fixed_outputs = [path for (path, _), targets in self.owed.items() if any(t is not None for t in targets)]
-        self.near_fixed_outputs = _upstream(self.sources, fixed_outputs, _NEAR_OUTPUT)
-        self.near_gathered = _upstream(self.sources, fixed_outputs, _NEAR_OUTPUT + 1)  # and the values' producers
+        # (through a cond's branches: optax.novograd updates the first moment inside one)
+        fixed_outputs = [value for value, targets in self.owed.items() if any(t is not None for t in targets)]
+        joins = dict(graph.joins)
+        self.near_fixed_outputs = _upstream(self.sources, fixed_outputs, _NEAR_OUTPUT, joins)
+        self.near_gathered = _upstream(self.sources, fixed_outputs, _NEAR_OUTPUT + 1, joins)  # and the producers
         self.position = {node.path: p for p, node in enumerate(graph.nodes)}
         self.paths = [node.path for node in graph.nodes]  # by position
         # Neighbour tables, so that the hot loops loop over no consumers:
