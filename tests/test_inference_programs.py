@@ -104,6 +104,17 @@ def _with_indices(shapes: Sequence[tuple[int, ...]], index_shape: tuple[int, ...
     return make
 
 
+def _with_group_sizes(shapes: Sequence[tuple[int, ...]], group_sizes: Any) -> Any:
+    """Normal float operands of ``shapes``, then ``group_sizes`` (int32) last."""
+    return lambda rng: [*_normal(*shapes)(rng), np.asarray(group_sizes, np.int32)]
+
+
+def _ragged_dims(
+    contracting: Any, batch: Any, ragged: int, groups: tuple[int, ...]
+) -> lax.RaggedDotDimensionNumbers:
+    return lax.RaggedDotDimensionNumbers((contracting, batch), (ragged,), groups)
+
+
 def _splits_indexed_dim(candidate: Any, dim: int = 0) -> bool:
     """The masked-lookup / masked-scatter candidate (table split on the looked-up ``dim``):
     checked by the take cases of test_inference_values and by apply (test_operators)."""
@@ -180,6 +191,34 @@ PRIM_CASES = [
             x, g, (1,), [(1, 0)], dimension_numbers=lax.ConvDimensionNumbers((2, 0, 1), (2, 0, 1), (1, 2, 0)),
             batch_group_count=x.shape[2]),
         _normal((4, 5, 8), (4, 5, 8)),
+    ),
+    # lax.ragged_dot (dropless MoE's expert matmuls) and the modes its gradients and vmap give: 7 of 8 rows in
+    # groups (the last row in none), an empty group; the ragged and group dims never split (rules.ragged_dot)
+    PrimCase("ragged_dot_general", lax.ragged_dot, _with_group_sizes([(8, 6), (3, 6, 4)], [3, 0, 4])),
+    PrimCase(  # the gradient of the rhs: the ragged dim contracted, one output block per group
+        "ragged_dot_general",
+        lambda x, dy, s: lax.ragged_dot_general(x, dy, s, _ragged_dims(((0,), (0,)), ((), ()), 0, ())),
+        _with_group_sizes([(8, 6), (8, 4)], [3, 0, 4]),
+    ),
+    PrimCase(  # the gradient of the lhs: the rhs's free dim contracted
+        "ragged_dot_general",
+        lambda dy, w, s: lax.ragged_dot_general(dy, w, s, _ragged_dims(((1,), (2,)), ((), ()), 0, (0,))),
+        _with_group_sizes([(8, 4), (3, 6, 4)], [3, 0, 4]),
+    ),
+    PrimCase(  # vmapped: a batch dim, its own group sizes per batch element
+        "ragged_dot_general",
+        jax.vmap(lax.ragged_dot),
+        _with_group_sizes([(2, 8, 6), (2, 3, 6, 4)], [[3, 0, 4], [1, 6, 1]]),
+    ),
+    PrimCase(  # an lhs free dim outside the ragged one, its own group sizes (group_sizes' prefix), a free dim inside
+        "ragged_dot_general",
+        lambda x, w, s: lax.ragged_dot_general(x, w, s, _ragged_dims(((3,), (1,)), ((), ()), 1, (0,))),
+        _with_group_sizes([(2, 8, 5, 6), (3, 6, 4)], [[3, 0, 4], [1, 6, 1]]),
+    ),
+    PrimCase(  # a ragged batch dim
+        "ragged_dot_general",
+        lambda x, y, s: lax.ragged_dot_general(x, y, s, _ragged_dims(((2,), (1,)), ((0,), (0,)), 0, ())),
+        _with_group_sizes([(4, 5, 6), (4, 6, 3)], [1, 2]),
     ),
     PrimCase("complex", lax.complex, _normal((5, 6), (5, 6))),
     PrimCase("imag", lambda z: lax.imag(z), lambda rng: [(rng.standard_normal((5, 6)) + 1j).astype(np.complex64)]),

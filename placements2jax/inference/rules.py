@@ -57,6 +57,7 @@ __all__ = [
     "nullary",
     "pad",
     "partial_sigs",
+    "ragged_dot",
     "reduction",
     "reshape",
     "reverse",
@@ -138,20 +139,23 @@ def elementwise(ins: Avals, outs: Avals, *, partial: PartialKind = "none") -> li
     return sigs + partial_sigs(partial, len(ins), len(outs))
 
 
-def einsum(ins: Avals, outs: Avals, *, operands: Sequence[str], output: str) -> list[OneDSig]:
+def einsum(
+    ins: Avals, outs: Avals, *, operands: Sequence[str], output: str, unsplit: str = "", linear: int | None = None
+) -> list[OneDSig]:
     """Einsum-like contractions (matmul, bmm, dot_general, einsum) given one index letter
     per operand dim. Per letter: operands with it at full extent are split on it, the
     others (broadcast: size 1 or absent) are ``R``; the output is split on it if it keeps
     the letter (batch and free dims), else ``P(sum)`` (contracted dims). A letter repeated
-    within one operand (a diagonal) is never split. Multilinear: one operand ``P(op)``
-    with all others ``R`` gives ``P(op)`` for op in sum, avg."""
+    within one operand (a diagonal) is never split, nor one of ``unsplit``. Multilinear in
+    the first ``linear`` operands (default: all): one of them ``P(op)`` with all others
+    ``R`` gives ``P(op)`` for op in sum, avg."""
     sizes: dict[str, int] = {}
     for aval, letters in zip(ins, operands):
         for letter, n in zip(letters, aval.shape):
             sizes[letter] = max(sizes.get(letter, 1), n)
     sigs = []
     for letter, full in sizes.items():
-        if any(letters.count(letter) > 1 for letters in (*operands, output)):
+        if letter in unsplit or any(letters.count(letter) > 1 for letters in (*operands, output)):
             continue
         placements = tuple(
             Shard(letters.index(letter)) if letter in letters and aval.shape[letters.index(letter)] == full else R
@@ -159,10 +163,30 @@ def einsum(ins: Avals, outs: Avals, *, operands: Sequence[str], output: str) -> 
         )
         result: Placement = Shard(output.index(letter)) if letter in output else Partial("sum")
         sigs.append(OneDSig(placements, (result,)))
-    for i in range(len(ins)):
+    for i in range(len(ins) if linear is None else linear):
         for op in LINEAR_OPS:
             sigs.append(OneDSig(tuple(Partial(op) if j == i else R for j in range(len(ins))), (Partial(op),)))
     return sigs
+
+
+def ragged_dot(ins: Avals, outs: Avals, *, operands: Sequence[str], output: str, groups: str) -> list[OneDSig]:
+    """``ragged_dot_general(lhs, rhs, group_sizes)`` (``lax.ragged_dot``, dropless MoE's
+    expert matmuls, and its gradients) given one index letter per dim of the three
+    operands and of the output, as :func:`einsum`; ``groups`` holds the lhs ragged dim's
+    letter and the group dim's (``group_sizes``' last dim; the rhs group dim in the
+    forward mode, the output's leading dim when the ragged dim is contracted).
+    ``group_sizes`` counts the rows of each group along the ragged dim, from its start:
+    a rank holding a block of the ragged dim, or some of the groups, would read its rows
+    as belonging to other groups, so neither letter is ever split (a split there needs
+    the rank's offset into the groups, not a run on its blocks). Every other letter is
+    a dot's: a free dim (lhs or rhs) -> the output split alike, a batch dim split on both
+    (and on ``group_sizes``' matching prefix dim, whose groups belong to it alone), a
+    contracted non-ragged dim -> ``P(sum)`` (each group's rows summed over a block of
+    it, the blocks' sums added). The op is linear in ``lhs`` and in ``rhs`` (rows
+    outside every group give zeros, and sums or averages of zeros are zeros): one of
+    them ``P(op)``, the other ``R`` -> ``P(op)``; ``group_sizes`` (integers) is never
+    partial."""
+    return einsum(ins, outs, operands=operands, output=output, unsplit=groups, linear=2)
 
 
 def reduction(ins: Avals, outs: Avals, *, axes: Sequence[int], kind: str) -> list[OneDSig]:
