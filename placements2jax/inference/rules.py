@@ -20,7 +20,7 @@ index alone, or a reduction sums over the dim whatever its order), so the same
 signature runs on strided data, the factor carried to the output dim
 (:func:`strided_factors`): elementwise ops, transpose, reductions, contractions...
 Signatures that use a rank's offset along the split dim (the masked lookups and
-scatters of ``take`` / ``gather`` / ``scatter``) carry the :data:`POSITIONAL` joint
+scatters of ``take`` / ``gather`` / ``scatter``, a ragged dot's own groups) carry the :data:`POSITIONAL` joint
 condition, reshape its own (:meth:`_ReshapeCheck.view`); a new rule whose signature
 reads positions must mark it so.
 """
@@ -176,17 +176,31 @@ def ragged_dot(ins: Avals, outs: Avals, *, operands: Sequence[str], output: str,
     letter and the group dim's (``group_sizes``' last dim; the rhs group dim in the
     forward mode, the output's leading dim when the ragged dim is contracted).
     ``group_sizes`` counts the rows of each group along the ragged dim, from its start:
-    a rank holding a block of the ragged dim, or some of the groups, would read its rows
-    as belonging to other groups, so neither letter is ever split (a split there needs
-    the rank's offset into the groups, not a run on its blocks). Every other letter is
-    a dot's: a free dim (lhs or rhs) -> the output split alike, a batch dim split on both
-    (and on ``group_sizes``' matching prefix dim, whose groups belong to it alone), a
-    contracted non-ragged dim -> ``P(sum)`` (each group's rows summed over a block of
-    it, the blocks' sums added). The op is linear in ``lhs`` and in ``rhs`` (rows
-    outside every group give zeros, and sums or averages of zeros are zeros): one of
-    them ``P(op)``, the other ``R`` -> ``P(op)``; ``group_sizes`` (integers) is never
-    partial."""
-    return einsum(ins, outs, operands=operands, output=output, unsplit=groups, linear=2)
+    a rank holding a block of the ragged dim would read its rows as belonging to other
+    groups, so the ragged dim is never split. Every other letter is a dot's: a free dim
+    (lhs or rhs) -> the output split alike, a batch dim split on both (and on
+    ``group_sizes``' matching prefix dim, whose groups belong to it alone), a contracted
+    non-ragged dim -> ``P(sum)`` (each group's rows summed over a block of it, the
+    blocks' sums added). The op is linear in ``lhs`` and in ``rhs`` (rows outside every
+    group give zeros, and sums or averages of zeros are zeros): one of them ``P(op)``,
+    the other ``R`` -> ``P(op)``; ``group_sizes`` (integers) is never partial.
+
+    The group dim (expert parallelism) splits only with ``group_sizes`` one-dimensional
+    (whole on every rank) and the ragged dim free (the rhs holds the groups: the
+    forward, the lhs's gradient) or contracted (the output holds them: the rhs's
+    gradient): the tensor holding it ``S``, the others ``R`` -> ``P(sum)`` (free: each
+    row is its group's alone, other ranks' rows give zeros) or the output ``S(0)``
+    (contracted). A rank runs its own groups: its rows start after the earlier groups'
+    (the masked ragged dot of the executors, :data:`POSITIONAL`: it reads the rank's
+    offset into the groups)."""
+    sigs = einsum(ins, outs, operands=operands, output=output, unsplit=groups, linear=2)
+    group = groups[1]
+    holders = [i for i, letters in enumerate(operands[:2]) if group in letters]
+    if ins[2].ndim == 1 and (holders or group in output):
+        placements = tuple(Shard(operands[i].index(group)) if i in holders else R for i in range(3))
+        result: Placement = Shard(output.index(group)) if group in output else Partial("sum")
+        sigs.append(OneDSig(placements, (result,), joint=POSITIONAL))
+    return sigs
 
 
 def reduction(ins: Avals, outs: Avals, *, axes: Sequence[int], kind: str) -> list[OneDSig]:
