@@ -1084,8 +1084,9 @@ def test_dropless_moe_runs_its_ragged_dots_where_the_experts_are_split(mesh: Any
     as their weights; the token rows stay whole (sorted over every token: a rank's block
     of rows would start in the wrong group). Every ragged dot run on each rank's blocks
     (execute="ops") gives plain jax.jit's step. check and the xla / pinned executors:
-    test_real_code; 23,510 B as XLA compiles the prediction against 67,916 B it
-    compiles itself (0.35x)."""
+    test_real_code; 17,696 B as XLA compiles the prediction against 67,916 B it
+    compiles itself (0.26x; 23,520 before the expert-parallel signature, which no ragged
+    dot here chooses, moved the search's path)."""
     step = training_step("moe", mesh, dispatch="ragged")
     prediction = predict(step.fn, *step.args, out_layouts=step.out_layouts)
     rows = [row for row in prediction.equations if row.primitive == "ragged_dot_general"]
@@ -1093,7 +1094,7 @@ def test_dropless_moe_runs_its_ragged_dots_where_the_experts_are_split(mesh: Any
     assert [str(row.outputs[0].layout) for row in rows] == [
         "R,S(1)", "R,S(1)", "R,P", "R,S(1)", "R,S(1)", "R,S(2)", "R,P", "R,S(2)", "R,P"
     ]
-    assert prediction.lowered_nbytes <= 23_510
+    assert prediction.lowered_nbytes <= 17_696
     want = step.plain_jit()(*step.plain_args())
     got = apply(step.fn, *step.args, out_layouts=step.out_layouts, execute="ops")
     def leaves(tree: Any) -> list[Any]:
