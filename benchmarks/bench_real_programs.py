@@ -87,6 +87,8 @@ PROGRAMS: dict[str, Callable[[DeviceMesh], Program]] = {
         _step("llama_scan", attention="masked dot_product_attention", layers=1, **BF16),
     "MoE top-2 (`lax.top_k`, one_hot / einsum dispatch, experts split over `tp`), clip + adamw": _step("moe"),
     "MoE top-2, sort dispatch (`argsort`, gathered expert weights, `.at[].add`)": _step("moe", dispatch="sort"),
+    "MoE top-2, dropless `lax.ragged_dot` (sorted rows, SwiGLU experts split on their hidden dim over `tp`)":
+        _step("moe", dispatch="ragged"),
     "stacked LM (tests/models/stacked.py), clip + adamw": _step("stacked"),
     "stacked LM, `optax.MultiSteps(clip + inject_hyperparams(adamw)(warmup_cosine))`":
         _step("stacked", common.accumulating_optimizer()),

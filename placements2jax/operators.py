@@ -1069,6 +1069,7 @@ def _run_local(eqn: Any, ins: Sequence[_Value], targets: Sequence[Physical], out
     name = eqn.primitive.name
     params = _unsharded_params(eqn)
     masked_axis = _masked_axis(name, params, targets)
+    groups = _split_groups(name, params, targets, outs)
     params = _local_params(name, params, targets, outs)
     function = registered_function(eqn)
     if function is not None:
@@ -1076,6 +1077,8 @@ def _run_local(eqn: Any, ins: Sequence[_Value], targets: Sequence[Physical], out
     elif masked_axis is not None:
         masked = _masked_gather if name == "gather" else _masked_scatter
         compute = partial(masked, eqn.primitive, params, targets[0], masked_axis)
+    elif groups is not None:
+        compute = partial(_own_groups, eqn.primitive, params, *groups)
     else:
         compute = partial(_bind, eqn.primitive, params)
     constants = {
@@ -1360,6 +1363,49 @@ def _masked_axis(name: str, params: dict[str, Any], ins: Sequence[Physical]) -> 
     else:
         return None
     return axis if axis is not None and ins[0].layout.dim_axes[axis] else None
+
+
+def _split_groups(
+    name: str, params: dict[str, Any], ins: Sequence[Physical], outs: Sequence[Physical]
+) -> tuple[Physical, int] | None:
+    """A ragged dot split over its groups (the rule's expert-parallel signature, the
+    only one splitting the group dim): the tensor holding the group dim (the rhs when
+    the ragged dim is free, the output when contracted) and that dim; else None."""
+    if name != "ragged_dot_general":
+        return None
+    dn = params["ragged_dot_dimension_numbers"]
+    (lhs_contracting, _), _ = dn.dot_dimension_numbers
+    if dn.rhs_group_dimensions:
+        holder, dim = ins[1], int(dn.rhs_group_dimensions[0])
+    elif dn.lhs_ragged_dimensions[0] in lhs_contracting:
+        holder, dim = outs[0], 0
+    else:
+        return None
+    return (holder, dim) if holder.layout.dim_axes[dim] else None
+
+
+def _own_groups(
+    primitive: Any, params: dict[str, Any], holder: Physical, dim: int,
+    lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
+) -> list[jax.Array]:
+    """The masked ragged dot: this rank's groups (its block of ``holder``'s group dim
+    ``dim``) over the lhs rows, every row outside them zeroed and counted into the
+    rank's first group (rows before: the earlier groups') or last (rows after), so
+    every row lies in a local group (no backend's reading of rows outside every group
+    is relied on) and only the rank's own rows contribute. Uneven splits: the pad
+    groups past the last have no rows."""
+    (ragged,) = params["ragged_dot_dimension_numbers"].lhs_ragged_dimensions
+    count = _block_shape(holder)[dim]
+    first = _rank_chunk(holder, dim, 0).astype(group_sizes.dtype)
+    index = lax.iota(group_sizes.dtype, group_sizes.shape[0])
+    before = jnp.sum(jnp.where(index < first, group_sizes, 0))
+    padded = jnp.concatenate([group_sizes, jnp.zeros((count,), group_sizes.dtype)])
+    own = lax.dynamic_slice_in_dim(padded, first, count)
+    after = before + jnp.sum(own)
+    rows = lax.broadcasted_iota(group_sizes.dtype, lhs.shape, int(ragged))
+    lhs = jnp.where((rows >= before) & (rows < after), lhs, jnp.zeros((), lhs.dtype))
+    own = own.at[0].add(before).at[-1].add(lhs.shape[ragged] - after)
+    return _bind(primitive, params, lhs, rhs, own)
 
 
 def _local_rows(

@@ -19,7 +19,7 @@ from jax import lax
 from jax.extend import core
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
-from models import common, gpt2, llama
+from models import common, gpt2, llama, moe
 from models.steps import mlp_loss, training_step
 from test_inference_values import assert_output, local_inputs
 
@@ -108,6 +108,25 @@ def _spd(rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
     """``shape[0]`` symmetric positive definite (well conditioned) ``shape[1]``-square matrices."""
     a = rng.standard_normal((shape[0], shape[1], shape[1]))
     return (a @ a.transpose(0, 2, 1) + shape[1] * np.eye(shape[1])).astype(np.float32)
+
+
+def _with_group_sizes(shapes: Sequence[tuple[int, ...]], group_sizes: Any) -> Any:
+    """Normal float operands of ``shapes``, then ``group_sizes`` (int32) last."""
+    return lambda rng: [*_normal(*shapes)(rng), np.asarray(group_sizes, np.int32)]
+
+
+def _ragged_dims(
+    contracting: Any, batch: Any, ragged: int, groups: tuple[int, ...]
+) -> lax.RaggedDotDimensionNumbers:
+    return lax.RaggedDotDimensionNumbers((contracting, batch), (ragged,), groups)
+
+
+def _splits_groups(tensor: int, candidate: Any) -> bool:
+    """The expert-parallel candidate of a ragged dot: the groups (dim 0 of ``tensor``,
+    inputs then output) split, each rank running its own over the rows (a rank's offset):
+    checked through the executors by test_operators."""
+    layouts = (*candidate.in_layouts, *candidate.out_layouts)
+    return bool(layouts[tensor].dim_axes[0])
 
 
 def _splits_indexed_dim(candidate: Any, dim: int = 0) -> bool:
@@ -264,6 +283,39 @@ PRIM_CASES = [
     ),
     PrimCase("approx_top_k", lambda a: lax.approx_max_k(a, 2), _normal((5, 6))),
     PrimCase("approx_top_k", lambda a: lax.approx_min_k(a, 2, reduction_dimension=0), _normal((5, 6))),
+    # lax.ragged_dot (dropless MoE's expert matmuls) and the modes its gradients and vmap give: 7 of 8 rows in
+    # groups (the last row in none), an empty group; the ragged and group dims never split (rules.ragged_dot)
+    PrimCase(
+        "ragged_dot_general", lax.ragged_dot, _with_group_sizes([(8, 6), (3, 6, 4)], [3, 0, 4]),
+        skip=partial(_splits_groups, 1),
+    ),
+    PrimCase(  # the gradient of the rhs: the ragged dim contracted, one output block per group
+        "ragged_dot_general",
+        lambda x, dy, s: lax.ragged_dot_general(x, dy, s, _ragged_dims(((0,), (0,)), ((), ()), 0, ())),
+        _with_group_sizes([(8, 6), (8, 4)], [3, 0, 4]),
+        skip=partial(_splits_groups, 3),
+    ),
+    PrimCase(  # the gradient of the lhs: the rhs's free dim contracted
+        "ragged_dot_general",
+        lambda dy, w, s: lax.ragged_dot_general(dy, w, s, _ragged_dims(((1,), (2,)), ((), ()), 0, (0,))),
+        _with_group_sizes([(8, 4), (3, 6, 4)], [3, 0, 4]),
+        skip=partial(_splits_groups, 1),
+    ),
+    PrimCase(  # vmapped: a batch dim, its own group sizes per batch element
+        "ragged_dot_general",
+        jax.vmap(lax.ragged_dot),
+        _with_group_sizes([(2, 8, 6), (2, 3, 6, 4)], [[3, 0, 4], [1, 6, 1]]),
+    ),
+    PrimCase(  # an lhs free dim outside the ragged one, its own group sizes (group_sizes' prefix), a free dim inside
+        "ragged_dot_general",
+        lambda x, w, s: lax.ragged_dot_general(x, w, s, _ragged_dims(((3,), (1,)), ((), ()), 1, (0,))),
+        _with_group_sizes([(2, 8, 5, 6), (3, 6, 4)], [[3, 0, 4], [1, 6, 1]]),
+    ),
+    PrimCase(  # a ragged batch dim
+        "ragged_dot_general",
+        lambda x, y, s: lax.ragged_dot_general(x, y, s, _ragged_dims(((2,), (1,)), ((0,), (0,)), 0, ())),
+        _with_group_sizes([(4, 5, 6), (4, 6, 3)], [1, 2]),
+    ),
     PrimCase("complex", lax.complex, _normal((5, 6), (5, 6))),
     PrimCase("imag", lambda z: lax.imag(z), lambda rng: [(rng.standard_normal((5, 6)) + 1j).astype(np.complex64)]),
     PrimCase("bitcast_convert_type", lambda a: lax.bitcast_convert_type(a, jnp.int32), _normal((5, 6))),
@@ -630,6 +682,7 @@ def _training_programs() -> dict[str, tuple[Callable[..., Any], tuple[Any, ...]]
         ("gpt2", gpt2, gpt2.Config()),
         ("gpt2-dpa", gpt2, gpt2.Config(attention="dpa")),
         ("llama", llama, llama.Config()),
+        ("moe-ragged", moe, moe.Config(dispatch="ragged")),
     ):
         params = jax.eval_shape(partial(module.init, cfg=cfg), jax.random.key(0))
         state = jax.eval_shape(common.make_optimizer().init, params)
@@ -646,7 +699,8 @@ _WALKED = {"jit", "pjit", "closed_call", "custom_jvp_call", "custom_vjp_call", "
 
 
 def test_every_primitive_of_the_training_steps_has_a_rule() -> None:
-    """Forward, backward and adamw update of GPT-2 (both attentions) and Llama: a new
+    """Forward, backward and adamw update of GPT-2 (both attentions), Llama and the
+    dropless ``lax.ragged_dot`` MoE: a new
     primitive in a future JAX (or model) without a rule fails here."""
     known = set(primitive_names()) | _WALKED
     for name, (fn, args) in _training_programs().items():
@@ -1137,6 +1191,37 @@ def test_a_training_step_with_dp_1_predicts_what_tp_alone_does(model: str) -> No
     assert wide_p.collectives == flat_p.collectives
     assert wide_p.combined_counts == flat_p.combined_counts
     assert [str(x).split(",", 1)[1] for x in wide_p.out_layouts] == outs(flat_p)
+
+
+def test_dropless_moe_runs_its_ragged_dots_where_the_experts_are_split(mesh: Any) -> None:
+    """MaxText's dropless MoE (tests/models/moe.py, ``dispatch="ragged"``: top-2 rows
+    sorted by expert, ``lax.ragged_dot`` SwiGLU experts split on their hidden dim over tp)
+    in an adamw step: its 9 ragged dots (w1, w3, w2 forward; w2's lhs and rhs gradients,
+    w1's and w3's) move nothing: w1 / w3 column-parallel (``R,S(2)`` -> rows ``R,S(1)``),
+    w2 row-parallel (-> ``R,P``), the rhs gradients (the ragged rows contracted) split
+    as their weights; the token rows stay whole (sorted over every token: a rank's block
+    of rows would start in the wrong group). Every ragged dot run on each rank's blocks
+    (execute="ops") gives plain jax.jit's step. check and the xla / pinned executors:
+    test_real_code; 17,696 B as XLA compiles the prediction against 67,916 B it
+    compiles itself (0.26x; 23,520 before the expert-parallel signature, which no ragged
+    dot here chooses, moved the search's path)."""
+    step = training_step("moe", mesh, dispatch="ragged")
+    prediction = predict(step.fn, *step.args, out_layouts=step.out_layouts)
+    rows = [row for row in prediction.equations if row.primitive == "ragged_dot_general"]
+    assert len(rows) == 9 and all(row.cost == 0 for row in rows)
+    assert [str(row.outputs[0].layout) for row in rows] == [
+        "R,S(1)", "R,S(1)", "R,P", "R,S(1)", "R,S(1)", "R,S(2)", "R,P", "R,S(2)", "R,P"
+    ]
+    assert prediction.lowered_nbytes <= 17_696
+    want = step.plain_jit()(*step.plain_args())
+    got = apply(step.fn, *step.args, out_layouts=step.out_layouts, execute="ops")
+    def leaves(tree: Any) -> list[Any]:
+        return jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, DTensor))
+
+    for new, old, plain in zip(leaves(got[:2]), leaves(step.args[:2]), leaves(want[:2]), strict=True):
+        assert new.layout == old.layout
+        np.testing.assert_allclose(np.asarray(new.full_tensor()), np.asarray(plain), rtol=2e-5, atol=1e-5)
+    assert float(got[2].full_tensor()) == pytest.approx(float(want[2]), rel=1e-5)
 
 
 def _conv_block(p: dict[str, Any], x: jax.Array) -> jax.Array:

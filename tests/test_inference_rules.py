@@ -20,6 +20,7 @@ from placements2jax import (
     init_device_mesh,
 )
 from placements2jax.inference import OneDSig, Signature, infer_signature, predict, rules
+from placements2jax.inference.ops import primitive_definition
 from placements2jax.inference.signature import Aval
 from placements2jax.placements import parse_placement
 
@@ -430,6 +431,33 @@ def test_take_along_axis_is_a_masked_lookup(mesh: Any) -> None:
     looked_up = predict(pick, ((4, 8, 64), F32, layout("S(2)")), ((4, 8, 1), jnp.int32, layout("R")),
                         out_layouts=layout("P"))
     assert looked_up.nbytes == 0
+
+
+def test_ragged_dot_and_its_gradients_never_split_the_rows() -> None:
+    """``lax.ragged_dot`` (m, k) x (g, k, n) with group sizes (g): n splits the output, k
+    (both operands) gives P; the rows m are never split (a rank's rows would be read from
+    the first group's start); the groups g split on the rhs give P, each rank running its
+    own groups over the rows (POSITIONAL: a rank's offset). Its gradients: the rhs's
+    contracts the ragged m into one (k, n) block per group, k and n split it, and so do
+    the groups (a rank computes its own groups' blocks); the lhs's contracts n. Linear in
+    lhs and rhs, never partial in the integer group sizes. The numbers:
+    test_inference_programs' PRIM_CASES simulate every candidate per rank, test_operators
+    runs the expert-parallel ones through the executors."""
+    shapes = (((16, 8), F32), ((4, 8, 12), F32), ((4,), jnp.int32))
+    loss = jax.value_and_grad(lambda a, b, s: lax.ragged_dot(a, b, s).sum(), argnums=(0, 1))
+    closed = jax.make_jaxpr(loss)(*(jax.ShapeDtypeStruct(*s) for s in shapes))
+    definition = primitive_definition("ragged_dot_general")
+    listed = [
+        {str(s) for s in definition.rule(_avals(e.invars), _avals(e.outvars), **dict(definition.read_params(e.params)))}
+        for e in closed.jaxpr.eqns if e.primitive.name == "ragged_dot_general"
+    ]
+    partials = {"P,R,R -> P", "P(avg),R,R -> P(avg)", "R,P,R -> P", "R,P(avg),R -> P(avg)"}
+    forward, rhs_gradient, lhs_gradient = listed
+    assert forward == {"S(1),S(1),R -> P", "R,S(2),R -> S(1)", "R,S(0),R -> P"} | partials
+    # (m, k) x (m, n) -> (g, k, n)
+    assert rhs_gradient == {"S(1),R,R -> S(1)", "R,S(1),R -> S(2)", "R,R,R -> S(0)"} | partials
+    # (m, n) x (g, k, n) -> (m, k)
+    assert lhs_gradient == {"S(1),S(2),R -> P", "R,S(1),R -> S(1)", "R,S(0),R -> P"} | partials
 
 
 def test_concatenate_splits_other_dims(mesh: Any) -> None:

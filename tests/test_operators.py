@@ -41,6 +41,12 @@ from placements2jax import (
 )
 from placements2jax.hlo import compiled_collectives
 from placements2jax.inference.check import collective_nbytes
+from placements2jax.inference.cost import default_cost_model
+from placements2jax.inference.ops import freeze, primitive_definition
+from placements2jax.inference.select import signature_for
+from placements2jax.inference.signature import Aval, TensorSpec
+from placements2jax.physical import physical
+from placements2jax.programs import convert
 from placements2jax.inference.combine import combiner_rules, lowered_step
 from placements2jax.layout import iter_layouts
 
@@ -697,6 +703,61 @@ def test_apply_scatters_of_every_kind_into_a_vocabulary_split_table(kind: str, m
         assert predict(fn, t, _dt(ids, MESH42, "R,R"), _dt(u, MESH42, "R,R"), search="eager").out_layouts == (t.layout,)
         result = apply(fn, t, _dt(ids, MESH42, "R,R"), _dt(u, MESH42, "R,R"), execute="ops")
         np.testing.assert_allclose(np.asarray(result.full_tensor()), expected, rtol=1e-6, err_msg=placements)
+
+
+def _ragged_dims(contracting: Any, ragged: int, groups: tuple[int, ...]) -> lax.RaggedDotDimensionNumbers:
+    return lax.RaggedDotDimensionNumbers((contracting, ((), ())), (ragged,), groups)
+
+
+# lax.ragged_dot (m, k) x (g, k, n) and its gradients, as (function, operand shapes given g)
+RAGGED_DOTS = {
+    "forward": (lax.ragged_dot, lambda g: [(10, 6), (g, 6, 5)]),
+    "rhs gradient": (lambda x, dy, s: lax.ragged_dot_general(x, dy, s, _ragged_dims(((0,), (0,)), 0, ())),
+                     lambda g: [(10, 6), (10, 5)]),
+    "lhs gradient": (lambda dy, w, s: lax.ragged_dot_general(dy, w, s, _ragged_dims(((1,), (2,)), 0, (0,))),
+                     lambda g: [(10, 5), (g, 6, 5)]),
+}
+
+
+@pytest.mark.parametrize("groups", [[3, 0, 4, 2], [3, 0, 4]])  # 4 groups over a's 4 ranks; 3 (uneven): 9 of 10 rows
+@pytest.mark.parametrize("name", sorted(RAGGED_DOTS))
+def test_every_expert_parallel_candidate_of_a_ragged_dot_runs_each_ranks_groups(name: str, groups: list[int]) -> None:
+    """Every expert-parallel candidate of a ragged dot (the group dim split: the rhs ->
+    P, the rhs gradient's output S(0)), run by the executors' local program
+    (execute="ops"; "pinned" where an output is partial) on (4, 2), gives the whole op:
+    each rank runs its own groups over the rows, the other groups' rows zeroed (the
+    masked ragged dot reads a rank's offset: test_inference_programs' per-rank
+    simulation cannot run it). Even and uneven (a pad group) splits of the groups, an
+    empty group, a row in no group."""
+    fn, shapes = RAGGED_DOTS[name]
+    rng = np.random.default_rng(0)
+    values = [rng.standard_normal(s).astype(np.float32) for s in shapes(len(groups))]
+    values.append(np.asarray(groups, np.int32))
+    (eqn,) = jax.make_jaxpr(fn)(*values).jaxpr.eqns
+    expected = np.asarray(fn(*values))
+    definition = primitive_definition("ragged_dot_general")
+    specs = tuple(TensorSpec(v.shape, v.dtype, Layout(MESH42, ((),) * v.ndim)) for v in values)
+    signature = signature_for(("primitive", "ragged_dot_general"), freeze(dict(definition.read_params(eqn.params))),
+                              specs, (Aval(expected.shape, expected.dtype),), default_cost_model(), MESH42)
+
+    def whole(shape: tuple[int, ...]) -> Any:
+        return physical(Layout(MESH42, ((),) * len(shape)), shape)
+
+    own_groups = 0
+    for candidate in signature.candidates:
+        targets = [physical(layout, v.shape) for layout, v in zip(candidate.in_layouts, values)]
+        out = physical(candidate.out_layouts[0], expected.shape)
+        if operators._split_groups(eqn.primitive.name, eqn.params, targets, [out]) is None:
+            continue  # run on blocks: test_inference_programs' PRIM_CASES simulate them per rank
+        def run(*arrays: jax.Array, targets: Any = targets, out: Any = out) -> jax.Array:
+            ins = [operators._Value(a, whole(a.shape)) for a in arrays]
+            return operators._run_local(eqn, ins, targets, [out])[0]
+
+        result = jax.jit(run)(*values)  # eagerly, shard_map compiles its body op by op (~3 s per candidate)
+        np.testing.assert_allclose(np.asarray(convert(result, out, whole(expected.shape))), expected, rtol=1e-5,
+                                   atol=1e-5, err_msg=str(candidate))
+        own_groups += 1
+    assert own_groups >= 2  # the groups split over a, with b's dims split or not
 
 
 @pytest.mark.parametrize("mode", ["clip", "fill", "promise_in_bounds"])

@@ -224,6 +224,37 @@ def _dot_general_letters(
     return ("".join(left), "".join(right)), output
 
 
+def _ragged_dot_letters(
+    lhs: Aval, rhs: Aval, group_sizes: Aval, dimension_numbers: Any
+) -> tuple[tuple[str, str, str], str, str]:
+    """Index letters of ``ragged_dot_general``'s ``lhs``, ``rhs``, ``group_sizes`` and
+    output, and the letters of its lhs ragged dim and group dim (see
+    :func:`.rules.ragged_dot`). The dot's letters are ``dot_general``'s; the group
+    dim is the rhs group dim when the ragged dim is an lhs free dim (absent from the
+    output), else a letter of its own (the output's leading dim when the ragged dim is
+    contracted). ``group_sizes`` is ``[prefix..., g]`` or ``[g]`` (broadcast over the
+    prefix): the prefix is the lhs batch dims, then the lhs free dims (contracted dims
+    when the ragged dim is contracted) before the ragged dim, as JAX's shape rule says
+    (``jax._src.lax.lax._ragged_dot_prefix_dims``); a ragged batch dim's prefix is the
+    batch dims before it."""
+    (lc, _), (lb, _) = dimension_numbers.dot_dimension_numbers
+    (ragged,) = dimension_numbers.lhs_ragged_dimensions
+    (left, right), output = _dot_general_letters(lhs, rhs, dimension_numbers.dot_dimension_numbers)
+    free = [d for d in range(lhs.ndim) if d not in lc and d not in lb]
+    if ragged in free:
+        (group_dim,) = dimension_numbers.rhs_group_dimensions
+        group = right[group_dim]
+        output = output.replace(group, "")
+        prefix = [*lb, *free[: free.index(ragged)]]
+    else:
+        group = next(c for c in string.ascii_letters if c not in left + right)
+        contracted = ragged in lc
+        output = group + output if contracted else output
+        prefix = [*lb, *lc[: list(lc).index(ragged)]] if contracted else list(lb[: list(lb).index(ragged)])
+    sizes = "".join(left[d] for d in prefix) + group if group_sizes.ndim > 1 else group
+    return (left, right, sizes), output, left[ragged] + group
+
+
 def layer_norm(
     x: jax.Array, weight: jax.Array | None = None, bias: jax.Array | None = None, *, axis: Any = -1, eps: float = 1e-5
 ) -> jax.Array:
@@ -540,6 +571,16 @@ for _kind, _names in _PRIMITIVE_KINDS.items():
 
 _primitive("convert_element_type", lambda ins, outs: rules.convert(ins, outs))
 _primitive("dot_general", _dot_general, ("dimension_numbers",))
+
+
+def _ragged_dot_general(
+    ins: Sequence[Aval], outs: Sequence[Aval], *, ragged_dot_dimension_numbers: Any
+) -> list[OneDSig]:
+    operands, output, groups = _ragged_dot_letters(ins[0], ins[1], ins[2], ragged_dot_dimension_numbers)
+    return rules.ragged_dot(ins, outs, operands=operands, output=output, groups=groups)
+
+
+_primitive("ragged_dot_general", _ragged_dot_general, ("ragged_dot_dimension_numbers",))
 for _name, _kind in (
     ("reduce_sum", "sum"),
     ("reduce_max", "max"),

@@ -20,7 +20,7 @@ index alone, or a reduction sums over the dim whatever its order), so the same
 signature runs on strided data, the factor carried to the output dim
 (:func:`strided_factors`): elementwise ops, transpose, reductions, contractions...
 Signatures that use a rank's offset along the split dim (the masked lookups and
-scatters of ``take`` / ``gather`` / ``scatter``) carry the :data:`POSITIONAL` joint
+scatters of ``take`` / ``gather`` / ``scatter``, a ragged dot's own groups) carry the :data:`POSITIONAL` joint
 condition, reshape its own (:meth:`_ReshapeCheck.view`); a new rule whose signature
 reads positions must mark it so.
 """
@@ -59,6 +59,7 @@ __all__ = [
     "nullary",
     "pad",
     "partial_sigs",
+    "ragged_dot",
     "reduction",
     "reshape",
     "reverse",
@@ -142,20 +143,23 @@ def elementwise(ins: Avals, outs: Avals, *, partial: PartialKind = "none") -> li
     return sigs + partial_sigs(partial, len(ins), len(outs))
 
 
-def einsum(ins: Avals, outs: Avals, *, operands: Sequence[str], output: str) -> list[OneDSig]:
+def einsum(
+    ins: Avals, outs: Avals, *, operands: Sequence[str], output: str, unsplit: str = "", linear: int | None = None
+) -> list[OneDSig]:
     """Einsum-like contractions (matmul, bmm, dot_general, einsum) given one index letter
     per operand dim. Per letter: operands with it at full extent are split on it, the
     others (broadcast: size 1 or absent) are ``R``; the output is split on it if it keeps
     the letter (batch and free dims), else ``P(sum)`` (contracted dims). A letter repeated
-    within one operand (a diagonal) is never split. Multilinear: one operand ``P(op)``
-    with all others ``R`` gives ``P(op)`` for op in sum, avg."""
+    within one operand (a diagonal) is never split, nor one of ``unsplit``. Multilinear in
+    the first ``linear`` operands (default: all): one of them ``P(op)`` with all others
+    ``R`` gives ``P(op)`` for op in sum, avg."""
     sizes: dict[str, int] = {}
     for aval, letters in zip(ins, operands):
         for letter, n in zip(letters, aval.shape):
             sizes[letter] = max(sizes.get(letter, 1), n)
     sigs = []
     for letter, full in sizes.items():
-        if any(letters.count(letter) > 1 for letters in (*operands, output)):
+        if letter in unsplit or any(letters.count(letter) > 1 for letters in (*operands, output)):
             continue
         placements = tuple(
             Shard(letters.index(letter)) if letter in letters and aval.shape[letters.index(letter)] == full else R
@@ -163,9 +167,43 @@ def einsum(ins: Avals, outs: Avals, *, operands: Sequence[str], output: str) -> 
         )
         result: Placement = Shard(output.index(letter)) if letter in output else Partial("sum")
         sigs.append(OneDSig(placements, (result,)))
-    for i in range(len(ins)):
+    for i in range(len(ins) if linear is None else linear):
         for op in LINEAR_OPS:
             sigs.append(OneDSig(tuple(Partial(op) if j == i else R for j in range(len(ins))), (Partial(op),)))
+    return sigs
+
+
+def ragged_dot(ins: Avals, outs: Avals, *, operands: Sequence[str], output: str, groups: str) -> list[OneDSig]:
+    """``ragged_dot_general(lhs, rhs, group_sizes)`` (``lax.ragged_dot``, dropless MoE's
+    expert matmuls, and its gradients) given one index letter per dim of the three
+    operands and of the output, as :func:`einsum`; ``groups`` holds the lhs ragged dim's
+    letter and the group dim's (``group_sizes``' last dim; the rhs group dim in the
+    forward mode, the output's leading dim when the ragged dim is contracted).
+    ``group_sizes`` counts the rows of each group along the ragged dim, from its start:
+    a rank holding a block of the ragged dim would read its rows as belonging to other
+    groups, so the ragged dim is never split. Every other letter is a dot's: a free dim
+    (lhs or rhs) -> the output split alike, a batch dim split on both (and on
+    ``group_sizes``' matching prefix dim, whose groups belong to it alone), a contracted
+    non-ragged dim -> ``P(sum)`` (each group's rows summed over a block of it, the
+    blocks' sums added). The op is linear in ``lhs`` and in ``rhs`` (rows outside every
+    group give zeros, and sums or averages of zeros are zeros): one of them ``P(op)``,
+    the other ``R`` -> ``P(op)``; ``group_sizes`` (integers) is never partial.
+
+    The group dim (expert parallelism) splits only with ``group_sizes`` one-dimensional
+    (whole on every rank) and the ragged dim free (the rhs holds the groups: the
+    forward, the lhs's gradient) or contracted (the output holds them: the rhs's
+    gradient): the tensor holding it ``S``, the others ``R`` -> ``P(sum)`` (free: each
+    row is its group's alone, other ranks' rows give zeros) or the output ``S(0)``
+    (contracted). A rank runs its own groups: its rows start after the earlier groups'
+    (the masked ragged dot of the executors, :data:`POSITIONAL`: it reads the rank's
+    offset into the groups)."""
+    sigs = einsum(ins, outs, operands=operands, output=output, unsplit=groups, linear=2)
+    group = groups[1]
+    holders = [i for i, letters in enumerate(operands[:2]) if group in letters]
+    if ins[2].ndim == 1 and (holders or group in output):
+        placements = tuple(Shard(operands[i].index(group)) if i in holders else R for i in range(3))
+        result: Placement = Shard(output.index(group)) if group in output else Partial("sum")
+        sigs.append(OneDSig(placements, (result,), joint=POSITIONAL))
     return sigs
 
 

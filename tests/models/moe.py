@@ -5,7 +5,11 @@ einsums over every expert, a load-balancing auxiliary loss), a head; the experts
 stacked weights split over the tensor-parallel axis (expert parallelism). ``dispatch=
 "sort"`` routes as dropless MoE code does instead: the (token, expert) pairs sorted by
 expert (``jnp.argsort``), each pair's token and expert weights gathered, the results
-scatter-added back to their tokens (``.at[].add``)."""
+scatter-added back to their tokens (``.at[].add``). ``dispatch="ragged"`` is MaxText's
+dropless sparse-matmul MoE (megablox-style): the (token, expert) rows sorted by expert,
+``group_sizes = jnp.bincount(...)``, SwiGLU experts ``w1`` / ``w3`` / ``w2`` computed by
+``lax.ragged_dot`` (one matmul per expert over its rows), unsorted and combined by the
+routing weights; their hidden dim split over tp (Megatron's column / row split)."""
 
 from __future__ import annotations
 
@@ -34,17 +38,23 @@ class Config:
     experts: int = 4
     top_k: int = 2
     aux_weight: float = 0.01
-    dispatch: str = "einsum"  # or "sort"
+    dispatch: str = "einsum"  # or "sort", "ragged"
 
 
 def init(key: jax.Array, cfg: Config) -> Params:
     k_emb, k_router, k_in, k_out, k_head = jax.random.split(key, 5)
+    w_in = jax.random.normal(k_in, (cfg.experts, cfg.dim, cfg.hidden)) / cfg.dim ** 0.5
+    w_out = jax.random.normal(k_out, (cfg.experts, cfg.hidden, cfg.dim)) / cfg.hidden ** 0.5
+    if cfg.dispatch == "ragged":
+        gate = jax.random.normal(jax.random.fold_in(key, 5), w_in.shape) / cfg.dim ** 0.5
+        experts = {"w1": gate, "w3": w_in, "w2": w_out}
+    else:
+        experts = {"w_in": w_in, "w_out": w_out}
     return {
         "embedding": jax.random.normal(k_emb, (cfg.vocab, cfg.dim), jnp.float32),
         "norm": jnp.ones((cfg.dim,)),
         "router": jax.random.normal(k_router, (cfg.dim, cfg.experts)) / cfg.dim ** 0.5,
-        "w_in": jax.random.normal(k_in, (cfg.experts, cfg.dim, cfg.hidden)) / cfg.dim ** 0.5,
-        "w_out": jax.random.normal(k_out, (cfg.experts, cfg.hidden, cfg.dim)) / cfg.hidden ** 0.5,
+        **experts,
         "head": jax.random.normal(k_head, (cfg.dim, cfg.vocab)) / cfg.dim ** 0.5,
     }
 
@@ -78,6 +88,26 @@ def sorted_moe(x: jax.Array, params: Params, cfg: Config) -> jax.Array:
     return jnp.zeros_like(tokens).at[token_of].add(out).reshape(x.shape)
 
 
+def ragged_moe(x: jax.Array, params: Params, cfg: Config) -> jax.Array:
+    """The dropless mixture as MaxText's sparse-matmul MoE writes it: each token's top-k
+    (token, expert) rows sorted by expert, ``group_sizes`` rows per expert, SwiGLU
+    experts by ``lax.ragged_dot`` (no capacity, no padding), the rows unsorted and
+    combined by the renormalized routing weights."""
+    tokens = x.reshape(-1, x.shape[-1])
+    probs = jax.nn.softmax(tokens @ params["router"], axis=-1)
+    top_probs, top_experts = lax.top_k(probs, cfg.top_k)
+    top_probs = top_probs / top_probs.sum(axis=-1, keepdims=True)
+    flat = top_experts.reshape(-1)
+    order = jnp.argsort(flat)
+    rows = tokens[order // cfg.top_k]  # (tokens * top_k, dim), sorted by expert
+    group_sizes = jnp.bincount(flat, length=cfg.experts)
+    gate = lax.ragged_dot(rows, params["w1"], group_sizes)
+    up = lax.ragged_dot(rows, params["w3"], group_sizes)
+    out = lax.ragged_dot(jax.nn.silu(gate) * up, params["w2"], group_sizes)
+    out = out[jnp.argsort(order)].reshape(tokens.shape[0], cfg.top_k, -1)
+    return jnp.einsum("tkd,tk->td", out, top_probs).reshape(x.shape)
+
+
 def rms_norm(x: jax.Array, weight: jax.Array) -> jax.Array:
     return x * lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-5) * weight
 
@@ -86,6 +116,8 @@ def loss(params: Params, tokens: jax.Array, targets: jax.Array, cfg: Config) -> 
     x = params["embedding"][tokens]
     if cfg.dispatch == "sort":
         mixed, aux = sorted_moe(rms_norm(x, params["norm"]), params, cfg), 0.0
+    elif cfg.dispatch == "ragged":
+        mixed, aux = ragged_moe(rms_norm(x, params["norm"]), params, cfg), 0.0
     else:
         mixed, aux = moe(rms_norm(x, params["norm"]), params, cfg)
     logits = (x + mixed) @ params["head"]
@@ -102,7 +134,11 @@ def train_step(
     return optax.apply_updates(params, updates), opt_state, value
 
 
-def megatron_plan() -> dict[str, Any]:
-    """On a (dp, tp) mesh: the experts split over tp (their leading dim), the head
-    vocab-parallel; the embedding, norm and router replicated."""
+def megatron_plan(dispatch: str = "einsum") -> dict[str, Any]:
+    """On a (dp, tp) mesh: the experts split over tp (their leading dim; ``"ragged"``
+    dispatch: their hidden dim, ``w1`` / ``w3`` by columns and ``w2`` by rows, as
+    Megatron splits an MLP), the head vocab-parallel; the embedding, norm and router
+    replicated."""
+    if dispatch == "ragged":
+        return {r"w1|w3": "R,S(2)", r"w2": "R,S(1)", r"head": colwise("tp")}
     return {r"w_in|w_out": "R,S(0)", r"head": colwise("tp")}

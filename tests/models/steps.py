@@ -92,7 +92,8 @@ def training_step(
     module = {"gpt2": gpt2, "llama": llama, "stacked": stacked, "llama_scan": llama_scan, "moe": moe}[model]
     cfg = module.Config(**config)
     plain = module.init(jax.random.key(0), cfg)
-    params = distribute_pytree(plain, mesh, module.megatron_plan())
+    plan = moe.megatron_plan(cfg.dispatch) if module is moe else module.megatron_plan()
+    params = distribute_pytree(plain, mesh, plan)
     optimizer = optimizer or common.make_optimizer()
     state = common.distribute_state(optimizer.init(plain), params)
     batch = [distribute_tensor(a, mesh, batch_placements) for a in common.batch(0, 4, cfg.seq, cfg.vocab)]
