@@ -41,7 +41,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -509,12 +509,10 @@ def apply(
         raise InferenceError("execute", execute, "unknown execution", f"use one of {EXECUTES}")
     if on_unknown not in ON_UNKNOWN:
         raise InferenceError("on_unknown", on_unknown, "unknown fallback", f"use one of {ON_UNKNOWN}")
-    context = trace_context()  # fn traced under jax.set_mesh is another program (as jax.jit keys it)
-    tag = ("apply", fn, frozen, in_tree, targets, execute, on_unknown, context)
+    options = ApplyOptions(on_unknown, trace_context())  # fn traced under jax.set_mesh is another program
+    tag = ("apply", fn, frozen, in_tree, targets, execute, options)
     build = {"auto": _auto_program, "xla": _xla_program, "ops": _apply_program, "pinned": _pinned_program}[execute]
-    program = _dispatch(
-        tag, leaves, partial(build, fn, frozen, in_tree, targets, (on_unknown, context)), partial(_leaf_path, args)
-    )
+    program = _dispatch(tag, leaves, partial(build, fn, frozen, in_tree, targets, options), partial(_leaf_path, args))
     _announce(f"apply({name})", program, leaves)
     try:
         result = program(leaves)
@@ -568,7 +566,7 @@ def _out_layouts_key(out_layouts: Any, mesh: DeviceMesh | None) -> Any:
 
 def _predicted(
     fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, keys: tuple[OperandKey, ...],
-    cost_model: CostModel, search: str, on_unknown: str,
+    cost_model: CostModel, search: str, options: ApplyOptions,
 ) -> tuple[Callable[..., Any], DeviceMesh, list[Layout], Any]:
     """apply's ``fn`` on flat operands, its mesh, input layouts and ``predict`` of it."""
     mesh = _mesh_of(keys, "args")
@@ -583,22 +581,24 @@ def _predicted(
     # key as predict / check of fn on these DTensors, so apply after either reuses its Prediction (and jaxpr)
     specs = jax.tree.unflatten(in_tree, [TensorSpec(k[1], k[2], layout) for k, layout in zip(keys, layouts)])
     prediction = predict(f, *specs, mesh=mesh, cost_model=cost_model, search=search, out_layouts=out_layouts,
-                         on_unknown=on_unknown)
+                         on_unknown=options.on_unknown)
     return flat_fn, mesh, layouts, prediction
 
 
-# apply's options of a program (part of its cache key): on_unknown, and the mesh context fn is traced in
-# (:func:`.inference.jaxpr.trace_context`)
-ApplyOptions = tuple[str, Any]
+class ApplyOptions(NamedTuple):
+    """apply's options of a program, part of its cache key."""
+
+    on_unknown: str  # predict's fallback at a primitive without a rule
+    context: Any  # the mesh context fn is traced in (:func:`.inference.jaxpr.trace_context`)
 
 
 @cached(maxsize=1024)
 def _apply_program(
-    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, options: ApplyOptions, keys: tuple[OperandKey, ...],
-    cost_model: CostModel,
+    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, options: ApplyOptions,
+    keys: tuple[OperandKey, ...], cost_model: CostModel,
 ) -> Program:
     # op by op, as torch's DTensor dispatch (outputs stay Partial as torch's do)
-    _, mesh, layouts, prediction = _predicted(fn, kwargs, in_tree, targets, keys, cost_model, "eager", options[0])
+    _, mesh, layouts, prediction = _predicted(fn, kwargs, in_tree, targets, keys, cost_model, "eager", options)
     sources = [physical(layout, k[1]) for k, layout in zip(keys, layouts)]
     finals = [physical(spec.layout, spec.shape) for spec in prediction.outputs]
     closed = prediction.jaxpr
@@ -616,12 +616,12 @@ def _apply_program(
 
 @cached(maxsize=1024)
 def _xla_program(
-    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, options: ApplyOptions, keys: tuple[OperandKey, ...],
-    cost_model: CostModel,
+    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, options: ApplyOptions,
+    keys: tuple[OperandKey, ...], cost_model: CostModel,
 ) -> Program:
     """``apply(execute="xla")``: ``fn`` on the inputs' logical values, the outputs placed
     in the layouts the whole-program search predicts; XLA does the layout work."""
-    flat_fn, mesh, layouts, prediction = _predicted(fn, kwargs, in_tree, targets, keys, cost_model, "program", options[0])
+    flat_fn, mesh, layouts, prediction = _predicted(fn, kwargs, in_tree, targets, keys, cost_model, "program", options)
     sources = [physical(layout, k[1]) if k[0] == "dtensor" else None for k, layout in zip(keys, layouts)]
 
     def body(*arrays: Any) -> tuple[jax.Array, ...]:
@@ -635,13 +635,13 @@ def _xla_program(
 
 @cached(maxsize=1024)
 def _pinned_program(
-    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, options: ApplyOptions, keys: tuple[OperandKey, ...],
-    cost_model: CostModel,
+    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, options: ApplyOptions,
+    keys: tuple[OperandKey, ...], cost_model: CostModel,
 ) -> Program:
     """``apply(execute="pinned")``: the whole-program search's prediction run on the
     inputs' logical values by :class:`_Pinned` (every equation's layouts pinned, XLA
     partitioning the one program), the outputs placed as in ``"xla"``."""
-    _, _, layouts, prediction = _predicted(fn, kwargs, in_tree, targets, keys, cost_model, "program", options[0])
+    _, _, layouts, prediction = _predicted(fn, kwargs, in_tree, targets, keys, cost_model, "program", options)
     sources = [physical(layout, k[1]) for k, layout in zip(keys, layouts)]
 
     def body(*arrays: Any) -> tuple[jax.Array, ...]:
@@ -718,8 +718,8 @@ def _run_pinned(prediction: Any, inputs: Sequence[_Value], cost_model: CostModel
 
 @cached(maxsize=1024)
 def _auto_program(
-    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, options: ApplyOptions, keys: tuple[OperandKey, ...],
-    cost_model: CostModel,
+    fn: Callable[..., Any], kwargs: Any, in_tree: Any, targets: Any, options: ApplyOptions,
+    keys: tuple[OperandKey, ...], cost_model: CostModel,
 ) -> Program:
     """``apply(execute="auto")``: the ``"ops"`` program when ``fn`` calls a registered
     function, the ``"pinned"`` one when it reduces integers bitwise (XLA's CPU backend

@@ -12,7 +12,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from placements2jax import InferenceError, Layout, UnsupportedOpError, init_device_mesh
+from placements2jax import InferenceError, Layout, UnsupportedOpError, apply, distribute_tensor, init_device_mesh
 from placements2jax.inference import predict
 
 F32 = jnp.float32
@@ -161,8 +161,6 @@ def test_debug_print_and_callback_see_the_values_as_under_jit(mesh: Any, partiti
     it), or with ``partitioned=True`` kept split (each device's shard) with partials
     reduced; every execute mode of apply calls them as ``jax.jit`` does: once, or once per
     device with its shard."""
-    from placements2jax import apply, distribute_tensor
-
     x = np.arange(8 * 16, dtype=np.float32).reshape(8, 16)
     w = np.ones((16, 4), np.float32)
     dx, dw = distribute_tensor(x, mesh, "S(0),S(1)"), distribute_tensor(w, mesh, "R,S(0)")
@@ -192,8 +190,6 @@ def test_debug_print_and_callback_see_the_values_as_under_jit(mesh: Any, partiti
 def test_debug_print_in_a_training_step_is_walked(mesh: Any) -> None:
     """A train step printing its loss (the commonest debugging line) predicts as without
     the print: the loss is a scalar, its gather free of new collectives beyond its own."""
-    from placements2jax import distribute_tensor
-
     def step(w: jax.Array, x: jax.Array) -> jax.Array:
         loss, grad = jax.value_and_grad(lambda w: jnp.mean((x @ w) ** 2))(w)
         jax.debug.print("loss {loss}", loss=loss)
@@ -212,22 +208,18 @@ def test_a_trace_inside_set_mesh_is_not_the_trace_outside(mesh: Any) -> None:
     ``jax.set_mesh`` and to reshards inside, as ``jax.jit`` traces it: predict and apply
     cache the two apart (keyed by the mesh context, as jax.jit's cache is), so the
     annotation holds inside after a call outside."""
-    from jax.sharding import PartitionSpec
-
-    from placements2jax import apply, distribute_tensor
-
     x, w = np.ones((8, 16), np.float32), np.ones((16, 16), np.float32)
     dx, dw = distribute_tensor(x, mesh, "S(0),R"), distribute_tensor(w, mesh, "R,S(1)")
 
     def f(a: jax.Array, b: jax.Array) -> jax.Array:
-        return jax.sharding.auto_axes(lambda a, b: a @ b, out_sharding=PartitionSpec("dp", None))(a, b)
+        return jax.sharding.auto_axes(lambda a, b: a @ b, out_sharding=P("dp", None))(a, b)
 
     assert outs(predict(f, dx, dw)) == ["S(0),S(1)"] and str(apply(f, dx, dw).layout) == "S(0),S(1)"
     with jax.set_mesh(mesh.to_jax()):
         assert outs(predict(f, dx, dw)) == ["S(0),R"]
         result = apply(f, dx, dw)
         assert str(result.layout) == "S(0),R"
-        assert jax.jit(f)(dx.to_jax(), dw.to_jax()).sharding.spec == PartitionSpec("dp", None)
+        assert jax.jit(f)(dx.to_jax(), dw.to_jax()).sharding.spec == P("dp", None)
     np.testing.assert_allclose(np.asarray(result.full_tensor()), x @ w)
 
 
@@ -340,7 +332,7 @@ def test_flattening_the_arguments_reads_no_tensor(mesh: Any, monkeypatch: Any) -
     three arguments (parameters, optimizer state, batch) without building an error: a
     message would repr the DTensors in them, reading their values (that was most of a
     cached predict of a training step)."""
-    from placements2jax import DTensor, distribute_tensor
+    from placements2jax import DTensor
 
     monkeypatch.setattr(DTensor, "__repr__", lambda self: pytest.fail("a DTensor was repr'd"))
     x = distribute_tensor(np.arange(32, dtype=np.float32).reshape(8, 4), mesh, "S(0),R")

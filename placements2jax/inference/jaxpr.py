@@ -1393,8 +1393,7 @@ class _Walker:
             signature = self.fixed(name, ins, layouts, out_avals, layouts)
         elif name in DEBUG_EFFECTS:
             partitioned = eqn.params.get("partitioned", False)
-            layouts = [s.layout.without_partial() if partitioned else Layout(self.mesh, ((),) * len(s.shape))
-                       for s in ins]
+            layouts = [s.layout.without_partial() if partitioned else s.layout.replicated() for s in ins]
             signature = self.fixed(name, ins, layouts, out_avals, ())
         elif name == "shard_map":
             signature = self._shard_map(eqn, ins, out_avals)

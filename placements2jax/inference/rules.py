@@ -738,8 +738,7 @@ def fft(ins: Avals, outs: Avals, *, fft_lengths: Sequence[int]) -> list[OneDSig]
     imaginary part of the DC and Nyquist terms), so ``P(sum)`` / ``P(avg)`` pass, the
     output's partial of its own dtype."""
     batch = ins[0].ndim - len(fft_lengths)
-    sigs = [OneDSig((Shard(d),), (Shard(d),)) for d in range(batch)]
-    return sigs + [OneDSig((Partial(op),), (Partial(op),)) for op in LINEAR_OPS]
+    return [OneDSig((Shard(d),), (Shard(d),)) for d in range(batch)] + partial_sigs("linear", 1)
 
 
 def linalg(ins: Avals, outs: Avals, *, core_dims: int = 2) -> list[OneDSig]:
