@@ -1,0 +1,122 @@
+"""What XLA simplifies away before it partitions a program, done to the traced jaxpr
+before any walk, where leaving it would charge communication XLA never sends.
+
+Zero-size values. ``jnp.pad(x, ..., mode="edge")`` pads every axis, the unpadded ones
+too: it slices an edge row off ``x``, broadcasts it to a zero-width pad and concatenates
+``[pad, x, pad]``. XLA's algebraic simplifier replaces every zero-size result by a
+constant, drops zero-size operands of a concatenate (one left: the operand itself) and
+then removes the slices only those fed. Walked as traced, the edge slices of a
+batch-split ``x`` and the concatenates along split dims were priced as moves: a
+Megatron MLP step with one edge pad predicted 1.23x the bytes XLA compiles, in 28
+collectives where XLA has 9. :func:`without_empty` makes the same rewrite, in the
+jaxpr and the jaxprs in its equations' params (calls, loop bodies, branches), and
+returns the jaxpr itself when it has no zero-size value to simplify (the common case:
+nothing else changes, not even the equations' paths)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from jax import lax
+from jax._src import core, dtypes
+
+__all__ = ["without_empty"]
+
+
+def without_empty(closed: core.ClosedJaxpr) -> core.ClosedJaxpr:
+    """``closed`` with its zero-size values simplified as XLA does (module docstring);
+    ``closed`` itself when there is none."""
+    jaxpr = _simplified(closed.jaxpr)
+    return closed if jaxpr is closed.jaxpr else core.ClosedJaxpr(jaxpr, closed.consts)
+
+
+def _empty(atom: Any) -> bool:
+    """Whether ``atom`` is a zero-size array of a plain element type (an extended one, a
+    PRNG key, cannot be made from a literal zero)."""
+    aval = atom.aval
+    shape = getattr(aval, "shape", None)
+    return bool(shape) and 0 in shape and not dtypes.issubdtype(aval.dtype, dtypes.extended)
+
+
+def _zeros(outvar: Any, eqn: Any) -> Any:
+    """An equation making ``outvar`` (zero-size) from a literal, reading nothing."""
+    aval = outvar.aval
+    zero = core.Literal(np.zeros((), aval.dtype), core.ShapedArray((), aval.dtype, weak_type=aval.weak_type))
+    params = dict(shape=aval.shape, broadcast_dimensions=(), sharding=None)
+    return core.new_jaxpr_eqn([zero], [outvar], lax.broadcast_in_dim_p, params, core.no_effects, eqn.source_info)
+
+
+def _reads_nothing(eqn: Any) -> bool:
+    return all(isinstance(v, core.Literal) for v in eqn.invars)
+
+
+def _sub_simplified(value: Any) -> Any:
+    """A param value with the jaxprs in it simplified (the same object when none changes)."""
+    if isinstance(value, core.ClosedJaxpr):
+        return without_empty(value)
+    if isinstance(value, core.Jaxpr):
+        return _simplified(value)
+    if isinstance(value, tuple) and any(isinstance(v, (core.Jaxpr, core.ClosedJaxpr)) for v in value):
+        items = tuple(map(_sub_simplified, value))
+        return value if all(a is b for a, b in zip(items, value)) else items
+    return value
+
+
+def _simplified(jaxpr: core.Jaxpr) -> core.Jaxpr:
+    """``jaxpr`` rewritten (module docstring), or ``jaxpr`` itself when nothing changes."""
+    renamed: dict[Any, Any] = {}  # a concatenate's result -> its one operand not empty
+    eqns, changed = [], False
+    for eqn in jaxpr.eqns:
+        invars = [renamed.get(v, v) if isinstance(v, core.Var) else v for v in eqn.invars]
+        params = {name: _sub_simplified(value) for name, value in eqn.params.items()}
+        if any(params[name] is not value for name, value in eqn.params.items()):
+            changed = True
+        else:
+            params = eqn.params
+        if (len(eqn.outvars) == 1 and not eqn.effects and _empty(eqn.outvars[0]) and not _reads_nothing(eqn)
+                and not isinstance(eqn.outvars[0], core.DropVar)):
+            eqns.append(_zeros(eqn.outvars[0], eqn))
+            changed = True
+            continue
+        if eqn.primitive is lax.concatenate_p:
+            kept = [v for v in invars if not _empty(v)]
+            if kept and len(kept) < len(invars):
+                changed = True
+                if len(kept) == 1 and kept[0].aval.shape == eqn.outvars[0].aval.shape:
+                    renamed[eqn.outvars[0]] = kept[0]
+                    continue
+                invars = kept
+        if invars != list(eqn.invars) or params is not eqn.params:
+            changed = True
+            eqn = eqn.replace(invars=invars, params=params)
+        eqns.append(eqn)
+    if not changed:
+        return jaxpr
+    outvars = [renamed.get(v, v) if isinstance(v, core.Var) else v for v in jaxpr.outvars]
+    return jaxpr.replace(eqns=_orphans_removed(jaxpr.eqns, eqns, outvars), outvars=outvars)
+
+
+def _orphans_removed(before: Sequence[Any], eqns: list[Any], outvars: Sequence[Any]) -> list[Any]:
+    """``eqns`` without the equations the rewrite left unread: those without effects whose
+    every result was read before (in ``before`` or as an output) and is read by nothing
+    now, found from the last back (an edge slice, then what only it read). Equations
+    unread in the traced program stay as they were: not this rewrite's to remove."""
+    def reads(equations: Sequence[Any]) -> Counter[Any]:
+        counts: Counter[Any] = Counter(v for e in equations for v in e.invars if isinstance(v, core.Var))
+        counts.update(v for v in outvars if isinstance(v, core.Var))
+        return counts
+
+    was, now = reads(before), reads(eqns)
+    kept: list[Any] = []
+    for eqn in reversed(eqns):
+        results = [v for v in eqn.outvars if not isinstance(v, core.DropVar)]
+        if (not eqn.effects and results and all(now[v] == 0 for v in results)
+                and any(was[v] > 0 for v in results)):
+            now.subtract(v for v in eqn.invars if isinstance(v, core.Var))
+            continue
+        kept.append(eqn)
+    kept.reverse()
+    return kept

@@ -1,0 +1,117 @@
+"""inference.simplify: zero-size values simplified as XLA does before the walk (jnp.pad's
+edge mode pads every axis through zero-width pads), and what that changes in a prediction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.extend.core import jaxpr_as_fun
+
+from placements2jax import apply, distribute_tensor, init_device_mesh
+from placements2jax.inference import check, predict
+from placements2jax.inference.jaxpr import all_equations
+from placements2jax.inference.simplify import without_empty
+
+
+def _empty_values(closed: Any) -> list[str]:
+    """The equations of ``closed`` (nested ones too) with a zero-size result not made from a literal."""
+    return [
+        str(eqn) for eqn in all_equations(closed.jaxpr)
+        if any(0 in getattr(v.aval, "shape", (1,)) for v in eqn.outvars)
+        and not all(isinstance(v, jax.extend.core.Literal) for v in eqn.invars)
+    ]
+
+
+def _edge_padded(x: jax.Array) -> jax.Array:
+    return jnp.pad(x, ((0, 0), (2, 1), (0, 0)), mode="edge") * 2.0
+
+
+def test_program_without_zero_size_values_is_returned_as_is() -> None:
+    closed = jax.make_jaxpr(lambda x: jnp.sin(x) @ x.T)(jnp.ones((4, 3)))
+    assert without_empty(closed) is closed
+
+
+def test_edge_pad_keeps_only_its_padded_axis() -> None:
+    """Edge pads of the unpadded axes (a slice, a broadcast to zero width, a concatenate)
+    leave nothing; the padded axis' slices and concatenate stay; the values are the same."""
+    x = np.arange(4 * 5 * 3, dtype=np.float32).reshape(4, 5, 3)
+    closed = jax.make_jaxpr(_edge_padded)(x)
+    assert _empty_values(closed)  # as traced: zero-width pads of axes 0 and 2
+    simple = without_empty(closed)
+    assert _empty_values(simple) == []
+    names = [eqn.primitive.name for eqn in all_equations(simple.jaxpr)]
+    assert names.count("concatenate") == 1 and names.count("slice") == 2  # axis 1's two edges
+    np.testing.assert_array_equal(jaxpr_as_fun(simple)(x)[0], _edge_padded(x))
+
+
+def test_zero_size_results_become_literals_and_their_only_reads_go() -> None:
+    """A zero-size result is made from a literal zero; the slice only it read is removed;
+    a concatenate left with one operand is that operand; inside a scan body too."""
+
+    def fn(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        empty = jnp.zeros((0, 3)) + jnp.sin(x[:0])
+        def body(carry: jax.Array, row: jax.Array) -> tuple[jax.Array, jax.Array]:
+            return jnp.concatenate([carry[:0], carry + row]), carry
+        return empty, lax.scan(body, x[0], x)[0]
+
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    simple = without_empty(jax.make_jaxpr(fn)(x))
+    names = [eqn.primitive.name for eqn in all_equations(simple.jaxpr)]
+    assert "sin" not in names and "concatenate" not in names
+    got, want = jaxpr_as_fun(simple)(x), fn(x)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_effects_and_keys_are_left() -> None:
+    """An equation with an effect keeps its zero-size operands; zero-size PRNG key arrays
+    are not made from a literal."""
+
+    def fn(x: jax.Array) -> jax.Array:
+        jax.debug.print("{}", x[:0])
+        keys = jax.random.split(jax.random.key(0), 2)[:0]
+        return jnp.sum(x) + jax.random.key_data(keys).sum()
+
+    simple = without_empty(jax.make_jaxpr(fn)(np.ones((4, 3), np.float32)))
+    assert "debug_print" in [eqn.primitive.name for eqn in all_equations(simple.jaxpr)]
+
+
+@pytest.fixture(scope="module")
+def mesh() -> Any:
+    return init_device_mesh((2, 4), ("dp", "tp"))
+
+
+def _mlp(params: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+    x = jnp.pad(x, ((0, 0), (1, 0), (0, 0)), mode="edge")[:, :-1]  # a causal shift by the first token
+    return jnp.mean(jax.nn.gelu(x @ params["up"]) @ params["down"])
+
+
+def test_edge_padded_step_predicts_no_more_than_xla(mesh: Any) -> None:
+    """An MLP whose input is edge-padded along its (unsplit) sequence, batch over dp and
+    Megatron weights over tp: the pad moves nothing (before the simplification its
+    zero-width pads of the split batch and model dims were priced as all-to-alls and
+    gathers: 1.23x XLA's bytes in 28 collectives where XLA has 9, with an embedding),
+    and no more collectives or bytes than XLA compiles; apply computes plain JAX's value."""
+    rng = np.random.default_rng(0)
+    up, down = rng.normal(size=(16, 32)).astype(np.float32), rng.normal(size=(32, 16)).astype(np.float32)
+    x = rng.normal(size=(4, 8, 16)).astype(np.float32)
+    params = {"up": distribute_tensor(up, mesh, "R,S(1)"), "down": distribute_tensor(down, mesh, "R,S(0)")}
+    dx = distribute_tensor(x, mesh, "S(0),R")
+    grad = jax.grad(_mlp)
+    prediction = predict(grad, params, dx, out_layouts=params)  # gradients in the parameters' layouts
+    pads = [row for row in prediction.equations if row.primitive in ("slice", "concatenate")]
+    assert pads and all(row.cost == 0 for row in pads)
+    report = check(grad, params, dx, out_layouts=params)
+    assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs), [
+        (o.verdict, str(o.predicted), str(o.compiled), o.note) for o in report.outputs]
+    assert report.predicted_bytes <= report.compiled_bytes
+    assert sum(report.predicted_combined_counts.values()) <= len(report.compiled_collectives)
+    got = jax.jit(lambda p, v: apply(grad, p, v, out_layouts=params))(params, dx)
+    want = grad({"up": up, "down": down}, x)
+    for name in want:
+        np.testing.assert_allclose(np.asarray(got[name].full_tensor()), want[name], rtol=1e-5, atol=1e-6)
