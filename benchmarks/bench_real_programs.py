@@ -85,6 +85,8 @@ PROGRAMS: dict[str, Callable[[DeviceMesh], Program]] = {
         _step("llama_scan", attention="gqa dot_product_attention", **BF16),
     "the same in bf16, 1 layer, `dot_product_attention(mask=causal & ~padding)`":
         _step("llama_scan", attention="masked dot_product_attention", layers=1, **BF16),
+    "Gemma-2 class: soft-capped attention and logits, sliding-window / global layers, GeGLU, tied vocabulary-split "
+    "embeddings, label smoothing + z-loss, clip + adamw": _step("gemma"),
     "MoE top-2 (`lax.top_k`, one_hot / einsum dispatch, experts split over `tp`), clip + adamw": _step("moe"),
     "MoE top-2, sort dispatch (`argsort`, gathered expert weights, `.at[].add`)": _step("moe", dispatch="sort"),
     "MoE top-2, dropless `lax.ragged_dot` (sorted rows, SwiGLU experts split on their hidden dim over `tp`)":

@@ -1,7 +1,9 @@
 """predict, check and apply on training steps written as public JAX code writes them
 (issue 15, "inference on real training code"), Megatron / expert-parallel plans on
 dp=2 x tp=4: Llama (GQA + RoPE) under ``lax.scan`` over stacked layers, in bfloat16 with
-``jax.nn.dot_product_attention``; a top-2
+``jax.nn.dot_product_attention``; a Gemma-2 class decoder (soft-capped attention and
+logits, alternating sliding-window layers, GeGLU, tied vocabulary-split embeddings,
+label smoothing and a z-loss); a top-2
 mixture of experts (one_hot / einsum dispatch, sort / gather / scatter-add dispatch, and
 MaxText's dropless ``lax.ragged_dot`` with SwiGLU experts); the stacked LM of tests/models/stacked.py under optax's gradient accumulation
 (``optax.MultiSteps``, a ``lax.cond``), a warmup-cosine schedule through
@@ -78,6 +80,7 @@ _F32, _BF16 = 1e-4, 5e-3
 PROGRAMS: dict[str, Callable[[Any], Program]] = {
     "llama scan bf16 dot_product_attention": lambda mesh: Program(*_dict_step(
         "llama_scan", mesh, layers=1, attention="dot_product_attention", dtype="bfloat16"), _BF16),
+    "gemma soft-capped, sliding window, tied embeddings": lambda mesh: Program(*_dict_step("gemma", mesh), _F32),
     "moe einsum dispatch": lambda mesh: Program(*_dict_step("moe", mesh), _F32),
     "moe sort dispatch": lambda mesh: Program(*_dict_step("moe", mesh, dispatch="sort"), _F32),
     "moe ragged_dot dispatch": lambda mesh: Program(*_dict_step("moe", mesh, dispatch="ragged"), _F32),

@@ -19,7 +19,7 @@ from jax.sharding import NamedSharding
 from placements2jax import DeviceMesh, DTensor, colwise, distribute_pytree, distribute_tensor, rowwise
 from placements2jax.dtensor import auto_twin_of
 
-from . import common, gpt2, llama, llama_scan, moe, stacked
+from . import common, gemma, gpt2, llama, llama_scan, moe, stacked
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def mlp_step(params: Any, opt_state: Any, x: jax.Array, y: jax.Array) -> tuple[A
 def training_step(
     model: str, mesh: DeviceMesh, optimizer: optax.GradientTransformation | None = None, **config: Any
 ) -> Step:
-    """The adamw step of ``model`` ("gpt2", "llama", "stacked", "llama_scan" or "moe", ``config`` overriding its Config;
+    """The adamw step of ``model`` ("gpt2", "llama", "gemma", "stacked", "llama_scan" or "moe", ``config`` overriding its Config;
     "mlp": :func:`mlp_step`) with the Megatron plan on ``mesh`` (its ``tp`` axis) and a
     batch of 4 split over its ``dp`` axis if it has one (else replicated); ``optimizer``
     (not for "mlp"): another update than common.make_optimizer()'s clip + adamw."""
@@ -89,7 +89,7 @@ def training_step(
             distribute_tensor(rng.normal(size=(8, 16)).astype(np.float32), mesh, batch_placements) for _ in range(2)
         ]
         return Step(model, mlp_step, (params, state, *batch))
-    module = {"gpt2": gpt2, "llama": llama, "stacked": stacked, "llama_scan": llama_scan, "moe": moe}[model]
+    module = {"gpt2": gpt2, "llama": llama, "gemma": gemma, "stacked": stacked, "llama_scan": llama_scan, "moe": moe}[model]
     cfg = module.Config(**config)
     plain = module.init(jax.random.key(0), cfg)
     plan = moe.megatron_plan(cfg.dispatch) if module is moe else module.megatron_plan()
