@@ -24,9 +24,10 @@ per leaf, ``predict`` / ``check`` / ``apply``'s ``out_layouts``), as
   with its layout as value (``nnx.get_partition_spec``'s structure: the Variables of an
   ``nnx.State``, a model or an ``nnx.Optimizer``, whose moments carry their parameters'
   metadata);
-* a tuple of logical names or a ``PartitionSpec`` of them (``nn.get_partition_spec``'s
-  output): a layout of one dim per name (fewer names than the array's dims: its trailing
-  dims unsplit, as ``distribute_tensor`` binds a short ``PartitionSpec``);
+* a non-empty tuple of logical names or a ``PartitionSpec`` of them
+  (``nn.get_partition_spec``'s output): a layout of one dim per name (fewer names than the
+  array's dims: its trailing dims unsplit, as ``distribute_tensor`` binds a short
+  ``PartitionSpec``);
 * any other array (a Variable without metadata, the step count): replicated.
 
 A name of ``None`` is an unsplit dim; a name mapped to several mesh axes splits its dim
@@ -104,7 +105,8 @@ def logical_layouts(tree: Any, mesh: DeviceMesh, rules: LogicalRules | None = No
             names = _checked_names(leaf.names, path)
             axes: tuple[MeshAxes, ...] = names  # a plain Partitioned box names mesh axes itself
             if isinstance(leaf, linen.LogicallyPartitioned):
-                own = checked if leaf.rules is None else _checked_rules(leaf.rules, mesh, f"tree at {path!r} (its rules)")
+                own = checked if leaf.rules is None else _checked_rules(
+                    leaf.rules, mesh, f"tree at {path!r} (its rules)")
                 axes = _mapped(linen, names, own, mesh, path, strict)
             layouts.append(_layout(mesh, axes, leaf_ndim(leaf.value, path, "tree"), path))
         elif _is_names(leaf):
@@ -122,8 +124,11 @@ def _nnx_variable_type() -> type | None:
 
 
 def _is_names(x: Any) -> bool:
-    """A tuple of logical names (str or None) or a ``PartitionSpec``: one array's annotation."""
-    return isinstance(x, PartitionSpec) or (type(x) is tuple and all(n is None or isinstance(n, str) for n in x))
+    """A non-empty tuple of logical names (str or None) or a ``PartitionSpec``: one array's
+    annotation (an empty tuple is an empty pytree node, as JAX takes it)."""
+    return isinstance(x, PartitionSpec) or (
+        type(x) is tuple and len(x) > 0 and all(n is None or isinstance(n, str) for n in x)
+    )
 
 
 def _checked_rules(rules: Any, mesh: DeviceMesh, argument: str) -> tuple[tuple[str, MeshAxes], ...]:
@@ -232,7 +237,8 @@ def _variable_layout(variable: Any, mesh: DeviceMesh, rules: tuple[tuple[str, Me
                 raise PlanError(
                     "rules", name, f"no rule names the logical axis {name!r} (of {path!r}: {tuple(names)}) and it is "
                     f"not an axis of the mesh {tuple(mesh.axis_names)}",
-                    f"add a rule ({name!r}, None) to replicate its dim or ({name!r}, {mesh.axis_names[-1]!r}) to split it",
+                    f"add a rule ({name!r}, None) to replicate its dim or ({name!r}, {mesh.axis_names[-1]!r}) to "
+                    "split it",
                 )
     return _layout(mesh, tuple(spec), ndim, path)
 

@@ -136,7 +136,7 @@ RULES = (("batch", "dp"), ("embed", "dp"), ("embed", "tp"), ("mlp", "tp"), ("hea
 @pytest.mark.parametrize(
     "names",
     [("batch", "embed"), ("embed", "mlp"), ("mlp", "embed"), ("heads", "kv"), ("kv", None), (None, "batch", "embed"),
-     ("heads", "mlp"), ()],
+     ("heads", "mlp")],
 )
 def test_linen_rules_are_flax_own(mesh: Any, names: tuple[Any, ...]) -> None:
     """Names map as nn.logical_to_mesh_axes maps them: rules by priority, a name taking its
@@ -144,6 +144,13 @@ def test_linen_rules_are_flax_own(mesh: Any, names: tuple[Any, ...]) -> None:
     axes on one dim, None unsplit."""
     layout = logical_layouts({"w": names}, mesh, RULES)["w"]
     assert layout == Layout.from_partition_spec(mesh, nn.logical_to_mesh_axes(names, RULES), len(names))
+
+
+def test_an_empty_tuple_stays_an_empty_node(mesh: Any) -> None:
+    """As JAX takes it (an optimizer's empty state): the result keeps the tree's structure."""
+    tree = {"w": ("embed", "mlp"), "empty": (), "x": np.zeros((2, 3))}
+    layouts = logical_layouts(tree, mesh, RULES)
+    assert layouts["empty"] == () and layouts["x"] == Layout(mesh, ((), ())) and str(layouts["w"]) == "S(0),S(1)"
 
 
 def test_several_mesh_axes_split_a_dim_major_first(mesh: Any) -> None:
@@ -213,4 +220,5 @@ def test_nnx_names_without_a_rule_are_mesh_axes(mesh: Any) -> None:
 
 def test_flax_is_imported_only_when_called() -> None:
     code = "import sys, placements2jax; assert not any(m.startswith('flax') for m in sys.modules), 'flax imported'"
-    subprocess.run([sys.executable, "-c", code], check=True, env={"JAX_PLATFORMS": "cpu", "PYTHONPATH": ":".join(sys.path)})
+    env = {"JAX_PLATFORMS": "cpu", "PYTHONPATH": ":".join(sys.path)}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)

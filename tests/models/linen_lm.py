@@ -11,10 +11,11 @@ tokens, id 0 padding), the inputs shifted right (lm1b's ``shift_right``: ``jnp.p
 over ``nn.remat``. With ``Config(logical=True)`` every initializer but the layer norms' is
 wrapped by ``nn.with_logical_partitioning`` (lm1b's and MaxText's annotations: parameters
 in ``nn.LogicallyPartitioned`` boxes, the scan adding the ``"layers"`` axis), and
-:data:`LOGICAL_RULES` map the names onto the Megatron plan's layouts. The loss is optax's integer-label cross-entropy weighted by the
-non-padding targets, as lm1b weights it. Training is ``flax.training.train_state.TrainState`` (a pytree of
-``step``, ``params`` and ``opt_state``; ``apply_fn`` and ``tx`` static fields) with optax
-AdamW: ``jax.grad`` of the loss, then ``state.apply_gradients(grads=grads)``.
+:data:`LOGICAL_RULES` map the names onto the Megatron plan's layouts. The loss is optax's
+integer-label cross-entropy weighted by the non-padding targets, as lm1b weights it.
+Training is ``flax.training.train_state.TrainState`` (a pytree of ``step``, ``params`` and
+``opt_state``; ``apply_fn`` and ``tx`` static fields) with optax AdamW: ``jax.grad`` of
+the loss, then ``state.apply_gradients(grads=grads)``.
 """
 
 from __future__ import annotations
