@@ -40,6 +40,7 @@ from .inference import (
 )
 from .interop.torch_checkpoint import load_torch_checkpoint
 from .layout import Layout, resolve_layout
+from .logical import logical_layouts
 from .comm_mode import CommDebugMode, comm_debug
 from .loss import cross_entropy, loss_parallel, vocab_parallel_cross_entropy
 from .mesh import DeviceMesh, MeshGroup, as_device_mesh, init_device_mesh
@@ -128,6 +129,7 @@ __all__ = [
     "latest_step",
     "layouts_of",
     "local_map",
+    "logical_layouts",
     "mixed_precision",
     "model_arrays",
     "load",

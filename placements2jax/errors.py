@@ -85,7 +85,8 @@ class IndexingError(Placements2JaxError, IndexError):
 
 
 class PlanError(Placements2JaxError, ValueError):
-    """A parallelization plan (regex rules over parameter paths) is invalid or ambiguous."""
+    """A parallelization plan (regex rules over parameter paths, or Flax logical axis
+    rules) is invalid, ambiguous or incomplete."""
 
 
 class CheckpointError(Placements2JaxError, ValueError):

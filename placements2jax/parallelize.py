@@ -315,7 +315,7 @@ def _planned_leaves(
             )
         used.update(matches)
         value = rules[matches[0]].value if matches else replicate()
-        ndim = _ndim(leaf, path)
+        ndim = leaf_ndim(leaf, path)
         try:
             layouts.append(value.layout(mesh, ndim) if isinstance(value, ParallelStyle) else value.bind(ndim))
         except Placements2JaxError as error:
@@ -337,14 +337,16 @@ def at_path(error: Placements2JaxError, path: str) -> Placements2JaxError:
     return error.for_argument(f"{error.argument} (at {path!r})", error.value)
 
 
-def _ndim(leaf: Any, path: str) -> int:
+def leaf_ndim(leaf: Any, path: str, argument: str = "params") -> int:
+    """A pytree leaf's number of dims: an array's (anything with ``.shape``), 0 for a Python
+    number; the error for anything else names ``argument`` at ``path``."""
     shape = getattr(leaf, "shape", None)
     if shape is not None:
         return len(shape)
     if isinstance(leaf, (int, float, complex)) and not isinstance(leaf, bool):
         return 0
     raise ArgumentTypeError(
-        f"params at {path!r}", leaf, "a leaf must be an array (or have .shape)", "keep only arrays in the pytree"
+        f"{argument} at {path!r}", leaf, "a leaf must be an array (or have .shape)", "keep only arrays in the pytree"
     )
 
 

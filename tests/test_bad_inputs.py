@@ -24,6 +24,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import equinox as eqx
+from flax import linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -71,6 +72,7 @@ from placements2jax import (
     infer_signature,
     init_device_mesh,
     local_map,
+    logical_layouts,
     register_sharding,
     unregister_sharding,
     parse_alias,
@@ -1999,6 +2001,26 @@ CASES: list[Case] = [
     ),
     _c("plan_layouts: mesh a string", "plan_layouts", ArgumentTypeError, "mesh",
        lambda e: plan_layouts({"w": e.x}, "dp=4,tp=2", {})),
+    # -- logical_layouts: Flax logical axis names and rules (e.mesh: dp=4 x tp=2) -------------------------
+    _c("logical_layouts: mesh a string", "logical_layouts", ArgumentTypeError, "mesh",
+       lambda e: logical_layouts({"w": ("embed", "mlp")}, "dp=4,tp=2", (("mlp", "tp"),))),
+    _c("logical_layouts: a logical name no rule names", "logical_layouts", PlanError, "rules",
+       lambda e: logical_layouts({"w": ("embed", "mlp")}, e.mesh, (("mlp", "tp"),))),
+    _c("logical_layouts: a rule's mesh axis not in the mesh", "logical_layouts", MeshError, "rules[1]",
+       lambda e: logical_layouts({"w": ("embed", "mlp")}, e.mesh, (("embed", None), ("mlp", "pp")))),
+    _c("logical_layouts: a logical name on two dims", "logical_layouts", LayoutError, "tree at 'w'",
+       lambda e: logical_layouts({"w": ("mlp", "mlp")}, e.mesh, (("mlp", "tp"),))),
+    _c("logical_layouts: rules a dict", "logical_layouts", ArgumentTypeError, "rules",
+       lambda e: logical_layouts({"w": ("mlp",)}, e.mesh, {"mlp": "tp"})),
+    _c("logical_layouts: a rule not a pair", "logical_layouts", ArgumentTypeError, "rules[0]",
+       lambda e: logical_layouts({"w": ("mlp",)}, e.mesh, ("mlp", "tp"))),
+    _c("logical_layouts: a rule's mesh axes a number", "logical_layouts", ArgumentTypeError, "rules[0]",
+       lambda e: logical_layouts({"w": ("mlp",)}, e.mesh, (("mlp", 1),))),
+    _c("logical_layouts: more names than dims", "logical_layouts", LayoutError, "tree at 'w'",
+       lambda e: logical_layouts({"w": nn.LogicallyPartitioned(e.x, ("a", "b", "c"))}, e.mesh,
+                                 (("a", None), ("b", None), ("c", None)))),
+    _c("logical_layouts: a leaf that is not an array", "logical_layouts", ArgumentTypeError, "tree at 'w'",
+       lambda e: logical_layouts({"w": "text"}, e.mesh, ())),
     _c("fully_shard: unknown axis", "fully_shard", MeshError, "axis", lambda e: fully_shard({"w": e.x}, e.mesh, "pp")),
     _c(
         "fully_shard: a leaf that is not an array",

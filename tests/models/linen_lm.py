@@ -8,10 +8,14 @@ tokens, id 0 padding), the inputs shifted right (lm1b's ``shift_right``: ``jnp.p
 ``lax.dynamic_slice_in_dim``), ``nn.Dropout`` drawing from the ``dropout`` rng that
 ``model.apply(..., rngs={"dropout": key})`` passes in; the blocks stacked by ``nn.scan``
 (parameters on a leading layer dim, the ``params`` and ``dropout`` rngs split per layer)
-over ``nn.remat``. The loss is optax's integer-label cross-entropy weighted by the
-non-padding targets, as lm1b weights it. Training is ``flax.training.train_state.TrainState`` (a pytree of
-``step``, ``params`` and ``opt_state``; ``apply_fn`` and ``tx`` static fields) with optax
-AdamW: ``jax.grad`` of the loss, then ``state.apply_gradients(grads=grads)``.
+over ``nn.remat``. With ``Config(logical=True)`` every initializer but the layer norms' is
+wrapped by ``nn.with_logical_partitioning`` (lm1b's and MaxText's annotations: parameters
+in ``nn.LogicallyPartitioned`` boxes, the scan adding the ``"layers"`` axis), and
+:data:`LOGICAL_RULES` map the names onto the Megatron plan's layouts. The loss is optax's
+integer-label cross-entropy weighted by the non-padding targets, as lm1b weights it.
+Training is ``flax.training.train_state.TrainState`` (a pytree of ``step``, ``params`` and
+``opt_state``; ``apply_fn`` and ``tx`` static fields) with optax AdamW: ``jax.grad`` of
+the loss, then ``state.apply_gradients(grads=grads)``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import linen as nn
+from flax.typing import Initializer
 from jax import lax
 from flax.training import train_state
 
@@ -42,9 +47,21 @@ class Config:
     layers: int = 2
     dropout: float = 0.1
     dtype: str = "float32"  # the layers' compute dtype ("bfloat16": mixed precision, float32 parameters)
+    logical: bool = False  # parameters annotated with logical axis names (nn.with_logical_partitioning)
+
+    def init(self, init: Initializer, *names: str | None) -> Initializer:
+        """``init``, its parameter's dims named ``names`` when :attr:`logical`."""
+        return nn.with_logical_partitioning(init, names) if self.logical else init
 
 
 _KERNEL_INIT = nn.initializers.normal(stddev=0.02)
+_ZEROS = nn.initializers.zeros_init()
+
+# The logical axis names of Config(logical=True) onto :func:`megatron_plan`'s layouts: the
+# vocabulary, the attention heads and the MLP's hidden features split over tp
+LOGICAL_RULES = (
+    ("layers", None), ("length", None), ("vocab", "tp"), ("embed", None), ("heads", "tp"), ("kv", None), ("mlp", "tp"),
+)
 
 
 def shift_right(x: jax.Array, axis: int = 1) -> jax.Array:
@@ -62,8 +79,10 @@ class MlpBlock(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         cfg = self.cfg
-        y = nn.Dense(4 * cfg.dim, dtype=cfg.dtype, kernel_init=_KERNEL_INIT, name="fc")(x)
-        y = nn.Dense(cfg.dim, dtype=cfg.dtype, kernel_init=_KERNEL_INIT, name="out")(nn.gelu(y))
+        y = nn.Dense(4 * cfg.dim, dtype=cfg.dtype, kernel_init=cfg.init(_KERNEL_INIT, "embed", "mlp"),
+                     bias_init=cfg.init(_ZEROS, "mlp"), name="fc")(x)
+        y = nn.Dense(cfg.dim, dtype=cfg.dtype, kernel_init=cfg.init(_KERNEL_INIT, "mlp", "embed"),
+                     bias_init=cfg.init(_ZEROS, "embed"), name="out")(nn.gelu(y))
         return nn.Dropout(rate=self.cfg.dropout)(y, deterministic=self.deterministic)
 
 
@@ -75,8 +94,11 @@ class Block(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array, mask: jax.Array) -> tuple[jax.Array, None]:
+        cfg = self.cfg
         y = nn.MultiHeadDotProductAttention(
-            num_heads=self.cfg.heads, dtype=self.cfg.dtype, kernel_init=_KERNEL_INIT,
+            num_heads=cfg.heads, dtype=cfg.dtype, kernel_init=cfg.init(_KERNEL_INIT, "embed", "heads", "kv"),
+            bias_init=cfg.init(_ZEROS, "heads", "kv"), out_kernel_init=cfg.init(_KERNEL_INIT, "heads", "kv", "embed"),
+            out_bias_init=cfg.init(_ZEROS, "embed"),
             dropout_rate=self.cfg.dropout, deterministic=self.deterministic, name="attn",
         )(nn.LayerNorm(dtype=self.cfg.dtype, name="ln1")(x), mask=mask)
         x = x + nn.Dropout(rate=self.cfg.dropout)(y, deterministic=self.deterministic)
@@ -91,14 +113,16 @@ class TransformerLM(nn.Module):
     @nn.compact
     def __call__(self, tokens: jax.Array) -> jax.Array:
         cfg = self.cfg
-        embed = nn.Embed(cfg.vocab, cfg.dim, dtype=cfg.dtype, embedding_init=_KERNEL_INIT, name="embed")
-        pos = self.param("pos_embedding", nn.initializers.normal(stddev=0.01), (cfg.seq, cfg.dim))
+        embed = nn.Embed(cfg.vocab, cfg.dim, dtype=cfg.dtype, embedding_init=cfg.init(_KERNEL_INIT, "vocab", "embed"),
+                         name="embed")
+        pos = self.param("pos_embedding", cfg.init(nn.initializers.normal(stddev=0.01), "length", "embed"),
+                         (cfg.seq, cfg.dim))
         mask = nn.combine_masks(nn.make_attention_mask(tokens > 0, tokens > 0), nn.make_causal_mask(tokens))
         x = embed(shift_right(tokens)) + pos[: tokens.shape[1]]
         x = nn.Dropout(rate=cfg.dropout)(x, deterministic=self.deterministic).astype(cfg.dtype)
         blocks = nn.scan(
             nn.remat(Block), variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
-            in_axes=nn.broadcast, length=cfg.layers,
+            in_axes=nn.broadcast, length=cfg.layers, metadata_params={nn.PARTITION_NAME: "layers"},
         )
         x, _ = blocks(cfg, self.deterministic, name="blocks")(x, mask)
         logits = embed.attend(nn.LayerNorm(dtype=cfg.dtype, name="ln_f")(x))  # tied output: x @ embedding.T

@@ -6,6 +6,10 @@ training is the stateful step of Flax's examples (decorated with ``@nnx.jit`` th
 ``nnx.value_and_grad`` and ``nnx.Optimizer.update(model, grads)`` (optax AdamW) updating
 the model and optimizer in place. The loss and its gradient also run functionally, as
 Flax's performance guide writes them (:class:`Functional`: ``nnx.merge`` of a state).
+With ``Config(logical=True)`` the embedding and linear layers' initializers are wrapped by
+``nnx.with_partitioning`` (logical axis names in each Variable's ``out_sharding``
+metadata; not sharded at creation: ``eager_sharding=False``), and :data:`LOGICAL_RULES`
+map the names onto the Megatron plan's layouts.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from flax.nnx.nn.linear import default_bias_init, default_embed_init, default_kernel_init
+from flax.typing import Initializer
 
 from placements2jax import colwise, distribute_pytree, rowwise
 
@@ -30,13 +36,32 @@ class Config:
     dim: int = 32
     heads: int = 4
     layers: int = 2
+    logical: bool = False  # Variables annotated with logical axis names (nnx.with_partitioning)
+
+    def init(self, init: Initializer, *names: str | None) -> Initializer:
+        """``init``, its Variable's dims named ``names`` when :attr:`logical`."""
+        return nnx.with_partitioning(init, names, eager_sharding=False) if self.logical else init
+
+
+# The logical axis names of Config(logical=True) onto :func:`megatron_plan`'s layouts
+LOGICAL_RULES = (("vocab", "tp"), ("embed", None), ("mlp", "tp"))
+
+
+def _linear(
+    cfg: Config, d_in: int, d_out: int, names: tuple[str, str], *, rngs: nnx.Rngs, use_bias: bool = True
+) -> nnx.Linear:
+    """An nnx.Linear with Flax's default initializers, named ``names`` (kernel) and ``names[1]`` (bias)."""
+    return nnx.Linear(
+        d_in, d_out, use_bias=use_bias, kernel_init=cfg.init(default_kernel_init, *names),
+        bias_init=cfg.init(default_bias_init, names[1]), rngs=rngs,
+    )
 
 
 class Attention(nnx.Module):
     def __init__(self, cfg: Config, *, rngs: nnx.Rngs) -> None:
         self.heads = cfg.heads
-        self.qkv = nnx.Linear(cfg.dim, 3 * cfg.dim, rngs=rngs)
-        self.proj = nnx.Linear(cfg.dim, cfg.dim, rngs=rngs)
+        self.qkv = _linear(cfg, cfg.dim, 3 * cfg.dim, ("embed", "mlp"), rngs=rngs)
+        self.proj = _linear(cfg, cfg.dim, cfg.dim, ("mlp", "embed"), rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         b, t, d = x.shape
@@ -50,8 +75,8 @@ class Attention(nnx.Module):
 
 class MLP(nnx.Module):
     def __init__(self, cfg: Config, *, rngs: nnx.Rngs) -> None:
-        self.fc = nnx.Linear(cfg.dim, 4 * cfg.dim, rngs=rngs)
-        self.out = nnx.Linear(4 * cfg.dim, cfg.dim, rngs=rngs)
+        self.fc = _linear(cfg, cfg.dim, 4 * cfg.dim, ("embed", "mlp"), rngs=rngs)
+        self.out = _linear(cfg, 4 * cfg.dim, cfg.dim, ("mlp", "embed"), rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.out(nnx.gelu(self.fc(x)))
@@ -71,11 +96,13 @@ class Block(nnx.Module):
 
 class LM(nnx.Module):
     def __init__(self, cfg: Config, *, rngs: nnx.Rngs) -> None:
-        self.embed = nnx.Embed(cfg.vocab, cfg.dim, rngs=rngs)
+        self.embed = nnx.Embed(
+            cfg.vocab, cfg.dim, embedding_init=cfg.init(default_embed_init, "vocab", "embed"), rngs=rngs
+        )
         self.pos = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (cfg.seq, cfg.dim)))
         self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.layers)])
         self.ln_f = nnx.LayerNorm(cfg.dim, rngs=rngs)
-        self.head = nnx.Linear(cfg.dim, cfg.vocab, use_bias=False, rngs=rngs)
+        self.head = _linear(cfg, cfg.dim, cfg.vocab, ("embed", "vocab"), use_bias=False, rngs=rngs)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         x = self.embed(tokens) + self.pos[: tokens.shape[1]]
