@@ -3,6 +3,7 @@ edge mode pads every axis through zero-width pads), and what that changes in a p
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Any
 
 import jax
@@ -115,3 +116,47 @@ def test_edge_padded_step_predicts_no_more_than_xla(mesh: Any) -> None:
     want = grad({"up": up, "down": down}, x)
     for name in want:
         np.testing.assert_allclose(np.asarray(got[name].full_tensor()), want[name], rtol=1e-5, atol=1e-6)
+
+
+def test_dead_code_is_not_walked(mesh: Any) -> None:
+    """What the program does not return is not computed (XLA removes it): a sort of a split
+    dim whose result is unused moves nothing, where it was charged a gather."""
+
+    def fn(x: jax.Array) -> jax.Array:
+        jnp.sort(x, axis=0)  # dead
+        return jnp.sin(x)
+
+    x = distribute_tensor(np.random.default_rng(1).normal(size=(8, 16)).astype(np.float32), mesh, "S(0),S(1)")
+    prediction = predict(fn, x)
+    assert [row.primitive for row in prediction.equations] == ["sin"] and prediction.nbytes == 0
+    assert check(fn, x).compiled_bytes == 0
+
+
+def _with_metrics(params: dict[str, jax.Array], x: jax.Array, y: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+    logits = jax.nn.relu(x @ params["up"]) @ params["down"]
+    accuracy = jnp.mean(jnp.argmax(logits, -1) == y)  # over the classes split by tp: a gather where computed
+    return jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, y[..., None], -1)[..., 0]), {
+        "accuracy": accuracy}
+
+
+def test_metrics_a_step_drops_cost_nothing(mesh: Any) -> None:
+    """``value_and_grad(..., has_aux=True)`` whose metrics the step drops: predicted as the
+    step without them (XLA removes them), and as check compiles."""
+    rng = np.random.default_rng(2)
+    up, down = rng.normal(size=(16, 32)).astype(np.float32), rng.normal(size=(32, 16)).astype(np.float32)
+    params = {"up": distribute_tensor(up, mesh, "R,S(1)"), "down": distribute_tensor(down, mesh, "R,S(1)")}
+    x = distribute_tensor(rng.normal(size=(8, 16)).astype(np.float32), mesh, "S(0),R")
+    y = distribute_tensor(rng.integers(0, 16, size=(8,)).astype(np.int32), mesh, "S(0),R")
+
+    def step(p: Any, x: jax.Array, y: jax.Array) -> tuple[jax.Array, Any]:
+        (loss, _), grads = jax.value_and_grad(_with_metrics, has_aux=True)(p, x, y)
+        return loss, grads
+
+    def lean(p: Any, x: jax.Array, y: jax.Array) -> tuple[jax.Array, Any]:
+        return jax.value_and_grad(lambda *a: _with_metrics(*a)[0])(p, x, y)
+
+    dropped = predict(step, params, x, y, out_layouts=(None, params))
+    assert not any(row.primitive == "argmax" for row in dropped.equations)
+    assert dropped.nbytes == predict(lean, params, x, y, out_layouts=(None, params)).nbytes
+    report = check(step, params, x, y, out_layouts=(None, params))
+    assert report.predicted_bytes <= Fraction(11, 10) * report.compiled_bytes  # issue 15's bound (1.05x)

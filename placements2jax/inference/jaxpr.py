@@ -75,7 +75,7 @@ from .signature import (
     is_layout_leaf,
     output_constraints,
 )
-from .simplify import without_empty
+from .simplify import simplified
 from .table import format_bytes, format_table
 
 __all__ = ["ON_UNKNOWN", "EquationReport", "Executor", "Prediction", "execute", "predict"]
@@ -510,7 +510,7 @@ def _predict(
             "fn", fn, f"tracing it on inputs {[str(s.aval) for s in specs]} failed ({type(err).__name__}: {err})",
             "make fn accept tensors of these shapes and dtypes (e.g. matching matmul dims)",
         ) from None
-    closed = without_empty(closed)  # zero-size values simplified as XLA does (:mod:`.simplify`)
+    closed = simplified(closed)  # as XLA partitions it: zero-size values, dead code (:mod:`.simplify`)
     out_tree = jax.tree.structure(out_shape)
     out_avals = [Aval(x.shape, x.dtype) for x in jax.tree.leaves(out_shape)]
     targets = output_constraints(out_layouts, out_tree, out_avals, mesh)
