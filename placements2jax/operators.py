@@ -60,7 +60,7 @@ from .inference import default_cost_model, infer_signature, predict
 from .inference.cost import CostModel, CostModelLike
 from .inference.frameworks import Bound, bind, variables_of, with_static_outputs
 from .inference.jaxpr import (
-    CONSTRAINT_SHARDING_PARAMS, DEBUG_EFFECTS, ON_UNKNOWN, _drop_dim0, _stacked, all_equations, execute, trace_context,
+    CONSTRAINT_SHARDING_PARAMS, DEBUG_EFFECTS, HOST_CALLBACKS, ON_UNKNOWN, _drop_dim0, _stacked, all_equations, execute, trace_context,
 )
 from .inference.ops import freeze, op_definition, registered_function
 from .inference.rules import SCATTERS, gather_lookup_axis, scatter_lookup_axis
@@ -516,6 +516,17 @@ def apply(
     _announce(f"apply({name})", program, leaves)
     try:
         result = program(leaves)
+    except ValueError as err:
+        if not str(err).startswith("mesh should be the same") or not _calls_host(program.plan):
+            raise
+        # jax 0.10.2 lowers a program holding a pure_callback / io_callback (primitives that "require devices")
+        # only when every sharding in it is on one mesh: the DTensors' Explicit mesh and the Auto twin apply
+        # computes fn on (so that XLA propagates shardings) are two
+        raise UnsupportedOpError(
+            "args", str(first.device_mesh), "JAX cannot lower pure_callback / io_callback in apply's program on an "
+            "Explicit mesh (it mixes the mesh with its Auto twin)",
+            "build the mesh with axis_types='auto' for apply, or call jax.jit(fn) on the DTensors' arrays",
+        ) from None
     except jax.errors.JaxRuntimeError as err:  # eager only: under an outer jit XLA raises at its compile instead
         if execute != "xla" or "UNIMPLEMENTED" not in str(err):
             raise
@@ -530,6 +541,12 @@ def apply(
             if value is not None:
                 variables[path].set_value(value)
     return with_static_outputs(fn, result, _is_dtensor)
+
+
+def _calls_host(prediction: Any) -> bool:
+    """Whether ``prediction``'s jaxpr calls a host callback with results (:data:`HOST_CALLBACKS`)."""
+    closed = getattr(prediction, "jaxpr", None)
+    return closed is not None and any(e.primitive.name in HOST_CALLBACKS for e in all_equations(closed.jaxpr))
 
 
 def _is_dtensor(value: Any) -> bool:
@@ -1046,14 +1063,25 @@ class _Executor(_Runner):
 
     def compute(self, eqn: Any, signature: Any, ins: Sequence[_Value]) -> list[_Value]:
         targets = [physical(layout, v.phys.shape) for layout, v in zip(signature.in_layouts, ins)]
-        if eqn.primitive.name in DEBUG_EFFECTS:
+        if eqn.primitive.name in DEBUG_EFFECTS or eqn.primitive.name in HOST_CALLBACKS:
             # on the logical values, as jax.jit runs it: once (or once per shard with partitioned=True), not once
             # per rank as the equation's own shard_map would
             args = [_to_logical(self.moved(v, t.layout).array, t) for v, t in zip(ins, targets)]
-            eqn.primitive.bind(*args, **eqn.primitive.get_bind_params(_unsharded_params(eqn)))
-            return []
+            outs = [physical(Layout(self.mesh, ((),) * v.aval.ndim), tuple(v.aval.shape)) for v in eqn.outvars]
+            return [_Value(_from_logical(y, p.layout, p.shape), p) for y, p in zip(_host_call(eqn, args), outs)]
         outs = [physical(layout, tuple(v.aval.shape)) for layout, v in zip(signature.out_layouts, eqn.outvars)]
         return [_Value(a, p) for a, p in zip(_run_local(eqn, ins, targets, outs), outs)]
+
+
+def _host_call(eqn: Any, args: Sequence[Any]) -> list[Any]:
+    """A host callback's equation (:data:`DEBUG_EFFECTS`, :data:`HOST_CALLBACKS`) bound on
+    its operands' logical values: XLA runs it once per program run, on one device (or
+    once per shard: ``partitioned=True``), and replicates its results (the prediction's
+    Replicate). Its ``sharding`` (a callback's SingleDeviceSharding, the device it runs
+    on) is kept: it names no mesh."""
+    out = eqn.primitive.bind(*args, **eqn.primitive.get_bind_params(
+        eqn.params if eqn.primitive.name in HOST_CALLBACKS else _unsharded_params(eqn)))
+    return list(out) if eqn.primitive.multiple_results else [out]
 
 
 def _unsharded_params(eqn: Any) -> dict[str, Any]:
@@ -1189,6 +1217,14 @@ class _Pinned(_Runner):
 
     def compute(self, eqn: Any, signature: Any, ins: Sequence[_Value]) -> list[_Value]:
         shapes = [tuple(v.aval.shape) for v in eqn.outvars]
+        if eqn.primitive.name in HOST_CALLBACKS:
+            # bound once on the gathered logical operands, its results Replicate at once (the prediction's Partial
+            # results are moved to Replicate right after: XLA's all-reduce of them), not per rank
+            args = [self.moved(v, layout, plan).array
+                    for v, layout, plan in zip(ins, signature.in_layouts, signature.redistributions)]
+            outs = [Layout(self.mesh, ((),) * len(shape)) for shape in shapes]
+            return [_Value(_pin(y, layout), physical(layout, shape))
+                    for y, layout, shape in zip(_host_call(eqn, args), outs, shapes, strict=True)]
         if eqn.primitive.name in _PER_RANK or any(
             layout.has_partial for layout in (*signature.in_layouts, *signature.out_layouts)
         ):
