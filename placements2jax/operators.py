@@ -511,7 +511,7 @@ def apply(
         raise InferenceError("on_unknown", on_unknown, "unknown fallback", f"use one of {ON_UNKNOWN}")
     options = ApplyOptions(on_unknown, trace_context())  # fn traced under jax.set_mesh is another program
     tag = ("apply", fn, frozen, in_tree, targets, execute, options)
-    build = {"auto": _auto_program, "xla": _xla_program, "ops": _apply_program, "pinned": _pinned_program}[execute]
+    build = _BUILDERS[execute]
     program = _dispatch(tag, leaves, partial(build, fn, frozen, in_tree, targets, options), partial(_leaf_path, args))
     _announce(f"apply({name})", program, leaves)
     try:
@@ -519,14 +519,7 @@ def apply(
     except ValueError as err:
         if not str(err).startswith("mesh should be the same") or not _calls_host(program.plan):
             raise
-        # jax 0.10.2 lowers a program holding a pure_callback / io_callback (primitives that "require devices")
-        # only when every sharding in it is on one mesh: the DTensors' Explicit mesh and the Auto twin apply
-        # computes fn on (so that XLA propagates shardings) are two
-        raise UnsupportedOpError(
-            "args", str(first.device_mesh), "JAX cannot lower pure_callback / io_callback in apply's program on an "
-            "Explicit mesh (it mixes the mesh with its Auto twin)",
-            "build the mesh with axis_types='auto' for apply, or call jax.jit(fn) on the DTensors' arrays",
-        ) from None
+        result = _apply_on_twin(execute, fn, frozen, in_tree, targets, options, leaves, partial(_leaf_path, args))
     except jax.errors.JaxRuntimeError as err:  # eager only: under an outer jit XLA raises at its compile instead
         if execute != "xla" or "UNIMPLEMENTED" not in str(err):
             raise
@@ -541,6 +534,47 @@ def apply(
             if value is not None:
                 variables[path].set_value(value)
     return with_static_outputs(fn, result, _is_dtensor)
+
+
+def _apply_on_twin(
+    execute: str, fn: Callable[..., Any], frozen: Any, in_tree: Any, targets: Any, options: ApplyOptions,
+    leaves: Sequence[Any], where: Callable[[int], str],
+) -> Any:
+    """apply's program run on the Auto twin of the operands' Explicit mesh, for an ``fn``
+    calling a host callback with results. JAX workaround (jax 0.10.2): a program holding
+    ``pure_callback`` / ``io_callback`` (primitives that "require devices") lowers only
+    when every sharding in it is on one mesh, and apply's program on an Explicit mesh
+    computes ``fn`` on the Auto twin (so that XLA propagates shardings): "mesh should be
+    the same across the entire program". The operands are put on the twin (the same
+    devices and blocks: no communication), the results back on the Explicit mesh."""
+    partials = [x for x in leaves if isinstance(x, DTensor) and x.layout.has_partial]
+    if partials:
+        raise UnsupportedOpError(
+            "args", str(partials[0].layout), "a Partial operand of a function calling pure_callback / io_callback "
+            "cannot be run on an Explicit mesh (JAX lowers such a program on one mesh: apply moves it to the mesh's "
+            "Auto twin, where a partial sum has another physical form)",
+            "reduce it first (redistribute to Replicate or Shard), or build the mesh with axis_types='auto'",
+        )
+    mesh = next(x.device_mesh for x in leaves if isinstance(x, DTensor))
+    twins = [
+        DTensor.trusted(jax.device_put(x.array, physical(_twin(x.layout), x.shape).sharding), _twin(x.layout), x.shape)
+        if isinstance(x, DTensor) else x for x in leaves
+    ]
+    if targets is not None:
+        targets = (targets[0], tuple(_twin(x) if isinstance(x, Layout) else x for x in targets[1]))
+    tag = ("apply", fn, frozen, in_tree, targets, execute, options)
+    build = _BUILDERS[execute]
+    program = _dispatch(tag, twins, partial(build, fn, frozen, in_tree, targets, options), where)
+
+    def back(x: Any) -> Any:
+        if not isinstance(x, DTensor):
+            return x
+        layout = Layout(mesh, x.layout.dim_axes, x.layout.partial, x.layout.split_factors if x.layout.is_strided else None)
+        phys = physical(layout, x.shape)
+        array = _from_stacked(x.array, phys) if layout.has_partial else jax.device_put(x.array, phys.sharding)
+        return DTensor.trusted(array, layout, x.shape)
+
+    return jax.tree.map(back, program(twins), is_leaf=_is_dtensor)
 
 
 def _calls_host(prediction: Any) -> bool:
@@ -756,6 +790,9 @@ def _auto_program(
         "xla" if closed is None else _auto_execute(closed.jaxpr)]
     return program(fn, kwargs, in_tree, targets, options, keys, cost_model)
 
+
+# apply's program builders by execute mode
+_BUILDERS = {"auto": _auto_program, "xla": _xla_program, "ops": _apply_program, "pinned": _pinned_program}
 
 _BITWISE_REDUCTIONS = frozenset({"reduce_and", "reduce_or", "reduce_xor"})
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from jax.experimental import io_callback
 
-from placements2jax import UnsupportedOpError, apply, distribute_tensor, init_device_mesh
+from placements2jax import DTensor, UnsupportedOpError, apply, distribute_tensor, init_device_mesh
 from placements2jax.inference import check, predict
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -78,11 +78,13 @@ def test_callback_gathers_its_operand_and_all_reduces_its_result(mesh: Any, kind
         np.testing.assert_allclose(calls[0], full, rtol=1e-5, atol=1e-5)
 
 
-def test_training_step_with_host_metric_and_loss_logging(mesh: Any) -> None:
+@pytest.mark.parametrize("axis_types", ["auto", "explicit"])
+def test_training_step_with_host_metric_and_loss_logging(axis_types: str) -> None:
     """A Megatron MLP adamw step that logs its loss with an ordered io_callback and scales
     its update by a NumPy function of the loss (pure_callback): predicted = XLA's layouts,
     the callbacks' collectives and bytes = those XLA adds for them; apply (every mode) = plain jax.jit in the predicted layouts, one log per
-    step."""
+    step. On the default Explicit mesh apply runs it on the mesh's Auto twin.
+    """
     logged: list[float] = []
 
     def step(params: Any, opt_state: Any, x: jax.Array, y: jax.Array) -> Any:
@@ -91,6 +93,7 @@ def test_training_step_with_host_metric_and_loss_logging(mesh: Any) -> None:
         scale = jax.pure_callback(lambda v: np.float32(1 / (1 + np.log1p(v))), jax.ShapeDtypeStruct((), loss.dtype), loss)
         return jax.tree.map(lambda p, q: p + scale * (q - p), params, new), opt_state, loss
 
+    mesh = init_device_mesh((2, 4), ("dp", "tp"), axis_types=axis_types)
     args = training_step("mlp", mesh).args
     report, quiet = check(step, *args), check(mlp_step, *args)
     assert all(o.verdict == "equal" for o in report.outputs), report
@@ -107,8 +110,8 @@ def test_training_step_with_host_metric_and_loss_logging(mesh: Any) -> None:
     assert report.predicted_bytes - quiet.predicted_bytes == report.compiled_bytes - quiet.compiled_bytes == 7
     rows = [e.primitive for e in report.prediction.equations]
     assert rows.count("io_callback") == 1 and rows.count("pure_callback") == 1 and rows.count("callback result") == 1
-    plain = [a.full_tensor() if hasattr(a, "full_tensor") else a for a in jax.tree.leaves(args)]
-    tree = jax.tree.structure(args, is_leaf=lambda a: hasattr(a, "full_tensor"))
+    leaves, tree = jax.tree.flatten(args, is_leaf=lambda a: isinstance(a, DTensor))
+    plain = [np.asarray(a.full_tensor()) if isinstance(a, DTensor) else a for a in leaves]
     logged.clear()
     expected = jax.tree.leaves(jax.jit(step)(*jax.tree.unflatten(tree, plain)))
     jax.effects_barrier()
@@ -116,7 +119,7 @@ def test_training_step_with_host_metric_and_loss_logging(mesh: Any) -> None:
     for execute in EXECUTES:
         logged.clear()
         result = apply(step, *args, execute=execute)
-        leaves = jax.tree.leaves(result, is_leaf=lambda a: hasattr(a, "full_tensor"))
+        leaves = jax.tree.leaves(result, is_leaf=lambda a: isinstance(a, DTensor))
         predicted = predict(step, *args, search="eager") if execute == "ops" else report.prediction
         assert [a.layout for a in leaves] == [s.layout for s in predicted.outputs], execute
         for got, want in zip(leaves, expected, strict=True):
@@ -125,15 +128,30 @@ def test_training_step_with_host_metric_and_loss_logging(mesh: Any) -> None:
         assert len(logged) == 1 and logged[0] == pytest.approx(float(expected[-1]), rel=1e-5), execute
 
 
-def test_explicit_mesh_apply_raises_naming_the_limit() -> None:
-    """On an Explicit mesh JAX 0.10.2 refuses to lower apply's program with a callback (its
-    operands live on the mesh, apply computes on the Auto twin): our error, not JAX's."""
+def test_explicit_mesh_runs_on_its_auto_twin() -> None:
+    """On an Explicit mesh (the default) JAX 0.10.2 refuses to lower apply's program with a
+    callback (its operands on the mesh, fn computed on the Auto twin): apply runs it on the
+    twin, the results back on the Explicit mesh; a Partial operand raises our error."""
     mesh = init_device_mesh((2, 4), ("dp", "tp"))
-    x = distribute_tensor(np.ones((8, 8), np.float32), mesh, "S(0),S(1)")
+    x = np.arange(64, dtype=np.float32).reshape(8, 8)
+    dx = distribute_tensor(x, mesh, "S(0),S(1)")
+    calls: list[np.ndarray] = []
+    host = _twice(calls)
 
-    def f(a: jax.Array) -> jax.Array:
-        return jax.pure_callback(np.negative, jax.ShapeDtypeStruct(a.shape, a.dtype), a) + 1
+    def f(a: jax.Array) -> tuple[jax.Array, jax.Array]:
+        z = jax.pure_callback(host, jax.ShapeDtypeStruct(a.shape, a.dtype), a)
+        return z + 1, a.sum(0)
 
-    assert str(predict(f, x).outputs[0].layout) == "R,R"
-    with pytest.raises(UnsupportedOpError, match="axis_types='auto'"):
-        apply(f, x, execute="ops")
+    for execute in EXECUTES:
+        calls.clear()
+        z, s = apply(f, dx, execute=execute)
+        assert z.device_mesh == mesh and s.device_mesh == mesh
+        np.testing.assert_allclose(np.asarray(z.full_tensor()), 2 * x + 1)
+        np.testing.assert_allclose(np.asarray(s.full_tensor()), x.sum(0))
+        jax.effects_barrier()
+        assert len(calls) == 1, execute
+    partial_sum = apply(jnp.matmul, dx, distribute_tensor(x, mesh, "R,S(0)"), execute="ops")  # S(0),P
+    assert str(partial_sum.layout) == "S(0),P"
+    with pytest.raises(UnsupportedOpError, match="Partial operand") as info:
+        apply(f, partial_sum, execute="xla")
+    assert "redistribute" in str(info.value) and "axis_types='auto'" in str(info.value)
