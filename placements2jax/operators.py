@@ -514,12 +514,13 @@ def apply(
     build = _BUILDERS[execute]
     program = _dispatch(tag, leaves, partial(build, fn, frozen, in_tree, targets, options), partial(_leaf_path, args))
     _announce(f"apply({name})", program, leaves)
+    on_twin = False
     try:
         result = program(leaves)
     except ValueError as err:
         if not str(err).startswith("mesh should be the same") or not _calls_host(program.plan):
             raise
-        result = _apply_on_twin(execute, fn, frozen, in_tree, targets, options, leaves, partial(_leaf_path, args))
+        on_twin = True  # run below, outside this handler: its errors are not JAX's
     except jax.errors.JaxRuntimeError as err:  # eager only: under an outer jit XLA raises at its compile instead
         if execute != "xla" or "UNIMPLEMENTED" not in str(err):
             raise
@@ -527,6 +528,8 @@ def apply(
             "execute", "xla", f"XLA cannot compile its own partitioning of this program: {str(err).splitlines()[0]}",
             "use execute='pinned' (or 'auto'), which runs the predicted plan",
         ) from None
+    if on_twin:
+        result = _apply_on_twin(execute, fn, frozen, in_tree, targets, options, leaves, partial(_leaf_path, args))
     if isinstance(fn, Bound) and fn.stateful:  # write the updated nnx Variables back, as nnx.jit does
         result, updates = result
         variables = variables_of(user_args)

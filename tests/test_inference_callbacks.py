@@ -78,6 +78,23 @@ def test_callback_gathers_its_operand_and_all_reduces_its_result(mesh: Any, kind
         np.testing.assert_allclose(calls[0], full, rtol=1e-5, atol=1e-5)
 
 
+def test_sequential_vmap_calls_the_host_per_row(mesh: Any) -> None:
+    """``vmap_method="sequential"``: a scan of the callback, one call per row (8), the
+    result's all-reduce inside the loop: check equal; every mode calls it 8 times."""
+    x = np.arange(8 * 16, dtype=np.float32).reshape(8, 16)
+    dx = distribute_tensor(x, mesh, "S(0),S(1)")
+    calls: list[np.ndarray] = []
+    host = _twice(calls)
+    f = jax.vmap(lambda r: jax.pure_callback(host, jax.ShapeDtypeStruct(r.shape, r.dtype), r, vmap_method="sequential"))
+    report = check(f, dx)
+    assert [o.verdict for o in report.outputs] == ["equal"] and report.communication == "equal"
+    for execute in EXECUTES:
+        calls.clear()
+        np.testing.assert_allclose(np.asarray(apply(f, dx, execute=execute).full_tensor()), 2 * x)
+        jax.effects_barrier()
+        assert len(calls) == 8, execute
+
+
 @pytest.mark.parametrize("axis_types", ["auto", "explicit"])
 def test_training_step_with_host_metric_and_loss_logging(axis_types: str) -> None:
     """A Megatron MLP adamw step that logs its loss with an ordered io_callback and scales
