@@ -471,6 +471,12 @@ def apply(
     ``on_unknown="replicate"``: a primitive without an inference rule runs on its inputs
     gathered to Replicate, its outputs Replicate (``predict``'s fallback; the default
     ``"raise"`` names the primitive and the line of ``fn`` that made it).
+    Host callbacks (``jax.pure_callback``, ``io_callback``, ``jax.debug.print`` /
+    ``callback``) run as under ``jax.jit`` in every execute mode: once per run, on the
+    logical values, their results Replicate. On an Explicit mesh, JAX (0.10.2) lowers no
+    program holding ``pure_callback`` / ``io_callback`` whose shardings span two meshes, as
+    apply's do (the mesh and its Auto twin): such an ``fn`` runs on the twin, its operands
+    and results moved between the meshes without communication.
     Like ``jax.jit``, the trace of ``fn`` is cached per function object and input
     shapes / dtypes / layouts: values ``fn`` closes over are read once. The prediction is
     ``predict``'s of ``fn`` on these arguments, so ``apply`` after ``predict`` or
