@@ -60,7 +60,7 @@ from .inference import default_cost_model, infer_signature, predict
 from .inference.cost import CostModel, CostModelLike
 from .inference.frameworks import Bound, bind, variables_of, with_static_outputs
 from .inference.jaxpr import (
-    CONSTRAINT_SHARDING_PARAMS, DEBUG_EFFECTS, ON_UNKNOWN, _drop_dim0, _stacked, all_equations, execute, trace_context,
+    CONSTRAINT_SHARDING_PARAMS, DEBUG_EFFECTS, HOST_CALLBACKS, ON_UNKNOWN, _drop_dim0, _stacked, all_equations, execute, trace_context,
 )
 from .inference.ops import freeze, op_definition, registered_function
 from .inference.rules import SCATTERS, gather_lookup_axis, scatter_lookup_axis
@@ -471,6 +471,12 @@ def apply(
     ``on_unknown="replicate"``: a primitive without an inference rule runs on its inputs
     gathered to Replicate, its outputs Replicate (``predict``'s fallback; the default
     ``"raise"`` names the primitive and the line of ``fn`` that made it).
+    Host callbacks (``jax.pure_callback``, ``io_callback``, ``jax.debug.print`` /
+    ``callback``) run as under ``jax.jit`` in every execute mode: once per run, on the
+    logical values, their results Replicate. On an Explicit mesh, JAX (0.10.2) lowers no
+    program holding ``pure_callback`` / ``io_callback`` whose shardings span two meshes, as
+    apply's do (the mesh and its Auto twin): such an ``fn`` runs on the twin, its operands
+    and results moved between the meshes without communication.
     Like ``jax.jit``, the trace of ``fn`` is cached per function object and input
     shapes / dtypes / layouts: values ``fn`` closes over are read once. The prediction is
     ``predict``'s of ``fn`` on these arguments, so ``apply`` after ``predict`` or
@@ -511,11 +517,16 @@ def apply(
         raise InferenceError("on_unknown", on_unknown, "unknown fallback", f"use one of {ON_UNKNOWN}")
     options = ApplyOptions(on_unknown, trace_context())  # fn traced under jax.set_mesh is another program
     tag = ("apply", fn, frozen, in_tree, targets, execute, options)
-    build = {"auto": _auto_program, "xla": _xla_program, "ops": _apply_program, "pinned": _pinned_program}[execute]
+    build = _BUILDERS[execute]
     program = _dispatch(tag, leaves, partial(build, fn, frozen, in_tree, targets, options), partial(_leaf_path, args))
     _announce(f"apply({name})", program, leaves)
+    on_twin = False
     try:
         result = program(leaves)
+    except ValueError as err:
+        if not str(err).startswith("mesh should be the same") or not _calls_host(program.plan):
+            raise
+        on_twin = True  # run below, outside this handler: its errors are not JAX's
     except jax.errors.JaxRuntimeError as err:  # eager only: under an outer jit XLA raises at its compile instead
         if execute != "xla" or "UNIMPLEMENTED" not in str(err):
             raise
@@ -523,6 +534,8 @@ def apply(
             "execute", "xla", f"XLA cannot compile its own partitioning of this program: {str(err).splitlines()[0]}",
             "use execute='pinned' (or 'auto'), which runs the predicted plan",
         ) from None
+    if on_twin:
+        result = _apply_on_twin(execute, fn, frozen, in_tree, targets, options, leaves, partial(_leaf_path, args))
     if isinstance(fn, Bound) and fn.stateful:  # write the updated nnx Variables back, as nnx.jit does
         result, updates = result
         variables = variables_of(user_args)
@@ -530,6 +543,53 @@ def apply(
             if value is not None:
                 variables[path].set_value(value)
     return with_static_outputs(fn, result, _is_dtensor)
+
+
+def _apply_on_twin(
+    execute: str, fn: Callable[..., Any], frozen: Any, in_tree: Any, targets: Any, options: ApplyOptions,
+    leaves: Sequence[Any], where: Callable[[int], str],
+) -> Any:
+    """apply's program run on the Auto twin of the operands' Explicit mesh, for an ``fn``
+    calling a host callback with results. JAX workaround (jax 0.10.2): a program holding
+    ``pure_callback`` / ``io_callback`` (primitives that "require devices") lowers only
+    when every sharding in it is on one mesh, and apply's program on an Explicit mesh
+    computes ``fn`` on the Auto twin (so that XLA propagates shardings): "mesh should be
+    the same across the entire program". The operands are put on the twin (the same
+    devices and blocks: no communication), the results back on the Explicit mesh."""
+    partials = [x for x in leaves if isinstance(x, DTensor) and x.layout.has_partial]
+    if partials:
+        raise UnsupportedOpError(
+            "args", str(partials[0].layout), "a Partial operand of a function calling pure_callback / io_callback "
+            "cannot be run on an Explicit mesh (JAX lowers such a program on one mesh: apply moves it to the mesh's "
+            "Auto twin, where a partial sum has another physical form)",
+            "reduce it first (redistribute to Replicate or Shard), or build the mesh with axis_types='auto'",
+        )
+    mesh = next(x.device_mesh for x in leaves if isinstance(x, DTensor))
+    twins = [
+        DTensor.trusted(jax.device_put(x.array, physical(_twin(x.layout), x.shape).sharding), _twin(x.layout), x.shape)
+        if isinstance(x, DTensor) else x for x in leaves
+    ]
+    if targets is not None:
+        targets = (targets[0], tuple(_twin(x) if isinstance(x, Layout) else x for x in targets[1]))
+    tag = ("apply", fn, frozen, in_tree, targets, execute, options)
+    build = _BUILDERS[execute]
+    program = _dispatch(tag, twins, partial(build, fn, frozen, in_tree, targets, options), where)
+
+    def back(x: Any) -> Any:
+        if not isinstance(x, DTensor):
+            return x
+        layout = Layout(mesh, x.layout.dim_axes, x.layout.partial, x.layout.split_factors if x.layout.is_strided else None)
+        phys = physical(layout, x.shape)
+        array = _from_stacked(x.array, phys) if layout.has_partial else jax.device_put(x.array, phys.sharding)
+        return DTensor.trusted(array, layout, x.shape)
+
+    return jax.tree.map(back, program(twins), is_leaf=_is_dtensor)
+
+
+def _calls_host(prediction: Any) -> bool:
+    """Whether ``prediction``'s jaxpr calls a host callback with results (:data:`HOST_CALLBACKS`)."""
+    closed = getattr(prediction, "jaxpr", None)
+    return closed is not None and any(e.primitive.name in HOST_CALLBACKS for e in all_equations(closed.jaxpr))
 
 
 def _is_dtensor(value: Any) -> bool:
@@ -739,6 +799,9 @@ def _auto_program(
         "xla" if closed is None else _auto_execute(closed.jaxpr)]
     return program(fn, kwargs, in_tree, targets, options, keys, cost_model)
 
+
+# apply's program builders by execute mode
+_BUILDERS = {"auto": _auto_program, "xla": _xla_program, "ops": _apply_program, "pinned": _pinned_program}
 
 _BITWISE_REDUCTIONS = frozenset({"reduce_and", "reduce_or", "reduce_xor"})
 
@@ -1046,14 +1109,25 @@ class _Executor(_Runner):
 
     def compute(self, eqn: Any, signature: Any, ins: Sequence[_Value]) -> list[_Value]:
         targets = [physical(layout, v.phys.shape) for layout, v in zip(signature.in_layouts, ins)]
-        if eqn.primitive.name in DEBUG_EFFECTS:
+        if eqn.primitive.name in DEBUG_EFFECTS or eqn.primitive.name in HOST_CALLBACKS:
             # on the logical values, as jax.jit runs it: once (or once per shard with partitioned=True), not once
             # per rank as the equation's own shard_map would
             args = [_to_logical(self.moved(v, t.layout).array, t) for v, t in zip(ins, targets)]
-            eqn.primitive.bind(*args, **eqn.primitive.get_bind_params(_unsharded_params(eqn)))
-            return []
+            outs = [physical(Layout(self.mesh, ((),) * v.aval.ndim), tuple(v.aval.shape)) for v in eqn.outvars]
+            return [_Value(_from_logical(y, p.layout, p.shape), p) for y, p in zip(_host_call(eqn, args), outs)]
         outs = [physical(layout, tuple(v.aval.shape)) for layout, v in zip(signature.out_layouts, eqn.outvars)]
         return [_Value(a, p) for a, p in zip(_run_local(eqn, ins, targets, outs), outs)]
+
+
+def _host_call(eqn: Any, args: Sequence[Any]) -> list[Any]:
+    """A host callback's equation (:data:`DEBUG_EFFECTS`, :data:`HOST_CALLBACKS`) bound on
+    its operands' logical values: XLA runs it once per program run, on one device (or
+    once per shard: ``partitioned=True``), and replicates its results (the prediction's
+    Replicate). Its ``sharding`` (a callback's SingleDeviceSharding, the device it runs
+    on) is kept: it names no mesh."""
+    out = eqn.primitive.bind(*args, **eqn.primitive.get_bind_params(
+        eqn.params if eqn.primitive.name in HOST_CALLBACKS else _unsharded_params(eqn)))
+    return list(out) if eqn.primitive.multiple_results else [out]
 
 
 def _unsharded_params(eqn: Any) -> dict[str, Any]:
@@ -1189,6 +1263,14 @@ class _Pinned(_Runner):
 
     def compute(self, eqn: Any, signature: Any, ins: Sequence[_Value]) -> list[_Value]:
         shapes = [tuple(v.aval.shape) for v in eqn.outvars]
+        if eqn.primitive.name in HOST_CALLBACKS:
+            # bound once on the gathered logical operands, its results Replicate at once (the prediction's Partial
+            # results are moved to Replicate right after: XLA's all-reduce of them), not per rank
+            args = [self.moved(v, layout, plan).array
+                    for v, layout, plan in zip(ins, signature.in_layouts, signature.redistributions)]
+            outs = [Layout(self.mesh, ((),) * len(shape)) for shape in shapes]
+            return [_Value(_pin(y, layout), physical(layout, shape))
+                    for y, layout, shape in zip(_host_call(eqn, args), outs, shapes, strict=True)]
         if eqn.primitive.name in _PER_RANK or any(
             layout.has_partial for layout in (*signature.in_layouts, *signature.out_layouts)
         ):

@@ -1349,6 +1349,13 @@ CASES: list[Case] = [
         lambda e: apply(jnp.sin, e.dt, on_unknown="skip"),
     ),
     _c(
+        "apply: a Partial operand of a function calling pure_callback on an Explicit mesh",
+        "apply",
+        UnsupportedOpError,
+        "args",
+        lambda e: apply(lambda a: jax.pure_callback(np.negative, jax.ShapeDtypeStruct(a.shape, a.dtype), a), e.dtp),
+    ),
+    _c(
         "apply: execute not a name",
         "apply",
         InferenceError,

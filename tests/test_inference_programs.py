@@ -110,6 +110,15 @@ def _spd(rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
     return (a @ a.transpose(0, 2, 1) + shape[1] * np.eye(shape[1])).astype(np.float32)
 
 
+def _tridiagonals(rng: np.random.Generator, shape: tuple[int, int]) -> list[np.ndarray]:
+    """``dl, d, du`` of ``shape[0]`` diagonally dominant (well conditioned) tridiagonal
+    systems of size ``shape[1]`` (``dl[..., 0]`` and ``du[..., -1]`` are not read: 0)."""
+    dl, du = rng.standard_normal(shape), rng.standard_normal(shape)
+    dl[:, 0], du[:, -1] = 0, 0
+    d = np.abs(dl) + np.abs(du) + 1 + rng.random(shape)
+    return [x.astype(np.float32) for x in (dl, d, du)]
+
+
 def _with_group_sizes(shapes: Sequence[tuple[int, ...]], group_sizes: Any) -> Any:
     """Normal float operands of ``shapes``, then ``group_sizes`` (int32) last."""
     return lambda rng: [*_normal(*shapes)(rng), np.asarray(group_sizes, np.int32)]
@@ -280,6 +289,11 @@ PRIM_CASES = [
         "triangular_solve",
         lambda a, b: lax.linalg.triangular_solve(a, b, left_side=False, lower=True, transpose_a=True),
         lambda rng: [_spd(rng, (4, 5)), rng.standard_normal((4, 6, 5)).astype(np.float32)],
+    ),
+    PrimCase(  # batch dims and b's right-hand sides split, the solved dim never; P(sum) / P(avg) on b pass
+        "tridiagonal_solve",
+        lax.linalg.tridiagonal_solve,
+        lambda rng: [*_tridiagonals(rng, (4, 6)), rng.standard_normal((4, 6, 5)).astype(np.float32)],
     ),
     PrimCase("approx_top_k", lambda a: lax.approx_max_k(a, 2), _normal((5, 6))),
     PrimCase("approx_top_k", lambda a: lax.approx_min_k(a, 2, reduction_dimension=0), _normal((5, 6))),
@@ -1315,6 +1329,13 @@ def _spd_blocks(rng: np.random.Generator) -> np.ndarray:
     return _spd(rng, (8, 4))
 
 
+def _tridiagonal(d: jax.Array, b: jax.Array) -> jax.Array:
+    """``lax.linalg.tridiagonal_solve`` of systems with 0.5 off the diagonal ``d`` (a
+    spline's or an implicit step's matrix; diagonally dominant for ``d > 1``)."""
+    off = jnp.full_like(d, 0.5)
+    return lax.linalg.tridiagonal_solve(off.at[..., 0].set(0), d, off.at[..., -1].set(0), b)
+
+
 _Maker = Callable[[np.random.Generator], np.ndarray]
 # name: (fn, [(input maker, placements on dp x tp)])
 _WINDOW_PROGRAMS: dict[str, tuple[Callable[..., Any], list[tuple[_Maker, str]]]] = {
@@ -1337,6 +1358,15 @@ _WINDOW_PROGRAMS: dict[str, tuple[Callable[..., Any], list[tuple[_Maker, str]]]]
         [(_spd_blocks, "S(0),R"), (lambda rng: rng.standard_normal((8, 4, 8)), "S(0),P")],
     ),
     "approx_max_k": (lambda x: lax.approx_max_k(x, 2), [(lambda rng: rng.standard_normal((8, 32)), "S(0),R")]),
+    "tridiagonal_solve value_and_grad": (
+        jax.value_and_grad(lambda d, b: jnp.sum(_tridiagonal(d, b) ** 2), argnums=(0, 1)),
+        [(lambda rng: 2 + rng.random((8, 6)), "S(0),R"), (lambda rng: rng.standard_normal((8, 6, 16)), "S(0),R")],
+    ),
+    "tridiagonal_solve of split columns and a P(sum)": (
+        lambda d, b, c: (_tridiagonal(d, b), _tridiagonal(d, c)),
+        [(lambda rng: 2 + rng.random((8, 6)), "R,R"), (lambda rng: rng.standard_normal((8, 6, 16)), "R,S(2)"),
+         (lambda rng: rng.standard_normal((8, 6, 16)), "S(0),P")],
+    ),
     "solve, inv and solve's gradient": (  # custom_linear_solve, walked as its LU solve
         lambda a, b: (jnp.linalg.solve(a, b), jnp.linalg.inv(a),
                       jax.grad(lambda a, b: jnp.sum(jnp.linalg.solve(a, b) ** 2), argnums=(0, 1))(a, b)),
@@ -1374,7 +1404,8 @@ def test_pooling_fft_linalg_and_approx_top_k_check_against_xla(mesh: Any) -> Non
     prediction reduce-scatters where XLA all-reduces; the prediction never sends more.
     Measured: the pooling gradients 10 B (the losses' all-reduce) as XLA; the
     preconditioners, approx_max_k, and ``jnp.linalg.solve`` / ``inv`` with solve's
-    gradient (custom_linear_solve, walked as its LU solve) nothing, as XLA; the FFT
+    gradient (custom_linear_solve, walked as its LU solve) nothing, as XLA; tridiagonal_solve's
+    gradient on the batch split 4 B (the loss's all-reduce over dp) as XLA; the FFT
     convolution's gradient 346 B against XLA's 16,650 B (which all-gathers the FFTs'
     inputs ten times)."""
     figures = {}
@@ -1393,7 +1424,7 @@ def test_pooling_fft_linalg_and_approx_top_k_check_against_xla(mesh: Any) -> Non
     assert figures == {
         "max_pool value_and_grad": (10, 10), "avg_pool value_and_grad": (10, 10),
         "fft conv value_and_grad": (346, 16650), "preconditioners": (0, 0), "approx_max_k": (0, 0),
-        "solve, inv and solve's gradient": (0, 0),
+        "solve, inv and solve's gradient": (0, 0), "tridiagonal_solve value_and_grad": (4, 4),
     }
 
 

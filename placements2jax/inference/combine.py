@@ -297,7 +297,7 @@ def planned_collectives(
                     reduce_op = _reduce_op(step)
                     result_bytes = _result_bytes(kind, step.before, step.after, plan.shape, dtype.itemsize)
                 result.append(PlannedCollective(
-                    kind, (step.axis,), reduce_op, str(dtype), result_bytes, scope, where, after,
+                    kind, step.axes, reduce_op, str(dtype), result_bytes, scope, where, after,
                 ))
                 after |= 1 << (len(result) - 1)
             routes.record(route, after)

@@ -684,6 +684,7 @@ _primitive(
     lambda ins, outs, *, left_side: rules.triangular_solve(ins, outs, left_side=left_side),
     ("left_side",),
 )
+_primitive("tridiagonal_solve", lambda ins, outs: rules.tridiagonal_solve(ins, outs))
 _primitive(
     "approx_top_k",
     lambda ins, outs, *, reduction_dimension: rules.along_axis(ins, outs, axis=reduction_dimension % ins[0].ndim),

@@ -55,7 +55,7 @@ import numpy as np
 from ..caches import cached
 from ..errors import RedistributeError
 from ..layout import Layout, MeshPlacements
-from ..placements import ReduceOp
+from ..placements import Partial, ReduceOp, Replicate
 from ..programs import strided_route_tables
 from .cost import (
     ALL_GATHER,
@@ -127,6 +127,23 @@ def plan_redistribute(
         )
     dst = TensorSpec(spec.shape, spec.dtype, dst).layout
     return cached_plan(spec.shape, spec.dtype, spec.layout, dst, resolve_cost_model(cost_model))
+
+
+@cached(maxsize=1024)
+def mesh_all_reduce(shape: tuple[int, ...], dtype: np.dtype, src: Layout, cost_model: Any) -> RedistributePlan:
+    """``src`` (Partial(sum) over every mesh dim) to Replicate as XLA compiles a host
+    callback's result (:data:`.jaxpr.HOST_CALLBACKS`): one all-reduce over the whole mesh
+    (replica groups of every device), not the planner's per-mesh-dim route. Its cost is
+    its bytes at the heaviest mesh dim's weight (the ring crosses every link)."""
+    mesh = src.mesh
+    dst = src.replicated()
+    nbytes = collective_bytes(ALL_REDUCE, block_bytes(shape, dtype.itemsize, src.dim_axes, mesh.shape), mesh.size())
+    over = tuple(range(mesh.ndim))
+    step = RedistributeStep(
+        0, ",".join(mesh.axis_names), Partial("sum"), Replicate(), ALL_REDUCE, nbytes,
+        nbytes * max(cost_model.weights(mesh)), src, dst, ALL_REDUCE, (), over,
+    )
+    return RedistributePlan(shape, dtype, src, dst, (step,))
 
 
 def layout_state(layout: Layout) -> State:

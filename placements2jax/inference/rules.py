@@ -72,6 +72,7 @@ __all__ = [
     "take",
     "transpose",
     "triangular_solve",
+    "tridiagonal_solve",
     "unstack",
     "window",
 ]
@@ -767,6 +768,21 @@ def triangular_solve(ins: Avals, outs: Avals, *, left_side: bool) -> list[OneDSi
     free = b.ndim - 1 if left_side else b.ndim - 2
     sigs = linalg(ins, outs) + [OneDSig((R, Shard(free)), (Shard(free),))]
     return sigs + [OneDSig((R, Partial(op)), (Partial(op),)) for op in LINEAR_OPS]
+
+
+def tridiagonal_solve(ins: Avals, outs: Avals) -> list[OneDSig]:
+    """``tridiagonal_solve(dl, d, du, b)`` (``lax.linalg.tridiagonal_solve``: splines,
+    implicit solvers, and its own gradient): the three diagonals ``(..., m)``, ``b`` and
+    the solution ``(..., m, n)``. Batch dims as :func:`linalg` (each rank solves its own
+    systems); the solved dim ``m`` is ``R`` (the Thomas recurrence runs along it); ``b``'s
+    ``n`` right-hand sides are independent solves, so they split with the diagonals ``R``;
+    the solution is linear in ``b``: the diagonals ``R``, ``b`` ``P(sum)`` / ``P(avg)`` ->
+    the same partial."""
+    b = ins[3]
+    batch = [OneDSig((Shard(d),) * 4, (Shard(d),)) for d in range(b.ndim - 2)
+             if all(a.shape[d] == b.shape[d] for a in (*ins, *outs))]
+    columns = OneDSig((R, R, R, Shard(b.ndim - 1)), (Shard(b.ndim - 1),))
+    return [*batch, columns, *(OneDSig((R, R, R, Partial(op)), (Partial(op),)) for op in LINEAR_OPS)]
 
 
 def nullary(ins: Avals, outs: Avals) -> list[OneDSig]:

@@ -498,7 +498,10 @@ class RedistributeStep:
     ``n/2`` rows, which it all-reduces (:func:`.cost.gather_block_bytes`). ``halo``: the
     collective-permutes XLA sends before a gather off a misaligned dim split by several
     mesh dims (:func:`.cost.gather_halo_permutes`), each as its mesh axes and the bytes
-    each sending device sends (in ``nbytes`` too).
+    each sending device sends (in ``nbytes`` too). ``over``: the mesh dims of a step over
+    several at once, one collective whose device groups span them all (XLA's broadcast
+    of a host callback's result: one all-reduce over the whole mesh, :func:`.plan.mesh_all_reduce`;
+    ``mesh_dim`` is the first, ``axis`` names them all); ``()``: over ``mesh_dim`` alone.
     """
 
     mesh_dim: int
@@ -513,13 +516,21 @@ class RedistributeStep:
     compiled: str
     # out of repr: the bytes are in nbytes, and equation reports print their steps as they did before halos
     halo: tuple[tuple[tuple[str, ...], int], ...] = field(default=(), repr=False)
+    over: tuple[int, ...] = field(default=(), repr=False)
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        """The mesh axes of the step's device groups."""
+        names = self.before.mesh.axis_names
+        return tuple(names[m] for m in self.over) if self.over else (self.axis,)
 
     @property
     def over_one_device(self) -> bool:
         """On a size-1 mesh dim: every placement there holds the whole tensor, so the step
         moves nothing and compiles to nothing. A plan keeps it (its steps chain ``src`` to
         ``dst``); a prediction's steps and collectives leave it out."""
-        return self.before.mesh.shape[self.mesh_dim] == 1
+        shape = self.before.mesh.shape
+        return all(shape[m] == 1 for m in self.over or (self.mesh_dim,))
 
     @property
     def communicates(self) -> bool:

@@ -1,0 +1,174 @@
+"""Host callbacks with results (``jax.pure_callback``, ``io_callback``): predicted as XLA
+compiles them (operands gathered, the result all-reduced over the whole mesh from the
+callback's device), checked against XLA, and run by apply once per program run."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import io_callback
+
+from placements2jax import DTensor, UnsupportedOpError, apply, distribute_tensor, init_device_mesh
+from placements2jax.inference import check, predict
+
+sys.path.insert(0, str(Path(__file__).parent))
+from models.steps import mlp_step, training_step  # noqa: E402
+
+EXECUTES = ("xla", "ops", "pinned", "auto")
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    # Auto axes: JAX lowers a program holding a callback only on one mesh (see test_explicit_mesh_...)
+    return init_device_mesh((2, 4), ("dp", "tp"), axis_types="auto")
+
+
+def _twice(calls: list[np.ndarray]) -> Any:
+    def host(a: np.ndarray) -> np.ndarray:
+        calls.append(np.asarray(a).copy())
+        return (2 * np.asarray(a)).astype(np.float32)
+
+    return host
+
+
+@pytest.mark.parametrize("kind", ["pure", "io", "io ordered"])
+def test_callback_gathers_its_operand_and_all_reduces_its_result(mesh: Any, kind: str) -> None:
+    """The operand (a partial sum split over dp) is gathered and reduced to R,R; the result
+    is Partial(sum) over dp,tp and all-reduced once over all 8 devices, as XLA compiles
+    it; check agrees on layouts, counts and bytes; every execute mode calls the host once
+    per run with the whole value, and returns plain jax.jit's values."""
+    x = np.arange(8 * 16, dtype=np.float32).reshape(8, 16) / 64
+    w = np.linspace(-1, 1, 16 * 8, dtype=np.float32).reshape(16, 8)
+    dx, dw = distribute_tensor(x, mesh, "S(0),S(1)"), distribute_tensor(w, mesh, "R,S(0)")
+    calls: list[np.ndarray] = []
+    host = _twice(calls)
+
+    def f(a: jax.Array, b: jax.Array) -> jax.Array:
+        y = a @ b  # S(0),P
+        out = jax.ShapeDtypeStruct(y.shape, y.dtype)
+        z = jax.pure_callback(host, out, y) if kind == "pure" else io_callback(host, out, y, ordered=kind != "io")
+        return jnp.tanh(z)
+
+    prediction = predict(f, dx, dw)
+    name = "pure_callback" if kind == "pure" else "io_callback"
+    row = next(e for e in prediction.equations if e.primitive == name)
+    assert str(row.signature.chosen.in_layouts[0]) == "R,R"
+    assert str(row.outputs[0].layout) == "P,P"
+    (move,) = [e for e in prediction.equations if e.primitive == "callback result"]
+    (step,) = move.signature.redistributions[0].steps
+    assert (step.collective, step.axes, step.nbytes) == ("all-reduce", ("dp", "tp"), 2 * 7 * 8 * 8 * 4 / 8)
+    report = check(f, dx, dw)
+    assert report.agrees, report
+    assert report.communication == "equal" and report.predicted_bytes == report.compiled_bytes
+    full = x @ w
+    expected = np.asarray(jax.jit(f)(x, w))
+    np.testing.assert_allclose(expected, np.tanh(2 * full), rtol=1e-5, atol=1e-5)
+    for execute in EXECUTES:
+        calls.clear()
+        out = apply(f, dx, dw, execute=execute)
+        np.testing.assert_allclose(np.asarray(out.full_tensor()), expected, rtol=1e-5, atol=1e-6)
+        jax.effects_barrier()
+        assert len(calls) == 1, execute
+        np.testing.assert_allclose(calls[0], full, rtol=1e-5, atol=1e-5)
+
+
+def test_sequential_vmap_calls_the_host_per_row(mesh: Any) -> None:
+    """``vmap_method="sequential"``: a scan of the callback, one call per row (8), the
+    result's all-reduce inside the loop: check equal; every mode calls it 8 times."""
+    x = np.arange(8 * 16, dtype=np.float32).reshape(8, 16)
+    dx = distribute_tensor(x, mesh, "S(0),S(1)")
+    calls: list[np.ndarray] = []
+    host = _twice(calls)
+    f = jax.vmap(lambda r: jax.pure_callback(host, jax.ShapeDtypeStruct(r.shape, r.dtype), r, vmap_method="sequential"))
+    report = check(f, dx)
+    assert [o.verdict for o in report.outputs] == ["equal"] and report.communication == "equal"
+    for execute in EXECUTES:
+        calls.clear()
+        np.testing.assert_allclose(np.asarray(apply(f, dx, execute=execute).full_tensor()), 2 * x)
+        jax.effects_barrier()
+        assert len(calls) == 8, execute
+
+
+@pytest.mark.parametrize("axis_types", ["auto", "explicit"])
+def test_training_step_with_host_metric_and_loss_logging(axis_types: str) -> None:
+    """A Megatron MLP adamw step that logs its loss with an ordered io_callback and scales
+    its update by a NumPy function of the loss (pure_callback): predicted = XLA's layouts,
+    the callbacks' collectives and bytes = those XLA adds for them; apply (every mode) = plain jax.jit in the predicted layouts, one log per
+    step. On the default Explicit mesh apply runs it on the mesh's Auto twin.
+    """
+    logged: list[float] = []
+
+    def step(params: Any, opt_state: Any, x: jax.Array, y: jax.Array) -> Any:
+        new, opt_state, loss = mlp_step(params, opt_state, x, y)
+        io_callback(lambda v: logged.append(float(v)), None, loss, ordered=True)
+        scale = jax.pure_callback(lambda v: np.float32(1 / (1 + np.log1p(v))), jax.ShapeDtypeStruct((), loss.dtype), loss)
+        return jax.tree.map(lambda p, q: p + scale * (q - p), params, new), opt_state, loss
+
+    mesh = init_device_mesh((2, 4), ("dp", "tp"), axis_types=axis_types)
+    args = training_step("mlp", mesh).args
+    report, quiet = check(step, *args), check(mlp_step, *args)
+    assert all(o.verdict == "equal" for o in report.outputs), report
+
+    def counts(r: Any) -> dict[tuple[str, tuple[str, ...]], tuple[int, int]]:
+        return {(c.kind, c.axes): (c.combined, c.compiled) for c in r.axis_checks}
+
+    # the callbacks add what XLA adds to the step without them: the scale's all-reduce over all 8 devices (a
+    # float32 scalar, 2 * 7/8 * 4 = 7 B), the logged loss (already Replicate) nothing. (The step without them
+    # differs from XLA on its own on this mesh, in dp all-gathers against all-reduces.)
+    added = {k: (v[0] - counts(quiet).get(k, (0, 0))[0], v[1] - counts(quiet).get(k, (0, 0))[1])
+             for k, v in counts(report).items()}
+    assert {k: v for k, v in added.items() if v != (0, 0)} == {("all-reduce", ("dp", "tp")): (1, 1)}
+    assert report.predicted_bytes - quiet.predicted_bytes == report.compiled_bytes - quiet.compiled_bytes == 7
+    rows = [e.primitive for e in report.prediction.equations]
+    assert rows.count("io_callback") == 1 and rows.count("pure_callback") == 1 and rows.count("callback result") == 1
+    leaves, tree = jax.tree.flatten(args, is_leaf=lambda a: isinstance(a, DTensor))
+    plain = [np.asarray(a.full_tensor()) if isinstance(a, DTensor) else a for a in leaves]
+    logged.clear()
+    expected = jax.tree.leaves(jax.jit(step)(*jax.tree.unflatten(tree, plain)))
+    jax.effects_barrier()
+    assert len(logged) == 1
+    for execute in EXECUTES:
+        logged.clear()
+        result = apply(step, *args, execute=execute)
+        leaves = jax.tree.leaves(result, is_leaf=lambda a: isinstance(a, DTensor))
+        predicted = predict(step, *args, search="eager") if execute == "ops" else report.prediction
+        assert [a.layout for a in leaves] == [s.layout for s in predicted.outputs], execute
+        for got, want in zip(leaves, expected, strict=True):
+            np.testing.assert_allclose(np.asarray(got.full_tensor()), np.asarray(want), rtol=2e-5, atol=1e-6)
+        jax.effects_barrier()
+        assert len(logged) == 1 and logged[0] == pytest.approx(float(expected[-1]), rel=1e-5), execute
+
+
+def test_explicit_mesh_runs_on_its_auto_twin() -> None:
+    """On an Explicit mesh (the default) JAX 0.10.2 refuses to lower apply's program with a
+    callback (its operands on the mesh, fn computed on the Auto twin): apply runs it on the
+    twin, the results back on the Explicit mesh; a Partial operand raises our error."""
+    mesh = init_device_mesh((2, 4), ("dp", "tp"))
+    x = np.arange(64, dtype=np.float32).reshape(8, 8)
+    dx = distribute_tensor(x, mesh, "S(0),S(1)")
+    calls: list[np.ndarray] = []
+    host = _twice(calls)
+
+    def f(a: jax.Array) -> tuple[jax.Array, jax.Array]:
+        z = jax.pure_callback(host, jax.ShapeDtypeStruct(a.shape, a.dtype), a)
+        return z + 1, a.sum(0)
+
+    for execute in EXECUTES:
+        calls.clear()
+        z, s = apply(f, dx, execute=execute)
+        assert z.device_mesh == mesh and s.device_mesh == mesh
+        np.testing.assert_allclose(np.asarray(z.full_tensor()), 2 * x + 1)
+        np.testing.assert_allclose(np.asarray(s.full_tensor()), x.sum(0))
+        jax.effects_barrier()
+        assert len(calls) == 1, execute
+    partial_sum = apply(jnp.matmul, dx, distribute_tensor(x, mesh, "R,S(0)"), execute="ops")  # S(0),P
+    assert str(partial_sum.layout) == "S(0),P"
+    with pytest.raises(UnsupportedOpError, match="Partial operand") as info:
+        apply(f, partial_sum, execute="xla")
+    assert "redistribute" in str(info.value) and "axis_types='auto'" in str(info.value)
