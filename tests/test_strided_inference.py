@@ -354,3 +354,32 @@ def test_scans_keep_split_factors(mesh1, execute: str) -> None:
         reference = distribute_tensor(expected, mesh1, strided.layout)
         for rank, shard in _shards(out, mesh1).items():
             np.testing.assert_allclose(shard, _shards(reference, mesh1)[rank], rtol=1e-6)
+
+
+@pytest.mark.parametrize("execute", ["ops", "xla"])
+def test_a_strided_value_near_fixed_outputs_is_gathered_once(execute: str) -> None:
+    """A strided value (a free flatten of a split minor dim, ``_S(0, 64)`` over tp on
+    dp=2 x tp=4) read by two updates whose outputs must come back Replicate (a parameter
+    and its moment): the finishing descent gathers it once for both (7,680 B, one
+    all-gather), where each update ran strided and its output was all-gathered at the end
+    (15,360 B in 2 before strided values were gathered: ``_Search.value_moves``' gathers
+    took plain splits only). NumPy's values in the outputs' layouts."""
+    mesh = init_device_mesh((2, 4), ("dp", "tp"))
+    rng = np.random.default_rng(0)
+    w_np, mu_np = (rng.standard_normal((256, 10)).astype(np.float32) for _ in range(2))
+    x_np = rng.standard_normal((64, 4, 10)).astype(np.float32)
+    w, mu = (distribute_tensor(a, mesh, "R,R") for a in (w_np, mu_np))
+    x = distribute_tensor(x_np, mesh, "R,S(1)")
+
+    def update(w, mu, x):
+        g = jnp.tanh(x.reshape(256, 10))
+        return w - 0.1 * g, 0.9 * mu + g
+
+    prediction = predict(update, w, mu, x, out_layouts=(w, mu))
+    assert str(prediction.equations[0].outputs[0].layout) == "R,_S(0, 64)"
+    assert (prediction.nbytes, dict(prediction.combined_counts)) == (256 * 10 * 4 * 3 // 4, {"all-gather": 1})
+    new_w, new_mu = apply(update, w, mu, x, out_layouts=(w, mu), execute=execute)
+    g = np.tanh(x_np.reshape(256, 10))
+    assert new_w.layout == w.layout and new_mu.layout == mu.layout
+    np.testing.assert_allclose(np.asarray(new_w.full_tensor()), w_np - np.float32(0.1) * g, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(new_mu.full_tensor()), np.float32(0.9) * mu_np + g, rtol=1e-6, atol=1e-6)

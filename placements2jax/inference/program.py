@@ -749,7 +749,7 @@ def _descend(
 
 Choice = dict[str, int]  # equation path -> index of its candidate
 # (equation path, candidate, cascade downstream?), or (_VALUE, path, output, ((consumer, candidate), ...), cascade
-# downstream?): every consumer of one value re-chosen at once, or (_REDUCING, path, candidate): a reducing
+# downstream?, strict: taken only adding no collective): every consumer of one value re-chosen at once, or (_REDUCING, path, candidate): a reducing
 # cascade (:meth:`_Search.reducing_moves`), or (_KEEPING, path, candidate): a keeping cascade (:meth:`_Search.keeps`)
 Move = tuple[Any, ...]
 _VALUE = "<value>"
@@ -1868,7 +1868,7 @@ class _Search:
 
     def value_moves(
         self, value: ValueId, choice: Choice, gathers: bool = False, common: bool = False
-    ) -> list[tuple[tuple[str, int], ...]]:
+    ) -> list[tuple[tuple[tuple[str, int], ...], bool]]:
         """Moves re-choosing every consumer of ``value`` at once, so that all of them take
         it in one layout: one its consumers already need, or its own with its partials
         reduced to Replicate (one all-reduce shared by every consumer, where each
@@ -1877,7 +1877,18 @@ class _Search:
         ``gathers`` (a last descent after the finishing one, from its result): a split value without partials, its own
         gathered to Replicate (that layout only, and only cascading: :meth:`improve`), when
         one of its consumers is at most ``_NEAR_OUTPUT`` equations upstream of an output with
-        a fixed layout (an optimizer's update of a parameter). A
+        a fixed layout (an optimizer's update of a parameter); a strided split too (its
+        gather costs a plain one's bytes). Each consumer takes it as below, and also (a
+        *strict* move, taken only if it adds no collective: Equinox's value_and_grad traded
+        17 more for 768 B) as the candidate cheapest for its outputs too, moved into the
+        layouts their consumers need (:meth:`taking`'s ``around``): a CNN's flattened
+        channel-split activations (``S(0),_S(1, 16)``) gathered for the logits and the dense
+        layer's weight gradient, the latter computed replicated (its batch-split operand
+        gathered over ``dp``) as the update already takes it, where the cheapest for its
+        inputs alone split it over the classes and the whole update cascaded split into three
+        all-gathers at the end (tests/models/cnn.py's one-conv step: 9,556 -> 7,780 B, 5 ->
+        4 collectives after the combiner; before strided splits were gathered: 24,916 B in
+        7). A
         replicated parameter's gradient made split (an embedding table's, scattered from
         the activation gradient moved to split the model dim) otherwise runs the clip and
         the whole update split and all-gathers the parameter and both moments at the end,
@@ -1913,6 +1924,7 @@ class _Search:
             return []
         path, j = value
         state = self.outs[path][choice[path]][j]
+        arounds: tuple[bool, ...] = (False,)
         if any(state[1]):
             targets = dict.fromkeys(((state[0], (None,) * len(state[1])), *self.needs(value, choice)))
             targets.pop(state, None)
@@ -1922,22 +1934,27 @@ class _Search:
                 x for x in takes[0]
                 if x != state and _one_dim_apart(state, x) and all(x in other for other in takes[1:])
             )
-        elif gathers and len(state) == 2 and any(state[0]) and any(c in self.near_fixed_outputs for c, _ in consumers):
+        elif gathers and any(state[0]) and any(c in self.near_fixed_outputs for c, _ in consumers):
             targets = {(tuple(() for _ in state[0]), state[1]): None}
+            arounds = (False, True)
         else:
             return []
-        moves = []
+        moves: list[tuple[tuple[tuple[str, int], ...], bool]] = []
         for target in targets:
-            seeds = self.taking(value, target, choice)
-            if seeds is not None and any(choice[c] != k for c, k in seeds):
-                moves.append(seeds)
+            for around in arounds:
+                seeds = self.taking(value, target, choice, around)
+                if seeds is not None and any(choice[c] != k for c, k in seeds) and (seeds, False) not in moves:
+                    moves.append((seeds, around))
         return moves
 
-    def taking(self, value: ValueId, target: State, choice: Choice) -> tuple[tuple[str, int], ...] | None:
+    def taking(
+        self, value: ValueId, target: State, choice: Choice, around: bool = False
+    ) -> tuple[tuple[str, int], ...] | None:
         """Every consumer of ``value`` re-chosen to take it in ``target``: (consumer,
         candidate) per consumer, each the candidate cheapest for its other inputs as they
-        arrive at ``choice`` among those needing the value so; None when some consumer has
-        no such candidate."""
+        arrive at ``choice`` among those needing the value so (``around``: for its outputs
+        too, moved into the layouts their consumers need at ``choice``,
+        :meth:`cheapest_around`); None when some consumer has no such candidate."""
         slots: dict[str, list[int]] = {}
         for c, i in self.consumers.get(value, ()):
             slots.setdefault(c, []).append(i)
@@ -1950,7 +1967,11 @@ class _Search:
             fits = [k for k in self.candidates[c].by_in[at[0]].get(target, ()) if all(ins[k][i] == target for i in at)]
             if not fits:
                 return None
-            seeds.append((c, self.cheapest(c, fits, arriving)))
+            if around:
+                needs = [self.needs((c, j), choice) for j in range(len(self.out_avals[c]))]
+                seeds.append((c, self.cheapest_around(c, fits, arriving, needs)))
+            else:
+                seeds.append((c, self.cheapest(c, fits, arriving)))
         return tuple(seeds)
 
     def reduced_moves(self, path: str, choice: Choice) -> list[tuple[tuple[str, int], ...]]:
@@ -2303,8 +2324,9 @@ class _Search:
         depends, getter, values = reading
         delta = self.delta(changes, kept, values, choice, settled)
         choice.update(kept)
-        if move[0] == _VALUE and not follow and delta[1] > 0:  # the consumers alone: never more collectives
-            delta = (math.inf, math.inf)  # (Equinox's value_and_grad traded 2 more for bytes)
+        # the consumers alone, or taking the value for their outputs too (value_moves' strict): never more collectives
+        if move[0] == _VALUE and (not follow or move[5]) and delta[1] > 0:
+            delta = (math.inf, math.inf)  # (Equinox's value_and_grad traded 2 more for bytes; 17 more for 768 B)
         found = (delta, changes, depends)
         # the choices it read as the memo's check above read them where it read this getter (``choice`` is as it
         # was then: the cascade's changes were changed back)
@@ -2346,7 +2368,7 @@ class _Search:
 
         def current(move: Move) -> bool:
             if move[0] == _VALUE:
-                return move[3] in self.value_moves((move[1], move[2]), choice, gathers, common)
+                return move[3:4] + move[5:] in self.value_moves((move[1], move[2]), choice, gathers, common)
             if move[0] == _REDUCING:
                 return move[2] in self.reducing_moves(move[1], choice)
             if move[0] == _PULL:
@@ -2383,9 +2405,9 @@ class _Search:
                     # a split value gathered (gathers: see value_moves) only cascading: its consumers alone would
                     # give their outputs Replicate where their consumers take them split
                     alone = (False,) if any(self.outs[path][choice[path]][j][1]) else ()
-                    for seeds in found:
+                    for seeds, strict in found:
                         for follow in (True, *alone):  # cascading, or the consumers alone (see value_moves)
-                            move = (_VALUE, path, j, seeds, follow)
+                            move = (_VALUE, path, j, seeds, follow, strict)
                             if move not in fresh:
                                 evaluate(move)
 

@@ -19,7 +19,7 @@ from jax.sharding import NamedSharding
 from placements2jax import DeviceMesh, DTensor, colwise, distribute_pytree, distribute_tensor, rowwise
 from placements2jax.dtensor import auto_twin_of
 
-from . import common, gemma, gpt2, llama, llama_scan, moe, stacked
+from . import cnn, common, gemma, gpt2, llama, llama_scan, moe, stacked
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,8 @@ def training_step(
     """The adamw step of ``model`` ("gpt2", "llama", "gemma", "stacked", "llama_scan" or "moe", ``config`` overriding its Config;
     "mlp": :func:`mlp_step`) with the Megatron plan on ``mesh`` (its ``tp`` axis) and a
     batch of 4 split over its ``dp`` axis if it has one (else replicated); ``optimizer``
-    (not for "mlp"): another update than common.make_optimizer()'s clip + adamw."""
+    (not for "mlp"): another update than common.make_optimizer()'s clip + adamw. "cnn":
+    tests/models/cnn.py's step (optax.adamw) on its channel plan, its batch of images."""
     batch_placements = ",".join("S(0)" if name == "dp" else "R" for name in mesh.mesh_dim_names)
     if model == "mlp":
         rng = np.random.default_rng(0)
@@ -89,6 +90,14 @@ def training_step(
             distribute_tensor(rng.normal(size=(8, 16)).astype(np.float32), mesh, batch_placements) for _ in range(2)
         ]
         return Step(model, mlp_step, (params, state, *batch))
+    if model == "cnn":
+        cfg = cnn.Config(**config)
+        plain = cnn.init(jax.random.key(0), cfg)
+        params = distribute_pytree(plain, mesh, cnn.channel_plan(cfg))
+        optimizer = optimizer or cnn.make_optimizer()
+        state = common.distribute_state(optimizer.init(plain), params)
+        batch = [distribute_tensor(a, mesh, batch_placements) for a in cnn.batch(0, cfg)]
+        return Step(model, partial(cnn.train_step, optimizer=optimizer), (params, state, *batch))
     module = {"gpt2": gpt2, "llama": llama, "gemma": gemma, "stacked": stacked, "llama_scan": llama_scan, "moe": moe}[model]
     cfg = module.Config(**config)
     plain = module.init(jax.random.key(0), cfg)
