@@ -364,7 +364,8 @@ from .combine import (
     planned_collectives,
 )
 from .cost import (
-    ALL_REDUCE, COMMUNICATING, DEFAULT_COLLECTIVE_OVERHEAD, REDUCE_SCATTER, CostModel, Overhead, overhead_of,
+    ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COMMUNICATING, DEFAULT_COLLECTIVE_OVERHEAD, REDUCE_SCATTER, CostModel, Overhead,
+    overhead_of,
 )
 from .plan import cached_plan, layout_state, plan_priced
 from .select import pending_reduction
@@ -496,10 +497,47 @@ def _select(
     dispatched_choice: tuple[int, ...] | None = None,
 ) -> dict[str, Candidate]:
     graph = keyed.graph
-    chosen = _choose(graph, cost_model, targets, seeds, dispatched_choice)
+    search = _Search(graph, cost_model, targets)
+    chosen = _choose(graph, cost_model, targets, seeds, dispatched_choice, search=search)
     if cost_model.collective_overhead != DEFAULT_COLLECTIVE_OVERHEAD:
         chosen = _continued(graph, cost_model, targets, seeds, dispatched_choice, chosen)
+    else:
+        chosen = _escaped(search, _eagers(graph, dispatched_choice), chosen)
     return _chosen(graph, {node.path: 0 for node in graph.nodes}, chosen)
+
+
+# the overhead per all-gather and all-to-all of :func:`_escaped`'s descent: the latency-bound model's
+# (benchmarks/bench_real_programs.py's COUNT_FIRST)
+_ESCAPE_OVERHEAD = {ALL_GATHER: 8192, ALL_TO_ALL: 8192}
+
+
+def _escaped(search: _Search, eagers: tuple[Choice, Choice], chosen: Choice) -> Choice:
+    """``chosen`` or, where cheaper by the objective (:func:`_descended`), its descent with
+    all-gathers and all-to-alls charged :data:`_ESCAPE_OVERHEAD` each, then descended
+    again at the default overhead from there (offered first the equations the first
+    changed). The default's descents stop in basins a split follows from one cheap
+    reduce-scatter: the reduction of a tp-split feature dim scattered over the
+    sequence, then every activation gradient after it sequence-split and gathered back
+    for the weights' gradients (a median / quantile normalization's adamw step: 84,916 B
+    in 20 collectives where XLA compiles 68,188 in 8); priced dear, those gathers leave
+    that basin at once (71,188 B in 14). On benchmarks/dump_predictions.py's programs it
+    lowers 6 of 19 lines in both bytes and collectives after the combiner (the 4x2
+    Llama adamw step 219,716 -> 172,356 B, 53 -> 40 collectives; the 2x4 one 133,098 ->
+    127,462, 29 -> 25; the 8-device GPT-2 step 65,191 -> 61,159, 19 -> 11), every output
+    layout as it was, and leaves the others as they were; it costs ~6% of a cold predict
+    of Llama's or GPT-2's step, ~15% of the Megatron MLP's (its two searches)."""
+    overhead = tuple(_ESCAPE_OVERHEAD.get(kind, overhead_of(search.overhead, kind)) for kind in COMMUNICATING)
+    escape = search.repriced(compiled=True, overhead=overhead)  # type: ignore[arg-type]
+    offered = _repriced_paths(search, escape, chosen)
+    if not offered:  # no all-gather or all-to-all: a descent from a default optimum would not move
+        return chosen
+    away = escape.improve(chosen, values=True, reducing=True, pulls=True, offered=offered)
+    if away == chosen:
+        return chosen
+    moved = [path for path in search.paths if away[path] != chosen[path]]
+    found = search.improve(away, values=True, reducing=True, pulls=True, offered=moved)
+    planned = search if search.as_planned else search.repriced(compiled=False)
+    return _bounded(planned, eagers, _descended(search, chosen, found), chosen)
 
 
 def _continued(
@@ -547,14 +585,37 @@ def _eagers(graph: ProgramGraph, dispatched_choice: tuple[int, ...] | None) -> t
     return eager, eager if dispatched_choice is None else dict(zip(eager, dispatched_choice))
 
 
+def _repriced_paths(search: _Search, other: _Search, choice: Choice) -> list[str]:
+    """The equations (in program order) producing or reading a value ``other`` prices
+    otherwise than ``search`` at ``choice``, and their neighbours: where a descent priced by
+    ``other`` starts from a choice that ends ``search``'s descents (elsewhere the two price
+    every move alike; on Llama's 2x4 adamw step offering these first, not every equation,
+    took the escape from 0.20 to 0.08 s CPU, the same result)."""
+    paths: dict[str, None] = {}
+    for v, value in enumerate(search.priced):
+        if search.value_cost(v, choice) == other.value_cost(v, choice):
+            continue
+        if value[0] in ("literal", "owed"):
+            paths[value[1]] = None
+            continue
+        if value[0] != "in":
+            paths[value[0]] = None
+        paths.update(dict.fromkeys(search.consumer_paths[value]))
+    for path in list(paths):  # and their neighbours (a value move there reaches the 8-device GPT-2 step's basin)
+        paths.update(dict.fromkeys(search.neighbours[path]))
+    return sorted(paths, key=search.position.__getitem__)
+
+
 def _choose(
     graph: ProgramGraph, cost_model: CostModel, targets: tuple[Layout | None, ...], seeds: tuple[tuple[str, int], ...],
-    dispatched_choice: tuple[int, ...] | None, overhead: Overhead | None = None,
+    dispatched_choice: tuple[int, ...] | None, overhead: Overhead | None = None, search: _Search | None = None,
 ) -> Choice:
     """:func:`_select`'s choice (module docstring); ``overhead``: bytes per collective
-    (None: the model's ``collective_overhead``)."""
+    (None: the model's ``collective_overhead``); ``search``: the graph's search at that
+    overhead where the caller has it (None: made here)."""
     eager, dispatched = _eagers(graph, dispatched_choice)
-    search = _Search(graph, cost_model, targets, overhead=overhead)  # priced as the backend compiles the moves
+    if search is None:
+        search = _Search(graph, cost_model, targets, overhead=overhead)  # priced as the backend compiles the moves
     layers = blocks.layer_blocks(
         blocks.find_blocks([search.kinds[path] for path in search.paths], blocks.graph_sources(graph)), len(graph.nodes)
     )
