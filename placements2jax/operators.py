@@ -60,7 +60,8 @@ from .inference import default_cost_model, infer_signature, predict
 from .inference.cost import CostModel, CostModelLike
 from .inference.frameworks import Bound, bind, variables_of, with_static_outputs
 from .inference.jaxpr import (
-    CONSTRAINT_SHARDING_PARAMS, DEBUG_EFFECTS, HOST_CALLBACKS, ON_UNKNOWN, _drop_dim0, _stacked, all_equations, execute, trace_context,
+    CONSTRAINT_SHARDING_PARAMS, DEBUG_EFFECTS, HOST_CALLBACKS, ON_UNKNOWN, _drop_dim0, _stacked, all_equations, execute,
+    trace_context,
 )
 from .inference.ops import freeze, op_definition, registered_function
 from .inference.rules import SCATTERS, gather_lookup_axis, scatter_lookup_axis
@@ -578,7 +579,8 @@ def _apply_on_twin(
     def back(x: Any) -> Any:
         if not isinstance(x, DTensor):
             return x
-        layout = Layout(mesh, x.layout.dim_axes, x.layout.partial, x.layout.split_factors if x.layout.is_strided else None)
+        factors = x.layout.split_factors if x.layout.is_strided else None
+        layout = Layout(mesh, x.layout.dim_axes, x.layout.partial, factors)
         phys = physical(layout, x.shape)
         array = _from_stacked(x.array, phys) if layout.has_partial else jax.device_put(x.array, phys.sharding)
         return DTensor.trusted(array, layout, x.shape)

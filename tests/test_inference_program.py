@@ -564,7 +564,8 @@ def test_escape_descent_leaves_a_reduce_scatter_basin(mesh: Any, monkeypatch: py
     collectives after the combiner, every output layout as XLA's."""
     keys = jax.random.split(jax.random.key(0), 4)
     plain = {"embed": jax.random.normal(keys[0], (64, 64)) * 0.1, "up": jax.random.normal(keys[1], (64, 128)) / 8,
-             "down": jax.random.normal(keys[2], (128, 64)) / np.sqrt(128), "head": jax.random.normal(keys[3], (64, 64)) / 8}
+             "down": jax.random.normal(keys[2], (128, 64)) / np.sqrt(128),
+             "head": jax.random.normal(keys[3], (64, 64)) / 8}
     plan = {"embed": [Replicate(), Shard(1)], "up": [Replicate(), Shard(1)], "down": [Replicate(), Shard(0)],
             "head": [Replicate(), Shard(1)]}
     params = distribute_pytree(plain, mesh, plan)

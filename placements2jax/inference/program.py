@@ -810,8 +810,9 @@ def _descend(
 
 Choice = dict[str, int]  # equation path -> index of its candidate
 # (equation path, candidate, cascade downstream?), or (_VALUE, path, output, ((consumer, candidate), ...), cascade
-# downstream?, strict: taken only adding no collective): every consumer of one value re-chosen at once, or (_REDUCING, path, candidate): a reducing
-# cascade (:meth:`_Search.reducing_moves`), or (_KEEPING, path, candidate): a keeping cascade (:meth:`_Search.keeps`)
+# downstream?, strict: taken only adding no collective): every consumer of one value re-chosen at once, or
+# (_REDUCING, path, candidate): a reducing cascade (:meth:`_Search.reducing_moves`), or (_KEEPING, path, candidate):
+# a keeping cascade (:meth:`_Search.keeps`)
 Move = tuple[Any, ...]
 _VALUE = "<value>"
 _REDUCING = "<reducing>"

@@ -74,8 +74,8 @@ def mlp_step(params: Any, opt_state: Any, x: jax.Array, y: jax.Array) -> tuple[A
 def training_step(
     model: str, mesh: DeviceMesh, optimizer: optax.GradientTransformation | None = None, **config: Any
 ) -> Step:
-    """The adamw step of ``model`` ("gpt2", "llama", "gemma", "stacked", "llama_scan" or "moe", ``config`` overriding its Config;
-    "mlp": :func:`mlp_step`) with the Megatron plan on ``mesh`` (its ``tp`` axis) and a
+    """The adamw step of ``model`` ("gpt2", "llama", "gemma", "stacked", "llama_scan" or "moe", ``config``
+    overriding its Config; "mlp": :func:`mlp_step`) with the Megatron plan on ``mesh`` (its ``tp`` axis) and a
     batch of 4 split over its ``dp`` axis if it has one (else replicated); ``optimizer``
     (not for "mlp"): another update than common.make_optimizer()'s clip + adamw. "cnn":
     tests/models/cnn.py's step (optax.adamw) on its channel plan, its batch of images."""
@@ -98,7 +98,8 @@ def training_step(
         state = common.distribute_state(optimizer.init(plain), params)
         batch = [distribute_tensor(a, mesh, batch_placements) for a in cnn.batch(0, cfg)]
         return Step(model, partial(cnn.train_step, optimizer=optimizer), (params, state, *batch))
-    module = {"gpt2": gpt2, "llama": llama, "gemma": gemma, "stacked": stacked, "llama_scan": llama_scan, "moe": moe}[model]
+    modules = {"gpt2": gpt2, "llama": llama, "gemma": gemma, "stacked": stacked, "llama_scan": llama_scan, "moe": moe}
+    module = modules[model]
     cfg = module.Config(**config)
     plain = module.init(jax.random.key(0), cfg)
     plan = moe.megatron_plan(cfg.dispatch) if module is moe else module.megatron_plan()
