@@ -16,7 +16,7 @@ from jax.extend.core import jaxpr_as_fun
 from placements2jax import apply, distribute_tensor, init_device_mesh
 from placements2jax.inference import check, predict
 from placements2jax.inference.jaxpr import all_equations
-from placements2jax.inference.simplify import without_empty
+from placements2jax.inference.simplify import simplified, without_empty
 
 
 def _empty_values(closed: Any) -> list[str]:
@@ -43,16 +43,17 @@ def test_edge_pad_keeps_only_its_padded_axis() -> None:
     x = np.arange(4 * 5 * 3, dtype=np.float32).reshape(4, 5, 3)
     closed = jax.make_jaxpr(_edge_padded)(x)
     assert _empty_values(closed)  # as traced: zero-width pads of axes 0 and 2
-    simple = without_empty(closed)
-    assert _empty_values(simple) == []
+    assert _empty_values(without_empty(closed)) == []
+    simple = simplified(closed)  # the edge slices left unread removed with the dead code
     names = [eqn.primitive.name for eqn in all_equations(simple.jaxpr)]
     assert names.count("concatenate") == 1 and names.count("slice") == 2  # axis 1's two edges
     np.testing.assert_array_equal(jaxpr_as_fun(simple)(x)[0], _edge_padded(x))
 
 
 def test_zero_size_results_become_literals_and_their_only_reads_go() -> None:
-    """A zero-size result is made from a literal zero; the slice only it read is removed;
-    a concatenate left with one operand is that operand; inside a scan body too."""
+    """A zero-size result is made from a literal zero (and the slice only it read goes
+    with the dead code); a concatenate left with one operand is that operand; inside a
+    scan body too."""
 
     def fn(x: jax.Array) -> tuple[jax.Array, jax.Array]:
         empty = jnp.zeros((0, 3)) + jnp.sin(x[:0])
@@ -61,7 +62,7 @@ def test_zero_size_results_become_literals_and_their_only_reads_go() -> None:
         return empty, lax.scan(body, x[0], x)[0]
 
     x = np.arange(12, dtype=np.float32).reshape(4, 3)
-    simple = without_empty(jax.make_jaxpr(fn)(x))
+    simple = simplified(jax.make_jaxpr(fn)(x))
     names = [eqn.primitive.name for eqn in all_equations(simple.jaxpr)]
     assert "sin" not in names and "concatenate" not in names
     got, want = jaxpr_as_fun(simple)(x), fn(x)
