@@ -20,6 +20,19 @@ def make_optimizer(learning_rate: float = 1e-3) -> optax.GradientTransformation:
     return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(learning_rate, weight_decay=0.1))
 
 
+def train_step(
+    loss: Any, params: Any, opt_state: Any, tokens: jax.Array, targets: jax.Array, cfg: Any,
+    optimizer: optax.GradientTransformation | None = None,
+) -> tuple[Any, Any, jax.Array]:
+    """A language model's training step as its scripts write it: ``loss(params, tokens,
+    targets, cfg=cfg)``'s value and gradients, then ``optimizer``'s update (default
+    :func:`make_optimizer`'s clip + adamw); the models bind their own ``loss``."""
+    optimizer = optimizer or make_optimizer()
+    value, grads = jax.value_and_grad(partial(loss, cfg=cfg))(params, tokens, targets)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, value
+
+
 def accumulating_optimizer() -> optax.GradientTransformation:
     """Gradient accumulation over 2 steps (``optax.MultiSteps``: a ``lax.cond`` between the
     inner update and accumulating) around clipping and AdamW with a warmup-cosine learning

@@ -11,11 +11,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from placements2jax import colwise, rowwise
 
-from .common import make_optimizer
+from .common import train_step as common_train_step
 
 Params = dict[str, Any]
 
@@ -121,14 +120,7 @@ def loss(params: Params, tokens: jax.Array, targets: jax.Array, cfg: Config) -> 
     return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
 
 
-def train_step(
-    params: Params, opt_state: Any, tokens: jax.Array, targets: jax.Array, cfg: Config,
-    optimizer: optax.GradientTransformation | None = None,
-) -> tuple[Params, Any, jax.Array]:
-    optimizer = optimizer or make_optimizer()
-    value, grads = jax.value_and_grad(partial(loss, cfg=cfg))(params, tokens, targets)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, value
+train_step = partial(common_train_step, loss)  # (params, opt_state, tokens, targets, cfg, optimizer=None)
 
 
 def megatron_plan(tp: str = "tp") -> dict[str, Any]:

@@ -24,7 +24,7 @@ from jax import lax
 
 from placements2jax import colwise
 
-from .common import make_optimizer
+from .common import train_step as common_train_step
 
 Params = dict[str, Any]
 
@@ -124,14 +124,7 @@ def loss(params: Params, tokens: jax.Array, targets: jax.Array, cfg: Config) -> 
     return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean() + cfg.aux_weight * aux
 
 
-def train_step(
-    params: Params, opt_state: Any, tokens: jax.Array, targets: jax.Array, cfg: Config,
-    optimizer: optax.GradientTransformation | None = None,
-) -> tuple[Params, Any, jax.Array]:
-    optimizer = optimizer or make_optimizer()
-    value, grads = jax.value_and_grad(partial(loss, cfg=cfg))(params, tokens, targets)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, value
+train_step = partial(common_train_step, loss)  # (params, opt_state, tokens, targets, cfg, optimizer=None)
 
 
 def megatron_plan(dispatch: str = "einsum") -> dict[str, Any]:
