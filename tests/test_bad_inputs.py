@@ -1356,6 +1356,14 @@ CASES: list[Case] = [
         lambda e: apply(lambda a: jax.pure_callback(np.negative, jax.ShapeDtypeStruct(a.shape, a.dtype), a), e.dtp),
     ),
     _c(
+        "apply: under jax.jit, a function calling pure_callback on an Explicit mesh",
+        "apply",
+        UnsupportedOpError,
+        "fn",
+        lambda e: jax.jit(lambda d: apply(lambda a: jax.pure_callback(
+            np.negative, jax.ShapeDtypeStruct(a.shape, a.dtype), a), d))(e.dt),
+    ),
+    _c(
         "apply: execute not a name",
         "apply",
         InferenceError,

@@ -4,6 +4,7 @@ callback's device), checked against XLA, and run by apply once per program run."
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -145,13 +146,11 @@ def test_training_step_with_host_metric_and_loss_logging(axis_types: str) -> Non
         assert len(logged) == 1 and logged[0] == pytest.approx(float(expected[-1]), rel=1e-5), execute
 
 
-def test_explicit_mesh_runs_on_its_auto_twin() -> None:
-    """On an Explicit mesh (the default) JAX 0.10.2 refuses to lower apply's program with a
-    callback (its operands on the mesh, fn computed on the Auto twin): apply runs it on the
-    twin, the results back on the Explicit mesh; a Partial operand raises our error."""
+def _explicit_case() -> tuple[Any, np.ndarray, DTensor, list[np.ndarray], Any]:
+    """An Explicit (2, 4) mesh, x, x split over both dims, the host's calls and a function
+    returning the callback's result (used) and a sum of its operand."""
     mesh = init_device_mesh((2, 4), ("dp", "tp"))
     x = np.arange(64, dtype=np.float32).reshape(8, 8)
-    dx = distribute_tensor(x, mesh, "S(0),S(1)")
     calls: list[np.ndarray] = []
     host = _twice(calls)
 
@@ -159,14 +158,37 @@ def test_explicit_mesh_runs_on_its_auto_twin() -> None:
         z = jax.pure_callback(host, jax.ShapeDtypeStruct(a.shape, a.dtype), a)
         return z + 1, a.sum(0)
 
+    return mesh, x, distribute_tensor(x, mesh, "S(0),S(1)"), calls, f
+
+
+@pytest.mark.parametrize("context", ["eager", "set_mesh"])
+def test_explicit_mesh_runs_on_its_auto_twin(context: str) -> None:
+    """On an Explicit mesh (the default) JAX 0.10.2 refuses to lower apply's program with a
+    callback (its operands on the mesh, fn computed on the Auto twin): apply, seeing that
+    before it runs (no JAX error read), runs it on the twin, the results back on the
+    Explicit mesh, in every execute mode, eagerly and inside ``jax.set_mesh`` of the mesh."""
+    mesh, x, dx, calls, f = _explicit_case()
     for execute in EXECUTES:
         calls.clear()
-        z, s = apply(f, dx, execute=execute)
+        with jax.set_mesh(mesh.to_jax()) if context == "set_mesh" else contextlib.nullcontext():
+            z, s = apply(f, dx, execute=execute)
         assert z.device_mesh == mesh and s.device_mesh == mesh
+        assert z.array.sharding.mesh == s.array.sharding.mesh == mesh.to_jax()
         np.testing.assert_allclose(np.asarray(z.full_tensor()), 2 * x + 1)
         np.testing.assert_allclose(np.asarray(s.full_tensor()), x.sum(0))
         jax.effects_barrier()
         assert len(calls) == 1, execute
+
+
+def test_explicit_mesh_refusals() -> None:
+    """What the Auto twin cannot run is our error, raised before JAX's: a Partial operand
+    (its twin form differs), and apply under an outer ``jax.jit`` (the jit's program would
+    span the mesh and its twin), in every execute mode."""
+    mesh, x, dx, _, f = _explicit_case()
+    for execute in EXECUTES:
+        with pytest.raises(UnsupportedOpError, match="under jax.jit") as info:
+            jax.jit(lambda d, execute=execute: apply(f, d, execute=execute))(dx)
+        assert "outside jax.jit" in str(info.value) and "axis_types='auto'" in str(info.value)
     partial_sum = apply(jnp.matmul, dx, distribute_tensor(x, mesh, "R,S(0)"), execute="ops")  # S(0),P
     assert str(partial_sum.layout) == "S(0),P"
     with pytest.raises(UnsupportedOpError, match="Partial operand") as info:
