@@ -1,6 +1,8 @@
 """Host callbacks with results (``jax.pure_callback``, ``io_callback``): predicted as XLA
-compiles them (operands gathered, the result all-reduced over the whole mesh from the
-callback's device), checked against XLA, and run by apply once per program run."""
+compiles them (operands gathered, a result read all-reduced over the whole mesh from the
+callback's device, one read by nothing not), checked against XLA (a result returned as it
+is: ``xla kept on one device``), and run by apply once per program run, on an Explicit
+mesh on its Auto twin."""
 
 from __future__ import annotations
 
@@ -194,3 +196,70 @@ def test_explicit_mesh_refusals() -> None:
     with pytest.raises(UnsupportedOpError, match="Partial operand") as info:
         apply(f, partial_sum, execute="xla")
     assert "redistribute" in str(info.value) and "axis_types='auto'" in str(info.value)
+
+
+@pytest.mark.parametrize("kind", ["pure", "io", "pure on device 3"])
+def test_result_returned_as_it_is(mesh: Any, kind: str) -> None:
+    """A callback's result returned without being read: XLA, left free, keeps it on the
+    callback's device (``{maximal device=0}`` / ``=3``, the other devices zeros) and
+    broadcasts nothing. The prediction makes it Replicate by the callback result's
+    all-reduce over dp,tp, as apply does; check names the difference (``xla kept on one
+    device``) and compares the program compiling it Replicate: the predicted all-gathers
+    (224 B) and all-reduce (448 B). Every execute mode returns R,R, every device's block
+    the whole value, the host called once."""
+    x = np.arange(64, dtype=np.float32).reshape(8, 8)
+    dx = distribute_tensor(x, mesh, "S(0),S(1)")
+    calls: list[np.ndarray] = []
+    host = _twice(calls)
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[3]) if kind.endswith("3") else None
+
+    def f(a: jax.Array) -> jax.Array:
+        out = jax.ShapeDtypeStruct(a.shape, a.dtype)
+        return io_callback(host, out, a) if kind == "io" else jax.pure_callback(host, out, a, sharding=device)
+
+    structs = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=jax.sharding.NamedSharding(mesh.to_jax(), jax.P("dp", "tp")))
+    assert str(jax.jit(f).lower(structs).compile().output_shardings).startswith(
+        f"GSPMDSharding({{maximal device={3 if device else 0}}}")
+    report = check(f, dx)
+    (out,) = report.outputs
+    assert (str(out.predicted), out.compiled, out.verdict) == ("R,R", None, "xla kept on one device")
+    assert f"maximal device={3 if device else 0}" in out.note and "one device" in str(report)
+    assert report.communication == "equal" and report.predicted_bytes == report.compiled_bytes == 224 + 448
+    assert [e.primitive for e in report.prediction.equations].count("callback result") == 1
+    for execute in EXECUTES:
+        calls.clear()
+        z = apply(f, dx, execute=execute)
+        assert str(z.layout) == "R,R", execute
+        for shard in z.array.addressable_shards:
+            np.testing.assert_array_equal(np.asarray(shard.data), 2 * x)
+        jax.effects_barrier()
+        assert len(calls) == 1, execute
+
+
+@pytest.mark.parametrize("where", ["top", "nested jit"])
+def test_unread_result_is_not_broadcast(mesh: Any, where: str) -> None:
+    """An io_callback run for its effect, its result read by nothing (dropped at the top,
+    unused in a nested jit): XLA broadcasts nothing, and neither does the prediction (no
+    ``callback result`` row): check agrees, 224 B of all-gathers each; every mode calls
+    the host once and returns plain jit's values."""
+    x = np.arange(64, dtype=np.float32).reshape(8, 8)
+    dx = distribute_tensor(x, mesh, "S(0),S(1)")
+    calls: list[np.ndarray] = []
+    host = _twice(calls)
+
+    def effect(a: jax.Array) -> jax.Array:
+        io_callback(host, jax.ShapeDtypeStruct(a.shape, a.dtype), a)
+        return a * 2
+
+    f = effect if where == "top" else (lambda a: jax.jit(effect)(a) + 1)
+    report = check(f, dx)
+    assert report.agrees, report
+    assert report.predicted_bytes == report.compiled_bytes == 224
+    assert "callback result" not in [e.primitive for e in report.prediction.equations]
+    for execute in EXECUTES:
+        calls.clear()
+        got = apply(f, dx, execute=execute)
+        np.testing.assert_array_equal(np.asarray(got.full_tensor()), 2 * x + (where != "top"))
+        jax.effects_barrier()
+        assert len(calls) == 1, execute
+        np.testing.assert_array_equal(calls[0], x)
