@@ -60,6 +60,7 @@ from .frameworks import bind
 from .ops import PrimitiveDef, primitive_definition, registered_function
 from .plan import InputPlans, cached_plan, mesh_all_reduce
 from .program import ProgramGraph, ProgramNode, ValueId, forced_signature, select_program
+from .rules import BATCH_PARTITIONED
 from .select import pending_reduction, signature_for
 from .signature import (
     Aval,
@@ -861,6 +862,25 @@ def _unsplit_first(signature: Signature, mesh_dim: int) -> Signature:
     return ranked
 
 
+def _operand_splits(signature: Signature) -> Signature:
+    """``signature`` (of a :data:`.rules.BATCH_PARTITIONED` solver) with the candidates XLA
+    can compile: their inputs split a dim (batch dims lead, so dim indices align across
+    the operands) over a mesh dim only where an operand already splits it there, and are
+    partial only where one is; all of them if none is (never: gathering everything is)."""
+    split = {(k, m) for s in signature.inputs for k, axes in enumerate(s.layout.dim_axes) for m in axes}
+    partial = {m for s in signature.inputs for m, op in enumerate(s.layout.partial) if op}
+
+    def compiled(candidate: Candidate) -> bool:
+        return all(
+            all((k, m) in split for k, axes in enumerate(layout.dim_axes) for m in axes)
+            and all(m in partial for m, op in enumerate(layout.partial) if op)
+            for layout in candidate.in_layouts
+        )
+
+    kept = tuple(filter(compiled, signature.candidates))
+    return Signature(signature.op, signature.inputs, kept) if kept else signature
+
+
 def _unsplit_over(layout: Layout, mesh_dim: int) -> Layout:
     """``layout`` with ``mesh_dim`` splitting no dim (itself where strided: its factors
     belong to its splits)."""
@@ -1532,10 +1552,11 @@ class _Walker:
             ) from None
         if path in self.choices:
             return forced_signature(name, ins, self.choices[path], self.cost_model)
-        return self._ranked(path, signature_for(
+        signature = signature_for(
             ("primitive", name), entry.params(definition), ins, out_avals, self.cost_model, self.mesh,
             self.gathered, ranked=self.searched,
-        ))
+        )
+        return self._ranked(path, _operand_splits(signature) if name in BATCH_PARTITIONED else signature)
 
     def _ranked(self, path: str, signature: Signature) -> Signature:
         """``signature``, or inside a body of the loops of :attr:`unsplit` (anywhere where
