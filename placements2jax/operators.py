@@ -531,18 +531,20 @@ def apply(
     build = _BUILDERS[execute]
     program = _dispatch(tag, leaves, partial(build, fn, frozen, in_tree, targets, options), partial(_leaf_path, args))
     if first is not None and first.device_mesh.is_explicit and program.calls_host:
-        result = _apply_on_twin(name, execute, fn, frozen, in_tree, targets, options, leaves, partial(_leaf_path, args))
+        run = partial(_apply_on_twin, name, execute, fn, frozen, in_tree, targets, options, leaves,
+                      partial(_leaf_path, args))
     else:
         _announce(f"apply({name})", program, leaves)
-        try:
-            result = program(leaves)
-        except jax.errors.JaxRuntimeError as err:  # eager only: under an outer jit XLA raises at its compile instead
-            if execute != "xla" or "UNIMPLEMENTED" not in str(err):
-                raise
-            raise UnsupportedOpError(
-                "execute", "xla", f"XLA cannot compile its own partitioning of this program: {str(err).splitlines()[0]}",
-                "use execute='pinned' (or 'auto'), which runs the predicted plan",
-            ) from None
+        run = partial(program, leaves)
+    try:
+        result = run()
+    except jax.errors.JaxRuntimeError as err:  # eager only: under an outer jit XLA raises at its compile instead
+        if execute != "xla" or "UNIMPLEMENTED" not in str(err):
+            raise
+        raise UnsupportedOpError(
+            "execute", "xla", f"XLA cannot compile its own partitioning of this program: {str(err).splitlines()[0]}",
+            "use execute='pinned' (or 'auto'), which runs the predicted plan",
+        ) from None
     if isinstance(fn, Bound) and fn.stateful:  # write the updated nnx Variables back, as nnx.jit does
         result, updates = result
         variables = variables_of(user_args)
@@ -564,9 +566,12 @@ def _apply_on_twin(
     lower it ("mesh should be the same across the entire program"). apply decides this
     before running (:attr:`Program.calls_host`), reading no JAX error. The operands are put
     on the twin (the same devices and blocks: no communication), the program is built and
-    run there (inside ``jax.set_mesh`` of the mesh: under ``set_mesh`` of the twin, whose
-    context the Auto program's constraints need) and the results are put back on the
-    Explicit mesh. Under an outer ``jax.jit`` the operands and the twin program are one
+    run there and the results are put back on the Explicit mesh. Inside ``jax.set_mesh``
+    of the Explicit mesh the program is built and run under ``set_mesh`` of the twin: under
+    the Explicit context its Auto sharding constraints would be assertions
+    ("with_sharding_constraint acts as an assert when all axes of mesh are of type
+    Explicit") and its ``shard_map`` s on the twin refused ("The context mesh ... should
+    match the mesh passed to shard_map"). Under an outer ``jax.jit`` the operands and the twin program are one
     program on two meshes, which JAX cannot lower: refused here with our error."""
     if unsafe_am_i_under_a_jit():
         raise UnsupportedOpError(
