@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from jax.experimental import io_callback
 
-from placements2jax import DTensor, UnsupportedOpError, apply, distribute_tensor, init_device_mesh
+from placements2jax import DTensor, InferenceError, UnsupportedOpError, apply, distribute_tensor, init_device_mesh
 from placements2jax.inference import check, predict
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -263,3 +263,35 @@ def test_unread_result_is_not_broadcast(mesh: Any, where: str) -> None:
         jax.effects_barrier()
         assert len(calls) == 1, execute
         np.testing.assert_array_equal(calls[0], x)
+
+
+def test_check_refuses_a_callback_of_a_partial_input() -> None:
+    """check compiles Partial inputs unreduced on the Explicit mesh, where XLA aborts the
+    process compiling a host callback of an unreduced value (jax 0.10.2): refused with our
+    error instead, for pure_callback, io_callback and jax.debug.callback. Reduced first
+    in fn (``jax.sharding.reshard``), or a callback of another input, it compiles: the
+    operand's reduction over tp and gather over dp (320 B), then the result's all-reduce
+    (448 B; XLA keeps a result returned as it is on its device: the named verdict)."""
+    mesh, x, dx, calls, _ = _explicit_case()
+    partial_sum = apply(jnp.matmul, dx, distribute_tensor(x, mesh, "R,S(0)"), execute="ops")  # S(0),P
+    out = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    host = _twice(calls)
+    refused = {
+        "pure_callback": lambda a: jax.pure_callback(host, out, a),
+        "io_callback": lambda a: (io_callback(host, out, a), a * 2)[1],
+        "debug_callback": lambda a: (jax.debug.callback(host, a), a * 2)[1],
+    }
+    for name, f in refused.items():
+        with pytest.raises(InferenceError, match=f"Partial input to {name}: XLA aborts the process") as info:
+            check(f, partial_sum)
+        assert info.value.argument == "inputs" and "reshard" in str(info.value)
+
+    def reduced(a: jax.Array) -> jax.Array:
+        return jax.pure_callback(host, out, jax.sharding.reshard(a, jax.P("dp", None)))
+
+    with jax.set_mesh(mesh.to_jax()):
+        report = check(reduced, partial_sum)
+    assert [o.verdict for o in report.outputs] == ["xla kept on one device"]
+    assert report.communication == "equal" and report.predicted_bytes == report.compiled_bytes == 320 + 448
+    other = check(lambda a, b: (jax.pure_callback(host, out, b), a), partial_sum, distribute_tensor(x, mesh, "S(0),R"))
+    assert [o.verdict for o in other.outputs] == ["equal", "equal"] and other.communication == "equal"

@@ -58,7 +58,9 @@ uneven layouts (JAX needs evenly divisible shards; the DTensor pads them instead
 Without Partial inputs the function is compiled on an Auto-axes copy of the mesh, so
 that XLA's propagation (not JAX's explicit-sharding typing rules) decides; with
 Partial(sum) inputs on the Explicit mesh, whose typing rules may refuse ops on
-unreduced values (reported as an error).
+unreduced values (reported as an error). There a host callback reading a value computed
+from a Partial input is refused before compiling: XLA would abort the process
+(:func:`_check_callbacks_reduced`).
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ from fractions import Fraction
 from typing import Any
 
 import jax
+from jax.extend import core
 from jax.sharding import AxisType, NamedSharding
 
 from ..caches import cached
@@ -81,7 +84,7 @@ from ..mesh import DeviceMesh
 from .combine import CombinedCollective, combiner_rules, lowered_step
 from .cost import ALL_REDUCE, REDUCE_SCATTER, CostModelLike, collective_nbytes
 from .frameworks import bind
-from .jaxpr import Prediction, predict
+from .jaxpr import CONSTRAINT_SHARDING_PARAMS, DEBUG_EFFECTS, HOST_CALLBACKS, Prediction, all_equations, predict
 from .plan import plan_redistribute
 from .program import ValueId
 from .signature import (
@@ -434,6 +437,8 @@ def check(
     prediction = predict(
         fn, *inputs, mesh=mesh, cost_model=cost_model, search=search, out_layouts=out_layouts, on_unknown=on_unknown
     )
+    if explicit:
+        _check_callbacks_reduced(prediction.jaxpr, specs)
     jax_mesh = mesh.to_jax() if explicit else _auto_mesh(mesh)
     args = [
         jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(jax_mesh, s.layout.partition_spec), weak_type=w)
@@ -506,6 +511,37 @@ def _kept(index: int, aval: Aval, predicted: Layout, hlo: Any) -> OutputCheck:
         "with this output compiled so (out_shardings, as apply compiles it)"
     )
     return OutputCheck(index, aval, predicted, None, XLA_ONE_DEVICE, note, None)
+
+
+def _check_callbacks_reduced(closed: Any, specs: Any) -> None:
+    """Refuse a program passing a value computed from a Partial input (``specs``: the
+    inputs of ``closed``) to a host callback (:data:`.jaxpr.HOST_CALLBACKS`,
+    :data:`.jaxpr.DEBUG_EFFECTS`), here or in a call or loop body it enters. JAX
+    workaround (jax 0.10.2): compiling such a program with the input ``unreduced`` on the
+    Explicit mesh aborts the process in Shardy's export ("Check failed: ... different
+    meshes for unreduced axes", "Some operands have unreduced axes but the operation has
+    no results"), where an ``InferenceError`` is what a caller can handle. A value
+    resharded to a sharding without ``unreduced`` axes is reduced there."""
+    callbacks = (*HOST_CALLBACKS, *DEBUG_EFFECTS)
+    tainted = {v for v, spec in zip(closed.jaxpr.invars, specs, strict=True) if spec.layout.has_partial}
+    for eqn in closed.jaxpr.eqns:
+        if not any(not isinstance(v, core.Literal) and v in tainted for v in eqn.invars):
+            continue
+        inner = (e.primitive.name for sub in core.jaxprs_in_params(eqn.params) for e in all_equations(sub))
+        name = next((n for n in (eqn.primitive.name, *inner) if n in callbacks), None)
+        if name is not None:
+            raise InferenceError(
+                "inputs", [str(s) for s in specs],
+                f"fn passes a value computed from a Partial input to {name}: XLA aborts the process compiling a host "
+                "callback of an unreduced value (its inputs' partial sums are unreduced on the Explicit mesh)",
+                "reduce the Partial inputs first (redistribute them to Replicate or Shard, or jax.sharding.reshard "
+                "them in fn) and check that, or use predict() alone",
+            )
+        if eqn.primitive.name in CONSTRAINT_SHARDING_PARAMS:
+            target = eqn.params[CONSTRAINT_SHARDING_PARAMS[eqn.primitive.name]]
+            if not getattr(getattr(target, "spec", None), "unreduced", None):
+                continue  # a reshard to a reduced sharding: its result is no partial sum
+        tainted.update(eqn.outvars)
 
 
 def _check_compilable(argument: str, layout: Layout, shape: tuple[int, ...]) -> None:
