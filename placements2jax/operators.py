@@ -40,13 +40,14 @@ import itertools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
+from functools import cached_property, partial
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax._src.core import unsafe_am_i_under_a_jit  # JAX has no public test for 'tracing under jit'
 from jax.extend import core
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -197,6 +198,14 @@ class Program:
     out_shapes: tuple[Shape, ...]
     out_tree: Any
     plan: Any
+
+    @cached_property
+    def calls_host(self) -> bool:
+        """Whether the plan's jaxpr (an ``apply`` program's) calls a host callback with
+        results (:data:`HOST_CALLBACKS`): on an Explicit mesh such a program runs on the
+        mesh's Auto twin (:func:`_apply_on_twin`)."""
+        closed = getattr(self.plan, "jaxpr", None)
+        return closed is not None and any(e.primitive.name in HOST_CALLBACKS for e in all_equations(closed.jaxpr))
 
     def __call__(self, values: Sequence[Any]) -> Any:
         outs = self.run(*_arrays(values))
@@ -476,8 +485,9 @@ def apply(
     ``callback``) run as under ``jax.jit`` in every execute mode: once per run, on the
     logical values, their results Replicate. On an Explicit mesh, JAX (0.10.2) lowers no
     program holding ``pure_callback`` / ``io_callback`` whose shardings span two meshes, as
-    apply's do (the mesh and its Auto twin): such an ``fn`` runs on the twin, its operands
-    and results moved between the meshes without communication.
+    apply's do (the mesh and its Auto twin): such an ``fn`` (known from its trace, before
+    it runs) runs on the twin, its operands and results moved between the meshes without
+    communication; under an outer ``jax.jit`` that is refused (an UnsupportedOpError).
     Like ``jax.jit``, the trace of ``fn`` is cached per function object and input
     shapes / dtypes / layouts: values ``fn`` closes over are read once. The prediction is
     ``predict``'s of ``fn`` on these arguments, so ``apply`` after ``predict`` or
@@ -520,14 +530,14 @@ def apply(
     tag = ("apply", fn, frozen, in_tree, targets, execute, options)
     build = _BUILDERS[execute]
     program = _dispatch(tag, leaves, partial(build, fn, frozen, in_tree, targets, options), partial(_leaf_path, args))
-    _announce(f"apply({name})", program, leaves)
-    on_twin = False
+    if first is not None and first.device_mesh.is_explicit and program.calls_host:
+        run = partial(_apply_on_twin, name, execute, fn, frozen, in_tree, targets, options, leaves,
+                      partial(_leaf_path, args))
+    else:
+        _announce(f"apply({name})", program, leaves)
+        run = partial(program, leaves)
     try:
-        result = program(leaves)
-    except ValueError as err:
-        if not str(err).startswith("mesh should be the same") or not _calls_host(program.plan):
-            raise
-        on_twin = True  # run below, outside this handler: its errors are not JAX's
+        result = run()
     except jax.errors.JaxRuntimeError as err:  # eager only: under an outer jit XLA raises at its compile instead
         if execute != "xla" or "UNIMPLEMENTED" not in str(err):
             raise
@@ -535,8 +545,6 @@ def apply(
             "execute", "xla", f"XLA cannot compile its own partitioning of this program: {str(err).splitlines()[0]}",
             "use execute='pinned' (or 'auto'), which runs the predicted plan",
         ) from None
-    if on_twin:
-        result = _apply_on_twin(execute, fn, frozen, in_tree, targets, options, leaves, partial(_leaf_path, args))
     if isinstance(fn, Bound) and fn.stateful:  # write the updated nnx Variables back, as nnx.jit does
         result, updates = result
         variables = variables_of(user_args)
@@ -547,16 +555,31 @@ def apply(
 
 
 def _apply_on_twin(
-    execute: str, fn: Callable[..., Any], frozen: Any, in_tree: Any, targets: Any, options: ApplyOptions,
+    name: str, execute: str, fn: Callable[..., Any], frozen: Any, in_tree: Any, targets: Any, options: ApplyOptions,
     leaves: Sequence[Any], where: Callable[[int], str],
 ) -> Any:
     """apply's program run on the Auto twin of the operands' Explicit mesh, for an ``fn``
     calling a host callback with results. JAX workaround (jax 0.10.2): a program holding
     ``pure_callback`` / ``io_callback`` (primitives that "require devices") lowers only
     when every sharding in it is on one mesh, and apply's program on an Explicit mesh
-    computes ``fn`` on the Auto twin (so that XLA propagates shardings): "mesh should be
-    the same across the entire program". The operands are put on the twin (the same
-    devices and blocks: no communication), the results back on the Explicit mesh."""
+    computes ``fn`` on the Auto twin (so that XLA propagates shardings): JAX refuses to
+    lower it ("mesh should be the same across the entire program"). apply decides this
+    before running (:attr:`Program.calls_host`), reading no JAX error. The operands are put
+    on the twin (the same devices and blocks: no communication), the program is built and
+    run there and the results are put back on the Explicit mesh. Inside ``jax.set_mesh``
+    of the Explicit mesh the program is built and run under ``set_mesh`` of the twin: under
+    the Explicit context its Auto sharding constraints would be assertions
+    ("with_sharding_constraint acts as an assert when all axes of mesh are of type
+    Explicit") and its ``shard_map`` s on the twin refused ("The context mesh ... should
+    match the mesh passed to shard_map"). Under an outer ``jax.jit`` the operands and the twin program are one
+    program on two meshes, which JAX cannot lower: refused here with our error."""
+    if unsafe_am_i_under_a_jit():
+        raise UnsupportedOpError(
+            "fn", name, "calls pure_callback / io_callback and is applied under jax.jit to DTensors on an Explicit "
+            "mesh: JAX lowers a program holding a host callback on one mesh only, and apply computes fn on the "
+            "mesh's Auto twin, which the outer jit's program would join to the Explicit mesh",
+            "call apply outside jax.jit (apply compiles fn itself), or build the mesh with axis_types='auto'",
+        )
     partials = [x for x in leaves if isinstance(x, DTensor) and x.layout.has_partial]
     if partials:
         raise UnsupportedOpError(
@@ -572,9 +595,14 @@ def _apply_on_twin(
     ]
     if targets is not None:
         targets = (targets[0], tuple(_twin(x) if isinstance(x, Layout) else x for x in targets[1]))
-    tag = ("apply", fn, frozen, in_tree, targets, execute, options)
-    build = _BUILDERS[execute]
-    program = _dispatch(tag, twins, partial(build, fn, frozen, in_tree, targets, options), where)
+    context = jax.set_mesh(auto_twin_of(mesh.to_jax())) if not trace_context().empty else contextlib.nullcontext()
+    with context:
+        options = options._replace(context=trace_context())
+        tag = ("apply", fn, frozen, in_tree, targets, execute, options)
+        build = _BUILDERS[execute]
+        program = _dispatch(tag, twins, partial(build, fn, frozen, in_tree, targets, options), where)
+        _announce(f"apply({name})", program, twins)
+        result = program(twins)
 
     def back(x: Any) -> Any:
         if not isinstance(x, DTensor):
@@ -585,13 +613,7 @@ def _apply_on_twin(
         array = _from_stacked(x.array, phys) if layout.has_partial else jax.device_put(x.array, phys.sharding)
         return DTensor.trusted(array, layout, x.shape)
 
-    return jax.tree.map(back, program(twins), is_leaf=_is_dtensor)
-
-
-def _calls_host(prediction: Any) -> bool:
-    """Whether ``prediction``'s jaxpr calls a host callback with results (:data:`HOST_CALLBACKS`)."""
-    closed = getattr(prediction, "jaxpr", None)
-    return closed is not None and any(e.primitive.name in HOST_CALLBACKS for e in all_equations(closed.jaxpr))
+    return jax.tree.map(back, result, is_leaf=_is_dtensor)
 
 
 def _is_dtensor(value: Any) -> bool:
@@ -1314,10 +1336,10 @@ def _unstack(phys: Physical) -> Callable[[jax.Array], jax.Array]:
     device's slice of the stack is its partial sum (the inverse of :func:`relabel`)."""
     count = len(phys.unreduced_axes)
     names = tuple(phys.mesh_names[a] for a in phys.unreduced_axes)
-    return jax.shard_map(
+    return jax.jit(jax.shard_map(
         lambda b: lax.pcast(b.reshape(b.shape[count:]), names, to="unreduced"),
         mesh=phys.layout.mesh.to_jax(), in_specs=(block_spec(phys),), out_specs=phys.spec,
-    )
+    ))
 
 
 @cached(maxsize=64)

@@ -1356,6 +1356,22 @@ CASES: list[Case] = [
         lambda e: apply(lambda a: jax.pure_callback(np.negative, jax.ShapeDtypeStruct(a.shape, a.dtype), a), e.dtp),
     ),
     _c(
+        "check: a host callback of a value computed from a Partial input (XLA would abort the process)",
+        "check",
+        InferenceError,
+        "inputs",
+        lambda e: check(lambda a: jax.pure_callback(np.negative, jax.ShapeDtypeStruct(a.shape, a.dtype), a * 2),
+                        distribute_tensor(np.ones((4, 2), F32), e.mesh, [Partial(), Shard(1)])),
+    ),
+    _c(
+        "apply: under jax.jit, a function calling pure_callback on an Explicit mesh",
+        "apply",
+        UnsupportedOpError,
+        "fn",
+        lambda e: jax.jit(lambda d: apply(lambda a: jax.pure_callback(
+            np.negative, jax.ShapeDtypeStruct(a.shape, a.dtype), a), d))(e.dt),
+    ),
+    _c(
         "apply: execute not a name",
         "apply",
         InferenceError,

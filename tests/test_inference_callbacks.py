@@ -1,9 +1,12 @@
 """Host callbacks with results (``jax.pure_callback``, ``io_callback``): predicted as XLA
-compiles them (operands gathered, the result all-reduced over the whole mesh from the
-callback's device), checked against XLA, and run by apply once per program run."""
+compiles them (operands gathered, a result read all-reduced over the whole mesh from the
+callback's device, one read by nothing not), checked against XLA (a result returned as it
+is: ``xla kept on one device``), and run by apply once per program run, on an Explicit
+mesh on its Auto twin."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,7 +17,7 @@ import numpy as np
 import pytest
 from jax.experimental import io_callback
 
-from placements2jax import DTensor, UnsupportedOpError, apply, distribute_tensor, init_device_mesh
+from placements2jax import DTensor, InferenceError, UnsupportedOpError, apply, distribute_tensor, init_device_mesh
 from placements2jax.inference import check, predict
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -145,13 +148,11 @@ def test_training_step_with_host_metric_and_loss_logging(axis_types: str) -> Non
         assert len(logged) == 1 and logged[0] == pytest.approx(float(expected[-1]), rel=1e-5), execute
 
 
-def test_explicit_mesh_runs_on_its_auto_twin() -> None:
-    """On an Explicit mesh (the default) JAX 0.10.2 refuses to lower apply's program with a
-    callback (its operands on the mesh, fn computed on the Auto twin): apply runs it on the
-    twin, the results back on the Explicit mesh; a Partial operand raises our error."""
+def _explicit_case() -> tuple[Any, np.ndarray, DTensor, list[np.ndarray], Any]:
+    """An Explicit (2, 4) mesh, x, x split over both dims, the host's calls and a function
+    returning the callback's result (used) and a sum of its operand."""
     mesh = init_device_mesh((2, 4), ("dp", "tp"))
     x = np.arange(64, dtype=np.float32).reshape(8, 8)
-    dx = distribute_tensor(x, mesh, "S(0),S(1)")
     calls: list[np.ndarray] = []
     host = _twice(calls)
 
@@ -159,16 +160,138 @@ def test_explicit_mesh_runs_on_its_auto_twin() -> None:
         z = jax.pure_callback(host, jax.ShapeDtypeStruct(a.shape, a.dtype), a)
         return z + 1, a.sum(0)
 
+    return mesh, x, distribute_tensor(x, mesh, "S(0),S(1)"), calls, f
+
+
+@pytest.mark.parametrize("context", ["eager", "set_mesh"])
+def test_explicit_mesh_runs_on_its_auto_twin(context: str) -> None:
+    """On an Explicit mesh (the default) JAX 0.10.2 refuses to lower apply's program with a
+    callback (its operands on the mesh, fn computed on the Auto twin): apply, seeing that
+    before it runs (no JAX error read), runs it on the twin, the results back on the
+    Explicit mesh, in every execute mode, eagerly and inside ``jax.set_mesh`` of the mesh."""
+    mesh, x, dx, calls, f = _explicit_case()
     for execute in EXECUTES:
         calls.clear()
-        z, s = apply(f, dx, execute=execute)
+        with jax.set_mesh(mesh.to_jax()) if context == "set_mesh" else contextlib.nullcontext():
+            z, s = apply(f, dx, execute=execute)
         assert z.device_mesh == mesh and s.device_mesh == mesh
+        assert z.array.sharding.mesh == s.array.sharding.mesh == mesh.to_jax()
         np.testing.assert_allclose(np.asarray(z.full_tensor()), 2 * x + 1)
         np.testing.assert_allclose(np.asarray(s.full_tensor()), x.sum(0))
         jax.effects_barrier()
         assert len(calls) == 1, execute
+
+
+def test_explicit_mesh_refusals() -> None:
+    """What the Auto twin cannot run is our error, raised before JAX's: a Partial operand
+    (its twin form differs), and apply under an outer ``jax.jit`` (the jit's program would
+    span the mesh and its twin), in every execute mode."""
+    mesh, x, dx, _, f = _explicit_case()
+    for execute in EXECUTES:
+        with pytest.raises(UnsupportedOpError, match="under jax.jit") as info:
+            jax.jit(lambda d, execute=execute: apply(f, d, execute=execute))(dx)
+        assert "outside jax.jit" in str(info.value) and "axis_types='auto'" in str(info.value)
     partial_sum = apply(jnp.matmul, dx, distribute_tensor(x, mesh, "R,S(0)"), execute="ops")  # S(0),P
     assert str(partial_sum.layout) == "S(0),P"
     with pytest.raises(UnsupportedOpError, match="Partial operand") as info:
         apply(f, partial_sum, execute="xla")
     assert "redistribute" in str(info.value) and "axis_types='auto'" in str(info.value)
+
+
+@pytest.mark.parametrize("kind", ["pure", "io", "pure on device 3"])
+def test_result_returned_as_it_is(mesh: Any, kind: str) -> None:
+    """A callback's result returned without being read: XLA, left free, keeps it on the
+    callback's device (``{maximal device=0}`` / ``=3``, the other devices zeros) and
+    broadcasts nothing. The prediction makes it Replicate by the callback result's
+    all-reduce over dp,tp, as apply does; check names the difference (``xla kept on one
+    device``) and compares the program compiling it Replicate: the predicted all-gathers
+    (224 B) and all-reduce (448 B). Every execute mode returns R,R, every device's block
+    the whole value, the host called once."""
+    x = np.arange(64, dtype=np.float32).reshape(8, 8)
+    dx = distribute_tensor(x, mesh, "S(0),S(1)")
+    calls: list[np.ndarray] = []
+    host = _twice(calls)
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[3]) if kind.endswith("3") else None
+
+    def f(a: jax.Array) -> jax.Array:
+        out = jax.ShapeDtypeStruct(a.shape, a.dtype)
+        return io_callback(host, out, a) if kind == "io" else jax.pure_callback(host, out, a, sharding=device)
+
+    structs = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=jax.sharding.NamedSharding(mesh.to_jax(), jax.P("dp", "tp")))
+    assert str(jax.jit(f).lower(structs).compile().output_shardings).startswith(
+        f"GSPMDSharding({{maximal device={3 if device else 0}}}")
+    report = check(f, dx)
+    (out,) = report.outputs
+    assert (str(out.predicted), out.compiled, out.verdict) == ("R,R", None, "xla kept on one device")
+    assert f"maximal device={3 if device else 0}" in out.note and "one device" in str(report)
+    assert report.communication == "equal" and report.predicted_bytes == report.compiled_bytes == 224 + 448
+    assert [e.primitive for e in report.prediction.equations].count("callback result") == 1
+    for execute in EXECUTES:
+        calls.clear()
+        z = apply(f, dx, execute=execute)
+        assert str(z.layout) == "R,R", execute
+        for shard in z.array.addressable_shards:
+            np.testing.assert_array_equal(np.asarray(shard.data), 2 * x)
+        jax.effects_barrier()
+        assert len(calls) == 1, execute
+
+
+@pytest.mark.parametrize("where", ["top", "nested jit"])
+def test_unread_result_is_not_broadcast(mesh: Any, where: str) -> None:
+    """An io_callback run for its effect, its result read by nothing (dropped at the top,
+    unused in a nested jit): XLA broadcasts nothing, and neither does the prediction (no
+    ``callback result`` row): check agrees, 224 B of all-gathers each; every mode calls
+    the host once and returns plain jit's values."""
+    x = np.arange(64, dtype=np.float32).reshape(8, 8)
+    dx = distribute_tensor(x, mesh, "S(0),S(1)")
+    calls: list[np.ndarray] = []
+    host = _twice(calls)
+
+    def effect(a: jax.Array) -> jax.Array:
+        io_callback(host, jax.ShapeDtypeStruct(a.shape, a.dtype), a)
+        return a * 2
+
+    f = effect if where == "top" else (lambda a: jax.jit(effect)(a) + 1)
+    report = check(f, dx)
+    assert report.agrees, report
+    assert report.predicted_bytes == report.compiled_bytes == 224
+    assert "callback result" not in [e.primitive for e in report.prediction.equations]
+    for execute in EXECUTES:
+        calls.clear()
+        got = apply(f, dx, execute=execute)
+        np.testing.assert_array_equal(np.asarray(got.full_tensor()), 2 * x + (where != "top"))
+        jax.effects_barrier()
+        assert len(calls) == 1, execute
+        np.testing.assert_array_equal(calls[0], x)
+
+
+def test_check_refuses_a_callback_of_a_partial_input() -> None:
+    """check compiles Partial inputs unreduced on the Explicit mesh, where XLA aborts the
+    process compiling a host callback of an unreduced value (jax 0.10.2): refused with our
+    error instead, for pure_callback, io_callback and jax.debug.callback. Reduced first
+    in fn (``jax.sharding.reshard``), or a callback of another input, it compiles: the
+    operand's reduction over tp and gather over dp (320 B), then the result's all-reduce
+    (448 B; XLA keeps a result returned as it is on its device: the named verdict)."""
+    mesh, x, dx, calls, _ = _explicit_case()
+    partial_sum = apply(jnp.matmul, dx, distribute_tensor(x, mesh, "R,S(0)"), execute="ops")  # S(0),P
+    out = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    host = _twice(calls)
+    refused = {
+        "pure_callback": lambda a: jax.pure_callback(host, out, a),
+        "io_callback": lambda a: (io_callback(host, out, a), a * 2)[1],
+        "debug_callback": lambda a: (jax.debug.callback(host, a), a * 2)[1],
+    }
+    for name, f in refused.items():
+        with pytest.raises(InferenceError, match=f"Partial input to {name}: XLA aborts the process") as info:
+            check(f, partial_sum)
+        assert info.value.argument == "inputs" and "reshard" in str(info.value)
+
+    def reduced(a: jax.Array) -> jax.Array:
+        return jax.pure_callback(host, out, jax.sharding.reshard(a, jax.P("dp", None)))
+
+    with jax.set_mesh(mesh.to_jax()):
+        report = check(reduced, partial_sum)
+    assert [o.verdict for o in report.outputs] == ["xla kept on one device"]
+    assert report.communication == "equal" and report.predicted_bytes == report.compiled_bytes == 320 + 448
+    other = check(lambda a, b: (jax.pure_callback(host, out, b), a), partial_sum, distribute_tensor(x, mesh, "S(0),R"))
+    assert [o.verdict for o in other.outputs] == ["equal", "equal"] and other.communication == "equal"

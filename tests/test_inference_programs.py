@@ -1428,6 +1428,32 @@ def test_pooling_fft_linalg_and_approx_top_k_check_against_xla(mesh: Any) -> Non
     }
 
 
+@pytest.mark.parametrize(("diagonal", "rhs", "nbytes"), [
+    ("R,R", "R,S(2)", 2304), ("S(0),R", "S(0),S(2)", 1152), ("R,R", "S(2),R", 1536),
+])
+def test_tridiagonal_solve_gathers_split_columns_as_xla(mesh: Any, diagonal: str, rhs: str, nbytes: int) -> None:
+    """``tridiagonal_solve`` with the right-hand sides' columns split: XLA partitions the
+    solver's custom call over its batch dims only, so it all-gathers the columns (over tp
+    or dp: 2,304 / 1,536 B; 1,152 with the batch split over dp, which it keeps) and
+    solves them on every device. The prediction does the same, not the cheaper all-to-all
+    to a batch split XLA never makes (:data:`.rules.BATCH_PARTITIONED`): check equal on
+    the layout and the bytes; every execute mode gives plain jit's values in the
+    predicted layout."""
+    rng = np.random.default_rng(0)
+    d, b = (2 + rng.random((8, 6))).astype(np.float32), rng.standard_normal((8, 6, 16)).astype(np.float32)
+    dd, db = distribute_tensor(d, mesh, diagonal), distribute_tensor(b, mesh, rhs)
+    report = check(_tridiagonal, dd, db)
+    (out,) = report.outputs
+    assert (str(out.predicted), out.verdict) == (diagonal, "equal"), report
+    assert report.communication == "equal" and report.predicted_bytes == report.compiled_bytes == nbytes
+    assert report.compiled_counts == {"all-gather": 1}
+    want = np.asarray(jax.jit(_tridiagonal)(d, b))
+    for execute in ("xla", "ops", "pinned", "auto"):
+        got = apply(_tridiagonal, dd, db, execute=execute)
+        assert str(got.layout) == diagonal, execute
+        np.testing.assert_allclose(np.asarray(got.full_tensor()), want, rtol=1e-5, atol=1e-6, err_msg=execute)
+
+
 def _cnn_loss(p: dict[str, Any], x: jax.Array, y: jax.Array) -> jax.Array:
     """conv 3x3 (NHWC) + bias + relu, 2x2 max-pool, flatten, dense, cross-entropy."""
     h = lax.conv_general_dilated(x, p["conv"], (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))

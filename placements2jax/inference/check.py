@@ -13,6 +13,16 @@ Where XLA legitimately differs, and how the report says it:
   OneFlow do. The verdict is ``xla reduced partial`` when the layouts agree after reducing
   the predicted partial mesh dims; the conversion plan (usually one all-reduce) is shown
   and counted into the predicted communication, so both sides describe the same work.
+* **A host callback's result returned as it is.** XLA runs ``pure_callback`` /
+  ``io_callback`` on one device and, when the program returns a result without reading
+  it, leaves it there (its output sharding ``{maximal device=0}``, or the device of the
+  callback's ``sharding=``: not on the mesh, the other devices hold nothing) and
+  broadcasts nothing. A DTensor lives on every device of its mesh, so the prediction (and
+  ``apply``) make it Replicate, paying XLA's broadcast of a callback result read on the
+  mesh (one all-reduce over the whole mesh). The verdict is ``xla kept on one device``:
+  check compiles the program again with those outputs on the mesh in the predicted layout
+  (``out_shardings``, as ``apply`` compiles it) and compares the communication and the
+  other outputs with that program, where XLA broadcasts it as predicted.
 * **Different propagation.** XLA propagates shardings over the whole program and may
   pick other layouts or collectives than the prediction (whole-program search by
   default, op by op with ``search="eager"``). Verdict ``differs`` with both layouts and the cost of
@@ -48,7 +58,9 @@ uneven layouts (JAX needs evenly divisible shards; the DTensor pads them instead
 Without Partial inputs the function is compiled on an Auto-axes copy of the mesh, so
 that XLA's propagation (not JAX's explicit-sharding typing rules) decides; with
 Partial(sum) inputs on the Explicit mesh, whose typing rules may refuse ops on
-unreduced values (reported as an error).
+unreduced values (reported as an error). There a host callback reading a value computed
+from a Partial input is refused before compiling: XLA would abort the process
+(:func:`_check_callbacks_reduced`).
 """
 
 from __future__ import annotations
@@ -61,6 +73,7 @@ from fractions import Fraction
 from typing import Any
 
 import jax
+from jax.extend import core
 from jax.sharding import AxisType, NamedSharding
 
 from ..caches import cached
@@ -71,7 +84,7 @@ from ..mesh import DeviceMesh
 from .combine import CombinedCollective, combiner_rules, lowered_step
 from .cost import ALL_REDUCE, REDUCE_SCATTER, CostModelLike, collective_nbytes
 from .frameworks import bind
-from .jaxpr import Prediction, predict
+from .jaxpr import CONSTRAINT_SHARDING_PARAMS, DEBUG_EFFECTS, HOST_CALLBACKS, Prediction, all_equations, predict
 from .plan import plan_redistribute
 from .program import ValueId
 from .signature import (
@@ -87,6 +100,7 @@ __all__ = ["AxisCheck", "CheckReport", "CollectiveCheck", "OutputCheck", "check"
 
 EQUAL = "equal"
 XLA_REDUCED = "xla reduced partial"
+XLA_ONE_DEVICE = "xla kept on one device"
 DIFFERS = "differs"
 SAME_BYTES = "same bytes"
 
@@ -363,7 +377,8 @@ class CheckReport:
 
     def __str__(self) -> str:
         rows = [
-            (o.index, str(o.aval), str(o.predicted), str(o.compiled) if o.compiled else "?", o.verdict, o.note)
+            (o.index, str(o.aval), str(o.predicted),
+             str(o.compiled) if o.compiled else "one device" if o.verdict == XLA_ONE_DEVICE else "?", o.verdict, o.note)
             for o in self.outputs
         ]
         outputs = format_table(("output", "aval", "predicted", "XLA", "verdict", "why"), rows)
@@ -422,6 +437,8 @@ def check(
     prediction = predict(
         fn, *inputs, mesh=mesh, cost_model=cost_model, search=search, out_layouts=out_layouts, on_unknown=on_unknown
     )
+    if explicit:
+        _check_callbacks_reduced(prediction.jaxpr, specs)
     jax_mesh = mesh.to_jax() if explicit else _auto_mesh(mesh)
     args = [
         jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(jax_mesh, s.layout.partition_spec), weak_type=w)
@@ -436,16 +453,20 @@ def check(
                 for spec, constrained in zip(prediction.outputs, prediction.constrained)
             ],
         )
-    try:
-        compiled = jax.jit(flat.call(fn), out_shardings=out_shardings).lower(*args).compile()
-    except Exception as err:  # noqa: BLE001 - every compiler refusal becomes our error
-        raise InferenceError(
-            "inputs", [str(s) for s in specs], f"XLA could not compile fn on these shardings ({type(err).__name__}: {err})",
-            "reduce Partial inputs first (explicit sharding refuses many ops on unreduced values), or use predict() alone",
-        ) from None
+    compiled = _compiled(flat.call(fn), args, out_shardings, specs)
     shardings = jax.tree.leaves(compiled.output_shardings)
+    kept = {i: hlo for i, (out, sharding) in enumerate(zip(prediction.outputs, shardings))
+            if (hlo := _maximal(sharding, out.aval.ndim)) is not None}
+    if kept:  # host callback results XLA leaves on their device: compiled on the mesh, as apply compiles them
+        pinned = jax.tree.leaves(out_shardings, is_leaf=lambda x: x is None) if out_shardings else [None] * len(shardings)
+        pinned = [
+            NamedSharding(jax_mesh, out.layout.without_partial().partition_spec) if i in kept else given
+            for i, (out, given) in enumerate(zip(prediction.outputs, pinned))
+        ]
+        compiled = _compiled(flat.call(fn), args, jax.tree.unflatten(prediction.out_tree, pinned), specs)
+        shardings = jax.tree.leaves(compiled.output_shardings)
     outputs = tuple(
-        _compare(i, out.aval, out.layout, sharding, mesh, cost_model)
+        _kept(i, out.aval, out.layout, kept[i]) if i in kept else _compare(i, out.aval, out.layout, sharding, mesh, cost_model)
         for i, (out, sharding) in enumerate(zip(prediction.outputs, shardings))
     )
     collectives = tuple(parse_collectives(compiled.as_text()))
@@ -453,6 +474,74 @@ def check(
     return CheckReport(
         prediction, "explicit" if explicit else "auto", outputs, collectives, platform, mesh.size(), policy
     )
+
+
+def _compiled(fn: Callable[..., Any], args: list[jax.ShapeDtypeStruct], out_shardings: Any, specs: Any) -> Any:
+    """``fn`` compiled by XLA on ``args`` (its inputs' shardings) and ``out_shardings``;
+    a refusal is our error naming the inputs ``specs``."""
+    try:
+        return jax.jit(fn, out_shardings=out_shardings).lower(*args).compile()
+    except Exception as err:  # noqa: BLE001 - every compiler refusal becomes our error
+        raise InferenceError(
+            "inputs", [str(s) for s in specs], f"XLA could not compile fn on these shardings ({type(err).__name__}: {err})",
+            "reduce Partial inputs first (explicit sharding refuses many ops on unreduced values), or use predict() alone",
+        ) from None
+
+
+def _maximal(sharding: Any, ndim: int) -> Any:
+    """XLA's sharding of an output it keeps on one device (``{maximal device=0}``), else
+    None. JAX workaround (jax 0.10.2): no public attribute tells it, JAX's sharding object
+    (a ``GSPMDSharding``) names every device of the program in ``device_set`` and says
+    ``is_fully_replicated``, though only the one device holds the value (the others
+    zeros), so its HLO sharding is read."""
+    if isinstance(sharding, NamedSharding) or not hasattr(sharding, "_to_xla_hlo_sharding"):
+        return None
+    hlo = sharding._to_xla_hlo_sharding(ndim)
+    return hlo if hlo.is_maximal() else None
+
+
+def _kept(index: int, aval: Aval, predicted: Layout, hlo: Any) -> OutputCheck:
+    """An output XLA, left free, keeps on one device (``hlo``: a host callback's result
+    returned as it is, module docstring); the comparison is with the program compiling it
+    on the mesh in ``predicted``."""
+    note = (
+        f"XLA keeps it on one device ({hlo}: its other devices hold zeros; a host callback's result returned as it "
+        f"is) and broadcasts nothing; the prediction, like apply, makes it {predicted.without_partial()} on the mesh "
+        "by XLA's broadcast of a callback result (one all-reduce over the mesh). The communication compared is XLA's "
+        "with this output compiled so (out_shardings, as apply compiles it)"
+    )
+    return OutputCheck(index, aval, predicted, None, XLA_ONE_DEVICE, note, None)
+
+
+def _check_callbacks_reduced(closed: Any, specs: Any) -> None:
+    """Refuse a program passing a value computed from a Partial input (``specs``: the
+    inputs of ``closed``) to a host callback (:data:`.jaxpr.HOST_CALLBACKS`,
+    :data:`.jaxpr.DEBUG_EFFECTS`), here or in a call or loop body it enters. JAX
+    workaround (jax 0.10.2): compiling such a program with the input ``unreduced`` on the
+    Explicit mesh aborts the process in Shardy's export ("Check failed: ... different
+    meshes for unreduced axes", "Some operands have unreduced axes but the operation has
+    no results"), where an ``InferenceError`` is what a caller can handle. A value
+    resharded to a sharding without ``unreduced`` axes is reduced there."""
+    callbacks = (*HOST_CALLBACKS, *DEBUG_EFFECTS)
+    tainted = {v for v, spec in zip(closed.jaxpr.invars, specs, strict=True) if spec.layout.has_partial}
+    for eqn in closed.jaxpr.eqns:
+        if not any(not isinstance(v, core.Literal) and v in tainted for v in eqn.invars):
+            continue
+        inner = (e.primitive.name for sub in core.jaxprs_in_params(eqn.params) for e in all_equations(sub))
+        name = next((n for n in (eqn.primitive.name, *inner) if n in callbacks), None)
+        if name is not None:
+            raise InferenceError(
+                "inputs", [str(s) for s in specs],
+                f"fn passes a value computed from a Partial input to {name}: XLA aborts the process compiling a host "
+                "callback of an unreduced value (its inputs' partial sums are unreduced on the Explicit mesh)",
+                "reduce the Partial inputs first (redistribute them to Replicate or Shard, or jax.sharding.reshard "
+                "them in fn) and check that, or use predict() alone",
+            )
+        if eqn.primitive.name in CONSTRAINT_SHARDING_PARAMS:
+            target = eqn.params[CONSTRAINT_SHARDING_PARAMS[eqn.primitive.name]]
+            if not getattr(getattr(target, "spec", None), "unreduced", None):
+                continue  # a reshard to a reduced sharding: its result is no partial sum
+        tainted.update(eqn.outvars)
 
 
 def _check_compilable(argument: str, layout: Layout, shape: tuple[int, ...]) -> None:

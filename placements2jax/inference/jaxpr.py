@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from fractions import Fraction
@@ -60,6 +60,7 @@ from .frameworks import bind
 from .ops import PrimitiveDef, primitive_definition, registered_function
 from .plan import InputPlans, cached_plan, mesh_all_reduce
 from .program import ProgramGraph, ProgramNode, ValueId, forced_signature, select_program
+from .rules import BATCH_PARTITIONED
 from .select import pending_reduction, signature_for
 from .signature import (
     Aval,
@@ -106,7 +107,9 @@ DEBUG_EFFECTS = ("debug_print", "debug_callback")
 # runs the callback on one device (device 0, or the ``sharding=`` SingleDeviceSharding's) and, where the program
 # reads a result, broadcasts it as an all-reduce over the whole mesh of a select that is the result on that device
 # and zeros elsewhere (jax 0.10.2's compiled HLO on dp=2 x tp=4). The walker's model is that: each result made
-# Partial(sum) over every mesh dim, moved at once to Replicate (one all-reduce over the mesh: a row of its own)
+# Partial(sum) over every mesh dim, moved at once to Replicate (one all-reduce over the mesh: a row of its own), but
+# a result nothing reads, which XLA broadcasts to nobody. One the program returns as it is XLA keeps on its device;
+# the prediction makes it Replicate, as apply does (check's verdict "xla kept on one device", docs/inference.md)
 HOST_CALLBACKS = ("pure_callback", "io_callback")
 # what predict does at a primitive without a rule
 ON_UNKNOWN = ("raise", "replicate")
@@ -859,6 +862,25 @@ def _unsplit_first(signature: Signature, mesh_dim: int) -> Signature:
     return ranked
 
 
+def _operand_splits(signature: Signature) -> Signature:
+    """``signature`` (of a :data:`.rules.BATCH_PARTITIONED` solver) with the candidates XLA
+    can compile: their inputs split a dim (batch dims lead, so dim indices align across
+    the operands) over a mesh dim only where an operand already splits it there, and are
+    partial only where one is; all of them if none is (never: gathering everything is)."""
+    split = {(k, m) for s in signature.inputs for k, axes in enumerate(s.layout.dim_axes) for m in axes}
+    partial = {m for s in signature.inputs for m, op in enumerate(s.layout.partial) if op}
+
+    def compiled(candidate: Candidate) -> bool:
+        return all(
+            all((k, m) in split for k, axes in enumerate(layout.dim_axes) for m in axes)
+            and all(m in partial for m, op in enumerate(layout.partial) if op)
+            for layout in candidate.in_layouts
+        )
+
+    kept = tuple(filter(compiled, signature.candidates))
+    return Signature(signature.op, signature.inputs, kept) if kept else signature
+
+
 def _unsplit_over(layout: Layout, mesh_dim: int) -> Layout:
     """``layout`` with ``mesh_dim`` splitting no dim (itself where strided: its factors
     belong to its splits)."""
@@ -936,16 +958,18 @@ class _Equation:
     (:func:`_equations`: a cold predict walks the program three times and loop bodies
     more, each equation's avals built again otherwise): the equation, its index as a path
     part, per input (atom, its Aval if a literal else None), its output avals, its output
-    vars (None: dropped), and the params its rule reads (:meth:`params`)."""
+    vars (None: dropped, or ``read`` by no equation nor output of its jaxpr, as a nested
+    call's unused results are: dead code left to XLA), and the params its rule reads
+    (:meth:`params`)."""
 
     __slots__ = ("eqn", "index", "reads", "out_avals", "outvars", "_params")
 
-    def __init__(self, eqn: Any, index: int) -> None:
+    def __init__(self, eqn: Any, index: int, read: Container[Any]) -> None:
         self.eqn = eqn
         self.index = str(index)
         self.reads = _reads(eqn.invars)
         self.out_avals = tuple(map(_aval, eqn.outvars))
-        self.outvars = tuple(None if isinstance(v, core.DropVar) else v for v in eqn.outvars)
+        self.outvars = tuple(None if isinstance(v, core.DropVar) or v not in read else v for v in eqn.outvars)
         self._params: Any = _UNREAD
 
     def params(self, definition: PrimitiveDef) -> Any:
@@ -979,7 +1003,10 @@ def _equations(jaxpr: Any) -> _Equations:
     identity, and the memo holds the jaxpr, so an entry is never another's)."""
     table = _EQUATIONS.recall(jaxpr)
     if table is None:
-        table = _Equations(tuple(_Equation(eqn, index) for index, eqn in enumerate(jaxpr.eqns)), _reads(jaxpr.outvars))
+        read = {v for eqn in jaxpr.eqns for v in eqn.invars if not isinstance(v, core.Literal)}
+        read.update(v for v in jaxpr.outvars if not isinstance(v, core.Literal))
+        table = _Equations(tuple(_Equation(eqn, index, read) for index, eqn in enumerate(jaxpr.eqns)),
+                           _reads(jaxpr.outvars))
         _EQUATIONS.remember(jaxpr, table)
     return table
 
@@ -1405,7 +1432,7 @@ class _Walker:
             layouts = [s.layout.without_partial() if partitioned else s.layout.replicated() for s in ins]
             signature = self.fixed(name, ins, layouts, out_avals, ())
         elif name in HOST_CALLBACKS:
-            return self._host_callback(eqn, path, ins, srcs, out_avals)
+            return self._host_callback(entry, path, ins, srcs)
         elif name == "shard_map":
             signature = self._shard_map(eqn, ins, out_avals)
         else:
@@ -1419,14 +1446,15 @@ class _Walker:
         return [(o, (path, j)) for j, o in enumerate(outs)]
 
     def _host_callback(
-        self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], srcs: tuple[ValueId | None, ...],
-        out_avals: tuple[Aval, ...],
+        self, entry: _Equation, path: str, ins: tuple[TensorSpec, ...], srcs: tuple[ValueId | None, ...],
     ) -> list[tuple[TensorSpec, ValueId | None]]:
         """A :data:`HOST_CALLBACKS` equation: its operands Replicate, its results
         Partial(sum) over every mesh dim (the callback's device holds each, the others
-        zeros), each then moved to Replicate by a row ``<path>.out<j>``: XLA's all-reduce
-        of it over the whole mesh, one collective (:func:`.plan.mesh_all_reduce`), not the
-        planner's route. The executor computes the results Replicate at once."""
+        zeros), each read one then moved to Replicate by a row ``<path>.out<j>``: XLA's
+        all-reduce of it over the whole mesh, one collective (:func:`.plan.mesh_all_reduce`),
+        not the planner's route. A result nothing reads (dropped, ``_``) is not moved: XLA
+        broadcasts none. The executor computes the results Replicate at once."""
+        eqn, out_avals = entry.eqn, entry.out_avals
         everywhere = (Layout(self.mesh, ((),) * a.ndim, ("sum",) * self.mesh.ndim) for a in out_avals)
         signature = self.fixed(eqn.primitive.name, ins, [s.layout.replicated() for s in ins], out_avals,
                                tuple(everywhere))
@@ -1436,7 +1464,10 @@ class _Walker:
         if self.executor is not None:
             self.executor.equation(eqn, signature)
         moved = []
-        for j, out in enumerate(outs):
+        for j, (out, var) in enumerate(zip(outs, entry.outvars)):
+            if var is None:
+                moved.append((out, (path, j)))
+                continue
             plan = mesh_all_reduce(out.shape, out.dtype, out.layout, self.cost_model)
             at, replicated = f"{path}.out{j}", TensorSpec(out.shape, out.dtype, plan.dst)
             candidate = Candidate((plan.dst,), (plan.dst,), (plan,), (), tuple(range(self.mesh.ndim)), (out.aval,))
@@ -1521,10 +1552,11 @@ class _Walker:
             ) from None
         if path in self.choices:
             return forced_signature(name, ins, self.choices[path], self.cost_model)
-        return self._ranked(path, signature_for(
+        signature = signature_for(
             ("primitive", name), entry.params(definition), ins, out_avals, self.cost_model, self.mesh,
             self.gathered, ranked=self.searched,
-        ))
+        )
+        return self._ranked(path, _operand_splits(signature) if name in BATCH_PARTITIONED else signature)
 
     def _ranked(self, path: str, signature: Signature) -> Signature:
         """``signature``, or inside a body of the loops of :attr:`unsplit` (anywhere where
