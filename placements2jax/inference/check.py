@@ -68,8 +68,10 @@ from ..errors import InferenceError
 from ..hlo import Collective, parse_collectives
 from ..layout import Layout
 from ..mesh import DeviceMesh
-from .combine import CombinedCollective, combiner_rules, lowered_step
-from .cost import ALL_REDUCE, REDUCE_SCATTER, CostModelLike, collective_nbytes
+from .combine import CombinedCollective, CombinerRules, combiner_rules, lowered_step
+from .cost import (
+    ALL_REDUCE, COMMUNICATING, REDUCE_SCATTER, CostModelLike, collective_nbytes, overhead_of, resolve_cost_model,
+)
 from .frameworks import bind
 from .jaxpr import Prediction, predict
 from .plan import plan_redistribute
@@ -238,6 +240,7 @@ class CheckReport:
         widened = Counter(
             rules.compiled_kind(s.compiled) for plan, s in self._communicating_moves if rules.widening(plan.dtype) > 1
         )
+        unmerged = self._merged_elsewhere(rules)
         predicted: dict[str, list[Fraction]] = {}
         for kind, nbytes in self.predicted_collectives:
             predicted.setdefault(kind, []).append(nbytes)
@@ -266,6 +269,11 @@ class CheckReport:
                 )
             if operands > len(theirs):
                 notes.append(f"XLA's combiner merged {operands} operands into {len(theirs)} collectives")
+            if unmerged[kind]:
+                notes.append(
+                    f"{self.platform} XLA combines no {kind}s: GPU XLA's combiner would merge independent ones over "
+                    f"the same mesh axes, {unmerged[kind]} fewer"
+                )
             difference = format_bytes(abs(ours_bytes - theirs_bytes))
             if not ours and theirs:
                 notes.append(f"XLA's own choice ({difference} B per device); no predicted counterpart")
@@ -279,6 +287,17 @@ class CheckReport:
             checks.append(CollectiveCheck(kind, len(ours), ours_bytes, len(theirs), operands, theirs_bytes, here,
                                           "; ".join(notes)))
         return tuple(checks)
+
+    def _merged_elsewhere(self, rules: CombinerRules) -> Counter[str]:
+        """Per kind this platform's XLA does not combine (CPU: all-gathers, all-to-alls), how
+        many of the predicted collectives GPU XLA's combiner merges into others."""
+        if self.platform == "gpu":
+            return Counter()
+        elsewhere = Counter(c.kind for c in self.prediction.combined("gpu", self._conversions))
+        here = Counter(c.kind for c in self.predicted_combined)
+        return Counter({
+            kind: here[kind] - elsewhere[kind] for kind in here if rules.threshold(kind) is None and elsewhere[kind] < here[kind]
+        })
 
     @cached_property
     def predicted_combined(self) -> tuple[CombinedCollective, ...]:
@@ -348,6 +367,12 @@ class CheckReport:
         predicted, compiled = len(self.predicted_combined), len(self.compiled_collectives)
         if predicted > compiled:
             why += f"; the prediction has more collectives ({predicted} after XLA's combiner) than XLA ({compiled})"
+            ours, theirs = self.objective
+            if ours < theirs:
+                why += (
+                    f" for fewer bytes, cheaper by the search's objective (bytes plus the cost model's overhead per "
+                    f"collective after XLA's combiner): {format_bytes(ours)} against XLA's {format_bytes(theirs)}"
+                )
         differing = [
             f"{c.kind} over {','.join(c.axes) or '-'} {c.combined} vs {c.compiled}"
             for c in self.axis_checks if c.combined != c.compiled
@@ -355,6 +380,20 @@ class CheckReport:
         if differing:
             why += "; collectives predicted (after XLA's combiner) vs XLA's where they differ: " + ", ".join(differing)
         return why
+
+    @property
+    def objective(self) -> tuple[Fraction, Fraction]:
+        """The search's objective of the prediction and of XLA's program: bytes each device
+        sends plus the cost model's overhead per collective (:attr:`.CostModel.collective_overhead`),
+        the prediction's counted after XLA's combiner (:attr:`predicted_combined`)."""
+        overhead = resolve_cost_model(self.prediction.cost_model).collective_overhead
+        ours = self.predicted_bytes + sum(
+            overhead_of(overhead, c.kind) for c in self.predicted_combined if c.kind in COMMUNICATING
+        )
+        theirs = self.compiled_bytes + sum(
+            overhead_of(overhead, c.op) for c in self.compiled_collectives if c.op in COMMUNICATING
+        )
+        return ours, theirs
 
     @property
     def agrees(self) -> bool:
