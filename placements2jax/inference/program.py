@@ -932,19 +932,19 @@ def _one_reduced(arriving: State, need: State) -> list[State]:
 
 def _one_gathered(arriving: State, need: State) -> list[State]:
     """An input arriving split over several mesh dims, some of which its consumer needs
-    gathered: per such mesh dim, the arriving state with that split alone gathered
-    (plain splits only). :meth:`_Search.multi_partial` offers the one-dim-reduced descent
+    gathered (the others kept as they are): per such mesh dim, the arriving state with that
+    split alone gathered (plain splits only). :meth:`_Search.multi_partial` offers the one-dim-reduced descent
     there too: a small CNN's logits, sliced for free from the ``dp``-split activations to
     ``(dp,tp)`` and their whole loss chain after them, were all-gathered over ``tp`` and
     ``dp`` for the replicated dense gradient; pulled from that gather (a diamond of the
     chain, :meth:`_Search._pull`'s ``diamonds``) the chain runs split over ``dp`` alone and
     the ``tp`` all-gather goes (tests/models/cnn.py's two-conv step)."""
-    if len(arriving) > 2 or len(need) > 2:
+    if len(arriving) > 2 or len(need) > 2 or arriving[1] != need[1]:
         return []
     split = {m for axes in arriving[0] for m in axes}
-    if len(split) < 2:
-        return []
     kept = {m for axes in need[0] for m in axes}
+    if len(split) < 2 or need[0] != tuple(tuple(a for a in axes if a in kept) for axes in arriving[0]):
+        return []  # not gathered alone (a split moved too)
     gathered = [
         (tuple(tuple(a for a in axes if a != m) for axes in arriving[0]), arriving[1])
         for m in sorted(split - kept)
