@@ -33,7 +33,11 @@ Where XLA legitimately differs, and how the report says it:
   :attr:`.RedistributeStep.halo`). The prediction is also
   counted as XLA's combiner would merge it (:mod:`.combine`:
   :attr:`CheckReport.predicted_combined_counts`, what the verdict compares with the
-  compiled counts; :attr:`CheckReport.axis_checks` per kind and mesh axes).
+  compiled counts; :attr:`CheckReport.axis_checks` per kind and mesh axes). Where the
+  prediction has more collectives than XLA for fewer bytes, the note gives both
+  programs' objective (:attr:`CheckReport.objective`: bytes plus the cost model's overhead
+  per collective, what the search minimizes), and per kind CPU XLA does not combine, how
+  many GPU XLA's combiner would merge.
 
 The report also lists every redistribution it mentions (the prediction's, and the
 conversions of outputs to XLA's layouts) with the schedule ``DTensor.redistribute`` runs
@@ -296,7 +300,8 @@ class CheckReport:
         elsewhere = Counter(c.kind for c in self.prediction.combined("gpu", self._conversions))
         here = Counter(c.kind for c in self.predicted_combined)
         return Counter({
-            kind: here[kind] - elsewhere[kind] for kind in here if rules.threshold(kind) is None and elsewhere[kind] < here[kind]
+            kind: here[kind] - elsewhere[kind]
+            for kind in here if rules.threshold(kind) is None and elsewhere[kind] < here[kind]
         })
 
     @cached_property
@@ -384,8 +389,9 @@ class CheckReport:
     @property
     def objective(self) -> tuple[Fraction, Fraction]:
         """The search's objective of the prediction and of XLA's program: bytes each device
-        sends plus the cost model's overhead per collective (:attr:`.CostModel.collective_overhead`),
-        the prediction's counted after XLA's combiner (:attr:`predicted_combined`)."""
+        sends plus the cost model's overhead per collective
+        (:attr:`.CostModel.collective_overhead`), the prediction's counted after XLA's
+        combiner (:attr:`predicted_combined`)."""
         overhead = resolve_cost_model(self.prediction.cost_model).collective_overhead
         ours = self.predicted_bytes + sum(
             overhead_of(overhead, c.kind) for c in self.predicted_combined if c.kind in COMMUNICATING

@@ -933,8 +933,8 @@ def _one_reduced(arriving: State, need: State) -> list[State]:
 def _one_gathered(arriving: State, need: State) -> list[State]:
     """An input arriving split over several mesh dims, some of which its consumer needs
     gathered (the others kept as they are): per such mesh dim, the arriving state with that
-    split alone gathered (plain splits only). :meth:`_Search.multi_partial` offers the one-dim-reduced descent
-    there too: a small CNN's logits, sliced for free from the ``dp``-split activations to
+    split alone gathered (plain splits only). :meth:`_Search.multi_partial` offers the
+    one-dim-reduced descent there too: a small CNN's logits, sliced for free from the ``dp``-split activations to
     ``(dp,tp)`` and their whole loss chain after them, were all-gathered over ``tp`` and
     ``dp`` for the replicated dense gradient; pulled from that gather (a diamond of the
     chain, :meth:`_Search._pull`'s ``diamonds``) the chain runs split over ``dp`` alone and
@@ -2305,7 +2305,7 @@ class _Search:
                     # a loop body's read of its carry, the loop re-chosen downstream of it: it arrives as re-chosen
                     if carry_pulls and made:
                         continue
-                elif made and diamonds:  # a producer this pull re-chose for another consumer already makes it (a diamond)
+                elif made and diamonds:  # re-chosen by this pull for another consumer, making it already
                     continue
             elif self.fixed[path][i] is None:
                 upstream = dict(seeds)
