@@ -271,6 +271,20 @@ def test_collective_checks_count_the_operands_of_combined_collectives(mesh: Any)
     assert "combiner merged 2 operands into 1" in reduce.note
 
 
+def test_collective_checks_count_the_gathers_a_gpu_combiner_would_merge(mesh: Any) -> None:
+    """Two independent tp-split vectors sorted: each is all-gathered over tp, two
+    all-gathers predicted and compiled on CPU, which combines none; GPU XLA's combiner
+    would send them as one, and the kind's note says so."""
+    report = check(lambda a, b: (jnp.sort(a), jnp.sort(b)), spec(mesh, (16,), "R,S(0)"), spec(mesh, (16,), "R,S(0)"))
+    gathers = {c.kind: c for c in report.collective_checks}["all-gather"]
+    assert (gathers.predicted, gathers.compiled) == (2, 2) == (report.predicted_combined_counts["all-gather"], 2)
+    assert len(report.prediction.combined("gpu", ())) == 1
+    assert gathers.note == (
+        "cpu XLA combines no all-gathers: GPU XLA's combiner would merge independent ones over the same mesh axes, "
+        "1 fewer"
+    )
+
+
 def test_the_note_says_where_the_plans_part_when_every_output_agrees(mesh: Any) -> None:
     """The two-axis sum above: its output agrees, XLA sends more bytes in one collective
     fewer. The note does not send the reader to the outputs (they agree); it says the

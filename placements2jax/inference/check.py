@@ -43,7 +43,11 @@ Where XLA legitimately differs, and how the report says it:
   :attr:`.RedistributeStep.halo`). The prediction is also
   counted as XLA's combiner would merge it (:mod:`.combine`:
   :attr:`CheckReport.predicted_combined_counts`, what the verdict compares with the
-  compiled counts; :attr:`CheckReport.axis_checks` per kind and mesh axes).
+  compiled counts; :attr:`CheckReport.axis_checks` per kind and mesh axes). Where the
+  prediction has more collectives than XLA for fewer bytes, the note gives both
+  programs' objective (:attr:`CheckReport.objective`: bytes plus the cost model's overhead
+  per collective, what the search minimizes), and per kind CPU XLA does not combine, how
+  many GPU XLA's combiner would merge.
 
 The report also lists every redistribution it mentions (the prediction's, and the
 conversions of outputs to XLA's layouts) with the schedule ``DTensor.redistribute`` runs
@@ -81,8 +85,10 @@ from ..errors import InferenceError
 from ..hlo import Collective, parse_collectives
 from ..layout import Layout
 from ..mesh import DeviceMesh
-from .combine import CombinedCollective, combiner_rules, lowered_step
-from .cost import ALL_REDUCE, REDUCE_SCATTER, CostModelLike, collective_nbytes
+from .combine import CombinedCollective, CombinerRules, combiner_rules, lowered_step
+from .cost import (
+    ALL_REDUCE, COMMUNICATING, REDUCE_SCATTER, CostModelLike, collective_nbytes, overhead_of, resolve_cost_model,
+)
 from .frameworks import bind
 from .jaxpr import CONSTRAINT_SHARDING_PARAMS, DEBUG_EFFECTS, HOST_CALLBACKS, Prediction, all_equations, predict
 from .plan import plan_redistribute
@@ -252,6 +258,7 @@ class CheckReport:
         widened = Counter(
             rules.compiled_kind(s.compiled) for plan, s in self._communicating_moves if rules.widening(plan.dtype) > 1
         )
+        unmerged = self._merged_elsewhere(rules)
         predicted: dict[str, list[Fraction]] = {}
         for kind, nbytes in self.predicted_collectives:
             predicted.setdefault(kind, []).append(nbytes)
@@ -280,6 +287,11 @@ class CheckReport:
                 )
             if operands > len(theirs):
                 notes.append(f"XLA's combiner merged {operands} operands into {len(theirs)} collectives")
+            if unmerged[kind]:
+                notes.append(
+                    f"{self.platform} XLA combines no {kind}s: GPU XLA's combiner would merge independent ones over "
+                    f"the same mesh axes, {unmerged[kind]} fewer"
+                )
             difference = format_bytes(abs(ours_bytes - theirs_bytes))
             if not ours and theirs:
                 notes.append(f"XLA's own choice ({difference} B per device); no predicted counterpart")
@@ -293,6 +305,18 @@ class CheckReport:
             checks.append(CollectiveCheck(kind, len(ours), ours_bytes, len(theirs), operands, theirs_bytes, here,
                                           "; ".join(notes)))
         return tuple(checks)
+
+    def _merged_elsewhere(self, rules: CombinerRules) -> Counter[str]:
+        """Per kind this platform's XLA does not combine (CPU: all-gathers, all-to-alls), how
+        many of the predicted collectives GPU XLA's combiner merges into others."""
+        if self.platform == "gpu":
+            return Counter()
+        elsewhere = Counter(c.kind for c in self.prediction.combined("gpu", self._conversions))
+        here = Counter(c.kind for c in self.predicted_combined)
+        return Counter({
+            kind: here[kind] - elsewhere[kind]
+            for kind in here if rules.threshold(kind) is None and elsewhere[kind] < here[kind]
+        })
 
     @cached_property
     def predicted_combined(self) -> tuple[CombinedCollective, ...]:
@@ -362,6 +386,12 @@ class CheckReport:
         predicted, compiled = len(self.predicted_combined), len(self.compiled_collectives)
         if predicted > compiled:
             why += f"; the prediction has more collectives ({predicted} after XLA's combiner) than XLA ({compiled})"
+            ours, theirs = self.objective
+            if ours < theirs:
+                why += (
+                    f" for fewer bytes, cheaper by the search's objective (bytes plus the cost model's overhead per "
+                    f"collective after XLA's combiner): {format_bytes(ours)} against XLA's {format_bytes(theirs)}"
+                )
         differing = [
             f"{c.kind} over {','.join(c.axes) or '-'} {c.combined} vs {c.compiled}"
             for c in self.axis_checks if c.combined != c.compiled
@@ -369,6 +399,21 @@ class CheckReport:
         if differing:
             why += "; collectives predicted (after XLA's combiner) vs XLA's where they differ: " + ", ".join(differing)
         return why
+
+    @property
+    def objective(self) -> tuple[Fraction, Fraction]:
+        """The search's objective of the prediction and of XLA's program: bytes each device
+        sends plus the cost model's overhead per collective
+        (:attr:`.CostModel.collective_overhead`), the prediction's counted after XLA's
+        combiner (:attr:`predicted_combined`)."""
+        overhead = resolve_cost_model(self.prediction.cost_model).collective_overhead
+        ours = self.predicted_bytes + sum(
+            overhead_of(overhead, c.kind) for c in self.predicted_combined if c.kind in COMMUNICATING
+        )
+        theirs = self.compiled_bytes + sum(
+            overhead_of(overhead, c.op) for c in self.compiled_collectives if c.op in COMMUNICATING
+        )
+        return ours, theirs
 
     @property
     def agrees(self) -> bool:

@@ -731,7 +731,9 @@ def _partly(search: _Search, choice: Choice) -> Choice:
     first. From a finish's result: offered at the start of the finish, the clip's norm
     met its gradients in other layouts than those the finish's gathers leave; in every
     pull descent, they led the stateful nnx.jit adamw step of
-    benchmarks/dump_predictions.py to another basin (44,576 -> 44,720 B)."""
+    benchmarks/dump_predictions.py to another basin (44,576 -> 44,720 B). Pulls through
+    diamonds here (:meth:`_Search._pull`), offered also where an input arrives split over
+    several mesh dims and is gathered over some (:func:`_one_gathered`)."""
     return search.improve(
         choice, values=True, reducing=True, pulls=True, offered=search.multi_partial(choice), partly=True
     )
@@ -926,6 +928,28 @@ def _one_reduced(arriving: State, need: State) -> list[State]:
         for m, op in enumerate(partial) if op and not need[1][m]
     ]
     return [state for state in reduced if state != need]
+
+
+def _one_gathered(arriving: State, need: State) -> list[State]:
+    """An input arriving split over several mesh dims, some of which its consumer needs
+    gathered (the others kept as they are): per such mesh dim, the arriving state with that
+    split alone gathered (plain splits only). :meth:`_Search.multi_partial` offers the
+    one-dim-reduced descent there too: a small CNN's logits, sliced for free from the ``dp``-split activations to
+    ``(dp,tp)`` and their whole loss chain after them, were all-gathered over ``tp`` and
+    ``dp`` for the replicated dense gradient; pulled from that gather (a diamond of the
+    chain, :meth:`_Search._pull`'s ``diamonds``) the chain runs split over ``dp`` alone and
+    the ``tp`` all-gather goes (tests/models/cnn.py's two-conv step)."""
+    if len(arriving) > 2 or len(need) > 2 or arriving[1] != need[1]:
+        return []
+    split = {m for axes in arriving[0] for m in axes}
+    kept = {m for axes in need[0] for m in axes}
+    if len(split) < 2 or need[0] != tuple(tuple(a for a in axes if a in kept) for axes in arriving[0]):
+        return []  # not gathered alone (a split moved too)
+    gathered = [
+        (tuple(tuple(a for a in axes if a != m) for axes in arriving[0]), arriving[1])
+        for m in sorted(split - kept)
+    ]
+    return [state for state in gathered if state != need]
 
 
 def _state(layout: Layout) -> State:
@@ -1137,6 +1161,13 @@ class _Search:
         # consumers of a split value value_moves() gathers
         # (through a cond's branches: optax.novograd updates the first moment inside one)
         fixed_outputs = [value for value, targets in self.owed.items() if any(t is not None for t in targets)]
+        # per aval, the layouts the function's fixed outputs of that aval keep, partials none (a parameter's, its
+        # optimizer state's): a partial gradient near them reduced into one (value_moves())
+        self.kept_states: dict[AvalKey, tuple[State, ...]] = {}
+        for value in fixed_outputs:
+            aval = self.out_avals[value[0]][value[1]]
+            kept = (t for t in self.owed[value] if t is not None and not any(t[1]))
+            self.kept_states[aval] = tuple(dict.fromkeys((*self.kept_states.get(aval, ()), *kept)))
         joins = dict(graph.joins)
         self.near_fixed_outputs = _upstream(self.sources, fixed_outputs, _NEAR_OUTPUT, joins)
         self.near_gathered = _upstream(self.sources, fixed_outputs, _NEAR_OUTPUT + 1, joins)  # and the producers
@@ -1961,7 +1992,19 @@ class _Search:
         alone too, it went to 127,626 B but its cold predict took 9% longer (2.44 -> 2.66 s
         CPU), and to 130,794 B (+6%) with those layouts cascading only; gathering every
         split value (its result unchanged) +12% (2.42 -> 2.71 s), near the outputs alone
-        +0% (2.47 -> 2.47 s; medians of 3 alternated in one process, load 4-5).
+        +0% (2.47 -> 2.47 s; medians of 3 alternated in one process, load 4-5). Also with
+        ``gathers``: any split value with one mesh dim's split gathered where a consumer's
+        output is all-gathered over it next (:meth:`hoisted`), the gather moved before the
+        fan-out; and a partial value near those outputs reduced into the layout a fixed
+        output of its shape keeps (:attr:`kept_states`: a weight gradient partial over
+        ``dp`` and ``tp`` reduce-scattered over ``tp`` into its parameter's split and
+        all-reduced over ``dp``, where it was reduce-scattered over ``dp``, all-reduced over
+        ``tp`` and all-gathered over ``dp`` for its replicated consumers, which then sliced
+        it: tests/models/cnn.py's first conv kernel, 1,944 -> 1,512 B as compiled, one
+        collective fewer), with one consumer too (its first bias's gradient reduced so,
+        ``tp`` before ``dp`` as the kernel's, the two ``tp`` all-reduces are independent
+        and CPU XLA combines them; GPT-2's value_and_grad of benchmarks/dump_predictions.py
+        41,248 -> 40,992 B, 20 -> 19 collectives after the combiner).
         ``common`` (:func:`_continued`'s last descent): a value without partials moved, for
         every consumer, into any layout each of them has a candidate taking it in (none of
         them may need it yet): the float32 Llama scan's logits, read on the vocabulary
@@ -1982,13 +2025,18 @@ class _Search:
         the consumers alone a move is taken only if it adds no collective (Equinox's
         value_and_grad traded two more for bytes)."""
         consumers = self.consumers.get(value, ())
-        if len(consumers) < 2 or value[0] == "in":
+        if not consumers or value[0] == "in":
             return []
         path, j = value
         state = self.outs[path][choice[path]][j]
         arounds: tuple[bool, ...] = (False,)
+        near = gathers and any(c in self.near_fixed_outputs for c, _ in consumers)
+        if len(consumers) < 2 and not (near and any(state[1])):
+            return []
         if any(state[1]):
             targets = dict.fromkeys(((state[0], (None,) * len(state[1])), *self.needs(value, choice)))
+            if near:  # reduced into the layout its parameter keeps (:attr:`kept_states`)
+                targets.update(dict.fromkeys(self.kept_states.get(self.out_avals[path][j], ())))
             targets.pop(state, None)
         elif common:  # in the first consumer's candidates' order (a PRNG key's consumers take it Replicate only)
             takes = [self.candidates[c].by_in[i] for c, i in consumers]
@@ -1996,8 +2044,9 @@ class _Search:
                 x for x in takes[0]
                 if x != state and _one_dim_apart(state, x) and all(x in other for other in takes[1:])
             )
-        elif gathers and any(state[0]) and any(c in self.near_fixed_outputs for c, _ in consumers):
-            targets = {(tuple(() for _ in state[0]), state[1]): None}
+        elif gathers and any(state[0]):
+            replicated = ((tuple(() for _ in state[0]), state[1]),) if near else ()
+            targets = dict.fromkeys(replicated + self.hoisted(value, state, choice))
             arounds = (False, True)
         else:
             return []
@@ -2008,6 +2057,28 @@ class _Search:
                 if seeds is not None and any(choice[c] != k for c, k in seeds) and (seeds, False) not in moves:
                     moves.append((seeds, around))
         return moves
+
+    def hoisted(self, value: ValueId, state: State, choice: Choice) -> tuple[State, ...]:
+        """A split ``value``'s state (``state``, plain) with one mesh dim's split gathered, per
+        mesh dim some consumer's output is split over and all-gathered over for some of its
+        own consumers at ``choice``: :meth:`value_moves` (``gathers``) gathers it once
+        before its consumers. A CNN's pre-activation feeds the ReLU, whose output the next
+        conv gathers over ``tp``, and the ReLU's mask, which the backward gathers over
+        ``tp`` too; gathered before both, the mask's all-gather goes (tests/models/cnn.py's
+        two-conv step: 1,536 B and one collective); Llama's value_and_grad of
+        benchmarks/dump_predictions.py: 124,640 -> 118,400 B, 26 -> 23 collectives after
+        XLA's combiner."""
+        if len(state) > 2:  # a strided split: gathered to Replicate only (above)
+            return ()
+        found: dict[State, None] = {}
+        for c, _ in self.consumers.get(value, ()):
+            for j, out in enumerate(self.outs[c][choice[c]]):
+                for m in {a for axes in out[0] for a in axes}:
+                    if any(m in axes for axes in state[0]) and any(
+                        all(m not in axes for axes in need[0]) for need in self.needs((c, j), choice)
+                    ):
+                        found[(tuple(tuple(a for a in axes if a != m) for axes in state[0]), state[1])] = None
+        return tuple(found)
 
     def taking(
         self, value: ValueId, target: State, choice: Choice, around: bool = False
@@ -2129,13 +2200,15 @@ class _Search:
 
     def multi_partial(self, choice: Choice) -> list[str]:
         """The equations with an input redistributed that arrives partial on several mesh
-        dims, some of which it needs reduced (:func:`_one_reduced`)."""
+        dims, some of which it needs reduced (:func:`_one_reduced`), or split over several
+        mesh dims, some of which it needs gathered (:func:`_one_gathered`)."""
         found = []
         for path in self.paths:
             for i, fixed in enumerate(self.fixed[path]):
                 if fixed is None:
                     src, j = self.sources[path][i]  # type: ignore[misc]
-                    if _one_reduced(self.outs[src][choice[src]][j], self.ins[path][choice[path]][i]):
+                    arriving, need = self.outs[src][choice[src]][j], self.ins[path][choice[path]][i]
+                    if _one_reduced(arriving, need) or _one_gathered(arriving, need):
                         found.append(path)
                         break
         return found
@@ -2155,7 +2228,8 @@ class _Search:
         descent to the next (on Llama's adamw step 5,459 offers, each ~15 us found anew,
         7% of the search; kept so, 2,135 are found anew). ``carry_pulls``: through loops'
         carries too (:meth:`_pull`); ``partly``: an input arriving partial on several mesh
-        dims also pulled with one of those reduced (:func:`_one_reduced`)."""
+        dims also pulled with one of those reduced (:func:`_one_reduced`), and diamonds
+        pulled through (:meth:`_pull`'s ``diamonds``)."""
         known = self.pulls_by_reads.setdefault((path, carry_pulls, partly), [])
         for getter, snapshot, moves in known:
             if getter(choice) == snapshot:
@@ -2172,7 +2246,9 @@ class _Search:
                 continue
             for target in (need, *(_one_reduced(arriving, need) if partly else ())):
                 seeds: dict[str, int] = {}
-                pulled = self._pull(src, j, target, choice, seeds, read, carry_pulls, through_free=target is need)
+                pulled = self._pull(
+                    src, j, target, choice, seeds, read, carry_pulls, through_free=target is need, diamonds=partly
+                )
                 if pulled and any(choice[p] != k for p, k in seeds.items()):
                     moves.append((i, tuple(seeds.items())))
         getter = _getter(tuple(read))
@@ -2181,7 +2257,7 @@ class _Search:
 
     def _pull(
         self, path: str, j: int, need: State, choice: Choice, seeds: dict[str, int], read: set[str],
-        carry_pulls: bool = False, through_free: bool = True,
+        carry_pulls: bool = False, through_free: bool = True, diamonds: bool = False,
     ) -> bool:
         """Re-choose ``path`` (into ``seeds``) to make output ``j`` in ``need``, and its
         producers so, upstream. True if every input then arrives as needed, by a costless
@@ -2199,7 +2275,15 @@ class _Search:
         sent the float32 stacked step with 3 layers under ``scan(unroll=2)`` to a dearer
         basin (39,796 -> 40,080 B). ``read``: the equations whose choices it read, added to;
         ``through_free``: producers re-chosen upstream of a costless move too (else it
-        stays: a partial sum's replicated terms made partial locally, :func:`_one_reduced`)."""
+        stays: a partial sum's replicated terms made partial locally, :func:`_one_reduced`);
+        ``diamonds``: an input whose producer this pull already re-chose for another of its
+        consumers, making the layout wanted here, arrives so (a chain that forks and joins
+        again, a softmax's max and sum of the same logits), where otherwise the pull fails
+        there. Only in the one-dim-reduced descent (:func:`_partly`): in every pull descent
+        they took Llama's 2x4 value_and_grad, adamw step and 4-layer adamw step of
+        benchmarks/dump_predictions.py to basins with 2, 5 and 9 more collectives after
+        XLA's combiner, and in the finish's last descent the 4x2 adamw step to a dearer one
+        (172,356 -> 222,516 B)."""
         fits = self.candidates[path].by_out[j].get(need)
         if not fits or len(seeds) >= (_PULL_DEPTH if through_free else _PARTLY_DEPTH):
             return True  # the redistribution stays at its output
@@ -2215,14 +2299,19 @@ class _Search:
             if costless and not through_free:
                 continue
             if self.fixed[path][i] is None and src[0] in seeds:  # type: ignore[index]
-                # a loop body's read of its carry, the loop re-chosen downstream of it: it arrives as re-chosen
-                loop, carry = src  # type: ignore[misc]
-                if carry_pulls and path.startswith(f"{loop}.") and self.outs[loop][seeds[loop]][carry] == want:
+                producer, k = src  # type: ignore[misc]
+                made = self.outs[producer][seeds[producer]][k] == want
+                if path.startswith(f"{producer}."):
+                    # a loop body's read of its carry, the loop re-chosen downstream of it: it arrives as re-chosen
+                    if carry_pulls and made:
+                        continue
+                elif made and diamonds:  # re-chosen by this pull for another consumer, making it already
                     continue
             elif self.fixed[path][i] is None:
                 upstream = dict(seeds)
                 pulled = self._pull(
-                    src[0], src[1], want, choice, upstream, read, carry_pulls, through_free  # type: ignore[index]
+                    src[0], src[1], want, choice, upstream, read, carry_pulls, through_free,  # type: ignore[index]
+                    diamonds,
                 )
                 if pulled:
                     seeds.update(upstream)
