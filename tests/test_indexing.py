@@ -17,6 +17,7 @@ from placements2jax import (
     distribute_tensor,
     init_device_mesh,
 )
+from placements2jax import indexing
 from placements2jax.errors import ArgumentTypeError
 from placements2jax.hlo import compiled_collectives
 
@@ -151,3 +152,15 @@ def test_step_slices_that_keep_the_split_move_nothing(mesh: DeviceMesh) -> None:
     z = p[::2]
     assert z.placements == (Partial("max"), Shard(0))
     np.testing.assert_array_equal(np.asarray(z.full_tensor()), X[::2])
+
+
+def test_step_slices_compile_once_per_layout(mesh: DeviceMesh) -> None:
+    """The per-rank slicing is one jitted shard_map per layout and slicing, reused: eager
+    jax.shard_map compiles anew on every call (~100 ms each in JAX 0.10.2)."""
+    x = distribute_tensor(X, mesh, [Shard(0), Shard(1)])
+    x[1::2, ::3]
+    before = indexing._per_rank_slicer.cache_info()
+    for _ in range(3):
+        assert_every_device(x[1::2, ::3], X[1::2, ::3])
+    after = indexing._per_rank_slicer.cache_info()
+    assert (after.hits - before.hits, after.misses - before.misses) == (3, 0)

@@ -678,7 +678,10 @@ def _replicas_restart(walk: Walk, best: Prediction, model: CostModel, targets: S
     parallelism's by convention: ``init_device_mesh((dp, tp))``), the program walked with
     every equation's candidates unsplit over that mesh dim first (:func:`_unsplit_first`:
     a replica per coordinate of it wherever the inputs allow, as XLA runs data
-    parallelism) and searched from there, kept where cheaper by the search's objective in
+    parallelism) and searched from there, kept where cheaper by the search's objective (or
+    as cheap in fewer steps: the common descent, :func:`.program._commoned`, brought a small
+    step's first search to the restart's objective, its free parameter update split over
+    ``dp`` and moved back in 4 collectives after the combiner where the restart's has 2) in
     no more bytes as compiled (the objective prices by the planner: the unrolled
     residual_scan's gradient, 9,600 -> 10,368 B otherwise) and no more collectives, by
     operand and after XLA's combiner. The descents from the walked
@@ -700,8 +703,8 @@ def _replicas_restart(walk: Walk, best: Prediction, model: CostModel, targets: S
         return best
     prediction = _searched(walk, walk({}, unsplit=(None, 0)), model, targets)[0]
     (cost, steps), (restart_cost, restart_steps) = _total(best, model), _total(prediction, model)
-    if (restart_cost < cost and restart_steps <= steps and prediction.lowered_nbytes <= best.lowered_nbytes
-            and len(prediction.combined()) <= len(combined)):
+    if ((restart_cost, restart_steps) < (cost, steps) and restart_steps <= steps
+            and prediction.lowered_nbytes <= best.lowered_nbytes and len(prediction.combined()) <= len(combined)):
         return prediction
     return best
 

@@ -502,7 +502,8 @@ def _select(
     if cost_model.collective_overhead != DEFAULT_COLLECTIVE_OVERHEAD:
         chosen = _continued(graph, cost_model, targets, seeds, dispatched_choice, chosen)
     else:
-        chosen = _escaped(search, _eagers(graph, dispatched_choice), chosen)
+        eagers = _eagers(graph, dispatched_choice)
+        chosen = _commoned(search, eagers, _escaped(search, eagers, chosen))
     return _chosen(graph, {node.path: 0 for node in graph.nodes}, chosen)
 
 
@@ -540,6 +541,36 @@ def _escaped(search: _Search, eagers: tuple[Choice, Choice], chosen: Choice) -> 
     return _bounded(planned, eagers, _descended(search, chosen, found), chosen)
 
 
+def _commoned(search: _Search, eagers: tuple[Choice, Choice], chosen: Choice) -> Choice:
+    """``chosen`` or, where cheaper by the objective (:func:`_descended`), its descent with
+    common value moves (:meth:`_Search.value_moves`' ``common``: every consumer of a value
+    moved at once into a layout each of them can take) and keeping cascades
+    (:meth:`_Search.keeps`), the last descent of the latency-bound model's search
+    (:func:`_continued`), here at the default overhead. The default's descents move a
+    value's consumers one by one, or all into a layout some consumer already needs; a
+    layout none of them needs yet, and a producer re-chosen without re-choosing its
+    consumers, they do not reach. On section 14's programs (docs/benchmarks.md) it lowers
+    5 of 17 in bytes and collectives after XLA's combiner: the Gemma-2 class step 209,286
+    -> 204,870 B, 18 -> 14 collectives (XLA's 14), the sort-dispatched MoE step 125,366
+    -> 90,890 B, 48 -> 33, the ragged one 17,686 -> 17,542, 13 -> 11 (XLA's 12), the bf16
+    Llama scans 70,790 -> 67,718, 18 -> 17; on benchmarks/dump_predictions.py's 19 programs 7
+    lower in both (Llama's 2x4 value_and_grad 124,640 -> 118,400 B, 26 -> 23; its adamw
+    step 127,462 -> 124,390, 25 -> 24; the 8-device Llama step 159,719 -> 152,551, 32 -> 31),
+    one trades bytes for collectives: the 4x2 Llama step 172,356 -> 186,628 B, 40 -> 38
+    (its first search now ends below the share of data-parallel gathers that triggers
+    :func:`.jaxpr._replicas_restart`, whose result it was). It costs ~0.15 s of a cold
+    predict of Llama's or GPT-2's adamw step (~700 common value moves evaluated, cascading)."""
+    found = _common_descent(search, chosen)
+    planned = search if search.as_planned else search.repriced(compiled=False)
+    return _bounded(planned, eagers, _descended(search, chosen, found))
+
+
+def _common_descent(search: _Search, choice: Choice) -> Choice:
+    """A descent from ``choice`` with common value moves and keeping cascades too
+    (:func:`_commoned`)."""
+    return search.improve(choice, values=True, common=True, keeping=True)
+
+
 def _continued(
     graph: ProgramGraph, cost_model: CostModel, targets: tuple[Layout | None, ...], seeds: tuple[tuple[str, int], ...],
     dispatched_choice: tuple[int, ...] | None, chosen: Choice,
@@ -571,7 +602,7 @@ def _continued(
     # masked lookup of take_along_axis, whose vocabulary-split loss no single-equation move leaves); with keeping
     # cascades too: a loop re-chosen to carry a value reduced, its consumers after the loop left as they are
     # (Equinox's scan 24,778 -> 24,586 B, 8 -> 7 collectives after the combiner)
-    kept = min((kept, search.improve(kept, values=True, common=True, keeping=True)), key=search.grouped)
+    kept = min((kept, _common_descent(search, kept)), key=search.grouped)
     # then the ties the descents cannot tell apart, by the collectives after the combiner (MultiSteps 10 -> 9)
     kept = search.regrouped(kept)
     planned = search if search.as_planned else search.repriced(compiled=False)
@@ -904,6 +935,11 @@ def _one_dim_apart(state: State, other: State) -> bool:
 
     here, there = placed(state[0]), placed(other[0])
     return sum(here.get(m) != there.get(m) for m in here.keys() | there.keys()) == 1
+
+
+def _splits(state: State) -> int:
+    """How many mesh dims split ``state``'s value."""
+    return sum(map(len, state[0]))
 
 
 def _partial_dims(states: Sequence[State]) -> frozenset[int]:
@@ -2011,11 +2047,15 @@ class _Search:
         split by the max, the shifted logits, the masked lookup and the gradient, all moved
         to the sequence split at once (the whole loss there: -576 by the AG/A2A 8,192
         objective, where one consumer re-chosen alone costs +8,672 or more). Only layouts
-        one mesh dim apart from the value's (:func:`_one_dim_apart`): every common move
-        the descent applied on the 34 programs measured (section 14's 15 and the dump's 19
+        one mesh dim apart from the value's (:func:`_one_dim_apart`) that split it no more
+        (one mesh dim's split gathered or moved, never made): every common move the
+        descent applied on the 34 programs measured (section 14's 15 and the dump's 19
         under AG/A2A 8,192) gathered or moved one mesh dim's split, and with the others
         offered too it evaluated 3,932 value moves on Llama's 2x4 adamw step (0.82 s CPU of
-        its 3.3 s cold predict), 745 without them (0.21 s; the 34 predictions identical).
+        its 3.3 s cold predict), 745 without them (0.21 s; the 34 predictions identical);
+        the splits made too were 734 of the default's last descent (:func:`_commoned`)
+        where 562 (GPT-2's 442 where 262), every prediction of section 14's 17 programs
+        and the dump's 19 the same, under either model.
         Each consumer takes the candidate cheapest for its other inputs that needs the
         value in that layout; a layout some consumer cannot take is skipped. :meth:`improve`
         tries each move cascading and with the consumers alone: a bias gradient summing an
@@ -2042,7 +2082,8 @@ class _Search:
             takes = [self.candidates[c].by_in[i] for c, i in consumers]
             targets = dict.fromkeys(
                 x for x in takes[0]
-                if x != state and _one_dim_apart(state, x) and all(x in other for other in takes[1:])
+                if x != state and _one_dim_apart(state, x) and _splits(x) <= _splits(state)
+                and all(x in other for other in takes[1:])
             )
         elif gathers and any(state[0]):
             replicated = ((tuple(() for _ in state[0]), state[1]),) if near else ()
