@@ -503,7 +503,9 @@ def _select(
         chosen = _continued(graph, cost_model, targets, seeds, dispatched_choice, chosen)
     else:
         eagers = _eagers(graph, dispatched_choice)
-        chosen = _commoned(search, eagers, _escaped(search, eagers, chosen))
+        chosen = _escaped(search, eagers, chosen)
+        if not search.layers:  # see _commoned: its cost grows with the program, and on repeated layers it found nothing
+            chosen = _commoned(search, eagers, chosen)
     return _chosen(graph, {node.path: 0 for node in graph.nodes}, chosen)
 
 
@@ -559,7 +561,11 @@ def _commoned(search: _Search, eagers: tuple[Choice, Choice], chosen: Choice) ->
     one trades bytes for collectives: the 4x2 Llama step 172,356 -> 186,628 B, 40 -> 38
     (its first search now ends below the share of data-parallel gathers that triggers
     :func:`.jaxpr._replicas_restart`, whose result it was). It costs ~0.15 s of a cold
-    predict of Llama's or GPT-2's adamw step (~700 common value moves evaluated, cascading)."""
+    predict of Llama's or GPT-2's adamw step (~560 / ~260 common value moves evaluated,
+    cascading). Not run on a program with repeated layers (:attr:`_Search.layers`: the
+    seeded search, :func:`_seeded`): there it changed no prediction measured and its
+    cascades grow with the program (Llama's 8-layer adamw step 2.3 -> 3.5 s CPU, the same
+    prediction; the 4-layer step of the dump the same bytes and collectives)."""
     found = _common_descent(search, chosen)
     planned = search if search.as_planned else search.repriced(compiled=False)
     return _bounded(planned, eagers, _descended(search, chosen, found))
@@ -647,11 +653,8 @@ def _choose(
     eager, dispatched = _eagers(graph, dispatched_choice)
     if search is None:
         search = _Search(graph, cost_model, targets, overhead=overhead)  # priced as the backend compiles the moves
-    layers = blocks.layer_blocks(
-        blocks.find_blocks([search.kinds[path] for path in search.paths], blocks.graph_sources(graph)), len(graph.nodes)
-    )
-    if layers:  # repeated layers: seeded from them (:mod:`.blocks`)
-        return _seeded(search, layers, seeds, dispatched_choice, (eager, dispatched))
+    if search.layers:  # repeated layers: seeded from them (:mod:`.blocks`)
+        return _seeded(search, search.layers, seeds, dispatched_choice, (eager, dispatched))
     if search.as_planned:
         chosen = _descend(search, eager, seeds)
         return _finish(search, search, (eager, dispatched), eager, chosen)
@@ -1416,6 +1419,12 @@ class _Search:
         dearer ones): :func:`_select` descends with each. :meth:`greedy`'s memo holds both
         answers; :meth:`evaluate`'s keeps a cascade that met no tie the two break apart for both."""
         self.fewest_moved = fewest
+
+    @functools.cached_property
+    def layers(self) -> list[blocks.Block]:
+        """The program's repeated layers (:mod:`.blocks`; empty where it has none)."""
+        kinds = [self.kinds[path] for path in self.paths]
+        return blocks.layer_blocks(blocks.find_blocks(kinds, blocks.graph_sources(self.graph)), len(self.graph.nodes))
 
     def repriced(self, compiled: bool, overhead: Overhead | None = None, charged: bool = True) -> _Search:
         """The same graph's search priced otherwise (:meth:`_price`; ``overhead`` None: this
