@@ -539,7 +539,7 @@ def _escaped(search: _Search, eagers: tuple[Choice, Choice], chosen: Choice) -> 
         return chosen
     moved = [path for path in search.paths if away[path] != chosen[path]]
     found = search.improve(away, values=True, reducing=True, pulls=True, offered=moved)
-    planned = search if search.as_planned else search.repriced(compiled=False)
+    planned = search.planned()
     return _bounded(planned, eagers, _descended(search, chosen, found), chosen)
 
 
@@ -567,7 +567,7 @@ def _commoned(search: _Search, eagers: tuple[Choice, Choice], chosen: Choice) ->
     cascades grow with the program (Llama's 8-layer adamw step 2.3 -> 3.5 s CPU, the same
     prediction; the 4-layer step of the dump the same bytes and collectives)."""
     found = _common_descent(search, chosen)
-    planned = search if search.as_planned else search.repriced(compiled=False)
+    planned = search.planned()
     return _bounded(planned, eagers, _descended(search, chosen, found))
 
 
@@ -611,7 +611,7 @@ def _continued(
     kept = min((kept, _common_descent(search, kept)), key=search.grouped)
     # then the ties the descents cannot tell apart, by the collectives after the combiner (MultiSteps 10 -> 9)
     kept = search.regrouped(kept)
-    planned = search if search.as_planned else search.repriced(compiled=False)
+    planned = search.planned()
     return _bounded(planned, _eagers(graph, dispatched_choice), kept)
 
 
@@ -733,7 +733,7 @@ def _seeded(
                 cost = search.total(trial)
                 if cost < best:
                     chosen, best, lowered = trial, cost, True
-    planned = search if search.as_planned else search.repriced(compiled=False)
+    planned = search.planned()
     offered = [paths[p] for p in blocks.boundaries(layers, len(paths))]  # moves at the blocks' seams first
     return _finish(search, planned, eagers, seed, chosen, offered=offered)
 
@@ -1364,6 +1364,7 @@ class _Search:
         # priced as the planner prices (a second search by the planner's prices would find the same)
         self.as_planned = rules is None or (self.reduction_scale == 1.0 and not rules.widened)
         self._plain: _Search | None = None  # plain_bytes()' search, built once
+        self._planned: _Search | None = None  # planned()'s, built once
         self._walked: _Search | None = None  # walked_bytes()' search, built once
         self.costs: dict[tuple[AvalKey, State, State], Cost] = {}
         self.charges: dict[tuple[ValueId, State], Cost] = {}
@@ -1467,6 +1468,16 @@ class _Search:
         if self._walked is None:
             self._walked = self.repriced(self.compiled, charged=False)
         return self._walked.total(choice)[0]
+
+    def planned(self) -> _Search:
+        """This search priced by the planner's prices: itself where it prices so
+        (:attr:`as_planned`), else its repricing, built once (the bound of every result,
+        :func:`_bounded`, prices by it: the escape and common descents' bounds shared it)."""
+        if self.as_planned:
+            return self
+        if self._planned is None:
+            self._planned = self.repriced(compiled=False)
+        return self._planned
 
     def plain_bytes(self, choice: Choice) -> float:
         """The bytes of a choice by the planner's prices and routes without the overhead
