@@ -560,9 +560,9 @@ def _commoned(search: _Search, eagers: tuple[Choice, Choice], chosen: Choice) ->
     step 127,462 -> 124,390, 25 -> 24; the 8-device Llama step 159,719 -> 152,551, 32 -> 31),
     one trades bytes for collectives: the 4x2 Llama step 172,356 -> 186,628 B, 40 -> 38
     (its first search now ends below the share of data-parallel gathers that triggers
-    :func:`.jaxpr._replicas_restart`, whose result it was). It costs ~0.15 s of a cold
-    predict of Llama's or GPT-2's adamw step (~560 / ~260 common value moves evaluated,
-    cascading). Not run on a program with repeated layers (:attr:`_Search.layers`: the
+    :func:`.jaxpr._replicas_restart`, whose result it was). It costs ~0.27 s of a cold
+    predict of Llama's 2x4 adamw step, 1,260 -> 1,532 ms idle (docs/benchmarks.md section
+    7; ~560 common value moves evaluated, cascading; ~260 on GPT-2's). Not run on a program with repeated layers (:attr:`_Search.layers`: the
     seeded search, :func:`_seeded`): there it changed no prediction measured and its
     cascades grow with the program (Llama's 8-layer adamw step 2.3 -> 3.5 s CPU, the same
     prediction; the 4-layer step of the dump the same bytes and collectives)."""
