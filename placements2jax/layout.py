@@ -36,6 +36,7 @@ Local shapes and offsets follow torch's ``_compute_local_shape_and_global_offset
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import warnings
@@ -102,10 +103,12 @@ class _OnMesh:
         :class:`Layout` for the alias form, a :class:`MeshPlacements` (unbound until the
         tensor rank is known) for the torch form.
 
-        ``shard_order`` is torch's ``DTensorSpec.shard_order``: given (even ``{}``), the
-        torch-form placements may shard one tensor dim by several mesh dims (repeated
-        ``Shard(d)``, which the RFC's form refuses), split in the order ``shard_order[d]``
-        lists them (mesh dims major to minor; mesh order for dims it omits)."""
+        A repeated ``Shard(d)`` (values or text, ``"S(0),S(0)"``) means what torch's does:
+        dim ``d`` split by those mesh dims in mesh order, each mesh dim splitting the
+        previous one's ``torch.chunk`` pieces (the alias form ``(("dp", "tp"), None)``).
+        ``shard_order`` is torch's ``DTensorSpec.shard_order``: the mesh dims of a
+        repeated ``Shard(d)`` split in the order ``shard_order[d]`` lists them (major to
+        minor; mesh order for dims it omits)."""
         return _from_placements(self._mesh, placements, partial, shard_order)
 
     def bind(self, ndim: int) -> Layout:
@@ -134,7 +137,7 @@ class MeshPlacements(_OnMesh):
     ) -> None:
         self._mesh = mesh
         self._placements = placements
-        self._shard_order = shard_order  # None: mesh order, and repeated Shard(d) refused
+        self._shard_order = shard_order  # None: mesh order (a repeated Shard(d) splits in mesh order)
 
     def bind(self, ndim: int) -> Layout:
         """The layout of these placements for a tensor of ``ndim`` dims (negative Shard
@@ -832,10 +835,9 @@ def _from_placements(
                 "partial", partial, "the torch form states partials itself", "use Partial(op) in the placements"
             )
         placements = tuple(placements)
-        if shard_order is None:
-            return _torch_form(mesh, placements, original)
-        _torch_form(mesh, placements, original, repeated_shards=True)
-        return MeshPlacements(mesh, placements, _validate_shard_order(mesh, placements, shard_order))
+        _check_torch_form(mesh, placements, original)
+        order = None if shard_order is None else _validate_shard_order(mesh, placements, shard_order)
+        return MeshPlacements(mesh, placements, order)
     if shard_order is not None:
         raise PlacementError(
             "shard_order",
@@ -854,10 +856,10 @@ def _deprecated(old: str, new: str) -> None:
     )
 
 
-def _torch_form(
-    mesh: DeviceMesh, placements: tuple[Any, ...], original: Any, *, repeated_shards: bool = False
-) -> MeshPlacements:
-    """Validate torch-form placements (all that can be checked without the tensor rank)."""
+def _check_torch_form(mesh: DeviceMesh, placements: tuple[Any, ...], original: Any) -> None:
+    """Validate torch-form placements (all that can be checked without the tensor rank).
+    A repeated ``Shard(d)``, as values or text, means what torch's does: dim ``d`` split by
+    those mesh dims in mesh order, each splitting the previous one's chunks."""
     for p in placements:
         if not isinstance(p, (Shard, Replicate, Partial)):
             raise ArgumentTypeError(
@@ -874,12 +876,6 @@ def _torch_form(
             f"give exactly one placement per mesh dim ({mesh.ndim})",
         )
     _check_partial_ops(placements, original)
-    if not repeated_shards and isinstance(original, str):
-        # Values mean what torch's mean (repeated Shard(d): split in mesh order, as
-        # Layout.placements returns); no layout's text is "S(0),S(0)" (str() gives the alias
-        # form), so that text is refused as the likely typo it is.
-        _check_repeated_shards(mesh, placements, ndim=None, as_text=True)
-    return MeshPlacements(mesh, placements)
 
 
 def _alias_form(mesh: DeviceMesh, entries: tuple[Any, ...], partial: PartialLike) -> Layout:
@@ -1005,37 +1001,15 @@ def _check_partial_ops(placements: Sequence[Placement], original: Any, argument:
         )
 
 
-def _check_repeated_shards(
-    mesh: DeviceMesh, placements: Sequence[Placement], ndim: int | None, *, as_text: bool = False
-) -> None:
-    """Refuse one tensor dim sharded by two mesh dims (the RFC's constraint). The fix
-    shows the alias form the way the placements came: text (command line, notebooks
-    with strings) or Python values."""
-    seen: dict[int, int] = {}
-    for mesh_dim, p in enumerate(placements):
-        if not isinstance(p, Shard):
-            continue
-        dim = p.dim % ndim if ndim is not None and -ndim <= p.dim < ndim else p.dim
-        if dim in seen:
-            first = seen[dim]
-            names = mesh.axis_names
-            # An unnormalized negative dim counts from the end of the alias form.
-            alias = ["None"] * max(dim + 1 if dim >= 0 else -dim, ndim or 0)
-            alias[dim] = (names[first], names[mesh_dim])  # type: ignore[call-overload]
-            raise PlacementError(
-                "placements",
-                tuple(placements),
-                f"Shard({dim}) appears on mesh axes {names[first]!r} (mesh dim {first}) and "
-                f"{names[mesh_dim]!r} (mesh dim {mesh_dim}); the placements form cannot shard one "
-                "tensor dim twice",
-                f"use the alias form, e.g. {format_alias(alias) if as_text else repr(tuple(alias))}",
-            )
-        seen[dim] = mesh_dim
-
-
 def _torch_form_to_tables(
     mesh: DeviceMesh, placements: Sequence[Placement], ndim: int, shard_order: ShardOrder | None
-) -> tuple[list[tuple[int, ...]], tuple[ReduceOp | None, ...]]:
+) -> tuple[list[tuple[int, ...]], tuple[ReduceOp | None, ...], list[int] | None]:
+    """Per tensor dim its mesh dims (major first), the partial table and the split factors
+    (None: none) of torch-form placements bound to ``ndim`` dims. Without a shard order,
+    negative Shard dims are normalized first, as torch's ``distribute_tensor``,
+    ``from_local`` and ``redistribute`` do, so ``Shard(1)`` and ``Shard(-1)`` of a 2-d
+    tensor are a repeated ``Shard(1)``. A shard order names dims as written, so there a
+    dim written both ways is refused: its two entries do not say which split is major."""
     if shard_order is None:
         plain = _plain_tables(placements, ndim)
         if plain is not None:
@@ -1048,6 +1022,8 @@ def _torch_form_to_tables(
                 f"{p!r} is out of range for a {ndim}-d tensor",
                 f"use a Shard dim in [{-ndim}, {ndim})",
             )
+    if shard_order is None:
+        placements = [dataclasses.replace(p, dim=p.dim % ndim) if isinstance(p, Shard) else p for p in placements]
     split: list[int] | None = None
     placements, views = view_factors(placements)
     if views:
@@ -1063,7 +1039,7 @@ def _torch_form_to_tables(
                 "placements",
                 tuple(placements),
                 f"Shard({dim}) and Shard({dim % ndim - ndim if dim >= 0 else dim % ndim}) are the same dim of a "
-                f"{ndim}-d tensor",
+                f"{ndim}-d tensor, which the split order (shard_order=, or StridedShard split factors) names apart",
                 "write every Shard dim one way (all non-negative)",
             )
         dim_axes[dim % ndim] = axes

@@ -419,13 +419,6 @@ CASES: list[Case] = [
         lambda e: Layout.from_device_mesh(e.mesh)(("pp", None)),
     ),
     _c(
-        "layout: repeated Shard in torch-form text",
-        "Layout",
-        PlacementError,
-        "placements",
-        lambda e: Layout.from_device_mesh(e.mesh)("S(0),S(0)"),
-    ),
-    _c(
         "layout: a StridedShard split factor no split order gives",
         "Layout StridedShard",
         PlacementError,
@@ -435,11 +428,11 @@ CASES: list[Case] = [
     _c("StridedShard: split factor 0", "StridedShard", ArgumentTypeError, "StridedShard.split_factor",
        lambda e: StridedShard(0, split_factor=0)),
     _c(
-        "layout: repeated Shard, negative and positive",
+        "layout: a dim written negative and positive, with a split order per spelling",
         "Layout",
         PlacementError,
         "placements",
-        lambda e: resolve_layout(e.mesh, [Shard(1), Shard(-1)], 2),
+        lambda e: resolve_layout(e.mesh, [Shard(1), Shard(-1)], 2, shard_order={1: (0,), -1: (1,)}),
     ),
     _c(
         "layout: mixed Partial ops",
@@ -1721,7 +1714,7 @@ CASES: list[Case] = [
         "auto_plan",
         PlacementError,
         "presets['mine']['w']",
-        lambda e: auto_plan(_tiny_step, {"w": e.x}, e.x, mesh=e.mesh, presets={"mine": {"w": "S(0),S(0)"}}),
+        lambda e: auto_plan(_tiny_step, {"w": e.x}, e.x, mesh=e.mesh, presets={"mine": {"w": "P,P(max)"}}),
     ),
     _c(
         "auto_plan: a preset that is not a plan",
@@ -1840,14 +1833,14 @@ CASES: list[Case] = [
         "plan_figures",
         PlacementError,
         "plan['w']",
-        lambda e: plan_figures(_tiny_step, {"w": e.x}, e.x, mesh=e.mesh, plan={"w": "S(0),S(0)"}),
+        lambda e: plan_figures(_tiny_step, {"w": e.x}, e.x, mesh=e.mesh, plan={"w": "P,P(max)"}),
     ),
     _c(
         "compiled_figures: bad rule in the plan",
         "compiled_figures",
         PlacementError,
         "plan['w']",
-        lambda e: compiled_figures(_tiny_step, {"w": e.x}, e.x, mesh=e.mesh, plan={"w": "S(0),S(0)"}),
+        lambda e: compiled_figures(_tiny_step, {"w": e.x}, e.x, mesh=e.mesh, plan={"w": "P,P(max)"}),
     ),
     _c(
         "compiled_figures: unknown execution",
@@ -1868,7 +1861,7 @@ CASES: list[Case] = [
         "distribute_pytree",
         PlacementError,
         "plan['w']",
-        lambda e: distribute_pytree({"w": e.x}, e.mesh, {"w": "S(0),S(0)"}),
+        lambda e: distribute_pytree({"w": e.x}, e.mesh, {"w": "P,P(max)"}),
     ),
     _c(
         "distribute_pytree: a leaf that is not an array",
@@ -2363,7 +2356,6 @@ def test_the_snapshot_sees_corruption(env: SimpleNamespace) -> None:
 EXPLAIN = ["explain", "--mesh", "dp=4,tp=2", "--shape", "10,3"]
 REDISTRIBUTE_R_R = ["redistribute", "--mesh", "dp=4,tp=2", "--shape", "8", "--from", "R,R", "--to", "R,R"]
 CLI_CASES = [
-    ("repeated Shard", [*EXPLAIN, "--placements", "S(0),S(0)"], "placements="),
     ("wrong length", [*EXPLAIN, "--placements", "S(0)"], "placements="),
     ("unknown axis", [*EXPLAIN, "--placements", "(dp,pp),None"], "placements="),
     ("mixed partial ops", [*EXPLAIN, "--placements", "P,P(max)"], "placements="),

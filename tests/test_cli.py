@@ -69,6 +69,9 @@ def test_explain_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert [(r["local_shape"][0], r["offset"][0]) for r in report["ranks"]] == [
         (2, 0), (1, 2), (2, 3), (1, 5), (2, 6), (1, 8), (1, 9), (0, 10),
     ]  # fmt: skip
+    # the torch form's repeated Shard says the same layout, as torch's does
+    code, torch_form, _ = run(capsys, "explain", "--mesh", "dp=4,tp=2", "--shape", "10", "--placements", "S(0),S(0)", "--json")
+    assert code == 0 and json.loads(torch_form) == report
 
 
 def test_explain_partial(capsys: pytest.CaptureFixture[str]) -> None:
@@ -88,8 +91,6 @@ def test_explain_partial(capsys: pytest.CaptureFixture[str]) -> None:
     [
         ([*EXPLAIN_8x2, "--placements", "S(0),X"], "placement='X': not a placement in short form"),
         ([*EXPLAIN_8x2, "--placements", "S(0)"], "1 placements for a 2-d mesh"),
-        # the hint is written in the command line's text syntax, not Python's
-        ([*EXPLAIN_8x2, "--placements", "S(0),S(0)"], "tensor dim twice. Fix: use the alias form, e.g. (dp,tp)\n"),
         ([*EXPLAIN_8x2, "--placements", "(dp,xx),None"], "unknown mesh axis 'xx'"),
         ([*EXPLAIN_8x2, "--placements", "S(0),R", "--partial", "tp"], "the torch form states partials itself"),
         (["explain", "--mesh", "dp=4,tp=4", "--shape", "8", "--placements", "S(0),R"], "needs 16 devices"),

@@ -189,8 +189,6 @@ def test_from_local_errors():
 
 def test_distribute_errors():
     mesh = _mesh((4, 2))
-    with pytest.raises(PlacementError, match="the placements form cannot shard one tensor dim twice"):
-        distribute_tensor(np.ones((8, 2)), mesh, "S(0),S(0)")
     with pytest.raises(PlacementError, match="2 placements"):
         distribute_tensor(np.ones((8, 2)), _mesh((8,)), (Shard(0), Shard(1)))
     with pytest.raises(LayoutError, match="unknown mesh axis 'x'"):

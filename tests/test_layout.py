@@ -499,17 +499,15 @@ def test_partition_spec_places_the_torch_blocks(mesh_shape: tuple[int, ...]) -> 
             if layout.has_partial:
                 assert layout.named_sharding.spec == spec and spec.unreduced
         # torch form (Shard / Replicate / Partial, as torch): exactly the layouts that split
-        # each tensor dim in mesh order (a repeated Shard(d) splits in mesh order); a dim
-        # written two ways (S(-1) and S(1)) is refused
+        # each tensor dim in mesh order (a repeated Shard(d) splits in mesh order); negative
+        # dims are normalized first, as torch does (S(-1) and S(1) are a repeated S(1))
         in_order = {layout for layout in layouts_ if all(list(axes) == sorted(axes) for axes in layout.dim_axes)}
         from_torch = set()
         for placements in _torch_forms(mesh, ndim):
-            dims = [p.dim for p in placements if isinstance(p, Shard)]
-            if len({d % ndim for d in dims}) != len(set(dims)):
-                with pytest.raises(PlacementError, match=r"are the same dim"):
-                    Layout.from_device_mesh(mesh)(placements).bind(ndim)
-                continue
-            from_torch.add(Layout.from_device_mesh(mesh)(placements).bind(ndim))
+            layout = Layout.from_device_mesh(mesh)(placements).bind(ndim)
+            normalized = tuple(Shard(p.dim % ndim) if isinstance(p, Shard) else p for p in placements)
+            assert layout is Layout.from_device_mesh(mesh)(normalized).bind(ndim)
+            from_torch.add(layout)
         assert from_torch == in_order
         # every layout's placements (StridedShard for other orders) give its blocks back
         for layout in layouts_:
@@ -587,25 +585,11 @@ L = Layout.from_device_mesh(MESH)
 
 LAYOUT_ERRORS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     (
-        "torch form text: S(0) on two mesh dims",
-        lambda: L("S(0),S(0)"),
+        "torch form: the same dim written two ways, each with its own split order",
+        lambda: L((Shard(-1), Shard(1)), shard_order={-1: (0,), 1: (1,)}).bind(2),
         PlacementError,
-        r"placements=\(Shard\(dim=0\), Shard\(dim=0\)\): Shard\(0\) appears on mesh axes 'dp' \(mesh dim 0\) and "
-        r"'tp' \(mesh dim 1\); the placements form cannot shard one tensor dim twice\. "
-        r"Fix: use the alias form, e.g\. \(dp,tp\)",
-    ),
-    (
-        "torch form text: S(1) twice on a 3-d mesh",
-        lambda: Layout.from_device_mesh(MESH3)("S(1),R,S(1)").bind(3),
-        PlacementError,
-        r"Shard\(1\) appears on mesh axes 'pp' \(mesh dim 0\) and 'tp' \(mesh dim 2\).*"
-        r"Fix: use the alias form, e.g\. None,\(pp,tp\)",
-    ),
-    (
-        "torch form: the same dim twice, once negative",
-        lambda: L((Shard(-1), Shard(1))).bind(2),
-        PlacementError,
-        r"Shard\(1\) and Shard\(-1\) are the same dim of a 2-d tensor",
+        r"Shard\(1\) and Shard\(-1\) are the same dim of a 2-d tensor, which the split order \(shard_order=, or "
+        r"StridedShard split factors\) names apart\. Fix: write every Shard dim one way \(all non-negative\)",
     ),
     (
         "torch form: a split factor no order gives",
@@ -875,23 +859,17 @@ def test_errors(case: str, call: Callable[[], Any], error: type[Exception], mess
         call()
 
 
-def test_torch_form_checks_repeats_before_ndim_is_known() -> None:
-    # Repeated non-negative dims in text are refused at once, before bind().
-    with pytest.raises(PlacementError, match=r"Fix: use the alias form, e\.g\. None,\(dp,tp\)"):
-        L("S(1),S(1)")
-    # S(-1) and S(1) may be different dims until ndim is known (e.g. a 3-d tensor).
+def test_torch_form_repeated_shard_as_text_is_torchs() -> None:
+    """A repeated Shard(d), as text or values, splits d in mesh order (torch's meaning);
+    negative dims count from the end once the rank is known, as torch normalizes them."""
+    assert L("S(1),S(1)") == L((Shard(1), Shard(1)))
+    assert L("S(1),S(1)").bind(2).alias_map == ("None", ("dp", "tp"))
+    assert L("S(-1),S(-1)").bind(2).alias_map == ("None", ("dp", "tp"))
+    # S(-1) and S(1) are different dims of a 3-d tensor, the same dim of a 2-d one.
     assert L((Shard(-1), Shard(1))).bind(3).tensor_map == (-1, 0, 1)
-    # Repeated negative dims in text are refused at once too, with the alias form counted from the end.
-    with pytest.raises(
-        PlacementError,
-        match=r"Shard\(-1\) appears on mesh axes 'dp' \(mesh dim 0\) and 'tp' \(mesh dim 1\).*"
-        r"Fix: use the alias form, e\.g\. \(dp,tp\)",
-    ):
-        L("S(-1),S(-1)")
-    # As values, torch's meaning: split in mesh order.
-    assert L((Shard(-1), Shard(-1))).bind(2).alias_map == ("None", ("dp", "tp"))
-    with pytest.raises(PlacementError, match=r"Fix: use the alias form, e\.g\. \(dp,tp\),None"):
-        Layout.from_device_mesh(MESH3)("R,S(-2),S(-2)")
+    assert L("S(-1),S(1)").bind(2) is L("S(1),S(1)").bind(2)
+    assert Layout.from_device_mesh(MESH3)("R,S(-2),S(-2)").bind(2).alias_map == (("dp", "tp"), "None")
+    assert Layout.from_device_mesh(MESH3)("S(1),R,S(1)").bind(3).alias_map == ("None", ("pp", "tp"), "None")
 
 
 # -- torch's shard order (repeated Shard, split order), strings in either form -----------------
@@ -954,8 +932,7 @@ def test_resolve_layout_takes_torch_shard_order(mesh4x2: DeviceMesh) -> None:
     split = resolve_layout(mesh4x2, "S(0),S(0)", 2, shard_order={0: ("tp", "dp")})
     assert split is Layout.from_device_mesh(mesh4x2)([("tp", "dp"), None])
     assert resolve_layout(mesh4x2, "S(0),S(0)", 2, shard_order={}).alias_map == (("dp", "tp"), "None")
-    with pytest.raises(PlacementError, match="the placements form cannot shard one tensor dim twice"):
-        resolve_layout(mesh4x2, "S(0),S(0)", 2)
+    assert resolve_layout(mesh4x2, "S(0),S(0)", 2) is resolve_layout(mesh4x2, "S(0),S(0)", 2, shard_order={})
 
 
 @pytest.mark.parametrize(
@@ -1029,11 +1006,12 @@ def test_text_partial_clause_errors(mesh4x2: DeviceMesh) -> None:
         Layout.from_device_mesh(mesh4x2)("None,dp; partial tp=max", partial={"tp": "max"})
 
 
-def test_repeated_shard_hint_follows_the_input_form(mesh4x2: DeviceMesh) -> None:
-    with pytest.raises(PlacementError, match=r"Fix: use the alias form, e\.g\. \(dp,tp\)$"):
-        Layout.from_device_mesh(mesh4x2)("S(0),S(0)")
-    # values mean what torch's do (mesh order), as Layout.placements returns them
-    assert resolve_layout(mesh4x2, (Shard(0), Shard(0)), 1).alias_map == (("dp", "tp"),)
+def test_repeated_shard_text_and_values_agree(mesh4x2: DeviceMesh) -> None:
+    # both mean what torch's do (mesh order), as Layout.placements returns them
+    layout = resolve_layout(mesh4x2, "S(0),S(0)", 1)
+    assert layout is resolve_layout(mesh4x2, (Shard(0), Shard(0)), 1)
+    assert layout.alias_map == (("dp", "tp"),) and layout.placements == (Shard(0), Shard(0))
+    assert resolve_layout(mesh4x2, str(layout), 1) is layout  # its text (the alias form) parses back
 
 
 def test_replicated_and_without_partial_live_on_the_value(mesh4x2: DeviceMesh) -> None:

@@ -162,6 +162,68 @@ def test_repeated_shard_is_the_alias_form_in_mesh_order() -> None:
     ]
 
 
+# Repeated Shard(d), as torch's objects, ours and text: (mesh shape, text, torch's placements).
+REPEATED = [
+    ((2, 2), "S(0),S(0)", [TShard(0), TShard(0)]),
+    ((2, 4), "S(0),S(0)", [TShard(0), TShard(0)]),
+    ((2, 2, 2), "S(0),S(0),R", [TShard(0), TShard(0), TReplicate()]),
+    ((2, 2, 2), "S(0),S(0),P", [TShard(0), TShard(0), TPartial()]),
+    ((2, 2, 2), "S(0),P(avg),S(0)", [TShard(0), TPartial("avg"), TShard(0)]),
+    ((2, 2, 2), "R,S(-2),S(0)", [TReplicate(), TShard(-2), TShard(0)]),  # one dim: torch normalizes first
+    ((2, 2), "_S(0, 2),S(-2)", [_StridedShard(0, split_factor=2), TShard(-2)]),  # tp splits first
+]
+
+
+@pytest.mark.parametrize(("mesh_shape", "text", "theirs"), REPEATED, ids=[t for _, t, _ in REPEATED])
+def test_repeated_shard_is_torchs_in_every_route(mesh_shape: tuple[int, ...], text: str, theirs: list) -> None:
+    """Every rank's shard as torch's distribute_tensor gives it (torch's nested chunking,
+    uneven sizes included), from torch's placements, ours and the text form, through every
+    public route: binding, distribute_tensor, redistribute, from_local and predict."""
+    from placements2jax import DTensor, check, predict
+    from placements2jax import distribute_tensor as p2j_distribute
+
+    mesh = init_device_mesh(mesh_shape, ("dp", "tp", "cp")[: len(mesh_shape)])
+    ours = [from_torch_placement(p) if not isinstance(p, _StridedShard) else StridedShard(0, split_factor=2)
+            for p in theirs]
+    forms = [ours, theirs] if isinstance(theirs[0], _StridedShard) else [text, ours, theirs]  # no text for _S
+    # torch's distribute_tensor normalizes negative dims before computing shapes and offsets
+    normalized = [
+        _StridedShard(p.dim % 2, split_factor=p.split_factor) if isinstance(p, _StridedShard)
+        else TShard(p.dim % 2) if isinstance(p, TShard) else p
+        for p in theirs
+    ]
+    for rows in (5, 6, 7):
+        x = np.arange(rows * 3.0).reshape(rows, 3)
+        torch_mesh = {r: to_torch_mesh(mesh, rank=r) for r in mesh.rank_list}
+        expected = {
+            r: distribute_tensor(torch.from_numpy(x), torch_mesh[r], theirs, src_data_rank=None).to_local().numpy()
+            for r in mesh.rank_list
+        }
+        layout = resolve_layout(mesh, forms[0], x.shape)
+        for placements in forms:
+            assert resolve_layout(mesh, placements, x.shape) is layout
+            assert Layout.from_device_mesh(mesh)(placements).bind(2) is layout
+            for r in mesh.rank_list:
+                theirs_r = compute_local_shape_and_global_offset(x.shape, torch_mesh[r], normalized)
+                assert layout.local_shape_and_offset(x.shape, r) == theirs_r
+            dt = p2j_distribute(x, mesh, placements)
+            moved = p2j_distribute(x, mesh, [Replicate()] * mesh.ndim).redistribute(mesh, placements)
+            assert dt.layout is layout and moved.layout is layout
+            for r in mesh.rank_list:
+                np.testing.assert_array_equal(np.asarray(dt.to_local(r)), expected[r])
+                np.testing.assert_array_equal(np.asarray(moved.to_local(r)), expected[r])
+            back = DTensor.from_local(expected, mesh, placements, shape=x.shape)
+            assert back.layout is layout
+            np.testing.assert_array_equal(np.asarray(back.full_tensor()), x)
+            assert predict(lambda a: a * 2, (x.shape, np.float32, placements), mesh=mesh).inputs[0].layout is layout
+    if any(isinstance(p, TPartial) and p.reduce_op != "sum" for p in theirs):
+        return  # XLA has no sharding for Partial(avg) to compile
+    # check compiles even shards only: 8 rows, the elementwise op keeping the layout, as XLA does
+    report = check(lambda a: a + a, ((8, 3), np.float32, forms[0]), mesh=mesh)
+    assert report.prediction.inputs[0].layout is resolve_layout(mesh, forms[-1], (8, 3))
+    assert [o.verdict for o in report.outputs] == ["equal"] and not report.compiled_collectives
+
+
 def test_strided_shard_is_the_reversed_order() -> None:
     mesh = init_device_mesh((2, 2), ("dp", "tp"))
     layout = resolve_layout(mesh, [_StridedShard(0, split_factor=2), TShard(0)], 2)
@@ -205,8 +267,8 @@ def test_unsupported_torch_placements_are_refused() -> None:
         Layout.from_device_mesh(mesh)([_StridedShard(0, split_factor=3), TShard(0)])
     with pytest.raises(PlacementError, match="3 placements for a 2-d mesh"):
         from_torch_placements(mesh, [TShard(0)] * 3)
-    with pytest.raises(PlacementError, match="same dim"):
-        resolve_layout(mesh, [TShard(1), TShard(-1)], 2)
+    with pytest.raises(PlacementError, match="same dim"):  # a split order per spelling of one dim
+        resolve_layout(mesh, [Shard(1), Shard(-1)], 2, shard_order={1: (0,), -1: (1,)})
     with pytest.raises(PlacementError, match="mixes Partial reduce ops"):
         Layout.from_device_mesh(mesh)([TPartial("sum"), TPartial("max")])
     with pytest.raises(ArgumentTypeError, match="expected a placements2jax.Layout"):

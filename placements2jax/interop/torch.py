@@ -139,7 +139,11 @@ def from_torch_placements(
     plain, views = view_factors(strided)
     ours = tuple(p if isinstance(p, StridedShard) and p.dim in views else Shard(p.dim) if isinstance(p, Shard) else p
                  for p in strided)
-    layout = Layout.from_device_mesh(mesh)(ours, shard_order=_shard_order(mesh, plain))
+    # Without a _StridedShard the split order is mesh order, which binding gives (with
+    # negative dims normalized first, as torch does: Shard(0) and Shard(-2) are a repeated
+    # Shard of a 2-d tensor).
+    order = _shard_order(mesh, plain) if any(isinstance(p, StridedShard) for p in plain) else None
+    layout = Layout.from_device_mesh(mesh)(ours, shard_order=order)
     if global_shape is None:
         return layout
     bound = layout.bind(len(global_shape))
