@@ -679,11 +679,7 @@ _primitive(
     ("cholesky", "eigh", "svd", "qr", "householder_product", "lu"), lambda ins, outs: rules.linalg(ins, outs)
 )
 _primitive("lu_pivots_to_permutation", lambda ins, outs: rules.linalg(ins, outs, core_dims=1))
-_primitive(
-    "triangular_solve",
-    lambda ins, outs, *, left_side: rules.triangular_solve(ins, outs, left_side=left_side),
-    ("left_side",),
-)
+_primitive("triangular_solve", lambda ins, outs: rules.triangular_solve(ins, outs))
 _primitive("tridiagonal_solve", lambda ins, outs: rules.tridiagonal_solve(ins, outs))
 _primitive(
     "approx_top_k",

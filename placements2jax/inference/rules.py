@@ -758,26 +758,34 @@ def linalg(ins: Avals, outs: Avals, *, core_dims: int = 2) -> list[OneDSig]:
     ]
 
 
-def triangular_solve(ins: Avals, outs: Avals, *, left_side: bool) -> list[OneDSig]:
+def triangular_solve(ins: Avals, outs: Avals) -> list[OneDSig]:
     """``triangular_solve(a, b)`` (``solve_triangular``, ``jnp.linalg.solve``'s LU
-    substitutions, Cholesky's gradient): batch dims as :func:`linalg`; ``b``'s
-    right-hand sides are independent solves, so its columns (``left_side``:
-    ``op(a) x = b``) or rows (``x op(a) = b``) split with ``a`` ``R``; the solution is
-    linear in ``b``: ``a`` ``R``, ``b`` ``P(sum)`` / ``P(avg)`` -> the same partial."""
-    b = ins[1]
-    free = b.ndim - 1 if left_side else b.ndim - 2
-    sigs = linalg(ins, outs) + [OneDSig((R, Shard(free)), (Shard(free),))]
-    return sigs + [OneDSig((R, Partial(op)), (Partial(op),)) for op in LINEAR_OPS]
+    substitutions, Cholesky's gradient): batch dims as :func:`linalg`; the solution is
+    linear in ``b``: ``a`` ``R``, ``b`` ``P(sum)`` / ``P(avg)`` -> the same partial.
+    ``b``'s right-hand sides (its columns, ``left_side``: ``op(a) x = b``; its rows,
+    ``x op(a) = b``) are independent solves, yet no signature splits them: XLA
+    partitions the solver (a custom call, ``lapack_strsm_ffi`` on CPU, marked
+    ``num_batch_dims``) over its batch dims only and gathers split right-hand sides
+    first (jax 0.10.2's HLO on dp=2 x tp=4, ``b`` ``(8, 8, 8)`` ``R,S(2)``: an all-gather
+    over tp, 1,536 B, the solution ``R,R``), as :data:`BATCH_PARTITIONED` says."""
+    return linalg(ins, outs) + [OneDSig((R, Partial(op)), (Partial(op),)) for op in LINEAR_OPS]
 
 
-# primitives XLA compiles to a solver's custom call (``lapack_sgtsv_ffi`` on CPU, marked ``num_batch_dims``) whose
-# partitioner keeps the splits the operands' batch dims have and gathers every other split first, splitting no dim
-# that no operand splits (jax 0.10.2's HLO on dp=2 x tp=4: ``tridiagonal_solve`` of ``b`` R,S(2) all-gathers b over
-# tp, 2,304 B, and solves every system on every device, where an all-to-all to the batch dim would cost 288 B). The
-# walker offers such an equation only the candidates whose input layouts split a dim over a mesh dim where an
-# operand already does (and are partial where one is): XLA's choice. (The LAPACK calls of :func:`linalg`, e.g.
-# cholesky, are compiled alike, but there the search moves the batch split upstream of the solver: not listed yet.)
-BATCH_PARTITIONED = ("tridiagonal_solve",)
+# primitives XLA compiles to a solver's custom call (LAPACK on CPU: ``lapack_spotrf_ffi``, ``_ssyevd``, ``_sgesdd``,
+# ``_sgeqrf`` / ``_sorgqr``, ``_sgetrf``, ``_strsm``, ``_sgtsv``, marked ``num_batch_dims``; the pivots' permutation
+# a loop) whose partitioner keeps the splits the operands' batch dims have and gathers every other split first,
+# splitting no dim that no operand splits (jax 0.10.2's HLO on dp=2 x tp=4: ``tridiagonal_solve`` of ``b`` R,S(2)
+# all-gathers b over tp, 2,304 B, and solves every system on every device, where an all-to-all to the batch dim would
+# cost 288 B; ``cholesky`` / ``eigh`` / ``svd`` / ``qr`` / ``lu`` of an (8, 8, 8) matrix R,S(1) all-gather it, 1,536 B,
+# where the search chose an all-to-all to a batch split and gathered the outputs back: 1,984-4,000 B as check priced
+# it). The walker offers such an equation only the candidates whose input layouts split a dim over a mesh dim where
+# an operand already does (and are partial where one is): XLA's choice. (``jnp.linalg.cholesky`` / ``eigh`` first
+# symmetrize the matrix, ``(a + a.mT) / 2``, outside the solver: with only a matrix dim split the search still moves
+# the split to the batch dim there, one all-to-all, where XLA all-to-alls the transpose and gathers the sum.)
+BATCH_PARTITIONED = (
+    "cholesky", "eigh", "svd", "qr", "householder_product", "lu", "lu_pivots_to_permutation", "triangular_solve",
+    "tridiagonal_solve",
+)
 
 
 def tridiagonal_solve(ins: Avals, outs: Avals) -> list[OneDSig]:
