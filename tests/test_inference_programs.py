@@ -280,6 +280,13 @@ PRIM_CASES = [
         lambda rng: [np.asarray(rng.integers(0, 6, (4, 5)), np.int32).clip(np.arange(5), None)],
     ),
     PrimCase("householder_product", lax.linalg.householder_product, _normal((4, 6, 5), (4, 5))),
+    # CPU-only LAPACK calls: eigenvalues and eigenvectors, Schur and Hessenberg forms, the symmetric tridiagonal
+    # reduction, and the product by a QR's Householder reflectors
+    PrimCase("eig", lax.linalg.eig, _normal((4, 5, 5))),
+    PrimCase("schur", lax.linalg.schur, _normal((4, 5, 5))),
+    PrimCase("hessenberg", lax.linalg.hessenberg, _normal((4, 5, 5))),
+    PrimCase("tridiagonal", lax.linalg.tridiagonal, lambda rng: [_spd(rng, (4, 5))]),
+    PrimCase("ormqr", partial(lax.linalg.ormqr, left=True, transpose=False), _normal((4, 6, 5), (4, 5), (4, 6, 3))),
     PrimCase(  # batch dims split, P(sum) / P(avg) on b pass (XLA gathers split columns: rules.BATCH_PARTITIONED)
         "triangular_solve",
         lambda a, b: lax.linalg.triangular_solve(a, b, left_side=True, lower=True),
@@ -1470,73 +1477,107 @@ def _lu_check(a: jax.Array) -> tuple[jax.Array, ...]:
     return lu, permutation
 
 
-# name: (fn, inputs' makers, NumPy's values of fn's outputs, or facts its outputs must satisfy)
-_LINALG: dict[str, tuple[Callable[..., Any], list[_Maker], Callable[..., list[np.ndarray]]]] = {
+def _householder_q(a: np.ndarray, taus: np.ndarray) -> np.ndarray:
+    """NumPy's product of the Householder reflectors ``I - tau v v^T`` stored below the
+    diagonal of each matrix of ``a`` (LAPACK's ``geqrf`` form), one per ``taus`` entry."""
+    m = a.shape[-2]
+    q = np.broadcast_to(np.eye(m), (*a.shape[:-2], m, m)).copy()
+    for i in range(taus.shape[-1]):
+        v = np.concatenate([np.zeros((*a.shape[:-2], i)), np.ones((*a.shape[:-2], 1)), a[..., i + 1 :, i]], axis=-1)
+        q = q - (q @ v[..., :, None]) * (taus[..., i, None, None] * v[..., None, :])
+    return q
+
+
+def _tridiagonal_matrix(d: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """The symmetric tridiagonal matrices of diagonals ``d`` and off-diagonals ``e``."""
+    n = np.arange(d.shape[-1])
+    t = np.zeros((*d.shape, d.shape[-1]))
+    t[..., n, n] = d
+    t[..., n[:-1], n[1:]] = t[..., n[1:], n[:-1]] = e
+    return t
+
+
+def _hessenberg_facts(ins: list[np.ndarray], outs: list[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """``q h q^T = a`` with ``h`` upper Hessenberg: ``q`` is 1 then the reflectors stored
+    below the subdiagonal (rows 1.., one per ``taus`` entry)."""
+    packed, taus = outs
+    q = np.zeros_like(packed)
+    q[:, 0, 0] = 1
+    q[:, 1:, 1:] = _householder_q(packed[:, 1:, :-1], taus)
+    return [q @ np.triu(packed, -1) @ q.transpose(0, 2, 1)], [ins[0]]
+
+
+# name: (fn, inputs' makers (the first and the 3-d ones split as the test says, the others R,R),
+#        what fn's outputs must satisfy as (facts of the outputs, NumPy's values of them))
+_LinalgFacts = Callable[[list[np.ndarray], list[np.ndarray]], tuple[list[np.ndarray], list[np.ndarray]]]
+_LINALG: dict[str, tuple[Callable[..., Any], list[_Maker], _LinalgFacts]] = {
     "cholesky": (lambda a: lax.linalg.cholesky(a, symmetrize_input=False), [_spd_8x8],
-                 lambda a, outs: [np.linalg.cholesky(a)]),
+                 lambda ins, outs: (outs, [np.linalg.cholesky(ins[0])])),
     "eigh": (lambda a: lax.linalg.eigh(a, symmetrize_input=False), [_spd_8x8],  # a v = v w
-             lambda a, outs: [a @ outs[0], np.linalg.eigvalsh(a)]),
+             lambda ins, outs: ([outs[0] * outs[1][:, None, :], outs[1]], [ins[0] @ outs[0], np.linalg.eigvalsh(ins[0])])),
     "svd": (lambda a: lax.linalg.svd(a, full_matrices=False), [_normal_8x8],  # u s vt = a
-            lambda a, outs: [np.linalg.svd(a, compute_uv=False), a]),
+            lambda ins, outs: ([outs[1], (outs[0] * outs[1][:, None, :]) @ outs[2]],
+                               [np.linalg.svd(ins[0], compute_uv=False), ins[0]])),
     "qr": (lambda a: lax.linalg.qr(a, full_matrices=False), [_normal_8x8],  # q r = a, r upper
-           lambda a, outs: [np.triu(outs[1]), a]),
+           lambda ins, outs: ([outs[1], outs[0] @ outs[1]], [np.triu(outs[1]), ins[0]])),
     "lu": (_lu_check, [_normal_8x8],  # l u = the rows of a permuted
-           lambda a, outs: [np.take_along_axis(a, outs[1][:, :, None].astype(int), axis=1), outs[1]]),
+           lambda ins, outs: ([(np.tril(outs[0], -1) + np.eye(8)) @ np.triu(outs[0])],
+                              [np.take_along_axis(ins[0], outs[1][:, :, None].astype(int), axis=1)])),
     "triangular_solve": (lambda a, b: lax.linalg.triangular_solve(a, b, left_side=True, lower=True),
-                         [_spd_8x8, _normal_8x8], lambda a, b, outs: [np.linalg.solve(np.tril(a), b)]),
-    "triangular_solve right": (lambda a, b: lax.linalg.triangular_solve(a, b, left_side=False, lower=True),
-                               [_spd_8x8, _normal_8x8],
-                               lambda a, b, outs: [np.linalg.solve(np.tril(a).transpose(0, 2, 1), b.transpose(0, 2, 1))
-                                                   .transpose(0, 2, 1)]),
+                         [_spd_8x8, _normal_8x8], lambda ins, outs: (outs, [np.linalg.solve(np.tril(ins[0]), ins[1])])),
+    "triangular_solve right": (
+        lambda a, b: lax.linalg.triangular_solve(a, b, left_side=False, lower=True),
+        [_spd_8x8, _normal_8x8],
+        lambda ins, outs: ([outs[0] @ np.tril(ins[0])], [ins[1]]),  # x a = b
+    ),
+    "eig": (lambda a: lax.linalg.eig(a, compute_left_eigenvectors=False), [_normal_8x8],  # a v = v w
+            lambda ins, outs: ([outs[1] * outs[0][:, None, :], np.sort(outs[0])],
+                               [ins[0] @ outs[1], np.sort(np.linalg.eigvals(ins[0]))])),
+    "schur": (lax.linalg.schur, [_normal_8x8],  # z t z^T = a, t quasi-upper-triangular
+              lambda ins, outs: ([outs[1] @ outs[0] @ outs[1].transpose(0, 2, 1), np.tril(outs[0], -2)],
+                                 [ins[0], np.zeros_like(ins[0])])),
+    "hessenberg": (lax.linalg.hessenberg, [_normal_8x8], _hessenberg_facts),
+    "tridiagonal": (lax.linalg.tridiagonal, [_spd_8x8],  # the same eigenvalues
+                    lambda ins, outs: ([np.linalg.eigvalsh(_tridiagonal_matrix(outs[1], outs[2]))],
+                                       [np.linalg.eigvalsh(ins[0])])),
+    "ormqr": (lambda a, taus, c: lax.linalg.ormqr(a, taus, c, left=True, transpose=False),
+              [_normal_8x8, lambda rng: rng.random((8, 8)).astype(np.float32), _normal_8x8],
+              lambda ins, outs: (outs, [_householder_q(ins[0], ins[1]) @ ins[2]])),
 }
-
-
-def _linalg_facts(name: str, outs: list[np.ndarray]) -> list[np.ndarray]:
-    """What of ``outs`` NumPy's reference gives: eigh's ``v w``, svd's ``u s vt``, qr's
-    ``r`` and ``q r``, lu's ``l u`` and the permuted rows (others: the outputs)."""
-    if name == "eigh":
-        return [outs[0] * outs[1][:, None, :], outs[1]]
-    if name == "svd":
-        u, s, vt = outs
-        return [s, (u * s[:, None, :]) @ vt]
-    if name == "qr":
-        q, r = outs
-        return [r, q @ r]
-    if name == "lu":
-        lu, permutation = outs
-        return [(np.tril(lu, -1) + np.eye(lu.shape[-1])) @ np.triu(lu), permutation]
-    return outs
 
 
 @pytest.mark.parametrize("name", sorted(_LINALG))
 @pytest.mark.parametrize("placements", ["R,S(1)", "S(1),R", "S(0),S(2)"])
 def test_linalg_gathers_split_matrix_dims_as_xla(mesh: Any, name: str, placements: str) -> None:
-    """The LAPACK calls (cholesky, eigh, svd, qr, lu, triangular_solve) of (8, 8, 8)
-    matrices with a matrix dim split (over tp, over dp, or over tp with the batch over
-    dp): XLA partitions the solver over its batch dims only, so it all-gathers the split
-    matrix dims (1,536 / 1,024 / 768 B per split operand) and keeps the batch split; the
-    prediction does the same (:data:`.rules.BATCH_PARTITIONED`), not an all-to-all to a
-    batch split XLA never makes (before: every case ``differs``, 1,984-4,000 B priced
-    against XLA's 1,536): check equal on every output, its bytes and collectives; every
-    execute mode gives NumPy's values in the predicted layout."""
-    fn, makers, reference = _LINALG[name]
+    """The LAPACK calls (cholesky, eigh, svd, qr, lu, triangular_solve, and the CPU-only
+    eig, schur, hessenberg, tridiagonal, ormqr) of (8, 8, 8) matrices with a matrix dim
+    split (over tp, over dp, or over tp with the batch over dp): XLA partitions the
+    solver over its batch dims only, so it all-gathers the split matrix dims (1,536 /
+    1,024 / 768 B per split operand) and keeps the batch split; the prediction does the
+    same (:data:`.rules.BATCH_PARTITIONED`), not an all-to-all to a batch split XLA never
+    makes (before: every case ``differs``, 1,984-4,000 B priced against XLA's 1,536; eig
+    to ormqr had no rule): check equal on every output, its bytes and collectives; every
+    execute mode gives values NumPy agrees with, in the predicted layout."""
+    fn, makers, facts = _LINALG[name]
     rng = np.random.default_rng(0)
     values = [make(rng) for make in makers]
-    # the first operand split as given; triangular_solve's b the same way (both gathered)
-    tensors = [distribute_tensor(v, mesh, placements) for v in values]
+    tensors = [distribute_tensor(v, mesh, placements if v.ndim == 3 else "R,R") for v in values]
+    split = sum(v.ndim == 3 for v in values)
     report = check(fn, *tensors)
     assert [o.verdict for o in report.outputs] == ["equal"] * len(report.outputs), report
-    assert report.predicted_bytes == report.compiled_bytes == {"R,S(1)": 1536, "S(1),R": 1024, "S(0),S(2)": 768}[
-        placements] * len(values)
-    assert report.predicted_counts == report.compiled_counts == {"all-gather": len(values)}
+    per_operand = {"R,S(1)": 1536, "S(1),R": 1024, "S(0),S(2)": 768}[placements]
+    assert report.predicted_bytes == report.compiled_bytes == per_operand * split
+    assert report.predicted_counts == report.compiled_counts == {"all-gather": split}
     kept = "S(0),R" if placements.startswith("S(0)") else "R,R"
-    doubles = [v.astype(np.float64) for v in values]
+    ins = [v.astype(np.float64) for v in values]
     for execute in ("xla", "ops", "pinned"):
         results = jax.tree.leaves(apply(fn, *tensors, execute=execute), is_leaf=lambda v: isinstance(v, DTensor))
         assert [str(o.layout) for o in results] == [kept] * len(results), execute
-        outs = [np.asarray(o.full_tensor()).astype(np.float64) for o in results]
-        for got, expected in zip(_linalg_facts(name, outs), reference(*doubles, outs), strict=True):
-            np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4, err_msg=f"{name} {execute}")
+        outs = [np.asarray(o.full_tensor()).astype(np.complex128 if o.dtype.kind == "c" else np.float64)
+                for o in results]
+        got, want = facts(ins, outs)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4, err_msg=f"{name} {execute}")
 
 
 def _cnn_loss(p: dict[str, Any], x: jax.Array, y: jax.Array) -> jax.Array:

@@ -588,6 +588,8 @@ def test_fft_linalg_and_triangular_solve_split_their_batch() -> None:
     assert one_d(rules.linalg, [(3, 2, 6, 5)], [(3, 2, 5), (3, 2, 6, 5), (3, 2, 5, 5)]) == {
         "S(0) -> S(0),S(0),S(0)", "S(1) -> S(1),S(1),S(1)"}
     assert one_d(rules.linalg, [(3, 4)], [(3, 6)], core_dims=1) == {"S(0) -> S(0)"}  # pivots -> permutation
+    # tridiagonal: the reduced matrix, its diagonal, off-diagonal and reflectors' taus keep the batch
+    assert one_d(rules.linalg, [(3, 5, 5)], [(3, 5, 5), (3, 5), (3, 4), (3, 4)]) == {"S(0) -> S(0),S(0),S(0),S(0)"}
     # b's right-hand sides are independent solves, but XLA gathers them (rules.BATCH_PARTITIONED): no split
     for b in ((3, 5, 7), (3, 7, 5)):  # left_side (b's columns solved apart) or not (its rows)
         assert one_d(rules.triangular_solve, [(3, 5, 5), b], [b]) == {"S(0),S(0) -> S(0)", "R,P -> P", "R,P(avg) -> P(avg)"}

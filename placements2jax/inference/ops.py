@@ -676,7 +676,8 @@ for _name, _partials, _params in (
     )
 _primitive("fft", lambda ins, outs, *, fft_lengths: rules.fft(ins, outs, fft_lengths=fft_lengths), ("fft_lengths",))
 _primitive(
-    ("cholesky", "eigh", "svd", "qr", "householder_product", "lu"), lambda ins, outs: rules.linalg(ins, outs)
+    ("cholesky", "eigh", "svd", "qr", "householder_product", "lu", "eig", "schur", "hessenberg", "tridiagonal", "ormqr"),
+    lambda ins, outs: rules.linalg(ins, outs),
 )
 _primitive("lu_pivots_to_permutation", lambda ins, outs: rules.linalg(ins, outs, core_dims=1))
 _primitive("triangular_solve", lambda ins, outs: rules.triangular_solve(ins, outs))

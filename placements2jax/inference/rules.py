@@ -744,7 +744,8 @@ def fft(ins: Avals, outs: Avals, *, fft_lengths: Sequence[int]) -> list[OneDSig]
 
 def linalg(ins: Avals, outs: Avals, *, core_dims: int = 2) -> list[OneDSig]:
     """Batched decompositions (``cholesky``, ``eigh``, ``svd``, ``qr``,
-    ``householder_product``, ``lu``, ``lu_pivots_to_permutation``): the first input's
+    ``householder_product``, ``lu``, ``lu_pivots_to_permutation``, and the CPU-only
+    ``eig``, ``schur``, ``hessenberg``, ``tridiagonal``, ``ormqr``): the first input's
     last ``core_dims`` dims (the matrix; the pivots' one dim) are ``R``; a leading batch
     dim with the same extent on every input and output (eigenvalues, singular values,
     pivots and permutations keep the batch) splits on all of them alike, each rank
@@ -772,8 +773,8 @@ def triangular_solve(ins: Avals, outs: Avals) -> list[OneDSig]:
 
 
 # primitives XLA compiles to a solver's custom call (LAPACK on CPU: ``lapack_spotrf_ffi``, ``_ssyevd``, ``_sgesdd``,
-# ``_sgeqrf`` / ``_sorgqr``, ``_sgetrf``, ``_strsm``, ``_sgtsv``, marked ``num_batch_dims``; the pivots' permutation
-# a loop) whose partitioner keeps the splits the operands' batch dims have and gathers every other split first,
+# ``_sgeqrf`` / ``_sorgqr``, ``_sgetrf``, ``_strsm``, ``_sgtsv``, ``_sgeev``, ``_sgees``, ``_sgehrd``, ``_ssytrd``,
+# ``_sormqr``, marked ``num_batch_dims``; the pivots' permutation a loop) whose partitioner keeps the splits the operands' batch dims have and gathers every other split first,
 # splitting no dim that no operand splits (jax 0.10.2's HLO on dp=2 x tp=4: ``tridiagonal_solve`` of ``b`` R,S(2)
 # all-gathers b over tp, 2,304 B, and solves every system on every device, where an all-to-all to the batch dim would
 # cost 288 B; ``cholesky`` / ``eigh`` / ``svd`` / ``qr`` / ``lu`` of an (8, 8, 8) matrix R,S(1) all-gather it, 1,536 B,
@@ -784,7 +785,7 @@ def triangular_solve(ins: Avals, outs: Avals) -> list[OneDSig]:
 # the split to the batch dim there, one all-to-all, where XLA all-to-alls the transpose and gathers the sum.)
 BATCH_PARTITIONED = (
     "cholesky", "eigh", "svd", "qr", "householder_product", "lu", "lu_pivots_to_permutation", "triangular_solve",
-    "tridiagonal_solve",
+    "tridiagonal_solve", "eig", "schur", "hessenberg", "tridiagonal", "ormqr",
 )
 
 
