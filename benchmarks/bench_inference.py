@@ -354,45 +354,56 @@ def _predict_steps(config: Config, section: Section) -> None:
     )
 
 
-_DEPTHS = (("llama", (2, 4, 8)), ("gpt2", (2, 8)))  # unrolled layers (a Python loop) / layers under lax.scan
+# (model, layers, config overrides): unrolled layers (a Python loop) / layers under lax.scan, at the test models'
+# tiny widths, then both at a realistic width (d_model 512, sequence 256, vocabulary 4,096: ~16x the tiny models'
+# widths, as small LMs have): the search's work follows the program, XLA's bytes the sizes
+_WIDE = {"seq": 256, "vocab": 4096, "heads": 8}
+_SIZES = (
+    ("llama", 2, {}), ("llama", 4, {}), ("llama", 8, {}), ("gpt2", 2, {}), ("gpt2", 8, {}),
+    ("llama", 2, {**_WIDE, "dim": 512, "kv_heads": 4, "hidden": 1408}), ("gpt2", 2, {**_WIDE, "d_model": 512}),
+)
 
 
 def _predict_depth(config: Config, section: Section) -> None:
-    """predict on the adamw steps of deeper models: how its cold time and its prediction
-    grow with the number of layers, against XLA compiling the same step."""
+    """predict on the adamw steps of deeper and wider models: how its cold time and its
+    prediction grow with the number of layers and the widths, against XLA compiling the same
+    step."""
     from models.steps import training_step
 
     from placements2jax import check
 
     mesh = init_device_mesh((2, 4), ("dp", "tp"))
     rows = []
-    for model, depths in () if config.quick else _DEPTHS:
-        for layers in depths:
-            progress(f"  inference predict({model} adamw step, {layers} layers)")
-            step = training_step(model, mesh, layers=layers)
-            predict(step.fn, *step.args, out_layouts=step.out_layouts)  # the model's own first-call costs
-            clear_caches()
-            start = time.process_time()
-            prediction = predict(step.fn, *step.args, out_layouts=step.out_layouts)
-            cold = time.process_time() - start
-            start = time.process_time()
-            step.plain_jit(fresh=True).lower(*step.plain_args()).compile()
-            compile_s = time.process_time() - start
-            report = check(step.fn, *step.args, out_layouts=step.out_layouts)
-            rows.append((
-                model, layers, len(prediction.equations), f"{cold:.2f}", f"{compile_s:.2f}", f"{cold / compile_s:.2f}",
-                f"{float(prediction.lowered_nbytes / report.compiled_bytes):.2f}",
-                f"{len(report.predicted_combined)} / {len(report.compiled_collectives)}",
-            ))
+    for model, layers, overrides in () if config.quick else _SIZES:
+        progress(f"  inference predict({model} adamw step, {layers} layers, {overrides or 'tiny'})")
+        step = training_step(model, mesh, layers=layers, **overrides)
+        predict(step.fn, *step.args, out_layouts=step.out_layouts)  # the model's own first-call costs
+        clear_caches()
+        start = time.process_time()
+        prediction = predict(step.fn, *step.args, out_layouts=step.out_layouts)
+        cold = time.process_time() - start
+        start = time.process_time()
+        step.plain_jit(fresh=True).lower(*step.plain_args()).compile()
+        compile_s = time.process_time() - start
+        report = check(step.fn, *step.args, out_layouts=step.out_layouts)
+        width = "tiny" if not overrides else (
+            f"d {overrides.get('dim', overrides.get('d_model'))}, seq {overrides['seq']}, vocab {overrides['vocab']}"
+        )
+        rows.append((
+            model, layers, width, len(prediction.equations), f"{cold:.2f}", f"{compile_s:.2f}",
+            f"{cold / compile_s:.2f}", f"{float(prediction.lowered_nbytes / report.compiled_bytes):.2f}",
+            f"{len(report.predicted_combined)} / {len(report.compiled_collectives)}",
+        ))
     if rows:
         section.tables.append(
             Table(
-                "predict against depth: the adamw steps of tests/models with more layers (Llama's unrolled by a "
-                "Python loop, GPT-2's under lax.scan; mesh dp=2 x tp=4, Megatron plan; one cold predict and one XLA "
-                "compile each, CPU s; bytes as CPU XLA compiles the prediction against XLA's, collectives after "
-                "XLA's combiner)",
-                ("model", "layers", "report rows", "predict cold (CPU s)", "XLA compile (CPU s)", "cold / compile",
-                 "predicted / XLA bytes", "collectives predicted / XLA"),
+                "predict against depth and width: the adamw steps of tests/models with more layers (Llama's unrolled "
+                "by a Python loop, GPT-2's under lax.scan) and at a realistic width (d_model 512, sequence 256, "
+                "vocabulary 4,096, 8 heads; mesh dp=2 x tp=4, Megatron plan; one cold predict and one XLA compile "
+                "each, CPU s; bytes as CPU XLA compiles the prediction against XLA's, collectives after XLA's "
+                "combiner)",
+                ("model", "layers", "width", "report rows", "predict cold (CPU s)", "XLA compile (CPU s)",
+                 "cold / compile", "predicted / XLA bytes", "collectives predicted / XLA"),
                 tuple(rows),
             )
         )

@@ -10,7 +10,11 @@ operand in brackets), and what ``apply(execute="pinned")`` under ``jax.jit`` com
 (bytes and collectives). The second table: the same under a latency-bound cost model,
 ``CostModel(collective_overhead={"all-gather": 8192, "all-to-all": 8192})`` (the search
 charges each collective CPU XLA's combiner never merges 8,192 B, the all-reduces it merges
-the default 192: a pod's latency in bytes is tens of KB). Every probe is kept here, so
+the default 192: a pod's latency in bytes is tens of KB). Both tables also give each
+plan's communication time on a pod's alpha-beta model (5 us per collective after XLA's
+combiner plus its bytes at 50 GB/s) against XLA's. The third: the programs of
+tests/models at a realistic width (d_model 512 or 256, sequence 256, vocabulary 4,096),
+predicted under both models against XLA's compiled program. Every probe is kept here, so
 each figure can be re-measured.
 
     .venv/bin/python benchmarks/run.py --only real_programs        (~10 min on 2 idle cores)
@@ -48,12 +52,30 @@ from placements2jax.inference import CostModel, check, default_cost_model, use_c
 Program = tuple[Callable[..., Any], tuple[Any, ...], Any]  # fn, args, out_layouts (None: the function's own)
 
 
-def _step(model: str, optimizer: optax.GradientTransformation | None = None, **config: Any) -> Callable[..., Program]:
-    def build(mesh: DeviceMesh) -> Program:
-        step = training_step(model, mesh, optimizer, **config)
+# each model's realistic width (the third table): ~8-16x its tiny widths, as small LMs have
+_WIDE: dict[str, dict[str, Any]] = {
+    "llama_scan": {"seq": 256, "vocab": 4096, "dim": 512, "hidden": 1408},
+    "gemma": {"seq": 256, "vocab": 4096, "dim": 512, "hidden": 1408, "window": 64},
+    "moe": {"seq": 256, "vocab": 4096, "dim": 256, "hidden": 512},
+    "stacked": {"seq": 256, "vocab": 4096, "dim": 512, "hidden": 1024},
+}
+
+
+class _Step:
+    """A program of tests/models/steps.py: ``training_step(model, mesh, optimizer, **config)``;
+    :meth:`wide` the same at the model's realistic width."""
+
+    def __init__(self, model: str, optimizer: optax.GradientTransformation | None = None, **config: Any) -> None:
+        self.model, self.optimizer, self.config = model, optimizer, config
+
+    def __call__(self, mesh: DeviceMesh) -> Program:
+        step = training_step(self.model, mesh, self.optimizer, **self.config)
         return step.fn, step.args, step.out_layouts
 
-    return build
+    def wide(self) -> _Step:
+        return _Step(self.model, self.optimizer, **{**self.config, **_WIDE[self.model]})
+
+
 
 
 def _eqx_scan(mesh: DeviceMesh) -> Program:
@@ -77,29 +99,29 @@ def _nnx_scan(mesh: DeviceMesh) -> Program:
 BF16 = {"dtype": "bfloat16"}
 PROGRAMS: dict[str, Callable[[DeviceMesh], Program]] = {
     "Llama, GQA + RoPE, `lax.scan` over 2 stacked layers, einsum attention, f32, clip + adamw":
-        _step("llama_scan"),
+        _Step("llama_scan"),
     "the same in bf16, `jax.nn.dot_product_attention(is_causal=True)`":
-        _step("llama_scan", attention="dot_product_attention", **BF16),
-    "the same in bf16, einsum attention": _step("llama_scan", **BF16),
+        _Step("llama_scan", attention="dot_product_attention", **BF16),
+    "the same in bf16, einsum attention": _Step("llama_scan", **BF16),
     "the same in bf16, GQA passed to `dot_product_attention` unrepeated":
-        _step("llama_scan", attention="gqa dot_product_attention", **BF16),
+        _Step("llama_scan", attention="gqa dot_product_attention", **BF16),
     "the same in bf16, 1 layer, `dot_product_attention(mask=causal & ~padding)`":
-        _step("llama_scan", attention="masked dot_product_attention", layers=1, **BF16),
+        _Step("llama_scan", attention="masked dot_product_attention", layers=1, **BF16),
     "Gemma-2 class: soft-capped attention and logits, sliding-window / global layers, GeGLU, tied vocabulary-split "
-    "embeddings, label smoothing + z-loss, clip + adamw": _step("gemma"),
-    "MoE top-2 (`lax.top_k`, one_hot / einsum dispatch, experts split over `tp`), clip + adamw": _step("moe"),
-    "MoE top-2, sort dispatch (`argsort`, gathered expert weights, `.at[].add`)": _step("moe", dispatch="sort"),
+    "embeddings, label smoothing + z-loss, clip + adamw": _Step("gemma"),
+    "MoE top-2 (`lax.top_k`, one_hot / einsum dispatch, experts split over `tp`), clip + adamw": _Step("moe"),
+    "MoE top-2, sort dispatch (`argsort`, gathered expert weights, `.at[].add`)": _Step("moe", dispatch="sort"),
     "MoE top-2, dropless `lax.ragged_dot` (sorted rows, SwiGLU experts split on their hidden dim over `tp`)":
-        _step("moe", dispatch="ragged"),
-    "stacked LM (tests/models/stacked.py), clip + adamw": _step("stacked"),
+        _Step("moe", dispatch="ragged"),
+    "stacked LM (tests/models/stacked.py), clip + adamw": _Step("stacked"),
     "stacked LM, `optax.MultiSteps(clip + inject_hyperparams(adamw)(warmup_cosine))`":
-        _step("stacked", common.accumulating_optimizer()),
+        _Step("stacked", common.accumulating_optimizer()),
     "stacked LM bf16, remat, 2 microbatches under `lax.scan`":
-        _step("stacked", microbatches=2, remat=True, **BF16),
+        _Step("stacked", microbatches=2, remat=True, **BF16),
     "stacked LM, 2 microbatches under `lax.fori_loop`, `optax.lion`":
-        _step("stacked", optax.lion(1e-4), microbatches=2, accumulate="fori_loop"),
-    "stacked LM, `optax.apply_if_finite(optax.adam(1e-3), 3)`": _step("stacked", optax.apply_if_finite(optax.adam(1e-3), 3)),
-    "stacked LM, 3 layers, remat, `scan(unroll=2)`": _step("stacked", layers=3, remat=True, unroll=2),
+        _Step("stacked", optax.lion(1e-4), microbatches=2, accumulate="fori_loop"),
+    "stacked LM, `optax.apply_if_finite(optax.adam(1e-3), 3)`": _Step("stacked", optax.apply_if_finite(optax.adam(1e-3), 3)),
+    "stacked LM, 3 layers, remat, `scan(unroll=2)`": _Step("stacked", layers=3, remat=True, unroll=2),
     "Equinox, `eqx.filter_vmap`-made layers under `lax.scan` (partition / combine), adamw": _eqx_scan,
     "Flax NNX, `nnx.vmap`-made layers under `nnx.scan` + `nnx.remat`, stateful `nnx.Optimizer` step": _nnx_scan,
 }
@@ -112,21 +134,33 @@ def _bytes(nbytes: float) -> str:
 # quick mode (the suite's smoke test): one small row
 _QUICK = "stacked LM, 2 microbatches under `lax.fori_loop`, `optax.lion`"
 HEADERS = ("program", "predicted B", "XLA B", "ratio", "collectives predicted / XLA (XLA's operands)",
-           "pinned B (collectives)", "outputs agree")
+           "pinned B (collectives)", "outputs agree", "pod time / XLA's")
+# a pod's alpha-beta model (docs/inference.md section 4: 5 us and 50 GB/s, 250 KB per collective): the time of a
+# plan's communication, each collective after XLA's combiner its latency plus its bytes
+POD_LATENCY_US, POD_BYTES_PER_US = 5.0, 50e3
+
+
+def pod_time(collectives: int, nbytes: float) -> float:
+    """Microseconds of communication on the pod model: latency per collective plus bytes."""
+    return collectives * POD_LATENCY_US + nbytes / POD_BYTES_PER_US
 
 
 class Row:
     """One program's figures: check's prediction against XLA's compiled program, and what
     ``apply(execute="pinned")`` compiles under ``jax.jit``."""
 
-    def __init__(self, name: str, mesh: DeviceMesh, cost_model: CostModel | None = None) -> None:
+    def __init__(
+        self, name: str, mesh: DeviceMesh, cost_model: CostModel | None = None,
+        build: Callable[[DeviceMesh], Program] | None = None, pinned: bool = True,
+    ) -> None:
         """``cost_model``: the default model of check and apply while measuring (None: the
-        library's default)."""
+        library's default); ``build``: the program (None: ``PROGRAMS[name]``); ``pinned``:
+        also compile ``apply(execute="pinned")``."""
         with use_cost_model(cost_model or default_cost_model()):
-            self._measure(name, mesh)
+            self._measure(name, mesh, build or PROGRAMS[name], pinned)
 
-    def _measure(self, name: str, mesh: DeviceMesh) -> None:
-        fn, args, out_layouts = PROGRAMS[name](mesh)
+    def _measure(self, name: str, mesh: DeviceMesh, build: Callable[[DeviceMesh], Program], pinned: bool) -> None:
+        fn, args, out_layouts = build(mesh)
         report = check(fn, *args, out_layouts=out_layouts)
         self.name = name
         self.agree = all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
@@ -135,6 +169,9 @@ class Row:
         self.operands = sum(report.compiled_operand_counts.values())
         # XLA sends more legitimately (CPU's all-reduce for a reduce-scatter) where check says so per collective
         self.explained = common.below_floor(report)
+        self.pod_ratio = pod_time(self.collectives, self.predicted) / pod_time(self.compiled_collectives, self.compiled)
+        if not pinned:
+            return
         # the parameters returned too: a stateful step's updated Variables are its arguments' (nnx)
         pinned = eqx.filter_jit(lambda *a: (apply(fn, *a, out_layouts=out_layouts, execute="pinned"), a[:2]))
         self.pinned_collectives, self.pinned = common.communication(
@@ -154,6 +191,7 @@ class Row:
             self.name, _bytes(self.predicted), _bytes(self.compiled), f"{self.predicted / self.compiled:.2f}",
             f"{self.collectives} / {self.compiled_collectives} ({self.operands})",
             f"{_bytes(self.pinned)} ({self.pinned_collectives})", "yes" if self.agree else "NO",
+            f"{self.pod_ratio:.2f}",
         )
 
 
@@ -196,6 +234,8 @@ def run(config: Config) -> Section:
     section.tables.append(Table(
         f"the same with a latency-bound cost model: {COUNT_FIRST_TEXT}", HEADERS, tuple(row.cells() for row in counted),
     ))
+    if not config.quick:
+        section.tables.append(_wide_table(mesh, model))
     section.targets.append(Target(
         "every output's predicted layout agrees with XLA's compiled one (or XLA reduced a partial)",
         f"{sum(row.agree for row in rows)} of {len(rows)} programs", "all", all(row.agree for row in rows),
@@ -229,6 +269,36 @@ def run(config: Config) -> Section:
         "all", all(met),
     ))
     return section
+
+
+def _wide_table(mesh: DeviceMesh, model: CostModel) -> Table:
+    """The programs of tests/models at their realistic width (:data:`_WIDE`), predicted by
+    default and under the latency-bound model against XLA's compiled program."""
+    rows = []
+    for name, build in PROGRAMS.items():
+        if not isinstance(build, _Step):
+            continue
+        progress(f"  real program, realistic width: {name}")
+        wide = build.wide()
+        default, counted = Row(name, mesh, build=wide, pinned=False), Row(name, mesh, model, wide, pinned=False)
+        rows.append((
+            name, "d_model {dim}, seq {seq}, vocab {vocab:,}".format(**_WIDE[build.model]),
+            _bytes(default.compiled), f"{default.predicted / default.compiled:.2f}",
+            f"{counted.predicted / counted.compiled:.2f}",
+            f"{default.collectives} / {counted.collectives} / {default.compiled_collectives}",
+            f"{default.pod_ratio:.2f}", f"{counted.pod_ratio:.2f}",
+            "yes" if default.agree and counted.agree else "NO",
+        ))
+    return Table(
+        "at a realistic width: the programs of tests/models with d_model 512 (the MoE's 256), sequence 256 and "
+        f"vocabulary 4,096 (dp=2 x tp=4), predicted by default and under the latency-bound model ({COUNT_FIRST}); "
+        "bytes per device; collectives after XLA's combiner; pod time: 5 us per collective plus bytes at 50 GB/s, "
+        "against XLA's program's",
+        ("program", "width", "XLA B", "predicted / XLA B, default", "predicted / XLA B, latency-bound",
+         "collectives default / latency-bound / XLA", "pod time / XLA's, default", "pod time / XLA's, latency-bound",
+         "outputs agree"),
+        tuple(rows),
+    )
 
 
 def main(selected: str = "", overhead: str = "") -> None:
