@@ -23,7 +23,6 @@ docs/inference.md section 6 tabulates them."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -36,7 +35,7 @@ from jax.sharding import NamedSharding
 from models import common, eqx_scan, nnx_scan, shampoo
 from models.steps import training_step
 
-from placements2jax import DTensor, apply, distribute_pytree, distribute_tensor, init_device_mesh
+from placements2jax import DTensor, apply, distribute_pytree, init_device_mesh
 from placements2jax.dtensor import auto_twin_of
 from placements2jax.hlo import parse_collectives
 from placements2jax.inference import CostModel, check, predict
@@ -295,20 +294,6 @@ class Probe(NamedTuple):
     collectives: tuple[int, int]  # predicted after the combiner, XLA's
 
 
-def _split_statistics(mesh: Any) -> Any:
-    """The Shampoo step with the larger Kronecker factors (up's right, down's left: 64 x 64)
-    split by rows over tp, as a sharded optimizer keeps them."""
-    step = training_step("mlp", mesh, shampoo.shampoo(1e-3))
-    params, state, *batch = step.args
-
-    def rows(x: DTensor) -> DTensor:
-        return distribute_tensor(np.asarray(x.full_tensor()), mesh, "R,S(0)")
-
-    state = state._replace(left={**state.left, "down": rows(state.left["down"])},
-                           right={**state.right, "up": rows(state.right["up"])})
-    return replace(step, args=(params, state, *batch))
-
-
 PROBES: dict[str, Probe] = {
     "mamba associative_scan": Probe(lambda mesh: training_step("mamba", mesh), 0.93, (12, 9)),
     "mamba2 chunked ssd": Probe(lambda mesh: training_step("mamba2", mesh), 0.79, (13, 10)),
@@ -317,7 +302,8 @@ PROBES: dict[str, Probe] = {
     "gemma3 qk-norm local/global": Probe(lambda mesh: training_step("gemma3", mesh), 0.81, (14, 14)),
     "mlp muon": Probe(lambda mesh: training_step("mlp", mesh, optax.contrib.muon(1e-3)), 0.59, (11, 13)),
     "mlp shampoo eigh": Probe(lambda mesh: training_step("mlp", mesh, shampoo.shampoo(1e-3)), 0.09, (15, 17)),
-    "mlp shampoo eigh, split statistics": Probe(_split_statistics, 0.47, (18, 15)),
+    "mlp shampoo eigh, split statistics": Probe(
+        lambda mesh: shampoo.split_statistics(training_step("mlp", mesh, shampoo.shampoo(1e-3))), 0.47, (18, 15)),
 }
 
 

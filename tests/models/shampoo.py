@@ -8,11 +8,15 @@ other ranks take Adam's update alone."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
+
+from placements2jax import DTensor, distribute_tensor
 
 
 class ShampooState(NamedTuple):
@@ -64,3 +68,17 @@ def shampoo(learning_rate: float, b1: float = 0.9, b2: float = 0.999, beta: floa
         return updates, ShampooState(count, mu, nu, left, right)
 
     return optax.GradientTransformation(init, update)
+
+
+def split_statistics(step: Any) -> Any:
+    """``step`` (a models.steps.Step of the Megatron MLP under :func:`shampoo`) with the
+    larger Kronecker factors (up's right, down's left: 64 x 64) split by rows over ``tp``,
+    as a sharded optimizer keeps them."""
+    params, state, *batch = step.args
+
+    def rows(x: DTensor) -> DTensor:
+        return distribute_tensor(np.asarray(x.full_tensor()), x.device_mesh, "R,S(0)")
+
+    state = state._replace(left={**state.left, "down": rows(state.left["down"])},
+                           right={**state.right, "up": rows(state.right["up"])})
+    return replace(step, args=(params, state, *batch))
