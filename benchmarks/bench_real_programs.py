@@ -42,7 +42,7 @@ import jax  # noqa: E402
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 from harness import Config, Section, Table, Target, progress  # noqa: E402
-from models import common, eqx_scan, nnx_scan  # noqa: E402
+from models import common, eqx_scan, nnx_scan, shampoo  # noqa: E402
 from models.steps import training_step  # noqa: E402
 
 from placements2jax import DeviceMesh, apply, distribute_pytree, init_device_mesh  # noqa: E402
@@ -96,6 +96,11 @@ def _nnx_scan(mesh: DeviceMesh) -> Program:
     return nnx.jit(nnx_scan.train_step), (model, optimizer, *common.megatron_batch(cfg, mesh)), None
 
 
+def _split_shampoo(mesh: DeviceMesh) -> Program:
+    step = shampoo.split_statistics(training_step("mlp", mesh, shampoo.shampoo(1e-3)))
+    return step.fn, step.args, step.out_layouts
+
+
 BF16 = {"dtype": "bfloat16"}
 PROGRAMS: dict[str, Callable[[DeviceMesh], Program]] = {
     "Llama, GQA + RoPE, `lax.scan` over 2 stacked layers, einsum attention, f32, clip + adamw":
@@ -124,6 +129,17 @@ PROGRAMS: dict[str, Callable[[DeviceMesh], Program]] = {
     "stacked LM, 3 layers, remat, `scan(unroll=2)`": _Step("stacked", layers=3, remat=True, unroll=2),
     "Equinox, `eqx.filter_vmap`-made layers under `lax.scan` (partition / combine), adamw": _eqx_scan,
     "Flax NNX, `nnx.vmap`-made layers under `nnx.scan` + `nnx.remat`, stateful `nnx.Optimizer` step": _nnx_scan,
+    # stop 37's probes (docs/inference.md section 6, "Stop 37 probes")
+    "Mamba, selective scan by `lax.associative_scan`, depthwise conv, inner channels over `tp`, clip + adamw":
+        _step("mamba"),
+    "Mamba-2, chunked SSD (`cumsum` segment sums, 4-operand einsums), heads over `tp`": _step("mamba2"),
+    "DeepSeek-V2 latent attention (low-rank KV, latent RMSNorm, shared decoupled RoPE key), heads over `tp`":
+        _step("mla"),
+    "RWKV-4, token shift + WKV recurrence under `lax.scan` over time, channels over `tp`": _step("rwkv"),
+    "Gemma-3 class: qk-norm, local / global layers, sandwich norms": _step("gemma3"),
+    "Megatron MLP, `optax.contrib.muon`": _step("mlp", optax.contrib.muon(1e-3)),
+    "Megatron MLP, Shampoo by `jnp.linalg.eigh` (replicated statistics)": _step("mlp", shampoo.shampoo(1e-3)),
+    "Megatron MLP, Shampoo by `jnp.linalg.eigh` (64 x 64 statistics split by rows over `tp`)": _split_shampoo,
 }
 
 

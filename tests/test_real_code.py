@@ -32,7 +32,7 @@ import optax
 import pytest
 from flax import nnx
 from jax.sharding import NamedSharding
-from models import common, eqx_scan, nnx_scan
+from models import common, eqx_scan, nnx_scan, shampoo
 from models.steps import training_step
 
 from placements2jax import DTensor, apply, distribute_pytree, init_device_mesh
@@ -283,3 +283,53 @@ def test_a_cnn_with_channel_split_convs(mesh: Any, channels: tuple[int, ...]) ->
             np.testing.assert_allclose(np.asarray(value), np.asarray(w), rtol=1e-6, atol=1e-7)
         kept = jax.tree.leaves(got[:2], is_leaf=_is_dtensor)
         assert [x.layout for x in kept] == [x.layout for x in jax.tree.leaves(step.args[:2], is_leaf=_is_dtensor)]
+
+
+# Stop 37's probes (docs/inference.md section 6, "Stop 37 probes"): new families of public training code, each
+# with what it adds (scan primitives, latent projections, eigendecompositions) and the bytes and collectives
+# (after XLA's combiner) check measured against XLA's on dp=2 x tp=4
+class Probe(NamedTuple):
+    step: Callable[[Any], Any]  # mesh -> models.steps.Step
+    ratio: float  # predicted bytes / XLA's, measured
+    collectives: tuple[int, int]  # predicted after the combiner, XLA's
+
+
+PROBES: dict[str, Probe] = {
+    "mamba associative_scan": Probe(lambda mesh: training_step("mamba", mesh), 0.93, (12, 9)),
+    "mamba2 chunked ssd": Probe(lambda mesh: training_step("mamba2", mesh), 0.79, (13, 10)),
+    "deepseek latent attention": Probe(lambda mesh: training_step("mla", mesh), 0.87, (12, 9)),
+    "rwkv wkv scan": Probe(lambda mesh: training_step("rwkv", mesh), 0.83, (13, 10)),
+    "gemma3 qk-norm local/global": Probe(lambda mesh: training_step("gemma3", mesh), 0.81, (14, 14)),
+    "mlp muon": Probe(lambda mesh: training_step("mlp", mesh, optax.contrib.muon(1e-3)), 0.59, (11, 13)),
+    "mlp shampoo eigh": Probe(lambda mesh: training_step("mlp", mesh, shampoo.shampoo(1e-3)), 0.09, (15, 17)),
+    "mlp shampoo eigh, split statistics": Probe(
+        lambda mesh: shampoo.split_statistics(training_step("mlp", mesh, shampoo.shampoo(1e-3))), 0.47, (18, 15)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROBES))
+def test_probe_families(mesh: Any, name: str) -> None:
+    """Each output's layout agrees with XLA's; the bytes and collectives (after XLA's
+    combiner) are the measured ratios to XLA's (all below its bytes; the extra collectives
+    are all-gathers, which CPU XLA's combiner never merges, for fewer bytes); apply
+    (execute="pinned") under jax.jit compiles the predicted plan (its bytes within 1.1x of
+    the prediction), keeps the parameters' and state's layouts and computes what jax.jit of
+    the step computes on one device. Not execute="xla": for the Mamba-2 step XLA's own
+    program is wrong (docs/inference.md, "Stop 37 probes": a depthwise conv's weight
+    gradient with the batch split over dp and the weight replicated comes out multiplied by
+    the tp size), and the other rows' xla paths are test_predict_check_apply's."""
+    probe = PROBES[name]
+    step = probe.step(mesh)
+    report = check(step.fn, *step.args, out_layouts=step.out_layouts)
+    assert report.outputs and all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs), report
+    assert report.predicted_bytes / report.compiled_bytes == pytest.approx(probe.ratio, abs=0.006)
+    assert (len(report.predicted_combined), len(report.compiled_collectives)) == probe.collectives
+    pinned = eqx.filter_jit(
+        lambda *a: apply(step.fn, *a, out_layouts=step.out_layouts, execute="pinned")).lower(*step.args).compile()
+    count, nbytes = common.communication(parse_collectives(pinned.compiled.as_text()))
+    assert nbytes <= 1.1 * float(report.predicted_bytes)
+    got = pinned(*step.args)
+    kept = jax.tree.leaves(got[:2], is_leaf=_is_dtensor)
+    assert [x.layout for x in kept] == [x.layout for x in jax.tree.leaves(step.args[:2], is_leaf=_is_dtensor)]
+    want = jax.jit(step.fn)(*_one_device(common.plain(step.args)))
+    _assert_close(got, want, _F32)

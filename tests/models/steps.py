@@ -19,7 +19,7 @@ from jax.sharding import NamedSharding
 from placements2jax import DeviceMesh, DTensor, colwise, distribute_pytree, distribute_tensor, rowwise
 from placements2jax.dtensor import auto_twin_of
 
-from . import cnn, common, gemma, gpt2, llama, llama_scan, moe, stacked
+from . import cnn, common, gemma, gemma3, gpt2, llama, llama_scan, mamba, mamba2, mla, moe, rwkv, stacked
 
 
 @dataclass(frozen=True)
@@ -64,20 +64,23 @@ def mlp_loss(params: dict[str, jax.Array], x: jax.Array, y: jax.Array) -> jax.Ar
     return jnp.mean((jax.nn.gelu(x @ params["up"]) @ params["down"] - y) ** 2)
 
 
-def mlp_step(params: Any, opt_state: Any, x: jax.Array, y: jax.Array) -> tuple[Any, Any, jax.Array]:
-    """A Megatron MLP's adamw step (small: for quick runs)."""
+def mlp_step(
+    params: Any, opt_state: Any, x: jax.Array, y: jax.Array, optimizer: optax.GradientTransformation | None = None
+) -> tuple[Any, Any, jax.Array]:
+    """A Megatron MLP's step (small: for quick runs) under ``optimizer`` (default common.make_optimizer()'s
+    clip + adamw)."""
     value, grads = jax.value_and_grad(mlp_loss)(params, x, y)
-    updates, opt_state = common.make_optimizer().update(grads, opt_state, params)
+    updates, opt_state = (optimizer or common.make_optimizer()).update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, value
 
 
 def training_step(
     model: str, mesh: DeviceMesh, optimizer: optax.GradientTransformation | None = None, **config: Any
 ) -> Step:
-    """The adamw step of ``model`` ("gpt2", "llama", "gemma", "stacked", "llama_scan" or "moe", ``config``
-    overriding its Config; "mlp": :func:`mlp_step`) with the Megatron plan on ``mesh`` (its ``tp`` axis) and a
-    batch of 4 split over its ``dp`` axis if it has one (else replicated); ``optimizer``
-    (not for "mlp"): another update than common.make_optimizer()'s clip + adamw. "cnn":
+    """The adamw step of ``model`` ("gpt2", "llama", "gemma", "stacked", "llama_scan", "moe", "mamba" or
+    "mla", ``config`` overriding its Config; "mlp": :func:`mlp_step`) with the Megatron plan on ``mesh`` (its
+    ``tp`` axis) and a batch of 4 split over its ``dp`` axis if it has one (else replicated, "mlp": of 8);
+    ``optimizer``: another update than common.make_optimizer()'s clip + adamw. "cnn":
     tests/models/cnn.py's step (optax.adamw) on its channel plan, its batch of images."""
     batch_placements = ",".join("S(0)" if name == "dp" else "R" for name in mesh.mesh_dim_names)
     if model == "mlp":
@@ -85,11 +88,11 @@ def training_step(
         plain = {"up": rng.normal(size=(16, 64)).astype(np.float32) / 4,
                  "down": rng.normal(size=(64, 16)).astype(np.float32) / 8}
         params = distribute_pytree(plain, mesh, {"up": colwise("tp"), "down": rowwise("tp")})
-        state = common.distribute_state(common.make_optimizer().init(plain), params)
+        state = common.distribute_state((optimizer or common.make_optimizer()).init(plain), params)
         batch = [
             distribute_tensor(rng.normal(size=(8, 16)).astype(np.float32), mesh, batch_placements) for _ in range(2)
         ]
-        return Step(model, mlp_step, (params, state, *batch))
+        return Step(model, partial(mlp_step, optimizer=optimizer) if optimizer else mlp_step, (params, state, *batch))
     if model == "cnn":
         cfg = cnn.Config(**config)
         plain = cnn.init(jax.random.key(0), cfg)
@@ -98,7 +101,9 @@ def training_step(
         state = common.distribute_state(optimizer.init(plain), params)
         batch = [distribute_tensor(a, mesh, batch_placements) for a in cnn.batch(0, cfg)]
         return Step(model, partial(cnn.train_step, optimizer=optimizer), (params, state, *batch))
-    modules = {"gpt2": gpt2, "llama": llama, "gemma": gemma, "stacked": stacked, "llama_scan": llama_scan, "moe": moe}
+    modules = {"gpt2": gpt2, "llama": llama, "gemma": gemma, "stacked": stacked, "llama_scan": llama_scan, "moe": moe,
+               "mamba": mamba, "mla": mla, "rwkv": rwkv, "gemma3": gemma3,
+               "mamba2": mamba2}
     module = modules[model]
     cfg = module.Config(**config)
     plain = module.init(jax.random.key(0), cfg)
