@@ -131,14 +131,14 @@ PROGRAMS: dict[str, Callable[[DeviceMesh], Program]] = {
     "Flax NNX, `nnx.vmap`-made layers under `nnx.scan` + `nnx.remat`, stateful `nnx.Optimizer` step": _nnx_scan,
     # stop 37's probes (docs/inference.md section 6, "Stop 37 probes")
     "Mamba, selective scan by `lax.associative_scan`, depthwise conv, inner channels over `tp`, clip + adamw":
-        _step("mamba"),
-    "Mamba-2, chunked SSD (`cumsum` segment sums, 4-operand einsums), heads over `tp`": _step("mamba2"),
+        _Step("mamba"),
+    "Mamba-2, chunked SSD (`cumsum` segment sums, 4-operand einsums), heads over `tp`": _Step("mamba2"),
     "DeepSeek-V2 latent attention (low-rank KV, latent RMSNorm, shared decoupled RoPE key), heads over `tp`":
-        _step("mla"),
-    "RWKV-4, token shift + WKV recurrence under `lax.scan` over time, channels over `tp`": _step("rwkv"),
-    "Gemma-3 class: qk-norm, local / global layers, sandwich norms": _step("gemma3"),
-    "Megatron MLP, `optax.contrib.muon`": _step("mlp", optax.contrib.muon(1e-3)),
-    "Megatron MLP, Shampoo by `jnp.linalg.eigh` (replicated statistics)": _step("mlp", shampoo.shampoo(1e-3)),
+        _Step("mla"),
+    "RWKV-4, token shift + WKV recurrence under `lax.scan` over time, channels over `tp`": _Step("rwkv"),
+    "Gemma-3 class: qk-norm, local / global layers, sandwich norms": _Step("gemma3"),
+    "Megatron MLP, `optax.contrib.muon`": _Step("mlp", optax.contrib.muon(1e-3)),
+    "Megatron MLP, Shampoo by `jnp.linalg.eigh` (replicated statistics)": _Step("mlp", shampoo.shampoo(1e-3)),
     "Megatron MLP, Shampoo by `jnp.linalg.eigh` (64 x 64 statistics split by rows over `tp`)": _split_shampoo,
 }
 
@@ -292,7 +292,7 @@ def _wide_table(mesh: DeviceMesh, model: CostModel) -> Table:
     default and under the latency-bound model against XLA's compiled program."""
     rows = []
     for name, build in PROGRAMS.items():
-        if not isinstance(build, _Step):
+        if not isinstance(build, _Step) or build.model not in _WIDE:
             continue
         progress(f"  real program, realistic width: {name}")
         wide = build.wide()
