@@ -1442,6 +1442,13 @@ CASES: list[Case] = [
     ),
     _c("check: Partial(max) input", "check", InferenceError, "inputs[0]", lambda e: check(jnp.sin, e.dtm)),
     _c(
+        "check: product of two Partial(sum) inputs",
+        "check",
+        InferenceError,
+        "inputs",
+        lambda e: check(lambda a: a * a, ((8, 16), F32, "S(0),P"), mesh=e.mesh),
+    ),
+    _c(
         "check: fn fails to trace",
         "check",
         InferenceError,

@@ -7,14 +7,19 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from models.block import block
 
-from placements2jax import ArgumentTypeError, InferenceError, Layout, init_device_mesh
+from placements2jax import (
+    ArgumentTypeError, DTensor, InferenceError, Layout, Partial, Replicate, Shard, apply, distribute_tensor,
+    init_device_mesh,
+)
 from placements2jax.hlo import parse_collectives
 from placements2jax.inference import check
 from placements2jax.inference.check import collective_nbytes
+from placements2jax.operators import EXECUTES
 from placements2jax.schedules import default_policy, redistribute_schedule, use_policy
 
 F32 = jnp.float32
@@ -115,6 +120,85 @@ def test_partial_sum_inputs_compile_on_the_explicit_mesh(mesh: Any) -> None:
     report = check(jnp.add, spec(mesh, (8, 16), "S(0),P"), spec(mesh, (8, 16), "S(0),P"))
     assert report.mode == "explicit" and report.agrees
     assert str(report.outputs[0].compiled) == "S(0),P"
+
+
+# Functions linear in a Partial(sum) input with operands not partial (a literal, a NumPy
+# scalar, a Replicate DTensor) or with two partial inputs (a difference), and the NumPy
+# value of each on the logical values.
+_LINEAR_IN_PARTIAL = {
+    "a * 2": (lambda a, b, y: a * 2, lambda a, b, y: a * 2),
+    "2 * a": (lambda a, b, y: 2 * a, lambda a, b, y: 2 * a),
+    "a * np.float32(2)": (lambda a, b, y: a * np.float32(2), lambda a, b, y: a * np.float32(2)),
+    "a / 2": (lambda a, b, y: a / 2, lambda a, b, y: a / 2),
+    "-a": (lambda a, b, y: -a, lambda a, b, y: -a),
+    "a * y": (lambda a, b, y: a * y, lambda a, b, y: a * y),
+    "a - b": (lambda a, b, y: a - b, lambda a, b, y: a - b),
+}
+
+
+@pytest.mark.parametrize("name", list(_LINEAR_IN_PARTIAL))
+def test_ops_linear_in_a_partial_sum_input_compile_and_run(mesh: Any, name: str) -> None:
+    """JAX's typing of unreduced values (jax 0.10.2) refused ``x * 2`` (the literal is not
+    ``reduced``), ``-x``, ``x / 2`` and ``x - y`` (no unreduced rule) for a Partial(sum)
+    input: check compiles them as XLA partitions them, the partial kept, nothing sent; and
+    every route that runs them (apply in each execute mode, the DTensor operators, under
+    jax.jit) gives the partial's sum through fn, per device and in full."""
+    fn, want = _LINEAR_IN_PARTIAL[name]
+    rng = np.random.default_rng(0)
+    a_locals = [rng.standard_normal((4, 16)).astype(np.float32) for _ in range(8)]
+    b_locals = [rng.standard_normal((4, 16)).astype(np.float32) for _ in range(8)]
+    y_full = rng.standard_normal((8, 16)).astype(np.float32)
+    placements = [Shard(0), Partial()]
+    a = DTensor.from_local(a_locals, mesh, placements)
+    b = DTensor.from_local(b_locals, mesh, Layout.from_device_mesh(mesh)(("dp", None), partial={"tp": "sum"}))
+    y = distribute_tensor(y_full, mesh, [Replicate(), Replicate()])
+
+    def logical(locals_: list[np.ndarray]) -> np.ndarray:  # rows of dp block d: the sum of its tp ranks' blocks
+        return np.concatenate([np.sum(locals_[4 * d:4 * d + 4], axis=0) for d in range(2)])
+
+    expected = want(logical(a_locals), logical(b_locals), y_full)
+
+    report = check(lambda a, b, y: fn(a, b, y), a, b, y)
+    assert report.mode == "explicit" and report.agrees and not report.compiled_collectives
+    assert [(str(o.predicted), str(o.compiled), o.verdict) for o in report.outputs] == [("S(0),P", "S(0),P", "equal")]
+    runs = {f"apply {execute}": lambda execute=execute: apply(fn, a, b, y, execute=execute) for execute in EXECUTES}
+    runs["operators"] = lambda: fn(a, b, y)
+    runs["jax.jit(operators)"] = lambda: jax.jit(fn)(a, b, y)
+    runs["jax.jit(apply)"] = lambda: jax.jit(lambda a, b, y: apply(fn, a, b, y))(a, b, y)
+    for route, run in runs.items():
+        out = run()
+        assert str(out.layout) == "S(0),P", route
+        np.testing.assert_allclose(np.asarray(out.full_tensor()), expected, rtol=1e-6, atol=1e-6, err_msg=route)
+        for d in range(2):  # each dp row's tp ranks hold partial values summing to its rows
+            block = np.sum([np.asarray(out.to_local(4 * d + t)) for t in range(4)], axis=0)
+            np.testing.assert_allclose(block, expected[4 * d:4 * d + 4], rtol=1e-5, atol=1e-5, err_msg=route)
+        if route in ("apply ops", "operators"):  # op by op: each rank applies fn to its own partial block
+            for r in range(8):
+                local = want(a_locals[r], b_locals[r], y_full[4 * (r // 4):4 * (r // 4) + 4])
+                np.testing.assert_allclose(np.asarray(out.to_local(r)), local, rtol=1e-6, err_msg=f"{route} rank {r}")
+
+
+def test_values_made_without_a_sharding_compile_on_the_mesh_with_partial_inputs(mesh: Any) -> None:
+    """With a Partial(sum) input, check lowers on the Explicit mesh under jax.set_mesh:
+    the gradient of ``(a * 2).sum()`` (2 everywhere, made from a literal) and a constant
+    output were kept on one device or refused ("Length of device assignment 1")."""
+    partial = spec(mesh, (8, 16), "S(0),P")
+    for fn in (jax.grad(lambda a: (a * 2).sum()), lambda a: (jnp.ones((8, 16)), a * 2)):
+        report = check(fn, partial)
+        assert report.agrees and not report.compiled_collectives
+        assert [o.verdict for o in report.outputs] == ["equal"] * len(report.outputs)
+    a = DTensor.from_local([np.full((4, 16), r, np.float32) for r in range(8)], mesh, [Shard(0), Partial()])
+    grad = apply(jax.grad(lambda a: (a * 2).sum()), a)
+    np.testing.assert_array_equal(np.asarray(grad.full_tensor()), np.full((8, 16), 2, np.float32))
+
+
+def test_ops_not_linear_in_a_partial_sum_input_are_refused_by_check(mesh: Any) -> None:
+    """A product of two partials (bilinear) or exp of one: the prediction reduces first, XLA
+    on the Explicit mesh refuses the unreduced operand; check says so with our error."""
+    partial = spec(mesh, (8, 16), "S(0),P")
+    for fn in (lambda a: a * a, jnp.exp):
+        with pytest.raises(InferenceError, match=r"could not compile fn.*reduce Partial inputs first"):
+            check(fn, partial)
 
 
 def test_the_report_names_the_schedule_redistribute_runs_for_each_move(mesh: Any) -> None:

@@ -287,6 +287,11 @@ PRIM_CASES = [
     PrimCase("hessenberg", lax.linalg.hessenberg, _normal((4, 5, 5))),
     PrimCase("tridiagonal", lax.linalg.tridiagonal, lambda rng: [_spd(rng, (4, 5))]),
     PrimCase("ormqr", partial(lax.linalg.ormqr, left=True, transpose=False), _normal((4, 6, 5), (4, 5), (4, 6, 3))),
+    PrimCase(  # alpha a a^T + beta c: batch dims split; a's contracted dim split with c P(sum) -> P(sum)
+        "symmetric_product",
+        lambda a, c: lax.linalg.symmetric_product(a, c, alpha=2.0, beta=0.5),
+        _normal((4, 6, 5), (4, 6, 6)),
+    ),
     PrimCase(  # batch dims split, P(sum) / P(avg) on b pass (XLA gathers split columns: rules.BATCH_PARTITIONED)
         "triangular_solve",
         lambda a, b: lax.linalg.triangular_solve(a, b, left_side=True, lower=True),
@@ -1578,6 +1583,75 @@ def test_linalg_gathers_split_matrix_dims_as_xla(mesh: Any, name: str, placement
         got, want = facts(ins, outs)
         for g, w in zip(got, want, strict=True):
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4, err_msg=f"{name} {execute}")
+
+
+def _symmetric_product(a: jax.Array, c: jax.Array) -> jax.Array:
+    return lax.linalg.symmetric_product(a, c, alpha=2.0, beta=0.5)
+
+
+@pytest.mark.parametrize(
+    "placements, verdict, bytes_",
+    [
+        (("R,R", "R,R"), "equal", (0, 0)),
+        (("R,S(0)", "R,S(0)"), "equal", (0, 0)),  # the batch split over tp
+        (("R,S(0)", "R,R"), "equal", (0, 0)),  # c sliced to a's batch split, for free
+        (("S(0),S(0)", "S(0),S(0)"), "equal", (0, 0)),  # the batch split over dp and tp
+        # a's contracted dim split: XLA all-reduces the product (3,072 B), the search moves the split to the batch
+        # (an all-to-all and the output gathered back, 2,176 B: fewer bytes in more collectives)
+        (("R,S(2)", "R,R"), "differs", (2176, 3072)),
+        # c's rows split: XLA computes each rank's rows of a a^T, nothing sent; no 1-D signature says it (a's rows are
+        # both sides of the product): the search moves c's split to the batch
+        (("R,R", "R,S(1)"), "differs", (640, 0)),
+    ],
+)
+def test_symmetric_product_splits_its_batch_and_contraction(
+    mesh: Any, placements: tuple[str, str], verdict: str, bytes_: tuple[int, int]
+) -> None:
+    """``lax.linalg.symmetric_product`` (``alpha a a^T + beta c``; UnsupportedOpError until
+    stop 37): CPU XLA lowers it as a batched matmul and an add, so batch splits stay, as
+    predicted (check equal, nothing sent); a split matrix dim XLA partitions as a matmul
+    (rules.symmetric_product's docstring), where the prediction differs as measured here.
+    Every execute mode gives NumPy's values in the predicted layout."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((8, 8, 16)).astype(np.float32)
+    c = rng.standard_normal((8, 8, 8)).astype(np.float32)
+    c = c + c.transpose(0, 2, 1)
+    tensors = [distribute_tensor(v, mesh, p) for v, p in zip((a, c), placements)]
+    report = check(_symmetric_product, *tensors)
+    assert [o.verdict for o in report.outputs] == [verdict], report
+    assert (report.predicted_bytes, report.compiled_bytes) == bytes_
+    want = 2 * a.astype(np.float64) @ a.transpose(0, 2, 1) + 0.5 * c
+    for execute in ("xla", "ops", "pinned"):
+        out = apply(_symmetric_product, *tensors, execute=execute)
+        assert out.layout == report.outputs[0].predicted, execute
+        np.testing.assert_allclose(np.asarray(out.full_tensor()), want, rtol=1e-5, atol=1e-4, err_msg=execute)
+
+
+@pytest.mark.parametrize("placements", [("R,R", "R,R"), ("R,S(0)", "R,R"), ("R,S(1)", "R,S(0)"), ("S(0),S(1)", "R,R")])
+def test_cholesky_update_runs_replicated(mesh: Any, placements: tuple[str, str]) -> None:
+    """``lax.linalg.cholesky_update`` (a rank-1 update of an (n, n) Cholesky factor;
+    UnsupportedOpError until stop 37) has no batch dims and its Givens rotations read
+    ``r[k, k]`` and ``w[k]`` at every step: Replicate only, a split input gathered first
+    (check equal when nothing is split; XLA keeps a split with an all-reduce and
+    collective-permutes per step: 20-43 collectives, 322-880 B, where the prediction
+    gathers, 192-224 B). Every execute mode gives NumPy's factor of ``a + w w^T``."""
+    rng = np.random.default_rng(0)
+    m = rng.standard_normal((8, 8))
+    a = m @ m.T + 8 * np.eye(8)
+    w = rng.standard_normal(8)
+    r = distribute_tensor(np.linalg.cholesky(a).T.astype(np.float32), mesh, placements[0])
+    v = distribute_tensor(w.astype(np.float32), mesh, placements[1])
+    report = check(lax.linalg.cholesky_update, r, v)
+    assert str(report.outputs[0].predicted) == "R,R"
+    if placements == ("R,R", "R,R"):
+        assert report.outputs[0].verdict == "equal" and not report.compiled_collectives
+    else:
+        assert set(report.predicted_counts) == {"all-gather"} and report.predicted_bytes < report.compiled_bytes
+    want = np.linalg.cholesky(a + np.outer(w, w)).T
+    for execute in ("xla", "ops", "pinned"):
+        out = apply(lax.linalg.cholesky_update, r, v, execute=execute)
+        assert str(out.layout) == "R,R", execute
+        np.testing.assert_allclose(np.asarray(out.full_tensor()), want, rtol=1e-5, atol=1e-5, err_msg=execute)
 
 
 def _cnn_loss(p: dict[str, Any], x: jax.Array, y: jax.Array) -> jax.Array:

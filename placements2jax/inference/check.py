@@ -62,23 +62,29 @@ uneven layouts (JAX needs evenly divisible shards; the DTensor pads them instead
 Without Partial inputs the function is compiled on an Auto-axes copy of the mesh, so
 that XLA's propagation (not JAX's explicit-sharding typing rules) decides; with
 Partial(sum) inputs on the Explicit mesh, whose typing rules may refuse ops on
-unreduced values (reported as an error). There a host callback reading a value computed
+unreduced values (reported as an error); those linear in them that JAX types too strictly
+(``x * 2``, ``-x``, ``x / 2``, a difference of partials) are compiled as
+:func:`_unreduced_typed` writes them. There a host callback reading a value computed
 from a Partial input is refused before compiling: XLA would abort the process
 (:func:`_check_callbacks_reduced`).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from fractions import Fraction
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+from jax import lax
+from jax._src.core import ShardingTypeError  # explicit sharding's typing error: JAX exports no public name for it
 from jax.extend import core
-from jax.sharding import AxisType, NamedSharding
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from ..caches import cached
 from ..errors import InferenceError
@@ -498,7 +504,7 @@ def check(
                 for spec, constrained in zip(prediction.outputs, prediction.constrained)
             ],
         )
-    compiled = _compiled(flat.call(fn), args, out_shardings, specs)
+    compiled = _compiled(flat.call(fn), args, out_shardings, specs, flat.structs() if explicit else None)
     shardings = jax.tree.leaves(compiled.output_shardings)
     kept = {i: hlo for i, (out, sharding) in enumerate(zip(prediction.outputs, shardings))
             if (hlo := _maximal(sharding, out.aval.ndim)) is not None}
@@ -508,7 +514,10 @@ def check(
             NamedSharding(jax_mesh, out.layout.without_partial().partition_spec) if i in kept else given
             for i, (out, given) in enumerate(zip(prediction.outputs, pinned))
         ]
-        compiled = _compiled(flat.call(fn), args, jax.tree.unflatten(prediction.out_tree, pinned), specs)
+        compiled = _compiled(
+            flat.call(fn), args, jax.tree.unflatten(prediction.out_tree, pinned), specs,
+            flat.structs() if explicit else None,
+        )
         shardings = jax.tree.leaves(compiled.output_shardings)
     outputs = tuple(
         _kept(i, out.aval, out.layout, kept[i]) if i in kept else _compare(i, out.aval, out.layout, sharding, mesh, cost_model)
@@ -521,16 +530,117 @@ def check(
     )
 
 
-def _compiled(fn: Callable[..., Any], args: list[jax.ShapeDtypeStruct], out_shardings: Any, specs: Any) -> Any:
+def _compiled(
+    fn: Callable[..., Any], args: list[jax.ShapeDtypeStruct], out_shardings: Any, specs: Any,
+    structs: list[jax.ShapeDtypeStruct] | None,
+) -> Any:
     """``fn`` compiled by XLA on ``args`` (its inputs' shardings) and ``out_shardings``;
-    a refusal is our error naming the inputs ``specs``."""
+    a refusal is our error naming the inputs ``specs``. ``structs`` (``fn``'s inputs
+    without shardings) are given for Partial(sum) inputs, unreduced on the Explicit mesh:
+    where JAX's typing of unreduced values refuses ``fn`` (a ``ShardingTypeError``, or
+    "unreduced rule for ... is not implemented"), ``fn`` is compiled again as
+    :func:`_unreduced_typed` writes it. JAX workaround (jax 0.10.2): there both are
+    lowered under ``jax.set_mesh`` of the Explicit mesh, without which a value made
+    without a sharding (a constant output; the gradient of a sum) is lowered on one
+    device ("Length of device assignment 1 is not equal to the size of the mesh 8 ...
+    enter your jit into a mesh context") or kept there (``{maximal device=0}``)."""
+    context = contextlib.nullcontext() if structs is None else jax.set_mesh(args[0].sharding.mesh)
     try:
-        return jax.jit(fn, out_shardings=out_shardings).lower(*args).compile()
+        with context:
+            try:
+                return jax.jit(fn, out_shardings=out_shardings).lower(*args).compile()
+            except (ShardingTypeError, NotImplementedError):
+                if structs is None:
+                    raise
+                return jax.jit(_unreduced_typed(fn, structs), out_shardings=out_shardings).lower(*args).compile()
     except Exception as err:  # noqa: BLE001 - every compiler refusal becomes our error
         raise InferenceError(
             "inputs", [str(s) for s in specs], f"XLA could not compile fn on these shardings ({type(err).__name__}: {err})",
-            "reduce Partial inputs first (explicit sharding refuses many ops on unreduced values), or use predict() alone",
+            "reduce Partial inputs first (explicit sharding refuses ops not linear in an unreduced value, and matmul "
+            "of one), or use predict() alone",
         ) from None
+
+
+# Call primitives whose body _unreduced_typed inlines (their parameter holding it).
+_CALL_BODIES = {"jit": "jaxpr", "closed_call": "call_jaxpr", "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr"}
+
+
+def _unreduced_typed(fn: Callable[..., Any], structs: list[jax.ShapeDtypeStruct]) -> Callable[..., Any]:
+    """``fn`` (traced on ``structs``) as a function XLA compiles with Partial(sum) inputs
+    unreduced on the Explicit mesh: the same equations, but those linear in an unreduced
+    value whose JAX typing refuses them written so that it accepts them, with the same
+    shardings and no communication. JAX workaround (jax 0.10.2): ``mul`` of an unreduced
+    value by a value not unreduced asks that value to be typed ``reduced`` on those mesh
+    axes ("RHS should be reduced along the same axes LHS is unreduced on"), which a
+    literal (``x * 2``), a constant or a Replicate input is not; ``neg``, ``div`` and
+    ``sub`` have no unreduced rule at all ("unreduced rule for neg is not implemented").
+    So the other factor of such a ``mul`` is resharded to ``reduced`` (a type cast: XLA
+    sends nothing), ``-x`` is ``x * -1``, ``x / y`` (inexact) is ``x * (1 / y)`` and
+    ``x - y`` of two unreduced values ``x + y * -1``, the constants ``reduced``. Call
+    bodies (``jit``, custom derivatives: forward only, as compiled) are inlined, since
+    their parameters hold bodies traced without shardings."""
+    closed, shape = jax.make_jaxpr(fn, return_shape=True)(*structs)
+    tree = jax.tree.structure(shape)
+
+    def typed(*args: Any) -> Any:
+        return jax.tree.unflatten(tree, _evaluate(closed.jaxpr, closed.consts, args))
+
+    return typed
+
+
+def _evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+    env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts))
+    env.update(zip(jaxpr.invars, args))
+    for eqn in jaxpr.eqns:
+        values = [v.val if isinstance(v, core.Literal) else env[v] for v in eqn.invars]
+        name = eqn.primitive.name
+        if name in _CALL_BODIES:
+            body = eqn.params[_CALL_BODIES[name]]
+            outs = _evaluate(body.jaxpr, body.consts, values)
+        else:
+            outs = _linear_in_unreduced(name, values)
+            if outs is None:
+                outs = eqn.primitive.bind(*values, **eqn.primitive.get_bind_params(eqn.params))
+            outs = outs if eqn.primitive.multiple_results else [outs]
+        env.update(zip(eqn.outvars, outs))
+    return [v.val if isinstance(v, core.Literal) else env[v] for v in jaxpr.outvars]
+
+
+def _linear_in_unreduced(name: str, values: Sequence[Any]) -> Any:
+    """``name`` on ``values`` written as JAX types it when it is linear in an unreduced
+    operand (:func:`_unreduced_typed`), else None (bound as it is)."""
+    unreduced = [_unreduced_axes(v) for v in values]
+    axes = next((u for u in unreduced if u), None)
+    if axes is None:
+        return None
+    x = values[0]
+    if name == "neg":
+        return lax.mul(x, _reduced(lax.neg(lax.full((), 1, x.dtype)), axes, x))
+    if name == "sub" and unreduced[0] == unreduced[1]:
+        return lax.add(x, lax.mul(values[1], _reduced(lax.neg(lax.full((), 1, x.dtype)), axes, x)))
+    if name == "div" and not unreduced[1] and jnp.issubdtype(x.dtype, jnp.inexact):
+        return lax.mul(x, _reduced(lax.div(lax.full((), 1, x.dtype), jnp.asarray(values[1], x.dtype)), axes, x))
+    if name == "mul" and not (unreduced[0] and unreduced[1]):
+        i = 0 if unreduced[1] else 1  # the factor not unreduced
+        factors = list(values)
+        factors[i] = _reduced(jnp.asarray(values[i], values[1 - i].dtype), axes, values[1 - i])
+        return lax.mul(*factors)
+    return None
+
+
+def _unreduced_axes(value: Any) -> frozenset[str]:
+    """The mesh axes ``value`` is unreduced over (none for a value on no mesh: a literal)."""
+    sharding = jax.typeof(value).sharding
+    return sharding.spec.unreduced if sharding.mesh.axis_names else frozenset()
+
+
+def _reduced(value: Any, axes: frozenset[str], like: Any) -> Any:
+    """``value`` (not unreduced) resharded to be ``reduced`` over the mesh ``axes`` (on
+    the mesh of ``like``)."""
+    mesh = jax.typeof(like).sharding.mesh
+    own = jax.typeof(value).sharding
+    entries, reduced = (own.spec, own.spec.reduced) if own.mesh.axis_names else ((None,) * value.ndim, frozenset())
+    return jax.sharding.reshard(value, NamedSharding(mesh, PartitionSpec(*entries, reduced=axes | reduced)))
 
 
 def _maximal(sharding: Any, ndim: int) -> Any:

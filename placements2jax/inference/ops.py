@@ -676,9 +676,13 @@ for _name, _partials, _params in (
     )
 _primitive("fft", lambda ins, outs, *, fft_lengths: rules.fft(ins, outs, fft_lengths=fft_lengths), ("fft_lengths",))
 _primitive(
-    ("cholesky", "eigh", "svd", "qr", "householder_product", "lu", "eig", "schur", "hessenberg", "tridiagonal", "ormqr"),
+    (
+        "cholesky", "eigh", "svd", "qr", "householder_product", "lu", "eig", "schur", "hessenberg", "tridiagonal", "ormqr",
+        "cholesky_update",
+    ),
     lambda ins, outs: rules.linalg(ins, outs),
 )
+_primitive("symmetric_product", lambda ins, outs: rules.symmetric_product(ins, outs))
 _primitive("lu_pivots_to_permutation", lambda ins, outs: rules.linalg(ins, outs, core_dims=1))
 _primitive("triangular_solve", lambda ins, outs: rules.triangular_solve(ins, outs))
 _primitive("tridiagonal_solve", lambda ins, outs: rules.tridiagonal_solve(ins, outs))

@@ -69,6 +69,7 @@ __all__ = [
     "split",
     "stack",
     "strided_factors",
+    "symmetric_product",
     "take",
     "transpose",
     "triangular_solve",
@@ -749,7 +750,10 @@ def linalg(ins: Avals, outs: Avals, *, core_dims: int = 2) -> list[OneDSig]:
     last ``core_dims`` dims (the matrix; the pivots' one dim) are ``R``; a leading batch
     dim with the same extent on every input and output (eigenvalues, singular values,
     pivots and permutations keep the batch) splits on all of them alike, each rank
-    decomposing its own matrices. No partial passes (none is linear)."""
+    decomposing its own matrices. No partial passes (none is linear). ``cholesky_update``
+    (a rank-1 update of an ``(n, n)`` factor by an ``(n,)`` vector) has no batch dims:
+    Replicate only (its Givens rotations read, at step ``k``, ``r[k, k]`` and ``w[k]``
+    wherever the other elements of row ``k`` are, so no split runs per rank)."""
     batch = ins[0].ndim - core_dims
     arrays = (*ins, *outs)
     return [
@@ -757,6 +761,20 @@ def linalg(ins: Avals, outs: Avals, *, core_dims: int = 2) -> list[OneDSig]:
         for d in range(batch)
         if all(a.ndim > d and a.shape[d] == ins[0].shape[d] for a in arrays)
     ]
+
+
+def symmetric_product(ins: Avals, outs: Avals) -> list[OneDSig]:
+    """``symmetric_product(a, c)`` (``lax.linalg.symmetric_product``): ``alpha a a^T +
+    beta c`` of ``a`` ``(..., m, n)`` and ``c`` ``(..., m, m)``. Batch dims split on
+    ``a``, ``c`` and the output alike; the ``n`` dim contracted (``a``'s last) splits with
+    ``c`` ``P(sum)`` -> ``P(sum)`` (every rank adds ``alpha a_i a_i^T + beta c_i``, whose sum
+    is the product: ``c`` ``R`` becomes ``P(sum)`` for free). ``m`` never splits (``a``'s
+    rows are both sides of the product), nor does a partial ``a`` pass (the product is
+    quadratic in it). CPU XLA lowers it as a batched matmul and an add, not a solver call,
+    and partitions it so (a split ``n``: the output all-reduced)."""
+    a = ins[0]
+    batch = [OneDSig((Shard(d), Shard(d)), (Shard(d),)) for d in range(a.ndim - 2)]
+    return [*batch, OneDSig((Shard(a.ndim - 1), Partial("sum")), (Partial("sum"),))]
 
 
 def triangular_solve(ins: Avals, outs: Avals) -> list[OneDSig]:
