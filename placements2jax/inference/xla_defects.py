@@ -1,6 +1,7 @@
 """Equations XLA (JAX 0.10.2, CPU) partitions wrongly or cannot compile, told from the
 jaxpr and the mesh alone: ``apply(execute="auto")`` runs the predicted plan
-(``"pinned"``) for a program holding one (docs/inference.md, apply's execute modes).
+(``"pinned"``) for a program holding one, and ``check`` notes the outputs a wrong one
+reaches (docs/inference.md, apply's execute modes).
 
 * **Integer bitwise reductions** (:func:`is_bitwise_integer_reduction`): XLA's CPU
   backend cannot compile the all-reduce its own partitioning makes of an integer
@@ -26,11 +27,12 @@ from __future__ import annotations
 from typing import Any
 
 import jax.numpy as jnp
+from jax.extend import core
 
 from ..mesh import DeviceMesh
 from .jaxpr import all_equations
 
-__all__ = ["needs_pinned"]
+__all__ = ["miscompiled_outputs", "needs_pinned"]
 
 BITWISE_REDUCTIONS = frozenset({"reduce_and", "reduce_or", "reduce_xor"})
 
@@ -53,3 +55,16 @@ def needs_pinned(jaxpr: Any, mesh: DeviceMesh) -> bool:
     cannot compile or partitions wrongly on ``mesh`` (module docstring)."""
     return any(is_bitwise_integer_reduction(eqn) or is_miscompiled_conv(eqn, mesh) for eqn in all_equations(jaxpr))
 
+
+def miscompiled_outputs(jaxpr: Any, mesh: DeviceMesh) -> set[int]:
+    """The indices of ``jaxpr``'s outputs computed from a batch-grouped convolution XLA
+    may get wrong on ``mesh`` (:func:`is_miscompiled_conv`): those of an equation that is
+    one or holds one in a sub-jaxpr (all of its outputs), and of the equations reading
+    them, transitively."""
+    reached: set[Any] = set()
+    for eqn in jaxpr.eqns:
+        inner = (e for sub in core.jaxprs_in_params(eqn.params) for e in all_equations(sub))
+        if (is_miscompiled_conv(eqn, mesh) or any(is_miscompiled_conv(e, mesh) for e in inner)
+                or any(not isinstance(v, core.Literal) and v in reached for v in eqn.invars)):
+            reached.update(eqn.outvars)
+    return {i for i, v in enumerate(jaxpr.outvars) if not isinstance(v, core.Literal) and v in reached}
