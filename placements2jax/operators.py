@@ -67,6 +67,7 @@ from .inference.jaxpr import (
 from .inference.ops import freeze, op_definition, registered_function
 from .inference.rules import SCATTERS, gather_lookup_axis, scatter_lookup_axis
 from .inference.signature import RedistributePlan, TensorSpec, constant_layout, is_layout_leaf
+from .inference.xla_defects import needs_pinned
 from .layout import Layout
 from .mesh import DeviceMesh
 from .physical import Physical, physical
@@ -432,7 +433,11 @@ def apply(
     ``execute="auto"`` (the default) is ``"ops"`` when ``fn``'s jaxpr (sub-jaxprs of
     ``scan``, ``cond``, ``pjit``, custom derivatives included) calls a function with a
     :func:`~placements2jax.register_sharding` rule, so that it runs on each rank's blocks
-    under its rule as torch runs it; otherwise ``"xla"``. The choice is made once per
+    under its rule as torch runs it; ``"pinned"`` when it has an equation XLA cannot
+    compile or partitions wrongly (an integer bitwise reduction; a grouped conv's weight
+    gradient on a mesh of two or more axes of size > 1, :mod:`.inference.xla_defects`),
+    ``"ops"`` for those inside ``jax.set_mesh`` of an Explicit mesh (where ``"pinned"``
+    compiles as ``"xla"``); otherwise ``"xla"``. The choice is made once per
     function and input specs from one trace of ``fn`` (cached with the program;
     registering a rule clears it); only the chosen program is predicted.
 
@@ -806,41 +811,44 @@ def _auto_program(
     keys: tuple[OperandKey, ...], cost_model: CostModel,
 ) -> Program:
     """``apply(execute="auto")``: the ``"ops"`` program when ``fn`` calls a registered
-    function, the ``"pinned"`` one when it reduces integers bitwise (XLA's CPU backend
-    cannot compile the all-reduce its own partitioning makes of an integer
-    ``reduce_and`` / ``reduce_or`` / ``reduce_xor`` over a split dim: "UNIMPLEMENTED:
-    Unsupported reduction computation", plain ``jax.jit`` of the same function fails too;
-    the search gathers such an input instead), else the ``"xla"`` one. One trace of ``fn``
-    tells which, so that only the chosen program is predicted (the whole-program search is
-    not run for an ``"ops"`` one)."""
+    function, the ``"pinned"`` one (``"ops"`` inside ``jax.set_mesh`` of an Explicit mesh)
+    when it has an equation XLA cannot compile or partitions wrongly (JAX 0.10.2
+    workarounds, :mod:`.inference.xla_defects`: an integer bitwise reduction over a split
+    dim fails to compile on CPU, "UNIMPLEMENTED: Unsupported reduction computation"; a
+    grouped conv's weight gradient on a mesh of two or more axes of size > 1 is
+    all-reduced over the whole mesh, multiplied by the other axes' sizes), else the
+    ``"xla"`` one (:func:`_auto_execute`). One trace of ``fn`` tells which, so that only
+    the chosen program is predicted (the whole-program search is not run for an ``"ops"``
+    one)."""
     f = partial(fn, **dict(kwargs)) if kwargs else fn
     structs = [jax.ShapeDtypeStruct(k[1], k[2]) for k in keys]
     try:
         closed = jax.make_jaxpr(lambda *leaves: f(*jax.tree.unflatten(in_tree, leaves)))(*structs)
     except (TypeError, ValueError):  # predict reports why, as a clear InferenceError
         closed = None
-    program = {"ops": _apply_program, "pinned": _pinned_program, "xla": _xla_program}[
-        "xla" if closed is None else _auto_execute(closed.jaxpr)]
+    meshes = [k[3].mesh for k in keys if k[0] == "dtensor"]  # none or several: predict says why
+    chosen = "xla" if closed is None or not meshes else _auto_execute(
+        closed.jaxpr, meshes[0], bool(options.context.explicit_axes))
+    program = {"ops": _apply_program, "pinned": _pinned_program, "xla": _xla_program}[chosen]
     return program(fn, kwargs, in_tree, targets, options, keys, cost_model)
 
 
 # apply's program builders by execute mode
 _BUILDERS = {"auto": _auto_program, "xla": _xla_program, "ops": _apply_program, "pinned": _pinned_program}
 
-_BITWISE_REDUCTIONS = frozenset({"reduce_and", "reduce_or", "reduce_xor"})
 
-
-def _auto_execute(jaxpr: Any) -> str:
-    """The executor ``execute="auto"`` picks for ``jaxpr`` (see :func:`_auto_program`), in
-    one pass over its equations and its sub-jaxprs': "ops" at the first call of a
-    registered function, else "pinned" if an equation reduces integers bitwise, else "xla"."""
-    pinned = False
-    for eqn in all_equations(jaxpr):
-        if registered_function(eqn) is not None:
-            return "ops"
-        pinned = pinned or (eqn.primitive.name in _BITWISE_REDUCTIONS
-                            and jnp.issubdtype(eqn.invars[0].aval.dtype, jnp.integer))
-    return "pinned" if pinned else "xla"
+def _auto_execute(jaxpr: Any, mesh: DeviceMesh, explicit: bool) -> str:
+    """The executor ``execute="auto"`` picks for ``jaxpr`` on ``mesh`` (see
+    :func:`_auto_program`), from its equations and its sub-jaxprs': "ops" if one calls a
+    registered function, else, if one is an equation XLA cannot compile or partitions
+    wrongly there (:func:`.inference.xla_defects.needs_pinned`), "pinned", or "ops" when
+    ``fn`` is traced inside ``jax.set_mesh`` of a mesh with Explicit axes (``explicit``),
+    where the pinned program compiles as "xla" (:func:`_pinned_program`); else "xla"."""
+    if any(registered_function(eqn) is not None for eqn in all_equations(jaxpr)):
+        return "ops"
+    if needs_pinned(jaxpr, mesh):
+        return "ops" if explicit else "pinned"
+    return "xla"
 
 
 def _to_logical(x: jax.Array, phys: Physical) -> jax.Array:

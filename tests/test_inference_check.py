@@ -61,6 +61,30 @@ def test_megatron_mlp_agrees_after_xla_reduces_the_partial(mesh: Any) -> None:
     assert report.predicted_bytes == report.compiled_bytes == Fraction(2 * 4 * 16 * 4 * 3, 4)
 
 
+def _grouped_conv_loss(x: jax.Array, w: jax.Array) -> jax.Array:
+    out = jax.lax.conv_general_dilated(
+        x, w, (1,), [(2, 0)], dimension_numbers=("NWC", "WIO", "NWC"), feature_group_count=4)
+    return jnp.sum(out ** 2)
+
+
+def test_check_notes_the_outputs_of_a_batch_grouped_conv(mesh: Any) -> None:
+    """A grouped conv's weight gradient (a batch-grouped conv, which XLA with JAX 0.10.2
+    all-reduces over all 8 devices of dp=2 x tp=4) is noted as possibly wrong in XLA's
+    program, and so is the SGD update computed from it; the loss and the input gradient
+    (feature-grouped) are not, and on a 1-D mesh nothing is."""
+
+    def step(x: jax.Array, w: jax.Array) -> tuple[jax.Array, ...]:
+        loss, (dx, dw) = jax.value_and_grad(_grouped_conv_loss, argnums=(0, 1))(x, w)
+        return loss, dx, w - 0.1 * dw
+
+    for shape, names, batch, wanted in (((2, 4), ("dp", "tp"), "S(0),R", [2]), ((8,), ("dp",), "S(0)", [])):
+        on = init_device_mesh(shape, names)
+        weight = "R,R" if len(shape) == 2 else "R"
+        report = check(step, spec(on, (8, 12, 16), batch), spec(on, (3, 4, 16), weight))
+        noted = [o.index for o in report.outputs if "XLA's compiled values may be wrong" in o.note]
+        assert noted == wanted, report
+
+
 def _lookup_loss(table: jax.Array, ids: jax.Array, w: jax.Array) -> jax.Array:
     return (table[ids] * w).sum()
 

@@ -236,7 +236,8 @@ def test_bitwise_reductions_of_a_split_integer_array(execute: str) -> None:
     """``reduce_and`` / ``reduce_or`` / ``reduce_xor`` of int32 over a split dim (9 over 8
     ranks, padded). XLA's CPU backend cannot compile the integer all-reduce its own
     partitioning makes (plain ``jax.jit`` fails: "UNIMPLEMENTED: Unsupported reduction
-    computation"), so ``"auto"`` runs the pinned plan, which gathers the input."""
+    computation"), so ``"auto"`` runs the pinned plan, which gathers the input (inside
+    ``jax.set_mesh``, where the pinned program compiles as XLA's, the op-by-op one)."""
     from placements2jax import apply, distribute_tensor, init_device_mesh
 
     mesh8 = init_device_mesh((8,), ("x",))
@@ -249,6 +250,10 @@ def test_bitwise_reductions_of_a_split_integer_array(execute: str) -> None:
     ):
         got = apply(lambda a, reduce=reduce: reduce(a, (0,)), x, execute=execute)
         assert int(np.asarray(got.full_tensor())) == int(want), reduce.__name__
+    if execute == "auto":  # inside set_mesh of the Explicit mesh "pinned" compiles as "xla": "auto" runs "ops"
+        with jax.set_mesh(mesh8.to_jax()):
+            got = apply(lambda a: jax.lax.reduce_or(a, (0,)), x)
+        assert int(np.asarray(got.full_tensor())) == int(np.bitwise_or.reduce(values))
 
 
 def test_auto_picks_the_pinned_plan_for_a_bitwise_reduction_in_a_sub_jaxpr() -> None:
@@ -266,8 +271,10 @@ def test_auto_picks_the_pinned_plan_for_a_bitwise_reduction_in_a_sub_jaxpr() -> 
 
     mesh8 = init_device_mesh((8,), ("x",))
     values = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256], np.int32)
-    assert _auto_execute(jax.make_jaxpr(nested)(values).jaxpr) == "pinned"
-    assert _auto_execute(jax.make_jaxpr(lambda a: jax.jit(jnp.sum)(a))(values.astype(np.float32)).jaxpr) == "xla"
+    assert _auto_execute(jax.make_jaxpr(nested)(values).jaxpr, mesh8, False) == "pinned"
+    assert _auto_execute(jax.make_jaxpr(nested)(values).jaxpr, mesh8, True) == "ops"
+    summed = jax.make_jaxpr(lambda a: jax.jit(jnp.sum)(a))(values.astype(np.float32)).jaxpr
+    assert _auto_execute(summed, mesh8, False) == "xla"
     got = apply(nested, distribute_tensor(values, mesh8, "S(0)"))
     assert int(np.asarray(got.full_tensor())) == int(np.bitwise_or.reduce(values))
 

@@ -965,6 +965,64 @@ def test_apply_default_compiles_a_function_without_registered_calls_whole() -> N
     assert lowered["auto"] == lowered["xla"] != lowered["ops"]
 
 
+def _grouped_conv_loss(x: jax.Array, w: jax.Array, b: jax.Array) -> jax.Array:
+    """A causal grouped conv (16 channels in 4 groups, width 3; Mamba's depthwise conv
+    with wider groups) of ``x`` (batch, time, channels), its squares summed."""
+    out = lax.conv_general_dilated(x, w, (1,), [(2, 0)], dimension_numbers=("NWC", "WIO", "NWC"), feature_group_count=4)
+    return jnp.sum((out + b) ** 2)
+
+
+@pytest.mark.parametrize("w_placements", ["R,R", "R,S(2)"])
+def test_apply_auto_runs_a_grouped_conv_gradient_as_planned(w_placements: str) -> None:
+    """execute="auto" runs a grouped conv's gradient on dp=2 x tp=4 (the batch over dp, the
+    kernel replicated or its output channels over tp) as the pinned plan (inside
+    jax.set_mesh of the Explicit mesh op by op): values and every device's block are
+    one-device jax.jit's, eagerly and under jax.jit. (XLA's own program,
+    execute="xla", all-reduces the kernel's batch-grouped gradient conv over all 8 devices
+    with JAX 0.10.2: 4x the gradient, docs/inference.md.)"""
+    x, w, b = _data((8, 12, 16), 60), _data((3, 4, 16), 61), _data((16,), 62)
+    args = (_dt(x, MESH2, "S(0),R"), _dt(w, MESH2, w_placements), _dt(b, MESH2, "R,R"))
+    step = jax.value_and_grad(_grouped_conv_loss, argnums=(0, 1, 2))
+    want = jax.tree.leaves(jax.jit(step)(x, w, b))
+    with jax.set_mesh(MESH2.to_jax()):  # the pinned program compiles as "xla" here: "auto" runs "ops"
+        inside = apply(step, *args)
+    for got in (apply(step, *args), jax.jit(functools.partial(apply, step))(*args), inside):
+        for result, expected in zip(jax.tree.leaves(got, is_leaf=lambda v: isinstance(v, DTensor)), want, strict=True):
+            expected = np.asarray(expected)
+            np.testing.assert_allclose(np.asarray(result.full_tensor()), expected, rtol=1e-4, atol=1e-3)
+            reference = distribute_tensor(expected, MESH2, result.layout.without_partial())
+            blocks = result.redistribute(placements=result.layout.without_partial()).array
+            np.testing.assert_allclose(np.asarray(blocks), np.asarray(reference.array), rtol=1e-4, atol=1e-3)
+
+
+def test_auto_picks_the_pinned_plan_for_a_batch_grouped_conv_on_a_2d_mesh() -> None:
+    """_auto_execute sends a program to "pinned" for its batch-grouped conv (the weight
+    gradient of a grouped conv, in a sub-jaxpr too) on a mesh of two axes of size > 1
+    only: the forward and the input gradient alone (feature-grouped convs), a dense conv's
+    weight gradient, and the same gradient on a 1-D mesh or on (1, 4) stay with XLA;
+    inside jax.set_mesh of an Explicit mesh (``explicit``) it is "ops"."""
+    from placements2jax.operators import _auto_execute
+
+    x, w, b = np.zeros((8, 12, 16), np.float32), np.zeros((3, 4, 16), np.float32), np.zeros((16,), np.float32)
+
+    def dense(x: jax.Array, w: jax.Array) -> jax.Array:
+        return jnp.sum(lax.conv_general_dilated(x, w, (1,), [(2, 0)], dimension_numbers=("NWC", "WIO", "NWC")) ** 2)
+
+    jaxprs = {
+        "weight gradient": jax.make_jaxpr(jax.grad(_grouped_conv_loss, argnums=1))(x, w, b).jaxpr,
+        "under jit": jax.make_jaxpr(jax.jit(jax.grad(_grouped_conv_loss, argnums=(0, 1))))(x, w, b).jaxpr,
+        "forward": jax.make_jaxpr(_grouped_conv_loss)(x, w, b).jaxpr,
+        "input gradient": jax.make_jaxpr(jax.grad(_grouped_conv_loss))(x, w, b).jaxpr,
+        "dense weight gradient": jax.make_jaxpr(jax.grad(dense, argnums=1))(x, np.zeros((3, 16, 16), np.float32)).jaxpr,
+    }
+    for explicit, executor in ((False, "pinned"), (True, "ops")):  # inside set_mesh of an Explicit mesh: "ops"
+        chosen = {(name, mesh): _auto_execute(jaxpr, MESHES[mesh], explicit)
+                  for name, jaxpr in jaxprs.items() for mesh in MESHES}
+        sent = {key for key, value in chosen.items() if value != "xla"}
+        assert sent == {("weight gradient", "2d"), ("under jit", "2d")}
+        assert set(chosen.values()) == {executor, "xla"}
+
+
 @pytest.mark.parametrize("execute", ["xla", "ops", "pinned"])
 def test_apply_under_eager_grad_inside_set_mesh_on_an_uneven_input(execute: str) -> None:
     """Inside jax.set_mesh the inputs stay Explicit-typed: execute="xla" slices the pad

@@ -27,6 +27,13 @@ Where XLA legitimately differs, and how the report says it:
   pick other layouts or collectives than the prediction (whole-program search by
   default, op by op with ``search="eager"``). Verdict ``differs`` with both layouts and the cost of
   converting the prediction into XLA's layout.
+* **A wrong compiled value.** XLA (JAX 0.10.2, CPU) all-reduces a batch-grouped
+  convolution (a grouped or depthwise conv's weight gradient) over the whole mesh where
+  only the batch's axes should sum, on a mesh of two or more axes of size > 1
+  (:mod:`.xla_defects`). An output computed from one (the gradient, the optimizer
+  state and parameters updated from it) keeps its layout verdict, and its note says
+  that XLA's compiled values there may be wrong (``apply(execute="auto")`` runs the
+  predicted plan for such a program).
 * **Collectives.** CPU XLA forms no reduce-scatter (it all-reduces and slices), so on CPU
   a predicted reduce-scatter is compared as an all-reduce of the same block, and it sends
   a collective of a bfloat16 value in float32 (converted before and after: counted at
@@ -74,7 +81,7 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from fractions import Fraction
 from typing import Any
@@ -107,6 +114,7 @@ from .signature import (
     flatten_inputs,
 )
 from .table import format_bytes, format_table
+from .xla_defects import miscompiled_outputs
 
 __all__ = ["AxisCheck", "CheckReport", "CollectiveCheck", "OutputCheck", "check", "collective_nbytes"]
 
@@ -523,6 +531,8 @@ def check(
         _kept(i, out.aval, out.layout, kept[i]) if i in kept else _compare(i, out.aval, out.layout, sharding, mesh, cost_model)
         for i, (out, sharding) in enumerate(zip(prediction.outputs, shardings))
     )
+    wrong = miscompiled_outputs(prediction.jaxpr.jaxpr, mesh)
+    outputs = tuple(_miscompiled(out) if out.index in wrong else out for out in outputs)
     collectives = tuple(parse_collectives(compiled.as_text()))
     platform = mesh.devices.flat[0].platform
     return CheckReport(
@@ -666,6 +676,17 @@ def _kept(index: int, aval: Aval, predicted: Layout, hlo: Any) -> OutputCheck:
         "with this output compiled so (out_shardings, as apply compiles it)"
     )
     return OutputCheck(index, aval, predicted, None, XLA_ONE_DEVICE, note, None)
+
+
+def _miscompiled(out: OutputCheck) -> OutputCheck:
+    """``out`` with a note that XLA's compiled value of it may be wrong (module docstring,
+    :func:`.xla_defects.miscompiled_outputs`)."""
+    note = (
+        "XLA's compiled values may be wrong: computed from a batch-grouped conv (a grouped conv's weight gradient), "
+        "which XLA (JAX 0.10.2) all-reduces over the whole mesh, not only the batch's axes (multiplied by the other "
+        "axes' sizes); apply(execute='auto') runs the predicted plan"
+    )
+    return replace(out, note=f"{out.note}; {note}" if out.note else note)
 
 
 def _check_callbacks_reduced(closed: Any, specs: Any) -> None:
