@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from jax import lax
 
-from placements2jax import InferenceError, Layout, init_device_mesh
+from placements2jax import InferenceError, Layout, apply, distribute_tensor, init_device_mesh
+from placements2jax.hlo import compiled_collectives
 from placements2jax.inference import check, predict
 from placements2jax.inference.combine import PlannedCollective, combine, combiner_rules, lowered_step
 
@@ -124,6 +125,55 @@ def test_a_loop_body_is_its_own_computation(mesh: Any) -> None:
     scopes = {c.scope for c in _planned(report) if c.kind == "all-reduce"}
     assert scopes == {"", "1"}  # the scan is equation 1
     assert all_reduces(report) == {("tp",): (2, 2, 2, 2)}
+
+
+def test_interleaved_tp_and_dp_all_reduces_combine_as_xla_compiles_them(mesh: Any) -> None:
+    """Two values reduced over dp then tp (each squared between), and a tp reduction whose
+    square feeds a dp one: combined one group at a time, as ``CombineInstructionsByKey``
+    does, the three dp all-reduces form one collective, which makes the first tp one an
+    ancestor of the other two (through the third dp one): XLA compiles 3 all-reduces, not
+    2 (the groups side by side, as combine counted before: a cycle no program has). The
+    pinned program of the prediction compiles them so, and computes the function's values."""
+
+    def f(a: jax.Array, b: jax.Array, x: jax.Array, y: jax.Array) -> Any:
+        t = jnp.square(x.sum(1))
+        return jnp.square(a.sum(0)).sum(), jnp.square(b.sum(0)).sum(), (t[:, None] * y).sum(0)
+
+    rng = np.random.default_rng(0)
+    values = [rng.normal(size=(8, 16)).astype(np.float32) for _ in range(4)]
+    args = [distribute_tensor(v, mesh, p) for v, p in zip(values, ("S(0),S(1)", "S(0),S(1)", "R,S(1)", "S(0),R"))]
+    outs = (Layout(mesh, ()), Layout(mesh, ()), Layout(mesh, ((),)))
+    prediction = predict(f, *args, out_layouts=outs)
+    planned = prediction.planned_collectives("cpu")
+    assert [(c.kind, c.axes) for c in planned] == [("all-reduce", ("tp",)), *[("all-reduce", ("dp",))] * 2,
+                                                   *[("all-reduce", ("tp",))] * 2, ("all-reduce", ("dp",))]
+    # XLA's post order: a's reduction (dp, tp), b's, then the tp reduction and the dp one after it
+    assert [c.rank for c in planned] == [4, 0, 2, 1, 3, 5]
+    assert [g.members for g in prediction.combined()] == [(0,), (1, 2, 5), (3, 4)]
+    pinned = jax.jit(lambda *a: apply(f, *a, out_layouts=outs, execute="pinned"))
+    compiled = compiled_collectives(pinned, *args)
+    assert [len(c.result_shapes) for c in compiled if c.op == "all-reduce"] == [1, 3, 2]
+    assert prediction.combined_counts == Counter(c.op for c in compiled) == {"all-reduce": 3}
+    square = np.square(values[2].sum(1))
+    want = (np.square(values[0].sum(0)).sum(), np.square(values[1].sum(0)).sum(), (square[:, None] * values[3]).sum(0))
+    for got, expected in zip(pinned(*args), want, strict=True):
+        np.testing.assert_allclose(np.asarray(got.full_tensor()), expected, rtol=1e-5)
+
+
+def test_a_combined_group_orders_what_its_members_depend_on_first() -> None:
+    """Hand-made: a dp all-reduce (2) after a tp one (1) joins the first dp group (0, 2);
+    the tp all-reduce 3 after dp 0 then depends on tp 1 through the combined group, so
+    the tp ones stay apart; the combined group's operands (tp 1) come first in the order
+    XLA walks next, so tp 1 opens the next group. In program order, groups side by side
+    merged 1 and 3 (a cycle with the dp group)."""
+    rules = combiner_rules("cpu")
+
+    def c(axes: str, after: int, rank: int) -> PlannedCollective:
+        return PlannedCollective("all-reduce", (axes,), "sum", "float32", 4, "", "0", after, rank)
+
+    planned = [c("dp", 0, 0), c("tp", 0, 2), c("dp", 0b10, 1), c("tp", 0b1, 3)]
+    assert [g.members for g in combine(planned, rules)] == [(0, 2), (1,), (3,)]
+    assert [g.members for g in combine([*planned[:3], c("tp", 0, 3)], rules)] == [(0, 2), (1, 3)]
 
 
 def _planned(report: Any) -> Any:

@@ -969,10 +969,13 @@ _FLOOR = {("gpt2", "loss"): 0.85}
 # than XLA" is 0). Before modelling the combiner the comparison was per operand only (above).
 # Llama value_and_grad went 44 -> 49 when the value moves landed: they cut its bytes 1.24x -> 0.99x XLA's and its
 # operands 102 -> 100, but trade all-reduces (which CPU XLA combines) for all-gathers (which it does not).
+# GPT-2 adamw step -3 -> -2 at stop 37, the same plan: the combiner modelled one group at a time in XLA's post
+# order counts its all-reduces 13, as its pinned program compiles them (groups formed side by side merged into a
+# cycle no program has: 12).
 _COMBINED_REACHED = {
     ("gpt2", "loss"): -3,
     ("gpt2", "value_and_grad"): -2,
-    ("gpt2", "adamw step"): -3,
+    ("gpt2", "adamw step"): -2,
     ("llama", "loss"): -7,
     ("llama", "value_and_grad"): -10,
     ("llama", "adamw step"): -19,
@@ -1110,13 +1113,16 @@ def test_llama_scan_under_a_count_first_model_has_xlas_collectives(mesh: Any) ->
     objective alone (program.py's ``_continued``), 91,728 B in 11 after the combiner, XLA's
     count (107,604 B); then the logits moved to the sequence split for all four consumers
     at once (``_Search.value_moves``' ``common``): 112,336, the search's figure before the
-    masked lookup, 91,536 B in 10 after the combiner, one fewer than XLA."""
+    masked lookup, 91,536 B in 10 after the combiner, one fewer than XLA. Since stop 37 the
+    same plan (90,192 B) counts 11 after the combiner, XLA's count and what its pinned
+    program compiles: groups formed side by side had merged into a cycle (the combiner now
+    forms one at a time in XLA's post order, :func:`.combine.combine`)."""
     step = training_step("llama_scan", mesh, dtype="bfloat16")
     model = CostModel(collective_overhead={"all-gather": 8192, "all-to-all": 8192})
     report = check(step.fn, *step.args, out_layouts=step.out_layouts, cost_model=model)
     assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
     assert len(report.compiled_collectives) == 11
-    assert len(report.predicted_combined) <= 10
+    assert len(report.predicted_combined) == 11
     assert report.predicted_bytes <= 91_536
 
 

@@ -140,18 +140,22 @@ def test_apply_of_a_training_step_sends_no_more_than_jit(mesh: Any, model: str, 
 
 # (model, function) -> the compiled bytes per device of apply(execute="pinned") under jax.jit over the predicted
 # bytes as CPU XLA compiles them (lowest, highest; Prediction.lowered_nbytes: a planned reduce-scatter is an
-# all-reduce on CPU) and its collectives over the predicted ones (counted as XLA's combiner merges them), as
-# reached. 1.0: the prediction realized; GPT-2 adamw step: the same bytes, XLA's combiner leaves one all-reduce
-# more on its own. GPT-2 value_and_grad was 0.97x in 27 collectives against 28 predicted (XLA moved a scanned
-# input's slice more cheaply than planned); since the search re-chooses a scan's stacked outputs looking ahead to
-# their consumers and the pinned scan moves each slice to its stack's layout inside the body: 1.0x, 21 collectives
-# as predicted. Llama's adamw step was 0.98x in one collective fewer than predicted: the prediction counted a
-# value's all-gather once per layout its consumers need (S(0),R and S(0),P after it) where the compiled program
-# makes it once; since moves share the first steps their routes have alike: 1.0x, 30 collectives as predicted.
+# all-reduce on CPU) and the predicted collectives (counted as XLA's combiner merges them) less its collectives.
+# 1.0: the prediction realized. GPT-2 adamw step: 0 since stop 37 (the combiner modelled one group at a time in
+# XLA's post order; it was 1 under: groups formed side by side merged two dp pairs a tp group separates);
+# value_and_grad: 1 over, two returned biases' gradients P over (dp, tp) are planned dp then tp, the pinned
+# program's output move is one constraint, which XLA reduces tp first: its tp all-reduces of them join the one
+# before the dp ones, one group fewer than in the planned order. GPT-2 value_and_grad was 0.97x in 27 collectives
+# against 28 predicted (XLA moved a scanned input's slice more cheaply than planned); since the search re-chooses
+# a scan's stacked outputs looking ahead to their consumers and the pinned scan moves each slice to its stack's
+# layout inside the body: 1.0x, 21 collectives as predicted. Llama's adamw step was 0.98x in one collective fewer
+# than predicted: the prediction counted a value's all-gather once per layout its consumers need (S(0),R and
+# S(0),P after it) where the compiled program makes it once; since moves share the first steps their routes have
+# alike: 1.0x, 30 collectives as predicted.
 _PINNED_REACHED = {
     ("gpt2", "loss"): (0.999, 1.001, 0),
-    ("gpt2", "value_and_grad"): (0.999, 1.001, 0),
-    ("gpt2", "adamw step"): (0.999, 1.001, 1),
+    ("gpt2", "value_and_grad"): (0.999, 1.001, 1),
+    ("gpt2", "adamw step"): (0.999, 1.001, 0),
     ("llama", "loss"): (0.999, 1.001, 0),
     ("llama", "value_and_grad"): (0.999, 1.001, 0),
     ("llama", "adamw step"): (0.999, 1.001, 0),
@@ -170,8 +174,8 @@ def test_pinned_apply_compiles_the_predicted_program(mesh: Any, model: str, mode
     pinned = jax.jit(lambda *a: apply(fn, *a, out_layouts=out_layouts, execute="pinned"))
     count, nbytes = common.communication(compiled_collectives(pinned, *args))
     ratio = nbytes / float(prediction.lowered_nbytes)
-    low, high, extra = _PINNED_REACHED[model, mode]
-    assert count <= sum(prediction.combined_counts.values()) + extra, (count, prediction.combined_counts)
+    low, high, over = _PINNED_REACHED[model, mode]
+    assert sum(prediction.combined_counts.values()) - count == over, (count, prediction.combined_counts)
     assert low <= ratio <= high, ratio
     is_dtensor = lambda x: isinstance(x, DTensor)  # noqa: E731
     # one program with collectives in flight at a time: XLA's CPU runtime can abort (or deadlock) when two

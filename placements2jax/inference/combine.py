@@ -9,14 +9,22 @@ that predicted and compiled collectives can be counted alike (:class:`~.check.Ch
 The rules, read from XLA's source (``collective_combiner_utils.h``'s
 ``CombineInstructionsByKey``, ``all_reduce_key.h``, the CPU and GPU compilers' pipelines):
 
-* Collectives are visited in program order (XLA: the computation's post order), per
-  computation (a loop body is its own computation; calls are inlined first, and so is a
-  scan of one trip: ``WhileLoopSimplifier`` replaces a loop of trip count 1 by its body,
+* Per computation (a loop body is its own computation; calls are inlined first, and so is
+  a scan of one trip: ``WhileLoopSimplifier`` replaces a loop of trip count 1 by its body,
   measured on Llama's one-layer masked scan, whose compiled program has no while and one
-  all-reduce of the body's activation gradients and the program's squared sums). Each joins
-  the open group of its *key*; the group is closed (combined) first when the collective
-  depends on one of its members (a data path from it), or when adding it would pass the
-  backend's byte threshold or count (256 operands).
+  all-reduce of the body's activation gradients and the program's squared sums), one
+  group at a time: the first collective left in the computation's post order
+  (``MakeInstructionPostOrder``: depth first from the root, operands first to last;
+  :func:`planned_collectives` walks the prediction's dataflow so) opens a group of its
+  *key*, and the later ones of that key join it until one depends on a member (a data
+  path from it: the group ends there), or would pass the backend's byte threshold, or
+  the group has 256 operands. The group is combined into one collective, XLA rebuilds
+  its reachability and post order, and the next group opens at the first collective
+  left. A combined group makes new paths (what depended on one member now depends on
+  what every member depended on): forming groups of all keys side by side instead
+  merged groups into cycles no program has (GPT-2's 2x4 adamw step counted 12
+  all-reduces where XLA compiles 13). On CPU the pass (``cpu-all-reduce-combiner``) runs
+  after layout assignment and fusion (read from its pass dump).
 * Keys: all-reduce and reduce-scatter: the reduction, the element type and the replica
   groups (here: the mesh axes); all-gather: the replica groups (element types may mix on
   GPU, ``combine_different_dtypes``; gathered dims are not compared, as
@@ -49,7 +57,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, NamedTuple
@@ -162,6 +170,7 @@ class PlannedCollective:
     scope: str
     where: str
     after: int
+    rank: int = 0  # its place in XLA's post order of its computation (:func:`planned_collectives`)
 
 
 @dataclass(frozen=True)
@@ -176,34 +185,64 @@ class CombinedCollective:
 
 
 def combine(collectives: Sequence[PlannedCollective], rules: CombinerRules) -> tuple[CombinedCollective, ...]:
-    """Group ``collectives`` (in program order) as XLA's combiners do (module docstring):
-    per computation and key, a group closes when the next collective depends on one of
-    its members or would pass the byte threshold or the operand count."""
+    """Group ``collectives`` as XLA's combiners do (``CombineInstructionsByKey``, module
+    docstring): one group at a time, each opened by the first collective left in XLA's
+    post order (:attr:`PlannedCollective.rank`, program order among equal ranks) and
+    joined by the later ones of its key until one depends on a member or would pass the
+    byte threshold, or the group has the operand count. A combined group is one
+    collective: what depended on a member now depends on what every member did, and the
+    collectives its members depended on are visited where the first member was (the
+    post order XLA rebuilds after each group)."""
     done: list[tuple[int, ...]] = []
-    open_groups: dict[Any, list[int]] = {}
-    bits: dict[Any, int] = {}
-    sizes: dict[Any, int] = {}
-    for i, c in enumerate(collectives):
-        threshold = rules.threshold(c.kind)
-        if threshold is None:
-            done.append((i,))
-            continue
-        key = (c.scope, c.kind, c.axes, c.reduce_op, c.dtype if c.kind in rules.typed else None)
-        group = open_groups.setdefault(key, [])
-        if group and (c.after & bits[key] or sizes[key] + c.result_bytes > threshold or len(group) >= rules.count):
-            done.append(tuple(group))
-            group.clear()
-            bits[key], sizes[key] = 0, 0
-        group.append(i)
-        bits[key] = bits.get(key, 0) | 1 << i
-        sizes[key] = sizes.get(key, 0) + c.result_bytes
-    done += [tuple(g) for g in open_groups.values() if g]
+    order: list[int] = []
+    for i in sorted(range(len(collectives)), key=lambda i: collectives[i].rank):
+        threshold = rules.threshold(collectives[i].kind)
+        if threshold is None or collectives[i].result_bytes > threshold:
+            done.append((i,))  # a kind this backend does not combine, or alone above the threshold
+        else:
+            order.append(i)
+    after = [c.after for c in collectives]
+    keys = [_key(c, rules) for c in collectives]
+    while order:
+        first = order[0]
+        key, threshold = keys[first], rules.threshold(collectives[first].kind) or 0
+        group: list[int] = []
+        bits = size = 0
+        for i in order:
+            if keys[i] != key:
+                continue
+            if after[i] & bits or size + collectives[i].result_bytes > threshold:
+                break
+            group.append(i)
+            bits |= 1 << i
+            size += collectives[i].result_bytes
+            if len(group) >= rules.count:
+                break
+        done.append(tuple(group))
+        depends = bits
+        for i in group:
+            depends |= after[i]
+        # the group is where its first member was (the first collective left): the collectives its members depend
+        # on, left in the order after it, now come first (XLA's post order visits a combined collective's operands
+        # where the first member's user needs it)
+        order = [i for i in order if not bits >> i & 1]
+        order = [i for i in order if depends >> i & 1] + [i for i in order if not depends >> i & 1]
+        if len(group) > 1:
+            for i in order:
+                if after[i] & bits:
+                    after[i] |= depends
     done.sort()
     return tuple(
         CombinedCollective(collectives[g[0]].kind, collectives[g[0]].axes, g,
                            sum(collectives[i].result_bytes for i in g))
         for g in done
     )
+
+
+def _key(c: PlannedCollective, rules: CombinerRules) -> tuple[Any, ...]:
+    """What two collectives XLA may combine share: the computation, kind, device groups,
+    reduction and (for the kinds ``rules`` type) the element type."""
+    return (c.scope, c.kind, c.axes, c.reduce_op, c.dtype if c.kind in rules.typed else None)
 
 
 def combined_counts(combined: Iterable[CombinedCollective]) -> Counter[tuple[str, tuple[str, ...]]]:
@@ -230,7 +269,8 @@ class MovedEquation(NamedTuple):
 def planned_collectives(
     equations: Iterable[MovedEquation], rules: CombinerRules, extra: Sequence[tuple[Source, RedistributePlan]] = (),
     *, loops: Iterable[tuple[str, str]] = (), returned: Iterable[tuple[Source, Source | None]] = (),
-    shared_routes: bool = True,
+    shared_routes: bool = True, outputs: Sequence[Source | None] = (),
+    results: Iterable[tuple[str, Sequence[tuple[str, Source | None]]]] = (),
 ) -> tuple[PlannedCollective, ...]:
     """The collectives of ``equations``' moves, in program order, with their dependencies
     read from its dataflow; ``loops``: (path, primitive) of the loops XLA compiles as loops
@@ -241,7 +281,17 @@ def planned_collectives(
     whole-program search plans them, :meth:`~.jaxpr.Prediction.routed_steps`), else each
     runs its own. ``extra`` adds (source value, plan) moves at the end of the program,
     whose routes continue the program's (e.g. :func:`~.check.check`'s conversions of
-    outputs to XLA's layouts)."""
+    outputs to XLA's layouts).
+
+    Each collective's :attr:`~PlannedCollective.rank` is its place in XLA's post order of
+    its computation (``HloComputation::MakeInstructionPostOrder``: depth first from the
+    root, each instruction's operands first to last), the order :func:`combine` visits:
+    the program's from ``outputs`` (the values the function returns, in order; then the
+    ``extra`` moves), a loop body's from ``results`` (per loop path, what its body returns:
+    (the row moving it, the value it is in the body)); what no root reaches (a while's or a
+    cond's bodies, given no results) in program order. A move's collectives are an
+    equation's operand after the value they move (a chain, a shared route's first steps
+    where its first reader is)."""
     loops = dict(loops)
     # a scan of one trip, inlined by XLA: its rows are the program's, and its results depend on what their values
     # in the body did, and their moves to the carries (``<loop>.carry<j>``)
@@ -266,16 +316,22 @@ def planned_collectives(
         return upstream[path]
 
     sent: dict[Any, tuple[np.dtype, int]] = {}  # per planned element type: what the backend sends, how many times
+    # XLA's post order: per collective its operand (the value moved, the collective before it in the move); per
+    # equation input (path, index) and output move ("end", k), the last collective of its move
+    operands: list[tuple[Any, int | None]] = []
+    tails: dict[tuple[str, int], int] = {}
+    last_of: dict[Any, int | None] = {}  # a route's last collective so far
 
-    def moved(source: Any, plan: RedistributePlan, where: str, scope: str) -> int:
+    def moved(source: Any, plan: RedistributePlan, where: str, scope: str, slot: int) -> int:
         after = before(source)
+        last = None
         known = sent.get(plan.dtype)
         if known is None:
             known = sent[plan.dtype] = (rules.compiled_dtype(plan.dtype), rules.widening(plan.dtype))
         dtype, widening = known
         for route, step, runs in routes.steps(source, plan):
             if not runs:
-                after = routes.left(route)
+                after, last = routes.left(route), last_of.get(route)
                 continue
             if step.communicates:  # not local, nor over one device: those XLA compiles to nothing
                 halo = 0
@@ -283,7 +339,9 @@ def planned_collectives(
                     result.append(PlannedCollective(
                         COLLECTIVE_PERMUTE, axes, None, str(dtype), widening * nbytes, scope, where, after,
                     ))
+                    operands.append((source, last))
                     halo |= 1 << (len(result) - 1)
+                    last = len(result) - 1
                 after |= halo
                 if step.collective == ALL_GATHER:  # a padded all-gather, or an all-reduce of a short dim (compiled)
                     _, result_bytes = gather_block_bytes(
@@ -299,11 +357,17 @@ def planned_collectives(
                 result.append(PlannedCollective(
                     kind, step.axes, reduce_op, str(dtype), result_bytes, scope, where, after,
                 ))
+                operands.append((source, last))
                 after |= 1 << (len(result) - 1)
+                last = len(result) - 1
             routes.record(route, after)
+            last_of[route] = last
+        if last is not None:
+            tails[where, slot] = last
         return after
 
     scopes = _scopes(tuple(loops.items()))
+    equations = tuple(equations)
     for eqn in equations:
         plans = eqn.redistributions
         scope = scopes.get(eqn.path)
@@ -313,11 +377,92 @@ def planned_collectives(
         for i in range(max(len(plans), len(eqn.sources))):
             source = eqn.sources[i] if i < len(eqn.sources) else None
             plan = plans[i] if i < len(plans) else None
-            bits |= before(source) if plan is None or plan.is_noop else moved(source, plan, eqn.path, scope)
+            bits |= before(source) if plan is None or plan.is_noop else moved(source, plan, eqn.path, scope, i)
         upstream[eqn.path] = bits
-    for source, plan in extra:
-        moved(source, plan, "end", "")
-    return tuple(result)
+    for k, (source, plan) in enumerate(extra):
+        moved(source, plan, "end", "", k)
+    if not result:
+        return ()
+    ranks = _post_order(equations, scopes, upstream, operands, tails, returned, outputs, len(extra), dict(results))
+    return tuple(PlannedCollective(c.kind, c.axes, c.reduce_op, c.dtype, c.result_bytes, c.scope, c.where, c.after,
+                                   rank) for c, rank in zip(result, ranks))
+
+
+def _post_order(
+    equations: Sequence[MovedEquation], scopes: dict[str, str], upstream: dict[str, int],
+    operands: Sequence[tuple[Any, int | None]],
+    tails: dict[tuple[str, int], int], returned: dict[Any, Any], outputs: Sequence[Source | None], ends: int,
+    results: dict[str, Sequence[tuple[str, Source | None]]],
+) -> list[int]:
+    """Each collective's place in XLA's post order (:func:`planned_collectives`): a depth
+    first walk of the equations from each computation's roots, an equation's inputs first
+    to last, each input's value then its move's collectives, a collective's moved value and
+    the collective before it first. An equation after no collective (``upstream``: none)
+    has none to place: the walk skips it (on Llama's 2x4 adamw step most of the forward
+    pass)."""
+    rows = {e.path: e for e in equations}
+    rank = [-1] * len(operands)
+    visited: set[str | int] = set()
+    count = 0
+
+    def producers(source: Any, scope: str) -> list[str]:
+        """The equations of ``scope`` making ``source`` (a one-trip scan's result: its value
+        in the body and its carry's move)."""
+        if source is None or source[0] == "in":
+            return []
+        if source in returned:
+            path, j = source
+            carry = f"{path}.carry{j}"
+            return [*producers(returned[source], scope), *([carry] if carry in rows else [])]
+        path = source[0]
+        while path not in rows:  # a loop's sliced / stacked value: its loop's
+            if "." not in path:
+                return []
+            path = path.rsplit(".", 1)[0]
+        return [path] if scopes[path] == scope and upstream[path] else []
+
+    def children(node: str | int, scope: str) -> list[str | int]:
+        """An equation's (a path's) or a collective's (an index's) operands in order."""
+        if isinstance(node, int):
+            source, previous = operands[node]
+            return [*producers(source, scope), *(() if previous is None else (previous,))]
+        found: list[str | int] = []
+        for i, source in enumerate(rows[node].sources):
+            found += producers(source, scope)
+            if (node, i) in tails:
+                found.append(tails[node, i])
+        return found
+
+    def walk(roots: Iterable[str | int], scope: str) -> None:
+        nonlocal count
+        for root in roots:
+            if root in visited:
+                continue
+            visited.add(root)
+            # an explicit stack (a program's chains are deeper than Python's recursion): (node, its operands left)
+            stack = [(root, iter(children(root, scope)))]
+            while stack:
+                node, left = stack[-1]
+                child = next(left, None)
+                if child is None:
+                    stack.pop()
+                    if isinstance(node, int):
+                        rank[node] = count
+                        count += 1
+                elif child not in visited:
+                    visited.add(child)
+                    stack.append((child, iter(children(child, scope))))
+
+    for scope in dict.fromkeys(scopes[e.path] for e in equations):
+        if scope == "":
+            roots: list[str | int] = [p for source in outputs for p in producers(source, "")]
+            roots += [tails["end", k] for k in range(ends) if ("end", k) in tails]
+        else:
+            roots = []
+            for row, value in results.get(scope, ()):
+                roots += [row] if row in rows else producers(value, scope)
+        walk([*roots, *(e.path for e in equations if scopes[e.path] == scope and upstream[e.path])], scope)
+    return rank
 
 
 def _reduce_op(step: Any) -> str | None:

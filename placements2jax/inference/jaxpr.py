@@ -213,6 +213,9 @@ class Prediction:
     loops: tuple[tuple[str, str], ...] = dataclasses.field(default=(), repr=False, compare=False)
     # (a one-trip scan's result, the value it is in the body): as :attr:`.ProgramGraph.returned`
     returned: tuple[tuple[ValueId, ValueId | None], ...] = dataclasses.field(default=(), repr=False, compare=False)
+    # per scan XLA compiles as a loop, what its body returns: as :attr:`.ProgramGraph.results`
+    results: tuple[tuple[str, tuple[tuple[str, ValueId | None], ...]], ...] = dataclasses.field(
+        default=(), repr=False, compare=False)
 
     @property
     def out_layouts_tree(self) -> Any:
@@ -358,7 +361,8 @@ class Prediction:
         moved = (MovedEquation(e.path, e.sources, e.signature.redistributions if e.signature is not None else ())
                  for e in self.equations)
         return planned_collectives(moved, rules, extra, loops=self.loops, returned=self.returned,
-                                   shared_routes=self.search == "program")
+                                   shared_routes=self.search == "program", outputs=self.output_sources,
+                                   results=self.results)
 
     @property
     def combined_counts(self) -> Counter[str]:
@@ -543,7 +547,7 @@ def _predict(
             in_tree=flat.tree, constrained=tuple(t is not None for t in targets), search=search,
             policy=policy, cost_model=model if policy is not None else None,
             jaxpr=closed, choices=tuple(choices.items()), on_unknown=on_unknown, output_sources=output_sources,
-            loops=graph.loops, returned=graph.returned,
+            loops=graph.loops, returned=graph.returned, results=graph.results,
         )
         return prediction, graph, walker
 
@@ -1285,6 +1289,9 @@ class _Walker:
         self.returned: dict[ValueId, ValueId | None] = {}
         # per cond output, the values its branches return for it: :attr:`.ProgramGraph.joins`
         self.joins: dict[ValueId, tuple[ValueId, ...]] = {}
+        # per scan XLA compiles as a loop, what its body returns (its carries', then its stacks'): (the row moving
+        # it, the value it is in the body), the roots of the body's post order (:attr:`.ProgramGraph.results`)
+        self.results: dict[str, tuple[tuple[str, ValueId | None], ...]] = {}
 
     def graph(
         self, outputs: Sequence[tuple[TensorSpec, ValueId | None]], inputs: tuple[TensorSpec, ...]
@@ -1294,7 +1301,8 @@ class _Walker:
         loops = tuple((row.path, row.primitive) for row in self.rows
                       if row.primitive in LOOPS and row.path not in self.inlined)
         return ProgramGraph(self.mesh, tuple(self.nodes), tuple(s for _, s in outputs), inputs, loops,
-                            tuple(self.inlined.items()), tuple(self.returned.items()), tuple(self.joins.items()))
+                            tuple(self.inlined.items()), tuple(self.returned.items()), tuple(self.joins.items()),
+                            tuple(self.results.items()))
 
     def _trial(self) -> _Walker:
         """A walker whose rows and nodes are thrown away (for fixed points)."""
@@ -1717,6 +1725,9 @@ class _Walker:
         ys_sources = [(f"{path}.ys{i}", 0) for i in range(len(ys))]
         if path in self.inlined:
             self.returned.update(zip([*((path, j) for j in range(nk)), *ys_sources], (s for _, s in outs)))
+        else:
+            names = [*(f"{path}.carry{j}" for j in range(nk)), *(f"{path}.ys{i}" for i in range(len(ys)))]
+            self.results[path] = tuple(zip(names, (s for _, s in outs)))
         return self._finish_loop_row(slot, srcs, [*back, *ys], range(nc, nc + nk), ys_sources, outs[:nk], 1, consts)
 
     def _while(

@@ -418,6 +418,10 @@ class ProgramGraph:
     # (a cond's output, the values its branches return for it): what it is made from, though the cond's node reads
     # its index alone (the branches' equations are nodes of their own, their results read by the join's nodes)
     joins: tuple[tuple[ValueId, tuple[ValueId, ...]], ...] = ()
+    # per scan XLA compiles as a loop, what its body returns (its carries', then its stacks'), each as (the row
+    # moving it back to its carry or stacking it, the value it is in the body): the roots of XLA's post order of
+    # the body (:func:`.combine.planned_collectives`)
+    results: tuple[tuple[str, tuple[tuple[str, ValueId | None], ...]], ...] = ()
 
 
 def forced_signature(op: str, inputs: tuple[TensorSpec, ...], candidate: Candidate, cost_model: CostModel) -> Signature:
@@ -1563,10 +1567,10 @@ class _Search:
             # carry and join rows do
             if node.path in loops or node.path in inlined:
                 for i, src in enumerate(node.sources):
-                    if in_body(node.path, src):  # an inlined scan's named as the walk's carry rows (its sources: its
-                        # initial values, then its body's results)
-                        name = f"{node.path}.carry{i - len(node.sources) // 2}" if node.path in inlined else \
-                            f"{src[0]}.out{i}"
+                    if in_body(node.path, src):  # a scan's named as the walk's carry rows (its sources: its initial
+                        # values, then its body's results), the roots of its body's post order (ProgramGraph.results)
+                        name = f"{node.path}.carry{i - len(node.sources) // 2}" if (
+                            node.path in inlined or loops.get(node.path) == "scan") else f"{src[0]}.out{i}"
                         equations.append(MovedEquation(name, (src,), (plans[i],)))
                     if in_body(node.path, src) or node.path in inlined:
                         plans[i] = None
@@ -1577,7 +1581,8 @@ class _Search:
             for target in targets:  # a free output's partials reduced (check converts it so to XLA's layout)
                 target = self.states[layouts[state].without_partial()] if target is None else target
                 ends += [(value, plan(shape, dtype, state, target))] if target != state else []
-        planned = planned_collectives(equations, rules, ends, loops=self.graph.loops, returned=self.graph.returned)
+        planned = planned_collectives(equations, rules, ends, loops=self.graph.loops, returned=self.graph.returned,
+                                      outputs=self.graph.outputs, results=self.graph.results)
         return planned, combine(planned, rules)
 
     def charge(self, value: ValueId, aval: AvalKey, state: State) -> Cost:
