@@ -298,10 +298,10 @@ PROBES: dict[str, Probe] = {
     "mamba associative_scan": Probe(lambda mesh: training_step("mamba", mesh), 0.93, (12, 9)),
     "mamba2 chunked ssd": Probe(lambda mesh: training_step("mamba2", mesh), 0.79, (13, 10)),
     "deepseek latent attention": Probe(lambda mesh: training_step("mla", mesh), 0.87, (12, 9)),
-    "rwkv wkv scan": Probe(lambda mesh: training_step("rwkv", mesh), 0.83, (13, 10)),
-    "gemma3 qk-norm local/global": Probe(lambda mesh: training_step("gemma3", mesh), 0.81, (14, 14)),
+    "rwkv wkv scan": Probe(lambda mesh: training_step("rwkv", mesh), 0.83, (14, 10)),
+    "gemma3 qk-norm local/global": Probe(lambda mesh: training_step("gemma3", mesh), 0.81, (15, 14)),
     "mlp muon": Probe(lambda mesh: training_step("mlp", mesh, optax.contrib.muon(1e-3)), 0.59, (11, 13)),
-    "mlp shampoo eigh": Probe(lambda mesh: training_step("mlp", mesh, shampoo.shampoo(1e-3)), 0.09, (15, 17)),
+    "mlp shampoo eigh": Probe(lambda mesh: training_step("mlp", mesh, shampoo.shampoo(1e-3)), 0.09, (16, 17)),
     "mlp shampoo eigh, split statistics": Probe(
         lambda mesh: shampoo.split_statistics(training_step("mlp", mesh, shampoo.shampoo(1e-3))), 0.47, (18, 15)),
 }
