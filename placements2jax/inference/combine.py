@@ -58,7 +58,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any, NamedTuple
 
@@ -384,8 +384,7 @@ def planned_collectives(
     if not result:
         return ()
     ranks = _post_order(equations, scopes, upstream, operands, tails, returned, outputs, len(extra), dict(results))
-    return tuple(PlannedCollective(c.kind, c.axes, c.reduce_op, c.dtype, c.result_bytes, c.scope, c.where, c.after,
-                                   rank) for c, rank in zip(result, ranks))
+    return tuple(replace(c, rank=rank) for c, rank in zip(result, ranks))
 
 
 def _post_order(

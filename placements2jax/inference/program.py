@@ -507,9 +507,7 @@ def _select(
         chosen = _continued(graph, cost_model, targets, seeds, dispatched_choice, chosen)
     else:
         eagers = _eagers(graph, dispatched_choice)
-        chosen = _escaped(search, eagers, chosen)
-        if not search.layers:  # see _commoned: its cost grows with the program, and on repeated layers it found nothing
-            chosen = _commoned(search, eagers, chosen)
+        chosen = _commoned(search, eagers, _escaped(search, eagers, chosen))
     return _chosen(graph, {node.path: 0 for node in graph.nodes}, chosen)
 
 
@@ -566,10 +564,13 @@ def _commoned(search: _Search, eagers: tuple[Choice, Choice], chosen: Choice) ->
     (its first search now ends below the share of data-parallel gathers that triggers
     :func:`.jaxpr._replicas_restart`, whose result it was). It costs ~0.27 s of a cold
     predict of Llama's 2x4 adamw step, 1,260 -> 1,532 ms idle (docs/benchmarks.md section
-    7; ~560 common value moves evaluated, cascading; ~260 on GPT-2's). Not run on a program with repeated layers (:attr:`_Search.layers`: the
-    seeded search, :func:`_seeded`): there it changed no prediction measured and its
-    cascades grow with the program (Llama's 8-layer adamw step 2.3 -> 3.5 s CPU, the same
-    prediction; the 4-layer step of the dump the same bytes and collectives)."""
+    7; ~560 common value moves evaluated, cascading; ~260 on GPT-2's). ``chosen`` as it is
+    on a program with repeated layers (:attr:`_Search.layers`: the seeded search,
+    :func:`_seeded`): there it changed no prediction measured and its cascades grow with
+    the program (Llama's 8-layer adamw step 2.3 -> 3.5 s CPU, the same prediction; the
+    4-layer step of the dump the same bytes and collectives)."""
+    if search.layers:
+        return chosen
     found = _common_descent(search, chosen)
     planned = search.planned()
     return _bounded(planned, eagers, _descended(search, chosen, found))
