@@ -216,6 +216,9 @@ class Prediction:
     # per scan XLA compiles as a loop, what its body returns: as :attr:`.ProgramGraph.results`
     results: tuple[tuple[str, tuple[tuple[str, ValueId | None], ...]], ...] = dataclasses.field(
         default=(), repr=False, compare=False)
+    # what else its walk ranked by, for :func:`execute`'s walk: its candidates ranked unsplit first
+    # (:func:`_unsplit_first`; a restart's search that changes nothing returns its walk, ``choices`` empty)
+    unsplit: _Unsplit | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def out_layouts_tree(self) -> Any:
@@ -547,7 +550,7 @@ def _predict(
             in_tree=flat.tree, constrained=tuple(t is not None for t in targets), search=search,
             policy=policy, cost_model=model if policy is not None else None,
             jaxpr=closed, choices=tuple(choices.items()), on_unknown=on_unknown, output_sources=output_sources,
-            loops=graph.loops, returned=graph.returned, results=graph.results,
+            loops=graph.loops, returned=graph.returned, results=graph.results, unsplit=unsplit,
         )
         return prediction, graph, walker
 
@@ -928,7 +931,7 @@ def execute(prediction: Prediction, executor: Executor, cost_model: CostModelLik
         raise InferenceError("prediction", prediction, "has no traced jaxpr or no inputs", "pass predict()'s result")
     mesh = prediction.inputs[0].layout.mesh
     walker = _Walker(mesh, resolve_cost_model(cost_model), dict(prediction.choices), prediction.on_unknown, executor,
-                     gathered=prediction.search != "program")
+                     gathered=prediction.search != "program", unsplit=prediction.unsplit)
     walker.walk(
         closed.jaxpr, _const_specs(closed.jaxpr, mesh), prediction.inputs, "",
         [("in", i) for i in range(len(prediction.inputs))],
@@ -1538,7 +1541,7 @@ class _Walker:
         """A walker for a loop's bodies under ``executor`` (the same choices; its rows
         and nodes are thrown away: the loop's walk recorded them)."""
         return _Walker(self.mesh, self.cost_model, self.choices, self.on_unknown, executor, gathered=self.gathered,
-                       searched=self.searched)
+                       searched=self.searched, unsplit=self.unsplit)
 
     def walk_body(self, closed: Any, ins: Sequence[TensorSpec], prefix: str) -> list[TensorSpec]:
         """The output layouts of a loop body walked at ``prefix`` on inputs ``ins``."""
