@@ -13,7 +13,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from placements2jax import InferenceError, Layout, UnsupportedOpError, apply, distribute_tensor, init_device_mesh
-from placements2jax.inference import predict
+from placements2jax.inference import check, predict
 
 F32 = jnp.float32
 
@@ -76,10 +76,11 @@ def test_embedding_lookup_both_ways(mesh: Any) -> None:
 
     table, ids = spec(mesh, (64, 16), "R,S(0)"), spec(mesh, (8,), "R,R", jnp.int32)
     assert outs(predict(lookup, table, ids, search="eager")) == ["R,P"]  # torch's vocab-parallel embedding
-    # the program search prices the owed reduction as CPU XLA compiles it (an all-reduce, 768 B): moving the
-    # table (one all-to-all, 384 B) costs less, its lookup split over the embedding dim
+    # the program search too: it prices the owed reduction as CPU XLA compiles it (an all-reduce, 768 B), and moving
+    # the table to split the embedding dim over tp costs as much (one all-to-all, 768 B); until stop 38 it split it
+    # over (dp, tp), 384 B, but dp is split by no input (jaxpr._idle_mesh_dims): XLA splits nothing over it
     vocab = predict(lookup, table, ids)
-    assert outs(vocab) == ["None,(dp,tp)"] and [s.collective for s in vocab.steps if s.nbytes] == ["all-to-all"]
+    assert outs(vocab) == ["R,P"] and not vocab.steps
     batch = predict(lookup, spec(mesh, (64, 16), "R,R"), spec(mesh, (8,), "S(0),R", jnp.int32))
     assert outs(batch) == ["S(0),R"]
 
@@ -115,6 +116,30 @@ def test_sharding_constraint_forces_its_layout(mesh: Any) -> None:
     assert prediction.out_layouts == (Layout.from_partition_spec(mesh, P(None, "dp")),)
     assert outs(prediction) == ["S(1),R"]
     assert prediction.collectives == {"all-to-all": 1}
+
+
+def test_no_candidate_splits_over_a_mesh_dim_no_input_uses(mesh: Any) -> None:
+    """``a + a.mT`` of an (8, 8, 8) ``R,S(1)``: no input splits over dp, and XLA's
+    propagation, which spreads only the shardings it is given, splits nothing over it
+    (all-to-alls the transpose over tp, 384 B, ``R,S(1)``). The prediction splits nothing
+    over such an idle mesh dim either (``Prediction.idle``); until stop 38 it sliced the
+    sum over dp on dim 0 for free, halving the all-to-all (``S(0),S(1)``: check
+    ``differs``). An ``out_layouts`` target or an annotation using dp, anywhere, makes it
+    no longer idle."""
+
+    def symmetric(a: jax.Array) -> jax.Array:
+        return a + a.mT
+
+    a = spec(mesh, (8, 8, 8), "R,S(1)")
+    prediction = predict(symmetric, a)
+    assert prediction.idle == (0,) and outs(prediction) == ["R,S(1)"]
+    assert all(x.layout.mesh_dim_split(0) is None for e in prediction.equations for x in (*e.inputs, *e.outputs))
+    report = check(symmetric, distribute_tensor(np.zeros((8, 8, 8), np.float32), mesh, "R,S(1)"))
+    assert [o.verdict for o in report.outputs] == ["equal"] and report.predicted_bytes == report.compiled_bytes == 384
+    assert predict(symmetric, a, out_layouts=Layout.from_device_mesh(mesh)("S(0),S(1)")).idle == ()
+    auto = jax.sharding.Mesh(mesh.devices, mesh.alias_name, axis_types=(AxisType.Auto,) * 2)
+    pinned = NamedSharding(auto, P("dp", "tp"))
+    assert predict(lambda x: jax.lax.with_sharding_constraint(symmetric(x), pinned), a).idle == ()
 
 
 def test_reshard_on_an_explicit_mesh_forces_its_layout(mesh: Any) -> None:

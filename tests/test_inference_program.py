@@ -186,9 +186,13 @@ def test_a_value_needed_twice_in_one_layout_is_redistributed_once(mesh: Any) -> 
     assert len(program.redistributions) == 1 and sum(len(e.steps) for e in program.equations) == 2
 
 
-def _adam_like_step(x: jax.Array, w: jax.Array, m: jax.Array, v: jax.Array) -> tuple[jax.Array, ...]:
+def _adam_like_step(
+    x: jax.Array, w: jax.Array, m: jax.Array, v: jax.Array, other: jax.Array,
+) -> tuple[jax.Array, ...]:
     g = x.T @ (x @ w)  # partial over dp: the batch is split there
-    return w - 0.1 * g / (jnp.sqrt(v) + 1), 0.9 * m + g, 0.9 * v + g * g
+    # another parameter, split over tp, updated on its own: without it no input splits over tp, which then splits
+    # nothing (jaxpr._idle_mesh_dims), and the search gathers the batch (256 B, as on a (2,) mesh), no value move
+    return w - 0.1 * g / (jnp.sqrt(v) + 1), 0.9 * m + g, 0.9 * v + g * g, 0.9 * other
 
 
 def test_value_moves_reduce_a_shared_gradient_once(mesh: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -200,19 +204,21 @@ def test_value_moves_reduce_a_shared_gradient_once(mesh: Any, monkeypatch: pytes
     consumers re-chosen alike, from its producer) find it; without either the search stays
     at a reduce-scatter and six all-gathers."""
     replicated = Layout.from_device_mesh(mesh)("R,R")
-    inputs = (spec(mesh, (8, 16), "S(0),R"), *(spec(mesh, (16, 16), "R,R") for _ in range(3)))
-    program = predict(_adam_like_step, *inputs, out_layouts=(replicated,) * 3)
+    other = spec(mesh, (16, 16), "R,S(0)")
+    inputs = (spec(mesh, (8, 16), "S(0),R"), *(spec(mesh, (16, 16), "R,R") for _ in range(3)), other)
+    targets = (replicated,) * 3 + (other[2],)
+    program = predict(_adam_like_step, *inputs, out_layouts=targets)
     assert [(s.collective, s.axis) for s in program.steps] == [("all-reduce", "dp")]
     assert program.nbytes == 2 * 16 * 16 * 4 // 2  # 2 T (n - 1) / n, T = 1 KiB, n = 2
-    assert program.nbytes < predict(_adam_like_step, *inputs, out_layouts=(replicated,) * 3, search="eager").nbytes
+    assert program.nbytes < predict(_adam_like_step, *inputs, out_layouts=targets, search="eager").nbytes
 
     monkeypatch.setattr(program_module._Search, "value_moves", lambda self, value, choice, gathers=False, common=False: [])
     program_module._select.cache_clear()
-    reduced = predict(lambda *a: _adam_like_step(*a), *inputs, out_layouts=(replicated,) * 3)
+    reduced = predict(lambda *a: _adam_like_step(*a), *inputs, out_layouts=targets)
     assert [(s.collective, s.axis) for s in reduced.steps] == [("all-reduce", "dp")]
     monkeypatch.setattr(program_module._Search, "reduced_moves", lambda self, path, choice: [])
     program_module._select.cache_clear()
-    without = predict(lambda *a: _adam_like_step(*a), *inputs, out_layouts=(replicated,) * 3)
+    without = predict(lambda *a: _adam_like_step(*a), *inputs, out_layouts=targets)
     assert without.nbytes > program.nbytes
     assert sum(1 for s in without.steps if not s.collective.startswith("local")) > 1
     program_module._select.cache_clear()  # no search result without value moves outlives the patch

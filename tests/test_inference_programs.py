@@ -515,7 +515,10 @@ def test_cond_joins_the_branches(mesh: Any) -> None:
     def branchy(p: jax.Array, x: jax.Array) -> jax.Array:
         return lax.cond(p, lambda a: a * 2.0, lambda a: a.T @ a, x)
 
-    prediction = predict(branchy, np.bool_(True), spec(mesh, (8, 8), "S(0),R"))
+    # x split over tp (the rows of a.T @ a a partial there, a * 2 split): R,S(0). Split over dp, both branches run
+    # replicated from one all-gather of x and nothing is joined (as on a (2,) mesh: tp, split by no input, is idle,
+    # jaxpr._idle_mesh_dims; until stop 38 its free slices gave the branches P,R and S(0),R)
+    prediction = predict(branchy, np.bool_(True), spec(mesh, (8, 8), "R,S(0)"))
     cond = next(e for e in prediction.equations if e.primitive == "cond")
     branches = [e for e in prediction.equations if e.path.startswith(cond.path + ".b")]
     assert {e.path.split(".")[1] for e in branches} == {"b0", "b1"}
@@ -1591,6 +1594,54 @@ def test_linalg_gathers_split_matrix_dims_as_xla(mesh: Any, name: str, placement
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4, err_msg=f"{name} {execute}")
 
 
+# jnp.linalg's symmetrizing decompositions: fn, what its outputs must satisfy as (facts of them, NumPy's values)
+_SYMMETRIZED: dict[str, tuple[Callable[..., Any], _LinalgFacts]] = {
+    "cholesky": (jnp.linalg.cholesky, lambda ins, outs: ([outs[0] @ np.swapaxes(outs[0], -1, -2)], ins)),  # l l^T = a
+    "eigh": (jnp.linalg.eigh, lambda ins, outs: ([outs[1] * outs[0][..., None, :], outs[0]],  # a v = v w
+                                                  [ins[0] @ outs[1], np.linalg.eigvalsh(ins[0])])),
+    "eigvalsh": (jnp.linalg.eigvalsh, lambda ins, outs: (outs, [np.linalg.eigvalsh(ins[0])])),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_SYMMETRIZED))
+@pytest.mark.parametrize(("shape", "placements", "nbytes"), [
+    ((4, 16, 16), "R,S(1)", (3840, 3840)), ((4, 16, 16), "R,S(2)", (3840, 3840)),
+    ((4, 16, 16), "S(1),R", (2048, 3072)), ((16, 16), "S(1),R", (512, 768)), ((16, 16), "R,S(0)", (960, 960)),
+])
+def test_symmetrized_decompositions_split_no_idle_mesh_dim(
+    mesh: Any, name: str, shape: tuple[int, ...], placements: str, nbytes: tuple[int, int],
+) -> None:
+    """``jnp.linalg.cholesky`` / ``eigh`` / ``eigvalsh`` symmetrize first, ``(a + a.mT) /
+    2``, outside the LAPACK call. With only a matrix dim split, over one mesh dim, the
+    other is split by no input, and XLA's propagation, which spreads only the shardings it
+    is given, splits nothing over it: it all-to-alls the transpose over the split's mesh
+    dim and gathers the sum for the solver, the results Replicate. The prediction
+    splits nothing over such an idle mesh dim either (jaxpr._idle_mesh_dims); before,
+    the sum was sliced over it on its batch dim for free, halving the all-to-all and the
+    gather, and the results came out split there: check said ``differs`` (S(0),R where
+    XLA's R,R, 3,968 B as converted against XLA's 3,840 for (4, 16, 16) R,S(1)). Over dp
+    the prediction gathers the input once, first (2,048 / 512 B, where XLA all-to-alls
+    and gathers: 3,072 / 768), and apply(execute="pinned") compiles that plan; every
+    execute mode gives values NumPy agrees with, in the predicted layout."""
+    fn, facts = _SYMMETRIZED[name]
+    a = _spd(np.random.default_rng(0), (int(np.prod(shape[:-2])), shape[-1])).reshape(shape)
+    tensor = distribute_tensor(a, mesh, placements)
+    report = check(fn, tensor)
+    assert [(str(o.predicted), o.verdict) for o in report.outputs] == [("R,R", "equal")] * len(report.outputs), report
+    assert (report.predicted_bytes, report.compiled_bytes) == nbytes
+    idle = next(m for m, p in enumerate(placements.split(",")) if p == "R")
+    assert all(x.layout.mesh_dim_split(idle) is None for e in predict(fn, tensor).equations
+               for x in (*e.inputs, *e.outputs))
+    pinned = jax.jit(lambda x: apply(fn, x, execute="pinned"))
+    assert sum(collective_nbytes(c, 8) for c in compiled_collectives(pinned, tensor)) == nbytes[0]
+    for execute in ("xla", "ops", "pinned"):
+        results = jax.tree.leaves(apply(fn, tensor, execute=execute), is_leaf=lambda v: isinstance(v, DTensor))
+        assert [str(o.layout) for o in results] == ["R,R"] * len(results), execute
+        got, want = facts([a.astype(np.float64)], [np.asarray(o.full_tensor()).astype(np.float64) for o in results])
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-3, err_msg=f"{name} {execute}")
+
+
 def _symmetric_product(a: jax.Array, c: jax.Array) -> jax.Array:
     return lax.linalg.symmetric_product(a, c, alpha=2.0, beta=0.5)
 
@@ -1603,11 +1654,12 @@ def _symmetric_product(a: jax.Array, c: jax.Array) -> jax.Array:
         (("R,S(0)", "R,R"), "equal", (0, 0)),  # c sliced to a's batch split, for free
         (("S(0),S(0)", "S(0),S(0)"), "equal", (0, 0)),  # the batch split over dp and tp
         # a's contracted dim split: XLA all-reduces the product (3,072 B), the search moves the split to the batch
-        # (an all-to-all and the output gathered back, 2,176 B: fewer bytes in more collectives)
-        (("R,S(2)", "R,R"), "differs", (2176, 3072)),
+        # (an all-to-all and the output gathered back, 2,304 B: fewer bytes in more collectives; no longer also
+        # sliced over dp, which no input splits over: 2,176 B until stop 38)
+        (("R,S(2)", "R,R"), "differs", (2304, 3072)),
         # c's rows split: XLA computes each rank's rows of a a^T, nothing sent; no 1-D signature says it (a's rows are
-        # both sides of the product): the search moves c's split to the batch
-        (("R,R", "R,S(1)"), "differs", (640, 0)),
+        # both sides of the product): the search moves c's split to the batch (640 B sliced over dp too until stop 38)
+        (("R,R", "R,S(1)"), "differs", (768, 0)),
     ],
 )
 def test_symmetric_product_splits_its_batch_and_contraction(
@@ -1673,7 +1725,11 @@ def test_a_cnn_train_step_split_over_the_batch(mesh: Any) -> None:
     the convolution, the max-pool and its gradient (select_and_scatter_add) keep the
     batch split; the only collective is the gradients' all-reduce over dp, 12,036 B as
     XLA's own (predicted 12,032 B before the check's output reduction); every executor
-    gives plain jax.jit's step."""
+    gives plain jax.jit's step. A batch of 32: of 8, gathering the batch and the dense
+    layer's input (3,088 B) costs less than the all-reduce, and the search finds that
+    plan, as it does on a (2,) mesh, since tp (split by no input: idle,
+    jaxpr._idle_mesh_dims) no longer offers free slices (until stop 38 they kept it at
+    XLA's all-reduce)."""
     k1, k2 = jax.random.split(jax.random.key(0))
     plain = {"conv": jax.random.normal(k1, (3, 3, 3, 16)) / 5, "bias": jnp.zeros(16),
              "dense": jax.random.normal(k2, (4 * 4 * 16, 10)) / 16}
@@ -1681,7 +1737,7 @@ def test_a_cnn_train_step_split_over_the_batch(mesh: Any) -> None:
     optimizer = optax.adamw(1e-2)
     state = optimizer.init(params)
     rng = np.random.default_rng(0)
-    xs, ys = rng.standard_normal((8, 8, 8, 3)).astype(np.float32), rng.integers(0, 10, 8).astype(np.int32)
+    xs, ys = rng.standard_normal((32, 8, 8, 3)).astype(np.float32), rng.integers(0, 10, 32).astype(np.int32)
     x, y = distribute_tensor(xs, mesh, "S(0),R"), distribute_tensor(ys, mesh, "S(0),R")
 
     def step(p: Any, s: Any, x: jax.Array, y: jax.Array) -> Any:

@@ -216,6 +216,11 @@ class Prediction:
     # per scan XLA compiles as a loop, what its body returns: as :attr:`.ProgramGraph.results`
     results: tuple[tuple[str, tuple[tuple[str, ValueId | None], ...]], ...] = dataclasses.field(
         default=(), repr=False, compare=False)
+    # what else its walk ranked by, for :func:`execute`'s walk: the mesh dims it splits nothing over
+    # (:func:`_idle_mesh_dims`) and its candidates ranked unsplit first (:func:`_unsplit_first`; a restart's search
+    # that changes nothing returns its walk, ``choices`` empty)
+    idle: tuple[int, ...] = dataclasses.field(default=(), repr=False, compare=False)
+    unsplit: _Unsplit | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def out_layouts_tree(self) -> Any:
@@ -529,11 +534,13 @@ def _predict(
     out_avals = [Aval(x.shape, x.dtype) for x in jax.tree.leaves(out_shape)]
     targets = output_constraints(out_layouts, out_tree, out_avals, mesh)
     consts = _const_specs(closed.jaxpr, mesh)
+    idle = _idle_mesh_dims(closed.jaxpr, mesh, specs, targets)
 
     def walk(
         choices: Mapping[str, Candidate], gathered: bool = search != "program", unsplit: _Unsplit | None = None,
     ) -> tuple[Prediction, ProgramGraph, _Walker]:
-        walker = _Walker(mesh, model, choices, on_unknown, gathered=gathered, searched=not gathered, unsplit=unsplit)
+        walker = _Walker(mesh, model, choices, on_unknown, gathered=gathered, searched=not gathered, unsplit=unsplit,
+                         idle=idle)
         outputs = walker.walk(closed.jaxpr, consts, specs, "", [("in", i) for i in range(len(specs))])
         graph = walker.graph(outputs, specs)
         finals = [
@@ -547,7 +554,7 @@ def _predict(
             in_tree=flat.tree, constrained=tuple(t is not None for t in targets), search=search,
             policy=policy, cost_model=model if policy is not None else None,
             jaxpr=closed, choices=tuple(choices.items()), on_unknown=on_unknown, output_sources=output_sources,
-            loops=graph.loops, returned=graph.returned, results=graph.results,
+            loops=graph.loops, returned=graph.returned, results=graph.results, idle=idle, unsplit=unsplit,
         )
         return prediction, graph, walker
 
@@ -869,6 +876,13 @@ def _unsplit_first(signature: Signature, mesh_dim: int) -> Signature:
     return ranked
 
 
+def _kept(signature: Signature, keep: Callable[[Candidate], bool]) -> Signature:
+    """``signature`` with only its candidates ``keep`` accepts; itself if it accepts none
+    (never: the all-Replicate candidate, which every rule's signature holds, splits nothing)."""
+    kept = tuple(filter(keep, signature.candidates))
+    return Signature(signature.op, signature.inputs, kept) if kept else signature
+
+
 def _operand_splits(signature: Signature) -> Signature:
     """``signature`` (of a :data:`.rules.BATCH_PARTITIONED` solver) with the candidates XLA
     can compile: their inputs split a dim (batch dims lead, so dim indices align across
@@ -884,8 +898,55 @@ def _operand_splits(signature: Signature) -> Signature:
             for layout in candidate.in_layouts
         )
 
-    kept = tuple(filter(compiled, signature.candidates))
-    return Signature(signature.op, signature.inputs, kept) if kept else signature
+    return _kept(signature, compiled)
+
+
+def _idle_mesh_dims(jaxpr: Any, mesh: DeviceMesh, specs: Sequence[TensorSpec],
+                    targets: Sequence[Layout | None]) -> tuple[int, ...]:
+    """The mesh dims (of size > 1) that no input of the program splits or holds partial,
+    nor any ``out_layouts`` target: XLA's sharding propagation only spreads the shardings
+    it is given (the arguments', the results', the annotations'), so its program splits
+    nothing over them. None where ``jaxpr`` holds an annotation (``with_sharding_constraint``,
+    ``reshard``, ``shard_map``) anywhere: its axes spread too.
+
+    Why: a split over such a dim is a free local slice, and the program search and eager
+    dispatch alike took one wherever it shrank a collective over another dim, a split XLA
+    never makes. ``jnp.linalg.cholesky`` / ``eigh`` of a ``(4, 16, 16)`` matrix ``R,S(1)``
+    on dp=2 x tp=4 symmetrize it first, ``(a + a.mT) / 2``; the sum was sliced over ``dp``
+    on its batch dim, halving the transpose's all-to-all over ``tp`` and the solver's
+    gather, and the factor came out ``S(0),R`` where XLA's is ``R,R`` (``check``:
+    ``differs``, 3,968 B as converted to XLA's layout against its 3,840)."""
+    layouts = [*(s.layout for s in specs), *(t for t in targets if t is not None)]
+    used = {m for x in layouts for axes in x.dim_axes for m in axes}
+    used |= {m for x in layouts for m, op in enumerate(x.partial) if op}
+    idle = tuple(m for m, size in enumerate(mesh.shape) if size > 1 and m not in used)
+    if idle and any(e.primitive.name in CONSTRAINT_SHARDING_PARAMS or e.primitive.name == "shard_map"
+                    for e in all_equations(jaxpr)):
+        return ()
+    return idle
+
+
+# (id of a signature, idle mesh dims) -> (that signature, kept so that the id stays its own; it filtered by _busy)
+_BUSY = Memo(4096)
+
+
+def _busy(signature: Signature, idle: tuple[int, ...]) -> Signature:
+    """``signature`` without the candidates splitting or making partial anything over an
+    ``idle`` mesh dim (:func:`_idle_mesh_dims`); itself where it has none. One object per
+    signature, as :func:`_unsplit_first` (the program search finds repeated layers by
+    their candidate lists' identity)."""
+    key = (id(signature), idle)
+    known = _BUSY.recall(key)
+    if known is not None and known[0] is signature:
+        return known[1]
+
+    def busy(candidate: Candidate) -> bool:
+        return all(x.mesh_dim_split(m) is None and x.partial[m] is None
+                   for x in (*candidate.in_layouts, *candidate.out_layouts) for m in idle)
+
+    kept = signature if all(map(busy, signature.candidates)) else _kept(signature, busy)
+    _BUSY.remember(key, (signature, kept))
+    return kept
 
 
 def _unsplit_over(layout: Layout, mesh_dim: int) -> Layout:
@@ -928,7 +989,7 @@ def execute(prediction: Prediction, executor: Executor, cost_model: CostModelLik
         raise InferenceError("prediction", prediction, "has no traced jaxpr or no inputs", "pass predict()'s result")
     mesh = prediction.inputs[0].layout.mesh
     walker = _Walker(mesh, resolve_cost_model(cost_model), dict(prediction.choices), prediction.on_unknown, executor,
-                     gathered=prediction.search != "program")
+                     gathered=prediction.search != "program", unsplit=prediction.unsplit, idle=prediction.idle)
     walker.walk(
         closed.jaxpr, _const_specs(closed.jaxpr, mesh), prediction.inputs, "",
         [("in", i) for i in range(len(prediction.inputs))],
@@ -1261,7 +1322,7 @@ class _Walker:
     def __init__(
         self, mesh: DeviceMesh, cost_model: CostModel, choices: Mapping[str, Candidate], on_unknown: str = "raise",
         executor: Executor | None = None, gathered: bool = True, searched: bool = True,
-        unsplit: _Unsplit | None = None,
+        unsplit: _Unsplit | None = None, idle: tuple[int, ...] = (),
     ) -> None:
         self.mesh = mesh
         self.cost_model = cost_model
@@ -1274,6 +1335,7 @@ class _Walker:
         self.searched = searched  # the program nodes hold every candidate (else the chosen ones)
         # (loop paths or None: everywhere, mesh dim): their equations rank first the candidates unsplit over it
         self.unsplit = unsplit
+        self.idle = idle  # mesh dims no rule's candidate may split or make partial over (:func:`_idle_mesh_dims`)
         self.rows: list[EquationReport] = []
         self.nodes: list[ProgramNode] = []
         self.node_at: dict[str, ProgramNode] = {}  # the nodes by path
@@ -1307,7 +1369,7 @@ class _Walker:
     def _trial(self) -> _Walker:
         """A walker whose rows and nodes are thrown away (for fixed points)."""
         return _Walker(self.mesh, self.cost_model, self.choices, self.on_unknown, gathered=self.gathered,
-                       searched=self.searched, unsplit=self.unsplit)
+                       searched=self.searched, unsplit=self.unsplit, idle=self.idle)
 
     def walk(
         self, jaxpr: Any, consts: Sequence[TensorSpec], inputs: Sequence[TensorSpec], prefix: str,
@@ -1415,8 +1477,9 @@ class _Walker:
         if function is not None:  # a call of a function with a registered rule: one equation, not walked inside
             signature = (
                 forced_signature(function.name, ins, self.choices[path], self.cost_model) if path in self.choices
-                else self._ranked(path, signature_for(("function", function.source), (), ins, out_avals,
-                                                      self.cost_model, self.mesh, self.gathered, ranked=self.searched))
+                else self._ranked(path, self._busy(signature_for(
+                    ("function", function.source), (), ins, out_avals, self.cost_model, self.mesh, self.gathered,
+                    ranked=self.searched)))
             )
             outs = tuple(TensorSpec.of(a, x) for a, x in zip(out_avals, signature.out_layouts))
             self.rows.append(EquationReport(path, f"{name}[{function.name}]", ins, signature, outs, srcs))
@@ -1538,7 +1601,7 @@ class _Walker:
         """A walker for a loop's bodies under ``executor`` (the same choices; its rows
         and nodes are thrown away: the loop's walk recorded them)."""
         return _Walker(self.mesh, self.cost_model, self.choices, self.on_unknown, executor, gathered=self.gathered,
-                       searched=self.searched)
+                       searched=self.searched, unsplit=self.unsplit, idle=self.idle)
 
     def walk_body(self, closed: Any, ins: Sequence[TensorSpec], prefix: str) -> list[TensorSpec]:
         """The output layouts of a loop body walked at ``prefix`` on inputs ``ins``."""
@@ -1567,7 +1630,11 @@ class _Walker:
             ("primitive", name), entry.params(definition), ins, out_avals, self.cost_model, self.mesh,
             self.gathered, ranked=self.searched,
         )
-        return self._ranked(path, _operand_splits(signature) if name in BATCH_PARTITIONED else signature)
+        return self._ranked(path, self._busy(_operand_splits(signature) if name in BATCH_PARTITIONED else signature))
+
+    def _busy(self, signature: Signature) -> Signature:
+        """A rule's ``signature`` without the candidates touching :attr:`idle` mesh dims."""
+        return _busy(signature, self.idle) if self.idle else signature
 
     def _ranked(self, path: str, signature: Signature) -> Signature:
         """``signature``, or inside a body of the loops of :attr:`unsplit` (anywhere where

@@ -799,8 +799,10 @@ def triangular_solve(ins: Avals, outs: Avals) -> list[OneDSig]:
 # where the search chose an all-to-all to a batch split and gathered the outputs back: 1,984-4,000 B as check priced
 # it). The walker offers such an equation only the candidates whose input layouts split a dim over a mesh dim where
 # an operand already does (and are partial where one is): XLA's choice. (``jnp.linalg.cholesky`` / ``eigh`` first
-# symmetrize the matrix, ``(a + a.mT) / 2``, outside the solver: with only a matrix dim split the search still moves
-# the split to the batch dim there, one all-to-all, where XLA all-to-alls the transpose and gathers the sum.)
+# symmetrize the matrix, ``(a + a.mT) / 2``, outside the solver: with only a matrix dim split, over one mesh dim, XLA
+# all-to-alls the transpose and gathers the sum, as the prediction does since no candidate splits over a mesh dim no
+# input uses, ``jaxpr._idle_mesh_dims``; with both matrix dims split, the search still moves a split to the batch dim
+# in that sum, where XLA gathers both operands.)
 BATCH_PARTITIONED = (
     "cholesky", "eigh", "svd", "qr", "householder_product", "lu", "lu_pivots_to_permutation", "triangular_solve",
     "tridiagonal_solve", "eig", "schur", "hessenberg", "tridiagonal", "ormqr",
