@@ -785,13 +785,8 @@ def _output_plans(prediction: Any, without_partial: bool) -> list[RedistributePl
     ``without_partial``, does not."""
     plans = {e.path: e.signature.redistributions[0] for e in prediction.equations if e.primitive == "out_layouts"}
     chosen = [plans.get(f"out.{i}") for i in range(len(prediction.outputs))]
-    return [plan if plan is not None and _passes_uneven(plan) and not (without_partial and plan.dst.has_partial)
+    return [plan if plan is not None and plan.passes_uneven and not (without_partial and plan.dst.has_partial)
             else None for plan in chosen]
-
-
-def _passes_uneven(plan: RedistributePlan) -> bool:
-    """Whether a layout on ``plan``'s route splits a dim of its tensor unevenly."""
-    return not all(layout.is_even(plan.shape) for layout in (plan.src, *(step.after for step in plan.steps)))
 
 
 def _run_pinned(prediction: Any, inputs: Sequence[_Value], cost_model: CostModelLike) -> tuple[_Pinned, list[_Value]]:
