@@ -25,6 +25,10 @@ The rules, read from XLA's source (``collective_combiner_utils.h``'s
   merged groups into cycles no program has (GPT-2's 2x4 adamw step counted 12
   all-reduces where XLA compiles 13). On CPU the pass (``cpu-all-reduce-combiner``) runs
   after layout assignment and fusion (read from its pass dump).
+* An output's move to its ``out_layouts`` (and a move after the program) reducing a
+  Partial over several mesh dims is counted last mesh dim first, as XLA compiles the
+  predicted program's one constraint (:func:`_xla_order`); the planner reduces the first
+  first.
 * Keys: all-reduce and reduce-scatter: the reduction, the element type and the replica
   groups (here: the mesh axes); all-gather: the replica groups (element types may mix on
   GPU, ``combine_different_dtypes``; gathered dims are not compared, as
@@ -277,10 +281,11 @@ def _xla_order(steps: Sequence[RedistributeStep]) -> list[RedistributeStep]:
     them reduced) is reduced last mesh dim first. The predicted program holds such a
     Partial as its stacked local sums (one leading dim per mesh dim, in mesh order) and
     sums them in one ``reduce``; XLA's SPMD partitioner emits one all-reduce per reduced
-    dim, the last dim first (measured with jax 0.10.2's CPU client on ``x.sum((0, 1))``
-    of a (2, 4, 32) array split (dp, tp) over a 2x4 mesh, and on (tp, dp), and on 3
-    dims over 2x2x2: always the last split dim first). The planner reduces the first mesh
-    dim first; the bytes are the same (each an all-reduce of the same block), but the
+    dim, the last dim first, whichever mesh dim splits it (read from its
+    ``spmd-partitioning`` pass dump; measured with jax 0.10.2's CPU client on
+    ``x.sum((0, 1))`` of a (2, 4, 32) array split (dp, tp) over a 2x4 mesh, of a (4, 2, 32)
+    one split (tp, dp), and of three dims over 2x2x2), so the last mesh dim first. The
+    planner reduces the first mesh dim first; the bytes are the same (each an all-reduce of the same block), but the
     order decides what XLA's combiner can merge: GPT-2's 2x4 ``value_and_grad`` returns
     two bias gradients ``P(dp),P(tp)`` whose tp all-reduces, first in XLA's order, join
     another tp one (11 all-reduces compiled; 12 counted in the planner's order)."""
