@@ -262,9 +262,9 @@ class MovedEquation(NamedTuple):
     """What :func:`planned_collectives` reads of one equation of a program: its path, its
     inputs' sources (None: a constant), the moves of its inputs (None or a no-op plan:
     read as they arrive) and whether they are an output's moves to its ``out_layouts``
-    (``whole``: the predicted program runs each as one constraint, :func:`_xla_order`). A walked
-    prediction's rows give them (:meth:`.jaxpr.Prediction.planned_collectives`), and so
-    does the program search's choice before any walk (:meth:`.program._Search.combined`)."""
+    (``whole``: the predicted program runs each as one constraint, :func:`_xla_order`). A
+    walked prediction's rows give them (:meth:`.jaxpr.Prediction.planned_collectives`), and
+    so does the program search's choice before any walk (:meth:`.program._Search.combined`)."""
 
     path: str
     sources: tuple[Source | None, ...]
@@ -285,10 +285,11 @@ def _xla_order(steps: Sequence[RedistributeStep]) -> list[RedistributeStep]:
     ``spmd-partitioning`` pass dump; measured with jax 0.10.2's CPU client on
     ``x.sum((0, 1))`` of a (2, 4, 32) array split (dp, tp) over a 2x4 mesh, of a (4, 2, 32)
     one split (tp, dp), and of three dims over 2x2x2), so the last mesh dim first. The
-    planner reduces the first mesh dim first; the bytes are the same (each an all-reduce of the same block), but the
-    order decides what XLA's combiner can merge: GPT-2's 2x4 ``value_and_grad`` returns
-    two bias gradients ``P(dp),P(tp)`` whose tp all-reduces, first in XLA's order, join
-    another tp one (11 all-reduces compiled; 12 counted in the planner's order)."""
+    planner reduces the first mesh dim first; the bytes are the same (each an all-reduce
+    of the same block), but the order decides what XLA's combiner can merge: GPT-2's 2x4
+    ``value_and_grad`` returns two bias gradients ``P(dp),P(tp)`` whose tp all-reduces,
+    first in XLA's order, join another tp one (11 all-reduces compiled; 12 counted in the
+    planner's order)."""
     steps = list(steps)
     start = 0
     while start < len(steps):
