@@ -781,17 +781,13 @@ def _output_plans(prediction: Any, without_partial: bool) -> list[RedistributePl
     route, which compiles the planned bytes on even layouts and can combine their
     collectives with others (pinning every output step kept XLA from combining a tp
     all-reduce of GPT-2's value_and_grad with another: 22 collectives against 21
-    predicted). None too where the plan ends Partial and the caller's move, made
-    ``without_partial``, does not."""
+    predicted; XLA reduces a Partial over several mesh dims there last mesh dim first,
+    as :func:`.inference.combine.planned_collectives` counts it). None too where the plan
+    ends Partial and the caller's move, made ``without_partial``, does not."""
     plans = {e.path: e.signature.redistributions[0] for e in prediction.equations if e.primitive == "out_layouts"}
     chosen = [plans.get(f"out.{i}") for i in range(len(prediction.outputs))]
-    return [plan if plan is not None and _passes_uneven(plan) and not (without_partial and plan.dst.has_partial)
+    return [plan if plan is not None and plan.passes_uneven and not (without_partial and plan.dst.has_partial)
             else None for plan in chosen]
-
-
-def _passes_uneven(plan: RedistributePlan) -> bool:
-    """Whether a layout on ``plan``'s route splits a dim of its tensor unevenly."""
-    return not all(layout.is_even(plan.shape) for layout in (plan.src, *(step.after for step in plan.steps)))
 
 
 def _run_pinned(prediction: Any, inputs: Sequence[_Value], cost_model: CostModelLike) -> tuple[_Pinned, list[_Value]]:

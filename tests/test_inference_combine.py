@@ -160,6 +160,42 @@ def test_interleaved_tp_and_dp_all_reduces_combine_as_xla_compiles_them(mesh: An
         np.testing.assert_allclose(np.asarray(got.full_tensor()), expected, rtol=1e-5)
 
 
+def test_an_outputs_reduction_over_two_mesh_dims_is_ordered_as_xla_compiles_it(mesh: Any) -> None:
+    """Two outputs ``P(dp),P(tp)`` reduced to their ``out_layouts`` (the planner: dp, then
+    tp) and a tp reduction feeding a dp one (as GPT-2's ``value_and_grad`` returns two bias
+    gradients): the predicted program reduces an output in one constraint, XLA's SPMD
+    partitioner the last mesh dim first, so the outputs' tp all-reduces join the other tp
+    one and their dp ones the other dp one: 2 all-reduces compiled. In the planner's order
+    the dp group holds the dp all-reduce after the tp one, and the outputs' tp ones after
+    it could not join that: 3 counted."""
+
+    def f(a: jax.Array, b: jax.Array, x: jax.Array, y: jax.Array) -> Any:
+        t = jnp.square(x.sum(1))
+        return a.sum(), b.sum(), (t[:, None] * y).sum(0)
+
+    rng = np.random.default_rng(0)
+    values = [rng.normal(size=(8, 16)).astype(np.float32) for _ in range(4)]
+    args = [distribute_tensor(v, mesh, p) for v, p in zip(values, ("S(0),S(1)", "S(0),S(1)", "R,S(1)", "S(0),R"))]
+    outs = (Layout(mesh, ()), Layout(mesh, ()), Layout(mesh, ((),)))
+    prediction = predict(f, *args, out_layouts=outs)
+    moves = {e.path: e.signature.redistributions[0] for e in prediction.equations if e.primitive == "out_layouts"}
+    assert [s.axis for s in moves["out.0"].steps] == [s.axis for s in moves["out.1"].steps] == ["dp", "tp"]
+    planned = prediction.planned_collectives("cpu")
+    assert [(c.axes, c.where) for c in planned] == [
+        (("tp",), "1"), (("tp",), "out.0"), (("dp",), "out.0"), (("tp",), "out.1"), (("dp",), "out.1"),
+        (("dp",), "out.2"),
+    ]
+    assert [g.members for g in prediction.combined()] == [(1, 3, 0), (2, 4, 5)]  # in the planner's order 3 groups
+    pinned = jax.jit(lambda *a: apply(f, *a, out_layouts=outs, execute="pinned"))
+    compiled = compiled_collectives(pinned, *args)
+    assert [len(c.result_shapes) for c in compiled if c.op == "all-reduce"] == [3, 3]
+    assert prediction.combined_counts == Counter(c.op for c in compiled) == {"all-reduce": 2}
+    square = np.square(values[2].sum(1))
+    want = (values[0].sum(), values[1].sum(), (square[:, None] * values[3]).sum(0))
+    for got, expected in zip(pinned(*args), want, strict=True):
+        np.testing.assert_allclose(np.asarray(got.full_tensor()), expected, rtol=1e-5)
+
+
 def test_a_combined_group_orders_what_its_members_depend_on_first() -> None:
     """Hand-made: a dp all-reduce (2) after a tp one (1) joins the first dp group (0, 2);
     the tp all-reduce 3 after dp 0 then depends on tp 1 through the combined group, so

@@ -143,9 +143,10 @@ def test_apply_of_a_training_step_sends_no_more_than_jit(mesh: Any, model: str, 
 # all-reduce on CPU) and the predicted collectives (counted as XLA's combiner merges them) less its collectives.
 # 1.0: the prediction realized. GPT-2 adamw step: 0 since stop 37 (the combiner modelled one group at a time in
 # XLA's post order; it was 1 under: groups formed side by side merged two dp pairs a tp group separates);
-# value_and_grad: 1 over, two returned biases' gradients P over (dp, tp) are planned dp then tp, the pinned
-# program's output move is one constraint, which XLA reduces tp first: its tp all-reduces of them join the one
-# before the dp ones, one group fewer than in the planned order. GPT-2 value_and_grad was 0.97x in 27 collectives
+# value_and_grad: 0 since stop 38 (1 over at stop 37): two returned biases' gradients P over (dp, tp) are planned
+# dp then tp, but the pinned program's output move is one constraint, which XLA reduces tp first (the combiner
+# model now counts it so): its tp all-reduces of them join the one before the dp ones, one group fewer than in
+# the planned order. GPT-2 value_and_grad was 0.97x in 27 collectives
 # against 28 predicted (XLA moved a scanned input's slice more cheaply than planned); since the search re-chooses
 # a scan's stacked outputs looking ahead to their consumers and the pinned scan moves each slice to its stack's
 # layout inside the body: 1.0x, 21 collectives as predicted. Llama's adamw step was 0.98x in one collective fewer
@@ -154,7 +155,7 @@ def test_apply_of_a_training_step_sends_no_more_than_jit(mesh: Any, model: str, 
 # alike: 1.0x, 30 collectives as predicted.
 _PINNED_REACHED = {
     ("gpt2", "loss"): (0.999, 1.001, 0),
-    ("gpt2", "value_and_grad"): (0.999, 1.001, 1),
+    ("gpt2", "value_and_grad"): (0.999, 1.001, 0),
     ("gpt2", "adamw step"): (0.999, 1.001, 0),
     ("llama", "loss"): (0.999, 1.001, 0),
     ("llama", "value_and_grad"): (0.999, 1.001, 0),

@@ -363,8 +363,8 @@ class Prediction:
         whole-program search plans them; ``extra``: moves at the end, whose routes continue
         the program's); ``backend``: a JAX platform name, default the mesh's."""
         rules = combiner_rules(self._backend if backend is None else backend)
-        moved = (MovedEquation(e.path, e.sources, e.signature.redistributions if e.signature is not None else ())
-                 for e in self.equations)
+        moved = (MovedEquation(e.path, e.sources, e.signature.redistributions if e.signature is not None else (),
+                               e.primitive == "out_layouts") for e in self.equations)
         return planned_collectives(moved, rules, extra, loops=self.loops, returned=self.returned,
                                    shared_routes=self.search == "program", outputs=self.output_sources,
                                    results=self.results)

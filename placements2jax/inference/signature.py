@@ -569,6 +569,12 @@ class RedistributePlan:
         """How many steps of each kind (local steps included)."""
         return Counter(s.collective for s in self.steps)
 
+    @property
+    def passes_uneven(self) -> bool:
+        """Whether a layout on the route (``src`` or one after a step) splits a dim of the
+        tensor unevenly."""
+        return not all(layout.is_even(self.shape) for layout in (self.src, *(step.after for step in self.steps)))
+
     def routed(self, source: Any) -> Iterator[tuple[Any, RedistributeStep]]:
         """Each step with its route key, moving the value ``source``: the value, ``src`` and
         the layout after each step so far. Moves of one value whose routes begin alike
