@@ -76,10 +76,12 @@ def test_embedding_lookup_both_ways(mesh: Any) -> None:
 
     table, ids = spec(mesh, (64, 16), "R,S(0)"), spec(mesh, (8,), "R,R", jnp.int32)
     assert outs(predict(lookup, table, ids, search="eager")) == ["R,P"]  # torch's vocab-parallel embedding
-    # the program search prices the owed reduction as CPU XLA compiles it (an all-reduce, 768 B): moving the
-    # table (one all-to-all, 384 B) costs less, its lookup split over the embedding dim
+    # the program search charges a free output its move to eager dispatch's layout, reduced (``R,R``, as XLA returns
+    # it: an all-reduce, 768 B as CPU XLA compiles it): moving the table (one all-to-all, 384 B) to look up split over
+    # the embedding dim owes the gather of that split too (448 B), so the lookup is torch's (before that charge, a
+    # free output owing its partials' reduction alone, it returned ``None,(dp,tp)``, which check said differs)
     vocab = predict(lookup, table, ids)
-    assert outs(vocab) == ["None,(dp,tp)"] and [s.collective for s in vocab.steps if s.nbytes] == ["all-to-all"]
+    assert outs(vocab) == ["R,P"] and not [s for s in vocab.steps if s.nbytes]
     batch = predict(lookup, spec(mesh, (64, 16), "R,R"), spec(mesh, (8,), "S(0),R", jnp.int32))
     assert outs(batch) == ["S(0),R"]
 

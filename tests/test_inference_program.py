@@ -179,24 +179,6 @@ def test_a_replicated_parameters_free_gradient_is_xlas_layout(name: str) -> None
         np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(w), rtol=1e-5, atol=1e-5)
 
 
-def test_a_free_output_split_on_its_own_is_priced_with_its_callers_gather() -> None:
-    """A free output may keep a layout eager dispatch does not give it where that is
-    cheaper with the move to eager's layout, reduced, paid: on a 2x2x2 mesh with the batch
-    split over two axes, the weight's gradient is computed on the weight sliced over the
-    third for free (``R,R,S(1)``), reduced over the first two on a quarter of the bytes
-    and gathered over the third by its caller: 1,792 B per device with that gather where
-    XLA all-reduces the whole gradient over the first two, 3,072 B. ``check`` says
-    ``differs`` with the gather as the conversion."""
-    mesh = init_device_mesh((2, 2, 2), ("a", "b", "c"))
-    w = distribute_tensor(np.ones((16, 32), np.float32), mesh, "R,R,R")
-    x = distribute_tensor(np.ones((8, 16), np.float32), mesh, "S(0),S(0),R")
-    report = check(_matmul_gradient, w, x)
-    (out,) = report.outputs
-    assert (str(out.predicted), str(out.compiled), out.verdict) == ("R,R,S(1)", "R,R,R", "differs")
-    assert [(s.collective, s.axis) for s in out.conversion.steps] == [("all-gather", "c")]
-    assert (report.predicted_bytes, report.compiled_bytes) == (1792, 3072)
-
-
 PLACEMENTS = ("R,R", "S(0),R", "R,S(0)", "R,S(1)", "S(0),S(1)", "S(1),S(0)", "S(1),R")
 
 

@@ -216,6 +216,9 @@ class Prediction:
     # per scan XLA compiles as a loop, what its body returns: as :attr:`.ProgramGraph.results`
     results: tuple[tuple[str, tuple[tuple[str, ValueId | None], ...]], ...] = dataclasses.field(
         default=(), repr=False, compare=False)
+    # per free output of the program search, the layout its caller takes it in: what the search charged its move to
+    # (:mod:`.program`'s objective; None elsewhere, and empty for eager)
+    callers: tuple[Layout | None, ...] = dataclasses.field(default=(), repr=False, compare=False)
 
     @property
     def out_layouts_tree(self) -> Any:
@@ -566,9 +569,11 @@ def _predict(
     # and the layouts its free outputs come in, partials reduced: what the search charges a free output the move to
     dispatching, dispatched, _ = walk({}, True)
     callers = tuple(
-        None if target is not None else out.layout.without_partial() for out, target in zip(dispatching.outputs, targets)
+        None if target is not None else out.layout.without_partial()
+        for out, target in zip(dispatching.outputs, targets)
     )
-    return _resolve_carries(walk, (eager, graph, walker), model, _Targets(tuple(targets), callers), dispatched)
+    searched = _resolve_carries(walk, (eager, graph, walker), model, _Targets(tuple(targets), callers), dispatched)
+    return dataclasses.replace(searched, callers=callers)
 
 
 Walk = Callable[..., tuple["Prediction", ProgramGraph, "_Walker"]]
@@ -740,7 +745,9 @@ def _replicas_restart(walk: Walk, best: Prediction, model: CostModel, targets: _
     return best
 
 
-def _owing(prediction: Prediction, model: CostModel, targets: _Targets) -> tuple[tuple[ValueId | None, RedistributePlan], ...]:
+def _owing(
+    prediction: Prediction, model: CostModel, targets: _Targets
+) -> tuple[tuple[ValueId | None, RedistributePlan], ...]:
     """Each free output's move to the layout its caller takes it in (:class:`_Targets`), as
     moves at the end of the program (what :func:`_total` charges, routed as the search
     routes it)."""

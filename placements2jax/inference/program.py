@@ -24,13 +24,14 @@ reduce-scattered a replicated weight's gradient over ``dp`` inside the program a
 returned it split there, or sliced the weight over ``tp`` for free and returned its
 gradient split there, where XLA returns it Replicate (docs/inference.md, "A replicated
 parameter's gradient left as a free output"). A free output may still keep another
-layout where that is cheaper with its move paid. Costs compare as (cost, number of collectives): among equally cheap programs, fewer
-collectives. The function's inputs keep their layouts; literals and constants are
-Replicate. Moves are priced as the mesh's backend compiles them (:func:`_backend_rules`,
-:mod:`.combine`'s rules, which ``check`` counts by): CPU XLA forms no reduce-scatter, it
-all-reduces the whole block and slices it, so there a planned move is priced by its
-collectives (:func:`.plan.plan_priced`) with each reduce-scatter at an all-reduce's
-bytes; and it sends a ``bfloat16`` value's collectives in ``float32``
+layout where that is cheaper with its move paid. Costs compare as (cost, number of
+collectives): among equally cheap programs, fewer collectives. The function's inputs
+keep their layouts; literals and constants are Replicate. Moves are priced as the
+mesh's backend compiles them (:func:`_backend_rules`, :mod:`.combine`'s rules, which
+``check`` counts by): CPU XLA forms no reduce-scatter, it all-reduces the whole block
+and slices it, so there a planned move is priced by its collectives
+(:func:`.plan.plan_priced`) with each reduce-scatter at an all-reduce's bytes; and it
+sends a ``bfloat16`` value's collectives in ``float32``
 (:meth:`.combine.CombinerRules.widening`), so there a bfloat16 move costs twice its
 planned bytes; and so are an output's owed move and eager dispatch's look-ahead
 charge (GPU and TPU send bfloat16 as it is: priced by the planner's bytes there). Ties as
@@ -463,8 +464,8 @@ def select_program(
     charges it the move to (module docstring; None: its layout in ``graph``'s first
     candidates, its partials reduced)."""
     targets = tuple(out_layouts) if out_layouts is not None else (None,) * len(graph.outputs)
-    free = _callers(graph, targets) if callers is None else tuple(callers)
-    return _select(_Keyed(graph), cost_model, targets, tuple(seeds), _dispatched_choice(graph, dispatched), free)
+    given = None if callers is None else tuple(callers)
+    return _select(_Keyed(graph), cost_model, targets, tuple(seeds), _dispatched_choice(graph, dispatched), given)
 
 
 def _callers(graph: ProgramGraph, targets: tuple[Layout | None, ...]) -> tuple[Layout | None, ...]:
@@ -522,7 +523,7 @@ class _Keyed:
 @cached(maxsize=256)
 def _select(
     keyed: _Keyed, cost_model: CostModel, targets: tuple[Layout | None, ...], seeds: tuple[tuple[str, int], ...],
-    dispatched_choice: tuple[int, ...] | None, callers: tuple[Layout | None, ...],
+    dispatched_choice: tuple[int, ...] | None, callers: tuple[Layout | None, ...] | None,
 ) -> dict[str, Candidate]:
     graph = keyed.graph
     search = _Search(graph, cost_model, targets, callers)
@@ -607,8 +608,9 @@ def _common_descent(search: _Search, choice: Choice) -> Choice:
 
 
 def _continued(
-    graph: ProgramGraph, cost_model: CostModel, targets: tuple[Layout | None, ...], callers: tuple[Layout | None, ...],
-    seeds: tuple[tuple[str, int], ...], dispatched_choice: tuple[int, ...] | None, chosen: Choice,
+    graph: ProgramGraph, cost_model: CostModel, targets: tuple[Layout | None, ...],
+    callers: tuple[Layout | None, ...] | None, seeds: tuple[tuple[str, int], ...],
+    dispatched_choice: tuple[int, ...] | None, chosen: Choice,
 ) -> Choice:
     """Under a model whose overhead per collective is not the default: ``chosen`` (the
     search's choice at that overhead) or a descent at that overhead from the search's choice
@@ -673,16 +675,17 @@ def _repriced_paths(search: _Search, other: _Search, choice: Choice) -> list[str
 
 
 def _choose(
-    graph: ProgramGraph, cost_model: CostModel, targets: tuple[Layout | None, ...], callers: tuple[Layout | None, ...],
-    seeds: tuple[tuple[str, int], ...], dispatched_choice: tuple[int, ...] | None, overhead: Overhead | None = None,
-    search: _Search | None = None,
+    graph: ProgramGraph, cost_model: CostModel, targets: tuple[Layout | None, ...],
+    callers: tuple[Layout | None, ...] | None, seeds: tuple[tuple[str, int], ...],
+    dispatched_choice: tuple[int, ...] | None, overhead: Overhead | None = None, search: _Search | None = None,
 ) -> Choice:
     """:func:`_select`'s choice (module docstring); ``overhead``: bytes per collective
     (None: the model's ``collective_overhead``); ``search``: the graph's search at that
     overhead where the caller has it (None: made here)."""
     eager, dispatched = _eagers(graph, dispatched_choice)
     if search is None:
-        search = _Search(graph, cost_model, targets, callers, overhead=overhead)  # priced as the backend compiles the moves
+        # priced as the backend compiles the moves
+        search = _Search(graph, cost_model, targets, callers, overhead=overhead)
     if search.layers:  # repeated layers: seeded from them (:mod:`.blocks`)
         return _seeded(search, search.layers, seeds, dispatched_choice, (eager, dispatched))
     if search.as_planned:
@@ -748,7 +751,8 @@ def _seeded(
     reduced, outputs = blocks.reduce(search.graph, layers)
     kept = {node.path: search.position[node.path] for node in reduced.nodes}
     sub = _choose(
-        reduced, search.cost_model, tuple(search.targets[o] for o in outputs), tuple(search.callers[o] for o in outputs),
+        reduced, search.cost_model, tuple(search.targets[o] for o in outputs),
+        tuple(search.callers[o] for o in outputs),
         tuple(seed for seed in seeds if seed[0] in kept),
         None if dispatched_choice is None else tuple(dispatched_choice[p] for p in kept.values()), search.overhead,
     )
@@ -1228,8 +1232,9 @@ class _Search:
             if src is not None and src[0] != "in":
                 self.owed.setdefault(src, []).append(None if target is None else intern(target))
         self.owing = frozenset(path for path, _ in self.owed)  # the equations making an output of the function
-        self.taken = {  # per free output (a value), the state its caller takes it in (charge())
-            src: intern(caller) for src, caller in zip(graph.outputs, self.callers) if caller is not None
+        self.taken = {  # per free output made by an equation, the state its caller takes it in (charge())
+            src: intern(caller) for src, caller in zip(graph.outputs, self.callers)
+            if src in self.owed and caller is not None
         }
         # the equations a few upstream of an output with a fixed layout (an optimizer's update of a parameter): the
         # consumers of a split value value_moves() gathers
