@@ -411,6 +411,34 @@ def test_the_note_says_where_the_plans_part_when_every_output_agrees(mesh: Any) 
     assert note in str(report)
 
 
+def test_a_free_outputs_note_names_the_layout_the_search_charged_its_move_to(mesh: Any) -> None:
+    """A free output is charged its move to eager dispatch's layout, its partials reduced
+    (program.py's objective): where the prediction keeps another layout than XLA's, the
+    note says which. A row-parallel ``tanh(x @ w)`` (``x`` ``S(0),S(1)``, ``w`` replicated)
+    is reduce-scattered before the tanh, eager dispatch's choice, and returned
+    ``(dp,tp),None`` where XLA gathers ``x`` over tp and returns ``S(0),R``; a matmul's
+    weight gradient on 2 x 2 x 2 is computed on the weight sliced over ``c``, its move to
+    ``R,R,R`` (eager's reduced, XLA's) paid: 1,792 B where XLA sends 3,072."""
+    report = check(lambda x, w: jnp.tanh(x @ w), spec(mesh, (8, 16), "S(0),S(1)"), spec(mesh, (16, 32), "R,R"))
+    (out,) = report.outputs
+    assert (str(out.predicted), str(out.compiled), out.verdict) == ("(dp,tp),None", "S(0),R", "differs")
+    assert out.note.endswith("; the search charged this free output its move to eager dispatch's layout, its partials "
+                             "reduced ((dp,tp),None), not to XLA's")
+    assert report.predicted_bytes > report.compiled_bytes
+    cube = init_device_mesh((2, 2, 2), ("a", "b", "c"))
+    gradient = check(lambda w, x: jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w)))(w),
+                     spec(cube, (16, 32), "R,R,R"), spec(cube, (8, 16), "S(0),S(0),R"))
+    (out,) = gradient.outputs
+    assert (str(out.predicted), str(out.compiled), out.verdict) == ("R,R,S(1)", "R,R,R", "differs")
+    assert out.note.endswith("; the search charged this free output that move (to eager dispatch's layout, its "
+                             "partials reduced, here XLA's) and kept its own layout as cheaper with it")
+    assert [(s.collective, s.axis) for s in out.conversion.steps] == [("all-gather", "c")]
+    assert (gradient.predicted_bytes, gradient.compiled_bytes) == (1792, 3072)
+    eager = check(lambda x, w: jnp.tanh(x @ w), spec(mesh, (8, 16), "S(0),S(1)"), spec(mesh, (16, 32), "R,R"),
+                  search="eager")
+    assert eager.prediction.callers == () and "the search charged" not in eager.outputs[0].note
+
+
 def test_an_output_converted_along_a_route_the_program_moved_it_runs_the_shared_step_once(mesh: Any) -> None:
     """The row-parallel MLP's partial output y is returned and also consumed by a
     column-parallel matmul, which needs it reduced: an all-reduce over tp inside the

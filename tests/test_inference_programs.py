@@ -785,11 +785,16 @@ def test_docs_out_layouts_example() -> None:
     # collectives where 832 B in 5 kept it partial
     assert jax.tree.map(str, kept.out_layouts_tree) == ({"b": "S(0)", "w": "R"}, "R")
     assert (kept.nbytes, sum(kept.collectives.values())) == (320, 3)
-    # free outputs: eager dispatch leaves the gradient's partial pending, the program search
-    # reduce-scatters it into the update (what it owes anyway), so w comes back split
+    # free outputs: eager dispatch leaves the gradient's partial pending; the program search charges a free output
+    # its move to eager dispatch's layout, its partials reduced (w: R, b: S(0)), and gathers x as when they are kept
+    # (320 B): w comes back R, its parameter's layout and XLA's (while a free output owed only its partials'
+    # reduce-scatter, the search reduce-scattered w's gradient into the update and returned w split, S(1)); b comes
+    # back R, its slice to S(0) free (a tie by the objective; XLA returns S(0))
     eager = predict(_sgd_step, params, x, search="eager")
     assert jax.tree.map(str, eager.out_layouts_tree) == ({"b": "S(0)", "w": "P"}, "P")
-    assert jax.tree.map(str, predict(_sgd_step, params, x).out_layouts_tree) == ({"b": "S(0)", "w": "S(1)"}, "P")
+    free = predict(_sgd_step, params, x)
+    assert jax.tree.map(str, free.out_layouts_tree) == ({"b": "R", "w": "R"}, "R")
+    assert (free.nbytes, sum(free.collectives.values())) == (320, 2)
     # eager dispatch moves the partial gradient to R at the end; the program search plans
     # for the fixed output instead (no final move but b's local slice, computed on the replicas) and owes no more
     eager_kept = predict(_sgd_step, params, x, out_layouts=(params, None), search="eager")

@@ -26,7 +26,11 @@ Where XLA legitimately differs, and how the report says it:
 * **Different propagation.** XLA propagates shardings over the whole program and may
   pick other layouts or collectives than the prediction (whole-program search by
   default, op by op with ``search="eager"``). Verdict ``differs`` with both layouts and the cost of
-  converting the prediction into XLA's layout.
+  converting the prediction into XLA's layout. For a free output of the program search the
+  note also names the layout the search charged its move to (eager dispatch's, its
+  partials reduced: :attr:`.Prediction.callers`): XLA's, where the prediction keeps its
+  own as cheaper with that move, or another (eager dispatch's own choice differing from
+  XLA's).
 * **A wrong compiled value.** XLA (JAX 0.10.2, CPU) all-reduces a batch-grouped
   convolution (a grouped or depthwise conv's weight gradient) over the whole mesh where
   only the batch's axes should sum, on a mesh of two or more axes of size > 1
@@ -527,8 +531,10 @@ def check(
             flat.structs() if explicit else None,
         )
         shardings = jax.tree.leaves(compiled.output_shardings)
+    callers = prediction.callers or (None,) * len(prediction.outputs)
     outputs = tuple(
-        _kept(i, out.aval, out.layout, kept[i]) if i in kept else _compare(i, out.aval, out.layout, sharding, mesh, cost_model)
+        _kept(i, out.aval, out.layout, kept[i]) if i in kept
+        else _compare(i, out.aval, out.layout, sharding, mesh, cost_model, callers[i])
         for i, (out, sharding) in enumerate(zip(prediction.outputs, shardings))
     )
     wrong = miscompiled_outputs(prediction.jaxpr.jaxpr, mesh)
@@ -747,8 +753,12 @@ def _auto_mesh(mesh: DeviceMesh) -> jax.sharding.Mesh:
 
 
 def _compare(
-    index: int, aval: Aval, predicted: Layout, sharding: Any, mesh: DeviceMesh, cost_model: CostModelLike
+    index: int, aval: Aval, predicted: Layout, sharding: Any, mesh: DeviceMesh, cost_model: CostModelLike,
+    caller: Layout | None = None,
 ) -> OutputCheck:
+    """One output's verdict; ``caller``: for a free output of the program search, the
+    layout the search charged its move to (:attr:`.Prediction.callers`), which a
+    ``differs`` note names."""
     compiled = _sharding_layout(sharding, mesh, aval.ndim)
     if compiled is None:
         return OutputCheck(index, aval, predicted, None, DIFFERS, f"XLA's sharding {sharding} is not a mesh sharding", None)
@@ -764,6 +774,12 @@ def _compare(
         )
         return OutputCheck(index, aval, predicted, compiled, XLA_REDUCED, note, conversion)
     note = f"XLA's whole-program propagation chose another layout; converting the prediction: {moves}"
+    if caller == compiled:
+        note += ("; the search charged this free output that move (to eager dispatch's layout, its partials reduced, "
+                 "here XLA's) and kept its own layout as cheaper with it")
+    elif caller is not None:
+        note += (f"; the search charged this free output its move to eager dispatch's layout, its partials reduced "
+                 f"({caller}), not to XLA's")
     return OutputCheck(index, aval, predicted, compiled, DIFFERS, note, conversion)
 
 

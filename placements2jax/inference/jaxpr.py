@@ -58,10 +58,10 @@ from .combine import (
 from .cost import ALL_REDUCE, CostModel, CostModelLike, Overhead, resolve_cost_model
 from .frameworks import bind
 from .ops import PrimitiveDef, primitive_definition, registered_function
-from .plan import InputPlans, cached_plan, mesh_all_reduce
+from .plan import InputPlans, cached_plan, cached_plan_cost, mesh_all_reduce
 from .program import ProgramGraph, ProgramNode, ValueId, forced_signature, select_program
 from .rules import BATCH_PARTITIONED
-from .select import pending_reduction, signature_for
+from .select import signature_for
 from .signature import (
     Aval,
     Candidate,
@@ -221,6 +221,9 @@ class Prediction:
     # that changes nothing returns its walk, ``choices`` empty)
     idle: tuple[int, ...] = dataclasses.field(default=(), repr=False, compare=False)
     unsplit: _Unsplit | None = dataclasses.field(default=None, repr=False, compare=False)
+    # per free output of the program search, the layout its caller takes it in: what the search charged its move to
+    # (:mod:`.program`'s objective; None elsewhere, and empty for eager)
+    callers: tuple[Layout | None, ...] = dataclasses.field(default=(), repr=False, compare=False)
 
     @property
     def out_layouts_tree(self) -> Any:
@@ -328,9 +331,14 @@ class Prediction:
         its bytes), and a ``bfloat16`` collective the ``float32`` one XLA sends (twice its
         bytes); elsewhere :attr:`nbytes` (without a policy). What a compiled program
         of this prediction sends, as :func:`~.check.check` counts the predicted side."""
+        return self._lowered_with()
+
+    def _lowered_with(self, extra: Iterable[tuple[ValueId | None, RedistributePlan]] = ()) -> Fraction:
+        """:attr:`lowered_nbytes` with ``extra`` moves at the end of the program, as
+        :meth:`routed_moves` takes them."""
         rules = combiner_rules(self._backend)
         return sum(
-            (nbytes for plan, s in self.routed_moves() if not s.over_one_device
+            (nbytes for plan, s in self.routed_moves(extra) if not s.over_one_device
              for _, nbytes in lowered_step(s, rules, plan.dtype)),
             Fraction(0),
         )
@@ -565,40 +573,57 @@ def _predict(
         return eager
     # eager dispatch's walk (predict(search="eager")), the bound of the search's bytes: the program's walk ranks
     # otherwise (select.signature_for) and from some equation on may choose what eager dispatch does not
-    dispatched = walk({}, True)[1]
-    return _resolve_carries(walk, (eager, graph, walker), model, targets, dispatched)
+    # and the layouts its free outputs come in, partials reduced: what the search charges a free output the move to
+    dispatching, dispatched, _ = walk({}, True)
+    callers = tuple(
+        None if target is not None else out.layout.without_partial()
+        for out, target in zip(dispatching.outputs, targets)
+    )
+    searched = _resolve_carries(walk, (eager, graph, walker), model, _Targets(tuple(targets), callers), dispatched)
+    return dataclasses.replace(searched, callers=callers)
 
 
 Walk = Callable[..., tuple["Prediction", ProgramGraph, "_Walker"]]
 Total = tuple[Fraction, int]
 
 
+@dataclass(frozen=True)
+class _Targets:
+    """What the program search charges each output of the function: ``fixed``, the layout
+    ``out_layouts`` gives it (None: free), and ``callers``, per free output, the layout its
+    caller takes it in (eager dispatch's, its partials reduced; :mod:`.program`'s objective),
+    the same for every search of one program (its restarts walk otherwise)."""
+
+    fixed: tuple[Layout | None, ...]
+    callers: tuple[Layout | None, ...]
+
+
 def _searched(walk: Walk, walked: tuple[Prediction, ProgramGraph, _Walker], model: CostModel,
-              targets: Sequence[Layout | None], dispatched: ProgramGraph | None = None) -> tuple[Prediction, _Walker]:
+              targets: _Targets, dispatched: ProgramGraph | None = None) -> tuple[Prediction, _Walker]:
     """The program search on a walked program and the walk with its choice (``dispatched``:
     see :func:`.program.select_program`)."""
     eager, graph, walker = walked
     seeds = [(path, k) for path, loop in walker.loops.items() for k in loop.seeds]
-    choices = select_program(graph, model, targets, seeds[:_CARRY_SEEDS], dispatched)
+    choices = select_program(graph, model, targets.fixed, seeds[:_CARRY_SEEDS], dispatched, targets.callers)
     if not choices:
         return eager, walker
     prediction, _, walker = walk(choices)
     return prediction, walker
 
 
-def _total(prediction: Prediction, model: CostModel) -> Total:
+def _total(prediction: Prediction, model: CostModel, targets: _Targets) -> Total:
     """What a prediction costs as the program search counts it: the redistributions and
-    the pending reduction of free outputs' partials; then its number of steps."""
+    each free output's move to the layout its caller takes it in; then its number of steps."""
     owed = sum(
-        (pending_reduction((o.aval,), (o.layout,), set(), model)
-         for o, fixed in zip(prediction.outputs, prediction.constrained) if not fixed and o.layout.has_partial),
+        (cached_plan_cost(o.shape, o.dtype, o.layout, caller, model)
+         for o, caller in zip(prediction.outputs, targets.callers) if caller is not None),
         Fraction(0),
     )
     return prediction.cost + owed, len(prediction.steps)
 
 
 def _resolve_carries(
-    walk: Walk, walked: tuple[Prediction, ProgramGraph, _Walker], model: CostModel, targets: Sequence[Layout | None],
+    walk: Walk, walked: tuple[Prediction, ProgramGraph, _Walker], model: CostModel, targets: _Targets,
     dispatched: ProgramGraph | None = None,
 ) -> Prediction:
     """The program search, then its loops' carries re-solved from its own choice: while
@@ -673,18 +698,18 @@ def _resolve_carries(
         # wherever their inputs allow it: the restarts' searches still ran the stacked LM's accumulated microbatch
         # split over dp (slicing is free; then all-gathers and all-to-alls), a basin their descents do not leave
         if restarts:
-            cheapest = min(range(len(restarts)), key=lambda k: _total(restarts[k], model))
+            cheapest = min(range(len(restarts)), key=lambda k: _total(restarts[k], model, targets))
             replicas = {path: loop.choice(model) for path, loop in walkers[cheapest].loops.items()}
             body = walk({**replicas, **constants}, unsplit=(tuple(first.loops), mesh_dim))
             restarts.append(_searched(walk, body, model, targets)[0])
         found += restarts
-        if any(_total(prediction, model) < _total(best, model) for prediction in restarts):
+        if any(_total(prediction, model, targets) < _total(best, model, targets) for prediction in restarts):
             break
-    best = found[0] if len(found) == 1 else min(found, key=lambda prediction: _total(prediction, model))
+    best = found[0] if len(found) == 1 else min(found, key=lambda prediction: _total(prediction, model, targets))
     return _rejoin_conds(walk, _replicas_restart(walk, best, model, targets), model, targets)
 
 
-def _replicas_restart(walk: Walk, best: Prediction, model: CostModel, targets: Sequence[Layout | None]) -> Prediction:
+def _replicas_restart(walk: Walk, best: Prediction, model: CostModel, targets: _Targets) -> Prediction:
     """``best`` or, where it all-gathers or all-to-alls over the mesh's first dim (data
     parallelism's by convention: ``init_device_mesh((dp, tp))``), the program walked with
     every equation's candidates unsplit over that mesh dim first (:func:`_unsplit_first`:
@@ -695,7 +720,12 @@ def _replicas_restart(walk: Walk, best: Prediction, model: CostModel, targets: S
     ``dp`` and moved back in 4 collectives after the combiner where the restart's has 2) in
     no more bytes as compiled (the objective prices by the planner: the unrolled
     residual_scan's gradient, 9,600 -> 10,368 B otherwise) and no more collectives, by
-    operand and after XLA's combiner. The descents from the walked
+    operand and after XLA's combiner, each with its free outputs' moves to the layouts
+    their callers take them in (:func:`_owing`, what the objective charges: a first
+    search leaving a weight's gradient partial sends fewer bytes in the program, its
+    all-reduce owed; the Megatron MLP step at tests/test_inference_program.py's sizes,
+    whose restart gathers the activations instead, 0.74x the first's bytes with those
+    moves). The descents from the walked
     start do not reach that basin: on main 6f56e16 (stop 31) it keeps the Megatron MLP
     step's 902 B in 9 collectives where 1,414 in 10, the 4x2 Llama adamw step's 219,716 B
     (as compiled) where 249,940, Llama's (8,) step with a batch of 8 287,168 B where
@@ -713,14 +743,30 @@ def _replicas_restart(walk: Walk, best: Prediction, model: CostModel, targets: S
     if not moved or moved < _RESTART_SHARE * sum(c.result_bytes for c in combined):
         return best
     prediction = _searched(walk, walk({}, unsplit=(None, 0)), model, targets)[0]
-    (cost, steps), (restart_cost, restart_steps) = _total(best, model), _total(prediction, model)
+    (cost, steps), (restart_cost, restart_steps) = _total(best, model, targets), _total(prediction, model, targets)
+    owing, restart_owing = _owing(best, model, targets), _owing(prediction, model, targets)
     if ((restart_cost, restart_steps) < (cost, steps) and restart_steps <= steps
-            and prediction.lowered_nbytes <= best.lowered_nbytes and len(prediction.combined()) <= len(combined)):
+            and prediction._lowered_with(restart_owing) <= best._lowered_with(owing)
+            and len(prediction.combined(extra=restart_owing)) <= len(best.combined(extra=owing))):
         return prediction
     return best
 
 
-def _rejoin_conds(walk: Walk, prediction: Prediction, model: CostModel, targets: Sequence[Layout | None]) -> Prediction:
+def _owing(
+    prediction: Prediction, model: CostModel, targets: _Targets
+) -> tuple[tuple[ValueId | None, RedistributePlan], ...]:
+    """Each free output's move to the layout its caller takes it in (:class:`_Targets`), as
+    moves at the end of the program (what :func:`_total` charges, routed as the search
+    routes it)."""
+    sources = prediction.output_sources or (None,) * len(prediction.outputs)
+    return tuple(
+        (source, cached_plan(o.shape, o.dtype, o.layout, caller, model, model.collective_overhead))
+        for o, source, caller in zip(prediction.outputs, sources, targets.callers)
+        if caller is not None and o.layout != caller
+    )
+
+
+def _rejoin_conds(walk: Walk, prediction: Prediction, model: CostModel, targets: _Targets) -> Prediction:
     """``prediction`` or, cheaper, the program walked and searched again with its conds'
     outputs re-joined (:func:`_rejoined`): a cond's program node fixes its join, chosen
     from its branches as the first walk found them, where slicing is free, so a join
@@ -733,7 +779,7 @@ def _rejoin_conds(walk: Walk, prediction: Prediction, model: CostModel, targets:
         if not joins:
             break
         rejoined, _ = _searched(walk, walk(joins), model, targets)
-        if _total(rejoined, model) >= _total(prediction, model):
+        if _total(rejoined, model, targets) >= _total(prediction, model, targets):
             break
         prediction = rejoined
     return prediction

@@ -13,17 +13,27 @@ the ranked candidates of its rule and where each input comes from).
 redistribution (:func:`.plan.plan_cost`, the same cost model) from its producer's layout
 to each distinct layout its consumers need (consumers needing the same one share it: a
 compiled program computes it once), and every output of the function what it still
-owes: the pending reduction of its partial mesh dims (:func:`.select.pending_reduction`,
-a reduce-scatter each) or, for an output with a fixed layout, the plan to that layout.
-Costs compare as (cost, number of collectives): among equally cheap programs, fewer
-collectives. The function's inputs keep their layouts; literals and constants are
-Replicate. Moves are priced as the mesh's backend compiles them (:func:`_backend_rules`,
-:mod:`.combine`'s rules, which ``check`` counts by): CPU XLA forms no reduce-scatter, it
-all-reduces the whole block and slices it, so there a planned move is priced by its
-collectives (:func:`.plan.plan_priced`) with each reduce-scatter at an all-reduce's
-bytes; and it sends a ``bfloat16`` value's collectives in ``float32``
+owes: for an output with a fixed layout, the plan to that layout; for a free one, the
+plan to the layout its caller takes it in, eager dispatch's (``predict(search="eager")``),
+its partials reduced (``select_program``'s ``callers``). A caller uses an output next to
+the function's inputs, in the layout their splits propagate to: a replicated
+parameter's gradient whole, to update the parameter, as XLA returns a free output (its
+partials all-reduced, its splits those its inputs give it). When it owed only its
+partials' reduce-scatters (half the all-reduce that caller needs), the search
+reduce-scattered a replicated weight's gradient over ``dp`` inside the program and
+returned it split there, or sliced the weight over ``tp`` for free and returned its
+gradient split there, where XLA returns it Replicate (docs/inference.md, "A replicated
+parameter's gradient left as a free output"). A free output may still keep another
+layout where that is cheaper with its move paid. Costs compare as (cost, number of
+collectives): among equally cheap programs, fewer collectives. The function's inputs
+keep their layouts; literals and constants are Replicate. Moves are priced as the
+mesh's backend compiles them (:func:`_backend_rules`, :mod:`.combine`'s rules, which
+``check`` counts by): CPU XLA forms no reduce-scatter, it all-reduces the whole block
+and slices it, so there a planned move is priced by its collectives
+(:func:`.plan.plan_priced`) with each reduce-scatter at an all-reduce's bytes; and it
+sends a ``bfloat16`` value's collectives in ``float32``
 (:meth:`.combine.CombinerRules.widening`), so there a bfloat16 move costs twice its
-planned bytes; and so are an output's owed reduction and eager dispatch's look-ahead
+planned bytes; and so are an output's owed move and eager dispatch's look-ahead
 charge (GPU and TPU send bfloat16 as it is: priced by the planner's bytes there). Ties as
 compiled are broken by the planner's prices: a row-parallel bfloat16 partial cast to
 float32 costs as much reduced before the cast (sent in float32) as the float32 output owes,
@@ -441,6 +451,7 @@ def forced_signature(op: str, inputs: tuple[TensorSpec, ...], candidate: Candida
 def select_program(
     graph: ProgramGraph, cost_model: CostModel, out_layouts: Sequence[Layout | None] | None = None,
     seeds: Sequence[tuple[str, int]] = (), dispatched: ProgramGraph | None = None,
+    callers: Sequence[Layout | None] | None = None,
 ) -> dict[str, Candidate]:
     """The candidate of every equation (by path) minimizing the program's communication
     (module docstring); empty when the eager choice (each node's first candidate) is as
@@ -448,9 +459,23 @@ def select_program(
     ``seeds``: (path, candidate) moves also tried from the best choice found, each then
     descended again (a loop's other carry layouts, see the module docstring).
     ``dispatched``: the program as eager dispatch walks it (``predict(search="eager")``),
-    the bound of the kept result's bytes; None: ``graph``'s first candidates."""
+    the bound of the kept result's bytes; None: ``graph``'s first candidates.
+    ``callers``: per free output, the layout its caller takes it in, what the objective
+    charges it the move to (module docstring; None: its layout in ``graph``'s first
+    candidates, its partials reduced)."""
     targets = tuple(out_layouts) if out_layouts is not None else (None,) * len(graph.outputs)
-    return _select(_Keyed(graph), cost_model, targets, tuple(seeds), _dispatched_choice(graph, dispatched))
+    given = None if callers is None else tuple(callers)
+    return _select(_Keyed(graph), cost_model, targets, tuple(seeds), _dispatched_choice(graph, dispatched), given)
+
+
+def _callers(graph: ProgramGraph, targets: tuple[Layout | None, ...]) -> tuple[Layout | None, ...]:
+    """Per free output made by an equation, its layout in ``graph``'s first candidates (the
+    walk's eager choice), its partials reduced; None for the others."""
+    firsts = {node.path: node.candidates[0].out_layouts for node in graph.nodes}
+    return tuple(
+        None if target is not None or src is None or src[0] == "in" else firsts[src[0]][src[1]].without_partial()
+        for src, target in zip(graph.outputs, targets)
+    )
 
 
 def _dispatched_choice(graph: ProgramGraph, dispatched: ProgramGraph | None) -> tuple[int, ...] | None:
@@ -497,14 +522,14 @@ class _Keyed:
 
 @cached(maxsize=256)
 def _select(
-    keyed: _Keyed, cost_model: CostModel, targets: tuple[Layout | None, ...], seeds: tuple[tuple[str, int], ...] = (),
-    dispatched_choice: tuple[int, ...] | None = None,
+    keyed: _Keyed, cost_model: CostModel, targets: tuple[Layout | None, ...], seeds: tuple[tuple[str, int], ...],
+    dispatched_choice: tuple[int, ...] | None, callers: tuple[Layout | None, ...] | None,
 ) -> dict[str, Candidate]:
     graph = keyed.graph
-    search = _Search(graph, cost_model, targets)
-    chosen = _choose(graph, cost_model, targets, seeds, dispatched_choice, search=search)
+    search = _Search(graph, cost_model, targets, callers)
+    chosen = _choose(graph, cost_model, targets, callers, seeds, dispatched_choice, search=search)
     if cost_model.collective_overhead != DEFAULT_COLLECTIVE_OVERHEAD:
-        chosen = _continued(graph, cost_model, targets, seeds, dispatched_choice, chosen)
+        chosen = _continued(graph, cost_model, targets, callers, seeds, dispatched_choice, chosen)
     else:
         eagers = _eagers(graph, dispatched_choice)
         chosen = _commoned(search, eagers, _escaped(search, eagers, chosen))
@@ -583,7 +608,8 @@ def _common_descent(search: _Search, choice: Choice) -> Choice:
 
 
 def _continued(
-    graph: ProgramGraph, cost_model: CostModel, targets: tuple[Layout | None, ...], seeds: tuple[tuple[str, int], ...],
+    graph: ProgramGraph, cost_model: CostModel, targets: tuple[Layout | None, ...],
+    callers: tuple[Layout | None, ...] | None, seeds: tuple[tuple[str, int], ...],
     dispatched_choice: tuple[int, ...] | None, chosen: Choice,
 ) -> Choice:
     """Under a model whose overhead per collective is not the default: ``chosen`` (the
@@ -599,8 +625,8 @@ def _continued(
     from the start ended at 40,976 by that objective (in 12 collectives after XLA's
     combiner, one more than at the default), the descent from the 192 B choice at 31,632
     (24,838 B in 9, XLA's count; docs/inference.md section 6)."""
-    search = _Search(graph, cost_model, targets)
-    start = _choose(graph, cost_model, targets, seeds, dispatched_choice, DEFAULT_COLLECTIVE_OVERHEAD)
+    search = _Search(graph, cost_model, targets, callers)
+    start = _choose(graph, cost_model, targets, callers, seeds, dispatched_choice, DEFAULT_COLLECTIVE_OVERHEAD)
     found = _partly(search, search.improve(start, values=True, reducing=True, pulls=True))
     # the cheaper by the model's objective, which charges each collective its overhead already: not "in no more
     # collectives" too (_descended's rule for a descent from its own start), which kept the bf16 Llama scan's
@@ -649,7 +675,8 @@ def _repriced_paths(search: _Search, other: _Search, choice: Choice) -> list[str
 
 
 def _choose(
-    graph: ProgramGraph, cost_model: CostModel, targets: tuple[Layout | None, ...], seeds: tuple[tuple[str, int], ...],
+    graph: ProgramGraph, cost_model: CostModel, targets: tuple[Layout | None, ...],
+    callers: tuple[Layout | None, ...] | None, seeds: tuple[tuple[str, int], ...],
     dispatched_choice: tuple[int, ...] | None, overhead: Overhead | None = None, search: _Search | None = None,
 ) -> Choice:
     """:func:`_select`'s choice (module docstring); ``overhead``: bytes per collective
@@ -657,7 +684,8 @@ def _choose(
     overhead where the caller has it (None: made here)."""
     eager, dispatched = _eagers(graph, dispatched_choice)
     if search is None:
-        search = _Search(graph, cost_model, targets, overhead=overhead)  # priced as the backend compiles the moves
+        # priced as the backend compiles the moves
+        search = _Search(graph, cost_model, targets, callers, overhead=overhead)
     if search.layers:  # repeated layers: seeded from them (:mod:`.blocks`)
         return _seeded(search, search.layers, seeds, dispatched_choice, (eager, dispatched))
     if search.as_planned:
@@ -724,6 +752,7 @@ def _seeded(
     kept = {node.path: search.position[node.path] for node in reduced.nodes}
     sub = _choose(
         reduced, search.cost_model, tuple(search.targets[o] for o in outputs),
+        tuple(search.callers[o] for o in outputs),
         tuple(seed for seed in seeds if seed[0] in kept),
         None if dispatched_choice is None else tuple(dispatched_choice[p] for p in kept.values()), search.overhead,
     )
@@ -1133,12 +1162,14 @@ class _Search:
     """The search over one graph, on layouts reduced to hashable states."""
 
     def __init__(
-        self, graph: ProgramGraph, cost_model: CostModel, targets: tuple[Layout | None, ...], compiled: bool = True,
-        overhead: Overhead | None = None,
+        self, graph: ProgramGraph, cost_model: CostModel, targets: tuple[Layout | None, ...],
+        callers: tuple[Layout | None, ...] | None = None, compiled: bool = True, overhead: Overhead | None = None,
     ) -> None:
         self.graph = graph
         self.cost_model = cost_model
         self.targets = targets
+        # per free output, the layout its caller takes it in (charge(); None: see select_program)
+        self.callers = _callers(graph, targets) if callers is None else callers
         self.mesh_shape = graph.mesh.shape
         # the mesh dims' weights with the integral ones as ints: equal to their Fractions as keys of the planner's
         # caches (whose searches turn weights into integers themselves: the same results), and hashed in C at
@@ -1201,6 +1232,10 @@ class _Search:
             if src is not None and src[0] != "in":
                 self.owed.setdefault(src, []).append(None if target is None else intern(target))
         self.owing = frozenset(path for path, _ in self.owed)  # the equations making an output of the function
+        self.taken = {  # per free output made by an equation, the state its caller takes it in (charge())
+            src: intern(caller) for src, caller in zip(graph.outputs, self.callers)
+            if src in self.owed and caller is not None
+        }
         # the equations a few upstream of an output with a fixed layout (an optimizer's update of a parameter): the
         # consumers of a split value value_moves() gathers
         # (through a cond's branches: optax.novograd updates the first moment inside one)
@@ -1361,8 +1396,8 @@ class _Search:
         self.charged = {kind: overhead_of(overhead, kind) if charged else 0 for kind in COMMUNICATING}
         self.compiled = compiled  # priced as the backend compiles (else by the planner alone: _greedy_stack reads it)
         rules = _backend_rules(self.graph.mesh) if compiled else None
-        # what a free output's owed reduction costs in units of the planner's reduce-scatter
-        # (:func:`.select.pending_reduction`): 2 where the backend compiles it as an all-reduce, as the moves
+        # what a planned reduce-scatter costs in units of the planner's (in the moves and the look-ahead's pending
+        # reductions, :func:`.select.pending_reduction`): 2 where the backend compiles it as an all-reduce
         self.reduction_scale = 2.0 if rules is not None and rules.compiled_kind(REDUCE_SCATTER) == ALL_REDUCE else 1.0
         # per element type, how many times its planned bytes the backend sends (CPU: bfloat16 in float32)
         self.widening: Callable[[np.dtype], int] = functools.cache(rules.widening) if rules is not None else _unwidened
@@ -1587,7 +1622,9 @@ class _Search:
         return planned, combine(planned, rules)
 
     def charge(self, value: ValueId, aval: AvalKey, state: State) -> Cost:
-        """What an output of the function still owes in layout ``state``."""
+        """What an output of the function still owes in layout ``state``: the move to its
+        fixed layout, or for a free output to the layout its caller takes it in
+        (``taken``)."""
         if value not in self.owed:
             return _ZERO
         key = (value, state)
@@ -1595,18 +1632,8 @@ class _Search:
         if cost is None:
             nbytes, steps = 0.0, 0.0
             for target in self.owed[value]:
-                if target is None:
-                    layout = self.layouts[state]
-                    owed = pending_reduction((Aval(*aval),), (layout,), set(), self.cost_model)
-                    partials = sum(1 for op in state[1] if op)  # none over one device (see _state)
-                    nbytes += (
-                        self.reduction_scale * self.widening(aval[1]) * float(owed)
-                        + self.charged[REDUCE_SCATTER] * partials
-                    )
-                    steps += partials
-                else:
-                    owed = self.cost(aval, state, target)
-                    nbytes, steps = nbytes + owed[0], steps + owed[1]
+                owed = self.cost(aval, state, self.taken[value] if target is None else target)
+                nbytes, steps = nbytes + owed[0], steps + owed[1]
             cost = self.charges[key] = (nbytes, steps)
         return cost
 
