@@ -429,11 +429,10 @@ def test_a_free_outputs_note_names_the_layout_the_search_charged_its_move_to(mes
     gradient = check(lambda w, x: jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w)))(w),
                      spec(cube, (16, 32), "R,R,R"), spec(cube, (8, 16), "S(0),S(0),R"))
     (out,) = gradient.outputs
-    assert (str(out.predicted), str(out.compiled), out.verdict) == ("R,R,S(1)", "R,R,R", "differs")
-    assert out.note.endswith("; the search charged this free output that move (to eager dispatch's layout, its "
-                             "partials reduced, here XLA's) and kept its own layout as cheaper with it")
-    assert [(s.collective, s.axis) for s in out.conversion.steps] == [("all-gather", "c")]
-    assert (gradient.predicted_bytes, gradient.compiled_bytes) == (1792, 3072)
+    # since stop 38 ``c``, split by no input, is idle (jaxpr._idle_mesh_dims): the weight is no longer sliced over
+    # it and the gradient is XLA's R,R (before: R,R,S(1), 1,792 B, the note "kept its own layout as cheaper with it")
+    assert (str(out.predicted), str(out.compiled), out.verdict) == ("R,R,R", "R,R,R", "equal")
+    assert gradient.predicted_bytes <= gradient.compiled_bytes == 3072
     eager = check(lambda x, w: jnp.tanh(x @ w), spec(mesh, (8, 16), "S(0),S(1)"), spec(mesh, (16, 32), "R,R"),
                   search="eager")
     assert eager.prediction.callers == () and "the search charged" not in eager.outputs[0].note
