@@ -893,6 +893,26 @@ _Unsplit = tuple[tuple[str, ...] | None, int]
 _UNSPLIT = Memo(4096)
 
 
+def _avoids(candidate: Candidate, mesh_dims: Sequence[int]) -> bool:
+    """Whether ``candidate`` neither splits nor makes partial anything over ``mesh_dims``."""
+    return all(x.mesh_dim_split(m) is None and x.partial[m] is None
+               for x in (*candidate.in_layouts, *candidate.out_layouts) for m in mesh_dims)
+
+
+def _once(memo: Memo, signature: Signature, tag: Any, make: Callable[[], Signature]) -> Signature:
+    """``make()``, a signature made from ``signature``, found once per signature object and
+    ``tag``: the program search finds repeated layers by their equations' candidate lists
+    (``_Search.kinds``, by identity), which a new object per equation would hide. ``memo``
+    keeps ``signature`` beside its result, so that its id stays its own."""
+    key = (id(signature), tag)
+    known = memo.recall(key)
+    if known is not None and known[0] is signature:
+        return known[1]
+    made = make()
+    memo.remember(key, (signature, made))
+    return made
+
+
 def _unsplit_first(signature: Signature, mesh_dim: int) -> Signature:
     """``signature`` with its candidates that neither split nor make partial anything over
     ``mesh_dim`` first (each group in its rule's order): the walk's choice, the program
@@ -900,26 +920,19 @@ def _unsplit_first(signature: Signature, mesh_dim: int) -> Signature:
     inputs allow one. Itself where its first candidate is one already or none is.
 
     One signature (:func:`.select.signature_for` returns one object per equation kind and
-    inputs) is re-ranked once, into one object: the program search finds repeated layers
-    by their equations' candidate lists (``_Search.kinds``, by identity), which a new list
-    per equation hid: the whole-program restart of Llama's 4-layer adamw step searched its
-    whole graph unseeded (18.0 s CPU of a 21.0 s cold predict, load ~7)."""
-    key = (id(signature), mesh_dim)
-    known = _UNSPLIT.recall(key)
-    if known is not None and known[0] is signature:
-        return known[1]
+    inputs) is re-ranked once, into one object (:func:`_once`): a new list per equation hid
+    the repeated layers: the whole-program restart of Llama's 4-layer adamw step searched
+    its whole graph unseeded (18.0 s CPU of a 21.0 s cold predict, load ~7)."""
 
-    def replicated(candidate: Candidate) -> bool:
-        return all(x.mesh_dim_split(mesh_dim) is None and x.partial[mesh_dim] is None
-                   for x in (*candidate.in_layouts, *candidate.out_layouts))
+    def ranked() -> Signature:
+        candidates = signature.candidates
+        first = [c for c in candidates if _avoids(c, (mesh_dim,))]
+        if not first or first[0] is candidates[0]:
+            return signature
+        rest = (c for c in candidates if not _avoids(c, (mesh_dim,)))
+        return Signature(signature.op, signature.inputs, (*first, *rest))
 
-    candidates = signature.candidates
-    ranked = signature
-    if not replicated(candidates[0]) and any(map(replicated, candidates)):
-        first = [c for c in candidates if replicated(c)]
-        ranked = Signature(signature.op, signature.inputs, (*first, *(c for c in candidates if not replicated(c))))
-    _UNSPLIT.remember(key, (signature, ranked))
-    return ranked
+    return _once(_UNSPLIT, signature, mesh_dim, ranked)
 
 
 def _kept(signature: Signature, keep: Callable[[Candidate], bool]) -> Signature:
@@ -979,20 +992,15 @@ _BUSY = Memo(4096)
 def _busy(signature: Signature, idle: tuple[int, ...]) -> Signature:
     """``signature`` without the candidates splitting or making partial anything over an
     ``idle`` mesh dim (:func:`_idle_mesh_dims`); itself where it has none. One object per
-    signature, as :func:`_unsplit_first` (the program search finds repeated layers by
-    their candidate lists' identity)."""
-    key = (id(signature), idle)
-    known = _BUSY.recall(key)
-    if known is not None and known[0] is signature:
-        return known[1]
+    signature (:func:`_once`), as :func:`_unsplit_first`."""
 
-    def busy(candidate: Candidate) -> bool:
-        return all(x.mesh_dim_split(m) is None and x.partial[m] is None
-                   for x in (*candidate.in_layouts, *candidate.out_layouts) for m in idle)
+    def kept() -> Signature:
+        def busy(candidate: Candidate) -> bool:
+            return _avoids(candidate, idle)
 
-    kept = signature if all(map(busy, signature.candidates)) else _kept(signature, busy)
-    _BUSY.remember(key, (signature, kept))
-    return kept
+        return signature if all(map(busy, signature.candidates)) else _kept(signature, busy)
+
+    return _once(_BUSY, signature, idle, kept)
 
 
 def _unsplit_over(layout: Layout, mesh_dim: int) -> Layout:
