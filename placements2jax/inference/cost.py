@@ -48,6 +48,7 @@ __all__ = [
     "COLLECTIVE_PERMUTE",
     "COMMUNICATING",
     "DEFAULT_COLLECTIVE_OVERHEAD",
+    "SEARCH_OVERHEAD",
     "LOCAL_PARTIAL",
     "LOCAL_SLICE",
     "REDUCE_SCATTER",
@@ -81,13 +82,21 @@ COLLECTIVE_PERMUTE = "collective-permute"  # compiled only: XLA's point-to-point
 COLLECTIVES = (ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER, ALL_REDUCE, LOCAL_SLICE, LOCAL_PARTIAL)
 COMMUNICATING = (ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER, ALL_REDUCE)  # the kinds that send data
 
-# What the program search charges per collective on top of its bytes, by default: a latency in bytes, so that a
-# plan with fewer collectives wins unless the other saves more bytes than that per extra collective
-# (:class:`CostModel`'s ``collective_overhead``; the search: :mod:`.program`). Measured on the training steps of
-# tests/test_inference_programs.py and test_frameworks.py (Megatron dp=2 x tp=4), from 0 to 768: 192 gave the fewest
-# collectives with bytes nearest XLA's on all of them; 768 trades too many bytes (Equinox's adamw step 1.09 -> 1.33x
-# XLA's bytes).
-DEFAULT_COLLECTIVE_OVERHEAD = 192
+# The overhead per collective the program search's descents run at (:mod:`.program`: their schedule was measured and
+# tuned at it): a latency in bytes, so that a plan with fewer collectives wins unless the other saves more bytes than
+# that per extra collective. Measured on the training steps of tests/test_inference_programs.py and test_frameworks.py
+# (Megatron dp=2 x tp=4), from 0 to 768: 192 gave the fewest collectives with bytes nearest XLA's on all of them; 768
+# trades too many bytes (Equinox's adamw step 1.09 -> 1.33x XLA's bytes). A model charging it for every kind
+# (``CostModel(collective_overhead=192)``) takes the search alone; any other continues from its result.
+SEARCH_OVERHEAD = 192
+# What the program search charges per collective by default, in COMMUNICATING's order: 8,192 B per all-gather and
+# all-to-all (the collectives CPU XLA's combiner never merges, each paying its latency), SEARCH_OVERHEAD per
+# reduce-scatter and all-reduce (merged into few collectives by the combiner). On a pod's alpha-beta model (5 us per
+# collective after the combiner, 50 GB/s) it gave cheaper plans than 192 everywhere on every program of
+# docs/benchmarks.md section 14, at the tests' tiny widths (0.46-1.44x XLA's time where 0.79-1.81x) and at a realistic
+# width (d_model 512, sequence 256: the same bytes within 0.04% in 1-5 fewer collectives); with no more collectives
+# after XLA's combiner than XLA on 17 of its 25 programs where 192 had 4 (stop 38).
+DEFAULT_COLLECTIVE_OVERHEAD: "Overhead" = (8192, 8192, SEARCH_OVERHEAD, SEARCH_OVERHEAD)
 # Bytes charged per communicating step, as the planner's searches take it: one figure for every kind, or one per kind
 # in COMMUNICATING's order (:attr:`CostModel.collective_overhead`)
 Overhead = int | tuple[int, int, int, int]
@@ -350,9 +359,11 @@ class CostModel:
     prices the collectives CPU XLA's combiner never merges (:mod:`.combine`) dearer than the
     all-reduces it merges. ``None``: ``max(latency) / max(per_byte)`` where both are given
     (the class's rule for a collective over several axes; a model from :meth:`calibrate`
-    has both), else :data:`DEFAULT_COLLECTIVE_OVERHEAD` (192 B: a compromise measured on
-    CPU programs). On a real pod (microsecond latencies, tens of GB/s) that is tens of KB
-    per collective: plans with fewer collectives.
+    has both), else :data:`DEFAULT_COLLECTIVE_OVERHEAD` (8,192 B per all-gather and
+    all-to-all, which CPU XLA's combiner never merges, :data:`SEARCH_OVERHEAD` = 192 B per
+    all-reduce and reduce-scatter, which it merges: measured on CPU programs against a pod's
+    alpha-beta time). On a real pod (microsecond latencies, tens of GB/s) a collective's
+    latency is tens of KB: plans with fewer collectives.
     """
 
     axis_weights: tuple[tuple[str | int, Fraction], ...]
@@ -477,11 +488,12 @@ def _overhead(
     costs the same (the planner's caches key on it), else one per kind in COMMUNICATING's order."""
     fix = 'pass bytes per collective >= 0, e.g. 3072, or per kind, e.g. {"all-gather": 3072, "all-to-all": 3072}'
     if latency and per_byte:
-        default = round(max(t for _, t in latency) / max(t for _, t in per_byte))
+        measured = round(max(t for _, t in latency) / max(t for _, t in per_byte))
+        defaults = dict.fromkeys(COMMUNICATING, measured)
     else:
-        default = DEFAULT_COLLECTIVE_OVERHEAD
+        defaults = dict(zip(COMMUNICATING, DEFAULT_COLLECTIVE_OVERHEAD))
     if overhead is None:
-        return default
+        overhead = defaults
     table = overhead if isinstance(overhead, Mapping) else dict.fromkeys(COMMUNICATING, overhead)
     for kind, value in table.items():
         if kind not in COMMUNICATING:
@@ -492,7 +504,7 @@ def _overhead(
             raise InferenceError(
                 "collective_overhead", overhead, f"{value!r} is not a finite non-negative number of bytes", fix
             )
-    figures = tuple(round(table[kind]) if kind in table else default for kind in COMMUNICATING)
+    figures = tuple(round(table[kind]) if kind in table else defaults[kind] for kind in COMMUNICATING)
     return figures[0] if len(set(figures)) == 1 else figures  # type: ignore[return-value]
 
 

@@ -374,7 +374,7 @@ from .combine import (
     planned_collectives,
 )
 from .cost import (
-    ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COMMUNICATING, DEFAULT_COLLECTIVE_OVERHEAD, REDUCE_SCATTER, CostModel, Overhead,
+    ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COMMUNICATING, REDUCE_SCATTER, SEARCH_OVERHEAD, CostModel, Overhead,
     overhead_of,
 )
 from .plan import cached_plan, layout_state, plan_priced
@@ -526,13 +526,13 @@ def _select(
     dispatched_choice: tuple[int, ...] | None, callers: tuple[Layout | None, ...] | None,
 ) -> dict[str, Candidate]:
     graph = keyed.graph
-    search = _Search(graph, cost_model, targets, callers)
+    search = _Search(graph, cost_model, targets, callers, overhead=SEARCH_OVERHEAD)
     chosen = _choose(graph, cost_model, targets, callers, seeds, dispatched_choice, search=search)
-    if cost_model.collective_overhead != DEFAULT_COLLECTIVE_OVERHEAD:
-        chosen = _continued(graph, cost_model, targets, callers, seeds, dispatched_choice, chosen)
-    else:
-        eagers = _eagers(graph, dispatched_choice)
+    eagers = _eagers(graph, dispatched_choice)
+    if cost_model.collective_overhead == SEARCH_OVERHEAD:
         chosen = _commoned(search, eagers, _escaped(search, eagers, chosen))
+    else:
+        chosen = _continued(search, cost_model.collective_overhead, eagers, chosen)
     return _chosen(graph, {node.path: 0 for node in graph.nodes}, chosen)
 
 
@@ -607,43 +607,40 @@ def _common_descent(search: _Search, choice: Choice) -> Choice:
     return search.improve(choice, values=True, common=True, keeping=True)
 
 
-def _continued(
-    graph: ProgramGraph, cost_model: CostModel, targets: tuple[Layout | None, ...],
-    callers: tuple[Layout | None, ...] | None, seeds: tuple[tuple[str, int], ...],
-    dispatched_choice: tuple[int, ...] | None, chosen: Choice,
-) -> Choice:
-    """Under a model whose overhead per collective is not the default: ``chosen`` (the
-    search's choice at that overhead) or a descent at that overhead from the search's choice
-    at the default one, whichever is cheaper at the model's overhead charged per collective
-    after XLA's combiner (:meth:`_Search.grouped`), then descended with value moves into a
-    layout every consumer of the value can take (:meth:`_Search.value_moves`' ``common``)
-    and keeping cascades (:meth:`_Search.keeps`), then regrouped (:meth:`_Search.regrouped`:
+def _continued(search: _Search, overhead: Overhead, eagers: tuple[Choice, Choice], chosen: Choice) -> Choice:
+    """Under a model whose overhead per collective is not :data:`.cost.SEARCH_OVERHEAD` on
+    every kind (the default's among them): the search's choice at that overhead
+    (``search``, ``chosen``) descended at the model's ``overhead``, offered first the
+    equations that overhead prices otherwise (:func:`_repriced_paths`) and with one mesh
+    dim's partial pulled (:func:`_partly`), then descended with value moves into a layout
+    every consumer of the value can take (:meth:`_Search.value_moves`' ``common``) and
+    keeping cascades (:meth:`_Search.keeps`), then regrouped (:meth:`_Search.regrouped`:
     moves no dearer by the objective while they lower the collectives after the combiner),
-    bounded as every result is (:func:`_bounded`; the descent with pull moves and one mesh
-    dim's partial pulled, as a finish ends). The descents' schedule was measured and tuned
-    at 192 B: at 4,096 B per all-gather and all-to-all the stacked LM's adamw step searched
-    from the start ended at 40,976 by that objective (in 12 collectives after XLA's
-    combiner, one more than at the default), the descent from the 192 B choice at 31,632
-    (24,838 B in 9, XLA's count; docs/inference.md section 6)."""
-    search = _Search(graph, cost_model, targets, callers)
-    start = _choose(graph, cost_model, targets, callers, seeds, dispatched_choice, DEFAULT_COLLECTIVE_OVERHEAD)
-    found = _partly(search, search.improve(start, values=True, reducing=True, pulls=True))
-    # the cheaper by the model's objective, which charges each collective its overhead already: not "in no more
-    # collectives" too (_descended's rule for a descent from its own start), which kept the bf16 Llama scan's
-    # 122,256 in 26 planned collectives over the descent's 112,912 in 27 (one more all-reduce, 192 B); with the
-    # overhead charged per collective after XLA's combiner (_Search.grouped): at 1,024 B per collective the stacked
-    # LM's two tie at 33,360 in 15 planned, the descent's in 10 after the combiner where 11
-    kept = min((chosen, found), key=search.grouped)
+    bounded as every result is (:func:`_bounded`). The descents' schedule was measured and
+    tuned at 192 B: at 4,096 B per all-gather and all-to-all the stacked LM's adamw step
+    searched from the start ended at 40,976 by that objective (in 12 collectives after
+    XLA's combiner, one more than at 192), the descent from the 192 B choice at 31,632
+    (24,838 B in 9, XLA's count; docs/inference.md section 6). Searched at the model's
+    overhead too and the cheaper of the two continued (stop 37), section 14's 25 programs
+    ended the same on 18, dearer on 3 (Gemma-2 204,678 B in 14 collectives where 210,438
+    in 15; the sort-dispatched MoE 127,686 in 25 where 139,894 in 34; muon 12,160 in 6
+    where 13,056 in 7), cheaper on 2 (the ragged MoE 29,558 where 23,686; the replicated
+    Shampoo 21,910 in 10 where 21,260 in 5), for twice this search's time (the Llama scan
+    3.04 s CPU where 1.67, the default overhead's search alone 1.23)."""
+    model = search.repriced(compiled=True, overhead=overhead)
+    offered = _repriced_paths(search, model, chosen)
+    found = _partly(model, model.improve(chosen, values=True, reducing=True, pulls=True, offered=offered))
     # then value moves into a layout every consumer can take: the float32 Llama scan's loss (its logits' 4
     # consumers) moved to the sequence split at once, 112,912 -> 112,336 (what the search reached before the
     # masked lookup of take_along_axis, whose vocabulary-split loss no single-equation move leaves); with keeping
     # cascades too: a loop re-chosen to carry a value reduced, its consumers after the loop left as they are
-    # (Equinox's scan 24,778 -> 24,586 B, 8 -> 7 collectives after the combiner)
-    kept = min((kept, _common_descent(search, kept)), key=search.grouped)
+    # (Equinox's scan 24,778 -> 24,586 B, 8 -> 7 collectives after the combiner). The cheaper by the model's
+    # objective, which charges each collective its overhead already, as XLA's combiner leaves them
+    # (:meth:`_Search.grouped`)
+    kept = min((found, _common_descent(model, found)), key=model.grouped)
     # then the ties the descents cannot tell apart, by the collectives after the combiner (MultiSteps 10 -> 9)
-    kept = search.regrouped(kept)
-    planned = search.planned()
-    return _bounded(planned, _eagers(graph, dispatched_choice), kept)
+    kept = model.regrouped(kept)
+    return _bounded(model.planned(), eagers, kept)
 
 
 def _eagers(graph: ProgramGraph, dispatched_choice: tuple[int, ...] | None) -> tuple[Choice, Choice]:
@@ -2713,6 +2710,9 @@ class _Search:
                         if not changes or not self.no_dearer(delta, changes, choice, bound):
                             continue
                         trial = {**choice, **changes}
+                        values = self.touched_by(list(changes))
+                        if not self.around(values, choice)[1] and not self.around(values, trial)[1]:
+                            continue  # no collective before or after: the combiner's groups as they were
                         grouped = self.grouped(trial)
                         if grouped < best:
                             best, found = grouped, trial
