@@ -2710,9 +2710,6 @@ class _Search:
                         if not changes or not self.no_dearer(delta, changes, choice, bound):
                             continue
                         trial = {**choice, **changes}
-                        values = self.touched_by(list(changes))
-                        if not self.around(values, choice)[1] and not self.around(values, trial)[1]:
-                            continue  # no collective before or after: the combiner's groups as they were
                         grouped = self.grouped(trial)
                         if grouped < best:
                             best, found = grouped, trial
