@@ -34,7 +34,12 @@ on a 2x2 mesh moves the inner split away with an all-to-all instead of gathering
 (0.625 T instead of 0.75 T). Order of the steps: lowest total cost; among equal costs,
 fewest steps; then the lexicographically smallest sequence of ``(mesh dim, kind,
 target dim)`` with kinds ordered local slice < all-to-all < all-gather <
-reduce-scatter < all-reduce. ``R -> P`` steps come last, in mesh dim order: creating a
+reduce-scatter < all-reduce, a reduction's mesh dims counted from the last: a value
+partial over several mesh dims is reduced last mesh dim first, as XLA reduces it in its
+own programs (a loss partial over ``dp`` and ``tp``: ``tp`` first, where its reduction
+joins the layer's other ``tp`` all-reduces, then ``dp`` with the gradients'; dp first,
+the ``tp`` one depended on the gradients' ``dp`` group and could join no other: one
+collective more after XLA's combiner on 6 of docs/benchmarks.md section 14's programs). ``R -> P`` steps come last, in mesh dim order: creating a
 partial is free and never makes a later step cheaper; a partial that the source and
 the destination share (same op, same mesh dim) is kept untouched, but on a size-1 mesh
 dim of a move: there it is given up first and made again last (both free), so that all
@@ -602,6 +607,7 @@ def _moves(state: State, steps: _Steps) -> tuple[Moved, ...]:
         split = split_of.get(m)
         key = m * len(_KIND_ORDER)
         if partial[m]:  # a partial mesh dim splits nothing: its block is the device's
+            key = (len(mesh_shape) - 1 - m) * len(_KIND_ORDER)  # reductions: the last mesh dim first
             if whole is None:
                 whole = block_bytes(shape, itemsize, dim_axes, mesh_shape)
             block = whole
