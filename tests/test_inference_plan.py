@@ -135,14 +135,15 @@ def test_an_overhead_per_collective_prefers_fewer_collectives() -> None:
     """A bias gradient partial over both mesh axes: by bytes alone reduce-scattered over dp,
     all-reduced over tp on the half and all-gathered (1.75 T, 3 collectives); with the
     program search's overhead per collective (cost.DEFAULT_COLLECTIVE_OVERHEAD) all-reduced per axis (2.5 T,
-    2 collectives), and the costs stay the bytes. A large tensor keeps the byte-cheaper route."""
+    2 collectives), tp first (a reduction's last mesh dim first, as XLA reduces a loss), and the costs stay
+    the bytes. A large tensor keeps the byte-cheaper route."""
     mesh = init_device_mesh((2, 4), ("dp", "tp"))
     L = Layout.from_device_mesh(mesh)
     src, dst = L("P,P").bind(1), L("R,R").bind(1)
     kinds = [s.collective for s in cached_plan((32,), np.dtype(np.float32), src, dst, resolve_cost_model(None)).steps]
     assert kinds == ["reduce-scatter", "all-reduce", "all-gather"]
     routed = cached_plan((32,), np.dtype(np.float32), src, dst, resolve_cost_model(None), DEFAULT_COLLECTIVE_OVERHEAD)
-    assert steps(routed) == [("dp", "P", "R", "all-reduce", 128), ("tp", "P", "R", "all-reduce", 192)]
+    assert steps(routed) == [("tp", "P", "R", "all-reduce", 192), ("dp", "P", "R", "all-reduce", 128)]
     assert plan_cost((32,), np.dtype(np.float32), layout_state(src), layout_state(dst), mesh.shape,
                      (Fraction(1), Fraction(1)), DEFAULT_COLLECTIVE_OVERHEAD) == (320, 2)
     large = cached_plan((4096,), np.dtype(np.float32), src, dst, resolve_cost_model(None), DEFAULT_COLLECTIVE_OVERHEAD)
