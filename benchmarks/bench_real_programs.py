@@ -7,19 +7,20 @@ parameters and optimizer state keeping their layouts). Per row: ``check``'s pred
 per device (bfloat16 collectives at the float32 bytes CPU XLA sends) against XLA's compiled
 bytes, the prediction's collectives after XLA's combiner against XLA's compiled ones (by
 operand in brackets), and what ``apply(execute="pinned")`` under ``jax.jit`` compiles
-(bytes and collectives). The second table: the same under a latency-bound cost model,
-``CostModel(collective_overhead={"all-gather": 8192, "all-to-all": 8192})`` (the search
-charges each collective CPU XLA's combiner never merges 8,192 B, the all-reduces it merges
-the default 192: a pod's latency in bytes is tens of KB). Both tables also give each
-plan's communication time on a pod's alpha-beta model (5 us per collective after XLA's
-combiner plus its bytes at 50 GB/s) against XLA's. The third: the programs of
-tests/models at a realistic width (d_model 512 or 256, sequence 256, vocabulary 4,096),
-predicted under both models against XLA's compiled program. Every probe is kept here, so
-each figure can be re-measured.
+(bytes and collectives), under the default cost model: latency-bound since stop 39 (8,192 B
+per all-gather and all-to-all, the collectives CPU XLA's combiner never merges, 192 per
+all-reduce and reduce-scatter, which it merges: a pod's latency in bytes is tens of KB).
+The second table: the same under 192 B per collective of every kind,
+``CostModel(collective_overhead=192)`` (the default until stop 38, the search's own
+overhead). Both tables also give each plan's communication time on a pod's alpha-beta model
+(5 us per collective after XLA's combiner plus its bytes at 50 GB/s) against XLA's. The
+third: the programs of tests/models at a realistic width (d_model 512 or 256, sequence 256,
+vocabulary 4,096), predicted under both models against XLA's compiled program. Every probe
+is kept here, so each figure can be re-measured.
 
     .venv/bin/python benchmarks/run.py --only real_programs        (~10 min on 2 idle cores)
     .venv/bin/python benchmarks/bench_real_programs.py "moe sort"  (the rows whose names contain it)
-    .venv/bin/python benchmarks/bench_real_programs.py "stacked" 3072        (under CostModel(collective_overhead=3072))
+    .venv/bin/python benchmarks/bench_real_programs.py "stacked" 192         (under CostModel(collective_overhead=192))
     .venv/bin/python benchmarks/bench_real_programs.py "" unmerged=3072      (3,072 B per all-gather and all-to-all)
 """
 
@@ -48,6 +49,7 @@ from models.steps import training_step  # noqa: E402
 from placements2jax import DeviceMesh, apply, distribute_pytree, init_device_mesh  # noqa: E402
 from placements2jax.hlo import parse_collectives  # noqa: E402
 from placements2jax.inference import CostModel, check, default_cost_model, use_cost_model  # noqa: E402
+from placements2jax.inference.cost import SEARCH_OVERHEAD  # noqa: E402
 
 Program = tuple[Callable[..., Any], tuple[Any, ...], Any]  # fn, args, out_layouts (None: the function's own)
 
@@ -222,12 +224,10 @@ def overhead_model(spec: str) -> CostModel:
                      else float(figure))
 
 
-# The latency-bound policy: a model charging the collectives CPU XLA's combiner never merges (all-gather,
-# all-to-all) 8,192 B each, the all-reduces it merges the default 192 (docs/inference.md section 6, stop 30: of
-# 1,024-16,384 B, uniform or on those kinds, the setting where the most rows have XLA's collectives or fewer
-# within 1.1x its bytes)
-COUNT_FIRST = "unmerged=8192"
-COUNT_FIRST_TEXT = "8,192 B per all-gather and all-to-all (the collectives CPU XLA's combiner never merges)"
+# The second table's model: every collective the search's own overhead (cost.SEARCH_OVERHEAD), the default until
+# stop 38; the default since is latency-bound (cost.DEFAULT_COLLECTIVE_OVERHEAD)
+UNIFORM = str(SEARCH_OVERHEAD)
+UNIFORM_TEXT = f"{SEARCH_OVERHEAD} B per collective of every kind (the default until stop 38)"
 
 
 def run(config: Config) -> Section:
@@ -242,13 +242,13 @@ def run(config: Config) -> Section:
         "check on whole training steps of tests/models (dp=2 x tp=4; bytes per device; collectives after XLA's "
         "combiner)", HEADERS, tuple(row.cells() for row in rows),
     ))
-    model = overhead_model(COUNT_FIRST)
+    model = overhead_model(UNIFORM)
     counted = []
     for name in names:
-        progress(f"  real program, {COUNT_FIRST}: {name}")
+        progress(f"  real program, {UNIFORM}: {name}")
         counted.append(Row(name, mesh, model))
     section.tables.append(Table(
-        f"the same with a latency-bound cost model: {COUNT_FIRST_TEXT}", HEADERS, tuple(row.cells() for row in counted),
+        f"the same under {UNIFORM_TEXT}", HEADERS, tuple(row.cells() for row in counted),
     ))
     if not config.quick:
         section.tables.append(_wide_table(mesh, model))
@@ -277,8 +277,7 @@ def run(config: Config) -> Section:
     pinned = sum(row.agree and row.pinned_collectives <= row.compiled_collectives and row.pinned <= 1.1 * row.compiled
                  for row in counted)
     section.targets.append(Target(
-        f"with the latency-bound cost model ({COUNT_FIRST_TEXT}): outputs agree, no more collectives than XLA and "
-        "at most 1.1x its bytes",
+        f"under {UNIFORM_TEXT}: outputs agree, no more collectives than XLA and at most 1.1x its bytes",
         f"{sum(met)} of {len(counted)} programs (the plan as apply(execute=\"pinned\") compiles it: {pinned}); "
         + "; ".join(f"{row.collectives} / {row.compiled_collectives} at {row.predicted / row.compiled:.2f}x"
                     for row in counted),
@@ -289,7 +288,7 @@ def run(config: Config) -> Section:
 
 def _wide_table(mesh: DeviceMesh, model: CostModel) -> Table:
     """The programs of tests/models at their realistic width (:data:`_WIDE`), predicted by
-    default and under the latency-bound model against XLA's compiled program."""
+    by default and under 192 B per collective against XLA's compiled program."""
     rows = []
     for name, build in PROGRAMS.items():
         if not isinstance(build, _Step) or build.model not in _WIDE:
@@ -307,11 +306,11 @@ def _wide_table(mesh: DeviceMesh, model: CostModel) -> Table:
         ))
     return Table(
         "at a realistic width: the programs of tests/models with d_model 512 (the MoE's 256), sequence 256 and "
-        f"vocabulary 4,096 (dp=2 x tp=4), predicted by default and under the latency-bound model ({COUNT_FIRST}); "
+        f"vocabulary 4,096 (dp=2 x tp=4), predicted by default (latency-bound) and under {UNIFORM_TEXT}; "
         "bytes per device; collectives after XLA's combiner; pod time: 5 us per collective plus bytes at 50 GB/s, "
         "against XLA's program's",
-        ("program", "width", "XLA B", "predicted / XLA B, default", "predicted / XLA B, latency-bound",
-         "collectives default / latency-bound / XLA", "pod time / XLA's, default", "pod time / XLA's, latency-bound",
+        ("program", "width", "XLA B", "predicted / XLA B, default", "predicted / XLA B, 192 B",
+         "collectives default / 192 B / XLA", "pod time / XLA's, default", "pod time / XLA's, 192 B",
          "outputs agree"),
         tuple(rows),
     )

@@ -538,7 +538,7 @@ def _select(
 
 
 # the overhead per all-gather and all-to-all of :func:`_escaped`'s descent: the latency-bound model's
-# (benchmarks/bench_real_programs.py's COUNT_FIRST)
+# (cost.DEFAULT_COLLECTIVE_OVERHEAD's figure for those kinds)
 _ESCAPE_OVERHEAD = {ALL_GATHER: 8192, ALL_TO_ALL: 8192}
 
 
