@@ -138,12 +138,15 @@ Llama's adamw step (a cold predict of GPT-2's took 2.33 -> 2.66 s CPU when the r
 **Overhead per collective**: every collective also costs the cost model's
 ``collective_overhead`` bytes in the objective (a latency, as in torch's latency +
 bandwidth cost model; :class:`.cost.CostModel`, by default
-:data:`.cost.DEFAULT_COLLECTIVE_OVERHEAD`, 192 B; one figure or one per planned kind): a
-plan with more collectives must save more bytes than that per extra collective. The planner
+:data:`.cost.DEFAULT_COLLECTIVE_OVERHEAD`: 8,192 B per all-gather and all-to-all, 192 per
+all-reduce and reduce-scatter since stop 39; one figure or one per planned kind): a plan
+with more collectives must save more bytes than that per extra collective. The search runs
+at :data:`.cost.SEARCH_OVERHEAD` (192 B on every kind, where its schedule was tuned) and a
+model charging otherwise continues from its result (:func:`_continued`). The planner
 routes the search's moves with the same overhead (:func:`.plan.cached_plan`'s ``overhead``; the walk of
 the chosen program reports those routes): a (32,) bias gradient partial over ``dp`` and
 ``tp`` is all-reduced per mesh axis, 2 collectives, rather than reduce-scattered,
-all-reduced and all-gathered, 3 collectives for 32 B less as compiled. With it
+all-reduced and all-gathered, 3 collectives for 32 B less as compiled. With it (192 B)
 (value_and_grad / adamw step, collectives against XLA's operands): GPT-2 46 / 55 -> 42 / 43
 against 51 / 58, Flax NNX 54 / 62 -> 45 / 48 and Equinox 64 / 60 -> 47 / 48 against 50 / 50
 (Equinox's bytes 1.17 / 1.13 -> 1.02 / 1.09x XLA's), Llama 63 / 111 -> 56 / 105 against
