@@ -791,8 +791,9 @@ def test_docs_out_layouts_example() -> None:
     # at 192 B per collective (the default until stop 39), searched from replicas over x (jaxpr._replicas_restart):
     # the loss reduced in the program, 320 B in 2 all-gathers (3 collectives with b's local slice) where 832 B in 5
     # kept it partial. The latency-bound default (8,192 B per all-gather, 192 per all-reduce and reduce-scatter)
-    # takes eager dispatch's plan, which is XLA's: x all-gathered, w's gradient all-reduced, b's reduce-scattered
-    # (2,176 B in an all-gather and an all-reduce after the combiner; check: XLA's 2,244 B in its 2), the loss partial
+    # takes eager dispatch's plan, which is XLA's: b all-gathered for the forward, b's gradient reduce-scattered and
+    # w's all-reduced (2,176 B in an all-gather and an all-reduce after the combiner; check: XLA's 2,244 B in its 2),
+    # x split and the loss partial
     assert jax.tree.map(str, kept.out_layouts_tree) == ({"b": "S(0)", "w": "R"}, "P")
     assert (kept.nbytes, sum(kept.collectives.values())) == (2176, 5)
     assert kept.combined_counts == {"all-gather": 1, "all-reduce": 1}
@@ -1068,8 +1069,8 @@ def test_stacked_layers_step_updates_its_replicated_embedding_replicated(mesh: A
     report = check(step.fn, *step.args, out_layouts=step.out_layouts)
     assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
     gathered = [plan.shape for plan, s in report.prediction.routed_moves() if s.collective == "all-gather"]
-    # at 192 B per collective the activation gradient and the token ids, for the embedding's gradient
-    assert (64, 32) not in gathered and not gathered, gathered
+    # none (at 192 B per collective the activation gradient and the token ids, for the embedding's gradient)
+    assert (64, 32) not in gathered and gathered == [], gathered
     # the backward scan reads the layers' saved inputs as the forward scan stacked them, replicated: none reduced in
     # its body (float32 all-reduced them over tp, 3,072 B and a collective per layer, when the forward stacked its
     # replicated residual stream partial, for free: a stacked output had no replicated candidate)
