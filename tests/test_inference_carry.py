@@ -20,7 +20,7 @@ from models.steps import training_step
 
 from placements2jax import DTensor, apply, check, clear_caches, distribute_pytree, distribute_tensor, init_device_mesh
 from placements2jax.hlo import compiled_collectives
-from placements2jax.inference import infer_signature, jaxpr, predict
+from placements2jax.inference import CostModel, infer_signature, jaxpr, predict, use_cost_model
 from placements2jax.inference.cost import collective_nbytes
 from placements2jax.inference.signature import TensorSpec
 from placements2jax.layout import Layout
@@ -101,20 +101,25 @@ def test_the_search_carries_the_residual_stream_reduced(
     """Greedy: the carry stays S(0),P (the initial layout is a fixed point) and each
     iteration reduces it for the layer norm's square, its scaling and the matmul
     (reduce-scatters, all-reduces as CPU XLA compiles them); re-solved: carried S(0),R
-    (one all-reduce per iteration of the body's result), as XLA compiles it."""
+    (one all-reduce per iteration of the body's result), as XLA compiles it. The carries'
+    re-solving is the search's mechanics, measured at the 192 B per collective its schedule
+    was tuned at (``CostModel(collective_overhead=192)``): under the latency-bound default
+    the rest of the greedy program adapts around its S(0),P carry to the same 1,536 B in 2
+    all-reduces (the re-solved plan is the same at both overheads)."""
     _, args = inputs
-    greedy = _greedy_carry(fn, args, monkeypatch)
-    prediction = predict(fn, *args)
-    assert str(_loop_row(greedy, primitive).signature.chosen.in_layouts[carry]) == "S(0),P"
-    row = _loop_row(prediction, primitive)
-    assert str(row.signature.chosen.in_layouts[carry]) == "S(0),R"
-    assert str(row.outputs[-1].layout) == "S(0),R"
-    # as the search prices them (CPU XLA's reduce-scatter is an all-reduce): 1,536 B against greedy's 1,920 B
-    assert (_compiled_nbytes(prediction), len(prediction.steps)) < (_compiled_nbytes(greedy), len(greedy.steps))
-    report = check(fn, *args)
-    assert [o.verdict for o in report.outputs] == ["equal"]
-    assert report.predicted_bytes == report.compiled_bytes  # greedy: twice XLA's bytes
-    assert report.prediction is prediction
+    with use_cost_model(CostModel(collective_overhead=192)):
+        greedy = _greedy_carry(fn, args, monkeypatch)
+        prediction = predict(fn, *args)
+        assert str(_loop_row(greedy, primitive).signature.chosen.in_layouts[carry]) == "S(0),P"
+        row = _loop_row(prediction, primitive)
+        assert str(row.signature.chosen.in_layouts[carry]) == "S(0),R"
+        assert str(row.outputs[-1].layout) == "S(0),R"
+        # as the search prices them (CPU XLA's reduce-scatter is an all-reduce): 1,536 B against greedy's 1,920 B
+        assert (_compiled_nbytes(prediction), len(prediction.steps)) < (_compiled_nbytes(greedy), len(greedy.steps))
+        report = check(fn, *args)
+        assert [o.verdict for o in report.outputs] == ["equal"]
+        assert report.predicted_bytes == report.compiled_bytes  # greedy: twice XLA's bytes
+        assert report.prediction is prediction
 
 
 @pytest.mark.parametrize("fn", [residual_scan, residual_while])
@@ -126,11 +131,13 @@ def test_apply_runs_the_chosen_carries(inputs: Any, fn: Any) -> None:
     np.testing.assert_allclose(np.asarray(out.full_tensor()), np.asarray(expected), rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize(("shape", "placements", "rows", "nbytes"), [
-    ((8,), ("S(0)", "R", "S(2)", "S(1)"), 8, 7168),
-    ((4, 2), ("S(0),S(1)", "R,S(0)", "S(2),S(1)", "S(2),S(1)"), 16, 16320),
+@pytest.mark.parametrize(("shape", "placements", "rows", "nbytes", "combined"), [
+    ((8,), ("S(0)", "R", "S(2)", "S(1)"), 8, 12544, 5),
+    ((4, 2), ("S(0),S(1)", "R,S(0)", "S(2),S(1)", "S(2),S(1)"), 16, 17984, 18),
 ])
-def test_pinned_apply_compiles_the_predicted_loops(shape: Any, placements: Any, rows: int, nbytes: int) -> None:
+def test_pinned_apply_compiles_the_predicted_loops(
+    shape: Any, placements: Any, rows: int, nbytes: int, combined: int
+) -> None:
     """apply(execute="pinned") compiles the predicted program of ``residual_scan``'s
     gradient: its bytes per device as predicted (all-reduces for the reduce-scatters, as
     CPU XLA compiles them), the values plain jax.jit's. Each loop's results are pinned
@@ -151,7 +158,11 @@ def test_pinned_apply_compiles_the_predicted_loops(shape: Any, placements: Any, 
     eager dispatch's layouts, partials reduced (stop 38), every gradient on (8,) is XLA's
     layout in 7,168 B (4,592 and two gradients to convert to XLA's layouts, 8,176 B, before);
     on 4x2 16,320 B, two gradients in eager's layouts where XLA's differ (18,880 B with their
-    conversions; three differed before, 17,920 B with theirs)."""
+    conversions; three differed before, 17,920 B with theirs). Under the latency-bound
+    default cost model (stop 39: 8,192 B per all-gather and all-to-all) fewer collectives
+    after XLA's combiner for more bytes: on (8,) 12,544 B in 5 where 7,168 in 6 (plain
+    jax.jit: 13,440 B in 6), on 4x2 17,984 B in 18 where 16,320 in 21 (jax.jit: 21,136 in
+    27); the pinned program compiles as many collectives as predicted."""
     rng = np.random.default_rng(1)
     arrays = [
         rng.normal(size=(rows, 32)).astype(np.float32), rng.normal(size=(32, 32)).astype(np.float32) / 6,
@@ -164,6 +175,7 @@ def test_pinned_apply_compiles_the_predicted_loops(shape: Any, placements: Any, 
     pinned = jax.jit(lambda *a: apply(fn, *a, execute="pinned"))
     compiled = compiled_collectives(pinned, *args)
     assert sum(collective_nbytes(c, 8) for c in compiled) == prediction.lowered_nbytes == nbytes
+    assert sum(prediction.combined_counts.values()) == len(compiled) == combined
     got = jax.tree.leaves(pinned(*args), is_leaf=lambda v: isinstance(v, DTensor))
     assert [g.layout for g in got] == list(prediction.out_layouts)
     for g, want in zip(got, jax.jit(fn)(*arrays), strict=True):
@@ -199,19 +211,25 @@ def test_a_deeper_scanned_layer_stack_predicts_the_plan_of_a_shallow_one() -> No
     ``_greedy_stack``), moves of the stacked gradients after the loop (the loop's length
     times a slice's bytes) led its descents into other basins the deeper the stack:
     41,770 -> 56,938 B predicted (1.27x XLA's) from 2 to 8 layers. 41,770 at both until the
-    clip's norm summed its squares replicated over dp (program.py's ``_one_reduced``)."""
+    clip's norm summed its squares replicated over dp (program.py's ``_one_reduced``).
+    Under the latency-bound default cost model (stop 39: 8,192 B per all-gather and
+    all-to-all) 45,606 B at both depths (check: 45,616, 1.015x XLA's) in 17 collectives
+    after the combiner, where 40,998 (0.91x) in 21 at 192 B per collective (XLA: 23): its
+    8 all-to-alls gone for 4 all-gathers."""
     mesh = init_device_mesh((2, 4), ("dp", "tp"))
     shallow, deep = (training_step("gpt2", mesh, layers=n) for n in (2, 8))
     two = predict(shallow.fn, *shallow.args, out_layouts=shallow.out_layouts)
     report = check(deep.fn, *deep.args, out_layouts=deep.out_layouts)
     eight = report.prediction
     # 41,766 until take_along_axis had the masked lookup (stop 30: no all-to-all of the log-probabilities, 768 B)
-    assert eight.lowered_nbytes == two.lowered_nbytes == 40998
+    # 40,998 at 192 B per collective (the default until stop 39)
+    assert eight.lowered_nbytes == two.lowered_nbytes == 45606
     assert eight.collectives == two.collectives
     assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
     assert report.compiled_bytes == 44942
-    assert 0.9 <= report.predicted_bytes / report.compiled_bytes <= 0.93
-    assert len(report.predicted_combined) <= len(report.compiled_collectives)
+    # 0.9-0.93 at 192 B per collective; the latency-bound default's 1.015x buys 4 collectives fewer (21 -> 17)
+    assert 1.0 <= report.predicted_bytes / report.compiled_bytes <= 1.02
+    assert len(report.predicted_combined) == 17 < len(report.compiled_collectives)
 
 
 def test_replicated_carries_unsplit_every_loop_over_a_mesh_dim_some_loop_split() -> None:
@@ -285,10 +303,10 @@ def test_unsplit_first_ranks_the_replicas_over_the_mesh_dim_first() -> None:
 # microbatches, remat, dtype -> check's predicted bytes, its collectives after XLA's combiner, XLA's bytes (8
 # collectives), the bytes apply(execute="pinned") compiles, its collectives. (8592, 13, 9746, 8586, 13) until
 # take_along_axis had the masked lookup (stop 30): its all-to-all over tp (384 B per microbatch) and the scalar loss
-# all-reduce over dp it caused gone
+# all-reduce over dp it caused gone; (8204, 11, 9746, 8198, 11) at 192 B per collective, the default until stop 39
 _ACCUMULATED = {
-    (2, False, "float32"): (8204, 11, 9746, 8198, 11),
-    (2, True, "bfloat16"): (8204, 11, 9746, 8198, 11),
+    (2, False, "float32"): (9740, 8, 9746, 9734, 8),
+    (2, True, "bfloat16"): (9740, 8, 9746, 9734, 8),
 }
 
 
@@ -321,7 +339,9 @@ def test_gradients_accumulated_under_scan_are_carried_replicated_over_dp(
     more). The pinned program sends the predicted 8,586 B (as CPU XLA compiles the planned
     steps, the loss's reduction not owed) since those moves take their planned routes;
     moved whole, XLA all-reduced the whole block for two of them (10,790 B, 1.10x, in 12
-    collectives when the body was split)."""
+    collectives when the body was split). Under the latency-bound default cost model (stop
+    39: 8,192 B per all-gather and all-to-all) XLA's 8 collectives after the combiner,
+    9,740 B (1.00x), where 8,204 in 11 at 192 B per collective; pinned 9,734 B in 8."""
     mesh = init_device_mesh((2, 4), ("dp", "tp"))
     step = training_step("stacked", mesh, microbatches=microbatches, remat=remat, dtype=dtype)
     nbytes, combined, xla_bytes, pinned_bytes, pinned_count = _ACCUMULATED[microbatches, remat, dtype]
@@ -351,7 +371,11 @@ def test_multisteps_updates_join_where_the_searched_update_branch_makes_them() -
     and the clip's norm sums its squares replicated over dp, below XLA's legitimately:
     the embedding's gradient scattered from the activation gradient all-gathered over dp
     where XLA all-reduces the table), the cond's outputs in the parameters' and state's
-    layouts."""
+    layouts. Under the latency-bound default cost model (stop 39: 8,192 B per all-gather
+    and all-to-all) the cond's outputs alike, and XLA's plan: 24,080 B in 9 all-reduces
+    after the combiner, XLA's 9 (24,086 B), where 18,000 B in 11 at 192 B per collective
+    (the token ids and the activation gradient all-gathered over dp for the embedding's
+    gradient, which is now all-reduced as XLA's)."""
     mesh = init_device_mesh((2, 4), ("dp", "tp"))
     cfg, optimizer = stacked.Config(), common.accumulating_optimizer()
     plain = stacked.init(jax.random.key(0), cfg)
@@ -363,11 +387,13 @@ def test_multisteps_updates_join_where_the_searched_update_branch_makes_them() -
     # 18,772 B in 13 after the combiner until the clip's norm summed its squares replicated over dp (program's
     # _one_reduced): its 4 B dp all-reduce gone, the head's gradient's joins the loss's
     # (18768, 24086) in (16, 12) until take_along_axis had the masked lookup (stop 30: its all-to-all gone)
-    assert (report.predicted_bytes, report.compiled_bytes) == (18000, 24086)
-    assert (sum(report.predicted_counts.values()), len(report.predicted_combined)) == (15, 11)
+    # (18000, 24086) in (15, 11) at 192 B per collective
+    assert (report.predicted_bytes, report.compiled_bytes) == (24080, 24086)
+    assert (sum(report.predicted_counts.values()), len(report.predicted_combined)) == (14, 9)
+    assert len(report.predicted_combined) == len(report.compiled_collectives)
     assert common.below_floor(report)
     gathered = [plan.shape for plan, s in report.prediction.routed_moves() if s.collective == "all-gather"]
-    assert gathered == [(4, 8, 1), (4, 8, 32)]  # the token ids and the activation gradient, for the embedding's
+    assert gathered == []  # at 192 B the token ids and the activation gradient, for the embedding's
     (cond,) = (e for e in report.prediction.equations if e.primitive == "cond")
     layouts = [x.layout for x in jax.tree.leaves(params, is_leaf=lambda v: isinstance(v, DTensor))]
     assert [o.layout for o in cond.outputs[:5]] == layouts  # the updates
@@ -383,7 +409,10 @@ def test_skipping_non_finite_updates_all_reduces_one_bool() -> None:
     before stop 27's other changes). On bools ``all`` is ``min``: each rank reduces its
     slice to P(min) and the five flags, concatenated, are all-reduced once (one bool, 7.5 B
     as CPU XLA's all-reduce is priced): 18,769.5 B (0.78x), the plain adam step's bytes
-    plus that bool (predict: 18,752 -> 18,759.5; check adds the loss's 10 B reduction)."""
+    plus that bool (predict: 18,752 -> 18,759.5; check adds the loss's 10 B reduction).
+    Under the latency-bound default cost model (stop 39: 8,192 B per all-gather and
+    all-to-all) the bool alike, in XLA's plan: 24,081.5 B (1.00x) in 8 all-reduces after
+    the combiner, XLA's 8, where 18,001.5 B in 10 at 192 B per collective."""
     mesh = init_device_mesh((2, 4), ("dp", "tp"))
     cfg, optimizer = stacked.Config(), optax.apply_if_finite(optax.adam(1e-3), 3)
     params = distribute_pytree(stacked.init(jax.random.key(0), cfg), mesh, stacked.megatron_plan())
@@ -391,8 +420,10 @@ def test_skipping_non_finite_updates_all_reduces_one_bool() -> None:
     state = optimizer.init(params)
     report = check(step, params, state, *common.megatron_batch(cfg, mesh), out_layouts=(params, state, None))
     assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
-    # 37,539 / 2 until take_along_axis had the masked lookup (stop 30: its all-to-all gone)
-    assert (report.predicted_bytes, report.compiled_bytes) == (Fraction(36003, 2), Fraction(48145, 2))
+    # 37,539 / 2 until take_along_axis had the masked lookup (stop 30: its all-to-all gone); 36,003 / 2 at 192 B per
+    # collective (the default until stop 39)
+    assert (report.predicted_bytes, report.compiled_bytes) == (Fraction(48163, 2), Fraction(48145, 2))
+    assert len(report.predicted_combined) == len(report.compiled_collectives) == 8
     moves = report.prediction.routed_moves()
     bools = [(plan.shape, s.collective) for plan, s in moves if plan.dtype == jnp.bool_ and s.nbytes]
     assert bools == [((5,), "all-reduce")]  # the two flags computed replicated join the P(min) ones for free
@@ -401,10 +432,11 @@ def test_skipping_non_finite_updates_all_reduces_one_bool() -> None:
 
 
 # accumulate -> check's predicted bytes, its collectives after XLA's combiner, XLA's bytes, its collectives, the
-# bytes apply(execute="pinned") compiles, its collectives
+# bytes apply(execute="pinned") compiles, its collectives. (8586, 12, ..., 8586, 12) before take_along_axis's masked
+# lookup; (8198, 10, ..., 8198, 10) at 192 B per collective (the default until stop 39)
 _INDEXED = {
-    "fori_loop": (8198, 10, 9728, 7, 8198, 10),  # (8586, 12, ..., 8586, 12) before take_along_axis's masked lookup
-    "while_loop": (8198, 10, 9728, 7, 8198, 10),
+    "fori_loop": (9734, 7, 9728, 7, 9734, 7),
+    "while_loop": (9734, 7, 9728, 7, 9734, 7),
 }
 
 
@@ -427,7 +459,9 @@ def test_gradients_accumulated_over_indexed_microbatches_are_carried_replicated_
     equations ranking their candidates unsplit over dp first, runs them replicated:
     8,586 B (0.88x), 12 collectives (left: the take_along_axis all-to-all, the layer
     scans' carries' routed moves); pinned, the same bytes. With take_along_axis's masked
-    lookup (stop 30) 8,198 B in 10, pinned alike (the scans' carries' moves left)."""
+    lookup (stop 30) 8,198 B in 10, pinned alike (the scans' carries' moves left). Under
+    the latency-bound default cost model (stop 39: 8,192 B per all-gather and all-to-all)
+    XLA's 7 collectives after the combiner, 9,734 B (1.00x), pinned alike."""
     mesh = init_device_mesh((2, 4), ("dp", "tp"))
     step = training_step("stacked", mesh, optimizer=optax.lion(1e-4), microbatches=2, accumulate=accumulate)
     nbytes, combined, xla_bytes, xla_count, pinned_bytes, pinned_count = _INDEXED[accumulate]
@@ -452,9 +486,11 @@ def test_gradients_accumulated_over_indexed_microbatches_are_carried_replicated_
 _UNROLLED = {
     # (29328, 12, ..., 29318) and (39792, 15, ..., 39782) before take_along_axis's masked lookup (stop 30)
     # check's collectives: the plan and the free loss's P(dp),P(tp) reduced last mesh dim first, as XLA compiles the
-    # plan with the loss reduced in one constraint (12 / 15: measured, stop 38; 11 / 14 counted dp first before)
-    (2, 2): (28560, 12, 34454, 28550, [(0, "scan[unroll=2]"), (0, "scan[unroll=2]")]),
-    (3, 2): (39024, 15, 44822, 39014, [(0, "scan[unroll=2]"), (1, "scan"), (0, "scan[unroll=2]"), (1, "scan")]),
+    # plan with the loss reduced in one constraint (12 / 15: measured, stop 38; 11 / 14 counted dp first before).
+    # (28560, 12, ..., 28550) and (39024, 15, ..., 39014) at 192 B per collective (the default until stop 39); under
+    # the latency-bound default every collective an all-reduce, one more than XLA's 9 / 11 after the combiner
+    (2, 2): (34640, 10, 34454, 34640, [(0, "scan[unroll=2]"), (0, "scan[unroll=2]")]),
+    (3, 2): (45200, 12, 44822, 45200, [(0, "scan[unroll=2]"), (1, "scan"), (0, "scan[unroll=2]"), (1, "scan")]),
 }
 
 
@@ -467,7 +503,9 @@ def test_an_unrolled_scan_is_predicted_as_xla_compiles_it(layers: int, unroll: i
     collectives counted. Walked as one body (before), the step with 2 layers predicted
     its unroll=1 plan, 21,844 B, where the pinned program sent 35,466 (1.62x) and XLA
     34,454; now 29,328 B predicted, the pinned program the prediction's (1.00x), its
-    values plain jax.jit's."""
+    values plain jax.jit's. Under the latency-bound default cost model (stop 39: 8,192 B
+    per all-gather and all-to-all) 34,640 B (1.01x XLA's) in 10 all-reduces after the
+    combiner where 28,560 in 12 at 192 B per collective (XLA: 9)."""
     mesh = init_device_mesh((2, 4), ("dp", "tp"))
     step = training_step("stacked", mesh, layers=layers, unroll=unroll)
     nbytes, combined, xla_bytes, pinned_bytes, scans = _UNROLLED[layers, unroll]
@@ -492,19 +530,26 @@ def test_an_unrolled_scan_is_predicted_as_xla_compiles_it(layers: int, unroll: i
 # where its consumers take it (all-reduces, shared), not reduce-scattered before the final tanh (compiled on CPU as an
 # all-reduce, 768 B where 384 planned) and all-gathered back in the backward scan: the same planned bytes (9,216 /
 # 11,008), 384 B and one all-gather fewer as compiled (20 -> 19 collectives after the combiner), pinned alike
-@pytest.mark.parametrize(("unroll", "nbytes"), [(2, 9216), (True, 12544)])
-def test_apply_runs_an_unrolled_scan_and_its_reverse(inputs: Any, unroll: int | bool, nbytes: int) -> None:
+@pytest.mark.parametrize(("unroll", "nbytes", "combined"), [(2, 17664, 8), (True, 12544, 8)])
+def test_apply_runs_an_unrolled_scan_and_its_reverse(
+    inputs: Any, unroll: int | bool, nbytes: int, combined: int
+) -> None:
     """``residual_scan``'s gradient (3 layers; its backward scan a reverse one) with
     ``unroll=2`` (a loop of one trip of two copies, then one copy: the forward scan's
     last row, the backward's first) and ``unroll=True`` (three copies, no loop): both
     executors compute plain jax.jit's values, the pinned program sending the predicted
-    bytes (unroll=1: 3,736 B, the body once)."""
+    bytes (unroll=1: 3,712 B at 192 B per collective, the body once). Under the
+    latency-bound default cost model (stop 39: 8,192 B per all-gather and all-to-all)
+    every collective is an all-reduce, 8 after XLA's combiner as plain jax.jit's (18,688
+    B): unroll=2 17,664 B where 9,216 in 15 at 192 B per collective, unroll=True the same
+    12,544 B where in 18 (unroll=1: 6,400 B in 4 where 3,712 in 9)."""
     arrays, args = inputs
     fn = jax.grad(lambda *a: residual_scan(*a, unroll=unroll).sum(), argnums=(0, 1, 2, 3))
     prediction = predict(fn, *args)
     pinned = jax.jit(lambda *a: apply(fn, *a, execute="pinned"))
     compiled = compiled_collectives(pinned, *args)
     assert sum(collective_nbytes(c, 8) for c in compiled) == prediction.lowered_nbytes == nbytes
+    assert sum(prediction.combined_counts.values()) == len(compiled) == combined
     for got in (apply(fn, *args), pinned(*args)):
         for g, want in zip(got, jax.jit(fn)(*arrays), strict=True):
             np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(want), rtol=2e-5, atol=2e-5)

@@ -27,7 +27,9 @@ from placements2jax.inference import (
 )
 from placements2jax.inference.cost import (
     COLLECTIVES,
+    COMMUNICATING,
     DEFAULT_COLLECTIVE_OVERHEAD,
+    SEARCH_OVERHEAD,
     block_bytes,
     collective_bytes,
     collective_factor,
@@ -334,14 +336,21 @@ def test_cost_model_hash_is_the_dataclass_hash_cached_and_not_pickled() -> None:
 
 
 def test_collective_overhead_is_a_validated_field_of_the_model() -> None:
-    """The bytes the program search charges per collective: 192 by default, one int where
-    every kind costs the same (so CostModel(collective_overhead=192) is the default model and
-    shares its plan caches), else one figure per kind in COMMUNICATING's order; whole bytes;
-    derived as max(latency) / max(per_byte) where both are given (torch's and Alpa's
+    """The bytes the program search charges per collective: by default latency-bound, one
+    figure per kind in COMMUNICATING's order (8,192 B per all-gather and all-to-all, which
+    CPU XLA's combiner never merges; SEARCH_OVERHEAD = 192 per reduce-scatter and all-reduce,
+    which it merges), so CostModel(collective_overhead=192) is no longer the default model
+    (it is the search's own overhead); one int where every kind costs the same, else one
+    figure per kind, kinds not given keeping the default's figure; whole bytes; derived as
+    max(latency) / max(per_byte) for every kind where both are given (torch's and Alpa's
     alpha-beta model: a latency in bytes)."""
-    assert CostModel().collective_overhead == DEFAULT_COLLECTIVE_OVERHEAD == 192
-    assert CostModel(collective_overhead=192) == CostModel()
-    assert hash(CostModel(collective_overhead=192.0)) == hash(CostModel())
+    assert CostModel().collective_overhead == DEFAULT_COLLECTIVE_OVERHEAD == (8192, 8192, 192, 192)
+    assert SEARCH_OVERHEAD == 192 and COMMUNICATING == ("all-gather", "all-to-all", "reduce-scatter", "all-reduce")
+    latency_bound = CostModel(collective_overhead={"all-gather": 8192, "all-to-all": 8192.0})
+    assert latency_bound == CostModel() and hash(latency_bound) == hash(CostModel())
+    assert CostModel(collective_overhead=192) != CostModel()
+    assert CostModel(collective_overhead=192).collective_overhead == 192
+    assert hash(CostModel(collective_overhead=192.0)) == hash(CostModel(collective_overhead=192))
     assert CostModel(collective_overhead=3072.4) == CostModel(collective_overhead=3072) != CostModel()
     assert CostModel(collective_overhead=3072).collective_overhead == 3072
     assert CostModel(collective_overhead=dict.fromkeys(("all-gather", "all-to-all", "reduce-scatter", "all-reduce"), 8)
@@ -349,14 +358,17 @@ def test_collective_overhead_is_a_validated_field_of_the_model() -> None:
     unmerged = CostModel(collective_overhead={"all-gather": 3072, "all-to-all": 3072})
     assert unmerged.collective_overhead == (3072, 3072, 192, 192)  # all-gather, all-to-all, reduce-scatter, all-reduce
     assert hash(unmerged) == hash(CostModel(collective_overhead={"all-to-all": 3072.0, "all-gather": 3072}))
-    assert repr(CostModel()) == "CostModel({})"
+    # a kind not given keeps the default's figure for it
+    assert CostModel(collective_overhead={"all-reduce": 0}).collective_overhead == (8192, 8192, 192, 0)
+    assert repr(CostModel()) == repr(latency_bound) == "CostModel({})"
+    assert repr(CostModel(collective_overhead=192)) == "CostModel({}, collective_overhead=192)"
     assert repr(CostModel(collective_overhead=3072)) == "CostModel({}, collective_overhead=3072)"
     assert repr(unmerged) == ("CostModel({}, collective_overhead={'all-gather': 3072, 'all-to-all': 3072, "
                               "'reduce-scatter': 192, 'all-reduce': 192})")
-    # a pod's interconnect: 5 us per collective, 50 GB/s (tens of KB per collective)
+    # a pod's interconnect: 5 us per collective, 50 GB/s (tens of KB per collective, every kind)
     pod = CostModel(latency={"dp": 5e-6, "tp": 2e-6}, per_byte={"dp": 2e-11, "tp": 1e-11})
     assert pod.collective_overhead == 250_000
-    assert CostModel(latency={"dp": 5e-6}).collective_overhead == 192  # per_byte unknown: the default
+    assert CostModel(latency={"dp": 5e-6}).collective_overhead == DEFAULT_COLLECTIVE_OVERHEAD  # per_byte unknown
     assert CostModel(latency={"dp": 5e-6}, per_byte={"dp": 2e-11}, collective_overhead=0).collective_overhead == 0
 
 
