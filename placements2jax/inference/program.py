@@ -161,8 +161,8 @@ overhead, but XLA's combiner merges independent all-reduces of one kind in one c
 The descents' deltas are sums over values and cannot see a group (a whole program's
 property); where finished results are compared, :meth:`_Search.grouped` charges the
 overhead per collective after the combiner (:meth:`_Search.combined`: the choice's moves
-through :func:`.combine.planned_collectives` and :func:`.combine.combine`, ~10-20 ms on
-the training steps): :func:`_continued` keeps the cheaper of its two results by it (at
+through :func:`.combine.planned_collectives` and :func:`.combine.combine`, ~2-3 ms on
+the training steps, a choice's rows rebuilt where it differs from the last one grouped): :func:`_continued` keeps the cheaper of its two results by it (at
 1,024 B per collective the stacked LM's step: both 33,360 in 15 planned, the descent's
 10 after the combiner where the search's 11, XLA's 9), and :func:`_descended` takes a
 descent's result no dearer by the objective in fewer after the combiner. Under a model
@@ -1366,6 +1366,8 @@ class _Search:
             if node.path in self.inlined:
                 self.openings.setdefault(self.inlined[node.path], []).append(node)
                 self.opened_at[self.position[node.path]] = self.inlined[node.path]
+        # repriced()'s searches per pricing, shared by every search of the graph (a copy shares this dict)
+        self.repricings: dict[tuple[bool, Overhead, bool], _Search] = {}
         self._price(compiled, cost_model.collective_overhead if overhead is None else overhead)
 
     def followers(self) -> dict[str, tuple[str, ...]]:
@@ -1479,9 +1481,12 @@ class _Search:
     def repriced(self, compiled: bool, overhead: Overhead | None = None, charged: bool = True) -> _Search:
         """The same graph's search priced otherwise (:meth:`_price`; ``overhead`` None: this
         search's): the tables that do not depend on prices (states, neighbours, memo keys)
-        shared, built once per graph."""
-        other = copy.copy(self)
-        other._price(compiled, self.overhead if overhead is None else overhead, charged)
+        shared, built once per graph; and built once per pricing (:attr:`repricings`)."""
+        key = (compiled, self.overhead if overhead is None else overhead, charged)
+        other = self.repricings.get(key)
+        if other is None:
+            other = self.repricings[key] = copy.copy(self)
+            other._price(*key)
         return other
 
     # -- costs ------------------------------------------------------------------------------
@@ -1589,11 +1594,11 @@ class _Search:
 
     def moved_equations(self, choice: Choice) -> list[MovedEquation]:
         """``choice``'s equations as :func:`.combine.planned_collectives` reads them (each
-        with its inputs' moves), in program order: per node, the rows :meth:`_rows` makes
+        with its inputs' moves), in program order: per node, the rows :meth:`_rows_at` makes
         at its position. Rebuilt only at the positions where ``choice`` differs from the
-        last choice built (its changed equations, their consumers and the scans they open):
-        :meth:`regrouped`'s trials each change a few equations of ~1,000 (GPT-2's adamw
-        step), and rebuilding every row was ~40% of a grouping."""
+        last choice built (its changed equations, their consumers, the scans of one trip
+        they open): :meth:`regrouped`'s trials each change a few of GPT-2's adamw step's
+        ~950 equations, and rebuilding every row was ~40% of a grouping."""
         key = self.everything(choice)
         if self._rows is None:
             positions: Iterable[int] = range(len(self.paths))
