@@ -547,7 +547,9 @@ def test_choices_grouped_in_turn_group_as_each_alone(mesh: Any) -> None:
     search = program_module._Search(graph, model, (None,))
     chosen = select_program(graph, model, (None,))
     start = {node.path: node.candidates.index(chosen[node.path]) if chosen else 0 for node in graph.nodes}
-    moves = [{**start, node.path: k} for node in graph.nodes for k in range(len(node.candidates)) if k != start[node.path]]
+    moves = [
+        {**start, node.path: k} for node in graph.nodes for k in range(len(node.candidates)) if k != start[node.path]
+    ]
     scopes = set()
     for choice in [start, *moves[::3], start]:
         grouped = search.combined(choice)
