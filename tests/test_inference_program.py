@@ -556,6 +556,13 @@ def test_choices_grouped_in_turn_group_as_each_alone(mesh: Any) -> None:
         assert grouped == program_module._Search(graph, model, (None,)).combined(choice)
         scopes.update(c.scope for c in grouped[0])
     assert len(moves) > 60 and scopes == {"0", ""}
+    one = _graph(jnp.sum, spec(mesh, (8, 32), "S(0),S(1)"))  # one equation
+    search = program_module._Search(one, model, (None,))
+    (node,) = one.nodes
+    assert len(node.candidates) > 1
+    for k in [*range(len(node.candidates)), 0]:
+        grouped = search.combined({node.path: k})
+        assert grouped == program_module._Search(one, model, (None,)).combined({node.path: k})
 
 
 def test_a_search_is_repriced_once_per_pricing(mesh: Any) -> None:

@@ -1433,8 +1433,8 @@ class _Search:
         self.groupings: dict[Any, Any] = {}  # combined() per choice
         # and its moves per equation, candidate and arriving states
         self.node_moves: dict[tuple[str, int, tuple[State, ...]], tuple[RedistributePlan | None, ...]] = {}
-        # moved_equations()' last choice (its memo key) and its rows per node
-        self._rows: tuple[Any, list[tuple[MovedEquation, ...]]] | None = None
+        # moved_equations()' last choice and its rows per node
+        self._rows: tuple[Choice, list[tuple[MovedEquation, ...]]] | None = None
         # greedy() per node and the choices it reads (greedy_reads: how its inputs not fixed arrive, and a
         # stacking node's consumers' needs): found before the arriving states are built (a memo by arriving
         # states too found 2% more on GPT-2's adamw step, for the cost of building and hashing them at every
@@ -1605,21 +1605,20 @@ class _Search:
         last choice built (its changed equations, their consumers, the scans of one trip
         they open): :meth:`regrouped`'s trials each change a few of GPT-2's adamw step's
         ~950 equations, and rebuilding every row was ~40% of a grouping."""
-        key = self.everything(choice)
         if self._rows is None:
             positions: Iterable[int] = range(len(self.paths))
             rows: list[tuple[MovedEquation, ...]] = [()] * len(self.paths)
         else:
             last, rows = self._rows
             rows = list(rows)
-            changed = [p for p, (now, then) in enumerate(zip(key, last)) if now != then]
+            changed = [p for p, path in enumerate(self.paths) if choice[path] != last[path]]
             found = set(changed)
             for p in changed:
                 found.update(q for _, q in self.downstream[self.paths[p]])
             positions = found | {self.opened_at[p] for p in found if p in self.opened_at}
         for p in positions:
             rows[p] = self._rows_at(p, choice)
-        self._rows = (key, rows)
+        self._rows = (dict(choice), rows)
         return [row for at in rows for row in at]
 
     def _rows_at(self, position: int, choice: Choice) -> tuple[MovedEquation, ...]:
