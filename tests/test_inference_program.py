@@ -537,6 +537,66 @@ def test_a_scan_of_one_trip_is_grouped_as_xla_inlines_it(mesh: Any, monkeypatch:
     assert (len(report.predicted_combined), len(report.compiled_collectives)) == (2, 2)
 
 
+def test_choices_grouped_in_turn_group_as_each_alone(mesh: Any) -> None:
+    """``_Search.combined`` rebuilds a choice's rows only where it differs from the last
+    choice it grouped (``_Search.moved_equations``: the changed equations, their consumers,
+    the scans of one trip they open): choices one move apart, grouped in turn by one search,
+    have the planned collectives and groups each has in a search of its own, through a
+    scan's body (a computation of its own) and a scan of one trip (inlined, its initial
+    value moved where its body begins)."""
+
+    def fn(x: jax.Array, w: jax.Array, v: jax.Array) -> jax.Array:
+        def body(c: jax.Array, _: Any) -> tuple[jax.Array, None]:
+            return jnp.tanh(c @ w) @ v, None
+
+        y, _ = jax.lax.scan(body, x, None, length=2)
+        z, _ = jax.lax.scan(body, jnp.tanh(y), None, length=1)
+        return jnp.tanh(z @ w)
+
+    inputs = (spec(mesh, (8, 32), "S(0),R"), spec(mesh, (32, 16), "R,S(1)"), spec(mesh, (16, 32), "S(0),R"))
+    graph = _graph(fn, *inputs)
+    assert graph.loops == (("0", "scan"),) and [path for path, _ in graph.inlined] == ["2"]
+    model = resolve_cost_model(None)
+    search = program_module._Search(graph, model, (None,))
+    chosen = select_program(graph, model, (None,))
+    start = {node.path: node.candidates.index(chosen[node.path]) if chosen else 0 for node in graph.nodes}
+    moves = [
+        {**start, node.path: k} for node in graph.nodes for k in range(len(node.candidates)) if k != start[node.path]
+    ]
+    scopes = set()
+    for choice in [start, *moves[::3], start]:
+        grouped = search.combined(choice)
+        assert grouped == program_module._Search(graph, model, (None,)).combined(choice)
+        scopes.update(c.scope for c in grouped[0])
+    assert len(moves) > 60 and scopes == {"0", ""}
+    one = _graph(jnp.sum, spec(mesh, (8, 32), "S(0),S(1)"))  # one equation
+    search = program_module._Search(one, model, (None,))
+    (node,) = one.nodes
+    assert len(node.candidates) > 1
+    for k in [*range(len(node.candidates)), 0]:
+        grouped = search.combined({node.path: k})
+        assert grouped == program_module._Search(one, model, (None,)).combined({node.path: k})
+
+
+def test_a_search_is_repriced_once_per_pricing(mesh: Any) -> None:
+    """``_Search.repriced`` builds one search per pricing of a graph, shared by every
+    search of it: under the default model ``_escaped``'s escape search and ``_continued``'s
+    search at the model's overhead price alike (8,192 B per all-gather and all-to-all, 192
+    per reduction) and share their memos. Each prices as a search built at that overhead."""
+    graph = _graph(gpt_loss, *megatron_inputs(mesh))
+    model = resolve_cost_model(None)
+    search = program_module._Search(graph, model, (None,), overhead=192)
+    latency = (8192, 8192, 192, 192)
+    priced = search.repriced(compiled=True, overhead=latency)
+    assert priced is not search and priced.overhead == latency and search.overhead == 192
+    assert search.repriced(compiled=True, overhead=latency) is priced
+    assert priced.repriced(compiled=True) is priced.repriced(compiled=True, overhead=latency) is priced
+    assert search.planned() is search.repriced(compiled=False) is not priced.planned()
+    eager = {node.path: 0 for node in graph.nodes}
+    alone = program_module._Search(graph, model, (None,), overhead=latency)
+    assert priced.total(eager) == alone.total(eager) != search.total(eager)
+
+
 def test_a_tie_goes_to_fewer_collectives_after_the_combiner(mesh: Any) -> None:
     """The stacked LM's adamw step (tests/models/stacked.py) at 1,024 B per collective: the
     search at that figure and the descent from the default's choice tie at 33,360 by the

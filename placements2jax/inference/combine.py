@@ -62,13 +62,13 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..caches import cached
+from ..caches import Memo, cached
 from ..errors import InferenceError
 from ..layout import Layout
 from .cost import ALL_GATHER, ALL_REDUCE, COLLECTIVE_PERMUTE, REDUCE_SCATTER, gather_block_bytes
@@ -335,68 +335,50 @@ def planned_collectives(
     # each route's run records the collectives the value depends on there: a later move along that route runs
     # nothing there and depends on what the first did
     routes = SharedRoutes(shared_routes)
-    result: list[PlannedCollective] = []
 
     def before(source: Any) -> int:
         if source is None:
             return 0
-        if source in returned:
+        if returned and source in returned:
             path, j = source
             return upstream.get(path, 0) | upstream.get(f"{path}.carry{j}", 0) | before(returned[source])
         path = source[0]
+        known = upstream.get(path)
+        if known is not None:  # most values: made by an equation already walked
+            return known
         while path not in upstream:  # a loop's sliced / stacked value: its loop's
             if "." not in path:
                 return 0  # an input of the program
             path = path.rsplit(".", 1)[0]
         return upstream[path]
 
-    sent: dict[Any, tuple[np.dtype, int]] = {}  # per planned element type: what the backend sends, how many times
     # XLA's post order: per collective its operand (the value moved, the collective before it in the move); per
     # equation input (path, index) and output move ("end", k), the last collective of its move
     operands: list[tuple[Any, int | None]] = []
     tails: dict[tuple[str, int], int] = {}
     last_of: dict[Any, int | None] = {}  # a route's last collective so far
+    made: list[tuple[Any, ...]] = []  # per collective: its fields before its rank (PlannedCollective's order)
 
     def moved(source: Any, plan: RedistributePlan, where: str, scope: str, slot: int, whole: bool) -> int:
         after = before(source)
         last = None
-        known = sent.get(plan.dtype)
-        if known is None:
-            known = sent[plan.dtype] = (rules.compiled_dtype(plan.dtype), rules.widening(plan.dtype))
-        dtype, widening = known
         # the route (its keys, what it shares) is the plan's; each collective is the one XLA compiles at that place
-        compiled = _xla_order(plan.steps) if whole and not plan.passes_uneven else plan.steps
-        for (route, _, runs), step in zip(routes.steps(source, plan), compiled):
+        for (route, _, runs), lowered in zip(routes.steps(source, plan), _lowered_plan(plan, whole, rules)):
             if not runs:
                 after, last = routes.left(route), last_of.get(route)
                 continue
-            if step.communicates:  # not local, nor over one device: those XLA compiles to nothing
-                halo = 0
-                for axes, nbytes in step.halo:  # a gather's halo exchange comes first (never combined)
-                    result.append(PlannedCollective(
-                        COLLECTIVE_PERMUTE, axes, None, str(dtype), widening * nbytes, scope, where, after,
-                    ))
+            if lowered is not None:  # not local, nor over one device: those XLA compiles to nothing
+                halos, collective = lowered
+                first = len(made)
+                for halo in halos:  # a gather's halo exchange comes first (never combined)
+                    made.append((*halo, scope, where, after))
                     operands.append((source, last))
-                    halo |= 1 << (len(result) - 1)
-                    last = len(result) - 1
-                after |= halo
-                if step.collective == ALL_GATHER:  # a padded all-gather, or an all-reduce of a short dim (compiled)
-                    _, result_bytes = gather_block_bytes(
-                        plan.shape, dtype.itemsize, step.before.dim_axes, step.before.mesh.shape, step.mesh_dim,
-                        step.src.dim,
-                    )
-                    reduce_op = "sum" if step.compiled == ALL_REDUCE else None  # the zero-filled blocks are added
-                    kind = rules.compiled_kind(step.compiled)
-                else:
-                    kind = rules.compiled_kind(step.collective)
-                    reduce_op = _reduce_op(step)
-                    result_bytes = _result_bytes(kind, step.before, step.after, plan.shape, dtype.itemsize)
-                result.append(PlannedCollective(
-                    kind, step.axes, reduce_op, str(dtype), result_bytes, scope, where, after,
-                ))
+                    last = len(made) - 1
+                after |= (1 << len(made)) - (1 << first)
+                made.append((*collective, scope, where, after))
                 operands.append((source, last))
-                after |= 1 << (len(result) - 1)
-                last = len(result) - 1
+                last = len(made) - 1
+                after |= 1 << last
             routes.record(route, after)
             last_of[route] = last
         if last is not None:
@@ -405,24 +387,64 @@ def planned_collectives(
 
     scopes = _scopes(tuple(loops.items()))
     equations = tuple(equations)
-    for eqn in equations:
-        plans = eqn.redistributions
-        scope = scopes.get(eqn.path)
+    for path, sources, plans, whole in equations:
+        scope = scopes.get(path)
         if scope is None:
-            scope = scopes[eqn.path] = _scope(eqn.path, loops)
+            scope = scopes[path] = _scope(path, loops)
         bits = 0
-        for i in range(max(len(plans), len(eqn.sources))):
-            source = eqn.sources[i] if i < len(eqn.sources) else None
+        for i in range(max(len(plans), len(sources))):
+            source = sources[i] if i < len(sources) else None
             plan = plans[i] if i < len(plans) else None
-            bits |= before(source) if plan is None or plan.is_noop else moved(
-                source, plan, eqn.path, scope, i, eqn.whole)
-        upstream[eqn.path] = bits
+            bits |= before(source) if plan is None or plan.is_noop else moved(source, plan, path, scope, i, whole)
+        upstream[path] = bits
     for k, (source, plan) in enumerate(extra):
         moved(source, plan, "end", "", k, True)
-    if not result:
+    if not made:
         return ()
     ranks = _post_order(equations, scopes, upstream, operands, tails, returned, outputs, len(extra), dict(results))
-    return tuple(replace(c, rank=rank) for c, rank in zip(result, ranks))
+    return tuple(PlannedCollective(*fields, rank) for fields, rank in zip(made, ranks))
+
+
+# _lowered_plan() per plan object, whether its move is an output's (whole) and rules object
+_LOWERED = Memo(16384)
+
+
+def _lowered_plan(
+    plan: RedistributePlan, whole: bool, rules: CombinerRules
+) -> tuple[tuple[tuple[tuple[Any, ...], ...], tuple[Any, ...]] | None, ...]:
+    """Per step of ``plan`` (its routes' order; :func:`_xla_order`'s where ``whole``), the
+    collectives ``rules``' backend compiles there, each as :class:`PlannedCollective`'s
+    first fields (kind, mesh axes, reduction, element type, result bytes): (its halo's
+    collective-permutes, the collective), None for a step XLA compiles to nothing (local,
+    or over one device). Found once per plan object (kept beside its result, so that its
+    id stays its own): the program search groups ~40 choices differing in a few moves per
+    :meth:`.program._Search.regrouped` round (GPT-2's adamw step), each moving ~85 values
+    by plans it shares with the others."""
+    key = (id(plan), whole, id(rules))
+    known = _LOWERED.recall(key)
+    if known is not None and known[0] is plan and known[1] is rules:
+        return known[2]  # type: ignore[no-any-return]
+    dtype, widening = rules.compiled_dtype(plan.dtype), rules.widening(plan.dtype)
+    lowered: list[tuple[tuple[tuple[Any, ...], ...], tuple[Any, ...]] | None] = []
+    for step in _xla_order(plan.steps) if whole and not plan.passes_uneven else plan.steps:
+        if not step.communicates:
+            lowered.append(None)
+            continue
+        halos = tuple((COLLECTIVE_PERMUTE, axes, None, str(dtype), widening * nbytes) for axes, nbytes in step.halo)
+        if step.collective == ALL_GATHER:  # a padded all-gather, or an all-reduce of a short dim (compiled)
+            _, result_bytes = gather_block_bytes(
+                plan.shape, dtype.itemsize, step.before.dim_axes, step.before.mesh.shape, step.mesh_dim, step.src.dim,
+            )
+            reduce_op = "sum" if step.compiled == ALL_REDUCE else None  # the zero-filled blocks are added
+            kind = rules.compiled_kind(step.compiled)
+        else:
+            kind = rules.compiled_kind(step.collective)
+            reduce_op = _reduce_op(step)
+            result_bytes = _result_bytes(kind, step.before, step.after, plan.shape, dtype.itemsize)
+        lowered.append((halos, (kind, step.axes, reduce_op, str(dtype), result_bytes)))
+    found = tuple(lowered)
+    _LOWERED.remember(key, (plan, rules, found))
+    return found
 
 
 def _post_order(
@@ -447,7 +469,7 @@ def _post_order(
         in the body and its carry's move)."""
         if source is None or source[0] == "in":
             return []
-        if source in returned:
+        if returned and source in returned:
             path, j = source
             carry = f"{path}.carry{j}"
             return [*producers(returned[source], scope), *([carry] if carry in rows else [])]
@@ -465,9 +487,15 @@ def _post_order(
             return [*producers(source, scope), *(() if previous is None else (previous,))]
         found: list[str | int] = []
         for i, source in enumerate(rows[node].sources):
-            found += producers(source, scope)
-            if (node, i) in tails:
-                found.append(tails[node, i])
+            path = None if source is None else source[0]
+            if path in rows and not (returned and source in returned):  # most: made by an equation (producers())
+                if scopes[path] == scope and upstream[path]:
+                    found.append(path)
+            else:
+                found += producers(source, scope)
+            tail = tails.get((node, i))
+            if tail is not None:
+                found.append(tail)
         return found
 
     def walk(roots: Iterable[str | int], scope: str) -> None:
@@ -480,17 +508,23 @@ def _post_order(
             stack = [(root, iter(children(root, scope)))]
             while stack:
                 node, left = stack[-1]
-                child = next(left, None)
-                if child is None:
+                for child in left:  # the first operand not visited yet, visited next
+                    if child not in visited:
+                        visited.add(child)
+                        stack.append((child, iter(children(child, scope))))
+                        break
+                else:  # every operand visited: the node's place
                     stack.pop()
                     if isinstance(node, int):
                         rank[node] = count
                         count += 1
-                elif child not in visited:
-                    visited.add(child)
-                    stack.append((child, iter(children(child, scope))))
 
-    for scope in dict.fromkeys(scopes[e.path] for e in equations):
+    placed: dict[str, list[str | int]] = {}  # per computation, its equations after a collective, in order
+    for e in equations:
+        placed.setdefault(scopes[e.path], [])
+        if upstream[e.path]:
+            placed[scopes[e.path]].append(e.path)
+    for scope, after in placed.items():
         if scope == "":
             roots: list[str | int] = [p for source in outputs for p in producers(source, "")]
             roots += [tails["end", k] for k in range(ends) if ("end", k) in tails]
@@ -498,7 +532,7 @@ def _post_order(
             roots = []
             for row, value in results.get(scope, ()):
                 roots += [row] if row in rows else producers(value, scope)
-        walk([*roots, *(e.path for e in equations if scopes[e.path] == scope and upstream[e.path])], scope)
+        walk([*roots, *after], scope)
     return rank
 
 

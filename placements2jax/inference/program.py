@@ -164,11 +164,12 @@ overhead, but XLA's combiner merges independent all-reduces of one kind in one c
 The descents' deltas are sums over values and cannot see a group (a whole program's
 property); where finished results are compared, :meth:`_Search.grouped` charges the
 overhead per collective after the combiner (:meth:`_Search.combined`: the choice's moves
-through :func:`.combine.planned_collectives` and :func:`.combine.combine`, ~10-20 ms on
-the training steps): :func:`_continued` keeps the cheaper of its two results by it (at
-1,024 B per collective the stacked LM's step: both 33,360 in 15 planned, the descent's
-10 after the combiner where the search's 11, XLA's 9), and :func:`_descended` takes a
-descent's result no dearer by the objective in fewer after the combiner. Under a model
+through :func:`.combine.planned_collectives` and :func:`.combine.combine`, ~2-3 ms on
+the training steps, a choice's rows rebuilt where it differs from the last one grouped):
+:func:`_continued` keeps the cheaper of its two results by it (at 1,024 B per collective
+the stacked LM's step: both 33,360 in 15 planned, the descent's 10 after the combiner
+where the search's 11, XLA's 9), and :func:`_descended` takes a descent's result no
+dearer by the objective in fewer after the combiner. Under a model
 off the default, :func:`_continued` ends with :meth:`_Search.regrouped`: every
 equation's moves, and their *keeping cascades* (:meth:`_Search.keeps`: an equation whose
 changed inputs now arrive as it takes them keeps its candidate), that leave the objective
@@ -1363,6 +1364,17 @@ class _Search:
                                               for c in self.consumer_paths[src])))
             for path in self.position
         }
+        # moved_equations()': the loops XLA compiles as loops, the scans of one trip (path -> position of their
+        # body's first node), and per position the scans opening there, and per such scan's position, where it opens
+        self.loops, self.inlined = dict(graph.loops), dict(graph.inlined)
+        self.openings: dict[int, list[ProgramNode]] = {}
+        self.opened_at: dict[int, int] = {}
+        for node in graph.nodes:
+            if node.path in self.inlined:
+                self.openings.setdefault(self.inlined[node.path], []).append(node)
+                self.opened_at[self.position[node.path]] = self.inlined[node.path]
+        # repriced()'s searches per pricing, shared by every search of the graph (a copy shares this dict)
+        self.repricings: dict[tuple[bool, Overhead, bool], _Search] = {}
         self._price(compiled, cost_model.collective_overhead if overhead is None else overhead)
 
     def followers(self) -> dict[str, tuple[str, ...]]:
@@ -1427,6 +1439,8 @@ class _Search:
         self.groupings: dict[Any, Any] = {}  # combined() per choice
         # and its moves per equation, candidate and arriving states
         self.node_moves: dict[tuple[str, int, tuple[State, ...]], tuple[RedistributePlan | None, ...]] = {}
+        # moved_equations()' last choice and its rows per node
+        self._rows: tuple[Choice, list[tuple[MovedEquation, ...]]] | None = None
         # greedy() per node and the choices it reads (greedy_reads: how its inputs not fixed arrive, and a
         # stacking node's consumers' needs): found before the arriving states are built (a memo by arriving
         # states too found 2% more on GPT-2's adamw step, for the cost of building and hashing them at every
@@ -1474,9 +1488,17 @@ class _Search:
     def repriced(self, compiled: bool, overhead: Overhead | None = None, charged: bool = True) -> _Search:
         """The same graph's search priced otherwise (:meth:`_price`; ``overhead`` None: this
         search's): the tables that do not depend on prices (states, neighbours, memo keys)
-        shared, built once per graph."""
-        other = copy.copy(self)
-        other._price(compiled, self.overhead if overhead is None else overhead, charged)
+        shared, built once per graph. One search per pricing, with its memos (each a function
+        of the prices and the choices it read; its tie-break the candidates' order,
+        :meth:`tie_moved`, which only :func:`_choose` changes, on its own search): under the
+        default model :func:`_escaped`'s escape search and :func:`_continued`'s price alike,
+        and so do :func:`_choose`'s planner-priced search and :meth:`planned` (the cold
+        predict of Llama's 2x4 adamw step 1.95 -> 1.83 s CPU, GPT-2's 1.59 -> 1.51)."""
+        key = (compiled, self.overhead if overhead is None else overhead, charged)
+        other = self.repricings.get(key)
+        if other is None:
+            other = self.repricings[key] = copy.copy(self)
+            other._price(*key)
         return other
 
     # -- costs ------------------------------------------------------------------------------
@@ -1564,66 +1586,93 @@ class _Search:
         rules = _backend_rules(self.graph.mesh)
         if rules is None:
             return None
-        layouts, loops = self.layouts, dict(self.graph.loops)
-
-        def plan(shape: tuple[int, ...], dtype: Any, src: State, dst: State) -> RedistributePlan | None:
-            return None if src == dst else cached_plan(
-                shape, dtype, layouts[src], layouts[dst], self.cost_model, self.overhead
-            )
-
-        def moves(node: ProgramNode) -> list[RedistributePlan | None]:
-            # per equation, its candidate and the layouts its inputs arrive in (the choices grouped differ in a few)
-            key = (node.path, choice[node.path], self.arriving(node.path, choice))
-            known = self.node_moves.get(key)
-            if known is None:
-                needs = self.ins[node.path][key[1]]
-                known = self.node_moves[key] = tuple(
-                    plan(spec.shape, spec.dtype, arriving, need)
-                    for spec, arriving, need in zip(node.inputs, key[2], needs)
-                )
-            return list(known)
-
-        def in_body(loop: str, src: ValueId | None) -> bool:
-            return src is not None and src[0].startswith(loop + ".")
-
-        # a scan of one trip, inlined by XLA (:attr:`ProgramGraph.inlined`): its initial values move to the carries
-        # where its body begins (the node, listed after its body, keeps the body's results' moves)
-        inlined = dict(self.graph.inlined)
-        opening: dict[int, list[ProgramNode]] = {}
-        if inlined:
-            for node in self.graph.nodes:
-                if node.path in inlined:
-                    opening.setdefault(inlined[node.path], []).append(node)
-        equations = []
-        for k, node in enumerate(self.graph.nodes):
-            for scan in opening.get(k, ()):
-                starting = tuple(not in_body(scan.path, src) for src in scan.sources)
-                equations.append(MovedEquation(
-                    scan.path, tuple(src if keep else None for src, keep in zip(scan.sources, starting)),
-                    tuple(p if keep else None for p, keep in zip(moves(scan), starting)),
-                ))
-            plans = moves(node)
-            # a body's result moved to the carry (a branch's to the cond's join) runs in that body, as the walk's
-            # carry and join rows do
-            if node.path in loops or node.path in inlined:
-                for i, src in enumerate(node.sources):
-                    if in_body(node.path, src):  # a scan's named as the walk's carry rows (its sources: its initial
-                        # values, then its body's results), the roots of its body's post order (ProgramGraph.results)
-                        name = f"{node.path}.carry{i - len(node.sources) // 2}" if (
-                            node.path in inlined or loops.get(node.path) == "scan") else f"{src[0]}.out{i}"
-                        equations.append(MovedEquation(name, (src,), (plans[i],)))
-                    if in_body(node.path, src) or node.path in inlined:
-                        plans[i] = None
-            equations.append(MovedEquation(node.path, node.sources, tuple(plans)))
+        layouts = self.layouts
         ends = []
         for value, targets in self.owed.items():
             (shape, dtype), state = self.out_avals[value[0]][value[1]], self.outs[value[0]][choice[value[0]]][value[1]]
             for target in targets:  # a free output's partials reduced (check converts it so to XLA's layout)
                 target = self.states[layouts[state].without_partial()] if target is None else target
-                ends += [(value, plan(shape, dtype, state, target))] if target != state else []
-        planned = planned_collectives(equations, rules, ends, loops=self.graph.loops, returned=self.graph.returned,
-                                      outputs=self.graph.outputs, results=self.graph.results)
+                ends += [(value, self.plan(shape, dtype, state, target))] if target != state else []
+        planned = planned_collectives(self.moved_equations(choice), rules, ends, loops=self.graph.loops,
+                                      returned=self.graph.returned, outputs=self.graph.outputs,
+                                      results=self.graph.results)
         return planned, combine(planned, rules)
+
+    def plan(self, shape: tuple[int, ...], dtype: Any, src: State, dst: State) -> RedistributePlan | None:
+        """The planner's plan of a move as this search routes it (None: no move)."""
+        return None if src == dst else cached_plan(
+            shape, dtype, self.layouts[src], self.layouts[dst], self.cost_model, self.overhead
+        )
+
+    def moved_equations(self, choice: Choice) -> list[MovedEquation]:
+        """``choice``'s equations as :func:`.combine.planned_collectives` reads them (each
+        with its inputs' moves), in program order: per node, the rows :meth:`_rows_at` makes
+        at its position. Rebuilt only at the positions where ``choice`` differs from the
+        last choice built (its changed equations, their consumers, the scans of one trip
+        they open): :meth:`regrouped`'s trials each change a few of GPT-2's adamw step's
+        ~950 equations, and rebuilding every row was ~40% of a grouping."""
+        if self._rows is None:
+            positions: Iterable[int] = range(len(self.paths))
+            rows: list[tuple[MovedEquation, ...]] = [()] * len(self.paths)
+        else:
+            last, rows = self._rows
+            rows = list(rows)
+            changed = [p for p, path in enumerate(self.paths) if choice[path] != last[path]]
+            found = set(changed)
+            for p in changed:
+                found.update(q for _, q in self.downstream[self.paths[p]])
+            positions = found | {self.opened_at[p] for p in found if p in self.opened_at}
+        for p in positions:
+            rows[p] = self._rows_at(p, choice)
+        self._rows = (dict(choice), rows)
+        return [row for at in rows for row in at]
+
+    def _rows_at(self, position: int, choice: Choice) -> tuple[MovedEquation, ...]:
+        """The rows :meth:`moved_equations` makes at node ``position``: the opening of each
+        scan of one trip whose body begins there (XLA inlines it: its initial values move to
+        the carries there, the node, listed after its body, keeps the body's results'
+        moves), then the moves of a loop body's results to its carries (a cond branch's to
+        its join), which run in that body as the walk's carry and join rows do, then the
+        node's own."""
+        graph = self.graph
+        loops, inlined = self.loops, self.inlined
+
+        def in_body(loop: str, src: ValueId | None) -> bool:
+            return src is not None and src[0].startswith(loop + ".")
+
+        rows = []
+        for scan in self.openings.get(position, ()):
+            starting = tuple(not in_body(scan.path, src) for src in scan.sources)
+            rows.append(MovedEquation(
+                scan.path, tuple(src if keep else None for src, keep in zip(scan.sources, starting)),
+                tuple(p if keep else None for p, keep in zip(self.node_plans(scan, choice), starting)),
+            ))
+        node = graph.nodes[position]
+        plans = list(self.node_plans(node, choice))
+        if node.path in loops or node.path in inlined:
+            for i, src in enumerate(node.sources):
+                if in_body(node.path, src):  # a scan's named as the walk's carry rows (its sources: its initial
+                    # values, then its body's results), the roots of its body's post order (ProgramGraph.results)
+                    name = f"{node.path}.carry{i - len(node.sources) // 2}" if (
+                        node.path in inlined or loops.get(node.path) == "scan") else f"{src[0]}.out{i}"
+                    rows.append(MovedEquation(name, (src,), (plans[i],)))
+                if in_body(node.path, src) or node.path in inlined:
+                    plans[i] = None
+        rows.append(MovedEquation(node.path, node.sources, tuple(plans)))
+        return tuple(rows)
+
+    def node_plans(self, node: ProgramNode, choice: Choice) -> tuple[RedistributePlan | None, ...]:
+        """The moves of ``node``'s inputs into its chosen candidate's layouts, as they arrive
+        (per equation, candidate and arriving states: the choices grouped differ in a few)."""
+        key = (node.path, choice[node.path], self.arriving(node.path, choice))
+        known = self.node_moves.get(key)
+        if known is None:
+            needs = self.ins[node.path][key[1]]
+            known = self.node_moves[key] = tuple(
+                self.plan(spec.shape, spec.dtype, arriving, need)
+                for spec, arriving, need in zip(node.inputs, key[2], needs)
+            )
+        return known
 
     def charge(self, value: ValueId, aval: AvalKey, state: State) -> Cost:
         """What an output of the function still owes in layout ``state``: the move to its
