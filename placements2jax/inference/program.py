@@ -166,11 +166,11 @@ property); where finished results are compared, :meth:`_Search.grouped` charges 
 overhead per collective after the combiner (:meth:`_Search.combined`: the choice's moves
 through :func:`.combine.planned_collectives` and :func:`.combine.combine`, ~2-3 ms on
 the training steps, a choice's rows rebuilt where it differs from the last one grouped):
-:func:`_continued` keeps the cheaper of its two results by it (at 1,024 B per collective
-the stacked LM's step: both 33,360 in 15 planned, the descent's 10 after the combiner
-where the search's 11, XLA's 9), and :func:`_descended` takes a descent's result no
-dearer by the objective in fewer after the combiner. Under a model
-off the default, :func:`_continued` ends with :meth:`_Search.regrouped`: every
+:func:`_continued` keeps the cheaper of its first descent and its common descent by it
+(at 1,024 B per collective the stacked LM's step: both 33,360 in 15 planned, the
+descent's 10 after the combiner where the search's 11, XLA's 9), and :func:`_descended`
+takes a descent's result no dearer by the objective in fewer after the combiner. Under a
+model off the search's own 192 B (the default among them), :func:`_continued` ends with :meth:`_Search.regrouped`: every
 equation's moves, and their *keeping cascades* (:meth:`_Search.keeps`: an equation whose
 changed inputs now arrive as it takes them keeps its candidate), that leave the objective
 no dearer, applied while they lower :meth:`_Search.grouped` (optax.MultiSteps' backward
@@ -178,7 +178,7 @@ layer scan re-chosen to carry its activation gradient reduced: the same bytes, 1
 after the combiner, XLA's count). Without keeping cascades (stop 31: the moves at each
 collective alone in its group and at its value's producer) no final prediction of
 benchmarks/dump_predictions.py or of section 14's programs under the latency-bound model
-changed, for ~6% of a cold predict; the default model does not run it.
+changed, for ~6% of a cold predict; a model of 192 B on every kind does not run it.
 
 **Search** (exact minimization is an integer program, as Alpa solves it; benchmarks/exact_milp.py
 states this objective so for HiGHS: too large whole, dearer pruned, and its cheaper optima
