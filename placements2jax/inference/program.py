@@ -621,7 +621,7 @@ def _continued(search: _Search, overhead: Overhead, eagers: tuple[Choice, Choice
     every consumer of the value can take (:meth:`_Search.value_moves`' ``common``) and
     keeping cascades (:meth:`_Search.keeps`), then regrouped (:meth:`_Search.regrouped`:
     moves no dearer by the objective while they lower the collectives after the combiner),
-    bounded as every result is (:func:`_bounded`; past eager's bytes, ``chosen``). The descents' schedule was measured and
+    bounded as every result is (:func:`_bounded`; ``chosen`` where cheaper). The descents' schedule was measured and
     tuned at 192 B: at 4,096 B per all-gather and all-to-all the stacked LM's adamw step
     searched from the start ended at 40,976 by that objective (in 12 collectives after
     XLA's combiner, one more than at 192), the descent from the 192 B choice at 31,632
@@ -645,10 +645,12 @@ def _continued(search: _Search, overhead: Overhead, eagers: tuple[Choice, Choice
     kept = min((found, _common_descent(model, found)), key=model.grouped)
     # then the ties the descents cannot tell apart, by the collectives after the combiner (MultiSteps 10 -> 9)
     kept = model.regrouped(kept)
-    # beyond eager's bytes, its start (bounded already) before eager's choice: optax.MultiSteps' Megatron MLP step
-    # descended to XLA's plan (2,436 B), above eager's 1,414, and fell back to eager's, 1,408 B in 6 collectives
-    # where its start has 896 B in 3
-    return _bounded(model.planned(), eagers, kept, chosen)
+    # bounded, or its start (bounded already), whichever is cheaper by the model: beyond eager's bytes, eager's choice
+    # alone was the fallback, dearer than the start: optax.MultiSteps' Megatron MLP step descended to XLA's plan
+    # (2,436 B, above eager's 1,414) and fell back to eager's, 1,408 B in 6 collectives, where its start sends 896
+    # in 3 (the dense value_and_grad of tests/test_inference_program.py keeps eager's there: its start returns a
+    # free gradient split over dp, dearer by the move to eager's layout the objective charges it)
+    return min((_bounded(model.planned(), eagers, kept), chosen), key=model.grouped)
 
 
 def _eagers(graph: ProgramGraph, dispatched_choice: tuple[int, ...] | None) -> tuple[Choice, Choice]:
@@ -826,11 +828,11 @@ def _descended(search: _Search, chosen: Choice, found: Choice) -> Choice:
 
 
 def _bounded(
-    planned: _Search, eagers: tuple[Choice, Choice], chosen: Choice, fallback: Choice | None = None
+    planned: _Search, eagers: tuple[Choice, Choice], chosen: Choice, by_planner: Choice | None = None
 ) -> Choice:
-    """``chosen``, ``fallback`` (the planner's result; a continuation's start) or eager's
-    (:func:`_finish`' ``eagers``), the first sending no more bytes than eager dispatch by
-    the planner's prices."""
+    """``chosen``, the planner's result (``by_planner``) or eager's (:func:`_finish`'
+    ``eagers``), the first sending no more bytes than eager dispatch by the planner's
+    prices."""
     # never more bytes than eager dispatch, priced by the planner (as the prediction is; eager's own routes, without
     # the overhead): the overhead per collective trades bytes for fewer collectives, never beyond eager's bytes.
     # The bytes as walked: the first candidates' walk (no choices) routes without the overhead, a choice's with it
@@ -840,7 +842,7 @@ def _bounded(
         return planned.plain_bytes(choice) if choice == eager else planned.walked_bytes(choice)
 
     limit = min(map(planned.plain_bytes, eagers))
-    options = (chosen, *(() if fallback is None else (fallback,)), *eagers)
+    options = (chosen, *(() if by_planner is None else (by_planner,)), *eagers)
     return next((option for option in options if walked(option) <= limit), min(options, key=walked))
 
 
