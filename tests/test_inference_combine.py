@@ -161,13 +161,13 @@ def test_interleaved_tp_and_dp_all_reduces_combine_as_xla_compiles_them(mesh: An
 
 
 def test_an_outputs_reduction_over_two_mesh_dims_is_ordered_as_xla_compiles_it(mesh: Any) -> None:
-    """Two outputs ``P(dp),P(tp)`` reduced to their ``out_layouts`` (the planner: dp, then
-    tp) and a tp reduction feeding a dp one (as GPT-2's ``value_and_grad`` returns two bias
-    gradients): the predicted program reduces an output in one constraint, XLA's SPMD
-    partitioner the last mesh dim first, so the outputs' tp all-reduces join the other tp
-    one and their dp ones the other dp one: 2 all-reduces compiled. In the planner's order
-    the dp group holds the dp all-reduce after the tp one, and the outputs' tp ones after
-    it could not join that: 3 counted."""
+    """Two outputs ``P(dp),P(tp)`` reduced to their ``out_layouts`` and a tp reduction
+    feeding a dp one (as GPT-2's ``value_and_grad`` returns two bias gradients): the
+    predicted program reduces an output in one constraint, XLA's SPMD partitioner the last
+    mesh dim first, so the outputs' tp all-reduces join the other tp one and their dp ones
+    the other dp one: 2 all-reduces compiled. In the planner's order until stop 39 (dp,
+    then tp; now tp first, its tie order) the dp group held the dp all-reduce after the tp
+    one, and the outputs' tp ones after it could not join that: 3 counted."""
 
     def f(a: jax.Array, b: jax.Array, x: jax.Array, y: jax.Array) -> Any:
         t = jnp.square(x.sum(1))
@@ -179,7 +179,7 @@ def test_an_outputs_reduction_over_two_mesh_dims_is_ordered_as_xla_compiles_it(m
     outs = (Layout(mesh, ()), Layout(mesh, ()), Layout(mesh, ((),)))
     prediction = predict(f, *args, out_layouts=outs)
     moves = {e.path: e.signature.redistributions[0] for e in prediction.equations if e.primitive == "out_layouts"}
-    assert [s.axis for s in moves["out.0"].steps] == [s.axis for s in moves["out.1"].steps] == ["dp", "tp"]
+    assert [s.axis for s in moves["out.0"].steps] == [s.axis for s in moves["out.1"].steps] == ["tp", "dp"]
     planned = prediction.planned_collectives("cpu")
     assert [(c.axes, c.where) for c in planned] == [
         (("tp",), "1"), (("tp",), "out.0"), (("dp",), "out.0"), (("tp",), "out.1"), (("dp",), "out.1"),
