@@ -573,7 +573,8 @@ def _predict(
         return eager
     # eager dispatch's walk (predict(search="eager")), the bound of the search's bytes: the program's walk ranks
     # otherwise (select.signature_for) and from some equation on may choose what eager dispatch does not
-    # and the layouts its free outputs come in, partials reduced: what the search charges a free output the move to
+    # and the layouts its free outputs come in, partials reduced: what the search charges a free output the move to,
+    # but for one updating inputs of its shape, their layout (_updated_layouts)
     dispatching, dispatched, _ = walk({}, True)
     callers = tuple(
         None if target is not None else (updated or out.layout).without_partial()
@@ -625,7 +626,8 @@ Total = tuple[Fraction, int]
 class _Targets:
     """What the program search charges each output of the function: ``fixed``, the layout
     ``out_layouts`` gives it (None: free), and ``callers``, per free output, the layout its
-    caller takes it in (eager dispatch's, its partials reduced; :mod:`.program`'s objective),
+    caller takes it in (eager dispatch's, its partials reduced, or the layout of the inputs it
+    updates: :func:`_updated_layouts`; :mod:`.program`'s objective),
     the same for every search of one program (its restarts walk otherwise)."""
 
     fixed: tuple[Layout | None, ...]
