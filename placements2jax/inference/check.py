@@ -28,9 +28,9 @@ Where XLA legitimately differs, and how the report says it:
   default, op by op with ``search="eager"``). Verdict ``differs`` with both layouts and the cost of
   converting the prediction into XLA's layout. For a free output of the program search the
   note also names the layout the search charged its move to (eager dispatch's, its
-  partials reduced: :attr:`.Prediction.callers`): XLA's, where the prediction keeps its
-  own as cheaper with that move, or another (eager dispatch's own choice differing from
-  XLA's).
+  partials reduced, or the layout of the inputs it updates elementwise:
+  :attr:`.Prediction.callers`): XLA's, where the prediction keeps its own as cheaper with
+  that move, or another (eager dispatch's own choice differing from XLA's).
 * **A wrong compiled value.** XLA (JAX 0.10.2, CPU) all-reduces a batch-grouped
   convolution (a grouped or depthwise conv's weight gradient) over the whole mesh where
   only the batch's axes should sum, on a mesh of two or more axes of size > 1
@@ -775,11 +775,11 @@ def _compare(
         return OutputCheck(index, aval, predicted, compiled, XLA_REDUCED, note, conversion)
     note = f"XLA's whole-program propagation chose another layout; converting the prediction: {moves}"
     if caller == compiled:
-        note += ("; the search charged this free output that move (to eager dispatch's layout, its partials reduced, "
-                 "here XLA's) and kept its own layout as cheaper with it")
+        note += ("; the search charged this free output that move (to the layout its caller takes it in, here XLA's) "
+                 "and kept its own layout as cheaper with it")
     elif caller is not None:
-        note += (f"; the search charged this free output its move to eager dispatch's layout, its partials reduced "
-                 f"({caller}), not to XLA's")
+        note += (f"; the search charged this free output its move to the layout its caller takes it in ({caller}: "
+                 f"eager dispatch's, its partials reduced, or the layout of the inputs it updates), not to XLA's")
     return OutputCheck(index, aval, predicted, compiled, DIFFERS, note, conversion)
 
 

@@ -57,7 +57,7 @@ from .combine import (
 )
 from .cost import ALL_REDUCE, CostModel, CostModelLike, Overhead, resolve_cost_model
 from .frameworks import bind
-from .ops import PrimitiveDef, primitive_definition, registered_function
+from .ops import ELEMENTWISE_PRIMITIVES, PrimitiveDef, primitive_definition, registered_function
 from .plan import InputPlans, cached_plan, cached_plan_cost, mesh_all_reduce
 from .program import ProgramGraph, ProgramNode, ValueId, forced_signature, select_program
 from .rules import BATCH_PARTITIONED
@@ -573,14 +573,49 @@ def _predict(
         return eager
     # eager dispatch's walk (predict(search="eager")), the bound of the search's bytes: the program's walk ranks
     # otherwise (select.signature_for) and from some equation on may choose what eager dispatch does not
-    # and the layouts its free outputs come in, partials reduced: what the search charges a free output the move to
+    # and the layouts its free outputs come in, partials reduced: what the search charges a free output the move to,
+    # but for one updating inputs of its shape, their layout (_updated_layouts)
     dispatching, dispatched, _ = walk({}, True)
     callers = tuple(
-        None if target is not None else out.layout.without_partial()
-        for out, target in zip(dispatching.outputs, targets)
+        None if target is not None else (updated or out.layout).without_partial()
+        for out, target, updated in zip(dispatching.outputs, targets, _updated_layouts(closed.jaxpr, specs))
     )
     searched = _resolve_carries(walk, (eager, graph, walker), model, _Targets(tuple(targets), callers), dispatched)
     return dataclasses.replace(searched, callers=callers)
+
+
+def _updated_layouts(jaxpr: core.Jaxpr, specs: Sequence[TensorSpec]) -> tuple[Layout | None, ...]:
+    """Per output of ``jaxpr`` (its inputs ``specs``), the layout of the inputs it updates:
+    where the inputs of the output's shape reached back from it through elementwise
+    equations (on operands of that shape: a broadcast scalar is no source of its layout)
+    all have one layout, that one; else None. XLA's propagation lays such an output out as
+    those inputs (an optimizer's parameter ``p + u`` and moments ``b * m + (1 - b) * g``,
+    the gradients in them laid out as the parameter too), whatever layout eager dispatch
+    leaves it in, and a free output's caller takes it so (the Megatron MLP adamw step,
+    every output free: eager dispatch reduce-scatters the weights' gradients over ``dp``
+    into the update and returns the parameters and moments split there, where XLA
+    all-reduces the gradients and returns the parameters' layouts)."""
+    producers = {v: eqn for eqn in jaxpr.eqns for v in eqn.outvars}
+    positions = {v: i for i, v in enumerate(jaxpr.invars)}
+    layouts = []
+    for out in jaxpr.outvars:
+        if isinstance(out, core.Literal):
+            layouts.append(None)
+            continue
+        reached: set[Layout] = set()
+        seen, stack = {out}, [out]
+        while stack:
+            var = stack.pop()
+            if var in positions:
+                reached.add(specs[positions[var]].layout)
+            eqn = producers.get(var)
+            if eqn is not None and eqn.primitive.name in ELEMENTWISE_PRIMITIVES:
+                for v in eqn.invars:
+                    if not isinstance(v, core.Literal) and v.aval.shape == out.aval.shape and v not in seen:
+                        seen.add(v)
+                        stack.append(v)
+        layouts.append(reached.pop() if len(reached) == 1 else None)
+    return tuple(layouts)
 
 
 Walk = Callable[..., tuple["Prediction", ProgramGraph, "_Walker"]]
@@ -591,7 +626,8 @@ Total = tuple[Fraction, int]
 class _Targets:
     """What the program search charges each output of the function: ``fixed``, the layout
     ``out_layouts`` gives it (None: free), and ``callers``, per free output, the layout its
-    caller takes it in (eager dispatch's, its partials reduced; :mod:`.program`'s objective),
+    caller takes it in (eager dispatch's, its partials reduced, or the layout of the inputs it
+    updates: :func:`_updated_layouts`; :mod:`.program`'s objective),
     the same for every search of one program (its restarts walk otherwise)."""
 
     fixed: tuple[Layout | None, ...]

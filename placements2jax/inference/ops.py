@@ -29,6 +29,7 @@ from .rules import PartialKind
 from .signature import Aval, OneDSig
 
 __all__ = [
+    "ELEMENTWISE_PRIMITIVES",
     "FunctionDef",
     "OpDef",
     "PrimitiveDef",
@@ -570,6 +571,9 @@ for _kind, _names in _PRIMITIVE_KINDS.items():
     _primitive(_names, _elementwise_rule(_kind))
 
 _primitive("convert_element_type", lambda ins, outs: rules.convert(ins, outs))
+# the primitives computing each element of their output from the same element of their operands (broadcast
+# scalars aside): an output of an operand's shape is laid out as that operand by XLA's propagation
+ELEMENTWISE_PRIMITIVES = frozenset((*(n for names in _PRIMITIVE_KINDS.values() for n in names), "convert_element_type"))
 _primitive("dot_general", _dot_general, ("dimension_numbers",))
 
 

@@ -15,7 +15,9 @@ to each distinct layout its consumers need (consumers needing the same one share
 compiled program computes it once), and every output of the function what it still
 owes: for an output with a fixed layout, the plan to that layout; for a free one, the
 plan to the layout its caller takes it in, eager dispatch's (``predict(search="eager")``),
-its partials reduced (``select_program``'s ``callers``). A caller uses an output next to
+its partials reduced, or for one updating inputs of its shape elementwise (an optimizer's
+parameter and moments) their layout (``select_program``'s ``callers``,
+:func:`.jaxpr._updated_layouts`). A caller uses an output next to
 the function's inputs, in the layout their splits propagate to: a replicated
 parameter's gradient whole, to update the parameter, as XLA returns a free output (its
 partials all-reduced, its splits those its inputs give it). When it owed only its
