@@ -131,7 +131,9 @@ _REACHED = {
     "nnx adamw step": (1.02, -9, 17),
     "eqx loss": (0.81, -3, 11),  # as nnx loss
     "eqx value_and_grad": (1.01, -16, 17),  # 1.02, -6 before ties were broken by the fewest inputs moved
-    "eqx adamw step": (1.06, -9, 18),  # 1.17, 14 before value moves were tried without cascading (41 -> 38 combined)
+    "eqx adamw step": (1.09, -8, 17),  # 1.17, 14 before value moves were tried without cascading (41 -> 38 combined);
+    # stop 39's tp-first tie order (commit 3e52b15, measured there and on s39-int): 1.050, -9, 18 (47,050 B) -> 1.084,
+    # -8, 17 (48,586 B), one collective fewer after XLA's combiner for 1,536 B more as CPU XLA compiles the plan
     # Flax Linen, two blocks under nn.scan + nn.remat (stop 34, as first run: nothing in the library changed): the
     # loss 9,422 / 9,512 B in 8 / 8 operands; value_and_grad 39,470 / 46,600 B, 38 / 35 (combined 12 / 12); the
     # TrainState step 36,910 / 46,600 B, 35 / 35 (combined 15 / 12). value_and_grad all-reduces the backward scan's
