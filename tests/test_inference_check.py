@@ -17,7 +17,7 @@ from placements2jax import (
     init_device_mesh,
 )
 from placements2jax.hlo import parse_collectives
-from placements2jax.inference import check
+from placements2jax.inference import CostModel, check
 from placements2jax.inference.check import collective_nbytes
 from placements2jax.operators import EXECUTES
 from placements2jax.schedules import default_policy, redistribute_schedule, use_policy
@@ -416,6 +416,23 @@ def test_the_note_says_where_the_plans_part_when_every_output_agrees(mesh: Any) 
     assert "the prediction has more collectives (3 after XLA's combiner) than XLA (2)" in note
     assert note.endswith("where they differ: all-gather over tp 1 vs 0")
     assert note in str(report)
+
+
+def test_the_objective_is_priced_by_the_model_the_prediction_was_made_with(mesh: Any) -> None:
+    """``CheckReport.objective`` charges each collective the overhead of the cost model
+    given to ``check`` (before stop 40 the prediction kept its model only under a
+    redistribute policy, so the objective was always priced by the default's): the sum
+    over both mesh dims, 3 collectives after XLA's combiner against XLA's 2."""
+    L = Layout.from_device_mesh(mesh)
+    args = (lambda x: x.sum((0, 1)), spec(mesh, (8, 4, 32), "S(0),S(1)"))
+    reports = {o: check(*args, out_layouts=L("R,R"), cost_model=CostModel(collective_overhead=o)) for o in (0, 192, 1000)}
+    for overhead, report in reports.items():
+        assert report.prediction.cost_model == CostModel(collective_overhead=overhead)
+        ours, theirs = report.objective
+        assert ours == report.predicted_bytes + overhead * len(report.predicted_combined)
+        assert theirs == report.compiled_bytes + overhead * len(report.compiled_collectives)
+    default = check(*args, out_layouts=L("R,R"))
+    assert default.prediction.cost_model == CostModel()
 
 
 def test_a_free_outputs_note_names_the_layout_the_search_charged_its_move_to(mesh: Any) -> None:

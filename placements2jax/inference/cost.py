@@ -49,6 +49,7 @@ __all__ = [
     "COMMUNICATING",
     "DEFAULT_COLLECTIVE_OVERHEAD",
     "SEARCH_OVERHEAD",
+    "UNMERGED_OVERHEAD",
     "LOCAL_PARTIAL",
     "LOCAL_SLICE",
     "REDUCE_SCATTER",
@@ -89,14 +90,17 @@ COMMUNICATING = (ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER, ALL_REDUCE)  # the kind
 # trades too many bytes (Equinox's adamw step 1.09 -> 1.33x XLA's bytes). A model charging it for every kind
 # (``CostModel(collective_overhead=192)``) takes the search alone; any other continues from its result.
 SEARCH_OVERHEAD = 192
-# What the program search charges per collective by default, in COMMUNICATING's order: 8,192 B per all-gather and
-# all-to-all (the collectives CPU XLA's combiner never merges, each paying its latency), SEARCH_OVERHEAD per
+# The latency in bytes charged per all-gather and all-to-all by default: the collectives CPU XLA's combiner never
+# merges, each paying its own latency.
+UNMERGED_OVERHEAD = 8192
+# What the program search charges per collective by default, in COMMUNICATING's order: UNMERGED_OVERHEAD per
+# all-gather and all-to-all, SEARCH_OVERHEAD per
 # reduce-scatter and all-reduce (merged into few collectives by the combiner). On a pod's alpha-beta model (5 us per
 # collective after the combiner, 50 GB/s) it gave cheaper plans than 192 everywhere on every program of
 # docs/benchmarks.md section 14, at the tests' tiny widths (0.46-1.44x XLA's time where 0.79-1.81x) and at a realistic
 # width (d_model 512, sequence 256: the same bytes within 0.04% in 1-5 fewer collectives); with no more collectives
 # after XLA's combiner than XLA on 17 of its 25 programs where 192 had 4 (stop 38).
-DEFAULT_COLLECTIVE_OVERHEAD: "Overhead" = (8192, 8192, SEARCH_OVERHEAD, SEARCH_OVERHEAD)
+DEFAULT_COLLECTIVE_OVERHEAD: "Overhead" = (UNMERGED_OVERHEAD, UNMERGED_OVERHEAD, SEARCH_OVERHEAD, SEARCH_OVERHEAD)
 # Bytes charged per communicating step, as the planner's searches take it: one figure for every kind, or one per kind
 # in COMMUNICATING's order (:attr:`CostModel.collective_overhead`)
 Overhead = int | tuple[int, int, int, int]

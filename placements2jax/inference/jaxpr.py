@@ -199,7 +199,7 @@ class Prediction:
     constrained: tuple[bool, ...] = ()
     search: str = "eager"  # how the signatures were chosen: "eager", "program" or "torch"
     policy: Any = None  # how redistributions are priced: None (XLA's reshard) or a redistribute policy
-    cost_model: CostModel | None = None  # the weights of ``cost`` under a policy (None: the default model)
+    cost_model: CostModel | None = None  # the model the prediction was priced by (None: the default model)
     # what :func:`execute` needs to walk the same equations again with an executor: the
     # traced jaxpr and the search's choices (path -> candidate; empty for eager)
     jaxpr: Any = dataclasses.field(default=None, repr=False, compare=False)
@@ -560,7 +560,7 @@ def _predict(
         prediction = Prediction(
             specs, tuple(moved), tuple(walker.rows), out_tree,
             in_tree=flat.tree, constrained=tuple(t is not None for t in targets), search=search,
-            policy=policy, cost_model=model if policy is not None else None,
+            policy=policy, cost_model=model,
             jaxpr=closed, choices=tuple(choices.items()), on_unknown=on_unknown, output_sources=output_sources,
             loops=graph.loops, returned=graph.returned, results=graph.results, idle=idle, unsplit=unsplit,
         )

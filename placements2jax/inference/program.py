@@ -380,8 +380,8 @@ from .combine import (
     planned_collectives,
 )
 from .cost import (
-    ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COMMUNICATING, REDUCE_SCATTER, SEARCH_OVERHEAD, CostModel, Overhead,
-    overhead_of,
+    ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COMMUNICATING, REDUCE_SCATTER, SEARCH_OVERHEAD, UNMERGED_OVERHEAD,
+    CostModel, Overhead, overhead_of,
 )
 from .plan import cached_plan, layout_state, plan_priced
 from .select import pending_reduction
@@ -544,8 +544,7 @@ def _select(
 
 
 # the overhead per all-gather and all-to-all of :func:`_escaped`'s descent: the latency-bound model's
-# (cost.DEFAULT_COLLECTIVE_OVERHEAD's figure for those kinds)
-_ESCAPE_OVERHEAD = {ALL_GATHER: 8192, ALL_TO_ALL: 8192}
+_ESCAPE_OVERHEAD = {ALL_GATHER: UNMERGED_OVERHEAD, ALL_TO_ALL: UNMERGED_OVERHEAD}
 
 
 def _escaped(search: _Search, eagers: tuple[Choice, Choice], chosen: Choice) -> Choice:
