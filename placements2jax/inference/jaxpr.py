@@ -594,28 +594,54 @@ def _updated_layouts(jaxpr: core.Jaxpr, specs: Sequence[TensorSpec]) -> tuple[La
     leaves it in, and a free output's caller takes it so (the Megatron MLP adamw step,
     every output free: eager dispatch reduce-scatters the weights' gradients over ``dp``
     into the update and returns the parameters and moments split there, where XLA
-    all-reduces the gradients and returns the parameters' layouts)."""
-    producers = {v: eqn for eqn in jaxpr.eqns for v in eqn.outvars}
-    positions = {v: i for i, v in enumerate(jaxpr.invars)}
+    all-reduces the gradients and returns the parameters' layouts). Calls (``jax.jit``
+    around the step, as training loops write it; custom derivatives, remat) are seen
+    through: an output of a call reaches what its body's output reaches."""
+    indexes: dict[int, tuple[dict[Any, Any], dict[Any, int]]] = {}
     layouts = []
     for out in jaxpr.outvars:
-        if isinstance(out, core.Literal):
-            layouts.append(None)
-            continue
-        reached: set[Layout] = set()
-        seen, stack = {out}, [out]
-        while stack:
-            var = stack.pop()
-            if var in positions:
-                reached.add(specs[positions[var]].layout)
-            eqn = producers.get(var)
-            if eqn is not None and eqn.primitive.name in ELEMENTWISE_PRIMITIVES:
-                for v in eqn.invars:
-                    if not isinstance(v, core.Literal) and v.aval.shape == out.aval.shape and v not in seen:
-                        seen.add(v)
-                        stack.append(v)
+        reached = set() if isinstance(out, core.Literal) else {
+            specs[i].layout for i in _updated_inputs(jaxpr, out, indexes)
+        }
         layouts.append(reached.pop() if len(reached) == 1 else None)
     return tuple(layouts)
+
+
+def _updated_inputs(
+    jaxpr: core.Jaxpr, out: Any, indexes: dict[int, tuple[dict[Any, Any], dict[Any, int]]]
+) -> set[int]:
+    """The positions of ``jaxpr``'s inputs of ``out``'s shape that ``out`` reaches back
+    through elementwise equations and calls' bodies (:func:`_updated_layouts`); ``indexes``
+    keeps each jaxpr's producers and input positions by its id, built once per walk."""
+    if id(jaxpr) not in indexes:
+        indexes[id(jaxpr)] = ({v: eqn for eqn in jaxpr.eqns for v in eqn.outvars},
+                              {v: i for i, v in enumerate(jaxpr.invars)})
+    producers, positions = indexes[id(jaxpr)]
+    reached: set[int] = set()
+    seen, stack = {out}, [out]
+    while stack:
+        var = stack.pop()
+        if var in positions:
+            reached.add(positions[var])
+        eqn = producers.get(var)
+        if eqn is None:
+            continue
+        if eqn.primitive.name in ELEMENTWISE_PRIMITIVES:
+            sources = [v for v in eqn.invars if not isinstance(v, core.Literal)]
+        elif eqn.primitive.name in CALL_JAXPR_PARAMS:
+            body = eqn.params[CALL_JAXPR_PARAMS[eqn.primitive.name]]
+            body = getattr(body, "jaxpr", body)
+            inner = body.outvars[eqn.outvars.index(var)]
+            sources = [] if isinstance(inner, core.Literal) else [
+                eqn.invars[i] for i in _updated_inputs(body, inner, indexes)
+            ]
+        else:
+            continue
+        for v in sources:
+            if not isinstance(v, core.Literal) and v.aval.shape == out.aval.shape and v not in seen:
+                seen.add(v)
+                stack.append(v)
+    return reached
 
 
 Walk = Callable[..., tuple["Prediction", ProgramGraph, "_Walker"]]
