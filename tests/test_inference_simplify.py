@@ -1,5 +1,6 @@
 """inference.simplify: zero-size values simplified as XLA does before the walk (jnp.pad's
-edge mode pads every axis through zero-width pads), and what that changes in a prediction."""
+edge mode pads every axis through zero-width pads), conditionals on a constant inlined,
+and what that changes in a prediction."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from jax.extend.core import jaxpr_as_fun
 from placements2jax import apply, distribute_tensor, init_device_mesh
 from placements2jax.inference import check, predict
 from placements2jax.inference.jaxpr import all_equations
-from placements2jax.inference.simplify import simplified, without_empty
+from placements2jax.inference.simplify import constants_folded, simplified
 
 
 def _empty_values(closed: Any) -> list[str]:
@@ -34,7 +35,7 @@ def _edge_padded(x: jax.Array) -> jax.Array:
 
 def test_program_without_zero_size_values_is_returned_as_is() -> None:
     closed = jax.make_jaxpr(lambda x: jnp.sin(x) @ x.T)(jnp.ones((4, 3)))
-    assert without_empty(closed) is closed
+    assert constants_folded(closed) is closed
 
 
 def test_edge_pad_keeps_only_its_padded_axis() -> None:
@@ -43,7 +44,7 @@ def test_edge_pad_keeps_only_its_padded_axis() -> None:
     x = np.arange(4 * 5 * 3, dtype=np.float32).reshape(4, 5, 3)
     closed = jax.make_jaxpr(_edge_padded)(x)
     assert _empty_values(closed)  # as traced: zero-width pads of axes 0 and 2
-    assert _empty_values(without_empty(closed)) == []
+    assert _empty_values(constants_folded(closed)) == []
     simple = simplified(closed)  # the edge slices left unread removed with the dead code
     names = [eqn.primitive.name for eqn in all_equations(simple.jaxpr)]
     assert names.count("concatenate") == 1 and names.count("slice") == 2  # axis 1's two edges
@@ -79,8 +80,30 @@ def test_effects_and_keys_are_left() -> None:
         keys = jax.random.split(jax.random.key(0), 2)[:0]
         return jnp.sum(x) + jax.random.key_data(keys).sum()
 
-    simple = without_empty(jax.make_jaxpr(fn)(np.ones((4, 3), np.float32)))
+    simple = constants_folded(jax.make_jaxpr(fn)(np.ones((4, 3), np.float32)))
     assert "debug_print" in [eqn.primitive.name for eqn in all_equations(simple.jaxpr)]
+
+
+@pytest.mark.parametrize(
+    ("index", "taken"), [(False, 0), (True, 1), (0, 0), (1, 1), (7, 1), (-3, 0)],
+)
+def test_a_conditional_on_a_constant_is_a_call_of_the_branch_it_takes(index: Any, taken: int) -> None:
+    """``lax.cond`` on a Python bool (its index the literal 0 or 1) and ``lax.switch`` on
+    a Python int (its index clamped into range by a ``clamp`` of literals, folded first)
+    become a ``closed_call`` of the branch taken, as XLA's conditional simplifier inlines
+    it; the values are the function's. A traced index stays a cond."""
+    branches = [lambda y: (jnp.sin(y) * 2.0) @ y.T, lambda y: jnp.cos(y) @ y.T]
+    if isinstance(index, bool):
+        fn = lambda x: lax.cond(index, branches[1], branches[0], x)  # noqa: E731
+    else:
+        fn = lambda x: lax.switch(index, branches, x)  # noqa: E731
+    x = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+    simple = simplified(jax.make_jaxpr(fn)(x))
+    assert [eqn.primitive.name for eqn in simple.jaxpr.eqns] == ["closed_call"]
+    np.testing.assert_allclose(jaxpr_as_fun(simple)(x)[0], branches[taken](x), rtol=1e-6)
+    np.testing.assert_allclose(jaxpr_as_fun(simple)(x)[0], fn(x), rtol=1e-6)
+    traced = jax.make_jaxpr(lambda x: lax.cond(x.sum() > 0, *branches, x))(x)
+    assert "cond" in [eqn.primitive.name for eqn in simplified(traced).jaxpr.eqns]
 
 
 @pytest.fixture(scope="module")

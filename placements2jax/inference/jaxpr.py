@@ -537,7 +537,7 @@ def _predict(
             "fn", fn, f"tracing it on inputs {[str(s.aval) for s in specs]} failed ({type(err).__name__}: {err})",
             "make fn accept tensors of these shapes and dtypes (e.g. matching matmul dims)",
         ) from None
-    closed = simplified(closed)  # as XLA partitions it: zero-size values, dead code (:mod:`.simplify`)
+    closed = simplified(closed)  # as XLA partitions it: zero-size values, constant conds, dead code (:mod:`.simplify`)
     out_tree = jax.tree.structure(out_shape)
     out_avals = [Aval(x.shape, x.dtype) for x in jax.tree.leaves(out_shape)]
     targets = output_constraints(out_layouts, out_tree, out_avals, mesh)

@@ -9,10 +9,23 @@ constant, drops zero-size operands of a concatenate (one left: the operand itsel
 then removes the slices only those fed. Walked as traced, the edge slices of a
 batch-split ``x`` and the concatenates along split dims were priced as moves: a
 Megatron MLP's loss with one edge pad of its embedded tokens predicted 24,714 B in 20
-collectives where XLA compiles 25,156 in 6 (18,826 in 6 after). :func:`without_empty`
+collectives where XLA compiles 25,156 in 6 (18,826 in 6 after). :func:`constants_folded`
 makes the same rewrite, in the jaxpr and the jaxprs in its equations' params (calls,
 loop bodies, branches), and returns the jaxpr itself when it has no zero-size value to
 simplify; the slices it leaves unread go with the dead code.
+
+Conditionals on a constant. XLA's conditional simplifier inlines the branch a ``cond`` /
+``switch`` with a constant index takes. ``optax.MultiSteps`` traces its update as
+``lax.cond(should_skip_update(...), ...)`` with ``should_skip_update`` returning
+``jnp.array(False)`` by default: the cond's index is the literal 0. Walked as a cond, the
+branches' outputs were joined and their moves counted as a cond's, where XLA compiles
+branch 0 alone: the stacked LM's MultiSteps step predicted 9 collectives after XLA's
+combiner where its pinned program compiles 8 (the same bytes). :func:`constants_folded`
+rewrites such a cond (a literal index) as a ``closed_call`` of the branch it takes
+(its index clamped into range, as ``lax.switch`` does), which every walk enters as a call.
+``lax.switch(1, ...)`` clamps its index before the cond (``clamp 0 1 1``) and a bool
+predicate may be converted to an int: a scalar ``clamp`` or ``convert_element_type`` of
+literals is folded into a literal first (with NumPy: nothing is dispatched).
 
 Dead code. XLA computes only what the program returns (or what has an effect): metrics
 that ``value_and_grad(..., has_aux=True)`` computes and the step drops, a residual no
@@ -34,20 +47,21 @@ from jax import lax
 from jax._src import core, dtypes
 from jax._src.interpreters import partial_eval as pe
 
-__all__ = ["simplified", "without_empty"]
+__all__ = ["simplified", "constants_folded"]
 
 
 def simplified(closed: core.ClosedJaxpr) -> core.ClosedJaxpr:
-    """``closed`` as XLA partitions it (module docstring): zero-size values simplified
-    (:func:`without_empty`), then dead code removed."""
-    closed = without_empty(closed)
+    """``closed`` as XLA partitions it (module docstring): zero-size values and
+    conditionals on a constant simplified (:func:`constants_folded`), then dead code
+    removed."""
+    closed = constants_folded(closed)
     jaxpr, _ = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars), instantiate=True)
     return core.ClosedJaxpr(jaxpr, closed.consts)
 
 
-def without_empty(closed: core.ClosedJaxpr) -> core.ClosedJaxpr:
-    """``closed`` with its zero-size values simplified as XLA does (module docstring);
-    ``closed`` itself when there is none."""
+def constants_folded(closed: core.ClosedJaxpr) -> core.ClosedJaxpr:
+    """``closed`` with its zero-size values and its conditionals on a literal index
+    simplified as XLA does (module docstring); ``closed`` itself when there is none."""
     jaxpr = _simplified(closed.jaxpr)
     return closed if jaxpr is closed.jaxpr else core.ClosedJaxpr(jaxpr, closed.consts)
 
@@ -72,10 +86,22 @@ def _reads_nothing(eqn: Any) -> bool:
     return all(isinstance(v, core.Literal) for v in eqn.invars)
 
 
+def _literal_of(eqn: Any, invars: list[Any]) -> core.Literal | None:
+    """The literal a scalar ``clamp`` or ``convert_element_type`` of literals makes (a
+    switch's constant index: module docstring), else None."""
+    if (eqn.primitive not in (lax.clamp_p, lax.convert_element_type_p) or eqn.outvars[0].aval.shape != ()
+            or not all(isinstance(v, core.Literal) for v in invars)):
+        return None
+    values = [np.asarray(v.val) for v in invars]
+    aval = eqn.outvars[0].aval
+    value = np.clip(values[1], values[0], values[2]) if eqn.primitive is lax.clamp_p else values[0]
+    return core.Literal(np.asarray(value).astype(aval.dtype), aval)
+
+
 def _sub_simplified(value: Any) -> Any:
     """A param value with the jaxprs in it simplified (the same object when none changes)."""
     if isinstance(value, core.ClosedJaxpr):
-        return without_empty(value)
+        return constants_folded(value)
     if isinstance(value, core.Jaxpr):
         return _simplified(value)
     if isinstance(value, tuple) and any(isinstance(v, (core.Jaxpr, core.ClosedJaxpr)) for v in value):
@@ -98,6 +124,18 @@ def _simplified(jaxpr: core.Jaxpr) -> core.Jaxpr:
         if (len(eqn.outvars) == 1 and not eqn.effects and _empty(eqn.outvars[0]) and not _reads_nothing(eqn)
                 and not isinstance(eqn.outvars[0], core.DropVar)):
             eqns.append(_zeros(eqn.outvars[0], eqn))
+            changed = True
+            continue
+        literal = _literal_of(eqn, invars)
+        if literal is not None:
+            renamed[eqn.outvars[0]] = literal
+            changed = True
+            continue
+        if eqn.primitive is lax.cond_p and isinstance(invars[0], core.Literal):
+            branches = params["branches"]
+            taken = branches[int(np.clip(invars[0].val, 0, len(branches) - 1))]
+            eqns.append(core.new_jaxpr_eqn(invars[1:], eqn.outvars, core.closed_call_p, dict(call_jaxpr=taken),
+                                           eqn.effects, eqn.source_info))
             changed = True
             continue
         if eqn.primitive is lax.concatenate_p:
