@@ -387,15 +387,22 @@ def planned_collectives(
 
     scopes = _scopes(tuple(loops.items()))
     equations = tuple(equations)
+    known = upstream.get
     for path, sources, plans, whole in equations:
         scope = scopes.get(path)
         if scope is None:
             scope = scopes[path] = _scope(path, loops)
         bits = 0
-        for i in range(max(len(plans), len(sources))):
-            source = sources[i] if i < len(sources) else None
-            plan = plans[i] if i < len(plans) else None
-            bits |= before(source) if plan is None or plan.is_noop else moved(source, plan, path, scope, i, whole)
+        if any(plans) or len(plans) > len(sources):
+            for i in range(max(len(plans), len(sources))):
+                source = sources[i] if i < len(sources) else None
+                plan = plans[i] if i < len(plans) else None
+                bits |= before(source) if plan is None or plan.is_noop else moved(source, plan, path, scope, i, whole)
+        else:  # most rows: no input moved, what its sources depend on (before()'s common case read inline)
+            for source in sources:
+                if source is not None:
+                    found = None if returned and source in returned else known(source[0])
+                    bits |= before(source) if found is None else found
         upstream[path] = bits
     for k, (source, plan) in enumerate(extra):
         moved(source, plan, "end", "", k, True)
@@ -480,22 +487,26 @@ def _post_order(
             path = path.rsplit(".", 1)[0]
         return [path] if scopes[path] == scope and upstream[path] else []
 
+    moved_at: dict[str, dict[int, int]] = {}  # per equation, its inputs' moves' last collectives (tails)
+    for (where, slot), tail in tails.items():
+        moved_at.setdefault(where, {})[slot] = tail
+
     def children(node: str | int, scope: str) -> list[str | int]:
         """An equation's (a path's) or a collective's (an index's) operands in order."""
         if isinstance(node, int):
             source, previous = operands[node]
             return [*producers(source, scope), *(() if previous is None else (previous,))]
         found: list[str | int] = []
+        moves = moved_at.get(node)
         for i, source in enumerate(rows[node].sources):
             path = None if source is None else source[0]
             if path in rows and not (returned and source in returned):  # most: made by an equation (producers())
-                if scopes[path] == scope and upstream[path]:
+                if upstream[path] and scopes[path] == scope:
                     found.append(path)
             else:
                 found += producers(source, scope)
-            tail = tails.get((node, i))
-            if tail is not None:
-                found.append(tail)
+            if moves is not None and i in moves:
+                found.append(moves[i])
         return found
 
     def walk(roots: Iterable[str | int], scope: str) -> None:
@@ -521,9 +532,13 @@ def _post_order(
 
     placed: dict[str, list[str | int]] = {}  # per computation, its equations after a collective, in order
     for e in equations:
-        placed.setdefault(scopes[e.path], [])
-        if upstream[e.path]:
-            placed[scopes[e.path]].append(e.path)
+        path = e.path
+        scope = scopes[path]
+        after = placed.get(scope)
+        if after is None:
+            after = placed[scope] = []
+        if upstream[path]:
+            after.append(path)
     for scope, after in placed.items():
         if scope == "":
             roots: list[str | int] = [p for source in outputs for p in producers(source, "")]
