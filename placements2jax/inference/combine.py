@@ -363,7 +363,7 @@ def planned_collectives(
         after = before(source)
         last = None
         # the route (its keys, what it shares) is the plan's; each collective is the one XLA compiles at that place
-        within = move_computations(where, source, loops) if where != "end" else ("",)
+        within = _within(where, source, loops, scopes) if where != "end" and loops else ("",)
         for (route, _, runs), lowered in zip(routes.steps(source, plan, within), _lowered_plan(plan, whole, rules)):
             if not runs:
                 after, last = routes.left(route), last_of.get(route)
@@ -586,9 +586,11 @@ def move_computations(path: str, source: Source | None, loops: Mapping[str, str]
     boundaries up to a cond's branch: a loop body reads an outer value as it is (a scan's
     or while's constant), and so the moves made of it before the loop, where a branch
     reads its operands as values of its own."""
-    if not loops:
-        return ("",)
-    memo = _scopes(tuple(loops.items()))
+    return _within(path, source, loops, _scopes(tuple(loops.items()))) if loops else ("",)
+
+
+def _within(path: str, source: Source | None, loops: Mapping[str, str], memo: dict[Any, Any]) -> tuple[str, ...]:
+    """:func:`move_computations`, memoized in ``memo`` (:func:`_scopes`' of ``loops``)."""
     key = (path, source)
     known = memo.get(key)
     if known is None:
