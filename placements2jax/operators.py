@@ -969,6 +969,9 @@ class _Runner:
     def __init__(self, mesh: DeviceMesh) -> None:
         self.mesh = mesh
         self.values: dict[Any, _Value] = {}
+        # (id of a cond branch's operand's array, layout) -> (that array, kept alive so the id stays its own; the
+        # operand moved before the cond, as the branch receives it): :meth:`hoist`
+        self.hoisted: dict[tuple[int, Layout], tuple[Any, _Value]] = {}
 
     def replicated(self, value: Any, aval: Any) -> _Value:
         shape = tuple(aval.shape)
@@ -992,7 +995,20 @@ class _Runner:
         self.bind(jaxpr.invars, inputs)
 
     def moved(self, value: _Value, layout: Layout, plan: RedistributePlan | None = None) -> _Value:
-        """``value`` in ``layout``; ``plan``: the signature's route to it, if known."""
+        """``value`` in ``layout``; ``plan``: the signature's route to it, if known. A cond
+        branch's operand moved before the cond is the branch's operand holding it
+        (:meth:`hoist`)."""
+        hoisted = self.hoisted.get((id(value.array), layout))
+        if hoisted is not None:
+            return hoisted[1]
+        return self.redistributed(value, layout, plan)
+
+    def hoist(self, value: _Value, moved: _Value) -> None:
+        """Within a cond's branch: ``value`` (an operand) moved is ``moved`` (another)."""
+        self.hoisted[id(value.array), moved.phys.layout] = (value.array, moved)
+
+    def redistributed(self, value: _Value, layout: Layout, plan: RedistributePlan | None = None) -> _Value:
+        """``value`` moved to ``layout`` (:meth:`moved`)."""
         raise NotImplementedError
 
     def compute(self, eqn: Any, signature: Any, ins: Sequence[_Value]) -> list[_Value]:
@@ -1023,12 +1039,20 @@ class _Runner:
             outs = self.compute(eqn, signature, ins)
         self.bind(eqn.outvars, outs)
 
-    def loop(self, walker: Any, eqn: Any, path: str, signature: Any, routes: _Routes) -> None:
-        """``routes``: the planned moves across the bodies' boundaries (:data:`_Routes`)."""
+    def loop(
+        self, walker: Any, eqn: Any, path: str, signature: Any, routes: _Routes,
+        hoisted: Sequence[tuple[int, RedistributePlan]] = (),
+    ) -> None:
+        """``routes``: the planned moves across the bodies' boundaries (:data:`_Routes`);
+        ``hoisted``: a cond's, the moves of its operands (by index) its branches make,
+        run before it (:meth:`_cond`)."""
         ins = [self.moved(self.read(a), layout, plan)
                for a, layout, plan in zip(eqn.invars, signature.in_layouts, signature.redistributions, strict=True)]
-        run = {"scan": self._scan, "while": self._while, "cond": self._cond}[eqn.primitive.name]
-        outs = run(walker.body_walker(self), eqn, path, signature, ins, routes)
+        if eqn.primitive.name == "cond":
+            outs = self._cond(walker.body_walker(self), eqn, path, signature, ins, routes, hoisted)
+        else:
+            run = self._scan if eqn.primitive.name == "scan" else self._while
+            outs = run(walker.body_walker(self), eqn, path, signature, ins, routes)
         self.bind(eqn.outvars, [self.crossing(v.array, v.phys) for v in outs])
 
     # -- control flow: the bodies run per iteration under the loop row's layouts --------------
@@ -1103,23 +1127,38 @@ class _Runner:
         return [_Value(a, c.phys) for a, c in zip(carry, init)]
 
     def _cond(
-        self, walker: Any, eqn: Any, path: str, signature: Any, ins: list[_Value], routes: _Routes
+        self, walker: Any, eqn: Any, path: str, signature: Any, ins: list[_Value], routes: _Routes,
+        hoisted: Sequence[tuple[int, RedistributePlan]],
     ) -> list[_Value]:
-        """Every branch's outputs are moved to the joined layouts (the row's)."""
+        """Every branch's outputs are moved to the joined layouts (the row's). The
+        ``hoisted`` moves of the operands run before the cond, their results operands too,
+        which a branch's move of its operand then is: a collective computed in a branch is
+        that branch's alone (XLA computes none of them once for all), and the prediction
+        counts one move of an operand where its branches read it so
+        (:func:`.inference.combine.move_computations`)."""
         index, operands = ins[0], ins[1:]
         outs = [physical(layout, tuple(v.aval.shape)) for layout, v in zip(signature.out_layouts, eqn.outvars)]
         like = [_Value(None, o) for o in outs]
+        moved = [self.moved(operands[j], plan.dst, plan) for j, plan in hoisted]
 
         def branch(k: int, closed: Any) -> Callable[..., list[jax.Array]]:
             def run(*arrays: jax.Array) -> list[jax.Array]:
                 values = [self.crossing(a, v.phys) for a, v in zip(arrays, operands)]
-                outs = self._run_body(walker, closed, values, f"{path}.b{k}.")
-                return self._carried(outs, like, routes, [f"{path}.b{k}.out{i}" for i in range(len(like))])
+                outer = dict(self.hoisted)  # the branch's operands are its trace's alone
+                try:
+                    for (j, _), a, m in zip(hoisted, arrays[len(operands):], moved, strict=True):
+                        self.hoist(values[j], self.crossing(a, m.phys))
+                    outs = self._run_body(walker, closed, values, f"{path}.b{k}.")
+                    return self._carried(outs, like, routes, [f"{path}.b{k}.out{i}" for i in range(len(like))])
+                finally:
+                    self.hoisted = outer
 
             return run
 
         branches = [branch(k, b) for k, b in enumerate(eqn.params["branches"])]
-        arrays = lax.switch(jnp.asarray(index.array), branches, *(jnp.asarray(v.array) for v in operands))
+        arrays = lax.switch(
+            jnp.asarray(index.array), branches, *(jnp.asarray(v.array) for v in (*operands, *moved))
+        )
         return [_Value(a, o) for a, o in zip(arrays, outs)]
 
 
@@ -1128,7 +1167,7 @@ class _Executor(_Runner):
     rank's local blocks in its own ``jax.shard_map`` (:func:`_local_call`), its inputs
     first moved to the signature's layouts (:func:`.programs.convert`)."""
 
-    def moved(self, value: _Value, layout: Layout, plan: RedistributePlan | None = None) -> _Value:
+    def redistributed(self, value: _Value, layout: Layout, plan: RedistributePlan | None = None) -> _Value:
         target = physical(layout, value.phys.shape)
         return _Value(_move(value.array, value.phys, target), target)
 
@@ -1215,7 +1254,9 @@ class _Pinned(_Runner):
     its array is the stacked physical one exactly when that layout is Partial. A value
     is moved to a layout once, its consumers in that layout sharing the move, and its
     moves whose routes begin alike share those first steps (as the prediction counts
-    them: :attr:`.inference.jaxpr.Prediction.steps`)."""
+    them: :attr:`.inference.jaxpr.Prediction.steps`), within a computation and those it
+    sees (a loop body the moves before the loop; a cond's branches their operands moved
+    before the cond, :meth:`_cond`)."""
 
     def __init__(self, mesh: DeviceMesh) -> None:
         super().__init__(mesh)
@@ -1223,7 +1264,7 @@ class _Pinned(_Runner):
         # stays its own; the moved value)
         self.moves: dict[tuple[int, Any], tuple[Any, _Value]] = {}
 
-    def moved(self, value: _Value, layout: Layout, plan: RedistributePlan | None = None) -> _Value:
+    def redistributed(self, value: _Value, layout: Layout, plan: RedistributePlan | None = None) -> _Value:
         """``value`` in ``layout``, through the layout after each step of ``plan`` (the
         signature's, if given), each pinned, so that XLA takes the planned route (e.g. a
         local slice on one mesh dim before an all-to-all on another, or a partial sum

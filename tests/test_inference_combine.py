@@ -16,7 +16,9 @@ from jax import lax
 from placements2jax import InferenceError, Layout, apply, distribute_tensor, init_device_mesh
 from placements2jax.hlo import compiled_collectives
 from placements2jax.inference import check, predict
-from placements2jax.inference.combine import PlannedCollective, combine, combiner_rules, lowered_step
+from placements2jax.inference.combine import (
+    PlannedCollective, combine, combiner_rules, lowered_step, move_computations,
+)
 
 F32 = jnp.float32
 
@@ -125,6 +127,20 @@ def test_a_loop_body_is_its_own_computation(mesh: Any) -> None:
     scopes = {c.scope for c in _planned(report) if c.kind == "all-reduce"}
     assert scopes == {"", "1"}  # the scan is equation 1
     assert all_reduces(report) == {("tp",): (2, 2, 2, 2)}
+
+
+def test_a_move_runs_out_of_cond_branches_and_sees_across_loop_boundaries() -> None:
+    """Where a move runs, then the computations whose moves it sees (a cond at 3 whose
+    branch 0 holds a scan at 3.b0.2, a scan at 5): a branch's move of a value made outside
+    it runs before the cond; a loop body sees the moves before the loop, up to a branch."""
+    loops = {"3": "cond", "3.b0.2": "scan", "5": "scan"}
+    assert move_computations("3.b0.1", ("1", 0), loops) == ("",)  # an operand of the cond: moved before it
+    assert move_computations("3.b0.1", ("3.b0.0", 0), loops) == ("3.b0",)  # made in the branch
+    assert move_computations("3.b0.2.4", ("1", 0), loops) == ("3.b0.2", "3.b0")  # the branch's operand in its scan
+    assert move_computations("3.b0.2.4", ("3.b0.2.3", 0), loops) == ("3.b0.2", "3.b0")
+    assert move_computations("5.2", ("in", 0), loops) == ("5", "")  # a scan's constant
+    assert move_computations("5.carry0", ("5.2", 0), loops) == ("5", "")
+    assert move_computations("7", ("in", 0), {}) == ("",)
 
 
 def test_interleaved_tp_and_dp_all_reduces_combine_as_xla_compiles_them(mesh: Any) -> None:

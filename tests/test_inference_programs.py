@@ -616,21 +616,58 @@ def _novograd_embedding_replicated(mesh: Any) -> None:
         np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(w), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.xfail(strict=True, reason="a known bug (stop 39): the move of one value into several cond branches is "
-                   "counted once, XLA compiles it in each branch")
 def test_novograd_under_the_default_counts_its_cond_branch_moves_once(mesh: Any) -> None:
     """The same novograd step under the latency-bound default: the plan keeps the
     embedding's (64, 32) gradient partial over dp into novograd's two ``lax.cond`` and
-    reduces it inside each branch. The prediction routes the four moves as one (8,192 B,
-    counted once: 24,100 B, check 24,110 in 10 collectives against XLA's 24,104 in 9),
-    where the pinned program compiles one all-reduce per branch: 48,676 B in 13. The
-    predicted program's bytes should be what pinned compiles (a route shared only within
-    one computation, or the move hoisted out of the conds by the pinned program)."""
+    reduces it inside each branch. Stop 39's prediction routed the four moves as one
+    (24,100 B) where the pinned program compiled one all-reduce per branch: 48,676 B in
+    13 collectives. A collective computed in a branch is that branch's alone, so the pinned
+    program now moves a cond's operands as its branches read them before the cond
+    (``operators._Runner._cond``'s ``hoisted``), and the prediction keys such a move's
+    route in the cond's computation (``combine.move_computations``): one all-reduce of the
+    gradient, 24,100 B in 9 collectives, what the prediction counts (check: 24,110 B in 10
+    after the combiner, which keeps the hoisted all-reduce in the first branch's
+    computation, against XLA's 24,104 in 9)."""
     step = training_step("stacked", mesh, optimizer=optax.novograd(1e-3))
     prediction = predict(step.fn, *step.args, out_layouts=step.out_layouts)
     pinned = jax.jit(lambda *a: apply(step.fn, *a, out_layouts=step.out_layouts, execute="pinned"))
     compiled = compiled_collectives(pinned, *step.args)
     assert sum(collective_nbytes(c, 8) for c in compiled) == prediction.lowered_nbytes
+    assert (prediction.lowered_nbytes, len(compiled)) == (24100, 9)
+    in_branches = [e.path for e in prediction.equations if e.signature is not None and e.sources[:1] == (("23", 0),)
+                   and any(not plan.is_noop for plan in e.signature.redistributions)]
+    assert in_branches == ["29.b0.0.0", "29.b1.0.0", "32.b0.3", "32.b1.3"]  # the gradient's moves, P,R -> R,R
+    assert [c.result_shapes.count((64, 32)) for c in compiled if (64, 32) in c.result_shapes] == [1]  # reduced once
+    got = jax.tree.leaves(pinned(*step.args), is_leaf=lambda v: isinstance(v, DTensor))
+    want = jax.tree.leaves(step.plain_jit()(*step.plain_args()))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(w), rtol=1e-5, atol=1e-6)
+
+
+def test_a_conds_branches_reduce_its_partial_operand_once_before_it(mesh: Any) -> None:
+    """Both branches of a cond reduce-scatter its operand, a matmul's partial sum over tp:
+    the prediction counts one move (128 B as CPU compiles it, an all-reduce), and the
+    pinned program runs it before the cond (a collective computed in a branch is that
+    branch's alone: until stop 40 it compiled one per branch, 640 B against 416)."""
+
+    def f(i: jax.Array, x: jax.Array, w: jax.Array) -> jax.Array:
+        return lax.cond(i > 0, lambda y: jnp.sin(y) * 2.0, lambda y: jnp.cos(y) + 1.0, x @ w)
+
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((8, 16), np.float32), rng.standard_normal((16, 8), np.float32)
+    args = (np.int32(1), distribute_tensor(x, mesh, "R,S(1)"), distribute_tensor(w, mesh, "R,S(0)"))
+    out = Layout.from_device_mesh(mesh)("R,R")
+    prediction = predict(f, *args, out_layouts=out)
+    moved = {e.path: [str(p.dst) for p in e.signature.redistributions if not p.is_noop]
+             for e in prediction.equations if e.signature is not None and e.path.startswith("3.b")}
+    assert moved == {"3.b0.0": ["R,S(0)"], "3.b0.1": [], "3.b1.0": ["R,S(0)"], "3.b1.1": []}  # cos and sin read it
+    pinned = jax.jit(lambda *a: apply(f, *a, out_layouts=out, execute="pinned"))
+    compiled = compiled_collectives(pinned, *args)
+    assert sum(collective_nbytes(c, 8) for c in compiled) == prediction.lowered_nbytes == 416
+    assert [c.op for c in compiled].count("all-reduce") == 1
+    for i in (1, 0):
+        got = pinned(np.int32(i), *args[1:]).full_tensor()
+        np.testing.assert_allclose(np.asarray(got), np.asarray(f(np.int32(i), x, w)), rtol=1e-5, atol=1e-5)
 
 
 def test_switch_and_optimization_barrier(mesh: Any) -> None:

@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, NamedTuple
@@ -75,7 +75,7 @@ from .cost import ALL_GATHER, ALL_REDUCE, COLLECTIVE_PERMUTE, REDUCE_SCATTER, ga
 from .signature import RedistributePlan, RedistributeStep, SharedRoutes
 
 __all__ = ["BACKENDS", "LOOPS", "CombinedCollective", "CombinerRules", "MovedEquation", "PlannedCollective",
-           "combine", "combiner_rules", "lowered_step", "planned_collectives"]
+           "combine", "combiner_rules", "lowered_step", "move_computations", "planned_collectives"]
 
 # control flow: one row each in a walk (jaxpr's _Walker._<name>), each body a computation of its own here
 LOOPS = ("scan", "while", "cond")
@@ -312,11 +312,11 @@ def planned_collectives(
     (each body a computation of the combiner's own; not a scan of one trip, which XLA
     inlines), ``returned``: (a one-trip scan's result, the value it is in the body; its
     carries' moves are rows ``<loop>.carry<j>``), ``shared_routes``: a value's moves whose
-    routes begin alike share those first steps (:class:`.SharedRoutes`; as the
-    whole-program search plans them, :meth:`~.jaxpr.Prediction.routed_steps`), else each
-    runs its own. ``extra`` adds (source value, plan) moves at the end of the program,
-    whose routes continue the program's (e.g. :func:`~.check.check`'s conversions of
-    outputs to XLA's layouts).
+    routes begin alike share those first steps where they see each other
+    (:class:`.SharedRoutes`, :func:`move_computations`; as the whole-program search plans
+    them, :meth:`~.jaxpr.Prediction.routed_steps`), else each runs its own. ``extra``
+    adds (source value, plan) moves at the end of the program, whose routes continue the
+    program's (e.g. :func:`~.check.check`'s conversions of outputs to XLA's layouts).
 
     Each collective's :attr:`~PlannedCollective.rank` is its place in XLA's post order of
     its computation (``HloComputation::MakeInstructionPostOrder``: depth first from the
@@ -363,7 +363,8 @@ def planned_collectives(
         after = before(source)
         last = None
         # the route (its keys, what it shares) is the plan's; each collective is the one XLA compiles at that place
-        for (route, _, runs), lowered in zip(routes.steps(source, plan), _lowered_plan(plan, whole, rules)):
+        within = _within(where, source, loops, scopes) if where != "end" and loops else ("",)
+        for (route, _, runs), lowered in zip(routes.steps(source, plan, within), _lowered_plan(plan, whole, rules)):
             if not runs:
                 after, last = routes.left(route), last_of.get(route)
                 continue
@@ -563,14 +564,15 @@ def _result_bytes(kind: str, before: Layout, after: Layout, shape: tuple[int, ..
 
 
 @cached(maxsize=64)
-def _scopes(loops: tuple[tuple[str, str], ...]) -> dict[str, str]:
-    """The memo of :func:`_scope` per equation path of a program with ``loops``: the program
+def _scopes(loops: tuple[tuple[str, str], ...]) -> dict[Any, Any]:
+    """The memo of :func:`_scope` per equation path of a program with ``loops`` (and
+    of :func:`move_computations` per (path, source)): the program
     search groups every result it ranks (:meth:`.program._Search.grouped`, ~75 choices of
     Llama's adamw step's 1,137 equations under a latency-bound model)."""
     return {}
 
 
-def _scope(path: str, loops: dict[str, str]) -> str:
+def _scope(path: str, loops: Mapping[str, str]) -> str:
     """The computation an equation runs in: ``""`` (the program) or the body of its
     innermost loop (``<loop>`` for a scan, ``<loop>.body`` / ``<loop>.cond`` for a while,
     ``<loop>.b<k>`` for a cond's branch k). Calls are inlined, as XLA inlines them."""
@@ -585,3 +587,44 @@ def _scope(path: str, loops: dict[str, str]) -> str:
         if kind == "cond":
             return f"{loop}.{parts[n]}" if parts[n].startswith("b") else loop
     return ""
+
+
+def move_computations(path: str, source: Source | None, loops: Mapping[str, str]) -> tuple[str, ...]:
+    """Where a move of the value ``source`` (None: a literal or constant) read by the
+    equation at ``path`` runs, then the computations whose moves it sees, innermost first
+    (:class:`.SharedRoutes` keys a route by the first). The first is the equation's
+    computation (:func:`_scope`), but out of each cond's branch that does not make
+    ``source``: the pinned program moves a cond's operand once before the cond for every
+    branch reading it so (:meth:`.operators._Runner.loop`'s ``hoisted``; novograd's two
+    ``lax.cond`` read its partial gradient reduced in both branches: one all-reduce, as
+    XLA's partitioner compiles it, not four). Then those enclosing it across loop
+    boundaries up to a cond's branch: a loop body reads an outer value as it is (a scan's
+    or while's constant), and so the moves made of it before the loop, where a branch
+    reads its operands as values of its own."""
+    return _within(path, source, loops, _scopes(tuple(loops.items()))) if loops else ("",)
+
+
+def _within(path: str, source: Source | None, loops: Mapping[str, str], memo: dict[Any, Any]) -> tuple[str, ...]:
+    """:func:`move_computations`, memoized in ``memo`` (:func:`_scopes`' of ``loops``)."""
+    key = (path, source)
+    known = memo.get(key)
+    if known is None:
+        where = _scope(path, loops)
+        while where and _is_branch(where, loops) and not (source is not None and source[0].startswith(where + ".")):
+            where = _scope(_loop_of(where, loops), loops)
+        chain = [where]
+        while where and not _is_branch(where, loops):
+            where = _scope(_loop_of(where, loops), loops)
+            chain.append(where)
+        known = memo[key] = tuple(chain)
+    return known
+
+
+def _loop_of(where: str, loops: Mapping[str, str]) -> str:
+    """The loop or cond (by path) whose body or branch the computation ``where`` is."""
+    return where if loops.get(where) == "scan" else where.rsplit(".", 1)[0]
+
+
+def _is_branch(where: str, loops: Mapping[str, str]) -> bool:
+    """Whether the computation ``where`` is a cond's branch."""
+    return loops.get(where) != "scan" and loops.get(where.rsplit(".", 1)[0]) == "cond"

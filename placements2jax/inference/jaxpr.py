@@ -53,7 +53,7 @@ from ..layout import Layout
 from ..mesh import DeviceMesh
 from .combine import (
     LOOPS, CombinedCollective, MovedEquation, PlannedCollective, combine, combiner_rules, lowered_step,
-    planned_collectives,
+    move_computations, planned_collectives,
 )
 from .cost import ALL_REDUCE, CostModel, CostModelLike, Overhead, resolve_cost_model
 from .frameworks import bind
@@ -237,23 +237,28 @@ class Prediction:
     @property
     def redistributions(self) -> tuple[RedistributePlan, ...]:
         """Every planned redistribution. Chosen for the whole program, one per value and
-        layout: consumers needing a value in the same layout share it (a compiled program
-        computes it once); eager dispatch runs each equation's own."""
+        layout where its moves see each other (:func:`.combine.move_computations`):
+        consumers needing a value in the same layout share it (a compiled program computes
+        it once); eager dispatch runs each equation's own."""
         plans, seen = [], set()
-        for source, plan in self._moves():
-            if plan.is_noop or (self.search == "program" and source is not None and (source, plan.dst) in seen):
+        for source, plan, within in self._moves():
+            if plan.is_noop or (self.search == "program" and source is not None
+                                and any((source, where, plan.dst) in seen for where in within)):
                 continue
-            seen.add((source, plan.dst))
+            seen.add((source, within[0], plan.dst))
             plans.append(plan)
         return tuple(plans)
 
-    def _moves(self) -> Iterator[tuple[ValueId | None, RedistributePlan]]:
+    def _moves(self) -> Iterator[tuple[ValueId | None, RedistributePlan, tuple[str, ...]]]:
         """Every equation's redistributions in program order, each with the value it moves
-        (None: a literal or constant)."""
+        (None: a literal or constant) and where it runs, then the computations whose moves
+        it sees (:func:`.combine.move_computations`)."""
+        loops = dict(self.loops)
         for eqn in self.equations:
             if eqn.signature is not None:
                 for i, plan in enumerate(eqn.signature.redistributions):
-                    yield (eqn.sources[i] if i < len(eqn.sources) else None), plan
+                    source = eqn.sources[i] if i < len(eqn.sources) else None
+                    yield source, plan, move_computations(eqn.path, source, loops) if not plan.is_noop else ("",)
 
     @property
     def steps(self) -> tuple[RedistributeStep, ...]:
@@ -273,7 +278,8 @@ class Prediction:
         """Every redistribution's steps the compiled program runs, then those of the
         ``extra`` (value, plan) moves after the program (:func:`~.check.check`'s conversions of
         outputs to XLA's layouts): chosen for the whole program, a value's moves whose
-        routes begin alike run those first steps once (:class:`.SharedRoutes`, the walk
+        routes begin alike run those first steps once where they see each other
+        (:class:`.SharedRoutes`, the walk
         :func:`.combine.planned_collectives` counts too); eager dispatch runs each
         equation's own."""
         return tuple(step for _, step in self.routed_moves(extra))
@@ -284,9 +290,10 @@ class Prediction:
         """:meth:`routed_steps`, each with the plan it is a step of (its value's shape and
         element type)."""
         routes = SharedRoutes(self.search == "program")
+        moves = itertools.chain(self._moves(), ((source, plan, ("",)) for source, plan in extra))
         return tuple(
-            (plan, step) for source, plan in itertools.chain(self._moves(), extra)
-            for _, step, runs in routes.steps(source, plan) if runs
+            (plan, step) for source, plan, within in moves
+            for _, step, runs in routes.steps(source, plan, within) if runs
         )
 
     @cached_property
@@ -1081,7 +1088,9 @@ class Executor(Protocol):
     inputs) and ``exit_call`` (bind the call's outputs); a loop or cond is run by
     ``loop`` once its row's ``signature`` is known (with ``walker.body_walker``), given
     the planned routes of the moves across its bodies' boundaries by their rows' paths
-    (``<path>.carry<i>``, ``<path>.ys<i>``, ``<path>.b<k>.out<i>``, ``<path>.cond.out``)."""
+    (``<path>.carry<i>``, ``<path>.ys<i>``, ``<path>.b<k>.out<i>``, ``<path>.cond.out``)
+    and, for a cond, the moves of its operands its branches make, which run before it
+    (``hoisted``: (operand index, plan), :meth:`_Walker._hoisted`)."""
 
     def enter_call(self, eqn: Any, closed: Any) -> None: ...
 
@@ -1090,7 +1099,8 @@ class Executor(Protocol):
     def equation(self, eqn: Any, signature: Signature) -> None: ...
 
     def loop(
-        self, walker: _Walker, eqn: Any, path: str, signature: Signature, routes: Mapping[str, RedistributePlan]
+        self, walker: _Walker, eqn: Any, path: str, signature: Signature, routes: Mapping[str, RedistributePlan],
+        hoisted: Sequence[tuple[int, RedistributePlan]] = (),
     ) -> None: ...
 
 
@@ -1710,8 +1720,34 @@ class _Walker:
             # slices it over another mesh dim first, reduces the slice and all-gathers it)
             routes = {row.path: row.signature.redistributions[0] for row in self.rows[slot + 1:]
                       if row.primitive in _BOUNDARY_MOVES and row.signature is not None}
-            executor.loop(self, eqn, path, self.rows[slot].signature, routes)
+            hoisted = self._hoisted(path, srcs[1:], slot) if eqn.primitive.name == "cond" and not self.gathered else ()
+            executor.loop(self, eqn, path, self.rows[slot].signature, routes, hoisted)
         return outs
+
+    def _hoisted(
+        self, path: str, operands: tuple[ValueId | None, ...], slot: int
+    ) -> tuple[tuple[int, RedistributePlan], ...]:
+        """The moves of the cond at ``path`` (its row at ``slot``, its branches' after) that
+        run before it (:func:`.combine.move_computations`: its branches' moves of its
+        ``operands``' values, out of any branch of a cond inside too), as (operand index,
+        plan), one per operand and layout; each operand holding the moved value: the
+        branches read it as an operand of their own."""
+        loops = {row.path: row.primitive for row in self.rows[slot:]
+                 if row.primitive in LOOPS and row.path not in self.inlined}
+        inside = f"{path}.b"
+        hoisted: dict[tuple[int, Layout], RedistributePlan] = {}
+        for row in self.rows[slot + 1:]:
+            if row.signature is None:
+                continue
+            for source, plan in zip(row.sources, row.signature.redistributions):
+                if source is None or plan.is_noop or source not in operands:
+                    continue
+                if move_computations(row.path, source, loops)[0].startswith(inside):
+                    continue  # run in a branch (of a loop inside it)
+                for j, operand in enumerate(operands):
+                    if operand == source:
+                        hoisted.setdefault((j, plan.dst), plan)
+        return tuple((j, plan) for (j, _), plan in hoisted.items())
 
     def body_walker(self, executor: Executor) -> _Walker:
         """A walker for a loop's bodies under ``executor`` (the same choices; its rows

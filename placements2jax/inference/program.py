@@ -377,7 +377,7 @@ from ..mesh import DeviceMesh
 from . import blocks
 from .combine import (
     BACKENDS, CombinedCollective, CombinerRules, MovedEquation, PlannedCollective, combine, combiner_rules,
-    planned_collectives,
+    move_computations, planned_collectives,
 )
 from .cost import (
     ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COMMUNICATING, REDUCE_SCATTER, SEARCH_OVERHEAD, UNMERGED_OVERHEAD,
@@ -1259,6 +1259,11 @@ class _Search:
         self.near_fixed_outputs = _upstream(self.sources, fixed_outputs, _NEAR_OUTPUT, joins)
         self.near_gathered = _upstream(self.sources, fixed_outputs, _NEAR_OUTPUT + 1, joins)  # and the producers
         self.position = {node.path: p for p, node in enumerate(graph.nodes)}
+        # per (consumer, value), where its move of the value runs, then the computations whose moves it sees
+        # (.combine.move_computations): a value's consumers share a move only there (value_cost(), shared_needs())
+        loops = dict(graph.loops)
+        self.within = {(c, value): move_computations(c, value, loops)
+                       for value, consumers in self.consumers.items() for c, _ in consumers}
         self.paths = [node.path for node in graph.nodes]  # by position
         # Neighbour tables, so that the hot loops loop over no consumers:
         # per node, the values its evaluations price (each input's source or literal, then each output, then what
@@ -1313,11 +1318,11 @@ class _Search:
             for path, values in touched.items()
         }
         # value_cost()'s per value (by id) of an edge: its aval, its state if fixed (a function's input), and its
-        # consumers' candidates' input states, paths and input indices
+        # consumers' candidates' input states, paths, input indices and computations
         self.readers = [
             None if value[0] in ("literal", "owed") else (
                 self.in_avals[consumers[0][0]][consumers[0][1]], self.fixed[consumers[0][0]][consumers[0][1]],
-                tuple((self.ins[c], c, i) for c, i in consumers),
+                tuple((self.ins[c], c, i, self.within[c, value]) for c, i in consumers),
             )
             for value, consumers in zip(self.priced, map(self.consumers.get, self.priced))
         ]
@@ -1961,7 +1966,9 @@ class _Search:
 
     def value_cost(self, value_id: int, choice: Choice) -> Cost:
         """The redistributions of one value (by id): one per distinct layout its consumers
-        need (a compiled program computes a shared one once); or an output's charge."""
+        need, per computation their moves run in but one seeing another's
+        (:func:`.combine.move_computations`: a compiled program computes a shared one
+        once there); or an output's charge."""
         decide, memo = self.value_costs[value_id]
         key = decide(choice)
         known = memo.get(key)
@@ -1983,15 +1990,20 @@ class _Search:
         state = fixed or self.outs[value[0]][choice[value[0]]][value[1]]
         costs, cost = self.costs, self.cost
         if len(readers) == 1:  # one consumer (most values): its move alone, the memo's own cost (no sum)
-            ins, c, i = readers[0]
+            ins, c, i, _ = readers[0]
             need = ins[choice[c]][i]
             known = memo[key] = _ZERO if need == state else costs.get((aval, state, need)) or cost(aval, state, need)
             return known
-        nbytes, steps = 0.0, 0.0
-        for need in dict.fromkeys([ins[choice[c]][i] for ins, c, i in readers]):
+        moves: dict[State, dict[str, tuple[str, ...]]] = {}  # per layout needed, where its moves run
+        for ins, c, i, within in readers:
+            need = ins[choice[c]][i]
             if need != state:
-                move = costs.get((aval, state, need)) or cost(aval, state, need)
-                nbytes, steps = nbytes + move[0], steps + move[1]
+                moves.setdefault(need, {}).setdefault(within[0], within)
+        nbytes, steps = 0.0, 0.0
+        for need, runs in moves.items():
+            move = costs.get((aval, state, need)) or cost(aval, state, need)
+            n = sum(not any(where in runs for where in within[1:]) for within in runs.values())
+            nbytes, steps = nbytes + n * move[0], steps + n * move[1]
         known = memo[key] = (nbytes, steps)
         return known
 
@@ -2084,10 +2096,13 @@ class _Search:
         return tuple(dict.fromkeys([self.ins[c][choice[c]][i] for c, i in self.consumers.get(value, ())]))
 
     def shared_needs(self, path: str, choice: Choice) -> tuple[frozenset[State], ...]:
-        """Per input of ``path``, the layouts other consumers of its value need it in: free
-        in :meth:`input_costs` (a compiled program redistributes it once for all of them)."""
+        """Per input of ``path``, the layouts other consumers of its value need it in where
+        its move sees theirs or theirs its (:func:`.combine.move_computations`): free in
+        :meth:`input_costs` (a compiled program redistributes it once for all of them)."""
+        within = self.within
         return tuple(
-            frozenset(self.ins[c][choice[c]][i] for c, i in self.consumers[source] if c != path)
+            frozenset(self.ins[c][choice[c]][i] for c, i in self.consumers[source] if c != path and (
+                within[c, source][0] in within[path, source] or within[path, source][0] in within[c, source]))
             if source is not None else frozenset()
             for source in self.sources[path]
         )

@@ -579,7 +579,7 @@ class RedistributePlan:
         """Each step with its route key, moving the value ``source``: the value, ``src`` and
         the layout after each step so far. Moves of one value whose routes begin alike
         have their first steps' keys in common: a compiled program computes those
-        collectives once (:class:`SharedRoutes`)."""
+        collectives once in a computation (:class:`SharedRoutes`)."""
         route: Any = (source, self.src)
         for step in self.steps:
             route = (route, step.after)
@@ -606,7 +606,14 @@ class SharedRoutes:
     routes that begin alike (:meth:`RedistributePlan.routed`) has those first steps once:
     a compiled program computes the same collective of the same value once (Llama's adamw
     step on a 2x4 mesh: 3,072 B fewer, what its pinned program compiles); eager dispatch
-    runs each equation's own, and a literal or constant (no value) shares nothing. The one
+    runs each equation's own, and a literal or constant (no value) shares nothing. A route
+    is run in a computation (the program, a loop body, a cond's branch), which a move
+    sees with those enclosing it across loop boundaries
+    (:func:`.combine.move_computations`): a collective computed in a loop body or a
+    cond's branch is not the program's, nor another branch's (stop 39 counted novograd's
+    partial gradient reduced in the branches of its two ``lax.cond`` once where its pinned
+    program compiled four all-reduces; the pinned program now moves a cond's operands
+    before it, as that function keys such a move). The one
     walk behind every count of a prediction's collectives: its steps
     (:meth:`.jaxpr.Prediction.routed_steps`), the combiner's
     (:func:`.combine.planned_collectives`) and :func:`.check.check`'s, whose conversions of
@@ -614,18 +621,27 @@ class SharedRoutes:
 
     def __init__(self, shared: bool) -> None:
         self._shared = shared
-        self._run: dict[Any, Any] = {}  # route key run so far -> what its run left (record())
+        # (computation, route key) run so far -> what its run left (record())
+        self._run: dict[tuple[str, Any], Any] = {}
 
-    def steps(self, source: Any, plan: RedistributePlan) -> Iterator[tuple[Any, RedistributeStep, bool]]:
-        """Each step of ``plan`` moving the value ``source`` (None: a literal or constant),
-        with its route key and whether the program runs it (False: an earlier move of the
-        value ran it)."""
+    def steps(
+        self, source: Any, plan: RedistributePlan, within: Sequence[str] = ("",)
+    ) -> Iterator[tuple[Any, RedistributeStep, bool]]:
+        """Each step of ``plan`` moving the value ``source`` (None: a literal or constant)
+        in the computation ``within[0]``, seeing the routes run in ``within``
+        (:func:`.combine.move_computations`), with its key (the computation it ran in, its
+        route's) and whether the program runs it (False: an earlier move of the value ran
+        it where this one sees it)."""
         share = self._shared and source is not None
         for route, step in plan.routed(source):
-            runs = not (share and route in self._run)
-            if share:
-                self._run.setdefault(route, None)
-            yield route, step, runs
+            key = (within[0], route)
+            if not share:
+                yield key, step, True
+                continue
+            seen = next((k for k in ((where, route) for where in within) if k in self._run), None)
+            if seen is None:
+                self._run[key] = None
+            yield key if seen is None else seen, step, seen is None
 
     def record(self, route: Any, left: Any) -> None:
         """Keep what the run of ``route`` left (e.g. the collectives the value depends on
