@@ -608,10 +608,14 @@ def _commoned(search: _Search, eagers: tuple[Choice, Choice], chosen: Choice) ->
     return _bounded(planned, eagers, _descended(search, chosen, found))
 
 
-def _common_descent(search: _Search, choice: Choice) -> Choice:
+def _common_descent(search: _Search, choice: Choice, taken: bool = False) -> Choice:
     """A descent from ``choice`` with common value moves and keeping cascades too
-    (:func:`_commoned`)."""
-    return search.improve(choice, values=True, common=True, keeping=True)
+    (:func:`_commoned`); ``taken``: with strict common value moves too
+    (:func:`_taken_as_made`: only in :func:`_continued`'s, at the model's overhead; in
+    :func:`_commoned`'s, at 192 B per collective, they took Flax Linen's scanned adamw
+    step of tests/test_frameworks.py to a dearer basin, 41,774 -> 52,014 by the default's
+    objective, 12 -> 13 collectives after XLA's combiner)."""
+    return search.improve(choice, values=True, common=True, keeping=True, taken=taken)
 
 
 def _continued(search: _Search, overhead: Overhead, eagers: tuple[Choice, Choice], chosen: Choice) -> Choice:
@@ -644,7 +648,7 @@ def _continued(search: _Search, overhead: Overhead, eagers: tuple[Choice, Choice
     # (Equinox's scan 24,778 -> 24,586 B, 8 -> 7 collectives after the combiner). The cheaper by the model's
     # objective, which charges each collective its overhead already, as XLA's combiner leaves them
     # (:meth:`_Search.grouped`)
-    kept = min((found, _common_descent(model, found)), key=model.grouped)
+    kept = min((found, _common_descent(model, found, taken=True)), key=model.grouped)
     # then the ties the descents cannot tell apart, by the collectives after the combiner (MultiSteps 10 -> 9)
     kept = model.regrouped(kept)
     # bounded, or its start (bounded already), whichever is cheaper by the model: beyond eager's bytes, eager's choice
@@ -2181,7 +2185,7 @@ class _Search:
         return [choice[path]] + [k for k, follow in self.alternatives(path, choice) if follow]
 
     def value_moves(
-        self, value: ValueId, choice: Choice, gathers: bool = False, common: bool = False
+        self, value: ValueId, choice: Choice, gathers: bool = False, common: bool = False, taken: bool = False,
     ) -> list[tuple[tuple[tuple[str, int], ...], bool]]:
         """Moves re-choosing every consumer of ``value`` at once, so that all of them take
         it in one layout: one its consumers already need, or its own with its partials
@@ -2240,10 +2244,11 @@ class _Search:
         its 3.3 s cold predict), 745 without them (0.21 s; the 34 predictions identical);
         the splits made too were 734 of the default's last descent (:func:`_commoned`)
         where 562 (GPT-2's 442 where 262), every prediction of section 14's 17 programs
-        and the dump's 19 the same, under either model. Also, as strict moves only
-        (``around``), the value's own layout where some consumer moves it and a strided
-        value's strided split gathered to a plain layout (:func:`_taken_as_made`); a strict
-        move cascades with its own tie-break and look-ahead (:meth:`evaluate`).
+        and the dump's 19 the same, under either model. With ``taken`` (:func:`_continued`'s
+        common descent) also, as strict moves only (``around``), the value's own layout
+        where some consumer moves it and a strided value's strided split gathered to a
+        plain layout (:func:`_taken_as_made`); a strict move cascades with its own
+        tie-break and look-ahead (:meth:`evaluate`).
         Each consumer takes the candidate cheapest for its other inputs that needs the
         value in that layout; a layout some consumer cannot take is skipped. :meth:`improve`
         tries each move cascading and with the consumers alone: a bias gradient summing an
@@ -2274,7 +2279,7 @@ class _Search:
                 if x != state and _one_dim_apart(state, x) and _splits(x) <= _splits(state)
                 and all(x in other for other in takes[1:])
             )
-            strict = _taken_as_made(state, self.needs(value, choice), takes)
+            strict = _taken_as_made(state, self.needs(value, choice), takes) if taken else ()
         elif gathers and any(state[0]):
             replicated = ((tuple(() for _ in state[0]), state[1]),) if near else ()
             targets = dict.fromkeys(replicated + self.hoisted(value, state, choice))
@@ -2725,7 +2730,7 @@ class _Search:
     def improve(
         self, choice: Choice, values: bool = False, reducing: bool = False, pulls: bool = False,
         offered: Collection[str] | None = None, gathers: bool = False, carry_pulls: bool = False,
-        partly: bool = False, common: bool = False, keeping: bool = False,
+        partly: bool = False, common: bool = False, keeping: bool = False, taken: bool = False,
     ) -> Choice:
         """Steepest descent over cascading moves (see :meth:`alternatives`): apply the
         move lowering the total most (ties: the earliest equation), until none lowers it
@@ -2735,7 +2740,8 @@ class _Search:
         moves too (:meth:`value_moves`); ``reducing``: reducing cascades and reduced moves too
         (:meth:`reducing_moves`, :meth:`reduced_moves`); ``gathers``: value moves gathering split values too
         (:meth:`value_moves`); ``common``: value moves of values without partials into a
-        layout all their consumers can take (:meth:`value_moves`); ``keeping``: every cascading
+        layout all their consumers can take (:meth:`value_moves`; ``taken``: its strict targets too);
+        ``keeping``: every cascading
         move of :meth:`alternatives` also as a keeping cascade (:meth:`keeps`); ``pulls``: pull moves too
         (:meth:`pull_moves`; ``carry_pulls``: through loops' carries too; ``partly``: with one mesh dim's
         partial reduced too). ``offered``: the equations offered
@@ -2757,7 +2763,7 @@ class _Search:
 
         def current(move: Move) -> bool:
             if move[0] == _VALUE:
-                return move[3:4] + move[5:] in self.value_moves((move[1], move[2]), choice, gathers, common)
+                return move[3:4] + move[5:] in self.value_moves((move[1], move[2]), choice, gathers, common, taken)
             if move[0] == _REDUCING:
                 return move[2] in self.reducing_moves(move[1], choice)
             if move[0] == _PULL:
@@ -2788,7 +2794,7 @@ class _Search:
                     if move not in fresh:
                         evaluate(move)
                 for j in range(len(self.out_avals[path]) if values else 0):
-                    found = self.value_moves((path, j), choice, gathers, common)
+                    found = self.value_moves((path, j), choice, gathers, common, taken)
                     if not found:  # most values (one consumer, or none moving)
                         continue
                     # a split value gathered (gathers: see value_moves) only cascading: its consumers alone would
