@@ -614,7 +614,8 @@ def _common_descent(search: _Search, choice: Choice, taken: bool = False) -> Cho
     (:func:`_taken_as_made`: only in :func:`_continued`'s, at the model's overhead; in
     :func:`_commoned`'s, at 192 B per collective, they took Flax Linen's scanned adamw
     step of tests/test_frameworks.py to a dearer basin, 41,774 -> 52,014 by the default's
-    objective, 12 -> 13 collectives after XLA's combiner)."""
+    objective, 12 -> 13 collectives after XLA's combiner, and failed the dropless MoE step's
+    test of tests/test_inference_programs.py)."""
     return search.improve(choice, values=True, common=True, keeping=True, taken=taken)
 
 
