@@ -607,10 +607,15 @@ def _commoned(search: _Search, eagers: tuple[Choice, Choice], chosen: Choice) ->
     return _bounded(planned, eagers, _descended(search, chosen, found))
 
 
-def _common_descent(search: _Search, choice: Choice) -> Choice:
+def _common_descent(search: _Search, choice: Choice, taken: bool = False) -> Choice:
     """A descent from ``choice`` with common value moves and keeping cascades too
-    (:func:`_commoned`)."""
-    return search.improve(choice, values=True, common=True, keeping=True)
+    (:func:`_commoned`); ``taken``: with strict common value moves too
+    (:func:`_taken_as_made`: only in :func:`_continued`'s, at the model's overhead; in
+    :func:`_commoned`'s, at 192 B per collective, they took Flax Linen's scanned adamw
+    step of tests/test_frameworks.py to a dearer basin, 41,774 -> 52,014 by the default's
+    objective, 12 -> 13 collectives after XLA's combiner, and failed the dropless MoE step's
+    test of tests/test_inference_programs.py)."""
+    return search.improve(choice, values=True, common=True, keeping=True, taken=taken)
 
 
 def _continued(search: _Search, overhead: Overhead, eagers: tuple[Choice, Choice], chosen: Choice) -> Choice:
@@ -643,7 +648,7 @@ def _continued(search: _Search, overhead: Overhead, eagers: tuple[Choice, Choice
     # (Equinox's scan 24,778 -> 24,586 B, 8 -> 7 collectives after the combiner). The cheaper by the model's
     # objective, which charges each collective its overhead already, as XLA's combiner leaves them
     # (:meth:`_Search.grouped`)
-    kept = min((found, _common_descent(model, found)), key=model.grouped)
+    kept = min((found, _common_descent(model, found, taken=True)), key=model.grouped)
     # then the ties the descents cannot tell apart, by the collectives after the combiner (MultiSteps 10 -> 9)
     kept = model.regrouped(kept)
     # bounded, or its start (bounded already), whichever is cheaper by the model: beyond eager's bytes, eager's choice
@@ -982,6 +987,31 @@ def _one_dim_apart(state: State, other: State) -> bool:
     return sum(here.get(m) != there.get(m) for m in here.keys() | there.keys()) == 1
 
 
+def _taken_as_made(
+    state: State, needs: tuple[State, ...], takes: Sequence[dict[State, Any]]
+) -> tuple[State, ...]:
+    """The layouts :meth:`_Search.value_moves`' ``common`` also offers as strict moves for
+    a value made in ``state`` (without partials) whose consumers need it in ``needs`` and
+    can take it in the layouts ``takes`` (per consumer, its candidates by input layout):
+    ``state`` itself where some consumer moves it (every consumer taking it as it comes),
+    and a strided ``state`` with its one strided mesh dim gathered to a plain layout (one
+    all-gather; :func:`_one_dim_apart` keeps strides alike). A CNN's flattened
+    channel-split activations (``S(0),_S(1, 16)``) gathered over ``tp`` alone for the logits
+    and the dense gradient, then the logits' gradient taken as it comes (split over ``dp``)
+    by the bias and flat gradients: tests/models/cnn.py's one-conv step, 32,548 -> 22,188 by
+    the latency-bound default's objective (XLA's plan: 13,804 B in 2 collectives after the
+    combiner where 7,780 in 4, three of them all-gathers)."""
+    found: list[State] = []
+    if any(need != state for need in needs):
+        found.append(state)
+    if len(state) > 2:
+        strided = {m for m, f in enumerate(state[2]) if f != 1}
+        plain = (tuple(tuple(a for a in axes if a not in strided) for axes in state[0]), state[1])
+        if len(strided) == 1 and all(plain in take for take in takes):
+            found.append(plain)
+    return tuple(found)
+
+
 def _splits(state: State) -> int:
     """How many mesh dims split ``state``'s value."""
     return sum(map(len, state[0]))
@@ -1258,6 +1288,15 @@ class _Search:
         joins = dict(graph.joins)
         self.near_fixed_outputs = _upstream(self.sources, fixed_outputs, _NEAR_OUTPUT, joins)
         self.near_gathered = _upstream(self.sources, fixed_outputs, _NEAR_OUTPUT + 1, joins)  # and the producers
+        # per equation near those outputs making a value of an aval some of them keeps: (output, the layouts kept)
+        # per such output (a strict value move's cascade reduces a partial into one, :meth:`_greedy_kept`)
+        self.kept_ahead: dict[str, tuple[tuple[int, tuple[State, ...]], ...]] = {}
+        for path in self.near_fixed_outputs:
+            kept_outputs = tuple(
+                (j, self.kept_states[aval]) for j, aval in enumerate(self.out_avals[path]) if self.kept_states.get(aval)
+            )
+            if kept_outputs:
+                self.kept_ahead[path] = kept_outputs
         self.position = {node.path: p for p, node in enumerate(graph.nodes)}
         # per (consumer, value), where its move of the value runs, then the computations whose moves it sees
         # (.combine.move_computations): a value's consumers share a move only there (value_cost(), shared_needs())
@@ -1456,7 +1495,7 @@ class _Search:
         # times where it ran 5,876 times unmemoized (GPT-2's 2-layer adamw step)
         # with both tie-breaks' answers (see tie_moved()), found in one pass; per ``reducing``, per node by
         # position (a list index and a dict read per equation a cascade visits)
-        self.greedy_by_reads: dict[bool, list[dict[Any, tuple[int, int]]]] = {}
+        self.greedy_by_reads: dict[tuple[bool, bool], list[dict[Any, tuple[int, int]]]] = {}
         # and per node kind and arriving states, and a stacking node's needs (a model's repeated layers meet the
         # same inputs: on the Llama adamw step 5,406 distinct of 18,545 misses of the memo by producers; on
         # GPT-2's 2-layer one 349 distinct of 657 look-aheads)
@@ -1732,31 +1771,39 @@ class _Search:
         return self.greedy_found(path, choice, reducing, memo, by_reads)
 
     def greedy_found(
-        self, path: str, choice: Choice, reducing: bool, memo: dict[Any, tuple[int, int]], by_reads: Any
+        self, path: str, choice: Choice, reducing: bool, memo: dict[Any, tuple[int, int]], by_reads: Any,
+        ahead: bool = False,
     ) -> tuple[int, int]:
         """:meth:`greedy_pair` where its memo ``memo`` has no answer for the choices it reads
         (``by_reads``): found by the arriving states, stored there (:meth:`cascaded` reads
-        the memo inline and calls this on a miss, not reading it twice)."""
+        the memo inline and calls this on a miss, not reading it twice). ``ahead``: an
+        equation near the fixed outputs receiving a partial looks ahead to the layouts they
+        keep (:meth:`_greedy_kept`)."""
         arriving = self.arriving(path, choice)
         needs: tuple[State, ...] | None = None
         by_arriving: tuple[Any, ...] = (self.kinds[path], arriving, reducing)
         if path in self.stacking:  # its look-ahead reads its consumers' needs too
             needs = self.needs((path, 0), choice)
             by_arriving += (needs,)
+        kept = self.kept_ahead.get(path) if ahead and needs is None and _partial_dims(arriving) else None
+        if kept is not None:  # a kind's equations differ in the outputs near them
+            by_arriving += (kept,)
         pair = self.greedy_by_arriving.get(by_arriving)
         if pair is None:
             pair = self.greedy_by_arriving[by_arriving] = (
-                self._greedy(path, arriving, reducing) if needs is None
-                else self._greedy_stack(path, arriving, needs, reducing)
+                self._greedy_stack(path, arriving, needs, reducing) if needs is not None
+                else self._greedy(path, arriving, reducing) if kept is None
+                else self._greedy_kept(path, arriving, kept, reducing)
             )
         memo[by_reads] = pair
         return pair
 
-    def greedy_memos(self, reducing: bool) -> list[dict[Any, tuple[int, int]]]:
-        """:meth:`greedy`'s memo by the choices it reads (:attr:`greedy_reads`), per node by position (created once)."""
-        memos = self.greedy_by_reads.get(reducing)
+    def greedy_memos(self, reducing: bool, ahead: bool = False) -> list[dict[Any, tuple[int, int]]]:
+        """:meth:`greedy`'s memo by the choices it reads (:attr:`greedy_reads`), per node by position (created
+        once), per ``reducing`` and ``ahead`` (:meth:`greedy_found`)."""
+        memos = self.greedy_by_reads.get((reducing, ahead))
         if memos is None:
-            memos = self.greedy_by_reads[reducing] = [{} for _ in self.paths]
+            memos = self.greedy_by_reads[reducing, ahead] = [{} for _ in self.paths]
         return memos
 
     def _greedy(self, path: str, arriving: tuple[State, ...], reducing: bool) -> tuple[int, int]:
@@ -1769,6 +1816,38 @@ class _Search:
         for k, (nbytes, steps) in enumerate(self.input_costs(path, arriving)):
             if first_key is not None and nbytes > first_key[0]:
                 continue  # pending charges are >= 0: it cannot come first
+            key = (nbytes + self.pending(path, k, given), steps)
+            if first_key is None or key < first_key:
+                first, first_key = k, key
+            if first_key == key:  # the least cost (so far): by the fewest moved among those
+                moved = (*key, sum(map(ne, arriving, ins[k])))
+                if fewest_key is None or moved < fewest_key:
+                    fewest, fewest_key = k, moved
+        return first, fewest
+
+    def _greedy_kept(
+        self, path: str, arriving: tuple[State, ...], kept: tuple[tuple[int, tuple[State, ...]], ...], reducing: bool
+    ) -> tuple[int, int]:
+        """:meth:`_greedy` of an equation near the function's fixed outputs receiving a
+        partial, in a strict value move's cascade (:meth:`cascaded`' ``ahead``): each
+        candidate also charged the move of each output ``kept`` names (:attr:`kept_ahead`)
+        into the cheapest layout a fixed output of its aval keeps (:attr:`kept_states`), as
+        the update of that parameter will need it. Eager dispatch's rule reduce-scatters a
+        bias gradient partial over ``dp`` (a reduce-scatter is cheaper than an all-reduce)
+        and the update then runs split and all-gathers the parameter and both Adam moments
+        back at the outputs, which it never prices: tests/models/cnn.py's one-conv step,
+        the logits' gradient taken as it comes by the bias and flat gradients (a strict
+        value move to its own layout), cascaded so to 72,248 by the search's objective (the
+        latency-bound default's, 12 planned collectives) where, reduced into the bias's
+        replicated layout, to XLA's plan (22,956 in 6; 22,188 after XLA's combiner). Both
+        tie-breaks as :meth:`_greedy`'s."""
+        given = frozenset() if reducing else _partial_dims(arriving)
+        avals, outs, ins = self.out_avals[path], self.outs[path], self.ins[path]
+        first, first_key, fewest, fewest_key = 0, None, 0, None
+        for k, (nbytes, steps) in enumerate(self.input_costs(path, arriving)):
+            for j, states in kept:
+                move = min(self.cost(avals[j], outs[k][j], state) for state in states)
+                nbytes, steps = nbytes + move[0], steps + move[1]
             key = (nbytes + self.pending(path, k, given), steps)
             if first_key is None or key < first_key:
                 first, first_key = k, key
@@ -1864,7 +1943,7 @@ class _Search:
 
     def cascaded(
         self, seeds: dict[str, int], trial: Choice, follow: bool = True, reducing: bool = False,
-        fewest_moved: bool | None = None, keeping: bool = False,
+        fewest_moved: bool | None = None, keeping: bool = False, ahead: bool = False,
     ) -> tuple[dict[str, int], dict[str, int], frozenset[int], bool]:
         """Equations ``seeds`` running the given candidates (path -> candidate) and
         (``follow``) every equation downstream whose inputs change re-chosen as eager
@@ -1877,7 +1956,8 @@ class _Search:
         some re-choice met a tie the two tie-breaks (:meth:`tie_moved`) break apart
         (``fewest_moved``: that tie-break instead of the descent's). ``keeping``: an equation
         whose changed inputs now arrive as its candidate takes them keeps it (:meth:`keeps`)
-        instead of being re-chosen.
+        instead of being re-chosen. ``ahead``: an equation near the fixed outputs receiving a
+        partial re-chosen looking ahead to the layouts they keep (:meth:`_greedy_kept`).
         :meth:`evaluate` prices the changes before changing it back (:meth:`delta`)."""
         kept = {path: trial[path] for path in seeds}
         trial.update(seeds)
@@ -1888,7 +1968,7 @@ class _Search:
         queue = sorted({p for path in seeds if follow for c, p in self.downstream[path] if c not in seeds})  # a heap
         seen = {*queue, *map(self.position.__getitem__, seeds)}
         # the hot loop of the search: greedy()'s memo read inline, locals for the tables it reads
-        steps, memos, pop, push = self.steps, self.greedy_memos(reducing), heapq.heappop, heapq.heappush
+        steps, memos, pop, push = self.steps, self.greedy_memos(reducing, ahead), heapq.heappop, heapq.heappush
         fewest, tied = self.fewest_moved if fewest_moved is None else fewest_moved, False
         while queue:
             run = [pop(queue)]  # the equation first in program order, then its followers' chains
@@ -1900,7 +1980,7 @@ class _Search:
                 memo = memos[position]
                 pair = memo.get(reads := producers(trial))
                 if pair is None:
-                    pair = self.greedy_found(path, trial, reducing, memo, reads)
+                    pair = self.greedy_found(path, trial, reducing, memo, reads, ahead)
                 best = pair[fewest]
                 if pair[0] != pair[1]:
                     tied = True
@@ -2120,7 +2200,7 @@ class _Search:
         return [choice[path]] + [k for k, follow in self.alternatives(path, choice) if follow]
 
     def value_moves(
-        self, value: ValueId, choice: Choice, gathers: bool = False, common: bool = False
+        self, value: ValueId, choice: Choice, gathers: bool = False, common: bool = False, taken: bool = False,
     ) -> list[tuple[tuple[tuple[str, int], ...], bool]]:
         """Moves re-choosing every consumer of ``value`` at once, so that all of them take
         it in one layout: one its consumers already need, or its own with its partials
@@ -2179,7 +2259,11 @@ class _Search:
         its 3.3 s cold predict), 745 without them (0.21 s; the 34 predictions identical);
         the splits made too were 734 of the default's last descent (:func:`_commoned`)
         where 562 (GPT-2's 442 where 262), every prediction of section 14's 17 programs
-        and the dump's 19 the same, under either model.
+        and the dump's 19 the same, under either model. With ``taken`` (:func:`_continued`'s
+        common descent) also, as strict moves only (``around``), the value's own layout
+        where some consumer moves it and a strided value's strided split gathered to a
+        plain layout (:func:`_taken_as_made`); a strict move cascades with its own
+        tie-break and look-ahead (:meth:`evaluate`).
         Each consumer takes the candidate cheapest for its other inputs that needs the
         value in that layout; a layout some consumer cannot take is skipped. :meth:`improve`
         tries each move cascading and with the consumers alone: a bias gradient summing an
@@ -2194,6 +2278,7 @@ class _Search:
         path, j = value
         state = self.outs[path][choice[path]][j]
         arounds: tuple[bool, ...] = (False,)
+        strict: tuple[State, ...] = ()  # targets taken for the consumers' outputs too only (``around``)
         near = gathers and any(c in self.near_fixed_outputs for c, _ in consumers)
         if len(consumers) < 2 and not (near and any(state[1])):
             return []
@@ -2209,6 +2294,7 @@ class _Search:
                 if x != state and _one_dim_apart(state, x) and _splits(x) <= _splits(state)
                 and all(x in other for other in takes[1:])
             )
+            strict = _taken_as_made(state, self.needs(value, choice), takes) if taken else ()
         elif gathers and any(state[0]):
             replicated = ((tuple(() for _ in state[0]), state[1]),) if near else ()
             targets = dict.fromkeys(replicated + self.hoisted(value, state, choice))
@@ -2216,11 +2302,10 @@ class _Search:
         else:
             return []
         moves: list[tuple[tuple[tuple[str, int], ...], bool]] = []
-        for target in targets:
-            for around in arounds:
-                seeds = self.taking(value, target, choice, around)
-                if seeds is not None and any(choice[c] != k for c, k in seeds) and (seeds, False) not in moves:
-                    moves.append((seeds, around))
+        for target, around in [*((t, a) for t in targets for a in arounds), *((t, True) for t in strict)]:
+            seeds = self.taking(value, target, choice, around)
+            if seeds is not None and any(choice[c] != k for c, k in seeds) and (seeds, False) not in moves:
+                moves.append((seeds, around))
         return moves
 
     def hoisted(self, value: ValueId, state: State, choice: Choice) -> tuple[State, ...]:
@@ -2608,8 +2693,16 @@ class _Search:
                 if now == snapshot:
                     return found
         fewest: bool | None = None  # the descent's tie-break (tie_moved())
+        ahead = False
         if move[0] == _VALUE:  # every consumer of a value at once, cascading or the consumers alone
             seeds, follow, reduce = dict(move[3]), move[4], False
+            if move[5]:
+                # strict (each consumer cheapest for its outputs too): cascading, the ties broken by the fewest inputs
+                # moved (the candidates' order sliced the one-conv CNN's per-example loss chain over tp for free, then
+                # reduced it over both mesh dims) and near the fixed outputs looking ahead to the layouts they keep
+                # (:meth:`_greedy_kept`); in every cascade, that look-ahead changed 13 of benchmarks/
+                # dump_predictions.py's 19 predictions, 3 dearer (docs/inference.md, "Strict common value moves")
+                fewest, ahead = True, True
         elif move[0] == _REDUCING:
             seeds, follow, reduce = {move[1]: move[2]}, True, True
         elif move[0] == _PULL:
@@ -2620,7 +2713,7 @@ class _Search:
             seeds, follow, reduce = {move[1]: move[2]}, True, False
         else:
             seeds, follow, reduce = {move[0]: move[1]}, move[2], False
-        changes, kept, seen, tied = self.cascaded(seeds, choice, follow, reduce, fewest, move[0] == _KEEPING)
+        changes, kept, seen, tied = self.cascaded(seeds, choice, follow, reduce, fewest, move[0] == _KEEPING, ahead)
         tied = tied and fewest is None  # a forced tie-break holds for both descents
         key = (seen, tuple(changes))  # the changes in order: touched_by()'s order, the sums'
         reading = self.readings.get(key)
@@ -2652,7 +2745,7 @@ class _Search:
     def improve(
         self, choice: Choice, values: bool = False, reducing: bool = False, pulls: bool = False,
         offered: Collection[str] | None = None, gathers: bool = False, carry_pulls: bool = False,
-        partly: bool = False, common: bool = False, keeping: bool = False,
+        partly: bool = False, common: bool = False, keeping: bool = False, taken: bool = False,
     ) -> Choice:
         """Steepest descent over cascading moves (see :meth:`alternatives`): apply the
         move lowering the total most (ties: the earliest equation), until none lowers it
@@ -2662,7 +2755,8 @@ class _Search:
         moves too (:meth:`value_moves`); ``reducing``: reducing cascades and reduced moves too
         (:meth:`reducing_moves`, :meth:`reduced_moves`); ``gathers``: value moves gathering split values too
         (:meth:`value_moves`); ``common``: value moves of values without partials into a
-        layout all their consumers can take (:meth:`value_moves`); ``keeping``: every cascading
+        layout all their consumers can take (:meth:`value_moves`; ``taken``: its strict targets too);
+        ``keeping``: every cascading
         move of :meth:`alternatives` also as a keeping cascade (:meth:`keeps`); ``pulls``: pull moves too
         (:meth:`pull_moves`; ``carry_pulls``: through loops' carries too; ``partly``: with one mesh dim's
         partial reduced too). ``offered``: the equations offered
@@ -2684,7 +2778,7 @@ class _Search:
 
         def current(move: Move) -> bool:
             if move[0] == _VALUE:
-                return move[3:4] + move[5:] in self.value_moves((move[1], move[2]), choice, gathers, common)
+                return move[3:4] + move[5:] in self.value_moves((move[1], move[2]), choice, gathers, common, taken)
             if move[0] == _REDUCING:
                 return move[2] in self.reducing_moves(move[1], choice)
             if move[0] == _PULL:
@@ -2715,7 +2809,7 @@ class _Search:
                     if move not in fresh:
                         evaluate(move)
                 for j in range(len(self.out_avals[path]) if values else 0):
-                    found = self.value_moves((path, j), choice, gathers, common)
+                    found = self.value_moves((path, j), choice, gathers, common, taken)
                     if not found:  # most values (one consumer, or none moving)
                         continue
                     # a split value gathered (gathers: see value_moves) only cascading: its consumers alone would
