@@ -284,7 +284,7 @@ def test_value_moves_reduce_a_shared_gradient_once(mesh: Any, monkeypatch: pytes
     assert program.nbytes == 2 * 16 * 16 * 4 // 2  # 2 T (n - 1) / n, T = 1 KiB, n = 2
     assert program.nbytes < predict(_adam_like_step, *inputs, out_layouts=targets, search="eager").nbytes
 
-    monkeypatch.setattr(program_module._Search, "value_moves", lambda self, value, choice, gathers=False, common=False: [])
+    monkeypatch.setattr(program_module._Search, "value_moves", lambda self, value, choice, *options: [])
     program_module._select.cache_clear()
     reduced = predict(lambda *a: _adam_like_step(*a), *inputs, out_layouts=targets)
     assert [(s.collective, s.axis) for s in reduced.steps] == [("all-reduce", "dp")]
@@ -315,7 +315,7 @@ def test_value_moves_gather_a_split_gradient_near_the_outputs_once(mesh: Any, mo
 
     original = program_module._Search.value_moves
     monkeypatch.setattr(program_module._Search, "value_moves",
-                        lambda self, value, choice, gathers=False, common=False: original(self, value, choice))
+                        lambda self, value, choice, *options: original(self, value, choice))
     program_module._select.cache_clear()
     without = predict(lambda *a: _split_update_step(*a), *inputs, out_layouts=(replicated,) * 3)
     assert [(s.collective, s.axis) for s in without.steps if s.communicates] == [("all-gather", "tp")] * 3
