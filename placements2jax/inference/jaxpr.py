@@ -603,7 +603,8 @@ def _updated_layouts(jaxpr: core.Jaxpr, specs: Sequence[TensorSpec]) -> tuple[La
     into the update and returns the parameters and moments split there, where XLA
     all-reduces the gradients and returns the parameters' layouts). Calls (``jax.jit``
     around the step, as training loops write it; custom derivatives, remat) are seen
-    through: an output of a call reaches what its body's output reaches."""
+    through: an output of a call reaches what its body's output reaches; not a call of a
+    function with a registered rule, which is one equation (its rule says what it does)."""
     indexes: dict[int, tuple[dict[Any, Any], dict[Any, int]]] = {}
     layouts = []
     for out in jaxpr.outvars:
@@ -635,7 +636,7 @@ def _updated_inputs(
             continue
         if eqn.primitive.name in ELEMENTWISE_PRIMITIVES:
             sources = [v for v in eqn.invars if not isinstance(v, core.Literal)]
-        elif eqn.primitive.name in CALL_JAXPR_PARAMS:
+        elif eqn.primitive.name in CALL_JAXPR_PARAMS and registered_function(eqn) is None:
             body = eqn.params[CALL_JAXPR_PARAMS[eqn.primitive.name]]
             body = getattr(body, "jaxpr", body)
             inner = body.outvars[eqn.outvars.index(var)]
