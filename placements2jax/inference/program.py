@@ -363,7 +363,7 @@ import heapq
 import itertools
 import math
 import operator
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from operator import itemgetter, ne
@@ -1812,8 +1812,17 @@ class _Search:
         if exact:  # no plan to cost, no input moved
             best = min(exact, key=lambda k: (self.pending(path, k, given), k))
             return best, best
+        return self._first_and_fewest(path, arriving, self.input_costs(path, arriving), given)
+
+    def _first_and_fewest(
+        self, path: str, arriving: tuple[State, ...], costs: Iterable[tuple[Any, int]], given: frozenset[int]
+    ) -> tuple[int, int]:
+        """The candidates of ``path`` first by ``costs`` (per candidate, its bytes and steps)
+        plus its pending reductions (``given``: the partial mesh dims arriving), and among
+        the equally cheap the one moving the fewest of the ``arriving`` inputs: both
+        tie-breaks of :meth:`tie_moved` in one pass."""
         first, first_key, fewest, fewest_key, ins = 0, None, 0, None, self.ins[path]
-        for k, (nbytes, steps) in enumerate(self.input_costs(path, arriving)):
+        for k, (nbytes, steps) in enumerate(costs):
             if first_key is not None and nbytes > first_key[0]:
                 continue  # pending charges are >= 0: it cannot come first
             key = (nbytes + self.pending(path, k, given), steps)
@@ -1841,21 +1850,17 @@ class _Search:
         latency-bound default's, 12 planned collectives) where, reduced into the bias's
         replicated layout, to XLA's plan (22,956 in 6; 22,188 after XLA's combiner). Both
         tie-breaks as :meth:`_greedy`'s."""
+        avals, outs = self.out_avals[path], self.outs[path]
+
+        def with_kept_moves() -> Iterator[tuple[Any, int]]:
+            for k, (nbytes, steps) in enumerate(self.input_costs(path, arriving)):
+                for j, states in kept:
+                    move = min(self.cost(avals[j], outs[k][j], state) for state in states)
+                    nbytes, steps = nbytes + move[0], steps + move[1]
+                yield nbytes, steps
+
         given = frozenset() if reducing else _partial_dims(arriving)
-        avals, outs, ins = self.out_avals[path], self.outs[path], self.ins[path]
-        first, first_key, fewest, fewest_key = 0, None, 0, None
-        for k, (nbytes, steps) in enumerate(self.input_costs(path, arriving)):
-            for j, states in kept:
-                move = min(self.cost(avals[j], outs[k][j], state) for state in states)
-                nbytes, steps = nbytes + move[0], steps + move[1]
-            key = (nbytes + self.pending(path, k, given), steps)
-            if first_key is None or key < first_key:
-                first, first_key = k, key
-            if first_key == key:  # the least cost (so far): by the fewest moved among those
-                moved = (*key, sum(map(ne, arriving, ins[k])))
-                if fewest_key is None or moved < fewest_key:
-                    fewest, fewest_key = k, moved
-        return first, fewest
+        return self._first_and_fewest(path, arriving, with_kept_moves(), given)
 
     def _greedy_stack(
         self, path: str, arriving: tuple[State, ...], needs: tuple[State, ...], reducing: bool
