@@ -108,6 +108,7 @@ from .cost import (
 )
 from .frameworks import bind
 from .jaxpr import CONSTRAINT_SHARDING_PARAMS, DEBUG_EFFECTS, HOST_CALLBACKS, Prediction, all_equations, predict
+from .ops import CALL_JAXPR_PARAMS, REMAT_CALLS
 from .plan import plan_redistribute
 from .program import ValueId
 from .signature import (
@@ -577,8 +578,9 @@ def _compiled(
         ) from None
 
 
-# Call primitives whose body _unreduced_typed inlines (their parameter holding it).
-_CALL_BODIES = {"jit": "jaxpr", "closed_call": "call_jaxpr", "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr"}
+# Call primitives whose body _unreduced_typed inlines (their parameter holding it): every call but remat's,
+# which stays as the user wrote it
+_CALL_BODIES = {name: param for name, param in CALL_JAXPR_PARAMS.items() if name not in REMAT_CALLS}
 
 
 def _unreduced_typed(fn: Callable[..., Any], structs: list[jax.ShapeDtypeStruct]) -> Callable[..., Any]:

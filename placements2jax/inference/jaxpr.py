@@ -57,7 +57,7 @@ from .combine import (
 )
 from .cost import ALL_REDUCE, CostModel, CostModelLike, Overhead, resolve_cost_model
 from .frameworks import bind
-from .ops import ELEMENTWISE_PRIMITIVES, PrimitiveDef, primitive_definition, registered_function
+from .ops import CALL_JAXPR_PARAMS, ELEMENTWISE_PRIMITIVES, PrimitiveDef, primitive_definition, registered_function
 from .plan import InputPlans, cached_plan, cached_plan_cost, mesh_all_reduce
 from .program import ProgramGraph, ProgramNode, ValueId, forced_signature, select_program
 from .rules import BATCH_PARTITIONED
@@ -81,17 +81,6 @@ from .table import format_bytes, format_table
 
 __all__ = ["ON_UNKNOWN", "EquationReport", "Executor", "Prediction", "execute", "predict"]
 
-# call-like primitives and the param holding the called jaxpr (loops are not calls)
-CALL_JAXPR_PARAMS = {
-    "jit": "jaxpr",
-    "pjit": "jaxpr",
-    "closed_call": "call_jaxpr",
-    "core_call": "call_jaxpr",
-    "custom_jvp_call": "call_jaxpr",
-    "custom_vjp_call": "call_jaxpr",
-    "remat2": "jaxpr",
-    "checkpoint": "jaxpr",
-}
 # ``custom_linear_solve`` (``jnp.linalg.solve`` / ``inv``) is walked as a call too: see :func:`called_jaxpr`
 LINEAR_SOLVE = "custom_linear_solve"
 # sharding constraints and the param holding the target sharding

@@ -710,9 +710,23 @@ _primitive(
 # -- user sharding rules (torch's register_sharding) ----------------------------------------
 
 UserRule = Callable[..., Sequence[Any]]
+# call-like primitives and the param holding the called jaxpr (loops are not calls): the one table of
+# them; the walk enters every one, check inlines those but remat's (:data:`REMAT_CALLS`), and a
+# registered function is recognized by the calls of it among them (:data:`_FUNCTION_CALLS`)
+CALL_JAXPR_PARAMS = {
+    "jit": "jaxpr",
+    "pjit": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+    "remat2": "jaxpr",
+    "checkpoint": "jaxpr",
+}
+REMAT_CALLS = ("remat2", "checkpoint")
 # the equations a registered function can be: calls of it (their called jaxpr's source is the
 # function's) and Pallas calls of it as the kernel
-_FUNCTION_CALLS = {"jit": "jaxpr", "pjit": "jaxpr", "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr"}
+_FUNCTION_CALLS = {name: CALL_JAXPR_PARAMS[name] for name in ("jit", "pjit", "custom_jvp_call", "custom_vjp_call")}
 _KERNEL_CALLS = {"pallas_call": "jaxpr"}
 
 
