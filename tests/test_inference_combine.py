@@ -143,6 +143,40 @@ def test_a_move_runs_out_of_cond_branches_and_sees_across_loop_boundaries() -> N
     assert move_computations("7", ("in", 0), {}) == ("",)
 
 
+def test_a_conds_operand_moved_before_it_combines_with_the_collectives_there(mesh: Any) -> None:
+    """Both branches of a cond read its operand, a matmul's partial sum over tp, moved
+    alike: the pinned program moves it once before the cond (``operators._Runner._cond``'s
+    ``hoisted``), where XLA's combiner merges its all-reduce with the one of another
+    partial sum reduced before the cond. Until stop 41 the combiner placed that move in the
+    first branch's computation, which combines with nothing outside it: 6 collectives
+    counted where the pinned program compiles 5."""
+
+    def f(i: jax.Array, x: jax.Array, w: jax.Array, v: jax.Array, u: jax.Array) -> Any:
+        return lax.cond(i > 0, lambda a: jnp.sin(a) * 2.0, lambda a: jnp.cos(a) + 1.0, x @ w), jnp.sin(v @ u)
+
+    rng = np.random.default_rng(0)
+    x, w, v, u = (rng.standard_normal(shape, np.float32) for shape in ((8, 16), (16, 8), (8, 16), (16, 8)))
+    args = (np.int32(1), *(distribute_tensor(a, mesh, p) for a, p in zip((x, w, v, u), ("R,S(1)", "R,S(0)") * 2)))
+    outs = (replicated(mesh), replicated(mesh))
+    prediction = predict(f, *args, out_layouts=outs)
+    (cond,) = [e.path for e in prediction.equations if e.primitive == "cond"]
+    planned = prediction.planned_collectives("cpu")
+    in_cond = [(c.kind, c.where, c.scope) for c in planned if c.where.startswith(cond + ".b")]
+    # branch 0's move (reduced over tp, then gathered over dp), run before the cond, in the program's computation
+    assert in_cond == [("all-reduce", f"{cond}.b0.0", ""), ("all-gather", f"{cond}.b0.0", "")]
+    (reduced,) = [g.members for g in prediction.combined() if g.kind == "all-reduce"]
+    assert len(reduced) == 2 and f"{cond}.b0.0" in {planned[i].where for i in reduced}
+    pinned = jax.jit(lambda *a: apply(f, *a, out_layouts=outs, execute="pinned"))
+    compiled = compiled_collectives(pinned, *args)
+    assert [len(c.result_shapes) for c in compiled if c.op == "all-reduce"] == [2]
+    assert prediction.combined_counts == Counter(c.op for c in compiled) == {"all-reduce": 1, "all-gather": 4}
+    for i in (1, 0):
+        got = pinned(np.int32(i), *args[1:])
+        want = f(np.int32(i), x, w, v, u)
+        for g, e in zip(got, want, strict=True):
+            np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(e), rtol=1e-5, atol=1e-5)
+
+
 def test_interleaved_tp_and_dp_all_reduces_combine_as_xla_compiles_them(mesh: Any) -> None:
     """Two values reduced over dp then tp (each squared between), and a tp reduction whose
     square feeds a dp one: combined one group at a time, as ``CombineInstructionsByKey``

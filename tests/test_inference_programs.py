@@ -625,15 +625,24 @@ def test_novograd_under_the_default_counts_its_cond_branch_moves_once(mesh: Any)
     program now moves a cond's operands as its branches read them before the cond
     (``operators._Runner._cond``'s ``hoisted``), and the prediction keys such a move's
     route in the cond's computation (``combine.move_computations``): one all-reduce of the
-    gradient, 24,100 B in 9 collectives, what the prediction counts (check: 24,110 B in 10
-    after the combiner, which keeps the hoisted all-reduce in the first branch's
-    computation, against XLA's 24,104 in 9)."""
+    gradient, 24,100 B in 9 collectives, what the prediction counts. XLA's combiner merges
+    that all-reduce with the dp ones before the cond; check counted 24,110 B in 10 after the
+    combiner until stop 41, which placed it in the first branch's computation (XLA: 24,104
+    in 9); now 9, as XLA's."""
     step = training_step("stacked", mesh, optimizer=optax.novograd(1e-3))
     prediction = predict(step.fn, *step.args, out_layouts=step.out_layouts)
     pinned = jax.jit(lambda *a: apply(step.fn, *a, out_layouts=step.out_layouts, execute="pinned"))
     compiled = compiled_collectives(pinned, *step.args)
     assert sum(collective_nbytes(c, 8) for c in compiled) == prediction.lowered_nbytes
     assert (prediction.lowered_nbytes, len(compiled)) == (24100, 9)
+    planned = prediction.planned_collectives()
+    (hoisted,) = [i for i, c in enumerate(planned) if c.where == "29.b0.0.0"]
+    (merged,) = [g.members for g in prediction.combined() if hoisted in g.members]
+    assert planned[hoisted].scope == "" and len(merged) == 2  # with the dp all-reduce before the cond
+    assert len(prediction.combined()) == len(compiled)
+    report = check(step.fn, *step.args, out_layouts=step.out_layouts)
+    assert (report.predicted_bytes, report.compiled_bytes) == (24110, 24104)
+    assert len(report.predicted_combined) == len(report.compiled_collectives) == 9
     in_branches = [e.path for e in prediction.equations if e.signature is not None and e.sources[:1] == (("23", 0),)
                    and any(not plan.is_noop for plan in e.signature.redistributions)]
     assert in_branches == ["29.b0.0.0", "29.b1.0.0", "32.b0.3", "32.b1.3"]  # the gradient's moves, P,R -> R,R

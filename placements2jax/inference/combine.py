@@ -356,6 +356,10 @@ def planned_collectives(
     # equation input (path, index) and output move ("end", k), the last collective of its move
     operands: list[tuple[Any, int | None]] = []
     tails: dict[tuple[str, int], int] = {}
+    # per cond, the moves of its operands its branches read, run before it (move_computations): per value moved,
+    # their last collectives, the cond's operands in XLA's post order
+    hoisted: dict[str, dict[Source, list[int]]] = {}
+    ahead: dict[str, int] = {}  # per cond row not walked yet, the collectives of those moves
     last_of: dict[Any, int | None] = {}  # a route's last collective so far
     made: list[tuple[Any, ...]] = []  # per collective: its fields before its rank (PlannedCollective's order)
 
@@ -364,6 +368,10 @@ def planned_collectives(
         last = None
         # the route (its keys, what it shares) is the plan's; each collective is the one XLA compiles at that place
         within = _within(where, source, loops, scopes) if where != "end" and loops else ("",)
+        cond = None
+        if shared_routes and within[0] != scope:  # a cond's operand moved before it, in the cond's computation
+            cond = _cond_left(scope, within[0], loops)
+            scope = within[0]
         for (route, _, runs), lowered in zip(routes.steps(source, plan, within), _lowered_plan(plan, whole, rules)):
             if not runs:
                 after, last = routes.left(route), last_of.get(route)
@@ -382,7 +390,15 @@ def planned_collectives(
                 after |= 1 << last
             routes.record(route, after)
             last_of[route] = last
-        if last is not None:
+        if last is not None and cond is not None:
+            early = hoisted.setdefault(cond, {}).setdefault(source, [])
+            if last not in early:
+                early.append(last)
+            if cond in upstream:  # the cond's results depend on it (a walk's row of a cond precedes its branches')
+                upstream[cond] |= after
+            else:  # the search's follows them (.program._Search.moved_equations)
+                ahead[cond] = ahead.get(cond, 0) | after
+        elif last is not None:
             tails[where, slot] = last
         return after
 
@@ -404,12 +420,13 @@ def planned_collectives(
                 if source is not None:
                     found = None if returned and source in returned else known(source[0])
                     bits |= before(source) if found is None else found
-        upstream[path] = bits
+        upstream[path] = bits | ahead.pop(path, 0) if ahead else bits
     for k, (source, plan) in enumerate(extra):
         moved(source, plan, "end", "", k, True)
     if not made:
         return ()
-    ranks = _post_order(equations, scopes, upstream, operands, tails, returned, outputs, len(extra), dict(results))
+    ranks = _post_order(equations, scopes, upstream, operands, tails, hoisted, returned, outputs, len(extra),
+                        dict(results))
     return tuple(PlannedCollective(*fields, rank) for fields, rank in zip(made, ranks))
 
 
@@ -457,13 +474,14 @@ def _lowered_plan(
 
 def _post_order(
     equations: Sequence[MovedEquation], scopes: dict[str, str], upstream: dict[str, int],
-    operands: Sequence[tuple[Any, int | None]],
-    tails: dict[tuple[str, int], int], returned: dict[Any, Any], outputs: Sequence[Source | None], ends: int,
-    results: dict[str, Sequence[tuple[str, Source | None]]],
+    operands: Sequence[tuple[Any, int | None]], tails: dict[tuple[str, int], int],
+    hoisted: dict[str, dict[Source, list[int]]], returned: dict[Any, Any], outputs: Sequence[Source | None],
+    ends: int, results: dict[str, Sequence[tuple[str, Source | None]]],
 ) -> list[int]:
     """Each collective's place in XLA's post order (:func:`planned_collectives`): a depth
     first walk of the equations from each computation's roots, an equation's inputs first
-    to last, each input's value then its move's collectives, a collective's moved value and
+    to last, each input's value then its move's collectives (``tails``; a cond's, the moves
+    of it its branches read that run before it, ``hoisted``), a collective's moved value and
     the collective before it first. An equation after no collective (``upstream``: none)
     has none to place: the walk skips it (on Llama's 2x4 adamw step most of the forward
     pass)."""
@@ -498,7 +516,7 @@ def _post_order(
             source, previous = operands[node]
             return [*producers(source, scope), *(() if previous is None else (previous,))]
         found: list[str | int] = []
-        moves = moved_at.get(node)
+        moves, early = moved_at.get(node), hoisted.get(node)
         for i, source in enumerate(rows[node].sources):
             path = None if source is None else source[0]
             if path in rows and not (returned and source in returned):  # most: made by an equation (producers())
@@ -508,6 +526,8 @@ def _post_order(
                 found += producers(source, scope)
             if moves is not None and i in moves:
                 found.append(moves[i])
+            if early is not None and source in early:  # visited once, at the first operand holding the value
+                found += early[source]
         return found
 
     def walk(roots: Iterable[str | int], scope: str) -> None:
@@ -618,6 +638,15 @@ def _within(path: str, source: Source | None, loops: Mapping[str, str], memo: di
             chain.append(where)
         known = memo[key] = tuple(chain)
     return known
+
+
+def _cond_left(where: str, outer: str, loops: Mapping[str, str]) -> str:
+    """The cond (by path) in the computation ``outer`` whose branch holds the computation
+    ``where`` (a move out of a branch, :func:`move_computations`, runs before that cond)."""
+    cond = _loop_of(where, loops)
+    while (enclosing := _scope(cond, loops)) != outer:
+        cond = _loop_of(enclosing, loops)
+    return cond
 
 
 def _loop_of(where: str, loops: Mapping[str, str]) -> str:
