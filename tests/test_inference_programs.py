@@ -1226,6 +1226,44 @@ def test_multisteps_under_a_count_first_model_has_xlas_collectives(mesh: Any) ->
     assert report.predicted_bytes <= 24_080
 
 
+def test_multisteps_at_192_bytes_counts_the_loss_reduction_as_xla_compiles_it(mesh: Any) -> None:
+    """The same MultiSteps step under 192 B per collective: check counts 12 collectives
+    after the combiner (18,000 B) where the pinned program compiles 11 (17,990 B; stop 39:
+    11 and 11). The twelfth is no collective the combiner splits and XLA merges: it is
+    check's conversion of the free loss, left partial over both mesh dims, to XLA's
+    replicated one (a move after the program, reduced tp then dp as XLA compiles one
+    constraint), which the pinned program does not run. Its dp all-reduce joins the
+    gradients' dp group, which the gradient norm's tp all-reduce depends on; so that one
+    and the loss's tp all-reduce would form a cycle and stay apart. The same plan with the
+    loss fixed replicated (the conversion made by the program) compiles to exactly the
+    predicted groups: 12 collectives, 18,000 B. Stop 39 counted 11 walking MultiSteps' cond
+    (its branch a computation of its own; XLA inlines it, as the walk does since stop 40)."""
+    step = training_step("stacked", mesh, common.accumulating_optimizer())
+    model = CostModel(collective_overhead=192)
+    report = check(step.fn, *step.args, out_layouts=step.out_layouts, cost_model=model)
+    assert (report.predicted_bytes, len(report.predicted_combined)) == (18000, 12)
+    conversions = [(str(plan.src), str(plan.dst)) for where, plan in report.redistributions if where != "program"]
+    assert conversions == [("P,P", "R,R")]  # the loss
+    outs = (*step.out_layouts[:-1], Layout.from_device_mesh(mesh)("R,R"))
+    with use_cost_model(model):
+        prediction = predict(step.fn, *step.args, out_layouts=outs)
+        pinned = jax.jit(lambda *a: apply(step.fn, *a, out_layouts=outs, execute="pinned"))
+        compiled = compiled_collectives(pinned, *step.args)
+    planned = prediction.planned_collectives()
+    assert [(planned[i].kind, planned[i].axes) for i in range(-2, 0)] == [("all-reduce", ("tp",)),
+                                                                         ("all-reduce", ("dp",))]
+    combined = prediction.combined()
+    assert sorted(len(g.members) for g in combined) == sorted(len(c.result_shapes) for c in compiled)
+    assert len(combined) == len(compiled) == 12
+    assert sum(collective_nbytes(c, 8) for c in compiled) == prediction.lowered_nbytes == 18000
+    (loss,) = [g for g in combined if len(planned) - 1 in g.members]  # the loss's dp all-reduce: with a gradient's
+    assert len(loss.members) == 2 and [len(g.members) for g in combined if len(planned) - 2 in g.members] == [1]
+    got = jax.tree.leaves(pinned(*step.args), is_leaf=lambda v: isinstance(v, DTensor))
+    want = jax.tree.leaves(step.plain_jit()(*step.plain_args()))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(w), rtol=1e-5, atol=1e-6)
+
+
 def test_llama_scan_under_a_count_first_model_has_xlas_collectives(mesh: Any) -> None:
     """The bfloat16 two-layer Llama scan (tests/models/llama_scan.py, einsum attention) under
     the count-first model above. With the masked lookup of ``take_along_axis`` the search at
