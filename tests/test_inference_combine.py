@@ -133,14 +133,15 @@ def test_a_move_runs_out_of_cond_branches_and_sees_across_loop_boundaries() -> N
     """Where a move runs, then the computations whose moves it sees (a cond at 3 whose
     branch 0 holds a scan at 3.b0.2, a scan at 5): a branch's move of a value made outside
     it runs before the cond; a loop body sees the moves before the loop, up to a branch."""
-    loops = {"3": "cond", "3.b0.2": "scan", "5": "scan"}
-    assert move_computations("3.b0.1", ("1", 0), loops) == ("",)  # an operand of the cond: moved before it
-    assert move_computations("3.b0.1", ("3.b0.0", 0), loops) == ("3.b0",)  # made in the branch
-    assert move_computations("3.b0.2.4", ("1", 0), loops) == ("3.b0.2", "3.b0")  # the branch's operand in its scan
-    assert move_computations("3.b0.2.4", ("3.b0.2.3", 0), loops) == ("3.b0.2", "3.b0")
-    assert move_computations("5.2", ("in", 0), loops) == ("5", "")  # a scan's constant
-    assert move_computations("5.carry0", ("5.2", 0), loops) == ("5", "")
-    assert move_computations("7", ("in", 0), {}) == ("",)
+    within = move_computations({"3": "cond", "3.b0.2": "scan", "5": "scan"})
+    assert within("3.b0.1", ("1", 0)) == ("",)  # an operand of the cond: moved before it
+    assert within("3.b0.1", ("3.b0.0", 0)) == ("3.b0",)  # made in the branch
+    assert within("3.b0.2.4", ("1", 0)) == ("3.b0.2", "3.b0")  # the branch's operand in its scan
+    assert within("3.b0.2.4", ("3.b0.2.3", 0)) == ("3.b0.2", "3.b0")
+    assert within("5.2", ("in", 0)) == ("5", "")  # a scan's constant
+    assert within("5.carry0", ("5.2", 0)) == ("5", "")
+    assert within("3.b0.1", None) == ("3.b0",)  # a literal: moved in the branch reading it
+    assert move_computations({})("7", ("in", 0)) == ("",)
 
 
 def test_a_conds_operand_moved_before_it_combines_with_the_collectives_there(mesh: Any) -> None:
