@@ -630,7 +630,8 @@ def move_computations(loops: Mapping[str, str]) -> Callable[[str, Source | None]
     value ``source`` (None: a literal or constant), giving where its move runs, then the
     computations whose moves it sees, innermost first (:class:`.SharedRoutes` keys a
     route by the first). The first is the equation's computation (:func:`_scope`), but out
-    of each cond's branch that does not make ``source``: the pinned program moves a cond's
+    of each cond's branch that does not make ``source`` (a literal's is made where it is
+    read): the pinned program moves a cond's
     operand once before the cond for every branch reading it so
     (:meth:`.operators._Runner.loop`'s ``hoisted``; novograd's two ``lax.cond`` read its
     partial gradient reduced in both branches: one all-reduce, as XLA's partitioner
@@ -658,7 +659,7 @@ def _within(
     known = memo.get(key)
     if known is None:
         where = _scope(path, loops)
-        while where and _is_branch(where, loops) and not (source is not None and source[0].startswith(where + ".")):
+        while where and _is_branch(where, loops) and source is not None and not source[0].startswith(where + "."):
             where = _scope(_loop_of(where, loops), loops)
         chain = [where]
         while where and not _is_branch(where, loops):
