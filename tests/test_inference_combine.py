@@ -133,14 +133,49 @@ def test_a_move_runs_out_of_cond_branches_and_sees_across_loop_boundaries() -> N
     """Where a move runs, then the computations whose moves it sees (a cond at 3 whose
     branch 0 holds a scan at 3.b0.2, a scan at 5): a branch's move of a value made outside
     it runs before the cond; a loop body sees the moves before the loop, up to a branch."""
-    loops = {"3": "cond", "3.b0.2": "scan", "5": "scan"}
-    assert move_computations("3.b0.1", ("1", 0), loops) == ("",)  # an operand of the cond: moved before it
-    assert move_computations("3.b0.1", ("3.b0.0", 0), loops) == ("3.b0",)  # made in the branch
-    assert move_computations("3.b0.2.4", ("1", 0), loops) == ("3.b0.2", "3.b0")  # the branch's operand in its scan
-    assert move_computations("3.b0.2.4", ("3.b0.2.3", 0), loops) == ("3.b0.2", "3.b0")
-    assert move_computations("5.2", ("in", 0), loops) == ("5", "")  # a scan's constant
-    assert move_computations("5.carry0", ("5.2", 0), loops) == ("5", "")
-    assert move_computations("7", ("in", 0), {}) == ("",)
+    within = move_computations({"3": "cond", "3.b0.2": "scan", "5": "scan"})
+    assert within("3.b0.1", ("1", 0)) == ("",)  # an operand of the cond: moved before it
+    assert within("3.b0.1", ("3.b0.0", 0)) == ("3.b0",)  # made in the branch
+    assert within("3.b0.2.4", ("1", 0)) == ("3.b0.2", "3.b0")  # the branch's operand in its scan
+    assert within("3.b0.2.4", ("3.b0.2.3", 0)) == ("3.b0.2", "3.b0")
+    assert within("5.2", ("in", 0)) == ("5", "")  # a scan's constant
+    assert within("5.carry0", ("5.2", 0)) == ("5", "")
+    assert within("3.b0.1", None) == ("3.b0",)  # a literal: moved in the branch reading it
+    assert move_computations({})("7", ("in", 0)) == ("",)
+
+
+def test_a_conds_operand_moved_before_it_combines_with_the_collectives_there(mesh: Any) -> None:
+    """Both branches of a cond read its operand, a matmul's partial sum over tp, moved
+    alike: the pinned program moves it once before the cond (``operators._Runner._cond``'s
+    ``hoisted``), where XLA's combiner merges its all-reduce with the one of another
+    partial sum reduced before the cond. Until stop 41 the combiner placed that move in the
+    first branch's computation, which combines with nothing outside it: 6 collectives
+    counted where the pinned program compiles 5."""
+
+    def f(i: jax.Array, x: jax.Array, w: jax.Array, v: jax.Array, u: jax.Array) -> Any:
+        return lax.cond(i > 0, lambda a: jnp.sin(a) * 2.0, lambda a: jnp.cos(a) + 1.0, x @ w), jnp.sin(v @ u)
+
+    rng = np.random.default_rng(0)
+    x, w, v, u = (rng.standard_normal(shape, np.float32) for shape in ((8, 16), (16, 8), (8, 16), (16, 8)))
+    args = (np.int32(1), *(distribute_tensor(a, mesh, p) for a, p in zip((x, w, v, u), ("R,S(1)", "R,S(0)") * 2)))
+    outs = (replicated(mesh), replicated(mesh))
+    prediction = predict(f, *args, out_layouts=outs)
+    (cond,) = [e.path for e in prediction.equations if e.primitive == "cond"]
+    planned = prediction.planned_collectives("cpu")
+    in_cond = [(c.kind, c.where, c.scope) for c in planned if c.where.startswith(cond + ".b")]
+    # branch 0's move (reduced over tp, then gathered over dp), run before the cond, in the program's computation
+    assert in_cond == [("all-reduce", f"{cond}.b0.0", ""), ("all-gather", f"{cond}.b0.0", "")]
+    (reduced,) = [g.members for g in prediction.combined() if g.kind == "all-reduce"]
+    assert len(reduced) == 2 and f"{cond}.b0.0" in {planned[i].where for i in reduced}
+    pinned = jax.jit(lambda *a: apply(f, *a, out_layouts=outs, execute="pinned"))
+    compiled = compiled_collectives(pinned, *args)
+    assert [len(c.result_shapes) for c in compiled if c.op == "all-reduce"] == [2]
+    assert prediction.combined_counts == Counter(c.op for c in compiled) == {"all-reduce": 1, "all-gather": 4}
+    for i in (1, 0):
+        got = pinned(np.int32(i), *args[1:])
+        want = f(np.int32(i), x, w, v, u)
+        for g, e in zip(got, want, strict=True):
+            np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(e), rtol=1e-5, atol=1e-5)
 
 
 def test_interleaved_tp_and_dp_all_reduces_combine_as_xla_compiles_them(mesh: Any) -> None:

@@ -625,15 +625,24 @@ def test_novograd_under_the_default_counts_its_cond_branch_moves_once(mesh: Any)
     program now moves a cond's operands as its branches read them before the cond
     (``operators._Runner._cond``'s ``hoisted``), and the prediction keys such a move's
     route in the cond's computation (``combine.move_computations``): one all-reduce of the
-    gradient, 24,100 B in 9 collectives, what the prediction counts (check: 24,110 B in 10
-    after the combiner, which keeps the hoisted all-reduce in the first branch's
-    computation, against XLA's 24,104 in 9)."""
+    gradient, 24,100 B in 9 collectives, what the prediction counts. XLA's combiner merges
+    that all-reduce with the dp ones before the cond; check counted 24,110 B in 10 after the
+    combiner until stop 41, which placed it in the first branch's computation (XLA: 24,104
+    in 9); now 9, as XLA's."""
     step = training_step("stacked", mesh, optimizer=optax.novograd(1e-3))
     prediction = predict(step.fn, *step.args, out_layouts=step.out_layouts)
     pinned = jax.jit(lambda *a: apply(step.fn, *a, out_layouts=step.out_layouts, execute="pinned"))
     compiled = compiled_collectives(pinned, *step.args)
     assert sum(collective_nbytes(c, 8) for c in compiled) == prediction.lowered_nbytes
     assert (prediction.lowered_nbytes, len(compiled)) == (24100, 9)
+    planned = prediction.planned_collectives()
+    (hoisted,) = [i for i, c in enumerate(planned) if c.where == "29.b0.0.0"]
+    (merged,) = [g.members for g in prediction.combined() if hoisted in g.members]
+    assert planned[hoisted].scope == "" and len(merged) == 2  # with the dp all-reduce before the cond
+    assert len(prediction.combined()) == len(compiled)
+    report = check(step.fn, *step.args, out_layouts=step.out_layouts)
+    assert (report.predicted_bytes, report.compiled_bytes) == (24110, 24104)
+    assert len(report.predicted_combined) == len(report.compiled_collectives) == 9
     in_branches = [e.path for e in prediction.equations if e.signature is not None and e.sources[:1] == (("23", 0),)
                    and any(not plan.is_noop for plan in e.signature.redistributions)]
     assert in_branches == ["29.b0.0.0", "29.b1.0.0", "32.b0.3", "32.b1.3"]  # the gradient's moves, P,R -> R,R
@@ -1215,6 +1224,44 @@ def test_multisteps_under_a_count_first_model_has_xlas_collectives(mesh: Any) ->
     assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
     assert len(report.predicted_combined) <= len(report.compiled_collectives) == 9
     assert report.predicted_bytes <= 24_080
+
+
+def test_multisteps_at_192_bytes_counts_the_loss_reduction_as_xla_compiles_it(mesh: Any) -> None:
+    """The same MultiSteps step under 192 B per collective: check counts 12 collectives
+    after the combiner (18,000 B) where the pinned program compiles 11 (17,990 B; stop 39:
+    11 and 11). The twelfth is no collective the combiner splits and XLA merges: it is
+    check's conversion of the free loss, left partial over both mesh dims, to XLA's
+    replicated one (a move after the program, reduced tp then dp as XLA compiles one
+    constraint), which the pinned program does not run. Its dp all-reduce joins the
+    gradients' dp group, which the gradient norm's tp all-reduce depends on; so that one
+    and the loss's tp all-reduce would form a cycle and stay apart. The same plan with the
+    loss fixed replicated (the conversion made by the program) compiles to exactly the
+    predicted groups: 12 collectives, 18,000 B. Stop 39 counted 11 walking MultiSteps' cond
+    (its branch a computation of its own; XLA inlines it, as the walk does since stop 40)."""
+    step = training_step("stacked", mesh, common.accumulating_optimizer())
+    model = CostModel(collective_overhead=192)
+    report = check(step.fn, *step.args, out_layouts=step.out_layouts, cost_model=model)
+    assert (report.predicted_bytes, len(report.predicted_combined)) == (18000, 12)
+    conversions = [(str(plan.src), str(plan.dst)) for where, plan in report.redistributions if where != "program"]
+    assert conversions == [("P,P", "R,R")]  # the loss
+    outs = (*step.out_layouts[:-1], Layout.from_device_mesh(mesh)("R,R"))
+    with use_cost_model(model):
+        prediction = predict(step.fn, *step.args, out_layouts=outs)
+        pinned = jax.jit(lambda *a: apply(step.fn, *a, out_layouts=outs, execute="pinned"))
+        compiled = compiled_collectives(pinned, *step.args)
+    planned = prediction.planned_collectives()
+    assert [(planned[i].kind, planned[i].axes) for i in range(-2, 0)] == [("all-reduce", ("tp",)),
+                                                                         ("all-reduce", ("dp",))]
+    combined = prediction.combined()
+    assert sorted(len(g.members) for g in combined) == sorted(len(c.result_shapes) for c in compiled)
+    assert len(combined) == len(compiled) == 12
+    assert sum(collective_nbytes(c, 8) for c in compiled) == prediction.lowered_nbytes == 18000
+    (loss,) = [g for g in combined if len(planned) - 1 in g.members]  # the loss's dp all-reduce: with a gradient's
+    assert len(loss.members) == 2 and [len(g.members) for g in combined if len(planned) - 2 in g.members] == [1]
+    got = jax.tree.leaves(pinned(*step.args), is_leaf=lambda v: isinstance(v, DTensor))
+    want = jax.tree.leaves(step.plain_jit()(*step.plain_args()))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(w), rtol=1e-5, atol=1e-6)
 
 
 def test_llama_scan_under_a_count_first_model_has_xlas_collectives(mesh: Any) -> None:

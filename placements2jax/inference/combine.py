@@ -25,6 +25,12 @@ The rules, read from XLA's source (``collective_combiner_utils.h``'s
   merged groups into cycles no program has (GPT-2's 2x4 adamw step counted 12
   all-reduces where XLA compiles 13). On CPU the pass (``cpu-all-reduce-combiner``) runs
   after layout assignment and fusion (read from its pass dump).
+* A cond's operand moved for its branches reading it alike runs before the cond
+  (:func:`move_computations`; the pinned program's ``hoisted``, what XLA's partitioner
+  compiles): its collectives are the cond's computation's, operands of the cond in its post
+  order, and combine with those before it (novograd's gradient all-reduce joins the dp
+  group before its conds: 9 collectives compiled, 10 counted in the first reading
+  branch's computation until stop 41).
 * An output's move to its ``out_layouts`` (and a move after the program) reducing a
   Partial over several mesh dims is counted last mesh dim first, as XLA compiles the
   predicted program's one constraint (:func:`_xla_order`); the planner reduces the first
@@ -61,9 +67,10 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import partial
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -326,7 +333,9 @@ def planned_collectives(
     (the row moving it, the value it is in the body)); what no root reaches (a while's or a
     cond's bodies, given no results) in program order. A move's collectives are an
     equation's operand after the value they move (a chain, a shared route's first steps
-    where its first reader is)."""
+    where its first reader is); a cond's operand moved before the cond for its branches
+    (:func:`move_computations`, with ``shared_routes``: eager dispatch runs each branch's
+    own) is the cond's operand, in the cond's computation."""
     loops = dict(loops)
     # a scan of one trip, inlined by XLA: its rows are the program's, and its results depend on what their values
     # in the body did, and their moves to the carries (``<loop>.carry<j>``)
@@ -356,6 +365,10 @@ def planned_collectives(
     # equation input (path, index) and output move ("end", k), the last collective of its move
     operands: list[tuple[Any, int | None]] = []
     tails: dict[tuple[str, int], int] = {}
+    # per cond, the moves of its operands its branches read, run before it (move_computations): per value moved,
+    # their last collectives, the cond's operands in XLA's post order
+    hoisted: dict[str, dict[Source, list[int]]] = {}
+    ahead: dict[str, int] = {}  # per cond row not walked yet, the collectives of those moves
     last_of: dict[Any, int | None] = {}  # a route's last collective so far
     made: list[tuple[Any, ...]] = []  # per collective: its fields before its rank (PlannedCollective's order)
 
@@ -363,7 +376,11 @@ def planned_collectives(
         after = before(source)
         last = None
         # the route (its keys, what it shares) is the plan's; each collective is the one XLA compiles at that place
-        within = _within(where, source, loops, scopes) if where != "end" and loops else ("",)
+        within = computations(where, source) if where != "end" else ("",)
+        cond = None
+        if shared_routes and within[0] != scope:  # a cond's operand moved before it, in the cond's computation
+            cond = _cond_left(scope, within[0], loops)
+            scope = within[0]
         for (route, _, runs), lowered in zip(routes.steps(source, plan, within), _lowered_plan(plan, whole, rules)):
             if not runs:
                 after, last = routes.left(route), last_of.get(route)
@@ -382,11 +399,19 @@ def planned_collectives(
                 after |= 1 << last
             routes.record(route, after)
             last_of[route] = last
-        if last is not None:
+        if last is not None and cond is not None:
+            early = hoisted.setdefault(cond, {}).setdefault(source, [])
+            if last not in early:
+                early.append(last)
+            if cond in upstream:  # the cond's results depend on it (a walk's row of a cond precedes its branches')
+                upstream[cond] |= after
+            else:  # the search's follows them (.program._Search.moved_equations)
+                ahead[cond] = ahead.get(cond, 0) | after
+        elif last is not None:
             tails[where, slot] = last
         return after
 
-    scopes = _scopes(tuple(loops.items()))
+    scopes, computations = _scopes(tuple(loops.items())), move_computations(loops)
     equations = tuple(equations)
     known = upstream.get
     for path, sources, plans, whole in equations:
@@ -404,12 +429,13 @@ def planned_collectives(
                 if source is not None:
                     found = None if returned and source in returned else known(source[0])
                     bits |= before(source) if found is None else found
-        upstream[path] = bits
+        upstream[path] = bits | ahead.pop(path, 0) if ahead else bits
     for k, (source, plan) in enumerate(extra):
         moved(source, plan, "end", "", k, True)
     if not made:
         return ()
-    ranks = _post_order(equations, scopes, upstream, operands, tails, returned, outputs, len(extra), dict(results))
+    ranks = _post_order(equations, scopes, upstream, operands, tails, hoisted, returned, outputs, len(extra),
+                        dict(results))
     return tuple(PlannedCollective(*fields, rank) for fields, rank in zip(made, ranks))
 
 
@@ -457,13 +483,14 @@ def _lowered_plan(
 
 def _post_order(
     equations: Sequence[MovedEquation], scopes: dict[str, str], upstream: dict[str, int],
-    operands: Sequence[tuple[Any, int | None]],
-    tails: dict[tuple[str, int], int], returned: dict[Any, Any], outputs: Sequence[Source | None], ends: int,
-    results: dict[str, Sequence[tuple[str, Source | None]]],
+    operands: Sequence[tuple[Any, int | None]], tails: dict[tuple[str, int], int],
+    hoisted: dict[str, dict[Source, list[int]]], returned: dict[Any, Any], outputs: Sequence[Source | None],
+    ends: int, results: dict[str, Sequence[tuple[str, Source | None]]],
 ) -> list[int]:
     """Each collective's place in XLA's post order (:func:`planned_collectives`): a depth
     first walk of the equations from each computation's roots, an equation's inputs first
-    to last, each input's value then its move's collectives, a collective's moved value and
+    to last, each input's value then its move's collectives (``tails``; a cond's, the moves
+    of it its branches read that run before it, ``hoisted``), a collective's moved value and
     the collective before it first. An equation after no collective (``upstream``: none)
     has none to place: the walk skips it (on Llama's 2x4 adamw step most of the forward
     pass)."""
@@ -498,7 +525,7 @@ def _post_order(
             source, previous = operands[node]
             return [*producers(source, scope), *(() if previous is None else (previous,))]
         found: list[str | int] = []
-        moves = moved_at.get(node)
+        moves, early = moved_at.get(node), hoisted.get(node)
         for i, source in enumerate(rows[node].sources):
             path = None if source is None else source[0]
             if path in rows and not (returned and source in returned):  # most: made by an equation (producers())
@@ -508,6 +535,8 @@ def _post_order(
                 found += producers(source, scope)
             if moves is not None and i in moves:
                 found.append(moves[i])
+            if early is not None and source in early:  # visited once, at the first operand holding the value
+                found += early[source]
         return found
 
     def walk(roots: Iterable[str | int], scope: str) -> None:
@@ -564,11 +593,17 @@ def _result_bytes(kind: str, before: Layout, after: Layout, shape: tuple[int, ..
 
 
 @cached(maxsize=64)
-def _scopes(loops: tuple[tuple[str, str], ...]) -> dict[Any, Any]:
-    """The memo of :func:`_scope` per equation path of a program with ``loops`` (and
-    of :func:`move_computations` per (path, source)): the program
+def _scopes(loops: tuple[tuple[str, str], ...]) -> dict[str, str]:
+    """The memo of :func:`_scope` per equation path of a program with ``loops``: the program
     search groups every result it ranks (:meth:`.program._Search.grouped`, ~75 choices of
     Llama's adamw step's 1,137 equations under a latency-bound model)."""
+    return {}
+
+
+@cached(maxsize=64)
+def _computations(loops: tuple[tuple[str, str], ...]) -> dict[tuple[str, Source | None], tuple[str, ...]]:
+    """The memo of :func:`move_computations` per (equation path, value moved) of a program
+    with ``loops`` (each grouping asks it per move, as :func:`_scopes` per equation)."""
     return {}
 
 
@@ -589,28 +624,42 @@ def _scope(path: str, loops: Mapping[str, str]) -> str:
     return ""
 
 
-def move_computations(path: str, source: Source | None, loops: Mapping[str, str]) -> tuple[str, ...]:
-    """Where a move of the value ``source`` (None: a literal or constant) read by the
-    equation at ``path`` runs, then the computations whose moves it sees, innermost first
-    (:class:`.SharedRoutes` keys a route by the first). The first is the equation's
-    computation (:func:`_scope`), but out of each cond's branch that does not make
-    ``source``: the pinned program moves a cond's operand once before the cond for every
-    branch reading it so (:meth:`.operators._Runner.loop`'s ``hoisted``; novograd's two
-    ``lax.cond`` read its partial gradient reduced in both branches: one all-reduce, as
-    XLA's partitioner compiles it, not four). Then those enclosing it across loop
-    boundaries up to a cond's branch: a loop body reads an outer value as it is (a scan's
-    or while's constant), and so the moves made of it before the loop, where a branch
-    reads its operands as values of its own."""
-    return _within(path, source, loops, _scopes(tuple(loops.items()))) if loops else ("",)
+def move_computations(loops: Mapping[str, str]) -> Callable[[str, Source | None], tuple[str, ...]]:
+    """Where moves run in a program with ``loops`` ((path, primitive) of its loops and conds
+    compiled as such): a function of the path of the equation reading a value and the
+    value ``source`` (None: a literal or constant), giving where its move runs, then the
+    computations whose moves it sees, innermost first (:class:`.SharedRoutes` keys a
+    route by the first). The first is the equation's computation (:func:`_scope`), but out
+    of each cond's branch that does not make ``source`` (a literal's is made where it is
+    read): the pinned program moves a cond's
+    operand once before the cond for every branch reading it so
+    (:meth:`.operators._Runner.loop`'s ``hoisted``; novograd's two ``lax.cond`` read its
+    partial gradient reduced in both branches: one all-reduce, as XLA's partitioner
+    compiles it, not four). Then those enclosing it across loop boundaries up to a cond's
+    branch: a loop body reads an outer value as it is (a scan's or while's constant), and
+    so the moves made of it before the loop, where a branch reads its operands as values
+    of its own. The function is bound to the program's memo, found once here: a walk asks
+    it per move."""
+    if not loops:
+        return _in_program
+    return partial(_within, loops=loops, memo=_computations(tuple(loops.items())))
 
 
-def _within(path: str, source: Source | None, loops: Mapping[str, str], memo: dict[Any, Any]) -> tuple[str, ...]:
-    """:func:`move_computations`, memoized in ``memo`` (:func:`_scopes`' of ``loops``)."""
+def _in_program(path: str, source: Source | None) -> tuple[str, ...]:
+    """:func:`move_computations` of a program without loops: every move runs in it."""
+    return ("",)
+
+
+def _within(
+    path: str, source: Source | None, loops: Mapping[str, str], memo: dict[tuple[str, Source | None], tuple[str, ...]]
+) -> tuple[str, ...]:
+    """:func:`move_computations`' function, memoized in ``memo`` (:func:`_computations`' of
+    ``loops``)."""
     key = (path, source)
     known = memo.get(key)
     if known is None:
         where = _scope(path, loops)
-        while where and _is_branch(where, loops) and not (source is not None and source[0].startswith(where + ".")):
+        while where and _is_branch(where, loops) and source is not None and not source[0].startswith(where + "."):
             where = _scope(_loop_of(where, loops), loops)
         chain = [where]
         while where and not _is_branch(where, loops):
@@ -618,6 +667,15 @@ def _within(path: str, source: Source | None, loops: Mapping[str, str], memo: di
             chain.append(where)
         known = memo[key] = tuple(chain)
     return known
+
+
+def _cond_left(where: str, outer: str, loops: Mapping[str, str]) -> str:
+    """The cond (by path) in the computation ``outer`` whose branch holds the computation
+    ``where`` (a move out of a branch, :func:`move_computations`, runs before that cond)."""
+    cond = _loop_of(where, loops)
+    while (enclosing := _scope(cond, loops)) != outer:
+        cond = _loop_of(enclosing, loops)
+    return cond
 
 
 def _loop_of(where: str, loops: Mapping[str, str]) -> str:

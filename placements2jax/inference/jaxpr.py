@@ -242,12 +242,12 @@ class Prediction:
         """Every equation's redistributions in program order, each with the value it moves
         (None: a literal or constant) and where it runs, then the computations whose moves
         it sees (:func:`.combine.move_computations`)."""
-        loops = dict(self.loops)
+        within = move_computations(dict(self.loops))
         for eqn in self.equations:
             if eqn.signature is not None:
                 for i, plan in enumerate(eqn.signature.redistributions):
                     source = eqn.sources[i] if i < len(eqn.sources) else None
-                    yield source, plan, move_computations(eqn.path, source, loops) if not plan.is_noop else ("",)
+                    yield source, plan, within(eqn.path, source) if not plan.is_noop else ("",)
 
     @property
     def steps(self) -> tuple[RedistributeStep, ...]:
@@ -1722,8 +1722,8 @@ class _Walker:
         ``operands``' values, out of any branch of a cond inside too), as (operand index,
         plan), one per operand and layout; each operand holding the moved value: the
         branches read it as an operand of their own."""
-        loops = {row.path: row.primitive for row in self.rows[slot:]
-                 if row.primitive in LOOPS and row.path not in self.inlined}
+        within = move_computations({row.path: row.primitive for row in self.rows[slot:]
+                                    if row.primitive in LOOPS and row.path not in self.inlined})
         inside = f"{path}.b"
         hoisted: dict[tuple[int, Layout], RedistributePlan] = {}
         for row in self.rows[slot + 1:]:
@@ -1732,7 +1732,7 @@ class _Walker:
             for source, plan in zip(row.sources, row.signature.redistributions):
                 if source is None or plan.is_noop or source not in operands:
                     continue
-                if move_computations(row.path, source, loops)[0].startswith(inside):
+                if within(row.path, source)[0].startswith(inside):
                     continue  # run in a branch (of a loop inside it)
                 for j, operand in enumerate(operands):
                     if operand == source:

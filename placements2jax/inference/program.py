@@ -1300,8 +1300,8 @@ class _Search:
         self.position = {node.path: p for p, node in enumerate(graph.nodes)}
         # per (consumer, value), where its move of the value runs, then the computations whose moves it sees
         # (.combine.move_computations): a value's consumers share a move only there (value_cost(), shared_needs())
-        loops = dict(graph.loops)
-        self.within = {(c, value): move_computations(c, value, loops)
+        within = move_computations(dict(graph.loops))
+        self.within = {(c, value): within(c, value)
                        for value, consumers in self.consumers.items() for c, _ in consumers}
         self.paths = [node.path for node in graph.nodes]  # by position
         # Neighbour tables, so that the hot loops loop over no consumers:
