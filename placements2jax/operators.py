@@ -59,12 +59,14 @@ from .factories import place
 from .hlo import running
 from .inference import default_cost_model, infer_signature, predict
 from .inference.cost import CostModel, CostModelLike
+from .inference.combine import stepped
 from .inference.frameworks import Bound, bind, variables_of, with_static_outputs
 from .inference.jaxpr import (
     CONSTRAINT_SHARDING_PARAMS, DEBUG_EFFECTS, HOST_CALLBACKS, ON_UNKNOWN, _drop_dim0, _stacked, all_equations, execute,
     trace_context,
 )
 from .inference.ops import freeze, op_definition, registered_function
+from .inference.plan import FIRST_FIRST
 from .inference.rules import SCATTERS, gather_lookup_axis, scatter_lookup_axis
 from .inference.signature import RedistributePlan, TensorSpec, constant_layout, is_layout_leaf
 from .inference.xla_defects import needs_pinned
@@ -783,11 +785,21 @@ def _output_plans(prediction: Any, without_partial: bool) -> list[RedistributePl
     all-reduce of GPT-2's value_and_grad with another: 22 collectives against 21
     predicted; XLA reduces a Partial over several mesh dims there last mesh dim first,
     as :func:`.inference.combine.planned_collectives` counts it). None too where the plan
-    ends Partial and the caller's move, made ``without_partial``, does not."""
+    ends Partial and the caller's move, made ``without_partial``, does not (which plans
+    are stepped: :func:`.inference.combine.stepped`, as the prediction counts them).
+    Stepped too: an output with no move of its own, made ``without_partial`` by the
+    reduction the prediction orders first mesh dim first against XLA's own order
+    (:attr:`.inference.jaxpr.Prediction.reduction_orders`), its intermediate layout
+    pinned."""
     plans = {e.path: e.signature.redistributions[0] for e in prediction.equations if e.primitive == "out_layouts"}
     chosen = [plans.get(f"out.{i}") for i in range(len(prediction.outputs))]
-    return [plan if plan is not None and plan.passes_uneven and not (without_partial and plan.dst.has_partial)
-            else None for plan in chosen]
+    moves = [plan if plan is not None and stepped(plan) and not (without_partial and plan.dst.has_partial)
+             else None for plan in chosen]
+    if not without_partial:
+        return moves
+    return [move if plan is not None else reduction if order == FIRST_FIRST else None
+            for plan, move, order, reduction in zip(
+                chosen, moves, prediction.reduction_orders, prediction.output_reductions)]
 
 
 def _run_pinned(prediction: Any, inputs: Sequence[_Value], cost_model: CostModelLike) -> tuple[_Pinned, list[_Value]]:

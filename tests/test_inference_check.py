@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding
 
 from models.block import block
 
@@ -16,10 +17,11 @@ from placements2jax import (
     ArgumentTypeError, DTensor, InferenceError, Layout, Partial, Replicate, Shard, apply, distribute_tensor,
     init_device_mesh,
 )
+from placements2jax.dtensor import auto_twin_of
 from placements2jax.hlo import parse_collectives
 from placements2jax.inference import CostModel, check
 from placements2jax.inference.check import collective_nbytes
-from placements2jax.operators import EXECUTES
+from placements2jax.operators import EXECUTES, pinned_function
 from placements2jax.schedules import default_policy, redistribute_schedule, use_policy
 
 F32 = jnp.float32
@@ -498,3 +500,61 @@ def test_an_output_converted_along_a_route_the_program_moved_it_runs_the_shared_
     # eager dispatch runs each move's own: the program's all-reduce and the conversion's
     eager = check(f, *inputs, search="eager")
     assert eager.predicted_counts == {"all-reduce": 2} and eager.predicted_bytes == 2 * 384
+
+
+def _clipped_sgd_step(params: dict[str, jax.Array], x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """A Megatron MLP's step: its loss (a sum over the dp-split batch of the tp-reduced
+    rows: partial over dp and tp), its gradients (partial over dp) scaled by their global
+    norm (partial over tp, made after their dp all-reduces)."""
+    def loss(p: dict[str, jax.Array]) -> jax.Array:
+        return jnp.sum(jax.nn.gelu(x @ p["up"]) @ p["down"])
+
+    value, grads = jax.value_and_grad(loss)(params)
+    norm = jnp.sqrt(sum(jnp.sum(g ** 2) for g in jax.tree.leaves(grads)))
+    scale = 0.1 / jnp.maximum(norm, 1.0)
+    return value, jax.tree.map(lambda p, g: p - scale * g, params, grads)
+
+
+def test_a_loss_partial_over_dp_and_tp_is_reduced_dp_first_where_its_tp_all_reduce_joins_the_norms(
+    mesh: Any,
+) -> None:
+    """The loss, partial over dp and tp, is a free output XLA reduces inside the program.
+    Reduced last mesh dim first (XLA's order for one constraint, the planner's default),
+    its dp all-reduce joins the gradients' dp group and its tp one, made before that
+    group, cannot join the gradient norm's tp all-reduce, made after it: 3 collectives
+    after the combiner (Gemma-2's 15 where XLA compiles 14, docs/benchmarks.md section
+    14). The prediction reduces it dp first (``Prediction.reduction_orders``): its tp
+    all-reduce joins the norm's, 2 collectives; check converts it so, and the pinned
+    program reduces it so (its intermediate layout pinned), compiling the predicted
+    collectives and bytes, with the values plain JAX computes."""
+    L = Layout.from_device_mesh(mesh)
+    layouts = {"up": L("R,S(1)"), "down": L("R,S(0)")}
+    params = {"up": ((16, 64), F32, layouts["up"]), "down": ((64, 16), F32, layouts["down"])}
+    report = check(_clipped_sgd_step, params, spec(mesh, (8, 16), "S(0),R"))
+    loss = report.outputs[0]
+    assert (str(loss.predicted), str(loss.compiled), loss.verdict) == ("P,P", "R,R", "xla reduced partial")
+    assert report.prediction.reduction_orders == ("first first", None, None)
+    assert [(s.axis, s.collective) for s in loss.conversion.steps] == [("dp", "all-reduce"), ("tp", "all-reduce")]
+    assert [(c.kind, c.axes, len(c.members)) for c in report.predicted_combined] == [
+        ("all-reduce", ("dp",), 3), ("all-reduce", ("tp",), 2)]
+    assert sum(report.predicted_combined_counts.values()) <= sum(report.compiled_counts.values()) == 3
+
+    twin = auto_twin_of(mesh.to_jax())
+    inputs = report.prediction.inputs
+    structs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(twin, s.layout.partition_spec))
+               for s in inputs]
+    compiled = jax.jit(pinned_function(report.prediction)).lower(*structs).compile()
+    collectives = parse_collectives(compiled.as_text())
+    assert len(collectives) == 2
+    assert sum(collective_nbytes(c, mesh.size()) for c in collectives) == report.predicted_bytes
+
+    rng = np.random.default_rng(0)
+    plain = {"up": rng.normal(size=(16, 64)).astype(np.float32) / 4, "down": rng.normal(size=(64, 16)).astype(np.float32) / 8}
+    x = rng.normal(size=(8, 16)).astype(np.float32)
+    leaves = jax.tree.leaves((plain, x))
+    arrays = [jax.device_put(a, struct.sharding) for a, struct in zip(leaves, structs)]
+    value, new = _clipped_sgd_step({k: jnp.asarray(v) for k, v in plain.items()}, jnp.asarray(x))
+    got = compiled(*arrays)
+    np.testing.assert_allclose(got[0], value, rtol=1e-5)
+    np.testing.assert_allclose(got[1], new["down"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[2], new["up"], rtol=1e-5, atol=1e-6)

@@ -533,9 +533,10 @@ def check(
         )
         shardings = jax.tree.leaves(compiled.output_shardings)
     callers = prediction.callers or (None,) * len(prediction.outputs)
+    reductions = prediction.output_reductions
     outputs = tuple(
         _kept(i, out.aval, out.layout, kept[i]) if i in kept
-        else _compare(i, out.aval, out.layout, sharding, mesh, cost_model, callers[i])
+        else _compare(i, out.aval, out.layout, sharding, mesh, cost_model, callers[i], reductions[i])
         for i, (out, sharding) in enumerate(zip(prediction.outputs, shardings))
     )
     wrong = miscompiled_outputs(prediction.jaxpr.jaxpr, mesh)
@@ -756,17 +757,19 @@ def _auto_mesh(mesh: DeviceMesh) -> jax.sharding.Mesh:
 
 def _compare(
     index: int, aval: Aval, predicted: Layout, sharding: Any, mesh: DeviceMesh, cost_model: CostModelLike,
-    caller: Layout | None = None,
+    caller: Layout | None = None, reduction: RedistributePlan | None = None,
 ) -> OutputCheck:
     """One output's verdict; ``caller``: for a free output of the program search, the
     layout the search charged its move to (:attr:`.Prediction.callers`), which a
-    ``differs`` note names."""
+    ``differs`` note names; ``reduction``: the prediction's plan reducing its partials
+    (:attr:`.Prediction.output_reductions`), the conversion where XLA's layout is that."""
     compiled = _sharding_layout(sharding, mesh, aval.ndim)
     if compiled is None:
         return OutputCheck(index, aval, predicted, None, DIFFERS, f"XLA's sharding {sharding} is not a mesh sharding", None)
     if compiled == predicted:
         return OutputCheck(index, aval, predicted, compiled, EQUAL, "", None)
-    conversion = plan_redistribute(aval.shape, aval.dtype, predicted, compiled, cost_model)
+    conversion = (reduction if reduction is not None and reduction.dst == compiled
+                  else plan_redistribute(aval.shape, aval.dtype, predicted, compiled, cost_model))
     moves = ", ".join(str(s) for s in conversion.steps)
     if _reduced_form(predicted, compiled):
         axes = [mesh.axis_names[m] for m, op in enumerate(predicted.partial) if op]

@@ -292,11 +292,11 @@ def _xla_order(steps: Sequence[RedistributeStep]) -> list[RedistributeStep]:
     ``spmd-partitioning`` pass dump; measured with jax 0.10.2's CPU client on
     ``x.sum((0, 1))`` of a (2, 4, 32) array split (dp, tp) over a 2x4 mesh, of a (4, 2, 32)
     one split (tp, dp), and of three dims over 2x2x2), so the last mesh dim first. The
-    planner reduces the first mesh dim first; the bytes are the same (each an all-reduce
-    of the same block), but the order decides what XLA's combiner can merge: GPT-2's 2x4
-    ``value_and_grad`` returns two bias gradients ``P(dp),P(tp)`` whose tp all-reduces,
-    first in XLA's order, join another tp one (11 all-reduces compiled; 12 counted in the
-    planner's order)."""
+    bytes are the same in any order (each an all-reduce of the same block), but the order
+    decides what XLA's combiner can merge: GPT-2's 2x4 ``value_and_grad`` returns two bias
+    gradients ``P(dp),P(tp)`` whose tp all-reduces, first in XLA's order, join another tp
+    one (11 all-reduces compiled; 12 counted first mesh dim first). The planner orders
+    them so too (:mod:`.plan`), but for a plan ordered otherwise (:func:`stepped`)."""
     steps = list(steps)
     start = 0
     while start < len(steps):
@@ -306,6 +306,20 @@ def _xla_order(steps: Sequence[RedistributeStep]) -> list[RedistributeStep]:
         steps[start:end] = sorted(steps[start:end], key=lambda step: -step.mesh_dim)
         start = end + 1
     return steps
+
+
+def stepped(plan: RedistributePlan) -> bool:
+    """Whether the predicted program (``apply(execute="pinned")``,
+    :func:`~placements2jax.operators.pinned_function`) takes an output's move by ``plan``
+    step by step, each step's layout pinned, rather than as one constraint whose route XLA
+    chooses (:func:`_xla_order`): where the route passes an uneven layout
+    (:func:`~placements2jax.operators._output_plans`), or where its reductions are not
+    in XLA's order (a free output's reduction planned first mesh dim first,
+    :attr:`.jaxpr.Prediction.reduction_orders`)."""
+    if plan.passes_uneven:
+        return True
+    communicating = [step for step in plan.steps if not step.over_one_device]
+    return _xla_order(communicating) != communicating
 
 
 def planned_collectives(
@@ -460,7 +474,7 @@ def _lowered_plan(
         return known[2]  # type: ignore[no-any-return]
     dtype, widening = rules.compiled_dtype(plan.dtype), rules.widening(plan.dtype)
     lowered: list[tuple[tuple[tuple[Any, ...], ...], tuple[Any, ...]] | None] = []
-    for step in _xla_order(plan.steps) if whole and not plan.passes_uneven else plan.steps:
+    for step in _xla_order(plan.steps) if whole and not stepped(plan) else plan.steps:
         if not step.communicates:
             lowered.append(None)
             continue

@@ -58,7 +58,7 @@ from .combine import (
 from .cost import ALL_REDUCE, CostModel, CostModelLike, Overhead, resolve_cost_model
 from .frameworks import bind
 from .ops import CALL_JAXPR_PARAMS, ELEMENTWISE_PRIMITIVES, PrimitiveDef, primitive_definition, registered_function
-from .plan import InputPlans, cached_plan, cached_plan_cost, mesh_all_reduce
+from .plan import FIRST_FIRST, LAST_FIRST, InputPlans, ReductionOrder, cached_plan, cached_plan_cost, mesh_all_reduce
 from .program import ProgramGraph, ProgramNode, ValueId, forced_signature, select_program
 from .rules import BATCH_PARTITIONED
 from .select import signature_for
@@ -379,6 +379,64 @@ class Prediction:
         compiled program of this prediction counts; :attr:`collectives` counts operands,
         and on CPU keeps reduce-scatters, which CPU XLA compiles as all-reduces)."""
         return Counter(c.kind for c in self.combined())
+
+    @property
+    def output_reductions(self) -> tuple[RedistributePlan | None, ...]:
+        """Per output, the plan reducing its partials (to its layout ``without_partial``;
+        None where it has none), in the order :attr:`reduction_orders` chose: how
+        :func:`~.check.check` converts it where XLA reduces it inside the program, and how
+        :func:`~placements2jax.operators.pinned_function` returns it."""
+        return tuple(self._reduction(out, order) if order is not None else None
+                     for out, order in zip(self.outputs, self.reduction_orders))
+
+    @cached_property
+    def reduction_orders(self) -> tuple[ReductionOrder | None, ...]:
+        """Per output partial over some mesh dims, the order its reduction
+        (:attr:`output_reductions`) takes them in (None: no partial): the planner's, the
+        last mesh dim first (:data:`.plan.LAST_FIRST`, XLA's own order), but for an
+        output whose reduction planned first mesh dim first (:data:`.plan.FIRST_FIRST`,
+        its all-reduces in the other order: :meth:`_reordered`) leaves fewer collectives after XLA's combiner at no more bytes (every output's
+        reduction counted at the end of the program; tried one output at a time, in
+        order). Gemma-2's adamw step (docs/benchmarks.md section 14): its loss, partial
+        over ``dp`` and ``tp``, reduced ``tp`` first has its ``dp`` all-reduce join the
+        gradients' ``dp`` group, and its ``tp`` one, made before that group, can join no
+        later ``tp`` all-reduce (the gradient norm's would close a cycle); reduced ``dp``
+        first, as XLA compiles it, its ``tp`` all-reduce joins the final group of
+        scalars' (15 -> 14 collectives after the combiner, XLA's count)."""
+        orders: list[ReductionOrder | None] = [LAST_FIRST if out.layout.has_partial else None for out in self.outputs]
+        reordered = [i for i, out in enumerate(self.outputs) if out.layout.has_partial and self._reordered(out)]
+        if not reordered:
+            return tuple(orders)
+        sources = self.output_sources or (None,) * len(self.outputs)
+
+        def counted(trial: Sequence[ReductionOrder | None]) -> tuple[int, Fraction]:
+            extra = [(source, self._reduction(out, order))
+                     for source, out, order in zip(sources, self.outputs, trial) if order is not None]
+            return len(self.combined(extra=extra)), self._lowered_with(extra)
+
+        best = counted(orders)
+        for i in reordered:
+            trial = [*orders[:i], FIRST_FIRST, *orders[i + 1:]]
+            count, nbytes = counted(trial)
+            if count < best[0] and nbytes <= best[1]:
+                orders, best = trial, (count, nbytes)
+        return tuple(orders)
+
+    def _reordered(self, out: TensorSpec) -> bool:
+        """Whether ``out``'s reduction planned first mesh dim first is all-reduces alone,
+        other than the planner's: the same collectives in another order (each an
+        all-reduce of the same block, the same bytes), which the pinned program then runs
+        step by step (:func:`.combine.stepped`). A route through reduce-scatters is not
+        reordered: run as one constraint, XLA compiles its own all-reduces there
+        (tests/test_inference_check.py)."""
+        first = self._reduction(out, FIRST_FIRST)
+        return (all(step.collective == ALL_REDUCE for step in first.steps if step.communicates)
+                and first.steps != self._reduction(out, LAST_FIRST).steps)
+
+    def _reduction(self, out: TensorSpec, order: ReductionOrder) -> RedistributePlan:
+        """The plan reducing ``out``'s partials in ``order``."""
+        model = self.cost_model or resolve_cost_model(None)
+        return cached_plan(out.shape, out.dtype, out.layout, out.layout.without_partial(), model, 0, order)
 
     @property
     def _backend(self) -> str:

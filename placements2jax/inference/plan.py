@@ -39,7 +39,12 @@ partial over several mesh dims is reduced last mesh dim first, as XLA reduces it
 own programs (a loss partial over ``dp`` and ``tp``: ``tp`` first, where its reduction
 joins the layer's other ``tp`` all-reduces, then ``dp`` with the gradients'; dp first,
 the ``tp`` one depended on the gradients' ``dp`` group and could join no other: one
-collective more after XLA's combiner on 6 of docs/benchmarks.md section 14's programs). ``R -> P`` steps come last, in mesh dim order: creating a
+collective more after XLA's combiner on 6 of docs/benchmarks.md section 14's programs).
+:func:`cached_plan`'s ``order`` :data:`FIRST_FIRST` counts them from the first instead
+(the same bytes when the reductions are all-reduces of one block): a free output's
+reduction is planned so where that leaves fewer collectives after the combiner
+(:attr:`.jaxpr.Prediction.output_reductions`; Gemma-2's loss, whose ``tp`` all-reduce
+then joins the optimizer's final group of scalars). ``R -> P`` steps come last, in mesh dim order: creating a
 partial is free and never makes a later step cheaper; a partial that the source and
 the destination share (same op, same mesh dim) is kept untouched, but on a size-1 mesh
 dim of a move: there it is given up first and made again last (both free), so that all
@@ -53,7 +58,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -88,6 +93,11 @@ from .signature import RedistributePlan, RedistributeStep, TensorSpec, placement
 __all__ = ["InputPlans", "layout_state", "plan_collectives", "plan_cost", "plan_redistribute"]
 
 DimAxes = tuple[tuple[int, ...], ...]
+# the order, among routes of equal cost and steps, in which a plan reduces a value partial over several mesh dims
+# (:func:`cached_plan`'s ``order``): the last mesh dim first (the default, XLA's own), or the first
+ReductionOrder = Literal["last first", "first first"]
+LAST_FIRST: ReductionOrder = "last first"
+FIRST_FIRST: ReductionOrder = "first first"
 # (dim_axes, partial), and split factors as a third entry for a strided layout only
 State = tuple[Any, ...]
 
@@ -161,11 +171,13 @@ def layout_state(layout: Layout) -> State:
 
 @cached(maxsize=8192)
 def cached_plan(
-    shape: tuple[int, ...], dtype: np.dtype, src: Layout, dst: Layout, cost_model: Any, overhead: Overhead = 0
+    shape: tuple[int, ...], dtype: np.dtype, src: Layout, dst: Layout, cost_model: Any, overhead: Overhead = 0,
+    order: ReductionOrder = LAST_FIRST,
 ) -> RedistributePlan:
     """:func:`plan_redistribute`'s plan; ``overhead``: bytes each communicating step also
     costs when choosing the route, one figure or one per kind (see :class:`_Dijkstra`),
-    none by default."""
+    none by default; ``order``: which of several partial mesh dims a route of equal cost
+    reduces first (see the module docstring)."""
     if src == dst:  # nothing to move (a partial on a size-1 mesh dim is not given up and made again below)
         return RedistributePlan(shape, dtype, src, dst, ())
     mesh = src.mesh
@@ -193,7 +205,7 @@ def cached_plan(
     # (2,1,4) mesh's pinned MLP step all-gathered h over dp twice, 4,102 B against (2,4)'s 3,590).
     kept = tuple(op if op and src.partial[m] == op and mesh.shape[m] > 1 else None for m, op in enumerate(dst.partial))
     target: State = (target_axes, kept)
-    search = _search(shape, dtype.itemsize, mesh.shape, weights, src_state, overhead)
+    search = _search(shape, dtype.itemsize, mesh.shape, weights, src_state, overhead, order)
     moves = search.path_to(target)
     state = src_state
     for move in moves:
@@ -412,9 +424,9 @@ def _step(
 @cached(maxsize=1024)
 def _search(
     shape: tuple[int, ...], itemsize: int, mesh_shape: tuple[int, ...], weights: tuple[Fraction, ...], src: State,
-    overhead: Overhead = 0,
+    overhead: Overhead = 0, order: ReductionOrder = LAST_FIRST,
 ) -> _Dijkstra:
-    return _Dijkstra(shape, itemsize, mesh_shape, weights, src, overhead)
+    return _Dijkstra(shape, itemsize, mesh_shape, weights, src, overhead, order)
 
 
 class _Dijkstra:
@@ -446,6 +458,7 @@ class _Dijkstra:
         weights: tuple[Fraction, ...],
         src: State,
         overhead: Overhead = 0,
+        order: ReductionOrder = LAST_FIRST,
     ) -> None:
         self._src = src
         # size-1 mesh dims are planned around the search, not in it (see _TrivialDims)
@@ -453,7 +466,7 @@ class _Dijkstra:
         if self._trivial is not None:
             src = self._trivial.strip(src)
         active = tuple(m for m, n in enumerate(mesh_shape) if n > 1 or self._trivial is None)
-        self._steps = _steps(shape, itemsize, mesh_shape, active)
+        self._steps = _steps(shape, itemsize, mesh_shape, active, order)
         self.unit = self._steps.unit
         self.weight_unit, self.weights = _integral_weights(weights)
         scale = self.unit * self.weight_unit
@@ -544,12 +557,16 @@ class _Steps:
     keys, found once per layout: every search on tensors of one shape shares them
     (searches from different sources settle the same layouts: 8238 expansions of 1123
     layouts on a Llama adamw step's cold predict). ``unit``: see :class:`_Dijkstra`;
-    ``radix``: one more than the largest move key digit (:meth:`of`)."""
+    ``radix``: one more than the largest move key digit (:meth:`of`); ``order``: the
+    reductions' tie order (:func:`cached_plan`'s)."""
 
-    __slots__ = ("shape", "itemsize", "mesh_shape", "active", "unit", "radix", "factors", "by_state")
+    __slots__ = ("shape", "itemsize", "mesh_shape", "active", "order", "unit", "radix", "factors", "by_state")
 
-    def __init__(self, shape: tuple[int, ...], itemsize: int, mesh_shape: tuple[int, ...], active: tuple[int, ...]) -> None:
-        self.shape, self.itemsize, self.mesh_shape, self.active = shape, itemsize, mesh_shape, active
+    def __init__(
+        self, shape: tuple[int, ...], itemsize: int, mesh_shape: tuple[int, ...], active: tuple[int, ...],
+        order: ReductionOrder,
+    ) -> None:
+        self.shape, self.itemsize, self.mesh_shape, self.active, self.order = shape, itemsize, mesh_shape, active, order
         self.unit, self.factors = _scaled_factors(mesh_shape)
         self.radix = len(mesh_shape) * len(_KIND_ORDER) * (len(shape) + 1)
         self.by_state: dict[State, tuple[Moved, ...]] = {}
@@ -581,8 +598,10 @@ def _times(factor: Fraction, unit: int) -> int:
 
 
 @cached(maxsize=1024)
-def _steps(shape: tuple[int, ...], itemsize: int, mesh_shape: tuple[int, ...], active: tuple[int, ...]) -> _Steps:
-    return _Steps(shape, itemsize, mesh_shape, active)
+def _steps(
+    shape: tuple[int, ...], itemsize: int, mesh_shape: tuple[int, ...], active: tuple[int, ...], order: ReductionOrder,
+) -> _Steps:
+    return _Steps(shape, itemsize, mesh_shape, active, order)
 
 
 def _moves(state: State, steps: _Steps) -> tuple[Moved, ...]:
@@ -600,6 +619,7 @@ def _moves(state: State, steps: _Steps) -> tuple[Moved, ...]:
     width = len(dim_axes) + 1  # the target dim's digits: -1 (none) and every tensor dim
     dims = range(len(dim_axes))
     split_of = {m: d for d, axes in enumerate(dim_axes) for m in axes}
+    last_first = steps.order == LAST_FIRST
     whole = None  # the block of a mesh dim splitting nothing: the device's block
     moves: list[Moved] = []
     for m in steps.active:
@@ -607,7 +627,8 @@ def _moves(state: State, steps: _Steps) -> tuple[Moved, ...]:
         split = split_of.get(m)
         key = m * len(_KIND_ORDER)
         if partial[m]:  # a partial mesh dim splits nothing: its block is the device's
-            key = (len(mesh_shape) - 1 - m) * len(_KIND_ORDER)  # reductions: the last mesh dim first
+            # reductions: the last mesh dim first (or the first, ``steps.order``)
+            key = (len(mesh_shape) - 1 - m if last_first else m) * len(_KIND_ORDER)
             if whole is None:
                 whole = block_bytes(shape, itemsize, dim_axes, mesh_shape)
             block = whole
