@@ -34,12 +34,14 @@ from placements2jax import (
     init_device_mesh,
     rowwise,
 )
+from placements2jax.dtensor import auto_twin_of
 from placements2jax.hlo import compiled_collectives, parse_collectives
 from placements2jax.inference import CostModel, check, predict, primitive_names, use_cost_model
 from placements2jax.inference.cost import collective_nbytes, default_cost_model
 from placements2jax.inference.ops import freeze, primitive_definition
 from placements2jax.inference.select import signature_for
 from placements2jax.inference.signature import Aval, TensorSpec
+from placements2jax.operators import pinned_function
 
 F32 = jnp.float32
 
@@ -1227,23 +1229,42 @@ def test_multisteps_under_a_count_first_model_has_xlas_collectives(mesh: Any) ->
 
 
 def test_multisteps_at_192_bytes_counts_the_loss_reduction_as_xla_compiles_it(mesh: Any) -> None:
-    """The same MultiSteps step under 192 B per collective: check counts 12 collectives
-    after the combiner (18,000 B) where the pinned program compiles 11 (17,990 B; stop 39:
-    11 and 11). The twelfth is no collective the combiner splits and XLA merges: it is
-    check's conversion of the free loss, left partial over both mesh dims, to XLA's
-    replicated one (a move after the program, reduced tp then dp as XLA compiles one
-    constraint), which the pinned program does not run. Its dp all-reduce joins the
-    gradients' dp group, which the gradient norm's tp all-reduce depends on; so that one
-    and the loss's tp all-reduce would form a cycle and stay apart. The same plan with the
-    loss fixed replicated (the conversion made by the program) compiles to exactly the
-    predicted groups: 12 collectives, 18,000 B. Stop 39 counted 11 walking MultiSteps' cond
-    (its branch a computation of its own; XLA inlines it, as the walk does since stop 40)."""
+    """The same MultiSteps step under 192 B per collective. Check converts the free loss,
+    left partial over both mesh dims, to XLA's replicated one after the program; reduced
+    tp then dp (XLA's order for one constraint, the planner's default) it counted 12
+    collectives after the combiner (18,000 B) where the program itself compiles 11
+    (17,990 B): its dp all-reduce joins the gradients' dp group, which the gradient norm's
+    tp all-reduce depends on, so that one and the loss's tp all-reduce would form a cycle
+    and stay apart. The prediction reduces it dp first (``Prediction.reduction_orders``,
+    stop 41): its tp all-reduce joins the last tp group, 11, and the pinned program
+    reducing it so (its intermediate layout pinned) compiles exactly those groups. The
+    same plan with the loss fixed replicated by ``out_layouts`` is a fixed output's move,
+    not reordered: reduced tp then dp as XLA compiles one constraint, it compiles to
+    exactly the 12 predicted groups."""
     step = training_step("stacked", mesh, common.accumulating_optimizer())
     model = CostModel(collective_overhead=192)
     report = check(step.fn, *step.args, out_layouts=step.out_layouts, cost_model=model)
-    assert (report.predicted_bytes, len(report.predicted_combined)) == (18000, 12)
+    assert (report.predicted_bytes, len(report.predicted_combined)) == (18000, 11)
     conversions = [(str(plan.src), str(plan.dst)) for where, plan in report.redistributions if where != "program"]
     assert conversions == [("P,P", "R,R")]  # the loss
+    (loss,) = [o for o in report.outputs if str(o.predicted) == "P,P"]
+    assert [(s.axis, s.collective) for s in loss.conversion.steps] == [("dp", "all-reduce"), ("tp", "all-reduce")]
+    assert [o for o in report.prediction.reduction_orders if o is not None] == ["first first"]
+
+    twin = auto_twin_of(mesh.to_jax())
+    structs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(twin, s.layout.partition_spec))
+               for s in report.prediction.inputs]
+    program = jax.jit(pinned_function(report.prediction, model)).lower(*structs).compile()
+    collectives = parse_collectives(program.as_text())
+    assert sorted(len(g.members) for g in report.predicted_combined) == sorted(len(c.result_shapes) for c in collectives)
+    assert sum(collective_nbytes(c, 8) for c in collectives) == report.predicted_bytes
+    leaves = jax.tree.leaves(step.args, is_leaf=lambda v: isinstance(v, DTensor))
+    arrays = [jax.device_put(np.asarray(v.full_tensor() if isinstance(v, DTensor) else v), struct.sharding)
+              for v, struct in zip(leaves, structs, strict=True)]
+    want = jax.tree.leaves(step.plain_jit()(*step.plain_args()))
+    for g, w in zip(program(*arrays), want, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
+
     outs = (*step.out_layouts[:-1], Layout.from_device_mesh(mesh)("R,R"))
     with use_cost_model(model):
         prediction = predict(step.fn, *step.args, out_layouts=outs)
@@ -1259,7 +1280,6 @@ def test_multisteps_at_192_bytes_counts_the_loss_reduction_as_xla_compiles_it(me
     (loss,) = [g for g in combined if len(planned) - 1 in g.members]  # the loss's dp all-reduce: with a gradient's
     assert len(loss.members) == 2 and [len(g.members) for g in combined if len(planned) - 2 in g.members] == [1]
     got = jax.tree.leaves(pinned(*step.args), is_leaf=lambda v: isinstance(v, DTensor))
-    want = jax.tree.leaves(step.plain_jit()(*step.plain_args()))
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(w), rtol=1e-5, atol=1e-6)
 
