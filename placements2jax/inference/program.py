@@ -561,7 +561,11 @@ def _escaped(search: _Search, eagers: tuple[Choice, Choice], chosen: Choice) -> 
     Llama adamw step 219,716 -> 172,356 B, 53 -> 40 collectives; the 2x4 one 133,098 ->
     127,462, 29 -> 25; the 8-device GPT-2 step 65,191 -> 61,159, 19 -> 11), every output
     layout as it was, and leaves the others as they were; it costs ~6% of a cold predict
-    of Llama's or GPT-2's step, ~15% of the Megatron MLP's (its two searches)."""
+    of Llama's or GPT-2's step, ~15% of the Megatron MLP's (its two searches). Stop 41's
+    ablation (main e23a9fc): removed, it changes one of those 19 lines (the 4x2 Llama
+    step +32 B, 28 -> 30 collectives): the later descents of :func:`_continued` reach the
+    others' results now; with :func:`_commoned` removed too, ~8% of the 2x4 Llama step's
+    evaluations."""
     overhead = tuple(_ESCAPE_OVERHEAD.get(kind, overhead_of(search.overhead, kind)) for kind in COMMUNICATING)
     escape = search.repriced(compiled=True, overhead=overhead)  # type: ignore[arg-type]
     offered = _repriced_paths(search, escape, chosen)
@@ -599,7 +603,9 @@ def _commoned(search: _Search, eagers: tuple[Choice, Choice], chosen: Choice) ->
     on a program with repeated layers (:attr:`_Search.layers`: the seeded search,
     :func:`_seeded`): there it changed no prediction measured and its cascades grow with
     the program (Llama's 8-layer adamw step 2.3 -> 3.5 s CPU, the same prediction; the
-    4-layer step of the dump the same bytes and collectives)."""
+    4-layer step of the dump the same bytes and collectives). Stop 41's ablation (main
+    e23a9fc): removed, it changes one of the dump's 19 lines (the 4x2 Llama step -954 B,
+    one collective more): :func:`_continued`'s common descent reaches the others now."""
     if search.layers:
         return chosen
     found = _common_descent(search, chosen)
