@@ -2938,10 +2938,8 @@ class _Search:
         so the whole difference would pass it too (:meth:`no_dearer` returns False there
         either way; ~90% of its calls on GPT-2's adamw step, summed to the end before)."""
         nbytes = 0.0
-        tables, value_cost = self.value_costs, self.value_cost
         for value in values:
-            decide, memo = tables[value]
-            nbytes += (memo.get(decide(choice)) or value_cost(value, choice))[0]
+            nbytes += self.value_cost(value, choice)[0]
             if nbytes - before > tolerance:
                 return None
         return nbytes - before
