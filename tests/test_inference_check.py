@@ -9,19 +9,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding
 
 from models.block import block
+from models.common import compiled_pinned
 
 from placements2jax import (
     ArgumentTypeError, DTensor, InferenceError, Layout, Partial, Replicate, Shard, apply, distribute_tensor,
     init_device_mesh,
 )
-from placements2jax.dtensor import auto_twin_of
 from placements2jax.hlo import parse_collectives
 from placements2jax.inference import CostModel, check
 from placements2jax.inference.check import collective_nbytes
-from placements2jax.operators import EXECUTES, pinned_function
+from placements2jax.operators import EXECUTES
 from placements2jax.schedules import default_policy, redistribute_schedule, use_policy
 
 F32 = jnp.float32
@@ -539,11 +538,7 @@ def test_a_loss_partial_over_dp_and_tp_is_reduced_dp_first_where_its_tp_all_redu
         ("all-reduce", ("dp",), 3), ("all-reduce", ("tp",), 2)]
     assert sum(report.predicted_combined_counts.values()) <= sum(report.compiled_counts.values()) == 3
 
-    twin = auto_twin_of(mesh.to_jax())
-    inputs = report.prediction.inputs
-    structs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(twin, s.layout.partition_spec))
-               for s in inputs]
-    compiled = jax.jit(pinned_function(report.prediction)).lower(*structs).compile()
+    compiled, structs = compiled_pinned(report.prediction)
     collectives = parse_collectives(compiled.as_text())
     assert len(collectives) == 2
     assert sum(collective_nbytes(c, mesh.size()) for c in collectives) == report.predicted_bytes

@@ -34,14 +34,12 @@ from placements2jax import (
     init_device_mesh,
     rowwise,
 )
-from placements2jax.dtensor import auto_twin_of
 from placements2jax.hlo import compiled_collectives, parse_collectives
 from placements2jax.inference import CostModel, check, predict, primitive_names, use_cost_model
 from placements2jax.inference.cost import collective_nbytes, default_cost_model
 from placements2jax.inference.ops import freeze, primitive_definition
 from placements2jax.inference.select import signature_for
 from placements2jax.inference.signature import Aval, TensorSpec
-from placements2jax.operators import pinned_function
 
 F32 = jnp.float32
 
@@ -1251,10 +1249,7 @@ def test_multisteps_at_192_bytes_counts_the_loss_reduction_as_xla_compiles_it(me
     assert [(s.axis, s.collective) for s in loss.conversion.steps] == [("dp", "all-reduce"), ("tp", "all-reduce")]
     assert [o for o in report.prediction.reduction_orders if o is not None] == ["first first"]
 
-    twin = auto_twin_of(mesh.to_jax())
-    structs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(twin, s.layout.partition_spec))
-               for s in report.prediction.inputs]
-    program = jax.jit(pinned_function(report.prediction, model)).lower(*structs).compile()
+    program, structs = common.compiled_pinned(report.prediction, model)
     collectives = parse_collectives(program.as_text())
     assert sorted(len(g.members) for g in report.predicted_combined) == sorted(len(c.result_shapes) for c in collectives)
     assert sum(collective_nbytes(c, 8) for c in collectives) == report.predicted_bytes

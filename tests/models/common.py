@@ -10,9 +10,13 @@ import jax
 import numpy as np
 import optax
 
+from jax.sharding import NamedSharding
+
 from placements2jax import DTensor, Layout, distribute_pytree, distribute_tensor, state_layouts
+from placements2jax.dtensor import auto_twin_of
 from placements2jax.hlo import Collective
 from placements2jax.inference.cost import collective_nbytes
+from placements2jax.operators import pinned_function
 
 
 def make_optimizer(learning_rate: float = 1e-3) -> optax.GradientTransformation:
@@ -67,6 +71,17 @@ def communication(collectives: list[Collective]) -> tuple[int, float]:
     """A compiled program's collectives (``parse_collectives`` of its HLO text, or
     ``compiled_collectives``) as (how many, bytes each device sends) on the 8 test devices."""
     return len(collectives), float(sum(collective_nbytes(c, 8) for c in collectives))
+
+
+def compiled_pinned(prediction: Any, cost_model: Any = None) -> tuple[Any, list[jax.ShapeDtypeStruct]]:
+    """``prediction``'s pinned program (:func:`placements2jax.operators.pinned_function`,
+    under ``cost_model``) compiled by ``jax.jit`` on its inputs' layouts as plain JAX takes
+    them (on their mesh's Auto twin), and those inputs' ShapeDtypeStructs (their shardings
+    place the arguments to run it on)."""
+    twin = auto_twin_of(prediction.inputs[0].layout.mesh.to_jax())
+    structs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(twin, s.layout.partition_spec))
+               for s in prediction.inputs]
+    return jax.jit(pinned_function(prediction, cost_model)).lower(*structs).compile(), structs
 
 
 def below_floor(report: Any) -> bool:
