@@ -380,7 +380,7 @@ class Prediction:
         and on CPU keeps reduce-scatters, which CPU XLA compiles as all-reduces)."""
         return Counter(c.kind for c in self.combined())
 
-    @property
+    @cached_property
     def output_reductions(self) -> tuple[RedistributePlan | None, ...]:
         """Per output, the plan reducing its partials (to its layout ``without_partial``;
         None where it has none), in the order :attr:`reduction_orders` chose: how
