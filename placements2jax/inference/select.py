@@ -324,20 +324,32 @@ def nest_orders(mesh: DeviceMesh, layouts: Sequence[Layout]) -> tuple[tuple[int,
     already splits, as the minor one, is one all-to-all; size-1 mesh dims stay in place:
     where one of them nests splits nothing); on larger meshes the orders implied by
     ``layouts``."""
+    every = _every_order(mesh)
+    if every is not None:
+        return every
     orders = [tuple(range(mesh.ndim))]
-    real = [m for m, n in enumerate(mesh.shape) if n > 1]
-    if len(real) <= _ALL_ORDERS_UP_TO:
-        for permuted in itertools.permutations(real):
-            order = list(orders[0])
-            for m, new in zip(real, permuted):
-                order[m] = new
-            if tuple(order) != orders[0]:
-                orders.append(tuple(order))
-        return tuple(orders)
     for layout in layouts:
         order = _implied_order(layout)
         if order not in orders:
             orders.append(order)
+    return tuple(orders)
+
+
+@cached(maxsize=256)
+def _every_order(mesh: DeviceMesh) -> tuple[tuple[int, ...], ...] | None:
+    """:func:`nest_orders` on a mesh of up to ``_ALL_ORDERS_UP_TO`` dims of more than one
+    device (the layouts not read there: cached per mesh, as every ranking asks); None on
+    larger meshes."""
+    orders = [tuple(range(mesh.ndim))]
+    real = [m for m, n in enumerate(mesh.shape) if n > 1]
+    if len(real) > _ALL_ORDERS_UP_TO:
+        return None
+    for permuted in itertools.permutations(real):
+        order = list(orders[0])
+        for m, new in zip(real, permuted):
+            order[m] = new
+        if tuple(order) != orders[0]:
+            orders.append(tuple(order))
     return tuple(orders)
 
 
@@ -382,7 +394,7 @@ def rank_candidates(
     them); the candidates' plans are built only
     when read (:class:`.plan.InputPlans`): ranking needs their costs alone."""
     n_in = len(specs)
-    replicate = OneDSig((Replicate(),) * n_in, (Replicate(),) * len(out_avals))
+    replicate = _all_replicate(n_in, len(out_avals))
     sigs = tuple(sorted(set(one_d) | {replicate}, key=_sig_key))  # one cache key per set of signatures
     avals = tuple(s.aval for s in specs) + tuple(out_avals)
     allowed = _trivial_dim_sigs(sigs, specs, mesh)
@@ -404,6 +416,13 @@ def rank_candidates(
         ranked = _ranked(sigs, specs, avals, out_avals, mesh, orders, cost_model, None, out_constraint, in_constraint,
                          strided, gathered)
     return ranked
+
+
+@cached(maxsize=256)
+def _all_replicate(n_in: int, n_out: int) -> OneDSig:
+    """The all-Replicate 1-D signature every op has: one object per arity, its hash and
+    sort key computed once (every ranking adds it to its rule's)."""
+    return OneDSig((Replicate(),) * n_in, (Replicate(),) * n_out)
 
 
 def _trivial_dim_sigs(
@@ -815,7 +834,7 @@ def _bounded_best(
     if any(s.layout.is_strided for s in specs):
         return None
     n_in = len(specs)
-    replicate = OneDSig((Replicate(),) * n_in, (Replicate(),) * len(out_avals))
+    replicate = _all_replicate(n_in, len(out_avals))
     ordered = sorted(set(one_d) | {replicate}, key=_sig_key)
     # per signature index (a combination's parts read by index, not by hashing signatures)
     sig_keys = [_sig_key(sig) for sig in ordered]
