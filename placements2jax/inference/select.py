@@ -324,20 +324,32 @@ def nest_orders(mesh: DeviceMesh, layouts: Sequence[Layout]) -> tuple[tuple[int,
     already splits, as the minor one, is one all-to-all; size-1 mesh dims stay in place:
     where one of them nests splits nothing); on larger meshes the orders implied by
     ``layouts``."""
+    every = _every_order(mesh)
+    if every is not None:
+        return every
     orders = [tuple(range(mesh.ndim))]
-    real = [m for m, n in enumerate(mesh.shape) if n > 1]
-    if len(real) <= _ALL_ORDERS_UP_TO:
-        for permuted in itertools.permutations(real):
-            order = list(orders[0])
-            for m, new in zip(real, permuted):
-                order[m] = new
-            if tuple(order) != orders[0]:
-                orders.append(tuple(order))
-        return tuple(orders)
     for layout in layouts:
         order = _implied_order(layout)
         if order not in orders:
             orders.append(order)
+    return tuple(orders)
+
+
+@cached(maxsize=256)
+def _every_order(mesh: DeviceMesh) -> tuple[tuple[int, ...], ...] | None:
+    """:func:`nest_orders` on a mesh of up to ``_ALL_ORDERS_UP_TO`` dims of more than one
+    device (the layouts not read there: cached per mesh, as every ranking asks); None on
+    larger meshes."""
+    orders = [tuple(range(mesh.ndim))]
+    real = [m for m, n in enumerate(mesh.shape) if n > 1]
+    if len(real) > _ALL_ORDERS_UP_TO:
+        return None
+    for permuted in itertools.permutations(real):
+        order = list(orders[0])
+        for m, new in zip(real, permuted):
+            order[m] = new
+        if tuple(order) != orders[0]:
+            orders.append(tuple(order))
     return tuple(orders)
 
 
@@ -382,7 +394,7 @@ def rank_candidates(
     them); the candidates' plans are built only
     when read (:class:`.plan.InputPlans`): ranking needs their costs alone."""
     n_in = len(specs)
-    replicate = OneDSig((Replicate(),) * n_in, (Replicate(),) * len(out_avals))
+    replicate = _all_replicate(n_in, len(out_avals))
     sigs = tuple(sorted(set(one_d) | {replicate}, key=_sig_key))  # one cache key per set of signatures
     avals = tuple(s.aval for s in specs) + tuple(out_avals)
     allowed = _trivial_dim_sigs(sigs, specs, mesh)
@@ -404,6 +416,13 @@ def rank_candidates(
         ranked = _ranked(sigs, specs, avals, out_avals, mesh, orders, cost_model, None, out_constraint, in_constraint,
                          strided, gathered)
     return ranked
+
+
+@cached(maxsize=256)
+def _all_replicate(n_in: int, n_out: int) -> OneDSig:
+    """The all-Replicate 1-D signature every op has: one object per arity, its hash and
+    sort key computed once (every ranking adds it to its rule's)."""
+    return OneDSig((Replicate(),) * n_in, (Replicate(),) * n_out)
 
 
 def _trivial_dim_sigs(
@@ -562,16 +581,18 @@ class _RankKeys:
         self.costs: tuple[dict[Layout, tuple[int | Fraction, bool, Any, bool]], ...] = tuple(
             _parts_table(("input", spec, cost_model)) for spec in specs
         )
-        # per output, per layout: (block bytes, strided, layout key, split dims, partial)
-        self.out_bytes: tuple[dict[Layout, tuple[int, bool, Any, Any, bool]], ...] = tuple(
-            _parts_table(("output", aval)) for aval in out_avals
+        # per output, per layout: (block bytes, strided, layout key, split dims, its reduction charges' total in
+        # units of 1 / scale: _charges())
+        self.out_bytes: tuple[dict[Layout, tuple[int, bool, Any, Any, int | Fraction]], ...] = tuple(
+            _parts_table(("output", aval, cost_model)) for aval in out_avals
         )
         self.mesh = mesh
         # per output, per layout: _charges()
         self.charges: tuple[dict[Layout, Any], ...] = tuple(
             _parts_table(("charges", aval, cost_model)) for aval in out_avals
         )
-        self.fractions: dict[int | Fraction, Fraction] = {0: _ZERO}  # per pending reduction in units, as a Fraction
+        # per pending reduction in units, as a Fraction (shared by the rankings on the mesh: a Fraction division each)
+        self.fractions: dict[int | Fraction, Fraction] = _parts_table(("fractions", self.scale))
         self.any_partial = any(s.layout.has_partial for s in specs)
         # per input, per layout: (partial mesh dims kept, splits given up), None where neither (read only with a
         # partial input)
@@ -641,17 +662,29 @@ class _RankKeys:
         units (int products and sums; the same value as :func:`pending_reduction`)."""
         units = 0
         for aval, layout, table in zip(self.out_avals, out_layouts, self.charges):
-            found = table.get(layout)
-            if found is None:
-                found = table[layout] = self._charges(aval, layout)
+            found = self._charged(table, aval, layout)
             if given:
                 units += sum(charge for m, charge in found[1] if m not in given)
             else:
                 units += found[0]
         pending = self.fractions.get(units)
         if pending is None:
-            pending = self.fractions[units] = Fraction(units) / self.scale
+            pending = self._fraction(units)
         return pending, units
+
+    def _fraction(self, units: int | Fraction) -> Fraction:
+        """``units`` (of ``1 / scale``) as a Fraction, stored in :attr:`fractions`."""
+        pending = self.fractions[units] = Fraction(units) / self.scale
+        return pending
+
+    def _charged(
+        self, table: dict[Layout, Any], aval: Aval, layout: Layout
+    ) -> tuple[int | Fraction, tuple[tuple[int, int | Fraction], ...]]:
+        """An output's :meth:`_charges` in ``layout`` through its ``table``."""
+        found = table.get(layout)
+        if found is None:
+            found = table[layout] = self._charges(aval, layout)
+        return found
 
     def _charges(self, aval: Aval, layout: Layout) -> tuple[int | Fraction, tuple[tuple[int, int | Fraction], ...]]:
         """An output layout's reduction charges in units: their total and (partial mesh dim,
@@ -676,12 +709,14 @@ class _RankKeys:
         """Per choice (layouts of the inputs then the outputs, 1-D signatures, nest order):
         its rank key and the candidate running the op with it, its pending reduction from
         :meth:`continued`. One loop over them all, the tables and methods it reads bound
-        once (a cold predict ranks ~11k candidates, Llama's adamw step)."""
+        once (a cold predict ranks ~11k candidates, Llama's adamw step); without a partial
+        input (nothing continued) a candidate's pending reduction is its outputs' charges'
+        totals, read from their parts, not from :meth:`_pending`."""
         n_in = len(self.specs)
         out_avals, planner, given = self.out_avals, self.planner, tuple(s.layout for s in self.specs)
         in_tables = tuple(enumerate(self.costs))
-        out_tables = tuple(zip(self.out_avals, self.out_bytes))
-        pending_of, continued = self._pending, self.continued
+        out_tables = tuple(zip(self.out_avals, self.out_bytes, self.charges))
+        pending_of, continued, fractions, any_partial = self._pending, self.continued, self.fractions, self.any_partial
         new = Candidate.__new__
         ranked = []
         for layouts, one_d, nest_order in choices:
@@ -704,26 +739,31 @@ class _RankKeys:
             out_layouts = layouts[n_in:]
             out_bytes = 0
             out_splits = []
-            partial = False
-            for (aval, table), layout in zip(out_tables, out_layouts):
+            charged = 0  # the outputs' reduction charges, in units of 1 / scale
+            for (aval, table, charges), layout in zip(out_tables, out_layouts):
                 parts = table.get(layout)
                 if parts is None:
                     parts = table[layout] = (
                         block_bytes(aval.shape, aval.dtype.itemsize, layout.dim_axes, layout.mesh.shape),
                         split_out_of_mesh_order(layout), layout_rank_key(layout), split_dims_key(layout),
-                        layout.has_partial,
+                        self._charged(charges, aval, layout)[0] if layout.has_partial else 0,
                     )
                 out_bytes += parts[0]
                 strided += parts[1]
                 layout_key.append(parts[2])
                 out_splits.append(parts[3])
-                partial = partial or parts[4]
+                charged += parts[4]
             in_layouts = layouts[:n_in]
-            if partial:  # no partial output: nothing pending, whatever the inputs continue
+            if not charged:  # nothing to reduce (no partial output): nothing pending, whatever the inputs continue
+                pending = _ZERO
+            elif any_partial:
                 pending, units = pending_of(out_layouts, continued(in_layouts))
                 total += units
             else:
-                pending = _ZERO
+                pending = fractions.get(charged)
+                if pending is None:
+                    pending = self._fraction(charged)
+                total += charged
             moved = tuple(redistributed)
             # Candidate(...) as its __init__ sets it, with what Candidate.redistributed (and .cost, where
             # nothing costs) compute stored, not recomputed
@@ -743,8 +783,9 @@ class _RankKeys:
 def _parts_table(key: tuple[Any, ...]) -> dict[Layout, Any]:
     """The per-layout parts table of one tensor of :class:`_RankKeys` under ``key``: an
     input's by its spec and cost model (the partials it keeps or gives up by its layout
-    and ``gathered``), an output's by its aval (and cost model for its reduction
-    charges). Shared by every ranking (memoized): a part is a function of the tensor and
+    and ``gathered``), an output's by its aval and cost model (its reduction charges
+    among its parts); and the pending reductions' Fractions by the planner's scale.
+    Shared by every ranking (memoized): a part is a function of the tensor and
     the layout alone, and rankings meet the same ones again (the ops reading one value,
     values of one shape and layout: 3/4 of the input parts of a cold predict's rankings
     are another ranking's, Llama's and GPT-2's adamw steps)."""
@@ -793,7 +834,7 @@ def _bounded_best(
     if any(s.layout.is_strided for s in specs):
         return None
     n_in = len(specs)
-    replicate = OneDSig((Replicate(),) * n_in, (Replicate(),) * len(out_avals))
+    replicate = _all_replicate(n_in, len(out_avals))
     ordered = sorted(set(one_d) | {replicate}, key=_sig_key)
     # per signature index (a combination's parts read by index, not by hashing signatures)
     sig_keys = [_sig_key(sig) for sig in ordered]
