@@ -516,7 +516,13 @@ class Dataflow:
             if scope is None:
                 scope = memo[e.path] = _scope(e.path, loops)
             self.scopes.append(scope)
-            self.reads.append(tuple(dict.fromkeys(read for source in e.sources for read in self._read(source, seen))))
+            reads: list[str] = []
+            for source in e.sources:
+                if source is not None and source[0] in seen and not (returned and source in returned):
+                    reads.append(source[0])  # most: made by a row before (_read()'s common case read inline)
+                else:
+                    reads += self._read(source, seen)
+            self.reads.append(tuple(dict.fromkeys(reads)))
             seen.add(e.path)
         self.scope_of = memo
         self.in_order: dict[str, list[str]] = {}  # per computation, by its first row, its rows' paths in order
@@ -563,10 +569,16 @@ class Dataflow:
         """The operands of the equation ``path`` (its last row's) walked in ``scope``, in
         order: per input, its :meth:`producers` (paths), then the input itself (its path
         and index: where its move's collectives are the equation's operands)."""
-        return [
-            operand for i, source in enumerate(self.rows[path].sources)
-            for operand in (*self.producers(source, scope), (path, i))
-        ]
+        operands: list[str | tuple[str, int]] = []
+        rows, scope_of = self.rows, self.scope_of
+        for i, source in enumerate(rows[path].sources):
+            if source is not None and source[0] in rows and not (self.returned and source in self.returned):
+                if scope_of[source[0]] == scope:  # most: made by an equation (producers()' common case read inline)
+                    operands.append(source[0])
+            else:
+                operands += self.producers(source, scope)
+            operands.append((path, i))
+        return operands
 
     def walk_order(self, ends: tuple[Source | None, ...]) -> tuple[dict[tuple[str, int], int], list[int]]:
         """The place of each equation's input (by its path and index) and of each move after
