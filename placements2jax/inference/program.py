@@ -166,8 +166,9 @@ overhead, but XLA's combiner merges independent all-reduces of one kind in one c
 The descents' deltas are sums over values and cannot see a group (a whole program's
 property); where finished results are compared, :meth:`_Search.grouped` charges the
 overhead per collective after the combiner (:meth:`_Search.combined`: the choice's moves
-through :func:`.combine.planned_collectives` and :func:`.combine.combine`, ~2-3 ms on
-the training steps, a choice's rows rebuilt where it differs from the last one grouped):
+through :func:`.combine.planned_collectives` and :func:`.combine.combine`, ~2 ms on
+GPT-2's adamw step, ~2.9 before what no choice changes was found once per program,
+:class:`.combine.Dataflow`; a choice's rows rebuilt where it differs from the last one grouped):
 :func:`_continued` keeps the cheaper of its first descent and its common descent by it
 (at 1,024 B per collective the stacked LM's step: both 33,360 in 15 planned, the
 descent's 10 after the combiner where the search's 11, XLA's 9), and :func:`_descended`
@@ -376,7 +377,7 @@ from ..layout import Layout
 from ..mesh import DeviceMesh
 from . import blocks
 from .combine import (
-    BACKENDS, CombinedCollective, CombinerRules, MovedEquation, PlannedCollective, combine, combiner_rules,
+    BACKENDS, CombinedCollective, CombinerRules, Dataflow, MovedEquation, PlannedCollective, combine, combiner_rules,
     move_computations, planned_collectives,
 )
 from .cost import (
@@ -1494,6 +1495,7 @@ class _Search:
         self.node_moves: dict[tuple[str, int, tuple[State, ...]], tuple[RedistributePlan | None, ...]] = {}
         # moved_equations()' last choice and its rows per node
         self._rows: tuple[Choice, list[tuple[MovedEquation, ...]]] | None = None
+        self._dataflow: Dataflow | None = None  # what grouping its rows reads that no choice changes, found once
         # greedy() per node and the choices it reads (greedy_reads: how its inputs not fixed arrive, and a
         # stacking node's consumers' needs): found before the arriving states are built (a memo by arriving
         # states too found 2% more on GPT-2's adamw step, for the cost of building and hashing them at every
@@ -1646,9 +1648,12 @@ class _Search:
             for target in targets:  # a free output's partials reduced (check converts it so to XLA's layout)
                 target = self.states[layouts[state].without_partial()] if target is None else target
                 ends += [(value, self.plan(shape, dtype, state, target))] if target != state else []
-        planned = planned_collectives(self.moved_equations(choice), rules, ends, loops=self.graph.loops,
-                                      returned=self.graph.returned, outputs=self.graph.outputs,
-                                      results=self.graph.results)
+        equations = self.moved_equations(choice)
+        if self._dataflow is None:  # the rows' paths and sources are the graph's, whatever the choice
+            self._dataflow = Dataflow(equations, self.loops, dict(self.graph.returned),
+                                      self.graph.outputs, self.graph.results)
+        planned = planned_collectives(equations, rules, ends, loops=self.graph.loops, returned=self.graph.returned,
+                                      outputs=self.graph.outputs, results=self.graph.results, dataflow=self._dataflow)
         return planned, combine(planned, rules)
 
     def plan(self, shape: tuple[int, ...], dtype: Any, src: State, dst: State) -> RedistributePlan | None:
