@@ -352,13 +352,12 @@ def planned_collectives(
     own) is the cond's operand, in the cond's computation. ``dataflow``: the equations'
     :class:`Dataflow` (their paths and sources, ``loops``, ``returned``, ``outputs`` and
     ``results`` its own), found here where not given."""
-    loops = dict(loops)
-    # a scan of one trip, inlined by XLA: its rows are the program's, and its results depend on what their values
-    # in the body did, and their moves to the carries (``<loop>.carry<j>``)
-    returned = dict(returned)
     equations = tuple(equations)
     if dataflow is None:
-        dataflow = Dataflow(equations, loops, returned, outputs, results)
+        dataflow = Dataflow(equations, dict(loops), dict(returned), outputs, results)
+    # a scan of one trip, inlined by XLA: its rows are the program's, and its results depend on what their values
+    # in the body did, and their moves to the carries (``<loop>.carry<j>``)
+    loops, returned = dataflow.loops, dataflow.returned
     upstream: dict[str, int] = {}  # equation path -> collectives its outputs depend on
     # each route's run records the collectives the value depends on there: a later move along that route runs
     # nothing there and depends on what the first did
@@ -505,7 +504,7 @@ class Dataflow:
         self, equations: Sequence[MovedEquation], loops: Mapping[str, str], returned: Mapping[Source, Source | None],
         outputs: Sequence[Source | None], results: Iterable[tuple[str, Sequence[tuple[str, Source | None]]]],
     ) -> None:
-        self.returned = returned
+        self.loops, self.returned = loops, returned
         self.rows = {e.path: e for e in equations}
         memo = _scopes(tuple(loops.items()))
         self.scopes: list[str] = []

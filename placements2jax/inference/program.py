@@ -1652,8 +1652,7 @@ class _Search:
         if self._dataflow is None:  # the rows' paths and sources are the graph's, whatever the choice
             self._dataflow = Dataflow(equations, self.loops, dict(self.graph.returned),
                                       self.graph.outputs, self.graph.results)
-        planned = planned_collectives(equations, rules, ends, loops=self.graph.loops, returned=self.graph.returned,
-                                      outputs=self.graph.outputs, results=self.graph.results, dataflow=self._dataflow)
+        planned = planned_collectives(equations, rules, ends, dataflow=self._dataflow)
         return planned, combine(planned, rules)
 
     def plan(self, shape: tuple[int, ...], dtype: Any, src: State, dst: State) -> RedistributePlan | None:
