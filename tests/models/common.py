@@ -9,7 +9,6 @@ from typing import Any
 import jax
 import numpy as np
 import optax
-
 from jax.sharding import NamedSharding
 
 from placements2jax import DTensor, Layout, distribute_pytree, distribute_tensor, state_layouts
