@@ -23,6 +23,7 @@ docs/inference.md section 6 tabulates them."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -32,7 +33,7 @@ import optax
 import pytest
 from flax import nnx
 from jax.sharding import NamedSharding
-from models import common, eqx_scan, nnx_scan, shampoo
+from models import common, decode, eqx_scan, llama, nnx_scan, shampoo
 from models.steps import training_step
 
 from placements2jax import DTensor, apply, distribute_pytree, init_device_mesh
@@ -202,6 +203,34 @@ def test_eqx_scan_under_a_count_first_model_has_xlas_collectives(mesh: Any) -> N
     assert len(report.predicted_combined) <= len(report.compiled_collectives) == 7
     assert report.predicted_bytes <= 24_586
 
+
+
+def test_kv_cache_sampling_loop(mesh: Any) -> None:
+    """Sampling with a key/value cache (tests/models/decode.py: a ``fori_loop`` over the
+    new tokens carrying Llama's cache, ``dynamic_update_slice`` writes, categorical
+    sampling), the cache's layouts kept, the sampled tokens free. The walk carries the
+    token as its body's argmax returns it, split over ``tp`` by batch (the logits' cheapest
+    move alone), and the search ended there in 21 collectives after XLA's combiner where
+    XLA compiles 16; the restart from the carries as given (the token split over ``dp``)
+    ends in 7 (jaxpr.py's ``_given_carries``). check agrees with XLA on the cache's
+    layouts; apply under jit (xla, pinned) samples plain jit's tokens, the cache as plain
+    jit fills it, in its layouts."""
+    cfg = llama.Config()
+    args = decode.sampling_args(mesh, cfg)
+    fn = partial(decode.generate, cfg=cfg)
+    out_layouts = (None, args[1])
+    report = check(fn, *args, out_layouts=out_layouts)
+    assert all(o.verdict == "equal" for o in report.outputs[1:]), report
+    assert len(report.predicted_combined) <= 7 < len(report.compiled_collectives) == 16, report
+    cache_layouts = [x.layout for x in jax.tree.leaves(args[1], is_leaf=_is_dtensor)]
+    assert list(report.prediction.out_layouts[1:]) == cache_layouts
+
+    want = jax.jit(fn)(*_one_device(common.plain(args[:3])), args[3])  # the key as it is (no NumPy form)
+    for execute in ("xla", "pinned"):
+        sampled, cache = eqx.filter_jit(lambda *a, e=execute: apply(fn, *a, out_layouts=out_layouts, execute=e))(*args)
+        np.testing.assert_array_equal(np.asarray(sampled.full_tensor()), np.asarray(want[0]))
+        assert [x.layout for x in jax.tree.leaves(cache, is_leaf=_is_dtensor)] == cache_layouts
+        _assert_close(cache, want[1], _F32)
 
 # optax's other optimizers on the stacked LM (clip + adamw is the models' own): each adds its own update
 # primitives (factored moments, trust ratios, per-leaf norms, Newton-Schulz iterations, sign updates, conds)

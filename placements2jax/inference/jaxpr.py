@@ -38,7 +38,7 @@ import itertools
 from collections import Counter
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from fractions import Fraction
 from typing import Any, NamedTuple, Protocol
 
@@ -55,7 +55,7 @@ from .combine import (
     LOOPS, CombinedCollective, MovedEquation, PlannedCollective, combine, combiner_rules, lowered_step,
     move_computations, planned_collectives,
 )
-from .cost import ALL_REDUCE, CostModel, CostModelLike, Overhead, resolve_cost_model
+from .cost import ALL_REDUCE, CostModel, CostModelLike, Overhead, overhead_of, resolve_cost_model
 from .frameworks import bind
 from .ops import CALL_JAXPR_PARAMS, ELEMENTWISE_PRIMITIVES, PrimitiveDef, primitive_definition, registered_function
 from .plan import FIRST_FIRST, LAST_FIRST, InputPlans, ReductionOrder, cached_plan, cached_plan_cost, mesh_all_reduce
@@ -701,6 +701,8 @@ def _updated_inputs(
 
 Walk = Callable[..., tuple["Prediction", ProgramGraph, "_Walker"]]
 Total = tuple[Fraction, int]
+# per loop (by path), the layouts a walk starts its carries from
+CarrySeeds = tuple[tuple[str, tuple[Layout, ...]], ...]
 
 
 @dataclass(frozen=True)
@@ -729,14 +731,25 @@ def _searched(walk: Walk, walked: tuple[Prediction, ProgramGraph, _Walker], mode
 
 
 def _total(prediction: Prediction, model: CostModel, targets: _Targets) -> Total:
-    """What a prediction costs as the program search counts it: the redistributions and
-    each free output's move to the layout its caller takes it in; then its number of steps."""
+    """What a prediction costs as the program search counts it: the redistributions, each
+    free output's move to the layout its caller takes it in, and the model's overhead per
+    collective among both (``collective_overhead``, what the search's last descents charge);
+    then its number of steps. Compared on bytes alone, a sampling loop's restart from its
+    carries as given (:func:`_resolve_carries`) lost to the first search by 20 B in 21
+    collectives after XLA's combiner where it has 7 (tests/models/decode.py)."""
     owed = sum(
         (cached_plan_cost(o.shape, o.dtype, o.layout, caller, model)
          for o, caller in zip(prediction.outputs, targets.callers) if caller is not None),
         Fraction(0),
     )
-    return prediction.cost + owed, len(prediction.steps)
+    overhead = model.collective_overhead
+    charged = sum(overhead_of(overhead, step.collective) for step in prediction.steps if step.communicates)
+    charged += sum(
+        overhead_of(overhead, step.collective)
+        for o, caller in zip(prediction.outputs, targets.callers) if caller is not None and o.layout != caller
+        for step in cached_plan(o.shape, o.dtype, o.layout, caller, model).steps if step.communicates
+    )
+    return prediction.cost + owed + charged, len(prediction.steps)
 
 
 def _resolve_carries(
@@ -747,7 +760,10 @@ def _resolve_carries(
     the chosen plan of some loop body returns its carries in other layouts than it carries
     them (moving them back every iteration), walk and search again with the carries
     started from the returned layouts (every other loop's from its chosen ones); at most
-    ``_CARRY_ROUNDS`` rounds. Then, per mesh dim over which the first search's choice
+    ``_CARRY_ROUNDS`` rounds. Then, where the first search carries some value unsplit
+    over a mesh dim its initial value is split over, from every loop's carries as given
+    (:func:`_given_carries`), then as those searches' bodies return them. Then, per mesh
+    dim over which the first search's choice
     splits some carry its initial value is not split over (a gradient accumulator
     reduce-scattered into shards every iteration, the optimizer then updating shards and
     gathering parameters and moments at the end), walk and search again with every loop's
@@ -768,10 +784,10 @@ def _resolve_carries(
     first = walker
     found = [best]
     searched = walked[2].loops  # the loops as the search saw them (their carry options)
-    tried: set[tuple[tuple[str, tuple[Layout, ...]], ...]] = set()
+    tried: set[CarrySeeds] = set()
     for _ in range(_CARRY_ROUNDS):
         loops = walker.loops
-        seeds = tuple((path, loop.returned_layouts) for path, loop in loops.items())
+        seeds = _returned_carries(loops)
         # returned layouts among the options the search chose from: nothing new to start from
         if seeds in tried or all(
             loop.returned_layouts == loop.carries
@@ -786,6 +802,12 @@ def _resolve_carries(
         searched = walked[2].loops
         prediction, walker = _searched(walk, walked, model, targets)
         found.append(prediction)
+    # then from the carries as given initially, and as those restarts' bodies return them: the walk resolves a
+    # carry from what the body's eager choices return, and a sampling loop's token, given split over dp, came back
+    # from its argmax split over tp (the cheapest move of the logits alone), a basin no descent leaves
+    given = _given_carries(first.loops)
+    if given is not None:
+        found += [p for p, _ in _carry_restarts(walk, model, targets, first.loops, given, _returned_carries, tried)]
     # the first replicated restart cheaper than the first search ends them (each is a walk and a search: on the
     # stacked LM's accumulated steps, the tp restart after the dp one only doubled their cost, never cheaper)
     for mesh_dim in range(first.mesh.ndim):
@@ -796,27 +818,20 @@ def _resolve_carries(
             f"{path}.const{i}": first.loops[path].constant_choice(i, layout, model)
             for path, i, layout in _replicated_constants(first.loops, mesh_dim)
         }
-        loops, restarts = first.loops, []
-        walkers: list[_Walker] = []
         # then from the layouts the restart's bodies return the carries in, reduced and unsplit over mesh_dim: the
         # restart's walk starts its bodies from the first search's other layouts (the fori_loop accumulation's head
         # gradient carried Replicate, returned split over (dp, tp)), which its search does not leave
-        for _ in range(1 + _CARRY_ROUNDS):
-            if seeds in tried:
-                break
-            tried.add(seeds)
-            start = {path: dataclasses.replace(loops[path], carries=layouts).choice(model) for path, layouts in seeds}
-            prediction, walker = _searched(walk, walk({**start, **constants}), model, targets)
-            restarts.append(prediction)
-            walkers.append(walker)
-            loops = walker.loops
-            seeds = _replicated_carries(loops, mesh_dim, returned=True)
+        walked_restarts = _carry_restarts(
+            walk, model, targets, first.loops, seeds,
+            partial(_replicated_carries, mesh_dim=mesh_dim, returned=True), tried, constants,
+        )
+        restarts = [prediction for prediction, _ in walked_restarts]
         # then from the cheapest restart's carries with the loops' bodies computed replicated over mesh_dim too,
         # wherever their inputs allow it: the restarts' searches still ran the stacked LM's accumulated microbatch
         # split over dp (slicing is free; then all-gathers and all-to-alls), a basin their descents do not leave
         if restarts:
-            cheapest = min(range(len(restarts)), key=lambda k: _total(restarts[k], model, targets))
-            replicas = {path: loop.choice(model) for path, loop in walkers[cheapest].loops.items()}
+            _, cheapest = min(walked_restarts, key=lambda restart: _total(restart[0], model, targets))
+            replicas = {path: loop.choice(model) for path, loop in cheapest.loops.items()}
             body = walk({**replicas, **constants}, unsplit=(tuple(first.loops), mesh_dim))
             restarts.append(_searched(walk, body, model, targets)[0])
         found += restarts
@@ -974,7 +989,7 @@ def _consumed_joins(prediction: Prediction, conds: Mapping[str, Candidate]) -> d
 
 def _replicated_carries(
     loops: Mapping[str, _LoopCarries], mesh_dim: int, returned: bool = False
-) -> tuple[tuple[str, tuple[Layout, ...]], ...] | None:
+) -> CarrySeeds | None:
     """Every loop's carries (``returned``: the layouts its body returns them in) reduced
     and unsplit over ``mesh_dim`` (a replica per coordinate of ``mesh_dim``, as data
     parallelism keeps a gradient accumulator and the parameters it updates); None unless
@@ -989,6 +1004,46 @@ def _replicated_carries(
     return tuple((path, tuple(_unsplit_over(carry.without_partial(), mesh_dim)
                               for carry in (loop.returned_layouts if returned else loop.carries)))
                  for path, loop in loops.items())
+
+
+def _carry_restarts(
+    walk: Walk, model: CostModel, targets: _Targets, loops: Mapping[str, _LoopCarries], seeds: CarrySeeds,
+    returned: Callable[[Mapping[str, _LoopCarries]], CarrySeeds], tried: set[CarrySeeds],
+    constants: Mapping[str, Candidate] | None = None,
+) -> list[tuple[Prediction, _Walker]]:
+    """The program walked with every loop's carries started from ``seeds`` (``constants``:
+    its loops' constants' choices too) and searched, then from ``returned`` of the loops as
+    each search's bodies leave them, at most 1 + ``_CARRY_ROUNDS`` rounds, none from seeds
+    in ``tried`` (which it extends): each round's prediction and walk."""
+    restarts = []
+    for _ in range(1 + _CARRY_ROUNDS):
+        if seeds in tried:
+            break
+        tried.add(seeds)
+        start = {path: dataclasses.replace(loops[path], carries=layouts).choice(model) for path, layouts in seeds}
+        prediction, walker = _searched(walk, walk({**start, **(constants or {})}), model, targets)
+        restarts.append((prediction, walker))
+        loops = walker.loops
+        seeds = returned(loops)
+    return restarts
+
+
+def _returned_carries(loops: Mapping[str, _LoopCarries]) -> CarrySeeds:
+    """Every loop's carries in the layouts its body returns them in."""
+    return tuple((path, loop.returned_layouts) for path, loop in loops.items())
+
+
+def _given_carries(loops: Mapping[str, _LoopCarries]) -> CarrySeeds | None:
+    """Every loop's carries in their initial values' layouts; None unless some loop carries
+    a value unsplit over a mesh dim its initial value is split over (the mirror of
+    :func:`_replicated_carries`: a sampling loop's token, given split over ``dp`` with the
+    batch, carried replicated over it)."""
+    if not any(
+        not start.layout.is_strided and start.layout.mesh_dim_split(m) is not None and carry.mesh_dim_split(m) is None
+        for loop in loops.values() for carry, start in zip(loop.carries, loop.init) for m in range(carry.mesh.ndim)
+    ):
+        return None
+    return tuple((path, tuple(start.layout for start in loop.init)) for path, loop in loops.items())
 
 
 def _replicated_constants(loops: Mapping[str, _LoopCarries], mesh_dim: int) -> tuple[tuple[str, int, Layout], ...]:

@@ -1,0 +1,93 @@
+"""Sampling from Llama (tests/models/llama.py) with a key/value cache, as public JAX
+generation code writes it: a ``lax.fori_loop`` over the new tokens carrying the cache
+(one (batch, max_len, kv_heads, head_dim) key and value buffer per layer, written at the
+step's position with ``lax.dynamic_update_slice``), the last token, the PRNG key and the
+tokens sampled so far (``.at[:, i].set``); one token per step through the layers, its
+rotary angle read at the position, attention masked past it, then temperature sampling
+with ``jax.random.categorical``. Laid out as training lays Llama out (the Megatron plan),
+the cache split over ``dp`` by batch and over ``tp`` by kv head, the tokens over ``dp``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from placements2jax import DeviceMesh, distribute_pytree, distribute_tensor
+
+from . import llama
+
+Cache = list[tuple[jax.Array, jax.Array]]  # per layer, (keys, values)
+
+BATCH, MAX_LEN, STEPS = 4, 16, 6
+
+
+def rotate_at(x: jax.Array, freqs: jax.Array) -> jax.Array:
+    """``x`` (batch, 1, heads, head_dim) rotated by one position's angles ``freqs``."""
+    pairs = x.reshape(*x.shape[:-1], -1, 2)
+    rotated = jax.lax.complex(pairs[..., 0], pairs[..., 1]) * freqs[None, None, None, :]
+    return jnp.stack([jnp.real(rotated), jnp.imag(rotated)], axis=-1).reshape(x.shape).astype(x.dtype)
+
+
+def decode_step(
+    params: llama.Params, cache: Cache, token: jax.Array, pos: jax.Array, cfg: llama.Config
+) -> tuple[jax.Array, Cache]:
+    """The next token's logits (batch, vocab) after ``token`` (batch,) at position ``pos``,
+    and the cache with its keys and values written there."""
+    batch, head_dim = token.shape[0], cfg.dim // cfg.heads
+    h = params["tok_embeddings"][token][:, None, :]
+    freqs_cis = llama.precompute_freqs_cis(head_dim, cache[0][0].shape[1], cfg.rope_theta)
+    freqs = jax.lax.dynamic_index_in_dim(freqs_cis, pos, keepdims=False)
+    written = []
+    for layer, (keys, values) in zip(params["layers"], cache):
+        x = llama.rms_norm(h, layer["attention_norm"], cfg.norm_eps)
+        p = layer["attention"]
+        q = rotate_at((x @ p["wq"]).reshape(batch, 1, cfg.heads, head_dim), freqs)
+        k = rotate_at((x @ p["wk"]).reshape(batch, 1, cfg.kv_heads, head_dim), freqs)
+        v = (x @ p["wv"]).reshape(batch, 1, cfg.kv_heads, head_dim)
+        keys = jax.lax.dynamic_update_slice(keys, k, (0, pos, 0, 0))
+        values = jax.lax.dynamic_update_slice(values, v, (0, pos, 0, 0))
+        repeats = cfg.heads // cfg.kv_heads
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, jnp.repeat(keys, repeats, axis=2)) / jnp.sqrt(head_dim)
+        scores = jnp.where((jnp.arange(keys.shape[1]) <= pos)[None, None, None, :], scores, -jnp.inf)
+        out = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), jnp.repeat(values, repeats, axis=2))
+        h = h + out.reshape(batch, 1, -1) @ p["wo"]
+        h = h + llama.feed_forward(llama.rms_norm(h, layer["ffn_norm"], cfg.norm_eps), layer["feed_forward"])
+        written.append((keys, values))
+    return (llama.rms_norm(h, params["norm"], cfg.norm_eps) @ params["output"])[:, 0], written
+
+
+def generate(
+    params: llama.Params, cache: Cache, last: jax.Array, key: jax.Array, cfg: llama.Config,
+    steps: int = STEPS, temperature: float = 0.8,
+) -> tuple[jax.Array, Cache]:
+    """``steps`` tokens (batch, steps) sampled after ``last`` (batch,), the cache filled
+    from position 0, and the cache."""
+
+    def body(i: jax.Array, carry: tuple[Cache, jax.Array, jax.Array, jax.Array]) -> tuple:
+        cache, token, key, sampled = carry
+        logits, cache = decode_step(params, cache, token, i, cfg)
+        key, sub = jax.random.split(key)
+        token = jax.random.categorical(sub, logits / temperature, axis=-1).astype(jnp.int32)
+        return cache, token, key, sampled.at[:, i].set(token)
+
+    sampled = jnp.zeros((last.shape[0], steps), jnp.int32)
+    cache, _, _, sampled = jax.lax.fori_loop(0, steps, body, (cache, last, key, sampled))
+    return sampled, cache
+
+
+def empty_cache(cfg: llama.Config, batch: int = BATCH, max_len: int = MAX_LEN) -> Cache:
+    shape = (batch, max_len, cfg.kv_heads, cfg.dim // cfg.heads)
+    return [(np.zeros(shape, np.float32), np.zeros(shape, np.float32)) for _ in range(cfg.layers)]
+
+
+def sampling_args(mesh: DeviceMesh, cfg: llama.Config) -> tuple[Any, ...]:
+    """(params, cache, last tokens, key) on ``mesh`` (its ``dp`` and ``tp`` axes): the
+    Megatron plan, the cache split over ``dp`` by batch and ``tp`` by kv head, the last
+    tokens over ``dp``."""
+    params = distribute_pytree(llama.init(jax.random.key(0), cfg), mesh, llama.megatron_plan())
+    cache = [tuple(distribute_tensor(c, mesh, "S(0),S(2)") for c in layer) for layer in empty_cache(cfg)]
+    last = distribute_tensor(np.arange(BATCH, dtype=np.int32), mesh, "S(0),R")
+    return params, cache, last, jax.random.key(1)
