@@ -12,7 +12,8 @@ MaxText's dropless ``lax.ragged_dot`` with SwiGLU experts); the stacked LM of te
 ``nnx.scan`` + ``nnx.remat`` with the stateful ``nnx.Optimizer`` step; the stacked LM
 under ten other optax optimizers (adafactor, lamb, sm3, muon, schedule-free adamw ...); a
 small CNN (tests/models/cnn.py) with its convs' output channels over tp, flattened into a
-strided shard for a replicated dense layer.
+strided shard for a replicated dense layer; and beside the training steps, sampling from
+Llama with a key/value cache under ``lax.fori_loop`` (tests/models/decode.py).
 
 Each: check's output layouts agree with XLA's; apply (execute="xla" and "pinned") under
 ``jax.jit`` computes what plain ``jax.jit`` of the unsharded step computes, keeping the

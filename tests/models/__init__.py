@@ -16,6 +16,8 @@ for running inference, ``apply`` and ``check`` on real training code.
   the stateful ``nnx.Optimizer`` step) and :mod:`.eqx_scan` (Equinox: ``eqx.filter_vmap``-made
   layers under ``lax.scan`` via ``eqx.partition`` / ``combine``): their own module and
   optimizer objects, as nnx_lm / eqx_lm.
+* :mod:`.decode`: sampling from :mod:`.llama` with a key/value cache under ``lax.fori_loop``
+  (``dynamic_update_slice`` writes, ``jax.random.categorical``): generation, not training.
 
 The pure-JAX ones have ``Config``, ``init``, ``loss``, ``make_optimizer``, ``train_step`` and
 ``megatron_plan`` (for :func:`placements2jax.distribute_pytree` on a (dp, tp) mesh);
