@@ -234,21 +234,31 @@ def _dispatch(
     if tag[0] == "op" and not _IMPLICIT_REPLICATION.get():
         _check_mixed(values)
     cost_model = default_cost_model()
-    key = (
-        tag,
-        cost_model,
-        *((v.shape, v.dtype, v.layout, v.array.shape) if isinstance(v, DTensor) else _operand_key(v) for v in values),
-    )
+    try:
+        key = (
+            tag,
+            cost_model,
+            *((v.shape, v.dtype, v.layout, v.array.shape) if isinstance(v, DTensor) else _operand_key(v)
+              for v in values),
+        )
+    except AttributeError:  # a DTensor holding None (eqx.partition's other half) has no dtype
+        key = None
+    if key is None:  # refused by position, outside the except: its error is the user's, not a chained one
+        _check_dtensors(values, where)
     program = _dispatched.get(key)
     if program is None:
-        for i, v in enumerate(values):
-            if isinstance(v, DTensor):
-                v.checked(where(i))
+        _check_dtensors(values, where)
         program = build(tuple(_operand_key(v) for v in values), cost_model)
         if len(_dispatched) >= _DISPATCH_LIMIT:
             _dispatched.clear()
         _dispatched[key] = program
     return program
+
+
+def _check_dtensors(values: Sequence[Any], where: Callable[[int], str]) -> None:
+    for i, v in enumerate(values):
+        if isinstance(v, DTensor):
+            v.checked(where(i))
 
 
 def call(op: str, operands: Sequence[Any], **params: Any) -> DTensor:

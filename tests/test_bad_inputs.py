@@ -1265,11 +1265,27 @@ CASES: list[Case] = [
         lambda e: predict(lambda d: d["w"], jax.tree.map(lambda a: a.sum(0), {"w": e.dt})),
     ),
     _c(
+        "predict: a DTensor eqx.partition emptied",  # LoRA's adapters and frozen base as two arguments
+        "predict",
+        ArgumentTypeError,
+        "inputs[0]['w']",
+        lambda e: predict(lambda trainable, frozen: trainable["x"] + frozen["w"],
+                          *eqx.partition({"x": e.dt, "w": e.dt}, {"x": True, "w": False})),
+    ),
+    _c(
         "apply: a DTensor whose array a tree.map reshaped",
         "apply",
         ShapeError,
         "args[0]['w']",
         lambda e: apply(lambda d: d["w"] * 2, jax.tree.map(lambda a: a.sum(0), {"w": e.dt})),
+    ),
+    _c(
+        "apply: a DTensor eqx.partition emptied",
+        "apply",
+        ArgumentTypeError,
+        "args[0]['w']",
+        lambda e: apply(lambda trainable, frozen: trainable["x"] + frozen["w"],
+                        *eqx.partition({"x": e.dt, "w": e.dt}, {"x": True, "w": False})),
     ),
     _c(
         "apply: pytree leaf not a tensor",
