@@ -90,6 +90,7 @@ PROGRAMS: dict[str, Callable[[Any], Program]] = {
     "stacked MultiSteps schedule": lambda mesh: Program(
         *_dict_step("stacked", mesh, common.accumulating_optimizer()), _F32),
     "eqx scan": lambda mesh: Program(*_eqx_step(mesh), _F32),
+    "clip contrastive two towers": lambda mesh: Program(*_dict_step("clip", mesh), _F32),
 }
 
 

@@ -19,7 +19,7 @@ from jax.sharding import NamedSharding
 from placements2jax import DeviceMesh, DTensor, colwise, distribute_pytree, distribute_tensor, rowwise
 from placements2jax.dtensor import auto_twin_of
 
-from . import cnn, common, gemma, gemma3, gpt2, llama, llama_scan, mamba, mamba2, mla, moe, rwkv, stacked
+from . import clip, cnn, common, gemma, gemma3, gpt2, llama, llama_scan, mamba, mamba2, mla, moe, rwkv, stacked
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,8 @@ def mlp_step(
 def training_step(
     model: str, mesh: DeviceMesh, optimizer: optax.GradientTransformation | None = None, **config: Any
 ) -> Step:
-    """The adamw step of ``model`` ("gpt2", "llama", "gemma", "stacked", "llama_scan", "moe", "mamba" or
-    "mla", ``config`` overriding its Config; "mlp": :func:`mlp_step`) with the Megatron plan on ``mesh`` (its
+    """The adamw step of ``model`` ("gpt2", "llama", "gemma", "stacked", "llama_scan", "moe", "mamba", "mla" or
+    "clip" (its images and captions), ``config`` overriding its Config; "mlp": :func:`mlp_step`) with the Megatron plan on ``mesh`` (its
     ``tp`` axis) and a batch of 4 split over its ``dp`` axis if it has one (else replicated, "mlp": of 8);
     ``optimizer``: another update than common.make_optimizer()'s clip + adamw. "cnn":
     tests/models/cnn.py's step (optax.adamw) on its channel plan, its batch of images."""
@@ -103,7 +103,7 @@ def training_step(
         return Step(model, partial(cnn.train_step, optimizer=optimizer), (params, state, *batch))
     modules = {"gpt2": gpt2, "llama": llama, "gemma": gemma, "stacked": stacked, "llama_scan": llama_scan, "moe": moe,
                "mamba": mamba, "mla": mla, "rwkv": rwkv, "gemma3": gemma3,
-               "mamba2": mamba2}
+               "mamba2": mamba2, "clip": clip}
     module = modules[model]
     cfg = module.Config(**config)
     plain = module.init(jax.random.key(0), cfg)
@@ -111,6 +111,7 @@ def training_step(
     params = distribute_pytree(plain, mesh, plan)
     optimizer = optimizer or common.make_optimizer()
     state = common.distribute_state(optimizer.init(plain), params)
-    batch = [distribute_tensor(a, mesh, batch_placements) for a in common.batch(0, 4, cfg.seq, cfg.vocab)]
+    arrays = clip.batch(0, cfg) if module is clip else common.batch(0, 4, cfg.seq, cfg.vocab)
+    batch = [distribute_tensor(a, mesh, batch_placements) for a in arrays]
     extra = (jax.random.key(2),) if model == "gpt2" else ()
     return Step(model, partial(module.train_step, cfg=cfg, optimizer=optimizer), (params, state, *batch, *extra))
