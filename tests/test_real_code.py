@@ -12,13 +12,16 @@ MaxText's dropless ``lax.ragged_dot`` with SwiGLU experts); the stacked LM of te
 ``nnx.scan`` + ``nnx.remat`` with the stateful ``nnx.Optimizer`` step; the stacked LM
 under ten other optax optimizers (adafactor, lamb, sm3, muon, schedule-free adamw ...); a
 small CNN (tests/models/cnn.py) with its convs' output channels over tp, flattened into a
-strided shard for a replicated dense layer.
+strided shard for a replicated dense layer; a CLIP-style two-tower contrastive step
+(tests/models/clip.py: a conv-patch ViT and a causal text transformer, the whole batch's
+image-text logits, a symmetric cross-entropy).
 
 Each: check's output layouts agree with XLA's; apply (execute="xla" and "pinned") under
 ``jax.jit`` computes what plain ``jax.jit`` of the unsharded step computes, keeping the
 parameters' and state's layouts; execute="xla" sends no more than plain ``jax.jit`` on
-the same shardings. The bytes predicted against XLA's are measured, not asserted here:
-docs/inference.md section 6 tabulates them."""
+the same shardings. The bytes predicted against XLA's are measured, asserted here only
+where a program records them (``Program.communication``): docs/inference.md section 6
+tabulates them."""
 
 from __future__ import annotations
 
@@ -48,6 +51,8 @@ class Program(NamedTuple):
     args: tuple[Any, ...]
     out_layouts: Any
     atol: float  # the updated parameters' tolerance against the unsharded step (see _assert_close)
+    # where measured: predicted bytes / XLA's, and collectives predicted (after XLA's combiner) and XLA's
+    communication: tuple[float, int, int] | None = None
 
 
 def _is_dtensor(x: Any) -> bool:
@@ -90,7 +95,7 @@ PROGRAMS: dict[str, Callable[[Any], Program]] = {
     "stacked MultiSteps schedule": lambda mesh: Program(
         *_dict_step("stacked", mesh, common.accumulating_optimizer()), _F32),
     "eqx scan": lambda mesh: Program(*_eqx_step(mesh), _F32),
-    "clip contrastive two towers": lambda mesh: Program(*_dict_step("clip", mesh), _F32),
+    "clip contrastive two towers": lambda mesh: Program(*_dict_step("clip", mesh), _F32, (0.547, 16, 116)),
 }
 
 
@@ -120,9 +125,13 @@ def test_predict_check_apply(mesh: Any, name: str) -> None:
     """check agrees with XLA on every output's layout; apply (xla, pinned) computes the
     unsharded step's values in the predicted layouts (the parameters' and state's kept);
     execute="xla" sends no more than plain jax.jit of the step on the same shardings."""
-    fn, args, out_layouts, atol = PROGRAMS[name](mesh)
+    fn, args, out_layouts, atol, communication = PROGRAMS[name](mesh)
     report = check(fn, *args, out_layouts=out_layouts)
     assert report.outputs and all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs), report
+    if communication:
+        ratio, *collectives = communication
+        assert report.predicted_bytes / report.compiled_bytes == pytest.approx(ratio, abs=0.006)
+        assert [len(report.predicted_combined), len(report.compiled_collectives)] == collectives
     prediction = predict(fn, *args, out_layouts=out_layouts)
     assert prediction is report.prediction
     params_and_state = jax.tree.leaves(jax.tree.map(lambda x: x.layout, args[:2], is_leaf=_is_dtensor))

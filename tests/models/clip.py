@@ -1,13 +1,25 @@
 """CLIP's contrastive training step in pure JAX, as open_clip / big_vision's JAX ports
-write it: an image tower (patches cut by ``reshape`` / ``transpose`` and embedded by a
-dense layer, a learned [CLS] token and positional embedding, a pre-LN transformer encoder
-with layer norm and a GELU MLP, the [CLS] token's features projected) and a text tower
-(token and positional embeddings, a causal pre-LN transformer, the end-of-text token's
-features taken at ``jnp.argmax(tokens)`` and projected); both embeddings L2-normalized,
-logits ``img @ txt.T * exp(log_scale)`` over the whole batch and the symmetric
-cross-entropy against ``arange(batch)``. With the batch split over data parallelism the
-similarities need every replica's embeddings (what CLIP's all-gather of the features
-does by hand)."""
+write it: an image tower (patches embedded by a convolution whose stride is the patch
+size, as big_vision's ViT; a learned [CLS] token and positional embedding; a pre-LN
+transformer encoder with layer norm and a GELU MLP; the [CLS] token's features
+projected) and a text tower (token and positional embeddings, a causal pre-LN
+transformer, the end-of-text token's features taken at ``jnp.argmax(tokens)`` and
+projected); both embeddings L2-normalized, logits ``img @ txt.T * exp(log_scale)`` over
+the whole batch and the symmetric cross-entropy against ``arange(batch)``. With the
+batch split over data parallelism the similarities need every replica's embeddings
+(what CLIP's all-gather of the features does by hand).
+
+Measured on dp=2 x tp=4 (stop 43, clip + adamw, batch 4; tests/test_real_code.py): check
+predicts 45,938 B per device in 16 collectives after XLA's combiner (7 all-gathers, 9
+all-reduces; the pinned program compiles exactly those) where plain ``jax.jit`` sends
+84,052 B in 116 (0.547x): XLA splits the adamw update of every replicated parameter over
+tp and all-gathers the parameter and both moments back, 63 all-gathers (the 17 f32[32]
+layer norms, row-parallel biases and [CLS] token, the projections, the positional
+embeddings) that CPU XLA's combiner never merges. The prediction gathers activations
+over dp where CLIP's code gathers only the two (4, 16) features (2 x 128 B): the patch
+embeddings (256 B), both image residuals (4, 5, 32) (1,280 B each), the text tower's
+(4, 8, 32) (2,048 B) and the end-of-text positions (8 B). Cold predict 8.7 s of CPU,
+plain ``jax.jit``'s compile 8.7 s (load 5-6)."""
 
 from __future__ import annotations
 
@@ -20,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax import lax
 
 from placements2jax import colwise, rowwise
 
@@ -45,7 +58,7 @@ class Config:
 
 
 def init(key: jax.Array, cfg: Config) -> Params:
-    keys = iter(jax.random.split(key, 64))
+    keys = iter(jax.random.split(key, 2 * (2 + 6 * cfg.layers) + 3))  # two towers, patch / class / token embeddings
     w = cfg.width
 
     def dense(fan_in: int, fan_out: int) -> Params:
@@ -68,8 +81,10 @@ def init(key: jax.Array, cfg: Config) -> Params:
         }
 
     patches = (cfg.image_size // cfg.patch) ** 2
+    patch_embed = dense(cfg.patch * cfg.patch * cfg.channels, w)
+    patch_embed["kernel"] = patch_embed["kernel"].reshape(cfg.patch, cfg.patch, cfg.channels, w)  # HWIO
     return {
-        "visual": {"patch_embed": dense(cfg.patch * cfg.patch * cfg.channels, w),
+        "visual": {"patch_embed": patch_embed,
                    "class_embedding": 0.02 * jax.random.normal(next(keys), (w,)), **tower(patches + 1)},
         "text": {"token_embedding": 0.02 * jax.random.normal(next(keys), (cfg.vocab, w)), **tower(cfg.seq)},
         "log_scale": jnp.asarray(math.log(1 / 0.07), jnp.float32),
@@ -96,11 +111,11 @@ def transformer(x: jax.Array, tower: Params, cfg: Config, causal: bool) -> jax.A
 
 
 def encode_image(p: Params, images: jax.Array, cfg: Config) -> jax.Array:
-    """NHWC ``images`` -> (batch, embed_dim): non-overlapping patches, flattened and embedded."""
-    B, H, W, C = images.shape
-    n = cfg.patch
-    patches = images.reshape(B, H // n, n, W // n, n, C).transpose(0, 1, 3, 2, 4, 5).reshape(B, -1, n * n * C)
-    x = linear(patches, p["patch_embed"])
+    """NHWC ``images`` -> (batch, embed_dim)."""
+    B = images.shape[0]
+    x = lax.conv_general_dilated(images, p["patch_embed"]["kernel"], (cfg.patch, cfg.patch), "VALID",
+                                 dimension_numbers=("NHWC", "HWIO", "NHWC")) + p["patch_embed"]["bias"]
+    x = x.reshape(B, -1, cfg.width)
     x = jnp.concatenate([jnp.broadcast_to(p["class_embedding"], (B, 1, cfg.width)), x], axis=1)
     return transformer(x, p, cfg, causal=False)[:, 0] @ p["projection"]
 
@@ -131,17 +146,18 @@ def batch(seed: int, cfg: Config) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     images = rng.standard_normal((cfg.batch, cfg.image_size, cfg.image_size, cfg.channels)).astype(np.float32)
     tokens = rng.integers(1, cfg.vocab - 1, (cfg.batch, cfg.seq)).astype(np.int32)
-    lengths = rng.integers(1, cfg.seq, cfg.batch)
-    tokens[np.arange(cfg.batch), lengths] = cfg.vocab - 1
-    tokens[np.arange(cfg.seq) > lengths[:, None]] = 0
+    end = rng.integers(1, cfg.seq, cfg.batch)
+    tokens[np.arange(cfg.batch), end] = cfg.vocab - 1
+    tokens[np.arange(cfg.seq) > end[:, None]] = 0
     return images, tokens
 
 
 def megatron_plan(tp: str = "tp") -> dict[str, Any]:
     """Megatron tensor parallelism on mesh axis ``tp`` in both towers: q / k / v and the
     MLP's fc column-parallel (heads and hidden units split), out and proj row-parallel;
-    the token and patch embeddings split on their model dim (as Llama's); the norms,
-    positional embeddings, projections and logit scale replicated."""
+    the token embedding split on its model dim (as Llama's), the patch embedding on its
+    output channels (the same dim of the activations); the norms, positional embeddings,
+    projections and logit scale replicated."""
     return {
         r"(visual|text)/layers/\d+/attn/[qkv]/.*": colwise(tp),
         r"(visual|text)/layers/\d+/attn/out/.*": rowwise(tp),

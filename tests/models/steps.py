@@ -78,9 +78,9 @@ def training_step(
     model: str, mesh: DeviceMesh, optimizer: optax.GradientTransformation | None = None, **config: Any
 ) -> Step:
     """The adamw step of ``model`` ("gpt2", "llama", "gemma", "stacked", "llama_scan", "moe", "mamba", "mla" or
-    "clip" (its images and captions), ``config`` overriding its Config; "mlp": :func:`mlp_step`) with the Megatron plan on ``mesh`` (its
-    ``tp`` axis) and a batch of 4 split over its ``dp`` axis if it has one (else replicated, "mlp": of 8);
-    ``optimizer``: another update than common.make_optimizer()'s clip + adamw. "cnn":
+    "clip", its batch images and captions; ``config`` overriding its Config; "mlp": :func:`mlp_step`) with the
+    Megatron plan on ``mesh`` (its ``tp`` axis) and a batch of 4 split over its ``dp`` axis if it has one (else
+    replicated, "mlp": of 8); ``optimizer``: another update than common.make_optimizer()'s clip + adamw. "cnn":
     tests/models/cnn.py's step (optax.adamw) on its channel plan, its batch of images."""
     batch_placements = ",".join("S(0)" if name == "dp" else "R" for name in mesh.mesh_dim_names)
     if model == "mlp":
