@@ -14,14 +14,17 @@ under ten other optax optimizers (adafactor, lamb, sm3, muon, schedule-free adam
 small CNN (tests/models/cnn.py) with its convs' output channels over tp, flattened into a
 strided shard for a replicated dense layer; LoRA fine-tuning of Llama (tests/models/lora.py:
 lorax's ``LoraWeight`` adapters on wq and wv in the one parameter tree, the base frozen by
-``optax.multi_transform`` with ``optax.set_to_zero``); and beside the training steps,
+``optax.multi_transform`` with ``optax.set_to_zero``); a CLIP-style two-tower contrastive
+step (tests/models/clip.py: a conv-patch ViT and a causal text transformer, the whole
+batch's image-text logits, a symmetric cross-entropy); and beside the training steps,
 sampling from Llama with a key/value cache under ``lax.fori_loop`` (tests/models/decode.py).
 
 Each: check's output layouts agree with XLA's; apply (execute="xla" and "pinned") under
 ``jax.jit`` computes what plain ``jax.jit`` of the unsharded step computes, keeping the
 parameters' and state's layouts; execute="xla" sends no more than plain ``jax.jit`` on
-the same shardings. The bytes predicted against XLA's are measured, not asserted here:
-docs/inference.md section 6 tabulates them."""
+the same shardings. The bytes predicted against XLA's are measured, asserted here only
+where a program records them (``Program.communication``): docs/inference.md section 6
+tabulates them."""
 
 from __future__ import annotations
 
@@ -101,6 +104,10 @@ PROGRAMS: dict[str, Callable[[Any], Program]] = {
     # it for the matmuls (5 all-gathers of the activations, 3,072 B each, to the prediction's 2), and forms the
     # adapters' A gradients split over tp, gathered in 6 all-gathers of 768 B (the prediction's 2)
     "lora llama": lambda mesh: Program(*_dict_step("lora", mesh), _F32, (14, 26, 34_224, 54_012)),
+    # 16 collectives, 45,938 B against XLA's 116, 84,052 B (0.55x): XLA splits the adamw update of every replicated
+    # parameter over tp and gathers it and both moments back (63 all-gathers, 51 of them the 17 f32[32] norms,
+    # row-parallel biases and [CLS] token), which CPU XLA's combiner never merges
+    "clip contrastive two towers": lambda mesh: Program(*_dict_step("clip", mesh), _F32, (16, 116, 45_938, 84_052)),
 }
 
 

@@ -19,7 +19,7 @@ from jax.sharding import NamedSharding
 from placements2jax import DeviceMesh, DTensor, colwise, distribute_pytree, distribute_tensor, rowwise
 from placements2jax.dtensor import auto_twin_of
 
-from . import cnn, common, gemma, gemma3, gpt2, llama, llama_scan, lora, mamba, mamba2, mla, moe, rwkv, stacked
+from . import clip, cnn, common, gemma, gemma3, gpt2, llama, llama_scan, lora, mamba, mamba2, mla, moe, rwkv, stacked
 
 
 @dataclass(frozen=True)
@@ -78,10 +78,11 @@ def training_step(
     model: str, mesh: DeviceMesh, optimizer: optax.GradientTransformation | None = None, **config: Any
 ) -> Step:
     """The adamw step of ``model`` ("gpt2", "llama", "gemma", "stacked", "llama_scan", "moe", "mamba", "mla",
-    "rwkv", "gemma3", "mamba2" or "lora", ``config`` overriding its Config; "mlp": :func:`mlp_step`) with the
-    Megatron plan on ``mesh`` (its ``tp`` axis) and a batch of 4 split over its ``dp`` axis if it has one (else
-    replicated, "mlp": of 8); ``optimizer``: another update than the model's own ``make_optimizer()`` (lora's:
-    adamw on the adapters alone) or else common.make_optimizer()'s clip + adamw. "cnn":
+    "rwkv", "gemma3", "mamba2", "lora" or "clip" (its batch images and captions), ``config`` overriding its
+    Config; "mlp": :func:`mlp_step`) with the Megatron plan on ``mesh`` (its ``tp`` axis) and a batch of 4 split
+    over its ``dp`` axis if it has one (else replicated, "mlp": of 8); ``optimizer``: another update than the
+    model's own ``make_optimizer()`` (lora's: adamw on the adapters alone) or else common.make_optimizer()'s clip
+    + adamw. "cnn":
     tests/models/cnn.py's step (optax.adamw) on its channel plan, its batch of images."""
     batch_placements = ",".join("S(0)" if name == "dp" else "R" for name in mesh.mesh_dim_names)
     if model == "mlp":
@@ -104,7 +105,7 @@ def training_step(
         return Step(model, partial(cnn.train_step, optimizer=optimizer), (params, state, *batch))
     modules = {"gpt2": gpt2, "llama": llama, "gemma": gemma, "stacked": stacked, "llama_scan": llama_scan, "moe": moe,
                "mamba": mamba, "mla": mla, "rwkv": rwkv, "gemma3": gemma3,
-               "mamba2": mamba2, "lora": lora}
+               "mamba2": mamba2, "lora": lora, "clip": clip}
     module = modules[model]
     cfg = module.Config(**config)
     plain = module.init(jax.random.key(0), cfg)
@@ -112,6 +113,7 @@ def training_step(
     params = distribute_pytree(plain, mesh, plan)
     optimizer = optimizer or getattr(module, "make_optimizer", common.make_optimizer)()
     state = common.distribute_state(optimizer.init(plain), params)
-    batch = [distribute_tensor(a, mesh, batch_placements) for a in common.batch(0, 4, cfg.seq, cfg.vocab)]
+    arrays = clip.batch(0, cfg) if module is clip else common.batch(0, 4, cfg.seq, cfg.vocab)
+    batch = [distribute_tensor(a, mesh, batch_placements) for a in arrays]
     extra = (jax.random.key(2),) if model == "gpt2" else ()
     return Step(model, partial(module.train_step, cfg=cfg, optimizer=optimizer), (params, state, *batch, *extra))
