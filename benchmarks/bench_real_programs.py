@@ -142,6 +142,9 @@ PROGRAMS: dict[str, Callable[[DeviceMesh], Program]] = {
     "Megatron MLP, `optax.contrib.muon`": _Step("mlp", optax.contrib.muon(1e-3)),
     "Megatron MLP, Shampoo by `jnp.linalg.eigh` (replicated statistics)": _Step("mlp", shampoo.shampoo(1e-3)),
     "Megatron MLP, Shampoo by `jnp.linalg.eigh` (64 x 64 statistics split by rows over `tp`)": _split_shampoo,
+    "LoRA on Llama (lorax's `LoraWeight` on wq / wv, the base frozen by `optax.multi_transform` + `set_to_zero`)":
+        _Step("lora"),
+    "CLIP-style contrastive step: conv-patch ViT and causal text towers, the whole batch's logits": _Step("clip"),
 }
 
 

@@ -135,13 +135,16 @@ class DTensor:
         layout and shape are read as an input's (predict, check, apply); the fix names
         :func:`~placements2jax.init_optimizer_state`, which lays out such a state. A DTensor
         holding None (``eqx.partition``'s other half: JAX's pytrees give its array to the
-        filter, not the DTensor) is an :class:`ArgumentTypeError`."""
+        filter, not the DTensor) is an :class:`ArgumentTypeError` where it is an operand
+        (predict, check and apply take it as None, as the half of a plain array is:
+        :func:`.inference.frameworks.bind`)."""
         if self._array is None:
             raise ArgumentTypeError(
                 argument, f"DTensor(None) laid out {self._layout}",
                 "a DTensor holding no array: a filter mapped into the DTensor (eqx.partition(tree, filter_spec), "
                 "jax.tree.map returning None) took its array and left its layout",
-                "split DTensors whole: eqx.partition(tree, filter_spec, is_leaf=lambda x: isinstance(x, DTensor))",
+                "compute on the halves joined (eqx.combine), or split DTensors whole: "
+                "eqx.partition(tree, filter_spec, is_leaf=lambda x: isinstance(x, DTensor))",
             )
         expected = physical(self._layout, self._shape).array_shape
         if tuple(self._array.shape) != expected:

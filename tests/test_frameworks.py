@@ -340,3 +340,34 @@ def test_equinox_static_leaves(mesh: Any) -> None:
     other = _Chunked(model.weight, jax.nn.relu, 0.5, 2)  # other static values: another program
     want, _ = eqx.filter_jit(_chunked_loss)(_Chunked(weight, jax.nn.relu, 0.5, 2), x)
     np.testing.assert_allclose(float(apply(_chunked_loss, other, dx)[0].full_tensor()), float(want), rtol=1e-6)
+
+
+def _partitioned_loss(trainable: dict[str, Any], frozen: dict[str, Any], x: jax.Array) -> jax.Array:
+    params = eqx.combine(trainable, frozen)
+    return (jax.nn.gelu(x @ params["up"]) @ params["down"]).mean()
+
+
+def test_equinox_partitioned_halves(mesh: Any) -> None:
+    """A fine-tuning step's arguments as ``eqx.partition(params, filter_spec)`` makes them:
+    each half holds, where the other has the array, a DTensor around None (JAX's pytrees
+    hand the filter the DTensor's array). predict / check / apply trace those as None, as
+    the halves of plain arrays are, and ``eqx.combine`` joins them; the trainable half's
+    gradients keep its layouts (``out_layouts=trainable``: an emptied DTensor there is
+    None, free over no output)."""
+    rng = np.random.default_rng(2)
+    plain = {"up": rng.normal(size=(16, 64)).astype(np.float32), "down": rng.normal(size=(64, 16)).astype(np.float32)}
+    x = rng.normal(size=(8, 16)).astype(np.float32)
+    params = {name: distribute_tensor(plain[name], mesh, p) for name, p in (("up", "R,S(1)"), ("down", "R,S(0)"))}
+    spec = {"up": False, "down": True}
+    trainable, frozen = eqx.partition(params, spec)
+    assert trainable["up"].array is None and frozen["down"].array is None
+    dx = distribute_tensor(x, mesh, "S(0),R")
+    step = jax.grad(_partitioned_loss)
+    report = check(step, trainable, frozen, dx, out_layouts=trainable)
+    assert [o.verdict for o in report.outputs] == ["equal"], report
+    assert predict(step, trainable, frozen, dx, out_layouts=trainable) is report.prediction
+    want = step(*eqx.partition(plain, spec), x)
+    for execute in ("xla", "pinned"):
+        grads = jax.jit(lambda *a, e=execute: apply(step, *a, out_layouts=trainable, execute=e))(trainable, frozen, dx)
+        assert grads["up"] is None and grads["down"].layout == params["down"].layout
+        np.testing.assert_allclose(np.asarray(grads["down"].full_tensor()), want["down"], rtol=1e-5, atol=1e-6)

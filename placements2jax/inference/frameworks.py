@@ -10,6 +10,11 @@
   Outside Equinox modules the ``jax.jit`` rules hold: numbers are traced as weakly typed
   Replicate scalars, other non-array leaves are refused. Static leaves are part of cache
   keys, so they must be hashable.
+- **DTensors ``eqx.partition`` emptied**: partitioning a tree of DTensors by a filter
+  (``eqx.partition(params, filter_spec)``: trainable and frozen halves passed as two
+  arguments) leaves in each half, where the other holds the array, a DTensor around None
+  (JAX's pytrees hand the filter the DTensor's array). Such a DTensor is None in the
+  trace, as the half of a plain array is, and ``None`` in ``out_layouts``.
 - **Graph nodes updated in place** (a Flax NNX model and ``nnx.Optimizer`` passed to a
   step that runs ``optimizer.update(model, grads)``, the form of Flax's ``@nnx.jit``
   examples): the function traced is the step followed by reading every ``nnx.Variable``
@@ -35,7 +40,7 @@ import jax
 
 from ..caches import register
 from ..errors import ArgumentTypeError
-from .signature import _is_constant, is_layout_leaf, is_tensor_leaf
+from .signature import _is_constant, _own_layout, is_layout_leaf, is_tensor_leaf
 
 _NUMBERS = (bool, int, float, complex)
 
@@ -119,11 +124,18 @@ def bind(
 ) -> tuple[Callable[..., Any], tuple[Any, ...], Any]:
     """``(fn, args, out_layouts)`` to trace: a :class:`Bound`, the arguments without their
     static leaves and the out_layouts keeping the updated Variables' layouts when ``args``
-    hold static leaves or nnx graph nodes, else the three unchanged (also when ``fn`` is
-    bound already). ``argument`` names the arguments in errors (``args`` / ``inputs``)."""
+    hold static leaves or nnx graph nodes, else ``fn`` unchanged (also when it is bound
+    already); DTensors ``eqx.partition`` emptied as None in both (module docstring).
+    ``argument`` names the arguments in errors (``args`` / ``inputs``)."""
     if isinstance(fn, Bound):
         return fn, args, out_layouts
     leaves, tree = jax.tree.flatten(args, is_leaf=is_tensor_leaf)
+    if any(map(_emptied, leaves)):
+        leaves = [None if _emptied(leaf) else leaf for leaf in leaves]
+        args = jax.tree.unflatten(tree, leaves)
+        leaves, tree = jax.tree.flatten(args, is_leaf=is_tensor_leaf)
+    if out_layouts is not None:
+        out_layouts = jax.tree.map(lambda x: None if _emptied(x) else x, out_layouts, is_leaf=is_layout_leaf)
     static = _static_flags(args, leaves)
     types = _nnx_types()
     stateful = types is not None and any(
@@ -149,6 +161,14 @@ def bind(
         kept = {path: v.get_value() for path, v in variables_of(args).items()}
         out_layouts = (out_layouts, {path: x if is_layout_leaf(x) else None for path, x in kept.items()})
     return Bound(fn, tree, statics, stateful), tuple(dynamic), out_layouts
+
+
+def _emptied(leaf: Any) -> bool:
+    """A DTensor holding no array: the half of ``eqx.partition(tree, filter_spec)`` that
+    filters it out (JAX's pytrees hand the filter a DTensor's array, not the DTensor, so
+    that half keeps the DTensor around None). Traced as None, what the half of a plain
+    array is: an empty subtree, which ``eqx.combine`` fills from the other half."""
+    return getattr(leaf, "array", False) is None and _own_layout(leaf) is not None
 
 
 def _static_flags(tree: Any, leaves: list[Any]) -> list[bool]:
