@@ -19,7 +19,9 @@ from jax.sharding import NamedSharding
 from placements2jax import DeviceMesh, DTensor, colwise, distribute_pytree, distribute_tensor, rowwise
 from placements2jax.dtensor import auto_twin_of
 
-from . import clip, cnn, common, gemma, gemma3, gpt2, llama, llama_scan, lora, mamba, mamba2, mla, moe, rwkv, stacked
+from . import (
+    clip, cnn, common, dpo, gemma, gemma3, gpt2, llama, llama_scan, lora, mamba, mamba2, mla, moe, rwkv, stacked,
+)
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,8 @@ def training_step(
     model: str, mesh: DeviceMesh, optimizer: optax.GradientTransformation | None = None, **config: Any
 ) -> Step:
     """The adamw step of ``model`` ("gpt2", "llama", "gemma", "stacked", "llama_scan", "moe", "mamba", "mla",
-    "rwkv", "gemma3", "mamba2", "lora" or "clip" (its batch images and captions), ``config`` overriding its
+    "rwkv", "gemma3", "mamba2", "lora", "clip" (its batch images and captions) or "dpo" (its frozen reference
+    after the state, its batch preference pairs and their loss masks), ``config`` overriding its
     Config; "mlp": :func:`mlp_step`) with the Megatron plan on ``mesh`` (its ``tp`` axis) and a batch of 4 split
     over its ``dp`` axis if it has one (else replicated, "mlp": of 8); ``optimizer``: another update than the
     model's own ``make_optimizer()`` (lora's: adamw on the adapters alone) or else common.make_optimizer()'s clip
@@ -105,7 +108,7 @@ def training_step(
         return Step(model, partial(cnn.train_step, optimizer=optimizer), (params, state, *batch))
     modules = {"gpt2": gpt2, "llama": llama, "gemma": gemma, "stacked": stacked, "llama_scan": llama_scan, "moe": moe,
                "mamba": mamba, "mla": mla, "rwkv": rwkv, "gemma3": gemma3,
-               "mamba2": mamba2, "lora": lora, "clip": clip}
+               "mamba2": mamba2, "lora": lora, "clip": clip, "dpo": dpo}
     module = modules[model]
     cfg = module.Config(**config)
     plain = module.init(jax.random.key(0), cfg)
@@ -113,7 +116,10 @@ def training_step(
     params = distribute_pytree(plain, mesh, plan)
     optimizer = optimizer or getattr(module, "make_optimizer", common.make_optimizer)()
     state = common.distribute_state(optimizer.init(plain), params)
-    arrays = clip.batch(0, cfg) if module is clip else common.batch(0, 4, cfg.seq, cfg.vocab)
+    reference = (distribute_pytree(module.init(jax.random.key(1), cfg), mesh, plan),) if module is dpo else ()
+    arrays = module.batch(0, cfg) if module in (clip, dpo) else common.batch(0, 4, cfg.seq, cfg.vocab)
     batch = [distribute_tensor(a, mesh, batch_placements) for a in arrays]
     extra = (jax.random.key(2),) if model == "gpt2" else ()
-    return Step(model, partial(module.train_step, cfg=cfg, optimizer=optimizer), (params, state, *batch, *extra))
+    return Step(
+        model, partial(module.train_step, cfg=cfg, optimizer=optimizer), (params, state, *reference, *batch, *extra)
+    )
