@@ -145,6 +145,8 @@ PROGRAMS: dict[str, Callable[[DeviceMesh], Program]] = {
     "LoRA on Llama (lorax's `LoraWeight` on wq / wv, the base frozen by `optax.multi_transform` + `set_to_zero`)":
         _Step("lora"),
     "CLIP-style contrastive step: conv-patch ViT and causal text towers, the whole batch's logits": _Step("clip"),
+    "DPO on Llama: policy and `stop_gradient` reference, chosen / rejected concatenated, masked log-probs":
+        _Step("dpo"),
 }
 
 

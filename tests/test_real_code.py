@@ -19,7 +19,8 @@ step (tests/models/clip.py: a conv-patch ViT and a causal text transformer, the 
 batch's image-text logits, a symmetric cross-entropy); DPO preference tuning of Llama
 (tests/models/dpo.py: a policy and a frozen reference under ``stop_gradient``, chosen and
 rejected sequences concatenated into one batch, masked per-sequence log-probs); and
-beside the training steps, sampling from Llama with a key/value cache under ``lax.fori_loop`` (tests/models/decode.py).
+beside the training steps, sampling from Llama with a key/value cache under
+``lax.fori_loop`` (tests/models/decode.py).
 
 Each: check's output layouts agree with XLA's; apply (execute="xla" and "pinned") under
 ``jax.jit`` computes what plain ``jax.jit`` of the unsharded step computes, keeping the
