@@ -731,17 +731,25 @@ def _searched(walk: Walk, walked: tuple[Prediction, ProgramGraph, _Walker], mode
 
 
 def _total(prediction: Prediction, model: CostModel, targets: _Targets) -> Total:
-    """What a prediction costs as the program search counts it: the redistributions, each
-    free output's move to the layout its caller takes it in, and the model's overhead per
-    collective among both (``collective_overhead``, what the search's last descents charge);
-    then its number of steps. Compared on bytes alone, a sampling loop's restart from its
-    carries as given (:func:`_resolve_carries`) lost to the first search by 20 B in 21
-    collectives after XLA's combiner where it has 7 (tests/models/decode.py)."""
+    """What a prediction costs as the program search counts it: the redistributions and
+    each free output's move to the layout its caller takes it in; then its number of steps."""
     owed = sum(
         (cached_plan_cost(o.shape, o.dtype, o.layout, caller, model)
          for o, caller in zip(prediction.outputs, targets.callers) if caller is not None),
         Fraction(0),
     )
+    return prediction.cost + owed, len(prediction.steps)
+
+
+def _charged(prediction: Prediction, model: CostModel, targets: _Targets) -> Fraction:
+    """:func:`_total`'s cost plus the model's overhead per collective among its moves
+    (``collective_overhead``): a prediction as the search's last descents price it. The
+    restarts from the carries as given are kept by it (:func:`_resolve_carries`): by bytes
+    first, a sampling loop's restart lost to the first search by 20 B in 21 collectives
+    after XLA's combiner where it has 7 (tests/models/decode.py). The other restarts and
+    the conds' rejoins compare by :func:`_total` (by this, cond programs of
+    tests/test_inference_programs.py and a small step of tests/test_inference_program.py
+    changed, one past eager dispatch's bytes)."""
     overhead = model.collective_overhead
     charged = sum(overhead_of(overhead, step.collective) for step in prediction.steps if step.communicates)
     charged += sum(
@@ -749,7 +757,7 @@ def _total(prediction: Prediction, model: CostModel, targets: _Targets) -> Total
         for o, caller in zip(prediction.outputs, targets.callers) if caller is not None and o.layout != caller
         for step in cached_plan(o.shape, o.dtype, o.layout, caller, model).steps if step.communicates
     )
-    return prediction.cost + owed + charged, len(prediction.steps)
+    return _total(prediction, model, targets)[0] + charged
 
 
 def _resolve_carries(
@@ -806,8 +814,10 @@ def _resolve_carries(
     # carry from what the body's eager choices return, and a sampling loop's token, given split over dp, came back
     # from its argmax split over tp (the cheapest move of the logits alone), a basin no descent leaves
     given = _given_carries(first.loops)
-    if given is not None:
-        found += [p for p, _ in _carry_restarts(walk, model, targets, first.loops, given, _returned_carries, tried)]
+    given_found = [] if given is None else [
+        prediction
+        for prediction, _ in _carry_restarts(walk, model, targets, first.loops, given, _returned_carries, tried)
+    ]
     # the first replicated restart cheaper than the first search ends them (each is a walk and a search: on the
     # stacked LM's accumulated steps, the tp restart after the dp one only doubled their cost, never cheaper)
     for mesh_dim in range(first.mesh.ndim):
@@ -838,6 +848,10 @@ def _resolve_carries(
         if any(_total(prediction, model, targets) < _total(best, model, targets) for prediction in restarts):
             break
     best = found[0] if len(found) == 1 else min(found, key=lambda prediction: _total(prediction, model, targets))
+    if given_found:  # kept where cheaper as the search prices (:func:`_charged`)
+        restart = min(given_found, key=lambda prediction: _charged(prediction, model, targets))
+        if _charged(restart, model, targets) < _charged(best, model, targets):
+            best = restart
     return _rejoin_conds(walk, _replicas_restart(walk, best, model, targets), model, targets)
 
 
