@@ -24,13 +24,6 @@ Cache = list[tuple[jax.Array, jax.Array]]  # per layer, (keys, values)
 BATCH, MAX_LEN, STEPS = 4, 16, 6
 
 
-def rotate_at(x: jax.Array, freqs: jax.Array) -> jax.Array:
-    """``x`` (batch, 1, heads, head_dim) rotated by one position's angles ``freqs``."""
-    pairs = x.reshape(*x.shape[:-1], -1, 2)
-    rotated = jax.lax.complex(pairs[..., 0], pairs[..., 1]) * freqs[None, None, None, :]
-    return jnp.stack([jnp.real(rotated), jnp.imag(rotated)], axis=-1).reshape(x.shape).astype(x.dtype)
-
-
 def decode_step(
     params: llama.Params, cache: Cache, token: jax.Array, pos: jax.Array, cfg: llama.Config
 ) -> tuple[jax.Array, Cache]:
@@ -44,8 +37,8 @@ def decode_step(
     for layer, (keys, values) in zip(params["layers"], cache):
         x = llama.rms_norm(h, layer["attention_norm"], cfg.norm_eps)
         p = layer["attention"]
-        q = rotate_at((x @ p["wq"]).reshape(batch, 1, cfg.heads, head_dim), freqs)
-        k = rotate_at((x @ p["wk"]).reshape(batch, 1, cfg.kv_heads, head_dim), freqs)
+        q = llama.apply_rotary_emb((x @ p["wq"]).reshape(batch, 1, cfg.heads, head_dim), freqs[None])
+        k = llama.apply_rotary_emb((x @ p["wk"]).reshape(batch, 1, cfg.kv_heads, head_dim), freqs[None])
         v = (x @ p["wv"]).reshape(batch, 1, cfg.kv_heads, head_dim)
         keys = jax.lax.dynamic_update_slice(keys, k, (0, pos, 0, 0))
         values = jax.lax.dynamic_update_slice(values, v, (0, pos, 0, 0))
