@@ -9,7 +9,7 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
-from models import common, gpt2, llama, llama_scan, stacked
+from models import clip, common, gpt2, llama, llama_scan, stacked
 from models.steps import training_step
 
 from placements2jax import DTensor, apply, distribute_pytree, init_device_mesh, predict
@@ -92,6 +92,25 @@ def test_rotary_embedding_rotates_pairs() -> None:
     even, odd = x[..., 0::2], x[..., 1::2]
     np.testing.assert_allclose(out[..., 0::2], even * np.cos(angle) - odd * np.sin(angle), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out[..., 1::2], even * np.sin(angle) + odd * np.cos(angle), rtol=1e-5, atol=1e-6)
+
+
+def test_clip_patches_by_reshape_are_the_convolution() -> None:
+    """tests/models/clip.py's patches cut by reshape / transpose and a dense layer embed
+    the image as the strided convolution does with its HWIO kernel flattened (the rows in
+    the kernel's (row, column, channel) order): the two image towers are one function (the
+    reshape variant's prediction: docs/inference.md section 6). The option is checked."""
+    conv, dense = clip.Config(), clip.Config(patches="reshape")
+    rng = np.random.default_rng(0)
+    hwio = {"kernel": rng.standard_normal((conv.patch, conv.patch, conv.channels, conv.width)).astype(np.float32),
+            "bias": rng.standard_normal(conv.width).astype(np.float32)}
+    flat = {**hwio, "kernel": hwio["kernel"].reshape(-1, conv.width)}
+    kernel = jax.eval_shape(partial(clip.init, cfg=dense), jax.random.key(0))["visual"]["patch_embed"]["kernel"]
+    assert kernel.shape == flat["kernel"].shape
+    images, _ = clip.batch(0, conv)
+    np.testing.assert_allclose(np.asarray(clip.embed_patches(flat, images, dense)),
+                               np.asarray(clip.embed_patches(hwio, images, conv)), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="patches='strided'"):
+        clip.Config(patches="strided")
 
 
 def test_megatron_plans(mesh: Any) -> None:

@@ -55,6 +55,13 @@ class Config:
     mlp: int = 64
     embed_dim: int = 16  # the shared image-text space
     batch: int = 4
+    # "conv": big_vision's strided convolution on an HWIO kernel; "reshape": the image cut into patches by reshape /
+    # transpose and a dense layer on a (patch * patch * channels, width) kernel, as many public ViTs write it
+    patches: str = "conv"
+
+    def __post_init__(self) -> None:
+        if self.patches not in ("conv", "reshape"):
+            raise ValueError(f"clip.Config: patches={self.patches!r} is neither 'conv' nor 'reshape'")
 
 
 def init(key: jax.Array, cfg: Config) -> Params:
@@ -82,7 +89,8 @@ def init(key: jax.Array, cfg: Config) -> Params:
 
     patches = (cfg.image_size // cfg.patch) ** 2
     patch_embed = dense(cfg.patch * cfg.patch * cfg.channels, w)
-    patch_embed["kernel"] = patch_embed["kernel"].reshape(cfg.patch, cfg.patch, cfg.channels, w)  # HWIO
+    if cfg.patches == "conv":
+        patch_embed["kernel"] = patch_embed["kernel"].reshape(cfg.patch, cfg.patch, cfg.channels, w)  # HWIO
     return {
         "visual": {"patch_embed": patch_embed,
                    "class_embedding": 0.02 * jax.random.normal(next(keys), (w,)), **tower(patches + 1)},
@@ -110,12 +118,23 @@ def transformer(x: jax.Array, tower: Params, cfg: Config, causal: bool) -> jax.A
     return layer_norm(x, tower["ln_final"])
 
 
+def embed_patches(p: Params, images: jax.Array, cfg: Config) -> jax.Array:
+    """NHWC ``images`` -> (batch, patches, width): each patch's pixels (row, column, channel
+    order, the HWIO kernel's) times the patch embedding, by ``cfg.patches``."""
+    B, H, W, C = images.shape
+    k = cfg.patch
+    if cfg.patches == "conv":
+        x = lax.conv_general_dilated(images, p["kernel"], (k, k), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    else:
+        patches = images.reshape(B, H // k, k, W // k, k, C).transpose(0, 1, 3, 2, 4, 5).reshape(B, -1, k * k * C)
+        x = patches @ p["kernel"]
+    return (x + p["bias"]).reshape(B, -1, cfg.width)
+
+
 def encode_image(p: Params, images: jax.Array, cfg: Config) -> jax.Array:
     """NHWC ``images`` -> (batch, embed_dim)."""
     B = images.shape[0]
-    x = lax.conv_general_dilated(images, p["patch_embed"]["kernel"], (cfg.patch, cfg.patch), "VALID",
-                                 dimension_numbers=("NHWC", "HWIO", "NHWC")) + p["patch_embed"]["bias"]
-    x = x.reshape(B, -1, cfg.width)
+    x = embed_patches(p["patch_embed"], images, cfg)
     x = jnp.concatenate([jnp.broadcast_to(p["class_embedding"], (B, 1, cfg.width)), x], axis=1)
     return transformer(x, p, cfg, causal=False)[:, 0] @ p["projection"]
 
