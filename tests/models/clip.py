@@ -5,7 +5,10 @@ transformer encoder with layer norm and a GELU MLP; the [CLS] token's features
 projected) and a text tower (token and positional embeddings, a causal pre-LN
 transformer, the end-of-text token's features taken at ``jnp.argmax(tokens)`` and
 projected); both embeddings L2-normalized, logits ``img @ txt.T * exp(log_scale)`` over
-the whole batch and the symmetric cross-entropy against ``arange(batch)``. With the
+the whole batch and the symmetric cross-entropy against ``arange(batch)``. ``Config(patches=
+"reshape")`` cuts the patches by reshape / transpose and a dense layer instead, as many
+public ViTs do (its prediction, 52,738 B in 32 collectives, and why the search misses the
+conv's plan there: docs/inference.md section 6, stop 44). With the
 batch split over data parallelism the similarities need every replica's embeddings
 (what CLIP's all-gather of the features does by hand).
 
