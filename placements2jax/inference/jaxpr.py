@@ -741,23 +741,29 @@ def _total(prediction: Prediction, model: CostModel, targets: _Targets) -> Total
     return prediction.cost + owed, len(prediction.steps)
 
 
-def _charged(prediction: Prediction, model: CostModel, targets: _Targets) -> Fraction:
-    """:func:`_total`'s cost plus the model's overhead per collective among its moves
-    (``collective_overhead``): a prediction as the search's last descents price it. The
-    restarts from the carries as given are kept by it (:func:`_resolve_carries`): by bytes
-    first, a sampling loop's restart lost to the first search by 20 B in 21 collectives
-    after XLA's combiner where it has 7 (tests/models/decode.py). The other restarts and
-    the conds' rejoins compare by :func:`_total` (by this, cond programs of
-    tests/test_inference_programs.py and a small step of tests/test_inference_program.py
-    changed, one past eager dispatch's bytes)."""
+def _charged(prediction: Prediction, model: CostModel, targets: _Targets) -> tuple[Fraction, Total]:
+    """A prediction as the search's last descents price it: its moves' bytes and each free
+    output's move to the layout its caller takes it in, routed as the search routes it
+    (:func:`_owing`), plus the model's overhead per collective among them
+    (``collective_overhead``); ties broken by :func:`_total`. The restarts from the carries
+    as given are kept by it (:func:`_resolve_carries`): by bytes first, a sampling loop's
+    restart lost to the first search by 20 B in 21 collectives after XLA's combiner where it
+    has 7 (tests/models/decode.py). The other restarts and the conds' rejoins compare by
+    :func:`_total` (by this, cond programs of tests/test_inference_programs.py and a small
+    step of tests/test_inference_program.py changed, one past eager dispatch's bytes).
+    The owed moves were routed by the planner's bytes alone, their collectives then charged
+    the overhead: the sampled tokens returned split over ``dp`` (``S(0),R``, as XLA returns
+    them) owe their caller's ``R,S(0)`` (eager dispatch's) an all-to-all and an all-gather
+    (36 B, 2 x 8,192 charged) where the search routes one all-gather (48 B, 8,192), and lost
+    to gathering them inside the loop each iteration (48 B, 8,192). Routed so, the two tie
+    (29,232 each) and :func:`_total` breaks the tie: 3,876 B where 3,888, 6 collectives after
+    XLA's combiner where 7 (:func:`_carried_as_returned`)."""
     overhead = model.collective_overhead
-    charged = sum(overhead_of(overhead, step.collective) for step in prediction.steps if step.communicates)
-    charged += sum(
-        overhead_of(overhead, step.collective)
-        for o, caller in zip(prediction.outputs, targets.callers) if caller is not None and o.layout != caller
-        for step in cached_plan(o.shape, o.dtype, o.layout, caller, model).steps if step.communicates
-    )
-    return _total(prediction, model, targets)[0] + charged
+    owing = [plan for _, plan in _owing(prediction, model, targets)]
+    steps = [*prediction.steps, *(step for plan in owing for step in plan.steps)]
+    charged = sum(overhead_of(overhead, step.collective) for step in steps if step.communicates)
+    owed = sum((plan.cost for plan in owing), Fraction(0))
+    return prediction.cost + owed + charged, _total(prediction, model, targets)
 
 
 def _resolve_carries(
@@ -770,7 +776,9 @@ def _resolve_carries(
     started from the returned layouts (every other loop's from its chosen ones); at most
     ``_CARRY_ROUNDS`` rounds. Then, where the first search carries some value unsplit
     over a mesh dim its initial value is split over, from every loop's carries as given
-    (:func:`_given_carries`), then as those searches' bodies return them. Then, per mesh
+    (:func:`_given_carries`), then as those searches' bodies return them, each search's
+    choice also walked with its bodies kept and its carries as they return them
+    (:func:`_carried_as_returned`). Then, per mesh
     dim over which the first search's choice
     splits some carry its initial value is not split over (a gradient accumulator
     reduce-scattered into shards every iteration, the optimizer then updating shards and
@@ -815,8 +823,9 @@ def _resolve_carries(
     # from its argmax split over tp (the cheapest move of the logits alone), a basin no descent leaves
     given = _given_carries(first.loops)
     given_found = [] if given is None else [
-        prediction
-        for prediction, _ in _carry_restarts(walk, model, targets, first.loops, given, _returned_carries, tried)
+        found
+        for prediction, walker in _carry_restarts(walk, model, targets, first.loops, given, _returned_carries, tried)
+        for found in (prediction, *_carried_as_returned(walk, prediction, walker, model))
     ]
     # the first replicated restart cheaper than the first search ends them (each is a walk and a search: on the
     # stacked LM's accumulated steps, the tp restart after the dp one only doubled their cost, never cheaper)
@@ -1040,6 +1049,28 @@ def _carry_restarts(
         loops = walker.loops
         seeds = returned(loops)
     return restarts
+
+
+def _carried_as_returned(
+    walk: Walk, prediction: Prediction, walker: _Walker, model: CostModel
+) -> tuple[Prediction, ...]:
+    """``prediction``'s choices walked again with every loop's carries in the layouts its
+    chosen body returns them in, the bodies' choices kept; empty where every body returns
+    its carries as carried. A restart walked from such carries starts its bodies from their
+    eager choices again, and its search may not get back to the body it left: the sampling
+    loop's restart from the carries as given chose a body scattering each token into the
+    sampled tokens split over ``dp`` and gathering them back to the carry each iteration
+    (48 B), and the search from those returned carries (its next round) kept its walk, 39
+    moves in 17 collectives after XLA's combiner: every descent's result sent more bytes by
+    the planner's prices than that walk, a restart search's bound (:func:`.program._bounded`;
+    that body with those carries 3,888 B where the walk 3,884). Walked with the body kept,
+    the carry moves nothing: 3,840 B in 6 collectives (:func:`_charged`)."""
+    loops = walker.loops
+    if all(loop.returned_layouts == loop.carries for loop in loops.values()):
+        return ()
+    carried = {path: dataclasses.replace(loop, carries=loop.returned_layouts).choice(model)
+               for path, loop in loops.items()}
+    return (walk({**dict(prediction.choices), **carried})[0],)
 
 
 def _returned_carries(loops: Mapping[str, _LoopCarries]) -> CarrySeeds:
