@@ -189,11 +189,11 @@ def test_check_reports_predicted_and_compiled_collectives_of_the_step(mesh: Devi
     assert "all-gather" in str(report)
 
 
-def test_a_language_models_step_fully_sharded_on_its_megatron_plan(mesh: DeviceMesh) -> None:
-    """tests/models/steps.py's ``fully_sharded`` (test_real_code's FSDP x TP program):
-    every Llama parameter split over dp on top of its Megatron layout, which unshard gives
-    back, and Adam's moments laid out as the parameters."""
-    tp = training_step("llama", mesh, layers=1)
+def test_a_training_step_fully_sharded_on_its_megatron_plan(mesh: DeviceMesh) -> None:
+    """tests/models/steps.py's ``fully_sharded`` (test_real_code's FSDP x TP Llama step) on
+    the Megatron MLP's step: every parameter split over dp on top of its Megatron layout,
+    which unshard gives back, and Adam's moments laid out as the parameters."""
+    tp = training_step("mlp", mesh)
     params, state = fully_sharded(tp).args[:2]
     sharded = leaves(params)
     assert all(any(0 in axes for axes in p.layout.dim_axes) for p in sharded)
