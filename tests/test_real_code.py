@@ -154,8 +154,14 @@ def _one_device(tree: Any) -> Any:
     Explicit mesh ``full_tensor`` leaves them on: JAX 0.10 has no Explicit sharding rule
     for ``ragged_dot_general`` (it asks for an ``out_sharding``), which plain user code
     on one device never meets (a ``jax.device_put`` of the global array to one device
-    still met it: its values go through the host)."""
-    return jax.tree.map(lambda x: jax.device_put(np.asarray(x)) if isinstance(x, jax.Array) else x, tree)
+    still met it: its values go through the host). PRNG keys, which have no NumPy form,
+    are kept as they are (GPT-2's dropout key, the sampling loop's)."""
+    def fresh(x: Any) -> Any:
+        if not isinstance(x, jax.Array) or jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            return x
+        return jax.device_put(np.asarray(x))
+
+    return jax.tree.map(fresh, tree)
 
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
@@ -272,7 +278,7 @@ def test_kv_cache_sampling_loop(mesh: Any) -> None:
     cache_layouts = [x.layout for x in jax.tree.leaves(args[1], is_leaf=_is_dtensor)]
     assert list(report.prediction.out_layouts[1:]) == cache_layouts
 
-    want = jax.jit(fn)(*_one_device(common.plain(args[:3])), args[3])  # the key as it is (no NumPy form)
+    want = jax.jit(fn)(*_one_device(common.plain(args)))
     for execute in ("xla", "pinned"):
         sampled, cache = eqx.filter_jit(lambda *a, e=execute: apply(fn, *a, out_layouts=out_layouts, execute=e))(*args)
         np.testing.assert_array_equal(np.asarray(sampled.full_tensor()), np.asarray(want[0]))
