@@ -129,8 +129,8 @@ PROGRAMS: dict[str, Callable[[Any], Program]] = {
     # all-reduces their gradients over dp (one combined all-reduce, then slices), and moves the activations between
     # the batch and the model dim over dp (12 all-to-alls, 12 all-gathers); the prediction gathers over dp only the
     # embedding table, the targets and two activations and keeps the other parameters in place, the batch replicated
-    # over dp and the dims FSDP split contracted there (dp as a second tensor-parallel axis: 11 all-reduces of
-    # activations over dp), their gradients made in the parameters' layouts. At 2 layers (the default) it is a miss of the search:
+    # over dp and the dims FSDP split contracted there (dp as a second tensor-parallel axis: 11 all-reduces over dp,
+    # mostly of activations), their gradients made in the parameters' layouts (all but one unreduced over dp). At 2 layers (the default) it is a miss of the search:
     # 155,572 B in 69 against 268,120 in 90, but 520,820 by the search's objective where 1 / 3 layers cost 166,932 /
     # 314,404 (docs/inference.md section 6, "Stop 44 probe: FSDP x TP")
     "llama fsdp x tp": lambda mesh: Program(*_fsdp_step("llama", mesh, layers=1), _F32, (29, 56, 81_364, 151_434)),
