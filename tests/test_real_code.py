@@ -126,13 +126,14 @@ PROGRAMS: dict[str, Callable[[Any], Program]] = {
     "dpo llama policy and reference": lambda mesh: Program(*_dict_step("dpo", mesh), _F32, (28, 53, 161_598, 234_484)),
     # Llama's parameters and Adam moments fully sharded over dp on top of the Megatron plan (one layer: two cost ~39 s
     # here), 29 collectives, 81,364 B against XLA's 56, 151,434 B (0.54x): XLA gathers 9 parameters over dp and
-    # all-reduces their gradients over dp (one combined all-reduce, then slices), and moves the activations between
-    # the batch and the model dim over dp (12 all-to-alls, 12 all-gathers); the prediction gathers over dp only the
+    # all-reduces their gradients over dp (one combined all-reduce, then slices), and moves the activations between the
+    # batch and the model dim over dp (12 all-to-alls, 12 all-gathers); the prediction gathers over dp only the
     # embedding table, the targets and two activations and keeps the other parameters in place, the batch replicated
     # over dp and the dims FSDP split contracted there (dp as a second tensor-parallel axis: 11 all-reduces over dp,
-    # mostly of activations), their gradients made in the parameters' layouts (all but one unreduced over dp). At 2 layers (the default) it is a miss of the search:
-    # 155,572 B in 69 against 268,120 in 90, but 520,820 by the search's objective where 1 / 3 layers cost 166,932 /
-    # 314,404 (docs/inference.md section 6, "Stop 44 probe: FSDP x TP")
+    # mostly of activations), their gradients made in the parameters' layouts (all but one unreduced over dp). At 2
+    # layers (the default) it is a miss of the search: 155,572 B in 69 against 268,120 in 90, but 520,820 by the
+    # search's objective where 1 / 3 layers cost 166,932 / 314,404 (docs/inference.md section 6, "Stop 44 probe: FSDP x
+    # TP")
     "llama fsdp x tp": lambda mesh: Program(*_fsdp_step("llama", mesh, layers=1), _F32, (29, 56, 81_364, 151_434)),
 }
 
