@@ -4,9 +4,11 @@ step by step against plain JAX."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from models.steps import fully_sharded, training_step
 
 from placements2jax import (
     DeviceMesh,
@@ -185,6 +187,19 @@ def test_check_reports_predicted_and_compiled_collectives_of_the_step(mesh: Devi
     assert report.predicted_counts["all-gather"] >= 1
     assert report.compiled_bytes > 0 and report.predicted_bytes > 0
     assert "all-gather" in str(report)
+
+
+def test_a_training_step_fully_sharded_on_its_megatron_plan(mesh: DeviceMesh) -> None:
+    """tests/models/steps.py's ``fully_sharded`` (test_real_code's FSDP x TP Llama step) on
+    the Megatron MLP's step: every parameter split over dp on top of its Megatron layout,
+    which unshard gives back, and Adam's moments laid out as the parameters."""
+    tp = training_step("mlp", mesh)
+    params, state = fully_sharded(tp).args[:2]
+    sharded = leaves(params)
+    assert all(any(0 in axes for axes in p.layout.dim_axes) for p in sharded)
+    assert [unshard(p, "dp").layout for p in sharded] == [p.layout for p in leaves(tp.args[0])]
+    for moments in (optax.tree_utils.tree_get(state, "mu"), optax.tree_utils.tree_get(state, "nu")):
+        assert [m.layout for m in leaves(moments)] == [p.layout for p in sharded]
 
 
 def test_bad_inputs(mesh: DeviceMesh) -> None:

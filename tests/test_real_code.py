@@ -18,7 +18,9 @@ lorax's ``LoraWeight`` adapters on wq and wv in the one parameter tree, the base
 step (tests/models/clip.py: a conv-patch ViT and a causal text transformer, the whole
 batch's image-text logits, a symmetric cross-entropy); DPO preference tuning of Llama
 (tests/models/dpo.py: a policy and a frozen reference under ``stop_gradient``, chosen and
-rejected sequences concatenated into one batch, masked per-sequence log-probs); and
+rejected sequences concatenated into one batch, masked per-sequence log-probs); Llama's
+step with its parameters and Adam moments fully sharded over dp on top of the Megatron plan
+(ZeRO-3 x tensor parallelism: tests/models/steps.py ``fully_sharded``); and
 beside the training steps, sampling from Llama with a key/value cache under
 ``lax.fori_loop`` (tests/models/decode.py).
 
@@ -43,7 +45,7 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding
 from models import common, decode, eqx_scan, llama, nnx_scan, shampoo
-from models.steps import training_step
+from models.steps import fully_sharded, training_step
 
 from placements2jax import DTensor, apply, distribute_pytree, init_device_mesh
 from placements2jax.dtensor import auto_twin_of
@@ -74,6 +76,12 @@ def mesh() -> Any:
 def _dict_step(model: str, mesh: Any, optimizer: optax.GradientTransformation | None = None, **config: Any) -> tuple:
     """tests/models ``model``'s step on its plan: (fn, args, out_layouts) keeping parameters and state."""
     step = training_step(model, mesh, optimizer, **config)
+    return step.fn, step.args, step.out_layouts
+
+
+def _fsdp_step(model: str, mesh: Any, **config: Any) -> tuple:
+    """``_dict_step``'s step with its parameters and optimizer state fully sharded over dp on top of the plan."""
+    step = fully_sharded(training_step(model, mesh, **config))
     return step.fn, step.args, step.out_layouts
 
 
@@ -116,6 +124,17 @@ PROGRAMS: dict[str, Callable[[Any], Program]] = {
     # sequences (concatenated on the dp-split batch dim) is gathered over dp by the prediction (4 all-gathers, 160 B)
     # where XLA permutes it (4 collective-permutes, 32 B)
     "dpo llama policy and reference": lambda mesh: Program(*_dict_step("dpo", mesh), _F32, (28, 53, 161_598, 234_484)),
+    # Llama's parameters and Adam moments fully sharded over dp on top of the Megatron plan (one layer: two cost ~39 s
+    # here), 29 collectives, 81,364 B against XLA's 56, 151,434 B (0.54x): XLA gathers 9 parameters over dp and
+    # all-reduces their gradients over dp (one combined all-reduce, then slices), and moves the activations between the
+    # batch and the model dim over dp (12 all-to-alls, 12 all-gathers); the prediction gathers over dp only the
+    # embedding table, the targets and two activations and keeps the other parameters in place, the batch replicated
+    # over dp and the dims FSDP split contracted there (dp as a second tensor-parallel axis: 11 all-reduces over dp,
+    # mostly of activations), their gradients made in the parameters' layouts (all but one unreduced over dp). At 2
+    # layers (the default) it is a miss of the search: 155,572 B in 69 against 268,120 in 90, but 520,820 by the
+    # search's objective where 1 / 3 layers cost 166,932 / 314,404 (docs/inference.md section 6, "Stop 44 probe: FSDP x
+    # TP")
+    "llama fsdp x tp": lambda mesh: Program(*_fsdp_step("llama", mesh, layers=1), _F32, (29, 56, 81_364, 151_434)),
 }
 
 
@@ -136,8 +155,14 @@ def _one_device(tree: Any) -> Any:
     Explicit mesh ``full_tensor`` leaves them on: JAX 0.10 has no Explicit sharding rule
     for ``ragged_dot_general`` (it asks for an ``out_sharding``), which plain user code
     on one device never meets (a ``jax.device_put`` of the global array to one device
-    still met it: its values go through the host)."""
-    return jax.tree.map(lambda x: jax.device_put(np.asarray(x)) if isinstance(x, jax.Array) else x, tree)
+    still met it: its values go through the host). PRNG keys, which have no NumPy form,
+    are kept as they are (GPT-2's dropout key, the sampling loop's)."""
+    def fresh(x: Any) -> Any:
+        if not isinstance(x, jax.Array) or jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            return x
+        return jax.device_put(np.asarray(x))
+
+    return jax.tree.map(fresh, tree)
 
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
@@ -256,7 +281,7 @@ def test_kv_cache_sampling_loop(mesh: Any) -> None:
     cache_layouts = [x.layout for x in jax.tree.leaves(args[1], is_leaf=_is_dtensor)]
     assert list(report.prediction.out_layouts[1:]) == cache_layouts
 
-    want = jax.jit(fn)(*_one_device(common.plain(args[:3])), args[3])  # the key as it is (no NumPy form)
+    want = jax.jit(fn)(*_one_device(common.plain(args)))
     for execute in ("xla", "pinned"):
         sampled, cache = eqx.filter_jit(lambda *a, e=execute: apply(fn, *a, out_layouts=out_layouts, execute=e))(*args)
         np.testing.assert_array_equal(np.asarray(sampled.full_tensor()), np.asarray(want[0]))

@@ -6,7 +6,7 @@ without an ``out_sharding``), shared by the tests and benchmarks/bench_operators
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -16,7 +16,9 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding
 
-from placements2jax import DeviceMesh, DTensor, colwise, distribute_pytree, distribute_tensor, rowwise
+from placements2jax import (
+    DeviceMesh, DTensor, colwise, distribute_pytree, distribute_tensor, fully_shard, rowwise, state_layouts,
+)
 from placements2jax.dtensor import auto_twin_of
 
 from . import (
@@ -123,3 +125,14 @@ def training_step(
     return Step(
         model, partial(module.train_step, cfg=cfg, optimizer=optimizer), (params, state, *reference, *batch, *extra)
     )
+
+
+def fully_sharded(step: Step, axis: str = "dp") -> Step:
+    """``step`` with its parameters fully sharded over mesh axis ``axis`` on top of their
+    plan (ZeRO-3 x tensor parallelism: :func:`placements2jax.fully_shard`) and its optimizer
+    state laid out like them (:func:`placements2jax.state_layouts`), the batch as it was."""
+    params, state, *batch = step.args
+    params = fully_shard(params, jax.tree.leaves(params, is_leaf=_is_dtensor)[0].device_mesh, axis)
+    state = jax.tree.map(lambda x, layout: x.redistribute(placements=layout), state, state_layouts(state, params),
+                         is_leaf=_is_dtensor)
+    return replace(step, args=(params, state, *batch))
