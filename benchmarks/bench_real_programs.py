@@ -44,7 +44,7 @@ import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 from harness import Config, Section, Table, Target, progress  # noqa: E402
 from models import common, eqx_scan, nnx_scan, shampoo  # noqa: E402
-from models.steps import training_step  # noqa: E402
+from models.steps import fully_sharded, training_step  # noqa: E402
 
 from placements2jax import DeviceMesh, apply, distribute_pytree, init_device_mesh  # noqa: E402
 from placements2jax.hlo import parse_collectives  # noqa: E402
@@ -98,6 +98,17 @@ def _nnx_scan(mesh: DeviceMesh) -> Program:
     return nnx.jit(nnx_scan.train_step), (model, optimizer, *common.megatron_batch(cfg, mesh)), None
 
 
+def _fully_sharded(model: str) -> Callable[[DeviceMesh], Program]:
+    """``model``'s step with its parameters and optimizer state fully sharded over ``dp`` on
+    top of the Megatron plan (tests/models/steps.py :func:`fully_sharded`)."""
+
+    def build(mesh: DeviceMesh) -> Program:
+        step = fully_sharded(training_step(model, mesh))
+        return step.fn, step.args, step.out_layouts
+
+    return build
+
+
 def _split_shampoo(mesh: DeviceMesh) -> Program:
     step = shampoo.split_statistics(training_step("mlp", mesh, shampoo.shampoo(1e-3)))
     return step.fn, step.args, step.out_layouts
@@ -145,8 +156,13 @@ PROGRAMS: dict[str, Callable[[DeviceMesh], Program]] = {
     "LoRA on Llama (lorax's `LoraWeight` on wq / wv, the base frozen by `optax.multi_transform` + `set_to_zero`)":
         _Step("lora"),
     "CLIP-style contrastive step: conv-patch ViT and causal text towers, the whole batch's logits": _Step("clip"),
+    "the same, patches by `reshape` / `transpose` and a dense layer": _Step("clip", patches="reshape"),
     "DPO on Llama: policy and `stop_gradient` reference, chosen / rejected concatenated, masked log-probs":
         _Step("dpo"),
+    # stop 44's probes
+    "Llama, FSDP x TP: parameters and Adam moments `fully_shard`-ed over `dp` on the Megatron plan":
+        _fully_sharded("llama"),
+    "GPT-2, FSDP x TP (its layers under `lax.scan`)": _fully_sharded("gpt2"),
 }
 
 
