@@ -5,6 +5,7 @@ vocabulary projection and a log-softmax loss) on a (dp=2, tp=4) mesh."""
 from __future__ import annotations
 
 import itertools
+from functools import partial
 from typing import Any
 
 import jax
@@ -519,6 +520,35 @@ def test_a_choice_is_grouped_as_its_prediction_is(mesh: Any, monkeypatch: pytest
     assert [(g.kind, g.axes) for g in groups] == [(g.kind, g.axes) for g in prediction.combined()]
     assert {planned[g.members[0]].scope for g in groups} == {"0", ""}
     assert search.grouped(choice) == (search.total(choice)[0], len(groups))  # none merged
+
+
+def test_the_replicas_restart_skips_the_gathers_every_replica_makes(
+    mesh: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cholesky factors of matrices split over dp on a matrix dim, given and scanned (as
+    fully sharded layers' weights are): their only collectives are those all-gathers over
+    dp, which ``jaxpr._replicas_restart`` (every equation unsplit over dp) makes too, so it
+    does not run (it ran before stop 44: all of the bytes moved over dp, and kept nothing)."""
+    restarts: list[bool] = []  # per search, whether it is the replicas' restart's
+    searched = jaxpr_module._searched
+
+    def spied(walk: Any, walked: Any, *rest: Any) -> Any:
+        restarts.append(walked[0].unsplit == (None, 0))
+        return searched(walk, walked, *rest)
+
+    monkeypatch.setattr(jaxpr_module, "_searched", spied)
+    # not symmetrized: (a + a^T) / 2 is a value computed from the input, whose gathers the restart's trigger counts
+    cholesky = partial(jax.lax.linalg.cholesky, symmetrize_input=False)
+
+    def scanned(c: jax.Array, stack: jax.Array) -> jax.Array:
+        return jax.lax.scan(lambda c, a: (c + cholesky(a), None), c, stack)[0]
+
+    for fn, inputs in ((cholesky, (spec(mesh, (8, 8, 8), "S(1),R"),)),
+                       (scanned, (spec(mesh, (8, 8), "R,R"), spec(mesh, (2, 8, 8), "S(1),R")))):
+        restarts.clear()
+        prediction = predict(fn, *inputs)
+        assert any(c.kind == "all-gather" and c.axes == ("dp",) for c in prediction.combined()), fn
+        assert restarts and not any(restarts), fn
 
 
 def test_a_scan_of_one_trip_is_grouped_as_xla_inlines_it(mesh: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -171,7 +171,8 @@ class PlannedCollective:
     its device groups, the reduction (all-reduce / reduce-scatter), the element type,
     the bytes of its per-device result, the computation it runs in (``""``: the program;
     a loop body's path otherwise), where it is (the consuming equation's path) and the
-    collectives it depends on (a bit set of their indices)."""
+    collectives it depends on (a bit set of their indices), its place in XLA's post order
+    and the value it moves (None: a literal or constant)."""
 
     kind: str
     axes: tuple[str, ...]
@@ -182,6 +183,7 @@ class PlannedCollective:
     where: str
     after: int
     rank: int = 0  # its place in XLA's post order of its computation (:func:`planned_collectives`)
+    source: Source | None = None
 
 
 @dataclass(frozen=True)
@@ -446,7 +448,9 @@ def planned_collectives(
     if not made:
         return ()
     ranks = _post_order(dataflow, upstream, operands, tails, hoisted, [source for source, _ in extra])
-    return tuple(PlannedCollective(*fields, rank) for fields, rank in zip(made, ranks))
+    return tuple(
+        PlannedCollective(*fields, rank, source) for fields, rank, (source, _) in zip(made, ranks, operands)
+    )
 
 
 # _lowered_plan() per plan object, whether its move is an output's (whole) and rules object

@@ -117,7 +117,8 @@ _CARRY_SEEDS = 1
 # kept at 0.11-0.45 (Llama's 2x4 adamw step 0.32, its value_and_grad 0.35, the 4-layer Llama 0.32, Llama on (8,)
 # 0.35, Equinox's 0.11 / 0.17, the sort-dispatched MoE 0.45) and at 0.62 / 0.71 (GPT-2's 4x2 and (8,) steps, still
 # run). Skipping it below 0.4 leaves Llama's 2x4 adamw step's cold predict at main's (the restart was 2.1-2.6 s
-# CPU there, load ~7, and kept nothing).
+# CPU there, load ~7, and kept nothing). Both shares leave out the gathers every replica makes too (stop 44,
+# _replicas_restart's docstring).
 _RESTART_SHARE = Fraction(2, 5)
 # carry options of a loop (its program node's candidates), at most
 _CARRY_OPTIONS = 16
@@ -888,14 +889,34 @@ def _replicas_restart(walk: Walk, best: Prediction, model: CostModel, targets: _
     MoE step's search ends cheaper (122,778 B as compiled where 125,366, 40 collectives
     combined where 48) in more collectives by operand (113 where 104), not kept. It runs
     only where those collectives move at least :data:`_RESTART_SHARE` of the kept result's bytes
-    (a search as long as the program search's). Over the other mesh dims too, it kept no
-    other result on benchmarks/dump_predictions.py's programs and doubled their search's time."""
+    (a search as long as the program search's), both counted without the gathers of the
+    function's inputs split over that dim and of their slices by scans
+    (:func:`_given_split`): every equation unsplit over it gathers those too. GPT-2's adamw
+    step fully sharded over ``dp`` (FSDP x TP, its layers' parameters sliced by its scans)
+    moved 0.42 of its 71,880 B so, the restart ran (~2.3 s CPU of a 9 s cold predict) and
+    was not kept; without its parameters' gathers (16,384 B) 0.25, not run (cold predict
+    8.7-9.0 -> 6.5-6.8 s, the prediction unchanged). Of the restarts kept on
+    dump_predictions.py's programs, section 14's and tests/test_inference_program(s).py's,
+    the least share so is Llama's (8,) step with a batch of 8 (0.43; 0.61 with the 81,920 B of
+    its Megatron weights gathered over tp, that mesh's first dim). 22-27 restarts that ran on
+    those tests' small programs, none kept, no longer run (13 of linear algebra on an input
+    split over the dim, 7-12 of test_program_search_never_costs_more_than_eager's random
+    programs); on the benchmarks' programs only GPT-2's FSDP step's.
+    Over the other mesh dims too, it kept no other result on
+    benchmarks/dump_predictions.py's programs and doubled their search's time."""
     if not best.inputs:
         return best
     name = best.inputs[0].layout.mesh.mesh_dim_names[0]
-    combined = best.combined()
-    moved = sum(c.result_bytes for c in combined if name in c.axes and c.kind != ALL_REDUCE)
-    if not moved or moved < _RESTART_SHARE * sum(c.result_bytes for c in combined):
+    given = _given_split(best, 0)
+    total = moved = unavoidable = 0
+    for c in best.planned_collectives():
+        total += c.result_bytes
+        if name in c.axes and c.kind != ALL_REDUCE:
+            if c.source in given:
+                unavoidable += c.result_bytes
+            else:
+                moved += c.result_bytes
+    if not moved or moved < _RESTART_SHARE * (total - unavoidable):
         return best
     prediction = _searched(walk, walk({}, unsplit=(None, 0)), model, targets)[0]
     (cost, steps), (restart_cost, restart_steps) = _total(best, model, targets), _total(prediction, model, targets)
@@ -905,6 +926,39 @@ def _replicas_restart(walk: Walk, best: Prediction, model: CostModel, targets: _
             and len(prediction.combined(extra=restart_owing)) <= len(best.combined(extra=owing))):
         return prediction
     return best
+
+
+def _given_split(prediction: Prediction, mesh_dim: int) -> set[ValueId]:
+    """The function's inputs ``prediction`` takes split over ``mesh_dim`` and the slices
+    its scans take of them (stacked layers' parameters, fully sharded): what every
+    equation computed unsplit over ``mesh_dim`` gathers too. Values computed from them (a
+    transpose, a cast) are not among them."""
+    given = {("in", i) for i, spec in enumerate(prediction.inputs)
+             if any(mesh_dim in axes for axes in spec.layout.dim_axes)}
+    for row in prediction.equations:
+        if row.primitive == "scan" and any(source in given for source in row.sources):
+            scanned = _scanned_operands(prediction.jaxpr, row.path, len(row.sources))
+            given.update((f"{row.path}.xs{i}", 0) for i, source in enumerate(row.sources[scanned:]) if source in given)
+    return given
+
+
+def _scanned_operands(closed: Any, path: str, operands: int) -> int:
+    """The index of the first scanned operand of the scan at ``path`` of ``closed`` (the
+    walked jaxpr; ``path``'s numbers index equations, then those of the calls' and scans'
+    bodies), given its ``operands``; ``operands`` (none) where ``path`` names no such scan
+    (a while's or a cond's bodies, an unrolled scan's copies)."""
+    eqns = closed.jaxpr.eqns if closed is not None else ()
+    parts = path.split(".")
+    for depth, part in enumerate(parts):
+        if not part.isdigit() or int(part) >= len(eqns):
+            return operands
+        eqn = eqns[int(part)]
+        if depth < len(parts) - 1:
+            body = eqn.params.get("jaxpr")  # a scan's body, or a call's
+            eqns = getattr(body, "jaxpr", body).eqns if body is not None else ()
+    if eqn.primitive.name != "scan" or len(eqn.invars) != operands:
+        return operands
+    return int(eqn.params["num_consts"] + eqn.params["num_carry"])
 
 
 def _owing(
