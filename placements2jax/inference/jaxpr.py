@@ -206,6 +206,8 @@ class Prediction:
     # per scan XLA compiles as a loop, what its body returns: as :attr:`.ProgramGraph.results`
     results: tuple[tuple[str, tuple[tuple[str, ValueId | None], ...]], ...] = dataclasses.field(
         default=(), repr=False, compare=False)
+    # (a scan's slice of a scanned operand, as its body reads it; the operand it slices)
+    sliced: tuple[tuple[ValueId, ValueId | None], ...] = dataclasses.field(default=(), repr=False, compare=False)
     # what else its walk ranked by, for :func:`execute`'s walk: the mesh dims it splits nothing over
     # (:func:`_idle_mesh_dims`) and its candidates ranked unsplit first (:func:`_unsplit_first`; a restart's search
     # that changes nothing returns its walk, ``choices`` empty)
@@ -617,7 +619,8 @@ def _predict(
             in_tree=flat.tree, constrained=tuple(t is not None for t in targets), search=search,
             policy=policy, cost_model=model,
             jaxpr=closed, choices=tuple(choices.items()), on_unknown=on_unknown, output_sources=output_sources,
-            loops=graph.loops, returned=graph.returned, results=graph.results, idle=idle, unsplit=unsplit,
+            loops=graph.loops, returned=graph.returned, results=graph.results, sliced=tuple(walker.sliced.items()),
+            idle=idle, unsplit=unsplit,
         )
         return prediction, graph, walker
 
@@ -933,32 +936,12 @@ def _given_split(prediction: Prediction, mesh_dim: int) -> set[ValueId]:
     its scans take of them (stacked layers' parameters, fully sharded): what every
     equation computed unsplit over ``mesh_dim`` gathers too. Values computed from them (a
     transpose, a cast) are not among them."""
-    given = {("in", i) for i, spec in enumerate(prediction.inputs)
-             if any(mesh_dim in axes for axes in spec.layout.dim_axes)}
-    for row in prediction.equations:
-        if row.primitive == "scan" and any(source in given for source in row.sources):
-            scanned = _scanned_operands(prediction.jaxpr, row.path, len(row.sources))
-            given.update((f"{row.path}.xs{i}", 0) for i, source in enumerate(row.sources[scanned:]) if source in given)
+    given: set[ValueId] = {("in", i) for i, spec in enumerate(prediction.inputs)
+                           if any(mesh_dim in axes for axes in spec.layout.dim_axes)}
+    for sliced, source in prediction.sliced:  # in program order: a nested scan's slices after its operand's
+        if source in given:
+            given.add(sliced)
     return given
-
-
-def _scanned_operands(closed: Any, path: str, operands: int) -> int:
-    """The index of the first scanned operand of the scan at ``path`` of ``closed`` (the
-    walked jaxpr; ``path``'s numbers index equations, then those of the calls' and scans'
-    bodies), given its ``operands``; ``operands`` (none) where ``path`` names no such scan
-    (a while's or a cond's bodies, an unrolled scan's copies)."""
-    eqns = closed.jaxpr.eqns if closed is not None else ()
-    parts = path.split(".")
-    for depth, part in enumerate(parts):
-        if not part.isdigit() or int(part) >= len(eqns):
-            return operands
-        eqn = eqns[int(part)]
-        if depth < len(parts) - 1:
-            body = eqn.params.get("jaxpr")  # a scan's body, or a call's
-            eqns = getattr(body, "jaxpr", body).eqns if body is not None else ()
-    if eqn.primitive.name != "scan" or len(eqn.invars) != operands:
-        return operands
-    return int(eqn.params["num_consts"] + eqn.params["num_carry"])
 
 
 def _owing(
@@ -1682,6 +1665,8 @@ class _Walker:
         # per scan XLA compiles as a loop, what its body returns (its carries', then its stacks'): (the row moving
         # it, the value it is in the body), the roots of the body's post order (:attr:`.ProgramGraph.results`)
         self.results: dict[str, tuple[tuple[str, ValueId | None], ...]] = {}
+        # per scanned operand's slice, as the scan's body reads it, the operand it slices (:attr:`Prediction.sliced`)
+        self.sliced: dict[ValueId, ValueId | None] = {}
 
     def graph(
         self, outputs: Sequence[tuple[TensorSpec, ValueId | None]], inputs: tuple[TensorSpec, ...]
@@ -2129,7 +2114,9 @@ class _Walker:
         )
         slot = self._loop_row(path, "scan", ins, [c.layout for c in consts] + carry_layouts + stacked, out_avals)
         carry = [TensorSpec(s.shape, s.dtype, x) for s, x in zip(init, carry_layouts)]
-        sources = [*const_srcs, *_carry_reads(path, nk, 1), *[(f"{path}.xs{i}", 0) for i in range(len(xs))]]
+        slice_sources = [(f"{path}.xs{i}", 0) for i in range(len(xs))]
+        self.sliced.update(zip(slice_sources, srcs[nc + nk:]))
+        sources = [*const_srcs, *_carry_reads(path, nk, 1), *slice_sources]
         outs = self._closed(body, [*consts, *carry, *slices], path + ".", sources=sources)
         back = self._carried_back("scan carry", path, outs[:nk], carry)
         ys = []
