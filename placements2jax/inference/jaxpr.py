@@ -937,7 +937,7 @@ def _given_split(prediction: Prediction, mesh_dim: int) -> set[ValueId]:
     equation computed unsplit over ``mesh_dim`` gathers too. Values computed from them (a
     transpose, a cast) are not among them."""
     given: set[ValueId] = {("in", i) for i, spec in enumerate(prediction.inputs)
-                           if any(mesh_dim in axes for axes in spec.layout.dim_axes)}
+                           if spec.layout.mesh_dim_split(mesh_dim) is not None}
     for sliced, source in prediction.sliced:  # in program order: a nested scan's slices after its operand's
         if source in given:
             given.add(sliced)
