@@ -72,7 +72,7 @@ class _Step:
 
     def __call__(self, mesh: DeviceMesh) -> Program:
         step = training_step(self.model, mesh, self.optimizer, **self.config)
-        return step.fn, step.args, step.out_layouts
+        return step.program
 
     def wide(self) -> _Step:
         return _Step(self.model, self.optimizer, **{**self.config, **_WIDE[self.model]})
@@ -104,14 +104,14 @@ def _fully_sharded(model: str) -> Callable[[DeviceMesh], Program]:
 
     def build(mesh: DeviceMesh) -> Program:
         step = fully_sharded(training_step(model, mesh))
-        return step.fn, step.args, step.out_layouts
+        return step.program
 
     return build
 
 
 def _split_shampoo(mesh: DeviceMesh) -> Program:
     step = shampoo.split_statistics(training_step("mlp", mesh, shampoo.shampoo(1e-3)))
-    return step.fn, step.args, step.out_layouts
+    return step.program
 
 
 BF16 = {"dtype": "bfloat16"}

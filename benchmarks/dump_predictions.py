@@ -61,7 +61,7 @@ def _programs() -> Any:
         for kind, program in common.checked_programs(module, cfg, mesh).items():
             yield f"2x4 {module.__name__.rsplit('.', 1)[-1]} {kind}", *program
     step = training_step("mlp", mesh)
-    yield "2x4 mlp step", step.fn, step.args, step.out_layouts
+    yield "2x4 mlp step", *step.program
     for name, module in (("nnx", nnx_lm), ("eqx", eqx_lm)):
         for kind, program in module.checked_programs(module.Config(layers=1), mesh).items():
             yield f"2x4 {name} {kind}", *program
@@ -69,9 +69,9 @@ def _programs() -> Any:
         other = init_device_mesh(shape, names)
         for model in ("gpt2", "llama"):
             step = training_step(model, other)
-            yield f"{'x'.join(map(str, shape))} {model} adamw step", step.fn, step.args, step.out_layouts
+            yield f"{'x'.join(map(str, shape))} {model} adamw step", *step.program
     step = training_step("llama", mesh, layers=4)
-    yield "2x4 llama4 adamw step", step.fn, step.args, step.out_layouts
+    yield "2x4 llama4 adamw step", *step.program
     # tests/test_autoplan.py's Llama on (8,): a batch of 8 split over tp (a descent that never gave the kept result
     # on the programs above made this one dearer, stop 24)
     eight = init_device_mesh((8,), ("tp",))

@@ -52,7 +52,7 @@ def programs(mesh: Any, names: list[str]) -> Iterator[tuple[str, Any, tuple[Any,
         model, _, layers = name.partition(":")
         if model in ("mlp", "gpt2", "llama"):
             step = training_step(model, mesh, **({"layers": int(layers)} if layers else {}))
-            yield name, step.fn, step.args, step.out_layouts
+            yield name, *step.program
         else:
             yield (name, *framework(mesh, name))
 

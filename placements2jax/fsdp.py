@@ -88,7 +88,7 @@ def unshard(params: Any, axis: str = "dp") -> Any:
             return leaf
         mesh_dim = _mesh_dim(leaf.device_mesh, axis)
         layout = leaf.layout
-        if not any(mesh_dim in axes for axes in layout.dim_axes):
+        if layout.mesh_dim_split(mesh_dim) is None:
             return leaf
         target = Layout(layout.mesh, tuple(tuple(a for a in axes if a != mesh_dim) for axes in layout.dim_axes),
                         layout.partial)
@@ -151,7 +151,7 @@ def fully_sharded_layout(base: Layout, shape: tuple[int, ...], mesh_dim: int | s
             f"params at {path!r}", str(base), "is Partial over the data-parallel axis",
             "reduce it (redistribute that mesh dim to Replicate) before fully sharding",
         )
-    if any(mesh_dim in axes for axes in base.dim_axes):
+    if base.mesh_dim_split(mesh_dim) is not None:
         return base  # already split over the axis
     size = base.mesh.shape[mesh_dim]
     best = None

@@ -76,13 +76,13 @@ def mesh() -> Any:
 def _dict_step(model: str, mesh: Any, optimizer: optax.GradientTransformation | None = None, **config: Any) -> tuple:
     """tests/models ``model``'s step on its plan: (fn, args, out_layouts) keeping parameters and state."""
     step = training_step(model, mesh, optimizer, **config)
-    return step.fn, step.args, step.out_layouts
+    return step.program
 
 
 def _fsdp_step(model: str, mesh: Any, **config: Any) -> tuple:
     """``_dict_step``'s step with its parameters and optimizer state fully sharded over dp on top of the plan."""
     step = fully_sharded(training_step(model, mesh, **config))
-    return step.fn, step.args, step.out_layouts
+    return step.program
 
 
 def _eqx_step(mesh: Any) -> tuple:

@@ -862,9 +862,9 @@ def _resolve_carries(
             break
     best = found[0] if len(found) == 1 else min(found, key=lambda prediction: _total(prediction, model, targets))
     if given_found:  # kept where cheaper as the search prices (:func:`_charged`)
-        restart = min(given_found, key=lambda prediction: _charged(prediction, model, targets))
-        if _charged(restart, model, targets) < _charged(best, model, targets):
-            best = restart
+        charged, first = min((_charged(prediction, model, targets), i) for i, prediction in enumerate(given_found))
+        if charged < _charged(best, model, targets):
+            best = given_found[first]
     return _rejoin_conds(walk, _replicas_restart(walk, best, model, targets), model, targets)
 
 

@@ -39,6 +39,11 @@ class Step:
     def out_layouts(self) -> tuple[Any, ...]:
         return (self.args[0], self.args[1], None)
 
+    @property
+    def program(self) -> tuple[Callable[..., Any], tuple[Any, ...], tuple[Any, ...]]:
+        """``(fn, args, out_layouts)``: what predict, check and apply take."""
+        return self.fn, self.args, self.out_layouts
+
     def plain_args(self) -> tuple[Any, ...]:
         """The arguments as jax.Arrays on the Auto twin (same blocks, same specs)."""
         return jax.tree.map(
