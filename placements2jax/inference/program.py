@@ -298,7 +298,21 @@ producing it in each layout)? It is exact on trees, but a value with several con
 (a residual stream: the attention output feeds the layer norm's mean, its centred value
 twice and the next residual add) has its upstream cost counted once per path, so the
 tables overprice reducing early: exactly the decision that matters here. Measured on the
-transformer block it chose the eager answer or worse; the cascade finds XLA's plan.
+transformer block it chose the eager answer or worse; the cascade finds XLA's plan. As a
+start for the descents (stop 45, not landed: each candidate's cost to come is its inputs'
+moves plus each producer's cheapest cost to come divided by its number of consumers, the
+outputs' charges added; chosen back to front, each equation the candidate cheapest with
+its consumers' choices; then :meth:`_Search.improve` with pull and value moves and
+:func:`_finish`, in place of :func:`_choose`'s chains) it is no cheaper in time (the 19
+programs of benchmarks/dump_predictions.py 46 s where 29, the table itself 0.6-2.6 s of
+Python over ~35 candidates per equation) and its basins are dearer by the latency-bound
+objective on 11 of them (GPT-2's 2x4 adamw step 80,688 -> 124,976, Llama's 165,936 ->
+185,012 in 26 collectives where 16, the Megatron MLP step 3,018 -> 18,886), the same on
+3 (the losses of GPT-2, NNX and Equinox) and cheaper on 5: the 4x2 Llama step 290,766 ->
+158,228, the (8,) GPT-2 step 90,439 -> 75,719, the (8,) Llama step 309,678 -> 265,582,
+Llama's 2x4 loss 49,130 -> 37,866 and Equinox's adamw step by 32 in one collective more.
+Two-mesh-dim Megatron plans are where it loses; as one more start kept where cheaper it
+would add its time and the descents from it to every search.
 
 Loops are in the graph like any other code (the walker's ``choose``): a loop body's
 equations read its constants from their producers, and a scan's sliced inputs and stacked
