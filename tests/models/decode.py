@@ -5,7 +5,9 @@ step's position with ``lax.dynamic_update_slice``), the last token, the PRNG key
 tokens sampled so far (``.at[:, i].set``); one token per step through the layers, its
 rotary angle read at the position, attention masked past it, then temperature sampling
 with ``jax.random.categorical``. Laid out as training lays Llama out (the Megatron plan),
-the cache split over ``dp`` by batch and over ``tp`` by kv head, the tokens over ``dp``."""
+the cache split over ``dp`` by batch and over ``tp`` by kv head, the tokens over ``dp``.
+:func:`complete` prefills a prompt first (the whole prompt through the layers at once, its
+keys and values written into the cache), takes its next token greedily, then samples."""
 
 from __future__ import annotations
 
@@ -54,14 +56,14 @@ def decode_step(
 
 def generate(
     params: llama.Params, cache: Cache, last: jax.Array, key: jax.Array, cfg: llama.Config,
-    steps: int = STEPS, temperature: float = 0.8,
+    steps: int = STEPS, temperature: float = 0.8, start: int = 0,
 ) -> tuple[jax.Array, Cache]:
     """``steps`` tokens (batch, steps) sampled after ``last`` (batch,), the cache filled
-    from position 0, and the cache."""
+    from position ``start``, and the cache."""
 
     def body(i: jax.Array, carry: tuple[Cache, jax.Array, jax.Array, jax.Array]) -> tuple:
         cache, token, key, sampled = carry
-        logits, cache = decode_step(params, cache, token, i, cfg)
+        logits, cache = decode_step(params, cache, token, start + i, cfg)
         key, sub = jax.random.split(key)
         token = jax.random.categorical(sub, logits / temperature, axis=-1).astype(jnp.int32)
         return cache, token, key, sampled.at[:, i].set(token)
@@ -71,9 +73,54 @@ def generate(
     return sampled, cache
 
 
+def prefill(params: llama.Params, cache: Cache, prompt: jax.Array, cfg: llama.Config) -> tuple[jax.Array, Cache]:
+    """The prompt (batch, length) through the layers at once, causally masked: the last
+    position's logits (batch, vocab) and the cache with the prompt's keys and values
+    written from position 0."""
+    batch, length = prompt.shape
+    head_dim, repeats = cfg.dim // cfg.heads, cfg.heads // cfg.kv_heads
+    h = params["tok_embeddings"][prompt]
+    freqs_cis = llama.precompute_freqs_cis(head_dim, length, cfg.rope_theta)
+    causal = jnp.tril(jnp.ones((length, length), bool))[None, None]
+    written = []
+    for layer, (keys, values) in zip(params["layers"], cache):
+        x = llama.rms_norm(h, layer["attention_norm"], cfg.norm_eps)
+        p = layer["attention"]
+        q = llama.apply_rotary_emb((x @ p["wq"]).reshape(batch, length, cfg.heads, head_dim), freqs_cis)
+        k = llama.apply_rotary_emb((x @ p["wk"]).reshape(batch, length, cfg.kv_heads, head_dim), freqs_cis)
+        v = (x @ p["wv"]).reshape(batch, length, cfg.kv_heads, head_dim)
+        written.append((jax.lax.dynamic_update_slice(keys, k, (0, 0, 0, 0)),
+                        jax.lax.dynamic_update_slice(values, v, (0, 0, 0, 0))))
+        scores = jnp.einsum("bthd,bshd->bhts", q, jnp.repeat(k, repeats, axis=2)) / jnp.sqrt(head_dim)
+        scores = jnp.where(causal, scores, -jnp.inf)
+        out = jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(scores, axis=-1), jnp.repeat(v, repeats, axis=2))
+        h = h + out.reshape(batch, length, -1) @ p["wo"]
+        h = h + llama.feed_forward(llama.rms_norm(h, layer["ffn_norm"], cfg.norm_eps), layer["feed_forward"])
+    return llama.rms_norm(h[:, -1], params["norm"], cfg.norm_eps) @ params["output"], written
+
+
+def complete(
+    params: llama.Params, cache: Cache, prompt: jax.Array, key: jax.Array, cfg: llama.Config, steps: int = STEPS,
+) -> tuple[jax.Array, Cache]:
+    """The prompt prefilled (:func:`prefill`), its next token taken greedily (argmax), then
+    ``steps`` tokens sampled after it (:func:`generate` from the prompt's length): the
+    sampled tokens (batch, steps) and the cache."""
+    logits, cache = prefill(params, cache, prompt, cfg)
+    first = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return generate(params, cache, first, key, cfg, steps, start=prompt.shape[1])
+
+
 def empty_cache(cfg: llama.Config, batch: int = BATCH, max_len: int = MAX_LEN) -> Cache:
     shape = (batch, max_len, cfg.kv_heads, cfg.dim // cfg.heads)
     return [(np.zeros(shape, np.float32), np.zeros(shape, np.float32)) for _ in range(cfg.layers)]
+
+
+def completion_args(mesh: DeviceMesh, cfg: llama.Config, length: int = 6) -> tuple[Any, ...]:
+    """(params, cache, prompt, key) as :func:`sampling_args`' with a prompt (batch,
+    ``length``) split over ``dp`` by batch in the last tokens' place."""
+    params, cache, _, key = sampling_args(mesh, cfg)
+    prompt = np.arange(BATCH * length, dtype=np.int32).reshape(BATCH, length) * 7 % cfg.vocab
+    return params, cache, distribute_tensor(prompt, mesh, "S(0),R"), key
 
 
 def sampling_args(mesh: DeviceMesh, cfg: llama.Config) -> tuple[Any, ...]:
