@@ -658,7 +658,21 @@ def _continued(search: _Search, overhead: Overhead, eagers: tuple[Choice, Choice
     in 15; the sort-dispatched MoE 127,686 in 25 where 139,894 in 34; muon 12,160 in 6
     where 13,056 in 7), cheaper on 2 (the ragged MoE 29,558 where 23,686; the replicated
     Shampoo 21,910 in 10 where 21,260 in 5), for twice this search's time (the Llama scan
-    3.04 s CPU where 1.67, the default overhead's search alone 1.23)."""
+    3.04 s CPU where 1.67, the default overhead's search alone 1.23).
+
+    On a program with repeated layers (:attr:`_Search.layers`: the seeded search,
+    :func:`_seeded`) the common descent and the regrouping are left out, as
+    :func:`_commoned` leaves its common descent out: both walk the whole program (the
+    regrouping a whole combiner walk per move no dearer, ~40 ms at 16 layers) and grow
+    faster than it. On Llama's adamw step (Megatron plan) at 3, 4, 8 and 16 layers on dp=2
+    x tp=4 they took 0.5, 0.6, 2.3 and 8.9 s CPU of cold predicts of 3.0, 3.5, 6.4 and
+    16.0 s (at 16 layers XLA compiles the step in ~12.6 s: 1.27x its time, now 0.56x) for
+    the same bytes and collectives after XLA's combiner (one planned collective more, which
+    the combiner merges); on dp=4 x tp=2 the result without them is cheaper by the objective
+    (3 layers 452,020 -> 396,014, 39 -> 29 collectives after the combiner for 276,532 ->
+    294,446 B; 8 layers 1,125,300 -> 994,030, 89 -> 64), on (8,) the same (stop 45;
+    benchmarks/dump_predictions.py's 4-layer line one planned collective more, section 14's
+    programs unchanged)."""
     model = search.repriced(compiled=True, overhead=overhead)
     offered = _repriced_paths(search, model, chosen)
     found = _partly(model, model.improve(chosen, values=True, reducing=True, pulls=True, offered=offered))
@@ -669,9 +683,12 @@ def _continued(search: _Search, overhead: Overhead, eagers: tuple[Choice, Choice
     # (Equinox's scan 24,778 -> 24,586 B, 8 -> 7 collectives after the combiner). The cheaper by the model's
     # objective, which charges each collective its overhead already, as XLA's combiner leaves them
     # (:meth:`_Search.grouped`)
-    kept = min((found, _common_descent(model, found, taken=True)), key=model.grouped)
-    # then the ties the descents cannot tell apart, by the collectives after the combiner (MultiSteps 10 -> 9)
-    kept = model.regrouped(kept)
+    if search.layers:  # repeated layers: neither, as _commoned (docstring)
+        kept = found
+    else:
+        kept = min((found, _common_descent(model, found, taken=True)), key=model.grouped)
+        # then the ties the descents cannot tell apart, by the collectives after the combiner (MultiSteps 10 -> 9)
+        kept = model.regrouped(kept)
     # bounded, or its start (bounded already), whichever is cheaper by the model: beyond eager's bytes, eager's choice
     # alone was the fallback, dearer than the start: optax.MultiSteps' Megatron MLP step descended to XLA's plan
     # (2,436 B, above eager's 1,414) and fell back to eager's, 1,408 B in 6 collectives, where its start sends 896
