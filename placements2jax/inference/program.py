@@ -549,7 +549,7 @@ _ESCAPE_OVERHEAD = {ALL_GATHER: UNMERGED_OVERHEAD, ALL_TO_ALL: UNMERGED_OVERHEAD
 
 
 def _escaped(
-    search: _Search, eagers: tuple[Choice, Choice], chosen: Choice, unfinished: Sequence[Choice] = ()
+    search: _Search, eagers: tuple[Choice, Choice], chosen: Choice, unfinished: Sequence[Choice]
 ) -> Choice:
     """``chosen`` or, where cheaper by the objective (:func:`_descended`), its descent with
     all-gathers and all-to-alls charged :data:`_ESCAPE_OVERHEAD` each, then descended
