@@ -499,7 +499,7 @@ def test_a_choice_is_grouped_as_its_prediction_is(mesh: Any, monkeypatch: pytest
     its schedule was tuned at (``CostModel(collective_overhead=192)``; the latency-bound
     default continues from its result, :func:`program._continued`)."""
     monkeypatch.setattr(jaxpr_module, "_replicas_restart", lambda walk, best, model, targets: best)
-    monkeypatch.setattr(program_module, "_escaped", lambda search, eagers, chosen: chosen)
+    monkeypatch.setattr(program_module, "_escaped", lambda search, eagers, chosen, unfinished: chosen)
 
     def fn(x: jax.Array, w: jax.Array, v: jax.Array) -> jax.Array:
         def body(c: jax.Array, _: Any) -> tuple[jax.Array, None]:
@@ -808,7 +808,7 @@ def test_escape_descent_leaves_a_reduce_scatter_basin(mesh: Any, monkeypatch: py
     report = check(step, *args, out_layouts=out_layouts, cost_model=model)
     assert all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
     assert report.predicted_bytes <= 1.1 * report.compiled_bytes, (report.predicted_bytes, report.compiled_bytes)
-    monkeypatch.setattr(program_module, "_escaped", lambda search, eagers, chosen: chosen)
+    monkeypatch.setattr(program_module, "_escaped", lambda search, eagers, chosen, unfinished: chosen)
     clear_caches()  # the search's choices and the prediction are cached
     common_only = check(step, *args, out_layouts=out_layouts, cost_model=model)  # the common descent (_commoned) alone
     monkeypatch.setattr(program_module, "_commoned", lambda search, eagers, chosen: chosen)

@@ -548,9 +548,9 @@ def _select(
 ) -> dict[str, Candidate]:
     graph = keyed.graph
     search = _Search(graph, cost_model, targets, callers, overhead=SEARCH_OVERHEAD)
-    chosen = _choose(graph, cost_model, targets, callers, seeds, dispatched_choice, search=search)
+    chosen, unfinished = _choose(graph, cost_model, targets, callers, seeds, dispatched_choice, search=search)
     eagers = _eagers(graph, dispatched_choice)
-    chosen = _commoned(search, eagers, _escaped(search, eagers, chosen))
+    chosen = _commoned(search, eagers, _escaped(search, eagers, chosen, unfinished))
     if cost_model.collective_overhead != SEARCH_OVERHEAD:
         # from the search's final result: from its raw choice the 8-device GPT-2 adamw step ended at 71,911 B in 11
         # collectives after the combiner where the 192 B search's result is 60,935 in 10 (now 64,519 in 10)
@@ -562,7 +562,9 @@ def _select(
 _ESCAPE_OVERHEAD = {ALL_GATHER: UNMERGED_OVERHEAD, ALL_TO_ALL: UNMERGED_OVERHEAD}
 
 
-def _escaped(search: _Search, eagers: tuple[Choice, Choice], chosen: Choice) -> Choice:
+def _escaped(
+    search: _Search, eagers: tuple[Choice, Choice], chosen: Choice, unfinished: Sequence[Choice]
+) -> Choice:
     """``chosen`` or, where cheaper by the objective (:func:`_descended`), its descent with
     all-gathers and all-to-alls charged :data:`_ESCAPE_OVERHEAD` each, then descended
     again at the default overhead from there (offered first the equations the first
@@ -580,19 +582,48 @@ def _escaped(search: _Search, eagers: tuple[Choice, Choice], chosen: Choice) -> 
     ablation (main e23a9fc): removed, it changes one of those 19 lines (the 4x2 Llama
     step +32 B, 28 -> 30 collectives): the later descents of :func:`_continued` reach the
     others' results now; with :func:`_commoned` removed too, ~8% of the 2x4 Llama step's
-    evaluations."""
+    evaluations.
+
+    Also from ``unfinished``, the compiled descents whose chain the planner's result took
+    over (:func:`_choose`: it is cheaper there, its basin another), each result kept on
+    the same terms against the best so far. Llama's 2-layer adamw step with FSDP x TP
+    (tests/models/steps.py ``fully_sharded``): both chains took the planner's result
+    (203,476 by the objective where the descents end at 246,084 and 237,892), whose
+    basin moves the residual stream between the batch and the model dim over dp in
+    every layer; finished (180,404) and escaped from there, it stays (173,108; 605,108
+    at 8,192 B per all-gather and all-to-all). From the descent without pull moves the
+    escape's first move re-chooses the first norm's scale multiply to take the
+    activation split over dp as FSDP splits the scale, cascading through 101 equations
+    (dp a second tensor-parallel axis): +4,224 B at the search's overhead, so no descent
+    at it applies it, -75,776 at the escape's; the 15 moves after it lower both, to
+    156,980 (229,556 at 8,192). The prediction went 155,572 B in 69 collectives after
+    XLA's combiner to 120,180 in 43 (XLA's 268,120 in 90; 520,820 -> 200,436 by the
+    default model, below the 1- and 3-layer trend's ~240,700), its cold predict 3.9 ->
+    7.2 s CPU (:meth:`_Search.regrouped` 0.18 -> 2.45 s: 47 -> 43 collectives). The
+    other starts run only where the planner's result took a chain over: none on Llama's
+    2x4 adamw step, both on GPT-2's (this function 0.08 -> 0.19 s CPU, the same result).
+    On benchmarks/dump_predictions.py's 19 programs GPT-2's 2x4 value_and_grad went 15
+    -> 14 collectives after the combiner (the same 45,600 B) and its 4x2 adamw step to
+    another choice as cheap by every figure; on section 14's the DPO step 161,598 ->
+    161,214 B, DeepSeek-V2's 61 -> 58 planned collectives (the same 9 after the
+    combiner), the two bfloat16 Llama scans to another choice as cheap as compiled (90,186
+    B, 10 after the combiner, the objective 92,112) but 53,386 -> 63,626 B by the
+    planner's prices, which CPU XLA does not send (its reduce-scatters are all-reduces)."""
     overhead = tuple(_ESCAPE_OVERHEAD.get(kind, overhead_of(search.overhead, kind)) for kind in COMMUNICATING)
     escape = search.repriced(compiled=True, overhead=overhead)  # type: ignore[arg-type]
-    offered = _repriced_paths(search, escape, chosen)
-    if not offered:  # no all-gather or all-to-all: a descent from a default optimum would not move
-        return chosen
-    away = escape.improve(chosen, values=True, reducing=True, pulls=True, offered=offered)
-    if away == chosen:
-        return chosen
-    moved = [path for path in search.paths if away[path] != chosen[path]]
-    found = search.improve(away, values=True, reducing=True, pulls=True, offered=moved)
     planned = search.planned()
-    return _bounded(planned, eagers, _descended(search, chosen, found), chosen)
+    kept = chosen
+    for start in (chosen, *unfinished):
+        offered = _repriced_paths(search, escape, start)
+        if not offered:  # no all-gather or all-to-all: a descent from a default optimum would not move
+            continue
+        away = escape.improve(start, values=True, reducing=True, pulls=True, offered=offered)
+        if away == start:
+            continue
+        moved = [path for path in search.paths if away[path] != start[path]]
+        found = search.improve(away, values=True, reducing=True, pulls=True, offered=moved)
+        kept = _bounded(planned, eagers, _descended(search, kept, found), kept)
+    return kept
 
 
 def _commoned(search: _Search, eagers: tuple[Choice, Choice], chosen: Choice) -> Choice:
@@ -729,19 +760,21 @@ def _choose(
     graph: ProgramGraph, cost_model: CostModel, targets: tuple[Layout | None, ...],
     callers: tuple[Layout | None, ...] | None, seeds: tuple[tuple[str, int], ...],
     dispatched_choice: tuple[int, ...] | None, overhead: Overhead | None = None, search: _Search | None = None,
-) -> Choice:
-    """:func:`_select`'s choice (module docstring); ``overhead``: bytes per collective
-    (None: the model's ``collective_overhead``); ``search``: the graph's search at that
-    overhead where the caller has it (None: made here)."""
+) -> tuple[Choice, tuple[Choice, ...]]:
+    """:func:`_select`'s choice (module docstring) and the compiled descents' results whose
+    chain the planner's result took over (:func:`_escaped`'s other starts; none from a
+    seeded or planner-priced search); ``overhead``: bytes per collective (None: the model's
+    ``collective_overhead``); ``search``: the graph's search at that overhead where the
+    caller has it (None: made here)."""
     eager, dispatched = _eagers(graph, dispatched_choice)
     if search is None:
         # priced as the backend compiles the moves
         search = _Search(graph, cost_model, targets, callers, overhead=overhead)
     if search.layers:  # repeated layers: seeded from them (:mod:`.blocks`)
-        return _seeded(search, search.layers, seeds, dispatched_choice, (eager, dispatched))
+        return _seeded(search, search.layers, seeds, dispatched_choice, (eager, dispatched)), ()
     if search.as_planned:
         chosen = _descend(search, eager, seeds)
-        return _finish(search, search, (eager, dispatched), eager, chosen)
+        return _finish(search, search, (eager, dispatched), eager, chosen), ()
     # Priced by the planner alone (a reduce-scatter half an all-reduce), the descents end in other basins:
     # both are searched, the cheaper as compiled kept (the planner's result is 0.66x the bytes as compiled
     # on GPT-2's adamw step, 1.05x on Llama's). As compiled, only from the walked start, without seeds: on
@@ -754,11 +787,12 @@ def _choose(
         # float32, what the float32 output it is cast to would owe, where a backend that does not widen sends half
         return search.total(choice), planned.total(choice)
 
-    chains = []
+    chains, replaced = [], []
     for pulls in (False, True):  # without and with pull moves (:meth:`_Search.pull_moves`), the cheaper kept
         search.tie_moved(not pulls)  # without pull moves, ties broken by the fewest inputs moved (tie_moved())
         chosen = _descend(search, eager, (), walked_only=True, pulls=pulls)
         if cost(by_planner) < cost(chosen):
+            replaced.append(chosen)
             chosen = by_planner
         chains.append((pulls, chosen))
     # both chains are finished, the cheaper result kept: the dearer chain's finish can end cheaper (Llama's adamw
@@ -775,7 +809,8 @@ def _choose(
     # improvements of benchmarks/dump_predictions.py it found from both
     kept, pulls = min(results, key=lambda result: cost(result[0]))
     search.tie_moved(not pulls)
-    return _bounded(planned, (eager, dispatched), _descended(search, kept, _partly(search, kept)), by_planner)
+    kept = _bounded(planned, (eager, dispatched), _descended(search, kept, _partly(search, kept)), by_planner)
+    return kept, tuple(replaced)
 
 
 def _seeded(
@@ -801,7 +836,7 @@ def _seeded(
     paths = search.paths
     reduced, outputs = blocks.reduce(search.graph, layers)
     kept = {node.path: search.position[node.path] for node in reduced.nodes}
-    sub = _choose(
+    sub, _ = _choose(
         reduced, search.cost_model, tuple(search.targets[o] for o in outputs),
         tuple(search.callers[o] for o in outputs),
         tuple(seed for seed in seeds if seed[0] in kept),
