@@ -181,7 +181,10 @@ layer scan re-chosen to carry its activation gradient reduced: the same bytes, 1
 after the combiner, XLA's count). Without keeping cascades (stop 31: the moves at each
 collective alone in its group and at its value's producer) no final prediction of
 benchmarks/dump_predictions.py or of section 14's programs under the latency-bound model
-changed, for ~6% of a cold predict; a model of 192 B on every kind does not run it.
+changed, for ~6% of a cold predict; a model of 192 B on every kind does not run it. Its
+common descent offers every pull move as a keeping cascade too (:func:`_common_descent`:
+GPT-2's FSDP x TP step no longer gathers its LayerNorm scales again in the backward layer
+scan, 300,340 -> 283,828 by the latency-bound objective).
 
 **Search** (exact minimization is an integer program, as Alpa solves it; benchmarks/exact_milp.py
 states this objective so for HiGHS: too large whole, dearer pruned, and its cheaper optima
@@ -659,15 +662,32 @@ def _commoned(search: _Search, eagers: tuple[Choice, Choice], chosen: Choice) ->
     return _bounded(planned, eagers, _descended(search, chosen, found))
 
 
-def _common_descent(search: _Search, choice: Choice, taken: bool = False) -> Choice:
+def _common_descent(search: _Search, choice: Choice, latency: bool = False) -> Choice:
     """A descent from ``choice`` with common value moves and keeping cascades too
-    (:func:`_commoned`); ``taken``: with strict common value moves too
-    (:func:`_taken_as_made`: only in :func:`_continued`'s, at the model's overhead; in
-    :func:`_commoned`'s, at 192 B per collective, they took Flax Linen's scanned adamw
-    step of tests/test_frameworks.py to a dearer basin, 41,774 -> 52,014 by the default's
-    objective, 12 -> 13 collectives after XLA's combiner, and failed the dropless MoE step's
-    test of tests/test_inference_programs.py)."""
-    return search.improve(choice, values=True, common=True, keeping=True, taken=taken)
+    (:func:`_commoned`); ``latency`` (only :func:`_continued`'s, at the model's overhead):
+    with strict common value moves (:func:`_taken_as_made`) and keeping pull moves too.
+    Strict moves in :func:`_commoned`'s, at 192 B per collective, took Flax Linen's scanned
+    adamw step of tests/test_frameworks.py to a dearer basin, 41,774 -> 52,014 by the
+    default's objective, 12 -> 13 collectives after XLA's combiner, and failed the dropless
+    MoE step's test of tests/test_inference_programs.py. A keeping pull (stop 45) re-chooses
+    the producers of an input moved in its consumer's layout, upstream (:meth:`_Search.pull_moves`),
+    and keeps every consumer its inputs then reach as it takes them (:meth:`_Search.keeps`):
+    GPT-2's FSDP x TP step (layers under ``lax.scan``, parameters split over ``dp``) gathered
+    each layer's two LayerNorm scales over ``dp`` in the forward scan and again in the backward
+    one, which read them as the forward stacked them, split. Pulled from the backward mul, the
+    forward body gathers the scale's slice before its broadcast (where its mul gathered the
+    broadcast: still one collective) and stacks it gathered; the plain pull's cascade then
+    re-chose the backward mul as eager dispatch would, and the backward body, its loop and
+    what follows it after it (69 equations), dearer. Kept: 300,340 -> 283,828 by the
+    latency-bound objective, 59,892 B in 44 collectives after XLA's combiner -> 59,764 in 42
+    (check's bytes; XLA's 61,285 in 62). The same descent lowers two more programs of section
+    14 (docs/benchmarks.md): the Gemma-2 class step 204,880 -> 204,688 B (14 collectives),
+    DPO on Llama 161,598 -> 161,294 B, 28 -> 25 collectives (286,974 -> 270,094); the dump's
+    19 and section 14's other 28 unchanged. Also in :func:`_commoned`'s, the dump's 4x2 Llama
+    step went 192,740 B in 28 collectives -> 182,020 in 40 (334,116 -> 413,700)."""
+    return search.improve(
+        choice, values=True, common=True, keeping=True, taken=latency, keeping_pulls=latency
+    )
 
 
 def _continued(search: _Search, overhead: Overhead, eagers: tuple[Choice, Choice], chosen: Choice) -> Choice:
@@ -717,7 +737,7 @@ def _continued(search: _Search, overhead: Overhead, eagers: tuple[Choice, Choice
     if search.layers:  # repeated layers: neither, as _commoned (docstring)
         kept = found
     else:
-        kept = min((found, _common_descent(model, found, taken=True)), key=model.grouped)
+        kept = min((found, _common_descent(model, found, latency=True)), key=model.grouped)
         # then the ties the descents cannot tell apart, by the collectives after the combiner (MultiSteps 10 -> 9)
         kept = model.regrouped(kept)
     # bounded, or its start (bounded already), whichever is cheaper by the model: beyond eager's bytes, eager's choice
@@ -968,15 +988,17 @@ Choice = dict[str, int]  # equation path -> index of its candidate
 # (equation path, candidate, cascade downstream?), or (_VALUE, path, output, ((consumer, candidate), ...), cascade
 # downstream?, strict: taken only adding no collective): every consumer of one value re-chosen at once, or
 # (_REDUCING, path, candidate): a reducing cascade (:meth:`_Search.reducing_moves`), or (_KEEPING, path, candidate):
-# a keeping cascade (:meth:`_Search.keeps`)
+# a keeping cascade (:meth:`_Search.keeps`), or (_PULL / _KEEPING_PULL, path, input, ((producer, candidate), ...)): a
+# pull move (:meth:`_Search.pull_moves`), its cascade a keeping one
 Move = tuple[Any, ...]
 _VALUE = "<value>"
 _REDUCING = "<reducing>"
 _PULL = "<pull>"
 _REDUCED = "<reduced>"
 _KEEPING = "<keeping>"
+_KEEPING_PULL = "<keeping pull>"
 # the moves whose first item names their kind, not their equation
-_KINDS = (_VALUE, _REDUCING, _PULL, _REDUCED, _KEEPING)
+_KINDS = (_VALUE, _REDUCING, _PULL, _REDUCED, _KEEPING, _KEEPING_PULL)
 _PULL_DEPTH = 12  # producers re-chosen upstream at most by one pull move
 # and by one pulling one mesh dim's partial reduced (_one_reduced), which steps past free moves: the float32 Llama
 # scan's norm sums the squares of 12 gradients (a depth of 12 left its dp all-reduce)
@@ -2792,7 +2814,7 @@ class _Search:
                 fewest, ahead = True, True
         elif move[0] == _REDUCING:
             seeds, follow, reduce = {move[1]: move[2]}, True, True
-        elif move[0] == _PULL:
+        elif move[0] in (_PULL, _KEEPING_PULL):
             seeds, follow, reduce = dict(move[3]), True, False
         elif move[0] == _REDUCED:  # its own tie-break (reduced_moves()): the same in every descent
             seeds, follow, reduce, fewest = dict(move[2]), True, False, True
@@ -2800,7 +2822,8 @@ class _Search:
             seeds, follow, reduce = {move[1]: move[2]}, True, False
         else:
             seeds, follow, reduce = {move[0]: move[1]}, move[2], False
-        changes, kept, seen, tied = self.cascaded(seeds, choice, follow, reduce, fewest, move[0] == _KEEPING, ahead)
+        changes, kept, seen, tied = self.cascaded(
+            seeds, choice, follow, reduce, fewest, move[0] in (_KEEPING, _KEEPING_PULL), ahead)
         tied = tied and fewest is None  # a forced tie-break holds for both descents
         key = (seen, tuple(changes))  # the changes in order: touched_by()'s order, the sums'
         reading = self.readings.get(key)
@@ -2833,6 +2856,7 @@ class _Search:
         self, choice: Choice, values: bool = False, reducing: bool = False, pulls: bool = False,
         offered: Collection[str] | None = None, gathers: bool = False, carry_pulls: bool = False,
         partly: bool = False, common: bool = False, keeping: bool = False, taken: bool = False,
+        keeping_pulls: bool = False,
     ) -> Choice:
         """Steepest descent over cascading moves (see :meth:`alternatives`): apply the
         move lowering the total most (ties: the earliest equation), until none lowers it
@@ -2846,7 +2870,7 @@ class _Search:
         ``keeping``: every cascading
         move of :meth:`alternatives` also as a keeping cascade (:meth:`keeps`); ``pulls``: pull moves too
         (:meth:`pull_moves`; ``carry_pulls``: through loops' carries too; ``partly``: with one mesh dim's
-        partial reduced too). ``offered``: the equations offered
+        partial reduced too); ``keeping_pulls``: every pull move also as a keeping cascade. ``offered``: the equations offered
         moves first
         (None: every one; then those near each applied move)."""
         choice = dict(choice)
@@ -2868,7 +2892,7 @@ class _Search:
                 return move[3:4] + move[5:] in self.value_moves((move[1], move[2]), choice, gathers, common, taken)
             if move[0] == _REDUCING:
                 return move[2] in self.reducing_moves(move[1], choice)
-            if move[0] == _PULL:
+            if move[0] in (_PULL, _KEEPING_PULL):
                 return move[2:] in self.pull_moves(move[1], choice, carry_pulls, partly)
             if move[0] == _REDUCED:
                 return move[2] in self.reduced_moves(move[1], choice)
@@ -2887,10 +2911,11 @@ class _Search:
                     move = (_REDUCING, path, k)
                     if move not in fresh:
                         evaluate(move)
-                for i, seeds in self.pull_moves(path, choice, carry_pulls, partly) if pulls else ():
-                    move = (_PULL, path, i, seeds)
-                    if move not in fresh:
-                        evaluate(move)
+                for i, seeds in self.pull_moves(path, choice, carry_pulls, partly) if pulls or keeping_pulls else ():
+                    for kind in (_PULL,) * pulls + (_KEEPING_PULL,) * keeping_pulls:
+                        move = (kind, path, i, seeds)
+                        if move not in fresh:
+                            evaluate(move)
                 for seeds in self.reduced_moves(path, choice) if reducing else ():
                     move = (_REDUCED, path, seeds)
                     if move not in fresh:

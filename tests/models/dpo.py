@@ -13,11 +13,12 @@ averaged over the pairs. The policy alone takes the models' clip + AdamW
 take llama's Megatron plan; the pairs are split over dp.
 
 Measured on dp=2 x tp=4 (stop 43, one layer, 4 pairs of 8 tokens; tests/test_real_code.py):
-every output's layout agrees with XLA's; check predicts 161,598 B per device in 28
-collectives after XLA's combiner (12 all-gathers, 13 all-reduces, 3 all-to-alls; the
-pinned program compiles exactly those) where plain ``jax.jit`` sends 234,484 B in 53
-(0.69x): XLA gathers over tp 19 times (the prediction 6) and all-reduces over tp in 21
-collectives (12). The concatenation of the two dp-split halves is no block split of the
+every output's layout agrees with XLA's; check predicts 160,910 B per device in 25
+collectives after XLA's combiner (11 all-gathers, 12 all-reduces, 2 all-to-alls; stop 45's
+escape from the replaced descents and keeping pull moves: 161,598 B in 28 before, which the
+pinned program compiled exactly)
+where plain ``jax.jit`` sends 234,484 B in 53 (0.69x): XLA gathers over tp 19 times (the
+prediction 5) and all-reduces over tp in 21 collectives (11). The concatenation of the two dp-split halves is no block split of the
 whole: the prediction gathers the sequences and masks over dp (4 all-gathers, 160 B) and
 runs the chosen on one dp half, the rejected on the other, where XLA keeps each pair on
 its device by 4 collective-permutes (32 B). Cold predict 2.4 s of CPU, plain ``jax.jit``'s
