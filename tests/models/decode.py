@@ -26,12 +26,36 @@ Cache = list[tuple[jax.Array, jax.Array]]  # per layer, (keys, values)
 BATCH, MAX_LEN, STEPS = 4, 16, 6
 
 
+def _projected(
+    x: jax.Array, p: llama.Params, freqs_cis: jax.Array, cfg: llama.Config
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Queries, keys and values (batch, length, heads or kv_heads, head_dim) of ``x``
+    (batch, length, dim), the queries and keys rotated by ``freqs_cis``."""
+    batch, length, _ = x.shape
+    head_dim = cfg.dim // cfg.heads
+    q = llama.apply_rotary_emb((x @ p["wq"]).reshape(batch, length, cfg.heads, head_dim), freqs_cis)
+    k = llama.apply_rotary_emb((x @ p["wk"]).reshape(batch, length, cfg.kv_heads, head_dim), freqs_cis)
+    v = (x @ p["wv"]).reshape(batch, length, cfg.kv_heads, head_dim)
+    return q, k, v
+
+
+def _attended(q: jax.Array, keys: jax.Array, values: jax.Array, visible: jax.Array, cfg: llama.Config) -> jax.Array:
+    """Grouped-query attention of ``q`` over ``keys`` and ``values`` (their kv heads
+    repeated), the scores masked where ``visible`` (broadcast to (batch, heads, queries,
+    keys)) is False: (batch, queries, dim)."""
+    repeats = cfg.heads // cfg.kv_heads
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, jnp.repeat(keys, repeats, axis=2)) / jnp.sqrt(q.shape[-1])
+    scores = jnp.where(visible, scores, -jnp.inf)
+    out = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), jnp.repeat(values, repeats, axis=2))
+    return out.reshape(*q.shape[:2], -1)
+
+
 def decode_step(
     params: llama.Params, cache: Cache, token: jax.Array, pos: jax.Array, cfg: llama.Config
 ) -> tuple[jax.Array, Cache]:
     """The next token's logits (batch, vocab) after ``token`` (batch,) at position ``pos``,
     and the cache with its keys and values written there."""
-    batch, head_dim = token.shape[0], cfg.dim // cfg.heads
+    head_dim = cfg.dim // cfg.heads
     h = params["tok_embeddings"][token][:, None, :]
     freqs_cis = llama.precompute_freqs_cis(head_dim, cache[0][0].shape[1], cfg.rope_theta)
     freqs = jax.lax.dynamic_index_in_dim(freqs_cis, pos, keepdims=False)
@@ -39,16 +63,11 @@ def decode_step(
     for layer, (keys, values) in zip(params["layers"], cache):
         x = llama.rms_norm(h, layer["attention_norm"], cfg.norm_eps)
         p = layer["attention"]
-        q = llama.apply_rotary_emb((x @ p["wq"]).reshape(batch, 1, cfg.heads, head_dim), freqs[None])
-        k = llama.apply_rotary_emb((x @ p["wk"]).reshape(batch, 1, cfg.kv_heads, head_dim), freqs[None])
-        v = (x @ p["wv"]).reshape(batch, 1, cfg.kv_heads, head_dim)
+        q, k, v = _projected(x, p, freqs[None], cfg)
         keys = jax.lax.dynamic_update_slice(keys, k, (0, pos, 0, 0))
         values = jax.lax.dynamic_update_slice(values, v, (0, pos, 0, 0))
-        repeats = cfg.heads // cfg.kv_heads
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, jnp.repeat(keys, repeats, axis=2)) / jnp.sqrt(head_dim)
-        scores = jnp.where((jnp.arange(keys.shape[1]) <= pos)[None, None, None, :], scores, -jnp.inf)
-        out = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), jnp.repeat(values, repeats, axis=2))
-        h = h + out.reshape(batch, 1, -1) @ p["wo"]
+        visible = (jnp.arange(keys.shape[1]) <= pos)[None, None, None, :]
+        h = h + _attended(q, keys, values, visible, cfg) @ p["wo"]
         h = h + llama.feed_forward(llama.rms_norm(h, layer["ffn_norm"], cfg.norm_eps), layer["feed_forward"])
         written.append((keys, values))
     return (llama.rms_norm(h, params["norm"], cfg.norm_eps) @ params["output"])[:, 0], written
@@ -77,24 +96,18 @@ def prefill(params: llama.Params, cache: Cache, prompt: jax.Array, cfg: llama.Co
     """The prompt (batch, length) through the layers at once, causally masked: the last
     position's logits (batch, vocab) and the cache with the prompt's keys and values
     written from position 0."""
-    batch, length = prompt.shape
-    head_dim, repeats = cfg.dim // cfg.heads, cfg.heads // cfg.kv_heads
+    length = prompt.shape[1]
     h = params["tok_embeddings"][prompt]
-    freqs_cis = llama.precompute_freqs_cis(head_dim, length, cfg.rope_theta)
+    freqs_cis = llama.precompute_freqs_cis(cfg.dim // cfg.heads, length, cfg.rope_theta)
     causal = jnp.tril(jnp.ones((length, length), bool))[None, None]
     written = []
     for layer, (keys, values) in zip(params["layers"], cache):
         x = llama.rms_norm(h, layer["attention_norm"], cfg.norm_eps)
         p = layer["attention"]
-        q = llama.apply_rotary_emb((x @ p["wq"]).reshape(batch, length, cfg.heads, head_dim), freqs_cis)
-        k = llama.apply_rotary_emb((x @ p["wk"]).reshape(batch, length, cfg.kv_heads, head_dim), freqs_cis)
-        v = (x @ p["wv"]).reshape(batch, length, cfg.kv_heads, head_dim)
+        q, k, v = _projected(x, p, freqs_cis, cfg)
         written.append((jax.lax.dynamic_update_slice(keys, k, (0, 0, 0, 0)),
                         jax.lax.dynamic_update_slice(values, v, (0, 0, 0, 0))))
-        scores = jnp.einsum("bthd,bshd->bhts", q, jnp.repeat(k, repeats, axis=2)) / jnp.sqrt(head_dim)
-        scores = jnp.where(causal, scores, -jnp.inf)
-        out = jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(scores, axis=-1), jnp.repeat(v, repeats, axis=2))
-        h = h + out.reshape(batch, length, -1) @ p["wo"]
+        h = h + _attended(q, k, v, causal, cfg) @ p["wo"]
         h = h + llama.feed_forward(llama.rms_norm(h, layer["ffn_norm"], cfg.norm_eps), layer["feed_forward"])
     return llama.rms_norm(h[:, -1], params["norm"], cfg.norm_eps) @ params["output"], written
 
