@@ -2870,9 +2870,9 @@ class _Search:
         ``keeping``: every cascading
         move of :meth:`alternatives` also as a keeping cascade (:meth:`keeps`); ``pulls``: pull moves too
         (:meth:`pull_moves`; ``carry_pulls``: through loops' carries too; ``partly``: with one mesh dim's
-        partial reduced too); ``keeping_pulls``: every pull move also as a keeping cascade. ``offered``: the equations offered
-        moves first
-        (None: every one; then those near each applied move)."""
+        partial reduced too); ``keeping_pulls``: every pull move also as a keeping cascade.
+        ``offered``: the equations offered moves first (None: every one; then those near
+        each applied move)."""
         choice = dict(choice)
         evaluated: dict[Move, Evaluation] = {}
         # the evaluations not stale, by their depends: those an applied move can make stale (a stale one is
