@@ -655,7 +655,7 @@ def _commoned(search: _Search, eagers: tuple[Choice, Choice], chosen: Choice) ->
     4-layer step of the dump the same bytes and collectives). Stop 41's ablation (main
     e23a9fc): removed, it changes one of the dump's 19 lines (the 4x2 Llama step -954 B,
     one collective more): :func:`_continued`'s common descent reaches the others now."""
-    if search.layers:
+    if not search.walks_whole:
         return chosen
     found = _common_descent(search, chosen)
     planned = search.planned()
@@ -734,7 +734,7 @@ def _continued(search: _Search, overhead: Overhead, eagers: tuple[Choice, Choice
     # (Equinox's scan 24,778 -> 24,586 B, 8 -> 7 collectives after the combiner). The cheaper by the model's
     # objective, which charges each collective its overhead already, as XLA's combiner leaves them
     # (:meth:`_Search.grouped`)
-    if search.layers:  # repeated layers: neither, as _commoned (docstring)
+    if not search.walks_whole:
         kept = found
     else:
         kept = min((found, _common_descent(model, found, latency=True)), key=model.grouped)
@@ -1628,6 +1628,14 @@ class _Search:
         kinds = [self.kinds[path] for path in self.paths]
         return blocks.layer_blocks(blocks.find_blocks(kinds, blocks.graph_sources(self.graph)), len(self.graph.nodes))
 
+    @property
+    def walks_whole(self) -> bool:
+        """Whether the descents that walk the whole program per move run (the common
+        descents of :func:`_commoned` and :func:`_continued`, the regrouping): not on a
+        program with repeated layers (:attr:`layers`, the seeded search), where they grow
+        faster than the program and changed no prediction measured (their docstrings)."""
+        return not self.layers
+
     def repriced(self, compiled: bool, overhead: Overhead | None = None, charged: bool = True) -> _Search:
         """The same graph's search priced otherwise (:meth:`_price`; ``overhead`` None: this
         search's): the tables that do not depend on prices (states, neighbours, memo keys)
@@ -2047,7 +2055,7 @@ class _Search:
     def cascaded(
         self, seeds: dict[str, int], trial: Choice, follow: bool = True, reducing: bool = False,
         fewest_moved: bool | None = None, keeping: bool = False, ahead: bool = False,
-    ) -> tuple[dict[str, int], dict[str, int], frozenset[int], bool]:
+    ) -> tuple[dict[str, int], dict[str, int], frozenset[int], bool, bool]:
         """Equations ``seeds`` running the given candidates (path -> candidate) and
         (``follow``) every equation downstream whose inputs change re-chosen as eager
         dispatch would, until the changes die out, made in ``trial`` (the choice itself,
@@ -2057,9 +2065,11 @@ class _Search:
         equations re-chosen or looked at, by position (the result depends on their choices and their
         producers', and on the neighbours of those changed, :attr:`neighbours`), and whether
         some re-choice met a tie the two tie-breaks (:meth:`tie_moved`) break apart
-        (``fewest_moved``: that tie-break instead of the descent's). ``keeping``: an equation
+        (``fewest_moved``: that tie-break instead of the descent's), and whether some equation
+        kept its candidate. ``keeping``: an equation
         whose changed inputs now arrive as its candidate takes them keeps it (:meth:`keeps`)
-        instead of being re-chosen. ``ahead``: an equation near the fixed outputs receiving a
+        instead of being re-chosen (where none does, the cascade is the one without
+        ``keeping``). ``ahead``: an equation near the fixed outputs receiving a
         partial re-chosen looking ahead to the layouts they keep (:meth:`_greedy_kept`).
         :meth:`evaluate` prices the changes before changing it back (:meth:`delta`)."""
         kept = {path: trial[path] for path in seeds}
@@ -2072,13 +2082,14 @@ class _Search:
         seen = {*queue, *map(self.position.__getitem__, seeds)}
         # the hot loop of the search: greedy()'s memo read inline, locals for the tables it reads
         steps, memos, pop, push = self.steps, self.greedy_memos(reducing, ahead), heapq.heappop, heapq.heappush
-        fewest, tied = self.fewest_moved if fewest_moved is None else fewest_moved, False
+        fewest, tied, held = self.fewest_moved if fewest_moved is None else fewest_moved, False, False
         while queue:
             run = [pop(queue)]  # the equation first in program order, then its followers' chains
             while run:
                 position = run.pop()
                 path, producers, consumers, followers = steps[position]
                 if keeping and self.keeps(path, trial, kept):
+                    held = True
                     continue
                 memo = memos[position]
                 pair = memo.get(reads := producers(trial))
@@ -2100,7 +2111,7 @@ class _Search:
                     if position not in seen:
                         seen.add(position)
                         run.append(position)
-        return changes, kept, frozenset(seen), tied
+        return changes, kept, frozenset(seen), tied, held
 
     def keeps(self, path: str, trial: Choice, kept: dict[str, int]) -> bool:
         """Whether equation ``path`` keeps its candidate in a *keeping* cascade
@@ -2822,7 +2833,7 @@ class _Search:
             seeds, follow, reduce = {move[1]: move[2]}, True, False
         else:
             seeds, follow, reduce = {move[0]: move[1]}, move[2], False
-        changes, kept, seen, tied = self.cascaded(
+        changes, kept, seen, tied, held = self.cascaded(
             seeds, choice, follow, reduce, fewest, move[0] in (_KEEPING, _KEEPING_PULL), ahead)
         tied = tied and fewest is None  # a forced tie-break holds for both descents
         key = (seen, tuple(changes))  # the changes in order: touched_by()'s order, the sums'
@@ -2849,7 +2860,10 @@ class _Search:
         found = (delta, changes, depends)
         # the choices it read as the memo's check above read them where it read this getter (``choice`` is as it
         # was then: the cascade's changes were changed back)
-        known.append((getter, now if getter is read else getter(choice), self.fewest_moved if tied else None, found))
+        entry = (getter, now if getter is read else getter(choice), self.fewest_moved if tied else None, found)
+        known.append(entry)
+        if move[0] == _KEEPING and not held:  # no equation kept its candidate: the plain cascade's evaluation too
+            self.evaluations.setdefault((move[1], move[2], True), []).append(entry)
         return found
 
     def improve(
@@ -2903,10 +2917,11 @@ class _Search:
         def offer(paths: Any) -> None:
             for path in sorted(paths, key=self.position.__getitem__):
                 for k, follow in self.alternatives(path, choice, reducing):
-                    if (path, k, follow) not in fresh:
-                        evaluate((path, k, follow))
+                    # the keeping cascade first: where no equation keeps its candidate it is the plain one (evaluate())
                     if keeping and follow and (_KEEPING, path, k) not in fresh:
                         evaluate((_KEEPING, path, k))
+                    if (path, k, follow) not in fresh:
+                        evaluate((path, k, follow))
                 for k in self.reducing_moves(path, choice) if reducing else ():
                     move = (_REDUCING, path, k)
                     if move not in fresh:
@@ -2989,7 +3004,7 @@ class _Search:
             tried: set[tuple[tuple[str, int], ...]] = set()
             for path in self.paths:
                 for k, follow in self.alternatives(path, choice):
-                    for move in ((path, k, follow), *(((_KEEPING, path, k),) if follow else ())):
+                    for move in (*(((_KEEPING, path, k),) if follow else ()), (path, k, follow)):
                         delta, changes, _ = self.evaluate(move, choice, settled)
                         if not changes:
                             continue
