@@ -2,25 +2,28 @@
 
 import os
 
-# XLA's CPU code generation without LLVM's expensive passes (`--xla_llvm_disable_expensive_passes`,
-# still at XLA's -O3): the HLO passes the tests check (SPMD partitioning, the collective
-# combiners, fusion) run in full and compile the same optimized HLO, byte for byte on the GPT-2
-# and Llama training steps of tests/models, while each compile takes 0.7-0.85x as long (GPT-2's
-# step 7.0 -> 5.0 s, Llama's 3.5 -> 3.0 s). The suite compiles a few thousand programs and runs
-# each on tiny arrays, so compiling is most of its time. Lower LLVM levels compile faster
-# (`--xla_backend_optimization_level=0` halves the compiles) but round differently: at -O0 a
-# sharded `randn` is no longer bit-equal to the unsharded one nor a jitted gradient to the eager
-# one (6 tests, 1-2 ulp), and at -O1 or -O2 a value of the CLIP step's updated vision key bias
-# (tests/test_real_code.py) lands 1.05e-4 from the one-device step's, sign flipped, beyond the
-# test's 1e-4: that bias's gradient is zero in exact arithmetic (a row's softmax ignores a shift
-# all its keys share), so adamw's update of it is rounding noise scaled to ~lr, within the
-# tolerance at -O3 by luck of the rounding (5.8e-5 of margin at worst here). A flag the caller already gave wins. The
-# benchmarks do not read this file: their compile times are XLA's defaults.
-_TEST_XLA_FLAGS = ("--xla_force_host_platform_device_count=8", "--xla_llvm_disable_expensive_passes=true")
 # Idempotent: pytest-xdist's workers inherit the controller's environment, set here already.
-for _flag in _TEST_XLA_FLAGS:
-    if _flag.split("=")[0] + "=" not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
+if "--xla_force_host_platform_device_count=8" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    ).strip()
+# XLA's CPU code generation without LLVM's expensive passes (still at XLA's -O3): the HLO passes
+# the tests check (SPMD partitioning, the collective combiners, fusion) run in full and compile
+# the same optimized HLO, byte for byte on the GPT-2 and Llama training steps of tests/models,
+# while each compile takes 0.7-0.85x as long (GPT-2's step 7.0 -> 5.0 s, Llama's 3.5 -> 3.0 s).
+# The suite compiles a few thousand programs and runs each on tiny arrays, so compiling is most
+# of its time. Lower LLVM levels compile faster (`--xla_backend_optimization_level=0` halves the
+# compiles) but round differently: at -O0 a sharded `randn` is no longer bit-equal to the
+# unsharded one nor a jitted gradient to the eager one (6 tests, 1-2 ulp), and at -O1 or -O2 a
+# value of the CLIP step's updated vision key bias (tests/test_real_code.py) lands 1.05e-4 from
+# the one-device step's, sign flipped, beyond the test's 1e-4: that bias's gradient is zero in
+# exact arithmetic (a row's softmax ignores a shift all its keys share), so adamw's update of it
+# is rounding noise scaled to ~lr, within the tolerance at -O3 by luck of the rounding (5.8e-5 of
+# margin at worst here). Unlike the device count, a setting of it the caller gave wins (to run
+# the tests at XLA's defaults). The benchmarks do not read this file: their compile times are
+# XLA's defaults.
+if "--xla_llvm_disable_expensive_passes=" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] += " --xla_llvm_disable_expensive_passes=true"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
