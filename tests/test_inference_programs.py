@@ -688,6 +688,56 @@ def test_switch_and_optimization_barrier(mesh: Any) -> None:
     assert outs(prediction) == ["S(0),S(1)", "S(0),S(1)"] and prediction.nbytes == 0
 
 
+@pytest.mark.parametrize("branching", ["switch", "cond"])
+def test_gradient_through_branches_saving_other_residuals(mesh: Any, branching: str) -> None:
+    """``jax.grad`` of a ``lax.switch`` / ``cond`` whose branches save different residuals
+    (here inside a ``lax.scan`` over layer kinds, as models alternating layer types write it):
+    each branch returns JAX's uninitialized buffers (``empty2``) for the residuals only the
+    others save, values made from nothing (Replicate). predict's outputs keep the weights'
+    layouts, check agrees with XLA, and apply under ``jax.jit`` computes what plain
+    ``jax.jit`` does."""
+
+    def loss(w: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+        def layer(h: jax.Array, kind: jax.Array) -> tuple[jax.Array, None]:
+            mlp = lambda h: h + jax.nn.gelu(h @ w["up"]) @ w["down"]  # noqa: E731
+            gate = lambda h: h * jnp.tanh(h @ w["gate"])  # noqa: E731
+            if branching == "switch":
+                return lax.switch(kind, [mlp, gate, jnp.sin], h), None
+            return lax.cond(kind > 0, gate, mlp, h), None
+
+        h, _ = lax.scan(layer, x, jnp.array([0, 1, 2, 0]))
+        return jnp.mean(h ** 2)
+
+    def step(w: dict[str, jax.Array], x: jax.Array) -> tuple[dict[str, jax.Array], jax.Array]:
+        value, grads = jax.value_and_grad(loss)(w, x)
+        return jax.tree.map(lambda a, g: a - 0.1 * g, w, grads), value
+
+    rng = np.random.default_rng(0)
+    plain = {"up": rng.standard_normal((16, 32)), "down": rng.standard_normal((32, 16)),
+             "gate": rng.standard_normal((16, 16))}
+    plain = {k: (v / 8).astype(np.float32) for k, v in plain.items()}
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    params = distribute_pytree(plain, mesh, {"up": colwise("tp"), "down": rowwise("tp")})
+    args = (params, distribute_tensor(x, mesh, "S(0),R"))
+    prediction = predict(step, *args, out_layouts=(params, None))
+    assert any(e.primitive == "empty2" and str(e.outputs[0].layout) == "R,R" for e in prediction.equations)
+    assert prediction.out_layouts_tree[0] == jax.tree.map(lambda p: p.layout, params, is_leaf=lambda v: isinstance(v, DTensor))
+    report = check(step, *args, out_layouts=(params, None))
+    assert {o.verdict for o in report.outputs} <= {"equal", "xla reduced partial"}
+    new, value = jax.jit(lambda *a: apply(step, *a, out_layouts=(params, None)))(*args)
+    want_new, want_value = jax.jit(step)(plain, x)
+    for k in plain:
+        np.testing.assert_allclose(np.asarray(new[k].full_tensor()), np.asarray(want_new[k]), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(value.full_tensor()), np.asarray(want_value), rtol=1e-5)
+
+
+def test_empty_is_made_replicated(mesh: Any) -> None:
+    """``lax.empty``: an uninitialized buffer made from nothing, Replicate (only its layout
+    is defined: its values are not)."""
+    prediction = predict(lambda x: (x, lax.empty((8, 16), F32)), spec(mesh, (8, 16), "S(0),R"))
+    assert outs(prediction) == ["S(0),R", "R,R"] and prediction.nbytes == 0
+
+
 def test_sharding_annotations_are_fixed_layouts(mesh: Any) -> None:
     auto = jax.sharding.Mesh(mesh.devices, mesh.alias_name, axis_types=(AxisType.Auto,) * 2)
 

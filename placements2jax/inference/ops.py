@@ -697,11 +697,13 @@ _primitive(
 )
 # values made from nothing, and PRNG keys and bits: Replicate (every rank draws the same
 # bits; a split consumer slices them for free); ``platform_index`` (``lax.platform_dependent``'s
-# branch index) is a scalar made from nothing
+# branch index) is a scalar made from nothing; ``empty2`` / ``empty`` are uninitialized buffers
+# (JAX's ``empty_like``: under ``jax.grad``, each ``lax.cond`` / ``switch`` branch returns one in
+# place of the residuals only the other branches save)
 _primitive(
     (
         "iota", "rng_uniform", "rng_bit_generator", "random_seed", "random_bits", "random_split", "random_fold_in",
-        "random_wrap", "random_unwrap", "random_clone", "threefry2x32", "platform_index",
+        "random_wrap", "random_unwrap", "random_clone", "threefry2x32", "platform_index", "empty", "empty2",
     ),
     rules.nullary,
 )
