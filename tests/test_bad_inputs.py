@@ -1201,6 +1201,16 @@ CASES: list[Case] = [
     _c("predict: unknown search", "predict", InferenceError, "search", lambda e: predict(jnp.sin, e.dt, search="dfs")),
     _c("predict: fn fails to trace", "predict", InferenceError, "fn", lambda e: predict(lambda a: a @ a, e.dt)),
     _c(
+        "predict: a shard_map over a mesh with Explicit axes",
+        "predict",
+        InferenceError,
+        "fn",
+        lambda e: predict(
+            lambda a: jax.shard_map(lambda b: b, mesh=e.mesh.to_jax(), in_specs=P("dp", "tp"), out_specs=P("dp", "tp"))(a),
+            ((8, 4), F32, e.layout),
+        ),
+    ),
+    _c(
         "predict: combined for an unknown backend",
         "predict",
         InferenceError,

@@ -465,6 +465,9 @@ class Prediction:
 
 
 SEARCHES = ("program", "eager", "torch")
+# JAX's error where a shard_map over Explicit mesh axes meets operands typed otherwise than its in_specs: predict traces
+# with shape/dtype stand-ins (no sharding types), so every such in_specs but a replicated one meets it
+_SHARD_MAP_TYPES = "in_specs passed to shard_map"
 
 
 def predict(
@@ -590,6 +593,14 @@ def _predict(
     except Placements2JaxError:
         raise
     except (TypeError, ValueError) as err:
+        if _SHARD_MAP_TYPES in str(err):
+            raise InferenceError(
+                "fn", fn, f"holds a jax.shard_map over a mesh with Explicit axes, whose in_specs JAX checks against "
+                f"its operands' sharding types, which predict's trace does not give them ({type(err).__name__}: {err})",
+                "give that shard_map a mesh with Auto axes (the same devices and names, e.g. "
+                "init_device_mesh(..., axis_types='auto').to_jax()): predict and apply take its in_specs and out_specs "
+                "as fixed layouts",
+            ) from None
         raise InferenceError(
             "fn", fn, f"tracing it on inputs {[str(s.aval) for s in specs]} failed ({type(err).__name__}: {err})",
             "make fn accept tensors of these shapes and dtypes (e.g. matching matmul dims)",
