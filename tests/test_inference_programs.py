@@ -197,6 +197,15 @@ PRIM_CASES = [
         _normal((5, 6, 3), (5, 6, 3)),
     ),
     PrimCase("rev", lambda a: lax.rev(a, (0,)), _normal((5, 6))),
+    PrimCase("tile", lambda a: jnp.tile(a, (1, 3, 1)), _normal((5, 2, 6))),
+    PrimCase("bessel_i1e", lax.bessel_i1e, _normal((5, 6))),
+    PrimCase("igamma_grad_a", lax.igamma_grad_a, lambda rng: [rng.uniform(0.5, 2.0, (5, 6)).astype(np.float32)] * 2),
+    PrimCase(
+        "regularized_incomplete_beta",
+        lax.betainc,
+        lambda rng: [rng.uniform(0.5, 2.0, (5, 6)).astype(np.float32) for _ in range(2)]
+        + [rng.uniform(0.0, 1.0, (5, 6)).astype(np.float32)],
+    ),
     PrimCase("pad", lambda a: lax.pad(a, np.float32(0), ((1, 2, 0), (0, 0, 0))), _normal((5, 6))),
     PrimCase(
         "conv_general_dilated",
@@ -736,6 +745,35 @@ def test_empty_is_made_replicated(mesh: Any) -> None:
     is defined: its values are not)."""
     prediction = predict(lambda x: (x, lax.empty((8, 16), F32)), spec(mesh, (8, 16), "S(0),R"))
     assert outs(prediction) == ["S(0),R", "R,R"] and prediction.nbytes == 0
+
+
+def test_searchsorted_histogram_and_a_beta_draw_compute_what_jax_does(mesh: Any) -> None:
+    """``jnp.searchsorted`` compares with ``le_to`` / ``lt_to`` (total-order comparisons:
+    split values stay split), ``jnp.histogram`` then scatter-adds the counts, and ``jax.random.beta``
+    draws through ``random_gamma``, which splits its key per element of the whole shape (so
+    it runs replicated: a rank drawing for its block alone would draw other values, as
+    mixup draws its mixing weights). apply under ``jax.jit`` computes what plain
+    ``jax.jit`` does on every output."""
+
+    def f(x: jax.Array, edges: jax.Array, key: jax.Array) -> tuple[jax.Array, ...]:
+        weights = jax.random.beta(key, 0.4, 0.4, x.shape)
+        mixed = weights * x + (1 - weights) * x[::-1]
+        counts, _ = jnp.histogram(mixed, bins=5, range=(-3.0, 3.0))
+        return jnp.searchsorted(edges, x), counts, mixed
+
+    x = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
+    edges = np.linspace(-2, 2, 9).astype(np.float32)
+    args = (distribute_tensor(x, mesh, "S(0),S(1)"), distribute_tensor(edges, mesh, "R,R"), jax.random.key(3))
+    alone = predict(jnp.searchsorted, *args[1::-1])
+    assert outs(alone) == ["S(0),S(1)"] and alone.nbytes == 0
+    assert any(e.primitive == "le_to" for e in alone.equations)
+    prediction = predict(f, *args)
+    assert any(e.primitive == "lt_to" for e in prediction.equations)  # the histogram's searchsorted(side="right")
+    assert any(e.primitive == "random_gamma" and str(e.outputs[0].layout) == "R,R" for e in prediction.equations)
+    got = jax.jit(lambda *a: apply(f, *a))(*args)
+    want = jax.jit(f)(x, edges, jax.random.key(3))
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(w), rtol=1e-6)
 
 
 def test_sharding_annotations_are_fixed_layouts(mesh: Any) -> None:

@@ -564,7 +564,8 @@ _PRIMITIVE_KINDS: dict[PartialKind, tuple[str, ...]] = {
         "log1p", "logistic", "not", "population_count", "clz", "round", "rsqrt", "sign", "sin", "sinh", "sqrt",
         "square", "tan", "tanh", "conj", "atan2", "pow", "rem", "and", "or", "xor", "eq", "ne", "lt", "le", "gt",
         "ge", "nextafter", "shift_left", "shift_right_arithmetic", "shift_right_logical", "clamp",
-        "igamma", "igammac", "polygamma", "zeta", "mulhi",
+        "igamma", "igammac", "polygamma", "zeta", "mulhi", "igamma_grad_a", "regularized_incomplete_beta",
+        "bessel_i0e", "bessel_i1e", "eq_to", "le_to", "lt_to",
     ),
 }
 for _kind, _names in _PRIMITIVE_KINDS.items():
@@ -643,6 +644,7 @@ _primitive("dynamic_update_slice", lambda ins, outs: rules.dynamic_update_slice(
 _primitive("stack", lambda ins, outs, *, axis: rules.stack(ins, outs, axis=axis), ("axis",))
 _primitive("unstack", lambda ins, outs, *, axis: rules.unstack(ins, outs, axis=axis), ("axis",))
 _primitive("rev", lambda ins, outs, *, dimensions: rules.reverse(ins, outs, dimensions=dimensions), ("dimensions",))
+_primitive("tile", lambda ins, outs, *, reps: rules.tile(ins, outs, reps=reps), ("reps",))
 _primitive("sort", lambda ins, outs, *, dimension: rules.along_axis(ins, outs, axis=dimension), ("dimension",))
 _primitive("top_k", lambda ins, outs, *, axis: rules.along_axis(ins, outs, axis=axis), ("axis",))
 _primitive(
@@ -705,8 +707,11 @@ _primitive(
         "iota", "rng_uniform", "rng_bit_generator", "random_seed", "random_bits", "random_split", "random_fold_in",
         "random_wrap", "random_unwrap", "random_clone", "threefry2x32", "platform_index", "empty", "empty2",
     ),
-    rules.nullary,
+    rules.replicated,
 )
+# ``jax.random.gamma`` / ``beta`` / ``dirichlet``'s draw (mixup's mixing weights): its key split per element of
+# the whole shape
+_primitive("random_gamma", rules.replicated)
 
 
 # -- user sharding rules (torch's register_sharding) ----------------------------------------

@@ -56,11 +56,11 @@ __all__ = [
     "gather_lookup_axis",
     "linalg",
     "normalization",
-    "nullary",
     "pad",
     "partial_sigs",
     "ragged_dot",
     "reduction",
+    "replicated",
     "reshape",
     "reverse",
     "scatter",
@@ -71,6 +71,7 @@ __all__ = [
     "strided_factors",
     "symmetric_product",
     "take",
+    "tile",
     "transpose",
     "triangular_solve",
     "tridiagonal_solve",
@@ -610,6 +611,13 @@ def reverse(ins: Avals, outs: Avals, *, dimensions: Sequence[int]) -> list[OneDS
     return sigs + partial_sigs("identity", 1)
 
 
+def tile(ins: Avals, outs: Avals, *, reps: Sequence[int]) -> list[OneDSig]:
+    """``tile`` (``jnp.tile``): dims copied once may be split; a dim copied several times is
+    not (a rank's tiled chunk is no chunk of the tiled dim); partials pass (data movement)."""
+    sigs = [OneDSig((Shard(d),), (Shard(d),)) for d in range(ins[0].ndim) if reps[d] == 1]
+    return sigs + partial_sigs("identity", 1)
+
+
 def conv(
     ins: Avals, outs: Avals, *, dimension_numbers: Any, feature_group_count: int, batch_group_count: int
 ) -> list[OneDSig]:
@@ -826,8 +834,10 @@ def tridiagonal_solve(ins: Avals, outs: Avals) -> list[OneDSig]:
     return [*batch, *(OneDSig((R, R, R, Partial(op)), (Partial(op),)) for op in LINEAR_OPS)]
 
 
-def nullary(ins: Avals, outs: Avals) -> list[OneDSig]:
-    """Ops creating values from nothing (iota, constants): Replicate only."""
+def replicated(ins: Avals, outs: Avals) -> list[OneDSig]:
+    """Replicate only: ops creating values from nothing (iota, constants), and ops whose
+    values no split or partial of theirs gives (``random_gamma`` splits its key once per
+    element of the whole shape, so a rank drawing for its block alone draws other values)."""
     return []
 
 
