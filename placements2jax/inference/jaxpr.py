@@ -917,7 +917,18 @@ def _replicas_restart(walk: Walk, best: Prediction, model: CostModel, targets: _
     split over the dim, 7-12 of test_program_search_never_costs_more_than_eager's random
     programs); on the benchmarks' programs only GPT-2's FSDP step's.
     Over the other mesh dims too, it kept no other result on
-    benchmarks/dump_predictions.py's programs and doubled their search's time."""
+    benchmarks/dump_predictions.py's programs and doubled their search's time.
+
+    Stop 48 (main 291038f) re-measured where it runs: on the dump's 19 programs it keeps
+    only the (8,) Llama step with a batch of 8 (share 0.43, 0.8 s CPU); it runs and is not
+    kept on the 4x2 Llama step (0.57: the first search now ends cheaper, 2.4 s of a 4.2 s
+    cold predict) and the 8-device GPT-2 step (0.46, 0.5 s); on section 14's it keeps
+    the dropless MoE's (0.49), ``apply_if_finite``'s stacked LM's (0.48) and the
+    replicated Shampoo's (0.52), on tests/test_inference_program(s).py's and
+    test_inference_carry.py's two small programs' and that ``apply_if_finite`` step's. The
+    share does not separate them (kept at 0.43-0.86, not at 0.46-1.0); the restart's own
+    chains (:func:`.program._choose`) end 0.46-0.91x the first search's objective where it
+    is kept, 1.13-1.20x where not: the cue a cheaper gate could read."""
     if not best.inputs:
         return best
     name = best.inputs[0].layout.mesh.mesh_dim_names[0]
