@@ -1129,24 +1129,46 @@ class _Runner:
     def _while(
         self, walker: Any, eqn: Any, path: str, signature: Any, ins: list[_Value], routes: _Routes
     ) -> list[_Value]:
-        """The predicate is moved to Replicate (every rank decides alike)."""
+        """The predicate is moved to Replicate (every rank decides alike). A batched one
+        (``jax.vmap`` of a ``while_loop`` whose condition reads the mapped values, as
+        ``jax.scipy.special.expi`` is written: a predicate per element of the carries'
+        leading dims) runs as JAX lowers it: the loop steps while any element's holds, and
+        each element of a carry takes the body's value only where its own held, selected
+        on the carries gathered (this path's moves beyond the prediction's)."""
         p = eqn.params
         cn, bn = p["cond_nconsts"], p["body_nconsts"]
         cond_consts, body_consts, init = ins[:cn], ins[cn:cn + bn], ins[cn + bn:]
+        batched = bool(p["cond_jaxpr"].out_avals[0].shape)
 
         def carried(arrays: list[jax.Array]) -> list[_Value]:
             return [self.crossing(a, c.phys) for a, c in zip(arrays, init)]
 
+        def predicate(carry: list[jax.Array]) -> jax.Array:
+            (value,) = self._run_body(walker, p["cond_jaxpr"], [*cond_consts, *carried(carry)], path + ".cond.")
+            everywhere = Layout(self.mesh, ((),) * len(value.phys.shape))
+            return jnp.asarray(self.moved(value, everywhere, routes.get(f"{path}.cond.out")).array)
+
         def cond(carry: list[jax.Array]) -> jax.Array:
-            (predicate,) = self._run_body(walker, p["cond_jaxpr"], [*cond_consts, *carried(carry)], path + ".cond.")
-            return jnp.asarray(self.moved(predicate, Layout(self.mesh, ()), routes.get(f"{path}.cond.out")).array)
+            return jnp.any(predicate(carry)) if batched else predicate(carry)
 
         def body(carry: list[jax.Array]) -> list[jax.Array]:
             outs = self._run_body(walker, p["body_jaxpr"], [*body_consts, *carried(carry)], path + ".body.")
-            return self._carried(outs, init, routes, [f"{path}.carry{i}" for i in range(len(init))])
+            stepped = self._carried(outs, init, routes, [f"{path}.carry{i}" for i in range(len(init))])
+            if not batched:
+                return stepped
+            held = predicate(carry)
+            return [self._where(held, new, old, c.phys) for new, old, c in zip(stepped, carry, init)]
 
         carry = lax.while_loop(cond, body, [jnp.asarray(v.array) for v in init])
         return [_Value(a, c.phys) for a, c in zip(carry, init)]
+
+    def _where(self, held: jax.Array, new: jax.Array, old: jax.Array, phys: Physical) -> jax.Array:
+        """A batched while's carry (physical arrays under ``phys``): ``new`` where ``held``
+        (a Replicate predicate over its leading dims), else ``old``, in ``phys``'s layout."""
+        everywhere = physical(Layout(self.mesh, ((),) * len(phys.shape)), phys.shape)
+        new_full, old_full = (jnp.asarray(self.moved(_Value(a, phys), everywhere.layout).array) for a in (new, old))
+        chosen = jnp.where(lax.broadcast_in_dim(held, phys.shape, tuple(range(held.ndim))), new_full, old_full)
+        return jnp.asarray(self.moved(_Value(chosen, everywhere), phys.layout).array)
 
     def _cond(
         self, walker: Any, eqn: Any, path: str, signature: Any, ins: list[_Value], routes: _Routes,

@@ -812,6 +812,13 @@ def _while_sine(x: jax.Array) -> jax.Array:
     return jax.lax.while_loop(lambda c: c[1] < 3, lambda c: (jnp.sin(c[0]) * 2, c[1] + 1), (x, 0))[0]
 
 
+def _halved_per_row(x: jax.Array) -> jax.Array:
+    """A vmapped while_loop whose condition reads the row: a batched predicate (one per row),
+    each row halved until its largest magnitude is at most 1 (rows stop at different steps)."""
+    row_loop = lambda r: jax.lax.while_loop(lambda v: jnp.max(jnp.abs(v)) > 1.0, lambda v: v * 0.5, r)  # noqa: E731
+    return jax.vmap(row_loop)(x * 8.0)
+
+
 def _switch(x: jax.Array, i: jax.Array) -> jax.Array:
     return jax.lax.switch(i, [lambda a: a.sum(1), lambda a: a.max(1), lambda a: a[:, 0]], x)
 
@@ -819,14 +826,15 @@ def _switch(x: jax.Array, i: jax.Array) -> jax.Array:
 @pytest.mark.parametrize("execute, search", [("ops", "eager"), ("pinned", "program")])
 @pytest.mark.parametrize("rows", [8, 7])  # 7: uneven over dp
 def test_apply_runs_loops_under_the_predicted_layouts(rows: int, execute: str, search: str) -> None:
-    """scan (carry fixed point, stacked Partial outputs), while and cond/switch run per
-    iteration under the loop rows' layouts, eagerly, under jit and under grad (op by op,
-    and pinned in one program)."""
+    """scan (carry fixed point, stacked Partial outputs), while (also vmapped, its predicate
+    batched) and cond/switch run per iteration under the loop rows' layouts, eagerly, under
+    jit and under grad (op by op, and pinned in one program)."""
     a, ws = _data((rows, 16), 40), _data((3, 16, 16), 41) / 4
     x, w = _dt(a, MESH2, "S(0),R"), _dt(ws, MESH2, "R,S(2)")
     for fn, args, plain in [
         (_scan_layers, (x, w), (a, ws)),
         (_while_sine, (x,), (a,)),
+        (_halved_per_row, (x,), (a,)),
         (_switch, (x, 1), (a, 1)),
         (jax.grad(lambda w_, x_: _scan_layers(x_, w_)[0].sum()), (w, x), (ws, a)),
     ]:
