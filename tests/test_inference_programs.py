@@ -867,6 +867,15 @@ def test_out_layouts_keep_the_inputs_layouts(mesh: Any) -> None:
         predict(step, params, x, out_layouts=(params, None, None))
 
 
+def test_a_failed_trace_lists_a_few_inputs(mesh: Any) -> None:
+    """A training step has hundreds of inputs: the message lists the first 8 by shape and
+    dtype and counts the rest (JAX's own error says which operation failed)."""
+    params = {f"w{i:02d}": spec(mesh, (8, i + 1), "S(0),R") for i in range(20)}
+    with pytest.raises(InferenceError, match=r"its 20 inputs \[float32\[8, 1\], .* 12 more\] failed") as info:
+        predict(lambda p: p["w00"] @ p["w01"], params)
+    assert "float32[8, 9]" not in str(info.value) and "dot_general" in str(info.value)
+
+
 def test_bad_pytree_leaf_is_named(mesh: Any) -> None:
     with pytest.raises(TypeError, match=r"inputs\[0\]\['f'\]"):
         predict(lambda d: d["x"], {"x": spec(mesh, (8,), "S(0),R"), "f": "text"})

@@ -602,7 +602,7 @@ def _predict(
                 "as fixed layouts",
             ) from None
         raise InferenceError(
-            "fn", fn, f"tracing it on inputs {[str(s.aval) for s in specs]} failed ({type(err).__name__}: {err})",
+            "fn", fn, f"tracing it on {_shapes_text(specs)} failed ({type(err).__name__}: {err})",
             "make fn accept tensors of these shapes and dtypes (e.g. matching matmul dims)",
         ) from None
     closed = simplified(closed)  # as XLA partitions it: zero-size values, constant conds, dead code (:mod:`.simplify`)
@@ -651,6 +651,18 @@ def _predict(
     )
     searched = _resolve_carries(walk, (eager, graph, walker), model, _Targets(tuple(targets), callers), dispatched)
     return dataclasses.replace(searched, callers=callers)
+
+
+# the inputs an error message lists by shape and dtype, at most (a training step has hundreds)
+_LISTED_INPUTS = 8
+
+
+def _shapes_text(specs: Sequence[TensorSpec]) -> str:
+    """The inputs' shapes and dtypes for a message: all of a few, else the first
+    :data:`_LISTED_INPUTS` and how many more."""
+    shown = ", ".join(str(s.aval) for s in specs[:_LISTED_INPUTS])
+    more = len(specs) - _LISTED_INPUTS
+    return f"inputs [{shown}]" if more <= 0 else f"its {len(specs)} inputs [{shown}, ... {more} more]"
 
 
 def _updated_layouts(jaxpr: core.Jaxpr, specs: Sequence[TensorSpec]) -> tuple[Layout | None, ...]:
