@@ -475,8 +475,8 @@ def forced_signature(op: str, inputs: tuple[TensorSpec, ...], candidate: Candida
 def select_program(
     graph: ProgramGraph, cost_model: CostModel, out_layouts: Sequence[Layout | None] | None = None,
     seeds: Sequence[tuple[str, int]] = (), dispatched: ProgramGraph | None = None,
-    callers: Sequence[Layout | None] | None = None,
-) -> dict[str, Candidate]:
+    callers: Sequence[Layout | None] | None = None, rival: Sequence[Chosen] = (),
+) -> dict[str, Candidate] | None:
     """The candidate of every equation (by path) minimizing the program's communication
     (module docstring); empty when the eager choice (each node's first candidate) is as
     cheap. ``out_layouts``: a layout (or None, free) per output of the function.
@@ -486,10 +486,18 @@ def select_program(
     the bound of the kept result's bytes; None: ``graph``'s first candidates.
     ``callers``: per free output, the layout its caller takes it in, what the objective
     charges it the move to (module docstring; None: its layout in ``graph``'s first
-    candidates, its partials reduced)."""
+    candidates, its partials reduced).
+    ``rival``: another search's choice of the same program (every equation's, as its
+    candidate's layouts); where ``graph`` holds it, the search is abandoned (None) when
+    its descents (:func:`_choose`) end dearer than it by the objective, before its
+    finishing descents: :func:`.jaxpr._replicas_restart`'s restarts were kept where their
+    descents ended at 0.46-0.91x the first search's objective and not where at 1.13-1.20x
+    (stop 48: the 4x2 Llama adamw step's, 2.4 s of its 4.2 s cold predict)."""
     targets = tuple(out_layouts) if out_layouts is not None else (None,) * len(graph.outputs)
     given = None if callers is None else tuple(callers)
-    return _select(_Keyed(graph), cost_model, targets, tuple(seeds), _dispatched_choice(graph, dispatched), given)
+    rival_choice = _choice_of(graph, {path: (ins, outs) for path, ins, outs in rival}) if rival else None
+    return _select(_Keyed(graph), cost_model, targets, tuple(seeds), _dispatched_choice(graph, dispatched), given,
+                   rival_choice)
 
 
 def _callers(graph: ProgramGraph, targets: tuple[Layout | None, ...]) -> tuple[Layout | None, ...]:
@@ -511,14 +519,27 @@ def _dispatched_choice(graph: ProgramGraph, dispatched: ProgramGraph | None) -> 
     kept ``P,S(0)`` where eager reduce-scattered it, 4 B more)."""
     if dispatched is None or len(dispatched.nodes) != len(graph.nodes):
         return None
-    firsts = {node.path: node.candidates[0] for node in dispatched.nodes if node.candidates}
+    return _choice_of(graph, {
+        node.path: (node.candidates[0].in_layouts, node.candidates[0].out_layouts)
+        for node in dispatched.nodes if node.candidates
+    })
+
+
+# an equation's chosen candidate as its layouts: (path, input layouts, output layouts)
+Chosen = tuple[str, tuple[Layout, ...], tuple[Layout, ...]]
+
+
+def _choice_of(
+    graph: ProgramGraph, layouts: Mapping[str, tuple[tuple[Layout, ...], tuple[Layout, ...]]]
+) -> tuple[int, ...] | None:
+    """Per node of ``graph``, the index of its candidate with the (input, output) layouts
+    ``layouts`` gives its path; None when some node is not given or has no such candidate."""
     found = []
     for node in graph.nodes:
-        first = firsts.get(node.path)
-        if first is None:
-            return None
-        layouts = (first.in_layouts, first.out_layouts)
-        k = next((k for k, c in enumerate(node.candidates) if (c.in_layouts, c.out_layouts) == layouts), None)
+        wanted = layouts.get(node.path)
+        k = None if wanted is None else next(
+            (k for k, c in enumerate(node.candidates) if (c.in_layouts, c.out_layouts) == wanted), None
+        )
         if k is None:
             return None
         found.append(k)
@@ -548,10 +569,13 @@ class _Keyed:
 def _select(
     keyed: _Keyed, cost_model: CostModel, targets: tuple[Layout | None, ...], seeds: tuple[tuple[str, int], ...],
     dispatched_choice: tuple[int, ...] | None, callers: tuple[Layout | None, ...] | None,
-) -> dict[str, Candidate]:
+    rival_choice: tuple[int, ...] | None = None,
+) -> dict[str, Candidate] | None:
     graph = keyed.graph
     search = _Search(graph, cost_model, targets, callers, overhead=SEARCH_OVERHEAD)
     chosen, unfinished = _choose(graph, cost_model, targets, callers, seeds, dispatched_choice, search=search)
+    if rival_choice is not None and search.total(chosen) > search.total(dict(zip(search.paths, rival_choice))):
+        return None  # abandoned (select_program's rival)
     eagers = _eagers(graph, dispatched_choice)
     chosen = _commoned(search, eagers, _escaped(search, eagers, chosen, unfinished))
     if cost_model.collective_overhead != SEARCH_OVERHEAD:
