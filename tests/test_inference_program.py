@@ -118,6 +118,28 @@ def test_fixed_output_layouts_are_planned_for(mesh: Any) -> None:
     assert select_program(graph, model, out_layouts=[replicated]) is chosen  # cached
 
 
+def test_a_search_is_abandoned_where_its_descents_end_dearer_than_its_rival(mesh: Any, monkeypatch: Any) -> None:
+    """``rival`` (another search's choice of the program, by its candidates' layouts): a
+    search whose descents reach it is kept; one whose descents end dearer returns None
+    (jaxpr._replicas_restart abandons its restart so, before the finishing descents)."""
+
+    def fn(x: jax.Array, w: jax.Array) -> jax.Array:
+        return jax.nn.relu(x @ w)
+
+    graph = _graph(fn, spec(mesh, (8, 32), "S(0),S(1)"), spec(mesh, (32, 16), "R,S(0)"))
+    model = resolve_cost_model(None)
+    replicated = [Layout.from_device_mesh(mesh)("R,R").bind(2)]
+    chosen = select_program(graph, model, out_layouts=replicated)
+    rival = tuple((path, c.in_layouts, c.out_layouts) for path, c in chosen.items())
+    assert select_program(graph, model, out_layouts=replicated, rival=rival) == chosen
+    eager = {node.path: 0 for node in graph.nodes}  # dearer: it reduce-scatters, then gathers to R,R
+    monkeypatch.setattr(program_module, "_choose", lambda *args, **kwargs: (dict(eager), ()))
+    clear_caches()
+    assert select_program(graph, model, out_layouts=replicated, rival=rival) is None
+    assert select_program(graph, model, out_layouts=replicated) is not None  # no rival: never abandoned
+    clear_caches()  # no choice made with the patched descents outlives the test
+
+
 def _weight_gradient(w: jax.Array, x: jax.Array) -> jax.Array:
     return jax.grad(lambda w: jnp.sum(x * w))(w)
 
