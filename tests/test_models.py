@@ -200,12 +200,16 @@ def test_pinned_apply_compiles_the_predicted_program(mesh: Any, model: str, mode
     is_dtensor = lambda x: isinstance(x, DTensor)  # noqa: E731
     # one program with collectives in flight at a time: XLA's CPU runtime can abort (or deadlock) when two
     # independent ones interleave (here the pinned step and full_tensor's gathers of its arguments)
-    want = jax.block_until_ready(jax.tree.leaves(jax.jit(fn)(*common.plain(args))))
-    got = jax.tree.leaves(pinned(*args), is_leaf=is_dtensor)
+    want_tree = jax.block_until_ready(jax.jit(fn)(*common.plain(args)))
+    got_tree = pinned(*args)
+    got, want = jax.tree.leaves(got_tree, is_leaf=is_dtensor), jax.tree.leaves(want_tree)
     jax.block_until_ready([x.to_jax() for x in got])
     assert [x.layout for x in got] == list(prediction.out_layouts)
-    # partial sums are added in another order than plain jit's; Adam divides a near-zero gradient by its
-    # own magnitude, so an update differs by up to a few thousandths of the learning rate (1e-3) there
-    atol = 1e-5 if mode == "adamw step" else 2e-6
-    for g, w in zip(got, want, strict=True):
-        np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(w), rtol=2e-5, atol=atol)
+    # partial sums are added in another order than plain jit's (2e-6); Adam's first update lr * g / (|g| + eps)
+    # amplifies that where a gradient cancels to ~eps, by its slope: the parameters (the first leaves) are
+    # compared within it, from the difference the first moments show (common.first_adam_slack)
+    slack = common.first_adam_slack(got_tree[1], want_tree[1]) if mode == "adamw step" else []
+    for k, (g, w) in enumerate(zip(got, want, strict=True)):
+        g, w = np.asarray(g.full_tensor(), np.float64), np.asarray(w, np.float64)
+        allowed = 2e-6 + 2e-5 * np.abs(w) + (slack[k] if k < len(slack) else 0.0)
+        assert np.all(np.abs(g - w) <= allowed), (k, np.max(np.abs(g - w) - allowed))

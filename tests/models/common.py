@@ -23,6 +23,27 @@ def make_optimizer(learning_rate: float = 1e-3) -> optax.GradientTransformation:
     return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(learning_rate, weight_decay=0.1))
 
 
+def first_adam_slack(got_state: Any, want_state: Any, learning_rate: float = 1e-3, eps: float = 1e-8,
+                     b1: float = 0.9) -> list[np.ndarray]:
+    """Per parameter (in leaf order), how far Adam's first update, ``lr * g / (|g| + eps)``,
+    can move on the gradients' difference the two states' first moments show (``mu = (1 -
+    b1) g``): that difference times the update's slope ``lr * eps / (|g| + eps) ** 2`` at the
+    smallest ``|g|`` either allows. Nil where ``|g|`` is well above ``eps``; where a gradient
+    cancels to ~``eps`` (Llama's w3 at 1e-8) a last-bit difference of its partial sums,
+    added in another order than one device adds them, moves the update by ~1% of ``lr``.
+    The states' moments are themselves compared to a tolerance."""
+    is_adam = lambda s: isinstance(s, optax.ScaleByAdamState)  # noqa: E731
+    got, want = (next(s for s in jax.tree.leaves(state, is_leaf=is_adam) if is_adam(s)) for state in (got_state, want_state))
+    slack = []
+    for a, b in zip(jax.tree.leaves(got.mu, is_leaf=_is_dtensor), jax.tree.leaves(want.mu), strict=True):
+        a = np.asarray(a.full_tensor() if _is_dtensor(a) else a, np.float64)
+        b = np.asarray(b, np.float64)
+        difference = np.abs(a - b) / (1 - b1)
+        smallest = np.minimum(np.abs(a), np.abs(b)) / (1 - b1)
+        slack.append(learning_rate * eps * difference / (smallest + eps) ** 2)
+    return slack
+
+
 def train_step(
     loss: Any, params: Any, opt_state: Any, tokens: jax.Array, targets: jax.Array, cfg: Any,
     optimizer: optax.GradientTransformation | None = None,
