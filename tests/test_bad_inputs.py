@@ -1206,7 +1206,9 @@ CASES: list[Case] = [
         InferenceError,
         "fn",
         lambda e: predict(
-            lambda a: jax.shard_map(lambda b: b, mesh=e.mesh.to_jax(), in_specs=P("dp", "tp"), out_specs=P("dp", "tp"))(a),
+            lambda a: jax.shard_map(
+                lambda b: b, mesh=e.mesh.to_jax(), in_specs=P("dp", "tp"), out_specs=P("dp", "tp")
+            )(a),
             ((8, 4), F32, e.layout),
         ),
     ),

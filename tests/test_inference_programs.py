@@ -730,7 +730,8 @@ def test_gradient_through_branches_saving_other_residuals(mesh: Any, branching: 
     args = (params, distribute_tensor(x, mesh, "S(0),R"))
     prediction = predict(step, *args, out_layouts=(params, None))
     assert any(e.primitive == "empty2" and str(e.outputs[0].layout) == "R,R" for e in prediction.equations)
-    assert prediction.out_layouts_tree[0] == jax.tree.map(lambda p: p.layout, params, is_leaf=lambda v: isinstance(v, DTensor))
+    layouts = jax.tree.map(lambda p: p.layout, params, is_leaf=lambda v: isinstance(v, DTensor))
+    assert prediction.out_layouts_tree[0] == layouts
     report = check(step, *args, out_layouts=(params, None))
     assert {o.verdict for o in report.outputs} <= {"equal", "xla reduced partial"}
     new, value = jax.jit(lambda *a: apply(step, *a, out_layouts=(params, None)))(*args)

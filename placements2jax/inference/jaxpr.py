@@ -761,8 +761,10 @@ def _searched_against(
     choice (:func:`.program.select_program`'s ``rival``)."""
     eager, graph, walker = walked
     seeds = [(path, k) for path, loop in walker.loops.items() for k in loop.seeds]
-    chosen = () if rival is None else tuple((path, c.in_layouts, c.out_layouts) for path, c in rival.choices)
-    choices = select_program(graph, model, targets.fixed, seeds[:_CARRY_SEEDS], dispatched, targets.callers, chosen)
+    rival_layouts = () if rival is None else tuple((path, c.in_layouts, c.out_layouts) for path, c in rival.choices)
+    choices = select_program(
+        graph, model, targets.fixed, seeds[:_CARRY_SEEDS], dispatched, targets.callers, rival_layouts
+    )
     if choices is None:
         return None
     if not choices:
@@ -956,7 +958,7 @@ def _replicas_restart(walk: Walk, best: Prediction, model: CostModel, targets: _
     descents (:func:`.program._choose`) end 0.46-0.91x the first search's objective where it
     is kept, 1.13-1.20x where not. So the restart's search is abandoned where its descents
     end dearer than ``best``'s choice (``select_program``'s ``rival``), before its
-    finishing descents: the 4x2 Llama step's cold predict 3.7-3.9 -> 3.1 s CPU, the
+    finishing descents: the 4x2 Llama step's cold predict 3.7-4.0 -> 3.1-3.2 s CPU, the
     8-device GPT-2 step's 1.2 -> 0.95 s, every prediction of the dump and section 14 as it
     was."""
     if not best.inputs:

@@ -33,7 +33,9 @@ def first_adam_slack(got_state: Any, want_state: Any, learning_rate: float = 1e-
     added in another order than one device adds them, moves the update by ~1% of ``lr``.
     The states' moments are themselves compared to a tolerance."""
     is_adam = lambda s: isinstance(s, optax.ScaleByAdamState)  # noqa: E731
-    got, want = (next(s for s in jax.tree.leaves(state, is_leaf=is_adam) if is_adam(s)) for state in (got_state, want_state))
+    got, want = (
+        next(s for s in jax.tree.leaves(state, is_leaf=is_adam) if is_adam(s)) for state in (got_state, want_state)
+    )
     slack = []
     for a, b in zip(jax.tree.leaves(got.mu, is_leaf=_is_dtensor), jax.tree.leaves(want.mu), strict=True):
         a = np.asarray(a.full_tensor() if _is_dtensor(a) else a, np.float64)
