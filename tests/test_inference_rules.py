@@ -334,6 +334,25 @@ def test_reshape_keeps_only_the_leading_dim_of_a_group(mesh: Any) -> None:
     assert listed == {"S(0) -> S(0)", "S(1) -> S(0)", "S(2) -> S(1)", *partials}
 
 
+def test_reshape_with_dimensions_reads_its_input_transposed(mesh: Any) -> None:
+    """``lax.reshape(x, sizes, dimensions=...)`` (JAX's transpose of a depthwise conv
+    reshapes its kernel so) is the transpose into ``dimensions`` then the reshape: its 1-D
+    signatures are the plain reshape's of the transposed shape, each input dim named as it
+    comes; its joint condition holds the order (and prints it). Checked per rank by
+    test_inference_programs' PRIM_CASES and against XLA by Mamba's step (test_real_code)."""
+    listed = one_d(rules.reshape, [(4, 1, 64, 1)], [(4, 64, 1)], dimensions=(0, 2, 1, 3))
+    assert listed == {"S(0) -> S(0)", "S(2) -> S(1)", *(f"{p} -> {p}" for p in ("P", "P(avg)", "P(max)", "P(min)"))}
+    # transposed (4, 6) -> (6, 4): the group (6, 4) -> 24 keeps its leading dim, the input's dim 1
+    assert one_d(rules.reshape, [(4, 6)], [(24,)], dimensions=(1, 0)) >= {"S(1) -> S(0)", "S(0) -> S(0)"}
+    joint = rules.reshape((Aval((4, 6), np.float32),), (Aval((24,), np.float32),), dimensions=(1, 0))[0].joint
+    assert repr(joint) == "_ReshapeCheck((6, 4), (24,), (1, 0))"
+    assert eval(repr(joint), {"_ReshapeCheck": type(joint)}) == joint != rules.reshape(
+        (Aval((6, 4), np.float32),), (Aval((24,), np.float32),))[0].joint
+    kernel = ((4, 1, 64, 1), F32, Layout.from_device_mesh(mesh)("S(2)"))
+    prediction = predict(lambda k: lax.reshape(k, (4, 64, 1), dimensions=(0, 2, 1, 3)), kernel)
+    assert str(prediction.outputs[0].layout) == "S(1)" and prediction.nbytes == 0
+
+
 def test_broadcast_to_splits_only_existing_full_dims(mesh: Any) -> None:
     assert placements(infer(mesh, "broadcast_to", ((8,), "S(0)"), shape=(4, 8))) == ("S(0)", "S(1)")
     expanded = infer(mesh, "broadcast_to", ((4, 1), "R"), shape=(4, 8))

@@ -613,7 +613,7 @@ for _name, _bool_kind in (("reduce_and", "min"), ("reduce_or", "max")):
 _primitive("transpose", lambda ins, outs, *, permutation: rules.transpose(ins, outs, permutation=permutation), ("permutation",))
 _primitive(
     "reshape",
-    lambda ins, outs, *, dimensions: rules.reshape(ins, outs) if dimensions is None else [],
+    lambda ins, outs, *, dimensions: rules.reshape(ins, outs, dimensions=dimensions),
     ("dimensions",),
 )
 _primitive("squeeze", lambda ins, outs: rules.reshape(ins, outs))

@@ -253,8 +253,10 @@ def transpose(ins: Avals, outs: Avals, *, permutation: Sequence[int]) -> list[On
     return sigs + partial_sigs("identity", 1)
 
 
-def reshape(ins: Avals, outs: Avals) -> list[OneDSig]:
-    """Reshape (and squeeze) from the shapes alone. The dims fall into groups (the fewest
+def reshape(ins: Avals, outs: Avals, *, dimensions: Sequence[int] | None = None) -> list[OneDSig]:
+    """Reshape (and squeeze) from the shapes alone; ``dimensions`` (the jaxpr's ``reshape``
+    param: the input's dims transposed into that order first, as JAX's transpose of a
+    grouped conv emits) reads the input permuted so. The dims fall into groups (the fewest
     consecutive input and output dims with equal products). Within a group, a split of
     input dim ``d`` stays a split of output dim ``e`` of the same group when the splits
     of the group, read as one sequence of mesh dims over its flat extent (dim by dim,
@@ -267,9 +269,13 @@ def reshape(ins: Avals, outs: Avals) -> list[OneDSig]:
     condition has a :meth:`~_ReshapeCheck.view` giving it (and every other layout the
     data already has, strided inputs included) at no cost, which selection adds as a
     candidate for the given input. Partials pass."""
-    check = _ReshapeCheck(tuple(ins[0].shape), tuple(outs[0].shape))
+    shape = tuple(ins[0].shape)
+    order = tuple(range(len(shape))) if dimensions is None else tuple(int(d) for d in dimensions)
+    check = _ReshapeCheck(
+        tuple(shape[d] for d in order), tuple(outs[0].shape), None if dimensions is None else order
+    )
     sigs = [
-        OneDSig((Shard(d),), (Shard(e),), joint=check)
+        OneDSig((Shard(order[d]),), (Shard(e),), joint=check)
         for group_in, group_out in check.groups
         for d in group_in
         for e in group_out
@@ -278,20 +284,26 @@ def reshape(ins: Avals, outs: Avals) -> list[OneDSig]:
 
 
 class _ReshapeCheck:
-    """The joint condition of :func:`reshape` on an N-D candidate's tables (see there)."""
+    """The joint condition of :func:`reshape` on an N-D candidate's tables (see there):
+    ``a`` the input's shape as reshaped (its dims in ``order``: None, as they come)."""
 
-    def __init__(self, a: tuple[int, ...], b: tuple[int, ...]) -> None:
-        self.a, self.b = a, b
+    def __init__(self, a: tuple[int, ...], b: tuple[int, ...], order: tuple[int, ...] | None = None) -> None:
+        self.a, self.b, self.order = a, b, order
         self.groups = _reshape_groups(a, b)
 
     def __eq__(self, other: object) -> bool:  # the same shapes, the same condition (a cache key)
-        return isinstance(other, _ReshapeCheck) and (self.a, self.b) == (other.a, other.b)
+        return isinstance(other, _ReshapeCheck) and (self.a, self.b, self.order) == (other.a, other.b, other.order)
 
     def __hash__(self) -> int:
-        return hash((self.a, self.b))
+        return hash((self.a, self.b, self.order))
 
     def __repr__(self) -> str:  # by value, as it compares (the default's address made reports differ run to run)
-        return f"_ReshapeCheck({self.a}, {self.b})"
+        order = "" if self.order is None else f", {self.order}"
+        return f"_ReshapeCheck({self.a}, {self.b}{order})"
+
+    def _ordered(self, per_dim: Sequence[Any]) -> Sequence[Any]:
+        """The input's per-dim entries in the order it is reshaped in."""
+        return per_dim if self.order is None else [per_dim[d] for d in self.order]
 
     def view(
         self, dim_axes: Sequence[tuple[int, ...]], split: Sequence[int], mesh_shape: tuple[int, ...]
@@ -306,6 +318,7 @@ class _ReshapeCheck:
         first), or one unsplit extent ``f``, one mesh dim and a chunk (split factor ``f``).
         Even splits only."""
         a, b = self.a, self.b
+        dim_axes, split = self._ordered(dim_axes), self._ordered(split)
         if math.prod(a) == 0 or any(n == 1 and dim_axes[d] for d, n in enumerate(a)):
             return None
         out_axes: list[tuple[int, ...]] = [()] * len(b)
@@ -341,6 +354,7 @@ class _ReshapeCheck:
 
     def __call__(self, tables: Sequence[Any], mesh_shape: tuple[int, ...]) -> bool:
         (in_axes, _), (out_axes, _) = tables[0], tables[1]
+        in_axes = self._ordered(in_axes)
         for group_in, group_out in self.groups:
             in_seq = [m for d in group_in for m in in_axes[d]]
             if in_seq != [m for e in group_out for m in out_axes[e]]:
