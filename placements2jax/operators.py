@@ -1061,6 +1061,12 @@ class _Runner:
             outs = self.compute(eqn, signature, ins)
         self.bind(eqn.outvars, outs)
 
+    def constrain(self, var: Any, signature: Any) -> None:
+        """``var`` (an equation's output) moved to the fixed layout of ``signature``: its
+        explicit ``out_sharding``, the walker's row after the equation."""
+        if not isinstance(var, core.DropVar):
+            self.values[var] = self.moved(self.values[var], signature.out_layouts[0], signature.redistributions[0])
+
     def loop(
         self, walker: Any, eqn: Any, path: str, signature: Any, routes: _Routes,
         hoisted: Sequence[tuple[int, RedistributePlan]] = (),

@@ -166,6 +166,14 @@ def _other_mesh_layout(e: Any) -> Layout:
     return Layout.from_device_mesh(e.mesh8)(("x", None))
 
 
+def _out_sharding_on_another_mesh(e: Any) -> Any:
+    """predict, inside ``jax.set_mesh`` of the 8-device mesh's Explicit copy, of an einsum
+    whose ``out_sharding`` names that mesh's axis: not the inputs' (dp, tp) mesh."""
+    square = distribute_tensor(np.ones((8, 8), np.float32), e.mesh, "S(0),R")
+    with jax.set_mesh(e.mesh8.to_jax()):
+        return predict(lambda a: jnp.einsum("ij,jk->ik", a, a, out_sharding=P("x", None)), square)
+
+
 def _ckpt(e: Any) -> str:
     """A checkpoint of ``e.dt`` saved once per test session (step 0, leaf 'w')."""
     if not hasattr(e, "checkpoint"):
@@ -1211,6 +1219,13 @@ CASES: list[Case] = [
             )(a),
             ((8, 4), F32, e.layout),
         ),
+    ),
+    _c(
+        "predict: an einsum's out_sharding on another mesh than the inputs'",
+        "predict",
+        InferenceError,
+        "out_sharding",
+        _out_sharding_on_another_mesh,
     ),
     _c(
         "predict: combined for an unknown backend",

@@ -151,6 +151,67 @@ def test_reshard_on_an_explicit_mesh_forces_its_layout(mesh: Any) -> None:
     assert prediction.collectives == {"all-gather": 1, "local-slice": 1}
 
 
+def _explicit_mlp(x: jax.Array, w1: jax.Array, w2: jax.Array) -> jax.Array:
+    h = jnp.einsum("bd,df->bf", x, w1, out_sharding=P("dp", None))
+    y = jnp.einsum("bf,fd->bd", jax.nn.gelu(h), w2, out_sharding=P("dp", None))
+    return jnp.mean(y**2)
+
+
+def _explicit_layers(ws: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def body(h: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
+        h = jnp.tanh(jnp.einsum("bd,de->be", h, w, out_sharding=P("dp", None)))
+        return h, h.sum(axis=1)
+
+    return jax.lax.scan(body, x, ws)
+
+
+def test_out_sharding_inside_set_mesh_of_an_explicit_mesh_is_an_annotation(mesh: Any) -> None:
+    """Code written for explicit sharding (inside ``jax.set_mesh`` of the Explicit mesh,
+    ``jnp.einsum(..., out_sharding=P("dp", None))``): JAX types each such result so and
+    ``jax.jit`` makes it so; predict moves it there after its equation (a row
+    ``<path>.out_sharding``, as ``with_sharding_constraint``), in scan bodies too, where
+    it had kept the einsum's cheapest layout (the Megatron MLP's second einsum ``S(0),P``
+    where JAX's ``S(0),R``) and check refused the program ("context mesh ... should match
+    the aval mesh"): check compiles inside the context as the user's ``jax.jit`` does.
+    apply's executors make the annotated layouts and jax.jit's values."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    w1, w2 = (rng.standard_normal(s).astype(np.float32) / 4 for s in ((16, 32), (32, 16)))
+    ws = rng.standard_normal((3, 16, 16)).astype(np.float32) / 4
+    dx, dw1, dw2, dws = (distribute_tensor(a, mesh, p) for a, p in
+                         ((x, "S(0),R"), (w1, "R,S(1)"), (w2, "R,S(0)"), (ws, "R,S(2)")))
+
+    def step(w1: jax.Array, w2: jax.Array, ws: jax.Array, x: jax.Array) -> Any:
+        loss, grads = jax.value_and_grad(lambda *w: _explicit_mlp(x, *w[:2]) + _explicit_layers(w[2], x)[0].mean(),
+                                         argnums=(0, 1, 2))(w1, w2, ws)
+        return (*(w - 0.1 * g for w, g in zip((w1, w2, ws), grads)), loss, _explicit_layers(ws, x)[1])
+
+    args, out_layouts = (dw1, dw2, dws, dx), (dw1, dw2, dws, None, None)
+    unannotated = predict(lambda x, w1, w2: jax.nn.gelu(x @ w1) @ w2, dx, dw1, dw2)
+    assert outs(unannotated) == ["S(0),P"] and not [e for e in unannotated.equations if "out_sharding" in e.path]
+    with jax.set_mesh(mesh.to_jax()):
+        forward = predict(_explicit_mlp, dx, dw1, dw2)
+        rows = [(e.path, str(e.inputs[0].layout), str(e.outputs[0].layout)) for e in forward.equations
+                if e.path.endswith("out_sharding")]
+        assert rows == [("0.out_sharding", "S(0),S(1)", "S(0),R"), ("9.out_sharding", "S(0),P", "S(0),R")]
+        body = predict(_explicit_layers, dws, dx).equations
+        assert [(e.path, e.primitive) for e in body][:3] == [
+            ("0", "scan"), ("0.0", "dot_general"), ("0.0.out_sharding", "out_sharding")]
+        assert str(body[2].outputs[0].layout) == "S(0),R"
+        prediction = predict(step, *args, out_layouts=out_layouts)
+        assert outs(prediction) == ["R,S(1)", "R,S(0)", "R,S(2)", "P,R", "S(1),R"]
+        report = check(step, *args, out_layouts=out_layouts)
+        assert [o.verdict for o in report.outputs] == ["equal"] * 3 + ["xla reduced partial", "equal"]
+        assert report.predicted_bytes <= report.compiled_bytes
+        want = jax.jit(step)(*(a.to_jax() for a in args))
+        for execute in ("xla", "ops", "pinned"):
+            run = partial(apply, step, out_layouts=out_layouts, execute=execute)
+            for got in (run(*args), jax.jit(run)(*args)):
+                assert [str(g.layout) for g in got] == outs(prediction)
+                for g, w in zip(got, want, strict=True):
+                    np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(w), rtol=1e-5, atol=1e-6)
+
+
 def test_fori_loop_keeps_the_carry_layout(mesh: Any) -> None:
     def loop(x: jax.Array) -> jax.Array:
         return jax.lax.fori_loop(0, 3, lambda i, a: a * 2, x)

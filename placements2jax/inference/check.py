@@ -71,7 +71,9 @@ Not compilable, with an :class:`InferenceError` saying so: inputs with Partial(a
 max / min) (JAX has no sharding for them), Partial(sum) inputs on Auto mesh axes, and
 uneven layouts (JAX needs evenly divisible shards; the DTensor pads them instead).
 Without Partial inputs the function is compiled on an Auto-axes copy of the mesh, so
-that XLA's propagation (not JAX's explicit-sharding typing rules) decides; with
+that XLA's propagation (not JAX's explicit-sharding typing rules) decides, unless check
+is called inside ``jax.set_mesh`` of a mesh with Explicit axes, where the user's
+``jax.jit`` would type it by those rules: there it is compiled on the Explicit mesh; with
 Partial(sum) inputs on the Explicit mesh, whose typing rules may refuse ops on
 unreduced values (reported as an error); those linear in them that JAX types too strictly
 (``x * 2``, ``-x``, ``x / 2``, a difference of partials) are compiled as
@@ -497,11 +499,12 @@ def check(
     specs, mesh = flat.specs, flat.mesh
     for i, spec in enumerate(specs):
         _check_compilable(f"inputs[{i}]", spec.layout, spec.shape)
-    explicit = any(spec.layout.has_partial for spec in specs)
+    partial_inputs = any(spec.layout.has_partial for spec in specs)
+    explicit = partial_inputs or _in_explicit_context()
     prediction = predict(
         fn, *inputs, mesh=mesh, cost_model=cost_model, search=search, out_layouts=out_layouts, on_unknown=on_unknown
     )
-    if explicit:
+    if partial_inputs:
         _check_callbacks_reduced(prediction.jaxpr, specs)
     jax_mesh = mesh.to_jax() if explicit else _auto_mesh(mesh)
     args = [
@@ -748,6 +751,17 @@ def _check_compilable(argument: str, layout: Layout, shape: tuple[int, ...]) -> 
             "XLA needs evenly divisible shards; this layout is uneven (the DTensor pads it instead)",
             "check with a shape divisible by the mesh axes that split it",
         )
+
+
+def _in_explicit_context() -> bool:
+    """Whether the caller runs inside ``jax.set_mesh`` of a mesh with Explicit axes, where
+    ``jax.jit`` types ``fn``'s values by JAX's explicit-sharding rules (``out_sharding=``
+    arguments are their layouts): XLA's program is compiled there too, as the user's
+    ``jax.jit`` would be. JAX workaround (jax 0.10.2): compiled on the Auto-axes copy of
+    the mesh inside that context, JAX refuses every op ("context mesh ... should match the
+    aval mesh")."""
+    context = jax.sharding.get_abstract_mesh()
+    return not context.empty and AxisType.Explicit in context.axis_types
 
 
 @cached(maxsize=64)

@@ -45,7 +45,7 @@ from typing import Any, NamedTuple, Protocol
 import jax
 from jax._src import source_info_util  # the user's source line of an equation, for errors
 from jax.extend import core
-from jax.sharding import NamedSharding
+from jax.sharding import AxisType, NamedSharding
 
 from ..caches import Memo, cached, collector_paused
 from ..errors import InferenceError, Placements2JaxError, UnsupportedOpError
@@ -1277,7 +1277,7 @@ def _idle_mesh_dims(jaxpr: Any, mesh: DeviceMesh, specs: Sequence[TensorSpec],
     nor any ``out_layouts`` target: XLA's sharding propagation only spreads the shardings
     it is given (the arguments', the results', the annotations'), so its program splits
     nothing over them. None where ``jaxpr`` holds an annotation (``with_sharding_constraint``,
-    ``reshard``, ``shard_map``) anywhere: its axes spread too.
+    ``reshard``, ``shard_map``, an explicit ``out_sharding``) anywhere: its axes spread too.
 
     Why: a split over such a dim is a free local slice, and the program search and eager
     dispatch alike took one wherever it shrank a collective over another dim, a split XLA
@@ -1291,9 +1291,27 @@ def _idle_mesh_dims(jaxpr: Any, mesh: DeviceMesh, specs: Sequence[TensorSpec],
     used |= {m for x in layouts for m, op in enumerate(x.partial) if op}
     idle = tuple(m for m, size in enumerate(mesh.shape) if size > 1 and m not in used)
     if idle and any(e.primitive.name in CONSTRAINT_SHARDING_PARAMS or e.primitive.name == "shard_map"
-                    for e in all_equations(jaxpr)):
+                    or _explicit_out_sharding(e) is not None for e in all_equations(jaxpr)):
         return ()
     return idle
+
+
+def _explicit_out_sharding(eqn: Any) -> NamedSharding | None:
+    """The ``out_sharding`` (``sharding``) param of an equation with one output when it
+    names axes of a mesh with Explicit axes, traced inside ``jax.set_mesh`` of one
+    (``jnp.einsum(..., out_sharding=P("dp", None))``: JAX types the result so and
+    ``jax.jit`` makes it so, an annotation as ``reshard`` is); None otherwise. predict
+    traces ``fn``'s inputs untyped, so a named axis comes from such an argument (or from
+    one upstream, whose type JAX carried on); an all-None spec is the untyped inputs' own
+    and is not read as one (``out_sharding=P()`` asking for Replicate is not honoured),
+    nor is an ``unreduced`` one."""
+    sharding = eqn.params.get("out_sharding", eqn.params.get("sharding"))
+    if len(eqn.outvars) != 1 or not isinstance(sharding, NamedSharding):
+        return None
+    spec = sharding.spec
+    if AxisType.Explicit not in sharding.mesh.axis_types or getattr(spec, "unreduced", None):
+        return None
+    return sharding if any(entry is not None for entry in spec) else None
 
 
 # (id of a signature, idle mesh dims) -> (that signature, kept so that the id stays its own; it filtered by _busy)
@@ -1339,6 +1357,8 @@ class Executor(Protocol):
     def exit_call(self, eqn: Any, closed: Any) -> None: ...
 
     def equation(self, eqn: Any, signature: Signature) -> None: ...
+
+    def constrain(self, var: Any, signature: Signature) -> None: ...
 
     def loop(
         self, walker: _Walker, eqn: Any, path: str, signature: Signature, routes: Mapping[str, RedistributePlan],
@@ -1887,7 +1907,9 @@ class _Walker:
         self._node(ProgramNode(path, ins, srcs, self._candidates(signature)))
         if self.executor is not None:
             self.executor.equation(eqn, signature)
-        return [(o, (path, j)) for j, o in enumerate(outs)]
+        made = [(o, (path, j)) for j, o in enumerate(outs)]
+        target = self._explicit_out_layout(eqn, out_avals)
+        return made if target is None else self._out_sharding(eqn, path, made[0], out_avals[0], target)
 
     def _host_callback(
         self, entry: _Equation, path: str, ins: tuple[TensorSpec, ...], srcs: tuple[ValueId | None, ...],
@@ -2278,6 +2300,32 @@ class _Walker:
             Layout.from_partition_spec(self.mesh, spec, a.ndim) for spec, a in zip(p["out_specs"], out_avals)
         ]
         return self.fixed("shard_map", ins, in_layouts, out_avals, out_layouts)
+
+    def _explicit_out_layout(self, eqn: Any, out_avals: tuple[Aval, ...]) -> Layout | None:
+        """The layout of an equation's explicit ``out_sharding`` (:func:`_explicit_out_sharding`)
+        on the inputs' mesh, or None."""
+        sharding = _explicit_out_sharding(eqn)
+        if sharding is None:
+            return None
+        self._check_mesh("out_sharding", sharding, sharding.mesh)
+        return Layout.from_partition_spec(self.mesh, sharding.spec, out_avals[0].ndim)
+
+    def _out_sharding(
+        self, eqn: Any, path: str, made: tuple[TensorSpec, ValueId], aval: Aval, target: Layout
+    ) -> list[tuple[TensorSpec, ValueId | None]]:
+        """An equation's explicit ``out_sharding`` (:meth:`_explicit_out_layout`) as the
+        annotation it is: its output moved to ``target`` by a row ``<path>.out_sharding``
+        with that fixed layout, as ``with_sharding_constraint`` is (the equation itself
+        runs under any of its candidates, then the move)."""
+        out, src = made
+        at = f"{path}.out_sharding"
+        signature = self.fixed("out_sharding", (out,), (target,), (aval,), (target,))
+        moved = TensorSpec.of(aval, target)
+        self.rows.append(EquationReport(at, "out_sharding", (out,), signature, (moved,), (src,)))
+        self._node(ProgramNode(at, (out,), (src,), self._candidates(signature)))
+        if self.executor is not None:
+            self.executor.constrain(eqn.outvars[0], signature)
+        return [(moved, (at, 0))]
 
     def _constraint(self, sharding: Any, spec: TensorSpec, out: Aval) -> Signature:
         if not isinstance(sharding, NamedSharding):
