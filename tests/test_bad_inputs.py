@@ -174,6 +174,15 @@ def _out_sharding_on_another_mesh(e: Any) -> Any:
         return predict(lambda a: jnp.einsum("ij,jk->ik", a, a, out_sharding=P("x", None)), square)
 
 
+def _check_untyped_matmul_in_explicit_context(e: Any) -> Any:
+    """check, inside ``jax.set_mesh`` of the Explicit mesh, of a matmul over a dim both
+    operands split over tp: JAX's explicit typing asks for its ``out_sharding``."""
+    a = distribute_tensor(np.ones((8, 4), np.float32), e.mesh, "R,S(1)")
+    b = distribute_tensor(np.ones((4, 8), np.float32), e.mesh, "R,S(0)")
+    with jax.set_mesh(e.mesh.to_jax()):
+        return check(jnp.matmul, a, b)
+
+
 def _ckpt(e: Any) -> str:
     """A checkpoint of ``e.dt`` saved once per test session (step 0, leaf 'w')."""
     if not hasattr(e, "checkpoint"):
@@ -1226,6 +1235,13 @@ CASES: list[Case] = [
         InferenceError,
         "out_sharding",
         _out_sharding_on_another_mesh,
+    ),
+    _c(
+        "check: inside set_mesh of the Explicit mesh, a matmul JAX's typing refuses",
+        "check",
+        InferenceError,
+        "inputs",
+        _check_untyped_matmul_in_explicit_context,
     ),
     _c(
         "predict: combined for an unknown backend",

@@ -500,7 +500,8 @@ def check(
     for i, spec in enumerate(specs):
         _check_compilable(f"inputs[{i}]", spec.layout, spec.shape)
     partial_inputs = any(spec.layout.has_partial for spec in specs)
-    explicit = partial_inputs or _in_explicit_context()
+    in_context = _in_explicit_context()
+    explicit = partial_inputs or in_context
     prediction = predict(
         fn, *inputs, mesh=mesh, cost_model=cost_model, search=search, out_layouts=out_layouts, on_unknown=on_unknown
     )
@@ -520,7 +521,7 @@ def check(
                 for spec, constrained in zip(prediction.outputs, prediction.constrained)
             ],
         )
-    compiled = _compiled(flat.call(fn), args, out_shardings, specs, flat.structs() if explicit else None)
+    compiled = _compiled(flat.call(fn), args, out_shardings, specs, flat.structs() if explicit else None, in_context)
     shardings = jax.tree.leaves(compiled.output_shardings)
     kept = {i: hlo for i, (out, sharding) in enumerate(zip(prediction.outputs, shardings))
             if (hlo := _maximal(sharding, out.aval.ndim)) is not None}
@@ -532,7 +533,7 @@ def check(
         ]
         compiled = _compiled(
             flat.call(fn), args, jax.tree.unflatten(prediction.out_tree, pinned), specs,
-            flat.structs() if explicit else None,
+            flat.structs() if explicit else None, in_context,
         )
         shardings = jax.tree.leaves(compiled.output_shardings)
     callers = prediction.callers or (None,) * len(prediction.outputs)
@@ -553,7 +554,7 @@ def check(
 
 def _compiled(
     fn: Callable[..., Any], args: list[jax.ShapeDtypeStruct], out_shardings: Any, specs: Any,
-    structs: list[jax.ShapeDtypeStruct] | None,
+    structs: list[jax.ShapeDtypeStruct] | None, in_context: bool = False,
 ) -> Any:
     """``fn`` compiled by XLA on ``args`` (its inputs' shardings) and ``out_shardings``;
     a refusal is our error naming the inputs ``specs``. ``structs`` (``fn``'s inputs
@@ -564,7 +565,9 @@ def _compiled(
     lowered under ``jax.set_mesh`` of the Explicit mesh, without which a value made
     without a sharding (a constant output; the gradient of a sum) is lowered on one
     device ("Length of device assignment 1 is not equal to the size of the mesh 8 ...
-    enter your jit into a mesh context") or kept there (``{maximal device=0}``)."""
+    enter your jit into a mesh context") or kept there (``{maximal device=0}``).
+    ``in_context``: check runs inside ``jax.set_mesh`` of the Explicit mesh (its refusal's
+    fix is then that of code not written for explicit sharding)."""
     context = contextlib.nullcontext() if structs is None else jax.set_mesh(args[0].sharding.mesh)
     try:
         with context:
@@ -575,10 +578,15 @@ def _compiled(
                     raise
                 return jax.jit(_unreduced_typed(fn, structs), out_shardings=out_shardings).lower(*args).compile()
     except Exception as err:  # noqa: BLE001 - every compiler refusal becomes our error
+        fix = (
+            "call check outside jax.set_mesh (XLA's propagation decides there), or give the ops JAX's typing finds "
+            "ambiguous an out_sharding=, as jax.jit of fn inside the context needs too" if in_context else
+            "reduce Partial inputs first (explicit sharding refuses ops not linear in an unreduced value, and matmul "
+            "of one), or use predict() alone"
+        )
         raise InferenceError(
             "inputs", [str(s) for s in specs], f"XLA could not compile fn on these shardings ({type(err).__name__}: {err})",
-            "reduce Partial inputs first (explicit sharding refuses ops not linear in an unreduced value, and matmul "
-            "of one), or use predict() alone",
+            fix,
         ) from None
 
 
