@@ -1296,6 +1296,15 @@ def _idle_mesh_dims(jaxpr: Any, mesh: DeviceMesh, specs: Sequence[TensorSpec],
     return idle
 
 
+def _untyped(sharding: Any) -> bool:
+    """Whether a ``with_sharding_constraint`` / ``reshard`` target is the untyped trace's
+    own type (a sharding on the empty mesh), which constrains nothing: JAX's transpose of
+    an explicit-mode op reshards its cotangent to its operand's type (the gradient of
+    ``table.at[ids].get(out_sharding=...)`` to the table's), which predict's trace leaves
+    untyped (it had been refused as on another mesh)."""
+    return isinstance(sharding, NamedSharding) and sharding.mesh.empty
+
+
 def _explicit_out_sharding(eqn: Any) -> NamedSharding | None:
     """The ``out_sharding`` (``sharding``) param of an equation with one output when it
     names axes of a mesh with Explicit axes, traced inside ``jax.set_mesh`` of one
@@ -1886,7 +1895,9 @@ class _Walker:
             return self._call(eqn, label, body, path, ins, srcs)
         if name in LOOPS:
             return self._loop(eqn, path, ins, srcs, out_avals)
-        if name in CONSTRAINT_SHARDING_PARAMS:
+        if name in CONSTRAINT_SHARDING_PARAMS and _untyped(eqn.params[CONSTRAINT_SHARDING_PARAMS[name]]):
+            signature = self._identity(path, ins, out_avals)
+        elif name in CONSTRAINT_SHARDING_PARAMS:
             signature = self._constraint(eqn.params[CONSTRAINT_SHARDING_PARAMS[name]], ins[0], out_avals[0])
         elif name in _PASS_THROUGH:
             layouts = [s.layout for s in ins]
@@ -2327,13 +2338,17 @@ class _Walker:
             self.executor.constrain(eqn.outvars[0], signature)
         return [(moved, (at, 0))]
 
+    def _identity(self, path: str, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]) -> Signature:
+        """The signature of an equation that moves nothing (:func:`_untyped`'s reshards):
+        the identity's (``copy_p``), every layout passing as it comes."""
+        if path in self.choices:
+            return forced_signature("copy_p", ins, self.choices[path], self.cost_model)
+        params = primitive_definition("copy_p").read_params({})
+        return self._ranked(path, self._busy(signature_for(
+            ("primitive", "copy_p"), params, ins, out_avals, self.cost_model, self.mesh, self.gathered,
+            ranked=self.searched)))
+
     def _constraint(self, sharding: Any, spec: TensorSpec, out: Aval) -> Signature:
-        if not isinstance(sharding, NamedSharding):
-            raise UnsupportedOpError(
-                "sharding", sharding, "with_sharding_constraint is only understood with a NamedSharding",
-                "pass NamedSharding(mesh.to_jax(), PartitionSpec(...))",
-            )
-        self._check_mesh("sharding", sharding, sharding.mesh)
         target = Layout.from_partition_spec(self.mesh, sharding.spec, spec.layout.ndim)
         return self.fixed("sharding_constraint", (spec,), (target,), (out,), (target,))
 
