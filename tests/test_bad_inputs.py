@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import placements2jax
@@ -1235,6 +1236,26 @@ CASES: list[Case] = [
         InferenceError,
         "out_sharding",
         _out_sharding_on_another_mesh,
+    ),
+    _c(
+        "predict: with_sharding_constraint on another mesh than the inputs'",
+        "predict",
+        InferenceError,
+        "sharding",
+        lambda e: predict(
+            lambda a: jax.lax.with_sharding_constraint(
+                a, NamedSharding(init_device_mesh((2, 4), ("a", "b"), axis_types="auto").to_jax(), P("a", None))),
+            ((8, 8), F32, e.layout),
+        ),
+    ),
+    _c(
+        "predict: with_sharding_constraint to one device",
+        "predict",
+        UnsupportedOpError,
+        "sharding",
+        lambda e: predict(
+            lambda a: jax.lax.with_sharding_constraint(a, jax.sharding.SingleDeviceSharding(jax.devices()[0])), e.dt
+        ),
     ),
     _c(
         "check: inside set_mesh of the Explicit mesh, a matmul JAX's typing refuses",

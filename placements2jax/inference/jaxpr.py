@@ -2349,6 +2349,12 @@ class _Walker:
             ranked=self.searched)))
 
     def _constraint(self, sharding: Any, spec: TensorSpec, out: Aval) -> Signature:
+        if not isinstance(sharding, NamedSharding):
+            raise UnsupportedOpError(
+                "sharding", sharding, "with_sharding_constraint is only understood with a NamedSharding",
+                "pass NamedSharding(mesh.to_jax(), PartitionSpec(...))",
+            )
+        self._check_mesh("sharding", sharding, sharding.mesh)
         target = Layout.from_partition_spec(self.mesh, sharding.spec, spec.layout.ndim)
         return self.fixed("sharding_constraint", (spec,), (target,), (out,), (target,))
 
