@@ -109,7 +109,9 @@ from .cost import (
     ALL_REDUCE, COMMUNICATING, REDUCE_SCATTER, CostModelLike, collective_nbytes, overhead_of, resolve_cost_model,
 )
 from .frameworks import bind
-from .jaxpr import CONSTRAINT_SHARDING_PARAMS, DEBUG_EFFECTS, HOST_CALLBACKS, Prediction, all_equations, predict
+from .jaxpr import (
+    CONSTRAINT_SHARDING_PARAMS, DEBUG_EFFECTS, HOST_CALLBACKS, Prediction, all_equations, predict, trace_context,
+)
 from .ops import CALL_JAXPR_PARAMS, REMAT_CALLS
 from .plan import plan_redistribute
 from .program import ValueId
@@ -768,7 +770,7 @@ def _in_explicit_context() -> bool:
     ``jax.jit`` would be. JAX workaround (jax 0.10.2): compiled on the Auto-axes copy of
     the mesh inside that context, JAX refuses every op ("context mesh ... should match the
     aval mesh")."""
-    context = jax.sharding.get_abstract_mesh()
+    context = trace_context()
     return not context.empty and AxisType.Explicit in context.axis_types
 
 

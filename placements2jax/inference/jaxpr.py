@@ -1895,10 +1895,12 @@ class _Walker:
             return self._call(eqn, label, body, path, ins, srcs)
         if name in LOOPS:
             return self._loop(eqn, path, ins, srcs, out_avals)
-        if name in CONSTRAINT_SHARDING_PARAMS and _untyped(eqn.params[CONSTRAINT_SHARDING_PARAMS[name]]):
-            signature = self._identity(path, ins, out_avals)
-        elif name in CONSTRAINT_SHARDING_PARAMS:
-            signature = self._constraint(eqn.params[CONSTRAINT_SHARDING_PARAMS[name]], ins[0], out_avals[0])
+        if name in CONSTRAINT_SHARDING_PARAMS:
+            sharding = eqn.params[CONSTRAINT_SHARDING_PARAMS[name]]
+            signature = (
+                self._identity(path, ins, out_avals) if _untyped(sharding)
+                else self._constraint(sharding, ins[0], out_avals[0])
+            )
         elif name in _PASS_THROUGH:
             layouts = [s.layout for s in ins]
             signature = self.fixed(name, ins, layouts, out_avals, layouts)
@@ -2053,11 +2055,19 @@ class _Walker:
                 "express the computation with supported primitives (placements2jax.inference.primitive_names()), "
                 'or pass on_unknown="replicate" to run it replicated',
             ) from None
+        return self._primitive_signature(name, entry.params(definition), path, ins, out_avals)
+
+    def _primitive_signature(
+        self, name: str, params: Any, path: str, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]
+    ) -> Signature:
+        """The signature primitive ``name``'s rule gives ``ins`` (``params``: its frozen
+        params), as this walk takes it: the search's choice where it made one, else ranked
+        and filtered (idle mesh dims, loops' unsplit dims, batch-partitioned solvers)."""
         if path in self.choices:
             return forced_signature(name, ins, self.choices[path], self.cost_model)
         signature = signature_for(
-            ("primitive", name), entry.params(definition), ins, out_avals, self.cost_model, self.mesh,
-            self.gathered, ranked=self.searched,
+            ("primitive", name), params, ins, out_avals, self.cost_model, self.mesh, self.gathered,
+            ranked=self.searched,
         )
         return self._ranked(path, self._busy(_operand_splits(signature) if name in BATCH_PARTITIONED else signature))
 
@@ -2341,12 +2351,7 @@ class _Walker:
     def _identity(self, path: str, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]) -> Signature:
         """The signature of an equation that moves nothing (:func:`_untyped`'s reshards):
         the identity's (``copy_p``), every layout passing as it comes."""
-        if path in self.choices:
-            return forced_signature("copy_p", ins, self.choices[path], self.cost_model)
-        params = primitive_definition("copy_p").read_params({})
-        return self._ranked(path, self._busy(signature_for(
-            ("primitive", "copy_p"), params, ins, out_avals, self.cost_model, self.mesh, self.gathered,
-            ranked=self.searched)))
+        return self._primitive_signature("copy_p", primitive_definition("copy_p").read_params({}), path, ins, out_avals)
 
     def _constraint(self, sharding: Any, spec: TensorSpec, out: Aval) -> Signature:
         if not isinstance(sharding, NamedSharding):

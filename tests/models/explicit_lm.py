@@ -19,6 +19,7 @@ from jax.sharding import PartitionSpec as P
 from placements2jax import colwise, rowwise
 
 from .common import train_step as common_train_step
+from .llama import rms_norm
 
 Params = dict[str, Any]
 
@@ -68,10 +69,6 @@ def megatron_plan(tp: str = "tp") -> dict[str, Any]:
         r"layers/\d+/w[o2]": rowwise(tp),
         r"output": colwise(tp),
     }
-
-
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * weight
 
 
 def attention(x: jax.Array, p: Params, cfg: Config) -> jax.Array:
