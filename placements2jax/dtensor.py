@@ -180,10 +180,13 @@ class DTensor:
     def _preview(self, count: int = 6) -> str:
         """The first ``count`` logical values, read only from the local shards that hold
         them (one small gather per device, never the whole array); partial values are
-        reduced here over their partial group. ``traced`` under jit; stops before a value
-        held only by another process's devices."""
+        reduced here over their partial group. ``traced`` under jit, ``PRNG keys`` for typed
+        keys (an output of ``apply``: optax.noisy_sgd's state); stops before a value held only
+        by another process's devices."""
         if isinstance(self._array, jax.core.Tracer):
             return "traced"
+        if jax.dtypes.issubdtype(self.dtype, jax.dtypes.prng_key):  # no NumPy form (jax.random.key_data has one)
+            return "PRNG keys"
         if self._layout.is_strided:  # its shards are no blocks: read them from the plain split
             plain = Layout(self.device_mesh, self._layout.dim_axes, self._layout.partial)
             return self.redistribute(placements=plain)._preview(count)
@@ -704,8 +707,17 @@ def _canonical(array: np.ndarray, argument: str) -> np.ndarray:
 
 def check_partial_dtype(layout: Layout, dtype: Any) -> None:
     """Partial values must be reducible with their op: bools have no sum or average,
-    complex numbers no max or min."""
+    complex numbers no max or min. PRNG keys are Replicate only, as inference takes them
+    (:attr:`.inference.signature.Aval.is_key`) and ``apply`` returns them."""
     op = layout.partial_op
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):  # an extended dtype: np.dtype cannot read it
+        if layout != layout.replicated():
+            raise PlacementError(
+                "placements", str(layout), f"a DTensor of PRNG keys ({dtype}) is Replicate only",
+                "replicate the keys (placements=None), or lay out jax.random.key_data(keys) and wrap each rank's "
+                "part with jax.random.wrap_key_data",
+            )
+        return
     kind = np.dtype(dtype).kind
     if (op in ("sum", "avg") and kind == "b") or (op in ("max", "min") and kind == "c"):
         raise PlacementError(

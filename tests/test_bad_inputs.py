@@ -815,6 +815,20 @@ CASES: list[Case] = [
         lambda e: distribute_tensor(e.x.astype(np.complex64), e.mesh8, [Partial("max")]),
     ),
     _c(
+        "distribute: PRNG keys split",
+        "distribute_tensor",
+        PlacementError,
+        "placements",
+        lambda e: distribute_tensor(jax.random.split(jax.random.key(0), 8), e.mesh8, [Shard(0)]),
+    ),
+    _c(
+        "redistribute: PRNG keys to Partial",
+        "DTensor",
+        PlacementError,
+        "placements",
+        lambda e: distribute_tensor(jax.random.key(0), e.mesh8).redistribute(placements=[Partial()]),
+    ),
+    _c(
         "distribute: mesh mixing axis types",
         "distribute_tensor",
         MeshError,

@@ -250,6 +250,18 @@ def test_repr_of_integer_partials_and_traced_values():
     assert seen[0].startswith("DTensor(traced, shape=(4,)")
 
 
+def test_a_dtensor_of_prng_keys_is_replicate_and_prints():
+    """Typed PRNG keys have no NumPy form: their DTensor (Replicate only, as inference takes
+    keys and apply returns them: optax.noisy_sgd's state) prints without values and gives
+    its keys back."""
+    mesh = _mesh((4, 2))
+    keys = jax.random.split(jax.random.key(0), 3)
+    dt = distribute_tensor(keys, mesh)
+    assert repr(dt).startswith("DTensor(PRNG keys, shape=(3,), dtype=key<fry>, placements=R,R, ")
+    np.testing.assert_array_equal(jax.random.key_data(dt.full_tensor()), jax.random.key_data(keys))
+    assert dt.redistribute(placements="R,R").layout == dt.layout
+
+
 def test_to_jax_and_numpy_views():
     mesh = _mesh((4, 2))
     x = np.arange(32.0).reshape(8, 4)
