@@ -27,6 +27,13 @@ its target: a ``jax.Array`` or ``jax.ShapeDtypeStruct`` target with a sharding o
 (possibly spanning processes) gets that sharding, each process placing only its own
 devices' pieces; a single-device or NumPy target gives an uncommitted array, as
 ``jnp.asarray`` does. Python numbers go in the metadata.
+
+**PRNG keys** (typed, ``jax.random.key``: optax.noisy_sgd's state, a Flax NNX model's
+``Rngs``; a DTensor of keys is Replicate, :func:`.dtensor.check_partial_dtype`) have no
+NumPy form: a key leaf is stored as its ``jax.random.key_data`` (unsigned integers, one
+trailing dim more) with its implementation's name, and loads as keys again
+(``jax.random.wrap_key_data``) into a key target (keys, a DTensor of keys, or a
+``jax.ShapeDtypeStruct`` of a key dtype), in the target's form.
 """
 
 from __future__ import annotations
@@ -162,7 +169,9 @@ def save(path: str | os.PathLike[str], tree: Any, *, step: int = 0) -> Path:
     records: dict[str, Any] = {}
     for name, leaf in leaves:
         directory = staging / "leaves" / _directory_name(name)
-        if isinstance(leaf, DTensor):
+        if _is_key(leaf):
+            records[name] = _save_keys(directory, leaf)
+        elif isinstance(leaf, DTensor):
             records[name] = _save_dtensor(directory, leaf)
         elif isinstance(leaf, (jax.Array, np.ndarray, np.generic)):
             value = _host_value(leaf)
@@ -192,6 +201,22 @@ def save(path: str | os.PathLike[str], tree: Any, *, step: int = 0) -> Path:
             staging.rename(final)
     _barrier("placements2jax-checkpoint-committed")
     return final
+
+
+def _is_key(leaf: Any) -> bool:
+    """A typed PRNG key array (or a DTensor or ``jax.ShapeDtypeStruct`` of one)."""
+    dtype = getattr(leaf, "dtype", None)
+    return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def _save_keys(directory: Path, leaf: Any) -> dict[str, Any]:
+    """A key leaf as its key data, stored whole like an array leaf (keys are Replicate)."""
+    keys = leaf.to_jax() if isinstance(leaf, DTensor) else leaf
+    data = _host_value(jax.random.key_data(keys))
+    if jax.process_index() == 0:
+        store = _open(directory, create=True, shape=data.shape, dtype=data.dtype, chunks=data.shape)
+        store.write(data).result()
+    return {"kind": "keys", "shape": list(keys.shape), "dtype": str(keys.dtype), "impl": str(jax.random.key_impl(keys))}
 
 
 def _host_value(leaf: Any) -> np.ndarray:
@@ -356,6 +381,8 @@ def describe_leaf(leaf: Any) -> str:
 def _load_leaf(directory: Path, name: str, record: dict[str, Any], leaf: Any) -> Any:
     if record["kind"] == "number":
         return record["value"]
+    if record["kind"] == "keys" or _is_key(leaf):
+        return _load_keys(directory, name, record, leaf)
     saved_shape, saved_dtype = tuple(record["shape"]), np.dtype(jnp.dtype(record["dtype"]))
     if isinstance(leaf, (DTensor, AbstractDTensor)):
         shape, dtype = tuple(leaf.shape), np.dtype(leaf.dtype)
@@ -390,6 +417,35 @@ def _load_leaf(directory: Path, name: str, record: dict[str, Any], leaf: Any) ->
     if plain is layout:
         return loaded
     return DTensor(redistribute_array(loaded.array, plain, layout, shape), layout, shape)
+
+
+def _load_keys(directory: Path, name: str, record: dict[str, Any], leaf: Any) -> Any:
+    """A saved key leaf as keys in the form of its key target (:func:`_save_keys`)."""
+    saved = (tuple(record["shape"]), record["dtype"]) if record["kind"] == "keys" else None
+    target = (tuple(leaf.shape), str(leaf.dtype)) if _is_key(leaf) else None
+    if saved != target:
+        what = "PRNG keys" if saved is None else f"{saved[1]} keys of shape {saved[0]}"
+        raise CheckpointError(
+            f"target at {name!r}", describe_leaf(leaf),
+            f"the checkpoint's {name!r} is {'not PRNG keys' if saved is None else what}, the target "
+            f"{'is not' if target is None else f'{target[1]} keys of shape {target[0]}'}",
+            "load PRNG keys into a key target (the keys, a DTensor of keys or jax.ShapeDtypeStruct(shape, key.dtype)) "
+            "and other leaves into targets of their own dtype",
+        )
+    try:
+        data = _open(directory).read().result()
+    except Exception as error:  # noqa: BLE001 - tensorstore raises ValueError subclasses of its own
+        raise CheckpointError(
+            f"target at {name!r}", str(directory), f"the leaf's data cannot be read ({type(error).__name__}: {error})",
+            "the checkpoint is corrupt or incomplete: load another step",
+        ) from None
+    keys = jax.random.wrap_key_data(jnp.asarray(data), impl=record["impl"])
+    if isinstance(leaf, DTensor):
+        from .dtensor import distribute_tensor
+
+        return distribute_tensor(keys, leaf.device_mesh, leaf.layout)
+    sharding = getattr(leaf, "sharding", None)
+    return jax.device_put(keys, sharding) if isinstance(sharding, jax.sharding.NamedSharding) else keys
 
 
 def _placed(value: np.ndarray, sharding: Any) -> jax.Array:

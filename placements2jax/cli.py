@@ -443,6 +443,8 @@ def explain_checkpoint(path: str, *, step: int | None = None, as_json: bool = Fa
                          record["placements"] or "-", record["layout"]))  # "-": written before StridedShard
         elif record["kind"] == "array":
             rows.append((name, str(tuple(record["shape"])), record["dtype"], "-", "(array)", "-"))
+        elif record["kind"] == "keys":
+            rows.append((name, str(tuple(record["shape"])), record["dtype"], "-", f"(PRNG keys, {record['impl']})", "-"))
         else:
             rows.append((name, "()", record["type"], "-", f"(number {record['value']})", "-"))
     headers = ("leaf", "shape", "dtype", "mesh", "placements", "layout")

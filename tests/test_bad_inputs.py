@@ -2219,6 +2219,10 @@ CASES: list[Case] = [
         lambda e: placements2jax.load(_ckpt(e), {"w": e.dtc}),
     ),
     _c(
+        "load: an array into a PRNG key target", "load", CheckpointError, "target at 'w'",
+        lambda e: placements2jax.load(_ckpt(e), {"w": jax.random.key(0)}),
+    ),
+    _c(
         "load: bad target placements", "AbstractDTensor", PlacementError, "target at 'w'",
         lambda e: placements2jax.load(_ckpt(e), {"w": placements2jax.AbstractDTensor((10, 3), np.int32, e.mesh, "S(2),R")}),
     ),

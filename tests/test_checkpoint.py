@@ -91,6 +91,41 @@ def test_optimizer_state_and_step_counter_round_trip(tmp_path) -> None:
     assert loaded["opt"][0].mu["w"].device_mesh == other
 
 
+def test_prng_keys_round_trip_as_keys(tmp_path) -> None:
+    """Typed PRNG keys (optax.noisy_sgd's state holds one; a DTensor of keys is Replicate)
+    are stored as their key data and load as keys of the same implementation, in the
+    target's form: a DTensor of keys, plain keys, or keys with a ShapeDtypeStruct's sharding.
+    Keys saved into a non-key target (or an array into a key target) are a CheckpointError."""
+    mesh = MESHES["grid"]
+    params = {"w": p2j.distribute_tensor(np.ones((4, 2), np.float32), mesh, "S(0),R")}
+    state = optax.noisy_sgd(1e-3, key=jax.random.key(7)).init(params)
+    state = jax.tree.map(lambda x: p2j.distribute_tensor(x, mesh) if not isinstance(x, DTensor) else x, state,
+                         is_leaf=lambda v: isinstance(v, DTensor))
+    rbg = jax.random.split(jax.random.key(3, impl="rbg"), 3)
+    p2j.save(tmp_path, {"params": params, "state": state, "rbg": rbg}, step=1)
+    assert p2j.read_metadata(tmp_path)["leaves"]["rbg"] == {"kind": "keys", "shape": [3], "dtype": "key<rbg>", "impl": "rbg"}
+    replicated = jax.sharding.NamedSharding(mesh.to_jax(), P())
+    loaded = p2j.load(tmp_path, {"params": params, "state": state,
+                                 "rbg": jax.ShapeDtypeStruct((3,), rbg.dtype, sharding=replicated)})
+    saved_keys, loaded_keys = (
+        [x for x in jax.tree.leaves(tree, is_leaf=lambda v: isinstance(v, DTensor)) if x.dtype == state[0].rng_key.dtype]
+        for tree in (state, loaded["state"])
+    )
+    assert len(saved_keys) == len(loaded_keys) == 1 and isinstance(loaded_keys[0], DTensor)
+    assert loaded_keys[0].layout == saved_keys[0].layout
+    np.testing.assert_array_equal(jax.random.key_data(loaded_keys[0].full_tensor()),
+                                  jax.random.key_data(saved_keys[0].full_tensor()))
+    assert loaded["rbg"].dtype == rbg.dtype and loaded["rbg"].sharding.is_equivalent_to(replicated, 1)
+    np.testing.assert_array_equal(jax.random.key_data(loaded["rbg"]), jax.random.key_data(rbg))
+    np.testing.assert_array_equal(jax.random.key_data(p2j.load(tmp_path, {"rbg": rbg})["rbg"]), jax.random.key_data(rbg))
+    from placements2jax.cli import explain_checkpoint
+
+    listed = explain_checkpoint(str(tmp_path))
+    assert any(line.split()[:6] == ["rbg", "|", "(3,)", "|", "key<rbg>", "|"] for line in listed.splitlines()) and "(PRNG keys, rbg)" in listed and "(PRNG keys, threefry2x32)" in listed
+    with pytest.raises(CheckpointError, match="is key<rbg> keys of shape"):
+        p2j.load(tmp_path, {"rbg": np.zeros(3)})
+
+
 def test_array_leaves_are_written_once_and_load_with_the_target_sharding(tmp_path) -> None:
     """Non-DTensor arrays (optax's count, a sharded plain jax.Array): stored whole, loaded
     into the target's mesh sharding (jax.Array or ShapeDtypeStruct), or uncommitted."""
