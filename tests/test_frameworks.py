@@ -19,7 +19,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from models import common, eqx_lm, linen_lm, nnx_lm
 
-from placements2jax import DTensor, apply, distribute_pytree, distribute_tensor, init_device_mesh
+from placements2jax import DTensor, apply, distribute_pytree, distribute_tensor, init_device_mesh, load, save
 from placements2jax.dtensor import auto_twin_of
 from placements2jax.hlo import parse_collectives
 from placements2jax.inference import check, predict
@@ -232,10 +232,12 @@ class _Dropped(nnx.Module):
         return self.drop(self.fc(x)).sum()
 
 
-def test_nnx_rngs_state_passes_as_replicate_keys(mesh: Any) -> None:
+def test_nnx_rngs_state_passes_as_replicate_keys(mesh: Any, tmp_path: Any) -> None:
     """An nnx.Dropout's Rngs state (a typed PRNG key and a uint32 count in nnx Variables):
     distribute_pytree keeps the key a jax.Array, apply splits and advances it as plain
-    jax.jit does (the same dropout mask, the same values and new key)."""
+    jax.jit does (the same dropout mask, the same values and new key); the state apply
+    returns (its key a Replicate DTensor of keys) checkpoints and loads back, and the next
+    step from the loaded state draws what plain jax.jit's next step draws."""
     graphdef, state = nnx.split(_Dropped(nnx.Rngs(0, dropout=1)))
     placed = distribute_pytree(state, mesh, {r"fc/kernel/value": "R,S(1)"}, strict=False)
     assert isinstance(placed["drop"]["rngs"]["key"][...], jax.Array)
@@ -250,6 +252,12 @@ def test_nnx_rngs_state_passes_as_replicate_keys(mesh: Any) -> None:
     np.testing.assert_allclose(float(value.full_tensor()), float(want), rtol=1e-5)
     assert int(new_state["drop"]["rngs"]["count"][...].full_tensor()) == int(want_state["drop"]["rngs"]["count"][...])
     assert str(new_state["fc"]["kernel"][...].layout) == "R,S(1)"  # passed through: its layout kept
+    save(tmp_path, new_state, step=1)
+    loaded = load(tmp_path, new_state)
+    np.testing.assert_array_equal(jax.random.key_data(loaded["drop"]["rngs"]["key"][...].full_tensor()),
+                                  jax.random.key_data(want_state["drop"]["rngs"]["key"][...]))
+    (value, _), (want, _) = apply(forward, loaded, distribute_tensor(x, mesh, "S(0),R")), jax.jit(forward)(want_state, x)
+    np.testing.assert_allclose(float(value.full_tensor()), float(want), rtol=1e-5)
 
 
 train_step = nnx.jit(nnx_lm.train_step)  # the stateful step, decorated as Flax's examples decorate it
