@@ -29,7 +29,7 @@ devices' pieces; a single-device or NumPy target gives an uncommitted array, as
 ``jnp.asarray`` does. Python numbers go in the metadata.
 
 **PRNG keys** (typed, ``jax.random.key``: optax.noisy_sgd's state, a Flax NNX model's
-``Rngs``; a DTensor of keys is Replicate, :func:`.dtensor.check_partial_dtype`) have no
+``Rngs``; keys as ``distribute_pytree`` and ``apply`` leave them, or a Replicate DTensor of keys) have no
 NumPy form: a key leaf is stored as its ``jax.random.key_data`` (unsigned integers, one
 trailing dim more) with its implementation's name, and loads as keys again
 (``jax.random.wrap_key_data``) into a key target (keys, a DTensor of keys, or a

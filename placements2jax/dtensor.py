@@ -181,7 +181,7 @@ class DTensor:
         """The first ``count`` logical values, read only from the local shards that hold
         them (one small gather per device, never the whole array); partial values are
         reduced here over their partial group. ``traced`` under jit, ``PRNG keys`` for typed
-        keys (an output of ``apply``: optax.noisy_sgd's state); stops before a value held only
+        keys (``distribute_tensor`` of keys); stops before a value held only
         by another process's devices."""
         if isinstance(self._array, jax.core.Tracer):
             return "traced"
@@ -708,7 +708,7 @@ def _canonical(array: np.ndarray, argument: str) -> np.ndarray:
 def check_partial_dtype(layout: Layout, dtype: Any) -> None:
     """Partial values must be reducible with their op: bools have no sum or average,
     complex numbers no max or min. PRNG keys are Replicate only, as inference takes them
-    (:attr:`.inference.signature.Aval.is_key`) and ``apply`` returns them."""
+    (:attr:`.inference.signature.Aval.is_key`)."""
     op = layout.partial_op
     if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):  # an extended dtype: np.dtype cannot read it
         if layout != layout.replicated():

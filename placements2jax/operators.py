@@ -212,7 +212,10 @@ class Program:
 
     def __call__(self, values: Sequence[Any]) -> Any:
         outs = self.run(*_arrays(values))
-        leaves = [DTensor.trusted(a, layout, shape) for a, layout, shape in zip(outs, self.out_layouts, self.out_shapes)]
+        leaves = [  # typed PRNG keys (Replicate) come back as keys, as distribute_pytree leaves them
+            a if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key) else DTensor.trusted(a, layout, shape)
+            for a, layout, shape in zip(outs, self.out_layouts, self.out_shapes)
+        ]
         return leaves[0] if self.out_tree.num_nodes == 1 else jax.tree.unflatten(self.out_tree, leaves)
 
 
@@ -440,7 +443,8 @@ def apply(
     **kwargs: Any,
 ) -> Any:
     """``fn(*args, **kwargs)`` on DTensors; the result has ``fn``'s structure with a
-    DTensor per array, laid out as :func:`~placements2jax.inference.predict` says.
+    DTensor per array (typed PRNG keys, Replicate, as keys), laid out as
+    :func:`~placements2jax.inference.predict` says.
 
     ``execute="auto"`` (the default) is ``"ops"`` when ``fn``'s jaxpr (sub-jaxprs of
     ``scan``, ``cond``, ``pjit``, custom derivatives included) calls a function with a
@@ -706,7 +710,8 @@ def _apply_program(
 
     def body(*arrays: Any) -> tuple[jax.Array, ...]:
         executor = _Executor(mesh)
-        executor.bind_closed(closed, [_Value(a, s) for a, s in zip(arrays, sources)])
+        executor.bind_closed(closed, [_Value(a if k[0] == "dtensor" else _constant_on_twin(a, mesh), s)
+                                      for a, s, k in zip(arrays, sources, keys)])
         execute(prediction, executor, cost_model)
         outs = [executor.read(v) for v in closed.jaxpr.outvars]
         return tuple(jnp.asarray(_move(v.array, v.phys, final)) for v, final in zip(outs, finals))
@@ -726,7 +731,7 @@ def _xla_program(
     sources = [physical(layout, k[1]) if k[0] == "dtensor" else None for k, layout in zip(keys, layouts)]
 
     def body(*arrays: Any) -> tuple[jax.Array, ...]:
-        logical = [a if s is None else _to_logical(a, s) for a, s in zip(arrays, sources)]
+        logical = [_constant_on_twin(a, mesh) if s is None else _to_logical(a, s) for a, s in zip(arrays, sources)]
         outs = jax.tree.leaves(flat_fn(*logical))
         return tuple(_from_logical(y, spec.layout, spec.shape) for y, spec in zip(outs, prediction.outputs))
 
@@ -742,11 +747,12 @@ def _pinned_program(
     """``apply(execute="pinned")``: the whole-program search's prediction run on the
     inputs' logical values by :class:`_Pinned` (every equation's layouts pinned, XLA
     partitioning the one program), the outputs placed as in ``"xla"``."""
-    _, _, layouts, prediction = _predicted(fn, kwargs, in_tree, targets, keys, cost_model, "program", options)
+    _, mesh, layouts, prediction = _predicted(fn, kwargs, in_tree, targets, keys, cost_model, "program", options)
     sources = [physical(layout, k[1]) for k, layout in zip(keys, layouts)]
 
     def body(*arrays: Any) -> tuple[jax.Array, ...]:
-        logical = [_to_logical(a, s) if k[0] == "dtensor" else a for a, s, k in zip(arrays, sources, keys)]
+        logical = [_to_logical(a, s) if k[0] == "dtensor" else _constant_on_twin(a, mesh)
+                   for a, s, k in zip(arrays, sources, keys)]
         if any(isinstance(x, jax.Array) and jax.typeof(x).sharding.mesh.explicit_axes for x in logical):
             # inside jax.set_mesh of an Explicit mesh the values keep their Explicit types, where
             # with_sharding_constraint only asserts: XLA compiles fn whole instead ("xla")
@@ -883,6 +889,25 @@ def _to_logical(x: jax.Array, phys: Physical) -> jax.Array:
     if plain.is_padded:
         x = _unpad(x, plain, sharding)
     return x
+
+
+def _constant_on_twin(x: Any, mesh: DeviceMesh) -> Any:
+    """A constant operand (not a DTensor) as the program computes on it: a ``jax.Array``
+    committed to the operands' Explicit mesh (``jax.device_put`` there by the caller, or a
+    PRNG key returned by an earlier ``apply``) is typed on that mesh, and ``fn`` mixing it
+    with the DTensors' values (typed on the Auto twin, :func:`_to_logical`) was refused by
+    JAX ("Mesh for all inputs should be equal"): it is constrained to the twin in its own
+    spec, as they are (no communication). Other constants are as they are."""
+    if not isinstance(x, jax.Array) or not mesh.is_explicit:
+        return x
+    typed = jax.typeof(x).sharding
+    if not typed.mesh.explicit_axes or tuple(typed.mesh.axis_names) != tuple(mesh.to_jax().axis_names):
+        return x
+    spec = PartitionSpec(*typed.spec)
+    auto = NamedSharding(auto_twin_of(mesh.to_jax()), spec)
+    if jnp.issubdtype(x.dtype, jnp.inexact):  # a differentiable value: its cotangent goes back to its Explicit type
+        return _explicit_to_auto(x, auto, NamedSharding(mesh.to_jax(), spec))
+    return lax.with_sharding_constraint(x, auto)
 
 
 def _unpad(x: jax.Array, plain: Physical, sharding: NamedSharding) -> jax.Array:

@@ -130,7 +130,8 @@ def mixed_precision(optimizer: Any, master_dtype: Any = jnp.float32) -> Any:
 
 def init_optimizer_state(optimizer: Any, params: Any) -> Any:
     """``optimizer.init(params)`` for any optax optimizer on a pytree of DTensor
-    parameters, every state leaf a DTensor laid out as :func:`state_layouts` says: a
+    parameters, every state leaf a DTensor (a typed PRNG key a key: optax.noisy_sgd's)
+    laid out as :func:`state_layouts` says: a
     leaf of its parameter's shape has the parameter's layout (Adam's ``mu`` and ``nu``), a
     leaf of the parameter's shape with dims dropped or set to 1 keeps the splits of the
     kept dims (``optax.adafactor``'s factored row and column statistics), other leaves

@@ -92,7 +92,7 @@ def test_optimizer_state_and_step_counter_round_trip(tmp_path) -> None:
 
 
 def test_prng_keys_round_trip_as_keys(tmp_path) -> None:
-    """Typed PRNG keys (optax.noisy_sgd's state holds one; a DTensor of keys is Replicate)
+    """Typed PRNG keys (optax.noisy_sgd's state holds one; a DTensor of keys, Replicate, or plain keys)
     are stored as their key data and load as keys of the same implementation, in the
     target's form: a DTensor of keys, plain keys, or keys with a ShapeDtypeStruct's sharding.
     Keys saved into a non-key target (or an array into a key target) are a CheckpointError."""

@@ -252,7 +252,7 @@ def test_repr_of_integer_partials_and_traced_values():
 
 def test_a_dtensor_of_prng_keys_is_replicate_and_prints():
     """Typed PRNG keys have no NumPy form: their DTensor (Replicate only, as inference takes
-    keys and apply returns them: optax.noisy_sgd's state) prints without values and gives
+    keys) prints without values and gives
     its keys back."""
     mesh = _mesh((4, 2))
     keys = jax.random.split(jax.random.key(0), 3)

@@ -437,6 +437,40 @@ def test_apply_takes_constant_arguments() -> None:
     np.testing.assert_allclose(np.asarray(result.full_tensor()), a * 2 + np.arange(12), rtol=1e-6)
 
 
+@pytest.mark.parametrize("execute", ["auto", "xla", "ops", "pinned"])
+def test_apply_takes_arrays_committed_to_the_explicit_mesh(execute: str) -> None:
+    """A jax.Array constant committed to the DTensors' Explicit mesh (split or replicated,
+    float or int, a typed PRNG key, such as apply returns) mixes with the DTensors' values in
+    fn, gradients included, and a key output comes back a key that the next call takes (JAX
+    refused such programs: "Mesh for all inputs should be equal")."""
+    a = _data((8, 12), 33)
+    x = _dt(a, MESH2, "S(0),R")
+    explicit = MESH2.to_jax()
+    assert MESH2.is_explicit
+    split, whole = (NamedSharding(explicit, spec) for spec in (PartitionSpec(MESH2.mesh_dim_names[0]), PartitionSpec()))
+    for sharding, dtype in ((split, np.float32), (whole, np.float32), (split, np.int32)):
+        y = jax.device_put(np.full((8, 12), 2, dtype), sharding)
+        np.testing.assert_allclose(float(apply(lambda v, w: (v * w).sum(), x, y, execute=execute).full_tensor()),
+                                   2 * a.sum(), rtol=1e-5)
+    y = jax.device_put(np.full((8, 12), 2, np.float32), split)
+    gx, gy = apply(jax.grad(lambda v, w: (jnp.sin(v) * w).sum(), argnums=(0, 1)), x, y, execute=execute)
+    np.testing.assert_allclose(np.asarray(gx.full_tensor()), 2 * np.cos(a), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(gy.full_tensor()), np.sin(a), rtol=1e-5, atol=1e-6)
+    count = _dt(np.int32(3), MESH2, "R,R")
+
+    def noised(v: jax.Array, c: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return (v * jax.random.normal(jax.random.fold_in(key, c), v.shape)).sum(), jax.random.split(key)[0]
+
+    key = jax.random.key(0)
+    for _ in range(2):  # the second call takes the key the first returned (committed to the Explicit mesh)
+        value, next_key = apply(noised, x, count, key, execute=execute)
+        want, want_key = jax.jit(noised)(a, 3, key)
+        assert isinstance(next_key, jax.Array) and not isinstance(next_key, DTensor) and next_key.dtype == key.dtype
+        np.testing.assert_array_equal(jax.random.key_data(next_key), jax.random.key_data(want_key))
+        np.testing.assert_allclose(float(value.full_tensor()), float(want), rtol=1e-5)
+        key = next_key
+
+
 def test_apply_with_keyword_arguments_and_a_jnp_function() -> None:
     a = _data((8, 12), 21)
     x = _dt(a, MESH2, "S(0),S(1)")

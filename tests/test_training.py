@@ -439,20 +439,25 @@ _STATE_CASES = {
     "mixed_precision adamw": (lambda: p2j.mixed_precision(optax.adamw(1e-2)),
                               {f"{m}{k}": v for m in (".master", ".inner[0].mu", ".inner[0].nu")
                                for k, v in _MOMENTS.items()}),
+    "noisy_sgd (a PRNG key)": (lambda: optax.noisy_sgd(1e-2, key=jax.random.key(5)), {}),
 }
 
 
 def _assert_state(state, plain_state, expected: dict[str, str] | None = None, rtol: float = 0.0,
                   atol: float = 0.0) -> None:
     """Every leaf of ``state`` is a DTensor with the value of ``plain_state``'s leaf (equal,
-    or within the tolerances); with ``expected`` (keystr path -> placements of the leaves
-    that are not Replicate, every one of them found), each in that layout, each device
-    holding its block only."""
+    or within the tolerances), a typed PRNG key a key with the same key data; with
+    ``expected`` (keystr path -> placements of the leaves that are not Replicate, every one
+    of them found), each in that layout, each device holding its block only."""
     pairs = jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda v: isinstance(v, DTensor))[0]
     assert len(pairs) == len(jax.tree.leaves(plain_state))
     seen = set()
     for (path, leaf), want in zip(pairs, jax.tree.leaves(plain_state)):
         where = jax.tree_util.keystr(path)
+        if jax.dtypes.issubdtype(want.dtype, jax.dtypes.prng_key):
+            assert not isinstance(leaf, DTensor) and leaf.dtype == want.dtype, where
+            np.testing.assert_array_equal(jax.random.key_data(leaf), jax.random.key_data(want), err_msg=where)
+            continue
         assert isinstance(leaf, DTensor), where
         assert leaf.shape == want.shape and leaf.dtype == want.dtype, where
         np.testing.assert_allclose(np.asarray(leaf.full_tensor()), np.asarray(want), rtol=rtol, atol=atol,
@@ -493,13 +498,16 @@ def test_init_optimizer_state_follows_the_parameters_and_trains_like_plain_optax
     out_layouts = (params, state, None)
     run = jax.jit(lambda *a: p2j.apply(step, *a, out_layouts=out_layouts))
     plain_step = jax.jit(step)
-    layouts = p2j.layouts_of(state)
+    def layouts_of(state: object) -> list[object]:  # of the DTensor leaves (a PRNG key changes each step)
+        return [x.layout for x in jax.tree.leaves(state, is_leaf=lambda v: isinstance(v, DTensor)) if isinstance(x, DTensor)]
+
+    layouts = layouts_of(state)
     for seed in range(3):
         x, y = _data(seed)
         params, state, loss = run(params, state, *(p2j.distribute_tensor(a, MESH, BATCH) for a in (x, y)))
         plain, plain_state, plain_loss = plain_step(plain, plain_state, x, y)
         assert float(loss.full_tensor()) == pytest.approx(float(plain_loss), rel=1e-5)
-    assert p2j.layouts_of(state) == layouts
+    assert layouts_of(state) == layouts
     _assert_state(state, plain_state, rtol=1e-4, atol=1e-6)
     for key in ("up", "down"):
         assert params[key]["w"].layout == p2j.plan_layouts(plain, MESH, STATE_PLAN)[key]["w"]

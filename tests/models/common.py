@@ -85,8 +85,8 @@ def distribute_state(state: Any, params: Any) -> Any:
     layouts = state_layouts(state, params)
     flat_layouts = jax.tree.leaves(layouts, is_leaf=lambda x: isinstance(x, Layout))
     leaves, tree = jax.tree.flatten(state)
-    placed = [  # a PRNG key in the state (optax.noisy_sgd's): a Replicate DTensor of keys (no NumPy form)
-        distribute_tensor(x if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else np.asarray(x), layout.mesh, layout)
+    placed = [  # a PRNG key in the state (optax.noisy_sgd's) stays a key, as distribute_pytree leaves keys
+        x if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else distribute_tensor(np.asarray(x), layout.mesh, layout)
         for x, layout in zip(leaves, flat_layouts)
     ]
     return jax.tree.unflatten(tree, placed)

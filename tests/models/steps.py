@@ -52,8 +52,9 @@ class Step:
         )
 
     def out_shardings(self) -> tuple[Any, ...]:
-        """The parameters' and state's shardings (Auto twin), the loss free."""
-        return (*jax.tree.map(_auto, self.args[:2], is_leaf=_is_dtensor), None)
+        """The parameters' and state's shardings (Auto twin), the loss (and a PRNG key in
+        the state) free."""
+        return (*jax.tree.map(lambda x: _auto(x) if _is_dtensor(x) else None, self.args[:2], is_leaf=_is_dtensor), None)
 
     def plain_jit(self, fresh: bool = False) -> Any:
         """``jax.jit`` of the step with the parameters and state kept in their shardings
