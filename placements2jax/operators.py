@@ -392,10 +392,15 @@ def _install_methods(cls: type) -> None:
 
         return forward, reflected
 
-    for name, op in (("add", "add"), ("sub", "sub"), ("mul", "mul"), ("truediv", "div"), ("matmul", "matmul")):
+    pairs = (("add", "add"), ("sub", "sub"), ("mul", "mul"), ("truediv", "div"), ("matmul", "matmul"), ("pow", "pow"))
+    for name, op in pairs:
         forward, reflected = binary_pair(op)
         setattr(cls, f"__{name}__", forward)
         setattr(cls, f"__r{name}__", reflected)
+    # ordering comparisons, elementwise as torch's and jax.Array's (``0 < x`` is ``x > 0``: no reflected forms);
+    # not == / !=, which keep DTensors comparable and hashable by identity
+    for name, op in (("lt", "less"), ("le", "less_equal"), ("gt", "greater"), ("ge", "greater_equal")):
+        setattr(cls, f"__{name}__", binary_pair(op)[0])
 
     def reduction(op: str, doc: str) -> Callable[..., DTensor]:
         def method(
@@ -414,6 +419,15 @@ def _install_methods(cls: type) -> None:
     def neg(self: DTensor) -> DTensor:
         return unary("neg", self)
 
+    def absolute(self: DTensor) -> DTensor:
+        return unary("abs", self)
+
+    def astype(self: DTensor, dtype: Any) -> DTensor:
+        """The values cast to ``dtype`` (jax.Array's ``astype``, torch's ``.to(dtype)``): splits
+        pass, a partial passes where the cast is linear up to rounding (between floats, ints
+        to floats: :func:`.inference.rules.convert`), as torch's ``_to_copy`` keeps it."""
+        return call("astype", (self,), dtype=dtype)
+
     def transpose_method(self: DTensor, *axes: Any) -> DTensor:
         """Permute the dims (``x.transpose()`` reverses them, like NumPy)."""
         return transpose(self, axes)
@@ -423,6 +437,8 @@ def _install_methods(cls: type) -> None:
         return reshape(self, shape)
 
     cls.__neg__ = neg  # type: ignore[attr-defined]
+    cls.__abs__ = absolute  # type: ignore[attr-defined]
+    cls.astype = astype  # type: ignore[attr-defined]
     cls.sum = reduction("sum", "Sum over ``axis`` (NumPy's arguments); a sharded reduced axis gives Partial(sum).")  # type: ignore[attr-defined]
     cls.mean = reduction("mean", "Mean over ``axis``; an evenly sharded reduced axis gives Partial(avg).")  # type: ignore[attr-defined]
     cls.max = reduction("max", "Maximum over ``axis``; a sharded reduced axis gives Partial(max).")  # type: ignore[attr-defined]

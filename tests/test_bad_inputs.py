@@ -990,6 +990,7 @@ CASES: list[Case] = [
     _c("to_local: rank not in mesh", "DTensor", MeshError, "rank", lambda e: e.dt.to_local(99)),
     _c("to_local: rank a float", "DTensor", ArgumentTypeError, "rank", lambda e: e.dt.to_local(1.0)),
     _c("to_local: inside jit", "DTensor", ArgumentTypeError, "self", lambda e: jax.jit(lambda d: d.to_local(0))(e.dt)),
+    _c("astype: not a dtype", "DTensor", InferenceError, "params", lambda e: e.dt.astype("notadtype")),
     _c(
         "redistribute: Shard -> Partial",
         "DTensor",

@@ -128,6 +128,41 @@ def test_binary_ops_values_and_placements(
     _check(DUNDER[op](x, y), BINARY[op](a, b), op, [x, y])
 
 
+MORE_OPERATORS = {  # Python operator -> (named op, NumPy, operands: "xy" two DTensors, "x" one, "xc"/"cx" a constant)
+    "x > y": (lambda x, y: x > y, "greater", np.greater, "xy"),
+    "0.1 < x": (lambda x, y: 0.1 < x, "greater", lambda a, b: a > 0.1, "xc"),
+    "x <= 0.2": (lambda x, y: x <= 0.2, "less_equal", lambda a, b: a <= 0.2, "xc"),
+    "x >= y": (lambda x, y: x >= y, "greater_equal", np.greater_equal, "xy"),
+    "x < y": (lambda x, y: x < y, "less", np.less, "xy"),
+    "x ** 2": (lambda x, y: x ** 2.0, "pow", lambda a, b: a ** 2.0, "xc"),
+    "2 ** x": (lambda x, y: 2.0 ** x, "pow", lambda a, b: 2.0 ** a, "cx"),
+    "abs(x)": (lambda x, y: abs(x), "abs", lambda a, b: np.abs(a), "x"),
+    "x.astype(bfloat16)": (lambda x, y: x.astype(jnp.bfloat16), "astype",
+                           lambda a, b: a.astype(jnp.bfloat16).astype(np.float32), "x"),
+}
+
+
+@pytest.mark.parametrize("placements", ["S(0),S(1)", "P,S(1)", "R,P(max)"])
+@pytest.mark.parametrize("name", list(MORE_OPERATORS))
+def test_comparison_power_abs_and_astype_operators(name: str, placements: str) -> None:
+    """``<``, ``<=``, ``>``, ``>=``, ``**`` (either side), ``abs`` and ``astype``, as torch's
+    DTensor runs them (``x.to(dtype)`` is ``astype``): NumPy's values, the placements
+    inference chooses for the named op, each rank's block as distribute_tensor lays it out;
+    ``==`` stays object identity (DTensors stay hashable)."""
+    operator, op, reference, form = MORE_OPERATORS[name]
+    a, b = _data((8, 12), 11), _data((8, 12), 12)
+    x, y = _dt(a, MESH2, placements), _dt(b, MESH2, "R,S(0)")
+    operands = {"xy": [x, y], "x": [x], "xc": [x, 0.0], "cx": [2.0, x]}[form]
+    params = {"dtype": jnp.bfloat16} if op == "astype" else {}
+    result = operator(x, y)
+    if op == "astype":  # NumPy has no bfloat16 arithmetic: the values compared in float32
+        assert result.dtype == jnp.bfloat16 and result.layout == infer_signature(op, operands, **params).out_layout
+        np.testing.assert_array_equal(np.asarray(result.full_tensor()).astype(np.float32), reference(a, b))
+    else:
+        _check(result, reference(a, b), op, operands)
+    assert (x == x) is True and len({x, y}) == 2
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.int32])
 @pytest.mark.parametrize("left,right", [("R,P", "S(1),P(avg)"), ("R,P(avg)", "S(1),P"), ("P(avg),R", "P,S(0)")])
 def test_add_of_sum_and_avg_partials_on_one_mesh_dim(left: str, right: str, dtype: type) -> None:
