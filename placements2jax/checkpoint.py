@@ -32,8 +32,9 @@ devices' pieces; a single-device or NumPy target gives an uncommitted array, as
 ``Rngs``; keys as ``distribute_pytree`` and ``apply`` leave them, or a Replicate DTensor of keys) have no
 NumPy form: a key leaf is stored as its ``jax.random.key_data`` (unsigned integers, one
 trailing dim more) with its implementation's name, and loads as keys again
-(``jax.random.wrap_key_data``) into a key target (keys, a DTensor of keys, or a
-``jax.ShapeDtypeStruct`` of a key dtype), in the target's form.
+(``jax.random.wrap_key_data`` of the data each process placed on its own devices) into a
+key target (keys, a DTensor of keys, or a ``jax.ShapeDtypeStruct`` of a key dtype), in the
+target's form and sharding.
 """
 
 from __future__ import annotations
@@ -439,13 +440,17 @@ def _load_keys(directory: Path, name: str, record: dict[str, Any], leaf: Any) ->
             f"target at {name!r}", str(directory), f"the leaf's data cannot be read ({type(error).__name__}: {error})",
             "the checkpoint is corrupt or incomplete: load another step",
         ) from None
-    keys = jax.random.wrap_key_data(jnp.asarray(data), impl=record["impl"])
-    if isinstance(leaf, DTensor):
-        from .dtensor import distribute_tensor
-
-        return distribute_tensor(keys, leaf.device_mesh, leaf.layout)
-    sharding = getattr(leaf, "sharding", None)
-    return jax.device_put(keys, sharding) if isinstance(sharding, jax.sharding.NamedSharding) else keys
+    # placed as key data (a NumPy array each process places on its own devices, as _placed does: JAX's
+    # device_put takes no jax.Array of keys to devices of other processes), then wrapped on the devices
+    if isinstance(leaf, DTensor):  # Replicate: its physical array is the keys on every device of its mesh
+        sharding = jax.sharding.NamedSharding(leaf.device_mesh.to_jax(), jax.sharding.PartitionSpec())
+    else:
+        sharding = getattr(leaf, "sharding", None)
+    if not isinstance(sharding, jax.sharding.NamedSharding):
+        return jax.random.wrap_key_data(jnp.asarray(data), impl=record["impl"])
+    data_sharding = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*sharding.spec, None))
+    keys = jax.random.wrap_key_data(_placed(data, data_sharding), impl=record["impl"])
+    return DTensor.trusted(keys, leaf.layout, tuple(leaf.shape)) if isinstance(leaf, DTensor) else keys
 
 
 def _placed(value: np.ndarray, sharding: Any) -> jax.Array:

@@ -61,7 +61,14 @@ def main() -> None:
                   for name, (m, pl) in LOAD_LAYOUTS.items()}
         plain = {name: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(
             meshes["line"].to_jax(), PartitionSpec(*(("x",) if v.ndim else ())))) for name, v in PLAIN.items()}
-        loaded = p2j.load(path, {**target, **plain})
+        keys = {"keys": jax.ShapeDtypeStruct((3,), jax.random.key(0).dtype, sharding=NamedSharding(
+            meshes["grid"].to_jax(), PartitionSpec()))}
+        loaded = p2j.load(path, {**target, **plain, **keys})
+        array = loaded.pop("keys")  # PRNG keys: their key data placed on each process's devices, wrapped there
+        assert array.dtype == keys["keys"].dtype and not array.is_fully_addressable
+        want = np.asarray(jax.random.key_data(jax.random.split(jax.random.key(5), 3)))
+        np.testing.assert_array_equal(np.asarray(jax.random.key_data(array).addressable_data(0)), want)
+        checked.append("keys")
         for name in PLAIN:  # every process read the one stored copy, placed on its own devices
             array = loaded.pop(name)
             assert array.sharding == plain[name].sharding and not array.is_fully_addressable

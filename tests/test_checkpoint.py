@@ -265,9 +265,10 @@ def test_one_process_saves_two_processes_load(tmp_path) -> None:
     tree = {name: p2j.distribute_tensor(VALUES[name], meshes[m], pl) for name, (m, pl) in SAVE_LAYOUTS.items()}
     for name, value in PLAIN.items():
         tree[name] = jax.device_put(value, jax.sharding.NamedSharding(meshes["grid"].to_jax(), P(*PLAIN_SPECS[name])))
+    tree["keys"] = jax.random.split(jax.random.key(5), 3)  # loaded as keys on both processes' devices
     p2j.save(tmp_path, tree, step=3)
     summaries = _pair("load", tmp_path)
-    assert [sorted(s["checked"]) for s in summaries] == [sorted([*VALUES, *PLAIN])] * 2
+    assert [sorted(s["checked"]) for s in summaries] == [sorted([*VALUES, *PLAIN, "keys"])] * 2
 
 
 def test_a_strided_dtensor_round_trips(tmp_path) -> None:
