@@ -54,7 +54,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .dtensor import DTensor
+from .dtensor import DTensor, is_key_dtype
 from .errors import ArgumentTypeError, CheckpointError, Placements2JaxError, import_extra
 from .layout import Layout, PlacementsLike, as_shape
 from .mesh import DeviceMesh, as_device_mesh
@@ -175,10 +175,7 @@ def save(path: str | os.PathLike[str], tree: Any, *, step: int = 0) -> Path:
         elif isinstance(leaf, DTensor):
             records[name] = _save_dtensor(directory, leaf)
         elif isinstance(leaf, (jax.Array, np.ndarray, np.generic)):
-            value = _host_value(leaf)
-            if process == 0:  # written once; the barrier below makes every process wait for it
-                store = _open(directory, create=True, shape=value.shape, dtype=value.dtype, chunks=value.shape or ())
-                store.write(value).result()
+            value = _write_whole(directory, _host_value(leaf))
             records[name] = {"kind": "array", "shape": list(value.shape), "dtype": value.dtype.name}
         elif isinstance(leaf, (bool, int, float)):
             records[name] = {"kind": "number", "value": leaf, "type": type(leaf).__name__}
@@ -207,16 +204,22 @@ def save(path: str | os.PathLike[str], tree: Any, *, step: int = 0) -> Path:
 def _is_key(leaf: Any) -> bool:
     """A typed PRNG key array (or a DTensor or ``jax.ShapeDtypeStruct`` of one)."""
     dtype = getattr(leaf, "dtype", None)
-    return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+    return dtype is not None and is_key_dtype(dtype)
+
+
+def _write_whole(directory: Path, value: np.ndarray) -> np.ndarray:
+    """``value`` stored whole, one chunk, written once (by process 0; save's barrier makes
+    every process wait for it)."""
+    if jax.process_index() == 0:
+        store = _open(directory, create=True, shape=value.shape, dtype=value.dtype, chunks=value.shape or ())
+        store.write(value).result()
+    return value
 
 
 def _save_keys(directory: Path, leaf: Any) -> dict[str, Any]:
     """A key leaf as its key data, stored whole like an array leaf (keys are Replicate)."""
     keys = leaf.to_jax() if isinstance(leaf, DTensor) else leaf
-    data = _host_value(jax.random.key_data(keys))
-    if jax.process_index() == 0:
-        store = _open(directory, create=True, shape=data.shape, dtype=data.dtype, chunks=data.shape)
-        store.write(data).result()
+    _write_whole(directory, _host_value(jax.random.key_data(keys)))
     return {"kind": "keys", "shape": list(keys.shape), "dtype": str(keys.dtype), "impl": str(jax.random.key_impl(keys))}
 
 
@@ -409,15 +412,19 @@ def _load_leaf(directory: Path, name: str, record: dict[str, Any], leaf: Any) ->
             return _placed(store.read().result(), getattr(leaf, "sharding", None))
         arrays = _read_blocks(store, _blocks_layout(layout), shape)
     except Exception as error:  # noqa: BLE001 - tensorstore raises ValueError subclasses of its own
-        raise CheckpointError(
-            f"target at {name!r}", str(directory), f"the leaf's data cannot be read ({type(error).__name__}: {error})",
-            "the checkpoint is corrupt or incomplete: load another step",
-        ) from None
+        raise _unreadable(name, directory, error) from None
     plain = _blocks_layout(layout)
     loaded = DTensor.from_local(arrays, plain.mesh, plain, shape=shape)
     if plain is layout:
         return loaded
     return DTensor(redistribute_array(loaded.array, plain, layout, shape), layout, shape)
+
+
+def _unreadable(name: str, directory: Path, error: Exception) -> CheckpointError:
+    return CheckpointError(
+        f"target at {name!r}", str(directory), f"the leaf's data cannot be read ({type(error).__name__}: {error})",
+        "the checkpoint is corrupt or incomplete: load another step",
+    )
 
 
 def _load_keys(directory: Path, name: str, record: dict[str, Any], leaf: Any) -> Any:
@@ -436,10 +443,7 @@ def _load_keys(directory: Path, name: str, record: dict[str, Any], leaf: Any) ->
     try:
         data = _open(directory).read().result()
     except Exception as error:  # noqa: BLE001 - tensorstore raises ValueError subclasses of its own
-        raise CheckpointError(
-            f"target at {name!r}", str(directory), f"the leaf's data cannot be read ({type(error).__name__}: {error})",
-            "the checkpoint is corrupt or incomplete: load another step",
-        ) from None
+        raise _unreadable(name, directory, error) from None
     # placed as key data (a NumPy array each process places on its own devices, as _placed does: JAX's
     # device_put takes no jax.Array of keys to devices of other processes), then wrapped on the devices
     if isinstance(leaf, DTensor):  # Replicate: its physical array is the keys on every device of its mesh

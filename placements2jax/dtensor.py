@@ -185,7 +185,7 @@ class DTensor:
         by another process's devices."""
         if isinstance(self._array, jax.core.Tracer):
             return "traced"
-        if jax.dtypes.issubdtype(self.dtype, jax.dtypes.prng_key):  # no NumPy form (jax.random.key_data has one)
+        if is_key_dtype(self.dtype):
             return "PRNG keys"
         if self._layout.is_strided:  # its shards are no blocks: read them from the plain split
             plain = Layout(self.device_mesh, self._layout.dim_axes, self._layout.partial)
@@ -705,12 +705,18 @@ def _canonical(array: np.ndarray, argument: str) -> np.ndarray:
     return converted
 
 
+def is_key_dtype(dtype: Any) -> bool:
+    """Whether ``dtype`` is a typed PRNG key's (``key<fry>``: an extended dtype, with no
+    NumPy form; ``jax.random.key_data`` has one)."""
+    return bool(jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key))
+
+
 def check_partial_dtype(layout: Layout, dtype: Any) -> None:
     """Partial values must be reducible with their op: bools have no sum or average,
     complex numbers no max or min. PRNG keys are Replicate only, as inference takes them
     (:attr:`.inference.signature.Aval.is_key`)."""
     op = layout.partial_op
-    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):  # an extended dtype: np.dtype cannot read it
+    if is_key_dtype(dtype):  # np.dtype cannot read it
         if layout != layout.replicated():
             raise PlacementError(
                 "placements", str(layout), f"a DTensor of PRNG keys ({dtype}) is Replicate only",

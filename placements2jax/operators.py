@@ -53,7 +53,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .caches import cached, register
 from . import chunking
-from .dtensor import DTensor, auto_twin_of
+from .dtensor import DTensor, auto_twin_of, is_key_dtype
 from .errors import ArgumentTypeError, InferenceError, UnsupportedOpError
 from .factories import place
 from .hlo import running
@@ -213,7 +213,7 @@ class Program:
     def __call__(self, values: Sequence[Any]) -> Any:
         outs = self.run(*_arrays(values))
         leaves = [  # typed PRNG keys (Replicate) come back as keys, as distribute_pytree leaves them
-            a if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key) else DTensor.trusted(a, layout, shape)
+            a if is_key_dtype(a.dtype) else DTensor.trusted(a, layout, shape)
             for a, layout, shape in zip(outs, self.out_layouts, self.out_shapes)
         ]
         return leaves[0] if self.out_tree.num_nodes == 1 else jax.tree.unflatten(self.out_tree, leaves)
