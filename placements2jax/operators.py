@@ -69,6 +69,7 @@ from .inference.ops import freeze, op_definition, registered_function
 from .inference.plan import FIRST_FIRST
 from .inference.rules import SCATTERS, gather_lookup_axis, scatter_lookup_axis
 from .inference.signature import RedistributePlan, TensorSpec, constant_layout, is_layout_leaf
+from .inference.simplify import arg_reductions_called
 from .inference.xla_defects import needs_pinned
 from .layout import Layout
 from .mesh import DeviceMesh
@@ -748,7 +749,8 @@ def _xla_program(
 
     def body(*arrays: Any) -> tuple[jax.Array, ...]:
         logical = [_constant_on_twin(a, mesh) if s is None else _to_logical(a, s) for a, s in zip(arrays, sources)]
-        outs = jax.tree.leaves(flat_fn(*logical))
+        # argmax / argmin as their reductions, as predicted (:mod:`.inference.simplify`)
+        outs = jax.tree.leaves(arg_reductions_called(flat_fn)(*logical))
         return tuple(_from_logical(y, spec.layout, spec.shape) for y, spec in zip(outs, prediction.outputs))
 
     out_shapes = tuple(s.shape for s in prediction.outputs)

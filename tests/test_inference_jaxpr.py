@@ -373,7 +373,9 @@ def test_unknown_search_is_an_error(mesh: Any) -> None:
         (lambda x: jax.lax.dynamic_slice(x, (2, 0), (4, 16)), "R,S(1)", ["R,S(1)"]),
         (lambda x: jnp.where(x > 0, x, 0.0), "S(0),S(1)", ["S(0),S(1)"]),
         (lambda x: jnp.clip(x, -1.0, 1.0), "S(1),S(0)", ["S(1),S(0)"]),
-        (lambda x: jnp.argmax(x, axis=1), "S(0),S(1)", ["(dp,tp)"]),
+        # argmax as a max and a min of positions (inference/simplify.py): the split reduced dim stays, the first
+        # index partial over tp (min), where the primitive's rule moved tp's split onto the kept dim ("(dp,tp)")
+        (lambda x: jnp.argmax(x, axis=1), "S(0),S(1)", ["S(0),P(min)"]),
         (lambda x: x.astype(jnp.bfloat16).T, "S(0),S(1)", ["S(1),S(0)"]),
         (lambda x: jnp.expand_dims(x, 1), "S(0),S(1)", ["S(0),S(2)"]),
     ],

@@ -38,6 +38,12 @@ Where XLA legitimately differs, and how the report says it:
   state and parameters updated from it) keeps its layout verdict, and its note says
   that XLA's compiled values there may be wrong (``apply(execute="auto")`` runs the
   predicted plan for such a program).
+* **Arg-reductions over a split dim.** The prediction (and ``apply``) call ``argmax`` /
+  ``argmin`` as a max / min and a min of positions (:mod:`.simplify`): two all-reduces of
+  the result's block where plain ``jax.jit`` of ``fn`` all-gathers (value, index) pairs,
+  (n - 1) blocks of each per device. The report shows XLA's all-gathers and their bytes
+  beside the predicted all-reduces ("XLA sends ... more"): what ``apply`` compiles is the
+  prediction's side.
 * **Collectives.** CPU XLA forms no reduce-scatter (it all-reduces and slices), so on CPU
   a predicted reduce-scatter is compared as an all-reduce of the same block, and it sends
   a collective of a bfloat16 value in float32 (converted before and after: counted at

@@ -605,7 +605,9 @@ def _predict(
             "fn", fn, f"tracing it on {_shapes_text(specs)} failed ({type(err).__name__}: {err})",
             "make fn accept tensors of these shapes and dtypes (e.g. matching matmul dims)",
         ) from None
-    closed = simplified(closed)  # as XLA partitions it: zero-size values, constant conds, dead code (:mod:`.simplify`)
+    # as XLA partitions it (zero-size values, constant conds, dead code) and arg-reductions as their reductions, but
+    # in torch's walk (:mod:`.simplify`)
+    closed = simplified(closed, arg_reductions=search != "torch")
     out_tree = jax.tree.structure(out_shape)
     out_avals = [Aval(x.shape, x.dtype) for x in jax.tree.leaves(out_shape)]
     targets = output_constraints(out_layouts, out_tree, out_avals, mesh)

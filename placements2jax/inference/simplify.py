@@ -36,34 +36,61 @@ removes them with JAX's own dead-code elimination (``pe.dce_jaxpr``, which also 
 the unused outputs of calls and loops), after the zero-size rewrite (the edge slices it
 leaves unread among them). On benchmarks/dump_predictions.py's programs it removes local steps
 only (slices of dead residuals: Llama's 2x4 adamw step 114 -> 98 planned steps), the
-same bytes and collectives."""
+same bytes and collectives.
+
+Arg-reductions, as placements2jax partitions them (not XLA's simplification: a rewrite
+that sends less than XLA's partitioning of the same primitive; the torch walk,
+``predict(search="torch")``, keeps the primitive, as torch's argmax gathers a split
+reduced dim). ``argmax`` / ``argmin`` over a dim split by some mesh dims: XLA reduces each
+shard to its (value, index) pairs and all-gathers both over those mesh dims ((n - 1)
+blocks of the output per array and device), and no rule can split a reduced dim whose
+result is an index, so the search moved the whole input instead (an accuracy metric or
+greedy token over tp-split logits (4, 64, 1,024): an all-to-all of the logits, 98,688 B
+per device, where XLA sends 3,072). :func:`simplified` (``arg_reductions=True``) calls
+in each one's place the same index computed from reductions the rules split: the
+extreme ``m = max(x, d)`` (``min``), then the first position holding it, ``min(where(x
+== m or x != x, iota, size), d)``: exactly the primitive's result (its first occurrence,
+the first NaN where there is one, as XLA's ``max`` propagates NaN; -0.0 and 0.0 tie as
+its comparator ties them; booleans and integers too), two all-reduces of the output's
+block over a split dim (``P(max)``, then ``P(min)``: 2 (n - 1) / n blocks each, 1,536 B
+there, half XLA's over 4 devices, the same over 2), none where the dim is not split.
+``apply`` runs the rewritten program in every execute mode (``"xla"`` through
+:func:`arg_reductions_called`), so what it compiles is what was predicted; plain
+``jax.jit`` of the function compiles XLA's gathers, and ``check`` reports its extra bytes
+as "differs". Complex operands (no order) are left."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import jax
 import numpy as np
 from jax import lax
 from jax._src import core, dtypes
 from jax._src.interpreters import partial_eval as pe
 
-__all__ = ["simplified", "constants_folded"]
+from ..caches import cached
+
+__all__ = ["simplified", "constants_folded", "arg_reductions_called"]
 
 
-def simplified(closed: core.ClosedJaxpr) -> core.ClosedJaxpr:
+def simplified(closed: core.ClosedJaxpr, arg_reductions: bool = False) -> core.ClosedJaxpr:
     """``closed`` as XLA partitions it (module docstring): zero-size values and
     conditionals on a constant simplified (:func:`constants_folded`), then dead code
-    removed."""
+    removed; ``arg_reductions``: every ``argmax`` / ``argmin`` then a call of its
+    reductions (module docstring), where the rules split the reduced dim."""
     closed = constants_folded(closed)
     jaxpr, _ = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars), instantiate=True)
+    if arg_reductions:
+        jaxpr = _arg_reductions_called(jaxpr)
     return core.ClosedJaxpr(jaxpr, closed.consts)
 
 
 def constants_folded(closed: core.ClosedJaxpr) -> core.ClosedJaxpr:
     """``closed`` with its zero-size values and its conditionals on a literal index
     simplified as XLA does (module docstring); ``closed`` itself when there is none."""
-    jaxpr = _simplified(closed.jaxpr)
-    return closed if jaxpr is closed.jaxpr else core.ClosedJaxpr(jaxpr, closed.consts)
+    return _in_params(closed, _simplified)
 
 
 def _empty(atom: Any) -> bool:
@@ -98,14 +125,16 @@ def _literal_of(eqn: Any, invars: list[Any]) -> core.Literal | None:
     return core.Literal(np.asarray(value).astype(aval.dtype), aval)
 
 
-def _sub_simplified(value: Any) -> Any:
-    """A param value with the jaxprs in it simplified (the same object when none changes)."""
+def _in_params(value: Any, rewrite: Callable[[core.Jaxpr], core.Jaxpr]) -> Any:
+    """A param value (or a closed jaxpr) with ``rewrite`` applied to the jaxprs in it (the
+    same object when none changes)."""
     if isinstance(value, core.ClosedJaxpr):
-        return constants_folded(value)
+        jaxpr = rewrite(value.jaxpr)
+        return value if jaxpr is value.jaxpr else core.ClosedJaxpr(jaxpr, value.consts)
     if isinstance(value, core.Jaxpr):
-        return _simplified(value)
+        return rewrite(value)
     if isinstance(value, tuple) and any(isinstance(v, (core.Jaxpr, core.ClosedJaxpr)) for v in value):
-        items = tuple(map(_sub_simplified, value))
+        items = tuple(_in_params(v, rewrite) for v in value)
         return value if all(a is b for a, b in zip(items, value)) else items
     return value
 
@@ -116,7 +145,7 @@ def _simplified(jaxpr: core.Jaxpr) -> core.Jaxpr:
     eqns, changed = [], False
     for eqn in jaxpr.eqns:
         invars = [renamed.get(v, v) if isinstance(v, core.Var) else v for v in eqn.invars]
-        params = {name: _sub_simplified(value) for name, value in eqn.params.items()}
+        params = {name: _in_params(value, _simplified) for name, value in eqn.params.items()}
         if any(params[name] is not value for name, value in eqn.params.items()):
             changed = True
         else:
@@ -154,3 +183,58 @@ def _simplified(jaxpr: core.Jaxpr) -> core.Jaxpr:
         return jaxpr
     outvars = [renamed.get(v, v) if isinstance(v, core.Var) else v for v in jaxpr.outvars]
     return jaxpr.replace(eqns=eqns, outvars=outvars)
+
+
+def arg_reductions_called(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with every ``argmax`` / ``argmin`` it computes called as :func:`simplified`
+    calls it (module docstring): the same values, traced once and evaluated (for
+    ``apply(execute="xla")``, which compiles ``fn`` itself; a program without one is
+    evaluated as traced)."""
+
+    def run(*args: Any) -> Any:
+        closed, shape = jax.make_jaxpr(fn, return_shape=True)(*args)
+        outs = core.eval_jaxpr(_arg_reductions_called(closed.jaxpr), closed.consts, *jax.tree.leaves(args))
+        return jax.tree.unflatten(jax.tree.structure(shape), outs)
+
+    return run
+
+
+def _arg_reductions_called(jaxpr: core.Jaxpr) -> core.Jaxpr:
+    """``jaxpr`` with every ``argmax`` / ``argmin`` of a real operand, nested ones too, a
+    call of :func:`_first_extreme` (module docstring), or ``jaxpr`` itself when it has none."""
+    eqns, changed = [], False
+    for eqn in jaxpr.eqns:
+        params = {name: _in_params(value, _arg_reductions_called) for name, value in eqn.params.items()}
+        if any(params[name] is not value for name, value in eqn.params.items()):
+            eqn, changed = eqn.replace(params=params), True
+        operand = eqn.invars[0].aval if eqn.invars else None
+        if eqn.primitive in (lax.argmax_p, lax.argmin_p) and not dtypes.issubdtype(operand.dtype, np.complexfloating):
+            (axis,) = eqn.params["axes"]
+            call = _first_extreme_jaxpr(operand.shape, operand.dtype, operand.weak_type, axis,
+                                        eqn.params["index_dtype"], eqn.primitive is lax.argmax_p)
+            eqn, changed = core.new_jaxpr_eqn(eqn.invars, eqn.outvars, core.closed_call_p, dict(call_jaxpr=call),
+                                              eqn.effects, eqn.source_info), True
+        eqns.append(eqn)
+    return jaxpr.replace(eqns=eqns) if changed else jaxpr
+
+
+@cached(maxsize=256)
+def _first_extreme_jaxpr(
+    shape: tuple[int, ...], dtype: np.dtype, weak_type: bool, axis: int, index_dtype: np.dtype, largest: bool
+) -> core.ClosedJaxpr:
+    """:func:`_first_extreme` traced for one operand (a pure function of these: cached,
+    every walk of a program reads the same jaxpr)."""
+    operand = jax.ShapeDtypeStruct(shape, dtype, weak_type=weak_type)
+    return jax.make_jaxpr(lambda x: _first_extreme(x, axis, index_dtype, largest))(operand)
+
+
+def _first_extreme(x: jax.Array, axis: int, index_dtype: np.dtype, largest: bool) -> jax.Array:
+    """``lax.argmax(x, axis, index_dtype)`` (``largest``, else ``argmin``) as two
+    reductions (module docstring): the extreme, then the first position holding it."""
+    extreme = (lax.reduce_max if largest else lax.reduce_min)(x, (axis,))
+    kept = tuple(d for d in range(x.ndim) if d != axis)
+    hit = x == lax.broadcast_in_dim(extreme, x.shape, kept)
+    if dtypes.issubdtype(x.dtype, np.inexact):
+        hit = hit | (x != x)  # a NaN: the extreme is NaN (max and min propagate it), its first position taken
+    positions = lax.broadcasted_iota(index_dtype, x.shape, axis)
+    return lax.reduce_min(lax.select(hit, positions, lax.full_like(positions, x.shape[axis])), (axis,))
