@@ -353,6 +353,30 @@ def reduce(
     return call(op, (x,), axis=axis, keepdims=bool(keepdims))
 
 
+def arg_reduce(
+    op: str,
+    x: DTensor,
+    axis: int | None = None,
+    keepdims: bool | None = None,
+    *,
+    dim: int | None = None,
+    keepdim: bool | None = None,
+) -> DTensor:
+    """``x.argmax / argmin(axis, keepdims)`` (NumPy's arguments, or torch's ``dim=`` /
+    ``keepdim=``): the index of the first extreme along one dim (None: of the flattened
+    values). Run as eager dispatch runs the op, as torch does: a split reduced dim is
+    moved off first (an index is not a partial value); in a function given to ``apply``
+    or ``predict`` it is two reductions instead, which keep the split
+    (:mod:`.inference.simplify`)."""
+    axis, axis_name = _one_name("axis", axis, "dim", dim)
+    if axis is not None and (isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer))):
+        raise ArgumentTypeError(
+            axis_name, axis, f"expected None or one dim (an int): {op} has no several-dim form",
+            f"pass e.g. {axis_name}=-1, or reshape the dims together first",
+        )
+    return reduce(op, x, axis, keepdims, keepdim=keepdim)
+
+
 def _one_name(numpy_name: str, numpy_value: Any, torch_name: str, torch_value: Any) -> tuple[Any, str]:
     """The value given under NumPy's or torch's name of one argument, and that name."""
     if numpy_value is not None and torch_value is not None:
@@ -417,6 +441,20 @@ def _install_methods(cls: type) -> None:
         method.__name__, method.__doc__ = op, doc
         return method
 
+    def arg_reduction(op: str, doc: str) -> Callable[..., DTensor]:
+        def method(
+            self: DTensor,
+            axis: int | None = None,
+            keepdims: bool | None = None,
+            *,
+            dim: int | None = None,
+            keepdim: bool | None = None,
+        ) -> DTensor:
+            return arg_reduce(op, self, axis, keepdims, dim=dim, keepdim=keepdim)
+
+        method.__name__, method.__doc__ = op, doc
+        return method
+
     def neg(self: DTensor) -> DTensor:
         return unary("neg", self)
 
@@ -444,6 +482,8 @@ def _install_methods(cls: type) -> None:
     cls.mean = reduction("mean", "Mean over ``axis``; an evenly sharded reduced axis gives Partial(avg).")  # type: ignore[attr-defined]
     cls.max = reduction("max", "Maximum over ``axis``; a sharded reduced axis gives Partial(max).")  # type: ignore[attr-defined]
     cls.min = reduction("min", "Minimum over ``axis``; a sharded reduced axis gives Partial(min).")  # type: ignore[attr-defined]
+    cls.argmax = arg_reduction("argmax", "Index of the first maximum along ``axis`` (torch's ``dim=``): :func:`arg_reduce`.")  # type: ignore[attr-defined]
+    cls.argmin = arg_reduction("argmin", "Index of the first minimum along ``axis`` (torch's ``dim=``): :func:`arg_reduce`.")  # type: ignore[attr-defined]
     cls.transpose = transpose_method  # type: ignore[attr-defined]
     cls.T = property(lambda self: transpose(self, ()), doc="The dims reversed.")  # type: ignore[attr-defined]
     cls.reshape = reshape_method  # type: ignore[attr-defined]

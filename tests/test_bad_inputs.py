@@ -1121,6 +1121,10 @@ CASES: list[Case] = [
     _c("operator: torch's keepdim a string", "DTensor", ArgumentTypeError, "keepdim", lambda e: e.dt.sum(keepdim="no")),
     _c("operator: torch's dim a string", "DTensor", ArgumentTypeError, "dim", lambda e: e.dt.mean(dim="0")),
     _c("operator: both dim and axis", "DTensor", ArgumentTypeError, "dim", lambda e: e.dt.sum(axis=0, dim=0)),
+    _c("argmax: several dims", "DTensor", ArgumentTypeError, "axis", lambda e: e.dt.argmax(axis=(0, 1))),
+    _c("argmin: torch's dim a float", "DTensor", ArgumentTypeError, "dim", lambda e: e.dt.argmin(dim=1.0)),
+    _c("argmax: both dim and axis", "DTensor", ArgumentTypeError, "dim", lambda e: e.dt.argmax(0, dim=0)),
+    _c("argmin: keepdim a string", "DTensor", ArgumentTypeError, "keepdim", lambda e: e.dt.argmin(0, keepdim="no")),
     _c(
         "operator: both keepdim and keepdims",
         "DTensor",

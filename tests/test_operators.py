@@ -163,6 +163,33 @@ def test_comparison_power_abs_and_astype_operators(name: str, placements: str) -
     assert (x == x) is True and len({x, y}) == 2
 
 
+@pytest.mark.parametrize("placements", ["S(0),S(1)", "P,S(1)", "R,P(max)", "S(1),R"])
+@pytest.mark.parametrize("ties", [False, True])
+def test_argmax_and_argmin_methods(placements: str, ties: bool) -> None:
+    """``x.argmax(dim=, keepdim=)`` / ``x.argmin(axis, keepdims)`` (torch's and NumPy's
+    names), flattened with no dim: torch's values (the first extreme on ties, as NumPy),
+    the placements inference chooses for the named op, each rank's block as
+    distribute_tensor lays it out."""
+    a = _data((8, 12), 13)
+    if ties:
+        a = np.round(a).astype(np.float32)  # -2 .. 2: many equal extremes
+    x = _dt(a, MESH2, placements)
+    calls = [
+        (x.argmax(dim=-1), np.argmax(a, -1), "argmax", {"axis": -1, "keepdims": False}),
+        (x.argmax(dim=0, keepdim=True), np.argmax(a, 0, keepdims=True), "argmax", {"axis": 0, "keepdims": True}),
+        (x.argmin(1), np.argmin(a, 1), "argmin", {"axis": 1, "keepdims": False}),
+        (x.argmin(), np.argmin(a), "argmin", {"axis": None, "keepdims": False}),
+    ]
+    for result, expected, op, params in calls:
+        assert result.dtype == jnp.int32
+        _check(result, expected, op, [x], **params)
+    torch = pytest.importorskip("torch")
+    t = torch.from_numpy(a)
+    np.testing.assert_array_equal(np.asarray(x.argmax(dim=-1).full_tensor()), t.argmax(dim=-1).numpy())
+    np.testing.assert_array_equal(np.asarray(x.argmin(dim=0, keepdim=True).full_tensor()),
+                                  t.argmin(dim=0, keepdim=True).numpy())
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.int32])
 @pytest.mark.parametrize("left,right", [("R,P", "S(1),P(avg)"), ("R,P(avg)", "S(1),P"), ("P(avg),R", "P,S(0)")])
 def test_add_of_sum_and_avg_partials_on_one_mesh_dim(left: str, right: str, dtype: type) -> None:
