@@ -518,7 +518,10 @@ def apply(
     search (``predict(search="program")``, ``out_layouts`` honoured) and XLA compiles
     ``fn`` once on the inputs' logical arrays constrained to the inputs' and those output
     layouts, so it sends what plain ``jax.jit`` with these shardings sends (inputs'
-    partials are reduced first; a Partial output is made locally from its value).
+    partials are reduced first; a Partial output is made locally from its value), or
+    less: ``fn``'s argmax / argmin are computed as predict computes them, a max / min
+    and a min of positions, two all-reduces of the result over a split dim where XLA
+    gathers (value, index) pairs (:mod:`.inference.simplify`).
     ``execute="ops"`` (torch's eager DTensor dispatch): each equation of ``fn``'s jaxpr
     runs under the signature predict chooses op by op (``search="eager"``, its planned
     redistributions included) as its own per-rank program, walked by predict's walker
