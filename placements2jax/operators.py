@@ -427,7 +427,7 @@ def _install_methods(cls: type) -> None:
     for name, op in (("lt", "less"), ("le", "less_equal"), ("gt", "greater"), ("ge", "greater_equal")):
         setattr(cls, f"__{name}__", binary_pair(op)[0])
 
-    def reduction(op: str, doc: str) -> Callable[..., DTensor]:
+    def reduction(op: str, doc: str, run: Callable[..., DTensor] = reduce) -> Callable[..., DTensor]:
         def method(
             self: DTensor,
             axis: int | Sequence[int] | None = None,
@@ -436,21 +436,7 @@ def _install_methods(cls: type) -> None:
             dim: int | Sequence[int] | None = None,
             keepdim: bool | None = None,
         ) -> DTensor:
-            return reduce(op, self, axis, keepdims, dim=dim, keepdim=keepdim)
-
-        method.__name__, method.__doc__ = op, doc
-        return method
-
-    def arg_reduction(op: str, doc: str) -> Callable[..., DTensor]:
-        def method(
-            self: DTensor,
-            axis: int | None = None,
-            keepdims: bool | None = None,
-            *,
-            dim: int | None = None,
-            keepdim: bool | None = None,
-        ) -> DTensor:
-            return arg_reduce(op, self, axis, keepdims, dim=dim, keepdim=keepdim)
+            return run(op, self, axis, keepdims, dim=dim, keepdim=keepdim)
 
         method.__name__, method.__doc__ = op, doc
         return method
@@ -482,8 +468,8 @@ def _install_methods(cls: type) -> None:
     cls.mean = reduction("mean", "Mean over ``axis``; an evenly sharded reduced axis gives Partial(avg).")  # type: ignore[attr-defined]
     cls.max = reduction("max", "Maximum over ``axis``; a sharded reduced axis gives Partial(max).")  # type: ignore[attr-defined]
     cls.min = reduction("min", "Minimum over ``axis``; a sharded reduced axis gives Partial(min).")  # type: ignore[attr-defined]
-    cls.argmax = arg_reduction("argmax", "Index of the first maximum along ``axis`` (torch's ``dim=``): :func:`arg_reduce`.")  # type: ignore[attr-defined]
-    cls.argmin = arg_reduction("argmin", "Index of the first minimum along ``axis`` (torch's ``dim=``): :func:`arg_reduce`.")  # type: ignore[attr-defined]
+    cls.argmax = reduction("argmax", "Index of the first maximum along ``axis`` (torch's ``dim=``): :func:`arg_reduce`.", arg_reduce)  # type: ignore[attr-defined]
+    cls.argmin = reduction("argmin", "Index of the first minimum along ``axis`` (torch's ``dim=``): :func:`arg_reduce`.", arg_reduce)  # type: ignore[attr-defined]
     cls.transpose = transpose_method  # type: ignore[attr-defined]
     cls.T = property(lambda self: transpose(self, ()), doc="The dims reversed.")  # type: ignore[attr-defined]
     cls.reshape = reshape_method  # type: ignore[attr-defined]
