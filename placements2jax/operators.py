@@ -69,7 +69,7 @@ from .inference.ops import freeze, op_definition, registered_function
 from .inference.plan import FIRST_FIRST
 from .inference.rules import SCATTERS, gather_lookup_axis, scatter_lookup_axis
 from .inference.signature import RedistributePlan, TensorSpec, constant_layout, is_layout_leaf
-from .inference.simplify import arg_reductions_called, is_arg_reduction_call
+from .inference.simplify import is_arg_reduction_call
 from .inference.xla_defects import needs_pinned
 from .layout import Layout
 from .mesh import DeviceMesh
@@ -775,9 +775,10 @@ def _xla_program(
     in the layouts the whole-program search predicts; XLA does the layout work."""
     flat_fn, mesh, layouts, prediction = _predicted(fn, kwargs, in_tree, targets, keys, cost_model, "program", options)
     sources = [physical(layout, k[1]) if k[0] == "dtensor" else None for k, layout in zip(keys, layouts)]
-    # argmax / argmin as their reductions, as predicted (:mod:`.inference.simplify`)
+    # argmax / argmin as their reductions, as predicted (:mod:`.inference.simplify`): the predicted program run on the
+    # same leaves (as "pinned" runs it), not fn traced again
     if any(map(is_arg_reduction_call, all_equations(prediction.jaxpr.jaxpr))):
-        flat_fn = arg_reductions_called(flat_fn)
+        flat_fn = core.jaxpr_as_fun(prediction.jaxpr)
 
     def body(*arrays: Any) -> tuple[jax.Array, ...]:
         logical = [_constant_on_twin(a, mesh) if s is None else _to_logical(a, s) for a, s in zip(arrays, sources)]

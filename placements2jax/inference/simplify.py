@@ -54,8 +54,9 @@ the first NaN where there is one, as XLA's ``max`` propagates NaN; -0.0 and 0.0 
 its comparator ties them; booleans and integers too), two all-reduces of the output's
 block over a split dim (``P(max)``, then ``P(min)``: 2 (n - 1) / n blocks each, 1,536 B
 there, half XLA's over 4 devices, the same over 2), none where the dim is not split.
-``apply`` runs the rewritten program in every execute mode (``"xla"`` through
-:func:`arg_reductions_called`), so what it compiles is what was predicted; plain
+``apply`` runs the rewritten program in every execute mode (``"xla"`` evaluates the
+predicted jaxpr where it holds such a call, :func:`is_arg_reduction_call`), so what it
+compiles is what was predicted; plain
 ``jax.jit`` of the function compiles XLA's gathers, and ``check`` reports its extra bytes
 as "differs". Complex operands (no order) are left."""
 
@@ -73,7 +74,7 @@ from jax._src.interpreters import partial_eval as pe
 
 from ..caches import cached
 
-__all__ = ["simplified", "constants_folded", "arg_reductions_called", "is_arg_reduction_call"]
+__all__ = ["simplified", "constants_folded", "is_arg_reduction_call"]
 
 
 def simplified(closed: core.ClosedJaxpr, arg_reductions: bool = False) -> core.ClosedJaxpr:
@@ -194,21 +195,6 @@ def is_arg_reduction_call(eqn: Any) -> bool:
     """Whether ``eqn`` is an ``argmax`` / ``argmin`` called as its two reductions (module
     docstring)."""
     return eqn.primitive is core.closed_call_p and eqn.params["call_jaxpr"] in _ARG_REDUCTION_CALLS
-
-
-def arg_reductions_called(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` with every ``argmax`` / ``argmin`` it computes called as :func:`simplified`
-    calls it (module docstring): the same values, traced once and evaluated (for
-    ``apply(execute="xla")``, which compiles ``fn`` itself, only where its prediction
-    holds such a call (:func:`is_arg_reduction_call`): evaluating the trace is a second
-    pass over the program)."""
-
-    def run(*args: Any) -> Any:
-        closed, shape = jax.make_jaxpr(fn, return_shape=True)(*args)
-        outs = core.eval_jaxpr(_arg_reductions_called(closed.jaxpr), closed.consts, *jax.tree.leaves(args))
-        return jax.tree.unflatten(jax.tree.structure(shape), outs)
-
-    return run
 
 
 def _arg_reductions_called(jaxpr: core.Jaxpr) -> core.Jaxpr:
