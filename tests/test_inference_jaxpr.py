@@ -173,6 +173,10 @@ def test_out_sharding_inside_set_mesh_of_an_explicit_mesh_is_an_annotation(mesh:
     it had kept the einsum's cheapest layout (the Megatron MLP's second einsum ``S(0),P``
     where JAX's ``S(0),R``) and check refused the program ("context mesh ... should match
     the aval mesh"): check compiles inside the context as the user's ``jax.jit`` does.
+    There predict traces ``fn`` typed as ``jax.jit`` does (its inputs' layouts their
+    types), so that every value takes JAX's type: the loss ``jnp.mean`` of a batch-split
+    value is typed replicated, reduced in the program as jit reduces it (a third row,
+    where the untyped trace returned it partial: check's "xla reduced partial").
     apply's executors make the annotated layouts and jax.jit's values."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((8, 16)).astype(np.float32)
@@ -193,15 +197,16 @@ def test_out_sharding_inside_set_mesh_of_an_explicit_mesh_is_an_annotation(mesh:
         forward = predict(_explicit_mlp, dx, dw1, dw2)
         rows = [(e.path, str(e.inputs[0].layout), str(e.outputs[0].layout)) for e in forward.equations
                 if e.path.endswith("out_sharding")]
-        assert rows == [("0.out_sharding", "S(0),S(1)", "S(0),R"), ("9.out_sharding", "S(0),P", "S(0),R")]
+        assert rows == [("0.out_sharding", "S(0),S(1)", "S(0),R"), ("9.out_sharding", "S(0),P", "S(0),R"),
+                        ("11.out_sharding", "P,R", "R,R")]
         body = predict(_explicit_layers, dws, dx).equations
         assert [(e.path, e.primitive) for e in body][:3] == [
             ("0", "scan"), ("0.0", "dot_general"), ("0.0.out_sharding", "out_sharding")]
         assert str(body[2].outputs[0].layout) == "S(0),R"
         prediction = predict(step, *args, out_layouts=out_layouts)
-        assert outs(prediction) == ["R,S(1)", "R,S(0)", "R,S(2)", "P,R", "S(1),R"]
+        assert outs(prediction) == ["R,S(1)", "R,S(0)", "R,S(2)", "R,R", "S(1),R"]
         report = check(step, *args, out_layouts=out_layouts)
-        assert [o.verdict for o in report.outputs] == ["equal"] * 3 + ["xla reduced partial", "equal"]
+        assert [o.verdict for o in report.outputs] == ["equal"] * 5
         assert report.predicted_bytes <= report.compiled_bytes
         want = jax.jit(step)(*(a.to_jax() for a in args))
         for execute in ("xla", "ops", "pinned"):
@@ -210,6 +215,43 @@ def test_out_sharding_inside_set_mesh_of_an_explicit_mesh_is_an_annotation(mesh:
                 assert [str(g.layout) for g in got] == outs(prediction)
                 for g, w in zip(got, want, strict=True):
                     np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(w), rtol=1e-5, atol=1e-6)
+
+
+def test_a_typed_trace_inside_set_mesh_takes_jax_types(mesh: Any) -> None:
+    """Inside ``jax.set_mesh`` of the Explicit mesh predict traces ``fn`` on inputs typed by
+    their layouts, as ``jax.jit`` does there, and every value takes JAX's type: a matmul's
+    ``out_sharding=P()`` (Replicate, which the untyped trace cannot tell from its own
+    type) and a sum over a split dim (typed replicated: jit all-reduces it in the program)
+    are moved to their types by rows, an elementwise op making its type from its operands
+    has no row, and check finds every output as jit compiles it; apply makes those layouts
+    and jit's values. The untyped trace is kept where the context's mesh has an Auto axis
+    and where an input is partial (no type says it)."""
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((8, 16)).astype(np.float32), rng.standard_normal((16, 32)).astype(np.float32)
+    dx, dw = distribute_tensor(x, mesh, "S(0),R"), distribute_tensor(w, mesh, "R,S(1)")
+
+    def fn(x: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        y = jnp.tanh(x) * 2.0
+        return jnp.einsum("bd,df->bf", y, w, out_sharding=P()), y.sum(axis=0), y @ w
+
+    auto = init_device_mesh((2, 4), ("dp", "tp"), axis_types="auto")
+    with jax.set_mesh(auto.to_jax()):  # untyped (an Auto axis): out_sharding=P() is no annotation there
+        untyped = predict(fn, distribute_tensor(x, auto, "S(0),R"), distribute_tensor(w, auto, "R,S(1)"))
+        assert outs(untyped) == ["S(0),S(1)", "P,R", "S(0),S(1)"]
+    with jax.set_mesh(mesh.to_jax()):
+        typed = predict(fn, dx, dw)
+        assert outs(typed) == ["R,R", "R,R", "S(0),S(1)"]
+        rows = [(e.path, str(e.inputs[0].layout)) for e in typed.equations if "out_sharding" in e.path]
+        assert rows == [("2.out_sharding", "S(0),S(1)"), ("3.out_sharding", "P,R")]
+        assert [o.verdict for o in check(fn, dx, dw).outputs] == ["equal"] * 3
+        want = jax.jit(fn)(dx.to_jax(), dw.to_jax())
+        for execute in ("xla", "ops", "pinned"):
+            got = apply(fn, dx, dw, execute=execute)
+            assert [str(g.layout) for g in got] == outs(typed)
+            for g, v in zip(got, want, strict=True):
+                np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(v), rtol=1e-5, atol=1e-5)
+        partial_sum = distribute_tensor(x, mesh, "S(0),R").redistribute(placements="S(0),P")
+        assert outs(predict(lambda a: a * 2.0, partial_sum)) == ["S(0),P"]  # untyped: no type says P
 
 
 def test_fori_loop_keeps_the_carry_layout(mesh: Any) -> None:

@@ -44,6 +44,7 @@ from typing import Any, NamedTuple, Protocol
 
 import jax
 from jax._src import source_info_util  # the user's source line of an equation, for errors
+from jax._src.core import ShardingTypeError  # JAX's typing refusing code (jax 0.10.2: not public)
 from jax.extend import core
 from jax.sharding import AxisType, NamedSharding
 
@@ -583,13 +584,38 @@ def trace_context() -> Any:
     return jax.sharding.get_abstract_mesh()
 
 
+def _typed_trace(fn: Callable[..., Any], flat: Any) -> tuple[Any, Any] | None:
+    """``fn`` traced on its inputs typed by their layouts (:meth:`.FlatInputs.structs`),
+    as ``jax.jit`` traces it inside ``jax.set_mesh`` of an Explicit mesh: there JAX types
+    every value of the program by its sharding rules (``out_sharding=`` and ``reshard``
+    among them) and compiles each value in its type, so that the types are the layouts
+    the walk takes (:attr:`_Walker.typed`). None where the context is not such a mesh (no
+    ``set_mesh``, or some axis Auto: its layout is then XLA's choice, and the search's),
+    the inputs' mesh is another, an input has a layout no type says (a partial, a strided
+    shard), or JAX's typing refuses ``fn`` (Auto-style code contracting a split dim
+    without ``out_sharding``, which ``jax.jit`` there refuses too): then the untyped
+    trace, whose explicit annotations alone are read (:func:`_explicit_out_sharding`)."""
+    context, mesh = trace_context(), flat.mesh
+    if (context.empty or not context.are_all_axes_explicit or tuple(context.axis_names) != mesh.axis_names
+            or tuple(context.axis_sizes) != mesh.shape):
+        return None
+    if any(s.layout.is_strided or s.layout.has_partial for s in flat.specs):
+        return None
+    try:
+        return jax.make_jaxpr(flat.call(fn), return_shape=True)(*flat.structs(typed=True))
+    except Placements2JaxError:
+        raise
+    except (TypeError, ValueError, ShardingTypeError):
+        return None
+
+
 def _predict(
     fn: Callable[..., Any], flat: Any, model: CostModel, search: str, out_layouts: Any, on_unknown: str,
     policy: Any,
 ) -> Prediction:
     specs, mesh = flat.specs, flat.mesh
     try:
-        closed, out_shape = jax.make_jaxpr(flat.call(fn), return_shape=True)(*flat.structs())
+        closed, out_shape = _typed_trace(fn, flat) or jax.make_jaxpr(flat.call(fn), return_shape=True)(*flat.structs())
     except Placements2JaxError:
         raise
     except (TypeError, ValueError) as err:
@@ -612,13 +638,14 @@ def _predict(
     out_avals = [Aval(x.shape, x.dtype) for x in jax.tree.leaves(out_shape)]
     targets = output_constraints(out_layouts, out_tree, out_avals, mesh)
     consts = _const_specs(closed.jaxpr, mesh)
-    idle = _idle_mesh_dims(closed.jaxpr, mesh, specs, targets)
+    typed = _is_typed(closed.jaxpr)
+    idle = () if typed else _idle_mesh_dims(closed.jaxpr, mesh, specs, targets)
 
     def walk(
         choices: Mapping[str, Candidate], gathered: bool = search != "program", unsplit: _Unsplit | None = None,
     ) -> tuple[Prediction, ProgramGraph, _Walker]:
         walker = _Walker(mesh, model, choices, on_unknown, gathered=gathered, searched=not gathered, unsplit=unsplit,
-                         idle=idle)
+                         idle=idle, typed=typed)
         outputs = walker.walk(closed.jaxpr, consts, specs, "", [("in", i) for i in range(len(specs))])
         graph = walker.graph(outputs, specs)
         finals = [
@@ -1298,6 +1325,31 @@ def _idle_mesh_dims(jaxpr: Any, mesh: DeviceMesh, specs: Sequence[TensorSpec],
     return idle
 
 
+def _is_typed(jaxpr: Any) -> bool:
+    """Whether ``jaxpr`` was traced on inputs typed by their layouts (:func:`_typed_trace`):
+    an input's sharding type names a mesh (an untyped trace's are of the empty mesh)."""
+    return any(isinstance(s := getattr(v.aval, "sharding", None), NamedSharding) and not s.mesh.empty
+               for v in jaxpr.invars)
+
+
+def _typed_candidates(
+    signature: Signature, ins: Sequence[TensorSpec], types: Sequence[Layout | None]
+) -> tuple[Signature, bool]:
+    """``signature`` as XLA partitions a typed equation (:func:`_typed_trace`): its
+    operands as they come (in their types: XLA's partitioner computes the equation on
+    its operands' shardings and reshards its result to its type), and whether its
+    outputs are their types (``types``, None: any) then. The candidates taking ``ins``
+    as they arrive and making the types; else those taking them (a matmul contracting a
+    split dim makes a partial sum, then reduced; a scatter-add of batch-split updates
+    into a replicated table makes a partial table: XLA all-reduces it, where the search
+    would gather the updates); else all of them."""
+    arriving = tuple(s.layout for s in ins)
+    taking = [c for c in signature.candidates if tuple(c.in_layouts) == arriving]
+    making = [c for c in taking if all(t is None or o == t for o, t in zip(c.out_layouts, types))]
+    kept = making or taking
+    return (Signature(signature.op, signature.inputs, tuple(kept)) if kept else signature), bool(making)
+
+
 def _untyped(sharding: Any) -> bool:
     """Whether a ``with_sharding_constraint`` / ``reshard`` target is the untyped trace's
     own type (a sharding on the empty mesh), which constrains nothing: JAX's transpose of
@@ -1388,7 +1440,8 @@ def execute(prediction: Prediction, executor: Executor, cost_model: CostModelLik
         raise InferenceError("prediction", prediction, "has no traced jaxpr or no inputs", "pass predict()'s result")
     mesh = prediction.inputs[0].layout.mesh
     walker = _Walker(mesh, resolve_cost_model(cost_model), dict(prediction.choices), prediction.on_unknown, executor,
-                     gathered=prediction.search != "program", unsplit=prediction.unsplit, idle=prediction.idle)
+                     gathered=prediction.search != "program", unsplit=prediction.unsplit, idle=prediction.idle,
+                     typed=_is_typed(prediction.jaxpr.jaxpr))
     walker.walk(
         closed.jaxpr, _const_specs(closed.jaxpr, mesh), prediction.inputs, "",
         [("in", i) for i in range(len(prediction.inputs))],
@@ -1721,7 +1774,7 @@ class _Walker:
     def __init__(
         self, mesh: DeviceMesh, cost_model: CostModel, choices: Mapping[str, Candidate], on_unknown: str = "raise",
         executor: Executor | None = None, gathered: bool = True, searched: bool = True,
-        unsplit: _Unsplit | None = None, idle: tuple[int, ...] = (),
+        unsplit: _Unsplit | None = None, idle: tuple[int, ...] = (), typed: bool = False,
     ) -> None:
         self.mesh = mesh
         self.cost_model = cost_model
@@ -1735,6 +1788,8 @@ class _Walker:
         # (loop paths or None: everywhere, mesh dim): their equations rank first the candidates unsplit over it
         self.unsplit = unsplit
         self.idle = idle  # mesh dims no rule's candidate may split or make partial over (:func:`_idle_mesh_dims`)
+        # the jaxpr's values carry JAX's explicit sharding types, which are their layouts (:func:`_typed_trace`)
+        self.typed = typed
         self.rows: list[EquationReport] = []
         self.nodes: list[ProgramNode] = []
         self.node_at: dict[str, ProgramNode] = {}  # the nodes by path
@@ -1770,7 +1825,8 @@ class _Walker:
     def _trial(self) -> _Walker:
         """A walker whose rows and nodes are thrown away (for fixed points)."""
         return _Walker(self.mesh, self.cost_model, self.choices, self.on_unknown, gathered=self.gathered,
-                       searched=self.searched, unsplit=self.unsplit, idle=self.idle)
+                       searched=self.searched, unsplit=self.unsplit, idle=self.idle,
+                       typed=self.typed)
 
     def walk(
         self, jaxpr: Any, consts: Sequence[TensorSpec], inputs: Sequence[TensorSpec], prefix: str,
@@ -1916,15 +1972,25 @@ class _Walker:
             signature = self._shard_map(eqn, ins, out_avals)
         else:
             signature = self._rule_signature(entry, path, ins)
+        types = self._types(eqn, out_avals) if self.typed else None
+        if types is not None:
+            signature, made_typed = _typed_candidates(signature, ins, types)
+            if made_typed:
+                types = None
         outs = tuple(TensorSpec.of(a, layout) for a, layout in zip(out_avals, signature.out_layouts))
         label = signature.op if signature.op.startswith(name) else name  # e.g. 'foo (no rule: replicated)'
         self.rows.append(EquationReport(path, label, ins, signature, outs, srcs))
         self._node(ProgramNode(path, ins, srcs, self._candidates(signature)))
         if self.executor is not None:
             self.executor.equation(eqn, signature)
-        made = [(o, (path, j)) for j, o in enumerate(outs)]
-        target = self._explicit_out_layout(eqn, out_avals)
-        return made if target is None else self._out_sharding(eqn, path, made[0], out_avals[0], target)
+        made: list[tuple[TensorSpec, ValueId | None]] = [(o, (path, j)) for j, o in enumerate(outs)]
+        if types is not None:
+            return [
+                out if target is None else self._out_sharding(eqn, path, j, out, out_avals[j], target)
+                for j, (out, target) in enumerate(zip(made, types))
+            ]
+        target = None if self.typed else self._explicit_out_layout(eqn, out_avals)
+        return made if target is None else [self._out_sharding(eqn, path, 0, made[0], out_avals[0], target)]
 
     def _host_callback(
         self, entry: _Equation, path: str, ins: tuple[TensorSpec, ...], srcs: tuple[ValueId | None, ...],
@@ -2034,7 +2100,8 @@ class _Walker:
         """A walker for a loop's bodies under ``executor`` (the same choices; its rows
         and nodes are thrown away: the loop's walk recorded them)."""
         return _Walker(self.mesh, self.cost_model, self.choices, self.on_unknown, executor, gathered=self.gathered,
-                       searched=self.searched, unsplit=self.unsplit, idle=self.idle)
+                       searched=self.searched, unsplit=self.unsplit, idle=self.idle,
+                       typed=self.typed)
 
     def walk_body(self, closed: Any, ins: Sequence[TensorSpec], prefix: str) -> list[TensorSpec]:
         """The output layouts of a loop body walked at ``prefix`` on inputs ``ins``."""
@@ -2333,22 +2400,40 @@ class _Walker:
         self._check_mesh("out_sharding", sharding, sharding.mesh)
         return Layout.from_partition_spec(self.mesh, sharding.spec, out_avals[0].ndim)
 
+    def _types(self, eqn: Any, out_avals: tuple[Aval, ...]) -> tuple[Layout | None, ...] | None:
+        """The layouts of an equation's outputs' sharding types in a typed trace
+        (:func:`_typed_trace`): per output, its type on the inputs' mesh, or None where it
+        has none (a value of the empty mesh); None where no output has one."""
+        types = []
+        for var, aval in zip(eqn.outvars, out_avals):
+            sharding = getattr(var.aval, "sharding", None)
+            if not isinstance(sharding, NamedSharding) or sharding.mesh.empty:
+                types.append(None)
+                continue
+            self._check_mesh("sharding type", sharding, sharding.mesh)
+            types.append(Layout.from_partition_spec(self.mesh, sharding.spec, aval.ndim))
+        return None if all(t is None for t in types) else tuple(types)
+
     def _out_sharding(
-        self, eqn: Any, path: str, made: tuple[TensorSpec, ValueId], aval: Aval, target: Layout
-    ) -> list[tuple[TensorSpec, ValueId | None]]:
-        """An equation's explicit ``out_sharding`` (:meth:`_explicit_out_layout`) as the
-        annotation it is: its output moved to ``target`` by a row ``<path>.out_sharding``
-        with that fixed layout, as ``with_sharding_constraint`` is (the equation itself
-        runs under any of its candidates, then the move)."""
+        self, eqn: Any, path: str, j: int, made: tuple[TensorSpec, ValueId | None], aval: Aval, target: Layout
+    ) -> tuple[TensorSpec, ValueId | None]:
+        """An equation's explicit ``out_sharding`` (:meth:`_explicit_out_layout`), or the
+        sharding type of its output ``j`` in a typed trace where no candidate of its rule
+        takes its inputs as they come and makes the types (:func:`_typed_candidates`: JAX
+        computes a partial result and reduces it, e.g. a matmul contracting a split dim),
+        as the annotation it is: the output moved to ``target`` by a row
+        ``<path>.out_sharding`` (``.out_sharding<j>`` for an equation's later outputs)
+        with that fixed layout, as ``with_sharding_constraint`` is (the equation itself runs
+        under any of its candidates, then the move)."""
         out, src = made
-        at = f"{path}.out_sharding"
+        at = f"{path}.out_sharding{j or ''}"
         signature = self.fixed("out_sharding", (out,), (target,), (aval,), (target,))
         moved = TensorSpec.of(aval, target)
         self.rows.append(EquationReport(at, "out_sharding", (out,), signature, (moved,), (src,)))
         self._node(ProgramNode(at, (out,), (src,), self._candidates(signature)))
         if self.executor is not None:
-            self.executor.constrain(eqn.outvars[0], signature)
-        return [(moved, (at, 0))]
+            self.executor.constrain(eqn.outvars[j], signature)
+        return moved, (at, 0)
 
     def _identity(self, path: str, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]) -> Signature:
         """The signature of an equation that moves nothing (:func:`_untyped`'s reshards):
@@ -2500,6 +2585,6 @@ def _torch_walk(
     on_unknown: str,
 ) -> dict[str, Candidate]:
     """``predict(search="torch")``'s choices: torch's candidate per equation it maps."""
-    walker = _TorchWalker(mesh, model, {}, on_unknown)
+    walker = _TorchWalker(mesh, model, {}, on_unknown, typed=_is_typed(closed.jaxpr))
     walker.walk(closed.jaxpr, consts, specs, "", [("in", i) for i in range(len(specs))])
     return dict(walker.picked)
