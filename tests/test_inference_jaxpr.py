@@ -254,6 +254,36 @@ def test_a_typed_trace_inside_set_mesh_takes_jax_types(mesh: Any) -> None:
         assert outs(predict(lambda a: a * 2.0, partial_sum)) == ["S(0),P"]  # untyped: no type says P
 
 
+@pytest.mark.parametrize("axes", [None, "tp"])
+def test_auto_axes_region_constrains_only_its_explicit_axes(mesh: Any, axes: str | None) -> None:
+    """``jax.sharding.auto_axes`` (all axes, or ``tp`` alone) enters its region by a
+    ``reshard`` to the mesh with those axes Auto, which JAX lowers as a constraint on the
+    Explicit axes alone: inside it the layouts over the Auto axes are XLA's to choose, and
+    the search's. They were a constraint over every axis: both operands gathered (1,792 B
+    where XLA's 384). Now the matmul runs on its operands as they come, and the
+    prediction sends XLA's bytes."""
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((8, 16)).astype(np.float32), rng.standard_normal((16, 32)).astype(np.float32)
+    dx, dw = distribute_tensor(x, mesh, "S(0),R"), distribute_tensor(w, mesh, "R,S(1)")
+    kwargs = {} if axes is None else {"axes": axes}
+
+    def fn(x: jax.Array, w: jax.Array) -> jax.Array:
+        return jax.sharding.auto_axes(lambda x, w: jnp.tanh(x @ w), out_sharding=P("dp", None), **kwargs)(x, w) * 2
+
+    with jax.set_mesh(mesh.to_jax()):
+        prediction = predict(fn, dx, dw)
+        matmul = next(e for e in prediction.equations if e.primitive == "dot_general")
+        assert [str(s.layout) for s in (*matmul.inputs, *matmul.outputs)] == ["S(0),R", "R,S(1)", "S(0),S(1)"]
+        report = check(fn, dx, dw)
+        assert [o.verdict for o in report.outputs] == ["equal"]
+        assert report.predicted_bytes == report.compiled_bytes == 384
+        want = jax.jit(fn)(dx.to_jax(), dw.to_jax())
+        for execute in ("xla", "ops", "pinned"):
+            got = apply(fn, dx, dw, execute=execute)
+            assert str(got.layout) == "S(0),R"
+            np.testing.assert_allclose(np.asarray(got.full_tensor()), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
 def test_fori_loop_keeps_the_carry_layout(mesh: Any) -> None:
     def loop(x: jax.Array) -> jax.Array:
         return jax.lax.fori_loop(0, 3, lambda i, a: a * 2, x)

@@ -282,3 +282,34 @@ def test_argmax_over_split_classes_sends_the_index_not_the_logits(mesh: Any, fn:
     got, want = ours(head, x, y), jax.jit(fn)(*(np.asarray(t.full_tensor()) for t in (head, x, y)))
     for g, w in zip(jax.tree.leaves(got, is_leaf=lambda t: isinstance(t, DTensor)), jax.tree.leaves(want)):
         np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(w), rtol=1e-5)
+
+
+def test_argmax_inside_set_mesh_of_an_explicit_mesh(mesh: Any) -> None:
+    """Inside ``jax.set_mesh`` of the Explicit mesh: on a typed trace the argmax's call
+    takes its operand's type (its positions typed as the logits: run untyped there, JAX
+    refused it, "select `which` must ... have the same sharding as cases"), predicted as
+    two all-reduces under XLA's bytes; on an untyped trace (a partial input, no type says
+    it) the argmax is kept, whose call apply's programs could not run among typed values.
+    Every executor returns the index."""
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(8, 32)).astype(np.float32)
+    w = rng.normal(size=(32, 64)).astype(np.float32)
+    dx, dw = distribute_tensor(x, mesh, "S(0),R"), distribute_tensor(w, mesh, "R,S(1)")
+    partial_x = distribute_tensor(x, mesh, "S(0),R").redistribute(placements="S(0),P")
+
+    def greedy(x: jax.Array, w: jax.Array) -> jax.Array:
+        return jnp.argmax(x @ w, axis=-1)
+
+    with jax.set_mesh(mesh.to_jax()):
+        report = check(greedy, dx, dw)
+        assert [o.verdict for o in report.outputs] == ["equal"]
+        steps = [step for step in report.prediction.steps if not step.collective.startswith("local")]
+        assert [step.collective for step in steps] == ["all-reduce"] * 2, report
+        assert report.predicted_bytes < report.compiled_bytes, report
+        kept = predict(lambda a: jnp.argmax(a * 2.0, axis=-1), partial_x)
+        assert "argmax" in [row.primitive for row in kept.equations]
+        for execute in ("xla", "ops", "pinned"):
+            got = apply(greedy, dx, dw, execute=execute)
+            np.testing.assert_array_equal(np.asarray(got.full_tensor()), np.argmax(x @ w, -1))
+            got = apply(lambda a: jnp.argmax(a * 2.0, axis=-1), partial_x, execute=execute)
+            np.testing.assert_array_equal(np.asarray(got.full_tensor()), np.argmax(x * 2.0, -1))

@@ -116,7 +116,7 @@ from .cost import (
 )
 from .frameworks import bind
 from .jaxpr import (
-    CONSTRAINT_SHARDING_PARAMS, DEBUG_EFFECTS, HOST_CALLBACKS, Prediction, all_equations, predict, trace_context,
+    CONSTRAINT_SHARDING_PARAMS, DEBUG_EFFECTS, HOST_CALLBACKS, Prediction, all_equations, in_explicit_context, predict,
 )
 from .ops import CALL_JAXPR_PARAMS, REMAT_CALLS
 from .plan import plan_redistribute
@@ -508,7 +508,10 @@ def check(
     for i, spec in enumerate(specs):
         _check_compilable(f"inputs[{i}]", spec.layout, spec.shape)
     partial_inputs = any(spec.layout.has_partial for spec in specs)
-    in_context = _in_explicit_context()
+    # inside set_mesh of an Explicit mesh XLA's program is compiled there too, as the user's jax.jit would be. JAX
+    # workaround (jax 0.10.2): compiled on the Auto-axes copy of the mesh inside that context, JAX refuses every op
+    # ("context mesh ... should match the aval mesh")
+    in_context = in_explicit_context()
     explicit = partial_inputs or in_context
     prediction = predict(
         fn, *inputs, mesh=mesh, cost_model=cost_model, search=search, out_layouts=out_layouts, on_unknown=on_unknown
@@ -767,17 +770,6 @@ def _check_compilable(argument: str, layout: Layout, shape: tuple[int, ...]) -> 
             "XLA needs evenly divisible shards; this layout is uneven (the DTensor pads it instead)",
             "check with a shape divisible by the mesh axes that split it",
         )
-
-
-def _in_explicit_context() -> bool:
-    """Whether the caller runs inside ``jax.set_mesh`` of a mesh with Explicit axes, where
-    ``jax.jit`` types ``fn``'s values by JAX's explicit-sharding rules (``out_sharding=``
-    arguments are their layouts): XLA's program is compiled there too, as the user's
-    ``jax.jit`` would be. JAX workaround (jax 0.10.2): compiled on the Auto-axes copy of
-    the mesh inside that context, JAX refuses every op ("context mesh ... should match the
-    aval mesh")."""
-    context = trace_context()
-    return not context.empty and AxisType.Explicit in context.axis_types
 
 
 @cached(maxsize=64)

@@ -584,6 +584,14 @@ def trace_context() -> Any:
     return jax.sharding.get_abstract_mesh()
 
 
+def in_explicit_context() -> bool:
+    """Whether the caller runs inside ``jax.set_mesh`` of a mesh with Explicit axes, where
+    ``jax.jit`` types ``fn``'s values by JAX's explicit-sharding rules (``out_sharding=``
+    arguments are their layouts)."""
+    context = trace_context()
+    return not context.empty and AxisType.Explicit in context.axis_types
+
+
 def _typed_trace(fn: Callable[..., Any], flat: Any) -> tuple[Any, Any] | None:
     """``fn`` traced on its inputs typed by their layouts (:meth:`.FlatInputs.structs`),
     as ``jax.jit`` traces it inside ``jax.set_mesh`` of an Explicit mesh: there JAX types
@@ -632,13 +640,14 @@ def _predict(
             "make fn accept tensors of these shapes and dtypes (e.g. matching matmul dims)",
         ) from None
     # as XLA partitions it (zero-size values, constant conds, dead code) and arg-reductions as their reductions, but
-    # in torch's walk (:mod:`.simplify`)
-    closed = simplified(closed, arg_reductions=search != "torch")
+    # in torch's walk (:mod:`.simplify`) and in an untyped trace run where values have types (inside set_mesh of an
+    # Explicit mesh: apply's programs would mix the call's untyped positions with the typed operand, which JAX refuses)
+    typed = _is_typed(closed.jaxpr)
+    closed = simplified(closed, arg_reductions=search != "torch" and (typed or not in_explicit_context()))
     out_tree = jax.tree.structure(out_shape)
     out_avals = [Aval(x.shape, x.dtype) for x in jax.tree.leaves(out_shape)]
     targets = output_constraints(out_layouts, out_tree, out_avals, mesh)
     consts = _const_specs(closed.jaxpr, mesh)
-    typed = _is_typed(closed.jaxpr)
     idle = () if typed else _idle_mesh_dims(closed.jaxpr, mesh, specs, targets)
 
     def walk(
@@ -1342,12 +1351,26 @@ def _typed_candidates(
     as they arrive and making the types; else those taking them (a matmul contracting a
     split dim makes a partial sum, then reduced; a scatter-add of batch-split updates
     into a replicated table makes a partial table: XLA all-reduces it, where the search
-    would gather the updates); else all of them."""
+    would gather the updates); else all of them (a matmul whose operands no candidate
+    takes as they come: XLA slices one locally, the search chooses), making the types
+    where it is a fixed signature making them (a constraint's: its move is its input's)."""
     arriving = tuple(s.layout for s in ins)
+
+    def making(candidate: Candidate) -> bool:
+        return all(t is None or o == t for o, t in zip(candidate.out_layouts, types))
+
     taking = [c for c in signature.candidates if tuple(c.in_layouts) == arriving]
-    making = [c for c in taking if all(t is None or o == t for o, t in zip(c.out_layouts, types))]
-    kept = making or taking
-    return (Signature(signature.op, signature.inputs, tuple(kept)) if kept else signature), bool(making)
+    kept = [c for c in taking if making(c)] or taking
+    if not kept:
+        return signature, len(signature.candidates) == 1 and making(signature.candidates[0])
+    return Signature(signature.op, signature.inputs, tuple(kept)), making(kept[0])
+
+
+def _over(layout: Layout, mesh_dims: frozenset[int]) -> tuple[Any, ...]:
+    """What ``layout`` says over ``mesh_dims`` alone: each tensor dim's splits among them,
+    and their partials."""
+    return (tuple(tuple(m for m in axes if m in mesh_dims) for axes in layout.dim_axes),
+            tuple(op if m in mesh_dims else None for m, op in enumerate(layout.partial)))
 
 
 def _untyped(sharding: Any) -> bool:
@@ -1955,10 +1978,12 @@ class _Walker:
             return self._loop(eqn, path, ins, srcs, out_avals)
         if name in CONSTRAINT_SHARDING_PARAMS:
             sharding = eqn.params[CONSTRAINT_SHARDING_PARAMS[name]]
-            signature = (
-                self._identity(path, ins, out_avals) if _untyped(sharding)
-                else self._constraint(sharding, ins[0], out_avals[0])
-            )
+            if _untyped(sharding):
+                signature = self._identity(path, ins, out_avals)
+            elif name == "reshard" and not sharding.mesh.are_all_axes_explicit:
+                signature = self._explicit_axes_reshard(sharding, path, ins, out_avals)
+            else:
+                signature = self._constraint(sharding, ins[0], out_avals[0])
         elif name in _PASS_THROUGH:
             layouts = [s.layout for s in ins]
             signature = self.fixed(name, ins, layouts, out_avals, layouts)
@@ -2403,11 +2428,13 @@ class _Walker:
     def _types(self, eqn: Any, out_avals: tuple[Aval, ...]) -> tuple[Layout | None, ...] | None:
         """The layouts of an equation's outputs' sharding types in a typed trace
         (:func:`_typed_trace`): per output, its type on the inputs' mesh, or None where it
-        has none (a value of the empty mesh); None where no output has one."""
+        has none (a value of the empty mesh, or of a mesh with Auto axes); None where no
+        output has one."""
         types = []
         for var, aval in zip(eqn.outvars, out_avals):
             sharding = getattr(var.aval, "sharding", None)
-            if not isinstance(sharding, NamedSharding) or sharding.mesh.empty:
+            # a type on a mesh with Auto axes (inside jax.sharding.auto_axes) leaves its layout to XLA
+            if not isinstance(sharding, NamedSharding) or sharding.mesh.empty or not sharding.mesh.are_all_axes_explicit:
                 types.append(None)
                 continue
             self._check_mesh("sharding type", sharding, sharding.mesh)
@@ -2439,6 +2466,28 @@ class _Walker:
         """The signature of an equation that moves nothing (:func:`_untyped`'s reshards):
         the identity's (``copy_p``), every layout passing as it comes."""
         return self._primitive_signature("copy_p", primitive_definition("copy_p").read_params({}), path, ins, out_avals)
+
+    def _explicit_axes_reshard(
+        self, sharding: NamedSharding, path: str, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]
+    ) -> Signature:
+        """A ``reshard`` to a mesh with Auto axes (``jax.sharding.auto_axes`` enters its
+        region so, its values typed on the mesh with those axes Auto): JAX lowers it as a
+        constraint on its Explicit axes alone, the Auto ones left to XLA
+        (``lower_with_sharding_in_types``: none at all when every axis is Auto), so the
+        identity's candidates (:meth:`_identity`) agreeing with its spec over the Explicit
+        axes, the search free over the others. It was a constraint to the spec over every
+        axis: ``auto_axes(lambda x, w: jnp.tanh(x @ w), out_sharding=P("dp", None))`` on
+        ``x`` ``S(0),R`` and ``w`` ``R,S(1)`` gathered both (1,792 B where XLA's 384)."""
+        self._check_mesh("dst_sharding", sharding, sharding.mesh)
+        names = self.mesh.axis_names
+        explicit = frozenset(names.index(n) for n, t in zip(sharding.mesh.axis_names, sharding.mesh.axis_types)
+                             if t == AxisType.Explicit)
+        identity = self._identity(path, ins, out_avals)
+        if not explicit:
+            return identity
+        target = _over(Layout.from_partition_spec(self.mesh, sharding.spec, out_avals[0].ndim), explicit)
+        kept = tuple(c for c in identity.candidates if _over(c.out_layouts[0], explicit) == target)
+        return Signature(identity.op, identity.inputs, kept) if kept else self._constraint(sharding, ins[0], out_avals[0])
 
     def _constraint(self, sharding: Any, spec: TensorSpec, out: Aval) -> Signature:
         if not isinstance(sharding, NamedSharding):

@@ -208,8 +208,10 @@ def _arg_reductions_called(jaxpr: core.Jaxpr) -> core.Jaxpr:
         operand = eqn.invars[0].aval if eqn.invars else None
         if eqn.primitive in (lax.argmax_p, lax.argmin_p) and not dtypes.issubdtype(operand.dtype, np.complexfloating):
             (axis,) = eqn.params["axes"]
+            sharding = getattr(operand, "sharding", None)
             call = _first_extreme_jaxpr(operand.shape, operand.dtype, operand.weak_type, axis,
-                                        eqn.params["index_dtype"], eqn.primitive is lax.argmax_p)
+                                        eqn.params["index_dtype"], eqn.primitive is lax.argmax_p,
+                                        None if sharding is None or sharding.mesh.empty else sharding)
             eqn, changed = core.new_jaxpr_eqn(eqn.invars, eqn.outvars, core.closed_call_p, dict(call_jaxpr=call),
                                               eqn.effects, eqn.source_info), True
         eqns.append(eqn)
@@ -218,11 +220,15 @@ def _arg_reductions_called(jaxpr: core.Jaxpr) -> core.Jaxpr:
 
 @cached(maxsize=256)
 def _first_extreme_jaxpr(
-    shape: tuple[int, ...], dtype: np.dtype, weak_type: bool, axis: int, index_dtype: np.dtype, largest: bool
+    shape: tuple[int, ...], dtype: np.dtype, weak_type: bool, axis: int, index_dtype: np.dtype, largest: bool,
+    sharding: Any = None,
 ) -> core.ClosedJaxpr:
     """:func:`_first_extreme` traced for one operand (a pure function of these: cached,
-    every walk of a program reads the same jaxpr)."""
-    operand = jax.ShapeDtypeStruct(shape, dtype, weak_type=weak_type)
+    every walk of a program reads the same jaxpr); ``sharding``: its type in a program
+    traced typed (inside ``jax.set_mesh`` of an Explicit mesh), which the call's values
+    take (else JAX's typing refuses the call run there: its positions replicated where
+    the operand is split)."""
+    operand = jax.ShapeDtypeStruct(shape, dtype, weak_type=weak_type, sharding=sharding)
     call = jax.make_jaxpr(lambda x: _first_extreme(x, axis, index_dtype, largest))(operand)
     _ARG_REDUCTION_CALLS.add(call)
     return call
@@ -233,8 +239,10 @@ def _first_extreme(x: jax.Array, axis: int, index_dtype: np.dtype, largest: bool
     reductions (module docstring): the extreme, then the first position holding it."""
     extreme = (lax.reduce_max if largest else lax.reduce_min)(x, (axis,))
     kept = tuple(d for d in range(x.ndim) if d != axis)
-    hit = x == lax.broadcast_in_dim(extreme, x.shape, kept)
+    typed = jax.typeof(x).sharding
+    typed = None if typed.mesh.empty else typed  # the operand's type, which the positions take too
+    hit = x == lax.broadcast_in_dim(extreme, x.shape, kept, out_sharding=typed)
     if dtypes.issubdtype(x.dtype, np.inexact):
         hit = hit | (x != x)  # a NaN: the extreme is NaN (max and min propagate it), its first position taken
-    positions = lax.broadcasted_iota(index_dtype, x.shape, axis)
+    positions = lax.broadcasted_iota(index_dtype, x.shape, axis, out_sharding=typed)
     return lax.reduce_min(lax.select(hit, positions, lax.full_like(positions, x.shape[axis])), (axis,))
