@@ -284,6 +284,36 @@ def test_auto_axes_region_constrains_only_its_explicit_axes(mesh: Any, axes: str
             np.testing.assert_allclose(np.asarray(got.full_tensor()), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
+def test_a_mesh_with_explicit_and_auto_axes_types_only_its_explicit_ones() -> None:
+    """Inside ``jax.set_mesh`` of a mesh with an Explicit ``dp`` and an Auto ``tp`` (its
+    values jax.Arrays: DTensors need one kind of axis), JAX's types name ``dp`` alone:
+    the Megatron MLP's weight gradients take theirs over ``dp`` (reduced over it in the
+    program, as jit reduces them; the rows fix ``dp`` only) and ``tp`` is the search's,
+    where the untyped trace returned them partial over ``dp`` ("xla reduced partial"):
+    check finds them as jit compiles them, at its bytes."""
+    mixed = init_device_mesh((2, 4), ("dp", "tp"), axis_types=("explicit", "auto"))
+    jax_mesh = mixed.to_jax()
+    rng = np.random.default_rng(0)
+    arrays = [
+        jax.device_put(rng.standard_normal(shape).astype(np.float32) / 4, NamedSharding(jax_mesh, spec))
+        for shape, spec in (((8, 16), P("dp", None)), ((16, 32), P(None, "tp")), ((32, 16), P("tp", None)))
+    ]
+
+    def loss(w1: jax.Array, w2: jax.Array, x: jax.Array) -> jax.Array:
+        return jnp.mean((jax.nn.gelu(x @ w1) @ w2) ** 2)
+
+    grads = jax.grad(loss, argnums=(0, 1))
+    args = (arrays[1], arrays[2], arrays[0])
+    with jax.set_mesh(jax_mesh):
+        prediction = predict(grads, *args, mesh=mixed)
+        assert outs(prediction) == ["R,S(1)", "R,S(0)"]
+        rows = [e for e in prediction.equations if "out_sharding" in e.path]
+        assert rows and all(e.primitive == "out_sharding" for e in rows)
+        report = check(grads, *args, mesh=mixed)
+        assert [o.verdict for o in report.outputs] == ["equal", "equal"]
+        assert report.predicted_bytes == report.compiled_bytes
+
+
 def test_fori_loop_keeps_the_carry_layout(mesh: Any) -> None:
     def loop(x: jax.Array) -> jax.Array:
         return jax.lax.fori_loop(0, 3, lambda i, a: a * 2, x)

@@ -594,18 +594,19 @@ def in_explicit_context() -> bool:
 
 def _typed_trace(fn: Callable[..., Any], flat: Any) -> tuple[Any, Any] | None:
     """``fn`` traced on its inputs typed by their layouts (:meth:`.FlatInputs.structs`),
-    as ``jax.jit`` traces it inside ``jax.set_mesh`` of an Explicit mesh: there JAX types
-    every value of the program by its sharding rules (``out_sharding=`` and ``reshard``
-    among them) and compiles each value in its type, so that the types are the layouts
-    the walk takes (:attr:`_Walker.typed`). None where the context is not such a mesh (no
-    ``set_mesh``, or some axis Auto: its layout is then XLA's choice, and the search's),
-    the inputs' mesh is another, an input has a layout no type says (a partial, a strided
-    shard), or JAX's typing refuses ``fn`` (Auto-style code contracting a split dim
-    without ``out_sharding``, which ``jax.jit`` there refuses too): then the untyped
-    trace, whose explicit annotations alone are read (:func:`_explicit_out_sharding`)."""
+    as ``jax.jit`` traces it inside ``jax.set_mesh`` of a mesh with Explicit axes: there
+    JAX types every value of the program by its sharding rules (``out_sharding=`` and
+    ``reshard`` among them) over the Explicit axes and compiles each value in its type,
+    so that the types are the layouts the walk takes over them (:attr:`_Walker.typed`;
+    the Auto axes are XLA's choice, and the search's). None where the context is not such
+    a mesh (no ``set_mesh``, every axis Auto), not the inputs' mesh (its names, sizes and
+    axis types), an input has a layout no type says (a partial, a strided shard), or
+    JAX's typing refuses ``fn`` (Auto-style code contracting a split dim without
+    ``out_sharding``, which ``jax.jit`` there refuses too): then the untyped trace, whose
+    explicit annotations alone are read (:func:`_explicit_out_sharding`)."""
     context, mesh = trace_context(), flat.mesh
-    if (context.empty or not context.are_all_axes_explicit or tuple(context.axis_names) != mesh.axis_names
-            or tuple(context.axis_sizes) != mesh.shape):
+    if (not in_explicit_context() or tuple(context.axis_names) != mesh.axis_names
+            or tuple(context.axis_sizes) != mesh.shape or tuple(context.axis_types) != mesh.axis_types):
         return None
     if any(s.layout.is_strided or s.layout.has_partial for s in flat.specs):
         return None
@@ -1341,8 +1342,22 @@ def _is_typed(jaxpr: Any) -> bool:
                for v in jaxpr.invars)
 
 
+class _Type(NamedTuple):
+    """A value's sharding type as the walk reads it: ``layout`` over the mesh dims
+    ``over`` (its mesh's Explicit axes), the others left to XLA (JAX's types name only
+    Explicit axes: ``core.modify_spec_for_auto_manual``); ``whole``: over every mesh dim."""
+
+    layout: Layout
+    over: frozenset[int]
+    whole: bool
+
+    def holds(self, layout: Layout) -> bool:
+        """Whether a value in ``layout`` has this type."""
+        return layout == self.layout if self.whole else _over(layout, self.over) == _over(self.layout, self.over)
+
+
 def _typed_candidates(
-    signature: Signature, ins: Sequence[TensorSpec], types: Sequence[Layout | None]
+    signature: Signature, ins: Sequence[TensorSpec], types: Sequence[_Type | None]
 ) -> tuple[Signature, bool]:
     """``signature`` as XLA partitions a typed equation (:func:`_typed_trace`): its
     operands as they come (in their types: XLA's partitioner computes the equation on
@@ -1357,7 +1372,7 @@ def _typed_candidates(
     arriving = tuple(s.layout for s in ins)
 
     def making(candidate: Candidate) -> bool:
-        return all(t is None or o == t for o, t in zip(candidate.out_layouts, types))
+        return all(t is None or t.holds(o) for o, t in zip(candidate.out_layouts, types))
 
     taking = [c for c in signature.candidates if tuple(c.in_layouts) == arriving]
     kept = [c for c in taking if making(c)] or taking
@@ -2014,7 +2029,7 @@ class _Walker:
                 out if target is None else self._out_sharding(eqn, path, j, out, out_avals[j], target)
                 for j, (out, target) in enumerate(zip(made, types))
             ]
-        target = None if self.typed else self._explicit_out_layout(eqn, out_avals)
+        target = None if self.typed else self._explicit_out_type(eqn, out_avals)
         return made if target is None else [self._out_sharding(eqn, path, 0, made[0], out_avals[0], target)]
 
     def _host_callback(
@@ -2416,46 +2431,65 @@ class _Walker:
         ]
         return self.fixed("shard_map", ins, in_layouts, out_avals, out_layouts)
 
-    def _explicit_out_layout(self, eqn: Any, out_avals: tuple[Aval, ...]) -> Layout | None:
-        """The layout of an equation's explicit ``out_sharding`` (:func:`_explicit_out_sharding`)
-        on the inputs' mesh, or None."""
-        sharding = _explicit_out_sharding(eqn)
-        if sharding is None:
-            return None
-        self._check_mesh("out_sharding", sharding, sharding.mesh)
-        return Layout.from_partition_spec(self.mesh, sharding.spec, out_avals[0].ndim)
+    def _explicit_out_type(self, eqn: Any, out_avals: tuple[Aval, ...]) -> _Type | None:
+        """An equation's explicit ``out_sharding`` (:func:`_explicit_out_sharding`) as a
+        :class:`_Type` on the inputs' mesh, or None."""
+        sharding = _explicit_out_sharding(eqn)  # None for an equation without one output
+        return None if sharding is None else self._type(sharding, out_avals[0].ndim, "out_sharding")
 
-    def _types(self, eqn: Any, out_avals: tuple[Aval, ...]) -> tuple[Layout | None, ...] | None:
-        """The layouts of an equation's outputs' sharding types in a typed trace
-        (:func:`_typed_trace`): per output, its type on the inputs' mesh, or None where it
-        has none (a value of the empty mesh, or of a mesh with Auto axes); None where no
-        output has one."""
-        types = []
-        for var, aval in zip(eqn.outvars, out_avals):
-            sharding = getattr(var.aval, "sharding", None)
-            # a type on a mesh with Auto axes (inside jax.sharding.auto_axes) leaves its layout to XLA
-            if not isinstance(sharding, NamedSharding) or sharding.mesh.empty or not sharding.mesh.are_all_axes_explicit:
-                types.append(None)
-                continue
-            self._check_mesh("sharding type", sharding, sharding.mesh)
-            types.append(Layout.from_partition_spec(self.mesh, sharding.spec, aval.ndim))
-        return None if all(t is None for t in types) else tuple(types)
+    def _types(self, eqn: Any, out_avals: tuple[Aval, ...]) -> tuple[_Type | None, ...] | None:
+        """An equation's outputs' sharding types in a typed trace (:func:`_typed_trace`):
+        per output, its type (:meth:`_type`) or None; None where no output has one."""
+        types = tuple(
+            self._type(getattr(var.aval, "sharding", None), aval.ndim, "sharding type")
+            for var, aval in zip(eqn.outvars, out_avals)
+        )
+        return None if all(t is None for t in types) else types
+
+    def _type(self, sharding: Any, ndim: int, argument: str) -> _Type | None:
+        """``sharding`` (a value's type, an ``out_sharding``, a ``reshard``'s target) as a
+        :class:`_Type` on the inputs' mesh: what it fixes over its mesh's Explicit axes;
+        None where it fixes nothing (no NamedSharding, the empty mesh, no Explicit axis:
+        inside ``jax.sharding.auto_axes`` over every axis the layout is XLA's)."""
+        if not isinstance(sharding, NamedSharding) or sharding.mesh.empty:
+            return None
+        self._check_mesh(argument, sharding, sharding.mesh)
+        names = self.mesh.axis_names
+        over = frozenset(names.index(n) for n, t in zip(sharding.mesh.axis_names, sharding.mesh.axis_types)
+                         if t == AxisType.Explicit)
+        if not over:
+            return None
+        return _Type(Layout.from_partition_spec(self.mesh, sharding.spec, ndim), over, len(over) == self.mesh.ndim)
+
+    def _typed(self, path: str, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...], type_: _Type,
+               op: str) -> Signature:
+        """The signature of a move of ``ins[0]`` into ``type_`` (a typed output's row, a
+        ``reshard``): the fixed one into its layout where it fixes every mesh dim; else the
+        identity's candidates (:meth:`_identity`) holding it, the search free over the
+        mesh dims it leaves to XLA (the fixed one where none does)."""
+        if not type_.whole:
+            identity = self._identity(path, ins, out_avals)
+            kept = tuple(c for c in identity.candidates if type_.holds(c.out_layouts[0]))
+            if kept:
+                return Signature(identity.op, identity.inputs, kept)
+        return self.fixed(op, ins, (type_.layout,), out_avals, (type_.layout,))
 
     def _out_sharding(
-        self, eqn: Any, path: str, j: int, made: tuple[TensorSpec, ValueId | None], aval: Aval, target: Layout
+        self, eqn: Any, path: str, j: int, made: tuple[TensorSpec, ValueId | None], aval: Aval, target: _Type
     ) -> tuple[TensorSpec, ValueId | None]:
-        """An equation's explicit ``out_sharding`` (:meth:`_explicit_out_layout`), or the
+        """An equation's explicit ``out_sharding`` (:meth:`_explicit_out_type`), or the
         sharding type of its output ``j`` in a typed trace where no candidate of its rule
         takes its inputs as they come and makes the types (:func:`_typed_candidates`: JAX
         computes a partial result and reduces it, e.g. a matmul contracting a split dim),
         as the annotation it is: the output moved to ``target`` by a row
         ``<path>.out_sharding`` (``.out_sharding<j>`` for an equation's later outputs)
-        with that fixed layout, as ``with_sharding_constraint`` is (the equation itself runs
-        under any of its candidates, then the move)."""
+        with that fixed layout (:meth:`_typed`: over the Explicit axes alone on a mesh with
+        Auto ones), as ``with_sharding_constraint`` is (the equation itself runs under any
+        of its candidates, then the move)."""
         out, src = made
         at = f"{path}.out_sharding{j or ''}"
-        signature = self.fixed("out_sharding", (out,), (target,), (aval,), (target,))
-        moved = TensorSpec.of(aval, target)
+        signature = self._typed(at, (out,), (aval,), target, "out_sharding")
+        moved = TensorSpec.of(aval, signature.out_layouts[0])
         self.rows.append(EquationReport(at, "out_sharding", (out,), signature, (moved,), (src,)))
         self._node(ProgramNode(at, (out,), (src,), self._candidates(signature)))
         if self.executor is not None:
@@ -2474,20 +2508,14 @@ class _Walker:
         region so, its values typed on the mesh with those axes Auto): JAX lowers it as a
         constraint on its Explicit axes alone, the Auto ones left to XLA
         (``lower_with_sharding_in_types``: none at all when every axis is Auto), so the
-        identity's candidates (:meth:`_identity`) agreeing with its spec over the Explicit
-        axes, the search free over the others. It was a constraint to the spec over every
-        axis: ``auto_axes(lambda x, w: jnp.tanh(x @ w), out_sharding=P("dp", None))`` on
-        ``x`` ``S(0),R`` and ``w`` ``R,S(1)`` gathered both (1,792 B where XLA's 384)."""
-        self._check_mesh("dst_sharding", sharding, sharding.mesh)
-        names = self.mesh.axis_names
-        explicit = frozenset(names.index(n) for n, t in zip(sharding.mesh.axis_names, sharding.mesh.axis_types)
-                             if t == AxisType.Explicit)
-        identity = self._identity(path, ins, out_avals)
-        if not explicit:
-            return identity
-        target = _over(Layout.from_partition_spec(self.mesh, sharding.spec, out_avals[0].ndim), explicit)
-        kept = tuple(c for c in identity.candidates if _over(c.out_layouts[0], explicit) == target)
-        return Signature(identity.op, identity.inputs, kept) if kept else self._constraint(sharding, ins[0], out_avals[0])
+        identity's candidates agreeing with its spec over the Explicit axes (:meth:`_typed`),
+        the search free over the others. It was a constraint to the spec over every axis:
+        ``auto_axes(lambda x, w: jnp.tanh(x @ w), out_sharding=P("dp", None))`` on ``x``
+        ``S(0),R`` and ``w`` ``R,S(1)`` gathered both (1,792 B where XLA's 384)."""
+        type_ = self._type(sharding, out_avals[0].ndim, "dst_sharding")
+        if type_ is None:
+            return self._identity(path, ins, out_avals)
+        return self._typed(path, ins, out_avals, type_, "sharding_constraint")
 
     def _constraint(self, sharding: Any, spec: TensorSpec, out: Aval) -> Signature:
         if not isinstance(sharding, NamedSharding):

@@ -71,6 +71,7 @@ import numpy as np
 from jax import lax
 from jax._src import core, dtypes
 from jax._src.interpreters import partial_eval as pe
+from jax.sharding import NamedSharding
 
 from ..caches import cached
 
@@ -221,7 +222,7 @@ def _arg_reductions_called(jaxpr: core.Jaxpr) -> core.Jaxpr:
 @cached(maxsize=256)
 def _first_extreme_jaxpr(
     shape: tuple[int, ...], dtype: np.dtype, weak_type: bool, axis: int, index_dtype: np.dtype, largest: bool,
-    sharding: Any = None,
+    sharding: NamedSharding | None = None,
 ) -> core.ClosedJaxpr:
     """:func:`_first_extreme` traced for one operand (a pure function of these: cached,
     every walk of a program reads the same jaxpr); ``sharding``: its type in a program
@@ -239,10 +240,10 @@ def _first_extreme(x: jax.Array, axis: int, index_dtype: np.dtype, largest: bool
     reductions (module docstring): the extreme, then the first position holding it."""
     extreme = (lax.reduce_max if largest else lax.reduce_min)(x, (axis,))
     kept = tuple(d for d in range(x.ndim) if d != axis)
-    typed = jax.typeof(x).sharding
-    typed = None if typed.mesh.empty else typed  # the operand's type, which the positions take too
-    hit = x == lax.broadcast_in_dim(extreme, x.shape, kept, out_sharding=typed)
+    sharding = jax.typeof(x).sharding
+    sharding = None if sharding.mesh.empty else sharding  # the operand's type, which the positions take too
+    hit = x == lax.broadcast_in_dim(extreme, x.shape, kept, out_sharding=sharding)
     if dtypes.issubdtype(x.dtype, np.inexact):
         hit = hit | (x != x)  # a NaN: the extreme is NaN (max and min propagate it), its first position taken
-    positions = lax.broadcasted_iota(index_dtype, x.shape, axis, out_sharding=typed)
+    positions = lax.broadcasted_iota(index_dtype, x.shape, axis, out_sharding=sharding)
     return lax.reduce_min(lax.select(hit, positions, lax.full_like(positions, x.shape[axis])), (axis,))
