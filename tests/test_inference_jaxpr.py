@@ -284,6 +284,33 @@ def test_auto_axes_region_constrains_only_its_explicit_axes(mesh: Any, axes: str
             np.testing.assert_allclose(np.asarray(got.full_tensor()), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
+def test_a_typed_equation_with_two_outputs_moves_each_to_its_type(mesh: Any) -> None:
+    """A variadic ``lax.reduce`` (a sum and a max) over a dp-split dim inside ``jax.set_mesh``
+    of the Explicit mesh: no candidate of its rule takes its operands as they come (it
+    splits no reduced dim), so each output is moved to its type by a row of its own
+    (``.out_sharding``, ``.out_sharding1``), and apply's executors return jit's values.
+    (XLA reduces each shard and all-reduces both, 64 B where the prediction's 160: the
+    rule knows no partial of a custom reduction.)"""
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((8, 16)).astype(np.float32), rng.standard_normal((16, 32)).astype(np.float32)
+    dx, dw = distribute_tensor(x, mesh, "S(0),R"), distribute_tensor(w, mesh, "R,S(1)")
+
+    def sum_and_max(x: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
+        y = x @ w
+        return jax.lax.reduce((y, y * 2), (0.0, -np.inf), lambda a, b: (a[0] + b[0], jnp.maximum(a[1], b[1])), (0,))
+
+    with jax.set_mesh(mesh.to_jax()):
+        prediction = predict(sum_and_max, dx, dw)
+        rows = [(e.path, str(e.outputs[0].layout)) for e in prediction.equations if "out_sharding" in e.path]
+        assert rows == [("2.out_sharding", "R,S(0)"), ("2.out_sharding1", "R,S(0)")]
+        want = jax.jit(sum_and_max)(dx.to_jax(), dw.to_jax())
+        for execute in ("xla", "ops", "pinned"):
+            got = apply(sum_and_max, dx, dw, execute=execute)
+            assert [str(g.layout) for g in got] == outs(prediction) == ["R,S(0)", "R,S(0)"]
+            for g, v in zip(got, want, strict=True):
+                np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(v), rtol=1e-5, atol=1e-5)
+
+
 def test_a_mesh_with_explicit_and_auto_axes_types_only_its_explicit_ones() -> None:
     """Inside ``jax.set_mesh`` of a mesh with an Explicit ``dp`` and an Auto ``tp`` (its
     values jax.Arrays: DTensors need one kind of axis), JAX's types name ``dp`` alone:
