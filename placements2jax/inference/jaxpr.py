@@ -1995,8 +1995,8 @@ class _Walker:
             sharding = eqn.params[CONSTRAINT_SHARDING_PARAMS[name]]
             if _untyped(sharding):
                 signature = self._identity(path, ins, out_avals)
-            elif name == "reshard" and not sharding.mesh.are_all_axes_explicit:
-                signature = self._explicit_axes_reshard(sharding, path, ins, out_avals)
+            elif name == "reshard":
+                signature = self._reshard(sharding, path, ins, out_avals)
             else:
                 signature = self._constraint(sharding, ins[0], out_avals[0])
         elif name in _PASS_THROUGH:
@@ -2461,8 +2461,8 @@ class _Walker:
             return None
         return _Type(Layout.from_partition_spec(self.mesh, sharding.spec, ndim), over, len(over) == self.mesh.ndim)
 
-    def _typed(self, path: str, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...], type_: _Type,
-               op: str) -> Signature:
+    def _into_type(self, path: str, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...], type_: _Type,
+                   op: str) -> Signature:
         """The signature of a move of ``ins[0]`` into ``type_`` (a typed output's row, a
         ``reshard``): the fixed one into its layout where it fixes every mesh dim; else the
         identity's candidates (:meth:`_identity`) holding it, the search free over the
@@ -2483,12 +2483,12 @@ class _Walker:
         computes a partial result and reduces it, e.g. a matmul contracting a split dim),
         as the annotation it is: the output moved to ``target`` by a row
         ``<path>.out_sharding`` (``.out_sharding<j>`` for an equation's later outputs)
-        with that fixed layout (:meth:`_typed`: over the Explicit axes alone on a mesh with
+        with that fixed layout (:meth:`_into_type`: over the Explicit axes alone on a mesh with
         Auto ones), as ``with_sharding_constraint`` is (the equation itself runs under any
         of its candidates, then the move)."""
         out, src = made
         at = f"{path}.out_sharding{j or ''}"
-        signature = self._typed(at, (out,), (aval,), target, "out_sharding")
+        signature = self._into_type(at, (out,), (aval,), target, "out_sharding")
         moved = TensorSpec.of(aval, signature.out_layouts[0])
         self.rows.append(EquationReport(at, "out_sharding", (out,), signature, (moved,), (src,)))
         self._node(ProgramNode(at, (out,), (src,), self._candidates(signature)))
@@ -2501,21 +2501,22 @@ class _Walker:
         the identity's (``copy_p``), every layout passing as it comes."""
         return self._primitive_signature("copy_p", primitive_definition("copy_p").read_params({}), path, ins, out_avals)
 
-    def _explicit_axes_reshard(
+    def _reshard(
         self, sharding: NamedSharding, path: str, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]
     ) -> Signature:
-        """A ``reshard`` to a mesh with Auto axes (``jax.sharding.auto_axes`` enters its
-        region so, its values typed on the mesh with those axes Auto): JAX lowers it as a
-        constraint on its Explicit axes alone, the Auto ones left to XLA
-        (``lower_with_sharding_in_types``: none at all when every axis is Auto), so the
-        identity's candidates agreeing with its spec over the Explicit axes (:meth:`_typed`),
-        the search free over the others. It was a constraint to the spec over every axis:
+        """A ``reshard`` into its target's type (:meth:`_into_type`): JAX lowers it as a
+        constraint on its mesh's Explicit axes alone, the Auto ones left to XLA
+        (``lower_with_sharding_in_types``: none at all when every axis is Auto), so on a
+        mesh with Auto axes (``jax.sharding.auto_axes`` enters its region by a reshard to
+        the mesh with those axes Auto) the identity's candidates agreeing with its spec over
+        the Explicit axes, the search free over the others. It was a constraint to the spec
+        over every axis:
         ``auto_axes(lambda x, w: jnp.tanh(x @ w), out_sharding=P("dp", None))`` on ``x``
         ``S(0),R`` and ``w`` ``R,S(1)`` gathered both (1,792 B where XLA's 384)."""
         type_ = self._type(sharding, out_avals[0].ndim, "dst_sharding")
         if type_ is None:
             return self._identity(path, ins, out_avals)
-        return self._typed(path, ins, out_avals, type_, "sharding_constraint")
+        return self._into_type(path, ins, out_avals, type_, "sharding_constraint")
 
     def _constraint(self, sharding: Any, spec: TensorSpec, out: Aval) -> Signature:
         if not isinstance(sharding, NamedSharding):

@@ -321,12 +321,10 @@ class FlatInputs:
         """Shape/dtype stand-ins for tracing, one per leaf; ``typed``: each with its layout
         as its sharding type too (``NamedSharding(mesh.to_jax(), partition_spec)``), as
         ``jax.jit`` types its arguments inside ``jax.set_mesh`` of an Explicit mesh."""
-        if typed:
-            return [
-                jax.ShapeDtypeStruct(s.shape, s.dtype, weak_type=w, sharding=s.layout.named_sharding)
-                for s, w in zip(self.specs, self.weak)
-            ]
-        return [jax.ShapeDtypeStruct(s.shape, s.dtype, weak_type=w) for s, w in zip(self.specs, self.weak)]
+        return [
+            jax.ShapeDtypeStruct(s.shape, s.dtype, weak_type=w, sharding=s.layout.named_sharding if typed else None)
+            for s, w in zip(self.specs, self.weak)
+        ]
 
     def call(self, fn: Any) -> Any:
         """``fn`` as a function of the flat leaves (positional arguments rebuilt)."""
