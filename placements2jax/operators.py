@@ -62,8 +62,8 @@ from .inference.cost import CostModel, CostModelLike
 from .inference.combine import stepped
 from .inference.frameworks import Bound, bind, variables_of, with_static_outputs
 from .inference.jaxpr import (
-    CONSTRAINT_SHARDING_PARAMS, DEBUG_EFFECTS, HOST_CALLBACKS, ON_UNKNOWN, _drop_dim0, _stacked, all_equations, execute,
-    trace_context,
+    CONSTRAINT_SHARDING_PARAMS, DEBUG_EFFECTS, HOST_CALLBACKS, ON_UNKNOWN, TYPING_REFUSALS, _drop_dim0, _stacked,
+    all_equations, execute, in_explicit_context, trace_context, typing_refusal,
 )
 from .inference.ops import freeze, op_definition, registered_function
 from .inference.plan import FIRST_FIRST
@@ -612,6 +612,10 @@ def apply(
             "execute", "xla", f"XLA cannot compile its own partitioning of this program: {str(err).splitlines()[0]}",
             "use execute='pinned' (or 'auto'), which runs the predicted plan",
         ) from None
+    except TYPING_REFUSALS as err:  # XLA's executors trace fn's equations on values JAX types inside set_mesh
+        if not in_explicit_context():
+            raise
+        raise typing_refusal(name, err, traced=True) from None
     if isinstance(fn, Bound) and fn.stateful:  # write the updated nnx Variables back, as nnx.jit does
         result, updates = result
         variables = variables_of(user_args)

@@ -184,6 +184,43 @@ def _check_untyped_matmul_in_explicit_context(e: Any) -> Any:
         return check(jnp.matmul, a, b)
 
 
+def _refused_matmul_operands(e: Any) -> tuple[DTensor, DTensor]:
+    """Two operands of a matmul over a dim both split over tp: inside ``jax.set_mesh`` of
+    the Explicit mesh JAX's typing asks for its ``out_sharding``."""
+    return (distribute_tensor(np.ones((8, 4), np.float32), e.mesh, "R,S(1)"),
+            distribute_tensor(np.ones((4, 8), np.float32), e.mesh, "R,S(0)"))
+
+
+def _apply_untyped_matmul_in_explicit_context(e: Any, execute: str) -> Any:
+    """apply, inside ``jax.set_mesh`` of the Explicit mesh, of that matmul: XLA's
+    executors trace it on JAX's types, which refuse it (a raw ShardingTypeError before)."""
+    a, b = _refused_matmul_operands(e)
+    with jax.set_mesh(e.mesh.to_jax()):
+        return apply(jnp.matmul, a, b, execute=execute)
+
+
+def _check_untyped_loop_in_explicit_context(e: Any) -> Any:
+    """check, inside ``jax.set_mesh`` of the Explicit mesh, of that matmul accumulated in a
+    ``fori_loop``: jax.jit of it is refused there; check compiled a rewrite of it before
+    (the Partial inputs' workaround) and compared a program the user cannot compile."""
+    a, b = _refused_matmul_operands(e)
+
+    def accumulated(a: Any, b: Any) -> Any:
+        return jax.lax.fori_loop(0, 2, lambda i, acc: acc + a @ b, jnp.zeros((8, 8), jnp.float32))
+
+    with jax.set_mesh(e.mesh.to_jax()):
+        return check(accumulated, a, b)
+
+
+def _predict_ragged_dot_in_explicit_context(e: Any) -> Any:
+    """predict, inside ``jax.set_mesh`` of the Explicit mesh, of ``lax.ragged_dot``: JAX
+    (0.10.2) has no explicit-sharding rule for it (a raw NotImplementedError before)."""
+    tokens = distribute_tensor(np.ones((8, 4), np.float32), e.mesh, "S(0),R")
+    experts = distribute_tensor(np.ones((2, 4, 8), np.float32), e.mesh, "R,S(2)")
+    with jax.set_mesh(e.mesh.to_jax()):
+        return predict(jax.lax.ragged_dot, tokens, experts, np.array([4, 4], np.int32))
+
+
 def _ckpt(e: Any) -> str:
     """A checkpoint of ``e.dt`` saved once per test session (step 0, leaf 'w')."""
     if not hasattr(e, "checkpoint"):
@@ -1282,6 +1319,34 @@ CASES: list[Case] = [
         InferenceError,
         "inputs",
         _check_untyped_matmul_in_explicit_context,
+    ),
+    _c(
+        "check: inside set_mesh of the Explicit mesh, a loop of a matmul JAX's typing refuses",
+        "check",
+        InferenceError,
+        "inputs",
+        _check_untyped_loop_in_explicit_context,
+    ),
+    _c(
+        "apply: inside set_mesh of the Explicit mesh, a matmul JAX's typing refuses (xla)",
+        "apply",
+        InferenceError,
+        "fn",
+        lambda e: _apply_untyped_matmul_in_explicit_context(e, "xla"),
+    ),
+    _c(
+        "apply: inside set_mesh of the Explicit mesh, a matmul JAX's typing refuses (pinned)",
+        "apply",
+        InferenceError,
+        "fn",
+        lambda e: _apply_untyped_matmul_in_explicit_context(e, "pinned"),
+    ),
+    _c(
+        "predict: inside set_mesh of the Explicit mesh, ragged_dot, which JAX's typing refuses",
+        "predict",
+        InferenceError,
+        "fn",
+        _predict_ragged_dot_in_explicit_context,
     ),
     _c(
         "predict: combined for an unknown backend",

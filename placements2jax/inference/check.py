@@ -101,7 +101,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax._src.core import ShardingTypeError  # explicit sharding's typing error: JAX exports no public name for it
 from jax.extend import core
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
@@ -116,7 +115,8 @@ from .cost import (
 )
 from .frameworks import bind
 from .jaxpr import (
-    CONSTRAINT_SHARDING_PARAMS, DEBUG_EFFECTS, HOST_CALLBACKS, Prediction, all_equations, in_explicit_context, predict,
+    CONSTRAINT_SHARDING_PARAMS, DEBUG_EFFECTS, HOST_CALLBACKS, TYPING_REFUSALS, Prediction, all_equations,
+    in_explicit_context, predict,
 )
 from .ops import CALL_JAXPR_PARAMS, REMAT_CALLS
 from .plan import plan_redistribute
@@ -532,7 +532,7 @@ def check(
                 for spec, constrained in zip(prediction.outputs, prediction.constrained)
             ],
         )
-    compiled = _compiled(flat.call(fn), args, out_shardings, specs, flat.structs() if explicit else None, in_context)
+    compiled = _compiled(flat.call(fn), args, out_shardings, specs, flat.structs() if partial_inputs else None, in_context)
     shardings = jax.tree.leaves(compiled.output_shardings)
     kept = {i: hlo for i, (out, sharding) in enumerate(zip(prediction.outputs, shardings))
             if (hlo := _maximal(sharding, out.aval.ndim)) is not None}
@@ -544,7 +544,7 @@ def check(
         ]
         compiled = _compiled(
             flat.call(fn), args, jax.tree.unflatten(prediction.out_tree, pinned), specs,
-            flat.structs() if explicit else None, in_context,
+            flat.structs() if partial_inputs else None, in_context,
         )
         shardings = jax.tree.leaves(compiled.output_shardings)
     callers = prediction.callers or (None,) * len(prediction.outputs)
@@ -578,13 +578,16 @@ def _compiled(
     device ("Length of device assignment 1 is not equal to the size of the mesh 8 ...
     enter your jit into a mesh context") or kept there (``{maximal device=0}``).
     ``in_context``: check runs inside ``jax.set_mesh`` of the Explicit mesh (its refusal's
-    fix is then that of code not written for explicit sharding)."""
+    fix is then that of code not written for explicit sharding). Without Partial inputs
+    there is no second compile: rewritten, ``fn`` compiled where ``jax.jit`` of it refuses
+    (a gradient accumulated in ``fori_loop`` contracting two tp-split dims), and ``check``
+    compared a program the user cannot compile."""
     context = contextlib.nullcontext() if structs is None else jax.set_mesh(args[0].sharding.mesh)
     try:
         with context:
             try:
                 return jax.jit(fn, out_shardings=out_shardings).lower(*args).compile()
-            except (ShardingTypeError, NotImplementedError):
+            except TYPING_REFUSALS:
                 if structs is None:
                     raise
                 return jax.jit(_unreduced_typed(fn, structs), out_shardings=out_shardings).lower(*args).compile()

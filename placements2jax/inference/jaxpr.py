@@ -584,6 +584,29 @@ def trace_context() -> Any:
     return jax.sharding.get_abstract_mesh()
 
 
+# How JAX's explicit sharding ("sharding in types") refuses code inside ``jax.set_mesh`` of an Explicit mesh, as
+# ``jax.jit`` there refuses it too: a ShardingTypeError where its typing finds an op ambiguous (contracting two dims
+# split alike without ``out_sharding=``) and, JAX workaround (jax 0.10.2), a NotImplementedError where a primitive has
+# no sharding rule ("Explicit sharding inference for ragged_dot_general is not currently implemented")
+TYPING_REFUSALS: tuple[type[Exception], ...] = (ShardingTypeError, NotImplementedError)
+
+
+def typing_refusal(fn: Any, err: Exception, traced: bool = False) -> InferenceError:
+    """Our error for ``fn`` refused by JAX's explicit sharding inside ``jax.set_mesh``
+    (``err``, one of :data:`TYPING_REFUSALS`): the user's ``jax.jit`` of ``fn`` there is
+    refused alike, so the fix is in ``fn`` or in where it is called. ``traced``: predict's
+    untyped trace of ``fn`` succeeded (apply's op-by-op program runs it)."""
+    return InferenceError(
+        "fn", fn,
+        f"JAX's explicit sharding refuses it inside jax.set_mesh, as jax.jit of fn there does "
+        f"({type(err).__name__}: {str(err).splitlines()[0]})",
+        "give the ops JAX's typing finds ambiguous an out_sharding=, or call it outside jax.set_mesh (XLA's "
+        "propagation decides there)" + (
+            "; apply(execute='ops') runs it op by op, as torch's DTensor dispatch" if traced else ""
+        ),
+    )
+
+
 def in_explicit_context() -> bool:
     """Whether the caller runs inside ``jax.set_mesh`` of a mesh with Explicit axes, where
     ``jax.jit`` types ``fn``'s values by JAX's explicit-sharding rules (``out_sharding=``
@@ -614,7 +637,7 @@ def _typed_trace(fn: Callable[..., Any], flat: Any) -> tuple[Any, Any] | None:
         return jax.make_jaxpr(flat.call(fn), return_shape=True)(*flat.structs(typed=True))
     except Placements2JaxError:
         raise
-    except (TypeError, ValueError, ShardingTypeError):
+    except (TypeError, ValueError, *TYPING_REFUSALS):
         return None
 
 
@@ -627,6 +650,10 @@ def _predict(
         closed, out_shape = _typed_trace(fn, flat) or jax.make_jaxpr(flat.call(fn), return_shape=True)(*flat.structs())
     except Placements2JaxError:
         raise
+    except TYPING_REFUSALS as err:  # the untyped trace too: JAX types ragged_dot_general by none of its operands
+        if not in_explicit_context():
+            raise
+        raise typing_refusal(fn, err) from None
     except (TypeError, ValueError) as err:
         if _SHARD_MAP_TYPES in str(err):
             raise InferenceError(
