@@ -1312,6 +1312,15 @@ class _Executor(_Runner):
             outs = [physical(Layout(self.mesh, ((),) * v.aval.ndim), tuple(v.aval.shape)) for v in eqn.outvars]
             return [_Value(_from_logical(y, p.layout, p.shape), p) for y, p in zip(_host_call(eqn, args), outs)]
         outs = [physical(layout, tuple(v.aval.shape)) for layout, v in zip(signature.out_layouts, eqn.outvars)]
+        if eqn.primitive.name == "shard_map":
+            # the user's own per-rank code, run as JAX runs it: on the logical values in its in_specs' layouts (its
+            # signature's), its results in its out_specs'. Bound again inside a shard_map of ours (the same axis
+            # names), JAX refused it: the operands vary over every mesh axis there, where the body's casts expect
+            # its in_specs' axes ("pvary is a invariant->variant collective"), and a body over some axes alone
+            # (axis_names=) is typed on another mesh than ours ("context mesh ... should match the aval mesh")
+            args = [_to_logical(self.moved(v, t.layout).array, t) for v, t in zip(ins, targets)]
+            ys = eqn.primitive.bind(*args, **eqn.primitive.get_bind_params(eqn.params))
+            return [_Value(_from_logical(y, p.layout, p.shape), p) for y, p in zip(ys, outs)]
         return [_Value(a, p) for a, p in zip(_run_local(eqn, ins, targets, outs), outs)]
 
 
