@@ -665,7 +665,8 @@ def _predict(
             ) from None
         raise InferenceError(
             "fn", fn, f"tracing it on {_shapes_text(specs)} failed ({type(err).__name__}: {err})",
-            "make fn accept tensors of these shapes and dtypes (e.g. matching matmul dims)",
+            "make fn traceable on tensors of these shapes and dtypes, as jax.jit of it on them would need (e.g. "
+            "matching matmul dims; a shard_map's mesh the context's; lax.scan where reverse-mode crosses a loop)",
         ) from None
     # as XLA partitions it (zero-size values, constant conds, dead code) and arg-reductions as their reductions, but
     # in torch's walk (:mod:`.simplify`) and in an untyped trace run where values have types (inside set_mesh of an
