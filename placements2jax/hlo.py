@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,7 @@ _INSTRUCTION = re.compile(
     re.MULTILINE,
 )
 _COMMENT = re.compile(r"/\*.*?\*/")
+_OP_NAME = re.compile(r'op_name="(?P<name>[^"]*)"')
 _ARRAY_TYPE = re.compile(r"(?P<dtype>[a-z]+\d*)\[(?P<dims>[\d,]*)\]")
 _GROUPS_LIST = re.compile(r"replica_groups=\{(?P<groups>(?:\{[\d,]*\},?)*)\}")
 _GROUPS_IOTA = re.compile(r"replica_groups=\[(?P<shape>[\d,]+)\]<=\[(?P<dims>[\d,]+)\](?:T\((?P<perm>[\d,]+)\))?")
@@ -41,12 +42,15 @@ _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16
 
 @dataclass(frozen=True)
 class Collective:
-    """One collective in compiled HLO: its opcode, result arrays and device groups."""
+    """One collective in compiled HLO: its opcode, result arrays and device groups, and
+    ``op_name``: the JAX operation XLA made it for (its metadata, e.g.
+    ``jit(step)/jit(fft)/fft``; "" where none; not part of its identity)."""
 
     op: str
     result_shapes: tuple[tuple[int, ...], ...]
     dtype: str
     groups: tuple[tuple[int, ...], ...]
+    op_name: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if self.op not in COLLECTIVE_OPS:
@@ -56,6 +60,8 @@ class Collective:
                 isinstance(t, tuple) and all(isinstance(n, int) and not isinstance(n, bool) for n in t) for t in value
             ):
                 raise ArgumentTypeError(argument, value, "expected a tuple of tuples of ints", "pass e.g. ((4, 2),)")
+        if not isinstance(self.op_name, str):
+            raise ArgumentTypeError("op_name", self.op_name, "expected a string", "pass e.g. 'jit(f)/dot_general'")
 
     @property
     def result_bytes(self) -> int:
@@ -169,7 +175,8 @@ def parse_collectives(hlo_text: str) -> list[Collective]:
             arrays = arrays[len(arrays) // 2 :]  # async start returns (operands, results)
         shapes = tuple(tuple(int(d) for d in dims.split(",") if d) for _, dims in arrays)
         dtype = arrays[0][0] if arrays else "f32"
-        result.append(Collective(match["op"], shapes, dtype, _groups(match["rest"])))
+        op_name = _OP_NAME.search(match["rest"])
+        result.append(Collective(match["op"], shapes, dtype, _groups(match["rest"]), op_name["name"] if op_name else ""))
     return result
 
 

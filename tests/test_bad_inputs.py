@@ -1133,6 +1133,13 @@ CASES: list[Case] = [
         "result_shapes",
         lambda e: Collective("all-gather", [[4]], "f32", ((0, 1),)),
     ),
+    _c(
+        "Collective: op_name not a string",
+        "Collective",
+        ArgumentTypeError,
+        "op_name",
+        lambda e: Collective("all-gather", ((4,),), "f32", ((0, 1),), op_name=None),
+    ),
     # -- comm_debug ----
     _c(
         "comm_debug: print_table to a path",

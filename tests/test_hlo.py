@@ -25,6 +25,19 @@ def test_tuple_results_with_index_comments_are_parsed() -> None:
     assert collective.result_shapes == ((8, 1, 8),) * 8 and collective.dtype == "f32"
     assert collective.groups == (tuple(range(8)),)
     assert collective.result_bytes == 64 * 8 * 4
+    assert collective.op_name == ""  # no metadata
+
+
+def test_a_collective_keeps_the_operation_xla_made_it_for() -> None:
+    """The op_name of its metadata, which check reads to say why XLA sent it; not part of
+    its identity (two gathers alike are equal whatever made them)."""
+    text = (
+        '  %all-gather = f32[4,16,8]{1,2,0} all-gather(%bitcast.2), channel_id=1, replica_groups={{0,4},{1,5},{2,6},'
+        '{3,7}}, dimensions={0}, use_global_device_ids=true, metadata={op_name="jit(f)/jit(fft)/fft" stack_frame_id=2}'
+    )
+    (collective,) = parse_collectives(text)
+    assert collective.op_name == "jit(f)/jit(fft)/fft" and collective.groups == ((0, 4), (1, 5), (2, 6), (3, 7))
+    assert collective == parse_collectives(text.replace("jit(fft)/fft", "dot_general"))[0]
 
 
 def test_compiled_eight_way_all_to_all_is_found() -> None:

@@ -323,6 +323,25 @@ def test_collective_checks_name_a_reduce_scatter_compiled_as_an_all_reduce(mesh:
     assert report.prediction.lowered_nbytes == report.predicted_bytes == report.compiled_bytes
 
 
+def test_collective_checks_name_the_gathers_of_xlas_fft_partitioning(mesh: Any) -> None:
+    """A spectral mixing of a batch-split input (FNet's, along the sequence): XLA gathers
+    each FFT's operand whole (jax 0.10.2, CPU), though only the batch is split; the
+    prediction computes each FFT where it is, no collective. The per-kind comparison
+    says which of XLA's gathers its FFT partitioning made (each collective's op_name),
+    where it said only "XLA's own choice"."""
+
+    def mix(x: jax.Array) -> jax.Array:
+        return jnp.fft.irfft(jnp.fft.rfft(x, axis=1) * 0.5, n=8, axis=1)
+
+    report = check(mix, spec(mesh, (4, 8, 16), "S(0),R"))
+    assert report.prediction.collectives == {} and [out.verdict for out in report.outputs] == ["equal"]
+    (kind,) = report.collective_checks
+    assert (kind.kind, kind.predicted, kind.compiled) == ("all-gather", 0, 2)
+    assert kind.compiled_bytes == 2304  # the two gathers: all of XLA's bytes
+    assert kind.note.startswith("2 of XLA's (2304 B per device) are its partitioning of an FFT")
+    assert all(c.op_name.endswith("/fft") for c in report.compiled_collectives)
+
+
 def test_a_bfloat16_collective_counts_the_float32_one_cpu_xla_sends(mesh: Any) -> None:
     """CPU XLA runs a bfloat16 collective in float32 (converted before, back after): the
     same row-parallel MLP in bfloat16 (its reduce-scatter an all-reduce, as above) sends

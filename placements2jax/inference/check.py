@@ -321,6 +321,14 @@ class CheckReport:
                     f"{self.platform} XLA combines no {kind}s: GPU XLA's combiner would merge independent ones over "
                     f"the same mesh axes, {unmerged[kind]} fewer"
                 )
+            ffts = [c for c in theirs if c.op_name.rsplit("/", 1)[-1] == "fft"]
+            if ffts:
+                notes.append(
+                    f"{len(ffts)} of XLA's ({format_bytes(sum((collective_nbytes(c, self.num_devices) for c in ffts), Fraction(0)))} "
+                    f"B per device) are its partitioning of an FFT, which gathers the operand whole ({self.platform} "
+                    "XLA, jax 0.10.2, even where only batch dims are split): the prediction computes each FFT where "
+                    "its operand is, as apply(execute='pinned') runs it"
+                )
             difference = format_bytes(abs(ours_bytes - theirs_bytes))
             if not ours and theirs:
                 notes.append(f"XLA's own choice ({difference} B per device); no predicted counterpart")
