@@ -184,7 +184,23 @@ def _layout_of(key: OperandKey, mesh: DeviceMesh) -> Layout:
 
 
 def _arrays(values: Sequence[Any]) -> list[Any]:
-    return [v.array if isinstance(v, DTensor) else v for v in values]
+    return [_placed_array(v) if isinstance(v, DTensor) else v for v in values]
+
+
+def _placed_array(x: DTensor) -> Any:
+    """``x``'s physical array, placed on its mesh (``jax.device_put``, host to devices) where
+    it is a host array or one on another set of devices: what a function mapped over
+    DTensors leaves in them (a DTensor is a pytree whose leaf is its array), e.g. a
+    checkpoint's NumPy values mapped into a DTensor template or an optimizer's init of host
+    zeros. Plain ``jax.jit`` would place such an input; apply's per-rank programs read
+    arrays as laid out, and JAX refused one ("in_specs passed to shard_map: P(None, 'tp')
+    does not match the specs of the input: P(None, None)")."""
+    array = x.array
+    if isinstance(array, jax.core.Tracer):
+        return array
+    if isinstance(array, np.ndarray) or len(array.sharding.device_set) != x.device_mesh.size():
+        return jax.device_put(array, x.physical.sharding)
+    return array
 
 
 # -- programs --------------------------------------------------------------------------------

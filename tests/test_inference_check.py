@@ -342,6 +342,25 @@ def test_collective_checks_name_the_gathers_of_xlas_fft_partitioning(mesh: Any) 
     assert all(c.op_name.endswith("/fft") for c in report.compiled_collectives)
 
 
+def test_communication_is_equal_only_with_the_same_bytes(mesh: Any) -> None:
+    """A bfloat16 Megatron MLP's mean: the prediction keeps the row-parallel partial sum
+    through the cast to float32 and the mean and all-reduces the scalar (10 B per device
+    over tp and dp), XLA all-reduces the bfloat16 activations over tp (1,540 B): two
+    all-reduces on each side, which counts alone called ``equal``."""
+
+    def loss(x: jax.Array, w1: jax.Array, w2: jax.Array) -> jax.Array:
+        return (jax.nn.gelu(x @ w1) @ w2).astype(jnp.float32).mean()
+
+    layout = Layout.from_device_mesh(mesh)
+    inputs = (((4, 8, 16), jnp.bfloat16, layout("S(0),R")), ((16, 32), jnp.bfloat16, layout("R,S(1)")),
+              ((32, 16), jnp.bfloat16, layout("R,S(0)")))
+    report = check(loss, *inputs)
+    assert report.predicted_combined_counts == report.compiled_counts == {"all-reduce": 2}
+    assert (report.predicted_bytes, report.compiled_bytes) == (10, 1540)
+    assert report.communication == "differs" and not report.agrees
+    assert report.communication_note.startswith("XLA moves more bytes than predicted in other collectives")
+
+
 def test_a_bfloat16_collective_counts_the_float32_one_cpu_xla_sends(mesh: Any) -> None:
     """CPU XLA runs a bfloat16 collective in float32 (converted before, back after): the
     same row-parallel MLP in bfloat16 (its reduce-scatter an all-reduce, as above) sends

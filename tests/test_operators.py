@@ -1373,3 +1373,26 @@ def test_integer_tensors_and_auto_mesh_axes() -> None:
     y = (u @ w) * 2 + u @ w
     assert y.placements == (Shard(0), P_SUM)
     np.testing.assert_allclose(np.asarray(y.full_tensor()), 3 * (a @ b), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("placements", ["R,S(1)", "S(0),S(1)"])  # a Partial's array: np.asarray refuses it (unreduced)
+def test_dtensors_a_mapped_function_left_host_arrays_in_are_placed(placements: str) -> None:
+    """A DTensor is a pytree whose leaf is its array, so a function mapped over DTensors
+    leaves its results in them: a checkpoint's NumPy values mapped into a DTensor
+    template, an optimizer's init of host zeros. Their arrays are placed as their layouts
+    lay them out where a program reads them: apply's per-rank programs ("ops") read them
+    as laid out, and JAX refused them ("in_specs passed to shard_map ... does not match
+    the specs of the input"); eager operators too."""
+    template = {"w": _dt(_data((8, 16)), MESH2, placements)}
+    values = jax.tree.map(np.asarray, template)  # the physical arrays, now on the host
+    on_host = jax.tree.map(lambda _, v: v, template, values)
+    assert isinstance(on_host["w"].array, np.ndarray) and on_host["w"].layout == template["w"].layout
+    on_one_device = jax.tree.map(jnp.asarray, values)
+    want = np.tanh(np.asarray(template["w"].full_tensor())) * 2.0
+    for tree in (on_host, jax.tree.map(lambda _, v: v, template, on_one_device)):
+        for execute in ("xla", "ops", "pinned"):
+            got = apply(lambda p: jnp.tanh(p["w"]) * 2.0, tree, execute=execute)
+            np.testing.assert_allclose(np.asarray(got.full_tensor()), want, rtol=1e-6)
+        eager = tree["w"] * 2.0
+        np.testing.assert_allclose(np.asarray(eager.full_tensor()), np.asarray(template["w"].full_tensor()) * 2.0)
+        assert len(eager.array.sharding.device_set) == MESH2.size()
