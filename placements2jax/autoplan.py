@@ -256,6 +256,8 @@ class _Problem:
         self.step_fn, self.mesh = step_fn, mesh
         self.inputs = (params, *args)
         key_leaves, self.tree = jax.tree_util.tree_flatten_with_path(self.inputs, is_leaf=is_dtensor)
+        for key_path, leaf in key_leaves:  # before any leaf's shape is read
+            _check_leaf(key_path, leaf)
         param_tree = jax.tree.structure(params, is_leaf=is_dtensor)
         param_shapes = [tuple(np.shape(x)) for x in jax.tree.leaves(params, is_leaf=is_dtensor)]
         n_params = len(param_shapes)
@@ -271,7 +273,6 @@ class _Problem:
         self.kinds: list[str] = []  # "param", "state", "arg", "other"
         self.leaves: list[Any] = []
         for i, (key_path, leaf) in enumerate(key_leaves):
-            _check_leaf(key_path, leaf)
             path = path_of(key_path[1:]) if i < n_params else "args/" + path_of(
                 (jax.tree_util.SequenceKey(key_path[0].idx - 1), *key_path[1:]))
             self.paths.append(path)
@@ -421,15 +422,18 @@ _compiles = Memo(64)
 def _check_leaf(key_path: Any, leaf: Any) -> None:
     """A leaf of ``(params, *args)`` at ``key_path``: an array, its ShapeDtypeStruct, a
     DTensor, a PRNG key or a number (what the step is traced on), else ArgumentTypeError
-    naming it (JAX's own error names a lambda of ours)."""
+    naming it (JAX's own error names a lambda of ours). A class is not a leaf whatever
+    attributes it declares: ``np.float32`` has ``shape`` and ``dtype`` descriptors (a
+    ``(shape, dtype)`` pair, predict's spec form, put one here: a raw TypeError later)."""
     if isinstance(leaf, (bool, int, float, complex)) or (
-            getattr(leaf, "shape", None) is not None and getattr(leaf, "dtype", None) is not None):
+            isinstance(getattr(leaf, "shape", None), tuple) and getattr(leaf, "dtype", None) is not None):
         return
     where = "params" if key_path[0].idx == 0 else f"args[{key_path[0].idx - 1}]"
     raise ArgumentTypeError(
         where + jax.tree_util.keystr(tuple(key_path[1:])), leaf,
         "a leaf must be an array, a jax.ShapeDtypeStruct, a DTensor, a PRNG key or a number",
-        "bind static values (strings, functions, configs) into step_fn with functools.partial",
+        "bind static values (strings, functions, configs) into step_fn with functools.partial; give a shape "
+        "and dtype as jax.ShapeDtypeStruct(shape, dtype)",
     )
 
 

@@ -1795,6 +1795,13 @@ CASES: list[Case] = [
     ),
     # -- auto_plan / plan_figures -------------------------------------------------------------------------
     _c(
+        "auto_plan: a (shape, dtype) pair as a parameter (predict's spec form, a raw TypeError before)",
+        "auto_plan",
+        ArgumentTypeError,
+        "params['w'][1]",
+        lambda e: auto_plan(_tiny_step, {"w": ((8, 16), np.float32)}, e.x, mesh=e.mesh),
+    ),
+    _c(
         "auto_plan: fixed path matching nothing",
         "auto_plan",
         PlanError,
