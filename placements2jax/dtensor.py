@@ -146,6 +146,14 @@ class DTensor:
                 "compute on the halves joined (eqx.combine), or split DTensors whole: "
                 "eqx.partition(tree, filter_spec, is_leaf=lambda x: isinstance(x, DTensor))",
             )
+        if not (hasattr(self._array, "shape") and hasattr(self._array, "dtype")):
+            raise ArgumentTypeError(
+                argument, f"DTensor({self._array!r}) laid out {self._layout}",
+                f"a DTensor holding a {type(self._array).__name__} where its array goes: a function mapped over "
+                "DTensors (jax.tree.map) returned it",
+                "return arrays from the mapped function (e.g. jnp.full_like(x, 2.0)), or map over DTensors whole: "
+                "jax.tree.map(f, tree, is_leaf=lambda x: isinstance(x, DTensor))",
+            )
         expected = physical(self._layout, self._shape).array_shape
         if tuple(self._array.shape) != expected:
             raise ShapeError(

@@ -196,11 +196,10 @@ def _placed_array(x: DTensor) -> Any:
     arrays as laid out, and JAX refused one ("in_specs passed to shard_map: P(None, 'tp')
     does not match the specs of the input: P(None, None)")."""
     array = x.array
-    if isinstance(array, jax.core.Tracer):
+    if isinstance(array, jax.Array) and (
+            isinstance(array, jax.core.Tracer) or len(array.sharding.device_set) == x.device_mesh.size()):
         return array
-    if isinstance(array, np.ndarray) or len(array.sharding.device_set) != x.device_mesh.size():
-        return jax.device_put(array, x.physical.sharding)
-    return array
+    return jax.device_put(array, x.physical.sharding)
 
 
 # -- programs --------------------------------------------------------------------------------

@@ -1434,6 +1434,20 @@ CASES: list[Case] = [
         lambda e: apply(lambda d: d["w"] * 2, jax.tree.map(lambda a: a.sum(0), {"w": e.dt})),
     ),
     _c(
+        "apply: a DTensor holding a Python number a tree.map returned (a raw AttributeError before)",
+        "apply",
+        ArgumentTypeError,
+        "args[0]['w']",
+        lambda e: apply(lambda d: d["w"] * 2, jax.tree.map(lambda a: 2.0, {"w": e.dt})),
+    ),
+    _c(
+        "predict: a DTensor holding a Python number a tree.map returned",
+        "predict",
+        ArgumentTypeError,
+        "inputs[0]['w']",
+        lambda e: predict(lambda d: d["w"] * 2, jax.tree.map(lambda a: 2.0, {"w": e.dt})),
+    ),
+    _c(
         "apply: pytree leaf not a tensor",
         "apply",
         ArgumentTypeError,
