@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import AxisType
+from jax.sharding import PartitionSpec as P
 
 from models.block import block
 from models.common import compiled_pinned
@@ -340,6 +342,29 @@ def test_collective_checks_name_the_gathers_of_xlas_fft_partitioning(mesh: Any) 
     assert kind.compiled_bytes == 2304  # the two gathers: all of XLA's bytes
     assert kind.note.startswith("2 of XLA's (2304 B per device) are its partitioning of an FFT")
     assert all(c.op_name.endswith("/fft") for c in report.compiled_collectives)
+
+
+def test_collective_checks_name_the_collectives_of_shard_map_regions(mesh: Any) -> None:
+    """A row-parallel matmul written as a shard_map region (each tp rank's partial product,
+    psum over tp), and its gradient: the prediction takes the region's in_specs and
+    out_specs as fixed layouts and does not count what its body sends; the per-kind note
+    names XLA's all-reduces of the region (their op_name), forward and transposed."""
+    auto = jax.sharding.Mesh(mesh.devices, mesh.alias_name, axis_types=(AxisType.Auto,) * 2)
+
+    def region(x: jax.Array, w: jax.Array) -> jax.Array:
+        summed = jax.shard_map(lambda xs, ws: jax.lax.psum(xs @ ws, "tp"), mesh=auto,
+                               in_specs=(P("dp", None, "tp"), P("tp", None)), out_specs=P("dp"))
+        return jnp.tanh(summed(x, w))
+
+    inputs = (spec(mesh, (4, 8, 16), "S(0),R"), spec(mesh, (16, 32), "R,S(0)"))
+    forward = check(region, *inputs)
+    (kind,) = forward.collective_checks
+    assert (kind.kind, kind.predicted, kind.compiled) == ("all-reduce", 0, 1)
+    assert kind.compiled_bytes == 3072  # (2, 8, 32) float32 all-reduced over tp's 4: 2 x 3/4 x 2,048 B
+    assert kind.note.startswith("1 of XLA's (3072 B per device) are fn's own collectives inside shard_map regions")
+    grad = check(lambda x, w: jax.grad(lambda w: region(x, w).sum())(w), *inputs)
+    (kind,) = [c for c in grad.collective_checks if c.kind == "all-reduce"]
+    assert "2 of XLA's" in kind.note and "inside shard_map regions" in kind.note
 
 
 def test_communication_is_equal_only_with_the_same_bytes(mesh: Any) -> None:

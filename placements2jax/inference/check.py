@@ -324,10 +324,18 @@ class CheckReport:
             ffts = [c for c in theirs if c.op_name.rsplit("/", 1)[-1] == "fft"]
             if ffts:
                 notes.append(
-                    f"{len(ffts)} of XLA's ({format_bytes(sum((collective_nbytes(c, self.num_devices) for c in ffts), Fraction(0)))} "
-                    f"B per device) are its partitioning of an FFT, which gathers the operand whole ({self.platform} "
-                    "XLA, jax 0.10.2, even where only batch dims are split): the prediction computes each FFT where "
-                    "its operand is, as apply(execute='pinned') runs it"
+                    f"{len(ffts)} of XLA's ({self._compiled_bytes_of(ffts)} B per device) are its partitioning of an "
+                    f"FFT, which gathers the operand whole ({self.platform} XLA, jax 0.10.2, even where only batch "
+                    "dims are split): the prediction computes each FFT where its operand is, as "
+                    "apply(execute='pinned') runs it"
+                )
+            regions = [c for c in theirs if "/shard_map/" in c.op_name]
+            if regions:
+                notes.append(
+                    f"{len(regions)} of XLA's ({self._compiled_bytes_of(regions)} B per device) are fn's own "
+                    "collectives inside shard_map regions (psum, all_gather, ... and their transposes): the "
+                    "prediction takes a region's in_specs and out_specs as fixed layouts and does not count what "
+                    "its body sends"
                 )
             difference = format_bytes(abs(ours_bytes - theirs_bytes))
             if not ours and theirs:
@@ -342,6 +350,10 @@ class CheckReport:
             checks.append(CollectiveCheck(kind, len(ours), ours_bytes, len(theirs), operands, theirs_bytes, here,
                                           "; ".join(notes)))
         return tuple(checks)
+
+    def _compiled_bytes_of(self, collectives: Sequence[Collective]) -> str:
+        """The bytes per device XLA's ``collectives`` send, as the table prints them."""
+        return format_bytes(sum((collective_nbytes(c, self.num_devices) for c in collectives), Fraction(0)))
 
     def _merged_elsewhere(self, rules: CombinerRules) -> Counter[str]:
         """Per kind this platform's XLA does not combine (CPU: all-gathers, all-to-alls), how
