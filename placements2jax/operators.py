@@ -63,7 +63,7 @@ from .inference.combine import stepped
 from .inference.frameworks import Bound, bind, variables_of, with_static_outputs
 from .inference.jaxpr import (
     CONSTRAINT_SHARDING_PARAMS, DEBUG_EFFECTS, HOST_CALLBACKS, ON_UNKNOWN, TYPING_REFUSALS, _drop_dim0, _stacked,
-    all_equations, execute, in_explicit_context, trace_context, typing_refusal,
+    all_equations, execute, is_typing_refusal, trace_context, typing_refusal,
 )
 from .inference.ops import freeze, op_definition, registered_function
 from .inference.plan import FIRST_FIRST
@@ -628,7 +628,7 @@ def apply(
             "use execute='pinned' (or 'auto'), which runs the predicted plan",
         ) from None
     except TYPING_REFUSALS as err:  # XLA's executors trace fn's equations on values JAX types inside set_mesh
-        if not in_explicit_context():
+        if not is_typing_refusal(err):
             raise
         raise typing_refusal(name, err, traced=True) from None
     if isinstance(fn, Bound) and fn.stateful:  # write the updated nnx Variables back, as nnx.jit does

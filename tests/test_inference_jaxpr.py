@@ -217,6 +217,27 @@ def test_out_sharding_inside_set_mesh_of_an_explicit_mesh_is_an_annotation(mesh:
                     np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(w), rtol=1e-5, atol=1e-6)
 
 
+def test_the_users_own_not_implemented_error_inside_set_mesh_is_theirs(mesh: Any) -> None:
+    """Inside ``jax.set_mesh`` of the Explicit mesh JAX refuses a primitive without a sharding
+    rule with a NotImplementedError ("Explicit sharding inference for ragged_dot_general is
+    not currently implemented"), which predict and apply report as JAX's refusal; one that
+    ``fn`` raises itself is the user's and goes through as it is."""
+
+    def unfinished(x: jax.Array) -> jax.Array:
+        raise NotImplementedError("my kernel: TODO")
+
+    x = distribute_tensor(np.ones((8, 4), np.float32), mesh, "S(0),R")
+    with jax.set_mesh(mesh.to_jax()):
+        with pytest.raises(NotImplementedError, match="my kernel: TODO"):
+            predict(unfinished, x)
+        with pytest.raises(NotImplementedError, match="my kernel: TODO"):
+            apply(unfinished, x)
+        tokens = distribute_tensor(np.ones((8, 4), np.float32), mesh, "S(0),R")
+        experts = distribute_tensor(np.ones((2, 4, 8), np.float32), mesh, "R,S(2)")
+        with pytest.raises(InferenceError, match="JAX's explicit sharding refuses it"):
+            predict(jax.lax.ragged_dot, tokens, experts, np.array([4, 4], np.int32))
+
+
 def test_a_typed_trace_inside_set_mesh_takes_jax_types(mesh: Any) -> None:
     """Inside ``jax.set_mesh`` of the Explicit mesh predict traces ``fn`` on inputs typed by
     their layouts, as ``jax.jit`` does there, and every value takes JAX's type: a matmul's

@@ -591,6 +591,12 @@ def trace_context() -> Any:
 TYPING_REFUSALS: tuple[type[Exception], ...] = (ShardingTypeError, NotImplementedError)
 
 
+def is_typing_refusal(err: Exception) -> bool:
+    """Whether ``err`` (one of :data:`TYPING_REFUSALS`) is JAX's refusal inside an Explicit
+    context, not the user's own NotImplementedError raised from ``fn``."""
+    return in_explicit_context() and (isinstance(err, ShardingTypeError) or "sharding" in str(err).lower())
+
+
 def typing_refusal(fn: Any, err: Exception, traced: bool = False) -> InferenceError:
     """Our error for ``fn`` refused by JAX's explicit sharding inside ``jax.set_mesh``
     (``err``, one of :data:`TYPING_REFUSALS`): the user's ``jax.jit`` of ``fn`` there is
@@ -651,7 +657,7 @@ def _predict(
     except Placements2JaxError:
         raise
     except TYPING_REFUSALS as err:  # the untyped trace too: JAX types ragged_dot_general by none of its operands
-        if not in_explicit_context():
+        if not is_typing_refusal(err):
             raise
         raise typing_refusal(fn, err) from None
     except (TypeError, ValueError) as err:
