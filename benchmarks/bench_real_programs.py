@@ -222,29 +222,27 @@ class Row:
     def _measure(self, name: str, mesh: DeviceMesh, build: Callable[[DeviceMesh], Program], pinned: bool) -> None:
         # a program written for explicit sharding is measured inside jax.set_mesh of its mesh, as its jax.jit runs
         with jax.set_mesh(mesh.to_jax()) if getattr(build, "in_set_mesh", False) else contextlib.nullcontext():
-            self._measure_here(name, mesh, build, pinned)
-
-    def _measure_here(
-        self, name: str, mesh: DeviceMesh, build: Callable[[DeviceMesh], Program], pinned: bool
-    ) -> None:
-        fn, args, out_layouts = build(mesh)
-        report = check(fn, *args, out_layouts=out_layouts)
-        self.name = name
-        self.agree = all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
-        self.predicted, self.compiled = float(report.predicted_bytes), float(report.compiled_bytes)
-        self.collectives, self.compiled_collectives = len(report.predicted_combined), len(report.compiled_collectives)
-        self.operands = sum(report.compiled_operand_counts.values())
-        # XLA sends more legitimately (CPU's all-reduce for a reduce-scatter) where check says so per collective
-        self.explained = common.below_floor(report)
-        self.pod_ratio = pod_time(self.collectives, self.predicted) / pod_time(self.compiled_collectives, self.compiled)
-        if not pinned:
-            return
-        # the parameters returned too: a stateful step's updated Variables are its arguments' (nnx)
-        pinned = eqx.filter_jit(lambda *a: (apply(fn, *a, out_layouts=out_layouts, execute="pinned"), a[:2]))
-        self.pinned_collectives, self.pinned = common.communication(
-            parse_collectives(pinned.lower(*args).compile().compiled.as_text()))
-        # pinned's bytes are check's (bfloat16 at the float32 bytes CPU XLA sends, a reduce-scatter as its all-reduce)
-        self.realized = self.predicted < self.compiled and self.pinned <= 1.1 * self.predicted
+            fn, args, out_layouts = build(mesh)
+            report = check(fn, *args, out_layouts=out_layouts)
+            self.name = name
+            self.agree = all(o.verdict in ("equal", "xla reduced partial") for o in report.outputs)
+            self.predicted, self.compiled = float(report.predicted_bytes), float(report.compiled_bytes)
+            self.collectives = len(report.predicted_combined)
+            self.compiled_collectives = len(report.compiled_collectives)
+            self.operands = sum(report.compiled_operand_counts.values())
+            # XLA sends more legitimately (CPU's all-reduce for a reduce-scatter) where check says so per collective
+            self.explained = common.below_floor(report)
+            self.pod_ratio = (pod_time(self.collectives, self.predicted)
+                              / pod_time(self.compiled_collectives, self.compiled))
+            if not pinned:
+                return
+            # the parameters returned too: a stateful step's updated Variables are its arguments' (nnx)
+            pinned = eqx.filter_jit(lambda *a: (apply(fn, *a, out_layouts=out_layouts, execute="pinned"), a[:2]))
+            self.pinned_collectives, self.pinned = common.communication(
+                parse_collectives(pinned.lower(*args).compile().compiled.as_text()))
+            # pinned's bytes are check's (bfloat16 at the float32 bytes CPU XLA sends, a reduce-scatter as its
+            # all-reduce)
+            self.realized = self.predicted < self.compiled and self.pinned <= 1.1 * self.predicted
 
     @property
     def bytes_verdict(self) -> str:

@@ -146,7 +146,7 @@ class DTensor:
                 "compute on the halves joined (eqx.combine), or split DTensors whole: "
                 "eqx.partition(tree, filter_spec, is_leaf=lambda x: isinstance(x, DTensor))",
             )
-        if not (hasattr(self._array, "shape") and hasattr(self._array, "dtype")):
+        if not (isinstance(getattr(self._array, "shape", None), tuple) and hasattr(self._array, "dtype")):
             raise ArgumentTypeError(
                 argument, f"DTensor({self._array!r}) laid out {self._layout}",
                 f"a DTensor holding a {type(self._array).__name__} where its array goes: a function mapped over "

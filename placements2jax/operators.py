@@ -184,22 +184,28 @@ def _layout_of(key: OperandKey, mesh: DeviceMesh) -> Layout:
 
 
 def _arrays(values: Sequence[Any]) -> list[Any]:
-    return [_placed_array(v) if isinstance(v, DTensor) else v for v in values]
+    return [v.array if isinstance(v, DTensor) else v for v in values]
 
 
-def _placed_array(x: DTensor) -> Any:
-    """``x``'s physical array, placed on its mesh (``jax.device_put``, host to devices) where
-    it is a host array or one on another set of devices: what a function mapped over
-    DTensors leaves in them (a DTensor is a pytree whose leaf is its array), e.g. a
-    checkpoint's NumPy values mapped into a DTensor template or an optimizer's init of host
-    zeros. Plain ``jax.jit`` would place such an input; apply's per-rank programs read
-    arrays as laid out, and JAX refused one ("in_specs passed to shard_map: P(None, 'tp')
-    does not match the specs of the input: P(None, None)")."""
+def _placed(values: Sequence[Any]) -> list[Any]:
+    """``values`` with each DTensor's physical array placed on its mesh (``jax.device_put``,
+    host to devices) where it is a host array or one on another set of devices: what a
+    function mapped over DTensors leaves in them (a DTensor is a pytree whose leaf is its
+    array), e.g. a checkpoint's NumPy values mapped into a DTensor template or an
+    optimizer's init of host zeros. Plain ``jax.jit`` would place such an input; apply's
+    per-rank programs read arrays as laid out, and JAX refused one ("in_specs passed to
+    shard_map: P(None, 'tp') does not match the specs of the input: P(None, None)"). Once
+    per call, after :func:`_dispatch` has checked the DTensors (a number or None inside
+    one is refused there, not placed)."""
+    return [_placed_dtensor(v) if isinstance(v, DTensor) else v for v in values]
+
+
+def _placed_dtensor(x: DTensor) -> DTensor:
     array = x.array
     if isinstance(array, jax.Array) and (
             isinstance(array, jax.core.Tracer) or len(array.sharding.device_set) == x.device_mesh.size()):
-        return array
-    return jax.device_put(array, x.physical.sharding)
+        return x
+    return DTensor.trusted(jax.device_put(array, x.physical.sharding), x.layout, x.shape)
 
 
 # -- programs --------------------------------------------------------------------------------
@@ -286,6 +292,7 @@ def call(op: str, operands: Sequence[Any], **params: Any) -> DTensor:
     _check_operands(operands, "operands")
     frozen = freeze(params) if params else ()
     program = _dispatch(("op", op, frozen), operands, partial(_named_program, op, frozen))
+    operands = _placed(operands)
     _announce(op, program, operands)
     return program(operands)
 
@@ -612,6 +619,7 @@ def apply(
     tag = ("apply", fn, frozen, in_tree, targets, execute, options)
     build = _BUILDERS[execute]
     program = _dispatch(tag, leaves, partial(build, fn, frozen, in_tree, targets, options), partial(_leaf_path, args))
+    leaves = _placed(leaves)
     if first is not None and first.device_mesh.is_explicit and program.calls_host:
         run = partial(_apply_on_twin, name, execute, fn, frozen, in_tree, targets, options, leaves,
                       partial(_leaf_path, args))
@@ -1319,34 +1327,32 @@ class _Executor(_Runner):
         return len(phys.stacked_axes)
 
     def compute(self, eqn: Any, signature: Any, ins: Sequence[_Value]) -> list[_Value]:
+        name = eqn.primitive.name
         targets = [physical(layout, v.phys.shape) for layout, v in zip(signature.in_layouts, ins)]
-        if eqn.primitive.name in DEBUG_EFFECTS or eqn.primitive.name in HOST_CALLBACKS:
-            # on the logical values, as jax.jit runs it: once (or once per shard with partitioned=True), not once
-            # per rank as the equation's own shard_map would
-            args = [_to_logical(self.moved(v, t.layout).array, t) for v, t in zip(ins, targets)]
-            outs = [physical(Layout(self.mesh, ((),) * v.aval.ndim), tuple(v.aval.shape)) for v in eqn.outvars]
-            return [_Value(_from_logical(y, p.layout, p.shape), p) for y, p in zip(_host_call(eqn, args), outs)]
         outs = [physical(layout, tuple(v.aval.shape)) for layout, v in zip(signature.out_layouts, eqn.outvars)]
-        if eqn.primitive.name == "shard_map":
-            # the user's own per-rank code, run as JAX runs it: on the logical values in its in_specs' layouts (its
-            # signature's), its results in its out_specs'. Bound again inside a shard_map of ours (the same axis
-            # names), JAX refused it: the operands vary over every mesh axis there, where the body's casts expect
-            # its in_specs' axes ("pvary is a invariant->variant collective"), and a body over some axes alone
-            # (axis_names=) is typed on another mesh than ours ("context mesh ... should match the aval mesh")
+        if name in DEBUG_EFFECTS or name in HOST_CALLBACKS or name == "shard_map":  # as jax.jit runs them
+            if name != "shard_map":  # a host callback's results Replicate
+                outs = [physical(Layout(self.mesh, ((),) * v.aval.ndim), tuple(v.aval.shape)) for v in eqn.outvars]
             args = [_to_logical(self.moved(v, t.layout).array, t) for v, t in zip(ins, targets)]
-            ys = eqn.primitive.bind(*args, **eqn.primitive.get_bind_params(eqn.params))
-            return [_Value(_from_logical(y, p.layout, p.shape), p) for y, p in zip(ys, outs)]
+            return [_Value(_from_logical(y, p.layout, p.shape), p) for y, p in zip(_bound_logically(eqn, args), outs)]
         return [_Value(a, p) for a, p in zip(_run_local(eqn, ins, targets, outs), outs)]
 
 
-def _host_call(eqn: Any, args: Sequence[Any]) -> list[Any]:
-    """A host callback's equation (:data:`DEBUG_EFFECTS`, :data:`HOST_CALLBACKS`) bound on
-    its operands' logical values: XLA runs it once per program run, on one device (or
-    once per shard: ``partitioned=True``), and replicates its results (the prediction's
-    Replicate). Its ``sharding`` (a callback's SingleDeviceSharding, the device it runs
-    on) is kept: it names no mesh."""
-    out = eqn.primitive.bind(*args, **eqn.primitive.get_bind_params(
-        eqn.params if eqn.primitive.name in HOST_CALLBACKS else _unsharded_params(eqn)))
+def _bound_logically(eqn: Any, args: Sequence[Any]) -> list[Any]:
+    """An equation apply runs as ``jax.jit`` runs it, bound on its operands' logical values
+    rather than on every rank's blocks. A host callback (:data:`DEBUG_EFFECTS`,
+    :data:`HOST_CALLBACKS`): XLA runs it once per program run, on one device (or once per
+    shard: ``partitioned=True``), not once per rank as a shard_map of ours would, and
+    replicates its results (the prediction's Replicate); its ``sharding`` (a callback's
+    SingleDeviceSharding, the device it runs on) is kept: it names no mesh. A ``shard_map``
+    region (the user's own per-rank code): its operands in its in_specs' layouts (its
+    signature's), its results in its out_specs'; bound again inside a shard_map of ours
+    (the same axis names), JAX refused it: the operands vary over every mesh axis there,
+    where the body's casts expect its in_specs' axes ("pvary is a invariant->variant
+    collective"), and a body over some axes alone (``axis_names=``) is typed on another
+    mesh than ours ("context mesh ... should match the aval mesh")."""
+    params = _unsharded_params(eqn) if eqn.primitive.name in DEBUG_EFFECTS else eqn.params
+    out = eqn.primitive.bind(*args, **eqn.primitive.get_bind_params(params))
     return list(out) if eqn.primitive.multiple_results else [out]
 
 
@@ -1492,7 +1498,7 @@ class _Pinned(_Runner):
                     for v, layout, plan in zip(ins, signature.in_layouts, signature.redistributions)]
             outs = [Layout(self.mesh, ((),) * len(shape)) for shape in shapes]
             return [_Value(_pin(y, layout), physical(layout, shape))
-                    for y, layout, shape in zip(_host_call(eqn, args), outs, shapes, strict=True)]
+                    for y, layout, shape in zip(_bound_logically(eqn, args), outs, shapes, strict=True)]
         if eqn.primitive.name in _PER_RANK or any(
             layout.has_partial for layout in (*signature.in_layouts, *signature.out_layouts)
         ):

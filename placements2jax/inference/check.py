@@ -554,7 +554,8 @@ def check(
                 for spec, constrained in zip(prediction.outputs, prediction.constrained)
             ],
         )
-    compiled = _compiled(flat.call(fn), args, out_shardings, specs, flat.structs() if partial_inputs else None, in_context)
+    structs = flat.structs() if partial_inputs else None  # for _compiled's unreduced rewrite
+    compiled = _compiled(flat.call(fn), args, out_shardings, specs, structs, in_context)
     shardings = jax.tree.leaves(compiled.output_shardings)
     kept = {i: hlo for i, (out, sharding) in enumerate(zip(prediction.outputs, shardings))
             if (hlo := _maximal(sharding, out.aval.ndim)) is not None}
@@ -565,8 +566,7 @@ def check(
             for i, (out, given) in enumerate(zip(prediction.outputs, pinned))
         ]
         compiled = _compiled(
-            flat.call(fn), args, jax.tree.unflatten(prediction.out_tree, pinned), specs,
-            flat.structs() if partial_inputs else None, in_context,
+            flat.call(fn), args, jax.tree.unflatten(prediction.out_tree, pinned), specs, structs, in_context
         )
         shardings = jax.tree.leaves(compiled.output_shardings)
     callers = prediction.callers or (None,) * len(prediction.outputs)
