@@ -70,6 +70,13 @@ class Collective:
         return sum(math.prod(s) for s in self.result_shapes) * width
 
     @property
+    def operands(self) -> int:
+        """The values it moves: one per array of a tuple result (a combined collective's
+        operands), but one for an all-to-all, whose tuple form (CPU XLA's) holds the pieces
+        each device exchanges of one value."""
+        return 1 if self.op == "all-to-all" else len(self.result_shapes)
+
+    @property
     def group_size(self) -> int:
         return len(self.groups[0]) if self.groups else 1
 

@@ -26,6 +26,14 @@ def test_tuple_results_with_index_comments_are_parsed() -> None:
     assert collective.groups == (tuple(range(8)),)
     assert collective.result_bytes == 64 * 8 * 4
     assert collective.op_name == ""  # no metadata
+    assert collective.operands == 1  # an all-to-all's tuple holds the pieces of one value
+
+
+def test_a_combined_collectives_operands_are_its_tuples_arrays() -> None:
+    text = ("  %all-reduce = (f32[4,8]{1,0}, f32[2]{0}) all-reduce(%a, %b), channel_id=1, "
+            "replica_groups={{0,1,2,3},{4,5,6,7}}, use_global_device_ids=true, to_apply=%add")
+    (collective,) = parse_collectives(text)
+    assert collective.result_shapes == ((4, 8), (2,)) and collective.operands == 2
 
 
 def test_a_collective_keeps_the_operation_xla_made_it_for() -> None:

@@ -344,11 +344,12 @@ def test_collective_checks_name_the_gathers_of_xlas_fft_partitioning(mesh: Any) 
     assert all(c.op_name.endswith("/fft") for c in report.compiled_collectives)
 
 
-def test_collective_checks_name_the_collectives_of_shard_map_regions(mesh: Any) -> None:
+def test_the_collectives_of_shard_map_regions_are_predicted(mesh: Any) -> None:
     """A row-parallel matmul written as a shard_map region (each tp rank's partial product,
     psum over tp), and its gradient: the prediction takes the region's in_specs and
-    out_specs as fixed layouts and does not count what its body sends; the per-kind note
-    names XLA's all-reduces of the region (their op_name), forward and transposed."""
+    out_specs as fixed layouts and counts what its body sends (read off the body: the
+    psum, and in the gradient its transpose's all-reduce), as XLA compiles it; the
+    per-kind note names both sides' region collectives (XLA's by their op_name)."""
     auto = jax.sharding.Mesh(mesh.devices, mesh.alias_name, axis_types=(AxisType.Auto,) * 2)
 
     def region(x: jax.Array, w: jax.Array) -> jax.Array:
@@ -359,12 +360,17 @@ def test_collective_checks_name_the_collectives_of_shard_map_regions(mesh: Any) 
     inputs = (spec(mesh, (4, 8, 16), "S(0),R"), spec(mesh, (16, 32), "R,S(0)"))
     forward = check(region, *inputs)
     (kind,) = forward.collective_checks
-    assert (kind.kind, kind.predicted, kind.compiled) == ("all-reduce", 0, 1)
-    assert kind.compiled_bytes == 3072  # (2, 8, 32) float32 all-reduced over tp's 4: 2 x 3/4 x 2,048 B
+    assert (kind.kind, kind.predicted, kind.compiled) == ("all-reduce", 1, 1)
+    # (2, 8, 32) float32 all-reduced over tp's 4: 2 x 3/4 x 2,048 B
+    assert kind.predicted_bytes == kind.compiled_bytes == forward.prediction.nbytes == 3072
     assert kind.note.startswith("1 of XLA's (3072 B per device) are fn's own collectives inside shard_map regions")
+    assert "1 of the prediction's (3072 B)" in kind.note
+    assert forward.communication == "equal" and forward.agrees
     grad = check(lambda x, w: jax.grad(lambda w: region(x, w).sum())(w), *inputs)
     (kind,) = [c for c in grad.collective_checks if c.kind == "all-reduce"]
     assert "2 of XLA's" in kind.note and "inside shard_map regions" in kind.note
+    assert grad.predicted_bytes == grad.compiled_bytes
+    assert grad.predicted_combined_counts == grad.compiled_counts
 
 
 def test_communication_is_equal_only_with_the_same_bytes(mesh: Any) -> None:

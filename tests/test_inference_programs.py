@@ -1209,10 +1209,13 @@ def test_apply_runs_the_llama_loss_like_plain_jax(mesh: Any) -> None:
 # / 0.912 with 40 / 41 operands -> 1.016 / 1.015 with 36 / 37 (combined 19 / 21 -> 15 / 17; its 8 all-to-alls gone for
 # 4 all-gathers), Llama 0.594 / 0.618 with 42 / 46 -> 0.699 / 0.712 with 38 / 43 (combined 23 / 25 -> 13 / 17: 11 / 10
 # all-gathers -> 1 / 2).
+# Since a compiled all-to-all counts one operand (stop 54, Collective.operands: CPU XLA's tuple form holds the pieces
+# of one value, which counted as 4 operands on tp's 4, "XLA has 3 more"): XLA's 4 all-to-alls over tp in GPT-2's
+# value_and_grad and adamw step are 12 operands fewer, the predictions unchanged: -15 / -21 -> -3 / -9.
 _REACHED = {
     ("gpt2", "loss"): (0.81, -3),
-    ("gpt2", "value_and_grad"): (1.02, -15),
-    ("gpt2", "adamw step"): (1.02, -21),
+    ("gpt2", "value_and_grad"): (1.02, -3),
+    ("gpt2", "adamw step"): (1.02, -9),
     ("llama", "loss"): (0.77, -7),
     ("llama", "value_and_grad"): (0.70, -27),
     ("llama", "adamw step"): (0.72, -53),

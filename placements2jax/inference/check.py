@@ -246,7 +246,7 @@ class CheckReport:
         rules = combiner_rules(self.platform)
         return [
             collective for plan, step in self._communicating_moves for collective in lowered_step(step, rules, plan.dtype)
-        ]
+        ] + [(c.kind, c.nbytes(rules.widening(c.dtype))) for c in self.prediction.region_collectives]
 
     @property
     def predicted_counts(self) -> Counter[str]:
@@ -269,7 +269,7 @@ class CheckReport:
         """Compiled collectives per kind counting each operand of a combined one."""
         counts: Counter[str] = Counter()
         for c in self.compiled_collectives:
-            counts[c.op] += len(c.result_shapes)
+            counts[c.op] += c.operands
         return counts
 
     @property
@@ -286,7 +286,7 @@ class CheckReport:
         lowered = len(scatters)
         widened = Counter(
             rules.compiled_kind(s.compiled) for plan, s in self._communicating_moves if rules.widening(plan.dtype) > 1
-        )
+        ) + Counter(c.kind for c in self.prediction.region_collectives if rules.widening(c.dtype) > 1)
         unmerged = self._merged_elsewhere(rules)
         predicted: dict[str, list[Fraction]] = {}
         for kind, nbytes in self.predicted_collectives:
@@ -297,7 +297,7 @@ class CheckReport:
         checks = []
         for kind in sorted(set(predicted) | set(compiled)):
             ours, theirs = predicted.get(kind, []), compiled.get(kind, [])
-            operands = sum(len(c.result_shapes) for c in theirs)
+            operands = sum(c.operands for c in theirs)
             ours_bytes = sum(ours, Fraction(0))
             theirs_bytes = sum((collective_nbytes(c, self.num_devices) for c in theirs), Fraction(0))
             notes = []
@@ -330,12 +330,13 @@ class CheckReport:
                     "apply(execute='pinned') runs it"
                 )
             regions = [c for c in theirs if "/shard_map/" in c.op_name]
-            if regions:
+            sent = [c.nbytes(rules.widening(c.dtype)) for c in self.prediction.region_collectives if c.kind == kind]
+            if regions or sent:
                 notes.append(
                     f"{len(regions)} of XLA's ({self._compiled_bytes_of(regions)} B per device) are fn's own "
-                    "collectives inside shard_map regions (psum, all_gather, ... and their transposes): the "
-                    "prediction takes a region's in_specs and out_specs as fixed layouts and does not count what "
-                    "its body sends"
+                    "collectives inside shard_map regions (psum, all_gather, ... and their transposes), "
+                    f"{len(sent)} of the prediction's ({format_bytes(sum(sent, Fraction(0)))} B): read off the "
+                    "region bodies, whose in_specs and out_specs are fixed layouts"
                 )
             difference = format_bytes(abs(ours_bytes - theirs_bytes))
             if not ours and theirs:
@@ -393,7 +394,7 @@ class CheckReport:
         for c in self.compiled_collectives:
             row = rows.setdefault((c.op, c.mesh_axes(mesh)), [0, 0, 0, 0])
             row[2] += 1
-            row[3] += len(c.result_shapes)
+            row[3] += c.operands
         return tuple(AxisCheck(kind, axes, *row) for (kind, axes), row in sorted(rows.items()))
 
     def axis_table(self) -> str:

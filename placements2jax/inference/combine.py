@@ -79,6 +79,7 @@ from ..caches import Memo, cached
 from ..errors import InferenceError
 from ..layout import Layout
 from .cost import ALL_GATHER, ALL_REDUCE, COLLECTIVE_PERMUTE, REDUCE_SCATTER, gather_block_bytes
+from .regions import RegionCollective
 from .signature import RedistributePlan, RedistributeStep, SharedRoutes
 
 __all__ = ["BACKENDS", "LOOPS", "CombinedCollective", "CombinerRules", "MovedEquation", "PlannedCollective",
@@ -279,6 +280,7 @@ class MovedEquation(NamedTuple):
     sources: tuple[Source | None, ...]
     redistributions: tuple[RedistributePlan | None, ...]
     whole: bool = False
+    region: tuple[RegionCollective, ...] = ()  # a shard_map region's: what its body sends (.regions)
 
 
 def _xla_order(steps: Sequence[RedistributeStep]) -> list[RedistributeStep]:
@@ -331,7 +333,10 @@ def planned_collectives(
     results: Iterable[tuple[str, Sequence[tuple[str, Source | None]]]] = (), dataflow: Dataflow | None = None,
 ) -> tuple[PlannedCollective, ...]:
     """The collectives of ``equations``' moves, in program order, with their dependencies
-    read from its dataflow; ``loops``: (path, primitive) of the loops XLA compiles as loops
+    read from its dataflow, and after each ``shard_map`` row's moves the collectives its
+    body sends (:attr:`MovedEquation.region`, in the region's computations: its own is the
+    row's; what the row's outputs depend on includes them); ``loops``: (path, primitive) of
+    the loops XLA compiles as loops
     (each body a computation of the combiner's own; not a scan of one trip, which XLA
     inlines), ``returned``: (a one-trip scan's result, the value it is in the body; its
     carries' moves are rows ``<loop>.carry<j>``), ``shared_routes``: a value's moves whose
@@ -431,8 +436,20 @@ def planned_collectives(
             tails[where, slot] = last
         return after
 
+    regions: dict[str, list[int]] = {}  # per shard_map row, the collectives its body sends
+
+    def sent(path: str, region: tuple[RegionCollective, ...], scope: str, bits: int) -> int:
+        first = len(made)
+        for c in region:
+            dtype = rules.compiled_dtype(c.dtype)
+            made.append((c.kind, c.axes, c.reduce_op, str(dtype), rules.widening(c.dtype) * c.result_bytes,
+                         f"{scope}/{path}{c.body}" if c.body else scope, path, bits | c.after << first))
+            operands.append((None, None))
+        regions[path] = list(range(first, len(made)))
+        return bits | (1 << len(made)) - (1 << first)
+
     computations = move_computations(loops)
-    for (path, sources, plans, whole), scope, reads in zip(equations, dataflow.scopes, dataflow.reads):
+    for (path, sources, plans, whole, region), scope, reads in zip(equations, dataflow.scopes, dataflow.reads):
         bits = 0
         if any(plans) or len(plans) > len(sources):
             for i in range(max(len(plans), len(sources))):
@@ -442,12 +459,14 @@ def planned_collectives(
         else:  # most rows: no input moved, what its sources depend on
             for read in reads:
                 bits |= upstream[read]
+        if region:
+            bits = sent(path, region, scope, bits)
         upstream[path] = bits | ahead.pop(path, 0) if ahead else bits
     for k, (source, plan) in enumerate(extra):
         moved(source, plan, "end", "", k, True)
     if not made:
         return ()
-    ranks = _post_order(dataflow, upstream, operands, tails, hoisted, [source for source, _ in extra])
+    ranks = _post_order(dataflow, upstream, operands, tails, hoisted, [source for source, _ in extra], regions)
     return tuple(
         PlannedCollective(*fields, rank, source) for fields, rank, (source, _) in zip(made, ranks, operands)
     )
@@ -637,12 +656,14 @@ class Dataflow:
 def _post_order(
     dataflow: Dataflow, upstream: dict[str, int], operands: Sequence[tuple[Any, int | None]],
     tails: dict[tuple[str, int], int], hoisted: dict[str, dict[Source, list[int]]], ends: Sequence[Source | None],
+    regions: Mapping[str, Sequence[int]] = {},
 ) -> list[int]:
     """Each collective's place in XLA's post order (:func:`planned_collectives`): a depth
     first walk of the equations from each computation's roots, an equation's inputs first
     to last, each input's value then its move's collectives (``tails``; a cond's, the moves
-    of it its branches read that run before it, ``hoisted``), a collective's moved value and
-    the collective before it first. The walk skips an equation after no collective
+    of it its branches read that run before it, ``hoisted``; a ``shard_map`` row's, the
+    collectives its body sends, after its last input's, ``regions``), a collective's moved
+    value and the collective before it first. The walk skips an equation after no collective
     (``upstream``: none), which has none to place, and so reaches the inputs in the
     program's order of them (:meth:`Dataflow.walk_order`, found once): each collective is
     placed where the walk reaches the input (or the move after the program) it is at, after
@@ -662,6 +683,10 @@ def _post_order(
             if source in sources:  # at the first operand holding the value
                 position = at[cond, sources.index(source)]
                 placed += [(position, j, collective) for j, collective in enumerate(collectives)]
+    for path, collectives in regions.items():
+        inputs = len(dataflow.rows[path].sources)
+        position = at.get((path, inputs - 1), -1) if inputs else -1
+        placed += [(position, j, collective) for j, collective in enumerate(collectives)]
     placed.sort()
     rank = [-1] * len(operands)
     count = 0

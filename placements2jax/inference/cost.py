@@ -69,6 +69,7 @@ __all__ = [
     "halo_permutes",
     "overhead_of",
     "resolve_cost_model",
+    "result_nbytes",
     "set_default_cost_model",
     "use_cost_model",
 ]
@@ -137,18 +138,23 @@ def collective_factor(collective: str, n: int) -> Fraction:
 
 
 def collective_nbytes(collective: Collective, num_devices: int) -> Fraction:
-    """Bytes each device sends for one compiled collective, by the formulas of
-    :mod:`.cost` applied to its per-device result ``R`` and group size ``n``: all-reduce
-    ``2R(n-1)/n``, all-gather ``R(n-1)/n`` (R: the gathered result), reduce-scatter
-    ``R(n-1)`` (the input is ``nR``), all-to-all ``R(n-1)/n`` (R: one device's block, all
-    tuple parts), collective-permute ``R``. Empty replica groups mean all devices."""
-    block = collective.result_bytes
-    if collective.op == COLLECTIVE_PERMUTE:
-        return Fraction(block)
+    """Bytes each device sends for one compiled collective (:func:`result_nbytes` of its
+    per-device result). Empty replica groups mean all devices."""
     n = collective.group_size if collective.groups else num_devices
-    if collective.op in (REDUCE_SCATTER, ALL_TO_ALL):
-        return collective_bytes(collective.op, n * block, n)
-    return collective_bytes(collective.op, block, n)
+    return result_nbytes(collective.op, collective.result_bytes, n)
+
+
+def result_nbytes(kind: str, result_bytes: int, n: int) -> Fraction:
+    """Bytes each device sends for one collective of ``kind`` as XLA compiles it, by the
+    formulas of :mod:`.cost` applied to its per-device result ``R`` (``result_bytes``) and
+    group size ``n``: all-reduce ``2R(n-1)/n``, all-gather ``R(n-1)/n`` (R: the gathered
+    result), reduce-scatter ``R(n-1)`` (the input is ``nR``), all-to-all ``R(n-1)/n`` (R:
+    one device's block, all tuple parts), collective-permute ``R``."""
+    if kind == COLLECTIVE_PERMUTE:
+        return Fraction(result_bytes)
+    if kind in (REDUCE_SCATTER, ALL_TO_ALL):
+        return collective_bytes(kind, n * result_bytes, n)
+    return collective_bytes(kind, result_bytes, n)
 
 
 def block_bytes(

@@ -61,6 +61,7 @@ from .frameworks import bind
 from .ops import CALL_JAXPR_PARAMS, ELEMENTWISE_PRIMITIVES, PrimitiveDef, primitive_definition, registered_function
 from .plan import FIRST_FIRST, LAST_FIRST, InputPlans, ReductionOrder, cached_plan, cached_plan_cost, mesh_all_reduce
 from .program import ProgramGraph, ProgramNode, ValueId, forced_signature, select_program
+from .regions import RegionCollective, region_collectives
 from .rules import BATCH_PARTITIONED
 from .select import signature_for
 from .signature import (
@@ -128,7 +129,8 @@ _CARRY_OPTIONS = 16
 @dataclass(frozen=True, init=False)
 class EquationReport:
     """One equation of the walked jaxpr: its inputs' layouts, the signature chosen (None
-    for a call, whose equations follow with a deeper ``path``), its outputs' layouts."""
+    for a call, whose equations follow with a deeper ``path``), its outputs' layouts; for a
+    ``shard_map`` region, what its body sends itself (:mod:`.regions`)."""
 
     path: str
     primitive: str
@@ -136,15 +138,17 @@ class EquationReport:
     signature: Signature | None
     outputs: tuple[TensorSpec, ...]
     sources: tuple[ValueId | None, ...] = ()  # the value each input is (None: a literal or constant)
+    region: tuple[RegionCollective, ...] = ()
 
     def __init__(
         self, path: str, primitive: str, inputs: tuple[TensorSpec, ...], signature: Signature | None,
         outputs: tuple[TensorSpec, ...], sources: tuple[ValueId | None, ...] = (),
+        region: tuple[RegionCollective, ...] = (),
     ) -> None:
         # one dict update, not a frozen __setattr__ per field (every walk reports every equation: half the time of
         # building a row)
         self.__dict__.update(path=path, primitive=primitive, inputs=inputs, signature=signature, outputs=outputs,
-                             sources=sources)
+                             sources=sources, region=region)
 
     @property
     def depth(self) -> int:
@@ -302,26 +306,40 @@ class Prediction:
             redistribute_schedule(p.shape, p.dtype, p.src, p.dst, self.policy) for p in self.redistributions
         )
 
+    @cached_property
+    def region_collectives(self) -> tuple[RegionCollective, ...]:
+        """What the ``shard_map`` regions' bodies send themselves (``psum``, ``all_gather``,
+        ...: :mod:`.regions`), in program order: the program's communication besides its
+        redistributions, fixed by the code (the search chooses nothing inside a region)."""
+        return tuple(c for e in self.equations for c in e.region)
+
     @property
     def cost(self) -> Fraction:
         """The weighted bytes of the redistributions: each step's bytes times its mesh
         dim's weight; under a policy, each collective's bytes times the largest weight of
-        its mesh dims."""
+        its mesh dims; and so each of the :attr:`region_collectives`."""
+        model = resolve_cost_model(self.cost_model)
+        regions = sum(
+            (c.nbytes() * max((model.weight(mesh, mesh.axis_names.index(a)) for a in c.axes), default=Fraction(1))
+             for mesh in [s.layout.mesh for s in (*self.inputs, *self.outputs)][:1] for c in self.region_collectives),
+            Fraction(0),
+        )
         if self.policy is not None:
-            model = resolve_cost_model(self.cost_model)
-            return sum(
+            return regions + sum(
                 (nbytes * max((model.weight(s.src.layout.mesh, m) for m in axes), default=Fraction(1))
                  for s in self.schedules for axes, nbytes in s.terms),
                 Fraction(0),
             )
-        return sum((step.cost for step in self._routed_steps), Fraction(0))
+        return regions + sum((step.cost for step in self._routed_steps), Fraction(0))
 
     @property
     def nbytes(self) -> Fraction:
-        """Bytes each device sends (under a policy: the schedules', averaged over devices)."""
+        """Bytes each device sends (under a policy: the schedules', averaged over devices),
+        the :attr:`region_collectives`' included."""
+        regions = sum((c.nbytes() for c in self.region_collectives), Fraction(0))
         if self.policy is not None:
-            return sum((s.nbytes for s in self.schedules), Fraction(0))
-        return sum((s.nbytes for s in self.steps), Fraction(0))
+            return regions + sum((s.nbytes for s in self.schedules), Fraction(0))
+        return regions + sum((s.nbytes for s in self.steps), Fraction(0))
 
     @property
     def lowered_nbytes(self) -> Fraction:
@@ -340,17 +358,18 @@ class Prediction:
         return sum(
             (nbytes for plan, s in self.routed_moves(extra) if not s.over_one_device
              for _, nbytes in lowered_step(s, rules, plan.dtype)),
-            Fraction(0),
+            sum((c.nbytes(rules.widening(c.dtype)) for c in self.region_collectives), Fraction(0)),
         )
 
     @property
     def collectives(self) -> Counter[str]:
         """Steps per kind over the whole function (local ones included, none over one
         device: see :attr:`steps`); under a policy, the schedules' compiled collectives per
-        kind."""
+        kind; and the :attr:`region_collectives`."""
+        regions = Counter(c.kind for c in self.region_collectives)
         if self.policy is not None:
-            return Counter(c.op for s in self.schedules for c in s.collectives)
-        return Counter(s.collective for s in self.steps)
+            return regions + Counter(c.op for s in self.schedules for c in s.collectives)
+        return regions + Counter(s.collective for s in self.steps)
 
     def combined(
         self, backend: str | None = None, extra: Sequence[tuple[ValueId, RedistributePlan]] = ()
@@ -372,7 +391,7 @@ class Prediction:
         the program's); ``backend``: a JAX platform name, default the mesh's."""
         rules = combiner_rules(self._backend if backend is None else backend)
         moved = (MovedEquation(e.path, e.sources, e.signature.redistributions if e.signature is not None else (),
-                               e.primitive == "out_layouts") for e in self.equations)
+                               e.primitive == "out_layouts", e.region) for e in self.equations)
         return planned_collectives(moved, rules, extra, loops=self.loops, returned=self.returned,
                                    shared_routes=self.search == "program", outputs=self.output_sources,
                                    results=self.results)
@@ -449,7 +468,7 @@ class Prediction:
     def __str__(self) -> str:
         rows = []
         for eqn in self.equations:
-            moves = "; ".join(f"in{i} {s}" for i, s in eqn.steps)
+            moves = "; ".join([*(f"in{i} {s}" for i, s in eqn.steps), *(f"body {c}" for c in eqn.region)])
             outs = " ; ".join(str(s) for s in eqn.outputs)
             ins = " ; ".join(str(s.layout) for s in eqn.inputs)
             rows.append((eqn.path, "  " * eqn.depth + eqn.primitive, ins, outs, moves, format_bytes(eqn.cost)))
@@ -2053,7 +2072,8 @@ class _Walker:
                 types = None
         outs = tuple(TensorSpec.of(a, layout) for a, layout in zip(out_avals, signature.out_layouts))
         label = signature.op if signature.op.startswith(name) else name  # e.g. 'foo (no rule: replicated)'
-        self.rows.append(EquationReport(path, label, ins, signature, outs, srcs))
+        region = () if name != "shard_map" else region_collectives(eqn, self._axis_sizes)
+        self.rows.append(EquationReport(path, label, ins, signature, outs, srcs, region))
         self._node(ProgramNode(path, ins, srcs, self._candidates(signature)))
         if self.executor is not None:
             self.executor.equation(eqn, signature)
@@ -2446,6 +2466,10 @@ class _Walker:
         return self._finish_loop_row(slot, srcs, [TensorSpec(a.shape, a.dtype, x) for a, x in zip(out_avals, joined)], (0,))
 
     # -- annotations in user code ------------------------------------------------------------
+
+    @cached_property
+    def _axis_sizes(self) -> dict[str, int]:
+        return dict(zip(self.mesh.axis_names, self.mesh.shape))
 
     def _check_mesh(self, argument: str, value: Any, jax_mesh: Any) -> None:
         if tuple(jax_mesh.axis_names) != self.mesh.axis_names or tuple(jax_mesh.axis_sizes) != self.mesh.shape:

@@ -1,0 +1,188 @@
+"""What a ``shard_map`` region's body sends itself (pure).
+
+The prediction takes a region's ``in_specs`` / ``out_specs`` as fixed layouts: the search
+chooses nothing inside it. What its per-device code sends (``psum``, ``all_gather``,
+``psum_scatter``, ``all_to_all``, ``ppermute``, ``pmax`` / ``pmin``, and their transposes
+in a gradient's region) is still the program's communication, which XLA compiles where it
+inlines the region (collectives whose ``op_name`` is inside ``shard_map``). It is read here
+off the body's jaxpr, one collective per operand, as jax 0.10.2's CPU client compiles it
+(measured): ``psum`` / ``pmax`` / ``pmin`` an all-reduce of the per-device block,
+``all_gather`` an all-gather, ``psum_scatter`` a reduce-scatter (CPU XLA compiles the one
+the code writes, though its partitioner forms none), ``all_to_all`` an all-to-all and
+``ppermute`` a collective-permute, each ``bfloat16`` one in ``float32`` on CPU as every
+collective there (:meth:`.combine.CombinerRules.widening`). A collective over groups of
+one device (a size-1 mesh axis) is compiled too, sending nothing (where a redistribution's
+step over one device compiles to nothing).
+
+Each collective records the region's collectives its operand depends on, so that XLA's
+combiner is modelled on them with the program's (:func:`.combine.planned_collectives`:
+two independent ``psum`` over one axis are one all-reduce), and the computation it runs
+in: the region's own, inlined into the program's, or a loop's or branch's body inside the
+region, a computation of its own (its collectives combine only there).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+from typing import Any, NamedTuple
+
+import numpy as np
+from jax.extend import core
+
+from ..caches import cached
+from ..errors import ArgumentTypeError, InferenceError
+from .cost import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COLLECTIVE_PERMUTE, REDUCE_SCATTER, result_nbytes
+from .ops import CALL_JAXPR_PARAMS
+
+__all__ = ["RegionCollective", "region_collectives"]
+
+# primitive -> (the collective XLA compiles, its reduction)
+_COLLECTIVES: dict[str, tuple[str, str | None]] = {
+    "psum": (ALL_REDUCE, "sum"),
+    "psum_invariant": (ALL_REDUCE, "sum"),
+    "unreduced_psum": (ALL_REDUCE, "sum"),
+    "pmax": (ALL_REDUCE, "max"),
+    "pmin": (ALL_REDUCE, "min"),
+    "all_gather": (ALL_GATHER, None),
+    "all_gather_invariant": (ALL_GATHER, None),
+    "reduce_scatter": (REDUCE_SCATTER, "sum"),
+    "unreduced_reduce_scatter": (REDUCE_SCATTER, "sum"),
+    "all_to_all": (ALL_TO_ALL, None),
+    "ppermute": (COLLECTIVE_PERMUTE, None),
+}
+
+
+class RegionCollective(NamedTuple):
+    """One collective a region's body sends: its kind as XLA compiles it, the mesh axes of
+    its device groups (in mesh order), its reduction, the element type the code sends, the
+    bytes of its per-device result, its group size, the region's collectives it depends on
+    (a bit set of their indices in :func:`region_collectives`' result), the computation it
+    runs in (``""``: the region's, inlined into the program's; else a label of a loop's or
+    branch's body inside the region) and the JAX primitive that sends it."""
+
+    kind: str
+    axes: tuple[str, ...]
+    reduce_op: str | None
+    dtype: np.dtype
+    result_bytes: int
+    group: int
+    after: int
+    body: str
+    primitive: str
+
+    def __str__(self) -> str:
+        """The one text form: ``psum: all-reduce(float32, 384 B) over tp``."""
+        return f"{self.primitive}: {self.kind}({self.dtype}, {self.result_bytes} B) over {','.join(self.axes)}"
+
+    def nbytes(self, widening: int = 1) -> Fraction:
+        """Bytes each device sends, its elements ``widening`` times as wide as written
+        (CPU XLA: ``bfloat16`` sent as ``float32``)."""
+        return result_nbytes(self.kind, widening * self.result_bytes, self.group)
+
+
+def region_collectives(eqn: Any, axis_sizes: Mapping[str, int]) -> tuple[RegionCollective, ...]:
+    """The collectives the body of ``shard_map`` equation ``eqn`` sends, in program order
+    (module docstring); ``axis_sizes``: the mesh's axis name -> size."""
+    if getattr(getattr(eqn, "primitive", None), "name", None) != "shard_map":
+        raise ArgumentTypeError(
+            "eqn", eqn, "not a shard_map equation", "pass an equation of a jaxpr whose primitive is shard_map "
+            "(e.g. jax.make_jaxpr(fn)(*args).eqns)",
+        )
+    body = eqn.params["jaxpr"]
+    return _collectives_of(getattr(body, "jaxpr", body), tuple(axis_sizes.items()))
+
+
+@cached(maxsize=64)
+def _collectives_of(body: Any, axis_sizes: tuple[tuple[str, int], ...]) -> tuple[RegionCollective, ...]:
+    found: list[RegionCollective] = []
+    _walk(body, [0] * len(body.invars), found, "", dict(axis_sizes), [0])
+    return tuple(found)
+
+
+def _walk(
+    jaxpr: Any, deps: Sequence[int], found: list[RegionCollective], body: str, sizes: dict[str, int], bodies: list[int]
+) -> list[int]:
+    """Appends to ``found`` the collectives of ``jaxpr`` (run in computation ``body``),
+    whose inputs depend on the collectives ``deps`` (bit sets); returns what its outputs
+    depend on. ``bodies``: how many loop and branch bodies were labelled so far."""
+    env: dict[Any, int] = dict(zip(jaxpr.invars, deps))
+
+    def read(var: Any) -> int:
+        return 0 if isinstance(var, core.Literal) else env.get(var, 0)
+
+    for eqn in jaxpr.eqns:
+        ins = [read(v) for v in eqn.invars]
+        name = eqn.primitive.name
+        if name in _COLLECTIVES:
+            outs = _sent(eqn, ins, found, body, sizes)
+        else:
+            called = _inlined(eqn)
+            if called is not None:  # a call (XLA inlines it) or a nested region: the same computation
+                outs = _walk(called, ins, found, body, sizes, bodies)
+            else:
+                every = 0
+                for bits in ins:
+                    every |= bits
+                first = len(found)
+                for inner in _bodies(eqn.params):  # a loop's or a branch's: a computation of its own
+                    bodies[0] += 1
+                    _walk(inner, [every] * len(inner.invars), found, f"{body}/{bodies[0]}", sizes, bodies)
+                every |= (1 << len(found)) - (1 << first)
+                outs = [every] * len(eqn.outvars)
+        env.update(zip(eqn.outvars, outs))
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _sent(eqn: Any, ins: list[int], found: list[RegionCollective], body: str, sizes: dict[str, int]) -> list[int]:
+    """The collectives of one collective equation, one per operand; what each result
+    depends on."""
+    kind, reduce_op = _COLLECTIVES[eqn.primitive.name]
+    named = eqn.params.get("axes", eqn.params.get("axis_name", ()))
+    named = (named,) if isinstance(named, str) else tuple(named)
+    unknown = [a for a in named if isinstance(a, str) and a not in sizes]  # a vmap's positional axes are ints
+    if unknown:
+        raise InferenceError(
+            "axis_sizes", dict(sizes), f"has no axis {unknown[0]!r}, which the region's {eqn.primitive.name} names",
+            "pass the size of every axis of the shard_map's mesh",
+        )
+    axes = tuple(a for a in sizes if a in named)  # in mesh order
+    groups = eqn.params.get("axis_index_groups")
+    group = len(groups[0]) if groups else math.prod(sizes[a] for a in axes)
+    outs = []
+    for bits, out in zip(ins, eqn.outvars):
+        dtype = np.dtype(out.aval.dtype)
+        found.append(RegionCollective(
+            kind, axes, reduce_op, dtype, math.prod(out.aval.shape) * dtype.itemsize, group, bits, body,
+            eqn.primitive.name,
+        ))
+        outs.append(bits | 1 << (len(found) - 1))
+    return outs
+
+
+def _inlined(eqn: Any) -> Any | None:
+    """The jaxpr of a call whose inputs and outputs are the equation's, or of a nested
+    ``shard_map`` (manual over more axes: the same per-device code); else None."""
+    name = eqn.primitive.name
+    param = "jaxpr" if name == "shard_map" else CALL_JAXPR_PARAMS.get(name)
+    if param is None:
+        return None
+    called = eqn.params[param]
+    called = getattr(called, "jaxpr", called)
+    if len(called.invars) != len(eqn.invars) or len(called.outvars) != len(eqn.outvars):
+        return None
+    return called
+
+
+def _bodies(params: Mapping[str, Any]) -> list[Any]:
+    """The jaxprs in an equation's params (a scan's, a while's cond and body, a cond's
+    branches)."""
+    found = []
+    for value in params.values():
+        for item in value if isinstance(value, tuple) else (value,):
+            if isinstance(item, core.ClosedJaxpr):
+                found.append(item.jaxpr)
+            elif isinstance(item, core.Jaxpr):
+                found.append(item)
+    return found
