@@ -363,7 +363,7 @@ def test_the_collectives_of_shard_map_regions_are_predicted(mesh: Any) -> None:
     assert (kind.kind, kind.predicted, kind.compiled) == ("all-reduce", 1, 1)
     # (2, 8, 32) float32 all-reduced over tp's 4: 2 x 3/4 x 2,048 B
     assert kind.predicted_bytes == kind.compiled_bytes == forward.prediction.nbytes == 3072
-    assert kind.note.startswith("1 of XLA's (3072 B per device) are fn's own collectives inside shard_map regions")
+    assert kind.note.startswith("1 of XLA's (3072 B per device) hold fn's own collectives inside shard_map regions")
     assert "1 of the prediction's (3072 B)" in kind.note
     assert forward.communication == "equal" and forward.agrees
     grad = check(lambda x, w: jax.grad(lambda w: region(x, w).sum())(w), *inputs)

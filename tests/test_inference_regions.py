@@ -140,7 +140,9 @@ def test_region_collectives_reads_a_shard_map_equation(mesh: Any) -> None:
                        check_vma=False)
     (eqn,) = jax.make_jaxpr(fn)(jnp.ones((8, 8))).jaxpr.eqns
     sizes = {"dp": 2, "tp": 4}
-    (sent,) = region_collectives(eqn, sizes)
+    region = region_collectives(eqn, sizes)
+    (sent,) = region.collectives
+    assert region.outputs == (1,)  # the region's output waits for its psum
     assert (sent.kind, sent.axes, sent.group, sent.result_bytes, sent.nbytes()) == (
         "all-reduce", ("dp", "tp"), 8, 32, 56)  # the (4, 2) float32 block: 2 x 7/8 x 32 B
     assert region_collectives(eqn, sizes) is region_collectives(eqn, sizes)
@@ -155,3 +157,23 @@ def test_region_collectives_refuses_other_equations_and_unknown_axes(mesh: Any) 
         region_collectives(add, {"dp": 2, "tp": 4})
     with pytest.raises(InferenceError, match="axis_sizes=.*has no axis 'tp'.*Fix: pass the size of every axis"):
         region_collectives(eqn, {"dp": 2})
+
+
+def test_each_output_of_a_region_waits_only_for_what_its_value_depends_on(mesh: Any) -> None:
+    """A region returning a psum over dp and a value computed without one: a sum over dp
+    of the second, outside, is independent of the region's psum, and XLA's combiner
+    merges the two all-reduces into one (with every output after every collective of its
+    region the model counted two)."""
+    region = jax.shard_map(lambda x, w: (jax.lax.psum(w * 2, "dp"), x * 3), mesh=auto(mesh),
+                           in_specs=(P("dp", "tp"), P()), out_specs=(P(), P("dp", "tp")), check_vma=False)
+
+    def fn(x: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
+        summed, scaled = region(x, w)
+        return summed, jnp.tanh(jnp.sum(scaled, axis=0))
+
+    inputs = (spec(mesh, (8, 16), "S(0),S(1)"), spec(mesh, (16,), "R,R"))
+    report = check(fn, *inputs, out_layouts=(None, Layout.from_device_mesh(mesh)("R,S(0)")))
+    assert report.prediction.equations[0].region.outputs == (1, 0)
+    assert report.predicted_combined_counts == report.compiled_counts == {"all-reduce": 1}
+    (combined,) = report.predicted_combined
+    assert len(combined.members) == 2 and report.communication == "equal"

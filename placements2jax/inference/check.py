@@ -329,11 +329,12 @@ class CheckReport:
                     "dims are split): the prediction computes each FFT where its operand is, as "
                     "apply(execute='pinned') runs it"
                 )
-            regions = [c for c in theirs if "/shard_map/" in c.op_name]
+            # a combined collective's op_name holds its members' in parentheses: "jit(f)/(a/psum:b/dot_general)"
+            regions = [c for c in theirs if "shard_map/" in c.op_name]
             sent = [c.nbytes(rules.widening(c.dtype)) for c in self.prediction.region_collectives if c.kind == kind]
             if regions or sent:
                 notes.append(
-                    f"{len(regions)} of XLA's ({self._compiled_bytes_of(regions)} B per device) are fn's own "
+                    f"{len(regions)} of XLA's ({self._compiled_bytes_of(regions)} B per device) hold fn's own "
                     "collectives inside shard_map regions (psum, all_gather, ... and their transposes), "
                     f"{len(sent)} of the prediction's ({format_bytes(sum(sent, Fraction(0)))} B): read off the "
                     "region bodies, whose in_specs and out_specs are fixed layouts"

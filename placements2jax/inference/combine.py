@@ -79,7 +79,7 @@ from ..caches import Memo, cached
 from ..errors import InferenceError
 from ..layout import Layout
 from .cost import ALL_GATHER, ALL_REDUCE, COLLECTIVE_PERMUTE, REDUCE_SCATTER, gather_block_bytes
-from .regions import RegionCollective
+from .regions import Region
 from .signature import RedistributePlan, RedistributeStep, SharedRoutes
 
 __all__ = ["BACKENDS", "LOOPS", "CombinedCollective", "CombinerRules", "MovedEquation", "PlannedCollective",
@@ -280,7 +280,7 @@ class MovedEquation(NamedTuple):
     sources: tuple[Source | None, ...]
     redistributions: tuple[RedistributePlan | None, ...]
     whole: bool = False
-    region: tuple[RegionCollective, ...] = ()  # a shard_map region's: what its body sends (.regions)
+    region: Region | None = None  # a shard_map region's: what its body sends (.regions)
 
 
 def _xla_order(steps: Sequence[RedistributeStep]) -> list[RedistributeStep]:
@@ -335,7 +335,7 @@ def planned_collectives(
     """The collectives of ``equations``' moves, in program order, with their dependencies
     read from its dataflow, and after each ``shard_map`` row's moves the collectives its
     body sends (:attr:`MovedEquation.region`, in the region's computations: its own is the
-    row's; what the row's outputs depend on includes them); ``loops``: (path, primitive) of
+    row's; each output of the row depends on those its value does); ``loops``: (path, primitive) of
     the loops XLA compiles as loops
     (each body a computation of the combiner's own; not a scan of one trip, which XLA
     inlines), ``returned``: (a one-trip scan's result, the value it is in the body; its
@@ -365,7 +365,8 @@ def planned_collectives(
     # a scan of one trip, inlined by XLA: its rows are the program's, and its results depend on what their values
     # in the body did, and their moves to the carries (``<loop>.carry<j>``)
     loops, returned = dataflow.loops, dataflow.returned
-    upstream: dict[str, int] = {}  # equation path -> collectives its outputs depend on
+    # equation path -> collectives its outputs depend on; (path, output) of a shard_map row: that output's
+    upstream: dict[Any, int] = {}
     # each route's run records the collectives the value depends on there: a later move along that route runs
     # nothing there and depends on what the first did
     routes = SharedRoutes(shared_routes)
@@ -373,6 +374,8 @@ def planned_collectives(
     def before(source: Any) -> int:
         if source is None:
             return 0
+        if dataflow.regions and source in upstream:  # an output of a shard_map row
+            return upstream[source]
         if returned and source in returned:
             path, j = source
             return upstream.get(path, 0) | upstream.get(f"{path}.carry{j}", 0) | before(returned[source])
@@ -438,14 +441,16 @@ def planned_collectives(
 
     regions: dict[str, list[int]] = {}  # per shard_map row, the collectives its body sends
 
-    def sent(path: str, region: tuple[RegionCollective, ...], scope: str, bits: int) -> int:
+    def sent(path: str, region: Region, scope: str, bits: int) -> int:
         first = len(made)
-        for c in region:
+        for c in region.collectives:
             dtype = rules.compiled_dtype(c.dtype)
             made.append((c.kind, c.axes, c.reduce_op, str(dtype), rules.widening(c.dtype) * c.result_bytes,
                          f"{scope}/{path}{c.body}" if c.body else scope, path, bits | c.after << first))
             operands.append((None, None))
         regions[path] = list(range(first, len(made)))
+        for j, after in enumerate(region.outputs):  # read by the rows after it (Dataflow.reads), and before()
+            upstream[path, j] = bits | after << first
         return bits | (1 << len(made)) - (1 << first)
 
     computations = move_computations(loops)
@@ -459,7 +464,7 @@ def planned_collectives(
         else:  # most rows: no input moved, what its sources depend on
             for read in reads:
                 bits |= upstream[read]
-        if region:
+        if region is not None and region.collectives:
             bits = sent(path, region, scope, bits)
         upstream[path] = bits | ahead.pop(path, 0) if ahead else bits
     for k, (source, plan) in enumerate(extra):
@@ -529,6 +534,8 @@ class Dataflow:
     ) -> None:
         self.loops, self.returned = loops, returned
         self.rows = {e.path: e for e in equations}
+        # the shard_map rows sending something: their outputs are read one by one (planned_collectives' upstream)
+        self.regions = {e.path for e in equations if e.region is not None and e.region.collectives}
         memo = _scopes(tuple(loops.items()))
         self.scopes: list[str] = []
         self.reads: list[tuple[str, ...]] = []
@@ -540,7 +547,9 @@ class Dataflow:
             self.scopes.append(scope)
             reads: list[str] = []
             for source in e.sources:
-                if source is not None and source[0] in seen and not (returned and source in returned):
+                if source is not None and source[0] in self.regions:
+                    reads.append(source)  # an output of a shard_map row: what it depends on
+                elif source is not None and source[0] in seen and not (returned and source in returned):
                     reads.append(source[0])  # most: made by a row before (_read()'s common case read inline)
                 else:
                     reads += self._read(source, seen)

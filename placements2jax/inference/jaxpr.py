@@ -61,7 +61,7 @@ from .frameworks import bind
 from .ops import CALL_JAXPR_PARAMS, ELEMENTWISE_PRIMITIVES, PrimitiveDef, primitive_definition, registered_function
 from .plan import FIRST_FIRST, LAST_FIRST, InputPlans, ReductionOrder, cached_plan, cached_plan_cost, mesh_all_reduce
 from .program import ProgramGraph, ProgramNode, ValueId, forced_signature, select_program
-from .regions import RegionCollective, region_collectives
+from .regions import Region, RegionCollective, region_collectives
 from .rules import BATCH_PARTITIONED
 from .select import signature_for
 from .signature import (
@@ -138,12 +138,12 @@ class EquationReport:
     signature: Signature | None
     outputs: tuple[TensorSpec, ...]
     sources: tuple[ValueId | None, ...] = ()  # the value each input is (None: a literal or constant)
-    region: tuple[RegionCollective, ...] = ()
+    region: Region | None = None
 
     def __init__(
         self, path: str, primitive: str, inputs: tuple[TensorSpec, ...], signature: Signature | None,
         outputs: tuple[TensorSpec, ...], sources: tuple[ValueId | None, ...] = (),
-        region: tuple[RegionCollective, ...] = (),
+        region: Region | None = None,
     ) -> None:
         # one dict update, not a frozen __setattr__ per field (every walk reports every equation: half the time of
         # building a row)
@@ -311,7 +311,7 @@ class Prediction:
         """What the ``shard_map`` regions' bodies send themselves (``psum``, ``all_gather``,
         ...: :mod:`.regions`), in program order: the program's communication besides its
         redistributions, fixed by the code (the search chooses nothing inside a region)."""
-        return tuple(c for e in self.equations for c in e.region)
+        return tuple(c for e in self.equations if e.region is not None for c in e.region.collectives)
 
     @property
     def cost(self) -> Fraction:
@@ -468,7 +468,8 @@ class Prediction:
     def __str__(self) -> str:
         rows = []
         for eqn in self.equations:
-            moves = "; ".join([*(f"in{i} {s}" for i, s in eqn.steps), *(f"body {c}" for c in eqn.region)])
+            sent = eqn.region.collectives if eqn.region is not None else ()
+            moves = "; ".join([*(f"in{i} {s}" for i, s in eqn.steps), *(f"body {c}" for c in sent)])
             outs = " ; ".join(str(s) for s in eqn.outputs)
             ins = " ; ".join(str(s.layout) for s in eqn.inputs)
             rows.append((eqn.path, "  " * eqn.depth + eqn.primitive, ins, outs, moves, format_bytes(eqn.cost)))
@@ -2072,7 +2073,7 @@ class _Walker:
                 types = None
         outs = tuple(TensorSpec.of(a, layout) for a, layout in zip(out_avals, signature.out_layouts))
         label = signature.op if signature.op.startswith(name) else name  # e.g. 'foo (no rule: replicated)'
-        region = () if name != "shard_map" else region_collectives(eqn, self._axis_sizes)
+        region = region_collectives(eqn, self._axis_sizes) if name == "shard_map" else None
         self.rows.append(EquationReport(path, label, ins, signature, outs, srcs, region))
         self._node(ProgramNode(path, ins, srcs, self._candidates(signature)))
         if self.executor is not None:

@@ -36,7 +36,7 @@ from ..errors import ArgumentTypeError, InferenceError
 from .cost import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COLLECTIVE_PERMUTE, REDUCE_SCATTER, result_nbytes
 from .ops import CALL_JAXPR_PARAMS
 
-__all__ = ["RegionCollective", "region_collectives"]
+__all__ = ["Region", "RegionCollective", "region_collectives"]
 
 # primitive -> (the collective XLA compiles, its reduction)
 _COLLECTIVES: dict[str, tuple[str, str | None]] = {
@@ -82,9 +82,19 @@ class RegionCollective(NamedTuple):
         return result_nbytes(self.kind, widening * self.result_bytes, self.group)
 
 
-def region_collectives(eqn: Any, axis_sizes: Mapping[str, int]) -> tuple[RegionCollective, ...]:
-    """The collectives the body of ``shard_map`` equation ``eqn`` sends, in program order
-    (module docstring); ``axis_sizes``: the mesh's axis name -> size."""
+class Region(NamedTuple):
+    """What a region's body sends: its collectives in program order, and per output of the
+    region the collectives it depends on (a bit set: a gradient region's input cotangent
+    does not wait for the weight gradients' all-reduces, which XLA's combiner then merges
+    with the program's)."""
+
+    collectives: tuple[RegionCollective, ...]
+    outputs: tuple[int, ...]
+
+
+def region_collectives(eqn: Any, axis_sizes: Mapping[str, int]) -> Region:
+    """What the body of ``shard_map`` equation ``eqn`` sends (module docstring);
+    ``axis_sizes``: the mesh's axis name -> size."""
     if getattr(getattr(eqn, "primitive", None), "name", None) != "shard_map":
         raise ArgumentTypeError(
             "eqn", eqn, "not a shard_map equation", "pass an equation of a jaxpr whose primitive is shard_map "
@@ -95,10 +105,10 @@ def region_collectives(eqn: Any, axis_sizes: Mapping[str, int]) -> tuple[RegionC
 
 
 @cached(maxsize=64)
-def _collectives_of(body: Any, axis_sizes: tuple[tuple[str, int], ...]) -> tuple[RegionCollective, ...]:
+def _collectives_of(body: Any, axis_sizes: tuple[tuple[str, int], ...]) -> Region:
     found: list[RegionCollective] = []
-    _walk(body, [0] * len(body.invars), found, "", dict(axis_sizes), [0])
-    return tuple(found)
+    outputs = _walk(body, [0] * len(body.invars), found, "", dict(axis_sizes), [0])
+    return Region(tuple(found), tuple(outputs))
 
 
 def _walk(

@@ -9,7 +9,13 @@ scatter-added back to their tokens (``.at[].add``). ``dispatch="ragged"`` is Max
 dropless sparse-matmul MoE (megablox-style): the (token, expert) rows sorted by expert,
 ``group_sizes = jnp.bincount(...)``, SwiGLU experts ``w1`` / ``w3`` / ``w2`` computed by
 ``lax.ragged_dot`` (one matmul per expert over its rows), unsorted and combined by the
-routing weights; their hidden dim split over tp (Megatron's column / row split)."""
+routing weights; their hidden dim split over tp (Megatron's column / row split).
+``dispatch="shard_map"`` is expert parallelism as shard_map code writes it (the Switch
+Transformer's capacity-based dispatch, GShard's all-to-alls): the tokens split over every
+mesh axis, each device routes its own into per-expert slots of a fixed capacity, sends
+each expert's slots to the device holding it (``lax.all_to_all`` over tp), runs its
+experts and sends the results back; the load-balancing statistics are ``lax.pmean``-ed
+over the mesh (``Config.ep_mesh``: the mesh with Auto axes the region runs on)."""
 
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from jax import lax
+from jax.sharding import PartitionSpec as P
 
 from placements2jax import colwise
 
@@ -38,7 +45,9 @@ class Config:
     experts: int = 4
     top_k: int = 2
     aux_weight: float = 0.01
-    dispatch: str = "einsum"  # or "sort", "ragged"
+    dispatch: str = "einsum"  # or "sort", "ragged", "shard_map"
+    ep_mesh: Any = None  # dispatch="shard_map": the jax Mesh (Auto axes dp, tp) of its region
+    capacity_factor: float = 2.0
 
 
 def init(key: jax.Array, cfg: Config) -> Params:
@@ -108,6 +117,39 @@ def ragged_moe(x: jax.Array, params: Params, cfg: Config) -> jax.Array:
     return jnp.einsum("tkd,tk->td", out, top_probs).reshape(x.shape)
 
 
+def expert_parallel_moe(x: jax.Array, params: Params, cfg: Config) -> tuple[jax.Array, jax.Array]:
+    """:func:`moe`'s mixture with the experts split over tp, as a shard_map region: each
+    device's tokens (batch over dp, sequence over tp) dispatched into ``capacity`` slots
+    per expert (first come first served, the overflow dropped), all-to-all'd to the
+    experts' devices and back, combined by the routing weights; the auxiliary loss from
+    the mesh-wide means."""
+
+    def local(x: jax.Array, router: jax.Array, w_in: jax.Array, w_out: jax.Array) -> tuple[jax.Array, jax.Array]:
+        tokens = x.reshape(-1, x.shape[-1])
+        probs = jax.nn.softmax(tokens @ router, axis=-1)
+        top_probs, top_experts = lax.top_k(probs, cfg.top_k)
+        top_probs = top_probs / top_probs.sum(axis=-1, keepdims=True)
+        capacity = int(cfg.capacity_factor * tokens.shape[0] * cfg.top_k / cfg.experts)
+        chosen = jax.nn.one_hot(top_experts, cfg.experts, dtype=x.dtype).reshape(-1, cfg.experts)
+        position = jnp.cumsum(chosen, axis=0) * chosen - 1  # each (token, k) pair's slot in its expert's
+        slots = jax.nn.one_hot(position.astype(jnp.int32), capacity, dtype=x.dtype)
+        slots = slots.reshape(tokens.shape[0], cfg.top_k, cfg.experts, capacity)
+        dispatch = slots.sum(axis=1)  # (tokens, experts, capacity)
+        combine = jnp.einsum("tkec,tk->tec", slots, top_probs)
+        sent = jnp.einsum("tec,td->ecd", dispatch, tokens)
+        arrived = lax.all_to_all(sent, "tp", 0, 1, tiled=True)  # (local experts, tp * capacity, dim)
+        hidden = jax.nn.silu(jnp.einsum("ecd,edh->ech", arrived, w_in))
+        done = lax.all_to_all(jnp.einsum("ech,ehd->ecd", hidden, w_out), "tp", 1, 0, tiled=True)
+        mixed = jnp.einsum("tec,ecd->td", combine, done).reshape(x.shape)
+        routed = lax.pmean(chosen.mean(axis=0), ("dp", "tp")) / cfg.top_k
+        aux = cfg.experts * jnp.sum(routed * lax.pmean(probs.mean(axis=0), ("dp", "tp")))
+        return mixed, aux
+
+    region = jax.shard_map(local, mesh=cfg.ep_mesh, in_specs=(P("dp", "tp"), P(), P("tp"), P("tp")),
+                           out_specs=(P("dp", "tp"), P()))
+    return region(x, params["router"], params["w_in"], params["w_out"])
+
+
 def rms_norm(x: jax.Array, weight: jax.Array) -> jax.Array:
     return x * lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-5) * weight
 
@@ -116,6 +158,8 @@ def loss(params: Params, tokens: jax.Array, targets: jax.Array, cfg: Config) -> 
     x = params["embedding"][tokens]
     if cfg.dispatch == "sort":
         mixed, aux = sorted_moe(rms_norm(x, params["norm"]), params, cfg), 0.0
+    elif cfg.dispatch == "shard_map":
+        mixed, aux = expert_parallel_moe(rms_norm(x, params["norm"]), params, cfg)
     elif cfg.dispatch == "ragged":
         mixed, aux = ragged_moe(rms_norm(x, params["norm"]), params, cfg), 0.0
     else:

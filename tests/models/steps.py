@@ -118,6 +118,8 @@ def training_step(
                "mamba": mamba, "mla": mla, "rwkv": rwkv, "gemma3": gemma3,
                "mamba2": mamba2, "lora": lora, "clip": clip, "dpo": dpo}
     module = modules[model]
+    if module is moe and config.get("dispatch") == "shard_map":  # its region runs on the mesh's Auto twin
+        config = {**config, "ep_mesh": auto_twin_of(mesh.to_jax())}
     cfg = module.Config(**config)
     plain = module.init(jax.random.key(0), cfg)
     plan = moe.megatron_plan(cfg.dispatch) if module is moe else module.megatron_plan()
