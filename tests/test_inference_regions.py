@@ -11,7 +11,7 @@ from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
 from placements2jax import ArgumentTypeError, InferenceError, Layout, init_device_mesh
-from placements2jax.inference import check, predict
+from placements2jax.inference import CostModel, check, predict
 from placements2jax.inference.regions import region_collectives
 
 
@@ -177,3 +177,14 @@ def test_each_output_of_a_region_waits_only_for_what_its_value_depends_on(mesh: 
     assert report.predicted_combined_counts == report.compiled_counts == {"all-reduce": 1}
     (combined,) = report.predicted_combined
     assert len(combined.members) == 2 and report.communication == "equal"
+
+
+def test_a_regions_collectives_are_weighted_by_their_mesh_axes(mesh: Any) -> None:
+    """Prediction.cost weighs each region collective by its slowest mesh axis, as a
+    schedule's collectives: a psum over dp at dp's weight 10."""
+    fn = jax.shard_map(lambda x: jax.lax.psum(x, "dp"), mesh=auto(mesh), in_specs=P("dp", "tp"),
+                       out_specs=P(None, "tp"), check_vma=False)
+    inputs = (spec(mesh, (8, 16), "S(0),S(1)"),)
+    prediction = predict(fn, *inputs, cost_model=CostModel(axis_weights={"dp": 10}))
+    assert prediction.nbytes == 64  # the (4, 4) float32 block, all-reduced over dp's 2: 2 x 1/2 x 64 B
+    assert prediction.cost == 640

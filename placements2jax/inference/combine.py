@@ -538,14 +538,14 @@ class Dataflow:
         self.regions = {e.path for e in equations if e.region is not None and e.region.collectives}
         memo = _scopes(tuple(loops.items()))
         self.scopes: list[str] = []
-        self.reads: list[tuple[str, ...]] = []
+        self.reads: list[tuple[Any, ...]] = []  # per row: the paths (or shard_map outputs) it reads
         seen: set[str] = set()
         for e in equations:
             scope = memo.get(e.path)
             if scope is None:
                 scope = memo[e.path] = _scope(e.path, loops)
             self.scopes.append(scope)
-            reads: list[str] = []
+            reads: list[Any] = []
             for source in e.sources:
                 if source is not None and source[0] in self.regions:
                     reads.append(source)  # an output of a shard_map row: what it depends on
@@ -663,9 +663,9 @@ class Dataflow:
 
 
 def _post_order(
-    dataflow: Dataflow, upstream: dict[str, int], operands: Sequence[tuple[Any, int | None]],
+    dataflow: Dataflow, upstream: dict[Any, int], operands: Sequence[tuple[Any, int | None]],
     tails: dict[tuple[str, int], int], hoisted: dict[str, dict[Source, list[int]]], ends: Sequence[Source | None],
-    regions: Mapping[str, Sequence[int]] = {},
+    regions: Mapping[str, Sequence[int]],
 ) -> list[int]:
     """Each collective's place in XLA's post order (:func:`planned_collectives`): a depth
     first walk of the equations from each computation's roots, an equation's inputs first

@@ -319,11 +319,7 @@ class Prediction:
         dim's weight; under a policy, each collective's bytes times the largest weight of
         its mesh dims; and so each of the :attr:`region_collectives`."""
         model = resolve_cost_model(self.cost_model)
-        regions = sum(
-            (c.nbytes() * max((model.weight(mesh, mesh.axis_names.index(a)) for a in c.axes), default=Fraction(1))
-             for mesh in [s.layout.mesh for s in (*self.inputs, *self.outputs)][:1] for c in self.region_collectives),
-            Fraction(0),
-        )
+        regions = self._region_cost(model)
         if self.policy is not None:
             return regions + sum(
                 (nbytes * max((model.weight(s.src.layout.mesh, m) for m in axes), default=Fraction(1))
@@ -331,6 +327,17 @@ class Prediction:
                 Fraction(0),
             )
         return regions + sum((step.cost for step in self._routed_steps), Fraction(0))
+
+    def _region_cost(self, model: CostModel) -> Fraction:
+        """The :attr:`region_collectives`' bytes, each times the largest weight of its mesh axes."""
+        if not self.region_collectives:
+            return Fraction(0)
+        mesh = (*self.inputs, *self.outputs)[0].layout.mesh
+        return sum(
+            (c.nbytes() * max((model.weight(mesh, mesh.axis_names.index(a)) for a in c.axes), default=Fraction(1))
+             for c in self.region_collectives),
+            Fraction(0),
+        )
 
     @property
     def nbytes(self) -> Fraction:
