@@ -150,6 +150,8 @@ PROGRAMS: dict[str, Callable[[DeviceMesh], Program]] = {
     "MoE top-2, sort dispatch (`argsort`, gathered expert weights, `.at[].add`)": _Step("moe", dispatch="sort"),
     "MoE top-2, dropless `lax.ragged_dot` (sorted rows, SwiGLU experts split on their hidden dim over `tp`)":
         _Step("moe", dispatch="ragged"),
+    "MoE top-2, expert parallelism as a `shard_map` region (capacity dispatch, `lax.all_to_all` over `tp`)":
+        _Step("moe", dispatch="shard_map"),
     "stacked LM (tests/models/stacked.py), clip + adamw": _Step("stacked"),
     "stacked LM, `optax.MultiSteps(clip + inject_hyperparams(adamw)(warmup_cosine))`":
         _Step("stacked", common.accumulating_optimizer()),
