@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import jax
@@ -12,7 +13,11 @@ from jax.sharding import PartitionSpec as P
 
 from placements2jax import ArgumentTypeError, InferenceError, Layout, init_device_mesh
 from placements2jax.inference import CostModel, check, predict
+from placements2jax.inference import program
+from placements2jax.inference.cost import resolve_cost_model
+from placements2jax.inference.jaxpr import _Walker
 from placements2jax.inference.regions import region_collectives
+from placements2jax.inference.signature import as_tensor_specs
 
 
 @pytest.fixture(scope="module")
@@ -188,3 +193,29 @@ def test_a_regions_collectives_are_weighted_by_their_mesh_axes(mesh: Any) -> Non
     prediction = predict(fn, *inputs, cost_model=CostModel(axis_weights={"dp": 10}))
     assert prediction.nbytes == 64  # the (4, 4) float32 block, all-reduced over dp's 2: 2 x 1/2 x 64 B
     assert prediction.cost == 640
+
+
+def test_the_program_search_counts_a_regions_collectives(mesh: Any) -> None:
+    """The search's grouping of a choice (what its tie-breaks count after XLA's combiner)
+    holds the region's collectives as the prediction's count does: the EP-style region's
+    two all-to-alls and its psum, beside the program's moves."""
+
+    def local(x: jax.Array, w: jax.Array) -> jax.Array:
+        sent = jax.lax.all_to_all(x @ w, "tp", 0, 1, tiled=True)
+        return jax.lax.all_to_all(jnp.tanh(sent), "tp", 1, 0, tiled=True) + jax.lax.psum(x.sum(), "tp")
+
+    region = jax.shard_map(local, mesh=auto(mesh), in_specs=(P("dp", "tp"), P()), out_specs=P("dp", "tp"),
+                           check_vma=False)
+    inputs = (spec(mesh, (8, 16), "S(0),S(1)"), spec(mesh, (4, 4), "R,R"))
+    specs, _ = as_tensor_specs(inputs, None)
+    closed = jax.make_jaxpr(lambda x, w: jnp.tanh(region(x, w)))(
+        *(jax.ShapeDtypeStruct(s.shape, s.dtype) for s in specs))
+    walker = _Walker(mesh, resolve_cost_model(None), {})
+    graph = walker.graph(walker.walk(closed.jaxpr, [], specs, "", [("in", i) for i in range(len(specs))]), specs)
+    (node,) = [n for n in graph.nodes if n.region is not None]
+    assert [c.kind for c in node.region.collectives] == ["all-to-all", "all-to-all", "all-reduce"]
+    search = program._Search(graph, resolve_cost_model(None), (None,))
+    planned, grouped = search.combined({n.path: 0 for n in graph.nodes})
+    assert [c.kind for c in planned if c.where == node.path] == ["all-to-all", "all-to-all", "all-reduce"]
+    prediction = predict(lambda x, w: jnp.tanh(region(x, w)), *inputs, search="eager")
+    assert Counter(c.kind for c in grouped) == prediction.combined_counts

@@ -2082,7 +2082,7 @@ class _Walker:
         label = signature.op if signature.op.startswith(name) else name  # e.g. 'foo (no rule: replicated)'
         region = region_collectives(eqn, self._axis_sizes) if name == "shard_map" else None
         self.rows.append(EquationReport(path, label, ins, signature, outs, srcs, region))
-        self._node(ProgramNode(path, ins, srcs, self._candidates(signature)))
+        self._node(ProgramNode(path, ins, srcs, self._candidates(signature), region=region))
         if self.executor is not None:
             self.executor.equation(eqn, signature)
         made: list[tuple[TensorSpec, ValueId | None]] = [(o, (path, j)) for j, o in enumerate(outs)]

@@ -402,6 +402,7 @@ from .cost import (
     CostModel, Overhead, overhead_of,
 )
 from .plan import cached_plan, layout_state, plan_priced
+from .regions import Region
 from .select import pending_reduction
 from .signature import Aval, Candidate, RedistributePlan, Signature, TensorSpec
 
@@ -417,20 +418,24 @@ class ProgramNode:
     where each input comes from (None: a literal or constant, fixed as given) and the
     candidates of its rule, best-ranked for those inputs first (the eager choice).
     ``stacks``: the node stacks a loop body's value into the loop's output (a scan's
-    ``ys``), re-chosen looking ahead to its consumers (:meth:`_Search.greedy_pair`)."""
+    ``ys``), re-chosen looking ahead to its consumers (:meth:`_Search.greedy_pair`).
+    ``region``: a ``shard_map`` region's own collectives (:mod:`.regions`), which the
+    search's count of collectives after XLA's combiner includes, as check's does."""
 
     path: str
     inputs: tuple[TensorSpec, ...]
     sources: tuple[ValueId | None, ...]
     candidates: tuple[Candidate, ...]
     stacks: bool = False
+    region: Region | None = None
 
     def __init__(
         self, path: str, inputs: tuple[TensorSpec, ...], sources: tuple[ValueId | None, ...],
-        candidates: tuple[Candidate, ...], stacks: bool = False,
+        candidates: tuple[Candidate, ...], stacks: bool = False, region: Region | None = None,
     ) -> None:
         # one dict update, not a frozen __setattr__ per field (every walk makes a node per equation)
-        self.__dict__.update(path=path, inputs=inputs, sources=sources, candidates=candidates, stacks=stacks)
+        self.__dict__.update(path=path, inputs=inputs, sources=sources, candidates=candidates, stacks=stacks,
+                             region=region)
 
 
 @dataclass(frozen=True)
@@ -1835,7 +1840,7 @@ class _Search:
                     rows.append(MovedEquation(name, (src,), (plans[i],)))
                 if in_body(node.path, src) or node.path in inlined:
                     plans[i] = None
-        rows.append(MovedEquation(node.path, node.sources, tuple(plans)))
+        rows.append(MovedEquation(node.path, node.sources, tuple(plans), False, node.region))
         return tuple(rows)
 
     def node_plans(self, node: ProgramNode, choice: Choice) -> tuple[RedistributePlan | None, ...]:
