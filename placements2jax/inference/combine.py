@@ -364,7 +364,7 @@ def planned_collectives(
         dataflow = Dataflow(equations, dict(loops), dict(returned), outputs, results)
     # a scan of one trip, inlined by XLA: its rows are the program's, and its results depend on what their values
     # in the body did, and their moves to the carries (``<loop>.carry<j>``)
-    loops, returned = dataflow.loops, dataflow.returned
+    loops, returned, region_rows = dataflow.loops, dataflow.returned, dataflow.regions
     # equation path -> collectives its outputs depend on; (path, output) of a shard_map row: that output's
     upstream: dict[Any, int] = {}
     # each route's run records the collectives the value depends on there: a later move along that route runs
@@ -374,7 +374,7 @@ def planned_collectives(
     def before(source: Any) -> int:
         if source is None:
             return 0
-        if dataflow.regions and source in upstream:  # an output of a shard_map row
+        if region_rows and source in upstream:  # an output of a shard_map row
             return upstream[source]
         if returned and source in returned:
             path, j = source

@@ -2052,6 +2052,7 @@ class _Walker:
             return self._call(eqn, label, body, path, ins, srcs)
         if name in LOOPS:
             return self._loop(eqn, path, ins, srcs, out_avals)
+        region = None  # a shard_map region's own collectives
         if name in CONSTRAINT_SHARDING_PARAMS:
             sharding = eqn.params[CONSTRAINT_SHARDING_PARAMS[name]]
             if _untyped(sharding):
@@ -2071,6 +2072,7 @@ class _Walker:
             return self._host_callback(entry, path, ins, srcs)
         elif name == "shard_map":
             signature = self._shard_map(eqn, ins, out_avals)
+            region = region_collectives(eqn, self._axis_sizes)
         else:
             signature = self._rule_signature(entry, path, ins)
         types = self._types(eqn, out_avals) if self.typed else None
@@ -2080,7 +2082,6 @@ class _Walker:
                 types = None
         outs = tuple(TensorSpec.of(a, layout) for a, layout in zip(out_avals, signature.out_layouts))
         label = signature.op if signature.op.startswith(name) else name  # e.g. 'foo (no rule: replicated)'
-        region = region_collectives(eqn, self._axis_sizes) if name == "shard_map" else None
         self.rows.append(EquationReport(path, label, ins, signature, outs, srcs, region))
         self._node(ProgramNode(path, ins, srcs, self._candidates(signature), region=region))
         if self.executor is not None:

@@ -136,7 +136,7 @@ def _walk(
                 for bits in ins:
                     every |= bits
                 first = len(found)
-                for inner in _bodies(eqn.params):  # a loop's or a branch's: a computation of its own
+                for inner in core.jaxprs_in_params(eqn.params):  # a loop's or a branch's: a computation of its own
                     bodies[0] += 1
                     _walk(inner, [every] * len(inner.invars), found, f"{body}/{bodies[0]}", sizes, bodies)
                 every |= (1 << len(found)) - (1 << first)
@@ -183,16 +183,3 @@ def _inlined(eqn: Any) -> Any | None:
     if len(called.invars) != len(eqn.invars) or len(called.outvars) != len(eqn.outvars):
         return None
     return called
-
-
-def _bodies(params: Mapping[str, Any]) -> list[Any]:
-    """The jaxprs in an equation's params (a scan's, a while's cond and body, a cond's
-    branches)."""
-    found = []
-    for value in params.values():
-        for item in value if isinstance(value, tuple) else (value,):
-            if isinstance(item, core.ClosedJaxpr):
-                found.append(item.jaxpr)
-            elif isinstance(item, core.Jaxpr):
-                found.append(item)
-    return found
