@@ -1499,7 +1499,7 @@ class _Pinned(_Runner):
             outs = [Layout(self.mesh, ((),) * len(shape)) for shape in shapes]
             return [_Value(_pin(y, layout), physical(layout, shape))
                     for y, layout, shape in zip(_bound_logically(eqn, args), outs, shapes, strict=True)]
-        if eqn.primitive.name in _PER_RANK or any(
+        if eqn.primitive.name in _PER_RANK or eqn.primitive.name != "shard_map" and any(
             layout.has_partial for layout in (*signature.in_layouts, *signature.out_layouts)
         ):
             args = [self.moved(v, layout, plan)
@@ -1514,7 +1514,9 @@ class _Pinned(_Runner):
                 for v, layout, plan in zip(ins, signature.in_layouts, signature.redistributions)]
         out = eqn.primitive.bind(*args, **eqn.primitive.get_bind_params(params))
         outs = out if eqn.primitive.multiple_results else [out]
-        return [_Value(_pin(y, layout), physical(layout, shape))
+        # a shard_map region's result partial over the mesh axes it leaves to XLA (its body's partial sum there,
+        # :meth:`.inference.jaxpr._Walker._shard_map`): bound, it is the sum, made Partial locally
+        return [self._moved(_Value(_pin(y, layout.without_partial()), physical(layout.without_partial(), shape)), layout)
                 for y, layout, shape in zip(outs, signature.out_layouts, shapes, strict=True)]
 
     @staticmethod

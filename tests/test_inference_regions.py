@@ -7,16 +7,17 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
-from placements2jax import ArgumentTypeError, InferenceError, Layout, init_device_mesh
+from placements2jax import ArgumentTypeError, InferenceError, Layout, apply, distribute_tensor, init_device_mesh
 from placements2jax.inference import CostModel, check, predict
 from placements2jax.inference import program
 from placements2jax.inference.cost import resolve_cost_model
 from placements2jax.inference.jaxpr import _Walker
-from placements2jax.inference.regions import region_collectives
+from placements2jax.inference.regions import RegionMove, region_collectives
 from placements2jax.inference.signature import as_tensor_specs
 
 
@@ -219,3 +220,130 @@ def test_the_program_search_counts_a_regions_collectives(mesh: Any) -> None:
     assert [c.kind for c in planned if c.where == node.path] == ["all-to-all", "all-to-all", "all-reduce"]
     prediction = predict(lambda x, w: jnp.tanh(region(x, w)), *inputs, search="eager")
     assert Counter(c.kind for c in grouped) == prediction.combined_counts
+
+
+# -- regions manual over some mesh axes alone (axis_names=): the others are XLA's ----------------------------
+
+
+def manual_over_tp(mesh: Any, body: Any, in_specs: Any, out_specs: Any, check_vma: bool = False) -> Any:
+    return jax.shard_map(body, mesh=auto(mesh), in_specs=in_specs, out_specs=out_specs, axis_names={"tp"},
+                         check_vma=check_vma)
+
+
+def row_parallel(mesh: Any, check_vma: bool = False) -> Any:
+    region = manual_over_tp(mesh, lambda x, w: jax.lax.psum(x @ w, "tp"), (P(None, "tp"), P("tp", None)), P(),
+                            check_vma)
+    return lambda x, w: jnp.tanh(region(x, w))
+
+
+@pytest.mark.parametrize("shape, nbytes", [((8, 16), 192), ((6, 16), 144)], ids=["even", "uneven"])
+def test_a_region_manual_over_tp_keeps_its_operands_split_over_dp(mesh: Any, shape: Any, nbytes: int) -> None:
+    """A row-parallel psum region manual over tp alone on a batch split over dp: XLA
+    partitions its body over dp, so the batch stays split and the psum all-reduces the
+    block (2 x 3/4 x 128 B). The walker read its in_specs as whole layouts, Replicate over
+    dp, and gathered the batch first (448 B where XLA sends 192); with 6 rows the blocks
+    are 3 rows (144 B)."""
+    inputs = (spec(mesh, shape, "S(0),S(1)"), spec(mesh, (16, 8), "R,S(0)"))
+    fn = row_parallel(mesh)
+    prediction = predict(fn, *inputs)
+    (row,) = [e for e in prediction.equations if e.primitive == "shard_map"]
+    assert [str(x) for x in row.signature.in_layouts] == ["S(0),S(1)", "R,S(0)"]
+    assert [str(o.layout) for o in row.outputs] == ["S(0),R"]
+    (sent,) = row.region.collectives
+    assert sent.result_bytes == shape[0] // 2 * 8 * 4 and not any(p.steps for p in row.signature.redistributions)
+    report = check(fn, *inputs)
+    assert report.predicted_bytes == report.compiled_bytes == nbytes
+    assert report.communication == "equal" and report.agrees
+
+
+def test_a_partially_manual_gradient_region_leaves_its_weight_gradient_partial_over_dp(mesh: Any) -> None:
+    """The region's transpose contracts the dp-split batch: its weight gradient is partial
+    over dp, reduced after the region (with check_vma, XLA's two all-reduces, 320 B; without
+    it the transpose psums over tp too, 512 B in three, predicted alike). apply makes the
+    region's partial result in every executor ("pinned" bound it per rank and failed)."""
+    for check_vma, nbytes in ((True, 320), (False, 512)):
+        fn = jax.grad(lambda x, w: (row_parallel(mesh, check_vma)(x, w) ** 2).sum(), argnums=(0, 1))  # noqa: B023
+        inputs = (spec(mesh, (8, 16), "S(0),S(1)"), spec(mesh, (16, 8), "R,S(0)"))
+        regions = [e for e in predict(fn, *inputs).equations if e.primitive == "shard_map"]
+        assert [str(o.layout) for o in regions[-1].outputs] == ["S(0),S(1)", "P,S(0)"]
+        report = check(fn, *inputs)
+        assert report.predicted_bytes == report.compiled_bytes == nbytes and report.communication == "equal"
+        rng = np.random.default_rng(0)
+        x, w = rng.normal(size=(8, 16)).astype(np.float32), rng.normal(size=(16, 8)).astype(np.float32)
+        want = jax.jit(fn)(x, w)
+        for execute in ("ops", "xla", "pinned"):
+            got = apply(fn, distribute_tensor(x, mesh, "S(0),S(1)"), distribute_tensor(w, mesh, "R,S(0)"),
+                        execute=execute)
+            for g, v in zip(got, want):
+                np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(v), rtol=1e-5, atol=1e-5)
+
+
+def test_a_partially_manual_region_gathers_inside_where_xla_does(mesh: Any) -> None:
+    """An all_gather over tp in a body whose matmul keeps the batch split over dp: XLA
+    gathers the matmul's block over dp first (an all_gather is partitioned on operands
+    Replicate over the other axes), then over tp: 224 B, predicted as the region's move of
+    that operand (``all_gather operand``) and its all-gather, where the whole layouts
+    gathered the input over dp (448 B)."""
+    region = manual_over_tp(mesh, lambda x, w: jax.lax.all_gather(x @ w, "tp", axis=1, tiled=True),
+                            (P(), P(None, "tp")), P())
+    fn = lambda x, w: region(x, w).sum(1)  # noqa: E731
+    inputs = (spec(mesh, (8, 16), "S(0),R"), spec(mesh, (16, 8), "R,S(1)"))
+    prediction = predict(fn, *inputs)
+    assert [(c.primitive, c.kind, c.axes, c.result_bytes) for c in prediction.region_collectives] == [
+        ("all_gather operand", "all-gather", ("dp",), 64), ("all_gather", "all-gather", ("tp",), 256)]
+    assert prediction.region_collectives[1].after == 1  # the all_gather waits for its operand's move
+    report = check(fn, *inputs)
+    assert report.predicted_bytes == report.compiled_bytes == 224
+
+
+def test_a_partially_manual_region_is_whole_where_that_sends_less(mesh: Any) -> None:
+    """Expert parallelism manual over tp with the batch left to XLA: kept split over dp, the
+    dispatched (4, 16, 8) tokens are gathered over dp before the all_to_all (1,024 B, as
+    XLA does); gathering the (16, 8) input first sends 256 B, and the region takes its
+    whole layouts (what it takes, the search is not shown: the body's moves are not in its
+    objective)."""
+
+    def body(h: jax.Array, g: jax.Array, w: jax.Array) -> jax.Array:
+        dispatch = jax.nn.one_hot(jnp.argmax(h @ g, -1), 4, dtype=h.dtype)
+        per = jax.lax.all_to_all(jnp.einsum("te,td->etd", dispatch, h), "tp", 0, 0, tiled=True)
+        y = jax.lax.all_to_all(jnp.einsum("etd,edf->etf", per, w), "tp", 0, 0, tiled=True)
+        return jnp.einsum("te,etf->tf", dispatch, y)
+
+    region = manual_over_tp(mesh, body, (P(), P(), P("tp")), P())
+    inputs = (spec(mesh, (16, 8), "S(0),R"), spec(mesh, (8, 4), "R,R"), spec(mesh, (4, 8, 8), "R,S(0)"))
+    prediction = predict(lambda *a: region(*a).sum(), *inputs)
+    (row,) = [e for e in prediction.equations if e.primitive == "shard_map"]
+    assert str(row.signature.in_layouts[0]) == "R,R" and row.signature.redistributions[0].nbytes == 256
+    assert [c.kind for c in row.region.collectives] == ["all-to-all", "all-to-all"]
+
+
+def test_a_loop_inside_a_partially_manual_region(mesh: Any) -> None:
+    """A scan of psums inside a region manual over tp: the carry stays split over dp, as
+    XLA keeps it (96 B; its gradient 256 B in three all-reduces), values as jit's."""
+
+    def body(x: jax.Array, w: jax.Array) -> jax.Array:
+        def step(c: jax.Array, _: Any) -> tuple[jax.Array, None]:
+            return jnp.tanh(jax.lax.psum(c @ w, "tp") + c), None
+
+        return jax.lax.scan(step, x, None, length=2)[0]
+
+    region = manual_over_tp(mesh, body, (P(None, "tp"), P("tp", None)), P(None, "tp"))
+    inputs = (spec(mesh, (8, 16), "S(0),S(1)"), spec(mesh, (16, 4), "R,S(0)"))
+    grad = jax.grad(lambda x, w: region(x, w).sum(), argnums=(0, 1))
+    for fn, nbytes in ((region, 96), (grad, 256)):
+        report = check(fn, *inputs)
+        assert report.predicted_bytes == report.compiled_bytes == nbytes and report.communication == "equal"
+
+
+def test_region_collectives_takes_the_block_bytes_and_moves_of_a_partitioned_body(mesh: Any) -> None:
+    """``block_bytes`` sizes a collective's result by its per-device block; ``moves`` adds
+    the collectives of an operand's move before its equation, which the equation's
+    collectives then wait for."""
+    region = manual_over_tp(mesh, lambda x: jax.lax.psum(x * 2, "tp"), P(None, "tp"), P())
+    (eqn,) = jax.make_jaxpr(region)(jnp.ones((8, 8))).jaxpr.eqns
+    mul, psum = eqn.params["jaxpr"].eqns
+    moved = RegionMove(0, "all-gather", ("dp",), None, np.dtype(np.float32), 32, 2)
+    got = region_collectives(eqn, {"dp": 2, "tp": 4}, {psum.outvars[0]: 16}, {id(mul): (moved,)})
+    assert [(c.primitive, c.result_bytes, c.after) for c in got.collectives] == [
+        ("mul operand", 32, 0), ("psum", 16, 1)]
+    assert got.outputs == (3,)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections import Counter
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from fractions import Fraction
 from typing import Any, NamedTuple, Protocol
 
 import jax
+import numpy as np
 from jax._src import source_info_util  # the user's source line of an equation, for errors
 from jax._src.core import ShardingTypeError  # JAX's typing refusing code (jax 0.10.2: not public)
 from jax.extend import core
@@ -61,7 +63,7 @@ from .frameworks import bind
 from .ops import CALL_JAXPR_PARAMS, ELEMENTWISE_PRIMITIVES, PrimitiveDef, primitive_definition, registered_function
 from .plan import FIRST_FIRST, LAST_FIRST, InputPlans, ReductionOrder, cached_plan, cached_plan_cost, mesh_all_reduce
 from .program import ProgramGraph, ProgramNode, ValueId, forced_signature, select_program
-from .regions import Region, RegionCollective, region_collectives
+from .regions import Region, RegionCollective, RegionMove, region_collectives
 from .rules import BATCH_PARTITIONED
 from .select import signature_for
 from .signature import (
@@ -1503,6 +1505,80 @@ def _unsplit_over(layout: Layout, mesh_dim: int) -> Layout:
                   layout.partial)
 
 
+# the primitives of a shard_map body's per-device code that name its manual axes: their rules in a walk of a partially
+# manual region's body (:meth:`_Walker._manual_collective`); those linear in their operands keep a partial sum
+_LINEAR_MANUAL = frozenset({"psum", "psum_invariant", "unreduced_psum", "ppermute", "pvary", "pcast", "all_gather",
+                            "all_gather_invariant", "reduce_scatter", "unreduced_reduce_scatter", "all_to_all"})
+_MANUAL_PRIMITIVES = _LINEAR_MANUAL | {"pmax", "pmin", "axis_index"}
+
+
+@dataclass
+class _Manual:
+    """A walk of a partially manual region's body (:meth:`_Walker._region_body`): per result
+    of a collective over its manual mesh dims (its jaxpr variable), the bytes of its
+    per-device block; per equation (by id) whose operands the walk moves over the other
+    mesh dims, those moves' collectives (:class:`.regions.RegionMove`); the paths of the
+    rows they are in."""
+
+    block_bytes: dict[Any, int] = dataclasses.field(default_factory=dict)
+    moves: dict[int, tuple[RegionMove, ...]] = dataclasses.field(default_factory=dict)
+    paths: set[str] = dataclasses.field(default_factory=set)
+
+    def moved(self, eqn: Any, path: str, ins: Sequence[TensorSpec], signature: Signature) -> None:
+        """Records the collectives of the moves of ``eqn``'s operands ``ins`` (its row at
+        ``path``) into ``signature``'s layouts."""
+        found = []
+        for i, (spec, plan) in enumerate(zip(ins, signature.redistributions)):
+            for step in plan.steps:
+                if step.communicates:
+                    sizes = spec.layout.mesh.shape
+                    found.append(RegionMove(
+                        i, step.compiled, step.axes, getattr(step.src, "reduce_op", None), spec.dtype,
+                        _block_bytes(spec.aval, step.after), math.prod(sizes[m] for m in step.over or (step.mesh_dim,)),
+                    ))
+        if found:
+            self.moves[id(eqn)] = tuple(found)
+            self.paths.add(path)
+
+
+def _without_mesh_dims(layout: Layout, mesh_dims: frozenset[int]) -> Layout:
+    """``layout`` splitting nothing over ``mesh_dims`` and partial over none of them."""
+    return Layout(layout.mesh, tuple(tuple(m for m in axes if m not in mesh_dims) for axes in layout.dim_axes),
+                  tuple(None if m in mesh_dims else op for m, op in enumerate(layout.partial)))
+
+
+def _with_manual(spec: Layout, body: Layout, mesh_dims: frozenset[int]) -> Layout:
+    """A region's value as its ``spec`` (an in_spec or out_spec as a layout) lays it out over
+    its manual ``mesh_dims`` and as ``body`` over the others: per dim, the manual mesh dims
+    major (the value's blocks over them are the body's values, which XLA splits over the
+    others), ``body``'s partials over the others."""
+    return Layout(
+        spec.mesh,
+        tuple(tuple(m for m in a if m in mesh_dims) + tuple(m for m in b if m not in mesh_dims)
+              for a, b in zip(spec.dim_axes, body.dim_axes)),
+        tuple(None if m in mesh_dims else op for m, op in enumerate(body.partial)),
+    )
+
+
+def _touches(layout: Layout, mesh_dims: frozenset[int]) -> bool:
+    """Whether ``layout`` splits a dim over, or is partial over, one of ``mesh_dims``."""
+    return any(m in mesh_dims for axes in layout.dim_axes for m in axes) or any(
+        layout.partial[m] for m in mesh_dims)
+
+
+def _sent_bytes(signature: Signature, region: Region) -> Fraction:
+    """The bytes a region's row sends: its operands' moves into ``signature``'s chosen
+    layouts and what its body sends (``region``)."""
+    return sum((plan.nbytes for plan in signature.redistributions), Fraction(0)) + sum(
+        (c.nbytes() for c in region.collectives), Fraction(0))
+
+
+def _block_bytes(aval: Aval, layout: Layout) -> int:
+    """The bytes of the largest per-device block of a value ``aval`` laid out as ``layout``."""
+    blocks = (-(-n // math.prod(layout.pieces(d))) for d, n in enumerate(aval.shape))
+    return math.prod(blocks) * np.dtype(aval.dtype).itemsize
+
+
 class Executor(Protocol):
     """Runs equations as the walker visits them (``apply``): it keeps each jaxpr
     variable's value and computes an equation's outputs under the signature chosen for
@@ -1874,6 +1950,7 @@ class _Walker:
         self, mesh: DeviceMesh, cost_model: CostModel, choices: Mapping[str, Candidate], on_unknown: str = "raise",
         executor: Executor | None = None, gathered: bool = True, searched: bool = True,
         unsplit: _Unsplit | None = None, idle: tuple[int, ...] = (), typed: bool = False,
+        manual: _Manual | None = None,
     ) -> None:
         self.mesh = mesh
         self.cost_model = cost_model
@@ -1889,6 +1966,7 @@ class _Walker:
         self.idle = idle  # mesh dims no rule's candidate may split or make partial over (:func:`_idle_mesh_dims`)
         # the jaxpr's values carry JAX's explicit sharding types, which are their layouts (:func:`_typed_trace`)
         self.typed = typed
+        self.manual = manual  # walking a partially manual region's body (:meth:`_region_body`)
         self.rows: list[EquationReport] = []
         self.nodes: list[ProgramNode] = []
         self.node_at: dict[str, ProgramNode] = {}  # the nodes by path
@@ -1925,7 +2003,7 @@ class _Walker:
         """A walker whose rows and nodes are thrown away (for fixed points)."""
         return _Walker(self.mesh, self.cost_model, self.choices, self.on_unknown, gathered=self.gathered,
                        searched=self.searched, unsplit=self.unsplit, idle=self.idle,
-                       typed=self.typed)
+                       typed=self.typed, manual=self.manual)
 
     def walk(
         self, jaxpr: Any, consts: Sequence[TensorSpec], inputs: Sequence[TensorSpec], prefix: str,
@@ -2071,8 +2149,12 @@ class _Walker:
         elif name in HOST_CALLBACKS:
             return self._host_callback(entry, path, ins, srcs)
         elif name == "shard_map":
-            signature = self._shard_map(eqn, ins, out_avals)
-            region = region_collectives(eqn, self._axis_sizes)
+            if self.manual is not None:  # a region inside a partially manual one's body: that region whole
+                raise UnsupportedOpError("primitive", name, "a region nested in a partially manual region's body",
+                                         "the outer region is taken with its whole in_specs")
+            signature, region = self._shard_map(eqn, path, ins, out_avals)
+        elif self.manual is not None and name in _MANUAL_PRIMITIVES:
+            signature = self._manual_collective(eqn, ins, out_avals)
         else:
             signature = self._rule_signature(entry, path, ins)
         types = self._types(eqn, out_avals) if self.typed else None
@@ -2084,6 +2166,8 @@ class _Walker:
         label = signature.op if signature.op.startswith(name) else name  # e.g. 'foo (no rule: replicated)'
         self.rows.append(EquationReport(path, label, ins, signature, outs, srcs, region))
         self._node(ProgramNode(path, ins, srcs, self._candidates(signature), region=region))
+        if self.manual is not None:
+            self.manual.moved(eqn, path, ins, signature)
         if self.executor is not None:
             self.executor.equation(eqn, signature)
         made: list[tuple[TensorSpec, ValueId | None]] = [(o, (path, j)) for j, o in enumerate(outs)]
@@ -2204,7 +2288,7 @@ class _Walker:
         and nodes are thrown away: the loop's walk recorded them)."""
         return _Walker(self.mesh, self.cost_model, self.choices, self.on_unknown, executor, gathered=self.gathered,
                        searched=self.searched, unsplit=self.unsplit, idle=self.idle,
-                       typed=self.typed)
+                       typed=self.typed, manual=self.manual)
 
     def walk_body(self, closed: Any, ins: Sequence[TensorSpec], prefix: str) -> list[TensorSpec]:
         """The output layouts of a loop body walked at ``prefix`` on inputs ``ins``."""
@@ -2487,16 +2571,118 @@ class _Walker:
                 "use a sharding or shard_map on the same mesh (mesh.to_jax())",
             )
 
-    def _shard_map(self, eqn: Any, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]) -> Signature:
-        """A ``shard_map`` region: its ``in_specs`` / ``out_specs`` are fixed layouts (its
-        body is per-device code, not walked)."""
+    def _shard_map(
+        self, eqn: Any, path: str, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]
+    ) -> tuple[Signature, Region]:
+        """A ``shard_map`` region and what its body sends (:mod:`.regions`): its ``in_specs``
+        / ``out_specs`` are fixed layouts (its body is per-device code, not walked by the
+        search). A region manual over some mesh axes alone (``axis_names=``) leaves the
+        others to XLA, which partitions its body over them as it partitions any code: its
+        operands keep their layouts over those axes, and its results take the layouts its
+        body makes there. Its first candidate is that: its operands needed over its manual
+        axes as its in_specs say and as they arrive over the others (their partials
+        reduced), its body walked on them over those others (:meth:`_region_body`), its
+        results as its out_specs say over its manual axes (major: a value's global dim is
+        its blocks' over them) and as the body makes them over the others; its second, the
+        in_specs and out_specs as whole layouts (Replicate over the others), where the
+        search may still take them. The body's own moves over the others (an
+        ``all_gather``'s operand gathered there first, as XLA does) are region collectives
+        too. Where the whole layouts send no more bytes (their moves and what the body
+        sends: the search's objective leaves the body's out, so it would take the first
+        wherever its operands arrive so), or where the body holds a nested region, a
+        primitive without a rule or a loop's boundary move, the region is the whole
+        layouts alone. A row-parallel
+        ``psum`` region manual over ``tp`` on a batch split over ``dp`` keeps the batch
+        split (XLA's 192 B all-reduce of the block, where gathering it over ``dp`` first
+        sent 448)."""
         p = eqn.params
         self._check_mesh("shard_map mesh", p["mesh"], p["mesh"])
-        in_layouts = [Layout.from_partition_spec(self.mesh, spec, s.layout.ndim) for spec, s in zip(p["in_specs"], ins)]
-        out_layouts = [
+        in_layouts = tuple(
+            Layout.from_partition_spec(self.mesh, spec, s.layout.ndim) for spec, s in zip(p["in_specs"], ins)
+        )
+        out_layouts = tuple(
             Layout.from_partition_spec(self.mesh, spec, a.ndim) for spec, a in zip(p["out_specs"], out_avals)
+        )
+        names = self.mesh.axis_names
+        manual = frozenset(names.index(a) for a in p.get("newly_manual_axes", names) if a in names)
+        whole = self.fixed("shard_map", ins, in_layouts, out_avals, out_layouts)
+        auto = [m for m in range(self.mesh.ndim) if m not in manual and self.mesh.shape[m] > 1]
+        if not auto or self.typed:
+            return whole, region_collectives(eqn, self._axis_sizes)
+        chosen = self.choices.get(path)
+        if chosen is not None:  # the search's (or a walk's given) choice: its body walked on its layouts
+            if chosen.in_layouts == in_layouts:
+                return whole, region_collectives(eqn, self._axis_sizes)
+            needs = chosen.in_layouts
+        else:
+            needs = tuple(_with_manual(need, s.layout.without_partial(), manual) for need, s in zip(in_layouts, ins))
+        walked = None if needs == in_layouts else self._region_body(eqn, needs, manual)
+        if walked is None:
+            return whole, region_collectives(eqn, self._axis_sizes)
+        made, walk = walked
+        outs = tuple(_with_manual(spec, body, manual) for spec, body in zip(out_layouts, made))
+        region = region_collectives(eqn, self._axis_sizes, walk.block_bytes, walk.moves)
+        kept = self.fixed("shard_map", ins, needs, out_avals, outs)
+        if chosen is not None:
+            return kept, region
+        whole_region = region_collectives(eqn, self._axis_sizes)
+        if _sent_bytes(kept, region) >= _sent_bytes(whole, whole_region):
+            return whole, whole_region
+        return Signature("shard_map", ins, (kept.chosen, whole.chosen)), region
+
+    def _region_body(
+        self, eqn: Any, needs: Sequence[Layout], manual: frozenset[int]
+    ) -> tuple[tuple[Layout, ...], _Manual] | None:
+        """The layouts a partially manual region's body (:meth:`_shard_map`) makes over the
+        mesh dims it leaves to XLA, its operands in ``needs`` (``manual``: its manual
+        mesh dims, which split its per-device values nowhere), and the bytes of each of
+        its collectives' per-device results (:func:`.regions.region_collectives`'
+        ``block_bytes``); None where its walk needs a move that communicates, meets a
+        primitive without a rule, or leaves a value over a manual mesh dim."""
+        body = eqn.params["jaxpr"]
+        body = getattr(body, "jaxpr", body)
+        specs = [
+            TensorSpec.of(_aval(var), _without_mesh_dims(need, manual)) for var, need in zip(body.invars, needs)
         ]
-        return self.fixed("shard_map", ins, in_layouts, out_avals, out_layouts)
+        walker = _Walker(self.mesh, self.cost_model, {}, gathered=self.gathered, searched=False,
+                         idle=tuple(sorted(manual.union(self.idle))), manual=_Manual())
+        try:
+            outs = walker.walk(body, _const_specs(body, self.mesh), specs, "", [None] * len(specs))
+        except Placements2JaxError:
+            return None
+        recorded = walker.manual.paths
+        if any(step.communicates for row in walker.rows if row.signature is not None and row.path not in recorded
+               for plan in row.signature.redistributions for step in plan.steps):
+            return None  # a loop's or branch's boundary move
+        made = tuple(spec.layout for spec, _ in outs)
+        if any(_touches(layout, manual) for layout in made):
+            return None
+        return made, walker.manual
+
+    def _manual_collective(self, eqn: Any, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]) -> Signature:
+        """A collective over a region's manual axes (or its ``axis_index``) in the walk of a
+        partially manual region's body (:meth:`_region_body`), over the mesh dims XLA
+        partitions: each operand as it comes where the collective is linear in it
+        (``psum`` of a partial sum is a partial sum), its partials reduced otherwise;
+        an ``all_gather``, ``psum_scatter`` or ``all_to_all`` on operands Replicate there:
+        XLA gathers them whole over those mesh dims first (a ``psum_scatter`` of a block
+        split over ``dp`` by its batch: an all-gather over ``dp``, then the
+        reduce-scatter of the whole, measured), a move :meth:`_region_body` does not model;
+        its results laid out as its operands are. Records each result's per-device bytes."""
+        name, p = eqn.primitive.name, eqn.params
+        dims = any(k in p for k in ("all_gather_dimension", "scatter_dimension", "split_axis"))
+        needs, outs = [], []
+        for spec, aval in zip(ins, out_avals):
+            layout = spec.layout if name in _LINEAR_MANUAL else spec.layout.without_partial()
+            if dims:
+                layout = layout.replicated()
+            needs.append(layout)
+            outs.append(layout if layout.ndim == aval.ndim else Layout(self.mesh, ((),) * aval.ndim))
+        if not ins:  # axis_index
+            outs = [Layout(self.mesh, ((),) * a.ndim) for a in out_avals]
+        for var, aval, layout in zip(eqn.outvars, out_avals, outs):
+            self.manual.block_bytes[var] = _block_bytes(aval, layout)
+        return self.fixed(name, ins, needs, out_avals, outs)
 
     def _explicit_out_type(self, eqn: Any, out_avals: tuple[Aval, ...]) -> _Type | None:
         """An equation's explicit ``out_sharding`` (:func:`_explicit_out_sharding`) as a

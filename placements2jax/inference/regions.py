@@ -14,6 +14,11 @@ collective there (:meth:`.combine.CombinerRules.widening`). A collective over gr
 one device (a size-1 mesh axis) is compiled too, sending nothing (where a redistribution's
 step over one device compiles to nothing).
 
+A region manual over some mesh axes alone (``axis_names=``) leaves the others to XLA,
+which splits its body's values over them too: the walker (:mod:`.jaxpr`) walks its body
+there and gives each collective's per-device result bytes and the moves XLA makes of an
+equation's operands there, each a collective sent before it.
+
 Each collective records the region's collectives its operand depends on, so that XLA's
 combiner is modelled on them with the program's (:func:`.combine.planned_collectives`:
 two independent ``psum`` over one axis are one all-reduce), and the computation it runs
@@ -36,7 +41,7 @@ from ..errors import ArgumentTypeError, InferenceError
 from .cost import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COLLECTIVE_PERMUTE, REDUCE_SCATTER, result_nbytes
 from .ops import CALL_JAXPR_PARAMS
 
-__all__ = ["Region", "RegionCollective", "region_collectives"]
+__all__ = ["Region", "RegionCollective", "RegionMove", "region_collectives"]
 
 # primitive -> (the collective XLA compiles, its reduction)
 _COLLECTIVES: dict[str, tuple[str, str | None]] = {
@@ -82,6 +87,22 @@ class RegionCollective(NamedTuple):
         return result_nbytes(self.kind, widening * self.result_bytes, self.group)
 
 
+class RegionMove(NamedTuple):
+    """A collective of a move the body of a region manual over some mesh axes makes of an
+    operand of one of its equations over the others, where XLA partitions it (a
+    ``psum_scatter``'s operand split over ``dp`` gathered first): the operand's index, the
+    collective's kind, its mesh axes, its reduction, the operand's element type, the bytes
+    of its per-device result and its group size (as :class:`RegionCollective`'s)."""
+
+    operand: int
+    kind: str
+    axes: tuple[str, ...]
+    reduce_op: str | None
+    dtype: np.dtype
+    result_bytes: int
+    group: int
+
+
 class Region(NamedTuple):
     """What a region's body sends: its collectives in program order, and per output of the
     region the collectives it depends on (a bit set: a gradient region's input cotangent
@@ -92,16 +113,29 @@ class Region(NamedTuple):
     outputs: tuple[int, ...]
 
 
-def region_collectives(eqn: Any, axis_sizes: Mapping[str, int]) -> Region:
+def region_collectives(
+    eqn: Any, axis_sizes: Mapping[str, int], block_bytes: Mapping[Any, int] | None = None,
+    moves: Mapping[int, Sequence[RegionMove]] | None = None,
+) -> Region:
     """What the body of ``shard_map`` equation ``eqn`` sends (module docstring);
-    ``axis_sizes``: the mesh's axis name -> size."""
+    ``axis_sizes``: the mesh's axis name -> size. ``block_bytes``: per result of a body
+    collective (its jaxpr variable), the bytes of its per-device block where the region
+    leaves some mesh axes to XLA (``shard_map(..., axis_names=)``: XLA splits the body's
+    values over the others too); a result not given is whole on every device. ``moves``:
+    per body equation (by ``id``), the moves XLA makes of its operands over those other
+    axes, each sent before it (its ``primitive``: the equation's, then ``" operand"``)."""
     if getattr(getattr(eqn, "primitive", None), "name", None) != "shard_map":
         raise ArgumentTypeError(
             "eqn", eqn, "not a shard_map equation", "pass an equation of a jaxpr whose primitive is shard_map "
             "(e.g. jax.make_jaxpr(fn)(*args).eqns)",
         )
     body = eqn.params["jaxpr"]
-    return _collectives_of(getattr(body, "jaxpr", body), tuple(axis_sizes.items()))
+    body = getattr(body, "jaxpr", body)
+    if block_bytes or moves:
+        found: list[RegionCollective] = []
+        outputs = _walk(body, [0] * len(body.invars), found, "", dict(axis_sizes), [0], block_bytes or {}, moves)
+        return Region(tuple(found), tuple(outputs))
+    return _collectives_of(body, tuple(axis_sizes.items()))
 
 
 @cached(maxsize=64)
@@ -112,11 +146,13 @@ def _collectives_of(body: Any, axis_sizes: tuple[tuple[str, int], ...]) -> Regio
 
 
 def _walk(
-    jaxpr: Any, deps: Sequence[int], found: list[RegionCollective], body: str, sizes: dict[str, int], bodies: list[int]
+    jaxpr: Any, deps: Sequence[int], found: list[RegionCollective], body: str, sizes: dict[str, int], bodies: list[int],
+    block_bytes: Mapping[Any, int] | None = None, moves: Mapping[int, Sequence[RegionMove]] | None = None,
 ) -> list[int]:
     """Appends to ``found`` the collectives of ``jaxpr`` (run in computation ``body``),
     whose inputs depend on the collectives ``deps`` (bit sets); returns what its outputs
-    depend on. ``bodies``: how many loop and branch bodies were labelled so far."""
+    depend on. ``bodies``: how many loop and branch bodies were labelled so far;
+    ``block_bytes``, ``moves``: :func:`region_collectives`'."""
     env: dict[Any, int] = dict(zip(jaxpr.invars, deps))
 
     def read(var: Any) -> int:
@@ -125,12 +161,16 @@ def _walk(
     for eqn in jaxpr.eqns:
         ins = [read(v) for v in eqn.invars]
         name = eqn.primitive.name
+        for move in moves.get(id(eqn), ()) if moves else ():
+            found.append(RegionCollective(move.kind, move.axes, move.reduce_op, move.dtype, move.result_bytes,
+                                          move.group, ins[move.operand], body, f"{name} operand"))
+            ins[move.operand] |= 1 << (len(found) - 1)
         if name in _COLLECTIVES:
-            outs = _sent(eqn, ins, found, body, sizes)
+            outs = _sent(eqn, ins, found, body, sizes, block_bytes)
         else:
             called = _inlined(eqn)
             if called is not None:  # a call (XLA inlines it) or a nested region: the same computation
-                outs = _walk(called, ins, found, body, sizes, bodies)
+                outs = _walk(called, ins, found, body, sizes, bodies, block_bytes, moves)
             else:
                 every = 0
                 for bits in ins:
@@ -138,14 +178,18 @@ def _walk(
                 first = len(found)
                 for inner in core.jaxprs_in_params(eqn.params):  # a loop's or a branch's: a computation of its own
                     bodies[0] += 1
-                    _walk(inner, [every] * len(inner.invars), found, f"{body}/{bodies[0]}", sizes, bodies)
+                    _walk(inner, [every] * len(inner.invars), found, f"{body}/{bodies[0]}", sizes, bodies, block_bytes,
+                          moves)
                 every |= (1 << len(found)) - (1 << first)
                 outs = [every] * len(eqn.outvars)
         env.update(zip(eqn.outvars, outs))
     return [read(v) for v in jaxpr.outvars]
 
 
-def _sent(eqn: Any, ins: list[int], found: list[RegionCollective], body: str, sizes: dict[str, int]) -> list[int]:
+def _sent(
+    eqn: Any, ins: list[int], found: list[RegionCollective], body: str, sizes: dict[str, int],
+    block_bytes: Mapping[Any, int] | None = None, moves: Mapping[int, Sequence[RegionMove]] | None = None,
+) -> list[int]:
     """The collectives of one collective equation, one per operand; what each result
     depends on."""
     kind, reduce_op = _COLLECTIVES[eqn.primitive.name]
@@ -163,9 +207,10 @@ def _sent(eqn: Any, ins: list[int], found: list[RegionCollective], body: str, si
     outs = []
     for bits, out in zip(ins, eqn.outvars):
         dtype = np.dtype(out.aval.dtype)
+        whole = math.prod(out.aval.shape) * dtype.itemsize
         found.append(RegionCollective(
-            kind, axes, reduce_op, dtype, math.prod(out.aval.shape) * dtype.itemsize, group, bits, body,
-            eqn.primitive.name,
+            kind, axes, reduce_op, dtype, whole if block_bytes is None else block_bytes.get(out, whole), group, bits,
+            body, eqn.primitive.name,
         ))
         outs.append(bits | 1 << (len(found) - 1))
     return outs
