@@ -347,3 +347,25 @@ def test_region_collectives_takes_the_block_bytes_and_moves_of_a_partitioned_bod
     assert [(c.primitive, c.result_bytes, c.after) for c in got.collectives] == [
         ("mul operand", 32, 0), ("psum", 16, 1)]
     assert got.outputs == (3,)
+
+
+def test_a_megatron_mlp_step_with_a_partially_manual_row_parallel_region(mesh: Any) -> None:
+    """A training step as code written with ``axis_names`` does it: the column-parallel
+    matmul left to XLA, the row-parallel one a region manual over tp with its psum, the
+    batch split over dp by XLA. The prediction's bytes and collectives are XLA's (1,412 B:
+    the region's psum of the block and the weight gradients' all-reduce over dp after it;
+    the region's in_specs read as whole layouts gathered the batch over dp first)."""
+    region = manual_over_tp(mesh, lambda h, w: jax.lax.psum(h @ w, "tp"), (P(None, "tp"), P("tp", None)), P(),
+                            check_vma=True)
+
+    def step(x: jax.Array, w1: jax.Array, w2: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        def loss(w1: jax.Array, w2: jax.Array) -> jax.Array:
+            return (region(jax.nn.gelu(x @ w1), w2) ** 2).mean()
+
+        value, (g1, g2) = jax.value_and_grad(loss, argnums=(0, 1))(w1, w2)
+        return value, w1 - 0.1 * g1, w2 - 0.1 * g2
+
+    inputs = (spec(mesh, (8, 16), "S(0),R"), spec(mesh, (16, 32), "R,S(1)"), spec(mesh, (32, 16), "R,S(0)"))
+    report = check(step, *inputs)
+    assert report.predicted_bytes == report.compiled_bytes == 1412 and report.communication == "equal"
+    assert report.predicted_combined_counts == report.compiled_counts == {"all-reduce": 2}
