@@ -800,6 +800,37 @@ def test_sharding_annotations_are_fixed_layouts(mesh: Any) -> None:
     assert [str(x) for x in rows["shard_map"].signature.in_layouts] == ["S(0),S(1)"]
 
 
+@pytest.mark.parametrize("constraint", [
+    P(P.UNCONSTRAINED, None, "tp"),  # the batch's dim free: its dp split kept, as XLA keeps it
+    P(P.UNCONSTRAINED, P.UNCONSTRAINED, None),  # the features unsplit, the others free
+])
+def test_unconstrained_dims_of_a_sharding_constraint_are_left_to_the_search(mesh: Any, constraint: Any) -> None:
+    """``PartitionSpec.UNCONSTRAINED`` leaves a dim to XLA: the constraint fixes the named
+    dims alone (it raised our ArgumentTypeError, "alias entry UNCONSTRAINED is not an axis
+    name"), the others free over the mesh dims those do not name. Treated as None the
+    first would gather the batch over dp (XLA sends 1,536 B: the row-parallel matmul's
+    all-reduce alone)."""
+    auto = jax.sharding.Mesh(mesh.devices, mesh.alias_name, axis_types=(AxisType.Auto,) * 2)
+
+    def f(x: jax.Array, w: jax.Array, w2: jax.Array) -> jax.Array:
+        return lax.with_sharding_constraint(jax.nn.gelu(x @ w), NamedSharding(auto, constraint)) @ w2
+
+    rng = np.random.default_rng(0)
+    arrays = [rng.normal(size=shape).astype(np.float32) for shape in ((4, 8, 16), (16, 32), (32, 16))]
+    args = [distribute_tensor(a, mesh, p) for a, p in zip(arrays, ("S(0),R", "R,S(1)", "R,S(0)"))]
+    (row,) = [e for e in predict(f, *args).equations if e.primitive == "sharding_constraint"]
+    layout = row.outputs[0].layout
+    assert not layout.has_partial and layout.dim_axes[0] == (0,)  # dp's split of the batch kept
+    assert layout.dim_axes[2] == ((1,) if constraint[2] == "tp" else ())
+    if constraint[1] is None:
+        report = check(f, *args)
+        assert report.predicted_bytes == report.compiled_bytes == 1536 and report.communication == "equal"
+    want = jax.jit(f)(*arrays)
+    for execute in ("ops", "xla", "pinned"):
+        got = apply(f, *args, execute=execute)
+        np.testing.assert_allclose(np.asarray(got.full_tensor()), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
 def _psum_region(auto: Any, x: Any, w: Any) -> Any:
     """A Megatron row-parallel matmul written as a shard_map region: each tp rank's partial
     product of its slice of the features, summed over tp."""

@@ -48,7 +48,7 @@ import numpy as np
 from jax._src import source_info_util  # the user's source line of an equation, for errors
 from jax._src.core import ShardingTypeError  # JAX's typing refusing code (jax 0.10.2: not public)
 from jax.extend import core
-from jax.sharding import AxisType, NamedSharding
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from ..caches import Memo, cached, collector_paused
 from ..errors import InferenceError, Placements2JaxError, UnsupportedOpError
@@ -2138,7 +2138,7 @@ class _Walker:
             elif name == "reshard":
                 signature = self._reshard(sharding, path, ins, out_avals)
             else:
-                signature = self._constraint(sharding, ins[0], out_avals[0])
+                signature = self._constraint(sharding, path, ins, out_avals)
         elif name in _PASS_THROUGH:
             layouts = [s.layout for s in ins]
             signature = self.fixed(name, ins, layouts, out_avals, layouts)
@@ -2771,15 +2771,36 @@ class _Walker:
             return self._identity(path, ins, out_avals)
         return self._into_type(path, ins, out_avals, type_, "sharding_constraint")
 
-    def _constraint(self, sharding: Any, spec: TensorSpec, out: Aval) -> Signature:
+    def _constraint(
+        self, sharding: Any, path: str, ins: tuple[TensorSpec, ...], out_avals: tuple[Aval, ...]
+    ) -> Signature:
+        """A ``with_sharding_constraint``: its layout, fixed. A dim it leaves
+        ``PartitionSpec.UNCONSTRAINED`` is XLA's to choose: the identity's candidates
+        (:meth:`_identity`) agreeing with it on the other dims, without partials and
+        splitting those dims over mesh dims the others do not name, the search free among
+        them (the fixed layout with those dims unsplit where none does)."""
         if not isinstance(sharding, NamedSharding):
             raise UnsupportedOpError(
                 "sharding", sharding, "with_sharding_constraint is only understood with a NamedSharding",
                 "pass NamedSharding(mesh.to_jax(), PartitionSpec(...))",
             )
         self._check_mesh("sharding", sharding, sharding.mesh)
-        target = Layout.from_partition_spec(self.mesh, sharding.spec, spec.layout.ndim)
-        return self.fixed("sharding_constraint", (spec,), (target,), (out,), (target,))
+        free = {d for d, entry in enumerate(sharding.spec) if entry is PartitionSpec.UNCONSTRAINED}
+        named = PartitionSpec(*(None if d in free else entry for d, entry in enumerate(sharding.spec)))
+        target = Layout.from_partition_spec(self.mesh, named, ins[0].layout.ndim)
+        if free:
+            used = {m for axes in target.dim_axes for m in axes}
+
+            def holds(layout: Layout) -> bool:
+                return not layout.has_partial and not layout.is_strided and all(
+                    not used.intersection(axes) if d in free else axes == target.dim_axes[d]
+                    for d, axes in enumerate(layout.dim_axes))
+
+            identity = self._identity(path, ins, out_avals)
+            kept = tuple(c for c in identity.candidates if holds(c.out_layouts[0]))
+            if kept:
+                return Signature("sharding_constraint", identity.inputs, kept)
+        return self.fixed("sharding_constraint", ins, (target,), out_avals, (target,))
 
 
 @cached(maxsize=1024)
