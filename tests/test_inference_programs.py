@@ -831,6 +831,40 @@ def test_unconstrained_dims_of_a_sharding_constraint_are_left_to_the_search(mesh
         np.testing.assert_allclose(np.asarray(got.full_tensor()), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
+def test_a_nested_jits_shardings_are_sharding_constraints(mesh: Any) -> None:
+    """A helper jitted with ``out_shardings`` (and ``in_shardings``) inside the function:
+    XLA constrains its results (and operands) as with_sharding_constraint does, so the
+    gelu's result is gathered over tp (1,536 B, XLA's first collective) before the
+    row-parallel matmul; the walk ignored them (1,536 B in all: the matmul's all-reduce).
+    After the gather the prediction moves the weight by an all-to-all and gathers the
+    output (2,688 B) where XLA all-reduces it (3,072)."""
+    auto = jax.sharding.Mesh(mesh.devices, mesh.alias_name, axis_types=(AxisType.Auto,) * 2)
+    gathered = NamedSharding(auto, P("dp", None, None))
+    helper = jax.jit(jax.nn.gelu, in_shardings=NamedSharding(auto, P("dp", None, "tp")), out_shardings=gathered)
+
+    def f(x: jax.Array, w: jax.Array, w2: jax.Array) -> jax.Array:
+        return helper(x @ w) @ w2
+
+    rng = np.random.default_rng(0)
+    arrays = [rng.normal(size=shape).astype(np.float32) for shape in ((4, 8, 16), (16, 32), (32, 16))]
+    args = [distribute_tensor(a, mesh, p) for a, p in zip(arrays, ("S(0),R", "R,S(1)", "R,S(0)"))]
+    out = Layout.from_device_mesh(mesh)("S(0),R")
+    prediction = predict(f, *args, out_layouts=out)
+    rows = {e.path.rsplit(".", 1)[-1]: e for e in prediction.equations if e.primitive == "sharding_constraint"}
+    assert sorted(rows) == ["in_sharding0", "out_sharding0"]
+    assert str(rows["out_sharding0"].outputs[0].layout) == "S(0),R"
+    (step,) = rows["out_sharding0"].signature.redistributions[0].steps
+    assert (step.collective, step.axis, step.nbytes) == ("all-gather", "tp", 1536)
+    report = check(f, *args, out_layouts=out)
+    assert (report.predicted_bytes, report.compiled_bytes) == (2688, 3072)
+    gather = report.compiled_collectives[0]
+    assert gather.op == "all-gather" and "jit(gelu)" in gather.op_name
+    want = jax.jit(f)(*arrays)
+    for execute in ("ops", "xla", "pinned"):
+        got = apply(f, *args, execute=execute)
+        np.testing.assert_allclose(np.asarray(got.full_tensor()), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
 def _psum_region(auto: Any, x: Any, w: Any) -> Any:
     """A Megatron row-parallel matmul written as a shard_map region: each tp rank's partial
     product of its slice of the features, summed over tp."""

@@ -2216,7 +2216,19 @@ class _Walker:
         srcs: tuple[ValueId | None, ...],
     ) -> list[tuple[TensorSpec, ValueId | None]]:
         """A call of ``closed`` (``eqn``'s inputs are its inputs, its outputs ``eqn``'s):
-        a row without a signature, its equations walked at ``path.``."""
+        a row without a signature, its equations walked at ``path.``. A nested ``jax.jit``'s
+        ``in_shardings`` / ``out_shardings`` are sharding constraints (XLA's: a helper
+        jitted with ``out_shardings=P("dp", None, None)`` gathers its result over ``tp``)
+        on its operands before it and its results after it, rows
+        ``<path>.in_sharding<i>`` / ``<path>.out_sharding<j>`` (:meth:`_annotated`)."""
+        if not self.typed:
+            moved = [
+                self._annotated(f"{path}.in_sharding{i}", spec, src, sharding, var)
+                if isinstance(sharding, NamedSharding) else (spec, src)
+                for i, (spec, src, sharding, var) in enumerate(
+                    zip(ins, srcs, eqn.params.get("in_shardings") or (None,) * len(ins), eqn.invars))
+            ]
+            ins, srcs = tuple(m[0] for m in moved), tuple(m[1] for m in moved)
         slot = len(self.rows)
         self.rows.append(EquationReport(path, label, ins, None, ()))
         self.calls.append(eqn)
@@ -2227,7 +2239,27 @@ class _Walker:
             self.executor.exit_call(eqn, closed)
         self.calls.pop()
         self.rows[slot] = EquationReport(path, label, ins, None, tuple(o for o, _ in outs), srcs)
-        return outs
+        if self.typed:
+            return outs
+        return [
+            self._annotated(f"{path}.out_sharding{j}", spec, src, sharding, var)
+            if isinstance(sharding, NamedSharding) else (spec, src)
+            for j, ((spec, src), sharding, var) in enumerate(
+                zip(outs, eqn.params.get("out_shardings") or (None,) * len(outs), eqn.outvars))
+        ]
+
+    def _annotated(
+        self, at: str, spec: TensorSpec, source: ValueId | None, sharding: NamedSharding, var: Any
+    ) -> tuple[TensorSpec, ValueId | None]:
+        """``spec`` (the value ``source``, jaxpr variable ``var``) moved by a row and node at
+        ``at`` to the layout of a sharding constraint to ``sharding`` (:meth:`_constraint`)."""
+        signature = self._constraint(sharding, at, (spec,), (spec.aval,))
+        moved = TensorSpec.of(spec.aval, signature.out_layouts[0])
+        self.rows.append(EquationReport(at, "sharding_constraint", (spec,), signature, (moved,), (source,)))
+        self._node(ProgramNode(at, (spec,), (source,), self._candidates(signature)))
+        if self.executor is not None and not isinstance(var, core.Literal):
+            self.executor.constrain(var, signature)
+        return moved, (at, 0)
 
     def _candidates(self, signature: Signature) -> tuple[Candidate, ...]:
         """An equation's program-node candidates: every one, or the chosen one for a walk
