@@ -70,7 +70,7 @@ from .dtensor import DTensor
 from .caches import Memo
 from .errors import ArgumentTypeError, MeshError, PlacementError, ShapeError
 from .layout import Layout, MeshPlacements, PlacementsLike, resolve_layout
-from .mesh import DeviceMesh, as_device_mesh
+from .mesh import DeviceMesh, as_device_mesh, shard_map
 from .operators import block_spec, relabel, vary
 from .physical import Physical, physical
 from .placements import Placement
@@ -252,7 +252,7 @@ def _program(
         return [v for v in leaves if _is_array(v)]
 
     shapes = jax.eval_shape(
-        lambda *values: jax.shard_map(
+        lambda *values: shard_map(
             probe, mesh=jax_mesh, in_specs=in_specs, out_specs=PartitionSpec(), check_vma=False
         )(*relabelled(values)),
         *arrays,
@@ -278,7 +278,7 @@ def _program(
         arrays_out = [v for v in results if _is_array(v)]
         return [_packed(y, phys, k) for k, (y, phys) in enumerate(zip(arrays_out, outs))]
 
-    mapped = jax.shard_map(body, mesh=jax_mesh, in_specs=in_specs, out_specs=[p.spec for p in outs])
+    mapped = shard_map(body, mesh=jax_mesh, in_specs=in_specs, out_specs=[p.spec for p in outs])
     run = jax.jit(lambda *values: mapped(*relabelled(values)))
     return run, [_OUTPUT if _is_array(v) else v for v in leaves], out_tree, outs
 

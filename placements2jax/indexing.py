@@ -30,6 +30,7 @@ from .caches import cached
 from .dtensor import DTensor
 from .errors import ArgumentTypeError, IndexingError
 from .layout import Layout
+from .mesh import shard_map
 from .operators import apply
 from .physical import Physical, physical
 
@@ -104,7 +105,7 @@ def _per_rank_slicer(
     steps = dict(strided)
     lead = (slice(None),) * len(phys.stacked_axes)
     key = lead + tuple(slice(steps[d][0], None, steps[d][1]) if d in steps else slice(None) for d in range(len(out.shape)))
-    return jax.jit(jax.shard_map(
+    return jax.jit(shard_map(
         lambda block: block[key], mesh=phys.layout.mesh.to_jax(), in_specs=phys.spec, out_specs=out.spec,
         check_vma=False,
     ))

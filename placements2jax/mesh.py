@@ -16,10 +16,10 @@ mesh's Auto twin; docs/training.md, Explicit or Auto axes).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 import weakref
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, wraps
 from typing import Any, Literal, TypeAlias, overload
 
 import jax
@@ -382,6 +382,27 @@ class DeviceMesh:
 
     # get_global_shape (the RFC's DeviceMesh method) needs layouts: placements2jax.layout
     # installs it, so this module does not import the one after it.
+
+
+def shard_map(f: Callable[..., Any], *, mesh: jax.sharding.Mesh, **kwargs: Any) -> Callable[..., Any]:
+    """``jax.shard_map(f, mesh=mesh, **kwargs)`` for the library's own per-rank code, also
+    where the caller's context mesh (``jax.set_mesh``) is another one. JAX workaround (jax
+    0.10.2): a shard_map over a mesh other than the context's is refused ("The context mesh
+    ... should match the mesh passed to shard_map": the operators, apply's ``"ops"`` program
+    and a partial's local form failed inside ``jax.set_mesh`` of the DTensors' mesh's Auto
+    twin), so there it is traced under ``jax.sharding.use_abstract_mesh`` of its own mesh,
+    which JAX allows under ``jax.jit`` too (``set_mesh`` it does not)."""
+    mapped = jax.shard_map(f, mesh=mesh, **kwargs)
+
+    @wraps(f)
+    def run(*args: Any) -> Any:
+        context = jax.sharding.get_abstract_mesh()
+        if context.empty or context == mesh.abstract_mesh:
+            return mapped(*args)
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return mapped(*args)
+
+    return run
 
 
 def init_device_mesh(

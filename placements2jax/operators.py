@@ -72,7 +72,7 @@ from .inference.signature import RedistributePlan, TensorSpec, constant_layout, 
 from .inference.simplify import is_arg_reduction_call
 from .inference.xla_defects import needs_pinned
 from .layout import Layout
-from .mesh import DeviceMesh
+from .mesh import DeviceMesh, shard_map
 from .physical import Physical, physical
 from .programs import convert
 
@@ -616,6 +616,15 @@ def apply(
     if on_unknown not in ON_UNKNOWN:
         raise InferenceError("on_unknown", on_unknown, "unknown fallback", f"use one of {ON_UNKNOWN}")
     options = ApplyOptions(on_unknown, trace_context())  # fn traced under jax.set_mesh is another program
+    if execute in ("xla", "pinned") and first is not None and _another_explicit_context(
+            options.context, first.device_mesh):
+        raise InferenceError(
+            "execute", execute, f"runs fn on its operands' logical values inside jax.set_mesh of {options.context}, a "
+            f"mesh with Explicit axes other than the DTensors' {first.device_mesh}: JAX refuses fn's primitives on values "
+            "of one mesh inside another's context (jax 0.10.2: 'context mesh ... should match the aval mesh')",
+            "pass execute='ops' (or 'auto'), which runs each op on the DTensors' own mesh, or call apply outside that "
+            "jax.set_mesh (or inside jax.set_mesh(mesh.to_jax()) of the DTensors' mesh)",
+        )
     tag = ("apply", fn, frozen, in_tree, targets, execute, options)
     build = _BUILDERS[execute]
     program = _dispatch(tag, leaves, partial(build, fn, frozen, in_tree, targets, options), partial(_leaf_path, args))
@@ -928,14 +937,24 @@ def _auto_program(
     except (TypeError, ValueError):  # predict reports why, as a clear InferenceError
         closed = None
     meshes = [k[3].mesh for k in keys if k[0] == "dtensor"]  # none or several: predict says why
-    chosen = "xla" if closed is None or not meshes else _auto_execute(
-        closed.jaxpr, meshes[0], bool(options.context.explicit_axes))
+    chosen = "xla" if closed is None or not meshes else "ops" if _another_explicit_context(
+        options.context, meshes[0]) else _auto_execute(closed.jaxpr, meshes[0], bool(options.context.explicit_axes))
     program = {"ops": _apply_program, "pinned": _pinned_program, "xla": _xla_program}[chosen]
     return program(fn, kwargs, in_tree, targets, options, keys, cost_model)
 
 
 # apply's program builders by execute mode
 _BUILDERS = {"auto": _auto_program, "xla": _xla_program, "ops": _apply_program, "pinned": _pinned_program}
+
+
+def _another_explicit_context(context: Any, mesh: DeviceMesh) -> bool:
+    """Whether ``context`` (``jax.set_mesh``'s abstract mesh) has Explicit axes and is not
+    ``mesh`` (nor its twin: other axis names or sizes). JAX refuses there a primitive on
+    values of ``mesh`` (jax 0.10.2: "context mesh ... should match the aval mesh"), which
+    the "xla" and "pinned" programs bind on the operands' logical values; "ops" runs each
+    op on ``mesh`` (:func:`.mesh.shard_map`)."""
+    return bool(context.explicit_axes) and (tuple(context.axis_names), tuple(context.axis_sizes)) != (
+        mesh.axis_names, mesh.shape)
 
 
 def _auto_execute(jaxpr: Any, mesh: DeviceMesh, explicit: bool) -> str:
@@ -1542,7 +1561,7 @@ def _unstack(phys: Physical) -> Callable[[jax.Array], jax.Array]:
     device's slice of the stack is its partial sum (the inverse of :func:`relabel`)."""
     count = len(phys.unreduced_axes)
     names = tuple(phys.mesh_names[a] for a in phys.unreduced_axes)
-    return jax.jit(jax.shard_map(
+    return jax.jit(shard_map(
         lambda b: lax.pcast(b.reshape(b.shape[count:]), names, to="unreduced"),
         mesh=phys.layout.mesh.to_jax(), in_specs=(block_spec(phys),), out_specs=phys.spec,
     ))
@@ -1820,7 +1839,7 @@ def _local_call(
         ys = list(compute(*xs))
         return tuple(_pack(y, p, masks) for y, p in zip(ys, outs, strict=True))
 
-    run = jax.shard_map(
+    run = shard_map(
         local,
         mesh=mesh,
         in_specs=tuple(block_spec(ins[i]) for i in passed),
@@ -1891,14 +1910,14 @@ def relabel(phys: Physical) -> Callable[[jax.Array], jax.Array]:
     count = len(phys.unreduced_axes)
     names = frozenset(phys.mesh_names[a] for a in phys.unreduced_axes)
     stacked = block_spec(phys)
-    to_stack = jax.shard_map(
+    to_stack = shard_map(
         lambda b: b.reshape((1,) * count + b.shape),
         mesh=mesh,
         in_specs=(phys.spec,),
         out_specs=stacked,
         check_vma=False,
     )
-    from_stack = jax.shard_map(
+    from_stack = shard_map(
         lambda c: c.reshape(c.shape[count:]),
         mesh=mesh,
         in_specs=(stacked,),

@@ -27,6 +27,7 @@ from .caches import cached
 from .errors import RedistributeError
 from .hlo import running
 from .layout import Layout
+from .mesh import shard_map
 from .physical import Physical, physical
 
 __all__ = ["convert", "program", "check_redistribute", "strided_route", "strided_route_tables"]
@@ -197,7 +198,7 @@ def _strided_steps(x: jax.Array, phys: Physical, steps: Sequence[StridedStep], u
         return block
 
     mesh = phys.layout.mesh.to_jax()
-    run = jax.shard_map(local, mesh=mesh, in_specs=src.spec, out_specs=dst.spec, check_vma=False)
+    run = shard_map(local, mesh=mesh, in_specs=src.spec, out_specs=dst.spec, check_vma=False)
     return run(x), (dst if not undo else phys)
 
 
@@ -297,7 +298,7 @@ def _to_unreduced(x: jax.Array, dst: Physical) -> jax.Array:
     def local(block: jax.Array, factor: jax.Array) -> jax.Array:
         return jax.lax.pcast(block, names, to="varying") * factor.reshape(())
 
-    return jax.shard_map(
+    return shard_map(
         local, mesh=mesh, in_specs=(PartitionSpec(*dst.dim_entries), PartitionSpec(*names)), out_specs=dst.spec
     )(x, scale)
 

@@ -74,6 +74,7 @@ from .hlo import Collective, parse_collectives
 from .inference.cost import collective_nbytes
 from .inference.cost import CostModel, default_cost_model
 from .layout import Layout
+from .mesh import shard_map
 from .physical import Physical
 from .programs import REDUCERS, reshard_to, convert, program
 
@@ -638,7 +639,7 @@ class DirectSchedule:
         src, dst = self.src, self.dst
         mesh = src.layout.mesh.to_jax()
         body = self._body
-        mapped = jax.shard_map(body, mesh=mesh, in_specs=src.spec, out_specs=dst.spec, check_vma=False)
+        mapped = shard_map(body, mesh=mesh, in_specs=src.spec, out_specs=dst.spec, check_vma=False)
         return mapped
 
     def _body(self, x: jax.Array) -> jax.Array:

@@ -199,6 +199,14 @@ def _apply_untyped_matmul_in_explicit_context(e: Any, execute: str) -> Any:
         return apply(jnp.matmul, a, b, execute=execute)
 
 
+def _apply_inside_another_explicit_mesh(e: Any, execute: str) -> Any:
+    """apply of a function on DTensors of the Explicit mesh inside jax.set_mesh of another
+    Explicit mesh: JAX refuses fn's primitives there (a raw ValueError or KeyError before);
+    "ops" (and "auto", which chooses it there) runs it."""
+    with jax.set_mesh(init_device_mesh((8,), ("x",)).to_jax()):
+        return apply(jnp.tanh, e.dt, execute=execute)
+
+
 def _check_untyped_loop_in_explicit_context(e: Any) -> Any:
     """check, inside ``jax.set_mesh`` of the Explicit mesh, of that matmul accumulated in a
     ``fori_loop``: jax.jit of it is refused there; check compiled a rewrite of it before
@@ -1348,6 +1356,13 @@ CASES: list[Case] = [
         "fn",
         lambda e: _apply_untyped_matmul_in_explicit_context(e, "pinned"),
     ),
+    *(_c(
+        f"apply: inside set_mesh of another Explicit mesh ({execute})",
+        "apply",
+        InferenceError,
+        "execute",
+        lambda e, execute=execute: _apply_inside_another_explicit_mesh(e, execute),
+    ) for execute in ("xla", "pinned")),
     _c(
         "predict: inside set_mesh of the Explicit mesh, ragged_dot, which JAX's typing refuses",
         "predict",

@@ -1152,6 +1152,37 @@ def test_apply_under_eager_grad_inside_set_mesh_on_an_uneven_input(execute: str)
     assert grad.layout == x.layout
     np.testing.assert_allclose(np.asarray(grad.full_tensor()), np.cos(a), rtol=1e-6)
 
+@pytest.mark.parametrize("context", ["auto twin", "another mesh"])
+def test_operators_and_apply_inside_set_mesh_of_another_mesh(context: str) -> None:
+    """Inside jax.set_mesh of a mesh other than the DTensors' (their mesh's Auto twin, as
+    code written for jax.make_mesh sets; or an unrelated one), the library's own
+    shard_maps were refused raw ("The context mesh ... should match the mesh passed to
+    shard_map"): a matmul making a partial, a partial's reduction, and apply's "ops"
+    program, eagerly and under jax.jit. Now each runs on its own mesh
+    (:func:`placements2jax.mesh.shard_map`)."""
+    twin = init_device_mesh((2, 4), ("dp", "tp"), axis_types="auto").to_jax()
+    other = twin if context == "auto twin" else init_device_mesh((8,), ("x",), axis_types="auto").to_jax()
+    a, b = _data((8, 16), 51), _data((16, 12), 52)
+    x, w = _dt(a, MESH2, "R,S(1)"), _dt(b, MESH2, "R,S(0)")
+
+    def f(x: jax.Array, w: jax.Array) -> jax.Array:
+        return lax.with_sharding_constraint(x @ w, NamedSharding(twin, PartitionSpec("dp", None)))
+
+    with jax.set_mesh(other):
+        product = x @ w
+        assert product.placements[1].is_partial()
+        np.testing.assert_allclose(np.asarray(product.full_tensor()), a @ b, rtol=1e-5, atol=1e-5)
+        for execute in ("ops", "xla", "pinned"):
+            for run in (apply, jax.jit(functools.partial(apply, execute=execute), static_argnums=0)):
+                got = run(f, x, w, execute=execute) if run is apply else run(f, x, w)
+                np.testing.assert_allclose(np.asarray(got.full_tensor()), a @ b, rtol=1e-5, atol=1e-5)
+    # inside another Explicit mesh's set_mesh JAX refuses fn's primitives on the operands' logical values, which the
+    # "xla" and "pinned" programs bind (tests/test_bad_inputs.py): "auto" runs "ops" there
+    with jax.set_mesh(init_device_mesh((8,), ("x",)).to_jax()):
+        got = apply(lambda x, w: jnp.tanh(x @ w), x, w)
+    np.testing.assert_allclose(np.asarray(got.full_tensor()), np.tanh(a @ b), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("placements", ["(a,b),None", "(b,a),None", "None,(a,b)"])
 def test_apply_xla_reads_nested_uneven_inputs(placements: str) -> None:
     """10 rows over (a, b) = 4 x 2 are chunked 2,1,2,1,2,1,1,0: the padding sits between
