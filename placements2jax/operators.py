@@ -1349,6 +1349,9 @@ class _Executor(_Runner):
         name = eqn.primitive.name
         targets = [physical(layout, v.phys.shape) for layout, v in zip(signature.in_layouts, ins)]
         outs = [physical(layout, tuple(v.aval.shape)) for layout, v in zip(signature.out_layouts, eqn.outvars)]
+        if name == "device_put":  # its results are its operands (a pass-through: jax.jit keeps their layouts too);
+            # bound per rank in a shard_map of ours, its NamedSharding's axes were refused (not Manual there)
+            return [self.moved(v, t.layout) for v, t in zip(ins, targets)]
         if name in DEBUG_EFFECTS or name in HOST_CALLBACKS or name == "shard_map":  # as jax.jit runs them
             if name != "shard_map":  # a host callback's results Replicate
                 outs = [physical(Layout(self.mesh, ((),) * v.aval.ndim), tuple(v.aval.shape)) for v in eqn.outvars]

@@ -865,6 +865,27 @@ def test_a_nested_jits_shardings_are_sharding_constraints(mesh: Any) -> None:
         np.testing.assert_allclose(np.asarray(got.full_tensor()), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
+def test_a_device_put_inside_the_function_passes_its_value_through(mesh: Any) -> None:
+    """``jax.device_put(h, NamedSharding(...))`` inside traced code: CPU XLA compiles no move
+    for it (the matmul's all-reduce alone, 1,536 B), as the prediction's pass-through; the
+    "ops" executor bound it per rank in a shard_map of its own, where JAX refused its
+    sharding's axes (a raw ValueError: "should be of type Manual")."""
+    auto = jax.sharding.Mesh(mesh.devices, mesh.alias_name, axis_types=(AxisType.Auto,) * 2)
+
+    def f(x: jax.Array, w: jax.Array, w2: jax.Array) -> jax.Array:
+        return jax.device_put(jax.nn.gelu(x @ w), NamedSharding(auto, P("dp", None, None))) @ w2
+
+    rng = np.random.default_rng(0)
+    arrays = [rng.normal(size=shape).astype(np.float32) for shape in ((4, 8, 16), (16, 32), (32, 16))]
+    args = [distribute_tensor(a, mesh, p) for a, p in zip(arrays, ("S(0),R", "R,S(1)", "R,S(0)"))]
+    report = check(f, *args)
+    assert report.predicted_bytes == report.compiled_bytes == 1536 and report.communication == "equal"
+    want = jax.jit(f)(*arrays)
+    for execute in ("ops", "xla", "pinned"):
+        got = apply(f, *args, execute=execute)
+        np.testing.assert_allclose(np.asarray(got.full_tensor()), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
 def _psum_region(auto: Any, x: Any, w: Any) -> Any:
     """A Megatron row-parallel matmul written as a shard_map region: each tp rank's partial
     product of its slice of the features, summed over tp."""
