@@ -800,6 +800,21 @@ def test_sharding_annotations_are_fixed_layouts(mesh: Any) -> None:
     assert [str(x) for x in rows["shard_map"].signature.in_layouts] == ["S(0),S(1)"]
 
 
+def _megatron_operands(mesh: Any) -> tuple[list[np.ndarray], list[DTensor]]:
+    """An activation split over dp and a Megatron MLP's weights (column-, row-parallel)."""
+    rng = np.random.default_rng(0)
+    arrays = [rng.normal(size=shape).astype(np.float32) for shape in ((4, 8, 16), (16, 32), (32, 16))]
+    return arrays, [distribute_tensor(a, mesh, p) for a, p in zip(arrays, ("S(0),R", "R,S(1)", "R,S(0)"))]
+
+
+def _assert_applied_as_jit(f: Callable[..., Any], arrays: Sequence[np.ndarray], args: Sequence[Any]) -> None:
+    """apply of ``f`` on ``args`` in every executor gives jax.jit's value on ``arrays``."""
+    want = jax.jit(f)(*arrays)
+    for execute in ("ops", "xla", "pinned"):
+        got = apply(f, *args, execute=execute)
+        np.testing.assert_allclose(np.asarray(got.full_tensor()), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("constraint", [
     P(P.UNCONSTRAINED, None, "tp"),  # the batch's dim free: its dp split kept, as XLA keeps it
     P(P.UNCONSTRAINED, P.UNCONSTRAINED, None),  # the features unsplit, the others free
@@ -815,9 +830,7 @@ def test_unconstrained_dims_of_a_sharding_constraint_are_left_to_the_search(mesh
     def f(x: jax.Array, w: jax.Array, w2: jax.Array) -> jax.Array:
         return lax.with_sharding_constraint(jax.nn.gelu(x @ w), NamedSharding(auto, constraint)) @ w2
 
-    rng = np.random.default_rng(0)
-    arrays = [rng.normal(size=shape).astype(np.float32) for shape in ((4, 8, 16), (16, 32), (32, 16))]
-    args = [distribute_tensor(a, mesh, p) for a, p in zip(arrays, ("S(0),R", "R,S(1)", "R,S(0)"))]
+    arrays, args = _megatron_operands(mesh)
     (row,) = [e for e in predict(f, *args).equations if e.primitive == "sharding_constraint"]
     layout = row.outputs[0].layout
     assert not layout.has_partial and layout.dim_axes[0] == (0,)  # dp's split of the batch kept
@@ -825,10 +838,7 @@ def test_unconstrained_dims_of_a_sharding_constraint_are_left_to_the_search(mesh
     if constraint[1] is None:
         report = check(f, *args)
         assert report.predicted_bytes == report.compiled_bytes == 1536 and report.communication == "equal"
-    want = jax.jit(f)(*arrays)
-    for execute in ("ops", "xla", "pinned"):
-        got = apply(f, *args, execute=execute)
-        np.testing.assert_allclose(np.asarray(got.full_tensor()), np.asarray(want), rtol=1e-5, atol=1e-5)
+    _assert_applied_as_jit(f, arrays, args)
 
 
 def test_a_nested_jits_shardings_are_sharding_constraints(mesh: Any) -> None:
@@ -845,9 +855,7 @@ def test_a_nested_jits_shardings_are_sharding_constraints(mesh: Any) -> None:
     def f(x: jax.Array, w: jax.Array, w2: jax.Array) -> jax.Array:
         return helper(x @ w) @ w2
 
-    rng = np.random.default_rng(0)
-    arrays = [rng.normal(size=shape).astype(np.float32) for shape in ((4, 8, 16), (16, 32), (32, 16))]
-    args = [distribute_tensor(a, mesh, p) for a, p in zip(arrays, ("S(0),R", "R,S(1)", "R,S(0)"))]
+    arrays, args = _megatron_operands(mesh)
     out = Layout.from_device_mesh(mesh)("S(0),R")
     prediction = predict(f, *args, out_layouts=out)
     rows = {e.path.rsplit(".", 1)[-1]: e for e in prediction.equations if e.primitive == "sharding_constraint"}
@@ -859,10 +867,7 @@ def test_a_nested_jits_shardings_are_sharding_constraints(mesh: Any) -> None:
     assert (report.predicted_bytes, report.compiled_bytes) == (2688, 3072)
     gather = report.compiled_collectives[0]
     assert gather.op == "all-gather" and "jit(gelu)" in gather.op_name
-    want = jax.jit(f)(*arrays)
-    for execute in ("ops", "xla", "pinned"):
-        got = apply(f, *args, execute=execute)
-        np.testing.assert_allclose(np.asarray(got.full_tensor()), np.asarray(want), rtol=1e-5, atol=1e-5)
+    _assert_applied_as_jit(f, arrays, args)
 
 
 def test_a_device_put_inside_the_function_passes_its_value_through(mesh: Any) -> None:
@@ -875,15 +880,10 @@ def test_a_device_put_inside_the_function_passes_its_value_through(mesh: Any) ->
     def f(x: jax.Array, w: jax.Array, w2: jax.Array) -> jax.Array:
         return jax.device_put(jax.nn.gelu(x @ w), NamedSharding(auto, P("dp", None, None))) @ w2
 
-    rng = np.random.default_rng(0)
-    arrays = [rng.normal(size=shape).astype(np.float32) for shape in ((4, 8, 16), (16, 32), (32, 16))]
-    args = [distribute_tensor(a, mesh, p) for a, p in zip(arrays, ("S(0),R", "R,S(1)", "R,S(0)"))]
+    arrays, args = _megatron_operands(mesh)
     report = check(f, *args)
     assert report.predicted_bytes == report.compiled_bytes == 1536 and report.communication == "equal"
-    want = jax.jit(f)(*arrays)
-    for execute in ("ops", "xla", "pinned"):
-        got = apply(f, *args, execute=execute)
-        np.testing.assert_allclose(np.asarray(got.full_tensor()), np.asarray(want), rtol=1e-5, atol=1e-5)
+    _assert_applied_as_jit(f, arrays, args)
 
 
 def _psum_region(auto: Any, x: Any, w: Any) -> Any:

@@ -17,7 +17,7 @@ from placements2jax.inference import CostModel, check, predict
 from placements2jax.inference import program
 from placements2jax.inference.cost import resolve_cost_model
 from placements2jax.inference.jaxpr import _Walker
-from placements2jax.inference.regions import RegionMove, region_collectives
+from placements2jax.inference.regions import RegionCollective, RegionMove, region_collectives
 from placements2jax.inference.signature import as_tensor_specs
 
 
@@ -342,7 +342,7 @@ def test_region_collectives_takes_the_block_bytes_and_moves_of_a_partitioned_bod
     region = manual_over_tp(mesh, lambda x: jax.lax.psum(x * 2, "tp"), P(None, "tp"), P())
     (eqn,) = jax.make_jaxpr(region)(jnp.ones((8, 8))).jaxpr.eqns
     mul, psum = eqn.params["jaxpr"].eqns
-    moved = RegionMove(0, "all-gather", ("dp",), None, np.dtype(np.float32), 32, 2)
+    moved = RegionMove(0, RegionCollective("all-gather", ("dp",), None, np.dtype(np.float32), 32, 2, 0, "", ""))
     got = region_collectives(eqn, {"dp": 2, "tp": 4}, {psum.outvars[0]: 16}, {id(mul): (moved,)})
     assert [(c.primitive, c.result_bytes, c.after) for c in got.collectives] == [
         ("mul operand", 32, 0), ("psum", 16, 1)]

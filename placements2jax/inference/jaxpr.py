@@ -1532,10 +1532,11 @@ class _Manual:
             for step in plan.steps:
                 if step.communicates:
                     sizes = spec.layout.mesh.shape
-                    found.append(RegionMove(
-                        i, step.compiled, step.axes, getattr(step.src, "reduce_op", None), spec.dtype,
+                    found.append(RegionMove(i, RegionCollective(
+                        step.compiled, step.axes, getattr(step.src, "reduce_op", None), spec.dtype,
                         _block_bytes(spec.aval, step.after), math.prod(sizes[m] for m in step.over or (step.mesh_dim,)),
-                    ))
+                        0, "", "",
+                    )))
         if found:
             self.moves[id(eqn)] = tuple(found)
             self.paths.add(path)

@@ -90,17 +90,12 @@ class RegionCollective(NamedTuple):
 class RegionMove(NamedTuple):
     """A collective of a move the body of a region manual over some mesh axes makes of an
     operand of one of its equations over the others, where XLA partitions it (a
-    ``psum_scatter``'s operand split over ``dp`` gathered first): the operand's index, the
-    collective's kind, its mesh axes, its reduction, the operand's element type, the bytes
-    of its per-device result and its group size (as :class:`RegionCollective`'s)."""
+    ``psum_scatter``'s operand split over ``dp`` gathered first): the operand's index and
+    the collective, whose ``after``, ``body`` and ``primitive`` the walk of the body sets
+    where it reaches the equation."""
 
     operand: int
-    kind: str
-    axes: tuple[str, ...]
-    reduce_op: str | None
-    dtype: np.dtype
-    result_bytes: int
-    group: int
+    collective: RegionCollective
 
 
 class Region(NamedTuple):
@@ -162,8 +157,7 @@ def _walk(
         ins = [read(v) for v in eqn.invars]
         name = eqn.primitive.name
         for move in moves.get(id(eqn), ()) if moves else ():
-            found.append(RegionCollective(move.kind, move.axes, move.reduce_op, move.dtype, move.result_bytes,
-                                          move.group, ins[move.operand], body, f"{name} operand"))
+            found.append(move.collective._replace(after=ins[move.operand], body=body, primitive=f"{name} operand"))
             ins[move.operand] |= 1 << (len(found) - 1)
         if name in _COLLECTIVES:
             outs = _sent(eqn, ins, found, body, sizes, block_bytes)
