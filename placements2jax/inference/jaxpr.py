@@ -2624,7 +2624,10 @@ class _Walker:
         sends: the search's objective leaves the body's out, so it would take the first
         wherever its operands arrive so), or where the body holds a nested region, a
         primitive without a rule or a loop's boundary move, the region is the whole
-        layouts alone. A row-parallel
+        layouts alone; in a typed trace too (inside ``jax.set_mesh`` of an Explicit mesh
+        XLA gathers such a region's operand and result over the other axes at its
+        boundary, jax 0.10.2: the row-parallel region below 384 B there, its body's walk
+        192, the whole layouts 448). A row-parallel
         ``psum`` region manual over ``tp`` on a batch split over ``dp`` keeps the batch
         split (XLA's 192 B all-reduce of the block, where gathering it over ``dp`` first
         sent 448)."""
