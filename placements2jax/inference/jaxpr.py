@@ -2671,10 +2671,12 @@ class _Walker:
     ) -> tuple[tuple[Layout, ...], _Manual] | None:
         """The layouts a partially manual region's body (:meth:`_shard_map`) makes over the
         mesh dims it leaves to XLA, its operands in ``needs`` (``manual``: its manual
-        mesh dims, which split its per-device values nowhere), and the bytes of each of
-        its collectives' per-device results (:func:`.regions.region_collectives`'
-        ``block_bytes``); None where its walk needs a move that communicates, meets a
-        primitive without a rule, or leaves a value over a manual mesh dim."""
+        mesh dims, which split its per-device values nowhere), and its walk's record
+        (:class:`_Manual`: its collectives' per-device result bytes and its equations'
+        operand moves, :func:`.regions.region_collectives`' ``block_bytes`` and ``moves``);
+        None where the walk meets a primitive without a rule or a nested region, moves a
+        value across a loop's or branch's boundary, or leaves a result over a manual mesh
+        dim."""
         body = eqn.params["jaxpr"]
         body = getattr(body, "jaxpr", body)
         specs = [
@@ -2703,8 +2705,8 @@ class _Walker:
         an ``all_gather``, ``psum_scatter`` or ``all_to_all`` on operands Replicate there:
         XLA gathers them whole over those mesh dims first (a ``psum_scatter`` of a block
         split over ``dp`` by its batch: an all-gather over ``dp``, then the
-        reduce-scatter of the whole, measured), a move :meth:`_region_body` does not model;
-        its results laid out as its operands are. Records each result's per-device bytes."""
+        reduce-scatter of the whole, measured), a move of the body's (:class:`_Manual`); its
+        results laid out as its operands are. Records each result's per-device bytes."""
         name, p = eqn.primitive.name, eqn.params
         dims = any(k in p for k in ("all_gather_dimension", "scatter_dimension", "split_axis"))
         needs, outs = [], []
