@@ -369,3 +369,59 @@ def test_a_megatron_mlp_step_with_a_partially_manual_row_parallel_region(mesh: A
     report = check(step, *inputs)
     assert report.predicted_bytes == report.compiled_bytes == 1412 and report.communication == "equal"
     assert report.predicted_combined_counts == report.compiled_counts == {"all-reduce": 2}
+
+
+def _region_in_scan(mesh: Any) -> Any:
+    region = jax.shard_map(lambda a, b: jax.lax.psum(a @ b, "tp"), mesh=auto(mesh),
+                           in_specs=(P("dp", "tp"), P("tp", None)), out_specs=P("dp", None))
+
+    def fn(x: jax.Array, ws: jax.Array) -> jax.Array:
+        h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(region(h, w)), None), x, ws)
+        return h.sum()
+
+    return fn
+
+
+def _ring_in_fori(mesh: Any) -> Any:
+    def local(a: jax.Array) -> jax.Array:
+        def step(i: Any, carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+            acc, block = carry
+            block = jax.lax.ppermute(block, "tp", [(j, (j + 1) % 4) for j in range(4)])
+            return acc + block, block
+
+        return jax.lax.fori_loop(0, 3, step, (a, a))[0]
+
+    return jax.shard_map(local, mesh=auto(mesh), in_specs=P("dp", "tp"), out_specs=P("dp", "tp"))
+
+
+def _remat_region_grad(mesh: Any) -> Any:
+    region = jax.checkpoint(jax.shard_map(lambda a, b: jax.lax.psum(a @ b, "tp"), mesh=auto(mesh),
+                                          in_specs=(P("dp", "tp"), P("tp", None)), out_specs=P("dp", None)))
+    return jax.value_and_grad(lambda x, w: jnp.sum(jnp.tanh(region(x, w)) ** 2), argnums=1)
+
+
+@pytest.mark.parametrize("program, shapes", [
+    (_region_in_scan, (((8, 16), "S(0),S(1)"), ((3, 16, 16), "R,S(1)"))),
+    (lambda mesh: jax.grad(_region_in_scan(mesh), argnums=1), (((8, 16), "S(0),S(1)"), ((3, 16, 16), "R,S(1)"))),
+    (_ring_in_fori, (((8, 16), "S(0),S(1)"),)),
+    (_remat_region_grad, (((8, 16), "S(0),S(1)"), ((16, 16), "R,S(0)"))),
+], ids=["region in scan", "its gradient", "ring ppermute in fori_loop", "checkpointed region's gradient"])
+def test_regions_inside_loops_and_remat_are_predicted_as_xla_compiles_them(mesh: Any, program: Any,
+                                                                          shapes: Any) -> None:
+    """A region a scan body calls (and its gradient), a ring of ppermutes in a fori_loop
+    inside a region, a checkpointed region's gradient: the region collectives in their
+    loops' bodies, bytes and collectives after XLA's combiner as compiled; apply's three
+    executors give jax.jit's values."""
+    fn = program(mesh)
+    inputs = [spec(mesh, shape, placements) for shape, placements in shapes]
+    report = check(fn, *inputs)
+    assert report.communication == "equal" and report.predicted_bytes == report.compiled_bytes > 0
+    assert report.predicted_combined_counts == report.compiled_counts
+    rng = np.random.default_rng(0)
+    arrays = [rng.normal(size=shape).astype(np.float32) for shape, _ in shapes]
+    want = jax.tree.leaves(jax.jit(fn)(*arrays))
+    for execute in ("ops", "xla", "pinned"):
+        got = jax.tree.leaves(apply(fn, *(distribute_tensor(a, mesh, p) for a, (_, p) in zip(arrays, shapes)),
+                                    execute=execute), is_leaf=lambda x: hasattr(x, "full_tensor"))
+        for g, v in zip(got, want, strict=True):
+            np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(v), rtol=1e-4, atol=1e-4)
