@@ -1384,12 +1384,20 @@ def _unsharded_params(eqn: Any) -> dict[str, Any]:
     return {k: (None if k in ("sharding", "out_sharding") else v) for k, v in eqn.params.items()}
 
 
+# a jax.vmap's psum / pmax / pmin over its own axis (positional axes; the walk reaches no other outside a shard_map
+# region, which runs as jax.jit runs it): its reduction, run on a rank's block as that reduction is (bound in a
+# shard_map of ours, JAX refused it as a collective over axes the block does not vary over)
+_VMAP_REDUCTIONS = {"psum": lax.reduce_sum_p, "pmax": lax.reduce_max_p, "pmin": lax.reduce_min_p}
+
+
 def _run_local(eqn: Any, ins: Sequence[_Value], targets: Sequence[Physical], outs: Sequence[Physical]) -> list[Any]:
     """Equation ``eqn`` on every rank's local blocks (:func:`_local_call`): the physical
     arrays of its inputs (``ins``, moved to ``targets`` first) -> those of its outputs
     (laid out as ``outs``)."""
-    name = eqn.primitive.name
-    params = _unsharded_params(eqn)
+    primitive, params = _VMAP_REDUCTIONS.get(eqn.primitive.name, eqn.primitive), _unsharded_params(eqn)
+    if primitive is not eqn.primitive:
+        params = {"axes": tuple(params["axes"]), "out_sharding": None}
+    name = primitive.name
     masked_axis = _masked_axis(name, params, targets)
     groups = _split_groups(name, params, targets, outs)
     params = _local_params(name, params, targets, outs)
@@ -1398,11 +1406,11 @@ def _run_local(eqn: Any, ins: Sequence[_Value], targets: Sequence[Physical], out
         compute = partial(_call_registered, function, eqn)
     elif masked_axis is not None:
         masked = _masked_gather if name == "gather" else _masked_scatter
-        compute = partial(masked, eqn.primitive, params, targets[0], masked_axis)
+        compute = partial(masked, primitive, params, targets[0], masked_axis)
     elif groups is not None:
-        compute = partial(_own_groups, eqn.primitive, params, *groups)
+        compute = partial(_own_groups, primitive, params, *groups)
     else:
-        compute = partial(_bind, eqn.primitive, params)
+        compute = partial(_bind, primitive, params)
     constants = {
         i: v.array for i, (v, t) in enumerate(zip(ins, targets)) if v.phys == t and not isinstance(v.array, jax.Array)
     }

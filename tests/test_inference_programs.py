@@ -886,6 +886,27 @@ def test_a_device_put_inside_the_function_passes_its_value_through(mesh: Any) ->
     _assert_applied_as_jit(f, arrays, args)
 
 
+def test_a_vmaps_collectives_over_its_own_axis_are_reductions(mesh: Any) -> None:
+    """``jax.vmap(..., axis_name="b")`` with ``pmean`` / ``pmax`` over that axis (per-example
+    code normalizing by the batch, as a BatchNorm under vmap does): JAX's batching rule
+    leaves ``psum`` / ``pmax`` with positional axes, reductions of the batched dim (no rule
+    before: UnsupportedOpError). The batch split over dp: partial sums and maxima reduced
+    over dp, XLA's 32 B."""
+
+    def f(x: jax.Array) -> jax.Array:
+        return jax.vmap(lambda r: (r - lax.pmean(r, "b")) / lax.pmax(jnp.abs(r), "b"), axis_name="b")(x)
+
+    x = np.random.default_rng(0).normal(size=(4, 16)).astype(np.float32)
+    arg = distribute_tensor(x, mesh, "S(0),S(1)")
+    rows = [e for e in predict(f, arg).equations if e.primitive in ("psum", "pmax")]
+    assert [str(e.outputs[0].layout) for e in rows] == ["P,S(0)", "P(max),S(0)"]
+    report = check(f, arg)
+    assert report.predicted_bytes == report.compiled_bytes == 32 and report.communication == "equal"
+    for execute in ("ops", "xla", "pinned"):
+        np.testing.assert_allclose(np.asarray(apply(f, arg, execute=execute).full_tensor()), np.asarray(jax.jit(f)(x)),
+                                   rtol=1e-5, atol=1e-6)
+
+
 def _psum_region(auto: Any, x: Any, w: Any) -> Any:
     """A Megatron row-parallel matmul written as a shard_map region: each tp rank's partial
     product of its slice of the features, summed over tp."""

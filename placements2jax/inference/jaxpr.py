@@ -1542,6 +1542,14 @@ class _Manual:
             self.paths.add(path)
 
 
+def _over_vmapped_axes(eqn: Any) -> bool:
+    """Whether a collective ``eqn`` names positional (int) axes alone: a ``jax.vmap``'s over
+    its own axis, a reduction of the batched value (:func:`.ops._positional_collective`)."""
+    axes = eqn.params.get("axes", eqn.params.get("axis_name", ()))
+    axes = axes if isinstance(axes, tuple) else (axes,)
+    return bool(axes) and all(isinstance(a, int) for a in axes)
+
+
 def _without_mesh_dims(layout: Layout, mesh_dims: frozenset[int]) -> Layout:
     """``layout`` splitting nothing over ``mesh_dims`` and partial over none of them."""
     return Layout(layout.mesh, tuple(tuple(m for m in axes if m not in mesh_dims) for axes in layout.dim_axes),
@@ -2154,7 +2162,7 @@ class _Walker:
                 raise UnsupportedOpError("primitive", name, "a region nested in a partially manual region's body",
                                          "the outer region is taken with its whole in_specs")
             signature, region = self._shard_map(eqn, path, ins, out_avals)
-        elif self.manual is not None and name in _MANUAL_PRIMITIVES:
+        elif self.manual is not None and name in _MANUAL_PRIMITIVES and not _over_vmapped_axes(eqn):
             signature = self._manual_collective(eqn, ins, out_avals)
         else:
             signature = self._rule_signature(entry, path, ins)

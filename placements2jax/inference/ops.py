@@ -596,6 +596,32 @@ for _name, _kind in (
     ("argmin", "arg"),
 ):
     _primitive(_name, lambda ins, outs, *, axes, _kind=_kind: rules.reduction(ins, outs, axes=axes, kind=_kind), ("axes",))
+
+
+def _positional_collective(
+    ins: Sequence[Aval], outs: Sequence[Aval], *, axes: Sequence[Any], axis_index_groups: Any, kind: str, name: str
+) -> list[OneDSig]:
+    """A ``psum`` / ``pmax`` / ``pmin`` over a ``jax.vmap``'s own axis (``axis_name=``):
+    JAX's batching rule leaves it with positional (int) ``axes``, a reduction of those
+    dims of its one batched operand (``rules.reduction``). Over named axes it is a
+    ``shard_map`` body's collective, which the walk of a region reads (:mod:`.regions`)."""
+    if any(not isinstance(a, int) for a in axes) or axis_index_groups is not None or len(ins) != 1:
+        raise UnsupportedOpError(
+            "primitive", name, f"over axes {tuple(axes)} (groups {axis_index_groups}, {len(ins)} operands) outside a "
+            "shard_map region: only a vmap's reduction of one operand over its own axis has a rule",
+            "write the collective inside jax.shard_map (whose regions predict reads), or reduce with jnp.sum / "
+            "jnp.max / jnp.min",
+        )
+    return rules.reduction(ins, outs, axes=axes, kind=kind)
+
+
+for _name, _kind in (("psum", "sum"), ("pmax", "max"), ("pmin", "min")):
+    _primitive(
+        _name,
+        lambda ins, outs, *, axes, axis_index_groups, _kind=_kind, _name=_name: _positional_collective(
+            ins, outs, axes=axes, axis_index_groups=axis_index_groups, kind=_kind, name=_name),
+        ("axes", "axis_index_groups"),
+    )
 _primitive(
     "reduce", lambda ins, outs, *, dimensions: rules.custom_reduction(ins, outs, dimensions=dimensions), ("dimensions",)
 )

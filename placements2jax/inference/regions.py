@@ -159,7 +159,7 @@ def _walk(
         for move in moves.get(id(eqn), ()) if moves else ():
             found.append(move.collective._replace(after=ins[move.operand], body=body, primitive=f"{name} operand"))
             ins[move.operand] |= 1 << (len(found) - 1)
-        if name in _COLLECTIVES:
+        if name in _COLLECTIVES and _named_axes(eqn):
             outs = _sent(eqn, ins, found, body, sizes, block_bytes)
         else:
             called = _inlined(eqn)
@@ -187,9 +187,8 @@ def _sent(
     """The collectives of one collective equation, one per operand; what each result
     depends on."""
     kind, reduce_op = _COLLECTIVES[eqn.primitive.name]
-    named = eqn.params.get("axes", eqn.params.get("axis_name", ()))
-    named = (named,) if isinstance(named, str) else tuple(named)
-    unknown = [a for a in named if isinstance(a, str) and a not in sizes]  # a vmap's positional axes are ints
+    named = _named_axes(eqn)
+    unknown = [a for a in named if a not in sizes]
     if unknown:
         raise InferenceError(
             "axis_sizes", dict(sizes), f"has no axis {unknown[0]!r}, which the region's {eqn.primitive.name} names",
@@ -208,6 +207,13 @@ def _sent(
         ))
         outs.append(bits | 1 << (len(found) - 1))
     return outs
+
+
+def _named_axes(eqn: Any) -> tuple[str, ...]:
+    """The mesh axes collective ``eqn`` names (a ``jax.vmap``'s over its own axis names
+    positional ints alone: a local reduction, no collective)."""
+    axes = eqn.params.get("axes", eqn.params.get("axis_name", ()))
+    return tuple(a for a in ((axes,) if isinstance(axes, str) else axes) if isinstance(a, str))
 
 
 def _inlined(eqn: Any) -> Any | None:
