@@ -383,3 +383,29 @@ def test_equinox_partitioned_halves(mesh: Any) -> None:
         grads = jax.jit(lambda *a, e=execute: apply(step, *a, out_layouts=trainable, execute=e))(trainable, frozen, dx)
         assert grads["up"] is None and grads["down"].layout == params["down"].layout
         np.testing.assert_allclose(np.asarray(grads["down"].full_tensor()), want["down"], rtol=1e-5, atol=1e-6)
+
+
+def test_equinox_batch_norm_under_vmap(mesh: Any) -> None:
+    """``eqx.nn.BatchNorm(axis_name="batch")`` run per example under ``jax.vmap(...,
+    axis_name="batch")``, as Equinox's docs run it: its batch statistics are pmeans over the
+    vmap's axis, reductions of the batched dim (no rule before: UnsupportedOpError psum).
+    The batch split over dp: the statistics' partial sums all-reduced as XLA does (32 B);
+    the normalized values and the updated running statistics as eqx.filter_jit's."""
+    model, state = eqx.nn.make_with_state(eqx.nn.BatchNorm)(16, axis_name="batch")
+    params, static = eqx.partition(model, eqx.is_array)
+
+    def step(params: Any, state: Any, x: jax.Array) -> Any:
+        norm = eqx.combine(params, static)
+        return jax.vmap(norm, axis_name="batch", in_axes=(0, None), out_axes=(0, None))(x, state)
+
+    x = np.random.default_rng(3).normal(size=(32, 16)).astype(np.float32)
+    replicated = lambda tree: jax.tree.map(  # noqa: E731
+        lambda a: distribute_tensor(np.asarray(a), mesh, "R,R") if eqx.is_array(a) else a, tree)
+    args = (replicated(params), replicated(state), distribute_tensor(x, mesh, "S(0),S(1)"))
+    report = check(step, *args)
+    assert report.predicted_bytes == report.compiled_bytes == 32 and report.communication == "equal"
+    want = jax.tree.leaves(eqx.filter_jit(step)(params, state, x))
+    for execute in ("ops", "xla", "pinned"):
+        got = jax.tree.leaves(apply(step, *args, execute=execute), is_leaf=_is_dtensor)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(w), rtol=1e-5, atol=1e-5)
