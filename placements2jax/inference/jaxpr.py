@@ -44,7 +44,6 @@ from fractions import Fraction
 from typing import Any, NamedTuple, Protocol
 
 import jax
-import numpy as np
 from jax._src import source_info_util  # the user's source line of an equation, for errors
 from jax._src.core import ShardingTypeError  # JAX's typing refusing code (jax 0.10.2: not public)
 from jax.extend import core
@@ -58,12 +57,12 @@ from .combine import (
     LOOPS, CombinedCollective, MovedEquation, PlannedCollective, combine, combiner_rules, lowered_step,
     move_computations, planned_collectives,
 )
-from .cost import ALL_REDUCE, CostModel, CostModelLike, Overhead, overhead_of, resolve_cost_model
+from .cost import ALL_REDUCE, CostModel, CostModelLike, Overhead, block_bytes, overhead_of, resolve_cost_model
 from .frameworks import bind
 from .ops import CALL_JAXPR_PARAMS, ELEMENTWISE_PRIMITIVES, PrimitiveDef, primitive_definition, registered_function
 from .plan import FIRST_FIRST, LAST_FIRST, InputPlans, ReductionOrder, cached_plan, cached_plan_cost, mesh_all_reduce
 from .program import ProgramGraph, ProgramNode, ValueId, forced_signature, select_program
-from .regions import Region, RegionCollective, RegionMove, region_collectives
+from .regions import Region, RegionCollective, RegionMove, named_axes, region_collectives
 from .rules import BATCH_PARTITIONED
 from .select import signature_for
 from .signature import (
@@ -1534,20 +1533,13 @@ class _Manual:
                     sizes = spec.layout.mesh.shape
                     found.append(RegionMove(i, RegionCollective(
                         step.compiled, step.axes, getattr(step.src, "reduce_op", None), spec.dtype,
-                        _block_bytes(spec.aval, step.after), math.prod(sizes[m] for m in step.over or (step.mesh_dim,)),
+                        block_bytes(spec.shape, spec.dtype.itemsize, step.after.dim_axes, sizes),
+                        math.prod(sizes[m] for m in step.over or (step.mesh_dim,)),
                         0, "", "",
                     )))
         if found:
             self.moves[id(eqn)] = tuple(found)
             self.paths.add(path)
-
-
-def _over_vmapped_axes(eqn: Any) -> bool:
-    """Whether a collective ``eqn`` names positional (int) axes alone: a ``jax.vmap``'s over
-    its own axis, a reduction of the batched value (:func:`.ops._positional_collective`)."""
-    axes = eqn.params.get("axes", eqn.params.get("axis_name", ()))
-    axes = axes if isinstance(axes, tuple) else (axes,)
-    return bool(axes) and all(isinstance(a, int) for a in axes)
 
 
 def _without_mesh_dims(layout: Layout, mesh_dims: frozenset[int]) -> Layout:
@@ -1580,12 +1572,6 @@ def _sent_bytes(signature: Signature, region: Region) -> Fraction:
     layouts and what its body sends (``region``)."""
     return sum((plan.nbytes for plan in signature.redistributions), Fraction(0)) + sum(
         (c.nbytes() for c in region.collectives), Fraction(0))
-
-
-def _block_bytes(aval: Aval, layout: Layout) -> int:
-    """The bytes of the largest per-device block of a value ``aval`` laid out as ``layout``."""
-    blocks = (-(-n // math.prod(layout.pieces(d))) for d, n in enumerate(aval.shape))
-    return math.prod(blocks) * np.dtype(aval.dtype).itemsize
 
 
 class Executor(Protocol):
@@ -2162,7 +2148,8 @@ class _Walker:
                 raise UnsupportedOpError("primitive", name, "a region nested in a partially manual region's body",
                                          "the outer region is taken with its whole in_specs")
             signature, region = self._shard_map(eqn, path, ins, out_avals)
-        elif self.manual is not None and name in _MANUAL_PRIMITIVES and not _over_vmapped_axes(eqn):
+        # a jax.vmap's psum over its own axis names none (positional axes): a reduction, its rule the primitive's
+        elif self.manual is not None and name in _MANUAL_PRIMITIVES and named_axes(eqn):
             signature = self._manual_collective(eqn, ins, out_avals)
         else:
             signature = self._rule_signature(entry, path, ins)
@@ -2727,7 +2714,8 @@ class _Walker:
         if not ins:  # axis_index
             outs = [Layout(self.mesh, ((),) * a.ndim) for a in out_avals]
         for var, aval, layout in zip(eqn.outvars, out_avals, outs):
-            self.manual.block_bytes[var] = _block_bytes(aval, layout)
+            self.manual.block_bytes[var] = block_bytes(aval.shape, aval.dtype.itemsize, layout.dim_axes,
+                                                       self.mesh.shape)
         return self.fixed(name, ins, needs, out_avals, outs)
 
     def _explicit_out_type(self, eqn: Any, out_avals: tuple[Aval, ...]) -> _Type | None:

@@ -41,7 +41,7 @@ from ..errors import ArgumentTypeError, InferenceError
 from .cost import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COLLECTIVE_PERMUTE, REDUCE_SCATTER, result_nbytes
 from .ops import CALL_JAXPR_PARAMS
 
-__all__ = ["Region", "RegionCollective", "RegionMove", "region_collectives"]
+__all__ = ["Region", "RegionCollective", "RegionMove", "named_axes", "region_collectives"]
 
 # primitive -> (the collective XLA compiles, its reduction)
 _COLLECTIVES: dict[str, tuple[str, str | None]] = {
@@ -126,17 +126,23 @@ def region_collectives(
         )
     body = eqn.params["jaxpr"]
     body = getattr(body, "jaxpr", body)
-    if block_bytes or moves:
-        found: list[RegionCollective] = []
-        outputs = _walk(body, [0] * len(body.invars), found, "", dict(axis_sizes), [0], block_bytes or {}, moves)
-        return Region(tuple(found), tuple(outputs))
+    if block_bytes or moves:  # a walk's own sizes: not cached
+        return _region(body, dict(axis_sizes), block_bytes, moves)
     return _collectives_of(body, tuple(axis_sizes.items()))
 
 
 @cached(maxsize=64)
 def _collectives_of(body: Any, axis_sizes: tuple[tuple[str, int], ...]) -> Region:
+    return _region(body, dict(axis_sizes))
+
+
+def _region(
+    body: Any, sizes: dict[str, int], block_bytes: Mapping[Any, int] | None = None,
+    moves: Mapping[int, Sequence[RegionMove]] | None = None,
+) -> Region:
+    """:func:`region_collectives` of the body's jaxpr ``body``."""
     found: list[RegionCollective] = []
-    outputs = _walk(body, [0] * len(body.invars), found, "", dict(axis_sizes), [0])
+    outputs = _walk(body, [0] * len(body.invars), found, "", sizes, [0], block_bytes, moves)
     return Region(tuple(found), tuple(outputs))
 
 
@@ -159,7 +165,7 @@ def _walk(
         for move in moves.get(id(eqn), ()) if moves else ():
             found.append(move.collective._replace(after=ins[move.operand], body=body, primitive=f"{name} operand"))
             ins[move.operand] |= 1 << (len(found) - 1)
-        if name in _COLLECTIVES and _named_axes(eqn):
+        if name in _COLLECTIVES and named_axes(eqn):
             outs = _sent(eqn, ins, found, body, sizes, block_bytes)
         else:
             called = _inlined(eqn)
@@ -182,12 +188,12 @@ def _walk(
 
 def _sent(
     eqn: Any, ins: list[int], found: list[RegionCollective], body: str, sizes: dict[str, int],
-    block_bytes: Mapping[Any, int] | None = None, moves: Mapping[int, Sequence[RegionMove]] | None = None,
+    block_bytes: Mapping[Any, int] | None = None,
 ) -> list[int]:
     """The collectives of one collective equation, one per operand; what each result
     depends on."""
     kind, reduce_op = _COLLECTIVES[eqn.primitive.name]
-    named = _named_axes(eqn)
+    named = named_axes(eqn)
     unknown = [a for a in named if a not in sizes]
     if unknown:
         raise InferenceError(
@@ -209,7 +215,7 @@ def _sent(
     return outs
 
 
-def _named_axes(eqn: Any) -> tuple[str, ...]:
+def named_axes(eqn: Any) -> tuple[str, ...]:
     """The mesh axes collective ``eqn`` names (a ``jax.vmap``'s over its own axis names
     positional ints alone: a local reduction, no collective)."""
     axes = eqn.params.get("axes", eqn.params.get("axis_name", ()))
