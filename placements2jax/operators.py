@@ -36,8 +36,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import itertools
 import math
+import operator
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property, partial
@@ -67,7 +69,7 @@ from .inference.jaxpr import (
 )
 from .inference.ops import freeze, op_definition, registered_function
 from .inference.plan import FIRST_FIRST
-from .inference.rules import SCATTERS, gather_lookup_axis, scatter_lookup_axis
+from .inference.rules import SCATTERS, gather_lookup_axes, scatter_lookup_axes, scatter_windows
 from .inference.signature import RedistributePlan, TensorSpec, constant_layout, is_layout_leaf
 from .inference.simplify import is_arg_reduction_call
 from .inference.xla_defects import needs_pinned
@@ -1398,15 +1400,15 @@ def _run_local(eqn: Any, ins: Sequence[_Value], targets: Sequence[Physical], out
     if primitive is not eqn.primitive:
         params = {"axes": tuple(params["axes"]), "out_sharding": None}
     name = primitive.name
-    masked_axis = _masked_axis(name, params, targets)
+    masked = _masked_axes(name, params, targets)
     groups = _split_groups(name, params, targets, outs)
     params = _local_params(name, params, targets, outs)
     function = registered_function(eqn)
     if function is not None:
         compute = partial(_call_registered, function, eqn)
-    elif masked_axis is not None:
-        masked = _masked_gather if name == "gather" else _masked_scatter
-        compute = partial(masked, primitive, params, targets[0], masked_axis)
+    elif masked is not None:
+        run_masked = _masked_gather if name == "gather" else _masked_scatter
+        compute = partial(run_masked, primitive, params, targets[0], masked)
     elif groups is not None:
         compute = partial(_own_groups, primitive, params, *groups)
     else:
@@ -1692,19 +1694,33 @@ def _local_params(
     return params
 
 
-def _masked_axis(name: str, params: dict[str, Any], ins: Sequence[Physical]) -> int | None:
-    """The looked-up table axis of a gather / scatter (the equation's own params, before
-    :func:`_local_params`) whose table (operand) is split along it: the masked-lookup /
-    masked-scatter signature of the rules (no other signature splits that axis)."""
+class _Masked(NamedTuple):
+    """Where a masked gather / scatter reads a rank's offsets: its table axes split on
+    the rank (``axes``), every indexed axis (``index_map``, the indices' last dim in
+    order) and the window's extent on each table dim (``windows``)."""
+
+    axes: tuple[int, ...]
+    index_map: tuple[int, ...]
+    windows: tuple[int, ...]
+
+
+def _masked_axes(name: str, params: dict[str, Any], ins: Sequence[Physical]) -> _Masked | None:
+    """The looked-up table axes of a gather / scatter (the equation's own params, before
+    :func:`_local_params`) whose table (operand) is split along some of them: the
+    masked-lookup / masked-scatter signatures of the rules (no other signature splits
+    those axes)."""
     dn = params.get("dimension_numbers")
     if name == "gather":
-        axis = gather_lookup_axis(dn, params["slice_sizes"], ins[0].shape)
+        axes = gather_lookup_axes(dn, params["slice_sizes"], ins[0].shape)
+        index_map, windows = dn.start_index_map, params["slice_sizes"]
     elif name in SCATTERS:  # every kind runs masked: a rank drops the updates of rows it does not own (not
         # made neutral), so overwrite, add, sub, mul, min and max all leave other ranks' rows alone
-        axis = scatter_lookup_axis(dn, ins[0].shape, ins[2].shape)
+        axes = scatter_lookup_axes(dn, ins[0].shape, ins[2].shape)
+        index_map, windows = dn.scatter_dims_to_operand_dims, scatter_windows(dn, ins[0].shape, ins[2].shape)
     else:
         return None
-    return axis if axis is not None and ins[0].layout.dim_axes[axis] else None
+    split = tuple(a for a in axes if ins[0].layout.dim_axes[a])
+    return _Masked(split, tuple(index_map), tuple(windows)) if split else None
 
 
 def _split_groups(
@@ -1750,24 +1766,26 @@ def _own_groups(
     return _bind(primitive, params, lhs, rhs, own)
 
 
-def _local_rows(
-    table: Physical, axis: int, index_map: Sequence[int], indices: jax.Array, clamp: bool
-) -> tuple[jax.Array, jax.Array]:
-    """Global start indices of a gather / scatter into ``table`` (split along ``axis``,
-    the one indexed dim not taken whole) as this rank's: the index minus the rank's
-    offset along ``axis`` where the rank owns the row, else the block's extent (out of
-    bounds: a FILL_OR_DROP scatter drops its update; a gather's row is masked); and
-    where it owns the row. ``clamp``: first clamp every start index so its window fits, as XLA
-    does (gathers, clip-mode scatters; the other indexed dims are taken whole: 0);
-    otherwise an out-of-range index belongs to no rank."""
-    column = list(index_map).index(axis)
+def _local_rows(table: Physical, masked: _Masked, indices: jax.Array, clamp: bool) -> tuple[jax.Array, jax.Array]:
+    """Global start indices of a gather / scatter into ``table`` (split along the
+    ``masked.axes``, indexed dims one row or taken whole) as this rank's: on each of those
+    axes the index minus the rank's offset where the rank owns the row or point (its
+    coordinates on all of them fall in its blocks), else the block's extent (out of
+    bounds: a FILL_OR_DROP scatter drops its update; a gather's row is masked); and where
+    it owns it. ``clamp``: first clamp every start index so its window fits, as XLA does
+    (gathers, clip-mode scatters); otherwise an out-of-range index belongs to no rank."""
     if clamp:
-        bounds = np.array([table.shape[axis] - 1 if d == axis else 0 for d in index_map])
+        bounds = np.array([table.shape[d] - masked.windows[d] for d in masked.index_map])
         indices = jnp.clip(indices, 0, bounds.astype(indices.dtype))
-    local = indices[..., column] - _rank_chunk(table, axis, 0).astype(indices.dtype)
-    owned = (local >= 0) & (local < _rank_chunk(table, axis, 1).astype(indices.dtype))
-    outside = np.asarray(_block_shape(table)[axis], indices.dtype)
-    return indices.at[..., column].set(jnp.where(owned, local, outside)), owned
+    columns = [masked.index_map.index(axis) for axis in masked.axes]
+    local = [indices[..., c] - _rank_chunk(table, a, 0).astype(indices.dtype) for c, a in zip(columns, masked.axes)]
+    owned = functools.reduce(operator.and_, [
+        (row >= 0) & (row < _rank_chunk(table, a, 1).astype(indices.dtype)) for row, a in zip(local, masked.axes)
+    ])
+    block = _block_shape(table)
+    for c, row, a in zip(columns, local, masked.axes):
+        indices = indices.at[..., c].set(jnp.where(owned, row, np.asarray(block[a], indices.dtype)))
+    return indices, owned
 
 
 def _local_params_of_rows(params: dict[str, Any], mode: lax.GatherScatterMode) -> dict[str, Any]:
@@ -1778,22 +1796,23 @@ def _local_params_of_rows(params: dict[str, Any], mode: lax.GatherScatterMode) -
 
 
 def _masked_gather(
-    primitive: Any, params: dict[str, Any], table: Physical, axis: int, operand: jax.Array, indices: jax.Array
+    primitive: Any, params: dict[str, Any], table: Physical, masked: _Masked, operand: jax.Array, indices: jax.Array
 ) -> list[jax.Array]:
-    """The masked lookup: each rank gathers the rows it owns, 0 elsewhere (the output is
-    P(sum) over the mesh axes splitting ``axis``). In fill mode an index no rank owns
-    gives the fill value once, on the first rank along those axes."""
+    """The masked lookup: each rank gathers the rows (points) it owns, 0 elsewhere (the
+    output is P(sum) over the mesh axes splitting the ``masked.axes``). In fill mode an
+    index no rank owns gives the fill value once, on the first rank along those axes."""
     dn, mode = params["dimension_numbers"], lax.GatherScatterMode.from_any(params["mode"])
     fill = mode == lax.GatherScatterMode.FILL_OR_DROP
-    local, owned = _local_rows(table, axis, dn.start_index_map, indices, clamp=not fill)
+    local, owned = _local_rows(table, masked, indices, clamp=not fill)
     # non-owned rows are masked below: clip-gathered (a promise of in-bounds indices no
     # longer holds), or filled in fill mode (the fill value of the first rank's strays)
     local_mode = mode if fill else lax.GatherScatterMode.CLIP
     (out,) = _bind(primitive, _local_params_of_rows(params, local_mode), operand, local)
     if fill:
-        rows = indices[..., list(dn.start_index_map).index(axis)]
-        stray = (rows < 0) | (rows >= table.shape[axis])
-        owned = owned | (stray & (_flat_index(table, axis) == 0))
+        rows = [indices[..., masked.index_map.index(a)] for a in masked.axes]
+        stray = functools.reduce(operator.or_, [(r < 0) | (r >= table.shape[a]) for r, a in zip(rows, masked.axes)])
+        first = functools.reduce(operator.and_, [_flat_index(table, a) == 0 for a in masked.axes])
+        owned = owned | (stray & first)
     mask = jnp.expand_dims(owned, tuple(dn.offset_dims))
     return [jnp.where(mask, out, jnp.zeros((), out.dtype))]
 
@@ -1802,18 +1821,16 @@ def _masked_scatter(
     primitive: Any,
     params: dict[str, Any],
     table: Physical,
-    axis: int,
+    masked: _Masked,
     operand: jax.Array,
     indices: jax.Array,
     updates: jax.Array,
 ) -> list[jax.Array]:
-    """The masked scatter: each rank applies the updates of the rows it owns at the
-    index minus its offset and drops the others (XLA drops out-of-range updates unless
-    the mode is clip)."""
-    mode = lax.GatherScatterMode.from_any(params["mode"])
-    dn = params["dimension_numbers"]
-    clamp = mode == lax.GatherScatterMode.CLIP
-    local, _ = _local_rows(table, axis, dn.scatter_dims_to_operand_dims, indices, clamp=clamp)
+    """The masked scatter: each rank applies the updates of the rows (points) it owns at
+    the index minus its offsets and drops the others (XLA drops out-of-range updates
+    unless the mode is clip)."""
+    clamp = lax.GatherScatterMode.from_any(params["mode"]) == lax.GatherScatterMode.CLIP
+    local, _ = _local_rows(table, masked, indices, clamp=clamp)
     return _bind(primitive, _local_params_of_rows(params, lax.GatherScatterMode.FILL_OR_DROP), operand, local, updates)
 
 

@@ -405,8 +405,8 @@ def test_vmapped_row_lookup_is_a_masked_lookup(mesh: Any) -> None:
     """eqx.nn.Embedding's ``weight[i]`` under vmap is a gather of start_index_map (0, 1),
     slice (1, dim), nothing collapsed (the dim's start clamps to 0): the same masked
     lookup as ``table[ids]`` (table S(0) -> P), and its gradient the masked scatter; the
-    embedding dim, indexed but taken whole, may be split too. No batching, several rows
-    or a point gather: no looked-up axis."""
+    embedding dim, indexed but taken whole, may be split too. A point gather looks up
+    both of its axes; several rows, or rows at points of two axes: no looked-up axis."""
     table, ids = jax.ShapeDtypeStruct((16, 6), F32), jax.ShapeDtypeStruct((8,), jnp.int32)
 
     def lookup(t: jax.Array, i: jax.Array) -> jax.Array:
@@ -415,13 +415,13 @@ def test_vmapped_row_lookup_is_a_masked_lookup(mesh: Any) -> None:
     gather = _only(jax.make_jaxpr(lookup)(table, ids).jaxpr, "gather")
     dn, sizes = gather.params["dimension_numbers"], gather.params["slice_sizes"]
     assert (dn.start_index_map, dn.collapsed_slice_dims, sizes) == ((0, 1), (), (1, 6))
-    assert rules.gather_lookup_axis(dn, sizes, (16, 6)) == 0
+    assert rules.gather_lookup_axes(dn, sizes, (16, 6)) == (0,)
     listed = {str(s) for s in rules.gather(_avals(gather.invars), _avals(gather.outvars), dimension_numbers=dn,
                                            slice_sizes=sizes)}
     assert {"S(0),R -> P", "S(1),R -> S(2)", "R,S(0) -> S(0)"} <= listed
     scatter = _only(jax.make_jaxpr(jax.grad(lambda t, i: lookup(t, i).sum()))(table, ids).jaxpr, "scatter-add")
     sdn = scatter.params["dimension_numbers"]
-    assert rules.scatter_lookup_axis(sdn, (16, 6), scatter.invars[2].aval.shape) == 0
+    assert rules.scatter_lookup_axes(sdn, (16, 6), scatter.invars[2].aval.shape) == (0,)
     listed = {str(s) for s in rules.scatter(_avals(scatter.invars), _avals(scatter.outvars), dimension_numbers=sdn,
                                             kind="scatter-add")}
     assert {"S(0),R,R -> S(0)", "S(1),R,S(2) -> S(1)"} <= listed
@@ -432,8 +432,10 @@ def test_vmapped_row_lookup_is_a_masked_lookup(mesh: Any) -> None:
     assert forward.nbytes == gradient.nbytes == 0  # the table is not gathered, its gradient not sliced
     point = lax.GatherDimensionNumbers(offset_dims=(), collapsed_slice_dims=(0, 1), start_index_map=(0, 1))
     rows = lax.GatherDimensionNumbers(offset_dims=(1, 2), collapsed_slice_dims=(), start_index_map=(0,))
-    assert rules.gather_lookup_axis(point, (1, 1), (16, 6)) is None
-    assert rules.gather_lookup_axis(rows, (2, 6), (16, 6)) is None
+    assert rules.gather_lookup_axes(point, (1, 1), (16, 6)) == (0, 1)  # x[rows, cols]: a point on both
+    assert rules.gather_lookup_axes(rows, (2, 6), (16, 6)) == ()
+    rows_at_points = lax.GatherDimensionNumbers(offset_dims=(1,), collapsed_slice_dims=(0, 1), start_index_map=(0, 1))
+    assert rules.gather_lookup_axes(rows_at_points, (1, 1, 6), (4, 8, 6)) == ()  # CLIP's x[arange(B), argmax]
 
 
 def test_take_along_axis_is_a_masked_lookup(mesh: Any) -> None:
@@ -449,7 +451,7 @@ def test_take_along_axis_is_a_masked_lookup(mesh: Any) -> None:
     gather = _only(jax.make_jaxpr(pick)(logp, ids).jaxpr.eqns[-1].params["jaxpr"].jaxpr, "gather")
     dn, sizes = gather.params["dimension_numbers"], gather.params["slice_sizes"]
     assert (dn.operand_batching_dims, dn.start_index_map, sizes) == ((0, 1), (2,), (1, 1, 1))
-    assert rules.gather_lookup_axis(dn, sizes, (4, 8, 64)) == 2
+    assert rules.gather_lookup_axes(dn, sizes, (4, 8, 64)) == (2,)
     listed = {str(s) for s in rules.gather(_avals(gather.invars), _avals(gather.outvars), dimension_numbers=dn,
                                            slice_sizes=sizes)}
     assert {"S(2),R -> P", "S(0),S(0) -> S(0)", "S(1),S(1) -> S(1)"} <= listed
