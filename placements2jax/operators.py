@@ -1108,8 +1108,9 @@ class _Runner:
     under the signature the walker chose for it: values are kept per jaxpr variable; loops
     run as ``lax.scan`` / ``lax.while_loop`` / ``lax.switch`` whose bodies the walker walks
     again inside. A subclass says how a value moves to a layout (:meth:`moved`), how one
-    equation computes (:meth:`compute`) and how many leading stack dims an array of a
-    physical representation has (:meth:`stack_dims`)."""
+    equation computes (:meth:`compute`), how a loop carries a value (:meth:`looped`, read
+    back by :meth:`crossing`) and how many leading stack dims an array a loop carries has
+    (:meth:`stack_dims`)."""
 
     def __init__(self, mesh: DeviceMesh) -> None:
         self.mesh = mesh
@@ -1161,6 +1162,10 @@ class _Runner:
 
     def stack_dims(self, phys: Physical) -> int:
         raise NotImplementedError
+
+    def looped(self, value: _Value) -> jax.Array:
+        """The array a loop or branch carries for ``value`` (:meth:`crossing` reads it back)."""
+        return jnp.asarray(value.array)
 
     def crossing(self, array: Any, phys: Physical) -> _Value:
         """A value crossing a loop's or branch's boundary, laid out as ``phys``: as the body
@@ -1220,7 +1225,7 @@ class _Runner:
     ) -> list[jax.Array]:
         """Loop-carried arrays: ``values`` moved to the layouts of ``like`` (the carry's),
         along the routes of the rows at ``paths``."""
-        return [jnp.asarray(self.moved(v, c.phys.layout, routes.get(at)).array)
+        return [self.looped(self.moved(v, c.phys.layout, routes.get(at)))
                 for v, c, at in zip(values, like, paths, strict=True)]
 
     def _scan(
@@ -1246,10 +1251,10 @@ class _Runner:
             ys = [self.moved(o, layout, routes.get(f"{path}.ys{i}"))
                   for i, (o, layout) in enumerate(zip(outs[nk:], ys_layouts, strict=True))]
             ys_phys[:] = [y.phys for y in ys]
-            return self._carried(outs[:nk], init, routes, carries), [jnp.asarray(y.array) for y in ys]
+            return self._carried(outs[:nk], init, routes, carries), [self.looped(y) for y in ys]
 
-        carry0 = [jnp.asarray(v.array) for v in init]
-        xs0 = [jnp.moveaxis(jnp.asarray(x.array), self.stack_dims(x.phys), 0) for x in xs]
+        carry0 = [self.looped(v) for v in init]
+        xs0 = [jnp.moveaxis(self.looped(x), self.stack_dims(x.phys), 0) for x in xs]
         carry, ys = lax.scan(step, carry0, xs0, length=p["length"], reverse=p["reverse"], unroll=p["unroll"])
         stacked = [physical(_stacked(y.layout), (p["length"], *y.shape)) for y in ys_phys]
         ys = [jnp.moveaxis(y, 0, self.stack_dims(s)) for y, s in zip(ys, stacked)]
@@ -1288,16 +1293,18 @@ class _Runner:
             held = predicate(carry)
             return [self._where(held, new, old, c.phys) for new, old, c in zip(stepped, carry, init)]
 
-        carry = lax.while_loop(cond, body, [jnp.asarray(v.array) for v in init])
+        carry = lax.while_loop(cond, body, [self.looped(v) for v in init])
         return [_Value(a, c.phys) for a, c in zip(carry, init)]
 
     def _where(self, held: jax.Array, new: jax.Array, old: jax.Array, phys: Physical) -> jax.Array:
-        """A batched while's carry (physical arrays under ``phys``): ``new`` where ``held``
-        (a Replicate predicate over its leading dims), else ``old``, in ``phys``'s layout."""
+        """A batched while's carry (arrays the loop carries, under ``phys``): ``new`` where
+        ``held`` (a Replicate predicate over its leading dims), else ``old``, in ``phys``'s
+        layout."""
         everywhere = physical(Layout(self.mesh, ((),) * len(phys.shape)), phys.shape)
-        new_full, old_full = (jnp.asarray(self.moved(_Value(a, phys), everywhere.layout).array) for a in (new, old))
+        new_full, old_full = (jnp.asarray(self.moved(self.crossing(a, phys), everywhere.layout).array)
+                              for a in (new, old))
         chosen = jnp.where(lax.broadcast_in_dim(held, phys.shape, tuple(range(held.ndim))), new_full, old_full)
-        return jnp.asarray(self.moved(_Value(chosen, everywhere), phys.layout).array)
+        return self.looped(self.moved(_Value(chosen, everywhere), phys.layout))
 
     def _cond(
         self, walker: Any, eqn: Any, path: str, signature: Any, ins: list[_Value], routes: _Routes,
@@ -1330,7 +1337,7 @@ class _Runner:
 
         branches = [branch(k, b) for k, b in enumerate(eqn.params["branches"])]
         arrays = lax.switch(
-            jnp.asarray(index.array), branches, *(jnp.asarray(v.array) for v in (*operands, *moved))
+            jnp.asarray(index.array), branches, *(self.looped(v) for v in (*operands, *moved))
         )
         return [_Value(a, o) for a, o in zip(arrays, outs)]
 
@@ -1345,7 +1352,18 @@ class _Executor(_Runner):
         return _Value(_move(value.array, value.phys, target), target)
 
     def stack_dims(self, phys: Physical) -> int:
-        return len(phys.stacked_axes)
+        return _stack_count(phys)
+
+    def looped(self, value: _Value) -> jax.Array:
+        """A Partial(sum) on Explicit axes (JAX ``unreduced``) carried as its stacked
+        blocks (:func:`relabel`, no communication): a scan slices and stacks what it
+        carries, and JAX (0.10.2) has no ``unreduced`` rule for ``dynamic_slice`` (a
+        linear recurrence over partial sums raised its NotImplementedError)."""
+        array = jnp.asarray(value.array)
+        return relabel(value.phys)(array) if value.phys.unreduced_axes else array
+
+    def crossing(self, array: Any, phys: Physical) -> _Value:
+        return _Value(_unstack(phys)(array) if phys.unreduced_axes else array, phys)
 
     def compute(self, eqn: Any, signature: Any, ins: Sequence[_Value]) -> list[_Value]:
         name = eqn.primitive.name

@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -962,6 +963,46 @@ def test_a_repetition_penalty_keeps_logits_split_on_batch_and_vocabulary() -> No
                        execute=execute)
         assert result.placements == (Shard(0), Shard(1)), execute
         np.testing.assert_allclose(np.asarray(result.full_tensor()), expected, rtol=1e-6, err_msg=execute)
+
+
+def _partial_scan(x: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """A linear recurrence over the rows of a contraction's partial sums."""
+    return lax.scan(lambda c, r: (c * 0.5 + r, c * 2.0), jnp.zeros(w.shape[1]), x @ w)
+
+
+# loops and branches carrying a Partial(sum) (a matmul's over its split contraction dim), and a real one: optax's CTC
+# loss (a scan of its alignment recursion) on logits split over their classes
+PARTIAL_LOOPS = {
+    "scan": _partial_scan,
+    "its gradient": lambda x, w: jax.grad(lambda v: jnp.sum(jnp.tanh(_partial_scan(x, v)[1])))(w),
+    "fori_loop": lambda x, w: lax.fori_loop(0, x.shape[0], lambda i, c: c + (x @ w)[i] * i, jnp.zeros(w.shape[1])),
+    "while_loop": lambda x, w: lax.while_loop(lambda c: c[1] < 3, lambda c: (c[0] * 0.5 + (x @ w)[0], c[1] + 1),
+                                              (jnp.zeros(w.shape[1]), 0))[0],
+    "cond": lambda x, w: lax.cond(x[0, 0] > 0, lambda a: a * 2.0, lambda a: a - 1.0, x @ w),
+    "optax ctc_loss": lambda x, w: optax.ctc_loss((x @ w).reshape(2, 3, -1), jnp.zeros((2, 3)),
+                                                  jnp.ones((2, 2), jnp.int32), jnp.zeros((2, 2))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PARTIAL_LOOPS))
+def test_apply_loops_carrying_partial_sums(name: str) -> None:
+    """A scan (and its gradient), fori_loop, while_loop and cond over a matmul's partial
+    sums under "ops": on an Explicit mesh a Partial(sum) is JAX ``unreduced``, which a
+    scan cannot slice or stack (JAX 0.10.2 raised "unreduced rule for dynamic_slice is
+    not implemented"); loops carry its stacked blocks instead. The three executors give
+    jax.jit's values, "ops" keeps torch's partial results."""
+    fn = PARTIAL_LOOPS[name]
+    x, w = _data((6, 16), 49), _data((16, 8), 50)
+    want = jax.tree.leaves(jax.jit(fn)(x, w))
+    for execute in ("ops", "xla", "pinned"):
+        got = jax.tree.leaves(apply(fn, _dt(x, MESH2, "R,S(1)"), _dt(w, MESH2, "R,S(0)"), execute=execute),
+                              is_leaf=lambda t: isinstance(t, DTensor))
+        for g, v in zip(got, want, strict=True):
+            np.testing.assert_allclose(np.asarray(g.full_tensor()), np.asarray(v), rtol=1e-4, atol=1e-4,
+                                       err_msg=execute)
+    if name == "scan":
+        assert all(Partial("sum") in g.placements for g in apply(fn, _dt(x, MESH2, "R,S(1)"),
+                                                                    _dt(w, MESH2, "R,S(0)"), execute="ops"))
 
 
 def test_apply_follows_the_planned_redistributions_of_intermediates() -> None:
