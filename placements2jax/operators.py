@@ -1419,18 +1419,21 @@ def _run_local(eqn: Any, ins: Sequence[_Value], targets: Sequence[Physical], out
         params = {"axes": tuple(params["axes"]), "out_sharding": None}
     name = primitive.name
     masked = _masked_axes(name, params, targets)
+    sliced = _masked_slice_dims(name, targets, outs)
     groups = _split_groups(name, params, targets, outs)
-    params = _local_params(name, params, targets, outs)
+    local_params = _local_params(name, params, targets, outs)
     function = registered_function(eqn)
     if function is not None:
         compute = partial(_call_registered, function, eqn)
     elif masked is not None:
         run_masked = _masked_gather if name == "gather" else _masked_scatter
-        compute = partial(run_masked, primitive, params, targets[0], masked)
+        compute = partial(run_masked, primitive, local_params, targets[0], masked)
+    elif sliced:
+        compute = partial(_masked_slice, primitive, params, local_params, targets[0], sliced)
     elif groups is not None:
-        compute = partial(_own_groups, primitive, params, *groups)
+        compute = partial(_own_groups, primitive, local_params, *groups)
     else:
-        compute = partial(_bind, primitive, params)
+        compute = partial(_bind, primitive, local_params)
     constants = {
         i: v.array for i, (v, t) in enumerate(zip(ins, targets)) if v.phys == t and not isinstance(v.array, jax.Array)
     }
@@ -1683,13 +1686,15 @@ def _local_params(
         return {**params, "new_sizes": _block_shape(outs[0])}
     if name == "broadcast_in_dim":
         return {**params, "shape": _block_shape(outs[0])}
-    if name == "slice":
-        split = [bool(outs[0].layout.dim_axes[d]) for d in range(len(outs[0].shape))]
+    if name == "slice":  # a split dim is kept whole (its block; the masked slice picks its window's rows after)
+        split = [bool(ins[0].layout.dim_axes[d]) for d in range(len(ins[0].shape))]
         block = _block_shape(ins[0])
+        strides = params["strides"] or (1,) * len(split)
         return {
             **params,
             "start_indices": tuple(0 if s else i for s, i in zip(split, params["start_indices"])),
             "limit_indices": tuple(b if s else i for s, b, i in zip(split, block, params["limit_indices"])),
+            "strides": tuple(1 if s else n for s, n in zip(split, strides)),
         }
     if name == "dynamic_slice":
         block = _block_shape(outs[0])
@@ -1710,6 +1715,35 @@ def _local_params(
             if params[count] > 1 and ins[0].layout.dim_axes[dim]:
                 return {**params, count: _block_shape(ins[0])[dim]}
     return params
+
+
+def _masked_slice_dims(name: str, ins: Sequence[Physical], outs: Sequence[Physical]) -> tuple[int, ...]:
+    """The dims a static slice reads split and returns partial (the rules' masked slice,
+    the only slice signature giving up a split dim)."""
+    if name != "slice":
+        return ()
+    return tuple(d for d in range(len(ins[0].shape)) if ins[0].layout.dim_axes[d] and not outs[0].layout.dim_axes[d])
+
+
+def _masked_slice(
+    primitive: Any, params: dict[str, Any], local_params: dict[str, Any], table: Physical, dims: tuple[int, ...],
+    operand: jax.Array,
+) -> list[jax.Array]:
+    """The masked slice: the rank's block sliced on the other dims, then on each of
+    ``dims`` the window's rows the block holds (at their index minus the rank's offset),
+    zeros for the rows other ranks hold (the output is P(sum) over the mesh axes
+    splitting ``dims``)."""
+    (out,) = _bind(primitive, local_params, operand)
+    strides = params["strides"] or (1,) * out.ndim
+    for d in dims:
+        start, stop, stride = params["start_indices"][d], params["limit_indices"][d], strides[d]
+        rows = np.arange(start, stop, stride, dtype=np.int32) - _rank_chunk(table, d, 0)
+        owned = (rows >= 0) & (rows < _rank_chunk(table, d, 1))
+        picked = jnp.take(out, jnp.clip(rows, 0, out.shape[d] - 1), axis=d)
+        shape = [1] * out.ndim
+        shape[d] = len(owned)
+        out = jnp.where(owned.reshape(shape), picked, jnp.zeros((), out.dtype))
+    return [out]
 
 
 class _Masked(NamedTuple):

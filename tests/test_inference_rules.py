@@ -621,3 +621,17 @@ def test_fft_linalg_and_triangular_solve_split_their_batch() -> None:
     # b's right-hand sides are independent solves, but XLA gathers them (rules.BATCH_PARTITIONED): no split
     for b in ((3, 5, 7), (3, 7, 5)):  # left_side (b's columns solved apart) or not (its rows)
         assert one_d(rules.triangular_solve, [(3, 5, 5), b], [b]) == {"S(0),S(0) -> S(0)", "R,P -> P", "R,P(avg) -> P(avg)"}
+
+
+def test_a_static_slice_masks_a_dim_it_takes_at_most_half_of() -> None:
+    """``static_slice``: dims kept whole may be split (as ``slice_full_dims``); a dim
+    sliced to at most half its extent may be split too, its result ``P(sum)`` (the
+    masked slice, POSITIONAL); a dim sliced to more than half is not (gathering the
+    operand sends less than reducing the result). Dynamic slices have no masked form."""
+    x = Aval((4, 16, 8), F32)
+    listed = {str(s) for s in rules.static_slice([x], [Aval((4, 1, 5), F32)])}
+    assert {"S(0) -> S(0)", "S(1) -> P"} <= listed and "S(2) -> P" not in listed
+    (masked,) = [s for s in rules.static_slice([x], [Aval((4, 1, 5), F32)]) if str(s) == "S(1) -> P"]
+    assert masked.joint is rules.POSITIONAL
+    assert "S(1) -> P" not in {str(s) for s in primitive_definition("dynamic_slice").rule(
+        [x, Aval((), jnp.int32), Aval((), jnp.int32), Aval((), jnp.int32)], [Aval((4, 1, 8), F32)])}

@@ -20,7 +20,7 @@ index alone, or a reduction sums over the dim whatever its order), so the same
 signature runs on strided data, the factor carried to the output dim
 (:func:`strided_factors`): elementwise ops, transpose, reductions, contractions...
 Signatures that use a rank's offset along the split dim (the masked lookups and
-scatters of ``take`` / ``gather`` / ``scatter``, a ragged dot's own groups) carry the :data:`POSITIONAL` joint
+scatters of ``take`` / ``gather`` / ``scatter``, the masked slice, a ragged dot's own groups) carry the :data:`POSITIONAL` joint
 condition, reshape its own (:meth:`_ReshapeCheck.view`); a new rule whose signature
 reads positions must mark it so.
 """
@@ -67,6 +67,7 @@ __all__ = [
     "scatter_lookup_axes",
     "scatter_windows",
     "slice_full_dims",
+    "static_slice",
     "split",
     "stack",
     "strided_factors",
@@ -730,6 +731,22 @@ def slice_full_dims(ins: Avals, outs: Avals) -> list[OneDSig]:
     rest = (R,) * (len(ins) - 1)
     sigs = [OneDSig((Shard(d),) + rest, (Shard(d),)) for d in range(x.ndim) if x.shape[d] == out.shape[d]]
     return sigs + partial_sigs("identity", len(ins))
+
+
+def static_slice(ins: Avals, outs: Avals) -> list[OneDSig]:
+    """A static slice (``x[:, -1]``, ``x[0, :4]``): :func:`slice_full_dims`, and a dim
+    sliced to at most half its extent ``S(d)`` -> ``P(sum)``: the masked slice (each rank
+    keeps the rows of the window its block holds, zeros for the others), whose reduction
+    sends 2 (n - 1) / n of the small result where gathering the operand sends (n - 1) / n
+    of the operand (the last token's hidden state of a sequence-split activation, a
+    corner of a split matrix: the operand gathered whole before)."""
+    x, out = ins[0], outs[0]
+    masked = [
+        OneDSig((Shard(d),), (Partial("sum"),), joint=POSITIONAL)
+        for d in range(x.ndim)
+        if out.shape[d] <= x.shape[d] // 2
+    ]
+    return slice_full_dims(ins, outs) + masked
 
 
 def pad(ins: Avals, outs: Avals, *, padding_config: Sequence[Sequence[int]]) -> list[OneDSig]:
