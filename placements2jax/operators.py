@@ -1737,8 +1737,7 @@ def _masked_slice(
     strides = params["strides"] or (1,) * out.ndim
     for d in dims:
         start, stop, stride = params["start_indices"][d], params["limit_indices"][d], strides[d]
-        rows = np.arange(start, stop, stride, dtype=np.int32) - _rank_chunk(table, d, 0)
-        owned = (rows >= 0) & (rows < _rank_chunk(table, d, 1))
+        rows, owned = _rank_rows(table, d, np.arange(start, stop, stride, dtype=np.int32))
         picked = jnp.take(out, jnp.clip(rows, 0, out.shape[d] - 1), axis=d)
         shape = [1] * out.ndim
         shape[d] = len(owned)
@@ -1830,10 +1829,8 @@ def _local_rows(table: Physical, masked: _Masked, indices: jax.Array, clamp: boo
         bounds = np.array([table.shape[d] - masked.windows[d] for d in masked.index_map])
         indices = jnp.clip(indices, 0, bounds.astype(indices.dtype))
     columns = [masked.index_map.index(axis) for axis in masked.axes]
-    local = [indices[..., c] - _rank_chunk(table, a, 0).astype(indices.dtype) for c, a in zip(columns, masked.axes)]
-    owned = functools.reduce(operator.and_, [
-        (row >= 0) & (row < _rank_chunk(table, a, 1).astype(indices.dtype)) for row, a in zip(local, masked.axes)
-    ])
+    local, held = zip(*(_rank_rows(table, a, indices[..., c]) for c, a in zip(columns, masked.axes)))
+    owned = functools.reduce(operator.and_, held)
     block = _block_shape(table)
     for c, row, a in zip(columns, local, masked.axes):
         indices = indices.at[..., c].set(jnp.where(owned, row, np.asarray(block[a], indices.dtype)))
@@ -2037,6 +2034,13 @@ def _flat_index(phys: Physical, dim: int) -> jax.Array:
             coordinate if index is None else lax.add(lax.mul(index, np.int32(phys.layout.mesh.shape[a])), coordinate)
         )
     return index
+
+
+def _rank_rows(phys: Physical, dim: int, rows: Any) -> tuple[jax.Array, jax.Array]:
+    """Global ``rows`` of ``dim`` as this rank's block reads them (minus its chunk's
+    offset), and where the rank holds them (within its chunk's length)."""
+    local = rows - _rank_chunk(phys, dim, 0).astype(rows.dtype)
+    return local, (local >= 0) & (local < _rank_chunk(phys, dim, 1).astype(rows.dtype))
 
 
 def _rank_chunk(phys: Physical, dim: int, which: int) -> jax.Array:
