@@ -635,3 +635,13 @@ def test_a_static_slice_masks_a_dim_it_takes_at_most_half_of() -> None:
     assert masked.joint is rules.POSITIONAL
     assert "S(1) -> P" not in {str(s) for s in primitive_definition("dynamic_slice").rule(
         [x, Aval((), jnp.int32), Aval((), jnp.int32), Aval((), jnp.int32)], [Aval((4, 1, 8), F32)])}
+
+
+def test_a_bitcast_splits_the_dims_before_the_bytes_of_an_element() -> None:
+    """``bitcast``: of one width, elementwise (no partial: bits are not linear); to a
+    narrower dtype the new trailing dim (one element's bytes) is never split, the dims
+    before it are; back to the wider dtype the same."""
+    assert one_d(rules.bitcast, [(8, 32)], [(8, 32)]) == {"S(0) -> S(0)", "S(1) -> S(1)"}
+    narrowed = [Aval((8, 32, 4), jnp.uint8)]
+    assert {str(s) for s in rules.bitcast([Aval((8, 32), F32)], narrowed)} == {"S(0) -> S(0)", "S(1) -> S(1)"}
+    assert {str(s) for s in rules.bitcast(narrowed, [Aval((8, 32), F32)])} == {"S(0) -> S(0)", "S(1) -> S(1)"}

@@ -674,10 +674,7 @@ _primitive("rev", lambda ins, outs, *, dimensions: rules.reverse(ins, outs, dime
 _primitive("tile", lambda ins, outs, *, reps: rules.tile(ins, outs, reps=reps), ("reps",))
 _primitive("sort", lambda ins, outs, *, dimension: rules.along_axis(ins, outs, axis=dimension), ("dimension",))
 _primitive("top_k", lambda ins, outs, *, axis: rules.along_axis(ins, outs, axis=axis), ("axis",))
-_primitive(
-    "bitcast_convert_type",
-    lambda ins, outs: rules.elementwise(ins, outs) if ins[0].shape == outs[0].shape else [],
-)
+_primitive("bitcast_convert_type", lambda ins, outs: rules.bitcast(ins, outs))
 _primitive(
     "conv_general_dilated",
     lambda ins, outs, *, dimension_numbers, feature_group_count, batch_group_count: rules.conv(

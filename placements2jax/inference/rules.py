@@ -42,6 +42,7 @@ __all__ = [
     "POSITIONAL",
     "PartialKind",
     "SCATTERS",
+    "bitcast",
     "broadcast_in_dim",
     "along_axis",
     "concatenate",
@@ -715,6 +716,14 @@ def convert(ins: Avals, outs: Avals) -> list[OneDSig]:
     floating = jnp.issubdtype(dst, jnp.inexact) and (jnp.issubdtype(src, jnp.inexact) or jnp.issubdtype(src, jnp.integer))
     integral = jnp.issubdtype(src, jnp.integer) and jnp.issubdtype(dst, jnp.integer) and np.can_cast(src, dst, "safe")
     return sigs + (partial_sigs("identity", 1) if floating or integral else [])
+
+
+def bitcast(ins: Avals, outs: Avals) -> list[OneDSig]:
+    """bitcast_convert_type: each element's bits read as another dtype. Of the same width,
+    elementwise; to a narrower dtype it adds a trailing dim (``f32[8, 32] -> u8[8, 32, 4]``),
+    to a wider one it takes the trailing dim away: the dims before it split as they are, the
+    trailing dim never (it is one element's bytes). No partial passes (bits are not linear)."""
+    return [OneDSig((Shard(d),), (Shard(d),)) for d in range(min(ins[0].ndim, outs[0].ndim))]
 
 
 def cumulative(ins: Avals, outs: Avals, *, axis: int, kind: str) -> list[OneDSig]:
