@@ -518,7 +518,8 @@ def apply(
     :func:`~placements2jax.register_sharding` rule, so that it runs on each rank's blocks
     under its rule as torch runs it; ``"pinned"`` when it has an equation XLA cannot
     compile or partitions wrongly (an integer bitwise reduction; a grouped conv's weight
-    gradient on a mesh of two or more axes of size > 1, :mod:`.inference.xla_defects`),
+    gradient on a mesh of two or more axes of size > 1; a one-row dynamic update slice,
+    which XLA drops past the end of a split dim, :mod:`.inference.xla_defects`),
     ``"ops"`` for those inside ``jax.set_mesh`` of an Explicit mesh (where ``"pinned"``
     compiles as ``"xla"``); otherwise ``"xla"``. The choice is made once per
     function and input specs from one trace of ``fn`` (cached with the program;
@@ -1420,6 +1421,7 @@ def _run_local(eqn: Any, ins: Sequence[_Value], targets: Sequence[Physical], out
     name = primitive.name
     masked = _masked_axes(name, params, targets)
     sliced = _masked_slice_dims(name, targets, outs)
+    updated = _masked_update_dims(name, targets)
     groups = _split_groups(name, params, targets, outs)
     local_params = _local_params(name, params, targets, outs)
     function = registered_function(eqn)
@@ -1430,6 +1432,8 @@ def _run_local(eqn: Any, ins: Sequence[_Value], targets: Sequence[Physical], out
         compute = partial(run_masked, primitive, local_params, targets[0], masked)
     elif sliced:
         compute = partial(_masked_slice, primitive, params, local_params, targets[0], sliced)
+    elif updated:
+        compute = partial(_masked_update_slice, targets[0], updated)
     elif groups is not None:
         compute = partial(_own_groups, primitive, local_params, *groups)
     else:
@@ -1443,7 +1447,8 @@ def _run_local(eqn: Any, ins: Sequence[_Value], targets: Sequence[Physical], out
     return list(local(*arrays))
 
 
-# primitives the pinned program runs on every rank's blocks (as "ops" does) even without a partial. fft: XLA's CPU
+# primitives the pinned program runs on every rank's blocks (as "ops" does) even without a partial (and a dynamic
+# update slice writing part of a split dim, which XLA drops past the end: inference/xla_defects.py). fft: XLA's CPU
 # backend fails at run time on its SPMD partitioning of an FFT whose split operand comes from a fused op
 # (jnp.fft.irfft(2 * jnp.fft.rfft(x)) on x split over a leading dim: "RET_CHECK failure (fft_thunk.cc:168)
 # LayoutUtil::IsMonotonicWithDim0Major", plain jax.jit on those shardings alike; jax 0.10.2); a rank's FFT in a
@@ -1554,7 +1559,9 @@ class _Pinned(_Runner):
                     for y, layout, shape in zip(_bound_logically(eqn, args), outs, shapes, strict=True)]
         if eqn.primitive.name in _PER_RANK or eqn.primitive.name != "shard_map" and any(
             layout.has_partial for layout in (*signature.in_layouts, *signature.out_layouts)
-        ):
+        ) or _masked_update_dims(eqn.primitive.name, [
+            physical(layout, tuple(v.aval.shape)) for layout, v in zip(signature.in_layouts, eqn.invars)
+        ]):
             args = [self.moved(v, layout, plan)
                     for v, layout, plan in zip(ins, signature.in_layouts, signature.redistributions)]
             locals_ = [_Value(self._physical(v), _twin_physical(v.phys)) for v in args]
@@ -1743,6 +1750,44 @@ def _masked_slice(
         shape[d] = len(owned)
         out = jnp.where(owned.reshape(shape), picked, jnp.zeros((), out.dtype))
     return [out]
+
+
+def _masked_update_dims(name: str, ins: Sequence[Physical]) -> tuple[int, ...]:
+    """The dims a dynamic update slice writes in part on a split operand (the rules'
+    masked update: the update whole there)."""
+    if name != "dynamic_update_slice":
+        return ()
+    operand, update = ins[0], ins[1]
+    return tuple(
+        d for d in range(len(operand.shape)) if operand.layout.dim_axes[d] and update.shape[d] != operand.shape[d]
+    )
+
+
+def _masked_update_slice(
+    table: Physical, dims: tuple[int, ...], operand: jax.Array, update: jax.Array, *starts: jax.Array
+) -> list[jax.Array]:
+    """The masked update: on each of ``dims`` the start clamped as
+    ``lax.dynamic_update_slice`` clamps it on the whole dim, the update's rows taken at
+    the rank's rows (its offset plus their index) and written where the window holds
+    them; the other dims updated as the primitive updates a block (their start as it
+    is: whole or split with the update, where it clamps to 0)."""
+    mask = None
+    local_starts = list(starts)
+    for d in dims:
+        extent, size = table.shape[d], update.shape[d]
+        start = jnp.clip(starts[d], 0, extent - size)
+        index = jnp.arange(operand.shape[d], dtype=start.dtype)
+        rows = _rank_chunk(table, d, 0).astype(start.dtype) + index
+        # a rank's padding rows (past its chunk's length) stay as they are
+        inside = (rows >= start) & (rows < start + size) & (index < _rank_chunk(table, d, 1).astype(start.dtype))
+        update = jnp.take(update, jnp.clip(rows - start, 0, size - 1), axis=d)
+        shape = [1] * operand.ndim
+        shape[d] = operand.shape[d]
+        inside = inside.reshape(shape)
+        mask = inside if mask is None else mask & inside
+        local_starts[d] = jnp.zeros((), start.dtype)
+    written = lax.dynamic_update_slice(operand, update, local_starts)
+    return [jnp.where(mask, written, operand)]
 
 
 class _Masked(NamedTuple):

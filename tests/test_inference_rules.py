@@ -645,3 +645,14 @@ def test_a_bitcast_splits_the_dims_before_the_bytes_of_an_element() -> None:
     narrowed = [Aval((8, 32, 4), jnp.uint8)]
     assert {str(s) for s in rules.bitcast([Aval((8, 32), F32)], narrowed)} == {"S(0) -> S(0)", "S(1) -> S(1)"}
     assert {str(s) for s in rules.bitcast(narrowed, [Aval((8, 32), F32)])} == {"S(0) -> S(0)", "S(1) -> S(1)"}
+
+
+def test_a_dynamic_update_masks_a_split_dim_it_writes_in_part() -> None:
+    """``dynamic_update_slice``: a dim the update covers whole splits both; one it covers
+    in part splits the operand alone, the update whole there (the masked update,
+    POSITIONAL); partials of both pass."""
+    ins = [Aval((2, 16, 4, 8), F32), Aval((2, 1, 4, 8), F32)] + [Aval((), jnp.int32)] * 4
+    sigs = {str(s): s for s in rules.dynamic_update_slice(ins, [ins[0]])}
+    assert {"S(0),S(0),R,R,R,R -> S(0)", "S(1),R,R,R,R,R -> S(1)", "P,P,R,R,R,R -> P"} <= set(sigs)
+    assert sigs["S(1),R,R,R,R,R -> S(1)"].joint is rules.POSITIONAL
+    assert sigs["S(0),S(0),R,R,R,R -> S(0)"].joint is None

@@ -1088,6 +1088,56 @@ def test_a_bitcast_to_bytes_and_back_keeps_the_splits(mesh: DeviceMesh, shape: t
         np.testing.assert_array_equal(np.asarray(got.full_tensor()), want, err_msg=execute)
 
 
+def _cache_write(cache: jax.Array, new: jax.Array, pos: jax.Array) -> jax.Array:
+    """A decoding step's key/value cache write at a traced position."""
+    return lax.dynamic_update_slice(cache, new, (0, pos, 0, 0)) * 1.0
+
+
+def test_a_cache_split_over_its_sequence_is_written_where_its_block_holds_the_position() -> None:
+    """``dynamic_update_slice`` of one step's keys into a cache split over its sequence
+    dim (context-parallel decoding): each rank writes the rows of the window its block
+    holds (the masked update), where the cache was moved to a heads split and back
+    before (784 B per device; XLA masks it too: 16 B, the position's argmax all-reduced
+    over dp). The three executors give jax.jit's cache, the position traced."""
+    cache, new = _data((2, 16, 4, 8), 54), _data((2, 1, 4, 8), 55)
+
+    def fn(c: jax.Array, u: jax.Array) -> jax.Array:
+        return _cache_write(c, u, jnp.argmax(u[0, 0, 0, :4]) + 5)
+
+    layout = Layout.from_device_mesh(MESH2)
+    report = check(fn, (cache.shape, jnp.float32, layout("S(0),S(1)")), (new.shape, jnp.float32, layout("S(0),R")))
+    assert (report.predicted_bytes, report.compiled_bytes) == (16, 16), report
+    assert all(o.verdict == "equal" for o in report.outputs), report
+    want = np.asarray(jax.jit(fn)(cache, new))
+    for execute in ("ops", "xla", "pinned"):
+        got = apply(fn, _dt(cache, MESH2, "S(0),S(1)"), _dt(new, MESH2, "S(0),R"), execute=execute)
+        assert str(got.layout) == "S(0),S(1)", execute
+        np.testing.assert_array_equal(np.asarray(got.full_tensor()), want, err_msg=execute)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3])
+@pytest.mark.parametrize("placements", ["R,S(1)", "S(1),S(0)"])
+def test_apply_masked_updates_of_uneven_blocks(placements: str, size: int) -> None:
+    """The masked update on uneven blocks (10 rows over 4 ranks: 3, 3, 3, 1), windows of
+    1-3 rows within one rank's block, across two, at either end, and starts clamped as
+    JAX clamps them (before the dim, past its end): "ops" and "pinned" write jax.jit's
+    rows, and "auto" runs "pinned" (:mod:`.inference.xla_defects`: XLA drops a one-row
+    window past the end where it splits the dim; plain jax.jit of that program on these
+    shardings writes nothing there)."""
+    from placements2jax.inference.xla_defects import needs_pinned
+
+    cache, new = _data((2, 10, 4, 8), 56), _data((2, size, 4, 8), 57)
+    assert needs_pinned(jax.make_jaxpr(_cache_write)(cache, new, 0).jaxpr, MESH42) == (size == 1)
+    dt, update = _dt(cache, MESH42, placements), _dt(new, MESH42, "R,R")
+    assert [str(e.inputs[0].layout) for e in predict(_cache_write, dt, update, jnp.int32(0)).equations
+            if e.primitive == "dynamic_update_slice"] == [placements]  # written where it is
+    for pos in (-2, 0, 2, 3, 8, 9, 12):
+        want = np.asarray(jax.jit(_cache_write)(cache, new, pos))
+        for execute in ("ops", "pinned", "auto"):
+            got = apply(_cache_write, dt, update, jnp.int32(pos), execute=execute)
+            np.testing.assert_array_equal(np.asarray(got.full_tensor()), want, err_msg=f"{execute} at {pos}")
+
+
 def test_apply_follows_the_planned_redistributions_of_intermediates() -> None:
     a, b = _data((8, 12), 23), _data((12, 16), 24)
     x, w = _dt(a, MESH2, "S(0),S(1)"), _dt(b, MESH2, "R,S(0)")

@@ -604,14 +604,19 @@ def scatter(ins: Avals, outs: Avals, *, dimension_numbers: Any, kind: str) -> li
 
 def dynamic_update_slice(ins: Avals, outs: Avals) -> list[OneDSig]:
     """``dynamic_update_slice(operand, update, *starts)``: dims the update covers whole
-    may be split on both (starts ``R``); every position comes from exactly one of
-    operand and update, so any partial of both passes."""
+    may be split on both (starts ``R``); a dim it covers in part may be split on the
+    operand, the update whole there: the masked update (each rank writes the window's
+    rows its block holds, at their index minus its offset, POSITIONAL; a KV cache split
+    over its sequence written at a decoding step's position, where the cache was moved to
+    another split before). Every position comes from exactly one of operand and update,
+    so any partial of both passes."""
     operand, update = ins[0], ins[1]
     starts = (R,) * (len(ins) - 2)
     sigs = [
         OneDSig((Shard(d), Shard(d)) + starts, (Shard(d),))
-        for d in range(operand.ndim)
         if update.shape[d] == operand.shape[d]
+        else OneDSig((Shard(d), R) + starts, (Shard(d),), joint=POSITIONAL)
+        for d in range(operand.ndim)
     ]
     return sigs + [OneDSig((Partial(op), Partial(op)) + starts, (Partial(op),)) for op in REDUCE_OPS]
 

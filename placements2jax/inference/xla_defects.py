@@ -20,6 +20,15 @@ reaches (docs/inference.md, apply's execute modes).
   1-D mesh, or one whose other axes have size 1, it is right). The forward conv and the
   input gradient (``feature_group_count > 1``) are right; so is a dense conv's weight
   gradient.
+* **Single-row updates past the end** (:func:`is_single_row_update`): a
+  ``dynamic_update_slice`` writing one row of a longer dim (a key/value cache's decoding
+  step) whose start is past the dim's end writes nothing where XLA partitions the operand
+  along that dim (JAX clamps the start: the last row is written; a float32 ``(1, 8)``
+  split 4 ways, start 8, 9 or 20: every row left as it was, plain ``jax.jit`` on those
+  shardings alike; starts within the dim, before it, and windows of 2 or more rows are
+  right). Which dims XLA splits is its choice, so the test is the equation's and the
+  mesh's: such a window on a mesh with an axis of size > 1; ``"pinned"`` and ``"ops"``
+  run the masked update per rank, clamping as JAX does.
 """
 
 from __future__ import annotations
@@ -50,10 +59,23 @@ def is_miscompiled_conv(eqn: Any, mesh: DeviceMesh) -> bool:
             and sum(size > 1 for size in mesh.shape) > 1)
 
 
+def is_single_row_update(eqn: Any, mesh: DeviceMesh) -> bool:
+    """Whether ``eqn`` writes one row of a longer dim (``dynamic_update_slice``) on a
+    ``mesh`` with an axis of size > 1, which XLA drops where the start is past the end
+    (module docstring)."""
+    if eqn.primitive.name != "dynamic_update_slice" or max(mesh.shape) == 1:
+        return False
+    operand, update = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
+    return any(u == 1 < n for n, u in zip(operand, update))
+
+
 def needs_pinned(jaxpr: Any, mesh: DeviceMesh) -> bool:
     """Whether ``jaxpr`` (or a jaxpr in its equations' params) has an equation XLA
     cannot compile or partitions wrongly on ``mesh`` (module docstring)."""
-    return any(is_bitwise_integer_reduction(eqn) or is_miscompiled_conv(eqn, mesh) for eqn in all_equations(jaxpr))
+    return any(
+        is_bitwise_integer_reduction(eqn) or is_miscompiled_conv(eqn, mesh) or is_single_row_update(eqn, mesh)
+        for eqn in all_equations(jaxpr)
+    )
 
 
 def miscompiled_outputs(jaxpr: Any, mesh: DeviceMesh) -> set[int]:
