@@ -1431,7 +1431,8 @@ def _run_local(eqn: Any, ins: Sequence[_Value], targets: Sequence[Physical], out
         run_masked = _masked_gather if name == "gather" else _masked_scatter
         compute = partial(run_masked, primitive, local_params, targets[0], masked)
     elif sliced:
-        compute = partial(_masked_slice, primitive, params, local_params, targets[0], sliced)
+        compute = partial(_masked_slice if name == "slice" else _masked_dynamic_slice, primitive, params,
+                          local_params, targets[0], sliced)
     elif updated:
         compute = partial(_masked_update_slice, targets[0], updated)
     elif groups is not None:
@@ -1703,12 +1704,12 @@ def _local_params(
             "limit_indices": tuple(b if s else i for s, b, i in zip(split, block, params["limit_indices"])),
             "strides": tuple(1 if s else n for s, n in zip(split, strides)),
         }
-    if name == "dynamic_slice":
-        block = _block_shape(outs[0])
+    if name == "dynamic_slice":  # a split dim is kept whole (its block; the masked slice picks its window's rows after)
+        block = _block_shape(ins[0])
         return {
             **params,
             "slice_sizes": tuple(
-                block[d] if outs[0].layout.dim_axes[d] else n for d, n in enumerate(params["slice_sizes"])
+                block[d] if ins[0].layout.dim_axes[d] else n for d, n in enumerate(params["slice_sizes"])
             ),
         }
     if name == "gather":
@@ -1725,9 +1726,9 @@ def _local_params(
 
 
 def _masked_slice_dims(name: str, ins: Sequence[Physical], outs: Sequence[Physical]) -> tuple[int, ...]:
-    """The dims a static slice reads split and returns partial (the rules' masked slice,
-    the only slice signature giving up a split dim)."""
-    if name != "slice":
+    """The dims a static or dynamic slice reads split and returns partial (the rules'
+    masked slice, the only slice signature giving up a split dim)."""
+    if name not in ("slice", "dynamic_slice"):
         return ()
     return tuple(d for d in range(len(ins[0].shape)) if ins[0].layout.dim_axes[d] and not outs[0].layout.dim_axes[d])
 
@@ -1788,6 +1789,27 @@ def _masked_update_slice(
         local_starts[d] = jnp.zeros((), start.dtype)
     written = lax.dynamic_update_slice(operand, update, local_starts)
     return [jnp.where(mask, written, operand)]
+
+
+def _masked_dynamic_slice(
+    primitive: Any, params: dict[str, Any], local_params: dict[str, Any], table: Physical, dims: tuple[int, ...],
+    operand: jax.Array, *starts: jax.Array,
+) -> list[jax.Array]:
+    """The masked slice of a dynamic slice: the rank's block sliced on the other dims and
+    taken whole on ``dims``; on each of those, the start clamped as ``lax.dynamic_slice``
+    clamps it on the whole dim, then the window's rows the block holds (at their index
+    minus the rank's offset), zeros for the rows other ranks hold."""
+    local_starts = [jnp.zeros((), s.dtype) if d in dims else s for d, s in enumerate(starts)]
+    (out,) = _bind(primitive, local_params, operand, *local_starts)
+    for d in dims:
+        size = params["slice_sizes"][d]
+        start = jnp.clip(starts[d], 0, table.shape[d] - size)
+        rows, owned = _rank_rows(table, d, start + jnp.arange(size, dtype=start.dtype))
+        picked = jnp.take(out, jnp.clip(rows, 0, out.shape[d] - 1), axis=d)
+        shape = [1] * out.ndim
+        shape[d] = size
+        out = jnp.where(owned.reshape(shape), picked, jnp.zeros((), out.dtype))
+    return [out]
 
 
 class _Masked(NamedTuple):

@@ -623,18 +623,20 @@ def test_fft_linalg_and_triangular_solve_split_their_batch() -> None:
         assert one_d(rules.triangular_solve, [(3, 5, 5), b], [b]) == {"S(0),S(0) -> S(0)", "R,P -> P", "R,P(avg) -> P(avg)"}
 
 
-def test_a_static_slice_masks_a_dim_it_takes_at_most_half_of() -> None:
-    """``static_slice``: dims kept whole may be split (as ``slice_full_dims``); a dim
-    sliced to at most half its extent may be split too, its result ``P(sum)`` (the
-    masked slice, POSITIONAL); a dim sliced to more than half is not (gathering the
-    operand sends less than reducing the result). Dynamic slices have no masked form."""
+def test_a_slice_masks_a_dim_it_takes_at_most_half_of() -> None:
+    """``slices``: dims kept whole may be split (as ``slice_full_dims``); a dim sliced to
+    at most half its extent may be split too, its result ``P(sum)`` (the masked slice,
+    POSITIONAL); a dim sliced to more than half is not (gathering the operand sends less
+    than reducing the result). A dynamic slice has the same, its start indices ``R``."""
     x = Aval((4, 16, 8), F32)
-    listed = {str(s) for s in rules.static_slice([x], [Aval((4, 1, 5), F32)])}
+    listed = {str(s) for s in rules.slices([x], [Aval((4, 1, 5), F32)])}
     assert {"S(0) -> S(0)", "S(1) -> P"} <= listed and "S(2) -> P" not in listed
-    (masked,) = [s for s in rules.static_slice([x], [Aval((4, 1, 5), F32)]) if str(s) == "S(1) -> P"]
+    (masked,) = [s for s in rules.slices([x], [Aval((4, 1, 5), F32)]) if str(s) == "S(1) -> P"]
     assert masked.joint is rules.POSITIONAL
-    assert "S(1) -> P" not in {str(s) for s in primitive_definition("dynamic_slice").rule(
+    dynamic = {str(s): s for s in primitive_definition("dynamic_slice").rule(
         [x, Aval((), jnp.int32), Aval((), jnp.int32), Aval((), jnp.int32)], [Aval((4, 1, 8), F32)])}
+    assert {"S(0),R,R,R -> S(0)", "S(2),R,R,R -> S(2)", "S(1),R,R,R -> P"} <= set(dynamic)
+    assert dynamic["S(1),R,R,R -> P"].joint is rules.POSITIONAL
 
 
 def test_a_bitcast_splits_the_dims_before_the_bytes_of_an_element() -> None:

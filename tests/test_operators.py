@@ -1016,16 +1016,23 @@ MASKED_SLICES = {
     "strided": (lambda x: x[:, 3:30:7] + 1.0, [((8, 32), "S(0),S(1)")], 96, 0),
     "last token gradient": (jax.grad(lambda h, w: jnp.sum((h[:, -1] @ w) ** 2), argnums=(0, 1)),
                             [((4, 16, 8), "S(0),S(1)"), ((8, 32), "R,S(1)")], 448, 512),
+    # dynamic slices (before: the operand moved or gathered, 496 and 138 B)
+    "a cache's row at a traced position": (
+        lambda c, u: lax.dynamic_slice_in_dim(c, jnp.argmax(u[0, 0, 0, :4]) + 5, 1, axis=1) * 2.0,
+        [((2, 16, 4, 8), "S(0),S(1)"), ((2, 1, 4, 8), "S(0),R")], 208, 1552),
+    "rows read in a loop to a traced bound": (
+        lambda x: lax.fori_loop(0, jnp.argmax(x[0, :4]) + 1, lambda i, c: c + x[i], jnp.zeros(32)),
+        [((8, 32), "S(0),S(1)")], 90, 204),
 }
 
 
 @pytest.mark.parametrize("name", sorted(MASKED_SLICES))
-def test_a_static_slice_of_a_split_dim_is_masked(name: str) -> None:
-    """A static slice taking at most half of a split dim: each rank keeps the window's
-    rows its block holds, zeros elsewhere (P(sum), reduced on the small result) where the
-    operand was gathered before: the bytes below (XLA's beside them: it sends 0 on the
-    strided slice, whose 4 columns fall one per tp rank, and less on the pooled tanh);
-    the three executors give jax.jit's values."""
+def test_a_slice_of_a_split_dim_is_masked(name: str) -> None:
+    """A static or dynamic slice taking at most half of a split dim: each rank keeps the
+    window's rows its block holds, zeros elsewhere (P(sum), reduced on the small result)
+    where the operand was gathered before: the bytes below (XLA's beside them: it sends 0
+    on the strided slice, whose 4 columns fall one per tp rank, and less on the pooled
+    tanh); the three executors give jax.jit's values."""
     fn, shapes, predicted, compiled = MASKED_SLICES[name]
     layout = Layout.from_device_mesh(MESH2)
     report = check(fn, *((shape, jnp.float32, layout(p)) for shape, p in shapes))
@@ -1136,6 +1143,27 @@ def test_apply_masked_updates_of_uneven_blocks(placements: str, size: int) -> No
         for execute in ("ops", "pinned", "auto"):
             got = apply(_cache_write, dt, update, jnp.int32(pos), execute=execute)
             np.testing.assert_array_equal(np.asarray(got.full_tensor()), want, err_msg=f"{execute} at {pos}")
+
+
+@pytest.mark.parametrize("placements", ["S(0),S(1)", "S(1),S(0)", "R,S(1)"])
+def test_apply_masked_dynamic_slices_of_uneven_blocks(placements: str) -> None:
+    """The masked dynamic slice on uneven blocks (10 rows over 4 ranks: 3, 3, 3, 1; over
+    2: 5, 5): windows of 1-3 rows within a block, across two, at either end, and starts
+    clamped as JAX clamps them (before the dim, past its end), as "ops" runs it (the
+    partial sum eager dispatch chooses) and the other executors."""
+    x = _data((3, 10, 8), 58)
+    dt = _dt(x, MESH42, placements)
+    for size in (1, 2, 3):
+        def fn(h: jax.Array, i: jax.Array, size: int = size) -> jax.Array:
+            return lax.dynamic_slice_in_dim(h, i, size, axis=1) * 3.0
+
+        assert [e.outputs[0].layout.has_partial for e in predict(fn, dt, jnp.int32(0), search="eager").equations
+                if e.primitive == "dynamic_slice"] == [True]  # eager dispatch takes the masked slice
+        for i in (-2, 0, 2, 3, 8, 9, 12):
+            want = np.asarray(jax.jit(fn)(x, i))
+            for execute in ("ops", "xla", "pinned"):
+                got = apply(fn, dt, jnp.int32(i), execute=execute)
+                np.testing.assert_allclose(np.asarray(got.full_tensor()), want, rtol=1e-6, err_msg=f"{execute} {i}")
 
 
 def test_apply_follows_the_planned_redistributions_of_intermediates() -> None:

@@ -665,8 +665,7 @@ for _name in rules.SCATTERS:
         ),
         ("dimension_numbers",),
     )
-_primitive("slice", lambda ins, outs: rules.static_slice(ins, outs))
-_primitive("dynamic_slice", lambda ins, outs: rules.slice_full_dims(ins, outs))
+_primitive(("slice", "dynamic_slice"), lambda ins, outs: rules.slices(ins, outs))
 _primitive("dynamic_update_slice", lambda ins, outs: rules.dynamic_update_slice(ins, outs))
 _primitive("stack", lambda ins, outs, *, axis: rules.stack(ins, outs, axis=axis), ("axis",))
 _primitive("unstack", lambda ins, outs, *, axis: rules.unstack(ins, outs, axis=axis), ("axis",))

@@ -68,7 +68,7 @@ __all__ = [
     "scatter_lookup_axes",
     "scatter_windows",
     "slice_full_dims",
-    "static_slice",
+    "slices",
     "split",
     "stack",
     "strided_factors",
@@ -747,16 +747,19 @@ def slice_full_dims(ins: Avals, outs: Avals) -> list[OneDSig]:
     return sigs + partial_sigs("identity", len(ins))
 
 
-def static_slice(ins: Avals, outs: Avals) -> list[OneDSig]:
-    """A static slice (``x[:, -1]``, ``x[0, :4]``): :func:`slice_full_dims`, and a dim
-    sliced to at most half its extent ``S(d)`` -> ``P(sum)``: the masked slice (each rank
-    keeps the rows of the window its block holds, zeros for the others), whose reduction
-    sends 2 (n - 1) / n of the small result where gathering the operand sends (n - 1) / n
-    of the operand (the last token's hidden state of a sequence-split activation, a
-    corner of a split matrix: the operand gathered whole before)."""
+def slices(ins: Avals, outs: Avals) -> list[OneDSig]:
+    """A static or dynamic slice (``x[:, -1]``, ``x[0, :4]``, ``lax.dynamic_slice_in_dim(x,
+    i, 1, axis=1)``): :func:`slice_full_dims`, and a dim sliced to at most half its extent
+    ``S(d)`` -> ``P(sum)`` (start indices ``R``): the masked slice (each rank keeps the
+    rows of the window its block holds, zeros for the others), whose reduction sends
+    2 (n - 1) / n of the small result where gathering the operand sends (n - 1) / n of
+    the operand (the last token's hidden state of a sequence-split activation, a corner of
+    a split matrix, a position read from a sequence-split cache: the operand gathered
+    whole before)."""
     x, out = ins[0], outs[0]
+    starts = (R,) * (len(ins) - 1)
     masked = [
-        OneDSig((Shard(d),), (Partial("sum"),), joint=POSITIONAL)
+        OneDSig((Shard(d),) + starts, (Partial("sum"),), joint=POSITIONAL)
         for d in range(x.ndim)
         if out.shape[d] <= x.shape[d] // 2
     ]
