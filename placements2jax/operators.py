@@ -1745,12 +1745,18 @@ def _masked_slice(
     strides = params["strides"] or (1,) * out.ndim
     for d in dims:
         start, stop, stride = params["start_indices"][d], params["limit_indices"][d], strides[d]
-        rows, owned = _rank_rows(table, d, np.arange(start, stop, stride, dtype=np.int32))
-        picked = jnp.take(out, jnp.clip(rows, 0, out.shape[d] - 1), axis=d)
-        shape = [1] * out.ndim
-        shape[d] = len(owned)
-        out = jnp.where(owned.reshape(shape), picked, jnp.zeros((), out.dtype))
+        out = _window_held(out, table, d, np.arange(start, stop, stride, dtype=np.int32))
     return [out]
+
+
+def _window_held(block: jax.Array, table: Physical, dim: int, rows: Any) -> jax.Array:
+    """A rank's ``block`` (whole on ``dim``) at the global ``rows`` of ``dim``: those the
+    rank holds, zeros for the others (a masked slice's window)."""
+    local, owned = _rank_rows(table, dim, rows)
+    picked = jnp.take(block, jnp.clip(local, 0, block.shape[dim] - 1), axis=dim)
+    shape = [1] * block.ndim
+    shape[dim] = owned.shape[0]
+    return jnp.where(owned.reshape(shape), picked, jnp.zeros((), block.dtype))
 
 
 def _masked_update_dims(name: str, ins: Sequence[Physical]) -> tuple[int, ...]:
@@ -1804,11 +1810,7 @@ def _masked_dynamic_slice(
     for d in dims:
         size = params["slice_sizes"][d]
         start = jnp.clip(starts[d], 0, table.shape[d] - size)
-        rows, owned = _rank_rows(table, d, start + jnp.arange(size, dtype=start.dtype))
-        picked = jnp.take(out, jnp.clip(rows, 0, out.shape[d] - 1), axis=d)
-        shape = [1] * out.ndim
-        shape[d] = size
-        out = jnp.where(owned.reshape(shape), picked, jnp.zeros((), out.dtype))
+        out = _window_held(out, table, d, start + jnp.arange(size, dtype=start.dtype))
     return [out]
 
 
