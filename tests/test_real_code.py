@@ -336,6 +336,37 @@ def test_kv_cache_sampling_loop(mesh: Any) -> None:
         _assert_close(cache, want[1], _F32)
 
 
+def test_context_parallel_sampling_writes_the_cache_where_it_lies(mesh: Any) -> None:
+    """The sampling loop of :func:`test_kv_cache_sampling_loop` with the cache split over
+    its sequence on ``tp`` (context-parallel decoding: each rank holds a quarter of every
+    sequence's keys and values). Each step's keys are written where the cache lies, the
+    ranks holding the position writing them (the masked dynamic update), and attention
+    reduces its softmax's statistics over ``tp``: 6,936 B in 19 collectives after XLA's
+    combiner, where the cache was moved to a heads split and back every step before (9,624
+    B, 8 all-to-alls); XLA compiles 8,940 in 24. Every output as XLA lays it out; the
+    pinned program and "auto" (which runs it: a one-row update XLA drops past the end of
+    a split dim, inference/xla_defects.py) sample plain jit's tokens and fill its cache."""
+    cfg = llama.Config()
+    params, cache, last, key = decode.sampling_args(mesh, cfg)
+    cache = [tuple(distribute_tensor(np.asarray(c.full_tensor()), mesh, "S(0),S(1)") for c in layer) for layer in cache]
+    args = (params, cache, last, key)
+    fn = partial(decode.generate, cfg=cfg)
+    out_layouts = (None, cache)
+    report = check(fn, *args, out_layouts=out_layouts)
+    assert all(o.verdict == "equal" for o in report.outputs), report
+    assert report.predicted_bytes <= 6_936 < report.compiled_bytes, report
+    assert len(report.predicted_combined) <= 19 < len(report.compiled_collectives), report
+    assert not any(step.collective == "all-to-all" for step in report.prediction.steps), report  # the cache stays
+
+    want = jax.jit(fn)(*_one_device(common.plain(args)))
+    cache_layouts = [x.layout for x in jax.tree.leaves(cache, is_leaf=_is_dtensor)]
+    for execute in ("pinned", "auto"):
+        sampled, written = eqx.filter_jit(lambda *a, e=execute: apply(fn, *a, out_layouts=out_layouts, execute=e))(*args)
+        np.testing.assert_array_equal(np.asarray(sampled.full_tensor()), np.asarray(want[0]))
+        assert [x.layout for x in jax.tree.leaves(written, is_leaf=_is_dtensor)] == cache_layouts
+        _assert_close(written, want[1], _F32)
+
+
 def test_prefill_then_sampling(mesh: Any) -> None:
     """A prompt prefilled, its next token taken by argmax, then sampled from with the
     key/value cache (tests/models/decode.py ``complete``): the prompt split over ``dp`` by
