@@ -1448,13 +1448,28 @@ def _run_local(eqn: Any, ins: Sequence[_Value], targets: Sequence[Physical], out
     return list(local(*arrays))
 
 
-# primitives the pinned program runs on every rank's blocks (as "ops" does) even without a partial (and a dynamic
-# update slice writing part of a split dim, which XLA drops past the end: inference/xla_defects.py). fft: XLA's CPU
+# primitives the pinned program runs on every rank's blocks (as "ops" does) even without a partial. fft: XLA's CPU
 # backend fails at run time on its SPMD partitioning of an FFT whose split operand comes from a fused op
 # (jnp.fft.irfft(2 * jnp.fft.rfft(x)) on x split over a leading dim: "RET_CHECK failure (fft_thunk.cc:168)
 # LayoutUtil::IsMonotonicWithDim0Major", plain jax.jit on those shardings alike; jax 0.10.2); a rank's FFT in a
 # shard_map region runs
 _PER_RANK = frozenset({"fft"})
+
+
+def _pinned_per_rank(eqn: Any, signature: Any) -> bool:
+    """Whether the pinned program runs ``eqn`` on every rank's blocks (as "ops" does) in
+    ``signature``'s layouts: a primitive of :data:`_PER_RANK`, an equation with a Partial
+    input or output (XLA's Auto mode has none; a shard_map region makes its own), or a
+    dynamic update slice writing part of a split dim (the masked update: XLA drops a
+    one-row window past the end of a dim it splits, :mod:`.inference.xla_defects`)."""
+    name = eqn.primitive.name
+    if name in _PER_RANK:
+        return True
+    if name != "shard_map" and any(layout.has_partial for layout in (*signature.in_layouts, *signature.out_layouts)):
+        return True
+    return name == "dynamic_update_slice" and bool(_masked_update_dims(name, [
+        physical(layout, tuple(v.aval.shape)) for layout, v in zip(signature.in_layouts, eqn.invars)
+    ]))
 
 
 class _Pinned(_Runner):
@@ -1558,11 +1573,7 @@ class _Pinned(_Runner):
             outs = [Layout(self.mesh, ((),) * len(shape)) for shape in shapes]
             return [_Value(_pin(y, layout), physical(layout, shape))
                     for y, layout, shape in zip(_bound_logically(eqn, args), outs, shapes, strict=True)]
-        if eqn.primitive.name in _PER_RANK or eqn.primitive.name != "shard_map" and any(
-            layout.has_partial for layout in (*signature.in_layouts, *signature.out_layouts)
-        ) or _masked_update_dims(eqn.primitive.name, [
-            physical(layout, tuple(v.aval.shape)) for layout, v in zip(signature.in_layouts, eqn.invars)
-        ]):
+        if _pinned_per_rank(eqn, signature):
             args = [self.moved(v, layout, plan)
                     for v, layout, plan in zip(ins, signature.in_layouts, signature.redistributions)]
             locals_ = [_Value(self._physical(v), _twin_physical(v.phys)) for v in args]
