@@ -229,7 +229,7 @@ def test_arg_reductions_are_called_as_two_reductions_with_the_same_result(
     names = [eqn.primitive.name for eqn in all_equations(called.jaxpr)]
     assert "argmax" not in names and "argmin" not in names and "closed_call" in names
     assert "argmax" in [eqn.primitive.name for eqn in all_equations(simplified(closed).jaxpr)]
-    for got, want in zip(jax.jit(jaxpr_as_fun(called))(x), fn(x)):
+    for got, want in zip(jax.jit(jaxpr_as_fun(called))(x), jax.jit(fn)(x)):
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     complex_closed = jax.make_jaxpr(lambda v: lax.argmax(v, 0, jnp.int32))(np.ones((3, 2), np.complex64))
