@@ -239,7 +239,11 @@ class DTensor:
 
     def to_local(self, rank: int | None = None) -> jax.Array:
         """torch's local tensor of ``rank`` (default: the calling rank), on its device:
-        exact shape (empty shards included) and values (partial values unreduced)."""
+        exact shape (empty shards included) and values (partial values unreduced).
+
+        A block without padding is the device's buffer itself, as torch's ``to_local``
+        returns the local tensor without a copy (donating the DTensor's array deletes
+        it too); a padded or stacked block is a copy of its rows."""
         self._require_concrete("to_local")
         mesh = self.device_mesh
         rank = mesh.resolve_rank(rank)

@@ -117,6 +117,22 @@ def test_from_local_per_rank_sequence_and_mapping_uneven():
         assert dt.to_local(3).shape == (1, 2)
 
 
+def test_to_local_of_an_unpadded_block_is_the_device_buffer_and_a_padded_one_its_rows():
+    """As torch's to_local, no copy where the block is the local tensor; a padded block
+    (uneven split) is cut to its exact rows, each on its rank's device."""
+    mesh = _mesh((4,))
+    even = distribute_tensor(np.arange(16.0).reshape(8, 2), mesh, (Shard(0),))
+    for rank, shard in zip(mesh.rank_list, even.to_jax().addressable_shards):
+        assert shard.device == mesh.device(rank)
+        local = even.to_local(rank)
+        assert local.unsafe_buffer_pointer() == shard.data.unsafe_buffer_pointer()
+        np.testing.assert_array_equal(np.asarray(local), np.arange(16.0).reshape(8, 2)[2 * rank:2 * rank + 2])
+    uneven = distribute_tensor(np.arange(10.0), mesh, (Shard(0),))
+    assert [uneven.to_local(r).shape for r in mesh.rank_list] == [(3,), (3,), (3,), (1,)]
+    assert [uneven.to_local(r).devices() for r in mesh.rank_list] == [{mesh.device(r)} for r in mesh.rank_list]
+    np.testing.assert_array_equal(np.asarray(uneven.to_local(3)), [9.0])
+
+
 def test_from_local_empty_shards_need_shape_when_ambiguous():
     mesh = _mesh((4,))
     pieces = [np.ones((2,)), np.ones((2,)), np.ones((1,)), np.ones((0,))]
