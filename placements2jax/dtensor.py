@@ -242,8 +242,9 @@ class DTensor:
         exact shape (empty shards included) and values (partial values unreduced).
 
         A block without padding is the device's buffer itself, as torch's ``to_local``
-        returns the local tensor without a copy (donating the DTensor's array deletes
-        it too); a padded or stacked block is a copy of its rows."""
+        returns the local tensor without a copy (JAX's indexing by whole slices returns
+        the array; donating the DTensor's array deletes it too); a padded or stacked
+        block is a copy of its rows."""
         self._require_concrete("to_local")
         mesh = self.device_mesh
         rank = mesh.resolve_rank(rank)
