@@ -186,6 +186,16 @@ common descent offers every pull move as a keeping cascade too (:func:`_common_d
 GPT-2's FSDP x TP step no longer gathers its LayerNorm scales again in the backward layer
 scan, 300,340 -> 283,828 by the latency-bound objective).
 
+**The polish** (:func:`_polished`, stop 60): the search's last descent, from its result at
+the model's overhead, offers every other candidate of each equation where a value it makes
+or reads costs something, each re-chosen alone (:meth:`_Search.every_candidate`), and its
+result is kept only where no dearer by :meth:`_Search.grouped`: from the result it is given,
+it can only lower it. The descents before it move where inputs are redistributed or
+partials made and cascade each move downstream as eager dispatch would; none re-chooses an
+equation alone so that it makes what its consumer takes (a chunked cross-entropy's
+gradient broadcast the softmax's denominator split as the forward pass left it, then moved
+the product by an all-to-all: 928 -> 760 B, XLA's 736).
+
 **Search** (exact minimization is an integer program, as Alpa solves it; benchmarks/exact_milp.py
 states this objective so for HiGHS: too large whole, dearer pruned, and its cheaper optima
 no better predictions, docs/inference.md section 8): steepest
