@@ -187,8 +187,9 @@ GPT-2's FSDP x TP step no longer gathers its LayerNorm scales again in the backw
 scan, 300,340 -> 283,828 by the latency-bound objective).
 
 **The polish** (:func:`_polished`, stop 60): the search's last descent, from its result at
-the model's overhead, offers every other candidate of each equation where a value it makes
-or reads costs something, each re-chosen alone (:meth:`_Search.every_candidate`), and its
+the model's overhead, offers besides the plain moves every other candidate of each equation
+where a value it makes or reads costs something, each re-chosen alone
+(:meth:`_Search.every_candidate`), and its
 result is kept only where no dearer by :meth:`_Search.grouped`: from the result it is given,
 it can only lower it. The descents before it move where inputs are redistributed or
 partials made and cascade each move downstream as eager dispatch would; none re-chooses an
@@ -793,8 +794,9 @@ def _continued(search: _Search, overhead: Overhead, eagers: tuple[Choice, Choice
 def _polished(model: _Search, eagers: tuple[Choice, Choice], chosen: Choice) -> Choice:
     """``chosen`` or, where no dearer by ``model``'s objective as XLA's combiner leaves the
     collectives (:meth:`_Search.grouped`) and bounded as every result is (:func:`_bounded`),
-    its descent offering every other candidate of each equation where something costs, each
-    alone (:meth:`_Search.every_candidate`): the search's last step, from its result, so
+    its descent offering, besides the plain moves (:meth:`_Search.alternatives`), every other
+    candidate of each equation where something costs, each alone
+    (:meth:`_Search.every_candidate`): the search's last step, from its result, so
     that it never ends dearer than the result it is given. The descents before it reach
     their result by cascades and by moves where inputs are redistributed or partials
     made, and do not re-choose an equation alone to make what its consumers take
