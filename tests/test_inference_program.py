@@ -517,11 +517,13 @@ def test_a_choice_is_grouped_as_its_prediction_is(mesh: Any, monkeypatch: pytest
     search's choice with ``jaxpr._replicas_restart`` left out: the restart keeps another
     choice here, from a walk whose candidates are not the graph's; and without
     ``program._escaped``, whose choice (832 B where 1,216) moves nothing outside the loop,
-    so that both scopes are grouped. The search's mechanics: at the 192 B per collective
+    nor ``program._polished``, whose choice from the search's result does not either, so
+    that both scopes are grouped. The search's mechanics: at the 192 B per collective
     its schedule was tuned at (``CostModel(collective_overhead=192)``; the latency-bound
     default continues from its result, :func:`program._continued`)."""
     monkeypatch.setattr(jaxpr_module, "_replicas_restart", lambda walk, best, model, targets: best)
     monkeypatch.setattr(program_module, "_escaped", lambda search, eagers, chosen, unfinished: chosen)
+    monkeypatch.setattr(program_module, "_polished", lambda model, eagers, chosen: chosen)
 
     def fn(x: jax.Array, w: jax.Array, v: jax.Array) -> jax.Array:
         def body(c: jax.Array, _: Any) -> tuple[jax.Array, None]:

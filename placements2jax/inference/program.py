@@ -190,8 +190,8 @@ scan, 300,340 -> 283,828 by the latency-bound objective).
 the model's overhead, offers besides the plain moves every other candidate of each equation
 where a value it makes or reads costs something, each re-chosen alone
 (:meth:`_Search.every_candidate`), and its
-result is kept only where no dearer by :meth:`_Search.grouped`: from the result it is given,
-it can only lower it. The descents before it move where inputs are redistributed or
+result is kept only where cheaper on :func:`_descended`'s terms: from the result it is
+given, it can only lower the search's objective. The descents before it move where inputs are redistributed or
 partials made and cascade each move downstream as eager dispatch would; none re-chooses an
 equation alone so that it makes what its consumer takes (a chunked cross-entropy's
 gradient broadcast the softmax's denominator split as the forward pass left it, then moved
@@ -792,9 +792,8 @@ def _continued(search: _Search, overhead: Overhead, eagers: tuple[Choice, Choice
 
 
 def _polished(model: _Search, eagers: tuple[Choice, Choice], chosen: Choice) -> Choice:
-    """``chosen`` or, where no dearer by ``model``'s objective as XLA's combiner leaves the
-    collectives (:meth:`_Search.grouped`) and bounded as every result is (:func:`_bounded`),
-    its descent offering, besides the plain moves (:meth:`_Search.alternatives`), every other
+    """``chosen`` or, where cheaper on :func:`_descended`'s terms and bounded as every result
+    is (:func:`_bounded`), its descent offering, besides the plain moves (:meth:`_Search.alternatives`), every other
     candidate of each equation where something costs, each alone
     (:meth:`_Search.every_candidate`): the search's last step, from its result, so
     that it never ends dearer than the result it is given. The descents before it reach
@@ -805,12 +804,16 @@ def _polished(model: _Search, eagers: tuple[Choice, Choice], chosen: Choice) -> 
     step 143,782 -> 140,710 B (82 -> 81 planned collectives, one all-gather fewer after
     XLA's combiner), the 8-device one 152,551 -> 145,383 (3 -> 2 all-gathers), its 4-layer
     one one planned collective fewer, Equinox's adamw step 48,576 -> 48,192 and Flax NNX's
-    45,536 -> 45,344; it costs ~2% of a cold predict (0.09 s CPU of Llama's 2-layer step)."""
-    found = model.improve(chosen, every=True)
+    45,536 -> 45,344; it costs ~2% of a cold predict (0.09 s CPU of Llama's 2-layer step).
+    One prediction measured dearer (stop 60, not analysed further): a residual scan's
+    gradient on 4x2 (tests/test_inference_carry.py), whose searches each end cheaper
+    polished, but the prediction kept among its carries' restarts
+    (:func:`.jaxpr._resolve_carries`) is dearer by check's objective, 113,536 where 100,608
+    (17,600 B in 17 collectives after XLA's combiner where 15,552 in 11; XLA's 170,320)."""
+    found = _descended(model, chosen, model.improve(chosen, every=True))
     if found == chosen:
         return chosen
-    kept = min((found, chosen), key=model.grouped)
-    return min((_bounded(model.planned(), eagers, kept), chosen), key=model.grouped)
+    return min((_bounded(model.planned(), eagers, found), chosen), key=model.grouped)
 
 
 def _eagers(graph: ProgramGraph, dispatched_choice: tuple[int, ...] | None) -> tuple[Choice, Choice]:
