@@ -173,8 +173,10 @@ def test_pinned_apply_compiles_the_predicted_loops(
     17,600 B in 17 (9 all-gathers and 8 all-reduces), two gradients in other layouts than
     XLA's and one partial XLA reduced, dearer by check's objective (113,536 where 100,608,
     still below XLA's 170,320) though each search's result it polishes is cheaper by its
-    own: the restarts' predictions are compared otherwise (jaxpr._resolve_carries), not
-    analysed further (stop 60's note)."""
+    own: jaxpr._resolve_carries keeps among the carries' restarts the one least by bytes
+    (with its free outputs' moves) before steps, not by the objective, and a restart's
+    polished bytes went below the former pick's (15,808 B in 23 steps where 15,936 in 13;
+    by the objective 91,456 where 90,240)."""
     rng = np.random.default_rng(1)
     arrays = [
         rng.normal(size=(rows, 32)).astype(np.float32), rng.normal(size=(32, 32)).astype(np.float32) / 6,

@@ -805,11 +805,13 @@ def _polished(model: _Search, eagers: tuple[Choice, Choice], chosen: Choice) -> 
     XLA's combiner), the 8-device one 152,551 -> 145,383 (3 -> 2 all-gathers), its 4-layer
     one one planned collective fewer, Equinox's adamw step 48,576 -> 48,192 and Flax NNX's
     45,536 -> 45,344; it costs ~2% of a cold predict (0.09 s CPU of Llama's 2-layer step).
-    One prediction measured dearer (stop 60, not analysed further): a residual scan's
-    gradient on 4x2 (tests/test_inference_carry.py), whose searches each end cheaper
-    polished, but the prediction kept among its carries' restarts
-    (:func:`.jaxpr._resolve_carries`) is dearer by check's objective, 113,536 where 100,608
-    (17,600 B in 17 collectives after XLA's combiner where 15,552 in 11; XLA's 170,320)."""
+    One prediction measured dearer (stop 60): a residual scan's gradient on 4x2
+    (tests/test_inference_carry.py), whose searches each end cheaper polished, but
+    :func:`.jaxpr._resolve_carries` keeps among its carries' restarts the one least by
+    bytes (with its free outputs' moves) before steps, not by the objective: 15,808 B in 23
+    steps where 15,936 in 13, 91,456 by the objective where 90,240; check's objective
+    113,536 where 100,608 (17,600 B in 17 collectives after XLA's combiner where 15,552 in
+    11; XLA's 170,320)."""
     found = _descended(model, chosen, model.improve(chosen, every=True))
     if found == chosen:
         return chosen
