@@ -189,14 +189,13 @@ scan, 300,340 -> 283,828 by the latency-bound objective).
 **The polish** (:func:`_polished`, stop 60): the search's last descent, from its result at
 the model's overhead, offers besides the plain moves every other candidate of each equation
 where a value it makes or reads costs something, each re-chosen alone
-(:meth:`_Search.every_candidate`), and its
-result is kept only where cheaper on :func:`_descended`'s terms: from the result it is
-given, it can only lower the search's objective. The descents before it move where inputs
-are redistributed or partials made and cascade each move downstream as eager dispatch
-would; none re-chooses an
-equation alone so that it makes what its consumer takes (a chunked cross-entropy's
-gradient broadcast the softmax's denominator split as the forward pass left it, then moved
-the product by an all-to-all: 928 -> 760 B, XLA's 736).
+(:meth:`_Search.every_candidate`), and its result is kept only where cheaper on
+:func:`_descended`'s terms: from the result it is given, it can only lower the search's
+objective. The descents before it move where inputs are redistributed or partials made
+and cascade each move downstream as eager dispatch would; none re-chooses an equation
+alone so that it makes what its consumer takes (a chunked cross-entropy's gradient
+broadcast the softmax's denominator split as the forward pass left it, then moved the
+product by an all-to-all: 928 -> 760 B, XLA's 736).
 
 **Search** (exact minimization is an integer program, as Alpa solves it; benchmarks/exact_milp.py
 states this objective so for HiGHS: too large whole, dearer pruned, and its cheaper optima
@@ -794,10 +793,10 @@ def _continued(search: _Search, overhead: Overhead, eagers: tuple[Choice, Choice
 
 def _polished(model: _Search, eagers: tuple[Choice, Choice], chosen: Choice) -> Choice:
     """``chosen`` or, where cheaper on :func:`_descended`'s terms and bounded as every result
-    is (:func:`_bounded`), its descent offering, besides the plain moves (:meth:`_Search.alternatives`), every other
-    candidate of each equation where something costs, each alone
-    (:meth:`_Search.every_candidate`): the search's last step, from its result, so
-    that it never ends dearer than the result it is given. The descents before it reach
+    is (:func:`_bounded`), its descent offering, besides the plain moves
+    (:meth:`_Search.alternatives`), every other candidate of each equation where something
+    costs, each alone (:meth:`_Search.every_candidate`): the search's last step, from its
+    result, so that it never ends dearer than the result it is given. The descents before it reach
     their result by cascades and by moves where inputs are redistributed or partials
     made, and do not re-choose an equation alone to make what its consumers take
     (docs/inference.md section 6, "The polish"). On benchmarks/dump_predictions.py's 19
@@ -2383,9 +2382,9 @@ class _Search:
         softmax's denominator split on the tokens as its forward pass had reduce-scattered
         it, and the product with the vocabulary-split probabilities moved it by an
         all-to-all; re-chosen alone to take its input gathered, the default model's
-        objective 18,848 -> 18,680 and the program 928 -> 760 B (XLA's 736). The equations where nothing costs
-        are left out: a move alone there changes only values that cost nothing, and one
-        raising them is never applied (on Llama's 2-layer adamw step 3,802 evaluations
+        objective 18,848 -> 18,680 and the program 928 -> 760 B (XLA's 736). The equations
+        where nothing costs are left out: a move alone there changes only values that cost
+        nothing, and one raising them is never applied (on Llama's 2-layer adamw step 3,802 evaluations
         where 38,154, 0.09 s CPU where 0.46, the same result)."""
         values, value_cost = self.touched[path], self.value_cost
         if all(value_cost(value, choice) == _ZERO for value in values):
