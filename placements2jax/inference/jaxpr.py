@@ -750,7 +750,10 @@ def _predict(
         None if target is not None else (updated or out.layout).without_partial()
         for out, target, updated in zip(dispatching.outputs, targets, _updated_layouts(closed.jaxpr, specs))
     )
-    searched = _resolve_carries(walk, (eager, graph, walker), model, _Targets(tuple(targets), callers), dispatched)
+    charged_to = _Targets(tuple(targets), callers)
+    searched = _resolve_carries(
+        walk, (eager, graph, walker), model, charged_to, dispatched, _total(dispatching, model, charged_to)[0]
+    )
     return dataclasses.replace(searched, callers=callers)
 
 
@@ -892,9 +895,10 @@ def _charged(prediction: Prediction, model: CostModel, targets: _Targets) -> tup
     (``collective_overhead``); ties broken by :func:`_total`. The restarts from the carries
     as given are kept by it (:func:`_resolve_carries`): by bytes first, a sampling loop's
     restart lost to the first search by 20 B in 21 collectives after XLA's combiner where it
-    has 7 (tests/models/decode.py). The other restarts and the conds' rejoins compare by
-    :func:`_total` (by this, cond programs of tests/test_inference_programs.py and a small
-    step of tests/test_inference_program.py changed, one past eager dispatch's bytes).
+    has 7 (tests/models/decode.py). The other restarts compare by it among those within
+    eager dispatch's bytes (:func:`_cheapest`). The conds' rejoins compare by :func:`_total`
+    (by this, cond programs of tests/test_inference_programs.py and a small step of
+    tests/test_inference_program.py changed, one past eager dispatch's bytes).
     The owed moves were routed by the planner's bytes alone, their collectives then charged
     the overhead: the sampled tokens returned split over ``dp`` (``S(0),R``, as XLA returns
     them) owe their caller's ``R,S(0)`` (eager dispatch's) an all-to-all and an all-gather
@@ -910,9 +914,26 @@ def _charged(prediction: Prediction, model: CostModel, targets: _Targets) -> tup
     return prediction.cost + owed + charged, _total(prediction, model, targets)
 
 
+def _cheapest(
+    found: list[Prediction], model: CostModel, targets: _Targets, dispatched_bytes: Fraction | None
+) -> Prediction:
+    """The first of ``found`` least by the search's objective (:func:`_charged`) among those
+    sending, with their free outputs' moves, no more bytes than eager dispatch
+    (``dispatched_bytes``: the overhead per collective trades bytes for fewer collectives,
+    never beyond eager's bytes, as :func:`.program._bounded` keeps a search's choice); where
+    none does, the least by :func:`_total`. By :func:`_total` alone (stop 60), a restart
+    whose polished bytes went below the others' was kept dearer by the objective: the
+    residual scan's gradient on 4x2 (tests/test_inference_carry.py) 15,808 B in 23 steps
+    where 23,296 in 25, 91,456 where 81,984 by the objective."""
+    within = [p for p in found if dispatched_bytes is None or _total(p, model, targets)[0] <= dispatched_bytes]
+    if not within:
+        return min(found, key=lambda prediction: _total(prediction, model, targets))
+    return min(within, key=lambda prediction: _charged(prediction, model, targets))
+
+
 def _resolve_carries(
     walk: Walk, walked: tuple[Prediction, ProgramGraph, _Walker], model: CostModel, targets: _Targets,
-    dispatched: ProgramGraph | None = None,
+    dispatched: ProgramGraph | None = None, dispatched_bytes: Fraction | None = None,
 ) -> Prediction:
     """The program search, then its loops' carries re-solved from its own choice: while
     the chosen plan of some loop body returns its carries in other layouts than it carries
@@ -937,9 +958,10 @@ def _resolve_carries(
     runs the bodies replicated over it wherever their inputs allow, as XLA runs a
     microbatch on every data-parallel replica), until one is cheaper than the first
     search. Keeps the
-    cheapest prediction (the first on ties); the first search bounded by eager dispatch's
-    walk ``dispatched``. The totals are found only when there are predictions to compare
-    (most programs have no carries to re-solve)."""
+    cheapest prediction (:func:`_cheapest`: by the search's objective among those within
+    eager dispatch's bytes ``dispatched_bytes``); the first search bounded by eager
+    dispatch's walk ``dispatched``. The totals are found only when there are predictions to
+    compare (most programs have no carries to re-solve)."""
     best, walker = _searched(walk, walked, model, targets, dispatched)
     first = walker
     found = [best]
@@ -1000,7 +1022,8 @@ def _resolve_carries(
         found += restarts
         if any(_total(prediction, model, targets) < _total(best, model, targets) for prediction in restarts):
             break
-    best = found[0] if len(found) == 1 else min(found, key=lambda prediction: _total(prediction, model, targets))
+    if len(found) > 1:
+        best = _cheapest(found, model, targets, dispatched_bytes)
     if given_found:  # kept where cheaper as the search prices (:func:`_charged`)
         charged, first = min((_charged(prediction, model, targets), i) for i, prediction in enumerate(given_found))
         if charged < _charged(best, model, targets):
