@@ -131,21 +131,20 @@ PROGRAMS: dict[str, Callable[[Any], Program]] = {
     # (program._polished: three equations re-chosen alone) 16 collectives, 45,938 B: two all-gathers more, the
     # default model's objective after the combiner 105,010 where 89,714
     "clip contrastive two towers": lambda mesh: Program(*_dict_step("clip", mesh), _F32, (14, 116, 47_026, 84_052)),
-    # 25 collectives, 160,718 B against XLA's 53, 234,484 B (0.69x; 160,910 before stop 60's polish): XLA
-    # all-gathers over tp 19 times to the prediction's 5 and all-reduces over tp in 21 collectives to its 11; the
-    # one batch of chosen and rejected
-    # sequences (concatenated on the dp-split batch dim) is gathered over dp by the prediction (4 all-gathers, 160 B)
-    # where XLA permutes it (4 collective-permutes, 32 B)
+    # 25 collectives, 160,718 B against XLA's 53, 234,484 B (0.69x; 160,910 before stop 60's polish): XLA all-gathers
+    # over tp 19 times to the prediction's 5 and all-reduces over tp in 21 collectives to its 11; the one batch of
+    # chosen and rejected sequences (concatenated on the dp-split batch dim) is gathered over dp by the prediction (4
+    # all-gathers, 160 B) where XLA permutes it (4 collective-permutes, 32 B)
     "dpo llama policy and reference": lambda mesh: Program(*_dict_step("dpo", mesh), _F32, (25, 53, 160_718, 234_484)),
     # Llama's parameters and Adam moments fully sharded over dp on top of the Megatron plan (one layer: two cost ~39 s
     # here), 28 collectives, 82,900 B against XLA's 56, 151,434 B (0.55x; before stop 60's polish 29, 81,364 B, one
     # all-to-all more, the default model's objective after the combiner 166,932 where 160,276): XLA gathers 9
-    # parameters over dp and all-reduces their gradients over dp (one combined all-reduce, then slices), and moves the activations between the
-    # batch and the model dim over dp (12 all-to-alls, 12 all-gathers); the prediction gathers over dp only the
-    # embedding table, the targets and two activations and keeps the other parameters in place, the batch replicated
-    # over dp and the dims FSDP split contracted there (dp as a second tensor-parallel axis: 11 all-reduces over dp,
-    # mostly of activations), their gradients made in the parameters' layouts (all but one unreduced over dp). At 2
-    # layers (the default): test_fsdp_two_layers_in_the_layer_trend
+    # parameters over dp and all-reduces their gradients over dp (one combined all-reduce, then slices), and moves the
+    # activations between the batch and the model dim over dp (12 all-to-alls, 12 all-gathers); the prediction gathers
+    # over dp only the embedding table, the targets and two activations and keeps the other parameters in place, the
+    # batch replicated over dp and the dims FSDP split contracted there (dp as a second tensor-parallel axis: 11
+    # all-reduces over dp, mostly of activations), their gradients made in the parameters' layouts (all but one
+    # unreduced over dp). At 2 layers (the default): test_fsdp_two_layers_in_the_layer_trend
     "llama fsdp x tp": lambda mesh: Program(*_fsdp_step("llama", mesh, layers=1), _F32, (28, 56, 82_900, 151_434)),
 }
 

@@ -897,8 +897,9 @@ def _charged(prediction: Prediction, model: CostModel, targets: _Targets) -> tup
     restart lost to the first search by 20 B in 21 collectives after XLA's combiner where it
     has 7 (tests/models/decode.py). The other restarts compare by it among those within
     eager dispatch's bytes (:func:`_cheapest`). The conds' rejoins compare by :func:`_total`
-    (by this, cond programs of tests/test_inference_programs.py and a small step of
-    tests/test_inference_program.py changed, one past eager dispatch's bytes).
+    (compared by this function instead, cond programs of tests/test_inference_programs.py
+    and a small step of tests/test_inference_program.py changed, one past eager dispatch's
+    bytes).
     The owed moves were routed by the planner's bytes alone, their collectives then charged
     the overhead: the sampled tokens returned split over ``dp`` (``S(0),R``, as XLA returns
     them) owe their caller's ``R,S(0)`` (eager dispatch's) an all-to-all and an all-gather

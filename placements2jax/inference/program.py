@@ -796,9 +796,9 @@ def _polished(model: _Search, eagers: tuple[Choice, Choice], chosen: Choice) -> 
     is (:func:`_bounded`), its descent offering, besides the plain moves
     (:meth:`_Search.alternatives`), every other candidate of each equation where something
     costs, each alone (:meth:`_Search.every_candidate`): the search's last step, from its
-    result, so that it never ends dearer than the result it is given. The descents before it reach
-    their result by cascades and by moves where inputs are redistributed or partials
-    made, and do not re-choose an equation alone to make what its consumers take
+    result, so that it never ends dearer than the result it is given. The descents before
+    it reach their result by cascades and by moves where inputs are redistributed or
+    partials made, and do not re-choose an equation alone to make what its consumers take
     (docs/inference.md section 6, "The polish"). On benchmarks/dump_predictions.py's 19
     programs it lowers 5, none dearer, every output's layout as it was: Llama's 2x4 adamw
     step 143,782 -> 140,710 B (82 -> 81 planned collectives, one all-gather fewer after
@@ -2385,8 +2385,8 @@ class _Search:
         all-to-all; re-chosen alone to take its input gathered, the default model's
         objective 18,848 -> 18,680 and the program 928 -> 760 B (XLA's 736). The equations
         where nothing costs are left out: a move alone there changes only values that cost
-        nothing, and one raising them is never applied (on Llama's 2-layer adamw step 3,802 evaluations
-        where 38,154, 0.09 s CPU where 0.46, the same result)."""
+        nothing, and one raising them is never applied (on Llama's 2-layer adamw step 3,802
+        evaluations where 38,154, 0.09 s CPU where 0.46, the same result)."""
         values, value_cost = self.touched[path], self.value_cost
         if all(value_cost(value, choice) == _ZERO for value in values):
             return []
