@@ -22,7 +22,7 @@ from placements2jax import (
 from placements2jax.dtensor import auto_twin_of
 
 from . import (
-    clip, cnn, common, dpo, gemma, gemma3, gpt2, llama, llama_scan, lora, mamba, mamba2, mla, moe, rwkv, stacked,
+    clip, cnn, common, dpo, gemma, gemma3, gpt2, llama, llama_scan, lora, mamba, mamba2, mla, moe, rwkv, stacked, t5,
 )
 
 
@@ -88,8 +88,9 @@ def training_step(
     model: str, mesh: DeviceMesh, optimizer: optax.GradientTransformation | None = None, **config: Any
 ) -> Step:
     """The adamw step of ``model`` ("gpt2", "llama", "gemma", "stacked", "llama_scan", "moe", "mamba", "mla",
-    "rwkv", "gemma3", "mamba2", "lora", "clip" (its batch images and captions) or "dpo" (its frozen reference
-    after the state, its batch preference pairs and their loss masks), ``config`` overriding its
+    "rwkv", "gemma3", "mamba2", "lora", "clip" (its batch images and captions), "dpo" (its frozen reference
+    after the state, its batch preference pairs and their loss masks) or "t5" (its batch encoder inputs, decoder
+    inputs and targets), ``config`` overriding its
     Config; "mlp": :func:`mlp_step`) with the Megatron plan on ``mesh`` (its ``tp`` axis) and a batch of 4 split
     over its ``dp`` axis if it has one (else replicated, "mlp": of 8); ``optimizer``: another update than the
     model's own ``make_optimizer()`` (lora's: adamw on the adapters alone) or else common.make_optimizer()'s clip
@@ -116,7 +117,7 @@ def training_step(
         return Step(model, partial(cnn.train_step, optimizer=optimizer), (params, state, *batch))
     modules = {"gpt2": gpt2, "llama": llama, "gemma": gemma, "stacked": stacked, "llama_scan": llama_scan, "moe": moe,
                "mamba": mamba, "mla": mla, "rwkv": rwkv, "gemma3": gemma3,
-               "mamba2": mamba2, "lora": lora, "clip": clip, "dpo": dpo}
+               "mamba2": mamba2, "lora": lora, "clip": clip, "dpo": dpo, "t5": t5}
     module = modules[model]
     if module is moe and config.get("dispatch") == "shard_map":  # its region runs on the mesh's Auto twin
         config = {**config, "ep_mesh": auto_twin_of(mesh.to_jax())}
@@ -127,7 +128,7 @@ def training_step(
     optimizer = optimizer or getattr(module, "make_optimizer", common.make_optimizer)()
     state = common.distribute_state(optimizer.init(plain), params)
     reference = (distribute_pytree(module.init(jax.random.key(1), cfg), mesh, plan),) if module is dpo else ()
-    arrays = module.batch(0, cfg) if module in (clip, dpo) else common.batch(0, 4, cfg.seq, cfg.vocab)
+    arrays = module.batch(0, cfg) if module in (clip, dpo, t5) else common.batch(0, 4, cfg.seq, cfg.vocab)
     batch = [distribute_tensor(a, mesh, batch_placements) for a in arrays]
     extra = (jax.random.key(2),) if model == "gpt2" else ()
     return Step(
