@@ -361,6 +361,9 @@ _WIDE = {"seq": 256, "vocab": 4096, "heads": 8}
 _SIZES = (
     ("llama", 2, {}), ("llama", 4, {}), ("llama", 8, {}), ("gpt2", 2, {}), ("gpt2", 8, {}),
     ("llama", 2, {**_WIDE, "dim": 512, "kv_heads": 4, "hidden": 1408}), ("gpt2", 2, {**_WIDE, "d_model": 512}),
+    # T5's encoder-decoder, then its gradients accumulated over 2 microbatches under lax.scan (the loop's carry: every
+    # parameter's gradient)
+    ("t5", 1, {}), ("t5", 1, {"microbatches": 2}),
 )
 
 
@@ -386,9 +389,12 @@ def _predict_depth(config: Config, section: Section) -> None:
         step.plain_jit(fresh=True).lower(*step.plain_args()).compile()
         compile_s = time.process_time() - start
         report = check(step.fn, *step.args, out_layouts=step.out_layouts)
-        width = "tiny" if not overrides else (
+        width = "tiny" if "seq" not in overrides else (
             f"d {overrides.get('dim', overrides.get('d_model'))}, seq {overrides['seq']}, vocab {overrides['vocab']}"
         )
+        if overrides.get("microbatches", 1) > 1:
+            width += f", {overrides['microbatches']} microbatches under lax.scan"
+
         rows.append((
             model, layers, width, len(prediction.equations), f"{cold:.2f}", f"{compile_s:.2f}",
             f"{cold / compile_s:.2f}", f"{float(prediction.lowered_nbytes / report.compiled_bytes):.2f}",
@@ -398,10 +404,10 @@ def _predict_depth(config: Config, section: Section) -> None:
         section.tables.append(
             Table(
                 "predict against depth and width: the adamw steps of tests/models with more layers (Llama's unrolled "
-                "by a Python loop, GPT-2's under lax.scan) and at a realistic width (d_model 512, sequence 256, "
-                "vocabulary 4,096, 8 heads; mesh dp=2 x tp=4, Megatron plan; one cold predict and one XLA compile "
-                "each, CPU s; bytes as CPU XLA compiles the prediction against XLA's, collectives after XLA's "
-                "combiner)",
+                "by a Python loop, GPT-2's under lax.scan), at a realistic width (d_model 512, sequence 256, "
+                "vocabulary 4,096, 8 heads), and T5's encoder-decoder with its gradients accumulated under lax.scan "
+                "(mesh dp=2 x tp=4, Megatron plan; one cold predict and one XLA compile each, CPU s; bytes as CPU XLA "
+                "compiles the prediction against XLA's, collectives after XLA's combiner)",
                 ("model", "layers", "width", "report rows", "predict cold (CPU s)", "XLA compile (CPU s)",
                  "cold / compile", "predicted / XLA bytes", "collectives predicted / XLA"),
                 tuple(rows),
