@@ -394,7 +394,6 @@ def _predict_depth(config: Config, section: Section) -> None:
         )
         if overrides.get("microbatches", 1) > 1:
             width += f", {overrides['microbatches']} microbatches under lax.scan"
-
         rows.append((
             model, layers, width, len(prediction.equations), f"{cold:.2f}", f"{compile_s:.2f}",
             f"{cold / compile_s:.2f}", f"{float(prediction.lowered_nbytes / report.compiled_bytes):.2f}",
